@@ -1,0 +1,50 @@
+"""interlock: graph workflows of AI agents and functions that execute exactly what they declare.
+
+    import interlock
+
+    wf = interlock.load("workflow.yaml")
+    result = await wf.run({"error_event": {...}}, store="sqlite:///runs.db")
+"""
+
+from ._context import Context, Goto, goto
+from ._errors import (
+    Diagnostic,
+    ExpressionError,
+    InterlockError,
+    Location,
+    NodeError,
+    NoRouteError,
+    RouteError,
+    RunError,
+    UsageError,
+    WorkflowError,
+    WriteConflictError,
+)
+from ._model import END, START, WorkflowSpec
+from ._workflow import RunResult, Workflow, load
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "END",
+    "START",
+    "Context",
+    "Diagnostic",
+    "ExpressionError",
+    "Goto",
+    "InterlockError",
+    "Location",
+    "NoRouteError",
+    "NodeError",
+    "RouteError",
+    "RunError",
+    "RunResult",
+    "UsageError",
+    "Workflow",
+    "WorkflowError",
+    "WorkflowSpec",
+    "WriteConflictError",
+    "__version__",
+    "goto",
+    "load",
+]

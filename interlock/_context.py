@@ -1,0 +1,81 @@
+"""The typed context a node receives as its second argument, and `goto`."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._runner import Runner
+
+
+@dataclass(frozen=True, slots=True)
+class Goto:
+    """Returned by a node whose edge is ``choose:``: go to ``node`` (with an optional update)."""
+
+    node: str
+    update: Mapping[str, Any] | None = None
+
+
+def goto(node: str, update: Mapping[str, Any] | None = None) -> Goto:
+    """Pick this node's successor among its ``choose:`` targets (or ``"END"``)."""
+    if not isinstance(node, str):
+        raise TypeError(f"goto() takes a node name, got {type(node).__name__}")
+    return Goto(node, update)
+
+
+class Context:
+    """What a node knows about the run it is part of.
+
+    ``idempotency_key`` is the same for every attempt of one visit of a node --
+    retries and re-runs after a crash -- and differs between visits (loop
+    iterations): use it as the key of an external side effect.
+    """
+
+    __slots__ = ("_runner", "_tokens", "attempt", "config", "idempotency_key", "node", "run_id",
+                 "visit")
+
+    def __init__(self, runner: Runner, node: str, visit: int, attempt: int) -> None:
+        self._runner = runner
+        self.run_id: str = runner.run_id
+        self.node = node
+        self.visit = visit
+        self.attempt = attempt
+        self.config: Mapping[str, Any] = runner.config
+        self.idempotency_key = f"{runner.run_id}:{node}:{visit}"
+        self._tokens = 0
+
+    @property
+    def tokens(self) -> int:
+        """Tokens this attempt has recorded so far."""
+        return self._tokens
+
+    def record_tokens(self, n: int) -> None:
+        """Charge ``n`` tokens (an LLM call's usage) to this node and to the run's budget."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"record_tokens takes a non-negative int, got {n!r}")
+        self._tokens += n
+        self._runner.charge_tokens(self, n)
+
+    async def once(self, key: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run the side effect ``fn(*args)`` once for this visit and ``key``.
+
+        The result is committed to the run's log before it is returned; when this
+        visit runs again (a retry, or a resume after a crash) the recorded result
+        is returned and ``fn`` is not called. The result must be JSON data.
+        """
+        found, value = self._runner.recorded_effect(self, key)
+        if found:
+            return value
+        result = fn(*args)
+        if isinstance(result, Awaitable):
+            result = await result
+        elif asyncio.iscoroutine(result):  # pragma: no cover - covered by Awaitable
+            result = await result
+        return await self._runner.record_effect(self, key, result)
+
+    def __repr__(self) -> str:
+        return f"<Context run={self.run_id} node={self.node} visit={self.visit} " \
+               f"attempt={self.attempt}>"

@@ -1,0 +1,209 @@
+"""Conditions in CEL: compile once, bound, list what they read, evaluate.
+
+CEL comes from ``common-expression-language`` (a Rust implementation). An
+expression sees the state's fields as top-level names, plus ``config`` and
+``run``. We keep three facts per expression, found at load:
+
+- the top-level names it reads (the ``program.references()`` variables, less
+  the iteration variables of macros) -- the evaluation context is built from
+  just those, and validation checks each is fed by someone;
+- the dotted paths it reads (``rca.confidence``) -- recorded with every edge
+  decision so a reader of the log can see *why*;
+- that it is bounded: CEL macros have no cost limit (a nested ``map`` over a
+  large list can run for seconds), so length and macro nesting are capped.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import os
+import re
+from dataclasses import dataclass
+from types import ModuleType
+from collections.abc import Mapping
+from typing import Any
+
+MAX_LENGTH = 1000
+MAX_MACROS = 4
+
+_MACROS = ("all", "exists", "exists_one", "map", "filter")
+_STRING_RE = re.compile(r"""(?:[rR]?(?:'''.*?'''|\"\"\".*?\"\"\"|'(?:\\.|[^'\\])*'|"(?:\\.|[^"\\])*"))""",
+                        re.S)
+_PATH_RE = re.compile(r"(?<![\w.])([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)(?!\w)(\s*\()?")
+_ITER_VAR_RE = re.compile(r"\.(?:all|exists|exists_one|map|filter)\(\s*([A-Za-z_]\w*)\s*,")
+_MACRO_RE = re.compile(r"\.(?:" + "|".join(_MACROS) + r")\s*\(")
+_KEYWORDS = frozenset({"true", "false", "null", "in", "has"})
+
+_cel: ModuleType | None = None
+
+
+def _cel_module() -> ModuleType:
+    """The CEL extension module.
+
+    ``import cel`` also imports the package's interactive CLI (prompt_toolkit, about
+    300 ms); the engine needs only the compiled extension, so load it directly and
+    fall back to the package import if its layout ever changes.
+    """
+    global _cel
+    if _cel is not None:
+        return _cel
+    mod: ModuleType | None = None
+    try:
+        spec = importlib.util.find_spec("cel")
+        locations = spec.submodule_search_locations if spec else None
+        if locations:
+            folder = list(locations)[0]
+            for fname in os.listdir(folder):
+                if fname.startswith("cel.") and fname.endswith(
+                    tuple(importlib.machinery.EXTENSION_SUFFIXES)
+                ):
+                    path = os.path.join(folder, fname)
+                    loader = importlib.machinery.ExtensionFileLoader("cel", path)
+                    ext_spec = importlib.util.spec_from_file_location("cel", path, loader=loader)
+                    if ext_spec is not None:
+                        mod = importlib.util.module_from_spec(ext_spec)
+                        loader.exec_module(mod)
+                    break
+    except (ImportError, OSError):  # pragma: no cover - depends on the wheel's layout
+        mod = None
+    if mod is None or not hasattr(mod, "compile"):  # pragma: no cover
+        import cel as mod
+    _cel = mod
+    return mod
+
+
+class ExpressionSyntaxError(ValueError):
+    """An expression does not compile or exceeds the bounds. ``col`` is 1-based if known."""
+
+    def __init__(self, message: str, col: int | None = None) -> None:
+        super().__init__(message)
+        self.col = col
+
+
+class EvaluationError(Exception):
+    """Evaluating a compiled expression failed (missing field, wrong type, ...)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Expression:
+    source: str
+    names: tuple[str, ...]  # top-level names read
+    paths: tuple[str, ...]  # dotted paths read, for the log
+    program: Any
+
+    def evaluate(self, scope: Mapping[str, Any]) -> Any:
+        """Evaluate against ``scope`` (state fields + config + run).
+
+        Raises EvaluationError naming the missing field or the type problem.
+        """
+        context: dict[str, Any] = {}
+        for name in self.names:
+            try:
+                context[name] = scope[name]
+            except KeyError:
+                raise EvaluationError(
+                    f"reads {name!r}, which is not in the state (no node has written it yet "
+                    "and the run's input did not provide it)"
+                ) from None
+        try:
+            return self.program.execute(context)
+        except KeyError as exc:
+            raise EvaluationError(f"no such key: {exc.args[0]!r} "
+                                  "(use has(x.y) to test for presence)") from None
+        except (RuntimeError, TypeError, ValueError) as exc:
+            raise EvaluationError(str(exc).split(". ")[0]) from None
+
+    def read_values(self, scope: Mapping[str, Any]) -> dict[str, Any]:
+        """The values of the paths this expression reads (for edge decision records)."""
+        out: dict[str, Any] = {}
+        for path in self.paths:
+            out[path] = _resolve(scope, path)
+        return out
+
+
+_MISSING = "<missing>"
+
+
+def _resolve(scope: Mapping[str, Any], path: str) -> Any:
+    head, *rest = path.split(".")
+    if head not in scope:
+        return _MISSING
+    cur: Any = scope[head]
+    for part in rest:
+        if isinstance(cur, dict) and part in cur:
+            cur = cur[part]
+        else:
+            return _MISSING
+    return cur
+
+
+def compile_expression(source: str) -> Expression:
+    """Compile and bound ``source``. Raises ExpressionSyntaxError with a column."""
+    if not isinstance(source, str) or not source.strip():
+        raise ExpressionSyntaxError("an expression must be a non-empty string")
+    if len(source) > MAX_LENGTH:
+        raise ExpressionSyntaxError(
+            f"expression is {len(source)} characters long; the limit is {MAX_LENGTH}"
+        )
+    blanked = _blank_strings(source)
+    _check_macros(blanked)
+    try:
+        program = _cel_module().compile(source)
+    except ValueError as exc:
+        raise _syntax_error(source, str(exc)) from None
+    iter_vars = set(_ITER_VAR_RE.findall(blanked))
+    variables = program.references()["variables"]
+    names = tuple(sorted(v for v in variables if v not in iter_vars and not v.startswith("@")))
+    paths = []
+    for m in _PATH_RE.finditer(blanked):
+        path, call = m.group(1), m.group(2)
+        head = path.split(".")[0]
+        if head in names and head not in _KEYWORDS:
+            if call:  # ``a.b.size()`` reads a.b; ``size(a)`` reads a
+                path = path.rsplit(".", 1)[0] if "." in path else path
+            paths.append(path)
+    return Expression(source, names, tuple(dict.fromkeys(paths)), program)
+
+
+def _blank_strings(source: str) -> str:
+    """Replace string literals with spaces of the same length (keeps columns)."""
+    return _STRING_RE.sub(lambda m: " " * len(m.group(0)), source)
+
+
+def _check_macros(blanked: str) -> None:
+    macros = list(_MACRO_RE.finditer(blanked))
+    if len(macros) > MAX_MACROS:
+        raise ExpressionSyntaxError(
+            f"expression uses {len(macros)} comprehensions (all/exists/map/filter); "
+            f"the limit is {MAX_MACROS}: move the computation into a node",
+            macros[MAX_MACROS].start() + 1,
+        )
+    # Nesting: a macro whose opening parenthesis lies inside another macro's arguments.
+    for outer in macros:
+        depth, i = 0, outer.end() - 1
+        end = len(blanked)
+        for j in range(i, len(blanked)):
+            if blanked[j] == "(":
+                depth += 1
+            elif blanked[j] == ")":
+                depth -= 1
+                if depth == 0:
+                    end = j
+                    break
+        inner = [m for m in macros if outer.end() <= m.start() < end]
+        if inner:
+            raise ExpressionSyntaxError(
+                "nested comprehensions are not allowed (their cost grows with the product "
+                "of the list sizes): move the computation into a node",
+                inner[0].start() + 1,
+            )
+
+
+def _syntax_error(source: str, text: str) -> ExpressionSyntaxError:
+    # The CEL error reads "... ERROR: <input>:1:4: Syntax error: ...\n| a +\n| ...^"
+    m = re.search(r"<input>:(\d+):(\d+):\s*(.*)", text)
+    if m:
+        detail = m.group(3).strip()
+        return ExpressionSyntaxError(f"does not compile: {detail}", int(m.group(2)))
+    return ExpressionSyntaxError(f"does not compile: {text.splitlines()[0]}")

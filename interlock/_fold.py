@@ -1,0 +1,381 @@
+"""The fold: a run's log -> what the run is now.
+
+``RunView.apply(record)`` is the only way a run changes. Executing a run
+appends records and applies them one by one; resuming a run applies the
+stored records to a fresh view -- the same function, so the same result.
+The view derives, from records alone:
+
+- ``state``      the fields, merged with their reducers;
+- ``ready``      nodes delivered to but not started (FIFO);
+- ``running``    visits started and not completed (re-run these on resume);
+- ``due``        edge decisions owed (a node completed, a join settled) that
+                 the executor must make -- conditions, routers, gotos -- and
+                 append as ``edge.taken`` / ``edge.skipped``;
+- joins, dead paths and loop exits (below), visits, steps, tokens, status.
+
+Dead paths
+----------
+Each node keeps a queue of *activations*; an activation records, per forward
+port, whether it was taken or found dead. A taken port makes its node ready
+at once (a node runs once per edge taken). When every port of the oldest
+activation is resolved and none was taken, the node is ruled out and each of
+its outgoing edges is resolved dead in turn -- a worklist, not recursion.
+
+Loop exits
+----------
+Inside a loop, an exit edge not taken in one iteration may be taken in the
+next::
+
+    remediate -> verify --(retry)--> remediate        verify -> summary: otherwise
+
+Ruling ``summary`` out after the first ``retry`` would be wrong, so dead
+signals that leave a cyclic component are *deferred* until nothing inside it
+is ready or running; then every exit not taken during that time is resolved
+dead. Taken exits go through at once.
+
+Quiescence
+----------
+When nothing is ready, running or due, no pending join can ever receive
+another arrival; any partially filled barrier or activation is settled with
+its missing entries counted dead. So a join fires with the branches that did
+run and never hangs. All of this happens at the same records on replay, which
+is what makes resume exact.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import _log as L
+from ._errors import InternalError
+from ._model import END
+from ._plan import Plan, PlanEdge, Port
+from ._state import merge_update
+
+
+@dataclass(slots=True)
+class Due:
+    """An edge decision owed. ``source`` is the completed node (``*`` for a settled join)."""
+
+    edge: PlanEdge
+    source: str
+    goto: str | None = None  # the target a ``choose`` node returned
+
+
+@dataclass(slots=True)
+class Visit:
+    node: str
+    visit: int
+    attempt: int
+    started_seq: int
+
+
+@dataclass(slots=True)
+class Writer:
+    node: str
+    completed_seq: int
+
+
+@dataclass(slots=True)
+class RunView:
+    plan: Plan
+    state: dict[str, Any] = field(default_factory=dict)
+    ready: deque[str] = field(default_factory=deque)
+    running: dict[tuple[str, int], Visit] = field(default_factory=dict)
+    due: dict[tuple[int, str], Due] = field(default_factory=dict)
+    visits: Counter[str] = field(default_factory=Counter)  # completed visits per node
+    started: Counter[str] = field(default_factory=Counter)  # visit numbers handed out
+    takes: Counter[int] = field(default_factory=Counter)  # edge index -> times taken
+    steps: int = 0
+    tokens: int = 0
+    node_tokens: Counter[str] = field(default_factory=Counter)
+    seq: int = 0
+    status: str = "PENDING"
+    error: dict[str, Any] | None = None
+    waiting: dict[str, Any] | None = None
+    writers: dict[str, Writer] = field(default_factory=dict)
+    effects: dict[tuple[str, int, str], Any] = field(default_factory=dict)
+    failed: set[tuple[str, int]] = field(default_factory=set)
+    # dead-path bookkeeping
+    _acts: dict[str, deque[dict[int, bool]]] = field(default_factory=dict)
+    _barriers: dict[int, deque[dict[str, bool]]] = field(default_factory=dict)
+    _active: Counter[int] = field(default_factory=Counter)  # cyclic scc -> ready+running
+    _deferred: dict[int, set[tuple[Any, ...]]] = field(default_factory=dict)
+    _taken_exits: dict[int, set[tuple[Any, ...]]] = field(default_factory=dict)
+
+    # -- applying records ----------------------------------------------------------
+
+    def __post_init__(self) -> None:
+        # every node is present in ``visits`` so that ``run.visits.x`` is 0, not missing
+        for name in self.plan.nodes:
+            self.visits[name] = 0
+
+    def apply(self, rec: L.Record) -> None:
+        self.seq = rec["seq"]
+        handler = _HANDLERS.get(rec["type"])
+        if handler is not None:
+            handler(self, rec)
+        if not self.due:
+            self._quiesce()
+
+    def _on_run_started(self, rec: L.Record) -> None:
+        self.state = dict(rec.get("input") or {})
+        self.status = "RUNNING"
+        for e in self.plan.start_edges:
+            self.due[(e.index, "START")] = Due(e, "START")
+
+    def _on_run_resumed(self, rec: L.Record) -> None:
+        # A failed visit stays in ``running``: the executor runs it again.
+        self.status = "RUNNING"
+        self.error = None
+        self.waiting = None
+        self.failed.clear()
+
+    def _on_node_started(self, rec: L.Record) -> None:
+        node, visit = rec["node"], rec["visit"]
+        key = (node, visit)
+        if key in self.running:  # a re-run of an interrupted or failed visit
+            self.running[key].attempt = rec.get("attempt", 1)
+            return
+        try:
+            self.ready.remove(node)
+        except ValueError:
+            raise InternalError(f"record {rec['seq']}: node {node!r} started but was not "
+                                "ready") from None
+        self.started[node] = max(self.started[node], visit)
+        self.steps += 1
+        self.running[key] = Visit(node, visit, rec.get("attempt", 1), rec["seq"])
+
+    def _on_node_completed(self, rec: L.Record) -> None:
+        node, visit = rec["node"], rec["visit"]
+        self.running.pop((node, visit), None)
+        self.failed.discard((node, visit))
+        update = rec.get("update")
+        if update:
+            merge_update(self.state, update, self.plan.reducers)
+            for key in update:
+                self.writers[key] = Writer(node, rec["seq"])
+        self.visits[node] += 1
+        tokens = rec.get("tokens") or 0
+        self.tokens += tokens
+        self.node_tokens[node] += tokens
+        pn = self.plan.nodes[node]
+        if pn.cyclic:
+            self._active[pn.scc] -= 1
+        goto = rec.get("goto")
+        for e in pn.out:
+            if e.is_join and node in e.barrier:
+                self._barrier(e, node, True)
+            else:
+                self.due[(e.index, node)] = Due(e, node, goto if e.kind == "choose" else None)
+
+    def _on_node_failed(self, rec: L.Record) -> None:
+        key = (rec["node"], rec["visit"])
+        if key in self.running:
+            self.failed.add(key)
+        self.tokens += rec.get("tokens") or 0
+        self.node_tokens[rec["node"]] += rec.get("tokens") or 0
+
+    def _on_edge(self, rec: L.Record) -> None:
+        e = self.plan.edges[rec["edge"]]
+        source = rec.get("from", "*")
+        self.due.pop((e.index, source), None)
+        taken = rec.get("to") or [] if rec["type"] == L.EDGE_TAKEN else []
+        if rec["type"] == L.EDGE_TAKEN:
+            self.takes[e.index] += 1
+        for t in e.targets:
+            if t == END:
+                continue
+            if t in taken:
+                port = e.ports.get(t)
+                if port is None or source in e.back_sources:
+                    self._enqueue(t)  # a back edge: a new iteration, no port to resolve
+                else:
+                    self._taken_port(port)
+            else:
+                port = e.ports.get(t)
+                if port is not None and source not in e.back_sources:
+                    self._dead_port(port)
+
+    def _on_effect(self, rec: L.Record) -> None:
+        self.effects[(rec["node"], rec["visit"], rec["key"])] = rec.get("result")
+
+    def _on_terminal(self, rec: L.Record) -> None:
+        self.status = L.TERMINAL_TYPES[rec["type"]]
+        self.error = rec.get("error")
+
+    def _on_waiting(self, rec: L.Record) -> None:
+        self.status = "WAITING_APPROVAL"
+        self.waiting = rec.get("waiting")
+
+    # -- delivery and dead paths -------------------------------------------------------
+
+    def _enqueue(self, node: str) -> None:
+        self.ready.append(node)
+        pn = self.plan.nodes[node]
+        if pn.cyclic:
+            self._active[pn.scc] += 1
+
+    def _taken_port(self, port: Port) -> None:
+        if port.exit_scc is not None:
+            self._taken_exits.setdefault(port.exit_scc, set()).add(("port", port.id))
+        self._resolve_port(port, True)
+
+    def _dead_port(self, port: Port) -> None:
+        if port.exit_scc is not None:
+            self._deferred.setdefault(port.exit_scc, set()).add(("port", port.id))
+            return
+        self._resolve_port(port, False)
+
+    def _resolve_port(self, port: Port, taken: bool) -> None:
+        target = port.target
+        if taken:
+            self._enqueue(target)
+        acts = self._acts.setdefault(target, deque())
+        for act in acts:
+            if port.id not in act:
+                act[port.id] = taken
+                break
+        else:
+            acts.append({port.id: taken})
+        self._settle_acts(target, force=False)
+
+    def _settle_acts(self, target: str, *, force: bool) -> None:
+        acts = self._acts.get(target)
+        nports = len(self.plan.nodes[target].ports)
+        while acts and (len(acts[0]) == nports or force):
+            act = acts.popleft()
+            if not any(act.values()):
+                self._rule_out(target)
+            force = False
+
+    def _rule_out(self, node: str) -> None:
+        """``node`` will not run in this activation: resolve each of its edges dead."""
+        for e in self.plan.nodes[node].out:
+            if e.is_join:
+                if node in e.barrier:
+                    self._barrier(e, node, False)
+                continue
+            for t in e.targets:
+                port = e.ports.get(t)
+                if port is not None:
+                    self._dead_port(port)
+
+    def _barrier(self, e: PlanEdge, source: str, arrived: bool) -> None:
+        exit_scc = e.barrier_exit.get(source)
+        if exit_scc is not None:
+            if not arrived:
+                self._deferred.setdefault(exit_scc, set()).add(("barrier", e.index, source))
+                return
+            self._taken_exits.setdefault(exit_scc, set()).add(("barrier", e.index, source))
+        self._resolve_barrier(e, source, arrived)
+
+    def _resolve_barrier(self, e: PlanEdge, source: str, arrived: bool) -> None:
+        queue = self._barriers.setdefault(e.index, deque())
+        for entry in queue:
+            if source not in entry:
+                if arrived:
+                    entry[source] = True
+                else:
+                    entry[source] = False
+                break
+        else:
+            queue.append({source: arrived})
+        self._settle_barrier(e, force=False)
+
+    def _settle_barrier(self, e: PlanEdge, *, force: bool) -> None:
+        queue = self._barriers.get(e.index)
+        while queue and (len(queue[0]) == len(e.barrier) or force):
+            entry = queue.popleft()
+            force = False
+            if any(entry.values()):
+                self.due[(e.index, "*")] = Due(e, "*")
+            else:
+                for t in e.targets:
+                    port = e.ports.get(t)
+                    if port is not None:
+                        self._dead_port(port)
+
+    # -- quiescence --------------------------------------------------------------------
+
+    def _quiesce(self) -> None:
+        """Flush loop exits of idle components, then settle what can no longer fill."""
+        for scc in [c for c, d in self._deferred.items() if d]:
+            if self._active[scc] == 0 and not self.due:
+                self._flush_exits(scc)
+        while not self.ready and not self.running and not self.due:
+            if not self._settle_partial():
+                break
+
+    def _flush_exits(self, scc: int) -> None:
+        pending = self._deferred.pop(scc, set()) - self._taken_exits.pop(scc, set())
+        for item in sorted(pending, key=repr):
+            if item[0] == "port":
+                self._resolve_port(self.plan.ports[item[1]], False)
+            else:
+                self._resolve_barrier(self.plan.edges[item[1]], item[2], False)
+
+    def _settle_partial(self) -> bool:
+        for scc in [c for c, d in self._deferred.items() if d]:
+            self._flush_exits(scc)
+            return True
+        for index, queue in self._barriers.items():
+            if queue:
+                self._settle_barrier(self.plan.edges[index], force=True)
+                return True
+        for target, acts in self._acts.items():
+            if acts:
+                self._settle_acts(target, force=True)
+                return True
+        return False
+
+    # -- reading -------------------------------------------------------------------
+
+    @property
+    def idle(self) -> bool:
+        return not self.ready and not self.running and not self.due
+
+    def scope(self, config: dict[str, Any]) -> Scope:
+        """The names a condition sees: the state's fields, ``config`` and ``run``."""
+        return Scope(self, config)
+
+
+class Scope:
+    """A lazy mapping for expression evaluation: only the names an expression reads
+    are looked up, so a condition costs the same in a 10- or a 10 000-node graph."""
+
+    __slots__ = ("_config", "_view")
+
+    def __init__(self, view: RunView, config: dict[str, Any]) -> None:
+        self._view = view
+        self._config = config
+
+    def __getitem__(self, name: str) -> Any:
+        if name == "config":
+            return self._config
+        if name == "run":
+            v = self._view
+            return {"visits": v.visits, "step": v.steps, "tokens": v.tokens}
+        return self._view.state[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in ("config", "run") or name in self._view.state
+
+
+_HANDLERS = {
+    L.RUN_STARTED: RunView._on_run_started,
+    L.RUN_RESUMED: RunView._on_run_resumed,
+    L.NODE_STARTED: RunView._on_node_started,
+    L.NODE_COMPLETED: RunView._on_node_completed,
+    L.NODE_FAILED: RunView._on_node_failed,
+    L.EDGE_TAKEN: RunView._on_edge,
+    L.EDGE_SKIPPED: RunView._on_edge,
+    L.EFFECT_RECORDED: RunView._on_effect,
+    L.RUN_COMPLETED: RunView._on_terminal,
+    L.RUN_FAILED: RunView._on_terminal,
+    L.RUN_REJECTED: RunView._on_terminal,
+    L.RUN_CANCELLED: RunView._on_terminal,
+    L.RUN_WAITING: RunView._on_waiting,
+}

@@ -1,0 +1,162 @@
+"""Log records: their shape, their canonical bytes, and the hash chain.
+
+A run is its log. Every record is a JSON object with at least
+
+    {"seq": 1, "type": "node.completed", "at": 1764480000.123, "node": "rca", ...}
+
+``seq`` starts at 1 and has no gaps. Records are serialised once, canonically
+(orjson, sorted keys), and those exact bytes are what a store keeps and what
+the chain hashes:
+
+    hash(n) = sha256(hash(n-1) || bytes(n))          hash(0) = 64 * "0"
+
+so changing, dropping or reordering any stored record breaks every later hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+GENESIS = "0" * 64
+
+Record = dict[str, Any]
+
+# Record types (SPEC §2). Kept as constants so a typo is a NameError, not a silent miss.
+RUN_STARTED = "run.started"
+RUN_RESUMED = "run.resumed"
+RUN_WAITING = "run.waiting"
+RUN_COMPLETED = "run.completed"
+RUN_FAILED = "run.failed"
+RUN_REJECTED = "run.rejected"
+RUN_CANCELLED = "run.cancelled"
+NODE_STARTED = "node.started"
+NODE_COMPLETED = "node.completed"
+NODE_FAILED = "node.failed"
+NODE_RETRYING = "node.retrying"
+EDGE_TAKEN = "edge.taken"
+EDGE_SKIPPED = "edge.skipped"
+EFFECT_RECORDED = "effect.recorded"
+APPROVAL_REQUESTED = "approval.requested"
+APPROVAL_DECIDED = "approval.decided"
+
+TERMINAL_TYPES = {
+    RUN_COMPLETED: "COMPLETED",
+    RUN_FAILED: "FAILED",
+    RUN_REJECTED: "REJECTED",
+    RUN_CANCELLED: "CANCELLED",
+}
+
+_OPTS = orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY
+
+
+def _default(obj: Any) -> Any:
+    dump = getattr(obj, "model_dump", None)  # pydantic models
+    if callable(dump):
+        return dump(mode="json")
+    if isinstance(obj, set | frozenset | tuple):
+        return list(obj)
+    raise TypeError(f"{type(obj).__name__} is not JSON serialisable")
+
+
+def dumps(value: Any) -> bytes:
+    """Canonical JSON bytes (sorted keys)."""
+    return orjson.dumps(value, default=_default, option=_OPTS)
+
+
+def to_json_value(value: Any) -> Any:
+    """``value`` as plain JSON data (what a reader of the log will get back).
+
+    Plain dicts/lists/scalars are returned as they are; anything orjson needs a
+    hook for (pydantic models, tuples, sets) is converted, so that state built
+    from a live run equals state rebuilt from its log.
+    """
+    converted = False
+
+    def hook(obj: Any) -> Any:
+        nonlocal converted
+        converted = True
+        return _default(obj)
+
+    data = orjson.dumps(value, default=hook, option=_OPTS)
+    if converted or _has_tuple(value):
+        return orjson.loads(data)
+    return value
+
+
+def _has_tuple(value: Any) -> bool:
+    # orjson serialises tuples natively, but they come back as lists.
+    if isinstance(value, tuple):
+        return True
+    if isinstance(value, dict):
+        return any(_has_tuple(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_has_tuple(v) for v in value)
+    return False
+
+
+def chain(prev_hash: str, data: bytes) -> str:
+    return hashlib.sha256(prev_hash.encode("ascii") + data).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """A record as stored: its canonical bytes and its chain hash."""
+
+    seq: int
+    type: str
+    data: bytes
+    hash: str
+
+    def record(self) -> Record:
+        rec: Record = orjson.loads(self.data)
+        return rec
+
+
+class LogWriter:
+    """Numbers, timestamps, serialises and chains the records of one run."""
+
+    def __init__(self, last_seq: int = 0, last_hash: str = GENESIS) -> None:
+        self.seq = last_seq
+        self.hash = last_hash
+
+    def make(self, rtype: str, fields: dict[str, Any]) -> tuple[Record, Entry]:
+        self.seq += 1
+        rec: Record = {"seq": self.seq, "type": rtype, "at": round(time.time(), 6)}
+        for key, value in fields.items():
+            if value is not None:
+                rec[key] = value
+        data = dumps(rec)
+        self.hash = chain(self.hash, data)
+        return rec, Entry(self.seq, rtype, data, self.hash)
+
+
+@dataclass(frozen=True, slots=True)
+class ChainProblem:
+    seq: int
+    message: str
+
+
+def verify_chain(entries: list[Entry]) -> ChainProblem | None:
+    """The first record whose number, content or hash does not fit the chain, if any."""
+    prev = GENESIS
+    for expected, entry in enumerate(entries, start=1):
+        if entry.seq != expected:
+            return ChainProblem(entry.seq, f"expected record {expected}, found {entry.seq} "
+                                           "(a record is missing or out of order)")
+        try:
+            rec = orjson.loads(entry.data)
+        except orjson.JSONDecodeError:
+            return ChainProblem(entry.seq, "record is not valid JSON")
+        if rec.get("seq") != entry.seq or rec.get("type") != entry.type:
+            return ChainProblem(entry.seq, "record's seq/type do not match its row")
+        want = chain(prev, entry.data)
+        if want != entry.hash:
+            return ChainProblem(entry.seq, "hash does not match the record's content and the "
+                                           "previous hash (the record was changed)")
+        prev = entry.hash
+    return None

@@ -1,0 +1,319 @@
+"""The workflow definition: what a file (or the Python builder) declares.
+
+This module knows nothing of the engine. Both front ends -- the YAML/JSON file
+(`_spec.py`) and the Python builder (`_workflow.py`) -- produce a
+`WorkflowSpec`; everything downstream (validation, planning, running, the log)
+reads only this model. Its JSON dump is what a run stores as its definition.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    field_validator,
+    model_validator,
+)
+
+START = "START"
+END = "END"
+RESERVED_NAMES = frozenset({START, END, "config", "run"})
+NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+CALL_RE = re.compile(r"^[A-Za-z_][\w.]*:[\w.<>]+(#\d+)?$")
+
+Reducer = Literal["replace", "append", "extend", "merge", "add"]
+
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?|\.\d+)\s*(ms|s|m|h)?\s*$")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+
+
+def parse_duration(value: Any) -> Any:
+    """'30s', '0.5s', '250ms', '5m', '1h' or a number of seconds -> float seconds."""
+    if isinstance(value, bool):
+        raise ValueError("expected a duration such as 30s, 250ms or 5m, got a boolean")
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str):
+        m = _DURATION_RE.match(value)
+        if m:
+            return float(m.group(1)) * _UNITS[m.group(2)]
+    raise ValueError(f"expected a duration such as 30s, 250ms or 5m, got {value!r}")
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration), Field(gt=0)]
+
+
+def _as_list(value: Any) -> Any:
+    return [value] if isinstance(value, str) else value
+
+
+NameList = Annotated[list[str], BeforeValidator(_as_list)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class RetrySpec(_Strict):
+    """``retry: {attempts, backoff, max_backoff, jitter, errors}``."""
+
+    attempts: int = Field(default=1, ge=1, le=100)
+    backoff: Annotated[float, BeforeValidator(parse_duration), Field(ge=0)] = 0.0
+    max_backoff: Duration | None = None
+    jitter: bool = False
+    errors: list[str] = Field(default_factory=list)
+
+
+class ApprovalSpec(_Strict):
+    """``approval: {show, on_modify, approvers, timeout, on_timeout}`` -- a human gate."""
+
+    show: NameList = Field(default_factory=list)
+    on_modify: NameList = Field(default_factory=list)
+    approvers: NameList = Field(default_factory=list)
+    timeout: Duration | None = None
+    on_timeout: str = "reject"
+
+
+class NodeSpec(_Strict):
+    """One node. ``call`` is ``module:function``; short form in a file: ``name: module:fn``."""
+
+    call: str | None = None
+    reads: NameList | None = None
+    writes: NameList | None = None
+    timeout: Duration | None = None
+    retry: RetrySpec | None = None
+    isolation: Literal["thread", "process"] | None = None
+    tokens: int | None = Field(default=None, ge=0)
+    confirm: bool = False
+    approval: ApprovalSpec | None = None
+    agent: dict[str, Any] | None = None
+    description: str = ""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _short_form(cls, data: Any) -> Any:
+        if isinstance(data, str):
+            return {"call": data}
+        return data
+
+    @field_validator("call")
+    @classmethod
+    def _call_shape(cls, value: str | None) -> str | None:
+        if value is not None and not CALL_RE.match(value):
+            raise ValueError(
+                f"call must look like 'package.module:function', got {value!r}"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> NodeSpec:
+        kinds = [k for k in ("call", "approval", "agent") if getattr(self, k) is not None]
+        if len(kinds) != 1:
+            found = ", ".join(kinds) or "none"
+            raise ValueError(
+                "a node needs exactly one of 'call', 'approval' or 'agent' "
+                f"(found: {found})"
+            )
+        return self
+
+    @property
+    def kind(self) -> Literal["call", "approval", "agent"]:
+        if self.approval is not None:
+            return "approval"
+        if self.agent is not None:
+            return "agent"
+        return "call"
+
+
+EdgeKind = Literal["plain", "switch", "router", "choose"]
+
+
+class EdgeSpec(_Strict):
+    """One entry of ``edges:``. See SPEC §1 for the forms."""
+
+    source: NameList = Field(alias="from")
+    to: NameList | None = None
+    when: str | None = None
+    otherwise: bool = False
+    switch: str | None = None
+    cases: dict[str, str] | None = None
+    default: str | None = None
+    router: str | None = None
+    choose: NameList | None = None
+    max: int | None = Field(default=None, ge=1)
+
+    @field_validator("cases", mode="before")
+    @classmethod
+    def _case_keys(cls, value: Any) -> Any:
+        # YAML keys may be ints or booleans (``1: a``, ``true: b``); CEL values are
+        # matched by their canonical text (see case_key), so keys are kept as text.
+        if isinstance(value, dict):
+            return {case_key(k): v for k, v in value.items()}
+        return value
+
+    @model_validator(mode="after")
+    def _one_form(self) -> EdgeSpec:
+        if not self.source:
+            raise ValueError("'from' must name at least one node")
+        forms = [k for k in ("switch", "router", "choose") if getattr(self, k) is not None]
+        if len(forms) > 1:
+            raise ValueError(f"an edge takes one of switch, router, choose (found {forms})")
+        form = forms[0] if forms else "plain"
+        if form == "plain" and not self.to:
+            raise ValueError("an edge needs 'to' (or one of switch/router/choose)")
+        if form in ("switch", "choose") and self.to is not None:
+            raise ValueError(f"a {form} edge lists its targets itself; remove 'to'")
+        if form == "router" and not self.to:
+            raise ValueError("a router edge must declare its possible targets in 'to'")
+        if form == "switch" and not self.cases:
+            raise ValueError("a switch edge needs 'cases: {value: node}'")
+        if form != "switch" and (self.cases is not None or self.default is not None):
+            raise ValueError("'cases' and 'default' belong to a switch edge")
+        if form != "plain" and (self.when is not None or self.otherwise):
+            raise ValueError(f"'when'/'otherwise' cannot be combined with {form}")
+        if self.when is not None and self.otherwise:
+            raise ValueError("an edge is either 'when' or 'otherwise', not both")
+        if form == "choose" and not self.choose:
+            raise ValueError("'choose' must list at least one target")
+        if form != "plain" and len(self.source) > 1:
+            raise ValueError(f"a {form} edge has one source node")
+        return self
+
+    @property
+    def kind(self) -> EdgeKind:
+        if self.switch is not None:
+            return "switch"
+        if self.router is not None:
+            return "router"
+        if self.choose is not None:
+            return "choose"
+        return "plain"
+
+    @property
+    def targets(self) -> list[str]:
+        """Every node this edge may deliver to, in declaration order, without repeats."""
+        if self.kind == "switch":
+            assert self.cases is not None
+            out = list(self.cases.values())
+            if self.default is not None:
+                out.append(self.default)
+        elif self.kind == "choose":
+            assert self.choose is not None
+            out = list(self.choose)
+        else:
+            assert self.to is not None
+            out = list(self.to)
+        return list(dict.fromkeys(out))
+
+    @property
+    def is_join(self) -> bool:
+        return len(self.source) > 1
+
+    def describe(self) -> str:
+        """A short human name: 'a -> b', '[a, b] -> c', 'risk switch risk.level'."""
+        src = self.source[0] if len(self.source) == 1 else "[" + ", ".join(self.source) + "]"
+        if self.kind == "switch":
+            return f"{src} switch {self.switch!r}"
+        if self.kind == "router":
+            return f"{src} router {self.router}"
+        tgt = self.targets
+        dst = tgt[0] if len(tgt) == 1 else "[" + ", ".join(tgt) + "]"
+        return f"{src} -> {dst}"
+
+
+def case_key(value: Any) -> str:
+    """The canonical text of a switch value: how a CEL result is matched to ``cases``."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+class FieldSpec(_Strict):
+    reducer: Reducer = "replace"
+
+
+class LimitsSpec(_Strict):
+    tokens: int | None = Field(default=None, ge=0)
+    steps: int | None = Field(default=None, ge=1)
+    timeout: Duration | None = None
+
+
+class WorkflowSpec(_Strict):
+    """A whole workflow, as declared. Frozen; equal specs mean equal workflows."""
+
+    workflow: str = Field(min_length=1)
+    description: str = ""
+    config: dict[str, Any] = Field(default_factory=dict)
+    input: NameList = Field(default_factory=list)
+    state: dict[str, FieldSpec] = Field(default_factory=dict)
+    limits: LimitsSpec = Field(default_factory=LimitsSpec)
+    nodes: dict[str, NodeSpec]
+    edges: list[EdgeSpec] = Field(default_factory=list)
+
+    # Where each part came from: path tuple -> (line, col), plus the file name.
+    # Not part of the definition's identity.
+    _source: SourceMap | None = PrivateAttr(default=None)
+
+    @field_validator("state", mode="before")
+    @classmethod
+    def _state_short(cls, value: Any) -> Any:
+        # ``events: append`` is accepted as short for ``events: {reducer: append}``.
+        if isinstance(value, dict):
+            return {k: {"reducer": v} if isinstance(v, str) else v for k, v in value.items()}
+        return value
+
+    @field_validator("nodes")
+    @classmethod
+    def _node_names(cls, value: dict[str, NodeSpec]) -> dict[str, NodeSpec]:
+        for name in value:
+            _check_name(name, "node")
+        return value
+
+    @field_validator("state", "input")
+    @classmethod
+    def _field_names(cls, value: Any) -> Any:
+        for name in value:
+            _check_name(name, "state field")
+        return value
+
+    def definition(self) -> dict[str, Any]:
+        """The JSON-ready definition (what a run stores and hashes)."""
+        return self.model_dump(mode="json", by_alias=True, exclude_defaults=True)
+
+
+def _check_name(name: str, what: str) -> None:
+    if not NAME_RE.match(name):
+        raise ValueError(
+            f"{what} name {name!r} must be an identifier (letters, digits, _), "
+            "so that conditions can read it"
+        )
+    if name in RESERVED_NAMES:
+        raise ValueError(f"{what} name {name!r} is reserved")
+
+
+class SourceMap:
+    """Maps a path inside the definition (``('edges', 3, 'when')``) to a file position."""
+
+    def __init__(self, file: str | None, positions: dict[tuple[Any, ...], tuple[int, int]]):
+        self.file = file
+        self.positions = positions
+
+    def locate(self, path: tuple[Any, ...]) -> tuple[int, int] | None:
+        """The position of ``path``, or of its closest located ancestor."""
+        while True:
+            pos = self.positions.get(path)
+            if pos is not None:
+                return pos
+            if not path:
+                return None
+            path = path[:-1]

@@ -1,0 +1,230 @@
+"""The plan: a validated `WorkflowSpec` compiled for execution.
+
+Compiling resolves every ``module:function``, compiles every CEL expression
+once, and finds the graph facts the scheduler needs (back edges, cyclic
+components, the forward "ports" through which a node can be reached). The
+plan is immutable and shared by every run of the workflow.
+
+Ports
+-----
+A *port* is one way a node can be reached by a forward edge: a pair (edge,
+target) whose edge is not a back edge for that target. A node's activation
+is settled once every one of its ports has been resolved (taken or dead);
+if none was taken the node is ruled out (dead) for that activation, and
+that ruling flows downstream. Back edges have no port: taking one starts a
+new iteration of its target, and not taking it rules nothing out.
+
+A join edge (``from: [a, b]``) has a *barrier* over its forward sources;
+the barrier settles when each has completed (arrived) or been ruled out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._expr import Expression
+from ._graph import back_edges, sccs
+from ._model import END, START, EdgeSpec, NodeSpec, WorkflowSpec
+
+DEFAULT_TIMEOUT = 300.0
+
+
+@dataclass(slots=True, eq=False)
+class Port:
+    id: int
+    edge: int
+    target: str
+    exit_scc: int | None  # cyclic component this port leaves, if any
+
+
+@dataclass(slots=True, eq=False)
+class PlanEdge:
+    index: int
+    spec: EdgeSpec
+    kind: str
+    sources: tuple[str, ...]
+    targets: tuple[str, ...]  # END included when declared
+    cond: Expression | None = None
+    switch: Expression | None = None
+    router: Callable[..., Any] | None = None
+    router_async: bool = False
+    router_wants_ctx: bool = False
+    max: int | None = None
+    otherwise: bool = False
+    barrier: tuple[str, ...] = ()  # forward sources a join waits for ()
+    back_sources: frozenset[str] = frozenset()  # sources for which this edge is a back edge
+    back_targets: frozenset[str] = frozenset()  # targets reached through a back edge
+    ports: dict[str, Port] = field(default_factory=dict)  # target -> port (forward only)
+    barrier_exit: dict[str, int] = field(default_factory=dict)  # source -> scc it leaves
+
+    @property
+    def is_join(self) -> bool:
+        return len(self.sources) > 1
+
+    def name(self) -> str:
+        return self.spec.describe()
+
+
+@dataclass(slots=True, eq=False)
+class PlanNode:
+    name: str
+    spec: NodeSpec
+    fn: Callable[..., Any] | None
+    is_async: bool
+    wants_ctx: bool
+    reads: tuple[str, ...] | None
+    writes: frozenset[str] | None
+    timeout: float
+    out: list[PlanEdge] = field(default_factory=list)
+    ports: list[Port] = field(default_factory=list)
+    scc: int = -1
+    cyclic: bool = False
+
+
+@dataclass(slots=True, eq=False)
+class Plan:
+    spec: WorkflowSpec
+    nodes: dict[str, PlanNode]
+    edges: list[PlanEdge]
+    start_edges: list[PlanEdge]
+    ports: list[Port]
+    reducers: dict[str, str]
+    scc_members: dict[int, frozenset[str]]
+    back: frozenset[tuple[str, str]]
+
+
+def callable_params(fn: Callable[..., Any]) -> int:
+    """How many positional parameters ``fn`` takes (2 = it wants ``ctx``)."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return 1
+    count = 0
+    for p in sig.parameters.values():
+        if p.kind is p.VAR_POSITIONAL:
+            return 2
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            count += 1
+    return count
+
+
+def is_async_callable(fn: Callable[..., Any]) -> bool:
+    if asyncio.iscoroutinefunction(fn):
+        return True
+    call = getattr(fn, "__call__", None)  # noqa: B004 - async __call__ on instances
+    return call is not None and asyncio.iscoroutinefunction(call)
+
+
+def import_callable(path: str) -> Callable[..., Any]:
+    """Resolve ``package.module:attr.attr`` like uvicorn: the working directory is importable.
+
+    Raises ImportError/AttributeError/TypeError with a message for people.
+    """
+    module_name, _, attr = path.partition(":")
+    if "" not in sys.path and "." not in sys.path:
+        sys.path.insert(0, "")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ImportError(f"cannot import module {module_name!r}: {exc}") from exc
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise AttributeError(f"module {module_name!r} has no attribute {attr!r}") from None
+    if not callable(obj):
+        raise TypeError(f"{path} is a {type(obj).__name__}, not a function")
+    return obj  # type: ignore[no-any-return]
+
+
+def _adjacency(spec: WorkflowSpec) -> dict[str, list[str]]:
+    adj: dict[str, list[str]] = {START: [], **{n: [] for n in spec.nodes}}
+    for e in spec.edges:
+        for s in e.source:
+            lst = adj.setdefault(s, [])
+            for t in e.targets:
+                if t != END and t not in lst:
+                    lst.append(t)
+    return adj
+
+
+def build_plan(spec: WorkflowSpec, *, callables: dict[str, Callable[..., Any]],
+               expressions: dict[str, Expression]) -> Plan:
+    """Assemble the plan. ``callables`` maps every call path (nodes and routers) to its
+    function and ``expressions`` every source text to its compiled form; both were
+    resolved by validation, which also guaranteed the graph is well formed."""
+    adj = _adjacency(spec)
+    back = frozenset(back_edges(adj, spec.nodes))
+    comp = sccs(adj, spec.nodes)
+    members: dict[int, set[str]] = {}
+    for n, c in comp.items():
+        members.setdefault(c, set()).add(n)
+    cyclic = {c for c, m in members.items()
+              if len(m) > 1 or any(n in adj.get(n, ()) for n in m)}
+
+    limit_timeout = spec.limits.timeout or DEFAULT_TIMEOUT
+    nodes: dict[str, PlanNode] = {}
+    for name, ns in spec.nodes.items():
+        fn = callables.get(ns.call) if ns.call else None
+        nodes[name] = PlanNode(
+            name=name, spec=ns, fn=fn,
+            is_async=bool(fn and is_async_callable(fn)),
+            wants_ctx=bool(fn and callable_params(fn) >= 2),
+            reads=tuple(ns.reads) if ns.reads is not None else None,
+            writes=frozenset(ns.writes) if ns.writes is not None else None,
+            timeout=ns.timeout or limit_timeout,
+            scc=comp.get(name, -1), cyclic=comp.get(name, -1) in cyclic,
+        )
+
+    ports: list[Port] = []
+    edges: list[PlanEdge] = []
+    start_edges: list[PlanEdge] = []
+    for i, es in enumerate(spec.edges):
+        pe = PlanEdge(index=i, spec=es, kind=es.kind, sources=tuple(es.source),
+                      targets=tuple(es.targets), max=es.max, otherwise=es.otherwise)
+        if es.when is not None:
+            pe.cond = expressions[es.when]
+        if es.switch is not None:
+            pe.switch = expressions[es.switch]
+        if es.router is not None:
+            pe.router = callables[es.router]
+            pe.router_async = is_async_callable(pe.router)
+            pe.router_wants_ctx = callable_params(pe.router) >= 2
+        pe.back_sources = frozenset(s for s in pe.sources
+                                    if any((s, t) in back for t in pe.targets))
+        pe.back_targets = frozenset(t for t in pe.targets
+                                    if all((s, t) in back for s in pe.sources))
+        if pe.is_join:
+            pe.barrier = tuple(s for s in pe.sources if s not in pe.back_sources)
+            for s in pe.barrier:
+                c = comp.get(s, -1)
+                if c in cyclic and any(comp.get(t) != c for t in pe.targets if t != END):
+                    pe.barrier_exit[s] = c
+        for t in pe.targets:
+            if t == END or t in pe.back_targets:
+                continue
+            src_scc = comp.get(pe.sources[0], -1) if not pe.is_join else -1
+            exit_scc = src_scc if src_scc in cyclic and comp.get(t) != src_scc else None
+            port = Port(len(ports), i, t, exit_scc)
+            ports.append(port)
+            pe.ports[t] = port
+            nodes[t].ports.append(port)
+        edges.append(pe)
+        for s in pe.sources:
+            if s == START:
+                start_edges.append(pe)
+            else:
+                nodes[s].out.append(pe)
+
+    return Plan(
+        spec=spec, nodes=nodes, edges=edges, start_edges=start_edges, ports=ports,
+        reducers={k: v.reducer for k, v in spec.state.items()},
+        scc_members={c: frozenset(m) for c, m in members.items() if c in cyclic},
+        back=back,
+    )

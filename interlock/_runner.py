@@ -1,0 +1,492 @@
+"""The executor: drives one run -- starts ready nodes, makes edge decisions, commits records.
+
+The loop, with what holds after each step::
+
+    loop:
+        decide every due edge         -> edge.taken / edge.skipped committed; view.due empty
+        start every ready node        -> node.started committed; each visit has a task
+        if nothing runs: finish       -> run.completed (or run.waiting)
+        wait for one node to finish   -> node.completed + its edge decisions, one batch
+
+Every change goes through ``_commit``: records are numbered and chained by
+the `LogWriter`, stored (committed before anything that depends on them
+starts), and only then applied to the `RunView` -- so the view never holds a
+fact the store does not. Policies (timeouts, retries, process isolation)
+wrap the node call in `_guards`; this loop knows none of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+import traceback
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from . import _log as L
+from ._context import Context, Goto
+from ._errors import (
+    ExpressionError,
+    InterlockError,
+    NodeError,
+    NoRouteError,
+    RouteError,
+    RunError,
+    StepLimitError,
+    WriteConflictError,
+)
+from ._expr import EvaluationError
+from ._fold import Due, RunView
+from ._model import END, case_key
+from ._plan import Plan, PlanEdge, PlanNode
+from ._state import check_update, scoped
+from ._store import Store, Summary
+
+
+@dataclass(slots=True)
+class Outcome:
+    node: str
+    visit: int
+    attempt: int
+    update: dict[str, Any] | None = None
+    goto: str | None = None
+    error: RunError | None = None
+    duration_ms: float = 0.0
+    tokens: int = 0
+
+
+class _Abort(Exception):
+    """Raised inside the loop to end the run with ``error``."""
+
+    def __init__(self, error: RunError) -> None:
+        self.error = error
+
+
+class Runner:
+    def __init__(self, plan: Plan, store: Store, run_id: str, view: RunView,
+                 writer: L.LogWriter, config: dict[str, Any], limits: dict[str, Any],
+                 listener: Any = None) -> None:
+        self.plan = plan
+        self.store = store
+        self.run_id = run_id
+        self.view = view
+        self.writer = writer
+        self.config = config
+        self.limits = limits
+        self.listener = listener
+        self._done: asyncio.Queue[Outcome] = asyncio.Queue()
+        self._tasks: dict[tuple[str, int], asyncio.Task[None]] = {}
+        self._lock = asyncio.Lock()
+        self._staged: list[L.Entry] = []
+
+    # -- committing ------------------------------------------------------------------
+
+    def stage(self, items: list[tuple[str, dict[str, Any]]]) -> list[L.Record]:
+        """Number and chain records and fold them into the view; `flush` stores them.
+
+        Nothing that depends on a staged record may start before the flush returns:
+        the loop only starts nodes after flushing.
+        """
+        recs = []
+        for rtype, fields in items:
+            rec, entry = self.writer.make(rtype, fields)
+            self.view.apply(rec)
+            self._staged.append(entry)
+            recs.append(rec)
+            if self.listener is not None:
+                self.listener(rec, self.view)
+        return recs
+
+    async def flush(self) -> None:
+        """Commit every staged record (one transaction)."""
+        async with self._lock:
+            if not self._staged:
+                return
+            entries, self._staged = self._staged, []
+            await self.store.append(self.run_id, entries, self.summary())
+
+    async def commit(self, items: list[tuple[str, dict[str, Any]]]) -> list[L.Record]:
+        recs = self.stage(items)
+        await self.flush()
+        return recs
+
+    def summary(self) -> Summary:
+        v = self.view
+        return Summary(status=v.status, last_seq=self.writer.seq, last_hash=self.writer.hash,
+                       steps=v.steps, tokens=v.tokens, error=v.error, waiting=v.waiting,
+                       updated_at=time.time())
+
+    # -- the loop --------------------------------------------------------------------
+
+    async def execute(self) -> None:
+        try:
+            try:
+                await self._loop()
+            finally:
+                await self._stop_tasks()
+        except _Abort as abort:
+            err = abort.error
+            self.stage([(L.RUN_FAILED, {"error": err.to_json(), "node": err.node})])
+        await self.flush()
+
+    async def _loop(self) -> None:
+        view = self.view
+        # visits that were running when the previous process stopped run again
+        for (node, visit), v in list(view.running.items()):
+            self._start_task(node, visit, v.attempt + 1, rerun=True)
+        while True:
+            if view.due:
+                self._decide_due()
+                await self.flush()
+            if view.ready:
+                await self._start_ready()
+            if not self._tasks:
+                if view.idle:
+                    await self.commit([(L.RUN_COMPLETED, {})])
+                    return
+                raise _Abort(RunError("the run stopped with work left over -- this is a bug "
+                                      "in interlock, please report it with the trace"))
+            outcome = await self._done.get()
+            self._tasks.pop((outcome.node, outcome.visit), None)
+            await self._finish(outcome)
+
+    async def _start_ready(self) -> None:
+        items = []
+        steps_limit = self.limits.get("steps")
+        view = self.view
+        count = view.steps
+        for node in list(view.ready):
+            if steps_limit is not None and count >= steps_limit:
+                raise _Abort(StepLimitError(
+                    f"the run reached limits.steps={steps_limit} node executions before "
+                    f"{node!r} could start; raise the limit (--set limits.steps=N) if the "
+                    "loop is expected to run longer", node=node))
+            count += 1
+            visit = view.started[node] + 1 + sum(1 for n, _ in items if n == node)
+            items.append((node, visit))
+        recs = await self.commit([
+            (L.NODE_STARTED, {"node": n, "visit": vis, "attempt": 1}) for n, vis in items])
+        for rec in recs:
+            self._start_task(rec["node"], rec["visit"], 1, rerun=False)
+
+    def _start_task(self, node: str, visit: int, attempt: int, *, rerun: bool) -> None:
+        pn = self.plan.nodes[node]
+        task = asyncio.get_running_loop().create_task(
+            self._run_visit(pn, visit, attempt, rerun), name=f"interlock:{node}:{visit}")
+        self._tasks[(node, visit)] = task
+
+    async def _stop_tasks(self) -> None:
+        tasks = list(self._tasks.values())
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        self._tasks.clear()
+
+    # -- one visit of a node -----------------------------------------------------------
+
+    async def _run_visit(self, pn: PlanNode, visit: int, attempt: int, rerun: bool) -> None:
+        """Run a visit (with its retries) and report the outcome. Never raises Exception."""
+        if rerun:
+            await self.commit([(L.NODE_STARTED, {"node": pn.name, "visit": visit,
+                                                 "attempt": attempt})])
+        retry = pn.spec.retry
+        while True:
+            outcome = await self._attempt(pn, visit, attempt)
+            if outcome.error is None or retry is None or attempt >= retry.attempts \
+                    or not _retryable(outcome.error, retry.errors):
+                break
+            delay = _backoff(retry.backoff, retry.max_backoff, retry.jitter, attempt)
+            await self.commit([(L.NODE_RETRYING, {
+                "node": pn.name, "visit": visit, "attempt": attempt,
+                "error": outcome.error.to_json(), "duration_ms": outcome.duration_ms,
+                "tokens": outcome.tokens or None, "delay_ms": round(delay * 1000, 3)})])
+            if delay:
+                await asyncio.sleep(delay)
+            attempt += 1
+            await self.commit([(L.NODE_STARTED, {"node": pn.name, "visit": visit,
+                                                 "attempt": attempt})])
+        self._done.put_nowait(outcome)
+
+    async def _attempt(self, pn: PlanNode, visit: int, attempt: int) -> Outcome:
+        ctx = Context(self, pn.name, visit, attempt)
+        fn = pn.fn
+        assert fn is not None, "approval and agent nodes are not dispatched here"
+        args: tuple[Any, ...] = (scoped(self.view.state, pn.reads),)
+        if pn.wants_ctx:
+            args = (*args, ctx)
+        t0 = time.perf_counter()
+        try:
+            async with asyncio.timeout(pn.timeout):
+                if pn.is_async:
+                    result = await fn(*args)
+                else:
+                    result = await asyncio.to_thread(fn, *args)
+            update, goto = self._check_result(pn, result)
+            error = None
+        except TimeoutError:
+            update, goto = None, None
+            error = NodeError(
+                f"node {pn.name!r} timed out after {pn.timeout:g}s"
+                + ("" if pn.is_async else " (a sync node cannot be interrupted: its worker "
+                   "thread was abandoned and may still be running)"),
+                node=pn.name, exception="TimeoutError")
+        except RunError as exc:
+            update, goto, error = None, None, exc
+        except Exception as exc:  # the node's own failure: becomes its error record
+            update, goto = None, None
+            error = NodeError(f"node {pn.name!r} raised {type(exc).__name__}: {exc}",
+                              node=pn.name, exception=type(exc).__name__,
+                              traceback=_short_tb(exc))
+        duration = (time.perf_counter() - t0) * 1000
+        return Outcome(pn.name, visit, attempt, update, goto, error, round(duration, 3),
+                       ctx.tokens)
+
+    def _check_result(self, pn: PlanNode, result: Any) -> tuple[dict[str, Any], str | None]:
+        goto: str | None = None
+        if isinstance(result, Goto):
+            goto, result = result.node, result.update
+            allowed = [t for e in pn.out if e.kind == "choose" for t in e.targets]
+            if goto not in allowed:
+                decl = ", ".join(allowed) if allowed else "none: the node has no 'choose' edge"
+                raise RouteError(f"node {pn.name!r} returned goto({goto!r}); its declared "
+                                 f"choose targets are: {decl}", node=pn.name)
+        update = check_update(pn.name, result, pn.writes, self.plan.reducers)
+        if update:
+            try:
+                update = L.to_json_value(update)
+            except TypeError as exc:
+                raise NodeError(f"node {pn.name!r} returned a value that is not JSON data: "
+                                f"{exc}", node=pn.name) from None
+        return update, goto
+
+    async def _finish(self, out: Outcome) -> None:
+        if out.error is not None:
+            await self.commit([(L.NODE_FAILED, {
+                "node": out.node, "visit": out.visit, "attempt": out.attempt,
+                "error": out.error.to_json(), "duration_ms": out.duration_ms,
+                "tokens": out.tokens or None})])
+            raise _Abort(out.error)
+        conflict = self._write_conflict(out)
+        if conflict is not None:
+            await self.commit([(L.NODE_FAILED, {
+                "node": out.node, "visit": out.visit, "attempt": out.attempt,
+                "error": conflict.to_json(), "duration_ms": out.duration_ms})])
+            raise _Abort(conflict)
+        self.stage([(L.NODE_COMPLETED, {
+            "node": out.node, "visit": out.visit, "attempt": out.attempt,
+            "update": out.update or None, "goto": out.goto,
+            "duration_ms": out.duration_ms, "tokens": out.tokens or None})])
+        # decide this node's edges in the same batch: its completion and where the run
+        # goes next are committed together
+        self._decide_due()
+        await self.flush()
+
+    def _write_conflict(self, out: Outcome) -> WriteConflictError | None:
+        running = self.view.running.get((out.node, out.visit))
+        if running is None or not out.update:
+            return None
+        for key in out.update:
+            if self.plan.reducers.get(key, "replace") != "replace":
+                continue
+            w = self.view.writers.get(key)
+            if w is not None and w.node != out.node and w.completed_seq > running.started_seq:
+                return WriteConflictError(
+                    f"nodes {w.node!r} and {out.node!r} ran concurrently and both wrote field "
+                    f"{key!r}, which has no reducer: declare a reducer for it under state: "
+                    f"(append, extend, merge, add) or make one node write another field",
+                    node=out.node, field=key, nodes=[w.node, out.node])
+        return None
+
+    # -- edge decisions ----------------------------------------------------------------
+
+    def _decide_due(self) -> None:
+        """Decide everything due, staging the edge records, until nothing is due.
+
+        A completed node's edges are decided together (``otherwise`` needs its
+        siblings); a settled join is decided on its own. Deciding may settle joins
+        downstream, which makes them due in turn.
+        """
+        while self.view.due:
+            first = next(iter(self.view.due.values()))
+            if first.source == "*":
+                group = [first]
+            else:
+                group = [d for d in self.view.due.values() if d.source == first.source]
+            self.stage(self._decide_group(first.source, group))
+
+    def _decide_group(self, source: str, dues: list[Due]) -> list[tuple[str, dict[str, Any]]]:
+        """Decide the edges of one completed node (or one settled join), in declaration order:
+        ``when`` edges and the rest first, then ``otherwise`` edges."""
+        scope = self.view.scope(self.config)
+        items: list[tuple[str, dict[str, Any]]] = []
+        taken_any = False
+        when_taken = False
+        explain: list[str] = []
+        dues = sorted(dues, key=lambda d: (d.edge.otherwise, d.edge.index))
+        for due in dues:
+            e = due.edge
+            if e.otherwise:
+                rec = self._edge_record(e, due.source, [] if when_taken else list(e.targets),
+                                        expr="otherwise", value=not when_taken)
+            else:
+                rec = self._decide_edge(e, due, scope)
+            taken = rec[0] == L.EDGE_TAKEN
+            if taken and e.cond is not None:
+                when_taken = True
+            taken_any = taken_any or taken
+            explain.append(_explain(e, rec[1]))
+            items.append(rec)
+        pn = self.plan.nodes.get(source)
+        routed_by_join = pn is not None and any(e.is_join for e in pn.out)
+        if dues and not taken_any and not routed_by_join and source != "*":
+            raise _Abort(NoRouteError(
+                f"no route from {source!r}: none of its outgoing edges was taken -- "
+                + "; ".join(explain)
+                + ". Add an 'otherwise: true' edge (or a switch default) to say where the "
+                "run goes in that case", node=None if source == "START" else source,
+                edges=explain))
+        return items
+
+    def _decide_edge(self, e: PlanEdge, due: Due,
+                     scope: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+        targets: list[str]
+        expr: str | None = None
+        value: Any = None
+        reads: dict[str, Any] | None = None
+        reason = None
+        if e.kind == "plain":
+            targets = list(e.targets)
+            if e.cond is not None:
+                expr = e.cond.source
+                value = self._eval(e, e.cond, scope)
+                reads = e.cond.read_values(scope)
+                if not isinstance(value, bool):
+                    raise _Abort(ExpressionError(
+                        f"edge {e.name()}: condition {expr!r} gave {value!r} "
+                        f"({type(value).__name__}), not a boolean", edge=e.index, expr=expr))
+                if not value:
+                    targets = []
+        elif e.kind == "switch":
+            assert e.switch is not None and e.spec.cases is not None
+            expr = e.switch.source
+            value = self._eval(e, e.switch, scope)
+            reads = e.switch.read_values(scope)
+            chosen = e.spec.cases.get(case_key(value), e.spec.default)
+            targets = [chosen] if chosen is not None else []
+        elif e.kind == "router":
+            expr = e.spec.router
+            value = self._route(e, scope)
+            targets = value
+        else:  # choose
+            expr = "goto"
+            value = due.goto
+            targets = [due.goto] if due.goto is not None else []
+        if targets and e.max is not None and self.view.takes[e.index] >= e.max:
+            reason = f"max {e.max} reached"
+            targets = []
+        return self._edge_record(e, due.source, targets, expr=expr, value=value, reads=reads,
+                                 reason=reason)
+
+    def _edge_record(self, e: PlanEdge, source: str, targets: list[str], *,
+                     expr: str | None = None, value: Any = None,
+                     reads: dict[str, Any] | None = None,
+                     reason: str | None = None) -> tuple[str, dict[str, Any]]:
+        fields: dict[str, Any] = {"edge": e.index, "from": source, "to": targets or None,
+                                  "expr": expr, "value": value, "reads": reads,
+                                  "reason": reason}
+        if e.kind in ("switch", "router", "choose") or e.otherwise:
+            fields["value"] = L.to_json_value(value)
+        return (L.EDGE_TAKEN if targets else L.EDGE_SKIPPED), fields
+
+    def _eval(self, e: PlanEdge, expr: Any, scope: Mapping[str, Any]) -> Any:
+        try:
+            return expr.evaluate(scope)
+        except EvaluationError as exc:
+            loc = _edge_location(self.plan, e)
+            raise _Abort(ExpressionError(
+                f"{loc}edge {e.name()}: cannot evaluate {expr.source!r}: {exc}",
+                edge=e.index, expr=expr.source)) from None
+
+    def _route(self, e: PlanEdge, scope: Mapping[str, Any]) -> list[str]:
+        assert e.router is not None
+        state = dict(self.view.state)
+        try:
+            result = e.router(state)
+        except Exception as exc:
+            raise _Abort(RouteError(f"router {e.spec.router} of edge {e.name()} raised "
+                                    f"{type(exc).__name__}: {exc}", edge=e.index)) from None
+        chosen = [result] if isinstance(result, str) else list(result or [])
+        bad = [c for c in chosen if c not in e.targets]
+        if bad or any(not isinstance(c, str) for c in chosen):
+            raise _Abort(RouteError(
+                f"router {e.spec.router} returned {result!r}; edge {e.name()} declares "
+                f"to: [{', '.join(e.targets)}] -- return one or more of those (or END), or "
+                "add the target to the edge", edge=e.index))
+        return list(dict.fromkeys(chosen))
+
+    # -- effects and tokens (called from Context) ---------------------------------------
+
+    def recorded_effect(self, ctx: Context, key: str) -> tuple[bool, Any]:
+        k = (ctx.node, ctx.visit, key)
+        if k in self.view.effects:
+            return True, self.view.effects[k]
+        return False, None
+
+    async def record_effect(self, ctx: Context, key: str, result: Any) -> Any:
+        value = L.to_json_value(result)
+        await self.commit([(L.EFFECT_RECORDED, {"node": ctx.node, "visit": ctx.visit,
+                                                "attempt": ctx.attempt, "key": key,
+                                                "result": value})])
+        return value
+
+    def charge_tokens(self, ctx: Context, n: int) -> None:
+        """Hook for the budget guard (tokens are recorded with the node's completion)."""
+
+
+def _explain(e: PlanEdge, fields: dict[str, Any]) -> str:
+    what = fields.get("expr")
+    value = fields.get("value")
+    reason = fields.get("reason")
+    s = f"{e.name()}"
+    if what:
+        s += f" [{what} = {value!r}]"
+    if reason:
+        s += f" ({reason})"
+    return s
+
+
+def _edge_location(plan: Plan, e: PlanEdge) -> str:
+    from ._spec import locate
+
+    loc = locate(plan.spec, ("edges", e.index))
+    return f"{loc}: " if loc.line is not None else ""
+
+
+def _retryable(error: RunError, names: list[str]) -> bool:
+    if isinstance(error, (RouteError, WriteConflictError)):
+        return False
+    if not names:
+        return True
+    exc_name = error.details.get("exception")
+    mro = error.details.get("mro") or [exc_name]
+    return any(n in names for n in mro if n)
+
+
+def _backoff(base: float, cap: float | None, jitter: bool, attempt: int) -> float:
+    delay = base * (2 ** (attempt - 1))
+    if cap is not None:
+        delay = min(delay, cap)
+    if jitter and delay:
+        delay = random.uniform(0, delay)
+    return delay
+
+
+def _short_tb(exc: BaseException) -> str:
+    lines = traceback.format_exception(type(exc), exc, exc.__traceback__, limit=-6)
+    return "".join(lines)[-4000:]
+
+
+__all__ = ["InterlockError", "Runner"]

@@ -1,0 +1,98 @@
+"""State: reducers, scoped reads, and the checks on what a node returns."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ._errors import NodeError
+
+
+def _replace(_old: Any, new: Any) -> Any:
+    return new
+
+
+def _append(old: Any, new: Any) -> Any:
+    return [*(old or ()), new]
+
+
+def _extend(old: Any, new: Any) -> Any:
+    if not isinstance(new, list | tuple):
+        raise TypeError(f"the 'extend' reducer takes a list, got {type(new).__name__}")
+    return [*(old or ()), *new]
+
+
+def _merge(old: Any, new: Any) -> Any:
+    if not isinstance(new, Mapping):
+        raise TypeError(f"the 'merge' reducer takes a mapping, got {type(new).__name__}")
+    return {**(old or {}), **new}
+
+
+def _add(old: Any, new: Any) -> Any:
+    if isinstance(new, bool) or not isinstance(new, int | float):
+        raise TypeError(f"the 'add' reducer takes a number, got {type(new).__name__}")
+    return (old or 0) + new
+
+
+REDUCERS = {
+    "replace": _replace,
+    "append": _append,
+    "extend": _extend,
+    "merge": _merge,
+    "add": _add,
+}
+
+
+def merge_update(state: dict[str, Any], update: Mapping[str, Any],
+                 reducers: Mapping[str, str]) -> None:
+    """Merge ``update`` into ``state`` in place, field by field, with each field's reducer."""
+    for key, value in update.items():
+        reducer = reducers.get(key)
+        if reducer is None or reducer == "replace":
+            state[key] = value
+        else:
+            state[key] = REDUCERS[reducer](state.get(key), value)
+
+
+def check_update(node: str, update: Any, writes: frozenset[str] | None,
+                 reducers: Mapping[str, str]) -> dict[str, Any]:
+    """What a node returned, checked: a mapping of declared fields whose reducers accept it."""
+    if update is None:
+        return {}
+    if not isinstance(update, Mapping):
+        raise NodeError(
+            f"node {node!r} returned {type(update).__name__}; a node returns a mapping of "
+            "state updates (or None, or interlock.goto(...) when its edge is 'choose')",
+            node=node,
+        )
+    for key in update:
+        if not isinstance(key, str):
+            raise NodeError(f"node {node!r} returned a non-string key {key!r}", node=node)
+    if writes is not None:
+        extra = sorted(k for k in update if k not in writes)
+        if extra:
+            raise NodeError(
+                f"node {node!r} returned undeclared field(s) {', '.join(map(repr, extra))}; "
+                f"it declares writes: [{', '.join(sorted(writes))}] -- add them there or "
+                "stop returning them",
+                node=node,
+            )
+    for key, value in update.items():
+        reducer = reducers.get(key, "replace")
+        if reducer == "extend" and not isinstance(value, list | tuple):
+            raise NodeError(f"node {node!r}: field {key!r} has reducer 'extend' and takes a "
+                            f"list, got {type(value).__name__}", node=node)
+        if reducer == "merge" and not isinstance(value, Mapping):
+            raise NodeError(f"node {node!r}: field {key!r} has reducer 'merge' and takes a "
+                            f"mapping, got {type(value).__name__}", node=node)
+        if reducer == "add" and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise NodeError(f"node {node!r}: field {key!r} has reducer 'add' and takes a "
+                            f"number, got {type(value).__name__}", node=node)
+    return dict(update)
+
+
+def scoped(state: dict[str, Any], reads: tuple[str, ...] | None) -> dict[str, Any]:
+    """The copy of the state a node receives: all of it, or only its ``reads``."""
+    if reads is None:
+        return dict(state)
+    return {k: state[k] for k in reads if k in state}

@@ -1,0 +1,153 @@
+"""The store interface: where runs and their logs live.
+
+A store is deliberately dumb. The engine numbers, serialises and hash-chains
+records itself (`interlock._log`); a store keeps, per run, one summary row
+and the ordered entries, and guarantees:
+
+- ``append`` is atomic: the entries and the new summary are committed together
+  or not at all, and committed before ``append`` returns (durability: a node's
+  completion is committed before any successor starts);
+- ``(run_id, seq)`` is unique: two writers appending the same ``seq`` -- two
+  processes deciding the same approval, say -- cannot both succeed; the loser
+  gets `ConflictError` and nothing of its batch is stored;
+- a run is executed by one owner at a time (`claim`): a lease with expiry,
+  taken over when the owner's lease ran out or, on the same host, its process
+  is gone; ``force`` takes it regardless.
+
+Every backend passes the same conformance suite (tests/test_store_conformance.py).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._errors import InterlockError
+from .._log import Entry
+
+
+class StoreError(InterlockError):
+    """The store cannot be opened or used (bad URL, corrupt or foreign database)."""
+
+
+class RunNotFound(StoreError):
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"no run {run_id!r} in this store (list runs with `interlock runs`)")
+        self.run_id = run_id
+
+
+class RunExists(StoreError):
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"a run with id {run_id!r} already exists; choose another --run-id")
+        self.run_id = run_id
+
+
+class ConflictError(StoreError):
+    """Another writer appended to this run first (seq already taken)."""
+
+
+class ClaimError(StoreError):
+    """The run is being executed by another owner whose lease is still valid."""
+
+    def __init__(self, run_id: str, owner: str, seconds_left: float) -> None:
+        super().__init__(
+            f"run {run_id!r} is being executed by {owner} (lease valid for another "
+            f"{seconds_left:.1f}s); wait for it, or take it over with --force if that "
+            "process is really gone"
+        )
+        self.owner = owner
+
+
+@dataclass(slots=True)
+class Summary:
+    """What a run's row says about it; updated with every append."""
+
+    status: str
+    last_seq: int
+    last_hash: str
+    steps: int = 0
+    tokens: int = 0
+    error: dict[str, Any] | None = None
+    waiting: dict[str, Any] | None = None
+    updated_at: float = 0.0
+
+
+@dataclass(slots=True)
+class RunRow:
+    run_id: str
+    workflow: str
+    definition: dict[str, Any]  # WorkflowSpec.definition(): what the run executes
+    definition_hash: str
+    input: dict[str, Any]
+    options: dict[str, Any]  # {"config": {...overrides}, "limits": {...overrides}}
+    created_at: float
+    summary: Summary
+    parent_run: str | None = None
+    parent_seq: int | None = None
+    owner: str | None = None
+    lease_until: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def this_owner() -> str:
+    """An owner id for this process: host:pid:boot-unique suffix."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def owner_gone(owner: str) -> bool:
+    """True when ``owner`` names a process on this host that no longer exists."""
+    host, _, pid = owner.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+class Store(ABC):
+    """A place for runs. All methods are async; backends may use a thread inside."""
+
+    url: str
+
+    @abstractmethod
+    async def create_run(self, row: RunRow, entries: list[Entry]) -> None:
+        """Store a new run and its first entries atomically. RunExists if the id is taken."""
+
+    @abstractmethod
+    async def append(self, run_id: str, entries: list[Entry], summary: Summary) -> None:
+        """Append entries and update the summary atomically. ConflictError if a seq is taken."""
+
+    @abstractmethod
+    async def get_run(self, run_id: str) -> RunRow:
+        """The run's row. RunNotFound if there is none."""
+
+    @abstractmethod
+    async def entries(self, run_id: str, after: int = 0) -> list[Entry]:
+        """The run's entries with seq > after, in order."""
+
+    @abstractmethod
+    async def list_runs(self, *, status: str | None = None, workflow: str | None = None,
+                        limit: int = 100) -> list[RunRow]:
+        """Runs, newest first, optionally filtered."""
+
+    @abstractmethod
+    async def claim(self, run_id: str, owner: str, lease: float, *, force: bool = False) -> None:
+        """Become the run's executor for ``lease`` seconds. ClaimError if someone else is."""
+
+    @abstractmethod
+    async def heartbeat(self, run_id: str, owner: str, lease: float) -> None:
+        """Extend our lease. ClaimError if we lost it."""
+
+    @abstractmethod
+    async def release(self, run_id: str, owner: str) -> None:
+        """Give the run up (no error if we no longer hold it)."""
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        """Release connections and threads."""

@@ -1,0 +1,90 @@
+"""``memory://`` -- a store in this process's memory: no durability, for tests and benchmarks."""
+
+from __future__ import annotations
+
+import copy
+import time
+
+from .._log import Entry
+from ._base import (
+    ClaimError,
+    ConflictError,
+    RunExists,
+    RunNotFound,
+    RunRow,
+    Store,
+    Summary,
+    owner_gone,
+)
+
+
+class MemoryStore(Store):
+    def __init__(self, url: str = "memory://") -> None:
+        self.url = url
+        self._runs: dict[str, RunRow] = {}
+        self._entries: dict[str, list[Entry]] = {}
+
+    async def create_run(self, row: RunRow, entries: list[Entry]) -> None:
+        if row.run_id in self._runs:
+            raise RunExists(row.run_id)
+        self._check_seq(row.run_id, [], entries)
+        self._runs[row.run_id] = copy.deepcopy(row)
+        self._entries[row.run_id] = list(entries)
+
+    async def append(self, run_id: str, entries: list[Entry], summary: Summary) -> None:
+        row = self._row(run_id)
+        log = self._entries[run_id]
+        self._check_seq(run_id, log, entries)
+        log.extend(entries)
+        row.summary = copy.copy(summary)
+
+    @staticmethod
+    def _check_seq(run_id: str, log: list[Entry], entries: list[Entry]) -> None:
+        expected = len(log) + 1
+        for e in entries:
+            if e.seq != expected:
+                raise ConflictError(
+                    f"run {run_id!r}: record {e.seq} conflicts with the stored log "
+                    f"(next free seq is {len(log) + 1}); another writer got there first"
+                )
+            expected += 1
+
+    def _row(self, run_id: str) -> RunRow:
+        try:
+            return self._runs[run_id]
+        except KeyError:
+            raise RunNotFound(run_id) from None
+
+    async def get_run(self, run_id: str) -> RunRow:
+        return copy.deepcopy(self._row(run_id))
+
+    async def entries(self, run_id: str, after: int = 0) -> list[Entry]:
+        self._row(run_id)
+        return self._entries[run_id][after:]
+
+    async def list_runs(self, *, status: str | None = None, workflow: str | None = None,
+                        limit: int = 100) -> list[RunRow]:
+        rows = [r for r in self._runs.values()
+                if (status is None or r.summary.status == status)
+                and (workflow is None or r.workflow == workflow)]
+        rows.sort(key=lambda r: r.created_at, reverse=True)
+        return [copy.deepcopy(r) for r in rows[:limit]]
+
+    async def claim(self, run_id: str, owner: str, lease: float, *, force: bool = False) -> None:
+        row = self._row(run_id)
+        now = time.time()
+        if (not force and row.owner not in (None, owner) and row.lease_until is not None
+                and row.lease_until > now and not owner_gone(row.owner)):
+            raise ClaimError(run_id, row.owner, row.lease_until - now)
+        row.owner, row.lease_until = owner, now + lease
+
+    async def heartbeat(self, run_id: str, owner: str, lease: float) -> None:
+        row = self._row(run_id)
+        if row.owner != owner:
+            raise ClaimError(run_id, row.owner or "nobody", 0.0)
+        row.lease_until = time.time() + lease
+
+    async def release(self, run_id: str, owner: str) -> None:
+        row = self._row(run_id)
+        if row.owner == owner:
+            row.owner, row.lease_until = None, None

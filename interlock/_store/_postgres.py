@@ -1,0 +1,526 @@
+"""``postgresql://...`` -- a store in a PostgreSQL database, for many processes and machines.
+
+Needs psycopg 3 (``pip install 'interlock[postgres]'``). Connections are opened
+lazily, a few at most per store (``max_connections``), in autocommit mode; they
+belong to the event loop that opened them, and a store used from a new event
+loop (successive ``asyncio.run`` calls) drops the old loop's connections and
+opens new ones.
+
+Schema: the same tables as the SQLite store (see `interlock._store._sqlite`),
+created on first use with ``CREATE TABLE IF NOT EXISTS`` under an advisory lock,
+in the first schema of the connection's ``search_path`` (choose one with
+``?options=-csearch_path%3Dmyschema`` in the URL). JSON is kept as ``text``:
+``records.data`` holds each record's exact canonical text (so the hash chain
+verifies), readable with ``psql`` and castable with ``data::jsonb``.
+
+Each write is ONE SQL statement (a single implicit transaction, committed --
+``synchronous_commit`` permitting -- before the coroutine returns):
+
+- ``append`` checks the stored log's last seq, inserts the records and updates
+  the run's summary in one statement; the primary key ``(run_id, seq)`` makes a
+  concurrent writer of the same seq fail as a whole (`ConflictError`);
+- ``claim`` is a compare-and-set ``UPDATE ... WHERE <free or ours or expired>
+  RETURNING``; a holder found dead on this host (`owner_gone`) is replaced by a
+  second compare-and-set on its owner id.
+
+Lease times (``lease_until``) are taken from the database server's clock, so
+processes on machines whose clocks differ still agree on who holds a run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+from psycopg import errors as pg_errors
+from psycopg.conninfo import conninfo_to_dict
+from psycopg.pq import TransactionStatus
+from psycopg.rows import TupleRow
+
+from .._log import Entry
+from ._base import (
+    ClaimError,
+    ConflictError,
+    RunExists,
+    RunNotFound,
+    RunRow,
+    Store,
+    StoreError,
+    Summary,
+    owner_gone,
+)
+from ._sqlite import (
+    _RUN_COLUMNS,
+    SCHEMA_NAME,
+    SCHEMA_VERSION,
+    check_first_seqs,
+    record_node,
+    row_from,
+    run_params,
+    summary_params,
+)
+
+T = TypeVar("T")
+Conn = psycopg.AsyncConnection[TupleRow]
+
+# pg_advisory_xact_lock key serialising schema creation: "ilck" "schm"
+_SCHEMA_LOCK = 0x696C636B_7363686D
+
+_SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS interlock_meta (
+        key   text PRIMARY KEY,
+        value text NOT NULL
+    )""",
+    """CREATE TABLE IF NOT EXISTS runs (
+        run_id          text PRIMARY KEY,
+        workflow        text NOT NULL,
+        status          text NOT NULL,
+        definition      text NOT NULL,
+        definition_hash text NOT NULL,
+        input           text NOT NULL,
+        options         text NOT NULL,
+        created_at      double precision NOT NULL,
+        updated_at      double precision NOT NULL,
+        last_seq        bigint NOT NULL,
+        last_hash       text NOT NULL,
+        steps           bigint NOT NULL DEFAULT 0,
+        tokens          bigint NOT NULL DEFAULT 0,
+        error           text,
+        waiting         text,
+        parent_run      text,
+        parent_seq      bigint,
+        owner           text,
+        lease_until     double precision,
+        extra           text NOT NULL DEFAULT '{}'
+    )""",
+    "CREATE INDEX IF NOT EXISTS runs_by_created ON runs (created_at DESC)",
+    "CREATE INDEX IF NOT EXISTS runs_by_status ON runs (status, created_at DESC)",
+    "CREATE INDEX IF NOT EXISTS runs_by_workflow ON runs (workflow, created_at DESC)",
+    """CREATE TABLE IF NOT EXISTS records (
+        run_id text NOT NULL,
+        seq    bigint NOT NULL,
+        type   text NOT NULL,
+        node   text,
+        data   text NOT NULL,
+        hash   text NOT NULL,
+        PRIMARY KEY (run_id, seq)
+    )""",
+)
+
+_NOW = "extract(epoch FROM clock_timestamp())::float8"
+
+_UNNEST = (
+    "unnest(%(seqs)s::bigint[], %(types)s::text[], %(nodes)s::text[], %(datas)s::text[], "
+    "%(hashes)s::text[]) AS u(seq, type, node, data, hash)"
+)
+
+_RUN_NAMES = [c.strip() for c in _RUN_COLUMNS.split(",")]
+
+_CREATE_RUN = f"""
+WITH run AS (
+    INSERT INTO runs ({_RUN_COLUMNS})
+    VALUES ({", ".join(f"%({name})s" for name in _RUN_NAMES)})
+    ON CONFLICT (run_id) DO NOTHING
+    RETURNING run_id
+), ins AS (
+    INSERT INTO records (run_id, seq, type, node, data, hash)
+    SELECT run.run_id, u.seq, u.type, u.node, u.data, u.hash FROM run, {_UNNEST}
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM run), (SELECT count(*) FROM ins)
+"""
+
+# One statement: the stored log's last seq (`last`), the records inserted only if
+# they continue it and the run exists (`ins`), the summary updated only then (`upd`).
+# Two writers of the same seq: the second blocks on the primary key until the first
+# commits, then fails with UniqueViolation and its whole statement is undone.
+_APPEND = f"""
+WITH run AS (
+    SELECT run_id FROM runs WHERE run_id = %(run)s
+), last AS (
+    SELECT COALESCE(MAX(seq), 0) AS n FROM records WHERE run_id = %(run)s
+), ok AS (
+    SELECT EXISTS (SELECT 1 FROM run) AND (SELECT n FROM last) = %(prev)s AS ok
+), ins AS (
+    INSERT INTO records (run_id, seq, type, node, data, hash)
+    SELECT %(run)s, u.seq, u.type, u.node, u.data, u.hash FROM {_UNNEST}
+    WHERE (SELECT ok FROM ok)
+    RETURNING 1
+), upd AS (
+    UPDATE runs SET status = %(status)s, updated_at = %(updated_at)s, last_seq = %(last_seq)s,
+        last_hash = %(last_hash)s, steps = %(steps)s, tokens = %(tokens)s, error = %(error)s,
+        waiting = %(waiting)s
+    WHERE run_id = %(run)s AND (SELECT ok FROM ok)
+    RETURNING 1
+)
+SELECT EXISTS (SELECT 1 FROM run), (SELECT n FROM last), (SELECT count(*) FROM ins),
+       (SELECT count(*) FROM upd)
+"""
+
+_UPDATE_SUMMARY = """
+UPDATE runs SET status = %(status)s, updated_at = %(updated_at)s, last_seq = %(last_seq)s,
+    last_hash = %(last_hash)s, steps = %(steps)s, tokens = %(tokens)s, error = %(error)s,
+    waiting = %(waiting)s
+WHERE run_id = %(run)s
+RETURNING 1
+"""
+
+_CLAIM = f"""
+UPDATE runs SET owner = %(owner)s, lease_until = {_NOW} + %(lease)s
+WHERE run_id = %(run)s AND (%(force)s OR owner IS NULL OR owner = %(owner)s
+                            OR lease_until IS NULL OR lease_until <= {_NOW})
+RETURNING 1
+"""
+
+_TAKE_OVER = f"""
+UPDATE runs SET owner = %(owner)s, lease_until = {_NOW} + %(lease)s
+WHERE run_id = %(run)s AND owner = %(gone)s
+RETURNING 1
+"""
+
+
+def redact(url: str) -> str:
+    """``url`` without its password, for messages."""
+    try:
+        if "://" in url:
+            parts = urlsplit(url)
+            if parts.password is not None:
+                host = parts.netloc.rpartition("@")[2]
+                user = parts.username or ""
+                return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+            return url
+        info = conninfo_to_dict(url)
+    except Exception:  # a message helper must not fail
+        return "<postgresql store>"
+    if "password" in info:
+        info["password"] = "***"
+    return " ".join(f"{k}={v}" for k, v in info.items())
+
+
+def _entry_arrays(entries: list[Entry]) -> dict[str, list[Any]]:
+    return {
+        "seqs": [e.seq for e in entries],
+        "types": [e.type for e in entries],
+        "nodes": [record_node(e) for e in entries],
+        "datas": [e.data.decode("utf-8") for e in entries],
+        "hashes": [e.hash for e in entries],
+    }
+
+
+class _Pool:
+    """A few connections of one event loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, size: int) -> None:
+        self.loop = loop
+        self.idle: list[Conn] = []
+        self.all: set[Conn] = set()
+        self.slots = asyncio.Semaphore(size)
+
+    def abandon(self) -> None:
+        """Close every connection without awaiting (their loop is gone)."""
+        for conn in self.all:
+            conn.pgconn.finish()
+        self.all.clear()
+        self.idle.clear()
+
+
+class PostgresStore(Store):
+    def __init__(self, url: str, *, max_connections: int = 4, connect_timeout: int = 10) -> None:
+        self.url = url
+        self._max = max_connections
+        self._kwargs: dict[str, Any] = {"client_encoding": "utf8"}
+        try:
+            given = conninfo_to_dict(url)
+        except psycopg.Error as exc:
+            raise StoreError(f"bad PostgreSQL store URL {redact(url)}: {exc}") from None
+        if "connect_timeout" not in given:
+            self._kwargs["connect_timeout"] = connect_timeout
+        self._pool: _Pool | None = None
+        self._schema_ready = False
+
+    # -- connections -------------------------------------------------------------------
+
+    def _here(self) -> _Pool:
+        loop = asyncio.get_running_loop()
+        pool = self._pool
+        if pool is None or pool.loop is not loop:
+            if pool is not None:
+                pool.abandon()
+            pool = self._pool = _Pool(loop, self._max)
+        return pool
+
+    async def _connect(self) -> Conn:
+        try:
+            conn = await psycopg.AsyncConnection.connect(self.url, autocommit=True,
+                                                         **self._kwargs)
+        except psycopg.Error as exc:
+            raise StoreError(
+                f"cannot connect to the PostgreSQL store {redact(self.url)}: {exc}"
+            ) from None
+        if not self._schema_ready:
+            try:
+                await self._bootstrap(conn)
+            except BaseException:
+                await conn.close()
+                raise
+            self._schema_ready = True
+        return conn
+
+    async def _bootstrap(self, conn: Conn) -> None:
+        where = redact(self.url)
+        try:
+            async with conn.transaction():
+                await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
+                cur = await conn.execute(
+                    "SELECT to_regclass('interlock_meta') IS NOT NULL, "
+                    "to_regclass('runs') IS NOT NULL, to_regclass('records') IS NOT NULL"
+                )
+                found = await cur.fetchone()
+                assert found is not None
+                has_meta, has_runs, has_records = found
+                if has_meta:
+                    cur = await conn.execute("SELECT key, value FROM interlock_meta")
+                    meta = {str(k): str(v) for k, v in await cur.fetchall()}
+                    if meta.get("schema") != SCHEMA_NAME:
+                        raise StoreError(
+                            f"{where}: the table interlock_meta does not belong to interlock; "
+                            "refusing to use this database/schema"
+                        )
+                    version = meta.get("version", "")
+                    if not version.isdigit() or int(version) > SCHEMA_VERSION:
+                        raise StoreError(
+                            f"{where} holds an interlock store of schema version {version!r}, "
+                            f"newer than this interlock understands ({SCHEMA_VERSION}); "
+                            "upgrade interlock"
+                        )
+                    if has_runs and has_records:
+                        return
+                elif has_runs or has_records:
+                    raise StoreError(
+                        f"{where} already has a table 'runs' or 'records' that is not an "
+                        "interlock store's; refusing to touch it -- use another database or "
+                        "schema (?options=-csearch_path%3Dinterlock)"
+                    )
+                for statement in _SCHEMA:
+                    await conn.execute(statement)
+                await conn.execute(
+                    "INSERT INTO interlock_meta VALUES ('schema', %s), ('version', %s) "
+                    "ON CONFLICT (key) DO NOTHING",
+                    (SCHEMA_NAME, str(SCHEMA_VERSION)),
+                )
+        except psycopg.Error as exc:
+            raise StoreError(f"cannot set up the PostgreSQL store {where}: {exc}") from None
+
+    @asynccontextmanager
+    async def _conn(self) -> AsyncIterator[tuple[Conn, bool]]:
+        """A connection of this loop's pool, and whether it was reused (vs new)."""
+        pool = self._here()
+        await pool.slots.acquire()
+        conn: Conn | None = None
+        try:
+            reused = bool(pool.idle)
+            conn = pool.idle.pop() if reused else await self._connect()
+            pool.all.add(conn)
+            yield conn, reused
+        finally:
+            if conn is not None:
+                if (not conn.closed
+                        and conn.pgconn.transaction_status == TransactionStatus.IDLE
+                        and self._pool is pool):
+                    pool.idle.append(conn)
+                else:
+                    pool.all.discard(conn)
+                    await conn.close()
+            pool.slots.release()
+
+    async def _do(self, op: Callable[[Conn], Awaitable[T]], *, idempotent: bool = False) -> T:
+        """Run ``op`` on a connection; psycopg errors become `StoreError`.
+
+        A read (``idempotent``) that fails because a reused connection died (the
+        server restarted, say) is tried once more on a new connection. A write is
+        never retried: it may have committed.
+        """
+        for attempt in (1, 2):
+            async with self._conn() as (conn, reused):
+                try:
+                    return await op(conn)
+                except psycopg.OperationalError as exc:
+                    if idempotent and reused and attempt == 1 and conn.closed:
+                        continue
+                    raise StoreError(f"PostgreSQL store {redact(self.url)}: {exc}") from None
+                except psycopg.Error as exc:
+                    raise StoreError(f"PostgreSQL store {redact(self.url)}: {exc}") from None
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def close(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is None:
+            return
+        if pool.loop is not asyncio.get_running_loop():
+            pool.abandon()
+            return
+        for conn in list(pool.all):
+            await conn.close()
+        pool.all.clear()
+        pool.idle.clear()
+
+    # -- the Store interface ----------------------------------------------------------------
+
+    async def create_run(self, row: RunRow, entries: list[Entry]) -> None:
+        check_first_seqs(row.run_id, 0, entries)
+        params: dict[str, Any] = dict(zip(_RUN_NAMES, run_params(row), strict=True))
+        params.update(_entry_arrays(entries))
+
+        async def op(conn: Conn) -> None:
+            try:
+                cur = await conn.execute(_CREATE_RUN, params)
+            except pg_errors.UniqueViolation as exc:
+                raise ConflictError(f"run {row.run_id!r}: {exc}") from None
+            found = await cur.fetchone()
+            assert found is not None
+            if found[0] == 0:
+                raise RunExists(row.run_id)
+
+        await self._do(op)
+
+    async def append(self, run_id: str, entries: list[Entry], summary: Summary) -> None:
+        status, updated_at, last_seq, last_hash, steps, tokens, error, waiting = (
+            summary_params(summary))
+        params: dict[str, Any] = {
+            "run": run_id, "status": status, "updated_at": updated_at, "last_seq": last_seq,
+            "last_hash": last_hash, "steps": steps, "tokens": tokens, "error": error,
+            "waiting": waiting,
+        }
+        if entries:
+            first = entries[0].seq
+            check_first_seqs(run_id, first - 1, entries)
+            params.update(_entry_arrays(entries), prev=first - 1)
+
+        async def op(conn: Conn) -> None:
+            if not entries:
+                cur = await conn.execute(_UPDATE_SUMMARY, params)
+                if await cur.fetchone() is None:
+                    raise RunNotFound(run_id)
+                return
+            try:
+                cur = await conn.execute(_APPEND, params)
+            except pg_errors.UniqueViolation:
+                raise ConflictError(
+                    f"run {run_id!r}: record {entries[0].seq} was written by another writer "
+                    "at the same time; another writer got there first"
+                ) from None
+            found = await cur.fetchone()
+            assert found is not None
+            exists, last, _inserted, updated = found
+            if not exists:
+                raise RunNotFound(run_id)
+            if not updated:
+                check_first_seqs(run_id, int(last), entries)  # raises ConflictError
+                raise ConflictError(f"run {run_id!r}: append was not applied")  # pragma: no cover
+
+        await self._do(op)
+
+    async def get_run(self, run_id: str) -> RunRow:
+        async def op(conn: Conn) -> RunRow:
+            cur = await conn.execute(f"SELECT {_RUN_COLUMNS} FROM runs WHERE run_id = %s",
+                                     (run_id,))
+            values = await cur.fetchone()
+            if values is None:
+                raise RunNotFound(run_id)
+            return row_from(values)
+
+        return await self._do(op, idempotent=True)
+
+    async def entries(self, run_id: str, after: int = 0) -> list[Entry]:
+        async def op(conn: Conn) -> list[Entry]:
+            cur = await conn.execute(
+                "SELECT seq, type, data, hash FROM records WHERE run_id = %s AND seq > %s "
+                "ORDER BY seq", (run_id, after))
+            rows = await cur.fetchall()
+            if not rows:
+                cur = await conn.execute("SELECT 1 FROM runs WHERE run_id = %s", (run_id,))
+                if await cur.fetchone() is None:
+                    raise RunNotFound(run_id)
+            return [Entry(int(seq), str(rtype), str(data).encode("utf-8"), str(h))
+                    for seq, rtype, data, h in rows]
+
+        return await self._do(op, idempotent=True)
+
+    async def list_runs(self, *, status: str | None = None, workflow: str | None = None,
+                        limit: int = 100) -> list[RunRow]:
+        where: list[str] = []
+        params: list[Any] = []
+        if status is not None:
+            where.append("status = %s")
+            params.append(status)
+        if workflow is not None:
+            where.append("workflow = %s")
+            params.append(workflow)
+        sql = f"SELECT {_RUN_COLUMNS} FROM runs"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY created_at DESC LIMIT %s"
+        params.append(limit)
+
+        async def op(conn: Conn) -> list[RunRow]:
+            cur = await conn.execute(sql, params)
+            return [row_from(v) for v in await cur.fetchall()]
+
+        return await self._do(op, idempotent=True)
+
+    async def claim(self, run_id: str, owner: str, lease: float, *, force: bool = False) -> None:
+        params: dict[str, Any] = {"run": run_id, "owner": owner, "lease": lease, "force": force}
+
+        async def op(conn: Conn) -> None:
+            for _ in range(5):
+                cur = await conn.execute(_CLAIM, params)
+                if await cur.fetchone() is not None:
+                    return
+                cur = await conn.execute(
+                    f"SELECT owner, lease_until, {_NOW} FROM runs WHERE run_id = %s", (run_id,))
+                found = await cur.fetchone()
+                if found is None:
+                    raise RunNotFound(run_id)
+                current, lease_until, now = found
+                if current is None or lease_until is None or lease_until <= now:
+                    continue  # released or expired meanwhile: try again
+                if not owner_gone(current):
+                    raise ClaimError(run_id, current, lease_until - now)
+                cur = await conn.execute(_TAKE_OVER, {**params, "gone": current})
+                if await cur.fetchone() is not None:
+                    return
+            raise ClaimError(run_id, "another process", 0.0)  # pragma: no cover - churn
+
+        await self._do(op)
+
+    async def heartbeat(self, run_id: str, owner: str, lease: float) -> None:
+        async def op(conn: Conn) -> None:
+            cur = await conn.execute(
+                f"UPDATE runs SET lease_until = {_NOW} + %s WHERE run_id = %s AND owner = %s "
+                "RETURNING 1", (lease, run_id, owner))
+            if await cur.fetchone() is not None:
+                return
+            cur = await conn.execute("SELECT owner FROM runs WHERE run_id = %s", (run_id,))
+            found = await cur.fetchone()
+            if found is None:
+                raise RunNotFound(run_id)
+            raise ClaimError(run_id, found[0] or "nobody", 0.0)
+
+        await self._do(op)
+
+    async def release(self, run_id: str, owner: str) -> None:
+        async def op(conn: Conn) -> None:
+            cur = await conn.execute(
+                "UPDATE runs SET owner = NULL, lease_until = NULL WHERE run_id = %s "
+                "AND owner = %s RETURNING 1", (run_id, owner))
+            if await cur.fetchone() is not None:
+                return
+            cur = await conn.execute("SELECT 1 FROM runs WHERE run_id = %s", (run_id,))
+            if await cur.fetchone() is None:
+                raise RunNotFound(run_id)
+
+        await self._do(op)

@@ -1,0 +1,542 @@
+"""``sqlite:///relative.db`` / ``sqlite:////absolute.db`` -- a store in one SQLite file.
+
+Everything that touches the database runs on one dedicated thread per store (the
+``sqlite3`` connection lives and dies there); the async methods hop to it and
+wait. The store binds to no event loop, so it can be used from successive
+``asyncio.run`` calls.
+
+Durability. The file is in WAL mode. Each ``create_run`` / ``append`` / claim is
+one ``BEGIN IMMEDIATE`` ... ``COMMIT`` transaction, committed before the
+coroutine returns. With the default ``synchronous=NORMAL`` a committed
+transaction survives the process being killed at any point; a power loss or OS
+crash may lose the last few commits (never corrupting the file). Add
+``?synchronous=full`` to the URL to fsync the WAL on every commit and survive
+power loss too (about 4x slower commits)::
+
+    sqlite:///.interlock/runs.db?synchronous=full
+
+``?busy_timeout=<ms>`` (default 10000) is how long a writer waits for another
+process holding the write lock; several processes may share one file.
+
+Schema (readable with the ``sqlite3`` shell)::
+
+    interlock_meta(key, value)                   -- ('schema', 'interlock'), ('version', '1')
+    runs(run_id PK, workflow, status, definition, definition_hash, input, options,
+         created_at, updated_at, last_seq, last_hash, steps, tokens, error, waiting,
+         parent_run, parent_seq, owner, lease_until, extra)       -- JSON columns as TEXT
+    records(run_id, seq, type, node, data, hash, PK (run_id, seq)) WITHOUT ROWID
+                                                 -- data: the record's exact JSON text
+
+A file that is not a SQLite database, or a SQLite database holding other tables
+and not ours, is refused with `StoreError` and never written to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import parse_qsl
+
+import orjson
+
+from .._log import Entry, _default
+from ._base import (
+    ClaimError,
+    ConflictError,
+    RunExists,
+    RunNotFound,
+    RunRow,
+    Store,
+    StoreError,
+    Summary,
+    owner_gone,
+)
+
+T = TypeVar("T")
+
+SCHEMA_NAME = "interlock"
+SCHEMA_VERSION = 1
+
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+_SYNCHRONOUS = ("off", "normal", "full", "extra")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS interlock_meta (
+    key   TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS runs (
+    run_id          TEXT PRIMARY KEY,
+    workflow        TEXT NOT NULL,
+    status          TEXT NOT NULL,
+    definition      TEXT NOT NULL,
+    definition_hash TEXT NOT NULL,
+    input           TEXT NOT NULL,
+    options         TEXT NOT NULL,
+    created_at      REAL NOT NULL,
+    updated_at      REAL NOT NULL,
+    last_seq        INTEGER NOT NULL,
+    last_hash       TEXT NOT NULL,
+    steps           INTEGER NOT NULL DEFAULT 0,
+    tokens          INTEGER NOT NULL DEFAULT 0,
+    error           TEXT,
+    waiting         TEXT,
+    parent_run      TEXT,
+    parent_seq      INTEGER,
+    owner           TEXT,
+    lease_until     REAL,
+    extra           TEXT NOT NULL DEFAULT '{}'
+);
+CREATE INDEX IF NOT EXISTS runs_by_created ON runs (created_at DESC);
+CREATE INDEX IF NOT EXISTS runs_by_status ON runs (status, created_at DESC);
+CREATE INDEX IF NOT EXISTS runs_by_workflow ON runs (workflow, created_at DESC);
+CREATE TABLE IF NOT EXISTS records (
+    run_id TEXT NOT NULL,
+    seq    INTEGER NOT NULL,
+    type   TEXT NOT NULL,
+    node   TEXT,
+    data   TEXT NOT NULL,
+    hash   TEXT NOT NULL,
+    PRIMARY KEY (run_id, seq)
+) WITHOUT ROWID;
+"""
+
+_RUN_COLUMNS = (
+    "run_id, workflow, status, definition, definition_hash, input, options, created_at, "
+    "updated_at, last_seq, last_hash, steps, tokens, error, waiting, parent_run, parent_seq, "
+    "owner, lease_until, extra"
+)
+
+
+# -- helpers shared with the PostgreSQL store ------------------------------------------------
+
+def json_text(value: Any) -> str:
+    """``value`` as JSON text, keys in their given order (a definition's order matters)."""
+    return orjson.dumps(value, default=_default).decode("utf-8")
+
+
+def json_opt(value: dict[str, Any] | None) -> str | None:
+    return None if value is None else json_text(value)
+
+
+def from_json(text: str | None) -> Any:
+    return None if text is None else orjson.loads(text)
+
+
+def record_node(entry: Entry) -> str | None:
+    """The record's ``node`` field, for the ``records.node`` column."""
+    try:
+        node = orjson.loads(entry.data).get("node")
+    except (orjson.JSONDecodeError, AttributeError):
+        return None
+    return node if isinstance(node, str) else None
+
+
+def check_first_seqs(run_id: str, last: int, entries: Iterable[Entry]) -> None:
+    """Entries must continue the stored log (``last`` = its highest seq) without a gap."""
+    expected = last + 1
+    for e in entries:
+        if e.seq != expected:
+            raise ConflictError(
+                f"run {run_id!r}: record {e.seq} conflicts with the stored log "
+                f"(next free seq is {last + 1}); another writer got there first"
+            )
+        expected += 1
+
+
+def run_params(row: RunRow) -> tuple[Any, ...]:
+    """``row`` as the values of `_RUN_COLUMNS`, in order."""
+    s = row.summary
+    return (
+        row.run_id, row.workflow, s.status, json_text(row.definition), row.definition_hash,
+        json_text(row.input), json_text(row.options), row.created_at, s.updated_at,
+        s.last_seq, s.last_hash, s.steps, s.tokens, json_opt(s.error), json_opt(s.waiting),
+        row.parent_run, row.parent_seq, row.owner, row.lease_until, json_text(row.extra),
+    )
+
+
+def summary_params(summary: Summary) -> tuple[Any, ...]:
+    """For ``SET status, updated_at, last_seq, last_hash, steps, tokens, error, waiting``."""
+    s = summary
+    return (s.status, s.updated_at, s.last_seq, s.last_hash, s.steps, s.tokens,
+            json_opt(s.error), json_opt(s.waiting))
+
+
+def row_from(values: tuple[Any, ...] | Any) -> RunRow:
+    """A `RunRow` from a result row in `_RUN_COLUMNS` order."""
+    (run_id, workflow, status, definition, definition_hash, input_, options, created_at,
+     updated_at, last_seq, last_hash, steps, tokens, error, waiting, parent_run, parent_seq,
+     owner, lease_until, extra) = values
+    return RunRow(
+        run_id=run_id,
+        workflow=workflow,
+        definition=from_json(definition),
+        definition_hash=definition_hash,
+        input=from_json(input_),
+        options=from_json(options),
+        created_at=created_at,
+        summary=Summary(
+            status=status, last_seq=last_seq, last_hash=last_hash, steps=steps, tokens=tokens,
+            error=from_json(error), waiting=from_json(waiting), updated_at=updated_at,
+        ),
+        parent_run=parent_run,
+        parent_seq=parent_seq,
+        owner=owner,
+        lease_until=lease_until,
+        extra=from_json(extra) or {},
+    )
+
+
+def claim_refused(row_owner: str | None, lease_until: float | None, owner: str, now: float,
+                  force: bool) -> bool:
+    """The claim rule shared by every backend (see `interlock._store._memory`)."""
+    return (not force and row_owner not in (None, owner) and lease_until is not None
+            and lease_until > now and not owner_gone(row_owner or ""))
+
+
+# -- URL ---------------------------------------------------------------------------------
+
+def parse_sqlite_url(url: str) -> tuple[str, str, int]:
+    """``(path, synchronous, busy_timeout_ms)`` of a ``sqlite:///...`` URL."""
+    if not url.startswith("sqlite:///"):
+        raise StoreError(
+            f"bad SQLite store URL {url!r}: use sqlite:///relative/path.db or "
+            "sqlite:////absolute/path.db"
+        )
+    rest = url[len("sqlite:///"):]
+    path, _, query = rest.partition("?")
+    if not path:
+        raise StoreError(f"bad SQLite store URL {url!r}: no file name")
+    synchronous, busy_ms = "normal", 10_000
+    for key, value in parse_qsl(query, keep_blank_values=True, strict_parsing=False):
+        if key == "synchronous":
+            synchronous = value.lower()
+            if synchronous not in _SYNCHRONOUS:
+                raise StoreError(
+                    f"bad SQLite store URL {url!r}: synchronous must be one of "
+                    f"{', '.join(_SYNCHRONOUS)}"
+                )
+        elif key == "busy_timeout":
+            if not value.isdigit():
+                raise StoreError(f"bad SQLite store URL {url!r}: busy_timeout is milliseconds")
+            busy_ms = int(value)
+        else:
+            raise StoreError(
+                f"bad SQLite store URL {url!r}: unknown parameter {key!r} "
+                "(known: synchronous, busy_timeout)"
+            )
+    return path, synchronous, busy_ms
+
+
+# -- the store ---------------------------------------------------------------------------
+
+class SQLiteStore(Store):
+    def __init__(self, url: str) -> None:
+        self.url = url
+        path, self._synchronous, self._busy_ms = parse_sqlite_url(url)
+        self.path = Path(path)
+        self._conn: sqlite3.Connection | None = None  # used on the worker thread only
+        self._executor: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+
+    # -- plumbing ----------------------------------------------------------------------
+
+    def _worker(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(
+                    max_workers=1, thread_name_prefix=f"interlock-sqlite:{self.path.name}"
+                )
+            return self._executor
+
+    async def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(conn, *args)`` on the store's thread.
+
+        If the awaiting task is cancelled the transaction still runs to its end
+        (committed or rolled back as a whole) on the thread.
+        """
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            self._worker(), functools.partial(self._run, fn, *args)
+        )
+
+    def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        conn = self._conn or self._open()
+        try:
+            return fn(conn, *args)
+        except sqlite3.Error as exc:
+            if conn.in_transaction:
+                conn.rollback()
+            raise self._error(exc) from exc
+        except BaseException:
+            if conn.in_transaction:
+                conn.rollback()
+            raise
+
+    def _error(self, exc: sqlite3.Error) -> StoreError:
+        text = str(exc)
+        if "locked" in text or "busy" in text:
+            return StoreError(
+                f"SQLite store {self.path}: the database stayed locked by another process "
+                f"for {self._busy_ms} ms ({text}); raise ?busy_timeout= or use PostgreSQL"
+            )
+        return StoreError(f"SQLite store {self.path}: {text}")
+
+    def _open(self) -> sqlite3.Connection:
+        path = self.path
+        if path.exists():
+            self._inspect(path)
+        else:
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise StoreError(
+                    f"cannot create the directory of the store {path}: {exc}"
+                ) from None
+        try:
+            conn = sqlite3.connect(path, isolation_level=None, timeout=self._busy_ms / 1000)
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot open the SQLite store {path}: {exc}") from None
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute(f"PRAGMA synchronous = {self._synchronous.upper()}")
+            conn.execute("BEGIN IMMEDIATE")
+            self._check_tables(conn, path)  # again: another process may have raced us
+            for statement in _SCHEMA.split(";"):
+                if statement.strip():
+                    conn.execute(statement)
+            conn.execute("INSERT OR IGNORE INTO interlock_meta VALUES ('schema', ?), "
+                         "('version', ?)", (SCHEMA_NAME, str(SCHEMA_VERSION)))
+            conn.execute("COMMIT")
+        except BaseException as exc:
+            if conn.in_transaction:
+                conn.rollback()
+            conn.close()
+            if isinstance(exc, sqlite3.Error):
+                raise StoreError(f"cannot open the SQLite store {path}: {exc}") from None
+            raise
+        self._conn = conn
+        return conn
+
+    def _inspect(self, path: Path) -> None:
+        """Refuse, without writing to it, a file that is not ours."""
+        try:
+            with path.open("rb") as f:
+                head = f.read(len(_SQLITE_MAGIC))
+        except OSError as exc:
+            raise StoreError(f"cannot read the store file {path}: {exc}") from None
+        if head and head != _SQLITE_MAGIC:
+            raise StoreError(
+                f"{path} is not a SQLite database (and so not an interlock store); "
+                "refusing to touch it -- point the store URL at another file"
+            )
+        if not head:
+            return  # an empty file: a new database
+        try:
+            ro = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True,
+                                 isolation_level=None, timeout=self._busy_ms / 1000)
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot open the SQLite store {path}: {exc}") from None
+        try:
+            self._check_tables(ro, path)
+        finally:
+            ro.close()
+
+    @staticmethod
+    def _check_tables(conn: sqlite3.Connection, path: Path) -> None:
+        try:
+            tables = {name for (name,) in conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table' "
+                "AND name NOT LIKE 'sqlite_%'")}
+            meta: dict[str, str] = {}
+            if "interlock_meta" in tables:
+                meta = dict(conn.execute("SELECT key, value FROM interlock_meta"))
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(
+                f"{path} is not a usable SQLite database ({exc}); refusing to touch it"
+            ) from None
+        if not tables:
+            return
+        if meta.get("schema") != SCHEMA_NAME:
+            raise StoreError(
+                f"{path} is a SQLite database of something else (tables: "
+                f"{', '.join(sorted(tables))}), not an interlock store; refusing to touch it "
+                "-- point the store URL at another file"
+            )
+        version = meta.get("version", "")
+        if not version.isdigit() or int(version) > SCHEMA_VERSION:
+            raise StoreError(
+                f"{path} is an interlock store of schema version {version!r}, newer than "
+                f"this interlock understands ({SCHEMA_VERSION}); upgrade interlock"
+            )
+
+    async def close(self) -> None:
+        with self._lock:
+            executor, self._executor = self._executor, None
+        if executor is None:
+            return
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(executor, self._close_conn)
+        executor.shutdown(wait=True)
+
+    def _close_conn(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+
+    # -- transactions (on the worker thread) --------------------------------------------
+
+    @staticmethod
+    def _insert_entries(conn: sqlite3.Connection, run_id: str, entries: list[Entry]) -> None:
+        conn.executemany(
+            "INSERT INTO records (run_id, seq, type, node, data, hash) VALUES (?, ?, ?, ?, ?, ?)",
+            [(run_id, e.seq, e.type, record_node(e), e.data.decode("utf-8"), e.hash)
+             for e in entries],
+        )
+
+    def _create_run(self, conn: sqlite3.Connection, row: RunRow, entries: list[Entry]) -> None:
+        check_first_seqs(row.run_id, 0, entries)
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.execute(f"INSERT INTO runs ({_RUN_COLUMNS}) VALUES "
+                         f"({', '.join('?' * 20)})", run_params(row))
+        except sqlite3.IntegrityError:
+            conn.rollback()
+            raise RunExists(row.run_id) from None
+        try:
+            self._insert_entries(conn, row.run_id, entries)
+        except sqlite3.IntegrityError as exc:  # leftovers of a run whose row was deleted
+            conn.rollback()
+            raise ConflictError(f"run {row.run_id!r}: {exc}") from None
+        conn.execute("COMMIT")
+
+    def _append(self, conn: sqlite3.Connection, run_id: str, entries: list[Entry],
+                summary: Summary) -> None:
+        conn.execute("BEGIN IMMEDIATE")
+        if conn.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone() is None:
+            conn.rollback()
+            raise RunNotFound(run_id)
+        if entries:
+            (last,) = conn.execute("SELECT COALESCE(MAX(seq), 0) FROM records WHERE run_id = ?",
+                                   (run_id,)).fetchone()
+            check_first_seqs(run_id, last, entries)  # raises -> rollback in _run
+            try:
+                self._insert_entries(conn, run_id, entries)
+            except sqlite3.IntegrityError as exc:
+                conn.rollback()
+                raise ConflictError(f"run {run_id!r}: {exc}; another writer got there "
+                                    "first") from None
+        conn.execute(
+            "UPDATE runs SET status = ?, updated_at = ?, last_seq = ?, last_hash = ?, steps = ?, "
+            "tokens = ?, error = ?, waiting = ? WHERE run_id = ?",
+            (*summary_params(summary), run_id),
+        )
+        conn.execute("COMMIT")
+
+    @staticmethod
+    def _get_run(conn: sqlite3.Connection, run_id: str) -> RunRow:
+        values = conn.execute(f"SELECT {_RUN_COLUMNS} FROM runs WHERE run_id = ?",
+                              (run_id,)).fetchone()
+        if values is None:
+            raise RunNotFound(run_id)
+        return row_from(values)
+
+    @staticmethod
+    def _entries(conn: sqlite3.Connection, run_id: str, after: int) -> list[Entry]:
+        rows = conn.execute(
+            "SELECT seq, type, data, hash FROM records WHERE run_id = ? AND seq > ? ORDER BY seq",
+            (run_id, after),
+        ).fetchall()
+        if not rows and conn.execute("SELECT 1 FROM runs WHERE run_id = ?",
+                                     (run_id,)).fetchone() is None:
+            raise RunNotFound(run_id)
+        return [Entry(seq, rtype, data.encode("utf-8"), h) for seq, rtype, data, h in rows]
+
+    @staticmethod
+    def _list_runs(conn: sqlite3.Connection, status: str | None, workflow: str | None,
+                   limit: int) -> list[RunRow]:
+        where, params = [], []
+        if status is not None:
+            where.append("status = ?")
+            params.append(status)
+        if workflow is not None:
+            where.append("workflow = ?")
+            params.append(workflow)
+        sql = f"SELECT {_RUN_COLUMNS} FROM runs"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY created_at DESC LIMIT ?"
+        return [row_from(v) for v in conn.execute(sql, (*params, limit))]
+
+    @staticmethod
+    def _claim(conn: sqlite3.Connection, run_id: str, owner: str, lease: float,
+               force: bool) -> None:
+        conn.execute("BEGIN IMMEDIATE")
+        found = conn.execute("SELECT owner, lease_until FROM runs WHERE run_id = ?",
+                             (run_id,)).fetchone()
+        if found is None:
+            conn.rollback()
+            raise RunNotFound(run_id)
+        current, lease_until = found
+        now = time.time()
+        if claim_refused(current, lease_until, owner, now, force):
+            conn.rollback()
+            raise ClaimError(run_id, current, lease_until - now)
+        conn.execute("UPDATE runs SET owner = ?, lease_until = ? WHERE run_id = ?",
+                     (owner, now + lease, run_id))
+        conn.execute("COMMIT")
+
+    @staticmethod
+    def _heartbeat(conn: sqlite3.Connection, run_id: str, owner: str, lease: float) -> None:
+        cur = conn.execute("UPDATE runs SET lease_until = ? WHERE run_id = ? AND owner = ?",
+                           (time.time() + lease, run_id, owner))
+        if cur.rowcount == 1:
+            return
+        found = conn.execute("SELECT owner FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        if found is None:
+            raise RunNotFound(run_id)
+        raise ClaimError(run_id, found[0] or "nobody", 0.0)
+
+    @staticmethod
+    def _release(conn: sqlite3.Connection, run_id: str, owner: str) -> None:
+        cur = conn.execute("UPDATE runs SET owner = NULL, lease_until = NULL "
+                           "WHERE run_id = ? AND owner = ?", (run_id, owner))
+        if cur.rowcount == 0 and conn.execute("SELECT 1 FROM runs WHERE run_id = ?",
+                                              (run_id,)).fetchone() is None:
+            raise RunNotFound(run_id)
+
+    # -- the Store interface ----------------------------------------------------------------
+
+    async def create_run(self, row: RunRow, entries: list[Entry]) -> None:
+        await self._call(self._create_run, row, list(entries))
+
+    async def append(self, run_id: str, entries: list[Entry], summary: Summary) -> None:
+        await self._call(self._append, run_id, list(entries), summary)
+
+    async def get_run(self, run_id: str) -> RunRow:
+        return await self._call(self._get_run, run_id)
+
+    async def entries(self, run_id: str, after: int = 0) -> list[Entry]:
+        return await self._call(self._entries, run_id, after)
+
+    async def list_runs(self, *, status: str | None = None, workflow: str | None = None,
+                        limit: int = 100) -> list[RunRow]:
+        return await self._call(self._list_runs, status, workflow, limit)
+
+    async def claim(self, run_id: str, owner: str, lease: float, *, force: bool = False) -> None:
+        await self._call(self._claim, run_id, owner, lease, force)
+
+    async def heartbeat(self, run_id: str, owner: str, lease: float) -> None:
+        await self._call(self._heartbeat, run_id, owner, lease)
+
+    async def release(self, run_id: str, owner: str) -> None:
+        await self._call(self._release, run_id, owner)
+

@@ -1,0 +1,328 @@
+"""Static checks of a workflow: everything that can be known before a run starts.
+
+`check(spec)` returns diagnostics (errors and warnings, each with its
+``file:line:col``) together with what it resolved along the way -- imported
+callables and compiled expressions -- so that the plan reuses them rather
+than doing the work twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._errors import Diagnostic, Severity
+from ._expr import Expression, ExpressionSyntaxError, compile_expression
+from ._graph import back_edges, reachable, reverse
+from ._model import END, START, WorkflowSpec
+from ._plan import import_callable
+from ._spec import locate
+
+
+@dataclass
+class CheckResult:
+    diagnostics: list[Diagnostic] = field(default_factory=list)
+    callables: dict[str, Callable[..., Any]] = field(default_factory=dict)
+    expressions: dict[str, Expression] = field(default_factory=dict)
+
+    @property
+    def errors(self) -> list[Diagnostic]:
+        return [d for d in self.diagnostics if d.severity == "error"]
+
+    @property
+    def warnings(self) -> list[Diagnostic]:
+        return [d for d in self.diagnostics if d.severity == "warning"]
+
+
+class _Checker:
+    def __init__(self, spec: WorkflowSpec, provided: dict[str, Callable[..., Any]]) -> None:
+        self.spec = spec
+        self.provided = provided
+        self.result = CheckResult()
+
+    def add(self, severity: Severity, message: str, path: tuple[Any, ...], code: str) -> None:
+        self.result.diagnostics.append(
+            Diagnostic(severity, message, locate(self.spec, path), code))
+
+    # -- the checks ------------------------------------------------------------------
+
+    def run(self) -> CheckResult:
+        self.check_nodes()
+        if not self.check_edge_names():
+            return self.result  # the graph checks below need known names
+        self.check_expressions()
+        adj = self.adjacency()
+        self.check_reachability(adj)
+        self.check_cycles()
+        self.check_fed()
+        self.check_concurrency(adj)
+        self.result.diagnostics.sort(
+            key=lambda d: (d.location.line or 0, d.location.col or 0, d.severity))
+        return self.result
+
+    def check_nodes(self) -> None:
+        for name, ns in self.spec.nodes.items():
+            if ns.call is not None:
+                self.resolve(ns.call, ("nodes", name, "call"), f"node {name!r}")
+            if ns.agent is not None:
+                self.add("error", f"node {name!r}: agent nodes are not supported by this version "
+                         "of interlock yet; use a call node", ("nodes", name, "agent"), "agent")
+            if ns.approval is not None:
+                for target in ns.approval.on_modify:
+                    if target not in self.spec.nodes:
+                        self.add("error", f"node {name!r}: on_modify names unknown node "
+                                 f"{target!r}", ("nodes", name, "approval", "on_modify"),
+                                 "unknown-node")
+
+    def resolve(self, path: str, where: tuple[Any, ...], what: str) -> None:
+        if path in self.result.callables:
+            return
+        fn = self.provided.get(path)
+        if fn is None:
+            try:
+                fn = import_callable(path)
+            except (ImportError, AttributeError, TypeError) as exc:
+                self.add("error", f"{what}: call target {path!r} does not import: {exc}",
+                         where, "import")
+                return
+            except Exception as exc:  # importing user code may raise anything
+                self.add("error", f"{what}: importing {path!r} raised {type(exc).__name__}: "
+                         f"{exc}", where, "import")
+                return
+        self.result.callables[path] = fn
+
+    def check_edge_names(self) -> bool:
+        ok = True
+        nodes = self.spec.nodes
+        for i, e in enumerate(self.spec.edges):
+            for s in e.source:
+                if s == END:
+                    self.add("error", f"edge {e.describe()}: END cannot be a source",
+                             ("edges", i, "from"), "unknown-node")
+                    ok = False
+                elif s != START and s not in nodes:
+                    self.add("error", f"edge {e.describe()}: unknown node {s!r} in 'from'"
+                             + _did_you_mean(s, nodes), ("edges", i, "from"), "unknown-node")
+                    ok = False
+            if START in e.source and e.is_join:
+                self.add("error", "START cannot be part of a join", ("edges", i, "from"),
+                         "unknown-node")
+                ok = False
+            key = {"switch": "cases", "choose": "choose"}.get(e.kind, "to")
+            for t in e.targets:
+                if t == START:
+                    self.add("error", f"edge {e.describe()}: START cannot be a target",
+                             ("edges", i, key), "unknown-node")
+                    ok = False
+                elif t != END and t not in nodes:
+                    self.add("error", f"edge {e.describe()}: unknown node {t!r}"
+                             + _did_you_mean(t, nodes), ("edges", i, key), "unknown-node")
+                    ok = False
+            if e.kind == "router" and e.router is not None:
+                self.resolve(e.router, ("edges", i, "router"), f"edge {e.describe()}")
+            if e.kind == "choose":
+                src = e.source[0]
+                if src == START or nodes[src].call is None:
+                    self.add("error", f"edge {e.describe()}: only a call node can choose its "
+                             "successor with interlock.goto()", ("edges", i, "choose"),
+                             "choose")
+        if not any(START in e.source for e in self.spec.edges):
+            self.add("error", "no edge from START: add {from: START, to: <first node>}",
+                     ("edges",), "start")
+            ok = False
+        return ok
+
+    def check_expressions(self) -> None:
+        for i, e in enumerate(self.spec.edges):
+            for key in ("when", "switch"):
+                src = getattr(e, key)
+                if src is None or src in self.result.expressions:
+                    continue
+                try:
+                    self.result.expressions[src] = compile_expression(src)
+                except ExpressionSyntaxError as exc:
+                    col = f" (column {exc.col} of the expression)" if exc.col else ""
+                    self.add("error", f"edge {e.describe()}: {key} {src!r} {exc}{col}",
+                             ("edges", i, key), "expression")
+
+    def adjacency(self) -> dict[str, list[str]]:
+        adj: dict[str, list[str]] = {START: [], **{n: [] for n in self.spec.nodes}}
+        for e in self.spec.edges:
+            for s in e.source:
+                for t in e.targets:
+                    if t not in adj[s]:
+                        adj[s].append(t)
+        return adj
+
+    def check_reachability(self, adj: dict[str, list[str]]) -> None:
+        seen = reachable(adj, START)
+        for name in self.spec.nodes:
+            if name not in seen:
+                self.add("error", f"node {name!r} is unreachable: no edge path from START "
+                         "leads to it", ("nodes", name), "unreachable")
+        # a node with no outgoing edge is terminal: it reaches END
+        ends = {n for n in self.spec.nodes if not adj[n]} | {END}
+        rev = reverse(adj)
+        can_end: set[str] = set()
+        todo = list(ends)
+        while todo:
+            n = todo.pop()
+            if n in can_end:
+                continue
+            can_end.add(n)
+            todo.extend(rev.get(n, ()))
+        for name in self.spec.nodes:
+            if name in seen and name not in can_end:
+                self.add("error", f"node {name!r} can never reach END: every path from it "
+                         "loops forever; add an exit edge", ("nodes", name), "no-end")
+
+    def check_cycles(self) -> None:
+        """Every cycle needs a guard: a when/otherwise/switch/router/choose edge or a max."""
+        plain: dict[str, list[str]] = {n: [] for n in self.spec.nodes}
+        where: dict[tuple[str, str], int] = {}
+        for i, e in enumerate(self.spec.edges):
+            guarded = (e.kind != "plain" or e.when is not None or e.otherwise
+                       or e.max is not None)
+            if guarded:
+                continue
+            for s in e.source:
+                if s == START:
+                    continue
+                for t in e.targets:
+                    if t != END:
+                        plain[s].append(t)
+                        where.setdefault((s, t), i)
+        for s, t in sorted(back_edges(plain, self.spec.nodes), key=lambda p: where[p]):
+            cycle = _cycle_through(plain, t, s)
+            self.add("error", f"unguarded cycle {' -> '.join([*cycle, t])}: it would loop "
+                     "forever; give one of its edges a 'when' condition or a 'max'",
+                     ("edges", where[(s, t)]), "cycle")
+
+    def check_fed(self) -> None:
+        fed = set(self.spec.input) | set(self.spec.state)
+        for name, ns in self.spec.nodes.items():
+            if ns.writes:
+                fed |= set(ns.writes)
+            if ns.approval is not None or ns.agent is not None:
+                fed.add(name)
+        for i, e in enumerate(self.spec.edges):
+            for key in ("when", "switch"):
+                src = getattr(e, key)
+                expr = self.result.expressions.get(src) if src else None
+                if expr is None:
+                    continue
+                for field_name in expr.names:
+                    if field_name in ("config", "run") or field_name in fed:
+                        continue
+                    self.add("warning", f"edge {e.describe()}: {key} reads {field_name!r}, "
+                             "which no node declares in 'writes' and neither 'input' nor "
+                             "'state' declares (declared but never fed); declare where it "
+                             "comes from", ("edges", i, key), "never-fed")
+            cfg = self.spec.config
+            for src in (e.when, e.switch):
+                if src and "config." in src:
+                    for key_name in _config_keys(src):
+                        if key_name not in cfg:
+                            self.add("warning", f"edge {e.describe()}: reads config.{key_name}"
+                                     ", which 'config:' does not declare (a run must --set it)",
+                                     ("edges", i), "config")
+
+    def check_concurrency(self, adj: dict[str, list[str]]) -> None:
+        """Static conflicting writes, and the join-less diamond."""
+        spec = self.spec
+        back = back_edges(adj, spec.nodes)
+        fwd = {n: [t for t in succ if t != END and (n, t) not in back]
+               for n, succ in adj.items()}
+        desc: dict[str, set[str]] = {}
+
+        def descendants(n: str) -> set[str]:
+            if n not in desc:
+                desc[n] = reachable(fwd, n)
+            return desc[n]
+
+        parallel: set[frozenset[str]] = set()
+        for source in [START, *spec.nodes]:
+            uncond = []
+            for e in spec.edges:
+                if source in e.source and e.kind == "plain" and e.when is None \
+                        and not e.otherwise and not e.is_join:
+                    uncond += [t for t in e.targets if t != END and (source, t) not in back]
+            uncond = list(dict.fromkeys(uncond))
+            if len(uncond) < 2:
+                continue
+            for a_i, a in enumerate(uncond):
+                for b in uncond[a_i + 1:]:
+                    da, db = descendants(a), descendants(b)
+                    for x in da - db:
+                        for y in db - da:
+                            if x not in descendants(y) and y not in descendants(x):
+                                parallel.add(frozenset((x, y)))
+        reducers = {k: v.reducer for k, v in spec.state.items()}
+        for pair in sorted(parallel, key=sorted):
+            x, y = sorted(pair)
+            wx, wy = spec.nodes[x].writes, spec.nodes[y].writes
+            if not wx or not wy:
+                continue
+            for f in sorted(set(wx) & set(wy)):
+                if reducers.get(f, "replace") == "replace":
+                    self.add("error", f"nodes {x!r} and {y!r} can run concurrently and both "
+                             f"write {f!r}, which has no reducer: declare one under state: "
+                             "(append, extend, merge, add) or write different fields",
+                             ("nodes", y, "writes"), "write-conflict")
+        # join-less diamond: a node reached by plain edges from branches that run together
+        for name in spec.nodes:
+            sources = []
+            for e in spec.edges:
+                if name in e.targets and not e.is_join and e.kind == "plain" \
+                        and e.when is None and not e.otherwise:
+                    sources += [s for s in e.source if (s, name) not in back]
+            for a_i, a in enumerate(sources):
+                for b in sources[a_i + 1:]:
+                    if frozenset((a, b)) in parallel:
+                        self.add("warning", f"node {name!r} is reached from {a!r} and {b!r}, "
+                                 "which run concurrently, without a join: it will run once per "
+                                 f"edge (twice). To run it once after both, use "
+                                 f"{{from: [{a}, {b}], to: {name}}}", ("nodes", name),
+                                 "diamond")
+                        break
+                else:
+                    continue
+                break
+
+
+def _cycle_through(adj: dict[str, list[str]], start: str, end: str) -> list[str]:
+    """A path start -> ... -> end (used to name an unguarded cycle)."""
+    prev: dict[str, str | None] = {start: None}
+    todo = [start]
+    while todo:
+        n = todo.pop(0)
+        if n == end:
+            break
+        for t in adj.get(n, ()):
+            if t not in prev:
+                prev[t] = n
+                todo.append(t)
+    path = [end]
+    while prev.get(path[-1]) is not None:
+        path.append(prev[path[-1]])  # type: ignore[arg-type]
+    return list(reversed(path))
+
+
+def _config_keys(src: str) -> list[str]:
+    import re
+
+    return re.findall(r"(?<![\w.])config\.([A-Za-z_]\w*)", src)
+
+
+def _did_you_mean(name: str, known: Any) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(name, list(known), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def check(spec: WorkflowSpec,
+          provided: dict[str, Callable[..., Any]] | None = None) -> CheckResult:
+    """Run every static check on ``spec``."""
+    return _Checker(spec, provided or {}).run()

@@ -1,0 +1,369 @@
+"""`Workflow`: the Python builder, the loaded file, and the way to run either.
+
+Both front ends meet here. ``interlock.load(path)`` parses a file into a
+`WorkflowSpec`; ``interlock.Workflow("name")`` collects the same shape through
+builder calls. Either way the workflow is validated once (`_validate.check`),
+compiled into a `Plan`, and run by the `Runner` against a store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from . import _log as L
+from ._errors import Diagnostic, UsageError, WorkflowError
+from ._fold import RunView
+from ._model import WorkflowSpec
+from ._plan import Plan, build_plan
+from ._runner import Runner
+from ._spec import load_spec, parse
+from ._store import RunRow, Store, Summary, open_store, this_owner
+from ._validate import check
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+Listener = Callable[[L.Record, RunView], None]
+
+LEASE_SECONDS = 15.0
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    """Where a run stands: the object ``--json`` prints (SPEC §4)."""
+
+    run_id: str
+    workflow: str
+    status: str
+    state: dict[str, Any]
+    steps: int
+    tokens: int
+    error: dict[str, Any] | None
+    waiting: dict[str, Any] | None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "COMPLETED"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "workflow": self.workflow, "status": self.status,
+                "state": self.state, "steps": self.steps, "tokens": self.tokens,
+                "error": self.error, "waiting": self.waiting}
+
+
+def _call_path(fn: Callable[..., Any]) -> str:
+    module = getattr(fn, "__module__", None) or "__main__"
+    qual = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", "callable")
+    return f"{module}:{qual}"
+
+
+class Workflow:
+    """A workflow: build it in Python, or get one from `load`; then ``await wf.run(...)``.
+
+    Builder methods return ``self`` (or, used as a decorator, the function), and every
+    file construct has one: `node`, `approval`, `edge` (fan-out, joins, ``when``,
+    ``otherwise``, ``max``), `switch`, `router`, `choose`.
+    """
+
+    def __init__(self, name: str, *, description: str = "",
+                 config: Mapping[str, Any] | None = None, input: Iterable[str] = (),
+                 state: Mapping[str, str] | None = None,
+                 limits: Mapping[str, Any] | None = None) -> None:
+        self._data: dict[str, Any] = {
+            "workflow": name, "description": description, "config": dict(config or {}),
+            "input": list(input), "state": {k: {"reducer": v} for k, v in (state or {}).items()},
+            "limits": dict(limits or {}), "nodes": {}, "edges": [],
+        }
+        self._callables: dict[str, Callable[..., Any]] = {}
+        self._spec: WorkflowSpec | None = None
+        self._plan: Plan | None = None
+        self._warnings: list[Diagnostic] = []
+
+    @classmethod
+    def from_spec(cls, spec: WorkflowSpec) -> Workflow:
+        wf = cls.__new__(cls)
+        wf._data = {}
+        wf._callables = {}
+        wf._spec = spec
+        wf._plan = None
+        wf._warnings = []
+        return wf
+
+    # -- the builder -----------------------------------------------------------------
+
+    def _mutable(self) -> dict[str, Any]:
+        if self._spec is not None:
+            raise UsageError(f"workflow {self.name!r} is already validated (it has been run or "
+                             "validated); build a new Workflow to change it")
+        return self._data
+
+    def _register(self, fn: Callable[..., Any]) -> str:
+        if not callable(fn):
+            raise UsageError(f"expected a function, got {type(fn).__name__}")
+        path = _call_path(fn)
+        base, n = path, 1
+        while path in self._callables and self._callables[path] is not fn:
+            n += 1
+            path = f"{base}#{n}"
+        self._callables[path] = fn
+        return path
+
+    def node(self, name: str | Callable[..., Any] | None = None,
+             fn: Callable[..., Any] | None = None, **options: Any) -> Any:
+        """Add a function node: ``wf.node("rca", rca_fn, reads=[...])`` or as a decorator,
+        ``@wf.node()`` / ``@wf.node("name", timeout="30s")``. Options are the file's node
+        keys: reads, writes, timeout, retry, isolation, tokens, confirm, description."""
+        if callable(name):
+            return self.node(None, name, **options)
+
+        def add(f: F) -> F:
+            node_name = name or getattr(f, "__name__", None)
+            if not node_name:
+                raise UsageError("name the node: wf.node('name', fn)")
+            data = self._mutable()
+            if node_name in data["nodes"]:
+                raise UsageError(f"node {node_name!r} is already defined")
+            data["nodes"][node_name] = {"call": self._register(f), **_opts(options)}
+            return f
+
+        if fn is not None:
+            add(fn)
+            return self
+        return add
+
+    def approval(self, name: str, *, show: Iterable[str] = (), on_modify: Iterable[str] = (),
+                 approvers: Iterable[str] = (), timeout: float | str | None = None,
+                 on_timeout: str = "reject", **options: Any) -> Workflow:
+        """Add a human approval gate (SPEC §3)."""
+        data = self._mutable()
+        spec: dict[str, Any] = {"show": list(show), "on_modify": list(on_modify),
+                                "approvers": list(approvers), "on_timeout": on_timeout}
+        if timeout is not None:
+            spec["timeout"] = timeout
+        data["nodes"][name] = {"approval": spec, **_opts(options)}
+        return self
+
+    def edge(self, source: str | Iterable[str], target: str | Iterable[str], *,
+             when: str | None = None, otherwise: bool = False,
+             max: int | None = None) -> Workflow:
+        """``a -> b``; a list target is a fan-out, a list source a join."""
+        e: dict[str, Any] = {"from": _names(source), "to": _names(target)}
+        if when is not None:
+            e["when"] = when
+        if otherwise:
+            e["otherwise"] = True
+        if max is not None:
+            e["max"] = max
+        self._mutable()["edges"].append(e)
+        return self
+
+    def switch(self, source: str, expr: str, cases: Mapping[Any, str], *,
+               default: str | None = None, max: int | None = None) -> Workflow:
+        """Route to one target by the value of a CEL expression."""
+        e: dict[str, Any] = {"from": source, "switch": expr, "cases": dict(cases)}
+        if default is not None:
+            e["default"] = default
+        if max is not None:
+            e["max"] = max
+        self._mutable()["edges"].append(e)
+        return self
+
+    def router(self, source: str, fn: Callable[..., Any], to: Iterable[str], *,
+               max: int | None = None) -> Workflow:
+        """Route with a Python function returning one or more of ``to`` (or END)."""
+        e: dict[str, Any] = {"from": source, "router": self._register(fn), "to": list(to)}
+        if max is not None:
+            e["max"] = max
+        self._mutable()["edges"].append(e)
+        return self
+
+    def choose(self, source: str, targets: Iterable[str], *, max: int | None = None) -> Workflow:
+        """Let ``source`` pick its successor by returning ``interlock.goto(name)``."""
+        e: dict[str, Any] = {"from": source, "choose": list(targets)}
+        if max is not None:
+            e["max"] = max
+        self._mutable()["edges"].append(e)
+        return self
+
+    # -- validation --------------------------------------------------------------------
+
+    @property
+    def spec(self) -> WorkflowSpec:
+        """The validated definition (freezes the builder)."""
+        if self._spec is None:
+            self._spec = parse(self._data)
+        return self._spec
+
+    @property
+    def name(self) -> str:
+        return str(self._spec.workflow if self._spec is not None else self._data["workflow"])
+
+    def check(self) -> list[Diagnostic]:
+        """Every diagnostic (errors and warnings) without raising."""
+        return check(self.spec, self._callables).diagnostics
+
+    def compile(self) -> Plan:
+        """Validate and compile once. Raises WorkflowError listing every error."""
+        if self._plan is None:
+            result = check(self.spec, self._callables)
+            if result.errors:
+                raise WorkflowError(result.diagnostics)
+            self._warnings = result.warnings
+            self._plan = build_plan(self.spec, callables=result.callables,
+                                    expressions=result.expressions)
+        return self._plan
+
+    @property
+    def warnings(self) -> list[Diagnostic]:
+        self.compile()
+        return list(self._warnings)
+
+    def definition_hash(self) -> str:
+        return hashlib.sha256(L.dumps(self.spec.definition())).hexdigest()
+
+    # -- running -----------------------------------------------------------------------
+
+    async def run(self, input: Mapping[str, Any] | None = None, *,
+                  store: str | Store | None = None, run_id: str | None = None,
+                  config: Mapping[str, Any] | None = None,
+                  limits: Mapping[str, Any] | None = None,
+                  listener: Listener | None = None) -> RunResult:
+        """Start a run and drive it until it completes, fails or waits for a human.
+
+        ``store`` is a URL (``sqlite:///runs.db``, ``postgresql://...``, ``memory://``)
+        or a `Store`; the default is ``$INTERLOCK_STORE`` or ``./.interlock/runs.db``.
+        ``config`` overrides the workflow's ``config:``, ``limits`` its ``limits:``.
+        """
+        plan = self.compile()
+        spec = plan.spec
+        data = _check_input(spec, input)
+        cfg, lim = _effective(spec, config, limits)
+        st, owned = _store(store)
+        try:
+            rid = run_id or uuid.uuid4().hex[:20]
+            writer = L.LogWriter()
+            now = time.time()
+            rec, entry = writer.make(L.RUN_STARTED, {
+                "workflow": spec.workflow, "definition_hash": self.definition_hash(),
+                "input": data, "config": cfg, "limits": lim})
+            view = RunView(plan)
+            view.apply(rec)
+            row = RunRow(run_id=rid, workflow=spec.workflow, definition=spec.definition(),
+                         definition_hash=self.definition_hash(), input=data,
+                         options={"config": dict(config or {}), "limits": dict(limits or {})},
+                         created_at=now,
+                         summary=Summary(status="RUNNING", last_seq=1, last_hash=writer.hash,
+                                         updated_at=now))
+            await st.create_run(row, [entry])
+            if listener is not None:
+                listener(rec, view)
+            return await _drive(plan, st, rid, view, writer, cfg, lim, listener)
+        finally:
+            if owned:
+                await st.close()
+
+    def run_sync(self, input: Mapping[str, Any] | None = None, **kwargs: Any) -> RunResult:
+        """`run` for scripts: blocks until the run stops (no event loop may be running)."""
+        return asyncio.run(self.run(input, **kwargs))
+
+
+async def _drive(plan: Plan, store: Store, run_id: str, view: RunView, writer: L.LogWriter,
+                 config: dict[str, Any], limits: dict[str, Any],
+                 listener: Listener | None) -> RunResult:
+    """Claim the run, execute it, release it."""
+    owner = f"{this_owner()}:{uuid.uuid4().hex[:8]}"
+    await store.claim(run_id, owner, LEASE_SECONDS)
+    beat = asyncio.get_running_loop().create_task(_heartbeat(store, run_id, owner))
+    try:
+        runner = Runner(plan, store, run_id, view, writer, config, limits, listener)
+        await runner.execute()
+    finally:
+        beat.cancel()
+        try:
+            await beat
+        except asyncio.CancelledError:
+            pass
+        await store.release(run_id, owner)
+    return result_of(run_id, plan.spec.workflow, view)
+
+
+async def _heartbeat(store: Store, run_id: str, owner: str) -> None:
+    while True:
+        await asyncio.sleep(LEASE_SECONDS / 3)
+        await store.heartbeat(run_id, owner, LEASE_SECONDS)
+
+
+def result_of(run_id: str, workflow: str, view: RunView) -> RunResult:
+    return RunResult(run_id=run_id, workflow=workflow, status=view.status,
+                     state=dict(view.state), steps=view.steps, tokens=view.tokens,
+                     error=view.error, waiting=view.waiting)
+
+
+def _store(store: str | Store | None) -> tuple[Store, bool]:
+    if isinstance(store, Store):
+        return store, False
+    return open_store(store), True
+
+
+def _check_input(spec: WorkflowSpec, input: Mapping[str, Any] | None) -> dict[str, Any]:
+    if input is None:
+        input = {}
+    if not isinstance(input, Mapping):
+        raise UsageError(f"a run's input is a mapping of fields, got {type(input).__name__}")
+    missing = [k for k in spec.input if k not in input]
+    if missing:
+        raise UsageError(
+            f"workflow {spec.workflow!r} declares input: [{', '.join(spec.input)}]; the run's "
+            f"input lacks {', '.join(map(repr, missing))}")
+    try:
+        data = L.to_json_value(dict(input))
+    except TypeError as exc:
+        raise UsageError(f"the run's input is not JSON data: {exc}") from None
+    return dict(data)
+
+
+def _effective(spec: WorkflowSpec, config: Mapping[str, Any] | None,
+               limits: Mapping[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    cfg = {**spec.config, **(config or {})}
+    lim = spec.limits.model_dump(exclude_none=True)
+    if limits:
+        from ._model import LimitsSpec
+
+        unknown = set(limits) - set(LimitsSpec.model_fields)
+        if unknown:
+            raise UsageError(f"unknown limit(s) {sorted(unknown)}; limits are "
+                             f"{sorted(LimitsSpec.model_fields)}")
+        merged = LimitsSpec.model_validate({**lim, **limits})
+        lim = merged.model_dump(exclude_none=True)
+    return L.to_json_value(cfg), lim
+
+
+def _names(value: str | Iterable[str]) -> list[str]:
+    return [value] if isinstance(value, str) else list(value)
+
+
+def _opts(options: dict[str, Any]) -> dict[str, Any]:
+    allowed = {"reads", "writes", "timeout", "retry", "isolation", "tokens", "confirm",
+               "description"}
+    unknown = set(options) - allowed
+    if unknown:
+        raise UsageError(f"unknown node option(s) {sorted(unknown)}; the options are "
+                         f"{sorted(allowed)}")
+    return {k: v for k, v in options.items() if v is not None}
+
+
+def load(source: str | os.PathLike[str] | Mapping[str, Any]) -> Workflow:
+    """Load and validate a workflow from a YAML/JSON file (or a dict in the file's shape).
+
+    Raises WorkflowError with ``file:line:col`` for every problem found.
+    """
+    spec = load_spec(dict(source) if isinstance(source, Mapping) else source)
+    wf = Workflow.from_spec(spec)
+    wf.compile()
+    return wf
