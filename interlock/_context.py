@@ -70,9 +70,7 @@ class Context:
         if found:
             return value
         result = fn(*args)
-        if isinstance(result, Awaitable):
-            result = await result
-        elif asyncio.iscoroutine(result):  # pragma: no cover - covered by Awaitable
+        if isinstance(result, Awaitable) or asyncio.iscoroutine(result):
             result = await result
         return await self._runner.record_effect(self, key, result)
 

@@ -21,15 +21,14 @@ import os
 import re
 from dataclasses import dataclass
 from types import ModuleType
-from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 MAX_LENGTH = 1000
 MAX_MACROS = 4
 
 _MACROS = ("all", "exists", "exists_one", "map", "filter")
-_STRING_RE = re.compile(r"""(?:[rR]?(?:'''.*?'''|\"\"\".*?\"\"\"|'(?:\\.|[^'\\])*'|"(?:\\.|[^"\\])*"))""",
-                        re.S)
+_STRING_RE = re.compile(
+    r"""(?:[rR]?(?:'''.*?'''|\"\"\".*?\"\"\"|'(?:\\.|[^'\\])*'|"(?:\\.|[^"\\])*"))""", re.S)
 _PATH_RE = re.compile(r"(?<![\w.])([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)(?!\w)(\s*\()?")
 _ITER_VAR_RE = re.compile(r"\.(?:all|exists|exists_one|map|filter)\(\s*([A-Za-z_]\w*)\s*,")
 _MACRO_RE = re.compile(r"\.(?:" + "|".join(_MACROS) + r")\s*\(")
@@ -53,7 +52,7 @@ def _cel_module() -> ModuleType:
         spec = importlib.util.find_spec("cel")
         locations = spec.submodule_search_locations if spec else None
         if locations:
-            folder = list(locations)[0]
+            folder = next(iter(locations))
             for fname in os.listdir(folder):
                 if fname.startswith("cel.") and fname.endswith(
                     tuple(importlib.machinery.EXTENSION_SUFFIXES)
@@ -68,9 +67,19 @@ def _cel_module() -> ModuleType:
     except (ImportError, OSError):  # pragma: no cover - depends on the wheel's layout
         mod = None
     if mod is None or not hasattr(mod, "compile"):  # pragma: no cover
-        import cel as mod
+        import cel
+
+        mod = cel
     _cel = mod
     return mod
+
+
+class Lookup(Protocol):
+    """What an expression is evaluated against: name -> value (state, config, run)."""
+
+    def __getitem__(self, name: str, /) -> Any: ...
+
+    def __contains__(self, name: object, /) -> bool: ...
 
 
 class ExpressionSyntaxError(ValueError):
@@ -92,7 +101,7 @@ class Expression:
     paths: tuple[str, ...]  # dotted paths read, for the log
     program: Any
 
-    def evaluate(self, scope: Mapping[str, Any]) -> Any:
+    def evaluate(self, scope: Lookup) -> Any:
         """Evaluate against ``scope`` (state fields + config + run).
 
         Raises EvaluationError naming the missing field or the type problem.
@@ -114,7 +123,7 @@ class Expression:
         except (RuntimeError, TypeError, ValueError) as exc:
             raise EvaluationError(str(exc).split(". ")[0]) from None
 
-    def read_values(self, scope: Mapping[str, Any]) -> dict[str, Any]:
+    def read_values(self, scope: Lookup) -> dict[str, Any]:
         """The values of the paths this expression reads (for edge decision records)."""
         out: dict[str, Any] = {}
         for path in self.paths:
@@ -125,7 +134,7 @@ class Expression:
 _MISSING = "<missing>"
 
 
-def _resolve(scope: Mapping[str, Any], path: str) -> Any:
+def _resolve(scope: Lookup, path: str) -> Any:
     head, *rest = path.split(".")
     if head not in scope:
         return _MISSING

@@ -286,6 +286,15 @@ class WorkflowSpec(_Strict):
             _check_name(name, "state field")
         return value
 
+    def __eq__(self, other: object) -> bool:
+        # Equal definitions are equal workflows, wherever they came from (file or builder).
+        if not isinstance(other, WorkflowSpec):
+            return NotImplemented
+        return self.definition() == other.definition()
+
+    def __hash__(self) -> int:
+        return hash(self.workflow)
+
     def definition(self) -> dict[str, Any]:
         """The JSON-ready definition (what a run stores and hashes)."""
         return self.model_dump(mode="json", by_alias=True, exclude_defaults=True)

@@ -21,7 +21,7 @@ import asyncio
 import random
 import time
 import traceback
-from collections.abc import Mapping
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,8 +38,8 @@ from ._errors import (
     WriteConflictError,
 )
 from ._expr import EvaluationError
-from ._fold import Due, RunView
-from ._model import END, case_key
+from ._fold import Due, RunView, Scope
+from ._model import case_key
 from ._plan import Plan, PlanEdge, PlanNode
 from ._state import check_update, scoped
 from ._store import Store, Summary
@@ -153,7 +153,8 @@ class Runner:
             await self._finish(outcome)
 
     async def _start_ready(self) -> None:
-        items = []
+        items: list[tuple[str, int]] = []
+        handed: Counter[str] = Counter()
         steps_limit = self.limits.get("steps")
         view = self.view
         count = view.steps
@@ -164,8 +165,8 @@ class Runner:
                     f"{node!r} could start; raise the limit (--set limits.steps=N) if the "
                     "loop is expected to run longer", node=node))
             count += 1
-            visit = view.started[node] + 1 + sum(1 for n, _ in items if n == node)
-            items.append((node, visit))
+            handed[node] += 1
+            items.append((node, view.started[node] + handed[node]))
         recs = await self.commit([
             (L.NODE_STARTED, {"node": n, "visit": vis, "attempt": 1}) for n, vis in items])
         for rec in recs:
@@ -218,6 +219,7 @@ class Runner:
         if pn.wants_ctx:
             args = (*args, ctx)
         t0 = time.perf_counter()
+        error: RunError | None = None
         try:
             async with asyncio.timeout(pn.timeout):
                 if pn.is_async:
@@ -225,7 +227,6 @@ class Runner:
                 else:
                     result = await asyncio.to_thread(fn, *args)
             update, goto = self._check_result(pn, result)
-            error = None
         except TimeoutError:
             update, goto = None, None
             error = NodeError(
@@ -234,7 +235,8 @@ class Runner:
                    "thread was abandoned and may still be running)"),
                 node=pn.name, exception="TimeoutError")
         except RunError as exc:
-            update, goto, error = None, None, exc
+            update, goto = None, None
+            error = exc
         except Exception as exc:  # the node's own failure: becomes its error record
             update, goto = None, None
             error = NodeError(f"node {pn.name!r} raised {type(exc).__name__}: {exc}",
@@ -350,8 +352,7 @@ class Runner:
                 edges=explain))
         return items
 
-    def _decide_edge(self, e: PlanEdge, due: Due,
-                     scope: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    def _decide_edge(self, e: PlanEdge, due: Due, scope: Scope) -> tuple[str, dict[str, Any]]:
         targets: list[str]
         expr: str | None = None
         value: Any = None
@@ -401,7 +402,7 @@ class Runner:
             fields["value"] = L.to_json_value(value)
         return (L.EDGE_TAKEN if targets else L.EDGE_SKIPPED), fields
 
-    def _eval(self, e: PlanEdge, expr: Any, scope: Mapping[str, Any]) -> Any:
+    def _eval(self, e: PlanEdge, expr: Any, scope: Scope) -> Any:
         try:
             return expr.evaluate(scope)
         except EvaluationError as exc:
@@ -410,7 +411,7 @@ class Runner:
                 f"{loc}edge {e.name()}: cannot evaluate {expr.source!r}: {exc}",
                 edge=e.index, expr=expr.source)) from None
 
-    def _route(self, e: PlanEdge, scope: Mapping[str, Any]) -> list[str]:
+    def _route(self, e: PlanEdge, scope: Scope) -> list[str]:
         assert e.router is not None
         state = dict(self.view.state)
         try:
@@ -481,7 +482,7 @@ def _backoff(base: float, cap: float | None, jitter: bool, attempt: int) -> floa
         delay = min(delay, cap)
     if jitter and delay:
         delay = random.uniform(0, delay)
-    return delay
+    return float(delay)
 
 
 def _short_tb(exc: BaseException) -> str:

@@ -53,12 +53,15 @@ def read_file(path: str | os.PathLike[str]) -> tuple[dict[str, Any], SourceMap]:
             [Diagnostic("error", "a workflow file must be a mapping with 'workflow', 'nodes' "
                         "and 'edges'", Location(name, 1, 1))]
         )
-    positions: dict[tuple[Any, ...], tuple[int, int]] = {}
+    positions: Positions = {}
     data = _plain(doc, (), positions)
     return data, SourceMap(name, positions)
 
 
-def _plain(node: Any, path: tuple[Any, ...], positions: dict[tuple[Any, ...], tuple[int, int]]) -> Any:
+Positions = dict[tuple[Any, ...], tuple[int, int]]
+
+
+def _plain(node: Any, path: tuple[Any, ...], positions: Positions) -> Any:
     """ruamel's round-trip objects -> plain dict/list/scalars, recording positions."""
     from ruamel.yaml.comments import CommentedMap, CommentedSeq
 
@@ -146,10 +149,8 @@ def _data_path(loc: tuple[Any, ...], data: Any) -> tuple[Any, ...]:
     path: list[Any] = []
     cur = data
     for part in loc:
-        if isinstance(cur, dict) and part in cur:
-            path.append(part)
-            cur = cur[part]
-        elif isinstance(cur, list) and isinstance(part, int) and 0 <= part < len(cur):
+        in_list = isinstance(cur, list) and isinstance(part, int) and 0 <= part < len(cur)
+        if (isinstance(cur, dict) and part in cur) or in_list:
             path.append(part)
             cur = cur[part]
         elif part == "from" or (isinstance(cur, dict) and part == "source" and "from" in cur):

@@ -230,8 +230,16 @@ class _Checker:
 
     def check_concurrency(self, adj: dict[str, list[str]]) -> None:
         """Static conflicting writes, and the join-less diamond."""
+        back = back_edges(adj, self.spec.nodes)
+        parallel = self.parallel_pairs(adj, back)
+        self.check_conflicts(parallel)
+        self.check_diamonds(parallel, back)
+
+    def parallel_pairs(self, adj: dict[str, list[str]],
+                       back: set[tuple[str, str]]) -> set[frozenset[str]]:
+        """Pairs of nodes that run concurrently: below two unconditional branches of one
+        fork, and neither below the other."""
         spec = self.spec
-        back = back_edges(adj, spec.nodes)
         fwd = {n: [t for t in succ if t != END and (n, t) not in back]
                for n, succ in adj.items()}
         desc: dict[str, set[str]] = {}
@@ -258,6 +266,10 @@ class _Checker:
                         for y in db - da:
                             if x not in descendants(y) and y not in descendants(x):
                                 parallel.add(frozenset((x, y)))
+        return parallel
+
+    def check_conflicts(self, parallel: set[frozenset[str]]) -> None:
+        spec = self.spec
         reducers = {k: v.reducer for k, v in spec.state.items()}
         for pair in sorted(parallel, key=sorted):
             x, y = sorted(pair)
@@ -270,7 +282,9 @@ class _Checker:
                              f"write {f!r}, which has no reducer: declare one under state: "
                              "(append, extend, merge, add) or write different fields",
                              ("nodes", y, "writes"), "write-conflict")
-        # join-less diamond: a node reached by plain edges from branches that run together
+    def check_diamonds(self, parallel: set[frozenset[str]], back: set[tuple[str, str]]) -> None:
+        """A node reached by plain edges from branches that run together, without a join."""
+        spec = self.spec
         for name in spec.nodes:
             sources = []
             for e in spec.edges:

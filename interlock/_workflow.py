@@ -9,6 +9,7 @@ compiled into a `Plan`, and run by the `Runner` against a store.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
 import time
@@ -285,10 +286,8 @@ async def _drive(plan: Plan, store: Store, run_id: str, view: RunView, writer: L
         await runner.execute()
     finally:
         beat.cancel()
-        try:
+        with contextlib.suppress(asyncio.CancelledError):
             await beat
-        except asyncio.CancelledError:
-            pass
         await store.release(run_id, owner)
     return result_of(run_id, plan.spec.workflow, view)
 

@@ -1,0 +1,344 @@
+"""Loading and static validation: every error names file:line:col."""
+
+from __future__ import annotations
+
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import interlock
+from interlock import START, Workflow, WorkflowError
+
+NODES = '''
+async def a(state): return {"a": 1}
+async def b(state): return {"b": 1}
+async def c(state): return {"c": 1}
+def route(state): return "b"
+'''
+
+
+@pytest.fixture
+def wdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    pkg = tmp_path / "flows"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "nodes.py").write_text(NODES)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return tmp_path
+
+
+def write(wdir: Path, text: str, name: str = "wf.yaml") -> Path:
+    path = wdir / name
+    path.write_text(textwrap.dedent(text).lstrip())
+    return path
+
+
+def diagnostics(path: Path) -> list[str]:
+    try:
+        wf = interlock.load(path)
+    except WorkflowError as exc:
+        return [str(d) for d in exc.diagnostics]
+    return [str(d) for d in wf.check()]
+
+
+def test_a_valid_file_loads_and_runs(wdir: Path) -> None:
+    path = write(wdir, """
+        workflow: ok
+        nodes:
+          a: flows.nodes:a
+          b: {call: flows.nodes:b}
+        edges:
+          - {from: START, to: a}
+          - {from: a, to: b}
+    """)
+    wf = interlock.load(path)
+    result = wf.run_sync(store="memory://")
+    assert result.status == "COMPLETED" and result.state == {"a": 1, "b": 1}
+
+
+def test_unknown_node_in_an_edge_has_its_line(wdir: Path) -> None:
+    path = write(wdir, """
+        workflow: t
+        nodes:
+          a: flows.nodes:a
+        edges:
+          - {from: START, to: a}
+          - {from: a, to: bb}
+    """)
+    [d] = diagnostics(path)
+    assert d.startswith(f"{path}:6:")
+    assert "unknown node 'bb'" in d
+
+
+def test_typo_suggests_the_known_name(wdir: Path) -> None:
+    path = write(wdir, """
+        workflow: t
+        nodes:
+          alpha: flows.nodes:a
+        edges:
+          - {from: START, to: alpah}
+    """)
+    assert any("did you mean 'alpha'" in d for d in diagnostics(path))
+
+
+def test_unguarded_cycle_is_rejected_with_its_line(wdir: Path) -> None:
+    path = write(wdir, """
+        workflow: t
+        nodes:
+          a: flows.nodes:a
+          b: flows.nodes:b
+        edges:
+          - {from: START, to: a}
+          - {from: a, to: b}
+          - {from: b, to: a}
+          - {from: b, to: END, when: 'b == 2'}
+    """)
+    ds = diagnostics(path)
+    cycle = [d for d in ds if "unguarded cycle" in d]
+    assert cycle and cycle[0].startswith(f"{path}:8:")
+    assert "a -> b -> a" in cycle[0]
+
+
+def test_a_guarded_cycle_is_accepted(wdir: Path) -> None:
+    path = write(wdir, """
+        workflow: t
+        input: [n]
+        nodes:
+          a: flows.nodes:a
+        edges:
+          - {from: START, to: a}
+          - {from: a, to: a, when: 'n > 1', max: 3}
+          - {from: a, to: END, otherwise: true}
+    """)
+    assert diagnostics(path) == []
+
+
+def test_bad_expression_is_rejected_with_line_and_column(wdir: Path) -> None:
+    path = write(wdir, """
+        workflow: t
+        input: [x]
+        nodes:
+          a: flows.nodes:a
+          b: flows.nodes:b
+        edges:
+          - {from: START, to: a}
+          - {from: a, to: b, when: 'x >'}
+          - {from: a, to: END, otherwise: true}
+    """)
+    [d] = [d for d in diagnostics(path) if "error" in d]
+    assert d.startswith(f"{path}:8:")
+    assert "does not compile" in d and "'x >'" in d
+
+
+def test_uncompilable_call_target_is_rejected(wdir: Path) -> None:
+    path = write(wdir, """
+        workflow: t
+        nodes:
+          a: flows.nodes:a
+          b: {call: flows.nodes:missing}
+          c: {call: flows.nowhere:c}
+        edges:
+          - {from: START, to: a}
+          - {from: a, to: [b, c]}
+    """)
+    ds = diagnostics(path)
+    assert any(d.startswith(f"{path}:4:") and "flows.nodes:missing" in d for d in ds)
+    assert any(d.startswith(f"{path}:5:") and "cannot import module 'flows.nowhere'" in d
+               for d in ds)
+
+
+def test_unreachable_and_endless_nodes(wdir: Path) -> None:
+    path = write(wdir, """
+        workflow: t
+        nodes:
+          a: flows.nodes:a
+          b: flows.nodes:b
+          c: flows.nodes:c
+        edges:
+          - {from: START, to: a}
+          - {from: b, to: c}
+          - {from: a, to: a, when: 'true'}
+    """)
+    ds = diagnostics(path)
+    assert any("'b' is unreachable" in d and d.startswith(f"{path}:4:") for d in ds)
+    assert any("'a' can never reach END" in d for d in ds)
+
+
+def test_unknown_key_is_caught_with_its_position(wdir: Path) -> None:
+    path = write(wdir, """
+        workflow: t
+        nodes:
+          a: {call: flows.nodes:a, timout: 3s}
+        edges:
+          - {from: START, to: a, wen: 'true'}
+    """)
+    ds = diagnostics(path)
+    assert any(d.startswith(f"{path}:3:") and "unknown key 'timout'" in d for d in ds)
+    assert any(d.startswith(f"{path}:5:") and "unknown key 'wen'" in d for d in ds)
+
+
+def test_yaml_syntax_error_has_a_line(wdir: Path) -> None:
+    path = write(wdir, """
+        workflow: t
+        nodes:
+          a: [unclosed
+        edges: []
+    """)
+    [d] = diagnostics(path)
+    assert d.startswith(f"{path}:") and "cannot parse" in d
+
+
+def test_yaml_1_2_keeps_yes_and_on_as_strings(wdir: Path) -> None:
+    path = write(wdir, """
+        workflow: t
+        config: {answer: yes, switch: on, really: true}
+        nodes:
+          a: flows.nodes:a
+        edges:
+          - {from: START, to: a}
+    """)
+    wf = interlock.load(path)
+    assert wf.spec.config == {"answer": "yes", "switch": "on", "really": True}
+
+
+def test_json_files_load_with_line_numbers(wdir: Path) -> None:
+    path = write(wdir, """
+        {"workflow": "t",
+         "nodes": {"a": "flows.nodes:a"},
+         "edges": [{"from": "START", "to": "a"},
+                   {"from": "a", "to": "zz"}]}
+    """, name="wf.json")
+    [d] = diagnostics(path)
+    assert d.startswith(f"{path}:4:") and "unknown node 'zz'" in d
+
+
+def test_declared_but_never_fed_is_a_warning(wdir: Path) -> None:
+    path = write(wdir, """
+        workflow: t
+        nodes:
+          a: {call: flows.nodes:a, writes: [a]}
+          b: flows.nodes:b
+        edges:
+          - {from: START, to: a}
+          - {from: a, to: b, when: 'risk.level == "HIGH"'}
+          - {from: a, to: END, otherwise: true}
+    """)
+    [d] = diagnostics(path)
+    assert d.startswith(f"{path}:7:") and ": warning: " in d and "'risk'" in d
+    interlock.load(path)  # a warning does not stop loading
+
+
+def test_router_target_must_import(wdir: Path) -> None:
+    path = write(wdir, """
+        workflow: t
+        nodes:
+          a: flows.nodes:a
+          b: flows.nodes:b
+        edges:
+          - {from: START, to: a}
+          - {from: a, router: flows.nodes:nope, to: [b]}
+    """)
+    ds = diagnostics(path)
+    assert any(d.startswith(f"{path}:7:") and "flows.nodes:nope" in d for d in ds)
+
+
+@pytest.mark.parametrize("expr, why", [
+    ("x" + " && x" * 400, "characters long"),
+    ("xs.map(a, xs.map(b, xs.map(c, a + b + c))).size() > 0", "nested comprehensions"),
+    ("xs.all(a, a > 0) && xs.exists(a, a > 1) && xs.all(a, a < 9) && xs.exists(a, a == 2)"
+     " && xs.all(a, a != 7)", "comprehensions"),
+])
+def test_hostile_expressions_are_rejected_at_load(expr: str, why: str) -> None:
+    wf = Workflow("hostile", input=["x", "xs"])
+    wf.node("a", lambda s: None).node("b", lambda s: None)
+    wf.edge(START, "a").edge("a", "b", when=expr).edge("a", "END", otherwise=True)
+    t0 = time.perf_counter()
+    with pytest.raises(WorkflowError, match=why):
+        wf.compile()
+    assert time.perf_counter() - t0 < 5  # rejected by inspection, not by running it
+
+
+def test_a_single_comprehension_is_fine() -> None:
+    wf = Workflow("ok", input=["xs"])
+    wf.node("a", lambda s: None).node("b", lambda s: {"b": True})
+    wf.edge(START, "a").edge("a", "b", when="xs.exists(x, x > 2)")
+    wf.edge("a", "END", otherwise=True)
+    assert wf.run_sync({"xs": [1, 3]}, store="memory://").state == {"xs": [1, 3], "b": True}
+
+
+# -- parity: the file and the builder produce the same workflow ---------------------------
+
+PARITY_FILE = """
+workflow: incident
+description: RCA with a policy gate
+config: {code_fix_min_confidence: 0.5}
+input: [error_event]
+state:
+  events: {reducer: append}
+limits: {steps: 50, timeout: 30s}
+nodes:
+  intake: flows.nodes:a
+  retrieval: {call: flows.nodes:b, timeout: 5s,
+              retry: {attempts: 3, backoff: 0.5s, errors: [ConnectionError]}}
+  rag: {call: flows.nodes:c, reads: [error_event], writes: [docs]}
+  rca: flows.nodes:a
+  triage: flows.nodes:b
+  fix: flows.nodes:c
+  review: flows.nodes:a
+edges:
+  - {from: START, to: intake}
+  - {from: intake, to: [retrieval, rag]}
+  - {from: [retrieval, rag], to: rca}
+  - {from: rca, switch: 'rca.severity', cases: {high: triage, low: review}, default: review}
+  - {from: triage, router: flows.nodes:route, to: [fix, review]}
+  - {from: fix, to: review, when: 'rca.confidence >= config.code_fix_min_confidence'}
+  - {from: fix, to: END, otherwise: true}
+  - {from: review, choose: [rca, END], max: 2}
+"""
+
+
+def test_file_and_builder_produce_the_same_model(wdir: Path) -> None:
+    from flows import nodes  # type: ignore[import-not-found]
+
+    from_file = interlock.load(write(wdir, PARITY_FILE))
+
+    wf = Workflow("incident", description="RCA with a policy gate",
+                  config={"code_fix_min_confidence": 0.5}, input=["error_event"],
+                  state={"events": "append"}, limits={"steps": 50, "timeout": "30s"})
+    wf.node("intake", nodes.a)
+    wf.node("retrieval", nodes.b, timeout="5s",
+            retry={"attempts": 3, "backoff": "0.5s", "errors": ["ConnectionError"]})
+    wf.node("rag", nodes.c, reads=["error_event"], writes=["docs"])
+    wf.node("rca", nodes.a).node("triage", nodes.b).node("fix", nodes.c)
+    wf.node("review", nodes.a)
+    wf.edge(START, "intake").edge("intake", ["retrieval", "rag"])
+    wf.edge(["retrieval", "rag"], "rca")
+    wf.switch("rca", "rca.severity", {"high": "triage", "low": "review"}, default="review")
+    wf.router("triage", nodes.route, to=["fix", "review"])
+    wf.edge("fix", "review", when="rca.confidence >= config.code_fix_min_confidence")
+    wf.edge("fix", "END", otherwise=True)
+    wf.choose("review", ["rca", "END"], max=2)
+    wf.compile()
+
+    assert wf.spec == from_file.spec
+    assert wf.definition_hash() == from_file.definition_hash()
+    assert from_file.spec.definition() == wf.spec.definition()
+
+
+def test_builder_errors_name_the_node_and_fix() -> None:
+    wf = Workflow("b")
+    wf.node("a", lambda s: None)
+    with pytest.raises(interlock.UsageError, match="already defined"):
+        wf.node("a", lambda s: None)
+    with pytest.raises(interlock.UsageError, match="unknown node option"):
+        wf.node("c", lambda s: None, timout=3)
+
+
+def test_a_dict_in_the_file_shape_loads(wdir: Path) -> None:
+    data: dict[str, Any] = {"workflow": "d", "nodes": {"a": "flows.nodes:a"},
+                            "edges": [{"from": "START", "to": "a"}]}
+    assert interlock.load(data).run_sync(store="memory://").state == {"a": 1}
