@@ -6,6 +6,7 @@
     result = await wf.run({"error_event": {...}}, store="sqlite:///runs.db")
 """
 
+from ._approvals import Decision, approve, modify, reject
 from ._context import Context, Goto, goto
 from ._errors import (
     Diagnostic,
@@ -21,7 +22,8 @@ from ._errors import (
     WriteConflictError,
 )
 from ._model import END, START, WorkflowSpec
-from ._workflow import RunResult, Workflow, load
+from ._runs import RunResult, Verification, fork, list_runs, resume, status, trace, verify
+from ._workflow import Workflow, load
 
 __version__ = "0.1.0"
 
@@ -29,6 +31,7 @@ __all__ = [
     "END",
     "START",
     "Context",
+    "Decision",
     "Diagnostic",
     "ExpressionError",
     "Goto",
@@ -44,7 +47,17 @@ __all__ = [
     "WorkflowError",
     "WorkflowSpec",
     "WriteConflictError",
+    "Verification",
     "__version__",
+    "approve",
+    "fork",
     "goto",
+    "list_runs",
     "load",
+    "modify",
+    "reject",
+    "resume",
+    "status",
+    "trace",
+    "verify",
 ]

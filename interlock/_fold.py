@@ -73,6 +73,27 @@ class Visit:
 
 
 @dataclass(slots=True)
+class Gate:
+    """A visit waiting for (or given) a human decision."""
+
+    node: str
+    visit: int
+    kind: str  # "approval" | "confirm"
+    requested_at: float
+    show: dict[str, Any]
+    decisions: list[str]
+    deadline: float | None = None
+    decision: str | None = None  # approved | rejected | modified | timed_out
+    body_started: bool = False  # a confirmed node's body has started
+
+    def waiting(self) -> dict[str, Any]:
+        """The ``waiting`` object of SPEC §3."""
+        return {"node": self.node, "kind": self.kind, "show": self.show,
+                "decisions": self.decisions, "requested_at": self.requested_at,
+                "deadline": self.deadline}
+
+
+@dataclass(slots=True)
 class Writer:
     node: str
     completed_seq: int
@@ -92,12 +113,17 @@ class RunView:
     tokens: int = 0
     node_tokens: Counter[str] = field(default_factory=Counter)
     seq: int = 0
+    config: dict[str, Any] = field(default_factory=dict)  # effective, with every override
+    limits: dict[str, Any] = field(default_factory=dict)
+    parent: tuple[str, int] | None = None  # (run, seq) this run was forked from
     status: str = "PENDING"
     error: dict[str, Any] | None = None
     waiting: dict[str, Any] | None = None
     writers: dict[str, Writer] = field(default_factory=dict)
     effects: dict[tuple[str, int, str], Any] = field(default_factory=dict)
     failed: set[tuple[str, int]] = field(default_factory=set)
+    # human gates (approval nodes and confirm: true), by visit; see `Gate`
+    gates: dict[tuple[str, int], Gate] = field(default_factory=dict)
     # dead-path bookkeeping
     _acts: dict[str, deque[dict[int, bool]]] = field(default_factory=dict)
     _barriers: dict[int, deque[dict[str, bool]]] = field(default_factory=dict)
@@ -122,12 +148,16 @@ class RunView:
 
     def _on_run_started(self, rec: L.Record) -> None:
         self.state = dict(rec.get("input") or {})
+        self.config = dict(rec.get("config") or {})
+        self.limits = dict(rec.get("limits") or {})
         self.status = "RUNNING"
         for e in self.plan.start_edges:
             self.due[(e.index, "START")] = Due(e, "START")
 
     def _on_run_resumed(self, rec: L.Record) -> None:
         # A failed visit stays in ``running``: the executor runs it again.
+        self.config.update(rec.get("config") or {})
+        self.limits.update(rec.get("limits") or {})
         self.status = "RUNNING"
         self.error = None
         self.waiting = None
@@ -136,8 +166,11 @@ class RunView:
     def _on_node_started(self, rec: L.Record) -> None:
         node, visit = rec["node"], rec["visit"]
         key = (node, visit)
-        if key in self.running:  # a re-run of an interrupted or failed visit
+        if key in self.running:  # a re-run, or the body of a confirmed node starting
             self.running[key].attempt = rec.get("attempt", 1)
+            gate = self.gates.get(key)
+            if gate is not None and gate.decision == "approved":
+                gate.body_started = True
             return
         try:
             self.ready.remove(node)
@@ -161,9 +194,14 @@ class RunView:
         tokens = rec.get("tokens") or 0
         self.tokens += tokens
         self.node_tokens[node] += tokens
+        self.gates.pop((node, visit), None)
         pn = self.plan.nodes[node]
         if pn.cyclic:
             self._active[pn.scc] -= 1
+        reenter = rec.get("reenter")
+        if reenter is not None:  # a modified approval: the run goes back to ``reenter``
+            self._enqueue(reenter)
+            return
         goto = rec.get("goto")
         for e in pn.out:
             if e.is_join and node in e.barrier:
@@ -198,6 +236,31 @@ class RunView:
                 port = e.ports.get(t)
                 if port is not None and source not in e.back_sources:
                     self._dead_port(port)
+
+    def _on_run_forked(self, rec: L.Record) -> None:
+        self.parent = (rec["parent_run"], rec["parent_seq"])
+        self._on_run_resumed(rec)
+        self._on_state_patched(rec)
+
+    def _on_state_patched(self, rec: L.Record) -> None:
+        # a patch replaces top-level fields, bypassing reducers (SPEC §3, modify)
+        self.state.update(rec.get("patch") or {})
+
+    def _on_approval_requested(self, rec: L.Record) -> None:
+        key = (rec["node"], rec["visit"])
+        self.gates[key] = Gate(rec["node"], rec["visit"], rec["kind"], rec["at"],
+                               rec.get("show") or {}, rec["decisions"], rec.get("deadline"))
+
+    def _on_approval_decided(self, rec: L.Record) -> None:
+        gate = self.gates[(rec["node"], rec["visit"])]
+        gate.decision = rec["decision"]
+        if gate.kind == "confirm" and gate.decision != "approved":
+            # the body never runs: the visit ends here (the run ends REJECTED)
+            self.gates.pop((gate.node, gate.visit))
+            self.running.pop((gate.node, gate.visit), None)
+
+    def pending_gates(self) -> list[Gate]:
+        return [g for g in self.gates.values() if g.decision is None]
 
     def _on_effect(self, rec: L.Record) -> None:
         self.effects[(rec["node"], rec["visit"], rec["key"])] = rec.get("result")
@@ -337,9 +400,9 @@ class RunView:
     def idle(self) -> bool:
         return not self.ready and not self.running and not self.due
 
-    def scope(self, config: dict[str, Any]) -> Scope:
+    def scope(self) -> Scope:
         """The names a condition sees: the state's fields, ``config`` and ``run``."""
-        return Scope(self, config)
+        return Scope(self, self.config)
 
 
 class Scope:
@@ -367,12 +430,16 @@ class Scope:
 _HANDLERS = {
     L.RUN_STARTED: RunView._on_run_started,
     L.RUN_RESUMED: RunView._on_run_resumed,
+    L.RUN_FORKED: RunView._on_run_forked,
+    L.STATE_PATCHED: RunView._on_state_patched,
     L.NODE_STARTED: RunView._on_node_started,
     L.NODE_COMPLETED: RunView._on_node_completed,
     L.NODE_FAILED: RunView._on_node_failed,
     L.EDGE_TAKEN: RunView._on_edge,
     L.EDGE_SKIPPED: RunView._on_edge,
     L.EFFECT_RECORDED: RunView._on_effect,
+    L.APPROVAL_REQUESTED: RunView._on_approval_requested,
+    L.APPROVAL_DECIDED: RunView._on_approval_decided,
     L.RUN_COMPLETED: RunView._on_terminal,
     L.RUN_FAILED: RunView._on_terminal,
     L.RUN_REJECTED: RunView._on_terminal,

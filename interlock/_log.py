@@ -29,6 +29,8 @@ Record = dict[str, Any]
 # Record types (SPEC §2). Kept as constants so a typo is a NameError, not a silent miss.
 RUN_STARTED = "run.started"
 RUN_RESUMED = "run.resumed"
+RUN_FORKED = "run.forked"
+STATE_PATCHED = "state.patched"
 RUN_WAITING = "run.waiting"
 RUN_COMPLETED = "run.completed"
 RUN_FAILED = "run.failed"

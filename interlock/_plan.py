@@ -192,7 +192,7 @@ def build_plan(spec: WorkflowSpec, *, callables: dict[str, Callable[..., Any]],
             pe.cond = expressions[es.when]
         if es.switch is not None:
             pe.switch = expressions[es.switch]
-        if es.router is not None:
+        if es.router is not None and es.router in callables:
             pe.router = callables[es.router]
             pe.router_async = is_async_callable(pe.router)
             pe.router_wants_ctx = callable_params(pe.router) >= 2

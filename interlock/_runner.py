@@ -64,17 +64,22 @@ class _Abort(Exception):
         self.error = error
 
 
+class _Rejected(Exception):
+    """Raised inside the loop when a human rejection ends the run (status REJECTED)."""
+
+    def __init__(self, node: str, message: str) -> None:
+        self.node = node
+        self.message = message
+
+
 class Runner:
     def __init__(self, plan: Plan, store: Store, run_id: str, view: RunView,
-                 writer: L.LogWriter, config: dict[str, Any], limits: dict[str, Any],
-                 listener: Any = None) -> None:
+                 writer: L.LogWriter, listener: Any = None) -> None:
         self.plan = plan
         self.store = store
         self.run_id = run_id
         self.view = view
         self.writer = writer
-        self.config = config
-        self.limits = limits
         self.listener = listener
         self._done: asyncio.Queue[Outcome] = asyncio.Queue()
         self._tasks: dict[tuple[str, int], asyncio.Task[None]] = {}
@@ -82,6 +87,10 @@ class Runner:
         self._staged: list[L.Entry] = []
 
     # -- committing ------------------------------------------------------------------
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return self.view.config
 
     def stage(self, items: list[tuple[str, dict[str, Any]]]) -> list[L.Record]:
         """Number and chain records and fold them into the view; `flush` stores them.
@@ -129,13 +138,21 @@ class Runner:
         except _Abort as abort:
             err = abort.error
             self.stage([(L.RUN_FAILED, {"error": err.to_json(), "node": err.node})])
+        except _Rejected as rej:
+            self.stage([(L.RUN_REJECTED, {"node": rej.node, "error": {
+                "type": "rejected", "message": rej.message, "node": rej.node}})])
         await self.flush()
 
     async def _loop(self) -> None:
         view = self.view
-        # visits that were running when the previous process stopped run again
-        for (node, visit), v in list(view.running.items()):
-            self._start_task(node, visit, v.attempt + 1, rerun=True)
+        # visits that were running when the previous process stopped run again; a
+        # gate still waiting for its human stays waiting; a confirmed node's body starts
+        for key, v in list(view.running.items()):
+            gate = view.gates.get(key)
+            if gate is not None and gate.decision is None:
+                continue
+            first_body = gate is not None and gate.kind == "confirm" and not gate.body_started
+            self._start_task(v.node, v.visit, 1 if first_body else v.attempt + 1, rerun=True)
         while True:
             if view.due:
                 self._decide_due()
@@ -146,6 +163,11 @@ class Runner:
                 if view.idle:
                     await self.commit([(L.RUN_COMPLETED, {})])
                     return
+                pending = view.pending_gates()
+                if pending and not view.ready and not view.due:
+                    await self.commit([(L.RUN_WAITING, {"waiting": pending[0].waiting(),
+                                                        "node": pending[0].node})])
+                    return
                 raise _Abort(RunError("the run stopped with work left over -- this is a bug "
                                       "in interlock, please report it with the trace"))
             outcome = await self._done.get()
@@ -155,7 +177,7 @@ class Runner:
     async def _start_ready(self) -> None:
         items: list[tuple[str, int]] = []
         handed: Counter[str] = Counter()
-        steps_limit = self.limits.get("steps")
+        steps_limit = self.view.limits.get("steps")
         view = self.view
         count = view.steps
         for node in list(view.ready):
@@ -167,10 +189,42 @@ class Runner:
             count += 1
             handed[node] += 1
             items.append((node, view.started[node] + handed[node]))
-        recs = await self.commit([
+        recs = self.stage([
             (L.NODE_STARTED, {"node": n, "visit": vis, "attempt": 1}) for n, vis in items])
+        gates = [rec for rec in recs if self._is_gate(rec["node"])]
+        if gates:
+            self.stage([self._request(rec["node"], rec["visit"]) for rec in gates])
+        # node.started is not flushed on its own: it goes with the next commit (a
+        # completion, an effect, a retry). A crash before that loses only the fact
+        # that the visit had started, so it starts again -- with the same visit
+        # number and idempotency key -- which is what a resume does anyway.
         for rec in recs:
-            self._start_task(rec["node"], rec["visit"], 1, rerun=False)
+            if not self._is_gate(rec["node"]):
+                self._start_task(rec["node"], rec["visit"], 1, rerun=False)
+
+    def _is_gate(self, node: str) -> bool:
+        ns = self.plan.nodes[node].spec
+        return ns.approval is not None or ns.confirm
+
+    def _request(self, node: str, visit: int) -> tuple[str, dict[str, Any]]:
+        """``approval.requested`` for an approval node or a node declared ``confirm: true``."""
+        ns = self.plan.nodes[node].spec
+        state = self.view.state
+        if ns.approval is not None:
+            kind = "approval"
+            show = {f: state.get(f) for f in ns.approval.show}
+            decisions = ["approve", "reject"] + (["modify"] if ns.approval.on_modify else [])
+            timeout = ns.approval.timeout
+        else:
+            kind = "confirm"
+            reads = ns.reads or []
+            show = {f: state.get(f) for f in reads}
+            decisions = ["approve", "reject"]
+            timeout = None
+        deadline = round(time.time() + timeout, 6) if timeout else None
+        return (L.APPROVAL_REQUESTED, {"node": node, "visit": visit, "kind": kind,
+                                       "show": L.to_json_value(show), "decisions": decisions,
+                                       "approvers": _approvers(ns), "deadline": deadline})
 
     def _start_task(self, node: str, visit: int, attempt: int, *, rerun: bool) -> None:
         pn = self.plan.nodes[node]
@@ -322,15 +376,19 @@ class Runner:
     def _decide_group(self, source: str, dues: list[Due]) -> list[tuple[str, dict[str, Any]]]:
         """Decide the edges of one completed node (or one settled join), in declaration order:
         ``when`` edges and the rest first, then ``otherwise`` edges."""
-        scope = self.view.scope(self.config)
+        scope = self.view.scope()
         items: list[tuple[str, dict[str, Any]]] = []
         taken_any = False
         when_taken = False
         explain: list[str] = []
+        rejected = self._rejected_gate(source)
         dues = sorted(dues, key=lambda d: (d.edge.otherwise, d.edge.index))
         for due in dues:
             e = due.edge
-            if e.otherwise:
+            if rejected and not _reads_decision(e, source):
+                # after a rejection only edges that read <gate>.decision are followed
+                rec = self._edge_record(e, due.source, [], reason="rejected")
+            elif e.otherwise:
                 rec = self._edge_record(e, due.source, [] if when_taken else list(e.targets),
                                         expr="otherwise", value=not when_taken)
             else:
@@ -343,6 +401,11 @@ class Runner:
             items.append(rec)
         pn = self.plan.nodes.get(source)
         routed_by_join = pn is not None and any(e.is_join for e in pn.out)
+        if rejected and not taken_any:
+            self.stage(items)
+            gate = self.view.state.get(source) or {}
+            raise _Rejected(source, f"approval {source!r} was rejected by {gate.get('by')}"
+                            + (f": {gate['comment']}" if gate.get("comment") else ""))
         if dues and not taken_any and not routed_by_join and source != "*":
             raise _Abort(NoRouteError(
                 f"no route from {source!r}: none of its outgoing edges was taken -- "
@@ -351,6 +414,14 @@ class Runner:
                 "run goes in that case", node=None if source == "START" else source,
                 edges=explain))
         return items
+
+    def _rejected_gate(self, source: str) -> bool:
+        pn = self.plan.nodes.get(source)
+        if pn is None or pn.spec.approval is None:
+            return False
+        record = self.view.state.get(source)
+        return isinstance(record, dict) and record.get("decision") in ("rejected", "timed_out") \
+            and record.get("reenter") is None
 
     def _decide_edge(self, e: PlanEdge, due: Due, scope: Scope) -> tuple[str, dict[str, Any]]:
         targets: list[str]
@@ -445,6 +516,16 @@ class Runner:
 
     def charge_tokens(self, ctx: Context, n: int) -> None:
         """Hook for the budget guard (tokens are recorded with the node's completion)."""
+
+
+def _reads_decision(e: PlanEdge, gate: str) -> bool:
+    exprs = [x for x in (e.cond, e.switch) if x is not None]
+    return any(f"{gate}.decision" in x.paths for x in exprs)
+
+
+def _approvers(ns: Any) -> list[str] | None:
+    return list(ns.approval.approvers) if ns.approval is not None and ns.approval.approvers \
+        else None
 
 
 def _explain(e: PlanEdge, fields: dict[str, Any]) -> str:

@@ -69,6 +69,15 @@ class _Checker:
                 self.add("error", f"node {name!r}: agent nodes are not supported by this version "
                          "of interlock yet; use a call node", ("nodes", name, "agent"), "agent")
             if ns.approval is not None:
+                tgt = ns.approval.on_timeout
+                if tgt != "reject" and tgt not in self.spec.nodes:
+                    self.add("error", f"node {name!r}: on_timeout must be 'reject' or a node; "
+                             f"{tgt!r} is neither", ("nodes", name, "approval", "on_timeout"),
+                             "unknown-node")
+                if ns.confirm:
+                    self.add("error", f"node {name!r}: an approval node is a gate already; "
+                             "'confirm' belongs on call nodes", ("nodes", name, "confirm"),
+                             "confirm")
                 for target in ns.approval.on_modify:
                     if target not in self.spec.nodes:
                         self.add("error", f"node {name!r}: on_modify names unknown node "

@@ -19,44 +19,19 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from . import _log as L
+from ._approvals import Decision
 from ._errors import Diagnostic, UsageError, WorkflowError
 from ._fold import RunView
 from ._model import WorkflowSpec
 from ._plan import Plan, build_plan
-from ._runner import Runner
+from ._runs import RunResult, drive, open_store_arg
 from ._spec import load_spec, parse
-from ._store import RunRow, Store, Summary, open_store, this_owner
+from ._store import RunRow, Store, Summary
 from ._validate import check
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 Listener = Callable[[L.Record, RunView], None]
-
-LEASE_SECONDS = 15.0
-
-
-@dataclass(frozen=True, slots=True)
-class RunResult:
-    """Where a run stands: the object ``--json`` prints (SPEC §4)."""
-
-    run_id: str
-    workflow: str
-    status: str
-    state: dict[str, Any]
-    steps: int
-    tokens: int
-    error: dict[str, Any] | None
-    waiting: dict[str, Any] | None
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "COMPLETED"
-
-    def to_json(self) -> dict[str, Any]:
-        return {"run_id": self.run_id, "workflow": self.workflow, "status": self.status,
-                "state": self.state, "steps": self.steps, "tokens": self.tokens,
-                "error": self.error, "waiting": self.waiting}
-
 
 def _call_path(fn: Callable[..., Any]) -> str:
     module = getattr(fn, "__module__", None) or "__main__"
@@ -220,6 +195,16 @@ class Workflow:
                                     expressions=result.expressions)
         return self._plan
 
+    def reading_plan(self) -> Plan:
+        """The graph for reading stored runs: expressions compiled, nothing imported."""
+        if self._plan is not None:
+            return self._plan
+        from ._expr import compile_expression
+
+        exprs = {src: compile_expression(src) for e in self.spec.edges
+                 for src in (e.when, e.switch) if src is not None}
+        return build_plan(self.spec, callables={}, expressions=exprs)
+
     @property
     def warnings(self) -> list[Diagnostic]:
         self.compile()
@@ -245,7 +230,7 @@ class Workflow:
         spec = plan.spec
         data = _check_input(spec, input)
         cfg, lim = _effective(spec, config, limits)
-        st, owned = _store(store)
+        st, owned = open_store_arg(store)
         try:
             rid = run_id or uuid.uuid4().hex[:20]
             writer = L.LogWriter()
@@ -264,7 +249,7 @@ class Workflow:
             await st.create_run(row, [entry])
             if listener is not None:
                 listener(rec, view)
-            return await _drive(plan, st, rid, view, writer, cfg, lim, listener)
+            return await drive(plan, st, rid, view, writer, listener=listener)
         finally:
             if owned:
                 await st.close()
@@ -273,41 +258,24 @@ class Workflow:
         """`run` for scripts: blocks until the run stops (no event loop may be running)."""
         return asyncio.run(self.run(input, **kwargs))
 
+    async def resume(self, run_id: str, decision: Decision | None = None, *,
+                     store: str | Store | None = None,
+                     config: Mapping[str, Any] | None = None,
+                     limits: Mapping[str, Any] | None = None, force: bool = False,
+                     listener: Listener | None = None) -> RunResult:
+        """Continue a stopped run (crashed, failed, or waiting) from its log.
 
-async def _drive(plan: Plan, store: Store, run_id: str, view: RunView, writer: L.LogWriter,
-                 config: dict[str, Any], limits: dict[str, Any],
-                 listener: Listener | None) -> RunResult:
-    """Claim the run, execute it, release it."""
-    owner = f"{this_owner()}:{uuid.uuid4().hex[:8]}"
-    await store.claim(run_id, owner, LEASE_SECONDS)
-    beat = asyncio.get_running_loop().create_task(_heartbeat(store, run_id, owner))
-    try:
-        runner = Runner(plan, store, run_id, view, writer, config, limits, listener)
-        await runner.execute()
-    finally:
-        beat.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await beat
-        await store.release(run_id, owner)
-    return result_of(run_id, plan.spec.workflow, view)
+        The run executes the definition it started with -- this workflow only
+        supplies the Python functions of builder-made nodes.
+        """
+        from ._runs import resume
 
+        return await resume(run_id, decision, store=store, workflow=self, config=config,
+                            limits=limits, force=force, listener=listener)
 
-async def _heartbeat(store: Store, run_id: str, owner: str) -> None:
-    while True:
-        await asyncio.sleep(LEASE_SECONDS / 3)
-        await store.heartbeat(run_id, owner, LEASE_SECONDS)
-
-
-def result_of(run_id: str, workflow: str, view: RunView) -> RunResult:
-    return RunResult(run_id=run_id, workflow=workflow, status=view.status,
-                     state=dict(view.state), steps=view.steps, tokens=view.tokens,
-                     error=view.error, waiting=view.waiting)
-
-
-def _store(store: str | Store | None) -> tuple[Store, bool]:
-    if isinstance(store, Store):
-        return store, False
-    return open_store(store), True
+    def resume_sync(self, run_id: str, decision: Decision | None = None,
+                    **kwargs: Any) -> RunResult:
+        return asyncio.run(self.resume(run_id, decision, **kwargs))
 
 
 def _check_input(spec: WorkflowSpec, input: Mapping[str, Any] | None) -> dict[str, Any]:

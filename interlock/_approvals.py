@@ -1,0 +1,175 @@
+"""Human decisions: what a decision is, who may make it, and the records it becomes.
+
+A gate is a visit waiting for a human -- an ``approval:`` node, or a node
+declared ``confirm: true`` whose body must not run unasked (SPEC §3). The
+executor logs ``approval.requested`` and the run stops in WAITING_APPROVAL;
+`decide` turns a `Decision` into the records that continue it:
+
+    approve  approval.decided + node.completed {gate: {decision: approved, by, ...}}
+    reject   approval.decided + node.completed {gate: {decision: rejected, ...}}
+             (only edges reading <gate>.decision are followed; none -> REJECTED)
+    modify   approval.decided + state.patched + node.completed {..., reenter: node}
+    confirm  approve: approval.decided, then the body runs;
+             reject: approval.decided + run.rejected, and the body never runs
+
+Exactly one decision wins: these records are appended at the next seq of the
+run's log, which a store accepts once; the loser gets a clear refusal.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from . import _log as L
+from ._errors import UsageError
+from ._fold import Gate, RunView
+from ._model import WorkflowSpec
+
+ENGINE = "interlock (deadline)"
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """A human's decision on a waiting gate. Build one with `approve`, `reject`, `modify`."""
+
+    kind: Literal["approve", "reject", "modify"]
+    by: str | None = None
+    comment: str | None = None
+    patch: dict[str, Any] = field(default_factory=dict)
+    at: str | None = None  # modify: the node to re-enter at
+    node: str | None = None  # which gate, when several are waiting
+
+
+def approve(by: str | None = None, comment: str | None = None, *,
+            node: str | None = None) -> Decision:
+    return Decision("approve", by, comment, node=node)
+
+
+def reject(by: str | None = None, comment: str | None = None, *,
+           node: str | None = None) -> Decision:
+    return Decision("reject", by, comment, node=node)
+
+
+def modify(patch: dict[str, Any], at: str | None = None, *, by: str | None = None,
+           comment: str | None = None, node: str | None = None) -> Decision:
+    if not isinstance(patch, dict) or not patch:
+        raise UsageError("modify takes a non-empty JSON object of state fields to replace")
+    return Decision("modify", by, comment, dict(patch), at, node)
+
+
+Items = list[tuple[str, dict[str, Any]]]
+
+
+def _now_iso(ts: float | None = None) -> str:
+    return datetime.fromtimestamp(ts if ts is not None else time.time(), UTC).isoformat()
+
+
+def expire(spec: WorkflowSpec, view: RunView) -> Items:
+    """The engine's decisions for gates whose deadline has passed."""
+    now = time.time()
+    items: Items = []
+    for gate in view.pending_gates():
+        if gate.deadline is None or gate.deadline > now:
+            continue
+        ns = spec.nodes[gate.node]
+        on_timeout = ns.approval.on_timeout if ns.approval is not None else "reject"
+        comment = f"no decision before the deadline ({_now_iso(gate.deadline)})"
+        if gate.kind == "confirm" or on_timeout == "reject":
+            items += _records(spec, gate, "rejected", ENGINE, comment, timed_out=True)
+        else:
+            items += _records(spec, gate, "timed_out", ENGINE, comment, reenter=on_timeout,
+                              timed_out=True)
+    return items
+
+
+def decide(spec: WorkflowSpec, view: RunView, decision: Decision, *,
+           expired: bool = False) -> Items:
+    """Check ``decision`` against the waiting gate and return the records it becomes.
+
+    Raises UsageError (a refused decision) naming what is wrong and what is allowed.
+    """
+    pending = view.pending_gates()
+    if not pending:
+        why = "its deadline passed and the engine decided" if expired else "nothing is waiting"
+        raise UsageError(f"the decision is refused: {why}")
+    gate = _pick(pending, decision.node)
+    ns = spec.nodes[gate.node]
+    verb = {"approve": "approve", "reject": "reject", "modify": "modify"}[decision.kind]
+    if verb not in gate.decisions:
+        raise UsageError(f"{gate.node!r} accepts {', '.join(gate.decisions)}; not {verb}"
+                         + (" (declare approval.on_modify to allow modify)"
+                            if verb == "modify" else ""))
+    approvers = list(ns.approval.approvers) if ns.approval is not None else []
+    if approvers and decision.by not in approvers:
+        who = repr(decision.by) if decision.by else "an anonymous decider (no --by)"
+        raise UsageError(f"{who} may not decide {gate.node!r}; its approvers are: "
+                         f"{', '.join(approvers)}")
+    if decision.kind == "approve":
+        return _records(spec, gate, "approved", decision.by, decision.comment)
+    if decision.kind == "reject":
+        return _records(spec, gate, "rejected", decision.by, decision.comment)
+    assert ns.approval is not None
+    allowed = list(ns.approval.on_modify)
+    target = decision.at or allowed[0]
+    if target not in allowed:
+        raise UsageError(f"re-entry at {target!r} is refused: {gate.node!r} allows modify to "
+                         f"re-enter at {', '.join(allowed)} (approval.on_modify)")
+    _check_patch(spec, view, decision.patch)
+    return _records(spec, gate, "modified", decision.by, decision.comment,
+                    patch=L.to_json_value(decision.patch), reenter=target)
+
+
+def _pick(pending: list[Gate], node: str | None) -> Gate:
+    if node is None:
+        return pending[0]
+    for gate in pending:
+        if gate.node == node:
+            return gate
+    names = ", ".join(g.node for g in pending)
+    raise UsageError(f"no decision is pending at {node!r}; waiting: {names}")
+
+
+def known_fields(spec: WorkflowSpec, view: RunView) -> set[str]:
+    known = set(spec.input) | set(spec.state) | set(view.state)
+    for name, ns in spec.nodes.items():
+        known |= set(ns.writes or ())
+        if ns.approval is not None or ns.agent is not None:
+            known.add(name)
+    return known
+
+
+def _check_patch(spec: WorkflowSpec, view: RunView, patch: dict[str, Any]) -> None:
+    known = known_fields(spec, view)
+    unknown = sorted(k for k in patch if k not in known)
+    if unknown:
+        raise UsageError(f"the patch names field(s) the workflow does not know: "
+                         f"{', '.join(unknown)}; known fields: {', '.join(sorted(known))}")
+
+
+def _records(spec: WorkflowSpec, gate: Gate, decision: str, by: str | None,
+             comment: str | None, *, patch: dict[str, Any] | None = None,
+             reenter: str | None = None, timed_out: bool = False) -> Items:
+    base = {"node": gate.node, "visit": gate.visit, "kind": gate.kind, "decision": decision,
+            "by": by, "comment": comment, "patch": patch, "reenter": reenter,
+            "timed_out": timed_out or None}
+    items: Items = [(L.APPROVAL_DECIDED, base)]
+    if gate.kind == "confirm":
+        if decision != "approved":
+            msg = f"{gate.node!r} needed confirmation and was {decision} by {by}"
+            items.append((L.RUN_REJECTED, {"node": gate.node, "error": {
+                "type": "rejected", "message": msg + (f": {comment}" if comment else ""),
+                "node": gate.node}}))
+        return items
+    record: dict[str, Any] = {"decision": decision, "by": by, "comment": comment,
+                              "at": _now_iso()}
+    if patch is not None:
+        record["patch"] = patch
+        items.append((L.STATE_PATCHED, {"node": gate.node, "patch": patch}))
+    if reenter is not None:
+        record["reenter"] = reenter
+    items.append((L.NODE_COMPLETED, {"node": gate.node, "visit": gate.visit,
+                                     "update": {gate.node: record}, "reenter": reenter}))
+    return items

@@ -1,0 +1,344 @@
+"""Stored runs: drive, resume, inspect, verify and fork them -- all from the log.
+
+Every function here reads a run's records and folds them with the same
+`RunView` the executor uses; none keeps a second account of a run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from . import _log as L
+from ._errors import InterlockError, UsageError
+from ._fold import RunView
+from ._plan import Plan
+from ._runner import Runner
+from ._spec import parse
+from ._store import RunRow, Store, open_store, this_owner
+
+if TYPE_CHECKING:
+    from ._approvals import Decision
+    from ._workflow import Workflow
+
+LEASE_SECONDS = 15.0
+
+Listener = Callable[[L.Record, RunView], None]
+
+RESUMABLE = {"RUNNING", "RETRYING", "FAILED", "PENDING"}
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    """Where a run stands: the object ``--json`` prints (SPEC §4)."""
+
+    run_id: str
+    workflow: str
+    status: str
+    state: dict[str, Any]
+    steps: int
+    tokens: int
+    error: dict[str, Any] | None
+    waiting: dict[str, Any] | None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "COMPLETED"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "workflow": self.workflow, "status": self.status,
+                "state": self.state, "steps": self.steps, "tokens": self.tokens,
+                "error": self.error, "waiting": self.waiting}
+
+
+def result_of(run_id: str, workflow: str, view: RunView) -> RunResult:
+    return RunResult(run_id=run_id, workflow=workflow, status=view.status,
+                     state=dict(view.state), steps=view.steps, tokens=view.tokens,
+                     error=view.error, waiting=view.waiting)
+
+
+def open_store_arg(store: str | Store | None) -> tuple[Store, bool]:
+    """A `Store` for an argument that may be a URL; True when we opened it (and close it)."""
+    if isinstance(store, Store):
+        return store, False
+    return open_store(store), True
+
+
+# -- executing ----------------------------------------------------------------------
+
+
+async def drive(plan: Plan, store: Store, run_id: str, view: RunView, writer: L.LogWriter, *,
+                first: list[tuple[str, dict[str, Any]]] | None = None, force: bool = False,
+                listener: Listener | None = None) -> RunResult:
+    """Claim the run, commit ``first`` (e.g. ``run.resumed``), execute, release."""
+    owner = f"{this_owner()}:{uuid.uuid4().hex[:8]}"
+    await store.claim(run_id, owner, LEASE_SECONDS, force=force)
+    beat = asyncio.get_running_loop().create_task(_heartbeat(store, run_id, owner))
+    try:
+        runner = Runner(plan, store, run_id, view, writer, listener)
+        if first:
+            await runner.commit(first)
+        if view.status not in L.TERMINAL_TYPES.values():
+            await runner.execute()
+    finally:
+        beat.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await beat
+        await store.release(run_id, owner)
+    return result_of(run_id, plan.spec.workflow, view)
+
+
+async def _heartbeat(store: Store, run_id: str, owner: str) -> None:
+    while True:
+        await asyncio.sleep(LEASE_SECONDS / 3)
+        await store.heartbeat(run_id, owner, LEASE_SECONDS)
+
+
+# -- reading a stored run -------------------------------------------------------------
+
+
+@dataclass
+class Loaded:
+    row: RunRow
+    entries: list[L.Entry]
+    workflow: Workflow
+    view: RunView
+
+
+def definition_hash(definition: dict[str, Any]) -> str:
+    return hashlib.sha256(L.dumps(definition)).hexdigest()
+
+
+async def load_run(store: Store, run_id: str, *, workflow: Workflow | None = None,
+                   executable: bool = False, upto: int | None = None) -> Loaded:
+    """Read a run, check its chain, rebuild its workflow from the stored definition and fold.
+
+    ``executable`` resolves the node functions (needed to continue the run); reading
+    needs only the graph. ``upto`` folds the records up to that seq only.
+    """
+    from ._workflow import Workflow
+
+    row = await store.get_run(run_id)
+    entries = await store.entries(run_id)
+    problem = L.verify_chain(entries)
+    if problem is not None:
+        raise UsageError(f"run {run_id!r}: the log is broken at record {problem.seq} "
+                         f"({problem.message}); `interlock verify {run_id}` shows the details; "
+                         "a broken log is never continued")
+    if definition_hash(row.definition) != row.definition_hash:
+        raise UsageError(f"run {run_id!r}: the stored definition does not match its hash; "
+                         "it was changed after the run started")
+    spec = parse(row.definition)
+    wf = Workflow.from_spec(spec)
+    if workflow is not None:
+        wf._callables = dict(workflow._callables)
+    plan = wf.compile() if executable else wf.reading_plan()
+    view = RunView(plan)
+    for entry in entries:
+        if upto is not None and entry.seq > upto:
+            break
+        view.apply(entry.record())
+    return Loaded(row, entries, wf, view)
+
+
+async def resume(run_id: str, decision: Decision | None = None, *,
+                 store: str | Store | None = None, workflow: Workflow | None = None,
+                 config: Mapping[str, Any] | None = None,
+                 limits: Mapping[str, Any] | None = None, force: bool = False,
+                 listener: Listener | None = None) -> RunResult:
+    """Continue a run from its log: interrupted visits run again, nothing completed does.
+
+    A run waiting for a human needs a `Decision` (`approve`, `reject`, `modify`),
+    unless a gate's deadline has passed: then the engine decides, and says so.
+    """
+    from ._approvals import decide, expire
+
+    st, owned = open_store_arg(store)
+    try:
+        loaded = await load_run(st, run_id, workflow=workflow, executable=True)
+        view = loaded.view
+        fields = _overrides(loaded.workflow, config, limits)
+        first: list[tuple[str, dict[str, Any]]] = []
+        if view.status == "WAITING_APPROVAL":
+            first += expire(loaded.workflow.spec, view)
+            if decision is not None:
+                first += decide(loaded.workflow.spec, view, decision, expired=bool(first))
+            elif not first:
+                gate = view.pending_gates()[0]
+                raise UsageError(f"run {run_id!r} is waiting for a decision at {gate.node!r}; "
+                                 "resume it with --approve, --reject or --modify "
+                                 "(interlock.approve/reject/modify in Python)")
+        elif decision is not None:
+            raise UsageError(f"run {run_id!r} is {view.status}, not waiting for a decision; "
+                             "the decision is refused")
+        elif view.status not in RESUMABLE:
+            raise UsageError(f"run {run_id!r} is {view.status}; only a failed, interrupted or "
+                             "waiting run can be resumed")
+        resumed = dict(fields, by=decision.by if decision else None)
+        last = loaded.entries[-1]
+        writer = L.LogWriter(last.seq, last.hash)
+        return await drive(loaded.workflow.compile(), st, run_id, view, writer,
+                           first=[(L.RUN_RESUMED, resumed), *first], force=force,
+                           listener=listener)
+    finally:
+        if owned:
+            await st.close()
+
+
+def _overrides(wf: Workflow, config: Mapping[str, Any] | None,
+               limits: Mapping[str, Any] | None) -> dict[str, Any]:
+    from ._model import LimitsSpec
+
+    out: dict[str, Any] = {}
+    if config:
+        out["config"] = L.to_json_value(dict(config))
+    if limits:
+        unknown = set(limits) - set(LimitsSpec.model_fields)
+        if unknown:
+            raise UsageError(f"unknown limit(s) {sorted(unknown)}; limits are "
+                             f"{sorted(LimitsSpec.model_fields)}")
+        checked = LimitsSpec.model_validate(dict(limits)).model_dump(exclude_none=True)
+        out["limits"] = {k: checked[k] for k in limits if k in checked}
+    return out
+
+
+async def status(run_id: str, *, store: str | Store | None = None) -> RunResult:
+    """The run as its log tells it."""
+    st, owned = open_store_arg(store)
+    try:
+        loaded = await load_run(st, run_id)
+        return result_of(run_id, loaded.row.workflow, loaded.view)
+    finally:
+        if owned:
+            await st.close()
+
+
+TRACE_KEYS = ("seq", "type", "node", "at", "duration_ms", "attempt", "tokens", "error")
+
+
+async def trace(run_id: str, *, store: str | Store | None = None) -> list[dict[str, Any]]:
+    """The run's records, oldest first, each with at least the SPEC's trace keys."""
+    st, owned = open_store_arg(store)
+    try:
+        await st.get_run(run_id)
+        out = []
+        for entry in await st.entries(run_id):
+            rec = entry.record()
+            for key in TRACE_KEYS:
+                rec.setdefault(key, None)
+            rec["hash"] = entry.hash
+            out.append(rec)
+        return out
+    finally:
+        if owned:
+            await st.close()
+
+
+@dataclass(frozen=True, slots=True)
+class Verification:
+    run_id: str
+    ok: bool
+    records: int
+    seq: int | None = None  # the first bad record
+    message: str = ""
+
+
+async def verify(run_id: str, *, store: str | Store | None = None) -> Verification:
+    """Check the hash chain, the definition and the fold against the run's summary."""
+    st, owned = open_store_arg(store)
+    try:
+        row = await st.get_run(run_id)
+        entries = await st.entries(run_id)
+        n = len(entries)
+        problem = L.verify_chain(entries)
+        if problem is not None:
+            return Verification(run_id, False, n, problem.seq, problem.message)
+        if not entries or entries[0].type != L.RUN_STARTED:
+            return Verification(run_id, False, n, 1, "the log does not begin with run.started")
+        if definition_hash(row.definition) != row.definition_hash or \
+                entries[0].record().get("definition_hash") != row.definition_hash:
+            return Verification(run_id, False, n, 1, "the stored definition does not match the "
+                                "hash recorded when the run started")
+        from ._workflow import Workflow
+
+        plan = Workflow.from_spec(parse(row.definition)).reading_plan()
+        view = RunView(plan)
+        for entry in entries:
+            try:
+                view.apply(entry.record())
+            except (InterlockError, KeyError, IndexError, TypeError, ValueError) as exc:
+                return Verification(run_id, False, n, entry.seq,
+                                    f"the record does not follow from the ones before: {exc}")
+        s = row.summary
+        facts = [("status", s.status, view.status), ("last seq", s.last_seq, entries[-1].seq),
+                 ("last hash", s.last_hash, entries[-1].hash), ("steps", s.steps, view.steps),
+                 ("tokens", s.tokens, view.tokens)]
+        for what, stored, folded in facts:
+            if stored != folded and not (what == "status" and stored in RESUMABLE
+                                         and folded in RESUMABLE):
+                return Verification(run_id, False, n, entries[-1].seq,
+                                    f"the run's summary says {what} = {stored!r} but its log "
+                                    f"gives {folded!r}")
+        return Verification(run_id, True, n)
+    finally:
+        if owned:
+            await st.close()
+
+
+async def fork(run_id: str, at: int, *, store: str | Store | None = None,
+               workflow: Workflow | None = None, config: Mapping[str, Any] | None = None,
+               patch: Mapping[str, Any] | None = None, new_run_id: str | None = None,
+               listener: Listener | None = None) -> RunResult:
+    """Start a new run from the state at record ``at`` of ``run_id`` and run it.
+
+    The new run's records 1..at are byte-identical copies of the original's (so
+    their hashes match); record at+1 is ``run.forked`` with the parent, the config
+    overrides and the state patch. The original run is not touched.
+    """
+    st, owned = open_store_arg(store)
+    try:
+        loaded = await load_run(st, run_id, workflow=workflow, executable=True, upto=at)
+        if not 1 <= at <= len(loaded.entries):
+            raise UsageError(f"run {run_id!r} has records 1..{len(loaded.entries)}; "
+                             f"cannot fork at {at}")
+        if patch is not None and not isinstance(patch, Mapping):
+            raise UsageError("the patch is a JSON object of state fields")
+        prefix = loaded.entries[:at]
+        fields = _overrides(loaded.workflow, config, None)
+        fields.update(parent_run=run_id, parent_seq=at,
+                      patch=L.to_json_value(dict(patch)) if patch else None)
+        rid = new_run_id or uuid.uuid4().hex[:20]
+        row = loaded.row
+        now = time.time()
+        from ._store import Summary
+
+        new_row = RunRow(run_id=rid, workflow=row.workflow, definition=row.definition,
+                         definition_hash=row.definition_hash, input=row.input,
+                         options=row.options, created_at=now,
+                         summary=Summary(status="RUNNING", last_seq=at,
+                                         last_hash=prefix[-1].hash, updated_at=now),
+                         parent_run=run_id, parent_seq=at)
+        await st.create_run(new_row, prefix)
+        writer = L.LogWriter(at, prefix[-1].hash)
+        # run.forked re-opens the run at that point, whatever its status was there
+        return await drive(loaded.workflow.compile(), st, rid, loaded.view, writer,
+                           first=[(L.RUN_FORKED, fields)], listener=listener)
+    finally:
+        if owned:
+            await st.close()
+
+
+async def list_runs(*, store: str | Store | None = None, status: str | None = None,
+                    workflow: str | None = None, limit: int = 100) -> list[RunRow]:
+    st, owned = open_store_arg(store)
+    try:
+        return await st.list_runs(status=status, workflow=workflow, limit=limit)
+    finally:
+        if owned:
+            await st.close()

@@ -1,0 +1,217 @@
+"""Human gates (SPEC §3): approve, reject, modify-and-re-enter, confirm, deadlines, approvers."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import interlock
+from interlock import START, Workflow
+
+CALLS: list[str] = []
+
+
+def tracked(name: str, update: dict[str, Any] | None = None):
+    async def fn(state: dict[str, Any]) -> dict[str, Any] | None:
+        CALLS.append(name)
+        return update
+
+    fn.__name__ = name
+    return fn
+
+
+async def risk(state: dict[str, Any]) -> dict[str, Any]:
+    CALLS.append("risk")
+    # the corrected input a human patched in wins over the agent's own guess
+    return {"risk": {"level": state.get("corrected_level") or "HIGH"}}
+
+
+def audit(**approval: Any) -> Workflow:
+    """planner -> risk -> (HIGH -> approval) -> evidence; reject -> handler when x."""
+    wf = Workflow("audit", input=["x"], state={"corrected_level": "replace"})
+    wf.node("planner", tracked("planner", {"plan": "p"}), writes=["plan"])
+    wf.node("risk", risk, writes=["risk"])
+    wf.approval("approval", show=["risk"], on_modify=["risk", "planner"], **approval)
+    wf.node("evidence", tracked("evidence", {"evidence": "e"}), writes=["evidence"])
+    wf.node("handler", tracked("handler", {"handled": True}), writes=["handled"])
+    wf.edge(START, "planner").edge("planner", "risk")
+    wf.switch("risk", "risk.level", {"HIGH": "approval"}, default="evidence")
+    wf.edge("approval", "evidence", when='approval.decision == "approved"')
+    wf.edge("approval", "handler", when='approval.decision == "rejected" && x == 1')
+    return wf
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> str:
+    CALLS.clear()
+    return f"sqlite:///{tmp_path}/runs.db"
+
+
+def test_high_risk_pauses_and_the_pause_is_persisted(store: str) -> None:
+    wf = audit()
+    first = wf.run_sync({"x": 0}, store=store)
+    assert first.status == "WAITING_APPROVAL"
+    assert first.waiting == {**first.waiting, "node": "approval",
+                             "show": {"risk": {"level": "HIGH"}},
+                             "decisions": ["approve", "reject", "modify"]}
+    assert CALLS == ["planner", "risk"]
+    # a new process (here: a fresh status read from the store) sees the same wait
+    seen = asyncio.run(interlock.status(first.run_id, store=store))
+    assert seen.status == "WAITING_APPROVAL" and seen.waiting["node"] == "approval"
+
+
+def test_approve_continues_and_records_the_decider(store: str) -> None:
+    wf = audit()
+    run_id = wf.run_sync({"x": 0}, store=store).run_id
+    done = wf.resume_sync(run_id, interlock.approve(by="alice", comment="ok"), store=store)
+    assert done.status == "COMPLETED"
+    assert CALLS == ["planner", "risk", "evidence"]
+    gate = done.state["approval"]
+    assert gate["decision"] == "approved" and gate["by"] == "alice" and gate["comment"] == "ok"
+    decided = [r for r in asyncio.run(interlock.trace(run_id, store=store))
+               if r["type"] == "approval.decided"]
+    assert decided[0]["by"] == "alice" and decided[0]["decision"] == "approved"
+
+
+def test_reject_without_a_handling_edge_ends_rejected(store: str) -> None:
+    wf = audit()
+    run_id = wf.run_sync({"x": 0}, store=store).run_id
+    done = wf.resume_sync(run_id, interlock.reject(by="bob", comment="too risky"), store=store)
+    assert done.status == "REJECTED"
+    assert "evidence" not in CALLS and "handler" not in CALLS
+    assert "too risky" in done.error["message"]
+
+
+def test_reject_routes_to_a_declared_handler(store: str) -> None:
+    wf = audit()
+    run_id = wf.run_sync({"x": 1}, store=store).run_id
+    done = wf.resume_sync(run_id, interlock.reject(by="bob"), store=store)
+    assert done.status == "COMPLETED"
+    assert CALLS == ["planner", "risk", "handler"]
+
+
+def test_modify_reenters_at_risk_and_not_at_planner(store: str) -> None:
+    wf = audit()
+    run_id = wf.run_sync({"x": 0}, store=store).run_id
+    done = wf.resume_sync(run_id, interlock.modify({"corrected_level": "LOW"}, by="alice"),
+                          store=store)
+    assert done.status == "COMPLETED"
+    assert CALLS == ["planner", "risk", "risk", "evidence"]
+    assert done.state["risk"] == {"level": "LOW"}
+    assert done.state["approval"]["patch"] == {"corrected_level": "LOW"}
+
+
+def test_modify_that_reaches_the_gate_again_pauses_again(store: str) -> None:
+    wf = audit()
+    run_id = wf.run_sync({"x": 0}, store=store).run_id
+    again = wf.resume_sync(run_id, interlock.modify({"corrected_level": "HIGH"}, at="planner",
+                                                    by="alice"), store=store)
+    assert again.status == "WAITING_APPROVAL"
+    assert CALLS == ["planner", "risk", "planner", "risk"]
+
+
+def test_reentry_outside_on_modify_is_refused(store: str) -> None:
+    wf = audit()
+    run_id = wf.run_sync({"x": 0}, store=store).run_id
+    with pytest.raises(interlock.UsageError, match="re-entry at 'evidence' is refused"):
+        wf.resume_sync(run_id, interlock.modify({"corrected_level": "LOW"}, at="evidence"),
+                       store=store)
+    with pytest.raises(interlock.UsageError, match="does not know"):
+        wf.resume_sync(run_id, interlock.modify({"nonsense": 1}), store=store)
+    # nothing was written: the run still waits for a valid decision
+    assert asyncio.run(interlock.status(run_id, store=store)).status == "WAITING_APPROVAL"
+
+
+def test_second_decision_is_refused(store: str) -> None:
+    wf = audit()
+    run_id = wf.run_sync({"x": 0}, store=store).run_id
+    wf.resume_sync(run_id, interlock.approve(by="alice"), store=store)
+    with pytest.raises(interlock.UsageError, match="not waiting"):
+        wf.resume_sync(run_id, interlock.reject(by="bob"), store=store)
+
+
+def test_unauthorized_approver_is_refused(store: str) -> None:
+    wf = audit(approvers=["alice"])
+    run_id = wf.run_sync({"x": 0}, store=store).run_id
+    with pytest.raises(interlock.UsageError, match="'mallory' may not decide"):
+        wf.resume_sync(run_id, interlock.approve(by="mallory"), store=store)
+    with pytest.raises(interlock.UsageError, match="anonymous"):
+        wf.resume_sync(run_id, interlock.approve(), store=store)
+    assert wf.resume_sync(run_id, interlock.approve(by="alice"), store=store).ok
+
+
+def test_deadline_fires_and_is_logged_as_the_engine(store: str) -> None:
+    wf = audit(timeout="0.2s")
+    first = wf.run_sync({"x": 0}, store=store)
+    assert first.waiting["deadline"] is not None
+    time.sleep(max(0.0, first.waiting["deadline"] - time.time()) + 0.05)
+    done = wf.resume_sync(first.run_id, store=store)
+    assert done.status == "REJECTED"
+    decided = [r for r in asyncio.run(interlock.trace(first.run_id, store=store))
+               if r["type"] == "approval.decided"][0]
+    assert decided["by"] == "interlock (deadline)" and decided["timed_out"] is True
+    # a human who comes too late is refused
+    with pytest.raises(interlock.UsageError):
+        wf.resume_sync(first.run_id, interlock.approve(by="alice"), store=store)
+
+
+def test_deadline_can_route_to_a_node(store: str) -> None:
+    wf = audit(timeout="0.1s", on_timeout="handler")
+    first = wf.run_sync({"x": 0}, store=store)
+    time.sleep(max(0.0, first.waiting["deadline"] - time.time()) + 0.05)
+    done = wf.resume_sync(first.run_id, store=store)
+    assert done.status == "COMPLETED" and CALLS[-1] == "handler"
+    assert done.state["approval"]["decision"] == "timed_out"
+
+
+def test_waiting_without_a_decision_is_refused(store: str) -> None:
+    wf = audit()
+    run_id = wf.run_sync({"x": 0}, store=store).run_id
+    with pytest.raises(interlock.UsageError, match="waiting for a decision"):
+        wf.resume_sync(run_id, store=store)
+
+
+def guarded() -> Workflow:
+    wf = Workflow("guarded")
+    wf.node("plan", tracked("plan", {"plan": "rm -rf /tmp/x"}), writes=["plan"])
+    wf.node("delete", tracked("delete", {"deleted": True}), confirm=True, reads=["plan"],
+            writes=["deleted"])
+    wf.edge(START, "plan").edge("plan", "delete")
+    return wf
+
+
+def test_guarded_node_waits_and_rejection_never_runs_its_body(store: str) -> None:
+    wf = guarded()
+    first = wf.run_sync(store=store)
+    assert first.status == "WAITING_APPROVAL"
+    assert first.waiting["node"] == "delete" and first.waiting["show"] == {"plan": "rm -rf /tmp/x"}
+    assert CALLS == ["plan"]
+    done = wf.resume_sync(first.run_id, interlock.reject(by="alice"), store=store)
+    assert done.status == "REJECTED"
+    assert CALLS == ["plan"]  # the body never ran
+    assert "deleted" not in done.state
+
+
+def test_guarded_node_runs_its_body_once_confirmed(store: str) -> None:
+    wf = guarded()
+    first = wf.run_sync(store=store)
+    done = wf.resume_sync(first.run_id, interlock.approve(by="alice"), store=store)
+    assert done.status == "COMPLETED" and done.state["deleted"] is True
+    assert CALLS == ["plan", "delete"]
+    assert asyncio.run(interlock.verify(first.run_id, store=store)).ok
+
+
+def test_verify_passes_after_every_kind_of_decision(store: str) -> None:
+    wf = audit()
+    ids = []
+    for decision in (interlock.approve(by="a"), interlock.reject(by="b"),
+                     interlock.modify({"corrected_level": "LOW"}, by="c")):
+        run_id = wf.run_sync({"x": 0}, store=store).run_id
+        wf.resume_sync(run_id, decision, store=store)
+        ids.append(run_id)
+    for run_id in ids:
+        assert asyncio.run(interlock.verify(run_id, store=store)).ok
