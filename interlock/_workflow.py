@@ -9,13 +9,11 @@ compiled into a `Plan`, and run by the `Runner` against a store.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import os
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from . import _log as L

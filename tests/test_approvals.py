@@ -151,8 +151,8 @@ def test_deadline_fires_and_is_logged_as_the_engine(store: str) -> None:
     time.sleep(max(0.0, first.waiting["deadline"] - time.time()) + 0.05)
     done = wf.resume_sync(first.run_id, store=store)
     assert done.status == "REJECTED"
-    decided = [r for r in asyncio.run(interlock.trace(first.run_id, store=store))
-               if r["type"] == "approval.decided"][0]
+    decided = next(r for r in asyncio.run(interlock.trace(first.run_id, store=store))
+               if r["type"] == "approval.decided")
     assert decided["by"] == "interlock (deadline)" and decided["timed_out"] is True
     # a human who comes too late is refused
     with pytest.raises(interlock.UsageError):
