@@ -158,7 +158,11 @@ class Runner:
                 self._decide_due()
                 await self.flush()
             if view.ready:
-                await self._start_ready()
+                inline = await self._start_ready()
+                if inline is not None:
+                    # one node and nothing else in flight: await it here, no task needed
+                    await self._finish(await self._visit(*inline, 1, rerun=False))
+                    continue
             if not self._tasks:
                 if view.idle:
                     await self.commit([(L.RUN_COMPLETED, {})])
@@ -174,7 +178,8 @@ class Runner:
             self._tasks.pop((outcome.node, outcome.visit), None)
             await self._finish(outcome)
 
-    async def _start_ready(self) -> None:
+    async def _start_ready(self) -> tuple[PlanNode, int] | None:
+        """Start every ready node; return the one to run inline when it is alone."""
         items: list[tuple[str, int]] = []
         handed: Counter[str] = Counter()
         steps_limit = self.view.limits.get("steps")
@@ -198,9 +203,12 @@ class Runner:
         # completion, an effect, a retry). A crash before that loses only the fact
         # that the visit had started, so it starts again -- with the same visit
         # number and idempotency key -- which is what a resume does anyway.
-        for rec in recs:
-            if not self._is_gate(rec["node"]):
-                self._start_task(rec["node"], rec["visit"], 1, rerun=False)
+        bodies = [rec for rec in recs if not self._is_gate(rec["node"])]
+        if len(bodies) == 1 and not self._tasks:
+            return self.plan.nodes[bodies[0]["node"]], bodies[0]["visit"]
+        for rec in bodies:
+            self._start_task(rec["node"], rec["visit"], 1, rerun=False)
+        return None
 
     def _is_gate(self, node: str) -> bool:
         ns = self.plan.nodes[node].spec
@@ -243,7 +251,11 @@ class Runner:
     # -- one visit of a node -----------------------------------------------------------
 
     async def _run_visit(self, pn: PlanNode, visit: int, attempt: int, rerun: bool) -> None:
-        """Run a visit (with its retries) and report the outcome. Never raises Exception."""
+        """A visit as a task: run it and report the outcome to the loop."""
+        self._done.put_nowait(await self._visit(pn, visit, attempt, rerun=rerun))
+
+    async def _visit(self, pn: PlanNode, visit: int, attempt: int, *, rerun: bool) -> Outcome:
+        """Run a visit (with its retries). Never raises Exception."""
         if rerun:
             await self.commit([(L.NODE_STARTED, {"node": pn.name, "visit": visit,
                                                  "attempt": attempt})])
@@ -263,7 +275,7 @@ class Runner:
             attempt += 1
             await self.commit([(L.NODE_STARTED, {"node": pn.name, "visit": visit,
                                                  "attempt": attempt})])
-        self._done.put_nowait(outcome)
+        return outcome
 
     async def _attempt(self, pn: PlanNode, visit: int, attempt: int) -> Outcome:
         ctx = Context(self, pn.name, visit, attempt)

@@ -15,6 +15,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from pydantic import ValidationError
+
 from . import _log as L
 from ._errors import InterlockError, UsageError
 from ._fold import RunView
@@ -203,7 +205,10 @@ def _overrides(wf: Workflow, config: Mapping[str, Any] | None,
         if unknown:
             raise UsageError(f"unknown limit(s) {sorted(unknown)}; limits are "
                              f"{sorted(LimitsSpec.model_fields)}")
-        checked = LimitsSpec.model_validate(dict(limits)).model_dump(exclude_none=True)
+        try:
+            checked = LimitsSpec.model_validate(dict(limits)).model_dump(exclude_none=True)
+        except ValidationError as exc:
+            raise UsageError(f"invalid limits: {exc.errors()[0]['msg']}") from None
         out["limits"] = {k: checked[k] for k in limits if k in checked}
     return out
 

@@ -49,9 +49,9 @@ class _Checker:
 
     def run(self) -> CheckResult:
         self.check_nodes()
+        self.check_expressions()
         if not self.check_edge_names():
             return self.result  # the graph checks below need known names
-        self.check_expressions()
         adj = self.adjacency()
         self.check_reachability(adj)
         self.check_cycles()
@@ -248,7 +248,6 @@ class _Checker:
                        back: set[tuple[str, str]]) -> set[frozenset[str]]:
         """Pairs of nodes that run concurrently: below two unconditional branches of one
         fork, and neither below the other."""
-        spec = self.spec
         fwd = {n: [t for t in succ if t != END and (n, t) not in back]
                for n, succ in adj.items()}
         desc: dict[str, set[str]] = {}
@@ -259,13 +258,8 @@ class _Checker:
             return desc[n]
 
         parallel: set[frozenset[str]] = set()
-        for source in [START, *spec.nodes]:
-            uncond = []
-            for e in spec.edges:
-                if source in e.source and e.kind == "plain" and e.when is None \
-                        and not e.otherwise and not e.is_join:
-                    uncond += [t for t in e.targets if t != END and (source, t) not in back]
-            uncond = list(dict.fromkeys(uncond))
+        for targets in self.unconditional(back)[0].values():
+            uncond = list(dict.fromkeys(targets))
             if len(uncond) < 2:
                 continue
             for a_i, a in enumerate(uncond):
@@ -291,15 +285,26 @@ class _Checker:
                              f"write {f!r}, which has no reducer: declare one under state: "
                              "(append, extend, merge, add) or write different fields",
                              ("nodes", y, "writes"), "write-conflict")
+    def unconditional(self, back: set[tuple[str, str]]
+                      ) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+        """Forward single-source edges without a condition: by source, and by target."""
+        out: dict[str, list[str]] = {}
+        into: dict[str, list[str]] = {}
+        for e in self.spec.edges:
+            if e.kind != "plain" or e.when is not None or e.otherwise or e.is_join:
+                continue
+            source = e.source[0]
+            for t in e.targets:
+                if t != END and (source, t) not in back:
+                    out.setdefault(source, []).append(t)
+                    into.setdefault(t, []).append(source)
+        return out, into
+
     def check_diamonds(self, parallel: set[frozenset[str]], back: set[tuple[str, str]]) -> None:
         """A node reached by plain edges from branches that run together, without a join."""
-        spec = self.spec
-        for name in spec.nodes:
-            sources = []
-            for e in spec.edges:
-                if name in e.targets and not e.is_join and e.kind == "plain" \
-                        and e.when is None and not e.otherwise:
-                    sources += [s for s in e.source if (s, name) not in back]
+        if not parallel:
+            return
+        for name, sources in self.unconditional(back)[1].items():
             for a_i, a in enumerate(sources):
                 for b in sources[a_i + 1:]:
                     if frozenset((a, b)) in parallel:

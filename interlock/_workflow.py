@@ -16,6 +16,8 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
+from pydantic import ValidationError
+
 from . import _log as L
 from ._approvals import Decision
 from ._errors import Diagnostic, UsageError, WorkflowError
@@ -58,6 +60,8 @@ class Workflow:
         self._spec: WorkflowSpec | None = None
         self._plan: Plan | None = None
         self._warnings: list[Diagnostic] = []
+        self._definition: dict[str, Any] | None = None
+        self._definition_hash: str | None = None
 
     @classmethod
     def from_spec(cls, spec: WorkflowSpec) -> Workflow:
@@ -67,6 +71,8 @@ class Workflow:
         wf._spec = spec
         wf._plan = None
         wf._warnings = []
+        wf._definition = None
+        wf._definition_hash = None
         return wf
 
     # -- the builder -----------------------------------------------------------------
@@ -208,8 +214,16 @@ class Workflow:
         self.compile()
         return list(self._warnings)
 
+    def definition(self) -> dict[str, Any]:
+        """The JSON definition a run stores (computed once: the spec is frozen)."""
+        if self._definition is None:
+            self._definition = self.spec.definition()
+        return self._definition
+
     def definition_hash(self) -> str:
-        return hashlib.sha256(L.dumps(self.spec.definition())).hexdigest()
+        if self._definition_hash is None:
+            self._definition_hash = hashlib.sha256(L.dumps(self.definition())).hexdigest()
+        return self._definition_hash
 
     # -- running -----------------------------------------------------------------------
 
@@ -238,7 +252,7 @@ class Workflow:
                 "input": data, "config": cfg, "limits": lim})
             view = RunView(plan)
             view.apply(rec)
-            row = RunRow(run_id=rid, workflow=spec.workflow, definition=spec.definition(),
+            row = RunRow(run_id=rid, workflow=spec.workflow, definition=self.definition(),
                          definition_hash=self.definition_hash(), input=data,
                          options={"config": dict(config or {}), "limits": dict(limits or {})},
                          created_at=now,
@@ -304,9 +318,17 @@ def _effective(spec: WorkflowSpec, config: Mapping[str, Any] | None,
         if unknown:
             raise UsageError(f"unknown limit(s) {sorted(unknown)}; limits are "
                              f"{sorted(LimitsSpec.model_fields)}")
-        merged = LimitsSpec.model_validate({**lim, **limits})
+        try:
+            merged = LimitsSpec.model_validate({**lim, **limits})
+        except ValidationError as exc:
+            raise UsageError(f"invalid {_pydantic_message(exc, 'limits')}") from None
         lim = merged.model_dump(exclude_none=True)
     return L.to_json_value(cfg), lim
+
+
+def _pydantic_message(exc: ValidationError, prefix: str) -> str:
+    return "; ".join(f"{'.'.join(map(str, (prefix, *e['loc'])))}: {e['msg']}"
+                     for e in exc.errors())
 
 
 def _names(value: str | Iterable[str]) -> list[str]:

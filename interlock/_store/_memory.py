@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
 
 from .._log import Entry
@@ -28,7 +29,8 @@ class MemoryStore(Store):
         if row.run_id in self._runs:
             raise RunExists(row.run_id)
         self._check_seq(row.run_id, [], entries)
-        self._runs[row.run_id] = copy.deepcopy(row)
+        # rows are built fresh by the caller; keep our own summary object
+        self._runs[row.run_id] = dataclasses.replace(row, summary=copy.copy(row.summary))
         self._entries[row.run_id] = list(entries)
 
     async def append(self, run_id: str, entries: list[Entry], summary: Summary) -> None:
@@ -56,7 +58,8 @@ class MemoryStore(Store):
             raise RunNotFound(run_id) from None
 
     async def get_run(self, run_id: str) -> RunRow:
-        return copy.deepcopy(self._row(run_id))
+        row = self._row(run_id)
+        return dataclasses.replace(row, summary=copy.copy(row.summary))
 
     async def entries(self, run_id: str, after: int = 0) -> list[Entry]:
         self._row(run_id)
@@ -68,7 +71,7 @@ class MemoryStore(Store):
                 if (status is None or r.summary.status == status)
                 and (workflow is None or r.workflow == workflow)]
         rows.sort(key=lambda r: r.created_at, reverse=True)
-        return [copy.deepcopy(r) for r in rows[:limit]]
+        return [dataclasses.replace(r, summary=copy.copy(r.summary)) for r in rows[:limit]]
 
     async def claim(self, run_id: str, owner: str, lease: float, *, force: bool = False) -> None:
         row = self._row(run_id)

@@ -2,9 +2,9 @@
 
 Needs psycopg 3 (``pip install 'interlock[postgres]'``). Connections are opened
 lazily, a few at most per store (``max_connections``), in autocommit mode; they
-belong to the event loop that opened them, and a store used from a new event
-loop (successive ``asyncio.run`` calls) drops the old loop's connections and
-opens new ones.
+belong to the event loop that opened them: a store used from another event loop
+(successive ``asyncio.run`` calls, say) opens new ones there, and drops those of
+loops that have been closed.
 
 Schema: the same tables as the SQLite store (see `interlock._store._sqlite`),
 created on first use with ``CREATE TABLE IF NOT EXISTS`` under an advisory lock,
@@ -33,7 +33,7 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -191,8 +191,9 @@ def redact(url: str) -> str:
             if parts.password is not None:
                 host = parts.netloc.rpartition("@")[2]
                 user = parts.username or ""
-                return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
-            return url
+                parts = parts._replace(netloc=f"{user}:***@{host}")
+            query = [(k, "***" if k == "password" else v) for k, v in parse_qsl(parts.query)]
+            return urlunsplit(parts._replace(query=urlencode(query, safe="*")))
         info = conninfo_to_dict(url)
     except Exception:  # a message helper must not fail
         return "<postgresql store>"
@@ -221,9 +222,15 @@ class _Pool:
         self.slots = asyncio.Semaphore(size)
 
     def abandon(self) -> None:
-        """Close every connection without awaiting (their loop is gone)."""
+        """Close every connection without awaiting (for a loop that is gone)."""
         for conn in self.all:
             conn.pgconn.finish()
+        self.all.clear()
+        self.idle.clear()
+
+    async def close(self) -> None:
+        for conn in list(self.all):
+            await conn.close()
         self.all.clear()
         self.idle.clear()
 
@@ -239,18 +246,19 @@ class PostgresStore(Store):
             raise StoreError(f"bad PostgreSQL store URL {redact(url)}: {exc}") from None
         if "connect_timeout" not in given:
             self._kwargs["connect_timeout"] = connect_timeout
-        self._pool: _Pool | None = None
+        self._pools: dict[asyncio.AbstractEventLoop, _Pool] = {}
         self._schema_ready = False
 
     # -- connections -------------------------------------------------------------------
 
     def _here(self) -> _Pool:
+        """This event loop's pool (dropping those of loops that have been closed)."""
         loop = asyncio.get_running_loop()
-        pool = self._pool
-        if pool is None or pool.loop is not loop:
-            if pool is not None:
-                pool.abandon()
-            pool = self._pool = _Pool(loop, self._max)
+        pool = self._pools.get(loop)
+        if pool is None:
+            for old in [old for old in self._pools if old.is_closed()]:
+                self._pools.pop(old).abandon()
+            pool = self._pools[loop] = _Pool(loop, self._max)
         return pool
 
     async def _connect(self) -> Conn:
@@ -330,7 +338,7 @@ class PostgresStore(Store):
             if conn is not None:
                 if (not conn.closed
                         and conn.pgconn.transaction_status == TransactionStatus.IDLE
-                        and self._pool is pool):
+                        and self._pools.get(pool.loop) is pool):
                     pool.idle.append(conn)
                 else:
                     pool.all.discard(conn)
@@ -357,16 +365,14 @@ class PostgresStore(Store):
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def close(self) -> None:
-        pool, self._pool = self._pool, None
-        if pool is None:
-            return
-        if pool.loop is not asyncio.get_running_loop():
-            pool.abandon()
-            return
-        for conn in list(pool.all):
-            await conn.close()
-        pool.all.clear()
-        pool.idle.clear()
+        """Close every connection (call it when no other task or loop uses the store)."""
+        loop = asyncio.get_running_loop()
+        pools, self._pools = self._pools, {}
+        for pool in pools.values():
+            if pool.loop is loop:
+                await pool.close()
+            else:
+                pool.abandon()
 
     # -- the Store interface ----------------------------------------------------------------
 

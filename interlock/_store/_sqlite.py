@@ -46,7 +46,7 @@ from urllib.parse import parse_qsl
 
 import orjson
 
-from .._log import Entry, _default
+from .._log import Entry
 from ._base import (
     ClaimError,
     ConflictError,
@@ -117,9 +117,18 @@ _RUN_COLUMNS = (
 
 # -- helpers shared with the PostgreSQL store ------------------------------------------------
 
+def _json_default(obj: Any) -> Any:
+    dump = getattr(obj, "model_dump", None)  # pydantic models
+    if callable(dump):
+        return dump(mode="json")
+    if isinstance(obj, set | frozenset | tuple):
+        return list(obj)
+    raise TypeError(f"{type(obj).__name__} is not JSON serialisable")
+
+
 def json_text(value: Any) -> str:
     """``value`` as JSON text, keys in their given order (a definition's order matters)."""
-    return orjson.dumps(value, default=_default).decode("utf-8")
+    return orjson.dumps(value, default=_json_default).decode("utf-8")
 
 
 def json_opt(value: dict[str, Any] | None) -> str | None:
@@ -421,7 +430,12 @@ class SQLiteStore(Store):
     def _append(self, conn: sqlite3.Connection, run_id: str, entries: list[Entry],
                 summary: Summary) -> None:
         conn.execute("BEGIN IMMEDIATE")
-        if conn.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone() is None:
+        cur = conn.execute(
+            "UPDATE runs SET status = ?, updated_at = ?, last_seq = ?, last_hash = ?, steps = ?, "
+            "tokens = ?, error = ?, waiting = ? WHERE run_id = ?",
+            (*summary_params(summary), run_id),
+        )
+        if cur.rowcount == 0:
             conn.rollback()
             raise RunNotFound(run_id)
         if entries:
@@ -434,11 +448,6 @@ class SQLiteStore(Store):
                 conn.rollback()
                 raise ConflictError(f"run {run_id!r}: {exc}; another writer got there "
                                     "first") from None
-        conn.execute(
-            "UPDATE runs SET status = ?, updated_at = ?, last_seq = ?, last_hash = ?, steps = ?, "
-            "tokens = ?, error = ?, waiting = ? WHERE run_id = ?",
-            (*summary_params(summary), run_id),
-        )
         conn.execute("COMMIT")
 
     @staticmethod

@@ -1,0 +1,248 @@
+"""Drawing a workflow: a `WorkflowSpec` as Mermaid or Graphviz DOT text.
+
+Both formats share one walk over the definition (`layout`), so they always
+agree on what is drawn:
+
+- every declared node, plus START and END (and, for a file that names a node
+  it never declares, that name too, so the mistake is visible);
+- one small *join point* per join edge: ``from: [a, b]`` is drawn as
+  ``a -> (join) <- b`` and ``(join) -> target``, so a reader sees the barrier;
+- one arc per (source, target) of every edge, labelled with what guards it:
+  the ``when`` expression, ``otherwise``, a switch's ``expr == value`` (or
+  ``expr in [...]``, ``default``), the router's ``module:function``,
+  ``choose``, and ``max N``. Guarded arcs are dashed, plain ones solid;
+- a node without outgoing edges gets an arc to END: that is what it means
+  (SPEC §1, "a node with no outgoing edges is terminal").
+
+Approval nodes are hexagons, agent nodes rounded, joins small circles.
+The functions are pure: text in the format, nothing printed, nothing imported.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Literal
+
+from ._model import END, NAME_RE, START, EdgeSpec, WorkflowSpec
+
+VertexKind = Literal["start", "end", "call", "approval", "agent", "join", "unknown"]
+
+
+@dataclass(frozen=True, slots=True)
+class Vertex:
+    id: str  # safe in both formats: [A-Za-z0-9_]
+    label: str
+    kind: VertexKind
+
+
+@dataclass(frozen=True, slots=True)
+class Arc:
+    source: str  # vertex ids
+    target: str
+    label: str = ""  # "" for an unconditional arc
+    guarded: bool = False  # drawn dashed: taken only under a condition
+
+
+@dataclass(slots=True)
+class Layout:
+    """What to draw, in a stable order (declaration order of the file)."""
+
+    title: str
+    vertices: dict[str, Vertex] = field(default_factory=dict)  # name (or join key) -> vertex
+    arcs: list[Arc] = field(default_factory=list)
+
+    def vertex(self, name: str) -> str:
+        """The id of node ``name``, adding an undeclared name as an ``unknown`` vertex."""
+        v = self.vertices.get(name)
+        if v is None:
+            vid = f"n_{name}" if NAME_RE.match(name) else f"x{len(self.vertices)}"
+            v = self.vertices[name] = Vertex(vid, name, "unknown")
+        return v.id
+
+
+def layout(spec: WorkflowSpec) -> Layout:
+    """The vertices and arcs of ``spec`` (see the module docstring)."""
+    out = Layout(spec.workflow)
+    out.vertices[START] = Vertex("START", START, "start")
+    for name, node in spec.nodes.items():
+        out.vertices[name] = Vertex(f"n_{name}", name, node.kind)
+    for index, edge in enumerate(spec.edges):
+        _add_edge(out, index, edge)
+    _add_terminals(out, spec)
+    out.vertices[END] = Vertex("END", END, "end")
+    return out
+
+
+def _add_edge(out: Layout, index: int, edge: EdgeSpec) -> None:
+    if edge.is_join:
+        join_id = f"j{index}"
+        out.vertices[f"#join{index}"] = Vertex(join_id, "join", "join")
+        for source in edge.source:
+            out.arcs.append(Arc(out.vertex(source), join_id))
+        source_id = join_id
+    else:
+        source_id = out.vertex(edge.source[0])
+    for target, label in _labels(edge):
+        guarded = bool(label) or edge.max is not None
+        label = ", ".join(p for p in (label, _max(edge)) if p)
+        out.arcs.append(Arc(source_id, _target_id(out, target), label, guarded))
+
+
+def _target_id(out: Layout, name: str) -> str:
+    return "END" if name == END else out.vertex(name)
+
+
+def _max(edge: EdgeSpec) -> str:
+    return f"max {edge.max}" if edge.max is not None else ""
+
+
+def _labels(edge: EdgeSpec) -> list[tuple[str, str]]:
+    """(target, condition label) for each target of ``edge``, in declaration order."""
+    match edge.kind:
+        case "switch":
+            return _switch_labels(edge)
+        case "router":
+            return [(t, f"router {edge.router}") for t in edge.targets]
+        case "choose":
+            return [(t, "choose") for t in edge.targets]
+        case _:
+            label = edge.when or ("otherwise" if edge.otherwise else "")
+            return [(t, label) for t in edge.targets]
+
+
+def _switch_labels(edge: EdgeSpec) -> list[tuple[str, str]]:
+    values: dict[str, list[str]] = {}
+    for value, target in (edge.cases or {}).items():
+        values.setdefault(target, []).append(_case_text(value))
+    if edge.default is not None:
+        values.setdefault(edge.default, [])
+    out = []
+    for target, cases in values.items():
+        parts = []
+        if len(cases) == 1:
+            parts.append(f"{edge.switch} == {cases[0]}")
+        elif cases:
+            parts.append(f"{edge.switch} in [{', '.join(cases)}]")
+        if target == edge.default:
+            parts.append("default")
+        out.append((target, " or ".join(parts)))
+    return out
+
+
+_LITERAL_RE = re.compile(r"^(true|false|null|-?\d+(\.\d+)?)$")
+
+
+def _case_text(value: str) -> str:
+    """A case key as CEL would write it: numbers and booleans bare, strings quoted."""
+    return value if _LITERAL_RE.match(value) else json.dumps(value, ensure_ascii=False)
+
+
+def _add_terminals(out: Layout, spec: WorkflowSpec) -> None:
+    with_exits = {s for e in spec.edges for s in e.source}
+    for name in spec.nodes:
+        if name not in with_exits:
+            out.arcs.append(Arc(out.vertices[name].id, "END"))
+
+
+# -- Mermaid ---------------------------------------------------------------------------
+
+# Mermaid reads ``#name;`` / ``#123;`` as entities inside quoted labels; everything that
+# could end a label, open markup or start an entity is written as one.
+_MERMAID_ESCAPES = str.maketrans({
+    "#": "#35;", '"': "#quot;", "<": "#lt;", ">": "#gt;", "&": "#amp;", "|": "#124;",
+    "`": "#96;", "\n": " ", "\r": " ",
+})
+
+_MERMAID_SHAPES: dict[VertexKind, tuple[str, str]] = {
+    "start": ("([", "])"), "end": ("([", "])"), "call": ("[", "]"),
+    "approval": ("{{", "}}"), "agent": ("(", ")"), "join": ("((", "))"),
+    "unknown": ("[", "]"),
+}
+
+_MERMAID_CLASSES = {
+    "terminal": "fill:#eeeeee,stroke:#888888",
+    "approval": "fill:#fff4d6,stroke:#b7791f,stroke-width:2px",
+    "join": "fill:#333333,stroke:#333333,color:#ffffff",
+    "unknown": "fill:#ffe0e0,stroke:#c53030,stroke-dasharray:4 3",
+}
+
+_CLASS_OF: dict[VertexKind, str] = {
+    "start": "terminal", "end": "terminal", "approval": "approval", "join": "join",
+    "unknown": "unknown",
+}
+
+
+def mermaid_text(text: str) -> str:
+    """``text`` escaped for a double-quoted Mermaid label."""
+    return text.translate(_MERMAID_ESCAPES)
+
+
+def to_mermaid(spec: WorkflowSpec) -> str:
+    """A Mermaid ``flowchart`` of ``spec``."""
+    lay = layout(spec)
+    lines = ["---", f"title: {json.dumps(lay.title, ensure_ascii=False)}", "---",
+             "flowchart TD"]
+    for v in lay.vertices.values():
+        left, right = _MERMAID_SHAPES[v.kind]
+        lines.append(f'    {v.id}{left}"{mermaid_text(v.label)}"{right}')
+    for a in lay.arcs:
+        arrow = "-.->" if a.guarded else "-->"
+        label = f'|"{mermaid_text(a.label)}"|' if a.label else ""
+        lines.append(f"    {a.source} {arrow}{label} {a.target}")
+    lines.extend(_mermaid_classes(lay))
+    return "\n".join(lines) + "\n"
+
+
+def _mermaid_classes(lay: Layout) -> list[str]:
+    members: dict[str, list[str]] = {}
+    for v in lay.vertices.values():
+        cls = _CLASS_OF.get(v.kind)
+        if cls is not None:
+            members.setdefault(cls, []).append(v.id)
+    lines = []
+    for cls, ids in members.items():
+        lines.append(f"    classDef {cls} {_MERMAID_CLASSES[cls]}")
+        lines.append(f"    class {','.join(ids)} {cls}")
+    return lines
+
+
+# -- Graphviz DOT ----------------------------------------------------------------------
+
+_DOT_STYLE: dict[VertexKind, str] = {
+    "start": 'shape=oval, style=filled, fillcolor="#eeeeee"',
+    "end": 'shape=oval, style=filled, fillcolor="#eeeeee"',
+    "call": 'shape=box, style=rounded',
+    "approval": 'shape=hexagon, style="filled,bold", fillcolor="#fff4d6", color="#b7791f"',
+    "agent": 'shape=box, style="rounded,filled", fillcolor="#e6f0ff"',
+    "join": 'shape=circle, style=filled, fillcolor="#333333", fontcolor="#ffffff", '
+            "fontsize=9, width=0.4, fixedsize=true",
+    "unknown": 'shape=box, style="dashed,filled", fillcolor="#ffe0e0", color="#c53030"',
+}
+
+
+def dot_text(text: str) -> str:
+    """``text`` as a DOT double-quoted string, quotes included."""
+    escaped = text.replace("\\", "\\\\").replace('"', '\\"')
+    return '"' + escaped.replace("\r", "").replace("\n", "\\n") + '"'
+
+
+def to_dot(spec: WorkflowSpec) -> str:
+    """A Graphviz ``digraph`` of ``spec``."""
+    lay = layout(spec)
+    lines = [f"digraph {dot_text(lay.title)} {{", "    rankdir=TB;",
+             '    node [fontname="Helvetica"];',
+             '    edge [fontname="Helvetica", fontsize=10];']
+    for v in lay.vertices.values():
+        lines.append(f"    {v.id} [label={dot_text(v.label)}, {_DOT_STYLE[v.kind]}];")
+    for a in lay.arcs:
+        attrs = []
+        if a.label:
+            attrs.append(f"label={dot_text(a.label)}")
+        if a.guarded:
+            attrs.append("style=dashed")
+        suffix = f" [{', '.join(attrs)}]" if attrs else ""
+        lines.append(f"    {a.source} -> {a.target}{suffix};")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
