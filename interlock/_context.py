@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ._errors import RunError
     from ._runner import Runner
 
 
@@ -34,8 +35,8 @@ class Context:
     iterations): use it as the key of an external side effect.
     """
 
-    __slots__ = ("_runner", "_tokens", "attempt", "config", "idempotency_key", "node", "run_id",
-                 "visit")
+    __slots__ = ("_over", "_runner", "_tokens", "attempt", "config", "idempotency_key", "node",
+                 "run_id", "visit")
 
     def __init__(self, runner: Runner, node: str, visit: int, attempt: int) -> None:
         self._runner = runner
@@ -46,6 +47,7 @@ class Context:
         self.config: Mapping[str, Any] = runner.config
         self.idempotency_key = f"{runner.run_id}:{node}:{visit}"
         self._tokens = 0
+        self._over: RunError | None = None  # set when this visit crossed a budget
 
     @property
     def tokens(self) -> int:
@@ -53,10 +55,13 @@ class Context:
         return self._tokens
 
     def record_tokens(self, n: int) -> None:
-        """Charge ``n`` tokens (an LLM call's usage) to this node and to the run's budget."""
+        """Charge ``n`` tokens (an LLM call's usage) to this node and to the run's budget.
+
+        Raises ``BudgetExceededError`` when this crosses ``limits.tokens`` or the node's
+        ``tokens:``; the visit then fails even if the node catches it.
+        """
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise ValueError(f"record_tokens takes a non-negative int, got {n!r}")
-        self._tokens += n
         self._runner.charge_tokens(self, n)
 
     async def once(self, key: str, fn: Callable[..., Any], *args: Any) -> Any:

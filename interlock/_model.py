@@ -49,6 +49,28 @@ def parse_duration(value: Any) -> Any:
 Duration = Annotated[float, BeforeValidator(parse_duration), Field(gt=0)]
 
 
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.I)
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "t": 1000**4,
+               "ki": 1024, "mi": 1024**2, "gi": 1024**3, "ti": 1024**4}
+
+
+def parse_size(value: Any) -> Any:
+    """'512MB', '1GiB', '200m' or a number of bytes -> int bytes."""
+    if isinstance(value, bool):
+        raise ValueError("expected a size such as 256MB or 1GiB, got a boolean")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        m = _SIZE_RE.match(value)
+        if m:
+            unit = (m.group(2) or "").lower().rstrip("b")
+            return int(float(m.group(1)) * _SIZE_UNITS[unit])
+    raise ValueError(f"expected a size such as 256MB or 1GiB, got {value!r}")
+
+
+Size = Annotated[int, BeforeValidator(parse_size), Field(gt=0)]
+
+
 def _as_list(value: Any) -> Any:
     return [value] if isinstance(value, str) else value
 
@@ -89,6 +111,7 @@ class NodeSpec(_Strict):
     timeout: Duration | None = None
     retry: RetrySpec | None = None
     isolation: Literal["thread", "process"] | None = None
+    memory: Size | None = None  # with isolation: process, an address-space limit
     tokens: int | None = Field(default=None, ge=0)
     confirm: bool = False
     approval: ApprovalSpec | None = None

@@ -39,6 +39,7 @@ from ._errors import (
 )
 from ._expr import EvaluationError
 from ._fold import Due, RunView, Scope
+from ._guards import Budget, BudgetExceededError, call_body, timeout_error
 from ._model import case_key
 from ._plan import Plan, PlanEdge, PlanNode
 from ._state import check_update, scoped
@@ -85,6 +86,7 @@ class Runner:
         self._tasks: dict[tuple[str, int], asyncio.Task[None]] = {}
         self._lock = asyncio.Lock()
         self._staged: list[L.Entry] = []
+        self.budget = Budget(plan, view)
 
     # -- committing ------------------------------------------------------------------
 
@@ -241,12 +243,28 @@ class Runner:
         self._tasks[(node, visit)] = task
 
     async def _stop_tasks(self) -> None:
-        tasks = list(self._tasks.values())
-        for t in tasks:
+        """Cancel visits still in flight (a sibling failed, the run was cancelled).
+
+        Their tokens were spent: each gets a ``node.failed`` record saying so, and
+        runs again on resume.
+        """
+        inflight = {(c.node, c.visit): c for c in self.budget.inflight()}
+        tasks = list(self._tasks.items())
+        for _, t in tasks:
             t.cancel()
         if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.gather(*(t for _, t in tasks), return_exceptions=True)
         self._tasks.clear()
+        items = []
+        for key, _ in tasks:
+            ctx = inflight.get(key)
+            items.append((L.NODE_FAILED, {
+                "node": key[0], "visit": key[1], "attempt": ctx.attempt if ctx else None,
+                "tokens": (ctx.tokens or None) if ctx else None,
+                "error": {"type": "cancelled", "node": key[0],
+                          "message": f"node {key[0]!r} was cancelled: the run stopped"}}))
+        if items:
+            self.stage(items)
 
     # -- one visit of a node -----------------------------------------------------------
 
@@ -286,28 +304,25 @@ class Runner:
             args = (*args, ctx)
         t0 = time.perf_counter()
         error: RunError | None = None
+        update: dict[str, Any] | None = None
+        goto: str | None = None
+        self.budget.enter(ctx)
         try:
-            async with asyncio.timeout(pn.timeout):
-                if pn.is_async:
-                    result = await fn(*args)
-                else:
-                    result = await asyncio.to_thread(fn, *args)
+            result = await call_body(pn, fn, args)
             update, goto = self._check_result(pn, result)
         except TimeoutError:
-            update, goto = None, None
-            error = NodeError(
-                f"node {pn.name!r} timed out after {pn.timeout:g}s"
-                + ("" if pn.is_async else " (a sync node cannot be interrupted: its worker "
-                   "thread was abandoned and may still be running)"),
-                node=pn.name, exception="TimeoutError")
+            error = timeout_error(pn)
         except RunError as exc:
-            update, goto = None, None
             error = exc
         except Exception as exc:  # the node's own failure: becomes its error record
-            update, goto = None, None
             error = NodeError(f"node {pn.name!r} raised {type(exc).__name__}: {exc}",
                               node=pn.name, exception=type(exc).__name__,
+                              mro=[c.__name__ for c in type(exc).__mro__],
                               traceback=_short_tb(exc))
+        finally:
+            self.budget.leave(ctx)
+        if ctx._over is not None:  # crossed the budget, even if the node swallowed it
+            error, update, goto = ctx._over, None, None
         duration = (time.perf_counter() - t0) * 1000
         return Outcome(pn.name, visit, attempt, update, goto, error, round(duration, 3),
                        ctx.tokens)
@@ -527,7 +542,7 @@ class Runner:
         return value
 
     def charge_tokens(self, ctx: Context, n: int) -> None:
-        """Hook for the budget guard (tokens are recorded with the node's completion)."""
+        self.budget.charge(ctx, n)
 
 
 def _reads_decision(e: PlanEdge, gate: str) -> bool:
@@ -560,7 +575,7 @@ def _edge_location(plan: Plan, e: PlanEdge) -> str:
 
 
 def _retryable(error: RunError, names: list[str]) -> bool:
-    if isinstance(error, (RouteError, WriteConflictError)):
+    if isinstance(error, (RouteError, WriteConflictError, BudgetExceededError)):
         return False
     if not names:
         return True

@@ -336,8 +336,8 @@ def _names(value: str | Iterable[str]) -> list[str]:
 
 
 def _opts(options: dict[str, Any]) -> dict[str, Any]:
-    allowed = {"reads", "writes", "timeout", "retry", "isolation", "tokens", "confirm",
-               "description"}
+    allowed = {"reads", "writes", "timeout", "retry", "isolation", "memory", "tokens",
+               "confirm", "description"}
     unknown = set(options) - allowed
     if unknown:
         raise UsageError(f"unknown node option(s) {sorted(unknown)}; the options are "

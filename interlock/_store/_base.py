@@ -93,13 +93,17 @@ class RunRow:
 
 
 def this_owner() -> str:
-    """An owner id for this process: host:pid:boot-unique suffix."""
+    """An owner id for this process: ``host:pid`` (an executor adds ``:suffix``)."""
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
 def owner_gone(owner: str) -> bool:
-    """True when ``owner`` names a process on this host that no longer exists."""
-    host, _, pid = owner.rpartition(":")
+    """True when ``owner`` (``host:pid[:suffix]``) names a process on this host that no
+    longer exists."""
+    parts = owner.split(":")
+    if len(parts) < 2:
+        return False
+    host, pid = parts[0], parts[1]
     if host != socket.gethostname() or not pid.isdigit():
         return False
     try:

@@ -1,0 +1,122 @@
+"""Guards: what wraps a node call. Each is small and knows one policy.
+
+    retry( timeout( isolation( body ) ) )   with the budget charged from inside the body
+
+- `Budget`   -- token budgets of the run (``limits.tokens``) and of a node
+                (``tokens:``), shared safely by parallel branches;
+- `call_body` -- the timeout, and where the body runs: the event loop (async),
+                a worker thread (sync), or a separate process (``isolation: process``);
+- retries live in `Runner._visit` (each attempt is a record), the effect journal
+  in `Context.once`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+from ._errors import NodeError, RunError
+
+if TYPE_CHECKING:
+    from ._context import Context
+    from ._fold import RunView
+    from ._plan import Plan, PlanNode
+
+
+class BudgetExceededError(RunError):
+    """A token budget was crossed. Raised into the node that crossed it, and checked again
+    when the node returns (a node that swallows it still fails)."""
+
+    type = "budget_exceeded"
+
+
+class Budget:
+    """Token accounting across concurrent visits.
+
+    The run's total is what the log has (completed and failed visits) plus what the
+    visits in flight have recorded so far; a charge that crosses a limit is refused
+    -- the call that crossed it is counted (the tokens were spent), nothing after it.
+    """
+
+    def __init__(self, plan: Plan, view: RunView) -> None:
+        self._plan = plan
+        self._view = view
+        self._inflight: dict[tuple[str, int], Context] = {}
+        self._lock = threading.Lock()  # sync nodes charge from worker threads
+
+    def enter(self, ctx: Context) -> None:
+        self._inflight[(ctx.node, ctx.visit)] = ctx
+
+    def leave(self, ctx: Context) -> None:
+        self._inflight.pop((ctx.node, ctx.visit), None)
+
+    def inflight(self) -> list[Context]:
+        return list(self._inflight.values())
+
+    def charge(self, ctx: Context, n: int) -> None:
+        with self._lock:
+            ctx._tokens += n
+            ctx._over = self._exceeded(ctx)
+        if ctx._over is not None:
+            raise ctx._over
+
+    def _exceeded(self, ctx: Context) -> BudgetExceededError | None:
+        node_limit = self._plan.nodes[ctx.node].spec.tokens
+        if node_limit is not None and ctx._tokens > node_limit:
+            return BudgetExceededError(
+                f"node {ctx.node!r} used {ctx._tokens} tokens; its budget is {node_limit} "
+                "(tokens: on the node)", node=ctx.node, used=ctx._tokens, limit=node_limit)
+        limit = self._view.limits.get("tokens")
+        if limit is None:
+            return None
+        total = self._view.tokens + sum(c._tokens for c in self._inflight.values())
+        if total > limit:
+            return BudgetExceededError(
+                f"the run used {total} tokens, over its budget of {limit} (limits.tokens), "
+                f"when node {ctx.node!r} recorded its usage; continue it with "
+                "`interlock resume RUN --set limits.tokens=N`", node=ctx.node, used=total,
+                limit=limit)
+        return None
+
+
+def timeout_error(pn: PlanNode) -> NodeError:
+    how = ""
+    if not pn.is_async and pn.spec.isolation != "process":
+        how = (" (a sync node cannot be interrupted in-process: its worker thread was "
+               "abandoned and may still be running; use isolation: process to have it killed)")
+    elif pn.spec.isolation == "process":
+        how = " (its process was killed)"
+    return NodeError(f"node {pn.name!r} timed out after {pn.timeout:g}s{how}", node=pn.name,
+                     exception="TimeoutError")
+
+
+# Sync node bodies run here rather than in the loop's default executor: that one has
+# min(32, cpus + 4) threads (a 100-way fan-out of sync nodes would run 6 at a time),
+# and ``asyncio.run`` waits for it at exit -- so a thread abandoned after a timeout
+# would hold up the end of the run.
+NODE_THREADS = ThreadPoolExecutor(max_workers=128, thread_name_prefix="interlock-node")
+abandoned = 0  # threads left running after their node timed out (see cli.main)
+
+
+async def call_body(pn: PlanNode, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+    """Run the body under the node's timeout, in the loop (async) or a worker thread (sync).
+
+    Raises TimeoutError past the timeout; anything the body raises propagates.
+    """
+    global abandoned
+    if pn.is_async:
+        async with asyncio.timeout(pn.timeout):
+            return await fn(*args)
+    call = functools.partial(contextvars.copy_context().run, fn, *args)
+    future = asyncio.get_running_loop().run_in_executor(NODE_THREADS, call)
+    try:
+        async with asyncio.timeout(pn.timeout):
+            return await future
+    except TimeoutError:
+        abandoned += 1
+        raise

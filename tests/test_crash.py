@@ -1,0 +1,251 @@
+"""Crash and resume with real processes: SIGKILL an `interlock run` and continue it.
+
+Each node appends ``<pid> start|end <node>`` to a file; a node named in the
+``CRASH_AT`` environment variable announces itself (a ``ready_<node>`` file) and
+then blocks, so the test knows the process is inside that node when it kills it.
+After ``interlock resume`` (a new process, without ``CRASH_AT``) we check: no
+node whose completion was committed ran again, a journaled effect inside the
+interrupted node was not repeated, the final state equals an uninterrupted
+run's, and ``interlock verify`` passes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+NODES = '''
+import asyncio, os, time
+from pathlib import Path
+
+def _mark(what, node):
+    with open("trace.txt", "a") as f:
+        f.write(f"{os.getpid()} {what} {node}\\n")
+
+def _block_if_asked(node):
+    if os.environ.get("CRASH_AT") in (node, "fan" if node.startswith("c") else None):
+        Path(f"ready_{node}").write_text("")
+        while True:
+            time.sleep(0.05)
+
+async def _work(state, ctx, node, update):
+    _mark("start", node)
+    await asyncio.sleep(0.03)
+    await asyncio.to_thread(_block_if_asked, node)
+    _mark("end", node)
+    return update
+
+def _charge(key):
+    with open("effects.txt", "a") as f:
+        f.write(key + "\\n")
+    return "receipt-" + key[-6:]
+
+async def a(state, ctx):
+    return await _work(state, ctx, "a", {"log": "a", "a": 1})
+
+async def b(state, ctx):
+    receipt = await ctx.once("charge", _charge, ctx.idempotency_key)
+    return await _work(state, ctx, "b", {"log": "b", "receipt": receipt})
+
+async def c1(state, ctx):
+    return await _work(state, ctx, "c1", {"log": "c1", "c1": state["a"] + 1})
+
+async def c2(state, ctx):
+    return await _work(state, ctx, "c2", {"log": "c2", "c2": state["a"] + 2})
+
+async def d(state, ctx):
+    return await _work(state, ctx, "d", {"log": "d", "total": state["c1"] + state["c2"]})
+'''
+
+WORKFLOW = """
+workflow: crashy
+state:
+  log: {reducer: append}
+nodes:
+  a: nodes:a
+  b: nodes:b
+  c1: nodes:c1
+  c2: nodes:c2
+  d: nodes:d
+edges:
+  - {from: START, to: a}
+  - {from: a, to: b}
+  - {from: b, to: [c1, c2]}
+  - {from: [c1, c2], to: d}
+"""
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    (tmp_path / "nodes.py").write_text(textwrap.dedent(NODES))
+    (tmp_path / "wf.yaml").write_text(WORKFLOW)
+    return tmp_path
+
+
+def cli(project: Path, *args: str, env: dict[str, str] | None = None,
+        check: bool = False) -> subprocess.CompletedProcess[str]:
+    full_env = {k: v for k, v in os.environ.items() if k != "CRASH_AT"}
+    full_env.update(env or {})
+    return subprocess.run([sys.executable, "-m", "interlock", *args], cwd=project,
+                          env=full_env, capture_output=True, text=True, timeout=60,
+                          check=check)
+
+
+def start_and_kill(project: Path, crash_at: str, ready: list[str], store: str) -> str:
+    """Start a run that blocks in ``crash_at``, SIGKILL it once every ready file exists."""
+    env = {k: v for k, v in os.environ.items()}
+    env["CRASH_AT"] = crash_at
+    proc = subprocess.Popen([sys.executable, "-m", "interlock", "run", "wf.yaml",
+                             "--store", store, "--run-id", f"run-{crash_at}"],
+                            cwd=project, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not all((project / f"ready_{n}").exists() for n in ready):
+            assert proc.poll() is None, "the run ended before reaching the crash point"
+            assert time.monotonic() < deadline, "the run never reached the crash point"
+            time.sleep(0.02)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    return f"run-{crash_at}"
+
+
+def committed_completions(db: Path, run_id: str) -> set[str]:
+    with sqlite3.connect(db) as conn:
+        rows = conn.execute("SELECT data FROM records WHERE run_id = ? AND type = ?",
+                            (run_id, "node.completed")).fetchall()
+    return {json.loads(r[0])["node"] for r in rows}
+
+
+def body_runs(project: Path) -> list[tuple[int, str, str]]:
+    out = []
+    for line in (project / "trace.txt").read_text().splitlines():
+        pid, what, node = line.split()
+        out.append((int(pid), what, node))
+    return out
+
+
+def reference_state(tmp_path: Path) -> dict:
+    ref = tmp_path / "reference"
+    ref.mkdir()
+    (ref / "nodes.py").write_text(textwrap.dedent(NODES))
+    (ref / "wf.yaml").write_text(WORKFLOW)
+    out = cli(ref, "run", "wf.yaml", "--store", f"sqlite:///{ref}/runs.db", "--json",
+              check=True)
+    return json.loads(out.stdout)["state"]
+
+
+def normalise(state: dict) -> dict:
+    state = dict(state)
+    state["log"] = sorted(state["log"])  # the fan-out's two appends may come in either order
+    state.pop("receipt", None)  # derived from the run id
+    return state
+
+
+@pytest.mark.parametrize("crash_at, ready", [
+    ("b", ["b"]),            # inside a node, after its journaled effect
+    ("fan", ["c1", "c2"]),   # during a parallel fan-out, both branches in flight
+    ("d", ["d"]),            # inside the join's target
+])
+def test_sigkill_then_resume_finishes_exactly_once(project: Path, tmp_path: Path,
+                                                   crash_at: str, ready: list[str]) -> None:
+    db = project / "runs.db"
+    store = f"sqlite:///{db}"
+    run_id = start_and_kill(project, crash_at, ready, store)
+    done_before = committed_completions(db, run_id)
+    killed_pid = {pid for pid, _, _ in body_runs(project)}.pop()
+
+    status = cli(project, "status", run_id, "--store", store, "--json")
+    assert json.loads(status.stdout)["status"] == "RUNNING"  # what the log says: interrupted
+
+    resumed = cli(project, "resume", run_id, "--store", store, "--json")
+    assert resumed.returncode == 0, resumed.stderr
+    result = json.loads(resumed.stdout)
+    assert result["status"] == "COMPLETED"
+
+    # no node whose completion was committed before the kill ran again
+    again = {node for pid, what, node in body_runs(project)
+             if pid != killed_pid and what == "start"}
+    assert not (again & done_before), f"completed nodes ran again: {again & done_before}"
+    # the interrupted nodes did run again, and everything ran to completion
+    assert set(ready) <= again
+    assert committed_completions(db, run_id) == {"a", "b", "c1", "c2", "d"}
+    # the journaled effect happened once, whether or not b was interrupted
+    assert (project / "effects.txt").read_text().splitlines() == [f"{run_id}:b:1"]
+    assert normalise(result["state"]) == normalise(reference_state(tmp_path))
+    verified = cli(project, "verify", run_id, "--store", store)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
+def test_sigkill_at_random_moments_never_loses_or_repeats_work(project: Path) -> None:
+    """Kills at spread-out times, landing between nodes as well as inside them."""
+    db = project / "runs.db"
+    store = f"sqlite:///{db}"
+    for i, delay in enumerate([0.35, 0.45, 0.55, 0.65]):
+        run_id = f"chaos-{i}"
+        proc = subprocess.Popen([sys.executable, "-m", "interlock", "run", "wf.yaml", "--store",
+                                 store, "--run-id", run_id], cwd=project,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True)
+        try:
+            proc.wait(timeout=delay)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        done_before = committed_completions(db, run_id)
+        if len(done_before) < 5:
+            resumed = cli(project, "resume", run_id, "--store", store, "--json")
+            assert resumed.returncode == 0, resumed.stderr
+            assert json.loads(resumed.stdout)["status"] == "COMPLETED"
+        assert committed_completions(db, run_id) == {"a", "b", "c1", "c2", "d"}
+        assert cli(project, "verify", run_id, "--store", store).returncode == 0
+    effects = (project / "effects.txt").read_text().splitlines()
+    assert sorted(effects) == sorted(f"chaos-{i}:b:1" for i in range(4))
+
+
+def test_a_running_run_cannot_be_resumed_by_a_second_process(project: Path) -> None:
+    db = project / "runs.db"
+    store = f"sqlite:///{db}"
+    env = {k: v for k, v in os.environ.items()}
+    env["CRASH_AT"] = "b"
+    proc = subprocess.Popen([sys.executable, "-m", "interlock", "run", "wf.yaml", "--store",
+                             store, "--run-id", "busy"], cwd=project, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not (project / "ready_b").exists():
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        second = cli(project, "resume", "busy", "--store", store)
+        assert second.returncode == 2
+        assert "is being executed by" in second.stderr
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    # once the owner is gone, a resume takes over at once (no lease wait)
+    resumed = cli(project, "resume", "busy", "--store", store, "--json")
+    assert resumed.returncode == 0, resumed.stderr
+
+
+def test_resume_uses_the_definition_the_run_started_with(project: Path) -> None:
+    db = project / "runs.db"
+    store = f"sqlite:///{db}"
+    run_id = start_and_kill(project, "b", ["b"], store)
+    # someone edits the file while the run is stopped: d is removed, the edges change
+    (project / "wf.yaml").write_text(WORKFLOW.replace("  - {from: [c1, c2], to: d}\n", "")
+                                     .replace("  d: nodes:d\n", ""))
+    resumed = cli(project, "resume", run_id, "--store", store, "--json")
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads(resumed.stdout)["state"]["total"] == 5  # d still ran

@@ -1,0 +1,194 @@
+"""Runtime guards with real time: token budgets, timeouts, retries."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import interlock
+from interlock import START, Workflow
+
+
+def records_of(wf: Workflow, *args: Any, **kw: Any) -> tuple[Any, list[dict[str, Any]]]:
+    recs: list[dict[str, Any]] = []
+    kw.setdefault("store", "memory://")
+    result = wf.run_sync(*args, listener=lambda r, v: recs.append(r), **kw)
+    return result, recs
+
+
+# -- token budgets -------------------------------------------------------------------
+
+
+def test_budget_crossed_in_one_of_two_parallel_branches_stops_the_run(tmp_path: Path) -> None:
+    store = f"sqlite:///{tmp_path}/runs.db"
+    slow_started = threading.Event()
+    calls: list[str] = []
+
+    async def cheap(state: dict[str, Any], ctx: interlock.Context) -> dict[str, Any]:
+        calls.append("cheap")
+        ctx.record_tokens(100)
+        return {"cheap": True}
+
+    async def greedy(state: dict[str, Any], ctx: interlock.Context) -> dict[str, Any]:
+        calls.append("greedy")
+        await asyncio.to_thread(slow_started.wait, 5)
+        ctx.record_tokens(600)  # crosses the budget of 500
+        ctx.record_tokens(1)  # reached only once the budget allows it (on resume)
+        return {"greedy": True}
+
+    async def slow(state: dict[str, Any], ctx: interlock.Context) -> dict[str, Any]:
+        calls.append("slow")
+        ctx.record_tokens(50)
+        slow_started.set()
+        await asyncio.sleep(30)  # cancelled when the budget stops the run
+        return {"slow": True}
+
+    wf = Workflow("budget", limits={"tokens": 500})
+    wf.node("start", lambda s: None).node("cheap", cheap).node("greedy", greedy)
+    wf.node("slow", slow).node("join", lambda s: {"done": True})
+    wf.edge(START, "start").edge("start", ["greedy", "slow"]).edge("greedy", "cheap")
+    wf.edge(["cheap", "slow"], "join")
+    t0 = time.perf_counter()
+    result = wf.run_sync(store=store)
+    assert time.perf_counter() - t0 < 10  # the sleeping sibling was cancelled, not awaited
+    assert result.status == "FAILED"
+    assert result.error["type"] == "budget_exceeded" and result.error["node"] == "greedy"
+    assert result.tokens == 650  # the crossing call counts; the cancelled sibling's 50 too
+    trace = asyncio.run(interlock.trace(result.run_id, store=store))
+    assert [r["tokens"] for r in trace if r["type"] == "node.failed"
+            and r["node"] == "greedy"] == [600]
+
+    calls.clear()
+    done = asyncio.run(interlock.resume(result.run_id, store=store, limits={"tokens": 5000},
+                                        workflow=wf))
+    assert done.status == "COMPLETED", done.error
+    assert done.state["done"] is True
+    assert "start" not in calls  # completed work was not repeated
+    # greedy ran again (601: both calls fit now), slow again, and cheap once
+    assert done.tokens == 650 + 601 + 50 + 100
+
+
+def test_node_budget() -> None:
+    async def chatty(state: dict[str, Any], ctx: interlock.Context) -> None:
+        ctx.record_tokens(30)
+        try:
+            ctx.record_tokens(30)
+        except Exception:
+            pass  # a node that swallows the error still fails
+
+    wf = Workflow("node-budget")
+    wf.node("chatty", chatty, tokens=50).edge(START, "chatty")
+    result, _ = records_of(wf)
+    assert result.status == "FAILED" and result.error["type"] == "budget_exceeded"
+    assert "budget is 50" in result.error["message"]
+
+
+def test_tokens_are_per_node_in_the_trace() -> None:
+    async def a(state: dict[str, Any], ctx: interlock.Context) -> None:
+        ctx.record_tokens(12)
+
+    wf = Workflow("tokens")
+    wf.node("a", a).edge(START, "a")
+    result, recs = records_of(wf)
+    assert result.tokens == 12
+    assert [r.get("tokens") for r in recs if r["type"] == "node.completed"] == [12]
+
+
+# -- timeouts ------------------------------------------------------------------------
+
+
+def test_async_node_past_its_timeout_is_cancelled_promptly() -> None:
+    async def sleepy(state: dict[str, Any]) -> None:
+        await asyncio.sleep(10)
+
+    wf = Workflow("timeout")
+    wf.node("sleepy", sleepy, timeout="0.5s").edge(START, "sleepy")
+    t0 = time.perf_counter()
+    result, _ = records_of(wf)
+    elapsed = time.perf_counter() - t0
+    assert result.status == "FAILED" and "timed out after 0.5s" in result.error["message"]
+    assert elapsed < 2
+
+
+def test_default_timeout_comes_from_limits() -> None:
+    async def sleepy(state: dict[str, Any]) -> None:
+        await asyncio.sleep(10)
+
+    wf = Workflow("timeout-default", limits={"timeout": "300ms"})
+    wf.node("sleepy", sleepy).edge(START, "sleepy")
+    result, _ = records_of(wf)
+    assert "timed out after 0.3s" in result.error["message"]
+
+
+def test_sync_node_past_its_timeout_is_abandoned_with_a_clear_record() -> None:
+    release = threading.Event()
+
+    def stuck(state: dict[str, Any]) -> None:
+        release.wait(10)
+
+    wf = Workflow("sync-timeout")
+    wf.node("stuck", stuck, timeout="0.3s").edge(START, "stuck")
+    t0 = time.perf_counter()
+    result, _ = records_of(wf)
+    release.set()
+    assert time.perf_counter() - t0 < 2
+    assert result.status == "FAILED"
+    assert "worker thread was abandoned" in result.error["message"]
+
+
+# -- retries ------------------------------------------------------------------------
+
+
+def test_failing_twice_then_succeeding_under_three_attempts() -> None:
+    attempts: list[int] = []
+
+    async def flaky(state: dict[str, Any], ctx: interlock.Context) -> dict[str, Any]:
+        attempts.append(ctx.attempt)
+        if ctx.attempt < 3:
+            raise ConnectionError(f"attempt {ctx.attempt} failed")
+        return {"ok": ctx.idempotency_key}
+
+    wf = Workflow("retry")
+    wf.node("flaky", flaky, retry={"attempts": 3, "backoff": "10ms",
+                                   "errors": ["ConnectionError"]})
+    wf.edge(START, "flaky")
+    result, recs = records_of(wf, run_id="r")
+    assert result.status == "COMPLETED"
+    assert attempts == [1, 2, 3]
+    assert result.state["ok"] == "r:flaky:1"  # the same key on every attempt
+    retrying = [r for r in recs if r["type"] == "node.retrying"]
+    assert [r["attempt"] for r in retrying] == [1, 2]
+    assert "attempt 1 failed" in retrying[0]["error"]["message"]
+    assert [r["delay_ms"] for r in retrying] == [10.0, 20.0]  # exponential backoff
+    assert [r["attempt"] for r in recs if r["type"] == "node.started"] == [1, 2, 3]
+
+
+def test_non_retryable_errors_fail_at_once() -> None:
+    attempts: list[int] = []
+
+    async def broken(state: dict[str, Any], ctx: interlock.Context) -> None:
+        attempts.append(ctx.attempt)
+        raise ValueError("bad input")
+
+    wf = Workflow("no-retry")
+    wf.node("broken", broken, retry={"attempts": 5, "errors": ["ConnectionError"]})
+    wf.edge(START, "broken")
+    result, _ = records_of(wf)
+    assert result.status == "FAILED" and attempts == [1]
+
+
+def test_retry_matches_exception_subclasses_by_name() -> None:
+    attempts: list[int] = []
+
+    async def refused(state: dict[str, Any], ctx: interlock.Context) -> None:
+        attempts.append(ctx.attempt)
+        if ctx.attempt == 1:
+            raise ConnectionRefusedError("nope")  # a ConnectionError
+
+    wf = Workflow("retry-sub")
+    wf.node("refused", refused, retry={"attempts": 2, "errors": ["ConnectionError"]})
+    wf.edge(START, "refused")
+    assert records_of(wf)[0].status == "COMPLETED" and attempts == [1, 2]
