@@ -23,7 +23,7 @@ _interlock_pg_start() {
     fi
 
     local bindir
-    bindir=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)
+    bindir=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1) || true
     if [[ -z "$bindir" || ! -x "$bindir/initdb" ]]; then
         if [[ $EUID -ne 0 ]]; then
             echo "postgres.sh: PostgreSQL is not installed and we are not root to apt-get it" >&2
@@ -32,7 +32,7 @@ _interlock_pg_start() {
         echo "postgres.sh: installing PostgreSQL with apt-get" >&2
         apt-get update -qq >&2 || return 1
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >&2 || return 1
-        bindir=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)
+        bindir=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1) || true
         if [[ -z "$bindir" || ! -x "$bindir/initdb" ]]; then
             echo "postgres.sh: apt-get installed postgresql but no initdb found" >&2
             return 1

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from ._runs import (
         RunResult,
         Verification,
+        cancel,
         fork,
         list_runs,
         resume,
@@ -54,7 +55,8 @@ _WHERE = {
     "RouteError": "_errors", "RunError": "_errors", "UsageError": "_errors",
     "WorkflowError": "_errors", "WriteConflictError": "_errors",
     "END": "_model", "START": "_model", "WorkflowSpec": "_model",
-    "RunResult": "_runs", "Verification": "_runs", "fork": "_runs", "list_runs": "_runs",
+    "RunResult": "_runs", "Verification": "_runs", "cancel": "_runs", "fork": "_runs",
+    "list_runs": "_runs",
     "resume": "_runs", "status": "_runs", "trace": "_runs", "verify": "_runs",
     "Workflow": "_workflow", "load": "_workflow",
 }
@@ -82,6 +84,7 @@ __all__ = [
     "WriteConflictError",
     "__version__",
     "approve",
+    "cancel",
     "fork",
     "goto",
     "list_runs",

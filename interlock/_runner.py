@@ -87,6 +87,7 @@ class Runner:
         self._lock = asyncio.Lock()
         self._staged: list[L.Entry] = []
         self.budget = Budget(plan, view)
+        self.cancelled_by: dict[str, Any] | None = None  # set by drive()'s cancel watcher
 
     # -- committing ------------------------------------------------------------------
 
@@ -143,6 +144,15 @@ class Runner:
         except _Rejected as rej:
             self.stage([(L.RUN_REJECTED, {"node": rej.node, "error": {
                 "type": "rejected", "message": rej.message, "node": rej.node}})])
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if self.cancelled_by is None or task is None:
+                raise  # not ours: the caller is being cancelled
+            task.uncancel()
+            by = self.cancelled_by.get("by")
+            self.stage([(L.RUN_CANCELLED, {"by": by, "error": {
+                "type": "cancelled", "node": None,
+                "message": f"the run was cancelled by {by or 'an anonymous request'}"}})])
         await self.flush()
 
     async def _loop(self) -> None:

@@ -78,28 +78,53 @@ def open_store_arg(store: str | Store | None) -> tuple[Store, bool]:
 async def drive(plan: Plan, store: Store, run_id: str, view: RunView, writer: L.LogWriter, *,
                 first: list[tuple[str, dict[str, Any]]] | None = None, force: bool = False,
                 listener: Listener | None = None) -> RunResult:
-    """Claim the run, commit ``first`` (e.g. ``run.resumed``), execute, release."""
+    """Claim the run, commit ``first`` (e.g. ``run.resumed``), execute, release.
+
+    Beside the executor, one watcher task keeps the lease alive and looks for a
+    cancellation requested through the store (by `cancel`, from any process).
+    """
     owner = f"{this_owner()}:{uuid.uuid4().hex[:8]}"
     await store.claim(run_id, owner, LEASE_SECONDS, force=force)
-    beat = asyncio.get_running_loop().create_task(_heartbeat(store, run_id, owner))
+    runner = Runner(plan, store, run_id, view, writer, listener)
+    loop = asyncio.get_running_loop()
     try:
-        runner = Runner(plan, store, run_id, view, writer, listener)
         if first:
             await runner.commit(first)
         if view.status not in L.TERMINAL_TYPES.values():
-            await runner.execute()
+            work = loop.create_task(runner.execute())
+            watch = loop.create_task(_watch(store, run_id, owner, runner, work))
+            try:
+                await asyncio.shield(work)
+            except asyncio.CancelledError:
+                work.cancel()  # our caller is cancelled: stop the executor with it
+                with contextlib.suppress(asyncio.CancelledError):
+                    await work
+                raise
+            finally:
+                watch.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watch
     finally:
-        beat.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await beat
         await store.release(run_id, owner)
     return result_of(run_id, plan.spec.workflow, view)
 
 
-async def _heartbeat(store: Store, run_id: str, owner: str) -> None:
+CANCEL_POLL_SECONDS = 0.25
+
+
+async def _watch(store: Store, run_id: str, owner: str, runner: Runner,
+                 work: asyncio.Task[None]) -> None:
+    """Heartbeat the lease; on a cancellation request, cancel the executor task."""
+    next_beat = time.monotonic() + LEASE_SECONDS / 3
     while True:
-        await asyncio.sleep(LEASE_SECONDS / 3)
-        await store.heartbeat(run_id, owner, LEASE_SECONDS)
+        await asyncio.sleep(CANCEL_POLL_SECONDS)
+        request = await store.cancel_requested(run_id)
+        if request is not None and runner.cancelled_by is None:
+            runner.cancelled_by = request
+            work.cancel()
+        if time.monotonic() >= next_beat:
+            await store.heartbeat(run_id, owner, LEASE_SECONDS)
+            next_beat = time.monotonic() + LEASE_SECONDS / 3
 
 
 # -- reading a stored run -------------------------------------------------------------
@@ -334,6 +359,50 @@ async def fork(run_id: str, at: int, *, store: str | Store | None = None,
         # run.forked re-opens the run at that point, whatever its status was there
         return await drive(loaded.workflow.compile(), st, rid, loaded.view, writer,
                            first=[(L.RUN_FORKED, fields)], listener=listener)
+    finally:
+        if owned:
+            await st.close()
+
+
+async def cancel(run_id: str, *, by: str | None = None, store: str | Store | None = None,
+                 wait: float = 10.0) -> RunResult:
+    """Cancel a running or waiting run; the log records who cancelled it.
+
+    A run that no process is executing (waiting for a human, failed, or whose
+    process died) is cancelled here and now. A run being executed elsewhere is
+    asked to stop through the store: its executor cancels the visits in flight
+    (killing isolated processes) and writes ``run.cancelled``; this waits up to
+    ``wait`` seconds for that and returns the run as it then is.
+    """
+    from ._store import ClaimError
+
+    st, owned = open_store_arg(store)
+    try:
+        loaded = await load_run(st, run_id)
+        if loaded.view.status in ("COMPLETED", "REJECTED", "CANCELLED"):
+            raise UsageError(f"run {run_id!r} is already {loaded.view.status}")
+        owner = f"{this_owner()}:{uuid.uuid4().hex[:8]}"
+        try:
+            await st.claim(run_id, owner, LEASE_SECONDS)
+        except ClaimError:
+            await st.request_cancel(run_id, by)
+            deadline = time.monotonic() + wait
+            while time.monotonic() < deadline:
+                await asyncio.sleep(CANCEL_POLL_SECONDS)
+                if (await st.get_run(run_id)).summary.status == "CANCELLED":
+                    break
+            return await status(run_id, store=st)
+        try:
+            loaded = await load_run(st, run_id)  # again: it may have moved before our claim
+            last = loaded.entries[-1]
+            runner = Runner(loaded.workflow.reading_plan(), st, run_id, loaded.view,
+                            L.LogWriter(last.seq, last.hash))
+            await runner.commit([(L.RUN_CANCELLED, {"by": by, "error": {
+                "type": "cancelled", "node": None,
+                "message": f"the run was cancelled by {by or 'an anonymous request'}"}})])
+        finally:
+            await st.release(run_id, owner)
+        return result_of(run_id, loaded.row.workflow, loaded.view)
     finally:
         if owned:
             await st.close()

@@ -19,7 +19,7 @@ import json
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Any, NoReturn, TypeVar
 
@@ -35,8 +35,10 @@ if TYPE_CHECKING:
     from ._fold import RunView
     from ._log import Record
     from ._model import EdgeSpec, WorkflowSpec
+    from ._store import RunRow, Store
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 
 EXIT_COMPLETED, EXIT_FAILED, EXIT_USAGE, EXIT_WAITING, EXIT_REJECTED = 0, 1, 2, 3, 4
 
@@ -163,6 +165,13 @@ def run(workflow: str, input_json: str | None, input_file: str | None, sets: tup
 def _execute(wf: Workflow, data: dict[str, Any], store_url: str | None, run_id: str,
              config: dict[str, Any], limits: dict[str, Any], progress: Progress) -> RunResult:
     """``wf.run`` with the engine's usage and store errors turned into `CliError`."""
+    return call_engine(wf.run(data, store=store_url, run_id=run_id, config=config or None,
+                              limits=limits or None, listener=progress), progress)
+
+
+def call_engine(coro: Coroutine[Any, Any, T], progress: Progress | None = None) -> T:
+    """Run ``coro`` to completion; the engine's usage errors (a refused decision, an
+    unknown run, a claimed run, a bad store URL) become `CliError` (exit 2)."""
     import asyncio
 
     from pydantic import ValidationError
@@ -171,17 +180,28 @@ def _execute(wf: Workflow, data: dict[str, Any], store_url: str | None, run_id: 
     from ._store import StoreError
 
     try:
-        return asyncio.run(wf.run(data, store=store_url, run_id=run_id, config=config or None,
-                                  limits=limits or None, listener=progress))
+        return asyncio.run(coro)
     except (UsageError, StoreError) as exc:
         raise CliError(str(exc)) from None
     except ValidationError as exc:  # a --set limits.X value of the wrong type or range
         raise CliError(_limit_problems(exc)) from None
     except KeyboardInterrupt:
-        if progress.started:
-            click.echo(f"interrupted: run {run_id} stopped; its completed nodes are kept "
-                       f"in the store", err=True)
+        if progress is not None and progress.started:
+            click.echo(f"interrupted: run {progress.run_id} stopped; its completed nodes are "
+                       "kept in the store (continue with `interlock resume "
+                       f"{progress.run_id}`)", err=True)
         raise SystemExit(130) from None
+
+
+async def with_store(store_url: str | None, fn: Callable[[Store], Awaitable[T]]) -> T:
+    """Open the store at ``store_url`` (None: the default), call ``fn`` with it, close it."""
+    from ._store import open_store
+
+    st = open_store(store_url)
+    try:
+        return await fn(st)
+    finally:
+        await st.close()
 
 
 def _limit_problems(exc: Any) -> str:
@@ -303,6 +323,8 @@ _STATUS_STYLE = {
     "waiting": "magenta", "taken": "cyan", "skipped": "dim", "not run": "dim",
     "COMPLETED": "bold green", "FAILED": "bold red", "CANCELLED": "bold red",
     "WAITING_APPROVAL": "bold magenta", "REJECTED": "bold yellow",
+    "approved": "green", "rejected": "yellow", "modified": "cyan", "timed_out": "yellow",
+    "PENDING": "dim", "RUNNING": "cyan", "RETRYING": "yellow",
 }
 
 
@@ -331,19 +353,47 @@ class Progress:
         match rec["type"]:
             case "run.started":
                 self._on_started(view.plan.spec)
+            case "run.resumed":
+                by = f" by {rec['by']}" if rec.get("by") else ""
+                self._on_started(view.plan.spec, f"resumed{by}")
+            case "run.forked":
+                self._on_started(view.plan.spec, f"forked from {rec['parent_run']} at "
+                                                 f"record {rec['parent_seq']}")
             case "node.started" | "node.completed" | "node.failed" | "node.retrying":
                 self._on_node(rec)
             case "edge.taken" | "edge.skipped":
                 self._on_edge(rec, view.plan.spec.edges[rec["edge"]])
             case "approval.requested":
                 self._on_waiting(rec)
+            case "approval.decided":
+                self._on_decided(rec)
 
-    def _on_started(self, spec: WorkflowSpec) -> None:
+    def replay(self, records: list[Record]) -> None:
+        """Count the node records of a run's earlier executions (printing nothing), so
+        that the summary of a resumed or forked run covers the whole run."""
+        live, self.live = self.live, False
+        try:
+            for rec in records:
+                if rec["type"] in ("node.started", "node.completed", "node.failed",
+                                   "node.retrying"):
+                    self._on_node(rec)
+                elif rec["type"] == "approval.requested":
+                    self._on_waiting(rec)
+        finally:
+            self.live = live
+
+    def _on_started(self, spec: WorkflowSpec, how: str = "") -> None:
         self.started = True
         self.t0 = time.perf_counter()
-        self.stats = {name: NodeStats() for name in spec.nodes}
+        self.stats = {name: self.stats.get(name, NodeStats()) for name in spec.nodes}
         self.width = max((len(n) for n in spec.nodes), default=0)
-        click.echo(f"run {self.run_id} started: workflow {spec.workflow}", err=True)
+        verb = f"started ({how})" if how.startswith("forked") else how or "started"
+        click.echo(f"run {self.run_id} {verb}: workflow {spec.workflow}", err=True)
+
+    def _on_decided(self, rec: Record) -> None:
+        node, decision = rec["node"], rec["decision"]
+        self.stats.setdefault(node, NodeStats()).status = decision
+        self._line(node, decision, _decision_detail(rec))
 
     def _on_node(self, rec: Record) -> None:
         node = rec["node"]
@@ -462,8 +512,22 @@ def _outcome_lines(result: RunResult) -> list[str]:
         w = result.waiting
         lines.append(f"waiting for a decision at {w.get('node')!r}; shows {_json(w.get('show'))}")
         lines.append(f"decide with: interlock resume {result.run_id} --approve | --reject | "
-                     "--modify PATCH_JSON")
+                     "--modify PATCH_JSON  [--by NAME] [--comment TEXT]")
     return lines
+
+
+def _decision_detail(rec: Record) -> str:
+    """'by alice: looks fine; patch {...}; re-enter at a' for an approval.decided record."""
+    text = f"by {rec['by']}" if rec.get("by") else "by an anonymous decider"
+    if rec.get("comment"):
+        text += f": {_short(str(rec['comment']), 100)}"
+    if rec.get("patch"):
+        text += f"; patch {_short(_json(rec['patch']), 100)}"
+    if rec.get("reenter"):
+        text += f"; re-enter at {rec['reenter']}"
+    if rec.get("timed_out"):
+        text += " (deadline passed)"
+    return text
 
 
 def _duration(ms: float) -> str:
@@ -542,3 +606,554 @@ def graph(workflow: str, fmt: str) -> None:
         echo_diagnostics(exc.diagnostics, err=True)
         raise SystemExit(EXIT_USAGE) from None
     click.echo(to_mermaid(spec) if fmt == "mermaid" else to_dot(spec), nl=False)
+
+
+# -- resume ----------------------------------------------------------------------------------
+
+
+@cli.command(short_help="Continue a run, or decide a waiting one.")
+@click.argument("run_id", metavar="RUN_ID")
+@click.option("--approve", "kind", flag_value="approve", help="Approve the waiting gate.")
+@click.option("--reject", "kind", flag_value="reject", help="Reject the waiting gate.")
+@click.option("--modify", "patch_json", metavar="PATCH_JSON",
+              help='Correct state fields (a JSON object, e.g. \'{"severity": "low"}\') and '
+                   "re-run from a node of the gate's approval.on_modify list.")
+@click.option("--at", "at_node", metavar="NODE",
+              help="With --modify: the node to re-enter at (default: the first of "
+                   "approval.on_modify).")
+@click.option("--by", metavar="NAME",
+              help="Who decides; recorded in the log and checked against the gate's "
+                   "approvers:. Not taken from $USER: without it the decision is anonymous.")
+@click.option("--comment", metavar="TEXT", help="A note recorded with the decision.")
+@set_option
+@click.option("--force", is_flag=True,
+              help="Take the run over even though another process holds its lease. Only "
+                   "when that process is really gone (e.g. on another machine that died): "
+                   "two processes executing one run would both run its nodes.")
+@json_option
+@store_option
+def resume(run_id: str, kind: str | None, patch_json: str | None, at_node: str | None,
+           by: str | None, comment: str | None, sets: tuple[str, ...], force: bool,
+           as_json: bool, store_url: str | None) -> None:
+    """Continue RUN_ID from its log, or decide the approval it is waiting for.
+
+    A crashed or failed run continues where it stopped: nodes that completed are
+    not run again, the interrupted (or failed) ones are. A run waiting for
+    approval needs exactly one of --approve, --reject or --modify. The run
+    executes the workflow definition it started with, not the file as it is now.
+
+    Exits like `run`: 0 completed, 1 failed, 2 refused (the reason is printed),
+    3 waiting again, 4 rejected.
+    """
+    decision = _decision(kind, patch_json, at_node, by, comment)
+    config_sets, limits = parse_sets(sets)
+    config = config_overrides({}, config_sets) if config_sets else {}
+    if any(len(path) > 1 for path, _ in config_sets):
+        config = _resume_config(run_id, store_url, config_sets)
+    progress = Progress(run_id, live=not as_json)
+
+    async def go(st: Store) -> RunResult:
+        from ._runs import resume as resume_run
+        from ._runs import trace
+
+        progress.replay(await trace(run_id, store=st))
+        return await resume_run(run_id, decision, store=st, config=config or None,
+                                limits=limits or None, force=force, listener=progress)
+
+    result = call_engine(with_store(store_url, go), progress)
+    _finish(result, progress, as_json)
+
+
+def _decision(kind: str | None, patch_json: str | None, at_node: str | None,
+              by: str | None, comment: str | None) -> Any:
+    """The `Decision` the options ask for, or None to just continue the run."""
+    from ._approvals import approve, modify, reject
+    from ._errors import UsageError
+
+    if kind is not None and patch_json is not None:
+        raise CliError(f"use one of --approve, --reject or --modify, not --{kind} and --modify")
+    if at_node is not None and patch_json is None:
+        raise CliError("--at NODE goes with --modify: it names where the corrected run "
+                       "re-enters the graph")
+    if patch_json is not None:
+        patch = _parse_object(patch_json, "--modify", "state fields to replace")
+        try:
+            return modify(patch, at_node, by=by, comment=comment)
+        except UsageError as exc:
+            raise CliError(f"--modify: {exc}") from None
+    if kind is None:
+        if by is not None or comment is not None:
+            raise CliError("--by and --comment go with a decision (--approve, --reject or "
+                           "--modify)")
+        return None
+    return (approve if kind == "approve" else reject)(by, comment)
+
+
+def _resume_config(run_id: str, store_url: str | None,
+                   config_sets: list[ConfigSet]) -> dict[str, Any]:
+    """Config overrides for a resume: a nested ``--set a.b=V`` keeps the siblings of the
+    config the run has now (its file's config with the overrides it was given)."""
+
+    async def current(st: Store) -> dict[str, Any]:
+        from ._runs import load_run
+
+        return dict((await load_run(st, run_id)).view.config)
+
+    return config_overrides(call_engine(with_store(store_url, current)), config_sets)
+
+
+def _finish(result: RunResult, progress: Progress, as_json: bool) -> NoReturn:
+    if as_json:
+        click.echo(json.dumps(result.to_json(), ensure_ascii=False))
+    else:
+        progress.print_summary(result)
+    sys.exit(exit_code_for(result.status))
+
+
+def _parse_object(text: str, where: str, what: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CliError(f"{where} is not valid JSON: {exc.msg} at line {exc.lineno} column "
+                       f"{exc.colno}; expected an object of {what}, such as "
+                       "'{\"field\": 1}'") from None
+    if not isinstance(value, dict):
+        raise CliError(f"{where} must be a JSON object of {what} (such as '{{\"field\": 1}}'), "
+                       f"got {_json_type(value)}")
+    return value
+
+
+# -- status ----------------------------------------------------------------------------------
+
+
+@cli.command(short_help="Show where a run stands.")
+@click.argument("run_id", metavar="RUN_ID")
+@json_option
+@store_option
+def status(run_id: str, as_json: bool, store_url: str | None) -> None:
+    """Show RUN_ID's status, counts and error; for a run waiting for approval, the gate,
+    what it shows and how to decide.
+
+    Exits like `run`: 0 completed, 1 failed (or not finished), 3 waiting, 4 rejected.
+    """
+    from ._runs import status as run_status
+
+    async def go(st: Store) -> tuple[RunResult, RunRow]:
+        return await run_status(run_id, store=st), await st.get_run(run_id)
+
+    result, row = call_engine(with_store(store_url, go))
+    if as_json:
+        click.echo(json.dumps(result.to_json(), ensure_ascii=False))
+    else:
+        _print_status(result, row, store_url)
+    sys.exit(exit_code_for(result.status))
+
+
+def _print_status(result: RunResult, row: RunRow, store_url: str | None) -> None:
+    from rich.console import Console
+    from rich.text import Text
+
+    out = Console(highlight=False, soft_wrap=True)
+    head = Text()
+    head.append(result.status, style=_STATUS_STYLE.get(result.status, ""))
+    head.append(f"  run {result.run_id}: workflow {result.workflow}, "
+                f"{_plural(result.steps, 'step')}, {_plural(result.tokens, 'token')}")
+    out.print(head)
+    lines = [f"created {_when(row.created_at)}, updated {_when(row.summary.updated_at)}"]
+    if row.parent_run:
+        lines.append(f"forked from {row.parent_run} at record {row.parent_seq}")
+    if result.error:
+        e = result.error
+        where = f" at node {e.get('node')!r}" if e.get("node") else ""
+        lines.append(f"error ({e.get('type')}){where}: {e.get('message')}")
+    store = f" --store {store_url}" if store_url else ""
+    if result.waiting:
+        lines += _waiting_lines(result.run_id, result.waiting, store)
+    elif result.status in ("RUNNING", "RETRYING", "PENDING"):
+        if row.owner and row.lease_until and row.lease_until > time.time():
+            lines.append(f"being executed by {row.owner}")
+        else:
+            lines.append(f"interrupted: no process is executing it; continue with "
+                         f"`interlock resume {result.run_id}{store}`")
+    elif result.status == "FAILED":
+        lines.append(f"run the failed node again with `interlock resume {result.run_id}{store}`")
+    for line in lines:
+        out.print(line, markup=False)
+
+
+def _waiting_lines(run_id: str, w: dict[str, Any], store: str) -> list[str]:
+    gate = w.get("node")
+    since = ""
+    if w.get("requested_at"):
+        since = f" for {_age(time.time() - w['requested_at'])}"
+    lines = [f"waiting for a decision at {gate!r}{since}"]
+    if w.get("deadline"):
+        left = w["deadline"] - time.time()
+        due = f"in {_age(left)}" if left > 0 else f"passed {_age(-left)} ago"
+        lines.append(f"deadline: {_when(w['deadline'])} ({due})")
+    show = w.get("show") or {}
+    if show:
+        lines.append("shows:")
+        lines += [f"  {field_} = {_json(value)}" for field_, value in show.items()]
+    decisions = list(w.get("decisions") or [])
+    lines.append(f"decisions: {', '.join(decisions)}")
+    lines.append("decide with:")
+    flags = {"approve": "--approve", "reject": "--reject",
+             "modify": "--modify '{\"field\": value}' [--at NODE]"}
+    for d in decisions:
+        if d in flags:
+            lines.append(f"  interlock resume {run_id} {flags[d]} --by NAME "
+                         f"[--comment TEXT]{store}")
+    return lines
+
+
+# -- runs ------------------------------------------------------------------------------------
+
+STATUSES = ["PENDING", "RUNNING", "RETRYING", "WAITING_APPROVAL", "COMPLETED", "FAILED",
+            "REJECTED", "CANCELLED"]
+
+
+@cli.command(short_help="List runs, newest first.")
+@click.option("--status", "status_", type=click.Choice(STATUSES, case_sensitive=False),
+              help="Only runs in this status.")
+@click.option("--workflow", metavar="NAME", help="Only runs of this workflow.")
+@click.option("--waiting", is_flag=True,
+              help="Only runs waiting for approval, with the gate, how long it has waited "
+                   "and its deadline.")
+@click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True,
+              help="At most this many runs.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the runs as one JSON list of objects on stdout.")
+@store_option
+def runs(status_: str | None, workflow: str | None, waiting: bool, limit: int, as_json: bool,
+         store_url: str | None) -> None:
+    """List the runs in the store, newest first."""
+    from ._runs import list_runs
+
+    if status_ is not None:
+        status_ = status_.upper()
+    if waiting:
+        if status_ not in (None, "WAITING_APPROVAL"):
+            raise CliError(f"--waiting lists WAITING_APPROVAL runs; it cannot be combined "
+                           f"with --status {status_}")
+        status_ = "WAITING_APPROVAL"
+    rows = call_engine(list_runs(store=store_url, status=status_, workflow=workflow,
+                                 limit=limit))
+    if as_json:
+        click.echo(json.dumps([_run_json(r) for r in rows], ensure_ascii=False))
+        return
+    if not rows:
+        click.echo("no runs waiting for approval" if waiting else "no runs")
+    elif waiting:
+        _print_waiting(rows)
+    else:
+        _print_runs(rows)
+    if len(rows) == limit:
+        click.echo(f"(the newest {limit}; see more with --limit)", err=True)
+
+
+def _run_json(row: RunRow) -> dict[str, Any]:
+    s = row.summary
+    return {"run_id": row.run_id, "workflow": row.workflow, "status": s.status,
+            "steps": s.steps, "tokens": s.tokens, "created_at": row.created_at,
+            "updated_at": s.updated_at, "parent_run": row.parent_run,
+            "parent_seq": row.parent_seq, "error": s.error, "waiting": s.waiting}
+
+
+def _print_runs(rows: list[RunRow]) -> None:
+    header = ["run id", "workflow", "status", "steps", "tokens", "created", "updated", "parent"]
+    body = [[r.run_id, r.workflow, r.summary.status, str(r.summary.steps),
+             str(r.summary.tokens), _when(r.created_at), _ago(r.summary.updated_at),
+             f"{r.parent_run}@{r.parent_seq}" if r.parent_run else "-"] for r in rows]
+    _print_columns(header, body, right={3, 4}, status_col=2)
+
+
+def _print_waiting(rows: list[RunRow]) -> None:
+    header = ["run id", "workflow", "gate", "waiting", "deadline", "shows"]
+    now = time.time()
+    body = []
+    for r in rows:
+        w = r.summary.waiting or {}
+        requested = w.get("requested_at")
+        deadline = w.get("deadline")
+        if deadline is None:
+            due = "-"
+        elif deadline > now:
+            due = f"{_when(deadline)} (in {_age(deadline - now)})"
+        else:
+            due = f"{_when(deadline)} (passed)"
+        body.append([r.run_id, r.workflow, str(w.get("node", "?")),
+                     _age(now - requested) if requested else "?", due,
+                     _short(_json(w.get("show") or {}), 60)])
+    _print_columns(header, body, right={3})
+    click.echo("decide with: interlock resume RUN_ID --approve | --reject | --modify "
+               "PATCH_JSON --by NAME", err=True)
+
+
+def _print_columns(header: list[str], body: list[list[str]], *, right: set[int],
+                   status_col: int | None = None) -> None:
+    """Aligned columns, never wrapped (so the output greps and pipes as it reads)."""
+    from rich.console import Console
+    from rich.text import Text
+
+    widths = [max(len(row[i]) for row in [header, *body]) for i in range(len(header))]
+
+    def line(cells: list[str], style: str = "") -> Text:
+        text = Text(style=style)
+        for i, cell in enumerate(cells):
+            padded = cell.rjust(widths[i]) if i in right else cell.ljust(widths[i])
+            if i == len(cells) - 1:
+                padded = padded.rstrip()
+            cell_style = _STATUS_STYLE.get(cell, "") if i == status_col and not style else ""
+            text.append(padded, style=cell_style)
+            if i < len(cells) - 1:
+                text.append("  ")
+        return text
+
+    out = Console(highlight=False, soft_wrap=True)
+    out.print(line(header, "bold"))
+    for row in body:
+        out.print(line(row))
+
+
+def _when(ts: float) -> str:
+    from datetime import datetime
+
+    return datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _ago(ts: float) -> str:
+    return f"{_age(time.time() - ts)} ago"
+
+
+def _age(seconds: float) -> str:
+    """'45s', '3m 10s', '2h 05m', '3d 4h'."""
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m {s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h {s % 3600 // 60:02d}m"
+    return f"{s // 86400}d {s % 86400 // 3600}h"
+
+
+# -- trace -----------------------------------------------------------------------------------
+
+
+@cli.command(short_help="Show a run's log as a timeline.")
+@click.argument("run_id", metavar="RUN_ID")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the log records as one JSON list on stdout.")
+@store_option
+def trace(run_id: str, as_json: bool, store_url: str | None) -> None:
+    """Print RUN_ID's log, one line per record: when, what, which node, how long, how
+    many tokens, and for every edge decision the expression, its value and the values
+    it read -- why the run went where it went."""
+    from ._runs import trace as run_trace
+
+    async def go(st: Store) -> tuple[list[Record], WorkflowSpec | None]:
+        records = await run_trace(run_id, store=st)
+        return records, _stored_spec(await st.get_run(run_id))
+
+    records, spec = call_engine(with_store(store_url, go))
+    if as_json:
+        click.echo(json.dumps(records, ensure_ascii=False, default=str))
+        return
+    _print_trace(records, spec)
+
+
+def _stored_spec(row: RunRow) -> WorkflowSpec | None:
+    """The definition the run executes (to name its edges), if it still parses."""
+    from ._errors import InterlockError
+    from ._spec import parse
+
+    try:
+        return parse(row.definition)
+    except (InterlockError, ValueError):
+        return None
+
+
+def _print_trace(records: list[Record], spec: WorkflowSpec | None) -> None:
+    from rich.console import Console
+    from rich.text import Text
+
+    out = Console(highlight=False, soft_wrap=True)
+    t0 = records[0]["at"] if records else 0.0
+    seq_w = len(str(records[-1]["seq"])) if records else 1
+    type_w = max((len(r["type"]) for r in records), default=0)
+    node_w = max((len(r.get("node") or "") for r in records), default=0)
+    for rec in records:
+        rtype = rec["type"]
+        line = Text(f"{rec['seq']:>{seq_w}}  {'+' + _duration((rec['at'] - t0) * 1000):>11}  ")
+        line.append(rtype.ljust(type_w), style=_record_style(rec))
+        if node_w:
+            line.append("  ")
+            line.append((rec.get("node") or "").ljust(node_w), style="bold")
+        detail = _record_detail(rec, spec)
+        if detail:
+            line.append("  " + detail)
+        line.rstrip()
+        out.print(line)
+
+
+def _record_style(rec: Record) -> str:
+    rtype: str = rec["type"]
+    if rtype in ("edge.taken", "edge.skipped"):
+        return _STATUS_STYLE["taken" if rtype == "edge.taken" else "skipped"]
+    if rtype == "approval.decided":
+        return _STATUS_STYLE.get(rec.get("decision", ""), "")
+    if rtype == "run.waiting" or rtype == "approval.requested":
+        return _STATUS_STYLE["waiting"]
+    return _STATUS_STYLE.get(rtype.rpartition(".")[2], "")
+
+
+def _record_detail(rec: Record, spec: WorkflowSpec | None) -> str:
+    """The part of a trace line that says what the record means."""
+    rtype: str = rec["type"]
+    if rtype.startswith("edge."):
+        return _edge_detail(rec, spec)
+    if rtype.startswith("node."):
+        parts = [f"attempt {rec['attempt']}" if rec.get("attempt") is not None else "",
+                 _node_detail(rec)]
+        if rtype == "node.completed" and rec.get("update"):
+            parts.append("update " + _short(_json(rec["update"]), 100))
+        if rec.get("goto"):
+            parts.append(f"goto {rec['goto']}")
+        return "  ".join(p for p in parts if p)
+    describe = _RECORD_DETAIL.get(rtype)
+    if describe is not None:
+        return describe(rec)
+    if rec.get("error"):
+        e = rec["error"]
+        return f"{e.get('type')}: {_short(str(e.get('message', '')), 200)}"
+    return ""
+
+
+def _requested_detail(rec: Record) -> str:
+    parts = [f"{rec.get('kind', 'approval')}: shows {_short(_json(rec.get('show')), 100)}",
+             "decisions " + ", ".join(rec.get("decisions") or [])]
+    if rec.get("deadline"):
+        parts.append(f"deadline {_when(rec['deadline'])}")
+    return "  ".join(parts)
+
+
+def _started_detail(rec: Record) -> str:
+    text = f"workflow {rec.get('workflow')}"
+    if rec.get("input"):
+        text += "  input " + _short(_json(rec["input"]), 100)
+    return text
+
+
+def _continued_detail(rec: Record) -> str:
+    parts = []
+    if rec["type"] == "run.forked":
+        parts.append(f"from {rec.get('parent_run')} at record {rec.get('parent_seq')}")
+    if rec.get("by"):
+        parts.append(f"by {rec['by']}")
+    for key in ("config", "limits", "patch"):
+        if rec.get(key):
+            parts.append(f"{key} {_short(_json(rec[key]), 100)}")
+    return "  ".join(parts)
+
+
+_RECORD_DETAIL: dict[str, Callable[[Record], str]] = {
+    "approval.requested": _requested_detail,
+    "approval.decided": lambda rec: f"{rec.get('decision')} {_decision_detail(rec)}",
+    "run.started": _started_detail,
+    "run.resumed": _continued_detail,
+    "run.forked": _continued_detail,
+    "state.patched": lambda rec: "patch " + _short(_json(rec.get("patch")), 100),
+    "effect.recorded": lambda rec: f"effect {rec.get('key')!r}",
+    "run.waiting": lambda rec: f"for a decision at {(rec.get('waiting') or {}).get('node')!r}",
+}
+
+
+def _edge_detail(rec: Record, spec: WorkflowSpec | None) -> str:
+    edge = None
+    if spec is not None and isinstance(rec.get("edge"), int) and rec["edge"] < len(spec.edges):
+        edge = spec.edges[rec["edge"]]
+    taken = rec.get("to")
+    src = rec.get("from")
+    if src in (None, "*") and edge is not None:
+        src = _sources(edge)
+    if taken:
+        route = f"{src} -> {', '.join(taken)}"
+    elif edge is not None:
+        route = edge.describe()
+    else:
+        route = f"edge {rec.get('edge')} from {src}"
+    parts = [route]
+    expr = rec.get("expr")
+    if expr is not None:
+        value = "" if expr == "otherwise" else f" = {_short(_json(rec.get('value')))}"
+        parts.append(f"[{_short(expr, 120)}{value}]")
+    reason = rec.get("reason")
+    parts.append(("taken" if taken else "skipped") + (f" ({reason})" if reason else ""))
+    if rec.get("reads"):
+        parts.append("read " + _short(_reads(rec["reads"]), 160))
+    return "  ".join(parts)
+
+
+# -- verify ----------------------------------------------------------------------------------
+
+
+@cli.command(short_help="Check a run's log has not been tampered with.")
+@click.argument("run_id", metavar="RUN_ID")
+@store_option
+def verify(run_id: str, store_url: str | None) -> None:
+    """Check RUN_ID's hash chain, its stored definition, and that every record follows
+    from the ones before it. Exits 0 when intact, 1 naming the first bad record."""
+    from ._runs import verify as run_verify
+
+    v = call_engine(run_verify(run_id, store=store_url))
+    if v.ok:
+        click.echo(f"ok: {run_id} ({_plural(v.records, 'record')}, chain and fold verified)")
+        return
+    click.echo(f"broken: {run_id} at record {v.seq} of {v.records}: {v.message}")
+    sys.exit(EXIT_FAILED)
+
+
+# -- fork ------------------------------------------------------------------------------------
+
+
+@cli.command(short_help="Start a new run from a point in an old one.")
+@click.argument("run_id", metavar="RUN_ID")
+@click.option("--at", "at_seq", type=click.IntRange(min=1), required=True, metavar="SEQ",
+              help="The record to fork at (see `interlock trace`): the new run starts from "
+                   "the state after it.")
+@set_option
+@click.option("--patch", "patch_json", metavar="JSON",
+              help='Replace state fields in the new run, e.g. \'{"severity": "low"}\'.')
+@click.option("--run-id", "new_run_id", metavar="ID",
+              help="The new run's id instead of a generated one.")
+@json_option
+@store_option
+def fork(run_id: str, at_seq: int, sets: tuple[str, ...], patch_json: str | None,
+         new_run_id: str | None, as_json: bool, store_url: str | None) -> None:
+    """Start a new run from RUN_ID's state at record SEQ, with changed config (--set)
+    or state (--patch), and drive it like `run`. RUN_ID itself is not touched.
+
+    Exits like `run`: 0 completed, 1 failed, 2 invalid usage, 3 waiting, 4 rejected.
+    """
+    patch = _parse_object(patch_json, "--patch", "state fields") if patch_json else None
+    config_sets, limits = parse_sets(sets)
+    if limits:
+        raise CliError("a fork keeps the limits of the run it forks; --set limits.X is "
+                       "for `run` and `resume`")
+    config = config_overrides({}, config_sets) if config_sets else {}
+    if any(len(path) > 1 for path, _ in config_sets):
+        config = _resume_config(run_id, store_url, config_sets)
+    rid = new_run_id or uuid.uuid4().hex[:20]
+    progress = Progress(rid, live=not as_json)
+
+    async def go(st: Store) -> RunResult:
+        from ._runs import fork as fork_run
+        from ._runs import trace
+
+        progress.replay([r for r in await trace(run_id, store=st) if r["seq"] <= at_seq])
+        return await fork_run(run_id, at_seq, store=st, config=config or None, patch=patch,
+                              new_run_id=rid, listener=progress)
+
+    result = call_engine(with_store(store_url, go), progress)
+    _finish(result, progress, as_json)

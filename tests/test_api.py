@@ -11,7 +11,7 @@ PUBLIC = {
     "END", "START", "Context", "Decision", "Diagnostic", "ExpressionError", "Goto",
     "InterlockError", "Location", "NoRouteError", "NodeError", "RouteError", "RunError",
     "RunResult", "UsageError", "Verification", "Workflow", "WorkflowError", "WorkflowSpec",
-    "WriteConflictError", "__version__", "approve", "fork", "goto", "list_runs", "load",
+    "WriteConflictError", "__version__", "approve", "cancel", "fork", "goto", "list_runs", "load",
     "modify", "reject", "resume", "status", "trace", "verify",
 }
 

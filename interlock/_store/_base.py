@@ -153,5 +153,13 @@ class Store(ABC):
     async def release(self, run_id: str, owner: str) -> None:
         """Give the run up (no error if we no longer hold it)."""
 
+    @abstractmethod
+    async def request_cancel(self, run_id: str, by: str | None) -> None:
+        """Ask the run's executor (in whatever process) to cancel it: ``extra.cancel``."""
+
+    @abstractmethod
+    async def cancel_requested(self, run_id: str) -> dict[str, Any] | None:
+        """``{"by", "at"}`` when a cancellation was requested, else None."""
+
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections and threads."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import time
+from typing import Any
 
 from .._log import Entry
 from ._base import (
@@ -91,3 +92,10 @@ class MemoryStore(Store):
         row = self._row(run_id)
         if row.owner == owner:
             row.owner, row.lease_until = None, None
+
+    async def request_cancel(self, run_id: str, by: str | None) -> None:
+        self._row(run_id).extra["cancel"] = {"by": by, "at": time.time()}
+
+    async def cancel_requested(self, run_id: str) -> dict[str, Any] | None:
+        value = self._row(run_id).extra.get("cancel")
+        return dict(value) if value else None

@@ -518,6 +518,29 @@ class PostgresStore(Store):
 
         await self._do(op)
 
+    async def request_cancel(self, run_id: str, by: str | None) -> None:
+        async def op(conn: Conn) -> None:
+            cur = await conn.execute(
+                "UPDATE runs SET extra = (extra::jsonb || jsonb_build_object('cancel', "
+                f"jsonb_build_object('by', %s::text, 'at', {_NOW})))::text "
+                "WHERE run_id = %s RETURNING 1", (by, run_id))
+            if await cur.fetchone() is None:
+                raise RunNotFound(run_id)
+
+        await self._do(op)
+
+    async def cancel_requested(self, run_id: str) -> dict[str, Any] | None:
+        async def op(conn: Conn) -> dict[str, Any] | None:
+            cur = await conn.execute("SELECT extra::jsonb -> 'cancel' FROM runs "
+                                     "WHERE run_id = %s", (run_id,))
+            row = await cur.fetchone()
+            if row is None:
+                raise RunNotFound(run_id)
+            value = row[0]
+            return dict(value) if isinstance(value, dict) else None
+
+        return await self._do(op)
+
     async def release(self, run_id: str, owner: str) -> None:
         async def op(conn: Conn) -> None:
             cur = await conn.execute(

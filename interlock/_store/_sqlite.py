@@ -546,6 +546,28 @@ class SQLiteStore(Store):
     async def heartbeat(self, run_id: str, owner: str, lease: float) -> None:
         await self._call(self._heartbeat, run_id, owner, lease)
 
+    @staticmethod
+    def _request_cancel(conn: sqlite3.Connection, run_id: str, by: str | None) -> None:
+        cur = conn.execute("UPDATE runs SET extra = json_set(extra, '$.cancel', json(?)) "
+                           "WHERE run_id = ?", (json_text({"by": by, "at": time.time()}), run_id))
+        if cur.rowcount != 1:
+            raise RunNotFound(run_id)
+
+    @staticmethod
+    def _cancel_requested(conn: sqlite3.Connection, run_id: str) -> dict[str, Any] | None:
+        row = conn.execute("SELECT json_extract(extra, '$.cancel') FROM runs WHERE run_id = ?",
+                           (run_id,)).fetchone()
+        if row is None:
+            raise RunNotFound(run_id)
+        value = from_json(row[0])
+        return dict(value) if isinstance(value, dict) else None
+
+    async def request_cancel(self, run_id: str, by: str | None) -> None:
+        await self._call(self._request_cancel, run_id, by)
+
+    async def cancel_requested(self, run_id: str) -> dict[str, Any] | None:
+        return await self._call(self._cancel_requested, run_id)
+
     async def release(self, run_id: str, owner: str) -> None:
         await self._call(self._release, run_id, owner)
 

@@ -1,0 +1,844 @@
+"""The store contract (interlock/_store/_base.py), run against every backend.
+
+``memory`` and ``sqlite`` always run. ``postgres`` runs against the server named by
+``$INTERLOCK_TEST_POSTGRES`` (``source .ci/postgres.sh`` starts a throwaway one), each
+test in a fresh schema; without that variable it is skipped -- except under CI
+(``$CI`` set), where that is a failure, never a silent skip.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Coroutine, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import pytest
+
+import interlock
+from interlock._log import Entry, LogWriter, verify_chain
+from interlock._store import (
+    ClaimError,
+    ConflictError,
+    MemoryStore,
+    RunExists,
+    RunNotFound,
+    RunRow,
+    Store,
+    StoreError,
+    Summary,
+    open_store,
+    this_owner,
+)
+from interlock._store._sqlite import SQLiteStore
+
+REPO = Path(interlock.__file__).resolve().parent.parent
+PG_ENV = "INTERLOCK_TEST_POSTGRES"
+
+
+# -- backends --------------------------------------------------------------------------
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def _postgres_url_or_skip() -> str:
+    url = os.environ.get(PG_ENV, "")
+    if not url:
+        message = (f"${PG_ENV} is not set: no PostgreSQL to test against "
+                   "(start one with `source .ci/postgres.sh`)")
+        if _in_ci():
+            pytest.fail(f"{message}; under CI the PostgreSQL store must be tested")
+        pytest.skip(message)
+    pytest.importorskip("psycopg", reason="the PostgreSQL store needs psycopg")
+    return url
+
+
+def _with_search_path(url: str, schema: str) -> str:
+    parts = urlsplit(url)
+    query = [*parse_qsl(parts.query), ("options", f"-csearch_path={schema}")]
+    return urlunsplit(parts._replace(query=urlencode(query)))
+
+
+@pytest.fixture
+def pg_schema_url() -> Iterator[str]:
+    """A PostgreSQL URL whose tables go into a fresh schema, dropped afterwards."""
+    import psycopg
+
+    url = _postgres_url_or_skip()
+    schema = f"ilt_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+    try:
+        yield _with_search_path(url, schema)
+    finally:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
+def _url_for(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if kind == "memory":
+        return "memory://"
+    if kind == "sqlite":
+        return f"sqlite:///{tmp_path / 'store' / 'runs.db'}"  # absolute: sqlite:////tmp/...
+    url: str = request.getfixturevalue("pg_schema_url")
+    return url
+
+
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    url = _url_for(request.param, request, tmp_path)
+    s = MemoryStore() if request.param == "memory" else open_store(url)
+    try:
+        yield s
+    finally:
+        asyncio.run(s.close())  # a different event loop from the test's: must work
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def durable_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    return _url_for(request.param, request, tmp_path)
+
+
+def reopen(store: Store) -> Store:
+    """A second store object on the same database (memory: the same object)."""
+    return store if isinstance(store, MemoryStore) else open_store(store.url)
+
+
+def run(fn: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    asyncio.run(fn())
+
+
+# -- building runs ---------------------------------------------------------------------
+
+def new_id() -> str:
+    return f"run-{uuid.uuid4().hex[:10]}"
+
+
+def log(n: int, writer: LogWriter | None = None, node: str = "step") -> tuple[LogWriter,
+                                                                              list[Entry]]:
+    """``n`` records from ``writer`` (a new log if None)."""
+    w = writer or LogWriter()
+    out = []
+    for i in range(n):
+        if w.seq == 0:
+            _, e = w.make("run.started", {"input": {"q": "ünïcødé ✓ 🚀"}})
+        elif i % 2:
+            _, e = w.make("node.started", {"node": f"{node}-{w.seq}", "attempt": 1})
+        else:
+            _, e = w.make("node.completed", {"node": f"{node}-{w.seq}", "duration": 0.125,
+                                             "update": {"items": [1, 2.5, None, "ß"],
+                                                        "z": True, "a": {"b": "c"}}})
+        out.append(e)
+    return w, out
+
+
+def summary_of(w: LogWriter, status: str = "RUNNING", **kw: Any) -> Summary:
+    return Summary(status=status, last_seq=w.seq, last_hash=w.hash,
+                   updated_at=kw.pop("updated_at", time.time()), **kw)
+
+
+def new_row(run_id: str | None = None, *, workflow: str = "triage", status: str = "RUNNING",
+            created_at: float | None = None, n: int = 2) -> tuple[RunRow, LogWriter,
+                                                                  list[Entry]]:
+    w, entries = log(n)
+    row = RunRow(
+        run_id=run_id or new_id(),
+        workflow=workflow,
+        # key order matters to a reader of a definition: "nodes" before "edges", "zeta" first
+        definition={"name": workflow, "nodes": {"zeta": {"kind": "function"},
+                                                "alpha": {"kind": "agent"}},
+                    "edges": [{"from": "zeta", "to": "alpha", "when": "x > 1"}]},
+        definition_hash="sha256:" + "ab" * 32,
+        input={"ticket": "Ünïcode ✓", "n": 3, "ratio": 0.1},
+        options={"config": {"model": "m"}, "limits": {"steps": 50}},
+        created_at=created_at if created_at is not None else time.time(),
+        summary=summary_of(w, status),
+        extra={"labels": ["a", "b"]},
+    )
+    return row, w, entries
+
+
+# -- runs ------------------------------------------------------------------------------
+
+def test_create_and_get_round_trip(store: Store) -> None:
+    async def main() -> None:
+        row, _, entries = new_row()
+        row.parent_run, row.parent_seq = "parent-1", 7
+        await store.create_run(row, entries)
+        got = await store.get_run(row.run_id)
+        assert got == row
+        assert list(got.definition["nodes"]) == ["zeta", "alpha"]  # order kept
+        assert list(got.definition) == ["name", "nodes", "edges"]
+        assert got.owner is None and got.lease_until is None
+
+    run(main)
+
+
+def test_list_runs_newest_first_and_filtered(store: Store) -> None:
+    async def main() -> None:
+        base = 1_700_000_000.0
+        specs = [("triage", "COMPLETED", 1.0), ("triage", "RUNNING", 3.0),
+                 ("billing", "RUNNING", 2.0), ("billing", "FAILED", 4.0)]
+        ids = {}
+        for workflow, status, offset in specs:
+            row, _, entries = new_row(workflow=workflow, status=status,
+                                      created_at=base + offset)
+            await store.create_run(row, entries)
+            ids[(workflow, status)] = row.run_id
+
+        every = await store.list_runs()
+        assert [r.run_id for r in every] == [ids["billing", "FAILED"], ids["triage", "RUNNING"],
+                                             ids["billing", "RUNNING"],
+                                             ids["triage", "COMPLETED"]]
+        running = await store.list_runs(status="RUNNING")
+        assert [r.run_id for r in running] == [ids["triage", "RUNNING"],
+                                               ids["billing", "RUNNING"]]
+        triage = await store.list_runs(workflow="triage")
+        assert [r.run_id for r in triage] == [ids["triage", "RUNNING"],
+                                              ids["triage", "COMPLETED"]]
+        both = await store.list_runs(status="RUNNING", workflow="billing")
+        assert [r.run_id for r in both] == [ids["billing", "RUNNING"]]
+        assert [r.run_id for r in await store.list_runs(limit=2)] == [r.run_id
+                                                                      for r in every[:2]]
+        assert await store.list_runs(status="REJECTED") == []
+        assert every[0].summary.status == "FAILED" and every[0].workflow == "billing"
+
+    run(main)
+
+
+def test_run_exists(store: Store) -> None:
+    async def main() -> None:
+        row, _, entries = new_row()
+        await store.create_run(row, entries)
+        other, _, other_entries = new_row(row.run_id, workflow="impostor", n=5)
+        with pytest.raises(RunExists) as err:
+            await store.create_run(other, other_entries)
+        assert err.value.run_id == row.run_id
+        assert (await store.get_run(row.run_id)).workflow == "triage"
+        assert await store.entries(row.run_id) == entries
+
+    run(main)
+
+
+def test_run_not_found(store: Store) -> None:
+    async def main() -> None:
+        w, entries = log(1)
+        missing = new_id()
+        with pytest.raises(RunNotFound) as err:
+            await store.get_run(missing)
+        assert err.value.run_id == missing
+        with pytest.raises(RunNotFound):
+            await store.entries(missing)
+        with pytest.raises(RunNotFound):
+            await store.append(missing, entries, summary_of(w))
+        with pytest.raises(RunNotFound):
+            await store.claim(missing, "h:1", 10)
+        with pytest.raises(RunNotFound):
+            await store.heartbeat(missing, "h:1", 10)
+        with pytest.raises(RunNotFound):
+            await store.release(missing, "h:1")
+        assert await store.list_runs() == []  # the failed append created nothing
+
+    run(main)
+
+
+def test_create_run_without_entries(store: Store) -> None:
+    async def main() -> None:
+        row, _, _ = new_row(n=0)
+        await store.create_run(row, [])
+        assert await store.entries(row.run_id) == []
+        w, entries = log(2)
+        await store.append(row.run_id, entries, summary_of(w))
+        assert await store.entries(row.run_id) == entries
+
+    run(main)
+
+
+# -- the log ---------------------------------------------------------------------------
+
+def test_append_and_entries_round_trip_byte_identical(store: Store) -> None:
+    async def main() -> None:
+        row, w, first = new_row(n=2)
+        await store.create_run(row, first)
+        w, more = log(3, w)
+        await store.append(row.run_id, more, summary_of(w))
+        w, last = log(1, w)
+        await store.append(row.run_id, last, summary_of(w))
+
+        stored = await store.entries(row.run_id)
+        assert stored == first + more + last  # seq, type, data bytes and hash all equal
+        assert [e.data for e in stored] == [e.data for e in first + more + last]
+        assert all(isinstance(e.data, bytes) for e in stored)
+        assert verify_chain(stored) is None
+        assert stored[0].record()["input"] == {"q": "ünïcødé ✓ 🚀"}
+        assert stored[-1].hash == w.hash
+
+        assert await store.entries(row.run_id, after=2) == more + last
+        assert await store.entries(row.run_id, after=5) == last
+        assert await store.entries(row.run_id, after=6) == []
+
+    run(main)
+
+
+def test_tampering_is_detectable_after_round_trip(store: Store) -> None:
+    async def main() -> None:
+        row, _, entries = new_row(n=3)
+        await store.create_run(row, entries)
+        stored = await store.entries(row.run_id)
+        forged = Entry(stored[1].seq, stored[1].type,
+                       stored[1].data.replace(b'"attempt":1', b'"attempt":2'), stored[1].hash)
+        assert forged.data != stored[1].data
+        problem = verify_chain([stored[0], forged, stored[2]])
+        assert problem is not None and problem.seq == 2
+
+    run(main)
+
+
+def test_append_conflicts_store_nothing(store: Store) -> None:
+    async def main() -> None:
+        row, w, entries = new_row(n=3)
+        await store.create_run(row, entries)
+        before = await store.get_run(row.run_id)
+
+        # a writer that forked at seq 2: its batch (3', 4') collides on seq 3
+        fork = LogWriter(entries[1].seq, entries[1].hash)
+        fork, forked = log(2, fork, node="fork")
+        with pytest.raises(ConflictError):
+            await store.append(row.run_id, forked, summary_of(fork, "FAILED"))
+
+        # a batch with a gap (5 without 4)
+        ahead = LogWriter(w.seq + 1, w.hash)
+        ahead, gap = log(1, ahead)
+        with pytest.raises(ConflictError):
+            await store.append(row.run_id, gap, summary_of(ahead, "FAILED"))
+
+        # a batch whose first record fits but whose second repeats a seq
+        good = LogWriter(w.seq, w.hash)
+        _, e4 = good.make("node.started", {"node": "x"})
+        again = LogWriter(w.seq, w.hash)
+        _, e4b = again.make("node.started", {"node": "y"})
+        with pytest.raises(ConflictError):
+            await store.append(row.run_id, [e4, e4b], summary_of(good, "FAILED"))
+
+        assert await store.entries(row.run_id) == entries  # nothing of any batch stored
+        assert await store.get_run(row.run_id) == before   # nor the summary
+
+        # and the rightful next record still goes in
+        w, nxt = log(2, w)
+        await store.append(row.run_id, nxt, summary_of(w))
+        assert verify_chain(await store.entries(row.run_id)) is None
+
+    run(main)
+
+
+def test_duplicate_seq_from_a_second_store_object(store: Store) -> None:
+    async def main() -> None:
+        row, w, entries = new_row(n=2)
+        await store.create_run(row, entries)
+        other = reopen(store)
+        try:
+            mine = LogWriter(w.seq, w.hash)
+            mine, batch_a = log(2, mine, node="a")
+            theirs = LogWriter(w.seq, w.hash)
+            theirs, batch_b = log(2, theirs, node="b")
+            await other.append(row.run_id, batch_b, summary_of(theirs, "WAITING_APPROVAL"))
+            with pytest.raises(ConflictError):
+                await store.append(row.run_id, batch_a, summary_of(mine, "FAILED"))
+            stored = await store.entries(row.run_id)
+            assert stored == entries + batch_b
+            assert verify_chain(stored) is None
+            got = await store.get_run(row.run_id)
+            assert got.summary.status == "WAITING_APPROVAL"
+            assert got.summary.last_hash == theirs.hash
+        finally:
+            if other is not store:
+                await other.close()
+
+    run(main)
+
+
+def test_summary_is_updated_with_every_append(store: Store) -> None:
+    async def main() -> None:
+        row, w, entries = new_row(n=1)
+        await store.create_run(row, entries)
+        w, more = log(2, w)
+        summary = Summary(
+            status="WAITING_APPROVAL", last_seq=w.seq, last_hash=w.hash, steps=4, tokens=1234,
+            error=None,
+            waiting={"node": "approve", "show": {"amount": 12.5, "who": "Zoë"},
+                     "decisions": ["approve", "reject", "modify"]},
+            updated_at=1_700_000_123.456789,
+        )
+        await store.append(row.run_id, more, summary)
+        assert (await store.get_run(row.run_id)).summary == summary
+
+        failed = Summary(status="FAILED", last_seq=w.seq, last_hash=w.hash, steps=5,
+                         tokens=2000, error={"type": "node_error", "message": "boom ✗",
+                                             "node": "rca", "details": {"attempt": 3}},
+                         waiting=None, updated_at=1_700_000_200.5)
+        await store.append(row.run_id, [], failed)  # summary only
+        got = await store.get_run(row.run_id)
+        assert got.summary == failed
+        assert got.created_at == row.created_at and got.definition == row.definition
+        assert len(await store.entries(row.run_id)) == 3
+
+    run(main)
+
+
+def test_successive_event_loops(store: Store) -> None:
+    row, _, entries = new_row()
+    asyncio.run(store.create_run(row, entries))
+    assert asyncio.run(store.get_run(row.run_id)) == row
+    assert asyncio.run(store.entries(row.run_id)) == entries
+
+
+def test_concurrent_appends_to_different_runs(store: Store) -> None:
+    async def main() -> None:
+        rows = [new_row(n=1) for _ in range(6)]
+        await asyncio.gather(*(store.create_run(r, e) for r, _, e in rows))
+
+        async def grow(row: RunRow, w: LogWriter) -> None:
+            for _ in range(5):
+                w, batch = log(3, w)
+                await store.append(row.run_id, batch, summary_of(w))
+
+        await asyncio.gather(*(grow(r, w) for r, w, _ in rows))
+        for r, _, _ in rows:
+            stored = await store.entries(r.run_id)
+            assert len(stored) == 16 and verify_chain(stored) is None
+
+    run(main)
+
+
+# -- claims ----------------------------------------------------------------------------
+
+def test_claim_lease_refuses_then_expires(store: Store) -> None:
+    async def main() -> None:
+        row, _, entries = new_row()
+        await store.create_run(row, entries)
+        a, b = "host-a.example:101", "host-b.example:202"  # other hosts: never "gone"
+        await store.claim(row.run_id, a, 0.3)
+        got = await store.get_run(row.run_id)
+        assert got.owner == a and got.lease_until is not None
+        assert got.lease_until > time.time()
+        await store.claim(row.run_id, a, 0.3)  # re-claiming our own run is fine
+
+        with pytest.raises(ClaimError) as err:
+            await store.claim(row.run_id, b, 10)
+        assert err.value.owner == a
+        assert (await store.get_run(row.run_id)).owner == a
+
+        await asyncio.sleep(0.4)  # the lease runs out
+        await store.claim(row.run_id, b, 10)
+        assert (await store.get_run(row.run_id)).owner == b
+        with pytest.raises(ClaimError):
+            await store.heartbeat(row.run_id, a, 10)  # a lost it
+        with pytest.raises(ClaimError):
+            await store.claim(row.run_id, a, 10)
+
+    run(main)
+
+
+def test_claim_force(store: Store) -> None:
+    async def main() -> None:
+        row, _, entries = new_row()
+        await store.create_run(row, entries)
+        await store.claim(row.run_id, "host-a.example:1", 60)
+        with pytest.raises(ClaimError):
+            await store.claim(row.run_id, "host-b.example:2", 60)
+        await store.claim(row.run_id, "host-b.example:2", 60, force=True)
+        got = await store.get_run(row.run_id)
+        assert got.owner == "host-b.example:2"
+        assert got.lease_until is not None and got.lease_until > time.time() + 50
+
+    run(main)
+
+
+def test_claim_taken_over_when_owner_process_is_gone(store: Store) -> None:
+    async def main() -> None:
+        row, _, entries = new_row()
+        await store.create_run(row, entries)
+        proc = subprocess.Popen([sys.executable, "-c", "pass"])
+        proc.wait()
+        dead = f"{socket.gethostname()}:{proc.pid}"
+        await store.claim(row.run_id, dead, 600)
+        await store.claim(row.run_id, "host-b.example:2", 60)  # at once: no waiting
+        assert (await store.get_run(row.run_id)).owner == "host-b.example:2"
+
+        # a live process on this host keeps its claim
+        other, _, other_entries = new_row()
+        await store.create_run(other, other_entries)
+        await store.claim(other.run_id, this_owner(), 600)
+        with pytest.raises(ClaimError) as err:
+            await store.claim(other.run_id, "host-b.example:2", 60)
+        assert err.value.owner == this_owner()
+
+    run(main)
+
+
+def test_heartbeat_and_release(store: Store) -> None:
+    async def main() -> None:
+        row, _, entries = new_row()
+        await store.create_run(row, entries)
+        a, b = "host-a.example:1", "host-b.example:2"
+        with pytest.raises(ClaimError):
+            await store.heartbeat(row.run_id, a, 10)  # nobody holds it
+        await store.claim(row.run_id, a, 5)
+        first = (await store.get_run(row.run_id)).lease_until
+        await asyncio.sleep(0.02)
+        await store.heartbeat(row.run_id, a, 60)
+        extended = (await store.get_run(row.run_id)).lease_until
+        assert first is not None and extended is not None and extended > first + 50
+        with pytest.raises(ClaimError) as err:
+            await store.heartbeat(row.run_id, b, 60)
+        assert err.value.owner == a
+
+        await store.release(row.run_id, b)  # not ours: no error, no effect
+        assert (await store.get_run(row.run_id)).owner == a
+        await store.release(row.run_id, a)
+        got = await store.get_run(row.run_id)
+        assert got.owner is None and got.lease_until is None
+        await store.release(row.run_id, a)  # again: no error
+        await store.claim(row.run_id, b, 60)  # free for anyone
+        assert (await store.get_run(row.run_id)).owner == b
+
+    run(main)
+
+
+# -- real processes --------------------------------------------------------------------
+
+_RACER = r"""
+import asyncio, sys, time
+from interlock._log import LogWriter
+from interlock._store import ConflictError, Summary, open_store
+
+url, run_id, tag, rounds = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+
+async def main():
+    store = open_store(url)
+    try:
+        for k in range(rounds):
+            last = (await store.entries(run_id))[-1]  # also opens the connection
+            w = LogWriter(last.seq, last.hash)
+            _, e = w.make("approval.decided", {"node": "gate", "by": tag, "round": k})
+            summary = Summary(status="RUNNING", last_seq=w.seq, last_hash=w.hash,
+                              updated_at=time.time())
+            print("ready", e.seq, flush=True)
+            sys.stdin.readline()  # the start barrier: both go at once
+            try:
+                await store.append(run_id, [e], summary)
+            except ConflictError:
+                print("conflict", e.seq, flush=True)
+            else:
+                print("ok", e.seq, flush=True)
+    finally:
+        await store.close()
+
+asyncio.run(main())
+"""
+
+
+def test_two_processes_race_for_the_same_seq(durable_url: str) -> None:
+    rounds = 5
+    row, _, entries = new_row(n=3)
+
+    async def setup() -> None:
+        s = open_store(durable_url)
+        try:
+            await s.create_run(row, entries)
+        finally:
+            await s.close()
+
+    run(setup)
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)}
+    procs = {
+        tag: subprocess.Popen(
+            [sys.executable, "-c", _RACER, durable_url, row.run_id, tag, str(rounds)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True, env=env, cwd=REPO,
+        )
+        for tag in ("left", "right")
+    }
+
+    def kill_all() -> None:  # a hung child must fail the test, not hang it
+        for p in procs.values():
+            p.kill()
+
+    def line(tag: str) -> list[str]:
+        p = procs[tag]
+        assert p.stdout is not None and p.stderr is not None
+        words = p.stdout.readline().split()
+        if len(words) != 2:  # the child died or hung: show why
+            kill_all()
+            pytest.fail(f"racer {tag} said {words}; its stderr:\n{p.stderr.read()}")
+        return words
+
+    watchdog = threading.Timer(30, kill_all)
+    watchdog.start()
+    winners: dict[int, str] = {}
+    try:
+        for k in range(rounds):
+            seq = len(entries) + k + 1
+            for tag in procs:
+                assert line(tag) == ["ready", str(seq)]
+            for p in procs.values():  # release both as close together as possible
+                assert p.stdin is not None
+                p.stdin.write("go\n")
+                p.stdin.flush()
+            results = {}
+            for tag in procs:
+                result, got_seq = line(tag)
+                assert got_seq == str(seq)
+                results[tag] = result
+            assert sorted(results.values()) == ["conflict", "ok"], (k, results)
+            winners[seq] = next(t for t, r in results.items() if r == "ok")
+        for tag, p in procs.items():
+            _, err = p.communicate(timeout=20)
+            assert p.returncode == 0, (tag, err)
+    finally:
+        watchdog.cancel()
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+
+    async def check() -> None:
+        s = open_store(durable_url)
+        try:
+            stored = await s.entries(row.run_id)
+            assert [e.seq for e in stored] == list(range(1, len(entries) + rounds + 1))
+            assert verify_chain(stored) is None
+            for e in stored[len(entries):]:
+                assert e.record()["by"] == winners[e.seq]
+            got = await s.get_run(row.run_id)
+            assert got.summary.last_seq == stored[-1].seq
+            assert got.summary.last_hash == stored[-1].hash
+        finally:
+            await s.close()
+
+    run(check)
+
+
+def test_durable_reopen_sees_everything(durable_url: str) -> None:
+    row, _, entries = new_row(n=4)
+
+    async def write() -> None:
+        s = open_store(durable_url)
+        await s.create_run(row, entries)
+        await s.claim(row.run_id, "host-a.example:1", 60)
+        await s.close()
+
+    async def read() -> None:
+        s = open_store(durable_url)
+        try:
+            got = await s.get_run(row.run_id)
+            assert got.owner == "host-a.example:1"
+            got.owner = got.lease_until = None
+            assert got == row
+            assert await s.entries(row.run_id) == entries
+        finally:
+            await s.close()
+
+    run(write)
+    run(read)
+
+
+# -- SQLite specifics ------------------------------------------------------------------
+
+def _sqlite_store_at(path: Path) -> SQLiteStore:
+    return SQLiteStore(f"sqlite:///{path}")
+
+
+def test_sqlite_refuses_a_file_that_is_not_a_database(tmp_path: Path) -> None:
+    path = tmp_path / "runs.db"
+    path.write_bytes(os.urandom(8192))
+    before = path.read_bytes()
+    store = _sqlite_store_at(path)
+
+    async def main() -> None:
+        try:
+            with pytest.raises(StoreError, match="not a SQLite database") as err:
+                await store.get_run("x")
+            assert str(path) in str(err.value)
+            row, _, entries = new_row()
+            with pytest.raises(StoreError):
+                await store.create_run(row, entries)
+        finally:
+            await store.close()
+
+    run(main)
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["runs.db"]
+
+
+def test_sqlite_refuses_a_foreign_database(tmp_path: Path) -> None:
+    path = tmp_path / "app.db"
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT)")
+    conn.execute("INSERT INTO users (name) VALUES ('ada')")
+    conn.commit()
+    conn.close()
+    before = path.read_bytes()
+    store = _sqlite_store_at(path)
+
+    async def main() -> None:
+        try:
+            with pytest.raises(StoreError, match="something else") as err:
+                await store.list_runs()
+            assert str(path) in str(err.value) and "users" in str(err.value)
+            row, _, entries = new_row()
+            with pytest.raises(StoreError):
+                await store.create_run(row, entries)
+        finally:
+            await store.close()
+
+    run(main)
+    assert path.read_bytes() == before
+    check = sqlite3.connect(path)
+    tables = [r[0] for r in check.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+    check.close()
+    assert tables == ["users"]
+
+
+def test_sqlite_file_is_readable_with_plain_sqlite(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    store = SQLiteStore("sqlite:///nested/dir/runs.db")  # relative, parents created
+    row, _, entries = new_row(n=3)
+
+    async def main() -> None:
+        try:
+            await store.create_run(row, entries)
+        finally:
+            await store.close()
+
+    run(main)
+    path = tmp_path / "nested" / "dir" / "runs.db"
+    assert path.exists()
+    conn = sqlite3.connect(path)
+    try:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        meta = dict(conn.execute("SELECT key, value FROM interlock_meta"))
+        assert meta == {"schema": "interlock", "version": "1"}
+        rows = conn.execute(
+            "SELECT seq, type, node, typeof(data), json_extract(data, '$.type'), data, hash "
+            "FROM records WHERE run_id = ? ORDER BY seq", (row.run_id,)).fetchall()
+        assert [(r[0], r[1], r[2], r[3], r[4]) for r in rows] == [
+            (e.seq, e.type, e.record().get("node"), "text", e.type) for e in entries]
+        assert [r[5].encode() for r in rows] == [e.data for e in entries]
+        status, definition = conn.execute(
+            "SELECT status, json_extract(definition, '$.nodes.zeta.kind') FROM runs").fetchone()
+        assert (status, definition) == ("RUNNING", "function")
+    finally:
+        conn.close()
+    # and the store reopens its own file
+    again = SQLiteStore(f"sqlite:///{path}")
+
+    async def reopen_main() -> None:
+        try:
+            assert await again.entries(row.run_id) == entries
+        finally:
+            await again.close()
+
+    run(reopen_main)
+
+
+def test_sqlite_url_parameters(tmp_path: Path) -> None:
+    async def pragma(store: SQLiteStore) -> int:
+        try:
+            value: int = await store._call(
+                lambda conn: conn.execute("PRAGMA synchronous").fetchone()[0])
+            return value
+        finally:
+            await store.close()
+
+    assert asyncio.run(pragma(SQLiteStore(f"sqlite:///{tmp_path}/a.db"))) == 1  # NORMAL
+    full = SQLiteStore(f"sqlite:///{tmp_path}/b.db?synchronous=full&busy_timeout=2000")
+    assert asyncio.run(pragma(full)) == 2  # FULL
+    for bad in (f"sqlite:///{tmp_path}/c.db?synchronous=sometimes",
+                f"sqlite:///{tmp_path}/c.db?colour=blue", "sqlite://relative.db", "sqlite:///"):
+        with pytest.raises(StoreError):
+            SQLiteStore(bad)
+    assert not (tmp_path / "c.db").exists()
+
+
+def test_sqlite_empty_existing_file_becomes_a_store(tmp_path: Path) -> None:
+    path = tmp_path / "runs.db"
+    path.touch()
+    store = _sqlite_store_at(path)
+    row, _, entries = new_row()
+
+    async def main() -> None:
+        try:
+            await store.create_run(row, entries)
+            assert await store.entries(row.run_id) == entries
+        finally:
+            await store.close()
+
+    run(main)
+
+
+# -- PostgreSQL specifics --------------------------------------------------------------
+
+def test_postgres_refuses_foreign_tables(pg_schema_url: str) -> None:
+    import psycopg
+
+    with psycopg.connect(pg_schema_url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE runs (id serial PRIMARY KEY, note text)")
+        conn.execute("INSERT INTO runs (note) VALUES ('theirs')")
+    store = open_store(pg_schema_url)
+
+    async def main() -> None:
+        try:
+            with pytest.raises(StoreError, match=r"not an\s+interlock store"):
+                await store.list_runs()
+        finally:
+            await store.close()
+
+    run(main)
+    with psycopg.connect(pg_schema_url, autocommit=True) as conn:
+        assert conn.execute("SELECT note FROM runs").fetchall() == [("theirs",)]
+        assert conn.execute("SELECT to_regclass('interlock_meta')").fetchone() == (None,)
+
+
+def test_postgres_url_in_errors_hides_the_password() -> None:
+    pytest.importorskip("psycopg")
+    from interlock._store._postgres import PostgresStore
+
+    store = PostgresStore("postgresql://user:s3cret@127.0.0.1:1/db", connect_timeout=2)
+
+    async def main() -> None:
+        with pytest.raises(StoreError) as err:
+            await store.get_run("x")
+        assert "s3cret" not in str(err.value) and "***" in str(err.value)
+        await store.close()
+
+    run(main)
+
+
+
+def test_cancel_request_is_seen_by_every_reader(store: Store) -> None:
+    async def main() -> None:
+        row, _, entries = new_row()
+        await store.create_run(row, entries)
+        assert await store.cancel_requested(row.run_id) is None
+        await store.request_cancel(row.run_id, "alice")
+        seen = await store.cancel_requested(row.run_id)
+        assert seen is not None and seen["by"] == "alice" and seen["at"] > 0
+        assert (await store.get_run(row.run_id)).summary.status == row.summary.status
+        with pytest.raises(RunNotFound):
+            await store.request_cancel("no-such-run", "alice")
+
+    asyncio.run(main())
