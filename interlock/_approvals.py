@@ -154,8 +154,10 @@ def _records(spec: WorkflowSpec, gate: Gate, decision: str, by: str | None,
              reenter: str | None = None, timed_out: bool = False) -> Items:
     base = {"node": gate.node, "visit": gate.visit, "kind": gate.kind, "decision": decision,
             "by": by, "comment": comment, "patch": patch, "reenter": reenter,
-            "timed_out": timed_out or None}
+            "timed_out": timed_out or None, "key": gate.key}
     items: Items = [(L.APPROVAL_DECIDED, base)]
+    if gate.kind == "tool":
+        return items  # the node runs again and reads the decision from ctx.confirm
     if gate.kind == "confirm":
         if decision != "approved":
             msg = f"{gate.node!r} needed confirmation and was {decision} by {by}"

@@ -12,6 +12,18 @@ if TYPE_CHECKING:
     from ._runner import Runner
 
 
+class PauseRequested(BaseException):
+    """Raised by `Context.confirm` to suspend the node until a human decides.
+
+    A BaseException, so that a node's ``except Exception:`` cannot swallow the pause.
+    """
+
+    def __init__(self, key: str, show: Mapping[str, Any]) -> None:
+        super().__init__(key)
+        self.key = key
+        self.show = dict(show)
+
+
 @dataclass(frozen=True, slots=True)
 class Goto:
     """Returned by a node whose edge is ``choose:``: go to ``node`` (with an optional update)."""
@@ -78,6 +90,20 @@ class Context:
         if isinstance(result, Awaitable) or asyncio.iscoroutine(result):
             result = await result
         return await self._runner.record_effect(self, key, result)
+
+    def confirm(self, key: str, show: Mapping[str, Any]) -> str:
+        """Ask a human before doing something (a guarded tool call, a destructive step).
+
+        Returns ``"approved"`` or ``"rejected"`` once someone has decided. Until then
+        the visit is suspended: the run waits (WAITING_APPROVAL, ``waiting.show`` is
+        ``show``), the process may exit, and after the decision the node runs again
+        from the top -- so do the work before this point through `once`, which
+        replays it instead of repeating it.
+        """
+        decision = self._runner.view.confirmations.get((self.node, self.visit, key))
+        if decision is not None:
+            return decision
+        raise PauseRequested(key, show)
 
     def __repr__(self) -> str:
         return f"<Context run={self.run_id} node={self.node} visit={self.visit} " \

@@ -78,19 +78,23 @@ class Gate:
 
     node: str
     visit: int
-    kind: str  # "approval" | "confirm"
+    kind: str  # "approval" | "confirm" | "tool" (ctx.confirm inside a node, e.g. an agent's tool)
     requested_at: float
     show: dict[str, Any]
     decisions: list[str]
     deadline: float | None = None
     decision: str | None = None  # approved | rejected | modified | timed_out
     body_started: bool = False  # a confirmed node's body has started
+    key: str | None = None  # for kind "tool": the key the node asked under
 
     def waiting(self) -> dict[str, Any]:
         """The ``waiting`` object of SPEC §3."""
-        return {"node": self.node, "kind": self.kind, "show": self.show,
-                "decisions": self.decisions, "requested_at": self.requested_at,
-                "deadline": self.deadline}
+        out = {"node": self.node, "kind": self.kind, "show": self.show,
+               "decisions": self.decisions, "requested_at": self.requested_at,
+               "deadline": self.deadline}
+        if self.key is not None:
+            out["key"] = self.key
+        return out
 
 
 @dataclass(slots=True)
@@ -124,6 +128,7 @@ class RunView:
     failed: set[tuple[str, int]] = field(default_factory=set)
     # human gates (approval nodes and confirm: true), by visit; see `Gate`
     gates: dict[tuple[str, int], Gate] = field(default_factory=dict)
+    confirmations: dict[tuple[str, int, str], str] = field(default_factory=dict)
     # dead-path bookkeeping
     _acts: dict[str, deque[dict[int, bool]]] = field(default_factory=dict)
     _barriers: dict[int, deque[dict[str, bool]]] = field(default_factory=dict)
@@ -248,13 +253,21 @@ class RunView:
 
     def _on_approval_requested(self, rec: L.Record) -> None:
         key = (rec["node"], rec["visit"])
+        spent = rec.get("tokens") or 0  # a node that paused mid-body (ctx.confirm) spent these
+        self.tokens += spent
+        self.node_tokens[rec["node"]] += spent
         self.gates[key] = Gate(rec["node"], rec["visit"], rec["kind"], rec["at"],
-                               rec.get("show") or {}, rec["decisions"], rec.get("deadline"))
+                               rec.get("show") or {}, rec["decisions"], rec.get("deadline"),
+                               key=rec.get("key"))
 
     def _on_approval_decided(self, rec: L.Record) -> None:
         gate = self.gates[(rec["node"], rec["visit"])]
         gate.decision = rec["decision"]
-        if gate.kind == "confirm" and gate.decision != "approved":
+        if gate.kind == "tool":
+            # the node asked mid-body (ctx.confirm): it runs again and finds the answer
+            self.confirmations[(gate.node, gate.visit, rec["key"])] = rec["decision"]
+            self.gates.pop((gate.node, gate.visit))
+        elif gate.kind == "confirm" and gate.decision != "approved":
             # the body never runs: the visit ends here (the run ends REJECTED)
             self.gates.pop((gate.node, gate.visit))
             self.running.pop((gate.node, gate.visit), None)

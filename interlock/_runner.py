@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import _log as L
-from ._context import Context, Goto
+from ._context import Context, Goto, PauseRequested
 from ._errors import (
     ExpressionError,
     InterlockError,
@@ -56,6 +56,7 @@ class Outcome:
     error: RunError | None = None
     duration_ms: float = 0.0
     tokens: int = 0
+    pause: PauseRequested | None = None  # the node asked a human (ctx.confirm)
 
 
 class _Abort(Exception):
@@ -317,9 +318,12 @@ class Runner:
         update: dict[str, Any] | None = None
         goto: str | None = None
         self.budget.enter(ctx)
+        pause = None
         try:
             result = await call_body(pn, fn, args)
             update, goto = self._check_result(pn, result)
+        except PauseRequested as exc:
+            pause = exc
         except TimeoutError:
             error = timeout_error(pn)
         except RunError as exc:
@@ -335,7 +339,7 @@ class Runner:
             error, update, goto = ctx._over, None, None
         duration = (time.perf_counter() - t0) * 1000
         return Outcome(pn.name, visit, attempt, update, goto, error, round(duration, 3),
-                       ctx.tokens)
+                       ctx.tokens, pause)
 
     def _check_result(self, pn: PlanNode, result: Any) -> tuple[dict[str, Any], str | None]:
         goto: str | None = None
@@ -356,6 +360,14 @@ class Runner:
         return update, goto
 
     async def _finish(self, out: Outcome) -> None:
+        if out.pause is not None:
+            # the visit stays running; it is re-run once a human has decided
+            await self.commit([(L.APPROVAL_REQUESTED, {
+                "node": out.node, "visit": out.visit, "attempt": out.attempt, "kind": "tool",
+                "key": out.pause.key, "show": L.to_json_value(out.pause.show),
+                "decisions": ["approve", "reject"], "tokens": out.tokens or None,
+                "approvers": _approvers(self.plan.nodes[out.node].spec)})])
+            return
         if out.error is not None:
             await self.commit([(L.NODE_FAILED, {
                 "node": out.node, "visit": out.visit, "attempt": out.attempt,

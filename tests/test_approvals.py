@@ -215,3 +215,40 @@ def test_verify_passes_after_every_kind_of_decision(store: str) -> None:
         ids.append(run_id)
     for run_id in ids:
         assert asyncio.run(interlock.verify(run_id, store=store)).ok
+
+
+def tool_node_workflow(calls: list[Any]) -> Workflow:
+    async def think(prompt: str) -> dict[str, Any]:
+        calls.append("llm")
+        return {"tool": "restart", "args": {"service": "db"}}
+
+    async def agent(state: dict[str, Any], ctx: interlock.Context) -> dict[str, Any]:
+        plan = await ctx.once("llm-1", think, "what now?")  # replayed, not repeated
+        if ctx.confirm("tool-1", {"tool": plan["tool"], "args": plan["args"]}) == "approved":
+            calls.append("restart")
+            return {"result": "restarted"}
+        return {"result": "the human said no"}
+
+    wf = Workflow("tools")
+    wf.node("agent", agent).edge(START, "agent")
+    return wf
+
+
+@pytest.mark.parametrize("decision, result, did", [
+    (interlock.approve(by="alice"), "restarted", ["llm", "restart"]),
+    (interlock.reject(by="bob"), "the human said no", ["llm"]),
+])
+def test_confirm_inside_a_node_pauses_and_resumes_the_visit(
+        store: str, decision: interlock.Decision, result: str, did: list[str]) -> None:
+    calls: list[Any] = []
+    wf = tool_node_workflow(calls)
+    first = wf.run_sync(store=store)
+    assert first.status == "WAITING_APPROVAL"
+    assert first.waiting["node"] == "agent" and first.waiting["kind"] == "tool"
+    assert first.waiting["show"] == {"tool": "restart", "args": {"service": "db"}}
+    assert calls == ["llm"]
+    done = wf.resume_sync(first.run_id, decision, store=store)
+    assert done.status == "COMPLETED"  # a rejected tool call does not end the run
+    assert done.state["result"] == result
+    assert calls == did
+    assert asyncio.run(interlock.verify(first.run_id, store=store)).ok
