@@ -1,0 +1,30 @@
+"""The examples in the docs run, and print what the docs say they print."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+DOCS = Path(__file__).parent.parent / "docs"
+BLOCK = re.compile(r"```python\n(.*?)```", re.S)
+
+
+def blocks() -> list[tuple[str, str]]:
+    out = []
+    for path in sorted(DOCS.glob("*.md")):
+        for i, code in enumerate(BLOCK.findall(path.read_text())):
+            out.append((f"{path.name}#{i + 1}", code))
+    return out
+
+
+@pytest.mark.parametrize("name, code", blocks(), ids=[n for n, _ in blocks()])
+def test_doc_example_runs(name: str, code: str, tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    for expected in re.findall(r"# (\{.*\}|\[.*\]|fixed=.*)$", code, re.M):
+        assert expected in proc.stdout, f"{name}: expected {expected!r} in {proc.stdout!r}"
