@@ -16,6 +16,7 @@ shared by all commands (keep them when adding one):
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 import uuid
@@ -80,7 +81,21 @@ def cli() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """The console script (``interlock``) and ``python -m interlock``."""
-    cli.main(args=argv, prog_name="interlock")
+    try:
+        cli.main(args=argv, prog_name="interlock", standalone_mode=True)
+    except SystemExit as exc:
+        _exit_now_if_threads_were_abandoned(exc.code)
+        raise
+
+
+def _exit_now_if_threads_were_abandoned(code: Any) -> None:
+    """A sync node that timed out keeps its worker thread (it cannot be interrupted);
+    the run has ended and said so, so the process does not wait for that thread."""
+    guards = sys.modules.get("interlock._guards")
+    if guards is not None and getattr(guards, "abandoned", None):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code if isinstance(code, int) else (0 if code is None else 1))
 
 
 def store_option(fn: F) -> F:
@@ -1014,7 +1029,8 @@ def _record_detail(rec: Record, spec: WorkflowSpec | None) -> str:
     if rtype.startswith("edge."):
         return _edge_detail(rec, spec)
     if rtype.startswith("node."):
-        parts = [f"attempt {rec['attempt']}" if rec.get("attempt") is not None else "",
+        parts = [f"visit {rec['visit']}" if (rec.get("visit") or 1) > 1 else "",
+                 f"attempt {rec['attempt']}" if rec.get("attempt") is not None else "",
                  _node_detail(rec)]
         if rtype == "node.completed" and rec.get("update"):
             parts.append("update " + _short(_json(rec["update"]), 100))
@@ -1111,6 +1127,32 @@ def verify(run_id: str, store_url: str | None) -> None:
         click.echo(f"ok: {run_id} ({_plural(v.records, 'record')}, chain and fold verified)")
         return
     click.echo(f"broken: {run_id} at record {v.seq} of {v.records}: {v.message}")
+    sys.exit(EXIT_FAILED)
+
+
+# -- cancel ----------------------------------------------------------------------------------
+
+
+@cli.command(short_help="Cancel a running or waiting run.")
+@click.argument("run_id", metavar="RUN_ID")
+@click.option("--by", "by", metavar="NAME", help="Who cancels (recorded in the log).")
+@click.option("--wait", "wait", type=click.FloatRange(min=0), default=10.0, show_default=True,
+              metavar="SECONDS",
+              help="How long to wait for the process executing the run to stop it.")
+@store_option
+def cancel(run_id: str, by: str | None, wait: float, store_url: str | None) -> None:
+    """Cancel RUN_ID. A run waiting for a human, failed, or whose process died is
+    cancelled at once; a run being executed by another process is asked to stop (its
+    nodes in flight are cancelled, isolated processes killed). Exits 0 once the run is
+    CANCELLED, 1 if the executing process did not stop it within --wait seconds."""
+    from ._runs import cancel as run_cancel
+
+    result = call_engine(run_cancel(run_id, by=by, store=store_url, wait=wait))
+    if result.status == "CANCELLED":
+        click.echo(f"cancelled: {run_id}" + (f" by {by}" if by else ""))
+        return
+    click.echo(f"not yet cancelled: {run_id} is {result.status}; the process executing it "
+               "has been asked to stop (check with `interlock status`)")
     sys.exit(EXIT_FAILED)
 
 

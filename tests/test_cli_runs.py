@@ -1,0 +1,458 @@
+"""The command line for stored runs (SPEC §4): resume, status, runs, trace, verify, fork.
+
+Every test uses a real SQLite store in ``tmp_path`` and runs in that directory,
+with a node module written there (call paths resolve from the working
+directory). Nodes append their name to ``executions.log`` so a test can tell
+what ran, and how often.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import re
+import sqlite3
+import sys
+import textwrap
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+
+from interlock._runs import TRACE_KEYS
+from interlock._store import open_store
+from interlock.cli import cli
+
+SPEC_KEYS = {"run_id", "workflow", "status", "state", "steps", "tokens", "error", "waiting"}
+
+NODES = """
+import os
+
+
+def _log(name):
+    with open("executions.log", "a") as f:
+        f.write(name + "\\n")
+
+
+def first(state):
+    _log("first")
+    return {"x": state.get("x", 0) + 1}
+
+
+def flaky(state, ctx):
+    _log("flaky")
+    if not os.path.exists("marker"):
+        raise RuntimeError("the marker file is missing")
+    return {"y": state["x"] + 1, "mode": ctx.config.get("mode")}
+
+
+def double(state):
+    _log("double")
+    return {"y": state["x"] * 2}
+"""
+
+FAILING = """
+workflow: failing
+config: {mode: normal}
+nodes:
+  a: {mod}:first
+  f: {mod}:flaky
+edges:
+  - {from: START, to: a}
+  - {from: a, to: f}
+"""
+
+GATED = """
+workflow: gated
+nodes:
+  a: {mod}:first
+  gate: {approval: {show: [x], on_modify: [a]}}
+  b: {mod}:double
+edges:
+  - {from: START, to: a}
+  - {from: a, to: gate}
+  - {from: gate, to: b, when: 'gate.decision == "approved"'}
+  - {from: gate, to: END, otherwise: true}
+"""
+
+LINEAR = """
+workflow: linear
+nodes:
+  a: {mod}:first
+  b: {mod}:double
+edges:
+  - {from: START, to: a}
+  - {from: a, to: b}
+"""
+
+
+class Project:
+    """A scratch directory with a node module, workflow files and a SQLite store."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.mod = f"runs_nodes_{uuid.uuid4().hex[:10]}"
+        (root / f"{self.mod}.py").write_text(NODES)
+        importlib.invalidate_caches()
+        self.db = root / "runs.db"
+        self.store = f"sqlite:///{self.db}"  # tmp_path is absolute: sqlite:////...
+
+    def workflow(self, text: str, name: str = "wf.yaml") -> str:
+        (self.root / name).write_text(textwrap.dedent(text).replace("{mod}", self.mod))
+        return name
+
+    def cli(self, *args: str) -> Result:
+        return CliRunner().invoke(cli, [*args, "--store", self.store], catch_exceptions=False)
+
+    def cli_json(self, *args: str) -> tuple[Result, Any]:
+        result = self.cli(*args, "--json")
+        return result, json.loads(result.stdout)  # exactly one JSON document on stdout
+
+    def executions(self) -> list[str]:
+        log = self.root / "executions.log"
+        return log.read_text().split() if log.exists() else []
+
+    def start(self, workflow: str, run_id: str) -> Result:
+        return self.cli("run", self.workflow(workflow), "--run-id", run_id)
+
+    def records(self, run_id: str) -> list[dict[str, Any]]:
+        result, records = self.cli_json("trace", run_id)
+        assert result.exit_code == 0, result.output
+        assert isinstance(records, list)
+        return records
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Project]:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("INTERLOCK_STORE", raising=False)
+    p = Project(tmp_path)
+    yield p
+    sys.modules.pop(p.mod, None)
+
+
+# -- resume a failed run -----------------------------------------------------------------------
+
+
+def test_resume_a_failed_run_does_not_rerun_completed_nodes(project: Project) -> None:
+    failed = project.start(FAILING, "r-fail")
+    assert failed.exit_code == 1, failed.output
+    assert "the marker file is missing" in failed.stdout
+    assert project.executions() == ["first", "flaky"]
+    status = project.cli("status", "r-fail")
+    assert status.exit_code == 1
+    assert "FAILED" in status.stdout and "the marker file is missing" in status.stdout
+    assert "interlock resume r-fail" in status.stdout
+
+    (project.root / "marker").write_text("")
+    resumed = project.cli("resume", "r-fail", "--set", "mode=fixed")
+    assert resumed.exit_code == 0, resumed.output
+    assert "run r-fail resumed: workflow failing" in resumed.stderr
+    assert re.search(r"^\s+f\s+completed", resumed.stderr, re.MULTILINE)
+    assert "COMPLETED" in resumed.stdout
+    # the summary covers the whole run: a ran once (before), f twice
+    assert re.search(r"^\s*a\s+1\s+.*completed", resumed.stdout, re.MULTILINE)
+    assert project.executions() == ["first", "flaky", "flaky"]  # a did NOT run again
+
+    _, data = project.cli_json("status", "r-fail")
+    assert set(data) == SPEC_KEYS
+    assert data["status"] == "COMPLETED"
+    assert data["state"] == {"x": 1, "y": 2, "mode": "fixed"}
+
+    again = project.cli("resume", "r-fail")
+    assert again.exit_code == 2
+    assert again.stderr.startswith("error: ") and "COMPLETED" in again.stderr
+
+
+def test_resume_json_and_bad_limits(project: Project) -> None:
+    assert project.start(FAILING, "r-json").exit_code == 1
+    bad = project.cli("resume", "r-json", "--set", "limits.bogus=1")
+    assert bad.exit_code == 2 and "bogus" in bad.stderr
+    (project.root / "marker").write_text("")
+    result, data = project.cli_json("resume", "r-json")
+    assert result.exit_code == 0
+    assert set(data) == SPEC_KEYS and data["status"] == "COMPLETED"
+    assert data["state"]["mode"] == "normal"
+
+
+def test_resume_of_a_claimed_run_is_refused_unless_forced(project: Project) -> None:
+    assert project.start(FAILING, "r-claim").exit_code == 1
+    (project.root / "marker").write_text("")
+
+    async def claim() -> None:
+        st = open_store(project.store)
+        try:
+            await st.claim("r-claim", "elsewhere.example:4242:abcd", 60.0)
+        finally:
+            await st.close()
+
+    asyncio.run(claim())
+    refused = project.cli("resume", "r-claim")
+    assert refused.exit_code == 2
+    assert "is being executed by elsewhere.example:4242:abcd" in refused.stderr
+    assert "--force" in refused.stderr
+    forced = project.cli("resume", "r-claim", "--force")
+    assert forced.exit_code == 0, forced.output
+
+
+# -- approvals -------------------------------------------------------------------------------
+
+
+def test_approval_waits_then_approve_then_a_second_decision_is_refused(
+        project: Project) -> None:
+    waiting = project.start(GATED, "r-gate")
+    assert waiting.exit_code == 3, waiting.output
+
+    status = project.cli("status", "r-gate")
+    assert status.exit_code == 3
+    assert "WAITING_APPROVAL" in status.stdout
+    assert "waiting for a decision at 'gate'" in status.stdout
+    assert re.search(r"^\s+x = 1$", status.stdout, re.MULTILINE)
+    assert "decisions: approve, reject, modify" in status.stdout
+    assert "interlock resume r-gate --approve --by NAME" in status.stdout
+    _, data = project.cli_json("status", "r-gate")
+    assert data["waiting"]["node"] == "gate" and data["waiting"]["show"] == {"x": 1}
+
+    listed = project.cli("runs", "--waiting")
+    assert listed.exit_code == 0
+    row = next(line for line in listed.stdout.splitlines() if line.startswith("r-gate"))
+    assert re.search(r"r-gate\s+gated\s+gate\s+(\d+d )?(\d+[hm] )?\d+[sm]\s", row), row
+    assert "{\"x\": 1}" in row
+
+    approved = project.cli("resume", "r-gate", "--approve", "--by", "alice",
+                           "--comment", "looks fine")
+    assert approved.exit_code == 0, approved.output
+    assert "gate  approved   by alice: looks fine" in approved.stderr
+    assert project.executions() == ["first", "double"]
+    assert "r-gate" not in project.cli("runs", "--waiting").stdout
+
+    second = project.cli("resume", "r-gate", "--reject", "--by", "bob")
+    assert second.exit_code == 2
+    assert "refused" in second.stderr
+    _, data = project.cli_json("status", "r-gate")
+    assert data["state"]["gate"]["decision"] == "approved"
+    assert data["state"]["gate"]["by"] == "alice"
+
+
+def test_reject_exits_4(project: Project) -> None:
+    assert project.start(GATED, "r-rej").exit_code == 3
+    result, data = project.cli_json("resume", "r-rej", "--reject", "--by", "bob",
+                                    "--comment", "too risky")
+    assert result.exit_code == 4
+    assert data["status"] == "REJECTED"
+    assert project.cli("status", "r-rej").exit_code == 4
+    human = project.cli("trace", "r-rej")
+    assert "rejected by bob: too risky" in human.stdout
+
+
+def test_modify_reenters_at_the_named_node(project: Project) -> None:
+    assert project.start(GATED, "r-mod").exit_code == 3
+    outside = project.cli("resume", "r-mod", "--modify", '{"x": 5}', "--at", "b")
+    assert outside.exit_code == 2
+    assert "on_modify" in outside.stderr
+
+    result, data = project.cli_json("resume", "r-mod", "--modify", '{"x": 5}', "--at", "a",
+                                    "--by", "carol")
+    assert result.exit_code == 3  # the re-run reached the gate again
+    assert project.executions() == ["first", "first"]
+    assert data["waiting"]["show"] == {"x": 6}  # a ran again on the patched state
+    assert data["state"]["gate"]["decision"] == "modified"
+    assert data["state"]["gate"]["reenter"] == "a"
+
+    human = project.cli("trace", "r-mod").stdout
+    assert "modified by carol; patch {\"x\": 5}; re-enter at a" in human
+    assert re.search(r"node\.started\s+a\s+visit 2  attempt 1", human)
+
+    approved = project.cli("resume", "r-mod", "--approve")
+    assert approved.exit_code == 0
+    _, final = project.cli_json("status", "r-mod")
+    assert final["state"]["y"] == 12
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--modify", "{bad"], "--modify is not valid JSON"),
+    (["--modify", "[1]"], "must be a JSON object"),
+    (["--modify", "{}"], "non-empty"),
+    (["--at", "a"], "--at NODE goes with --modify"),
+    (["--approve", "--modify", '{"x": 1}'], "not --approve and --modify"),
+    (["--comment", "hi"], "go with a decision"),
+    (["--set", "novalue"], "expected KEY=VALUE"),
+])
+def test_resume_usage_errors_exit_2(project: Project, args: list[str], message: str) -> None:
+    assert project.start(GATED, "r-use").exit_code == 3
+    result = project.cli("resume", "r-use", *args)
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith("error: ")
+    assert message in result.stderr
+    assert project.cli("status", "r-use").exit_code == 3  # nothing was decided
+
+
+def test_resume_a_waiting_run_without_a_decision_exits_2(project: Project) -> None:
+    assert project.start(GATED, "r-nod").exit_code == 3
+    result = project.cli("resume", "r-nod")
+    assert result.exit_code == 2
+    assert "--approve" in result.stderr
+
+
+# -- trace -----------------------------------------------------------------------------------
+
+
+def test_trace_json_is_one_array_with_the_spec_keys(project: Project) -> None:
+    assert project.start(GATED, "r-tr").exit_code == 3
+    assert project.cli("resume", "r-tr", "--approve", "--by", "alice").exit_code == 0
+    result = project.cli("trace", "r-tr", "--json")
+    assert result.exit_code == 0
+    records = json.loads(result.stdout)
+    assert isinstance(records, list)
+    assert [r["seq"] for r in records] == list(range(1, len(records) + 1))
+    for rec in records:
+        assert set(TRACE_KEYS) <= set(rec)
+    conditional = [r for r in records if r["type"].startswith("edge.")
+                   and r.get("expr") == 'gate.decision == "approved"']
+    assert len(conditional) == 1
+    assert conditional[0]["type"] == "edge.taken"
+    assert conditional[0]["value"] is True
+    assert conditional[0]["reads"] == {"gate.decision": "approved"}
+    decided = next(r for r in records if r["type"] == "approval.decided")
+    assert decided["by"] == "alice" and decided["decision"] == "approved"
+
+
+def test_trace_human_explains_edges_failures_and_decisions(project: Project) -> None:
+    assert project.start(GATED, "r-th").exit_code == 3
+    assert project.cli("resume", "r-th", "--approve", "--by", "alice").exit_code == 0
+    result = project.cli("trace", "r-th")
+    assert result.exit_code == 0
+    out = result.stdout
+    assert re.search(r"^\s*1\s+\+0\.0 ms\s+run\.started\s+workflow gated$", out, re.MULTILINE)
+    assert re.search(r'edge\.taken\s+gate -> b  \[gate\.decision == "approved" = true\]  '
+                     r'taken  read \(gate\.decision="approved"\)', out)
+    assert re.search(r"edge\.skipped\s+gate -> END  \[otherwise\]  skipped", out)
+    assert re.search(r"approval\.decided\s+gate\s+approved by alice", out)
+    assert re.search(r"node\.completed\s+a\s+attempt 1  [\d.]+ ms", out)
+    assert len(out.splitlines()) == len(project.records("r-th"))
+
+    assert project.start(FAILING, "r-tf").exit_code == 1
+    failed = project.cli("trace", "r-tf").stdout
+    assert re.search(r"node\.failed\s+f\s+attempt 1  .*the marker file is missing", failed)
+
+
+# -- verify ----------------------------------------------------------------------------------
+
+
+def test_verify_ok_then_tampered_names_the_record(project: Project) -> None:
+    assert project.start(LINEAR, "r-ver").exit_code == 0
+    ok = project.cli("verify", "r-ver")
+    assert ok.exit_code == 0
+    n = len(project.records("r-ver"))
+    assert ok.stdout.strip() == f"ok: r-ver ({n} records, chain and fold verified)"
+
+    with sqlite3.connect(project.db) as conn:
+        changed = conn.execute(
+            "UPDATE records SET data = replace(data, '\"attempt\":1', '\"attempt\":2') "
+            "WHERE run_id = ? AND seq = 3", ("r-ver",)).rowcount
+    assert changed == 1
+    broken = project.cli("verify", "r-ver")
+    assert broken.exit_code == 1
+    assert "record 3" in broken.stdout
+    assert "hash does not match" in broken.stdout
+    refused = project.cli("resume", "r-ver")
+    assert refused.exit_code == 2 and "broken at record 3" in refused.stderr
+
+
+# -- fork ------------------------------------------------------------------------------------
+
+
+def test_fork_runs_a_patched_copy_and_leaves_the_original(project: Project) -> None:
+    assert project.start(LINEAR, "r-orig").exit_code == 0
+    before = project.records("r-orig")
+    _, orig = project.cli_json("status", "r-orig")
+    at = next(r["seq"] for r in before if r["type"] == "node.completed" and r["node"] == "a")
+
+    result = project.cli("fork", "r-orig", "--at", str(at), "--patch", '{"x": 10}',
+                         "--run-id", "r-fork")
+    assert result.exit_code == 0, result.output
+    assert f"run r-fork started (forked from r-orig at record {at})" in result.stderr
+    assert "COMPLETED" in result.stdout
+    _, forked = project.cli_json("status", "r-fork")
+    assert forked["state"] == {"x": 10, "y": 20}
+    assert project.executions() == ["first", "double", "double"]  # only b ran in the fork
+
+    _, after = project.cli_json("status", "r-orig")
+    assert after == orig
+    assert len(project.records("r-orig")) == len(before)
+    assert project.cli("verify", "r-fork").exit_code == 0
+
+    runs = project.cli("runs")
+    assert re.search(rf"^r-fork\s+linear\s+COMPLETED\s.*r-orig@{at}$", runs.stdout,
+                     re.MULTILINE)
+
+
+def test_fork_json_and_usage_errors(project: Project) -> None:
+    assert project.start(LINEAR, "r-fj").exit_code == 0
+    result, data = project.cli_json("fork", "r-fj", "--at", "4", "--patch", '{"x": 3}')
+    assert result.exit_code == 0
+    assert set(data) == SPEC_KEYS and data["state"]["y"] == 6
+    assert data["run_id"] in result.stderr and data["run_id"] != "r-fj"
+    for args, message in [
+        (["--at", "4", "--patch", "{nope"], "--patch is not valid JSON"),
+        (["--at", "4", "--patch", "3"], "must be a JSON object"),
+        (["--at", "999"], "cannot fork at 999"),
+        (["--at", "4", "--set", "limits.steps=3"], "keeps the limits"),
+    ]:
+        bad = project.cli("fork", "r-fj", *args)
+        assert bad.exit_code == 2, (args, bad.output)
+        assert message in bad.stderr, (args, bad.stderr)
+
+
+# -- runs ------------------------------------------------------------------------------------
+
+
+def test_runs_lists_filters_and_prints_json(project: Project) -> None:
+    assert project.start(LINEAR, "r-done").exit_code == 0
+    assert project.start(FAILING, "r-bad").exit_code == 1
+    assert project.start(GATED, "r-wait").exit_code == 3
+
+    table = project.cli("runs")
+    assert table.exit_code == 0
+    lines = table.stdout.splitlines()
+    assert lines[0].split()[:3] == ["run", "id", "workflow"]
+    assert [line.split()[0] for line in lines[1:]] == ["r-wait", "r-bad", "r-done"]
+    assert re.search(r"^r-bad\s+failing\s+FAILED\s+2\s+0\s+\d{4}-\d\d-\d\d", table.stdout,
+                     re.MULTILINE)
+
+    result, rows = project.cli_json("runs")
+    assert result.exit_code == 0
+    assert [r["run_id"] for r in rows] == ["r-wait", "r-bad", "r-done"]
+    assert {"run_id", "workflow", "status", "steps", "tokens", "created_at", "updated_at",
+            "parent_run", "parent_seq"} <= set(rows[0])
+    assert rows[0]["waiting"]["node"] == "gate"
+
+    _, completed = project.cli_json("runs", "--status", "completed")
+    assert [r["run_id"] for r in completed] == ["r-done"]
+    _, gated = project.cli_json("runs", "--workflow", "gated")
+    assert [r["run_id"] for r in gated] == ["r-wait"]
+    _, limited = project.cli_json("runs", "--limit", "1")
+    assert len(limited) == 1
+    none = project.cli("runs", "--status", "REJECTED")
+    assert none.exit_code == 0 and none.stdout.strip() == "no runs"
+    clash = project.cli("runs", "--waiting", "--status", "FAILED")
+    assert clash.exit_code == 2
+
+
+# -- unknown runs ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args", [
+    ["status", "nope"], ["resume", "nope"], ["resume", "nope", "--approve"],
+    ["trace", "nope"], ["trace", "nope", "--json"], ["verify", "nope"],
+    ["fork", "nope", "--at", "1"],
+])
+def test_unknown_run_exits_2(project: Project, args: list[str]) -> None:
+    result = project.cli(*args)
+    assert result.exit_code == 2, result.output
+    assert result.stdout == ""
+    assert "no run 'nope'" in result.stderr
