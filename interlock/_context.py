@@ -91,6 +91,16 @@ class Context:
             result = await result
         return await self._runner.record_effect(self, key, result)
 
+    async def log(self, type: str, fields: Mapping[str, Any] | None = None) -> None:
+        """Append a record of the node's own to the run's log (``agent.request``,
+        ``tool.called``, ...), tagged with this node, visit and attempt.
+
+        ``type`` is a dotted name outside the engine's namespaces (``run.``, ``node.``,
+        ``edge.``, ``effect.``, ``approval.``, ``state.``); ``fields`` must be JSON data.
+        A re-run of the visit logs again: log from inside `once` to log only once.
+        """
+        await self._runner.log_record(self, type, fields or {})
+
     def confirm(self, key: str, show: Mapping[str, Any]) -> str:
         """Ask a human before doing something (a guarded tool call, a destructive step).
 

@@ -221,6 +221,12 @@ class RunView:
         self.tokens += rec.get("tokens") or 0
         self.node_tokens[rec["node"]] += rec.get("tokens") or 0
 
+    def _on_node_retrying(self, rec: L.Record) -> None:
+        # the failed attempt's tokens were spent; the next attempt counts from zero
+        spent = rec.get("tokens") or 0
+        self.tokens += spent
+        self.node_tokens[rec["node"]] += spent
+
     def _on_edge(self, rec: L.Record) -> None:
         e = self.plan.edges[rec["edge"]]
         source = rec.get("from", "*")
@@ -448,6 +454,7 @@ _HANDLERS = {
     L.NODE_STARTED: RunView._on_node_started,
     L.NODE_COMPLETED: RunView._on_node_completed,
     L.NODE_FAILED: RunView._on_node_failed,
+    L.NODE_RETRYING: RunView._on_node_retrying,
     L.EDGE_TAKEN: RunView._on_edge,
     L.EDGE_SKIPPED: RunView._on_edge,
     L.EFFECT_RECORDED: RunView._on_effect,

@@ -172,6 +172,10 @@ def build_plan(spec: WorkflowSpec, *, callables: dict[str, Callable[..., Any]],
     nodes: dict[str, PlanNode] = {}
     for name, ns in spec.nodes.items():
         fn = callables.get(ns.call) if ns.call else None
+        if ns.agent is not None:  # an async fn(state, ctx) built from the agent block
+            from .agents import build_agent_node
+
+            fn = build_agent_node(name, ns.agent, ns, callables=callables, workflow=spec)
         nodes[name] = PlanNode(
             name=name, spec=ns, fn=fn,
             is_async=bool(fn and is_async_callable(fn)),

@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import asyncio
 import random
+import re
 import time
 import traceback
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -563,8 +565,21 @@ class Runner:
                                                 "result": value})])
         return value
 
+    async def log_record(self, ctx: Context, rtype: str, fields: Mapping[str, Any]) -> None:
+        if not _OWN_TYPE.match(rtype) or rtype.split(".")[0] in _ENGINE_NAMESPACES:
+            raise ValueError(f"ctx.log: {rtype!r} is not a record type a node may write; use "
+                             "a dotted name such as 'agent.reply' outside "
+                             f"{', '.join(sorted(_ENGINE_NAMESPACES))}")
+        data = dict(L.to_json_value(dict(fields)))
+        data.update(node=ctx.node, visit=ctx.visit, attempt=ctx.attempt)
+        await self.commit([(rtype, data)])
+
     def charge_tokens(self, ctx: Context, n: int) -> None:
         self.budget.charge(ctx, n)
+
+
+_OWN_TYPE = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+$")
+_ENGINE_NAMESPACES = frozenset({"run", "node", "edge", "effect", "approval", "state"})
 
 
 def _reads_decision(e: PlanEdge, gate: str) -> bool:

@@ -66,8 +66,9 @@ class _Checker:
             if ns.call is not None:
                 self.resolve(ns.call, ("nodes", name, "call"), f"node {name!r}")
             if ns.agent is not None:
-                self.add("error", f"node {name!r}: agent nodes are not supported by this version "
-                         "of interlock yet; use a call node", ("nodes", name, "agent"), "agent")
+                from .agents import check_agent
+
+                check_agent(self, name, ns)
             if ns.approval is not None:
                 tgt = ns.approval.on_timeout
                 if tgt != "reject" and tgt not in self.spec.nodes:
@@ -132,10 +133,12 @@ class _Checker:
                 self.resolve(e.router, ("edges", i, "router"), f"edge {e.describe()}")
             if e.kind == "choose":
                 src = e.source[0]
-                if src == START or nodes[src].call is None:
-                    self.add("error", f"edge {e.describe()}: only a call node can choose its "
-                             "successor with interlock.goto()", ("edges", i, "choose"),
-                             "choose")
+                agent = nodes[src].agent if src != START else None
+                if src == START or (nodes[src].call is None and not (
+                        isinstance(agent, dict) and agent.get("choose"))):
+                    self.add("error", f"edge {e.describe()}: only a call node (or an agent node "
+                             "with agent.choose) can choose its successor",
+                             ("edges", i, "choose"), "choose")
         if not any(START in e.source for e in self.spec.edges):
             self.add("error", "no edge from START: add {from: START, to: <first node>}",
                      ("edges",), "start")
@@ -213,8 +216,10 @@ class _Checker:
         for name, ns in self.spec.nodes.items():
             if ns.writes:
                 fed |= set(ns.writes)
-            if ns.approval is not None or ns.agent is not None:
+            if ns.approval is not None:
                 fed.add(name)
+            if ns.agent is not None:
+                fed.add(str(ns.agent.get("output_key") or name))
         for i, e in enumerate(self.spec.edges):
             for key in ("when", "switch"):
                 src = getattr(e, key)

@@ -129,6 +129,63 @@ class Workflow:
         data["nodes"][name] = {"approval": spec, **_opts(options)}
         return self
 
+    def agent(self, name: str, *, prompt: str, model: str | None = None,
+              system: str | None = None, output: Mapping[str, Any] | type | None = None,
+              tools: Iterable[Any] = (), provider: Any = "openai",
+              base_url: str | None = None, api_key_env: str | None = None,
+              output_key: str | None = None, choose: str | None = None,
+              max_turns: int | None = None, redact: Iterable[str] = (),
+              temperature: float | None = None, **options: Any) -> Workflow:
+        """Add an LLM agent node (SPEC §6). ``output`` is a JSON Schema or a pydantic model
+        class; ``tools`` are typed functions, or ``(fn, {"confirm": True})`` for a tool a
+        human confirms before it runs; ``provider`` is ``"openai"`` (any OpenAI-compatible
+        endpoint) or an ``interlock.testing.ScriptedProvider``. Other options are the node
+        keys of `node` (reads, writes, timeout, retry, tokens, confirm, description)."""
+        from .agents import ScriptedProvider
+
+        spec: dict[str, Any] = {"prompt": prompt}
+        if isinstance(provider, ScriptedProvider):
+            spec["provider"] = "scripted"
+            spec["replies"] = [dict(r) for r in provider.replies]
+        elif provider in ("openai", "scripted"):
+            spec["provider"] = provider
+        else:
+            raise UsageError(f"provider must be 'openai' or a ScriptedProvider, got {provider!r}")
+        if isinstance(output, type):
+            from pydantic import BaseModel
+
+            if not issubclass(output, BaseModel):
+                raise UsageError(f"output must be a JSON Schema (a dict) or a pydantic model "
+                                 f"class, got {output.__name__}")
+            spec["output"] = output.model_json_schema()
+            spec["output_model"] = self._register(output)
+        elif output is not None:
+            spec["output"] = dict(output)
+        entries = []
+        for tool in tools:
+            fn, opts = tool if isinstance(tool, tuple) else (tool, {})
+            unknown = set(opts) - {"confirm"}
+            if unknown:
+                raise UsageError(f"unknown tool option(s) {sorted(unknown)}; a tool takes "
+                                 "(fn, {'confirm': True})")
+            path = self._register(fn)
+            entries.append({"call": path, "confirm": True} if opts.get("confirm") else path)
+        if entries:
+            spec["tools"] = entries
+        if redact:
+            spec["redact"] = list(redact)
+        for key, value in (("model", model), ("system", system), ("base_url", base_url),
+                           ("api_key_env", api_key_env), ("output_key", output_key),
+                           ("choose", choose), ("max_turns", max_turns),
+                           ("temperature", temperature)):
+            if value is not None:
+                spec[key] = value
+        data = self._mutable()
+        if name in data["nodes"]:
+            raise UsageError(f"node {name!r} is already defined")
+        data["nodes"][name] = {"agent": spec, **_opts(options)}
+        return self
+
     def edge(self, source: str | Iterable[str], target: str | Iterable[str], *,
              when: str | None = None, otherwise: bool = False,
              max: int | None = None) -> Workflow:

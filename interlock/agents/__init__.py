@@ -1,0 +1,62 @@
+"""Agent nodes (SPEC §6): an LLM agent as a node, with a structured output that drives routing.
+
+    nodes:
+      risk:
+        reads: [plan]
+        agent:
+          provider: openai                 # any OpenAI-compatible endpoint | scripted
+          model: gpt-4o-mini
+          prompt: "Plan: {{ plan }}"
+          output: {type: object, properties: {level: {enum: [LOW, HIGH]}}, required: [level]}
+          tools: [examples.audit.tools:lookup_control, {call: pkg.mod:delete, confirm: true}]
+
+To the engine an agent node is an async ``fn(state, ctx)`` (`build_agent_node`); the
+``agent:`` block is checked by `check_agent` with everything else before a run starts.
+The provider SDK, Jinja2 and jsonschema are imported when an agent node is first checked
+or run, never by ``import interlock``.
+"""
+
+from __future__ import annotations
+
+from ._check import check_agent
+from ._errors import (
+    AgentConfigError,
+    AgentError,
+    AgentOutputError,
+    AgentTurnsError,
+    ProviderConnectionError,
+    ProviderError,
+    ProviderServerError,
+    ProviderStatusError,
+    ProviderTimeoutError,
+    RateLimitError,
+    ToolDefinitionError,
+)
+from ._node import build_agent_node
+from ._providers import ChatRequest, OpenAIProvider, Provider, Reply, ScriptedProvider, ToolCall
+from ._spec import AgentSpec, ScriptedReply, ToolSpec
+
+__all__ = [
+    "AgentConfigError",
+    "AgentError",
+    "AgentOutputError",
+    "AgentSpec",
+    "AgentTurnsError",
+    "ChatRequest",
+    "OpenAIProvider",
+    "Provider",
+    "ProviderConnectionError",
+    "ProviderError",
+    "ProviderServerError",
+    "ProviderStatusError",
+    "ProviderTimeoutError",
+    "RateLimitError",
+    "Reply",
+    "ScriptedProvider",
+    "ScriptedReply",
+    "ToolCall",
+    "ToolDefinitionError",
+    "ToolSpec",
+    "build_agent_node",
+    "check_agent",
+]

@@ -1,0 +1,68 @@
+"""What an agent node raises. The engine turns each into the node's error, named by the
+class (and its bases), so a node's ``retry: {errors: [...]}`` can list these names:
+
+    AgentError
+    ├── AgentOutputError      the reply never satisfied the output schema (after one repair)
+    ├── AgentTurnsError       max_turns model calls without a final answer
+    ├── AgentConfigError      no API key, a scripted provider out of replies, a bad template
+    ├── ToolDefinitionError   a tool's signature cannot be offered to a model
+    └── ProviderError         the provider call failed
+        ├── RateLimitError            HTTP 429
+        ├── ProviderServerError       HTTP 5xx
+        ├── ProviderTimeoutError      the HTTP request timed out
+        ├── ProviderConnectionError   no connection (also a ConnectionError)
+        └── ProviderStatusError       any other refusal (4xx): retrying will not help
+
+``retry: {attempts: 3, errors: [RateLimitError, ProviderServerError]}`` retries
+throttling and server errors; ``errors: [ProviderError]`` every provider failure.
+"""
+
+from __future__ import annotations
+
+
+class AgentError(Exception):
+    """Base class of agent node failures."""
+
+
+class AgentOutputError(AgentError):
+    """The model's reply did not satisfy the output schema, even after a repair round."""
+
+
+class AgentTurnsError(AgentError):
+    """The model used up ``max_turns`` calls without a final answer."""
+
+
+class AgentConfigError(AgentError):
+    """The agent cannot run as configured (missing key, no scripted reply left, ...)."""
+
+
+class ToolDefinitionError(AgentError):
+    """A tool function cannot be described to a model (an untyped parameter, ``*args``)."""
+
+
+class ProviderError(AgentError):
+    """A call to the model provider failed."""
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class RateLimitError(ProviderError):
+    """The provider throttled the call (HTTP 429)."""
+
+
+class ProviderServerError(ProviderError):
+    """The provider failed (HTTP 5xx)."""
+
+
+class ProviderTimeoutError(ProviderError):
+    """The provider did not answer in time."""
+
+
+class ProviderConnectionError(ProviderError, ConnectionError):
+    """The provider could not be reached."""
+
+
+class ProviderStatusError(ProviderError):
+    """The provider refused the request (a 4xx other than 429)."""

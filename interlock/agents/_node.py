@@ -1,0 +1,427 @@
+"""The agent node: an async ``fn(state, ctx)`` built from an ``agent:`` block.
+
+One visit is a conversation::
+
+    messages = [system (+ the output schema), user (the rendered prompt)]
+    loop:
+        reply = model(messages)                      ctx.once("llm-<turn>"): journaled
+        tool calls? run each (ctx.once("tool-<turn>-<i>"); confirm: true asks a human
+                    first through ctx.confirm) and answer them as tool messages
+        else: parse + validate the reply; invalid -> one repair round, then fail
+
+Every model call and every tool execution is journaled, so a re-run of the visit (a
+retry, a resume after a crash, the re-run after a guarded tool's decision) replays them
+instead of paying or acting twice; a call's tokens are charged inside its journaled
+step, so a replay charges nothing. A conversation that failed for good (no valid reply
+after the repair, ``max_turns`` exhausted) is marked in the journal, so the next attempt
+(the retry policy, or a resume of the failed run) starts a fresh conversation rather
+than replaying the same failure.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ValidationError
+
+from .. import _log as L
+from .._context import goto
+from .._guards import BudgetExceededError
+from .._model import NodeSpec, WorkflowSpec
+from ._errors import AgentConfigError, AgentError, AgentOutputError, AgentTurnsError
+from ._providers import ChatRequest, OpenAIProvider, Provider, Reply, ScriptedProvider, ToolCall
+from ._spec import AgentSpec
+from ._tools import Tool, ToolArgumentsError, make_tool
+
+if TYPE_CHECKING:
+    from jinja2 import Template
+
+    from .._context import Context
+
+REDACTED = "[redacted]"
+AgentFn = Callable[[dict[str, Any], "Context"], Awaitable[Any]]
+
+_SCHEMA_HINT = ("Reply with only a JSON document (no prose, no code fences) that satisfies "
+                "this JSON Schema:\n")
+_REPAIR = ("Your reply does not satisfy the required JSON Schema: {problem}\n"
+           "Reply again with only a corrected JSON document.")
+_REJECTED = ("A human reviewer rejected this call to {tool}; it was not executed. Do not "
+             "call it again for this; carry on without it.")
+
+
+def build_agent_node(name: str, agent: Mapping[str, Any], node: NodeSpec, *,
+                     callables: Mapping[str, Callable[..., Any]] | None = None,
+                     workflow: WorkflowSpec | None = None) -> AgentFn:
+    """The node function of agent node ``name``. Nothing is imported or resolved until the
+    node first runs (a plan built only to read a stored run never runs it)."""
+    choices: list[str] = []
+    if workflow is not None:
+        choices = [t for e in workflow.edges if e.kind == "choose" and e.source == [name]
+                   for t in e.targets]
+    try:
+        spec = AgentSpec.model_validate(dict(agent))
+    except ValidationError as exc:
+        problem = f"node {name!r}: invalid agent block: {exc}"
+
+        async def broken(state: dict[str, Any], ctx: Context) -> Any:
+            raise AgentConfigError(problem)
+
+        return broken
+    agent_run = _Agent(name, spec, node, dict(callables or {}), choices)
+
+    async def agent_node(state: dict[str, Any], ctx: Context) -> Any:
+        return await agent_run.run(state, ctx)
+
+    agent_node.__qualname__ = agent_node.__name__ = f"agent:{name}"
+    return agent_node
+
+
+def output_schema(spec: AgentSpec, model: type[BaseModel] | None,
+                  choices: list[str]) -> dict[str, Any] | None:
+    """The schema a reply must satisfy: ``output`` (or the model's), with a ``choose``
+    field limited to the declared targets when the schema does not limit it itself."""
+    schema = spec.output
+    if schema is None and model is not None:
+        schema = model.model_json_schema()
+    if schema is None:
+        return None
+    schema = copy.deepcopy(schema)
+    field = spec.choose
+    props = schema.get("properties")
+    if field is not None and isinstance(props, dict):
+        fs = props.get(field)
+        if isinstance(fs, dict) and "enum" not in fs and "const" not in fs and choices:
+            props[field] = {**fs, "enum": list(choices)}
+        required = schema.setdefault("required", [])
+        if isinstance(required, list) and field not in required:
+            required.append(field)
+    return schema
+
+
+class _Agent:
+    def __init__(self, name: str, spec: AgentSpec, node: NodeSpec,
+                 callables: dict[str, Callable[..., Any]], choices: list[str]) -> None:
+        self.name = name
+        self.spec = spec
+        self.node = node
+        self.callables = callables
+        self.choices = choices
+        self.output_key = spec.output_key or name
+        self.redact = frozenset(spec.redact)
+        self._ready = False
+
+    # -- set up on first run --------------------------------------------------------------
+
+    def _resolve(self, path: str) -> Callable[..., Any]:
+        fn = self.callables.get(path)
+        if fn is None:
+            from .._plan import import_callable
+
+            fn = self.callables[path] = import_callable(path)
+        return fn
+
+    def _prepare(self) -> None:
+        if self._ready:
+            return
+        from jsonschema import Draft202012Validator
+
+        from ._prompt import compile_template
+
+        spec = self.spec
+        try:
+            self.system_t: Template | None = (compile_template(spec.system)
+                                              if spec.system else None)
+            self.prompt_t: Template = compile_template(spec.prompt)
+        except Exception as exc:
+            raise AgentConfigError(f"node {self.name!r}: invalid template: {exc}") from None
+        self.model_cls: type[BaseModel] | None = None
+        if spec.output_model is not None:
+            cls = self._resolve(spec.output_model)
+            if not (isinstance(cls, type) and issubclass(cls, BaseModel)):
+                raise AgentConfigError(f"node {self.name!r}: output_model "
+                                       f"{spec.output_model} is not a pydantic model")
+            self.model_cls = cls
+        self.schema = output_schema(spec, self.model_cls, self.choices)
+        self.validator = Draft202012Validator(self.schema) if self.schema is not None else None
+        tools: dict[str, Tool] = {}
+        for t in spec.tools:
+            tool = make_tool(self._resolve(t.call), t.confirm)
+            tools[tool.name] = tool
+        self.tools = tools
+        self.tool_schemas = [t.schema() for t in tools.values()] or None
+        self.provider: Provider
+        if spec.provider == "scripted":
+            self.provider = ScriptedProvider(r.model_dump(mode="json", exclude_defaults=True)
+                                             for r in spec.replies or [])
+        else:
+            self.provider = OpenAIProvider(spec.base_url, spec.api_key_env)
+        self.url_t: Template | None = None
+        if spec.base_url is not None and "{{" in spec.base_url:
+            self.url_t = compile_template(spec.base_url)  # e.g. {{ config.llm_base_url }}
+        self._ready = True
+
+    def _provider(self, ctx: Context) -> Provider:
+        if self.url_t is None:
+            return self.provider
+        from ._prompt import render
+
+        try:
+            url = render(self.url_t, {"config": dict(ctx.config)}).strip()
+        except Exception as exc:
+            raise AgentConfigError(f"node {self.name!r}: cannot render base_url: {exc}") from None
+        return OpenAIProvider(url or None, self.spec.api_key_env)
+
+    # -- one visit ------------------------------------------------------------------------
+
+    async def run(self, state: dict[str, Any], ctx: Context) -> Any:
+        self._prepare()
+        failures, turn = _restart_point(ctx)
+        scope = {**state, "config": dict(ctx.config)}
+        messages, opening = self._opening(scope)
+        calls = 0
+        repairs = 0
+        note: dict[str, Any] = opening
+        while True:
+            repairing = bool(note.get("repair"))
+            reply = await self._call(ctx, turn, messages, note)
+            note = {}
+            if not repairing:
+                calls += 1
+            if reply.tool_calls:
+                if calls >= self.spec.max_turns:
+                    await self._give_up(ctx, failures, turn + 1, AgentTurnsError(
+                        f"node {self.name!r}: the model asked for tools again after "
+                        f"max_turns={self.spec.max_turns} model calls without a final "
+                        "answer; raise max_turns or make the task smaller"))
+                messages.append(_assistant(reply))
+                for i, call in enumerate(reply.tool_calls):
+                    messages.append(await self._tool(ctx, turn, i, call))
+                turn += 1
+                continue
+            value, problem = self._check(reply.content)
+            turn += 1
+            if problem is None:
+                break
+            if repairs:
+                await self._give_up(ctx, failures, turn, AgentOutputError(
+                    f"node {self.name!r}: the model's reply does not satisfy the output "
+                    f"schema, even after a repair round: {problem}"))
+            repairs += 1
+            messages.append(_assistant(reply))
+            messages.append({"role": "user", "content": _REPAIR.format(problem=problem)})
+            note = {"repair": problem}
+        update = {self.output_key: value}
+        if self.spec.choose is not None:
+            return goto(str(value[self.spec.choose]), update)
+        return update
+
+    def _render(self, scope: dict[str, Any]) -> tuple[str | None, str]:
+        from ._prompt import render
+
+        system = render(self.system_t, scope) if self.system_t is not None else None
+        prompt = render(self.prompt_t, scope)
+        if self.schema is not None:
+            hint = _SCHEMA_HINT + json.dumps(self.schema, ensure_ascii=False)
+            system = f"{system}\n\n{hint}" if system else hint
+        return system, prompt
+
+    def _opening(self, scope: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        try:
+            system, prompt = self._render(scope)
+        except Exception as exc:  # a missing field, a sandbox violation
+            raise AgentConfigError(f"node {self.name!r}: cannot render the prompt: "
+                                   f"{type(exc).__name__}: {exc}") from None
+        messages: list[dict[str, Any]] = []
+        if system:
+            messages.append({"role": "system", "content": system})
+        messages.append({"role": "user", "content": prompt})
+        note: dict[str, Any] = {"system": system, "prompt": prompt,
+                                "tools": list(self.tools) or None}
+        masked = [k for k in self.redact if k in scope and k != "config"]
+        if masked:  # the log gets the prompts with the redacted fields' values masked
+            try:
+                note["system"], note["prompt"] = self._render(
+                    {**scope, **dict.fromkeys(masked, REDACTED)})
+            except Exception:  # the template needs the real value's shape
+                note["system"] = note["prompt"] = REDACTED
+        return messages, note
+
+    def _request(self, messages: list[dict[str, Any]]) -> ChatRequest:
+        response_format = None
+        if self.schema is not None:
+            response_format = {"type": "json_schema", "json_schema": {
+                "name": re.sub(r"[^A-Za-z0-9_-]", "_", self.output_key)[:64],
+                "schema": self.schema, "strict": False}}
+        return ChatRequest(self.name, self.spec.model, [dict(m) for m in messages],
+                           self.tool_schemas, response_format, self.spec.temperature)
+
+    async def _call(self, ctx: Context, turn: int, messages: list[dict[str, Any]],
+                    note: dict[str, Any]) -> Reply:
+        request = self._request(messages)
+        provider = self._provider(ctx)
+        over: list[BudgetExceededError] = []
+
+        async def call() -> dict[str, Any]:
+            request.index = _calls_made(ctx)
+            await ctx.log("agent.request", self._hide({
+                "turn": turn, "provider": self.spec.provider, "model": self.spec.model,
+                "messages": len(request.messages), **note}))
+            t0 = time.perf_counter()
+            reply = await provider.complete(request)
+            await ctx.log("agent.reply", self._hide({
+                "turn": turn, "model": reply.model, "reply": reply.content,
+                "tool_calls": [{"id": c.id, "name": c.name,
+                                "arguments": _loads(c.arguments, self.redact)}
+                               for c in reply.tool_calls] or None,
+                "usage": reply.usage or None,
+                "duration_ms": round((time.perf_counter() - t0) * 1000, 3)}))
+            if reply.tokens:
+                try:  # charged inside the journaled step: a replay does not charge again
+                    ctx.record_tokens(reply.tokens)
+                except BudgetExceededError as exc:
+                    over.append(exc)  # journal the reply (it was paid for), then stop
+            return reply.to_json()
+
+        data = await ctx.once(f"llm-{turn}", call)
+        if over:
+            raise over[0]
+        return Reply.from_json(data)
+
+    async def _tool(self, ctx: Context, turn: int, i: int, call: ToolCall) -> dict[str, Any]:
+        key = f"tool-{turn}-{i}"
+        tool = self.tools.get(call.name)
+        base = {"turn": turn, "tool": call.name, "call_id": call.id}
+        text: str
+        if tool is None:
+            problem = (f"there is no tool {call.name!r}; the tools are: "
+                       f"{', '.join(self.tools) or 'none'}")
+            text = await ctx.once(key, self._refuse, ctx, base, call, problem)
+        else:
+            try:
+                kwargs, shown = tool.parse(call.arguments)
+            except ToolArgumentsError as exc:
+                text = await ctx.once(key, self._refuse, ctx, base, call, str(exc))
+            else:
+                base["arguments"] = shown
+                if tool.confirm and ctx.confirm(
+                        key, {"tool": tool.name, "arguments": shown}) != "approved":
+                    text = await ctx.once(key, self._rejected, ctx, base)
+                else:
+                    text = await ctx.once(key, self._execute, ctx, base, tool, kwargs)
+        return {"role": "tool", "tool_call_id": call.id, "content": text}
+
+    async def _execute(self, ctx: Context, base: dict[str, Any], tool: Tool,
+                       kwargs: dict[str, Any]) -> str:
+        t0 = time.perf_counter()
+        result = await tool.invoke(kwargs)
+        try:
+            value = L.to_json_value(result)
+        except TypeError as exc:
+            raise AgentError(f"node {self.name!r}: tool {tool.name!r} returned a value that "
+                             f"is not JSON data: {exc}") from None
+        await ctx.log("tool.called", self._hide({
+            **base, "result": value,
+            "duration_ms": round((time.perf_counter() - t0) * 1000, 3)}))
+        return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+    async def _rejected(self, ctx: Context, base: dict[str, Any]) -> str:
+        await ctx.log("tool.rejected", self._hide(dict(base)))
+        return _REJECTED.format(tool=base["tool"])
+
+    async def _refuse(self, ctx: Context, base: dict[str, Any], call: ToolCall,
+                      problem: str) -> str:
+        await ctx.log("tool.called", self._hide({
+            **base, "arguments": _loads(call.arguments, frozenset()), "problem": problem}))
+        return json.dumps({"error": problem}, ensure_ascii=False)
+
+    async def _give_up(self, ctx: Context, failures: int, next_turn: int,
+                       exc: AgentError) -> None:
+        """End this conversation for good: the next attempt starts a fresh one."""
+        await ctx.once(f"agent-failed-{failures}", _identity,
+                       {"next_turn": next_turn, "error": str(exc)})
+        raise exc
+
+    # -- the reply ------------------------------------------------------------------------
+
+    def _check(self, content: str | None) -> tuple[Any, str | None]:
+        """The reply as the node's output, or why it is not acceptable."""
+        if self.validator is None and self.model_cls is None:
+            return content or "", None
+        text = _unfence(content or "")
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            return None, f"the reply is not a JSON document ({exc}): {_clip(text)!r}"
+        if self.validator is not None:
+            errors = sorted(self.validator.iter_errors(data), key=lambda e: list(e.path))
+            if errors:
+                return None, "; ".join(f"at {e.json_path}: {e.message}" for e in errors[:5])
+        if self.model_cls is not None:
+            try:
+                data = self.model_cls.model_validate(data).model_dump(mode="json")
+            except ValidationError as exc:
+                return None, "; ".join(
+                    f"at $.{'.'.join(map(str, e['loc']))}: {e['msg']}"
+                    for e in exc.errors(include_url=False)[:5])
+        return data, None
+
+    def _hide(self, fields: dict[str, Any]) -> dict[str, Any]:
+        """A log record's fields without the ones ``redact:`` names."""
+        return {k: v for k, v in fields.items() if k not in self.redact}
+
+
+def _restart_point(ctx: Context) -> tuple[int, int]:
+    """(conversations that failed for good in this visit, the turn the next one starts at)."""
+    failures = turn = 0
+    while True:
+        found, value = ctx._runner.recorded_effect(ctx, f"agent-failed-{failures}")
+        if not found:
+            return failures, turn
+        turn = int(value.get("next_turn", turn)) if isinstance(value, dict) else turn
+        failures += 1
+
+
+def _calls_made(ctx: Context) -> int:
+    """Model calls this node made in this run so far (every visit), from the journal."""
+    return sum(1 for node, _, key in ctx._runner.view.effects
+               if node == ctx.node and key.startswith("llm-"))
+
+
+def _assistant(reply: Reply) -> dict[str, Any]:
+    msg: dict[str, Any] = {"role": "assistant", "content": reply.content}
+    if reply.tool_calls:
+        msg["tool_calls"] = [{"id": c.id, "type": "function",
+                              "function": {"name": c.name, "arguments": c.arguments}}
+                             for c in reply.tool_calls]
+    return msg
+
+
+def _identity(value: Any) -> Any:
+    return value
+
+
+def _loads(arguments: str, redact: frozenset[str]) -> Any:
+    if "arguments" in redact:
+        return REDACTED
+    try:
+        return json.loads(arguments)
+    except ValueError:
+        return arguments
+
+
+_FENCE = re.compile(r"^\s*```[A-Za-z0-9_-]*\s*\n(.*?)\n?```\s*$", re.S)
+
+
+def _unfence(text: str) -> str:
+    """A JSON document a model wrapped in a Markdown code fence, unwrapped."""
+    m = _FENCE.match(text)
+    return m.group(1) if m else text
+
+
+def _clip(text: str, n: int = 200) -> str:
+    return text if len(text) <= n else text[:n] + "..."

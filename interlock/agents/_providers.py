@@ -1,0 +1,205 @@
+"""Model providers: the OpenAI Chat Completions API (any OpenAI-compatible server) and a
+scripted test double. Both turn a `ChatRequest` into a `Reply` -- plain data, so that a
+reply can be journaled in the run's log and replayed instead of paid for twice.
+
+The OpenAI SDK is imported on first use only: ``import interlock`` stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ._errors import (
+    AgentConfigError,
+    ProviderConnectionError,
+    ProviderError,
+    ProviderServerError,
+    ProviderStatusError,
+    ProviderTimeoutError,
+    RateLimitError,
+)
+from ._spec import ScriptedReply
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str  # JSON text, as the model wrote it
+
+
+@dataclass(slots=True)
+class Reply:
+    """What the model said: text (or JSON text), tool calls, and the usage it reported."""
+
+    content: str | None
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    usage: dict[str, int] = field(default_factory=dict)
+    model: str | None = None
+
+    @property
+    def tokens(self) -> int:
+        total = self.usage.get("total_tokens")
+        if total is None:
+            total = self.usage.get("prompt_tokens", 0) + self.usage.get("completion_tokens", 0)
+        return int(total)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"content": self.content, "model": self.model, "usage": self.usage,
+                "tool_calls": [{"id": c.id, "name": c.name, "arguments": c.arguments}
+                               for c in self.tool_calls]}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Reply:
+        return cls(content=data.get("content"), model=data.get("model"),
+                   usage=dict(data.get("usage") or {}),
+                   tool_calls=[ToolCall(str(c["id"]), str(c["name"]), str(c["arguments"]))
+                               for c in data.get("tool_calls") or []])
+
+
+@dataclass(slots=True)
+class ChatRequest:
+    """One Chat Completions request. ``index`` is the number of model calls this node
+    already made in this run (what a scripted provider replies by)."""
+
+    node: str
+    model: str | None
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None
+    response_format: dict[str, Any] | None = None
+    temperature: float | None = None
+    index: int = 0
+
+
+class Provider(Protocol):
+    async def complete(self, request: ChatRequest) -> Reply: ...
+
+
+class ScriptedProvider:
+    """A provider that replays declared replies, one per model call, in order.
+
+    Each reply is a mapping: ``content`` (a string, or JSON data sent as JSON text),
+    optional ``tool_calls: [{name, arguments, id}]`` and optional ``usage:
+    {prompt_tokens, completion_tokens, total_tokens}``; a bare string is short for
+    ``{"content": ...}``. Every run starts from the first reply; a call that a run
+    replays from its log (a retry, a resume) does not consume one. Pass it as
+    ``Workflow.agent(..., provider=ScriptedProvider([...]))``; in a file, write
+    ``provider: scripted`` and ``replies: [...]``. No network, no key, deterministic.
+    """
+
+    def __init__(self, replies: Iterable[Mapping[str, Any] | str]) -> None:
+        self.replies: list[dict[str, Any]] = [
+            ScriptedReply.model_validate(r).model_dump(mode="json", exclude_defaults=True)
+            for r in replies]
+
+    def __repr__(self) -> str:
+        return f"ScriptedProvider({len(self.replies)} replies)"
+
+    async def complete(self, request: ChatRequest) -> Reply:
+        if request.index >= len(self.replies):
+            raise AgentConfigError(
+                f"the scripted provider of node {request.node!r} has no reply left: it "
+                f"declares {len(self.replies)} and this is model call {request.index + 1} "
+                "of the run; add replies")
+        r = ScriptedReply.model_validate(self.replies[request.index])
+        content = r.content
+        if content is not None and not isinstance(content, str):
+            content = json.dumps(content, ensure_ascii=False)
+        calls = [ToolCall(c.id or f"call_{request.index}_{i}", c.name,
+                          c.arguments if isinstance(c.arguments, str)
+                          else json.dumps(c.arguments, ensure_ascii=False))
+                 for i, c in enumerate(r.tool_calls)]
+        usage: dict[str, int] = {}
+        if r.usage is not None:
+            usage = {"prompt_tokens": r.usage.prompt_tokens,
+                     "completion_tokens": r.usage.completion_tokens,
+                     "total_tokens": r.usage.total_tokens if r.usage.total_tokens is not None
+                     else r.usage.prompt_tokens + r.usage.completion_tokens}
+        return Reply(content, calls, usage, request.model or "scripted")
+
+
+class OpenAIProvider:
+    """Chat Completions through the official OpenAI SDK (``AsyncOpenAI``).
+
+    ``base_url``: the agent's, else ``$OPENAI_BASE_URL``, else OpenAI's. The key:
+    ``$<api_key_env>`` when the agent names a variable, else ``$OPENAI_API_KEY`` (a local
+    server accepts any non-empty value). The SDK's own retries are off
+    (``max_retries=0``): retrying is the node's ``retry:`` policy, and its errors are
+    mapped to `ProviderError` subclasses that policy can name.
+    """
+
+    def __init__(self, base_url: str | None = None, api_key_env: str | None = None,
+                 timeout: float | None = None) -> None:
+        self.base_url = base_url
+        self.api_key_env = api_key_env
+        self.timeout = timeout
+
+    def _key(self, node: str) -> str:
+        var = self.api_key_env or "OPENAI_API_KEY"
+        key = os.environ.get(var)
+        if not key:
+            raise AgentConfigError(
+                f"agent node {node!r}: no API key: set ${var}"
+                + ("" if self.api_key_env else " (or name another variable with api_key_env)")
+                + " -- a local OpenAI-compatible server accepts any non-empty value")
+        return key
+
+    async def complete(self, request: ChatRequest) -> Reply:
+        import openai
+
+        kwargs: dict[str, Any] = {"model": request.model, "messages": request.messages}
+        if request.tools:
+            kwargs["tools"] = request.tools
+        if request.response_format is not None:
+            kwargs["response_format"] = request.response_format
+        if request.temperature is not None:
+            kwargs["temperature"] = request.temperature
+        options: dict[str, Any] = {"api_key": self._key(request.node), "max_retries": 0,
+                                   "base_url": self.base_url or os.environ.get("OPENAI_BASE_URL")
+                                   or None}
+        if self.timeout is not None:
+            options["timeout"] = self.timeout
+        try:
+            async with openai.AsyncOpenAI(**options) as client:
+                resp = await client.chat.completions.create(**kwargs)
+        except openai.RateLimitError as exc:
+            raise RateLimitError(_describe(exc, "rate limited"), status=429) from exc
+        except openai.APITimeoutError as exc:
+            raise ProviderTimeoutError(f"the provider did not answer in time: {exc}") from exc
+        except openai.APIConnectionError as exc:
+            raise ProviderConnectionError(f"cannot reach the provider: {exc}") from exc
+        except openai.APIStatusError as exc:
+            cls = ProviderServerError if exc.status_code >= 500 else ProviderStatusError
+            raise cls(_describe(exc, "refused the call"), status=exc.status_code) from exc
+        except openai.APIError as exc:
+            raise ProviderError(f"the provider's reply is not usable: {exc}") from exc
+        return _reply_of(resp)
+
+
+def _describe(exc: Any, what: str) -> str:
+    status = getattr(exc, "status_code", None)
+    return f"the provider {what} (HTTP {status}): {getattr(exc, 'message', exc)}"
+
+
+def _reply_of(resp: Any) -> Reply:
+    if not getattr(resp, "choices", None):
+        raise ProviderError("the provider's reply has no choices")
+    msg = resp.choices[0].message
+    calls = []
+    for tc in getattr(msg, "tool_calls", None) or []:
+        fn = getattr(tc, "function", None)
+        if fn is None:
+            raise ProviderError(f"the model made a tool call of type {tc.type!r}; only "
+                                "function tools are supported")
+        calls.append(ToolCall(str(tc.id), str(fn.name), str(fn.arguments or "{}")))
+    usage: dict[str, int] = {}
+    u = getattr(resp, "usage", None)
+    if u is not None:
+        usage = {"prompt_tokens": int(u.prompt_tokens or 0),
+                 "completion_tokens": int(u.completion_tokens or 0),
+                 "total_tokens": int(u.total_tokens or 0)}
+    return Reply(msg.content, calls, usage, getattr(resp, "model", None))
