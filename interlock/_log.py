@@ -128,7 +128,7 @@ class LogWriter:
 
     def make(self, rtype: str, fields: dict[str, Any]) -> tuple[Record, Entry]:
         self.seq += 1
-        rec: Record = {"seq": self.seq, "type": rtype, "at": round(time.time(), 6)}
+        rec: Record = {"seq": self.seq, "type": rtype, "at": time.time()}
         for key, value in fields.items():
             if value is not None:
                 rec[key] = value

@@ -85,6 +85,7 @@ class PlanNode:
     ports: list[Port] = field(default_factory=list)
     scc: int = -1
     cyclic: bool = False
+    joins_out: bool = False  # some outgoing edge is a join (its completion always routes)
 
 
 @dataclass(slots=True, eq=False)
@@ -225,6 +226,7 @@ def build_plan(spec: WorkflowSpec, *, callables: dict[str, Callable[..., Any]],
                 start_edges.append(pe)
             else:
                 nodes[s].out.append(pe)
+                nodes[s].joins_out = nodes[s].joins_out or pe.is_join
 
     return Plan(
         spec=spec, nodes=nodes, edges=edges, start_edges=start_edges, ports=ports,

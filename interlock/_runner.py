@@ -431,7 +431,7 @@ class Runner:
         items: list[tuple[str, dict[str, Any]]] = []
         taken_any = False
         when_taken = False
-        explain: list[str] = []
+        decided: list[tuple[PlanEdge, dict[str, Any]]] = []  # for a "no route" message
         rejected = self._rejected_gate(source)
         dues = sorted(dues, key=lambda d: (d.edge.otherwise, d.edge.index))
         for due in dues:
@@ -448,16 +448,17 @@ class Runner:
             if taken and e.cond is not None:
                 when_taken = True
             taken_any = taken_any or taken
-            explain.append(_explain(e, rec[1]))
+            decided.append((e, rec[1]))
             items.append(rec)
         pn = self.plan.nodes.get(source)
-        routed_by_join = pn is not None and any(e.is_join for e in pn.out)
+        routed_by_join = pn is not None and pn.joins_out
         if rejected and not taken_any:
             self.stage(items)
             gate = self.view.state.get(source) or {}
             raise _Rejected(source, f"approval {source!r} was rejected by {gate.get('by')}"
                             + (f": {gate['comment']}" if gate.get("comment") else ""))
         if dues and not taken_any and not routed_by_join and source != "*":
+            explain = [_explain(e, fields) for e, fields in decided]
             raise _Abort(NoRouteError(
                 f"no route from {source!r}: none of its outgoing edges was taken -- "
                 + "; ".join(explain)

@@ -39,7 +39,7 @@ class MemoryStore(Store):
         log = self._entries[run_id]
         self._check_seq(run_id, log, entries)
         log.extend(entries)
-        row.summary = copy.copy(summary)
+        row.summary = summary  # a fresh object per append (Runner.summary); reads copy it
 
     @staticmethod
     def _check_seq(run_id: str, log: list[Entry], entries: list[Entry]) -> None:
