@@ -504,7 +504,7 @@ def _address_space() -> int:
 
 
 def _worker_main(argv: list[str]) -> int:
-    """``python -m interlock._isolation --parent PID [--memory BYTES] [--crash FILE]``."""
+    """``python -m interlock._isolation --parent PID [--memory BYTES] [--crash-fd FD]``."""
     opts = dict(zip(argv[::2], argv[1::2], strict=False))
     # the protocol moves to private descriptors (not inherited by the node's own
     # subprocesses); fd 0 reads /dev/null and fd 1 (print) writes to stderr
@@ -516,10 +516,9 @@ def _worker_main(argv: list[str]) -> int:
     _die_with_parent(int(opts.get("--parent", "0")))
     import faulthandler
 
-    try:  # the Python stack of a fatal signal, for the engine to report
-        faulthandler.enable(os.open(opts["--crash"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
-                                    0o600))
-    except (KeyError, OSError):
+    try:  # the Python stack of a fatal signal, into a nameless file the engine reads
+        faulthandler.enable(int(opts["--crash-fd"]))
+    except (KeyError, ValueError, OSError):
         faulthandler.enable()  # to stderr
     chan = _Channel(rfd, wfd)
     reserve: list[bytearray] = []
@@ -556,14 +555,13 @@ if __name__ == "__main__":  # a worker: stop before defining (and importing) the
 
 import asyncio  # noqa: E402 -- below the worker's entry point on purpose (start-up cost)
 import contextlib  # noqa: E402
-import shutil  # noqa: E402
 import signal  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 from collections import deque  # noqa: E402
 from collections.abc import Awaitable  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
-from typing import TYPE_CHECKING  # noqa: E402
+from typing import IO, TYPE_CHECKING  # noqa: E402
 
 from ._errors import NodeError  # noqa: E402
 
@@ -756,7 +754,7 @@ class _Worker:
                  "transport")
 
     def __init__(self, transport: asyncio.SubprocessTransport, pipe: _Pipe, memory: int | None,
-                 env_key: int, crash_file: str) -> None:
+                 env_key: int, crash_file: IO[bytes]) -> None:
         self.transport = transport
         self.pipe = pipe
         self.pid: int = transport.get_pid()
@@ -832,7 +830,6 @@ class ProcessPool:
         self._idle: list[_Worker] = []
         self._live: set[_Worker] = set()
         self._closed = False
-        self._tmp: str | None = None
 
     @property
     def idle(self) -> int:
@@ -975,8 +972,9 @@ class ProcessPool:
             await asyncio.wait_for(asyncio.shield(w.pipe.exited), 2.0)
         rc = w.transport.get_returncode()
         stack = ""
-        with contextlib.suppress(OSError), open(w.crash_file, errors="replace") as f:
-            stack = f.read(_TB_LIMIT)  # faulthandler: most recent call first
+        with contextlib.suppress(OSError, ValueError):
+            w.crash_file.seek(0)  # faulthandler's output: most recent call first
+            stack = w.crash_file.read(_TB_LIMIT).decode("utf-8", "replace")
         await self._kill(w)
         text = f"its worker process (pid {w.pid}) {_exit_text(rc)}"
         if self._closed:
@@ -1006,27 +1004,28 @@ class ProcessPool:
                 await self._kill(w)
         return await self._spawn(memory), False
 
-    def _tmpdir(self) -> str:
-        if self._tmp is None:
-            self._tmp = tempfile.mkdtemp(prefix="interlock-workers-")
-        return self._tmp
-
     async def _spawn(self, memory: int | None) -> _Worker:
         loop = asyncio.get_running_loop()
         self.spawned += 1
-        crash_file = os.path.join(self._tmpdir(), f"{self.spawned}.crash")
+        # where faulthandler writes the stack of a fatal signal: a file with no name, so
+        # nothing is left on disk whatever happens to the engine
+        crash_file = tempfile.TemporaryFile()  # noqa: SIM115 -- the worker's; closed by _reap
         args = [sys.executable, *_interpreter_flags(), "-m", "interlock._isolation",
-                "--parent", str(os.getpid()), "--crash", crash_file]
+                "--parent", str(os.getpid()), "--crash-fd", str(crash_file.fileno())]
         if memory is not None:
             args += ["--memory", str(memory)]
         pipe = _Pipe(loop)
         try:
             transport, _ = await loop.subprocess_exec(
                 lambda: pipe, *args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                stderr=None, start_new_session=True, cwd=os.getcwd())
-        except OSError as exc:
-            raise _StartError(f"cannot start a worker process ({sys.executable}): "
-                              f"{exc}") from None
+                stderr=None, start_new_session=True, cwd=os.getcwd(),
+                pass_fds=(crash_file.fileno(),))
+        except BaseException as exc:
+            crash_file.close()
+            if isinstance(exc, OSError):
+                raise _StartError(f"cannot start a worker process ({sys.executable}): "
+                                  f"{exc}") from None
+            raise
         w = _Worker(transport, pipe, memory, _env_key(), crash_file)
         self._live.add(w)
         try:
@@ -1072,8 +1071,7 @@ class ProcessPool:
         finally:
             w.transport.close()
             self._live.discard(w)
-            with contextlib.suppress(OSError):
-                os.unlink(w.crash_file)
+            w.crash_file.close()
 
     async def close(self) -> None:
         """Kill every worker (idle or busy) and wait until each is reaped. Idempotent."""
@@ -1082,9 +1080,6 @@ class ProcessPool:
         reapers = [self._kill(w) for w in list(self._live)]
         if reapers:
             await asyncio.shield(asyncio.gather(*reapers, return_exceptions=True))
-        if self._tmp is not None and not self._live:
-            shutil.rmtree(self._tmp, ignore_errors=True)
-            self._tmp = None
 
 
 def _retires(error: Mapping[str, Any]) -> bool:

@@ -42,6 +42,7 @@ from ._errors import (
 from ._expr import EvaluationError
 from ._fold import Due, RunView, Scope
 from ._guards import Budget, BudgetExceededError, call_body, timeout_error
+from ._isolation import ChildContext, Effects, ProcessPool
 from ._model import case_key
 from ._plan import Plan, PlanEdge, PlanNode
 from ._state import check_update, scoped
@@ -91,6 +92,7 @@ class Runner:
         self._staged: list[L.Entry] = []
         self.budget = Budget(plan, view)
         self.cancelled_by: dict[str, Any] | None = None  # set by drive()'s cancel watcher
+        self._pool: ProcessPool | None = None  # started by the first isolation: process node
 
     # -- committing ------------------------------------------------------------------
 
@@ -141,6 +143,8 @@ class Runner:
                 await self._loop()
             finally:
                 await self._stop_tasks()
+                if self._pool is not None:
+                    await self._pool.close()
         except _Abort as abort:
             err = abort.error
             self.stage([(L.RUN_FAILED, {"error": err.to_json(), "node": err.node})])
@@ -322,7 +326,10 @@ class Runner:
         self.budget.enter(ctx)
         pause = None
         try:
-            result = await call_body(pn, fn, args)
+            if pn.spec.isolation == "process":
+                result = await self._isolated(pn, ctx, args[0])
+            else:
+                result = await call_body(pn, fn, args)
             update, goto = self._check_result(pn, result)
         except PauseRequested as exc:
             pause = exc
@@ -342,6 +349,17 @@ class Runner:
         duration = (time.perf_counter() - t0) * 1000
         return Outcome(pn.name, visit, attempt, update, goto, error, round(duration, 3),
                        ctx.tokens, pause)
+
+    async def _isolated(self, pn: PlanNode, ctx: Context, state: dict[str, Any]) -> Any:
+        """The body in a worker process (`_isolation`), which enforces the timeout itself;
+        raises TimeoutError, or NodeError for the body's or the process's failure."""
+        assert pn.spec.call is not None
+        if self._pool is None:
+            self._pool = ProcessPool()
+        res = await self._pool.call(pn.spec.call, state, ChildContext.of(ctx),
+                                    timeout=pn.timeout, memory=pn.spec.memory,
+                                    on_tokens=ctx.record_tokens, effects=Effects.of(self, ctx))
+        return res.value(pn.name)
 
     def _check_result(self, pn: PlanNode, result: Any) -> tuple[dict[str, Any], str | None]:
         goto: str | None = None

@@ -526,8 +526,11 @@ def _outcome_lines(result: RunResult) -> list[str]:
     if result.waiting:
         w = result.waiting
         lines.append(f"waiting for a decision at {w.get('node')!r}; shows {_json(w.get('show'))}")
-        lines.append(f"decide with: interlock resume {result.run_id} --approve | --reject | "
-                     "--modify PATCH_JSON  [--by NAME] [--comment TEXT]")
+        flags = {"approve": "--approve", "reject": "--reject",
+                 "modify": "--modify PATCH_JSON [--at NODE]"}
+        choices = " | ".join(flags[d] for d in w.get("decisions", []) if d in flags)
+        lines.append(f"decide with: interlock resume {result.run_id} {choices}  "
+                     "[--by NAME] [--comment TEXT]")
     return lines
 
 
