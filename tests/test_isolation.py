@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+import interlock
 from interlock import END, START, Goto, Workflow
 from interlock._isolation import ChildContext, ChildResult, Effects, ProcessPool
 
@@ -741,4 +742,22 @@ def test_a_failing_sibling_stops_the_isolated_branches(nodes: Any) -> None:
     assert time.perf_counter() - t0 < 30
     workers = [int(m.read_text()) for m in nodes.DIR.glob("spin.*.pid")]
     assert len(workers) == 2
+    assert all(alive_in_group(w) == [] for w in workers)
+
+
+def test_interlock_cancel_stops_an_isolated_fan_out_with_no_process_left(
+        nodes: Any, tmp_path: Path) -> None:
+    wf = fan_out(nodes, {"a": nodes.spin_async, "b": nodes.spin_async, "c": nodes.spin_async})
+    store = f"sqlite:///{tmp_path}/runs.db"
+
+    async def main() -> tuple[Any, Any, list[int]]:
+        task = asyncio.create_task(wf.run({}, store=store, run_id="iso-cancel"))
+        markers = await wait_for_files(nodes.DIR, "spin.*.pid", 3)
+        answer = await interlock.cancel("iso-cancel", by="ops", store=store)
+        return answer, await task, [int(m.read_text()) for m in markers]
+
+    answer, result, workers = asyncio.run(main())
+    assert answer.status == "CANCELLED" and result.status == "CANCELLED"
+    assert "ops" in result.error["message"]
+    assert not set(workers) & children()
     assert all(alive_in_group(w) == [] for w in workers)
