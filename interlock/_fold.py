@@ -62,6 +62,7 @@ class Due:
     edge: PlanEdge
     source: str
     goto: str | None = None  # the target a ``choose`` node returned
+    arrived: tuple[str, ...] = ()  # a settled join: the sources that completed
 
 
 @dataclass(slots=True)
@@ -129,6 +130,11 @@ class RunView:
     # human gates (approval nodes and confirm: true), by visit; see `Gate`
     gates: dict[tuple[str, int], Gate] = field(default_factory=dict)
     confirmations: dict[tuple[str, int, str], str] = field(default_factory=dict)
+    # No silent dead ends through joins: for the latest completion of a node, whether
+    # any edge (its own, or a join it arrived at) took it somewhere, and how many of its
+    # joins are still undecided. The runner reads both before recording a decision.
+    routed: dict[str, bool] = field(default_factory=dict)
+    route_wait: Counter[str] = field(default_factory=Counter)
     # dead-path bookkeeping
     _acts: dict[str, deque[dict[int, bool]]] = field(default_factory=dict)
     _barriers: dict[int, deque[dict[str, bool]]] = field(default_factory=dict)
@@ -203,6 +209,9 @@ class RunView:
         pn = self.plan.nodes[node]
         if pn.cyclic:
             self._active[pn.scc] -= 1
+        self.routed[node] = False
+        self.route_wait[node] = sum(1 for e in self.plan.nodes[node].out
+                                    if e.is_join and node in e.barrier)
         reenter = rec.get("reenter")
         if reenter is not None:  # a modified approval: the run goes back to ``reenter``
             self._enqueue(reenter)
@@ -232,8 +241,14 @@ class RunView:
         source = rec.get("from", "*")
         self.due.pop((e.index, source), None)
         taken = rec.get("to") or [] if rec["type"] == L.EDGE_TAKEN else []
-        if rec["type"] == L.EDGE_TAKEN:
+        taken_here = rec["type"] == L.EDGE_TAKEN
+        if taken_here:
             self.takes[e.index] += 1
+            self.routed[source] = True
+        for arrived in rec.get("arrived") or ():  # a settled join: its sources' route
+            self.route_wait[arrived] -= 1
+            if taken_here:
+                self.routed[arrived] = True
         for t in e.targets:
             if t == END:
                 continue
@@ -373,7 +388,8 @@ class RunView:
             entry = queue.popleft()
             force = False
             if any(entry.values()):
-                self.due[(e.index, "*")] = Due(e, "*")
+                arrived = tuple(src for src, ok in entry.items() if ok)
+                self.due[(e.index, "*")] = Due(e, "*", arrived=arrived)
             else:
                 for t in e.targets:
                     port = e.ports.get(t)

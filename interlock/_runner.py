@@ -468,22 +468,43 @@ class Runner:
             taken_any = taken_any or taken
             decided.append((e, rec[1]))
             items.append(rec)
-        pn = self.plan.nodes.get(source)
-        routed_by_join = pn is not None and pn.joins_out
         if rejected and not taken_any:
             self.stage(items)
             gate = self.view.state.get(source) or {}
             raise _Rejected(source, f"approval {source!r} was rejected by {gate.get('by')}"
                             + (f": {gate['comment']}" if gate.get("comment") else ""))
-        if dues and not taken_any and not routed_by_join and source != "*":
+        stranded = self._stranded(source, dues, taken_any)
+        if stranded:
             explain = [_explain(e, fields) for e, fields in decided]
+            where = "none of its outgoing edges" if source != "*" else \
+                f"the join {dues[0].edge.name()}, its last way on,"
             raise _Abort(NoRouteError(
-                f"no route from {source!r}: none of its outgoing edges was taken -- "
+                f"no route from {', '.join(map(repr, stranded))}: {where} was not taken -- "
                 + "; ".join(explain)
-                + ". Add an 'otherwise: true' edge (or a switch default) to say where the "
-                "run goes in that case", node=None if source == "START" else source,
-                edges=explain))
+                + f". Add an 'otherwise: true' edge from {stranded[0]!r} (or a switch "
+                "default) to say where the run goes in that case",
+                node=None if stranded == ["START"] else stranded[0], edges=explain))
         return items
+
+    def _stranded(self, source: str, dues: list[Due], taken_any: bool) -> list[str]:
+        """Nodes this decision leaves with nowhere to go (no silent dead ends).
+
+        A node's routes are its own edges, decided when it completes, and the joins it
+        arrives at, decided when they settle. The last of these to be decided without
+        any taken strands it. Checked before the decision is recorded, so a resume
+        decides again (after a --set, say) rather than following a dead end.
+        """
+        view = self.view
+        if taken_any or not dues:
+            return []
+        if source != "*":
+            if source == "START" or (view.route_wait[source] <= 0
+                                     and not view.routed.get(source, False)):
+                return [source]
+            return []
+        return [s for s in dues[0].arrived
+                if view.route_wait[s] == 1 and not view.routed.get(s, False)
+                and not any(k[1] == s for k in view.due)]
 
     def _rejected_gate(self, source: str) -> bool:
         pn = self.plan.nodes.get(source)
@@ -530,15 +551,15 @@ class Runner:
             reason = f"max {e.max} reached"
             targets = []
         return self._edge_record(e, due.source, targets, expr=expr, value=value, reads=reads,
-                                 reason=reason)
+                                 reason=reason, arrived=due.arrived)
 
     def _edge_record(self, e: PlanEdge, source: str, targets: list[str], *,
                      expr: str | None = None, value: Any = None,
-                     reads: dict[str, Any] | None = None,
-                     reason: str | None = None) -> tuple[str, dict[str, Any]]:
+                     reads: dict[str, Any] | None = None, reason: str | None = None,
+                     arrived: tuple[str, ...] = ()) -> tuple[str, dict[str, Any]]:
         fields: dict[str, Any] = {"edge": e.index, "from": source, "to": targets or None,
                                   "expr": expr, "value": value, "reads": reads,
-                                  "reason": reason}
+                                  "reason": reason, "arrived": list(arrived) or None}
         if e.kind in ("switch", "router", "choose") or e.otherwise:
             fields["value"] = L.to_json_value(value)
         return (L.EDGE_TAKEN if targets else L.EDGE_SKIPPED), fields

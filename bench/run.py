@@ -1,0 +1,441 @@
+"""Run the benchmark scenarios through every engine's adapter and print a comparison.
+
+    bash bench/setup_langgraph.sh && python bench/run.py             # everything, ~10 min
+    python bench/run.py --quick                                      # fewer trials, ~3 min
+    python bench/run.py --only S1,S3 --engines interlock             # a subset
+
+Each (scenario, parameters) pair runs as a fresh subprocess per engine, with that
+engine's python: interlock with this python (the project venv), LangGraph with
+bench/.venv-langgraph/bin/python. Adapters print one JSON line per measurement; this
+driver streams them to stdout (unless --quiet), writes them all to
+bench/results/latest.jsonl, and prints a table of medians with the ratio
+interlock/LangGraph, plus the same table as Markdown in bench/results/latest.md.
+See bench/README.md for the scenarios and how to read the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parent
+ADAPTERS = BENCH / "adapters"
+RESULTS = BENCH / "results"
+LANGGRAPH_PY = BENCH / ".venv-langgraph" / "bin" / "python"
+
+ENGINES = ("interlock", "langgraph")
+SCENARIOS = ("S1", "S2", "S3", "S4", "S5", "S6", "S7")
+
+# metrics where a higher value is better (for the rest, lower is better)
+HIGHER_IS_BETTER = {"runs_per_s", "overlap"}
+# an interlock-only metric compared against another LangGraph metric
+COMPARE_WITH = {"per_step_us@sync=full": "per_step_us",
+                "per_step_cpu_us@sync=full": "per_step_cpu_us"}
+
+TIMEOUT_S = 900
+
+# LangGraph 1.2.24's figures on the reference machine (the issue's targets): checked
+# against what LangGraph does here, to tell how this machine and its load compare.
+REFERENCE = [
+    ("S1", "N=1000", "per_node_us", 430, 650),
+    ("S3", "N=1000", "per_iter_us", 800, 800),
+    ("S5", "chain N=100", "per_step_us", 1800, 2100),
+    ("S5", "loop N=1000", "per_step_us", 1800, 2100),
+    ("S4", "-", "runs_per_s", 276, 276),
+    ("S6", "-", "import_ms", 1100, 1100),
+]
+
+
+@dataclass
+class Job:
+    scenario: str
+    params: dict[str, Any]
+
+
+def plan(quick: bool) -> list[Job]:
+    """Every (scenario, parameters) to run. ``warmup`` untimed runs, then ``trials`` timed
+    ones per process; the table shows their median."""
+
+    def t(full: int, fast: int) -> int:
+        return fast if quick else full
+
+    jobs = [
+        Job("S1", {"n": 10, "warmup": 3, "trials": t(20, 10)}),
+        Job("S1", {"n": 100, "warmup": 2, "trials": t(20, 5)}),
+        Job("S1", {"n": 1000, "warmup": 1, "trials": t(7, 3)}),
+        Job("S2", {"n": 10, "warmup": 3, "trials": t(10, 5)}),
+        Job("S2", {"n": 100, "warmup": 2, "trials": t(10, 5)}),
+        Job("S2", {"n": 10, "sleep_ms": 50, "warmup": 1, "trials": t(5, 3)}),
+        Job("S2", {"n": 100, "sleep_ms": 50, "warmup": 1, "trials": t(5, 3)}),
+        Job("S3", {"n": 1000, "warmup": 1, "trials": t(7, 3)}),
+        Job("S4", {"runs": 1000, "warmup": 1, "warmup_runs": 100, "trials": t(5, 2)}),
+        Job("S5", {"graph": "chain", "n": 100, "label": "chain N=100", "warmup": 1,
+                   "trials": t(5, 3)}),
+        Job("S5", {"graph": "loop", "n": 1000, "label": "loop N=1000", "warmup": 1,
+                   "warmup_n": 100, "trials": t(5, 1)}),
+        Job("S6", {"trials": t(5, 3)}),
+        Job("S7", {"n": 10, "warmup": 1, "trials": t(5, 3)}),
+        Job("S7", {"n": 100, "warmup": 1, "trials": t(5, 3)}),
+        Job("S7", {"n": 1000, "warmup": 1, "warmup_n": 100, "trials": t(3, 1)}),
+    ]
+    return jobs
+
+
+# -- running adapters -----------------------------------------------------------------------
+
+def engine_python(engine: str) -> Path | None:
+    if engine == "interlock":
+        return Path(sys.executable)
+    return LANGGRAPH_PY if LANGGRAPH_PY.exists() else None
+
+
+def run_adapter(engine: str, scenario: str, params: dict[str, Any],
+                echo: bool) -> list[dict[str, Any]]:
+    """Run one adapter process; its JSON lines (or one error line)."""
+    py = engine_python(engine)
+    base = {"engine": engine, "scenario": scenario,
+            "param": params.get("label") or _label(scenario, params), "metric": "*"}
+    if py is None:
+        return [{**base, "skipped": f"{LANGGRAPH_PY} is missing: run bash "
+                                    "bench/setup_langgraph.sh"}]
+    cmd = [str(py), str(ADAPTERS / f"{engine}_adapter.py"), scenario, json.dumps(params)]
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    env.pop("PYTHONPATH", None)
+    lines: list[dict[str, Any]] = []
+    with tempfile.TemporaryFile("w+") as errf:
+        try:
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=errf, text=True,
+                                    env=env, cwd=BENCH)
+        except OSError as exc:
+            return [{**base, "error": f"cannot start {cmd[0]}: {exc}"}]
+        assert proc.stdout is not None
+        watchdog = threading.Timer(TIMEOUT_S, proc.kill)  # a hung adapter is killed
+        watchdog.start()
+        try:
+            for raw in proc.stdout:
+                raw = raw.strip()
+                if not raw:
+                    continue
+                try:
+                    obj = json.loads(raw)
+                except json.JSONDecodeError:
+                    print(f"[{engine}] {raw}", file=sys.stderr)
+                    continue
+                lines.append(obj)
+                if echo:
+                    print(json.dumps(obj), flush=True)
+            rc = proc.wait()
+        finally:
+            watchdog.cancel()
+        errf.seek(0)
+        err = errf.read()
+    if rc != 0:
+        tail = " | ".join(err.strip().splitlines()[-3:])
+        why = f"killed after {TIMEOUT_S} s" if rc == -signal.SIGKILL else f"exited {rc}"
+        lines.append({**base, "error": f"adapter {why}: {tail}"})
+        if echo:
+            print(json.dumps(lines[-1]), flush=True)
+    return lines
+
+
+def _label(scenario: str, p: dict[str, Any]) -> str:
+    """The row label adapters use (`_common.param_label`), for the driver's own lines."""
+    if scenario == "S2" and p.get("sleep_ms"):
+        return f"N={p['n']} sleep={p['sleep_ms']}ms"
+    return f"N={p['n']}" if "n" in p else "-"
+
+
+def machine() -> dict[str, Any]:
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = ""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal"):
+                mem = f"{int(line.split()[1]) / 1024 / 1024:.0f} GiB"
+    except (OSError, ValueError):
+        pass
+    return {"nproc": os.cpu_count(), "cpu": cpu, "memory": mem, "commit": _commit(),
+            "python": platform.python_version(), "platform": platform.platform(),
+            "loadavg_start": _loadavg(), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+
+
+def _commit() -> str:
+    """The checkout's commit, ``+dirty`` when interlock/ has uncommitted changes."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=BENCH,
+                              capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "../interlock"],
+                               cwd=BENCH, capture_output=True, text=True,
+                               check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "?"
+    return head + ("+dirty" if dirty else "")
+
+
+def _loadavg() -> str:
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "?"
+
+
+# -- the table -------------------------------------------------------------------------------
+
+@dataclass
+class Row:
+    scenario: str
+    param: str
+    metric: str
+    unit: str = ""
+    values: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    notes: dict[str, str] = field(default_factory=dict)  # engine -> "skipped"/"error"
+
+    def median(self, engine: str) -> float | None:
+        v = self.values.get(engine)
+        return statistics.median(v) if v else None
+
+
+def _shown(scenario: str, param: str, metric: str, cpu: bool) -> bool:
+    if "cpu" in metric:
+        return cpu
+    if metric.startswith("wall_ms"):
+        return scenario == "S2" and "sleep" in param
+    return True
+
+
+def build_rows(lines: list[dict[str, Any]], cpu: bool = False) -> tuple[list[Row], list[str]]:
+    rows: dict[tuple[str, str, str], Row] = {}
+    notes: list[str] = []
+    for obj in lines:
+        sc = obj.get("scenario")
+        if sc in (None, "meta", "machine", "summary"):
+            continue
+        key = (sc, obj.get("param", "-"), obj.get("metric", "*"))
+        engine = obj["engine"]
+        if "skipped" in obj or "error" in obj:
+            kind = "skipped" if "skipped" in obj else "error"
+            notes.append(f"{engine} {sc} {key[1]} {key[2]}: {kind}: {obj[kind]}")
+            row = rows.setdefault(key, Row(*key))
+            row.notes[engine] = kind
+            continue
+        if not isinstance(obj.get("value"), int | float) or not _shown(*key, cpu):
+            continue
+        row = rows.setdefault(key, Row(*key, unit=obj.get("unit", "")))
+        row.unit = row.unit or obj.get("unit", "")
+        row.values[engine].append(float(obj["value"]))
+    ordered = sorted(rows.values(), key=lambda r: (r.scenario, _param_order(r.param)))
+    return _with_derived(ordered, cpu), notes
+
+
+def _param_order(param: str) -> tuple[int, str]:
+    digits = "".join(c for c in param.split("=")[1] if c.isdigit()) if "=" in param else ""
+    return (int(digits) if digits else 0, param)
+
+
+def _with_derived(rows: list[Row], cpu: bool) -> list[Row]:
+    """Add growth rows: S1 per-node cost at N=1000 over N=100, S7 database size at 1000
+    iterations over 100."""
+    by = {(r.scenario, r.param, r.metric): r for r in rows}
+    out = list(rows)
+    for sc, metric, lo, hi, label in (
+        ("S1", "per_node_us", "N=100", "N=1000", "growth per_node N=1000/N=100"),
+        ("S1", "per_node_cpu_us", "N=100", "N=1000", "growth per_node_cpu N=1000/N=100"),
+        ("S7", "db_kb", "N=100", "N=1000", "growth db_kb N=1000/N=100"),
+    ):
+        a, b = by.get((sc, lo, metric)), by.get((sc, hi, metric))
+        if a is None or b is None:
+            continue
+        if not _shown(sc, lo, metric, cpu):
+            continue
+        g = Row(sc, "-", label, unit="x")
+        for engine in ENGINES:
+            ma, mb = a.median(engine), b.median(engine)
+            if ma and mb is not None:
+                g.values[engine].append(mb / ma)
+        idx = max(i for i, r in enumerate(out) if r.scenario == sc) + 1
+        out.insert(idx, g)
+    return out
+
+
+def _fmt(v: float | None) -> str:
+    if v is None:
+        return "-"
+    if abs(v) >= 100:
+        return f"{v:,.0f}"
+    if abs(v) >= 10:
+        return f"{v:.1f}"
+    return f"{v:.2f}"
+
+
+def table(rows: list[Row]) -> list[list[str]]:
+    head = ["scenario", "param", "metric", "unit", "interlock", "langgraph",
+            "ratio il/lg", "better"]
+    body = [head]
+    lg_by = {(r.scenario, r.param, r.metric): r for r in rows}
+    for r in rows:
+        il = r.median("interlock")
+        lg = r.median("langgraph")
+        if lg is None and r.metric in COMPARE_WITH:
+            other = lg_by.get((r.scenario, r.param, COMPARE_WITH[r.metric]))
+            lg = other.median("langgraph") if other else None
+        ratio = _fmt(il / lg) if il is not None and lg else "-"
+        cells = []
+        for engine, v in (("interlock", il), ("langgraph", lg)):
+            cells.append(r.notes.get(engine, "-") if v is None else _fmt(v))
+        better = "" if r.metric.startswith("growth") else (
+            "higher" if r.metric in HIGHER_IS_BETTER else "lower")
+        body.append([r.scenario, r.param, r.metric, r.unit, *cells, ratio, better])
+    return body
+
+
+def render_text(body: list[list[str]]) -> str:
+    widths = [max(len(row[i]) for row in body) for i in range(len(body[0]))]
+    right = {4, 5, 6}
+    out = []
+    for k, row in enumerate(body):
+        out.append("  ".join(c.rjust(w) if i in right else c.ljust(w)
+                             for i, (c, w) in enumerate(zip(row, widths, strict=True))))
+        if k == 0:
+            out.append("  ".join("-" * w for w in widths))
+    return "\n".join(out)
+
+
+def render_markdown(body: list[list[str]]) -> str:
+    out = ["| " + " | ".join(body[0]) + " |",
+           "|" + "|".join("---:" if i in (4, 5, 6) else "---" for i in range(len(body[0])))
+           + "|"]
+    out += ["| " + " | ".join(row) + " |" for row in body[1:]]
+    return "\n".join(out)
+
+
+def checks(rows: list[Row]) -> list[str]:
+    """Lines to read next to the table: interlock's growth, and LangGraph here against
+    its reference figures."""
+    by = {(r.scenario, r.param, r.metric): r for r in rows}
+    out = []
+    for what, metric in (("wall", "per_node"), ("CPU", "per_node_cpu")):
+        g = by.get(("S1", "-", f"growth {metric} N=1000/N=100"))
+        if g is None or g.median("interlock") is None:
+            continue
+        lg = g.median("langgraph")
+        out.append(f"S1 interlock per-node {what} time, N=1000 over N=100: "
+                   f"{g.median('interlock'):.2f}x (flat is 1.0; issue A: it must not grow)"
+                   + (f"; LangGraph: {lg:.2f}x" if lg is not None else ""))
+    for sc, param, metric, lo, hi in REFERENCE:
+        r = by.get((sc, param, metric))
+        v = r.median("langgraph") if r else None
+        if v is None:
+            continue
+        ref = f"{lo:,}" if lo == hi else f"{lo:,}-{hi:,}"
+        mid = (lo + hi) / 2
+        slower = mid / v if metric in HIGHER_IS_BETTER else v / mid
+        out.append(f"LangGraph {sc} {param} {metric}: {_fmt(v)} here vs {ref} on the reference "
+                   f"machine ({slower:.1f}x slower here)")
+    return out
+
+
+# -- main ------------------------------------------------------------------------------------
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="fewer trials (for development)")
+    ap.add_argument("--only", default="", help="comma-separated scenarios, e.g. S1,S3")
+    ap.add_argument("--engines", default=",".join(ENGINES),
+                    help="comma-separated engines (interlock,langgraph)")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="where to write every JSON line (default: bench/results/latest.jsonl "
+                         "for a full run, bench/results/partial.jsonl with --quick or --only)")
+    ap.add_argument("--no-cpu", dest="cpu", action="store_false",
+                    help="hide the CPU-time rows from the table (they stay in the JSON lines)")
+    ap.add_argument("-q", "--quiet", action="store_true",
+                    help="do not echo the JSON lines, print only the table")
+    args = ap.parse_args(argv)
+
+    only = {s.strip().upper() for s in args.only.split(",") if s.strip()}
+    bad = only - set(SCENARIOS)
+    engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    if bad or not set(engines) <= set(ENGINES) or not engines:
+        ap.error(f"scenarios are {', '.join(SCENARIOS)}; engines are {', '.join(ENGINES)}")
+    if "langgraph" in engines and engine_python("langgraph") is None:
+        print(f"run.py: {LANGGRAPH_PY} is missing; run `bash bench/setup_langgraph.sh` "
+              "first (or pass --engines interlock)", file=sys.stderr)
+        return 2
+
+    jobs = [j for j in plan(args.quick) if not only or j.scenario in only]
+    if args.out is None:
+        full = not args.quick and not only and engines == list(ENGINES)
+        args.out = RESULTS / ("latest.jsonl" if full else "partial.jsonl")
+    info = machine()
+    lines: list[dict[str, Any]] = [{"scenario": "machine", **info,
+                                    "quick": args.quick, "engines": engines}]
+    for engine in engines:
+        lines += run_adapter(engine, "meta", {}, echo=not args.quiet)
+    started = time.monotonic()
+    for k, job in enumerate(jobs):
+        # alternate which engine goes first, so drift in the machine's load hits both
+        order = engines if k % 2 == 0 else list(reversed(engines))
+        for engine in order:
+            t0 = time.monotonic()
+            print(f"run.py: {engine} {job.scenario} {json.dumps(job.params)}", file=sys.stderr)
+            lines += run_adapter(engine, job.scenario, job.params, echo=not args.quiet)
+            print(f"run.py:   {time.monotonic() - t0:.1f}s", file=sys.stderr)
+    info["loadavg_end"] = _loadavg()
+    info["commit_end"] = _commit()
+    info["elapsed_s"] = round(time.monotonic() - started, 1)
+    lines[0].update(info)
+
+    rows, notes = build_rows(lines, args.cpu)
+    body = table(rows)
+    summary = [{"scenario": "summary", "row": dict(zip(body[0], row, strict=True))}
+               for row in body[1:]]
+
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    with args.out.open("w") as f:
+        for obj in lines + summary:
+            f.write(json.dumps(obj) + "\n")
+    versions = {o["engine"]: o["value"] for o in lines
+                if o.get("scenario") == "meta" and o.get("metric") == "version"}
+    header = (f"machine: {info['nproc']} CPUs, {info['cpu']}, {info['memory']}, "
+              f"Python {info['python']}; load average {info['loadavg_start']} at the start, "
+              f"{info['loadavg_end']} at the end; {info['elapsed_s']} s"
+              + (" (--quick)" if args.quick else "") + "\n"
+              + f"interlock checkout: {info['commit']}"
+              + (f" at the start, {info['commit_end']} at the end" if info["commit_end"]
+                 != info["commit"] else "") + "\n"
+              + "".join(f"{e}: {v}\n" for e, v in versions.items()))
+    md = args.out.with_suffix(".md")
+    md.write_text(header + "\n" + render_markdown(body) + "\n\n"
+                  + "".join(f"- {line}\n" for line in checks(rows) + notes))
+
+    print("\n" + header + "\n" + render_text(body))
+    extra = checks(rows)
+    if extra:
+        print("\n" + "\n".join(extra))
+    if notes:
+        print("\nnotes:\n" + "\n".join(f"  {n}" for n in notes))
+    print(f"\nresults: {args.out} and {md}")
+    return 1 if any("error" in o for o in lines) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
