@@ -141,6 +141,7 @@ class RunView:
     _active: Counter[int] = field(default_factory=Counter)  # cyclic scc -> ready+running
     _deferred: dict[int, set[tuple[Any, ...]]] = field(default_factory=dict)
     _taken_exits: dict[int, set[tuple[Any, ...]]] = field(default_factory=dict)
+    _single_port: dict[str, bool] = field(default_factory=dict)
 
     # -- applying records ----------------------------------------------------------
 
@@ -148,6 +149,7 @@ class RunView:
         # every node is present in ``visits`` so that ``run.visits.x`` is 0, not missing
         for name in self.plan.nodes:
             self.visits[name] = 0
+        self._single_port = {n: len(pn.ports) == 1 for n, pn in self.plan.nodes.items()}
 
     def apply(self, rec: L.Record) -> None:
         self.seq = rec["seq"]
@@ -210,8 +212,7 @@ class RunView:
         if pn.cyclic:
             self._active[pn.scc] -= 1
         self.routed[node] = False
-        self.route_wait[node] = sum(1 for e in self.plan.nodes[node].out
-                                    if e.is_join and node in e.barrier)
+        self.route_wait[node] = self.plan.nodes[node].joins_out
         reenter = rec.get("reenter")
         if reenter is not None:  # a modified approval: the run goes back to ``reenter``
             self._enqueue(reenter)
@@ -330,6 +331,12 @@ class RunView:
         target = port.target
         if taken:
             self._enqueue(target)
+        if self._single_port[target]:
+            # one way in: each activation is settled by this port alone (the common case;
+            # no queue to keep)
+            if not taken:
+                self._rule_out(target)
+            return
         acts = self._acts.setdefault(target, deque())
         for act in acts:
             if port.id not in act:

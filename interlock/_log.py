@@ -132,7 +132,9 @@ class LogWriter:
         for key, value in fields.items():
             if value is not None:
                 rec[key] = value
-        data = dumps(rec)
+        # orjson's result keeps a 4 KiB buffer however short the JSON; a log keeps many
+        # records, so keep an exact-size copy
+        data = bytes(memoryview(dumps(rec)))
         self.hash = chain(self.hash, data)
         return rec, Entry(self.seq, rtype, data, self.hash)
 

@@ -21,6 +21,7 @@ the barrier settles when each has completed (arrived) or been ruled out.
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib
 import inspect
 import sys
@@ -85,7 +86,7 @@ class PlanNode:
     ports: list[Port] = field(default_factory=list)
     scc: int = -1
     cyclic: bool = False
-    joins_out: bool = False  # some outgoing edge is a join (its completion always routes)
+    joins_out: int = 0  # outgoing join edges that wait for this node (its barrier)
 
 
 @dataclass(slots=True, eq=False)
@@ -103,6 +104,14 @@ class Plan:
 def callable_params(fn: Callable[..., Any]) -> int:
     """How many positional parameters ``fn`` takes (2 = it wants ``ctx``)."""
     try:
+        return _callable_params(fn)
+    except TypeError:  # an unhashable callable object
+        return _callable_params.__wrapped__(fn)
+
+
+@functools.cache
+def _callable_params(fn: Callable[..., Any]) -> int:
+    try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):
         return 1
@@ -116,6 +125,14 @@ def callable_params(fn: Callable[..., Any]) -> int:
 
 
 def is_async_callable(fn: Callable[..., Any]) -> bool:
+    try:
+        return _is_async_callable(fn)
+    except TypeError:  # an unhashable callable object
+        return _is_async_callable.__wrapped__(fn)
+
+
+@functools.cache
+def _is_async_callable(fn: Callable[..., Any]) -> bool:
     if asyncio.iscoroutinefunction(fn):
         return True
     call = getattr(fn, "__call__", None)  # noqa: B004 - async __call__ on instances
@@ -226,7 +243,8 @@ def build_plan(spec: WorkflowSpec, *, callables: dict[str, Callable[..., Any]],
                 start_edges.append(pe)
             else:
                 nodes[s].out.append(pe)
-                nodes[s].joins_out = nodes[s].joins_out or pe.is_join
+                if pe.is_join and s in pe.barrier:
+                    nodes[s].joins_out += 1
 
     return Plan(
         spec=spec, nodes=nodes, edges=edges, start_edges=start_edges, ports=ports,
