@@ -145,10 +145,14 @@ class ChainProblem:
     message: str
 
 
-def verify_chain(entries: list[Entry]) -> ChainProblem | None:
-    """The first record whose number, content or hash does not fit the chain, if any."""
-    prev = GENESIS
-    for expected, entry in enumerate(entries, start=1):
+def verify_chain(entries: list[Entry], *, start: int = 0,
+                 prev_hash: str = GENESIS) -> ChainProblem | None:
+    """The first record whose number, content or hash does not fit the chain, if any.
+
+    ``start``/``prev_hash``: the entries continue the chain after record ``start``.
+    """
+    prev = prev_hash
+    for expected, entry in enumerate(entries, start=start + 1):
         if entry.seq != expected:
             return ChainProblem(entry.seq, f"expected record {expected}, found {entry.seq} "
                                            "(a record is missing or out of order)")

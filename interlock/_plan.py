@@ -208,26 +208,7 @@ def build_plan(spec: WorkflowSpec, *, callables: dict[str, Callable[..., Any]],
     edges: list[PlanEdge] = []
     start_edges: list[PlanEdge] = []
     for i, es in enumerate(spec.edges):
-        pe = PlanEdge(index=i, spec=es, kind=es.kind, sources=tuple(es.source),
-                      targets=tuple(es.targets), max=es.max, otherwise=es.otherwise)
-        if es.when is not None:
-            pe.cond = expressions[es.when]
-        if es.switch is not None:
-            pe.switch = expressions[es.switch]
-        if es.router is not None and es.router in callables:
-            pe.router = callables[es.router]
-            pe.router_async = is_async_callable(pe.router)
-            pe.router_wants_ctx = callable_params(pe.router) >= 2
-        pe.back_sources = frozenset(s for s in pe.sources
-                                    if any((s, t) in back for t in pe.targets))
-        pe.back_targets = frozenset(t for t in pe.targets
-                                    if all((s, t) in back for s in pe.sources))
-        if pe.is_join:
-            pe.barrier = tuple(s for s in pe.sources if s not in pe.back_sources)
-            for s in pe.barrier:
-                c = comp.get(s, -1)
-                if c in cyclic and any(comp.get(t) != c for t in pe.targets if t != END):
-                    pe.barrier_exit[s] = c
+        pe = _plan_edge(i, es, callables, expressions, back, comp, cyclic)
         for t in pe.targets:
             if t == END or t in pe.back_targets:
                 continue
@@ -252,3 +233,30 @@ def build_plan(spec: WorkflowSpec, *, callables: dict[str, Callable[..., Any]],
         scc_members={c: frozenset(m) for c, m in members.items() if c in cyclic},
         back=back,
     )
+
+
+def _plan_edge(i: int, es: EdgeSpec, callables: dict[str, Callable[..., Any]],
+               expressions: dict[str, Expression], back: frozenset[tuple[str, str]],
+               comp: dict[str, int], cyclic: set[int]) -> PlanEdge:
+    """One edge with its expressions, router, back-edge facts and join barrier."""
+    pe = PlanEdge(index=i, spec=es, kind=es.kind, sources=tuple(es.source),
+                  targets=tuple(es.targets), max=es.max, otherwise=es.otherwise)
+    if es.when is not None:
+        pe.cond = expressions[es.when]
+    if es.switch is not None:
+        pe.switch = expressions[es.switch]
+    if es.router is not None and es.router in callables:
+        pe.router = callables[es.router]
+        pe.router_async = is_async_callable(pe.router)
+        pe.router_wants_ctx = callable_params(pe.router) >= 2
+    pe.back_sources = frozenset(s for s in pe.sources
+                                if any((s, t) in back for t in pe.targets))
+    pe.back_targets = frozenset(t for t in pe.targets
+                                if all((s, t) in back for s in pe.sources))
+    if pe.is_join:
+        pe.barrier = tuple(s for s in pe.sources if s not in pe.back_sources)
+        for s in pe.barrier:
+            c = comp.get(s, -1)
+            if c in cyclic and any(comp.get(t) != c for t in pe.targets if t != END):
+                pe.barrier_exit[s] = c
+    return pe

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import _log as L
+from . import _snapshot as snapshots
 from ._context import Context, Goto, PauseRequested
 from ._errors import (
     ExpressionError,
@@ -90,6 +91,7 @@ class Runner:
         self._tasks: dict[tuple[str, int], asyncio.Task[None]] = {}
         self._lock = asyncio.Lock()
         self._staged: list[L.Entry] = []
+        self._snapshot_seq = writer.seq  # records since then are not in a snapshot
         self.budget = Budget(plan, view)
         self.cancelled_by: dict[str, Any] | None = None  # set by drive()'s cancel watcher
         self._pool: ProcessPool | None = None  # started by the first isolation: process node
@@ -117,12 +119,19 @@ class Runner:
         return recs
 
     async def flush(self) -> None:
-        """Commit every staged record (one transaction)."""
+        """Commit every staged record (one transaction); now and then, a snapshot."""
         async with self._lock:
             if not self._staged:
                 return
             entries, self._staged = self._staged, []
+            # the view matches the log up to entries[-1] right now, before any await
+            snap = None
+            if entries[-1].seq - self._snapshot_seq >= snapshots.EVERY:
+                snap = snapshots.dump(self.view, entries[-1].hash)
             await self.store.append(self.run_id, entries, self.summary())
+            if snap is not None:
+                await self.store.save_snapshot(self.run_id, entries[-1].seq, snap)
+                self._snapshot_seq = entries[-1].seq
 
     async def commit(self, items: list[tuple[str, dict[str, Any]]]) -> list[L.Record]:
         recs = self.stage(items)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from . import _log as L
+from . import _snapshot as snapshots
 from ._errors import InterlockError, UsageError
 from ._fold import RunView
 from ._plan import Plan
@@ -133,9 +134,14 @@ async def _watch(store: Store, run_id: str, owner: str, runner: Runner,
 @dataclass
 class Loaded:
     row: RunRow
-    entries: list[L.Entry]
+    entries: list[L.Entry]  # the records folded from the log (after the snapshot, if one)
     workflow: Workflow
     view: RunView
+    last: tuple[int, str]  # seq and chain hash of the run's last record
+
+    def writer(self) -> L.LogWriter:
+        """A writer that continues the run's log."""
+        return L.LogWriter(*self.last)
 
 
 def definition_hash(definition: dict[str, Any]) -> str:
@@ -147,31 +153,44 @@ async def load_run(store: Store, run_id: str, *, workflow: Workflow | None = Non
     """Read a run, check its chain, rebuild its workflow from the stored definition and fold.
 
     ``executable`` resolves the node functions (needed to continue the run); reading
-    needs only the graph. ``upto`` folds the records up to that seq only.
+    needs only the graph. ``upto`` folds the records up to that seq only (from the
+    start); otherwise the latest snapshot is used when the log still agrees with it, and
+    only the records after it are read, checked and folded.
     """
     from ._workflow import Workflow
 
     row = await store.get_run(run_id)
-    entries = await store.entries(run_id)
-    problem = L.verify_chain(entries)
+    if definition_hash(row.definition) != row.definition_hash:
+        raise UsageError(f"run {run_id!r}: the stored definition does not match its hash; "
+                         "it was changed after the run started")
+    wf = Workflow.from_spec(parse(row.definition))
+    if workflow is not None:
+        wf._callables = dict(workflow._callables)
+    plan = wf.compile() if executable else wf.reading_plan()
+    view, start, start_hash = None, 0, L.GENESIS
+    if upto is None:
+        snap = await store.load_snapshot(run_id)
+        restored = snapshots.load(plan, snap[1]) if snap is not None else None
+        if restored is not None:
+            view, start_hash = restored
+            start = view.seq
+    entries = await store.entries(run_id, after=start)
+    if start and (entries and entries[0].seq != start + 1):
+        view, start, start_hash = None, 0, L.GENESIS  # the snapshot does not fit: fold all
+        entries = await store.entries(run_id)
+    problem = L.verify_chain(entries, start=start, prev_hash=start_hash)
     if problem is not None:
         raise UsageError(f"run {run_id!r}: the log is broken at record {problem.seq} "
                          f"({problem.message}); `interlock verify {run_id}` shows the details; "
                          "a broken log is never continued")
-    if definition_hash(row.definition) != row.definition_hash:
-        raise UsageError(f"run {run_id!r}: the stored definition does not match its hash; "
-                         "it was changed after the run started")
-    spec = parse(row.definition)
-    wf = Workflow.from_spec(spec)
-    if workflow is not None:
-        wf._callables = dict(workflow._callables)
-    plan = wf.compile() if executable else wf.reading_plan()
-    view = RunView(plan)
+    if view is None:
+        view = RunView(plan)
     for entry in entries:
         if upto is not None and entry.seq > upto:
             break
         view.apply(entry.record())
-    return Loaded(row, entries, wf, view)
+    last = (entries[-1].seq, entries[-1].hash) if entries else (start, start_hash)
+    return Loaded(row, entries, wf, view, last)
 
 
 async def resume(run_id: str, decision: Decision | None = None, *,
@@ -208,9 +227,7 @@ async def resume(run_id: str, decision: Decision | None = None, *,
             raise UsageError(f"run {run_id!r} is {view.status}; only a failed, interrupted or "
                              "waiting run can be resumed")
         resumed = dict(fields, by=decision.by if decision else None)
-        last = loaded.entries[-1]
-        writer = L.LogWriter(last.seq, last.hash)
-        return await drive(loaded.workflow.compile(), st, run_id, view, writer,
+        return await drive(loaded.workflow.compile(), st, run_id, view, loaded.writer(),
                            first=[(L.RUN_RESUMED, resumed), *first], force=force,
                            listener=listener)
     finally:
@@ -394,9 +411,8 @@ async def cancel(run_id: str, *, by: str | None = None, store: str | Store | Non
             return await status(run_id, store=st)
         try:
             loaded = await load_run(st, run_id)  # again: it may have moved before our claim
-            last = loaded.entries[-1]
             runner = Runner(loaded.workflow.reading_plan(), st, run_id, loaded.view,
-                            L.LogWriter(last.seq, last.hash))
+                            loaded.writer())
             await runner.commit([(L.RUN_CANCELLED, {"by": by, "error": {
                 "type": "cancelled", "node": None,
                 "message": f"the run was cancelled by {by or 'an anonymous request'}"}})])

@@ -842,3 +842,16 @@ def test_cancel_request_is_seen_by_every_reader(store: Store) -> None:
             await store.request_cancel("no-such-run", "alice")
 
     asyncio.run(main())
+
+
+def test_snapshots_keep_the_latest(store: Store) -> None:
+    async def main() -> None:
+        row, _, entries = new_row()
+        await store.create_run(row, entries)
+        assert await store.load_snapshot(row.run_id) is None
+        await store.save_snapshot(row.run_id, 5, b'{"a": 1}')
+        await store.save_snapshot(row.run_id, 9, b'{"b": 2}')
+        await store.save_snapshot(row.run_id, 7, b'{"stale": true}')  # an older one loses
+        assert await store.load_snapshot(row.run_id) == (9, b'{"b": 2}')
+
+    asyncio.run(main())

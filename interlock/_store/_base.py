@@ -161,5 +161,13 @@ class Store(ABC):
     async def cancel_requested(self, run_id: str) -> dict[str, Any] | None:
         """``{"by", "at"}`` when a cancellation was requested, else None."""
 
+    @abstractmethod
+    async def save_snapshot(self, run_id: str, seq: int, data: bytes) -> None:
+        """Keep ``data`` as the run's latest snapshot (a cached fold at ``seq``)."""
+
+    @abstractmethod
+    async def load_snapshot(self, run_id: str) -> tuple[int, bytes] | None:
+        """The run's latest snapshot as ``(seq, data)``, or None."""
+
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections and threads."""

@@ -25,6 +25,7 @@ class MemoryStore(Store):
         self.url = url
         self._runs: dict[str, RunRow] = {}
         self._entries: dict[str, list[Entry]] = {}
+        self._snapshots: dict[str, tuple[int, bytes]] = {}
 
     async def create_run(self, row: RunRow, entries: list[Entry]) -> None:
         if row.run_id in self._runs:
@@ -99,3 +100,13 @@ class MemoryStore(Store):
     async def cancel_requested(self, run_id: str) -> dict[str, Any] | None:
         value = self._row(run_id).extra.get("cancel")
         return dict(value) if value else None
+
+    async def save_snapshot(self, run_id: str, seq: int, data: bytes) -> None:
+        self._row(run_id)
+        current = self._snapshots.get(run_id)
+        if current is None or seq > current[0]:
+            self._snapshots[run_id] = (seq, bytes(data))
+
+    async def load_snapshot(self, run_id: str) -> tuple[int, bytes] | None:
+        self._row(run_id)
+        return self._snapshots.get(run_id)

@@ -109,6 +109,11 @@ _SCHEMA = (
         hash   text NOT NULL,
         PRIMARY KEY (run_id, seq)
     )""",
+    """CREATE TABLE IF NOT EXISTS snapshots (
+        run_id text PRIMARY KEY,
+        seq    bigint NOT NULL,
+        data   bytea NOT NULL
+    )""",
 )
 
 _NOW = "extract(epoch FROM clock_timestamp())::float8"
@@ -540,6 +545,24 @@ class PostgresStore(Store):
             return dict(value) if isinstance(value, dict) else None
 
         return await self._do(op)
+
+    async def save_snapshot(self, run_id: str, seq: int, data: bytes) -> None:
+        async def op(conn: Conn) -> None:
+            await conn.execute(
+                "INSERT INTO snapshots (run_id, seq, data) VALUES (%s, %s, %s) "
+                "ON CONFLICT (run_id) DO UPDATE SET seq = excluded.seq, data = excluded.data "
+                "WHERE excluded.seq > snapshots.seq", (run_id, seq, data))
+
+        await self._do(op)
+
+    async def load_snapshot(self, run_id: str) -> tuple[int, bytes] | None:
+        async def op(conn: Conn) -> tuple[int, bytes] | None:
+            cur = await conn.execute("SELECT seq, data FROM snapshots WHERE run_id = %s",
+                                     (run_id,))
+            row = await cur.fetchone()
+            return (int(row[0]), bytes(row[1])) if row is not None else None
+
+        return await self._do(op, idempotent=True)
 
     async def release(self, run_id: str, owner: str) -> None:
         async def op(conn: Conn) -> None:

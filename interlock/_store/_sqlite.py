@@ -106,6 +106,12 @@ CREATE TABLE IF NOT EXISTS records (
     hash   TEXT NOT NULL,
     PRIMARY KEY (run_id, seq)
 ) WITHOUT ROWID;
+;
+CREATE TABLE IF NOT EXISTS snapshots (
+    run_id TEXT PRIMARY KEY,
+    seq    INTEGER NOT NULL,
+    data   BLOB NOT NULL
+)
 """
 
 _RUN_COLUMNS = (
@@ -564,6 +570,25 @@ class SQLiteStore(Store):
 
     async def request_cancel(self, run_id: str, by: str | None) -> None:
         await self._call(self._request_cancel, run_id, by)
+
+    @staticmethod
+    def _save_snapshot(conn: sqlite3.Connection, run_id: str, seq: int, data: bytes) -> None:
+        conn.execute("INSERT INTO snapshots (run_id, seq, data) VALUES (?, ?, ?) "
+                     "ON CONFLICT (run_id) DO UPDATE SET seq = excluded.seq, "
+                     "data = excluded.data WHERE excluded.seq > snapshots.seq",
+                     (run_id, seq, data))
+
+    @staticmethod
+    def _load_snapshot(conn: sqlite3.Connection, run_id: str) -> tuple[int, bytes] | None:
+        row = conn.execute("SELECT seq, data FROM snapshots WHERE run_id = ?",
+                           (run_id,)).fetchone()
+        return (int(row[0]), bytes(row[1])) if row is not None else None
+
+    async def save_snapshot(self, run_id: str, seq: int, data: bytes) -> None:
+        await self._call(self._save_snapshot, run_id, seq, data)
+
+    async def load_snapshot(self, run_id: str) -> tuple[int, bytes] | None:
+        return await self._call(self._load_snapshot, run_id)
 
     async def cancel_requested(self, run_id: str) -> dict[str, Any] | None:
         return await self._call(self._cancel_requested, run_id)

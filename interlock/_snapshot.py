@@ -1,0 +1,96 @@
+"""Snapshots: a fold cached at a sequence number, so a resume reads only what came after.
+
+A snapshot is never a second truth. It records the seq and the chain hash of the
+last record it covers; a reader uses it only when the stored log still has that
+hash at that seq, and then folds the records after it with the same `RunView`.
+``interlock verify`` ignores snapshots and folds the whole log. Only the latest
+snapshot of a run is kept, so storage stays O(state) + O(log).
+
+The encoding is explicit, field by field (JSON has no tuples, sets or int keys),
+and versioned: a snapshot of another version is simply not used.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from typing import Any
+
+import orjson
+
+from . import _log as L
+from ._fold import Due, Gate, RunView, Visit, Writer
+from ._plan import Plan
+
+VERSION = 1
+EVERY = 500  # records between snapshots
+
+
+def dump(view: RunView, last_hash: str) -> bytes:
+    """The view as bytes; ``last_hash`` is the chain hash of record ``view.seq``."""
+    v = view
+    data = {
+        "version": VERSION, "seq": v.seq, "hash": last_hash,
+        "state": v.state, "ready": list(v.ready),
+        "running": [[x.node, x.visit, x.attempt, x.started_seq] for x in v.running.values()],
+        "due": [[d.edge.index, d.source, d.goto, list(d.arrived)] for d in v.due.values()],
+        "visits": dict(v.visits), "started": dict(v.started),
+        "takes": list(v.takes.items()), "steps": v.steps, "tokens": v.tokens,
+        "node_tokens": dict(v.node_tokens), "config": v.config, "limits": v.limits,
+        "parent": list(v.parent) if v.parent else None, "status": v.status,
+        "error": v.error, "waiting": v.waiting,
+        "writers": {k: [w.node, w.completed_seq] for k, w in v.writers.items()},
+        "effects": [[n, vis, key, val] for (n, vis, key), val in v.effects.items()],
+        "failed": [list(k) for k in v.failed],
+        "gates": [[g.node, g.visit, g.kind, g.requested_at, g.show, g.decisions, g.deadline,
+                   g.decision, g.body_started, g.key] for g in v.gates.values()],
+        "confirmations": [[n, vis, key, d] for (n, vis, key), d in v.confirmations.items()],
+        "routed": v.routed, "route_wait": dict(v.route_wait),
+        "acts": {t: [list(a.items()) for a in q] for t, q in v._acts.items() if q},
+        "barriers": [[i, [list(e.items()) for e in q]] for i, q in v._barriers.items() if q],
+        "active": list(v._active.items()),
+        "deferred": [[c, [list(x) for x in items]] for c, items in v._deferred.items()],
+        "taken_exits": [[c, [list(x) for x in items]] for c, items in v._taken_exits.items()],
+    }
+    return L.dumps(data)
+
+
+def load(plan: Plan, raw: bytes) -> tuple[RunView, str] | None:
+    """The view a snapshot holds, and the hash of its last record; None if unusable."""
+    try:
+        d: dict[str, Any] = orjson.loads(raw)
+        if d.get("version") != VERSION:
+            return None
+        return _restore(plan, d), str(d["hash"])
+    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, ValueError):
+        return None  # a cache that cannot be read is rebuilt from the log
+
+
+def _restore(plan: Plan, d: dict[str, Any]) -> RunView:
+    v = RunView(plan)
+    v.seq = d["seq"]
+    v.state = d["state"]
+    v.ready = deque(d["ready"])
+    v.running = {(n, vis): Visit(n, vis, att, seq) for n, vis, att, seq in d["running"]}
+    v.due = {(i, src): Due(plan.edges[i], src, goto, tuple(arr))
+             for i, src, goto, arr in d["due"]}
+    v.visits = Counter(d["visits"])
+    v.started = Counter(d["started"])
+    v.takes = Counter({int(k): n for k, n in d["takes"]})
+    v.steps, v.tokens = d["steps"], d["tokens"]
+    v.node_tokens = Counter(d["node_tokens"])
+    v.config, v.limits = d["config"], d["limits"]
+    v.parent = (d["parent"][0], d["parent"][1]) if d["parent"] else None
+    v.status, v.error, v.waiting = d["status"], d["error"], d["waiting"]
+    v.writers = {k: Writer(n, s) for k, (n, s) in d["writers"].items()}
+    v.effects = {(n, vis, key): val for n, vis, key, val in d["effects"]}
+    v.failed = {(n, vis) for n, vis in d["failed"]}
+    v.gates = {(g[0], g[1]): Gate(*g) for g in d["gates"]}
+    v.confirmations = {(n, vis, key): dec for n, vis, key, dec in d["confirmations"]}
+    v.routed = d["routed"]
+    v.route_wait = Counter(d["route_wait"])
+    v._acts = {t: deque({int(p): b for p, b in a} for a in q) for t, q in d["acts"].items()}
+    v._barriers = {int(i): deque({s: b for s, b in e} for e in q) for i, q in d["barriers"]}
+    v._active = Counter({int(c): n for c, n in d["active"]})
+    v._deferred = {int(c): {tuple(x) for x in items} for c, items in d["deferred"]}
+    v._taken_exits = {int(c): {tuple(x) for x in items} for c, items in d["taken_exits"]}
+    return v
