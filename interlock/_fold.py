@@ -179,8 +179,10 @@ class RunView:
     def _on_node_started(self, rec: L.Record) -> None:
         node, visit = rec["node"], rec["visit"]
         key = (node, visit)
-        if key in self.running:  # a re-run, or the body of a confirmed node starting
+        if key in self.running:  # a retry, a re-run, or a confirmed node's body starting
             self.running[key].attempt = rec.get("attempt", 1)
+            if self.status == "RETRYING":
+                self.status = "RUNNING"
             gate = self.gates.get(key)
             if gate is not None and gate.decision == "approved":
                 gate.body_started = True
@@ -232,6 +234,7 @@ class RunView:
         self.node_tokens[rec["node"]] += rec.get("tokens") or 0
 
     def _on_node_retrying(self, rec: L.Record) -> None:
+        self.status = "RETRYING"  # until the next attempt starts (visible in `status`)
         # the failed attempt's tokens were spent; the next attempt counts from zero
         spent = rec.get("tokens") or 0
         self.tokens += spent

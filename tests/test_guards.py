@@ -154,7 +154,15 @@ def test_failing_twice_then_succeeding_under_three_attempts() -> None:
     wf.node("flaky", flaky, retry={"attempts": 3, "backoff": "10ms",
                                    "errors": ["ConnectionError"]})
     wf.edge(START, "flaky")
-    result, recs = records_of(wf, run_id="r")
+    seen_status: list[str] = []
+    recs: list[dict[str, Any]] = []
+
+    def listen(rec: dict[str, Any], view: Any) -> None:
+        recs.append(rec)
+        if rec["type"] == "node.retrying":
+            seen_status.append(view.status)
+
+    result = wf.run_sync(store="memory://", run_id="r", listener=listen)
     assert result.status == "COMPLETED"
     assert attempts == [1, 2, 3]
     assert result.state["ok"] == "r:flaky:1"  # the same key on every attempt
@@ -163,6 +171,20 @@ def test_failing_twice_then_succeeding_under_three_attempts() -> None:
     assert "attempt 1 failed" in retrying[0]["error"]["message"]
     assert [r["delay_ms"] for r in retrying] == [10.0, 20.0]  # exponential backoff
     assert [r["attempt"] for r in recs if r["type"] == "node.started"] == [1, 2, 3]
+    assert seen_status == ["RETRYING", "RETRYING"]  # the run is visibly retrying
+
+
+def test_a_retrying_run_says_so() -> None:
+    async def flaky(state: dict[str, Any], ctx: interlock.Context) -> None:
+        if ctx.attempt == 1:
+            raise ConnectionError("down")
+
+    wf = Workflow("retrying")
+    wf.node("flaky", flaky, retry={"attempts": 2, "backoff": "50ms"}).edge(START, "flaky")
+    statuses: list[str] = []
+    result = wf.run_sync(store="memory://",
+                         listener=lambda r, v: statuses.append(v.status))
+    assert "RETRYING" in statuses and result.status == "COMPLETED"
 
 
 def test_non_retryable_errors_fail_at_once() -> None:
