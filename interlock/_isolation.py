@@ -97,7 +97,7 @@ _MAIN: dict[str, Any] = {}  # the engine's __main__: {"name": ..., "file": ...}
 
 def _json_default(obj: Any) -> Any:
     # the conversions of _log (pydantic models, sets, tuples), imported only when needed
-    from ._log import _default
+    from ._log import json_default as _default
 
     return _default(obj)
 

@@ -56,7 +56,8 @@ TERMINAL_TYPES = {
 _OPTS = orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY
 
 
-def _default(obj: Any) -> Any:
+def json_default(obj: Any) -> Any:
+    """orjson's hook for what it does not serialise itself (pydantic models, sets)."""
     dump = getattr(obj, "model_dump", None)  # pydantic models
     if callable(dump):
         return dump(mode="json")
@@ -67,7 +68,7 @@ def _default(obj: Any) -> Any:
 
 def dumps(value: Any) -> bytes:
     """Canonical JSON bytes (sorted keys)."""
-    return orjson.dumps(value, default=_default, option=_OPTS)
+    return orjson.dumps(value, default=json_default, option=_OPTS)
 
 
 def to_json_value(value: Any) -> Any:
@@ -82,7 +83,7 @@ def to_json_value(value: Any) -> Any:
     def hook(obj: Any) -> Any:
         nonlocal converted
         converted = True
-        return _default(obj)
+        return json_default(obj)
 
     data = orjson.dumps(value, default=hook, option=_OPTS)
     if converted or _has_tuple(value):

@@ -15,8 +15,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pydantic import ValidationError
-
 from . import _log as L
 from . import _snapshot as snapshots
 from ._errors import InterlockError, UsageError
@@ -237,21 +235,13 @@ async def resume(run_id: str, decision: Decision | None = None, *,
 
 def _overrides(wf: Workflow, config: Mapping[str, Any] | None,
                limits: Mapping[str, Any] | None) -> dict[str, Any]:
-    from ._model import LimitsSpec
-
     out: dict[str, Any] = {}
     if config:
         out["config"] = L.to_json_value(dict(config))
     if limits:
-        unknown = set(limits) - set(LimitsSpec.model_fields)
-        if unknown:
-            raise UsageError(f"unknown limit(s) {sorted(unknown)}; limits are "
-                             f"{sorted(LimitsSpec.model_fields)}")
-        try:
-            checked = LimitsSpec.model_validate(dict(limits)).model_dump(exclude_none=True)
-        except ValidationError as exc:
-            raise UsageError(f"invalid limits: {exc.errors()[0]['msg']}") from None
-        out["limits"] = {k: checked[k] for k in limits if k in checked}
+        from ._workflow import check_limits
+
+        out["limits"] = check_limits(limits)
     return out
 
 

@@ -369,18 +369,25 @@ def _effective(spec: WorkflowSpec, config: Mapping[str, Any] | None,
     cfg = {**spec.config, **(config or {})}
     lim = spec.limits.model_dump(exclude_none=True)
     if limits:
-        from ._model import LimitsSpec
-
-        unknown = set(limits) - set(LimitsSpec.model_fields)
-        if unknown:
-            raise UsageError(f"unknown limit(s) {sorted(unknown)}; limits are "
-                             f"{sorted(LimitsSpec.model_fields)}")
-        try:
-            merged = LimitsSpec.model_validate({**lim, **limits})
-        except ValidationError as exc:
-            raise UsageError(f"invalid {_pydantic_message(exc, 'limits')}") from None
-        lim = merged.model_dump(exclude_none=True)
+        lim = {**lim, **check_limits(limits, base=lim)}
     return L.to_json_value(cfg), lim
+
+
+def check_limits(limits: Mapping[str, Any], *, base: Mapping[str, Any] | None = None
+                 ) -> dict[str, Any]:
+    """Per-run limit overrides, validated (durations parsed); UsageError when wrong."""
+    from ._model import LimitsSpec
+
+    unknown = set(limits) - set(LimitsSpec.model_fields)
+    if unknown:
+        raise UsageError(f"unknown limit(s) {sorted(unknown)}; limits are "
+                         f"{sorted(LimitsSpec.model_fields)}")
+    try:
+        checked = LimitsSpec.model_validate({**(base or {}), **limits})
+    except ValidationError as exc:
+        raise UsageError(f"invalid {_pydantic_message(exc, 'limits')}") from None
+    merged = checked.model_dump(exclude_none=True)
+    return {k: merged[k] for k in limits if k in merged}
 
 
 def _pydantic_message(exc: ValidationError, prefix: str) -> str:

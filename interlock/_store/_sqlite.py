@@ -46,7 +46,7 @@ from urllib.parse import parse_qsl
 
 import orjson
 
-from .._log import Entry
+from .._log import Entry, json_default
 from ._base import (
     ClaimError,
     ConflictError,
@@ -123,18 +123,9 @@ _RUN_COLUMNS = (
 
 # -- helpers shared with the PostgreSQL store ------------------------------------------------
 
-def _json_default(obj: Any) -> Any:
-    dump = getattr(obj, "model_dump", None)  # pydantic models
-    if callable(dump):
-        return dump(mode="json")
-    if isinstance(obj, set | frozenset | tuple):
-        return list(obj)
-    raise TypeError(f"{type(obj).__name__} is not JSON serialisable")
-
-
 def json_text(value: Any) -> str:
     """``value`` as JSON text, keys in their given order (a definition's order matters)."""
-    return orjson.dumps(value, default=_json_default).decode("utf-8")
+    return orjson.dumps(value, default=json_default).decode("utf-8")
 
 
 def json_opt(value: dict[str, Any] | None) -> str | None:
