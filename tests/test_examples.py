@@ -6,6 +6,9 @@ triage (resolved / fixed on attempt 2 / exhausted after 3 retries), incident (ea
 row of the router policy table, reject, the confidence knob, the guarded fix) and
 audit (LOW and HIGH risk with approve / reject / modify, the bounded review loop,
 the hybrid retrieval). Then `validate` and `graph` on each, and examples/demo.sh.
+The incident's agent variants: workflow.agents.yaml (scripted replies, offline) walks
+the same path as the rules, and workflow.openai.yaml runs through the OpenAI SDK against
+a local OpenAI-compatible server (127.0.0.1 only).
 """
 
 from __future__ import annotations
@@ -17,7 +20,11 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
+import uuid
 from collections import Counter
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +37,7 @@ from interlock.cli import cli
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
 CHECKS = {"kafka", "kubernetes", "observability", "elasticsearch", "docker"}
+_CONNECT, _GETADDRINFO = socket.socket.connect, socket.getaddrinfo
 
 
 @pytest.fixture(autouse=True)
@@ -47,6 +55,26 @@ def _offline(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(socket.socket, "connect", refuse)
     monkeypatch.setattr(socket, "getaddrinfo", refuse)
+
+
+@pytest.fixture
+def loopback(_offline: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Connections to 127.0.0.1 are allowed (a server the test starts); anything else fails."""
+    def local(host: Any) -> bool:
+        return host in ("127.0.0.1", b"127.0.0.1")
+
+    def connect(sock: socket.socket, address: Any) -> Any:
+        if not (isinstance(address, tuple) and local(address[0])):
+            raise AssertionError(f"an example tried to use the network: {address!r}")
+        return _CONNECT(sock, address)
+
+    def getaddrinfo(host: Any, *args: Any, **kwargs: Any) -> Any:
+        if not local(host):
+            raise AssertionError(f"an example tried to resolve {host!r}")
+        return _GETADDRINFO(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket.socket, "connect", connect)
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
 
 
 @pytest.fixture
@@ -306,6 +334,176 @@ def test_incident_guarded_fix_rejected_never_runs(store: str, tmp_path: Path) ->
     assert not (tmp_path / "fixes").exists()
 
 
+# ---- incident with agents: scripted (offline) and a real OpenAI SDK call ------------------
+
+AGENTS = EXAMPLES / "incident" / "workflow.agents.yaml"
+OPENAI = EXAMPLES / "incident" / "workflow.openai.yaml"
+
+
+def _walk_to_the_fix(wf: interlock.Workflow, store: str, tmp_path: Path,
+                     **config: Any) -> tuple[interlock.RunResult, interlock.RunResult]:
+    """checkout-500 through approve, approve (the guarded fix): (first stop, the end)."""
+    first = wf.run_sync(data("incident/events/checkout-500.json"), store=store,
+                        config={"fix_dir": str(tmp_path / "fixes"), **config})
+    assert first.status == "WAITING_APPROVAL", first.error
+    assert first.waiting["node"] == "approval"
+    second = wf.resume_sync(first.run_id, interlock.approve(by="alice"), store=store)
+    assert second.status == "WAITING_APPROVAL" and second.waiting["node"] == "code_fix"
+    done = wf.resume_sync(first.run_id, interlock.approve(by="alice"), store=store)
+    assert done.status == "COMPLETED", done.error
+    return first, done
+
+
+def _shape(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """What must be the same whether rca/recommend are rules or agents."""
+    seq = visits(records)
+    routed = [{**d, "reads": {k: v for k, v in (d["reads"] or {}).items() if k != "rca"}}
+              for d in decisions(records, "approval")]  # the rules' rca also names its rule
+    return {"prefix_ok": _incident_prefix_ok(seq), "tail": seq[3:], "approval": routed,
+            "decided": [r["node"] for r in records if r["type"] == "approval.decided"],
+            "fix_effects": [r["key"] for r in records
+                            if r["type"] == "effect.recorded" and r["node"] == "code_fix"]}
+
+
+def test_incident_agents_scripted_walk_the_approve_path_like_the_rules(
+        store: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)  # scripted: no key needed
+    ruled_first, ruled = _walk_to_the_fix(load("incident"), store, tmp_path / "rules")
+    first, done = _walk_to_the_fix(interlock.load(AGENTS), store, tmp_path / "agents")
+    # the scripted replies reproduce the rule-based answers for this event
+    assert first.state["rca"] == {k: v for k, v in ruled_first.state["rca"].items()
+                                  if k != "rule"}
+    assert first.state["recommended_action"] == ruled_first.state["recommended_action"]
+    records = trace(first.run_id, store)
+    shape = _shape(records)
+    assert shape == _shape(trace(ruled_first.run_id, store))
+    assert shape["tail"] == ["rca", "recommend", "approval", "code_fix"]
+    # the policy edge routed on the agent's structured output
+    policy = shape["approval"][0]
+    assert policy["expr"] == POLICY_EDGE and policy["taken"]
+    assert policy["reads"]["rca.confidence"] == 0.85
+    assert policy["reads"]["rca.severity"] == "high"
+    # ... and it was an agent: one model call per agent node, charged to the budget
+    replies = [r for r in records if r["type"] == "agent.reply"]
+    assert [r["node"] for r in replies] == ["rca", "recommend"]
+    assert shape["fix_effects"] == ["open-pr"]
+    assert done.tokens == 710 + 530 and ruled.tokens == 0
+    assert (tmp_path / "agents" / "fixes").exists()
+    [patch] = (tmp_path / "agents" / "fixes").iterdir()
+    assert "tax_rate or Decimal" in patch.read_text()
+
+
+class FakeOpenAI:
+    """A local OpenAI-compatible server: ``POST /v1/chat/completions`` answers with
+    ``answer(request body)`` as the assistant's content; every request is recorded."""
+
+    def __init__(self, answer: Callable[[dict[str, Any]], Any]) -> None:
+        self.requests: list[dict[str, Any]] = []
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                fake.requests.append({"path": self.path, "body": body,
+                                      "auth": self.headers.get("Authorization")})
+                payload = {
+                    "id": f"chatcmpl-{uuid.uuid4().hex[:8]}", "object": "chat.completion",
+                    "created": 1_700_000_000, "model": body.get("model"),
+                    "choices": [{"index": 0, "logprobs": None, "finish_reason": "stop",
+                                 "message": {"role": "assistant",
+                                             "content": json.dumps(answer(body))}}],
+                    "usage": {"prompt_tokens": 100, "completion_tokens": 20,
+                              "total_tokens": 120}}
+                raw = json.dumps(payload).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever,
+                                       kwargs={"poll_interval": 0.05}, daemon=True)
+        self.thread.start()
+        self.url = f"http://127.0.0.1:{self.server.server_port}/v1"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(5)
+
+
+MODEL_RCA = {"root_cause": "pricing.line_tax multiplies by a missing tax_rate",
+             "severity": "high", "confidence": 0.72,
+             "evidence": ["log: catalog item sku=GY-500 (Greek Yogurt 500g) has tax_rate=None"]}
+MODEL_FIX = {"title": "Treat a missing tax_rate as 0",
+             "steps": ["apply the patch", "deploy"],
+             "patch": "--- a/backend/app/pricing.py\n+++ b/backend/app/pricing.py\n"
+                      "-    x = tax_rate\n+    x = tax_rate or 0\n"}
+
+
+@pytest.fixture
+def model_server(loopback: None, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeOpenAI]:
+    def answer(body: dict[str, Any]) -> Any:
+        name = body["response_format"]["json_schema"]["name"]
+        return {"rca": MODEL_RCA, "recommended_action": MODEL_FIX}[name]
+
+    fake = FakeOpenAI(answer)
+    # the documented switch: the openai file, and the two OpenAI SDK settings
+    monkeypatch.setenv("OPENAI_BASE_URL", fake.url)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-local")
+    try:
+        yield fake
+    finally:
+        fake.close()
+
+
+def test_incident_agents_run_against_an_openai_compatible_server(
+        store: str, tmp_path: Path, model_server: FakeOpenAI) -> None:
+    first, done = _walk_to_the_fix(interlock.load(OPENAI), store, tmp_path)
+    assert first.state["rca"] == MODEL_RCA
+    assert first.state["recommended_action"] == MODEL_FIX
+    records = trace(first.run_id, store)
+    assert visits(records)[3:] == ["rca", "recommend", "approval", "code_fix"]
+    policy = decisions(records, "approval")[0]
+    assert policy["taken"] and policy["reads"]["rca.confidence"] == 0.72  # the model's
+    assert done.tokens == 240
+    # two real Chat Completions calls through the OpenAI SDK, with the schema attached
+    reqs = model_server.requests
+    assert [r["path"] for r in reqs] == ["/v1/chat/completions"] * 2
+    assert all(r["auth"] == "Bearer sk-local" for r in reqs)
+    assert [r["body"]["model"] for r in reqs] == ["gpt-4o-mini"] * 2
+    assert [r["body"]["response_format"]["json_schema"]["name"] for r in reqs] == [
+        "rca", "recommended_action"]
+    rca_prompt = reqs[0]["body"]["messages"][-1]["content"]
+    assert "evt-1042" in rca_prompt and "tax_rate=None" in rca_prompt and "INC-311" in rca_prompt
+    assert "0.72" in reqs[1]["body"]["messages"][-1]["content"]  # recommend reads the rca
+    [patch] = (tmp_path / "fixes").iterdir()
+    assert "tax_rate or 0" in patch.read_text()
+
+
+def test_incident_agent_files_differ_only_in_the_provider() -> None:
+    from ruamel.yaml import YAML
+
+    def plain(path: Path) -> dict[str, Any]:
+        doc: dict[str, Any] = json.loads(json.dumps(YAML(typ="safe").load(path.read_text())))
+        for key in ("workflow", "description"):
+            doc.pop(key)
+        for name in ("rca", "recommend"):
+            agent = doc["nodes"][name]["agent"]
+            for key in ("provider", "model", "temperature", "replies"):
+                agent.pop(key, None)
+        return doc
+
+    assert plain(AGENTS) == plain(OPENAI)
+    rules = YAML(typ="safe").load((EXAMPLES / "incident" / "workflow.yaml").read_text())
+    assert plain(AGENTS)["edges"] == rules["edges"]
+
+
 # ---- audit -----------------------------------------------------------------------------
 
 AUDIT_HEAD = ["planner", "knowledge", "risk"]
@@ -455,13 +653,15 @@ def test_audit_hybrid_search_fuses_keyword_and_vector_rankings() -> None:
 
 # ---- validate, graph, demo ---------------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["triage", "incident", "audit"])
-def test_examples_validate_without_warnings_and_render(name: str) -> None:
-    path = f"examples/{name}/workflow.yaml"
+@pytest.mark.parametrize("path", [
+    "examples/triage/workflow.yaml", "examples/incident/workflow.yaml",
+    "examples/incident/workflow.agents.yaml", "examples/incident/workflow.openai.yaml",
+    "examples/audit/workflow.yaml"])
+def test_examples_validate_without_warnings_and_render(path: str) -> None:
     checked = CliRunner().invoke(cli, ["validate", path])
     assert checked.exit_code == 0, checked.output
     assert "warning" not in checked.output.lower() and checked.output.startswith("ok:")
-    nodes = load(name).compile().spec.nodes
+    nodes = interlock.load(REPO / path).compile().spec.nodes
     for fmt in ("mermaid", "dot"):
         drawn = CliRunner().invoke(cli, ["graph", path, "--format", fmt])
         assert drawn.exit_code == 0, drawn.output
