@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -306,6 +307,113 @@ def test_an_approved_guarded_tool_runs_once(llm: FakeOpenAI, store: str) -> None
     assert done.status == "COMPLETED"
     assert TOOL_CALLS == [("delete_ledger", "E-1")]
     assert llm.requests[1]["body"]["messages"][-1]["content"] == "deleted E-1"
+
+
+# -- redaction is complete: nothing named in redact reaches the log -------------------------
+
+SECRETS = ("PROMPT-SECRET-42", "REPLY-SECRET-1", "REPLY-SECRET-2", "RESULT-SECRET-77")
+
+
+def vault_lookup(key: str) -> str:
+    """Read a secret from the vault."""
+    TOOL_CALLS.append(("vault_lookup", key))
+    return f"RESULT-SECRET-77 for {key}"
+
+
+def stored_text(run_id: str, store: str) -> str:
+    """Every record of the run, through `interlock.trace` and as the raw ``records.data``."""
+    with sqlite3.connect(store.removeprefix("sqlite:///")) as db:
+        raw = [d for (d,) in db.execute("SELECT data FROM records WHERE run_id = ?",
+                                        (run_id,))]
+    assert raw
+    return json.dumps(trace(run_id, store)) + "\n".join(raw)
+
+
+def secret_workflow(llm: FakeOpenAI, redact: list[str]) -> Workflow:
+    wf = Workflow("secret", input=["plan"])
+    wf.agent("risk", model="gpt-test", base_url=llm.url, reads=["plan"],
+             prompt="Codeword PROMPT-SECRET-42. Plan: {{ plan }}", output=RISK_SCHEMA,
+             tools=[vault_lookup, (delete_ledger, {"confirm": True})], redact=redact)
+    return wf.edge(START, "risk")
+
+
+def test_redacted_fields_appear_nowhere_in_the_log_and_a_confirmation_calls_the_model_again(
+        llm: FakeOpenAI, store: str) -> None:
+    asks = [("vault_lookup", {"key": "k1"}), ("delete_ledger", {"entry": "E-1"})]
+    llm.reply("thinking about REPLY-SECRET-1", tool_calls=asks)
+    wf = secret_workflow(llm, ["prompt", "reply", "result"])
+    first = wf.run_sync({"plan": "p"}, store=store)
+    assert first.status == "WAITING_APPROVAL", first.error
+    assert first.waiting["show"] == {"tool": "delete_ledger", "arguments": {"entry": "E-1"}}
+
+    # the reply was not journaled, so the re-run after the decision calls the model again
+    # (and pays again); the approval holds because it asks for the very same call
+    llm.reply("thinking about REPLY-SECRET-1", tool_calls=asks)
+    llm.reply("not JSON: REPLY-SECRET-2")  # the repair round gets the details, the log not
+    llm.reply({"level": "LOW", "reason": "checked"})
+    done = wf.resume_sync(first.run_id, interlock.approve(by="alice"), store=store)
+    assert done.status == "COMPLETED", done.error
+    assert done.state["risk"] == {"level": "LOW", "reason": "checked"}
+    assert len(llm.requests) == 4 and done.tokens == 4 * 15
+    # the unjournaled tool result means the tool ran again on the re-run (documented)
+    assert TOOL_CALLS == [("vault_lookup", "k1"), ("vault_lookup", "k1"),
+                          ("delete_ledger", "E-1")]
+    to_model = json.dumps([r["body"]["messages"] for r in llm.requests])
+    assert all(secret in to_model for secret in SECRETS)  # the model got everything
+
+    text = stored_text(first.run_id, store)
+    assert [s for s in SECRETS if s in text] == []
+    recs = trace(first.run_id, store)
+    stubs = [r for r in recs if r["type"] == "effect.recorded" and r["key"].startswith("llm-")]
+    assert len(stubs) == 4
+    assert all(r["result"] == {"redacted": ["reply"], "model": "gpt-test",
+                               "usage": {"prompt_tokens": 10, "completion_tokens": 5,
+                                         "total_tokens": 15}} for r in stubs)
+    assert not [r for r in recs if r["type"] == "effect.recorded"
+                and r["key"].startswith("tool-")]  # results are not journaled
+    assert [r["repair"] for r in recs if r.get("repair")] == [
+        "details withheld (redact: reply)"]
+    assert asyncio.run(interlock.verify(first.run_id, store=store)).ok
+
+    # the same run without redact journals (and logs) all of it
+    TOOL_CALLS.clear()
+    llm.reply("thinking about REPLY-SECRET-1", tool_calls=asks[:1])
+    llm.reply({"level": "LOW", "reason": "checked"})
+    shown = secret_workflow(llm, []).run_sync({"plan": "p"}, store=store)
+    assert shown.status == "COMPLETED", shown.error
+    text = stored_text(shown.run_id, store)
+    assert all(s in text for s in ("PROMPT-SECRET-42", "REPLY-SECRET-1", "RESULT-SECRET-77"))
+
+
+def test_with_the_reply_redacted_a_decision_binds_to_the_exact_call(store: str) -> None:
+    wf = Workflow("bound")
+    wf.agent("risk", prompt="go", output=RISK_SCHEMA, redact=["reply"],
+             tools=[(delete_ledger, {"confirm": True})], provider=ScriptedProvider([
+                 {"tool_calls": [{"name": "delete_ledger", "arguments": {"entry": "E-1"}}]},
+                 # the re-run after the rejection calls the model again: it asks otherwise
+                 {"tool_calls": [{"name": "delete_ledger", "arguments": {"entry": "E-2"}}]},
+             ]))
+    wf.edge(START, "risk")
+    first = wf.run_sync(store=store)
+    assert first.waiting["show"]["arguments"] == {"entry": "E-1"}
+    again = wf.resume_sync(first.run_id, interlock.reject(by="x"), store=store)
+    # the rejection of E-1 does not answer a call to delete E-2: a human is asked again
+    assert again.status == "WAITING_APPROVAL"
+    assert again.waiting["show"]["arguments"] == {"entry": "E-2"} and TOOL_CALLS == []
+
+
+def test_a_reply_that_never_validates_fails_without_quoting_a_redacted_reply(
+        store: str) -> None:
+    wf = Workflow("bad")
+    wf.agent("risk", prompt="go", output=RISK_SCHEMA, redact=["reply"],
+             provider=ScriptedProvider(["REPLY-SECRET-1", {"content": {"level": "REPLY-SECRET-2",
+                                                                       "reason": "r"}}]))
+    wf.edge(START, "risk")
+    result = wf.run_sync(store=store)
+    assert result.status == "FAILED" and result.error["type"] != "cancelled"
+    assert "even after a repair round" in result.error["message"]
+    text = stored_text(result.run_id, store)
+    assert "REPLY-SECRET" not in text and "REPLY-SECRET" not in json.dumps(result.error)
 
 
 # -- provider errors --------------------------------------------------------------------

@@ -16,11 +16,39 @@ step, so a replay charges nothing. A conversation that failed for good (no valid
 after the repair, ``max_turns`` exhausted) is marked in the journal, so the next attempt
 (the retry policy, or a resume of the failed run) starts a fresh conversation rather
 than replaying the same failure.
+
+Redaction (``redact: [fields]``). A named field never reaches the run's log -- not the
+``agent.*``/``tool.*`` records, not the journal (``effect.recorded``), not error messages
+(``node.failed``, ``node.retrying``), not ``waiting.show``. The rule: *the journal holds
+only what the log may hold, and a step whose result it may not hold is not replayed.*
+
+- ``prompt`` / ``system``: left out of ``agent.request`` (they are never journaled).
+  A state field's name masks its value in the logged prompt.
+- ``reply`` (the assistant's text), ``tool_calls`` or ``arguments`` (what the model asked
+  for): a model call is journaled only as a stub ``{"redacted": [...], "model", "usage"}``
+  under ``llm-<turn>-call-<n>`` (it counts the call; no text, no hash). A re-run of the
+  visit therefore *calls the model again*, and that call is charged again -- it is paid
+  again. Because a fresh reply may ask for something else, each tool step's key, and so
+  a guarded tool's confirmation, is bound to a digest of the exact call (tool name and
+  arguments, salted with the visit's idempotency key): a human's decision applies to
+  that call only, and a different call is asked about anew. Schema problems in the reply
+  are logged (and raised) without their details; the model still gets them in the
+  repair round. With ``arguments`` redacted, ``waiting.show`` has ``"arguments":
+  "[redacted]"``.
+- ``result``: a tool's result is not journaled, so a re-run of the visit *runs the tool
+  again* (at-least-once: make such tools idempotent). A rejected or refused call is
+  still journaled (its text holds no result).
+- The node's validated output is state, and state is in the log (``node.completed``'s
+  ``update``; resume rebuilds state from it): ``redact`` does not apply to it. To keep
+  the model's text out of the log, give the node an ``output`` schema that holds only
+  what the workflow needs (without a schema the output *is* the reply text).
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import hashlib
 import json
 import re
 import time
@@ -44,6 +72,7 @@ if TYPE_CHECKING:
     from .._context import Context
 
 REDACTED = "[redacted]"
+_REPLY_FIELDS = frozenset({"reply", "tool_calls", "arguments"})  # what a journaled reply holds
 AgentFn = Callable[[dict[str, Any], "Context"], Awaitable[Any]]
 
 _SCHEMA_HINT = ("Reply with only a JSON document (no prose, no code fences) that satisfies "
@@ -113,6 +142,8 @@ class _Agent:
         self.choices = choices
         self.output_key = spec.output_key or name
         self.redact = frozenset(spec.redact)
+        # a reply may be journaled (and replayed) only when no part of it is redacted
+        self.replayable = not (self.redact & _REPLY_FIELDS)
         self._ready = False
 
     # -- set up on first run --------------------------------------------------------------
@@ -207,14 +238,15 @@ class _Agent:
             turn += 1
             if problem is None:
                 break
+            shown = self._shown_problem(problem)
             if repairs:
                 await self._give_up(ctx, failures, turn, AgentOutputError(
                     f"node {self.name!r}: the model's reply does not satisfy the output "
-                    f"schema, even after a repair round: {problem}"))
+                    f"schema, even after a repair round: {shown}"))
             repairs += 1
             messages.append(_assistant(reply))
             messages.append({"role": "user", "content": _REPAIR.format(problem=problem)})
-            note = {"repair": problem}
+            note = {"repair": shown}
         update = {self.output_key: value}
         if self.spec.choose is not None:
             return goto(str(value[self.spec.choose]), update)
@@ -287,32 +319,44 @@ class _Agent:
                     over.append(exc)  # journal the reply (it was paid for), then stop
             return reply.to_json()
 
-        data = await ctx.once(f"llm-{turn}", call)
+        if self.replayable:
+            data = await ctx.once(f"llm-{turn}", call)
+        else:  # not journaled, so not replayed: a re-run of the visit calls the model again
+            data = await call()
+            stub = self._hide({"redacted": sorted(self.redact & _REPLY_FIELDS),
+                               "model": data.get("model"), "usage": data.get("usage") or None})
+            await ctx.once(f"llm-{turn}-call-{_calls_made(ctx)}", _identity, stub)
         if over:
             raise over[0]
         return Reply.from_json(data)
 
     async def _tool(self, ctx: Context, turn: int, i: int, call: ToolCall) -> dict[str, Any]:
         key = f"tool-{turn}-{i}"
+        if not self.replayable:  # a fresh reply may ask for another call: bind the key to it
+            key += "-" + _digest(ctx.idempotency_key, call.name, call.arguments)
+        refusable = "arguments" not in self.redact  # a refusal's text may quote them
         tool = self.tools.get(call.name)
         base = {"turn": turn, "tool": call.name, "call_id": call.id}
         text: str
         if tool is None:
             problem = (f"there is no tool {call.name!r}; the tools are: "
                        f"{', '.join(self.tools) or 'none'}")
-            text = await ctx.once(key, self._refuse, ctx, base, call, problem)
+            text = await _step(ctx, key, refusable, self._refuse, ctx, base, call, problem)
         else:
             try:
                 kwargs, shown = tool.parse(call.arguments)
             except ToolArgumentsError as exc:
-                text = await ctx.once(key, self._refuse, ctx, base, call, str(exc))
+                text = await _step(ctx, key, refusable, self._refuse, ctx, base, call,
+                                   str(exc))
             else:
                 base["arguments"] = shown
-                if tool.confirm and ctx.confirm(
-                        key, {"tool": tool.name, "arguments": shown}) != "approved":
+                show = {"tool": tool.name,
+                        "arguments": REDACTED if "arguments" in self.redact else shown}
+                if tool.confirm and ctx.confirm(key, show) != "approved":
                     text = await ctx.once(key, self._rejected, ctx, base)
-                else:
-                    text = await ctx.once(key, self._execute, ctx, base, tool, kwargs)
+                else:  # a redacted result is not journaled: a re-run runs the tool again
+                    text = await _step(ctx, key, "result" not in self.redact, self._execute,
+                                       ctx, base, tool, kwargs)
         return {"role": "tool", "tool_call_id": call.id, "content": text}
 
     async def _execute(self, ctx: Context, base: dict[str, Any], tool: Tool,
@@ -335,9 +379,12 @@ class _Agent:
 
     async def _refuse(self, ctx: Context, base: dict[str, Any], call: ToolCall,
                       problem: str) -> str:
+        answer = json.dumps({"error": problem}, ensure_ascii=False)
+        if "arguments" in self.redact:
+            problem = "the arguments do not fit the tool (details withheld: redact)"
         await ctx.log("tool.called", self._hide({
             **base, "arguments": _loads(call.arguments, frozenset()), "problem": problem}))
-        return json.dumps({"error": problem}, ensure_ascii=False)
+        return answer
 
     async def _give_up(self, ctx: Context, failures: int, next_turn: int,
                        exc: AgentError) -> None:
@@ -369,6 +416,12 @@ class _Agent:
                     f"at $.{'.'.join(map(str, e['loc']))}: {e['msg']}"
                     for e in exc.errors(include_url=False)[:5])
         return data, None
+
+    def _shown_problem(self, problem: str) -> str:
+        """A schema problem as the log may show it (its details quote the reply)."""
+        if "reply" in self.redact:
+            return "details withheld (redact: reply)"
+        return problem
 
     def _hide(self, fields: dict[str, Any]) -> dict[str, Any]:
         """A log record's fields without the ones ``redact:`` names."""
@@ -403,6 +456,24 @@ def _assistant(reply: Reply) -> dict[str, Any]:
 
 def _identity(value: Any) -> Any:
     return value
+
+
+async def _step(ctx: Context, key: str, journal: bool, fn: Callable[..., Any],
+                *args: Any) -> Any:
+    """``fn(*args)`` through the journal (``ctx.once``), or, when its result may not be
+    journaled, directly -- and so again on every re-run of the visit."""
+    if journal:
+        return await ctx.once(key, fn, *args)
+    return await fn(*args)
+
+
+def _digest(salt: str, name: str, arguments: str) -> str:
+    """A short digest of one tool call (name + arguments, as canonical JSON where they
+    parse), salted with the visit."""
+    with contextlib.suppress(ValueError):
+        arguments = json.dumps(json.loads(arguments or "{}"), sort_keys=True)
+    h = hashlib.sha256("\0".join((salt, name, arguments)).encode())
+    return h.hexdigest()[:16]
 
 
 def _loads(arguments: str, redact: frozenset[str]) -> Any:
