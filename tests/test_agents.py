@@ -768,3 +768,22 @@ def test_choose_targets_are_checked_against_the_output_enum(wdir: tuple[Path, st
         interlock.load(file)
     [d] = [str(d) for d in info.value.diagnostics if d.severity == "error"]
     assert d.startswith(f"{file}:9:") and "'elsewhere'" in d
+
+
+def test_a_server_refusing_response_format_is_asked_again_without_it(
+        llm: FakeOpenAI, store: str) -> None:
+    llm.fail(400, "response_format json_schema is not supported by this server")
+    llm.reply({"level": "LOW", "reason": "fine"})
+    result = audit(llm).run_sync({"plan": "p"}, store=store)
+    assert result.status == "COMPLETED", result.error
+    assert result.state["risk"] == {"level": "LOW", "reason": "fine"}
+    first, second = (r["body"] for r in llm.requests)
+    assert "response_format" in first and "response_format" not in second
+
+
+def test_other_bad_requests_are_not_retried_without_the_format(
+        llm: FakeOpenAI, store: str) -> None:
+    llm.fail(400, "model gpt-test does not exist")
+    result = audit(llm).run_sync({"plan": "p"}, store=store)
+    assert result.status == "FAILED" and "does not exist" in result.error["message"]
+    assert len(llm.requests) == 1

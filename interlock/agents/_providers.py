@@ -165,7 +165,16 @@ class OpenAIProvider:
             options["timeout"] = self.timeout
         try:
             async with openai.AsyncOpenAI(**options) as client:
-                resp = await client.chat.completions.create(**kwargs)
+                try:
+                    resp = await client.chat.completions.create(**kwargs)
+                except openai.BadRequestError as exc:
+                    # SPEC §6: request response_format "where the server supports it". A
+                    # server that refuses it gets the call again without it; the schema is
+                    # in the system prompt too, and the reply is validated either way.
+                    if "response_format" not in kwargs or not _about_format(exc):
+                        raise
+                    del kwargs["response_format"]
+                    resp = await client.chat.completions.create(**kwargs)
         except openai.RateLimitError as exc:
             raise RateLimitError(_describe(exc, "rate limited"), status=429) from exc
         except openai.APITimeoutError as exc:
@@ -178,6 +187,11 @@ class OpenAIProvider:
         except openai.APIError as exc:
             raise ProviderError(f"the provider's reply is not usable: {exc}") from exc
         return _reply_of(resp)
+
+
+def _about_format(exc: Any) -> bool:
+    text = str(getattr(exc, "message", exc)).lower()
+    return any(w in text for w in ("response_format", "json_schema", "structured output"))
 
 
 def _describe(exc: Any, what: str) -> str:
