@@ -1046,7 +1046,18 @@ def _record_detail(rec: Record, spec: WorkflowSpec | None) -> str:
     if rec.get("error"):
         e = rec["error"]
         return f"{e.get('type')}: {_short(str(e.get('message', '')), 200)}"
-    return ""
+    return _other_detail(rec)
+
+
+_ENVELOPE = frozenset({"seq", "type", "at", "node", "visit", "attempt", "duration_ms", "tokens",
+                       "error", "hash"})
+
+
+def _other_detail(rec: Record) -> str:
+    """Records of other kinds (agent.request, tool.called, effect.recorded, ...): their own
+    fields, briefly."""
+    fields = {k: v for k, v in rec.items() if k not in _ENVELOPE and v is not None}
+    return _short(_json(fields), 160) if fields else ""
 
 
 def _requested_detail(rec: Record) -> str:
