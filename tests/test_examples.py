@@ -680,3 +680,226 @@ def test_demo_script_runs_end_to_end(tmp_path: Path) -> None:
     assert (tmp_path / ".interlock" / "runs.db").exists()
     [patch] = (tmp_path / ".interlock" / "fixes").iterdir()
     assert patch.name.startswith("demo-") and "tax_rate" in patch.read_text()
+
+
+# ---- triage and audit: agent variants ----------------------------------------------------
+# As for the incident: workflow.agents.yaml (scripted replies, offline) walks the same
+# path as the rules, workflow.openai.yaml runs through the OpenAI SDK against a local
+# OpenAI-compatible server (127.0.0.1 only), and the two files differ only in the provider.
+
+TRIAGE_AGENTS = EXAMPLES / "triage" / "workflow.agents.yaml"
+TRIAGE_OPENAI = EXAMPLES / "triage" / "workflow.openai.yaml"
+AUDIT_AGENTS = EXAMPLES / "audit" / "workflow.agents.yaml"
+AUDIT_OPENAI = EXAMPLES / "audit" / "workflow.openai.yaml"
+
+
+@pytest.fixture
+def serve(loopback: None, monkeypatch: pytest.MonkeyPatch) -> Iterator[
+        Callable[[Callable[[dict[str, Any]], Any]], FakeOpenAI]]:
+    """Start a FakeOpenAI answering with ``answer(body)``, pointed at by the SDK's variables."""
+    started: list[FakeOpenAI] = []
+
+    def start(answer: Callable[[dict[str, Any]], Any]) -> FakeOpenAI:
+        fake = FakeOpenAI(answer)
+        started.append(fake)
+        monkeypatch.setenv("OPENAI_BASE_URL", fake.url)
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-local")
+        return fake
+
+    try:
+        yield start
+    finally:
+        for fake in started:
+            fake.close()
+
+
+def _yaml(path: Path) -> dict[str, Any]:
+    from ruamel.yaml import YAML
+
+    loaded: dict[str, Any] = json.loads(json.dumps(YAML(typ="safe").load(path.read_text())))
+    return loaded
+
+
+def _without_provider(path: Path, agent_nodes: list[str]) -> dict[str, Any]:
+    doc = _yaml(path)
+    for key in ("workflow", "description"):
+        doc.pop(key)
+    for name in agent_nodes:
+        for key in ("provider", "model", "temperature", "replies"):
+            doc["nodes"][name]["agent"].pop(key, None)
+    return doc
+
+
+def _agent_replies(records: list[dict[str, Any]]) -> list[str]:
+    return [r["node"] for r in records if r["type"] == "agent.reply"]
+
+
+def _triage_shape(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """What must be the same whether the summarizer is a rule or an agent."""
+    seq = visits(records)
+    return {"checks": set(seq[:5]), "tail": seq[5:],
+            "journal": decisions(records, "journal"), "verify": decisions(records, "verify"),
+            "effects": types(records)["effect.recorded"] - len(_agent_replies(records))}
+
+
+def test_triage_agents_scripted_walk_the_remediation_loop_like_the_rules(
+        store: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)  # scripted: no key needed
+    ruled = load("triage").run_sync({"scenario": "disk-full"}, store=store)
+    agents = interlock.load(TRIAGE_AGENTS).run_sync({"scenario": "disk-full"}, store=store)
+    assert agents.status == ruled.status == "COMPLETED", agents.error
+    # the agent's structured output lands where the rules put it
+    for key in ("severity", "findings", "remediation", "report"):
+        assert agents.state[key] == ruled.state[key], key
+    def unticketed(journal: list[str]) -> list[str]:  # a page's ticket names the run
+        return [line.split(" (ticket-")[0] for line in journal]
+    assert unticketed(agents.state["journal"]) == unticketed(ruled.state["journal"])
+    assert agents.state["journal"][0] == "triage: critical (2 finding(s))"
+    assert agents.state["assessment"] == {"severity": "critical",
+                                          "findings": ruled.state["findings"]}
+    records = trace(agents.run_id, store)
+    shape = _triage_shape(records)
+    assert shape == _triage_shape(trace(ruled.run_id, store))
+    assert shape["checks"] == CHECKS
+    assert shape["tail"] == ["summarizer", "journal", "remediate", "verify", "remediate",
+                             "verify", "summary", "final_report"]
+    # the severity edge routed on the agent's answer
+    assert shape["journal"][0]["reads"] == {"severity": "critical"}
+    assert not shape["journal"][0]["taken"] and shape["journal"][1]["taken"]
+    # ... and it was an agent: one model call, charged to the budget
+    assert _agent_replies(records) == ["summarizer"]
+    [request] = [r for r in records if r["type"] == "agent.request"]
+    assert "disk usage 97%" in request["prompt"]
+    assert agents.tokens == 425 and ruled.tokens == 0
+
+
+def test_triage_agents_run_against_an_openai_compatible_server(
+        store: str, serve: Callable[..., FakeOpenAI]) -> None:
+    healthy = {"severity": "healthy", "findings": {}}
+    server = serve(lambda body: healthy)
+    result = interlock.load(TRIAGE_OPENAI).run_sync({"scenario": "all-green"}, store=store)
+    assert result.status == "COMPLETED", result.error
+    assert result.state["assessment"] == healthy
+    assert result.state["severity"] == "healthy" and result.state["findings"] == {}
+    records = trace(result.run_id, store)
+    assert visits(records)[5:] == ["summarizer", "journal", "final_report"]
+    assert decisions(records, "journal")[0] == {
+        "taken": True, "to": ["final_report"], "expr": 'severity == "healthy"', "value": True,
+        "reads": {"severity": "healthy"}}
+    assert result.state["report"] == "severity: healthy"
+    assert result.tokens == 120
+    # one real Chat Completions call through the OpenAI SDK, with the schema attached
+    [req] = server.requests
+    assert req["path"] == "/v1/chat/completions" and req["auth"] == "Bearer sk-local"
+    assert req["body"]["model"] == "gpt-4o-mini" and req["body"]["temperature"] == 0
+    schema = req["body"]["response_format"]["json_schema"]
+    assert schema["name"] == "assessment"
+    assert schema["schema"]["properties"]["severity"]["enum"] == [
+        "healthy", "degraded", "critical"]
+    prompt = req["body"]["messages"][-1]["content"]
+    assert all(system in prompt for system in CHECKS)
+
+
+def test_triage_agent_files_differ_only_in_the_provider() -> None:
+    agents = _without_provider(TRIAGE_AGENTS, ["summarizer"])
+    assert agents == _without_provider(TRIAGE_OPENAI, ["summarizer"])
+    rules = _yaml(EXAMPLES / "triage" / "workflow.yaml")
+    assert agents["edges"] == rules["edges"]
+    for key in ("config", "input", "state"):
+        assert agents[key] == rules[key], key
+    # only the summarizer (an agent) and journal (which lifts its output) differ
+    changed = {n for n in rules["nodes"] if agents["nodes"][n] != rules["nodes"][n]}
+    assert changed == {"summarizer", "journal"}
+    assert agents["nodes"]["summarizer"]["agent"]["output_key"] == "assessment"
+    assert agents["nodes"]["journal"]["writes"] == ["severity", "findings", "journal"]
+
+
+def test_audit_agents_scripted_walk_the_high_risk_gate_like_the_rules(
+        store: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)  # scripted: no key needed
+    runs = {}
+    for name, wf in (("rules", load("audit")), ("agents", interlock.load(AUDIT_AGENTS))):
+        first = wf.run_sync(data("audit/engagements/northwind.json"), store=store)
+        assert first.status == "WAITING_APPROVAL", first.error
+        assert first.waiting["node"] == "approval"
+        assert first.waiting["show"]["risk"]["level"] == "HIGH"
+        done = wf.resume_sync(first.run_id, interlock.approve(by="partner"), store=store)
+        assert done.status == "COMPLETED", done.error
+        runs[name] = done
+    ruled, agents = runs["rules"], runs["agents"]
+    # the agent's {level, reason} is the rules' answer for this engagement
+    assert agents.state["risk"] == {k: ruled.state["risk"][k] for k in ("level", "reason")}
+    for key in ("evidence", "review", "report"):
+        assert agents.state[key] == ruled.state[key], key
+    records = trace(agents.run_id, store)
+    ruled_records = trace(ruled.run_id, store)
+    assert visits(records) == visits(ruled_records) == [
+        *AUDIT_HEAD, "approval", "evidence", "reviewer", "evidence", "reviewer", "report"]
+    # the switch routed on the agent's risk.level
+    assert _switch(records) == _switch(ruled_records) == [("HIGH", ["approval"])]
+    assert decisions(records, "risk")[0]["reads"] == {"risk.level": "HIGH"}
+    for node in ("approval", "reviewer"):
+        assert decisions(records, node) == decisions(ruled_records, node), node
+    _check_grounded(agents.state)
+    assert _agent_replies(records) == ["risk"]
+    assert agents.tokens == 1460 and ruled.tokens == 0
+
+
+def test_audit_agents_scripted_modify_reenters_at_risk_like_the_rules(
+        store: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    patch = {"corrections": {"new_erp_system": False, "prior_findings": 0}}
+    runs = {}
+    for name, wf in (("rules", load("audit")), ("agents", interlock.load(AUDIT_AGENTS))):
+        first = wf.run_sync(data("audit/engagements/northwind.json"), store=store)
+        done = wf.resume_sync(first.run_id, interlock.modify(patch, by="partner"), store=store)
+        assert done.status == "COMPLETED", done.error
+        runs[name] = done
+    ruled, agents = runs["rules"], runs["agents"]
+    records, ruled_records = trace(agents.run_id, store), trace(ruled.run_id, store)
+    assert visits(records) == visits(ruled_records)
+    assert _switch(records) == _switch(ruled_records) == [
+        ("HIGH", ["approval"]), ("MEDIUM", ["evidence"])]
+    # the second scripted reply answers the re-run with the corrected facts
+    assert agents.state["risk"] == {k: ruled.state["risk"][k] for k in ("level", "reason")}
+    assert _agent_replies(records) == ["risk", "risk"]
+    requests = [r for r in records if r["type"] == "agent.request"]
+    assert "Corrections by a reviewer: none\n" in requests[0]["prompt"]
+    assert ('Corrections by a reviewer: {"new_erp_system": false, "prior_findings": 0}'
+            in requests[1]["prompt"])
+
+
+def test_audit_agents_run_against_an_openai_compatible_server(
+        store: str, serve: Callable[..., FakeOpenAI]) -> None:
+    # the model disagrees with the rules (LOW for northwind): the switch follows the model
+    low = {"level": "LOW", "reason": "controls were remediated after last year's findings"}
+    server = serve(lambda body: low)
+    result = interlock.load(AUDIT_OPENAI).run_sync(data("audit/engagements/northwind.json"),
+                                                   store=store)
+    assert result.status == "COMPLETED", result.error
+    assert result.state["risk"] == low and "approval" not in result.state
+    records = trace(result.run_id, store)
+    assert _switch(records) == [("LOW", ["evidence"])]
+    assert visits(records)[:4] == [*AUDIT_HEAD, "evidence"]
+    assert f"risk: LOW ({low['reason']})" in result.state["report"]
+    [req] = server.requests
+    assert req["body"]["response_format"]["json_schema"]["name"] == "risk"
+    prompt = req["body"]["messages"][-1]["content"]
+    assert "Northwind Traders" in prompt and "F-2024-07" in prompt
+
+
+def test_audit_agent_files_differ_only_in_the_provider() -> None:
+    agents = _without_provider(AUDIT_AGENTS, ["risk"])
+    assert agents == _without_provider(AUDIT_OPENAI, ["risk"])
+    rules = _yaml(EXAMPLES / "audit" / "workflow.yaml")
+    assert agents["edges"] == rules["edges"]
+    changed = {n for n in rules["nodes"] if agents["nodes"][n] != rules["nodes"][n]}
+    assert changed == {"risk"}
+    assert agents["nodes"]["risk"]["agent"]["output"]["required"] == ["level", "reason"]
+
+
+@pytest.mark.parametrize("path", [
+    "examples/triage/workflow.agents.yaml", "examples/triage/workflow.openai.yaml",
+    "examples/audit/workflow.agents.yaml", "examples/audit/workflow.openai.yaml"])
+def test_agent_variants_validate_without_warnings_and_render(path: str) -> None:
+    test_examples_validate_without_warnings_and_render(path)
