@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -106,9 +106,11 @@ def chain(prev_hash: str, data: bytes) -> str:
     return hashlib.sha256(prev_hash.encode("ascii") + data).hexdigest()
 
 
-@dataclass(frozen=True, slots=True)
-class Entry:
-    """A record as stored: its canonical bytes and its chain hash."""
+class Entry(NamedTuple):
+    """A record as stored: its canonical bytes and its chain hash.
+
+    (A named tuple: one is made per record, on the hot path.)
+    """
 
     seq: int
     type: str
@@ -130,14 +132,12 @@ class LogWriter:
     def make(self, rtype: str, fields: dict[str, Any]) -> tuple[Record, Entry]:
         self.seq += 1
         rec: Record = {"seq": self.seq, "type": rtype, "at": time.time()}
-        for key, value in fields.items():
-            if value is not None:
-                rec[key] = value
+        rec.update({k: v for k, v in fields.items() if v is not None})
         # orjson's result keeps a 4 KiB buffer however short the JSON; a log keeps many
         # records, so keep an exact-size copy
-        data = bytes(memoryview(dumps(rec)))
-        self.hash = chain(self.hash, data)
-        return rec, Entry(self.seq, rtype, data, self.hash)
+        data = bytes(memoryview(orjson.dumps(rec, default=json_default, option=_OPTS)))
+        self.hash = h = hashlib.sha256(self.hash.encode("ascii") + data).hexdigest()
+        return rec, Entry(self.seq, rtype, data, h)
 
 
 @dataclass(frozen=True, slots=True)
