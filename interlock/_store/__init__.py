@@ -51,7 +51,7 @@ def open_store(url: str | None = None) -> Store:
     if url.startswith("sqlite:"):
         try:
             from ._sqlite import SQLiteStore
-        except ImportError as exc:  # pragma: no cover - until the backend lands
+        except ImportError as exc:  # pragma: no cover - stdlib sqlite3 missing
             raise StoreError(f"the SQLite store is not available: {exc}") from None
         return SQLiteStore(url)
     if url.startswith(("postgresql:", "postgres:")):
