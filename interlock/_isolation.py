@@ -236,7 +236,10 @@ def _param_count(fn: Callable[..., Any]) -> int:
         code = target.__code__
         if code.co_flags & _CO_VARARGS:
             return 2
-        return int(code.co_argcount) - bound
+        # the same rule as the engine: required positionals, plus one named ``ctx``
+        names = code.co_varnames[bound:code.co_argcount]
+        required = code.co_argcount - len(target.__defaults__ or ()) - bound
+        return max(required, names.index("ctx") + 1 if "ctx" in names else 0)
     import inspect
 
     try:
@@ -247,7 +250,8 @@ def _param_count(fn: Callable[..., Any]) -> int:
     for p in sig.parameters.values():
         if p.kind is p.VAR_POSITIONAL:
             return 2
-        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and (
+                p.default is p.empty or p.name == "ctx"):
             count += 1
     return count
 

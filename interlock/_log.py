@@ -78,6 +78,8 @@ def to_json_value(value: Any) -> Any:
     hook for (pydantic models, tuples, sets) is converted, so that state built
     from a live run equals state rebuilt from its log.
     """
+    if type(value) is dict and _plain_scalars(value):
+        return value  # the common update: a few scalar fields, nothing to convert
     converted = False
 
     def hook(obj: Any) -> Any:
@@ -89,6 +91,23 @@ def to_json_value(value: Any) -> Any:
     if converted or _has_tuple(value):
         return orjson.loads(data)
     return value
+
+
+_SCALARS = frozenset({str, float, bool, type(None)})
+
+
+def _plain_scalars(value: dict[Any, Any]) -> bool:
+    """Only str keys and values that JSON holds as they are (ints within 64 bits)."""
+    for k, v in value.items():
+        if type(k) is not str:
+            return False
+        t = type(v)
+        if t is int:
+            if not -(2**63) <= v < 2**64:
+                return False
+        elif t not in _SCALARS:
+            return False
+    return True
 
 
 def _has_tuple(value: Any) -> bool:

@@ -111,6 +111,8 @@ def callable_params(fn: Callable[..., Any]) -> int:
 
 @functools.cache
 def _callable_params(fn: Callable[..., Any]) -> int:
+    # A node gets ``ctx`` when it takes a second positional argument: a required one,
+    # one named ``ctx``, or ``*args``. ``def f(state, limit=3)`` is not asking for it.
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):
@@ -119,7 +121,8 @@ def _callable_params(fn: Callable[..., Any]) -> int:
     for p in sig.parameters.values():
         if p.kind is p.VAR_POSITIONAL:
             return 2
-        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and (
+                p.default is p.empty or p.name == "ctx"):
             count += 1
     return count
 

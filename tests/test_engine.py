@@ -501,3 +501,12 @@ def test_the_log_is_a_complete_story() -> None:
     skipped = records[4]
     assert skipped["expr"] == "go" and skipped["value"] is False and skipped["reads"] == {
         "go": False}
+
+
+def test_an_update_that_is_not_json_data_fails_the_node_cleanly() -> None:
+    for bad in ({"n": 2**70}, {"o": object()}, {"nested": {"t": (1, object())}}):
+        wf = Workflow("not-json")
+        wf.node("bad", lambda s, bad=bad: bad).edge(START, "bad")
+        result, records = run(wf)
+        assert result.status == "FAILED" and "not JSON data" in result.error["message"]
+        assert records[-1]["type"] == "run.failed"
