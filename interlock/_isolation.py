@@ -89,7 +89,6 @@ import orjson
 # every cold start. The engine side below is never even defined in a worker.
 # ---------------------------------------------------------------------------------------
 
-_CO_VARARGS = 0x04
 _RESERVE = 4 << 20  # bytes set aside under a memory limit, freed to report a MemoryError
 _TB_LIMIT = 4000
 _MAIN: dict[str, Any] = {}  # the engine's __main__: {"name": ..., "file": ...}
@@ -224,38 +223,6 @@ class IsolatedContext:
                 f"attempt={self.attempt} pid={os.getpid()}>")
 
 
-def _param_count(fn: Callable[..., Any]) -> int:
-    """`interlock._plan.callable_params` without importing inspect for plain functions."""
-    import types
-
-    target: Any = fn
-    bound = 0
-    if isinstance(target, types.MethodType):
-        target, bound = target.__func__, 1
-    if isinstance(target, types.FunctionType):
-        code = target.__code__
-        if code.co_flags & _CO_VARARGS:
-            return 2
-        # the same rule as the engine: required positionals, plus one named ``ctx``
-        names = code.co_varnames[bound:code.co_argcount]
-        required = code.co_argcount - len(target.__defaults__ or ()) - bound
-        return max(required, names.index("ctx") + 1 if "ctx" in names else 0)
-    import inspect
-
-    try:
-        sig = inspect.signature(fn)
-    except (TypeError, ValueError):
-        return 1
-    count = 0
-    for p in sig.parameters.values():
-        if p.kind is p.VAR_POSITIONAL:
-            return 2
-        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and (
-                p.default is p.empty or p.name == "ctx"):
-            count += 1
-    return count
-
-
 def _main_module() -> Any:
     """The engine's ``__main__``, as multiprocessing's spawn loads it: by module name
     (``python -m pkg.mod``) or from its file under the name ``__mp_main__`` (its
@@ -319,7 +286,9 @@ def _resolve(path: str, cache: dict[str, tuple[Callable[..., Any], bool]]
             raise AttributeError(f"module {module_name!r} has no attribute {attr!r}") from None
     if not callable(obj):
         raise TypeError(f"{path} is a {type(obj).__name__}, not a function")
-    entry = (obj, _param_count(obj) >= 2)
+    from ._signature import param_count
+
+    entry = (obj, param_count(obj) >= 2)
     cache[path] = entry
     return entry
 

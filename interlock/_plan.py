@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import importlib
-import inspect
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ from typing import Any
 from ._expr import Expression
 from ._graph import back_edges, sccs
 from ._model import END, START, EdgeSpec, NodeSpec, WorkflowSpec
+from ._signature import param_count
 
 DEFAULT_TIMEOUT = 300.0
 
@@ -111,20 +111,7 @@ def callable_params(fn: Callable[..., Any]) -> int:
 
 @functools.cache
 def _callable_params(fn: Callable[..., Any]) -> int:
-    # A node gets ``ctx`` when it takes a second positional argument: a required one,
-    # one named ``ctx``, or ``*args``. ``def f(state, limit=3)`` is not asking for it.
-    try:
-        sig = inspect.signature(fn)
-    except (TypeError, ValueError):
-        return 1
-    count = 0
-    for p in sig.parameters.values():
-        if p.kind is p.VAR_POSITIONAL:
-            return 2
-        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and (
-                p.default is p.empty or p.name == "ctx"):
-            count += 1
-    return count
+    return param_count(fn)
 
 
 def is_async_callable(fn: Callable[..., Any]) -> bool:
