@@ -14,16 +14,14 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
-import threading
 import uuid
-from collections import deque
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Literal
 
 import pytest
 from click.testing import CliRunner
+from fake_openai import FakeOpenAI
 from pydantic import BaseModel
 
 import interlock
@@ -50,80 +48,6 @@ async def delete_ledger(entry: str) -> str:
     """Delete a ledger entry (destructive)."""
     TOOL_CALLS.append(("delete_ledger", entry))
     return f"deleted {entry}"
-
-
-# -- a local OpenAI-compatible server ---------------------------------------------------
-
-
-def completion(content: Any = None, tool_calls: list[tuple[str, Any]] | None = None,
-               usage: tuple[int, int] = (10, 5)) -> dict[str, Any]:
-    """A canned ``chat.completion`` body."""
-    text = json.dumps(content) if isinstance(content, dict | list) else content
-    message: dict[str, Any] = {"role": "assistant", "content": text}
-    if tool_calls:
-        message["tool_calls"] = [
-            {"id": f"call_{i}", "type": "function",
-             "function": {"name": name, "arguments": json.dumps(args)}}
-            for i, (name, args) in enumerate(tool_calls)]
-    return {"id": f"chatcmpl-{uuid.uuid4().hex[:8]}", "object": "chat.completion",
-            "created": 1_700_000_000, "model": "gpt-test",
-            "choices": [{"index": 0, "message": message, "logprobs": None,
-                         "finish_reason": "tool_calls" if tool_calls else "stop"}],
-            "usage": {"prompt_tokens": usage[0], "completion_tokens": usage[1],
-                      "total_tokens": usage[0] + usage[1]}}
-
-
-class FakeOpenAI:
-    """Serves ``POST /v1/chat/completions`` from a queue of canned (status, body) pairs and
-    records every request it gets."""
-
-    def __init__(self) -> None:
-        self.queue: deque[tuple[int, dict[str, Any]]] = deque()
-        self.requests: list[dict[str, Any]] = []
-        fake = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                fake.requests.append({"path": self.path, "body": body,
-                                      "auth": self.headers.get("Authorization")})
-                if self.path != "/v1/chat/completions":
-                    status, payload = 404, {"error": {"message": f"no route {self.path}"}}
-                elif not fake.queue:
-                    status, payload = 500, {"error": {"message": "the test queued no reply"}}
-                else:
-                    status, payload = fake.queue.popleft()
-                data = json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever,
-                                       kwargs={"poll_interval": 0.05}, daemon=True)
-        self.thread.start()
-        self.url = f"http://127.0.0.1:{self.server.server_port}/v1"
-
-    def reply(self, content: Any = None, tool_calls: list[tuple[str, Any]] | None = None,
-              usage: tuple[int, int] = (10, 5)) -> FakeOpenAI:
-        self.queue.append((200, completion(content, tool_calls, usage)))
-        return self
-
-    def fail(self, status: int, message: str) -> FakeOpenAI:
-        self.queue.append((status, {"error": {"message": message, "type": "error",
-                                              "code": str(status)}}))
-        return self
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(5)
 
 
 @pytest.fixture

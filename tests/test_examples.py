@@ -20,16 +20,14 @@ import shutil
 import socket
 import subprocess
 import sys
-import threading
-import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from fake_openai import FakeOpenAI
 
 import interlock
 from interlock.cli import cli
@@ -391,50 +389,6 @@ def test_incident_agents_scripted_walk_the_approve_path_like_the_rules(
     assert (tmp_path / "agents" / "fixes").exists()
     [patch] = (tmp_path / "agents" / "fixes").iterdir()
     assert "tax_rate or Decimal" in patch.read_text()
-
-
-class FakeOpenAI:
-    """A local OpenAI-compatible server: ``POST /v1/chat/completions`` answers with
-    ``answer(request body)`` as the assistant's content; every request is recorded."""
-
-    def __init__(self, answer: Callable[[dict[str, Any]], Any]) -> None:
-        self.requests: list[dict[str, Any]] = []
-        fake = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                fake.requests.append({"path": self.path, "body": body,
-                                      "auth": self.headers.get("Authorization")})
-                payload = {
-                    "id": f"chatcmpl-{uuid.uuid4().hex[:8]}", "object": "chat.completion",
-                    "created": 1_700_000_000, "model": body.get("model"),
-                    "choices": [{"index": 0, "logprobs": None, "finish_reason": "stop",
-                                 "message": {"role": "assistant",
-                                             "content": json.dumps(answer(body))}}],
-                    "usage": {"prompt_tokens": 100, "completion_tokens": 20,
-                              "total_tokens": 120}}
-                raw = json.dumps(payload).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(raw)))
-                self.end_headers()
-                self.wfile.write(raw)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever,
-                                       kwargs={"poll_interval": 0.05}, daemon=True)
-        self.thread.start()
-        self.url = f"http://127.0.0.1:{self.server.server_port}/v1"
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(5)
 
 
 MODEL_RCA = {"root_cause": "pricing.line_tax multiplies by a missing tax_rate",
