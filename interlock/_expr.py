@@ -106,6 +106,17 @@ class Expression:
 
         Raises EvaluationError naming the missing field or the type problem.
         """
+        return self._run(self._context(scope))
+
+    def decide(self, scope: Lookup) -> tuple[Any, dict[str, Any]]:
+        """`evaluate`, and the values of the paths read (for the edge decision record)."""
+        context = self._context(scope)
+        value = self._run(context)
+        # the context holds every top-level name read: a plain name is a lookup
+        return value, {path: context[path] if path in context else _resolve(context, path)
+                       for path in self.paths}
+
+    def _context(self, scope: Lookup) -> dict[str, Any]:
         context: dict[str, Any] = {}
         for name in self.names:
             try:
@@ -115,6 +126,9 @@ class Expression:
                     f"reads {name!r}, which is not in the state (no node has written it yet "
                     "and the run's input did not provide it)"
                 ) from None
+        return context
+
+    def _run(self, context: dict[str, Any]) -> Any:
         try:
             return self.program.execute(context)
         except KeyError as exc:
@@ -122,13 +136,6 @@ class Expression:
                                   "(use has(x.y) to test for presence)") from None
         except (RuntimeError, TypeError, ValueError) as exc:
             raise EvaluationError(str(exc).split(". ")[0]) from None
-
-    def read_values(self, scope: Lookup) -> dict[str, Any]:
-        """The values of the paths this expression reads (for edge decision records)."""
-        out: dict[str, Any] = {}
-        for path in self.paths:
-            out[path] = _resolve(scope, path)
-        return out
 
 
 _MISSING = "<missing>"

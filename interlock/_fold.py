@@ -156,7 +156,7 @@ class RunView:
         handler = _HANDLERS.get(rec["type"])
         if handler is not None:
             handler(self, rec)
-        if not self.due:
+        if not self.due and (self._deferred or not (self.ready or self.running)):
             self._quiesce()
 
     def _on_run_started(self, rec: L.Record) -> None:
@@ -177,8 +177,7 @@ class RunView:
         self.failed.clear()
 
     def _on_node_started(self, rec: L.Record) -> None:
-        node, visit = rec["node"], rec["visit"]
-        key = (node, visit)
+        node, visit = key = rec["node"], rec["visit"]
         if key in self.running:  # a retry, a re-run, or a confirmed node's body starting
             self.running[key].attempt = rec.get("attempt", 1)
             if self.status == "RETRYING":
@@ -192,29 +191,35 @@ class RunView:
         except ValueError:
             raise InternalError(f"record {rec['seq']}: node {node!r} started but was not "
                                 "ready") from None
-        self.started[node] = max(self.started[node], visit)
+        if visit > self.started.get(node, 0):
+            self.started[node] = visit
         self.steps += 1
         self.running[key] = Visit(node, visit, rec.get("attempt", 1), rec["seq"])
 
     def _on_node_completed(self, rec: L.Record) -> None:
-        node, visit = rec["node"], rec["visit"]
-        self.running.pop((node, visit), None)
-        self.failed.discard((node, visit))
+        key = rec["node"], rec["visit"]
+        node = key[0]
+        self.running.pop(key, None)
+        if self.failed:
+            self.failed.discard(key)
         update = rec.get("update")
         if update:
             merge_update(self.state, update, self.plan.reducers)
-            for key in update:
-                self.writers[key] = Writer(node, rec["seq"])
+            writer = Writer(node, rec["seq"])
+            for field_name in update:
+                self.writers[field_name] = writer
         self.visits[node] += 1
-        tokens = rec.get("tokens") or 0
-        self.tokens += tokens
-        self.node_tokens[node] += tokens
-        self.gates.pop((node, visit), None)
+        tokens = rec.get("tokens")
+        if tokens:
+            self.tokens += tokens
+            self.node_tokens[node] += tokens
+        if self.gates:
+            self.gates.pop(key, None)
         pn = self.plan.nodes[node]
         if pn.cyclic:
             self._active[pn.scc] -= 1
         self.routed[node] = False
-        self.route_wait[node] = self.plan.nodes[node].joins_out
+        self.route_wait[node] = pn.joins_out
         reenter = rec.get("reenter")
         if reenter is not None:  # a modified approval: the run goes back to ``reenter``
             self._enqueue(reenter)
@@ -241,31 +246,34 @@ class RunView:
         self.node_tokens[rec["node"]] += spent
 
     def _on_edge(self, rec: L.Record) -> None:
-        e = self.plan.edges[rec["edge"]]
+        index = rec["edge"]
+        e = self.plan.edges[index]
         source = rec.get("from", "*")
-        self.due.pop((e.index, source), None)
-        taken = rec.get("to") or [] if rec["type"] == L.EDGE_TAKEN else []
+        self.due.pop((index, source), None)
         taken_here = rec["type"] == L.EDGE_TAKEN
+        taken = (rec.get("to") or ()) if taken_here else ()
         if taken_here:
-            self.takes[e.index] += 1
+            self.takes[index] = self.takes.get(index, 0) + 1
             self.routed[source] = True
-        for arrived in rec.get("arrived") or ():  # a settled join: its sources' route
-            self.route_wait[arrived] -= 1
-            if taken_here:
-                self.routed[arrived] = True
+        arrived_from = rec.get("arrived")
+        if arrived_from:  # a settled join: its sources' route
+            for arrived in arrived_from:
+                self.route_wait[arrived] -= 1
+                if taken_here:
+                    self.routed[arrived] = True
+        back = source in e.back_sources
+        ports = e.ports
         for t in e.targets:
             if t == END:
                 continue
+            port = ports.get(t)
             if t in taken:
-                port = e.ports.get(t)
-                if port is None or source in e.back_sources:
+                if port is None or back:
                     self._enqueue(t)  # a back edge: a new iteration, no port to resolve
                 else:
                     self._taken_port(port)
-            else:
-                port = e.ports.get(t)
-                if port is not None and source not in e.back_sources:
-                    self._dead_port(port)
+            elif port is not None and not back:
+                self._dead_port(port)
 
     def _on_run_forked(self, rec: L.Record) -> None:
         self.parent = (rec["parent_run"], rec["parent_seq"])

@@ -16,7 +16,8 @@ import asyncio
 import contextvars
 import functools
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Coroutine, Generator
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -110,8 +111,7 @@ async def call_body(pn: PlanNode, fn: Callable[..., Any], args: tuple[Any, ...])
     """
     global abandoned
     if pn.is_async:
-        async with asyncio.timeout(pn.timeout):
-            return await fn(*args)
+        return await bounded(fn(*args), pn.timeout)
     call = functools.partial(contextvars.copy_context().run, fn, *args)
     future = asyncio.get_running_loop().run_in_executor(NODE_THREADS, call)
     try:
@@ -120,3 +120,58 @@ async def call_body(pn: PlanNode, fn: Callable[..., Any], args: tuple[Any, ...])
     except TimeoutError:
         abandoned += 1
         raise
+
+
+async def bounded(coro: Coroutine[Any, Any, Any], timeout: float,
+                  started: float | None = None) -> Any:
+    """``await coro`` under ``timeout`` seconds, as ``asyncio.timeout`` would.
+
+    A timeout can only interrupt a coroutine where it suspends, so the deadline is
+    fixed now and the timer armed only when the body first suspends: a node that
+    returns without waiting on anything (most transforms, every trivial node) never
+    creates a timer. That timer costs about as much as the rest of a trivial node's
+    bookkeeping, which is why this is not simply ``async with asyncio.timeout(...)``.
+    Same task, same context, same exceptions either way. ``started``: the
+    ``time.perf_counter()`` the timeout counts from (default: now).
+    """
+    if started is None:
+        started = time.perf_counter()
+    try:
+        signal = coro.send(None)
+    except StopIteration as done:
+        return done.value
+    async with asyncio.timeout(timeout - (time.perf_counter() - started)):
+        return await _Resumed(coro, signal)
+
+
+class _Resumed:
+    """Awaitable that carries on a coroutine already run to its first suspension.
+
+    Its generator is what ``await`` does (PEP 380): pass the coroutine's signal (the
+    future it waits on) up to the task, and what the task sends or throws back down.
+    """
+
+    __slots__ = ("_coro", "_signal")
+
+    def __init__(self, coro: Coroutine[Any, Any, Any], signal: Any) -> None:
+        self._coro = coro
+        self._signal = signal
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        coro, signal = self._coro, self._signal
+        while True:
+            try:
+                value = yield signal
+            except GeneratorExit:
+                coro.close()
+                raise
+            except BaseException as exc:  # cancellation, the timeout: into the body
+                try:
+                    signal = coro.throw(exc)
+                except StopIteration as done:
+                    return done.value
+            else:
+                try:
+                    signal = coro.send(value)
+                except StopIteration as done:
+                    return done.value

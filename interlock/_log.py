@@ -15,6 +15,7 @@ so changing, dropping or reordering any stored record breaks every later hash.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import time
 from dataclasses import dataclass
@@ -54,6 +55,10 @@ TERMINAL_TYPES = {
 }
 
 _OPTS = orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY
+_dumps = orjson.dumps
+_now = time.time
+_sha256 = hashlib.sha256
+_join = b"".join
 
 
 def json_default(obj: Any) -> Any:
@@ -93,7 +98,7 @@ def to_json_value(value: Any) -> Any:
     return value
 
 
-_SCALARS = frozenset({str, float, bool, type(None)})
+JSON_SCALARS = frozenset({str, float, bool, type(None)})  # kept as they are, with ints
 
 
 def _plain_scalars(value: dict[Any, Any]) -> bool:
@@ -105,7 +110,7 @@ def _plain_scalars(value: dict[Any, Any]) -> bool:
         if t is int:
             if not -(2**63) <= v < 2**64:
                 return False
-        elif t not in _SCALARS:
+        elif t not in JSON_SCALARS:
             return False
     return True
 
@@ -141,22 +146,35 @@ class Entry(NamedTuple):
         return rec
 
 
+# ``Entry(...)`` goes through a generated Python ``__new__``; one is made per record
+_new_entry = functools.partial(tuple.__new__, Entry)
+
+
 class LogWriter:
     """Numbers, timestamps, serialises and chains the records of one run."""
 
     def __init__(self, last_seq: int = 0, last_hash: str = GENESIS) -> None:
         self.seq = last_seq
         self.hash = last_hash
+        self._prev = last_hash.encode("ascii")  # what the next record's hash starts with
 
     def make(self, rtype: str, fields: dict[str, Any]) -> tuple[Record, Entry]:
-        self.seq += 1
-        rec: Record = {"seq": self.seq, "type": rtype, "at": time.time()}
-        rec.update({k: v for k, v in fields.items() if v is not None})
+        """The next record: ``fields`` numbered, timestamped, serialised and chained.
+
+        Fields whose value is None are left out (`seal` for fields known to have none).
+        """
+        return self.seal(rtype, {k: v for k, v in fields.items() if v is not None})
+
+    def seal(self, rtype: str, fields: dict[str, Any]) -> tuple[Record, Entry]:
+        """`make` for ``fields`` without None values (the executor's own records)."""
+        self.seq = seq = self.seq + 1
+        rec: Record = {"seq": seq, "type": rtype, "at": _now(), **fields}
         # orjson's result keeps a 4 KiB buffer however short the JSON; a log keeps many
-        # records, so keep an exact-size copy
-        data = bytes(memoryview(orjson.dumps(rec, default=json_default, option=_OPTS)))
-        self.hash = h = hashlib.sha256(self.hash.encode("ascii") + data).hexdigest()
-        return rec, Entry(self.seq, rtype, data, h)
+        # records, so keep an exact-size copy (joining with b"" is the cheapest copy)
+        data = _join((_dumps(rec, default=json_default, option=_OPTS), b""))
+        self.hash = h = _sha256(self._prev + data).hexdigest()
+        self._prev = h.encode("ascii")
+        return rec, _new_entry((seq, rtype, data, h))
 
 
 @dataclass(frozen=True, slots=True)

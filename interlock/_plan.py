@@ -63,10 +63,10 @@ class PlanEdge:
     back_targets: frozenset[str] = frozenset()  # targets reached through a back edge
     ports: dict[str, Port] = field(default_factory=dict)  # target -> port (forward only)
     barrier_exit: dict[str, int] = field(default_factory=dict)  # source -> scc it leaves
+    is_join: bool = False  # more than one source
 
-    @property
-    def is_join(self) -> bool:
-        return len(self.sources) > 1
+    def __post_init__(self) -> None:
+        self.is_join = len(self.sources) > 1
 
     def name(self) -> str:
         return self.spec.describe()
@@ -87,6 +87,9 @@ class PlanNode:
     scc: int = -1
     cyclic: bool = False
     joins_out: int = 0  # outgoing join edges that wait for this node (its barrier)
+    gate: bool = False  # an approval node or ``confirm: true``: a human decides first
+    isolated: bool = False  # ``isolation: process``
+    needs_ctx: bool = False  # gets a Context: it takes ``ctx`` or runs in a worker process
 
 
 @dataclass(slots=True, eq=False)
@@ -99,6 +102,9 @@ class Plan:
     reducers: dict[str, str]
     scc_members: dict[int, frozenset[str]]
     back: frozenset[tuple[str, str]]
+    # nodes whose every outgoing edge is plain and unconditional (no when, max, otherwise,
+    # join) and that are no human gate: their edges are always taken, nothing to evaluate
+    always_taken: frozenset[str] = frozenset()
 
 
 def callable_params(fn: Callable[..., Any]) -> int:
@@ -192,7 +198,10 @@ def build_plan(spec: WorkflowSpec, *, callables: dict[str, Callable[..., Any]],
             writes=frozenset(ns.writes) if ns.writes is not None else None,
             timeout=ns.timeout or limit_timeout,
             scc=comp.get(name, -1), cyclic=comp.get(name, -1) in cyclic,
+            gate=ns.approval is not None or ns.confirm,
+            isolated=ns.isolation == "process",
         )
+        nodes[name].needs_ctx = nodes[name].wants_ctx or nodes[name].isolated
 
     ports: list[Port] = []
     edges: list[PlanEdge] = []
@@ -222,6 +231,11 @@ def build_plan(spec: WorkflowSpec, *, callables: dict[str, Callable[..., Any]],
         reducers={k: v.reducer for k, v in spec.state.items()},
         scc_members={c: frozenset(m) for c, m in members.items() if c in cyclic},
         back=back,
+        always_taken=frozenset(
+            n for n, pn in nodes.items()
+            if pn.out and not pn.gate and all(
+                e.kind == "plain" and e.cond is None and e.max is None and not e.otherwise
+                and not e.is_join for e in pn.out)),
     )
 
 

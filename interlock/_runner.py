@@ -42,7 +42,7 @@ from ._errors import (
 )
 from ._expr import EvaluationError
 from ._fold import Due, RunView, Scope
-from ._guards import Budget, BudgetExceededError, call_body, timeout_error
+from ._guards import Budget, BudgetExceededError, bounded, call_body, timeout_error
 from ._isolation import ChildContext, Effects, ProcessPool
 from ._model import case_key
 from ._plan import Plan, PlanEdge, PlanNode
@@ -108,15 +108,18 @@ class Runner:
         Nothing that depends on a staged record may start before the flush returns:
         the loop only starts nodes after flushing.
         """
-        recs = []
-        for rtype, fields in items:
-            rec, entry = self.writer.make(rtype, fields)
-            self.view.apply(rec)
-            self._staged.append(entry)
-            recs.append(rec)
-            if self.listener is not None:
-                self.listener(rec, self.view)
-        return recs
+        return [self._stage(*self.writer.make(rtype, fields)) for rtype, fields in items]
+
+    def stage1(self, rtype: str, fields: dict[str, Any]) -> L.Record:
+        """`stage` for one record whose fields have no None values."""
+        return self._stage(*self.writer.seal(rtype, fields))
+
+    def _stage(self, rec: L.Record, entry: L.Entry) -> L.Record:
+        self.view.apply(rec)
+        self._staged.append(entry)
+        if self.listener is not None:
+            self.listener(rec, self.view)
+        return rec
 
     async def flush(self) -> None:
         """Commit every staged record (one transaction); now and then, a snapshot."""
@@ -189,7 +192,7 @@ class Runner:
                 inline = await self._start_ready()
                 if inline is not None:
                     # one node and nothing else in flight: await it here, no task needed
-                    await self._finish(await self._visit(*inline, 1, rerun=False))
+                    await self._finish(await self._visit(*inline, 1, rerun=False), alone=True)
                     continue
             if not self._tasks:
                 if view.idle:
@@ -208,6 +211,18 @@ class Runner:
 
     async def _start_ready(self) -> tuple[PlanNode, int] | None:
         """Start every ready node; return the one to run inline when it is alone."""
+        view = self.view
+        if len(view.ready) == 1 and not self._tasks:
+            # the common step of a chain or a loop: one node, nothing else in flight
+            node = view.ready[0]
+            pn = self.plan.nodes[node]
+            if not pn.gate:
+                limit = view.limits.get("steps")
+                if limit is not None and view.steps >= limit:
+                    raise _Abort(_step_limit(limit, node))
+                visit = view.started.get(node, 0) + 1
+                self.stage1(L.NODE_STARTED, {"node": node, "visit": visit, "attempt": 1})
+                return pn, visit
         items: list[tuple[str, int]] = []
         handed: Counter[str] = Counter()
         steps_limit = self.view.limits.get("steps")
@@ -215,10 +230,7 @@ class Runner:
         count = view.steps
         for node in list(view.ready):
             if steps_limit is not None and count >= steps_limit:
-                raise _Abort(StepLimitError(
-                    f"the run reached limits.steps={steps_limit} node executions before "
-                    f"{node!r} could start; raise the limit (--set limits.steps=N) if the "
-                    "loop is expected to run longer", node=node))
+                raise _Abort(_step_limit(steps_limit, node))
             count += 1
             handed[node] += 1
             items.append((node, view.started[node] + handed[node]))
@@ -239,8 +251,7 @@ class Runner:
         return None
 
     def _is_gate(self, node: str) -> bool:
-        ns = self.plan.nodes[node].spec
-        return ns.approval is not None or ns.confirm
+        return self.plan.nodes[node].gate
 
     def _request(self, node: str, visit: int) -> tuple[str, dict[str, Any]]:
         """``approval.requested`` for an approval node or a node declared ``confirm: true``."""
@@ -275,6 +286,7 @@ class Runner:
         runs again on resume.
         """
         inflight = {(c.node, c.visit): c for c in self.budget.inflight()}
+        running = self.view.running
         tasks = list(self._tasks.items())
         for _, t in tasks:
             t.cancel()
@@ -284,8 +296,9 @@ class Runner:
         items = []
         for key, _ in tasks:
             ctx = inflight.get(key)
+            visit = running.get(key)
             items.append((L.NODE_FAILED, {
-                "node": key[0], "visit": key[1], "attempt": ctx.attempt if ctx else None,
+                "node": key[0], "visit": key[1], "attempt": visit.attempt if visit else None,
                 "tokens": (ctx.tokens or None) if ctx else None,
                 "error": {"type": "cancelled", "node": key[0],
                           "message": f"node {key[0]!r} was cancelled: the run stopped"}}))
@@ -300,10 +313,12 @@ class Runner:
 
     async def _visit(self, pn: PlanNode, visit: int, attempt: int, *, rerun: bool) -> Outcome:
         """Run a visit (with its retries). Never raises Exception."""
+        retry = pn.spec.retry
+        if retry is None and not rerun:
+            return await self._attempt(pn, visit, attempt)
         if rerun:
             await self.commit([(L.NODE_STARTED, {"node": pn.name, "visit": visit,
                                                  "attempt": attempt})])
-        retry = pn.spec.retry
         while True:
             outcome = await self._attempt(pn, visit, attempt)
             if outcome.error is None or retry is None or attempt >= retry.attempts \
@@ -322,23 +337,27 @@ class Runner:
         return outcome
 
     async def _attempt(self, pn: PlanNode, visit: int, attempt: int) -> Outcome:
-        ctx = Context(self, pn.name, visit, attempt)
         fn = pn.fn
         assert fn is not None, "approval and agent nodes are not dispatched here"
-        args: tuple[Any, ...] = (scoped(self.view.state, pn.reads),)
-        if pn.wants_ctx:
-            args = (*args, ctx)
+        state = scoped(self.view.state, pn.reads)
+        # a context only for a body that can use it (tokens, effects, confirmations)
+        ctx = Context(self, pn.name, visit, attempt) if pn.needs_ctx else None
         t0 = time.perf_counter()
         error: RunError | None = None
         update: dict[str, Any] | None = None
         goto: str | None = None
-        self.budget.enter(ctx)
         pause = None
+        if ctx is not None:
+            self.budget.enter(ctx)
         try:
-            if pn.spec.isolation == "process":
-                result = await self._isolated(pn, ctx, args[0])
+            if pn.isolated:
+                assert ctx is not None
+                result = await self._isolated(pn, ctx, state)
+            elif pn.is_async:
+                result = await bounded(fn(state, ctx) if pn.wants_ctx else fn(state),
+                                       pn.timeout, t0)
             else:
-                result = await call_body(pn, fn, args)
+                result = await call_body(pn, fn, (state, ctx) if pn.wants_ctx else (state,))
             update, goto = self._check_result(pn, result)
         except PauseRequested as exc:
             pause = exc
@@ -352,12 +371,14 @@ class Runner:
                               mro=[c.__name__ for c in type(exc).__mro__],
                               traceback=_short_tb(exc))
         finally:
-            self.budget.leave(ctx)
+            if ctx is not None:
+                self.budget.leave(ctx)
+        duration = round((time.perf_counter() - t0) * 1000, 3)
+        if ctx is None:
+            return Outcome(pn.name, visit, attempt, update, goto, error, duration)
         if ctx._over is not None:  # crossed the budget, even if the node swallowed it
             error, update, goto = ctx._over, None, None
-        duration = (time.perf_counter() - t0) * 1000
-        return Outcome(pn.name, visit, attempt, update, goto, error, round(duration, 3),
-                       ctx.tokens, pause)
+        return Outcome(pn.name, visit, attempt, update, goto, error, duration, ctx.tokens, pause)
 
     async def _isolated(self, pn: PlanNode, ctx: Context, state: dict[str, Any]) -> Any:
         """The body in a worker process (`_isolation`), which enforces the timeout itself;
@@ -379,8 +400,8 @@ class Runner:
                 decl = ", ".join(allowed) if allowed else "none: the node has no 'choose' edge"
                 raise RouteError(f"node {pn.name!r} returned goto({goto!r}); its declared "
                                  f"choose targets are: {decl}", node=pn.name)
-        update = check_update(pn.name, result, pn.writes, self.plan.reducers)
-        if update:
+        update, plain = check_update(pn.name, result, pn.writes, self.plan.reducers)
+        if not plain:
             try:
                 update = L.to_json_value(update)
             except TypeError as exc:
@@ -388,7 +409,9 @@ class Runner:
                                 f"{exc}", node=pn.name) from None
         return update, goto
 
-    async def _finish(self, out: Outcome) -> None:
+    async def _finish(self, out: Outcome, *, alone: bool = False) -> None:
+        """Commit a visit's outcome and decide its edges. ``alone``: nothing else ran
+        while it did (so it cannot have raced another node's write)."""
         if out.pause is not None:
             # the visit stays running; it is re-run once a human has decided
             await self.commit([(L.APPROVAL_REQUESTED, {
@@ -403,16 +426,21 @@ class Runner:
                 "error": out.error.to_json(), "duration_ms": out.duration_ms,
                 "tokens": out.tokens or None})])
             raise _Abort(out.error)
-        conflict = self._write_conflict(out)
+        conflict = None if alone else self._write_conflict(out)
         if conflict is not None:
             await self.commit([(L.NODE_FAILED, {
                 "node": out.node, "visit": out.visit, "attempt": out.attempt,
                 "error": conflict.to_json(), "duration_ms": out.duration_ms})])
             raise _Abort(conflict)
-        self.stage([(L.NODE_COMPLETED, {
-            "node": out.node, "visit": out.visit, "attempt": out.attempt,
-            "update": out.update or None, "goto": out.goto,
-            "duration_ms": out.duration_ms, "tokens": out.tokens or None})])
+        fields: dict[str, Any] = {"node": out.node, "visit": out.visit, "attempt": out.attempt,
+                                  "duration_ms": out.duration_ms}
+        if out.update:
+            fields["update"] = out.update
+        if out.goto is not None:
+            fields["goto"] = out.goto
+        if out.tokens:
+            fields["tokens"] = out.tokens
+        self.stage1(L.NODE_COMPLETED, fields)
         # decide this node's edges in the same batch: its completion and where the run
         # goes next are committed together
         self._decide_due()
@@ -443,24 +471,33 @@ class Runner:
         siblings); a settled join is decided on its own. Deciding may settle joins
         downstream, which makes them due in turn.
         """
-        while self.view.due:
-            first = next(iter(self.view.due.values()))
-            if first.source == "*":
+        due = self.view.due
+        always_taken = self.plan.always_taken
+        while due:
+            first = next(iter(due.values()))
+            source = first.source
+            if source == "*" or len(due) == 1:
                 group = [first]
             else:
-                group = [d for d in self.view.due.values() if d.source == first.source]
-            self.stage(self._decide_group(first.source, group))
+                group = [d for d in due.values() if d.source == source]
+            if source in always_taken:  # what `_decide_group` would find, without the work
+                for d in group:
+                    self.stage1(L.EDGE_TAKEN, {"edge": d.edge.index, "from": source,
+                                               "to": list(d.edge.targets)})
+                continue
+            for rtype, fields in self._decide_group(source, group):
+                self.stage1(rtype, fields)
 
     def _decide_group(self, source: str, dues: list[Due]) -> list[tuple[str, dict[str, Any]]]:
         """Decide the edges of one completed node (or one settled join), in declaration order:
         ``when`` edges and the rest first, then ``otherwise`` edges."""
-        scope = self.view.scope()
+        scope = self.view.scope()  # the names conditions read, looked up when read
         items: list[tuple[str, dict[str, Any]]] = []
         taken_any = False
         when_taken = False
-        decided: list[tuple[PlanEdge, dict[str, Any]]] = []  # for a "no route" message
         rejected = self._rejected_gate(source)
-        dues = sorted(dues, key=lambda d: (d.edge.otherwise, d.edge.index))
+        if len(dues) > 1:
+            dues = sorted(dues, key=_decision_order)
         for due in dues:
             e = due.edge
             if rejected and not _reads_decision(e, source):
@@ -475,16 +512,16 @@ class Runner:
             if taken and e.cond is not None:
                 when_taken = True
             taken_any = taken_any or taken
-            decided.append((e, rec[1]))
             items.append(rec)
         if rejected and not taken_any:
             self.stage(items)
             gate = self.view.state.get(source) or {}
             raise _Rejected(source, f"approval {source!r} was rejected by {gate.get('by')}"
                             + (f": {gate['comment']}" if gate.get("comment") else ""))
-        stranded = self._stranded(source, dues, taken_any)
+        stranded = [] if taken_any else self._stranded(source, dues)
         if stranded:
-            explain = [_explain(e, fields) for e, fields in decided]
+            explain = [_explain(d.edge, fields) for d, (_, fields) in zip(dues, items,
+                                                                          strict=True)]
             where = "none of its outgoing edges" if source != "*" else \
                 f"the join {dues[0].edge.name()}, its last way on,"
             raise _Abort(NoRouteError(
@@ -495,7 +532,7 @@ class Runner:
                 node=None if stranded == ["START"] else stranded[0], edges=explain))
         return items
 
-    def _stranded(self, source: str, dues: list[Due], taken_any: bool) -> list[str]:
+    def _stranded(self, source: str, dues: list[Due]) -> list[str]:
         """Nodes this decision leaves with nowhere to go (no silent dead ends).
 
         A node's routes are its own edges, decided when it completes, and the joins it
@@ -504,7 +541,7 @@ class Runner:
         decides again (after a --set, say) rather than following a dead end.
         """
         view = self.view
-        if taken_any or not dues:
+        if not dues:
             return []
         if source != "*":
             if source == "START" or (view.route_wait[source] <= 0
@@ -517,7 +554,7 @@ class Runner:
 
     def _rejected_gate(self, source: str) -> bool:
         pn = self.plan.nodes.get(source)
-        if pn is None or pn.spec.approval is None:
+        if pn is None or not pn.gate or pn.spec.approval is None:
             return False
         record = self.view.state.get(source)
         return isinstance(record, dict) and record.get("decision") in ("rejected", "timed_out") \
@@ -533,8 +570,7 @@ class Runner:
             targets = list(e.targets)
             if e.cond is not None:
                 expr = e.cond.source
-                value = self._eval(e, e.cond, scope)
-                reads = e.cond.read_values(scope)
+                value, reads = self._eval(e, e.cond, scope)
                 if not isinstance(value, bool):
                     raise _Abort(ExpressionError(
                         f"edge {e.name()}: condition {expr!r} gave {value!r} "
@@ -544,8 +580,7 @@ class Runner:
         elif e.kind == "switch":
             assert e.switch is not None and e.spec.cases is not None
             expr = e.switch.source
-            value = self._eval(e, e.switch, scope)
-            reads = e.switch.read_values(scope)
+            value, reads = self._eval(e, e.switch, scope)
             chosen = e.spec.cases.get(case_key(value), e.spec.default)
             targets = [chosen] if chosen is not None else []
         elif e.kind == "router":
@@ -556,7 +591,7 @@ class Runner:
             expr = "goto"
             value = due.goto
             targets = [due.goto] if due.goto is not None else []
-        if targets and e.max is not None and self.view.takes[e.index] >= e.max:
+        if targets and e.max is not None and self.view.takes.get(e.index, 0) >= e.max:
             reason = f"max {e.max} reached"
             targets = []
         return self._edge_record(e, due.source, targets, expr=expr, value=value, reads=reads,
@@ -566,16 +601,28 @@ class Runner:
                      expr: str | None = None, value: Any = None,
                      reads: dict[str, Any] | None = None, reason: str | None = None,
                      arrived: tuple[str, ...] = ()) -> tuple[str, dict[str, Any]]:
-        fields: dict[str, Any] = {"edge": e.index, "from": source, "to": targets or None,
-                                  "expr": expr, "value": value, "reads": reads,
-                                  "reason": reason, "arrived": list(arrived) or None}
-        if e.kind in ("switch", "router", "choose") or e.otherwise:
-            fields["value"] = L.to_json_value(value)
+        # only the fields that have a value (the log writer would drop the others)
+        fields: dict[str, Any] = {"edge": e.index, "from": source}
+        if targets:
+            fields["to"] = targets
+        if expr is not None:
+            fields["expr"] = expr
+        if value is not None:
+            fields["value"] = value if type(value) in _PLAIN_VALUES \
+                or not (e.kind in ("switch", "router", "choose") or e.otherwise) \
+                else L.to_json_value(value)
+        if reads is not None:
+            fields["reads"] = reads
+        if reason is not None:
+            fields["reason"] = reason
+        if arrived:
+            fields["arrived"] = list(arrived)
         return (L.EDGE_TAKEN if targets else L.EDGE_SKIPPED), fields
 
-    def _eval(self, e: PlanEdge, expr: Any, scope: Scope) -> Any:
+    def _eval(self, e: PlanEdge, expr: Any, scope: Scope) -> tuple[Any, dict[str, Any]]:
+        """The expression's value and the values it read."""
         try:
-            return expr.evaluate(scope)
+            return expr.decide(scope)  # type: ignore[no-any-return]
         except EvaluationError as exc:
             loc = _edge_location(self.plan, e)
             raise _Abort(ExpressionError(
@@ -627,6 +674,7 @@ class Runner:
         self.budget.charge(ctx, n)
 
 
+_PLAIN_VALUES = frozenset({bool, str, float})  # an edge's value JSON keeps as it is
 _OWN_TYPE = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+$")
 _ENGINE_NAMESPACES = frozenset({"run", "node", "edge", "effect", "approval", "state"})
 
@@ -634,6 +682,17 @@ _ENGINE_NAMESPACES = frozenset({"run", "node", "edge", "effect", "approval", "st
 def _reads_decision(e: PlanEdge, gate: str) -> bool:
     exprs = [x for x in (e.cond, e.switch) if x is not None]
     return any(f"{gate}.decision" in x.paths for x in exprs)
+
+
+def _decision_order(due: Due) -> tuple[bool, int]:
+    return due.edge.otherwise, due.edge.index
+
+
+def _step_limit(limit: int, node: str) -> StepLimitError:
+    return StepLimitError(
+        f"the run reached limits.steps={limit} node executions before {node!r} could "
+        "start; raise the limit (--set limits.steps=N) if the loop is expected to run "
+        "longer", node=node)
 
 
 def _approvers(ns: Any) -> list[str] | None:

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ._errors import NodeError
+from ._log import JSON_SCALARS
 
 
 def _replace(_old: Any, new: Any) -> Any:
@@ -55,40 +56,56 @@ def merge_update(state: dict[str, Any], update: Mapping[str, Any],
 
 
 def check_update(node: str, update: Any, writes: frozenset[str] | None,
-                 reducers: Mapping[str, str]) -> dict[str, Any]:
-    """What a node returned, checked: a mapping of declared fields whose reducers accept it."""
+                 reducers: Mapping[str, str]) -> tuple[dict[str, Any], bool]:
+    """What a node returned, checked: a mapping of declared fields whose reducers accept it.
+
+    Returns a copy of it, and whether it holds only values JSON keeps as they are
+    (str, bool, None, floats, 64-bit ints) -- the common update, which needs no
+    conversion before it is logged. One pass over the fields.
+    """
     if update is None:
-        return {}
-    if not isinstance(update, Mapping):
+        return {}, True
+    if type(update) is not dict and not isinstance(update, Mapping):
         raise NodeError(
             f"node {node!r} returned {type(update).__name__}; a node returns a mapping of "
             "state updates (or None, or interlock.goto(...) when its edge is 'choose')",
             node=node,
         )
-    for key in update:
-        if not isinstance(key, str):
+    update = dict(update)
+    plain = True
+    for key, value in update.items():
+        if type(key) is not str:
             raise NodeError(f"node {node!r} returned a non-string key {key!r}", node=node)
-    if writes is not None:
-        extra = sorted(k for k in update if k not in writes)
-        if extra:
+        if writes is not None and key not in writes:
+            extra = sorted(k for k in update if k not in writes)
             raise NodeError(
                 f"node {node!r} returned undeclared field(s) {', '.join(map(repr, extra))}; "
                 f"it declares writes: [{', '.join(sorted(writes))}] -- add them there or "
                 "stop returning them",
                 node=node,
             )
-    for key, value in update.items():
-        reducer = reducers.get(key, "replace")
-        if reducer == "extend" and not isinstance(value, list | tuple):
-            raise NodeError(f"node {node!r}: field {key!r} has reducer 'extend' and takes a "
-                            f"list, got {type(value).__name__}", node=node)
-        if reducer == "merge" and not isinstance(value, Mapping):
-            raise NodeError(f"node {node!r}: field {key!r} has reducer 'merge' and takes a "
-                            f"mapping, got {type(value).__name__}", node=node)
-        if reducer == "add" and (isinstance(value, bool) or not isinstance(value, int | float)):
-            raise NodeError(f"node {node!r}: field {key!r} has reducer 'add' and takes a "
-                            f"number, got {type(value).__name__}", node=node)
-    return dict(update)
+        reducer = reducers.get(key)
+        if reducer is not None and reducer != "replace":
+            _check_reducer_value(node, key, reducer, value)
+        t = type(value)
+        if t is int:
+            if plain and not -(2**63) <= value < 2**64:
+                plain = False
+        elif t not in JSON_SCALARS:
+            plain = False
+    return update, plain
+
+
+def _check_reducer_value(node: str, key: str, reducer: str, value: Any) -> None:
+    if reducer == "extend" and not isinstance(value, list | tuple):
+        raise NodeError(f"node {node!r}: field {key!r} has reducer 'extend' and takes a "
+                        f"list, got {type(value).__name__}", node=node)
+    if reducer == "merge" and not isinstance(value, Mapping):
+        raise NodeError(f"node {node!r}: field {key!r} has reducer 'merge' and takes a "
+                        f"mapping, got {type(value).__name__}", node=node)
+    if reducer == "add" and (isinstance(value, bool) or not isinstance(value, int | float)):
+        raise NodeError(f"node {node!r}: field {key!r} has reducer 'add' and takes a "
+                        f"number, got {type(value).__name__}", node=node)
 
 
 def scoped(state: dict[str, Any], reads: tuple[str, ...] | None) -> dict[str, Any]:
