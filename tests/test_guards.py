@@ -122,6 +122,51 @@ def test_default_timeout_comes_from_limits() -> None:
     assert "timed out after 0.3s" in result.error["message"]
 
 
+def test_the_timeout_counts_from_the_start_of_the_body_not_its_first_await() -> None:
+    # The timer is armed lazily, when the body first suspends; the deadline must still be
+    # the body's start + timeout, so a body that blocked past it stops at its first await.
+    reached: list[str] = []
+
+    async def blocks_then_waits(state: dict[str, Any]) -> None:
+        time.sleep(0.6)  # blocks the loop past the 0.3 s deadline
+        await asyncio.sleep(0)
+        reached.append("after the first await")
+        await asyncio.sleep(10)
+
+    wf = Workflow("timeout-from-start")
+    wf.node("n", blocks_then_waits, timeout="0.3s").edge(START, "n")
+    result, _ = records_of(wf)
+    assert result.status == "FAILED" and "timed out after 0.3s" in result.error["message"]
+    assert reached == []
+
+
+def test_a_body_keeps_its_task_and_its_own_timeouts_across_awaits() -> None:
+    # Bodies run their first step without a timer; the rest must run in the same task, so
+    # a body's own asyncio.timeout / current_task / contextvars behave as with a plain await.
+    async def own_timeout(state: dict[str, Any]) -> dict[str, Any]:
+        task = asyncio.current_task()
+        try:
+            async with asyncio.timeout(0.05):
+                await asyncio.sleep(5)
+        except TimeoutError:
+            caught = True
+        else:
+            caught = False
+        return {"caught": caught, "same_task": asyncio.current_task() is task}
+
+    async def fails_after_await(state: dict[str, Any]) -> None:
+        await asyncio.sleep(0)
+        raise KeyError("late")
+
+    wf = Workflow("own-timeout")
+    wf.node("own", own_timeout, timeout="5s").node("late", fails_after_await)
+    wf.edge(START, "own").edge("own", "late")
+    result, recs = records_of(wf)
+    assert result.state["caught"] is True and result.state["same_task"] is True
+    assert result.status == "FAILED" and result.error["node"] == "late"
+    assert "KeyError" in result.error["message"]
+
+
 def test_sync_node_past_its_timeout_is_abandoned_with_a_clear_record() -> None:
     release = threading.Event()
 
