@@ -189,10 +189,13 @@ class Runner:
                 self._decide_due()
                 await self.flush()
             if view.ready:
-                inline = await self._start_ready()
+                inline = self._start_ready()
                 if inline is not None:
                     # one node and nothing else in flight: await it here, no task needed
-                    await self._finish(await self._visit(*inline, 1, rerun=False), alone=True)
+                    pn, visit = inline
+                    outcome = await (self._attempt(pn, visit, 1) if pn.spec.retry is None
+                                     else self._visit(pn, visit, 1, rerun=False))
+                    await self._finish(outcome, alone=True)
                     continue
             if not self._tasks:
                 if view.idle:
@@ -209,7 +212,7 @@ class Runner:
             self._tasks.pop((outcome.node, outcome.visit), None)
             await self._finish(outcome)
 
-    async def _start_ready(self) -> tuple[PlanNode, int] | None:
+    def _start_ready(self) -> tuple[PlanNode, int] | None:
         """Start every ready node; return the one to run inline when it is alone."""
         view = self.view
         if len(view.ready) == 1 and not self._tasks:
