@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import hashlib
+import os
 import time
-import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Generator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from . import _log as L
 from . import _snapshot as snapshots
@@ -29,6 +30,8 @@ if TYPE_CHECKING:
     from ._workflow import Workflow
 
 LEASE_SECONDS = 15.0
+
+T = TypeVar("T")
 
 Listener = Callable[[L.Record, RunView], None]
 
@@ -79,51 +82,148 @@ async def drive(plan: Plan, store: Store, run_id: str, view: RunView, writer: L.
                 listener: Listener | None = None) -> RunResult:
     """Claim the run, commit ``first`` (e.g. ``run.resumed``), execute, release.
 
-    Beside the executor, one watcher task keeps the lease alive and looks for a
-    cancellation requested through the store (by `cancel`, from any process).
+    The executor runs in the caller's task (`_execute`); a `_Watcher` keeps the lease
+    alive and looks for a cancellation requested through the store (by `cancel`, from
+    any process).
     """
-    owner = f"{this_owner()}:{uuid.uuid4().hex[:8]}"
+    owner = make_owner()
     await store.claim(run_id, owner, LEASE_SECONDS, force=force)
     runner = Runner(plan, store, run_id, view, writer, listener)
-    loop = asyncio.get_running_loop()
     try:
         if first:
             await runner.commit(first)
-        if view.status not in L.TERMINAL_TYPES.values():
-            work = loop.create_task(runner.execute())
-            watch = loop.create_task(_watch(store, run_id, owner, runner, work))
-            try:
-                await asyncio.shield(work)
-            except asyncio.CancelledError:
-                work.cancel()  # our caller is cancelled: stop the executor with it
-                with contextlib.suppress(asyncio.CancelledError):
-                    await work
-                raise
-            finally:
-                watch.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await watch
+        if view.status not in TERMINAL_STATUSES:
+            await _execute(store, run_id, owner, runner)
     finally:
         await store.release(run_id, owner)
     return result_of(run_id, plan.spec.workflow, view)
 
 
+def make_run_id() -> str:
+    """A new run id: 20 random hex digits."""
+    return os.urandom(10).hex()
+
+
+def make_owner() -> str:
+    """An owner id for one execution: `this_owner` and a random suffix."""
+    return f"{this_owner()}:{os.urandom(4).hex()}"
+
+
 CANCEL_POLL_SECONDS = 0.25
+TERMINAL_STATUSES = frozenset(L.TERMINAL_TYPES.values())
 
 
-async def _watch(store: Store, run_id: str, owner: str, runner: Runner,
-                 work: asyncio.Task[None]) -> None:
-    """Heartbeat the lease; on a cancellation request, cancel the executor task."""
-    next_beat = time.monotonic() + LEASE_SECONDS / 3
-    while True:
-        await asyncio.sleep(CANCEL_POLL_SECONDS)
-        request = await store.cancel_requested(run_id)
-        if request is not None and runner.cancelled_by is None:
-            runner.cancelled_by = request
-            work.cancel()
-        if time.monotonic() >= next_beat:
-            await store.heartbeat(run_id, owner, LEASE_SECONDS)
-            next_beat = time.monotonic() + LEASE_SECONDS / 3
+async def _execute(store: Store, run_id: str, owner: str, runner: Runner) -> None:
+    """Run the executor in this task, watched for its lease and for a cancellation.
+
+    The executor needs no task of its own (a run that never waits for I/O then runs
+    from claim to release in one step of its caller). A cancellation requested through the store
+    cancels *this* task with ``runner.cancelled_by`` set; the executor takes that
+    cancellation back (``Task.uncancel``, as `asyncio.timeout` does with its own) and
+    records ``run.cancelled``. A cancellation of our caller propagates; when it came
+    together with the watcher's (one ``CancelledError`` for both), it still does.
+    """
+    task = asyncio.current_task()
+    if task is None:
+        raise RuntimeError("interlock executes a run inside an asyncio task")
+    cancelling = task.cancelling()
+    watcher = _Watcher(store, run_id, owner, runner, task)
+    try:
+        # in a copy of our context, as a task of its own would be: what node bodies
+        # set in context variables stays in the run
+        await _InContext(runner.execute(), contextvars.copy_context())
+    finally:
+        if watcher.cancelled and runner.view.status != "CANCELLED" \
+                and task.cancelling() > cancelling:
+            # the watcher's cancellation was not taken back by the executor: it reached
+            # it after the run had ended (in its last commit), or a node swallowed it
+            task.uncancel()
+        await watcher.stop()
+    if task.cancelling() > cancelling:
+        raise asyncio.CancelledError  # our caller's, taken for the watcher's by the executor
+
+
+class _InContext(Generic[T]):
+    """Await ``coro`` in the awaiting task, but with ``context`` as its current context.
+
+    What a task does for the coroutine it runs, without a task: each step of ``coro``
+    runs inside ``context``; what it waits on (futures, ``None`` for a bare yield), a
+    value sent or an exception thrown in (a cancellation) passes through unchanged.
+    """
+
+    __slots__ = ("_context", "_coro")
+
+    def __init__(self, coro: Coroutine[Any, Any, T], context: contextvars.Context) -> None:
+        self._coro, self._context = coro, context
+
+    def __await__(self) -> Generator[Any, Any, T]:
+        coro, run = self._coro, self._context.run
+        try:
+            signal = run(coro.send, None)
+            while True:
+                try:
+                    value = yield signal
+                except GeneratorExit:
+                    run(coro.close)
+                    raise
+                except BaseException as exc:  # a cancellation, say: the coroutine gets it
+                    signal = run(coro.throw, exc)
+                else:
+                    signal = run(coro.send, value)
+        except StopIteration as stop:
+            result: T = stop.value
+            return result
+
+
+class _Watcher:
+    """Heartbeats a run's lease and polls the store for a request to cancel it.
+
+    A timer starts its task after `CANCEL_POLL_SECONDS` (a run that ends sooner costs
+    no task); then it polls every `CANCEL_POLL_SECONDS` and heartbeats every third of
+    the lease. An error of a store call (a lost lease, say) ends it; `stop` raises it.
+    """
+
+    __slots__ = ("_next_beat", "_task", "_timer", "cancelled", "owner", "run_id", "runner",
+                 "store", "target")
+
+    def __init__(self, store: Store, run_id: str, owner: str, runner: Runner,
+                 target: asyncio.Task[Any]) -> None:
+        self.store, self.run_id, self.owner = store, run_id, owner
+        self.runner, self.target = runner, target
+        self.cancelled = False  # whether we cancelled ``target``
+        loop = asyncio.get_running_loop()
+        self._next_beat = loop.time() + LEASE_SECONDS / 3
+        self._task: asyncio.Task[None] | None = None
+        self._timer: asyncio.TimerHandle | None = loop.call_later(
+            CANCEL_POLL_SECONDS, self._start)
+
+    def _start(self) -> None:
+        self._timer = None
+        self._task = asyncio.get_running_loop().create_task(self._watch())
+
+    async def _watch(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            request = await self.store.cancel_requested(self.run_id)
+            if request is not None and self.runner.cancelled_by is None:
+                self.runner.cancelled_by = request
+                self.cancelled = True
+                self.target.cancel()
+            if loop.time() >= self._next_beat:
+                await self.store.heartbeat(self.run_id, self.owner, LEASE_SECONDS)
+                self._next_beat = loop.time() + LEASE_SECONDS / 3
+            await asyncio.sleep(CANCEL_POLL_SECONDS)
+
+    async def stop(self) -> None:
+        """Stop watching: no cancellation after this. Raises what ended the watch, if any."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
 
 # -- reading a stored run -------------------------------------------------------------
@@ -350,7 +450,7 @@ async def fork(run_id: str, at: int, *, store: str | Store | None = None,
         fields = _overrides(loaded.workflow, config, None)
         fields.update(parent_run=run_id, parent_seq=at,
                       patch=L.to_json_value(dict(patch)) if patch else None)
-        rid = new_run_id or uuid.uuid4().hex[:20]
+        rid = new_run_id or make_run_id()
         row = loaded.row
         now = time.time()
         from ._store import Summary
@@ -388,7 +488,7 @@ async def cancel(run_id: str, *, by: str | None = None, store: str | Store | Non
         loaded = await load_run(st, run_id)
         if loaded.view.status in ("COMPLETED", "REJECTED", "CANCELLED"):
             raise UsageError(f"run {run_id!r} is already {loaded.view.status}")
-        owner = f"{this_owner()}:{uuid.uuid4().hex[:8]}"
+        owner = make_owner()
         try:
             await st.claim(run_id, owner, LEASE_SECONDS)
         except ClaimError:

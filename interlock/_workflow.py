@@ -12,7 +12,6 @@ import asyncio
 import hashlib
 import os
 import time
-import uuid
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
@@ -24,7 +23,7 @@ from ._errors import Diagnostic, UsageError, WorkflowError
 from ._fold import RunView
 from ._model import WorkflowSpec
 from ._plan import Plan, build_plan
-from ._runs import RunResult, drive, open_store_arg
+from ._runs import RunResult, drive, make_run_id, open_store_arg
 from ._spec import load_spec, parse
 from ._store import RunRow, Store, Summary
 from ._validate import check
@@ -62,6 +61,7 @@ class Workflow:
         self._warnings: list[Diagnostic] = []
         self._definition: dict[str, Any] | None = None
         self._definition_hash: str | None = None
+        self._declared_limits: dict[str, Any] | None = None
 
     @classmethod
     def from_spec(cls, spec: WorkflowSpec) -> Workflow:
@@ -73,6 +73,7 @@ class Workflow:
         wf._warnings = []
         wf._definition = None
         wf._definition_hash = None
+        wf._declared_limits = None
         return wf
 
     # -- the builder -----------------------------------------------------------------
@@ -282,6 +283,12 @@ class Workflow:
             self._definition_hash = hashlib.sha256(L.dumps(self.definition())).hexdigest()
         return self._definition_hash
 
+    def _limits(self) -> dict[str, Any]:
+        """The declared limits as a run records them (computed once: the spec is frozen)."""
+        if self._declared_limits is None:
+            self._declared_limits = self.spec.limits.model_dump(exclude_none=True)
+        return self._declared_limits
+
     # -- running -----------------------------------------------------------------------
 
     async def run(self, input: Mapping[str, Any] | None = None, *,
@@ -298,19 +305,20 @@ class Workflow:
         plan = self.compile()
         spec = plan.spec
         data = _check_input(spec, input)
-        cfg, lim = _effective(spec, config, limits)
+        cfg, lim = _effective(spec, config, limits, self._limits())
         st, owned = open_store_arg(store)
         try:
-            rid = run_id or uuid.uuid4().hex[:20]
+            rid = run_id or make_run_id()
             writer = L.LogWriter()
             now = time.time()
+            definition_hash = self.definition_hash()
             rec, entry = writer.make(L.RUN_STARTED, {
-                "workflow": spec.workflow, "definition_hash": self.definition_hash(),
+                "workflow": spec.workflow, "definition_hash": definition_hash,
                 "input": data, "config": cfg, "limits": lim})
             view = RunView(plan)
             view.apply(rec)
             row = RunRow(run_id=rid, workflow=spec.workflow, definition=self.definition(),
-                         definition_hash=self.definition_hash(), input=data,
+                         definition_hash=definition_hash, input=data,
                          options={"config": dict(config or {}), "limits": dict(limits or {})},
                          created_at=now,
                          summary=Summary(status="RUNNING", last_seq=1, last_hash=writer.hash,
@@ -358,18 +366,18 @@ def _check_input(spec: WorkflowSpec, input: Mapping[str, Any] | None) -> dict[st
             f"workflow {spec.workflow!r} declares input: [{', '.join(spec.input)}]; the run's "
             f"input lacks {', '.join(map(repr, missing))}")
     try:
-        data = L.to_json_value(dict(input))
+        data: dict[str, Any] = L.to_json_value(dict(input))  # our copy, or a new dict
     except TypeError as exc:
         raise UsageError(f"the run's input is not JSON data: {exc}") from None
-    return dict(data)
+    return data
 
 
 def _effective(spec: WorkflowSpec, config: Mapping[str, Any] | None,
-               limits: Mapping[str, Any] | None) -> tuple[dict[str, Any], dict[str, Any]]:
+               limits: Mapping[str, Any] | None, declared: Mapping[str, Any]
+               ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A run's config and limits: ``declared`` (`Workflow._limits`) with the overrides."""
     cfg = {**spec.config, **(config or {})}
-    lim = spec.limits.model_dump(exclude_none=True)
-    if limits:
-        lim = {**lim, **check_limits(limits, base=lim)}
+    lim = {**declared, **check_limits(limits, base=declared)} if limits else dict(declared)
     return L.to_json_value(cfg), lim
 
 

@@ -22,7 +22,8 @@ from __future__ import annotations
 import os
 import socket
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from operator import attrgetter
 from typing import Any
 
 from .._errors import InterlockError
@@ -74,6 +75,10 @@ class Summary:
     waiting: dict[str, Any] | None = None
     updated_at: float = 0.0
 
+    def copy(self) -> Summary:
+        """A shallow copy."""
+        return Summary(*_summary_values(self))
+
 
 @dataclass(slots=True)
 class RunRow:
@@ -91,10 +96,33 @@ class RunRow:
     lease_until: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
+    def copy(self) -> RunRow:
+        """A copy with its own summary; the other values are shared (as with
+        `dataclasses.replace`). A store keeps and hands out copies, never its caller's row."""
+        row = RunRow(*_row_values(self))
+        row.summary = self.summary.copy()
+        return row
+
+
+# every field's value in `__init__`'s order: a copy in one call, not `dataclasses.replace`'s
+# walk over the fields (rows are copied once per run, or more)
+_summary_values = attrgetter(*(f.name for f in fields(Summary)))
+_row_values = attrgetter(*(f.name for f in fields(RunRow)))
+
+
+_this_owner: tuple[int, str] = (-1, "")
+
 
 def this_owner() -> str:
-    """An owner id for this process: ``host:pid`` (an executor adds ``:suffix``)."""
-    return f"{socket.gethostname()}:{os.getpid()}"
+    """An owner id for this process: ``host:pid`` (an executor adds ``:suffix``).
+
+    Computed once per process (a fork gets its own).
+    """
+    global _this_owner
+    pid = os.getpid()
+    if _this_owner[0] != pid:
+        _this_owner = (pid, f"{socket.gethostname()}:{pid}")
+    return _this_owner[1]
 
 
 def owner_gone(owner: str) -> bool:

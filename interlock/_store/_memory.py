@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import time
 from typing import Any
 
@@ -31,8 +29,7 @@ class MemoryStore(Store):
         if row.run_id in self._runs:
             raise RunExists(row.run_id)
         self._check_seq(row.run_id, [], entries)
-        # rows are built fresh by the caller; keep our own summary object
-        self._runs[row.run_id] = dataclasses.replace(row, summary=copy.copy(row.summary))
+        self._runs[row.run_id] = row.copy()  # the caller's row stays the caller's
         self._entries[row.run_id] = list(entries)
 
     async def append(self, run_id: str, entries: list[Entry], summary: Summary) -> None:
@@ -60,8 +57,7 @@ class MemoryStore(Store):
             raise RunNotFound(run_id) from None
 
     async def get_run(self, run_id: str) -> RunRow:
-        row = self._row(run_id)
-        return dataclasses.replace(row, summary=copy.copy(row.summary))
+        return self._row(run_id).copy()
 
     async def entries(self, run_id: str, after: int = 0) -> list[Entry]:
         self._row(run_id)
@@ -73,7 +69,7 @@ class MemoryStore(Store):
                 if (status is None or r.summary.status == status)
                 and (workflow is None or r.workflow == workflow)]
         rows.sort(key=lambda r: r.created_at, reverse=True)
-        return [dataclasses.replace(r, summary=copy.copy(r.summary)) for r in rows[:limit]]
+        return [r.copy() for r in rows[:limit]]
 
     async def claim(self, run_id: str, owner: str, lease: float, *, force: bool = False) -> None:
         row = self._row(run_id)
