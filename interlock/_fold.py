@@ -141,15 +141,12 @@ class RunView:
     _active: Counter[int] = field(default_factory=Counter)  # cyclic scc -> ready+running
     _deferred: dict[int, set[tuple[Any, ...]]] = field(default_factory=dict)
     _taken_exits: dict[int, set[tuple[Any, ...]]] = field(default_factory=dict)
-    _single_port: dict[str, bool] = field(default_factory=dict)
 
     # -- applying records ----------------------------------------------------------
 
     def __post_init__(self) -> None:
         # every node is present in ``visits`` so that ``run.visits.x`` is 0, not missing
-        for name in self.plan.nodes:
-            self.visits[name] = 0
-        self._single_port = {n: len(pn.ports) == 1 for n, pn in self.plan.nodes.items()}
+        self.visits.update(self.plan.no_visits)
 
     def apply(self, rec: L.Record) -> None:
         self.seq = rec["seq"]
@@ -342,7 +339,7 @@ class RunView:
         target = port.target
         if taken:
             self._enqueue(target)
-        if self._single_port[target]:
+        if target in self.plan.single_port:
             # one way in: each activation is settled by this port alone (the common case;
             # no queue to keep)
             if not taken:

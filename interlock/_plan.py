@@ -105,6 +105,8 @@ class Plan:
     # nodes whose every outgoing edge is plain and unconditional (no when, max, otherwise,
     # join) and that are no human gate: their edges are always taken, nothing to evaluate
     always_taken: frozenset[str] = frozenset()
+    no_visits: dict[str, int] = field(default_factory=dict)  # every node: 0 (a run's start)
+    single_port: frozenset[str] = frozenset()  # nodes with exactly one way in
 
 
 def callable_params(fn: Callable[..., Any]) -> int:
@@ -231,6 +233,8 @@ def build_plan(spec: WorkflowSpec, *, callables: dict[str, Callable[..., Any]],
         reducers={k: v.reducer for k, v in spec.state.items()},
         scc_members={c: frozenset(m) for c, m in members.items() if c in cyclic},
         back=back,
+        no_visits=dict.fromkeys(nodes, 0),
+        single_port=frozenset(n for n, pn in nodes.items() if len(pn.ports) == 1),
         always_taken=frozenset(
             n for n, pn in nodes.items()
             if pn.out and not pn.gate and all(

@@ -87,7 +87,7 @@ class Runner:
         self.view = view
         self.writer = writer
         self.listener = listener
-        self._done: asyncio.Queue[Outcome] = asyncio.Queue()
+        self._done: asyncio.Queue[Outcome] | None = None  # outcomes of visits run as tasks
         self._tasks: dict[tuple[str, int], asyncio.Task[None]] = {}
         self._lock = asyncio.Lock()
         self._staged: list[L.Entry] = []
@@ -208,6 +208,7 @@ class Runner:
                     return
                 raise _Abort(RunError("the run stopped with work left over -- this is a bug "
                                       "in interlock, please report it with the trace"))
+            assert self._done is not None
             outcome = await self._done.get()
             self._tasks.pop((outcome.node, outcome.visit), None)
             await self._finish(outcome)
@@ -277,6 +278,8 @@ class Runner:
                                        "approvers": _approvers(ns), "deadline": deadline})
 
     def _start_task(self, node: str, visit: int, attempt: int, *, rerun: bool) -> None:
+        if self._done is None:
+            self._done = asyncio.Queue()
         pn = self.plan.nodes[node]
         task = asyncio.get_running_loop().create_task(
             self._run_visit(pn, visit, attempt, rerun), name=f"interlock:{node}:{visit}")
@@ -312,7 +315,9 @@ class Runner:
 
     async def _run_visit(self, pn: PlanNode, visit: int, attempt: int, rerun: bool) -> None:
         """A visit as a task: run it and report the outcome to the loop."""
-        self._done.put_nowait(await self._visit(pn, visit, attempt, rerun=rerun))
+        outcome = await self._visit(pn, visit, attempt, rerun=rerun)
+        assert self._done is not None
+        self._done.put_nowait(outcome)
 
     async def _visit(self, pn: PlanNode, visit: int, attempt: int, *, rerun: bool) -> Outcome:
         """Run a visit (with its retries). Never raises Exception."""

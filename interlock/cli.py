@@ -19,7 +19,6 @@ import json
 import os
 import sys
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Any, NoReturn, TypeVar
@@ -167,7 +166,9 @@ def run(workflow: str, input_json: str | None, input_file: str | None, sets: tup
     for warning in wf.warnings:
         click.echo(str(warning), err=True)
     config = config_overrides(wf.spec.config, config_sets)
-    rid = run_id or uuid.uuid4().hex[:20]
+    from ._runs import make_run_id
+
+    rid = run_id or make_run_id()
     progress = Progress(rid, live=not as_json)
     result = _execute(wf, data, store_url, rid, config, limits, progress)
     if as_json:
@@ -1200,7 +1201,9 @@ def fork(run_id: str, at_seq: int, sets: tuple[str, ...], patch_json: str | None
     config = config_overrides({}, config_sets) if config_sets else {}
     if any(len(path) > 1 for path, _ in config_sets):
         config = _resume_config(run_id, store_url, config_sets)
-    rid = new_run_id or uuid.uuid4().hex[:20]
+    from ._runs import make_run_id
+
+    rid = new_run_id or make_run_id()
     progress = Progress(rid, live=not as_json)
 
     async def go(st: Store) -> RunResult:
