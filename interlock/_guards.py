@@ -17,11 +17,12 @@ import contextvars
 import functools
 import threading
 import time
-from collections.abc import Callable, Coroutine, Generator
+from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from ._errors import NodeError, RunError
+from ._steps import Steps
 
 if TYPE_CHECKING:
     from ._context import Context
@@ -141,37 +142,4 @@ async def bounded(coro: Coroutine[Any, Any, Any], timeout: float,
     except StopIteration as done:
         return done.value
     async with asyncio.timeout(timeout - (time.perf_counter() - started)):
-        return await _Resumed(coro, signal)
-
-
-class _Resumed:
-    """Awaitable that carries on a coroutine already run to its first suspension.
-
-    Its generator is what ``await`` does (PEP 380): pass the coroutine's signal (the
-    future it waits on) up to the task, and what the task sends or throws back down.
-    """
-
-    __slots__ = ("_coro", "_signal")
-
-    def __init__(self, coro: Coroutine[Any, Any, Any], signal: Any) -> None:
-        self._coro = coro
-        self._signal = signal
-
-    def __await__(self) -> Generator[Any, Any, Any]:
-        coro, signal = self._coro, self._signal
-        while True:
-            try:
-                value = yield signal
-            except GeneratorExit:
-                coro.close()
-                raise
-            except BaseException as exc:  # cancellation, the timeout: into the body
-                try:
-                    signal = coro.throw(exc)
-                except StopIteration as done:
-                    return done.value
-            else:
-                try:
-                    signal = coro.send(value)
-                except StopIteration as done:
-                    return done.value
+        return await Steps(coro, first=signal)

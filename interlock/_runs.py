@@ -12,9 +12,9 @@ import contextvars
 import hashlib
 import os
 import time
-from collections.abc import Callable, Coroutine, Generator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from . import _log as L
 from . import _snapshot as snapshots
@@ -23,6 +23,7 @@ from ._fold import RunView
 from ._plan import Plan
 from ._runner import Runner
 from ._spec import parse
+from ._steps import Steps
 from ._store import RunRow, Store, open_store, this_owner
 
 if TYPE_CHECKING:
@@ -30,8 +31,6 @@ if TYPE_CHECKING:
     from ._workflow import Workflow
 
 LEASE_SECONDS = 15.0
-
-T = TypeVar("T")
 
 Listener = Callable[[L.Record, RunView], None]
 
@@ -131,7 +130,7 @@ async def _execute(store: Store, run_id: str, owner: str, runner: Runner) -> Non
     try:
         # in a copy of our context, as a task of its own would be: what node bodies
         # set in context variables stays in the run
-        await _InContext(runner.execute(), contextvars.copy_context())
+        await Steps(runner.execute(), context=contextvars.copy_context())
     finally:
         if watcher.cancelled and runner.view.status != "CANCELLED" \
                 and task.cancelling() > cancelling:
@@ -141,38 +140,6 @@ async def _execute(store: Store, run_id: str, owner: str, runner: Runner) -> Non
         await watcher.stop()
     if task.cancelling() > cancelling:
         raise asyncio.CancelledError  # our caller's, taken for the watcher's by the executor
-
-
-class _InContext(Generic[T]):
-    """Await ``coro`` in the awaiting task, but with ``context`` as its current context.
-
-    What a task does for the coroutine it runs, without a task: each step of ``coro``
-    runs inside ``context``; what it waits on (futures, ``None`` for a bare yield), a
-    value sent or an exception thrown in (a cancellation) passes through unchanged.
-    """
-
-    __slots__ = ("_context", "_coro")
-
-    def __init__(self, coro: Coroutine[Any, Any, T], context: contextvars.Context) -> None:
-        self._coro, self._context = coro, context
-
-    def __await__(self) -> Generator[Any, Any, T]:
-        coro, run = self._coro, self._context.run
-        try:
-            signal = run(coro.send, None)
-            while True:
-                try:
-                    value = yield signal
-                except GeneratorExit:
-                    run(coro.close)
-                    raise
-                except BaseException as exc:  # a cancellation, say: the coroutine gets it
-                    signal = run(coro.throw, exc)
-                else:
-                    signal = run(coro.send, value)
-        except StopIteration as stop:
-            result: T = stop.value
-            return result
 
 
 class _Watcher:
