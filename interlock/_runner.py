@@ -196,6 +196,7 @@ class Runner:
                     outcome = await (self._attempt(pn, visit, 1) if pn.spec.retry is None
                                      else self._visit(pn, visit, 1, rerun=False))
                     await self._finish(outcome, alone=True)
+                    await self.flush()
                     continue
             if not self._tasks:
                 if view.idle:
@@ -208,10 +209,18 @@ class Runner:
                     return
                 raise _Abort(RunError("the run stopped with work left over -- this is a bug "
                                       "in interlock, please report it with the trace"))
-            assert self._done is not None
-            outcome = await self._done.get()
-            self._tasks.pop((outcome.node, outcome.visit), None)
-            await self._finish(outcome)
+            # wait for a visit to finish; take every other one that has finished too (a
+            # fan-out's branches often end together) and commit them in one batch
+            done = self._done
+            assert done is not None
+            outcome = await done.get()
+            while True:
+                self._tasks.pop((outcome.node, outcome.visit), None)
+                await self._finish(outcome)
+                if done.empty():
+                    break
+                outcome = done.get_nowait()
+            await self.flush()
 
     def _start_ready(self) -> tuple[PlanNode, int] | None:
         """Start every ready node; return the one to run inline when it is alone."""
@@ -418,8 +427,10 @@ class Runner:
         return update, goto
 
     async def _finish(self, out: Outcome, *, alone: bool = False) -> None:
-        """Commit a visit's outcome and decide its edges. ``alone``: nothing else ran
-        while it did (so it cannot have raced another node's write)."""
+        """Stage a visit's outcome and decide its edges; the caller flushes them (one
+        transaction, before any successor starts). A failure is committed at once and
+        ends the run. ``alone``: nothing else ran while it did (so it cannot have raced
+        another node's write)."""
         if out.pause is not None:
             # the visit stays running; it is re-run once a human has decided
             await self.commit([(L.APPROVAL_REQUESTED, {
@@ -452,7 +463,6 @@ class Runner:
         # decide this node's edges in the same batch: its completion and where the run
         # goes next are committed together
         self._decide_due()
-        await self.flush()
 
     def _write_conflict(self, out: Outcome) -> WriteConflictError | None:
         running = self.view.running.get((out.node, out.visit))
