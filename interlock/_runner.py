@@ -92,6 +92,7 @@ class Runner:
         self._lock = asyncio.Lock()
         self._staged: list[L.Entry] = []
         self._snapshot_seq = writer.seq  # records since then are not in a snapshot
+        self._snapshot_every = snapshots.EVERY
         self.budget = Budget(plan, view)
         self.cancelled_by: dict[str, Any] | None = None  # set by drive()'s cancel watcher
         self._pool: ProcessPool | None = None  # started by the first isolation: process node
@@ -129,12 +130,13 @@ class Runner:
             entries, self._staged = self._staged, []
             # the view matches the log up to entries[-1] right now, before any await
             snap = None
-            if entries[-1].seq - self._snapshot_seq >= snapshots.EVERY:
+            if entries[-1].seq - self._snapshot_seq >= self._snapshot_every:
                 snap = snapshots.dump(self.view, entries[-1].hash)
             await self.store.append(self.run_id, entries, self.summary())
             if snap is not None:
                 await self.store.save_snapshot(self.run_id, entries[-1].seq, snap)
                 self._snapshot_seq = entries[-1].seq
+                self._snapshot_every = snapshots.interval(len(snap))
 
     async def commit(self, items: list[tuple[str, dict[str, Any]]]) -> list[L.Record]:
         recs = self.stage(items)
@@ -143,9 +145,10 @@ class Runner:
 
     def summary(self) -> Summary:
         v = self.view
-        return Summary(status=v.status, last_seq=self.writer.seq, last_hash=self.writer.hash,
-                       steps=v.steps, tokens=v.tokens, error=v.error, waiting=v.waiting,
-                       updated_at=time.time())
+        # positional: one is made per commit (status, last_seq, last_hash, steps, tokens,
+        # error, waiting, updated_at)
+        return Summary(v.status, self.writer.seq, self.writer.hash, v.steps, v.tokens, v.error,
+                       v.waiting, time.time())
 
     # -- the loop --------------------------------------------------------------------
 

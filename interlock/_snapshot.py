@@ -22,7 +22,15 @@ from ._fold import Due, Gate, RunView, Visit, Writer
 from ._plan import Plan
 
 VERSION = 1
-EVERY = 500  # records between snapshots
+EVERY = 500  # records between snapshots, at least
+# ... and at least one record per this many bytes of the last snapshot: a large view
+# (a 1000-node graph) is dumped less often, so snapshots cost O(1) per record
+BYTES_PER_RECORD = 32
+
+
+def interval(size: int) -> int:
+    """Records to wait after a snapshot of ``size`` bytes before taking the next one."""
+    return max(EVERY, size // BYTES_PER_RECORD)
 
 
 def dump(view: RunView, last_hash: str) -> bytes:
