@@ -260,6 +260,7 @@ class RunView:
                     self.routed[arrived] = True
         back = source in e.back_sources
         ports = e.ports
+        single_port = self.plan.single_port
         for t in e.targets:
             if t == END:
                 continue
@@ -267,6 +268,8 @@ class RunView:
             if t in taken:
                 if port is None or back:
                     self._enqueue(t)  # a back edge: a new iteration, no port to resolve
+                elif port.exit_scc is None and t in single_port:
+                    self._enqueue(t)  # its only way in, taken: nothing else to settle
                 else:
                     self._taken_port(port)
             elif port is not None and not back:

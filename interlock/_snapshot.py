@@ -59,7 +59,7 @@ def dump(view: RunView, last_hash: str) -> bytes:
         "deferred": [[c, [list(x) for x in items]] for c, items in v._deferred.items()],
         "taken_exits": [[c, [list(x) for x in items]] for c, items in v._taken_exits.items()],
     }
-    return L.dumps(data)
+    return orjson.dumps(data, default=L.json_default)  # not hashed: no need to sort keys
 
 
 def load(plan: Plan, raw: bytes) -> tuple[RunView, str] | None:
