@@ -34,12 +34,14 @@ and not ours, is refused with `StoreError` and never written to.
 from __future__ import annotations
 
 import asyncio
-import functools
+import atexit
+import contextlib
+import queue
 import sqlite3
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl
@@ -113,6 +115,23 @@ CREATE TABLE IF NOT EXISTS snapshots (
     data   BLOB NOT NULL
 )
 """
+
+_INSERT_RECORD = (
+    "INSERT INTO records (run_id, seq, type, node, data, hash) VALUES (?, ?, ?, ?, ?, ?)"
+)
+_SET_SUMMARY = ("updated_at = ?, last_seq = ?, last_hash = ?, steps = ?, tokens = ?, "
+                "error = ?, waiting = ?")
+_LAST_SEQ = "(SELECT COALESCE(MAX(seq), 0) FROM records WHERE run_id = runs.run_id)"
+# An append's usual case as one compare-and-set: the run exists, keeps its status, and
+# the entries continue its log (the 10th parameter is the seq before them, or NULL when
+# there are none). `status` is not assigned, which spares the runs_by_status index a
+# rewrite -- a page less in the WAL per append (SQLite rewrites an index entry when a
+# column it covers is assigned, even to the value it had).
+_UPDATE_SUMMARY_IF = (f"UPDATE runs SET {_SET_SUMMARY} WHERE run_id = ? AND status = ? "
+                      f"AND (?10 IS NULL OR {_LAST_SEQ} = ?10)")
+# otherwise: what the run's row and log say, then the summary with its status
+_APPEND_CHECK = f"SELECT status, {_LAST_SEQ} FROM runs WHERE run_id = ?"
+_UPDATE_SUMMARY = f"UPDATE runs SET status = ?, {_SET_SUMMARY} WHERE run_id = ?"
 
 _RUN_COLUMNS = (
     "run_id, workflow, status, definition, definition_hash, input, options, created_at, "
@@ -243,24 +262,100 @@ def parse_sqlite_url(url: str) -> tuple[str, str, int]:
 
 # -- the store ---------------------------------------------------------------------------
 
+_Job = tuple[asyncio.AbstractEventLoop, asyncio.Future[Any], Callable[..., Any], tuple[Any, ...]]
+
+
+def _deliver(fut: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:
+    """On the event loop: hand a job's outcome to its awaiting coroutine (if still there)."""
+    if fut.cancelled():
+        return
+    if exc is not None:
+        fut.set_exception(exc)
+    else:
+        fut.set_result(result)
+
+
+class _Writer:
+    """A store's one thread: runs jobs in order, hands each outcome to the event loop
+    that asked for it.
+
+    Leaner than ``loop.run_in_executor`` on a one-thread pool (no concurrent future,
+    no chained callbacks): a job is a queue entry, its outcome one
+    ``call_soon_threadsafe``. The thread is a daemon so that a store nobody closed
+    does not keep the process alive; at exit `_stop_writers` lets the jobs queued
+    finish (a transaction in progress commits or rolls back as a whole), as a thread
+    pool's worker would.
+    """
+
+    def __init__(self, name: str) -> None:
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._guard = threading.Lock()
+        self._stopped = False
+        self._thread = threading.Thread(target=self._main, name=name, daemon=True)
+        self._thread.start()
+        _WRITERS.add(self)
+
+    def submit(self, loop: asyncio.AbstractEventLoop, fut: asyncio.Future[Any],
+               fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        with self._guard:
+            if self._stopped:
+                raise StoreError("the SQLite store was closed while this call was being made")
+            self._jobs.put((loop, fut, fn, args))
+
+    def stop(self) -> None:
+        """Let the queued jobs finish, then end the thread (idempotent)."""
+        _WRITERS.discard(self)
+        with self._guard:
+            if self._stopped:
+                return
+            self._stopped = True
+            self._jobs.put(None)
+        if threading.current_thread() is not self._thread:
+            self._thread.join()
+
+    def _main(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            loop, fut, fn, args = job
+            del job
+            exc: BaseException | None = None
+            result: Any = None
+            try:
+                result = fn(*args)
+            except BaseException as e:  # handed to the caller, as a thread pool does
+                exc = e
+            with contextlib.suppress(RuntimeError):  # a closed loop: nobody is waiting
+                loop.call_soon_threadsafe(_deliver, fut, result, exc)
+            del loop, fut, fn, args, result, exc
+
+
+_WRITERS: weakref.WeakSet[_Writer] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_writers() -> None:
+    for writer in list(_WRITERS):
+        writer.stop()
+
+
 class SQLiteStore(Store):
     def __init__(self, url: str) -> None:
         self.url = url
         path, self._synchronous, self._busy_ms = parse_sqlite_url(url)
         self.path = Path(path)
-        self._conn: sqlite3.Connection | None = None  # used on the worker thread only
-        self._executor: ThreadPoolExecutor | None = None
+        self._conn: sqlite3.Connection | None = None  # used on the writer thread only
+        self._writer: _Writer | None = None
         self._lock = threading.Lock()
 
     # -- plumbing ----------------------------------------------------------------------
 
-    def _worker(self) -> ThreadPoolExecutor:
-        with self._lock:
-            if self._executor is None:
-                self._executor = ThreadPoolExecutor(
-                    max_workers=1, thread_name_prefix=f"interlock-sqlite:{self.path.name}"
-                )
-            return self._executor
+    def _thread(self) -> _Writer:
+        writer = self._writer
+        if writer is None:
+            with self._lock:
+                if self._writer is None:
+                    self._writer = _Writer(f"interlock-sqlite:{self.path.name}")
+                writer = self._writer
+        return writer
 
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(conn, *args)`` on the store's thread.
@@ -269,9 +364,9 @@ class SQLiteStore(Store):
         (committed or rolled back as a whole) on the thread.
         """
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(
-            self._worker(), functools.partial(self._run, fn, *args)
-        )
+        fut: asyncio.Future[T] = loop.create_future()
+        self._thread().submit(loop, fut, self._run, (fn, *args))
+        return await fut
 
     def _run(self, fn: Callable[..., T], *args: Any) -> T:
         conn = self._conn or self._open()
@@ -386,12 +481,16 @@ class SQLiteStore(Store):
 
     async def close(self) -> None:
         with self._lock:
-            executor, self._executor = self._executor, None
-        if executor is None:
+            writer, self._writer = self._writer, None
+        if writer is None:
             return
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(executor, self._close_conn)
-        executor.shutdown(wait=True)
+        fut: asyncio.Future[None] = loop.create_future()
+        writer.submit(loop, fut, self._close_conn, ())
+        try:
+            await fut
+        finally:
+            writer.stop()  # the thread ends right after closing the connection
 
     def _close_conn(self) -> None:
         conn, self._conn = self._conn, None
@@ -401,12 +500,14 @@ class SQLiteStore(Store):
     # -- transactions (on the worker thread) --------------------------------------------
 
     @staticmethod
-    def _insert_entries(conn: sqlite3.Connection, run_id: str, entries: list[Entry]) -> None:
-        conn.executemany(
-            "INSERT INTO records (run_id, seq, type, node, data, hash) VALUES (?, ?, ?, ?, ?, ?)",
-            [(run_id, e.seq, e.type, record_node(e), e.data.decode("utf-8"), e.hash)
-             for e in entries],
-        )
+    def _rows(run_id: str, entries: list[Entry]) -> list[tuple[Any, ...]]:
+        return [(run_id, e.seq, e.type, record_node(e), e.data.decode("utf-8"), e.hash)
+                for e in entries]
+
+    @classmethod
+    def _insert_entries(cls, conn: sqlite3.Connection, run_id: str,
+                        entries: list[Entry]) -> None:
+        conn.executemany(_INSERT_RECORD, cls._rows(run_id, entries))
 
     def _create_run(self, conn: sqlite3.Connection, row: RunRow, entries: list[Entry]) -> None:
         check_first_seqs(row.run_id, 0, entries)
@@ -426,21 +527,21 @@ class SQLiteStore(Store):
 
     def _append(self, conn: sqlite3.Connection, run_id: str, entries: list[Entry],
                 summary: Summary) -> None:
+        rows = self._rows(run_id, entries)  # before taking the write lock
+        params = summary_params(summary)  # params[0] is the status
+        prev = entries[0].seq - 1 if entries else None
         conn.execute("BEGIN IMMEDIATE")
-        cur = conn.execute(
-            "UPDATE runs SET status = ?, updated_at = ?, last_seq = ?, last_hash = ?, steps = ?, "
-            "tokens = ?, error = ?, waiting = ? WHERE run_id = ?",
-            (*summary_params(summary), run_id),
-        )
-        if cur.rowcount == 0:
-            conn.rollback()
-            raise RunNotFound(run_id)
-        if entries:
-            (last,) = conn.execute("SELECT COALESCE(MAX(seq), 0) FROM records WHERE run_id = ?",
-                                   (run_id,)).fetchone()
-            check_first_seqs(run_id, last, entries)  # raises -> rollback in _run
+        if conn.execute(_UPDATE_SUMMARY_IF, (*params[1:], run_id, summary.status,
+                                             prev)).rowcount == 0:
+            found = conn.execute(_APPEND_CHECK, (run_id,)).fetchone()
+            if found is None:
+                conn.rollback()
+                raise RunNotFound(run_id)
+            check_first_seqs(run_id, found[1], entries)  # raises -> rollback in _run
+            conn.execute(_UPDATE_SUMMARY, (*params, run_id))  # the status changes
+        if rows:
             try:
-                self._insert_entries(conn, run_id, entries)
+                conn.executemany(_INSERT_RECORD, rows)
             except sqlite3.IntegrityError as exc:
                 conn.rollback()
                 raise ConflictError(f"run {run_id!r}: {exc}; another writer got there "
