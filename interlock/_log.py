@@ -140,6 +140,7 @@ class Entry(NamedTuple):
     type: str
     data: bytes
     hash: str
+    node: str | None = None  # the record's "node" field (a store indexes it), if any
 
     def record(self) -> Record:
         rec: Record = orjson.loads(self.data)
@@ -174,7 +175,8 @@ class LogWriter:
         data = _join((_dumps(rec, default=json_default, option=_OPTS), b""))
         self.hash = h = _sha256(self._prev + data).hexdigest()
         self._prev = h.encode("ascii")
-        return rec, _new_entry((seq, rtype, data, h))
+        node = fields.get("node")
+        return rec, _new_entry((seq, rtype, data, h, node if type(node) is str else None))
 
 
 @dataclass(frozen=True, slots=True)

@@ -452,15 +452,16 @@ class PostgresStore(Store):
     async def entries(self, run_id: str, after: int = 0) -> list[Entry]:
         async def op(conn: Conn) -> list[Entry]:
             cur = await conn.execute(
-                "SELECT seq, type, data, hash FROM records WHERE run_id = %s AND seq > %s "
-                "ORDER BY seq", (run_id, after))
+                "SELECT seq, type, data, hash, node FROM records WHERE run_id = %s "
+                "AND seq > %s ORDER BY seq", (run_id, after))
             rows = await cur.fetchall()
             if not rows:
                 cur = await conn.execute("SELECT 1 FROM runs WHERE run_id = %s", (run_id,))
                 if await cur.fetchone() is None:
                     raise RunNotFound(run_id)
-            return [Entry(int(seq), str(rtype), str(data).encode("utf-8"), str(h))
-                    for seq, rtype, data, h in rows]
+            return [Entry(int(seq), str(rtype), str(data).encode("utf-8"), str(h),
+                          None if node is None else str(node))
+                    for seq, rtype, data, h, node in rows]
 
         return await self._do(op, idempotent=True)
 

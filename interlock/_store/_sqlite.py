@@ -156,12 +156,9 @@ def from_json(text: str | None) -> Any:
 
 
 def record_node(entry: Entry) -> str | None:
-    """The record's ``node`` field, for the ``records.node`` column."""
-    try:
-        node = orjson.loads(entry.data).get("node")
-    except (orjson.JSONDecodeError, AttributeError):
-        return None
-    return node if isinstance(node, str) else None
+    """The record's ``node`` field, for the ``records.node`` column (the entry carries
+    it: `LogWriter` sets it, and so do the stores when they read entries back)."""
+    return entry.node
 
 
 def check_first_seqs(run_id: str, last: int, entries: Iterable[Entry]) -> None:
@@ -559,13 +556,14 @@ class SQLiteStore(Store):
     @staticmethod
     def _entries(conn: sqlite3.Connection, run_id: str, after: int) -> list[Entry]:
         rows = conn.execute(
-            "SELECT seq, type, data, hash FROM records WHERE run_id = ? AND seq > ? ORDER BY seq",
-            (run_id, after),
+            "SELECT seq, type, data, hash, node FROM records WHERE run_id = ? AND seq > ? "
+            "ORDER BY seq", (run_id, after),
         ).fetchall()
         if not rows and conn.execute("SELECT 1 FROM runs WHERE run_id = ?",
                                      (run_id,)).fetchone() is None:
             raise RunNotFound(run_id)
-        return [Entry(seq, rtype, data.encode("utf-8"), h) for seq, rtype, data, h in rows]
+        return [Entry(seq, rtype, data.encode("utf-8"), h, node)
+                for seq, rtype, data, h, node in rows]
 
     @staticmethod
     def _list_runs(conn: sqlite3.Connection, status: str | None, workflow: str | None,
