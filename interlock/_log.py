@@ -167,9 +167,15 @@ class LogWriter:
         return self.seal(rtype, {k: v for k, v in fields.items() if v is not None})
 
     def seal(self, rtype: str, fields: dict[str, Any]) -> tuple[Record, Entry]:
-        """`make` for ``fields`` without None values (the executor's own records)."""
+        """`make` for ``fields`` without None values (the executor's own records).
+
+        ``fields`` is handed over: it becomes the record (no copy on the hot path).
+        """
         self.seq = seq = self.seq + 1
-        rec: Record = {"seq": seq, "type": rtype, "at": _now(), **fields}
+        rec: Record = fields
+        rec["seq"] = seq
+        rec["type"] = rtype
+        rec["at"] = _now()
         # orjson's result keeps a 4 KiB buffer however short the JSON; a log keeps many
         # records, so keep an exact-size copy (joining with b"" is the cheapest copy)
         data = _join((_dumps(rec, json_default, _OPTS), b""))  # positional: ~0.3 us less
