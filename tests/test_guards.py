@@ -161,7 +161,7 @@ def test_a_body_keeps_its_task_and_its_own_timeouts_across_awaits() -> None:
     wf = Workflow("own-timeout")
     wf.node("own", own_timeout, timeout="5s").node("late", fails_after_await)
     wf.edge(START, "own").edge("own", "late")
-    result, recs = records_of(wf)
+    result, _ = records_of(wf)
     assert result.state["caught"] is True and result.state["same_task"] is True
     assert result.status == "FAILED" and result.error["node"] == "late"
     assert "KeyError" in result.error["message"]
