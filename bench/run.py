@@ -1,16 +1,18 @@
 """Run the benchmark scenarios through every engine's adapter and print a comparison.
 
     bash bench/setup_langgraph.sh && python bench/run.py             # everything, ~10 min
+    bash bench/setup_pydantic_graph.sh                               # optional third engine
     python bench/run.py --quick                                      # fewer trials, ~3 min
     python bench/run.py --only S1,S3 --engines interlock             # a subset
 
 Each (scenario, parameters) pair runs as a fresh subprocess per engine, with that
 engine's python: interlock with this python (the project venv), LangGraph with
-bench/.venv-langgraph/bin/python. Adapters print one JSON line per measurement; this
-driver streams them to stdout (unless --quiet), writes them all to
-bench/results/latest.jsonl, and prints a table of medians with the ratio
-interlock/LangGraph, plus the same table as Markdown in bench/results/latest.md.
-See bench/README.md for the scenarios and how to read the ratios.
+bench/.venv-langgraph/bin/python, pydantic-graph (S1 and S3 only, when its venv exists)
+with bench/.venv-pydantic-graph/bin/python. Adapters print one JSON line per
+measurement; this driver streams them to stdout (unless --quiet), writes them all to
+bench/results/latest.jsonl, and prints a table of medians with the ratios
+interlock/LangGraph and interlock/pydantic-graph, plus the same table as Markdown in
+bench/results/latest.md. See bench/README.md for the scenarios and how to read the ratios.
 """
 
 from __future__ import annotations
@@ -35,8 +37,19 @@ BENCH = Path(__file__).resolve().parent
 ADAPTERS = BENCH / "adapters"
 RESULTS = BENCH / "results"
 LANGGRAPH_PY = BENCH / ".venv-langgraph" / "bin" / "python"
+PYDANTIC_GRAPH_PY = BENCH / ".venv-pydantic-graph" / "bin" / "python"
 
-ENGINES = ("interlock", "langgraph")
+ENGINES = ("interlock", "langgraph", "pydantic-graph")
+# engine -> (its python outside the project venv, the script that makes that venv)
+VENVS = {"langgraph": (LANGGRAPH_PY, "bench/setup_langgraph.sh"),
+         "pydantic-graph": (PYDANTIC_GRAPH_PY, "bench/setup_pydantic_graph.sh")}
+# the engines that run only some scenarios: the rest get a `skipped` line, no process
+COVERS = {"pydantic-graph": {"S1", "S3"}}
+NOT_COVERED = {"pydantic-graph": "not measured for pydantic-graph: the issue's target against "
+                                 "it is per-node overhead (S1, S3) with no persistence"}
+# engine -> (its column, its ratio column); interlock is the numerator of every ratio
+COLUMNS = {"langgraph": ("langgraph", "ratio il/lg"),
+           "pydantic-graph": ("pydantic-graph", "ratio il/pg")}
 SCENARIOS = ("S1", "S2", "S3", "S4", "S5", "S6", "S7")
 
 # metrics where a higher value is better (for the rest, lower is better)
@@ -57,6 +70,10 @@ REFERENCE = [
     ("S4", "-", "runs_per_s", 276, 276),
     ("S6", "-", "import_ms", 1100, 1100),
 ]
+# pydantic-graph's figure in the issue (per node, 1000-node chain), and its target: at
+# most 1/5 of pydantic-graph's per-node overhead (S1 N=1000 and S3).
+PG_REFERENCE = [("S1", "N=1000", "per_node_us", 160, 190)]
+PG_TARGET = 0.2
 
 
 @dataclass
@@ -99,7 +116,13 @@ def plan(quick: bool) -> list[Job]:
 def engine_python(engine: str) -> Path | None:
     if engine == "interlock":
         return Path(sys.executable)
-    return LANGGRAPH_PY if LANGGRAPH_PY.exists() else None
+    py = VENVS[engine][0]
+    return py if py.exists() else None
+
+
+def _missing(engine: str) -> str:
+    py, setup = VENVS[engine]
+    return f"{py} is missing: run bash {setup}"
 
 
 def run_adapter(engine: str, scenario: str, params: dict[str, Any],
@@ -109,9 +132,14 @@ def run_adapter(engine: str, scenario: str, params: dict[str, Any],
     base = {"engine": engine, "scenario": scenario,
             "param": params.get("label") or _label(scenario, params), "metric": "*"}
     if py is None:
-        return [{**base, "skipped": f"{LANGGRAPH_PY} is missing: run bash "
-                                    "bench/setup_langgraph.sh"}]
-    cmd = [str(py), str(ADAPTERS / f"{engine}_adapter.py"), scenario, json.dumps(params)]
+        return [{**base, "skipped": _missing(engine)}]
+    if scenario != "meta" and scenario not in COVERS.get(engine, (scenario,)):
+        line = {**base, "skipped": NOT_COVERED[engine]}
+        if echo:
+            print(json.dumps(line), flush=True)
+        return [line]
+    adapter = ADAPTERS / f"{engine.replace('-', '_')}_adapter.py"
+    cmd = [str(py), str(adapter), scenario, json.dumps(params)]
     env = {**os.environ, "PYTHONHASHSEED": "0"}
     env.pop("PYTHONPATH", None)
     lines: list[dict[str, Any]] = []
@@ -226,12 +254,20 @@ def _shown(scenario: str, param: str, metric: str, cpu: bool) -> bool:
 def build_rows(lines: list[dict[str, Any]], cpu: bool = False) -> tuple[list[Row], list[str]]:
     rows: dict[tuple[str, str, str], Row] = {}
     notes: list[str] = []
+    # a whole (scenario, param) skipped for an engine (metric "*"): it marks that engine's
+    # cells in the other engines' rows, and makes one note per engine and reason
+    wild: list[tuple[str, str, str]] = []
+    wild_notes: dict[tuple[str, str], list[str]] = {}
     for obj in lines:
         sc = obj.get("scenario")
         if sc in (None, "meta", "machine", "summary"):
             continue
         key = (sc, obj.get("param", "-"), obj.get("metric", "*"))
         engine = obj["engine"]
+        if key[2] == "*" and "skipped" in obj:
+            wild.append((sc, key[1], engine))
+            wild_notes.setdefault((engine, obj["skipped"]), []).append(f"{sc} {key[1]}")
+            continue
         if "skipped" in obj or "error" in obj:
             kind = "skipped" if "skipped" in obj else "error"
             notes.append(f"{engine} {sc} {key[1]} {key[2]}: {kind}: {obj[kind]}")
@@ -243,6 +279,13 @@ def build_rows(lines: list[dict[str, Any]], cpu: bool = False) -> tuple[list[Row
         row = rows.setdefault(key, Row(*key, unit=obj.get("unit", "")))
         row.unit = row.unit or obj.get("unit", "")
         row.values[engine].append(float(obj["value"]))
+    for sc, param, engine in wild:
+        same = [r for r in rows.values() if (r.scenario, r.param) == (sc, param)]
+        for r in same or [rows.setdefault((sc, param, "*"), Row(sc, param, "*"))]:
+            if not r.values.get(engine):
+                r.notes.setdefault(engine, "skipped")
+    for (engine, reason), where in wild_notes.items():
+        notes.append(f"{engine} {', '.join(where)}: skipped: {reason}")
     ordered = sorted(rows.values(), key=lambda r: (r.scenario, _param_order(r.param)))
     return _with_derived(ordered, cpu), notes
 
@@ -287,30 +330,33 @@ def _fmt(v: float | None) -> str:
     return f"{v:.2f}"
 
 
-def table(rows: list[Row]) -> list[list[str]]:
-    head = ["scenario", "param", "metric", "unit", "interlock", "langgraph",
-            "ratio il/lg", "better"]
-    body = [head]
-    lg_by = {(r.scenario, r.param, r.metric): r for r in rows}
+def table(rows: list[Row], others: tuple[str, ...] = ("langgraph",)) -> list[list[str]]:
+    """The table: interlock's column, then for each engine of ``others`` its column and
+    the ratio interlock / that engine."""
+    head = ["scenario", "param", "metric", "unit", "interlock"]
+    for engine in others:
+        head += COLUMNS[engine]
+    body = [[*head, "better"]]
+    by = {(r.scenario, r.param, r.metric): r for r in rows}
     for r in rows:
         il = r.median("interlock")
-        lg = r.median("langgraph")
-        if lg is None and r.metric in COMPARE_WITH:
-            other = lg_by.get((r.scenario, r.param, COMPARE_WITH[r.metric]))
-            lg = other.median("langgraph") if other else None
-        ratio = _fmt(il / lg) if il is not None and lg else "-"
-        cells = []
-        for engine, v in (("interlock", il), ("langgraph", lg)):
+        cells = [r.notes.get("interlock", "-") if il is None else _fmt(il)]
+        for engine in others:
+            v = r.median(engine)
+            if v is None and r.metric in COMPARE_WITH:
+                other = by.get((r.scenario, r.param, COMPARE_WITH[r.metric]))
+                v = other.median(engine) if other else None
             cells.append(r.notes.get(engine, "-") if v is None else _fmt(v))
+            cells.append(_fmt(il / v) if il is not None and v else "-")
         better = "" if r.metric.startswith("growth") else (
             "higher" if r.metric in HIGHER_IS_BETTER else "lower")
-        body.append([r.scenario, r.param, r.metric, r.unit, *cells, ratio, better])
+        body.append([r.scenario, r.param, r.metric, r.unit, *cells, better])
     return body
 
 
 def render_text(body: list[list[str]]) -> str:
     widths = [max(len(row[i]) for row in body) for i in range(len(body[0]))]
-    right = {4, 5, 6}
+    right = set(range(4, len(body[0]) - 1))
     out = []
     for k, row in enumerate(body):
         out.append("  ".join(c.rjust(w) if i in right else c.ljust(w)
@@ -322,35 +368,49 @@ def render_text(body: list[list[str]]) -> str:
 
 def render_markdown(body: list[list[str]]) -> str:
     out = ["| " + " | ".join(body[0]) + " |",
-           "|" + "|".join("---:" if i in (4, 5, 6) else "---" for i in range(len(body[0])))
+           "|" + "|".join("---:" if 4 <= i < len(body[0]) - 1 else "---"
+                          for i in range(len(body[0])))
            + "|"]
     out += ["| " + " | ".join(row) + " |" for row in body[1:]]
     return "\n".join(out)
 
 
 def checks(rows: list[Row]) -> list[str]:
-    """Lines to read next to the table: interlock's growth, and LangGraph here against
-    its reference figures."""
+    """Lines to read next to the table: interlock's growth, LangGraph and pydantic-graph
+    here against their reference figures, interlock against the pydantic-graph target."""
     by = {(r.scenario, r.param, r.metric): r for r in rows}
     out = []
     for what, metric in (("wall", "per_node"), ("CPU", "per_node_cpu")):
         g = by.get(("S1", "-", f"growth {metric} N=1000/N=100"))
         if g is None or g.median("interlock") is None:
             continue
-        lg = g.median("langgraph")
+        lg, pg = g.median("langgraph"), g.median("pydantic-graph")
         out.append(f"S1 interlock per-node {what} time, N=1000 over N=100: "
                    f"{g.median('interlock'):.2f}x (flat is 1.0; issue A: it must not grow)"
-                   + (f"; LangGraph: {lg:.2f}x" if lg is not None else ""))
-    for sc, param, metric, lo, hi in REFERENCE:
-        r = by.get((sc, param, metric))
-        v = r.median("langgraph") if r else None
-        if v is None:
-            continue
-        ref = f"{lo:,}" if lo == hi else f"{lo:,}-{hi:,}"
-        mid = (lo + hi) / 2
-        slower = mid / v if metric in HIGHER_IS_BETTER else v / mid
-        out.append(f"LangGraph {sc} {param} {metric}: {_fmt(v)} here vs {ref} on the reference "
-                   f"machine ({slower:.1f}x slower here)")
+                   + (f"; LangGraph: {lg:.2f}x" if lg is not None else "")
+                   + (f"; pydantic-graph: {pg:.2f}x" if pg is not None else ""))
+    for engine, name, refs in (("langgraph", "LangGraph", REFERENCE),
+                               ("pydantic-graph", "pydantic-graph", PG_REFERENCE)):
+        for sc, param, metric, lo, hi in refs:
+            r = by.get((sc, param, metric))
+            v = r.median(engine) if r else None
+            if v is None:
+                continue
+            ref = f"{lo:,}" if lo == hi else f"{lo:,}-{hi:,}"
+            mid = (lo + hi) / 2
+            slower = mid / v if metric in HIGHER_IS_BETTER else v / mid
+            out.append(f"{name} {sc} {param} {metric}: {_fmt(v)} here vs {ref} on the "
+                       f"reference machine ({slower:.1f}x slower here)")
+    for sc, metric in (("S1", "per_node_us"), ("S3", "per_iter_us")):
+        ratios = []
+        for m in (metric, metric.replace("_us", "_cpu_us")):
+            r = by.get((sc, "N=1000", m))
+            il, pg = (r.median("interlock"), r.median("pydantic-graph")) if r else (None, None)
+            if il is not None and pg:
+                ratios.append(f"{il / pg:.2f} {'CPU' if 'cpu' in m else 'wall'}")
+        if ratios:
+            out.append(f"interlock/pydantic-graph {sc} N=1000 {metric}: {', '.join(ratios)} "
+                       f"(issue target: at most {PG_TARGET:.2f})")
     return out
 
 
@@ -360,8 +420,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer trials (for development)")
     ap.add_argument("--only", default="", help="comma-separated scenarios, e.g. S1,S3")
-    ap.add_argument("--engines", default=",".join(ENGINES),
-                    help="comma-separated engines (interlock,langgraph)")
+    ap.add_argument("--engines", default=None,
+                    help="comma-separated engines (interlock,langgraph,pydantic-graph; default: "
+                         "all, pydantic-graph only if bench/.venv-pydantic-graph exists)")
     ap.add_argument("--out", type=Path, default=None,
                     help="where to write every JSON line (default: bench/results/latest.jsonl "
                          "for a full run, bench/results/partial.jsonl with --quick or --only)")
@@ -373,17 +434,27 @@ def main(argv: list[str] | None = None) -> int:
 
     only = {s.strip().upper() for s in args.only.split(",") if s.strip()}
     bad = only - set(SCENARIOS)
-    engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    default_engines = args.engines is None
+    engines = [e.strip().replace("_", "-") for e in (args.engines or ",".join(ENGINES)).split(",")
+               if e.strip()]
     if bad or not set(engines) <= set(ENGINES) or not engines:
         ap.error(f"scenarios are {', '.join(SCENARIOS)}; engines are {', '.join(ENGINES)}")
     if "langgraph" in engines and engine_python("langgraph") is None:
         print(f"run.py: {LANGGRAPH_PY} is missing; run `bash bench/setup_langgraph.sh` "
               "first (or pass --engines interlock)", file=sys.stderr)
         return 2
+    if "pydantic-graph" in engines and engine_python("pydantic-graph") is None:
+        if not default_engines:
+            print(f"run.py: {PYDANTIC_GRAPH_PY} is missing; run "
+                  "`bash bench/setup_pydantic_graph.sh` first", file=sys.stderr)
+            return 2
+        print(f"run.py: {PYDANTIC_GRAPH_PY} is missing; going on without pydantic-graph "
+              "(`bash bench/setup_pydantic_graph.sh` adds it)", file=sys.stderr)
+        engines.remove("pydantic-graph")
 
     jobs = [j for j in plan(args.quick) if not only or j.scenario in only]
     if args.out is None:
-        full = not args.quick and not only and engines == list(ENGINES)
+        full = not args.quick and not only and {"interlock", "langgraph"} <= set(engines)
         args.out = RESULTS / ("latest.jsonl" if full else "partial.jsonl")
     info = machine()
     lines: list[dict[str, Any]] = [{"scenario": "machine", **info,
@@ -395,6 +466,10 @@ def main(argv: list[str] | None = None) -> int:
         # alternate which engine goes first, so drift in the machine's load hits both
         order = engines if k % 2 == 0 else list(reversed(engines))
         for engine in order:
+            if job.scenario not in COVERS.get(engine, (job.scenario,)):
+                # a `skipped` line, no process
+                lines += run_adapter(engine, job.scenario, job.params, echo=not args.quiet)
+                continue
             t0 = time.monotonic()
             print(f"run.py: {engine} {job.scenario} {json.dumps(job.params)}", file=sys.stderr)
             lines += run_adapter(engine, job.scenario, job.params, echo=not args.quiet)
@@ -405,7 +480,9 @@ def main(argv: list[str] | None = None) -> int:
     lines[0].update(info)
 
     rows, notes = build_rows(lines, args.cpu)
-    body = table(rows)
+    # LangGraph's columns always (as before), pydantic-graph's when it ran
+    others = ("langgraph", "pydantic-graph") if "pydantic-graph" in engines else ("langgraph",)
+    body = table(rows, others)
     summary = [{"scenario": "summary", "row": dict(zip(body[0], row, strict=True))}
                for row in body[1:]]
 
