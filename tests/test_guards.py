@@ -258,3 +258,83 @@ def test_retry_matches_exception_subclasses_by_name() -> None:
     wf.node("refused", refused, retry={"attempts": 2, "errors": ["ConnectionError"]})
     wf.edge(START, "refused")
     assert records_of(wf)[0].status == "COMPLETED" and attempts == [1, 2]
+
+
+# -- cancellation within the process -----------------------------------------------------
+# The executor runs in the caller's task (no task of its own); these pin what that must
+# keep: a caller's cancellation propagates, a cancellation through the store ends the run
+# CANCELLED without leaving the caller's task cancelled, and context variables a node
+# sets stay in the run.
+
+
+def _waiting_workflow(name: str, started: asyncio.Event) -> Workflow:
+    async def waits(state: dict[str, Any]) -> dict[str, Any]:
+        started.set()
+        await asyncio.sleep(30)
+        return {"done": True}
+
+    wf = Workflow(name)
+    wf.node("w", waits).edge(START, "w")
+    return wf
+
+
+def test_cancelling_the_caller_propagates_and_leaves_the_run_resumable() -> None:
+    from interlock._store import open_store
+
+    async def main() -> None:
+        store = open_store("memory://")
+        started = asyncio.Event()
+        wf = _waiting_workflow("caller-cancel", started)
+        task = asyncio.create_task(wf.run(store=store, run_id="r1"))
+        await started.wait()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        assert task.cancelled()
+        status = await interlock.status("r1", store=store)
+        assert status.status == "RUNNING"  # not ours to end: `resume` picks it up
+        assert "done" not in status.state
+
+    asyncio.run(main())
+
+
+def test_a_cancel_through_the_store_ends_the_run_and_not_the_callers_task() -> None:
+    from interlock._store import open_store
+
+    async def main() -> None:
+        store = open_store("memory://")
+        started = asyncio.Event()
+        wf = _waiting_workflow("store-cancel", started)
+        task = asyncio.create_task(wf.run(store=store, run_id="r2"))
+        await started.wait()
+        await interlock.cancel("r2", by="ops", store=store, wait=5)
+        result = await task  # returns: the cancellation was the run's, not the caller's
+        assert result.status == "CANCELLED"
+        assert result.error is not None and "ops" in result.error["message"]
+        assert task.cancelling() == 0
+
+    asyncio.run(main())
+
+
+def test_context_variables_a_node_sets_stay_in_the_run() -> None:
+    import contextvars
+
+    var: contextvars.ContextVar[str] = contextvars.ContextVar("var", default="caller")
+    seen: list[str] = []
+
+    async def sets(state: dict[str, Any]) -> None:
+        var.set("node")
+
+    async def reads(state: dict[str, Any]) -> None:
+        seen.append(var.get())
+
+    wf = Workflow("ctxvars")
+    wf.node("sets", sets).node("reads", reads).edge(START, "sets").edge("sets", "reads")
+
+    async def main() -> None:
+        result = await wf.run(store="memory://")
+        assert result.status == "COMPLETED"
+        assert var.get() == "caller"  # the run's context is a copy of the caller's
+
+    asyncio.run(main())
+    assert seen == ["node"]  # ... shared by the run's nodes, as one task's would be
