@@ -395,7 +395,7 @@ class Runner:
                 self.budget.leave(ctx)
         duration = round((time.perf_counter() - t0) * 1000, 3)
         if ctx is None:
-            return Outcome(pn.name, visit, attempt, update, goto, error, duration)
+            return Outcome(pn.name, visit, attempt, update, goto, error, duration, 0, pause)
         if ctx._over is not None:  # crossed the budget, even if the node swallowed it
             error, update, goto = ctx._over, None, None
         return Outcome(pn.name, visit, attempt, update, goto, error, duration, ctx.tokens, pause)
