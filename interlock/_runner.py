@@ -49,6 +49,8 @@ from ._plan import Plan, PlanEdge, PlanNode
 from ._state import check_update, scoped
 from ._store import Store, Summary
 
+YIELD_EVERY = 64  # inline visits between two turns given to the event loop
+
 
 @dataclass(slots=True)
 class Outcome:
@@ -187,6 +189,7 @@ class Runner:
                 continue
             first_body = gate is not None and gate.kind == "confirm" and not gate.body_started
             self._start_task(v.node, v.visit, 1 if first_body else v.attempt + 1, rerun=True)
+        inline_steps = 0
         while True:
             if view.due:
                 self._decide_due()
@@ -200,6 +203,11 @@ class Runner:
                                      else self._visit(pn, visit, 1, rerun=False))
                     await self._finish(outcome, alone=True)
                     await self.flush()
+                    inline_steps += 1
+                    if inline_steps % YIELD_EVERY == 0:
+                        # nodes that never wait (and a store that never waits) would
+                        # otherwise hold the event loop for the whole run
+                        await asyncio.sleep(0)
                     continue
             if not self._tasks:
                 if view.idle:

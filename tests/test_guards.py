@@ -338,3 +338,37 @@ def test_context_variables_a_node_sets_stay_in_the_run() -> None:
 
     asyncio.run(main())
     assert seen == ["node"]  # ... shared by the run's nodes, as one task's would be
+
+
+def test_a_long_run_of_nodes_that_never_wait_lets_other_tasks_run() -> None:
+    # With the in-memory store nothing in a run of trivial nodes ever suspends; the
+    # executor still gives the event loop a turn now and then (a server, a heartbeat,
+    # a cancellation watcher sharing the loop must not stall for the whole run).
+    async def step(state: dict[str, Any]) -> dict[str, Any]:
+        return {"i": state["i"] + 1}
+
+    wf = Workflow("busy-loop")
+    wf.node("step", step).edge(START, "step")
+    wf.edge("step", "step", when="i < 640").edge("step", "END", otherwise=True)
+
+    async def main() -> int:
+        ticks = 0
+        stop = False
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while not stop:
+                ticks += 1
+                await asyncio.sleep(0)
+
+        task = asyncio.create_task(ticker())
+        await asyncio.sleep(0)
+        before = ticks
+        result = await wf.run({"i": 0}, store="memory://")
+        during = ticks - before
+        stop = True
+        await task
+        assert result.status == "COMPLETED" and result.state["i"] == 640
+        return during
+
+    assert asyncio.run(main()) >= 5
