@@ -75,7 +75,9 @@ def check_update(node: str, update: Any, writes: frozenset[str] | None,
     plain = True
     for key, value in update.items():
         if type(key) is not str:
-            raise NodeError(f"node {node!r} returned a non-string key {key!r}", node=node)
+            if not isinstance(key, str):
+                raise NodeError(f"node {node!r} returned a non-string key {key!r}", node=node)
+            plain = False  # a str subclass (an enum): logged as its plain string
         if writes is not None and key not in writes:
             extra = sorted(k for k in update if k not in writes)
             raise NodeError(
