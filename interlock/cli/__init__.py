@@ -1,0 +1,91 @@
+"""The ``interlock`` command line (SPEC §4).
+
+Every command is a small Click function that parses its options, calls the
+Python API, and turns the outcome into output and an exit code. Conventions
+shared by all commands (keep them when adding one):
+
+- results go to stdout; progress, run ids, warnings and errors go to stderr;
+  ``--json`` prints exactly one JSON object on stdout and nothing else there;
+- exit codes: 0 completed, 1 failed, 2 invalid usage / invalid workflow /
+  refused, 3 waiting for approval, 4 rejected (`exit_code_for`);
+- a mistake the user can fix raises `CliError` (exit 2, ``error: ...``);
+- heavy modules (the engine, Rich) are imported inside the commands, so that
+  ``interlock --help`` stays fast.
+
+The package: this module holds the command group and `main`; `_run` the commands that
+execute or change a run (run, resume, fork, cancel), `_progress` their live output and
+summary, `_inspect` the ones that only look (validate, graph, status, runs, verify),
+`_trace` the timeline of ``interlock trace``, `_common` what commands share (exit codes,
+`CliError`, options, --input / --set parsing), `_format` the wording of values and records.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+import click
+
+from ._common import (
+    EXIT_COMPLETED,
+    EXIT_FAILED,
+    EXIT_REJECTED,
+    EXIT_USAGE,
+    EXIT_WAITING,
+    CliError,
+    call_engine,
+    config_overrides,
+    exit_code_for,
+    load_workflow,
+    parse_sets,
+    parse_value,
+    read_input,
+    with_store,
+)
+from ._inspect import graph, runs, status, validate, verify
+from ._progress import Progress
+from ._run import cancel, fork, resume, run
+from ._trace import trace
+
+__all__ = [
+    "EXIT_COMPLETED", "EXIT_FAILED", "EXIT_REJECTED", "EXIT_USAGE", "EXIT_WAITING",
+    "CliError", "Progress", "call_engine", "cli", "config_overrides", "exit_code_for",
+    "load_workflow", "main", "parse_sets", "parse_value", "read_input", "with_store",
+]
+
+
+# -- the command group -----------------------------------------------------------------------
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="interlock", prog_name="interlock")
+def cli() -> None:
+    """interlock: graph workflows that execute exactly what they declare.
+
+    Exit codes: 0 completed, 1 failed, 2 invalid usage or workflow,
+    3 waiting for approval, 4 rejected.
+    """
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The console script (``interlock``) and ``python -m interlock``."""
+    try:
+        cli.main(args=argv, prog_name="interlock", standalone_mode=True)
+    except SystemExit as exc:
+        _exit_now_if_threads_were_abandoned(exc.code)
+        raise
+
+
+def _exit_now_if_threads_were_abandoned(code: Any) -> None:
+    """A sync node that timed out keeps its worker thread (it cannot be interrupted);
+    the run has ended and said so, so the process does not wait for that thread."""
+    guards = sys.modules.get("interlock._guards")
+    if guards is not None and getattr(guards, "abandoned", None):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code if isinstance(code, int) else (0 if code is None else 1))
+
+
+for _command in (run, validate, graph, resume, status, runs, trace, verify, cancel, fork):
+    cli.add_command(_command)

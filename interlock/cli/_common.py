@@ -1,0 +1,255 @@
+"""What every command shares: exit codes, `CliError`, the common options, loading a
+workflow, calling the engine, and reading ``--input``, ``--patch`` and ``--set`` values."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import IO, TYPE_CHECKING, Any, TypeVar
+
+import click
+
+if TYPE_CHECKING:
+    from .. import Workflow
+    from .._errors import Diagnostic
+    from .._store import Store
+    from ._progress import Progress
+
+F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
+
+EXIT_COMPLETED, EXIT_FAILED, EXIT_USAGE, EXIT_WAITING, EXIT_REJECTED = 0, 1, 2, 3, 4
+
+
+_STATUS_EXIT = {
+    "COMPLETED": EXIT_COMPLETED,
+    "FAILED": EXIT_FAILED,
+    "CANCELLED": EXIT_FAILED,
+    "WAITING_APPROVAL": EXIT_WAITING,
+    "REJECTED": EXIT_REJECTED,
+}
+
+
+def exit_code_for(status: str) -> int:
+    """The exit code of ``run``/``resume``/``status`` for a run in ``status``."""
+    return _STATUS_EXIT.get(status, EXIT_FAILED)
+
+
+class CliError(click.ClickException):
+    """A mistake the user can fix: printed as ``error: <message>``, exit code 2."""
+
+    exit_code = EXIT_USAGE
+
+    def show(self, file: IO[Any] | None = None) -> None:
+        click.echo(f"error: {self.format_message()}", err=True)
+
+
+# -- shared options ---------------------------------------------------------------------------
+
+
+def store_option(fn: F) -> F:
+    return click.option(
+        "--store", "store_url", metavar="URL",
+        help="Where runs live: sqlite:///rel.db, sqlite:////abs.db, postgresql://..., "
+             "memory:// (default: $INTERLOCK_STORE, then sqlite:///./.interlock/runs.db).",
+    )(fn)
+
+
+def json_option(fn: F) -> F:
+    return click.option(
+        "--json", "as_json", is_flag=True,
+        help="Print the run as one JSON object on stdout (and nothing else there).",
+    )(fn)
+
+
+def set_option(fn: F) -> F:
+    return click.option(
+        "--set", "sets", multiple=True, metavar="K=V",
+        help="Override config (a.b=V sets a nested key) or a limit (limits.steps=50). "
+             "V is read as JSON (0.9, true, null, \"text\"); anything else is a string.",
+    )(fn)
+
+
+# -- loading a workflow, calling the engine ---------------------------------------------------
+
+
+def echo_diagnostics(diagnostics: list[Diagnostic], *, err: bool) -> None:
+    for d in diagnostics:
+        click.echo(str(d), err=err)
+
+
+def load_workflow(path: str) -> Workflow:
+    """Load and validate ``path``; on errors print each diagnostic to stderr and exit 2."""
+    from .._errors import WorkflowError
+    from .._workflow import load
+
+    try:
+        return load(path)
+    except WorkflowError as exc:
+        echo_diagnostics(exc.diagnostics, err=True)
+        raise SystemExit(EXIT_USAGE) from None
+
+
+def call_engine(coro: Coroutine[Any, Any, T], progress: Progress | None = None) -> T:
+    """Run ``coro`` to completion; the engine's usage errors (a refused decision, an
+    unknown run, a claimed run, a bad store URL) become `CliError` (exit 2)."""
+    import asyncio
+
+    from pydantic import ValidationError
+
+    from .._errors import UsageError
+    from .._store import StoreError
+
+    try:
+        return asyncio.run(coro)
+    except (UsageError, StoreError) as exc:
+        raise CliError(str(exc)) from None
+    except ValidationError as exc:  # a --set limits.X value of the wrong type or range
+        raise CliError(_limit_problems(exc)) from None
+    except KeyboardInterrupt:
+        if progress is not None and progress.started:
+            click.echo(f"interrupted: run {progress.run_id} stopped; its completed nodes are "
+                       "kept in the store (continue with `interlock resume "
+                       f"{progress.run_id}`)", err=True)
+        raise SystemExit(130) from None
+
+
+async def with_store(store_url: str | None, fn: Callable[[Store], Awaitable[T]]) -> T:
+    """Open the store at ``store_url`` (None: the default), call ``fn`` with it, close it."""
+    from .._store import open_store
+
+    st = open_store(store_url)
+    try:
+        return await fn(st)
+    finally:
+        await st.close()
+
+
+def _limit_problems(exc: Any) -> str:
+    problems = [f"limits.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]
+    return "invalid --set " + "; ".join(problems)
+
+
+# -- --input, --patch: JSON objects -----------------------------------------------------------
+
+
+def read_input(input_json: str | None, input_file: str | None) -> dict[str, Any]:
+    """The run's input from ``--input`` or ``--input-file`` (at most one), as a dict."""
+    if input_json is not None and input_file is not None:
+        raise CliError("use either --input or --input-file, not both")
+    if input_file is not None:
+        return _parse_input(_read_text(input_file), f"--input-file {input_file}")
+    if input_json is not None:
+        return _parse_input(input_json, "--input")
+    return {}
+
+
+def _read_text(path: str) -> str:
+    if path == "-":
+        return sys.stdin.read()
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError as exc:
+        raise CliError(f"cannot read --input-file {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise CliError(f"--input-file {path} is not UTF-8 text: {exc.reason}") from None
+
+
+def _parse_input(text: str, where: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CliError(f"{where} is not valid JSON: {exc.msg} at line {exc.lineno} column "
+                       f"{exc.colno}; expected an object such as '{{\"field\": 1}}'") from None
+    if not isinstance(value, dict):
+        raise CliError(f"{where} must be a JSON object of input fields (such as "
+                       f"'{{\"field\": 1}}'), got {_json_type(value)}")
+    return value
+
+
+def _parse_object(text: str, where: str, what: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CliError(f"{where} is not valid JSON: {exc.msg} at line {exc.lineno} column "
+                       f"{exc.colno}; expected an object of {what}, such as "
+                       "'{\"field\": 1}'") from None
+    if not isinstance(value, dict):
+        raise CliError(f"{where} must be a JSON object of {what} (such as '{{\"field\": 1}}'), "
+                       f"got {_json_type(value)}")
+    return value
+
+
+def _json_type(value: Any) -> str:
+    names = {list: "an array", str: "a string", bool: "a boolean", type(None): "null",
+             int: "a number", float: "a number"}
+    return names.get(type(value), type(value).__name__)
+
+
+# -- --set K=V --------------------------------------------------------------------------------
+
+
+ConfigSet = tuple[tuple[str, ...], Any]
+
+
+def parse_sets(sets: tuple[str, ...]) -> tuple[list[ConfigSet], dict[str, Any]]:
+    """Split ``--set`` pairs into config assignments (key path, value) and limits."""
+    config: list[ConfigSet] = []
+    limits: dict[str, Any] = {}
+    for item in sets:
+        key, sep, raw = item.partition("=")
+        path = tuple(key.strip().split("."))
+        if not sep or not all(path):
+            raise CliError(f"--set {item!r}: expected KEY=VALUE, such as --set threshold=0.8, "
+                           "--set model.name=gpt-4o or --set limits.steps=50")
+        value = parse_value(raw)
+        if path[0] == "limits":
+            if len(path) != 2:
+                raise CliError(f"--set {item!r}: a limit is set as limits.NAME=VALUE "
+                               "(limits.tokens, limits.steps, limits.timeout)")
+            limits[path[1]] = value
+        else:
+            config.append((path, value))
+    return config, limits
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(name)  # NaN / Infinity are not JSON: keep them as text
+
+
+def parse_value(raw: str) -> Any:
+    """``raw`` read as JSON (``0.9``, ``true``, ``null``, ``"x"``), else the text itself."""
+    try:
+        return json.loads(raw, parse_constant=_no_constants)
+    except ValueError:
+        return raw
+
+
+def config_overrides(base: dict[str, Any], sets: list[ConfigSet]) -> dict[str, Any]:
+    """The top-level ``config`` overrides for ``sets``; a nested key keeps its siblings."""
+    import copy
+
+    out: dict[str, Any] = {}
+    for path, value in sets:
+        top = path[0]
+        if len(path) == 1:
+            out[top] = value
+            continue
+        if top not in out:
+            out[top] = copy.deepcopy(base.get(top, {}))
+        _set_nested(out, path, value)
+    return out
+
+
+def _set_nested(config: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
+    node = config
+    for depth, key in enumerate(path[:-1]):
+        child = node.setdefault(key, {})
+        if not isinstance(child, dict):
+            where = ".".join(path[:depth + 1])
+            raise CliError(f"--set {'.'.join(path)}: config.{where} is {child!r}, not a "
+                           f"mapping, so it has no key {path[depth + 1]!r}")
+        node = child
+    node[path[-1]] = value

@@ -1,0 +1,107 @@
+"""How values and records are put into words: durations, ages, short JSON, the style of
+each status, and the parts of a node or decision line that the live progress and
+``interlock trace`` share."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .._log import Record
+    from .._model import EdgeSpec
+
+
+_STATUS_STYLE = {
+    "running": "cyan", "completed": "green", "failed": "bold red", "retrying": "yellow",
+    "waiting": "magenta", "taken": "cyan", "skipped": "dim", "not run": "dim",
+    "COMPLETED": "bold green", "FAILED": "bold red", "CANCELLED": "bold red",
+    "WAITING_APPROVAL": "bold magenta", "REJECTED": "bold yellow",
+    "approved": "green", "rejected": "yellow", "modified": "cyan", "timed_out": "yellow",
+    "PENDING": "dim", "RUNNING": "cyan", "RETRYING": "yellow",
+}
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def _duration(ms: float) -> str:
+    if ms < 1000:
+        return f"{ms:.1f} ms"
+    if ms < 60_000:
+        return f"{ms / 1000:.2f} s"
+    minutes, seconds = divmod(ms / 1000, 60)
+    return f"{int(minutes)}m {seconds:04.1f}s"
+
+
+def _when(ts: float) -> str:
+    from datetime import datetime
+
+    return datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _ago(ts: float) -> str:
+    return f"{_age(time.time() - ts)} ago"
+
+
+def _age(seconds: float) -> str:
+    """'45s', '3m 10s', '2h 05m', '3d 4h'."""
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m {s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h {s % 3600 // 60:02d}m"
+    return f"{s // 86400}d {s % 86400 // 3600}h"
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, default=str)
+
+
+def _reads(reads: dict[str, Any]) -> str:
+    return "(" + ", ".join(f"{k}={_json(v)}" for k, v in reads.items()) + ")"
+
+
+def _short(text: str, limit: int = 80) -> str:
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+# -- node, edge and decision details ----------------------------------------------------------
+
+
+def _sources(edge: EdgeSpec) -> str:
+    return edge.source[0] if len(edge.source) == 1 else "[" + ", ".join(edge.source) + "]"
+
+
+def _node_detail(rec: Record) -> str:
+    parts = []
+    if rec["type"] == "node.started" and rec.get("attempt", 1) > 1:
+        parts.append(f"attempt {rec['attempt']}")
+    if rec.get("duration_ms") is not None:
+        parts.append(_duration(rec["duration_ms"]))
+    if rec.get("tokens"):
+        parts.append(_plural(rec["tokens"], "token"))
+    error = rec.get("error")
+    if error:
+        parts.append(_short(str(error.get("message", "")).splitlines()[0], 200))
+    if rec["type"] == "node.retrying" and rec.get("delay_ms") is not None:
+        parts.append(f"retry in {_duration(rec['delay_ms'])}")
+    return "  ".join(parts)
+
+
+def _decision_detail(rec: Record) -> str:
+    """'by alice: looks fine; patch {...}; re-enter at a' for an approval.decided record."""
+    text = f"by {rec['by']}" if rec.get("by") else "by an anonymous decider"
+    if rec.get("comment"):
+        text += f": {_short(str(rec['comment']), 100)}"
+    if rec.get("patch"):
+        text += f"; patch {_short(_json(rec['patch']), 100)}"
+    if rec.get("reenter"):
+        text += f"; re-enter at {rec['reenter']}"
+    if rec.get("timed_out"):
+        text += " (deadline passed)"
+    return text

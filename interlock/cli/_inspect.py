@@ -1,0 +1,299 @@
+"""The commands that look without changing anything: ``validate`` and ``graph`` (a
+workflow file), ``status``, ``runs`` and ``verify`` (stored runs)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import click
+
+from ._common import (
+    EXIT_FAILED,
+    EXIT_USAGE,
+    CliError,
+    call_engine,
+    echo_diagnostics,
+    exit_code_for,
+    json_option,
+    store_option,
+    with_store,
+)
+from ._format import _STATUS_STYLE, _age, _ago, _json, _plural, _short, _when
+
+if TYPE_CHECKING:
+    from .. import RunResult
+    from .._errors import Diagnostic
+    from .._store import RunRow, Store
+
+
+# -- validate ---------------------------------------------------------------------------------
+
+
+@click.command(short_help="Check a workflow without running it.")
+@click.argument("workflow", metavar="WORKFLOW")
+def validate(workflow: str) -> None:
+    """Check WORKFLOW without running it: print every problem as file:line:col.
+
+    Exits 2 when there is any error, 0 otherwise (warnings alone do not fail).
+    """
+    from .._errors import WorkflowError
+    from .._workflow import load
+
+    try:
+        wf = load(workflow)
+    except WorkflowError as exc:
+        _report_invalid(workflow, exc.diagnostics)
+    spec = wf.spec
+    click.echo(f"ok: {workflow} ({_plural(len(spec.nodes), 'node')}, "
+               f"{_plural(len(spec.edges), 'edge')})")
+    echo_diagnostics(wf.warnings, err=False)
+
+
+def _report_invalid(workflow: str, diagnostics: list[Diagnostic]) -> NoReturn:
+    echo_diagnostics(diagnostics, err=False)
+    errors = sum(1 for d in diagnostics if d.severity == "error")
+    warnings = len(diagnostics) - errors
+    click.echo(f"invalid: {workflow} ({_plural(errors, 'error')}, "
+               f"{_plural(warnings, 'warning')})")
+    raise SystemExit(EXIT_USAGE)
+
+
+# -- graph ------------------------------------------------------------------------------------
+
+
+@click.command(short_help="Print a workflow's graph (Mermaid or DOT).")
+@click.argument("workflow", metavar="WORKFLOW")
+@click.option("--format", "fmt", type=click.Choice(["mermaid", "dot"]), default="mermaid",
+              show_default=True, help="Mermaid flowchart or Graphviz DOT.")
+def graph(workflow: str, fmt: str) -> None:
+    """Print WORKFLOW's graph: nodes, joins, and the condition on every edge.
+
+    Only the file is read (node modules are not imported), so a workflow can be
+    drawn while it is still being written; `interlock validate` checks it.
+    """
+    from .._errors import WorkflowError
+    from .._render import to_dot, to_mermaid
+    from .._spec import load_spec
+
+    try:
+        spec = load_spec(workflow)
+    except WorkflowError as exc:
+        echo_diagnostics(exc.diagnostics, err=True)
+        raise SystemExit(EXIT_USAGE) from None
+    click.echo(to_mermaid(spec) if fmt == "mermaid" else to_dot(spec), nl=False)
+
+
+# -- status -----------------------------------------------------------------------------------
+
+
+@click.command(short_help="Show where a run stands.")
+@click.argument("run_id", metavar="RUN_ID")
+@json_option
+@store_option
+def status(run_id: str, as_json: bool, store_url: str | None) -> None:
+    """Show RUN_ID's status, counts and error; for a run waiting for approval, the gate,
+    what it shows and how to decide.
+
+    Exits like `run`: 0 completed, 1 failed (or not finished), 3 waiting, 4 rejected.
+    """
+    from .._runs import status as run_status
+
+    async def go(st: Store) -> tuple[RunResult, RunRow]:
+        return await run_status(run_id, store=st), await st.get_run(run_id)
+
+    result, row = call_engine(with_store(store_url, go))
+    if as_json:
+        click.echo(json.dumps(result.to_json(), ensure_ascii=False))
+    else:
+        _print_status(result, row, store_url)
+    sys.exit(exit_code_for(result.status))
+
+
+def _print_status(result: RunResult, row: RunRow, store_url: str | None) -> None:
+    from rich.console import Console
+    from rich.text import Text
+
+    out = Console(highlight=False, soft_wrap=True)
+    head = Text()
+    head.append(result.status, style=_STATUS_STYLE.get(result.status, ""))
+    head.append(f"  run {result.run_id}: workflow {result.workflow}, "
+                f"{_plural(result.steps, 'step')}, {_plural(result.tokens, 'token')}")
+    out.print(head)
+    lines = [f"created {_when(row.created_at)}, updated {_when(row.summary.updated_at)}"]
+    if row.parent_run:
+        lines.append(f"forked from {row.parent_run} at record {row.parent_seq}")
+    if result.error:
+        e = result.error
+        where = f" at node {e.get('node')!r}" if e.get("node") else ""
+        lines.append(f"error ({e.get('type')}){where}: {e.get('message')}")
+    store = f" --store {store_url}" if store_url else ""
+    if result.waiting:
+        lines += _waiting_lines(result.run_id, result.waiting, store)
+    elif result.status in ("RUNNING", "RETRYING", "PENDING"):
+        if row.owner and row.lease_until and row.lease_until > time.time():
+            lines.append(f"being executed by {row.owner}")
+        else:
+            lines.append(f"interrupted: no process is executing it; continue with "
+                         f"`interlock resume {result.run_id}{store}`")
+    elif result.status == "FAILED":
+        lines.append(f"run the failed node again with `interlock resume {result.run_id}{store}`")
+    for line in lines:
+        out.print(line, markup=False)
+
+
+def _waiting_lines(run_id: str, w: dict[str, Any], store: str) -> list[str]:
+    gate = w.get("node")
+    since = ""
+    if w.get("requested_at"):
+        since = f" for {_age(time.time() - w['requested_at'])}"
+    lines = [f"waiting for a decision at {gate!r}{since}"]
+    if w.get("deadline"):
+        left = w["deadline"] - time.time()
+        due = f"in {_age(left)}" if left > 0 else f"passed {_age(-left)} ago"
+        lines.append(f"deadline: {_when(w['deadline'])} ({due})")
+    show = w.get("show") or {}
+    if show:
+        lines.append("shows:")
+        lines += [f"  {field_} = {_json(value)}" for field_, value in show.items()]
+    decisions = list(w.get("decisions") or [])
+    lines.append(f"decisions: {', '.join(decisions)}")
+    lines.append("decide with:")
+    flags = {"approve": "--approve", "reject": "--reject",
+             "modify": "--modify '{\"field\": value}' [--at NODE]"}
+    for d in decisions:
+        if d in flags:
+            lines.append(f"  interlock resume {run_id} {flags[d]} --by NAME "
+                         f"[--comment TEXT]{store}")
+    return lines
+
+
+# -- runs -------------------------------------------------------------------------------------
+
+
+STATUSES = ["PENDING", "RUNNING", "RETRYING", "WAITING_APPROVAL", "COMPLETED", "FAILED",
+            "REJECTED", "CANCELLED"]
+
+
+@click.command(short_help="List runs, newest first.")
+@click.option("--status", "status_", type=click.Choice(STATUSES, case_sensitive=False),
+              help="Only runs in this status.")
+@click.option("--workflow", metavar="NAME", help="Only runs of this workflow.")
+@click.option("--waiting", is_flag=True,
+              help="Only runs waiting for approval, with the gate, how long it has waited "
+                   "and its deadline.")
+@click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True,
+              help="At most this many runs.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the runs as one JSON list of objects on stdout.")
+@store_option
+def runs(status_: str | None, workflow: str | None, waiting: bool, limit: int, as_json: bool,
+         store_url: str | None) -> None:
+    """List the runs in the store, newest first."""
+    from .._runs import list_runs
+
+    if status_ is not None:
+        status_ = status_.upper()
+    if waiting:
+        if status_ not in (None, "WAITING_APPROVAL"):
+            raise CliError(f"--waiting lists WAITING_APPROVAL runs; it cannot be combined "
+                           f"with --status {status_}")
+        status_ = "WAITING_APPROVAL"
+    rows = call_engine(list_runs(store=store_url, status=status_, workflow=workflow,
+                                 limit=limit))
+    if as_json:
+        click.echo(json.dumps([_run_json(r) for r in rows], ensure_ascii=False))
+        return
+    if not rows:
+        click.echo("no runs waiting for approval" if waiting else "no runs")
+    elif waiting:
+        _print_waiting(rows)
+    else:
+        _print_runs(rows)
+    if len(rows) == limit:
+        click.echo(f"(the newest {limit}; see more with --limit)", err=True)
+
+
+def _run_json(row: RunRow) -> dict[str, Any]:
+    s = row.summary
+    return {"run_id": row.run_id, "workflow": row.workflow, "status": s.status,
+            "steps": s.steps, "tokens": s.tokens, "created_at": row.created_at,
+            "updated_at": s.updated_at, "parent_run": row.parent_run,
+            "parent_seq": row.parent_seq, "error": s.error, "waiting": s.waiting}
+
+
+def _print_runs(rows: list[RunRow]) -> None:
+    header = ["run id", "workflow", "status", "steps", "tokens", "created", "updated", "parent"]
+    body = [[r.run_id, r.workflow, r.summary.status, str(r.summary.steps),
+             str(r.summary.tokens), _when(r.created_at), _ago(r.summary.updated_at),
+             f"{r.parent_run}@{r.parent_seq}" if r.parent_run else "-"] for r in rows]
+    _print_columns(header, body, right={3, 4}, status_col=2)
+
+
+def _print_waiting(rows: list[RunRow]) -> None:
+    header = ["run id", "workflow", "gate", "waiting", "deadline", "shows"]
+    now = time.time()
+    body = []
+    for r in rows:
+        w = r.summary.waiting or {}
+        requested = w.get("requested_at")
+        deadline = w.get("deadline")
+        if deadline is None:
+            due = "-"
+        elif deadline > now:
+            due = f"{_when(deadline)} (in {_age(deadline - now)})"
+        else:
+            due = f"{_when(deadline)} (passed)"
+        body.append([r.run_id, r.workflow, str(w.get("node", "?")),
+                     _age(now - requested) if requested else "?", due,
+                     _short(_json(w.get("show") or {}), 60)])
+    _print_columns(header, body, right={3})
+    click.echo("decide with: interlock resume RUN_ID --approve | --reject | --modify "
+               "PATCH_JSON --by NAME", err=True)
+
+
+def _print_columns(header: list[str], body: list[list[str]], *, right: set[int],
+                   status_col: int | None = None) -> None:
+    """Aligned columns, never wrapped (so the output greps and pipes as it reads)."""
+    from rich.console import Console
+    from rich.text import Text
+
+    widths = [max(len(row[i]) for row in [header, *body]) for i in range(len(header))]
+
+    def line(cells: list[str], style: str = "") -> Text:
+        text = Text(style=style)
+        for i, cell in enumerate(cells):
+            padded = cell.rjust(widths[i]) if i in right else cell.ljust(widths[i])
+            if i == len(cells) - 1:
+                padded = padded.rstrip()
+            cell_style = _STATUS_STYLE.get(cell, "") if i == status_col and not style else ""
+            text.append(padded, style=cell_style)
+            if i < len(cells) - 1:
+                text.append("  ")
+        return text
+
+    out = Console(highlight=False, soft_wrap=True)
+    out.print(line(header, "bold"))
+    for row in body:
+        out.print(line(row))
+
+
+# -- verify -----------------------------------------------------------------------------------
+
+
+@click.command(short_help="Check a run's log has not been tampered with.")
+@click.argument("run_id", metavar="RUN_ID")
+@store_option
+def verify(run_id: str, store_url: str | None) -> None:
+    """Check RUN_ID's hash chain, its stored definition, and that every record follows
+    from the ones before it. Exits 0 when intact, 1 naming the first bad record."""
+    from .._runs import verify as run_verify
+
+    v = call_engine(run_verify(run_id, store=store_url))
+    if v.ok:
+        click.echo(f"ok: {run_id} ({_plural(v.records, 'record')}, chain and fold verified)")
+        return
+    click.echo(f"broken: {run_id} at record {v.seq} of {v.records}: {v.message}")
+    sys.exit(EXIT_FAILED)

@@ -1,0 +1,203 @@
+"""The live progress of ``run``/``resume``/``fork`` (a line per node event and guarded
+edge, on stderr) and the summary table printed when the run stops."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import click
+
+from ._format import (
+    _STATUS_STYLE,
+    _decision_detail,
+    _duration,
+    _json,
+    _node_detail,
+    _plural,
+    _reads,
+    _short,
+    _sources,
+)
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    from .. import RunResult
+    from .._fold import RunView
+    from .._log import Record
+    from .._model import EdgeSpec, WorkflowSpec
+
+
+@dataclass(slots=True)
+class NodeStats:
+    visits: set[int] = field(default_factory=set)
+    duration_ms: float = 0.0
+    tokens: int = 0
+    status: str = "not run"
+
+
+class Progress:
+    """The run's listener: prints the run id, a line per node event and per guarded edge
+    decision (stderr), and collects what the summary table shows."""
+
+    def __init__(self, run_id: str, *, live: bool) -> None:
+        self.run_id = run_id
+        self.live = live
+        self.started = False
+        self.t0 = time.perf_counter()
+        self.stats: dict[str, NodeStats] = {}
+        self.width = 0
+        self._console: Console | None = None
+
+    def __call__(self, rec: Record, view: RunView) -> None:
+        match rec["type"]:
+            case "run.started":
+                self._on_started(view.plan.spec)
+            case "run.resumed":
+                by = f" by {rec['by']}" if rec.get("by") else ""
+                self._on_started(view.plan.spec, f"resumed{by}")
+            case "run.forked":
+                self._on_started(view.plan.spec, f"forked from {rec['parent_run']} at "
+                                                 f"record {rec['parent_seq']}")
+            case "node.started" | "node.completed" | "node.failed" | "node.retrying":
+                self._on_node(rec)
+            case "edge.taken" | "edge.skipped":
+                self._on_edge(rec, view.plan.spec.edges[rec["edge"]])
+            case "approval.requested":
+                self._on_waiting(rec)
+            case "approval.decided":
+                self._on_decided(rec)
+
+    def replay(self, records: list[Record]) -> None:
+        """Count the node records of a run's earlier executions (printing nothing), so
+        that the summary of a resumed or forked run covers the whole run."""
+        live, self.live = self.live, False
+        try:
+            for rec in records:
+                if rec["type"] in ("node.started", "node.completed", "node.failed",
+                                   "node.retrying"):
+                    self._on_node(rec)
+                elif rec["type"] == "approval.requested":
+                    self._on_waiting(rec)
+        finally:
+            self.live = live
+
+    def _on_started(self, spec: WorkflowSpec, how: str = "") -> None:
+        self.started = True
+        self.t0 = time.perf_counter()
+        self.stats = {name: self.stats.get(name, NodeStats()) for name in spec.nodes}
+        self.width = max((len(n) for n in spec.nodes), default=0)
+        verb = f"started ({how})" if how.startswith("forked") else how or "started"
+        click.echo(f"run {self.run_id} {verb}: workflow {spec.workflow}", err=True)
+
+    def _on_decided(self, rec: Record) -> None:
+        node, decision = rec["node"], rec["decision"]
+        self.stats.setdefault(node, NodeStats()).status = decision
+        self._line(node, decision, _decision_detail(rec))
+
+    def _on_node(self, rec: Record) -> None:
+        node = rec["node"]
+        st = self.stats.setdefault(node, NodeStats())
+        st.status = rec["type"].removeprefix("node.")
+        if st.status == "started":
+            st.status = "running"
+            st.visits.add(rec["visit"])
+        st.duration_ms += rec.get("duration_ms") or 0.0
+        st.tokens += rec.get("tokens") or 0
+        self._line(node, st.status, _node_detail(rec))
+
+    def _on_waiting(self, rec: Record) -> None:
+        node = rec["node"]
+        self.stats.setdefault(node, NodeStats()).status = "waiting"
+        self._line(node, "waiting", "for approval: " + _short(_json(rec.get("show")), 100))
+
+    def _on_edge(self, rec: Record, edge: EdgeSpec) -> None:
+        expr, reason = rec.get("expr"), rec.get("reason")
+        if expr is None and reason is None:
+            return  # an unconditional edge: nothing to explain
+        taken = rec.get("to")
+        route = f"{_sources(edge)} -> {', '.join(taken)}" if taken else edge.describe()
+        parts = [route]
+        if expr is not None:
+            value = "" if expr == "otherwise" else f" = {_short(_json(rec.get('value')))}"
+            parts.append(f"[{_short(expr)}{value}]")
+        parts.append(("taken" if taken else "skipped") + (f" ({reason})" if reason else ""))
+        if not taken and rec.get("reads"):
+            parts.append(_short(_reads(rec["reads"]), 100))
+        self._emit(self._text("  " + "  ".join(parts), "taken" if taken else "skipped"))
+
+    def _line(self, node: str, status: str, detail: str) -> None:
+        from rich.text import Text
+
+        line = Text("  ")
+        line.append(node.ljust(self.width), style="bold")
+        line.append("  ")
+        line.append(status, style=_STATUS_STYLE.get(status, ""))
+        if detail:
+            line.append(" " * (11 - len(status)) + detail)
+        self._emit(line)
+
+    def _text(self, text: str, status: str) -> Text:
+        from rich.text import Text
+
+        return Text(text, style=_STATUS_STYLE.get(status, ""))
+
+    def _emit(self, line: Text) -> None:
+        if not self.live:
+            return
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console(stderr=True, highlight=False, soft_wrap=True)
+        self._console.print(line)
+
+    def print_summary(self, result: RunResult) -> None:
+        """The table of nodes and the final status, on stdout."""
+        from rich.console import Console
+        from rich.text import Text
+
+        out = Console(highlight=False)
+        out.print(self._table())
+        elapsed = (time.perf_counter() - self.t0) * 1000
+        head = Text()
+        head.append(result.status, style=_STATUS_STYLE.get(result.status, ""))
+        head.append(f"  run {result.run_id}, {_plural(result.steps, 'step')}, "
+                    f"{_plural(result.tokens, 'token')}, {_duration(elapsed)}")
+        out.print(head, soft_wrap=True)
+        for line in _outcome_lines(result):
+            out.print(line, soft_wrap=True, markup=False)
+
+    def _table(self) -> Table:
+        from rich import box
+        from rich.table import Table
+
+        table = Table(box=box.SIMPLE_HEAD, show_edge=False)
+        table.add_column("node")
+        for name in ("visits", "duration", "tokens"):
+            table.add_column(name, justify="right")
+        table.add_column("status")
+        for node, st in self.stats.items():
+            table.add_row(node, str(len(st.visits)), _duration(st.duration_ms) if st.visits
+                          else "-", str(st.tokens), self._text(st.status, st.status))
+        return table
+
+
+def _outcome_lines(result: RunResult) -> list[str]:
+    lines = []
+    if result.error:
+        node = result.error.get("node")
+        where = f" at node {node!r}" if node else ""
+        lines.append(f"error ({result.error.get('type')}){where}: {result.error.get('message')}")
+    if result.waiting:
+        w = result.waiting
+        lines.append(f"waiting for a decision at {w.get('node')!r}; shows {_json(w.get('show'))}")
+        flags = {"approve": "--approve", "reject": "--reject",
+                 "modify": "--modify PATCH_JSON [--at NODE]"}
+        choices = " | ".join(flags[d] for d in w.get("decisions", []) if d in flags)
+        lines.append(f"decide with: interlock resume {result.run_id} {choices}  "
+                     "[--by NAME] [--comment TEXT]")
+    return lines

@@ -1,0 +1,247 @@
+"""The commands that execute or change a run: ``run``, ``resume``, ``fork``, ``cancel``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import click
+
+from ._common import (
+    EXIT_FAILED,
+    CliError,
+    ConfigSet,
+    _parse_object,
+    call_engine,
+    config_overrides,
+    exit_code_for,
+    json_option,
+    load_workflow,
+    parse_sets,
+    read_input,
+    set_option,
+    store_option,
+    with_store,
+)
+from ._progress import Progress
+
+if TYPE_CHECKING:
+    from .. import RunResult, Workflow
+    from .._store import Store
+
+
+# -- run --------------------------------------------------------------------------------------
+
+
+@click.command(short_help="Run a workflow.")
+@click.argument("workflow", metavar="WORKFLOW")
+@click.option("--input", "input_json", metavar="JSON",
+              help='The run\'s input as a JSON object, e.g. \'{"error_event": {...}}\'.')
+@click.option("--input-file", metavar="PATH",
+              help="Read the run's input (a JSON object) from PATH ('-' for stdin).")
+@set_option
+@click.option("--run-id", metavar="ID", help="Use this run id instead of a generated one.")
+@json_option
+@store_option
+def run(workflow: str, input_json: str | None, input_file: str | None, sets: tuple[str, ...],
+        run_id: str | None, as_json: bool, store_url: str | None) -> None:
+    """Run WORKFLOW (a .yaml/.json file) until it completes, fails or waits for approval."""
+    data = read_input(input_json, input_file)
+    config_sets, limits = parse_sets(sets)
+    wf = load_workflow(workflow)
+    for warning in wf.warnings:
+        click.echo(str(warning), err=True)
+    config = config_overrides(wf.spec.config, config_sets)
+    from .._runs import make_run_id
+
+    rid = run_id or make_run_id()
+    progress = Progress(rid, live=not as_json)
+    result = _execute(wf, data, store_url, rid, config, limits, progress)
+    if as_json:
+        click.echo(json.dumps(result.to_json(), ensure_ascii=False))
+    else:
+        progress.print_summary(result)
+    sys.exit(exit_code_for(result.status))
+
+
+def _execute(wf: Workflow, data: dict[str, Any], store_url: str | None, run_id: str,
+             config: dict[str, Any], limits: dict[str, Any], progress: Progress) -> RunResult:
+    """``wf.run`` with the engine's usage and store errors turned into `CliError`."""
+    return call_engine(wf.run(data, store=store_url, run_id=run_id, config=config or None,
+                              limits=limits or None, listener=progress), progress)
+
+
+# -- resume -----------------------------------------------------------------------------------
+
+
+@click.command(short_help="Continue a run, or decide a waiting one.")
+@click.argument("run_id", metavar="RUN_ID")
+@click.option("--approve", "kind", flag_value="approve", help="Approve the waiting gate.")
+@click.option("--reject", "kind", flag_value="reject", help="Reject the waiting gate.")
+@click.option("--modify", "patch_json", metavar="PATCH_JSON",
+              help='Correct state fields (a JSON object, e.g. \'{"severity": "low"}\') and '
+                   "re-run from a node of the gate's approval.on_modify list.")
+@click.option("--at", "at_node", metavar="NODE",
+              help="With --modify: the node to re-enter at (default: the first of "
+                   "approval.on_modify).")
+@click.option("--by", metavar="NAME",
+              help="Who decides; recorded in the log and checked against the gate's "
+                   "approvers:. Not taken from $USER: without it the decision is anonymous.")
+@click.option("--comment", metavar="TEXT", help="A note recorded with the decision.")
+@set_option
+@click.option("--force", is_flag=True,
+              help="Take the run over even though another process holds its lease. Only "
+                   "when that process is really gone (e.g. on another machine that died): "
+                   "two processes executing one run would both run its nodes.")
+@json_option
+@store_option
+def resume(run_id: str, kind: str | None, patch_json: str | None, at_node: str | None,
+           by: str | None, comment: str | None, sets: tuple[str, ...], force: bool,
+           as_json: bool, store_url: str | None) -> None:
+    """Continue RUN_ID from its log, or decide the approval it is waiting for.
+
+    A crashed or failed run continues where it stopped: nodes that completed are
+    not run again, the interrupted (or failed) ones are. A run waiting for
+    approval needs exactly one of --approve, --reject or --modify. The run
+    executes the workflow definition it started with, not the file as it is now.
+
+    Exits like `run`: 0 completed, 1 failed, 2 refused (the reason is printed),
+    3 waiting again, 4 rejected.
+    """
+    decision = _decision(kind, patch_json, at_node, by, comment)
+    config_sets, limits = parse_sets(sets)
+    config = config_overrides({}, config_sets) if config_sets else {}
+    if any(len(path) > 1 for path, _ in config_sets):
+        config = _resume_config(run_id, store_url, config_sets)
+    progress = Progress(run_id, live=not as_json)
+
+    async def go(st: Store) -> RunResult:
+        from .._runs import resume as resume_run
+        from .._runs import trace
+
+        progress.replay(await trace(run_id, store=st))
+        return await resume_run(run_id, decision, store=st, config=config or None,
+                                limits=limits or None, force=force, listener=progress)
+
+    result = call_engine(with_store(store_url, go), progress)
+    _finish(result, progress, as_json)
+
+
+def _decision(kind: str | None, patch_json: str | None, at_node: str | None,
+              by: str | None, comment: str | None) -> Any:
+    """The `Decision` the options ask for, or None to just continue the run."""
+    from .._approvals import approve, modify, reject
+    from .._errors import UsageError
+
+    if kind is not None and patch_json is not None:
+        raise CliError(f"use one of --approve, --reject or --modify, not --{kind} and --modify")
+    if at_node is not None and patch_json is None:
+        raise CliError("--at NODE goes with --modify: it names where the corrected run "
+                       "re-enters the graph")
+    if patch_json is not None:
+        patch = _parse_object(patch_json, "--modify", "state fields to replace")
+        try:
+            return modify(patch, at_node, by=by, comment=comment)
+        except UsageError as exc:
+            raise CliError(f"--modify: {exc}") from None
+    if kind is None:
+        if by is not None or comment is not None:
+            raise CliError("--by and --comment go with a decision (--approve, --reject or "
+                           "--modify)")
+        return None
+    return (approve if kind == "approve" else reject)(by, comment)
+
+
+def _resume_config(run_id: str, store_url: str | None,
+                   config_sets: list[ConfigSet]) -> dict[str, Any]:
+    """Config overrides for a resume: a nested ``--set a.b=V`` keeps the siblings of the
+    config the run has now (its file's config with the overrides it was given)."""
+
+    async def current(st: Store) -> dict[str, Any]:
+        from .._runs import load_run
+
+        return dict((await load_run(st, run_id)).view.config)
+
+    return config_overrides(call_engine(with_store(store_url, current)), config_sets)
+
+
+def _finish(result: RunResult, progress: Progress, as_json: bool) -> NoReturn:
+    if as_json:
+        click.echo(json.dumps(result.to_json(), ensure_ascii=False))
+    else:
+        progress.print_summary(result)
+    sys.exit(exit_code_for(result.status))
+
+
+# -- fork -------------------------------------------------------------------------------------
+
+
+@click.command(short_help="Start a new run from a point in an old one.")
+@click.argument("run_id", metavar="RUN_ID")
+@click.option("--at", "at_seq", type=click.IntRange(min=1), required=True, metavar="SEQ",
+              help="The record to fork at (see `interlock trace`): the new run starts from "
+                   "the state after it.")
+@set_option
+@click.option("--patch", "patch_json", metavar="JSON",
+              help='Replace state fields in the new run, e.g. \'{"severity": "low"}\'.')
+@click.option("--run-id", "new_run_id", metavar="ID",
+              help="The new run's id instead of a generated one.")
+@json_option
+@store_option
+def fork(run_id: str, at_seq: int, sets: tuple[str, ...], patch_json: str | None,
+         new_run_id: str | None, as_json: bool, store_url: str | None) -> None:
+    """Start a new run from RUN_ID's state at record SEQ, with changed config (--set)
+    or state (--patch), and drive it like `run`. RUN_ID itself is not touched.
+
+    Exits like `run`: 0 completed, 1 failed, 2 invalid usage, 3 waiting, 4 rejected.
+    """
+    patch = _parse_object(patch_json, "--patch", "state fields") if patch_json else None
+    config_sets, limits = parse_sets(sets)
+    if limits:
+        raise CliError("a fork keeps the limits of the run it forks; --set limits.X is "
+                       "for `run` and `resume`")
+    config = config_overrides({}, config_sets) if config_sets else {}
+    if any(len(path) > 1 for path, _ in config_sets):
+        config = _resume_config(run_id, store_url, config_sets)
+    from .._runs import make_run_id
+
+    rid = new_run_id or make_run_id()
+    progress = Progress(rid, live=not as_json)
+
+    async def go(st: Store) -> RunResult:
+        from .._runs import fork as fork_run
+        from .._runs import trace
+
+        progress.replay([r for r in await trace(run_id, store=st) if r["seq"] <= at_seq])
+        return await fork_run(run_id, at_seq, store=st, config=config or None, patch=patch,
+                              new_run_id=rid, listener=progress)
+
+    result = call_engine(with_store(store_url, go), progress)
+    _finish(result, progress, as_json)
+
+
+# -- cancel -----------------------------------------------------------------------------------
+
+
+@click.command(short_help="Cancel a running or waiting run.")
+@click.argument("run_id", metavar="RUN_ID")
+@click.option("--by", "by", metavar="NAME", help="Who cancels (recorded in the log).")
+@click.option("--wait", "wait", type=click.FloatRange(min=0), default=10.0, show_default=True,
+              metavar="SECONDS",
+              help="How long to wait for the process executing the run to stop it.")
+@store_option
+def cancel(run_id: str, by: str | None, wait: float, store_url: str | None) -> None:
+    """Cancel RUN_ID. A run waiting for a human, failed, or whose process died is
+    cancelled at once; a run being executed by another process is asked to stop (its
+    nodes in flight are cancelled, isolated processes killed). Exits 0 once the run is
+    CANCELLED, 1 if the executing process did not stop it within --wait seconds."""
+    from .._runs import cancel as run_cancel
+
+    result = call_engine(run_cancel(run_id, by=by, store=store_url, wait=wait))
+    if result.status == "CANCELLED":
+        click.echo(f"cancelled: {run_id}" + (f" by {by}" if by else ""))
+        return
+    click.echo(f"not yet cancelled: {run_id} is {result.status}; the process executing it "
+               "has been asked to stop (check with `interlock status`)")
+    sys.exit(EXIT_FAILED)

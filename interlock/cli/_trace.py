@@ -1,0 +1,194 @@
+"""``interlock trace``: a run's log as a timeline, one line per record, saying why the
+run went where it went."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import click
+
+from ._common import call_engine, store_option, with_store
+from ._format import (
+    _STATUS_STYLE,
+    _decision_detail,
+    _duration,
+    _json,
+    _node_detail,
+    _reads,
+    _short,
+    _sources,
+    _when,
+)
+
+if TYPE_CHECKING:
+    from .._log import Record
+    from .._model import WorkflowSpec
+    from .._store import RunRow, Store
+
+
+@click.command(short_help="Show a run's log as a timeline.")
+@click.argument("run_id", metavar="RUN_ID")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the log records as one JSON list on stdout.")
+@store_option
+def trace(run_id: str, as_json: bool, store_url: str | None) -> None:
+    """Print RUN_ID's log, one line per record: when, what, which node, how long, how
+    many tokens, and for every edge decision the expression, its value and the values
+    it read -- why the run went where it went."""
+    from .._runs import trace as run_trace
+
+    async def go(st: Store) -> tuple[list[Record], WorkflowSpec | None]:
+        records = await run_trace(run_id, store=st)
+        return records, _stored_spec(await st.get_run(run_id))
+
+    records, spec = call_engine(with_store(store_url, go))
+    if as_json:
+        click.echo(json.dumps(records, ensure_ascii=False, default=str))
+        return
+    _print_trace(records, spec)
+
+
+def _stored_spec(row: RunRow) -> WorkflowSpec | None:
+    """The definition the run executes (to name its edges), if it still parses."""
+    from .._errors import InterlockError
+    from .._spec import parse
+
+    try:
+        return parse(row.definition)
+    except (InterlockError, ValueError):
+        return None
+
+
+def _print_trace(records: list[Record], spec: WorkflowSpec | None) -> None:
+    from rich.console import Console
+    from rich.text import Text
+
+    out = Console(highlight=False, soft_wrap=True)
+    t0 = records[0]["at"] if records else 0.0
+    seq_w = len(str(records[-1]["seq"])) if records else 1
+    type_w = max((len(r["type"]) for r in records), default=0)
+    node_w = max((len(r.get("node") or "") for r in records), default=0)
+    for rec in records:
+        rtype = rec["type"]
+        line = Text(f"{rec['seq']:>{seq_w}}  {'+' + _duration((rec['at'] - t0) * 1000):>11}  ")
+        line.append(rtype.ljust(type_w), style=_record_style(rec))
+        if node_w:
+            line.append("  ")
+            line.append((rec.get("node") or "").ljust(node_w), style="bold")
+        detail = _record_detail(rec, spec)
+        if detail:
+            line.append("  " + detail)
+        line.rstrip()
+        out.print(line)
+
+
+def _record_style(rec: Record) -> str:
+    rtype: str = rec["type"]
+    if rtype in ("edge.taken", "edge.skipped"):
+        return _STATUS_STYLE["taken" if rtype == "edge.taken" else "skipped"]
+    if rtype == "approval.decided":
+        return _STATUS_STYLE.get(rec.get("decision", ""), "")
+    if rtype == "run.waiting" or rtype == "approval.requested":
+        return _STATUS_STYLE["waiting"]
+    return _STATUS_STYLE.get(rtype.rpartition(".")[2], "")
+
+
+def _record_detail(rec: Record, spec: WorkflowSpec | None) -> str:
+    """The part of a trace line that says what the record means."""
+    rtype: str = rec["type"]
+    if rtype.startswith("edge."):
+        return _edge_detail(rec, spec)
+    if rtype.startswith("node."):
+        parts = [f"visit {rec['visit']}" if (rec.get("visit") or 1) > 1 else "",
+                 f"attempt {rec['attempt']}" if rec.get("attempt") is not None else "",
+                 _node_detail(rec)]
+        if rtype == "node.completed" and rec.get("update"):
+            parts.append("update " + _short(_json(rec["update"]), 100))
+        if rec.get("goto"):
+            parts.append(f"goto {rec['goto']}")
+        return "  ".join(p for p in parts if p)
+    describe = _RECORD_DETAIL.get(rtype)
+    if describe is not None:
+        return describe(rec)
+    if rec.get("error"):
+        e = rec["error"]
+        return f"{e.get('type')}: {_short(str(e.get('message', '')), 200)}"
+    return _other_detail(rec)
+
+
+_ENVELOPE = frozenset({"seq", "type", "at", "node", "visit", "attempt", "duration_ms", "tokens",
+                       "error", "hash"})
+
+
+def _other_detail(rec: Record) -> str:
+    """Records of other kinds (agent.request, tool.called, effect.recorded, ...): their own
+    fields, briefly."""
+    fields = {k: v for k, v in rec.items() if k not in _ENVELOPE and v is not None}
+    return _short(_json(fields), 160) if fields else ""
+
+
+def _requested_detail(rec: Record) -> str:
+    parts = [f"{rec.get('kind', 'approval')}: shows {_short(_json(rec.get('show')), 100)}",
+             "decisions " + ", ".join(rec.get("decisions") or [])]
+    if rec.get("deadline"):
+        parts.append(f"deadline {_when(rec['deadline'])}")
+    return "  ".join(parts)
+
+
+def _started_detail(rec: Record) -> str:
+    text = f"workflow {rec.get('workflow')}"
+    if rec.get("input"):
+        text += "  input " + _short(_json(rec["input"]), 100)
+    return text
+
+
+def _continued_detail(rec: Record) -> str:
+    parts = []
+    if rec["type"] == "run.forked":
+        parts.append(f"from {rec.get('parent_run')} at record {rec.get('parent_seq')}")
+    if rec.get("by"):
+        parts.append(f"by {rec['by']}")
+    for key in ("config", "limits", "patch"):
+        if rec.get(key):
+            parts.append(f"{key} {_short(_json(rec[key]), 100)}")
+    return "  ".join(parts)
+
+
+_RECORD_DETAIL: dict[str, Callable[[Record], str]] = {
+    "approval.requested": _requested_detail,
+    "approval.decided": lambda rec: f"{rec.get('decision')} {_decision_detail(rec)}",
+    "run.started": _started_detail,
+    "run.resumed": _continued_detail,
+    "run.forked": _continued_detail,
+    "state.patched": lambda rec: "patch " + _short(_json(rec.get("patch")), 100),
+    "effect.recorded": lambda rec: f"effect {rec.get('key')!r}",
+    "run.waiting": lambda rec: f"for a decision at {(rec.get('waiting') or {}).get('node')!r}",
+}
+
+
+def _edge_detail(rec: Record, spec: WorkflowSpec | None) -> str:
+    edge = None
+    if spec is not None and isinstance(rec.get("edge"), int) and rec["edge"] < len(spec.edges):
+        edge = spec.edges[rec["edge"]]
+    taken = rec.get("to")
+    src = rec.get("from")
+    if src in (None, "*") and edge is not None:
+        src = _sources(edge)
+    if taken:
+        route = f"{src} -> {', '.join(taken)}"
+    elif edge is not None:
+        route = edge.describe()
+    else:
+        route = f"edge {rec.get('edge')} from {src}"
+    parts = [route]
+    expr = rec.get("expr")
+    if expr is not None:
+        value = "" if expr == "otherwise" else f" = {_short(_json(rec.get('value')))}"
+        parts.append(f"[{_short(expr, 120)}{value}]")
+    reason = rec.get("reason")
+    parts.append(("taken" if taken else "skipped") + (f" ({reason})" if reason else ""))
+    if rec.get("reads"):
+        parts.append("read " + _short(_reads(rec["reads"]), 160))
+    return "  ".join(parts)
