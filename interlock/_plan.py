@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import importlib
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -135,28 +133,6 @@ def _is_async_callable(fn: Callable[..., Any]) -> bool:
         return True
     call = getattr(fn, "__call__", None)  # noqa: B004 - async __call__ on instances
     return call is not None and asyncio.iscoroutinefunction(call)
-
-
-def import_callable(path: str) -> Callable[..., Any]:
-    """Resolve ``package.module:attr.attr`` like uvicorn: the working directory is importable.
-
-    Raises ImportError/AttributeError/TypeError with a message for people.
-    """
-    module_name, _, attr = path.partition(":")
-    if "" not in sys.path and "." not in sys.path:
-        sys.path.insert(0, "")
-    try:
-        obj: Any = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ImportError(f"cannot import module {module_name!r}: {exc}") from exc
-    for part in attr.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise AttributeError(f"module {module_name!r} has no attribute {attr!r}") from None
-    if not callable(obj):
-        raise TypeError(f"{path} is a {type(obj).__name__}, not a function")
-    return obj  # type: ignore[no-any-return]
 
 
 def _adjacency(spec: WorkflowSpec) -> dict[str, list[str]]:

@@ -12,11 +12,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ._callables import import_callable
 from ._errors import Diagnostic, Severity
 from ._expr import Expression, ExpressionSyntaxError, compile_expression
 from ._graph import back_edges, reachable, reverse
 from ._model import END, START, WorkflowSpec
-from ._plan import import_callable
 from ._spec import locate
 
 

@@ -169,11 +169,14 @@ def _main_module() -> Any:
 
 def _resolve(path: str, cache: dict[str, tuple[Callable[..., Any], bool]]
              ) -> tuple[Callable[..., Any], bool]:
-    """``module:attr.attr`` -> (function, wants ctx), like `interlock._plan.import_callable`."""
+    """``module:attr.attr`` -> (function, wants ctx), resolved as `_callables.import_callable`
+    does (the engine's side), with a worker's own rules for ``__main__`` and new files."""
     hit = cache.get(path)
     if hit is not None:
         return hit
     import importlib
+
+    from .._callables import callable_at, import_module
 
     module_name, _, attr = path.partition(":")
     if not module_name or not attr:
@@ -188,20 +191,11 @@ def _resolve(path: str, cache: dict[str, tuple[Callable[..., Any], bool]]
     else:
         if module_name not in sys.modules:
             importlib.invalidate_caches()  # modules written since the worker started
-        try:
-            obj = importlib.import_module(module_name)
-        except ImportError as exc:
-            raise ImportError(f"cannot import module {module_name!r}: {exc}") from exc
-    for part in attr.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise AttributeError(f"module {module_name!r} has no attribute {attr!r}") from None
-    if not callable(obj):
-        raise TypeError(f"{path} is a {type(obj).__name__}, not a function")
+        obj = import_module(module_name)
+    fn = callable_at(obj, path)
     from .._signature import param_count
 
-    entry = (obj, param_count(obj) >= 2)
+    entry = (fn, param_count(fn) >= 2)
     cache[path] = entry
     return entry
 
@@ -216,7 +210,7 @@ def _sync_env(env: Mapping[str, Any] | None) -> None:
     path = env.get("path")
     if isinstance(path, list):
         if "" not in path and "." not in path:
-            path = ["", *path]  # the working directory is importable (import_callable)
+            path = ["", *path]  # the working directory is importable (as import_callable makes it)
         if sys.path != path:
             sys.path[:] = path
     main = env.get("main")

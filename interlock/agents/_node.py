@@ -151,7 +151,7 @@ class _Agent:
     def _resolve(self, path: str) -> Callable[..., Any]:
         fn = self.callables.get(path)
         if fn is None:
-            from .._plan import import_callable
+            from .._callables import import_callable
 
             fn = self.callables[path] = import_callable(path)
         return fn
