@@ -103,6 +103,32 @@ async def trials(run_once: Callable[[], Awaitable[Any]], *, warmup: int,
     return out
 
 
+async def concurrent_runs(em: Emitter, p: dict[str, Any],
+                          start: Callable[[], Awaitable[Any]],
+                          check: Callable[[Any], None]) -> None:
+    """S4: ``p["runs"]`` runs at once with ``asyncio.gather``: runs/s, CPU per run, RSS.
+
+    ``start()`` starts one run (a coroutine); ``check`` raises on a wrong result.
+    """
+    runs = p["runs"]
+    em.value("rss_before_mb", peak_rss_mb(), "MB")
+
+    async def batch(count: int) -> None:
+        for result in await asyncio.gather(*(start() for _ in range(count))):
+            check(result)
+
+    for _ in range(p["warmup"]):
+        await batch(p.get("warmup_runs", runs))
+
+    async def once() -> None:
+        await batch(runs)
+
+    for k, (dt, cpu) in enumerate(await trials(once, warmup=0, count=p["trials"])):
+        em.value("runs_per_s", runs / dt, "runs/s", trial=k)
+        em.value("cpu_per_run_us", cpu / runs * 1e6, "us", trial=k)
+    em.value("peak_rss_mb", peak_rss_mb(), "MB")
+
+
 def peak_rss_mb() -> float:
     """Peak resident set size of this process so far (Linux reports KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -18,7 +18,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from _common import ITEM, SLEEP_S, Emitter, db_size_kb, main, peak_rss_mb, run_s6, trials
+from _common import (
+    ITEM,
+    SLEEP_S,
+    Emitter,
+    concurrent_runs,
+    db_size_kb,
+    main,
+    run_s6,
+    trials,
+)
 
 import interlock
 from interlock._store import StoreError, open_store
@@ -153,26 +162,10 @@ async def s3(em: Emitter, p: dict[str, Any]) -> None:
 
 
 async def s4(em: Emitter, p: dict[str, Any]) -> None:
-    runs = p["runs"]
     wf = chain(5)
     wf.compile()
-    em.value("rss_before_mb", peak_rss_mb(), "MB")
-
-    async def batch(count: int) -> None:
-        results = await asyncio.gather(*(wf.run({"i": 0}, store="memory://") for _ in range(count)))
-        for r in results:
-            _check(r, i=5)
-
-    for _ in range(p["warmup"]):
-        await batch(p.get("warmup_runs", runs))
-
-    async def once() -> None:
-        await batch(runs)
-
-    for k, (dt, cpu) in enumerate(await trials(once, warmup=0, count=p["trials"])):
-        em.value("runs_per_s", runs / dt, "runs/s", trial=k)
-        em.value("cpu_per_run_us", cpu / runs * 1e6, "us", trial=k)
-    em.value("peak_rss_mb", peak_rss_mb(), "MB")
+    await concurrent_runs(em, p, lambda: wf.run({"i": 0}, store="memory://"),
+                          lambda r: _check(r, i=5))
 
 
 async def durable(em: Emitter, p: dict[str, Any], make: Callable[[int], interlock.Workflow],

@@ -23,7 +23,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
-from _common import ITEM, SLEEP_S, Emitter, db_size_kb, main, peak_rss_mb, run_s6, trials
+from _common import (
+    ITEM,
+    SLEEP_S,
+    Emitter,
+    concurrent_runs,
+    db_size_kb,
+    main,
+    run_s6,
+    trials,
+)
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 from langgraph.graph import END, START, StateGraph
 
@@ -171,26 +180,9 @@ async def s3(em: Emitter, p: dict[str, Any]) -> None:
 
 
 async def s4(em: Emitter, p: dict[str, Any]) -> None:
-    runs = p["runs"]
     graph = chain(5).compile()
     cfg = _config(5)
-    em.value("rss_before_mb", peak_rss_mb(), "MB")
-
-    async def batch(count: int) -> None:
-        results = await asyncio.gather(*(graph.ainvoke({"i": 0}, cfg) for _ in range(count)))
-        for r in results:
-            _check(r, i=5)
-
-    for _ in range(p["warmup"]):
-        await batch(p.get("warmup_runs", runs))
-
-    async def once() -> None:
-        await batch(runs)
-
-    for k, (dt, cpu) in enumerate(await trials(once, warmup=0, count=p["trials"])):
-        em.value("runs_per_s", runs / dt, "runs/s", trial=k)
-        em.value("cpu_per_run_us", cpu / runs * 1e6, "us", trial=k)
-    em.value("peak_rss_mb", peak_rss_mb(), "MB")
+    await concurrent_runs(em, p, lambda: graph.ainvoke({"i": 0}, cfg), lambda r: _check(r, i=5))
 
 
 async def durable(em: Emitter, p: dict[str, Any], make: Callable[[int], StateGraph],
