@@ -19,6 +19,7 @@ import importlib.machinery
 import importlib.util
 import os
 import re
+import sys
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Protocol
@@ -41,15 +42,18 @@ def _cel_module() -> ModuleType:
     """The CEL extension module.
 
     ``import cel`` also imports the package's interactive CLI (prompt_toolkit, about
-    300 ms); the engine needs only the compiled extension, so load it directly and
-    fall back to the package import if its layout ever changes.
+    300 ms); the engine needs only the compiled extension, so load it directly -- under
+    its own name, ``cel.cel``, and registered as such: the extension may be initialised
+    only once per process (a second load panics), so a later ``import cel`` by the
+    user's code must find this one, and one the user's code already loaded is reused.
+    Falls back to the package import if the wheel's layout ever changes.
     """
     global _cel
     if _cel is not None:
         return _cel
-    mod: ModuleType | None = None
+    mod: ModuleType | None = sys.modules.get(_EXTENSION)
     try:
-        spec = importlib.util.find_spec("cel")
+        spec = importlib.util.find_spec("cel") if mod is None else None
         locations = spec.submodule_search_locations if spec else None
         if locations:
             folder = next(iter(locations))
@@ -58,11 +62,17 @@ def _cel_module() -> ModuleType:
                     tuple(importlib.machinery.EXTENSION_SUFFIXES)
                 ):
                     path = os.path.join(folder, fname)
-                    loader = importlib.machinery.ExtensionFileLoader("cel", path)
-                    ext_spec = importlib.util.spec_from_file_location("cel", path, loader=loader)
+                    loader = importlib.machinery.ExtensionFileLoader(_EXTENSION, path)
+                    ext_spec = importlib.util.spec_from_file_location(_EXTENSION, path,
+                                                                      loader=loader)
                     if ext_spec is not None:
                         mod = importlib.util.module_from_spec(ext_spec)
-                        loader.exec_module(mod)
+                        sys.modules[_EXTENSION] = mod
+                        try:
+                            loader.exec_module(mod)
+                        except BaseException:
+                            del sys.modules[_EXTENSION]
+                            raise
                     break
     except (ImportError, OSError):  # pragma: no cover - depends on the wheel's layout
         mod = None
@@ -72,6 +82,9 @@ def _cel_module() -> ModuleType:
         mod = cel
     _cel = mod
     return mod
+
+
+_EXTENSION = "cel.cel"  # the compiled module's name inside the ``cel`` package
 
 
 class Lookup(Protocol):

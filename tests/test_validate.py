@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import textwrap
 import time
 from pathlib import Path
@@ -269,6 +271,29 @@ def test_a_single_comprehension_is_fine() -> None:
     wf.edge("a", "END", otherwise=True)
     assert wf.run_sync({"xs": [1, 3]}, store="memory://").state == {"xs": [1, 3], "b": True}
 
+
+
+@pytest.mark.parametrize("user_first", [False, True], ids=["engine-first", "user-first"])
+def test_the_users_own_import_of_cel_works_next_to_the_engines(user_first: bool) -> None:
+    # the CEL extension may be initialised once per process (a second load panics):
+    # the engine's direct load of it and the user's ``import cel`` must share one
+    script = textwrap.dedent(f"""
+        if {user_first}:
+            import cel
+            assert cel.evaluate("1 + 1") == 2
+        from interlock import START, Workflow
+        wf = Workflow("w", input=["i"])
+        wf.node("a", lambda s: {{"a": 1}})
+        wf.edge(START, "a", when="i < 3").edge(START, "END", otherwise=True)
+        assert wf.run_sync({{"i": 1}}, store="memory://").state["a"] == 1
+        import cel
+        assert cel.evaluate("1 + 2") == 3
+        print("ok")
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "ok"
 
 # -- parity: the file and the builder produce the same workflow ---------------------------
 
