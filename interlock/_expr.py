@@ -113,6 +113,10 @@ class Expression:
     names: tuple[str, ...]  # top-level names read
     paths: tuple[str, ...]  # dotted paths read, for the log
     program: Any
+    # facts for the hot path: it reads only state fields (not ``config`` or ``run``),
+    # so a plain dict of the state will do as its scope; its paths are its names
+    state_only: bool = False
+    plain_paths: bool = False
 
     def evaluate(self, scope: Lookup) -> Any:
         """Evaluate against ``scope`` (state fields + config + run).
@@ -125,6 +129,8 @@ class Expression:
         """`evaluate`, and the values of the paths read (for the edge decision record)."""
         context = self._context(scope)
         value = self._run(context)
+        if self.plain_paths:  # it reads whole fields: what it read is its context
+            return value, context
         # the context holds every top-level name read: a plain name is a lookup
         return value, {path: context[path] if path in context else _resolve(context, path)
                        for path in self.paths}
@@ -192,7 +198,10 @@ def compile_expression(source: str) -> Expression:
             if call:  # ``a.b.size()`` reads a.b; ``size(a)`` reads a
                 path = path.rsplit(".", 1)[0] if "." in path else path
             paths.append(path)
-    return Expression(source, names, tuple(dict.fromkeys(paths)), program)
+    unique = tuple(dict.fromkeys(paths))
+    return Expression(source, names, unique, program,
+                      state_only="config" not in names and "run" not in names,
+                      plain_paths=frozenset(unique) == frozenset(names))
 
 
 def _blank_strings(source: str) -> str:

@@ -44,9 +44,10 @@ is what makes resume exact.
 
 from __future__ import annotations
 
+import functools
 from collections import Counter, deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from . import _log as L
 from ._errors import InternalError
@@ -98,10 +99,14 @@ class Gate:
         return out
 
 
-@dataclass(slots=True)
-class Writer:
+class Writer(NamedTuple):
+    """The last completion that wrote a field. (A named tuple: one per completion.)"""
+
     node: str
     completed_seq: int
+
+
+_new_writer = functools.partial(tuple.__new__, Writer)  # no Python-level __new__ call
 
 
 @dataclass(slots=True)
@@ -202,7 +207,7 @@ class RunView:
         update = rec.get("update")
         if update:
             merge_update(self.state, update, self.plan.reducers)
-            writer = Writer(node, rec["seq"])
+            writer = _new_writer((node, rec["seq"]))
             for field_name in update:
                 self.writers[field_name] = writer
         self.visits[node] += 1
@@ -453,24 +458,20 @@ class RunView:
     def idle(self) -> bool:
         return not self.ready and not self.running and not self.due
 
-    def scope(self) -> Scope:
-        """The names a condition sees: the state's fields, ``config`` and ``run``."""
-        return Scope(self, self.config)
-
 
 class Scope:
     """A lazy mapping for expression evaluation: only the names an expression reads
-    are looked up, so a condition costs the same in a 10- or a 10 000-node graph."""
+    are looked up, so a condition costs the same in a 10- or a 10 000-node graph.
+    It reads the view as it is at each lookup."""
 
-    __slots__ = ("_config", "_view")
+    __slots__ = ("_view",)
 
-    def __init__(self, view: RunView, config: dict[str, Any]) -> None:
+    def __init__(self, view: RunView) -> None:
         self._view = view
-        self._config = config
 
     def __getitem__(self, name: str) -> Any:
         if name == "config":
-            return self._config
+            return self._view.config
         if name == "run":
             v = self._view
             return {"visits": v.visits, "step": v.steps, "tokens": v.tokens}

@@ -57,7 +57,7 @@ TERMINAL_TYPES = {
 _OPTS = orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY
 _dumps = orjson.dumps
 _now = time.time
-_sha256 = hashlib.sha256
+_sha256 = hashlib.sha256().copy  # copying an empty hasher is cheaper than making one
 _join = b"".join
 
 
@@ -179,7 +179,10 @@ class LogWriter:
         # orjson's result keeps a 4 KiB buffer however short the JSON; a log keeps many
         # records, so keep an exact-size copy (joining with b"" is the cheapest copy)
         data = _join((_dumps(rec, json_default, _OPTS), b""))  # positional: ~0.3 us less
-        self.hash = h = _sha256(self._prev + data).hexdigest()
+        hasher = _sha256()
+        hasher.update(self._prev)
+        hasher.update(data)
+        self.hash = h = hasher.hexdigest()
         self._prev = h.encode("ascii")
         node = fields.get("node")
         return rec, _new_entry((seq, rtype, data, h, node if type(node) is str else None))

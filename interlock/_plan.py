@@ -105,6 +105,10 @@ class Plan:
     always_taken: frozenset[str] = frozenset()
     no_visits: dict[str, int] = field(default_factory=dict)  # every node: 0 (a run's start)
     single_port: frozenset[str] = frozenset()  # nodes with exactly one way in
+    # nodes whose outgoing edges, in declaration order, already have their ``otherwise``
+    # edges last: the order their edges are decided in (no sorting needed)
+    in_decision_order: frozenset[str] = frozenset()
+    approvals: frozenset[str] = frozenset()  # approval nodes (a rejection changes routing)
 
 
 def callable_params(fn: Callable[..., Any]) -> int:
@@ -211,6 +215,10 @@ def build_plan(spec: WorkflowSpec, *, callables: dict[str, Callable[..., Any]],
         back=back,
         no_visits=dict.fromkeys(nodes, 0),
         single_port=frozenset(n for n, pn in nodes.items() if len(pn.ports) == 1),
+        in_decision_order=frozenset(
+            n for n, pn in nodes.items()
+            if [e.otherwise for e in pn.out] == sorted(e.otherwise for e in pn.out)),
+        approvals=frozenset(n for n, pn in nodes.items() if pn.spec.approval is not None),
         always_taken=frozenset(
             n for n, pn in nodes.items()
             if pn.out and not pn.gate and all(

@@ -33,9 +33,14 @@ class MemoryStore(Store):
         self._entries[row.run_id] = list(entries)
 
     async def append(self, run_id: str, entries: list[Entry], summary: Summary) -> None:
-        row = self._row(run_id)
+        row = self._runs.get(run_id)
+        if row is None:
+            raise RunNotFound(run_id)
         log = self._entries[run_id]
-        self._check_seq(run_id, log, entries)
+        # a batch comes from one LogWriter, numbered without gaps: its ends tell
+        if entries and (entries[0].seq != len(log) + 1
+                        or entries[-1].seq != len(log) + len(entries)):
+            self._check_seq(run_id, log, entries)  # raises, saying which record does not fit
         log.extend(entries)
         row.summary = summary  # a fresh object per append (Runner.summary); reads copy it
 
