@@ -8,11 +8,13 @@
 Each (scenario, parameters) pair runs as a fresh subprocess per engine, with that
 engine's python: interlock with this python (the project venv), LangGraph with
 bench/.venv-langgraph/bin/python, pydantic-graph (S1 and S3 only, when its venv exists)
-with bench/.venv-pydantic-graph/bin/python. Adapters print one JSON line per
-measurement; this driver streams them to stdout (unless --quiet), writes them all to
-bench/results/latest.jsonl, and prints a table of medians with the ratios
-interlock/LangGraph and interlock/pydantic-graph, plus the same table as Markdown in
-bench/results/latest.md. See bench/README.md for the scenarios and how to read the ratios.
+with bench/.venv-pydantic-graph/bin/python, and the floor (S1 and S3 only: a bare loop
+producing the log records the SPEC requires, nothing else) with this python. Adapters
+print one JSON line per measurement; this driver streams them to stdout (unless
+--quiet), writes them all to bench/results/latest.jsonl, and prints a table of medians
+with the ratios interlock/LangGraph, interlock/pydantic-graph and interlock/floor, plus
+the same table as Markdown in bench/results/latest.md. See bench/README.md for the
+scenarios and how to read the ratios.
 """
 
 from __future__ import annotations
@@ -39,17 +41,22 @@ RESULTS = BENCH / "results"
 LANGGRAPH_PY = BENCH / ".venv-langgraph" / "bin" / "python"
 PYDANTIC_GRAPH_PY = BENCH / ".venv-pydantic-graph" / "bin" / "python"
 
-ENGINES = ("interlock", "langgraph", "pydantic-graph")
+ENGINES = ("interlock", "langgraph", "pydantic-graph", "floor")
+# the engines that run with this python (the project venv)
+PROJECT_ENGINES = {"interlock", "floor"}
 # engine -> (its python outside the project venv, the script that makes that venv)
 VENVS = {"langgraph": (LANGGRAPH_PY, "bench/setup_langgraph.sh"),
          "pydantic-graph": (PYDANTIC_GRAPH_PY, "bench/setup_pydantic_graph.sh")}
 # the engines that run only some scenarios: the rest get a `skipped` line, no process
-COVERS = {"pydantic-graph": {"S1", "S3"}}
+COVERS = {"pydantic-graph": {"S1", "S3"}, "floor": {"S1", "S3"}}
 NOT_COVERED = {"pydantic-graph": "not measured for pydantic-graph: the issue's target against "
-                                 "it is per-node overhead (S1, S3) with no persistence"}
+                                 "it is per-node overhead (S1, S3) with no persistence",
+               "floor": "the floor (the log records alone) is measured only where interlock's "
+                        "per-node target applies: S1 and S3, no persistence"}
 # engine -> (its column, its ratio column); interlock is the numerator of every ratio
 COLUMNS = {"langgraph": ("langgraph", "ratio il/lg"),
-           "pydantic-graph": ("pydantic-graph", "ratio il/pg")}
+           "pydantic-graph": ("pydantic-graph", "ratio il/pg"),
+           "floor": ("floor", "ratio il/floor")}
 SCENARIOS = ("S1", "S2", "S3", "S4", "S5", "S6", "S7")
 
 # metrics where a higher value is better (for the rest, lower is better)
@@ -114,7 +121,7 @@ def plan(quick: bool) -> list[Job]:
 # -- running adapters -----------------------------------------------------------------------
 
 def engine_python(engine: str) -> Path | None:
-    if engine == "interlock":
+    if engine in PROJECT_ENGINES:
         return Path(sys.executable)
     py = VENVS[engine][0]
     return py if py.exists() else None
@@ -258,7 +265,8 @@ def build_rows(lines: list[dict[str, Any]], cpu: bool = False) -> tuple[list[Row
     # cells in the other engines' rows, and makes one note per engine and reason
     wild: list[tuple[str, str, str]] = []
     wild_notes: dict[tuple[str, str], list[str]] = {}
-    for obj in lines:
+    # the floor's lines last: the rows (and their order) stay the engines' own
+    for obj in sorted(lines, key=lambda o: o.get("engine") == "floor"):
         sc = obj.get("scenario")
         if sc in (None, "meta", "machine", "summary"):
             continue
@@ -377,7 +385,8 @@ def render_markdown(body: list[list[str]]) -> str:
 
 def checks(rows: list[Row]) -> list[str]:
     """Lines to read next to the table: interlock's growth, LangGraph and pydantic-graph
-    here against their reference figures, interlock against the pydantic-graph target."""
+    here against their reference figures, interlock against the pydantic-graph target,
+    the floor against LangGraph and interlock."""
     by = {(r.scenario, r.param, r.metric): r for r in rows}
     out = []
     for what, metric in (("wall", "per_node"), ("CPU", "per_node_cpu")):
@@ -411,6 +420,22 @@ def checks(rows: list[Row]) -> list[str]:
         if ratios:
             out.append(f"interlock/pydantic-graph {sc} N=1000 {metric}: {', '.join(ratios)} "
                        f"(issue target: at most {PG_TARGET:.2f})")
+    out += _floor_lines(by)
+    return out
+
+
+def _floor_lines(by: dict[tuple[str, str, str], Row]) -> list[str]:
+    """The floor (the log records alone) against LangGraph and interlock, S1 and S3."""
+    out = []
+    for sc, metric in (("S1", "per_node_us"), ("S3", "per_iter_us")):
+        r = by.get((sc, "N=1000", metric))
+        floor = r.median("floor") if r else None
+        if r is None or not floor:
+            continue
+        lg, il = r.median("langgraph"), r.median("interlock")
+        out.append(f"floor (the records alone) {sc} N=1000: {_fmt(floor)} us per node"
+                   + (f" = 1/{lg / floor:.1f} of LangGraph's" if lg else "")
+                   + (f"; interlock is {il / floor:.2f}x the floor" if il is not None else ""))
     return out
 
 
@@ -421,8 +446,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="fewer trials (for development)")
     ap.add_argument("--only", default="", help="comma-separated scenarios, e.g. S1,S3")
     ap.add_argument("--engines", default=None,
-                    help="comma-separated engines (interlock,langgraph,pydantic-graph; default: "
-                         "all, pydantic-graph only if bench/.venv-pydantic-graph exists)")
+                    help="comma-separated engines (interlock,langgraph,pydantic-graph,floor; "
+                         "default: all, pydantic-graph only if bench/.venv-pydantic-graph "
+                         "exists)")
     ap.add_argument("--out", type=Path, default=None,
                     help="where to write every JSON line (default: bench/results/latest.jsonl "
                          "for a full run, bench/results/partial.jsonl with --quick or --only)")
@@ -480,8 +506,8 @@ def main(argv: list[str] | None = None) -> int:
     lines[0].update(info)
 
     rows, notes = build_rows(lines, args.cpu)
-    # LangGraph's columns always (as before), pydantic-graph's when it ran
-    others = ("langgraph", "pydantic-graph") if "pydantic-graph" in engines else ("langgraph",)
+    # LangGraph's columns always (as before), pydantic-graph's and the floor's when they ran
+    others = ("langgraph", *(e for e in ("pydantic-graph", "floor") if e in engines))
     body = table(rows, others)
     summary = [{"scenario": "summary", "row": dict(zip(body[0], row, strict=True))}
                for row in body[1:]]

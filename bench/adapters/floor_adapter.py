@@ -1,0 +1,218 @@
+"""The floor: ``python floor_adapter.py SCENARIO PARAMS_JSON``.
+
+Not an engine: a bare Python loop that does, per node, only the work interlock's SPEC
+requires of a run -- and nothing else -- so that the table shows how much of interlock's
+per-node cost is the irreducible cost of producing its log. Runs with the project's own
+venv (like interlock's adapter), for S1 (a chain) and S3 (a loop) only; the other
+scenarios print a ``skipped`` line (bench/run.py does not start this adapter for them).
+
+Per node it
+
+- seals a ``node.started`` record,
+- awaits the same node coroutine as interlock's adapter (``inc``) on the state dict,
+- merges the update into the state dict,
+- seals a ``node.completed`` record (``update``, ``duration_ms`` from ``perf_counter``),
+- decides the node's edges: S1 an ``edge.taken`` record to the next node; S3 evaluates
+  ``i < N`` with interlock's own CEL engine (compiled once with
+  ``interlock._expr.compile_expression``; ``decide`` gives the value and the values read)
+  and seals the ``when`` edge's and the ``otherwise`` edge's ``edge.taken`` /
+  ``edge.skipped`` records, with the fields interlock writes;
+
+plus a ``run.started`` record first (with the ``START`` edge's ``edge.taken``) and a
+``run.completed`` record last. Sealing is what ``interlock._log.LogWriter.seal`` does,
+written out here on purpose (the point is a minimal implementation, not interlock's):
+``seq``, ``type`` and ``at`` (``time.time()``) added, canonical JSON by
+``orjson.dumps(rec, default, OPT_SORT_KEYS | OPT_SERIALIZE_NUMPY)``, an exact-size copy of
+the bytes, ``sha256(previous hash || bytes)`` chained, and the result appended to a list
+(what an in-memory store keeps). The records have the same fields, the same bytes shape
+and the same chain as interlock's.
+
+No scheduler, no fold into a view, no store interface, no run id, no update validation,
+no timeouts, no commit batching: whatever interlock spends beyond this is its own.
+Timing is as in the other adapters (``_common.trials``, the same metric names).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import time
+from typing import Any
+
+import orjson
+from _common import Emitter, main, trials
+
+from interlock._expr import compile_expression
+
+ENGINE = "floor"
+NOT_MEASURED = ("the floor (the log records alone) is measured only where interlock's "
+                "per-node target applies: S1 and S3, no persistence")
+
+_OPTS = orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY
+_dumps = orjson.dumps
+_now = time.time
+_sha256 = hashlib.sha256
+_join = b"".join
+_perf = time.perf_counter
+
+
+def _default(obj: Any) -> Any:
+    """orjson's hook for what it does not serialise itself (never called here)."""
+    if isinstance(obj, set | frozenset | tuple):
+        return list(obj)
+    raise TypeError(f"{type(obj).__name__} is not JSON serialisable")
+
+
+class Log:
+    """A run's records: numbered, timestamped, serialised, hash-chained, kept in a list."""
+
+    __slots__ = ("entries", "prev", "seq")
+
+    def __init__(self) -> None:
+        self.seq = 0
+        self.prev = b"0" * 64  # the genesis hash, as ASCII bytes
+        self.entries: list[tuple[int, str, bytes, str]] = []
+
+    def seal(self, rtype: str, rec: dict[str, Any]) -> None:
+        self.seq = seq = self.seq + 1
+        rec["seq"] = seq
+        rec["type"] = rtype
+        rec["at"] = _now()
+        data = _join((_dumps(rec, _default, _OPTS), b""))  # exact-size copy
+        h = _sha256(self.prev + data).hexdigest()
+        self.prev = h.encode("ascii")
+        self.entries.append((seq, rtype, data, h))
+
+
+async def inc(state: dict[str, Any]) -> dict[str, Any]:
+    """The node body, the same as interlock's adapter's."""
+    return {"i": state["i"] + 1}
+
+
+def _definition_hash(name: str) -> str:
+    """A stand-in for the workflow's definition hash (interlock computes it once)."""
+    return hashlib.sha256(name.encode()).hexdigest()
+
+
+def _start(log: Log, workflow: str, definition_hash: str, data: dict[str, Any],
+           first: str) -> None:
+    log.seal("run.started", {"workflow": workflow, "definition_hash": definition_hash,
+                             "input": data, "config": {}, "limits": {}})
+    log.seal("edge.taken", {"edge": 0, "from": "START", "to": [first]})
+
+
+def _check(state: dict[str, Any], log: Log, n: int, records: int) -> None:
+    if state.get("i") != n or len(log.entries) != records:
+        raise RuntimeError(f"expected i == {n} and {records} records, got i == "
+                           f"{state.get('i')!r} and {len(log.entries)} records")
+
+
+# -- scenarios -----------------------------------------------------------------------------
+
+async def run_chain(names: list[str], successors: list[str], definition_hash: str,
+                    data: dict[str, Any]) -> tuple[dict[str, Any], Log]:
+    """START -> n0 -> ... -> n{N-1} -> END: three records per node, two per run."""
+    log = Log()
+    seal = log.seal
+    _start(log, f"chain-{len(names)}", definition_hash, data, names[0])
+    state = dict(data)
+    for k, name in enumerate(names):
+        seal("node.started", {"node": name, "visit": 1, "attempt": 1})
+        t0 = _perf()
+        update = await inc(state)
+        duration = round((_perf() - t0) * 1000, 3)
+        state.update(update)
+        seal("node.completed", {"node": name, "visit": 1, "attempt": 1,
+                                "duration_ms": duration, "update": update})
+        seal("edge.taken", {"edge": k + 1, "from": name, "to": [successors[k]]})
+    seal("run.completed", {})
+    return state, log
+
+
+async def s1(em: Emitter, p: dict[str, Any]) -> None:
+    n = p["n"]
+    names = [f"n{k}" for k in range(n)]
+    successors = [*names[1:], "END"]
+    definition_hash = _definition_hash(f"chain-{n}")
+
+    async def once() -> None:
+        state, log = await run_chain(names, successors, definition_hash, {"i": 0})
+        _check(state, log, n, 3 * n + 3)
+
+    for k, (dt, cpu) in enumerate(await trials(once, warmup=p["warmup"], count=p["trials"])):
+        em.value("per_node_us", dt / n * 1e6, "us", trial=k)
+        em.value("per_node_cpu_us", cpu / n * 1e6, "us", trial=k)
+        em.value("wall_ms", dt * 1000, "ms", trial=k)
+
+
+async def run_loop(cond: Any, definition_hash: str, workflow: str,
+                   data: dict[str, Any]) -> tuple[dict[str, Any], Log]:
+    """step -> step when the condition holds, otherwise END: four records per iteration."""
+    log = Log()
+    seal = log.seal
+    _start(log, workflow, definition_hash, data, "step")
+    source = cond.source
+    state = dict(data)
+    visit = 0
+    while True:
+        visit += 1
+        seal("node.started", {"node": "step", "visit": visit, "attempt": 1})
+        t0 = _perf()
+        update = await inc(state)
+        duration = round((_perf() - t0) * 1000, 3)
+        state.update(update)
+        seal("node.completed", {"node": "step", "visit": visit, "attempt": 1,
+                                "duration_ms": duration, "update": update})
+        value, reads = cond.decide(state)
+        if type(value) is not bool:  # the SPEC: a condition is a boolean
+            raise RuntimeError(f"condition {source!r} gave {value!r}, not a boolean")
+        if value:
+            seal("edge.taken", {"edge": 1, "from": "step", "to": ["step"], "expr": source,
+                                "value": value, "reads": reads})
+            seal("edge.skipped", {"edge": 2, "from": "step", "expr": "otherwise",
+                                  "value": False})
+        else:
+            seal("edge.skipped", {"edge": 1, "from": "step", "expr": source,
+                                  "value": value, "reads": reads})
+            seal("edge.taken", {"edge": 2, "from": "step", "to": ["END"],
+                                "expr": "otherwise", "value": True})
+            break
+    seal("run.completed", {})
+    return state, log
+
+
+async def s3(em: Emitter, p: dict[str, Any]) -> None:
+    n = p["n"]
+    cond = compile_expression(f"i < {n}")
+    definition_hash = _definition_hash(f"loop-{n}")
+
+    async def once() -> None:
+        state, log = await run_loop(cond, definition_hash, f"loop-{n}", {"i": 0})
+        _check(state, log, n, 4 * n + 3)
+
+    for k, (dt, cpu) in enumerate(await trials(once, warmup=p["warmup"], count=p["trials"])):
+        em.value("per_iter_us", dt / n * 1e6, "us", trial=k)
+        em.value("per_iter_cpu_us", cpu / n * 1e6, "us", trial=k)
+        em.value("wall_ms", dt * 1000, "ms", trial=k)
+
+
+def not_measured(em: Emitter, p: dict[str, Any]) -> None:
+    em.skipped("*", NOT_MEASURED)
+
+
+def _version() -> str:
+    return (f"bare Python loop; orjson {orjson.__version__}, CEL (interlock._expr) "
+            f"common-expression-language {_dist_version('common-expression-language')}, "
+            f"interlock {_dist_version('interlock')}")
+
+
+def _dist_version(name: str) -> str:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return "?"
+
+
+if __name__ == "__main__":
+    main(ENGINE, {"S1": s1, "S3": s3, **{s: not_measured for s in ("S2", "S4", "S5", "S6", "S7")}},
+         _version)
