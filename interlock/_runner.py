@@ -214,7 +214,10 @@ class Runner:
                     pn, visit = inline
                     outcome = await (self._attempt(pn, visit, 1) if pn.spec.retry is None
                                      else self._visit(pn, visit, 1, rerun=False))
-                    await self._finish(outcome, alone=True)
+                    if outcome.error is None and outcome.pause is None:
+                        self._complete(outcome)  # (the common case, without a coroutine)
+                    else:
+                        await self._finish(outcome, alone=True)
                     await self.flush()
                     inline_steps += 1
                     if inline_steps % YIELD_EVERY == 0:
@@ -478,6 +481,10 @@ class Runner:
                 "node": out.node, "visit": out.visit, "attempt": out.attempt,
                 "error": conflict.to_json(), "duration_ms": out.duration_ms})])
             raise _Abort(conflict)
+        self._complete(out)
+
+    def _complete(self, out: Outcome) -> None:
+        """`_finish` for a visit that completed (no error, no pause, no write conflict)."""
         fields: dict[str, Any] = {"node": out.node, "visit": out.visit, "attempt": out.attempt,
                                   "duration_ms": out.duration_ms}
         if out.update:
