@@ -103,6 +103,16 @@ async def trials(run_once: Callable[[], Awaitable[Any]], *, warmup: int,
     return out
 
 
+async def per_step_trials(em: Emitter, p: dict[str, Any], run_once: Callable[[], Awaitable[Any]],
+                          steps: int, metric: str) -> None:
+    """S1 and S3: `trials` of ``run_once`` (``p``'s warmup and trials), each emitted as
+    ``{metric}_us`` and ``{metric}_cpu_us`` per one of its ``steps``, and ``wall_ms``."""
+    for k, (dt, cpu) in enumerate(await trials(run_once, warmup=p["warmup"], count=p["trials"])):
+        em.value(f"{metric}_us", dt / steps * 1e6, "us", trial=k)
+        em.value(f"{metric}_cpu_us", cpu / steps * 1e6, "us", trial=k)
+        em.value("wall_ms", dt * 1000, "ms", trial=k)
+
+
 async def concurrent_runs(em: Emitter, p: dict[str, Any],
                           start: Callable[[], Awaitable[Any]],
                           check: Callable[[Any], None]) -> None:

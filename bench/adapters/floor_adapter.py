@@ -40,7 +40,7 @@ import time
 from typing import Any
 
 import orjson
-from _common import Emitter, main, trials
+from _common import Emitter, main, per_step_trials
 
 from interlock._expr import compile_expression
 
@@ -139,10 +139,7 @@ async def s1(em: Emitter, p: dict[str, Any]) -> None:
         state, log = await run_chain(names, successors, definition_hash, {"i": 0})
         _check(state, log, n, 3 * n + 3)
 
-    for k, (dt, cpu) in enumerate(await trials(once, warmup=p["warmup"], count=p["trials"])):
-        em.value("per_node_us", dt / n * 1e6, "us", trial=k)
-        em.value("per_node_cpu_us", cpu / n * 1e6, "us", trial=k)
-        em.value("wall_ms", dt * 1000, "ms", trial=k)
+    await per_step_trials(em, p, once, n, "per_node")
 
 
 async def run_loop(cond: Any, definition_hash: str, workflow: str,
@@ -190,10 +187,7 @@ async def s3(em: Emitter, p: dict[str, Any]) -> None:
         state, log = await run_loop(cond, definition_hash, f"loop-{n}", {"i": 0})
         _check(state, log, n, 4 * n + 3)
 
-    for k, (dt, cpu) in enumerate(await trials(once, warmup=p["warmup"], count=p["trials"])):
-        em.value("per_iter_us", dt / n * 1e6, "us", trial=k)
-        em.value("per_iter_cpu_us", cpu / n * 1e6, "us", trial=k)
-        em.value("wall_ms", dt * 1000, "ms", trial=k)
+    await per_step_trials(em, p, once, n, "per_iter")
 
 
 def not_measured(em: Emitter, p: dict[str, Any]) -> None:

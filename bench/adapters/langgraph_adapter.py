@@ -30,6 +30,7 @@ from _common import (
     concurrent_runs,
     db_size_kb,
     main,
+    per_step_trials,
     run_s6,
     trials,
 )
@@ -142,10 +143,7 @@ async def s1(em: Emitter, p: dict[str, Any]) -> None:
     async def once() -> None:
         _check(await graph.ainvoke({"i": 0}, cfg), i=n)
 
-    for k, (dt, cpu) in enumerate(await trials(once, warmup=p["warmup"], count=p["trials"])):
-        em.value("per_node_us", dt / n * 1e6, "us", trial=k)
-        em.value("per_node_cpu_us", cpu / n * 1e6, "us", trial=k)
-        em.value("wall_ms", dt * 1000, "ms", trial=k)
+    await per_step_trials(em, p, once, n, "per_node")
 
 
 async def s2(em: Emitter, p: dict[str, Any]) -> None:
@@ -173,10 +171,7 @@ async def s3(em: Emitter, p: dict[str, Any]) -> None:
     async def once() -> None:
         _check(await graph.ainvoke({"i": 0}, cfg), i=n)
 
-    for k, (dt, cpu) in enumerate(await trials(once, warmup=p["warmup"], count=p["trials"])):
-        em.value("per_iter_us", dt / n * 1e6, "us", trial=k)
-        em.value("per_iter_cpu_us", cpu / n * 1e6, "us", trial=k)
-        em.value("wall_ms", dt * 1000, "ms", trial=k)
+    await per_step_trials(em, p, once, n, "per_iter")
 
 
 async def s4(em: Emitter, p: dict[str, Any]) -> None:

@@ -30,7 +30,7 @@ import types
 from dataclasses import dataclass
 from typing import Any
 
-from _common import Emitter, main, trials
+from _common import Emitter, main, per_step_trials
 from pydantic_graph import BaseNode, End, Graph, GraphBuilder, GraphRunContext, StepContext
 
 ENGINE = "pydantic-graph"
@@ -120,10 +120,7 @@ async def s1(em: Emitter, p: dict[str, Any]) -> None:
         state = Counter()
         _check(await graph.run(state=state), state, n)
 
-    for k, (dt, cpu) in enumerate(await trials(once, warmup=p["warmup"], count=p["trials"])):
-        em.value("per_node_us", dt / n * 1e6, "us", trial=k)
-        em.value("per_node_cpu_us", cpu / n * 1e6, "us", trial=k)
-        em.value("wall_ms", dt * 1000, "ms", trial=k)
+    await per_step_trials(em, p, once, n, "per_node")
 
 
 async def s3(em: Emitter, p: dict[str, Any]) -> None:
@@ -134,10 +131,7 @@ async def s3(em: Emitter, p: dict[str, Any]) -> None:
         state = Counter()
         _check(await graph.run(state=state, deps=n), state, n)
 
-    for k, (dt, cpu) in enumerate(await trials(once, warmup=p["warmup"], count=p["trials"])):
-        em.value("per_iter_us", dt / n * 1e6, "us", trial=k)
-        em.value("per_iter_cpu_us", cpu / n * 1e6, "us", trial=k)
-        em.value("wall_ms", dt * 1000, "ms", trial=k)
+    await per_step_trials(em, p, once, n, "per_iter")
 
 
 def not_measured(em: Emitter, p: dict[str, Any]) -> None:
