@@ -27,6 +27,7 @@ from . import _log as L
 from ._errors import UsageError
 from ._fold import Gate, RunView
 from ._model import WorkflowSpec
+from ._state import check_whole_values
 
 ENGINE = "interlock (deadline)"
 
@@ -117,7 +118,7 @@ def decide(spec: WorkflowSpec, view: RunView, decision: Decision, *,
     if target not in allowed:
         raise UsageError(f"re-entry at {target!r} is refused: {gate.node!r} allows modify to "
                          f"re-enter at {', '.join(allowed)} (approval.on_modify)")
-    _check_patch(spec, view, decision.patch)
+    check_patch(spec, view, decision.patch)
     return _records(spec, gate, "modified", decision.by, decision.comment,
                     patch=L.to_json_value(decision.patch), reenter=target)
 
@@ -141,12 +142,15 @@ def known_fields(spec: WorkflowSpec, view: RunView) -> set[str]:
     return known
 
 
-def _check_patch(spec: WorkflowSpec, view: RunView, patch: dict[str, Any]) -> None:
+def check_patch(spec: WorkflowSpec, view: RunView, patch: dict[str, Any]) -> None:
     known = known_fields(spec, view)
     unknown = sorted(k for k in patch if k not in known)
     if unknown:
         raise UsageError(f"the patch names field(s) the workflow does not know: "
                          f"{', '.join(unknown)}; known fields: {', '.join(sorted(known))}")
+    # a patch replaces whole fields, bypassing reducers: a reducer field gets its kind
+    check_whole_values(L.to_json_value(patch), {k: v.reducer for k, v in spec.state.items()},
+                       "the patch")
 
 
 def _records(spec: WorkflowSpec, gate: Gate, decision: str, by: str | None,

@@ -33,7 +33,8 @@ class Goto:
 
 
 def goto(node: str, update: Mapping[str, Any] | None = None) -> Goto:
-    """Pick this node's successor among its ``choose:`` targets (or ``"END"``)."""
+    """Pick this node's successor among its ``choose:`` targets (``"END"`` too, when it
+    is one of them: only declared targets are allowed)."""
     if not isinstance(node, str):
         raise TypeError(f"goto() takes a node name, got {type(node).__name__}")
     return Goto(node, update)

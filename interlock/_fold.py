@@ -319,6 +319,7 @@ class RunView:
     def _on_terminal(self, rec: L.Record) -> None:
         self.status = L.TERMINAL_TYPES[rec["type"]]
         self.error = rec.get("error")
+        self.waiting = None  # a run cancelled while it waited waits no more
 
     def _on_waiting(self, rec: L.Record) -> None:
         self.status = "WAITING_APPROVAL"

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import math
 import time
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -77,53 +78,36 @@ def dumps(value: Any) -> bytes:
 
 
 def to_json_value(value: Any) -> Any:
-    """``value`` as plain JSON data (what a reader of the log will get back).
+    """``value`` as plain JSON data: what a reader of the log -- and a resume -- gets back.
 
-    Plain dicts/lists/scalars are returned as they are; anything orjson needs a
-    hook for (pydantic models, tuples, sets) is converted, so that state built
-    from a live run equals state rebuilt from its log.
+    A dict of plain scalars is returned as it is; anything else goes through JSON and
+    back, so that the state a live run holds is the state its log rebuilds: a
+    datetime, an enum, a UUID or a dataclass (which orjson writes natively) becomes
+    what JSON holds of it, a tuple a list, NaN and infinities ``None`` (orjson writes
+    them as ``null``).
     """
     if type(value) is dict and _plain_scalars(value):
         return value  # the common update: a few scalar fields, nothing to convert
-    converted = False
-
-    def hook(obj: Any) -> Any:
-        nonlocal converted
-        converted = True
-        return json_default(obj)
-
-    data = orjson.dumps(value, default=hook, option=_OPTS)
-    if converted or _has_tuple(value):
-        return orjson.loads(data)
-    return value
+    return orjson.loads(orjson.dumps(value, default=json_default, option=_OPTS))
 
 
 JSON_SCALARS = frozenset({str, float, bool, type(None)})  # kept as they are, with ints
 
 
+def plain_scalar(value: Any) -> bool:
+    """Whether JSON holds ``value`` as it is: str, bool, None, a finite float, a 64-bit
+    int (one that comes back from the log unchanged)."""
+    t = type(value)
+    if t is int:
+        return bool(-(2**63) <= value < 2**64)
+    if t is float:
+        return math.isfinite(value)
+    return t in JSON_SCALARS
+
+
 def _plain_scalars(value: dict[Any, Any]) -> bool:
-    """Only str keys and values that JSON holds as they are (ints within 64 bits)."""
-    for k, v in value.items():
-        if type(k) is not str:
-            return False
-        t = type(v)
-        if t is int:
-            if not -(2**63) <= v < 2**64:
-                return False
-        elif t not in JSON_SCALARS:
-            return False
-    return True
-
-
-def _has_tuple(value: Any) -> bool:
-    # orjson serialises tuples natively, but they come back as lists.
-    if isinstance(value, tuple):
-        return True
-    if isinstance(value, dict):
-        return any(_has_tuple(v) for v in value.values())
-    if isinstance(value, list):
-        return any(_has_tuple(v) for v in value)
-    return False
+    """Only str keys and values `plain_scalar` accepts."""
+    return all(type(k) is str and plain_scalar(v) for k, v in value.items())
 
 
 def chain(prev_hash: str, data: bytes) -> str:

@@ -44,7 +44,7 @@ from ._expr import EvaluationError
 from ._fold import Due, RunView, Scope
 from ._guards import Budget, BudgetExceededError, bounded, call_body, timeout_error
 from ._isolation import ChildContext, Effects, ProcessPool
-from ._model import case_key
+from ._model import END, case_key
 from ._plan import Plan, PlanEdge, PlanNode
 from ._state import check_update, scoped
 from ._store import Store, Summary
@@ -407,13 +407,19 @@ class Runner:
             pause = exc
         except TimeoutError:
             error = timeout_error(pn)
+        except SystemExit as exc:  # sys.exit() in a body: its failure, not the process's exit
+            error = _node_error(pn, exc)
+        except asyncio.CancelledError as exc:
+            task = asyncio.current_task()
+            if task is None or task.cancelling():
+                raise  # a cancellation asked for (the run's, a sibling's failure, a caller's)
+            # raised by the body itself (a library cancelling its own work): its failure,
+            # not the run's cancellation -- the run would otherwise stop as RUNNING
+            error = _node_error(pn, exc)
         except RunError as exc:
             error = exc
         except Exception as exc:  # the node's own failure: becomes its error record
-            error = NodeError(f"node {pn.name!r} raised {type(exc).__name__}: {exc}",
-                              node=pn.name, exception=type(exc).__name__,
-                              mro=[c.__name__ for c in type(exc).__mro__],
-                              traceback=_short_tb(exc))
+            error = _node_error(pn, exc)
         finally:
             if ctx is not None:
                 self.budget.leave(ctx)
@@ -568,16 +574,17 @@ class Runner:
         if rejected and not taken_any:
             self.stage(items)
             gate = self.view.state.get(source) or {}
-            raise _Rejected(source, f"approval {source!r} was rejected by {gate.get('by')}"
+            raise _Rejected(source, f"approval {source!r} was rejected by "
+                            f"{gate.get('by') or 'an anonymous decider'}"
                             + (f": {gate['comment']}" if gate.get("comment") else ""))
         stranded = [] if taken_any else self._stranded(source, dues)
         if stranded:
             explain = [_explain(d.edge, fields) for d, (_, fields) in zip(dues, items,
                                                                           strict=True)]
-            where = "none of its outgoing edges" if source != "*" else \
-                f"the join {dues[0].edge.name()}, its last way on,"
+            where = "none of its outgoing edges was taken" if source != "*" else \
+                f"the join {dues[0].edge.name()}, its last way on, was not taken"
             raise _Abort(NoRouteError(
-                f"no route from {', '.join(map(repr, stranded))}: {where} was not taken -- "
+                f"no route from {', '.join(map(repr, stranded))}: {where} -- "
                 + "; ".join(explain)
                 + f". Add an 'otherwise: true' edge from {stranded[0]!r} (or a switch "
                 "default) to say where the run goes in that case",
@@ -693,7 +700,8 @@ class Runner:
             raise _Abort(RouteError(f"router {e.spec.router} of edge {e.name()} raised "
                                     f"{type(exc).__name__}: {exc}", edge=e.index)) from None
         chosen = [result] if isinstance(result, str) else list(result or [])
-        bad = [c for c in chosen if c not in e.targets]
+        # SPEC §1: a router returns declared targets, or END (declared or not)
+        bad = [c for c in chosen if c not in e.targets and c != END]
         if bad or any(not isinstance(c, str) for c in chosen):
             raise _Abort(RouteError(
                 f"router {e.spec.router} returned {result!r}; edge {e.name()} declares "
@@ -791,6 +799,12 @@ def _backoff(base: float, cap: float | None, jitter: bool, attempt: int) -> floa
     if jitter and delay:
         delay = random.uniform(0, delay)
     return float(delay)
+
+
+def _node_error(pn: PlanNode, exc: BaseException) -> NodeError:
+    return NodeError(f"node {pn.name!r} raised {type(exc).__name__}: {exc}", node=pn.name,
+                     exception=type(exc).__name__, mro=[c.__name__ for c in type(exc).__mro__],
+                     traceback=_short_tb(exc))
 
 
 def _short_tb(exc: BaseException) -> str:

@@ -413,6 +413,10 @@ async def fork(run_id: str, at: int, *, store: str | Store | None = None,
                              f"cannot fork at {at}")
         if patch is not None and not isinstance(patch, Mapping):
             raise UsageError("the patch is a JSON object of state fields")
+        if patch:
+            from ._approvals import check_patch
+
+            check_patch(loaded.workflow.spec, loaded.view, dict(patch))  # as modify's is
         prefix = loaded.entries[:at]
         fields = _overrides(loaded.workflow, config, None)
         fields.update(parent_run=run_id, parent_seq=at,

@@ -31,6 +31,11 @@ def read_file(path: str | os.PathLike[str]) -> tuple[dict[str, Any], SourceMap]:
             [Diagnostic("error", f"cannot read workflow file: {exc.strerror or exc}",
                         Location(name))]
         ) from None
+    except UnicodeDecodeError as exc:
+        raise WorkflowError(
+            [Diagnostic("error", f"the file is not UTF-8 text (byte {exc.start}: {exc.reason}); "
+                        "save it as UTF-8", Location(name))]
+        ) from None
     yaml = YAML(typ="rt", pure=True)
     yaml.version = (1, 2)
     yaml.allow_duplicate_keys = False

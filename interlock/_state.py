@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from ._errors import NodeError
-from ._log import JSON_SCALARS
+from ._errors import NodeError, UsageError
+from ._log import plain_scalar
 
 
 def _replace(_old: Any, new: Any) -> Any:
@@ -55,12 +55,43 @@ def merge_update(state: dict[str, Any], update: Mapping[str, Any],
             state[key] = REDUCERS[reducer](state.get(key), value)
 
 
+# reducer -> (what a field's whole value must be, its name for people, an example)
+_SEEDS: dict[str, tuple[Callable[[Any], bool], str, str]] = {
+    "append": (lambda v: isinstance(v, list), "a list", "[]"),
+    "extend": (lambda v: isinstance(v, list), "a list", "[]"),
+    "merge": (lambda v: isinstance(v, Mapping), "an object", "{}"),
+    "add": (lambda v: isinstance(v, int | float) and not isinstance(v, bool), "a number", "0"),
+}
+
+
+def check_whole_values(fields: Mapping[str, Any], reducers: Mapping[str, str],
+                       what: str) -> None:
+    """Values that set a field's whole value -- a run's input, a modify or fork patch --
+    must be what its reducer accumulates into: a list for append and extend, an object
+    for merge, a number for add (or null: the field starts empty). Else UsageError,
+    before anything is recorded: the next merge into it would fail, or (a string for
+    append) silently make a list of its characters."""
+    for key, value in fields.items():
+        check = _SEEDS.get(reducers.get(key, "replace"))
+        if check is None or value is None or check[0](value):
+            continue
+        _, kind, example = check
+        raise UsageError(f"{what}: field {key!r} has reducer {reducers[key]!r}, so its value "
+                         f"is {kind} (e.g. {example}), not {type(value).__name__} "
+                         f"{_short(value)}")
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def check_update(node: str, update: Any, writes: frozenset[str] | None,
                  reducers: Mapping[str, str]) -> tuple[dict[str, Any], bool]:
     """What a node returned, checked: a mapping of declared fields whose reducers accept it.
 
     Returns a copy of it, and whether it holds only values JSON keeps as they are
-    (str, bool, None, floats, 64-bit ints) -- the common update, which needs no
+    (str, bool, None, finite floats, 64-bit ints) -- the common update, which needs no
     conversion before it is logged. One pass over the fields.
     """
     if update is None:
@@ -89,12 +120,8 @@ def check_update(node: str, update: Any, writes: frozenset[str] | None,
         reducer = reducers.get(key)
         if reducer is not None and reducer != "replace":
             _check_reducer_value(node, key, reducer, value)
-        t = type(value)
-        if t is int:
-            if plain and not -(2**63) <= value < 2**64:
-                plain = False
-        elif t not in JSON_SCALARS:
-            plain = False
+        if plain and not plain_scalar(value):
+            plain = False  # converted before it is logged (and merged)
     return update, plain
 
 

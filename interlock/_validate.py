@@ -96,7 +96,7 @@ class _Checker:
                 self.add("error", f"{what}: call target {path!r} does not import: {exc}",
                          where, "import")
                 return
-            except Exception as exc:  # importing user code may raise anything
+            except (Exception, SystemExit) as exc:  # importing user code may raise anything
                 self.add("error", f"{what}: importing {path!r} raised {type(exc).__name__}: "
                          f"{exc}", where, "import")
                 return

@@ -25,6 +25,7 @@ from ._model import WorkflowSpec
 from ._plan import Plan, build_plan
 from ._runs import RunResult, drive, make_run_id, open_store_arg
 from ._spec import load_spec, parse
+from ._state import check_whole_values
 from ._store import RunRow, Store, Summary
 from ._validate import check
 
@@ -369,6 +370,7 @@ def _check_input(spec: WorkflowSpec, input: Mapping[str, Any] | None) -> dict[st
         data: dict[str, Any] = L.to_json_value(dict(input))  # our copy, or a new dict
     except TypeError as exc:
         raise UsageError(f"the run's input is not JSON data: {exc}") from None
+    check_whole_values(data, {k: v.reducer for k, v in spec.state.items()}, "the run's input")
     return data
 
 

@@ -279,6 +279,9 @@ def test_modify_reenters_at_the_named_node(project: Project) -> None:
     (["--modify", "{}"], "non-empty"),
     (["--at", "a"], "--at NODE goes with --modify"),
     (["--approve", "--modify", '{"x": 1}'], "not --approve and --modify"),
+    (["--approve", "--reject"], "not --approve and --reject"),
+    (["--reject", "--approve"], "not --approve and --reject"),
+    (["--reject", "--modify", '{"x": 1}'], "not --reject and --modify"),
     (["--comment", "hi"], "go with a decision"),
     (["--set", "novalue"], "expected KEY=VALUE"),
 ])
@@ -402,10 +405,56 @@ def test_fork_json_and_usage_errors(project: Project) -> None:
         (["--at", "4", "--patch", "3"], "must be a JSON object"),
         (["--at", "999"], "cannot fork at 999"),
         (["--at", "4", "--set", "limits.steps=3"], "keeps the limits"),
+        (["--at", "4", "--patch", '{"zz": 90}'], "does not know: zz"),  # as modify refuses
     ]:
         bad = project.cli("fork", "r-fj", *args)
         assert bad.exit_code == 2, (args, bad.output)
         assert message in bad.stderr, (args, bad.stderr)
+
+
+REDUCED = """
+workflow: reduced
+state: {events: {reducer: append}, total: {reducer: add}, meta: {reducer: merge}}
+nodes:
+  a: {mod}:first
+  gate: {approval: {show: [x], on_modify: [a]}}
+edges:
+  - {from: START, to: a}
+  - {from: a, to: gate}
+  - {from: gate, to: END}
+"""
+
+
+@pytest.mark.parametrize(("field", "value", "kind"), [
+    ("events", "5", "a list"), ("total", '"abc"', "a number"), ("meta", "[1]", "an object"),
+    ("events", '"urgent"', "a list"),  # not a list of its characters
+])
+def test_a_whole_value_of_the_wrong_kind_for_a_reducer_is_refused_before_anything_runs(
+        project: Project, field: str, value: str, kind: str) -> None:
+    wf = project.workflow(REDUCED)
+    started = project.cli("run", wf, "--input", f'{{"{field}": {value}}}', "--run-id", "r-in")
+    assert started.exit_code == 2, started.output
+    assert f"field {field!r} has reducer" in started.stderr and kind in started.stderr
+    assert project.cli("status", "r-in").exit_code == 2  # no run was created
+
+    assert project.start(REDUCED, "r-mod").exit_code == 3
+    modified = project.cli("resume", "r-mod", "--modify", f'{{"{field}": {value}}}')
+    assert modified.exit_code == 2, modified.output
+    assert f"field {field!r} has reducer" in modified.stderr
+    assert project.cli("status", "r-mod").exit_code == 3  # still waiting, nothing decided
+    assert project.cli("resume", "r-mod", "--approve").exit_code == 0
+
+    forked = project.cli("fork", "r-mod", "--at", "4", "--patch", f'{{"{field}": {value}}}')
+    assert forked.exit_code == 2, forked.output
+    assert f"field {field!r} has reducer" in forked.stderr
+    assert [r["run_id"] for r in project.cli_json("runs")[1]] == ["r-mod"]  # nor r-in, nor a fork
+
+
+def test_a_cancelled_waiting_run_waits_no_more(project: Project) -> None:
+    assert project.start(GATED, "r-cw").exit_code == 3
+    assert project.cli("cancel", "r-cw").exit_code == 0
+    _, data = project.cli_json("status", "r-cw")
+    assert data["status"] == "CANCELLED" and data["waiting"] is None
 
 
 # -- runs ------------------------------------------------------------------------------------

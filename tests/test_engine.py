@@ -260,6 +260,18 @@ def test_router_returning_end_stops_there() -> None:
     assert result.status == "COMPLETED" and "x" not in result.state
 
 
+def test_router_may_return_end_without_declaring_it() -> None:
+    # SPEC §1: "returns one or more of the declared targets (or END)"
+    wf = Workflow("router-end-undeclared")
+    wf.node("t", node()).node("x", node({"x": 1}))
+    wf.edge(START, "t")
+    wf.router("t", lambda s: END, to=["x"])
+    result, records = run(wf)
+    assert result.status == "COMPLETED" and "x" not in result.state
+    taken = [r for r in records if r["type"] == "edge.taken" and r.get("from") == "t"]
+    assert taken and taken[0]["to"] == [END]
+
+
 def test_goto_picks_a_declared_successor_with_an_update() -> None:
     async def evidence(state: dict[str, Any]) -> Any:
         return interlock.goto("reviewer", {"next_action": "REVIEWER_AGENT"})
@@ -501,6 +513,73 @@ def test_the_log_is_a_complete_story() -> None:
     skipped = records[4]
     assert skipped["expr"] == "go" and skipped["value"] is False and skipped["reads"] == {
         "go": False}
+
+
+def test_values_json_changes_reach_the_next_node_as_a_resume_would_rebuild_them(
+        tmp_path: Any) -> None:
+    # SPEC §1: a resumed run rebuilds exactly the same state. orjson writes a datetime,
+    # an enum, a UUID and a dataclass natively and NaN as null: the live state
+    # must hold what the log holds, not the Python objects, or a run that pauses and
+    # resumes would see other values than one that does not
+    import dataclasses
+    import datetime
+    import enum
+    import uuid
+
+    class Color(enum.Enum):
+        RED = "red"
+
+    @dataclasses.dataclass
+    class P:
+        a: int
+
+    made = {"when": datetime.datetime(2024, 1, 2), "color": Color.RED,
+            "id": uuid.UUID(int=1), "p": P(1), "score": float("nan"),
+            "top": float("inf"), "nested": {"at": datetime.date(2024, 1, 2)}}
+    seen: dict[str, Any] = {}
+    wf = Workflow("json-values")
+    wf.node("a", lambda s: made)
+    wf.node("b", lambda s: seen.update(s))
+    wf.edge(START, "a").edge("a", "b")
+    store = f"sqlite:///{tmp_path}/runs.db"
+    result = wf.run_sync({}, store=store)
+    assert result.status == "COMPLETED"
+    expected = {"when": "2024-01-02T00:00:00", "color": "red",
+                "id": "00000000-0000-0000-0000-000000000001", "p": {"a": 1},
+                "score": None, "top": None, "nested": {"at": "2024-01-02"}}
+    assert seen == expected  # what the next node got
+    assert result.state == expected
+    rebuilt = asyncio.run(interlock.status(result.run_id, store=store))
+    assert rebuilt.state == expected  # what the log rebuilds
+
+
+def test_a_node_that_raises_cancelled_error_itself_fails_and_the_run_ends(
+        tmp_path: Any) -> None:
+    # nobody cancelled the run: a CancelledError out of the body (a client library
+    # cancelling its own request) is the node's failure, not a run left RUNNING
+    async def flaky(state: dict[str, Any]) -> dict[str, Any]:
+        raise asyncio.CancelledError("the client gave up")
+
+    wf = Workflow("cancelled-inside")
+    wf.node("a", flaky).node("b", lambda s: {"b": 1})
+    wf.edge(START, "a").edge("a", "b")
+    store = f"sqlite:///{tmp_path}/runs.db"
+    result = wf.run_sync({}, store=store)
+    assert result.status == "FAILED"
+    assert result.error["node"] == "a" and "CancelledError" in result.error["message"]
+    assert "b" not in result.state
+    stored = asyncio.run(interlock.status(result.run_id, store=store))
+    assert stored.status == "FAILED"
+
+
+def test_a_node_that_calls_sys_exit_fails_instead_of_ending_the_process() -> None:
+    def quits(state: dict[str, Any]) -> None:
+        raise SystemExit(4)
+
+    wf = Workflow("exits")
+    wf.node("a", quits).edge(START, "a")
+    result, _ = run(wf)
+    assert result.status == "FAILED" and "SystemExit" in result.error["message"]
 
 
 def test_an_update_that_is_not_json_data_fails_the_node_cleanly() -> None:

@@ -6,6 +6,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -181,6 +182,29 @@ def test_unknown_key_is_caught_with_its_position(wdir: Path) -> None:
     ds = diagnostics(path)
     assert any(d.startswith(f"{path}:3:") and "unknown key 'timout'" in d for d in ds)
     assert any(d.startswith(f"{path}:5:") and "unknown key 'wen'" in d for d in ds)
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "latin-1"])
+def test_a_file_that_is_not_utf8_is_an_error_naming_it(wdir: Path, encoding: str) -> None:
+    path = wdir / "wf.yaml"
+    path.write_bytes("# café\nworkflow: t\nnodes: {a: flows.nodes:a}\n"
+                     "edges: [{from: START, to: a}]\n".encode(encoding))
+    [d] = diagnostics(path)
+    assert d.startswith(f"{path}:") and "not UTF-8" in d
+
+
+def test_an_import_that_calls_sys_exit_is_an_import_error(wdir: Path) -> None:
+    module = f"quits_{uuid.uuid4().hex[:8]}"  # a fresh module: nothing cached
+    (wdir / f"{module}.py").write_text("import sys\nsys.exit(3)\n")
+    path = write(wdir, f"""
+        workflow: t
+        nodes:
+          a: {module}:a
+        edges:
+          - {{from: START, to: a}}
+    """)
+    ds = diagnostics(path)
+    assert any("SystemExit" in d and f"{module}:a" in d for d in ds), ds
 
 
 def test_yaml_syntax_error_has_a_line(wdir: Path) -> None:

@@ -77,8 +77,8 @@ def _execute(wf: Workflow, data: dict[str, Any], store_url: str | None, run_id: 
 
 @click.command(short_help="Continue a run, or decide a waiting one.")
 @click.argument("run_id", metavar="RUN_ID")
-@click.option("--approve", "kind", flag_value="approve", help="Approve the waiting gate.")
-@click.option("--reject", "kind", flag_value="reject", help="Reject the waiting gate.")
+@click.option("--approve", is_flag=True, help="Approve the waiting gate.")
+@click.option("--reject", is_flag=True, help="Reject the waiting gate.")
 @click.option("--modify", "patch_json", metavar="PATCH_JSON",
               help='Correct state fields (a JSON object, e.g. \'{"severity": "low"}\') and '
                    "re-run from a node of the gate's approval.on_modify list.")
@@ -96,7 +96,7 @@ def _execute(wf: Workflow, data: dict[str, Any], store_url: str | None, run_id: 
                    "two processes executing one run would both run its nodes.")
 @json_option
 @store_option
-def resume(run_id: str, kind: str | None, patch_json: str | None, at_node: str | None,
+def resume(run_id: str, approve: bool, reject: bool, patch_json: str | None, at_node: str | None,
            by: str | None, comment: str | None, sets: tuple[str, ...], force: bool,
            as_json: bool, store_url: str | None) -> None:
     """Continue RUN_ID from its log, or decide the approval it is waiting for.
@@ -109,6 +109,9 @@ def resume(run_id: str, kind: str | None, patch_json: str | None, at_node: str |
     Exits like `run`: 0 completed, 1 failed, 2 refused (the reason is printed),
     3 waiting again, 4 rejected.
     """
+    if approve and reject:  # (one option with two flag values would let the last one win)
+        raise CliError("use one of --approve, --reject or --modify, not --approve and --reject")
+    kind = "approve" if approve else "reject" if reject else None
     decision = _decision(kind, patch_json, at_node, by, comment)
     config_sets, limits = parse_sets(sets)
     config = config_overrides({}, config_sets) if config_sets else {}
