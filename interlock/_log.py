@@ -193,8 +193,10 @@ def verify_chain(entries: list[Entry], *, start: int = 0,
             rec = orjson.loads(entry.data)
         except orjson.JSONDecodeError:
             return ChainProblem(entry.seq, "record is not valid JSON")
-        if rec.get("seq") != entry.seq or rec.get("type") != entry.type:
-            return ChainProblem(entry.seq, "record's seq/type do not match its row")
+        node = rec.get("node")
+        if rec.get("seq") != entry.seq or rec.get("type") != entry.type \
+                or (node if type(node) is str else None) != entry.node:
+            return ChainProblem(entry.seq, "record's seq/type/node do not match its row")
         want = chain(prev, entry.data)
         if want != entry.hash:
             return ChainProblem(entry.seq, "hash does not match the record's content and the "

@@ -333,7 +333,12 @@ async def trace(run_id: str, *, store: str | Store | None = None) -> list[dict[s
         await st.get_run(run_id)
         out = []
         for entry in await st.entries(run_id):
-            rec = entry.record()
+            try:
+                rec = entry.record()
+            except ValueError:  # orjson.JSONDecodeError: the stored text was changed
+                raise UsageError(f"run {run_id!r}: the log is broken at record {entry.seq} "
+                                 f"(its data is not valid JSON); `interlock verify {run_id}` "
+                                 "checks the whole log") from None
             for key in TRACE_KEYS:
                 rec.setdefault(key, None)
             rec["hash"] = entry.hash

@@ -334,6 +334,7 @@ class Workflow:
 
     def run_sync(self, input: Mapping[str, Any] | None = None, **kwargs: Any) -> RunResult:
         """`run` for scripts: blocks until the run stops (no event loop may be running)."""
+        _no_running_loop("run_sync", "run")
         return asyncio.run(self.run(input, **kwargs))
 
     async def resume(self, run_id: str, decision: Decision | None = None, *,
@@ -353,7 +354,19 @@ class Workflow:
 
     def resume_sync(self, run_id: str, decision: Decision | None = None,
                     **kwargs: Any) -> RunResult:
+        """`resume` for scripts: blocks until the run stops (no event loop may be running)."""
+        _no_running_loop("resume_sync", "resume")
         return asyncio.run(self.resume(run_id, decision, **kwargs))
+
+
+def _no_running_loop(sync: str, coro: str) -> None:
+    """A clear error where ``asyncio.run`` would refuse (and leave a coroutine unawaited)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    raise UsageError(f"{sync}() was called inside a running event loop (a coroutine, a "
+                     f"notebook): use `await workflow.{coro}(...)` there")
 
 
 def _check_input(spec: WorkflowSpec, input: Mapping[str, Any] | None) -> dict[str, Any]:

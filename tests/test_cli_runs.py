@@ -366,6 +366,28 @@ def test_verify_ok_then_tampered_names_the_record(project: Project) -> None:
     assert refused.exit_code == 2 and "broken at record 3" in refused.stderr
 
 
+@pytest.mark.parametrize(("column", "value", "message"), [
+    ("data", "{not json", "not valid JSON"),
+    ("node", "elsewhere", "seq/type/node do not match"),
+])
+def test_a_tampered_column_is_found_and_no_command_crashes_on_it(
+        project: Project, column: str, value: str, message: str) -> None:
+    assert project.start(FAILING, "r-tc").exit_code == 1
+    with sqlite3.connect(project.db) as conn:
+        conn.execute(f"UPDATE records SET {column} = ? WHERE run_id = ? AND seq = 3",
+                     (value, "r-tc"))
+    broken = project.cli("verify", "r-tc")
+    assert broken.exit_code == 1 and "record 3" in broken.stdout and message in broken.stdout
+    for args in (["resume", "r-tc"], ["fork", "r-tc", "--at", "2"]):
+        refused = project.cli(*args)
+        assert refused.exit_code == 2, (args, refused.output)
+        assert "broken at record 3" in refused.stderr, (args, refused.stderr)
+    if column == "data":
+        for args in (["trace", "r-tc"], ["trace", "r-tc", "--json"]):
+            refused = project.cli(*args)
+            assert refused.exit_code == 2 and "broken at record 3" in refused.stderr, args
+
+
 # -- fork ------------------------------------------------------------------------------------
 
 

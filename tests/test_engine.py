@@ -589,3 +589,16 @@ def test_an_update_that_is_not_json_data_fails_the_node_cleanly() -> None:
         result, records = run(wf)
         assert result.status == "FAILED" and "not JSON data" in result.error["message"]
         assert records[-1]["type"] == "run.failed"
+
+
+def test_run_sync_inside_a_running_loop_says_to_await_run() -> None:
+    wf = Workflow("in-loop")
+    wf.node("a", lambda s: {"a": 1}).edge(START, "a")
+
+    async def in_a_coroutine() -> None:
+        with pytest.raises(interlock.UsageError, match=r"await workflow\.run"):
+            wf.run_sync({}, store="memory://")
+        with pytest.raises(interlock.UsageError, match=r"await workflow\.resume"):
+            wf.resume_sync("r-none", store="memory://")
+
+    asyncio.run(in_a_coroutine())
