@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from ._errors import UsageError
 
 if TYPE_CHECKING:
     from ._errors import RunError
@@ -77,13 +79,18 @@ class Context:
             raise ValueError(f"record_tokens takes a non-negative int, got {n!r}")
         self._runner.charge_tokens(self, n)
 
-    async def once(self, key: str, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run the side effect ``fn(*args)`` once for this visit and ``key``.
+    def once(self, key: str, fn: Callable[..., Any], *args: Any) -> Coroutine[Any, Any, Any]:
+        """Run the side effect ``fn(*args)`` once for this visit and ``key``:
+        ``await ctx.once(key, fn, *args)``, in an ``async def`` node.
 
         The result is committed to the run's log before it is returned; when this
         visit runs again (a retry, or a resume after a crash) the recorded result
         is returned and ``fn`` is not called. The result must be JSON data.
         """
+        _awaitable_here("once")  # a sync node would get a coroutine it cannot await
+        return self._once(key, fn, *args)
+
+    async def _once(self, key: str, fn: Callable[..., Any], *args: Any) -> Any:
         found, value = self._runner.recorded_effect(self, key)
         if found:
             return value
@@ -92,15 +99,18 @@ class Context:
             result = await result
         return await self._runner.record_effect(self, key, result)
 
-    async def log(self, type: str, fields: Mapping[str, Any] | None = None) -> None:
+    def log(self, type: str, fields: Mapping[str, Any] | None = None
+            ) -> Coroutine[Any, Any, None]:
         """Append a record of the node's own to the run's log (``agent.request``,
-        ``tool.called``, ...), tagged with this node, visit and attempt.
+        ``tool.called``, ...), tagged with this node, visit and attempt:
+        ``await ctx.log(type, fields)``, in an ``async def`` node.
 
         ``type`` is a dotted name outside the engine's namespaces (``run.``, ``node.``,
         ``edge.``, ``effect.``, ``approval.``, ``state.``); ``fields`` must be JSON data.
         A re-run of the visit logs again: log from inside `once` to log only once.
         """
-        await self._runner.log_record(self, type, fields or {})
+        _awaitable_here("log")
+        return self._runner.log_record(self, type, fields or {})
 
     def confirm(self, key: str, show: Mapping[str, Any]) -> str:
         """Ask a human before doing something (a guarded tool call, a destructive step).
@@ -119,3 +129,14 @@ class Context:
     def __repr__(self) -> str:
         return f"<Context run={self.run_id} node={self.node} visit={self.visit} " \
                f"attempt={self.attempt}>"
+
+
+def _awaitable_here(method: str) -> None:
+    """``ctx.<method>`` returns a coroutine: refuse it where nothing can await it -- a
+    sync node's body, which runs in a worker thread with no event loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        raise UsageError(f"ctx.{method}() is a coroutine: call it as `await ctx.{method}(...)` "
+                         "from an `async def` node (a sync node runs in a worker thread "
+                         "and cannot await it)") from None

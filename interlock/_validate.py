@@ -212,14 +212,9 @@ class _Checker:
                      ("edges", where[(s, t)]), "cycle")
 
     def check_fed(self) -> None:
-        fed = set(self.spec.input) | set(self.spec.state)
-        for name, ns in self.spec.nodes.items():
-            if ns.writes:
-                fed |= set(ns.writes)
-            if ns.approval is not None:
-                fed.add(name)
-            if ns.agent is not None:
-                fed.add(str(ns.agent.get("output_key") or name))
+        """SPEC §4: a condition reading a field that no node writes and neither ``input:``
+        nor ``state:`` declares is an error; one declared but never fed, a warning."""
+        written, all_known = self._written()
         for i, e in enumerate(self.spec.edges):
             for key in ("when", "switch"):
                 src = getattr(e, key)
@@ -227,12 +222,11 @@ class _Checker:
                 if expr is None:
                     continue
                 for field_name in expr.names:
-                    if field_name in ("config", "run") or field_name in fed:
-                        continue
-                    self.add("warning", f"edge {e.describe()}: {key} reads {field_name!r}, "
-                             "which no node declares in 'writes' and neither 'input' nor "
-                             "'state' declares (declared but never fed); declare where it "
-                             "comes from", ("edges", i, key), "never-fed")
+                    problem = self._unfed(field_name, written, all_known)
+                    if problem is not None:
+                        level, why = problem
+                        self.add(level, f"edge {e.describe()}: {key} reads {field_name!r}, "
+                                 f"{why}", ("edges", i, key), "never-fed")
             cfg = self.spec.config
             for src in (e.when, e.switch):
                 if src and "config." in src:
@@ -241,6 +235,39 @@ class _Checker:
                             self.add("warning", f"edge {e.describe()}: reads config.{key_name}"
                                      ", which 'config:' does not declare (a run must --set it)",
                                      ("edges", i), "config")
+
+    def _written(self) -> tuple[set[str], bool]:
+        """The fields nodes are known to write, and whether that is all of them: a node's
+        are known when it declares ``writes`` (an approval writes its own name, an agent
+        its output key); one that does not may write anything."""
+        written: set[str] = set()
+        all_known = True
+        for name, ns in self.spec.nodes.items():
+            if ns.approval is not None:
+                written.add(name)
+            elif ns.agent is not None:
+                written.add(str(ns.agent.get("output_key") or name))
+            elif ns.writes is not None:
+                written |= set(ns.writes)
+            else:
+                all_known = False
+        return written, all_known
+
+    def _unfed(self, name: str, written: set[str], all_known: bool
+               ) -> tuple[Severity, str] | None:
+        if name in ("config", "run") or name in written or name in self.spec.input:
+            return None
+        if name in self.spec.state:
+            return None if not all_known else (
+                "warning", "which 'state' declares but no node writes (declared but never "
+                "fed): it stays empty unless a patch sets it")
+        if all_known:
+            return ("error", "which no node writes (every node declares 'writes') and "
+                    "neither 'input' nor 'state' declares; fix the name, or declare where "
+                    "it comes from")
+        return ("warning", "which no node declares in 'writes' and neither 'input' nor "
+                "'state' declares; declare where it comes from (a node without 'writes' "
+                "may write it)")
 
     def check_concurrency(self, adj: dict[str, list[str]]) -> None:
         """Static conflicting writes, and the join-less diamond."""

@@ -602,3 +602,17 @@ def test_run_sync_inside_a_running_loop_says_to_await_run() -> None:
             wf.resume_sync("r-none", store="memory://")
 
     asyncio.run(in_a_coroutine())
+
+
+def test_ctx_once_in_a_sync_node_is_a_clear_failure_not_a_silent_no_op() -> None:
+    calls: list[int] = []
+
+    def sync_node(state: dict[str, Any], ctx: interlock.Context) -> dict[str, Any]:
+        ctx.once("charge", lambda: calls.append(1))  # nothing could await this
+        return {"done": True}
+
+    wf = Workflow("sync-once")
+    wf.node("a", sync_node).edge(START, "a")
+    result, _ = run(wf)
+    assert result.status == "FAILED" and "await ctx.once" in result.error["message"]
+    assert calls == []

@@ -258,6 +258,30 @@ def test_declared_but_never_fed_is_a_warning(wdir: Path) -> None:
     interlock.load(path)  # a warning does not stop loading
 
 
+def test_a_field_nothing_writes_or_declares_is_an_error_when_every_node_declares_writes(
+        wdir: Path) -> None:
+    # SPEC §4: an error -- every node says what it writes, so nothing can feed 'zzz'
+    path = write(wdir, """
+        workflow: t
+        state: {st: {reducer: append}}
+        nodes:
+          a: {call: flows.nodes:a, writes: [a]}
+          b: {call: flows.nodes:b, writes: [b]}
+        edges:
+          - {from: START, to: a}
+          - {from: a, to: b, when: 'zzz == 1'}
+          - {from: a, to: END, when: 'size(st) == 0'}
+          - {from: a, to: END, otherwise: true}
+    """)
+    ds = diagnostics(path)
+    assert any(d.startswith(f"{path}:8:") and ": error: " in d and "'zzz'" in d for d in ds), ds
+    # ... and one that state declares but nothing writes: declared but never fed
+    assert any(d.startswith(f"{path}:9:") and ": warning: " in d and "'st'" in d
+               and "never fed" in d for d in ds), ds
+    with pytest.raises(WorkflowError, match="zzz"):
+        interlock.load(path)
+
+
 def test_router_target_must_import(wdir: Path) -> None:
     path = write(wdir, """
         workflow: t
