@@ -15,7 +15,7 @@ from typing import Any
 from ._callables import import_callable
 from ._errors import Diagnostic, Severity
 from ._expr import Expression, ExpressionSyntaxError, compile_expression
-from ._graph import back_edges, reachable, reverse
+from ._graph import back_edges, reachable, reverse, sccs
 from ._model import END, START, WorkflowSpec
 from ._spec import locate
 
@@ -275,6 +275,7 @@ class _Checker:
         parallel = self.parallel_pairs(adj, back)
         self.check_conflicts(parallel)
         self.check_diamonds(parallel, back)
+        self.check_joins_from_loops(adj)
 
     def parallel_pairs(self, adj: dict[str, list[str]],
                        back: set[tuple[str, str]]) -> set[frozenset[str]]:
@@ -349,6 +350,29 @@ class _Checker:
                 else:
                     continue
                 break
+
+
+    def check_joins_from_loops(self, adj: dict[str, list[str]]) -> None:
+        """A join whose source is inside a loop the join is outside of: every iteration
+        of that source arrives at it (a join settles per arrival), so its target runs
+        once per iteration, not once after the loop."""
+        comp = sccs(adj, self.spec.nodes)
+        size: dict[int, int] = {}
+        for c in comp.values():
+            size[c] = size.get(c, 0) + 1
+        for i, e in enumerate(self.spec.edges):
+            if len(e.source) < 2:
+                continue
+            for s in e.source:
+                scc = comp.get(s)
+                looped = scc is not None and (size[scc] > 1 or s in adj.get(s, ()))
+                if looped and any(comp.get(t) != scc for t in e.targets if t != END):
+                    self.add("warning", f"join {e.describe()}: source {s!r} is inside a loop "
+                             "the join is outside of, so each of its iterations arrives at "
+                             "the join and its target runs once per iteration; to run it "
+                             "once after the loop, join from the node the loop exits to",
+                             ("edges", i), "join-in-loop")
+                    break
 
 
 def _cycle_through(adj: dict[str, list[str]], start: str, end: str) -> list[str]:
