@@ -88,6 +88,9 @@ class PlanNode:
     gate: bool = False  # an approval node or ``confirm: true``: a human decides first
     isolated: bool = False  # ``isolation: process``
     needs_ctx: bool = False  # gets a Context: it takes ``ctx`` or runs in a worker process
+    # nodes that can run concurrently with this one (two unconditional branches of a
+    # fork, neither below the other): a field both write needs a reducer
+    parallel_with: frozenset[str] = frozenset()
 
 
 @dataclass(slots=True, eq=False)
@@ -151,7 +154,8 @@ def _adjacency(spec: WorkflowSpec) -> dict[str, list[str]]:
 
 
 def build_plan(spec: WorkflowSpec, *, callables: dict[str, Callable[..., Any]],
-               expressions: dict[str, Expression]) -> Plan:
+               expressions: dict[str, Expression],
+               parallel: set[frozenset[str]] | None = None) -> Plan:
     """Assemble the plan. ``callables`` maps every call path (nodes and routers) to its
     function and ``expressions`` every source text to its compiled form; both were
     resolved by validation, which also guaranteed the graph is well formed."""
@@ -184,6 +188,10 @@ def build_plan(spec: WorkflowSpec, *, callables: dict[str, Callable[..., Any]],
             isolated=ns.isolation == "process",
         )
         nodes[name].needs_ctx = nodes[name].wants_ctx or nodes[name].isolated
+    for pair in parallel or ():
+        a, b = sorted(pair)
+        nodes[a].parallel_with |= {b}
+        nodes[b].parallel_with |= {a}
 
     ports: list[Port] = []
     edges: list[PlanEdge] = []

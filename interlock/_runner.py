@@ -214,7 +214,8 @@ class Runner:
                     pn, visit = inline
                     outcome = await (self._attempt(pn, visit, 1) if pn.spec.retry is None
                                      else self._visit(pn, visit, 1, rerun=False))
-                    if outcome.error is None and outcome.pause is None:
+                    if outcome.error is None and outcome.pause is None \
+                            and not pn.parallel_with:
                         self._complete(outcome)  # (the common case, without a coroutine)
                     else:
                         await self._finish(outcome, alone=True)
@@ -465,8 +466,8 @@ class Runner:
     async def _finish(self, out: Outcome, *, alone: bool = False) -> None:
         """Stage a visit's outcome and decide its edges; the caller flushes them (one
         transaction, before any successor starts). A failure is committed at once and
-        ends the run. ``alone``: nothing else ran while it did (so it cannot have raced
-        another node's write)."""
+        ends the run. ``alone``: nothing else ran while it did (so only a node that could
+        have, by the graph, can conflict with its writes)."""
         if out.pause is not None:
             # the visit stays running; it is re-run once a human has decided
             await self.commit([(L.APPROVAL_REQUESTED, {
@@ -481,7 +482,7 @@ class Runner:
                 "error": out.error.to_json(), "duration_ms": out.duration_ms,
                 "tokens": out.tokens or None})])
             raise _Abort(out.error)
-        conflict = None if alone else self._write_conflict(out)
+        conflict = self._write_conflict(out, overlap=not alone)
         if conflict is not None:
             await self.commit([(L.NODE_FAILED, {
                 "node": out.node, "visit": out.visit, "attempt": out.attempt,
@@ -504,17 +505,27 @@ class Runner:
         # goes next are committed together
         self._decide_due()
 
-    def _write_conflict(self, out: Outcome) -> WriteConflictError | None:
+    def _write_conflict(self, out: Outcome, *, overlap: bool) -> WriteConflictError | None:
+        """A field without a reducer that another node wrote, which ran concurrently with
+        this one (``overlap``: completed while this visit ran) or could have by the graph
+        (SPEC §1: two nodes that *can* run concurrently) -- so that whether a run fails
+        does not depend on which branch happened to be faster."""
         running = self.view.running.get((out.node, out.visit))
         if running is None or not out.update:
+            return None
+        parallel = self.plan.nodes[out.node].parallel_with
+        if not overlap and not parallel:
             return None
         for key in out.update:
             if self.plan.reducers.get(key, "replace") != "replace":
                 continue
             w = self.view.writers.get(key)
-            if w is not None and w.node != out.node and w.completed_seq > running.started_seq:
+            if w is not None and w.node != out.node and (
+                    w.node in parallel or (overlap and w.completed_seq > running.started_seq)):
                 return WriteConflictError(
-                    f"nodes {w.node!r} and {out.node!r} ran concurrently and both wrote field "
+                    f"nodes {w.node!r} and {out.node!r} "
+                    + ("can run concurrently (branches of one fork)" if w.node in parallel
+                       else "ran concurrently") + " and both wrote field "
                     f"{key!r}, which has no reducer: declare a reducer for it under state: "
                     f"(append, extend, merge, add) or make one node write another field",
                     node=out.node, field=key, nodes=[w.node, out.node])

@@ -25,6 +25,8 @@ class CheckResult:
     diagnostics: list[Diagnostic] = field(default_factory=list)
     callables: dict[str, Callable[..., Any]] = field(default_factory=dict)
     expressions: dict[str, Expression] = field(default_factory=dict)
+    # pairs of nodes that can run concurrently (the run-time write-conflict check)
+    parallel: set[frozenset[str]] = field(default_factory=set)
 
     @property
     def errors(self) -> list[Diagnostic]:
@@ -273,6 +275,7 @@ class _Checker:
         """Static conflicting writes, and the join-less diamond."""
         back = back_edges(adj, self.spec.nodes)
         parallel = self.parallel_pairs(adj, back)
+        self.result.parallel = parallel
         self.check_conflicts(parallel)
         self.check_diamonds(parallel, back)
         self.check_joins_from_loops(adj)

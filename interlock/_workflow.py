@@ -255,7 +255,7 @@ class Workflow:
                 raise WorkflowError(result.diagnostics)
             self._warnings = result.warnings
             self._plan = build_plan(self.spec, callables=result.callables,
-                                    expressions=result.expressions)
+                                    expressions=result.expressions, parallel=result.parallel)
         return self._plan
 
     def reading_plan(self) -> Plan:

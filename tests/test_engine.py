@@ -420,6 +420,39 @@ def test_concurrent_writes_without_reducer_fail_at_run_time() -> None:
     assert "'b'" in result.error["message"] and "'c'" in result.error["message"]
 
 
+@pytest.mark.parametrize("a_waits", [0.0, 0.2])
+def test_a_conflict_between_branches_does_not_depend_on_which_was_faster(
+        a_waits: float) -> None:
+    # SPEC §1: two nodes that *can* run concurrently and both write a field without a
+    # reducer is an error -- whether or not their runs happened to overlap this time
+    async def a(state: dict[str, Any]) -> dict[str, Any]:
+        await asyncio.sleep(a_waits)
+        return {"x": "from a"}
+
+    async def b1(state: dict[str, Any]) -> dict[str, Any]:
+        await asyncio.sleep(0.1)
+        return {"y": 1}
+
+    wf = Workflow("conflict-by-graph")
+    wf.node("s", node()).node("a", a).node("b1", b1).node("b2", node({"x": "from b2"}))
+    wf.node("j", node({"done": True}))
+    wf.edge(START, "s").edge("s", ["a", "b1"]).edge("b1", "b2").edge(["a", "b2"], "j")
+    result, _ = run(wf)
+    assert result.status == "FAILED" and result.error["type"] == "write_conflict"
+    assert "'a'" in result.error["message"] and "'b2'" in result.error["message"]
+    assert "done" not in result.state
+
+
+def test_writers_of_a_field_one_after_the_other_need_no_reducer() -> None:
+    # a before the fork, d after the join: never concurrent with each other or b, c
+    wf = Workflow("sequential-writes")
+    wf.node("a", node({"x": 1})).node("b", node({"y": 2})).node("c", node({"z": 3}))
+    wf.node("d", node({"x": 4}))
+    wf.edge(START, "a").edge("a", ["b", "c"]).edge(["b", "c"], "d")
+    result, _ = run(wf)
+    assert result.status == "COMPLETED" and result.state["x"] == 4
+
+
 def test_concurrent_declared_writes_are_rejected_statically() -> None:
     wf = Workflow("conflict-static")
     wf.node("a", node()).node("b", node({"x": 1}), writes=["x"])
