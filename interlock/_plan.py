@@ -188,10 +188,13 @@ def build_plan(spec: WorkflowSpec, *, callables: dict[str, Callable[..., Any]],
             isolated=ns.isolation == "process",
         )
         nodes[name].needs_ctx = nodes[name].wants_ctx or nodes[name].isolated
+    partners: dict[str, set[str]] = {}
     for pair in parallel or ():
-        a, b = sorted(pair)
-        nodes[a].parallel_with |= {b}
-        nodes[b].parallel_with |= {a}
+        a, b = pair
+        partners.setdefault(a, set()).add(b)
+        partners.setdefault(b, set()).add(a)
+    for name, others in partners.items():
+        nodes[name].parallel_with = frozenset(others)
 
     ports: list[Port] = []
     edges: list[PlanEdge] = []
