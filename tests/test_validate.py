@@ -282,25 +282,22 @@ def test_a_field_nothing_writes_or_declares_is_an_error_when_every_node_declares
         interlock.load(path)
 
 
-def test_a_join_from_inside_a_loop_it_leaves_is_warned_about() -> None:
+def _join_beside_a_loop(sources: list[str]) -> Workflow:
+    """s -> [side, l]; l loops while n < 3, then -> fin; a join of ``sources`` -> j."""
     wf = Workflow("join-loop", state={"n": "add"})
     for name in ("s", "side", "fin", "j"):
         wf.node(name, lambda s: None)
     wf.node("l", lambda s: {"n": 1})
     wf.edge(START, "s").edge("s", ["side", "l"])
     wf.edge("l", "l", when="n < 3").edge("l", "fin", otherwise=True)
-    wf.edge(["side", "l"], "j")
-    [w] = [str(d) for d in wf.warnings]
+    return wf.edge(sources, "j")
+
+
+def test_a_join_from_inside_a_loop_it_leaves_is_warned_about() -> None:
+    [w] = [str(d) for d in _join_beside_a_loop(["side", "l"]).warnings]
     assert "source 'l' is inside a loop" in w and "once per iteration" in w
     # joining from where the loop exits is the fix, and draws no warning
-    ok = Workflow("join-after-loop", state={"n": "add"})
-    for name in ("s", "side", "fin", "j"):
-        ok.node(name, lambda s: None)
-    ok.node("l", lambda s: {"n": 1})
-    ok.edge(START, "s").edge("s", ["side", "l"])
-    ok.edge("l", "l", when="n < 3").edge("l", "fin", otherwise=True)
-    ok.edge(["side", "fin"], "j")
-    assert [str(d) for d in ok.warnings] == []
+    assert _join_beside_a_loop(["side", "fin"]).warnings == []
 
 
 def test_router_target_must_import(wdir: Path) -> None:
