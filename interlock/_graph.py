@@ -109,3 +109,47 @@ def reverse(adj: Adjacency) -> dict[str, list[str]]:
         for s in succ:
             rev.setdefault(s, []).append(node)
     return rev
+
+
+class Concurrency:
+    """Which nodes can run at the same time, asked pair by pair.
+
+    ``x`` and ``y`` can when neither reaches the other and some fork has one
+    unconditional branch that reaches ``x`` but not ``y`` and another that reaches
+    ``y`` but not ``x``. ``fwd`` is the forward adjacency (no back edges, no END);
+    ``forks`` the unconditional targets of every node that has two or more. Answers
+    are computed on demand and kept, so a 1000-branch fan-out costs what its pairs
+    actually asked about, not a million pairs up front.
+    """
+
+    def __init__(self, fwd: Adjacency, forks: Iterable[Sequence[str]]) -> None:
+        self.forks = [list(dict.fromkeys(f)) for f in forks]
+        self.forks = [f for f in self.forks if len(f) > 1]
+        self._fwd = fwd
+        self._rev = reverse(fwd)
+        self._ancestors: dict[str, set[str]] = {}
+        self._answers: dict[frozenset[str], bool] = {}
+        # nodes below some branch of a fork: the only ones that can have a partner
+        self.branched: frozenset[str] = frozenset(
+            n for f in self.forks for t in f for n in reachable(fwd, t))
+
+    def ancestors(self, node: str) -> set[str]:
+        """Every node that reaches ``node`` (itself included)."""
+        found = self._ancestors.get(node)
+        if found is None:
+            found = self._ancestors[node] = reachable(self._rev, node)
+        return found
+
+    def parallel(self, x: str, y: str) -> bool:
+        if x == y or x not in self.branched or y not in self.branched:
+            return False
+        key = frozenset((x, y))
+        answer = self._answers.get(key)
+        if answer is None:
+            ax, ay = self.ancestors(x), self.ancestors(y)
+            answer = x not in ay and y not in ax and any(
+                any(t in ax and t not in ay for t in f) and any(t in ay and t not in ax
+                                                                for t in f)
+                for f in self.forks)
+            self._answers[key] = answer
+        return answer

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ._expr import Expression
-from ._graph import back_edges, sccs
+from ._graph import Concurrency, back_edges, sccs
 from ._model import END, START, EdgeSpec, NodeSpec, WorkflowSpec
 from ._signature import param_count
 
@@ -88,9 +88,9 @@ class PlanNode:
     gate: bool = False  # an approval node or ``confirm: true``: a human decides first
     isolated: bool = False  # ``isolation: process``
     needs_ctx: bool = False  # gets a Context: it takes ``ctx`` or runs in a worker process
-    # nodes that can run concurrently with this one (two unconditional branches of a
-    # fork, neither below the other): a field both write needs a reducer
-    parallel_with: frozenset[str] = frozenset()
+    # below a branch of a fork: it may run concurrently with another node (a field both
+    # write needs a reducer; `Plan.concurrency` says with which)
+    branched: bool = False
 
 
 @dataclass(slots=True, eq=False)
@@ -108,6 +108,7 @@ class Plan:
     always_taken: frozenset[str] = frozenset()
     no_visits: dict[str, int] = field(default_factory=dict)  # every node: 0 (a run's start)
     single_port: frozenset[str] = frozenset()  # nodes with exactly one way in
+    concurrency: Concurrency | None = None  # from validation (None: a plan for reading)
     # nodes whose outgoing edges, in declaration order, already have their ``otherwise``
     # edges last: the order their edges are decided in (no sorting needed)
     in_decision_order: frozenset[str] = frozenset()
@@ -155,7 +156,7 @@ def _adjacency(spec: WorkflowSpec) -> dict[str, list[str]]:
 
 def build_plan(spec: WorkflowSpec, *, callables: dict[str, Callable[..., Any]],
                expressions: dict[str, Expression],
-               parallel: set[frozenset[str]] | None = None) -> Plan:
+               concurrency: Concurrency | None = None) -> Plan:
     """Assemble the plan. ``callables`` maps every call path (nodes and routers) to its
     function and ``expressions`` every source text to its compiled form; both were
     resolved by validation, which also guaranteed the graph is well formed."""
@@ -188,13 +189,8 @@ def build_plan(spec: WorkflowSpec, *, callables: dict[str, Callable[..., Any]],
             isolated=ns.isolation == "process",
         )
         nodes[name].needs_ctx = nodes[name].wants_ctx or nodes[name].isolated
-    partners: dict[str, set[str]] = {}
-    for pair in parallel or ():
-        a, b = pair
-        partners.setdefault(a, set()).add(b)
-        partners.setdefault(b, set()).add(a)
-    for name, others in partners.items():
-        nodes[name].parallel_with = frozenset(others)
+    for name in concurrency.branched if concurrency is not None else ():
+        nodes[name].branched = True
 
     ports: list[Port] = []
     edges: list[PlanEdge] = []
@@ -226,6 +222,7 @@ def build_plan(spec: WorkflowSpec, *, callables: dict[str, Callable[..., Any]],
         back=back,
         no_visits=dict.fromkeys(nodes, 0),
         single_port=frozenset(n for n, pn in nodes.items() if len(pn.ports) == 1),
+        concurrency=concurrency,
         in_decision_order=frozenset(
             n for n, pn in nodes.items()
             if [e.otherwise for e in pn.out] == sorted(e.otherwise for e in pn.out)),

@@ -214,8 +214,7 @@ class Runner:
                     pn, visit = inline
                     outcome = await (self._attempt(pn, visit, 1) if pn.spec.retry is None
                                      else self._visit(pn, visit, 1, rerun=False))
-                    if outcome.error is None and outcome.pause is None \
-                            and not pn.parallel_with:
+                    if outcome.error is None and outcome.pause is None and not pn.branched:
                         self._complete(outcome)  # (the common case, without a coroutine)
                     else:
                         await self._finish(outcome, alone=True)
@@ -513,18 +512,20 @@ class Runner:
         running = self.view.running.get((out.node, out.visit))
         if running is None or not out.update:
             return None
-        parallel = self.plan.nodes[out.node].parallel_with
-        if not overlap and not parallel:
+        conc = self.plan.concurrency if self.plan.nodes[out.node].branched else None
+        if not overlap and conc is None:
             return None
         for key in out.update:
             if self.plan.reducers.get(key, "replace") != "replace":
                 continue
             w = self.view.writers.get(key)
-            if w is not None and w.node != out.node and (
-                    w.node in parallel or (overlap and w.completed_seq > running.started_seq)):
+            if w is None or w.node == out.node:
+                continue
+            by_graph = conc is not None and conc.parallel(w.node, out.node)
+            if by_graph or (overlap and w.completed_seq > running.started_seq):
                 return WriteConflictError(
                     f"nodes {w.node!r} and {out.node!r} "
-                    + ("can run concurrently (branches of one fork)" if w.node in parallel
+                    + ("can run concurrently (branches of one fork)" if by_graph
                        else "ran concurrently") + " and both wrote field "
                     f"{key!r}, which has no reducer: declare a reducer for it under state: "
                     f"(append, extend, merge, add) or make one node write another field",

@@ -15,7 +15,7 @@ from typing import Any
 from ._callables import import_callable
 from ._errors import Diagnostic, Severity
 from ._expr import Expression, ExpressionSyntaxError, compile_expression
-from ._graph import back_edges, reachable, reverse, sccs
+from ._graph import Concurrency, back_edges, reachable, reverse, sccs
 from ._model import END, START, WorkflowSpec
 from ._spec import locate
 
@@ -25,8 +25,8 @@ class CheckResult:
     diagnostics: list[Diagnostic] = field(default_factory=list)
     callables: dict[str, Callable[..., Any]] = field(default_factory=dict)
     expressions: dict[str, Expression] = field(default_factory=dict)
-    # pairs of nodes that can run concurrently (the run-time write-conflict check)
-    parallel: set[frozenset[str]] = field(default_factory=set)
+    # which nodes can run concurrently (also the run-time write-conflict check's)
+    concurrency: Concurrency | None = None
 
     @property
     def errors(self) -> list[Diagnostic]:
@@ -274,53 +274,37 @@ class _Checker:
     def check_concurrency(self, adj: dict[str, list[str]]) -> None:
         """Static conflicting writes, and the join-less diamond."""
         back = back_edges(adj, self.spec.nodes)
-        parallel = self.parallel_pairs(adj, back)
-        self.result.parallel = parallel
-        self.check_conflicts(parallel)
-        self.check_diamonds(parallel, back)
-        self.check_joins_from_loops(adj)
-
-    def parallel_pairs(self, adj: dict[str, list[str]],
-                       back: set[tuple[str, str]]) -> set[frozenset[str]]:
-        """Pairs of nodes that run concurrently: below two unconditional branches of one
-        fork, and neither below the other."""
         fwd = {n: [t for t in succ if t != END and (n, t) not in back]
                for n, succ in adj.items()}
-        desc: dict[str, set[str]] = {}
+        conc = Concurrency(fwd, self.unconditional(back)[0].values())
+        self.result.concurrency = conc
+        self.check_conflicts(conc)
+        self.check_diamonds(conc, back)
+        self.check_joins_from_loops(adj)
 
-        def descendants(n: str) -> set[str]:
-            if n not in desc:
-                desc[n] = reachable(fwd, n)
-            return desc[n]
-
-        parallel: set[frozenset[str]] = set()
-        for targets in self.unconditional(back)[0].values():
-            uncond = list(dict.fromkeys(targets))
-            if len(uncond) < 2:
-                continue
-            for a_i, a in enumerate(uncond):
-                for b in uncond[a_i + 1:]:
-                    da, db = descendants(a), descendants(b)
-                    for x in da - db:
-                        for y in db - da:
-                            if x not in descendants(y) and y not in descendants(x):
-                                parallel.add(frozenset((x, y)))
-        return parallel
-
-    def check_conflicts(self, parallel: set[frozenset[str]]) -> None:
+    def check_conflicts(self, conc: Concurrency) -> None:
+        """Nodes that can run concurrently and declare writes of one field without a
+        reducer (only the pairs that share such a field are asked about)."""
         spec = self.spec
         reducers = {k: v.reducer for k, v in spec.state.items()}
-        for pair in sorted(parallel, key=sorted):
-            x, y = sorted(pair)
-            wx, wy = spec.nodes[x].writes, spec.nodes[y].writes
-            if not wx or not wy:
-                continue
-            for f in sorted(set(wx) & set(wy)):
+        writers: dict[str, list[str]] = {}
+        for name, ns in spec.nodes.items():
+            for f in ns.writes or ():
                 if reducers.get(f, "replace") == "replace":
-                    self.add("error", f"nodes {x!r} and {y!r} can run concurrently and both "
-                             f"write {f!r}, which has no reducer: declare one under state: "
-                             "(append, extend, merge, add) or write different fields",
-                             ("nodes", y, "writes"), "write-conflict")
+                    writers.setdefault(f, []).append(name)
+        found: set[tuple[str, str, str]] = set()
+        for f, names in writers.items():
+            for i, x in enumerate(names):
+                for y in names[i + 1:]:
+                    if conc.parallel(x, y):
+                        a, b = sorted((x, y))
+                        found.add((a, b, f))
+        for x, y, f in sorted(found):
+            self.add("error", f"nodes {x!r} and {y!r} can run concurrently and both "
+                     f"write {f!r}, which has no reducer: declare one under state: "
+                     "(append, extend, merge, add) or write different fields",
+                     ("nodes", y, "writes"), "write-conflict")
+
     def unconditional(self, back: set[tuple[str, str]]
                       ) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
         """Forward single-source edges without a condition: by source, and by target."""
@@ -336,14 +320,14 @@ class _Checker:
                     into.setdefault(t, []).append(source)
         return out, into
 
-    def check_diamonds(self, parallel: set[frozenset[str]], back: set[tuple[str, str]]) -> None:
+    def check_diamonds(self, conc: Concurrency, back: set[tuple[str, str]]) -> None:
         """A node reached by plain edges from branches that run together, without a join."""
-        if not parallel:
+        if not conc.forks:
             return
         for name, sources in self.unconditional(back)[1].items():
             for a_i, a in enumerate(sources):
                 for b in sources[a_i + 1:]:
-                    if frozenset((a, b)) in parallel:
+                    if conc.parallel(a, b):
                         self.add("warning", f"node {name!r} is reached from {a!r} and {b!r}, "
                                  "which run concurrently, without a join: it will run once per "
                                  f"edge (twice). To run it once after both, use "

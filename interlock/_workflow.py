@@ -255,7 +255,8 @@ class Workflow:
                 raise WorkflowError(result.diagnostics)
             self._warnings = result.warnings
             self._plan = build_plan(self.spec, callables=result.callables,
-                                    expressions=result.expressions, parallel=result.parallel)
+                                    expressions=result.expressions,
+                                    concurrency=result.concurrency)
         return self._plan
 
     def reading_plan(self) -> Plan:

@@ -802,3 +802,41 @@ def test_loop_back_edge_is_taken_exactly_k_times(d: LoopDef) -> None:
     if lp.side_edge is not None:
         assert decided[(lp.side_edge, "edge.taken")] == lp.runs["side"]
     assert res.state == {"flags": flags, **{f"count_{n}": c for n, c in lp.runs.items()}}
+
+
+# -- which nodes can run concurrently ------------------------------------------------------
+
+
+@st.composite
+def forward_graphs(draw: st.DrawFn) -> tuple[dict[str, list[str]], list[list[str]]]:
+    """A random DAG over n0..n{k} (edges only forward) and its forks: each node's
+    successors, some of which are its unconditional targets."""
+    k = draw(st.integers(3, 14))
+    names = [f"n{i}" for i in range(k)]
+    fwd: dict[str, list[str]] = {n: [] for n in names}
+    forks: list[list[str]] = []
+    for i, n in enumerate(names[:-1]):
+        succ = draw(st.lists(st.sampled_from(names[i + 1:]), max_size=4, unique=True))
+        fwd[n] = succ
+        uncond = [t for t in succ if draw(st.booleans())]
+        if len(uncond) > 1:
+            forks.append(uncond)
+    return fwd, forks
+
+
+@given(forward_graphs())
+@settings(max_examples=200, deadline=None)
+def test_concurrency_answers_as_the_definition_does(
+        graph: tuple[dict[str, list[str]], list[list[str]]]) -> None:
+    # the definition, pair by pair: below two different unconditional branches of one
+    # fork (one reaching x and not y, the other y and not x), neither below the other
+    from interlock._graph import Concurrency, reachable
+
+    fwd, forks = graph
+    below = {n: reachable(fwd, n) for n in fwd}
+    conc = Concurrency(fwd, forks)
+    for x, y in itertools.combinations(fwd, 2):
+        expected = x not in below[y] and y not in below[x] and any(
+            x in below[a] and y not in below[a] and y in below[b] and x not in below[b]
+            for f in forks for a in f for b in f if a != b)
+        assert conc.parallel(x, y) == conc.parallel(y, x) == expected, (x, y)
