@@ -197,6 +197,15 @@ def test_set_overrides_config(project: Project) -> None:
     assert "a -> b  [config.go = false]  skipped" in human.stderr
 
 
+def test_set_of_an_undeclared_config_key_warns(project: Project) -> None:
+    result, _ = run_json(project.workflow(WORKFLOW), "--set", "goo=false")
+    assert result.exit_code == 0
+    assert "warning: --set goo:" in result.stderr and "declares no config key 'goo'" in \
+        result.stderr and "declared: go" in result.stderr
+    quiet, _ = run_json(project.workflow(WORKFLOW), "--set", "go=false")
+    assert "warning" not in quiet.stderr
+
+
 def test_set_nested_config_keeps_sibling_keys(project: Project) -> None:
     wf = project.workflow("""
         workflow: cfg

@@ -52,6 +52,12 @@ def run(workflow: str, input_json: str | None, input_file: str | None, sets: tup
     wf = load_workflow(workflow)
     for warning in wf.warnings:
         click.echo(str(warning), err=True)
+    for path, _ in config_sets:  # a typo would otherwise add a key nothing reads
+        if path[0] not in wf.spec.config:
+            declared = ", ".join(sorted(wf.spec.config)) or "none"
+            click.echo(f"warning: --set {'.'.join(path)}: {workflow} declares no config key "
+                       f"{path[0]!r} (declared: {declared}); it is added to this run's config",
+                       err=True)
     config = config_overrides(wf.spec.config, config_sets)
     from .._runs import make_run_id
 
