@@ -645,7 +645,8 @@ class Runner:
                 if not isinstance(value, bool):
                     raise _Abort(ExpressionError(
                         f"edge {e.name()}: condition {expr!r} gave {value!r} "
-                        f"({type(value).__name__}), not a boolean", edge=e.index, expr=expr))
+                        f"({type(value).__name__}), not a boolean", node=_edge_node(e),
+                        edge=e.index, expr=expr))
                 if not value:
                     targets = []
         elif e.kind == "switch":
@@ -701,7 +702,7 @@ class Runner:
             loc = _edge_location(self.plan, e)
             raise _Abort(ExpressionError(
                 f"{loc}edge {e.name()}: cannot evaluate {expr.source!r}: {exc}",
-                edge=e.index, expr=expr.source)) from None
+                node=_edge_node(e), edge=e.index, expr=expr.source)) from None
 
     def _route(self, e: PlanEdge, scope: Scope) -> list[str]:
         assert e.router is not None
@@ -710,7 +711,8 @@ class Runner:
             result = e.router(state)
         except Exception as exc:
             raise _Abort(RouteError(f"router {e.spec.router} of edge {e.name()} raised "
-                                    f"{type(exc).__name__}: {exc}", edge=e.index)) from None
+                                    f"{type(exc).__name__}: {exc}", node=_edge_node(e),
+                                    edge=e.index)) from None
         chosen = [result] if isinstance(result, str) else list(result or [])
         # SPEC §1: a router returns declared targets, or END (declared or not)
         bad = [c for c in chosen if c not in e.targets and c != END]
@@ -718,7 +720,7 @@ class Runner:
             raise _Abort(RouteError(
                 f"router {e.spec.router} returned {result!r}; edge {e.name()} declares "
                 f"to: [{', '.join(e.targets)}] -- return one or more of those (or END), or "
-                "add the target to the edge", edge=e.index))
+                "add the target to the edge", node=_edge_node(e), edge=e.index))
         return list(dict.fromkeys(chosen))
 
     # -- effects and tokens (called from Context) ---------------------------------------
@@ -757,6 +759,11 @@ _ENGINE_NAMESPACES = frozenset({"run", "node", "edge", "effect", "approval", "st
 def _reads_decision(e: PlanEdge, gate: str) -> bool:
     exprs = [x for x in (e.cond, e.switch) if x is not None]
     return any(f"{gate}.decision" in x.paths for x in exprs)
+
+
+def _edge_node(e: PlanEdge) -> str | None:
+    """The node an edge's fault is reported at: its source (none for START or a join)."""
+    return e.sources[0] if len(e.sources) == 1 and e.sources[0] != "START" else None
 
 
 def _decision_order(due: Due) -> tuple[bool, int]:

@@ -194,6 +194,7 @@ def test_condition_with_a_wrong_type_fails_with_the_expression() -> None:
     result, _ = run(wf, {"x": "text"})
     assert result.status == "FAILED"
     assert "x > 1" in result.error["message"]
+    assert result.error["node"] == "a"  # the edge's source: where `status` points
 
 
 def test_non_boolean_condition_fails() -> None:
@@ -249,6 +250,7 @@ def test_router_returning_an_undeclared_target_fails() -> None:
     result, _ = run(wf)
     assert result.status == "FAILED"
     assert result.error["type"] == "invalid_route" and "elsewhere" in result.error["message"]
+    assert result.error["node"] == "t"
 
 
 def test_router_returning_end_stops_there() -> None:
