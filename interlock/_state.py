@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from math import isfinite
 from typing import Any
 
 from ._errors import NodeError, UsageError
-from ._log import JSON_SCALARS
+from ._log import plain_scalar
 
 
 def _replace(_old: Any, new: Any) -> Any:
@@ -121,14 +120,8 @@ def check_update(node: str, update: Any, writes: frozenset[str] | None,
         reducer = reducers.get(key)
         if reducer is not None and reducer != "replace":
             _check_reducer_value(node, key, reducer, value)
-        if plain:  # `plain_scalar`, inlined: this runs for every field of every update
-            t = type(value)
-            if t is int:
-                plain = -(2**63) <= value < 2**64
-            elif t is float:
-                plain = isfinite(value)
-            else:
-                plain = t in JSON_SCALARS  # anything else is converted before it is merged
+        if plain and not plain_scalar(value):
+            plain = False  # converted before it is merged and logged
     return update, plain
 
 
