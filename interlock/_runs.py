@@ -403,12 +403,14 @@ async def verify(run_id: str, *, store: str | Store | None = None) -> Verificati
 async def fork(run_id: str, at: int, *, store: str | Store | None = None,
                workflow: Workflow | None = None, config: Mapping[str, Any] | None = None,
                patch: Mapping[str, Any] | None = None, new_run_id: str | None = None,
+               limits: Mapping[str, Any] | None = None,
                listener: Listener | None = None) -> RunResult:
     """Start a new run from the state at record ``at`` of ``run_id`` and run it.
 
     The new run's records 1..at are byte-identical copies of the original's (so
     their hashes match); record at+1 is ``run.forked`` with the parent, the config
-    overrides and the state patch. The original run is not touched.
+    and limit overrides and the state patch (the other limits are the parent's, as
+    they were at ``at``). The original run is not touched.
     """
     st, owned = open_store_arg(store)
     try:
@@ -423,7 +425,7 @@ async def fork(run_id: str, at: int, *, store: str | Store | None = None,
 
             check_patch(loaded.workflow.spec, loaded.view, dict(patch))  # as modify's is
         prefix = loaded.entries[:at]
-        fields = _overrides(loaded.workflow, config, None)
+        fields = _overrides(loaded.workflow, config, limits)
         fields.update(parent_run=run_id, parent_seq=at,
                       patch=L.to_json_value(dict(patch)) if patch else None)
         rid = new_run_id or make_run_id()

@@ -168,6 +168,47 @@ def test_resume_a_failed_run_does_not_rerun_completed_nodes(project: Project) ->
     assert again.stderr.startswith("error: ") and "COMPLETED" in again.stderr
 
 
+def test_resume_and_fork_warn_of_a_set_key_the_runs_workflow_does_not_declare(
+        project: Project) -> None:
+    assert project.start(FAILING, "r-warn").exit_code == 1  # declares config: {mode}
+    (project.root / "marker").write_text("")
+    resumed = project.cli("resume", "r-warn", "--set", "mdoe=fixed")
+    assert resumed.exit_code == 0, resumed.output
+    assert "warning: --set mdoe:" in resumed.stderr
+    assert "declares no config key 'mdoe' (declared: mode)" in resumed.stderr
+    forked = project.cli("fork", "r-warn", "--at", "3", "--set", "mode=x", "--set", "typo=1")
+    assert forked.exit_code == 0, forked.output
+    assert "declares no config key 'typo'" in forked.stderr
+    assert "'mode'" not in forked.stderr  # declared: no warning for it
+
+
+def test_fork_sets_limits_the_new_run_keeps_the_parents_otherwise(project: Project) -> None:
+    # the step-limit error says "--set limits.steps=N": a fork takes that advice too
+    assert project.cli("run", project.workflow(LINEAR), "--run-id", "r-lim",
+                       "--set", "limits.steps=1").exit_code == 1
+    again = project.cli("fork", "r-lim", "--at", "2")  # after run.started and START's edge
+    assert again.exit_code == 1 and "limits.steps=1" in again.stdout
+    raised = project.cli("fork", "r-lim", "--at", "2", "--set", "limits.steps=5",
+                         "--run-id", "r-lim2")
+    assert raised.exit_code == 0, raised.output
+    _, data = project.cli_json("status", "r-lim2")
+    assert data["status"] == "COMPLETED" and data["steps"] == 2
+    forked = [r for r in project.records("r-lim2") if r["type"] == "run.forked"]
+    assert forked[0]["limits"] == {"steps": 5}
+
+
+def test_reading_commands_do_not_create_a_store_that_is_not_there(project: Project) -> None:
+    missing = project.root / "typo" / "nowhere.db"
+    url = f"sqlite:///{missing}"
+    runs = CliRunner().invoke(cli, ["runs", "--store", url], catch_exceptions=False)
+    assert runs.exit_code == 0 and runs.stdout.strip() == "no runs"
+    for args in (["status", "r-x"], ["trace", "r-x"], ["verify", "r-x"]):
+        result = CliRunner().invoke(cli, [*args, "--store", url], catch_exceptions=False)
+        assert result.exit_code == 2, (args, result.output)
+        assert "no run 'r-x'" in result.stderr
+    assert not missing.exists() and not missing.parent.exists()
+
+
 def test_resume_json_and_bad_limits(project: Project) -> None:
     assert project.start(FAILING, "r-json").exit_code == 1
     bad = project.cli("resume", "r-json", "--set", "limits.bogus=1")
@@ -426,7 +467,7 @@ def test_fork_json_and_usage_errors(project: Project) -> None:
         (["--at", "4", "--patch", "{nope"], "--patch is not valid JSON"),
         (["--at", "4", "--patch", "3"], "must be a JSON object"),
         (["--at", "999"], "cannot fork at 999"),
-        (["--at", "4", "--set", "limits.steps=3"], "keeps the limits"),
+        (["--at", "4", "--set", "limits.bogus=3"], "bogus"),
         (["--at", "4", "--patch", '{"zz": 90}'], "does not know: zz"),  # as modify refuses
     ]:
         bad = project.cli("fork", "r-fj", *args)

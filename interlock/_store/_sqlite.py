@@ -626,14 +626,25 @@ class SQLiteStore(Store):
     async def append(self, run_id: str, entries: list[Entry], summary: Summary) -> None:
         await self._call(self._append, run_id, list(entries), summary)
 
+    def _absent(self) -> bool:
+        """No file yet (and none opened): a read answers from that, without creating one --
+        `interlock runs` with a mistyped --store must not leave an empty database behind."""
+        return self._conn is None and not self.path.exists()
+
     async def get_run(self, run_id: str) -> RunRow:
+        if self._absent():
+            raise RunNotFound(run_id)
         return await self._call(self._get_run, run_id)
 
     async def entries(self, run_id: str, after: int = 0) -> list[Entry]:
+        if self._absent():
+            raise RunNotFound(run_id)
         return await self._call(self._entries, run_id, after)
 
     async def list_runs(self, *, status: str | None = None, workflow: str | None = None,
                         limit: int = 100) -> list[RunRow]:
+        if self._absent():
+            return []
         return await self._call(self._list_runs, status, workflow, limit)
 
     async def claim(self, run_id: str, owner: str, lease: float, *, force: bool = False) -> None:
@@ -659,6 +670,8 @@ class SQLiteStore(Store):
         return dict(value) if isinstance(value, dict) else None
 
     async def request_cancel(self, run_id: str, by: str | None) -> None:
+        if self._absent():
+            raise RunNotFound(run_id)
         await self._call(self._request_cancel, run_id, by)
 
     @staticmethod
@@ -678,9 +691,13 @@ class SQLiteStore(Store):
         await self._call(self._save_snapshot, run_id, seq, data)
 
     async def load_snapshot(self, run_id: str) -> tuple[int, bytes] | None:
+        if self._absent():
+            return None
         return await self._call(self._load_snapshot, run_id)
 
     async def cancel_requested(self, run_id: str) -> dict[str, Any] | None:
+        if self._absent():
+            raise RunNotFound(run_id)
         return await self._call(self._cancel_requested, run_id)
 
     async def release(self, run_id: str, owner: str) -> None:

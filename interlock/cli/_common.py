@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 import click
@@ -213,6 +213,18 @@ def parse_sets(sets: tuple[str, ...]) -> tuple[list[ConfigSet], dict[str, Any]]:
         else:
             config.append((path, value))
     return config, limits
+
+
+def warn_undeclared(config_sets: list[ConfigSet], declared: Iterable[str], where: str) -> None:
+    """Warn about ``--set`` keys the workflow's ``config:`` does not declare: a typo would
+    otherwise add a key nothing reads. The value still applies (a node may read it)."""
+    keys = set(declared)
+    for path, _ in config_sets:
+        if path[0] not in keys:
+            listed = ", ".join(sorted(keys)) or "none"
+            click.echo(f"warning: --set {'.'.join(path)}: {where} declares no config key "
+                       f"{path[0]!r} (declared: {listed}); it is added to this run's config",
+                       err=True)
 
 
 def _no_constants(name: str) -> Any:

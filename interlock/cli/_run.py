@@ -22,6 +22,7 @@ from ._common import (
     read_input,
     set_option,
     store_option,
+    warn_undeclared,
     with_store,
 )
 from ._progress import Progress
@@ -52,12 +53,7 @@ def run(workflow: str, input_json: str | None, input_file: str | None, sets: tup
     wf = load_workflow(workflow)
     for warning in wf.warnings:
         click.echo(str(warning), err=True)
-    for path, _ in config_sets:  # a typo would otherwise add a key nothing reads
-        if path[0] not in wf.spec.config:
-            declared = ", ".join(sorted(wf.spec.config)) or "none"
-            click.echo(f"warning: --set {'.'.join(path)}: {workflow} declares no config key "
-                       f"{path[0]!r} (declared: {declared}); it is added to this run's config",
-                       err=True)
+    warn_undeclared(config_sets, wf.spec.config, workflow)
     config = config_overrides(wf.spec.config, config_sets)
     from .._runs import make_run_id
 
@@ -129,6 +125,7 @@ def resume(run_id: str, approve: bool, reject: bool, patch_json: str | None, at_
         from .._runs import resume as resume_run
         from .._runs import trace
 
+        await _warn_undeclared(st, run_id, config_sets)
         progress.replay(await trace(run_id, store=st))
         return await resume_run(run_id, decision, store=st, config=config or None,
                                 limits=limits or None, force=force, listener=progress)
@@ -175,6 +172,21 @@ def _resume_config(run_id: str, store_url: str | None,
     return config_overrides(call_engine(with_store(store_url, current)), config_sets)
 
 
+async def _warn_undeclared(st: Store, run_id: str, config_sets: list[ConfigSet]) -> None:
+    """`warn_undeclared` against the definition the run started with (what it executes)."""
+    if not config_sets:
+        return
+    from .._errors import InterlockError
+    from .._spec import parse
+
+    try:
+        row = await st.get_run(run_id)
+    except InterlockError:  # no such run: the resume or fork that follows says so
+        return
+    warn_undeclared(config_sets, parse(row.definition).config,
+                    f"the workflow of run {run_id!r} ({row.workflow})")
+
+
 def _finish(result: RunResult, progress: Progress, as_json: bool) -> NoReturn:
     if as_json:
         click.echo(json.dumps(result.to_json(), ensure_ascii=False))
@@ -207,9 +219,6 @@ def fork(run_id: str, at_seq: int, sets: tuple[str, ...], patch_json: str | None
     """
     patch = _parse_object(patch_json, "--patch", "state fields") if patch_json else None
     config_sets, limits = parse_sets(sets)
-    if limits:
-        raise CliError("a fork keeps the limits of the run it forks; --set limits.X is "
-                       "for `run` and `resume`")
     config = config_overrides({}, config_sets) if config_sets else {}
     if any(len(path) > 1 for path, _ in config_sets):
         config = _resume_config(run_id, store_url, config_sets)
@@ -222,9 +231,10 @@ def fork(run_id: str, at_seq: int, sets: tuple[str, ...], patch_json: str | None
         from .._runs import fork as fork_run
         from .._runs import trace
 
+        await _warn_undeclared(st, run_id, config_sets)
         progress.replay([r for r in await trace(run_id, store=st) if r["seq"] <= at_seq])
         return await fork_run(run_id, at_seq, store=st, config=config or None, patch=patch,
-                              new_run_id=rid, listener=progress)
+                              new_run_id=rid, limits=limits or None, listener=progress)
 
     result = call_engine(with_store(store_url, go), progress)
     _finish(result, progress, as_json)
