@@ -774,6 +774,89 @@ def test_sqlite_url_parameters(tmp_path: Path) -> None:
     assert not (tmp_path / "c.db").exists()
 
 
+def test_sqlite_checkpoints_on_a_thread_of_its_own_not_in_a_commit(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import interlock._store._sqlite as sq
+
+    monkeypatch.setattr(sq, "CHECKPOINT_EVERY", 4)
+    path = tmp_path / "runs.db"
+    store = _sqlite_store_at(path)
+    row, w, entries = new_row()
+
+    async def main() -> None:
+        try:
+            await store.create_run(row, entries)
+            # the writer's connection never checkpoints on commit
+            assert await store._call(
+                lambda conn: conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0]) == 0
+            in_file = path.stat().st_size  # the schema and the run are still in the WAL
+            ck = store._checkpointer
+            assert ck is not None and not ck.ran.is_set()
+            for _ in range(3):
+                _, more = log(2, w)
+                await store.append(row.run_id, more, summary_of(w))
+            assert ck.ran.wait(10), "no checkpoint after CHECKPOINT_EVERY jobs"
+            assert path.stat().st_size > in_file  # the WAL's pages were copied back
+            assert await store.entries(row.run_id) == entries + (await store.entries(
+                row.run_id, after=len(entries)))
+        finally:
+            await store.close()
+
+    run(main)
+    assert not Path(f"{path}-wal").exists()  # closed: the whole WAL is in the file
+
+
+def test_sqlite_checkpoints_after_so_many_bytes_of_records(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import interlock._store._sqlite as sq
+
+    monkeypatch.setattr(sq, "CHECKPOINT_BYTES", 2000)  # jobs alone would not trigger one
+    store = _sqlite_store_at(tmp_path / "runs.db")
+    row, w, entries = new_row()
+
+    async def main() -> None:
+        try:
+            await store.create_run(row, entries)
+            writer = LogWriter(w.seq, w.hash)
+            _, entry = writer.make("node.completed", {"node": "n", "update": {"t": "x" * 3000}})
+            await store.append(row.run_id, [entry], summary_of(writer))
+            await store.list_runs()  # the next job asks for the checkpoint
+            ck = store._checkpointer
+            assert ck is not None and ck.ran.wait(10)
+        finally:
+            await store.close()
+
+    run(main)
+
+
+def test_sqlite_checkpoints_on_commit_again_if_its_checkpointer_fails(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import interlock._store._sqlite as sq
+
+    def broken(self: Any) -> None:
+        self.failed = "unable to open database file"
+
+    monkeypatch.setattr(sq, "CHECKPOINT_EVERY", 2)
+    monkeypatch.setattr(sq._Checkpointer, "_main", broken)
+    store = _sqlite_store_at(tmp_path / "runs.db")
+    row, w, entries = new_row()
+
+    async def main() -> None:
+        try:
+            await store.create_run(row, entries)
+            for _ in range(2):
+                _, more = log(2, w)
+                await store.append(row.run_id, more, summary_of(w))
+            assert await store._call(
+                lambda conn: conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0]) == 1000
+            assert store._checkpointer is None
+            assert len(await store.entries(row.run_id)) == w.seq
+        finally:
+            await store.close()
+
+    run(main)
+
+
 def test_sqlite_empty_existing_file_becomes_a_store(tmp_path: Path) -> None:
     path = tmp_path / "runs.db"
     path.touch()

@@ -15,6 +15,15 @@ power loss too (about 4x slower commits)::
 
     sqlite:///.interlock/runs.db?synchronous=full
 
+Checkpoints. SQLite copies the WAL back into the database file now and then (a
+checkpoint, with an fsync of each file). By default the connection that commits does
+it, every 1000 pages, inside that commit: a step in twenty or so paid for all of them.
+Here the writer's connection does not checkpoint (``wal_autocheckpoint = 0``); a second
+thread with its own connection runs ``PRAGMA wal_checkpoint(PASSIVE)`` every
+`CHECKPOINT_EVERY` jobs or `CHECKPOINT_BYTES` of records, which does not block the
+writer -- SQLite's advice for a busy writer. If that thread cannot work, the writer
+goes back to SQLite's automatic checkpoints.
+
 ``?busy_timeout=<ms>`` (default 10000) is how long a writer waits for another
 process holding the write lock; several processes may share one file.
 
@@ -67,6 +76,11 @@ SCHEMA_NAME = "interlock"
 SCHEMA_VERSION = 1
 
 _SQLITE_MAGIC = b"SQLite format 3\x00"
+# a checkpoint after this many jobs (transactions, mostly: a step's commit writes 3-5
+# pages) or this many bytes of records, whichever comes first: about SQLite's own
+# default of a checkpoint per 1000 WAL pages
+CHECKPOINT_EVERY = 250
+CHECKPOINT_BYTES = 4 << 20
 _SYNCHRONOUS = ("off", "normal", "full", "extra")
 
 _SCHEMA = """
@@ -325,6 +339,53 @@ class _Writer:
             del loop, fut, fn, args, result, exc
 
 
+class _Checkpointer:
+    """Checkpoints a store's WAL on a thread and a connection of its own, when asked.
+
+    ``PRAGMA wal_checkpoint(PASSIVE)`` copies what it can without waiting for (or
+    blocking) the writer or any reader, so a commit never waits for a checkpoint's
+    fsyncs. Requests coalesce: one that comes while a checkpoint runs starts the next.
+    ``failed`` is set (and the thread ends) if the thread cannot do its work; the
+    writer then turns SQLite's own checkpoints back on.
+    """
+
+    def __init__(self, path: Path, name: str) -> None:
+        self._path = path
+        self._wake = threading.Event()
+        self._stopped = False
+        self.failed: str | None = None
+        self.ran = threading.Event()  # set after each checkpoint (for whoever waits on one)
+        self._thread = threading.Thread(target=self._main, name=name, daemon=True)
+        self._thread.start()
+
+    def request(self) -> None:
+        self._wake.set()
+
+    def stop(self) -> None:
+        """End the thread, closing its connection (idempotent)."""
+        self._stopped = True
+        self._wake.set()
+        if threading.current_thread() is not self._thread:
+            self._thread.join()
+
+    def _main(self) -> None:
+        conn: sqlite3.Connection | None = None
+        try:
+            conn = sqlite3.connect(self._path, isolation_level=None, timeout=0)
+            while True:
+                self._wake.wait()
+                self._wake.clear()
+                if self._stopped:
+                    return
+                conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                self.ran.set()
+        except sqlite3.Error as exc:
+            self.failed = str(exc) or type(exc).__name__
+        finally:
+            if conn is not None:
+                conn.close()
+
+
 _WRITERS: weakref.WeakSet[_Writer] = weakref.WeakSet()
 
 
@@ -342,6 +403,10 @@ class SQLiteStore(Store):
         self._conn: sqlite3.Connection | None = None  # used on the writer thread only
         self._writer: _Writer | None = None
         self._lock = threading.Lock()
+        # started with the writer's connection; both on the writer thread only
+        self._checkpointer: _Checkpointer | None = None
+        self._jobs_since_checkpoint = 0
+        self._bytes_since_checkpoint = 0
 
     # -- plumbing ----------------------------------------------------------------------
 
@@ -367,6 +432,10 @@ class SQLiteStore(Store):
 
     def _run(self, fn: Callable[..., T], *args: Any) -> T:
         conn = self._conn or self._open()
+        self._jobs_since_checkpoint += 1
+        if self._jobs_since_checkpoint >= CHECKPOINT_EVERY \
+                or self._bytes_since_checkpoint >= CHECKPOINT_BYTES:
+            self._checkpoint(conn)
         try:
             return fn(conn, *args)
         except sqlite3.Error as exc:
@@ -414,6 +483,7 @@ class SQLiteStore(Store):
             conn.execute("INSERT OR IGNORE INTO interlock_meta VALUES ('schema', ?), "
                          "('version', ?)", (SCHEMA_NAME, str(SCHEMA_VERSION)))
             conn.execute("COMMIT")
+            conn.execute("PRAGMA wal_autocheckpoint = 0")  # the checkpointer's job
         except BaseException as exc:
             if conn.in_transaction:
                 conn.rollback()
@@ -422,7 +492,22 @@ class SQLiteStore(Store):
                 raise StoreError(f"cannot open the SQLite store {path}: {exc}") from None
             raise
         self._conn = conn
+        self._checkpointer = _Checkpointer(path, f"interlock-sqlite-checkpoint:{path.name}")
         return conn
+
+    def _checkpoint(self, conn: sqlite3.Connection) -> None:
+        """Ask the checkpointer for a checkpoint; if it has failed, let SQLite checkpoint
+        on commit again (the WAL would otherwise grow without end)."""
+        self._jobs_since_checkpoint = self._bytes_since_checkpoint = 0
+        ck = self._checkpointer
+        if ck is None:
+            return
+        if ck.failed is None:
+            ck.request()
+            return
+        self._checkpointer = None
+        ck.stop()
+        conn.execute("PRAGMA wal_autocheckpoint = 1000")
 
     def _inspect(self, path: Path) -> None:
         """Refuse, without writing to it, a file that is not ours."""
@@ -490,21 +575,25 @@ class SQLiteStore(Store):
             writer.stop()  # the thread ends right after closing the connection
 
     def _close_conn(self) -> None:
+        # the checkpointer's connection first: the last one to close checkpoints the
+        # whole WAL into the file and removes it
+        ck, self._checkpointer = self._checkpointer, None
+        if ck is not None:
+            ck.stop()
         conn, self._conn = self._conn, None
         if conn is not None:
             conn.close()
 
     # -- transactions (on the worker thread) --------------------------------------------
 
-    @staticmethod
-    def _rows(run_id: str, entries: list[Entry]) -> list[tuple[Any, ...]]:
+    def _rows(self, run_id: str, entries: list[Entry]) -> list[tuple[Any, ...]]:
+        self._bytes_since_checkpoint += sum(len(e.data) for e in entries)
         return [(run_id, e.seq, e.type, record_node(e), e.data.decode("utf-8"), e.hash)
                 for e in entries]
 
-    @classmethod
-    def _insert_entries(cls, conn: sqlite3.Connection, run_id: str,
+    def _insert_entries(self, conn: sqlite3.Connection, run_id: str,
                         entries: list[Entry]) -> None:
-        conn.executemany(_INSERT_RECORD, cls._rows(run_id, entries))
+        conn.executemany(_INSERT_RECORD, self._rows(run_id, entries))
 
     def _create_run(self, conn: sqlite3.Connection, row: RunRow, entries: list[Entry]) -> None:
         check_first_seqs(row.run_id, 0, entries)
