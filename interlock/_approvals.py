@@ -87,22 +87,41 @@ def expire(spec: WorkflowSpec, view: RunView) -> Items:
 
 
 def decide(spec: WorkflowSpec, view: RunView, decision: Decision, *,
-           expired: bool = False) -> Items:
+           expired: Items | None = None) -> Items:
     """Check ``decision`` against the waiting gate and return the records it becomes.
 
-    Raises UsageError (a refused decision) naming what is wrong and what is allowed.
+    ``expired``: the records `expire` made for gates whose deadline has passed -- a
+    decision on one of those comes too late. Raises UsageError (a refused decision)
+    naming what is wrong and what is allowed.
     """
-    pending = view.pending_gates()
+    timed_out = {(f["node"], f["visit"]) for t, f in expired or () if t == L.APPROVAL_DECIDED}
+    waiting = view.pending_gates()
+    late = [g for g in waiting if (g.node, g.visit) in timed_out]
+    pending = [g for g in waiting if (g.node, g.visit) not in timed_out]
+    too_late = [g for g in late if g.node == decision.node] if decision.node is not None \
+        else (late if not pending else [])
+    if too_late:
+        gate = too_late[0]
+        ns = spec.nodes[gate.node]
+        then = ns.approval.on_timeout if ns.approval is not None else "reject"
+        outcome = "rejects it" if then == "reject" or gate.kind == "confirm" \
+            else f"re-enters the run at {then!r}"
+        deadline = _now_iso(gate.deadline) if gate.deadline is not None else "its deadline"
+        raise UsageError(f"the decision is refused: {gate.node!r} passed its deadline "
+                         f"({deadline}) undecided, and its on_timeout {outcome}; resume the "
+                         "run without a decision to apply that")
     if not pending:
-        why = "its deadline passed and the engine decided" if expired else "nothing is waiting"
-        raise UsageError(f"the decision is refused: {why}")
+        raise UsageError("the decision is refused: nothing is waiting")
     gate = _pick(pending, decision.node)
     ns = spec.nodes[gate.node]
     verb = {"approve": "approve", "reject": "reject", "modify": "modify"}[decision.kind]
     if verb not in gate.decisions:
-        raise UsageError(f"{gate.node!r} accepts {', '.join(gate.decisions)}; not {verb}"
-                         + (" (declare approval.on_modify to allow modify)"
-                            if verb == "modify" else ""))
+        why = ""
+        if verb == "modify":
+            why = (" (a confirmation is approved or rejected; modify is for an approval: "
+                   "node that declares on_modify)" if gate.kind != "approval"
+                   else " (declare approval.on_modify to allow modify)")
+        raise UsageError(f"{gate.node!r} accepts {', '.join(gate.decisions)}; not {verb}{why}")
     approvers = list(ns.approval.approvers) if ns.approval is not None else []
     if approvers and decision.by not in approvers:
         who = repr(decision.by) if decision.by else "an anonymous decider (no --by)"

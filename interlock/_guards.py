@@ -45,9 +45,10 @@ class Budget:
     -- the call that crossed it is counted (the tokens were spent), nothing after it.
     """
 
-    def __init__(self, plan: Plan, view: RunView) -> None:
+    def __init__(self, plan: Plan, view: RunView, run_id: str) -> None:
         self._plan = plan
         self._view = view
+        self._run_id = run_id
         self._inflight: dict[tuple[str, int], Context] = {}
         self._lock = threading.Lock()  # sync nodes charge from worker threads
 
@@ -72,7 +73,9 @@ class Budget:
         if node_limit is not None and ctx._tokens > node_limit:
             return BudgetExceededError(
                 f"node {ctx.node!r} used {ctx._tokens} tokens; its budget is {node_limit} "
-                "(tokens: on the node)", node=ctx.node, used=ctx._tokens, limit=node_limit)
+                "(tokens: on the node, in the workflow the run keeps: a resume runs the node "
+                "again under the same budget; raise it in the file and start a new run)",
+                node=ctx.node, used=ctx._tokens, limit=node_limit, scope="node")
         limit = self._view.limits.get("tokens")
         if limit is None:
             return None
@@ -81,8 +84,8 @@ class Budget:
             return BudgetExceededError(
                 f"the run used {total} tokens, over its budget of {limit} (limits.tokens), "
                 f"when node {ctx.node!r} recorded its usage; continue it with "
-                "`interlock resume RUN --set limits.tokens=N`", node=ctx.node, used=total,
-                limit=limit)
+                f"`interlock resume {self._run_id} --set limits.tokens=N`", node=ctx.node,
+                used=total, limit=limit, scope="run")
         return None
 
 

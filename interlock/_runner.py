@@ -99,7 +99,7 @@ class Runner:
         self._staged: list[L.Entry] = []
         self._snapshot_seq = writer.seq  # records since then are not in a snapshot
         self._snapshot_every = snapshots.EVERY
-        self.budget = Budget(plan, view)
+        self.budget = Budget(plan, view, run_id)
         self.cancelled_by: dict[str, Any] | None = None  # set by drive()'s cancel watcher
         self._pool: ProcessPool | None = None  # started by the first isolation: process node
         self._scope = Scope(view)  # what conditions see (state, config, run), looked up lazily
@@ -787,8 +787,8 @@ def _explain(e: PlanEdge, fields: dict[str, Any]) -> str:
     value = fields.get("value")
     reason = fields.get("reason")
     s = f"{e.name()}"
-    if what:
-        s += f" [{what} = {value!r}]"
+    if what:  # the value as the log and the trace show it (true, not True)
+        s += f" [{what} = {L.dumps(value).decode()}]"
     if reason:
         s += f" ({reason})"
     return s

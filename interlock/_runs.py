@@ -279,7 +279,7 @@ async def resume(run_id: str, decision: Decision | None = None, *,
         if view.status == "WAITING_APPROVAL":
             first += expire(loaded.workflow.spec, view)
             if decision is not None:
-                first += decide(loaded.workflow.spec, view, decision, expired=bool(first))
+                first += decide(loaded.workflow.spec, view, decision, expired=first)
             elif not first:
                 gate = view.pending_gates()[0]
                 raise UsageError(f"run {run_id!r} is waiting for a decision at {gate.node!r}; "

@@ -159,6 +159,27 @@ def test_deadline_fires_and_is_logged_as_the_engine(store: str) -> None:
         wf.resume_sync(first.run_id, interlock.approve(by="alice"), store=store)
 
 
+@pytest.mark.parametrize(("on_timeout", "outcome", "status"), [
+    ("reject", "rejects it", "REJECTED"),
+    ("handler", "re-enters the run at 'handler'", "COMPLETED"),
+])
+def test_a_decision_after_the_deadline_is_refused_and_the_timeout_still_applies(
+        store: str, on_timeout: str, outcome: str, status: str) -> None:
+    wf = audit(timeout="0.1s", on_timeout=on_timeout)
+    first = wf.run_sync({"x": 0}, store=store)
+    records = asyncio.run(interlock.trace(first.run_id, store=store))
+    time.sleep(max(0.0, first.waiting["deadline"] - time.time()) + 0.05)
+    # the human comes after the deadline, before anything applied the timeout
+    for late in (interlock.approve(by="alice"), interlock.reject(by="alice")):
+        with pytest.raises(interlock.UsageError, match="passed its deadline") as err:
+            wf.resume_sync(first.run_id, late, store=store)
+        assert outcome in str(err.value) and "without a decision" in str(err.value)
+    assert asyncio.run(interlock.trace(first.run_id, store=store)) == records  # nothing written
+    assert asyncio.run(interlock.status(first.run_id, store=store)).status == "WAITING_APPROVAL"
+    done = wf.resume_sync(first.run_id, store=store)
+    assert done.status == status
+
+
 def test_deadline_can_route_to_a_node(store: str) -> None:
     wf = audit(timeout="0.1s", on_timeout="handler")
     first = wf.run_sync({"x": 0}, store=store)
@@ -190,6 +211,8 @@ def test_guarded_node_waits_and_rejection_never_runs_its_body(store: str) -> Non
     assert first.status == "WAITING_APPROVAL"
     assert first.waiting["node"] == "delete" and first.waiting["show"] == {"plan": "rm -rf /tmp/x"}
     assert CALLS == ["plan"]
+    with pytest.raises(interlock.UsageError, match="a confirmation is approved or rejected"):
+        wf.resume_sync(first.run_id, interlock.modify({"plan": "ls"}), store=store)
     done = wf.resume_sync(first.run_id, interlock.reject(by="alice"), store=store)
     assert done.status == "REJECTED"
     assert CALLS == ["plan"]  # the body never ran

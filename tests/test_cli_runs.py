@@ -157,6 +157,9 @@ def test_resume_a_failed_run_does_not_rerun_completed_nodes(project: Project) ->
     # the summary covers the whole run: a ran once (before), f twice
     assert re.search(r"^\s*a\s+1\s+.*completed", resumed.stdout, re.MULTILINE)
     assert project.executions() == ["first", "flaky", "flaky"]  # a did NOT run again
+    rerun = [line for line in project.cli("trace", "r-fail").stdout.splitlines()
+             if "node.started" in line and " f " in line + " "]
+    assert len(rerun) == 2 and rerun[1].count("attempt 2") == 1, rerun
 
     _, data = project.cli_json("status", "r-fail")
     assert set(data) == SPEC_KEYS
@@ -195,6 +198,33 @@ def test_fork_sets_limits_the_new_run_keeps_the_parents_otherwise(project: Proje
     assert data["status"] == "COMPLETED" and data["steps"] == 2
     forked = [r for r in project.records("r-lim2") if r["type"] == "run.forked"]
     assert forked[0]["limits"] == {"steps": 5}
+
+
+def test_status_of_a_failed_run_says_what_can_be_done_about_that_failure(
+        project: Project) -> None:
+    no_route = project.workflow("""
+        workflow: stuck
+        nodes:
+          a: {mod}:first
+          b: {mod}:double
+        edges:
+          - {from: START, to: a}
+          - {from: a, to: b, when: "x > 5"}
+        """, "stuck.yaml")
+    assert project.cli("run", no_route, "--run-id", "r-stuck").exit_code == 1
+    stuck = project.cli("status", "r-stuck").stdout
+    assert "interlock fork r-stuck" in stuck and "--patch" in stuck
+    assert "run the failed node again" not in stuck  # no node failed: a decision did
+    assert "[x > 5 = false]" in stuck  # the value as CEL and the trace write it
+
+    assert project.cli("run", project.workflow(LINEAR), "--run-id", "r-steps",
+                       "--set", "limits.steps=1").exit_code == 1
+    steps = project.cli("status", "r-steps").stdout
+    assert "interlock resume r-steps" in steps and "--set limits.steps=N" in steps
+
+    assert project.start(FAILING, "r-node").exit_code == 1  # a node raised
+    assert "run the failed node again with `interlock resume r-node" in \
+        project.cli("status", "r-node").stdout
 
 
 def test_reading_commands_do_not_create_a_store_that_is_not_there(project: Project) -> None:
@@ -393,6 +423,7 @@ def test_verify_ok_then_tampered_names_the_record(project: Project) -> None:
     assert ok.exit_code == 0
     n = len(project.records("r-ver"))
     assert ok.stdout.strip() == f"ok: r-ver ({n} records, chain and fold verified)"
+    assert "warning" not in project.cli("trace", "r-ver").stderr
 
     with sqlite3.connect(project.db) as conn:
         changed = conn.execute(
@@ -405,6 +436,12 @@ def test_verify_ok_then_tampered_names_the_record(project: Project) -> None:
     assert "hash does not match" in broken.stdout
     refused = project.cli("resume", "r-ver")
     assert refused.exit_code == 2 and "broken at record 3" in refused.stderr
+    # trace still shows what the store holds, and says it does not verify
+    for args in (["trace", "r-ver"], ["trace", "r-ver", "--json"]):
+        shown = project.cli(*args)
+        assert shown.exit_code == 0, shown.output
+        assert "does not verify at record 3" in shown.stderr, args
+        assert "attempt" in shown.stdout
 
 
 @pytest.mark.parametrize(("column", "value", "message"), [

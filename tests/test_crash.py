@@ -168,6 +168,10 @@ def test_sigkill_then_resume_finishes_exactly_once(project: Path, tmp_path: Path
 
     status = cli(project, "status", run_id, "--store", store, "--json")
     assert json.loads(status.stdout)["status"] == "RUNNING"  # what the log says: interrupted
+    # its lease has not run out, but its process is gone: status says so, as resume sees it
+    human = cli(project, "status", run_id, "--store", store)
+    assert "interrupted: no process is executing it" in human.stdout, human.stdout
+    assert "being executed by" not in human.stdout
 
     resumed = cli(project, "resume", run_id, "--store", store, "--json")
     assert resumed.returncode == 0, resumed.stderr

@@ -214,7 +214,7 @@ def test_no_route_lists_each_edge_and_its_value() -> None:
     assert result.status == "FAILED"
     assert result.error["type"] == "no_route" and result.error["node"] == "a"
     assert "a -> b" in result.error["message"] and "a -> c" in result.error["message"]
-    assert "False" in result.error["message"]
+    assert '[level == "HIGH" = false]' in result.error["message"]  # as CEL writes it
 
 
 # -- routing ------------------------------------------------------------------------

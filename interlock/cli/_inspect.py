@@ -133,15 +133,47 @@ def _print_status(result: RunResult, row: RunRow, store_url: str | None) -> None
     if result.waiting:
         lines += _waiting_lines(result.run_id, result.waiting, store)
     elif result.status in ("RUNNING", "RETRYING", "PENDING"):
-        if row.owner and row.lease_until and row.lease_until > time.time():
+        from .._store import owner_gone
+
+        if row.owner and row.lease_until and row.lease_until > time.time() \
+                and not owner_gone(row.owner):  # the rule `resume` takes a run over by
             lines.append(f"being executed by {row.owner}")
         else:
             lines.append(f"interrupted: no process is executing it; continue with "
                          f"`interlock resume {result.run_id}{store}`")
     elif result.status == "FAILED":
-        lines.append(f"run the failed node again with `interlock resume {result.run_id}{store}`")
+        lines.append(_failed_hint(result, store))
     for line in lines:
         out.print(line, markup=False)
+
+
+def _failed_hint(result: RunResult, store: str) -> str:
+    """What can be done about a failed run: a resume re-runs the failed node and decides
+    again, on the definition the run keeps -- which does not help every failure."""
+    err = result.error or {}
+    kind = err.get("type")
+    details = err.get("details") or {}
+    rid = result.run_id
+    if kind == "budget_exceeded" and details.get("scope") == "node":
+        return ("the node's own budget (tokens: in the workflow) is part of the definition "
+                "this run keeps: a resume would run it again under the same budget; raise it "
+                "in the file and start a new run")
+    if kind == "budget_exceeded":
+        return f"continue with a higher budget: `interlock resume {rid}{store} --set " \
+               "limits.tokens=N`"
+    if kind == "step_limit":
+        return f"continue with a higher limit: `interlock resume {rid}{store} --set " \
+               "limits.steps=N`"
+    if kind in ("no_route", "expression_error", "invalid_route"):
+        return (f"a resume decides again on the same state (with `--set K=V`, on changed "
+                f"config): `interlock resume {rid}{store}`; to change the state, start a new "
+                f"run from an earlier record with `interlock fork {rid}{store} --at SEQ "
+                "--patch JSON` (see `interlock trace`); a fix to the workflow file applies to "
+                "new runs")
+    if kind == "write_conflict":
+        return ("declare a reducer for the field in the workflow file and start a new run "
+                "(this run keeps its definition: a resume would conflict again)")
+    return f"run the failed node again with `interlock resume {rid}{store}`"
 
 
 def _waiting_lines(run_id: str, w: dict[str, Any], store: str) -> list[str]:

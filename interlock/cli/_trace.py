@@ -37,13 +37,20 @@ def trace(run_id: str, as_json: bool, store_url: str | None) -> None:
     """Print RUN_ID's log, one line per record: when, what, which node, how long, how
     many tokens, and for every edge decision the expression, its value and the values
     it read -- why the run went where it went."""
+    from .._runs import Verification
     from .._runs import trace as run_trace
+    from .._runs import verify as run_verify
 
-    async def go(st: Store) -> tuple[list[Record], WorkflowSpec | None]:
+    async def go(st: Store) -> tuple[list[Record], WorkflowSpec | None, Verification]:
         records = await run_trace(run_id, store=st)
-        return records, _stored_spec(await st.get_run(run_id))
+        return records, _stored_spec(await st.get_run(run_id)), await run_verify(run_id,
+                                                                                  store=st)
 
-    records, spec = call_engine(with_store(store_url, go))
+    records, spec, checked = call_engine(with_store(store_url, go))
+    if not checked.ok:  # shown all the same: it is what the store holds
+        click.echo(f"warning: run {run_id}'s log does not verify at record {checked.seq}: "
+                   f"{checked.message}. The records shown may have been changed after they "
+                   f"were written (`interlock verify {run_id}`)", err=True)
     if as_json:
         click.echo(json.dumps(records, ensure_ascii=False, default=str))
         return
@@ -101,9 +108,11 @@ def _record_detail(rec: Record, spec: WorkflowSpec | None) -> str:
     if rtype.startswith("edge."):
         return _edge_detail(rec, spec)
     if rtype.startswith("node."):
+        detail = _node_detail(rec)  # names a re-started attempt itself
         parts = [f"visit {rec['visit']}" if (rec.get("visit") or 1) > 1 else "",
-                 f"attempt {rec['attempt']}" if rec.get("attempt") is not None else "",
-                 _node_detail(rec)]
+                 f"attempt {rec['attempt']}" if rec.get("attempt") is not None
+                 and not detail.startswith("attempt") else "",
+                 detail]
         if rtype == "node.completed" and rec.get("update"):
             parts.append("update " + _short(_json(rec["update"]), 100))
         if rec.get("goto"):
