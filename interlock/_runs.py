@@ -143,11 +143,17 @@ async def _execute(store: Store, run_id: str, owner: str, runner: Runner) -> Non
 
 
 class _Watcher:
-    """Heartbeats a run's lease and polls the store for a request to cancel it.
+    """Heartbeats a run's lease, polls the store for a request to cancel it, and commits
+    what the executor staged but has not committed yet.
 
     A timer starts its task after `CANCEL_POLL_SECONDS` (a run that ends sooner costs
     no task); then it polls every `CANCEL_POLL_SECONDS` and heartbeats every third of
     the lease. An error of a store call (a lost lease, say) ends it; `stop` raises it.
+
+    The executor commits ``node.started`` with the next batch (a node's completion, as a
+    rule) -- one commit per step instead of two. The poll commits it too, so a node that
+    runs longer than a poll shows in ``trace`` and ``status`` (and survives a crash in
+    the log) while it runs.
     """
 
     __slots__ = ("_next_beat", "_task", "_timer", "cancelled", "owner", "run_id", "runner",
@@ -179,6 +185,7 @@ class _Watcher:
             if loop.time() >= self._next_beat:
                 await self.store.heartbeat(self.run_id, self.owner, LEASE_SECONDS)
                 self._next_beat = loop.time() + LEASE_SECONDS / 3
+            await self.runner.flush()  # a no-op unless records wait to be committed
             await asyncio.sleep(CANCEL_POLL_SECONDS)
 
     async def stop(self) -> None:

@@ -192,6 +192,38 @@ def test_sigkill_then_resume_finishes_exactly_once(project: Path, tmp_path: Path
     assert verified.returncode == 0, verified.stdout + verified.stderr
 
 
+def test_a_long_node_shows_in_the_log_while_it_runs_and_after_a_crash(project: Path) -> None:
+    """``node.started`` rides with the next commit -- or the watcher's poll commits it: a
+    node that runs on shows in status and trace (steps counts it), and a crash keeps it."""
+    db = project / "runs.db"
+    store = f"sqlite:///{db}"
+    env = {**os.environ, "CRASH_AT": "d"}
+    proc = subprocess.Popen([sys.executable, "-m", "interlock", "run", "wf.yaml", "--store",
+                             store, "--run-id", "run-long"], cwd=project, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        seen: dict = {}
+        while True:  # d blocks for good: its start must reach the store while it does
+            assert proc.poll() is None, "the run ended; d should block"
+            assert time.monotonic() < deadline, f"node.started for d never committed: {seen}"
+            if (project / "ready_d").exists():
+                status = cli(project, "status", "run-long", "--store", store, "--json")
+                seen = json.loads(status.stdout) if status.stdout else {}
+                if seen.get("steps") == 5:
+                    break
+            time.sleep(0.05)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    records = json.loads(cli(project, "trace", "run-long", "--store", store, "--json").stdout)
+    assert [r["node"] for r in records if r["type"] == "node.started"][-1] == "d"
+    assert not any(r["type"] == "node.completed" and r["node"] == "d" for r in records)
+    resumed = cli(project, "resume", "run-long", "--store", store, "--json")
+    assert json.loads(resumed.stdout)["status"] == "COMPLETED", resumed.stderr
+
+
 def test_sigkill_at_spread_out_moments_never_loses_or_repeats_work(project: Path) -> None:
     """Kills at spread-out times after the run started, landing between nodes as well as
     inside them (each node takes ~30 ms)."""
