@@ -224,6 +224,63 @@ def test_a_long_node_shows_in_the_log_while_it_runs_and_after_a_crash(project: P
     assert json.loads(resumed.stdout)["status"] == "COMPLETED", resumed.stderr
 
 
+TERM_NODES = """
+import asyncio
+from pathlib import Path
+
+async def first(state):
+    return {"x": 1}
+
+async def slow(state):
+    Path(f"ready_slow_{state.get('done', 0)}").write_text("")
+    if not Path("go").exists():
+        await asyncio.sleep(120)
+    return {"done": 1}
+"""
+
+TERM_WORKFLOW = """
+workflow: term
+nodes:
+  first: term_nodes:first
+  slow: term_nodes:slow
+edges:
+  - {from: START, to: first}
+  - {from: first, to: slow}
+"""
+
+
+def test_sigterm_stops_a_run_as_ctrl_c_does_and_it_resumes_at_once(tmp_path: Path) -> None:
+    (tmp_path / "term_nodes.py").write_text(TERM_NODES)
+    (tmp_path / "wf.yaml").write_text(TERM_WORKFLOW)
+    store = f"sqlite:///{tmp_path}/runs.db"
+    proc = subprocess.Popen([sys.executable, "-m", "interlock", "run", "wf.yaml", "--store",
+                             store, "--run-id", "run-term"], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "ready_slow_0").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "terminated: run run-term stopped" in err and "interlock resume run-term" in err
+    records = json.loads(cli(tmp_path, "trace", "run-term", "--store", store, "--json").stdout)
+    assert [r["node"] for r in records if r["type"] == "node.completed"] == ["first"]
+    assert records[-1]["type"] in ("edge.taken", "node.started")  # no end: it may resume
+    # the lease was released: no waiting, no --force, whichever host resumes it
+    status = cli(tmp_path, "status", "run-term", "--store", store)
+    assert "interrupted: no process is executing it" in status.stdout, status.stdout
+    (tmp_path / "go").write_text("")
+    resumed = cli(tmp_path, "resume", "run-term", "--store", store, "--json")
+    assert json.loads(resumed.stdout)["state"] == {"x": 1, "done": 1}, resumed.stderr
+
+
 def test_sigkill_at_spread_out_moments_never_loses_or_repeats_work(project: Path) -> None:
     """Kills at spread-out times after the run started, landing between nodes as well as
     inside them (each node takes ~30 ms)."""

@@ -4,6 +4,7 @@ workflow, calling the engine, and reading ``--input``, ``--patch`` and ``--set``
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import IO, TYPE_CHECKING, Any, TypeVar
@@ -102,7 +103,13 @@ def call_engine(coro: Coroutine[Any, Any, T], progress: Progress | None = None) 
     from .._store import StoreError
 
     try:
-        return asyncio.run(coro)
+        return asyncio.run(_stopped_by_sigterm(coro))
+    except _Terminated:
+        if progress is not None and progress.started:
+            click.echo(f"terminated: run {progress.run_id} stopped; its completed nodes are "
+                       "kept in the store (continue with `interlock resume "
+                       f"{progress.run_id}`)", err=True)
+        raise SystemExit(128 + signal.SIGTERM) from None
     except (UsageError, StoreError) as exc:
         raise CliError(str(exc)) from None
     except ValidationError as exc:  # a --set limits.X value of the wrong type or range
@@ -113,6 +120,40 @@ def call_engine(coro: Coroutine[Any, Any, T], progress: Progress | None = None) 
                        "kept in the store (continue with `interlock resume "
                        f"{progress.run_id}`)", err=True)
         raise SystemExit(130) from None
+
+
+class _Terminated(Exception):
+    """The process got SIGTERM (a service manager, a container runtime stopping it)."""
+
+
+async def _stopped_by_sigterm(coro: Coroutine[Any, Any, T]) -> T:
+    """``coro``, stopped on SIGTERM as on Ctrl-C: the run's task is cancelled, so its
+    nodes in flight are stopped and recorded as such and its lease is released -- the
+    run can be resumed at once -- instead of the process dying in the middle."""
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    terminated = False
+
+    def on_sigterm() -> None:
+        nonlocal terminated
+        terminated = True
+        if task is not None:
+            task.cancel()
+
+    try:
+        loop.add_signal_handler(signal.SIGTERM, on_sigterm)
+    except (NotImplementedError, RuntimeError, ValueError):  # no signals here: as before
+        return await coro
+    try:
+        return await coro
+    except asyncio.CancelledError:
+        if terminated:
+            raise _Terminated from None
+        raise
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
 
 
 async def with_store(store_url: str | None, fn: Callable[[Store], Awaitable[T]]) -> T:
