@@ -284,6 +284,10 @@ class RunView:
         self.parent = (rec["parent_run"], rec["parent_seq"])
         self._on_run_resumed(rec)
         self._on_state_patched(rec)
+        for d in rec.get("deadlines") or ():  # a gate the fork waits at gets its own time
+            gate = self.gates.get((d["node"], d["visit"]))
+            if gate is not None:
+                gate.deadline = d["deadline"]
 
     def _on_state_patched(self, rec: L.Record) -> None:
         # a patch replaces top-level fields, bypassing reducers (SPEC §3, modify)

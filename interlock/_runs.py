@@ -433,11 +433,12 @@ async def fork(run_id: str, at: int, *, store: str | Store | None = None,
             check_patch(loaded.workflow.spec, loaded.view, dict(patch))  # as modify's is
         prefix = loaded.entries[:at]
         fields = _overrides(loaded.workflow, config, limits)
+        now = time.time()
         fields.update(parent_run=run_id, parent_seq=at,
-                      patch=L.to_json_value(dict(patch)) if patch else None)
+                      patch=L.to_json_value(dict(patch)) if patch else None,
+                      deadlines=_fresh_deadlines(loaded.workflow, loaded.view, now) or None)
         rid = new_run_id or make_run_id()
         row = loaded.row
-        now = time.time()
         from ._store import Summary
 
         new_row = RunRow(run_id=rid, workflow=row.workflow, definition=row.definition,
@@ -454,6 +455,18 @@ async def fork(run_id: str, at: int, *, store: str | Store | None = None,
     finally:
         if owned:
             await st.close()
+
+
+def _fresh_deadlines(wf: Workflow, view: RunView, now: float) -> list[dict[str, Any]]:
+    """A fork that waits at an approval gives it its full ``timeout`` again, from now: the
+    parent's deadline has usually passed, and a fork is a new run."""
+    out = []
+    for gate in view.pending_gates():
+        ns = wf.spec.nodes[gate.node]
+        if gate.kind == "approval" and ns.approval is not None and ns.approval.timeout:
+            out.append({"node": gate.node, "visit": gate.visit,
+                        "deadline": round(now + ns.approval.timeout, 6)})
+    return out
 
 
 async def cancel(run_id: str, *, by: str | None = None, store: str | Store | None = None,

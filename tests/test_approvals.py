@@ -180,6 +180,28 @@ def test_a_decision_after_the_deadline_is_refused_and_the_timeout_still_applies(
     assert done.status == status
 
 
+def test_a_fork_at_a_gate_whose_deadline_passed_waits_with_a_fresh_deadline(store: str) -> None:
+    wf = audit(timeout="30s")
+    first = wf.run_sync({"x": 0}, store=store)
+    records = asyncio.run(interlock.trace(first.run_id, store=store))
+    requested = next(r for r in records if r["type"] == "approval.requested")
+    # the parent's deadline as if long passed: fork at the request, a day later
+    later = requested["deadline"] + 86_400
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(time, "time", lambda: later)
+        forked = asyncio.run(interlock.fork(first.run_id, requested["seq"], store=store,
+                                            workflow=wf))
+    assert forked.status == "WAITING_APPROVAL"
+    assert forked.waiting["deadline"] == pytest.approx(later + 30)  # its own 30 s, from then
+    fork_record = next(r for r in asyncio.run(interlock.trace(forked.run_id, store=store))
+                       if r["type"] == "run.forked")
+    assert fork_record["deadlines"] == [{"node": "approval", "visit": 1,
+                                         "deadline": forked.waiting["deadline"]}]
+    done = wf.resume_sync(forked.run_id, interlock.approve(by="alice"), store=store)
+    assert done.status == "COMPLETED" and done.state["approval"]["decision"] == "approved"
+    assert asyncio.run(interlock.verify(forked.run_id, store=store)).ok
+
+
 def test_deadline_can_route_to_a_node(store: str) -> None:
     wf = audit(timeout="0.1s", on_timeout="handler")
     first = wf.run_sync({"x": 0}, store=store)
