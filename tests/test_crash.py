@@ -100,14 +100,18 @@ def cli(project: Path, *args: str, env: dict[str, str] | None = None,
                           check=check)
 
 
+def spawn_run(project: Path, crash_at: str, store: str, run_id: str) -> subprocess.Popen[bytes]:
+    """``interlock run wf.yaml`` in a process (group) of its own, blocking in ``crash_at``."""
+    env = {**os.environ, "CRASH_AT": crash_at}
+    return subprocess.Popen([sys.executable, "-m", "interlock", "run", "wf.yaml", "--store",
+                             store, "--run-id", run_id], cwd=project, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+
+
 def start_and_kill(project: Path, crash_at: str, ready: list[str], store: str) -> str:
     """Start a run that blocks in ``crash_at``, SIGKILL it once every ready file exists."""
-    env = {k: v for k, v in os.environ.items()}
-    env["CRASH_AT"] = crash_at
-    proc = subprocess.Popen([sys.executable, "-m", "interlock", "run", "wf.yaml",
-                             "--store", store, "--run-id", f"run-{crash_at}"],
-                            cwd=project, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = spawn_run(project, crash_at, store, f"run-{crash_at}")
     try:
         deadline = time.monotonic() + 30
         while not all((project / f"ready_{n}").exists() for n in ready):
@@ -197,11 +201,7 @@ def test_a_long_node_shows_in_the_log_while_it_runs_and_after_a_crash(project: P
     node that runs on shows in status and trace (steps counts it), and a crash keeps it."""
     db = project / "runs.db"
     store = f"sqlite:///{db}"
-    env = {**os.environ, "CRASH_AT": "d"}
-    proc = subprocess.Popen([sys.executable, "-m", "interlock", "run", "wf.yaml", "--store",
-                             store, "--run-id", "run-long"], cwd=project, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    proc = spawn_run(project, "d", store, "run-long")
     try:
         deadline = time.monotonic() + 30
         seen: dict = {}
@@ -313,12 +313,7 @@ def test_sigkill_at_spread_out_moments_never_loses_or_repeats_work(project: Path
 def test_a_running_run_cannot_be_resumed_by_a_second_process(project: Path) -> None:
     db = project / "runs.db"
     store = f"sqlite:///{db}"
-    env = {k: v for k, v in os.environ.items()}
-    env["CRASH_AT"] = "b"
-    proc = subprocess.Popen([sys.executable, "-m", "interlock", "run", "wf.yaml", "--store",
-                             store, "--run-id", "busy"], cwd=project, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    proc = spawn_run(project, "b", store, "busy")
     try:
         deadline = time.monotonic() + 30
         while not (project / "ready_b").exists():
