@@ -20,6 +20,7 @@ scenarios and how to read the ratios.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -452,6 +453,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None,
                     help="where to write every JSON line (default: bench/results/latest.jsonl "
                          "for a full run, bench/results/partial.jsonl with --quick or --only)")
+    ap.add_argument("--rounds", type=int, default=1, metavar="R",
+                    help="run every (scenario, parameters) R times, a fresh process per engine "
+                         "each time, engines alternating; the table shows the median of all "
+                         "trials (steadier ratios on a noisy machine; R times as long)")
     ap.add_argument("--no-cpu", dest="cpu", action="store_false",
                     help="hide the CPU-time rows from the table (they stay in the JSON lines)")
     ap.add_argument("-q", "--quiet", action="store_true",
@@ -487,17 +492,22 @@ def main(argv: list[str] | None = None) -> int:
                                     "quick": args.quick, "engines": engines}]
     for engine in engines:
         lines += run_adapter(engine, "meta", {}, echo=not args.quiet)
+    if args.rounds < 1:
+        ap.error("--rounds is at least 1")
     started = time.monotonic()
-    for k, job in enumerate(jobs):
+    for rnd, (k, job) in itertools.product(range(args.rounds), enumerate(jobs)):
         # alternate which engine goes first, so drift in the machine's load hits both
-        order = engines if k % 2 == 0 else list(reversed(engines))
+        order = engines if (k + rnd) % 2 == 0 else list(reversed(engines))
         for engine in order:
             if job.scenario not in COVERS.get(engine, (job.scenario,)):
-                # a `skipped` line, no process
-                lines += run_adapter(engine, job.scenario, job.params, echo=not args.quiet)
+                if rnd == 0:  # a `skipped` line, no process
+                    lines += run_adapter(engine, job.scenario, job.params,
+                                         echo=not args.quiet)
                 continue
             t0 = time.monotonic()
-            print(f"run.py: {engine} {job.scenario} {json.dumps(job.params)}", file=sys.stderr)
+            what = f" (round {rnd + 1} of {args.rounds})" if args.rounds > 1 else ""
+            print(f"run.py: {engine} {job.scenario} {json.dumps(job.params)}{what}",
+                  file=sys.stderr)
             lines += run_adapter(engine, job.scenario, job.params, echo=not args.quiet)
             print(f"run.py:   {time.monotonic() - t0:.1f}s", file=sys.stderr)
     info["loadavg_end"] = _loadavg()
@@ -521,7 +531,8 @@ def main(argv: list[str] | None = None) -> int:
     header = (f"machine: {info['nproc']} CPUs, {info['cpu']}, {info['memory']}, "
               f"Python {info['python']}; load average {info['loadavg_start']} at the start, "
               f"{info['loadavg_end']} at the end; {info['elapsed_s']} s"
-              + (" (--quick)" if args.quick else "") + "\n"
+              + (" (--quick)" if args.quick else "")
+              + (f" ({args.rounds} rounds)" if args.rounds > 1 else "") + "\n"
               + f"interlock checkout: {info['commit']}"
               + (f" at the start, {info['commit_end']} at the end" if info["commit_end"]
                  != info["commit"] else "") + "\n"
