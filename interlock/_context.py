@@ -50,8 +50,8 @@ class Context:
     iterations): use it as the key of an external side effect.
     """
 
-    __slots__ = ("_over", "_runner", "_tokens", "attempt", "config", "idempotency_key", "node",
-                 "run_id", "visit")
+    __slots__ = ("_over", "_runner", "_tokens", "_unsaved", "attempt", "config",
+                 "idempotency_key", "node", "run_id", "visit")
 
     def __init__(self, runner: Runner, node: str, visit: int, attempt: int) -> None:
         self._runner = runner
@@ -62,6 +62,7 @@ class Context:
         self.config: Mapping[str, Any] = runner.config
         self.idempotency_key = f"{runner.run_id}:{node}:{visit}"
         self._tokens = 0
+        self._unsaved = 0  # of those, not yet in a record (an effect's, or the attempt's end)
         self._over: RunError | None = None  # set when this visit crossed a budget
 
     @property
@@ -73,7 +74,10 @@ class Context:
         """Charge ``n`` tokens (an LLM call's usage) to this node and to the run's budget.
 
         Raises ``BudgetExceededError`` when this crosses ``limits.tokens`` or the node's
-        ``tokens:``; the visit then fails even if the node catches it.
+        ``tokens:`` (which counts every attempt of this visit); the visit then fails
+        even if the node catches it. Tokens charged inside `once` are committed with
+        its result, so a crash after it does not lose them; the others are committed
+        when the attempt ends.
         """
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise ValueError(f"record_tokens takes a non-negative int, got {n!r}")

@@ -72,6 +72,9 @@ class Visit:
     visit: int
     attempt: int
     started_seq: int
+    tokens: int = 0  # recorded so far by all its attempts (a node's `tokens:` is per visit)
+    failures: int = 0  # attempts that failed (what `retry.attempts` counts)
+    effect_tokens: int = 0  # of the current attempt's, those its effects' records carried
 
 
 @dataclass(slots=True)
@@ -182,6 +185,7 @@ class RunView:
         node, visit = key = rec["node"], rec["visit"]
         if key in self.running:  # a retry, a re-run, or a confirmed node's body starting
             self.running[key].attempt = rec.get("attempt", 1)
+            self.running[key].effect_tokens = 0
             if self.status == "RETRYING":
                 self.status = "RUNNING"
             gate = self.gates.get(key)
@@ -201,7 +205,7 @@ class RunView:
     def _on_node_completed(self, rec: L.Record) -> None:
         key = rec["node"], rec["visit"]
         node = key[0]
-        self.running.pop(key, None)
+        visit = self.running.pop(key, None)
         if self.failed:
             self.failed.discard(key)
         update = rec.get("update")
@@ -212,7 +216,9 @@ class RunView:
                 self.writers[field_name] = writer
         self.visits[node] += 1
         tokens = rec.get("tokens")
-        if tokens:
+        if tokens:  # the attempt's; what its effects' records carried is counted already
+            if visit is not None and visit.effect_tokens:
+                tokens = max(0, tokens - visit.effect_tokens)
             self.tokens += tokens
             self.node_tokens[node] += tokens
         if self.gates:
@@ -235,17 +241,39 @@ class RunView:
 
     def _on_node_failed(self, rec: L.Record) -> None:
         key = (rec["node"], rec["visit"])
-        if key in self.running:
+        visit = self.running.get(key)
+        if visit is not None:
             self.failed.add(key)
-        self.tokens += rec.get("tokens") or 0
-        self.node_tokens[rec["node"]] += rec.get("tokens") or 0
+            if (rec.get("error") or {}).get("type") != "cancelled":  # stopped, not failed
+                visit.failures += 1
+        self._attempt_ended(rec)
 
     def _on_node_retrying(self, rec: L.Record) -> None:
         self.status = "RETRYING"  # until the next attempt starts (visible in `status`)
-        # the failed attempt's tokens were spent; the next attempt counts from zero
-        spent = rec.get("tokens") or 0
-        self.tokens += spent
-        self.node_tokens[rec["node"]] += spent
+        visit = self.running.get((rec["node"], rec["visit"]))
+        if visit is not None:
+            visit.failures += 1
+        self._attempt_ended(rec)  # the failed attempt's tokens were spent
+
+    def _attempt_ended(self, rec: L.Record) -> None:
+        """An attempt ended without completing (failed, retrying, paused for a human): its
+        ``tokens`` were spent, less what its effects' records carried (counted already)."""
+        node, visit = rec["node"], rec["visit"]
+        running = self.running.get((node, visit))
+        tokens = rec.get("tokens") or 0
+        if running is not None:
+            tokens = max(0, tokens - running.effect_tokens)
+            running.effect_tokens = 0
+        self._spend(node, visit, tokens)
+
+    def _spend(self, node: str, visit: int, tokens: int | None) -> None:
+        """Tokens a record says were spent: the run's, the node's, the running visit's."""
+        if tokens:
+            self.tokens += tokens
+            self.node_tokens[node] += tokens
+            running = self.running.get((node, visit))
+            if running is not None:
+                running.tokens += tokens
 
     def _on_edge(self, rec: L.Record) -> None:
         index = rec["edge"]
@@ -295,9 +323,8 @@ class RunView:
 
     def _on_approval_requested(self, rec: L.Record) -> None:
         key = (rec["node"], rec["visit"])
-        spent = rec.get("tokens") or 0  # a node that paused mid-body (ctx.confirm) spent these
-        self.tokens += spent
-        self.node_tokens[rec["node"]] += spent
+        if rec.get("kind") == "tool":  # a node that paused mid-body (ctx.confirm)
+            self._attempt_ended(rec)
         self.gates[key] = Gate(rec["node"], rec["visit"], rec["kind"], rec["at"],
                                rec.get("show") or {}, rec["decisions"], rec.get("deadline"),
                                key=rec.get("key"))
@@ -319,6 +346,12 @@ class RunView:
 
     def _on_effect(self, rec: L.Record) -> None:
         self.effects[(rec["node"], rec["visit"], rec["key"])] = rec.get("result")
+        # what the effect spent (an LLM call's usage), committed with its result: a crash
+        # after it, a retry or a cancellation does not lose it, a replay does not repeat it
+        self._spend(rec["node"], rec["visit"], rec.get("tokens"))
+        running = self.running.get((rec["node"], rec["visit"]))
+        if running is not None and rec.get("tokens"):
+            running.effect_tokens += rec["tokens"]
 
     def _on_terminal(self, rec: L.Record) -> None:
         self.status = L.TERMINAL_TYPES[rec["type"]]

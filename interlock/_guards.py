@@ -64,22 +64,33 @@ class Budget:
     def charge(self, ctx: Context, n: int) -> None:
         with self._lock:
             ctx._tokens += n
+            ctx._unsaved += n
             ctx._over = self._exceeded(ctx)
         if ctx._over is not None:
             raise ctx._over
 
+    def spent_already(self, ctx: Context) -> BudgetExceededError | None:
+        """The budget error if the visit's own budget, or the run's, was crossed before this
+        attempt (a resume that did not raise it): the attempt does not run, it would only
+        spend more."""
+        return self._exceeded(ctx)
+
     def _exceeded(self, ctx: Context) -> BudgetExceededError | None:
         node_limit = self._plan.nodes[ctx.node].spec.tokens
-        if node_limit is not None and ctx._tokens > node_limit:
+        # what the log has for this visit (earlier attempts, recorded effects) and the rest
+        running = self._view.running.get((ctx.node, ctx.visit))
+        used = (running.tokens if running is not None else 0) + ctx._unsaved
+        if node_limit is not None and used > node_limit:
             return BudgetExceededError(
-                f"node {ctx.node!r} used {ctx._tokens} tokens; its budget is {node_limit} "
+                f"node {ctx.node!r} used {used} tokens in this visit (all its attempts); its "
+                f"budget is {node_limit} "
                 "(tokens: on the node, in the workflow the run keeps: a resume runs the node "
                 "again under the same budget; raise it in the file and start a new run)",
-                node=ctx.node, used=ctx._tokens, limit=node_limit, scope="node")
+                node=ctx.node, used=used, limit=node_limit, scope="node")
         limit = self._view.limits.get("tokens")
         if limit is None:
             return None
-        total = self._view.tokens + sum(c._tokens for c in self._inflight.values())
+        total = self._view.tokens + sum(c._unsaved for c in self._inflight.values())
         if total > limit:
             return BudgetExceededError(
                 f"the run used {total} tokens, over its budget of {limit} (limits.tokens), "

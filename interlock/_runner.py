@@ -103,6 +103,7 @@ class Runner:
         self.cancelled_by: dict[str, Any] | None = None  # set by drive()'s cancel watcher
         self._pool: ProcessPool | None = None  # started by the first isolation: process node
         self._scope = Scope(view)  # what conditions see (state, config, run), looked up lazily
+        self._stopped: set[tuple[str, int]] = set()  # visits recorded as cancelled
 
     # -- committing ------------------------------------------------------------------
 
@@ -327,7 +328,6 @@ class Runner:
         Their tokens were spent: each gets a ``node.failed`` record saying so, and
         runs again on resume.
         """
-        inflight = {(c.node, c.visit): c for c in self.budget.inflight()}
         running = self.view.running
         tasks = list(self._tasks.items())
         for _, t in tasks:
@@ -335,17 +335,23 @@ class Runner:
         if tasks:
             await asyncio.gather(*(t for _, t in tasks), return_exceptions=True)
         self._tasks.clear()
-        items = []
-        for key, _ in tasks:
-            ctx = inflight.get(key)
-            visit = running.get(key)
-            items.append((L.NODE_FAILED, {
-                "node": key[0], "visit": key[1], "attempt": visit.attempt if visit else None,
-                "tokens": (ctx.tokens or None) if ctx else None,
-                "error": {"type": "cancelled", "node": key[0],
-                          "message": f"node {key[0]!r} was cancelled: the run stopped"}}))
-        if items:
-            self.stage(items)
+        for key, _ in tasks:  # those not stopped inside their body (a retry's backoff, ...)
+            if key not in self._stopped:
+                visit = running.get(key)
+                self._stopped_visit(key[0], key[1], visit.attempt if visit else None, None)
+
+    def _stopped_visit(self, node: str, visit: int, attempt: int | None,
+                       ctx: Context | None) -> None:
+        """Stage ``node.failed`` (cancelled) for a visit the run stopped, with the tokens it
+        had spent and not yet recorded; it runs again on resume."""
+        if (node, visit) in self._stopped:
+            return
+        self._stopped.add((node, visit))
+        tokens = ctx.tokens if ctx is not None else 0  # the attempt's, as a record has them
+        self.stage([(L.NODE_FAILED, {
+            "node": node, "visit": visit, "attempt": attempt, "tokens": tokens or None,
+            "error": {"type": "cancelled", "node": node,
+                      "message": f"node {node!r} was cancelled: the run stopped"}})])
 
     # -- one visit of a node -----------------------------------------------------------
 
@@ -365,8 +371,14 @@ class Runner:
                                                  "attempt": attempt})])
         while True:
             outcome = await self._attempt(pn, visit, attempt)
-            if outcome.error is None or retry is None or attempt >= retry.attempts \
+            if outcome.error is None or retry is None \
                     or not _retryable(outcome.error, retry.errors):
+                break
+            # attempts that failed, this one included -- a re-run after a human's
+            # confirmation or a crash is an attempt too, but not a failure
+            running = self.view.running.get((pn.name, visit))
+            if (running.failures if running is not None else attempt - 1) + 1 \
+                    >= retry.attempts:
                 break
             delay = _backoff(retry.backoff, retry.max_backoff, retry.jitter, attempt)
             await self.commit([(L.NODE_RETRYING, {
@@ -394,6 +406,9 @@ class Runner:
         if ctx is not None:
             self.budget.enter(ctx)
         try:
+            spent = self.budget.spent_already(ctx) if ctx is not None else None
+            if spent is not None:
+                raise spent  # the visit's own budget is gone (a resume after it failed)
             if pn.isolated:
                 assert ctx is not None
                 result = await self._isolated(pn, ctx, state)
@@ -412,7 +427,10 @@ class Runner:
         except asyncio.CancelledError as exc:
             task = asyncio.current_task()
             if task is None or task.cancelling():
-                raise  # a cancellation asked for (the run's, a sibling's failure, a caller's)
+                # a cancellation asked for (the run's, a sibling's failure, a caller's): the
+                # visit stopped, with what it had spent
+                self._stopped_visit(pn.name, visit, attempt, ctx)
+                raise
             # raised by the body itself (a library cancelling its own work): its failure,
             # not the run's cancellation -- the run would otherwise stop as RUNNING
             error = _node_error(pn, exc)
@@ -733,9 +751,11 @@ class Runner:
 
     async def record_effect(self, ctx: Context, key: str, result: Any) -> Any:
         value = L.to_json_value(result)
+        # spent on it (and, unrecorded, before it in this attempt): committed with it
+        tokens, ctx._unsaved = ctx._unsaved, 0
         await self.commit([(L.EFFECT_RECORDED, {"node": ctx.node, "visit": ctx.visit,
                                                 "attempt": ctx.attempt, "key": key,
-                                                "result": value})])
+                                                "result": value, "tokens": tokens or None})])
         return value
 
     async def log_record(self, ctx: Context, rtype: str, fields: Mapping[str, Any]) -> None:

@@ -21,7 +21,7 @@ from . import _log as L
 from ._fold import Due, Gate, RunView, Visit, Writer
 from ._plan import Plan
 
-VERSION = 1
+VERSION = 2  # 2: a running visit's tokens, failures and effect tokens
 EVERY = 500  # records between snapshots, at least
 # ... and at least one record per this many bytes of the last snapshot: a large view
 # (a 1000-node graph) is dumped less often, so snapshots cost O(1) per record
@@ -39,7 +39,8 @@ def dump(view: RunView, last_hash: str) -> bytes:
     data = {
         "version": VERSION, "seq": v.seq, "hash": last_hash,
         "state": v.state, "ready": list(v.ready),
-        "running": [[x.node, x.visit, x.attempt, x.started_seq] for x in v.running.values()],
+        "running": [[x.node, x.visit, x.attempt, x.started_seq, x.tokens, x.failures,
+                     x.effect_tokens] for x in v.running.values()],
         "due": [[d.edge.index, d.source, d.goto, list(d.arrived)] for d in v.due.values()],
         "visits": dict(v.visits), "started": dict(v.started),
         "takes": list(v.takes.items()), "steps": v.steps, "tokens": v.tokens,
@@ -78,7 +79,7 @@ def _restore(plan: Plan, d: dict[str, Any]) -> RunView:
     v.seq = d["seq"]
     v.state = d["state"]
     v.ready = deque(d["ready"])
-    v.running = {(n, vis): Visit(n, vis, att, seq) for n, vis, att, seq in d["running"]}
+    v.running = {(r[0], r[1]): Visit(*r) for r in d["running"]}
     v.due = {(i, src): Due(plan.edges[i], src, goto, tuple(arr))
              for i, src, goto, arr in d["due"]}
     v.visits = Counter(d["visits"])

@@ -183,6 +183,23 @@ def test_a_tool_call_runs_the_typed_function_and_answers_the_model(
     assert called["result"]["tested"] is True
 
 
+def broken_tool(entry: str) -> str:
+    """A tool whose backend is down."""
+    raise ConnectionResetError(f"ledger service reset the connection ({entry})")
+
+
+def test_a_tool_that_raises_fails_the_node_and_the_log_names_the_call(
+        llm: FakeOpenAI, store: str) -> None:
+    llm.reply(tool_calls=[("broken_tool", {"entry": "E-9"})], usage=(50, 10))
+    result = audit(llm, tools=[broken_tool]).run_sync({"plan": "p"}, store=store)
+    assert result.status == "FAILED" and "ConnectionResetError" in result.error["message"]
+    [called] = records(result.run_id, store, "tool.called")
+    assert called["tool"] == "broken_tool" and called["arguments"] == {"entry": "E-9"}
+    assert called["error"] == {"type": "ConnectionResetError",
+                               "message": "ledger service reset the connection (E-9)"}
+    assert result.tokens == 60  # the model call that asked for it was paid for
+
+
 def test_invalid_tool_arguments_go_back_to_the_model(llm: FakeOpenAI, store: str) -> None:
     llm.reply(tool_calls=[("lookup_control", {"control_id": "C-7", "year": "last"})])
     llm.reply({"level": "LOW", "reason": "r"})

@@ -279,6 +279,29 @@ def tool_node_workflow(calls: list[Any]) -> Workflow:
     return wf
 
 
+def test_a_confirmation_does_not_use_up_a_retry(store: str) -> None:
+    """After two confirmed tool calls the body runs as attempt 3; a first failure after
+    that still gets the retry its `retry: {attempts: 2}` promises."""
+    calls: list[str] = []
+
+    async def agent(state: dict[str, Any], ctx: interlock.Context) -> dict[str, Any]:
+        for key in ("tool-1", "tool-2"):
+            assert ctx.confirm(key, {"tool": key}) == "approved"
+        calls.append(f"attempt {ctx.attempt}")
+        if len(calls) == 1:
+            raise ConnectionError("the model's server hung up")
+        return {"result": "ok"}
+
+    wf = Workflow("confirm-retry")
+    wf.node("agent", agent, retry={"attempts": 2, "backoff": "1ms"}).edge(START, "agent")
+    run = wf.run_sync(store=store)
+    for _ in range(2):
+        assert run.status == "WAITING_APPROVAL"
+        run = wf.resume_sync(run.run_id, interlock.approve(by="alice"), store=store)
+    assert run.status == "COMPLETED", run.error
+    assert calls == ["attempt 3", "attempt 4"]
+
+
 @pytest.mark.parametrize("decision, result, did", [
     (interlock.approve(by="alice"), "restarted", ["llm", "restart"]),
     (interlock.reject(by="bob"), "the human said no", ["llm"]),

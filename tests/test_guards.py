@@ -85,6 +85,69 @@ def test_node_budget() -> None:
     assert "budget is 50" in result.error["message"]
 
 
+def test_a_nodes_budget_counts_every_attempt_of_its_visit(tmp_path: Path) -> None:
+    store = f"sqlite:///{tmp_path}/runs.db"
+    bodies: list[int] = []
+
+    async def flaky(state: dict[str, Any], ctx: interlock.Context) -> dict[str, Any]:
+        bodies.append(ctx.attempt)
+        ctx.record_tokens(100)
+        raise ConnectionError("the model's server hung up")
+
+    wf = Workflow("visit-budget")
+    wf.node("flaky", flaky, tokens=150, retry={"attempts": 3, "backoff": "1ms"})
+    wf.edge(START, "flaky")
+    result = wf.run_sync(store=store)
+    # the second attempt crosses 150 for the visit (100 + 100): no third attempt
+    assert result.status == "FAILED" and result.error["type"] == "budget_exceeded", result.error
+    assert "used 200 tokens in this visit" in result.error["message"]
+    assert bodies == [1, 2] and result.tokens == 200
+    # a resume does not run a body whose visit has spent its budget: it would only spend more
+    again = wf.resume_sync(result.run_id, store=store)
+    assert again.status == "FAILED" and again.error["type"] == "budget_exceeded"
+    assert bodies == [1, 2] and again.tokens == 200
+
+
+def test_tokens_spent_inside_once_survive_the_attempt_being_lost(tmp_path: Path) -> None:
+    """A crash (here: the caller's cancellation, which commits nothing more) after a
+    journaled call: its tokens are in the log with its result, and the replay on resume
+    does not charge them again."""
+    store = f"sqlite:///{tmp_path}/runs.db"
+    blocked = asyncio.Event()
+    release = {"go": False}
+
+    async def agentish(state: dict[str, Any], ctx: interlock.Context) -> dict[str, Any]:
+        def call() -> str:
+            ctx.record_tokens(100)  # the model call's usage, charged inside the journal
+            return "reply"
+        reply = await ctx.once("llm-0", call)
+        if not release["go"]:
+            blocked.set()
+            await asyncio.sleep(60)
+        ctx.record_tokens(5)
+        return {"reply": reply}
+
+    wf = Workflow("journal-tokens", limits={"tokens": 1000})
+    wf.node("agent", agentish).edge(START, "agent")
+
+    async def crash() -> None:
+        task = asyncio.create_task(wf.run(store=store, run_id="r-crash"))
+        await blocked.wait()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    asyncio.run(crash())
+    assert asyncio.run(interlock.status("r-crash", store=store)).tokens == 100
+    release["go"] = True
+    done = wf.resume_sync("r-crash", store=store)
+    assert done.status == "COMPLETED" and done.tokens == 105  # not 5: nothing lost
+    recs = asyncio.run(interlock.trace("r-crash", store=store))
+    [effect] = [r for r in recs if r["type"] == "effect.recorded"]
+    assert effect["tokens"] == 100
+    assert asyncio.run(interlock.verify("r-crash", store=store)).ok
+
+
 def test_tokens_are_per_node_in_the_trace() -> None:
     async def a(state: dict[str, Any], ctx: interlock.Context) -> None:
         ctx.record_tokens(12)
@@ -312,6 +375,35 @@ def test_a_cancel_through_the_store_ends_the_run_and_not_the_callers_task() -> N
         assert result.status == "CANCELLED"
         assert result.error is not None and "ops" in result.error["message"]
         assert task.cancelling() == 0
+
+    asyncio.run(main())
+
+
+def test_a_cancelled_node_is_recorded_as_stopped_with_the_tokens_it_spent() -> None:
+    from interlock._store import open_store
+
+    async def main() -> None:
+        store = open_store("memory://")
+        started = asyncio.Event()
+
+        async def spends(state: dict[str, Any], ctx: interlock.Context) -> dict[str, Any]:
+            ctx.record_tokens(40)  # spent, then the run is cancelled under it
+            started.set()
+            await asyncio.sleep(30)
+            return {"done": True}
+
+        wf = Workflow("cancel-tokens")
+        wf.node("w", spends).edge(START, "w")  # alone: it runs inline, not as a task
+        task = asyncio.create_task(wf.run(store=store, run_id="r3"))
+        await started.wait()
+        await interlock.cancel("r3", by="ops", store=store, wait=5)
+        result = await task
+        assert result.status == "CANCELLED" and result.tokens == 40
+        recs = await interlock.trace("r3", store=store)
+        [stopped] = [r for r in recs if r["type"] == "node.failed"]
+        assert stopped["node"] == "w" and stopped["error"]["type"] == "cancelled"
+        assert stopped["tokens"] == 40
+        assert (await interlock.verify("r3", store=store)).ok
 
     asyncio.run(main())
 

@@ -362,7 +362,16 @@ class _Agent:
     async def _execute(self, ctx: Context, base: dict[str, Any], tool: Tool,
                        kwargs: dict[str, Any]) -> str:
         t0 = time.perf_counter()
-        result = await tool.invoke(kwargs)
+        try:
+            result = await tool.invoke(kwargs)
+        except Exception as exc:
+            # the node fails with the tool's own exception (so `retry.errors` can name
+            # it); the log says which call raised it, with what arguments
+            message = "withheld: redact" if "result" in self.redact else str(exc)[:2000]
+            await ctx.log("tool.called", self._hide({
+                **base, "error": {"type": type(exc).__name__, "message": message},
+                "duration_ms": round((time.perf_counter() - t0) * 1000, 3)}))
+            raise
         try:
             value = L.to_json_value(result)
         except TypeError as exc:
