@@ -841,7 +841,11 @@ def _backoff(base: float, cap: float | None, jitter: bool, attempt: int) -> floa
 
 
 def _node_error(pn: PlanNode, exc: BaseException) -> NodeError:
-    return NodeError(f"node {pn.name!r} raised {type(exc).__name__}: {exc}", node=pn.name,
+    text = str(exc)
+    own = f"node {pn.name!r}: "
+    if text.startswith(own):  # an error of interlock's own (an agent's) names the node too
+        text = text[len(own):]
+    return NodeError(f"node {pn.name!r} raised {type(exc).__name__}: {text}", node=pn.name,
                      exception=type(exc).__name__, mro=[c.__name__ for c in type(exc).__mro__],
                      traceback=_short_tb(exc))
 

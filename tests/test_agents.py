@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -385,6 +386,20 @@ def test_a_429_without_a_retry_fails_the_node_cleanly(llm: FakeOpenAI, store: st
     assert "risk" not in result.state
 
 
+def test_an_unreachable_provider_is_named_in_the_error(llm: FakeOpenAI, store: str) -> None:
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
+    wf = Workflow("audit", input=["plan"])
+    wf.agent("risk", model="gpt-test", base_url=url, prompt="{{ plan }}",
+             output=RISK_SCHEMA).edge(START, "risk")
+    result = wf.run_sync({"plan": "p"}, store=store)
+    assert result.status == "FAILED"
+    message = result.error["message"]
+    assert f"cannot reach the provider at {url}" in message
+    assert message.count("'risk'") == 1  # "node 'risk' raised ...", not twice
+
+
 def test_a_missing_api_key_is_a_clear_error(llm: FakeOpenAI, store: str,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("OPENAI_API_KEY")
@@ -709,6 +724,27 @@ def test_choose_targets_are_checked_against_the_output_enum(wdir: tuple[Path, st
         interlock.load(file)
     [d] = [str(d) for d in info.value.diagnostics if d.severity == "error"]
     assert d.startswith(f"{file}:9:") and "'elsewhere'" in d
+
+
+def test_a_template_in_model_is_an_error_not_a_literal_model_name(
+        wdir: tuple[Path, str]) -> None:
+    path, _ = wdir
+    file = path / "model.yaml"
+    file.write_text(textwrap.dedent("""
+        workflow: m
+        config: {model: gpt-4o}
+        nodes:
+          a:
+            agent:
+              model: "{{ config.model }}"
+              prompt: hi
+        edges:
+          - {from: START, to: a}
+    """).lstrip())
+    with pytest.raises(WorkflowError) as info:
+        interlock.load(file)
+    [d] = [str(d) for d in info.value.diagnostics if d.severity == "error"]
+    assert d.startswith(f"{file}:6:") and "model is a template" in d
 
 
 def test_a_server_refusing_response_format_is_asked_again_without_it(

@@ -101,6 +101,12 @@ def _check_templates(spec: AgentSpec, ns: NodeSpec, error: Callable[..., None]) 
                 error(f"{key} uses {', '.join(unread)}, which the node's reads: "
                       f"[{', '.join(ns.reads)}] does not list (a node sees only its reads)",
                       key)
+    for key in ("model", "provider"):  # fixed in the file: what a run calls is reviewed there
+        value = getattr(spec, key, None)
+        if isinstance(value, str) and ("{{" in value or "{%" in value):
+            error(f"{key} is a template ({value!r}), but it is not rendered: the {key} is "
+                  "fixed in the workflow file, so that a run's definition says what it "
+                  "called (only base_url may read config)", key)
     if spec.base_url is not None and "{{" in spec.base_url:
         try:
             names = variables(spec.base_url)

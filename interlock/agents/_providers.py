@@ -180,7 +180,8 @@ class OpenAIProvider:
         except openai.APITimeoutError as exc:
             raise ProviderTimeoutError(f"the provider did not answer in time: {exc}") from exc
         except openai.APIConnectionError as exc:
-            raise ProviderConnectionError(f"cannot reach the provider: {exc}") from exc
+            url = options["base_url"] or "OpenAI's API (no base_url, no $OPENAI_BASE_URL)"
+            raise ProviderConnectionError(f"cannot reach the provider at {url}: {exc}") from exc
         except openai.APIStatusError as exc:
             cls = ProviderServerError if exc.status_code >= 500 else ProviderStatusError
             raise cls(_describe(exc, "refused the call"), status=exc.status_code) from exc
