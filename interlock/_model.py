@@ -265,6 +265,13 @@ class FieldSpec(_Strict):
     reducer: Reducer = "replace"
 
 
+# A run stops (step_limit) after this many node executions unless its workflow or the
+# run declares limits.steps: a loop whose exit condition never holds fails in seconds
+# instead of running for ever (LangGraph's recursion_limit plays this part). Written
+# into run.started, so the log says which limit applied.
+DEFAULT_STEPS = 10_000
+
+
 class LimitsSpec(_Strict):
     tokens: int | None = Field(default=None, ge=0)
     steps: int | None = Field(default=None, ge=1)

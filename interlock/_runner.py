@@ -44,7 +44,7 @@ from ._expr import EvaluationError
 from ._fold import Due, RunView, Scope
 from ._guards import Budget, BudgetExceededError, bounded, call_body, timeout_error
 from ._isolation import ChildContext, Effects, ProcessPool
-from ._model import END, case_key
+from ._model import DEFAULT_STEPS, END, case_key
 from ._plan import Plan, PlanEdge, PlanNode
 from ._state import check_update, scoped
 from ._store import Store, Summary
@@ -791,8 +791,11 @@ def _decision_order(due: Due) -> tuple[bool, int]:
 
 
 def _step_limit(limit: int, node: str) -> StepLimitError:
+    why = "" if limit != DEFAULT_STEPS else (" (interlock's default when none is "
+                                             "declared: declare limits: {steps: N} in the "
+                                             "workflow)")
     return StepLimitError(
-        f"the run reached limits.steps={limit} node executions before {node!r} could "
+        f"the run reached limits.steps={limit} node executions{why} before {node!r} could "
         "start; raise the limit (--set limits.steps=N) if the loop is expected to run "
         "longer", node=node)
 

@@ -16,7 +16,7 @@ from ._callables import import_callable
 from ._errors import Diagnostic, Severity
 from ._expr import Expression, ExpressionSyntaxError, compile_expression
 from ._graph import Concurrency, back_edges, reachable, reverse, sccs
-from ._model import END, START, WorkflowSpec
+from ._model import END, START, EdgeSpec, WorkflowSpec
 from ._spec import locate
 
 
@@ -121,6 +121,7 @@ class _Checker:
                 self.add("error", "START cannot be part of a join", ("edges", i, "from"),
                          "unknown-node")
                 ok = False
+            ok = self.check_repeats(i, e) and ok
             key = {"switch": "cases", "choose": "choose"}.get(e.kind, "to")
             for t in e.targets:
                 if t == START:
@@ -145,6 +146,31 @@ class _Checker:
             self.add("error", "no edge from START: add {from: START, to: <first node>}",
                      ("edges",), "start")
             ok = False
+        return ok
+
+    def check_repeats(self, i: int, e: EdgeSpec) -> bool:
+        """A name twice in one edge (an error: a join lists each source once, or it would
+        fire twice), and an unconditional edge declared twice (a warning)."""
+        ok = True
+        repeated = sorted({n for n in e.source if e.source.count(n) > 1})
+        if repeated:
+            self.add("error", f"edge {e.describe()}: {', '.join(map(repr, repeated))} named "
+                     "more than once in 'from'; a join lists each source once",
+                     ("edges", i, "from"), "duplicate")
+            ok = False
+        targets = list(e.targets)
+        for t in sorted({t for t in targets if targets.count(t) > 1}):
+            self.add("error", f"edge {e.describe()}: {t!r} named more than once in its "
+                     "targets", ("edges", i, "to"), "duplicate")
+            ok = False
+        if e.kind == "plain" and e.when is None and not e.otherwise:
+            same = [f for f in self.spec.edges[:i]
+                    if f.kind == "plain" and f.when is None and not f.otherwise
+                    and set(f.source) == set(e.source) and set(f.targets) & set(targets)]
+            if same:
+                self.add("warning", f"edge {e.describe()} repeats edge {same[0].describe()}: "
+                         "each taken edge runs its target once more (remove one)",
+                         ("edges", i), "duplicate")
         return ok
 
     def check_expressions(self) -> None:

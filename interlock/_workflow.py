@@ -21,7 +21,7 @@ from . import _log as L
 from ._approvals import Decision
 from ._errors import Diagnostic, UsageError, WorkflowError
 from ._fold import RunView
-from ._model import WorkflowSpec
+from ._model import DEFAULT_STEPS, WorkflowSpec
 from ._plan import Plan, build_plan
 from ._runs import RunResult, drive, make_run_id, open_store_arg
 from ._spec import load_spec, parse
@@ -286,9 +286,11 @@ class Workflow:
         return self._definition_hash
 
     def _limits(self) -> dict[str, Any]:
-        """The declared limits as a run records them (computed once: the spec is frozen)."""
+        """The declared limits as a run records them (computed once: the spec is frozen),
+        with `DEFAULT_STEPS` when the workflow declares no ``steps``."""
         if self._declared_limits is None:
-            self._declared_limits = self.spec.limits.model_dump(exclude_none=True)
+            self._declared_limits = {"steps": DEFAULT_STEPS,
+                                     **self.spec.limits.model_dump(exclude_none=True)}
         return self._declared_limits
 
     # -- running -----------------------------------------------------------------------

@@ -364,6 +364,22 @@ def test_step_limit_stops_a_runaway_loop() -> None:
     assert result.steps == 10
 
 
+def test_a_loop_that_never_exits_stops_at_the_default_step_limit() -> None:
+    from interlock._model import DEFAULT_STEPS
+
+    wf = Workflow("forever")  # no limits: declared
+    wf.node("w", node())
+    wf.edge(START, "w").edge("w", "w", when="true").edge("w", END, otherwise=True)
+    result, records = run(wf)
+    assert result.status == "FAILED" and result.error["type"] == "step_limit"
+    assert result.steps == DEFAULT_STEPS
+    assert "interlock's default" in result.error["message"]
+    assert records[0]["limits"] == {"steps": DEFAULT_STEPS}  # the log says which applied
+    # a declared limit (or a run's) is the one that applies, and is not called the default
+    longer, _ = run(wf, limits={"steps": DEFAULT_STEPS + 5})
+    assert longer.steps == DEFAULT_STEPS + 5 and "default" not in longer.error["message"]
+
+
 # -- state ------------------------------------------------------------------------
 
 

@@ -77,6 +77,33 @@ def test_unknown_node_in_an_edge_has_its_line(wdir: Path) -> None:
     assert "unknown node 'bb'" in d
 
 
+def test_a_name_twice_in_one_edge_is_an_error_and_a_repeated_edge_a_warning(
+        wdir: Path) -> None:
+    path = write(wdir, """
+        workflow: t
+        nodes:
+          a: flows.nodes:a
+          b: flows.nodes:b
+        edges:
+          - {from: START, to: a}
+          - {from: [a, a], to: b}
+    """)
+    [d] = diagnostics(path)
+    assert d.startswith(f"{path}:7:") and "'a' named more than once in 'from'" in d
+    repeated = write(wdir, """
+        workflow: t
+        nodes:
+          a: flows.nodes:a
+          b: flows.nodes:b
+        edges:
+          - {from: START, to: a}
+          - {from: a, to: b}
+          - {from: a, to: b}
+    """, "twice.yaml")
+    [w] = diagnostics(repeated)
+    assert w.startswith(f"{repeated}:8:") and "repeats edge a -> b" in w and "warning" in w
+
+
 def test_typo_suggests_the_known_name(wdir: Path) -> None:
     path = write(wdir, """
         workflow: t
