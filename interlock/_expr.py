@@ -182,7 +182,12 @@ def compile_expression(source: str) -> Expression:
     try:
         program = _cel_module().compile(source)
     except ValueError as exc:
-        raise _syntax_error(source, str(exc)) from None
+        err = _syntax_error(source, str(exc))
+        single = _SINGLE_EQ_RE.search(blanked)
+        if single is not None:  # `severity = "high"`: a comparison is written ==
+            err = ExpressionSyntaxError(f"{err.args[0]} -- a comparison is written '==' in "
+                                        "CEL, not '='", single.start() + 1)
+        raise err from None
     iter_vars = set(_ITER_VAR_RE.findall(blanked))
     variables = program.references()["variables"]
     names = tuple(sorted(v for v in variables if v not in iter_vars and not v.startswith("@")))
@@ -198,6 +203,9 @@ def compile_expression(source: str) -> Expression:
     return Expression(source, names, unique, program,
                       state_only="config" not in names and "run" not in names,
                       plain_paths=frozenset(unique) == frozenset(names))
+
+
+_SINGLE_EQ_RE = re.compile(r"(?<![=!<>])=(?!=)")
 
 
 def _blank_strings(source: str) -> str:

@@ -662,7 +662,8 @@ class Runner:
                 value, reads = self._eval(e, e.cond, scope)
                 if not isinstance(value, bool):
                     raise _Abort(ExpressionError(
-                        f"edge {e.name()}: condition {expr!r} gave {value!r} "
+                        f"{_edge_location(self.plan, e)}edge {e.name()}: condition {expr!r} "
+                        f"gave {value!r} "
                         f"({type(value).__name__}), not a boolean", node=_edge_node(e),
                         edge=e.index, expr=expr))
                 if not value:

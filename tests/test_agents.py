@@ -726,6 +726,27 @@ def test_choose_targets_are_checked_against_the_output_enum(wdir: tuple[Path, st
     assert d.startswith(f"{file}:9:") and "'elsewhere'" in d
 
 
+def test_a_scripted_reply_of_the_wrong_shape_says_what_a_reply_is(
+        wdir: tuple[Path, str]) -> None:
+    path, _ = wdir
+    file = path / "replies.yaml"
+    file.write_text(textwrap.dedent("""
+        workflow: r
+        nodes:
+          a:
+            agent:
+              provider: scripted
+              replies: [{cause: disk full}]
+              prompt: hi
+        edges:
+          - {from: START, to: a}
+    """).lstrip())
+    with pytest.raises(WorkflowError) as info:
+        interlock.load(file)
+    [d] = [str(d) for d in info.value.diagnostics if d.severity == "error"]
+    assert "unknown key 'cause'; a scripted reply is {content: ..." in d
+
+
 def test_a_template_in_model_is_an_error_not_a_literal_model_name(
         wdir: tuple[Path, str]) -> None:
     path, _ = wdir

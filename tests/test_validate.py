@@ -104,6 +104,36 @@ def test_a_name_twice_in_one_edge_is_an_error_and_a_repeated_edge_a_warning(
     assert w.startswith(f"{repeated}:8:") and "repeats edge a -> b" in w and "warning" in w
 
 
+def test_a_single_equals_in_a_condition_says_to_write_double(wdir: Path) -> None:
+    path = write(wdir, """
+        workflow: t
+        nodes:
+          a: flows.nodes:a
+        edges:
+          - {from: START, to: a}
+          - {from: a, to: END, when: 'a = 1'}
+          - {from: a, to: END, otherwise: true}
+    """)
+    [d] = diagnostics(path)
+    assert d.startswith(f"{path}:6:") and "written '==' in CEL, not '='" in d
+
+
+def test_a_condition_that_is_not_a_boolean_fails_the_run_with_its_line(wdir: Path) -> None:
+    path = write(wdir, """
+        workflow: t
+        nodes:
+          a: flows.nodes:a
+        edges:
+          - {from: START, to: a}
+          - {from: a, to: END, when: 'a'}
+          - {from: a, to: END, otherwise: true}
+    """)
+    result = interlock.load(path).run_sync(store="memory://")
+    assert result.status == "FAILED" and result.error["type"] == "expression_error"
+    assert result.error["message"].startswith(f"{path}:6:")
+    assert "gave 1 (int), not a boolean" in result.error["message"]
+
+
 def test_typo_suggests_the_known_name(wdir: Path) -> None:
     path = write(wdir, """
         workflow: t

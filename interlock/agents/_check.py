@@ -69,7 +69,11 @@ def _parse(checker: Checker, name: str, data: Any, where: tuple[Any, ...]) -> Ag
         for err in exc.errors(include_url=False):
             path = _data_path(tuple(err["loc"]), data)
             msg = err["msg"].removeprefix("Value error, ")
-            if err["type"] == "extra_forbidden":
+            if err["type"] == "extra_forbidden" and "replies" in path[:-1]:
+                msg = (f"unknown key {path[-1]!r}; a scripted reply is {{content: ..., "
+                       "tool_calls: [{name, arguments}], usage: {prompt_tokens, "
+                       "completion_tokens}}} (a bare string is its content)")
+            elif err["type"] == "extra_forbidden":
                 msg = (f"unknown key {path[-1]!r}; an agent takes provider, model, base_url, "
                        "api_key_env, system, prompt, output, output_key, choose, tools, "
                        "max_turns, replies, redact, temperature")
