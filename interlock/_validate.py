@@ -253,16 +253,19 @@ class _Checker:
                     problem = self._unfed(field_name, written, all_known)
                     if problem is not None:
                         level, why = problem
-                        self.add(level, f"edge {e.describe()}: {key} reads {field_name!r}, "
-                                 f"{why}", ("edges", i, key), "never-fed")
+                        known = written | set(self.spec.input) | set(self.spec.state)
+                        self.add(level, f"edge {e.describe()}: {key} reads {field_name!r}"
+                                 + _did_you_mean(field_name, known) + f", {why}",
+                                 ("edges", i, key), "never-fed")
             cfg = self.spec.config
             for src in (e.when, e.switch):
                 if src and "config." in src:
                     for key_name in _config_keys(src):
                         if key_name not in cfg:
                             self.add("warning", f"edge {e.describe()}: reads config.{key_name}"
-                                     ", which 'config:' does not declare (a run must --set it)",
-                                     ("edges", i), "config")
+                                     + _did_you_mean(key_name, cfg) + ", which 'config:' does "
+                                     "not declare (a run must --set it)", ("edges", i),
+                                     "config")
 
     def _written(self) -> tuple[set[str], bool]:
         """The fields nodes are known to write, and whether that is all of them: a node's

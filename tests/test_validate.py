@@ -337,6 +337,18 @@ def test_a_field_nothing_writes_or_declares_is_an_error_when_every_node_declares
                and "never fed" in d for d in ds), ds
     with pytest.raises(WorkflowError, match="zzz"):
         interlock.load(path)
+    # a typo of a field that is written gets the name it was meant to be
+    typo = write(wdir, """
+        workflow: t
+        nodes:
+          a: {call: flows.nodes:a, writes: [severity]}
+        edges:
+          - {from: START, to: a}
+          - {from: a, to: END, when: 'sevrity == "high"'}
+          - {from: a, to: END, otherwise: true}
+    """, "typo.yaml")
+    [d] = diagnostics(typo)
+    assert "reads 'sevrity' (did you mean 'severity'?)" in d
 
 
 def _join_beside_a_loop(sources: list[str]) -> Workflow:
