@@ -720,10 +720,15 @@ def test_choose_targets_are_checked_against_the_output_enum(wdir: tuple[Path, st
           - {from: START, to: chooser}
           - {from: chooser, choose: [done]}
     """).lstrip())
+    [d] = load_errors(file)
+    assert d.startswith(f"{file}:9:") and "'elsewhere'" in d
+
+
+def load_errors(file: Path) -> list[str]:
+    """The error diagnostics loading ``file`` raises."""
     with pytest.raises(WorkflowError) as info:
         interlock.load(file)
-    [d] = [str(d) for d in info.value.diagnostics if d.severity == "error"]
-    assert d.startswith(f"{file}:9:") and "'elsewhere'" in d
+    return [str(d) for d in info.value.diagnostics if d.severity == "error"]
 
 
 def test_a_scripted_reply_of_the_wrong_shape_says_what_a_reply_is(
@@ -741,9 +746,7 @@ def test_a_scripted_reply_of_the_wrong_shape_says_what_a_reply_is(
         edges:
           - {from: START, to: a}
     """).lstrip())
-    with pytest.raises(WorkflowError) as info:
-        interlock.load(file)
-    [d] = [str(d) for d in info.value.diagnostics if d.severity == "error"]
+    [d] = load_errors(file)
     assert "unknown key 'cause'; a scripted reply is {content: ..." in d
 
 
@@ -762,9 +765,7 @@ def test_a_template_in_model_is_an_error_not_a_literal_model_name(
         edges:
           - {from: START, to: a}
     """).lstrip())
-    with pytest.raises(WorkflowError) as info:
-        interlock.load(file)
-    [d] = [str(d) for d in info.value.diagnostics if d.severity == "error"]
+    [d] = load_errors(file)
     assert d.startswith(f"{file}:6:") and "model is a template" in d
 
 

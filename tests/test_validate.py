@@ -79,55 +79,37 @@ def test_unknown_node_in_an_edge_has_its_line(wdir: Path) -> None:
 
 def test_a_name_twice_in_one_edge_is_an_error_and_a_repeated_edge_a_warning(
         wdir: Path) -> None:
-    path = write(wdir, """
-        workflow: t
-        nodes:
-          a: flows.nodes:a
-          b: flows.nodes:b
-        edges:
-          - {from: START, to: a}
-          - {from: [a, a], to: b}
-    """)
+    head = "workflow: t\nnodes: {a: flows.nodes:a, b: flows.nodes:b}\nedges:\n" \
+           "  - {from: START, to: a}\n"
+    path = write(wdir, head + "  - {from: [a, a], to: b}\n")
     [d] = diagnostics(path)
-    assert d.startswith(f"{path}:7:") and "'a' named more than once in 'from'" in d
-    repeated = write(wdir, """
+    assert d.startswith(f"{path}:5:") and "'a' named more than once in 'from'" in d
+    repeated = write(wdir, head + "  - {from: a, to: b}\n" * 2, "twice.yaml")
+    [w] = diagnostics(repeated)
+    assert w.startswith(f"{repeated}:6:") and "repeats edge a -> b" in w and "warning" in w
+
+
+def one_condition(wdir: Path, when: str) -> Path:
+    """START -> a, then a -> END when ``when`` (line 6), otherwise -> END."""
+    return write(wdir, f"""
         workflow: t
         nodes:
           a: flows.nodes:a
-          b: flows.nodes:b
         edges:
-          - {from: START, to: a}
-          - {from: a, to: b}
-          - {from: a, to: b}
-    """, "twice.yaml")
-    [w] = diagnostics(repeated)
-    assert w.startswith(f"{repeated}:8:") and "repeats edge a -> b" in w and "warning" in w
+          - {{from: START, to: a}}
+          - {{from: a, to: END, when: '{when}'}}
+          - {{from: a, to: END, otherwise: true}}
+    """)
 
 
 def test_a_single_equals_in_a_condition_says_to_write_double(wdir: Path) -> None:
-    path = write(wdir, """
-        workflow: t
-        nodes:
-          a: flows.nodes:a
-        edges:
-          - {from: START, to: a}
-          - {from: a, to: END, when: 'a = 1'}
-          - {from: a, to: END, otherwise: true}
-    """)
+    path = one_condition(wdir, "a = 1")
     [d] = diagnostics(path)
     assert d.startswith(f"{path}:6:") and "written '==' in CEL, not '='" in d
 
 
 def test_a_condition_that_is_not_a_boolean_fails_the_run_with_its_line(wdir: Path) -> None:
-    path = write(wdir, """
-        workflow: t
-        nodes:
-          a: flows.nodes:a
-        edges:
-          - {from: START, to: a}
-          - {from: a, to: END, when: 'a'}
-          - {from: a, to: END, otherwise: true}
-    """)
+    path = one_condition(wdir, "a")
     result = interlock.load(path).run_sync(store="memory://")
     assert result.status == "FAILED" and result.error["type"] == "expression_error"
     assert result.error["message"].startswith(f"{path}:6:")
