@@ -47,9 +47,11 @@ def validate(workflow: str) -> None:
     except WorkflowError as exc:
         _report_invalid(workflow, exc.diagnostics)
     spec = wf.spec
+    warnings = wf.warnings
+    echo_diagnostics(warnings, err=False)  # first, like an invalid file's, the verdict last
     click.echo(f"ok: {workflow} ({_plural(len(spec.nodes), 'node')}, "
-               f"{_plural(len(spec.edges), 'edge')})")
-    echo_diagnostics(wf.warnings, err=False)
+               f"{_plural(len(spec.edges), 'edge')}"
+               + (f", {_plural(len(warnings), 'warning')}" if warnings else "") + ")")
 
 
 def _report_invalid(workflow: str, diagnostics: list[Diagnostic]) -> NoReturn:
