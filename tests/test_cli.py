@@ -544,3 +544,20 @@ def test_subprocess_validate_and_help(project: Project) -> None:
     assert helped.returncode == 0
     for command in ("run", "validate", "graph"):
         assert command in helped.stdout
+
+
+def test_the_engine_can_be_called_from_a_thread_that_cannot_take_signals() -> None:
+    """call_engine installs its SIGTERM handler only where the loop can take signals;
+    elsewhere (not the main thread) it runs the coroutine as it is."""
+    import threading
+
+    from interlock.cli._common import call_engine
+
+    async def answer() -> int:
+        return 42
+
+    out: list[int] = []
+    worker = threading.Thread(target=lambda: out.append(call_engine(answer())))
+    worker.start()
+    worker.join(10)
+    assert out == [42]

@@ -144,7 +144,9 @@ async def _stopped_by_sigterm(coro: Coroutine[Any, Any, T]) -> T:
 
     try:
         loop.add_signal_handler(signal.SIGTERM, on_sigterm)
-    except (NotImplementedError, RuntimeError, ValueError):  # no signals here: as before
+    except (NotImplementedError, RuntimeError, ValueError):
+        # the loop cannot take signals (Windows, or not the main thread -- the CLI called
+        # from an embedding program): SIGTERM keeps its default action there
         return await coro
     try:
         return await coro
