@@ -938,3 +938,57 @@ def test_snapshots_keep_the_latest(store: Store) -> None:
         assert await store.load_snapshot(row.run_id) == (9, b'{"b": 2}')
 
     asyncio.run(main())
+
+
+_OPEN_READ_CLOSE = """
+import asyncio, sys
+from interlock._store import open_store
+
+async def main():
+    for _ in range(int(sys.argv[2])):
+        store = open_store(sys.argv[1])
+        await store.list_runs()
+        await store.close()
+
+asyncio.run(main())
+"""
+
+
+def test_sqlite_a_second_store_in_one_process_keeps_the_first_ones_locks(
+        tmp_path: Path) -> None:
+    """Opening a second store on a file another store of this process holds, while another
+    process opens and closes the file, must not corrupt it: on Linux closing *any*
+    descriptor of a file drops every POSIX lock the process holds on it, so a raw
+    ``open()`` of the database let the other process delete the WAL still in use."""
+    path = tmp_path / "runs.db"
+    url = f"sqlite:///{path}"
+    written: list[str] = []
+
+    async def main() -> None:
+        holder = open_store(url)
+        try:
+            for round_ in range(6):
+                for _ in range(5):
+                    row, w, entries = new_row()
+                    await holder.create_run(row, entries)
+                    written.append(row.run_id)
+                    _, more = log(6, w)
+                    await holder.append(row.run_id, more, summary_of(w))
+                second = open_store(url)  # a second store of this process, same file
+                await second.list_runs()
+                await second.close()
+                # another process opens and closes the file while the holder is open
+                subprocess.run([sys.executable, "-c", _OPEN_READ_CLOSE, url, "3"],
+                               check=True, cwd=REPO, timeout=60)
+                assert len(await holder.list_runs(limit=1000)) == len(written), round_
+        finally:
+            await holder.close()
+
+    run(main)
+    check = sqlite3.connect(path)
+    try:
+        assert check.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+        stored = {r for (r,) in check.execute("SELECT run_id FROM runs")}
+    finally:
+        check.close()
+    assert stored == set(written)

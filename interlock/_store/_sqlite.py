@@ -75,7 +75,6 @@ T = TypeVar("T")
 SCHEMA_NAME = "interlock"
 SCHEMA_VERSION = 1
 
-_SQLITE_MAGIC = b"SQLite format 3\x00"
 # a checkpoint after this many jobs (transactions, mostly: a step's commit writes 3-5
 # pages) or this many bytes of records, whichever comes first: about SQLite's own
 # default of a checkpoint per 1000 WAL pages
@@ -510,19 +509,14 @@ class SQLiteStore(Store):
         conn.execute("PRAGMA wal_autocheckpoint = 1000")
 
     def _inspect(self, path: Path) -> None:
-        """Refuse, without writing to it, a file that is not ours."""
-        try:
-            with path.open("rb") as f:
-                head = f.read(len(_SQLITE_MAGIC))
-        except OSError as exc:
-            raise StoreError(f"cannot read the store file {path}: {exc}") from None
-        if head and head != _SQLITE_MAGIC:
-            raise StoreError(
-                f"{path} is not a SQLite database (and so not an interlock store); "
-                "refusing to touch it -- point the store URL at another file"
-            )
-        if not head:
-            return  # an empty file: a new database
+        """Refuse, without writing to it, a file that is not ours.
+
+        The file is read through SQLite only, never with a descriptor of our own: on
+        POSIX, closing *any* descriptor of a file drops every lock the process holds on
+        it, so a raw ``open()``/``close()`` would silently release the locks of this
+        process's other connections to the same database -- and another process closing
+        its connection would then think it is the last one and delete the WAL they use.
+        """
         try:
             ro = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True,
                                  isolation_level=None, timeout=self._busy_ms / 1000)
@@ -543,6 +537,11 @@ class SQLiteStore(Store):
             if "interlock_meta" in tables:
                 meta = dict(conn.execute("SELECT key, value FROM interlock_meta"))
         except sqlite3.DatabaseError as exc:
+            if "not a database" in str(exc):
+                raise StoreError(
+                    f"{path} is not a SQLite database (and so not an interlock store); "
+                    "refusing to touch it -- point the store URL at another file"
+                ) from None
             raise StoreError(
                 f"{path} is not a usable SQLite database ({exc}); refusing to touch it"
             ) from None
