@@ -11,13 +11,22 @@ the chain hashes:
     hash(n) = sha256(hash(n-1) || bytes(n))          hash(0) = 64 * "0"
 
 so changing, dropping or reordering any stored record breaks every later hash.
+
+With ``INTERLOCK_LOG_KEY`` set when a run starts, its chain is *keyed*: HMAC-SHA-256
+under that key in place of plain SHA-256, same shape otherwise. Anyone who can write
+the store can recompute a plain chain; only a holder of the key can make a keyed one,
+so `verify` with the key proves the log was written by one. A keyed run says so in
+its ``run.started`` record (``chain: "hmac-sha256"`` and the key's ``key_id``, a
+digest that identifies the key without revealing it). Plain logs stay plain.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import hmac
 import math
+import os
 import time
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -25,6 +34,8 @@ from typing import Any, NamedTuple
 import orjson
 
 GENESIS = "0" * 64
+LOG_KEY_ENV = "INTERLOCK_LOG_KEY"
+KEYED = "hmac-sha256"  # a keyed run's ``chain`` (in its run.started and its row's options)
 
 Record = dict[str, Any]
 
@@ -47,6 +58,7 @@ EDGE_SKIPPED = "edge.skipped"
 EFFECT_RECORDED = "effect.recorded"
 APPROVAL_REQUESTED = "approval.requested"
 APPROVAL_DECIDED = "approval.decided"
+SNAPSHOT_TAKEN = "snapshot.taken"  # binds a snapshot to the chain: its seq and digest
 
 TERMINAL_TYPES = {
     RUN_COMPLETED: "COMPLETED",
@@ -110,8 +122,37 @@ def _plain_scalars(value: dict[Any, Any]) -> bool:
     return all(type(k) is str and plain_scalar(v) for k, v in value.items())
 
 
-def chain(prev_hash: str, data: bytes) -> str:
-    return hashlib.sha256(prev_hash.encode("ascii") + data).hexdigest()
+@dataclass(frozen=True, slots=True)
+class ChainKey:
+    """The secret of a keyed chain, and the id that names it in a log."""
+
+    secret: bytes
+    id: str
+
+    def __repr__(self) -> str:  # never print the secret
+        return f"ChainKey(id={self.id!r})"
+
+
+def chain_key(secret: str | bytes) -> ChainKey:
+    raw = secret.encode("utf-8") if isinstance(secret, str) else secret
+    return ChainKey(raw, hashlib.sha256(b"interlock-log-key-id:" + raw).hexdigest()[:16])
+
+
+def env_key() -> ChainKey | None:
+    """The key in ``$INTERLOCK_LOG_KEY``, if it is set (and not empty)."""
+    raw = os.environ.get(LOG_KEY_ENV, "")
+    return chain_key(raw) if raw else None
+
+
+def _hasher_factory(key: ChainKey | None) -> Any:
+    return _sha256 if key is None else hmac.new(key.secret, digestmod=hashlib.sha256).copy
+
+
+def chain(prev_hash: str, data: bytes, key: ChainKey | None = None) -> str:
+    hasher = _hasher_factory(key)()
+    hasher.update(prev_hash.encode("ascii"))
+    hasher.update(data)
+    return str(hasher.hexdigest())
 
 
 class Entry(NamedTuple):
@@ -138,10 +179,13 @@ _new_entry = functools.partial(tuple.__new__, Entry)
 class LogWriter:
     """Numbers, timestamps, serialises and chains the records of one run."""
 
-    def __init__(self, last_seq: int = 0, last_hash: str = GENESIS) -> None:
+    def __init__(self, last_seq: int = 0, last_hash: str = GENESIS,
+                 key: ChainKey | None = None) -> None:
         self.seq = last_seq
         self.hash = last_hash
+        self.key = key
         self._prev = last_hash.encode("ascii")  # what the next record's hash starts with
+        self._hasher = _hasher_factory(key)
 
     def make(self, rtype: str, fields: dict[str, Any]) -> tuple[Record, Entry]:
         """The next record: ``fields`` numbered, timestamped, serialised and chained.
@@ -163,7 +207,7 @@ class LogWriter:
         # orjson's result keeps a 4 KiB buffer however short the JSON; a log keeps many
         # records, so keep an exact-size copy (joining with b"" is the cheapest copy)
         data = _join((_dumps(rec, json_default, _OPTS), b""))  # positional: ~0.3 us less
-        hasher = _sha256()
+        hasher = self._hasher()
         hasher.update(self._prev)
         hasher.update(data)
         self.hash = h = hasher.hexdigest()
@@ -178,11 +222,13 @@ class ChainProblem:
     message: str
 
 
-def verify_chain(entries: list[Entry], *, start: int = 0,
-                 prev_hash: str = GENESIS) -> ChainProblem | None:
+def verify_chain(entries: list[Entry], *, start: int = 0, prev_hash: str = GENESIS,
+                 key: ChainKey | None = None, hashes: bool = True) -> ChainProblem | None:
     """The first record whose number, content or hash does not fit the chain, if any.
 
-    ``start``/``prev_hash``: the entries continue the chain after record ``start``.
+    ``start``/``prev_hash``: the entries continue the chain after record ``start``;
+    ``key``: the chain is keyed with it; ``hashes=False``: check all but the hashes (a
+    keyed log read without its key).
     """
     prev = prev_hash
     for expected, entry in enumerate(entries, start=start + 1):
@@ -197,9 +243,12 @@ def verify_chain(entries: list[Entry], *, start: int = 0,
         if rec.get("seq") != entry.seq or rec.get("type") != entry.type \
                 or (node if type(node) is str else None) != entry.node:
             return ChainProblem(entry.seq, "record's seq/type/node do not match its row")
-        want = chain(prev, entry.data)
-        if want != entry.hash:
-            return ChainProblem(entry.seq, "hash does not match the record's content and the "
-                                           "previous hash (the record was changed)")
+        if hashes and chain(prev, entry.data, key) != entry.hash:
+            what = ("its HMAC does not match the record's content, the previous hash and "
+                    "the key (the record was changed, or written without this key)"
+                    if key is not None else
+                    "hash does not match the record's content and the previous hash (the "
+                    "record was changed)")
+            return ChainProblem(entry.seq, what)
         prev = entry.hash
     return None

@@ -130,6 +130,14 @@ class Runner:
             self.listener(rec, self.view)
         return rec
 
+    def _seal(self, rtype: str, fields: dict[str, Any]) -> L.Entry:
+        """A record sealed and folded now, outside the staged batch (the caller stores it)."""
+        rec, entry = self.writer.seal(rtype, fields)
+        self.view.apply(rec)
+        if self.listener is not None:
+            self.listener(rec, self.view)
+        return entry
+
     async def flush(self) -> None:
         """Commit every staged record (one transaction); now and then, a snapshot.
 
@@ -144,12 +152,16 @@ class Runner:
             entries, self._staged = self._staged, []
             # the view matches the log up to entries[-1] right now, before any await
             snap = None
-            if entries[-1].seq - self._snapshot_seq >= self._snapshot_every:
+            if entries[-1].seq - self._snapshot_seq >= self._snapshot_every \
+                    and entries[-1].type not in L.TERMINAL_TYPES:
+                at = entries[-1].seq
                 snap = snapshots.dump(self.view, entries[-1].hash)
+                # bound to the chain: its digest rides in this batch, the row follows it
+                entries.append(self._seal(*snapshots.taken(at, snap)))
             await self.store.append(self.run_id, entries, self.summary())
             if snap is not None:
-                await self.store.save_snapshot(self.run_id, entries[-1].seq, snap)
-                self._snapshot_seq = entries[-1].seq
+                await self.store.save_snapshot(self.run_id, at, snap)
+                self._snapshot_seq = at
                 self._snapshot_every = snapshots.interval(len(snap))
         finally:
             lock.release()

@@ -10,10 +10,11 @@ import asyncio
 import contextlib
 import contextvars
 import hashlib
+import logging
 import os
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from . import _log as L
@@ -31,6 +32,8 @@ if TYPE_CHECKING:
     from ._workflow import Workflow
 
 LEASE_SECONDS = 15.0
+
+log = logging.getLogger("interlock")
 
 Listener = Callable[[L.Record, RunView], None]
 
@@ -210,14 +213,72 @@ class Loaded:
     workflow: Workflow
     view: RunView
     last: tuple[int, str]  # seq and chain hash of the run's last record
+    key: L.ChainKey | None = None  # the run's chain key, when it is keyed and we have it
+    keyed: bool = False
+    notes: list[str] = field(default_factory=list)  # what a reader should be told
 
     def writer(self) -> L.LogWriter:
         """A writer that continues the run's log."""
-        return L.LogWriter(*self.last)
+        if self.keyed and self.key is None:
+            raise UsageError(_key_missing(self.row))
+        return L.LogWriter(*self.last, key=self.key)
 
 
 def definition_hash(definition: dict[str, Any]) -> str:
     return hashlib.sha256(L.dumps(definition)).hexdigest()
+
+
+def chain_options(key: L.ChainKey | None) -> dict[str, Any]:
+    """What a new run's row and its run.started say of its chain (nothing when plain)."""
+    return {} if key is None else {"chain": L.KEYED, "key_id": key.id}
+
+
+def _key_missing(row: RunRow) -> str:
+    return (f"run {row.run_id!r} has a keyed log (key id {row.options.get('key_id')}): set "
+            f"{L.LOG_KEY_ENV} to the key it was written with to check or continue it")
+
+
+def run_key(row: RunRow) -> tuple[bool, L.ChainKey | None]:
+    """Whether the run's chain is keyed, and the key to check it with (None: not at hand).
+
+    A key that is set but is not the run's is refused: every hash would disagree.
+    """
+    if row.options.get("chain") is None:
+        return False, None
+    if row.options.get("chain") != L.KEYED:
+        raise UsageError(f"run {row.run_id!r}: its log uses the chain "
+                         f"{row.options.get('chain')!r}, which this interlock does not know; "
+                         "upgrade interlock")
+    key = L.env_key()
+    if key is not None and key.id != row.options.get("key_id"):
+        raise UsageError(f"run {row.run_id!r} was written with the log key "
+                         f"{row.options.get('key_id')}, but {L.LOG_KEY_ENV} holds the key "
+                         f"{key.id}; set it to the run's key")
+    return True, key
+
+
+def check_tail(row: RunRow, entries: list[L.Entry], start: int, start_hash: str) -> str | None:
+    """Why the log's end disagrees with the run's summary, if it does.
+
+    The summary is written in the same transaction as the records, and read before
+    them, so the log may have grown since (another process appending) but never end
+    before the summary's last record, nor hold another record there.
+    """
+    s = row.summary
+    last = entries[-1].seq if entries else start
+    if last < s.last_seq:
+        return (f"the log ends at record {last}, but the run's summary says it has "
+                f"{s.last_seq} records: records were removed from its end")
+    if s.last_seq == start:
+        at_hash = start_hash
+    elif s.last_seq > start:
+        at_hash = entries[s.last_seq - start - 1].hash
+    else:
+        return None  # before the snapshot: the caller folds the whole log and asks again
+    if at_hash != s.last_hash:
+        return (f"record {s.last_seq} is not the one the run's summary names (its hash "
+                "differs): the log was changed at its end")
+    return None
 
 
 async def load_run(store: Store, run_id: str, *, workflow: Workflow | None = None,
@@ -226,8 +287,10 @@ async def load_run(store: Store, run_id: str, *, workflow: Workflow | None = Non
 
     ``executable`` resolves the node functions (needed to continue the run); reading
     needs only the graph. ``upto`` folds the records up to that seq only (from the
-    start); otherwise the latest snapshot is used when the log still agrees with it, and
-    only the records after it are read, checked and folded.
+    start); otherwise the latest snapshot is used when it is bound to the log (its
+    digest in the ``snapshot.taken`` record after it, which the chain covers) and only
+    the records after it are read, checked and folded. A log that is broken, or whose
+    end disagrees with the run's summary, is refused.
     """
     from ._workflow import Workflow
 
@@ -235,26 +298,43 @@ async def load_run(store: Store, run_id: str, *, workflow: Workflow | None = Non
     if definition_hash(row.definition) != row.definition_hash:
         raise UsageError(f"run {run_id!r}: the stored definition does not match its hash; "
                          "it was changed after the run started")
+    keyed, key = run_key(row)
+    if keyed and key is None and executable:
+        raise UsageError(_key_missing(row))
+    notes = [_key_missing(row).replace("to check or continue it", "to check its chain")
+             + "; its hashes were not checked"] if keyed and key is None else []
     wf = Workflow.from_spec(parse(row.definition))
     if workflow is not None:
         wf._callables = dict(workflow._callables)
     plan = wf.compile() if executable else wf.reading_plan()
     view, start, start_hash = None, 0, L.GENESIS
+    entries: list[L.Entry] = []
     if upto is None:
         snap = await store.load_snapshot(run_id)
         restored = snapshots.load(plan, snap[1]) if snap is not None else None
-        if restored is not None:
+        if restored is not None and snap is not None:
             view, start_hash = restored
             start = view.seq
-    entries = await store.entries(run_id, after=start)
-    if start and (entries and entries[0].seq != start + 1):
-        view, start, start_hash = None, 0, L.GENESIS  # the snapshot does not fit: fold all
+            entries = await store.entries(run_id, after=start)
+            why = snapshots.unbound(snap[1], start, entries)
+            if why is None and row.summary.last_seq < start:
+                why = "it is past the end of the log"
+            if why is not None:
+                notes.append(f"the snapshot at record {start} was not used: {why}; "
+                             "the whole log was folded instead")
+                view, start, start_hash = None, 0, L.GENESIS
+    if start == 0:
         entries = await store.entries(run_id)
-    problem = L.verify_chain(entries, start=start, prev_hash=start_hash)
+    problem = L.verify_chain(entries, start=start, prev_hash=start_hash, key=key,
+                             hashes=not keyed or key is not None)
     if problem is not None:
         raise UsageError(f"run {run_id!r}: the log is broken at record {problem.seq} "
                          f"({problem.message}); `interlock verify {run_id}` shows the details; "
                          "a broken log is never continued")
+    tail = check_tail(row, entries, start, start_hash)
+    if tail is not None:
+        raise UsageError(f"run {run_id!r}: {tail}; `interlock verify {run_id}` shows the "
+                         "details; a broken log is never continued")
     if view is None:
         view = RunView(plan)
     for entry in entries:
@@ -262,7 +342,9 @@ async def load_run(store: Store, run_id: str, *, workflow: Workflow | None = Non
             break
         view.apply(entry.record())
     last = (entries[-1].seq, entries[-1].hash) if entries else (start, start_hash)
-    return Loaded(row, entries, wf, view, last)
+    for note in notes:
+        log.warning("run %s: %s", run_id, note)
+    return Loaded(row, entries, wf, view, last, key, keyed, notes)
 
 
 async def resume(run_id: str, decision: Decision | None = None, *,
@@ -363,48 +445,85 @@ class Verification:
     records: int
     seq: int | None = None  # the first bad record
     message: str = ""
+    keyed: bool = False  # the chain is keyed, and was checked with the key
+    notes: tuple[str, ...] = ()  # findings that do not break the log (a forged snapshot)
 
 
 async def verify(run_id: str, *, store: str | Store | None = None) -> Verification:
-    """Check the hash chain, the definition and the fold against the run's summary."""
+    """Check the hash chain, the definition and the fold against the run's summary.
+
+    A keyed log is checked with ``$INTERLOCK_LOG_KEY`` (without it, it cannot be
+    checked: not ok). With the key set, a log that is not keyed is not ok either: it
+    cannot prove that a holder of the key wrote it.
+    """
     st, owned = open_store_arg(store)
     try:
         row = await st.get_run(run_id)
         entries = await st.entries(run_id)
-        n = len(entries)
-        problem = L.verify_chain(entries)
-        if problem is not None:
-            return Verification(run_id, False, n, problem.seq, problem.message)
-        if not entries or entries[0].type != L.RUN_STARTED:
-            return Verification(run_id, False, n, 1, "the log does not begin with run.started")
-        if definition_hash(row.definition) != row.definition_hash or \
-                entries[0].record().get("definition_hash") != row.definition_hash:
-            return Verification(run_id, False, n, 1, "the stored definition does not match the "
-                                "hash recorded when the run started")
-        from ._workflow import Workflow
-
-        plan = Workflow.from_spec(parse(row.definition)).reading_plan()
-        view = RunView(plan)
-        for entry in entries:
-            try:
-                view.apply(entry.record())
-            except (InterlockError, KeyError, IndexError, TypeError, ValueError) as exc:
-                return Verification(run_id, False, n, entry.seq,
-                                    f"the record does not follow from the ones before: {exc}")
-        s = row.summary
-        facts = [("status", s.status, view.status), ("last seq", s.last_seq, entries[-1].seq),
-                 ("last hash", s.last_hash, entries[-1].hash), ("steps", s.steps, view.steps),
-                 ("tokens", s.tokens, view.tokens)]
-        for what, stored, folded in facts:
-            if stored != folded and not (what == "status" and stored in RESUMABLE
-                                         and folded in RESUMABLE):
-                return Verification(run_id, False, n, entries[-1].seq,
-                                    f"the run's summary says {what} = {stored!r} but its log "
-                                    f"gives {folded!r}")
-        return Verification(run_id, True, n)
+        return await _verify(st, row, entries)
     finally:
         if owned:
             await st.close()
+
+
+async def _verify(st: Store, row: RunRow, entries: list[L.Entry]) -> Verification:
+    run_id, n = row.run_id, len(entries)
+
+    def bad(seq: int | None, message: str) -> Verification:
+        return Verification(run_id, False, n, seq, message)
+
+    try:
+        keyed, key = run_key(row)
+    except UsageError as exc:
+        return bad(1, str(exc))
+    if keyed and key is None:
+        return bad(None, _key_missing(row))
+    if not keyed and L.env_key() is not None:
+        return bad(1, f"{L.LOG_KEY_ENV} is set, but this run's log is not keyed: it cannot "
+                      "prove that a holder of the key wrote it (a run started without the "
+                      "key, or a log rewritten without it); unset the variable to check its "
+                      "plain chain")
+    problem = L.verify_chain(entries, key=key)
+    if problem is not None:
+        return bad(problem.seq, problem.message)
+    if not entries or entries[0].type != L.RUN_STARTED:
+        return bad(1, "the log does not begin with run.started")
+    first = entries[0].record()
+    if definition_hash(row.definition) != row.definition_hash or \
+            first.get("definition_hash") != row.definition_hash:
+        return bad(1, "the stored definition does not match the hash recorded when the run "
+                      "started")
+    if (first.get("chain"), first.get("key_id")) != \
+            (row.options.get("chain"), row.options.get("key_id")):
+        return bad(1, "the run's row and its run.started record disagree about how its log "
+                      "is chained")
+    from ._workflow import Workflow
+
+    plan = Workflow.from_spec(parse(row.definition)).reading_plan()
+    view = RunView(plan)
+    for entry in entries:
+        try:
+            view.apply(entry.record())
+        except (InterlockError, KeyError, IndexError, TypeError, ValueError) as exc:
+            return bad(entry.seq, f"the record does not follow from the ones before: {exc}")
+    s = row.summary
+    facts = [("status", s.status, view.status), ("last seq", s.last_seq, entries[-1].seq),
+             ("last hash", s.last_hash, entries[-1].hash), ("steps", s.steps, view.steps),
+             ("tokens", s.tokens, view.tokens)]
+    for what, stored, folded in facts:
+        if stored != folded and not (what == "status" and stored in RESUMABLE
+                                     and folded in RESUMABLE):
+            return bad(entries[-1].seq, f"the run's summary says {what} = {stored!r} but its "
+                                        f"log gives {folded!r}")
+    notes: tuple[str, ...] = ()
+    snap = await st.load_snapshot(run_id)
+    if snap is not None:
+        seq, raw = snap
+        why = snapshots.unbound(raw, seq, entries[seq:seq + 1])
+        if why is not None:
+            notes = (f"the snapshot at record {seq} does not match the log ({why}); it is "
+                     "not used: status and resume fold the whole log",)
+    return Verification(run_id, True, n, keyed=keyed, notes=notes)
 
 
 async def fork(run_id: str, at: int, *, store: str | Store | None = None,
@@ -448,7 +567,7 @@ async def fork(run_id: str, at: int, *, store: str | Store | None = None,
                                          last_hash=prefix[-1].hash, updated_at=now),
                          parent_run=run_id, parent_seq=at)
         await st.create_run(new_row, prefix)
-        writer = L.LogWriter(at, prefix[-1].hash)
+        writer = L.LogWriter(at, prefix[-1].hash, key=loaded.key)
         # run.forked re-opens the run at that point, whatever its status was there
         return await drive(loaded.workflow.compile(), st, rid, loaded.view, writer,
                            first=[(L.RUN_FORKED, fields)], listener=listener)

@@ -23,7 +23,7 @@ from ._errors import Diagnostic, UsageError, WorkflowError
 from ._fold import RunView
 from ._model import DEFAULT_STEPS, WorkflowSpec
 from ._plan import Plan, build_plan
-from ._runs import RunResult, drive, make_run_id, open_store_arg
+from ._runs import RunResult, chain_options, drive, make_run_id, open_store_arg
 from ._spec import load_spec, parse
 from ._state import check_whole_values
 from ._store import RunRow, Store, Summary
@@ -313,17 +313,20 @@ class Workflow:
         st, owned = open_store_arg(store)
         try:
             rid = run_id or make_run_id()
-            writer = L.LogWriter()
+            key = L.env_key()
+            writer = L.LogWriter(key=key)
             now = time.time()
             definition_hash = self.definition_hash()
+            chain = chain_options(key)
             rec, entry = writer.make(L.RUN_STARTED, {
                 "workflow": spec.workflow, "definition_hash": definition_hash,
-                "input": data, "config": cfg, "limits": lim})
+                "input": data, "config": cfg, "limits": lim, **chain})
             view = RunView(plan)
             view.apply(rec)
             row = RunRow(run_id=rid, workflow=spec.workflow, definition=self.definition(),
                          definition_hash=definition_hash, input=data,
-                         options={"config": dict(config or {}), "limits": dict(limits or {})},
+                         options={"config": dict(config or {}), "limits": dict(limits or {}),
+                                  **chain},
                          created_at=now,
                          summary=Summary(status="RUNNING", last_seq=1, last_hash=writer.hash,
                                          updated_at=now))

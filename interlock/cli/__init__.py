@@ -21,6 +21,7 @@ summary, `_inspect` the ones that only look (validate, graph, status, runs, veri
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from typing import Any
@@ -66,6 +67,17 @@ def cli() -> None:
     Exit codes: 0 completed, 1 failed, 2 invalid usage or workflow,
     3 waiting for approval, 4 rejected.
     """
+    log = logging.getLogger("interlock")
+    if not any(isinstance(h, _Warnings) for h in log.handlers):
+        log.addHandler(_Warnings(logging.WARNING))
+
+
+class _Warnings(logging.Handler):
+    """The library's warnings (``logging.getLogger("interlock")``) on stderr, as the
+    CLI's own are: ``warning: ...``."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        click.echo(f"warning: {record.getMessage()}", err=True)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -321,13 +321,21 @@ def _print_columns(header: list[str], body: list[list[str]], *, right: set[int],
 @click.argument("run_id", metavar="RUN_ID")
 @store_option
 def verify(run_id: str, store_url: str | None) -> None:
-    """Check RUN_ID's hash chain, its stored definition, and that every record follows
-    from the ones before it. Exits 0 when intact, 1 naming the first bad record."""
+    """Check RUN_ID's hash chain, its stored definition, that every record follows
+    from the ones before it, and that the log ends where the run's summary says.
+    Exits 0 when intact, 1 naming the first bad record.
+
+    A keyed log (a run started with INTERLOCK_LOG_KEY set) is checked with the key:
+    then "ok" also proves the log was written by a holder of the key."""
     from .._runs import verify as run_verify
 
     v = call_engine(run_verify(run_id, store=store_url))
+    for note in v.notes:
+        click.echo(f"warning: {note}", err=True)
     if v.ok:
-        click.echo(f"ok: {run_id} ({_plural(v.records, 'record')}, chain and fold verified)")
+        how = ("keyed chain (HMAC-SHA-256) and fold verified: written by a holder of "
+               "INTERLOCK_LOG_KEY" if v.keyed else "chain and fold verified")
+        click.echo(f"ok: {run_id} ({_plural(v.records, 'record')}, {how})")
         return
     click.echo(f"broken: {run_id} at record {v.seq} of {v.records}: {v.message}")
     sys.exit(EXIT_FAILED)
