@@ -28,3 +28,16 @@ def test_doc_example_runs(name: str, code: str, tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     for expected in re.findall(r"# (\{.*\}|\[.*\]|fixed=.*)$", code, re.M):
         assert expected in proc.stdout, f"{name}: expected {expected!r} in {proc.stdout!r}"
+
+
+def test_every_limit_is_documented_with_its_variable_and_default() -> None:
+    from interlock import _limits
+
+    text = (DOCS / "security.md").read_text()
+    for limit in _limits.ALL:
+        rows = [line for line in text.splitlines() if f"`{limit.env}`" in line]
+        assert rows, f"{limit.env} is not in docs/security.md"
+        default = limit.default
+        shown = {f"{default:,}", f"{default // _limits.MiB} MiB"} if default % _limits.MiB == 0 \
+            else {f"{default:,}"}
+        assert any(s in rows[0] for s in shown), (limit.env, shown, rows[0])
