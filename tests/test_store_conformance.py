@@ -72,9 +72,9 @@ def _with_search_path(url: str, schema: str) -> str:
 @pytest.fixture
 def pg_schema_url() -> Iterator[str]:
     """A PostgreSQL URL whose tables go into a fresh schema, dropped afterwards."""
+    url = _postgres_url_or_skip()  # skips (before importing psycopg) without the extra
     import psycopg
 
-    url = _postgres_url_or_skip()
     schema = f"ilt_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(f"CREATE SCHEMA {schema}")
