@@ -1,17 +1,46 @@
-"""The typed context a node receives as its second argument, and `goto`."""
+"""The typed context a node receives as its second argument, and `goto`.
+
+A `Context` talks to the run executing it through a `Port`: a small protocol the
+scheduler implements (charge tokens, look up and record an effect, append a record,
+read a human's confirmation). It imports nothing of the scheduler.
+"""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from ._errors import UsageError
+from ._errors import RunError, UsageError
 
-if TYPE_CHECKING:
-    from ._errors import RunError
-    from ._runner import Runner
+
+class Port(Protocol):
+    """What a node's `Context` needs of the run executing it."""
+
+    @property
+    def run_id(self) -> str: ...
+
+    @property
+    def config(self) -> Mapping[str, Any]: ...
+
+    def charge_tokens(self, ctx: Context, n: int) -> None:
+        """Charge ``n`` tokens to ``ctx``'s visit and the run (raises over a budget)."""
+
+    def recorded_effect(self, ctx: Context, key: str) -> tuple[bool, Any]:
+        """``(True, result)`` if the visit's effect ``key`` is in the log."""
+
+    async def record_effect(self, ctx: Context, key: str, result: Any) -> Any:
+        """Commit the effect's result (JSON data) and return it as the log holds it."""
+
+    async def log_record(self, ctx: Context, rtype: str, fields: Mapping[str, Any]) -> None:
+        """Commit a record of the node's own."""
+
+    def confirmation(self, ctx: Context, key: str) -> str | None:
+        """A human's decision on the visit's confirmation ``key``, if one was made."""
+
+    def effect_keys(self, node: str) -> Iterable[str]:
+        """The keys of every effect ``node`` recorded in this run (every visit)."""
 
 
 class PauseRequested(BaseException):
@@ -50,17 +79,17 @@ class Context:
     iterations): use it as the key of an external side effect.
     """
 
-    __slots__ = ("_over", "_runner", "_tokens", "_unsaved", "attempt", "config",
+    __slots__ = ("_over", "_port", "_tokens", "_unsaved", "attempt", "config",
                  "idempotency_key", "node", "run_id", "visit")
 
-    def __init__(self, runner: Runner, node: str, visit: int, attempt: int) -> None:
-        self._runner = runner
-        self.run_id: str = runner.run_id
+    def __init__(self, port: Port, node: str, visit: int, attempt: int) -> None:
+        self._port = port
+        self.run_id: str = port.run_id
         self.node = node
         self.visit = visit
         self.attempt = attempt
-        self.config: Mapping[str, Any] = runner.config
-        self.idempotency_key = f"{runner.run_id}:{node}:{visit}"
+        self.config: Mapping[str, Any] = port.config
+        self.idempotency_key = f"{port.run_id}:{node}:{visit}"
         self._tokens = 0
         self._unsaved = 0  # of those, not yet in a record (an effect's, or the attempt's end)
         self._over: RunError | None = None  # set when this visit crossed a budget
@@ -81,7 +110,7 @@ class Context:
         """
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise ValueError(f"record_tokens takes a non-negative int, got {n!r}")
-        self._runner.charge_tokens(self, n)
+        self._port.charge_tokens(self, n)
 
     def once(self, key: str, fn: Callable[..., Any], *args: Any) -> Coroutine[Any, Any, Any]:
         """Run the side effect ``fn(*args)`` once for this visit and ``key``:
@@ -95,13 +124,21 @@ class Context:
         return self._once(key, fn, *args)
 
     async def _once(self, key: str, fn: Callable[..., Any], *args: Any) -> Any:
-        found, value = self._runner.recorded_effect(self, key)
+        found, value = self._port.recorded_effect(self, key)
         if found:
             return value
         result = fn(*args)
         if isinstance(result, Awaitable) or asyncio.iscoroutine(result):
             result = await result
-        return await self._runner.record_effect(self, key, result)
+        return await self._port.record_effect(self, key, result)
+
+    def recorded(self, key: str) -> tuple[bool, Any]:
+        """``(True, result)`` when this visit's `once` of ``key`` is in the log already."""
+        return self._port.recorded_effect(self, key)
+
+    def effect_keys(self) -> list[str]:
+        """The keys of every `once` this node recorded in this run (all its visits)."""
+        return list(self._port.effect_keys(self.node))
 
     def log(self, type: str, fields: Mapping[str, Any] | None = None
             ) -> Coroutine[Any, Any, None]:
@@ -114,7 +151,7 @@ class Context:
         A re-run of the visit logs again: log from inside `once` to log only once.
         """
         _awaitable_here("log")
-        return self._runner.log_record(self, type, fields or {})
+        return self._port.log_record(self, type, fields or {})
 
     def confirm(self, key: str, show: Mapping[str, Any]) -> str:
         """Ask a human before doing something (a guarded tool call, a destructive step).
@@ -125,7 +162,7 @@ class Context:
         from the top -- so do the work before this point through `once`, which
         replays it instead of repeating it.
         """
-        decision = self._runner.view.confirmations.get((self.node, self.visit, key))
+        decision = self._port.confirmation(self, key)
         if decision is not None:
             return decision
         raise PauseRequested(key, show)

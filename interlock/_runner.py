@@ -783,6 +783,12 @@ class Runner:
     def charge_tokens(self, ctx: Context, n: int) -> None:
         self.budget.charge(ctx, n)
 
+    def confirmation(self, ctx: Context, key: str) -> str | None:
+        return self.view.confirmations.get((ctx.node, ctx.visit, key))
+
+    def effect_keys(self, node: str) -> list[str]:
+        return [key for n, _, key in self.view.effects if n == node]
+
 
 _PLAIN_VALUES = frozenset({bool, str, float})  # an edge's value JSON keeps as it is
 _OWN_TYPE = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+$")

@@ -441,7 +441,7 @@ def _restart_point(ctx: Context) -> tuple[int, int]:
     """(conversations that failed for good in this visit, the turn the next one starts at)."""
     failures = turn = 0
     while True:
-        found, value = ctx._runner.recorded_effect(ctx, f"agent-failed-{failures}")
+        found, value = ctx.recorded(f"agent-failed-{failures}")
         if not found:
             return failures, turn
         turn = int(value.get("next_turn", turn)) if isinstance(value, dict) else turn
@@ -450,8 +450,7 @@ def _restart_point(ctx: Context) -> tuple[int, int]:
 
 def _calls_made(ctx: Context) -> int:
     """Model calls this node made in this run so far (every visit), from the journal."""
-    return sum(1 for node, _, key in ctx._runner.view.effects
-               if node == ctx.node and key.startswith("llm-"))
+    return sum(1 for key in ctx.effect_keys() if key.startswith("llm-"))
 
 
 def _assistant(reply: Reply) -> dict[str, Any]:
