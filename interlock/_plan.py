@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ._expr import Expression
 from ._graph import Concurrency, back_edges, sccs
+from ._kinds import NodeKind
 from ._model import END, START, EdgeSpec, NodeSpec, WorkflowSpec
 from ._signature import param_count
 
@@ -156,10 +157,12 @@ def _adjacency(spec: WorkflowSpec) -> dict[str, list[str]]:
 
 def build_plan(spec: WorkflowSpec, *, callables: dict[str, Callable[..., Any]],
                expressions: dict[str, Expression],
-               concurrency: Concurrency | None = None) -> Plan:
+               concurrency: Concurrency | None = None,
+               kinds: Sequence[NodeKind] = ()) -> Plan:
     """Assemble the plan. ``callables`` maps every call path (nodes and routers) to its
     function and ``expressions`` every source text to its compiled form; both were
-    resolved by validation, which also guaranteed the graph is well formed."""
+    resolved by validation, which also guaranteed the graph is well formed. ``kinds``
+    build the bodies of the nodes they own."""
     adj = _adjacency(spec)
     back = frozenset(back_edges(adj, spec.nodes))
     comp = sccs(adj, spec.nodes)
@@ -173,10 +176,9 @@ def build_plan(spec: WorkflowSpec, *, callables: dict[str, Callable[..., Any]],
     nodes: dict[str, PlanNode] = {}
     for name, ns in spec.nodes.items():
         fn = callables.get(ns.call) if ns.call else None
-        if ns.agent is not None:  # an async fn(state, ctx) built from the agent block
-            from .agents import build_agent_node
-
-            fn = build_agent_node(name, ns.agent, ns, callables=callables, workflow=spec)
+        for kind in kinds:  # an async fn(state, ctx) built from the node's block
+            if kind.owns(ns):
+                fn = kind.build(name, ns, callables=callables, workflow=spec)
         nodes[name] = PlanNode(
             name=name, spec=ns, fn=fn,
             is_async=bool(fn and is_async_callable(fn)),

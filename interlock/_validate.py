@@ -8,7 +8,7 @@ than doing the work twice.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +16,7 @@ from ._callables import import_callable
 from ._errors import Diagnostic, Severity
 from ._expr import Expression, ExpressionSyntaxError, compile_expression
 from ._graph import Concurrency, back_edges, reachable, reverse, sccs
+from ._kinds import NodeKind
 from ._model import END, START, EdgeSpec, WorkflowSpec
 from ._spec import locate
 
@@ -38,9 +39,11 @@ class CheckResult:
 
 
 class _Checker:
-    def __init__(self, spec: WorkflowSpec, provided: dict[str, Callable[..., Any]]) -> None:
+    def __init__(self, spec: WorkflowSpec, provided: dict[str, Callable[..., Any]],
+                 kinds: Sequence[NodeKind]) -> None:
         self.spec = spec
         self.provided = provided
+        self.kinds = kinds
         self.result = CheckResult()
 
     def add(self, severity: Severity, message: str, path: tuple[Any, ...], code: str) -> None:
@@ -67,10 +70,9 @@ class _Checker:
         for name, ns in self.spec.nodes.items():
             if ns.call is not None:
                 self.resolve(ns.call, ("nodes", name, "call"), f"node {name!r}")
-            if ns.agent is not None:
-                from .agents import check_agent
-
-                check_agent(self, name, ns)
+            for kind in self.kinds:
+                if kind.owns(ns):
+                    kind.check(self, name, ns)
             if ns.approval is not None:
                 tgt = ns.approval.on_timeout
                 if tgt != "reject" and tgt not in self.spec.nodes:
@@ -422,7 +424,7 @@ def _did_you_mean(name: str, known: Any) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-def check(spec: WorkflowSpec,
-          provided: dict[str, Callable[..., Any]] | None = None) -> CheckResult:
-    """Run every static check on ``spec``."""
-    return _Checker(spec, provided or {}).run()
+def check(spec: WorkflowSpec, provided: dict[str, Callable[..., Any]] | None = None, *,
+          kinds: Sequence[NodeKind] = ()) -> CheckResult:
+    """Run every static check on ``spec``; ``kinds`` check the nodes they own."""
+    return _Checker(spec, provided or {}, kinds).run()

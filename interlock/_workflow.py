@@ -28,6 +28,10 @@ from ._spec import load_spec, parse
 from ._state import check_whole_values
 from ._store import RunRow, Store, Summary
 from ._validate import check
+from .agents import KIND as AGENT_KIND
+
+#: the node kinds beyond a plain call that a workflow may use (`interlock._kinds`)
+NODE_KINDS = (AGENT_KIND,)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -245,18 +249,18 @@ class Workflow:
 
     def check(self) -> list[Diagnostic]:
         """Every diagnostic (errors and warnings) without raising."""
-        return check(self.spec, self._callables).diagnostics
+        return check(self.spec, self._callables, kinds=NODE_KINDS).diagnostics
 
     def compile(self) -> Plan:
         """Validate and compile once. Raises WorkflowError listing every error."""
         if self._plan is None:
-            result = check(self.spec, self._callables)
+            result = check(self.spec, self._callables, kinds=NODE_KINDS)
             if result.errors:
                 raise WorkflowError(result.diagnostics)
             self._warnings = result.warnings
             self._plan = build_plan(self.spec, callables=result.callables,
                                     expressions=result.expressions,
-                                    concurrency=result.concurrency)
+                                    concurrency=result.concurrency, kinds=NODE_KINDS)
         return self._plan
 
     def reading_plan(self) -> Plan:
@@ -267,7 +271,7 @@ class Workflow:
 
         exprs = {src: compile_expression(src) for e in self.spec.edges
                  for src in (e.when, e.switch) if src is not None}
-        return build_plan(self.spec, callables={}, expressions=exprs)
+        return build_plan(self.spec, callables={}, expressions=exprs, kinds=NODE_KINDS)
 
     @property
     def warnings(self) -> list[Diagnostic]:

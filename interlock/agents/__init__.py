@@ -18,6 +18,11 @@ or run, never by ``import interlock``.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from .._kinds import Checker
+from .._model import NodeSpec, WorkflowSpec
 from ._check import check_agent
 from ._errors import (
     AgentConfigError,
@@ -36,9 +41,31 @@ from ._node import build_agent_node
 from ._providers import ChatRequest, OpenAIProvider, Provider, Reply, ScriptedProvider, ToolCall
 from ._spec import AgentSpec, ScriptedReply, ToolSpec
 
+
+class AgentKind:
+    """The ``agent:`` node kind, as validation and the plan take it (`interlock._kinds`)."""
+
+    name = "agent"
+
+    def owns(self, node: NodeSpec) -> bool:
+        return node.agent is not None
+
+    def check(self, checker: Checker, name: str, node: NodeSpec) -> None:
+        check_agent(checker, name, node)
+
+    def build(self, name: str, node: NodeSpec, *, callables: Mapping[str, Callable[..., Any]],
+              workflow: WorkflowSpec) -> Callable[..., Any]:
+        assert node.agent is not None
+        return build_agent_node(name, node.agent, node, callables=callables, workflow=workflow)
+
+
+KIND = AgentKind()
+
 __all__ = [
+    "KIND",
     "AgentConfigError",
     "AgentError",
+    "AgentKind",
     "AgentOutputError",
     "AgentSpec",
     "AgentTurnsError",

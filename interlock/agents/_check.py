@@ -4,31 +4,15 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from .._kinds import Checker
 from .._model import NodeSpec, WorkflowSpec
 from ._errors import ToolDefinitionError
 from ._spec import AgentSpec
 from ._tools import make_tool
-
-
-class _Result(Protocol):
-    callables: dict[str, Callable[..., Any]]
-
-
-class Checker(Protocol):
-    """What `interlock._validate` offers: report a finding, resolve a call path."""
-
-    spec: WorkflowSpec
-
-    @property
-    def result(self) -> _Result: ...
-
-    def add(self, severity: Any, message: str, path: tuple[Any, ...], code: str) -> None: ...
-
-    def resolve(self, path: str, where: tuple[Any, ...], what: str) -> None: ...
 
 
 def check_agent(checker: Checker, name: str, ns: NodeSpec) -> None:
