@@ -9,6 +9,7 @@ reads only this model. Its JSON dump is what a run stores as its definition.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -17,9 +18,12 @@ from pydantic import (
     ConfigDict,
     Field,
     PrivateAttr,
+    ValidationError,
     field_validator,
     model_validator,
 )
+
+from ._errors import UsageError
 
 START = "START"
 END = "END"
@@ -356,3 +360,23 @@ class SourceMap:
             if not path:
                 return None
             path = path[:-1]
+
+
+def check_limits(limits: Mapping[str, Any], *, base: Mapping[str, Any] | None = None
+                 ) -> dict[str, Any]:
+    """Per-run limit overrides, validated (durations parsed); UsageError when wrong."""
+    unknown = set(limits) - set(LimitsSpec.model_fields)
+    if unknown:
+        raise UsageError(f"unknown limit(s) {sorted(unknown)}; limits are "
+                         f"{sorted(LimitsSpec.model_fields)}")
+    try:
+        checked = LimitsSpec.model_validate({**(base or {}), **limits})
+    except ValidationError as exc:
+        raise UsageError(f"invalid {_pydantic_message(exc, 'limits')}") from None
+    merged = checked.model_dump(exclude_none=True)
+    return {k: merged[k] for k in limits if k in merged}
+
+
+def _pydantic_message(exc: ValidationError, prefix: str) -> str:
+    return "; ".join(f"{'.'.join(map(str, (prefix, *e['loc'])))}: {e['msg']}"
+                     for e in exc.errors())

@@ -15,12 +15,14 @@ import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from . import _log as L
 from . import _snapshot as snapshots
+from ._compile import compile_spec, reading_plan
 from ._errors import InterlockError, UsageError
 from ._fold import RunView
+from ._model import WorkflowSpec, check_limits
 from ._plan import Plan
 from ._runner import Runner
 from ._spec import parse
@@ -29,7 +31,14 @@ from ._store import RunRow, Store, open_store, this_owner
 
 if TYPE_CHECKING:
     from ._approvals import Decision
-    from ._workflow import Workflow
+
+
+class Functions(Protocol):
+    """What a resume needs of a `Workflow` besides the stored definition: the Python
+    functions of its builder-made nodes, by call path."""
+
+    @property
+    def callables(self) -> Mapping[str, Callable[..., Any]]: ...
 
 LEASE_SECONDS = 15.0
 
@@ -210,7 +219,8 @@ class _Watcher:
 class Loaded:
     row: RunRow
     entries: list[L.Entry]  # the records folded from the log (after the snapshot, if one)
-    workflow: Workflow
+    spec: WorkflowSpec  # the definition the run started with
+    plan: Plan  # its plan: executable (functions resolved) or for reading only
     view: RunView
     last: tuple[int, str]  # seq and chain hash of the run's last record
     key: L.ChainKey | None = None  # the run's chain key, when it is keyed and we have it
@@ -281,7 +291,7 @@ def check_tail(row: RunRow, entries: list[L.Entry], start: int, start_hash: str)
     return None
 
 
-async def load_run(store: Store, run_id: str, *, workflow: Workflow | None = None,
+async def load_run(store: Store, run_id: str, *, workflow: Functions | None = None,
                    executable: bool = False, upto: int | None = None) -> Loaded:
     """Read a run, check its chain, rebuild its workflow from the stored definition and fold.
 
@@ -292,8 +302,6 @@ async def load_run(store: Store, run_id: str, *, workflow: Workflow | None = Non
     the records after it are read, checked and folded. A log that is broken, or whose
     end disagrees with the run's summary, is refused.
     """
-    from ._workflow import Workflow
-
     row = await store.get_run(run_id)
     if definition_hash(row.definition) != row.definition_hash:
         raise UsageError(f"run {run_id!r}: the stored definition does not match its hash; "
@@ -303,10 +311,9 @@ async def load_run(store: Store, run_id: str, *, workflow: Workflow | None = Non
         raise UsageError(_key_missing(row))
     notes = [_key_missing(row).replace("to check or continue it", "to check its chain")
              + "; its hashes were not checked"] if keyed and key is None else []
-    wf = Workflow.from_spec(parse(row.definition))
-    if workflow is not None:
-        wf._callables = dict(workflow._callables)
-    plan = wf.compile() if executable else wf.reading_plan()
+    spec = parse(row.definition)
+    plan = compile_spec(spec, workflow.callables if workflow is not None else {})[0] \
+        if executable else reading_plan(spec)
     view, start, start_hash = None, 0, L.GENESIS
     entries: list[L.Entry] = []
     if upto is None:
@@ -344,11 +351,11 @@ async def load_run(store: Store, run_id: str, *, workflow: Workflow | None = Non
     last = (entries[-1].seq, entries[-1].hash) if entries else (start, start_hash)
     for note in notes:
         log.warning("run %s: %s", run_id, note)
-    return Loaded(row, entries, wf, view, last, key, keyed, notes)
+    return Loaded(row, entries, spec, plan, view, last, key, keyed, notes)
 
 
 async def resume(run_id: str, decision: Decision | None = None, *,
-                 store: str | Store | None = None, workflow: Workflow | None = None,
+                 store: str | Store | None = None, workflow: Functions | None = None,
                  config: Mapping[str, Any] | None = None,
                  limits: Mapping[str, Any] | None = None, force: bool = False,
                  listener: Listener | None = None) -> RunResult:
@@ -363,12 +370,12 @@ async def resume(run_id: str, decision: Decision | None = None, *,
     try:
         loaded = await load_run(st, run_id, workflow=workflow, executable=True)
         view = loaded.view
-        fields = _overrides(loaded.workflow, config, limits)
+        fields = _overrides(config, limits)
         first: list[tuple[str, dict[str, Any]]] = []
         if view.status == "WAITING_APPROVAL":
-            first += expire(loaded.workflow.spec, view)
+            first += expire(loaded.spec, view)
             if decision is not None:
-                first += decide(loaded.workflow.spec, view, decision, expired=first)
+                first += decide(loaded.spec, view, decision, expired=first)
             elif not first:
                 gate = view.pending_gates()[0]
                 raise UsageError(f"run {run_id!r} is waiting for a decision at {gate.node!r}; "
@@ -381,7 +388,7 @@ async def resume(run_id: str, decision: Decision | None = None, *,
             raise UsageError(f"run {run_id!r} is {view.status}; only a failed, interrupted or "
                              "waiting run can be resumed")
         resumed = dict(fields, by=decision.by if decision else None)
-        return await drive(loaded.workflow.compile(), st, run_id, view, loaded.writer(),
+        return await drive(loaded.plan, st, run_id, view, loaded.writer(),
                            first=[(L.RUN_RESUMED, resumed), *first], force=force,
                            listener=listener)
     finally:
@@ -389,14 +396,12 @@ async def resume(run_id: str, decision: Decision | None = None, *,
             await st.close()
 
 
-def _overrides(wf: Workflow, config: Mapping[str, Any] | None,
+def _overrides(config: Mapping[str, Any] | None,
                limits: Mapping[str, Any] | None) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if config:
         out["config"] = L.to_json_value(dict(config))
     if limits:
-        from ._workflow import check_limits
-
         out["limits"] = check_limits(limits)
     return out
 
@@ -497,9 +502,7 @@ async def _verify(st: Store, row: RunRow, entries: list[L.Entry]) -> Verificatio
             (row.options.get("chain"), row.options.get("key_id")):
         return bad(1, "the run's row and its run.started record disagree about how its log "
                       "is chained")
-    from ._workflow import Workflow
-
-    plan = Workflow.from_spec(parse(row.definition)).reading_plan()
+    plan = reading_plan(parse(row.definition))
     view = RunView(plan)
     for entry in entries:
         try:
@@ -527,7 +530,7 @@ async def _verify(st: Store, row: RunRow, entries: list[L.Entry]) -> Verificatio
 
 
 async def fork(run_id: str, at: int, *, store: str | Store | None = None,
-               workflow: Workflow | None = None, config: Mapping[str, Any] | None = None,
+               workflow: Functions | None = None, config: Mapping[str, Any] | None = None,
                patch: Mapping[str, Any] | None = None, new_run_id: str | None = None,
                limits: Mapping[str, Any] | None = None,
                listener: Listener | None = None) -> RunResult:
@@ -549,13 +552,13 @@ async def fork(run_id: str, at: int, *, store: str | Store | None = None,
         if patch:
             from ._approvals import check_patch
 
-            check_patch(loaded.workflow.spec, loaded.view, dict(patch))  # as modify's is
+            check_patch(loaded.spec, loaded.view, dict(patch))  # as modify's is
         prefix = loaded.entries[:at]
-        fields = _overrides(loaded.workflow, config, limits)
+        fields = _overrides(config, limits)
         now = time.time()
         fields.update(parent_run=run_id, parent_seq=at,
                       patch=L.to_json_value(dict(patch)) if patch else None,
-                      deadlines=_fresh_deadlines(loaded.workflow, loaded.view, now) or None)
+                      deadlines=_fresh_deadlines(loaded.spec, loaded.view, now) or None)
         rid = new_run_id or make_run_id()
         row = loaded.row
         from ._store import Summary
@@ -569,19 +572,20 @@ async def fork(run_id: str, at: int, *, store: str | Store | None = None,
         await st.create_run(new_row, prefix)
         writer = L.LogWriter(at, prefix[-1].hash, key=loaded.key)
         # run.forked re-opens the run at that point, whatever its status was there
-        return await drive(loaded.workflow.compile(), st, rid, loaded.view, writer,
+        return await drive(loaded.plan, st, rid, loaded.view, writer,
                            first=[(L.RUN_FORKED, fields)], listener=listener)
     finally:
         if owned:
             await st.close()
 
 
-def _fresh_deadlines(wf: Workflow, view: RunView, now: float) -> list[dict[str, Any]]:
+def _fresh_deadlines(spec: WorkflowSpec, view: RunView, now: float
+                     ) -> list[dict[str, Any]]:
     """A fork that waits at an approval gives it its full ``timeout`` again, from now: the
     parent's deadline has usually passed, and a fork is a new run."""
     out = []
     for gate in view.pending_gates():
-        ns = wf.spec.nodes[gate.node]
+        ns = spec.nodes[gate.node]
         if gate.kind == "approval" and ns.approval is not None and ns.approval.timeout:
             out.append({"node": gate.node, "visit": gate.visit,
                         "deadline": round(now + ns.approval.timeout, 6)})
@@ -618,7 +622,7 @@ async def cancel(run_id: str, *, by: str | None = None, store: str | Store | Non
             return await status(run_id, store=st)
         try:
             loaded = await load_run(st, run_id)  # again: it may have moved before our claim
-            runner = Runner(loaded.workflow.reading_plan(), st, run_id, loaded.view,
+            runner = Runner(loaded.plan, st, run_id, loaded.view,
                             loaded.writer())
             await runner.commit([(L.RUN_CANCELLED, {"by": by, "error": {
                 "type": "cancelled", "node": None,

@@ -15,23 +15,17 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
-from pydantic import ValidationError
-
 from . import _log as L
 from ._approvals import Decision
-from ._errors import Diagnostic, UsageError, WorkflowError
+from ._compile import check_spec, compile_spec, reading_plan
+from ._errors import Diagnostic, UsageError
 from ._fold import RunView
-from ._model import DEFAULT_STEPS, WorkflowSpec
-from ._plan import Plan, build_plan
+from ._model import DEFAULT_STEPS, WorkflowSpec, check_limits
+from ._plan import Plan
 from ._runs import RunResult, chain_options, drive, make_run_id, open_store_arg
 from ._spec import load_spec, parse
 from ._state import check_whole_values
 from ._store import RunRow, Store, Summary
-from ._validate import check
-from .agents import KIND as AGENT_KIND
-
-#: the node kinds beyond a plain call that a workflow may use (`interlock._kinds`)
-NODE_KINDS = (AGENT_KIND,)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -249,29 +243,23 @@ class Workflow:
 
     def check(self) -> list[Diagnostic]:
         """Every diagnostic (errors and warnings) without raising."""
-        return check(self.spec, self._callables, kinds=NODE_KINDS).diagnostics
+        return check_spec(self.spec, self._callables).diagnostics
 
     def compile(self) -> Plan:
         """Validate and compile once. Raises WorkflowError listing every error."""
         if self._plan is None:
-            result = check(self.spec, self._callables, kinds=NODE_KINDS)
-            if result.errors:
-                raise WorkflowError(result.diagnostics)
-            self._warnings = result.warnings
-            self._plan = build_plan(self.spec, callables=result.callables,
-                                    expressions=result.expressions,
-                                    concurrency=result.concurrency, kinds=NODE_KINDS)
+            self._plan, self._warnings = compile_spec(self.spec, self._callables)
         return self._plan
 
     def reading_plan(self) -> Plan:
         """The graph for reading stored runs: expressions compiled, nothing imported."""
-        if self._plan is not None:
-            return self._plan
-        from ._expr import compile_expression
+        return self._plan if self._plan is not None else reading_plan(self.spec)
 
-        exprs = {src: compile_expression(src) for e in self.spec.edges
-                 for src in (e.when, e.switch) if src is not None}
-        return build_plan(self.spec, callables={}, expressions=exprs, kinds=NODE_KINDS)
+    @property
+    def callables(self) -> Mapping[str, Callable[..., Any]]:
+        """The Python functions given to the builder, by the call path the definition
+        names them with (what a resume needs besides the stored definition)."""
+        return dict(self._callables)
 
     @property
     def warnings(self) -> list[Diagnostic]:
@@ -404,28 +392,6 @@ def _effective(spec: WorkflowSpec, config: Mapping[str, Any] | None,
     cfg = {**spec.config, **(config or {})}
     lim = {**declared, **check_limits(limits, base=declared)} if limits else dict(declared)
     return L.to_json_value(cfg), lim
-
-
-def check_limits(limits: Mapping[str, Any], *, base: Mapping[str, Any] | None = None
-                 ) -> dict[str, Any]:
-    """Per-run limit overrides, validated (durations parsed); UsageError when wrong."""
-    from ._model import LimitsSpec
-
-    unknown = set(limits) - set(LimitsSpec.model_fields)
-    if unknown:
-        raise UsageError(f"unknown limit(s) {sorted(unknown)}; limits are "
-                         f"{sorted(LimitsSpec.model_fields)}")
-    try:
-        checked = LimitsSpec.model_validate({**(base or {}), **limits})
-    except ValidationError as exc:
-        raise UsageError(f"invalid {_pydantic_message(exc, 'limits')}") from None
-    merged = checked.model_dump(exclude_none=True)
-    return {k: merged[k] for k in limits if k in merged}
-
-
-def _pydantic_message(exc: ValidationError, prefix: str) -> str:
-    return "; ".join(f"{'.'.join(map(str, (prefix, *e['loc'])))}: {e['msg']}"
-                     for e in exc.errors())
 
 
 def _names(value: str | Iterable[str]) -> list[str]:

@@ -1,0 +1,46 @@
+"""From a definition to a plan, with the node kinds interlock ships.
+
+Validation (`_validate.check`) and the plan (`_plan.build_plan`) take node kinds
+as arguments; this is where the shipped ones (``agent:``) are wired in, below both
+the stored-run functions (`_runs`, which rebuild a run's plan from the definition it
+stored) and the façade (`Workflow`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ._errors import Diagnostic, WorkflowError
+from ._expr import compile_expression
+from ._model import WorkflowSpec
+from ._plan import Plan, build_plan
+from ._validate import CheckResult, check
+from .agents import KIND as AGENT_KIND
+
+#: the node kinds beyond a plain call that a workflow may use (`interlock._kinds`)
+NODE_KINDS = (AGENT_KIND,)
+
+
+def check_spec(spec: WorkflowSpec, callables: Mapping[str, Callable[..., Any]]) -> CheckResult:
+    """Every static check of ``spec`` (``callables``: functions given by the builder)."""
+    return check(spec, dict(callables), kinds=NODE_KINDS)
+
+
+def compile_spec(spec: WorkflowSpec, callables: Mapping[str, Callable[..., Any]]
+                 ) -> tuple[Plan, list[Diagnostic]]:
+    """Validate and compile ``spec``: its plan and its warnings. Raises WorkflowError
+    listing every error."""
+    result = check_spec(spec, callables)
+    if result.errors:
+        raise WorkflowError(result.diagnostics)
+    plan = build_plan(spec, callables=result.callables, expressions=result.expressions,
+                      concurrency=result.concurrency, kinds=NODE_KINDS)
+    return plan, result.warnings
+
+
+def reading_plan(spec: WorkflowSpec) -> Plan:
+    """The graph for reading stored runs: expressions compiled, nothing imported."""
+    exprs = {src: compile_expression(src) for e in spec.edges
+             for src in (e.when, e.switch) if src is not None}
+    return build_plan(spec, callables={}, expressions=exprs, kinds=NODE_KINDS)
