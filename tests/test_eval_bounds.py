@@ -126,3 +126,61 @@ def test_a_loop_with_an_expensive_admitted_condition_can_be_cancelled() -> None:
         assert (await interlock.verify("c1", store=store)).ok
 
     asyncio.run(main())
+
+
+# -- prompt templates ---------------------------------------------------------------------
+
+HOSTILE = {
+    "nested ranges": "{% for a in range(100000) %}{% for b in range(100000) %}x"
+                     "{% endfor %}{% endfor %}",
+    "a huge power": "{{ 10 ** 10000000 }}",
+    "a gigabyte string": "{{ 'x' * 1000000000 }}",
+}
+
+
+def _agent_workflow(prompt: str, timeout: float | None = None) -> Workflow:
+    from interlock.agents import ScriptedProvider
+
+    wf = Workflow("hostile", input=["name"])
+    wf.agent("ask", reads=["name"], prompt=prompt, timeout=timeout,
+             provider=ScriptedProvider(["fine"]))
+    wf.edge(START, "ask")
+    return wf
+
+
+@pytest.mark.parametrize("name", list(HOSTILE))
+def test_a_hostile_template_fails_the_node_with_a_clear_error(name: str) -> None:
+    result = _agent_workflow(HOSTILE[name]).run_sync({"name": "n"}, store="memory://")
+    assert result.status == "FAILED"
+    msg = result.error["message"]
+    assert "ask" in msg and "prompt" in msg
+    assert "INTERLOCK_MAX_PROMPT_CHARS" in msg or "INTERLOCK_MAX_RENDER_MS" in msg
+
+
+def test_the_nodes_timeout_stops_a_slow_template(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("INTERLOCK_MAX_RENDER_MS", str(10**9))  # only the timeout is left
+    result = _agent_workflow(HOSTILE["nested ranges"], timeout=0.5).run_sync(
+        {"name": "n"}, store="memory://")
+    assert result.status == "FAILED"
+    assert "timed out" in result.error["message"]
+
+
+def test_a_long_output_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("INTERLOCK_MAX_PROMPT_CHARS", "1000")
+    result = _agent_workflow("{% for a in range(5000) %}ab{% endfor %}").run_sync(
+        {"name": "n"}, store="memory://")
+    assert result.status == "FAILED"
+    assert "1_000" in result.error["message"]
+    assert "INTERLOCK_MAX_PROMPT_CHARS" in result.error["message"]
+
+
+def test_a_normal_template_renders_as_before() -> None:
+    from interlock.agents._prompt import compile_template, render
+
+    source = "Hi {{ name }}: {% for x in items %}{{ x * 2 }},{% endfor %} {{ cfg }} " \
+             "{{ 2 ** 10 }} {{ 'ab' * 3 }} {{ [1] + [2] }}"
+    scope = {"name": "n", "items": [1, 2], "cfg": {"a": 1}}
+    assert render(compile_template(source), scope) == \
+        'Hi n: 2,4, {"a": 1} 1024 ababab [1, 2]'
+    result = _agent_workflow("Hello {{ name }}").run_sync({"name": "n"}, store="memory://")
+    assert result.status == "COMPLETED" and result.state["ask"] == "fine"
