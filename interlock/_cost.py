@@ -69,6 +69,8 @@ def measure(value: Any, cap: int) -> Size:
     else:  # another object (a node may write anything): costed as its text would be
         return Size(W_STR + len(repr(value)) // CHARS_PER_UNIT, 1, 0)
     longest[0] = len(value)
+    if W_SCALAR * len(value) > cap:  # over before looking inside
+        return Size(W_SCALAR * len(value) + 1, len(value), W_SCALAR)
     types = set(map(type, children))
     total = W_CONTAINER + (W_ENTRY * len(value) if t is dict else 0)
     elem = 0
