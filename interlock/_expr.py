@@ -24,6 +24,9 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Protocol
 
+from ._cost import CostModel
+from ._limits import EXPRESSION_COST
+
 MAX_LENGTH = 1000
 MAX_MACROS = 4
 
@@ -117,6 +120,7 @@ class Expression:
     # so a plain dict of the state will do as its scope; its paths are its names
     state_only: bool = False
     plain_paths: bool = False
+    cost: CostModel | None = None  # its cost bound over what it reads (see _cost)
 
     def evaluate(self, scope: Lookup) -> Any:
         """Evaluate against ``scope`` (state fields + config + run).
@@ -131,14 +135,19 @@ class Expression:
         (One function, not three: it runs for every conditional edge of every step.)
         """
         context: dict[str, Any] = {}
+        sized = True  # only numbers, booleans and null: its cost is its source's
         for name in self.names:  # the evaluation context: just the names it reads
             try:
-                context[name] = scope[name]
+                value = context[name] = scope[name]
             except KeyError:
                 raise EvaluationError(
                     f"reads {name!r}, which is not in the state (no node has written it yet "
                     "and the run's input did not provide it)"
                 ) from None
+            if value.__class__ not in _SCALARS:
+                sized = False
+        if not sized and self.cost is not None:
+            self._bound(context)
         try:
             value = self.program.execute(context)
         except KeyError as exc:
@@ -151,6 +160,51 @@ class Expression:
         # the context holds every top-level name read: a plain name is a lookup
         return value, {path: context[path] if path in context else _resolve(context, path)
                        for path in self.paths}
+
+
+    def _bound(self, context: dict[str, Any]) -> None:
+        """Refuse the evaluation if its estimated cost passes EXPRESSION_COST."""
+        global heavy
+        assert self.cost is not None
+        limit = EXPRESSION_COST.get()
+        cost, sizes = self.cost.estimate(context, limit)
+        if cost > YIELD_COST:
+            heavy += 1
+        if cost <= limit:
+            return
+        read = ", ".join(f"{name} ({_describe(value, sizes[name])})"
+                         for name, value in context.items() if name in sizes)
+        over = "at least " if cost > limit and any(
+            s.cost > limit for s in sizes.values()) else ""
+        raise ExpressionCostError(
+            f"its estimated cost is {over}{cost:_} units (about {cost / 1e5:.0f} ms here) "
+            f"over the values it reads: {read}; the limit is {limit:_} "
+            f"({EXPRESSION_COST.env} raises it) -- move the computation into a node, or "
+            "keep the values it iterates over smaller", cost=cost, limit=limit)
+
+
+#: estimated costs past this give the event loop a turn after the decision (~1 ms)
+YIELD_COST = 100_000
+heavy = 0  # evaluations estimated past YIELD_COST so far (the runner yields after one)
+_SCALARS = frozenset({int, float, bool, type(None)})
+
+
+class ExpressionCostError(EvaluationError):
+    """An evaluation was refused: its estimated cost passes EXPRESSION_COST."""
+
+    def __init__(self, message: str, *, cost: int, limit: int) -> None:
+        super().__init__(message)
+        self.cost = cost
+        self.limit = limit
+
+
+def _describe(value: Any, size: Any) -> str:
+    if isinstance(value, str):
+        return f"a string of {len(value):_} characters"
+    if isinstance(value, dict | list | tuple):
+        kind = "a map" if isinstance(value, dict) else "a list"
+        return f"{kind} of {len(value):_} entries, largest length inside {size.length:_}"
+    return type(value).__name__
 
 
 _MISSING = "<missing>"
@@ -202,7 +256,8 @@ def compile_expression(source: str) -> Expression:
     unique = tuple(dict.fromkeys(paths))
     return Expression(source, names, unique, program,
                       state_only="config" not in names and "run" not in names,
-                      plain_paths=frozenset(unique) == frozenset(names))
+                      plain_paths=frozenset(unique) == frozenset(names),
+                      cost=CostModel(source) if names else None)
 
 
 _SINGLE_EQ_RE = re.compile(r"(?<![=!<>])=(?!=)")

@@ -27,6 +27,7 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
+from . import _expr
 from . import _log as L
 from . import _snapshot as snapshots
 from ._context import Context, Goto, PauseRequested
@@ -216,6 +217,7 @@ class Runner:
             first_body = gate is not None and gate.kind == "confirm" and not gate.body_started
             self._start_task(v.node, v.visit, 1 if first_body else v.attempt + 1, rerun=True)
         inline_steps = 0
+        heavy_seen = _expr.heavy
         while True:
             if view.due:
                 self._decide_due()
@@ -233,7 +235,8 @@ class Runner:
                         await self._finish(outcome, alone=True)
                     await self.flush()
                     inline_steps += 1
-                    if inline_steps % YIELD_EVERY == 0:
+                    if inline_steps % YIELD_EVERY == 0 or _expr.heavy != heavy_seen:
+                        heavy_seen = _expr.heavy  # a costly condition (up to ~100 ms) ran:
                         # nodes that never wait (and a store that never waits) would
                         # otherwise hold the event loop for the whole run
                         await asyncio.sleep(0)

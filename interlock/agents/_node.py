@@ -213,7 +213,7 @@ class _Agent:
         self._prepare()
         failures, turn = _restart_point(ctx)
         scope = {**state, "config": dict(ctx.config)}
-        messages, opening = self._opening(scope)
+        messages, opening = await self._opening(scope)
         calls = 0
         repairs = 0
         note: dict[str, Any] = opening
@@ -262,9 +262,12 @@ class _Agent:
             system = f"{system}\n\n{hint}" if system else hint
         return system, prompt
 
-    def _opening(self, scope: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    async def _opening(self, scope: dict[str, Any]
+                       ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        from ._prompt import render_in_thread
+
         try:
-            system, prompt = self._render(scope)
+            system, prompt = await render_in_thread(self._render, scope)
         except Exception as exc:  # a missing field, a sandbox violation
             raise AgentConfigError(f"node {self.name!r}: cannot render the prompt: "
                                    f"{type(exc).__name__}: {exc}") from None
@@ -277,8 +280,8 @@ class _Agent:
         masked = [k for k in self.redact if k in scope and k != "config"]
         if masked:  # the log gets the prompts with the redacted fields' values masked
             try:
-                note["system"], note["prompt"] = self._render(
-                    {**scope, **dict.fromkeys(masked, REDACTED)})
+                note["system"], note["prompt"] = await render_in_thread(
+                    self._render, {**scope, **dict.fromkeys(masked, REDACTED)})
             except Exception:  # the template needs the real value's shape
                 note["system"] = note["prompt"] = REDACTED
         return messages, note
