@@ -69,6 +69,11 @@ class UsageError(InterlockError):
     """The API or the command line was used wrongly."""
 
 
+class NodeTimeout(TimeoutError):
+    """The engine's deadline for a node body passed (`_guards`, `_isolation`): the node
+    *timed out*. A ``TimeoutError`` the body raises itself is the body's own error."""
+
+
 class InternalError(InterlockError):
     """A bug in interlock itself."""
 

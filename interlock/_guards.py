@@ -21,7 +21,7 @@ from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from ._errors import NodeError, RunError
+from ._errors import NodeError, NodeTimeout, RunError
 from ._steps import Steps
 
 if TYPE_CHECKING:
@@ -122,19 +122,23 @@ abandoned = 0  # threads left running after their node timed out (see cli.main)
 async def call_body(pn: PlanNode, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
     """Run the body under the node's timeout, in the loop (async) or a worker thread (sync).
 
-    Raises TimeoutError past the timeout; anything the body raises propagates.
+    Raises `NodeTimeout` past the timeout; anything the body raises propagates (a
+    ``TimeoutError`` of its own too).
     """
     global abandoned
     if pn.is_async:
         return await bounded(fn(*args), pn.timeout)
     call = functools.partial(contextvars.copy_context().run, fn, *args)
     future = asyncio.get_running_loop().run_in_executor(NODE_THREADS, call)
+    scope = asyncio.timeout(pn.timeout)
     try:
-        async with asyncio.timeout(pn.timeout):
+        async with scope:
             return await future
     except TimeoutError:
+        if not scope.expired():
+            raise  # the body's own TimeoutError: its failure, and its thread is done
         abandoned += 1
-        raise
+        raise NodeTimeout() from None
 
 
 async def bounded(coro: Coroutine[Any, Any, Any], timeout: float,
@@ -155,5 +159,11 @@ async def bounded(coro: Coroutine[Any, Any, Any], timeout: float,
         signal = coro.send(None)
     except StopIteration as done:
         return done.value
-    async with asyncio.timeout(timeout - (time.perf_counter() - started)):
-        return await Steps(coro, first=signal)
+    scope = asyncio.timeout(timeout - (time.perf_counter() - started))
+    try:
+        async with scope:
+            return await Steps(coro, first=signal)
+    except TimeoutError:
+        if scope.expired():
+            raise NodeTimeout() from None
+        raise  # the body's own TimeoutError

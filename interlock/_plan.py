@@ -54,7 +54,6 @@ class PlanEdge:
     switch: Expression | None = None
     router: Callable[..., Any] | None = None
     router_async: bool = False
-    router_wants_ctx: bool = False
     max: int | None = None
     otherwise: bool = False
     barrier: tuple[str, ...] = ()  # forward sources a join waits for ()
@@ -114,6 +113,7 @@ class Plan:
     # edges last: the order their edges are decided in (no sorting needed)
     in_decision_order: frozenset[str] = frozenset()
     approvals: frozenset[str] = frozenset()  # approval nodes (a rejection changes routing)
+    async_routers: bool = False  # an edge has an ``async def`` router (awaited by the loop)
 
 
 def callable_params(fn: Callable[..., Any]) -> int:
@@ -229,6 +229,7 @@ def build_plan(spec: WorkflowSpec, *, callables: dict[str, Callable[..., Any]],
             n for n, pn in nodes.items()
             if [e.otherwise for e in pn.out] == sorted(e.otherwise for e in pn.out)),
         approvals=frozenset(n for n, pn in nodes.items() if pn.spec.approval is not None),
+        async_routers=any(e.router_async for e in edges),
         always_taken=frozenset(
             n for n, pn in nodes.items()
             if pn.out and not pn.gate and all(
@@ -250,7 +251,6 @@ def _plan_edge(i: int, es: EdgeSpec, callables: dict[str, Callable[..., Any]],
     if es.router is not None and es.router in callables:
         pe.router = callables[es.router]
         pe.router_async = is_async_callable(pe.router)
-        pe.router_wants_ctx = callable_params(pe.router) >= 2
     pe.back_sources = frozenset(s for s in pe.sources
                                 if any((s, t) in back for t in pe.targets))
     pe.back_targets = frozenset(t for t in pe.targets

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
+import logging
 import random
 import re
 import time
@@ -34,7 +36,9 @@ from ._context import Context, Goto, PauseRequested
 from ._errors import (
     ExpressionError,
     InterlockError,
+    InternalError,
     NodeError,
+    NodeTimeout,
     NoRouteError,
     RouteError,
     RunError,
@@ -49,6 +53,8 @@ from ._model import DEFAULT_STEPS, END, case_key
 from ._plan import Plan, PlanEdge, PlanNode
 from ._state import check_update, scoped
 from ._store import Store, Summary
+
+log = logging.getLogger("interlock")
 
 YIELD_EVERY = 64  # inline visits between two turns given to the event loop
 
@@ -75,6 +81,12 @@ class _Abort(Exception):
 
     def __init__(self, error: RunError) -> None:
         self.error = error
+
+
+class _Raised(NamedTuple):
+    """A router's exception, kept until its edge is decided."""
+
+    exc: Exception
 
 
 class _Rejected(Exception):
@@ -105,6 +117,8 @@ class Runner:
         self._pool: ProcessPool | None = None  # started by the first isolation: process node
         self._scope = Scope(view)  # what conditions see (state, config, run), looked up lazily
         self._stopped: set[tuple[str, int]] = set()  # visits recorded as cancelled
+        # the answers of async routers, awaited by the loop before their edge is decided
+        self._routed: dict[tuple[int, str], Any] = {}
 
     # -- committing ------------------------------------------------------------------
 
@@ -195,6 +209,13 @@ class Runner:
         except _Rejected as rej:
             self.stage([(L.RUN_REJECTED, {"node": rej.node, "error": {
                 "type": "rejected", "message": rej.message, "node": rej.node}})])
+        except InterlockError:
+            raise  # the store's (or a misuse): the caller's to see, as it was
+        except Exception as exc:  # a bug (ours, or a plug-in's): the run fails, recorded
+            log.error("run %s stopped on an unexpected error", self.run_id, exc_info=True)
+            bug = InternalError(f"the run stopped on an unexpected {type(exc).__name__}: {exc}")
+            self.stage([(L.RUN_FAILED, {"error": {"type": "internal_error", "node": None,
+                                                  "message": str(bug)}})])
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if self.cancelled_by is None or task is None:
@@ -220,7 +241,8 @@ class Runner:
         heavy_seen = _expr.heavy
         while True:
             if view.due:
-                self._decide_due()
+                while (waiting := self._decide_due()) is not None:
+                    await self._call_async_router(waiting)  # then decide on
                 await self.flush()
             if view.ready:
                 inline = self._start_ready()
@@ -435,7 +457,7 @@ class Runner:
             update, goto = self._check_result(pn, result)
         except PauseRequested as exc:
             pause = exc
-        except TimeoutError:
+        except NodeTimeout:
             error = timeout_error(pn)
         except SystemExit as exc:  # sys.exit() in a body: its failure, not the process's exit
             error = _node_error(pn, exc)
@@ -567,12 +589,14 @@ class Runner:
 
     # -- edge decisions ----------------------------------------------------------------
 
-    def _decide_due(self) -> None:
+    def _decide_due(self) -> Due | None:
         """Decide everything due, staging the edge records, until nothing is due.
 
         A completed node's edges are decided together (``otherwise`` needs its
         siblings); a settled join is decided on its own. Deciding may settle joins
-        downstream, which makes them due in turn.
+        downstream, which makes them due in turn. Stops at a group with an ``async def``
+        router whose answer is not in yet, and returns its due: the loop awaits the router
+        (`_call_async_router`) and decides on.
         """
         due = self.view.due
         always_taken = self.plan.always_taken
@@ -588,8 +612,13 @@ class Runner:
                     self.stage1(L.EDGE_TAKEN, {"edge": d.edge.index, "from": source,
                                                "to": list(d.edge.targets)})
                 continue
+            if self.plan.async_routers:
+                for d in group:
+                    if d.edge.router_async and (d.edge.index, d.source) not in self._routed:
+                        return d
             for rtype, fields in self._decide_group(source, group):
                 self.stage1(rtype, fields)
+        return None
 
     def _decide_group(self, source: str, dues: list[Due]) -> list[tuple[str, dict[str, Any]]]:
         """Decide the edges of one completed node (or one settled join), in declaration order:
@@ -691,7 +720,7 @@ class Runner:
             targets = [chosen] if chosen is not None else []
         elif e.kind == "router":
             expr = e.spec.router
-            value = self._route(e, scope)
+            value = self._route(e, due)
             targets = value
         else:  # choose
             expr = "goto"
@@ -738,15 +767,45 @@ class Runner:
                 f"{loc}edge {e.name()}: cannot evaluate {expr.source!r}: {exc}",
                 node=_edge_node(e), edge=e.index, expr=expr.source)) from None
 
-    def _route(self, e: PlanEdge, scope: Scope) -> list[str]:
+    async def _call_async_router(self, due: Due) -> None:
+        """Await an ``async def`` router; `_route` takes its answer (or its exception)."""
+        e = due.edge
         assert e.router is not None
-        state = dict(self.view.state)
+        answer: Any
         try:
-            result = e.router(state)
+            answer = await e.router(dict(self.view.state))
         except Exception as exc:
+            answer = _Raised(exc)
+        self._routed[(e.index, due.source)] = answer
+
+    def _route(self, e: PlanEdge, due: Due) -> list[str]:
+        assert e.router is not None
+        result: Any
+        if e.router_async:
+            result = self._routed.pop((e.index, due.source))
+        else:
+            try:
+                result = e.router(dict(self.view.state))
+            except Exception as exc:
+                result = _Raised(exc)
+        if isinstance(result, _Raised):
+            raised = result.exc
             raise _Abort(RouteError(f"router {e.spec.router} of edge {e.name()} raised "
-                                    f"{type(exc).__name__}: {exc}", node=_edge_node(e),
-                                    edge=e.index)) from None
+                                    f"{type(raised).__name__}: {raised}", node=_edge_node(e),
+                                    edge=e.index))
+        if inspect.isawaitable(result):
+            if inspect.iscoroutine(result):
+                result.close()
+            raise _Abort(RouteError(
+                f"router {e.spec.router} of edge {e.name()} returned an awaitable, not its "
+                "targets: make it an `async def` function (interlock awaits those) or a "
+                "plain function that returns the targets", node=_edge_node(e), edge=e.index))
+        if not isinstance(result, str | list | tuple | set | frozenset) and result is not None:
+            raise _Abort(RouteError(
+                f"router {e.spec.router} returned {result!r} "
+                f"({type(result).__name__}); edge {e.name()} declares to: "
+                f"[{', '.join(e.targets)}] -- return one of those names (or END), or a list "
+                "of them", node=_edge_node(e), edge=e.index))
         chosen = [result] if isinstance(result, str) else list(result or [])
         # SPEC §1: a router returns declared targets, or END (declared or not)
         bad = [c for c in chosen if c not in e.targets and c != END]

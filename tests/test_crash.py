@@ -171,6 +171,7 @@ def test_sigkill_then_resume_finishes_exactly_once(project: Path, tmp_path: Path
     killed_pid = {pid for pid, _, _ in body_runs(project)}.pop()
 
     status = cli(project, "status", run_id, "--store", store, "--json")
+    assert status.stdout, status.stderr
     assert json.loads(status.stdout)["status"] == "RUNNING"  # what the log says: interrupted
     # its lease has not run out, but its process is gone: status says so, as resume sees it
     human = cli(project, "status", run_id, "--store", store)

@@ -274,6 +274,68 @@ def test_router_may_return_end_without_declaring_it() -> None:
     assert taken and taken[0]["to"] == [END]
 
 
+def test_an_async_router_is_awaited(tmp_path: Any) -> None:
+    """An `async def` router passed validate, then the run died with a raw TypeError
+    ('coroutine' object is not iterable) that escaped wf.run and left it RUNNING."""
+    async def pick(state: dict[str, Any]) -> list[str]:
+        await asyncio.sleep(0)  # really suspends: it is awaited, not stepped
+        return ["y"] if state["n"] > 1 else ["x"]
+
+    wf = Workflow("async-router")
+    wf.node("t", node({"n": 2})).node("x", node({"x": 1})).node("y", node({"y": 1}))
+    wf.node("z", node({"z": 1}))
+    wf.edge(START, "t").edge("y", "z")
+    wf.router("t", pick, to=["x", "y"])
+    assert wf.check() == []
+    store = f"sqlite:///{tmp_path}/runs.db"
+    result, records = run(wf, store=store)
+    assert result.status == "COMPLETED", result.error
+    assert result.state == {"n": 2, "y": 1, "z": 1}
+    [decided] = [r for r in records if r.get("from") == "t"]
+    assert decided["type"] == "edge.taken" and decided["to"] == ["y"]
+    assert asyncio.run(interlock.verify(result.run_id, store=store)).ok
+
+
+@pytest.mark.parametrize("router, message", [
+    (lambda s: 1 / 0, "raised ZeroDivisionError"),
+    (lambda s: 42, "returned 42 (int)"),
+    (lambda s: asyncio.sleep(0), "returned an awaitable"),
+])
+def test_a_router_that_raises_or_misbehaves_fails_the_run_cleanly(
+        router: Any, message: str, tmp_path: Any) -> None:
+    async def raising(state: dict[str, Any]) -> list[str]:
+        raise ZeroDivisionError("division by zero")
+
+    for fn in (router, raising) if "Zero" in message else (router,):
+        wf = Workflow("bad-router")
+        wf.node("t", node({"n": 1})).node("x", node())
+        wf.edge(START, "t")
+        wf.router("t", fn, to=["x"])
+        store = f"sqlite:///{tmp_path}/runs.db"
+        result, _ = run(wf, store=store)
+        assert result.status == "FAILED"
+        assert result.error["type"] == "invalid_route" and message in result.error["message"]
+        stored = asyncio.run(interlock.status(result.run_id, store=store))
+        assert stored.status == "FAILED" and stored.state == {"n": 1}  # committed, not stuck
+        assert asyncio.run(interlock.verify(result.run_id, store=store)).ok
+
+
+def test_an_unexpected_error_inside_the_engine_fails_the_run_and_records_it(
+        tmp_path: Any) -> None:
+    def listener(rec: dict[str, Any], view: Any) -> None:
+        if rec["type"] == "node.completed":
+            raise RuntimeError("a bug in a listener")
+
+    wf = Workflow("bug")
+    wf.node("a", node({"a": 1})).edge(START, "a")
+    store = f"sqlite:///{tmp_path}/runs.db"
+    result = wf.run_sync(store=store, listener=listener)
+    assert result.status == "FAILED" and result.error["type"] == "internal_error"
+    assert "RuntimeError: a bug in a listener" in result.error["message"]
+    assert "bug in interlock" in result.error["message"]
+    assert asyncio.run(interlock.status(result.run_id, store=store)).status == "FAILED"
+
+
 def test_goto_picks_a_declared_successor_with_an_update() -> None:
     async def evidence(state: dict[str, Any]) -> Any:
         return interlock.goto("reviewer", {"next_action": "REVIEWER_AGENT"})

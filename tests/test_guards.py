@@ -246,6 +246,56 @@ def test_sync_node_past_its_timeout_is_abandoned_with_a_clear_record() -> None:
     assert "worker thread was abandoned" in result.error["message"]
 
 
+def test_a_bodys_own_timeout_error_is_its_failure_not_the_engines_timeout() -> None:
+    """A node whose code raises TimeoutError (an upstream call timing out) failed with the
+    engine's "timed out after 300s", and a sync node's thread was counted as abandoned
+    (which makes the CLI exit with os._exit)."""
+    from interlock import _guards
+
+    async def upstream_async(state: dict[str, Any]) -> None:
+        await asyncio.sleep(0)
+        raise TimeoutError("upstream did not answer in 2s")
+
+    def upstream_sync(state: dict[str, Any]) -> None:
+        raise TimeoutError("upstream did not answer in 2s")
+
+    async def before_any_await(state: dict[str, Any]) -> None:
+        raise TimeoutError("upstream did not answer in 2s")
+
+    abandoned = _guards.abandoned
+    for body in (upstream_async, upstream_sync, before_any_await):
+        wf = Workflow("own-timeout")
+        wf.node("call", body).edge(START, "call")
+        result, recs = records_of(wf)
+        assert result.status == "FAILED", body
+        message = result.error["message"]
+        assert "upstream did not answer in 2s" in message, (body, message)
+        assert "timed out after" not in message, (body, message)
+        [failed] = [r for r in recs if r["type"] == "node.failed"]
+        assert failed["error"]["details"]["exception"] == "TimeoutError", failed
+    assert _guards.abandoned == abandoned  # no thread was left behind
+
+
+def test_retry_errors_timeouterror_covers_the_engines_timeout_and_the_bodys_own() -> None:
+    attempts: list[int] = []
+
+    async def flaky(state: dict[str, Any], ctx: interlock.Context) -> dict[str, Any]:
+        attempts.append(ctx.attempt)
+        if ctx.attempt == 1:
+            await asyncio.sleep(5)  # the engine's timeout
+        if ctx.attempt == 2:
+            raise TimeoutError("upstream")  # the body's own
+        return {"ok": True}
+
+    wf = Workflow("retry-timeouts")
+    wf.node("flaky", flaky, timeout="0.2s",
+            retry={"attempts": 3, "backoff": "0s", "errors": ["TimeoutError"]})
+    wf.edge(START, "flaky")
+    result, _ = records_of(wf)
+    assert result.status == "COMPLETED", result.error
+    assert attempts == [1, 2, 3]
+
+
 # -- retries ------------------------------------------------------------------------
 
 

@@ -35,7 +35,7 @@ Failures
 --------
 - timeout (measured from when the request is sent; worker start-up is bounded
   separately by ``startup_timeout``): the worker's process group is SIGKILLed and
-  reaped, then `call` **raises** ``TimeoutError`` -- the runner's timeout path.
+  reaped, then `call` **raises** ``NodeTimeout`` -- the runner's timeout path.
 - cancellation of the awaiting task: kill, reap, re-raise ``CancelledError``.
 - the node raised: ``ChildResult.error`` (``kind: "raised"``) with the exception's
   type name, message, MRO names and traceback; the worker is reused unless it was a
@@ -48,7 +48,7 @@ Failures
   ``interlock.goto(...)``: ``kind: "shape"``.
 `ChildResult.value(node)` turns any of these into the `NodeError` the runner records.
 `call` never raises for a failure of the node or its worker; it raises only
-``TimeoutError``, ``CancelledError``, and ``RuntimeError`` when the pool is closed.
+``NodeTimeout``, ``CancelledError``, and ``RuntimeError`` when the pool is closed.
 
 ``ctx`` in the worker
 ---------------------

@@ -18,7 +18,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 import orjson
 
-from .._errors import NodeError
+from .._errors import NodeError, NodeTimeout
 from ._protocol import _TB_LIMIT, _encode, _size, _text
 
 if TYPE_CHECKING:
@@ -310,13 +310,13 @@ class ProcessPool:
         """Run ``call_path`` (``module:function``) on ``state`` in a worker process.
 
         ``timeout`` (seconds) bounds the call once the worker has it: past it the
-        worker's process group is killed and reaped and ``TimeoutError`` is raised. A
+        worker's process group is killed and reaped and ``NodeTimeout`` is raised. A
         cancelled caller gets the same kill, then ``CancelledError``. ``memory``
         (bytes) runs the call in a fresh worker limited to that much address space.
         ``on_tokens(n)`` is called for every ``ctx.record_tokens(n)`` as it happens;
         what it raises is raised inside the node. ``effects`` backs ``ctx.once``.
         Every other failure -- of the node or of its worker -- is returned in
-        ``ChildResult.error``; besides TimeoutError and CancelledError, `call` raises only
+        ``ChildResult.error``; besides NodeTimeout and CancelledError, `call` raises only
         RuntimeError (the pool is closed) and ValueError (``memory`` is not positive).
         """
         if self._closed:
@@ -343,8 +343,8 @@ class ProcessPool:
                     reply = await self._exchange(worker, request, tokens, on_tokens, effects)
             except TimeoutError:
                 await asyncio.shield(self._kill(worker))
-                raise TimeoutError(f"node {ctx.node!r} timed out after {timeout:g}s; its worker "
-                                   f"process (pid {worker.pid}) was killed") from None
+                raise NodeTimeout(f"node {ctx.node!r} timed out after {timeout:g}s; its worker "
+                                  f"process (pid {worker.pid}) was killed") from None
             except _Died as died:
                 if reused and not died.started:
                     # an idle worker had died before it got the call (nothing ran): retry

@@ -77,7 +77,7 @@ class _Warnings(logging.Handler):
     CLI's own are: ``warning: ...``."""
 
     def emit(self, record: logging.LogRecord) -> None:
-        click.echo(f"warning: {record.getMessage()}", err=True)
+        click.echo(f"{record.levelname.lower()}: {self.format(record)}", err=True)
 
 
 def main(argv: list[str] | None = None) -> None:
