@@ -109,7 +109,7 @@ class Context:
         when the attempt ends.
         """
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise ValueError(f"record_tokens takes a non-negative int, got {n!r}")
+            raise UsageError(f"record_tokens takes a non-negative int, got {n!r}")
         self._port.charge_tokens(self, n)
 
     def once(self, key: str, fn: Callable[..., Any], *args: Any) -> Coroutine[Any, Any, Any]:

@@ -1,16 +1,30 @@
-"""The error hierarchy, sorted by phase and audience.
+"""The error hierarchy, sorted by phase and audience. Every class a user catches is
+exported by ``interlock``; where a builtin fits, it is a base too.
 
     InterlockError
-    ├── WorkflowError          the definition is wrong (bad file, bad graph): fix the workflow
+    ├── WorkflowError          the definition is wrong (bad file, bad graph): fix the workflow;
     │                          carries diagnostics with file:line:col
-    ├── RunError               a run went wrong at run time: a node failed, no route, a budget
-    │   ├── NodeError          a node body raised, or returned something it may not
-    │   ├── ExpressionError    a condition could not be evaluated
+    ├── RunError               a run went wrong at run time; its ``type`` is the run's
+    │   │                      ``error.type`` in the log and in ``--json``
+    │   ├── NodeError          a node body raised, timed out, or returned what it may not
+    │   ├── ExpressionError    a condition could not be evaluated (or would cost too much)
     │   ├── NoRouteError       a node had outgoing edges and none was taken
     │   ├── RouteError         a router / goto picked a target that is not declared
-    │   └── WriteConflictError two concurrent nodes wrote the same field without a reducer
-    ├── UsageError             the API or CLI was called wrongly (bad input JSON, unknown run)
+    │   ├── WriteConflictError two concurrent nodes wrote the same field without a reducer
+    │   ├── StepLimitError     limits.steps was reached
+    │   └── BudgetExceededError a token budget (limits.tokens, a node's tokens:) was crossed
+    ├── StoreError             the store cannot be opened or used (bad URL, corrupt file)
+    │   ├── RunNotFound        no such run (also a LookupError)
+    │   ├── RunExists          a run with that id exists already
+    │   ├── ConflictError      another writer appended to the run first
+    │   └── ClaimError         another process is executing the run
+    ├── AgentError             an agent node failed (its subclasses: interlock.agents)
+    ├── UsageError             the API or CLI was called wrongly: bad input JSON, an unknown
+    │                          run, a refused decision (also a ValueError)
     └── InternalError          a bug in interlock: please report it
+
+`NodeTimeout` (a TimeoutError) is the engine's own signal that a body's deadline
+passed; it never leaves the engine (the run's error is then a NodeError).
 """
 
 from __future__ import annotations
@@ -65,8 +79,44 @@ class WorkflowError(InterlockError):
         super().__init__("invalid workflow:\n  " + "\n  ".join(lines))
 
 
-class UsageError(InterlockError):
+class UsageError(InterlockError, ValueError):
     """The API or the command line was used wrongly."""
+
+
+class StoreError(InterlockError):
+    """The store cannot be opened or used (bad URL, corrupt or foreign database)."""
+
+
+class RunNotFound(StoreError, LookupError):
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"no run {run_id!r} in this store (list runs with `interlock runs`)")
+        self.run_id = run_id
+
+
+class RunExists(StoreError):
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"a run with id {run_id!r} already exists; choose another --run-id")
+        self.run_id = run_id
+
+
+class ConflictError(StoreError):
+    """Another writer appended to this run first (seq already taken)."""
+
+
+class ClaimError(StoreError):
+    """The run is being executed by another owner whose lease is still valid."""
+
+    def __init__(self, run_id: str, owner: str, seconds_left: float) -> None:
+        super().__init__(
+            f"run {run_id!r} is being executed by {owner} (lease valid for another "
+            f"{seconds_left:.1f}s); wait for it, or take it over with --force if that "
+            "process is really gone"
+        )
+        self.owner = owner
+
+
+class AgentError(InterlockError):
+    """Base class of agent node failures (the subclasses are in `interlock.agents`)."""
 
 
 class NodeTimeout(TimeoutError):
@@ -125,14 +175,8 @@ class StepLimitError(RunError):
     type = "step_limit"
 
 
-def error_from_json(data: dict[str, Any]) -> RunError:
-    """Rebuild a run error read back from a log record."""
-    classes: dict[str, type[RunError]] = {
-        c.type: c
-        for c in (NodeError, ExpressionError, NoRouteError, RouteError, WriteConflictError,
-                  StepLimitError)
-    }
-    cls = classes.get(str(data.get("type")), RunError)
-    err = cls(str(data.get("message", "")), node=data.get("node"), **data.get("details", {}))
-    err.type = str(data.get("type", cls.type))
-    return err
+class BudgetExceededError(RunError):
+    """A token budget was crossed. Raised into the node that crossed it, and checked again
+    when the node returns (a node that swallows it still fails)."""
+
+    type = "budget_exceeded"

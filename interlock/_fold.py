@@ -124,7 +124,6 @@ class RunView:
     takes: Counter[int] = field(default_factory=Counter)  # edge index -> times taken
     steps: int = 0
     tokens: int = 0
-    node_tokens: Counter[str] = field(default_factory=Counter)
     seq: int = 0
     config: dict[str, Any] = field(default_factory=dict)  # effective, with every override
     limits: dict[str, Any] = field(default_factory=dict)
@@ -134,7 +133,6 @@ class RunView:
     waiting: dict[str, Any] | None = None
     writers: dict[str, Writer] = field(default_factory=dict)
     effects: dict[tuple[str, int, str], Any] = field(default_factory=dict)
-    failed: set[tuple[str, int]] = field(default_factory=set)
     # human gates (approval nodes and confirm: true), by visit; see `Gate`
     gates: dict[tuple[str, int], Gate] = field(default_factory=dict)
     confirmations: dict[tuple[str, int, str], str] = field(default_factory=dict)
@@ -179,7 +177,6 @@ class RunView:
         self.status = "RUNNING"
         self.error = None
         self.waiting = None
-        self.failed.clear()
 
     def _on_node_started(self, rec: L.Record) -> None:
         node, visit = key = rec["node"], rec["visit"]
@@ -206,8 +203,6 @@ class RunView:
         key = rec["node"], rec["visit"]
         node = key[0]
         visit = self.running.pop(key, None)
-        if self.failed:
-            self.failed.discard(key)
         update = rec.get("update")
         if update:
             merge_update(self.state, update, self.plan.reducers)
@@ -220,7 +215,6 @@ class RunView:
             if visit is not None and visit.effect_tokens:
                 tokens = max(0, tokens - visit.effect_tokens)
             self.tokens += tokens
-            self.node_tokens[node] += tokens
         if self.gates:
             self.gates.pop(key, None)
         pn = self.plan.nodes[node]
@@ -242,10 +236,8 @@ class RunView:
     def _on_node_failed(self, rec: L.Record) -> None:
         key = (rec["node"], rec["visit"])
         visit = self.running.get(key)
-        if visit is not None:
-            self.failed.add(key)
-            if (rec.get("error") or {}).get("type") != "cancelled":  # stopped, not failed
-                visit.failures += 1
+        if visit is not None and (rec.get("error") or {}).get("type") != "cancelled":
+            visit.failures += 1  # (a cancelled visit was stopped, not failed)
         self._attempt_ended(rec)
 
     def _on_node_retrying(self, rec: L.Record) -> None:
@@ -270,7 +262,6 @@ class RunView:
         """Tokens a record says were spent: the run's, the node's, the running visit's."""
         if tokens:
             self.tokens += tokens
-            self.node_tokens[node] += tokens
             running = self.running.get((node, visit))
             if running is not None:
                 running.tokens += tokens

@@ -125,7 +125,6 @@ class Concurrency:
     def __init__(self, fwd: Adjacency, forks: Iterable[Sequence[str]]) -> None:
         self.forks = [list(dict.fromkeys(f)) for f in forks]
         self.forks = [f for f in self.forks if len(f) > 1]
-        self._fwd = fwd
         self._rev = reverse(fwd)
         self._ancestors: dict[str, set[str]] = {}
         self._answers: dict[frozenset[str], bool] = {}

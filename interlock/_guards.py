@@ -21,20 +21,13 @@ from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from ._errors import NodeError, NodeTimeout, RunError
+from ._errors import BudgetExceededError, NodeError, NodeTimeout
 from ._steps import Steps
 
 if TYPE_CHECKING:
     from ._context import Context
     from ._fold import RunView
     from ._plan import Plan, PlanNode
-
-
-class BudgetExceededError(RunError):
-    """A token budget was crossed. Raised into the node that crossed it, and checked again
-    when the node returns (a node that swallows it still fails)."""
-
-    type = "budget_exceeded"
 
 
 class Budget:
@@ -57,9 +50,6 @@ class Budget:
 
     def leave(self, ctx: Context) -> None:
         self._inflight.pop((ctx.node, ctx.visit), None)
-
-    def inflight(self) -> list[Context]:
-        return list(self._inflight.values())
 
     def charge(self, ctx: Context, n: int) -> None:
         with self._lock:
@@ -167,3 +157,7 @@ async def bounded(coro: Coroutine[Any, Any, Any], timeout: float,
         if scope.expired():
             raise NodeTimeout() from None
         raise  # the body's own TimeoutError
+
+
+__all__ = ["NODE_THREADS", "Budget", "BudgetExceededError", "bounded", "call_body",
+           "timeout_error"]

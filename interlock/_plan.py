@@ -101,7 +101,6 @@ class Plan:
     start_edges: list[PlanEdge]
     ports: list[Port]
     reducers: dict[str, str]
-    scc_members: dict[int, frozenset[str]]
     back: frozenset[tuple[str, str]]
     # nodes whose every outgoing edge is plain and unconditional (no when, max, otherwise,
     # join) and that are no human gate: their edges are always taken, nothing to evaluate
@@ -220,7 +219,6 @@ def build_plan(spec: WorkflowSpec, *, callables: dict[str, Callable[..., Any]],
     return Plan(
         spec=spec, nodes=nodes, edges=edges, start_edges=start_edges, ports=ports,
         reducers={k: v.reducer for k, v in spec.state.items()},
-        scc_members={c: frozenset(m) for c, m in members.items() if c in cyclic},
         back=back,
         no_visits=dict.fromkeys(nodes, 0),
         single_port=frozenset(n for n, pn in nodes.items() if len(pn.ports) == 1),

@@ -43,6 +43,7 @@ from ._errors import (
     RouteError,
     RunError,
     StepLimitError,
+    UsageError,
     WriteConflictError,
 )
 from ._expr import EvaluationError
@@ -835,7 +836,7 @@ class Runner:
 
     async def log_record(self, ctx: Context, rtype: str, fields: Mapping[str, Any]) -> None:
         if not _OWN_TYPE.match(rtype) or rtype.split(".")[0] in _ENGINE_NAMESPACES:
-            raise ValueError(f"ctx.log: {rtype!r} is not a record type a node may write; use "
+            raise UsageError(f"ctx.log: {rtype!r} is not a record type a node may write; use "
                              "a dotted name such as 'agent.reply' outside "
                              f"{', '.join(sorted(_ENGINE_NAMESPACES))}")
         data = dict(L.to_json_value(dict(fields)))

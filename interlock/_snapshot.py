@@ -48,12 +48,11 @@ def dump(view: RunView, last_hash: str) -> bytes:
         "due": [[d.edge.index, d.source, d.goto, list(d.arrived)] for d in v.due.values()],
         "visits": dict(v.visits), "started": dict(v.started),
         "takes": list(v.takes.items()), "steps": v.steps, "tokens": v.tokens,
-        "node_tokens": dict(v.node_tokens), "config": v.config, "limits": v.limits,
+        "config": v.config, "limits": v.limits,
         "parent": list(v.parent) if v.parent else None, "status": v.status,
         "error": v.error, "waiting": v.waiting,
         "writers": {k: [w.node, w.completed_seq] for k, w in v.writers.items()},
         "effects": [[n, vis, key, val] for (n, vis, key), val in v.effects.items()],
-        "failed": [list(k) for k in v.failed],
         "gates": [[g.node, g.visit, g.kind, g.requested_at, g.show, g.decisions, g.deadline,
                    g.decision, g.body_started, g.key] for g in v.gates.values()],
         "confirmations": [[n, vis, key, d] for (n, vis, key), d in v.confirmations.items()],
@@ -118,13 +117,11 @@ def _restore(plan: Plan, d: dict[str, Any]) -> RunView:
     v.started = Counter(d["started"])
     v.takes = Counter({int(k): n for k, n in d["takes"]})
     v.steps, v.tokens = d["steps"], d["tokens"]
-    v.node_tokens = Counter(d["node_tokens"])
     v.config, v.limits = d["config"], d["limits"]
     v.parent = (d["parent"][0], d["parent"][1]) if d["parent"] else None
     v.status, v.error, v.waiting = d["status"], d["error"], d["waiting"]
     v.writers = {k: Writer(n, s) for k, (n, s) in d["writers"].items()}
     v.effects = {(n, vis, key): val for n, vis, key, val in d["effects"]}
-    v.failed = {(n, vis) for n, vis in d["failed"]}
     v.gates = {(g[0], g[1]): Gate(*g) for g in d["gates"]}
     v.confirmations = {(n, vis, key): dec for n, vis, key, dec in d["confirmations"]}
     v.routed = d["routed"]

@@ -13,7 +13,38 @@ PUBLIC = {
     "RunResult", "UsageError", "Verification", "Workflow", "WorkflowError", "WorkflowSpec",
     "WriteConflictError", "__version__", "approve", "cancel", "fork", "goto", "list_runs", "load",
     "modify", "reject", "resume", "status", "trace", "verify",
+    # the errors users catch, all in one hierarchy (the house issue)
+    "AgentError", "BudgetExceededError", "ClaimError", "ConflictError", "InternalError",
+    "RunExists", "RunNotFound", "StepLimitError", "StoreError",
+    # the support surface for embedders (a server, a worker): a long-lived store handle
+    "Store", "open_store", "make_run_id",
 }
+
+
+def test_errors_have_the_builtin_bases_users_expect() -> None:
+    assert issubclass(interlock.RunNotFound, LookupError)
+    assert issubclass(interlock.UsageError, ValueError)
+    for name in ("BudgetExceededError", "StepLimitError", "NodeError"):
+        assert issubclass(getattr(interlock, name), interlock.RunError), name
+    for name in ("StoreError", "AgentError", "RunError", "UsageError", "WorkflowError"):
+        assert issubclass(getattr(interlock, name), interlock.InterlockError), name
+    from interlock.agents import ProviderError
+
+    assert issubclass(ProviderError, interlock.AgentError)
+
+
+def test_open_store_is_an_async_context_manager(tmp_path: object) -> None:
+    import asyncio
+
+    async def main() -> list[str]:
+        async with interlock.open_store(f"sqlite:///{tmp_path}/runs.db") as store:
+            wf = interlock.Workflow("handle").node("a", lambda s: {"a": 1})
+            wf.edge(interlock.START, "a")
+            done = await wf.run(store=store, run_id=interlock.make_run_id())
+            return [r.run_id for r in await store.list_runs()] + [done.run_id]
+
+    first, second = asyncio.run(main())
+    assert first == second
 
 
 def test_public_names_are_pinned() -> None:

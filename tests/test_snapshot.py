@@ -17,7 +17,7 @@ from interlock._fold import RunView
 
 def canon(view: RunView) -> Any:
     data = orjson.loads(snapshots.dump(view, "h"))
-    for key in ("failed", "running", "effects", "gates", "confirmations", "takes", "active"):
+    for key in ("running", "effects", "gates", "confirmations", "takes", "active"):
         data[key] = sorted(map(repr, data[key]))
     for key in ("deferred", "taken_exits"):
         data[key] = sorted(repr((c, sorted(map(repr, items)))) for c, items in data[key])

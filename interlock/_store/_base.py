@@ -24,42 +24,16 @@ import socket
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, fields
 from operator import attrgetter
-from typing import Any
+from typing import Any, Self
 
-from .._errors import InterlockError
+from .._errors import (  # the store's errors live with every other error
+    ClaimError,
+    ConflictError,
+    RunExists,
+    RunNotFound,
+    StoreError,
+)
 from .._log import Entry
-
-
-class StoreError(InterlockError):
-    """The store cannot be opened or used (bad URL, corrupt or foreign database)."""
-
-
-class RunNotFound(StoreError):
-    def __init__(self, run_id: str) -> None:
-        super().__init__(f"no run {run_id!r} in this store (list runs with `interlock runs`)")
-        self.run_id = run_id
-
-
-class RunExists(StoreError):
-    def __init__(self, run_id: str) -> None:
-        super().__init__(f"a run with id {run_id!r} already exists; choose another --run-id")
-        self.run_id = run_id
-
-
-class ConflictError(StoreError):
-    """Another writer appended to this run first (seq already taken)."""
-
-
-class ClaimError(StoreError):
-    """The run is being executed by another owner whose lease is still valid."""
-
-    def __init__(self, run_id: str, owner: str, seconds_left: float) -> None:
-        super().__init__(
-            f"run {run_id!r} is being executed by {owner} (lease valid for another "
-            f"{seconds_left:.1f}s); wait for it, or take it over with --force if that "
-            "process is really gone"
-        )
-        self.owner = owner
 
 
 @dataclass(slots=True)
@@ -199,3 +173,13 @@ class Store(ABC):
 
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections and threads."""
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+
+__all__ = ["ClaimError", "ConflictError", "Entry", "RunExists", "RunNotFound", "RunRow",
+           "Store", "StoreError", "Summary", "owner_gone", "this_owner"]

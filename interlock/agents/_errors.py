@@ -19,9 +19,7 @@ throttling and server errors; ``errors: [ProviderError]`` every provider failure
 
 from __future__ import annotations
 
-
-class AgentError(Exception):
-    """Base class of agent node failures."""
+from .._errors import AgentError as AgentError  # the base, with every other error
 
 
 class AgentOutputError(AgentError):
