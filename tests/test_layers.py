@@ -1,0 +1,98 @@
+"""The package is layered: each module imports only modules of its own layer or below.
+
+Every import counts -- at module level, inside a function, under TYPE_CHECKING -- since a
+deferred import that points up hides a dependency of the design, not removes it. The
+layers are docs/design.md's; a new module must be given one here.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import interlock
+
+ROOT = Path(interlock.__file__).resolve().parent
+
+LAYERS: dict[int, set[str]] = {
+    # leaves: errors, records and the chain, limits, small helpers
+    0: {"_errors", "_log", "_limits", "_callables", "_signature", "_steps", "_cost"},
+    # the definition, expressions, the graph, the stores, isolation's wire format
+    1: {"_model", "_expr", "_graph", "_store", "_store._base", "_store._memory",
+        "_store._sqlite", "_store._postgres", "_isolation._protocol"},
+    # the file front end, state updates, rendering, the node-kind protocol
+    2: {"_spec", "_state", "_render", "_kinds"},
+    # static checks and the frozen plan (node kinds injected)
+    3: {"_validate", "_plan"},
+    # the fold, its snapshots, approvals
+    4: {"_fold", "_snapshot", "_approvals"},
+    # the node call: its context, the guards, process isolation
+    5: {"_context", "_guards", "_isolation", "_isolation._pool", "_isolation._worker",
+        "_isolation.__main__"},
+    # the agent node kind, a plug-in on the node call
+    6: {"agents", "agents._check", "agents._errors", "agents._node", "agents._prompt",
+        "agents._providers", "agents._spec", "agents._tools"},
+    # the scheduler, and the wiring of the shipped node kinds
+    7: {"_runner", "_compile"},
+    # stored runs: drive, resume, status, trace, verify, fork, cancel
+    8: {"_runs"},
+    # the façade: builder and loaded file
+    9: {"_workflow"},
+    # the public surface and the command line
+    10: {"", "__main__", "testing", "cli", "cli._common", "cli._format", "cli._inspect",
+         "cli._progress", "cli._run", "cli._trace"},
+}
+LAYER_OF = {m: n for n, mods in LAYERS.items() for m in mods}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in ROOT.rglob("*.py")}
+
+
+def _imports(name: str, path: Path, known: set[str]) -> set[str]:
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        targets: list[str] = []
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".") if package else []
+                base = base[:len(base) - (node.level - 1)] if node.level > 1 else base
+                mod = ".".join([*base, *([node.module] if node.module else [])])
+            elif (node.module or "").startswith("interlock"):
+                mod = (node.module or "").removeprefix("interlock").removeprefix(".")
+            else:
+                continue
+            targets = [f"{mod}.{a.name}".lstrip(".") if f"{mod}.{a.name}".lstrip(".") in known
+                       else mod for a in node.names]
+        elif isinstance(node, ast.Import):
+            targets = [a.name.removeprefix("interlock").removeprefix(".") for a in node.names
+                       if a.name == "interlock" or a.name.startswith("interlock.")]
+        out.update(t for t in targets if t in known and t != name)
+    return out
+
+
+def test_every_module_has_a_layer() -> None:
+    missing = sorted(set(_modules()) - set(LAYER_OF))
+    assert not missing, f"give these modules a layer in tests/test_layers.py: {missing}"
+
+
+@pytest.mark.parametrize("name", sorted(_modules()))
+def test_a_module_imports_only_its_own_layer_or_below(name: str) -> None:
+    modules = _modules()
+    layer = LAYER_OF.get(name)
+    if layer is None:
+        pytest.skip("no layer yet (see test_every_module_has_a_layer)")
+    upward = sorted(f"{dep or 'interlock'} (layer {LAYER_OF[dep]})"
+                    for dep in _imports(name, modules[name], set(modules))
+                    if LAYER_OF.get(dep, -1) > layer)
+    assert not upward, f"interlock.{name} (layer {layer}) imports higher layers: {upward}"
