@@ -9,23 +9,21 @@ what ran, and how often.
 from __future__ import annotations
 
 import asyncio
-import importlib
 import json
 import re
 import sqlite3
-import sys
-import textwrap
-import uuid
-from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import pytest
-from click.testing import CliRunner, Result
+from click.testing import CliRunner
 
 from interlock._runs import TRACE_KEYS
 from interlock._store import open_store
 from interlock.cli import cli
+
+if TYPE_CHECKING:
+    from conftest import CliProject as Project
 
 SPEC_KEYS = {"run_id", "workflow", "status", "state", "steps", "tokens", "error", "waiting"}
 
@@ -90,49 +88,9 @@ edges:
 """
 
 
-class Project:
-    """A scratch directory with a node module, workflow files and a SQLite store."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.mod = f"runs_nodes_{uuid.uuid4().hex[:10]}"
-        (root / f"{self.mod}.py").write_text(NODES)
-        importlib.invalidate_caches()
-        self.db = root / "runs.db"
-        self.store = f"sqlite:///{self.db}"  # tmp_path is absolute: sqlite:////...
-
-    def workflow(self, text: str, name: str = "wf.yaml") -> str:
-        (self.root / name).write_text(textwrap.dedent(text).replace("{mod}", self.mod))
-        return name
-
-    def cli(self, *args: str) -> Result:
-        return CliRunner().invoke(cli, [*args, "--store", self.store], catch_exceptions=False)
-
-    def cli_json(self, *args: str) -> tuple[Result, Any]:
-        result = self.cli(*args, "--json")
-        return result, json.loads(result.stdout)  # exactly one JSON document on stdout
-
-    def executions(self) -> list[str]:
-        log = self.root / "executions.log"
-        return log.read_text().split() if log.exists() else []
-
-    def start(self, workflow: str, run_id: str) -> Result:
-        return self.cli("run", self.workflow(workflow), "--run-id", run_id)
-
-    def records(self, run_id: str) -> list[dict[str, Any]]:
-        result, records = self.cli_json("trace", run_id)
-        assert result.exit_code == 0, result.output
-        assert isinstance(records, list)
-        return records
-
-
 @pytest.fixture
-def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Project]:
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("INTERLOCK_STORE", raising=False)
-    p = Project(tmp_path)
-    yield p
-    sys.modules.pop(p.mod, None)
+def project(make_project: Callable[..., Project]) -> Project:
+    return make_project(NODES, "runs_nodes")
 
 
 # -- resume a failed run -----------------------------------------------------------------------

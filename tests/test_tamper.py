@@ -7,22 +7,18 @@ would (with ``sqlite3``), then runs the commands a user would.
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
 import sqlite3
-import sys
-import textwrap
-import uuid
-from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import orjson
 import pytest
-from click.testing import CliRunner, Result
 
 from interlock import _snapshot as snapshots
-from interlock.cli import cli
+
+if TYPE_CHECKING:
+    from conftest import CliProject as Project
 
 NODES = """
 import os
@@ -72,40 +68,9 @@ edges:
 """
 
 
-class Project:
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.mod = f"tamper_nodes_{uuid.uuid4().hex[:10]}"
-        (root / f"{self.mod}.py").write_text(NODES)
-        importlib.invalidate_caches()
-        self.db = root / "runs.db"
-        self.store = f"sqlite:///{self.db}"
-
-    def cli(self, *args: str, env: dict[str, str] | None = None) -> Result:
-        return CliRunner().invoke(cli, [*args, "--store", self.store], env=env,
-                                  catch_exceptions=False)
-
-    def start(self, text: str, run_id: str, env: dict[str, str] | None = None) -> Result:
-        (self.root / "wf.yaml").write_text(textwrap.dedent(text).replace("{mod}", self.mod))
-        return self.cli("run", "wf.yaml", "--run-id", run_id, env=env)
-
-    def sql(self, query: str, *args: Any) -> list[Any]:
-        with sqlite3.connect(self.db) as conn:
-            return conn.execute(query, args).fetchall()
-
-    def seqs(self, run_id: str) -> list[int]:
-        return [s for (s,) in self.sql("SELECT seq FROM records WHERE run_id = ? ORDER BY seq",
-                                       run_id)]
-
-
 @pytest.fixture
-def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Project]:
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("INTERLOCK_STORE", raising=False)
-    monkeypatch.delenv("INTERLOCK_LOG_KEY", raising=False)
-    p = Project(tmp_path)
-    yield p
-    sys.modules.pop(p.mod, None)
+def project(make_project: Callable[..., Project]) -> Project:
+    return make_project(NODES, "tamper_nodes")
 
 
 # -- a cut tail --------------------------------------------------------------------------------
