@@ -42,6 +42,8 @@ class _Checker:
         self.spec = spec
         self.provided = provided
         self.result = CheckResult()
+        # check_repeats: unconditional plain edges seen so far, by their set of sources
+        self._plain_targets: dict[frozenset[str], dict[str, int]] = {}
 
     def add(self, severity: Severity, message: str, path: tuple[Any, ...], code: str) -> None:
         self.result.diagnostics.append(
@@ -164,13 +166,17 @@ class _Checker:
                      "targets", ("edges", i, "to"), "duplicate")
             ok = False
         if e.kind == "plain" and e.when is None and not e.otherwise:
-            same = [f for f in self.spec.edges[:i]
-                    if f.kind == "plain" and f.when is None and not f.otherwise
-                    and set(f.source) == set(e.source) and set(f.targets) & set(targets)]
-            if same:
-                self.add("warning", f"edge {e.describe()} repeats edge {same[0].describe()}: "
+            # the earlier unconditional edges, by source set: target -> the first edge
+            # to it (a dict look-up per target, not a scan of every earlier edge)
+            seen = self._plain_targets.setdefault(frozenset(e.source), {})
+            earlier = [seen[t] for t in targets if t in seen]
+            if earlier:
+                first = self.spec.edges[min(earlier)]
+                self.add("warning", f"edge {e.describe()} repeats edge {first.describe()}: "
                          "each taken edge runs its target once more (remove one)",
                          ("edges", i), "duplicate")
+            for t in targets:
+                seen.setdefault(t, i)
         return ok
 
     def check_expressions(self) -> None:
