@@ -12,7 +12,7 @@ import contextvars
 import hashlib
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -335,25 +335,102 @@ TRACE_KEYS = ("seq", "type", "node", "at", "duration_ms", "attempt", "tokens", "
 
 async def trace(run_id: str, *, store: str | Store | None = None) -> list[dict[str, Any]]:
     """The run's records, oldest first, each with at least the SPEC's trace keys."""
+    return [rec async for page in trace_pages(run_id, store=store) for rec in page]
+
+
+TRACE_PAGE = 2000  # records read from the store at a time by `trace_pages`
+
+
+async def trace_pages(run_id: str, *, store: str | Store | None = None,
+                      page: int | None = None) -> AsyncIterator[list[dict[str, Any]]]:
+    """`trace`'s records a page (default `TRACE_PAGE`) at a time: a long run's log is
+    never held whole."""
     st, owned = open_store_arg(store)
     try:
         await st.get_run(run_id)
-        out = []
-        for entry in await st.entries(run_id):
-            try:
-                rec = entry.record()
-            except ValueError:  # orjson.JSONDecodeError: the stored text was changed
-                raise UsageError(f"run {run_id!r}: the log is broken at record {entry.seq} "
-                                 f"(its data is not valid JSON); `interlock verify {run_id}` "
-                                 "checks the whole log") from None
-            for key in TRACE_KEYS:
-                rec.setdefault(key, None)
-            rec["hash"] = entry.hash
-            out.append(rec)
-        return out
+        async for entries in st.iter_entries(run_id, page=page or TRACE_PAGE):
+            yield [trace_record(run_id, entry) for entry in entries]
     finally:
         if owned:
             await st.close()
+
+
+def trace_record(run_id: str, entry: L.Entry) -> dict[str, Any]:
+    """The stored entry as a trace shows it: the record, the SPEC's trace keys, its hash."""
+    try:
+        rec = entry.record()
+    except ValueError:  # orjson.JSONDecodeError: the stored text was changed
+        raise UsageError(f"run {run_id!r}: the log is broken at record {entry.seq} "
+                         f"(its data is not valid JSON); `interlock verify {run_id}` "
+                         "checks the whole log") from None
+    for key in TRACE_KEYS:
+        rec.setdefault(key, None)
+    rec["hash"] = entry.hash
+    return rec
+
+
+class LogCheck:
+    """`verify`'s checks made one page of entries at a time (`feed`, then `result`), so
+    that a reader streaming a long log (``interlock trace``) verifies it as it goes:
+    the chain, the first record and the definition, the fold, the summary."""
+
+    def __init__(self, row: RunRow) -> None:
+        self.row = row
+        self.records = 0
+        self.last: L.Entry | None = None
+        self.problem: Verification | None = None
+        self.view: RunView | None = None
+
+    def _fail(self, seq: int, message: str) -> None:
+        self.problem = Verification(self.row.run_id, False, self.records, seq, message)
+
+    def feed(self, entries: list[L.Entry]) -> None:
+        if self.problem is not None or not entries:
+            return
+        row = self.row
+        first = self.last is None
+        found = L.verify_chain(entries, start=self.records,
+                               prev_hash=self.last.hash if self.last else L.GENESIS)
+        self.records += len(entries)
+        if found is not None:
+            return self._fail(found.seq, found.message)
+        if first:
+            if entries[0].type != L.RUN_STARTED:
+                return self._fail(1, "the log does not begin with run.started")
+            if definition_hash(row.definition) != row.definition_hash or \
+                    entries[0].record().get("definition_hash") != row.definition_hash:
+                return self._fail(1, "the stored definition does not match the hash "
+                                  "recorded when the run started")
+            from ._workflow import Workflow
+
+            self.view = RunView(Workflow.from_spec(parse(row.definition)).reading_plan())
+        assert self.view is not None
+        for entry in entries:
+            try:
+                self.view.apply(entry.record())
+            except (InterlockError, KeyError, IndexError, TypeError, ValueError) as exc:
+                return self._fail(entry.seq,
+                                  f"the record does not follow from the ones before: {exc}")
+        self.last = entries[-1]
+
+    def result(self) -> Verification:
+        if self.problem is not None:
+            return Verification(self.row.run_id, False, self.records, self.problem.seq,
+                                self.problem.message)
+        if self.last is None or self.view is None:
+            return Verification(self.row.run_id, False, 0, 1,
+                                "the log does not begin with run.started")
+        s, view, last = self.row.summary, self.view, self.last
+        facts = [("status", s.status, view.status), ("last seq", s.last_seq, last.seq),
+                 ("last hash", s.last_hash, last.hash), ("steps", s.steps, view.steps),
+                 ("tokens", s.tokens, view.tokens)]
+        for what, stored, folded in facts:
+            if stored != folded and not (what == "status" and stored in RESUMABLE
+                                         and folded in RESUMABLE):
+                return Verification(self.row.run_id, False, self.records, last.seq,
+                                    f"the run's summary says {what} = {stored!r} but its log "
+                                    f"gives {folded!r}")
+        return Verification(self.row.run_id, True, self.records)
 
 
 @dataclass(frozen=True, slots=True)

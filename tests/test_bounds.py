@@ -271,3 +271,75 @@ def test_a_boolean_count_is_refused_in_the_api_and_the_file(wdir: tuple[Path, st
         interlock.load("wf.yaml")
     problems = [str(d) for d in info.value.diagnostics]
     assert len(problems) == 3 and all("got a boolean" in p for p in problems), problems
+
+
+# -- finding 5: trace streams the log --------------------------------------------------
+
+
+LOOP = """\
+workflow: loop
+nodes:
+  step: {{call: "{mod}:inc", writes: [n]}}
+edges:
+  - {{from: START, to: step}}
+  - {{from: step, to: step, when: "n < 25"}}
+  - {{from: step, to: END, otherwise: true}}
+"""
+
+
+def test_trace_reads_the_log_in_pages_and_prints_what_it_printed_whole(
+        wdir: tuple[Path, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+    import sqlite3
+
+    import interlock._runs as runs
+    from interlock._store import open_store
+    from interlock._store._sqlite import SQLiteStore
+
+    root, mod = wdir
+    (root / f"{mod}.py").write_text(NODES + "\ndef inc(state):\n    return {'n': "
+                                    "state.get('n', 0) + 1}\n")
+    (root / "loop.yaml").write_text(LOOP.format(mod=mod))
+    url = f"sqlite:///{root / 'runs.db'}"
+    assert invoke("run", "loop.yaml", "--store", url, "--run-id", "r-loop").exit_code == 0
+
+    async def whole() -> list[dict[str, object]]:  # what trace printed before: all at once
+        st = open_store(url)
+        try:
+            out = []
+            for entry in await st.entries("r-loop"):
+                rec = entry.record()
+                for key in runs.TRACE_KEYS:
+                    rec.setdefault(key, None)
+                rec["hash"] = entry.hash
+                out.append(rec)
+            return out
+        finally:
+            await st.close()
+
+    records = asyncio.run(whole())
+    assert len(records) > 100
+    one_page = invoke("trace", "r-loop", "--store", url)
+
+    def no_whole_log(self: SQLiteStore, run_id: str, after: int = 0) -> None:
+        raise AssertionError("trace read the whole log at once")
+
+    monkeypatch.setattr(SQLiteStore, "entries", no_whole_log)
+    monkeypatch.setattr(runs, "TRACE_PAGE", 7)
+    shown = invoke("trace", "r-loop", "--json", "--store", url)
+    assert shown.exit_code == 0 and shown.stderr == ""
+    assert shown.stdout == json.dumps(records, ensure_ascii=False, default=str) + "\n"
+    paged = invoke("trace", "r-loop", "--store", url)
+    assert paged.exit_code == 0
+    assert paged.stdout == one_page.stdout
+    assert len(paged.stdout.splitlines()) == len(records)
+
+    with sqlite3.connect(root / "runs.db") as conn:
+        conn.execute("UPDATE records SET data = replace(data, '\"attempt\":1', "
+                     "'\"attempt\":2') WHERE run_id = 'r-loop' AND seq = 40")
+    for args in (["--json"], []):
+        broken = invoke("trace", "r-loop", *args, "--store", url)
+        assert broken.exit_code == 0
+        assert "warning: run r-loop's log does not verify at record 40: hash does not " \
+               "match" in broken.stderr
+        assert len(broken.stdout.splitlines()) == (1 if args else len(records))
