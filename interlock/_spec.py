@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from . import _limits
+from . import _limits, _yaml_fast
 from ._bounds import read_at_most, too_big
 from ._errors import Diagnostic, Location, WorkflowError
 from ._model import SourceMap, WorkflowSpec
@@ -51,6 +51,14 @@ def read_file(path: str | os.PathLike[str]) -> tuple[dict[str, Any], SourceMap]:
                         "save it as UTF-8", Location(name))]
         ) from None
     del raw
+    fast = _yaml_fast.read(text, name)  # libyaml, when it reads the file as ruamel would
+    if fast is not None:
+        data, located = fast
+        if not isinstance(data, dict):
+            raise WorkflowError([Diagnostic(
+                "error", "a workflow file must be a mapping with 'workflow', 'nodes' and "
+                "'edges'", Location(name, 1, 1))])
+        return data, SourceMap(name, located)
     yaml = YAML(typ="rt", pure=True)
     yaml.version = (1, 2)
     yaml.allow_duplicate_keys = False
@@ -115,7 +123,7 @@ class _Plain:
         #  alias's expansion stays the alias's own
         todo: list[tuple[Any, Any, Any, tuple[Any, ...], int, bool]] = [
             (doc, root, 0, (), 0, False)]
-        pop, push = todo.pop, todo.append
+        pop = todo.pop
         positions = self.positions
         while todo:
             node, parent, slot, path, depth, alias = pop()
@@ -131,6 +139,7 @@ class _Plain:
                 alias = id(node) in seen
                 seen.add(id(node))
             depth += 1
+            parts: list[tuple[Any, Any, Any, tuple[Any, ...], int, bool]] = []
             if isinstance(node, CommentedMap):
                 out: Any = {}
                 lc_key = node.lc.key
@@ -138,23 +147,27 @@ class _Plain:
                     plain_key = _scalar(key)
                     out[plain_key] = None  # keeps the file's order of keys
                     if alias:
-                        push((value, out, plain_key, path, depth, True))
+                        parts.append((value, out, plain_key, path, depth, True))
                         continue
-                    line, col = lc_key(key)
+                    try:
+                        line, col = lc_key(key)
+                    except KeyError:  # a key merged in (<<: *anchor): where the map is
+                        line, col = node.lc.line, node.lc.col
                     kpath = (*path, key)
                     positions[kpath] = (line + 1, col + 1)
-                    push((value, out, plain_key, kpath, depth, False))
+                    parts.append((value, out, plain_key, kpath, depth, False))
             else:
                 out = [None] * len(node)
                 lc_item = node.lc.item
                 for i, value in enumerate(node):
                     if alias:
-                        push((value, out, i, path, depth, True))
+                        parts.append((value, out, i, path, depth, True))
                         continue
                     line, col = lc_item(i)
                     ipath = (*path, i)
                     positions[ipath] = (line + 1, col + 1)
-                    push((value, out, i, ipath, depth, False))
+                    parts.append((value, out, i, ipath, depth, False))
+            todo.extend(reversed(parts))  # taken in the file's order: an anchor before its aliases
             parent[slot] = out
         return root[0]
 

@@ -343,3 +343,78 @@ def test_trace_reads_the_log_in_pages_and_prints_what_it_printed_whole(
         assert "warning: run r-loop's log does not verify at record 40: hash does not " \
                "match" in broken.stderr
         assert len(broken.stdout.splitlines()) == (1 if args else len(records))
+
+
+# -- finding 4: reading a workflow file is linear and fast (libyaml, ruamel's results) ----
+
+
+TRICKY = [
+    "a: 1\nb: -2\nc: +3\nd: 1.5\ne: 1e3\nf: 1.\ng: true\nh: False\ni: null\nj: ~\nk:\n",
+    "a: yes\nb: no\nc: on\nd: 0755\ne: 0x1F\nf: 1_000\ng: .inf\nh: .5\ni: 2001-01-01\n",
+    "a: 'q'\nb: \"x\\ty\"\nc: |\n  line 1\n  line 2\nd: >-\n  folded\n  text\ne: !!str 5\n",
+    "a: &x [1, 'two', {k: v}]\nb: *x\nc:\n  - *x\n  - - nested\n    - seq\n  - k: 1\n    j: 2\n",
+    "base: &b {x: 1}\nmerged:\n  <<: *b\n  y: 2\n",
+    "? complex\n: key\nplain multi\n  line: v\n'quoted key': 1\n1: int key\n",
+    "%YAML 1.2\n---\na: 1\n",
+    "a: 1\n---\nb: 2\n",
+    "a: 1\na: 2\n",
+    "# comment\na: [1, 2,   3]   # trailing\nb: {c: d, e: [f, {g: h}]}\nü: ñ ✓ 🚀\n",
+    "just a scalar\n",
+    "",
+]
+
+
+def _typed(value: object) -> object:
+    """``value`` with the type of every part: 1, 1.0 and True compare unequal."""
+    if isinstance(value, dict):
+        return [("dict", _typed(k), _typed(v)) for k, v in value.items()]
+    if isinstance(value, list):
+        return ["list", *(_typed(v) for v in value)]
+    return (type(value).__name__, repr(value))
+
+
+def _both_ways(path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[object, object]:
+    from interlock import _spec, _yaml_fast
+
+    def read() -> object:
+        try:
+            data, smap = _spec.read_file(path)
+            return _typed(data), smap.positions
+        except WorkflowError as exc:
+            return [str(d) for d in exc.diagnostics]
+
+    fast = read()
+    with monkeypatch.context() as m:
+        m.setattr(_yaml_fast, "read", lambda text, file: None)
+        slow = read()
+    return fast, slow
+
+
+@pytest.mark.parametrize("text", TRICKY)
+def test_the_fast_reader_gives_what_ruamel_gives(tmp_path: Path, text: str,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "wf.yaml"
+    path.write_text(text)
+    fast, slow = _both_ways(path, monkeypatch)
+    assert fast == slow
+
+
+def test_the_fast_reader_gives_what_ruamel_gives_for_the_examples(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    examples = sorted((Path(interlock.__file__).parent.parent / "examples").rglob("*.yaml"))
+    assert examples
+    for path in examples:
+        fast, slow = _both_ways(path, monkeypatch)
+        assert fast == slow, path
+
+
+def test_the_fast_reader_declines_what_it_does_not_read_as_ruamel_would() -> None:
+    from interlock import _yaml_fast
+
+    for text in TRICKY[1:3] + TRICKY[4:9]:
+        assert _yaml_fast.read(text, "wf.yaml") is None, text
+    data, positions = _yaml_fast.read(TRICKY[3], "wf.yaml") or (None, {})
+    assert data == {"a": [1, "two", {"k": "v"}], "b": [1, "two", {"k": "v"}],
+                    "c": [[1, "two", {"k": "v"}], ["nested", "seq"], {"k": 1, "j": 2}]}
+    assert data["a"] is not data["b"]  # each use of an alias is its own copy
+    assert positions[("c", 2, "j")] == (8, 5)

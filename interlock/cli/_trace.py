@@ -109,11 +109,13 @@ async def _print_trace(pages: AsyncIterator[list[Record]], spec: WorkflowSpec | 
     from rich.text import Text
 
     out = Console(highlight=False, soft_wrap=True)
+    plain = out.color_system is None  # not a terminal (or NO_COLOR): the text alone
     seq_w, type_w, node_w = widths.seq, widths.type, widths.node
     t0: float | None = None
     async for records in pages:
         if t0 is None and records:
             t0 = records[0]["at"]
+        lines: list[Text] = []
         for rec in records:
             rtype = rec["type"]
             line = Text(f"{rec['seq']:>{seq_w}}  "
@@ -126,7 +128,14 @@ async def _print_trace(pages: AsyncIterator[list[Record]], spec: WorkflowSpec | 
             if detail:
                 line.append("  " + detail)
             line.rstrip()
-            out.print(line)
+            lines.append(line)
+        # a page at a time: Console.print's cost is mostly per call, not per line
+        if not lines:
+            continue
+        if plain:
+            out.file.write("".join(f"{line.plain}\n" for line in lines))
+        else:
+            out.print(Text("\n").join(lines))
 
 
 def _record_style(rec: Record) -> str:
