@@ -12,7 +12,9 @@ it measures what a user of the command line waits for. The table goes to stdout,
 JSON line per row before it (``-q``: the table only).
 
 - ``validate_chain``: ``interlock validate`` of an N-node chain (default 10 000);
-- ``run_chain``: ``interlock run`` of it on ``memory://``;
+- ``validate_fanout``: ``interlock validate`` of one node fanning out to N branches that
+  a join collects;
+- ``run_chain``: ``interlock run`` of the chain on ``memory://``;
 - ``trace``: ``interlock trace`` of a run of S steps (default 100 000; a loop workflow
   with ``limits: {steps: ...}``, run once on a SQLite store, not timed), human and
   ``--json`` (output to /dev/null);
@@ -91,6 +93,20 @@ def validate_chain(root: Path, opts: Options) -> list[Row]:
             (f"validate chain N={opts.nodes}", "peak_rss", rss, "MiB")]
 
 
+def validate_fanout(root: Path, opts: Options) -> list[Row]:
+    n = opts.nodes
+    branches = ", ".join(f"b{i}" for i in range(n))
+    lines = ["workflow: fan", "nodes:", "  a: hnodes:noop", "  c: hnodes:noop"]
+    lines += [f"  b{i}: hnodes:noop" for i in range(n)]
+    lines += ["edges:", "  - {from: START, to: a}", f"  - {{from: a, to: [{branches}]}}",
+              f"  - {{from: [{branches}], to: c}}"]
+    (root / "fan.yaml").write_text("\n".join(lines) + "\n")
+    wall, rss, code = timed(["validate", "fan.yaml"], root)
+    assert code == 0, f"validate fan.yaml exited {code}"
+    return [(f"validate fan-out+join N={n}", "wall", wall, "s"),
+            (f"validate fan-out+join N={n}", "peak_rss", rss, "MiB")]
+
+
 def run_chain(root: Path, opts: Options) -> list[Row]:
     name = chain_file(root, opts.nodes)
     wall, rss, code = timed(["run", name, "--store", "memory://", "--set",
@@ -136,7 +152,7 @@ def alias_bomb(root: Path, opts: Options) -> list[Row]:
 
 
 SCENARIOS: list[Callable[[Path, Options], list[Row]]] = [
-    validate_chain, run_chain, trace, alias_bomb,
+    validate_chain, validate_fanout, run_chain, trace, alias_bomb,
 ]
 
 
