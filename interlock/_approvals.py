@@ -24,6 +24,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from . import _log as L
+from ._bounds import check_data
 from ._errors import UsageError
 from ._fold import Gate, RunView
 from ._model import WorkflowSpec
@@ -167,8 +168,11 @@ def check_patch(spec: WorkflowSpec, view: RunView, patch: dict[str, Any]) -> Non
     if unknown:
         raise UsageError(f"the patch names field(s) the workflow does not know: "
                          f"{', '.join(unknown)}; known fields: {', '.join(sorted(known))}")
+    check_data(patch, "the patch")  # its depth, before it is converted
+    plain = L.to_json_value(patch)
+    check_data(None, "the patch", len(L.dumps(plain)))
     # a patch replaces whole fields, bypassing reducers: a reducer field gets its kind
-    check_whole_values(L.to_json_value(patch), {k: v.reducer for k, v in spec.state.items()},
+    check_whole_values(plain, {k: v.reducer for k, v in spec.state.items()},
                        "the patch")
 
 

@@ -56,6 +56,7 @@ def sccs(adj: Adjacency, nodes: Iterable[str]) -> dict[str, int]:
     comp: dict[str, int] = {}
     counter = 0
     ncomp = 0
+    inner: dict[str, list[str]] = {}  # successors without START/END, made once per node
     for root in nodes:
         if root in index:
             continue
@@ -67,7 +68,9 @@ def sccs(adj: Adjacency, nodes: Iterable[str]) -> dict[str, int]:
                 counter += 1
                 stack.append(node)
                 on_stack.add(node)
-            succ = [s for s in adj.get(node, ()) if s != END and s != START]
+            succ = inner.get(node)
+            if succ is None:
+                succ = inner[node] = [s for s in adj.get(node, ()) if s != END and s != START]
             if i < len(succ):
                 work[-1] = (node, i + 1)
                 nxt = succ[i]

@@ -52,6 +52,9 @@ WORKFLOW_FILE_BYTES = Limit(
 YAML_NODES = Limit(
     "INTERLOCK_MAX_YAML_NODES", 250_000, "YAML nodes",
     "the size of a workflow document with its aliases expanded")
+#: nesting depth of a workflow document (YAML's reader itself stops near 200)
+YAML_DEPTH = Limit(
+    "INTERLOCK_MAX_YAML_DEPTH", 100, "levels", "the deepest nesting of a workflow document")
 #: bytes of a run's input, a decision's patch or a --set value, as JSON
 INPUT_BYTES = Limit(
     "INTERLOCK_MAX_INPUT_BYTES", 4 * MiB, "bytes", "the largest run input or patch")
@@ -70,4 +73,4 @@ RENDER_MS = Limit(
     "INTERLOCK_MAX_RENDER_MS", 2_000, "milliseconds", "the time one prompt may take to render")
 
 ALL = (WORKFLOW_FILE_BYTES, YAML_NODES, INPUT_BYTES, INPUT_DEPTH, EXPRESSION_COST,
-       RENDER_CHARS, RENDER_MS)
+       RENDER_CHARS, RENDER_MS, YAML_DEPTH)

@@ -75,6 +75,18 @@ def parse_size(value: Any) -> Any:
 Size = Annotated[int, BeforeValidator(parse_size), Field(gt=0)]
 
 
+def whole_number(value: Any) -> Any:
+    """A count (limits.steps, tokens, attempts, max): an int, never a boolean -- in
+    Python ``True`` is the int 1, so ``steps: true`` would be a limit of 1 step."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected a whole number such as 50, got a boolean "
+                         f"({str(value).lower()})")
+    return value
+
+
+Count = Annotated[int, BeforeValidator(whole_number)]
+
+
 def _as_list(value: Any) -> Any:
     return [value] if isinstance(value, str) else value
 
@@ -89,7 +101,7 @@ class _Strict(BaseModel):
 class RetrySpec(_Strict):
     """``retry: {attempts, backoff, max_backoff, jitter, errors}``."""
 
-    attempts: int = Field(default=1, ge=1, le=100)
+    attempts: Count = Field(default=1, ge=1, le=100)
     backoff: Annotated[float, BeforeValidator(parse_duration), Field(ge=0)] = 0.0
     max_backoff: Duration | None = None
     jitter: bool = False
@@ -116,7 +128,7 @@ class NodeSpec(_Strict):
     retry: RetrySpec | None = None
     isolation: Literal["thread", "process"] | None = None
     memory: Size | None = None  # with isolation: process, an address-space limit
-    tokens: int | None = Field(default=None, ge=0)
+    tokens: Count | None = Field(default=None, ge=0)
     confirm: bool = False
     approval: ApprovalSpec | None = None
     agent: dict[str, Any] | None = None
@@ -173,7 +185,7 @@ class EdgeSpec(_Strict):
     default: str | None = None
     router: str | None = None
     choose: NameList | None = None
-    max: int | None = Field(default=None, ge=1)
+    max: Count | None = Field(default=None, ge=1)
 
     @field_validator("cases", mode="before")
     @classmethod
@@ -277,8 +289,8 @@ DEFAULT_STEPS = 10_000
 
 
 class LimitsSpec(_Strict):
-    tokens: int | None = Field(default=None, ge=0)
-    steps: int | None = Field(default=None, ge=1)
+    tokens: Count | None = Field(default=None, ge=0)
+    steps: Count | None = Field(default=None, ge=1)
     timeout: Duration | None = None
 
 
@@ -378,5 +390,5 @@ def check_limits(limits: Mapping[str, Any], *, base: Mapping[str, Any] | None = 
 
 
 def _pydantic_message(exc: ValidationError, prefix: str) -> str:
-    return "; ".join(f"{'.'.join(map(str, (prefix, *e['loc'])))}: {e['msg']}"
-                     for e in exc.errors())
+    return "; ".join(f"{'.'.join(map(str, (prefix, *e['loc'])))}: "
+                     f"{e['msg'].removeprefix('Value error, ')}" for e in exc.errors())

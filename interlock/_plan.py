@@ -144,14 +144,13 @@ def _is_async_callable(fn: Callable[..., Any]) -> bool:
 
 
 def _adjacency(spec: WorkflowSpec) -> dict[str, list[str]]:
-    adj: dict[str, list[str]] = {START: [], **{n: [] for n in spec.nodes}}
+    # successors in declaration order, each once (a dict keeps both: no list scans)
+    succ: dict[str, dict[str, None]] = {START: {}, **{n: {} for n in spec.nodes}}
     for e in spec.edges:
+        targets = [t for t in e.targets if t != END]
         for s in e.source:
-            lst = adj.setdefault(s, [])
-            for t in e.targets:
-                if t != END and t not in lst:
-                    lst.append(t)
-    return adj
+            succ.setdefault(s, {}).update(dict.fromkeys(targets))
+    return {n: list(ts) for n, ts in succ.items()}
 
 
 def build_plan(spec: WorkflowSpec, *, callables: dict[str, Callable[..., Any]],

@@ -13,7 +13,7 @@ import hashlib
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -422,25 +422,38 @@ TRACE_KEYS = ("seq", "type", "node", "at", "duration_ms", "attempt", "tokens", "
 
 async def trace(run_id: str, *, store: str | Store | None = None) -> list[dict[str, Any]]:
     """The run's records, oldest first, each with at least the SPEC's trace keys."""
+    return [rec async for page in trace_pages(run_id, store=store) for rec in page]
+
+
+TRACE_PAGE = 2000  # records read from the store at a time by `trace_pages`
+
+
+async def trace_pages(run_id: str, *, store: str | Store | None = None,
+                      page: int | None = None) -> AsyncIterator[list[dict[str, Any]]]:
+    """`trace`'s records a page (default `TRACE_PAGE`) at a time: a long run's log is
+    never held whole."""
     st, owned = open_store_arg(store)
     try:
         await st.get_run(run_id)
-        out = []
-        for entry in await st.entries(run_id):
-            try:
-                rec = entry.record()
-            except ValueError:  # orjson.JSONDecodeError: the stored text was changed
-                raise UsageError(f"run {run_id!r}: the log is broken at record {entry.seq} "
-                                 f"(its data is not valid JSON); `interlock verify {run_id}` "
-                                 "checks the whole log") from None
-            for key in TRACE_KEYS:
-                rec.setdefault(key, None)
-            rec["hash"] = entry.hash
-            out.append(rec)
-        return out
+        async for entries in st.iter_entries(run_id, page=page or TRACE_PAGE):
+            yield [trace_record(run_id, entry) for entry in entries]
     finally:
         if owned:
             await st.close()
+
+
+def trace_record(run_id: str, entry: L.Entry) -> dict[str, Any]:
+    """The stored entry as a trace shows it: the record, the SPEC's trace keys, its hash."""
+    try:
+        rec = entry.record()
+    except ValueError:  # orjson.JSONDecodeError: the stored text was changed
+        raise UsageError(f"run {run_id!r}: the log is broken at record {entry.seq} "
+                         f"(its data is not valid JSON); `interlock verify {run_id}` "
+                         "checks the whole log") from None
+    for key in TRACE_KEYS:
+        rec.setdefault(key, None)
+    rec["hash"] = entry.hash
+    return rec
 
 
 @dataclass(frozen=True, slots=True)
@@ -454,8 +467,120 @@ class Verification:
     notes: tuple[str, ...] = ()  # findings that do not break the log (a forged snapshot)
 
 
+class LogCheck:
+    """`verify`'s checks made one page of entries at a time (`feed`, then `result`), so
+    that a long log is never held whole -- by ``interlock verify`` and by ``interlock
+    trace``, which verifies as it goes: the chain (keyed or plain), the first record and
+    the definition, the fold, the summary, and the snapshot (``snapshot``: the run's
+    stored one, as ``(seq, data)``; a mismatch is a note, not a broken log).
+    """
+
+    def __init__(self, row: RunRow, snapshot: tuple[int, bytes] | None = None) -> None:
+        self.row = row
+        self.records = 0
+        self.last: L.Entry | None = None
+        self.problem: Verification | None = None
+        self.view: RunView | None = None
+        self.snapshot = snapshot
+        self.notes: list[str] = []
+        self.keyed, self.key = False, None
+        try:
+            self.keyed, self.key = run_key(row)
+        except UsageError as exc:
+            self._fail(1, str(exc))
+            return
+        if self.keyed and self.key is None:
+            self.problem = Verification(row.run_id, False, 0, None, _key_missing(row))
+        elif not self.keyed and L.env_key() is not None:
+            self._fail(1, f"{L.LOG_KEY_ENV} is set, but this run's log is not keyed: it "
+                          "cannot prove that a holder of the key wrote it (a run started "
+                          "without the key, or a log rewritten without it); unset the "
+                          "variable to check its plain chain")
+
+    def _fail(self, seq: int, message: str) -> None:
+        self.problem = Verification(self.row.run_id, False, self.records, seq, message)
+
+    def feed(self, entries: list[L.Entry]) -> None:
+        if self.problem is not None or not entries:
+            return
+        first = self.last is None
+        found = L.verify_chain(entries, start=self.records, key=self.key,
+                               prev_hash=self.last.hash if self.last else L.GENESIS)
+        self.records += len(entries)
+        if found is not None:
+            return self._fail(found.seq, found.message)
+        if first and not self._first(entries[0]):
+            return None
+        self._check_snapshot(entries)
+        assert self.view is not None
+        for entry in entries:
+            try:
+                self.view.apply(entry.record())
+            except (InterlockError, KeyError, IndexError, TypeError, ValueError) as exc:
+                return self._fail(entry.seq,
+                                  f"the record does not follow from the ones before: {exc}")
+        self.last = entries[-1]
+        return None
+
+    def _first(self, entry: L.Entry) -> bool:
+        row = self.row
+        if entry.type != L.RUN_STARTED:
+            self._fail(1, "the log does not begin with run.started")
+            return False
+        rec = entry.record()
+        if definition_hash(row.definition) != row.definition_hash or \
+                rec.get("definition_hash") != row.definition_hash:
+            self._fail(1, "the stored definition does not match the hash recorded when the "
+                          "run started")
+            return False
+        if (rec.get("chain"), rec.get("key_id")) != \
+                (row.options.get("chain"), row.options.get("key_id")):
+            self._fail(1, "the run's row and its run.started record disagree about how its "
+                          "log is chained")
+            return False
+        self.view = RunView(reading_plan(parse(row.definition)))
+        return True
+
+    def _check_snapshot(self, entries: list[L.Entry], *, end: bool = False) -> None:
+        """Whether the record after the snapshot vouches for it, once it is read (or
+        at the ``end`` of the log, when there is none)."""
+        if self.snapshot is None:
+            return
+        seq, raw = self.snapshot
+        after = [e for e in entries if e.seq == seq + 1]
+        if after or end or self.records > seq + 1:
+            why = snapshots.unbound(raw, seq, after)
+            if why is not None:
+                self.notes.append(f"the snapshot at record {seq} does not match the log "
+                                  f"({why}); it is not used: status and resume fold the "
+                                  "whole log")
+            self.snapshot = None
+
+    def result(self) -> Verification:
+        run_id = self.row.run_id
+        if self.problem is not None:
+            return Verification(run_id, False, self.records, self.problem.seq,
+                                self.problem.message)
+        if self.last is None or self.view is None:
+            return Verification(run_id, False, 0, 1, "the log does not begin with run.started")
+        self._check_snapshot([], end=True)  # a snapshot past the end of the log
+        s, view, last = self.row.summary, self.view, self.last
+        facts = [("status", s.status, view.status), ("last seq", s.last_seq, last.seq),
+                 ("last hash", s.last_hash, last.hash), ("steps", s.steps, view.steps),
+                 ("tokens", s.tokens, view.tokens)]
+        for what, stored, folded in facts:
+            if stored != folded and not (what == "status" and stored in RESUMABLE
+                                         and folded in RESUMABLE):
+                return Verification(run_id, False, self.records, last.seq,
+                                    f"the run's summary says {what} = {stored!r} but its log "
+                                    f"gives {folded!r}")
+        return Verification(run_id, True, self.records, keyed=self.keyed,
+                            notes=tuple(self.notes))
+
+
 async def verify(run_id: str, *, store: str | Store | None = None) -> Verification:
-    """Check the hash chain, the definition and the fold against the run's summary.
+    """Check the hash chain, the definition and the fold against the run's summary, a
+    page of records at a time.
 
     A keyed log is checked with ``$INTERLOCK_LOG_KEY`` (without it, it cannot be
     checked: not ok). With the key set, a log that is not keyed is not ok either: it
@@ -464,69 +589,13 @@ async def verify(run_id: str, *, store: str | Store | None = None) -> Verificati
     st, owned = open_store_arg(store)
     try:
         row = await st.get_run(run_id)
-        entries = await st.entries(run_id)
-        return await _verify(st, row, entries)
+        check = LogCheck(row, await st.load_snapshot(run_id))
+        async for entries in st.iter_entries(run_id, page=TRACE_PAGE):
+            check.feed(entries)
+        return check.result()
     finally:
         if owned:
             await st.close()
-
-
-async def _verify(st: Store, row: RunRow, entries: list[L.Entry]) -> Verification:
-    run_id, n = row.run_id, len(entries)
-
-    def bad(seq: int | None, message: str) -> Verification:
-        return Verification(run_id, False, n, seq, message)
-
-    try:
-        keyed, key = run_key(row)
-    except UsageError as exc:
-        return bad(1, str(exc))
-    if keyed and key is None:
-        return bad(None, _key_missing(row))
-    if not keyed and L.env_key() is not None:
-        return bad(1, f"{L.LOG_KEY_ENV} is set, but this run's log is not keyed: it cannot "
-                      "prove that a holder of the key wrote it (a run started without the "
-                      "key, or a log rewritten without it); unset the variable to check its "
-                      "plain chain")
-    problem = L.verify_chain(entries, key=key)
-    if problem is not None:
-        return bad(problem.seq, problem.message)
-    if not entries or entries[0].type != L.RUN_STARTED:
-        return bad(1, "the log does not begin with run.started")
-    first = entries[0].record()
-    if definition_hash(row.definition) != row.definition_hash or \
-            first.get("definition_hash") != row.definition_hash:
-        return bad(1, "the stored definition does not match the hash recorded when the run "
-                      "started")
-    if (first.get("chain"), first.get("key_id")) != \
-            (row.options.get("chain"), row.options.get("key_id")):
-        return bad(1, "the run's row and its run.started record disagree about how its log "
-                      "is chained")
-    plan = reading_plan(parse(row.definition))
-    view = RunView(plan)
-    for entry in entries:
-        try:
-            view.apply(entry.record())
-        except (InterlockError, KeyError, IndexError, TypeError, ValueError) as exc:
-            return bad(entry.seq, f"the record does not follow from the ones before: {exc}")
-    s = row.summary
-    facts = [("status", s.status, view.status), ("last seq", s.last_seq, entries[-1].seq),
-             ("last hash", s.last_hash, entries[-1].hash), ("steps", s.steps, view.steps),
-             ("tokens", s.tokens, view.tokens)]
-    for what, stored, folded in facts:
-        if stored != folded and not (what == "status" and stored in RESUMABLE
-                                     and folded in RESUMABLE):
-            return bad(entries[-1].seq, f"the run's summary says {what} = {stored!r} but its "
-                                        f"log gives {folded!r}")
-    notes: tuple[str, ...] = ()
-    snap = await st.load_snapshot(run_id)
-    if snap is not None:
-        seq, raw = snap
-        why = snapshots.unbound(raw, seq, entries[seq:seq + 1])
-        if why is not None:
-            notes = (f"the snapshot at record {seq} does not match the log ({why}); it is "
-                     "not used: status and resume fold the whole log",)
-    return Verification(run_id, True, n, keyed=keyed, notes=notes)
 
 
 async def fork(run_id: str, at: int, *, store: str | Store | None = None,

@@ -9,33 +9,56 @@ phases (validation, run errors) can name ``file:line:col``.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
+from . import _limits, _yaml_fast
+from ._bounds import read_at_most, too_big
 from ._errors import Diagnostic, Location, WorkflowError
 from ._model import SourceMap, WorkflowSpec
 
 
 def read_file(path: str | os.PathLike[str]) -> tuple[dict[str, Any], SourceMap]:
-    """Parse a workflow file into plain data and a map of positions."""
+    """Parse a workflow file into plain data and a map of positions.
+
+    At most `_limits.WORKFLOW_FILE_BYTES` are read (a device such as /dev/zero, a pipe
+    or a huge file is refused after that many), and the document with its aliases
+    expanded may have at most `_limits.YAML_NODES` nodes, nested at most
+    `_limits.YAML_DEPTH` deep.
+    """
     from ruamel.yaml import YAML
     from ruamel.yaml.error import MarkedYAMLError
 
     name = str(path)
+    limit = _limits.WORKFLOW_FILE_BYTES
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        with open(path, "rb") as f:
+            raw = read_at_most(f, limit.get())
     except OSError as exc:
         raise WorkflowError(
             [Diagnostic("error", f"cannot read workflow file: {exc.strerror or exc}",
                         Location(name))]
         ) from None
+    if raw is None:
+        raise WorkflowError([Diagnostic("error", too_big("the workflow file", limit),
+                                        Location(name))])
+    try:
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise WorkflowError(
             [Diagnostic("error", f"the file is not UTF-8 text (byte {exc.start}: {exc.reason}); "
                         "save it as UTF-8", Location(name))]
         ) from None
+    del raw
+    fast = _yaml_fast.read(text, name)  # libyaml, when it reads the file as ruamel would
+    if fast is not None:
+        data, located = fast
+        if not isinstance(data, dict):
+            raise WorkflowError([Diagnostic(
+                "error", "a workflow file must be a mapping with 'workflow', 'nodes' and "
+                "'edges'", Location(name, 1, 1))])
+        return data, SourceMap(name, located)
     yaml = YAML(typ="rt", pure=True)
     yaml.version = (1, 2)
     yaml.allow_duplicate_keys = False
@@ -49,6 +72,13 @@ def read_file(path: str | os.PathLike[str]) -> tuple[dict[str, Any], SourceMap]:
         raise WorkflowError(
             [Diagnostic("error", f"cannot parse the file: {problem}", Location(name, line, col))]
         ) from None
+    except RecursionError:  # the YAML reader is recursive: it gives up near 200 levels
+        depth = _limits.YAML_DEPTH
+        raise WorkflowError(
+            [Diagnostic("error", "cannot parse the file: it is nested too deeply for the "
+                        f"YAML reader (a workflow may nest {depth.get():_} levels, set by "
+                        f"{depth.env}); flatten it", Location(name, 1, 1))]
+        ) from None
     except Exception as exc:  # ruamel raises a few unmarked errors (duplicate keys, ...)
         raise WorkflowError(
             [Diagnostic("error", f"cannot parse the file: {exc}", Location(name, 1, 1))]
@@ -59,32 +89,146 @@ def read_file(path: str | os.PathLike[str]) -> tuple[dict[str, Any], SourceMap]:
                         "and 'edges'", Location(name, 1, 1))]
         )
     positions: Positions = {}
-    data = _plain(doc, (), positions)
+    data = _Plain(name, positions).convert(doc)
     return data, SourceMap(name, positions)
 
 
 Positions = dict[tuple[Any, ...], tuple[int, int]]
 
 
-def _plain(node: Any, path: tuple[Any, ...], positions: Positions) -> Any:
-    """ruamel's round-trip objects -> plain dict/list/scalars, recording positions."""
-    from ruamel.yaml.comments import CommentedMap, CommentedSeq
+class _Plain:
+    """ruamel's round-trip objects -> plain dict/list/scalars, recording positions.
 
-    if isinstance(node, CommentedMap):
-        out: dict[Any, Any] = {}
-        for key, value in node.items():
-            line, col = node.lc.key(key)
-            positions[(*path, key)] = (line + 1, col + 1)
-            out[_scalar(key)] = _plain(value, (*path, key), positions)
-        return out
-    if isinstance(node, CommentedSeq):
-        items = []
-        for i, value in enumerate(node):
-            line, col = node.lc.item(i)
-            positions[(*path, i)] = (line + 1, col + 1)
-            items.append(_plain(value, (*path, i), positions))
-        return items
-    return _scalar(node)
+    An alias is the same object as its anchor, so each use is expanded again: the
+    nodes produced are counted (a few hundred bytes of nested aliases -- "billion
+    laughs" -- would otherwise expand to billions) and so is the depth. What an alias
+    expands to is located at the alias (its parts at the anchor are located already).
+    Iterative: no recursion limit to hit.
+    """
+
+    def __init__(self, file: str, positions: Positions) -> None:
+        self.file = file
+        self.positions = positions
+
+    def convert(self, doc: Any) -> Any:
+        from ruamel.yaml.comments import CommentedMap, CommentedSeq
+
+        nodes_left = _limits.YAML_NODES.get()
+        self.check_size(doc, nodes_left)
+        max_depth = _limits.YAML_DEPTH.get()
+        root: list[Any] = [None]
+        seen: set[int] = set()  # containers expanded once (a second time is an alias)
+        # (ruamel object, the container its result goes in, the key there, its path,
+        #  its depth, whether it is part of an alias's expansion); the path of an
+        #  alias's expansion stays the alias's own
+        todo: list[tuple[Any, Any, Any, tuple[Any, ...], int, bool]] = [
+            (doc, root, 0, (), 0, False)]
+        pop = todo.pop
+        positions = self.positions
+        while todo:
+            node, parent, slot, path, depth, alias = pop()
+            nodes_left -= 1
+            if nodes_left < 0:
+                self.refuse_size(path, alias)
+            if not isinstance(node, CommentedMap | CommentedSeq):
+                parent[slot] = _scalar(node)
+                continue
+            if depth >= max_depth:
+                self.refuse_depth(path, depth)
+            if not alias:
+                alias = id(node) in seen
+                seen.add(id(node))
+            depth += 1
+            parts: list[tuple[Any, Any, Any, tuple[Any, ...], int, bool]] = []
+            if isinstance(node, CommentedMap):
+                out: Any = {}
+                lc_key = node.lc.key
+                for key, value in node.items():
+                    plain_key = _scalar(key)
+                    out[plain_key] = None  # keeps the file's order of keys
+                    if alias:
+                        parts.append((value, out, plain_key, path, depth, True))
+                        continue
+                    try:
+                        line, col = lc_key(key)
+                    except KeyError:  # a key merged in (<<: *anchor): where the map is
+                        line, col = node.lc.line, node.lc.col
+                    kpath = (*path, key)
+                    positions[kpath] = (line + 1, col + 1)
+                    parts.append((value, out, plain_key, kpath, depth, False))
+            else:
+                out = [None] * len(node)
+                lc_item = node.lc.item
+                for i, value in enumerate(node):
+                    if alias:
+                        parts.append((value, out, i, path, depth, True))
+                        continue
+                    line, col = lc_item(i)
+                    ipath = (*path, i)
+                    positions[ipath] = (line + 1, col + 1)
+                    parts.append((value, out, i, ipath, depth, False))
+            todo.extend(reversed(parts))  # taken in the file's order: an anchor before its aliases
+            parent[slot] = out
+        return root[0]
+
+    def check_size(self, doc: Any, limit: int) -> None:
+        """Refuse a document whose expansion exceeds ``limit`` nodes before expanding it:
+        the size of each distinct container is computed once (an alias's is its
+        anchor's), so a billion laughs costs what its few hundred bytes hold."""
+        from ruamel.yaml.comments import CommentedMap, CommentedSeq
+
+        containers = CommentedMap | CommentedSeq
+        sizes: dict[int, int] = {}
+        pending: set[int] = set()  # containers whose parts are being sized
+        todo: list[tuple[Any, bool]] = [(doc, False)]
+        while todo:
+            node, parts_done = todo.pop()
+            key = id(node)
+            values = node.values() if isinstance(node, CommentedMap) else node
+            if parts_done:
+                pending.discard(key)
+                size = sizes[key] = 1 + sum(sizes.get(id(v), 1) for v in values)
+                if size > limit:
+                    self.refuse_size_at(node)
+                continue
+            if key in sizes:
+                continue
+            if key in pending:  # a value that contains itself expands for ever
+                self.refuse_size_at(node)
+            pending.add(key)
+            todo.append((node, True))
+            todo.extend((v, False) for v in values
+                        if isinstance(v, containers) and id(v) not in sizes)
+
+    def refuse_size_at(self, node: Any) -> None:
+        limit = _limits.YAML_NODES
+        raise WorkflowError([Diagnostic(
+            "error", f"the document has more than {limit.get():_} nodes with its aliases "
+            f"expanded: the value here is that large once the aliases in it are expanded "
+            f"(each use of an alias repeats its anchor's value in full); use fewer or "
+            f"smaller aliases, or raise the limit with {limit.env}=NODES",
+            Location(self.file, node.lc.line + 1, node.lc.col + 1))])
+
+    def refuse_size(self, path: tuple[Any, ...], alias: bool) -> None:
+        limit = _limits.YAML_NODES
+        why = (" (an alias is expanded in full at each use, and this one repeats "
+               "others)" if alias else "")
+        raise WorkflowError([Diagnostic(
+            "error", f"the document has more than {limit.get():_} nodes with its aliases "
+            f"expanded{why}; use fewer or smaller aliases, or raise the limit with "
+            f"{limit.env}=NODES", self.location(path))])
+
+    def refuse_depth(self, path: tuple[Any, ...], depth: int) -> None:
+        limit = _limits.YAML_DEPTH
+        shown = ".".join(map(str, path[:6])) + ("..." if len(path) > 6 else "")
+        raise WorkflowError([Diagnostic(
+            "error", f"the document is nested more than {limit.get():_} levels deep (at "
+            f"{shown or 'the top'}); flatten it, or raise the limit with {limit.env}=LEVELS",
+            self.location(path))])
+
+    def location(self, path: tuple[Any, ...]) -> Location:
+        return Location(self.file, *(SourceMap(self.file, self.positions).locate(path)
+                                     or (None, None)))
 
 
 def _scalar(value: Any) -> Any:

@@ -8,6 +8,7 @@ than doing the work twice.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,6 +46,8 @@ class _Checker:
         self.provided = provided
         self.kinds = kinds
         self.result = CheckResult()
+        # check_repeats: unconditional plain edges seen so far, by their set of sources
+        self._plain_targets: dict[frozenset[str], dict[str, int]] = {}
 
     def add(self, severity: Severity, message: str, path: tuple[Any, ...], code: str) -> None:
         self.result.diagnostics.append(
@@ -154,25 +157,29 @@ class _Checker:
         """A name twice in one edge (an error: a join lists each source once, or it would
         fire twice), and an unconditional edge declared twice (a warning)."""
         ok = True
-        repeated = sorted({n for n in e.source if e.source.count(n) > 1})
+        repeated = sorted(n for n, k in Counter(e.source).items() if k > 1)
         if repeated:
             self.add("error", f"edge {e.describe()}: {', '.join(map(repr, repeated))} named "
                      "more than once in 'from'; a join lists each source once",
                      ("edges", i, "from"), "duplicate")
             ok = False
         targets = list(e.targets)
-        for t in sorted({t for t in targets if targets.count(t) > 1}):
+        for t in sorted(t for t, k in Counter(targets).items() if k > 1):
             self.add("error", f"edge {e.describe()}: {t!r} named more than once in its "
                      "targets", ("edges", i, "to"), "duplicate")
             ok = False
         if e.kind == "plain" and e.when is None and not e.otherwise:
-            same = [f for f in self.spec.edges[:i]
-                    if f.kind == "plain" and f.when is None and not f.otherwise
-                    and set(f.source) == set(e.source) and set(f.targets) & set(targets)]
-            if same:
-                self.add("warning", f"edge {e.describe()} repeats edge {same[0].describe()}: "
+            # the earlier unconditional edges, by source set: target -> the first edge
+            # to it (a dict look-up per target, not a scan of every earlier edge)
+            seen = self._plain_targets.setdefault(frozenset(e.source), {})
+            earlier = [seen[t] for t in targets if t in seen]
+            if earlier:
+                first = self.spec.edges[min(earlier)]
+                self.add("warning", f"edge {e.describe()} repeats edge {first.describe()}: "
                          "each taken edge runs its target once more (remove one)",
                          ("edges", i), "duplicate")
+            for t in targets:
+                seen.setdefault(t, i)
         return ok
 
     def check_expressions(self) -> None:
@@ -189,13 +196,13 @@ class _Checker:
                              ("edges", i, key), "expression")
 
     def adjacency(self) -> dict[str, list[str]]:
-        adj: dict[str, list[str]] = {START: [], **{n: [] for n in self.spec.nodes}}
+        # successors in declaration order, each once (a dict keeps both: no list scans)
+        succ: dict[str, dict[str, None]] = {START: {}, **{n: {} for n in self.spec.nodes}}
         for e in self.spec.edges:
+            targets = dict.fromkeys(e.targets)
             for s in e.source:
-                for t in e.targets:
-                    if t not in adj[s]:
-                        adj[s].append(t)
-        return adj
+                succ[s].update(targets)
+        return {n: list(ts) for n, ts in succ.items()}
 
     def check_reachability(self, adj: dict[str, list[str]]) -> None:
         seen = reachable(adj, START)
@@ -324,7 +331,10 @@ class _Checker:
                 if reducers.get(f, "replace") == "replace":
                     writers.setdefault(f, []).append(name)
         found: set[tuple[str, str, str]] = set()
-        for f, names in writers.items():
+        for f, all_names in writers.items():
+            # only nodes below a fork can run beside another: the pairs of the others
+            # (every node of a 10 000-node chain writing one field) need no asking
+            names = [n for n in all_names if n in conc.branched]
             for i, x in enumerate(names):
                 for y in names[i + 1:]:
                     if conc.parallel(x, y):
@@ -355,7 +365,8 @@ class _Checker:
         """A node reached by plain edges from branches that run together, without a join."""
         if not conc.forks:
             return
-        for name, sources in self.unconditional(back)[1].items():
+        for name, all_sources in self.unconditional(back)[1].items():
+            sources = [n for n in all_sources if n in conc.branched]
             for a_i, a in enumerate(sources):
                 for b in sources[a_i + 1:]:
                     if conc.parallel(a, b):
@@ -395,10 +406,12 @@ class _Checker:
 
 def _cycle_through(adj: dict[str, list[str]], start: str, end: str) -> list[str]:
     """A path start -> ... -> end (used to name an unguarded cycle)."""
+    from collections import deque
+
     prev: dict[str, str | None] = {start: None}
-    todo = [start]
+    todo = deque([start])
     while todo:
-        n = todo.pop(0)
+        n = todo.popleft()
         if n == end:
             break
         for t in adj.get(n, ()):

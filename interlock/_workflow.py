@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 from . import _log as L
 from ._approvals import Decision
+from ._bounds import check_data
 from ._compile import check_spec, compile_spec, reading_plan
 from ._errors import Diagnostic, UsageError
 from ._fold import RunView
@@ -377,10 +378,14 @@ def _check_input(spec: WorkflowSpec, input: Mapping[str, Any] | None) -> dict[st
         raise UsageError(
             f"workflow {spec.workflow!r} declares input: [{', '.join(spec.input)}]; the run's "
             f"input lacks {', '.join(map(repr, missing))}")
+    what = "the run's input"
+    check_data(input, what)  # its depth: before it is converted (orjson stops at 255)
     try:
         data: dict[str, Any] = L.to_json_value(dict(input))  # our copy, or a new dict
+        size = len(L.dumps(data))  # what run.started will hold of it
     except TypeError as exc:
         raise UsageError(f"the run's input is not JSON data: {exc}") from None
+    check_data(None, what, size)
     check_whole_values(data, {k: v.reducer for k, v in spec.state.items()}, "the run's input")
     return data
 

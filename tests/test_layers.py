@@ -18,10 +18,12 @@ ROOT = Path(interlock.__file__).resolve().parent
 
 LAYERS: dict[int, set[str]] = {
     # leaves: errors, records and the chain, limits, small helpers
-    0: {"_errors", "_log", "_limits", "_callables", "_signature", "_steps", "_cost"},
-    # the definition, expressions, the graph, the stores, isolation's wire format
+    0: {"_errors", "_log", "_limits", "_bounds", "_callables", "_signature", "_steps",
+        "_cost"},
+    # the definition, expressions, the graph, the stores, isolation's wire format, the
+    # fast YAML reader
     1: {"_model", "_expr", "_graph", "_store", "_store._base", "_store._memory",
-        "_store._sqlite", "_store._postgres", "_isolation._protocol"},
+        "_store._sqlite", "_store._postgres", "_isolation._protocol", "_yaml_fast"},
     # the file front end, state updates, rendering, the node-kind protocol
     2: {"_spec", "_state", "_render", "_kinds"},
     # static checks and the frozen plan (node kinds injected)

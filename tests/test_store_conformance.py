@@ -290,6 +290,33 @@ def test_append_and_entries_round_trip_byte_identical(store: Store) -> None:
     run(main)
 
 
+def test_entries_page_and_iter_entries_read_a_log_in_pages(store: Store) -> None:
+    async def main() -> None:
+        row, w, first = new_row(n=2)
+        await store.create_run(row, first)
+        w, more = log(5, w)
+        await store.append(row.run_id, more, summary_of(w))
+        everything = first + more
+
+        assert await store.entries_page(row.run_id, limit=3) == everything[:3]
+        assert await store.entries_page(row.run_id, after=3, limit=3) == everything[3:6]
+        assert await store.entries_page(row.run_id, after=6, limit=3) == everything[6:]
+        assert await store.entries_page(row.run_id, after=7, limit=3) == []
+        assert await store.entries_page(row.run_id, after=1, limit=100) == everything[1:]
+        for page in (1, 2, 3, 7, 100):
+            pages = [p async for p in store.iter_entries(row.run_id, page=page)]
+            assert [e for p in pages for e in p] == everything, page
+            assert all(1 <= len(p) <= page for p in pages)
+        after = [p async for p in store.iter_entries(row.run_id, after=4, page=2)]
+        assert [e for p in after for e in p] == everything[4:]
+        with pytest.raises(RunNotFound):
+            await store.entries_page("no-such-run")
+        with pytest.raises(RunNotFound):
+            [p async for p in store.iter_entries("no-such-run")]
+
+    run(main)
+
+
 def test_tampering_is_detectable_after_round_trip(store: Store) -> None:
     async def main() -> None:
         row, _, entries = new_row(n=3)

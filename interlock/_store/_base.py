@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import socket
 from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, fields
 from operator import attrgetter
 from typing import Any, Self
@@ -137,6 +138,25 @@ class Store(ABC):
     @abstractmethod
     async def entries(self, run_id: str, after: int = 0) -> list[Entry]:
         """The run's entries with seq > after, in order."""
+
+    async def entries_page(self, run_id: str, after: int = 0, limit: int = 1000
+                           ) -> list[Entry]:
+        """At most ``limit`` of the run's entries with seq > after, in order: one page of
+        a long log. (This default slices `entries`; the stores read just the page.)"""
+        return (await self.entries(run_id, after))[:limit]
+
+    async def iter_entries(self, run_id: str, after: int = 0, page: int = 1000
+                           ) -> AsyncIterator[list[Entry]]:
+        """The run's entries with seq > after, in order, a page (`entries_page`) at a
+        time: a reader of a long log holds one page, not the whole log."""
+        page = max(page, 1)
+        while True:
+            batch = await self.entries_page(run_id, after, page)
+            if batch:
+                yield batch
+            if len(batch) < page:
+                return
+            after = batch[-1].seq
 
     @abstractmethod
     async def list_runs(self, *, status: str | None = None, workflow: str | None = None,

@@ -68,6 +68,11 @@ class MemoryStore(Store):
         self._row(run_id)
         return self._entries[run_id][after:]
 
+    async def entries_page(self, run_id: str, after: int = 0, limit: int = 1000
+                           ) -> list[Entry]:
+        self._row(run_id)
+        return self._entries[run_id][after:after + limit]
+
     async def list_runs(self, *, status: str | None = None, workflow: str | None = None,
                         limit: int = 100) -> list[RunRow]:
         rows = [r for r in self._runs.values()

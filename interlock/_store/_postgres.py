@@ -450,10 +450,17 @@ class PostgresStore(Store):
         return await self._do(op, idempotent=True)
 
     async def entries(self, run_id: str, after: int = 0) -> list[Entry]:
+        return await self._entries(run_id, after, None)
+
+    async def entries_page(self, run_id: str, after: int = 0, limit: int = 1000
+                           ) -> list[Entry]:
+        return await self._entries(run_id, after, max(limit, 0))
+
+    async def _entries(self, run_id: str, after: int, limit: int | None) -> list[Entry]:
         async def op(conn: Conn) -> list[Entry]:
             cur = await conn.execute(
                 "SELECT seq, type, data, hash, node FROM records WHERE run_id = %s "
-                "AND seq > %s ORDER BY seq", (run_id, after))
+                "AND seq > %s ORDER BY seq LIMIT %s", (run_id, after, limit))
             rows = await cur.fetchall()
             if not rows:
                 cur = await conn.execute("SELECT 1 FROM runs WHERE run_id = %s", (run_id,))

@@ -642,10 +642,11 @@ class SQLiteStore(Store):
         return row_from(values)
 
     @staticmethod
-    def _entries(conn: sqlite3.Connection, run_id: str, after: int) -> list[Entry]:
+    def _entries(conn: sqlite3.Connection, run_id: str, after: int,
+                 limit: int = -1) -> list[Entry]:
         rows = conn.execute(
             "SELECT seq, type, data, hash, node FROM records WHERE run_id = ? AND seq > ? "
-            "ORDER BY seq", (run_id, after),
+            "ORDER BY seq LIMIT ?", (run_id, after, limit),
         ).fetchall()
         if not rows and conn.execute("SELECT 1 FROM runs WHERE run_id = ?",
                                      (run_id,)).fetchone() is None:
@@ -728,6 +729,12 @@ class SQLiteStore(Store):
         if self._absent():
             raise RunNotFound(run_id)
         return await self._call(self._entries, run_id, after)
+
+    async def entries_page(self, run_id: str, after: int = 0, limit: int = 1000
+                           ) -> list[Entry]:
+        if self._absent():
+            raise RunNotFound(run_id)
+        return await self._call(self._entries, run_id, after, max(limit, 0))
 
     async def list_runs(self, *, status: str | None = None, workflow: str | None = None,
                         limit: int = 100) -> list[RunRow]:

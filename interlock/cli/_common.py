@@ -189,23 +189,58 @@ def read_input(input_json: str | None, input_file: str | None) -> dict[str, Any]
 
 
 def _read_text(path: str) -> str:
-    if path == "-":
-        return sys.stdin.read()
+    """``path`` ('-': stdin) as text, reading no more than INPUT_BYTES (and one byte)."""
+    from .. import _limits
+    from .._bounds import read_at_most, too_big
+
+    limit = _limits.INPUT_BYTES
+    where = "--input-file -" if path == "-" else f"--input-file {path}"
     try:
-        with open(path, encoding="utf-8") as f:
-            return f.read()
+        if path == "-":
+            stdin = sys.stdin
+            buffer = getattr(stdin, "buffer", None)
+            if buffer is None:  # a text-only stream: characters are at least a byte each
+                text = stdin.read(limit.get() + 1)
+                if len(text) > limit.get() or len(text.encode("utf-8")) > limit.get():
+                    raise CliError(too_big(where, limit))
+                return text
+            raw = read_at_most(buffer, limit.get())
+        else:
+            with open(path, "rb") as f:
+                raw = read_at_most(f, limit.get())
     except OSError as exc:
         raise CliError(f"cannot read --input-file {path}: {exc.strerror or exc}") from None
+    if raw is None:
+        raise CliError(too_big(where, limit))
+    try:
+        return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise CliError(f"--input-file {path} is not UTF-8 text: {exc.reason}") from None
 
 
-def _parse_input(text: str, where: str) -> dict[str, Any]:
+def _load_json(text: str, where: str, what: str) -> Any:
+    """``text`` as JSON, within INPUT_BYTES and INPUT_DEPTH (else `CliError`)."""
+    from .. import _limits
+    from .._bounds import too_big, too_deep, too_deep_at
+
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > _limits.INPUT_BYTES.get():
+        raise CliError(too_big(where, _limits.INPUT_BYTES, size))
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
         raise CliError(f"{where} is not valid JSON: {exc.msg} at line {exc.lineno} column "
-                       f"{exc.colno}; expected an object such as '{{\"field\": 1}}'") from None
+                       f"{exc.colno}; expected {what}, such as '{{\"field\": 1}}'") from None
+    except RecursionError:  # nested deeper than the JSON reader goes
+        raise CliError(too_deep(where, None)) from None
+    deep = too_deep_at(value, _limits.INPUT_DEPTH.get())
+    if deep is not None:
+        raise CliError(too_deep(where, deep))
+    return value
+
+
+def _parse_input(text: str, where: str) -> dict[str, Any]:
+    value = _load_json(text, where, "an object")
     if not isinstance(value, dict):
         raise CliError(f"{where} must be a JSON object of input fields (such as "
                        f"'{{\"field\": 1}}'), got {_json_type(value)}")
@@ -213,12 +248,7 @@ def _parse_input(text: str, where: str) -> dict[str, Any]:
 
 
 def _parse_object(text: str, where: str, what: str) -> dict[str, Any]:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise CliError(f"{where} is not valid JSON: {exc.msg} at line {exc.lineno} column "
-                       f"{exc.colno}; expected an object of {what}, such as "
-                       "'{\"field\": 1}'") from None
+    value = _load_json(text, where, f"an object of {what}")
     if not isinstance(value, dict):
         raise CliError(f"{where} must be a JSON object of {what} (such as '{{\"field\": 1}}'), "
                        f"got {_json_type(value)}")
@@ -247,7 +277,7 @@ def parse_sets(sets: tuple[str, ...]) -> tuple[list[ConfigSet], dict[str, Any]]:
         if not sep or not all(path):
             raise CliError(f"--set {item!r}: expected KEY=VALUE, such as --set threshold=0.8, "
                            "--set model.name=gpt-4o or --set limits.steps=50")
-        value = parse_value(raw)
+        value = parse_value(raw, f"--set {key.strip()}")
         if path[0] == "limits":
             if len(path) != 2:
                 raise CliError(f"--set {item!r}: a limit is set as limits.NAME=VALUE "
@@ -274,12 +304,25 @@ def _no_constants(name: str) -> Any:
     raise ValueError(name)  # NaN / Infinity are not JSON: keep them as text
 
 
-def parse_value(raw: str) -> Any:
-    """``raw`` read as JSON (``0.9``, ``true``, ``null``, ``"x"``), else the text itself."""
+def parse_value(raw: str, where: str = "--set") -> Any:
+    """``raw`` read as JSON (``0.9``, ``true``, ``null``, ``"x"``), else the text itself;
+    within INPUT_BYTES and INPUT_DEPTH (else `CliError`)."""
+    from .. import _limits
+    from .._bounds import too_big, too_deep, too_deep_at
+
+    size = len(raw.encode("utf-8", "surrogatepass"))
+    if size > _limits.INPUT_BYTES.get():
+        raise CliError(too_big(where, _limits.INPUT_BYTES, size))
     try:
-        return json.loads(raw, parse_constant=_no_constants)
+        value = json.loads(raw, parse_constant=_no_constants)
     except ValueError:
         return raw
+    except RecursionError:
+        raise CliError(too_deep(where, None)) from None
+    deep = too_deep_at(value, _limits.INPUT_DEPTH.get())
+    if deep is not None:
+        raise CliError(too_deep(where, deep))
+    return value
 
 
 def config_overrides(base: dict[str, Any], sets: list[ConfigSet]) -> dict[str, Any]:

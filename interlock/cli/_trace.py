@@ -4,7 +4,8 @@ run went where it went."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import sys
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING
 
 import click
@@ -23,7 +24,7 @@ from ._format import (
 )
 
 if TYPE_CHECKING:
-    from .._log import Record
+    from .._log import Entry, Record
     from .._model import WorkflowSpec
     from .._store import RunRow, Store
 
@@ -37,24 +38,58 @@ def trace(run_id: str, as_json: bool, store_url: str | None) -> None:
     """Print RUN_ID's log, one line per record: when, what, which node, how long, how
     many tokens, and for every edge decision the expression, its value and the values
     it read -- why the run went where it went."""
-    from .._runs import Verification
-    from .._runs import trace as run_trace
-    from .._runs import verify as run_verify
+    call_engine(with_store(store_url, lambda st: _trace(st, run_id, as_json)))
 
-    async def go(st: Store) -> tuple[list[Record], WorkflowSpec | None, Verification]:
-        records = await run_trace(run_id, store=st)
-        return records, _stored_spec(await st.get_run(run_id)), await run_verify(run_id,
-                                                                                  store=st)
 
-    records, spec, checked = call_engine(with_store(store_url, go))
+async def _trace(st: Store, run_id: str, as_json: bool) -> None:
+    """Two passes over the log, a page of records at a time (memory stays flat however
+    long the run): the first verifies it and measures the columns, the second prints."""
+    from .._runs import TRACE_PAGE, LogCheck, trace_pages
+
+    row = await st.get_run(run_id)
+    check = LogCheck(row)
+    widths = _Widths()
+    async for entries in st.iter_entries(run_id, page=TRACE_PAGE):
+        check.feed(entries)
+        widths.add(entries)
+    checked = check.result()
     if not checked.ok:  # shown all the same: it is what the store holds
         click.echo(f"warning: run {run_id}'s log does not verify at record {checked.seq}: "
                    f"{checked.message}. The records shown may have been changed after they "
                    f"were written (`interlock verify {run_id}`)", err=True)
+    pages = trace_pages(run_id, store=st)
     if as_json:
-        click.echo(json.dumps(records, ensure_ascii=False, default=str))
-        return
-    _print_trace(records, spec)
+        await _print_json(pages)
+    else:
+        await _print_trace(pages, _stored_spec(row), widths)
+
+
+async def _print_json(pages: AsyncIterator[list[Record]]) -> None:
+    """The records as one JSON list -- what ``json.dumps(records)`` prints -- written a
+    page at a time."""
+    out = sys.stdout
+    sep = "["
+    async for page in pages:
+        for rec in page:
+            out.write(sep)
+            out.write(json.dumps(rec, ensure_ascii=False, default=str))
+            sep = ", "
+    out.write("]\n" if sep == ", " else "[]\n")
+    out.flush()
+
+
+class _Widths:
+    """The columns of the timeline, measured from the stored entries (no JSON read)."""
+
+    def __init__(self) -> None:
+        self.seq = 1
+        self.type = 0
+        self.node = 0
+
+    def add(self, entries: list[Entry]) -> None:
+        self.seq = max(self.seq, len(str(entries[-1].seq)))
+        self.type = max(self.type, *(len(e.type) for e in entries))
+        self.node = max(self.node, *(len(e.node or "") for e in entries))
 
 
 def _stored_spec(row: RunRow) -> WorkflowSpec | None:
@@ -68,27 +103,39 @@ def _stored_spec(row: RunRow) -> WorkflowSpec | None:
         return None
 
 
-def _print_trace(records: list[Record], spec: WorkflowSpec | None) -> None:
+async def _print_trace(pages: AsyncIterator[list[Record]], spec: WorkflowSpec | None,
+                       widths: _Widths) -> None:
     from rich.console import Console
     from rich.text import Text
 
     out = Console(highlight=False, soft_wrap=True)
-    t0 = records[0]["at"] if records else 0.0
-    seq_w = len(str(records[-1]["seq"])) if records else 1
-    type_w = max((len(r["type"]) for r in records), default=0)
-    node_w = max((len(r.get("node") or "") for r in records), default=0)
-    for rec in records:
-        rtype = rec["type"]
-        line = Text(f"{rec['seq']:>{seq_w}}  {'+' + _duration((rec['at'] - t0) * 1000):>11}  ")
-        line.append(rtype.ljust(type_w), style=_record_style(rec))
-        if node_w:
-            line.append("  ")
-            line.append((rec.get("node") or "").ljust(node_w), style="bold")
-        detail = _record_detail(rec, spec)
-        if detail:
-            line.append("  " + detail)
-        line.rstrip()
-        out.print(line)
+    plain = out.color_system is None  # not a terminal (or NO_COLOR): the text alone
+    seq_w, type_w, node_w = widths.seq, widths.type, widths.node
+    t0: float | None = None
+    async for records in pages:
+        if t0 is None and records:
+            t0 = records[0]["at"]
+        lines: list[Text] = []
+        for rec in records:
+            rtype = rec["type"]
+            line = Text(f"{rec['seq']:>{seq_w}}  "
+                        f"{'+' + _duration((rec['at'] - (t0 or 0.0)) * 1000):>11}  ")
+            line.append(rtype.ljust(type_w), style=_record_style(rec))
+            if node_w:
+                line.append("  ")
+                line.append((rec.get("node") or "").ljust(node_w), style="bold")
+            detail = _record_detail(rec, spec)
+            if detail:
+                line.append("  " + detail)
+            line.rstrip()
+            lines.append(line)
+        # a page at a time: Console.print's cost is mostly per call, not per line
+        if not lines:
+            continue
+        if plain:
+            out.file.write("".join(f"{line.plain}\n" for line in lines))
+        else:
+            out.print(Text("\n").join(lines))
 
 
 def _record_style(rec: Record) -> str:
