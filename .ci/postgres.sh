@@ -24,6 +24,9 @@ _interlock_pg_start() {
 
     local bindir
     bindir=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1) || true
+    if [[ -z "$bindir" || ! -x "$bindir/initdb" ]] && command -v initdb >/dev/null; then
+        bindir=$(dirname "$(command -v initdb)")  # a server on PATH (e.g. /usr/local/bin)
+    fi
     if [[ -z "$bindir" || ! -x "$bindir/initdb" ]]; then
         if [[ $EUID -ne 0 ]]; then
             echo "postgres.sh: PostgreSQL is not installed and we are not root to apt-get it" >&2
