@@ -12,9 +12,7 @@ from typing import IO, TYPE_CHECKING, Any, TypeVar
 import click
 
 if TYPE_CHECKING:
-    from .. import Workflow
-    from .._errors import Diagnostic
-    from .._store import Store
+    from .. import Diagnostic, Store, Workflow
     from ._progress import Progress
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -82,8 +80,7 @@ def echo_diagnostics(diagnostics: list[Diagnostic], *, err: bool) -> None:
 
 def load_workflow(path: str) -> Workflow:
     """Load and validate ``path``; on errors print each diagnostic to stderr and exit 2."""
-    from .._errors import WorkflowError
-    from .._workflow import load
+    from .. import WorkflowError, load
 
     try:
         return load(path)
@@ -99,8 +96,7 @@ def call_engine(coro: Coroutine[Any, Any, T], progress: Progress | None = None) 
 
     from pydantic import ValidationError
 
-    from .._errors import UsageError
-    from .._store import StoreError
+    from .. import StoreError, UsageError
 
     try:
         return asyncio.run(_stopped_by_sigterm(coro))
@@ -160,7 +156,7 @@ async def _stopped_by_sigterm(coro: Coroutine[Any, Any, T]) -> T:
 
 async def with_store(store_url: str | None, fn: Callable[[Store], Awaitable[T]]) -> T:
     """Open the store at ``store_url`` (None: the default), call ``fn`` with it, close it."""
-    from .._store import open_store
+    from .. import open_store
 
     st = open_store(store_url)
     try:

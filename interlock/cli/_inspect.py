@@ -24,9 +24,8 @@ from ._common import (
 from ._format import _STATUS_STYLE, _age, _ago, _json, _plural, _short, _when
 
 if TYPE_CHECKING:
-    from .. import RunResult
-    from .._errors import Diagnostic
-    from .._store import RunRow, Store
+    from .. import Diagnostic, RunResult, Store
+    from .._store import RunRow
 
 
 # -- validate ---------------------------------------------------------------------------------
@@ -39,8 +38,7 @@ def validate(workflow: str) -> None:
 
     Exits 2 when there is any error, 0 otherwise (warnings alone do not fail).
     """
-    from .._errors import WorkflowError
-    from .._workflow import load
+    from .. import WorkflowError, load
 
     try:
         wf = load(workflow)
@@ -76,7 +74,7 @@ def graph(workflow: str, fmt: str) -> None:
     Only the file is read (node modules are not imported), so a workflow can be
     drawn while it is still being written; `interlock validate` checks it.
     """
-    from .._errors import WorkflowError
+    from .. import WorkflowError
     from .._render import to_dot, to_mermaid
     from .._spec import load_spec
 
@@ -101,7 +99,7 @@ def status(run_id: str, as_json: bool, store_url: str | None) -> None:
 
     Exits like `run`: 0 completed, 1 failed (or not finished), 3 waiting, 4 rejected.
     """
-    from .._runs import status as run_status
+    from .. import status as run_status
 
     async def go(st: Store) -> tuple[RunResult, RunRow]:
         return await run_status(run_id, store=st), await st.get_run(run_id)
@@ -226,7 +224,7 @@ STATUSES = ["PENDING", "RUNNING", "RETRYING", "WAITING_APPROVAL", "COMPLETED", "
 def runs(status_: str | None, workflow: str | None, waiting: bool, limit: int, as_json: bool,
          store_url: str | None) -> None:
     """List the runs in the store, newest first."""
-    from .._runs import list_runs
+    from .. import list_runs
 
     if status_ is not None:
         status_ = status_.upper()
@@ -327,7 +325,7 @@ def verify(run_id: str, store_url: str | None) -> None:
 
     A keyed log (a run started with INTERLOCK_LOG_KEY set) is checked with the key:
     then "ok" also proves the log was written by a holder of the key."""
-    from .._runs import verify as run_verify
+    from .. import verify as run_verify
 
     v = call_engine(run_verify(run_id, store=store_url))
     for note in v.notes:

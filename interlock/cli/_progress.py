@@ -26,10 +26,10 @@ if TYPE_CHECKING:
     from rich.table import Table
     from rich.text import Text
 
-    from .. import RunResult
+    from .. import RunResult, WorkflowSpec
     from .._fold import RunView
     from .._log import Record
-    from .._model import EdgeSpec, WorkflowSpec
+    from .._model import EdgeSpec
 
 
 @dataclass(slots=True)

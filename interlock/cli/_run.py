@@ -28,8 +28,7 @@ from ._common import (
 from ._progress import Progress
 
 if TYPE_CHECKING:
-    from .. import RunResult, Workflow
-    from .._store import Store
+    from .. import RunResult, Store, Workflow
 
 
 # -- run --------------------------------------------------------------------------------------
@@ -55,7 +54,7 @@ def run(workflow: str, input_json: str | None, input_file: str | None, sets: tup
         click.echo(str(warning), err=True)
     warn_undeclared(config_sets, wf.spec.config, workflow)
     config = config_overrides(wf.spec.config, config_sets)
-    from .._runs import make_run_id
+    from .. import make_run_id
 
     rid = run_id or make_run_id()
     progress = Progress(rid, live=not as_json)
@@ -122,8 +121,8 @@ def resume(run_id: str, approve: bool, reject: bool, patch_json: str | None, at_
     progress = Progress(run_id, live=not as_json)
 
     async def go(st: Store) -> RunResult:
-        from .._runs import resume as resume_run
-        from .._runs import trace
+        from .. import resume as resume_run
+        from .. import trace
 
         await _warn_undeclared(st, run_id, config_sets)
         progress.replay(await trace(run_id, store=st))
@@ -137,8 +136,7 @@ def resume(run_id: str, approve: bool, reject: bool, patch_json: str | None, at_
 def _decision(kind: str | None, patch_json: str | None, at_node: str | None,
               by: str | None, comment: str | None) -> Any:
     """The `Decision` the options ask for, or None to just continue the run."""
-    from .._approvals import approve, modify, reject
-    from .._errors import UsageError
+    from .. import UsageError, approve, modify, reject
 
     if kind is not None and patch_json is not None:
         raise CliError(f"use one of --approve, --reject or --modify, not --{kind} and --modify")
@@ -176,7 +174,7 @@ async def _warn_undeclared(st: Store, run_id: str, config_sets: list[ConfigSet])
     """`warn_undeclared` against the definition the run started with (what it executes)."""
     if not config_sets:
         return
-    from .._errors import InterlockError
+    from .. import InterlockError
     from .._spec import parse
 
     try:
@@ -222,14 +220,14 @@ def fork(run_id: str, at_seq: int, sets: tuple[str, ...], patch_json: str | None
     config = config_overrides({}, config_sets) if config_sets else {}
     if any(len(path) > 1 for path, _ in config_sets):
         config = _resume_config(run_id, store_url, config_sets)
-    from .._runs import make_run_id
+    from .. import make_run_id
 
     rid = new_run_id or make_run_id()
     progress = Progress(rid, live=not as_json)
 
     async def go(st: Store) -> RunResult:
-        from .._runs import fork as fork_run
-        from .._runs import trace
+        from .. import fork as fork_run
+        from .. import trace
 
         await _warn_undeclared(st, run_id, config_sets)
         progress.replay([r for r in await trace(run_id, store=st) if r["seq"] <= at_seq])
@@ -255,7 +253,7 @@ def cancel(run_id: str, by: str | None, wait: float, store_url: str | None) -> N
     cancelled at once; a run being executed by another process is asked to stop (its
     nodes in flight are cancelled, isolated processes killed). Exits 0 once the run is
     CANCELLED, 1 if the executing process did not stop it within --wait seconds."""
-    from .._runs import cancel as run_cancel
+    from .. import cancel as run_cancel
 
     result = call_engine(run_cancel(run_id, by=by, store=store_url, wait=wait))
     if result.status == "CANCELLED":

@@ -24,9 +24,9 @@ from ._format import (
 )
 
 if TYPE_CHECKING:
+    from .. import Store, WorkflowSpec
     from .._log import Entry, Record
-    from .._model import WorkflowSpec
-    from .._store import RunRow, Store
+    from .._store import RunRow
 
 
 @click.command(short_help="Show a run's log as a timeline.")
@@ -94,7 +94,7 @@ class _Widths:
 
 def _stored_spec(row: RunRow) -> WorkflowSpec | None:
     """The definition the run executes (to name its edges), if it still parses."""
-    from .._errors import InterlockError
+    from .. import InterlockError
     from .._spec import parse
 
     try:
