@@ -1,8 +1,9 @@
 """The typed context a node receives as its second argument, and `goto`.
 
-A `Context` talks to the run executing it through a `Port`: a small protocol the
-scheduler implements (charge tokens, look up and record an effect, append a record,
-read a human's confirmation). It imports nothing of the scheduler.
+A `Context` talks to the run executing it through a `Port`: a small protocol the node
+call implements (`_call.NodeCall`): charge tokens, look up and record an effect, append
+a record, read a human's confirmation. It imports nothing of the scheduler. What an
+attempt has spent is its `Tally`, which the budget writes.
 """
 
 from __future__ import annotations

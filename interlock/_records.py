@@ -53,6 +53,14 @@ def node_completed(node: str, visit: int, attempt: int, duration_ms: float,
     return L.NODE_COMPLETED, fields
 
 
+def gate_completed(node: str, visit: int, update: dict[str, Any], reenter: str | None) -> Item:
+    """``node.completed`` of an approval gate a human decided (no attempt ran)."""
+    fields: dict[str, Any] = {"node": node, "visit": visit, "update": update}
+    if reenter is not None:
+        fields["reenter"] = reenter
+    return L.NODE_COMPLETED, fields
+
+
 def node_failed(node: str, visit: int, attempt: int | None, error: dict[str, Any],
                 duration_ms: float | None = None, tokens: int = 0) -> Item:
     fields: dict[str, Any] = {"node": node, "visit": visit}
@@ -150,6 +158,6 @@ def run_cancelled(by: str | None) -> Item:
     return L.RUN_CANCELLED, fields
 
 
-__all__ = ["Item", "Sink", "edge_decided", "edge_taken", "effect_recorded", "node_cancelled",
-           "node_completed", "node_failed", "node_retrying", "node_started", "run_cancelled",
-           "run_completed", "run_failed", "run_rejected", "run_waiting"]
+__all__ = ["Item", "Sink", "edge_decided", "edge_taken", "effect_recorded", "gate_completed",
+           "node_cancelled", "node_completed", "node_failed", "node_retrying", "node_started",
+           "run_cancelled", "run_completed", "run_failed", "run_rejected", "run_waiting"]
