@@ -97,3 +97,12 @@ def test_a_module_imports_only_its_own_layer_or_below(name: str) -> None:
                     for dep in _imports(name, modules[name], set(modules))
                     if LAYER_OF.get(dep, -1) > layer)
     assert not upward, f"interlock.{name} (layer {layer}) imports higher layers: {upward}"
+
+
+@pytest.mark.parametrize("name", ["_runner", "_decide", "_call", "_guards", "_records"])
+def test_only_the_journal_touches_the_store(name: str) -> None:
+    """The executor writes records through a `_records.Sink`; `_journal` is the one that
+    stores them."""
+    modules = _modules()
+    deps = _imports(name, modules[name], set(modules))
+    assert not {d for d in deps if d == "_store" or d.startswith("_store.")}
