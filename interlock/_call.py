@@ -2,15 +2,17 @@
 returned, and the port a node's `Context` talks to (tokens, the effect journal, its
 own records, a human's confirmations).
 
-`NodeCall.stack` composes the guards for a kind of node, once per run; the scheduler
-runs an attempt with ``await calls.stack(pn)(calls.begin(pn, visit, attempt))`` and
-gets an `Outcome`. Records go through the run's sink (`_records.Sink`).
+`NodeCall` composes the guards for each kind of node once per run (`NodeCall.stacks`,
+by node name); the scheduler runs an attempt with
+``await calls.stacks[pn.name](calls.begin(pn, visit, attempt))`` and gets an `Outcome`.
+Records go through the run's sink (`_records.Sink`).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from time import perf_counter
 from typing import Any
 
 from . import _log as L
@@ -31,6 +33,7 @@ from ._guards import (
     Timeout,
     in_loop,
     in_thread,
+    new_attempt,
 )
 from ._isolation import Effects, ProcessPool
 from ._plan import Plan, PlanNode
@@ -48,18 +51,17 @@ class NodeCall:
         self.budget = Budget(plan, view, run_id)
         self.stopped: set[tuple[str, int]] = set()  # visits recorded as cancelled
         self._pool: ProcessPool | None = None  # started by the first isolation: process node
-        self._stacks: dict[tuple[bool, bool, bool, bool], Call] = {}
+        # each node's guard stack, composed once per kind of node (see `_compose`)
+        self.stacks: dict[str, Call] = {}
+        kinds: dict[tuple[bool, bool, bool, bool], Call] = {}
+        for name, pn in plan.nodes.items():
+            kind = (pn.isolated, pn.is_async, pn.needs_ctx, pn.spec.retry is not None)
+            stack = kinds.get(kind)
+            if stack is None:
+                stack = kinds[kind] = self._compose(*kind)
+            self.stacks[name] = stack
 
     # -- the guard stack ---------------------------------------------------------------
-
-    def stack(self, pn: PlanNode) -> Call:
-        """The guards a node's attempts go through (one stack per kind of node)."""
-        key = (pn.isolated, pn.is_async, pn.needs_ctx, pn.spec.retry is not None)
-        try:
-            return self._stacks[key]
-        except KeyError:
-            stack = self._stacks[key] = self._compose(*key)
-            return stack
 
     def _compose(self, isolated: bool, is_async: bool, needs_ctx: bool, retry: bool) -> Call:
         body: Body
@@ -81,14 +83,14 @@ class NodeCall:
         state = dict(self.view.state) if pn.reads is None else scoped(self.view.state, pn.reads)
         # a context only for a body that can use it (tokens, effects, confirmations)
         ctx = Context(self, pn.name, visit, attempt) if pn.needs_ctx else None
-        return Attempt(pn, visit, attempt, state, ctx)
+        return new_attempt((pn, visit, attempt, state, ctx, perf_counter()))
 
     async def visit(self, pn: PlanNode, visit: int, attempt: int, *, rerun: bool) -> Outcome:
         """Run a visit (with its retries). Never raises Exception. ``rerun``: the visit was
         running when the run last stopped (or waited for a human): it starts again."""
         if rerun:
             await self.sink.commit([R.node_started(pn.name, visit, attempt)])
-        return await self.stack(pn)(self.begin(pn, visit, attempt))
+        return await self.stacks[pn.name](self.begin(pn, visit, attempt))
 
     def _failures(self, node: str, visit: int) -> int | None:
         running = self.view.running.get((node, visit))

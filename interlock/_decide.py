@@ -100,10 +100,11 @@ class Decider:
             e = due.edge
             if rejected and not _reads_decision(e, source):
                 # after a rejection only edges that read <gate>.decision are followed
-                item = _edge_record(e, due.source, [], reason="rejected")
+                item = R.edge_decided(e.index, due.source, [], reason="rejected")
             elif e.otherwise:
-                item = _edge_record(e, due.source, [] if when_taken else list(e.targets),
-                                    expr="otherwise", value=not when_taken)
+                item = R.edge_decided(e.index, due.source,
+                                      [] if when_taken else list(e.targets), "otherwise",
+                                      not when_taken)
             else:
                 item = self._decide_edge(e, due, scope)
             taken = item[0] == L.EDGE_TAKEN
@@ -189,8 +190,11 @@ class Decider:
         if targets and e.max is not None and self.view.takes.get(e.index, 0) >= e.max:
             reason = f"max {e.max} reached"
             targets = []
-        return _edge_record(e, due.source, targets, expr=expr, value=value, reads=reads,
-                            reason=reason, arrived=due.arrived)
+        if e.kind != "plain" and value is not None and type(value) not in _PLAIN_VALUES:
+            value = L.to_json_value(value)  # what the log will give back
+        # (positional: one per decided edge)
+        return R.edge_decided(e.index, due.source, targets, expr, value, reads, reason,
+                              due.arrived)
 
     def _eval(self, e: PlanEdge, expr: Any, scope: Scope) -> tuple[Any, dict[str, Any]]:
         """The expression's value and the values it read."""
@@ -261,18 +265,6 @@ def _targets(e: PlanEdge, result: Any) -> list[str]:
 
 
 _PLAIN_VALUES = frozenset({bool, str, float})  # an edge's value JSON keeps as it is
-
-
-def _edge_record(e: PlanEdge, source: str, targets: list[str], *,
-                 expr: str | None = None, value: Any = None,
-                 reads: dict[str, Any] | None = None, reason: str | None = None,
-                 arrived: tuple[str, ...] = ()) -> R.Item:
-    """The record of one decision, its value as JSON data where it may not be."""
-    if value is not None and type(value) not in _PLAIN_VALUES \
-            and (e.kind in ("switch", "router", "choose") or e.otherwise):
-        value = L.to_json_value(value)
-    return R.edge_decided(e.index, source, targets, expr=expr, value=value, reads=reads,
-                          reason=reason, arrived=arrived)
 
 
 def _no_route(source: str, stranded: list[str], dues: list[Due],

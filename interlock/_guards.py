@@ -1,5 +1,5 @@
 """Guards: what wraps a node call. Each is a small wrapper of the next call and knows
-one policy; `_call.NodeCall.stack` composes them, once per kind of node::
+one policy; `_call.NodeCall` composes them, once per run and kind of node::
 
     Retry( Budgeted( Settle( Timeout( in_loop | in_thread ) | InProcess ) ) )
 
@@ -60,19 +60,26 @@ if TYPE_CHECKING:
     from ._plan import Plan, PlanNode
 
 
-class Attempt:
-    """One attempt of one visit of a node: what the guards pass down to the body."""
+class Attempt(NamedTuple):
+    """One attempt of one visit of a node: what the guards pass down to the body.
+    (A named tuple: one per node execution; `attempt_of` makes one.)"""
 
-    __slots__ = ("ctx", "number", "pn", "state", "t0", "visit")
+    pn: PlanNode
+    visit: int
+    number: int
+    state: dict[str, Any]
+    ctx: Context | None  # only for a body that can use one (tokens, effects, confirmations)
+    t0: float  # the duration and the timeout count from here (``time.perf_counter()``)
 
-    def __init__(self, pn: PlanNode, visit: int, number: int, state: dict[str, Any],
-                 ctx: Context | None) -> None:
-        self.pn = pn
-        self.visit = visit
-        self.number = number
-        self.state = state
-        self.ctx = ctx  # only for a body that can use one (tokens, effects, confirmations)
-        self.t0 = time.perf_counter()  # the duration and the timeout count from here
+
+new_attempt = functools.partial(tuple.__new__, Attempt)  # no Python-level __new__ call
+_perf_counter = time.perf_counter
+
+
+def attempt_of(pn: PlanNode, visit: int, number: int, state: dict[str, Any],
+               ctx: Context | None) -> Attempt:
+    """An attempt starting now."""
+    return new_attempt((pn, visit, number, state, ctx, _perf_counter()))
 
 
 class Outcome(NamedTuple):
@@ -96,16 +103,12 @@ Body = Callable[[Attempt], Awaitable[Any]]  # the body, as the guards below `Set
 Check = Callable[["PlanNode", Any], tuple[dict[str, Any], "str | None"]]
 
 
-def _ms_since(t0: float) -> float:
-    # milliseconds to the microsecond (round() to an int: round(x, 3) costs 10x more)
-    return round((time.perf_counter() - t0) * 1e6) / 1000
-
-
 def failed(a: Attempt, error: RunError) -> Outcome:
     """The outcome of an attempt that failed with ``error`` before its body ran."""
     tokens = a.ctx.tokens if a.ctx is not None else 0
-    return new_outcome((a.pn.name, a.visit, a.number, None, None, error, _ms_since(a.t0),
-                        tokens, None))
+    duration = round((_perf_counter() - a.t0) * 1e6) / 1000
+    return new_outcome((a.pn.name, a.visit, a.number, None, None, error, duration, tokens,
+                        None))
 
 
 # -- retry ---------------------------------------------------------------------------
@@ -239,9 +242,11 @@ class Settle:
             error = exc
         except Exception as exc:  # the node's own failure: becomes its error record
             error = node_error(pn, exc)
+        # milliseconds to the microsecond (round() to an int: round(x, 3) costs 10x more)
+        duration = round((_perf_counter() - a.t0) * 1e6) / 1000
         ctx = a.ctx
-        return new_outcome((pn.name, a.visit, a.number, update, goto, error,
-                            _ms_since(a.t0), ctx.tokens if ctx is not None else 0, pause))
+        return new_outcome((pn.name, a.visit, a.number, update, goto, error, duration,
+                            ctx.tokens if ctx is not None else 0, pause))
 
 
 def node_error(pn: PlanNode, exc: BaseException) -> NodeError:
@@ -438,7 +443,28 @@ async def bounded(coro: Coroutine[Any, Any, Any], timeout: float,
         raise  # the body's own TimeoutError
 
 
-__all__ = ["NODE_THREADS", "Attempt", "Body", "Budget", "BudgetExceededError", "Budgeted",
-           "Call", "InProcess", "Outcome", "Retry", "Settle", "Timeout", "backoff", "bounded",
-           "failed", "in_loop", "in_thread", "new_outcome", "node_error", "retryable",
-           "timeout_error"]
+__all__ = [
+    "NODE_THREADS",
+    "Attempt",
+    "Body",
+    "Budget",
+    "BudgetExceededError",
+    "Budgeted",
+    "Call",
+    "InProcess",
+    "Outcome",
+    "Retry",
+    "Settle",
+    "Timeout",
+    "attempt_of",
+    "backoff",
+    "bounded",
+    "failed",
+    "in_loop",
+    "in_thread",
+    "new_attempt",
+    "new_outcome",
+    "node_error",
+    "retryable",
+    "timeout_error",
+]

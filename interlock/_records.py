@@ -108,7 +108,7 @@ def edge_taken(edge: int, source: str, targets: list[str]) -> Item:
     return L.EDGE_TAKEN, {"edge": edge, "from": source, "to": targets}
 
 
-def edge_decided(edge: int, source: str, targets: list[str], *, expr: str | None = None,
+def edge_decided(edge: int, source: str, targets: list[str], expr: str | None = None,
                  value: Any = None, reads: dict[str, Any] | None = None,
                  reason: str | None = None, arrived: tuple[str, ...] = ()) -> Item:
     """``edge.taken`` (some targets) or ``edge.skipped`` (none); ``value`` is recorded as

@@ -118,7 +118,7 @@ class Runner:
                 if inline is not None:
                     # one node and nothing else in flight: await it here, no task needed
                     pn, visit = inline
-                    outcome = await calls.stack(pn)(calls.begin(pn, visit, 1))
+                    outcome = await calls.stacks[pn.name](calls.begin(pn, visit, 1))
                     if outcome.error is None and outcome.pause is None and not pn.branched:
                         self._complete(outcome)  # (the common case, without a coroutine)
                     else:

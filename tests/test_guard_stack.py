@@ -39,7 +39,7 @@ class Port:
 
 def attempt(pn: Any, number: int = 1, *, ctx: Context | None = None,
             state: dict[str, Any] | None = None) -> G.Attempt:
-    return G.Attempt(pn, 1, number, state or {}, ctx)
+    return G.attempt_of(pn, 1, number, state or {}, ctx)
 
 
 def outcome(a: G.Attempt, **kw: Any) -> G.Outcome:
@@ -328,7 +328,7 @@ def retrier(errors: list[RunError | None], retry: RetrySpec
         return outcome(a, error=errors[len(attempts) - 1], duration_ms=1.5)
 
     def begin(pn: Any, visit: int, number: int) -> G.Attempt:
-        return G.Attempt(pn, visit, number, {}, None)
+        return G.attempt_of(pn, visit, number, {}, None)
 
     return G.Retry(next_call, begin, lambda node, visit: None, sink), sink, attempts  # type: ignore[arg-type]
 
