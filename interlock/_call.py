@@ -30,7 +30,6 @@ from ._guards import (
     Outcome,
     Retry,
     Settle,
-    Timeout,
     in_loop,
     in_thread,
     new_attempt,
@@ -64,13 +63,11 @@ class NodeCall:
     # -- the guard stack ---------------------------------------------------------------
 
     def _compose(self, isolated: bool, is_async: bool, needs_ctx: bool, retry: bool) -> Call:
-        body: Body
-        if isolated:  # the worker process enforces the timeout
+        body: Body  # where the body runs, under its timeout
+        if isolated:
             body = InProcess(self._process_pool, lambda ctx: Effects.of(self, ctx))
-        elif is_async:
-            body = Timeout(in_loop)
         else:
-            body = Timeout(in_thread, abandons=True)
+            body = in_loop if is_async else in_thread
         call: Call = Settle(body, self.check_result, self._stopped_attempt)
         if needs_ctx:
             call = Budgeted(call, self.budget)

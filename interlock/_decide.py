@@ -160,11 +160,16 @@ class Decider:
         value: Any = None
         reads: dict[str, Any] | None = None
         reason = None
+        state = self.view.state
         if e.kind == "plain":
             targets = list(e.targets)
-            if e.cond is not None:
-                expr = e.cond.source
-                value, reads = self._eval(e, e.cond, scope)
+            cond = e.cond
+            if cond is not None:
+                expr = cond.source
+                try:  # an expression reading state fields alone takes the state itself
+                    value, reads = cond.decide(state if cond.state_only else scope)
+                except EvaluationError as exc:
+                    raise Abort(_cannot_evaluate(self.plan, e, expr, exc)) from None
                 if not isinstance(value, bool):
                     raise Abort(ExpressionError(
                         f"{_edge_location(self.plan, e)}edge {e.name()}: condition {expr!r} "
@@ -176,7 +181,10 @@ class Decider:
         elif e.kind == "switch":
             assert e.switch is not None and e.spec.cases is not None
             expr = e.switch.source
-            value, reads = self._eval(e, e.switch, scope)
+            try:
+                value, reads = e.switch.decide(state if e.switch.state_only else scope)
+            except EvaluationError as exc:
+                raise Abort(_cannot_evaluate(self.plan, e, expr, exc)) from None
             chosen = e.spec.cases.get(case_key(value), e.spec.default)
             targets = [chosen] if chosen is not None else []
         elif e.kind == "router":
@@ -195,19 +203,6 @@ class Decider:
         # (positional: one per decided edge)
         return R.edge_decided(e.index, due.source, targets, expr, value, reads, reason,
                               due.arrived)
-
-    def _eval(self, e: PlanEdge, expr: Any, scope: Scope) -> tuple[Any, dict[str, Any]]:
-        """The expression's value and the values it read."""
-        try:
-            # an expression reading state fields alone takes the state itself: no lookups
-            # through the scope
-            return expr.decide(  # type: ignore[no-any-return]
-                self.view.state if expr.state_only else scope)
-        except EvaluationError as exc:
-            loc = _edge_location(self.plan, e)
-            raise Abort(ExpressionError(
-                f"{loc}edge {e.name()}: cannot evaluate {expr.source!r}: {exc}",
-                node=_edge_node(e), edge=e.index, expr=expr.source)) from None
 
     async def call_async_router(self, due: Due) -> None:
         """Await an ``async def`` router; `_route` takes its answer (or its exception)."""
@@ -279,6 +274,11 @@ def _no_route(source: str, stranded: list[str], dues: list[Due],
         + f". Add an 'otherwise: true' edge from {stranded[0]!r} (or a switch "
         "default) to say where the run goes in that case",
         node=None if stranded == ["START"] else stranded[0], edges=explain)
+
+
+def _cannot_evaluate(plan: Plan, e: PlanEdge, expr: str, exc: Exception) -> ExpressionError:
+    return ExpressionError(f"{_edge_location(plan, e)}edge {e.name()}: cannot evaluate "
+                           f"{expr!r}: {exc}", node=_edge_node(e), edge=e.index, expr=expr)
 
 
 def _reads_decision(e: PlanEdge, gate: str) -> bool:

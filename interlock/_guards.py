@@ -1,7 +1,7 @@
 """Guards: what wraps a node call. Each is a small wrapper of the next call and knows
 one policy; `_call.NodeCall` composes them, once per run and kind of node::
 
-    Retry( Budgeted( Settle( Timeout( in_loop | in_thread ) | InProcess ) ) )
+    Retry( Budgeted( Settle( in_loop | in_thread | InProcess ) ) )
 
 An attempt goes in (`Attempt`: the node, its visit and attempt number, the state it
 reads, its `Context`), an `Outcome` comes out. From the outside in:
@@ -17,11 +17,11 @@ reads, its `Context`), an `Outcome` comes out. From the outside in:
 - `Settle`    -- what the body did, as an `Outcome`: its checked update and goto, or
                  its error (an exception, a timeout, a result the check refuses), or its
                  request for a human (``ctx.confirm``); a cancellation of the run stops it;
-- `Timeout`   -- the node's ``timeout:``, armed only when the body first suspends
-                 (`bounded`); for a thread it counts the thread abandoned;
-- isolation   -- where the body runs: `in_loop` (``async def``), `in_thread` (sync, on
-                 interlock's own threads), `InProcess` (``isolation: process``, a worker
-                 process that enforces the timeout itself).
+- where the body runs, under the node's ``timeout:`` (enforced there, since how
+                 depends on it): `in_loop` (``async def``; the timer is armed only when
+                 the body first suspends), `in_thread` (sync, on interlock's own threads;
+                 a timeout abandons the thread), `InProcess` (``isolation: process``; the
+                 worker process is killed).
 
 Inside the body ``ctx.record_tokens`` charges the `Budget` and ``ctx.once`` goes
 through the run's effect journal (`_call.NodeCall`, the context's port).
@@ -99,7 +99,7 @@ class Outcome(NamedTuple):
 new_outcome = functools.partial(tuple.__new__, Outcome)  # no Python-level __new__ call
 
 Call = Callable[[Attempt], Awaitable[Outcome]]  # a guard at the outcome's level
-Body = Callable[[Attempt], Awaitable[Any]]  # the body, as the guards below `Settle` see it
+Body = Callable[[Attempt], Awaitable[Any]]  # the body where it runs (below `Settle`)
 Check = Callable[["PlanNode", Any], tuple[dict[str, Any], "str | None"]]
 
 
@@ -264,57 +264,48 @@ def _short_tb(exc: BaseException) -> str:
     return "".join(lines)[-4000:]
 
 
-# -- timeout ---------------------------------------------------------------------------
-
-
-class Timeout:
-    """The node's ``timeout:`` (raises `NodeTimeout`); ``abandons``: the body runs in a
-    thread, which a timeout leaves running (counted in `abandoned`)."""
-
-    __slots__ = ("abandons", "next")
-
-    def __init__(self, next: Callable[[Attempt], Coroutine[Any, Any, Any]], *,
-                 abandons: bool = False) -> None:
-        self.next, self.abandons = next, abandons
-
-    def __call__(self, a: Attempt) -> Awaitable[Any]:
-        # not a coroutine itself: one frame less on the path of every node
-        if self.abandons:
-            return self._abandoning(a)
-        return bounded(self.next(a), a.pn.timeout, a.t0)
-
-    async def _abandoning(self, a: Attempt) -> Any:
-        global abandoned
-        try:
-            return await bounded(self.next(a), a.pn.timeout, a.t0)
-        except NodeTimeout:
-            abandoned += 1
-            raise
-
-
-# -- isolation: where the body runs ------------------------------------------------------
+# -- where the body runs, under its timeout ---------------------------------------------
+#
+# The timeout is enforced where the body runs, because how depends on it: a coroutine
+# is interrupted at its next suspension, a thread cannot be (it is abandoned), a process
+# is killed (by the pool). Each raises `NodeTimeout` for the engine's deadline and lets
+# a body's own ``TimeoutError`` through.
 
 
 def in_loop(a: Attempt) -> Coroutine[Any, Any, Any]:
-    """An ``async def`` body, in the event loop, in the task running the visit."""
+    """An ``async def`` body, in the event loop, in the task running the visit; the
+    timeout is armed only when the body first suspends (`bounded`). Not a coroutine
+    itself: one frame less on the path of every node."""
     pn = a.pn
     fn = pn.fn
     assert fn is not None, "approval and agent nodes are not dispatched here"
-    return fn(a.state, a.ctx) if pn.wants_ctx else fn(a.state)  # type: ignore[no-any-return]
+    return bounded(fn(a.state, a.ctx) if pn.wants_ctx else fn(a.state), pn.timeout, a.t0)
 
 
 async def in_thread(a: Attempt) -> Any:
-    """A sync body, on one of interlock's threads (in a copy of the visit's context)."""
+    """A sync body, on one of interlock's threads (in a copy of the visit's context). A
+    timeout leaves the thread running: it is counted in `abandoned`."""
+    global abandoned
     pn = a.pn
     assert pn.fn is not None, "approval and agent nodes are not dispatched here"
     args = (a.state, a.ctx) if pn.wants_ctx else (a.state,)
     call = functools.partial(contextvars.copy_context().run, pn.fn, *args)
-    return await asyncio.get_running_loop().run_in_executor(NODE_THREADS, call)
+    future = asyncio.get_running_loop().run_in_executor(NODE_THREADS, call)
+    scope = asyncio.timeout(pn.timeout)
+    try:
+        async with scope:
+            return await future
+    except TimeoutError:
+        if not scope.expired():
+            raise  # the body's own TimeoutError: its failure, and its thread is done
+        abandoned += 1
+        raise NodeTimeout() from None
 
 
 class InProcess:
-    """The body in a worker process (`_isolation`), which enforces the timeout itself;
-    raises TimeoutError, or NodeError for the body's or the process's failure.
+    """The body in a worker process (`_isolation`), which enforces the timeout (it kills
+    the process); raises NodeTimeout, or NodeError for the body's or the process's
+    failure.
     ``pool``: the run's pool (started on first use); ``effects``: how ``ctx.once`` in
     the worker reaches the run's effect journal."""
 
@@ -455,7 +446,6 @@ __all__ = [
     "Outcome",
     "Retry",
     "Settle",
-    "Timeout",
     "attempt_of",
     "backoff",
     "bounded",

@@ -3,9 +3,10 @@ the store.
 
 `add`/`stage` seal a record with the run's `LogWriter` (numbered, timestamped,
 chained) and fold it into the `RunView` at once; `flush` stores everything staged in
-one transaction, with the run's `Summary`, and now and then a snapshot. So the view
-runs *ahead* of the store by what is staged: the scheduler's rule is that nothing
-that depends on a staged record starts before the flush that stores it.
+one transaction, with the run's `Summary` (what a store's run row shows), and now and
+then a snapshot. So the view runs *ahead* of the store by what is staged: the
+scheduler's rule is that nothing that depends on a staged record starts before the
+flush that stores it.
 """
 
 from __future__ import annotations
@@ -83,7 +84,12 @@ class Journal:
                 snap = snapshots.dump(self.view, entries[-1].hash)
                 # bound to the chain: its digest rides in this batch, the row follows it
                 entries.append(self._seal(*snapshots.taken(at, snap)))
-            await self.store.append(self.run_id, entries, self.summary())
+            # the run's summary, made here (one call less per step), positionally: status,
+            # last_seq, last_hash, steps, tokens, error, waiting, updated_at
+            v = self.view
+            await self.store.append(self.run_id, entries, Summary(
+                v.status, self.writer.seq, self.writer.hash, v.steps, v.tokens, v.error,
+                v.waiting, time.time()))
             if snap is not None:
                 await self.store.save_snapshot(self.run_id, at, snap)
                 self._snapshot_seq = at
@@ -95,13 +101,6 @@ class Journal:
         recs = self.stage(items)
         await self.flush()
         return recs
-
-    def summary(self) -> Summary:
-        v = self.view
-        # positional: one is made per commit (status, last_seq, last_hash, steps, tokens,
-        # error, waiting, updated_at)
-        return Summary(v.status, self.writer.seq, self.writer.hash, v.steps, v.tokens, v.error,
-                       v.waiting, time.time())
 
 
 __all__ = ["Journal"]

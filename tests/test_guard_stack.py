@@ -140,38 +140,43 @@ def test_settle_a_bodys_own_cancellation_is_its_failure() -> None:
     assert stopped == []
 
 
-# -- Timeout ---------------------------------------------------------------------------
+# -- where the body runs, under its timeout -----------------------------------------------
 
 
-def test_timeout_lets_a_body_that_never_waits_return() -> None:
+def test_in_loop_lets_a_body_that_never_waits_return() -> None:
     async def body(state: dict[str, Any]) -> Any:
         return {"fast": True}
 
     pn = node(fn=body, timeout=0.01)
-    assert run(G.Timeout(G.in_loop)(attempt(pn))) == {"fast": True}
+    assert run(G.in_loop(attempt(pn))) == {"fast": True}
 
 
-def test_timeout_stops_a_body_past_its_deadline() -> None:
+def test_in_loop_stops_a_body_past_its_deadline() -> None:
     async def body(state: dict[str, Any]) -> Any:
         await asyncio.sleep(30)
 
     pn = node(fn=body, timeout=0.05)
     with pytest.raises(NodeTimeout):
-        run(G.Timeout(G.in_loop)(attempt(pn)))
+        run(G.in_loop(attempt(pn)))
 
 
-def test_timeout_leaves_a_bodys_own_timeout_error_alone() -> None:
+@pytest.mark.parametrize("is_async", [True, False])
+def test_a_bodys_own_timeout_error_is_left_alone(is_async: bool) -> None:
     async def body(state: dict[str, Any]) -> Any:
         async with asyncio.timeout(0.01):
             await asyncio.sleep(30)
 
-    pn = node(fn=body, timeout=30)
+    def sync_body(state: dict[str, Any]) -> Any:
+        raise TimeoutError("the body's own")
+
+    pn = node(fn=body if is_async else sync_body, timeout=30, is_async=is_async)
+    before = G.abandoned
     with pytest.raises(TimeoutError) as info:
-        run(G.Timeout(G.in_loop)(attempt(pn)))
-    assert not isinstance(info.value, NodeTimeout)
+        run((G.in_loop if is_async else G.in_thread)(attempt(pn)))
+    assert not isinstance(info.value, NodeTimeout) and G.abandoned == before
 
 
-def test_timeout_of_a_thread_counts_it_abandoned() -> None:
+def test_in_thread_past_its_deadline_abandons_the_thread() -> None:
     release = threading.Event()
 
     def body(state: dict[str, Any]) -> Any:
@@ -181,13 +186,10 @@ def test_timeout_of_a_thread_counts_it_abandoned() -> None:
     before = G.abandoned
     try:
         with pytest.raises(NodeTimeout):
-            run(G.Timeout(G.in_thread, abandons=True)(attempt(pn)))
+            run(G.in_thread(attempt(pn)))
         assert G.abandoned == before + 1
     finally:
         release.set()
-
-
-# -- isolation: where the body runs -----------------------------------------------------
 
 
 def test_in_thread_runs_a_sync_body_on_interlocks_threads_in_the_visits_context() -> None:
