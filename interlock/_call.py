@@ -3,8 +3,8 @@ returned, and the port a node's `Context` talks to (tokens, the effect journal, 
 own records, a human's confirmations).
 
 `NodeCall` composes the guards for each kind of node once per run (`NodeCall.stacks`,
-by node name); the scheduler runs an attempt with
-``await calls.stacks[pn.name](calls.begin(pn, visit, attempt))`` and gets an `Outcome`.
+by `PlanNode.guards`); the scheduler runs an attempt with
+``await calls.stack(pn)(calls.begin(pn, visit, attempt))`` and gets an `Outcome`.
 Records go through the run's sink (`_records.Sink`).
 """
 
@@ -32,10 +32,9 @@ from ._guards import (
     Settle,
     in_loop,
     in_thread,
-    new_attempt,
 )
 from ._isolation import Effects, ProcessPool
-from ._plan import Plan, PlanNode
+from ._plan import ASYNC, CTX, GUARD_KINDS, ISOLATED, RETRY, Plan, PlanNode
 from ._state import check_update, scoped
 
 
@@ -50,29 +49,32 @@ class NodeCall:
         self.budget = Budget(plan, view, run_id)
         self.stopped: set[tuple[str, int]] = set()  # visits recorded as cancelled
         self._pool: ProcessPool | None = None  # started by the first isolation: process node
-        # each node's guard stack, composed once per kind of node (see `_compose`)
-        self.stacks: dict[str, Call] = {}
-        kinds: dict[tuple[bool, bool, bool, bool], Call] = {}
-        for name, pn in plan.nodes.items():
-            kind = (pn.isolated, pn.is_async, pn.needs_ctx, pn.spec.retry is not None)
-            stack = kinds.get(kind)
-            if stack is None:
-                stack = kinds[kind] = self._compose(*kind)
-            self.stacks[name] = stack
+        # a guard stack for each kind of node the plan has, by `PlanNode.guards`
+        self.stacks: list[Call | None] = [None] * GUARD_KINDS
+        for kind in plan.guard_kinds:
+            self.stacks[kind] = self._compose(kind)
 
     # -- the guard stack ---------------------------------------------------------------
 
-    def _compose(self, isolated: bool, is_async: bool, needs_ctx: bool, retry: bool) -> Call:
+    def stack(self, pn: PlanNode) -> Call:
+        """The guards a node's attempts go through."""
+        stack = self.stacks[pn.guards]
+        assert stack is not None, "a node of a kind its plan does not have"
+        return stack
+
+    def _compose(self, kind: int) -> Call:
         body: Body  # where the body runs, under its timeout
-        if isolated:
+        if kind & ISOLATED:
             body = InProcess(self._process_pool, lambda ctx: Effects.of(self, ctx))
         else:
-            body = in_loop if is_async else in_thread
-        call: Call = Settle(body, self.check_result, self._stopped_attempt)
-        if needs_ctx:
-            call = Budgeted(call, self.budget)
-        if retry:
-            call = Retry(call, self.begin, self._failures, self.sink)
+            body = in_loop if kind & ASYNC else in_thread
+        # each guard's bound __call__, not the guard: calling a bound method is a fast
+        # path of the interpreter, calling an instance of a class is not
+        call: Call = Settle(body, self.check_result, self._stopped_attempt).__call__
+        if kind & CTX:
+            call = Budgeted(call, self.budget).__call__
+        if kind & RETRY:
+            call = Retry(call, self.begin, self._failures, self.sink).__call__
         return call
 
     def begin(self, pn: PlanNode, visit: int, attempt: int) -> Attempt:
@@ -80,14 +82,14 @@ class NodeCall:
         state = dict(self.view.state) if pn.reads is None else scoped(self.view.state, pn.reads)
         # a context only for a body that can use it (tokens, effects, confirmations)
         ctx = Context(self, pn.name, visit, attempt) if pn.needs_ctx else None
-        return new_attempt((pn, visit, attempt, state, ctx, perf_counter()))
+        return Attempt(pn, visit, attempt, state, ctx, perf_counter())
 
     async def visit(self, pn: PlanNode, visit: int, attempt: int, *, rerun: bool) -> Outcome:
         """Run a visit (with its retries). Never raises Exception. ``rerun``: the visit was
         running when the run last stopped (or waited for a human): it starts again."""
         if rerun:
             await self.sink.commit([R.node_started(pn.name, visit, attempt)])
-        return await self.stacks[pn.name](self.begin(pn, visit, attempt))
+        return await self.stack(pn)(self.begin(pn, visit, attempt))
 
     def _failures(self, node: str, visit: int) -> int | None:
         running = self.view.running.get((node, visit))

@@ -51,6 +51,7 @@ class Decider:
         self.plan = plan
         self.view = view
         self.sink = sink
+        self.fast = self.fast  # (the class's, read faster from the instance)
         self._scope = Scope(view)  # what conditions see (state, config, run), looked up lazily
         # the answers of async routers, awaited by the loop before their edge is decided
         self._routed: dict[tuple[int, str], Any] = {}

@@ -70,6 +70,7 @@ class Runner:
         self.sink = sink
         self.run_id = run_id
         self.view = view
+        self.inline = self.inline  # (the class's, read faster from the instance)
         self.calls = NodeCall(plan, view, sink, run_id)
         self.decide = Decider(plan, view, sink)
         self._done: asyncio.Queue[Outcome] | None = None  # outcomes of visits run as tasks
@@ -118,7 +119,9 @@ class Runner:
                 if inline is not None:
                     # one node and nothing else in flight: await it here, no task needed
                     pn, visit = inline
-                    outcome = await calls.stacks[pn.name](calls.begin(pn, visit, 1))
+                    stack = calls.stacks[pn.guards]  # (`calls.stack(pn)`, one call less)
+                    assert stack is not None
+                    outcome = await stack(calls.begin(pn, visit, 1))
                     if outcome.error is None and outcome.pause is None and not pn.branched:
                         self._complete(outcome)  # (the common case, without a coroutine)
                     else:
