@@ -24,6 +24,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from . import _log as L
+from . import _records as R
 from ._bounds import check_data
 from ._errors import UsageError
 from ._fold import Gate, RunView
@@ -188,9 +189,7 @@ def _records(spec: WorkflowSpec, gate: Gate, decision: str, by: str | None,
     if gate.kind == "confirm":
         if decision != "approved":
             msg = f"{gate.node!r} needed confirmation and was {decision} by {by}"
-            items.append((L.RUN_REJECTED, {"node": gate.node, "error": {
-                "type": "rejected", "message": msg + (f": {comment}" if comment else ""),
-                "node": gate.node}}))
+            items.append(R.run_rejected(gate.node, msg + (f": {comment}" if comment else "")))
         return items
     record: dict[str, Any] = {"decision": decision, "by": by, "comment": comment,
                               "at": _now_iso()}
@@ -199,6 +198,5 @@ def _records(spec: WorkflowSpec, gate: Gate, decision: str, by: str | None,
         items.append((L.STATE_PATCHED, {"node": gate.node, "patch": patch}))
     if reenter is not None:
         record["reenter"] = reenter
-    items.append((L.NODE_COMPLETED, {"node": gate.node, "visit": gate.visit,
-                                     "update": {gate.node: record}, "reenter": reenter}))
+    items.append(R.gate_completed(gate.node, gate.visit, {gate.node: record}, reenter))
     return items

@@ -1,8 +1,9 @@
 """The typed context a node receives as its second argument, and `goto`.
 
-A `Context` talks to the run executing it through a `Port`: a small protocol the
-scheduler implements (charge tokens, look up and record an effect, append a record,
-read a human's confirmation). It imports nothing of the scheduler.
+A `Context` talks to the run executing it through a `Port`: a small protocol the node
+call implements (`_call.NodeCall`): charge tokens, look up and record an effect, append
+a record, read a human's confirmation. It imports nothing of the scheduler. What an
+attempt has spent is its `Tally`, which the budget writes.
 """
 
 from __future__ import annotations
@@ -71,6 +72,27 @@ def goto(node: str, update: Mapping[str, Any] | None = None) -> Goto:
     return Goto(node, update)
 
 
+class Tally:
+    """What one attempt has spent: written by the budget that charges it
+    (`_guards.Budget.charge`), read by the context and the node call."""
+
+    __slots__ = ("over", "tokens", "unsaved")
+
+    def __init__(self) -> None:
+        self.tokens = 0
+        self.unsaved = 0  # of those, not yet in a record (an effect's, or the attempt's end)
+        self.over: RunError | None = None  # set when this visit crossed a budget
+
+    def add(self, n: int) -> None:
+        self.tokens += n
+        self.unsaved += n
+
+    def take_unsaved(self) -> int:
+        """The tokens not yet in a record, now counted as recorded (an effect's)."""
+        n, self.unsaved = self.unsaved, 0
+        return n
+
+
 class Context:
     """What a node knows about the run it is part of.
 
@@ -79,8 +101,8 @@ class Context:
     iterations): use it as the key of an external side effect.
     """
 
-    __slots__ = ("_over", "_port", "_tokens", "_unsaved", "attempt", "config",
-                 "idempotency_key", "node", "run_id", "visit")
+    __slots__ = ("_port", "attempt", "config", "idempotency_key", "node", "run_id", "spent",
+                 "visit")
 
     def __init__(self, port: Port, node: str, visit: int, attempt: int) -> None:
         self._port = port
@@ -90,14 +112,12 @@ class Context:
         self.attempt = attempt
         self.config: Mapping[str, Any] = port.config
         self.idempotency_key = f"{port.run_id}:{node}:{visit}"
-        self._tokens = 0
-        self._unsaved = 0  # of those, not yet in a record (an effect's, or the attempt's end)
-        self._over: RunError | None = None  # set when this visit crossed a budget
+        self.spent = Tally()  # what this attempt spent: the budget's to write
 
     @property
     def tokens(self) -> int:
         """Tokens this attempt has recorded so far."""
-        return self._tokens
+        return self.spent.tokens
 
     def record_tokens(self, n: int) -> None:
         """Charge ``n`` tokens (an LLM call's usage) to this node and to the run's budget.

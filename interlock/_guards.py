@@ -1,13 +1,30 @@
-"""Guards: what wraps a node call. Each is small and knows one policy.
+"""Guards: what wraps a node call. Each is a small wrapper of the next call and knows
+one policy; `_call.NodeCall` composes them, once per run and kind of node::
 
-    retry( timeout( isolation( body ) ) )   with the budget charged from inside the body
+    Retry( Budgeted( Settle( in_loop | in_thread | InProcess ) ) )
 
-- `Budget`   -- token budgets of the run (``limits.tokens``) and of a node
-                (``tokens:``), shared safely by parallel branches;
-- `call_body` -- the timeout, and where the body runs: the event loop (async),
-                a worker thread (sync), or a separate process (``isolation: process``);
-- retries live in `Runner._visit` (each attempt is a record), the effect journal
-  in `Context.once`.
+An attempt goes in (`Attempt`: the node, its visit and attempt number, the state it
+reads, its `Context`), an `Outcome` comes out. From the outside in:
+
+- `Retry`     -- runs attempts until one succeeds, its error is not retryable, or the
+                 node's ``retry.attempts`` failures are used; each retry is a
+                 ``node.retrying`` and a ``node.started`` record (only for a node that
+                 declares ``retry:``);
+- `Budgeted`  -- the token budgets (`Budget`: ``limits.tokens`` and the node's
+                 ``tokens:``): the attempt is in flight for the budget while it runs, does
+                 not run once the budget is spent, and fails if it crossed the budget
+                 even when the body swallowed the error (only for a node with a context);
+- `Settle`    -- what the body did, as an `Outcome`: its checked update and goto, or
+                 its error (an exception, a timeout, a result the check refuses), or its
+                 request for a human (``ctx.confirm``); a cancellation of the run stops it;
+- where the body runs, under the node's ``timeout:`` (enforced there, since how
+                 depends on it): `in_loop` (``async def``; the timer is armed only when
+                 the body first suspends), `in_thread` (sync, on interlock's own threads;
+                 a timeout abandons the thread), `InProcess` (``isolation: process``; the
+                 worker process is killed).
+
+Inside the body ``ctx.record_tokens`` charges the `Budget` and ``ctx.once`` goes
+through the run's effect journal (`_call.NodeCall`, the context's port).
 """
 
 from __future__ import annotations
@@ -15,19 +32,305 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
+import random
 import threading
 import time
-from collections.abc import Callable, Coroutine
+import traceback
+from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from ._errors import BudgetExceededError, NodeError, NodeTimeout
+from . import _records as R
+from ._context import PauseRequested
+from ._errors import (
+    BudgetExceededError,
+    NodeError,
+    NodeTimeout,
+    RouteError,
+    RunError,
+    WriteConflictError,
+)
+from ._isolation import ChildContext
 from ._steps import Steps
 
 if TYPE_CHECKING:
     from ._context import Context
     from ._fold import RunView
+    from ._isolation import Effects, ProcessPool
     from ._plan import Plan, PlanNode
+
+
+class Attempt:
+    """One attempt of one visit of a node: what the guards pass down to the body.
+
+    (Slots, not a named tuple: the guards read its fields on every node's path, and a
+    slot is read faster than a named tuple's field.)
+    """
+
+    __slots__ = ("ctx", "number", "pn", "state", "t0", "visit")
+
+    def __init__(self, pn: PlanNode, visit: int, number: int, state: dict[str, Any],
+                 ctx: Context | None, t0: float) -> None:
+        self.pn = pn
+        self.visit = visit
+        self.number = number
+        self.state = state
+        self.ctx = ctx  # only for a body that can use one (tokens, effects, confirmations)
+        self.t0 = t0  # the duration and the timeout count from here (time.perf_counter())
+
+
+_perf_counter = time.perf_counter
+
+
+def attempt_of(pn: PlanNode, visit: int, number: int, state: dict[str, Any],
+               ctx: Context | None) -> Attempt:
+    """An attempt starting now."""
+    return Attempt(pn, visit, number, state, ctx, _perf_counter())
+
+
+class Outcome(NamedTuple):
+    """How one attempt of a visit ended. (A named tuple: one per node execution.)"""
+
+    node: str
+    visit: int
+    attempt: int
+    update: dict[str, Any] | None = None
+    goto: str | None = None
+    error: RunError | None = None
+    duration_ms: float = 0.0
+    tokens: int = 0
+    pause: PauseRequested | None = None  # the node asked a human (ctx.confirm)
+
+
+new_outcome = functools.partial(tuple.__new__, Outcome)  # no Python-level __new__ call
+
+Call = Callable[[Attempt], Awaitable[Outcome]]  # a guard at the outcome's level
+Body = Callable[[Attempt], Awaitable[Any]]  # the body where it runs (below `Settle`)
+Check = Callable[["PlanNode", Any], tuple[dict[str, Any], "str | None"]]
+
+
+def failed(a: Attempt, error: RunError) -> Outcome:
+    """The outcome of an attempt that failed with ``error`` before its body ran."""
+    tokens = a.ctx.tokens if a.ctx is not None else 0
+    duration = round((_perf_counter() - a.t0) * 1e6) / 1000
+    return new_outcome((a.pn.name, a.visit, a.number, None, None, error, duration, tokens,
+                        None))
+
+
+# -- retry ---------------------------------------------------------------------------
+
+
+class Retry:
+    """Attempts until one succeeds, or its error is not retryable (`retryable`), or the
+    visit has failed ``retry.attempts`` times; backs off between attempts.
+
+    ``begin`` makes the next attempt (after its ``node.started`` is committed: it reads
+    the state as it is then); ``failures`` is the visit's failed attempts as the log has
+    them (None when it has no running visit).
+    """
+
+    __slots__ = ("begin", "failures", "next", "sink")
+
+    def __init__(self, next: Call, begin: Callable[[PlanNode, int, int], Attempt],
+                 failures: Callable[[str, int], int | None], sink: R.Sink) -> None:
+        self.next, self.begin, self.failures, self.sink = next, begin, failures, sink
+
+    async def __call__(self, a: Attempt) -> Outcome:
+        pn, visit = a.pn, a.visit
+        retry = pn.spec.retry
+        while True:
+            out = await self.next(a)
+            if out.error is None or retry is None or not retryable(out.error, retry.errors):
+                return out
+            # attempts that failed, this one included -- a re-run after a human's
+            # confirmation or a crash is an attempt too, but not a failure
+            failures = self.failures(pn.name, visit)
+            if (failures if failures is not None else a.number - 1) + 1 >= retry.attempts:
+                return out
+            delay = backoff(retry.backoff, retry.max_backoff, retry.jitter, a.number)
+            await self.sink.commit([R.node_retrying(
+                pn.name, visit, a.number, out.error.to_json(), out.duration_ms, out.tokens,
+                delay)])
+            if delay:
+                await asyncio.sleep(delay)
+            await self.sink.commit([R.node_started(pn.name, visit, a.number + 1)])
+            a = self.begin(pn, visit, a.number + 1)
+
+
+def retryable(error: RunError, names: list[str]) -> bool:
+    if isinstance(error, (RouteError, WriteConflictError, BudgetExceededError)):
+        return False
+    if not names:
+        return True
+    exc_name = error.details.get("exception")
+    mro = error.details.get("mro") or [exc_name]
+    return any(n in names for n in mro if n)
+
+
+def backoff(base: float, cap: float | None, jitter: bool, attempt: int) -> float:
+    delay = base * (2 ** (attempt - 1))
+    if cap is not None:
+        delay = min(delay, cap)
+    if jitter and delay:
+        delay = random.uniform(0, delay)
+    return float(delay)
+
+
+# -- budget --------------------------------------------------------------------------
+
+
+class Budgeted:
+    """The token budgets around an attempt that has a context (`Budget`)."""
+
+    __slots__ = ("budget", "next")
+
+    def __init__(self, next: Call, budget: Budget) -> None:
+        self.next, self.budget = next, budget
+
+    async def __call__(self, a: Attempt) -> Outcome:
+        ctx = a.ctx
+        if ctx is None:
+            return await self.next(a)
+        budget = self.budget
+        budget.enter(ctx)
+        try:
+            spent = budget.spent_already(ctx)
+            if spent is not None:
+                return failed(a, spent)  # the visit's own budget is gone (a resume after
+                # it failed): it would only spend more
+            out = await self.next(a)
+        finally:
+            budget.leave(ctx)
+        over = ctx.spent.over
+        if over is not None:  # crossed the budget, even if the node swallowed it
+            return out._replace(error=over, update=None, goto=None)
+        return out
+
+
+# -- the outcome -----------------------------------------------------------------------
+
+
+class Settle:
+    """What the body did, as an `Outcome`. Never raises an Exception: a body's exception
+    (``SystemExit`` too) is its error, and so is its own ``CancelledError``; a
+    cancellation asked for (the run's, a sibling's failure, a caller's) calls ``stopped``
+    and propagates. ``check`` turns the body's result into its update and goto (or
+    raises a `RunError`)."""
+
+    __slots__ = ("check", "next", "stopped")
+
+    def __init__(self, next: Body, check: Check, stopped: Callable[[Attempt], None]) -> None:
+        self.next, self.check, self.stopped = next, check, stopped
+
+    async def __call__(self, a: Attempt) -> Outcome:
+        pn = a.pn
+        error: RunError | None = None
+        update: dict[str, Any] | None = None
+        goto: str | None = None
+        pause = None
+        try:
+            update, goto = self.check(pn, await self.next(a))
+        except PauseRequested as exc:
+            pause = exc
+        except NodeTimeout:
+            error = timeout_error(pn)
+        except SystemExit as exc:  # sys.exit() in a body: its failure, not the process's exit
+            error = node_error(pn, exc)
+        except asyncio.CancelledError as exc:
+            task = asyncio.current_task()
+            if task is None or task.cancelling():
+                self.stopped(a)  # the visit stopped, with what it had spent
+                raise
+            # raised by the body itself (a library cancelling its own work): its failure,
+            # not the run's cancellation -- the run would otherwise stop as RUNNING
+            error = node_error(pn, exc)
+        except RunError as exc:
+            error = exc
+        except Exception as exc:  # the node's own failure: becomes its error record
+            error = node_error(pn, exc)
+        # milliseconds to the microsecond (round() to an int: round(x, 3) costs 10x more)
+        duration = round((_perf_counter() - a.t0) * 1e6) / 1000
+        ctx = a.ctx
+        return new_outcome((pn.name, a.visit, a.number, update, goto, error, duration,
+                            ctx.tokens if ctx is not None else 0, pause))
+
+
+def node_error(pn: PlanNode, exc: BaseException) -> NodeError:
+    text = str(exc)
+    own = f"node {pn.name!r}: "
+    if text.startswith(own):  # an error of interlock's own (an agent's) names the node too
+        text = text[len(own):]
+    return NodeError(f"node {pn.name!r} raised {type(exc).__name__}: {text}", node=pn.name,
+                     exception=type(exc).__name__, mro=[c.__name__ for c in type(exc).__mro__],
+                     traceback=_short_tb(exc))
+
+
+def _short_tb(exc: BaseException) -> str:
+    lines = traceback.format_exception(type(exc), exc, exc.__traceback__, limit=-6)
+    return "".join(lines)[-4000:]
+
+
+# -- where the body runs, under its timeout ---------------------------------------------
+#
+# The timeout is enforced where the body runs, because how depends on it: a coroutine
+# is interrupted at its next suspension, a thread cannot be (it is abandoned), a process
+# is killed (by the pool). Each raises `NodeTimeout` for the engine's deadline and lets
+# a body's own ``TimeoutError`` through.
+
+
+def in_loop(a: Attempt) -> Coroutine[Any, Any, Any]:
+    """An ``async def`` body, in the event loop, in the task running the visit; the
+    timeout is armed only when the body first suspends (`bounded`). Not a coroutine
+    itself: one frame less on the path of every node."""
+    pn = a.pn
+    fn = pn.fn
+    assert fn is not None, "approval and agent nodes are not dispatched here"
+    return bounded(fn(a.state, a.ctx) if pn.wants_ctx else fn(a.state), pn.timeout, a.t0)
+
+
+async def in_thread(a: Attempt) -> Any:
+    """A sync body, on one of interlock's threads (in a copy of the visit's context). A
+    timeout leaves the thread running: it is counted in `abandoned`."""
+    global abandoned
+    pn = a.pn
+    assert pn.fn is not None, "approval and agent nodes are not dispatched here"
+    args = (a.state, a.ctx) if pn.wants_ctx else (a.state,)
+    call = functools.partial(contextvars.copy_context().run, pn.fn, *args)
+    future = asyncio.get_running_loop().run_in_executor(NODE_THREADS, call)
+    scope = asyncio.timeout(pn.timeout)
+    try:
+        async with scope:
+            return await future
+    except TimeoutError:
+        if not scope.expired():
+            raise  # the body's own TimeoutError: its failure, and its thread is done
+        abandoned += 1
+        raise NodeTimeout() from None
+
+
+class InProcess:
+    """The body in a worker process (`_isolation`), which enforces the timeout (it kills
+    the process); raises NodeTimeout, or NodeError for the body's or the process's
+    failure.
+    ``pool``: the run's pool (started on first use); ``effects``: how ``ctx.once`` in
+    the worker reaches the run's effect journal."""
+
+    __slots__ = ("effects", "pool")
+
+    def __init__(self, pool: Callable[[], ProcessPool],
+                 effects: Callable[[Context], Effects]) -> None:
+        self.pool, self.effects = pool, effects
+
+    async def __call__(self, a: Attempt) -> Any:
+        pn, ctx = a.pn, a.ctx
+        assert pn.spec.call is not None and ctx is not None
+        res = await self.pool().call(pn.spec.call, a.state, ChildContext.of(ctx),
+                                     timeout=pn.timeout, memory=pn.spec.memory,
+                                     on_tokens=ctx.record_tokens, effects=self.effects(ctx))
+        return res.value(pn.name)
+
+
+# -- the budget's accounting -------------------------------------------------------------
 
 
 class Budget:
@@ -52,12 +355,12 @@ class Budget:
         self._inflight.pop((ctx.node, ctx.visit), None)
 
     def charge(self, ctx: Context, n: int) -> None:
+        spent = ctx.spent
         with self._lock:
-            ctx._tokens += n
-            ctx._unsaved += n
-            ctx._over = self._exceeded(ctx)
-        if ctx._over is not None:
-            raise ctx._over
+            spent.add(n)
+            spent.over = over = self._exceeded(ctx)
+        if over is not None:
+            raise over
 
     def spent_already(self, ctx: Context) -> BudgetExceededError | None:
         """The budget error if the visit's own budget, or the run's, was crossed before this
@@ -69,7 +372,7 @@ class Budget:
         node_limit = self._plan.nodes[ctx.node].spec.tokens
         # what the log has for this visit (earlier attempts, recorded effects) and the rest
         running = self._view.running.get((ctx.node, ctx.visit))
-        used = (running.tokens if running is not None else 0) + ctx._unsaved
+        used = (running.tokens if running is not None else 0) + ctx.spent.unsaved
         if node_limit is not None and used > node_limit:
             return BudgetExceededError(
                 f"node {ctx.node!r} used {used} tokens in this visit (all its attempts); its "
@@ -80,7 +383,7 @@ class Budget:
         limit = self._view.limits.get("tokens")
         if limit is None:
             return None
-        total = self._view.tokens + sum(c._unsaved for c in self._inflight.values())
+        total = self._view.tokens + sum(c.spent.unsaved for c in self._inflight.values())
         if total > limit:
             return BudgetExceededError(
                 f"the run used {total} tokens, over its budget of {limit} (limits.tokens), "
@@ -107,28 +410,6 @@ def timeout_error(pn: PlanNode) -> NodeError:
 # would hold up the end of the run.
 NODE_THREADS = ThreadPoolExecutor(max_workers=128, thread_name_prefix="interlock-node")
 abandoned = 0  # threads left running after their node timed out (see cli.main)
-
-
-async def call_body(pn: PlanNode, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
-    """Run the body under the node's timeout, in the loop (async) or a worker thread (sync).
-
-    Raises `NodeTimeout` past the timeout; anything the body raises propagates (a
-    ``TimeoutError`` of its own too).
-    """
-    global abandoned
-    if pn.is_async:
-        return await bounded(fn(*args), pn.timeout)
-    call = functools.partial(contextvars.copy_context().run, fn, *args)
-    future = asyncio.get_running_loop().run_in_executor(NODE_THREADS, call)
-    scope = asyncio.timeout(pn.timeout)
-    try:
-        async with scope:
-            return await future
-    except TimeoutError:
-        if not scope.expired():
-            raise  # the body's own TimeoutError: its failure, and its thread is done
-        abandoned += 1
-        raise NodeTimeout() from None
 
 
 async def bounded(coro: Coroutine[Any, Any, Any], timeout: float,
@@ -159,5 +440,26 @@ async def bounded(coro: Coroutine[Any, Any, Any], timeout: float,
         raise  # the body's own TimeoutError
 
 
-__all__ = ["NODE_THREADS", "Budget", "BudgetExceededError", "bounded", "call_body",
-           "timeout_error"]
+__all__ = [
+    "NODE_THREADS",
+    "Attempt",
+    "Body",
+    "Budget",
+    "BudgetExceededError",
+    "Budgeted",
+    "Call",
+    "InProcess",
+    "Outcome",
+    "Retry",
+    "Settle",
+    "attempt_of",
+    "backoff",
+    "bounded",
+    "failed",
+    "in_loop",
+    "in_thread",
+    "new_outcome",
+    "node_error",
+    "retryable",
+    "timeout_error",
+]

@@ -70,6 +70,16 @@ class PlanEdge:
         return self.spec.describe()
 
 
+ISOLATED, ASYNC, CTX, RETRY = 1, 2, 4, 8  # the bits of a `guard_kind`
+GUARD_KINDS = 16
+
+
+def guard_kind(isolated: bool, is_async: bool, needs_ctx: bool, retry: bool) -> int:
+    """Which guards a node's call goes through (`_call.NodeCall` composes one stack per
+    kind): a small int, so that finding a node's stack is indexing a list."""
+    return (ISOLATED * isolated) | (ASYNC * is_async) | (CTX * needs_ctx) | (RETRY * retry)
+
+
 @dataclass(slots=True, eq=False)
 class PlanNode:
     name: str
@@ -91,6 +101,7 @@ class PlanNode:
     # below a branch of a fork: it may run concurrently with another node (a field both
     # write needs a reducer; `Plan.concurrency` says with which)
     branched: bool = False
+    guards: int = 0  # the kind of its guard stack (`guard_kind`): which guards its call has
 
 
 @dataclass(slots=True, eq=False)
@@ -113,6 +124,7 @@ class Plan:
     in_decision_order: frozenset[str] = frozenset()
     approvals: frozenset[str] = frozenset()  # approval nodes (a rejection changes routing)
     async_routers: bool = False  # an edge has an ``async def`` router (awaited by the loop)
+    guard_kinds: frozenset[int] = frozenset()  # its nodes' `PlanNode.guards`
 
 
 def callable_params(fn: Callable[..., Any]) -> int:
@@ -188,7 +200,9 @@ def build_plan(spec: WorkflowSpec, *, callables: dict[str, Callable[..., Any]],
             gate=ns.approval is not None or ns.confirm,
             isolated=ns.isolation == "process",
         )
-        nodes[name].needs_ctx = nodes[name].wants_ctx or nodes[name].isolated
+        pn = nodes[name]
+        pn.needs_ctx = pn.wants_ctx or pn.isolated
+        pn.guards = guard_kind(pn.isolated, pn.is_async, pn.needs_ctx, ns.retry is not None)
     for name in concurrency.branched if concurrency is not None else ():
         nodes[name].branched = True
 
@@ -227,6 +241,7 @@ def build_plan(spec: WorkflowSpec, *, callables: dict[str, Callable[..., Any]],
             if [e.otherwise for e in pn.out] == sorted(e.otherwise for e in pn.out)),
         approvals=frozenset(n for n, pn in nodes.items() if pn.spec.approval is not None),
         async_routers=any(e.router_async for e in edges),
+        guard_kinds=frozenset(pn.guards for pn in nodes.values()),
         always_taken=frozenset(
             n for n, pn in nodes.items()
             if pn.out and not pn.gate and all(

@@ -18,10 +18,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from . import _log as L
+from . import _records as R
 from . import _snapshot as snapshots
 from ._compile import compile_spec, reading_plan
 from ._errors import InterlockError, UsageError
 from ._fold import RunView
+from ._journal import Journal
 from ._model import WorkflowSpec, check_limits
 from ._plan import Plan
 from ._runner import Runner
@@ -99,10 +101,11 @@ async def drive(plan: Plan, store: Store, run_id: str, view: RunView, writer: L.
     """
     owner = make_owner()
     await store.claim(run_id, owner, LEASE_SECONDS, force=force)
-    runner = Runner(plan, store, run_id, view, writer, listener)
+    journal = Journal(store, run_id, view, writer, listener)
+    runner = Runner(plan, journal, run_id, view)
     try:
         if first:
-            await runner.commit(first)
+            await journal.commit(first)
         if view.status not in TERMINAL_STATUSES:
             await _execute(store, run_id, owner, runner)
     finally:
@@ -197,7 +200,7 @@ class _Watcher:
             if loop.time() >= self._next_beat:
                 await self.store.heartbeat(self.run_id, self.owner, LEASE_SECONDS)
                 self._next_beat = loop.time() + LEASE_SECONDS / 3
-            await self.runner.flush()  # a no-op unless records wait to be committed
+            await self.runner.sink.flush()  # a no-op unless records wait to be committed
             await asyncio.sleep(CANCEL_POLL_SECONDS)
 
     async def stop(self) -> None:
@@ -691,11 +694,8 @@ async def cancel(run_id: str, *, by: str | None = None, store: str | Store | Non
             return await status(run_id, store=st)
         try:
             loaded = await load_run(st, run_id)  # again: it may have moved before our claim
-            runner = Runner(loaded.plan, st, run_id, loaded.view,
-                            loaded.writer())
-            await runner.commit([(L.RUN_CANCELLED, {"by": by, "error": {
-                "type": "cancelled", "node": None,
-                "message": f"the run was cancelled by {by or 'an anonymous request'}"}})])
+            journal = Journal(st, run_id, loaded.view, loaded.writer())
+            await journal.commit([R.run_cancelled(by)])
         finally:
             await st.release(run_id, owner)
         return result_of(run_id, loaded.row.workflow, loaded.view)

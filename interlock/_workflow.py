@@ -3,7 +3,7 @@
 Both front ends meet here. ``interlock.load(path)`` parses a file into a
 `WorkflowSpec`; ``interlock.Workflow("name")`` collects the same shape through
 builder calls. Either way the workflow is validated once (`_validate.check`),
-compiled into a `Plan`, and run by the `Runner` against a store.
+compiled into a `Plan`, and run by the `Runner` (`_runner`) into a store.
 """
 
 from __future__ import annotations

@@ -46,7 +46,10 @@ def isolated():
 
 
 def mark(name):
-    (HERE / f"{name}.{os.getpid()}.pid").write_text(str(os.getpid()))
+    # written whole, then renamed: a worker killed mid-write leaves no empty pid file
+    tmp = HERE / f".{name}.{os.getpid()}.tmp"
+    tmp.write_text(str(os.getpid()))
+    tmp.replace(HERE / f"{name}.{os.getpid()}.pid")
 
 
 def add(state, ctx):

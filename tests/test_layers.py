@@ -18,8 +18,8 @@ ROOT = Path(interlock.__file__).resolve().parent
 
 LAYERS: dict[int, set[str]] = {
     # leaves: errors, records and the chain, limits, small helpers
-    0: {"_errors", "_log", "_limits", "_bounds", "_callables", "_signature", "_steps",
-        "_cost"},
+    0: {"_errors", "_log", "_records", "_limits", "_bounds", "_callables", "_signature",
+        "_steps", "_cost"},
     # the definition, expressions, the graph, the stores, isolation's wire format, the
     # fast YAML reader
     1: {"_model", "_expr", "_graph", "_store", "_store._base", "_store._memory",
@@ -28,16 +28,16 @@ LAYERS: dict[int, set[str]] = {
     2: {"_spec", "_state", "_render", "_kinds"},
     # static checks and the frozen plan (node kinds injected)
     3: {"_validate", "_plan"},
-    # the fold, its snapshots, approvals
-    4: {"_fold", "_snapshot", "_approvals"},
+    # the fold, its snapshots, approvals, the journal (records sealed, folded, stored)
+    4: {"_fold", "_snapshot", "_approvals", "_journal"},
     # the node call: its context, the guards, process isolation
-    5: {"_context", "_guards", "_isolation", "_isolation._pool", "_isolation._worker",
+    5: {"_context", "_guards", "_call", "_isolation", "_isolation._pool", "_isolation._worker",
         "_isolation.__main__"},
     # the agent node kind, a plug-in on the node call
     6: {"agents", "agents._check", "agents._errors", "agents._node", "agents._prompt",
         "agents._providers", "agents._spec", "agents._tools"},
-    # the scheduler, and the wiring of the shipped node kinds
-    7: {"_runner", "_compile"},
+    # the scheduler and its edge decisions, and the wiring of the shipped node kinds
+    7: {"_runner", "_decide", "_compile"},
     # stored runs: drive, resume, status, trace, verify, fork, cancel
     8: {"_runs"},
     # the façade: builder and loaded file
@@ -98,3 +98,12 @@ def test_a_module_imports_only_its_own_layer_or_below(name: str) -> None:
                     for dep in _imports(name, modules[name], set(modules))
                     if LAYER_OF.get(dep, -1) > layer)
     assert not upward, f"interlock.{name} (layer {layer}) imports higher layers: {upward}"
+
+
+@pytest.mark.parametrize("name", ["_runner", "_decide", "_call", "_guards", "_records"])
+def test_only_the_journal_touches_the_store(name: str) -> None:
+    """The executor writes records through a `_records.Sink`; `_journal` is the one that
+    stores them."""
+    modules = _modules()
+    deps = _imports(name, modules[name], set(modules))
+    assert not {d for d in deps if d == "_store" or d.startswith("_store.")}

@@ -1,6 +1,7 @@
 """Process isolation: run a node's body in a separate OS process (``isolation: process``).
 
-The engine side is `ProcessPool`; `Runner` owns one (see "Lifetime" below) and calls
+The engine side is `ProcessPool`; a run's node call (`_call.NodeCall`) owns one (see
+"Lifetime" below) and its `_guards.InProcess` calls
 ``await pool.call(call_path, state, ChildContext.of(ctx), timeout=..., memory=...)``
 from the event loop (`_pool`). The worker side is `_worker`, run as
 ``python -m interlock._isolation`` (`__main__`); `_protocol` is what both share.
@@ -65,7 +66,7 @@ killed by the kernel (``PR_SET_PDEATHSIG``, Linux).
 
 Lifetime
 --------
-One pool per `Runner` (created on the first isolated call, closed when the run
+One pool per run (`_call.NodeCall`, created on the first isolated call, closed when the run
 stops): a pool's workers are asyncio subprocesses bound to the event loop that
 started them, and ``Workflow.run_sync`` runs each run in a new loop, so a
 process-wide pool would outlive its loop. A long-lived service that wants reuse

@@ -42,7 +42,7 @@ class MemoryStore(Store):
                         or entries[-1].seq != len(log) + len(entries)):
             self._check_seq(run_id, log, entries)  # raises, saying which record does not fit
         log.extend(entries)
-        row.summary = summary  # a fresh object per append (Runner.summary); reads copy it
+        row.summary = summary  # a fresh object per append (Journal.flush); reads copy it
 
     @staticmethod
     def _check_seq(run_id: str, log: list[Entry], entries: list[Entry]) -> None:

@@ -1,0 +1,210 @@
+"""The node call: each node's guard stack (`_guards`), the checks of what a node
+returned, and the port a node's `Context` talks to (tokens, the effect journal, its
+own records, a human's confirmations).
+
+`NodeCall` composes the guards for each kind of node once per run (`NodeCall.stacks`,
+by `PlanNode.guards`); the scheduler runs an attempt with
+``await calls.stack(pn)(calls.begin(pn, visit, attempt))`` and gets an `Outcome`.
+Records go through the run's sink (`_records.Sink`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from time import perf_counter
+from typing import Any
+
+from . import _log as L
+from . import _records as R
+from ._context import Context, Goto
+from ._errors import NodeError, RouteError, UsageError, WriteConflictError
+from ._fold import RunView
+from ._guards import (
+    Attempt,
+    Body,
+    Budget,
+    Budgeted,
+    Call,
+    InProcess,
+    Outcome,
+    Retry,
+    Settle,
+    in_loop,
+    in_thread,
+)
+from ._isolation import Effects, ProcessPool
+from ._plan import ASYNC, CTX, GUARD_KINDS, ISOLATED, RETRY, Plan, PlanNode
+from ._state import check_update, scoped
+
+
+class NodeCall:
+    """Runs the attempts of a run's nodes; the `_context.Port` of their contexts."""
+
+    def __init__(self, plan: Plan, view: RunView, sink: R.Sink, run_id: str) -> None:
+        self.plan = plan
+        self.view = view
+        self.sink = sink
+        self.run_id = run_id
+        self.budget = Budget(plan, view, run_id)
+        self.stopped: set[tuple[str, int]] = set()  # visits recorded as cancelled
+        self._pool: ProcessPool | None = None  # started by the first isolation: process node
+        # a guard stack for each kind of node the plan has, by `PlanNode.guards`
+        self.stacks: list[Call | None] = [None] * GUARD_KINDS
+        for kind in plan.guard_kinds:
+            self.stacks[kind] = self._compose(kind)
+
+    # -- the guard stack ---------------------------------------------------------------
+
+    def stack(self, pn: PlanNode) -> Call:
+        """The guards a node's attempts go through."""
+        stack = self.stacks[pn.guards]
+        assert stack is not None, "a node of a kind its plan does not have"
+        return stack
+
+    def _compose(self, kind: int) -> Call:
+        body: Body  # where the body runs, under its timeout
+        if kind & ISOLATED:
+            body = InProcess(self._process_pool, lambda ctx: Effects.of(self, ctx))
+        else:
+            body = in_loop if kind & ASYNC else in_thread
+        # each guard's bound __call__, not the guard: calling a bound method is a fast
+        # path of the interpreter, calling an instance of a class is not
+        call: Call = Settle(body, self.check_result, self._stopped_attempt).__call__
+        if kind & CTX:
+            call = Budgeted(call, self.budget).__call__
+        if kind & RETRY:
+            call = Retry(call, self.begin, self._failures, self.sink).__call__
+        return call
+
+    def begin(self, pn: PlanNode, visit: int, attempt: int) -> Attempt:
+        """An attempt, with the state the node reads as it is now."""
+        state = dict(self.view.state) if pn.reads is None else scoped(self.view.state, pn.reads)
+        # a context only for a body that can use it (tokens, effects, confirmations)
+        ctx = Context(self, pn.name, visit, attempt) if pn.needs_ctx else None
+        return Attempt(pn, visit, attempt, state, ctx, perf_counter())
+
+    async def visit(self, pn: PlanNode, visit: int, attempt: int, *, rerun: bool) -> Outcome:
+        """Run a visit (with its retries). Never raises Exception. ``rerun``: the visit was
+        running when the run last stopped (or waited for a human): it starts again."""
+        if rerun:
+            await self.sink.commit([R.node_started(pn.name, visit, attempt)])
+        return await self.stack(pn)(self.begin(pn, visit, attempt))
+
+    def _failures(self, node: str, visit: int) -> int | None:
+        running = self.view.running.get((node, visit))
+        return running.failures if running is not None else None
+
+    def _process_pool(self) -> ProcessPool:
+        if self._pool is None:
+            self._pool = ProcessPool()
+        return self._pool
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            await self._pool.close()
+
+    def _stopped_attempt(self, a: Attempt) -> None:
+        self.stop(a.pn.name, a.visit, a.number, a.ctx)
+
+    def stop(self, node: str, visit: int, attempt: int | None, ctx: Context | None) -> None:
+        """Stage ``node.failed`` (cancelled) for a visit the run stopped, with the tokens it
+        had spent and not yet recorded; it runs again on resume."""
+        if (node, visit) in self.stopped:
+            return
+        self.stopped.add((node, visit))
+        tokens = ctx.tokens if ctx is not None else 0  # the attempt's, as a record has them
+        self.sink.add(R.node_cancelled(node, visit, attempt, tokens))
+
+    # -- what a node returned ------------------------------------------------------------
+
+    def check_result(self, pn: PlanNode, result: Any) -> tuple[dict[str, Any], str | None]:
+        goto: str | None = None
+        if isinstance(result, Goto):
+            goto, result = result.node, result.update
+            allowed = [t for e in pn.out if e.kind == "choose" for t in e.targets]
+            if goto not in allowed:
+                decl = ", ".join(allowed) if allowed else "none: the node has no 'choose' edge"
+                raise RouteError(f"node {pn.name!r} returned goto({goto!r}); its declared "
+                                 f"choose targets are: {decl}", node=pn.name)
+        update, plain = check_update(pn.name, result, pn.writes, self.plan.reducers)
+        if not plain:
+            try:
+                update = L.to_json_value(update)
+            except TypeError as exc:
+                raise NodeError(f"node {pn.name!r} returned a value that is not JSON data: "
+                                f"{exc}", node=pn.name) from None
+        return update, goto
+
+    def write_conflict(self, out: Outcome, *, overlap: bool) -> WriteConflictError | None:
+        """A field without a reducer that another node wrote, which ran concurrently with
+        this one (``overlap``: completed while this visit ran) or could have by the graph
+        (SPEC §1: two nodes that *can* run concurrently) -- so that whether a run fails
+        does not depend on which branch happened to be faster."""
+        running = self.view.running.get((out.node, out.visit))
+        if running is None or not out.update:
+            return None
+        conc = self.plan.concurrency if self.plan.nodes[out.node].branched else None
+        if not overlap and conc is None:
+            return None
+        for key in out.update:
+            if self.plan.reducers.get(key, "replace") != "replace":
+                continue
+            w = self.view.writers.get(key)
+            if w is None or w.node == out.node:
+                continue
+            by_graph = conc is not None and conc.parallel(w.node, out.node)
+            if by_graph or (overlap and w.completed_seq > running.started_seq):
+                return WriteConflictError(
+                    f"nodes {w.node!r} and {out.node!r} "
+                    + ("can run concurrently (branches of one fork)" if by_graph
+                       else "ran concurrently") + " and both wrote field "
+                    f"{key!r}, which has no reducer: declare a reducer for it under state: "
+                    f"(append, extend, merge, add) or make one node write another field",
+                    node=out.node, field=key, nodes=[w.node, out.node])
+        return None
+
+    # -- the port of a node's context (`_context.Port`) -----------------------------------
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return self.view.config
+
+    def charge_tokens(self, ctx: Context, n: int) -> None:
+        self.budget.charge(ctx, n)
+
+    def recorded_effect(self, ctx: Context, key: str) -> tuple[bool, Any]:
+        k = (ctx.node, ctx.visit, key)
+        if k in self.view.effects:
+            return True, self.view.effects[k]
+        return False, None
+
+    async def record_effect(self, ctx: Context, key: str, result: Any) -> Any:
+        value = L.to_json_value(result)
+        # spent on it (and, unrecorded, before it in this attempt): committed with it
+        tokens = ctx.spent.take_unsaved()
+        await self.sink.commit([R.effect_recorded(ctx.node, ctx.visit, ctx.attempt, key,
+                                                  value, tokens)])
+        return value
+
+    async def log_record(self, ctx: Context, rtype: str, fields: Mapping[str, Any]) -> None:
+        if not _OWN_TYPE.match(rtype) or rtype.split(".")[0] in _ENGINE_NAMESPACES:
+            raise UsageError(f"ctx.log: {rtype!r} is not a record type a node may write; use "
+                             "a dotted name such as 'agent.reply' outside "
+                             f"{', '.join(sorted(_ENGINE_NAMESPACES))}")
+        data = dict(L.to_json_value(dict(fields)))
+        data.update(node=ctx.node, visit=ctx.visit, attempt=ctx.attempt)
+        await self.sink.commit([(rtype, data)])
+
+    def confirmation(self, ctx: Context, key: str) -> str | None:
+        return self.view.confirmations.get((ctx.node, ctx.visit, key))
+
+    def effect_keys(self, node: str) -> list[str]:
+        return [key for n, _, key in self.view.effects if n == node]
+
+
+_OWN_TYPE = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+$")
+_ENGINE_NAMESPACES = frozenset({"run", "node", "edge", "effect", "approval", "state"})
+
+
+__all__ = ["NodeCall"]

@@ -1,0 +1,106 @@
+"""The journal: where a run's records go -- the only part of the executor that touches
+the store.
+
+`add`/`stage` seal a record with the run's `LogWriter` (numbered, timestamped,
+chained) and fold it into the `RunView` at once; `flush` stores everything staged in
+one transaction, with the run's `Summary` (what a store's run row shows), and now and
+then a snapshot. So the view runs *ahead* of the store by what is staged: the
+scheduler's rule is that nothing that depends on a staged record starts before the
+flush that stores it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from . import _log as L
+from . import _snapshot as snapshots
+from ._fold import RunView
+from ._records import Item
+from ._store import Store, Summary
+
+
+class Journal:
+    """Seals, folds, stages and stores one run's records (a `_records.Sink`)."""
+
+    def __init__(self, store: Store, run_id: str, view: RunView, writer: L.LogWriter,
+                 listener: Any = None) -> None:
+        self.store = store
+        self.run_id = run_id
+        self.view = view
+        self.writer = writer
+        self.listener = listener
+        self._lock = asyncio.Lock()
+        self._staged: list[L.Entry] = []
+        self._snapshot_seq = writer.seq  # records since then are not in a snapshot
+        self._snapshot_every = snapshots.EVERY
+
+    def stage(self, items: list[Item]) -> list[L.Record]:
+        """Number and chain records and fold them into the view; `flush` stores them.
+
+        Nothing that depends on a staged record may start before the flush returns:
+        the loop only starts nodes after flushing.
+        """
+        return [self.add((rtype, {k: v for k, v in fields.items() if v is not None}))
+                for rtype, fields in items]
+
+    def add(self, item: Item) -> L.Record:
+        """`stage` for one record whose fields have no None values (the fields become
+        the record)."""
+        rec, entry = self.writer.seal(item[0], item[1])
+        self.view.apply(rec)
+        self._staged.append(entry)
+        if self.listener is not None:
+            self.listener(rec, self.view)
+        return rec
+
+    def _seal(self, rtype: str, fields: dict[str, Any]) -> L.Entry:
+        """A record sealed and folded now, outside the staged batch (the caller stores it)."""
+        rec, entry = self.writer.seal(rtype, fields)
+        self.view.apply(rec)
+        if self.listener is not None:
+            self.listener(rec, self.view)
+        return entry
+
+    async def flush(self) -> None:
+        """Commit every staged record (one transaction); now and then, a snapshot.
+
+        Flushes are serialised: one that finds another in flight waits for it, so when
+        this returns, what was staged before it is stored.
+        """
+        lock = self._lock
+        await lock.acquire()  # (not ``async with``: two calls less, once per step)
+        try:
+            if not self._staged:
+                return
+            entries, self._staged = self._staged, []
+            # the view matches the log up to entries[-1] right now, before any await
+            snap = None
+            if entries[-1].seq - self._snapshot_seq >= self._snapshot_every \
+                    and entries[-1].type not in L.TERMINAL_TYPES:
+                at = entries[-1].seq
+                snap = snapshots.dump(self.view, entries[-1].hash)
+                # bound to the chain: its digest rides in this batch, the row follows it
+                entries.append(self._seal(*snapshots.taken(at, snap)))
+            # the run's summary, made here (one call less per step), positionally: status,
+            # last_seq, last_hash, steps, tokens, error, waiting, updated_at
+            v = self.view
+            await self.store.append(self.run_id, entries, Summary(
+                v.status, self.writer.seq, self.writer.hash, v.steps, v.tokens, v.error,
+                v.waiting, time.time()))
+            if snap is not None:
+                await self.store.save_snapshot(self.run_id, at, snap)
+                self._snapshot_seq = at
+                self._snapshot_every = snapshots.interval(len(snap))
+        finally:
+            lock.release()
+
+    async def commit(self, items: list[Item]) -> list[L.Record]:
+        recs = self.stage(items)
+        await self.flush()
+        return recs
+
+
+__all__ = ["Journal"]
