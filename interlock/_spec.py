@@ -201,30 +201,15 @@ class _Plain:
                         if isinstance(v, containers) and id(v) not in sizes)
 
     def refuse_size_at(self, node: Any) -> None:
-        limit = _limits.YAML_NODES
-        raise WorkflowError([Diagnostic(
-            "error", f"the document has more than {limit.get():_} nodes with its aliases "
-            f"expanded: the value here is that large once the aliases in it are expanded "
-            f"(each use of an alias repeats its anchor's value in full); use fewer or "
-            f"smaller aliases, or raise the limit with {limit.env}=NODES",
-            Location(self.file, node.lc.line + 1, node.lc.col + 1))])
+        _yaml_fast.refuse_size(self.file, (node.lc.line + 1, node.lc.col + 1), aliased=True)
 
     def refuse_size(self, path: tuple[Any, ...], alias: bool) -> None:
-        limit = _limits.YAML_NODES
-        why = (" (an alias is expanded in full at each use, and this one repeats "
-               "others)" if alias else "")
-        raise WorkflowError([Diagnostic(
-            "error", f"the document has more than {limit.get():_} nodes with its aliases "
-            f"expanded{why}; use fewer or smaller aliases, or raise the limit with "
-            f"{limit.env}=NODES", self.location(path))])
+        loc = self.location(path)
+        _yaml_fast.refuse_size(self.file, (loc.line, loc.col), aliased=alias)
 
     def refuse_depth(self, path: tuple[Any, ...], depth: int) -> None:
-        limit = _limits.YAML_DEPTH
-        shown = ".".join(map(str, path[:6])) + ("..." if len(path) > 6 else "")
-        raise WorkflowError([Diagnostic(
-            "error", f"the document is nested more than {limit.get():_} levels deep (at "
-            f"{shown or 'the top'}); flatten it, or raise the limit with {limit.env}=LEVELS",
-            self.location(path))])
+        loc = self.location(path)
+        _yaml_fast.refuse_depth(self.file, path, (loc.line, loc.col))
 
     def location(self, path: tuple[Any, ...]) -> Location:
         return Location(self.file, *(SourceMap(self.file, self.positions).locate(path)

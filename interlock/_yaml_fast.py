@@ -184,10 +184,10 @@ class _Builder:
                 self.positions[path] = pos
                 parent.append(value)
         if self.nodes_left < 0 and not self.aliased:
-            _refuse_size(self.file, self.positions.get(path) or pos, aliased=False)
+            refuse_size(self.file, self.positions.get(path) or pos, aliased=False)
         if container:
             if len(self.stack) >= self.max_depth:
-                _refuse_depth(self.file, path, self.positions.get(path) or pos)
+                refuse_depth(self.file, path, self.positions.get(path) or pos)
             self.starts[id(value)] = pos
             self.stack.append([value, path, _NO_KEY])
 
@@ -214,7 +214,7 @@ def _check_expanded(data: Any, starts: dict[int, tuple[int, int]], file: str,
         if parts_done:
             size = sizes[key] = 1 + sum(sizes.get(id(v), 1) for v in values)
             if size > limit:
-                _refuse_size(file, starts.get(key, (None, None)), aliased=True)
+                refuse_size(file, starts.get(key, (None, None)), aliased=True)
             continue
         if key in sizes:
             continue
@@ -232,7 +232,8 @@ def _fresh(value: Any) -> Any:
     return value
 
 
-def _refuse_size(file: str, pos: tuple[int | None, int | None], *, aliased: bool) -> None:
+def refuse_size(file: str, pos: tuple[int | None, int | None], *, aliased: bool) -> None:
+    """Refuse a document over `_limits.YAML_NODES` (``aliased``: because of its aliases)."""
     limit = _limits.YAML_NODES
     why = (": the value here is that large once the aliases in it are expanded (each use "
            "of an alias repeats its anchor's value in full)" if aliased else "")
@@ -242,7 +243,9 @@ def _refuse_size(file: str, pos: tuple[int | None, int | None], *, aliased: bool
         f"{limit.env}=NODES", Location(file, *pos))])
 
 
-def _refuse_depth(file: str, path: tuple[Any, ...], pos: tuple[int, int]) -> None:
+def refuse_depth(file: str, path: tuple[Any, ...], pos: tuple[int | None, int | None]
+                 ) -> None:
+    """Refuse a document nested deeper than `_limits.YAML_DEPTH`, at ``path``."""
     limit = _limits.YAML_DEPTH
     shown = ".".join(map(str, path[:6])) + ("..." if len(path) > 6 else "")
     raise WorkflowError([Diagnostic(
