@@ -43,7 +43,7 @@ LAYERS: dict[int, set[str]] = {
     # the façade: builder and loaded file
     9: {"_workflow"},
     # the public surface and the command line
-    10: {"", "__main__", "testing", "cli", "cli._common", "cli._format", "cli._inspect",
+    10: {"", "__main__", "testing", "support", "cli", "cli._common", "cli._format", "cli._inspect",
          "cli._progress", "cli._run", "cli._trace"},
 }
 LAYER_OF = {m: n for n, mods in LAYERS.items() for m in mods}
@@ -107,3 +107,12 @@ def test_only_the_journal_touches_the_store(name: str) -> None:
     modules = _modules()
     deps = _imports(name, modules[name], set(modules))
     assert not {d for d in deps if d == "_store" or d.startswith("_store.")}
+
+
+@pytest.mark.parametrize("name", sorted(m for m in _modules() if m.startswith("cli")))
+def test_the_cli_uses_only_the_public_api_and_the_support_surface(name: str) -> None:
+    modules = _modules()
+    private = sorted(dep for dep in _imports(name, modules[name], set(modules))
+                     if dep not in ("", "support") and not dep.startswith("cli"))
+    assert not private, (f"interlock.{name} imports private modules {private}: use "
+                         "interlock or interlock.support (add the name there if it is missing)")

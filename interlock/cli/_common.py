@@ -186,8 +186,8 @@ def read_input(input_json: str | None, input_file: str | None) -> dict[str, Any]
 
 def _read_text(path: str) -> str:
     """``path`` ('-': stdin) as text, reading no more than INPUT_BYTES (and one byte)."""
-    from .. import _limits
-    from .._bounds import read_at_most, too_big
+    from ..support import limits as _limits
+    from ..support import read_at_most, too_big
 
     limit = _limits.INPUT_BYTES
     where = "--input-file -" if path == "-" else f"--input-file {path}"
@@ -216,8 +216,8 @@ def _read_text(path: str) -> str:
 
 def _load_json(text: str, where: str, what: str) -> Any:
     """``text`` as JSON, within INPUT_BYTES and INPUT_DEPTH (else `CliError`)."""
-    from .. import _limits
-    from .._bounds import too_big, too_deep, too_deep_at
+    from ..support import limits as _limits
+    from ..support import too_big, too_deep, too_deep_at
 
     size = len(text.encode("utf-8", "surrogatepass"))
     if size > _limits.INPUT_BYTES.get():
@@ -303,8 +303,8 @@ def _no_constants(name: str) -> Any:
 def parse_value(raw: str, where: str = "--set") -> Any:
     """``raw`` read as JSON (``0.9``, ``true``, ``null``, ``"x"``), else the text itself;
     within INPUT_BYTES and INPUT_DEPTH (else `CliError`)."""
-    from .. import _limits
-    from .._bounds import too_big, too_deep, too_deep_at
+    from ..support import limits as _limits
+    from ..support import too_big, too_deep, too_deep_at
 
     size = len(raw.encode("utf-8", "surrogatepass"))
     if size > _limits.INPUT_BYTES.get():

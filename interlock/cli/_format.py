@@ -9,8 +9,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .._log import Record
-    from .._model import EdgeSpec
+    from ..support import EdgeSpec, Record
 
 
 _STATUS_STYLE = {

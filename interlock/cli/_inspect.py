@@ -25,7 +25,7 @@ from ._format import _STATUS_STYLE, _age, _ago, _json, _plural, _short, _when
 
 if TYPE_CHECKING:
     from .. import Diagnostic, RunResult, Store
-    from .._store import RunRow
+    from ..support import RunRow
 
 
 # -- validate ---------------------------------------------------------------------------------
@@ -75,8 +75,7 @@ def graph(workflow: str, fmt: str) -> None:
     drawn while it is still being written; `interlock validate` checks it.
     """
     from .. import WorkflowError
-    from .._render import to_dot, to_mermaid
-    from .._spec import load_spec
+    from ..support import load_spec, to_dot, to_mermaid
 
     try:
         spec = load_spec(workflow)
@@ -133,7 +132,7 @@ def _print_status(result: RunResult, row: RunRow, store_url: str | None) -> None
     if result.waiting:
         lines += _waiting_lines(result.run_id, result.waiting, store)
     elif result.status in ("RUNNING", "RETRYING", "PENDING"):
-        from .._store import owner_gone
+        from ..support import owner_gone
 
         if row.owner and row.lease_until and row.lease_until > time.time() \
                 and not owner_gone(row.owner):  # the rule `resume` takes a run over by

@@ -27,9 +27,7 @@ if TYPE_CHECKING:
     from rich.text import Text
 
     from .. import RunResult, WorkflowSpec
-    from .._fold import RunView
-    from .._log import Record
-    from .._model import EdgeSpec
+    from ..support import EdgeSpec, Record, RunView
 
 
 @dataclass(slots=True)

@@ -163,7 +163,7 @@ def _resume_config(run_id: str, store_url: str | None,
     config the run has now (its file's config with the overrides it was given)."""
 
     async def current(st: Store) -> dict[str, Any]:
-        from .._runs import load_run
+        from ..support import load_run
 
         return dict((await load_run(st, run_id)).view.config)
 
@@ -175,7 +175,7 @@ async def _warn_undeclared(st: Store, run_id: str, config_sets: list[ConfigSet])
     if not config_sets:
         return
     from .. import InterlockError
-    from .._spec import parse
+    from ..support import parse_definition as parse
 
     try:
         row = await st.get_run(run_id)

@@ -25,8 +25,7 @@ from ._format import (
 
 if TYPE_CHECKING:
     from .. import Store, WorkflowSpec
-    from .._log import Entry, Record
-    from .._store import RunRow
+    from ..support import Entry, Record, RunRow
 
 
 @click.command(short_help="Show a run's log as a timeline.")
@@ -44,7 +43,7 @@ def trace(run_id: str, as_json: bool, store_url: str | None) -> None:
 async def _trace(st: Store, run_id: str, as_json: bool) -> None:
     """Two passes over the log, a page of records at a time (memory stays flat however
     long the run): the first verifies it and measures the columns, the second prints."""
-    from .._runs import TRACE_PAGE, LogCheck, trace_pages
+    from ..support import TRACE_PAGE, LogCheck, trace_pages
 
     row = await st.get_run(run_id)
     check = LogCheck(row)
@@ -95,7 +94,7 @@ class _Widths:
 def _stored_spec(row: RunRow) -> WorkflowSpec | None:
     """The definition the run executes (to name its edges), if it still parses."""
     from .. import InterlockError
-    from .._spec import parse
+    from ..support import parse_definition as parse
 
     try:
         return parse(row.definition)

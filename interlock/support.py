@@ -1,0 +1,49 @@
+"""The support surface for tools built on interlock: the command line, a server, a worker.
+
+``import interlock`` is the API for running workflows. This module adds what a tool
+around it needs beyond that, and is as stable as ``interlock`` itself (the command
+line uses nothing else):
+
+Types
+    `Record` (a log record: a JSON object), `Entry` (a record as stored: its bytes and
+    chain hash), `RunRow` and `Summary` (a stored run's row), `EdgeSpec` and `NodeSpec`
+    (parts of a `interlock.WorkflowSpec`), `RunView` (a run folded from its log: what a
+    ``listener=`` receives with each record).
+
+Definitions
+    `load_spec` (a workflow file to a `interlock.WorkflowSpec`, checked for shape only:
+    nothing is imported), `parse_definition` (the same from data, e.g. a run's stored
+    definition), `to_mermaid` and `to_dot` (the graph as text).
+
+Stored runs
+    `load_run` (a run's row, its log checked and folded), `trace_pages` (its trace a
+    page at a time) and `TRACE_PAGE`, `LogCheck` (`interlock.verify`'s checks, fed a page
+    of entries at a time), `owner_gone` (whether a run's executing process is gone).
+
+Limits
+    `limits` (the module of every bound, each a `limits.Limit` with its environment
+    variable and default; docs/security.md lists them), `read_at_most`, `too_big`,
+    `too_deep`, `too_deep_at` (applying them to data a tool reads).
+
+It imports the engine (``import interlock`` alone does not): import it where it is used.
+"""
+
+from __future__ import annotations
+
+from . import _limits as limits
+from ._bounds import read_at_most, too_big, too_deep, too_deep_at
+from ._fold import RunView
+from ._log import Entry, Record
+from ._model import EdgeSpec, NodeSpec
+from ._render import to_dot, to_mermaid
+from ._runs import TRACE_PAGE, LogCheck, load_run, trace_pages
+from ._spec import load_spec
+from ._spec import parse as parse_definition
+from ._store import RunRow, Summary, owner_gone
+
+__all__ = [
+    "TRACE_PAGE", "EdgeSpec", "Entry", "LogCheck", "NodeSpec", "Record", "RunRow", "RunView",
+    "Summary", "limits", "load_run", "load_spec", "owner_gone", "parse_definition",
+    "read_at_most", "to_dot", "to_mermaid", "too_big", "too_deep", "too_deep_at",
+    "trace_pages",
+]
