@@ -312,8 +312,8 @@ async def load_run(store: Store, run_id: str, *, workflow: Functions | None = No
     keyed, key = run_key(row)
     if keyed and key is None and executable:
         raise UsageError(_key_missing(row))
-    notes = [_key_missing(row).replace("to check or continue it", "to check its chain")
-             + "; its hashes were not checked"] if keyed and key is None else []
+    notes = [f"its log is keyed (key id {row.options.get('key_id')}) and {L.LOG_KEY_ENV} is "
+             "not set: its hashes were not checked"] if keyed and key is None else []
     spec = parse(row.definition)
     plan = compile_spec(spec, workflow.callables if workflow is not None else {})[0] \
         if executable else reading_plan(spec)

@@ -334,5 +334,8 @@ def verify(run_id: str, store_url: str | None) -> None:
                "INTERLOCK_LOG_KEY" if v.keyed else "chain and fold verified")
         click.echo(f"ok: {run_id} ({_plural(v.records, 'record')}, {how})")
         return
-    click.echo(f"broken: {run_id} at record {v.seq} of {v.records}: {v.message}")
+    if v.seq is None:  # it could not be checked at all (a keyed log, without its key)
+        click.echo(f"not verified: {run_id}: {v.message}")
+    else:
+        click.echo(f"broken: {run_id} at record {v.seq} of {v.records}: {v.message}")
     sys.exit(EXIT_FAILED)

@@ -52,7 +52,10 @@ async def _trace(st: Store, run_id: str, as_json: bool) -> None:
         check.feed(entries)
         widths.add(entries)
     checked = check.result()
-    if not checked.ok:  # shown all the same: it is what the store holds
+    if not checked.ok and checked.seq is None:  # it could not be checked (a keyed log)
+        click.echo(f"warning: run {run_id}'s log was not checked: {checked.message}",
+                   err=True)
+    elif not checked.ok:  # shown all the same: it is what the store holds
         click.echo(f"warning: run {run_id}'s log does not verify at record {checked.seq}: "
                    f"{checked.message}. The records shown may have been changed after they "
                    f"were written (`interlock verify {run_id}`)", err=True)
