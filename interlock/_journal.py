@@ -21,6 +21,8 @@ from ._fold import RunView
 from ._records import Item
 from ._store import Store, Summary
 
+_new_summary = object.__new__
+
 
 class Journal:
     """Seals, folds, stages and stores one run's records (a `_records.Sink`)."""
@@ -105,12 +107,19 @@ class Journal:
                 snap = snapshots.dump(self.view, entries[-1].hash)
                 # bound to the chain: its digest rides in this batch, the row follows it
                 entries.append(self._seal(*snapshots.taken(at, snap)))
-            # the run's summary, made here (one call less per step), positionally: status,
-            # last_seq, last_hash, steps, tokens, error, waiting, updated_at
+            # the run's summary, made here (one call less per step), and without its
+            # dataclass ``__init__`` (another): a bare instance, every slot stored here
             v = self.view
-            await self.store.append(self.run_id, entries, Summary(
-                v.status, self.writer.seq, self.writer.hash, v.steps, v.tokens, v.error,
-                v.waiting, time.time()))
+            summary = _new_summary(Summary)
+            summary.status = v.status
+            summary.last_seq = self.writer.seq
+            summary.last_hash = self.writer.hash
+            summary.steps = v.steps
+            summary.tokens = v.tokens
+            summary.error = v.error
+            summary.waiting = v.waiting
+            summary.updated_at = time.time()
+            await self.store.append(self.run_id, entries, summary)
             if snap is not None:
                 await self.store.save_snapshot(self.run_id, at, snap)
                 self._snapshot_seq = at

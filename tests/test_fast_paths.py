@@ -208,3 +208,30 @@ def test_a_flush_cancelled_while_it_waits_leaves_the_others_their_turn() -> None
 
     asyncio.run(main())
     assert [s for ev, seqs in store.events if ev == "end" for s in seqs] == [1, 2]
+
+
+def test_the_journal_sets_every_field_of_the_summary() -> None:
+    """`Journal.flush` makes the `Summary` without its ``__init__``: every field set."""
+    import dataclasses
+
+    from interlock._store import Summary
+
+    seen: list[Any] = []
+
+    class Store(_SlowStore):
+        async def append(self, run_id: str, entries: list[Any], summary: Any) -> None:
+            seen.append(summary)
+
+    async def main() -> None:
+        j = _journal(Store())
+        j.add(("test.rec", {"k": 1}))
+        await j.flush()
+
+    asyncio.run(main())
+    (summary,) = seen
+    assert type(summary) is Summary
+    assert {f.name for f in dataclasses.fields(Summary)} == {
+        "status", "last_seq", "last_hash", "steps", "tokens", "error", "waiting", "updated_at"}
+    assert (summary.status, summary.last_seq, summary.steps, summary.tokens, summary.error,
+            summary.waiting) == ("running", 1, 0, 0, None, None)
+    assert summary.last_hash == summary.copy().last_hash and summary.updated_at > 0
