@@ -82,7 +82,16 @@ class NodeCall:
         state = dict(self.view.state) if pn.reads is None else scoped(self.view.state, pn.reads)
         # a context only for a body that can use it (tokens, effects, confirmations)
         ctx = Context(self, pn.name, visit, attempt) if pn.needs_ctx else None
-        return Attempt(pn, visit, attempt, state, ctx, perf_counter())
+        # `Attempt(pn, visit, attempt, state, ctx, perf_counter())` without its
+        # ``__init__`` (a Python call per attempt): a bare instance, its slots stored here
+        a = _new_attempt(Attempt)
+        a.pn = pn
+        a.visit = visit
+        a.number = attempt
+        a.state = state
+        a.ctx = ctx
+        a.t0 = perf_counter()
+        return a
 
     async def visit(self, pn: PlanNode, visit: int, attempt: int, *, rerun: bool) -> Outcome:
         """Run a visit (with its retries). Never raises Exception. ``rerun``: the visit was
@@ -203,6 +212,7 @@ class NodeCall:
         return [key for n, _, key in self.view.effects if n == node]
 
 
+_new_attempt = object.__new__
 _OWN_TYPE = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+$")
 _ENGINE_NAMESPACES = frozenset({"run", "node", "edge", "effect", "approval", "state"})
 

@@ -67,7 +67,7 @@ class Decider:
         """
         due = self.view.due
         always_taken = self.plan.always_taken if self.fast else frozenset()
-        add = self.sink.add
+        put = self.sink.put
         while due:
             first = next(iter(due.values()))
             source = first.source
@@ -76,15 +76,16 @@ class Decider:
             else:
                 group = [d for d in due.values() if d.source == source]
             if source in always_taken:  # what `_decide_group` would find, without the work
-                for d in group:
-                    add(R.edge_taken(d.edge.index, source, list(d.edge.targets)))
+                for d in group:  # R.edge_taken(...), inlined (see `_records`: the hot path)
+                    put(L.EDGE_TAKEN, {"edge": d.edge.index, "from": source,
+                                       "to": list(d.edge.targets)})
                 continue
             if self.plan.async_routers:
                 for d in group:
                     if d.edge.router_async and (d.edge.index, d.source) not in self._routed:
                         return d
-            for item in self._decide_group(source, group):
-                add(item)
+            for rtype, fields in self._decide_group(source, group):
+                put(rtype, fields)
         return None
 
     def _decide_group(self, source: str, dues: list[Due]) -> list[R.Item]:

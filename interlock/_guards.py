@@ -36,7 +36,7 @@ import random
 import threading
 import time
 import traceback
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -278,14 +278,34 @@ def _short_tb(exc: BaseException) -> str:
 # a body's own ``TimeoutError`` through.
 
 
-def in_loop(a: Attempt) -> Coroutine[Any, Any, Any]:
-    """An ``async def`` body, in the event loop, in the task running the visit; the
-    timeout is armed only when the body first suspends (`bounded`). Not a coroutine
-    itself: one frame less on the path of every node."""
+async def in_loop(a: Attempt) -> Any:
+    """An ``async def`` body, in the event loop, in the task running the visit, under
+    the node's timeout (counted from the attempt's start), as ``asyncio.timeout`` would.
+
+    A timeout can only interrupt a coroutine where it suspends, so the deadline is
+    fixed at the start and the timer armed only when the body first suspends: a node
+    that returns without waiting on anything (most transforms, every trivial node) never
+    creates a timer. That timer costs about as much as the rest of a trivial node's
+    bookkeeping, which is why this is not simply ``async with asyncio.timeout(...)``.
+    Same task, same context, same exceptions either way. (One coroutine, the body's
+    driver too: one frame on the path of every node.)
+    """
     pn = a.pn
     fn = pn.fn
     assert fn is not None, "approval and agent nodes are not dispatched here"
-    return bounded(fn(a.state, a.ctx) if pn.wants_ctx else fn(a.state), pn.timeout, a.t0)
+    coro = fn(a.state, a.ctx) if pn.wants_ctx else fn(a.state)
+    try:
+        signal = coro.send(None)
+    except StopIteration as done:
+        return done.value
+    scope = asyncio.timeout(pn.timeout - (_perf_counter() - a.t0))
+    try:
+        async with scope:
+            return await Steps(coro, first=signal)
+    except TimeoutError:
+        if scope.expired():
+            raise NodeTimeout() from None
+        raise  # the body's own TimeoutError
 
 
 async def in_thread(a: Attempt) -> Any:
@@ -412,34 +432,6 @@ NODE_THREADS = ThreadPoolExecutor(max_workers=128, thread_name_prefix="interlock
 abandoned = 0  # threads left running after their node timed out (see cli.main)
 
 
-async def bounded(coro: Coroutine[Any, Any, Any], timeout: float,
-                  started: float | None = None) -> Any:
-    """``await coro`` under ``timeout`` seconds, as ``asyncio.timeout`` would.
-
-    A timeout can only interrupt a coroutine where it suspends, so the deadline is
-    fixed now and the timer armed only when the body first suspends: a node that
-    returns without waiting on anything (most transforms, every trivial node) never
-    creates a timer. That timer costs about as much as the rest of a trivial node's
-    bookkeeping, which is why this is not simply ``async with asyncio.timeout(...)``.
-    Same task, same context, same exceptions either way. ``started``: the
-    ``time.perf_counter()`` the timeout counts from (default: now).
-    """
-    if started is None:
-        started = time.perf_counter()
-    try:
-        signal = coro.send(None)
-    except StopIteration as done:
-        return done.value
-    scope = asyncio.timeout(timeout - (time.perf_counter() - started))
-    try:
-        async with scope:
-            return await Steps(coro, first=signal)
-    except TimeoutError:
-        if scope.expired():
-            raise NodeTimeout() from None
-        raise  # the body's own TimeoutError
-
-
 __all__ = [
     "NODE_THREADS",
     "Attempt",
@@ -454,7 +446,6 @@ __all__ = [
     "Settle",
     "attempt_of",
     "backoff",
-    "bounded",
     "failed",
     "in_loop",
     "in_thread",

@@ -21,6 +21,8 @@ from ._fold import RunView
 from ._records import Item
 from ._store import Store, Summary
 
+_new_summary = object.__new__
+
 
 class Journal:
     """Seals, folds, stages and stores one run's records (a `_records.Sink`)."""
@@ -32,7 +34,11 @@ class Journal:
         self.view = view
         self.writer = writer
         self.listener = listener
-        self._lock = asyncio.Lock()
+        # a flush in flight (see `flush`); the others wait for ``_idle``, counted in
+        # ``_waiting``
+        self._flushing = False
+        self._waiting = 0
+        self._idle = asyncio.Event()
         self._staged: list[L.Entry] = []
         self._snapshot_seq = writer.seq  # records since then are not in a snapshot
         self._snapshot_every = snapshots.EVERY
@@ -43,13 +49,18 @@ class Journal:
         Nothing that depends on a staged record may start before the flush returns:
         the loop only starts nodes after flushing.
         """
-        return [self.add((rtype, {k: v for k, v in fields.items() if v is not None}))
+        put = self.put
+        return [put(rtype, {k: v for k, v in fields.items() if v is not None})
                 for rtype, fields in items]
 
     def add(self, item: Item) -> L.Record:
         """`stage` for one record whose fields have no None values (the fields become
         the record)."""
-        rec, entry = self.writer.seal(item[0], item[1])
+        return self.put(item[0], item[1])
+
+    def put(self, rtype: str, fields: dict[str, Any]) -> L.Record:
+        """`add` for an item given as its two halves (the hot path's: no tuple made)."""
+        rec, entry = self.writer.seal(rtype, fields)
         self.view.apply(rec)
         self._staged.append(entry)
         if self.listener is not None:
@@ -70,8 +81,20 @@ class Journal:
         Flushes are serialised: one that finds another in flight waits for it, so when
         this returns, what was staged before it is stored.
         """
-        lock = self._lock
-        await lock.acquire()  # (not ``async with``: two calls less, once per step)
+        # Serialised with a flag, not an `asyncio.Lock`: the common flush finds none in
+        # flight and takes its turn with a test and a store (the lock's acquire and
+        # release are three calls, once per step). This is safe because it runs on the
+        # event loop's thread and nothing awaits between the test and the store, so two
+        # flushes cannot both see ``_flushing`` false. One that finds another in flight
+        # waits until none is, then tests again (a third may have taken the turn first).
+        while self._flushing:
+            self._waiting += 1
+            self._idle.clear()
+            try:
+                await self._idle.wait()
+            finally:
+                self._waiting -= 1
+        self._flushing = True
         try:
             if not self._staged:
                 return
@@ -84,18 +107,27 @@ class Journal:
                 snap = snapshots.dump(self.view, entries[-1].hash)
                 # bound to the chain: its digest rides in this batch, the row follows it
                 entries.append(self._seal(*snapshots.taken(at, snap)))
-            # the run's summary, made here (one call less per step), positionally: status,
-            # last_seq, last_hash, steps, tokens, error, waiting, updated_at
+            # the run's summary, made here (one call less per step), and without its
+            # dataclass ``__init__`` (another): a bare instance, every slot stored here
             v = self.view
-            await self.store.append(self.run_id, entries, Summary(
-                v.status, self.writer.seq, self.writer.hash, v.steps, v.tokens, v.error,
-                v.waiting, time.time()))
+            summary = _new_summary(Summary)
+            summary.status = v.status
+            summary.last_seq = self.writer.seq
+            summary.last_hash = self.writer.hash
+            summary.steps = v.steps
+            summary.tokens = v.tokens
+            summary.error = v.error
+            summary.waiting = v.waiting
+            summary.updated_at = time.time()
+            await self.store.append(self.run_id, entries, summary)
             if snap is not None:
                 await self.store.save_snapshot(self.run_id, at, snap)
                 self._snapshot_seq = at
                 self._snapshot_every = snapshots.interval(len(snap))
         finally:
-            lock.release()
+            self._flushing = False
+            if self._waiting:
+                self._idle.set()
 
     async def commit(self, items: list[Item]) -> list[L.Record]:
         recs = self.stage(items)

@@ -6,6 +6,17 @@ can be sealed as it is (`Sink.add`). The field names live here and only here:
 ``grep -n "def node_" interlock/_records.py`` lists every ``node.*`` record the
 executor writes. (`_log` holds the type names, the canonical bytes and the chain.)
 
+The hot path: the three records every step of a chain or a loop writes are built where
+they are staged (`Sink.put`), from the literal their builder here returns, rather than
+by calling it (a Python call and a tuple per record are ~1% of a trivial node):
+``node.started`` of a visit run inline (`_runner.Runner._start_ready`),
+``node.completed`` of an inline visit without a goto or tokens (`_runner.Runner._loop`),
+``edge.taken`` of a `Plan.always_taken` node (`_decide.Decider.due`). Each site says
+which builder it inlines (``grep -n "inlined" interlock/_runner.py interlock/_decide.py``),
+and tests/test_fast_paths.py checks that the records it writes are the ones the general
+path writes with the builders (with `Runner.inline` and `Decider.fast` off), fields in
+order: a field added to a builder fails it until the inlined literal has it too.
+
 A `Sink` is what the scheduler, the edge decisions and the node call write records
 to: the journal (`_journal.Journal`) numbers, chains and folds them on `add`, and
 stores them on `flush`. Nothing but the journal touches the store.
@@ -25,6 +36,9 @@ class Sink(Protocol):
 
     def add(self, item: Item) -> L.Record:
         """Stage one record whose fields have no None values (`Item`s built here)."""
+
+    def put(self, rtype: str, fields: dict[str, Any]) -> L.Record:
+        """`add` for an item given as its two halves (the hot path's: no tuple made)."""
 
     def stage(self, items: list[Item]) -> list[L.Record]:
         """Stage records (None fields dropped)."""

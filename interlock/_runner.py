@@ -123,7 +123,19 @@ class Runner:
                     assert stack is not None
                     outcome = await stack(calls.begin(pn, visit, 1))
                     if outcome.error is None and outcome.pause is None and not pn.branched:
-                        self._complete(outcome)  # (the common case, without a coroutine)
+                        # the common case, without a coroutine
+                        if outcome.goto is None and not outcome.tokens:
+                            # `_complete(outcome)` with R.node_completed(...) inlined (see
+                            # `_records`: the hot path)
+                            fields: dict[str, Any] = {
+                                "node": outcome.node, "visit": outcome.visit,
+                                "attempt": outcome.attempt, "duration_ms": outcome.duration_ms}
+                            if outcome.update:
+                                fields["update"] = outcome.update
+                            sink.put(L.NODE_COMPLETED, fields)
+                            decide.due()  # its edges, in the same batch
+                        else:
+                            self._complete(outcome)
                     else:
                         await self._finish(outcome, alone=True)
                     await sink.flush()
@@ -191,7 +203,8 @@ class Runner:
                 if limit is not None and view.steps >= limit:
                     raise Abort(_step_limit(limit, node))
                 visit = view.started.get(node, 0) + 1
-                self.sink.add(R.node_started(node, visit, 1))
+                # R.node_started(node, visit, 1), inlined (see `_records`: the hot path)
+                self.sink.put(L.NODE_STARTED, {"node": node, "visit": visit, "attempt": 1})
                 return pn, visit
         recs = self.sink.stage([R.node_started(n, vis, 1) for n, vis in self._next_visits()])
         gates = [rec for rec in recs if self._is_gate(rec["node"])]

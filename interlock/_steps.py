@@ -7,7 +7,7 @@ plain ``await`` cannot do:
 - run every step inside a given ``contextvars.Context`` -- what a task of its
   own would give the coroutine, without the task (the executor, `_runs`);
 - carry on from a first step the caller has already taken -- so a node body
-  that returns without suspending never needs a timer (`_guards.bounded`).
+  that returns without suspending never needs a timer (`_guards.in_loop`).
 """
 
 from __future__ import annotations

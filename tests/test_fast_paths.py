@@ -9,6 +9,7 @@ the records must be the same (but for when they were written and how long nodes 
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from collections.abc import Callable
 from typing import Any
@@ -90,10 +91,13 @@ WORKFLOWS: dict[str, Callable[[], Workflow]] = {
 }
 
 
-def records(wf: Workflow) -> list[dict[str, Any]]:
+def records(wf: Workflow) -> list[list[tuple[str, Any]]]:
+    """The run's records, fields in order (the order is in the sealed bytes: the hot
+    path's literals, `_records`' "the hot path", must keep their builders' order), with
+    the timings blanked."""
     recs: list[dict[str, Any]] = []
     wf.run_sync({}, store="memory://", listener=lambda r, v: recs.append(dict(r)))
-    return [{k: v for k, v in r.items() if k not in TIMING} for r in recs]
+    return [[(k, None if k in TIMING else v) for k, v in r.items()] for r in recs]
 
 
 @pytest.mark.parametrize("name", WORKFLOWS)
@@ -114,13 +118,120 @@ def test_fast_paths_write_the_records_of_the_general_path(
     tasks.clear()
     general = records(WORKFLOWS[name]())
     assert fast == general
-    assert fast[-1]["type"] == "run.completed"
+    assert dict(fast[-1])["type"] == "run.completed"
     # the general path did run every visit as a task; the fast one, only the branches
     assert len(tasks) == sum(r["type"] == "node.started" and r["attempt"] == 1
-                             for r in general)
+                             for r in map(dict, general))
     assert len(fast_tasks) < len(tasks)
 
 
 def test_the_chain_takes_the_always_taken_shortcut() -> None:
     wf = chain()
     assert wf.compile().always_taken >= {"n0", "n1", "n2", "n3"}
+
+
+# -- the journal's flush: serialised by a flag, not a lock --------------------------------
+
+
+class _SlowStore:
+    """Records each append's start and end; an append waits a few loop turns."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, list[int]]] = []
+
+    async def append(self, run_id: str, entries: list[Any], summary: Any) -> None:
+        seqs = [e.seq for e in entries]
+        self.events.append(("start", seqs))
+        for _ in range(3):
+            await asyncio.sleep(0)
+        self.events.append(("end", seqs))
+
+
+class _View:
+    status, steps, tokens, error, waiting = "running", 0, 0, None, None
+
+    def apply(self, rec: Any) -> None:
+        pass
+
+
+def _journal(store: _SlowStore) -> Any:
+    from interlock import _log as L
+    from interlock._journal import Journal
+    return Journal(store, "r", _View(), L.LogWriter())  # type: ignore[arg-type]
+
+
+def test_flushes_in_flight_together_are_serialised_and_each_stores_what_it_staged() -> None:
+    store = _SlowStore()
+
+    async def main() -> None:
+        j = _journal(store)
+        stored: list[int] = []
+
+        async def stage_and_flush(k: int) -> None:
+            j.add(("test.rec", {"k": k}))
+            seq = j.writer.seq
+            await j.flush()
+            # when flush returns, what was staged before it is stored
+            stored.append(seq)
+            assert any(ev == "end" and seq in seqs for ev, seqs in store.events)
+
+        await asyncio.gather(*(stage_and_flush(k) for k in range(5)))
+        assert sorted(stored) == [1, 2, 3, 4, 5]
+        assert not j._flushing and j._waiting == 0
+
+    asyncio.run(main())
+    # never two appends at once: each start is followed by its own end
+    kinds = [ev for ev, _ in store.events]
+    assert kinds == ["start", "end"] * (len(kinds) // 2)
+    assert sorted(s for ev, seqs in store.events if ev == "end" for s in seqs) == [1, 2, 3, 4, 5]
+
+
+def test_a_flush_cancelled_while_it_waits_leaves_the_others_their_turn() -> None:
+    store = _SlowStore()
+
+    async def main() -> None:
+        j = _journal(store)
+        j.add(("test.rec", {"k": 0}))
+        first = asyncio.create_task(j.flush())
+        await asyncio.sleep(0)  # in flight
+        j.add(("test.rec", {"k": 1}))
+        waiter = asyncio.create_task(j.flush())
+        other = asyncio.create_task(j.flush())
+        await asyncio.sleep(0)
+        waiter.cancel()
+        await first
+        await other
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        assert not j._flushing and j._waiting == 0
+        await j.flush()  # not stuck
+
+    asyncio.run(main())
+    assert [s for ev, seqs in store.events if ev == "end" for s in seqs] == [1, 2]
+
+
+def test_the_journal_sets_every_field_of_the_summary() -> None:
+    """`Journal.flush` makes the `Summary` without its ``__init__``: every field set."""
+    import dataclasses
+
+    from interlock._store import Summary
+
+    seen: list[Any] = []
+
+    class Store(_SlowStore):
+        async def append(self, run_id: str, entries: list[Any], summary: Any) -> None:
+            seen.append(summary)
+
+    async def main() -> None:
+        j = _journal(Store())
+        j.add(("test.rec", {"k": 1}))
+        await j.flush()
+
+    asyncio.run(main())
+    (summary,) = seen
+    assert type(summary) is Summary
+    assert {f.name for f in dataclasses.fields(Summary)} == {
+        "status", "last_seq", "last_hash", "steps", "tokens", "error", "waiting", "updated_at"}
+    assert (summary.status, summary.last_seq, summary.steps, summary.tokens, summary.error,
+            summary.waiting) == ("running", 1, 0, 0, None, None)
+    assert summary.last_hash == summary.copy().last_hash and summary.updated_at > 0
