@@ -91,6 +91,22 @@ class _Checker:
                         self.add("error", f"node {name!r}: on_modify names unknown node "
                                  f"{target!r}", ("nodes", name, "approval", "on_modify"),
                                  "unknown-node")
+                if ns.approval.input is not None:
+                    self.check_input_schema(name, ns.approval.input)
+
+    def check_input_schema(self, name: str, schema: dict[str, Any]) -> None:
+        """An approval's ``input:`` must be a JSON Schema (2020-12) a decision can meet."""
+        from jsonschema import Draft202012Validator, SchemaError
+
+        try:
+            Draft202012Validator.check_schema(schema)
+        except SchemaError as exc:
+            at = "".join(f"[{p!r}]" for p in exc.path)
+            self.add("error", f"node {name!r}: approval.input is not a valid JSON Schema "
+                     f"(2020-12): {exc.message}" + (f" at {at}" if at else "") + "; it is "
+                     "the schema a decision's --data must satisfy, e.g. {type: object, "
+                     "properties: {amount: {type: number}}, required: [amount]}",
+                     ("nodes", name, "approval", "input"), "approval-input")
 
     def resolve(self, path: str, where: tuple[Any, ...], what: str) -> None:
         if path in self.result.callables:

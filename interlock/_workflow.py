@@ -120,13 +120,17 @@ class Workflow:
 
     def approval(self, name: str, *, show: Iterable[str] = (), on_modify: Iterable[str] = (),
                  approvers: Iterable[str] = (), timeout: float | str | None = None,
-                 on_timeout: str = "reject", **options: Any) -> Workflow:
-        """Add a human approval gate (SPEC §3)."""
+                 on_timeout: str = "reject", input: Mapping[str, Any] | None = None,
+                 **options: Any) -> Workflow:
+        """Add a human approval gate (SPEC §3). ``input``: a JSON Schema that a decision's
+        ``data`` must satisfy (``approve(data=...)``); the gate's record carries it."""
         data = self._mutable()
         spec: dict[str, Any] = {"show": list(show), "on_modify": list(on_modify),
                                 "approvers": list(approvers), "on_timeout": on_timeout}
         if timeout is not None:
             spec["timeout"] = timeout
+        if input is not None:
+            spec["input"] = dict(input)
         data["nodes"][name] = {"approval": spec, **_opts(options)}
         return self
 

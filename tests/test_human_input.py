@@ -1,0 +1,189 @@
+"""Human input beyond yes/no (SPEC §7): an approval's ``input:`` schema and ``--data``.
+
+Real runs through the command line (a SQLite store in ``tmp_path``) and the Python
+API: a refused decision exits 2 (raises UsageError), names the gate, the schema error
+and how to fix it, and records nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from conftest import CliProject
+
+import interlock
+from interlock import START, Workflow
+from interlock.cli import cli
+
+NODES = """
+def plan(state):
+    return {"plan": "pay the vendor"}
+
+def pay(state):
+    return {"paid": state["approval"]["data"]["amount"]}
+
+def review(state):
+    return {"reviewed": state["approval"]["data"]["reason"]}
+"""
+
+GATED = """
+workflow: payment
+nodes:
+  plan: {mod}:plan
+  approval:
+    approval:
+      show: [plan]
+      input:
+        type: object
+        properties:
+          amount: {type: number, minimum: 0}
+          reason: {type: string}
+        required: [amount]
+  pay: {mod}:pay
+  review: {mod}:review
+edges:
+  - {from: START, to: plan}
+  - {from: plan, to: approval}
+  - {from: approval, to: review,
+     when: 'approval.decision == "approved" && approval.data.amount > 1000'}
+  - {from: approval, to: pay,
+     when: 'approval.decision == "approved" && approval.data.amount <= 1000'}
+  - {from: approval, to: END, when: 'approval.decision == "rejected"'}
+"""
+
+
+@pytest.fixture
+def project(make_project: Callable[..., CliProject]) -> CliProject:
+    return make_project(NODES)
+
+
+def waiting_run(project: CliProject, run_id: str = "r1") -> CliProject:
+    started = project.start(GATED, run_id)
+    assert started.exit_code == 3, started.output
+    return project
+
+
+def test_the_waiting_gate_shows_its_input_schema(project: CliProject) -> None:
+    waiting_run(project)
+    result, out = project.cli_json("status", "r1")
+    assert result.exit_code == 3
+    assert out["waiting"]["input"]["required"] == ["amount"]
+    shown = project.cli("status", "r1")
+    assert "--approve --data JSON" in shown.output and "input (--data must satisfy)" in \
+        shown.output
+
+
+@pytest.mark.parametrize("args, expect", [
+    (["--approve", "--data", '{"amount": "lots"}'], "at $.amount: 'lots' is not of type"),
+    (["--approve", "--data", '{"amount": -5}'], "-5 is less than the minimum of 0"),
+    (["--approve", "--data", '{"reason": "r"}'], "'amount' is a required property"),
+    (["--approve"], "asks for input with its approval"),
+    (["--reject", "--data", "[1, 2]"], "is not of type 'object'"),
+    (["--approve", "--data", "{nope"], "--data is not valid JSON"),
+    (["--modify", '{"plan": "x"}', "--data", "{}"], "--data goes with --approve or --reject"),
+])
+def test_data_that_does_not_satisfy_the_schema_is_refused_and_nothing_is_recorded(
+        project: CliProject, args: list[str], expect: str) -> None:
+    waiting_run(project)
+    before = project.seqs("r1")
+    refused = project.cli("resume", "r1", *args, "--by", "alice")
+    assert refused.exit_code == 2, refused.output
+    assert expect in refused.output
+    if "--data is not valid" not in expect and "goes with" not in expect:
+        assert "'approval'" in refused.output  # the gate is named
+        assert "--data JSON" in refused.output  # and how to fix it
+    assert project.seqs("r1") == before  # nothing recorded
+    _, out = project.cli_json("status", "r1")
+    assert out["status"] == "WAITING_APPROVAL"
+
+
+@pytest.mark.parametrize("amount, routed", [(50, "paid"), (5000, "reviewed")])
+def test_valid_data_is_the_gates_record_and_conditions_route_on_it(
+        project: CliProject, amount: int, routed: str) -> None:
+    waiting_run(project)
+    data = {"amount": amount, "reason": "invoice 7"}
+    result, out = project.cli_json("resume", "r1", "--approve", "--data", json.dumps(data),
+                                   "--by", "alice", "--comment", "ok")
+    assert result.exit_code == 0, result.output
+    gate = out["state"]["approval"]
+    assert gate["decision"] == "approved" and gate["data"] == data and gate["by"] == "alice"
+    assert routed in out["state"] and ({"paid", "reviewed"} - {routed}).isdisjoint(out["state"])
+    [decided] = [r for r in project.records("r1") if r["type"] == "approval.decided"]
+    assert decided["data"] == data
+    edges = [r for r in project.records("r1") if r["type"] == "edge.taken"
+             and r["from"] == "approval"]
+    assert edges[0]["reads"]["approval.data.amount"] == amount
+    assert project.cli("verify", "r1").exit_code == 0
+
+
+def test_a_rejection_may_come_without_data_and_its_record_says_so(project: CliProject) -> None:
+    waiting_run(project)
+    result, out = project.cli_json("resume", "r1", "--reject", "--by", "bob")
+    assert result.exit_code == 0, result.output  # the rejected edge ends the run
+    assert out["state"]["approval"]["decision"] == "rejected"
+    assert out["state"]["approval"]["data"] is None
+
+
+def test_data_for_a_gate_without_an_input_schema_is_refused(project: CliProject) -> None:
+    text = GATED.replace("""      input:
+        type: object
+        properties:
+          amount: {type: number, minimum: 0}
+          reason: {type: string}
+        required: [amount]
+""", "")
+    assert project.start(text, "r2").exit_code == 3
+    before = project.seqs("r2")
+    refused = project.cli("resume", "r2", "--approve", "--data", '{"amount": 1}')
+    assert refused.exit_code == 2
+    assert "gate 'approval' takes no --data" in refused.output
+    assert "declare approval.input" in refused.output
+    assert project.seqs("r2") == before
+
+
+def test_validate_checks_that_input_is_a_json_schema(project: CliProject) -> None:
+    bad = GATED.replace("amount: {type: number, minimum: 0}", "amount: {type: numbr}")
+    result = CliRunner().invoke(cli, ["validate", project.workflow(bad)])
+    assert result.exit_code == 2
+    [line] = [x for x in result.output.splitlines() if "approval.input" in x]
+    assert line.startswith("wf.yaml:8:") and "is not a valid JSON Schema" in line
+    assert "'numbr' is not valid" in line
+
+
+# -- the Python API ---------------------------------------------------------------------------
+
+
+async def plan(state: dict[str, Any]) -> dict[str, Any]:
+    return {"plan": "p"}
+
+
+def gated() -> Workflow:
+    wf = Workflow("payment")
+    wf.node("plan", plan)
+    wf.approval("approval", show=["plan"], input={
+        "type": "object", "properties": {"amount": {"type": "integer"}},
+        "required": ["amount"]})
+    wf.edge(START, "plan").edge("plan", "approval")
+    return wf
+
+
+def test_approve_with_data_in_python(tmp_path: Path) -> None:
+    store = f"sqlite:///{tmp_path}/runs.db"
+    wf = gated()
+    first = wf.run_sync(store=store)
+    assert first.waiting["input"]["required"] == ["amount"]
+    seqs = len(asyncio.run(interlock.trace(first.run_id, store=store)))
+    with pytest.raises(interlock.UsageError, match=r"gate 'approval'.*at \$\.amount: 1\.5 is "
+                       r"not of type 'integer'.*approve\(data=\.\.\.\)"):
+        wf.resume_sync(first.run_id, interlock.approve(data={"amount": 1.5}), store=store)
+    assert len(asyncio.run(interlock.trace(first.run_id, store=store))) == seqs
+    done = wf.resume_sync(first.run_id, interlock.approve(by="a", data={"amount": 3}),
+                          store=store)
+    assert done.status == "COMPLETED"
+    assert done.state["approval"]["data"] == {"amount": 3}
