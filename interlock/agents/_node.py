@@ -81,6 +81,8 @@ _REPAIR = ("Your reply does not satisfy the required JSON Schema: {problem}\n"
            "Reply again with only a corrected JSON document.")
 _REJECTED = ("A human reviewer rejected this call to {tool}; it was not executed. Do not "
              "call it again for this; carry on without it.")
+_REJECTED_WITH = ("A human reviewer rejected this call to {tool}; it was not executed. The "
+                  "reviewer's comment: {comment}")
 
 
 def build_agent_node(name: str, agent: Mapping[str, Any], node: NodeSpec, *,
@@ -229,9 +231,13 @@ class _Agent:
                         f"node {self.name!r}: the model asked for tools again after "
                         f"max_turns={self.spec.max_turns} model calls without a final "
                         "answer; raise max_turns or make the task smaller"))
-                messages.append(_assistant(reply))
+                asked = _assistant(reply)
+                messages.append(asked)
                 for i, call in enumerate(reply.tool_calls):
-                    messages.append(await self._tool(ctx, turn, i, call))
+                    answer, edited = await self._tool(ctx, turn, i, call)
+                    if edited is not None:  # the conversation shows the call that ran
+                        asked["tool_calls"][i]["function"]["arguments"] = edited
+                    messages.append(answer)
                 turn += 1
                 continue
             value, problem = self._check(reply.content)
@@ -333,7 +339,10 @@ class _Agent:
             raise over[0]
         return Reply.from_json(data)
 
-    async def _tool(self, ctx: Context, turn: int, i: int, call: ToolCall) -> dict[str, Any]:
+    async def _tool(self, ctx: Context, turn: int, i: int, call: ToolCall
+                    ) -> tuple[dict[str, Any], str | None]:
+        """The tool message answering ``call``, and the arguments a human edited it to
+        (JSON text; None when it ran -- or was refused -- as the model asked)."""
         key = f"tool-{turn}-{i}"
         if not self.replayable:  # a fresh reply may ask for another call: bind the key to it
             key += "-" + _digest(ctx.idempotency_key, call.name, call.arguments)
@@ -353,14 +362,40 @@ class _Agent:
                                    str(exc))
             else:
                 base["arguments"] = shown
-                show = {"tool": tool.name,
-                        "arguments": REDACTED if "arguments" in self.redact else shown}
-                if tool.confirm and ctx.confirm(key, show) != "approved":
-                    text = await ctx.once(key, self._rejected, ctx, base)
+                answer = "approved"
+                if tool.confirm:
+                    hidden = "arguments" in self.redact  # unseen arguments are not edited
+                    show = {"tool": tool.name, "arguments": REDACTED if hidden else shown}
+                    answer = ctx.confirm(key, show, edit=None if hidden else edit_schema(tool))
+                if answer == "modified":
+                    return await self._edited(ctx, key, base, tool, call)
+                if answer != "approved":
+                    comment = (ctx.decision(key) or {}).get("comment")
+                    text = await ctx.once(key, self._rejected, ctx, base, comment)
                 else:  # a redacted result is not journaled: a re-run runs the tool again
                     text = await _step(ctx, key, "result" not in self.redact, self._execute,
                                        ctx, base, tool, kwargs)
-        return {"role": "tool", "tool_call_id": call.id, "content": text}
+        return {"role": "tool", "tool_call_id": call.id, "content": text}, None
+
+    async def _edited(self, ctx: Context, key: str, base: dict[str, Any], tool: Tool,
+                      call: ToolCall) -> tuple[dict[str, Any], str | None]:
+        """Run ``call`` with the arguments a human edited it to (``modify``): the tool
+        sees them, the model's conversation shows them, the log has both."""
+        decision = ctx.decision(key) or {}
+        arguments = json.dumps((decision.get("patch") or {}).get("arguments", {}),
+                               ensure_ascii=False)
+        base = {**base, "model_arguments": base.get("arguments"), "edited_by": decision.get("by")}
+        try:
+            kwargs, shown = tool.parse(arguments)
+        except ToolArgumentsError as exc:  # the schema let it through, the signature did not
+            problem = f"the reviewer's edited arguments do not fit the tool: {exc}"
+            text = await _step(ctx, key, True, self._refuse, ctx, base,
+                               ToolCall(call.id, call.name, arguments), problem)
+        else:
+            base["arguments"] = shown
+            text = await _step(ctx, key, "result" not in self.redact, self._execute, ctx, base,
+                               tool, kwargs)
+        return {"role": "tool", "tool_call_id": call.id, "content": text}, arguments
 
     async def _execute(self, ctx: Context, base: dict[str, Any], tool: Tool,
                        kwargs: dict[str, Any]) -> str:
@@ -385,8 +420,11 @@ class _Agent:
             "duration_ms": round((time.perf_counter() - t0) * 1000, 3)}))
         return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
-    async def _rejected(self, ctx: Context, base: dict[str, Any]) -> str:
-        await ctx.log("tool.rejected", self._hide(dict(base)))
+    async def _rejected(self, ctx: Context, base: dict[str, Any], comment: str | None) -> str:
+        fields = {**base, "comment": comment} if comment else dict(base)
+        await ctx.log("tool.rejected", self._hide(fields))
+        if comment:  # the reviewer's feedback reaches the model with the refusal
+            return _REJECTED_WITH.format(tool=base["tool"], comment=comment)
         return _REJECTED.format(tool=base["tool"])
 
     async def _refuse(self, ctx: Context, base: dict[str, Any], call: ToolCall,
@@ -436,8 +474,22 @@ class _Agent:
         return problem
 
     def _hide(self, fields: dict[str, Any]) -> dict[str, Any]:
-        """A log record's fields without the ones ``redact:`` names."""
-        return {k: v for k, v in fields.items() if k not in self.redact}
+        """A log record's fields without the ones ``redact:`` names (``arguments`` covers
+        the model's own, ``model_arguments``, beside a human's edit)."""
+        return {k: v for k, v in fields.items() if k not in self.redact
+                and not (k == "model_arguments" and "arguments" in self.redact)}
+
+
+def edit_schema(tool: Tool) -> dict[str, Any]:
+    """What a human's edit of a call to ``tool`` must be: ``{"arguments": {...}}`` with
+    arguments that fit its parameters (the JSON Schema of its signature)."""
+    params = dict(tool.parameters)
+    defs = params.pop("$defs", None)  # its $refs point at the root: keep them there
+    schema: dict[str, Any] = {"type": "object", "properties": {"arguments": params},
+                              "required": ["arguments"], "additionalProperties": False}
+    if defs is not None:
+        schema["$defs"] = defs
+    return schema
 
 
 def _restart_point(ctx: Context) -> tuple[int, int]:
