@@ -158,10 +158,11 @@ class _Checker:
             if e.kind == "choose":
                 src = e.source[0]
                 agent = nodes[src].agent if src != START else None
-                if src == START or (nodes[src].call is None and not (
-                        isinstance(agent, dict) and agent.get("choose"))):
+                # an agent chooses by its output's agent.choose field or by a tool's goto
+                # (its kind checks that it has one of them)
+                if src == START or (nodes[src].call is None and not isinstance(agent, dict)):
                     self.add("error", f"edge {e.describe()}: only a call node (or an agent node "
-                             "with agent.choose) can choose its successor",
+                             "with agent.choose or tools) can choose its successor",
                              ("edges", i, "choose"), "choose")
         if not any(START in e.source for e in self.spec.edges):
             self.add("error", "no edge from START: add {from: START, to: <first node>}",

@@ -192,7 +192,8 @@ def broken_tool(entry: str) -> str:
 def test_a_tool_that_raises_fails_the_node_and_the_log_names_the_call(
         llm: FakeOpenAI, store: str) -> None:
     llm.reply(tool_calls=[("broken_tool", {"entry": "E-9"})], usage=(50, 10))
-    result = audit(llm, tools=[broken_tool]).run_sync({"plan": "p"}, store=store)
+    result = audit(llm, tools=[broken_tool], tool_errors="raise").run_sync({"plan": "p"},
+                                                                         store=store)
     assert result.status == "FAILED" and "ConnectionResetError" in result.error["message"]
     [called] = records(result.run_id, store, "tool.called")
     assert called["tool"] == "broken_tool" and called["arguments"] == {"entry": "E-9"}

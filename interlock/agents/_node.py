@@ -41,7 +41,8 @@ only what the log may hold, and a step whose result it may not hold is not repla
 - The node's validated output is state, and state is in the log (``node.completed``'s
   ``update``; resume rebuilds state from it): ``redact`` does not apply to it. To keep
   the model's text out of the log, give the node an ``output`` schema that holds only
-  what the workflow needs (without a schema the output *is* the reply text).
+  what the workflow needs (without a schema the output *is* the reply: its text, or the
+  JSON object or array it is).
 """
 
 from __future__ import annotations
@@ -58,11 +59,20 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ValidationError
 
 from .. import _log as L
-from .._context import goto
+from .._context import Goto, goto
+from .._errors import RouteError
 from .._guards import BudgetExceededError
 from .._model import NodeSpec, WorkflowSpec
 from ._errors import AgentConfigError, AgentError, AgentOutputError, AgentTurnsError
-from ._providers import ChatRequest, OpenAIProvider, Provider, Reply, ScriptedProvider, ToolCall
+from ._providers import (
+    ChatRequest,
+    OpenAIProvider,
+    Provider,
+    RepliesExhausted,
+    Reply,
+    ScriptedProvider,
+    ToolCall,
+)
 from ._spec import AgentSpec
 from ._tools import Tool, ToolArgumentsError, make_tool
 
@@ -221,7 +231,16 @@ class _Agent:
         note: dict[str, Any] = opening
         while True:
             repairing = bool(note.get("repair"))
-            reply = await self._call(ctx, turn, messages, note)
+            try:
+                reply = await self._call(ctx, turn, messages, note)
+            except RepliesExhausted as exc:
+                if not repairing:
+                    raise
+                # the real cause is the reply before: say so, not only "no reply left"
+                raise AgentOutputError(
+                    f"node {self.name!r}: the model's reply does not satisfy the output "
+                    f"schema: {note['repair']}; the repair round found no reply to ask for "
+                    f"({exc})") from None
             note = {}
             if not repairing:
                 calls += 1
@@ -235,6 +254,9 @@ class _Agent:
                 messages.append(asked)
                 for i, call in enumerate(reply.tool_calls):
                     answer, edited = await self._tool(ctx, turn, i, call)
+                    if isinstance(answer["content"], dict):  # a tool handed off: goto
+                        # the turn ends here; the calls after it in this reply do not run
+                        return goto(answer["content"]["goto"], answer["content"]["update"])
                     if edited is not None:  # the conversation shows the call that ran
                         asked["tool_calls"][i]["function"]["arguments"] = edited
                     messages.append(answer)
@@ -349,7 +371,7 @@ class _Agent:
         refusable = "arguments" not in self.redact  # a refusal's text may quote them
         tool = self.tools.get(call.name)
         base = {"turn": turn, "tool": call.name, "call_id": call.id}
-        text: str
+        text: str | dict[str, Any]  # a dict: a tool's handoff (goto)
         if tool is None:
             problem = (f"there is no tool {call.name!r}; the tools are: "
                        f"{', '.join(self.tools) or 'none'}")
@@ -398,18 +420,29 @@ class _Agent:
         return {"role": "tool", "tool_call_id": call.id, "content": text}, arguments
 
     async def _execute(self, ctx: Context, base: dict[str, Any], tool: Tool,
-                       kwargs: dict[str, Any]) -> str:
+                       kwargs: dict[str, Any]) -> str | dict[str, Any]:
+        """Run the tool: its result as the text the model gets -- or, for a tool that
+        returned ``interlock.goto``, the handoff (`_handoff`)."""
         t0 = time.perf_counter()
         try:
             result = await tool.invoke(kwargs)
         except Exception as exc:
-            # the node fails with the tool's own exception (so `retry.errors` can name
-            # it); the log says which call raised it, with what arguments
-            message = "withheld: redact" if "result" in self.redact else str(exc)[:2000]
-            await ctx.log("tool.called", self._hide({
-                **base, "error": {"type": type(exc).__name__, "message": message},
-                "duration_ms": round((time.perf_counter() - t0) * 1000, 3)}))
-            raise
+            # tool_errors: return -- the model gets the error as the tool's answer (and may
+            # correct itself); raise -- the node fails with the tool's own exception (so
+            # `retry.errors` can name it). The log says which call raised it either way.
+            message = str(exc)[:2000]
+            fields = {**base, "error": {"type": type(exc).__name__, "message":
+                                        "withheld: redact" if "result" in self.redact
+                                        else message}}
+            if self.spec.tool_errors == "return":
+                fields["returned"] = True  # to the model, as the tool's answer
+            fields["duration_ms"] = round((time.perf_counter() - t0) * 1000, 3)
+            await ctx.log("tool.called", self._hide(fields))
+            if self.spec.tool_errors == "raise":
+                raise
+            return json.dumps({"error": f"{type(exc).__name__}: {message}"}, ensure_ascii=False)
+        if isinstance(result, Goto):
+            return await self._handoff(ctx, base, tool, result, t0)
         try:
             value = L.to_json_value(result)
         except TypeError as exc:
@@ -419,6 +452,28 @@ class _Agent:
             **base, "result": value,
             "duration_ms": round((time.perf_counter() - t0) * 1000, 3)}))
         return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+    async def _handoff(self, ctx: Context, base: dict[str, Any], tool: Tool, result: Goto,
+                       t0: float) -> dict[str, Any]:
+        """A tool's ``interlock.goto(target)``: the turn ends and the node routes to
+        ``target`` -- one of its ``choose`` targets, else the node fails, as a node's own
+        goto would. Journaled as ``{"goto", "update"}`` (a tool's answer is otherwise text)."""
+        if result.node not in self.choices:
+            targets = ", ".join(self.choices) if self.choices else \
+                f"none: declare {{from: {self.name}, choose: [...]}}"
+            raise RouteError(f"node {self.name!r}: tool {tool.name!r} returned "
+                             f"goto({result.node!r}); the node's choose targets are: {targets}",
+                             node=self.name)
+        try:
+            update = L.to_json_value(dict(result.update or {}))
+        except TypeError as exc:
+            raise AgentError(f"node {self.name!r}: tool {tool.name!r} returned goto with an "
+                             f"update that is not JSON data: {exc}") from None
+        handoff = {"goto": result.node, "update": update}
+        await ctx.log("tool.called", self._hide({
+            **base, "result": handoff,
+            "duration_ms": round((time.perf_counter() - t0) * 1000, 3)}))
+        return handoff
 
     async def _rejected(self, ctx: Context, base: dict[str, Any], comment: str | None) -> str:
         fields = {**base, "comment": comment} if comment else dict(base)
@@ -448,7 +503,7 @@ class _Agent:
     def _check(self, content: str | None) -> tuple[Any, str | None]:
         """The reply as the node's output, or why it is not acceptable."""
         if self.validator is None and self.model_cls is None:
-            return content or "", None
+            return _untyped(content or ""), None
         text = _unfence(content or "")
         try:
             data = json.loads(text)
@@ -490,6 +545,18 @@ def edit_schema(tool: Tool) -> dict[str, Any]:
     if defs is not None:
         schema["$defs"] = defs
     return schema
+
+
+def _untyped(text: str) -> Any:
+    """A reply without an output schema: a JSON object or array (bare or fenced) as that
+    data, anything else as the text the model wrote."""
+    body = _unfence(text).strip()
+    if body[:1] in ("{", "["):
+        with contextlib.suppress(ValueError, RecursionError):
+            data = json.loads(body)
+            if isinstance(data, dict | list):
+                return data
+    return text
 
 
 def _restart_point(ctx: Context) -> tuple[int, int]:
