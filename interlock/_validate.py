@@ -222,7 +222,13 @@ class _Checker:
         return {n: list(ts) for n, ts in succ.items()}
 
     def check_reachability(self, adj: dict[str, list[str]]) -> None:
-        seen = reachable(adj, START)
+        # a gate's re-entry nodes (approval.on_modify, an on_timeout node) are reached
+        # through the gate: a node reachable only that way is not unreachable
+        reentry = {n: list(dict.fromkeys([*adj[n], *ns.approval.on_modify,
+                                          *([ns.approval.on_timeout]
+                                            if ns.approval.on_timeout != "reject" else [])]))
+                   for n, ns in self.spec.nodes.items() if ns.approval is not None}
+        seen = reachable({**adj, **reentry} if reentry else adj, START)
         for name in self.spec.nodes:
             if name not in seen:
                 self.add("error", f"node {name!r} is unreachable: no edge path from START "

@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from conftest import CliProject
 
 import interlock
-from interlock import START, Workflow
+from interlock import END, START, Workflow
 from interlock.cli import cli
 
 NODES = """
@@ -187,3 +187,31 @@ def test_approve_with_data_in_python(tmp_path: Path) -> None:
                           store=store)
     assert done.status == "COMPLETED"
     assert done.state["approval"]["data"] == {"amount": 3}
+
+
+# -- a node reached only through on_modify ------------------------------------------------------
+
+
+async def draft(state: dict[str, Any]) -> dict[str, Any]:
+    return {"text": state.get("hint", "first draft")}
+
+
+async def fix(state: dict[str, Any]) -> dict[str, Any]:
+    return {"text": f"fixed: {state['hint']}"}
+
+
+def test_a_node_reached_only_through_on_modify_is_reachable(tmp_path: Path) -> None:
+    store = f"sqlite:///{tmp_path}/runs.db"
+    wf = Workflow("review", state={"hint": "replace"})
+    wf.node("draft", draft).node("fix", fix)
+    wf.approval("review", show=["text"], on_modify=["fix"])
+    wf.edge(START, "draft").edge("draft", "review")
+    wf.edge("fix", "review")  # the fixer goes back to the reviewer
+    wf.edge("review", END, when='review.decision == "approved"')
+    wf.compile()  # no "unreachable" error
+    first = wf.run_sync(store=store)
+    assert first.status == "WAITING_APPROVAL"
+    again = wf.resume_sync(first.run_id, interlock.modify({"hint": "shorter"}), store=store)
+    assert again.status == "WAITING_APPROVAL" and again.state["text"] == "fixed: shorter"
+    done = wf.resume_sync(first.run_id, interlock.approve(), store=store)
+    assert done.status == "COMPLETED" and done.state["review"]["decision"] == "approved"
