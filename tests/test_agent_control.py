@@ -179,6 +179,24 @@ def test_a_rejections_comment_reaches_the_model_in_its_next_request(
     assert rejected["comment"] == "E-1 is still open; archive it instead"
 
 
+def test_feedback_then_a_corrected_call_the_review_tool_calls_flow(
+        llm: FakeOpenAI, store: str) -> None:
+    """LangGraph's "send feedback" branch: the model gets the comment, asks again with a
+    corrected call, which is reviewed in turn and approved."""
+    wf, run_id = waiting(llm, store)
+    llm.reply(tool_calls=[("delete_ledger", {"entry": "E-1/2024"})])
+    again = wf.resume_sync(run_id, interlock.reject(comment="name the year too: E-1/YYYY"),
+                           store=store)
+    assert again.status == "WAITING_APPROVAL" and CALLS == []
+    assert again.waiting["show"]["arguments"] == {"entry": "E-1/2024"}
+    feedback = llm.requests[1]["body"]["messages"][-1]
+    assert "name the year too: E-1/YYYY" in feedback["content"]
+    llm.reply({"summary": "deleted E-1/2024"})
+    done = wf.resume_sync(run_id, interlock.approve(), store=store)
+    assert done.status == "COMPLETED" and CALLS == [("delete_ledger", "E-1/2024")]
+    assert len(llm.requests) == 3  # each model call made once, across the three resumes
+
+
 def test_data_is_refused_on_a_guarded_tool_call(llm: FakeOpenAI, store: str) -> None:
     wf, run_id = waiting(llm, store)
     with pytest.raises(interlock.UsageError, match="takes no --data"):
