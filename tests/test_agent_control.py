@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from conftest import CliProject
+from conftest import CliProject, records, trace
 from fake_openai import FakeOpenAI
 
 import interlock
@@ -37,28 +37,9 @@ async def delete_ledger(entry: str, force: bool = False) -> str:
 
 
 @pytest.fixture
-def llm(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeOpenAI]:
-    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
-    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
-    fake = FakeOpenAI()
-    try:
-        yield fake
-    finally:
-        fake.close()
-
-
-@pytest.fixture
 def store(tmp_path: Path) -> str:
     CALLS.clear()
     return f"sqlite:///{tmp_path}/runs.db"
-
-
-def trace(run_id: str, store: str) -> list[dict[str, Any]]:
-    return asyncio.run(interlock.trace(run_id, store=store))
-
-
-def records(run_id: str, store: str, rtype: str) -> list[dict[str, Any]]:
-    return [r for r in trace(run_id, store) if r["type"] == rtype]
 
 
 def clerk(llm: FakeOpenAI, **agent: Any) -> Workflow:

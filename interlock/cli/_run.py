@@ -109,8 +109,10 @@ def resume(run_id: str, approve: bool, reject: bool, patch_json: str | None, at_
 
     A crashed or failed run continues where it stopped: nodes that completed are
     not run again, the interrupted (or failed) ones are. A run waiting for
-    approval needs exactly one of --approve, --reject or --modify. The run
-    executes the workflow definition it started with, not the file as it is now.
+    approval needs exactly one of --approve, --reject or --modify (with --data
+    when the gate's approval.input asks for it; on a guarded tool call, --modify
+    '{"arguments": {...}}' edits the call and --comment reaches the model). The
+    run executes the workflow definition it started with, not the file as it is now.
 
     Exits like `run`: 0 completed, 1 failed, 2 refused (the reason is printed),
     3 waiting again, 4 rejected.
