@@ -120,6 +120,7 @@ def test_valid_data_is_the_gates_record_and_conditions_route_on_it(
              and r["from"] == "approval"]
     assert edges[0]["reads"]["approval.data.amount"] == amount
     assert project.cli("verify", "r1").exit_code == 0
+    assert f'data {{"amount": {amount}' in project.cli("trace", "r1").output
 
 
 def test_a_rejection_may_come_without_data_and_its_record_says_so(project: CliProject) -> None:
@@ -215,3 +216,17 @@ def test_a_node_reached_only_through_on_modify_is_reachable(tmp_path: Path) -> N
     assert again.status == "WAITING_APPROVAL" and again.state["text"] == "fixed: shorter"
     done = wf.resume_sync(first.run_id, interlock.approve(), store=store)
     assert done.status == "COMPLETED" and done.state["review"]["decision"] == "approved"
+
+
+def test_a_patch_naming_a_new_field_says_how_to_declare_it(project: CliProject) -> None:
+    text = GATED.replace("      show: [plan]\n", "      show: [plan]\n      on_modify: [plan]\n")
+    assert project.start(text, "r1").exit_code == 3
+    before = project.seqs("r1")
+    refused = project.cli("resume", "r1", "--modify", '{"budget": 10}')
+    assert refused.exit_code == 2
+    out = " ".join(refused.output.split())  # the message, unwrapped
+    assert "does not know: budget" in out and "known fields:" in out
+    assert "declare it in the workflow file" in out
+    assert "state: {budget: {reducer: replace}}" in out
+    assert "this run keeps the definition it started with" in out
+    assert project.seqs("r1") == before

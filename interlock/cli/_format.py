@@ -110,6 +110,8 @@ def _decision_detail(rec: Record) -> str:
     text = f"by {rec['by']}" if rec.get("by") else "by an anonymous decider"
     if rec.get("comment"):
         text += f": {_short(str(rec['comment']), 100)}"
+    if rec.get("data") is not None:
+        text += f"; data {_short(_json(rec['data']), 100)}"
     if rec.get("patch"):
         text += f"; patch {_short(_json(rec['patch']), 100)}"
     if rec.get("reenter"):
