@@ -223,13 +223,17 @@ def _checked_edit(gate: Gate, decision: Decision) -> dict[str, Any]:
     problems = schema_problems(schema, patch)
     if problems:
         tool = gate.show.get("tool")
-        what = f"the call to {tool!r}" if isinstance(tool, str) else f"{gate.node!r}'s call"
-        params = schema.get("properties", {}).get("arguments") \
-            if isinstance(schema.get("properties"), dict) else None
-        raise UsageError(f"the edit is refused: {what} does not take it: {problems}; send "
-                         "--modify '{\"arguments\": {...}}' (modify({\"arguments\": ...}) in "
-                         "Python) with arguments that fit the tool's parameters"
-                         + (f" {_schema_text(params)}" if params is not None else ""))
+        props = schema.get("properties")
+        params = props.get("arguments") if isinstance(props, dict) else None
+        if isinstance(tool, str) and params is not None:  # an agent's guarded tool call
+            raise UsageError(f"the edit is refused: the call to {tool!r} does not take it: "
+                             f"{problems}; send --modify '{{\"arguments\": {{...}}}}' "
+                             "(modify({\"arguments\": ...}) in Python) with arguments that "
+                             f"fit the tool's parameters {_schema_text(params)}")
+        raise UsageError(f"the edit is refused: it does not satisfy the schema of "
+                         f"{gate.node!r}'s confirmation {gate.key!r}: {problems}; send "
+                         f"--modify PATCH_JSON (modify(patch) in Python) that satisfies "
+                         f"{_schema_text(schema)}")
     return patch
 
 

@@ -230,3 +230,44 @@ def test_a_patch_naming_a_new_field_says_how_to_declare_it(project: CliProject) 
     assert "state: {budget: {reducer: replace}}" in out
     assert "this run keeps the definition it started with" in out
     assert project.seqs("r1") == before
+
+
+# -- a node's own confirmation with an edit ---------------------------------------------------
+
+mailed: list[Any] = []
+
+
+async def send(state: dict[str, Any], ctx: interlock.Context) -> dict[str, Any]:
+    email = {"to": "team@example.com", "body": "draft"}
+    schema = {"type": "object", "properties": {"body": {"type": "string"}},
+              "required": ["body"], "additionalProperties": False}
+    answer = ctx.confirm("send", {"email": email}, edit=schema)
+    decision = ctx.decision("send") or {}
+    if answer == "modified":
+        email = {**email, **decision["patch"]}
+    elif answer != "approved":
+        return {"sent": None, "why": decision.get("comment")}
+    mailed.append(email)
+    return {"sent": email}
+
+
+@pytest.mark.parametrize("decision, sent, why", [
+    (interlock.approve(), {"to": "team@example.com", "body": "draft"}, None),
+    (interlock.modify({"body": "final"}), {"to": "team@example.com", "body": "final"}, None),
+    (interlock.reject(comment="not today"), None, "not today"),
+])
+def test_a_nodes_own_confirmation_may_offer_an_edit(tmp_path: Path, decision: Any,
+                                                     sent: Any, why: Any) -> None:
+    mailed.clear()
+    store = f"sqlite:///{tmp_path}/runs.db"
+    wf = Workflow("mail").node("send", send).edge(START, "send")
+    first = wf.run_sync(store=store)
+    assert first.waiting["decisions"] == ["approve", "reject", "modify"]
+    assert first.waiting["input"]["required"] == ["body"]
+    with pytest.raises(interlock.UsageError, match=r"schema of 'send'.s confirmation 'send': "
+                       r"at \$\.body: 3 is not of type 'string'"):
+        wf.resume_sync(first.run_id, interlock.modify({"body": 3}), store=store)
+    done = wf.resume_sync(first.run_id, decision, store=store)
+    assert done.status == "COMPLETED", done.error
+    assert done.state["sent"] == sent and done.state.get("why") == why
+    assert mailed == ([sent] if sent else [])
