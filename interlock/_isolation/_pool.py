@@ -40,16 +40,17 @@ class ChildContext:
     attempt: int
     idempotency_key: str
     config: Mapping[str, Any] = field(default_factory=dict)
+    args: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
     def of(cls, ctx: Context) -> ChildContext:
         return cls(ctx.run_id, ctx.node, ctx.visit, ctx.attempt, ctx.idempotency_key,
-                   dict(ctx.config))
+                   dict(ctx.config), dict(ctx.args))
 
     def to_json(self) -> dict[str, Any]:
         return {"run_id": self.run_id, "node": self.node, "visit": self.visit,
                 "attempt": self.attempt, "idempotency_key": self.idempotency_key,
-                "config": dict(self.config)}
+                "config": dict(self.config), "args": dict(self.args)}
 
 
 @dataclass(frozen=True, slots=True)

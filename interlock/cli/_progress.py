@@ -100,7 +100,7 @@ class Progress:
     def _on_node(self, rec: Record) -> None:
         node = rec["node"]
         st = self.stats.setdefault(node, NodeStats())
-        st.status = rec["type"].removeprefix("node.")
+        st.status = "caught" if rec.get("caught") else rec["type"].removeprefix("node.")
         if st.status == "started":
             st.status = "running"
             st.visits.add(rec["visit"])
