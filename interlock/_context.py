@@ -43,6 +43,9 @@ class Port(Protocol):
     def effect_keys(self, node: str) -> Iterable[str]:
         """The keys of every effect ``node`` recorded in this run (every visit)."""
 
+    def node_args(self, node: str) -> Mapping[str, Any]:
+        """The ``args:`` ``node`` declares (read-only; empty when it declares none)."""
+
 
 class PauseRequested(BaseException):
     """Raised by `Context.confirm` to suspend the node until a human decides.
@@ -123,6 +126,12 @@ class Context:
     def tokens(self) -> int:
         """Tokens this attempt has recorded so far."""
         return self.spent.tokens
+
+    @property
+    def args(self) -> Mapping[str, Any]:
+        """The node's ``args:`` (read-only; empty when it declares none): one function
+        can serve several nodes, each with its own parameters."""
+        return self._port.node_args(self.node)
 
     def record_tokens(self, n: int) -> None:
         """Charge ``n`` tokens (an LLM call's usage) to this node and to the run's budget.

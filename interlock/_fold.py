@@ -51,7 +51,7 @@ from typing import Any, NamedTuple
 
 from . import _log as L
 from ._errors import InternalError
-from ._model import END
+from ._model import END, ERROR_FIELD
 from ._plan import Plan, PlanEdge, Port
 from ._state import merge_update
 
@@ -179,6 +179,9 @@ class RunView:
 
     def _on_run_started(self, rec: L.Record) -> None:
         self.state = dict(rec.get("input") or {})
+        defaults = rec.get("defaults")  # what declared fields start as (SPEC §7)
+        if defaults:
+            self.state.update(defaults)
         self.config = dict(rec.get("config") or {})
         self.limits = dict(rec.get("limits") or {})
         self.status = "RUNNING"
@@ -311,12 +314,54 @@ class RunView:
                 self._barrier(e, node, True)
             else:
                 self.due[(e.index, node)] = Due(e, node, goto if e.kind == "choose" else None)
+        if pn.errors:  # it did not fail: its error edges are not taken
+            self._dead_edges(pn.errors)
 
     def _on_node_failed(self, rec: L.Record) -> None:
+        if "caught" in rec:
+            self._on_caught(rec)
+            return
         visit = self._attempt_visit(rec)
         if visit is not None and (rec.get("error") or {}).get("type") != "cancelled":
             visit.failures += 1  # (a cancelled visit was stopped, not failed)
         self._attempt_ended(rec)
+
+    def _on_caught(self, rec: L.Record) -> None:
+        """A visit failed with an error one of its error edges catches (SPEC §7): the
+        visit is over (it does not run again on resume), the error is written to the
+        reserved ``error`` field, its other edges are not taken, and the catching edge
+        is due (the runner decides it in the same batch)."""
+        node = rec["node"]
+        key = (node, rec["visit"])
+        self._attempt_ended(rec)
+        self.running.pop(key, None)
+        if self.maps:  # a mapped node's visit, one of whose items failed: it is over
+            self.maps.pop(key, None)
+        if self.gates:
+            self.gates.pop(key, None)
+        self.visits[node] += 1
+        pn = self.plan.nodes[node]
+        if pn.cyclic:
+            self._active[pn.scc] -= 1
+        caught = rec["caught"]
+        self.state[ERROR_FIELD] = caught["error"]
+        self.routed[node] = False
+        self.route_wait[node] = 0
+        self._rule_out(node)  # its ordinary edges: not taken (its joins: not arrived)
+        edge = caught["edge"]
+        for e in pn.errors:
+            if e.index == edge:
+                self.due[(e.index, node)] = Due(e, node)
+        self._dead_edges([e for e in pn.errors if e.index != edge])
+
+    def _dead_edges(self, edges: list[PlanEdge]) -> None:
+        """Edges of a node that will not be taken this time (its error edges when it
+        completes; the other error edges when one catches): their targets' ports die."""
+        for e in edges:
+            for t in e.targets:
+                port = e.ports.get(t)
+                if port is not None:
+                    self._dead_port(port)
 
     def _on_node_retrying(self, rec: L.Record) -> None:
         self.status = "RETRYING"  # until the next attempt starts (visible in `status`)

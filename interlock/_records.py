@@ -91,7 +91,10 @@ def gate_completed(node: str, visit: int, update: dict[str, Any], reenter: str |
 
 def node_failed(node: str, visit: int, attempt: int | None, error: dict[str, Any],
                 duration_ms: float | None = None, tokens: int = 0,
-                item: int | None = None) -> Item:
+                item: int | None = None, caught: dict[str, Any] | None = None) -> Item:
+    """A visit's failure. ``caught``: an error edge caught it (``{edge, error}``, the
+    error as its target sees it in the ``error`` field): the run goes on along it.
+    ``item``: one item's of a mapped node's visit."""
     fields: dict[str, Any] = {"node": node, "visit": visit}
     if item is not None:
         fields["item"] = item
@@ -102,6 +105,8 @@ def node_failed(node: str, visit: int, attempt: int | None, error: dict[str, Any
         fields["duration_ms"] = duration_ms
     if tokens:
         fields["tokens"] = tokens
+    if caught is not None:
+        fields["caught"] = caught
     return L.NODE_FAILED, fields
 
 

@@ -48,7 +48,7 @@ from . import _expr
 from . import _log as L
 from . import _records as R
 from ._call import NodeCall
-from ._decide import Abort, Decider, Rejected
+from ._decide import Abort, Decider, Rejected, caught_error
 from ._errors import InterlockError, InternalError, RunError, StepLimitError
 from ._fold import RunView
 from ._guards import Outcome
@@ -313,6 +313,8 @@ class Runner:
                 "approvers": _approvers(self.plan.nodes[out.node].spec)})])
             return
         if out.error is not None:
+            if self.plan.nodes[out.node].errors and self._caught(out):
+                return
             await self.sink.commit([R.node_failed(out.node, out.visit, out.attempt,
                                                   out.error.to_json(), out.duration_ms,
                                                   out.tokens)])
@@ -323,6 +325,21 @@ class Runner:
                                                   conflict.to_json(), out.duration_ms)])
             raise Abort(conflict)
         self._complete(out)
+
+    def _caught(self, out: Outcome) -> bool:
+        """A visit that failed with an error one of its node's error edges catches (SPEC
+        §7): stage its ``node.failed`` (with what was caught and by which edge) and the
+        edge's decision -- one batch, flushed by the caller like a completion."""
+        assert out.error is not None
+        pn = self.plan.nodes[out.node]
+        edge = self.decide.catch(pn, out.error)
+        if edge is None:
+            return False
+        caught = {"edge": edge.index, "error": caught_error(pn, out.error, out.attempt)}
+        self.sink.add(R.node_failed(out.node, out.visit, out.attempt, out.error.to_json(),
+                                    out.duration_ms, out.tokens, caught=caught))
+        self.decide.due()
+        return True
 
     def _complete(self, out: Outcome) -> None:
         """`_finish` for a visit that completed (no error, no pause, no write conflict)."""

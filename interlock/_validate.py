@@ -18,7 +18,7 @@ from ._errors import Diagnostic, Severity
 from ._expr import Expression, ExpressionSyntaxError, compile_expression
 from ._graph import Concurrency, back_edges, reachable, reverse, sccs
 from ._kinds import NodeKind
-from ._model import END, NAME_RE, START, EdgeSpec, NodeSpec, WorkflowSpec
+from ._model import END, ERROR_FIELD, NAME_RE, START, EdgeSpec, NodeSpec, WorkflowSpec
 from ._spec import locate
 
 
@@ -57,9 +57,12 @@ class _Checker:
 
     def run(self) -> CheckResult:
         self.check_nodes()
+        self.check_reserved()
         self.check_expressions()
         if not self.check_edge_names():
             return self.result  # the graph checks below need known names
+        self.check_error_edges()
+        self.check_otherwise()
         adj = self.adjacency()
         self.check_maps()
         self.check_reachability(adj)
@@ -92,6 +95,76 @@ class _Checker:
                         self.add("error", f"node {name!r}: on_modify names unknown node "
                                  f"{target!r}", ("nodes", name, "approval", "on_modify"),
                                  "unknown-node")
+
+    def check_reserved(self) -> None:
+        """The ``error`` field is the engine's (an error edge's target reads the caught
+        error there): a workflow may read it, not declare or write it."""
+        f = ERROR_FIELD
+        why = (f"{f!r} is reserved: the engine writes the error an on_error edge caught "
+               f"there ({{node, type, message, attempt}}); name the field otherwise")
+        if f in self.spec.input:
+            self.add("error", f"input: {why}", ("input",), "reserved")
+        if f in self.spec.state:
+            self.add("error", f"state: {why}", ("state", f), "reserved")
+        for name, ns in self.spec.nodes.items():
+            if ns.writes is not None and f in ns.writes:
+                self.add("error", f"node {name!r}: writes: {why}", ("nodes", name, "writes"),
+                         "reserved")
+            # an approval writes its decision under its name, an agent its reply under
+            # its output_key (default: its name)
+            own = name if ns.approval is not None else (
+                str(ns.agent.get("output_key") or name) if isinstance(ns.agent, dict)
+                else None)
+            if own == f:
+                self.add("error", f"node {name!r} would write its "
+                         f"{'decision' if ns.approval is not None else 'reply'} to {f!r}: "
+                         f"{why}",
+                         ("nodes", name), "reserved")
+
+    def check_error_edges(self) -> None:
+        """An on_error edge leaves a node whose body can fail (not START, not an approval
+        gate)."""
+        for i, e in enumerate(self.spec.edges):
+            if e.catches is None:
+                continue
+            src = e.source[0]
+            if src == START:
+                self.add("error", f"edge {e.describe()}: START cannot fail; an on_error edge "
+                         "leaves the node whose failure it catches", ("edges", i, "from"),
+                         "on-error")
+            elif self.spec.nodes[src].approval is not None:
+                self.add("error", f"edge {e.describe()}: {src!r} is an approval gate, which "
+                         "does not fail; route on its decision instead (when: "
+                         f"'{src}.decision == \"rejected\"')", ("edges", i, "on_error"),
+                         "on-error")
+
+    def check_otherwise(self) -> None:
+        """An ``otherwise`` edge beside an edge of the same node that has no ``when``: the
+        otherwise edge is taken whenever no *when* edge is, so both are taken (a warning:
+        the way "loop N times" is most often miswritten)."""
+        by_source: dict[str, list[int]] = {}
+        for i, e in enumerate(self.spec.edges):
+            if len(e.source) == 1 and e.catches is None:
+                by_source.setdefault(e.source[0], []).append(i)
+        for src, indexes in by_source.items():
+            edges = [(i, self.spec.edges[i]) for i in indexes]
+            other = [(i, e) for i, e in edges if e.otherwise]
+            if not other:
+                continue
+            free = [e for _, e in edges if not e.otherwise and e.when is None]
+            if not free:
+                continue
+            i, oe = other[0]
+            first = free[0]
+            loop = first.targets[0] if first.kind == "plain" else "<target>"
+            n = first.max + 1 if first.max is not None else "N"
+            self.add("warning", f"edge {oe.describe()} (otherwise) and edge "
+                     f"{first.describe()} both leave {src!r}, and the latter has no 'when': "
+                     f"'otherwise' is taken when no 'when' edge from {src!r} is, so BOTH "
+                     f"edges are taken each time {src!r} completes. To loop a fixed number "
+                     f"of times, give the loop edge a condition on the visit count, e.g. "
+                     f"{{from: {src}, to: {loop}, when: 'run.visits.{src} < {n}'}}, and keep "
+                     "the otherwise edge as the way out", ("edges", i), "otherwise")
 
     def resolve(self, path: str, where: tuple[Any, ...], what: str) -> None:
         if path in self.result.callables:
@@ -242,7 +315,7 @@ class _Checker:
             self.add("error", f"edge {e.describe()}: {t!r} named more than once in its "
                      "targets", ("edges", i, "to"), "duplicate")
             ok = False
-        if e.kind == "plain" and e.when is None and not e.otherwise:
+        if e.kind == "plain" and e.when is None and not e.otherwise and e.catches is None:
             # the earlier unconditional edges, by source set: target -> the first edge
             # to it (a dict look-up per target, not a scan of every earlier edge)
             seen = self._plain_targets.setdefault(frozenset(e.source), {})
@@ -279,13 +352,17 @@ class _Checker:
         return {n: list(ts) for n, ts in succ.items()}
 
     def check_reachability(self, adj: dict[str, list[str]]) -> None:
-        seen = reachable(adj, START)
+        # a modify decision re-enters the graph at a node of the gate's on_modify (SPEC
+        # §3): such a node is reachable through the gate even with no edge into it
+        seen = reachable(self._with_reentries(adj), START)
         for name in self.spec.nodes:
             if name not in seen:
                 self.add("error", f"node {name!r} is unreachable: no edge path from START "
                          "leads to it", ("nodes", name), "unreachable")
         # a node with no outgoing edge is terminal: it reaches END
-        ends = {n for n in self.spec.nodes if not adj[n]} | {END}
+        # (an error edge is no exit: a node that succeeds without another edge ends)
+        exits = {s for e in self.spec.edges if e.catches is None for s in e.source}
+        ends = {n for n in self.spec.nodes if n not in exits} | {END}
         rev = reverse(adj)
         can_end: set[str] = set()
         todo = list(ends)
@@ -300,13 +377,23 @@ class _Checker:
                 self.add("error", f"node {name!r} can never reach END: every path from it "
                          "loops forever; add an exit edge", ("nodes", name), "no-end")
 
+    def _with_reentries(self, adj: dict[str, list[str]]) -> dict[str, list[str]]:
+        out = adj
+        for name, ns in self.spec.nodes.items():
+            if ns.approval is not None and ns.approval.on_modify:
+                if out is adj:
+                    out = dict(adj)
+                out[name] = [*adj[name], *(t for t in ns.approval.on_modify
+                                           if t in self.spec.nodes)]
+        return out
+
     def check_cycles(self) -> None:
         """Every cycle needs a guard: a when/otherwise/switch/router/choose edge or a max."""
         plain: dict[str, list[str]] = {n: [] for n in self.spec.nodes}
         where: dict[tuple[str, str], int] = {}
         for i, e in enumerate(self.spec.edges):
             guarded = (e.kind != "plain" or e.when is not None or e.otherwise
-                       or e.max is not None)
+                       or e.max is not None or e.catches is not None)
             if guarded:
                 continue
             for s in e.source:
@@ -371,6 +458,11 @@ class _Checker:
                ) -> tuple[Severity, str] | None:
         if name in ("config", "run") or name in written or name in self.spec.input:
             return None
+        if name == ERROR_FIELD:
+            if any(e.catches is not None for e in self.spec.edges):
+                return None  # written by the engine when an error edge catches
+            return ("warning", "which only an on_error edge's catch writes, and this "
+                    "workflow has none")
         if name in self.spec.state:
             return None if not all_known else (
                 "warning", "which 'state' declares but no node writes (declared but never "
@@ -426,7 +518,8 @@ class _Checker:
         out: dict[str, list[str]] = {}
         into: dict[str, list[str]] = {}
         for e in self.spec.edges:
-            if e.kind != "plain" or e.when is not None or e.otherwise or e.is_join:
+            if e.kind != "plain" or e.when is not None or e.otherwise or e.is_join \
+                    or e.catches is not None:
                 continue
             source = e.source[0]
             for t in e.targets:

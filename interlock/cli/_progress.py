@@ -101,7 +101,7 @@ class Progress:
         node = rec["node"]
         st = self.stats.setdefault(node, NodeStats())
         st.tokens += rec.get("tokens") or 0
-        status = rec["type"].removeprefix("node.")
+        status = "caught" if rec.get("caught") else rec["type"].removeprefix("node.")
         status = "running" if status == "started" else status
         item = rec.get("item")
         if item is not None:  # one item of a mapped node's visit: its line, not its row
