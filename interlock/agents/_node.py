@@ -42,7 +42,7 @@ only what the log may hold, and a step whose result it may not hold is not repla
   ``update``; resume rebuilds state from it): ``redact`` does not apply to it. To keep
   the model's text out of the log, give the node an ``output`` schema that holds only
   what the workflow needs (without a schema the output *is* the reply: its text, or the
-  JSON object or array it is).
+  JSON object it is).
 """
 
 from __future__ import annotations
@@ -503,7 +503,7 @@ class _Agent:
     def _check(self, content: str | None) -> tuple[Any, str | None]:
         """The reply as the node's output, or why it is not acceptable."""
         if self.validator is None and self.model_cls is None:
-            return _untyped(content or ""), None
+            return _as_object(content or ""), None
         text = _unfence(content or "")
         try:
             data = json.loads(text)
@@ -545,18 +545,6 @@ def edit_schema(tool: Tool) -> dict[str, Any]:
     if defs is not None:
         schema["$defs"] = defs
     return schema
-
-
-def _untyped(text: str) -> Any:
-    """A reply without an output schema: a JSON object or array (bare or fenced) as that
-    data, anything else as the text the model wrote."""
-    body = _unfence(text).strip()
-    if body[:1] in ("{", "["):
-        with contextlib.suppress(ValueError, RecursionError):
-            data = json.loads(body)
-            if isinstance(data, dict | list):
-                return data
-    return text
 
 
 def _restart_point(ctx: Context) -> tuple[int, int]:
@@ -616,6 +604,21 @@ def _loads(arguments: str, redact: frozenset[str]) -> Any:
 
 
 _FENCE = re.compile(r"^\s*```[A-Za-z0-9_-]*\s*\n(.*?)\n?```\s*$", re.S)
+
+
+def _as_object(text: str) -> Any:
+    """A reply without an ``output`` schema: a JSON object (fenced or not) is kept as the
+    object, so ``{{ node.field }}`` and ``node.field`` in a condition read it; any other
+    text -- a number, ``true``, a list, prose -- stays the text the model wrote."""
+    body = _unfence(text).strip()
+    if body.startswith("{"):
+        try:
+            data = json.loads(body)
+        except ValueError:
+            return text
+        if isinstance(data, dict):
+            return data
+    return text
 
 
 def _unfence(text: str) -> str:
