@@ -132,13 +132,15 @@ def test_a_rejection_may_come_without_data_and_its_record_says_so(project: CliPr
 
 
 def test_data_for_a_gate_without_an_input_schema_is_refused(project: CliProject) -> None:
-    text = GATED.replace("""      input:
-        type: object
-        properties:
-          amount: {type: number, minimum: 0}
-          reason: {type: string}
-        required: [amount]
-""", "")
+    text = """
+workflow: plain
+nodes:
+  plan: {mod}:plan
+  approval: {approval: {show: [plan]}}
+edges:
+  - {from: START, to: plan}
+  - {from: plan, to: approval}
+"""
     assert project.start(text, "r2").exit_code == 3
     before = project.seqs("r2")
     refused = project.cli("resume", "r2", "--approve", "--data", '{"amount": 1}')
@@ -271,3 +273,23 @@ def test_a_nodes_own_confirmation_may_offer_an_edit(tmp_path: Path, decision: An
     assert done.status == "COMPLETED", done.error
     assert done.state["sent"] == sent and done.state.get("why") == why
     assert mailed == ([sent] if sent else [])
+
+
+def test_validate_checks_conditions_that_read_a_gates_data(project: CliProject) -> None:
+    typo = GATED.replace("approval.data.amount <= 1000", "approval.data.amuont <= 1000")
+    warned = CliRunner().invoke(cli, ["validate", project.workflow(typo)])
+    assert warned.exit_code == 0, warned.output
+    assert "warning: edge approval -> pay: when reads approval.data.amuont, but the input " \
+        "schema of gate 'approval' has no property 'amuont' (its properties: amount, " \
+        "reason)" in " ".join(warned.output.split())
+    undeclared = GATED.replace("""      input:
+        type: object
+        properties:
+          amount: {type: number, minimum: 0}
+          reason: {type: string}
+        required: [amount]
+""", "")
+    refused = CliRunner().invoke(cli, ["validate", project.workflow(undeclared, "no.yaml")])
+    assert refused.exit_code == 2
+    out = " ".join(refused.output.split())
+    assert "reads approval.data.amount, but gate 'approval' declares no approval.input" in out
