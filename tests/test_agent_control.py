@@ -12,12 +12,13 @@ import asyncio
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 from click.testing import CliRunner
 from conftest import CliProject, records, trace
 from fake_openai import FakeOpenAI
+from pydantic import BaseModel
 
 import interlock
 from interlock import END, START, Workflow
@@ -426,3 +427,36 @@ def test_conditions_read_the_fields_of_a_json_reply_without_a_schema(store: str)
     done = wf.run_sync(store=store)
     assert done.status == "COMPLETED", done.error
     assert done.state == {"note": {"next": "research"}, "answer": "researched"}
+
+
+class Transfer(BaseModel):
+    to: str
+    amount: int
+
+
+def wire(transfer: Transfer, currency: Literal["EUR", "USD"] = "EUR") -> str:
+    """Wire money (destructive)."""
+    CALLS.append(("wire", (transfer.to, transfer.amount, currency)))
+    return f"sent {transfer.amount} {currency} to {transfer.to}"
+
+
+def test_an_edit_is_checked_against_nested_parameter_types(store: str) -> None:
+    wf = Workflow("bank")
+    wf.agent("teller", prompt="pay", tools=[(wire, {"confirm": True})],
+             provider=ScriptedProvider([
+                 {"tool_calls": [{"name": "wire", "arguments": {
+                     "transfer": {"to": "acme", "amount": 900}}}]}, "paid"]))
+    wf.edge(START, "teller")
+    first = wf.run_sync(store=store)
+    with pytest.raises(interlock.UsageError, match=r"at \$\.arguments\.transfer\.amount: 'lots'"
+                       r" is not of type 'integer'"):
+        wf.resume_sync(first.run_id, interlock.modify(
+            {"arguments": {"transfer": {"to": "acme", "amount": "lots"}}}), store=store)
+    with pytest.raises(interlock.UsageError, match=r"'GBP' is not one of \['EUR', 'USD'\]"):
+        wf.resume_sync(first.run_id, interlock.modify(
+            {"arguments": {"transfer": {"to": "acme", "amount": 90}, "currency": "GBP"}}),
+            store=store)
+    done = wf.resume_sync(first.run_id, interlock.modify(
+        {"arguments": {"transfer": {"to": "acme", "amount": 90}, "currency": "USD"}}),
+        store=store)
+    assert done.status == "COMPLETED" and CALLS == [("wire", ("acme", 90, "USD"))]
