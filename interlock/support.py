@@ -24,6 +24,10 @@ Threads
     `abandoned_threads` (how many threads of sync nodes that timed out are still
     running in this process: a tool that exits should not wait for them).
 
+Coverage
+    `workflows_in` (the workflows that have runs in a store, each as its newest run
+    defines it; `interlock.coverage` takes one).
+
 Limits
     `limits` (the module of every bound, each a `limits.Limit` with its environment
     variable and default; docs/security.md lists them), `read_at_most`, `too_big`,
@@ -37,6 +41,7 @@ from __future__ import annotations
 from . import _guards
 from . import _limits as limits
 from ._bounds import read_at_most, too_big, too_deep, too_deep_at
+from ._coverage import workflows_in
 from ._fold import RunView
 from ._log import Entry, Record
 from ._model import EdgeSpec, NodeSpec
@@ -57,5 +62,5 @@ __all__ = [
     "TRACE_PAGE", "EdgeSpec", "Entry", "LogCheck", "NodeSpec", "Record", "RunRow", "RunView",
     "Summary", "abandoned_threads", "limits", "load_run", "load_spec", "owner_gone",
     "parse_definition", "read_at_most", "to_dot", "to_mermaid", "too_big", "too_deep",
-    "too_deep_at", "trace_pages",
+    "too_deep_at", "trace_pages", "workflows_in",
 ]
