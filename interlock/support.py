@@ -24,6 +24,10 @@ Threads
     `abandoned_threads` (how many threads of sync nodes that timed out are still
     running in this process: a tool that exits should not wait for them).
 
+Export
+    `export_run` (a run as JSON lines, a header then its records) and `verify_export`
+    (those lines verified with no store).
+
 Coverage
     `workflows_in` (the workflows that have runs in a store, each as its newest run
     defines it; `interlock.coverage` takes one).
@@ -42,6 +46,8 @@ from . import _guards
 from . import _limits as limits
 from ._bounds import read_at_most, too_big, too_deep, too_deep_at
 from ._coverage import workflows_in
+from ._export import export as export_run
+from ._export import verify_export
 from ._fold import RunView
 from ._log import Entry, Record
 from ._model import EdgeSpec, NodeSpec
@@ -59,8 +65,29 @@ def abandoned_threads() -> int:
 
 
 __all__ = [
-    "TRACE_PAGE", "EdgeSpec", "Entry", "LogCheck", "NodeSpec", "Record", "RunRow", "RunView",
-    "Summary", "abandoned_threads", "limits", "load_run", "load_spec", "owner_gone",
-    "parse_definition", "read_at_most", "to_dot", "to_mermaid", "too_big", "too_deep",
-    "too_deep_at", "trace_pages", "workflows_in",
+    "TRACE_PAGE",
+    "EdgeSpec",
+    "Entry",
+    "LogCheck",
+    "NodeSpec",
+    "Record",
+    "RunRow",
+    "RunView",
+    "Summary",
+    "abandoned_threads",
+    "export_run",
+    "limits",
+    "load_run",
+    "load_spec",
+    "owner_gone",
+    "parse_definition",
+    "read_at_most",
+    "to_dot",
+    "to_mermaid",
+    "too_big",
+    "too_deep",
+    "too_deep_at",
+    "trace_pages",
+    "verify_export",
+    "workflows_in",
 ]

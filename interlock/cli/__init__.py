@@ -46,7 +46,7 @@ from ._common import (
     with_store,
 )
 from ._coverage import coverage
-from ._inspect import graph, runs, status, validate, verify
+from ._inspect import export, graph, runs, status, validate, verify
 from ._progress import Progress
 from ._run import cancel, fork, resume, run
 from ._trace import trace
@@ -101,5 +101,5 @@ def _exit_now_if_threads_were_abandoned(code: Any) -> None:
 
 
 for _command in (run, validate, graph, resume, status, runs, trace, verify, cancel, fork,
-                 coverage):
+                 coverage, export):
     cli.add_command(_command)
