@@ -23,7 +23,7 @@ LAYERS: dict[int, set[str]] = {
     # the definition, expressions, the graph, the stores, isolation's wire format, the
     # fast YAML reader
     1: {"_model", "_expr", "_graph", "_store", "_store._base", "_store._memory",
-        "_store._sqlite", "_store._postgres", "_isolation._protocol", "_yaml_fast"},
+        "_store._sqlite", "_store._postgres", "_isolation._protocol", "_yaml_fast", "_otel"},
     # the file front end, state updates, rendering, the node-kind protocol
     2: {"_spec", "_state", "_render", "_kinds"},
     # static checks and the frozen plan (node kinds injected)
