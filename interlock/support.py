@@ -28,6 +28,10 @@ Export
     `export_run` (a run as JSON lines, a header then its records) and `verify_export`
     (those lines verified with no store).
 
+Retention
+    `prune_runs` (delete finished runs older than a cut-off; `Pruned` says what went) and
+    `parse_duration` ('30d', '12h', '90m' -> seconds).
+
 Coverage
     `workflows_in` (the workflows that have runs in a store, each as its newest run
     defines it; `interlock.coverage` takes one).
@@ -50,7 +54,9 @@ from ._export import export as export_run
 from ._export import verify_export
 from ._fold import RunView
 from ._log import Entry, Record
-from ._model import EdgeSpec, NodeSpec
+from ._model import EdgeSpec, NodeSpec, parse_duration
+from ._prune import Pruned
+from ._prune import prune as prune_runs
 from ._render import to_dot, to_mermaid
 from ._runs import TRACE_PAGE, LogCheck, load_run, trace_pages
 from ._spec import load_spec
@@ -70,6 +76,7 @@ __all__ = [
     "Entry",
     "LogCheck",
     "NodeSpec",
+    "Pruned",
     "Record",
     "RunRow",
     "RunView",
@@ -81,6 +88,8 @@ __all__ = [
     "load_spec",
     "owner_gone",
     "parse_definition",
+    "parse_duration",
+    "prune_runs",
     "read_at_most",
     "to_dot",
     "to_mermaid",

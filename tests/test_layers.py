@@ -39,12 +39,12 @@ LAYERS: dict[int, set[str]] = {
     # the scheduler and its edge decisions, and the wiring of the shipped node kinds
     7: {"_runner", "_decide", "_compile"},
     # stored runs: drive, resume, status, trace, verify, fork, cancel; their coverage
-    8: {"_runs", "_coverage", "_export"},
+    8: {"_runs", "_coverage", "_export", "_prune"},
     # the façade: builder and loaded file
     9: {"_workflow"},
     # the public surface and the command line
     10: {"", "__main__", "testing", "support", "cli", "cli._common", "cli._format", "cli._inspect",
-         "cli._progress", "cli._run", "cli._trace", "cli._coverage"},
+         "cli._progress", "cli._run", "cli._trace", "cli._coverage", "cli._prune"},
 }
 LAYER_OF = {m: n for n, mods in LAYERS.items() for m in mods}
 

@@ -48,6 +48,7 @@ from ._common import (
 from ._coverage import coverage
 from ._inspect import export, graph, runs, status, validate, verify
 from ._progress import Progress
+from ._prune import prune
 from ._run import cancel, fork, resume, run
 from ._trace import trace
 
@@ -101,5 +102,5 @@ def _exit_now_if_threads_were_abandoned(code: Any) -> None:
 
 
 for _command in (run, validate, graph, resume, status, runs, trace, verify, cancel, fork,
-                 coverage, export):
+                 coverage, export, prune):
     cli.add_command(_command)
