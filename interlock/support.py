@@ -32,6 +32,10 @@ Retention
     `prune_runs` (delete finished runs older than a cut-off; `Pruned` says what went) and
     `parse_duration` ('30d', '12h', '90m' -> seconds).
 
+Metrics
+    `Metrics` (Prometheus metrics: from a store when scraped, from the runs this
+    process executes through its ``observe`` listener; needs ``prometheus-client``).
+
 Coverage
     `workflows_in` (the workflows that have runs in a store, each as its newest run
     defines it; `interlock.coverage` takes one).
@@ -54,6 +58,7 @@ from ._export import export as export_run
 from ._export import verify_export
 from ._fold import RunView
 from ._log import Entry, Record
+from ._metrics import Metrics
 from ._model import EdgeSpec, NodeSpec, parse_duration
 from ._prune import Pruned
 from ._prune import prune as prune_runs
@@ -75,6 +80,7 @@ __all__ = [
     "EdgeSpec",
     "Entry",
     "LogCheck",
+    "Metrics",
     "NodeSpec",
     "Pruned",
     "Record",

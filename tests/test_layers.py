@@ -39,7 +39,7 @@ LAYERS: dict[int, set[str]] = {
     # the scheduler and its edge decisions, and the wiring of the shipped node kinds
     7: {"_runner", "_decide", "_compile"},
     # stored runs: drive, resume, status, trace, verify, fork, cancel; their coverage
-    8: {"_runs", "_coverage", "_export", "_prune"},
+    8: {"_runs", "_coverage", "_export", "_prune", "_metrics"},
     # the façade: builder and loaded file
     9: {"_workflow"},
     # the public surface and the command line
