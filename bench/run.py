@@ -58,7 +58,7 @@ NOT_COVERED = {"pydantic-graph": "not measured for pydantic-graph: the issue's t
 COLUMNS = {"langgraph": ("langgraph", "ratio il/lg"),
            "pydantic-graph": ("pydantic-graph", "ratio il/pg"),
            "floor": ("floor", "ratio il/floor")}
-SCENARIOS = ("S1", "S2", "S3", "S4", "S5", "S6", "S7")
+SCENARIOS = ("S1", "S2", "S3", "S4", "S5", "S6", "S7", "S9")
 
 # metrics where a higher value is better (for the rest, lower is better)
 HIGHER_IS_BETTER = {"runs_per_s", "overlap"}
@@ -115,6 +115,7 @@ def plan(quick: bool) -> list[Job]:
         Job("S7", {"n": 10, "warmup": 1, "trials": t(5, 3)}),
         Job("S7", {"n": 100, "warmup": 1, "trials": t(5, 3)}),
         Job("S7", {"n": 1000, "warmup": 1, "warmup_n": 100, "trials": t(3, 1)}),
+        Job("S9", {"n": 1000, "warmup": 1, "trials": t(7, 3)}),
     ]
     return jobs
 

@@ -101,20 +101,25 @@ class Context:
 
     ``idempotency_key`` is the same for every attempt of one visit of a node --
     retries and re-runs after a crash -- and differs between visits (loop
-    iterations): use it as the key of an external side effect.
+    iterations) and between the items of a mapped node (``item_index``): use it as the
+    key of an external side effect.
     """
 
-    __slots__ = ("_port", "attempt", "config", "idempotency_key", "node", "run_id", "spent",
-                 "visit")
+    __slots__ = ("_port", "attempt", "config", "idempotency_key", "item_index", "node",
+                 "run_id", "spent", "visit")
 
-    def __init__(self, port: Port, node: str, visit: int, attempt: int) -> None:
+    def __init__(self, port: Port, node: str, visit: int, attempt: int,
+                 item_index: int | None = None) -> None:
         self._port = port
         self.run_id: str = port.run_id
         self.node = node
         self.visit = visit
         self.attempt = attempt
+        # a mapped node's item (SPEC §7 map): its index in the list, from 0; None otherwise
+        self.item_index = item_index
         self.config: Mapping[str, Any] = port.config
-        self.idempotency_key = f"{port.run_id}:{node}:{visit}"
+        self.idempotency_key = f"{port.run_id}:{node}:{visit}" if item_index is None \
+            else f"{port.run_id}:{node}:{visit}:{item_index}"
         self.spent = Tally()  # what this attempt spent: the budget's to write
 
     @property

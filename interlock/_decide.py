@@ -25,7 +25,7 @@ from ._errors import (
 )
 from ._expr import EvaluationError
 from ._fold import Due, RunView, Scope
-from ._model import END, ERROR_FIELD, case_key
+from ._model import END, ERROR_FIELD, MAP_MAX_ITEMS, case_key
 from ._plan import Plan, PlanEdge, PlanNode
 
 
@@ -203,6 +203,15 @@ class Decider:
             expr = e.spec.router
             value = self._route(e, due)
             targets = value
+        elif e.kind == "map":
+            assert e.mapping is not None
+            expr = e.mapping.source
+            try:
+                value, reads = e.mapping.decide(state if e.mapping.state_only else scope)
+            except EvaluationError as exc:
+                raise Abort(_cannot_evaluate(self.plan, e, expr, exc)) from None
+            value = _map_items(self.plan, e, value)
+            targets = list(e.targets)
         else:  # choose
             expr = "goto"
             value = due.goto
@@ -350,6 +359,25 @@ def _targets(e: PlanEdge, result: Any) -> list[str]:
 
 
 _PLAIN_VALUES = frozenset({bool, str, float})  # an edge's value JSON keeps as it is
+
+
+def _map_items(plan: Plan, e: PlanEdge, value: Any) -> list[Any]:
+    """A map edge's list (what its ``value`` records, each item as JSON data), or the run
+    fails before any item starts."""
+    expr = e.spec.map
+    where = f"{_edge_location(plan, e)}edge {e.name()}"
+    if isinstance(value, dict) or not isinstance(value, list | tuple):
+        raise Abort(ExpressionError(
+            f"{where}: map {expr!r} gave {value!r} ({type(value).__name__}), not a list; "
+            "a map edge runs its target once per item of a list", node=_edge_node(e),
+            edge=e.index, expr=expr))
+    limit = e.spec.max_items if e.spec.max_items is not None else MAP_MAX_ITEMS
+    if len(value) > limit:
+        raise Abort(RunError(
+            f"{where}: map {expr!r} gave {len(value)} items, over the edge's max_items "
+            f"({limit}); raise max_items on the edge if that many visits are meant",
+            node=_edge_node(e), edge=e.index, items=len(value), limit=limit))
+    return list(L.to_json_value(list(value)))
 
 
 def _no_route(source: str, stranded: list[str], dues: list[Due],

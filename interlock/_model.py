@@ -218,7 +218,9 @@ class NodeSpec(Extensible):
         return "call"
 
 
-EdgeKind = Literal["plain", "switch", "router", "choose"]
+EdgeKind = Literal["plain", "switch", "router", "choose", "map"]
+MAP_CONCURRENCY = 16  # a map edge's max_concurrency when it declares none
+MAP_MAX_ITEMS = 10_000  # and its max_items
 
 
 class EdgeSpec(_Strict):
@@ -234,6 +236,13 @@ class EdgeSpec(_Strict):
     router: str | None = None
     choose: NameList | None = None
     max: Count | None = Field(default=None, ge=1)
+    # a map edge (SPEC §7): ``map`` is a CEL expression giving a list; ``to`` runs once
+    # per item, the item under ``as`` in the state it receives
+    map: str | None = None
+    as_: str | None = Field(default=None, alias="as")
+    collect: str | None = None
+    max_concurrency: Count | None = Field(default=None, ge=1)
+    max_items: Count | None = Field(default=None, ge=0)
     # an error edge: taken when the source fails (after its retries) with an error whose
     # class (or a base class) is listed; ``true`` catches any error of the node's own
     on_error: Annotated[bool | list[str], BeforeValidator(_as_list)] = False
@@ -263,7 +272,7 @@ class EdgeSpec(_Strict):
     def _error_form(self) -> EdgeSpec:
         if self.on_error is False:
             return self
-        extra = [k for k in ("when", "switch", "router", "choose", "cases", "default")
+        extra = [k for k in ("when", "switch", "router", "choose", "map", "cases", "default")
                  if getattr(self, k) is not None] + (["otherwise"] if self.otherwise else [])
         if extra:
             raise ValueError(f"an on_error edge is taken when its source fails; it cannot "
@@ -287,7 +296,8 @@ class EdgeSpec(_Strict):
     def _one_form(self) -> EdgeSpec:
         if not self.source:
             raise ValueError("'from' must name at least one node")
-        forms = [k for k in ("switch", "router", "choose") if getattr(self, k) is not None]
+        forms = [k for k in ("switch", "router", "choose", "map")
+                 if getattr(self, k) is not None]
         if len(forms) > 1:
             raise ValueError(f"an edge takes one of switch, router, choose (found {forms})")
         form = forms[0] if forms else "plain"
@@ -309,6 +319,14 @@ class EdgeSpec(_Strict):
             raise ValueError("'choose' must list at least one target")
         if form != "plain" and len(self.source) > 1:
             raise ValueError(f"a {form} edge has one source node")
+        if form == "map" and (self.to is None or len(self.to) != 1):
+            raise ValueError("a map edge runs one node per item: 'to' names exactly one node")
+        if form != "map":
+            extra = [k for k in ("as", "collect", "max_concurrency", "max_items")
+                     if getattr(self, "as_" if k == "as" else k) is not None]
+            if extra:
+                raise ValueError(f"{', '.join(map(repr, extra))} belong to a map edge "
+                                 "({from: a, map: 'a.items', to: b, ...})")
         return self
 
     @property
@@ -319,6 +337,8 @@ class EdgeSpec(_Strict):
             return "router"
         if self.choose is not None:
             return "choose"
+        if self.map is not None:
+            return "map"
         return "plain"
 
     @property
@@ -341,6 +361,11 @@ class EdgeSpec(_Strict):
     def is_join(self) -> bool:
         return len(self.source) > 1
 
+    @property
+    def item_name(self) -> str:
+        """A map edge's ``as``: the name of the item in the state of its visit."""
+        return self.as_ or "item"
+
     def describe(self) -> str:
         """A short human name: 'a -> b', '[a, b] -> c', 'risk switch risk.level'."""
         src = self.source[0] if len(self.source) == 1 else "[" + ", ".join(self.source) + "]"
@@ -348,6 +373,8 @@ class EdgeSpec(_Strict):
             return f"{src} switch {self.switch!r}"
         if self.kind == "router":
             return f"{src} router {self.router}"
+        if self.kind == "map":
+            return f"{src} map {self.map!r} -> {self.targets[0]}"
         tgt = self.targets
         dst = tgt[0] if len(tgt) == 1 else "[" + ", ".join(tgt) + "]"
         if self.on_error is not False:

@@ -56,6 +56,7 @@ class PlanEdge:
     switch: Expression | None = None
     router: Callable[..., Any] | None = None
     router_async: bool = False
+    mapping: Expression | None = None  # a map edge's list expression
     max: int | None = None
     otherwise: bool = False
     barrier: tuple[str, ...] = ()  # forward sources a join waits for ()
@@ -107,6 +108,7 @@ class PlanNode:
     # write needs a reducer; `Plan.concurrency` says with which)
     branched: bool = False
     guards: int = 0  # the kind of its guard stack (`guard_kind`): which guards its call has
+    mapped: PlanEdge | None = None  # the map edge that runs it once per item (SPEC §7)
     errors: list[PlanEdge] = field(default_factory=list)  # its on_error edges, in order
     args: Mapping[str, Any] = field(default_factory=lambda: _NO_ARGS)  # ``args:``, read-only
 
@@ -230,6 +232,8 @@ def build_plan(spec: WorkflowSpec, *, callables: dict[str, Callable[..., Any]],
             pe.ports[t] = port
             nodes[t].ports.append(port)
         edges.append(pe)
+        if pe.mapping is not None:
+            nodes[pe.targets[0]].mapped = pe
         for s in pe.sources:
             if s == START:
                 start_edges.append(pe)
@@ -272,6 +276,8 @@ def _plan_edge(i: int, es: EdgeSpec, callables: dict[str, Callable[..., Any]],
         pe.cond = expressions[es.when]
     if es.switch is not None:
         pe.switch = expressions[es.switch]
+    if es.map is not None:
+        pe.mapping = expressions[es.map]
     if es.router is not None and es.router in callables:
         pe.router = callables[es.router]
         pe.router_async = is_async_callable(pe.router)

@@ -10,9 +10,9 @@ agree on what is drawn:
 - one arc per (source, target) of every edge, labelled with what guards it:
   the ``when`` expression, ``otherwise``, a switch's ``expr == value`` (or
   ``expr in [...]``, ``default``), the router's ``module:function``,
-  ``choose``, and ``max N``. Guarded arcs are dashed, plain ones solid;
-  error edges (``on_error``) are dashed and red, labelled ``on error`` (and
-  the class names they catch);
+  ``choose``, a map's ``map EXPR as ITEM, collect FIELD``, and ``max N``. Guarded
+  arcs are dashed, plain ones solid; error edges (``on_error``) are dashed and red,
+  labelled ``on error`` (and the class names they catch);
 - a node without outgoing edges gets an arc to END: that is what it means
   (SPEC §1, "a node with no outgoing edges is terminal").
 
@@ -88,7 +88,8 @@ def _add_edge(out: Layout, index: int, edge: EdgeSpec) -> None:
     else:
         source_id = out.vertex(edge.source[0])
     for target, label in _labels(edge):
-        guarded = bool(label) or edge.max is not None
+        # a map edge is always taken (once, with all its items): drawn solid
+        guarded = (bool(label) and edge.kind != "map") or edge.max is not None
         label = ", ".join(p for p in (label, _max(edge)) if p)
         out.arcs.append(Arc(source_id, _target_id(out, target), label, guarded,
                             edge.catches is not None))
@@ -111,6 +112,11 @@ def _labels(edge: EdgeSpec) -> list[tuple[str, str]]:
             return [(t, f"router {edge.router}") for t in edge.targets]
         case "choose":
             return [(t, "choose") for t in edge.targets]
+        case "map":  # once per item: what it maps over, the item's name, where they go
+            label = f"map {edge.map} as {edge.item_name}"
+            if edge.collect is not None:
+                label += f", collect {edge.collect}"
+            return [(edge.targets[0], label)]
         case _ if edge.catches is not None:
             names = ": " + ", ".join(edge.catches) if edge.catches else ""
             return [(t, f"on error{names}") for t in edge.targets]

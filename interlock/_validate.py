@@ -18,7 +18,7 @@ from ._errors import Diagnostic, Severity
 from ._expr import Expression, ExpressionSyntaxError, compile_expression
 from ._graph import Concurrency, back_edges, reachable, reverse, sccs
 from ._kinds import NodeKind
-from ._model import END, ERROR_FIELD, START, EdgeSpec, WorkflowSpec
+from ._model import END, ERROR_FIELD, NAME_RE, START, EdgeSpec, NodeSpec, WorkflowSpec
 from ._spec import locate
 
 
@@ -64,6 +64,7 @@ class _Checker:
         self.check_error_edges()
         self.check_otherwise()
         adj = self.adjacency()
+        self.check_maps()
         self.check_reachability(adj)
         self.check_cycles()
         self.check_fed()
@@ -226,6 +227,79 @@ class _Checker:
             ok = False
         return ok
 
+    def check_maps(self) -> None:
+        """Map edges (SPEC §7): what the mapped node may be, ``as`` and ``collect``."""
+        spec = self.spec
+        into: Counter[str] = Counter(t for e in spec.edges for t in e.targets)
+        reducers: dict[str, str] = {k: v.reducer for k, v in spec.state.items()}
+        for i, e in enumerate(spec.edges):
+            if e.kind != "map":
+                continue
+            target = e.targets[0]
+            ns = spec.nodes.get(target)
+            if ns is None:  # END (an unknown node is reported by check_edge_names)
+                if target == END:
+                    self.add("error", f"edge {e.describe()}: a map edge runs a node per "
+                             "item; END is not one", ("edges", i, "to"), "map")
+                continue
+            what = f"edge {e.describe()}"
+            if ns.approval is not None or ns.confirm:
+                self.add("error", f"{what}: {target!r} is a human gate; a map runs a call or "
+                         "agent node per item (put the approval after the mapped node)",
+                         ("edges", i, "to"), "map")
+            if into[target] > 1:
+                self.add("error", f"{what}: {target!r} is also the target of another edge; a "
+                         "mapped node is reached only through its map edge (map into a node "
+                         "of its own, or route the other edge to the map's source)",
+                         ("edges", i, "to"), "map")
+            for j, out in enumerate(spec.edges):
+                if target in out.source and out.kind == "choose":
+                    self.add("error", f"edge {out.describe()}: {target!r} is mapped (edge "
+                             f"{e.describe()}), and a per-item choice has no single answer; "
+                             "decide after the map with a when/switch edge on the collected "
+                             "field", ("edges", j, "choose"), "map")
+            item = e.item_name
+            if not NAME_RE.match(item) or item in ("config", "run", "error"):
+                self.add("error", f"{what}: 'as: {item}' must be a field name (letters, "
+                         "digits, _) other than config, run and error", ("edges", i, "as"),
+                         "map")
+            elif item in spec.state or item in spec.input:
+                self.add("error", f"{what}: 'as: {item}' names a field the workflow declares "
+                         f"({'input' if item in spec.input else 'state'}); each item's visit "
+                         "would not see it: choose another name for the item",
+                         ("edges", i, "as"), "map")
+            if e.collect is not None:
+                self._check_collect(e, i, ns, reducers)
+            else:
+                shared = sorted(f for f in ns.writes or () if reducers.get(f, "replace")
+                                == "replace")
+                if shared:
+                    self.add("error", f"{what}: the items of {target!r} run concurrently and "
+                             f"each writes {', '.join(map(repr, shared))}, which has no "
+                             "reducer: declare one under state: (append, extend, merge, add), "
+                             f"or gather the items' updates with 'collect: FIELD'",
+                             ("nodes", target, "writes"), "write-conflict")
+
+    def _check_collect(self, e: EdgeSpec, i: int, ns: NodeSpec,
+                       reducers: dict[str, str]) -> None:
+        what, field_name = f"edge {e.describe()}", e.collect
+        assert field_name is not None
+        if not NAME_RE.match(field_name):
+            self.add("error", f"{what}: 'collect: {field_name}' must be a field name",
+                     ("edges", i, "collect"), "map")
+            return
+        reducer = reducers.get(field_name, "replace")
+        if reducer not in ("replace", "extend"):
+            self.add("error", f"{what}: 'collect: {field_name}' writes the list of the items' "
+                     f"updates, and {field_name!r} has reducer {reducer}; use replace (each "
+                     "map sets it) or extend (a map in a loop adds to it)",
+                     ("edges", i, "collect"), "map")
+        if ns.writes is not None and field_name in ns.writes:
+            self.add("error", f"{what}: {e.targets[0]!r} declares writes: [{field_name}], "
+                     f"which is the map's 'collect' field; 'writes' lists what one item "
+                     "returns (not merged), 'collect' the field the list of them goes to",
+                     ("nodes", e.targets[0], "writes"), "map")
+
     def check_repeats(self, i: int, e: EdgeSpec) -> bool:
         """A name twice in one edge (an error: a join lists each source once, or it would
         fire twice), and an unconditional edge declared twice (a warning)."""
@@ -257,7 +331,7 @@ class _Checker:
 
     def check_expressions(self) -> None:
         for i, e in enumerate(self.spec.edges):
-            for key in ("when", "switch"):
+            for key in ("when", "switch", "map"):
                 src = getattr(e, key)
                 if src is None or src in self.result.expressions:
                     continue
@@ -340,7 +414,7 @@ class _Checker:
         nor ``state:`` declares is an error; one declared but never fed, a warning."""
         written, all_known = self._written()
         for i, e in enumerate(self.spec.edges):
-            for key in ("when", "switch"):
+            for key in ("when", "switch", "map"):
                 src = getattr(e, key)
                 expr = self.result.expressions.get(src) if src else None
                 if expr is None:
@@ -354,7 +428,7 @@ class _Checker:
                                  + _did_you_mean(field_name, known) + f", {why}",
                                  ("edges", i, key), "never-fed")
             cfg = self.spec.config
-            for src in (e.when, e.switch):
+            for src in (e.when, e.switch, e.map):
                 if src and "config." in src:
                     for key_name in _config_keys(src):
                         if key_name not in cfg:

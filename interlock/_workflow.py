@@ -238,6 +238,22 @@ class Workflow:
         self._mutable()["edges"].append(e)
         return self
 
+    def map(self, source: str, expr: str, target: str, *, as_: str | None = None,
+            collect: str | None = None, max_concurrency: int | None = None,
+            max_items: int | None = None, max: int | None = None) -> Workflow:
+        """Run ``target`` once per item of the list the CEL expression ``expr`` gives when
+        ``source`` completes, concurrently; the item is the field ``as_`` (default
+        ``item``) of the state each visit receives. ``collect``: gather each item's
+        update, in item order, into that field (else they merge through reducers)."""
+        e: dict[str, Any] = {"from": source, "map": expr, "to": target}
+        for key, value in (("as", as_), ("collect", collect),
+                           ("max_concurrency", max_concurrency), ("max_items", max_items),
+                           ("max", max)):
+            if value is not None:
+                e[key] = value
+        self._mutable()["edges"].append(e)
+        return self
+
     # -- validation --------------------------------------------------------------------
 
     @property

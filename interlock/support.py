@@ -20,6 +20,10 @@ Stored runs
     page at a time) and `TRACE_PAGE`, `LogCheck` (`interlock.verify`'s checks, fed a page
     of entries at a time), `owner_gone` (whether a run's executing process is gone).
 
+Threads
+    `abandoned_threads` (how many threads of sync nodes that timed out are still
+    running in this process: a tool that exits should not wait for them).
+
 Limits
     `limits` (the module of every bound, each a `limits.Limit` with its environment
     variable and default; docs/security.md lists them), `read_at_most`, `too_big`,
@@ -30,6 +34,7 @@ It imports the engine (``import interlock`` alone does not): import it where it 
 
 from __future__ import annotations
 
+from . import _guards
 from . import _limits as limits
 from ._bounds import read_at_most, too_big, too_deep, too_deep_at
 from ._fold import RunView
@@ -41,9 +46,16 @@ from ._spec import load_spec
 from ._spec import parse as parse_definition
 from ._store import RunRow, Summary, owner_gone
 
+
+def abandoned_threads() -> int:
+    """Threads left running by sync nodes that timed out in this process (a thread
+    cannot be interrupted; ``isolation: process`` has such a node killed instead)."""
+    return _guards.abandoned
+
+
 __all__ = [
     "TRACE_PAGE", "EdgeSpec", "Entry", "LogCheck", "NodeSpec", "Record", "RunRow", "RunView",
-    "Summary", "limits", "load_run", "load_spec", "owner_gone", "parse_definition",
-    "read_at_most", "to_dot", "to_mermaid", "too_big", "too_deep", "too_deep_at",
-    "trace_pages",
+    "Summary", "abandoned_threads", "limits", "load_run", "load_spec", "owner_gone",
+    "parse_definition", "read_at_most", "to_dot", "to_mermaid", "too_big", "too_deep",
+    "too_deep_at", "trace_pages",
 ]

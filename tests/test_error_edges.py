@@ -6,6 +6,7 @@ and the Python API; a crash is a real SIGKILL of a real ``interlock run`` proces
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -494,3 +495,30 @@ def test_a_node_that_would_write_its_output_to_the_error_field_is_refused() -> N
     text = str(info.value)
     assert "node 'error' would write its decision to 'error': 'error' is reserved" in text
     assert "node 'judge' would write its reply to 'error': 'error' is reserved" in text
+
+
+def test_an_item_failing_fails_its_mapped_node_and_the_nodes_error_edge_catches_it(
+        tmp_path: Path) -> None:
+    def plan(state: dict[str, Any]) -> dict[str, Any]:
+        return {"subjects": ["cats", "owls", "eels"]}
+
+    def joke(state: dict[str, Any]) -> dict[str, Any]:
+        if state["subject"] == "owls":
+            raise LookupError("no joke about owls")
+        return {"joke": state["subject"]}
+
+    wf = Workflow("map-caught")
+    wf.node("plan", plan).node("joke", joke)
+    wf.node("fallback", lambda s: {"fallback": s["error"]["message"]})
+    wf.node("best", lambda s: {"best": s["jokes"]})
+    wf.edge(START, "plan").map("plan", "subjects", "joke", as_="subject", collect="jokes",
+                               max_concurrency=1)
+    wf.edge("joke", "best").edge("joke", "fallback", on_error=["LookupError"])
+    store = f"sqlite:///{tmp_path}/runs.db"
+    result = wf.run_sync(store=store)
+    assert result.status == "COMPLETED", result.error
+    assert result.state["fallback"] == "no joke about owls (item 1 of 3)"
+    assert "best" not in result.state and "jokes" not in result.state
+    assert asyncio.run(interlock.verify(result.run_id, store=store)).ok
+    # the caught visit is over: its stored log folds to the same state
+    assert asyncio.run(interlock.status(result.run_id, store=store)).state == result.state

@@ -31,8 +31,8 @@ LAYERS: dict[int, set[str]] = {
     # the fold, its snapshots, approvals, the journal (records sealed, folded, stored)
     4: {"_fold", "_snapshot", "_approvals", "_journal"},
     # the node call: its context, the guards, process isolation
-    5: {"_context", "_guards", "_call", "_isolation", "_isolation._pool", "_isolation._worker",
-        "_isolation.__main__"},
+    5: {"_context", "_guards", "_call", "_mapped", "_isolation", "_isolation._pool",
+        "_isolation._worker", "_isolation.__main__"},
     # the agent node kind, a plug-in on the node call
     6: {"agents", "agents._check", "agents._errors", "agents._node", "agents._prompt",
         "agents._providers", "agents._spec", "agents._tools"},
@@ -99,7 +99,7 @@ def test_a_module_imports_only_its_own_layer_or_below(name: str) -> None:
     assert not upward, f"interlock.{name} (layer {layer}) imports higher layers: {upward}"
 
 
-@pytest.mark.parametrize("name", ["_runner", "_decide", "_call", "_guards", "_records"])
+@pytest.mark.parametrize("name", ["_runner", "_decide", "_call", "_mapped", "_guards", "_records"])
 def test_only_the_journal_touches_the_store(name: str) -> None:
     """The executor writes records through a `_records.Sink`; `_journal` is the one that
     stores them."""

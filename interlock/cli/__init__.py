@@ -35,6 +35,7 @@ from ._common import (
     EXIT_USAGE,
     EXIT_WAITING,
     CliError,
+    Exit,
     call_engine,
     config_overrides,
     exit_code_for,
@@ -92,8 +93,7 @@ def main(argv: list[str] | None = None) -> None:
 def _exit_now_if_threads_were_abandoned(code: Any) -> None:
     """A sync node that timed out keeps its worker thread (it cannot be interrupted);
     the run has ended and said so, so the process does not wait for that thread."""
-    guards = sys.modules.get("interlock._guards")
-    if guards is not None and getattr(guards, "abandoned", None):
+    if Exit.now:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code if isinstance(code, int) else (0 if code is None else 1))

@@ -81,6 +81,8 @@ def _node_detail(rec: Record) -> str:
     parts = []
     if rec["type"] == "node.started" and rec.get("attempt", 1) > 1:
         parts.append(f"attempt {rec['attempt']}")
+    if rec.get("items") is not None:  # a mapped node's visit, every item completed
+        parts.append(_plural(rec["items"], "item"))
     if rec.get("duration_ms") is not None:
         parts.append(_duration(rec["duration_ms"]))
     if rec.get("tokens"):
