@@ -43,8 +43,10 @@ class Workflow:
     """A workflow: build it in Python, or get one from `load`; then ``await wf.run(...)``.
 
     Builder methods return ``self`` (or, used as a decorator, the function), and every
-    file construct has one: `node`, `approval`, `edge` (fan-out, joins, ``when``,
-    ``otherwise``, ``max``), `switch`, `router`, `choose`.
+    file construct has one: `node` (``args=`` for ``ctx.args``), `approval`, `edge`
+    (fan-out, joins, ``when``, ``otherwise``, ``max``, ``on_error``), `switch`, `router`,
+    `choose`. ``state`` maps a field to its reducer (``"append"``) or to the file's
+    mapping (``{"reducer": "append", "default": [...]}``).
     """
 
     def __init__(self, name: str, *, description: str = "",
