@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ._errors import RunError, UsageError
+from ._records import decision_key
 
 
 class Port(Protocol):
@@ -53,10 +54,13 @@ class PauseRequested(BaseException):
     A BaseException, so that a node's ``except Exception:`` cannot swallow the pause.
     """
 
-    def __init__(self, key: str, show: Mapping[str, Any]) -> None:
+    def __init__(self, key: str, show: Mapping[str, Any],
+                 edit: Mapping[str, Any] | None = None) -> None:
         super().__init__(key)
         self.key = key
         self.show = dict(show)
+        self.edit = dict(edit) if edit is not None else None  # the schema of a modify patch
+        self.decisions = ["approve", "reject"] + (["modify"] if edit is not None else [])
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,19 +191,29 @@ class Context:
         _awaitable_here("log")
         return self._port.log_record(self, type, fields or {})
 
-    def confirm(self, key: str, show: Mapping[str, Any]) -> str:
+    def confirm(self, key: str, show: Mapping[str, Any], *,
+                edit: Mapping[str, Any] | None = None) -> str:
         """Ask a human before doing something (a guarded tool call, a destructive step).
 
-        Returns ``"approved"`` or ``"rejected"`` once someone has decided. Until then
-        the visit is suspended: the run waits (WAITING_APPROVAL, ``waiting.show`` is
-        ``show``), the process may exit, and after the decision the node runs again
-        from the top -- so do the work before this point through `once`, which
-        replays it instead of repeating it.
+        Returns ``"approved"`` or ``"rejected"`` once someone has decided -- or
+        ``"modified"`` when ``edit`` (a JSON Schema) let them send a patch, which the
+        decision is checked against before it is recorded. Until then the visit is
+        suspended: the run waits (WAITING_APPROVAL, ``waiting.show`` is ``show``), the
+        process may exit, and after the decision the node runs again from the top -- so
+        do the work before this point through `once`, which replays it instead of
+        repeating it. `decision` gives the whole decision (its comment, its patch).
         """
         decision = self._port.confirmation(self, key)
         if decision is not None:
             return decision
-        raise PauseRequested(key, show)
+        raise PauseRequested(key, show, edit)
+
+    def decision(self, key: str) -> dict[str, Any] | None:
+        """The human's decision on confirmation ``key`` -- ``{decision, by, comment,
+        patch}`` -- once one was made (None before, and for a run decided before
+        interlock recorded them)."""
+        found, value = self._port.recorded_effect(self, decision_key(key))
+        return value if found and isinstance(value, dict) else None
 
     def __repr__(self) -> str:
         return f"<Context run={self.run_id} node={self.node} visit={self.visit} " \

@@ -101,6 +101,9 @@ class Gate:
     decision: str | None = None  # approved | rejected | modified | timed_out
     body_started: bool = False  # a confirmed node's body has started
     key: str | None = None  # for kind "tool": the key the node asked under
+    # the JSON Schema a decision must satisfy: an approval's ``input:`` (its ``data``), a
+    # guarded tool's arguments (a ``modify`` patch); None when the gate takes neither
+    input: dict[str, Any] | None = None
 
     def waiting(self) -> dict[str, Any]:
         """The ``waiting`` object of SPEC §3."""
@@ -109,6 +112,8 @@ class Gate:
                "deadline": self.deadline}
         if self.key is not None:
             out["key"] = self.key
+        if self.input is not None:
+            out["input"] = self.input
         return out
 
 
@@ -445,7 +450,7 @@ class RunView:
             self._attempt_ended(rec)
         self.gates[key] = Gate(rec["node"], rec["visit"], rec["kind"], rec["at"],
                                rec.get("show") or {}, rec["decisions"], rec.get("deadline"),
-                               key=rec.get("key"))
+                               key=rec.get("key"), input=rec.get("input"))
 
     def _on_approval_decided(self, rec: L.Record) -> None:
         gate = self.gates[(rec["node"], rec["visit"])]

@@ -152,9 +152,11 @@ class RetrySpec(_Strict):
 
 
 class ApprovalSpec(_Strict):
-    """``approval: {show, on_modify, approvers, timeout, on_timeout}`` -- a human gate."""
+    """``approval: {show, input, on_modify, approvers, timeout, on_timeout}`` -- a human
+    gate. ``input``: a JSON Schema the decision's ``data`` must satisfy (SPEC §7)."""
 
     show: NameList = Field(default_factory=list)
+    input: dict[str, Any] | None = None
     on_modify: NameList = Field(default_factory=list)
     approvers: NameList = Field(default_factory=list)
     timeout: Duration | None = None

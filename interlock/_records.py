@@ -145,6 +145,19 @@ def effect_recorded(node: str, visit: int, attempt: int, key: str, result: Any,
     return L.EFFECT_RECORDED, fields
 
 
+def decision_key(key: str) -> str:
+    """The journal key of a human's decision on a node's confirmation ``key``
+    (`Context.decision` reads it): a decision is journaled for the node that asked."""
+    return f"decision:{key}"
+
+
+def decision_journaled(node: str, visit: int, attempt: int, key: str,
+                       decision: dict[str, Any]) -> Item:
+    """A decision on confirmation ``key`` as the effect the node reads when it runs again
+    (its comment, its patch): the visit's journal holds what the human said."""
+    return effect_recorded(node, visit, attempt, decision_key(key), decision, 0)
+
+
 def edge_taken(edge: int, source: str, targets: list[str]) -> Item:
     """An unconditional edge taken (what `Plan.always_taken` nodes' edges record)."""
     return L.EDGE_TAKEN, {"edge": edge, "from": source, "to": targets}
@@ -200,7 +213,7 @@ def run_cancelled(by: str | None) -> Item:
     return L.RUN_CANCELLED, fields
 
 
-__all__ = ["Item", "Sink", "edge_decided", "edge_taken", "effect_recorded", "gate_completed",
-           "map_completed",
-           "node_cancelled", "node_completed", "node_failed", "node_retrying", "node_started",
+__all__ = ["Item", "Sink", "decision_journaled", "decision_key", "edge_decided", "edge_taken",
+           "effect_recorded", "gate_completed", "map_completed", "node_cancelled",
+           "node_completed", "node_failed", "node_retrying", "node_started",
            "run_cancelled", "run_completed", "run_failed", "run_rejected", "run_waiting"]

@@ -258,9 +258,11 @@ class Runner:
             decisions = ["approve", "reject"]
             timeout = None
         deadline = round(time.time() + timeout, 6) if timeout else None
-        return (L.APPROVAL_REQUESTED, {"node": node, "visit": visit, "kind": kind,
-                                       "show": L.to_json_value(show), "decisions": decisions,
-                                       "approvers": _approvers(ns), "deadline": deadline})
+        fields = {"node": node, "visit": visit, "kind": kind, "show": L.to_json_value(show),
+                  "decisions": decisions, "approvers": _approvers(ns), "deadline": deadline}
+        if ns.approval is not None and ns.approval.input is not None:
+            fields["input"] = ns.approval.input  # what a decision's data must satisfy
+        return (L.APPROVAL_REQUESTED, fields)
 
     def _start_task(self, node: str, visit: int, attempt: int, *, rerun: bool) -> None:
         if self._done is None:
@@ -306,11 +308,14 @@ class Runner:
         have, by the graph, can conflict with its writes)."""
         if out.pause is not None:
             # the visit stays running; it is re-run once a human has decided
-            await self.sink.commit([(L.APPROVAL_REQUESTED, {
+            fields = {
                 "node": out.node, "visit": out.visit, "attempt": out.attempt, "kind": "tool",
                 "key": out.pause.key, "show": L.to_json_value(out.pause.show),
-                "decisions": ["approve", "reject"], "tokens": out.tokens or None,
-                "approvers": _approvers(self.plan.nodes[out.node].spec)})])
+                "decisions": out.pause.decisions, "tokens": out.tokens or None,
+                "approvers": _approvers(self.plan.nodes[out.node].spec)}
+            if out.pause.edit is not None:  # what a modify patch must satisfy
+                fields["input"] = out.pause.edit
+            await self.sink.commit([(L.APPROVAL_REQUESTED, fields)])
             return
         if out.error is not None and self.plan.nodes[out.node].errors:
             if self._caught(out):  # an error edge takes the run on

@@ -63,6 +63,7 @@ class _Checker:
             return self.result  # the graph checks below need known names
         self.check_error_edges()
         self.check_otherwise()
+        self.check_gate_data()
         adj = self.adjacency()
         self.check_maps()
         self.check_reachability(adj)
@@ -95,6 +96,51 @@ class _Checker:
                         self.add("error", f"node {name!r}: on_modify names unknown node "
                                  f"{target!r}", ("nodes", name, "approval", "on_modify"),
                                  "unknown-node")
+                if ns.approval.input is not None:
+                    self.check_input_schema(name, ns.approval.input)
+
+    def check_input_schema(self, name: str, schema: dict[str, Any]) -> None:
+        """An approval's ``input:`` must be a JSON Schema (2020-12) a decision can meet."""
+        from jsonschema import Draft202012Validator, SchemaError
+
+        try:
+            Draft202012Validator.check_schema(schema)
+        except SchemaError as exc:
+            at = "".join(f"[{p!r}]" for p in exc.path)
+            self.add("error", f"node {name!r}: approval.input is not a valid JSON Schema "
+                     f"(2020-12): {exc.message}" + (f" at {at}" if at else "") + "; it is "
+                     "the schema a decision's --data must satisfy, e.g. {type: object, "
+                     "properties: {amount: {type: number}}, required: [amount]}",
+                     ("nodes", name, "approval", "input"), "approval-input")
+
+    def check_gate_data(self) -> None:
+        """A condition reading ``<gate>.data`` needs the gate to declare ``input:`` (else
+        its record has no data: an evaluation error at run time); a field the schema's
+        ``properties`` do not name is a warning (a typo, or a schema to extend)."""
+        nodes = self.spec.nodes
+        for i, e in enumerate(self.spec.edges):
+            for key in ("when", "switch"):
+                src = getattr(e, key)
+                expr = self.result.expressions.get(src) if src is not None else None
+                for path in expr.paths if expr is not None else ():
+                    gate, _, rest = path.partition(".data")
+                    ns = nodes.get(gate)
+                    if ns is None or ns.approval is None or rest[:1] not in ("", "."):
+                        continue
+                    schema = ns.approval.input
+                    if schema is None:
+                        self.add("error", f"edge {e.describe()}: {key} reads {path}, but gate "
+                                 f"{gate!r} declares no approval.input, so its record has no "
+                                 "data; declare approval.input (the JSON Schema of what a "
+                                 "decider sends with --data)", ("edges", i, key), "gate-data")
+                        continue
+                    props = schema.get("properties")
+                    field = rest[1:].partition(".")[0]
+                    if field and isinstance(props, dict) and field not in props:
+                        self.add("warning", f"edge {e.describe()}: {key} reads {path}, but the "
+                                 f"input schema of gate {gate!r} has no property {field!r} "
+                                 f"(its properties: {', '.join(props) or 'none'})",
+                                 ("edges", i, key), "gate-data")
 
     def check_reserved(self) -> None:
         """The ``error`` field is the engine's (an error edge's target reads the caught
@@ -216,10 +262,11 @@ class _Checker:
             if e.kind == "choose":
                 src = e.source[0]
                 agent = nodes[src].agent if src != START else None
-                if src == START or (nodes[src].call is None and not (
-                        isinstance(agent, dict) and agent.get("choose"))):
+                # an agent chooses by its output's agent.choose field or by a tool's goto
+                # (its kind checks that it has one of them)
+                if src == START or (nodes[src].call is None and not isinstance(agent, dict)):
                     self.add("error", f"edge {e.describe()}: only a call node (or an agent node "
-                             "with agent.choose) can choose its successor",
+                             "with agent.choose or tools) can choose its successor",
                              ("edges", i, "choose"), "choose")
         if not any(START in e.source for e in self.spec.edges):
             self.add("error", "no edge from START: add {from: START, to: <first node>}",

@@ -126,13 +126,17 @@ class Workflow:
 
     def approval(self, name: str, *, show: Iterable[str] = (), on_modify: Iterable[str] = (),
                  approvers: Iterable[str] = (), timeout: float | str | None = None,
-                 on_timeout: str = "reject", **options: Any) -> Workflow:
-        """Add a human approval gate (SPEC §3)."""
+                 on_timeout: str = "reject", input: Mapping[str, Any] | None = None,
+                 **options: Any) -> Workflow:
+        """Add a human approval gate (SPEC §3). ``input``: a JSON Schema that a decision's
+        ``data`` must satisfy (``approve(data=...)``); the gate's record carries it."""
         data = self._mutable()
         spec: dict[str, Any] = {"show": list(show), "on_modify": list(on_modify),
                                 "approvers": list(approvers), "on_timeout": on_timeout}
         if timeout is not None:
             spec["timeout"] = timeout
+        if input is not None:
+            spec["input"] = dict(input)
         data["nodes"][name] = {"approval": spec, **_opts(options)}
         return self
 
@@ -142,11 +146,15 @@ class Workflow:
               base_url: str | None = None, api_key_env: str | None = None,
               output_key: str | None = None, choose: str | None = None,
               max_turns: int | None = None, redact: Iterable[str] = (),
-              temperature: float | None = None, **options: Any) -> Workflow:
+              temperature: float | None = None, tool_errors: str | None = None,
+              **options: Any) -> Workflow:
         """Add an LLM agent node (SPEC §6). ``output`` is a JSON Schema or a pydantic model
         class; ``tools`` are typed functions, or ``(fn, {"confirm": True})`` for a tool a
         human confirms before it runs; ``provider`` is ``"openai"`` (any OpenAI-compatible
-        endpoint) or an ``interlock.testing.ScriptedProvider``. Other options are the node
+        endpoint) or an ``interlock.testing.ScriptedProvider``; ``tool_errors``: ``"return"``
+        (a tool's exception goes back to the model, the default) or ``"raise"`` (it fails
+        the node). A tool may return ``interlock.goto(target)`` to hand off to one of the
+        node's ``choose`` targets. Other options are the node
         keys of `node` (reads, writes, timeout, retry, tokens, confirm, description)."""
         from .agents import ScriptedProvider
 
@@ -184,7 +192,7 @@ class Workflow:
         for key, value in (("model", model), ("system", system), ("base_url", base_url),
                            ("api_key_env", api_key_env), ("output_key", output_key),
                            ("choose", choose), ("max_turns", max_turns),
-                           ("temperature", temperature)):
+                           ("temperature", temperature), ("tool_errors", tool_errors)):
             if value is not None:
                 spec[key] = value
         data = self._mutable()

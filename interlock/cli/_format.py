@@ -23,6 +23,19 @@ _STATUS_STYLE = {
 }
 
 
+def decision_flags(waiting: dict[str, Any], *, short: bool = False) -> list[str]:
+    """The ``interlock resume`` options for each decision a waiting gate accepts: an
+    approval whose ``input:`` asks for data takes ``--data``, a guarded tool call's
+    modify edits its arguments."""
+    data = waiting.get("input") is not None and waiting.get("kind") == "approval"
+    tool = waiting.get("kind") == "tool"
+    patch = "PATCH_JSON [--at NODE]" if short else "'{\"field\": value}' [--at NODE]"
+    flags = {"approve": "--approve" + (" --data JSON" if data else ""),
+             "reject": "--reject" + (" [--data JSON]" if data else ""),
+             "modify": "--modify " + ("'{\"arguments\": {...}}'" if tool else patch)}
+    return [flags[d] for d in waiting.get("decisions") or [] if d in flags]
+
+
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
@@ -102,6 +115,8 @@ def _decision_detail(rec: Record) -> str:
     text = f"by {rec['by']}" if rec.get("by") else "by an anonymous decider"
     if rec.get("comment"):
         text += f": {_short(str(rec['comment']), 100)}"
+    if rec.get("data") is not None:
+        text += f"; data {_short(_json(rec['data']), 100)}"
     if rec.get("patch"):
         text += f"; patch {_short(_json(rec['patch']), 100)}"
     if rec.get("reenter"):

@@ -21,7 +21,16 @@ from ._common import (
     store_option,
     with_store,
 )
-from ._format import _STATUS_STYLE, _age, _ago, _json, _plural, _short, _when
+from ._format import (
+    _STATUS_STYLE,
+    _age,
+    _ago,
+    _json,
+    _plural,
+    _short,
+    _when,
+    decision_flags,
+)
 
 if TYPE_CHECKING:
     from .. import Diagnostic, RunResult, Store, Verification
@@ -191,13 +200,12 @@ def _waiting_lines(run_id: str, w: dict[str, Any], store: str) -> list[str]:
         lines += [f"  {field_} = {_json(value)}" for field_, value in show.items()]
     decisions = list(w.get("decisions") or [])
     lines.append(f"decisions: {', '.join(decisions)}")
+    if w.get("input") is not None:
+        what = "--modify's patch" if w.get("kind") == "tool" else "--data"
+        lines.append(f"input ({what} must satisfy): {_json(w['input'])}")
     lines.append("decide with:")
-    flags = {"approve": "--approve", "reject": "--reject",
-             "modify": "--modify '{\"field\": value}' [--at NODE]"}
-    for d in decisions:
-        if d in flags:
-            lines.append(f"  interlock resume {run_id} {flags[d]} --by NAME "
-                         f"[--comment TEXT]{store}")
+    for flag in decision_flags(w):
+        lines.append(f"  interlock resume {run_id} {flag} --by NAME [--comment TEXT]{store}")
     return lines
 
 

@@ -19,6 +19,7 @@ from ._format import (
     _reads,
     _short,
     _sources,
+    decision_flags,
 )
 
 if TYPE_CHECKING:
@@ -200,9 +201,7 @@ def _outcome_lines(result: RunResult) -> list[str]:
     if result.waiting:
         w = result.waiting
         lines.append(f"waiting for a decision at {w.get('node')!r}; shows {_json(w.get('show'))}")
-        flags = {"approve": "--approve", "reject": "--reject",
-                 "modify": "--modify PATCH_JSON [--at NODE]"}
-        choices = " | ".join(flags[d] for d in w.get("decisions", []) if d in flags)
+        choices = " | ".join(decision_flags(w, short=True))
         lines.append(f"decide with: interlock resume {result.run_id} {choices}  "
                      "[--by NAME] [--comment TEXT]")
     return lines
