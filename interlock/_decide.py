@@ -245,6 +245,22 @@ class Decider:
             return e
         return None
 
+    def uncaught(self, pn: PlanNode, error: RunError) -> str:
+        """Why none of ``pn``'s error edges caught ``error`` (`catch` found none): for the
+        run's error, so that a reader knows the edges were considered."""
+        if not catchable(error):
+            return "not caught: an engine limit, which error edges never catch"
+        names = error_classes(error)
+        spent = [e for e in pn.errors if e.max is not None
+                 and self.view.takes.get(e.index, 0) >= e.max
+                 and (not e.catches or any(n in (e.catches or ()) for n in names))]
+        if spent:
+            return (f"not caught: its error edge {spent[0].name()} was taken "
+                    f"{spent[0].max} time{'s' if spent[0].max != 1 else ''}, its max")
+        listed = sorted({n for e in pn.errors for n in e.catches or ()})
+        return (f"not caught: its error edges catch {', '.join(listed)}, and "
+                f"{names[0]} is none of those nor a subclass of one")
+
     def _decide_error_edge(self, e: PlanEdge, due: Due) -> R.Item:
         """The caught error's edge, due because `catch` chose it: taken (the record says
         which error it caught, as a condition's record says what it read)."""

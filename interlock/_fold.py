@@ -344,6 +344,8 @@ class RunView:
             self.maps.pop(key, None)
         if self.gates:
             self.gates.pop(key, None)
+        if self.maps:  # a mapped node's visit: an item failed, the others were stopped
+            self.maps.pop(key, None)
         self.visits[node] += 1
         pn = self.plan.nodes[node]
         if pn.cyclic:

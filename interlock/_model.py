@@ -40,12 +40,12 @@ CALL_RE = re.compile(r"^[A-Za-z_][\w.]*:[\w.<>]+(#\d+)?$")
 
 Reducer = Literal["replace", "append", "extend", "merge", "add"]
 
-_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?|\.\d+)\s*(ms|s|m|h)?\s*$")
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?|\.\d+)\s*(ms|s|m|h|d)?\s*$")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
 
 
 def parse_duration(value: Any) -> Any:
-    """'30s', '0.5s', '250ms', '5m', '1h' or a number of seconds -> float seconds."""
+    """'30s', '0.5s', '250ms', '5m', '1h', '30d' or a number of seconds -> float seconds."""
     if isinstance(value, bool):
         raise ValueError("expected a duration such as 30s, 250ms or 5m, got a boolean")
     if isinstance(value, int | float):

@@ -317,9 +317,11 @@ class Runner:
                 fields["input"] = out.pause.edit
             await self.sink.commit([(L.APPROVAL_REQUESTED, fields)])
             return
-        if out.error is not None:
-            if self.plan.nodes[out.node].errors and self._caught(out):
+        if out.error is not None and self.plan.nodes[out.node].errors:
+            if self._caught(out):  # an error edge takes the run on
                 return
+            out = out._replace(error=self._uncaught(out))
+        if out.error is not None:
             await self.sink.commit([R.node_failed(out.node, out.visit, out.attempt,
                                                   out.error.to_json(), out.duration_ms,
                                                   out.tokens)])
@@ -345,6 +347,13 @@ class Runner:
                                     out.duration_ms, out.tokens, caught=caught))
         self.decide.due()
         return True
+
+    def _uncaught(self, out: Outcome) -> RunError:
+        """The node's error, saying why its error edges did not catch it."""
+        assert out.error is not None
+        err = out.error
+        why = self.decide.uncaught(self.plan.nodes[out.node], err)
+        return type(err)(f"{err.message} ({why})", node=err.node, **err.details)
 
     def _complete(self, out: Outcome) -> None:
         """`_finish` for a visit that completed (no error, no pause, no write conflict)."""

@@ -22,6 +22,7 @@ from ._compile import check_spec, compile_spec, reading_plan
 from ._errors import Diagnostic, UsageError
 from ._fold import RunView
 from ._model import DEFAULT_STEPS, WorkflowSpec, check_limits
+from ._otel import RunSpans, run_spans, with_spans
 from ._plan import Plan
 from ._runs import RunResult, chain_options, drive, make_run_id, open_store_arg
 from ._spec import load_spec, parse
@@ -42,8 +43,10 @@ class Workflow:
     """A workflow: build it in Python, or get one from `load`; then ``await wf.run(...)``.
 
     Builder methods return ``self`` (or, used as a decorator, the function), and every
-    file construct has one: `node`, `approval`, `edge` (fan-out, joins, ``when``,
-    ``otherwise``, ``max``), `switch`, `router`, `choose`.
+    file construct has one: `node` (``args=`` for ``ctx.args``), `approval`, `edge`
+    (fan-out, joins, ``when``, ``otherwise``, ``max``, ``on_error``), `switch`, `router`,
+    `choose`. ``state`` maps a field to its reducer (``"append"``) or to the file's
+    mapping (``{"reducer": "append", "default": [...]}``).
     """
 
     def __init__(self, name: str, *, description: str = "",
@@ -335,6 +338,7 @@ class Workflow:
         data = _check_input(spec, input)
         cfg, lim = _effective(spec, config, limits, self._limits())
         st, owned = open_store_arg(store)
+        spans: RunSpans | None = None
         try:
             rid = run_id or make_run_id()
             key = L.env_key()
@@ -348,6 +352,10 @@ class Workflow:
             defaults = _defaults(spec, data)
             if defaults:
                 started["defaults"] = defaults
+            spans = run_spans(rid, spec.workflow)  # None unless tracing is configured
+            if spans is not None:
+                started["trace"] = spans.ids
+                listener = with_spans(listener, spans)
             rec, entry = writer.make(L.RUN_STARTED, started)
             view = RunView(plan)
             view.apply(rec)
@@ -363,6 +371,8 @@ class Workflow:
                 listener(rec, view)
             return await drive(plan, st, rid, view, writer, listener=listener)
         finally:
+            if spans is not None:
+                spans.end()
             if owned:
                 await st.close()
 

@@ -158,3 +158,51 @@ def test_a_declared_default_changes_the_hash_and_an_undeclared_one_does_not() ->
     assert plain.definition_hash() == same.definition_hash()
     assert declared.definition() != plain.definition()
     assert declared.definition()["state"]["log"] == {"reducer": "append", "default": []}
+
+
+def test_a_run_stored_before_defaults_existed_resumes_as_it_started(tmp_path: Any) -> None:
+    """A log whose run.started has no ``defaults`` (written by an earlier version) folds,
+    and resumes, without them: the engine does not inject start values mid-run."""
+    import asyncio
+
+    from interlock import _log as L
+    from interlock._store import RunRow, Summary, open_store
+
+    def look(state: dict[str, Any]) -> dict[str, Any]:
+        return {"saw": "history" in state}
+
+    wf = Workflow("old-run", state={"history": "append"})
+    wf.approval("gate").node("look", look)
+    wf.edge(START, "gate").edge("gate", "look")
+    url = f"sqlite:///{tmp_path}/runs.db"
+    new = wf.run_sync(store=url, run_id="new")
+    assert new.status == "WAITING_APPROVAL" and new.state["history"] == []
+
+    async def copy_without_defaults() -> None:
+        st = open_store(url)
+        try:
+            row = await st.get_run("new")
+            writer = L.LogWriter()
+            entries = []
+            async for page in st.iter_entries("new", page=100):
+                for e in page:
+                    rec = e.record()
+                    fields = {k: v for k, v in rec.items()
+                              if k not in ("seq", "type", "at", "hash", "defaults")}
+                    entries.append(writer.make(e.type, fields)[1])
+            await st.create_run(RunRow(
+                run_id="old", workflow=row.workflow, definition=row.definition,
+                definition_hash=row.definition_hash, input=row.input, options={},
+                created_at=row.created_at,
+                summary=Summary(status="WAITING_APPROVAL", last_seq=writer.seq,
+                                last_hash=writer.hash, steps=1, updated_at=row.created_at)),
+                entries)
+        finally:
+            await st.close()
+
+    asyncio.run(copy_without_defaults())
+    old = asyncio.run(interlock.status("old", store=url))
+    assert old.status == "WAITING_APPROVAL" and "history" not in old.state
+    assert asyncio.run(interlock.verify("old", store=url)).ok
+    assert wf.resume_sync("old", interlock.approve(), store=url).state["saw"] is False
+    assert wf.resume_sync("new", interlock.approve(), store=url).state["saw"] is True

@@ -6,6 +6,7 @@ and the Python API; a crash is a real SIGKILL of a real ``interlock run`` proces
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -126,6 +127,9 @@ def test_an_error_that_matches_no_edge_fails_the_run(
     code, out = runs(p, CAUGHT_AFTER_RETRIES.replace("LookupError", "ValueError"))
     assert code != 0 and out["status"] == "FAILED"
     assert out["error"]["type"] == "node_error" and "KeyError" in out["error"]["message"]
+    assert out["error"]["message"].endswith("(not caught: its error edges catch ValueError, "
+                                            "and KeyError is none of those nor a subclass "
+                                            "of one)")
 
 
 def test_the_first_matching_error_edge_in_declaration_order_is_taken(
@@ -200,6 +204,8 @@ def test_engine_limits_are_never_caught(make_project: Callable[..., CliProject])
           - {from: spend, to: handle, on_error: true}
         """)
     assert out["status"] == "FAILED" and out["error"]["type"] == "budget_exceeded", out
+    assert "(not caught: an engine limit, which error edges never catch)" in \
+        out["error"]["message"]
     assert "handled" not in out["state"]
     # the step limit: an error loop that never recovers stops at limits.steps
     _, out = runs(p, """
@@ -238,6 +244,9 @@ def test_a_self_correcting_loop_is_bounded_by_max() -> None:
     assert [e and (e["type"], e["attempt"]) for e in seen] == [
         None, ("SyntaxError", 1), ("SyntaxError", 1)]
     assert result.state["error"]["message"] == "invalid syntax in broken"
+    # the run's error says why the error edge did not catch the third failure
+    assert result.error["message"].endswith(
+        "(not caught: its error edge check -> generate (on error) was taken 2 times, its max)")
 
 
 def test_a_self_correcting_loop_recovers() -> None:
@@ -368,6 +377,18 @@ def test_an_approval_gate_has_no_error_edge(tmp_path: Path) -> None:
         wf.compile()
 
 
+def test_a_condition_reading_error_without_error_edges_is_warned_about() -> None:
+    wf = Workflow("no-error-edges")
+    wf.node("a", _noop).node("b", _noop)
+    wf.edge(START, "a").edge("a", "b", when="has(error.type)")
+    [warning] = [d for d in wf.check() if d.code == "never-fed"]
+    assert "only an on_error edge's catch writes" in warning.message
+    wf2 = Workflow("with")
+    wf2.node("a", _noop).node("b", _noop).node("c", _noop)
+    wf2.edge(START, "a").edge("a", "b", on_error=True).edge("b", "c", when="has(error.type)")
+    assert not [d for d in wf2.check() if d.code == "never-fed"]
+
+
 def test_a_cycle_closed_by_an_error_edge_is_guarded() -> None:
     wf = Workflow("guarded")
     wf.node("a", _noop).node("b", _noop)
@@ -474,3 +495,30 @@ def test_a_node_that_would_write_its_output_to_the_error_field_is_refused() -> N
     text = str(info.value)
     assert "node 'error' would write its decision to 'error': 'error' is reserved" in text
     assert "node 'judge' would write its reply to 'error': 'error' is reserved" in text
+
+
+def test_an_item_failing_fails_its_mapped_node_and_the_nodes_error_edge_catches_it(
+        tmp_path: Path) -> None:
+    def plan(state: dict[str, Any]) -> dict[str, Any]:
+        return {"subjects": ["cats", "owls", "eels"]}
+
+    def joke(state: dict[str, Any]) -> dict[str, Any]:
+        if state["subject"] == "owls":
+            raise LookupError("no joke about owls")
+        return {"joke": state["subject"]}
+
+    wf = Workflow("map-caught")
+    wf.node("plan", plan).node("joke", joke)
+    wf.node("fallback", lambda s: {"fallback": s["error"]["message"]})
+    wf.node("best", lambda s: {"best": s["jokes"]})
+    wf.edge(START, "plan").map("plan", "subjects", "joke", as_="subject", collect="jokes",
+                               max_concurrency=1)
+    wf.edge("joke", "best").edge("joke", "fallback", on_error=["LookupError"])
+    store = f"sqlite:///{tmp_path}/runs.db"
+    result = wf.run_sync(store=store)
+    assert result.status == "COMPLETED", result.error
+    assert result.state["fallback"] == "no joke about owls (item 1 of 3)"
+    assert "best" not in result.state and "jokes" not in result.state
+    assert asyncio.run(interlock.verify(result.run_id, store=store)).ok
+    # the caught visit is over: its stored log folds to the same state
+    assert asyncio.run(interlock.status(result.run_id, store=store)).state == result.state

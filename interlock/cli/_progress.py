@@ -104,6 +104,8 @@ class Progress:
         st.tokens += rec.get("tokens") or 0
         status = "caught" if rec.get("caught") else rec["type"].removeprefix("node.")
         status = "running" if status == "started" else status
+        if rec.get("caught"):  # failed, and an error edge took the run on
+            status = "caught"
         item = rec.get("item")
         if item is not None:  # one item of a mapped node's visit: its line, not its row
             self._line(f"{node}[{item}]", status, _node_detail(rec))
