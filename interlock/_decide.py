@@ -249,7 +249,11 @@ class Decider:
         """Why none of ``pn``'s error edges caught ``error`` (`catch` found none): for the
         run's error, so that a reader knows the edges were considered."""
         if not catchable(error):
-            return "not caught: an engine limit, which error edges never catch"
+            what = {"budget_exceeded": "the run's token budget (limits.tokens)",
+                    "invalid_route": "a route to an undeclared target"}.get(
+                        error.type, f"a {error.type}")
+            return (f"not caught: {what} is the engine's rule, not the node's failure, and "
+                    "error edges never catch those")
         names = error_classes(error)
         spent = [e for e in pn.errors if e.max is not None
                  and self.view.takes.get(e.index, 0) >= e.max

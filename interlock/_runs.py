@@ -21,7 +21,7 @@ from . import _log as L
 from . import _records as R
 from . import _snapshot as snapshots
 from ._compile import compile_spec, reading_plan
-from ._errors import InterlockError, UsageError
+from ._errors import ConflictError, InterlockError, UsageError
 from ._fold import RunView
 from ._journal import Journal
 from ._model import WorkflowSpec, check_limits
@@ -106,7 +106,15 @@ async def drive(plan: Plan, store: Store, run_id: str, view: RunView, writer: L.
     runner = Runner(plan, journal, run_id, view)
     try:
         if first:
-            await journal.commit(first)
+            try:
+                await journal.commit(first)
+            except ConflictError:
+                # read, decided, then claimed after another process had decided (or
+                # resumed) the run and let it go: what this one read is stale
+                raise UsageError(
+                    f"run {run_id!r} changed after this process read it (another process "
+                    "decided or resumed it first); nothing was recorded and this resume is "
+                    f"refused -- see `interlock status {run_id}`") from None
         if view.status not in TERMINAL_STATUSES:
             await _execute(store, run_id, owner, runner)
     finally:

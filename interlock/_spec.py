@@ -279,11 +279,13 @@ def _diagnostics(exc: ValidationError, data: dict[str, Any],
 
 
 def _unknown_key(path: tuple[Any, ...]) -> str:
+    return unknown_key(str(path[-1]), valid_keys(path[:-1]))
+
+
+def unknown_key(key: str, keys: list[str]) -> str:
     """'unknown key 'retires' (did you mean 'retry'?); the keys here are: ...'."""
     import difflib
 
-    key = str(path[-1])
-    keys = valid_keys(path[:-1])
     if not keys:
         return f"unknown key {key!r} (check its spelling)"
     close = difflib.get_close_matches(key, keys, n=1)
@@ -291,9 +293,10 @@ def _unknown_key(path: tuple[Any, ...]) -> str:
     return f"unknown key {key!r}{hint}; the keys here are: {', '.join(keys)}"
 
 
-def valid_keys(path: tuple[Any, ...]) -> list[str]:
-    """The keys a mapping at ``path`` of a workflow file may have (by the model's
-    fields, as a file spells them), or [] when that is not a model's mapping."""
+def valid_keys(path: tuple[Any, ...], root: Any = WorkflowSpec) -> list[str]:
+    """The keys a mapping at ``path`` of a workflow file (or of a block validated by
+    ``root``, a model) may have -- the model's fields as a file spells them -- or [] when
+    that is not a model's mapping."""
     import types
     import typing
 
@@ -308,7 +311,7 @@ def valid_keys(path: tuple[Any, ...]) -> list[str]:
             return [m for a in typing.get_args(tp) for m in models(a)]
         return [tp]
 
-    current: list[Any] = [WorkflowSpec]
+    current: list[Any] = [root]
     for part in path:
         step: list[Any] = []
         for tp in current:

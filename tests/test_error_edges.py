@@ -204,8 +204,8 @@ def test_engine_limits_are_never_caught(make_project: Callable[..., CliProject])
           - {from: spend, to: handle, on_error: true}
         """)
     assert out["status"] == "FAILED" and out["error"]["type"] == "budget_exceeded", out
-    assert "(not caught: an engine limit, which error edges never catch)" in \
-        out["error"]["message"]
+    assert "(not caught: the run's token budget (limits.tokens) is the engine's rule, not " \
+        "the node's failure, and error edges never catch those)" in out["error"]["message"]
     assert "handled" not in out["state"]
     # the step limit: an error loop that never recovers stops at limits.steps
     _, out = runs(p, """
@@ -522,3 +522,14 @@ def test_an_item_failing_fails_its_mapped_node_and_the_nodes_error_edge_catches_
     assert asyncio.run(interlock.verify(result.run_id, store=store)).ok
     # the caught visit is over: its stored log folds to the same state
     assert asyncio.run(interlock.status(result.run_id, store=store)).state == result.state
+
+
+def test_a_goto_to_an_undeclared_target_is_not_caught() -> None:
+    wf = Workflow("bad-goto")
+    wf.node("pick", lambda s: interlock.goto("nowhere")).node("a", _noop).node("fix", _noop)
+    wf.edge(START, "pick").choose("pick", ["a"]).edge("pick", "fix", on_error=True)
+    result = wf.run_sync(store="memory://")
+    assert result.status == "FAILED" and result.error is not None
+    assert result.error["type"] == "invalid_route"
+    assert "not caught: a route to an undeclared target is the engine's rule" in \
+        result.error["message"]

@@ -204,3 +204,12 @@ def test_x_keys_at_the_top_level_and_in_nodes_are_kept_and_ignored(
         """, name="bad.yaml")
     out = validate(bad).output
     assert "unknown key 'y-owner'" in out and "x-... (any key starting with x-" in out
+
+
+def test_an_unknown_key_of_an_agent_block_has_a_did_you_mean() -> None:
+    with pytest.raises(interlock.WorkflowError) as info:
+        interlock.load({"workflow": "x", "edges": [{"from": "START", "to": "a"}],
+                        "nodes": {"a": {"agent": {"prompt": "p", "provider": "scripted",
+                                                  "replies": ["ok"], "outptu": {}}}}})
+    assert "agent.outptu: unknown key 'outptu' (did you mean 'output'?); the keys here " \
+        "are: provider, model," in str(info.value)
