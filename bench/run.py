@@ -58,13 +58,14 @@ NOT_COVERED = {"pydantic-graph": "not measured for pydantic-graph: the issue's t
 COLUMNS = {"langgraph": ("langgraph", "ratio il/lg"),
            "pydantic-graph": ("pydantic-graph", "ratio il/pg"),
            "floor": ("floor", "ratio il/floor")}
-SCENARIOS = ("S1", "S2", "S3", "S4", "S5", "S6", "S7")
+SCENARIOS = ("S1", "S2", "S3", "S4", "S5", "S6", "S7", "S8")
 
 # metrics where a higher value is better (for the rest, lower is better)
 HIGHER_IS_BETTER = {"runs_per_s", "overlap"}
 # an interlock-only metric compared against another LangGraph metric
 COMPARE_WITH = {"per_step_us@sync=full": "per_step_us",
-                "per_step_cpu_us@sync=full": "per_step_cpu_us"}
+                "per_step_cpu_us@sync=full": "per_step_cpu_us",
+                "runs_per_s@sync=full": "runs_per_s"}
 
 TIMEOUT_S = 900
 
@@ -115,6 +116,11 @@ def plan(quick: bool) -> list[Job]:
         Job("S7", {"n": 10, "warmup": 1, "trials": t(5, 3)}),
         Job("S7", {"n": 100, "warmup": 1, "trials": t(5, 3)}),
         Job("S7", {"n": 1000, "warmup": 1, "warmup_n": 100, "trials": t(3, 1)}),
+        # 200 concurrent runs of a 10-node chain, one store (URL) for all, in one process
+        Job("S8", {"backend": "sqlite", "n": 10, "runs": 200, "label": "sqlite 200x10",
+                   "warmup": 1, "warmup_runs": 50, "trials": t(3, 2)}),
+        Job("S8", {"backend": "postgres", "n": 10, "runs": 200, "label": "postgres 200x10",
+                   "warmup": 1, "warmup_runs": 50, "trials": t(3, 2)}),
     ]
     return jobs
 

@@ -29,7 +29,7 @@ from ._plan import Plan
 from ._runner import Runner
 from ._spec import parse
 from ._steps import Steps
-from ._store import RunRow, Store, open_store, this_owner
+from ._store import RunRow, Store, acquire_store, release_store, this_owner
 
 if TYPE_CHECKING:
     from ._approvals import Decision
@@ -81,10 +81,11 @@ def result_of(run_id: str, workflow: str, view: RunView) -> RunResult:
 
 
 def open_store_arg(store: str | Store | None) -> tuple[Store, bool]:
-    """A `Store` for an argument that may be a URL; True when we opened it (and close it)."""
+    """A `Store` for an argument that may be a URL; True when it is the URL's shared
+    store (`acquire_store`), which the caller gives back with `release_store`."""
     if isinstance(store, Store):
         return store, False
-    return open_store(store), True
+    return acquire_store(store), True
 
 
 # -- executing ----------------------------------------------------------------------
@@ -396,7 +397,7 @@ async def resume(run_id: str, decision: Decision | None = None, *,
                            listener=listener)
     finally:
         if owned:
-            await st.close()
+            await release_store(st)
 
 
 def _overrides(config: Mapping[str, Any] | None,
@@ -417,7 +418,7 @@ async def status(run_id: str, *, store: str | Store | None = None) -> RunResult:
         return result_of(run_id, loaded.row.workflow, loaded.view)
     finally:
         if owned:
-            await st.close()
+            await release_store(st)
 
 
 TRACE_KEYS = ("seq", "type", "node", "at", "duration_ms", "attempt", "tokens", "error")
@@ -442,7 +443,7 @@ async def trace_pages(run_id: str, *, store: str | Store | None = None,
             yield [trace_record(run_id, entry) for entry in entries]
     finally:
         if owned:
-            await st.close()
+            await release_store(st)
 
 
 def trace_record(run_id: str, entry: L.Entry) -> dict[str, Any]:
@@ -598,7 +599,7 @@ async def verify(run_id: str, *, store: str | Store | None = None) -> Verificati
         return check.result()
     finally:
         if owned:
-            await st.close()
+            await release_store(st)
 
 
 async def fork(run_id: str, at: int, *, store: str | Store | None = None,
@@ -648,7 +649,7 @@ async def fork(run_id: str, at: int, *, store: str | Store | None = None,
                            first=[(L.RUN_FORKED, fields)], listener=listener)
     finally:
         if owned:
-            await st.close()
+            await release_store(st)
 
 
 def _fresh_deadlines(spec: WorkflowSpec, view: RunView, now: float
@@ -701,7 +702,7 @@ async def cancel(run_id: str, *, by: str | None = None, store: str | Store | Non
         return result_of(run_id, loaded.row.workflow, loaded.view)
     finally:
         if owned:
-            await st.close()
+            await release_store(st)
 
 
 async def list_runs(*, store: str | Store | None = None, status: str | None = None,
@@ -711,4 +712,4 @@ async def list_runs(*, store: str | Store | None = None, status: str | None = No
         return await st.list_runs(status=status, workflow=workflow, limit=limit)
     finally:
         if owned:
-            await st.close()
+            await release_store(st)

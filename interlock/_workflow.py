@@ -26,7 +26,7 @@ from ._plan import Plan
 from ._runs import RunResult, chain_options, drive, make_run_id, open_store_arg
 from ._spec import load_spec, parse
 from ._state import check_whole_values
-from ._store import RunRow, Store, Summary
+from ._store import RunRow, Store, Summary, release_store
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -329,7 +329,7 @@ class Workflow:
             return await drive(plan, st, rid, view, writer, listener=listener)
         finally:
             if owned:
-                await st.close()
+                await release_store(st)
 
     def run_sync(self, input: Mapping[str, Any] | None = None, **kwargs: Any) -> RunResult:
         """`run` for scripts: blocks until the run stops (no event loop may be running)."""

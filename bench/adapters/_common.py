@@ -219,3 +219,32 @@ def main(engine: str, scenarios: dict[str, Callable[[Emitter, dict[str, Any]], A
     result = fn(em, params)
     if asyncio.iscoroutine(result):
         asyncio.run(result)
+
+
+def bench_postgres() -> str | None:
+    """S8's PostgreSQL server: ``$INTERLOCK_BENCH_POSTGRES`` (a URL), or None."""
+    return os.environ.get("INTERLOCK_BENCH_POSTGRES") or None
+
+
+def pg_schema(url: str, schema: str) -> str:
+    """``url`` with ``schema`` first on its search_path (a libpq ``options`` parameter)."""
+    sep = "&" if "?" in url else "?"
+    return f"{url}{sep}options=-csearch_path%3D{schema}"
+
+
+async def concurrent_durable(em: Emitter, p: dict[str, Any], suffix: str,
+                             batch: Callable[[int], Awaitable[None]]) -> None:
+    """S8: ``batch(count)`` runs ``count`` runs at once (each p["n"] steps) and checks
+    them: runs/s, and wall and CPU time per step (one node execution), named with
+    ``suffix`` (``""`` or ``"@sync=full"``)."""
+    runs, n = p["runs"], p["n"]
+    for _ in range(p["warmup"]):
+        await batch(p.get("warmup_runs", runs))
+    gc.collect()
+    for k in range(p["trials"]):
+        c0, t0 = time.process_time(), time.perf_counter()
+        await batch(runs)
+        dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+        em.value("runs_per_s" + suffix, runs / dt, "runs/s", trial=k)
+        em.value("per_step_us" + suffix, dt / (runs * n) * 1e6, "us", trial=k)
+        em.value("per_step_cpu_us" + suffix, cpu / (runs * n) * 1e6, "us", trial=k)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import shutil
 import sys
 import tempfile
@@ -22,10 +23,13 @@ from _common import (
     ITEM,
     SLEEP_S,
     Emitter,
+    bench_postgres,
+    concurrent_durable,
     concurrent_runs,
     db_size_kb,
     main,
     per_step_trials,
+    pg_schema,
     run_s6,
     trials,
 )
@@ -230,6 +234,53 @@ async def s7(em: Emitter, p: dict[str, Any]) -> None:
                   lambda n: {"i": n, "items": n}, sync_full=False)
 
 
+async def s8(em: Emitter, p: dict[str, Any]) -> None:
+    """S8: ``runs`` concurrent runs of an ``n``-node chain, each ``await wf.run({...},
+    store=URL)`` as a user writes it, one URL for all (the runs share its store): SQLite
+    (a fresh file per batch; NORMAL, then ``?synchronous=full``) or PostgreSQL
+    (``$INTERLOCK_BENCH_POSTGRES``, a fresh schema for the job)."""
+    n = p["n"]
+    wf = chain(n)
+    wf.compile()
+    if p["backend"] == "sqlite":
+        tmp = Path(tempfile.mkdtemp(prefix="interlock-bench-"))
+        k = 0
+        try:
+            for query, suffix in (("", ""), ("?synchronous=full", "@sync=full")):
+                async def batch(count: int, query: str = query) -> None:
+                    nonlocal k
+                    k += 1
+                    url = f"sqlite:///{tmp / f's8-{k}.db'}{query}"
+                    for r in await asyncio.gather(*(wf.run({"i": 0}, store=url)
+                                                    for _ in range(count))):
+                        _check(r, i=n)
+
+                await concurrent_durable(em, p, suffix, batch)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return
+    base = bench_postgres()
+    if base is None:
+        em.skipped("*", "no PostgreSQL: set $INTERLOCK_BENCH_POSTGRES (see bench/README.md)")
+        return
+    import psycopg
+
+    schema = f"interlock_s8_{os.getpid()}"
+    with psycopg.connect(base, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+    url = pg_schema(base, schema)
+    try:
+        async def pg_batch(count: int) -> None:
+            for r in await asyncio.gather(*(wf.run({"i": 0}, store=url)
+                                            for _ in range(count))):
+                _check(r, i=n)
+
+        await concurrent_durable(em, p, "", pg_batch)
+    finally:
+        with psycopg.connect(base, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
 def s6(em: Emitter, p: dict[str, Any]) -> None:
     cli_path = shutil.which("interlock", path=str(Path(sys.executable).parent))
     cli = [cli_path, "--help"] if cli_path else None
@@ -239,5 +290,6 @@ def s6(em: Emitter, p: dict[str, Any]) -> None:
 
 
 if __name__ == "__main__":
-    main(ENGINE, {"S1": s1, "S2": s2, "S3": s3, "S4": s4, "S5": s5, "S6": s6, "S7": s7},
+    main(ENGINE, {"S1": s1, "S2": s2, "S3": s3, "S4": s4, "S5": s5, "S6": s6, "S7": s7,
+                  "S8": s8},
          lambda: interlock.__version__)

@@ -15,6 +15,7 @@ import asyncio
 import importlib.metadata
 import itertools
 import operator
+import os
 import shutil
 import tempfile
 import time
@@ -27,10 +28,13 @@ from _common import (
     ITEM,
     SLEEP_S,
     Emitter,
+    bench_postgres,
+    concurrent_durable,
     concurrent_runs,
     db_size_kb,
     main,
     per_step_trials,
+    pg_schema,
     run_s6,
     trials,
 )
@@ -228,6 +232,68 @@ async def s7(em: Emitter, p: dict[str, Any]) -> None:
                   lambda n: {"i": n, "items": n})
 
 
+async def s8(em: Emitter, p: dict[str, Any]) -> None:
+    """S8: ``runs`` concurrent ``ainvoke`` of an ``n``-node chain, each its own thread id,
+    ``durability="sync"``, all on one saver: AsyncSqliteSaver (a fresh file per batch, its
+    one connection) or AsyncPostgresSaver over a psycopg_pool.AsyncConnectionPool of 10
+    (the LangGraph docs' setup: autocommit, no prepared statements, dict rows; a fresh
+    schema for the job, ``$INTERLOCK_BENCH_POSTGRES``)."""
+    n = p["n"]
+    graph = chain(n)
+    if p["backend"] == "sqlite":
+        tmp = Path(tempfile.mkdtemp(prefix="langgraph-bench-"))
+        k = 0
+
+        async def batch(count: int) -> None:
+            nonlocal k
+            k += 1
+            async with AsyncSqliteSaver.from_conn_string(str(tmp / f"s8-{k}.db")) as saver:
+                compiled = graph.compile(checkpointer=saver)
+                states = await asyncio.gather(*(
+                    compiled.ainvoke({"i": 0}, _config(n, uuid.uuid4().hex), durability="sync")
+                    for _ in range(count)))
+            for state in states:
+                _check(state, i=n)
+
+        try:
+            await concurrent_durable(em, p, "", batch)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return
+    base = bench_postgres()
+    if base is None:
+        em.skipped("*", "no PostgreSQL: set $INTERLOCK_BENCH_POSTGRES (see bench/README.md)")
+        return
+    import psycopg
+    from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+    from psycopg.rows import dict_row
+    from psycopg_pool import AsyncConnectionPool
+
+    schema = f"langgraph_s8_{os.getpid()}"
+    with psycopg.connect(base, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+    try:
+        async with AsyncConnectionPool(
+                pg_schema(base, schema), max_size=10, open=False,
+                kwargs={"autocommit": True, "prepare_threshold": 0,
+                        "row_factory": dict_row}) as pool:
+            saver = AsyncPostgresSaver(pool)  # type: ignore[arg-type]
+            await saver.setup()
+            compiled = graph.compile(checkpointer=saver)
+
+            async def pg_batch(count: int) -> None:
+                states = await asyncio.gather(*(
+                    compiled.ainvoke({"i": 0}, _config(n, uuid.uuid4().hex), durability="sync")
+                    for _ in range(count)))
+                for state in states:
+                    _check(state, i=n)
+
+            await concurrent_durable(em, p, "", pg_batch)
+    finally:
+        with psycopg.connect(base, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
 def s6(em: Emitter, p: dict[str, Any]) -> None:
     run_s6(em, import_stmt="import langgraph.graph",
            api_stmt="from langgraph.graph import StateGraph, START, END", cli=None,
@@ -239,9 +305,10 @@ def s6(em: Emitter, p: dict[str, Any]) -> None:
 def _version() -> str:
     return ", ".join(f"{name} {importlib.metadata.version(name)}" for name in
                      ("langgraph", "langgraph-checkpoint", "langgraph-checkpoint-sqlite",
-                      "aiosqlite"))
+                      "aiosqlite", "langgraph-checkpoint-postgres", "psycopg"))
 
 
 if __name__ == "__main__":
-    main(ENGINE, {"S1": s1, "S2": s2, "S3": s3, "S4": s4, "S5": s5, "S6": s6, "S7": s7},
+    main(ENGINE, {"S1": s1, "S2": s2, "S3": s3, "S4": s4, "S5": s5, "S6": s6, "S7": s7,
+                  "S8": s8},
          _version)

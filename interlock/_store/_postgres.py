@@ -177,6 +177,48 @@ WHERE run_id = %(run)s
 RETURNING 1
 """
 
+# Group commit: the appends of several runs in ONE statement (one transaction, one WAL
+# flush). ``b`` has an append per row (its ordinal ``i``, the seq before its records or
+# NULL when it has none, its summary), ``e`` the records, each with its append's ``i``.
+# An append whose run is missing or whose log does not end at ``prev`` is left out (and
+# reported); the others are stored. Two appends of one run never share a statement.
+_APPEND_MANY = """
+WITH b AS (
+    SELECT * FROM unnest(%(b_run)b::text[], %(b_prev)b::bigint[], %(b_status)b::text[],
+        %(b_updated_at)b::float8[], %(b_last_seq)b::bigint[], %(b_last_hash)b::text[],
+        %(b_steps)b::bigint[], %(b_tokens)b::bigint[], %(b_error)b::text[],
+        %(b_waiting)b::text[]) WITH ORDINALITY
+        AS b(run, prev, status, updated_at, last_seq, last_hash, steps, tokens, error,
+             waiting, i)
+), chk AS (
+    SELECT b.i, EXISTS (SELECT 1 FROM runs WHERE run_id = b.run) AS found,
+           (SELECT COALESCE(MAX(seq), 0) FROM records WHERE run_id = b.run) AS n
+    FROM b
+), ok AS (
+    SELECT b.* FROM b JOIN chk ON chk.i = b.i
+    WHERE chk.found AND (b.prev IS NULL OR chk.n = b.prev)
+), ins AS (
+    INSERT INTO records (run_id, seq, type, node, data, hash)
+    SELECT ok.run, u.seq, u.type, u.node, u.data, u.hash
+    FROM unnest(%(owners)b::bigint[], %(seqs)b::bigint[], %(types)b::text[],
+                %(nodes)b::text[], %(datas)b::text[], %(hashes)b::text[])
+         AS u(i, seq, type, node, data, hash)
+    JOIN ok ON ok.i = u.i
+    RETURNING 1
+), upd AS (
+    UPDATE runs SET status = ok.status, updated_at = ok.updated_at, last_seq = ok.last_seq,
+        last_hash = ok.last_hash, steps = ok.steps, tokens = ok.tokens, error = ok.error,
+        waiting = ok.waiting
+    FROM ok WHERE runs.run_id = ok.run
+    RETURNING ok.i
+)
+SELECT chk.i, chk.found, chk.n, chk.i IN (SELECT i FROM upd), (SELECT count(*) FROM ins)
+FROM chk ORDER BY chk.i
+"""
+
+# at most this many appends in one statement (a turn with more takes several)
+BATCH_MAX = 500
+
 _CLAIM = f"""
 UPDATE runs SET owner = %(owner)s, lease_until = {_NOW} + %(lease)s
 WHERE run_id = %(run)s AND (%(force)s OR owner IS NULL OR owner = %(owner)s
@@ -220,14 +262,19 @@ def _entry_arrays(entries: list[Entry]) -> dict[str, list[Any]]:
     }
 
 
+_Append = tuple[str, list[Entry], Summary, "asyncio.Future[None]"]
+
+
 class _Pool:
-    """A few connections of one event loop."""
+    """A few connections of one event loop, and its appends waiting for a commit."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, size: int) -> None:
         self.loop = loop
         self.idle: list[Conn] = []
         self.all: set[Conn] = set()
         self.slots = asyncio.Semaphore(size)
+        self.appends: list[_Append] = []
+        self.committer: asyncio.Task[None] | None = None
 
     def abandon(self) -> None:
         """Close every connection without awaiting (for a loop that is gone)."""
@@ -375,6 +422,9 @@ class PostgresStore(Store):
     async def close(self) -> None:
         """Close every connection (call it when no other task or loop uses the store)."""
         loop = asyncio.get_running_loop()
+        here = self._pools.get(loop)
+        if here is not None and here.committer is not None:
+            await asyncio.wait([here.committer])  # the appends queued are committed first
         pools, self._pools = self._pools, {}
         for pool in pools.values():
             if pool.loop is loop:
@@ -402,6 +452,108 @@ class PostgresStore(Store):
         await self._do(op)
 
     async def append(self, run_id: str, entries: list[Entry], summary: Summary) -> None:
+        """Queued for this loop's committer, which stores the appends queued by the time
+        it takes its turn in one statement (group commit); returns once committed."""
+        if entries:
+            check_first_seqs(run_id, entries[0].seq - 1, entries)
+        pool = self._here()
+        fut: asyncio.Future[None] = pool.loop.create_future()
+        pool.appends.append((run_id, list(entries), summary, fut))
+        if pool.committer is None:
+            pool.committer = pool.loop.create_task(self._commit_appends(pool))
+        await fut
+
+    async def _commit_appends(self, pool: _Pool) -> None:
+        """This loop's committer: while appends wait, one statement for a turn's worth
+        (at most `BATCH_MAX`, one append per run); each caller gets its own outcome."""
+        try:
+            while pool.appends:
+                turn: list[_Append] = []
+                rest: list[_Append] = []
+                runs: set[str] = set()
+                for item in pool.appends:
+                    if item[0] in runs or len(turn) >= BATCH_MAX:
+                        rest.append(item)  # a run's second append waits for the next turn
+                    else:
+                        runs.add(item[0])
+                        turn.append(item)
+                pool.appends = rest
+                if len(turn) == 1:
+                    outcomes = [await self._outcome(self._append_one(*turn[0][:3]))]
+                else:
+                    outcomes = await self._append_many(turn)
+                for (*_, fut), exc in zip(turn, outcomes, strict=True):
+                    if fut.done():
+                        continue  # its caller was cancelled (the append went on)
+                    if exc is None:
+                        fut.set_result(None)
+                    else:
+                        fut.set_exception(exc)
+        except BaseException as exc:  # cancelled with the loop, say: nobody waits in vain
+            for *_, fut in pool.appends:
+                if not fut.done():
+                    fut.set_exception(exc if isinstance(exc, Exception) else StoreError(
+                        f"PostgreSQL store {redact(self.url)}: the append was interrupted"))
+            pool.appends = []
+            raise
+        finally:
+            pool.committer = None
+
+    @staticmethod
+    async def _outcome(op: Awaitable[None]) -> Exception | None:
+        try:
+            await op
+        except Exception as exc:
+            return exc
+        return None
+
+    async def _append_many(self, turn: list[_Append]) -> list[Exception | None]:
+        """Several runs' appends in one statement. When it fails as a whole -- another
+        process wrote one of the seqs at the same moment -- each append is tried alone,
+        so the refused one fails and only it."""
+        owners: list[int] = []
+        batch: dict[str, list[Any]] = {k: [] for k in (
+            "b_run", "b_prev", "b_status", "b_updated_at", "b_last_seq", "b_last_hash",
+            "b_steps", "b_tokens", "b_error", "b_waiting")}
+        records: list[Entry] = []
+        for i, (run_id, entries, summary, _) in enumerate(turn, 1):
+            values = (run_id, entries[0].seq - 1 if entries else None,
+                      *summary_params(summary))
+            for column, value in zip(batch.values(), values, strict=True):
+                column.append(value)
+            owners += [i] * len(entries)
+            records += entries
+        params: dict[str, Any] = {**batch, **_entry_arrays(records), "owners": owners}
+
+        async def op(conn: Conn) -> list[tuple[Any, ...]] | None:
+            try:
+                cur = await conn.execute(_APPEND_MANY, params)
+            except pg_errors.UniqueViolation:
+                return None  # the statement was undone as a whole
+            return await cur.fetchall()
+
+        try:
+            found = await self._do(op)
+        except StoreError as exc:  # nothing of the turn was stored
+            return [exc] * len(turn)
+        if found is None:
+            return [await self._outcome(self._append_one(*item[:3])) for item in turn]
+        outcomes: list[Exception | None] = []
+        for (run_id, entries, _, _), (_, exists, last, updated, _) in zip(turn, found,
+                                                                          strict=True):
+            if updated:
+                outcomes.append(None)
+            elif not exists:
+                outcomes.append(RunNotFound(run_id))
+            else:
+                try:
+                    check_first_seqs(run_id, int(last), entries)
+                    raise ConflictError(f"run {run_id!r}: append was not applied")
+                except ConflictError as exc:
+                    outcomes.append(exc)
+        return outcomes
+
+    async def _append_one(self, run_id: str, entries: list[Entry], summary: Summary) -> None:
         status, updated_at, last_seq, last_hash, steps, tokens, error, waiting = (
             summary_params(summary))
         params: dict[str, Any] = {
@@ -411,7 +563,6 @@ class PostgresStore(Store):
         }
         if entries:
             first = entries[0].seq
-            check_first_seqs(run_id, first - 1, entries)
             params.update(_entry_arrays(entries), prev=first - 1)
 
         async def op(conn: Conn) -> None:
