@@ -93,16 +93,20 @@ def open_store_arg(store: str | Store | None) -> tuple[Store, bool]:
 
 async def drive(plan: Plan, store: Store, run_id: str, view: RunView, writer: L.LogWriter, *,
                 first: list[tuple[str, dict[str, Any]]] | None = None, force: bool = False,
-                listener: Listener | None = None) -> RunResult:
+                listener: Listener | None = None, owner: str | None = None) -> RunResult:
     """Claim the run, commit ``first`` (e.g. ``run.resumed``), execute, release.
 
+    ``owner``: the run was created claimed by it (`Workflow.run`), so there is no claim
+    to make. The last append (the run's end) gives the lease up in its transaction; the
+    release here is for a run that stops otherwise (waiting, an error of the store).
     The executor runs in the caller's task (`_execute`); a `_Watcher` keeps the lease
     alive and looks for a cancellation requested through the store (by `cancel`, from
     any process).
     """
-    owner = make_owner()
-    await store.claim(run_id, owner, LEASE_SECONDS, force=force)
-    journal = Journal(store, run_id, view, writer, listener)
+    if owner is None:
+        owner = make_owner()
+        await store.claim(run_id, owner, LEASE_SECONDS, force=force)
+    journal = Journal(store, run_id, view, writer, listener, owner=owner)
     runner = Runner(plan, journal, run_id, view)
     try:
         if first:
@@ -110,7 +114,8 @@ async def drive(plan: Plan, store: Store, run_id: str, view: RunView, writer: L.
         if view.status not in TERMINAL_STATUSES:
             await _execute(store, run_id, owner, runner)
     finally:
-        await store.release(run_id, owner)
+        if not journal.released:
+            await store.release(run_id, owner)
     return result_of(run_id, plan.spec.workflow, view)
 
 
@@ -198,7 +203,8 @@ class _Watcher:
                 self.runner.cancelled_by = request
                 self.cancelled = True
                 self.target.cancel()
-            if loop.time() >= self._next_beat:
+            if loop.time() >= self._next_beat and \
+                    self.runner.view.status not in TERMINAL_STATUSES:  # not released yet
                 await self.store.heartbeat(self.run_id, self.owner, LEASE_SECONDS)
                 self._next_beat = loop.time() + LEASE_SECONDS / 3
             await self.runner.sink.flush()  # a no-op unless records wait to be committed

@@ -576,6 +576,39 @@ asyncio.run(main())
 """
 
 
+def test_a_run_created_with_an_owner_is_claimed_by_it(store: Store) -> None:
+    async def main() -> None:
+        row, _, entries = new_row()
+        row.owner, row.lease_until = "host:1:first", time.time() + 30
+        await store.create_run(row, entries)
+        got = await store.get_run(row.run_id)
+        assert got.owner == "host:1:first"
+        assert got.lease_until is not None and got.lease_until > time.time() + 20
+        with pytest.raises(ClaimError):
+            await store.claim(row.run_id, "host:1:second", 30)
+
+    run(main)
+
+
+def test_an_append_with_release_gives_up_only_its_owners_lease(store: Store) -> None:
+    async def main() -> None:
+        row, w, entries = new_row()
+        await store.create_run(row, entries)
+        await store.claim(row.run_id, "host:1:me", 30)
+        _, more = log(1, w)
+        await store.append(row.run_id, more, summary_of(w), release="host:1:other")
+        assert (await store.get_run(row.run_id)).owner == "host:1:me"  # not theirs to give
+        _, last = log(1, w)
+        await store.append(row.run_id, last, summary_of(w, status="COMPLETED"),
+                           release="host:1:me")
+        got = await store.get_run(row.run_id)
+        assert (got.owner, got.lease_until, got.summary.status) == (None, None, "COMPLETED")
+        assert await store.entries(row.run_id) == entries + more + last
+        await store.claim(row.run_id, "host:1:next", 30)  # free for the next executor
+
+    run(main)
+
+
 @contextlib.asynccontextmanager
 async def one_turn(store: Store) -> AsyncIterator[None]:
     """Whatever is appended inside goes to the store's next turn together: a SQLite
@@ -655,6 +688,27 @@ def test_a_group_commit_with_a_missing_run_stores_the_others(store: Store) -> No
     run(main)
 
 
+def test_a_taken_run_id_in_a_group_commit_fails_only_its_creator(store: Store) -> None:
+    async def main() -> None:
+        taken, w, first = new_row()
+        await store.create_run(taken, first)
+        fresh, _, fresh_entries = new_row()
+        again, _, again_entries = new_row(taken.run_id)
+        _, more = log(2, w)
+        async with one_turn(store):
+            outcomes = await asyncio.gather(
+                store.create_run(fresh, fresh_entries),
+                store.create_run(again, again_entries),
+                store.append(taken.run_id, more, summary_of(w)),
+                return_exceptions=True)
+        assert outcomes[0] is None and isinstance(outcomes[1], RunExists) \
+            and outcomes[2] is None
+        assert await store.entries(fresh.run_id) == fresh_entries
+        assert await store.entries(taken.run_id) == first + more
+
+    run(main)
+
+
 class _BatchSpy:
     """Counts the appends of each transaction with more than one (SQLite, PostgreSQL)."""
 
@@ -673,13 +727,13 @@ class _BatchSpy:
 
             store._together = counting  # type: ignore[method-assign]
         elif not isinstance(store, MemoryStore):
-            inner_pg = store._append_many  # type: ignore[attr-defined]
+            inner_pg = store._write_many  # type: ignore[attr-defined]
 
             async def counting_pg(turn: list[Any]) -> Any:
                 spy.turns.append(len(turn))
                 return await inner_pg(turn)
 
-            store._append_many = counting_pg  # type: ignore[attr-defined]
+            store._write_many = counting_pg  # type: ignore[attr-defined]
         return spy
 
 

@@ -14,6 +14,7 @@ measurement cannot be made here, or ``{..., "error": MESSAGE}`` when it failed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import json
 import os
@@ -21,7 +22,7 @@ import resource
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -230,6 +231,28 @@ def pg_schema(url: str, schema: str) -> str:
     """``url`` with ``schema`` first on its search_path (a libpq ``options`` parameter)."""
     sep = "&" if "?" in url else "?"
     return f"{url}{sep}options=-csearch_path%3D{schema}"
+
+
+@contextlib.contextmanager
+def fresh_pg_schema(em: Emitter, engine: str) -> Iterator[str | None]:
+    """S8: a URL whose tables go in a new schema on `bench_postgres`'s server (dropped
+    afterwards), or None (and the job's ``skipped`` line) without a server. psycopg is
+    in both venvs (interlock's postgres extra; LangGraph's Postgres saver)."""
+    base = bench_postgres()
+    if base is None:
+        em.skipped("*", "no PostgreSQL: set $INTERLOCK_BENCH_POSTGRES (see bench/README.md)")
+        yield None
+        return
+    import psycopg
+
+    schema = f"{engine}_s8_{os.getpid()}"
+    with psycopg.connect(base, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+    try:
+        yield pg_schema(base, schema)
+    finally:
+        with psycopg.connect(base, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA {schema} CASCADE")
 
 
 async def concurrent_durable(em: Emitter, p: dict[str, Any], suffix: str,

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import os
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -23,19 +23,18 @@ from _common import (
     ITEM,
     SLEEP_S,
     Emitter,
-    bench_postgres,
     concurrent_durable,
     concurrent_runs,
     db_size_kb,
+    fresh_pg_schema,
     main,
     per_step_trials,
-    pg_schema,
     run_s6,
     trials,
 )
 
 import interlock
-from interlock._store import StoreError, open_store
+from interlock._store import StoreError
 
 ENGINE = "interlock"
 
@@ -172,8 +171,9 @@ async def durable(em: Emitter, p: dict[str, Any], make: Callable[[int], interloc
                   sync_full: bool = True) -> None:
     """S5/S7: runs against interlock's SQLite store, a fresh database file per trial.
 
-    The store is opened (connection made, schema created) before the clock starts and
-    closed after it stops, as LangGraph's saver is; the size is taken after the close.
+    Timed: ``await wf.run(..., store="sqlite:///...")``, which opens the store (makes
+    the file and its schema) and closes it; LangGraph's saver is likewise connected
+    inside the clock. The size is taken after the close.
     The warm-up runs the same graph with ``warmup_n`` steps (a long durable warm-up
     only costs time).
     """
@@ -191,17 +191,14 @@ async def durable(em: Emitter, p: dict[str, Any], make: Callable[[int], interloc
         nonlocal k
         k += 1
         path = tmp / f"run{k}.db"
-        store = open_store(f"sqlite:///{path}{query}")
-        try:
-            # connect and create the schema, untimed (a store reads no file that is not
-            # there: an empty one is made a store on first use)
-            path.touch()
-            await store.list_runs()
-            c0, t0 = time.process_time(), time.perf_counter()
-            result = await w.run({"i": 0}, store=store)
-            dt, cpu = time.perf_counter() - t0, time.process_time() - c0
-        finally:
-            await store.close()
+        # as a user writes it: the run opens the store (a new file: its schema made too)
+        # and gives it back; its close ends on the store's thread, after the clock
+        c0, t0 = time.process_time(), time.perf_counter()
+        result = await w.run({"i": 0}, store=f"sqlite:///{path}{query}")
+        dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+        for thread in threading.enumerate():  # the size once the store is closed
+            if thread.name.startswith("interlock-sqlite"):
+                thread.join()
         _check(result, **expect(steps))
         return dt, cpu, db_size_kb(path)
 
@@ -259,26 +256,17 @@ async def s8(em: Emitter, p: dict[str, Any]) -> None:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         return
-    base = bench_postgres()
-    if base is None:
-        em.skipped("*", "no PostgreSQL: set $INTERLOCK_BENCH_POSTGRES (see bench/README.md)")
-        return
-    import psycopg
+    with fresh_pg_schema(em, "interlock") as url:
+        if url is None:
+            return
+        pg_url = url
 
-    schema = f"interlock_s8_{os.getpid()}"
-    with psycopg.connect(base, autocommit=True) as conn:
-        conn.execute(f"CREATE SCHEMA {schema}")
-    url = pg_schema(base, schema)
-    try:
         async def pg_batch(count: int) -> None:
-            for r in await asyncio.gather(*(wf.run({"i": 0}, store=url)
+            for r in await asyncio.gather(*(wf.run({"i": 0}, store=pg_url)
                                             for _ in range(count))):
                 _check(r, i=n)
 
         await concurrent_durable(em, p, "", pg_batch)
-    finally:
-        with psycopg.connect(base, autocommit=True) as conn:
-            conn.execute(f"DROP SCHEMA {schema} CASCADE")
 
 
 def s6(em: Emitter, p: dict[str, Any]) -> None:

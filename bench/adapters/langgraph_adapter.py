@@ -15,7 +15,6 @@ import asyncio
 import importlib.metadata
 import itertools
 import operator
-import os
 import shutil
 import tempfile
 import time
@@ -24,17 +23,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
+import aiosqlite
 from _common import (
     ITEM,
     SLEEP_S,
     Emitter,
-    bench_postgres,
     concurrent_durable,
     concurrent_runs,
     db_size_kb,
+    fresh_pg_schema,
     main,
     per_step_trials,
-    pg_schema,
     run_s6,
     trials,
 )
@@ -187,9 +186,9 @@ async def s4(em: Emitter, p: dict[str, Any]) -> None:
 async def durable(em: Emitter, p: dict[str, Any], make: Callable[[int], StateGraph],
                   metric: str, expect: Callable[[int], dict[str, Any]]) -> None:
     """S5/S7: AsyncSqliteSaver with durability="sync" (each step's checkpoint is written
-    before the next step starts), a fresh database file per trial. The saver is opened
-    and set up before the clock starts and closed after it stops; the size is taken
-    after the close. The warm-up runs the same graph with ``warmup_n`` steps."""
+    before the next step starts), a fresh database file per trial. Timed: connecting
+    the saver (its tables made on first use) and the run; the close after the clock;
+    the size after the close. The warm-up runs the same graph with ``warmup_n`` steps."""
     n = p["n"]
     g, warm = make(n), make(p.get("warmup_n", n))
     tmp = Path(tempfile.mkdtemp(prefix="langgraph-bench-"))
@@ -199,13 +198,18 @@ async def durable(em: Emitter, p: dict[str, Any], make: Callable[[int], StateGra
         nonlocal k
         k += 1
         path = tmp / f"run{k}.db"
-        async with AsyncSqliteSaver.from_conn_string(str(path)) as saver:
-            await saver.setup()
-            compiled = graph.compile(checkpointer=saver)
-            cfg = _config(steps, uuid.uuid4().hex)
-            c0, t0 = time.process_time(), time.perf_counter()
-            state = await compiled.ainvoke({"i": 0}, cfg, durability="sync")
-            dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+        # the connection is made (and the saver sets its tables up, on first use) inside
+        # the clock, as interlock's store is opened inside its; the graph is compiled
+        # with the saver before (interlock's workflow is compiled before too)
+        conn = aiosqlite.connect(str(path))
+        saver = AsyncSqliteSaver(conn)
+        compiled = graph.compile(checkpointer=saver)
+        cfg = _config(steps, uuid.uuid4().hex)
+        c0, t0 = time.process_time(), time.perf_counter()
+        await conn
+        state = await compiled.ainvoke({"i": 0}, cfg, durability="sync")
+        dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+        await conn.close()
         _check(state, **expect(steps))
         return dt, cpu, db_size_kb(path)
 
@@ -260,21 +264,15 @@ async def s8(em: Emitter, p: dict[str, Any]) -> None:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         return
-    base = bench_postgres()
-    if base is None:
-        em.skipped("*", "no PostgreSQL: set $INTERLOCK_BENCH_POSTGRES (see bench/README.md)")
-        return
-    import psycopg
     from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
     from psycopg.rows import dict_row
     from psycopg_pool import AsyncConnectionPool
 
-    schema = f"langgraph_s8_{os.getpid()}"
-    with psycopg.connect(base, autocommit=True) as conn:
-        conn.execute(f"CREATE SCHEMA {schema}")
-    try:
+    with fresh_pg_schema(em, "langgraph") as url:
+        if url is None:
+            return
         async with AsyncConnectionPool(
-                pg_schema(base, schema), max_size=10, open=False,
+                url, max_size=10, open=False,
                 kwargs={"autocommit": True, "prepare_threshold": 0,
                         "row_factory": dict_row}) as pool:
             saver = AsyncPostgresSaver(pool)  # type: ignore[arg-type]
@@ -289,9 +287,6 @@ async def s8(em: Emitter, p: dict[str, Any]) -> None:
                     _check(state, i=n)
 
             await concurrent_durable(em, p, "", pg_batch)
-    finally:
-        with psycopg.connect(base, autocommit=True) as conn:
-            conn.execute(f"DROP SCHEMA {schema} CASCADE")
 
 
 def s6(em: Emitter, p: dict[str, Any]) -> None:

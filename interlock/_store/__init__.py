@@ -124,4 +124,6 @@ async def release_store(store: Store) -> None:
     del _BY_STORE[id(store)]
     if _SHARED.get(entry.key) is entry:
         del _SHARED[entry.key]
-    await store.close()
+    # every write of its users is committed: what closing does after that (SQLite's copy
+    # of its WAL into the file, with an fsync) need not hold up the last of them
+    await store.close_soon()

@@ -6,12 +6,13 @@ wait. The store binds to no event loop, so it can be used from successive
 ``asyncio.run`` calls.
 
 Durability. The file is in WAL mode. Each ``create_run`` / ``append`` / claim is
-one ``BEGIN IMMEDIATE`` ... ``COMMIT`` transaction, committed before the
-coroutine returns. With the default ``synchronous=NORMAL`` a committed
-transaction survives the process being killed at any point; a power loss or OS
-crash may lose the last few commits (never corrupting the file). Add
-``?synchronous=full`` to the URL to fsync the WAL on every commit and survive
-power loss too (about 4x slower commits)::
+committed in a ``BEGIN IMMEDIATE`` ... ``COMMIT`` transaction before the coroutine
+returns: its own, or -- group commit -- the one its writer's turn runs the writes
+queued with it in, each under a savepoint (a refused one fails alone; see `_Writer`).
+With the default ``synchronous=NORMAL`` a committed transaction survives the process
+being killed at any point; a power loss or OS crash may lose the last few commits
+(never corrupting the file). Add ``?synchronous=full`` to the URL to fsync the WAL on
+every commit and survive power loss too (about 4x slower commits)::
 
     sqlite:///.interlock/runs.db?synchronous=full
 
@@ -19,7 +20,8 @@ Checkpoints. SQLite copies the WAL back into the database file now and then (a
 checkpoint, with an fsync of each file). By default the connection that commits does
 it, every 1000 pages, inside that commit: a step in twenty or so paid for all of them.
 Here the writer's connection does not checkpoint (``wal_autocheckpoint = 0``); a second
-thread with its own connection runs ``PRAGMA wal_checkpoint(PASSIVE)`` every
+thread (started by the first request) with its own connection runs
+``PRAGMA wal_checkpoint(PASSIVE)`` every
 `CHECKPOINT_EVERY` jobs or `CHECKPOINT_BYTES` of records, which does not block the
 writer -- SQLite's advice for a busy writer. If that thread cannot work, the writer
 goes back to SQLite's automatic checkpoints.
@@ -45,6 +47,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import logging
 import queue
 import sqlite3
 import threading
@@ -316,6 +319,7 @@ class _Writer:
         self._guard = threading.Lock()
         self._stopped = False
         self._batch = batch
+        self._last: Callable[[], None] | None = None  # run before the thread ends
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
         self._thread.start()
         _WRITERS.add(self)
@@ -326,6 +330,17 @@ class _Writer:
             if self._stopped:
                 raise StoreError("the SQLite store was closed while this call was being made")
             self._jobs.put((loop, fut, fn, args))
+
+    def close_with(self, last: Callable[[], None]) -> None:
+        """Run ``last`` after the queued jobs, then end the thread, without waiting; the
+        thread stays in `_WRITERS` until it ends, so that the process waits for it at
+        exit."""
+        with self._guard:
+            if self._stopped:
+                return
+            self._stopped = True
+            self._last = last
+            self._jobs.put(None)
 
     def stop(self) -> None:
         """Let the queued jobs finish, then end the thread (idempotent)."""
@@ -349,6 +364,7 @@ class _Writer:
             while i < n:
                 job = turn[i]
                 if job is None:
+                    self._end()
                     return
                 outcomes: list[_Outcome]
                 if job[2] is not None:  # one job on its own
@@ -369,6 +385,15 @@ class _Writer:
                                 for g, (result, exc) in zip(group, done, strict=True)]
                 self._hand_back(group, outcomes)
                 del job, group, outcomes
+
+    def _end(self) -> None:
+        last, self._last = self._last, None
+        if last is not None:
+            try:
+                last()
+            except Exception:  # nobody waits for it: keep the reason in the log
+                logging.getLogger("interlock").exception("closing the SQLite store failed")
+            _WRITERS.discard(self)
 
     @staticmethod
     def _hand_back(group: list[_Job], outcomes: list[_Outcome]) -> None:
@@ -400,17 +425,19 @@ class _Checkpointer:
         self._stopped = False
         self.failed: str | None = None
         self.ran = threading.Event()  # set after each checkpoint (for whoever waits on one)
+        # started by the first request: a short-lived store (one short run) starts none
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
-        self._thread.start()
 
     def request(self) -> None:
+        if not self._thread.is_alive() and not self._stopped:
+            self._thread.start()
         self._wake.set()
 
     def stop(self) -> None:
         """End the thread, closing its connection (idempotent)."""
         self._stopped = True
         self._wake.set()
-        if threading.current_thread() is not self._thread:
+        if self._thread.ident is not None and threading.current_thread() is not self._thread:
             self._thread.join()
 
     def _main(self) -> None:
@@ -441,6 +468,8 @@ def _stop_writers() -> None:
 
 
 class SQLiteStore(Store):
+    leases_in_writes = True
+
     def __init__(self, url: str) -> None:
         self.url = url
         path, self._synchronous, self._busy_ms = parse_sqlite_url(url)
@@ -512,7 +541,8 @@ class SQLiteStore(Store):
 
     def _open(self) -> sqlite3.Connection:
         path = self.path
-        if path.exists():
+        fresh = not path.exists() or path.stat().st_size == 0  # no database in it yet
+        if not fresh:
             self._inspect(path)
         else:
             try:
@@ -527,6 +557,12 @@ class SQLiteStore(Store):
             raise StoreError(f"cannot open the SQLite store {path}: {exc}") from None
         try:
             conn.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
+            if fresh:
+                # Turning a new, empty file to WAL is a rollback-journal transaction:
+                # with SQLite's default synchronous=FULL, four fsyncs (~half the cost of
+                # opening a new store here) to make an empty file durable. A crash in it
+                # leaves an empty file; the schema below is committed as configured.
+                conn.execute("PRAGMA synchronous = OFF")
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute(f"PRAGMA synchronous = {self._synchronous.upper()}")
             conn.execute("BEGIN IMMEDIATE")
@@ -628,6 +664,16 @@ class SQLiteStore(Store):
         finally:
             writer.stop()  # the thread ends right after closing the connection
 
+    async def close_soon(self) -> None:
+        """`close` without waiting: the writer thread closes the connection after the jobs
+        queued (SQLite then copies the WAL into the file, with an fsync) and ends; at exit
+        the process waits for it (`_stop_writers`)."""
+        with self._lock:
+            writer, self._writer = self._writer, None
+        if writer is None:
+            return
+        writer.close_with(self._close_conn)
+
     def _close_conn(self) -> None:
         # the checkpointer's connection first: the last one to close checkpoints the
         # whole WAL into the file and removes it
@@ -665,7 +711,7 @@ class SQLiteStore(Store):
             raise ConflictError(f"run {row.run_id!r}: {exc}") from None
 
     def _append_in(self, conn: sqlite3.Connection, run_id: str, entries: list[Entry],
-                   summary: Summary) -> None:
+                   summary: Summary, release: str | None) -> None:
         rows = self._rows(run_id, entries)
         params = summary_params(summary)  # params[0] is the status
         prev = entries[0].seq - 1 if entries else None
@@ -682,6 +728,8 @@ class SQLiteStore(Store):
             except sqlite3.IntegrityError as exc:
                 raise ConflictError(f"run {run_id!r}: {exc}; another writer got there "
                                     "first") from None
+        if release is not None:
+            self._release(conn, run_id, release)
 
     def _write_batch(self, batch: list[tuple[Any, ...]]
                      ) -> list[tuple[Any, BaseException | None]]:
@@ -801,8 +849,9 @@ class SQLiteStore(Store):
         check_first_seqs(row.run_id, 0, entries)
         await self._write(self._create_in, row, list(entries))
 
-    async def append(self, run_id: str, entries: list[Entry], summary: Summary) -> None:
-        await self._write(self._append_in, run_id, list(entries), summary)
+    async def append(self, run_id: str, entries: list[Entry], summary: Summary,
+                     release: str | None = None) -> None:
+        await self._write(self._append_in, run_id, list(entries), summary, release)
 
     def _absent(self) -> bool:
         """No file yet (and none opened): a read answers from that, without creating one --
