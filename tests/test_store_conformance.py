@@ -709,6 +709,53 @@ def test_a_taken_run_id_in_a_group_commit_fails_only_its_creator(store: Store) -
     run(main)
 
 
+def _insert_stray_record(url: str, run_id: str) -> None:
+    """A record row of a run that has no row (what a deleted run leaves behind), written
+    behind the store's back."""
+    values = (run_id, 1, "run.started", None, "{}", "00" * 32)
+    if url.startswith("sqlite"):
+        conn = sqlite3.connect(url[len("sqlite:///"):])
+        with conn:
+            conn.execute("INSERT INTO records VALUES (?, ?, ?, ?, ?, ?)", values)
+        conn.close()
+        return
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as pg:
+        pg.execute("INSERT INTO records VALUES (%s, %s, %s, %s, %s, %s)", values)
+
+
+def test_a_write_that_fails_the_whole_statement_is_retried_alone(durable_url: str) -> None:
+    """A new run whose id has leftover records fails its turn's statement as a whole
+    (PostgreSQL: a unique violation; SQLite: its savepoint); the turn's other writes are
+    stored all the same and only its creator gets the error."""
+    async def main() -> None:
+        store = open_store(durable_url)
+        try:
+            row, w, first = new_row()
+            await store.create_run(row, first)  # the schema exists now
+            stray, _, stray_entries = new_row()
+            _insert_stray_record(durable_url, stray.run_id)
+            fresh, _, fresh_entries = new_row()
+            _, more = log(2, w)
+            async with one_turn(store):
+                outcomes = await asyncio.gather(
+                    store.create_run(stray, stray_entries),
+                    store.append(row.run_id, more, summary_of(w)),
+                    store.create_run(fresh, fresh_entries),
+                    return_exceptions=True)
+            assert isinstance(outcomes[0], ConflictError), outcomes
+            assert outcomes[1:] == [None, None]
+            assert await store.entries(row.run_id) == first + more
+            assert await store.entries(fresh.run_id) == fresh_entries
+            with pytest.raises(RunNotFound):
+                await store.get_run(stray.run_id)
+        finally:
+            await store.close()
+
+    run(main)
+
+
 class _BatchSpy:
     """Counts the appends of each transaction with more than one (SQLite, PostgreSQL)."""
 
