@@ -58,7 +58,7 @@ NOT_COVERED = {"pydantic-graph": "not measured for pydantic-graph: the issue's t
 COLUMNS = {"langgraph": ("langgraph", "ratio il/lg"),
            "pydantic-graph": ("pydantic-graph", "ratio il/pg"),
            "floor": ("floor", "ratio il/floor")}
-SCENARIOS = ("S1", "S2", "S3", "S4", "S5", "S6", "S7", "S8")
+SCENARIOS = ("S1", "S2", "S3", "S4", "S5", "S6", "S7", "S8", "S9")
 
 # metrics where a higher value is better (for the rest, lower is better)
 HIGHER_IS_BETTER = {"runs_per_s", "overlap"}
@@ -121,6 +121,7 @@ def plan(quick: bool) -> list[Job]:
                    "warmup": 1, "warmup_runs": 50, "trials": t(3, 2)}),
         Job("S8", {"backend": "postgres", "n": 10, "runs": 200, "label": "postgres 200x10",
                    "warmup": 1, "warmup_runs": 50, "trials": t(3, 2)}),
+        Job("S9", {"n": 1000, "warmup": 1, "trials": t(7, 3)}),
     ]
     return jobs
 

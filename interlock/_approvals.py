@@ -167,8 +167,13 @@ def check_patch(spec: WorkflowSpec, view: RunView, patch: dict[str, Any]) -> Non
     known = known_fields(spec, view)
     unknown = sorted(k for k in patch if k not in known)
     if unknown:
+        example = unknown[0]
         raise UsageError(f"the patch names field(s) the workflow does not know: "
-                         f"{', '.join(unknown)}; known fields: {', '.join(sorted(known))}")
+                         f"{', '.join(unknown)}; known fields: {', '.join(sorted(known))}. "
+                         "A patch may set a field the workflow declares: to add one, "
+                         f"declare it in the workflow file (state: {{{example}: {{}}}}, or "
+                         f"in input: or a node's writes:) and start a new run -- a run "
+                         "keeps the definition it started with")
     check_data(patch, "the patch")  # its depth, before it is converted
     plain = L.to_json_value(patch)
     check_data(None, "the patch", len(L.dumps(plain)))

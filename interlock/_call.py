@@ -47,7 +47,8 @@ class NodeCall:
         self.sink = sink
         self.run_id = run_id
         self.budget = Budget(plan, view, run_id)
-        self.stopped: set[tuple[str, int]] = set()  # visits recorded as cancelled
+        # visits (and mapped nodes' items) recorded as cancelled
+        self.stopped: set[tuple[str, int, int | None]] = set()
         self._pool: ProcessPool | None = None  # started by the first isolation: process node
         # a guard stack for each kind of node the plan has, by `PlanNode.guards`
         self.stacks: list[Call | None] = [None] * GUARD_KINDS
@@ -77,11 +78,13 @@ class NodeCall:
             call = Retry(call, self.begin, self._failures, self.sink).__call__
         return call
 
-    def begin(self, pn: PlanNode, visit: int, attempt: int) -> Attempt:
-        """An attempt, with the state the node reads as it is now."""
+    def begin(self, pn: PlanNode, visit: int, attempt: int, item: int | None = None
+              ) -> Attempt:
+        """An attempt, with the state the node reads as it is now (and, for an ``item``
+        of a mapped node's visit, the item under the map's ``as``)."""
         state = dict(self.view.state) if pn.reads is None else scoped(self.view.state, pn.reads)
         # a context only for a body that can use it (tokens, effects, confirmations)
-        ctx = Context(self, pn.name, visit, attempt) if pn.needs_ctx else None
+        ctx = Context(self, pn.name, visit, attempt, item) if pn.needs_ctx else None
         # `Attempt(pn, visit, attempt, state, ctx, perf_counter())` without its
         # ``__init__`` (a Python call per attempt): a bare instance, its slots stored here
         a = _new_attempt(Attempt)
@@ -90,6 +93,10 @@ class NodeCall:
         a.number = attempt
         a.state = state
         a.ctx = ctx
+        a.item = item
+        if item is not None:
+            assert pn.mapped is not None
+            state[pn.mapped.spec.item_name] = self.view.maps[(pn.name, visit)].items[item]
         a.t0 = perf_counter()
         return a
 
@@ -100,7 +107,10 @@ class NodeCall:
             await self.sink.commit([R.node_started(pn.name, visit, attempt)])
         return await self.stack(pn)(self.begin(pn, visit, attempt))
 
-    def _failures(self, node: str, visit: int) -> int | None:
+    def _failures(self, node: str, visit: int, item: int | None) -> int | None:
+        if item is not None:
+            running = self.view.maps[(node, visit)].running.get(item)
+            return running.failures if running is not None else None
         running = self.view.running.get((node, visit))
         return running.failures if running is not None else None
 
@@ -114,16 +124,18 @@ class NodeCall:
             await self._pool.close()
 
     def _stopped_attempt(self, a: Attempt) -> None:
-        self.stop(a.pn.name, a.visit, a.number, a.ctx)
+        self.stop(a.pn.name, a.visit, a.number, a.ctx, a.item)
 
-    def stop(self, node: str, visit: int, attempt: int | None, ctx: Context | None) -> None:
-        """Stage ``node.failed`` (cancelled) for a visit the run stopped, with the tokens it
-        had spent and not yet recorded; it runs again on resume."""
-        if (node, visit) in self.stopped:
+    def stop(self, node: str, visit: int, attempt: int | None, ctx: Context | None,
+             item: int | None = None) -> None:
+        """Stage ``node.failed`` (cancelled) for a visit (or an item of a mapped node's)
+        the run stopped, with the tokens it had spent and not yet recorded; it runs again
+        on resume."""
+        if (node, visit, item) in self.stopped:
             return
-        self.stopped.add((node, visit))
+        self.stopped.add((node, visit, item))
         tokens = ctx.tokens if ctx is not None else 0  # the attempt's, as a record has them
-        self.sink.add(R.node_cancelled(node, visit, attempt, tokens))
+        self.sink.add(R.node_cancelled(node, visit, attempt, tokens, item))
 
     # -- what a node returned ------------------------------------------------------------
 
@@ -183,7 +195,7 @@ class NodeCall:
         self.budget.charge(ctx, n)
 
     def recorded_effect(self, ctx: Context, key: str) -> tuple[bool, Any]:
-        k = (ctx.node, ctx.visit, key)
+        k = (ctx.node, ctx.visit, key if ctx.item_index is None else (ctx.item_index, key))
         if k in self.view.effects:
             return True, self.view.effects[k]
         return False, None
@@ -193,7 +205,7 @@ class NodeCall:
         # spent on it (and, unrecorded, before it in this attempt): committed with it
         tokens = ctx.spent.take_unsaved()
         await self.sink.commit([R.effect_recorded(ctx.node, ctx.visit, ctx.attempt, key,
-                                                  value, tokens)])
+                                                  value, tokens, ctx.item_index)])
         return value
 
     async def log_record(self, ctx: Context, rtype: str, fields: Mapping[str, Any]) -> None:
@@ -203,13 +215,19 @@ class NodeCall:
                              f"{', '.join(sorted(_ENGINE_NAMESPACES))}")
         data = dict(L.to_json_value(dict(fields)))
         data.update(node=ctx.node, visit=ctx.visit, attempt=ctx.attempt)
+        if ctx.item_index is not None:
+            data["item"] = ctx.item_index
         await self.sink.commit([(rtype, data)])
 
     def confirmation(self, ctx: Context, key: str) -> str | None:
         return self.view.confirmations.get((ctx.node, ctx.visit, key))
 
+    def node_args(self, node: str) -> Mapping[str, Any]:
+        return self.plan.nodes[node].args
+
     def effect_keys(self, node: str) -> list[str]:
-        return [key for n, _, key in self.view.effects if n == node]
+        return [key if isinstance(key, str) else key[1]
+                for n, _, key in self.view.effects if n == node]
 
 
 _new_attempt = object.__new__

@@ -42,5 +42,5 @@ def compile_spec(spec: WorkflowSpec, callables: Mapping[str, Callable[..., Any]]
 def reading_plan(spec: WorkflowSpec) -> Plan:
     """The graph for reading stored runs: expressions compiled, nothing imported."""
     exprs = {src: compile_expression(src) for e in spec.edges
-             for src in (e.when, e.switch) if src is not None}
+             for src in (e.when, e.switch, e.map) if src is not None}
     return build_plan(spec, callables={}, expressions=exprs, kinds=NODE_KINDS)

@@ -43,6 +43,9 @@ class Port(Protocol):
     def effect_keys(self, node: str) -> Iterable[str]:
         """The keys of every effect ``node`` recorded in this run (every visit)."""
 
+    def node_args(self, node: str) -> Mapping[str, Any]:
+        """The ``args:`` ``node`` declares (read-only; empty when it declares none)."""
+
 
 class PauseRequested(BaseException):
     """Raised by `Context.confirm` to suspend the node until a human decides.
@@ -98,26 +101,37 @@ class Context:
 
     ``idempotency_key`` is the same for every attempt of one visit of a node --
     retries and re-runs after a crash -- and differs between visits (loop
-    iterations): use it as the key of an external side effect.
+    iterations) and between the items of a mapped node (``item_index``): use it as the
+    key of an external side effect.
     """
 
-    __slots__ = ("_port", "attempt", "config", "idempotency_key", "node", "run_id", "spent",
-                 "visit")
+    __slots__ = ("_port", "attempt", "config", "idempotency_key", "item_index", "node",
+                 "run_id", "spent", "visit")
 
-    def __init__(self, port: Port, node: str, visit: int, attempt: int) -> None:
+    def __init__(self, port: Port, node: str, visit: int, attempt: int,
+                 item_index: int | None = None) -> None:
         self._port = port
         self.run_id: str = port.run_id
         self.node = node
         self.visit = visit
         self.attempt = attempt
+        # a mapped node's item (SPEC §7 map): its index in the list, from 0; None otherwise
+        self.item_index = item_index
         self.config: Mapping[str, Any] = port.config
-        self.idempotency_key = f"{port.run_id}:{node}:{visit}"
+        self.idempotency_key = f"{port.run_id}:{node}:{visit}" if item_index is None \
+            else f"{port.run_id}:{node}:{visit}:{item_index}"
         self.spent = Tally()  # what this attempt spent: the budget's to write
 
     @property
     def tokens(self) -> int:
         """Tokens this attempt has recorded so far."""
         return self.spent.tokens
+
+    @property
+    def args(self) -> Mapping[str, Any]:
+        """The node's ``args:`` (read-only; empty when it declares none): one function
+        can serve several nodes, each with its own parameters."""
+        return self._port.node_args(self.node)
 
     def record_tokens(self, n: int) -> None:
         """Charge ``n`` tokens (an LLM call's usage) to this node and to the run's budget.

@@ -51,7 +51,7 @@ from typing import Any, NamedTuple
 
 from . import _log as L
 from ._errors import InternalError
-from ._model import END
+from ._model import END, ERROR_FIELD
 from ._plan import Plan, PlanEdge, Port
 from ._state import merge_update
 
@@ -75,6 +75,16 @@ class Visit:
     tokens: int = 0  # recorded so far by all its attempts (a node's `tokens:` is per visit)
     failures: int = 0  # attempts that failed (what `retry.attempts` counts)
     effect_tokens: int = 0  # of the current attempt's, those its effects' records carried
+
+
+@dataclass(slots=True)
+class MapRun:
+    """A mapped node's visit (SPEC §7): its items, the update of each item completed so
+    far (merged, or collected, when the last one completes), the item visits running."""
+
+    items: list[Any]
+    done: dict[int, dict[str, Any]] = field(default_factory=dict)
+    running: dict[int, Visit] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -132,7 +142,12 @@ class RunView:
     error: dict[str, Any] | None = None
     waiting: dict[str, Any] | None = None
     writers: dict[str, Writer] = field(default_factory=dict)
-    effects: dict[tuple[str, int, str], Any] = field(default_factory=dict)
+    # a `ctx.once` result by (node, visit, key) -- key (item, key) for a mapped node's item
+    effects: dict[tuple[str, int, Any], Any] = field(default_factory=dict)
+    # mapped nodes' visits (SPEC §7 map) by (node, visit), and the item lists of map
+    # edges taken, by target, until its visit starts
+    maps: dict[tuple[str, int], MapRun] = field(default_factory=dict)
+    map_items: dict[str, deque[list[Any]]] = field(default_factory=dict)
     # human gates (approval nodes and confirm: true), by visit; see `Gate`
     gates: dict[tuple[str, int], Gate] = field(default_factory=dict)
     confirmations: dict[tuple[str, int, str], str] = field(default_factory=dict)
@@ -164,6 +179,9 @@ class RunView:
 
     def _on_run_started(self, rec: L.Record) -> None:
         self.state = dict(rec.get("input") or {})
+        defaults = rec.get("defaults")  # what declared fields start as (SPEC §7)
+        if defaults:
+            self.state.update(defaults)
         self.config = dict(rec.get("config") or {})
         self.limits = dict(rec.get("limits") or {})
         self.status = "RUNNING"
@@ -180,6 +198,9 @@ class RunView:
 
     def _on_node_started(self, rec: L.Record) -> None:
         node, visit = key = rec["node"], rec["visit"]
+        if self.maps and "item" in rec:
+            self._on_item_started(rec)
+            return
         if key in self.running:  # a retry, a re-run, or a confirmed node's body starting
             self.running[key].attempt = rec.get("attempt", 1)
             self.running[key].effect_tokens = 0
@@ -198,10 +219,71 @@ class RunView:
             self.started[node] = visit
         self.steps += 1
         self.running[key] = Visit(node, visit, rec.get("attempt", 1), rec["seq"])
+        if self.map_items:
+            queue = self.map_items.get(node)
+            if queue:  # a mapped node's visit: its items are its steps, not the visit
+                self.maps[key] = MapRun(queue.popleft())
+                self.steps -= 1
+
+    # -- the items of a mapped node's visit (records with an ``item``) -------------------
+
+    def _on_item_started(self, rec: L.Record) -> None:
+        m = self.maps[(rec["node"], rec["visit"])]
+        item = rec["item"]
+        v = m.running.get(item)
+        if v is None:
+            self.steps += 1  # each item is a step
+            m.running[item] = Visit(rec["node"], rec["visit"], rec.get("attempt", 1),
+                                    rec["seq"])
+            return
+        v.attempt = rec.get("attempt", 1)  # a retry, or a re-run after a resume
+        v.effect_tokens = 0
+        if self.status == "RETRYING":
+            self.status = "RUNNING"
+
+    def _on_item_completed(self, rec: L.Record) -> None:
+        node, visit, item = rec["node"], rec["visit"], rec["item"]
+        m = self.maps[(node, visit)]
+        v = m.running.pop(item, None)
+        m.done[item] = rec.get("update") or {}
+        tokens = rec.get("tokens") or 0
+        if v is not None:
+            tokens = max(0, tokens - v.effect_tokens)
+        self._spend(node, visit, tokens)
+
+    def _merge_items(self, node: str, m: MapRun, seq: int) -> None:
+        """A mapped node's visit completed: its items' updates, in item order, merged
+        through the reducers -- or, with ``collect``, gathered in a list under that field."""
+        edge = self.plan.nodes[node].mapped
+        collect = edge.spec.collect if edge is not None else None
+        updates = [m.done.get(i, {}) for i in range(len(m.items))]
+        if collect is not None:
+            updates = [{collect: updates}]
+        writer = _new_writer((node, seq))
+        for update in updates:
+            if update:
+                merge_update(self.state, update, self.plan.reducers)
+                for field_name in update:
+                    self.writers[field_name] = writer
+
+    def _attempt_visit(self, rec: L.Record) -> Visit | None:
+        """The visit an attempt's record is about: an item's, or the node's."""
+        key = rec["node"], rec["visit"]
+        if self.maps and "item" in rec:
+            m = self.maps.get(key)
+            return m.running.get(rec["item"]) if m is not None else None
+        return self.running.get(key)
 
     def _on_node_completed(self, rec: L.Record) -> None:
         key = rec["node"], rec["visit"]
         node = key[0]
+        if self.maps:
+            if "item" in rec:
+                self._on_item_completed(rec)
+                return
+            m = self.maps.pop(key, None)
+            if m is not None:
+                self._merge_items(node, m, rec["seq"])
         visit = self.running.pop(key, None)
         update = rec.get("update")
         if update:
@@ -232,17 +314,58 @@ class RunView:
                 self._barrier(e, node, True)
             else:
                 self.due[(e.index, node)] = Due(e, node, goto if e.kind == "choose" else None)
+        if pn.errors:  # it did not fail: its error edges are not taken
+            self._dead_edges(pn.errors)
 
     def _on_node_failed(self, rec: L.Record) -> None:
-        key = (rec["node"], rec["visit"])
-        visit = self.running.get(key)
+        if "caught" in rec:
+            self._on_caught(rec)
+            return
+        visit = self._attempt_visit(rec)
         if visit is not None and (rec.get("error") or {}).get("type") != "cancelled":
             visit.failures += 1  # (a cancelled visit was stopped, not failed)
         self._attempt_ended(rec)
 
+    def _on_caught(self, rec: L.Record) -> None:
+        """A visit failed with an error one of its error edges catches (SPEC §7): the
+        visit is over (it does not run again on resume), the error is written to the
+        reserved ``error`` field, its other edges are not taken, and the catching edge
+        is due (the runner decides it in the same batch)."""
+        node = rec["node"]
+        key = (node, rec["visit"])
+        self._attempt_ended(rec)
+        self.running.pop(key, None)
+        if self.maps:  # a mapped node's visit, one of whose items failed: it is over
+            self.maps.pop(key, None)
+        if self.gates:
+            self.gates.pop(key, None)
+        self.visits[node] += 1
+        pn = self.plan.nodes[node]
+        if pn.cyclic:
+            self._active[pn.scc] -= 1
+        caught = rec["caught"]
+        self.state[ERROR_FIELD] = caught["error"]
+        self.routed[node] = False
+        self.route_wait[node] = 0
+        self._rule_out(node)  # its ordinary edges: not taken (its joins: not arrived)
+        edge = caught["edge"]
+        for e in pn.errors:
+            if e.index == edge:
+                self.due[(e.index, node)] = Due(e, node)
+        self._dead_edges([e for e in pn.errors if e.index != edge])
+
+    def _dead_edges(self, edges: list[PlanEdge]) -> None:
+        """Edges of a node that will not be taken this time (its error edges when it
+        completes; the other error edges when one catches): their targets' ports die."""
+        for e in edges:
+            for t in e.targets:
+                port = e.ports.get(t)
+                if port is not None:
+                    self._dead_port(port)
+
     def _on_node_retrying(self, rec: L.Record) -> None:
         self.status = "RETRYING"  # until the next attempt starts (visible in `status`)
-        visit = self.running.get((rec["node"], rec["visit"]))
+        visit = self._attempt_visit(rec)
         if visit is not None:
             visit.failures += 1
         self._attempt_ended(rec)  # the failed attempt's tokens were spent
@@ -251,7 +374,7 @@ class RunView:
         """An attempt ended without completing (failed, retrying, paused for a human): its
         ``tokens`` were spent, less what its effects' records carried (counted already)."""
         node, visit = rec["node"], rec["visit"]
-        running = self.running.get((node, visit))
+        running = self._attempt_visit(rec)
         tokens = rec.get("tokens") or 0
         if running is not None:
             tokens = max(0, tokens - running.effect_tokens)
@@ -282,6 +405,8 @@ class RunView:
                 self.route_wait[arrived] -= 1
                 if taken_here:
                     self.routed[arrived] = True
+        if e.mapping is not None and taken:  # its items, for the visit it starts
+            self.map_items.setdefault(taken[0], deque()).append(rec.get("value") or [])
         back = source in e.back_sources
         ports = e.ports
         single_port = self.plan.single_port
@@ -336,11 +461,12 @@ class RunView:
         return [g for g in self.gates.values() if g.decision is None]
 
     def _on_effect(self, rec: L.Record) -> None:
-        self.effects[(rec["node"], rec["visit"], rec["key"])] = rec.get("result")
+        key = rec["key"] if "item" not in rec else (rec["item"], rec["key"])
+        self.effects[(rec["node"], rec["visit"], key)] = rec.get("result")
         # what the effect spent (an LLM call's usage), committed with its result: a crash
         # after it, a retry or a cancellation does not lose it, a replay does not repeat it
         self._spend(rec["node"], rec["visit"], rec.get("tokens"))
-        running = self.running.get((rec["node"], rec["visit"]))
+        running = self._attempt_visit(rec)
         if running is not None and rec.get("tokens"):
             running.effect_tokens += rec["tokens"]
 

@@ -67,16 +67,17 @@ class Attempt:
     slot is read faster than a named tuple's field.)
     """
 
-    __slots__ = ("ctx", "number", "pn", "state", "t0", "visit")
+    __slots__ = ("ctx", "item", "number", "pn", "state", "t0", "visit")
 
     def __init__(self, pn: PlanNode, visit: int, number: int, state: dict[str, Any],
-                 ctx: Context | None, t0: float) -> None:
+                 ctx: Context | None, t0: float, item: int | None = None) -> None:
         self.pn = pn
         self.visit = visit
         self.number = number
         self.state = state
         self.ctx = ctx  # only for a body that can use one (tokens, effects, confirmations)
         self.t0 = t0  # the duration and the timeout count from here (time.perf_counter())
+        self.item = item  # a mapped node's: the index of the item in its visit's list
 
 
 _perf_counter = time.perf_counter
@@ -125,18 +126,19 @@ class Retry:
     visit has failed ``retry.attempts`` times; backs off between attempts.
 
     ``begin`` makes the next attempt (after its ``node.started`` is committed: it reads
-    the state as it is then); ``failures`` is the visit's failed attempts as the log has
-    them (None when it has no running visit).
+    the state as it is then); ``failures`` is the visit's (or, in a mapped node, the
+    item's) failed attempts as the log has them (None when it has no running visit).
     """
 
     __slots__ = ("begin", "failures", "next", "sink")
 
-    def __init__(self, next: Call, begin: Callable[[PlanNode, int, int], Attempt],
-                 failures: Callable[[str, int], int | None], sink: R.Sink) -> None:
+    def __init__(self, next: Call, begin: Callable[[PlanNode, int, int, int | None], Attempt],
+                 failures: Callable[[str, int, int | None], int | None],
+                 sink: R.Sink) -> None:
         self.next, self.begin, self.failures, self.sink = next, begin, failures, sink
 
     async def __call__(self, a: Attempt) -> Outcome:
-        pn, visit = a.pn, a.visit
+        pn, visit, item = a.pn, a.visit, a.item
         retry = pn.spec.retry
         while True:
             out = await self.next(a)
@@ -144,17 +146,17 @@ class Retry:
                 return out
             # attempts that failed, this one included -- a re-run after a human's
             # confirmation or a crash is an attempt too, but not a failure
-            failures = self.failures(pn.name, visit)
+            failures = self.failures(pn.name, visit, item)
             if (failures if failures is not None else a.number - 1) + 1 >= retry.attempts:
                 return out
             delay = backoff(retry.backoff, retry.max_backoff, retry.jitter, a.number)
             await self.sink.commit([R.node_retrying(
                 pn.name, visit, a.number, out.error.to_json(), out.duration_ms, out.tokens,
-                delay)])
+                delay, item)])
             if delay:
                 await asyncio.sleep(delay)
-            await self.sink.commit([R.node_started(pn.name, visit, a.number + 1)])
-            a = self.begin(pn, visit, a.number + 1)
+            await self.sink.commit([R.node_started(pn.name, visit, a.number + 1, item)])
+            a = self.begin(pn, visit, a.number + 1, item)
 
 
 def retryable(error: RunError, names: list[str]) -> bool:
@@ -365,14 +367,14 @@ class Budget:
         self._plan = plan
         self._view = view
         self._run_id = run_id
-        self._inflight: dict[tuple[str, int], Context] = {}
+        self._inflight: dict[tuple[str, int, int | None], Context] = {}
         self._lock = threading.Lock()  # sync nodes charge from worker threads
 
     def enter(self, ctx: Context) -> None:
-        self._inflight[(ctx.node, ctx.visit)] = ctx
+        self._inflight[(ctx.node, ctx.visit, ctx.item_index)] = ctx
 
     def leave(self, ctx: Context) -> None:
-        self._inflight.pop((ctx.node, ctx.visit), None)
+        self._inflight.pop((ctx.node, ctx.visit, ctx.item_index), None)
 
     def charge(self, ctx: Context, n: int) -> None:
         spent = ctx.spent

@@ -50,14 +50,21 @@ class Sink(Protocol):
         """`stage` and `flush`."""
 
 
-def node_started(node: str, visit: int, attempt: int) -> Item:
-    return L.NODE_STARTED, {"node": node, "visit": visit, "attempt": attempt}
+def node_started(node: str, visit: int, attempt: int, item: int | None = None) -> Item:
+    """A visit's attempt starting (``item``: one item's of a mapped node's visit)."""
+    fields: dict[str, Any] = {"node": node, "visit": visit, "attempt": attempt}
+    if item is not None:
+        fields["item"] = item
+    return L.NODE_STARTED, fields
 
 
 def node_completed(node: str, visit: int, attempt: int, duration_ms: float,
-                   update: dict[str, Any] | None, goto: str | None, tokens: int) -> Item:
+                   update: dict[str, Any] | None, goto: str | None, tokens: int,
+                   item: int | None = None) -> Item:
     fields: dict[str, Any] = {"node": node, "visit": visit, "attempt": attempt,
                               "duration_ms": duration_ms}
+    if item is not None:
+        fields["item"] = item
     if update:
         fields["update"] = update
     if goto is not None:
@@ -65,6 +72,13 @@ def node_completed(node: str, visit: int, attempt: int, duration_ms: float,
     if tokens:
         fields["tokens"] = tokens
     return L.NODE_COMPLETED, fields
+
+
+def map_completed(node: str, visit: int, items: int, duration_ms: float) -> Item:
+    """``node.completed`` of a mapped node's visit: every one of its ``items`` completed
+    (the fold merges their updates, in item order, or collects them)."""
+    return L.NODE_COMPLETED, {"node": node, "visit": visit, "items": items,
+                              "duration_ms": duration_ms}
 
 
 def gate_completed(node: str, visit: int, update: dict[str, Any], reenter: str | None) -> Item:
@@ -76,8 +90,14 @@ def gate_completed(node: str, visit: int, update: dict[str, Any], reenter: str |
 
 
 def node_failed(node: str, visit: int, attempt: int | None, error: dict[str, Any],
-                duration_ms: float | None = None, tokens: int = 0) -> Item:
+                duration_ms: float | None = None, tokens: int = 0,
+                item: int | None = None, caught: dict[str, Any] | None = None) -> Item:
+    """A visit's failure. ``caught``: an error edge caught it (``{edge, error}``, the
+    error as its target sees it in the ``error`` field): the run goes on along it.
+    ``item``: one item's of a mapped node's visit."""
     fields: dict[str, Any] = {"node": node, "visit": visit}
+    if item is not None:
+        fields["item"] = item
     if attempt is not None:
         fields["attempt"] = attempt
     fields["error"] = error
@@ -85,21 +105,27 @@ def node_failed(node: str, visit: int, attempt: int | None, error: dict[str, Any
         fields["duration_ms"] = duration_ms
     if tokens:
         fields["tokens"] = tokens
+    if caught is not None:
+        fields["caught"] = caught
     return L.NODE_FAILED, fields
 
 
-def node_cancelled(node: str, visit: int, attempt: int | None, tokens: int) -> Item:
+def node_cancelled(node: str, visit: int, attempt: int | None, tokens: int,
+                   item: int | None = None) -> Item:
     """``node.failed`` of type ``cancelled``: a visit the run stopped (it runs again on
     resume), with the tokens it had spent."""
     return node_failed(node, visit, attempt, {
         "type": "cancelled", "node": node,
-        "message": f"node {node!r} was cancelled: the run stopped"}, tokens=tokens)
+        "message": f"node {node!r} was cancelled: the run stopped"}, tokens=tokens, item=item)
 
 
 def node_retrying(node: str, visit: int, attempt: int, error: dict[str, Any],
-                  duration_ms: float, tokens: int, delay_s: float) -> Item:
-    fields: dict[str, Any] = {"node": node, "visit": visit, "attempt": attempt,
-                              "error": error, "duration_ms": duration_ms}
+                  duration_ms: float, tokens: int, delay_s: float,
+                  item: int | None = None) -> Item:
+    fields: dict[str, Any] = {"node": node, "visit": visit, "attempt": attempt}
+    if item is not None:
+        fields["item"] = item
+    fields.update(error=error, duration_ms=duration_ms)
     if tokens:
         fields["tokens"] = tokens
     fields["delay_ms"] = round(delay_s * 1000, 3)
@@ -107,9 +133,11 @@ def node_retrying(node: str, visit: int, attempt: int, error: dict[str, Any],
 
 
 def effect_recorded(node: str, visit: int, attempt: int, key: str, result: Any,
-                    tokens: int) -> Item:
+                    tokens: int, item: int | None = None) -> Item:
     """``ctx.once``'s result, with the tokens spent on it (and before it, unrecorded)."""
     fields: dict[str, Any] = {"node": node, "visit": visit, "attempt": attempt, "key": key}
+    if item is not None:
+        fields["item"] = item
     if result is not None:
         fields["result"] = result
     if tokens:
@@ -173,5 +201,6 @@ def run_cancelled(by: str | None) -> Item:
 
 
 __all__ = ["Item", "Sink", "edge_decided", "edge_taken", "effect_recorded", "gate_completed",
+           "map_completed",
            "node_cancelled", "node_completed", "node_failed", "node_retrying", "node_started",
            "run_cancelled", "run_completed", "run_failed", "run_rejected", "run_waiting"]

@@ -10,7 +10,9 @@ agree on what is drawn:
 - one arc per (source, target) of every edge, labelled with what guards it:
   the ``when`` expression, ``otherwise``, a switch's ``expr == value`` (or
   ``expr in [...]``, ``default``), the router's ``module:function``,
-  ``choose``, and ``max N``. Guarded arcs are dashed, plain ones solid;
+  ``choose``, a map's ``map EXPR as ITEM, collect FIELD``, and ``max N``. Guarded
+  arcs are dashed, plain ones solid; error edges (``on_error``) are dashed and red,
+  labelled ``on error`` (and the class names they catch);
 - a node without outgoing edges gets an arc to END: that is what it means
   (SPEC §1, "a node with no outgoing edges is terminal").
 
@@ -43,6 +45,7 @@ class Arc:
     target: str
     label: str = ""  # "" for an unconditional arc
     guarded: bool = False  # drawn dashed: taken only under a condition
+    error: bool = False  # an error edge (on_error): drawn dashed and red
 
 
 @dataclass(slots=True)
@@ -85,9 +88,11 @@ def _add_edge(out: Layout, index: int, edge: EdgeSpec) -> None:
     else:
         source_id = out.vertex(edge.source[0])
     for target, label in _labels(edge):
-        guarded = bool(label) or edge.max is not None
+        # a map edge is always taken (once, with all its items): drawn solid
+        guarded = (bool(label) and edge.kind != "map") or edge.max is not None
         label = ", ".join(p for p in (label, _max(edge)) if p)
-        out.arcs.append(Arc(source_id, _target_id(out, target), label, guarded))
+        out.arcs.append(Arc(source_id, _target_id(out, target), label, guarded,
+                            edge.catches is not None))
 
 
 def _target_id(out: Layout, name: str) -> str:
@@ -107,6 +112,14 @@ def _labels(edge: EdgeSpec) -> list[tuple[str, str]]:
             return [(t, f"router {edge.router}") for t in edge.targets]
         case "choose":
             return [(t, "choose") for t in edge.targets]
+        case "map":  # once per item: what it maps over, the item's name, where they go
+            label = f"map {edge.map} as {edge.item_name}"
+            if edge.collect is not None:
+                label += f", collect {edge.collect}"
+            return [(edge.targets[0], label)]
+        case _ if edge.catches is not None:
+            names = ": " + ", ".join(edge.catches) if edge.catches else ""
+            return [(t, f"on error{names}") for t in edge.targets]
         case _:
             label = edge.when or ("otherwise" if edge.otherwise else "")
             return [(t, label) for t in edge.targets]
@@ -140,7 +153,8 @@ def _case_text(value: str) -> str:
 
 
 def _add_terminals(out: Layout, spec: WorkflowSpec) -> None:
-    with_exits = {s for e in spec.edges for s in e.source}
+    # (an error edge is no exit: a node that succeeds without another edge ends the run)
+    with_exits = {s for e in spec.edges if e.catches is None for s in e.source}
     for name in spec.nodes:
         if name not in with_exits:
             out.arcs.append(Arc(out.vertices[name].id, "END"))
@@ -168,6 +182,8 @@ _MERMAID_CLASSES = {
     "unknown": "fill:#ffe0e0,stroke:#c53030,stroke-dasharray:4 3",
 }
 
+_MERMAID_ERROR_LINK = "stroke:#c53030,color:#c53030"
+
 _CLASS_OF: dict[VertexKind, str] = {
     "start": "terminal", "end": "terminal", "approval": "approval", "join": "join",
     "unknown": "unknown",
@@ -192,6 +208,9 @@ def to_mermaid(spec: WorkflowSpec) -> str:
         label = f'|"{mermaid_text(a.label)}"|' if a.label else ""
         lines.append(f"    {a.source} {arrow}{label} {a.target}")
     lines.extend(_mermaid_classes(lay))
+    errors = [str(i) for i, a in enumerate(lay.arcs) if a.error]
+    if errors:  # error edges in red (a link's style is set by its index)
+        lines.append(f"    linkStyle {','.join(errors)} {_MERMAID_ERROR_LINK}")
     return "\n".join(lines) + "\n"
 
 
@@ -242,6 +261,8 @@ def to_dot(spec: WorkflowSpec) -> str:
             attrs.append(f"label={dot_text(a.label)}")
         if a.guarded:
             attrs.append("style=dashed")
+        if a.error:
+            attrs.append('color="#c53030", fontcolor="#c53030"')
         suffix = f" [{', '.join(attrs)}]" if attrs else ""
         lines.append(f"    {a.source} -> {a.target}{suffix};")
     lines.append("}")

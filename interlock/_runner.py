@@ -48,10 +48,11 @@ from . import _expr
 from . import _log as L
 from . import _records as R
 from ._call import NodeCall
-from ._decide import Abort, Decider, Rejected
+from ._decide import Abort, Decider, Rejected, caught_error
 from ._errors import InterlockError, InternalError, RunError, StepLimitError
 from ._fold import RunView
 from ._guards import Outcome
+from ._mapped import run_items
 from ._model import DEFAULT_STEPS
 from ._plan import Plan, PlanNode
 
@@ -198,7 +199,7 @@ class Runner:
             # the common step of a chain or a loop: one node, nothing else in flight
             node = view.ready[0]
             pn = self.plan.nodes[node]
-            if not pn.gate:
+            if not pn.gate and pn.mapped is None:
                 limit = view.limits.get("steps")
                 if limit is not None and view.steps >= limit:
                     raise Abort(_step_limit(limit, node))
@@ -216,7 +217,9 @@ class Runner:
         # number and idempotency key -- which is what a resume does anyway.
         bodies = [rec for rec in recs if not self._is_gate(rec["node"])]
         if len(bodies) == 1 and not self._tasks and self.inline:
-            return self.plan.nodes[bodies[0]["node"]], bodies[0]["visit"]
+            pn = self.plan.nodes[bodies[0]["node"]]
+            if pn.mapped is None:  # (a mapped node's items run in a task of their own)
+                return pn, bodies[0]["visit"]
         for rec in bodies:
             self._start_task(rec["node"], rec["visit"], 1, rerun=False)
         return None
@@ -269,7 +272,10 @@ class Runner:
 
     async def _run_visit(self, pn: PlanNode, visit: int, attempt: int, rerun: bool) -> None:
         """A visit as a task: run it and report the outcome to the loop."""
-        outcome = await self.calls.visit(pn, visit, attempt, rerun=rerun)
+        if pn.mapped is not None:  # its items (those not completed, on a re-run)
+            outcome = await run_items(self.calls, pn, visit)
+        else:
+            outcome = await self.calls.visit(pn, visit, attempt, rerun=rerun)
         assert self._done is not None
         self._done.put_nowait(outcome)
 
@@ -287,7 +293,7 @@ class Runner:
             await asyncio.gather(*(t for _, t in tasks), return_exceptions=True)
         self._tasks.clear()
         for key, _ in tasks:  # those not stopped inside their body (a retry's backoff, ...)
-            if key not in self.calls.stopped:
+            if (*key, None) not in self.calls.stopped:
                 visit = running.get(key)
                 self.calls.stop(key[0], key[1], visit.attempt if visit else None, None)
 
@@ -307,6 +313,8 @@ class Runner:
                 "approvers": _approvers(self.plan.nodes[out.node].spec)})])
             return
         if out.error is not None:
+            if self.plan.nodes[out.node].errors and self._caught(out):
+                return
             await self.sink.commit([R.node_failed(out.node, out.visit, out.attempt,
                                                   out.error.to_json(), out.duration_ms,
                                                   out.tokens)])
@@ -318,10 +326,30 @@ class Runner:
             raise Abort(conflict)
         self._complete(out)
 
+    def _caught(self, out: Outcome) -> bool:
+        """A visit that failed with an error one of its node's error edges catches (SPEC
+        §7): stage its ``node.failed`` (with what was caught and by which edge) and the
+        edge's decision -- one batch, flushed by the caller like a completion."""
+        assert out.error is not None
+        pn = self.plan.nodes[out.node]
+        edge = self.decide.catch(pn, out.error)
+        if edge is None:
+            return False
+        caught = {"edge": edge.index, "error": caught_error(pn, out.error, out.attempt)}
+        self.sink.add(R.node_failed(out.node, out.visit, out.attempt, out.error.to_json(),
+                                    out.duration_ms, out.tokens, caught=caught))
+        self.decide.due()
+        return True
+
     def _complete(self, out: Outcome) -> None:
         """`_finish` for a visit that completed (no error, no pause, no write conflict)."""
-        self.sink.add(R.node_completed(out.node, out.visit, out.attempt, out.duration_ms,
-                                       out.update, out.goto, out.tokens))
+        mapped = self.plan.nodes[out.node].mapped
+        if mapped is not None:  # every item completed: the fold merges their updates
+            items = len(self.view.maps[(out.node, out.visit)].items)
+            self.sink.add(R.map_completed(out.node, out.visit, items, out.duration_ms))
+        else:
+            self.sink.add(R.node_completed(out.node, out.visit, out.attempt, out.duration_ms,
+                                           out.update, out.goto, out.tokens))
         # decide this node's edges in the same batch: its completion and where the run
         # goes next are committed together
         self.decide.due()

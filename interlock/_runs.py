@@ -25,6 +25,7 @@ from ._errors import InterlockError, UsageError
 from ._fold import RunView
 from ._journal import Journal
 from ._model import WorkflowSpec, check_limits
+from ._otel import RunSpans, run_spans, tracing, with_spans
 from ._plan import Plan
 from ._runner import Runner
 from ._spec import parse
@@ -398,12 +399,31 @@ async def resume(run_id: str, decision: Decision | None = None, *,
             raise UsageError(f"run {run_id!r} is {view.status}; only a failed, interrupted or "
                              "waiting run can be resumed")
         resumed = dict(fields, by=decision.by if decision else None)
-        return await drive(loaded.plan, st, run_id, view, loaded.writer(),
-                           first=[(L.RUN_RESUMED, resumed), *first], force=force,
-                           listener=listener)
+        spans, listener = await _traced(st, run_id, loaded.row.workflow, listener)
+        try:
+            return await drive(loaded.plan, st, run_id, view, loaded.writer(),
+                               first=[(L.RUN_RESUMED, resumed), *first], force=force,
+                               listener=listener)
+        finally:
+            if spans is not None:
+                spans.end()
     finally:
         if owned:
             await release_store(st)
+
+
+async def _traced(store: Store, run_id: str, workflow: str, listener: Listener | None
+                  ) -> tuple[RunSpans | None, Listener | None]:
+    """The spans of this execution of a stored run (linked to the span that started it,
+    whose ids its ``run.started`` holds), and the listener that makes them; none when
+    tracing is off."""
+    if not tracing():
+        return None, listener
+    first = await store.entries_page(run_id, 0, 1)
+    started = first[0].record().get("trace") if first else None
+    spans = run_spans(run_id, workflow, continues=started if isinstance(started, dict)
+                      else None)
+    return spans, with_spans(listener, spans)
 
 
 def _overrides(config: Mapping[str, Any] | None,
@@ -650,9 +670,14 @@ async def fork(run_id: str, at: int, *, store: str | Store | None = None,
                          parent_run=run_id, parent_seq=at)
         await st.create_run(new_row, prefix)
         writer = L.LogWriter(at, prefix[-1].hash, key=loaded.key)
-        # run.forked re-opens the run at that point, whatever its status was there
-        return await drive(loaded.plan, st, rid, loaded.view, writer,
-                           first=[(L.RUN_FORKED, fields)], listener=listener)
+        spans, listener = await _traced(st, rid, row.workflow, listener)
+        try:
+            # run.forked re-opens the run at that point, whatever its status was there
+            return await drive(loaded.plan, st, rid, loaded.view, writer,
+                               first=[(L.RUN_FORKED, fields)], listener=listener)
+        finally:
+            if spans is not None:
+                spans.end()
     finally:
         if owned:
             await release_store(st)

@@ -22,10 +22,11 @@ from typing import Any
 import orjson
 
 from . import _log as L
-from ._fold import Due, Gate, RunView, Visit, Writer
+from ._fold import Due, Gate, MapRun, RunView, Visit, Writer
 from ._plan import Plan
 
-VERSION = 3  # 2: a running visit's tokens, failures and effect tokens; 3: bound to the log
+VERSION = 4  # 2: a running visit's tokens, failures and effect tokens; 3: bound to the log;
+# 4: mapped nodes' visits
 EVERY = 500  # records between snapshots, at least
 # ... and at least one record per this many bytes of the last snapshot: a large view
 # (a 1000-node graph) is dumped less often, so snapshots cost O(1) per record
@@ -43,8 +44,7 @@ def dump(view: RunView, last_hash: str) -> bytes:
     data = {
         "version": VERSION, "seq": v.seq, "hash": last_hash,
         "state": v.state, "ready": list(v.ready),
-        "running": [[x.node, x.visit, x.attempt, x.started_seq, x.tokens, x.failures,
-                     x.effect_tokens] for x in v.running.values()],
+        "running": [_visit(x) for x in v.running.values()],
         "due": [[d.edge.index, d.source, d.goto, list(d.arrived)] for d in v.due.values()],
         "visits": dict(v.visits), "started": dict(v.started),
         "takes": list(v.takes.items()), "steps": v.steps, "tokens": v.tokens,
@@ -62,8 +62,15 @@ def dump(view: RunView, last_hash: str) -> bytes:
         "active": list(v._active.items()),
         "deferred": [[c, [list(x) for x in items]] for c, items in v._deferred.items()],
         "taken_exits": [[c, [list(x) for x in items]] for c, items in v._taken_exits.items()],
+        "maps": [[n, vis, m.items, list(m.done.items()), [_visit(x) for x in m.running.values()],
+                  list(m.running)] for (n, vis), m in v.maps.items()],
+        "map_items": {t: list(q) for t, q in v.map_items.items() if q},
     }
     return orjson.dumps(data, default=L.json_default)  # not hashed: no need to sort keys
+
+
+def _visit(x: Visit) -> list[Any]:
+    return [x.node, x.visit, x.attempt, x.started_seq, x.tokens, x.failures, x.effect_tokens]
 
 
 def digest(raw: bytes) -> str:
@@ -121,7 +128,8 @@ def _restore(plan: Plan, d: dict[str, Any]) -> RunView:
     v.parent = (d["parent"][0], d["parent"][1]) if d["parent"] else None
     v.status, v.error, v.waiting = d["status"], d["error"], d["waiting"]
     v.writers = {k: Writer(n, s) for k, (n, s) in d["writers"].items()}
-    v.effects = {(n, vis, key): val for n, vis, key, val in d["effects"]}
+    v.effects = {(n, vis, key if isinstance(key, str) else tuple(key)): val
+                 for n, vis, key, val in d["effects"]}
     v.gates = {(g[0], g[1]): Gate(*g) for g in d["gates"]}
     v.confirmations = {(n, vis, key): dec for n, vis, key, dec in d["confirmations"]}
     v.routed = d["routed"]
@@ -131,4 +139,8 @@ def _restore(plan: Plan, d: dict[str, Any]) -> RunView:
     v._active = Counter({int(c): n for c, n in d["active"]})
     v._deferred = {int(c): {tuple(x) for x in items} for c, items in d["deferred"]}
     v._taken_exits = {int(c): {tuple(x) for x in items} for c, items in d["taken_exits"]}
+    v.maps = {(n, vis): MapRun(items, {int(i): u for i, u in done},
+                               {int(i): Visit(*r) for i, r in zip(idx, running, strict=True)})
+              for n, vis, items, done, running, idx in d["maps"]}
+    v.map_items = {t: deque(q) for t, q in d["map_items"].items()}
     return v

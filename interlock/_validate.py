@@ -18,7 +18,7 @@ from ._errors import Diagnostic, Severity
 from ._expr import Expression, ExpressionSyntaxError, compile_expression
 from ._graph import Concurrency, back_edges, reachable, reverse, sccs
 from ._kinds import NodeKind
-from ._model import END, START, EdgeSpec, WorkflowSpec
+from ._model import END, ERROR_FIELD, NAME_RE, START, EdgeSpec, NodeSpec, WorkflowSpec
 from ._spec import locate
 
 
@@ -57,10 +57,14 @@ class _Checker:
 
     def run(self) -> CheckResult:
         self.check_nodes()
+        self.check_reserved()
         self.check_expressions()
         if not self.check_edge_names():
             return self.result  # the graph checks below need known names
+        self.check_error_edges()
+        self.check_otherwise()
         adj = self.adjacency()
+        self.check_maps()
         self.check_reachability(adj)
         self.check_cycles()
         self.check_fed()
@@ -91,6 +95,76 @@ class _Checker:
                         self.add("error", f"node {name!r}: on_modify names unknown node "
                                  f"{target!r}", ("nodes", name, "approval", "on_modify"),
                                  "unknown-node")
+
+    def check_reserved(self) -> None:
+        """The ``error`` field is the engine's (an error edge's target reads the caught
+        error there): a workflow may read it, not declare or write it."""
+        f = ERROR_FIELD
+        why = (f"{f!r} is reserved: the engine writes the error an on_error edge caught "
+               f"there ({{node, type, message, attempt}}); name the field otherwise")
+        if f in self.spec.input:
+            self.add("error", f"input: {why}", ("input",), "reserved")
+        if f in self.spec.state:
+            self.add("error", f"state: {why}", ("state", f), "reserved")
+        for name, ns in self.spec.nodes.items():
+            if ns.writes is not None and f in ns.writes:
+                self.add("error", f"node {name!r}: writes: {why}", ("nodes", name, "writes"),
+                         "reserved")
+            # an approval writes its decision under its name, an agent its reply under
+            # its output_key (default: its name)
+            own = name if ns.approval is not None else (
+                str(ns.agent.get("output_key") or name) if isinstance(ns.agent, dict)
+                else None)
+            if own == f:
+                self.add("error", f"node {name!r} would write its "
+                         f"{'decision' if ns.approval is not None else 'reply'} to {f!r}: "
+                         f"{why}",
+                         ("nodes", name), "reserved")
+
+    def check_error_edges(self) -> None:
+        """An on_error edge leaves a node whose body can fail (not START, not an approval
+        gate)."""
+        for i, e in enumerate(self.spec.edges):
+            if e.catches is None:
+                continue
+            src = e.source[0]
+            if src == START:
+                self.add("error", f"edge {e.describe()}: START cannot fail; an on_error edge "
+                         "leaves the node whose failure it catches", ("edges", i, "from"),
+                         "on-error")
+            elif self.spec.nodes[src].approval is not None:
+                self.add("error", f"edge {e.describe()}: {src!r} is an approval gate, which "
+                         "does not fail; route on its decision instead (when: "
+                         f"'{src}.decision == \"rejected\"')", ("edges", i, "on_error"),
+                         "on-error")
+
+    def check_otherwise(self) -> None:
+        """An ``otherwise`` edge beside an edge of the same node that has no ``when``: the
+        otherwise edge is taken whenever no *when* edge is, so both are taken (a warning:
+        the way "loop N times" is most often miswritten)."""
+        by_source: dict[str, list[int]] = {}
+        for i, e in enumerate(self.spec.edges):
+            if len(e.source) == 1 and e.catches is None:
+                by_source.setdefault(e.source[0], []).append(i)
+        for src, indexes in by_source.items():
+            edges = [(i, self.spec.edges[i]) for i in indexes]
+            other = [(i, e) for i, e in edges if e.otherwise]
+            if not other:
+                continue
+            free = [e for _, e in edges if not e.otherwise and e.when is None]
+            if not free:
+                continue
+            i, oe = other[0]
+            first = free[0]
+            loop = first.targets[0] if first.kind == "plain" else "<target>"
+            n = first.max + 1 if first.max is not None else "N"
+            self.add("warning", f"edge {oe.describe()} (otherwise) and edge "
+                     f"{first.describe()} both leave {src!r}, and the latter has no 'when': "
+                     f"'otherwise' is taken when no 'when' edge from {src!r} is, so BOTH "
+                     f"edges are taken each time {src!r} completes. To loop a fixed number "
+                     f"of times, give the loop edge a condition on the visit count, e.g. "
+                     f"{{from: {src}, to: {loop}, when: 'run.visits.{src} < {n}'}}, and keep "
+                     "the otherwise edge as the way out", ("edges", i), "otherwise")
 
     def resolve(self, path: str, where: tuple[Any, ...], what: str) -> None:
         if path in self.result.callables:
@@ -153,6 +227,79 @@ class _Checker:
             ok = False
         return ok
 
+    def check_maps(self) -> None:
+        """Map edges (SPEC §7): what the mapped node may be, ``as`` and ``collect``."""
+        spec = self.spec
+        into: Counter[str] = Counter(t for e in spec.edges for t in e.targets)
+        reducers: dict[str, str] = {k: v.reducer for k, v in spec.state.items()}
+        for i, e in enumerate(spec.edges):
+            if e.kind != "map":
+                continue
+            target = e.targets[0]
+            ns = spec.nodes.get(target)
+            if ns is None:  # END (an unknown node is reported by check_edge_names)
+                if target == END:
+                    self.add("error", f"edge {e.describe()}: a map edge runs a node per "
+                             "item; END is not one", ("edges", i, "to"), "map")
+                continue
+            what = f"edge {e.describe()}"
+            if ns.approval is not None or ns.confirm:
+                self.add("error", f"{what}: {target!r} is a human gate; a map runs a call or "
+                         "agent node per item (put the approval after the mapped node)",
+                         ("edges", i, "to"), "map")
+            if into[target] > 1:
+                self.add("error", f"{what}: {target!r} is also the target of another edge; a "
+                         "mapped node is reached only through its map edge (map into a node "
+                         "of its own, or route the other edge to the map's source)",
+                         ("edges", i, "to"), "map")
+            for j, out in enumerate(spec.edges):
+                if target in out.source and out.kind == "choose":
+                    self.add("error", f"edge {out.describe()}: {target!r} is mapped (edge "
+                             f"{e.describe()}), and a per-item choice has no single answer; "
+                             "decide after the map with a when/switch edge on the collected "
+                             "field", ("edges", j, "choose"), "map")
+            item = e.item_name
+            if not NAME_RE.match(item) or item in ("config", "run", "error"):
+                self.add("error", f"{what}: 'as: {item}' must be a field name (letters, "
+                         "digits, _) other than config, run and error", ("edges", i, "as"),
+                         "map")
+            elif item in spec.state or item in spec.input:
+                self.add("error", f"{what}: 'as: {item}' names a field the workflow declares "
+                         f"({'input' if item in spec.input else 'state'}); each item's visit "
+                         "would not see it: choose another name for the item",
+                         ("edges", i, "as"), "map")
+            if e.collect is not None:
+                self._check_collect(e, i, ns, reducers)
+            else:
+                shared = sorted(f for f in ns.writes or () if reducers.get(f, "replace")
+                                == "replace")
+                if shared:
+                    self.add("error", f"{what}: the items of {target!r} run concurrently and "
+                             f"each writes {', '.join(map(repr, shared))}, which has no "
+                             "reducer: declare one under state: (append, extend, merge, add), "
+                             f"or gather the items' updates with 'collect: FIELD'",
+                             ("nodes", target, "writes"), "write-conflict")
+
+    def _check_collect(self, e: EdgeSpec, i: int, ns: NodeSpec,
+                       reducers: dict[str, str]) -> None:
+        what, field_name = f"edge {e.describe()}", e.collect
+        assert field_name is not None
+        if not NAME_RE.match(field_name):
+            self.add("error", f"{what}: 'collect: {field_name}' must be a field name",
+                     ("edges", i, "collect"), "map")
+            return
+        reducer = reducers.get(field_name, "replace")
+        if reducer not in ("replace", "extend"):
+            self.add("error", f"{what}: 'collect: {field_name}' writes the list of the items' "
+                     f"updates, and {field_name!r} has reducer {reducer}; use replace (each "
+                     "map sets it) or extend (a map in a loop adds to it)",
+                     ("edges", i, "collect"), "map")
+        if ns.writes is not None and field_name in ns.writes:
+            self.add("error", f"{what}: {e.targets[0]!r} declares writes: [{field_name}], "
+                     f"which is the map's 'collect' field; 'writes' lists what one item "
+                     "returns (not merged), 'collect' the field the list of them goes to",
+                     ("nodes", e.targets[0], "writes"), "map")
+
     def check_repeats(self, i: int, e: EdgeSpec) -> bool:
         """A name twice in one edge (an error: a join lists each source once, or it would
         fire twice), and an unconditional edge declared twice (a warning)."""
@@ -168,7 +315,7 @@ class _Checker:
             self.add("error", f"edge {e.describe()}: {t!r} named more than once in its "
                      "targets", ("edges", i, "to"), "duplicate")
             ok = False
-        if e.kind == "plain" and e.when is None and not e.otherwise:
+        if e.kind == "plain" and e.when is None and not e.otherwise and e.catches is None:
             # the earlier unconditional edges, by source set: target -> the first edge
             # to it (a dict look-up per target, not a scan of every earlier edge)
             seen = self._plain_targets.setdefault(frozenset(e.source), {})
@@ -184,7 +331,7 @@ class _Checker:
 
     def check_expressions(self) -> None:
         for i, e in enumerate(self.spec.edges):
-            for key in ("when", "switch"):
+            for key in ("when", "switch", "map"):
                 src = getattr(e, key)
                 if src is None or src in self.result.expressions:
                     continue
@@ -205,13 +352,17 @@ class _Checker:
         return {n: list(ts) for n, ts in succ.items()}
 
     def check_reachability(self, adj: dict[str, list[str]]) -> None:
-        seen = reachable(adj, START)
+        # a modify decision re-enters the graph at a node of the gate's on_modify (SPEC
+        # §3): such a node is reachable through the gate even with no edge into it
+        seen = reachable(self._with_reentries(adj), START)
         for name in self.spec.nodes:
             if name not in seen:
                 self.add("error", f"node {name!r} is unreachable: no edge path from START "
                          "leads to it", ("nodes", name), "unreachable")
         # a node with no outgoing edge is terminal: it reaches END
-        ends = {n for n in self.spec.nodes if not adj[n]} | {END}
+        # (an error edge is no exit: a node that succeeds without another edge ends)
+        exits = {s for e in self.spec.edges if e.catches is None for s in e.source}
+        ends = {n for n in self.spec.nodes if n not in exits} | {END}
         rev = reverse(adj)
         can_end: set[str] = set()
         todo = list(ends)
@@ -226,13 +377,23 @@ class _Checker:
                 self.add("error", f"node {name!r} can never reach END: every path from it "
                          "loops forever; add an exit edge", ("nodes", name), "no-end")
 
+    def _with_reentries(self, adj: dict[str, list[str]]) -> dict[str, list[str]]:
+        out = adj
+        for name, ns in self.spec.nodes.items():
+            if ns.approval is not None and ns.approval.on_modify:
+                if out is adj:
+                    out = dict(adj)
+                out[name] = [*adj[name], *(t for t in ns.approval.on_modify
+                                           if t in self.spec.nodes)]
+        return out
+
     def check_cycles(self) -> None:
         """Every cycle needs a guard: a when/otherwise/switch/router/choose edge or a max."""
         plain: dict[str, list[str]] = {n: [] for n in self.spec.nodes}
         where: dict[tuple[str, str], int] = {}
         for i, e in enumerate(self.spec.edges):
             guarded = (e.kind != "plain" or e.when is not None or e.otherwise
-                       or e.max is not None)
+                       or e.max is not None or e.catches is not None)
             if guarded:
                 continue
             for s in e.source:
@@ -253,7 +414,7 @@ class _Checker:
         nor ``state:`` declares is an error; one declared but never fed, a warning."""
         written, all_known = self._written()
         for i, e in enumerate(self.spec.edges):
-            for key in ("when", "switch"):
+            for key in ("when", "switch", "map"):
                 src = getattr(e, key)
                 expr = self.result.expressions.get(src) if src else None
                 if expr is None:
@@ -267,7 +428,7 @@ class _Checker:
                                  + _did_you_mean(field_name, known) + f", {why}",
                                  ("edges", i, key), "never-fed")
             cfg = self.spec.config
-            for src in (e.when, e.switch):
+            for src in (e.when, e.switch, e.map):
                 if src and "config." in src:
                     for key_name in _config_keys(src):
                         if key_name not in cfg:
@@ -297,6 +458,11 @@ class _Checker:
                ) -> tuple[Severity, str] | None:
         if name in ("config", "run") or name in written or name in self.spec.input:
             return None
+        if name == ERROR_FIELD:
+            if any(e.catches is not None for e in self.spec.edges):
+                return None  # written by the engine when an error edge catches
+            return ("warning", "which only an on_error edge's catch writes, and this "
+                    "workflow has none")
         if name in self.spec.state:
             return None if not all_known else (
                 "warning", "which 'state' declares but no node writes (declared but never "
@@ -352,7 +518,8 @@ class _Checker:
         out: dict[str, list[str]] = {}
         into: dict[str, list[str]] = {}
         for e in self.spec.edges:
-            if e.kind != "plain" or e.when is not None or e.otherwise or e.is_join:
+            if e.kind != "plain" or e.when is not None or e.otherwise or e.is_join \
+                    or e.catches is not None:
                 continue
             source = e.source[0]
             for t in e.targets:

@@ -22,6 +22,7 @@ from ._compile import check_spec, compile_spec, reading_plan
 from ._errors import Diagnostic, UsageError
 from ._fold import RunView
 from ._model import DEFAULT_STEPS, WorkflowSpec, check_limits
+from ._otel import RunSpans, run_spans, with_spans
 from ._plan import Plan
 from ._runs import (
     LEASE_SECONDS,
@@ -56,11 +57,13 @@ class Workflow:
 
     def __init__(self, name: str, *, description: str = "",
                  config: Mapping[str, Any] | None = None, input: Iterable[str] = (),
-                 state: Mapping[str, str] | None = None,
+                 state: Mapping[str, str | Mapping[str, Any]] | None = None,
                  limits: Mapping[str, Any] | None = None) -> None:
         self._data: dict[str, Any] = {
             "workflow": name, "description": description, "config": dict(config or {}),
-            "input": list(input), "state": {k: {"reducer": v} for k, v in (state or {}).items()},
+            "input": list(input),
+            "state": {k: dict(v) if isinstance(v, Mapping) else {"reducer": v}
+                      for k, v in (state or {}).items()},
             "limits": dict(limits or {}), "nodes": {}, "edges": [],
         }
         self._callables: dict[str, Callable[..., Any]] = {}
@@ -107,7 +110,8 @@ class Workflow:
              fn: Callable[..., Any] | None = None, **options: Any) -> Any:
         """Add a function node: ``wf.node("rca", rca_fn, reads=[...])`` or as a decorator,
         ``@wf.node()`` / ``@wf.node("name", timeout="30s")``. Options are the file's node
-        keys: reads, writes, timeout, retry, isolation, tokens, confirm, description."""
+        keys: reads, writes, timeout, retry, isolation, tokens, confirm, description, args
+        (``ctx.args``: one function can serve several nodes)."""
         if callable(name):
             return self.node(None, name, **options)
 
@@ -197,9 +201,13 @@ class Workflow:
 
     def edge(self, source: str | Iterable[str], target: str | Iterable[str], *,
              when: str | None = None, otherwise: bool = False,
-             max: int | None = None) -> Workflow:
-        """``a -> b``; a list target is a fan-out, a list source a join."""
+             max: int | None = None,
+             on_error: bool | str | Iterable[str] = False) -> Workflow:
+        """``a -> b``; a list target is a fan-out, a list source a join. ``on_error``
+        (True, or exception class names): an error edge, taken when ``a`` fails."""
         e: dict[str, Any] = {"from": _names(source), "to": _names(target)}
+        if on_error is not False:
+            e["on_error"] = on_error if isinstance(on_error, bool | str) else list(on_error)
         if when is not None:
             e["when"] = when
         if otherwise:
@@ -234,6 +242,22 @@ class Workflow:
         e: dict[str, Any] = {"from": source, "choose": list(targets)}
         if max is not None:
             e["max"] = max
+        self._mutable()["edges"].append(e)
+        return self
+
+    def map(self, source: str, expr: str, target: str, *, as_: str | None = None,
+            collect: str | None = None, max_concurrency: int | None = None,
+            max_items: int | None = None, max: int | None = None) -> Workflow:
+        """Run ``target`` once per item of the list the CEL expression ``expr`` gives when
+        ``source`` completes, concurrently; the item is the field ``as_`` (default
+        ``item``) of the state each visit receives. ``collect``: gather each item's
+        update, in item order, into that field (else they merge through reducers)."""
+        e: dict[str, Any] = {"from": source, "map": expr, "to": target}
+        for key, value in (("as", as_), ("collect", collect),
+                           ("max_concurrency", max_concurrency), ("max_items", max_items),
+                           ("max", max)):
+            if value is not None:
+                e[key] = value
         self._mutable()["edges"].append(e)
         return self
 
@@ -312,6 +336,7 @@ class Workflow:
         data = _check_input(spec, input)
         cfg, lim = _effective(spec, config, limits, self._limits())
         st, owned = open_store_arg(store)
+        spans: RunSpans | None = None
         try:
             rid = run_id or make_run_id()
             key = L.env_key()
@@ -319,9 +344,17 @@ class Workflow:
             now = time.time()
             definition_hash = self.definition_hash()
             chain = chain_options(key)
-            rec, entry = writer.make(L.RUN_STARTED, {
+            started: dict[str, Any] = {
                 "workflow": spec.workflow, "definition_hash": definition_hash,
-                "input": data, "config": cfg, "limits": lim, **chain})
+                "input": data, "config": cfg, "limits": lim, **chain}
+            defaults = _defaults(spec, data)
+            if defaults:
+                started["defaults"] = defaults
+            spans = run_spans(rid, spec.workflow)  # None unless tracing is configured
+            if spans is not None:
+                started["trace"] = spans.ids
+                listener = with_spans(listener, spans)
+            rec, entry = writer.make(L.RUN_STARTED, started)
             view = RunView(plan)
             view.apply(rec)
             # created claimed where the store can: no claim of its own to commit
@@ -339,6 +372,8 @@ class Workflow:
                 listener(rec, view)
             return await drive(plan, st, rid, view, writer, listener=listener, owner=owner)
         finally:
+            if spans is not None:
+                spans.end()
             if owned:
                 await release_store(st)
 
@@ -401,6 +436,21 @@ def _check_input(spec: WorkflowSpec, input: Mapping[str, Any] | None) -> dict[st
     return data
 
 
+def _defaults(spec: WorkflowSpec, data: Mapping[str, Any]) -> dict[str, Any]:
+    """The declared fields' start values that apply to a run (``run.started`` records
+    them, so a resume folds the same state whatever the code's defaults become): a value
+    in the input replaces the default (null too, for a field without a reducer; a field
+    with one given null starts empty)."""
+    out = {}
+    for name, value in spec.defaults().items():
+        given = data.get(name)
+        if name not in data or (given is None and spec.state[name].reducer != "replace"):
+            out[name] = value
+    # each value as the log holds it; the fields in declaration order (as a live run's
+    # state has them)
+    return {name: L.to_json_value(value) for name, value in out.items()}
+
+
 def _effective(spec: WorkflowSpec, config: Mapping[str, Any] | None,
                limits: Mapping[str, Any] | None, declared: Mapping[str, Any]
                ) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -416,7 +466,7 @@ def _names(value: str | Iterable[str]) -> list[str]:
 
 def _opts(options: dict[str, Any]) -> dict[str, Any]:
     allowed = {"reads", "writes", "timeout", "retry", "isolation", "memory", "tokens",
-               "confirm", "description"}
+               "confirm", "description", "args"}
     unknown = set(options) - allowed
     if unknown:
         raise UsageError(f"unknown node option(s) {sorted(unknown)}; the options are "

@@ -20,6 +20,18 @@ Stored runs
     page at a time) and `TRACE_PAGE`, `LogCheck` (`interlock.verify`'s checks, fed a page
     of entries at a time), `owner_gone` (whether a run's executing process is gone).
 
+Threads
+    `abandoned_threads` (how many threads of sync nodes that timed out are still
+    running in this process: a tool that exits should not wait for them).
+
+Export
+    `export_run` (a run as JSON lines, a header then its records) and `verify_export`
+    (those lines verified with no store).
+
+Coverage
+    `workflows_in` (the workflows that have runs in a store, each as its newest run
+    defines it; `interlock.coverage` takes one).
+
 Limits
     `limits` (the module of every bound, each a `limits.Limit` with its environment
     variable and default; docs/security.md lists them), `read_at_most`, `too_big`,
@@ -30,8 +42,12 @@ It imports the engine (``import interlock`` alone does not): import it where it 
 
 from __future__ import annotations
 
+from . import _guards
 from . import _limits as limits
 from ._bounds import read_at_most, too_big, too_deep, too_deep_at
+from ._coverage import workflows_in
+from ._export import export as export_run
+from ._export import verify_export
 from ._fold import RunView
 from ._log import Entry, Record
 from ._model import EdgeSpec, NodeSpec
@@ -41,9 +57,37 @@ from ._spec import load_spec
 from ._spec import parse as parse_definition
 from ._store import RunRow, Summary, owner_gone
 
+
+def abandoned_threads() -> int:
+    """Threads left running by sync nodes that timed out in this process (a thread
+    cannot be interrupted; ``isolation: process`` has such a node killed instead)."""
+    return _guards.abandoned
+
+
 __all__ = [
-    "TRACE_PAGE", "EdgeSpec", "Entry", "LogCheck", "NodeSpec", "Record", "RunRow", "RunView",
-    "Summary", "limits", "load_run", "load_spec", "owner_gone", "parse_definition",
-    "read_at_most", "to_dot", "to_mermaid", "too_big", "too_deep", "too_deep_at",
+    "TRACE_PAGE",
+    "EdgeSpec",
+    "Entry",
+    "LogCheck",
+    "NodeSpec",
+    "Record",
+    "RunRow",
+    "RunView",
+    "Summary",
+    "abandoned_threads",
+    "export_run",
+    "limits",
+    "load_run",
+    "load_spec",
+    "owner_gone",
+    "parse_definition",
+    "read_at_most",
+    "to_dot",
+    "to_mermaid",
+    "too_big",
+    "too_deep",
+    "too_deep_at",
     "trace_pages",
+    "verify_export",
+    "workflows_in",
 ]

@@ -93,6 +93,12 @@ def trace(run_id: str, store: str) -> list[dict[str, Any]]:
     return asyncio.run(interlock.trace(run_id, store=store))
 
 
+def checked(records: list[dict[str, Any]]) -> set[str]:
+    """The services the triage map checked: one item each, its update under ``checks``."""
+    return {key for r in records if r["type"] == "node.completed" and r["node"] == "check"
+            and "item" in r for key in r["update"]["checks"]}
+
+
 def visits(records: list[dict[str, Any]]) -> list[str]:
     """Nodes in the order their visits started (a confirmed node's visit counts once)."""
     seen: list[tuple[str, int]] = []
@@ -122,11 +128,11 @@ def test_triage_all_green_is_resolved_without_remediation(store: str) -> None:
     assert result.status == "COMPLETED"
     records = trace(result.run_id, store)
     seq = visits(records)
-    assert set(seq[:5]) == CHECKS  # the fan-out
-    assert seq[5:] == ["summarizer", "journal", "final_report"]
-    [join] = [r for r in records if r["type"] == "edge.taken" and r.get("to") == ["summarizer"]]
-    assert join["seq"] > max(r["seq"] for r in records
-                             if r["type"] == "node.completed" and r["node"] in CHECKS)
+    assert seq[0] == "check" and checked(records) == CHECKS  # the map: a check per service
+    assert seq[1:] == ["summarizer", "journal", "final_report"]
+    [after] = [r for r in records if r["type"] == "edge.taken" and r.get("to") == ["summarizer"]]
+    assert after["seq"] > max(r["seq"] for r in records
+                              if r["type"] == "node.completed" and r["node"] == "check")
     assert decisions(records, "journal") == [
         {"taken": True, "to": ["final_report"], "expr": 'severity == "healthy"', "value": True,
          "reads": {"severity": "healthy"}},
@@ -138,7 +144,7 @@ def test_triage_disk_full_is_fixed_on_attempt_2(store: str) -> None:
     result = load("triage").run_sync({"scenario": "disk-full"}, store=store)
     assert result.status == "COMPLETED"
     records = trace(result.run_id, store)
-    assert visits(records)[5:] == ["summarizer", "journal", "remediate", "verify",
+    assert visits(records)[1:] == ["summarizer", "journal", "remediate", "verify",
                                    "remediate", "verify", "summary", "final_report"]
     journal = decisions(records, "journal")
     assert [(d["taken"], d["value"]) for d in journal] == [(False, False), (True, True)]
@@ -638,7 +644,7 @@ def test_audit_hybrid_search_fuses_keyword_and_vector_rankings() -> None:
 @pytest.mark.parametrize("path", [
     "examples/triage/workflow.yaml", "examples/incident/workflow.yaml",
     "examples/incident/workflow.agents.yaml", "examples/incident/workflow.openai.yaml",
-    "examples/audit/workflow.yaml"])
+    "examples/audit/workflow.yaml", "examples/jokes/workflow.yaml"])
 def test_examples_validate_without_warnings_and_render(path: str) -> None:
     checked = CliRunner().invoke(cli, ["validate", path])
     assert checked.exit_code == 0, checked.output
@@ -719,7 +725,7 @@ def _agent_replies(records: list[dict[str, Any]]) -> list[str]:
 def _triage_shape(records: list[dict[str, Any]]) -> dict[str, Any]:
     """What must be the same whether the summarizer is a rule or an agent."""
     seq = visits(records)
-    return {"checks": set(seq[:5]), "tail": seq[5:],
+    return {"checks": checked(records), "tail": seq[1:],
             "journal": decisions(records, "journal"), "verify": decisions(records, "verify"),
             "effects": types(records)["effect.recorded"] - len(_agent_replies(records))}
 
@@ -764,7 +770,7 @@ def test_triage_agents_run_against_an_openai_compatible_server(
     assert result.state["assessment"] == healthy
     assert result.state["severity"] == "healthy" and result.state["findings"] == {}
     records = trace(result.run_id, store)
-    assert visits(records)[5:] == ["summarizer", "journal", "final_report"]
+    assert visits(records)[1:] == ["summarizer", "journal", "final_report"]
     assert decisions(records, "journal")[0] == {
         "taken": True, "to": ["final_report"], "expr": 'severity == "healthy"', "value": True,
         "reads": {"severity": "healthy"}}
@@ -888,3 +894,25 @@ def test_audit_agent_files_differ_only_in_the_provider() -> None:
     "examples/audit/workflow.agents.yaml", "examples/audit/workflow.openai.yaml"])
 def test_agent_variants_validate_without_warnings_and_render(path: str) -> None:
     test_examples_validate_without_warnings_and_render(path)
+
+
+# ---- jokes (map-reduce) ------------------------------------------------------------------
+
+def test_jokes_maps_one_joke_per_subject_then_picks_the_best(store: str) -> None:
+    result = load("jokes").run_sync({"topic": "animals"}, store=store)
+    assert result.status == "COMPLETED", result.error
+    subjects = ["hedgehogs", "cats", "owls", "pelicans", "yaks"]
+    # collected in item order, whatever order the items finished in
+    assert [j["joke"].split()[2] for j in result.state["jokes"]] == subjects
+    assert result.state["count"] == 5
+    assert result.state["best"] == "Why do cats never get lost? They follow the stac."
+    records = trace(result.run_id, store)
+    finished = [r["item"] for r in records if r["type"] == "node.completed" and "item" in r]
+    assert sorted(finished) == list(range(5)) and finished != list(range(5))
+    assert result.steps == 7  # plan, five items, best
+
+
+def test_jokes_with_another_topic_maps_over_its_own_list(store: str) -> None:
+    result = load("jokes").run_sync({"topic": "space"}, store=store)
+    assert result.status == "COMPLETED", result.error
+    assert result.state["count"] == 3

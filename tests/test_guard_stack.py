@@ -36,6 +36,9 @@ class Port:
         assert self.budget is not None
         self.budget.charge(ctx, n)
 
+    def node_args(self, node: str) -> dict[str, Any]:
+        return {}
+
 
 def attempt(pn: Any, number: int = 1, *, ctx: Context | None = None,
             state: dict[str, Any] | None = None) -> G.Attempt:
@@ -329,10 +332,10 @@ def retrier(errors: list[RunError | None], retry: RetrySpec
         attempts.append(a.number)
         return outcome(a, error=errors[len(attempts) - 1], duration_ms=1.5)
 
-    def begin(pn: Any, visit: int, number: int) -> G.Attempt:
+    def begin(pn: Any, visit: int, number: int, item: int | None = None) -> G.Attempt:
         return G.attempt_of(pn, visit, number, {}, None)
 
-    return G.Retry(next_call, begin, lambda node, visit: None, sink), sink, attempts  # type: ignore[arg-type]
+    return G.Retry(next_call, begin, lambda node, visit, item: None, sink), sink, attempts  # type: ignore[arg-type]
 
 
 def test_retry_runs_attempts_until_one_succeeds_each_a_record() -> None:

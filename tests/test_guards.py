@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import os
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -514,3 +518,22 @@ def test_a_long_run_of_nodes_that_never_wait_lets_other_tasks_run() -> None:
         return during
 
     assert asyncio.run(main()) >= 5
+
+
+def test_the_cli_exits_after_a_run_without_waiting_for_an_abandoned_thread(
+        tmp_path: Path) -> None:
+    # a sync node past its timeout keeps its thread (it cannot be interrupted); the run
+    # has failed and said so, and the process exits at once instead of waiting the
+    # minutes the body still sleeps
+    (tmp_path / "stuck_nodes.py").write_text(
+        "import time\n\ndef stuck(state):\n    time.sleep(600)\n    return {}\n")
+    (tmp_path / "wf.yaml").write_text(
+        "workflow: stuck\nnodes:\n  stuck: {call: stuck_nodes:stuck, timeout: 0.2s}\n"
+        "edges:\n  - {from: START, to: stuck}\n  - {from: stuck, to: END}\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "interlock", "run", "wf.yaml", "--json",
+         "--store", f"sqlite:///{tmp_path / 'runs.db'}"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    assert json.loads(proc.stdout)["status"] == "FAILED"

@@ -48,6 +48,17 @@ def approval_flow() -> Workflow:
     return wf
 
 
+def map_in_a_loop() -> Workflow:
+    wf = Workflow("mapped", state={"i": "add", "out": "extend"})
+    wf.node("plan", lambda s: {"i": 1, "xs": [s.get("i", 0) * 10 + k for k in range(3)]})
+    wf.node("work", lambda s: {"x": s["x"] * 2})
+    wf.node("check", lambda s: {"n": len(s["out"])})
+    wf.edge(START, "plan").map("plan", "xs", "work", as_="x", collect="out")
+    wf.edge("work", "check").edge("check", "plan", when="i < 3")
+    wf.edge("check", "END", otherwise=True)
+    return wf
+
+
 def records_of(wf: Workflow, *args: Any, **kw: Any) -> list[dict[str, Any]]:
     recs: list[dict[str, Any]] = []
     wf.run_sync(*args, store="memory://", listener=lambda r, v: recs.append(r), **kw)
@@ -55,7 +66,7 @@ def records_of(wf: Workflow, *args: Any, **kw: Any) -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("make, args", [(loop_with_join, ({"stop": 6},)),
-                                        (approval_flow, ())])
+                                        (approval_flow, ()), (map_in_a_loop, ())])
 def test_restoring_at_every_record_gives_the_same_view(make: Any, args: Any) -> None:
     wf = make()
     recs = records_of(wf, *args)

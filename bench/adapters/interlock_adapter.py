@@ -94,6 +94,24 @@ def fan_out(n: int, sleep: bool) -> interlock.Workflow:
     return wf
 
 
+async def plan_items(state: dict[str, Any]) -> dict[str, Any]:
+    return {"xs": list(range(state["n"]))}
+
+
+async def map_hit(state: dict[str, Any]) -> dict[str, Any]:
+    return {"hits": state["x"]}
+
+
+def mapped(n: int) -> interlock.Workflow:
+    """START -> plan -> map(xs) hit -> done -> END: one visit of ``hit`` per item, each
+    appending to ``hits`` (SPEC §7 map; LangGraph's side is ``Send``)."""
+    wf = interlock.Workflow("map", state={"hits": "append"})
+    wf.node("plan", plan_items).node("hit", map_hit).node("done", done)
+    wf.edge("START", "plan").map("plan", "xs", "hit", as_="x", max_items=max(n, 1))
+    wf.edge("hit", "done").edge("done", "END")
+    return wf
+
+
 def loop(n: int, *, append: bool = False) -> interlock.Workflow:
     """``step`` runs n times: step -> step when i < n, otherwise END."""
     wf = interlock.Workflow(f"loop-{n}", state={"items": "append"} if append else None)
@@ -146,6 +164,20 @@ async def s2(em: Emitter, p: dict[str, Any]) -> None:
         else:
             em.value("per_node_us", dt / (n + 2) * 1e6, "us", trial=k)
             em.value("per_node_cpu_us", cpu / (n + 2) * 1e6, "us", trial=k)
+
+
+async def s9(em: Emitter, p: dict[str, Any]) -> None:
+    n = p["n"]
+    wf = mapped(n)
+    wf.compile()
+
+    async def once() -> None:
+        _check(await wf.run({"n": n}, store="memory://"), hits=n, total=n)
+
+    for k, (dt, cpu) in enumerate(await trials(once, warmup=p["warmup"], count=p["trials"])):
+        em.value("wall_ms", dt * 1000, "ms", trial=k)
+        em.value("per_item_us", dt / n * 1e6, "us", trial=k)
+        em.value("per_item_cpu_us", cpu / n * 1e6, "us", trial=k)
 
 
 async def s3(em: Emitter, p: dict[str, Any]) -> None:
@@ -279,5 +311,5 @@ def s6(em: Emitter, p: dict[str, Any]) -> None:
 
 if __name__ == "__main__":
     main(ENGINE, {"S1": s1, "S2": s2, "S3": s3, "S4": s4, "S5": s5, "S6": s6, "S7": s7,
-                  "S8": s8},
+                  "S8": s8, "S9": s9},
          lambda: interlock.__version__)

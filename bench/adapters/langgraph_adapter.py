@@ -39,6 +39,7 @@ from _common import (
 )
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 from langgraph.graph import END, START, StateGraph
+from langgraph.types import Send
 
 ENGINE = "langgraph"
 
@@ -106,6 +107,35 @@ def fan_out(n: int, sleep: bool) -> StateGraph:
     for b in branches:
         g.add_edge("fan", b)
     g.add_edge(branches, "done")
+    g.add_edge("done", END)
+    return g
+
+
+class MapState(TypedDict, total=False):
+    n: int
+    x: int
+    hits: Annotated[list[int], operator.add]
+    total: int
+
+
+async def plan_items(state: MapState) -> dict[str, Any]:
+    return {}
+
+
+async def map_hit(state: MapState) -> dict[str, Any]:
+    return {"hits": [state["x"]]}
+
+
+def mapped(n: int) -> StateGraph:
+    """START -> plan -> Send("hit", {x}) per item -> done -> END: LangGraph's map-reduce."""
+    g = StateGraph(MapState)
+    g.add_node("plan", plan_items)
+    g.add_node("hit", map_hit)
+    g.add_node("done", done)
+    g.add_edge(START, "plan")
+    g.add_conditional_edges("plan", lambda s: [Send("hit", {"x": i}) for i in range(s["n"])],
+                            ["hit"])
+    g.add_edge("hit", "done")
     g.add_edge("done", END)
     return g
 
@@ -297,6 +327,20 @@ def s6(em: Emitter, p: dict[str, Any]) -> None:
            count=p["trials"])
 
 
+async def s9(em: Emitter, p: dict[str, Any]) -> None:
+    n = p["n"]
+    graph = mapped(n).compile()
+    cfg = _config(n + 2)
+
+    async def once() -> None:
+        _check(await graph.ainvoke({"n": n}, cfg), hits=n, total=n)
+
+    for k, (dt, cpu) in enumerate(await trials(once, warmup=p["warmup"], count=p["trials"])):
+        em.value("wall_ms", dt * 1000, "ms", trial=k)
+        em.value("per_item_us", dt / n * 1e6, "us", trial=k)
+        em.value("per_item_cpu_us", cpu / n * 1e6, "us", trial=k)
+
+
 def _version() -> str:
     return ", ".join(f"{name} {importlib.metadata.version(name)}" for name in
                      ("langgraph", "langgraph-checkpoint", "langgraph-checkpoint-sqlite",
@@ -305,5 +349,5 @@ def _version() -> str:
 
 if __name__ == "__main__":
     main(ENGINE, {"S1": s1, "S2": s2, "S3": s3, "S4": s4, "S5": s5, "S6": s6, "S7": s7,
-                  "S8": s8},
+                  "S8": s8, "S9": s9},
          _version)

@@ -410,7 +410,7 @@ class _Agent:
     def _check(self, content: str | None) -> tuple[Any, str | None]:
         """The reply as the node's output, or why it is not acceptable."""
         if self.validator is None and self.model_cls is None:
-            return content or "", None
+            return _as_object(content or ""), None
         text = _unfence(content or "")
         try:
             data = json.loads(text)
@@ -497,6 +497,21 @@ def _loads(arguments: str, redact: frozenset[str]) -> Any:
 
 
 _FENCE = re.compile(r"^\s*```[A-Za-z0-9_-]*\s*\n(.*?)\n?```\s*$", re.S)
+
+
+def _as_object(text: str) -> Any:
+    """A reply without an ``output`` schema: a JSON object (fenced or not) is kept as the
+    object, so ``{{ node.field }}`` and ``node.field`` in a condition read it; any other
+    text -- a number, ``true``, a list, prose -- stays the text the model wrote."""
+    body = _unfence(text).strip()
+    if body.startswith("{"):
+        try:
+            data = json.loads(body)
+        except ValueError:
+            return text
+        if isinstance(data, dict):
+            return data
+    return text
 
 
 def _unfence(text: str) -> str:

@@ -35,6 +35,7 @@ from ._common import (
     EXIT_USAGE,
     EXIT_WAITING,
     CliError,
+    Exit,
     call_engine,
     config_overrides,
     exit_code_for,
@@ -44,7 +45,8 @@ from ._common import (
     read_input,
     with_store,
 )
-from ._inspect import graph, runs, status, validate, verify
+from ._coverage import coverage
+from ._inspect import export, graph, runs, status, validate, verify
 from ._progress import Progress
 from ._run import cancel, fork, resume, run
 from ._trace import trace
@@ -92,12 +94,12 @@ def main(argv: list[str] | None = None) -> None:
 def _exit_now_if_threads_were_abandoned(code: Any) -> None:
     """A sync node that timed out keeps its worker thread (it cannot be interrupted);
     the run has ended and said so, so the process does not wait for that thread."""
-    guards = sys.modules.get("interlock._guards")
-    if guards is not None and getattr(guards, "abandoned", None):
+    if Exit.now:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code if isinstance(code, int) else (0 if code is None else 1))
 
 
-for _command in (run, validate, graph, resume, status, runs, trace, verify, cancel, fork):
+for _command in (run, validate, graph, resume, status, runs, trace, verify, cancel, fork,
+                 coverage, export):
     cli.add_command(_command)

@@ -35,6 +35,22 @@ def exit_code_for(status: str) -> int:
     return _STATUS_EXIT.get(status, EXIT_FAILED)
 
 
+class Exit:
+    """How the process ends. ``now``: without waiting for its threads -- set by a
+    command after a run that left a timed-out sync node's thread running (it cannot be
+    interrupted; the run has ended and said so). Read by ``interlock.cli.main``."""
+
+    now = False
+
+
+def note_abandoned_threads() -> None:
+    """Set `Exit.now` if a run of this process left threads running (see `Exit`)."""
+    from ..support import abandoned_threads
+
+    if abandoned_threads():
+        Exit.now = True
+
+
 class CliError(click.ClickException):
     """A mistake the user can fix: printed as ``error: <message>``, exit code 2."""
 

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
 
 _STATUS_STYLE = {
     "running": "cyan", "completed": "green", "failed": "bold red", "retrying": "yellow",
+    "caught": "yellow",  # failed, and an error edge took the run on
     "waiting": "magenta", "taken": "cyan", "skipped": "dim", "not run": "dim",
     "COMPLETED": "bold green", "FAILED": "bold red", "CANCELLED": "bold red",
     "WAITING_APPROVAL": "bold magenta", "REJECTED": "bold yellow",
@@ -80,6 +81,8 @@ def _node_detail(rec: Record) -> str:
     parts = []
     if rec["type"] == "node.started" and rec.get("attempt", 1) > 1:
         parts.append(f"attempt {rec['attempt']}")
+    if rec.get("items") is not None:  # a mapped node's visit, every item completed
+        parts.append(_plural(rec["items"], "item"))
     if rec.get("duration_ms") is not None:
         parts.append(_duration(rec["duration_ms"]))
     if rec.get("tokens"):
@@ -87,6 +90,8 @@ def _node_detail(rec: Record) -> str:
     error = rec.get("error")
     if error:
         parts.append(_short(str(error.get("message", "")).splitlines()[0], 200))
+    if rec.get("caught"):  # an error edge caught it: the run goes on along that edge
+        parts.append(f"caught by edge {rec['caught'].get('edge')} (on_error)")
     if rec["type"] == "node.retrying" and rec.get("delay_ms") is not None:
         parts.append(f"retry in {_duration(rec['delay_ms'])}")
     return "  ".join(parts)

@@ -100,12 +100,17 @@ class Progress:
     def _on_node(self, rec: Record) -> None:
         node = rec["node"]
         st = self.stats.setdefault(node, NodeStats())
-        st.status = rec["type"].removeprefix("node.")
-        if st.status == "started":
-            st.status = "running"
+        st.tokens += rec.get("tokens") or 0
+        status = "caught" if rec.get("caught") else rec["type"].removeprefix("node.")
+        status = "running" if status == "started" else status
+        item = rec.get("item")
+        if item is not None:  # one item of a mapped node's visit: its line, not its row
+            self._line(f"{node}[{item}]", status, _node_detail(rec))
+            return
+        st.status = status
+        if rec["type"] == "node.started":
             st.visits.add(rec["visit"])
         st.duration_ms += rec.get("duration_ms") or 0.0
-        st.tokens += rec.get("tokens") or 0
         self._line(node, st.status, _node_detail(rec))
 
     def _on_waiting(self, rec: Record) -> None:

@@ -18,6 +18,7 @@ from ._common import (
     exit_code_for,
     json_option,
     load_workflow,
+    note_abandoned_threads,
     parse_sets,
     read_input,
     set_option,
@@ -63,6 +64,7 @@ def run(workflow: str, input_json: str | None, input_file: str | None, sets: tup
         click.echo(json.dumps(result.to_json(), ensure_ascii=False))
     else:
         progress.print_summary(result)
+    note_abandoned_threads()
     sys.exit(exit_code_for(result.status))
 
 
@@ -190,6 +192,7 @@ def _finish(result: RunResult, progress: Progress, as_json: bool) -> NoReturn:
         click.echo(json.dumps(result.to_json(), ensure_ascii=False))
     else:
         progress.print_summary(result)
+    note_abandoned_threads()
     sys.exit(exit_code_for(result.status))
 
 

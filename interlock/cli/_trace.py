@@ -159,6 +159,7 @@ def _record_detail(rec: Record, spec: WorkflowSpec | None) -> str:
     if rtype.startswith("node."):
         detail = _node_detail(rec)  # names a re-started attempt itself
         parts = [f"visit {rec['visit']}" if (rec.get("visit") or 1) > 1 else "",
+                 f"item {rec['item']}" if rec.get("item") is not None else "",
                  f"attempt {rec['attempt']}" if rec.get("attempt") is not None
                  and not detail.startswith("attempt") else "",
                  detail]
