@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -158,3 +160,29 @@ def test_memory_url_is_not_shared() -> None:
         await release_store(b)
 
     asyncio.run(main())
+
+
+def test_a_script_that_exits_right_after_its_run_leaves_the_store_closed(
+        tmp_path: Path) -> None:
+    """The last user does not wait for the store's close, but the process does, at exit:
+    the WAL is back in the file and the run reads back whole."""
+    db = tmp_path / "runs.db"
+    script = f"""
+import interlock
+async def step(state):
+    return {{"i": state.get("i", 0) + 1}}
+wf = interlock.Workflow("exit")
+wf.node("a", step)
+wf.edge("START", "a")
+wf.edge("a", "END")
+print(wf.run_sync({{}}, store="sqlite:///{db}").run_id)
+"""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        p for p in (str(Path(interlock.__file__).resolve().parent.parent),
+                    os.environ.get("PYTHONPATH", "")) if p)}
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env=env, timeout=60, check=True)
+    run_id = proc.stdout.strip()
+    assert not Path(f"{db}-wal").exists()
+    result = asyncio.run(interlock.status(run_id, store=f"sqlite:///{db}"))
+    assert result.status == "COMPLETED" and result.state == {"i": 1}

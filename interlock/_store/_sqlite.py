@@ -343,13 +343,13 @@ class _Writer:
             self._jobs.put(None)
 
     def stop(self) -> None:
-        """Let the queued jobs finish, then end the thread (idempotent)."""
+        """Let the queued jobs finish (a `close_with`'s last job too), then end the thread
+        and wait for it (idempotent)."""
         _WRITERS.discard(self)
         with self._guard:
-            if self._stopped:
-                return
-            self._stopped = True
-            self._jobs.put(None)
+            if not self._stopped:
+                self._stopped = True
+                self._jobs.put(None)
         if threading.current_thread() is not self._thread:
             self._thread.join()
 
