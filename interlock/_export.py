@@ -22,7 +22,7 @@ import orjson
 from . import _log as L
 from ._errors import UsageError
 from ._runs import TRACE_PAGE, LogCheck, Verification, open_store_arg, run_key
-from ._store import RunRow, Store, Summary
+from ._store import RunRow, Store, Summary, release_store
 
 FORMAT = "interlock-run"
 VERSION = 1
@@ -53,7 +53,7 @@ async def export(run_id: str, *, store: str | Store | None = None) -> AsyncItera
                 yield entry.data + b"\n"
     finally:
         if owned:
-            await st.close()
+            await release_store(st)
 
 
 def _row(head: dict[str, Any]) -> RunRow:

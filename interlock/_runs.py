@@ -30,7 +30,7 @@ from ._plan import Plan
 from ._runner import Runner
 from ._spec import parse
 from ._steps import Steps
-from ._store import RunRow, Store, open_store, this_owner
+from ._store import RunRow, Store, acquire_store, release_store, this_owner
 
 if TYPE_CHECKING:
     from ._approvals import Decision
@@ -82,10 +82,11 @@ def result_of(run_id: str, workflow: str, view: RunView) -> RunResult:
 
 
 def open_store_arg(store: str | Store | None) -> tuple[Store, bool]:
-    """A `Store` for an argument that may be a URL; True when we opened it (and close it)."""
+    """A `Store` for an argument that may be a URL; True when it is the URL's shared
+    store (`acquire_store`), which the caller gives back with `release_store`."""
     if isinstance(store, Store):
         return store, False
-    return open_store(store), True
+    return acquire_store(store), True
 
 
 # -- executing ----------------------------------------------------------------------
@@ -93,16 +94,20 @@ def open_store_arg(store: str | Store | None) -> tuple[Store, bool]:
 
 async def drive(plan: Plan, store: Store, run_id: str, view: RunView, writer: L.LogWriter, *,
                 first: list[tuple[str, dict[str, Any]]] | None = None, force: bool = False,
-                listener: Listener | None = None) -> RunResult:
+                listener: Listener | None = None, owner: str | None = None) -> RunResult:
     """Claim the run, commit ``first`` (e.g. ``run.resumed``), execute, release.
 
+    ``owner``: the run was created claimed by it (`Workflow.run`), so there is no claim
+    to make. The last append (the run's end) gives the lease up in its transaction; the
+    release here is for a run that stops otherwise (waiting, an error of the store).
     The executor runs in the caller's task (`_execute`); a `_Watcher` keeps the lease
     alive and looks for a cancellation requested through the store (by `cancel`, from
     any process).
     """
-    owner = make_owner()
-    await store.claim(run_id, owner, LEASE_SECONDS, force=force)
-    journal = Journal(store, run_id, view, writer, listener)
+    if owner is None:
+        owner = make_owner()
+        await store.claim(run_id, owner, LEASE_SECONDS, force=force)
+    journal = Journal(store, run_id, view, writer, listener, owner=owner)
     runner = Runner(plan, journal, run_id, view)
     try:
         if first:
@@ -118,7 +123,8 @@ async def drive(plan: Plan, store: Store, run_id: str, view: RunView, writer: L.
         if view.status not in TERMINAL_STATUSES:
             await _execute(store, run_id, owner, runner)
     finally:
-        await store.release(run_id, owner)
+        if not journal.released:
+            await store.release(run_id, owner)
     return result_of(run_id, plan.spec.workflow, view)
 
 
@@ -206,7 +212,8 @@ class _Watcher:
                 self.runner.cancelled_by = request
                 self.cancelled = True
                 self.target.cancel()
-            if loop.time() >= self._next_beat:
+            if loop.time() >= self._next_beat and \
+                    self.runner.view.status not in TERMINAL_STATUSES:  # not released yet
                 await self.store.heartbeat(self.run_id, self.owner, LEASE_SECONDS)
                 self._next_beat = loop.time() + LEASE_SECONDS / 3
             await self.runner.sink.flush()  # a no-op unless records wait to be committed
@@ -410,7 +417,7 @@ async def resume(run_id: str, decision: Decision | None = None, *,
                 spans.end()
     finally:
         if owned:
-            await st.close()
+            await release_store(st)
 
 
 async def _traced(store: Store, run_id: str, workflow: str, listener: Listener | None
@@ -445,7 +452,7 @@ async def status(run_id: str, *, store: str | Store | None = None) -> RunResult:
         return result_of(run_id, loaded.row.workflow, loaded.view)
     finally:
         if owned:
-            await st.close()
+            await release_store(st)
 
 
 TRACE_KEYS = ("seq", "type", "node", "at", "duration_ms", "attempt", "tokens", "error")
@@ -470,7 +477,7 @@ async def trace_pages(run_id: str, *, store: str | Store | None = None,
             yield [trace_record(run_id, entry) for entry in entries]
     finally:
         if owned:
-            await st.close()
+            await release_store(st)
 
 
 def trace_record(run_id: str, entry: L.Entry) -> dict[str, Any]:
@@ -626,7 +633,7 @@ async def verify(run_id: str, *, store: str | Store | None = None) -> Verificati
         return check.result()
     finally:
         if owned:
-            await st.close()
+            await release_store(st)
 
 
 async def fork(run_id: str, at: int, *, store: str | Store | None = None,
@@ -681,7 +688,7 @@ async def fork(run_id: str, at: int, *, store: str | Store | None = None,
                 spans.end()
     finally:
         if owned:
-            await st.close()
+            await release_store(st)
 
 
 def _fresh_deadlines(spec: WorkflowSpec, view: RunView, now: float
@@ -734,7 +741,7 @@ async def cancel(run_id: str, *, by: str | None = None, store: str | Store | Non
         return result_of(run_id, loaded.row.workflow, loaded.view)
     finally:
         if owned:
-            await st.close()
+            await release_store(st)
 
 
 async def list_runs(*, store: str | Store | None = None, status: str | None = None,
@@ -744,4 +751,4 @@ async def list_runs(*, store: str | Store | None = None, status: str | None = No
         return await st.list_runs(status=status, workflow=workflow, limit=limit)
     finally:
         if owned:
-            await st.close()
+            await release_store(st)

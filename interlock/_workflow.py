@@ -24,10 +24,18 @@ from ._fold import RunView
 from ._model import DEFAULT_STEPS, WorkflowSpec, check_limits
 from ._otel import RunSpans, run_spans, with_spans
 from ._plan import Plan
-from ._runs import RunResult, chain_options, drive, make_run_id, open_store_arg
+from ._runs import (
+    LEASE_SECONDS,
+    RunResult,
+    chain_options,
+    drive,
+    make_owner,
+    make_run_id,
+    open_store_arg,
+)
 from ._spec import load_spec, parse
 from ._state import check_whole_values
-from ._store import RunRow, Store, Summary
+from ._store import RunRow, Store, Summary, release_store
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -359,22 +367,25 @@ class Workflow:
             rec, entry = writer.make(L.RUN_STARTED, started)
             view = RunView(plan)
             view.apply(rec)
+            # created claimed where the store can: no claim of its own to commit
+            owner = make_owner() if st.leases_in_writes else None
             row = RunRow(run_id=rid, workflow=spec.workflow, definition=self.definition(),
                          definition_hash=definition_hash, input=data,
                          options={"config": dict(config or {}), "limits": dict(limits or {}),
                                   **chain},
                          created_at=now,
                          summary=Summary(status="RUNNING", last_seq=1, last_hash=writer.hash,
-                                         updated_at=now))
+                                         updated_at=now),
+                         owner=owner, lease_until=now + LEASE_SECONDS if owner else None)
             await st.create_run(row, [entry])
             if listener is not None:
                 listener(rec, view)
-            return await drive(plan, st, rid, view, writer, listener=listener)
+            return await drive(plan, st, rid, view, writer, listener=listener, owner=owner)
         finally:
             if spans is not None:
                 spans.end()
             if owned:
-                await st.close()
+                await release_store(st)
 
     def run_sync(self, input: Mapping[str, Any] | None = None, **kwargs: Any) -> RunResult:
         """`run` for scripts: blocks until the run stops (no event loop may be running)."""

@@ -20,6 +20,8 @@ from ._base import (
 
 
 class MemoryStore(Store):
+    leases_in_writes = True
+
     def __init__(self, url: str = "memory://") -> None:
         self.url = url
         self._runs: dict[str, RunRow] = {}
@@ -33,7 +35,8 @@ class MemoryStore(Store):
         self._runs[row.run_id] = row.copy()  # the caller's row stays the caller's
         self._entries[row.run_id] = list(entries)
 
-    async def append(self, run_id: str, entries: list[Entry], summary: Summary) -> None:
+    async def append(self, run_id: str, entries: list[Entry], summary: Summary,
+                     release: str | None = None) -> None:
         row = self._runs.get(run_id)
         if row is None:
             raise RunNotFound(run_id)
@@ -44,6 +47,8 @@ class MemoryStore(Store):
             self._check_seq(run_id, log, entries)  # raises, saying which record does not fit
         log.extend(entries)
         row.summary = summary  # a fresh object per append (Journal.flush); reads copy it
+        if release is not None and row.owner == release:
+            row.owner, row.lease_until = None, None
 
     @staticmethod
     def _check_seq(run_id: str, log: list[Entry], entries: list[Entry]) -> None:
