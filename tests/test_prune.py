@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,14 @@ def age(db: Path, run_id: str, days: float) -> None:
     with sqlite3.connect(db) as conn:
         conn.execute("UPDATE runs SET updated_at = ?, created_at = ? WHERE run_id = ?",
                      (time.time() - days * DAY, time.time() - days * DAY, run_id))
+
+
+def settled() -> None:
+    """Wait for the stores the runs above let go of to finish closing: the last user of
+    a shared store does not wait for SQLite's copy of its WAL into the file."""
+    for t in threading.enumerate():
+        if t.name.startswith("interlock-sqlite"):
+            t.join(timeout=30)
 
 
 def prune(db: Path, *args: str) -> tuple[int, Any]:
@@ -69,9 +78,11 @@ def test_prune_deletes_old_finished_runs_and_keeps_waiting_ones_and_kept_parents
     assert dry["kept_children"] == [fork.run_id]
     assert len(asyncio.run(interlock.list_runs(store=store))) == 6  # nothing deleted
 
+    settled()
     size = db.stat().st_size + (os.path.getsize(f"{db}-wal") if Path(f"{db}-wal").exists()
                                 else 0)
     code, done = prune(db, "--older-than", "30d")
+    settled()
     assert code == 0 and not done["dry_run"]
     assert sorted(done["runs"]) == sorted(r.run_id for r in old_done)
     assert done["records"] > 0
