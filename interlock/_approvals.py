@@ -160,6 +160,8 @@ def known_fields(spec: WorkflowSpec, view: RunView) -> set[str]:
         known |= set(ns.writes or ())
         if ns.approval is not None or ns.agent is not None:
             known.add(name)
+        if ns.workflow is not None:
+            known.add(ns.output_key or name)
     return known
 
 
@@ -184,8 +186,10 @@ def _records(spec: WorkflowSpec, gate: Gate, decision: str, by: str | None,
             "by": by, "comment": comment, "patch": patch, "reenter": reenter,
             "timed_out": timed_out or None, "key": gate.key}
     items: Items = [(L.APPROVAL_DECIDED, base)]
-    if gate.kind == "tool":
-        return items  # the node runs again and reads the decision from ctx.confirm
+    if gate.kind in ("tool", "workflow"):
+        # the node runs again and reads the decision from ctx.confirm (a child run's
+        # gate: `_runs.resume` has decided it in the child)
+        return items
     if gate.kind == "confirm":
         if decision != "approved":
             msg = f"{gate.node!r} needed confirmation and was {decision} by {by}"

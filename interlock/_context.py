@@ -50,10 +50,15 @@ class PauseRequested(BaseException):
     A BaseException, so that a node's ``except Exception:`` cannot swallow the pause.
     """
 
-    def __init__(self, key: str, show: Mapping[str, Any]) -> None:
+    def __init__(self, key: str, show: Mapping[str, Any], *, path: str | None = None,
+                 decisions: list[str] | None = None) -> None:
         super().__init__(key)
         self.key = key
         self.show = dict(show)
+        # a gate of a child run (a sub-workflow node, SPEC §7): the path of nodes down to
+        # it (``remediate/approval``) and the decisions it takes; ``key`` is the child's id
+        self.path = path
+        self.decisions = decisions
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,12 +81,13 @@ class Tally:
     """What one attempt has spent: written by the budget that charges it
     (`_guards.Budget.charge`), read by the context and the node call."""
 
-    __slots__ = ("over", "tokens", "unsaved")
+    __slots__ = ("over", "steps", "tokens", "unsaved")
 
     def __init__(self) -> None:
         self.tokens = 0
         self.unsaved = 0  # of those, not yet in a record (an effect's, or the attempt's end)
         self.over: RunError | None = None  # set when this visit crossed a budget
+        self.steps = 0  # a child run's steps, to count with the next effect (SPEC §7)
 
     def add(self, n: int) -> None:
         self.tokens += n

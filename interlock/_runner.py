@@ -305,11 +305,15 @@ class Runner:
         ends the run. ``alone``: nothing else ran while it did (so only a node that could
         have, by the graph, can conflict with its writes)."""
         if out.pause is not None:
-            # the visit stays running; it is re-run once a human has decided
+            # the visit stays running; it is re-run once a human has decided (``path``: a
+            # gate of a child run, which the decision is forwarded to -- `_runs.resume`)
+            pause = out.pause
             await self.sink.commit([(L.APPROVAL_REQUESTED, {
-                "node": out.node, "visit": out.visit, "attempt": out.attempt, "kind": "tool",
-                "key": out.pause.key, "show": L.to_json_value(out.pause.show),
-                "decisions": ["approve", "reject"], "tokens": out.tokens or None,
+                "node": out.node, "visit": out.visit, "attempt": out.attempt,
+                "kind": "tool" if pause.path is None else "workflow",
+                "key": pause.key, "show": L.to_json_value(pause.show), "path": pause.path,
+                "decisions": pause.decisions or ["approve", "reject"],
+                "tokens": out.tokens or None,
                 "approvers": _approvers(self.plan.nodes[out.node].spec)})])
             return
         if out.error is not None:

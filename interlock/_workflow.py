@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
-import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
@@ -23,10 +22,10 @@ from ._errors import Diagnostic, UsageError
 from ._fold import RunView
 from ._model import DEFAULT_STEPS, WorkflowSpec, check_limits
 from ._plan import Plan
-from ._runs import RunResult, chain_options, drive, make_run_id, open_store_arg
+from ._runs import RunResult, make_run_id, open_store_arg, start
 from ._spec import load_spec, parse
 from ._state import check_whole_values
-from ._store import RunRow, Store, Summary
+from ._store import Store
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -245,6 +244,36 @@ class Workflow:
         self._mutable()["edges"].append(e)
         return self
 
+    def subworkflow(self, name: str, workflow: Workflow | str | os.PathLike[str], *,
+                    input: Mapping[str, str] | None = None,
+                    output: str | Iterable[str] | None = None,
+                    output_key: str | None = None, **options: Any) -> Workflow:
+        """Add a node that runs ``workflow`` (a `Workflow`, or the path of a file) as a
+        child run (SPEC §7). ``input`` maps the child's input fields to CEL expressions
+        over this workflow's state (default: the fields of the same names); the child's
+        final state -- or its field ``output``, or its fields ``[output, ...]`` -- is
+        written under ``output_key`` (default: the node's name). The child's definition
+        is pinned in this one's. Other options are the node keys of `node` (timeout,
+        retry, tokens, reads, description)."""
+        if isinstance(workflow, Workflow):
+            child, file = workflow, None
+        else:
+            child, file = load(workflow), os.fspath(workflow)
+        data = self._mutable()
+        if name in data["nodes"]:
+            raise UsageError(f"node {name!r} is already defined")
+        node: dict[str, Any] = {"workflow": {"file": file, "definition": child.definition()}}
+        if input is not None:
+            node["input"] = dict(input)
+        if output is not None:
+            node["output"] = output if isinstance(output, str) else list(output)
+        if output_key is not None:
+            node["output_key"] = output_key
+        for path, fn in child.callables.items():  # what running the child needs
+            self._callables[f"{name}/{path}"] = fn
+        data["nodes"][name] = {**node, **_opts(options)}
+        return self
+
     # -- validation --------------------------------------------------------------------
 
     @property
@@ -321,28 +350,12 @@ class Workflow:
         cfg, lim = _effective(spec, config, limits, self._limits())
         st, owned = open_store_arg(store)
         try:
-            rid = run_id or make_run_id()
-            key = L.env_key()
-            writer = L.LogWriter(key=key)
-            now = time.time()
-            definition_hash = self.definition_hash()
-            chain = chain_options(key)
-            rec, entry = writer.make(L.RUN_STARTED, {
-                "workflow": spec.workflow, "definition_hash": definition_hash,
-                "input": data, "config": cfg, "limits": lim, **chain})
-            view = RunView(plan)
-            view.apply(rec)
-            row = RunRow(run_id=rid, workflow=spec.workflow, definition=self.definition(),
-                         definition_hash=definition_hash, input=data,
-                         options={"config": dict(config or {}), "limits": dict(limits or {}),
-                                  **chain},
-                         created_at=now,
-                         summary=Summary(status="RUNNING", last_seq=1, last_hash=writer.hash,
-                                         updated_at=now))
-            await st.create_run(row, [entry])
-            if listener is not None:
-                listener(rec, view)
-            return await drive(plan, st, rid, view, writer, listener=listener)
+            return await start(plan, st, run_id or make_run_id(),
+                               definition=self.definition(),
+                               definition_hash=self.definition_hash(), input=data, config=cfg,
+                               limits=lim, options={"config": dict(config or {}),
+                                                    "limits": dict(limits or {})},
+                               listener=listener)
         finally:
             if owned:
                 await st.close()
