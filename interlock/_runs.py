@@ -328,7 +328,7 @@ async def continue_child(store: Store, run_id: str, workflow: Functions | None) 
         return
     first: list[tuple[str, dict[str, Any]]] = []
     if view.status == "WAITING_APPROVAL":
-        first = await _unblocked(store, view)
+        first = await _unblocked(store, run_id, view)
         moved = {(f["node"], f["visit"]) for _, f in first}
         if any((g.node, g.visit) not in moved for g in view.pending_gates()):
             return  # still waiting for a human
@@ -336,33 +336,38 @@ async def continue_child(store: Store, run_id: str, workflow: Functions | None) 
                 first=[(L.RUN_RESUMED, {"by": None}), *first])
 
 
-async def waiting_path(store: Store, run_id: str) -> str | None:
+async def waiting_path(store: Store, run_id: str, parent: str | None = None) -> str | None:
     """The path of nodes down to the gate a run waits at (through its child runs), or
-    None when nothing in it waits for a human."""
+    None when nothing in it waits for a human -- or, with ``parent``, when it is not that
+    run's child (a fork's log names the children of the run it was forked from)."""
     try:
-        view = (await load_run(store, run_id)).view
+        loaded = await load_run(store, run_id)
     except RunNotFound:
+        return None
+    view = loaded.view
+    if parent is not None and (loaded.row.options.get("parent") or {}).get("run") != parent:
         return None
     if view.status != "WAITING_APPROVAL":
         return None
     for gate in view.pending_gates():
         if gate.kind != "workflow" or gate.key is None:
             return gate.node
-        below = await waiting_path(store, gate.key)
+        below = await waiting_path(store, gate.key, run_id)
         if below is not None:
             return f"{gate.node}/{below}"
     return None
 
 
-async def _unblocked(store: Store, view: RunView) -> list[tuple[str, dict[str, Any]]]:
+async def _unblocked(store: Store, run_id: str, view: RunView
+                     ) -> list[tuple[str, dict[str, Any]]]:
     """Decisions for the gates of child runs that no longer wait there (the child was
-    decided or continued on its own, or waits at another gate now): the node runs again
-    and finds its child as it is."""
+    decided or continued on its own, or waits at another gate now, or is not this run's:
+    a fork's): the node runs again and finds its child as it is (or starts its own)."""
     items = []
     for gate in view.pending_gates():
         if gate.kind != "workflow" or gate.key is None:
             continue
-        below = await waiting_path(store, gate.key)
+        below = await waiting_path(store, gate.key, run_id)
         if below is None or f"{gate.node}/{below}" != gate.path:
             items.append((L.APPROVAL_DECIDED, {"node": gate.node, "visit": gate.visit,
                                                "kind": "workflow", "decision": "continued",
@@ -400,7 +405,7 @@ async def _decide_child(store: Store, run_id: str, decision: Decision) -> None:
     if view.status != "WAITING_APPROVAL":
         raise UsageError(f"child run {run_id!r} is {view.status}, not waiting for a decision; "
                          "the decision is refused")
-    moved = await _unblocked(store, view)
+    moved = await _unblocked(store, run_id, view)
     below = _child_gate(view, decision, moved)
     if below is not None:
         await _decide_child(store, str(below[0].key), below[1])
@@ -412,6 +417,47 @@ async def _decide_child(store: Store, run_id: str, decision: Decision) -> None:
         await Journal(store, run_id, view, loaded.writer()).commit(items)
     finally:
         await store.release(run_id, owner)
+
+
+async def _expired_children(store: Store, view: RunView,
+                            skip: list[tuple[str, dict[str, Any]]]
+                            ) -> list[tuple[str, dict[str, Any]]]:
+    """`_approvals.expire` in the child runs a run waits for (at any depth): the engine's
+    decisions for their gates whose deadline has passed, recorded there; the records that
+    make this run's node run again and continue each such child."""
+    moved = {(f["node"], f["visit"]) for _, f in skip}
+    items = []
+    for gate in view.pending_gates():
+        if gate.kind == "workflow" and gate.key is not None and \
+                (gate.node, gate.visit) not in moved and await _expire_child(store, gate.key):
+            items.append((L.APPROVAL_DECIDED, {"node": gate.node, "visit": gate.visit,
+                                               "kind": "workflow", "decision": "continued",
+                                               "key": gate.key}))
+    return items
+
+
+async def _expire_child(store: Store, run_id: str) -> bool:
+    """Whether a deadline passed in the child run ``run_id`` (or below it), now decided."""
+    from ._approvals import expire
+
+    try:
+        loaded = await load_run(store, run_id)
+    except RunNotFound:
+        return False
+    view = loaded.view
+    if view.status != "WAITING_APPROVAL":
+        return False
+    below = await _expired_children(store, view, await _unblocked(store, run_id, view))
+    items = expire(loaded.spec, view) + below
+    if not items:
+        return False
+    owner = make_owner()
+    await store.claim(run_id, owner, LEASE_SECONDS)
+    try:
+        await Journal(store, run_id, view, loaded.writer()).commit(items)
+    finally:
+        await store.release(run_id, owner)
+    return True
 
 
 _PAST = {"approve": "approved", "reject": "rejected", "modify": "modified"}
@@ -615,9 +661,15 @@ async def resume(run_id: str, decision: Decision | None = None, *,
         first: list[tuple[str, dict[str, Any]]] = []
         if view.status == "WAITING_APPROVAL":
             expired = expire(loaded.spec, view)
-            moved = await _unblocked(st, view)  # child runs that wait no more
+            moved = await _unblocked(st, run_id, view)  # child runs that wait no more
             first += expired + moved
             child = _child_gate(view, decision, moved) if decision is not None else None
+            if moved and decision is not None and child is None:
+                raise UsageError(
+                    f"run {run_id!r}: the child run {moved[0][1]['key']!r} it waited for "
+                    "does not wait there any more (decided or continued on its own, or "
+                    "not this run's: a fork's); resume it without a decision first, then "
+                    "decide what it waits for then")
             if child is not None:  # a gate inside a child run: it decides it (SPEC §7)
                 gate, below = child
                 await _decide_child(st, str(gate.key), below)
@@ -628,9 +680,12 @@ async def resume(run_id: str, decision: Decision | None = None, *,
                     "comment": decision.comment, "key": gate.key, "path": gate.path}))
             elif decision is not None:
                 first += decide(loaded.spec, view, decision, expired=expired)
-            elif not first:
+            else:  # a gate in a child run whose deadline passed: decided there
+                first += await _expired_children(st, view, moved)
+            if decision is None and not first:
                 gate = view.pending_gates()[0]
-                raise UsageError(f"run {run_id!r} is waiting for a decision at {gate.node!r}; "
+                raise UsageError(f"run {run_id!r} is waiting for a decision at "
+                                 f"{gate.path or gate.node!r}; "
                                  "resume it with --approve, --reject or --modify "
                                  "(interlock.approve/reject/modify in Python)")
         elif decision is not None:
@@ -857,6 +912,16 @@ async def verify(run_id: str, *, store: str | Store | None = None) -> Verificati
             await st.close()
 
 
+async def _lineage(st: Store, run_id: str) -> set[str]:
+    """A run and the runs it was forked from (whose records a fork's log copies)."""
+    out: set[str] = set()
+    rid: str | None = run_id
+    while rid is not None and rid not in out:
+        out.add(rid)
+        rid = (await st.get_run(rid)).parent_run
+    return out
+
+
 async def _verify(st: Store, run_id: str, parent: str | None) -> Verification:
     """`verify` of one run and, when it holds, of every child run its log names (SPEC
     §7: ``verify PARENT`` verifies every child chain): the first broken one is the
@@ -869,9 +934,11 @@ async def _verify(st: Store, run_id: str, parent: str | None) -> Verification:
         children += [str(e.record().get("run_id")) for e in entries
                      if e.type == L.CHILD_STARTED and check.problem is None]
     result = check.result()
-    if parent is not None and result.ok and (row.options.get("parent") or {}).get("run") != parent:
+    if parent is not None and result.ok and \
+            (row.options.get("parent") or {}).get("run") not in await _lineage(st, parent):
         return Verification(run_id, False, result.records, 1,
-                            f"the child run does not name {parent!r} as its parent")
+                            f"the child run does not name {parent!r} (or a run it was "
+                            "forked from) as its parent")
     if not result.ok:
         return result
     verified: list[str] = []

@@ -72,6 +72,15 @@ async def slow(s):
     return {"result": "slow done"}
 
 
+async def slow_once(s):
+    log("slow_once")
+    marker = Path("slow.once")
+    if not marker.exists():
+        marker.write_text("")
+        await asyncio.sleep(60)
+    return {"result": "second time"}
+
+
 async def spend(s, ctx):
     ctx.record_tokens(40)
     log("spend")
@@ -604,3 +613,95 @@ def test_a_gate_two_levels_down_is_decided_through_the_top_parent(
     assert done["steps"] == 3 + 1 + 3  # intake, remediate, report; inner; fix, gate, check
     ok = project.cli("verify", "d1")
     assert ok.exit_code == 0 and "d1.remediate.1.inner.1" in ok.output, ok.output
+
+
+def test_a_map_over_a_sub_workflow_runs_a_child_per_item(project: CliProject) -> None:
+    project.workflow("""
+    workflow: fleet
+    nodes:
+      plan: {mod}:intake
+      remediate: {workflow: child.yaml, input: {incident: "{'id': item}"}, output: result}
+    edges:
+      - {from: START, to: plan}
+      - {from: plan, map: '["a", "b", "c"]', to: remediate, collect: results}
+    """, "fleet.yaml")
+    result = run_parent(project, "fleet.yaml", "m1")
+    assert result.status == "COMPLETED", result.error
+    assert [r["remediate"]["fixed"] for r in result.state["results"]] == ["a", "b", "c"]
+    assert result.steps == 1 + 3 + 3 * 2  # plan, the items, each child's two
+    ok = project.cli("verify", "m1")
+    assert ok.exit_code == 0 and "m1.remediate.1.2" in ok.output, ok.output
+    project.workflow(GATED_CHILD, "gated.yaml")
+    project.workflow((project.root / "fleet.yaml").read_text().replace("child.yaml",
+                                                                       "gated.yaml"),
+                     "gfleet.yaml")
+    out = _cli("validate", "gfleet.yaml")
+    assert out.exit_code == 2
+    assert "node 'remediate' is mapped (one child run per item), and its sub-workflow " \
+        "'gated.yaml' can wait for a human (at approval)" in out.output
+
+
+def test_a_fork_of_a_parent_waiting_for_its_child_runs_a_child_of_its_own(
+        project: CliProject) -> None:
+    project.workflow(GATED_CHILD, "gated.yaml")
+    project.workflow(GATED_PARENT, "gparent.yaml")
+    assert run_parent(project, "gparent.yaml", "o1").status == "WAITING_APPROVAL"
+    waiting = project.cli("resume", "o1")
+    assert waiting.exit_code == 2
+    assert "waiting for a decision at 'remediate/approval'" in waiting.output
+    last = project.seqs("o1")[-1]
+    _, forked = project.cli_json("fork", "o1", "--at", str(last))
+    fork = forked["run_id"]
+    refused = project.cli("resume", fork, "--approve", "--by", "alice")
+    assert refused.exit_code == 2 and "resume it without a decision first" in refused.output
+    _, again = project.cli_json("resume", fork)
+    assert again["status"] == "WAITING_APPROVAL"
+    assert again["waiting"]["node"] == "remediate/approval"
+    _, done = project.cli_json("resume", fork, "--approve", "--by", "alice")
+    assert done["status"] == "COMPLETED", done
+    _, mine = project.cli_json("status", f"{fork}.remediate.1")
+    assert mine["status"] == "COMPLETED"
+    _, original = project.cli_json("status", "o1.remediate.1")
+    assert original["status"] == "WAITING_APPROVAL"  # the fork left it alone
+    ok = project.cli("verify", fork)
+    assert ok.exit_code == 0, ok.output
+
+
+def test_a_parent_node_that_times_out_leaves_its_child_to_be_continued(
+        project: CliProject) -> None:
+    project.workflow("""
+    workflow: slow-once
+    input: [incident]
+    nodes:
+      fix: {mod}:fix
+      slow: {mod}:slow_once
+    edges:
+      - {from: START, to: fix}
+      - {from: fix, to: slow}
+    """, "once.yaml")
+    project.workflow(PARENT.replace("child.yaml", "once.yaml").replace(
+        "output: result}", "output: result, timeout: 1s, retry: {attempts: 2}}"), "tp.yaml")
+    result = run_parent(project, "tp.yaml", "to1")
+    assert result.status == "COMPLETED", result.error
+    assert result.state["remediate"] == "second time"
+    assert project.executions() == ["intake", "fix", "slow_once", "slow_once", "report"]
+    [retrying] = [r for r in project.records("to1") if r["type"] == "node.retrying"]
+    assert "timed out" in retrying["error"]["message"], retrying["error"]
+    child = [r["type"] for r in project.records("to1.remediate.1")]
+    assert child.count("run.started") == 1 and child.count("run.resumed") == 1
+    assert project.cli("verify", "to1").exit_code == 0
+
+
+def test_a_deadline_passed_in_the_child_is_applied_when_the_parent_resumes(
+        project: CliProject) -> None:
+    project.workflow(GATED_CHILD.replace("approvers: [alice]}", "timeout: 1ms, "
+                                         "on_timeout: check}"), "gated.yaml")
+    project.workflow(GATED_PARENT, "gparent.yaml")
+    assert run_parent(project, "gparent.yaml", "e1").status == "WAITING_APPROVAL"
+    out, done = project.cli_json("resume", "e1")
+    assert out.exit_code == 0, out.output
+    assert done["status"] == "COMPLETED", done
+    decided = [r for r in project.records("e1.remediate.1") if r["type"] == "approval.decided"]
+    assert [(d["decision"], d["by"], d.get("timed_out")) for d in decided] == \
+        [("timed_out", "interlock (deadline)", True)]
+    assert project.executions() == ["intake", "fix", "check", "report"]
