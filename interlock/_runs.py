@@ -277,20 +277,19 @@ class _Children:
             definition = request.definition
             # the parent's log names its child (the child's run.started names its parent)
             await ctx.log(L.CHILD_STARTED, {"run_id": rid, "workflow": spec.workflow})
-            await start(request.plan, st, rid, definition=definition,
-                        definition_hash=definition_hash(definition),
-                        input=L.to_json_value(request.input()),
-                        config=L.to_json_value(dict(spec.config)), limits=limits,
-                        options={"config": {}, "limits": {}, "parent": request.link,
-                                 "inherited": inherited},
-                        started={"parent": request.link})
+            result = await start(request.plan, st, rid, definition=definition,
+                                 definition_hash=definition_hash(definition),
+                                 input=L.to_json_value(request.input()),
+                                 config=L.to_json_value(dict(spec.config)), limits=limits,
+                                 options={"config": {}, "limits": {}, "parent": request.link,
+                                          "inherited": inherited},
+                                 started={"parent": request.link})
         else:
-            await continue_child(st, rid, _Functions(request.callables))
-        loaded = await load_run(st, rid)
-        v = loaded.view
-        return ChildOutcome(rid, v.status, dict(v.state), v.steps, v.tokens, v.error,
-                            _waiting_of(v), loaded.last[0],
-                            list(loaded.row.options.get("inherited") or ()))
+            result = await continue_child(st, rid, _Functions(request.callables))
+        row = await st.get_run(rid)  # its last record (and what it inherited)
+        return ChildOutcome(rid, result.status, result.state, result.steps, result.tokens,
+                            result.error, result.waiting, row.summary.last_seq,
+                            list(row.options.get("inherited") or ()))
 
     def _limits(self, own: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
         """The child's limits: its own, or what the parent has left where that is less
@@ -314,26 +313,22 @@ class _Children:
             await cancel(child_id, by=request.get("by"), store=self.store, wait=0)
 
 
-def _waiting_of(view: RunView) -> dict[str, Any] | None:
-    """What a run waits for: the first gate still undecided (None when none is)."""
-    pending = view.pending_gates()
-    return pending[0].waiting() if view.status == "WAITING_APPROVAL" and pending else None
-
-
-async def continue_child(store: Store, run_id: str, workflow: Functions | None) -> None:
-    """Continue a child run from its log, unless it ended or still waits for a human."""
+async def continue_child(store: Store, run_id: str, workflow: Functions | None
+                         ) -> RunResult:
+    """Continue a child run from its log, unless it ended or still waits for a human;
+    where it then stands."""
     loaded = await load_run(store, run_id, workflow=workflow, executable=True)
     view = loaded.view
     if view.status in ("COMPLETED", "REJECTED", "CANCELLED"):
-        return
+        return result_of(run_id, loaded.row.workflow, view)
     first: list[tuple[str, dict[str, Any]]] = []
     if view.status == "WAITING_APPROVAL":
         first = await _unblocked(store, run_id, view)
         moved = {(f["node"], f["visit"]) for _, f in first}
         if any((g.node, g.visit) not in moved for g in view.pending_gates()):
-            return  # still waiting for a human
-    await drive(loaded.plan, store, run_id, view, loaded.writer(),
-                first=[(L.RUN_RESUMED, {"by": None}), *first])
+            return result_of(run_id, loaded.row.workflow, view)  # waits for a human
+    return await drive(loaded.plan, store, run_id, view, loaded.writer(),
+                       first=[(L.RUN_RESUMED, {"by": None}), *first])
 
 
 async def waiting_path(store: Store, run_id: str, parent: str | None = None) -> str | None:
@@ -931,8 +926,11 @@ async def _verify(st: Store, run_id: str, parent: str | None) -> Verification:
     children: list[str] = []
     async for entries in st.iter_entries(run_id, page=TRACE_PAGE):
         check.feed(entries)
-        children += [str(e.record().get("run_id")) for e in entries
-                     if e.type == L.CHILD_STARTED and check.problem is None]
+        if check.problem is None and check.view is not None:
+            nodes = check.view.plan.spec.nodes  # (a record a node logged itself is no link)
+            children += [str(e.record().get("run_id")) for e in entries
+                         if e.type == L.CHILD_STARTED and e.node in nodes
+                         and nodes[e.node].workflow is not None]
     result = check.result()
     if parent is not None and result.ok and \
             (row.options.get("parent") or {}).get("run") not in await _lineage(st, parent):

@@ -425,18 +425,22 @@ def test_the_childs_steps_and_tokens_count_against_the_parents_limits(
     assert first["tokens"] == 80 and first["status"] == "COMPLETED"
     project.workflow("""
     workflow: stepped
-    limits: {steps: 3}
+    limits: {steps: 5}
     nodes:
       one: {workflow: spender.yaml}
-      two: {workflow: spender.yaml}
+      two: {workflow: spender.yaml, retry: {attempts: 3}}
     edges:
       - {from: START, to: one}
       - {from: one, to: two}
     """, "stepped.yaml")
     result = run_parent(project, "stepped.yaml", "t2", {})
     assert result.status == "FAILED"
+    # one and its child's two steps, two and one step of its child: the second crosses
     assert result.error is not None and result.error["type"] == "step_limit", result.error
-    assert result.steps <= 4
+    assert result.error["node"] == "two" and "its sub-workflow" in result.error["message"]
+    assert result.steps == 5
+    # an engine limit of the parent's: never retried
+    assert not [r for r in project.records("t2") if r["type"] == "node.retrying"]
     assert project.cli("verify", "t1").exit_code == 0
 
 

@@ -130,7 +130,9 @@ async def _print_trace(pages: AsyncIterator[list[Record]], spec: WorkflowSpec | 
             if node_w:
                 line.append("  ")
                 line.append((rec.get("node") or "").ljust(node_w), style="bold")
-            detail = _record_detail(rec, spec if not depth else None)
+            # (a child's record carries its run's id, which its start names already)
+            detail = _record_detail(rec, spec) if not depth else _record_detail(
+                {k: v for k, v in rec.items() if k != "run_id"}, None)
             if detail:
                 line.append("  " + detail)
             line.rstrip()
