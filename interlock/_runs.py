@@ -741,10 +741,13 @@ async def trace_pages(run_id: str, *, store: str | Store | None = None,
     st, owned = open_store_arg(store)
     try:
         await st.get_run(run_id)
+        nested: set[str] = set()  # (a crash may have logged a child's start twice)
         async for entries in st.iter_entries(run_id, page=page or TRACE_PAGE):
             records = [trace_record(run_id, entry) for entry in entries]
             for rec in records:  # a child run's records, nested under its start (SPEC §7)
-                if rec["type"] == L.CHILD_STARTED and isinstance(rec.get("run_id"), str):
+                if rec["type"] == L.CHILD_STARTED and isinstance(rec.get("run_id"), str) \
+                        and rec["run_id"] not in nested:
+                    nested.add(rec["run_id"])
                     with contextlib.suppress(RunNotFound):
                         rec["records"] = [{**r, "run_id": rec["run_id"]} for r in
                                           await trace(rec["run_id"], store=st)]

@@ -316,7 +316,7 @@ def _result(name: str, key: str, node: NodeSpec, child: WorkflowSpec,
                     if limit == "tokens" else "the parent's remaining limits.steps")
             cls = BudgetExceededError if limit == "tokens" else StepLimitError
             raise cls(f"node {name!r}: its sub-workflow (run {out.run_id}) crossed {what}: "
-                      f"{message}", node=name, child_run=out.run_id)
+                      f"{message}", node=name, child_run=out.run_id, scope="run")
     if out.status == "FAILED":
         text = (f"node {name!r}: its sub-workflow {child.workflow!r} (run {out.run_id}) "
                 f"failed at node {error.get('node')!r}: {message}")
