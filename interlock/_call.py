@@ -223,6 +223,9 @@ class NodeCall:
     def confirmation(self, ctx: Context, key: str) -> str | None:
         return self.view.confirmations.get((ctx.node, ctx.visit, key))
 
+    def node_args(self, node: str) -> Mapping[str, Any]:
+        return self.plan.nodes[node].args
+
     def effect_keys(self, node: str) -> list[str]:
         return [key if isinstance(key, str) else key[1]
                 for n, _, key in self.view.effects if n == node]

@@ -82,10 +82,15 @@ async def run_items(calls: NodeCall, pn: PlanNode, visit: int) -> Outcome:
                 group.create_task(worker())
     except* _ItemFailed as failed:
         error = _first(failed)
+    written: dict[str, Any] | None = None
     if error is None:
         error = _shared_writes(calls, pn, m.done)
+        # the fields the visit writes, for the scheduler's write-conflict check against
+        # other branches (the values are the fold's to merge, from the items' records)
+        written = {edge.spec.collect: None} if edge.spec.collect is not None else \
+            dict.fromkeys(k for update in m.done.values() for k in update)
     duration = round((perf_counter() - t0) * 1e6) / 1000
-    return new_outcome((pn.name, visit, 1, None, None, error, duration, 0, None))
+    return new_outcome((pn.name, visit, 1, written, None, error, duration, 0, None))
 
 
 def _first(group: BaseExceptionGroup[_ItemFailed]) -> RunError:

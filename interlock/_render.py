@@ -11,7 +11,8 @@ agree on what is drawn:
   the ``when`` expression, ``otherwise``, a switch's ``expr == value`` (or
   ``expr in [...]``, ``default``), the router's ``module:function``,
   ``choose``, a map's ``map EXPR as ITEM, collect FIELD``, and ``max N``. Guarded
-  arcs are dashed, plain ones solid;
+  arcs are dashed, plain ones solid; error edges (``on_error``) are dashed and red,
+  labelled ``on error`` (and the class names they catch);
 - a node without outgoing edges gets an arc to END: that is what it means
   (SPEC §1, "a node with no outgoing edges is terminal").
 
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from ._model import END, NAME_RE, START, EdgeSpec, WorkflowSpec
@@ -44,6 +45,7 @@ class Arc:
     target: str
     label: str = ""  # "" for an unconditional arc
     guarded: bool = False  # drawn dashed: taken only under a condition
+    error: bool = False  # an error edge (on_error): drawn dashed and red
 
 
 @dataclass(slots=True)
@@ -102,8 +104,8 @@ def _add_cluster(out: Layout, name: str, definition: dict[str, Any], file: str |
         return
     inside = layout(child, prefix=f"{vid}__")
     enter, leave = inside.vertices[START].id, inside.vertices[END].id
-    out.arcs = [Arc(leave if a.source == vid else a.source, enter if a.target == vid
-                    else a.target, a.label, a.guarded) for a in out.arcs]
+    out.arcs = [replace(a, source=leave if a.source == vid else a.source,
+                        target=enter if a.target == vid else a.target) for a in out.arcs]
     label = f"{name}: workflow {child.workflow}" + (f" ({file})" if file else "")
     out.clusters.append(Cluster(vid, label, inside))
 
@@ -121,7 +123,8 @@ def _add_edge(out: Layout, index: int, edge: EdgeSpec, prefix: str = "") -> None
         # a map edge is always taken (once, with all its items): drawn solid
         guarded = (bool(label) and edge.kind != "map") or edge.max is not None
         label = ", ".join(p for p in (label, _max(edge)) if p)
-        out.arcs.append(Arc(source_id, _target_id(out, target), label, guarded))
+        out.arcs.append(Arc(source_id, _target_id(out, target), label, guarded,
+                            edge.catches is not None))
 
 
 def _target_id(out: Layout, name: str) -> str:
@@ -147,6 +150,9 @@ def _labels(edge: EdgeSpec) -> list[tuple[str, str]]:
             if edge.collect is not None:
                 label += f", collect {edge.collect}"
             return [(edge.targets[0], label)]
+        case _ if edge.catches is not None:
+            names = ": " + ", ".join(edge.catches) if edge.catches else ""
+            return [(t, f"on error{names}") for t in edge.targets]
         case _:
             label = edge.when or ("otherwise" if edge.otherwise else "")
             return [(t, label) for t in edge.targets]
@@ -180,7 +186,8 @@ def _case_text(value: str) -> str:
 
 
 def _add_terminals(out: Layout, spec: WorkflowSpec, prefix: str = "") -> None:
-    with_exits = {s for e in spec.edges for s in e.source}
+    # (an error edge is no exit: a node that succeeds without another edge ends the run)
+    with_exits = {s for e in spec.edges if e.catches is None for s in e.source}
     for name in spec.nodes:
         if name not in with_exits:
             out.arcs.append(Arc(out.vertices[name].id, f"{prefix}END"))
@@ -208,6 +215,8 @@ _MERMAID_CLASSES = {
     "unknown": "fill:#ffe0e0,stroke:#c53030,stroke-dasharray:4 3",
 }
 
+_MERMAID_ERROR_LINK = "stroke:#c53030,color:#c53030"
+
 _CLASS_OF: dict[VertexKind, str] = {
     "start": "terminal", "end": "terminal", "approval": "approval", "join": "join",
     "unknown": "unknown",
@@ -226,6 +235,9 @@ def to_mermaid(spec: WorkflowSpec) -> str:
              "flowchart TD"]
     _mermaid_body(lay, lines, "    ")
     lines.extend(_mermaid_classes(lay))
+    errors = [str(i) for i, a in enumerate(_mermaid_links(lay)) if a.error]
+    if errors:  # error edges in red (a link's style is set by its index)
+        lines.append(f"    linkStyle {','.join(errors)} {_MERMAID_ERROR_LINK}")
     return "\n".join(lines) + "\n"
 
 
@@ -241,6 +253,11 @@ def _mermaid_body(lay: Layout, lines: list[str], indent: str) -> None:
         arrow = "-.->" if a.guarded else "-->"
         label = f'|"{mermaid_text(a.label)}"|' if a.label else ""
         lines.append(f"{indent}{a.source} {arrow}{label} {a.target}")
+
+
+def _mermaid_links(lay: Layout) -> list[Arc]:
+    """The arcs in the order `_mermaid_body` writes them (a link's style is by index)."""
+    return [*(a for c in lay.clusters for a in _mermaid_links(c.inside)), *lay.arcs]
 
 
 def _all_vertices(lay: Layout) -> list[Vertex]:
@@ -306,5 +323,7 @@ def _dot_body(lay: Layout, lines: list[str], indent: str) -> None:
             attrs.append(f"label={dot_text(a.label)}")
         if a.guarded:
             attrs.append("style=dashed")
+        if a.error:
+            attrs.append('color="#c53030", fontcolor="#c53030"')
         suffix = f" [{', '.join(attrs)}]" if attrs else ""
         lines.append(f"{indent}{a.source} -> {a.target}{suffix};")

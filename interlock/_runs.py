@@ -26,6 +26,7 @@ from ._errors import ClaimError, InterlockError, RunNotFound, UsageError
 from ._fold import Gate, RunView
 from ._journal import Journal
 from ._model import DEFAULT_STEPS, WorkflowSpec, check_limits
+from ._otel import RunSpans, run_spans, tracing, with_spans
 from ._plan import Plan
 from ._runner import Runner
 from ._spec import parse
@@ -227,14 +228,19 @@ async def start(plan: Plan, store: Store, run_id: str, *, definition: dict[str, 
     """Create a run (its row and ``run.started``, chained with ``$INTERLOCK_LOG_KEY``
     when set) and drive it. ``input``, ``config`` and ``limits`` are the effective ones
     (JSON data); ``options`` what the row keeps of the overrides; ``started``: more
-    fields of ``run.started`` (a child run's ``parent``)."""
+    fields of ``run.started`` (a child run's ``parent``, a trace's ids). The declared
+    fields' defaults that apply are recorded there too (`start_defaults`)."""
     key = L.env_key()
     writer = L.LogWriter(key=key)
     now = time.time()
     chain = chain_options(key)
-    rec, entry = writer.make(L.RUN_STARTED, {
+    fields: dict[str, Any] = {
         "workflow": plan.spec.workflow, "definition_hash": definition_hash,
-        "input": input, "config": config, "limits": limits, **(started or {}), **chain})
+        "input": input, "config": config, "limits": limits, **(started or {}), **chain}
+    defaults = start_defaults(plan.spec, input)
+    if defaults:
+        fields["defaults"] = defaults
+    rec, entry = writer.make(L.RUN_STARTED, fields)
     view = RunView(plan)
     view.apply(rec)
     row = RunRow(run_id=run_id, workflow=plan.spec.workflow, definition=definition,
@@ -246,6 +252,21 @@ async def start(plan: Plan, store: Store, run_id: str, *, definition: dict[str, 
     if listener is not None:
         listener(rec, view)
     return await drive(plan, store, run_id, view, writer, listener=listener)
+
+
+def start_defaults(spec: WorkflowSpec, data: Mapping[str, Any]) -> dict[str, Any]:
+    """The declared fields' start values that apply to a run (``run.started`` records
+    them, so a resume folds the same state whatever the code's defaults become): a value
+    in the input replaces the default (null too, for a field without a reducer; a field
+    with one given null starts empty)."""
+    out = {}
+    for name, value in spec.defaults().items():
+        given = data.get(name)
+        if name not in data or (given is None and spec.state[name].reducer != "replace"):
+            out[name] = value
+    # each value as the log holds it; the fields in declaration order (as a live run's
+    # state has them)
+    return {name: L.to_json_value(value) for name, value in out.items()}
 
 
 # -- child runs (SPEC §7 sub-workflows) ---------------------------------------------------
@@ -690,9 +711,14 @@ async def resume(run_id: str, decision: Decision | None = None, *,
             raise UsageError(f"run {run_id!r} is {view.status}; only a failed, interrupted or "
                              "waiting run can be resumed")
         resumed = dict(fields, by=decision.by if decision else None)
-        result = await drive(loaded.plan, st, run_id, view, loaded.writer(),
-                             first=[(L.RUN_RESUMED, resumed), *first], force=force,
-                             listener=listener)
+        spans, listener = await _traced(st, run_id, loaded.row.workflow, listener)
+        try:
+            result = await drive(loaded.plan, st, run_id, view, loaded.writer(),
+                                 first=[(L.RUN_RESUMED, resumed), *first], force=force,
+                                 listener=listener)
+        finally:
+            if spans is not None:
+                spans.end()
         link = loaded.row.options.get("parent")
         if link is not None:  # a child run resumed on its own: its parent goes on too
             await _continue_parent(st, run_id, link)
@@ -700,6 +726,20 @@ async def resume(run_id: str, decision: Decision | None = None, *,
     finally:
         if owned:
             await st.close()
+
+
+async def _traced(store: Store, run_id: str, workflow: str, listener: Listener | None
+                  ) -> tuple[RunSpans | None, Listener | None]:
+    """The spans of this execution of a stored run (linked to the span that started it,
+    whose ids its ``run.started`` holds), and the listener that makes them; none when
+    tracing is off."""
+    if not tracing():
+        return None, listener
+    first = await store.entries_page(run_id, 0, 1)
+    started = first[0].record().get("trace") if first else None
+    spans = run_spans(run_id, workflow, continues=started if isinstance(started, dict)
+                      else None)
+    return spans, with_spans(listener, spans)
 
 
 def _overrides(config: Mapping[str, Any] | None,
@@ -995,9 +1035,14 @@ async def fork(run_id: str, at: int, *, store: str | Store | None = None,
                          parent_run=run_id, parent_seq=at)
         await st.create_run(new_row, prefix)
         writer = L.LogWriter(at, prefix[-1].hash, key=loaded.key)
-        # run.forked re-opens the run at that point, whatever its status was there
-        return await drive(loaded.plan, st, rid, loaded.view, writer,
-                           first=[(L.RUN_FORKED, fields)], listener=listener)
+        spans, listener = await _traced(st, rid, row.workflow, listener)
+        try:
+            # run.forked re-opens the run at that point, whatever its status was there
+            return await drive(loaded.plan, st, rid, loaded.view, writer,
+                               first=[(L.RUN_FORKED, fields)], listener=listener)
+        finally:
+            if spans is not None:
+                spans.end()
     finally:
         if owned:
             await st.close()

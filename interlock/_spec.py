@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from . import _limits, _yaml_fast
 from ._bounds import read_at_most, too_big
 from ._errors import Diagnostic, Location, WorkflowError
-from ._model import SourceMap, WorkflowSpec
+from ._model import Extensible, SourceMap, WorkflowSpec
 
 
 def read_file(path: str | os.PathLike[str]) -> tuple[dict[str, Any], SourceMap]:
@@ -320,13 +320,66 @@ def _diagnostics(exc: ValidationError, data: dict[str, Any],
         if msg.startswith("Value error, "):
             msg = msg[len("Value error, "):]
         if err["type"] == "extra_forbidden":
-            msg = f"unknown key {path[-1]!r} (check its spelling; see SPEC §1 for the keys)"
+            msg = _unknown_key(path)
         elif err["type"] == "missing":
             msg = f"missing required key {path[-1]!r}"
         pos = source.locate(path) if source else None
         location = Location(source.file if source else None, *(pos or (None, None)))
         out.append(Diagnostic("error", f"{where}: {msg}", location, code="schema"))
     return out
+
+
+def _unknown_key(path: tuple[Any, ...]) -> str:
+    """'unknown key 'retires' (did you mean 'retry'?); the keys here are: ...'."""
+    import difflib
+
+    key = str(path[-1])
+    keys = valid_keys(path[:-1])
+    if not keys:
+        return f"unknown key {key!r} (check its spelling)"
+    close = difflib.get_close_matches(key, keys, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"unknown key {key!r}{hint}; the keys here are: {', '.join(keys)}"
+
+
+def valid_keys(path: tuple[Any, ...]) -> list[str]:
+    """The keys a mapping at ``path`` of a workflow file may have (by the model's
+    fields, as a file spells them), or [] when that is not a model's mapping."""
+    import types
+    import typing
+
+    from pydantic import BaseModel
+
+    def models(tp: Any) -> list[Any]:
+        """The types a field's annotation may hold, unwrapped (Optional, Annotated)."""
+        origin = typing.get_origin(tp)
+        if origin is typing.Annotated:
+            return models(typing.get_args(tp)[0])
+        if origin in (typing.Union, types.UnionType):
+            return [m for a in typing.get_args(tp) for m in models(a)]
+        return [tp]
+
+    current: list[Any] = [WorkflowSpec]
+    for part in path:
+        step: list[Any] = []
+        for tp in current:
+            origin = typing.get_origin(tp)
+            if isinstance(tp, type) and issubclass(tp, BaseModel) and isinstance(part, str):
+                for name, info in tp.model_fields.items():
+                    if part in (name, info.alias):
+                        step.extend(models(info.annotation))
+            elif origin is dict and isinstance(part, str):
+                step.extend(models(typing.get_args(tp)[1]))
+            elif origin is list and isinstance(part, int):
+                step.extend(models(typing.get_args(tp)[0]))
+        current = step
+    for tp in current:
+        if isinstance(tp, type) and issubclass(tp, BaseModel):
+            keys = [info.alias or name for name, info in tp.model_fields.items()]
+            if issubclass(tp, Extensible):
+                keys.append("x-... (any key starting with x-: ignored, e.g. for YAML anchors)")
+            return keys
+    return []
 
 
 def _data_path(loc: tuple[Any, ...], data: Any) -> tuple[Any, ...]:

@@ -302,7 +302,8 @@ def _result(name: str, key: str, node: NodeSpec, child: WorkflowSpec,
         return {key: value}
     if out.status == "WAITING_APPROVAL":
         waiting = out.waiting or {}
-        raise PauseRequested(out.run_id, waiting.get("show") or {},
+        # (the gate's schema for its decision's data or patch, shown with the parent too)
+        raise PauseRequested(out.run_id, waiting.get("show") or {}, waiting.get("input"),
                              path=f"{name}/{waiting.get('node')}",
                              decisions=list(waiting.get("decisions") or ["approve", "reject"]))
     error = out.error or {}

@@ -21,6 +21,7 @@ from ._compile import check_spec, compile_spec, reading_plan
 from ._errors import Diagnostic, UsageError
 from ._fold import RunView
 from ._model import DEFAULT_STEPS, WorkflowSpec, check_limits
+from ._otel import RunSpans, run_spans, with_spans
 from ._plan import Plan
 from ._runs import RunResult, make_run_id, open_store_arg, start
 from ._spec import load_spec, parse
@@ -41,17 +42,21 @@ class Workflow:
     """A workflow: build it in Python, or get one from `load`; then ``await wf.run(...)``.
 
     Builder methods return ``self`` (or, used as a decorator, the function), and every
-    file construct has one: `node`, `approval`, `edge` (fan-out, joins, ``when``,
-    ``otherwise``, ``max``), `switch`, `router`, `choose`.
+    file construct has one: `node` (``args=`` for ``ctx.args``), `approval`, `edge`
+    (fan-out, joins, ``when``, ``otherwise``, ``max``, ``on_error``), `switch`, `router`,
+    `choose`. ``state`` maps a field to its reducer (``"append"``) or to the file's
+    mapping (``{"reducer": "append", "default": [...]}``).
     """
 
     def __init__(self, name: str, *, description: str = "",
                  config: Mapping[str, Any] | None = None, input: Iterable[str] = (),
-                 state: Mapping[str, str] | None = None,
+                 state: Mapping[str, str | Mapping[str, Any]] | None = None,
                  limits: Mapping[str, Any] | None = None) -> None:
         self._data: dict[str, Any] = {
             "workflow": name, "description": description, "config": dict(config or {}),
-            "input": list(input), "state": {k: {"reducer": v} for k, v in (state or {}).items()},
+            "input": list(input),
+            "state": {k: dict(v) if isinstance(v, Mapping) else {"reducer": v}
+                      for k, v in (state or {}).items()},
             "limits": dict(limits or {}), "nodes": {}, "edges": [],
         }
         self._callables: dict[str, Callable[..., Any]] = {}
@@ -98,7 +103,8 @@ class Workflow:
              fn: Callable[..., Any] | None = None, **options: Any) -> Any:
         """Add a function node: ``wf.node("rca", rca_fn, reads=[...])`` or as a decorator,
         ``@wf.node()`` / ``@wf.node("name", timeout="30s")``. Options are the file's node
-        keys: reads, writes, timeout, retry, isolation, tokens, confirm, description."""
+        keys: reads, writes, timeout, retry, isolation, tokens, confirm, description, args
+        (``ctx.args``: one function can serve several nodes)."""
         if callable(name):
             return self.node(None, name, **options)
 
@@ -119,13 +125,17 @@ class Workflow:
 
     def approval(self, name: str, *, show: Iterable[str] = (), on_modify: Iterable[str] = (),
                  approvers: Iterable[str] = (), timeout: float | str | None = None,
-                 on_timeout: str = "reject", **options: Any) -> Workflow:
-        """Add a human approval gate (SPEC §3)."""
+                 on_timeout: str = "reject", input: Mapping[str, Any] | None = None,
+                 **options: Any) -> Workflow:
+        """Add a human approval gate (SPEC §3). ``input``: a JSON Schema that a decision's
+        ``data`` must satisfy (``approve(data=...)``); the gate's record carries it."""
         data = self._mutable()
         spec: dict[str, Any] = {"show": list(show), "on_modify": list(on_modify),
                                 "approvers": list(approvers), "on_timeout": on_timeout}
         if timeout is not None:
             spec["timeout"] = timeout
+        if input is not None:
+            spec["input"] = dict(input)
         data["nodes"][name] = {"approval": spec, **_opts(options)}
         return self
 
@@ -135,11 +145,15 @@ class Workflow:
               base_url: str | None = None, api_key_env: str | None = None,
               output_key: str | None = None, choose: str | None = None,
               max_turns: int | None = None, redact: Iterable[str] = (),
-              temperature: float | None = None, **options: Any) -> Workflow:
+              temperature: float | None = None, tool_errors: str | None = None,
+              **options: Any) -> Workflow:
         """Add an LLM agent node (SPEC §6). ``output`` is a JSON Schema or a pydantic model
         class; ``tools`` are typed functions, or ``(fn, {"confirm": True})`` for a tool a
         human confirms before it runs; ``provider`` is ``"openai"`` (any OpenAI-compatible
-        endpoint) or an ``interlock.testing.ScriptedProvider``. Other options are the node
+        endpoint) or an ``interlock.testing.ScriptedProvider``; ``tool_errors``: ``"return"``
+        (a tool's exception goes back to the model, the default) or ``"raise"`` (it fails
+        the node). A tool may return ``interlock.goto(target)`` to hand off to one of the
+        node's ``choose`` targets. Other options are the node
         keys of `node` (reads, writes, timeout, retry, tokens, confirm, description)."""
         from .agents import ScriptedProvider
 
@@ -177,7 +191,7 @@ class Workflow:
         for key, value in (("model", model), ("system", system), ("base_url", base_url),
                            ("api_key_env", api_key_env), ("output_key", output_key),
                            ("choose", choose), ("max_turns", max_turns),
-                           ("temperature", temperature)):
+                           ("temperature", temperature), ("tool_errors", tool_errors)):
             if value is not None:
                 spec[key] = value
         data = self._mutable()
@@ -188,9 +202,13 @@ class Workflow:
 
     def edge(self, source: str | Iterable[str], target: str | Iterable[str], *,
              when: str | None = None, otherwise: bool = False,
-             max: int | None = None) -> Workflow:
-        """``a -> b``; a list target is a fan-out, a list source a join."""
+             max: int | None = None,
+             on_error: bool | str | Iterable[str] = False) -> Workflow:
+        """``a -> b``; a list target is a fan-out, a list source a join. ``on_error``
+        (True, or exception class names): an error edge, taken when ``a`` fails."""
         e: dict[str, Any] = {"from": _names(source), "to": _names(target)}
+        if on_error is not False:
+            e["on_error"] = on_error if isinstance(on_error, bool | str) else list(on_error)
         if when is not None:
             e["when"] = when
         if otherwise:
@@ -349,14 +367,22 @@ class Workflow:
         data = _check_input(spec, input)
         cfg, lim = _effective(spec, config, limits, self._limits())
         st, owned = open_store_arg(store)
+        spans: RunSpans | None = None
         try:
-            return await start(plan, st, run_id or make_run_id(),
-                               definition=self.definition(),
+            rid = run_id or make_run_id()
+            started: dict[str, Any] = {}
+            spans = run_spans(rid, spec.workflow)  # None unless tracing is configured
+            if spans is not None:
+                started["trace"] = spans.ids
+                listener = with_spans(listener, spans)
+            return await start(plan, st, rid, definition=self.definition(),
                                definition_hash=self.definition_hash(), input=data, config=cfg,
                                limits=lim, options={"config": dict(config or {}),
                                                     "limits": dict(limits or {})},
-                               listener=listener)
+                               started=started, listener=listener)
         finally:
+            if spans is not None:
+                spans.end()
             if owned:
                 await st.close()
 
@@ -434,7 +460,7 @@ def _names(value: str | Iterable[str]) -> list[str]:
 
 def _opts(options: dict[str, Any]) -> dict[str, Any]:
     allowed = {"reads", "writes", "timeout", "retry", "isolation", "memory", "tokens",
-               "confirm", "description"}
+               "confirm", "description", "args"}
     unknown = set(options) - allowed
     if unknown:
         raise UsageError(f"unknown node option(s) {sorted(unknown)}; the options are "

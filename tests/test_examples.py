@@ -644,7 +644,7 @@ def test_audit_hybrid_search_fuses_keyword_and_vector_rankings() -> None:
 @pytest.mark.parametrize("path", [
     "examples/triage/workflow.yaml", "examples/incident/workflow.yaml",
     "examples/incident/workflow.agents.yaml", "examples/incident/workflow.openai.yaml",
-    "examples/audit/workflow.yaml"])
+    "examples/audit/workflow.yaml", "examples/jokes/workflow.yaml"])
 def test_examples_validate_without_warnings_and_render(path: str) -> None:
     checked = CliRunner().invoke(cli, ["validate", path])
     assert checked.exit_code == 0, checked.output
@@ -894,3 +894,25 @@ def test_audit_agent_files_differ_only_in_the_provider() -> None:
     "examples/audit/workflow.agents.yaml", "examples/audit/workflow.openai.yaml"])
 def test_agent_variants_validate_without_warnings_and_render(path: str) -> None:
     test_examples_validate_without_warnings_and_render(path)
+
+
+# ---- jokes (map-reduce) ------------------------------------------------------------------
+
+def test_jokes_maps_one_joke_per_subject_then_picks_the_best(store: str) -> None:
+    result = load("jokes").run_sync({"topic": "animals"}, store=store)
+    assert result.status == "COMPLETED", result.error
+    subjects = ["hedgehogs", "cats", "owls", "pelicans", "yaks"]
+    # collected in item order, whatever order the items finished in
+    assert [j["joke"].split()[2] for j in result.state["jokes"]] == subjects
+    assert result.state["count"] == 5
+    assert result.state["best"] == "Why do cats never get lost? They follow the stac."
+    records = trace(result.run_id, store)
+    finished = [r["item"] for r in records if r["type"] == "node.completed" and "item" in r]
+    assert sorted(finished) == list(range(5)) and finished != list(range(5))
+    assert result.steps == 7  # plan, five items, best
+
+
+def test_jokes_with_another_topic_maps_over_its_own_list(store: str) -> None:
+    result = load("jokes").run_sync({"topic": "space"}, store=store)
+    assert result.status == "COMPLETED", result.error
+    assert result.state["count"] == 3

@@ -441,3 +441,72 @@ def test_an_agent_node_mapped_over_a_list_sees_each_item_in_its_prompt(
     assert result.tokens == 25
     prompts = [(r["item"], r["prompt"]) for r in recs if r["type"] == "agent.request"]
     assert prompts == [(0, "A joke about cats."), (1, "A joke about owls.")]
+
+
+def test_an_isolated_mapped_node_knows_its_item(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "iso_map_nodes.py").write_text(
+        "import os\n\n"
+        "def item(state, ctx):\n"
+        "    return {'pid': os.getpid(), 'index': ctx.item_index, 'x': state['x'],\n"
+        "            'key': ctx.idempotency_key}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    import iso_map_nodes  # type: ignore[import-not-found]
+
+    async def fan(state: dict[str, Any]) -> dict[str, Any]:
+        return {"xs": ["a", "b"]}
+
+    wf = (Workflow("iso").node("fan", fan)
+          .node("item", iso_map_nodes.item, isolation="process", timeout="60s")
+          .edge(START, "fan").map("fan", "xs", "item", as_="x", collect="out")
+          .edge("item", END))
+    result, _ = run(wf)
+    assert result.status == "COMPLETED", result.error
+    out = result.state["out"]
+    assert [(o["index"], o["x"]) for o in out] == [(0, "a"), (1, "b")]
+    assert all(o["pid"] != os.getpid() for o in out)
+    assert out[0]["key"].endswith(":item:1:0") and out[1]["key"].endswith(":item:1:1")
+
+
+def test_a_mapped_node_and_a_parallel_branch_writing_one_field_conflict() -> None:
+    async def fan(state: dict[str, Any]) -> dict[str, Any]:
+        return {"xs": [1, 2]}
+
+    async def each(state: dict[str, Any]) -> dict[str, Any]:
+        return {"total": state["x"]}
+
+    async def other(state: dict[str, Any]) -> dict[str, Any]:
+        return {"summary": "other"}
+
+    wf = (Workflow("c", state={"total": "add"}).node("fan", fan).node("each", each)
+          .node("other", other)
+          .edge(START, "fan").map("fan", "xs", "each", as_="x", collect="summary")
+          .edge("fan", "other").edge("each", END).edge("other", END))
+    result, _ = run(wf)
+    assert result.status == "FAILED"
+    assert result.error is not None and result.error["type"] == "write_conflict"
+    assert "'summary'" in result.error["message"]
+
+
+def test_an_error_edge_catches_a_mapped_node_whose_item_failed() -> None:
+    async def fan(state: dict[str, Any]) -> dict[str, Any]:
+        return {"xs": [1, 0, 2]}
+
+    async def invert(state: dict[str, Any]) -> dict[str, Any]:
+        return {"inv": 1 / state["x"]}
+
+    async def fallback(state: dict[str, Any]) -> dict[str, Any]:
+        return {"handled": state["error"]["type"], "message": state["error"]["message"]}
+
+    wf = (Workflow("caught").node("fan", fan).node("invert", invert).node("fallback", fallback)
+          .edge(START, "fan").map("fan", "xs", "invert", as_="x", collect="out")
+          .edge("invert", END).edge("invert", "fallback", on_error=["ZeroDivisionError"])
+          .edge("fallback", END))
+    result, recs = run(wf)
+    assert result.status == "COMPLETED", result.error
+    assert result.state["handled"] == "ZeroDivisionError"
+    assert "(item 1 of 3)" in result.state["message"]
+    assert "out" not in result.state  # the map did not complete: nothing collected
+    [caught] = [r for r in recs if r["type"] == "node.failed" and "caught" in r]
+    assert caught["node"] == "invert" and "item" not in caught

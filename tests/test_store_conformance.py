@@ -1019,3 +1019,36 @@ def test_sqlite_a_second_store_in_one_process_keeps_the_first_ones_locks(
     finally:
         check.close()
     assert stored == set(written)
+
+
+# -- pruning ---------------------------------------------------------------------------
+
+def test_delete_finished_removes_only_finished_unclaimed_runs_with_their_records(
+        store: Store) -> None:
+    async def main() -> None:
+        done, _, done_log = new_row(status="COMPLETED", n=5)
+        failed, _, failed_log = new_row(status="FAILED", n=3)
+        waiting, _, waiting_log = new_row(status="WAITING_APPROVAL", n=2)
+        claimed, _, claimed_log = new_row(status="CANCELLED", n=2)
+        for row, entries in ((done, done_log), (failed, failed_log), (waiting, waiting_log),
+                             (claimed, claimed_log)):
+            await store.create_run(row, entries)
+        await store.save_snapshot(done.run_id, 3, b"cached")
+        await store.claim(claimed.run_id, "host:1", 30.0)
+        deleted, records = await store.delete_finished(
+            [done.run_id, failed.run_id, waiting.run_id, claimed.run_id, "no-such-run"])
+        assert sorted(deleted) == sorted([done.run_id, failed.run_id])
+        assert records == 8
+        for gone in (done.run_id, failed.run_id):
+            with pytest.raises(RunNotFound):
+                await store.get_run(gone)
+        try:  # (a store may say the run is gone, or that it has no snapshot)
+            snapshot = await store.load_snapshot(done.run_id)
+        except RunNotFound:
+            snapshot = None
+        assert snapshot is None
+        assert len(await store.entries(waiting.run_id)) == 2
+        assert len(await store.entries(claimed.run_id)) == 2
+        assert await store.delete_finished([]) == ([], 0)
+
+    run(main)

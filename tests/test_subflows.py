@@ -709,3 +709,69 @@ def test_a_deadline_passed_in_the_child_is_applied_when_the_parent_resumes(
     assert [(d["decision"], d["by"], d.get("timed_out")) for d in decided] == \
         [("timed_out", "interlock (deadline)", True)]
     assert project.executions() == ["intake", "fix", "check", "report"]
+
+
+def test_an_error_edge_catches_a_failed_child_by_its_class(
+        project: CliProject, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLAKY_FAILS", "5")
+    project.workflow("""
+    workflow: flaky-child
+    input: [incident]
+    nodes:
+      flaky: {mod}:flaky
+    edges:
+      - {from: START, to: flaky}
+    """, "flaky.yaml")
+    project.workflow("""
+    workflow: caught
+    input: [event]
+    nodes:
+      intake: {mod}:intake
+      remediate: {workflow: flaky.yaml, output: result}
+      report: {mod}:report
+      fallback: {mod}:fix
+    edges:
+      - {from: START, to: intake}
+      - {from: intake, to: remediate}
+      - {from: remediate, to: report}
+      - {from: remediate, to: fallback, on_error: [ChildRunError]}
+    """, "caught.yaml")
+    result = run_parent(project, "caught.yaml", "oe1")
+    assert result.status == "COMPLETED", result.error
+    assert result.state["error"]["node"] == "remediate"
+    assert result.state["error"]["type"] == "ChildRunError"
+    assert "report" not in project.executions()
+    assert project.executions()[-1] == "fix"
+
+
+def test_prune_keeps_a_child_whose_parent_it_keeps(project: CliProject) -> None:
+    from interlock._prune import select
+
+    assert run_parent(project, run_id="pr1").status == "COMPLETED"
+
+    async def rows() -> list[Any]:
+        async with interlock.open_store(project.store) as st:
+            return await st.list_runs()
+
+    stored = asyncio.run(rows())
+    parent = next(r for r in stored if r.run_id == "pr1")
+    parent.summary.status = "WAITING_APPROVAL"  # as if the parent were kept
+    chosen, kept = select(stored, 0.0, ("COMPLETED",), time.time() + 10)
+    assert [r.run_id for r in chosen] == [] and kept == ["pr1.remediate.1"]
+
+
+def test_a_child_gates_input_schema_is_shown_and_checked_through_the_parent(
+        project: CliProject) -> None:
+    project.workflow(GATED_CHILD.replace(
+        "approvers: [alice]}", "input: {type: object, properties: {reason: {type: string}},"
+        " required: [reason]}}"), "gated.yaml")
+    project.workflow(GATED_PARENT, "gparent.yaml")
+    result = run_parent(project, "gparent.yaml", "h1")
+    assert result.waiting is not None
+    assert result.waiting["input"]["required"] == ["reason"]
+    refused = project.cli("resume", "h1", "--approve", "--data", '{"reason": 3}')
+    assert refused.exit_code == 2, refused.output
+    out, done = project.cli_json("resume", "h1", "--approve", "--data", '{"reason": "ok"}')
+    assert out.exit_code == 0 and done["status"] == "COMPLETED", out.output
+    [decided] = [r for r in project.records("h1.remediate.1") if r["type"] == "approval.decided"]
+    assert decided["data"] == {"reason": "ok"}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from ._base import (
+    FINISHED,
     ClaimError,
     ConflictError,
     RunExists,
@@ -19,6 +20,7 @@ from ._base import (
 from ._memory import MemoryStore
 
 __all__ = [
+    "FINISHED",
     "ClaimError",
     "ConflictError",
     "MemoryStore",

@@ -36,6 +36,9 @@ from .._errors import (  # the store's errors live with every other error
 )
 from .._log import Entry
 
+# the statuses of a run that has ended (what `Store.delete_finished` may delete)
+FINISHED = ("COMPLETED", "FAILED", "REJECTED", "CANCELLED")
+
 
 @dataclass(slots=True)
 class Summary:
@@ -190,6 +193,21 @@ class Store(ABC):
     @abstractmethod
     async def load_snapshot(self, run_id: str) -> tuple[int, bytes] | None:
         """The run's latest snapshot as ``(seq, data)``, or None."""
+
+    @abstractmethod
+    async def delete_finished(self, run_ids: list[str]) -> tuple[list[str], int]:
+        """Delete those of ``run_ids`` that are still finished (completed, failed,
+        rejected, cancelled) and unclaimed, with their records and snapshots, in one
+        transaction: ``(the runs deleted, the records deleted)``. A run that was resumed
+        meanwhile is left alone."""
+
+    async def size_bytes(self) -> int | None:
+        """What the store takes up (a SQLite file with its WAL, PostgreSQL's tables),
+        or None when it cannot tell."""
+        return None
+
+    async def reclaim(self) -> None:  # noqa: B027 - optional hook
+        """Give back the space deleted rows held (SQLite's VACUUM, PostgreSQL's)."""
 
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections and threads."""

@@ -7,6 +7,7 @@ from typing import Any
 
 from .._log import Entry
 from ._base import (
+    FINISHED,
     ClaimError,
     ConflictError,
     RunExists,
@@ -116,3 +117,19 @@ class MemoryStore(Store):
     async def load_snapshot(self, run_id: str) -> tuple[int, bytes] | None:
         self._row(run_id)
         return self._snapshots.get(run_id)
+
+    async def delete_finished(self, run_ids: list[str]) -> tuple[list[str], int]:
+        deleted, records = [], 0
+        for run_id in run_ids:
+            row = self._runs.get(run_id)
+            if row is None or row.summary.status not in FINISHED or row.owner is not None:
+                continue
+            del self._runs[run_id]
+            records += len(self._entries.pop(run_id, ()))
+            self._snapshots.pop(run_id, None)
+            deleted.append(run_id)
+        return deleted, records
+
+    async def size_bytes(self) -> int | None:
+        return sum(len(e.data) + len(e.hash) for log in self._entries.values() for e in log) \
+            + sum(len(data) for _, data in self._snapshots.values())

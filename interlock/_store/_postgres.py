@@ -43,6 +43,7 @@ from psycopg.rows import TupleRow
 
 from .._log import Entry
 from ._base import (
+    FINISHED,
     ClaimError,
     ConflictError,
     RunExists,
@@ -585,5 +586,44 @@ class PostgresStore(Store):
             cur = await conn.execute("SELECT 1 FROM runs WHERE run_id = %s", (run_id,))
             if await cur.fetchone() is None:
                 raise RunNotFound(run_id)
+
+        await self._do(op)
+
+    # -- pruning ---------------------------------------------------------------------
+
+    async def delete_finished(self, run_ids: list[str]) -> tuple[list[str], int]:
+        if not run_ids:
+            return [], 0
+
+        async def op(conn: Conn) -> tuple[list[str], int]:
+            async with conn.transaction():
+                cur = await conn.execute(
+                    "DELETE FROM runs WHERE run_id = ANY(%s) AND status = ANY(%s) "
+                    "AND owner IS NULL RETURNING run_id", (list(run_ids), list(FINISHED)))
+                deleted = [r[0] for r in await cur.fetchall()]
+                cur = await conn.execute("DELETE FROM records WHERE run_id = ANY(%s)",
+                                         (deleted,))
+                records = cur.rowcount
+                await conn.execute("DELETE FROM snapshots WHERE run_id = ANY(%s)", (deleted,))
+            return deleted, records
+
+        return await self._do(op)
+
+    async def size_bytes(self) -> int | None:
+        async def op(conn: Conn) -> int | None:
+            cur = await conn.execute(
+                "SELECT sum(pg_total_relation_size(c.oid)) FROM pg_class c "
+                "JOIN pg_namespace n ON n.oid = c.relnamespace "
+                "WHERE n.nspname = current_schema() "
+                "AND c.relname IN ('runs', 'records', 'snapshots')")
+            row = await cur.fetchone()
+            return int(row[0]) if row is not None and row[0] is not None else None
+
+        return await self._do(op, idempotent=True)
+
+    async def reclaim(self) -> None:
+        async def op(conn: Conn) -> None:
+            for table in ("records", "snapshots", "runs"):  # (autocommit: VACUUM needs it)
+                await conn.execute(f"VACUUM {table}")
 
         await self._do(op)

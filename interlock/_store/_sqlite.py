@@ -59,6 +59,7 @@ import orjson
 
 from .._log import Entry, json_default
 from ._base import (
+    FINISHED,
     ClaimError,
     ConflictError,
     RunExists,
@@ -798,3 +799,43 @@ class SQLiteStore(Store):
     async def release(self, run_id: str, owner: str) -> None:
         await self._call(self._release, run_id, owner)
 
+    # -- pruning ---------------------------------------------------------------------
+
+    @staticmethod
+    def _delete_finished(conn: sqlite3.Connection, run_ids: list[str]
+                         ) -> tuple[list[str], int]:
+        marks = ", ".join("?" * len(FINISHED))
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            deleted, records = [], 0
+            for run_id in run_ids:
+                cur = conn.execute(f"DELETE FROM runs WHERE run_id = ? AND status IN ({marks}) "
+                                   "AND owner IS NULL", (run_id, *FINISHED))
+                if cur.rowcount != 1:
+                    continue  # resumed (or claimed) meanwhile, or gone
+                records += conn.execute("DELETE FROM records WHERE run_id = ?",
+                                        (run_id,)).rowcount
+                conn.execute("DELETE FROM snapshots WHERE run_id = ?", (run_id,))
+                deleted.append(run_id)
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        return deleted, records
+
+    async def delete_finished(self, run_ids: list[str]) -> tuple[list[str], int]:
+        if self._absent() or not run_ids:
+            return [], 0
+        return await self._call(self._delete_finished, list(run_ids))
+
+    async def size_bytes(self) -> int | None:
+        return sum(p.stat().st_size for p in (self.path, Path(f"{self.path}-wal"))
+                   if p.exists())
+
+    def _vacuum(self, conn: sqlite3.Connection) -> None:
+        conn.execute("VACUUM")
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+    async def reclaim(self) -> None:
+        if not self._absent():
+            await self._call(self._vacuum)

@@ -21,10 +21,19 @@ from ._common import (
     store_option,
     with_store,
 )
-from ._format import _STATUS_STYLE, _age, _ago, _json, _plural, _short, _when
+from ._format import (
+    _STATUS_STYLE,
+    _age,
+    _ago,
+    _json,
+    _plural,
+    _short,
+    _when,
+    decision_flags,
+)
 
 if TYPE_CHECKING:
-    from .. import Diagnostic, RunResult, Store
+    from .. import Diagnostic, RunResult, Store, Verification
     from ..support import RunRow
 
 
@@ -191,13 +200,12 @@ def _waiting_lines(run_id: str, w: dict[str, Any], store: str) -> list[str]:
         lines += [f"  {field_} = {_json(value)}" for field_, value in show.items()]
     decisions = list(w.get("decisions") or [])
     lines.append(f"decisions: {', '.join(decisions)}")
+    if w.get("input") is not None:
+        what = "--modify's patch" if w.get("kind") == "tool" else "--data"
+        lines.append(f"input ({what} must satisfy): {_json(w['input'])}")
     lines.append("decide with:")
-    flags = {"approve": "--approve", "reject": "--reject",
-             "modify": "--modify '{\"field\": value}' [--at NODE]"}
-    for d in decisions:
-        if d in flags:
-            lines.append(f"  interlock resume {run_id} {flags[d]} --by NAME "
-                         f"[--comment TEXT]{store}")
+    for flag in decision_flags(w):
+        lines.append(f"  interlock resume {run_id} {flag} --by NAME [--comment TEXT]{store}")
     return lines
 
 
@@ -326,18 +334,35 @@ def _print_columns(header: list[str], body: list[list[str]], *, right: set[int],
 
 
 @click.command(short_help="Check a run's log has not been tampered with.")
-@click.argument("run_id", metavar="RUN_ID")
+@click.argument("run_id", metavar="RUN_ID", required=False)
+@click.option("--file", "path", metavar="PATH", type=click.Path(dir_okay=False),
+              help="Verify a run exported with `interlock export` from this file ('-' for "
+                   "stdin), with no store.")
 @store_option
-def verify(run_id: str, store_url: str | None) -> None:
+def verify(run_id: str | None, path: str | None, store_url: str | None) -> None:
     """Check RUN_ID's hash chain, its stored definition, that every record follows
     from the ones before it, and that the log ends where the run's summary says.
     Exits 0 when intact, 1 naming the first bad record.
+
+    With --file, the same checks for an exported run (`interlock export RUN_ID >
+    run.jsonl`) with no store: a record changed, added, removed or cut off the end
+    breaks it.
 
     A keyed log (a run started with INTERLOCK_LOG_KEY set) is checked with the key:
     then "ok" also proves the log was written by a holder of the key."""
     from .. import verify as run_verify
 
-    v = call_engine(run_verify(run_id, store=store_url))
+    if path is not None:
+        if run_id is not None:
+            raise CliError("give RUN_ID (a stored run) or --file PATH (an exported one), "
+                           "not both")
+        v = _verify_file(path)
+        run_id = v.run_id
+    elif run_id is None:
+        raise CliError("missing RUN_ID: `interlock verify RUN_ID`, or `interlock verify "
+                       "--file run.jsonl` for an exported run")
+    else:
+        v = call_engine(run_verify(run_id, store=store_url))
     for note in v.notes:
         click.echo(f"warning: {note}", err=True)
     if v.ok:
@@ -353,3 +378,36 @@ def verify(run_id: str, store_url: str | None) -> None:
     else:
         click.echo(f"broken: {which} at record {v.seq} of {v.records}: {v.message}")
     sys.exit(EXIT_FAILED)
+
+
+def _verify_file(path: str) -> Verification:
+    from .. import UsageError
+    from ..support import verify_export
+
+    try:
+        if path == "-":
+            return verify_export(sys.stdin.buffer, source="stdin")
+        with open(path, "rb") as f:
+            return verify_export(f, source=path)
+    except OSError as exc:
+        raise CliError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except UsageError as exc:
+        raise CliError(str(exc)) from None
+
+
+@click.command(short_help="Write a run's log as JSON lines (for `verify --file`).")
+@click.argument("run_id", metavar="RUN_ID")
+@store_option
+def export(run_id: str, store_url: str | None) -> None:
+    """Write RUN_ID to stdout as JSON lines: a first line with the run's definition and
+    summary (its last seq and chain hash), then every record exactly as stored. An
+    auditor checks it with no store: `interlock verify --file run.jsonl`."""
+    from ..support import export_run
+
+    async def write() -> None:
+        out = sys.stdout.buffer
+        async for line in export_run(run_id, store=store_url):
+            out.write(line)
+        out.flush()
+
+    call_engine(write())
