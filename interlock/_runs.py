@@ -426,13 +426,7 @@ async def _decide_child(store: Store, run_id: str, decision: Decision) -> None:
     if below is not None:
         await _decide_child(store, str(below[0].key), below[1])
         return
-    items = decide(loaded.spec, view, decision)
-    owner = make_owner()
-    await store.claim(run_id, owner, LEASE_SECONDS)
-    try:
-        await Journal(store, run_id, view, loaded.writer()).commit(items)
-    finally:
-        await store.release(run_id, owner)
+    await _commit_claimed(store, loaded, decide(loaded.spec, view, decision))
 
 
 async def _expired_children(store: Store, view: RunView,
@@ -467,13 +461,20 @@ async def _expire_child(store: Store, run_id: str) -> bool:
     items = expire(loaded.spec, view) + below
     if not items:
         return False
-    owner = make_owner()
-    await store.claim(run_id, owner, LEASE_SECONDS)
-    try:
-        await Journal(store, run_id, view, loaded.writer()).commit(items)
-    finally:
-        await store.release(run_id, owner)
+    await _commit_claimed(store, loaded, items)
     return True
+
+
+async def _commit_claimed(store: Store, loaded: Loaded, items: list[tuple[str, dict[str, Any]]]
+                          ) -> None:
+    """Append ``items`` to a run nobody executes (a child waiting for a human), under a
+    claim of our own."""
+    owner = make_owner()
+    await store.claim(loaded.row.run_id, owner, LEASE_SECONDS)
+    try:
+        await Journal(store, loaded.row.run_id, loaded.view, loaded.writer()).commit(items)
+    finally:
+        await store.release(loaded.row.run_id, owner)
 
 
 _PAST = {"approve": "approved", "reject": "rejected", "modify": "modified"}

@@ -286,6 +286,15 @@ def test_validate_checks_the_input_mapping(project: CliProject) -> None:
     assert "nowhere" in out.output
 
 
+FLAKY_CHILD = """
+workflow: flaky-child
+input: [incident]
+nodes:
+  flaky: {mod}:flaky
+edges:
+  - {from: START, to: flaky}
+"""
+
 GATED_CHILD = """
 workflow: gated
 input: [incident]
@@ -376,14 +385,7 @@ def test_a_child_that_fails_without_a_retry_fails_the_parent(project: CliProject
                                                              monkeypatch: pytest.MonkeyPatch
                                                              ) -> None:
     monkeypatch.setenv("FLAKY_FAILS", "5")
-    project.workflow("""
-    workflow: flaky-child
-    input: [incident]
-    nodes:
-      flaky: {mod}:flaky
-    edges:
-      - {from: START, to: flaky}
-    """, "flaky.yaml")
+    project.workflow(FLAKY_CHILD, "flaky.yaml")
     project.workflow(PARENT.replace("child.yaml", "flaky.yaml"), "failing.yaml")
     result = run_parent(project, "failing.yaml", "f1")
     assert result.status == "FAILED"
@@ -714,14 +716,7 @@ def test_a_deadline_passed_in_the_child_is_applied_when_the_parent_resumes(
 def test_an_error_edge_catches_a_failed_child_by_its_class(
         project: CliProject, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FLAKY_FAILS", "5")
-    project.workflow("""
-    workflow: flaky-child
-    input: [incident]
-    nodes:
-      flaky: {mod}:flaky
-    edges:
-      - {from: START, to: flaky}
-    """, "flaky.yaml")
+    project.workflow(FLAKY_CHILD, "flaky.yaml")
     project.workflow("""
     workflow: caught
     input: [event]
