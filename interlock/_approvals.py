@@ -267,6 +267,8 @@ def known_fields(spec: WorkflowSpec, view: RunView) -> set[str]:
         known |= set(ns.writes or ())
         if ns.approval is not None or ns.agent is not None:
             known.add(name)
+        if ns.workflow is not None:
+            known.add(ns.output_key or name)
     return known
 
 
@@ -299,6 +301,10 @@ def _records(spec: WorkflowSpec, view: RunView, gate: Gate, decision: str, by: s
     if data is not None:
         base["data"] = data
     items: Items = [(L.APPROVAL_DECIDED, base)]
+    if gate.kind == "workflow":
+        # the node runs again and continues its child (`_runs.resume` has decided the
+        # child's gate in the child)
+        return items
     if gate.kind == "tool":
         # the node runs again: ctx.confirm gives it the decision, ctx.decision the rest
         assert gate.key is not None

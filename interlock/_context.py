@@ -55,12 +55,17 @@ class PauseRequested(BaseException):
     """
 
     def __init__(self, key: str, show: Mapping[str, Any],
-                 edit: Mapping[str, Any] | None = None) -> None:
+                 edit: Mapping[str, Any] | None = None, *, path: str | None = None,
+                 decisions: list[str] | None = None) -> None:
         super().__init__(key)
         self.key = key
         self.show = dict(show)
         self.edit = dict(edit) if edit is not None else None  # the schema of a modify patch
-        self.decisions = ["approve", "reject"] + (["modify"] if edit is not None else [])
+        self.decisions = decisions if decisions is not None else \
+            ["approve", "reject"] + (["modify"] if edit is not None else [])
+        # a gate of a child run (a sub-workflow node, SPEC §7): the path of nodes down to
+        # it (``remediate/approval``), its decisions above; ``key`` is the child's run id
+        self.path = path
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,12 +88,13 @@ class Tally:
     """What one attempt has spent: written by the budget that charges it
     (`_guards.Budget.charge`), read by the context and the node call."""
 
-    __slots__ = ("over", "tokens", "unsaved")
+    __slots__ = ("over", "steps", "tokens", "unsaved")
 
     def __init__(self) -> None:
         self.tokens = 0
         self.unsaved = 0  # of those, not yet in a record (an effect's, or the attempt's end)
         self.over: RunError | None = None  # set when this visit crossed a budget
+        self.steps = 0  # a child run's steps, to count with the next effect (SPEC §7)
 
     def add(self, n: int) -> None:
         self.tokens += n

@@ -100,14 +100,15 @@ class Gate:
     deadline: float | None = None
     decision: str | None = None  # approved | rejected | modified | timed_out
     body_started: bool = False  # a confirmed node's body has started
-    key: str | None = None  # for kind "tool": the key the node asked under
+    key: str | None = None  # for kind "tool": the key the node asked under ("workflow": the child)
     # the JSON Schema a decision must satisfy: an approval's ``input:`` (its ``data``), a
     # guarded tool's arguments (a ``modify`` patch); None when the gate takes neither
     input: dict[str, Any] | None = None
+    path: str | None = None  # for kind "workflow": the nodes down to the child's gate
 
     def waiting(self) -> dict[str, Any]:
-        """The ``waiting`` object of SPEC §3."""
-        out = {"node": self.node, "kind": self.kind, "show": self.show,
+        """The ``waiting`` object of SPEC §3 (a child run's gate: ``node`` is its path)."""
+        out = {"node": self.path or self.node, "kind": self.kind, "show": self.show,
                "decisions": self.decisions, "requested_at": self.requested_at,
                "deadline": self.deadline}
         if self.key is not None:
@@ -446,17 +447,19 @@ class RunView:
 
     def _on_approval_requested(self, rec: L.Record) -> None:
         key = (rec["node"], rec["visit"])
-        if rec.get("kind") == "tool":  # a node that paused mid-body (ctx.confirm)
+        if rec.get("kind") in _MID_BODY:  # a node that paused mid-body (ctx.confirm)
             self._attempt_ended(rec)
         self.gates[key] = Gate(rec["node"], rec["visit"], rec["kind"], rec["at"],
                                rec.get("show") or {}, rec["decisions"], rec.get("deadline"),
-                               key=rec.get("key"), input=rec.get("input"))
+                               key=rec.get("key"), input=rec.get("input"),
+                               path=rec.get("path"))
 
     def _on_approval_decided(self, rec: L.Record) -> None:
         gate = self.gates[(rec["node"], rec["visit"])]
         gate.decision = rec["decision"]
-        if gate.kind == "tool":
-            # the node asked mid-body (ctx.confirm): it runs again and finds the answer
+        if gate.kind in _MID_BODY:
+            # the node asked mid-body (ctx.confirm, a child's gate): it runs again and
+            # finds the answer
             self.confirmations[(gate.node, gate.visit, rec["key"])] = rec["decision"]
             self.gates.pop((gate.node, gate.visit))
         elif gate.kind == "confirm" and gate.decision != "approved":
@@ -473,6 +476,8 @@ class RunView:
         # what the effect spent (an LLM call's usage), committed with its result: a crash
         # after it, a retry or a cancellation does not lose it, a replay does not repeat it
         self._spend(rec["node"], rec["visit"], rec.get("tokens"))
+        if "steps" in rec:  # a child run's steps count in its parent too (SPEC §7)
+            self.steps += rec["steps"]
         running = self._attempt_visit(rec)
         if running is not None and rec.get("tokens"):
             running.effect_tokens += rec["tokens"]
@@ -642,6 +647,8 @@ class Scope:
     def __contains__(self, name: object) -> bool:
         return name in ("config", "run") or name in self._view.state
 
+
+_MID_BODY = frozenset({"tool", "workflow"})  # gates asked for from inside a node's body
 
 _HANDLERS = {
     L.RUN_STARTED: RunView._on_run_started,

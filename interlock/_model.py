@@ -163,6 +163,26 @@ class ApprovalSpec(_Strict):
     on_timeout: str = "reject"
 
 
+class SubflowRef(_Strict):
+    """A ``workflow:`` node's child, pinned: the file it was read from (as the parent
+    names it; None for a builder's `Workflow`) and the child's whole definition, which
+    is part of the parent's definition and hash -- a resume runs this, not the file as
+    it is now. A file names the child by its path; the front end (`_spec.load_spec`)
+    reads it and stores it in this form."""
+
+    file: str | None = None
+    definition: dict[str, Any]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _path_form(cls, data: Any) -> Any:
+        if isinstance(data, str):
+            raise ValueError(f"workflow: {data!r} is a path, which only a workflow read from "
+                             "a file (interlock.load) or the builder (wf.subworkflow) can "
+                             "resolve")
+        return data
+
+
 class NodeSpec(Extensible):
     """One node. ``call`` is ``module:function``; short form in a file: ``name: module:fn``."""
 
@@ -179,6 +199,13 @@ class NodeSpec(Extensible):
     agent: dict[str, Any] | None = None
     # a call node's own parameters, passed as ``ctx.args`` (one function, several nodes)
     args: dict[str, Any] | None = None
+    # a sub-workflow (SPEC §7): the child, the child's input fields as CEL over this
+    # workflow's state (default: the fields of the same names), what of its final state
+    # is written (all of it; ``[fields]``; or one field's value) under ``output_key``
+    workflow: SubflowRef | None = None
+    input: dict[str, str] | None = None
+    output: str | list[str] | None = None
+    output_key: str | None = None
     description: str = ""
 
     @model_validator(mode="before")
@@ -199,24 +226,32 @@ class NodeSpec(Extensible):
 
     @model_validator(mode="after")
     def _one_kind(self) -> NodeSpec:
-        kinds = [k for k in ("call", "approval", "agent") if getattr(self, k) is not None]
+        kinds = [k for k in ("call", "approval", "agent", "workflow")
+                 if getattr(self, k) is not None]
         if len(kinds) != 1:
             found = ", ".join(kinds) or "none"
             raise ValueError(
-                "a node needs exactly one of 'call', 'approval' or 'agent' "
+                "a node needs exactly one of 'call', 'approval', 'agent' or 'workflow' "
                 f"(found: {found})"
             )
+        if self.workflow is None:
+            extra = [k for k in ("input", "output", "output_key") if getattr(self, k) is not None]
+            if extra:
+                raise ValueError(f"{', '.join(map(repr, extra))} belong to a 'workflow:' node "
+                                 "(a sub-workflow)")
         if self.args is not None and self.call is None:
             raise ValueError("'args' are passed to a call node's function as ctx.args; "
                              "an approval or agent node has no function to pass them to")
         return self
 
     @property
-    def kind(self) -> Literal["call", "approval", "agent"]:
+    def kind(self) -> Literal["call", "approval", "agent", "workflow"]:
         if self.approval is not None:
             return "approval"
         if self.agent is not None:
             return "agent"
+        if self.workflow is not None:
+            return "workflow"
         return "call"
 
 
@@ -478,6 +513,9 @@ class WorkflowSpec(Extensible):
     # Where each part came from: path tuple -> (line, col), plus the file name.
     # Not part of the definition's identity.
     _source: SourceMap | None = PrivateAttr(default=None)
+    # the sub-workflows as read from their files (with their own source maps), by node:
+    # for validation's positions; the definition holds them pinned either way
+    _children: dict[str, WorkflowSpec] = PrivateAttr(default_factory=dict)
 
     @field_validator("state", mode="before")
     @classmethod

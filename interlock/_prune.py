@@ -57,7 +57,8 @@ def select(rows: list[RunRow], older_than: float, statuses: tuple[str, ...], now
     while changed:  # a child goes only with its parent (a chain of forks, all the way)
         changed = False
         for run_id, row in list(chosen.items()):
-            parent = row.parent_run
+            link = row.options.get("parent")  # a sub-workflow's child names its parent
+            parent = row.parent_run or (link.get("run") if isinstance(link, dict) else None)
             if parent is not None and parent in existing and parent not in chosen:
                 del chosen[run_id]
                 kept.append(run_id)

@@ -133,8 +133,9 @@ def node_retrying(node: str, visit: int, attempt: int, error: dict[str, Any],
 
 
 def effect_recorded(node: str, visit: int, attempt: int, key: str, result: Any,
-                    tokens: int, item: int | None = None) -> Item:
-    """``ctx.once``'s result, with the tokens spent on it (and before it, unrecorded)."""
+                    tokens: int, item: int | None = None, steps: int = 0) -> Item:
+    """``ctx.once``'s result, with the tokens spent on it (and before it, unrecorded) --
+    and the steps, when it accounts for a child run's (a sub-workflow node's)."""
     fields: dict[str, Any] = {"node": node, "visit": visit, "attempt": attempt, "key": key}
     if item is not None:
         fields["item"] = item
@@ -142,6 +143,8 @@ def effect_recorded(node: str, visit: int, attempt: int, key: str, result: Any,
         fields["result"] = result
     if tokens:
         fields["tokens"] = tokens
+    if steps:
+        fields["steps"] = steps
     return L.EFFECT_RECORDED, fields
 
 

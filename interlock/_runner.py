@@ -307,14 +307,17 @@ class Runner:
         ends the run. ``alone``: nothing else ran while it did (so only a node that could
         have, by the graph, can conflict with its writes)."""
         if out.pause is not None:
-            # the visit stays running; it is re-run once a human has decided
+            # the visit stays running; it is re-run once a human has decided (``path``: a
+            # gate of a child run, which the decision is forwarded to -- `_runs.resume`)
+            pause = out.pause
             fields = {
-                "node": out.node, "visit": out.visit, "attempt": out.attempt, "kind": "tool",
-                "key": out.pause.key, "show": L.to_json_value(out.pause.show),
-                "decisions": out.pause.decisions, "tokens": out.tokens or None,
+                "node": out.node, "visit": out.visit, "attempt": out.attempt,
+                "kind": "tool" if pause.path is None else "workflow",
+                "key": pause.key, "show": L.to_json_value(pause.show), "path": pause.path,
+                "decisions": pause.decisions, "tokens": out.tokens or None,
                 "approvers": _approvers(self.plan.nodes[out.node].spec)}
-            if out.pause.edit is not None:  # what a modify patch must satisfy
-                fields["input"] = out.pause.edit
+            if pause.edit is not None:  # what a modify patch must satisfy
+                fields["input"] = pause.edit
             await self.sink.commit([(L.APPROVAL_REQUESTED, fields)])
             return
         if out.error is not None and self.plan.nodes[out.node].errors:

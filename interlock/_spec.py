@@ -242,11 +242,62 @@ def parse(data: dict[str, Any], source: SourceMap | None = None) -> WorkflowSpec
     return spec
 
 
-def load_spec(source: str | os.PathLike[str] | dict[str, Any]) -> WorkflowSpec:
+def load_spec(source: str | os.PathLike[str] | dict[str, Any], *,
+              within: tuple[str, ...] = ()) -> WorkflowSpec:
+    """A workflow from a file (or a dict in the file's shape), its sub-workflows read and
+    pinned (`resolve_children`); ``within``: the files of the workflows that include this
+    one (a workflow that includes itself is refused)."""
     if isinstance(source, dict):
-        return parse(source, None)
-    data, smap = read_file(source)
-    return parse(data, smap)
+        data, smap, here = source, None, None
+    else:
+        data, smap = read_file(source)
+        here = os.path.realpath(source)
+    children: dict[str, WorkflowSpec] = {}
+    base = os.path.dirname(here) if here is not None else os.getcwd()
+    data = resolve_children(data, smap, base, (*within, here) if here else within, children)
+    spec = parse(data, smap)
+    spec._children = children
+    return spec
+
+
+def resolve_children(data: dict[str, Any], smap: SourceMap | None, base: str,
+                     within: tuple[str, ...], children: dict[str, WorkflowSpec]
+                     ) -> dict[str, Any]:
+    """``data`` with each ``workflow: PATH`` node's child read (relative to ``base``, the
+    including file's directory) and pinned as ``{file, definition}`` (SPEC §7); the
+    children, with their own source maps, go in ``children`` by node. A child that is
+    one of ``within`` (itself, or a workflow including it) is an error at its node."""
+    nodes = data.get("nodes") if isinstance(data, dict) else None
+    if not isinstance(nodes, dict):
+        return data
+    out_nodes = dict(nodes)
+    for name, node in nodes.items():
+        if not isinstance(node, dict) or not isinstance(node.get("workflow"), str):
+            continue
+        rel = node["workflow"]
+        where = ("nodes", name, "workflow")
+        pos = smap.locate(where) if smap is not None else None
+        loc = Location(smap.file if smap else None, *(pos or (None, None)))
+        path = os.path.realpath(os.path.join(base, rel))
+        if path in within:
+            chain = " -> ".join(os.path.basename(p)
+                                for p in (*within[within.index(path):], path))
+            raise WorkflowError([Diagnostic(
+                "error", f"node {name!r}: workflow {rel!r} includes itself ({chain}); a "
+                "workflow cannot run itself as a sub-workflow, directly or not -- make the "
+                "repeated part a loop (an edge back with a 'when') instead", loc,
+                code="recursion")])
+        try:
+            child = load_spec(path, within=within)
+        except WorkflowError as exc:
+            if any(d.code == "recursion" for d in exc.diagnostics):
+                raise
+            raise WorkflowError([Diagnostic(
+                "error", f"node {name!r}: its sub-workflow {rel!r} is invalid (below)", loc,
+                code="subflow"), *exc.diagnostics]) from None
+        children[name] = child
+        out_nodes[name] = {**node, "workflow": {"file": rel, "definition": child.definition()}}
+    return {**data, "nodes": out_nodes}
 
 
 def locate(spec: WorkflowSpec, path: tuple[Any, ...]) -> Location:

@@ -495,6 +495,8 @@ class _Checker:
                 written.add(name)
             elif ns.agent is not None:
                 written.add(str(ns.agent.get("output_key") or name))
+            elif ns.workflow is not None:
+                written.add(ns.output_key or name)
             elif ns.writes is not None:
                 written |= set(ns.writes)
             else:

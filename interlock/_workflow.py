@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
-import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
@@ -24,18 +23,10 @@ from ._fold import RunView
 from ._model import DEFAULT_STEPS, WorkflowSpec, check_limits
 from ._otel import RunSpans, run_spans, with_spans
 from ._plan import Plan
-from ._runs import (
-    LEASE_SECONDS,
-    RunResult,
-    chain_options,
-    drive,
-    make_owner,
-    make_run_id,
-    open_store_arg,
-)
+from ._runs import RunResult, make_run_id, open_store_arg, start
 from ._spec import load_spec, parse
 from ._state import check_whole_values
-from ._store import RunRow, Store, Summary, release_store
+from ._store import Store, release_store
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -271,6 +262,36 @@ class Workflow:
         self._mutable()["edges"].append(e)
         return self
 
+    def subworkflow(self, name: str, workflow: Workflow | str | os.PathLike[str], *,
+                    input: Mapping[str, str] | None = None,
+                    output: str | Iterable[str] | None = None,
+                    output_key: str | None = None, **options: Any) -> Workflow:
+        """Add a node that runs ``workflow`` (a `Workflow`, or the path of a file) as a
+        child run (SPEC §7). ``input`` maps the child's input fields to CEL expressions
+        over this workflow's state (default: the fields of the same names); the child's
+        final state -- or its field ``output``, or its fields ``[output, ...]`` -- is
+        written under ``output_key`` (default: the node's name). The child's definition
+        is pinned in this one's. Other options are the node keys of `node` (timeout,
+        retry, tokens, reads, description)."""
+        if isinstance(workflow, Workflow):
+            child, file = workflow, None
+        else:
+            child, file = load(workflow), os.fspath(workflow)
+        data = self._mutable()
+        if name in data["nodes"]:
+            raise UsageError(f"node {name!r} is already defined")
+        node: dict[str, Any] = {"workflow": {"file": file, "definition": child.definition()}}
+        if input is not None:
+            node["input"] = dict(input)
+        if output is not None:
+            node["output"] = output if isinstance(output, str) else list(output)
+        if output_key is not None:
+            node["output_key"] = output_key
+        for path, fn in child.callables.items():  # what running the child needs
+            self._callables[f"{name}/{path}"] = fn
+        data["nodes"][name] = {**node, **_opts(options)}
+        return self
+
     # -- validation --------------------------------------------------------------------
 
     @property
@@ -349,38 +370,16 @@ class Workflow:
         spans: RunSpans | None = None
         try:
             rid = run_id or make_run_id()
-            key = L.env_key()
-            writer = L.LogWriter(key=key)
-            now = time.time()
-            definition_hash = self.definition_hash()
-            chain = chain_options(key)
-            started: dict[str, Any] = {
-                "workflow": spec.workflow, "definition_hash": definition_hash,
-                "input": data, "config": cfg, "limits": lim, **chain}
-            defaults = _defaults(spec, data)
-            if defaults:
-                started["defaults"] = defaults
+            started: dict[str, Any] = {}
             spans = run_spans(rid, spec.workflow)  # None unless tracing is configured
             if spans is not None:
                 started["trace"] = spans.ids
                 listener = with_spans(listener, spans)
-            rec, entry = writer.make(L.RUN_STARTED, started)
-            view = RunView(plan)
-            view.apply(rec)
-            # created claimed where the store can: no claim of its own to commit
-            owner = make_owner() if st.leases_in_writes else None
-            row = RunRow(run_id=rid, workflow=spec.workflow, definition=self.definition(),
-                         definition_hash=definition_hash, input=data,
-                         options={"config": dict(config or {}), "limits": dict(limits or {}),
-                                  **chain},
-                         created_at=now,
-                         summary=Summary(status="RUNNING", last_seq=1, last_hash=writer.hash,
-                                         updated_at=now),
-                         owner=owner, lease_until=now + LEASE_SECONDS if owner else None)
-            await st.create_run(row, [entry])
-            if listener is not None:
-                listener(rec, view)
-            return await drive(plan, st, rid, view, writer, listener=listener, owner=owner)
+            return await start(plan, st, rid, definition=self.definition(),
+                               definition_hash=self.definition_hash(), input=data, config=cfg,
+                               limits=lim, options={"config": dict(config or {}),
+                                                    "limits": dict(limits or {})},
+                               started=started, listener=listener)
         finally:
             if spans is not None:
                 spans.end()
@@ -444,21 +443,6 @@ def _check_input(spec: WorkflowSpec, input: Mapping[str, Any] | None) -> dict[st
     check_data(None, what, size)
     check_whole_values(data, {k: v.reducer for k, v in spec.state.items()}, "the run's input")
     return data
-
-
-def _defaults(spec: WorkflowSpec, data: Mapping[str, Any]) -> dict[str, Any]:
-    """The declared fields' start values that apply to a run (``run.started`` records
-    them, so a resume folds the same state whatever the code's defaults become): a value
-    in the input replaces the default (null too, for a field without a reducer; a field
-    with one given null starts empty)."""
-    out = {}
-    for name, value in spec.defaults().items():
-        given = data.get(name)
-        if name not in data or (given is None and spec.state[name].reducer != "replace"):
-            out[name] = value
-    # each value as the log holds it; the fields in declaration order (as a live run's
-    # state has them)
-    return {name: L.to_json_value(value) for name, value in out.items()}
 
 
 def _effective(spec: WorkflowSpec, config: Mapping[str, Any] | None,

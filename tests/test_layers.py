@@ -34,7 +34,7 @@ LAYERS: dict[int, set[str]] = {
     5: {"_context", "_guards", "_call", "_mapped", "_isolation", "_isolation._pool",
         "_isolation._worker", "_isolation.__main__"},
     # the agent node kind, a plug-in on the node call
-    6: {"agents", "agents._check", "agents._errors", "agents._node", "agents._prompt",
+    6: {"_subflow", "agents", "agents._check", "agents._errors", "agents._node", "agents._prompt",
         "agents._providers", "agents._spec", "agents._tools"},
     # the scheduler and its edge decisions, and the wiring of the shipped node kinds
     7: {"_runner", "_decide", "_compile"},

@@ -260,14 +260,25 @@ def _run_json(row: RunRow) -> dict[str, Any]:
     return {"run_id": row.run_id, "workflow": row.workflow, "status": s.status,
             "steps": s.steps, "tokens": s.tokens, "created_at": row.created_at,
             "updated_at": s.updated_at, "parent_run": row.parent_run,
-            "parent_seq": row.parent_seq, "error": s.error, "waiting": s.waiting}
+            "parent_seq": row.parent_seq, "parent": row.options.get("parent"),
+            "error": s.error, "waiting": s.waiting}
+
+
+def _parent(row: RunRow) -> str:
+    """A fork's origin (``run@seq``), or a child run's parent (``run/node``)."""
+    if row.parent_run:
+        return f"{row.parent_run}@{row.parent_seq}"
+    link = row.options.get("parent")
+    if isinstance(link, dict):
+        return f"{link.get('run')}/{link.get('node')}"
+    return "-"
 
 
 def _print_runs(rows: list[RunRow]) -> None:
     header = ["run id", "workflow", "status", "steps", "tokens", "created", "updated", "parent"]
     body = [[r.run_id, r.workflow, r.summary.status, str(r.summary.steps),
              str(r.summary.tokens), _when(r.created_at), _ago(r.summary.updated_at),
-             f"{r.parent_run}@{r.parent_seq}" if r.parent_run else "-"] for r in rows]
+             _parent(r)] for r in rows]
     _print_columns(header, body, right={3, 4}, status_col=2)
 
 
@@ -357,12 +368,15 @@ def verify(run_id: str | None, path: str | None, store_url: str | None) -> None:
     if v.ok:
         how = ("keyed chain (HMAC-SHA-256) and fold verified: written by a holder of "
                "INTERLOCK_LOG_KEY" if v.keyed else "chain and fold verified")
-        click.echo(f"ok: {run_id} ({_plural(v.records, 'record')}, {how})")
+        children = (f"; child runs verified too: {', '.join(v.children)}" if v.children
+                    else "")
+        click.echo(f"ok: {run_id} ({_plural(v.records, 'record')}, {how}{children})")
         return
+    which = run_id if v.run_id == run_id else f"{v.run_id} (a child run of {run_id})"
     if v.seq is None:  # it could not be checked at all (a keyed log, without its key)
-        click.echo(f"not verified: {run_id}: {v.message}")
+        click.echo(f"not verified: {which}: {v.message}")
     else:
-        click.echo(f"broken: {run_id} at record {v.seq} of {v.records}: {v.message}")
+        click.echo(f"broken: {which} at record {v.seq} of {v.records}: {v.message}")
     sys.exit(EXIT_FAILED)
 
 
