@@ -328,4 +328,11 @@ def _records(spec: WorkflowSpec, view: RunView, gate: Gate, decision: str, by: s
     if reenter is not None:
         record["reenter"] = reenter
     items.append(R.gate_completed(gate.node, gate.visit, {gate.node: record}, reenter))
+    if decision in ("rejected", "timed_out") and reenter is None \
+            and not any(gate.node in e.source for e in spec.edges):
+        # a rejected gate with no edge of its own to follow: the run ends REJECTED, as
+        # when its edges follow none (the decider says so for a gate that has edges)
+        items.append(R.run_rejected(gate.node, f"approval {gate.node!r} was {decision} by "
+                                    f"{by or 'an anonymous decider'}"
+                                    + (f": {comment}" if comment else "")))
     return items

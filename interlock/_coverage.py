@@ -76,8 +76,16 @@ class Coverage:
         return [n for n, visits in self.nodes.items() if not visits]
 
     def never(self, value: str) -> list[str]:
-        """The conditions that never gave ``value`` ("true" or "false")."""
-        return [name for name, seen in self.conditions.items() if not seen[value]]
+        """The conditions evaluated at least once that never gave ``value`` ("true" or
+        "false")."""
+        return [name for name, seen in self.conditions.items()
+                if not seen[value] and (seen["true"] or seen["false"])]
+
+    @property
+    def never_evaluated(self) -> list[str]:
+        """The conditions no run ever evaluated (their source never completed)."""
+        return [name for name, seen in self.conditions.items()
+                if not seen["true"] and not seen["false"]]
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -89,6 +97,7 @@ class Coverage:
             "nodes": self.nodes, "never_reached": self.never_reached,
             "conditions": self.conditions,
             "never_true": self.never("true"), "never_false": self.never("false"),
+            "never_evaluated": self.never_evaluated,
             "cases_never_matched": self.cases_unmatched, "gates": self.gates,
         }
 

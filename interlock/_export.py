@@ -90,6 +90,10 @@ def verify_export(lines: Iterable[bytes], *, source: str = "the export") -> Veri
     prev, page = L.GENESIS, []
     for seq, raw in enumerate(it, start=1):
         data = raw.rstrip(b"\r\n")
+        if seq == 1:
+            mismatch = _header_mismatch(head, data)
+            if mismatch is not None:
+                return Verification(row.run_id, False, 1, 1, mismatch)
         entry = _entry(seq, data, prev, key)
         prev = entry.hash
         page.append(entry)
@@ -112,6 +116,23 @@ def verify_export(lines: Iterable[bytes], *, source: str = "the export") -> Veri
                             "the records do not chain to the last hash the export's first "
                             "line holds: a record up to this one was changed")
     return result
+
+
+def _header_mismatch(head: dict[str, Any], first: bytes) -> str | None:
+    """What of the header the chain does not vouch for, checked against ``run.started``
+    (which it does): the workflow and the input. (The run id is in no record: it is the
+    name the export goes by.)"""
+    try:
+        rec = orjson.loads(first)
+    except orjson.JSONDecodeError:
+        return None  # the chain check reports it
+    if not isinstance(rec, dict):
+        return None
+    for what in ("workflow", "input"):
+        if rec.get(what, {} if what == "input" else None) != head.get(what):
+            return (f"the export's first line and its run.started record disagree about "
+                    f"the run's {what} (the chain vouches for the record, not the line)")
+    return None
 
 
 def _entry(seq: int, data: bytes, prev: str, key: L.ChainKey | None) -> L.Entry:

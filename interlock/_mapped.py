@@ -57,12 +57,12 @@ async def run_items(calls: NodeCall, pn: PlanNode, visit: int) -> Outcome:
         out = await stack(calls.begin(pn, visit, attempt, i))
         error = out.error
         if error is None and out.pause is not None:
-            error = NodeError(f"node {pn.name!r} (item {i}) asked a human (ctx.confirm); the "
-                              "items of a mapped node cannot wait for one: confirm before or "
-                              "after the map", node=pn.name)
+            error = NodeError(f"node {pn.name!r} asked a human (ctx.confirm, or a tool with "
+                              "confirm: true); the items of a mapped node cannot wait for "
+                              "one: confirm before or after the map", node=pn.name)
         if error is not None:
             error.details["item"] = i
-            error.message = f"{error.message} (item {i} of {len(m.items)})"
+            error.message = f"{error.message} (item {i}, counting from 0, of {len(m.items)})"
             await sink.commit([R.node_failed(pn.name, visit, out.attempt, error.to_json(),
                                              out.duration_ms, out.tokens, i)])
             raise _ItemFailed(error)

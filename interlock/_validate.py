@@ -294,6 +294,13 @@ class _Checker:
                 self.add("error", f"{what}: {target!r} is a human gate; a map runs a call or "
                          "agent node per item (put the approval after the mapped node)",
                          ("edges", i, "to"), "map")
+            guarded = [t.get("call") for t in (ns.agent or {}).get("tools") or ()
+                       if isinstance(t, dict) and t.get("confirm")]
+            if guarded:
+                self.add("error", f"{what}: agent {target!r} has tools a human confirms "
+                         f"({', '.join(map(str, guarded))}); the items of a mapped node "
+                         "cannot wait for a human: confirm before or after the map, or "
+                         "drop confirm: true from the tool", ("edges", i, "to"), "map")
             if into[target] > 1:
                 self.add("error", f"{what}: {target!r} is also the target of another edge; a "
                          "mapped node is reached only through its map edge (map into a node "
@@ -501,6 +508,8 @@ class _Checker:
                 written |= set(ns.writes)
             else:
                 all_known = False
+        # a map's collect field: the list of its items' updates
+        written |= {e.collect for e in self.spec.edges if e.collect is not None}
         return written, all_known
 
     def _unfed(self, name: str, written: set[str], all_known: bool

@@ -320,3 +320,24 @@ def test_confirm_inside_a_node_pauses_and_resumes_the_visit(
     assert done.state["result"] == result
     assert calls == did
     assert asyncio.run(interlock.verify(first.run_id, store=store)).ok
+
+
+def test_a_rejected_approval_gate_with_no_edges_of_its_own_ends_the_run_rejected() -> None:
+    # a terminal gate (no outgoing edge) is as rejected as one whose edges follow none
+    wf = Workflow("terminal-gate").node("a", lambda s: {"a": 1})
+    wf.approval("gate", show=["a"])
+    wf.edge(START, "a").edge("a", "gate")
+    first = wf.run_sync(store="memory://")
+    assert first.status == "WAITING_APPROVAL"
+
+    async def decide(decision: interlock.Decision) -> interlock.RunResult:
+        async with interlock.open_store("memory://") as store:
+            waiting = await wf.run(store=store)
+            return await wf.resume(waiting.run_id, decision, store=store)
+
+    rejected = asyncio.run(decide(interlock.reject(by="bob", comment="not now")))
+    assert rejected.status == "REJECTED"
+    assert rejected.error is not None
+    assert rejected.error["message"] == "approval 'gate' was rejected by bob: not now"
+    approved = asyncio.run(decide(interlock.approve(by="alice")))
+    assert approved.status == "COMPLETED"

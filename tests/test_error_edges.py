@@ -517,7 +517,7 @@ def test_an_item_failing_fails_its_mapped_node_and_the_nodes_error_edge_catches_
     store = f"sqlite:///{tmp_path}/runs.db"
     result = wf.run_sync(store=store)
     assert result.status == "COMPLETED", result.error
-    assert result.state["fallback"] == "no joke about owls (item 1 of 3)"
+    assert result.state["fallback"] == "no joke about owls (item 1, counting from 0, of 3)"
     assert "best" not in result.state and "jokes" not in result.state
     assert asyncio.run(interlock.verify(result.run_id, store=store)).ok
     # the caught visit is over: its stored log folds to the same state

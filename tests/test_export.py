@@ -88,6 +88,8 @@ def edit_amount(lines: list[bytes]) -> None:
     (lambda lines: lines.__setitem__(0, lines[0].replace(b'"amount"', b'"AMOUNT"')
                                      .replace(b'"log"', b'"LOG"')),
      "does not match the hash recorded when the run started"),
+    (lambda lines: lines.__setitem__(0, lines[0].replace(b'"input":{}', b'"input":{"x":1}')),
+     "disagree about the run's input"),
 ])
 def test_a_tampered_export_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                       change: Any, expected: str) -> None:

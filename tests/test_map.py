@@ -141,7 +141,7 @@ def test_one_failing_item_fails_the_node_and_cancels_the_others() -> None:
     assert result.status == "FAILED"
     assert result.error is not None
     assert "item two is bad" in result.error["message"]
-    assert "(item 2 of 6)" in result.error["message"]
+    assert "(item 2, counting from 0, of 6)" in result.error["message"]
     assert sorted(started) == [0, 1, 2, 3]  # items 4 and 5 never started
     failed = {r.get("item"): r["error"]["type"] for r in recs
               if r["type"] == "node.failed" and r["node"] == "work"}
@@ -506,7 +506,32 @@ def test_an_error_edge_catches_a_mapped_node_whose_item_failed() -> None:
     result, recs = run(wf)
     assert result.status == "COMPLETED", result.error
     assert result.state["handled"] == "ZeroDivisionError"
-    assert "(item 1 of 3)" in result.state["message"]
+    assert "(item 1, counting from 0, of 3)" in result.state["message"]
     assert "out" not in result.state  # the map did not complete: nothing collected
     [caught] = [r for r in recs if r["type"] == "node.failed" and "caught" in r]
     assert caught["node"] == "invert" and "item" not in caught
+
+
+def test_validate_counts_a_collect_field_as_written_and_refuses_confirmed_tools_in_items(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fed = HEAD.replace("a: maps_nodes:f", "a: {call: maps_nodes:f, writes: [xs]}") \
+        .replace("b: maps_nodes:f", "b: {call: maps_nodes:f, writes: [y]}") + (
+        "edges:\n- {from: START, to: a}\n- {from: a, map: xs, to: b, collect: results}\n"
+        "- {from: b, to: c, when: 'size(results) > 0'}\n- {from: b, to: END, otherwise: true}\n"
+        "- {from: c, to: END}\n")
+    (tmp_path / "maps_nodes.py").write_text(
+        "def f(state):\n    return {}\n\ndef g(state, ctx):\n    return {}\n")
+    (tmp_path / "wf.yaml").write_text(textwrap.dedent(fed))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    result = subprocess.run([sys.executable, "-m", "interlock", "validate", "wf.yaml"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert result.returncode == 0, result.stdout
+    assert "results" not in result.stdout  # no "never fed" about the collected field
+    guarded = HEAD.replace(
+        "c: maps_nodes:g",
+        "c:\n    agent: {provider: scripted, prompt: hi, replies: [ok],\n"
+        "            tools: [{call: maps_nodes:f, confirm: true}]}") + (
+        "edges:\n- {from: START, to: a}\n- {from: a, map: xs, to: c}\n- {from: c, to: END}\n")
+    found = problems(guarded, tmp_path, monkeypatch)
+    assert any("has tools a human confirms (maps_nodes:f)" in p for p in found), found

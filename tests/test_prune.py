@@ -117,7 +117,8 @@ def test_status_filter_and_a_cut_off_nothing_is_older_than(tmp_path: Path) -> No
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--older-than", "soon"], "expected an age such as 30d"),
+    (["--older-than", "soon"], "expected an age with its unit, such as 30d"),
+    (["--older-than", "30"], "expected an age with its unit"),  # not 30 seconds
     (["--older-than", "1d", "--status", "waiting"], "is not one of"),
 ])
 def test_bad_arguments_are_usage_errors(tmp_path: Path, args: list[str], message: str) -> None:

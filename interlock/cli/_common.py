@@ -72,10 +72,17 @@ def store_option(fn: F) -> F:
 
 
 def json_option(fn: F) -> F:
-    return click.option(
-        "--json", "as_json", is_flag=True,
-        help="Print the run as one JSON object on stdout (and nothing else there).",
-    )(fn)
+    return json_option_for("the run")(fn)
+
+
+def json_option_for(what: str) -> Callable[[F], F]:
+    """``--json``, printing ``what`` as JSON on stdout."""
+    def add(fn: F) -> F:
+        return click.option(
+            "--json", "as_json", is_flag=True,
+            help=f"Print {what} as JSON on stdout (and nothing else there).",
+        )(fn)
+    return add
 
 
 def set_option(fn: F) -> F:

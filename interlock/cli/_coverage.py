@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from ._common import EXIT_FAILED, call_engine, json_option, store_option, with_store
+from ._common import EXIT_FAILED, CliError, call_engine, json_option_for, store_option, with_store
 from ._format import _plural
 
 if TYPE_CHECKING:
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 @click.argument("workflow", metavar="[WORKFLOW]", required=False)
 @click.option("--fail-under", "fail_under", type=click.FloatRange(0, 100), metavar="PCT",
               help="Exit 1 when less than PCT percent of the declared edges were ever taken.")
-@json_option
+@json_option_for("the report (a list of them without WORKFLOW)")
 @store_option
 def coverage(workflow: str | None, fail_under: float | None, as_json: bool,
              store_url: str | None) -> None:
@@ -49,12 +49,20 @@ def coverage(workflow: str | None, fail_under: float | None, as_json: bool,
 
 
 async def _reports(workflow: str | None, st: Store) -> list[Coverage]:
+    from .. import WorkflowError
     from .. import coverage as coverage_of
     from ..support import workflows_in
 
     if workflow is not None:
-        return [await coverage_of(workflow, store=st)]
-    return [await coverage_of(spec, store=st) for spec in await workflows_in(st)]
+        try:
+            return [await coverage_of(workflow, store=st)]
+        except WorkflowError as exc:  # as validate says it
+            raise CliError(f"{workflow}: {exc}") from None
+    reports = [await coverage_of(spec, store=st) for spec in await workflows_in(st)]
+    if not reports:
+        raise CliError(f"no runs in {st.url}: run a workflow first, or name the store "
+                       "with --store")
+    return reports
 
 
 def _print(report: Coverage) -> None:
@@ -81,6 +89,8 @@ def _print(report: Coverage) -> None:
     lines = []
     if report.never_reached:
         lines.append("nodes never reached: " + ", ".join(report.never_reached))
+    if report.never_evaluated:
+        lines.append("conditions never evaluated: " + "; ".join(report.never_evaluated))
     for value in ("true", "false"):
         never = report.never(value)
         if never:

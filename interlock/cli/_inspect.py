@@ -334,7 +334,7 @@ def _print_columns(header: list[str], body: list[list[str]], *, right: set[int],
 
 
 @click.command(short_help="Check a run's log has not been tampered with.")
-@click.argument("run_id", metavar="RUN_ID", required=False)
+@click.argument("run_id", metavar="[RUN_ID]", required=False)
 @click.option("--file", "path", metavar="PATH", type=click.Path(dir_okay=False),
               help="Verify a run exported with `interlock export` from this file ('-' for "
                    "stdin), with no store.")

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from ._common import CliError, call_engine, json_option, store_option
+from ._common import CliError, call_engine, json_option_for, store_option
 from ._format import _plural
 
 if TYPE_CHECKING:
@@ -23,7 +23,7 @@ _STATUSES = ("completed", "failed", "rejected", "cancelled")
               type=click.Choice(_STATUSES, case_sensitive=False),
               help="Only runs that ended so (repeatable; default: every finished run).")
 @click.option("--dry-run", is_flag=True, help="Say what would be deleted; delete nothing.")
-@json_option
+@json_option_for("what was deleted")
 @store_option
 def prune(older_than: str, statuses: tuple[str, ...], dry_run: bool, as_json: bool,
           store_url: str | None) -> None:
@@ -36,10 +36,13 @@ def prune(older_than: str, statuses: tuple[str, ...], dry_run: bool, as_json: bo
     from ..support import parse_duration, prune_runs
 
     try:
+        if older_than.strip().replace(".", "", 1).isdigit():
+            # a bare number would be seconds: too easy to mean days and delete everything
+            raise ValueError
         age = parse_duration(older_than)
     except ValueError:
-        raise CliError(f"--older-than {older_than!r}: expected an age such as 30d, 12h, "
-                       "90m or 45s") from None
+        raise CliError(f"--older-than {older_than!r}: expected an age with its unit, such "
+                       "as 30d, 12h, 90m or 45s") from None
     result = call_engine(prune_runs(older_than=age, statuses=statuses or None,
                                     dry_run=dry_run, store=store_url))
     if as_json:
