@@ -44,6 +44,9 @@ class Decision:
     patch: dict[str, Any] = field(default_factory=dict)
     at: str | None = None  # modify: the node to re-enter at
     node: str | None = None  # which gate, when several are waiting
+    # the decider's roles, as an authenticating tool (a server) vouches for them: an
+    # ``approvers:`` entry ``role:NAME`` admits a decider with the role NAME
+    roles: tuple[str, ...] = ()
 
 
 def approve(by: str | None = None, comment: str | None = None, *,
@@ -124,11 +127,9 @@ def decide(spec: WorkflowSpec, view: RunView, decision: Decision, *,
                    "node that declares on_modify)" if gate.kind != "approval"
                    else " (declare approval.on_modify to allow modify)")
         raise UsageError(f"{gate.node!r} accepts {', '.join(gate.decisions)}; not {verb}{why}")
-    approvers = list(ns.approval.approvers) if ns.approval is not None else []
-    if approvers and decision.by not in approvers:
-        who = repr(decision.by) if decision.by else "an anonymous decider (no --by)"
-        raise UsageError(f"{who} may not decide {gate.node!r}; its approvers are: "
-                         f"{', '.join(approvers)}")
+    refused = approvers_refuse(spec, gate.node, decision.by, decision.roles)
+    if refused is not None:
+        raise UsageError(refused)
     if decision.kind == "approve":
         return _records(spec, gate, "approved", decision.by, decision.comment)
     if decision.kind == "reject":
@@ -142,6 +143,18 @@ def decide(spec: WorkflowSpec, view: RunView, decision: Decision, *,
     check_patch(spec, view, decision.patch)
     return _records(spec, gate, "modified", decision.by, decision.comment,
                     patch=L.to_json_value(decision.patch), reenter=target)
+
+
+def approvers_refuse(spec: WorkflowSpec, node: str, by: str | None,
+                     roles: tuple[str, ...] = ()) -> str | None:
+    """Why ``by`` (with ``roles``) may not decide the gate ``node``, or None if they may:
+    ``approvers:`` lists names and ``role:NAME`` entries."""
+    ns = spec.nodes[node]
+    approvers = list(ns.approval.approvers) if ns.approval is not None else []
+    if not approvers or by in approvers or any(f"role:{r}" in approvers for r in roles):
+        return None
+    who = repr(by) if by else "an anonymous decider (no --by)"
+    return f"{who} may not decide {node!r}; its approvers are: {', '.join(approvers)}"
 
 
 def _pick(pending: list[Gate], node: str | None) -> Gate:

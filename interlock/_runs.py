@@ -92,8 +92,13 @@ def open_store_arg(store: str | Store | None) -> tuple[Store, bool]:
 
 async def drive(plan: Plan, store: Store, run_id: str, view: RunView, writer: L.LogWriter, *,
                 first: list[tuple[str, dict[str, Any]]] | None = None, force: bool = False,
-                listener: Listener | None = None) -> RunResult:
+                listener: Listener | None = None, fresh: bool = False) -> RunResult:
     """Claim the run, commit ``first`` (e.g. ``run.resumed``), execute, release.
+
+    ``fresh``: ``view`` and ``writer`` were made a while ago (a run created, then
+    queued for execution, as a server does): once claimed, the stored log must still end
+    where the writer does, or nothing runs (`ConflictError`) -- a run cancelled while it
+    was queued must not start its first node.
 
     The executor runs in the caller's task (`_execute`); a `_Watcher` keeps the lease
     alive and looks for a cancellation requested through the store (by `cancel`, from
@@ -104,6 +109,11 @@ async def drive(plan: Plan, store: Store, run_id: str, view: RunView, writer: L.
     journal = Journal(store, run_id, view, writer, listener)
     runner = Runner(plan, journal, run_id, view)
     try:
+        if fresh and (await store.get_run(run_id)).summary.last_seq != writer.seq:
+            from ._store import ConflictError
+
+            raise ConflictError(f"run {run_id!r} changed before it started executing (it was "
+                                "cancelled or taken over while queued); it is not started")
         if first:
             await journal.commit(first)
         if view.status not in TERMINAL_STATUSES:
@@ -432,13 +442,14 @@ TRACE_PAGE = 2000  # records read from the store at a time by `trace_pages`
 
 
 async def trace_pages(run_id: str, *, store: str | Store | None = None,
-                      page: int | None = None) -> AsyncIterator[list[dict[str, Any]]]:
+                      page: int | None = None, after: int = 0
+                      ) -> AsyncIterator[list[dict[str, Any]]]:
     """`trace`'s records a page (default `TRACE_PAGE`) at a time: a long run's log is
-    never held whole."""
+    never held whole. ``after``: only the records with a greater seq."""
     st, owned = open_store_arg(store)
     try:
         await st.get_run(run_id)
-        async for entries in st.iter_entries(run_id, page=page or TRACE_PAGE):
+        async for entries in st.iter_entries(run_id, after=after, page=page or TRACE_PAGE):
             yield [trace_record(run_id, entry) for entry in entries]
     finally:
         if owned:
@@ -712,3 +723,18 @@ async def list_runs(*, store: str | Store | None = None, status: str | None = No
     finally:
         if owned:
             await st.close()
+
+
+async def append_note(run_id: str, rtype: str, fields: Mapping[str, Any], *,
+                      store: Store) -> None:
+    """Append one record that changes nothing in the run (a tool's note, such as a
+    server's ``notify.sent``) to its log, under the run's claim: claimed, read, chained,
+    committed, released. `ClaimError` while another owner executes the run."""
+    owner = make_owner()
+    await store.claim(run_id, owner, LEASE_SECONDS)
+    try:
+        loaded = await load_run(store, run_id)
+        journal = Journal(store, run_id, loaded.view, loaded.writer())
+        await journal.commit([(rtype, L.to_json_value(dict(fields)))])
+    finally:
+        await store.release(run_id, owner)

@@ -23,7 +23,7 @@ from ._errors import Diagnostic, UsageError
 from ._fold import RunView
 from ._model import DEFAULT_STEPS, WorkflowSpec, check_limits
 from ._plan import Plan
-from ._runs import RunResult, chain_options, drive, make_run_id, open_store_arg
+from ._runs import RunResult, chain_options, drive, make_run_id, open_store_arg, result_of
 from ._spec import load_spec, parse
 from ._state import check_whole_values
 from ._store import RunRow, Store, Summary
@@ -315,37 +315,49 @@ class Workflow:
         or a `Store`; the default is ``$INTERLOCK_STORE`` or ``./.interlock/runs.db``.
         ``config`` overrides the workflow's ``config:``, ``limits`` its ``limits:``.
         """
+        st, owned = open_store_arg(store)
+        try:
+            started = await self.start(input, store=st, run_id=run_id, config=config,
+                                       limits=limits, listener=listener)
+            return await started.execute(fresh=False)
+        finally:
+            if owned:
+                await st.close()
+
+    async def start(self, input: Mapping[str, Any] | None = None, *, store: Store,
+                    run_id: str | None = None, config: Mapping[str, Any] | None = None,
+                    limits: Mapping[str, Any] | None = None,
+                    listener: Listener | None = None) -> Started:
+        """Create the run (its row and ``run.started``) without executing it: `run` in
+        two halves, for a tool that answers at once and executes later (a server's
+        queue). `Started.execute` claims and drives it; until then it is RUNNING with no
+        owner, which a restarted server takes over."""
         plan = self.compile()
         spec = plan.spec
         data = _check_input(spec, input)
         cfg, lim = _effective(spec, config, limits, self._limits())
-        st, owned = open_store_arg(store)
-        try:
-            rid = run_id or make_run_id()
-            key = L.env_key()
-            writer = L.LogWriter(key=key)
-            now = time.time()
-            definition_hash = self.definition_hash()
-            chain = chain_options(key)
-            rec, entry = writer.make(L.RUN_STARTED, {
-                "workflow": spec.workflow, "definition_hash": definition_hash,
-                "input": data, "config": cfg, "limits": lim, **chain})
-            view = RunView(plan)
-            view.apply(rec)
-            row = RunRow(run_id=rid, workflow=spec.workflow, definition=self.definition(),
-                         definition_hash=definition_hash, input=data,
-                         options={"config": dict(config or {}), "limits": dict(limits or {}),
-                                  **chain},
-                         created_at=now,
-                         summary=Summary(status="RUNNING", last_seq=1, last_hash=writer.hash,
-                                         updated_at=now))
-            await st.create_run(row, [entry])
-            if listener is not None:
-                listener(rec, view)
-            return await drive(plan, st, rid, view, writer, listener=listener)
-        finally:
-            if owned:
-                await st.close()
+        rid = run_id or make_run_id()
+        key = L.env_key()
+        writer = L.LogWriter(key=key)
+        now = time.time()
+        definition_hash = self.definition_hash()
+        chain = chain_options(key)
+        rec, entry = writer.make(L.RUN_STARTED, {
+            "workflow": spec.workflow, "definition_hash": definition_hash,
+            "input": data, "config": cfg, "limits": lim, **chain})
+        view = RunView(plan)
+        view.apply(rec)
+        row = RunRow(run_id=rid, workflow=spec.workflow, definition=self.definition(),
+                     definition_hash=definition_hash, input=data,
+                     options={"config": dict(config or {}), "limits": dict(limits or {}),
+                              **chain},
+                     created_at=now,
+                     summary=Summary(status="RUNNING", last_seq=1, last_hash=writer.hash,
+                                     updated_at=now))
+        await store.create_run(row, [entry])
+        if listener is not None:
+            listener(rec, view)
+        return Started(plan, store, rid, view, writer, listener)
 
     def run_sync(self, input: Mapping[str, Any] | None = None, **kwargs: Any) -> RunResult:
         """`run` for scripts: blocks until the run stops (no event loop may be running)."""
@@ -372,6 +384,30 @@ class Workflow:
         """`resume` for scripts: blocks until the run stops (no event loop may be running)."""
         _no_running_loop("resume_sync", "resume")
         return asyncio.run(self.resume(run_id, decision, **kwargs))
+
+
+class Started:
+    """A run created by `Workflow.start` and not executed yet."""
+
+    def __init__(self, plan: Plan, store: Store, run_id: str, view: RunView,
+                 writer: L.LogWriter, listener: Listener | None) -> None:
+        self._args = (plan, store, run_id, view, writer)
+        self._listener = listener
+        self._executed = False
+        self.run_id = run_id
+        self.result = result_of(run_id, plan.spec.workflow, view)  # as it was created
+
+    async def execute(self, *, listener: Listener | None = None,
+                      fresh: bool = True) -> RunResult:
+        """Claim the run and drive it (once). If its log moved since it was created (a
+        cancel, a takeover), nothing runs: `ConflictError` (``fresh=False`` skips that
+        check, for a run executed the moment it was created: `Workflow.run`)."""
+        if self._executed:
+            raise UsageError(f"run {self.run_id!r} was already executed")
+        self._executed = True
+        plan, store, run_id, view, writer = self._args
+        return await drive(plan, store, run_id, view, writer,
+                           listener=listener or self._listener, fresh=fresh)
 
 
 def _no_running_loop(sync: str, coro: str) -> None:

@@ -48,6 +48,7 @@ from ._common import (
 from ._inspect import graph, runs, status, validate, verify
 from ._progress import Progress
 from ._run import cancel, fork, resume, run
+from ._serve import serve
 from ._trace import trace
 
 __all__ = [
@@ -99,5 +100,6 @@ def _exit_now_if_threads_were_abandoned(code: Any) -> None:
         os._exit(code if isinstance(code, int) else (0 if code is None else 1))
 
 
-for _command in (run, validate, graph, resume, status, runs, trace, verify, cancel, fork):
+for _command in (run, validate, graph, resume, status, runs, trace, verify, cancel, fork,
+                 serve):
     cli.add_command(_command)
