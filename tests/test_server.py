@@ -39,7 +39,14 @@ def first(state):
 def last(state):
     return {"last": state["first"] * 2}
 
+def counted(state):
+    with open("executions.log", "a") as f:
+        f.write("counted\\n")
+    return {"counted": True}
+
 def slow(state):
+    with open("executions.log", "a") as f:
+        f.write("slow\\n")
     Path("slow.started").write_text(str(os.getpid()))
     while not Path("slow.release").exists():
         time.sleep(0.02)
@@ -63,9 +70,11 @@ edges:
 SLOW = '''
 workflow: slow
 nodes:
+  counted: snodes:counted
   slow: snodes:slow
 edges:
-  - {from: START, to: slow}
+  - {from: START, to: counted}
+  - {from: counted, to: slow}
   - {from: slow, to: END}
 '''
 
@@ -77,11 +86,11 @@ TOKENS = {"alice": ("tok-alice", ["approver"]), "bob": ("tok-bob", ["approver"])
 class Served:
     """A running ``interlock serve`` subprocess."""
 
-    def __init__(self, root: Path, *args: str) -> None:
+    def __init__(self, root: Path, *args: str, store: str | None = None) -> None:
         self.root = root
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "interlock", "serve", "--port", "0", "--store",
-             f"sqlite:///{root / 'runs.db'}", "--workflows", "flows", *args],
+             store or f"sqlite:///{root / 'runs.db'}", "--workflows", "flows", *args],
             cwd=root, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
             env={**os.environ, "PYTHONPATH": str(root)})
         self.lines: list[str] = []
@@ -101,7 +110,9 @@ class Served:
         self.reader = threading.Thread(target=read, daemon=True)
         self.reader.start()
         ready.wait(30)
-        assert self.port, "".join(self.lines)
+        if not self.port:
+            self.stop()
+            raise AssertionError("the server did not start:\n" + "".join(self.lines))
         self.url = f"http://127.0.0.1:{self.port}"
 
     def client(self, token: str | None = None) -> Any:
@@ -136,8 +147,8 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def serve(project: Path) -> Iterator[Any]:
     started: list[Served] = []
 
-    def start(*args: str) -> Served:
-        started.append(Served(project, *args))
+    def start(*args: str, store: str | None = None) -> Served:
+        started.append(Served(project, *args, store=store))
         return started[-1]
 
     yield start
@@ -301,11 +312,28 @@ def test_errors_are_problem_json_and_change_nothing(serve: Any, project: Path) -
 # -- decisions ----------------------------------------------------------------------------
 
 
-def test_of_two_concurrent_decisions_exactly_one_wins(serve: Any, project: Path) -> None:
-    server = serve("--workers", "4")
+def _stores(project: Path) -> list[str]:
+    urls = [f"sqlite:///{project / 'runs.db'}"]
+    pg = os.environ.get("INTERLOCK_TEST_POSTGRES")
+    if pg:
+        urls.append(pg)
+    elif os.environ.get("CI"):
+        pytest.fail("INTERLOCK_TEST_POSTGRES is not set in CI: the PostgreSQL race must run")
+    return urls
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+def test_of_two_concurrent_decisions_exactly_one_wins(serve: Any, project: Path,
+                                                      kind: str) -> None:
+    stores = _stores(project)
+    if kind == "postgres" and len(stores) < 2:
+        pytest.skip("INTERLOCK_TEST_POSTGRES is not set")
+    # (a shared PostgreSQL may hold other tests' runs: this server takes none over)
+    server = serve("--workers", "4", "--no-take-over", store=stores[kind == "postgres"])
+    prefix = f"race-{os.getpid()}-{os.urandom(3).hex()}"
     with server.client() as c, ThreadPoolExecutor(2) as pool:
-        for trial in range(8):
-            rid = f"race{trial}"
+        for trial in range(20):
+            rid = f"{prefix}-{trial}"
             c.post("/api/workflows/gated/runs", json={"input": {"n": trial}, "run_id": rid})
             wait_status(c, rid, "WAITING_APPROVAL")
             kinds = ["approve", "reject"]
@@ -519,3 +547,26 @@ def test_the_cli_gives_the_same_output_and_exit_codes_through_a_server(
     cancelled = remote("cancel", "c2", token="tok-olga")
     assert cancelled.exit_code == 0 and cancelled.stdout.startswith("cancelled: c2")
     assert json.loads(local("status", "c2", "--json").stdout)["status"] == "CANCELLED"
+
+
+def test_a_server_killed_mid_run_is_taken_over_on_restart(serve: Any, project: Path) -> None:
+    """kill -9: no drain, the claim is left behind; the next start sees its owner is
+    gone and continues the run from its log, running nothing completed again."""
+    server = serve()
+    with server.client() as c:
+        assert c.post("/api/workflows/slow/runs", json={"run_id": "k1"}).status_code == 201
+        for ev in events(c, "k1"):
+            if ev["event"] == "node.started" and ev["data"]["node"] == "slow":
+                break
+    server.proc.kill()
+    server.stop()
+    with sqlite3.connect(project / "runs.db") as db:
+        (owner,) = db.execute("SELECT owner FROM runs WHERE run_id = 'k1'").fetchone()
+    assert owner is not None and f":{server.proc.pid}:" in owner  # left behind
+    (project / "slow.release").write_text("")
+    again = serve()
+    with again.client() as c:
+        run = wait_status(c, "k1", "COMPLETED")
+    assert run["state"] == {"counted": True, "slow": True}
+    # counted completed before the kill: not run again; slow had only started
+    assert (project / "executions.log").read_text().split() == ["counted", "slow", "slow"]

@@ -30,9 +30,11 @@ from ._common import CliError, store_option
               help="Seconds between reads of a followed run that another process writes.")
 @click.option("--drain", type=click.FloatRange(min=0), default=10.0, show_default=True,
               help="On SIGTERM, seconds to let executing runs end before stopping them.")
+@click.option("--take-over/--no-take-over", default=True, show_default=True,
+              help="On start, continue the runs whose executing process is gone.")
 def serve(store_url: str | None, host: str, port: int, workflows: tuple[str, ...],
           auth: str | None, notify: tuple[str, ...], public_url: str | None, workers: int,
-          poll: float, drain: float) -> None:
+          poll: float, drain: float, take_over: bool) -> None:
     """Serve the API, the run event streams and approvals from one process. Runs started
     through it execute in it; runs another process left unfinished are taken over."""
     try:
@@ -45,7 +47,7 @@ def serve(store_url: str | None, host: str, port: int, workflows: tuple[str, ...
 
     options = ServerOptions(store=store_url, workflows=workflows, auth=auth, notify=notify,
                             public_url=public_url or f"http://{host}:{port}",
-                            workers=workers, poll=poll, drain=drain)
+                            workers=workers, poll=poll, drain=drain, take_over=take_over)
     try:
         run_server(options, host=host, port=port)
     except (UsageError, StoreError) as exc:
