@@ -464,6 +464,35 @@ def test_a_notification_is_retried_and_each_attempt_is_in_the_log(serve: Any) ->
         receiver.server_close()
 
 
+def test_a_gate_of_a_run_the_cli_executes_is_announced_too(serve: Any,
+                                                            project: Path) -> None:
+    _Receiver.answers, _Receiver.bodies = [], []
+    _Receiver.got.clear()
+    receiver = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Receiver)
+    threading.Thread(target=receiver.serve_forever, daemon=True).start()
+    try:
+        hook = f"http://127.0.0.1:{receiver.server_address[1]}/hook"
+        server = serve("--notify", hook)
+        done = subprocess.run(
+            [sys.executable, "-m", "interlock", "run", "flows/gated.yaml", "--input",
+             '{"n": 2}', "--run-id", "cli-n", "--store", f"sqlite:///{project / 'runs.db'}"],
+            cwd=project, env={**os.environ, "PYTHONPATH": str(project)},
+            capture_output=True, text=True)
+        assert done.returncode == 3, done.stderr
+        assert _Receiver.got.wait(30)  # found among the waiting runs of the store
+        assert "cli-n" in _Receiver.bodies[0]["text"]
+        with server.client() as c:
+            sent = next(ev["data"] for ev in events(c, "cli-n")
+                        if ev["event"] == "notify.sent")
+            requested = next(r for r in c.get("/api/runs/cli-n/records").json()
+                             if r["type"] == "approval.requested")
+        assert (sent["url"], sent["attempt"], sent["status"], sent["request"]) == \
+            (hook, 1, 200, requested["seq"])
+    finally:
+        receiver.shutdown()
+        receiver.server_close()
+
+
 # -- SIGTERM, takeover ---------------------------------------------------------------------
 
 
@@ -570,3 +599,35 @@ def test_a_server_killed_mid_run_is_taken_over_on_restart(serve: Any, project: P
     assert run["state"] == {"counted": True, "slow": True}
     # counted completed before the kill: not run again; slow had only started
     assert (project / "executions.log").read_text().split() == ["counted", "slow", "slow"]
+
+
+def test_the_app_mounts_in_another_fastapi_app(project: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/server.md's embedding: the host app takes interlock's lifespan."""
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from interlock.server import ServerOptions, create_app
+
+    monkeypatch.chdir(project)
+    monkeypatch.syspath_prepend(str(project))
+    engine = create_app(ServerOptions(store="memory://", workflows=["flows/gated.yaml"]))
+    app = FastAPI(lifespan=engine.router.lifespan_context)
+    app.mount("/interlock", engine)
+    with TestClient(app, base_url="http://127.0.0.1") as c:
+        assert c.get("/interlock/api/health").json()["status"] == "ok"
+        r = c.post("/interlock/api/workflows/gated/runs", json={"input": {"n": 1},
+                                                                "run_id": "m1"})
+        assert r.status_code == 201
+        with c.stream("GET", "/interlock/api/runs/m1/events") as stream:
+            for line in stream.iter_lines():
+                if line == "event: run.waiting":
+                    break
+        # without --auth a decision is by `local` unless the body names someone, and
+        # approvers: still applies to that name
+        anonymous = c.post("/interlock/api/runs/m1/decisions", json={"decision": "approve"})
+        assert anonymous.status_code == 403
+        assert "'local' may not decide 'gate'" in anonymous.json()["detail"]
+        d = c.post("/interlock/api/runs/m1/decisions",
+                   json={"decision": "approve", "by": "alice"})
+        assert d.status_code == 200 and d.json()["state"]["gate"]["by"] == "alice"

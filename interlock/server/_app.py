@@ -81,6 +81,7 @@ class ServerOptions:
     drain: float = 10.0  # seconds a stopping server waits for its executions
     notify_attempts: int = 5
     notify_backoff: float = 0.5
+    notify_scan: float = 2.0  # seconds between looks for gates requested elsewhere
     take_over: bool = True  # continue runs whose process is gone, on start
 
 
@@ -152,6 +153,7 @@ class Server:
         self.store: NotifyingStore | None = None
         self.pool: Pool | None = None
         self.notifier: Notifier | None = None
+        self._watcher: asyncio.Task[None] | None = None
         self._locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}
 
     @contextlib.asynccontextmanager
@@ -186,9 +188,16 @@ class Server:
                                  backoff=self.options.notify_backoff)
         if self.options.take_over:
             await self.pool.take_over(self.resumer)
+        if self.options.notify:
+            self._watcher = asyncio.get_running_loop().create_task(
+                self.notifier.watch(self.options.notify_scan))
 
     async def stop(self) -> None:
         self.hub.stopping.set()
+        if self._watcher is not None:
+            self._watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watcher
         if self.pool is not None:
             await self.pool.drain(self.options.drain)
         if self.notifier is not None:

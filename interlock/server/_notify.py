@@ -1,8 +1,13 @@
 """``--notify URL``: a Slack-compatible message on every ``approval.requested``.
 
-Each attempt is a ``notify.sent`` record in the run's log (``url``, ``attempt``, and
-``status`` or ``error``), so who was told, and when, is part of the audit trail. A
-failed attempt (no answer, or not 2xx) is retried with exponential backoff.
+Each attempt is a ``notify.sent`` record in the run's log (``url``, ``attempt``,
+``request``: the seq of the ``approval.requested`` it is about, and ``status`` or
+``error``), so who was told, and when, is part of the audit trail. A failed attempt (no
+answer, or not 2xx) is retried with exponential backoff.
+
+Gates of runs this server executes are announced as they are requested; `watch` finds
+the others (runs executed by the CLI or another process) among the waiting runs of the
+store, and announces each gate whose log has no ``notify.sent`` for it yet.
 """
 
 from __future__ import annotations
@@ -15,8 +20,9 @@ from urllib.parse import quote
 
 import httpx
 
-from interlock import ClaimError, ConflictError, Store
-from interlock.support import append_note
+import interlock
+from interlock import ClaimError, ConflictError, InterlockError, Store
+from interlock.support import append_note, trace_pages
 
 from ._hub import Hub
 
@@ -59,11 +65,50 @@ class Notifier:
         self.attempts, self.backoff, self.timeout = attempts, backoff, timeout
         self._tasks: set[asyncio.Task[None]] = set()
         self._client: httpx.AsyncClient | None = None
+        self._announced: set[tuple[str, int]] = set()  # (run, approval.requested seq)
+        self._looked_at: set[tuple[str, Any]] = set()  # (run, its gate's requested_at)
+
+    async def watch(self, every: float) -> None:
+        """Every ``every`` seconds, announce the gates of waiting runs that no
+        ``notify.sent`` in their log is about (runs executed by other processes, or
+        requested while no server was up)."""
+        while self.urls:
+            try:
+                await self._scan()
+            except InterlockError as exc:  # the store is away: try again next time
+                log.warning("looking for approvals to announce: %s", exc)
+            await asyncio.sleep(every)
+
+    async def _scan(self) -> None:
+        rows = await interlock.list_runs(store=self.store, status="WAITING_APPROVAL",
+                                         limit=10_000)
+        for row in rows:
+            waiting = row.summary.waiting or {}
+            requested = waiting.get("requested_at")
+            if (row.run_id, requested) in self._looked_at:
+                continue
+            self._looked_at.add((row.run_id, requested))
+            gates: dict[int, dict[str, Any]] = {}
+            told: set[int] = set()
+            async for page in trace_pages(row.run_id, store=self.store):
+                for rec in page:
+                    if rec["type"] == "approval.requested":
+                        gates[rec["seq"]] = rec
+                    elif rec["type"] == "approval.decided":
+                        gates = {s: g for s, g in gates.items()
+                                 if (g["node"], g.get("visit")) !=
+                                 (rec["node"], rec.get("visit"))}
+                    elif rec["type"] == NOTIFY_SENT and rec.get("request") is not None:
+                        told.add(rec["request"])
+            for seq, rec in gates.items():
+                if seq not in told:
+                    self.requested(row.workflow, row.run_id, rec)
 
     def requested(self, workflow: str, run_id: str, rec: dict[str, Any]) -> None:
         """Called with each ``approval.requested`` (as it is staged)."""
-        if not self.urls:
+        if not self.urls or (run_id, rec["seq"]) in self._announced:
             return
+        self._announced.add((run_id, rec["seq"]))
         message = payload(workflow, run_id, rec, self.public_url)
         for url in self.urls:
             task = asyncio.get_running_loop().create_task(
@@ -83,7 +128,8 @@ class Notifier:
                 outcome, ok = {"status": response.status_code}, response.is_success
             except httpx.HTTPError as exc:
                 outcome, ok = {"error": f"{type(exc).__name__}: {exc}"}, False
-            await self._record(run_id, {"url": url, "attempt": attempt, **outcome})
+            await self._record(run_id, {"url": url, "attempt": attempt, "request": seq,
+                                        **outcome})
             if ok:
                 return
             if attempt < self.attempts:
