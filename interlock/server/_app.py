@@ -227,7 +227,7 @@ class Server:
                 first.append(rec["seq"])
             base(rec, view)
 
-        task = self.runs.submit(what, lambda: call(listen))
+        task = self.runs.submit(what, run_id, lambda: call(listen))
         await self.runs.accepted(run_id, task, first)
 
     def resumer(self, run_id: str) -> Any:
@@ -434,7 +434,7 @@ def _routes(app: FastAPI) -> None:  # noqa: C901 - one closure per endpoint
             response.status_code = 200
             return await server.run_object(body.run_id)
         listener = server.listener(name, started.run_id)
-        server.runs.submit(f"run {started.run_id}",
+        server.runs.submit(f"run {started.run_id}", started.run_id,
                            lambda: started.execute(listener=listener))
         return started.result.to_json()
 
@@ -561,7 +561,8 @@ def _routes(app: FastAPI) -> None:  # noqa: C901 - one closure per endpoint
 async def follow(server: Server, run_id: str, seq: int) -> AsyncIterator[ServerSentEvent]:
     """The run's records after ``seq`` as events, then each new one as it is committed,
     until the run's final record. Woken by this server's own commits (`Hub`); records
-    written by other processes are found by reading the store every ``poll`` seconds."""
+    written by other processes are found by reading the store every ``poll`` seconds --
+    unless this server executes the run (then every commit wakes us: no polling)."""
     opts = server.options
     next_keepalive = time.monotonic() + opts.keepalive
     while True:
@@ -583,7 +584,10 @@ async def follow(server: Server, run_id: str, seq: int) -> AsyncIterator[ServerS
         if now >= next_keepalive:
             yield ServerSentEvent(comment="keepalive")
             next_keepalive = now + opts.keepalive
-        await server.hub.wait(waiter, min(opts.poll, max(next_keepalive - now, 0.0)))
+        wait = max(next_keepalive - now, 0.0)
+        if not server.runs.executing(run_id):
+            wait = min(opts.poll, wait)
+        await server.hub.wait(waiter, wait)
 
 
 _PLACEHOLDER = """<!doctype html>

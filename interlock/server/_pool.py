@@ -41,21 +41,35 @@ class Pool:
         self._tasks: set[asyncio.Task[Any]] = set()
         self.stopping = False
         self.running = 0  # executions holding a slot
+        self._runs: dict[str, int] = {}  # run id -> executions of it submitted, not ended
 
-    def submit(self, what: str, factory: Factory) -> asyncio.Task[Any]:
+    def executing(self, run_id: str) -> bool:
+        """Whether this server executes the run (or will: it waits for a slot), so every
+        commit of its records comes through this server's store."""
+        return run_id in self._runs
+
+    def submit(self, what: str, run_id: str, factory: Factory) -> asyncio.Task[Any]:
         """Execute ``factory()`` when a slot is free; the task's result is the run's."""
         if self.stopping:
             raise Draining("the server is shutting down; try again on its next start")
+        self._runs[run_id] = self._runs.get(run_id, 0) + 1
 
         async def execute() -> Any:
-            async with self._slots:
-                if self.stopping:
-                    raise Draining("the server is shutting down; the run was not executed")
-                self.running += 1
-                try:
-                    return await factory()
-                finally:
-                    self.running -= 1
+            try:
+                async with self._slots:
+                    if self.stopping:
+                        raise Draining("the server is shutting down; the run was not "
+                                       "executed")
+                    self.running += 1
+                    try:
+                        return await factory()
+                    finally:
+                        self.running -= 1
+            finally:
+                left = self._runs.pop(run_id) - 1
+                if left:
+                    self._runs[run_id] = left
+                self.hub.changed(run_id)  # a stream waiting on our commits polls again
 
         task = asyncio.get_running_loop().create_task(execute(), name=what)
         self._tasks.add(task)
@@ -97,7 +111,8 @@ class Pool:
                                                  limit=100_000):
                 if row.owner is None or owner_gone(row.owner) or \
                         (row.lease_until or 0.0) < now:
-                    self.submit(f"take over run {row.run_id}", resume(row.run_id))
+                    self.submit(f"take over run {row.run_id}", row.run_id,
+                                resume(row.run_id))
                     taken.append(row.run_id)
         if taken:
             log.warning("taking over %d run(s) whose executor is gone: %s", len(taken),
