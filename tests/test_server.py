@@ -305,6 +305,10 @@ def test_errors_are_problem_json_and_change_nothing(serve: Any, project: Path) -
             body = response.json()
             assert set(body) == {"type", "title", "status", "detail"}
             assert words in body["detail"]
+        too_big = c.post("/api/workflows/gated/runs", content=b" " * (5 * 2**20),
+                         headers={"content-type": "application/json"})
+        assert too_big.status_code == 413
+        assert "INTERLOCK_MAX_INPUT_BYTES" in too_big.json()["detail"]
         assert c.get("/api/runs").json() == {"runs": [], "next": None}
         assert c.get("/openapi.json").json()["paths"]["/api/runs/{run_id}/events"]
 

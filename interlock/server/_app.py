@@ -35,6 +35,7 @@ from interlock.support import (
     RunRow,
     RunView,
     approvers_refuse,
+    limits,
     parse_definition,
     run_json,
     to_mermaid,
@@ -63,6 +64,7 @@ from ._pool import Draining, Pool
 log = logging.getLogger("interlock.server")
 
 PROBLEM = "application/problem+json"
+BODY_SLACK = 64 * 1024  # a body's bytes beyond the input it carries (config, names)
 TERMINAL_STATUSES = frozenset(TERMINAL_TYPES.values())
 
 
@@ -103,6 +105,7 @@ _PROBLEMS = {400: {"model": Problem, "description": "a malformed request, or ref
              403: {"model": Problem, "description": "the token's role or approvers: refuse"},
              404: {"model": Problem, "description": "no such run or workflow"},
              409: {"model": Problem, "description": "the run's state refuses it"},
+             413: {"model": Problem, "description": "the body is larger than is read"},
              422: {"model": Problem, "description": "the body does not fit its schema"}}
 for _status, _doc in _PROBLEMS.items():
     _doc["content"] = {PROBLEM: {"schema": {"$ref": "#/components/schemas/Problem"}}}
@@ -319,6 +322,19 @@ def create_app(options: ServerOptions | None = None, **kwargs: Any) -> FastAPI:
                   description="Runs, their logs, live events and approvals (SPEC §8).",
                   responses=_PROBLEMS)  # type: ignore[arg-type]
     app.state.interlock = server
+
+    @app.middleware("http")
+    async def _bounded(request: Request, call_next: Any) -> Any:
+        # a body is read whole before it is checked: refuse one that says it is too big
+        # (the input inside it is bounded again by the engine, INTERLOCK_MAX_INPUT_BYTES)
+        size = request.headers.get("content-length")
+        limit = limits.INPUT_BYTES.get() + BODY_SLACK
+        if size is not None and size.isdigit() and int(size) > limit:
+            return problem(413, "Content Too Large", f"the request body is {size} bytes; "
+                           f"at most {limit} are read ({limits.INPUT_BYTES.env} bounds a "
+                           "run's input)")
+        return await call_next(request)
+
     _handlers(app)
     _routes(app)
     return app
