@@ -17,16 +17,12 @@ import argparse
 import asyncio
 import json
 import os
-import re
-import signal
-import subprocess
-import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import httpx
+from _serve import served
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -104,24 +100,9 @@ def main() -> None:
                       zip(["START", *names], [*names, "END"], strict=True))
     (root / "chain.yaml").write_text(f"workflow: chain\nnodes:\n{nodes}\nedges:\n{edges}\n")
     store = args.store or f"sqlite:///{root / 'runs.db'}"
-    server = subprocess.Popen(
-        [sys.executable, "-m", "interlock", "serve", "--port", "0", "--store", store,
-         "--workflows", "chain.yaml", "--workers", str(args.workers), "--no-take-over"],
-        cwd=root, env={**os.environ, "PYTHONPATH": str(root)}, text=True,
-        stderr=subprocess.PIPE)
-    assert server.stderr is not None
-    url = ""
-    for line in server.stderr:
-        m = re.search(r"(http://127\.0\.0\.1:\d+)", line)
-        if m:
-            url = m.group(1)
-            break
-    threading.Thread(target=server.stderr.read, daemon=True).start()
-    try:
+    with served(root, "--store", store, "--workflows", "chain.yaml", "--workers",
+                str(args.workers), "--no-take-over") as url:
         asyncio.run(load(url, args.runs, args.subscribers, args.concurrency))
-    finally:
-        server.send_signal(signal.SIGTERM)
-        server.wait()
 
 
 if __name__ == "__main__":

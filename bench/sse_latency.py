@@ -16,17 +16,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import httpx
+from _serve import served
 
 
 def follow(url: str, run_id: str, out: list[float]) -> None:
@@ -61,19 +59,8 @@ def main() -> None:
                                      f"  - {{from: n{args.nodes - 1}, to: END}}\n")
     store = f"sqlite:///{root / 'runs.db'}"
     env = {**os.environ, "PYTHONPATH": str(root)}
-    server = subprocess.Popen([sys.executable, "-m", "interlock", "serve", "--port", "0",
-                               "--store", store, "--workflows", "chain.yaml", "--poll",
-                               str(args.poll)], cwd=root, env=env, text=True,
-                              stderr=subprocess.PIPE)
-    assert server.stderr is not None
-    url = ""
-    for line in server.stderr:
-        m = re.search(r"(http://127\.0\.0\.1:\d+)", line)
-        if m:
-            url = m.group(1)
-            break
-    threading.Thread(target=server.stderr.read, daemon=True).start()
-    try:
+    with served(root, "--store", store, "--workflows", "chain.yaml", "--poll",
+                str(args.poll)) as url:
         own: list[float] = []
         with httpx.Client(base_url=url) as c:
             c.post("/api/workflows/chain/runs", json={"run_id": "own"})
@@ -90,9 +77,6 @@ def main() -> None:
         # the first records of each run were committed before the stream opened: skip
         print(f"run in the server:        {quantiles(own[3:])}")
         print(f"run by another process:   {quantiles(other[3:])}  (poll {args.poll}s)")
-    finally:
-        server.send_signal(signal.SIGTERM)
-        server.wait()
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
+from test_decision_race import store_urls
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
@@ -316,20 +317,10 @@ def test_errors_are_problem_json_and_change_nothing(serve: Any, project: Path) -
 # -- decisions ----------------------------------------------------------------------------
 
 
-def _stores(project: Path) -> list[str]:
-    urls = [f"sqlite:///{project / 'runs.db'}"]
-    pg = os.environ.get("INTERLOCK_TEST_POSTGRES")
-    if pg:
-        urls.append(pg)
-    elif os.environ.get("CI"):
-        pytest.fail("INTERLOCK_TEST_POSTGRES is not set in CI: the PostgreSQL race must run")
-    return urls
-
-
 @pytest.mark.parametrize("kind", ["sqlite", "postgres"])
 def test_of_two_concurrent_decisions_exactly_one_wins(serve: Any, project: Path,
                                                       kind: str) -> None:
-    stores = _stores(project)
+    stores = store_urls(project)  # SQLite, and PostgreSQL when the tests have one
     if kind == "postgres" and len(stores) < 2:
         pytest.skip("INTERLOCK_TEST_POSTGRES is not set")
     # (a shared PostgreSQL may hold other tests' runs: this server takes none over)
