@@ -9,6 +9,8 @@
 # is started.  Installs PostgreSQL with apt when it is missing (needs root).  As root the
 # server runs as the `postgres` user (it refuses to run as root).  Tuned for speed, not
 # durability: fsync and synchronous_commit are off -- never point it at data you keep.
+# INTERLOCK_PG_DURABLE=1 keeps the server's defaults (fsync, synchronous_commit on): what
+# the benchmark measures (bench/README.md, S8).
 # Returns non-zero (never exits the caller's shell) on failure.
 
 if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
@@ -64,15 +66,19 @@ _interlock_pg_start() {
 
     # A free port: one nobody answers on.  If another process takes it before the server
     # binds, pg_ctl fails and we try the next one.
-    local port attempt started=""
+    local port attempt started="" speed="-c fsync=off -c synchronous_commit=off \
+-c full_page_writes=off"
+    if [[ "${INTERLOCK_PG_DURABLE:-}" == 1 ]]; then
+        speed=""
+    fi
     for attempt in 1 2 3 4 5 6 7 8; do
         port=$(( 20000 + (RANDOM % 20000) ))
         if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
             continue  # in use
         fi
         if "${as_pg[@]}" "$bindir/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 \
-                -o "-p $port -k $dir -c listen_addresses=127.0.0.1 -c fsync=off \
--c synchronous_commit=off -c full_page_writes=off -c max_connections=200" \
+                -o "-p $port -k $dir -c listen_addresses=127.0.0.1 $speed \
+-c max_connections=200" \
                 start >"$dir/pg_ctl.log" 2>&1; then
             started=1
             break

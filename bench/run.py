@@ -58,13 +58,14 @@ NOT_COVERED = {"pydantic-graph": "not measured for pydantic-graph: the issue's t
 COLUMNS = {"langgraph": ("langgraph", "ratio il/lg"),
            "pydantic-graph": ("pydantic-graph", "ratio il/pg"),
            "floor": ("floor", "ratio il/floor")}
-SCENARIOS = ("S1", "S2", "S3", "S4", "S5", "S6", "S7", "S9")
+SCENARIOS = ("S1", "S2", "S3", "S4", "S5", "S6", "S7", "S8", "S9")
 
 # metrics where a higher value is better (for the rest, lower is better)
 HIGHER_IS_BETTER = {"runs_per_s", "overlap"}
 # an interlock-only metric compared against another LangGraph metric
 COMPARE_WITH = {"per_step_us@sync=full": "per_step_us",
-                "per_step_cpu_us@sync=full": "per_step_cpu_us"}
+                "per_step_cpu_us@sync=full": "per_step_cpu_us",
+                "runs_per_s@sync=full": "runs_per_s"}
 
 TIMEOUT_S = 900
 
@@ -115,6 +116,11 @@ def plan(quick: bool) -> list[Job]:
         Job("S7", {"n": 10, "warmup": 1, "trials": t(5, 3)}),
         Job("S7", {"n": 100, "warmup": 1, "trials": t(5, 3)}),
         Job("S7", {"n": 1000, "warmup": 1, "warmup_n": 100, "trials": t(3, 1)}),
+        # 200 concurrent runs of a 10-node chain, one store (URL) for all, in one process
+        Job("S8", {"backend": "sqlite", "n": 10, "runs": 200, "label": "sqlite 200x10",
+                   "warmup": 1, "warmup_runs": 50, "trials": t(3, 2)}),
+        Job("S8", {"backend": "postgres", "n": 10, "runs": 200, "label": "postgres 200x10",
+                   "warmup": 1, "warmup_runs": 50, "trials": t(3, 2)}),
         Job("S9", {"n": 1000, "warmup": 1, "trials": t(7, 3)}),
     ]
     return jobs
@@ -359,7 +365,7 @@ def table(rows: list[Row], others: tuple[str, ...] = ("langgraph",)) -> list[lis
             cells.append(r.notes.get(engine, "-") if v is None else _fmt(v))
             cells.append(_fmt(il / v) if il is not None and v else "-")
         better = "" if r.metric.startswith("growth") else (
-            "higher" if r.metric in HIGHER_IS_BETTER else "lower")
+            "higher" if r.metric.split("@")[0] in HIGHER_IS_BETTER else "lower")
         body.append([r.scenario, r.param, r.metric, r.unit, *cells, better])
     return body
 
@@ -423,6 +429,42 @@ def checks(rows: list[Row]) -> list[str]:
             out.append(f"interlock/pydantic-graph {sc} N=1000 {metric}: {', '.join(ratios)} "
                        f"(issue target: at most {PG_TARGET:.2f})")
     out += _floor_lines(by)
+    out += _durable_lines(by)
+    return out
+
+
+def _durable_lines(by: dict[tuple[str, str, str], Row]) -> list[str]:
+    """Issue 19's targets: S5 durable step <= 0.10 of LangGraph (including opening the
+    store), S8 runs/s >= 10x LangGraph's, S8 sync=full within 2x of NORMAL, bytes per
+    loop step <= 0.5x."""
+    out = []
+
+    def med(sc: str, param: str, metric: str, engine: str) -> float | None:
+        r = by.get((sc, param, metric))
+        return r.median(engine) if r else None
+
+    for param in ("chain N=100", "loop N=1000"):
+        il, lg = med("S5", param, "per_step_us", "interlock"), med("S5", param, "per_step_us",
+                                                                    "langgraph")
+        if il is not None and lg:
+            out.append(f"S5 {param} durable step, the store opened in the run: interlock/"
+                       f"LangGraph {il / lg:.2f} (issue 19 target: at most 0.10)")
+    il, lg = med("S5", "loop N=1000", "db_kb", "interlock"), med("S5", "loop N=1000",
+                                                                  "db_kb", "langgraph")
+    if il is not None and lg:
+        out.append(f"S5 loop N=1000 bytes per step: {il * 1024 / 1000:,.0f} vs LangGraph's "
+                   f"{lg * 1024 / 1000:,.0f}, {il / lg:.2f}x (issue 19 target: at most 0.5)")
+    for param in ("sqlite 200x10", "postgres 200x10"):
+        il, lg = med("S8", param, "runs_per_s", "interlock"), med("S8", param, "runs_per_s",
+                                                                   "langgraph")
+        if il is not None and lg:
+            out.append(f"S8 {param} runs/s: interlock/LangGraph {il / lg:.1f}x "
+                       "(issue 19 target: at least 10x)")
+    normal = med("S8", "sqlite 200x10", "runs_per_s", "interlock")
+    full = med("S8", "sqlite 200x10", "runs_per_s@sync=full", "interlock")
+    if normal and full:
+        out.append(f"S8 sqlite synchronous=full: {normal / full:.2f}x slower than NORMAL "
+                   "(issue 19 target: within 2x)")
     return out
 
 

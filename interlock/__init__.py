@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ._approvals import Decision, approve, modify, reject
     from ._context import Context, Goto, goto
+    from ._coverage import Coverage, coverage
     from ._errors import (
         AgentError,
         BudgetExceededError,
@@ -61,6 +62,7 @@ _WHERE = {
     "Decision": "_approvals", "approve": "_approvals", "modify": "_approvals",
     "reject": "_approvals",
     "Context": "_context", "Goto": "_context", "goto": "_context",
+    "Coverage": "_coverage", "coverage": "_coverage",
     **dict.fromkeys([
         "AgentError", "BudgetExceededError", "ClaimError", "ConflictError", "Diagnostic",
         "ExpressionError", "InterlockError", "InternalError", "Location", "NodeError",
@@ -83,6 +85,7 @@ __all__ = [
     "ClaimError",
     "ConflictError",
     "Context",
+    "Coverage",
     "Decision",
     "Diagnostic",
     "ExpressionError",
@@ -109,6 +112,7 @@ __all__ = [
     "__version__",
     "approve",
     "cancel",
+    "coverage",
     "fork",
     "goto",
     "list_runs",

@@ -11,6 +11,14 @@ executor logs ``approval.requested`` and the run stops in WAITING_APPROVAL;
     modify   approval.decided + state.patched + node.completed {..., reenter: node}
     confirm  approve: approval.decided, then the body runs;
              reject: approval.decided + run.rejected, and the body never runs
+    tool     (``ctx.confirm`` inside a node: a guarded tool) approval.decided + the
+             decision journaled for the node (`Context.decision`: its comment, and a
+             modify's patch -- a tool call's edited arguments); the node runs again
+
+A gate may take input (SPEC §7): an approval's ``input:`` schema is what a decision's
+``data`` must satisfy (the gate's record carries it), and a confirmation asked with
+``edit=`` (a guarded tool's arguments) checks a modify's patch against that schema. A
+decision that does not fit is refused before anything is recorded.
 
 Exactly one decision wins: these records are appended at the next seq of the
 run's log, which a store accepts once; the loser gets a clear refusal.
@@ -44,25 +52,32 @@ class Decision:
     patch: dict[str, Any] = field(default_factory=dict)
     at: str | None = None  # modify: the node to re-enter at
     node: str | None = None  # which gate, when several are waiting
+    data: Any = None  # approve/reject: what the gate's ``input:`` schema asks for
     # the decider's roles, as an authenticating tool (a server) vouches for them: an
     # ``approvers:`` entry ``role:NAME`` admits a decider with the role NAME
     roles: tuple[str, ...] = ()
 
 
 def approve(by: str | None = None, comment: str | None = None, *,
-            node: str | None = None) -> Decision:
-    return Decision("approve", by, comment, node=node)
+            node: str | None = None, data: Any = None) -> Decision:
+    """Approve the waiting gate; ``data`` (JSON data) answers an approval's ``input:``."""
+    return Decision("approve", by, comment, node=node, data=data)
 
 
 def reject(by: str | None = None, comment: str | None = None, *,
-           node: str | None = None) -> Decision:
-    return Decision("reject", by, comment, node=node)
+           node: str | None = None, data: Any = None) -> Decision:
+    """Reject the waiting gate. On a guarded tool call the model gets ``comment`` with
+    the refusal; ``data`` (JSON data) answers an approval's ``input:``."""
+    return Decision("reject", by, comment, node=node, data=data)
 
 
 def modify(patch: dict[str, Any], at: str | None = None, *, by: str | None = None,
            comment: str | None = None, node: str | None = None) -> Decision:
+    """Correct state fields and re-enter at ``at`` (an approval's ``on_modify``); on a
+    guarded tool call, ``{"arguments": {...}}`` runs the tool with edited arguments."""
     if not isinstance(patch, dict) or not patch:
-        raise UsageError("modify takes a non-empty JSON object of state fields to replace")
+        raise UsageError("modify takes a non-empty JSON object: state fields to replace "
+                         "(an approval), or {\"arguments\": {...}} (a guarded tool call)")
     return Decision("modify", by, comment, dict(patch), at, node)
 
 
@@ -84,9 +99,9 @@ def expire(spec: WorkflowSpec, view: RunView) -> Items:
         on_timeout = ns.approval.on_timeout if ns.approval is not None else "reject"
         comment = f"no decision before the deadline ({_now_iso(gate.deadline)})"
         if gate.kind == "confirm" or on_timeout == "reject":
-            items += _records(spec, gate, "rejected", ENGINE, comment, timed_out=True)
+            items += _records(spec, view, gate, "rejected", ENGINE, comment, timed_out=True)
         else:
-            items += _records(spec, gate, "timed_out", ENGINE, comment, reenter=on_timeout,
+            items += _records(spec, view, gate, "timed_out", ENGINE, comment, reenter=on_timeout,
                               timed_out=True)
     return items
 
@@ -123,17 +138,23 @@ def decide(spec: WorkflowSpec, view: RunView, decision: Decision, *,
     if verb not in gate.decisions:
         why = ""
         if verb == "modify":
-            why = (" (a confirmation is approved or rejected; modify is for an approval: "
-                   "node that declares on_modify)" if gate.kind != "approval"
-                   else " (declare approval.on_modify to allow modify)")
+            why = (" (declare approval.on_modify to allow modify)" if gate.kind == "approval"
+                   else " (this confirmation offers no edit: a guarded tool's arguments can be "
+                   "edited unless the agent redacts them)" if gate.kind == "tool"
+                   else " (a confirmation is approved or rejected; modify is for an approval: "
+                   "node that declares on_modify)")
         raise UsageError(f"{gate.node!r} accepts {', '.join(gate.decisions)}; not {verb}{why}")
     refused = approvers_refuse(spec, gate.node, decision.by, decision.roles)
     if refused is not None:
         raise UsageError(refused)
+    data = _checked_data(gate, decision)
     if decision.kind == "approve":
-        return _records(spec, gate, "approved", decision.by, decision.comment)
+        return _records(spec, view, gate, "approved", decision.by, decision.comment, data=data)
     if decision.kind == "reject":
-        return _records(spec, gate, "rejected", decision.by, decision.comment)
+        return _records(spec, view, gate, "rejected", decision.by, decision.comment, data=data)
+    if gate.kind == "tool":
+        return _records(spec, view, gate, "modified", decision.by, decision.comment,
+                        patch=_checked_edit(gate, decision))
     assert ns.approval is not None
     allowed = list(ns.approval.on_modify)
     target = decision.at or allowed[0]
@@ -141,7 +162,7 @@ def decide(spec: WorkflowSpec, view: RunView, decision: Decision, *,
         raise UsageError(f"re-entry at {target!r} is refused: {gate.node!r} allows modify to "
                          f"re-enter at {', '.join(allowed)} (approval.on_modify)")
     check_patch(spec, view, decision.patch)
-    return _records(spec, gate, "modified", decision.by, decision.comment,
+    return _records(spec, view, gate, "modified", decision.by, decision.comment,
                     patch=L.to_json_value(decision.patch), reenter=target)
 
 
@@ -155,6 +176,92 @@ def approvers_refuse(spec: WorkflowSpec, node: str, by: str | None,
         return None
     who = repr(by) if by else "an anonymous decider (no --by)"
     return f"{who} may not decide {node!r}; its approvers are: {', '.join(approvers)}"
+
+
+_DATA_HINT = "--data JSON on the command line, approve(data=...) or reject(data=...) in Python"
+
+
+def _checked_data(gate: Gate, decision: Decision) -> Any:
+    """The decision's ``data``, checked against the gate's ``input:`` schema (JSON data;
+    None when the gate declares none). Raises UsageError -- nothing is recorded."""
+    schema = gate.input if gate.kind == "approval" else None
+    if decision.data is None:
+        if schema is not None and decision.kind == "approve":
+            raise UsageError(f"the decision is refused: gate {gate.node!r} asks for input with "
+                             f"its approval: pass data that satisfies its input schema "
+                             f"{_schema_text(schema)} ({_DATA_HINT})")
+        return None
+    if decision.kind == "modify":
+        raise UsageError("the decision is refused: --data goes with --approve or --reject, "
+                         "not --modify (a modify's patch is its own data)")
+    if gate.kind == "tool":
+        raise UsageError(f"the decision is refused: {gate.node!r} waits for a confirmation "
+                         "(a guarded tool call), which takes no --data; approve it, reject it "
+                         "(--comment tells the model why), or edit its arguments with "
+                         "--modify '{\"arguments\": {...}}'")
+    if schema is None:
+        where = ("its approval declares no input: schema" if gate.kind == "approval"
+                 else "a confirm: true node is approved or rejected, without data")
+        raise UsageError(f"the decision is refused: gate {gate.node!r} takes no --data "
+                         f"({where}); decide without --data, or declare approval.input (a "
+                         "JSON Schema) in the workflow for the runs that start after it")
+    check_data(decision.data, "the decision's data")  # its depth, before it is converted
+    try:
+        value = L.to_json_value(decision.data)
+    except TypeError as exc:
+        raise UsageError(f"the decision is refused: its data is not JSON data: {exc}") from None
+    check_data(None, "the decision's data", len(L.dumps(value)))
+    problems = schema_problems(schema, value)
+    if problems:
+        raise UsageError(f"the decision is refused: its data does not satisfy the input "
+                         f"schema of gate {gate.node!r}: {problems}; send data that does "
+                         f"({_DATA_HINT}), the schema being {_schema_text(schema)}")
+    return value
+
+
+def _checked_edit(gate: Gate, decision: Decision) -> dict[str, Any]:
+    """A guarded tool call's edit (``{"arguments": {...}}``), checked against the
+    schema the node asked with. Raises UsageError -- nothing is recorded."""
+    if decision.at is not None:
+        raise UsageError(f"the decision is refused: --at names where an approval re-enters "
+                         f"the graph; {gate.node!r} waits for a confirmation (a guarded tool "
+                         "call), whose modify edits only the call: drop --at")
+    check_data(decision.patch, "the edit")
+    try:
+        patch: dict[str, Any] = L.to_json_value(decision.patch)
+    except TypeError as exc:
+        raise UsageError(f"the edit is refused: it is not JSON data: {exc}") from None
+    check_data(None, "the edit", len(L.dumps(patch)))
+    schema = gate.input or {}
+    problems = schema_problems(schema, patch)
+    if problems:
+        tool = gate.show.get("tool")
+        props = schema.get("properties")
+        params = props.get("arguments") if isinstance(props, dict) else None
+        if isinstance(tool, str) and params is not None:  # an agent's guarded tool call
+            raise UsageError(f"the edit is refused: the call to {tool!r} does not take it: "
+                             f"{problems}; send --modify '{{\"arguments\": {{...}}}}' "
+                             "(modify({\"arguments\": ...}) in Python) with arguments that "
+                             f"fit the tool's parameters {_schema_text(params)}")
+        raise UsageError(f"the edit is refused: it does not satisfy the schema of "
+                         f"{gate.node!r}'s confirmation {gate.key!r}: {problems}; send "
+                         f"--modify PATCH_JSON (modify(patch) in Python) that satisfies "
+                         f"{_schema_text(schema)}")
+    return patch
+
+
+def schema_problems(schema: dict[str, Any], value: Any) -> str:
+    """Why ``value`` does not satisfy the JSON Schema ``schema`` ('' when it does)."""
+    from jsonschema import Draft202012Validator
+
+    errors = sorted(Draft202012Validator(schema).iter_errors(value),
+                    key=lambda e: list(map(str, e.path)))
+    return "; ".join(f"at {e.json_path}: {e.message}" for e in errors[:5])
+
+
+def _schema_text(schema: Any, limit: int = 400) -> str:
+    text = L.dumps(schema).decode() if isinstance(schema, dict) else repr(schema)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _pick(pending: list[Gate], node: str | None) -> Gate:
@@ -173,6 +280,8 @@ def known_fields(spec: WorkflowSpec, view: RunView) -> set[str]:
         known |= set(ns.writes or ())
         if ns.approval is not None or ns.agent is not None:
             known.add(name)
+        if ns.workflow is not None:
+            known.add(ns.output_key or name)
     return known
 
 
@@ -180,8 +289,13 @@ def check_patch(spec: WorkflowSpec, view: RunView, patch: dict[str, Any]) -> Non
     known = known_fields(spec, view)
     unknown = sorted(k for k in patch if k not in known)
     if unknown:
+        example = unknown[0]
         raise UsageError(f"the patch names field(s) the workflow does not know: "
-                         f"{', '.join(unknown)}; known fields: {', '.join(sorted(known))}")
+                         f"{', '.join(unknown)}; known fields: {', '.join(sorted(known))}. "
+                         "A patch may set a field the workflow declares: to add one, "
+                         f"declare it in the workflow file (state: {{{example}: {{}}}}, or "
+                         f"in input: or a node's writes:) and start a new run -- a run "
+                         "keeps the definition it started with")
     check_data(patch, "the patch")  # its depth, before it is converted
     plain = L.to_json_value(patch)
     check_data(None, "the patch", len(L.dumps(plain)))
@@ -190,15 +304,28 @@ def check_patch(spec: WorkflowSpec, view: RunView, patch: dict[str, Any]) -> Non
                        "the patch")
 
 
-def _records(spec: WorkflowSpec, gate: Gate, decision: str, by: str | None,
+def _records(spec: WorkflowSpec, view: RunView, gate: Gate, decision: str, by: str | None,
              comment: str | None, *, patch: dict[str, Any] | None = None,
-             reenter: str | None = None, timed_out: bool = False) -> Items:
+             reenter: str | None = None, timed_out: bool = False,
+             data: Any = None) -> Items:
     base = {"node": gate.node, "visit": gate.visit, "kind": gate.kind, "decision": decision,
             "by": by, "comment": comment, "patch": patch, "reenter": reenter,
             "timed_out": timed_out or None, "key": gate.key}
+    if data is not None:
+        base["data"] = data
     items: Items = [(L.APPROVAL_DECIDED, base)]
+    if gate.kind == "workflow":
+        # the node runs again and continues its child (`_runs.resume` has decided the
+        # child's gate in the child)
+        return items
     if gate.kind == "tool":
-        return items  # the node runs again and reads the decision from ctx.confirm
+        # the node runs again: ctx.confirm gives it the decision, ctx.decision the rest
+        assert gate.key is not None
+        visit = view.running.get((gate.node, gate.visit))
+        items.append(R.decision_journaled(
+            gate.node, gate.visit, visit.attempt if visit is not None else 1, gate.key,
+            {"decision": decision, "by": by, "comment": comment, "patch": patch}))
+        return items
     if gate.kind == "confirm":
         if decision != "approved":
             msg = f"{gate.node!r} needed confirmation and was {decision} by {by}"
@@ -206,6 +333,8 @@ def _records(spec: WorkflowSpec, gate: Gate, decision: str, by: str | None,
         return items
     record: dict[str, Any] = {"decision": decision, "by": by, "comment": comment,
                               "at": _now_iso()}
+    if gate.input is not None:  # a gate that asks for input always has its data field
+        record["data"] = data
     if patch is not None:
         record["patch"] = patch
         items.append((L.STATE_PATCHED, {"node": gate.node, "patch": patch}))

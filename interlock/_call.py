@@ -204,8 +204,9 @@ class NodeCall:
         value = L.to_json_value(result)
         # spent on it (and, unrecorded, before it in this attempt): committed with it
         tokens = ctx.spent.take_unsaved()
+        steps, ctx.spent.steps = ctx.spent.steps, 0  # a child run's (SPEC §7), counted here
         await self.sink.commit([R.effect_recorded(ctx.node, ctx.visit, ctx.attempt, key,
-                                                  value, tokens, ctx.item_index)])
+                                                  value, tokens, ctx.item_index, steps)])
         return value
 
     async def log_record(self, ctx: Context, rtype: str, fields: Mapping[str, Any]) -> None:
@@ -221,6 +222,9 @@ class NodeCall:
 
     def confirmation(self, ctx: Context, key: str) -> str | None:
         return self.view.confirmations.get((ctx.node, ctx.visit, key))
+
+    def node_args(self, node: str) -> Mapping[str, Any]:
+        return self.plan.nodes[node].args
 
     def effect_keys(self, node: str) -> list[str]:
         return [key if isinstance(key, str) else key[1]

@@ -15,11 +15,13 @@ from ._errors import Diagnostic, WorkflowError
 from ._expr import compile_expression
 from ._model import WorkflowSpec
 from ._plan import Plan, build_plan
+from ._subflow import SubflowKind
 from ._validate import CheckResult, check
 from .agents import KIND as AGENT_KIND
 
+SUBFLOW_KIND = SubflowKind()
 #: the node kinds beyond a plain call that a workflow may use (`interlock._kinds`)
-NODE_KINDS = (AGENT_KIND,)
+NODE_KINDS = (AGENT_KIND, SUBFLOW_KIND)
 
 
 def check_spec(spec: WorkflowSpec, callables: Mapping[str, Callable[..., Any]]) -> CheckResult:
@@ -44,3 +46,9 @@ def reading_plan(spec: WorkflowSpec) -> Plan:
     exprs = {src: compile_expression(src) for e in spec.edges
              for src in (e.when, e.switch, e.map) if src is not None}
     return build_plan(spec, callables={}, expressions=exprs, kinds=NODE_KINDS)
+
+
+# a sub-workflow's child is checked and compiled with every kind (it may nest agents and
+# sub-workflows of its own)
+SUBFLOW_KIND.check_child = check_spec
+SUBFLOW_KIND.compile_child = compile_spec

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ._errors import RunError, UsageError
+from ._records import decision_key
 
 
 class Port(Protocol):
@@ -43,6 +44,9 @@ class Port(Protocol):
     def effect_keys(self, node: str) -> Iterable[str]:
         """The keys of every effect ``node`` recorded in this run (every visit)."""
 
+    def node_args(self, node: str) -> Mapping[str, Any]:
+        """The ``args:`` ``node`` declares (read-only; empty when it declares none)."""
+
 
 class PauseRequested(BaseException):
     """Raised by `Context.confirm` to suspend the node until a human decides.
@@ -50,10 +54,18 @@ class PauseRequested(BaseException):
     A BaseException, so that a node's ``except Exception:`` cannot swallow the pause.
     """
 
-    def __init__(self, key: str, show: Mapping[str, Any]) -> None:
+    def __init__(self, key: str, show: Mapping[str, Any],
+                 edit: Mapping[str, Any] | None = None, *, path: str | None = None,
+                 decisions: list[str] | None = None) -> None:
         super().__init__(key)
         self.key = key
         self.show = dict(show)
+        self.edit = dict(edit) if edit is not None else None  # the schema of a modify patch
+        self.decisions = decisions if decisions is not None else \
+            ["approve", "reject"] + (["modify"] if edit is not None else [])
+        # a gate of a child run (a sub-workflow node, SPEC §7): the path of nodes down to
+        # it (``remediate/approval``), its decisions above; ``key`` is the child's run id
+        self.path = path
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,12 +88,13 @@ class Tally:
     """What one attempt has spent: written by the budget that charges it
     (`_guards.Budget.charge`), read by the context and the node call."""
 
-    __slots__ = ("over", "tokens", "unsaved")
+    __slots__ = ("over", "steps", "tokens", "unsaved")
 
     def __init__(self) -> None:
         self.tokens = 0
         self.unsaved = 0  # of those, not yet in a record (an effect's, or the attempt's end)
         self.over: RunError | None = None  # set when this visit crossed a budget
+        self.steps = 0  # a child run's steps, to count with the next effect (SPEC §7)
 
     def add(self, n: int) -> None:
         self.tokens += n
@@ -123,6 +136,12 @@ class Context:
     def tokens(self) -> int:
         """Tokens this attempt has recorded so far."""
         return self.spent.tokens
+
+    @property
+    def args(self) -> Mapping[str, Any]:
+        """The node's ``args:`` (read-only; empty when it declares none): one function
+        can serve several nodes, each with its own parameters."""
+        return self._port.node_args(self.node)
 
     def record_tokens(self, n: int) -> None:
         """Charge ``n`` tokens (an LLM call's usage) to this node and to the run's budget.
@@ -178,19 +197,29 @@ class Context:
         _awaitable_here("log")
         return self._port.log_record(self, type, fields or {})
 
-    def confirm(self, key: str, show: Mapping[str, Any]) -> str:
+    def confirm(self, key: str, show: Mapping[str, Any], *,
+                edit: Mapping[str, Any] | None = None) -> str:
         """Ask a human before doing something (a guarded tool call, a destructive step).
 
-        Returns ``"approved"`` or ``"rejected"`` once someone has decided. Until then
-        the visit is suspended: the run waits (WAITING_APPROVAL, ``waiting.show`` is
-        ``show``), the process may exit, and after the decision the node runs again
-        from the top -- so do the work before this point through `once`, which
-        replays it instead of repeating it.
+        Returns ``"approved"`` or ``"rejected"`` once someone has decided -- or
+        ``"modified"`` when ``edit`` (a JSON Schema) let them send a patch, which the
+        decision is checked against before it is recorded. Until then the visit is
+        suspended: the run waits (WAITING_APPROVAL, ``waiting.show`` is ``show``), the
+        process may exit, and after the decision the node runs again from the top -- so
+        do the work before this point through `once`, which replays it instead of
+        repeating it. `decision` gives the whole decision (its comment, its patch).
         """
         decision = self._port.confirmation(self, key)
         if decision is not None:
             return decision
-        raise PauseRequested(key, show)
+        raise PauseRequested(key, show, edit)
+
+    def decision(self, key: str) -> dict[str, Any] | None:
+        """The human's decision on confirmation ``key`` -- ``{decision, by, comment,
+        patch}`` -- once one was made (None before, and for a run decided before
+        interlock recorded them)."""
+        found, value = self._port.recorded_effect(self, decision_key(key))
+        return value if found and isinstance(value, dict) else None
 
     def __repr__(self) -> str:
         return f"<Context run={self.run_id} node={self.node} visit={self.visit} " \

@@ -9,16 +9,24 @@ edge); a rejected approval whose edges do not read its decision ends it (`Reject
 
 from __future__ import annotations
 
+import builtins
 import inspect
 from typing import Any, NamedTuple
 
 from . import _log as L
 from . import _records as R
-from ._errors import ExpressionError, NoRouteError, RouteError, RunError
+from ._errors import (
+    BudgetExceededError,
+    ExpressionError,
+    NodeError,
+    NoRouteError,
+    RouteError,
+    RunError,
+)
 from ._expr import EvaluationError
 from ._fold import Due, RunView, Scope
-from ._model import END, MAP_MAX_ITEMS, case_key
-from ._plan import Plan, PlanEdge
+from ._model import END, ERROR_FIELD, MAP_MAX_ITEMS, case_key
+from ._plan import Plan, PlanEdge, PlanNode
 
 
 class Abort(Exception):
@@ -107,6 +115,8 @@ class Decider:
                 item = R.edge_decided(e.index, due.source,
                                       [] if when_taken else list(e.targets), "otherwise",
                                       not when_taken)
+            elif e.catches is not None:
+                item = self._decide_error_edge(e, due)
             else:
                 item = self._decide_edge(e, due, scope)
             taken = item[0] == L.EDGE_TAKEN
@@ -215,6 +225,53 @@ class Decider:
         return R.edge_decided(e.index, due.source, targets, expr, value, reads, reason,
                               due.arrived)
 
+    # -- error edges (SPEC §7) -----------------------------------------------------------
+
+    def catch(self, pn: PlanNode, error: RunError) -> PlanEdge | None:
+        """The error edge of ``pn`` that catches ``error`` (its visit failed after its
+        retries): the first, in declaration order, whose class names match the error's
+        class hierarchy and whose ``max`` is not used up. None when no edge does, or the
+        error is not the node's own (an engine limit is never caught: `catchable`)."""
+        if not catchable(error):
+            return None
+        names = error_classes(error)
+        takes = self.view.takes
+        for e in pn.errors:
+            assert e.catches is not None
+            if e.catches and not any(n in e.catches for n in names):
+                continue
+            if e.max is not None and takes.get(e.index, 0) >= e.max:
+                continue
+            return e
+        return None
+
+    def uncaught(self, pn: PlanNode, error: RunError) -> str:
+        """Why none of ``pn``'s error edges caught ``error`` (`catch` found none): for the
+        run's error, so that a reader knows the edges were considered."""
+        if not catchable(error):
+            what = {"budget_exceeded": "the run's token budget (limits.tokens)",
+                    "invalid_route": "a route to an undeclared target"}.get(
+                        error.type, f"a {error.type}")
+            return (f"not caught: {what} is the engine's rule, not the node's failure, and "
+                    "error edges never catch those")
+        names = error_classes(error)
+        spent = [e for e in pn.errors if e.max is not None
+                 and self.view.takes.get(e.index, 0) >= e.max
+                 and (not e.catches or any(n in (e.catches or ()) for n in names))]
+        if spent:
+            return (f"not caught: its error edge {spent[0].name()} was taken "
+                    f"{spent[0].max} time{'s' if spent[0].max != 1 else ''}, its max")
+        listed = sorted({n for e in pn.errors for n in e.catches or ()})
+        return (f"not caught: its error edges catch {', '.join(listed)}, and "
+                f"{names[0]} is none of those nor a subclass of one")
+
+    def _decide_error_edge(self, e: PlanEdge, due: Due) -> R.Item:
+        """The caught error's edge, due because `catch` chose it: taken (the record says
+        which error it caught, as a condition's record says what it read)."""
+        error = self.view.state.get(ERROR_FIELD) or {}
+        return R.edge_decided(e.index, due.source, list(e.targets), "on_error",
+                              error.get("type"), {ERROR_FIELD: error})
+
     async def call_async_router(self, due: Due) -> None:
         """Await an ``async def`` router; `_route` takes its answer (or its exception)."""
         e = due.edge
@@ -237,6 +294,41 @@ class Decider:
             except Exception as exc:
                 result = _Raised(exc)
         return _targets(e, result)
+
+
+def catchable(error: RunError) -> bool:
+    """Whether an error edge may catch ``error``: the node's own failures (its body
+    raised, timed out, returned what it may not, crossed its own ``tokens:``), not the
+    engine's limits (the run's budget, a goto to an undeclared target; write conflicts,
+    steps and no route never reach here)."""
+    if isinstance(error, BudgetExceededError):
+        return error.details.get("scope") == "node"
+    return isinstance(error, NodeError)
+
+
+def error_classes(error: RunError) -> list[str]:
+    """The class names an ``on_error`` list is matched against: the body's exception's
+    MRO (a timeout is a ``TimeoutError``), or the engine error's own class's."""
+    names = error.details.get("mro")
+    if names:
+        return list(names)
+    exc = error.details.get("exception")
+    cls = getattr(builtins, exc, None) if isinstance(exc, str) else None
+    if isinstance(cls, type) and issubclass(cls, BaseException):
+        return [c.__name__ for c in cls.__mro__]
+    return [c.__name__ for c in type(error).__mro__]
+
+
+def caught_error(pn: PlanNode, error: RunError, attempt: int) -> dict[str, Any]:
+    """The reserved ``error`` field an error edge's target sees: ``{node, type,
+    message, attempt}`` -- the exception's class name and its own message."""
+    exc = error.details.get("exception")
+    etype = exc if isinstance(exc, str) else error_classes(error)[0]
+    message = error.message
+    prefix = f"node {pn.name!r} raised {etype}: "
+    if message.startswith(prefix):
+        message = message[len(prefix):]
+    return {"node": pn.name, "type": etype, "message": message, "attempt": attempt}
 
 
 def _targets(e: PlanEdge, result: Any) -> list[str]:

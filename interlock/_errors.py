@@ -7,6 +7,7 @@ exported by ``interlock``; where a builtin fits, it is a base too.
     ├── RunError               a run went wrong at run time; its ``type`` is the run's
     │   │                      ``error.type`` in the log and in ``--json``
     │   ├── NodeError          a node body raised, timed out, or returned what it may not
+    │   │   └── ChildRunError  a sub-workflow node's child run failed, was cancelled or rejected
     │   ├── ExpressionError    a condition could not be evaluated (or would cost too much)
     │   ├── NoRouteError       a node had outgoing edges and none was taken
     │   ├── RouteError         a router / goto picked a target that is not declared
@@ -169,6 +170,12 @@ class RouteError(RunError):
 
 class WriteConflictError(RunError):
     type = "write_conflict"
+
+
+class ChildRunError(NodeError):
+    """A sub-workflow node's child run failed, was cancelled or was rejected (SPEC §7)."""
+
+    type = "child_failed"
 
 
 class StepLimitError(RunError):

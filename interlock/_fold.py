@@ -51,7 +51,7 @@ from typing import Any, NamedTuple
 
 from . import _log as L
 from ._errors import InternalError
-from ._model import END
+from ._model import END, ERROR_FIELD
 from ._plan import Plan, PlanEdge, Port
 from ._state import merge_update
 
@@ -100,15 +100,21 @@ class Gate:
     deadline: float | None = None
     decision: str | None = None  # approved | rejected | modified | timed_out
     body_started: bool = False  # a confirmed node's body has started
-    key: str | None = None  # for kind "tool": the key the node asked under
+    key: str | None = None  # for kind "tool": the key the node asked under ("workflow": the child)
+    # the JSON Schema a decision must satisfy: an approval's ``input:`` (its ``data``), a
+    # guarded tool's arguments (a ``modify`` patch); None when the gate takes neither
+    input: dict[str, Any] | None = None
+    path: str | None = None  # for kind "workflow": the nodes down to the child's gate
 
     def waiting(self) -> dict[str, Any]:
-        """The ``waiting`` object of SPEC §3."""
-        out = {"node": self.node, "kind": self.kind, "show": self.show,
+        """The ``waiting`` object of SPEC §3 (a child run's gate: ``node`` is its path)."""
+        out = {"node": self.path or self.node, "kind": self.kind, "show": self.show,
                "decisions": self.decisions, "requested_at": self.requested_at,
                "deadline": self.deadline}
         if self.key is not None:
             out["key"] = self.key
+        if self.input is not None:
+            out["input"] = self.input
         return out
 
 
@@ -179,6 +185,9 @@ class RunView:
 
     def _on_run_started(self, rec: L.Record) -> None:
         self.state = dict(rec.get("input") or {})
+        defaults = rec.get("defaults")  # what declared fields start as (SPEC §7)
+        if defaults:
+            self.state.update(defaults)
         self.config = dict(rec.get("config") or {})
         self.limits = dict(rec.get("limits") or {})
         self.status = "RUNNING"
@@ -311,12 +320,56 @@ class RunView:
                 self._barrier(e, node, True)
             else:
                 self.due[(e.index, node)] = Due(e, node, goto if e.kind == "choose" else None)
+        if pn.errors:  # it did not fail: its error edges are not taken
+            self._dead_edges(pn.errors)
 
     def _on_node_failed(self, rec: L.Record) -> None:
+        if "caught" in rec:
+            self._on_caught(rec)
+            return
         visit = self._attempt_visit(rec)
         if visit is not None and (rec.get("error") or {}).get("type") != "cancelled":
             visit.failures += 1  # (a cancelled visit was stopped, not failed)
         self._attempt_ended(rec)
+
+    def _on_caught(self, rec: L.Record) -> None:
+        """A visit failed with an error one of its error edges catches (SPEC §7): the
+        visit is over (it does not run again on resume), the error is written to the
+        reserved ``error`` field, its other edges are not taken, and the catching edge
+        is due (the runner decides it in the same batch)."""
+        node = rec["node"]
+        key = (node, rec["visit"])
+        self._attempt_ended(rec)
+        self.running.pop(key, None)
+        if self.maps:  # a mapped node's visit, one of whose items failed: it is over
+            self.maps.pop(key, None)
+        if self.gates:
+            self.gates.pop(key, None)
+        if self.maps:  # a mapped node's visit: an item failed, the others were stopped
+            self.maps.pop(key, None)
+        self.visits[node] += 1
+        pn = self.plan.nodes[node]
+        if pn.cyclic:
+            self._active[pn.scc] -= 1
+        caught = rec["caught"]
+        self.state[ERROR_FIELD] = caught["error"]
+        self.routed[node] = False
+        self.route_wait[node] = 0
+        self._rule_out(node)  # its ordinary edges: not taken (its joins: not arrived)
+        edge = caught["edge"]
+        for e in pn.errors:
+            if e.index == edge:
+                self.due[(e.index, node)] = Due(e, node)
+        self._dead_edges([e for e in pn.errors if e.index != edge])
+
+    def _dead_edges(self, edges: list[PlanEdge]) -> None:
+        """Edges of a node that will not be taken this time (its error edges when it
+        completes; the other error edges when one catches): their targets' ports die."""
+        for e in edges:
+            for t in e.targets:
+                port = e.ports.get(t)
+                if port is not None:
+                    self._dead_port(port)
 
     def _on_node_retrying(self, rec: L.Record) -> None:
         self.status = "RETRYING"  # until the next attempt starts (visible in `status`)
@@ -394,17 +447,19 @@ class RunView:
 
     def _on_approval_requested(self, rec: L.Record) -> None:
         key = (rec["node"], rec["visit"])
-        if rec.get("kind") == "tool":  # a node that paused mid-body (ctx.confirm)
+        if rec.get("kind") in _MID_BODY:  # a node that paused mid-body (ctx.confirm)
             self._attempt_ended(rec)
         self.gates[key] = Gate(rec["node"], rec["visit"], rec["kind"], rec["at"],
                                rec.get("show") or {}, rec["decisions"], rec.get("deadline"),
-                               key=rec.get("key"))
+                               key=rec.get("key"), input=rec.get("input"),
+                               path=rec.get("path"))
 
     def _on_approval_decided(self, rec: L.Record) -> None:
         gate = self.gates[(rec["node"], rec["visit"])]
         gate.decision = rec["decision"]
-        if gate.kind == "tool":
-            # the node asked mid-body (ctx.confirm): it runs again and finds the answer
+        if gate.kind in _MID_BODY:
+            # the node asked mid-body (ctx.confirm, a child's gate): it runs again and
+            # finds the answer
             self.confirmations[(gate.node, gate.visit, rec["key"])] = rec["decision"]
             self.gates.pop((gate.node, gate.visit))
         elif gate.kind == "confirm" and gate.decision != "approved":
@@ -421,6 +476,8 @@ class RunView:
         # what the effect spent (an LLM call's usage), committed with its result: a crash
         # after it, a retry or a cancellation does not lose it, a replay does not repeat it
         self._spend(rec["node"], rec["visit"], rec.get("tokens"))
+        if "steps" in rec:  # a child run's steps count in its parent too (SPEC §7)
+            self.steps += rec["steps"]
         running = self._attempt_visit(rec)
         if running is not None and rec.get("tokens"):
             running.effect_tokens += rec["tokens"]
@@ -590,6 +647,8 @@ class Scope:
     def __contains__(self, name: object) -> bool:
         return name in ("config", "run") or name in self._view.state
 
+
+_MID_BODY = frozenset({"tool", "workflow"})  # gates asked for from inside a node's body
 
 _HANDLERS = {
     L.RUN_STARTED: RunView._on_run_started,

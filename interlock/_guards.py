@@ -48,6 +48,7 @@ from ._errors import (
     NodeTimeout,
     RouteError,
     RunError,
+    StepLimitError,
     WriteConflictError,
 )
 from ._isolation import ChildContext
@@ -160,7 +161,8 @@ class Retry:
 
 
 def retryable(error: RunError, names: list[str]) -> bool:
-    if isinstance(error, (RouteError, WriteConflictError, BudgetExceededError)):
+    if isinstance(error, (RouteError, WriteConflictError, BudgetExceededError,
+                          StepLimitError)):  # (a sub-workflow's child crossing the run's)
         return False
     if not names:
         return True

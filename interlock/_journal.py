@@ -28,8 +28,12 @@ class Journal:
     """Seals, folds, stages and stores one run's records (a `_records.Sink`)."""
 
     def __init__(self, store: Store, run_id: str, view: RunView, writer: L.LogWriter,
-                 listener: Any = None) -> None:
+                 listener: Any = None, owner: str | None = None) -> None:
         self.store = store
+        # the executor's lease, given up by the append that ends the run (``released``),
+        # where the store can (`Store.leases_in_writes`)
+        self.owner = owner if getattr(store, "leases_in_writes", False) else None
+        self.released = False
         self.run_id = run_id
         self.view = view
         self.writer = writer
@@ -101,8 +105,10 @@ class Journal:
             entries, self._staged = self._staged, []
             # the view matches the log up to entries[-1] right now, before any await
             snap = None
-            if entries[-1].seq - self._snapshot_seq >= self._snapshot_every \
-                    and entries[-1].type not in L.TERMINAL_TYPES:
+            release: str | None = None
+            if entries[-1].type in L.TERMINAL_TYPES:
+                release = self.owner
+            elif entries[-1].seq - self._snapshot_seq >= self._snapshot_every:
                 at = entries[-1].seq
                 snap = snapshots.dump(self.view, entries[-1].hash)
                 # bound to the chain: its digest rides in this batch, the row follows it
@@ -119,7 +125,11 @@ class Journal:
             summary.error = v.error
             summary.waiting = v.waiting
             summary.updated_at = time.time()
-            await self.store.append(self.run_id, entries, summary)
+            if release is None:
+                await self.store.append(self.run_id, entries, summary)
+            else:
+                await self.store.append(self.run_id, entries, summary, release=release)
+                self.released = True
             if snap is not None:
                 await self.store.save_snapshot(self.run_id, at, snap)
                 self._snapshot_seq = at

@@ -24,6 +24,10 @@ class Checker(Protocol):
     spec: WorkflowSpec
 
     @property
+    def provided(self) -> Mapping[str, Callable[..., Any]]:
+        """The functions a builder gave, by call path."""
+
+    @property
     def result(self) -> CheckResults: ...
 
     def add(self, severity: Any, message: str, path: tuple[Any, ...], code: str) -> None: ...

@@ -42,6 +42,7 @@ Record = dict[str, Any]
 # Record types (SPEC §2). Kept as constants so a typo is a NameError, not a silent miss.
 RUN_STARTED = "run.started"
 RUN_RESUMED = "run.resumed"
+CHILD_STARTED = "child.started"  # a sub-workflow node started its child run (SPEC §7)
 RUN_FORKED = "run.forked"
 STATE_PATCHED = "state.patched"
 RUN_WAITING = "run.waiting"

@@ -8,8 +8,9 @@ reads only this model. Its JSON dump is what a run stores as its definition.
 
 from __future__ import annotations
 
+import copy
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -17,9 +18,12 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    ModelWrapValidatorHandler,
     PrivateAttr,
+    SerializerFunctionWrapHandler,
     ValidationError,
     field_validator,
+    model_serializer,
     model_validator,
 )
 
@@ -28,17 +32,20 @@ from ._errors import UsageError
 START = "START"
 END = "END"
 RESERVED_NAMES = frozenset({START, END, "config", "run"})
+# The state field an error edge's target reads the caught error from (SPEC §7): the
+# engine writes it, a workflow may not declare it.
+ERROR_FIELD = "error"
 NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 CALL_RE = re.compile(r"^[A-Za-z_][\w.]*:[\w.<>]+(#\d+)?$")
 
 Reducer = Literal["replace", "append", "extend", "merge", "add"]
 
-_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?|\.\d+)\s*(ms|s|m|h)?\s*$")
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?|\.\d+)\s*(ms|s|m|h|d)?\s*$")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
 
 
 def parse_duration(value: Any) -> Any:
-    """'30s', '0.5s', '250ms', '5m', '1h' or a number of seconds -> float seconds."""
+    """'30s', '0.5s', '250ms', '5m', '1h', '30d' or a number of seconds -> float seconds."""
     if isinstance(value, bool):
         raise ValueError("expected a duration such as 30s, 250ms or 5m, got a boolean")
     if isinstance(value, int | float):
@@ -98,6 +105,42 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
 
+def _extension_key(key: Any) -> bool:
+    return isinstance(key, str) and key.startswith("x-")
+
+
+class Extensible(_Strict):
+    """A mapping that may also carry ``x-*`` keys (the home of YAML anchors, as in
+    docker-compose and OpenAPI: ``x-defaults: &defaults {...}``): ignored by the engine,
+    kept in the definition (and its hash)."""
+
+    _extensions: dict[str, Any] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _take_extensions(cls, data: Any, handler: ModelWrapValidatorHandler[Any]) -> Any:
+        ext: dict[str, Any] = {}
+        if isinstance(data, dict) and any(_extension_key(k) for k in data):
+            ext = {k: v for k, v in data.items() if _extension_key(k)}
+            data = {k: v for k, v in data.items() if not _extension_key(k)}
+        obj = handler(data)
+        if ext:
+            obj._extensions = ext
+        return obj
+
+    @model_serializer(mode="wrap")
+    def _dump_extensions(self, handler: SerializerFunctionWrapHandler) -> Any:
+        data = handler(self)
+        if self._extensions and isinstance(data, dict):
+            data.update(self._extensions)
+        return data
+
+    @property
+    def extensions(self) -> dict[str, Any]:
+        """Its ``x-*`` keys, as declared."""
+        return dict(self._extensions)
+
+
 class RetrySpec(_Strict):
     """``retry: {attempts, backoff, max_backoff, jitter, errors}``."""
 
@@ -109,16 +152,38 @@ class RetrySpec(_Strict):
 
 
 class ApprovalSpec(_Strict):
-    """``approval: {show, on_modify, approvers, timeout, on_timeout}`` -- a human gate."""
+    """``approval: {show, input, on_modify, approvers, timeout, on_timeout}`` -- a human
+    gate. ``input``: a JSON Schema the decision's ``data`` must satisfy (SPEC §7)."""
 
     show: NameList = Field(default_factory=list)
+    input: dict[str, Any] | None = None
     on_modify: NameList = Field(default_factory=list)
     approvers: NameList = Field(default_factory=list)
     timeout: Duration | None = None
     on_timeout: str = "reject"
 
 
-class NodeSpec(_Strict):
+class SubflowRef(_Strict):
+    """A ``workflow:`` node's child, pinned: the file it was read from (as the parent
+    names it; None for a builder's `Workflow`) and the child's whole definition, which
+    is part of the parent's definition and hash -- a resume runs this, not the file as
+    it is now. A file names the child by its path; the front end (`_spec.load_spec`)
+    reads it and stores it in this form."""
+
+    file: str | None = None
+    definition: dict[str, Any]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _path_form(cls, data: Any) -> Any:
+        if isinstance(data, str):
+            raise ValueError(f"workflow: {data!r} is a path, which only a workflow read from "
+                             "a file (interlock.load) or the builder (wf.subworkflow) can "
+                             "resolve")
+        return data
+
+
+class NodeSpec(Extensible):
     """One node. ``call`` is ``module:function``; short form in a file: ``name: module:fn``."""
 
     call: str | None = None
@@ -132,6 +197,15 @@ class NodeSpec(_Strict):
     confirm: bool = False
     approval: ApprovalSpec | None = None
     agent: dict[str, Any] | None = None
+    # a call node's own parameters, passed as ``ctx.args`` (one function, several nodes)
+    args: dict[str, Any] | None = None
+    # a sub-workflow (SPEC §7): the child, the child's input fields as CEL over this
+    # workflow's state (default: the fields of the same names), what of its final state
+    # is written (all of it; ``[fields]``; or one field's value) under ``output_key``
+    workflow: SubflowRef | None = None
+    input: dict[str, str] | None = None
+    output: str | list[str] | None = None
+    output_key: str | None = None
     description: str = ""
 
     @model_validator(mode="before")
@@ -152,21 +226,32 @@ class NodeSpec(_Strict):
 
     @model_validator(mode="after")
     def _one_kind(self) -> NodeSpec:
-        kinds = [k for k in ("call", "approval", "agent") if getattr(self, k) is not None]
+        kinds = [k for k in ("call", "approval", "agent", "workflow")
+                 if getattr(self, k) is not None]
         if len(kinds) != 1:
             found = ", ".join(kinds) or "none"
             raise ValueError(
-                "a node needs exactly one of 'call', 'approval' or 'agent' "
+                "a node needs exactly one of 'call', 'approval', 'agent' or 'workflow' "
                 f"(found: {found})"
             )
+        if self.workflow is None:
+            extra = [k for k in ("input", "output", "output_key") if getattr(self, k) is not None]
+            if extra:
+                raise ValueError(f"{', '.join(map(repr, extra))} belong to a 'workflow:' node "
+                                 "(a sub-workflow)")
+        if self.args is not None and self.call is None:
+            raise ValueError("'args' are passed to a call node's function as ctx.args; "
+                             "an approval or agent node has no function to pass them to")
         return self
 
     @property
-    def kind(self) -> Literal["call", "approval", "agent"]:
+    def kind(self) -> Literal["call", "approval", "agent", "workflow"]:
         if self.approval is not None:
             return "approval"
         if self.agent is not None:
             return "agent"
+        if self.workflow is not None:
+            return "workflow"
         return "call"
 
 
@@ -195,6 +280,46 @@ class EdgeSpec(_Strict):
     collect: str | None = None
     max_concurrency: Count | None = Field(default=None, ge=1)
     max_items: Count | None = Field(default=None, ge=0)
+
+    # an error edge: taken when the source fails (after its retries) with an error whose
+    # class (or a base class) is listed; ``true`` catches any error of the node's own
+    on_error: Annotated[bool | list[str], BeforeValidator(_as_list)] = False
+
+    @field_validator("on_error")
+    @classmethod
+    def _error_names(cls, value: bool | list[str]) -> bool | list[str]:
+        if isinstance(value, list):
+            if not value:
+                raise ValueError("on_error lists exception class names (e.g. [NameError, "
+                                 "SyntaxError]); write 'on_error: true' to catch any error")
+            for name in value:
+                if not NAME_RE.match(name):
+                    raise ValueError(f"on_error: {name!r} is not an exception class name "
+                                     "(an identifier such as ValueError, matched along the "
+                                     "exception's class hierarchy)")
+        return value
+
+    @property
+    def catches(self) -> tuple[str, ...] | None:
+        """An error edge's class names (``()``: any error); None for any other edge."""
+        if self.on_error is False:
+            return None
+        return () if self.on_error is True else tuple(self.on_error)
+
+    @model_validator(mode="after")
+    def _error_form(self) -> EdgeSpec:
+        if self.on_error is False:
+            return self
+        extra = [k for k in ("when", "switch", "router", "choose", "cases", "default", "map")
+                 if getattr(self, k) is not None] + (["otherwise"] if self.otherwise else [])
+        if extra:
+            raise ValueError(f"an on_error edge is taken when its source fails; it cannot "
+                             f"also have {', '.join(extra)} (route on the error in its "
+                             "target's edges instead, e.g. when: 'error.type == \"NameError\"')")
+        if len(self.source) > 1:
+            raise ValueError("an on_error edge has one source node (the node whose failure "
+                             "it catches)")
+        return self
 
     @field_validator("cases", mode="before")
     @classmethod
@@ -290,6 +415,8 @@ class EdgeSpec(_Strict):
             return f"{src} map {self.map!r} -> {self.targets[0]}"
         tgt = self.targets
         dst = tgt[0] if len(tgt) == 1 else "[" + ", ".join(tgt) + "]"
+        if self.on_error is not False:
+            return f"{src} -> {dst} (on error)"
         return f"{src} -> {dst}"
 
 
@@ -304,8 +431,58 @@ def case_key(value: Any) -> str:
     return str(value)
 
 
+# what a field with a reducer starts as when it declares no default (SPEC §7): so a
+# condition or a template can read it before the first write, as LangGraph's channels
+_EMPTY: dict[str, Callable[[], Any]] = {"append": list, "extend": list, "merge": dict,
+                                        "add": int}
+# what a default must be for each reducer (the reducer accumulates into it)
+_DEFAULT_KINDS: dict[str, tuple[type | tuple[type, ...], str]] = {
+    "append": (list, "a list"), "extend": (list, "a list"), "merge": (dict, "an object"),
+    "add": ((int, float), "a number")}
+
+
 class FieldSpec(_Strict):
+    """``state: {f: {reducer: append, default: [...]}}``. A field with a reducer starts
+    empty (``[]``, ``{}``, ``0``) unless it declares a ``default``; a field without one
+    is absent until written, unless it declares a ``default`` (``null`` included)."""
+
     reducer: Reducer = "replace"
+    default: Any = None  # only if declared (`declares_default`): null is a default too
+
+    @model_validator(mode="after")
+    def _default_fits(self) -> FieldSpec:
+        kind = _DEFAULT_KINDS.get(self.reducer)
+        if kind is None or not self.declares_default or self.default is None:
+            return self
+        types, what = kind
+        if not isinstance(self.default, types) or isinstance(self.default, bool):
+            raise ValueError(f"default: the reducer {self.reducer!r} accumulates into "
+                             f"{what}, so the default is {what} (e.g. "
+                             f"{L_EXAMPLES[self.reducer]}), not {type(self.default).__name__}")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> Any:
+        # a declared default is part of the definition even when it equals the model's
+        # own (``default: null``): the definition says what the field starts as
+        data = handler(self)
+        if self.declares_default and isinstance(data, dict):
+            data["default"] = self.default
+        return data
+
+    @property
+    def declares_default(self) -> bool:
+        return "default" in self.model_fields_set
+
+    def start(self) -> tuple[bool, Any]:
+        """Whether the field has a value before anything writes it, and a fresh copy of it."""
+        if self.declares_default:
+            return True, copy.deepcopy(self.default)
+        empty = _EMPTY.get(self.reducer)
+        return (True, empty()) if empty is not None else (False, None)
+
+
+L_EXAMPLES = {"append": "[]", "extend": "[]", "merge": "{}", "add": "0"}
 
 
 # A run stops (step_limit) after this many node executions unless its workflow or the
@@ -321,7 +498,7 @@ class LimitsSpec(_Strict):
     timeout: Duration | None = None
 
 
-class WorkflowSpec(_Strict):
+class WorkflowSpec(Extensible):
     """A whole workflow, as declared. Frozen; equal specs mean equal workflows."""
 
     workflow: str = Field(min_length=1)
@@ -336,6 +513,9 @@ class WorkflowSpec(_Strict):
     # Where each part came from: path tuple -> (line, col), plus the file name.
     # Not part of the definition's identity.
     _source: SourceMap | None = PrivateAttr(default=None)
+    # the sub-workflows as read from their files (with their own source maps), by node:
+    # for validation's positions; the definition holds them pinned either way
+    _children: dict[str, WorkflowSpec] = PrivateAttr(default_factory=dict)
 
     @field_validator("state", mode="before")
     @classmethod
@@ -367,6 +547,17 @@ class WorkflowSpec(_Strict):
 
     def __hash__(self) -> int:
         return hash(self.workflow)
+
+    def defaults(self) -> dict[str, Any]:
+        """What each declared field starts as before anything writes it (`FieldSpec.start`),
+        fresh copies: the fields with a reducer (empty, or their default) and those
+        without one that declare a default."""
+        out: dict[str, Any] = {}
+        for name, fs in self.state.items():
+            has, value = fs.start()
+            if has:
+                out[name] = value
+        return out
 
     def definition(self) -> dict[str, Any]:
         """The JSON-ready definition (what a run stores and hashes)."""

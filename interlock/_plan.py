@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from ._expr import Expression
@@ -33,6 +34,7 @@ from ._model import END, START, EdgeSpec, NodeSpec, WorkflowSpec
 from ._signature import param_count
 
 DEFAULT_TIMEOUT = 300.0
+_NO_ARGS: Mapping[str, Any] = MappingProxyType({})
 
 
 @dataclass(slots=True, eq=False)
@@ -63,6 +65,9 @@ class PlanEdge:
     ports: dict[str, Port] = field(default_factory=dict)  # target -> port (forward only)
     barrier_exit: dict[str, int] = field(default_factory=dict)  # source -> scc it leaves
     is_join: bool = False  # more than one source
+    # an error edge (``on_error``): the exception class names it catches, () for any;
+    # kept in `PlanNode.errors`, not `PlanNode.out` (decided only when its source fails)
+    catches: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         self.is_join = len(self.sources) > 1
@@ -104,6 +109,8 @@ class PlanNode:
     branched: bool = False
     guards: int = 0  # the kind of its guard stack (`guard_kind`): which guards its call has
     mapped: PlanEdge | None = None  # the map edge that runs it once per item (SPEC §7)
+    errors: list[PlanEdge] = field(default_factory=list)  # its on_error edges, in order
+    args: Mapping[str, Any] = field(default_factory=lambda: _NO_ARGS)  # ``args:``, read-only
 
 
 @dataclass(slots=True, eq=False)
@@ -203,6 +210,8 @@ def build_plan(spec: WorkflowSpec, *, callables: dict[str, Callable[..., Any]],
             isolated=ns.isolation == "process",
         )
         pn = nodes[name]
+        if ns.args:
+            pn.args = MappingProxyType(ns.args)
         pn.needs_ctx = pn.wants_ctx or pn.isolated
         pn.guards = guard_kind(pn.isolated, pn.is_async, pn.needs_ctx, ns.retry is not None)
     for name in concurrency.branched if concurrency is not None else ():
@@ -228,6 +237,8 @@ def build_plan(spec: WorkflowSpec, *, callables: dict[str, Callable[..., Any]],
         for s in pe.sources:
             if s == START:
                 start_edges.append(pe)
+            elif pe.catches is not None:
+                nodes[s].errors.append(pe)
             else:
                 nodes[s].out.append(pe)
                 if pe.is_join and s in pe.barrier:
@@ -248,7 +259,7 @@ def build_plan(spec: WorkflowSpec, *, callables: dict[str, Callable[..., Any]],
         guard_kinds=frozenset(pn.guards for pn in nodes.values()),
         always_taken=frozenset(
             n for n, pn in nodes.items()
-            if pn.out and not pn.gate and all(
+            if pn.out and not pn.gate and not pn.errors and all(
                 e.kind == "plain" and e.cond is None and e.max is None and not e.otherwise
                 and not e.is_join for e in pn.out)),
     )
@@ -259,7 +270,8 @@ def _plan_edge(i: int, es: EdgeSpec, callables: dict[str, Callable[..., Any]],
                comp: dict[str, int], cyclic: set[int]) -> PlanEdge:
     """One edge with its expressions, router, back-edge facts and join barrier."""
     pe = PlanEdge(index=i, spec=es, kind=es.kind, sources=tuple(es.source),
-                  targets=tuple(es.targets), max=es.max, otherwise=es.otherwise)
+                  targets=tuple(es.targets), max=es.max, otherwise=es.otherwise,
+                  catches=es.catches)
     if es.when is not None:
         pe.cond = expressions[es.when]
     if es.switch is not None:

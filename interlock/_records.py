@@ -91,7 +91,10 @@ def gate_completed(node: str, visit: int, update: dict[str, Any], reenter: str |
 
 def node_failed(node: str, visit: int, attempt: int | None, error: dict[str, Any],
                 duration_ms: float | None = None, tokens: int = 0,
-                item: int | None = None) -> Item:
+                item: int | None = None, caught: dict[str, Any] | None = None) -> Item:
+    """A visit's failure. ``caught``: an error edge caught it (``{edge, error}``, the
+    error as its target sees it in the ``error`` field): the run goes on along it.
+    ``item``: one item's of a mapped node's visit."""
     fields: dict[str, Any] = {"node": node, "visit": visit}
     if item is not None:
         fields["item"] = item
@@ -102,6 +105,8 @@ def node_failed(node: str, visit: int, attempt: int | None, error: dict[str, Any
         fields["duration_ms"] = duration_ms
     if tokens:
         fields["tokens"] = tokens
+    if caught is not None:
+        fields["caught"] = caught
     return L.NODE_FAILED, fields
 
 
@@ -128,8 +133,9 @@ def node_retrying(node: str, visit: int, attempt: int, error: dict[str, Any],
 
 
 def effect_recorded(node: str, visit: int, attempt: int, key: str, result: Any,
-                    tokens: int, item: int | None = None) -> Item:
-    """``ctx.once``'s result, with the tokens spent on it (and before it, unrecorded)."""
+                    tokens: int, item: int | None = None, steps: int = 0) -> Item:
+    """``ctx.once``'s result, with the tokens spent on it (and before it, unrecorded) --
+    and the steps, when it accounts for a child run's (a sub-workflow node's)."""
     fields: dict[str, Any] = {"node": node, "visit": visit, "attempt": attempt, "key": key}
     if item is not None:
         fields["item"] = item
@@ -137,7 +143,22 @@ def effect_recorded(node: str, visit: int, attempt: int, key: str, result: Any,
         fields["result"] = result
     if tokens:
         fields["tokens"] = tokens
+    if steps:
+        fields["steps"] = steps
     return L.EFFECT_RECORDED, fields
+
+
+def decision_key(key: str) -> str:
+    """The journal key of a human's decision on a node's confirmation ``key``
+    (`Context.decision` reads it): a decision is journaled for the node that asked."""
+    return f"decision:{key}"
+
+
+def decision_journaled(node: str, visit: int, attempt: int, key: str,
+                       decision: dict[str, Any]) -> Item:
+    """A decision on confirmation ``key`` as the effect the node reads when it runs again
+    (its comment, its patch): the visit's journal holds what the human said."""
+    return effect_recorded(node, visit, attempt, decision_key(key), decision, 0)
 
 
 def edge_taken(edge: int, source: str, targets: list[str]) -> Item:
@@ -195,7 +216,7 @@ def run_cancelled(by: str | None) -> Item:
     return L.RUN_CANCELLED, fields
 
 
-__all__ = ["Item", "Sink", "edge_decided", "edge_taken", "effect_recorded", "gate_completed",
-           "map_completed",
-           "node_cancelled", "node_completed", "node_failed", "node_retrying", "node_started",
+__all__ = ["Item", "Sink", "decision_journaled", "decision_key", "edge_decided", "edge_taken",
+           "effect_recorded", "gate_completed", "map_completed", "node_cancelled",
+           "node_completed", "node_failed", "node_retrying", "node_started",
            "run_cancelled", "run_completed", "run_failed", "run_rejected", "run_waiting"]

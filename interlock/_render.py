@@ -11,7 +11,8 @@ agree on what is drawn:
   the ``when`` expression, ``otherwise``, a switch's ``expr == value`` (or
   ``expr in [...]``, ``default``), the router's ``module:function``,
   ``choose``, a map's ``map EXPR as ITEM, collect FIELD``, and ``max N``. Guarded
-  arcs are dashed, plain ones solid;
+  arcs are dashed, plain ones solid; error edges (``on_error``) are dashed and red,
+  labelled ``on error`` (and the class names they catch);
 - a node without outgoing edges gets an arc to END: that is what it means
   (SPEC §1, "a node with no outgoing edges is terminal").
 
@@ -23,12 +24,12 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
 
 from ._model import END, NAME_RE, START, EdgeSpec, WorkflowSpec
 
-VertexKind = Literal["start", "end", "call", "approval", "agent", "join", "unknown"]
+VertexKind = Literal["start", "end", "call", "approval", "agent", "workflow", "join", "unknown"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +45,7 @@ class Arc:
     target: str
     label: str = ""  # "" for an unconditional arc
     guarded: bool = False  # drawn dashed: taken only under a condition
+    error: bool = False  # an error edge (on_error): drawn dashed and red
 
 
 @dataclass(slots=True)
@@ -53,6 +55,7 @@ class Layout:
     title: str
     vertices: dict[str, Vertex] = field(default_factory=dict)  # name (or join key) -> vertex
     arcs: list[Arc] = field(default_factory=list)
+    clusters: list[Cluster] = field(default_factory=list)  # sub-workflow nodes, drawn inside
 
     def vertex(self, name: str) -> str:
         """The id of node ``name``, adding an undeclared name as an ``unknown`` vertex."""
@@ -63,22 +66,53 @@ class Layout:
         return v.id
 
 
-def layout(spec: WorkflowSpec) -> Layout:
-    """The vertices and arcs of ``spec`` (see the module docstring)."""
+@dataclass(slots=True)
+class Cluster:
+    """A sub-workflow node drawn as a box holding its child's graph: the arcs into the
+    node reach the child's START, the arcs out of it leave from the child's END."""
+
+    id: str  # the node's vertex id, which the child's ids are prefixed with
+    label: str
+    inside: Layout
+
+
+def layout(spec: WorkflowSpec, prefix: str = "") -> Layout:
+    """The vertices and arcs of ``spec`` (see the module docstring); ``prefix``: of every
+    id, for a child's graph drawn inside its parent's."""
     out = Layout(spec.workflow)
-    out.vertices[START] = Vertex("START", START, "start")
+    out.vertices[START] = Vertex(f"{prefix}START", START, "start")
     for name, node in spec.nodes.items():
-        out.vertices[name] = Vertex(f"n_{name}", name, node.kind)
+        out.vertices[name] = Vertex(f"{prefix}n_{name}", name, node.kind)
     for index, edge in enumerate(spec.edges):
-        _add_edge(out, index, edge)
-    _add_terminals(out, spec)
-    out.vertices[END] = Vertex("END", END, "end")
+        _add_edge(out, index, edge, prefix)
+    _add_terminals(out, spec, prefix)
+    out.vertices[END] = Vertex(f"{prefix}END", END, "end")
+    for name, node in spec.nodes.items():
+        if node.workflow is not None:
+            _add_cluster(out, name, node.workflow.definition, node.workflow.file)
     return out
 
 
-def _add_edge(out: Layout, index: int, edge: EdgeSpec) -> None:
+def _add_cluster(out: Layout, name: str, definition: dict[str, Any], file: str | None) -> None:
+    from ._spec import parse
+
+    vid = out.vertices.pop(name).id
+    try:
+        child = parse(definition)
+    except Exception:  # a stored definition that no longer parses: the node alone
+        out.vertices[name] = Vertex(vid, name, "call")
+        return
+    inside = layout(child, prefix=f"{vid}__")
+    enter, leave = inside.vertices[START].id, inside.vertices[END].id
+    out.arcs = [replace(a, source=leave if a.source == vid else a.source,
+                        target=enter if a.target == vid else a.target) for a in out.arcs]
+    label = f"{name}: workflow {child.workflow}" + (f" ({file})" if file else "")
+    out.clusters.append(Cluster(vid, label, inside))
+
+
+def _add_edge(out: Layout, index: int, edge: EdgeSpec, prefix: str = "") -> None:
     if edge.is_join:
-        join_id = f"j{index}"
+        join_id = f"{prefix}j{index}"
         out.vertices[f"#join{index}"] = Vertex(join_id, "join", "join")
         for source in edge.source:
             out.arcs.append(Arc(out.vertex(source), join_id))
@@ -89,11 +123,13 @@ def _add_edge(out: Layout, index: int, edge: EdgeSpec) -> None:
         # a map edge is always taken (once, with all its items): drawn solid
         guarded = (bool(label) and edge.kind != "map") or edge.max is not None
         label = ", ".join(p for p in (label, _max(edge)) if p)
-        out.arcs.append(Arc(source_id, _target_id(out, target), label, guarded))
+        out.arcs.append(Arc(source_id, _target_id(out, target), label, guarded,
+                            edge.catches is not None))
 
 
 def _target_id(out: Layout, name: str) -> str:
-    return "END" if name == END else out.vertex(name)
+    return out.vertices[END].id if name == END and END in out.vertices else \
+        "END" if name == END else out.vertex(name)
 
 
 def _max(edge: EdgeSpec) -> str:
@@ -114,6 +150,9 @@ def _labels(edge: EdgeSpec) -> list[tuple[str, str]]:
             if edge.collect is not None:
                 label += f", collect {edge.collect}"
             return [(edge.targets[0], label)]
+        case _ if edge.catches is not None:
+            names = ": " + ", ".join(edge.catches) if edge.catches else ""
+            return [(t, f"on error{names}") for t in edge.targets]
         case _:
             label = edge.when or ("otherwise" if edge.otherwise else "")
             return [(t, label) for t in edge.targets]
@@ -146,11 +185,12 @@ def _case_text(value: str) -> str:
     return value if _LITERAL_RE.match(value) else json.dumps(value, ensure_ascii=False)
 
 
-def _add_terminals(out: Layout, spec: WorkflowSpec) -> None:
-    with_exits = {s for e in spec.edges for s in e.source}
+def _add_terminals(out: Layout, spec: WorkflowSpec, prefix: str = "") -> None:
+    # (an error edge is no exit: a node that succeeds without another edge ends the run)
+    with_exits = {s for e in spec.edges if e.catches is None for s in e.source}
     for name in spec.nodes:
         if name not in with_exits:
-            out.arcs.append(Arc(out.vertices[name].id, "END"))
+            out.arcs.append(Arc(out.vertices[name].id, f"{prefix}END"))
 
 
 # -- Mermaid ---------------------------------------------------------------------------
@@ -165,7 +205,7 @@ _MERMAID_ESCAPES = str.maketrans({
 _MERMAID_SHAPES: dict[VertexKind, tuple[str, str]] = {
     "start": ("([", "])"), "end": ("([", "])"), "call": ("[", "]"),
     "approval": ("{{", "}}"), "agent": ("(", ")"), "join": ("((", "))"),
-    "unknown": ("[", "]"),
+    "unknown": ("[", "]"), "workflow": ("[[", "]]"),
 }
 
 _MERMAID_CLASSES = {
@@ -174,6 +214,8 @@ _MERMAID_CLASSES = {
     "join": "fill:#333333,stroke:#333333,color:#ffffff",
     "unknown": "fill:#ffe0e0,stroke:#c53030,stroke-dasharray:4 3",
 }
+
+_MERMAID_ERROR_LINK = "stroke:#c53030,color:#c53030"
 
 _CLASS_OF: dict[VertexKind, str] = {
     "start": "terminal", "end": "terminal", "approval": "approval", "join": "join",
@@ -191,20 +233,40 @@ def to_mermaid(spec: WorkflowSpec) -> str:
     lay = layout(spec)
     lines = ["---", f"title: {json.dumps(lay.title, ensure_ascii=False)}", "---",
              "flowchart TD"]
+    _mermaid_body(lay, lines, "    ")
+    lines.extend(_mermaid_classes(lay))
+    errors = [str(i) for i, a in enumerate(_mermaid_links(lay)) if a.error]
+    if errors:  # error edges in red (a link's style is set by its index)
+        lines.append(f"    linkStyle {','.join(errors)} {_MERMAID_ERROR_LINK}")
+    return "\n".join(lines) + "\n"
+
+
+def _mermaid_body(lay: Layout, lines: list[str], indent: str) -> None:
     for v in lay.vertices.values():
         left, right = _MERMAID_SHAPES[v.kind]
-        lines.append(f'    {v.id}{left}"{mermaid_text(v.label)}"{right}')
+        lines.append(f'{indent}{v.id}{left}"{mermaid_text(v.label)}"{right}')
+    for c in lay.clusters:  # a sub-workflow: its child's graph in a subgraph
+        lines.append(f'{indent}subgraph {c.id}["{mermaid_text(c.label)}"]')
+        _mermaid_body(c.inside, lines, indent + "    ")
+        lines.append(f"{indent}end")
     for a in lay.arcs:
         arrow = "-.->" if a.guarded else "-->"
         label = f'|"{mermaid_text(a.label)}"|' if a.label else ""
-        lines.append(f"    {a.source} {arrow}{label} {a.target}")
-    lines.extend(_mermaid_classes(lay))
-    return "\n".join(lines) + "\n"
+        lines.append(f"{indent}{a.source} {arrow}{label} {a.target}")
+
+
+def _mermaid_links(lay: Layout) -> list[Arc]:
+    """The arcs in the order `_mermaid_body` writes them (a link's style is by index)."""
+    return [*(a for c in lay.clusters for a in _mermaid_links(c.inside)), *lay.arcs]
+
+
+def _all_vertices(lay: Layout) -> list[Vertex]:
+    return [*lay.vertices.values(), *(v for c in lay.clusters for v in _all_vertices(c.inside))]
 
 
 def _mermaid_classes(lay: Layout) -> list[str]:
     members: dict[str, list[str]] = {}
-    for v in lay.vertices.values():
+    for v in _all_vertices(lay):
         cls = _CLASS_OF.get(v.kind)
         if cls is not None:
             members.setdefault(cls, []).append(v.id)
@@ -223,6 +285,7 @@ _DOT_STYLE: dict[VertexKind, str] = {
     "call": 'shape=box, style=rounded',
     "approval": 'shape=hexagon, style="filled,bold", fillcolor="#fff4d6", color="#b7791f"',
     "agent": 'shape=box, style="rounded,filled", fillcolor="#e6f0ff"',
+    "workflow": 'shape=box3d',
     "join": 'shape=circle, style=filled, fillcolor="#333333", fontcolor="#ffffff", '
             "fontsize=9, width=0.4, fixedsize=true",
     "unknown": 'shape=box, style="dashed,filled", fillcolor="#ffe0e0", color="#c53030"',
@@ -241,15 +304,26 @@ def to_dot(spec: WorkflowSpec) -> str:
     lines = [f"digraph {dot_text(lay.title)} {{", "    rankdir=TB;",
              '    node [fontname="Helvetica"];',
              '    edge [fontname="Helvetica", fontsize=10];']
+    _dot_body(lay, lines, "    ")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def _dot_body(lay: Layout, lines: list[str], indent: str) -> None:
     for v in lay.vertices.values():
-        lines.append(f"    {v.id} [label={dot_text(v.label)}, {_DOT_STYLE[v.kind]}];")
+        lines.append(f"{indent}{v.id} [label={dot_text(v.label)}, {_DOT_STYLE[v.kind]}];")
+    for c in lay.clusters:  # a sub-workflow: its child's graph in a cluster
+        lines.append(f"{indent}subgraph cluster_{c.id.removeprefix('n_')} {{")
+        lines.append(f'{indent}    label={dot_text(c.label)}; style="rounded,dashed";')
+        _dot_body(c.inside, lines, indent + "    ")
+        lines.append(f"{indent}}}")
     for a in lay.arcs:
         attrs = []
         if a.label:
             attrs.append(f"label={dot_text(a.label)}")
         if a.guarded:
             attrs.append("style=dashed")
+        if a.error:
+            attrs.append('color="#c53030", fontcolor="#c53030"')
         suffix = f" [{', '.join(attrs)}]" if attrs else ""
-        lines.append(f"    {a.source} -> {a.target}{suffix};")
-    lines.append("}")
-    return "\n".join(lines) + "\n"
+        lines.append(f"{indent}{a.source} -> {a.target}{suffix};")

@@ -48,7 +48,7 @@ from . import _expr
 from . import _log as L
 from . import _records as R
 from ._call import NodeCall
-from ._decide import Abort, Decider, Rejected
+from ._decide import Abort, Decider, Rejected, caught_error
 from ._errors import InterlockError, InternalError, RunError, StepLimitError
 from ._fold import RunView
 from ._guards import Outcome
@@ -258,9 +258,11 @@ class Runner:
             decisions = ["approve", "reject"]
             timeout = None
         deadline = round(time.time() + timeout, 6) if timeout else None
-        return (L.APPROVAL_REQUESTED, {"node": node, "visit": visit, "kind": kind,
-                                       "show": L.to_json_value(show), "decisions": decisions,
-                                       "approvers": _approvers(ns), "deadline": deadline})
+        fields = {"node": node, "visit": visit, "kind": kind, "show": L.to_json_value(show),
+                  "decisions": decisions, "approvers": _approvers(ns), "deadline": deadline}
+        if ns.approval is not None and ns.approval.input is not None:
+            fields["input"] = ns.approval.input  # what a decision's data must satisfy
+        return (L.APPROVAL_REQUESTED, fields)
 
     def _start_task(self, node: str, visit: int, attempt: int, *, rerun: bool) -> None:
         if self._done is None:
@@ -305,13 +307,23 @@ class Runner:
         ends the run. ``alone``: nothing else ran while it did (so only a node that could
         have, by the graph, can conflict with its writes)."""
         if out.pause is not None:
-            # the visit stays running; it is re-run once a human has decided
-            await self.sink.commit([(L.APPROVAL_REQUESTED, {
-                "node": out.node, "visit": out.visit, "attempt": out.attempt, "kind": "tool",
-                "key": out.pause.key, "show": L.to_json_value(out.pause.show),
-                "decisions": ["approve", "reject"], "tokens": out.tokens or None,
-                "approvers": _approvers(self.plan.nodes[out.node].spec)})])
+            # the visit stays running; it is re-run once a human has decided (``path``: a
+            # gate of a child run, which the decision is forwarded to -- `_runs.resume`)
+            pause = out.pause
+            fields = {
+                "node": out.node, "visit": out.visit, "attempt": out.attempt,
+                "kind": "tool" if pause.path is None else "workflow",
+                "key": pause.key, "show": L.to_json_value(pause.show), "path": pause.path,
+                "decisions": pause.decisions, "tokens": out.tokens or None,
+                "approvers": _approvers(self.plan.nodes[out.node].spec)}
+            if pause.edit is not None:  # what a modify patch must satisfy
+                fields["input"] = pause.edit
+            await self.sink.commit([(L.APPROVAL_REQUESTED, fields)])
             return
+        if out.error is not None and self.plan.nodes[out.node].errors:
+            if self._caught(out):  # an error edge takes the run on
+                return
+            out = out._replace(error=self._uncaught(out))
         if out.error is not None:
             await self.sink.commit([R.node_failed(out.node, out.visit, out.attempt,
                                                   out.error.to_json(), out.duration_ms,
@@ -323,6 +335,28 @@ class Runner:
                                                   conflict.to_json(), out.duration_ms)])
             raise Abort(conflict)
         self._complete(out)
+
+    def _caught(self, out: Outcome) -> bool:
+        """A visit that failed with an error one of its node's error edges catches (SPEC
+        §7): stage its ``node.failed`` (with what was caught and by which edge) and the
+        edge's decision -- one batch, flushed by the caller like a completion."""
+        assert out.error is not None
+        pn = self.plan.nodes[out.node]
+        edge = self.decide.catch(pn, out.error)
+        if edge is None:
+            return False
+        caught = {"edge": edge.index, "error": caught_error(pn, out.error, out.attempt)}
+        self.sink.add(R.node_failed(out.node, out.visit, out.attempt, out.error.to_json(),
+                                    out.duration_ms, out.tokens, caught=caught))
+        self.decide.due()
+        return True
+
+    def _uncaught(self, out: Outcome) -> RunError:
+        """The node's error, saying why its error edges did not catch it."""
+        assert out.error is not None
+        err = out.error
+        why = self.decide.uncaught(self.plan.nodes[out.node], err)
+        return type(err)(f"{err.message} ({why})", node=err.node, **err.details)
 
     def _complete(self, out: Outcome) -> None:
         """`_finish` for a visit that completed (no error, no pause, no write conflict)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import dataclasses
 import hashlib
 import logging
 import os
@@ -21,15 +22,17 @@ from . import _log as L
 from . import _records as R
 from . import _snapshot as snapshots
 from ._compile import compile_spec, reading_plan
-from ._errors import InterlockError, UsageError
-from ._fold import RunView
+from ._errors import ClaimError, ConflictError, InterlockError, RunNotFound, UsageError
+from ._fold import Gate, RunView
 from ._journal import Journal
-from ._model import WorkflowSpec, check_limits
+from ._model import DEFAULT_STEPS, WorkflowSpec, check_limits
+from ._otel import RunSpans, run_spans, tracing, with_spans
 from ._plan import Plan
 from ._runner import Runner
 from ._spec import parse
 from ._steps import Steps
-from ._store import RunRow, Store, open_store, this_owner
+from ._store import RunRow, Store, Summary, acquire_store, release_store, this_owner
+from ._subflow import CHILD_RUNS, ChildOutcome, ChildRequest, child_run_id
 
 if TYPE_CHECKING:
     from ._approvals import Decision
@@ -81,10 +84,11 @@ def result_of(run_id: str, workflow: str, view: RunView) -> RunResult:
 
 
 def open_store_arg(store: str | Store | None) -> tuple[Store, bool]:
-    """A `Store` for an argument that may be a URL; True when we opened it (and close it)."""
+    """A `Store` for an argument that may be a URL; True when it is the URL's shared
+    store (`acquire_store`), which the caller gives back with `release_store`."""
     if isinstance(store, Store):
         return store, False
-    return open_store(store), True
+    return acquire_store(store), True
 
 
 # -- executing ----------------------------------------------------------------------
@@ -92,8 +96,13 @@ def open_store_arg(store: str | Store | None) -> tuple[Store, bool]:
 
 async def drive(plan: Plan, store: Store, run_id: str, view: RunView, writer: L.LogWriter, *,
                 first: list[tuple[str, dict[str, Any]]] | None = None, force: bool = False,
-                listener: Listener | None = None, fresh: bool = False) -> RunResult:
+                listener: Listener | None = None, owner: str | None = None,
+                fresh: bool = False) -> RunResult:
     """Claim the run, commit ``first`` (e.g. ``run.resumed``), execute, release.
+
+    ``owner``: the run was created claimed by it (`Workflow.run`), so there is no claim
+    to make. The last append (the run's end) gives the lease up in its transaction; the
+    release here is for a run that stops otherwise (waiting, an error of the store).
 
     ``fresh``: ``view`` and ``writer`` were made a while ago (a run created, then
     queued for execution, as a server does): once claimed, the stored log must still end
@@ -104,22 +113,30 @@ async def drive(plan: Plan, store: Store, run_id: str, view: RunView, writer: L.
     alive and looks for a cancellation requested through the store (by `cancel`, from
     any process).
     """
-    owner = make_owner()
-    await store.claim(run_id, owner, LEASE_SECONDS, force=force)
-    journal = Journal(store, run_id, view, writer, listener)
+    if owner is None:
+        owner = make_owner()
+        await store.claim(run_id, owner, LEASE_SECONDS, force=force)
+    journal = Journal(store, run_id, view, writer, listener, owner=owner)
     runner = Runner(plan, journal, run_id, view)
     try:
         if fresh and (await store.get_run(run_id)).summary.last_seq != writer.seq:
-            from ._store import ConflictError
-
             raise ConflictError(f"run {run_id!r} changed before it started executing (it was "
                                 "cancelled or taken over while queued); it is not started")
         if first:
-            await journal.commit(first)
+            try:
+                await journal.commit(first)
+            except ConflictError:
+                # read, decided, then claimed after another process had decided (or
+                # resumed) the run and let it go: what this one read is stale
+                raise UsageError(
+                    f"run {run_id!r} changed after this process read it (another process "
+                    "decided or resumed it first); nothing was recorded and this resume is "
+                    f"refused -- see `interlock status {run_id}`") from None
         if view.status not in TERMINAL_STATUSES:
             await _execute(store, run_id, owner, runner)
     finally:
-        await store.release(run_id, owner)
+        if not journal.released:
+            await store.release(run_id, owner)
     return result_of(run_id, plan.spec.workflow, view)
 
 
@@ -152,10 +169,12 @@ async def _execute(store: Store, run_id: str, owner: str, runner: Runner) -> Non
         raise RuntimeError("interlock executes a run inside an asyncio task")
     cancelling = task.cancelling()
     watcher = _Watcher(store, run_id, owner, runner, task)
+    # in a copy of our context, as a task of its own would be: what node bodies set in
+    # context variables stays in the run; its sub-workflow nodes find its child runs there
+    context = contextvars.copy_context()
+    context.run(CHILD_RUNS.set, _Children(store, run_id, runner.view))
     try:
-        # in a copy of our context, as a task of its own would be: what node bodies
-        # set in context variables stays in the run
-        await Steps(runner.execute(), context=contextvars.copy_context())
+        await Steps(runner.execute(), context=context)
     finally:
         if watcher.cancelled and runner.view.status != "CANCELLED" \
                 and task.cancelling() > cancelling:
@@ -207,7 +226,8 @@ class _Watcher:
                 self.runner.cancelled_by = request
                 self.cancelled = True
                 self.target.cancel()
-            if loop.time() >= self._next_beat:
+            if loop.time() >= self._next_beat and \
+                    self.runner.view.status not in TERMINAL_STATUSES:  # not released yet
                 await self.store.heartbeat(self.run_id, self.owner, LEASE_SECONDS)
                 self._next_beat = loop.time() + LEASE_SECONDS / 3
             await self.runner.sink.flush()  # a no-op unless records wait to be committed
@@ -223,6 +243,320 @@ class _Watcher:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+
+async def start(plan: Plan, store: Store, run_id: str, *, definition: dict[str, Any],
+                definition_hash: str, input: dict[str, Any], config: dict[str, Any],
+                limits: dict[str, Any], options: dict[str, Any],
+                started: dict[str, Any] | None = None,
+                listener: Listener | None = None) -> RunResult:
+    """Create a run (its row and ``run.started``, chained with ``$INTERLOCK_LOG_KEY``
+    when set) and drive it. ``input``, ``config`` and ``limits`` are the effective ones
+    (JSON data); ``options`` what the row keeps of the overrides; ``started``: more
+    fields of ``run.started`` (a child run's ``parent``, a trace's ids). The declared
+    fields' defaults that apply are recorded there too (`start_defaults`)."""
+    view, writer, owner = await create(
+        plan, store, run_id, definition=definition, definition_hash=definition_hash,
+        input=input, config=config, limits=limits, options=options, started=started,
+        listener=listener)
+    return await drive(plan, store, run_id, view, writer, listener=listener, owner=owner)
+
+
+async def create(plan: Plan, store: Store, run_id: str, *, definition: dict[str, Any],
+                 definition_hash: str, input: dict[str, Any], config: dict[str, Any],
+                 limits: dict[str, Any], options: dict[str, Any],
+                 started: dict[str, Any] | None = None, listener: Listener | None = None,
+                 claimed: bool = True) -> tuple[RunView, L.LogWriter, str | None]:
+    """`start`'s first half: the run's row and ``run.started``; its view, its writer, and
+    the owner it was created claimed by (``claimed`` and a store that leases in its
+    writes), else None -- an unclaimed run, executed later (a server's queue)."""
+    key = L.env_key()
+    writer = L.LogWriter(key=key)
+    now = time.time()
+    chain = chain_options(key)
+    fields: dict[str, Any] = {
+        "workflow": plan.spec.workflow, "definition_hash": definition_hash,
+        "input": input, "config": config, "limits": limits, **(started or {}), **chain}
+    defaults = start_defaults(plan.spec, input)
+    if defaults:
+        fields["defaults"] = defaults
+    rec, entry = writer.make(L.RUN_STARTED, fields)
+    view = RunView(plan)
+    view.apply(rec)
+    # created claimed where the store can: no claim of its own to commit
+    owner = make_owner() if claimed and store.leases_in_writes else None
+    row = RunRow(run_id=run_id, workflow=plan.spec.workflow, definition=definition,
+                 definition_hash=definition_hash, input=input, options={**options, **chain},
+                 created_at=now,
+                 summary=Summary(status="RUNNING", last_seq=1, last_hash=writer.hash,
+                                 updated_at=now),
+                 owner=owner, lease_until=now + LEASE_SECONDS if owner else None)
+    await store.create_run(row, [entry])
+    if listener is not None:
+        listener(rec, view)
+    return view, writer, owner
+
+
+def start_defaults(spec: WorkflowSpec, data: Mapping[str, Any]) -> dict[str, Any]:
+    """The declared fields' start values that apply to a run (``run.started`` records
+    them, so a resume folds the same state whatever the code's defaults become): a value
+    in the input replaces the default (null too, for a field without a reducer; a field
+    with one given null starts empty)."""
+    out = {}
+    for name, value in spec.defaults().items():
+        given = data.get(name)
+        if name not in data or (given is None and spec.state[name].reducer != "replace"):
+            out[name] = value
+    # each value as the log holds it; the fields in declaration order (as a live run's
+    # state has them)
+    return {name: L.to_json_value(value) for name, value in out.items()}
+
+
+# -- child runs (SPEC §7 sub-workflows) ---------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Functions:
+    callables: Mapping[str, Callable[..., Any]]
+
+
+class _Children:
+    """The child runs of one run (`_subflow.ChildRuns`): on its store, under what is left
+    of its limits when each starts."""
+
+    def __init__(self, store: Store, run_id: str, view: RunView) -> None:
+        self.store, self.run_id, self.view = store, run_id, view
+
+    async def run(self, ctx: Any, request: ChildRequest) -> ChildOutcome:
+        st, rid = self.store, request.run_id
+        try:
+            await st.get_run(rid)
+            exists = True
+        except RunNotFound:
+            exists = False
+        if not exists:
+            spec = request.plan.spec
+            limits, inherited = self._limits(
+                {"steps": DEFAULT_STEPS, **spec.limits.model_dump(exclude_none=True)})
+            definition = request.definition
+            # the parent's log names its child (the child's run.started names its parent)
+            await ctx.log(L.CHILD_STARTED, {"run_id": rid, "workflow": spec.workflow})
+            result = await start(request.plan, st, rid, definition=definition,
+                                 definition_hash=definition_hash(definition),
+                                 input=L.to_json_value(request.input()),
+                                 config=L.to_json_value(dict(spec.config)), limits=limits,
+                                 options={"config": {}, "limits": {}, "parent": request.link,
+                                          "inherited": inherited},
+                                 started={"parent": request.link})
+        else:
+            result = await continue_child(st, rid, _Functions(request.callables))
+        row = await st.get_run(rid)  # its last record (and what it inherited)
+        return ChildOutcome(rid, result.status, result.state, result.steps, result.tokens,
+                            result.error, result.waiting, row.summary.last_seq,
+                            list(row.options.get("inherited") or ()))
+
+    def _limits(self, own: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+        """The child's limits: its own, or what the parent has left where that is less
+        (those are ``inherited``: crossing one fails the parent)."""
+        out, inherited = dict(own), []
+        parent = self.view.limits
+        for name, used in (("tokens", self.view.tokens), ("steps", self.view.steps)):
+            if parent.get(name) is None:
+                continue
+            left = max(int(parent[name]) - used, 0)
+            if out.get(name) is None or left < out[name]:
+                out[name] = left
+                inherited.append(name)
+        return out, inherited
+
+    async def stopped(self, child_id: str) -> None:
+        request = await self.store.cancel_requested(self.run_id)
+        if request is None:
+            return  # a timeout, a sibling's failure: the child is continued later
+        with contextlib.suppress(UsageError, RunNotFound):
+            await cancel(child_id, by=request.get("by"), store=self.store, wait=0)
+
+
+async def continue_child(store: Store, run_id: str, workflow: Functions | None
+                         ) -> RunResult:
+    """Continue a child run from its log, unless it ended or still waits for a human;
+    where it then stands."""
+    loaded = await load_run(store, run_id, workflow=workflow, executable=True)
+    view = loaded.view
+    if view.status in ("COMPLETED", "REJECTED", "CANCELLED"):
+        return result_of(run_id, loaded.row.workflow, view)
+    first: list[tuple[str, dict[str, Any]]] = []
+    if view.status == "WAITING_APPROVAL":
+        first = await _unblocked(store, run_id, view)
+        moved = {(f["node"], f["visit"]) for _, f in first}
+        if any((g.node, g.visit) not in moved for g in view.pending_gates()):
+            return result_of(run_id, loaded.row.workflow, view)  # waits for a human
+    return await drive(loaded.plan, store, run_id, view, loaded.writer(),
+                       first=[(L.RUN_RESUMED, {"by": None}), *first])
+
+
+async def waiting_path(store: Store, run_id: str, parent: str | None = None) -> str | None:
+    """The path of nodes down to the gate a run waits at (through its child runs), or
+    None when nothing in it waits for a human -- or, with ``parent``, when it is not that
+    run's child (a fork's log names the children of the run it was forked from)."""
+    try:
+        loaded = await load_run(store, run_id)
+    except RunNotFound:
+        return None
+    view = loaded.view
+    if parent is not None and (loaded.row.options.get("parent") or {}).get("run") != parent:
+        return None
+    if view.status != "WAITING_APPROVAL":
+        return None
+    for gate in view.pending_gates():
+        if gate.kind != "workflow" or gate.key is None:
+            return gate.node
+        below = await waiting_path(store, gate.key, run_id)
+        if below is not None:
+            return f"{gate.node}/{below}"
+    return None
+
+
+async def _unblocked(store: Store, run_id: str, view: RunView
+                     ) -> list[tuple[str, dict[str, Any]]]:
+    """Decisions for the gates of child runs that no longer wait there (the child was
+    decided or continued on its own, or waits at another gate now, or is not this run's:
+    a fork's): the node runs again and finds its child as it is (or starts its own)."""
+    items = []
+    for gate in view.pending_gates():
+        if gate.kind != "workflow" or gate.key is None:
+            continue
+        below = await waiting_path(store, gate.key, run_id)
+        if below is None or f"{gate.node}/{below}" != gate.path:
+            items.append((L.APPROVAL_DECIDED, {"node": gate.node, "visit": gate.visit,
+                                               "kind": "workflow", "decision": "continued",
+                                               "key": gate.key}))
+    return items
+
+
+def _child_gate(view: RunView, decision: Decision, skip: list[tuple[str, dict[str, Any]]]
+                ) -> tuple[Gate, Decision] | None:
+    """The gate of a child run ``decision`` is for, and the decision as the child takes
+    it (``node`` ``remediate/approval`` names the gate ``approval`` of the child of
+    ``remediate``); None when it is for a gate of this run."""
+    from dataclasses import replace
+
+    moved = {(f["node"], f["visit"]) for _, f in skip}
+    pending = [g for g in view.pending_gates() if (g.node, g.visit) not in moved]
+    if decision.node is not None:
+        head, _, rest = decision.node.partition("/")
+        for g in pending:
+            if g.kind == "workflow" and g.node == head:
+                return g, replace(decision, node=rest or None)
+        return None
+    if pending and pending[0].kind == "workflow":
+        return pending[0], decision
+    return None
+
+
+async def _decide_child(store: Store, run_id: str, decision: Decision) -> None:
+    """Record ``decision`` at the gate a child run (or its child...) waits at; the run
+    that includes it continues it when it runs the node again."""
+    from ._approvals import decide
+
+    loaded = await load_run(store, run_id)
+    view = loaded.view
+    if view.status != "WAITING_APPROVAL":
+        raise UsageError(f"child run {run_id!r} is {view.status}, not waiting for a decision; "
+                         "the decision is refused")
+    moved = await _unblocked(store, run_id, view)
+    below = _child_gate(view, decision, moved)
+    if below is not None:
+        await _decide_child(store, str(below[0].key), below[1])
+        return
+    await _commit_claimed(store, loaded, decide(loaded.spec, view, decision))
+
+
+async def _expired_children(store: Store, view: RunView,
+                            skip: list[tuple[str, dict[str, Any]]]
+                            ) -> list[tuple[str, dict[str, Any]]]:
+    """`_approvals.expire` in the child runs a run waits for (at any depth): the engine's
+    decisions for their gates whose deadline has passed, recorded there; the records that
+    make this run's node run again and continue each such child."""
+    moved = {(f["node"], f["visit"]) for _, f in skip}
+    items = []
+    for gate in view.pending_gates():
+        if gate.kind == "workflow" and gate.key is not None and \
+                (gate.node, gate.visit) not in moved and await _expire_child(store, gate.key):
+            items.append((L.APPROVAL_DECIDED, {"node": gate.node, "visit": gate.visit,
+                                               "kind": "workflow", "decision": "continued",
+                                               "key": gate.key}))
+    return items
+
+
+async def _expire_child(store: Store, run_id: str) -> bool:
+    """Whether a deadline passed in the child run ``run_id`` (or below it), now decided."""
+    from ._approvals import expire
+
+    try:
+        loaded = await load_run(store, run_id)
+    except RunNotFound:
+        return False
+    view = loaded.view
+    if view.status != "WAITING_APPROVAL":
+        return False
+    below = await _expired_children(store, view, await _unblocked(store, run_id, view))
+    items = expire(loaded.spec, view) + below
+    if not items:
+        return False
+    await _commit_claimed(store, loaded, items)
+    return True
+
+
+async def _commit_claimed(store: Store, loaded: Loaded, items: list[tuple[str, dict[str, Any]]]
+                          ) -> None:
+    """Append ``items`` to a run nobody executes (a child waiting for a human), under a
+    claim of our own."""
+    owner = make_owner()
+    await store.claim(loaded.row.run_id, owner, LEASE_SECONDS)
+    try:
+        await Journal(store, loaded.row.run_id, loaded.view, loaded.writer()).commit(items)
+    finally:
+        await store.release(loaded.row.run_id, owner)
+
+
+_PAST = {"approve": "approved", "reject": "rejected", "modify": "modified"}
+
+
+async def _continue_parent(store: Store, run_id: str, link: Mapping[str, Any]) -> None:
+    """A child run was resumed on its own: continue its parent if it waits for it (or was
+    interrupted) -- the node runs again and finds the child as it now is."""
+    try:
+        parent = await load_run(store, link["run"])
+    except RunNotFound:
+        return
+    view = parent.view
+    waits = any(g.kind == "workflow" and g.key == run_id for g in view.pending_gates())
+    if waits or view.status in ("RUNNING", "RETRYING"):
+        with contextlib.suppress(ClaimError, UsageError):  # being executed: it will see
+            await resume(link["run"], store=store)
+
+
+def _child_ids(plan: Plan, run_id: str, view: RunView) -> list[str]:
+    """The child runs of a run's sub-workflow visits in flight (running or waiting)."""
+    out = []
+    for (node, visit) in view.running:
+        if plan.nodes[node].spec.workflow is None:
+            continue
+        m = view.maps.get((node, visit))
+        if m is not None:
+            out += [child_run_id(run_id, node, visit, i) for i in range(len(m.items))
+                    if i not in m.done]
+        else:
+            out.append(child_run_id(run_id, node, visit))
+    return out
+
+
+async def _cancel_children(store: Store, plan: Plan, run_id: str, view: RunView,
+                           by: str | None) -> None:
+    for child in _child_ids(plan, run_id, view):
+        with contextlib.suppress(UsageError, RunNotFound):
+            await cancel(child, by=by, store=store, wait=0)
 
 
 # -- reading a stored run -------------------------------------------------------------
@@ -386,12 +720,32 @@ async def resume(run_id: str, decision: Decision | None = None, *,
         fields = _overrides(config, limits)
         first: list[tuple[str, dict[str, Any]]] = []
         if view.status == "WAITING_APPROVAL":
-            first += expire(loaded.spec, view)
-            if decision is not None:
-                first += decide(loaded.spec, view, decision, expired=first)
-            elif not first:
+            expired = expire(loaded.spec, view)
+            moved = await _unblocked(st, run_id, view)  # child runs that wait no more
+            first += expired + moved
+            child = _child_gate(view, decision, moved) if decision is not None else None
+            if moved and decision is not None and child is None:
+                raise UsageError(
+                    f"run {run_id!r}: the child run {moved[0][1]['key']!r} it waited for "
+                    "does not wait there any more (decided or continued on its own, or "
+                    "not this run's: a fork's); resume it without a decision first, then "
+                    "decide what it waits for then")
+            if child is not None:  # a gate inside a child run: it decides it (SPEC §7)
+                gate, below = child
+                await _decide_child(st, str(gate.key), below)
+                assert decision is not None
+                first.append((L.APPROVAL_DECIDED, {
+                    "node": gate.node, "visit": gate.visit, "kind": "workflow",
+                    "decision": _PAST[decision.kind], "by": decision.by,
+                    "comment": decision.comment, "key": gate.key, "path": gate.path}))
+            elif decision is not None:
+                first += decide(loaded.spec, view, decision, expired=expired)
+            else:  # a gate in a child run whose deadline passed: decided there
+                first += await _expired_children(st, view, moved)
+            if decision is None and not first:
                 gate = view.pending_gates()[0]
-                raise UsageError(f"run {run_id!r} is waiting for a decision at {gate.node!r}; "
+                raise UsageError(f"run {run_id!r} is waiting for a decision at "
+                                 f"{gate.path or gate.node!r}; "
                                  "resume it with --approve, --reject or --modify "
                                  "(interlock.approve/reject/modify in Python)")
         elif decision is not None:
@@ -401,12 +755,35 @@ async def resume(run_id: str, decision: Decision | None = None, *,
             raise UsageError(f"run {run_id!r} is {view.status}; only a failed, interrupted or "
                              "waiting run can be resumed")
         resumed = dict(fields, by=decision.by if decision else None)
-        return await drive(loaded.plan, st, run_id, view, loaded.writer(),
-                           first=[(L.RUN_RESUMED, resumed), *first], force=force,
-                           listener=listener)
+        spans, listener = await _traced(st, run_id, loaded.row.workflow, listener)
+        try:
+            result = await drive(loaded.plan, st, run_id, view, loaded.writer(),
+                                 first=[(L.RUN_RESUMED, resumed), *first], force=force,
+                                 listener=listener)
+        finally:
+            if spans is not None:
+                spans.end()
+        link = loaded.row.options.get("parent")
+        if link is not None:  # a child run resumed on its own: its parent goes on too
+            await _continue_parent(st, run_id, link)
+        return result
     finally:
         if owned:
-            await st.close()
+            await release_store(st)
+
+
+async def _traced(store: Store, run_id: str, workflow: str, listener: Listener | None
+                  ) -> tuple[RunSpans | None, Listener | None]:
+    """The spans of this execution of a stored run (linked to the span that started it,
+    whose ids its ``run.started`` holds), and the listener that makes them; none when
+    tracing is off."""
+    if not tracing():
+        return None, listener
+    first = await store.entries_page(run_id, 0, 1)
+    started = first[0].record().get("trace") if first else None
+    spans = run_spans(run_id, workflow, continues=started if isinstance(started, dict)
+                      else None)
+    return spans, with_spans(listener, spans)
 
 
 def _overrides(config: Mapping[str, Any] | None,
@@ -427,7 +804,7 @@ async def status(run_id: str, *, store: str | Store | None = None) -> RunResult:
         return result_of(run_id, loaded.row.workflow, loaded.view)
     finally:
         if owned:
-            await st.close()
+            await release_store(st)
 
 
 TRACE_KEYS = ("seq", "type", "node", "at", "duration_ms", "attempt", "tokens", "error")
@@ -449,11 +826,20 @@ async def trace_pages(run_id: str, *, store: str | Store | None = None,
     st, owned = open_store_arg(store)
     try:
         await st.get_run(run_id)
+        nested: set[str] = set()  # (a crash may have logged a child's start twice)
         async for entries in st.iter_entries(run_id, after=after, page=page or TRACE_PAGE):
-            yield [trace_record(run_id, entry) for entry in entries]
+            records = [trace_record(run_id, entry) for entry in entries]
+            for rec in records:  # a child run's records, nested under its start (SPEC §7)
+                if rec["type"] == L.CHILD_STARTED and isinstance(rec.get("run_id"), str) \
+                        and rec["run_id"] not in nested:
+                    nested.add(rec["run_id"])
+                    with contextlib.suppress(RunNotFound):
+                        rec["records"] = [{**r, "run_id": rec["run_id"]} for r in
+                                          await trace(rec["run_id"], store=st)]
+            yield records
     finally:
         if owned:
-            await st.close()
+            await release_store(st)
 
 
 def trace_record(run_id: str, entry: L.Entry) -> dict[str, Any]:
@@ -479,6 +865,7 @@ class Verification:
     message: str = ""
     keyed: bool = False  # the chain is keyed, and was checked with the key
     notes: tuple[str, ...] = ()  # findings that do not break the log (a forged snapshot)
+    children: tuple[str, ...] = ()  # the child runs verified with it (sub-workflows)
 
 
 class LogCheck:
@@ -602,14 +989,55 @@ async def verify(run_id: str, *, store: str | Store | None = None) -> Verificati
     """
     st, owned = open_store_arg(store)
     try:
-        row = await st.get_run(run_id)
-        check = LogCheck(row, await st.load_snapshot(run_id))
-        async for entries in st.iter_entries(run_id, page=TRACE_PAGE):
-            check.feed(entries)
-        return check.result()
+        return await _verify(st, run_id, None)
     finally:
         if owned:
-            await st.close()
+            await release_store(st)
+
+
+async def _lineage(st: Store, run_id: str) -> set[str]:
+    """A run and the runs it was forked from (whose records a fork's log copies)."""
+    out: set[str] = set()
+    rid: str | None = run_id
+    while rid is not None and rid not in out:
+        out.add(rid)
+        rid = (await st.get_run(rid)).parent_run
+    return out
+
+
+async def _verify(st: Store, run_id: str, parent: str | None) -> Verification:
+    """`verify` of one run and, when it holds, of every child run its log names (SPEC
+    §7: ``verify PARENT`` verifies every child chain): the first broken one is the
+    result, under its own id."""
+    row = await st.get_run(run_id)
+    check = LogCheck(row, await st.load_snapshot(run_id))
+    children: list[str] = []
+    async for entries in st.iter_entries(run_id, page=TRACE_PAGE):
+        check.feed(entries)
+        if check.problem is None and check.view is not None:
+            nodes = check.view.plan.spec.nodes  # (a record a node logged itself is no link)
+            children += [str(e.record().get("run_id")) for e in entries
+                         if e.type == L.CHILD_STARTED and e.node in nodes
+                         and nodes[e.node].workflow is not None]
+    result = check.result()
+    if parent is not None and result.ok and \
+            (row.options.get("parent") or {}).get("run") not in await _lineage(st, parent):
+        return Verification(run_id, False, result.records, 1,
+                            f"the child run does not name {parent!r} (or a run it was "
+                            "forked from) as its parent")
+    if not result.ok:
+        return result
+    verified: list[str] = []
+    for child in dict.fromkeys(children):
+        try:
+            found = await _verify(st, child, run_id)
+        except RunNotFound:
+            return Verification(child, False, 0, None, f"the child run {child!r} that run "
+                                f"{run_id!r} names is not in the store")
+        if not found.ok:
+            return found
+        verified += [child, *found.children]
+    return dataclasses.replace(result, children=tuple(verified))
 
 
 async def fork(run_id: str, at: int, *, store: str | Store | None = None,
@@ -644,8 +1072,6 @@ async def fork(run_id: str, at: int, *, store: str | Store | None = None,
                       deadlines=_fresh_deadlines(loaded.spec, loaded.view, now) or None)
         rid = new_run_id or make_run_id()
         row = loaded.row
-        from ._store import Summary
-
         new_row = RunRow(run_id=rid, workflow=row.workflow, definition=row.definition,
                          definition_hash=row.definition_hash, input=row.input,
                          options=row.options, created_at=now,
@@ -654,12 +1080,17 @@ async def fork(run_id: str, at: int, *, store: str | Store | None = None,
                          parent_run=run_id, parent_seq=at)
         await st.create_run(new_row, prefix)
         writer = L.LogWriter(at, prefix[-1].hash, key=loaded.key)
-        # run.forked re-opens the run at that point, whatever its status was there
-        return await drive(loaded.plan, st, rid, loaded.view, writer,
-                           first=[(L.RUN_FORKED, fields)], listener=listener)
+        spans, listener = await _traced(st, rid, row.workflow, listener)
+        try:
+            # run.forked re-opens the run at that point, whatever its status was there
+            return await drive(loaded.plan, st, rid, loaded.view, writer,
+                               first=[(L.RUN_FORKED, fields)], listener=listener)
+        finally:
+            if spans is not None:
+                spans.end()
     finally:
         if owned:
-            await st.close()
+            await release_store(st)
 
 
 def _fresh_deadlines(spec: WorkflowSpec, view: RunView, now: float
@@ -709,10 +1140,11 @@ async def cancel(run_id: str, *, by: str | None = None, store: str | Store | Non
             await journal.commit([R.run_cancelled(by)])
         finally:
             await st.release(run_id, owner)
+        await _cancel_children(st, loaded.plan, run_id, loaded.view, by)
         return result_of(run_id, loaded.row.workflow, loaded.view)
     finally:
         if owned:
-            await st.close()
+            await release_store(st)
 
 
 async def list_runs(*, store: str | Store | None = None, status: str | None = None,
@@ -722,7 +1154,7 @@ async def list_runs(*, store: str | Store | None = None, status: str | None = No
         return await st.list_runs(status=status, workflow=workflow, limit=limit)
     finally:
         if owned:
-            await st.close()
+            await release_store(st)
 
 
 async def append_note(run_id: str, rtype: str, fields: Mapping[str, Any], *,

@@ -54,7 +54,8 @@ def dump(view: RunView, last_hash: str) -> bytes:
         "writers": {k: [w.node, w.completed_seq] for k, w in v.writers.items()},
         "effects": [[n, vis, key, val] for (n, vis, key), val in v.effects.items()],
         "gates": [[g.node, g.visit, g.kind, g.requested_at, g.show, g.decisions, g.deadline,
-                   g.decision, g.body_started, g.key] for g in v.gates.values()],
+                   g.decision, g.body_started, g.key, g.input, g.path]
+                  for g in v.gates.values()],
         "confirmations": [[n, vis, key, d] for (n, vis, key), d in v.confirmations.items()],
         "routed": v.routed, "route_wait": dict(v.route_wait),
         "acts": {t: [list(a.items()) for a in q] for t, q in v._acts.items() if q},

@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from . import _limits, _yaml_fast
 from ._bounds import read_at_most, too_big
 from ._errors import Diagnostic, Location, WorkflowError
-from ._model import SourceMap, WorkflowSpec
+from ._model import Extensible, SourceMap, WorkflowSpec
 
 
 def read_file(path: str | os.PathLike[str]) -> tuple[dict[str, Any], SourceMap]:
@@ -242,11 +242,62 @@ def parse(data: dict[str, Any], source: SourceMap | None = None) -> WorkflowSpec
     return spec
 
 
-def load_spec(source: str | os.PathLike[str] | dict[str, Any]) -> WorkflowSpec:
+def load_spec(source: str | os.PathLike[str] | dict[str, Any], *,
+              within: tuple[str, ...] = ()) -> WorkflowSpec:
+    """A workflow from a file (or a dict in the file's shape), its sub-workflows read and
+    pinned (`resolve_children`); ``within``: the files of the workflows that include this
+    one (a workflow that includes itself is refused)."""
     if isinstance(source, dict):
-        return parse(source, None)
-    data, smap = read_file(source)
-    return parse(data, smap)
+        data, smap, here = source, None, None
+    else:
+        data, smap = read_file(source)
+        here = os.path.realpath(source)
+    children: dict[str, WorkflowSpec] = {}
+    base = os.path.dirname(here) if here is not None else os.getcwd()
+    data = resolve_children(data, smap, base, (*within, here) if here else within, children)
+    spec = parse(data, smap)
+    spec._children = children
+    return spec
+
+
+def resolve_children(data: dict[str, Any], smap: SourceMap | None, base: str,
+                     within: tuple[str, ...], children: dict[str, WorkflowSpec]
+                     ) -> dict[str, Any]:
+    """``data`` with each ``workflow: PATH`` node's child read (relative to ``base``, the
+    including file's directory) and pinned as ``{file, definition}`` (SPEC §7); the
+    children, with their own source maps, go in ``children`` by node. A child that is
+    one of ``within`` (itself, or a workflow including it) is an error at its node."""
+    nodes = data.get("nodes") if isinstance(data, dict) else None
+    if not isinstance(nodes, dict):
+        return data
+    out_nodes = dict(nodes)
+    for name, node in nodes.items():
+        if not isinstance(node, dict) or not isinstance(node.get("workflow"), str):
+            continue
+        rel = node["workflow"]
+        where = ("nodes", name, "workflow")
+        pos = smap.locate(where) if smap is not None else None
+        loc = Location(smap.file if smap else None, *(pos or (None, None)))
+        path = os.path.realpath(os.path.join(base, rel))
+        if path in within:
+            chain = " -> ".join(os.path.basename(p)
+                                for p in (*within[within.index(path):], path))
+            raise WorkflowError([Diagnostic(
+                "error", f"node {name!r}: workflow {rel!r} includes itself ({chain}); a "
+                "workflow cannot run itself as a sub-workflow, directly or not -- make the "
+                "repeated part a loop (an edge back with a 'when') instead", loc,
+                code="recursion")])
+        try:
+            child = load_spec(path, within=within)
+        except WorkflowError as exc:
+            if any(d.code == "recursion" for d in exc.diagnostics):
+                raise
+            raise WorkflowError([Diagnostic(
+                "error", f"node {name!r}: its sub-workflow {rel!r} is invalid (below)", loc,
+                code="subflow"), *exc.diagnostics]) from None
+        children[name] = child
+        out_nodes[name] = {**node, "workflow": {"file": rel, "definition": child.definition()}}
+    return {**data, "nodes": out_nodes}
 
 
 def locate(spec: WorkflowSpec, path: tuple[Any, ...]) -> Location:
@@ -269,13 +320,69 @@ def _diagnostics(exc: ValidationError, data: dict[str, Any],
         if msg.startswith("Value error, "):
             msg = msg[len("Value error, "):]
         if err["type"] == "extra_forbidden":
-            msg = f"unknown key {path[-1]!r} (check its spelling; see SPEC §1 for the keys)"
+            msg = _unknown_key(path)
         elif err["type"] == "missing":
             msg = f"missing required key {path[-1]!r}"
         pos = source.locate(path) if source else None
         location = Location(source.file if source else None, *(pos or (None, None)))
         out.append(Diagnostic("error", f"{where}: {msg}", location, code="schema"))
     return out
+
+
+def _unknown_key(path: tuple[Any, ...]) -> str:
+    return unknown_key(str(path[-1]), valid_keys(path[:-1]))
+
+
+def unknown_key(key: str, keys: list[str]) -> str:
+    """'unknown key 'retires' (did you mean 'retry'?); the keys here are: ...'."""
+    import difflib
+
+    if not keys:
+        return f"unknown key {key!r} (check its spelling)"
+    close = difflib.get_close_matches(key, keys, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"unknown key {key!r}{hint}; the keys here are: {', '.join(keys)}"
+
+
+def valid_keys(path: tuple[Any, ...], root: Any = WorkflowSpec) -> list[str]:
+    """The keys a mapping at ``path`` of a workflow file (or of a block validated by
+    ``root``, a model) may have -- the model's fields as a file spells them -- or [] when
+    that is not a model's mapping."""
+    import types
+    import typing
+
+    from pydantic import BaseModel
+
+    def models(tp: Any) -> list[Any]:
+        """The types a field's annotation may hold, unwrapped (Optional, Annotated)."""
+        origin = typing.get_origin(tp)
+        if origin is typing.Annotated:
+            return models(typing.get_args(tp)[0])
+        if origin in (typing.Union, types.UnionType):
+            return [m for a in typing.get_args(tp) for m in models(a)]
+        return [tp]
+
+    current: list[Any] = [root]
+    for part in path:
+        step: list[Any] = []
+        for tp in current:
+            origin = typing.get_origin(tp)
+            if isinstance(tp, type) and issubclass(tp, BaseModel) and isinstance(part, str):
+                for name, info in tp.model_fields.items():
+                    if part in (name, info.alias):
+                        step.extend(models(info.annotation))
+            elif origin is dict and isinstance(part, str):
+                step.extend(models(typing.get_args(tp)[1]))
+            elif origin is list and isinstance(part, int):
+                step.extend(models(typing.get_args(tp)[0]))
+        current = step
+    for tp in current:
+        if isinstance(tp, type) and issubclass(tp, BaseModel):
+            keys = [info.alias or name for name, info in tp.model_fields.items()]
+            if issubclass(tp, Extensible):
+                keys.append("x-... (any key starting with x-: ignored, e.g. for YAML anchors)")
+            return keys
+    return []
 
 
 def _data_path(loc: tuple[Any, ...], data: Any) -> tuple[Any, ...]:

@@ -18,7 +18,7 @@ from ._errors import Diagnostic, Severity
 from ._expr import Expression, ExpressionSyntaxError, compile_expression
 from ._graph import Concurrency, back_edges, reachable, reverse, sccs
 from ._kinds import NodeKind
-from ._model import END, NAME_RE, START, EdgeSpec, NodeSpec, WorkflowSpec
+from ._model import END, ERROR_FIELD, NAME_RE, START, EdgeSpec, NodeSpec, WorkflowSpec
 from ._spec import locate
 
 
@@ -57,9 +57,13 @@ class _Checker:
 
     def run(self) -> CheckResult:
         self.check_nodes()
+        self.check_reserved()
         self.check_expressions()
         if not self.check_edge_names():
             return self.result  # the graph checks below need known names
+        self.check_error_edges()
+        self.check_otherwise()
+        self.check_gate_data()
         adj = self.adjacency()
         self.check_maps()
         self.check_reachability(adj)
@@ -92,6 +96,121 @@ class _Checker:
                         self.add("error", f"node {name!r}: on_modify names unknown node "
                                  f"{target!r}", ("nodes", name, "approval", "on_modify"),
                                  "unknown-node")
+                if ns.approval.input is not None:
+                    self.check_input_schema(name, ns.approval.input)
+
+    def check_input_schema(self, name: str, schema: dict[str, Any]) -> None:
+        """An approval's ``input:`` must be a JSON Schema (2020-12) a decision can meet."""
+        from jsonschema import Draft202012Validator, SchemaError
+
+        try:
+            Draft202012Validator.check_schema(schema)
+        except SchemaError as exc:
+            at = "".join(f"[{p!r}]" for p in exc.path)
+            self.add("error", f"node {name!r}: approval.input is not a valid JSON Schema "
+                     f"(2020-12): {exc.message}" + (f" at {at}" if at else "") + "; it is "
+                     "the schema a decision's --data must satisfy, e.g. {type: object, "
+                     "properties: {amount: {type: number}}, required: [amount]}",
+                     ("nodes", name, "approval", "input"), "approval-input")
+
+    def check_gate_data(self) -> None:
+        """A condition reading ``<gate>.data`` needs the gate to declare ``input:`` (else
+        its record has no data: an evaluation error at run time); a field the schema's
+        ``properties`` do not name is a warning (a typo, or a schema to extend)."""
+        nodes = self.spec.nodes
+        for i, e in enumerate(self.spec.edges):
+            for key in ("when", "switch"):
+                src = getattr(e, key)
+                expr = self.result.expressions.get(src) if src is not None else None
+                for path in expr.paths if expr is not None else ():
+                    gate, _, rest = path.partition(".data")
+                    ns = nodes.get(gate)
+                    if ns is None or ns.approval is None or rest[:1] not in ("", "."):
+                        continue
+                    schema = ns.approval.input
+                    if schema is None:
+                        self.add("error", f"edge {e.describe()}: {key} reads {path}, but gate "
+                                 f"{gate!r} declares no approval.input, so its record has no "
+                                 "data; declare approval.input (the JSON Schema of what a "
+                                 "decider sends with --data)", ("edges", i, key), "gate-data")
+                        continue
+                    props = schema.get("properties")
+                    field = rest[1:].partition(".")[0]
+                    if field and isinstance(props, dict) and field not in props:
+                        self.add("warning", f"edge {e.describe()}: {key} reads {path}, but the "
+                                 f"input schema of gate {gate!r} has no property {field!r} "
+                                 f"(its properties: {', '.join(props) or 'none'})",
+                                 ("edges", i, key), "gate-data")
+
+    def check_reserved(self) -> None:
+        """The ``error`` field is the engine's (an error edge's target reads the caught
+        error there): a workflow may read it, not declare or write it."""
+        f = ERROR_FIELD
+        why = (f"{f!r} is reserved: the engine writes the error an on_error edge caught "
+               f"there ({{node, type, message, attempt}}); name the field otherwise")
+        if f in self.spec.input:
+            self.add("error", f"input: {why}", ("input",), "reserved")
+        if f in self.spec.state:
+            self.add("error", f"state: {why}", ("state", f), "reserved")
+        for name, ns in self.spec.nodes.items():
+            if ns.writes is not None and f in ns.writes:
+                self.add("error", f"node {name!r}: writes: {why}", ("nodes", name, "writes"),
+                         "reserved")
+            # an approval writes its decision under its name, an agent its reply under
+            # its output_key (default: its name)
+            own = name if ns.approval is not None else (
+                str(ns.agent.get("output_key") or name) if isinstance(ns.agent, dict)
+                else None)
+            if own == f:
+                self.add("error", f"node {name!r} would write its "
+                         f"{'decision' if ns.approval is not None else 'reply'} to {f!r}: "
+                         f"{why}",
+                         ("nodes", name), "reserved")
+
+    def check_error_edges(self) -> None:
+        """An on_error edge leaves a node whose body can fail (not START, not an approval
+        gate)."""
+        for i, e in enumerate(self.spec.edges):
+            if e.catches is None:
+                continue
+            src = e.source[0]
+            if src == START:
+                self.add("error", f"edge {e.describe()}: START cannot fail; an on_error edge "
+                         "leaves the node whose failure it catches", ("edges", i, "from"),
+                         "on-error")
+            elif self.spec.nodes[src].approval is not None:
+                self.add("error", f"edge {e.describe()}: {src!r} is an approval gate, which "
+                         "does not fail; route on its decision instead (when: "
+                         f"'{src}.decision == \"rejected\"')", ("edges", i, "on_error"),
+                         "on-error")
+
+    def check_otherwise(self) -> None:
+        """An ``otherwise`` edge beside an edge of the same node that has no ``when``: the
+        otherwise edge is taken whenever no *when* edge is, so both are taken (a warning:
+        the way "loop N times" is most often miswritten)."""
+        by_source: dict[str, list[int]] = {}
+        for i, e in enumerate(self.spec.edges):
+            if len(e.source) == 1 and e.catches is None:
+                by_source.setdefault(e.source[0], []).append(i)
+        for src, indexes in by_source.items():
+            edges = [(i, self.spec.edges[i]) for i in indexes]
+            other = [(i, e) for i, e in edges if e.otherwise]
+            if not other:
+                continue
+            free = [e for _, e in edges if not e.otherwise and e.when is None]
+            if not free:
+                continue
+            i, oe = other[0]
+            first = free[0]
+            loop = first.targets[0] if first.kind == "plain" else "<target>"
+            n = first.max + 1 if first.max is not None else "N"
+            self.add("warning", f"edge {oe.describe()} (otherwise) and edge "
+                     f"{first.describe()} both leave {src!r}, and the latter has no 'when': "
+                     f"'otherwise' is taken when no 'when' edge from {src!r} is, so BOTH "
+                     f"edges are taken each time {src!r} completes. To loop a fixed number "
+                     f"of times, give the loop edge a condition on the visit count, e.g. "
+                     f"{{from: {src}, to: {loop}, when: 'run.visits.{src} < {n}'}}, and keep "
+                     "the otherwise edge as the way out", ("edges", i), "otherwise")
 
     def resolve(self, path: str, where: tuple[Any, ...], what: str) -> None:
         if path in self.result.callables:
@@ -143,10 +262,11 @@ class _Checker:
             if e.kind == "choose":
                 src = e.source[0]
                 agent = nodes[src].agent if src != START else None
-                if src == START or (nodes[src].call is None and not (
-                        isinstance(agent, dict) and agent.get("choose"))):
+                # an agent chooses by its output's agent.choose field or by a tool's goto
+                # (its kind checks that it has one of them)
+                if src == START or (nodes[src].call is None and not isinstance(agent, dict)):
                     self.add("error", f"edge {e.describe()}: only a call node (or an agent node "
-                             "with agent.choose) can choose its successor",
+                             "with agent.choose or tools) can choose its successor",
                              ("edges", i, "choose"), "choose")
         if not any(START in e.source for e in self.spec.edges):
             self.add("error", "no edge from START: add {from: START, to: <first node>}",
@@ -242,7 +362,7 @@ class _Checker:
             self.add("error", f"edge {e.describe()}: {t!r} named more than once in its "
                      "targets", ("edges", i, "to"), "duplicate")
             ok = False
-        if e.kind == "plain" and e.when is None and not e.otherwise:
+        if e.kind == "plain" and e.when is None and not e.otherwise and e.catches is None:
             # the earlier unconditional edges, by source set: target -> the first edge
             # to it (a dict look-up per target, not a scan of every earlier edge)
             seen = self._plain_targets.setdefault(frozenset(e.source), {})
@@ -279,13 +399,17 @@ class _Checker:
         return {n: list(ts) for n, ts in succ.items()}
 
     def check_reachability(self, adj: dict[str, list[str]]) -> None:
-        seen = reachable(adj, START)
+        # a modify decision re-enters the graph at a node of the gate's on_modify (SPEC
+        # §3): such a node is reachable through the gate even with no edge into it
+        seen = reachable(self._with_reentries(adj), START)
         for name in self.spec.nodes:
             if name not in seen:
                 self.add("error", f"node {name!r} is unreachable: no edge path from START "
                          "leads to it", ("nodes", name), "unreachable")
         # a node with no outgoing edge is terminal: it reaches END
-        ends = {n for n in self.spec.nodes if not adj[n]} | {END}
+        # (an error edge is no exit: a node that succeeds without another edge ends)
+        exits = {s for e in self.spec.edges if e.catches is None for s in e.source}
+        ends = {n for n in self.spec.nodes if n not in exits} | {END}
         rev = reverse(adj)
         can_end: set[str] = set()
         todo = list(ends)
@@ -300,13 +424,23 @@ class _Checker:
                 self.add("error", f"node {name!r} can never reach END: every path from it "
                          "loops forever; add an exit edge", ("nodes", name), "no-end")
 
+    def _with_reentries(self, adj: dict[str, list[str]]) -> dict[str, list[str]]:
+        out = adj
+        for name, ns in self.spec.nodes.items():
+            if ns.approval is not None and ns.approval.on_modify:
+                if out is adj:
+                    out = dict(adj)
+                out[name] = [*adj[name], *(t for t in ns.approval.on_modify
+                                           if t in self.spec.nodes)]
+        return out
+
     def check_cycles(self) -> None:
         """Every cycle needs a guard: a when/otherwise/switch/router/choose edge or a max."""
         plain: dict[str, list[str]] = {n: [] for n in self.spec.nodes}
         where: dict[tuple[str, str], int] = {}
         for i, e in enumerate(self.spec.edges):
             guarded = (e.kind != "plain" or e.when is not None or e.otherwise
-                       or e.max is not None)
+                       or e.max is not None or e.catches is not None)
             if guarded:
                 continue
             for s in e.source:
@@ -361,6 +495,8 @@ class _Checker:
                 written.add(name)
             elif ns.agent is not None:
                 written.add(str(ns.agent.get("output_key") or name))
+            elif ns.workflow is not None:
+                written.add(ns.output_key or name)
             elif ns.writes is not None:
                 written |= set(ns.writes)
             else:
@@ -371,6 +507,11 @@ class _Checker:
                ) -> tuple[Severity, str] | None:
         if name in ("config", "run") or name in written or name in self.spec.input:
             return None
+        if name == ERROR_FIELD:
+            if any(e.catches is not None for e in self.spec.edges):
+                return None  # written by the engine when an error edge catches
+            return ("warning", "which only an on_error edge's catch writes, and this "
+                    "workflow has none")
         if name in self.spec.state:
             return None if not all_known else (
                 "warning", "which 'state' declares but no node writes (declared but never "
@@ -426,7 +567,8 @@ class _Checker:
         out: dict[str, list[str]] = {}
         into: dict[str, list[str]] = {}
         for e in self.spec.edges:
-            if e.kind != "plain" or e.when is not None or e.otherwise or e.is_join:
+            if e.kind != "plain" or e.when is not None or e.otherwise or e.is_join \
+                    or e.catches is not None:
                 continue
             source = e.source[0]
             for t in e.targets:

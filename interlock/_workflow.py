@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
-import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
@@ -22,11 +21,12 @@ from ._compile import check_spec, compile_spec, reading_plan
 from ._errors import Diagnostic, UsageError
 from ._fold import RunView
 from ._model import DEFAULT_STEPS, WorkflowSpec, check_limits
+from ._otel import RunSpans, run_spans, with_spans
 from ._plan import Plan
-from ._runs import RunResult, chain_options, drive, make_run_id, open_store_arg, result_of
+from ._runs import RunResult, create, drive, make_run_id, open_store_arg, result_of, start
 from ._spec import load_spec, parse
 from ._state import check_whole_values
-from ._store import RunRow, Store, Summary
+from ._store import Store, release_store
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -42,17 +42,21 @@ class Workflow:
     """A workflow: build it in Python, or get one from `load`; then ``await wf.run(...)``.
 
     Builder methods return ``self`` (or, used as a decorator, the function), and every
-    file construct has one: `node`, `approval`, `edge` (fan-out, joins, ``when``,
-    ``otherwise``, ``max``), `switch`, `router`, `choose`.
+    file construct has one: `node` (``args=`` for ``ctx.args``), `approval`, `edge`
+    (fan-out, joins, ``when``, ``otherwise``, ``max``, ``on_error``), `switch`, `router`,
+    `choose`. ``state`` maps a field to its reducer (``"append"``) or to the file's
+    mapping (``{"reducer": "append", "default": [...]}``).
     """
 
     def __init__(self, name: str, *, description: str = "",
                  config: Mapping[str, Any] | None = None, input: Iterable[str] = (),
-                 state: Mapping[str, str] | None = None,
+                 state: Mapping[str, str | Mapping[str, Any]] | None = None,
                  limits: Mapping[str, Any] | None = None) -> None:
         self._data: dict[str, Any] = {
             "workflow": name, "description": description, "config": dict(config or {}),
-            "input": list(input), "state": {k: {"reducer": v} for k, v in (state or {}).items()},
+            "input": list(input),
+            "state": {k: dict(v) if isinstance(v, Mapping) else {"reducer": v}
+                      for k, v in (state or {}).items()},
             "limits": dict(limits or {}), "nodes": {}, "edges": [],
         }
         self._callables: dict[str, Callable[..., Any]] = {}
@@ -99,7 +103,8 @@ class Workflow:
              fn: Callable[..., Any] | None = None, **options: Any) -> Any:
         """Add a function node: ``wf.node("rca", rca_fn, reads=[...])`` or as a decorator,
         ``@wf.node()`` / ``@wf.node("name", timeout="30s")``. Options are the file's node
-        keys: reads, writes, timeout, retry, isolation, tokens, confirm, description."""
+        keys: reads, writes, timeout, retry, isolation, tokens, confirm, description, args
+        (``ctx.args``: one function can serve several nodes)."""
         if callable(name):
             return self.node(None, name, **options)
 
@@ -120,13 +125,17 @@ class Workflow:
 
     def approval(self, name: str, *, show: Iterable[str] = (), on_modify: Iterable[str] = (),
                  approvers: Iterable[str] = (), timeout: float | str | None = None,
-                 on_timeout: str = "reject", **options: Any) -> Workflow:
-        """Add a human approval gate (SPEC §3)."""
+                 on_timeout: str = "reject", input: Mapping[str, Any] | None = None,
+                 **options: Any) -> Workflow:
+        """Add a human approval gate (SPEC §3). ``input``: a JSON Schema that a decision's
+        ``data`` must satisfy (``approve(data=...)``); the gate's record carries it."""
         data = self._mutable()
         spec: dict[str, Any] = {"show": list(show), "on_modify": list(on_modify),
                                 "approvers": list(approvers), "on_timeout": on_timeout}
         if timeout is not None:
             spec["timeout"] = timeout
+        if input is not None:
+            spec["input"] = dict(input)
         data["nodes"][name] = {"approval": spec, **_opts(options)}
         return self
 
@@ -136,11 +145,15 @@ class Workflow:
               base_url: str | None = None, api_key_env: str | None = None,
               output_key: str | None = None, choose: str | None = None,
               max_turns: int | None = None, redact: Iterable[str] = (),
-              temperature: float | None = None, **options: Any) -> Workflow:
+              temperature: float | None = None, tool_errors: str | None = None,
+              **options: Any) -> Workflow:
         """Add an LLM agent node (SPEC §6). ``output`` is a JSON Schema or a pydantic model
         class; ``tools`` are typed functions, or ``(fn, {"confirm": True})`` for a tool a
         human confirms before it runs; ``provider`` is ``"openai"`` (any OpenAI-compatible
-        endpoint) or an ``interlock.testing.ScriptedProvider``. Other options are the node
+        endpoint) or an ``interlock.testing.ScriptedProvider``; ``tool_errors``: ``"return"``
+        (a tool's exception goes back to the model, the default) or ``"raise"`` (it fails
+        the node). A tool may return ``interlock.goto(target)`` to hand off to one of the
+        node's ``choose`` targets. Other options are the node
         keys of `node` (reads, writes, timeout, retry, tokens, confirm, description)."""
         from .agents import ScriptedProvider
 
@@ -178,7 +191,7 @@ class Workflow:
         for key, value in (("model", model), ("system", system), ("base_url", base_url),
                            ("api_key_env", api_key_env), ("output_key", output_key),
                            ("choose", choose), ("max_turns", max_turns),
-                           ("temperature", temperature)):
+                           ("temperature", temperature), ("tool_errors", tool_errors)):
             if value is not None:
                 spec[key] = value
         data = self._mutable()
@@ -189,9 +202,13 @@ class Workflow:
 
     def edge(self, source: str | Iterable[str], target: str | Iterable[str], *,
              when: str | None = None, otherwise: bool = False,
-             max: int | None = None) -> Workflow:
-        """``a -> b``; a list target is a fan-out, a list source a join."""
+             max: int | None = None,
+             on_error: bool | str | Iterable[str] = False) -> Workflow:
+        """``a -> b``; a list target is a fan-out, a list source a join. ``on_error``
+        (True, or exception class names): an error edge, taken when ``a`` fails."""
         e: dict[str, Any] = {"from": _names(source), "to": _names(target)}
+        if on_error is not False:
+            e["on_error"] = on_error if isinstance(on_error, bool | str) else list(on_error)
         if when is not None:
             e["when"] = when
         if otherwise:
@@ -243,6 +260,36 @@ class Workflow:
             if value is not None:
                 e[key] = value
         self._mutable()["edges"].append(e)
+        return self
+
+    def subworkflow(self, name: str, workflow: Workflow | str | os.PathLike[str], *,
+                    input: Mapping[str, str] | None = None,
+                    output: str | Iterable[str] | None = None,
+                    output_key: str | None = None, **options: Any) -> Workflow:
+        """Add a node that runs ``workflow`` (a `Workflow`, or the path of a file) as a
+        child run (SPEC §7). ``input`` maps the child's input fields to CEL expressions
+        over this workflow's state (default: the fields of the same names); the child's
+        final state -- or its field ``output``, or its fields ``[output, ...]`` -- is
+        written under ``output_key`` (default: the node's name). The child's definition
+        is pinned in this one's. Other options are the node keys of `node` (timeout,
+        retry, tokens, reads, description)."""
+        if isinstance(workflow, Workflow):
+            child, file = workflow, None
+        else:
+            child, file = load(workflow), os.fspath(workflow)
+        data = self._mutable()
+        if name in data["nodes"]:
+            raise UsageError(f"node {name!r} is already defined")
+        node: dict[str, Any] = {"workflow": {"file": file, "definition": child.definition()}}
+        if input is not None:
+            node["input"] = dict(input)
+        if output is not None:
+            node["output"] = output if isinstance(output, str) else list(output)
+        if output_key is not None:
+            node["output_key"] = output_key
+        for path, fn in child.callables.items():  # what running the child needs
+            self._callables[f"{name}/{path}"] = fn
+        data["nodes"][name] = {**node, **_opts(options)}
         return self
 
     # -- validation --------------------------------------------------------------------
@@ -315,14 +362,29 @@ class Workflow:
         or a `Store`; the default is ``$INTERLOCK_STORE`` or ``./.interlock/runs.db``.
         ``config`` overrides the workflow's ``config:``, ``limits`` its ``limits:``.
         """
+        plan = self.compile()
+        spec = plan.spec
+        data = _check_input(spec, input)
+        cfg, lim = _effective(spec, config, limits, self._limits())
         st, owned = open_store_arg(store)
+        spans: RunSpans | None = None
         try:
-            started = await self.start(input, store=st, run_id=run_id, config=config,
-                                       limits=limits, listener=listener)
-            return await started.execute(fresh=False)
+            rid = run_id or make_run_id()
+            started: dict[str, Any] = {}
+            spans = run_spans(rid, spec.workflow)  # None unless tracing is configured
+            if spans is not None:
+                started["trace"] = spans.ids
+                listener = with_spans(listener, spans)
+            return await start(plan, st, rid, definition=self.definition(),
+                               definition_hash=self.definition_hash(), input=data, config=cfg,
+                               limits=lim, options={"config": dict(config or {}),
+                                                    "limits": dict(limits or {})},
+                               started=started, listener=listener)
         finally:
+            if spans is not None:
+                spans.end()
             if owned:
-                await st.close()
+                await release_store(st)
 
     async def start(self, input: Mapping[str, Any] | None = None, *, store: Store,
                     run_id: str | None = None, config: Mapping[str, Any] | None = None,
@@ -337,26 +399,11 @@ class Workflow:
         data = _check_input(spec, input)
         cfg, lim = _effective(spec, config, limits, self._limits())
         rid = run_id or make_run_id()
-        key = L.env_key()
-        writer = L.LogWriter(key=key)
-        now = time.time()
-        definition_hash = self.definition_hash()
-        chain = chain_options(key)
-        rec, entry = writer.make(L.RUN_STARTED, {
-            "workflow": spec.workflow, "definition_hash": definition_hash,
-            "input": data, "config": cfg, "limits": lim, **chain})
-        view = RunView(plan)
-        view.apply(rec)
-        row = RunRow(run_id=rid, workflow=spec.workflow, definition=self.definition(),
-                     definition_hash=definition_hash, input=data,
-                     options={"config": dict(config or {}), "limits": dict(limits or {}),
-                              **chain},
-                     created_at=now,
-                     summary=Summary(status="RUNNING", last_seq=1, last_hash=writer.hash,
-                                     updated_at=now))
-        await store.create_run(row, [entry])
-        if listener is not None:
-            listener(rec, view)
+        view, writer, _ = await create(
+            plan, store, rid, definition=self.definition(),
+            definition_hash=self.definition_hash(), input=data, config=cfg, limits=lim,
+            options={"config": dict(config or {}), "limits": dict(limits or {})},
+            listener=listener, claimed=False)
         return Started(plan, store, rid, view, writer, listener)
 
     def run_sync(self, input: Mapping[str, Any] | None = None, **kwargs: Any) -> RunResult:
@@ -397,17 +444,15 @@ class Started:
         self.run_id = run_id
         self.result = result_of(run_id, plan.spec.workflow, view)  # as it was created
 
-    async def execute(self, *, listener: Listener | None = None,
-                      fresh: bool = True) -> RunResult:
+    async def execute(self, *, listener: Listener | None = None) -> RunResult:
         """Claim the run and drive it (once). If its log moved since it was created (a
-        cancel, a takeover), nothing runs: `ConflictError` (``fresh=False`` skips that
-        check, for a run executed the moment it was created: `Workflow.run`)."""
+        cancel, a takeover), nothing runs: `ConflictError`."""
         if self._executed:
             raise UsageError(f"run {self.run_id!r} was already executed")
         self._executed = True
         plan, store, run_id, view, writer = self._args
         return await drive(plan, store, run_id, view, writer,
-                           listener=listener or self._listener, fresh=fresh)
+                           listener=listener or self._listener, fresh=True)
 
 
 def _no_running_loop(sync: str, coro: str) -> None:
@@ -457,7 +502,7 @@ def _names(value: str | Iterable[str]) -> list[str]:
 
 def _opts(options: dict[str, Any]) -> dict[str, Any]:
     allowed = {"reads", "writes", "timeout", "retry", "isolation", "memory", "tokens",
-               "confirm", "description"}
+               "confirm", "description", "args"}
     unknown = set(options) - allowed
     if unknown:
         raise UsageError(f"unknown node option(s) {sorted(unknown)}; the options are "

@@ -33,6 +33,22 @@ Threads
     `abandoned_threads` (how many threads of sync nodes that timed out are still
     running in this process: a tool that exits should not wait for them).
 
+Export
+    `export_run` (a run as JSON lines, a header then its records) and `verify_export`
+    (those lines verified with no store).
+
+Retention
+    `prune_runs` (delete finished runs older than a cut-off; `Pruned` says what went) and
+    `parse_duration` ('30d', '12h', '90m' -> seconds).
+
+Metrics
+    `Metrics` (Prometheus metrics: from a store when scraped, from the runs this
+    process executes through its ``observe`` listener; needs ``prometheus-client``).
+
+Coverage
+    `workflows_in` (the workflows that have runs in a store, each as its newest run
+    defines it; `interlock.coverage` takes one).
+
 Limits
     `limits` (the module of every bound, each a `limits.Limit` with its environment
     variable and default; docs/security.md lists them), `read_at_most`, `too_big`,
@@ -49,9 +65,15 @@ from . import _guards
 from . import _limits as limits
 from ._approvals import approvers_refuse
 from ._bounds import read_at_most, too_big, too_deep, too_deep_at
+from ._coverage import workflows_in
+from ._export import export as export_run
+from ._export import verify_export
 from ._fold import RunView
 from ._log import TERMINAL_TYPES, Entry, Record
-from ._model import EdgeSpec, NodeSpec
+from ._metrics import Metrics
+from ._model import EdgeSpec, NodeSpec, parse_duration
+from ._prune import Pruned
+from ._prune import prune as prune_runs
 from ._render import to_dot, to_mermaid
 from ._runs import TRACE_PAGE, LogCheck, append_note, load_run, trace_pages
 from ._spec import load_spec
@@ -66,7 +88,8 @@ def run_json(row: RunRow) -> dict[str, Any]:
     return {"run_id": row.run_id, "workflow": row.workflow, "status": s.status,
             "steps": s.steps, "tokens": s.tokens, "created_at": row.created_at,
             "updated_at": s.updated_at, "parent_run": row.parent_run,
-            "parent_seq": row.parent_seq, "error": s.error, "waiting": s.waiting}
+            "parent_seq": row.parent_seq, "parent": row.options.get("parent"),
+            "error": s.error, "waiting": s.waiting}
 
 
 def abandoned_threads() -> int:
@@ -76,9 +99,38 @@ def abandoned_threads() -> int:
 
 
 __all__ = [
-    "TERMINAL_TYPES", "TRACE_PAGE", "EdgeSpec", "Entry", "LogCheck", "NodeSpec", "Record",
-    "RunRow", "RunView", "Started", "Summary", "abandoned_threads", "append_note",
-    "approvers_refuse", "limits", "load_run", "load_spec", "owner_gone", "parse_definition",
-    "read_at_most", "run_json", "to_dot", "to_mermaid", "too_big", "too_deep", "too_deep_at",
+    "TERMINAL_TYPES",
+    "TRACE_PAGE",
+    "EdgeSpec",
+    "Entry",
+    "LogCheck",
+    "Metrics",
+    "NodeSpec",
+    "Pruned",
+    "Record",
+    "RunRow",
+    "RunView",
+    "Started",
+    "Summary",
+    "abandoned_threads",
+    "append_note",
+    "approvers_refuse",
+    "export_run",
+    "limits",
+    "load_run",
+    "load_spec",
+    "owner_gone",
+    "parse_definition",
+    "parse_duration",
+    "prune_runs",
+    "read_at_most",
+    "run_json",
+    "to_dot",
+    "to_mermaid",
+    "too_big",
+    "too_deep",
+    "too_deep_at",
     "trace_pages",
+    "verify_export",
+    "workflows_in",
 ]

@@ -7,6 +7,7 @@ module passes its own node code to the `make_project` fixture.
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import json
 import sqlite3
@@ -19,7 +20,9 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
+from fake_openai import FakeOpenAI
 
+import interlock
 from interlock.cli import cli
 
 
@@ -89,3 +92,25 @@ def make_project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     yield make
     for p in made:
         sys.modules.pop(p.mod, None)
+
+
+@pytest.fixture
+def llm(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeOpenAI]:
+    """The local OpenAI-compatible test server, with a dummy key in the environment."""
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    fake = FakeOpenAI()
+    try:
+        yield fake
+    finally:
+        fake.close()
+
+
+def trace(run_id: str, store: str) -> list[dict[str, Any]]:
+    """A stored run's records (``interlock.trace``)."""
+    return asyncio.run(interlock.trace(run_id, store=store))
+
+
+def records(run_id: str, store: str, rtype: str) -> list[dict[str, Any]]:
+    """A stored run's records of type ``rtype``."""
+    return [r for r in trace(run_id, store) if r["type"] == rtype]

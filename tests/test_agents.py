@@ -16,12 +16,12 @@ import subprocess
 import sys
 import textwrap
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
 import pytest
 from click.testing import CliRunner
+from conftest import records, trace
 from fake_openai import FakeOpenAI
 from pydantic import BaseModel
 
@@ -52,28 +52,9 @@ async def delete_ledger(entry: str) -> str:
 
 
 @pytest.fixture
-def llm(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeOpenAI]:
-    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
-    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
-    fake = FakeOpenAI()
-    try:
-        yield fake
-    finally:
-        fake.close()
-
-
-@pytest.fixture
 def store(tmp_path: Path) -> str:
     TOOL_CALLS.clear()
     return f"sqlite:///{tmp_path}/runs.db"
-
-
-def trace(run_id: str, store: str) -> list[dict[str, Any]]:
-    return asyncio.run(interlock.trace(run_id, store=store))
-
-
-def records(run_id: str, store: str, rtype: str) -> list[dict[str, Any]]:
-    return [r for r in trace(run_id, store) if r["type"] == rtype]
 
 
 async def escalate(state: dict[str, Any]) -> dict[str, Any]:
@@ -192,7 +173,8 @@ def broken_tool(entry: str) -> str:
 def test_a_tool_that_raises_fails_the_node_and_the_log_names_the_call(
         llm: FakeOpenAI, store: str) -> None:
     llm.reply(tool_calls=[("broken_tool", {"entry": "E-9"})], usage=(50, 10))
-    result = audit(llm, tools=[broken_tool]).run_sync({"plan": "p"}, store=store)
+    result = audit(llm, tools=[broken_tool], tool_errors="raise").run_sync({"plan": "p"},
+                                                                         store=store)
     assert result.status == "FAILED" and "ConnectionResetError" in result.error["message"]
     [called] = records(result.run_id, store, "tool.called")
     assert called["tool"] == "broken_tool" and called["arguments"] == {"entry": "E-9"}

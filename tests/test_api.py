@@ -18,6 +18,8 @@ PUBLIC = {
     "RunExists", "RunNotFound", "StepLimitError", "StoreError",
     # the support surface for embedders (a server, a worker): a long-lived store handle
     "Store", "open_store", "make_run_id",
+    # what the stored runs of a workflow covered of its declared edges (SPEC §10)
+    "Coverage", "coverage",
 }
 
 

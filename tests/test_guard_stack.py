@@ -36,6 +36,9 @@ class Port:
         assert self.budget is not None
         self.budget.charge(ctx, n)
 
+    def node_args(self, node: str) -> dict[str, Any]:
+        return {}
+
 
 def attempt(pn: Any, number: int = 1, *, ctx: Context | None = None,
             state: dict[str, Any] | None = None) -> G.Attempt:

@@ -23,7 +23,7 @@ LAYERS: dict[int, set[str]] = {
     # the definition, expressions, the graph, the stores, isolation's wire format, the
     # fast YAML reader
     1: {"_model", "_expr", "_graph", "_store", "_store._base", "_store._memory",
-        "_store._sqlite", "_store._postgres", "_isolation._protocol", "_yaml_fast"},
+        "_store._sqlite", "_store._postgres", "_isolation._protocol", "_yaml_fast", "_otel"},
     # the file front end, state updates, rendering, the node-kind protocol
     2: {"_spec", "_state", "_render", "_kinds"},
     # static checks and the frozen plan (node kinds injected)
@@ -34,17 +34,18 @@ LAYERS: dict[int, set[str]] = {
     5: {"_context", "_guards", "_call", "_mapped", "_isolation", "_isolation._pool",
         "_isolation._worker", "_isolation.__main__"},
     # the agent node kind, a plug-in on the node call
-    6: {"agents", "agents._check", "agents._errors", "agents._node", "agents._prompt",
+    6: {"_subflow", "agents", "agents._check", "agents._errors", "agents._node", "agents._prompt",
         "agents._providers", "agents._spec", "agents._tools"},
     # the scheduler and its edge decisions, and the wiring of the shipped node kinds
     7: {"_runner", "_decide", "_compile"},
-    # stored runs: drive, resume, status, trace, verify, fork, cancel
-    8: {"_runs"},
+    # stored runs: drive, resume, status, trace, verify, fork, cancel; their coverage
+    8: {"_runs", "_coverage", "_export", "_prune", "_metrics"},
     # the façade: builder and loaded file
     9: {"_workflow"},
     # the public surface and the command line
     10: {"", "__main__", "testing", "support", "cli", "cli._common", "cli._format", "cli._inspect",
-         "cli._progress", "cli._run", "cli._trace", "cli._serve", "cli._remote",
+         "cli._progress", "cli._run", "cli._trace", "cli._coverage", "cli._prune",
+         "cli._serve", "cli._remote",
          "server", "server._app", "server._auth", "server._hub", "server._main",
          "server._models", "server._notify", "server._pool"},
 }

@@ -487,3 +487,26 @@ def test_a_mapped_node_and_a_parallel_branch_writing_one_field_conflict() -> Non
     assert result.status == "FAILED"
     assert result.error is not None and result.error["type"] == "write_conflict"
     assert "'summary'" in result.error["message"]
+
+
+def test_an_error_edge_catches_a_mapped_node_whose_item_failed() -> None:
+    async def fan(state: dict[str, Any]) -> dict[str, Any]:
+        return {"xs": [1, 0, 2]}
+
+    async def invert(state: dict[str, Any]) -> dict[str, Any]:
+        return {"inv": 1 / state["x"]}
+
+    async def fallback(state: dict[str, Any]) -> dict[str, Any]:
+        return {"handled": state["error"]["type"], "message": state["error"]["message"]}
+
+    wf = (Workflow("caught").node("fan", fan).node("invert", invert).node("fallback", fallback)
+          .edge(START, "fan").map("fan", "xs", "invert", as_="x", collect="out")
+          .edge("invert", END).edge("invert", "fallback", on_error=["ZeroDivisionError"])
+          .edge("fallback", END))
+    result, recs = run(wf)
+    assert result.status == "COMPLETED", result.error
+    assert result.state["handled"] == "ZeroDivisionError"
+    assert "(item 1 of 3)" in result.state["message"]
+    assert "out" not in result.state  # the map did not complete: nothing collected
+    [caught] = [r for r in recs if r["type"] == "node.failed" and "caught" in r]
+    assert caught["node"] == "invert" and "item" not in caught

@@ -9,6 +9,7 @@ test in a fresh schema; without that variable it is skipped -- except under CI
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import sqlite3
@@ -17,7 +18,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -575,6 +576,214 @@ asyncio.run(main())
 """
 
 
+def test_a_run_created_with_an_owner_is_claimed_by_it(store: Store) -> None:
+    async def main() -> None:
+        row, _, entries = new_row()
+        row.owner, row.lease_until = "host:1:first", time.time() + 30
+        await store.create_run(row, entries)
+        got = await store.get_run(row.run_id)
+        assert got.owner == "host:1:first"
+        assert got.lease_until is not None and got.lease_until > time.time() + 20
+        with pytest.raises(ClaimError):
+            await store.claim(row.run_id, "host:1:second", 30)
+
+    run(main)
+
+
+def test_an_append_with_release_gives_up_only_its_owners_lease(store: Store) -> None:
+    async def main() -> None:
+        row, w, entries = new_row()
+        await store.create_run(row, entries)
+        await store.claim(row.run_id, "host:1:me", 30)
+        _, more = log(1, w)
+        await store.append(row.run_id, more, summary_of(w), release="host:1:other")
+        assert (await store.get_run(row.run_id)).owner == "host:1:me"  # not theirs to give
+        _, last = log(1, w)
+        await store.append(row.run_id, last, summary_of(w, status="COMPLETED"),
+                           release="host:1:me")
+        got = await store.get_run(row.run_id)
+        assert (got.owner, got.lease_until, got.summary.status) == (None, None, "COMPLETED")
+        assert await store.entries(row.run_id) == entries + more + last
+        await store.claim(row.run_id, "host:1:next", 30)  # free for the next executor
+
+    run(main)
+
+
+@contextlib.asynccontextmanager
+async def one_turn(store: Store) -> AsyncIterator[None]:
+    """Whatever is appended inside goes to the store's next turn together: a SQLite
+    store's writer thread is held by a job until the block ends, so the appends queue
+    behind it (the PostgreSQL store's committer takes every append queued by the time it
+    runs, and appends made in one loop iteration are; the memory store has no turns)."""
+    if not isinstance(store, SQLiteStore):
+        yield
+        return
+    held, release = threading.Event(), threading.Event()
+
+    def hold(_conn: Any) -> None:
+        held.set()
+        release.wait(30)
+
+    job = asyncio.ensure_future(store._call(hold))
+    await asyncio.to_thread(held.wait, 30)
+    try:
+        yield
+    finally:
+        release.set()
+        await job
+
+
+def test_a_refused_append_in_a_group_commit_fails_only_its_caller(store: Store) -> None:
+    """A second executor of run a appends the seq its first executor has just stored, in
+    one turn (one transaction) with two other runs' appends: only its append fails, the
+    others are stored, and run a keeps its first executor's records."""
+    async def main() -> None:
+        made = [new_row() for _ in range(3)]
+        for row, _, entries in made:
+            await store.create_run(row, entries)
+        (a, wa, a0), (b, wb, b0), (c, wc, c0) = made
+        rival = LogWriter(wa.seq, wa.hash)  # a second executor of run a, from the same seq
+        _, ea = log(2, wa, node="first")
+        await store.append(a.run_id, ea, summary_of(wa))
+        _, eb = log(2, wb)
+        _, e_rival = log(2, rival, node="rival")
+        _, ec = log(1, wc)
+        spy = _BatchSpy.install(store)
+        async with one_turn(store):
+            outcomes = await asyncio.gather(
+                store.append(b.run_id, eb, summary_of(wb)),
+                store.append(a.run_id, e_rival, summary_of(rival, status="FAILED")),
+                store.append(c.run_id, ec, summary_of(wc, steps=7)),
+                return_exceptions=True)
+        assert [type(o).__name__ for o in outcomes] == ["NoneType", "ConflictError",
+                                                        "NoneType"]
+        assert "another writer" in str(outcomes[1])
+        if not isinstance(store, MemoryStore):
+            assert spy.turns == [3]  # one transaction for the three
+        for (row, w, _), more in ((made[0], a0 + ea), (made[1], b0 + eb),
+                                      (made[2], c0 + ec)):
+            assert await store.entries(row.run_id) == more
+            got = (await store.get_run(row.run_id)).summary
+            assert (got.status, got.last_seq, got.last_hash) == ("RUNNING", w.seq, w.hash)
+        assert (await store.get_run(c.run_id)).summary.steps == 7
+        assert b"rival" not in b"".join(e.data for e in await store.entries(a.run_id))
+
+    run(main)
+
+
+def test_a_group_commit_with_a_missing_run_stores_the_others(store: Store) -> None:
+    async def main() -> None:
+        row, w, first = new_row()
+        await store.create_run(row, first)
+        _, more = log(2, w)
+        ghost_w, ghost = log(2)
+        async with one_turn(store):
+            outcomes = await asyncio.gather(
+                store.append("no-such-run", ghost, summary_of(ghost_w)),
+                store.append(row.run_id, more, summary_of(w)),
+                return_exceptions=True)
+        assert isinstance(outcomes[0], RunNotFound) and outcomes[1] is None
+        assert await store.entries(row.run_id) == first + more
+
+    run(main)
+
+
+def test_a_taken_run_id_in_a_group_commit_fails_only_its_creator(store: Store) -> None:
+    async def main() -> None:
+        taken, w, first = new_row()
+        await store.create_run(taken, first)
+        fresh, _, fresh_entries = new_row()
+        again, _, again_entries = new_row(taken.run_id)
+        _, more = log(2, w)
+        async with one_turn(store):
+            outcomes = await asyncio.gather(
+                store.create_run(fresh, fresh_entries),
+                store.create_run(again, again_entries),
+                store.append(taken.run_id, more, summary_of(w)),
+                return_exceptions=True)
+        assert outcomes[0] is None and isinstance(outcomes[1], RunExists) \
+            and outcomes[2] is None
+        assert await store.entries(fresh.run_id) == fresh_entries
+        assert await store.entries(taken.run_id) == first + more
+
+    run(main)
+
+
+def _insert_stray_record(url: str, run_id: str) -> None:
+    """A record row of a run that has no row (what a deleted run leaves behind), written
+    behind the store's back."""
+    values = (run_id, 1, "run.started", None, "{}", "00" * 32)
+    if url.startswith("sqlite"):
+        conn = sqlite3.connect(url[len("sqlite:///"):])
+        with conn:
+            conn.execute("INSERT INTO records VALUES (?, ?, ?, ?, ?, ?)", values)
+        conn.close()
+        return
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as pg:
+        pg.execute("INSERT INTO records VALUES (%s, %s, %s, %s, %s, %s)", values)
+
+
+def test_a_write_that_fails_the_whole_statement_is_retried_alone(durable_url: str) -> None:
+    """A new run whose id has leftover records fails its turn's statement as a whole
+    (PostgreSQL: a unique violation; SQLite: its savepoint); the turn's other writes are
+    stored all the same and only its creator gets the error."""
+    async def main() -> None:
+        store = open_store(durable_url)
+        try:
+            row, w, first = new_row()
+            await store.create_run(row, first)  # the schema exists now
+            stray, _, stray_entries = new_row()
+            _insert_stray_record(durable_url, stray.run_id)
+            fresh, _, fresh_entries = new_row()
+            _, more = log(2, w)
+            async with one_turn(store):
+                outcomes = await asyncio.gather(
+                    store.create_run(stray, stray_entries),
+                    store.append(row.run_id, more, summary_of(w)),
+                    store.create_run(fresh, fresh_entries),
+                    return_exceptions=True)
+            assert isinstance(outcomes[0], ConflictError), outcomes
+            assert outcomes[1:] == [None, None]
+            assert await store.entries(row.run_id) == first + more
+            assert await store.entries(fresh.run_id) == fresh_entries
+            with pytest.raises(RunNotFound):
+                await store.get_run(stray.run_id)
+        finally:
+            await store.close()
+
+    run(main)
+
+
+class _BatchSpy:
+    """Counts the appends of each transaction with more than one (SQLite, PostgreSQL)."""
+
+    def __init__(self) -> None:
+        self.turns: list[int] = []
+
+    @classmethod
+    def install(cls, store: Store) -> _BatchSpy:
+        spy = cls()
+        if isinstance(store, SQLiteStore):
+            inner = store._together
+
+            def counting(conn: Any, batch: list[Any]) -> Any:
+                spy.turns.append(len(batch))
+                return inner(conn, batch)
+
+            store._together = counting  # type: ignore[method-assign]
+        elif not isinstance(store, MemoryStore):
+            inner_pg = store._write_many  # type: ignore[attr-defined]
+
+            async def counting_pg(turn: list[Any]) -> Any:
+                spy.turns.append(len(turn))
+                return await inner_pg(turn)
+
+            store._write_many = counting_pg  # type: ignore[attr-defined]
+        return spy
+
+
 def test_two_processes_race_for_the_same_seq(durable_url: str) -> None:
     rounds = 5
     row, _, entries = new_row(n=3)
@@ -1019,3 +1228,36 @@ def test_sqlite_a_second_store_in_one_process_keeps_the_first_ones_locks(
     finally:
         check.close()
     assert stored == set(written)
+
+
+# -- pruning ---------------------------------------------------------------------------
+
+def test_delete_finished_removes_only_finished_unclaimed_runs_with_their_records(
+        store: Store) -> None:
+    async def main() -> None:
+        done, _, done_log = new_row(status="COMPLETED", n=5)
+        failed, _, failed_log = new_row(status="FAILED", n=3)
+        waiting, _, waiting_log = new_row(status="WAITING_APPROVAL", n=2)
+        claimed, _, claimed_log = new_row(status="CANCELLED", n=2)
+        for row, entries in ((done, done_log), (failed, failed_log), (waiting, waiting_log),
+                             (claimed, claimed_log)):
+            await store.create_run(row, entries)
+        await store.save_snapshot(done.run_id, 3, b"cached")
+        await store.claim(claimed.run_id, "host:1", 30.0)
+        deleted, records = await store.delete_finished(
+            [done.run_id, failed.run_id, waiting.run_id, claimed.run_id, "no-such-run"])
+        assert sorted(deleted) == sorted([done.run_id, failed.run_id])
+        assert records == 8
+        for gone in (done.run_id, failed.run_id):
+            with pytest.raises(RunNotFound):
+                await store.get_run(gone)
+        try:  # (a store may say the run is gone, or that it has no snapshot)
+            snapshot = await store.load_snapshot(done.run_id)
+        except RunNotFound:
+            snapshot = None
+        assert snapshot is None
+        assert len(await store.entries(waiting.run_id)) == 2
+        assert len(await store.entries(claimed.run_id)) == 2
+        assert await store.delete_finished([]) == ([], 0)
+
+    run(main)

@@ -14,6 +14,7 @@ measurement cannot be made here, or ``{..., "error": MESSAGE}`` when it failed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import json
 import os
@@ -21,7 +22,7 @@ import resource
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -219,3 +220,54 @@ def main(engine: str, scenarios: dict[str, Callable[[Emitter, dict[str, Any]], A
     result = fn(em, params)
     if asyncio.iscoroutine(result):
         asyncio.run(result)
+
+
+def bench_postgres() -> str | None:
+    """S8's PostgreSQL server: ``$INTERLOCK_BENCH_POSTGRES`` (a URL), or None."""
+    return os.environ.get("INTERLOCK_BENCH_POSTGRES") or None
+
+
+def pg_schema(url: str, schema: str) -> str:
+    """``url`` with ``schema`` first on its search_path (a libpq ``options`` parameter)."""
+    sep = "&" if "?" in url else "?"
+    return f"{url}{sep}options=-csearch_path%3D{schema}"
+
+
+@contextlib.contextmanager
+def fresh_pg_schema(em: Emitter, engine: str) -> Iterator[str | None]:
+    """S8: a URL whose tables go in a new schema on `bench_postgres`'s server (dropped
+    afterwards), or None (and the job's ``skipped`` line) without a server. psycopg is
+    in both venvs (interlock's postgres extra; LangGraph's Postgres saver)."""
+    base = bench_postgres()
+    if base is None:
+        em.skipped("*", "no PostgreSQL: set $INTERLOCK_BENCH_POSTGRES (see bench/README.md)")
+        yield None
+        return
+    import psycopg
+
+    schema = f"{engine}_s8_{os.getpid()}"
+    with psycopg.connect(base, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+    try:
+        yield pg_schema(base, schema)
+    finally:
+        with psycopg.connect(base, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
+async def concurrent_durable(em: Emitter, p: dict[str, Any], suffix: str,
+                             batch: Callable[[int], Awaitable[None]]) -> None:
+    """S8: ``batch(count)`` runs ``count`` runs at once (each p["n"] steps) and checks
+    them: runs/s, and wall and CPU time per step (one node execution), named with
+    ``suffix`` (``""`` or ``"@sync=full"``)."""
+    runs, n = p["runs"], p["n"]
+    for _ in range(p["warmup"]):
+        await batch(p.get("warmup_runs", runs))
+    gc.collect()
+    for k in range(p["trials"]):
+        c0, t0 = time.process_time(), time.perf_counter()
+        await batch(runs)
+        dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+        em.value("runs_per_s" + suffix, runs / dt, "runs/s", trial=k)
+        em.value("per_step_us" + suffix, dt / (runs * n) * 1e6, "us", trial=k)
+        em.value("per_step_cpu_us" + suffix, cpu / (runs * n) * 1e6, "us", trial=k)

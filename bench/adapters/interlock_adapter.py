@@ -13,6 +13,7 @@ import itertools
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,8 +23,10 @@ from _common import (
     ITEM,
     SLEEP_S,
     Emitter,
+    concurrent_durable,
     concurrent_runs,
     db_size_kb,
+    fresh_pg_schema,
     main,
     per_step_trials,
     run_s6,
@@ -31,7 +34,7 @@ from _common import (
 )
 
 import interlock
-from interlock._store import StoreError, open_store
+from interlock._store import StoreError
 
 ENGINE = "interlock"
 
@@ -200,8 +203,9 @@ async def durable(em: Emitter, p: dict[str, Any], make: Callable[[int], interloc
                   sync_full: bool = True) -> None:
     """S5/S7: runs against interlock's SQLite store, a fresh database file per trial.
 
-    The store is opened (connection made, schema created) before the clock starts and
-    closed after it stops, as LangGraph's saver is; the size is taken after the close.
+    Timed: ``await wf.run(..., store="sqlite:///...")``, which opens the store (makes
+    the file and its schema) and closes it; LangGraph's saver is likewise connected
+    inside the clock. The size is taken after the close.
     The warm-up runs the same graph with ``warmup_n`` steps (a long durable warm-up
     only costs time).
     """
@@ -219,17 +223,14 @@ async def durable(em: Emitter, p: dict[str, Any], make: Callable[[int], interloc
         nonlocal k
         k += 1
         path = tmp / f"run{k}.db"
-        store = open_store(f"sqlite:///{path}{query}")
-        try:
-            # connect and create the schema, untimed (a store reads no file that is not
-            # there: an empty one is made a store on first use)
-            path.touch()
-            await store.list_runs()
-            c0, t0 = time.process_time(), time.perf_counter()
-            result = await w.run({"i": 0}, store=store)
-            dt, cpu = time.perf_counter() - t0, time.process_time() - c0
-        finally:
-            await store.close()
+        # as a user writes it: the run opens the store (a new file: its schema made too)
+        # and gives it back; its close ends on the store's thread, after the clock
+        c0, t0 = time.process_time(), time.perf_counter()
+        result = await w.run({"i": 0}, store=f"sqlite:///{path}{query}")
+        dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+        for thread in threading.enumerate():  # the size once the store is closed
+            if thread.name.startswith("interlock-sqlite"):
+                thread.join()
         _check(result, **expect(steps))
         return dt, cpu, db_size_kb(path)
 
@@ -262,6 +263,44 @@ async def s7(em: Emitter, p: dict[str, Any]) -> None:
                   lambda n: {"i": n, "items": n}, sync_full=False)
 
 
+async def s8(em: Emitter, p: dict[str, Any]) -> None:
+    """S8: ``runs`` concurrent runs of an ``n``-node chain, each ``await wf.run({...},
+    store=URL)`` as a user writes it, one URL for all (the runs share its store): SQLite
+    (a fresh file per batch; NORMAL, then ``?synchronous=full``) or PostgreSQL
+    (``$INTERLOCK_BENCH_POSTGRES``, a fresh schema for the job)."""
+    n = p["n"]
+    wf = chain(n)
+    wf.compile()
+    if p["backend"] == "sqlite":
+        tmp = Path(tempfile.mkdtemp(prefix="interlock-bench-"))
+        k = 0
+        try:
+            for query, suffix in (("", ""), ("?synchronous=full", "@sync=full")):
+                async def batch(count: int, query: str = query) -> None:
+                    nonlocal k
+                    k += 1
+                    url = f"sqlite:///{tmp / f's8-{k}.db'}{query}"
+                    for r in await asyncio.gather(*(wf.run({"i": 0}, store=url)
+                                                    for _ in range(count))):
+                        _check(r, i=n)
+
+                await concurrent_durable(em, p, suffix, batch)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return
+    with fresh_pg_schema(em, "interlock") as url:
+        if url is None:
+            return
+        pg_url = url
+
+        async def pg_batch(count: int) -> None:
+            for r in await asyncio.gather(*(wf.run({"i": 0}, store=pg_url)
+                                            for _ in range(count))):
+                _check(r, i=n)
+
+        await concurrent_durable(em, p, "", pg_batch)
+
+
 def s6(em: Emitter, p: dict[str, Any]) -> None:
     cli_path = shutil.which("interlock", path=str(Path(sys.executable).parent))
     cli = [cli_path, "--help"] if cli_path else None
@@ -272,5 +311,5 @@ def s6(em: Emitter, p: dict[str, Any]) -> None:
 
 if __name__ == "__main__":
     main(ENGINE, {"S1": s1, "S2": s2, "S3": s3, "S4": s4, "S5": s5, "S6": s6, "S7": s7,
-                  "S9": s9},
+                  "S8": s8, "S9": s9},
          lambda: interlock.__version__)

@@ -23,12 +23,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
+import aiosqlite
 from _common import (
     ITEM,
     SLEEP_S,
     Emitter,
+    concurrent_durable,
     concurrent_runs,
     db_size_kb,
+    fresh_pg_schema,
     main,
     per_step_trials,
     run_s6,
@@ -213,9 +216,9 @@ async def s4(em: Emitter, p: dict[str, Any]) -> None:
 async def durable(em: Emitter, p: dict[str, Any], make: Callable[[int], StateGraph],
                   metric: str, expect: Callable[[int], dict[str, Any]]) -> None:
     """S5/S7: AsyncSqliteSaver with durability="sync" (each step's checkpoint is written
-    before the next step starts), a fresh database file per trial. The saver is opened
-    and set up before the clock starts and closed after it stops; the size is taken
-    after the close. The warm-up runs the same graph with ``warmup_n`` steps."""
+    before the next step starts), a fresh database file per trial. Timed: connecting
+    the saver (its tables made on first use) and the run; the close after the clock;
+    the size after the close. The warm-up runs the same graph with ``warmup_n`` steps."""
     n = p["n"]
     g, warm = make(n), make(p.get("warmup_n", n))
     tmp = Path(tempfile.mkdtemp(prefix="langgraph-bench-"))
@@ -225,13 +228,18 @@ async def durable(em: Emitter, p: dict[str, Any], make: Callable[[int], StateGra
         nonlocal k
         k += 1
         path = tmp / f"run{k}.db"
-        async with AsyncSqliteSaver.from_conn_string(str(path)) as saver:
-            await saver.setup()
-            compiled = graph.compile(checkpointer=saver)
-            cfg = _config(steps, uuid.uuid4().hex)
-            c0, t0 = time.process_time(), time.perf_counter()
-            state = await compiled.ainvoke({"i": 0}, cfg, durability="sync")
-            dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+        # the connection is made (and the saver sets its tables up, on first use) inside
+        # the clock, as interlock's store is opened inside its; the graph is compiled
+        # with the saver before (interlock's workflow is compiled before too)
+        conn = aiosqlite.connect(str(path))
+        saver = AsyncSqliteSaver(conn)
+        compiled = graph.compile(checkpointer=saver)
+        cfg = _config(steps, uuid.uuid4().hex)
+        c0, t0 = time.process_time(), time.perf_counter()
+        await conn
+        state = await compiled.ainvoke({"i": 0}, cfg, durability="sync")
+        dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+        await conn.close()
         _check(state, **expect(steps))
         return dt, cpu, db_size_kb(path)
 
@@ -256,6 +264,59 @@ async def s5(em: Emitter, p: dict[str, Any]) -> None:
 async def s7(em: Emitter, p: dict[str, Any]) -> None:
     await durable(em, p, lambda n: loop(n, append=True), "per_iter_us",
                   lambda n: {"i": n, "items": n})
+
+
+async def s8(em: Emitter, p: dict[str, Any]) -> None:
+    """S8: ``runs`` concurrent ``ainvoke`` of an ``n``-node chain, each its own thread id,
+    ``durability="sync"``, all on one saver: AsyncSqliteSaver (a fresh file per batch, its
+    one connection) or AsyncPostgresSaver over a psycopg_pool.AsyncConnectionPool of 10
+    (the LangGraph docs' setup: autocommit, no prepared statements, dict rows; a fresh
+    schema for the job, ``$INTERLOCK_BENCH_POSTGRES``)."""
+    n = p["n"]
+    graph = chain(n)
+    if p["backend"] == "sqlite":
+        tmp = Path(tempfile.mkdtemp(prefix="langgraph-bench-"))
+        k = 0
+
+        async def batch(count: int) -> None:
+            nonlocal k
+            k += 1
+            async with AsyncSqliteSaver.from_conn_string(str(tmp / f"s8-{k}.db")) as saver:
+                compiled = graph.compile(checkpointer=saver)
+                states = await asyncio.gather(*(
+                    compiled.ainvoke({"i": 0}, _config(n, uuid.uuid4().hex), durability="sync")
+                    for _ in range(count)))
+            for state in states:
+                _check(state, i=n)
+
+        try:
+            await concurrent_durable(em, p, "", batch)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return
+    from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+    from psycopg.rows import dict_row
+    from psycopg_pool import AsyncConnectionPool
+
+    with fresh_pg_schema(em, "langgraph") as url:
+        if url is None:
+            return
+        async with AsyncConnectionPool(
+                url, max_size=10, open=False,
+                kwargs={"autocommit": True, "prepare_threshold": 0,
+                        "row_factory": dict_row}) as pool:
+            saver = AsyncPostgresSaver(pool)  # type: ignore[arg-type]
+            await saver.setup()
+            compiled = graph.compile(checkpointer=saver)
+
+            async def pg_batch(count: int) -> None:
+                states = await asyncio.gather(*(
+                    compiled.ainvoke({"i": 0}, _config(n, uuid.uuid4().hex), durability="sync")
+                    for _ in range(count)))
+                for state in states:
+                    _check(state, i=n)
+
+            await concurrent_durable(em, p, "", pg_batch)
 
 
 def s6(em: Emitter, p: dict[str, Any]) -> None:
@@ -283,10 +344,10 @@ async def s9(em: Emitter, p: dict[str, Any]) -> None:
 def _version() -> str:
     return ", ".join(f"{name} {importlib.metadata.version(name)}" for name in
                      ("langgraph", "langgraph-checkpoint", "langgraph-checkpoint-sqlite",
-                      "aiosqlite"))
+                      "aiosqlite", "langgraph-checkpoint-postgres", "psycopg"))
 
 
 if __name__ == "__main__":
     main(ENGINE, {"S1": s1, "S2": s2, "S3": s3, "S4": s4, "S5": s5, "S6": s6, "S7": s7,
-                  "S9": s9},
+                  "S8": s8, "S9": s9},
          _version)

@@ -40,17 +40,18 @@ class ChildContext:
     attempt: int
     idempotency_key: str
     config: Mapping[str, Any] = field(default_factory=dict)
+    args: Mapping[str, Any] = field(default_factory=dict)
     item_index: int | None = None  # a mapped node's item
 
     @classmethod
     def of(cls, ctx: Context) -> ChildContext:
         return cls(ctx.run_id, ctx.node, ctx.visit, ctx.attempt, ctx.idempotency_key,
-                   dict(ctx.config), ctx.item_index)
+                   dict(ctx.config), dict(ctx.args), ctx.item_index)
 
     def to_json(self) -> dict[str, Any]:
         out = {"run_id": self.run_id, "node": self.node, "visit": self.visit,
                "attempt": self.attempt, "idempotency_key": self.idempotency_key,
-               "config": dict(self.config)}
+               "config": dict(self.config), "args": dict(self.args)}
         if self.item_index is not None:
             out["item_index"] = self.item_index
         return out

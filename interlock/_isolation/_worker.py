@@ -85,7 +85,7 @@ class IsolatedContext:
     """The ``ctx`` an isolated node receives: `interlock.Context`'s attributes and methods,
     with ``record_tokens`` and ``once`` going to the engine and back."""
 
-    __slots__ = ("_chan", "_live", "_tokens", "attempt", "config", "idempotency_key",
+    __slots__ = ("_chan", "_live", "_tokens", "args", "attempt", "config", "idempotency_key",
                  "item_index", "node", "run_id", "visit")
 
     def __init__(self, chan: _Channel, data: Mapping[str, Any]) -> None:
@@ -99,6 +99,7 @@ class IsolatedContext:
         self.idempotency_key: str = data["idempotency_key"]
         self.item_index: int | None = data.get("item_index")  # a mapped node's item
         self.config: Mapping[str, Any] = data.get("config") or {}
+        self.args: Mapping[str, Any] = data.get("args") or {}
 
     @property
     def tokens(self) -> int:

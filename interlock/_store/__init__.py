@@ -1,10 +1,13 @@
-"""Stores: where runs and their logs live. `open_store` picks a backend by URL."""
+"""Stores: where runs and their logs live. `open_store` picks a backend by URL;
+`acquire_store`/`release_store` share one open store per URL and event loop."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 from ._base import (
+    FINISHED,
     ClaimError,
     ConflictError,
     RunExists,
@@ -19,6 +22,7 @@ from ._base import (
 from ._memory import MemoryStore
 
 __all__ = [
+    "FINISHED",
     "ClaimError",
     "ConflictError",
     "MemoryStore",
@@ -28,9 +32,11 @@ __all__ = [
     "Store",
     "StoreError",
     "Summary",
+    "acquire_store",
     "default_store_url",
     "open_store",
     "owner_gone",
+    "release_store",
     "this_owner",
 ]
 
@@ -65,3 +71,61 @@ def open_store(url: str | None = None) -> Store:
     raise StoreError(
         f"unknown store URL {url!r}: use memory://, sqlite:///path.db or postgresql://..."
     )
+
+
+# -- one open store per URL and event loop ----------------------------------------------
+
+class _Shared:
+    __slots__ = ("key", "store", "users")
+
+    def __init__(self, key: tuple[str, asyncio.AbstractEventLoop], store: Store) -> None:
+        self.key, self.store, self.users = key, store, 0
+
+
+_SHARED: dict[tuple[str, asyncio.AbstractEventLoop], _Shared] = {}
+_BY_STORE: dict[int, _Shared] = {}  # id(store) -> its entry
+
+
+def acquire_store(url: str | None = None) -> Store:
+    """The store for ``url`` that this event loop shares: opened by the first caller,
+    counted, closed by `release_store` when its last user is done.
+
+    Concurrent runs given the same URL thus share one store -- one SQLite writer
+    thread, whose turns commit their appends together, or one PostgreSQL connection
+    pool. A store belongs to the event loop it was acquired in (a PostgreSQL
+    connection is bound to its loop): another loop -- another thread's, or the next
+    ``asyncio.run`` -- gets one of its own. ``memory://`` is not shared: each call
+    gets a new, empty store, as `open_store` gives.
+    """
+    url = url or default_store_url()
+    if url.startswith("memory:"):
+        return open_store(url)
+    loop = asyncio.get_running_loop()
+    key = (url, loop)
+    entry = _SHARED.get(key)
+    if entry is None:
+        for gone in [k for k in _SHARED if k[1].is_closed()]:
+            # a loop closed while a run held its store (its users never came back)
+            _BY_STORE.pop(id(_SHARED.pop(gone).store), None)
+        entry = _SHARED[key] = _Shared(key, open_store(url))
+        _BY_STORE[id(entry.store)] = entry
+    entry.users += 1
+    return entry.store
+
+
+async def release_store(store: Store) -> None:
+    """Done with a store from `acquire_store`: the last user closes it."""
+    entry = _BY_STORE.get(id(store))
+    if entry is None or entry.store is not store:
+        await store.close()  # not shared (memory://)
+        return
+    entry.users -= 1
+    if entry.users > 0:
+        return
+    # out of the registry before closing: a run that starts meanwhile opens a new one
+    del _BY_STORE[id(store)]
+    if _SHARED.get(entry.key) is entry:
+        del _SHARED[entry.key]
+    # every write of its users is committed: what closing does after that (SQLite's copy
+    # of its WAL into the file, with an fsync) need not hold up the last of them
+    await store.close_soon()

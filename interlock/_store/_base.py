@@ -36,6 +36,9 @@ from .._errors import (  # the store's errors live with every other error
 )
 from .._log import Entry
 
+# the statuses of a run that has ended (what `Store.delete_finished` may delete)
+FINISHED = ("COMPLETED", "FAILED", "REJECTED", "CANCELLED")
+
 
 @dataclass(slots=True)
 class Summary:
@@ -122,14 +125,26 @@ class Store(ABC):
     """A place for runs. All methods are async; backends may use a thread inside."""
 
     url: str
+    # True when `create_run` claims a row with an ``owner`` and `append` takes
+    # ``release`` (the stores here): an executor then commits no claim and no release
+    # of its own. A store written before these existed is used as it was.
+    leases_in_writes = False
 
     @abstractmethod
     async def create_run(self, row: RunRow, entries: list[Entry]) -> None:
-        """Store a new run and its first entries atomically. RunExists if the id is taken."""
+        """Store a new run and its first entries atomically. RunExists if the id is taken.
+
+        A row with an ``owner`` is created claimed by it until ``lease_until`` (a new run
+        has no other executor to refuse); the PostgreSQL store counts the lease from its
+        server's clock."""
 
     @abstractmethod
-    async def append(self, run_id: str, entries: list[Entry], summary: Summary) -> None:
-        """Append entries and update the summary atomically. ConflictError if a seq is taken."""
+    async def append(self, run_id: str, entries: list[Entry], summary: Summary,
+                     release: str | None = None) -> None:
+        """Append entries and update the summary atomically. ConflictError if a seq is taken.
+
+        With ``release`` (an owner), the run's lease is given up in the same transaction
+        if that owner holds it, as `release` does (an executor's last append)."""
 
     @abstractmethod
     async def get_run(self, run_id: str) -> RunRow:
@@ -191,8 +206,28 @@ class Store(ABC):
     async def load_snapshot(self, run_id: str) -> tuple[int, bytes] | None:
         """The run's latest snapshot as ``(seq, data)``, or None."""
 
+    @abstractmethod
+    async def delete_finished(self, run_ids: list[str]) -> tuple[list[str], int]:
+        """Delete those of ``run_ids`` that are still finished (completed, failed,
+        rejected, cancelled) and unclaimed, with their records and snapshots, in one
+        transaction: ``(the runs deleted, the records deleted)``. A run that was resumed
+        meanwhile is left alone."""
+
+    async def size_bytes(self) -> int | None:
+        """What the store takes up (a SQLite file with its WAL, PostgreSQL's tables),
+        or None when it cannot tell."""
+        return None
+
+    async def reclaim(self) -> None:  # noqa: B027 - optional hook
+        """Give back the space deleted rows held (SQLite's VACUUM, PostgreSQL's)."""
+
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections and threads."""
+
+    async def close_soon(self) -> None:
+        """`close`, where a store can, without waiting for the end of it (the last user of
+        a shared store, `release_store`); this default waits."""
+        await self.close()
 
     async def __aenter__(self) -> Self:
         return self

@@ -7,6 +7,7 @@ from typing import Any
 
 from .._log import Entry
 from ._base import (
+    FINISHED,
     ClaimError,
     ConflictError,
     RunExists,
@@ -19,6 +20,8 @@ from ._base import (
 
 
 class MemoryStore(Store):
+    leases_in_writes = True
+
     def __init__(self, url: str = "memory://") -> None:
         self.url = url
         self._runs: dict[str, RunRow] = {}
@@ -32,7 +35,8 @@ class MemoryStore(Store):
         self._runs[row.run_id] = row.copy()  # the caller's row stays the caller's
         self._entries[row.run_id] = list(entries)
 
-    async def append(self, run_id: str, entries: list[Entry], summary: Summary) -> None:
+    async def append(self, run_id: str, entries: list[Entry], summary: Summary,
+                     release: str | None = None) -> None:
         row = self._runs.get(run_id)
         if row is None:
             raise RunNotFound(run_id)
@@ -43,6 +47,8 @@ class MemoryStore(Store):
             self._check_seq(run_id, log, entries)  # raises, saying which record does not fit
         log.extend(entries)
         row.summary = summary  # a fresh object per append (Journal.flush); reads copy it
+        if release is not None and row.owner == release:
+            row.owner, row.lease_until = None, None
 
     @staticmethod
     def _check_seq(run_id: str, log: list[Entry], entries: list[Entry]) -> None:
@@ -116,3 +122,19 @@ class MemoryStore(Store):
     async def load_snapshot(self, run_id: str) -> tuple[int, bytes] | None:
         self._row(run_id)
         return self._snapshots.get(run_id)
+
+    async def delete_finished(self, run_ids: list[str]) -> tuple[list[str], int]:
+        deleted, records = [], 0
+        for run_id in run_ids:
+            row = self._runs.get(run_id)
+            if row is None or row.summary.status not in FINISHED or row.owner is not None:
+                continue
+            del self._runs[run_id]
+            records += len(self._entries.pop(run_id, ()))
+            self._snapshots.pop(run_id, None)
+            deleted.append(run_id)
+        return deleted, records
+
+    async def size_bytes(self) -> int | None:
+        return sum(len(e.data) + len(e.hash) for log in self._entries.values() for e in log) \
+            + sum(len(data) for _, data in self._snapshots.values())

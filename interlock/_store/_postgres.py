@@ -13,12 +13,17 @@ in the first schema of the connection's ``search_path`` (choose one with
 ``records.data`` holds each record's exact canonical text (so the hash chain
 verifies), readable with ``psql`` and castable with ``data::jsonb``.
 
-Each write is ONE SQL statement (a single implicit transaction, committed --
-``synchronous_commit`` permitting -- before the coroutine returns):
+Each write is committed (``synchronous_commit`` permitting) before the coroutine
+returns:
 
-- ``append`` checks the stored log's last seq, inserts the records and updates
-  the run's summary in one statement; the primary key ``(run_id, seq)`` makes a
-  concurrent writer of the same seq fail as a whole (`ConflictError`);
+- ``append`` and ``create_run`` go to the event loop's committer (group commit): the
+  writes queued by the time it takes its turn are stored in one transaction, the new
+  runs in one statement and the appends in another; each append checks the stored
+  log's last seq, inserts the records and updates the run's summary, and one that
+  does not fit is left out and refused alone. The primary key ``(run_id, seq)`` makes
+  a concurrent writer of the same seq (another process) fail the statement as a
+  whole; the turn's writes are then tried one by one (`ConflictError` for the
+  refused one only). A turn of one write is one statement, as before;
 - ``claim`` is a compare-and-set ``UPDATE ... WHERE <free or ours or expired>
   RETURNING``; a holder found dead on this host (`owner_gone`) is replaced by a
   second compare-and-set on its owner id.
@@ -30,6 +35,7 @@ processes on machines whose clocks differ still agree on who holds a run.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
@@ -43,6 +49,7 @@ from psycopg.rows import TupleRow
 
 from .._log import Entry
 from ._base import (
+    FINISHED,
     ClaimError,
     ConflictError,
     RunExists,
@@ -127,11 +134,20 @@ _UNNEST = (
 )
 
 _RUN_NAMES = [c.strip() for c in _RUN_COLUMNS.split(",")]
+# a new run created claimed (an owner in its row) has its lease counted from the server's
+# clock: ``lease_for`` seconds from now
+_CREATE_VALUES = ", ".join(
+    f"CASE WHEN %(owner)s::text IS NULL THEN %(lease_until)s::float8 ELSE {_NOW} + "
+    "%(lease_for)s::float8 END" if name == "lease_until" else f"%({name})s"
+    for name in _RUN_NAMES)
+# an append's ``release``: the lease given up if that owner holds it
+_RELEASE = ("owner = CASE WHEN owner = %(release)s::text THEN NULL ELSE owner END, "
+            "lease_until = CASE WHEN owner = %(release)s::text THEN NULL ELSE lease_until END")
 
 _CREATE_RUN = f"""
 WITH run AS (
     INSERT INTO runs ({_RUN_COLUMNS})
-    VALUES ({", ".join(f"%({name})s" for name in _RUN_NAMES)})
+    VALUES ({_CREATE_VALUES})
     ON CONFLICT (run_id) DO NOTHING
     RETURNING run_id
 ), ins AS (
@@ -161,7 +177,7 @@ WITH run AS (
 ), upd AS (
     UPDATE runs SET status = %(status)s, updated_at = %(updated_at)s, last_seq = %(last_seq)s,
         last_hash = %(last_hash)s, steps = %(steps)s, tokens = %(tokens)s, error = %(error)s,
-        waiting = %(waiting)s
+        waiting = %(waiting)s, {_RELEASE}
     WHERE run_id = %(run)s AND (SELECT ok FROM ok)
     RETURNING 1
 )
@@ -169,13 +185,91 @@ SELECT EXISTS (SELECT 1 FROM run), (SELECT n FROM last), (SELECT count(*) FROM i
        (SELECT count(*) FROM upd)
 """
 
-_UPDATE_SUMMARY = """
+_UPDATE_SUMMARY = f"""
 UPDATE runs SET status = %(status)s, updated_at = %(updated_at)s, last_seq = %(last_seq)s,
     last_hash = %(last_hash)s, steps = %(steps)s, tokens = %(tokens)s, error = %(error)s,
-    waiting = %(waiting)s
+    waiting = %(waiting)s, {_RELEASE}
 WHERE run_id = %(run)s
 RETURNING 1
 """
+
+# Group commit: the appends of several runs in ONE statement (one transaction, one WAL
+# flush). ``b`` has an append per row (its ordinal ``i``, the seq before its records or
+# NULL when it has none, its summary), ``e`` the records, each with its append's ``i``.
+# An append whose run is missing or whose log does not end at ``prev`` is left out (and
+# reported); the others are stored. Two appends of one run never share a statement.
+_APPEND_MANY = """
+WITH b AS (
+    SELECT * FROM unnest(%(b_run)b::text[], %(b_prev)b::bigint[], %(b_status)b::text[],
+        %(b_updated_at)b::float8[], %(b_last_seq)b::bigint[], %(b_last_hash)b::text[],
+        %(b_steps)b::bigint[], %(b_tokens)b::bigint[], %(b_error)b::text[],
+        %(b_waiting)b::text[], %(b_release)b::text[]) WITH ORDINALITY
+        AS b(run, prev, status, updated_at, last_seq, last_hash, steps, tokens, error,
+             waiting, release, i)
+), chk AS (
+    SELECT b.i, EXISTS (SELECT 1 FROM runs WHERE run_id = b.run) AS found,
+           (SELECT COALESCE(MAX(seq), 0) FROM records WHERE run_id = b.run) AS n
+    FROM b
+), ok AS (
+    SELECT b.* FROM b JOIN chk ON chk.i = b.i
+    WHERE chk.found AND (b.prev IS NULL OR chk.n = b.prev)
+), ins AS (
+    INSERT INTO records (run_id, seq, type, node, data, hash)
+    SELECT ok.run, u.seq, u.type, u.node, u.data, u.hash
+    FROM unnest(%(of)b::bigint[], %(seqs)b::bigint[], %(types)b::text[],
+                %(nodes)b::text[], %(datas)b::text[], %(hashes)b::text[])
+         AS u(i, seq, type, node, data, hash)
+    JOIN ok ON ok.i = u.i
+    RETURNING 1
+), upd AS (
+    UPDATE runs SET status = ok.status, updated_at = ok.updated_at, last_seq = ok.last_seq,
+        last_hash = ok.last_hash, steps = ok.steps, tokens = ok.tokens, error = ok.error,
+        waiting = ok.waiting,
+        owner = CASE WHEN runs.owner = ok.release THEN NULL ELSE runs.owner END,
+        lease_until = CASE WHEN runs.owner = ok.release THEN NULL ELSE runs.lease_until END
+    FROM ok WHERE runs.run_id = ok.run
+    RETURNING ok.i
+)
+SELECT chk.i, chk.found, chk.n, chk.i IN (SELECT i FROM upd), (SELECT count(*) FROM ins)
+FROM chk ORDER BY chk.i
+"""
+
+# Several new runs in one statement (in the transaction of a turn's appends): ``u`` the
+# rows (``_RUN_COLUMNS`` and ``lease_for``), ``e`` their first records (each with its run
+# id). A run whose id is taken is left out (reported); the others are stored.
+_TEXT_COLUMNS = {"definition", "input", "options"}  # long JSON: binary, unescaped
+_NUMERIC = {"created_at": "float8", "updated_at": "float8", "last_seq": "bigint",
+            "steps": "bigint", "tokens": "bigint", "parent_seq": "bigint",
+            "lease_until": "float8"}
+_CREATE_MANY = f"""
+WITH u AS (
+    SELECT * FROM unnest({", ".join(
+        f"%(c_{n})b::text[]" if n in _TEXT_COLUMNS else f"%(c_{n})s::{_NUMERIC.get(n, 'text')}[]"
+        for n in _RUN_NAMES)}, %(c_lease_for)s::float8[]) WITH ORDINALITY
+        AS u({", ".join(_RUN_NAMES)}, lease_for, i)
+), run AS (
+    INSERT INTO runs ({_RUN_COLUMNS})
+    SELECT {", ".join(
+        f"CASE WHEN u.owner IS NULL THEN u.lease_until ELSE {_NOW} + u.lease_for END"
+        if n == "lease_until" else f"u.{n}" for n in _RUN_NAMES)}
+    FROM u
+    ON CONFLICT (run_id) DO NOTHING
+    RETURNING run_id
+), ins AS (
+    INSERT INTO records (run_id, seq, type, node, data, hash)
+    SELECT run.run_id, e.seq, e.type, e.node, e.data, e.hash
+    FROM unnest(%(e_run)b::text[], %(seqs)b::bigint[], %(types)b::text[],
+                %(nodes)b::text[], %(datas)b::text[], %(hashes)b::text[])
+         AS e(run, seq, type, node, data, hash)
+    JOIN run ON run.run_id = e.run
+    RETURNING 1
+)
+SELECT u.i, u.run_id IN (SELECT run_id FROM run), (SELECT count(*) FROM ins)
+FROM u ORDER BY u.i
+"""
+
+# at most this many writes in one turn (more take several)
+BATCH_MAX = 500
 
 _CLAIM = f"""
 UPDATE runs SET owner = %(owner)s, lease_until = {_NOW} + %(lease)s
@@ -220,14 +314,71 @@ def _entry_arrays(entries: list[Entry]) -> dict[str, list[Any]]:
     }
 
 
+# a write for the committer: its run id, what does it alone and with which arguments,
+# and the caller's future
+_Write = tuple[str, Callable[..., Awaitable[None]], tuple[Any, ...], "asyncio.Future[None]"]
+
+
+def _lease_for(row: RunRow) -> float | None:
+    """A claimed new run's lease, in seconds from now (the server counts it)."""
+    if row.owner is None or row.lease_until is None:
+        return None
+    return row.lease_until - time.time()
+
+
+def _create_params(rows: list[tuple[Any, ...]]) -> dict[str, Any]:
+    """`_CREATE_MANY`'s parameters for ``(row, entries)`` pairs."""
+    params: dict[str, Any] = {f"c_{n}": [] for n in _RUN_NAMES}
+    params["c_lease_for"] = []
+    owners: list[str] = []
+    records: list[Entry] = []
+    for row, entries in rows:
+        for name, value in zip(_RUN_NAMES, run_params(row), strict=True):
+            params[f"c_{name}"].append(value)
+        params["c_lease_for"].append(_lease_for(row))
+        owners += [row.run_id] * len(entries)
+        records += entries
+    params.update(_entry_arrays(records), e_run=owners)
+    return params
+
+
+def _append_params(appends: list[tuple[Any, ...]]) -> dict[str, Any]:
+    """`_APPEND_MANY`'s parameters for ``(run_id, entries, summary, release)`` tuples."""
+    owners: list[int] = []
+    batch: dict[str, list[Any]] = {k: [] for k in (
+        "b_run", "b_prev", "b_status", "b_updated_at", "b_last_seq", "b_last_hash",
+        "b_steps", "b_tokens", "b_error", "b_waiting", "b_release")}
+    records: list[Entry] = []
+    for i, (run_id, entries, summary, release) in enumerate(appends, 1):
+        values = (run_id, entries[0].seq - 1 if entries else None,
+                  *summary_params(summary), release)
+        for column, value in zip(batch.values(), values, strict=True):
+            column.append(value)
+        owners += [i] * len(entries)
+        records += entries
+    return {**batch, **_entry_arrays(records), "of": owners}
+
+
+def _not_continued(run_id: str, last: int, entries: list[Entry]) -> ConflictError:
+    """Why an append that was not applied did not fit the stored log (which ends at
+    ``last``)."""
+    try:
+        check_first_seqs(run_id, last, entries)
+    except ConflictError as exc:
+        return exc
+    return ConflictError(f"run {run_id!r}: append was not applied")  # pragma: no cover
+
+
 class _Pool:
-    """A few connections of one event loop."""
+    """A few connections of one event loop, and its appends waiting for a commit."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, size: int) -> None:
         self.loop = loop
         self.idle: list[Conn] = []
         self.all: set[Conn] = set()
         self.slots = asyncio.Semaphore(size)
+        self.writes: list[_Write] = []
+        self.committer: asyncio.Task[None] | None = None
 
     def abandon(self) -> None:
         """Close every connection without awaiting (for a loop that is gone)."""
@@ -244,7 +395,9 @@ class _Pool:
 
 
 class PostgresStore(Store):
-    def __init__(self, url: str, *, max_connections: int = 4, connect_timeout: int = 10) -> None:
+    leases_in_writes = True
+
+    def __init__(self, url: str, *, max_connections: int = 10, connect_timeout: int = 10) -> None:
         self.url = url
         self._max = max_connections
         self._kwargs: dict[str, Any] = {"client_encoding": "utf8"}
@@ -375,6 +528,9 @@ class PostgresStore(Store):
     async def close(self) -> None:
         """Close every connection (call it when no other task or loop uses the store)."""
         loop = asyncio.get_running_loop()
+        here = self._pools.get(loop)
+        if here is not None and here.committer is not None:
+            await asyncio.wait([here.committer])  # the appends queued are committed first
         pools, self._pools = self._pools, {}
         for pool in pools.values():
             if pool.loop is loop:
@@ -385,9 +541,14 @@ class PostgresStore(Store):
     # -- the Store interface ----------------------------------------------------------------
 
     async def create_run(self, row: RunRow, entries: list[Entry]) -> None:
+        """Queued for this loop's committer, as appends are (`append`)."""
         check_first_seqs(row.run_id, 0, entries)
+        await self._queue(row.run_id, self._create_one, (row, list(entries)))
+
+    async def _create_one(self, row: RunRow, entries: list[Entry]) -> None:
         params: dict[str, Any] = dict(zip(_RUN_NAMES, run_params(row), strict=True))
         params.update(_entry_arrays(entries))
+        params["lease_for"] = _lease_for(row)
 
         async def op(conn: Conn) -> None:
             try:
@@ -401,17 +562,122 @@ class PostgresStore(Store):
 
         await self._do(op)
 
-    async def append(self, run_id: str, entries: list[Entry], summary: Summary) -> None:
+    async def append(self, run_id: str, entries: list[Entry], summary: Summary,
+                     release: str | None = None) -> None:
+        """Queued for this loop's committer, which stores the writes queued by the time it
+        takes its turn in one transaction (group commit); returns once committed."""
+        if entries:
+            check_first_seqs(run_id, entries[0].seq - 1, entries)
+        await self._queue(run_id, self._append_one, (run_id, list(entries), summary, release))
+
+    async def _queue(self, run_id: str, alone: Callable[..., Awaitable[None]],
+                     args: tuple[Any, ...]) -> None:
+        pool = self._here()
+        fut: asyncio.Future[None] = pool.loop.create_future()
+        pool.writes.append((run_id, alone, args, fut))
+        if pool.committer is None:
+            pool.committer = pool.loop.create_task(self._commit_writes(pool))
+        await fut
+
+    async def _commit_writes(self, pool: _Pool) -> None:
+        """This loop's committer: while writes wait, one transaction for a turn's worth
+        (at most `BATCH_MAX`, one write per run); each caller gets its own outcome."""
+        try:
+            while pool.writes:
+                turn: list[_Write] = []
+                rest: list[_Write] = []
+                runs: set[str] = set()
+                for item in pool.writes:
+                    if item[0] in runs or len(turn) >= BATCH_MAX:
+                        rest.append(item)  # a run's second write waits for the next turn
+                    else:
+                        runs.add(item[0])
+                        turn.append(item)
+                pool.writes = rest
+                if len(turn) == 1:
+                    outcomes = [await self._outcome(turn[0][1](*turn[0][2]))]
+                else:
+                    outcomes = await self._write_many(turn)
+                for (*_, fut), exc in zip(turn, outcomes, strict=True):
+                    if fut.done():
+                        continue  # its caller was cancelled (the write went on)
+                    if exc is None:
+                        fut.set_result(None)
+                    else:
+                        fut.set_exception(exc)
+        except BaseException as exc:  # cancelled with the loop, say: nobody waits in vain
+            for *_, fut in pool.writes:
+                if not fut.done():
+                    fut.set_exception(exc if isinstance(exc, Exception) else StoreError(
+                        f"PostgreSQL store {redact(self.url)}: the write was interrupted"))
+            pool.writes = []
+            raise
+        finally:
+            pool.committer = None
+
+    @staticmethod
+    async def _outcome(op: Awaitable[None]) -> Exception | None:
+        try:
+            await op
+        except Exception as exc:
+            return exc
+        return None
+
+    async def _write_many(self, turn: list[_Write]) -> list[Exception | None]:
+        """Several runs' writes in one transaction: the new runs in one statement, the
+        appends in another. When it fails as a whole -- another process wrote one of the
+        seqs at the same moment, say -- each write is tried alone, so the refused one
+        fails and only it."""
+        creates = [item for item in turn if item[1] == self._create_one]
+        appends = [item for item in turn if item[1] == self._append_one]
+        create_params = _create_params([item[2] for item in creates]) if creates else None
+        append_params = _append_params([item[2] for item in appends]) if appends else None
+
+        async def op(conn: Conn) -> tuple[list[Any], list[Any]] | None:
+            try:
+                async with conn.transaction():
+                    made: list[Any] = []
+                    done: list[Any] = []
+                    if create_params is not None:
+                        made = await (await conn.execute(_CREATE_MANY, create_params)
+                                      ).fetchall()
+                    if append_params is not None:
+                        done = await (await conn.execute(_APPEND_MANY, append_params)
+                                      ).fetchall()
+                    return made, done
+            except pg_errors.UniqueViolation:
+                return None  # the transaction was undone as a whole
+
+        try:
+            found = await self._do(op)
+        except StoreError as exc:  # nothing of the turn was stored
+            return [exc] * len(turn)
+        if found is None:
+            return [await self._outcome(item[1](*item[2])) for item in turn]
+        made, done = found
+        by_item: dict[int, Exception | None] = {}
+        for item, (_, created, _) in zip(creates, made, strict=True):
+            by_item[id(item)] = None if created else RunExists(item[0])
+        for item, (_, exists, last, updated, _) in zip(appends, done, strict=True):
+            run_id, entries = item[2][0], item[2][1]
+            outcome: Exception | None = None
+            if not updated:
+                outcome = RunNotFound(run_id) if not exists else _not_continued(
+                    run_id, int(last), entries)
+            by_item[id(item)] = outcome
+        return [by_item[id(item)] for item in turn]
+
+    async def _append_one(self, run_id: str, entries: list[Entry], summary: Summary,
+                          release: str | None) -> None:
         status, updated_at, last_seq, last_hash, steps, tokens, error, waiting = (
             summary_params(summary))
         params: dict[str, Any] = {
             "run": run_id, "status": status, "updated_at": updated_at, "last_seq": last_seq,
             "last_hash": last_hash, "steps": steps, "tokens": tokens, "error": error,
-            "waiting": waiting,
+            "waiting": waiting, "release": release,
         }
         if entries:
             first = entries[0].seq
-            check_first_seqs(run_id, first - 1, entries)
             params.update(_entry_arrays(entries), prev=first - 1)
 
         async def op(conn: Conn) -> None:
@@ -585,5 +851,44 @@ class PostgresStore(Store):
             cur = await conn.execute("SELECT 1 FROM runs WHERE run_id = %s", (run_id,))
             if await cur.fetchone() is None:
                 raise RunNotFound(run_id)
+
+        await self._do(op)
+
+    # -- pruning ---------------------------------------------------------------------
+
+    async def delete_finished(self, run_ids: list[str]) -> tuple[list[str], int]:
+        if not run_ids:
+            return [], 0
+
+        async def op(conn: Conn) -> tuple[list[str], int]:
+            async with conn.transaction():
+                cur = await conn.execute(
+                    "DELETE FROM runs WHERE run_id = ANY(%s) AND status = ANY(%s) "
+                    "AND owner IS NULL RETURNING run_id", (list(run_ids), list(FINISHED)))
+                deleted = [r[0] for r in await cur.fetchall()]
+                cur = await conn.execute("DELETE FROM records WHERE run_id = ANY(%s)",
+                                         (deleted,))
+                records = cur.rowcount
+                await conn.execute("DELETE FROM snapshots WHERE run_id = ANY(%s)", (deleted,))
+            return deleted, records
+
+        return await self._do(op)
+
+    async def size_bytes(self) -> int | None:
+        async def op(conn: Conn) -> int | None:
+            cur = await conn.execute(
+                "SELECT sum(pg_total_relation_size(c.oid)) FROM pg_class c "
+                "JOIN pg_namespace n ON n.oid = c.relnamespace "
+                "WHERE n.nspname = current_schema() "
+                "AND c.relname IN ('runs', 'records', 'snapshots')")
+            row = await cur.fetchone()
+            return int(row[0]) if row is not None and row[0] is not None else None
+
+        return await self._do(op, idempotent=True)
+
+    async def reclaim(self) -> None:
+        async def op(conn: Conn) -> None:
+            for table in ("records", "snapshots", "runs"):  # (autocommit: VACUUM needs it)
+                await conn.execute(f"VACUUM {table}")
 
         await self._do(op)

@@ -6,12 +6,13 @@ wait. The store binds to no event loop, so it can be used from successive
 ``asyncio.run`` calls.
 
 Durability. The file is in WAL mode. Each ``create_run`` / ``append`` / claim is
-one ``BEGIN IMMEDIATE`` ... ``COMMIT`` transaction, committed before the
-coroutine returns. With the default ``synchronous=NORMAL`` a committed
-transaction survives the process being killed at any point; a power loss or OS
-crash may lose the last few commits (never corrupting the file). Add
-``?synchronous=full`` to the URL to fsync the WAL on every commit and survive
-power loss too (about 4x slower commits)::
+committed in a ``BEGIN IMMEDIATE`` ... ``COMMIT`` transaction before the coroutine
+returns: its own, or -- group commit -- the one its writer's turn runs the writes
+queued with it in, each under a savepoint (a refused one fails alone; see `_Writer`).
+With the default ``synchronous=NORMAL`` a committed transaction survives the process
+being killed at any point; a power loss or OS crash may lose the last few commits
+(never corrupting the file). Add ``?synchronous=full`` to the URL to fsync the WAL on
+every commit and survive power loss too (about 4x slower commits)::
 
     sqlite:///.interlock/runs.db?synchronous=full
 
@@ -19,7 +20,8 @@ Checkpoints. SQLite copies the WAL back into the database file now and then (a
 checkpoint, with an fsync of each file). By default the connection that commits does
 it, every 1000 pages, inside that commit: a step in twenty or so paid for all of them.
 Here the writer's connection does not checkpoint (``wal_autocheckpoint = 0``); a second
-thread with its own connection runs ``PRAGMA wal_checkpoint(PASSIVE)`` every
+thread (started by the first request) with its own connection runs
+``PRAGMA wal_checkpoint(PASSIVE)`` every
 `CHECKPOINT_EVERY` jobs or `CHECKPOINT_BYTES` of records, which does not block the
 writer -- SQLite's advice for a busy writer. If that thread cannot work, the writer
 goes back to SQLite's automatic checkpoints.
@@ -45,6 +47,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import logging
 import queue
 import sqlite3
 import threading
@@ -59,6 +62,7 @@ import orjson
 
 from .._log import Entry, json_default
 from ._base import (
+    FINISHED,
     ClaimError,
     ConflictError,
     RunExists,
@@ -272,17 +276,22 @@ def parse_sqlite_url(url: str) -> tuple[str, str, int]:
 
 # -- the store ---------------------------------------------------------------------------
 
-_Job = tuple[asyncio.AbstractEventLoop, asyncio.Future[Any], Callable[..., Any], tuple[Any, ...]]
+# a job: the loop that awaits it, its future, and what to run -- ``fn(*args)``, or, with
+# ``fn`` None, a write ``(operation, args)`` that may share a transaction
+_Job = tuple[asyncio.AbstractEventLoop, asyncio.Future[Any], Callable[..., Any] | None,
+             tuple[Any, ...]]
+_Outcome = tuple[asyncio.Future[Any], Any, BaseException | None]
 
 
-def _deliver(fut: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:
-    """On the event loop: hand a job's outcome to its awaiting coroutine (if still there)."""
-    if fut.cancelled():
-        return
-    if exc is not None:
-        fut.set_exception(exc)
-    else:
-        fut.set_result(result)
+def _deliver(outcomes: list[_Outcome]) -> None:
+    """On the event loop: hand jobs' outcomes to their awaiting coroutines (if still there)."""
+    for fut, result, exc in outcomes:
+        if fut.cancelled():
+            continue
+        if exc is not None:
+            fut.set_exception(exc)
+        else:
+            fut.set_result(result)
 
 
 class _Writer:
@@ -290,52 +299,115 @@ class _Writer:
     that asked for it.
 
     Leaner than ``loop.run_in_executor`` on a one-thread pool (no concurrent future,
-    no chained callbacks): a job is a queue entry, its outcome one
-    ``call_soon_threadsafe``. The thread is a daemon so that a store nobody closed
-    does not keep the process alive; at exit `_stop_writers` lets the jobs queued
-    finish (a transaction in progress commits or rolls back as a whole), as a thread
-    pool's worker would.
+    no chained callbacks): a job is a queue entry; the outcomes of what one turn ran,
+    one ``call_soon_threadsafe`` per event loop.
+
+    Group commit: each turn takes every job queued by then; writes queued one after
+    the other (appends, claims, new runs -- from concurrent runs, as a rule) go to
+    ``batch`` together, which commits them in one transaction. So N runs writing while a
+    commit is in progress share the next commit instead of paying N. One run alone finds
+    one job per turn.
+
+    The thread is a daemon so that a store nobody closed does not keep the process
+    alive; at exit `_stop_writers` lets the jobs queued finish (a transaction in
+    progress commits or rolls back as a whole), as a thread pool's worker would.
     """
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str,
+                 batch: Callable[[list[tuple[Any, ...]]], list[tuple[Any, BaseException | None]]]
+                 ) -> None:
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._guard = threading.Lock()
         self._stopped = False
+        self._batch = batch
+        self._last: Callable[[], None] | None = None  # run before the thread ends
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
         self._thread.start()
         _WRITERS.add(self)
 
     def submit(self, loop: asyncio.AbstractEventLoop, fut: asyncio.Future[Any],
-               fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+               fn: Callable[..., Any] | None, args: tuple[Any, ...]) -> None:
         with self._guard:
             if self._stopped:
                 raise StoreError("the SQLite store was closed while this call was being made")
             self._jobs.put((loop, fut, fn, args))
 
-    def stop(self) -> None:
-        """Let the queued jobs finish, then end the thread (idempotent)."""
-        _WRITERS.discard(self)
+    def close_with(self, last: Callable[[], None]) -> None:
+        """Run ``last`` after the queued jobs, then end the thread, without waiting; the
+        thread stays in `_WRITERS` until it ends, so that the process waits for it at
+        exit."""
         with self._guard:
             if self._stopped:
                 return
             self._stopped = True
+            self._last = last
             self._jobs.put(None)
+
+    def stop(self) -> None:
+        """Let the queued jobs finish (a `close_with`'s last job too), then end the thread
+        and wait for it (idempotent)."""
+        _WRITERS.discard(self)
+        with self._guard:
+            if not self._stopped:
+                self._stopped = True
+                self._jobs.put(None)
         if threading.current_thread() is not self._thread:
             self._thread.join()
 
     def _main(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            loop, fut, fn, args = job
-            del job
-            exc: BaseException | None = None
-            result: Any = None
+        jobs = self._jobs
+        while True:
+            turn: list[_Job | None] = [jobs.get()]
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    turn.append(jobs.get_nowait())
+            i, n = 0, len(turn)
+            while i < n:
+                job = turn[i]
+                if job is None:
+                    self._end()
+                    return
+                outcomes: list[_Outcome]
+                if job[2] is not None:  # one job on its own
+                    i += 1
+                    group = [job]
+                    try:
+                        outcomes = [(job[1], job[2](*job[3]), None)]
+                    except BaseException as e:  # handed to the caller, as a thread pool does
+                        outcomes = [(job[1], None, e)]
+                else:  # the writes queued one after the other: one transaction
+                    j = i
+                    while j < n and (nxt := turn[j]) is not None and nxt[2] is None:
+                        j += 1
+                    group = turn[i:j]  # type: ignore[assignment]  # no None in it
+                    i = j
+                    done = self._batch([g[3] for g in group])
+                    outcomes = [(g[1], result, exc)
+                                for g, (result, exc) in zip(group, done, strict=True)]
+                self._hand_back(group, outcomes)
+                del job, group, outcomes
+
+    def _end(self) -> None:
+        last, self._last = self._last, None
+        if last is not None:
             try:
-                result = fn(*args)
-            except BaseException as e:  # handed to the caller, as a thread pool does
-                exc = e
+                last()
+            except Exception:  # nobody waits for it: keep the reason in the log
+                logging.getLogger("interlock").exception("closing the SQLite store failed")
+            _WRITERS.discard(self)
+
+    @staticmethod
+    def _hand_back(group: list[_Job], outcomes: list[_Outcome]) -> None:
+        loop = group[0][0]
+        if all(g[0] is loop for g in group):
+            by_loop = {loop: outcomes}
+        else:  # one store, several event loops (threads of their own)
+            by_loop = {}
+            for g, outcome in zip(group, outcomes, strict=True):
+                by_loop.setdefault(g[0], []).append(outcome)
+        for lp, outs in by_loop.items():
             with contextlib.suppress(RuntimeError):  # a closed loop: nobody is waiting
-                loop.call_soon_threadsafe(_deliver, fut, result, exc)
-            del loop, fut, fn, args, result, exc
+                lp.call_soon_threadsafe(_deliver, outs)
 
 
 class _Checkpointer:
@@ -354,17 +426,19 @@ class _Checkpointer:
         self._stopped = False
         self.failed: str | None = None
         self.ran = threading.Event()  # set after each checkpoint (for whoever waits on one)
+        # started by the first request: a short-lived store (one short run) starts none
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
-        self._thread.start()
 
     def request(self) -> None:
+        if not self._thread.is_alive() and not self._stopped:
+            self._thread.start()
         self._wake.set()
 
     def stop(self) -> None:
         """End the thread, closing its connection (idempotent)."""
         self._stopped = True
         self._wake.set()
-        if threading.current_thread() is not self._thread:
+        if self._thread.ident is not None and threading.current_thread() is not self._thread:
             self._thread.join()
 
     def _main(self) -> None:
@@ -395,6 +469,8 @@ def _stop_writers() -> None:
 
 
 class SQLiteStore(Store):
+    leases_in_writes = True
+
     def __init__(self, url: str) -> None:
         self.url = url
         path, self._synchronous, self._busy_ms = parse_sqlite_url(url)
@@ -414,7 +490,8 @@ class SQLiteStore(Store):
         if writer is None:
             with self._lock:
                 if self._writer is None:
-                    self._writer = _Writer(f"interlock-sqlite:{self.path.name}")
+                    self._writer = _Writer(f"interlock-sqlite:{self.path.name}",
+                                           self._write_batch)
                 writer = self._writer
         return writer
 
@@ -427,6 +504,14 @@ class SQLiteStore(Store):
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[T] = loop.create_future()
         self._thread().submit(loop, fut, self._run, (fn, *args))
+        return await fut
+
+    async def _write(self, op: Callable[..., T], *args: Any) -> T:
+        """Run ``op(conn, *args)`` in a transaction on the store's thread: its own, or the
+        one the writer's turn commits the writes queued with it in (group commit)."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[T] = loop.create_future()
+        self._thread().submit(loop, fut, None, (op, args))
         return await fut
 
     def _run(self, fn: Callable[..., T], *args: Any) -> T:
@@ -457,7 +542,8 @@ class SQLiteStore(Store):
 
     def _open(self) -> sqlite3.Connection:
         path = self.path
-        if path.exists():
+        fresh = not path.exists() or path.stat().st_size == 0  # no database in it yet
+        if not fresh:
             self._inspect(path)
         else:
             try:
@@ -472,6 +558,12 @@ class SQLiteStore(Store):
             raise StoreError(f"cannot open the SQLite store {path}: {exc}") from None
         try:
             conn.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
+            if fresh:
+                # Turning a new, empty file to WAL is a rollback-journal transaction:
+                # with SQLite's default synchronous=FULL, four fsyncs (~half the cost of
+                # opening a new store here) to make an empty file durable. A crash in it
+                # leaves an empty file; the schema below is committed as configured.
+                conn.execute("PRAGMA synchronous = OFF")
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute(f"PRAGMA synchronous = {self._synchronous.upper()}")
             conn.execute("BEGIN IMMEDIATE")
@@ -573,6 +665,16 @@ class SQLiteStore(Store):
         finally:
             writer.stop()  # the thread ends right after closing the connection
 
+    async def close_soon(self) -> None:
+        """`close` without waiting: the writer thread closes the connection after the jobs
+        queued (SQLite then copies the WAL into the file, with an fsync) and ends; at exit
+        the process waits for it (`_stop_writers`)."""
+        with self._lock:
+            writer, self._writer = self._writer, None
+        if writer is None:
+            return
+        writer.close_with(self._close_conn)
+
     def _close_conn(self) -> None:
         # the checkpointer's connection first: the last one to close checkpoints the
         # whole WAL into the file and removes it
@@ -594,44 +696,83 @@ class SQLiteStore(Store):
                         entries: list[Entry]) -> None:
         conn.executemany(_INSERT_RECORD, self._rows(run_id, entries))
 
-    def _create_run(self, conn: sqlite3.Connection, row: RunRow, entries: list[Entry]) -> None:
-        check_first_seqs(row.run_id, 0, entries)
-        conn.execute("BEGIN IMMEDIATE")
+    # Writes are operations run inside a transaction they do not open or commit: the
+    # writer runs one alone in ``BEGIN IMMEDIATE ... COMMIT`` (`_alone`), or the writes
+    # queued one after the other together in one (`_together`), each under a savepoint.
+
+    def _create_in(self, conn: sqlite3.Connection, row: RunRow, entries: list[Entry]) -> None:
         try:
             conn.execute(f"INSERT INTO runs ({_RUN_COLUMNS}) VALUES "
                          f"({', '.join('?' * 20)})", run_params(row))
         except sqlite3.IntegrityError:
-            conn.rollback()
             raise RunExists(row.run_id) from None
         try:
             self._insert_entries(conn, row.run_id, entries)
         except sqlite3.IntegrityError as exc:  # leftovers of a run whose row was deleted
-            conn.rollback()
             raise ConflictError(f"run {row.run_id!r}: {exc}") from None
-        conn.execute("COMMIT")
 
-    def _append(self, conn: sqlite3.Connection, run_id: str, entries: list[Entry],
-                summary: Summary) -> None:
-        rows = self._rows(run_id, entries)  # before taking the write lock
+    def _append_in(self, conn: sqlite3.Connection, run_id: str, entries: list[Entry],
+                   summary: Summary, release: str | None) -> None:
+        rows = self._rows(run_id, entries)
         params = summary_params(summary)  # params[0] is the status
         prev = entries[0].seq - 1 if entries else None
-        conn.execute("BEGIN IMMEDIATE")
         if conn.execute(_UPDATE_SUMMARY_IF, (*params[1:], run_id, summary.status,
                                              prev)).rowcount == 0:
             found = conn.execute(_APPEND_CHECK, (run_id,)).fetchone()
             if found is None:
-                conn.rollback()
                 raise RunNotFound(run_id)
-            check_first_seqs(run_id, found[1], entries)  # raises -> rollback in _run
+            check_first_seqs(run_id, found[1], entries)  # raises ConflictError
             conn.execute(_UPDATE_SUMMARY, (*params, run_id))  # the status changes
         if rows:
             try:
                 conn.executemany(_INSERT_RECORD, rows)
             except sqlite3.IntegrityError as exc:
-                conn.rollback()
                 raise ConflictError(f"run {run_id!r}: {exc}; another writer got there "
                                     "first") from None
+        if release is not None:
+            self._release(conn, run_id, release)
+
+    def _write_batch(self, batch: list[tuple[Any, ...]]
+                     ) -> list[tuple[Any, BaseException | None]]:
+        """On the writer thread: the writes of one turn (``(operation, args)`` each),
+        committed in one transaction; each one's outcome, in order.
+
+        A write that is refused (a conflict, a run that is not there, a claim held by
+        another) is undone to its savepoint and fails alone: the others commit. When the
+        transaction as a whole fails (the commit, the write lock), every write of it
+        fails and none is stored.
+        """
+        try:
+            if len(batch) == 1:
+                return [(self._run(self._alone, *batch[0]), None)]
+            return self._run(self._together, batch)
+        except BaseException as exc:  # nothing of the batch was committed
+            return [(None, exc)] * len(batch)
+
+    @staticmethod
+    def _alone(conn: sqlite3.Connection, op: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+        conn.execute("BEGIN IMMEDIATE")
+        result = op(conn, *args)  # raises -> rollback in _run
         conn.execute("COMMIT")
+        return result
+
+    def _together(self, conn: sqlite3.Connection, batch: list[tuple[Any, ...]]
+                  ) -> list[tuple[Any, BaseException | None]]:
+        outcomes: list[tuple[Any, BaseException | None]] = []
+        conn.execute("BEGIN IMMEDIATE")
+        for op, args in batch:
+            conn.execute("SAVEPOINT interlock_write")
+            try:
+                outcomes.append((op(conn, *args), None))
+            except StoreError as exc:
+                conn.execute("ROLLBACK TO interlock_write")
+                outcomes.append((None, exc))
+            except sqlite3.Error as exc:
+                conn.execute("ROLLBACK TO interlock_write")
+                outcomes.append((None, self._error(exc)))
+            conn.execute("RELEASE interlock_write")
+        conn.execute("COMMIT")
+        return outcomes
 
     @staticmethod
     def _get_run(conn: sqlite3.Connection, run_id: str) -> RunRow:
@@ -673,20 +814,16 @@ class SQLiteStore(Store):
     @staticmethod
     def _claim(conn: sqlite3.Connection, run_id: str, owner: str, lease: float,
                force: bool) -> None:
-        conn.execute("BEGIN IMMEDIATE")
         found = conn.execute("SELECT owner, lease_until FROM runs WHERE run_id = ?",
                              (run_id,)).fetchone()
         if found is None:
-            conn.rollback()
             raise RunNotFound(run_id)
         current, lease_until = found
         now = time.time()
         if claim_refused(current, lease_until, owner, now, force):
-            conn.rollback()
             raise ClaimError(run_id, current, lease_until - now)
         conn.execute("UPDATE runs SET owner = ?, lease_until = ? WHERE run_id = ?",
                      (owner, now + lease, run_id))
-        conn.execute("COMMIT")
 
     @staticmethod
     def _heartbeat(conn: sqlite3.Connection, run_id: str, owner: str, lease: float) -> None:
@@ -710,10 +847,12 @@ class SQLiteStore(Store):
     # -- the Store interface ----------------------------------------------------------------
 
     async def create_run(self, row: RunRow, entries: list[Entry]) -> None:
-        await self._call(self._create_run, row, list(entries))
+        check_first_seqs(row.run_id, 0, entries)
+        await self._write(self._create_in, row, list(entries))
 
-    async def append(self, run_id: str, entries: list[Entry], summary: Summary) -> None:
-        await self._call(self._append, run_id, list(entries), summary)
+    async def append(self, run_id: str, entries: list[Entry], summary: Summary,
+                     release: str | None = None) -> None:
+        await self._write(self._append_in, run_id, list(entries), summary, release)
 
     def _absent(self) -> bool:
         """No file yet (and none opened): a read answers from that, without creating one --
@@ -743,10 +882,10 @@ class SQLiteStore(Store):
         return await self._call(self._list_runs, status, workflow, limit)
 
     async def claim(self, run_id: str, owner: str, lease: float, *, force: bool = False) -> None:
-        await self._call(self._claim, run_id, owner, lease, force)
+        await self._write(self._claim, run_id, owner, lease, force)
 
     async def heartbeat(self, run_id: str, owner: str, lease: float) -> None:
-        await self._call(self._heartbeat, run_id, owner, lease)
+        await self._write(self._heartbeat, run_id, owner, lease)
 
     @staticmethod
     def _request_cancel(conn: sqlite3.Connection, run_id: str, by: str | None) -> None:
@@ -767,7 +906,7 @@ class SQLiteStore(Store):
     async def request_cancel(self, run_id: str, by: str | None) -> None:
         if self._absent():
             raise RunNotFound(run_id)
-        await self._call(self._request_cancel, run_id, by)
+        await self._write(self._request_cancel, run_id, by)
 
     @staticmethod
     def _save_snapshot(conn: sqlite3.Connection, run_id: str, seq: int, data: bytes) -> None:
@@ -783,7 +922,7 @@ class SQLiteStore(Store):
         return (int(row[0]), bytes(row[1])) if row is not None else None
 
     async def save_snapshot(self, run_id: str, seq: int, data: bytes) -> None:
-        await self._call(self._save_snapshot, run_id, seq, data)
+        await self._write(self._save_snapshot, run_id, seq, data)
 
     async def load_snapshot(self, run_id: str) -> tuple[int, bytes] | None:
         if self._absent():
@@ -796,5 +935,45 @@ class SQLiteStore(Store):
         return await self._call(self._cancel_requested, run_id)
 
     async def release(self, run_id: str, owner: str) -> None:
-        await self._call(self._release, run_id, owner)
+        await self._write(self._release, run_id, owner)
 
+    # -- pruning ---------------------------------------------------------------------
+
+    @staticmethod
+    def _delete_finished(conn: sqlite3.Connection, run_ids: list[str]
+                         ) -> tuple[list[str], int]:
+        marks = ", ".join("?" * len(FINISHED))
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            deleted, records = [], 0
+            for run_id in run_ids:
+                cur = conn.execute(f"DELETE FROM runs WHERE run_id = ? AND status IN ({marks}) "
+                                   "AND owner IS NULL", (run_id, *FINISHED))
+                if cur.rowcount != 1:
+                    continue  # resumed (or claimed) meanwhile, or gone
+                records += conn.execute("DELETE FROM records WHERE run_id = ?",
+                                        (run_id,)).rowcount
+                conn.execute("DELETE FROM snapshots WHERE run_id = ?", (run_id,))
+                deleted.append(run_id)
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        return deleted, records
+
+    async def delete_finished(self, run_ids: list[str]) -> tuple[list[str], int]:
+        if self._absent() or not run_ids:
+            return [], 0
+        return await self._call(self._delete_finished, list(run_ids))
+
+    async def size_bytes(self) -> int | None:
+        return sum(p.stat().st_size for p in (self.path, Path(f"{self.path}-wal"))
+                   if p.exists())
+
+    def _vacuum(self, conn: sqlite3.Connection) -> None:
+        conn.execute("VACUUM")
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+    async def reclaim(self) -> None:
+        if not self._absent():
+            await self._call(self._vacuum)

@@ -41,7 +41,7 @@ def check_agent(checker: Checker, name: str, ns: NodeSpec) -> None:
 
 
 def _parse(checker: Checker, name: str, data: Any, where: tuple[Any, ...]) -> AgentSpec | None:
-    from .._spec import _data_path
+    from .._spec import _data_path, unknown_key, valid_keys
 
     if not isinstance(data, dict):
         checker.add("error", f"node {name!r}: 'agent' must be a mapping (provider, model, "
@@ -58,9 +58,7 @@ def _parse(checker: Checker, name: str, data: Any, where: tuple[Any, ...]) -> Ag
                        "tool_calls: [{name, arguments}], usage: {prompt_tokens, "
                        "completion_tokens}}} (a bare string is its content)")
             elif err["type"] == "extra_forbidden":
-                msg = (f"unknown key {path[-1]!r}; an agent takes provider, model, base_url, "
-                       "api_key_env, system, prompt, output, output_key, choose, tools, "
-                       "max_turns, replies, redact, temperature")
+                msg = unknown_key(str(path[-1]), valid_keys(path[:-1], AgentSpec))
             elif err["type"] == "missing":
                 msg = f"missing required key {path[-1]!r}"
             key = ".".join(map(str, ("agent", *path)))
@@ -155,6 +153,10 @@ def _check_choose(wf: WorkflowSpec, name: str, spec: AgentSpec, schema: dict[str
                   error: Callable[..., None]) -> None:
     edges = [e for e in wf.edges if e.kind == "choose" and e.source == [name]]
     if spec.choose is None:
+        if edges and not spec.tools:
+            error(f"the edge {{from: {name}, choose: [...]}} needs something to choose: a "
+                  "tool that returns interlock.goto(target) (tools: [...]) or an output "
+                  "field naming the successor (choose: FIELD)")
         return
     if not edges:
         error(f"choose: {spec.choose} routes on the output, but no edge "

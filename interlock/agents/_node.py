@@ -41,7 +41,8 @@ only what the log may hold, and a step whose result it may not hold is not repla
 - The node's validated output is state, and state is in the log (``node.completed``'s
   ``update``; resume rebuilds state from it): ``redact`` does not apply to it. To keep
   the model's text out of the log, give the node an ``output`` schema that holds only
-  what the workflow needs (without a schema the output *is* the reply text).
+  what the workflow needs (without a schema the output *is* the reply: its text, or the
+  JSON object it is).
 """
 
 from __future__ import annotations
@@ -58,11 +59,20 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ValidationError
 
 from .. import _log as L
-from .._context import goto
+from .._context import Goto, goto
+from .._errors import RouteError
 from .._guards import BudgetExceededError
 from .._model import NodeSpec, WorkflowSpec
 from ._errors import AgentConfigError, AgentError, AgentOutputError, AgentTurnsError
-from ._providers import ChatRequest, OpenAIProvider, Provider, Reply, ScriptedProvider, ToolCall
+from ._providers import (
+    ChatRequest,
+    OpenAIProvider,
+    Provider,
+    RepliesExhausted,
+    Reply,
+    ScriptedProvider,
+    ToolCall,
+)
 from ._spec import AgentSpec
 from ._tools import Tool, ToolArgumentsError, make_tool
 
@@ -81,6 +91,8 @@ _REPAIR = ("Your reply does not satisfy the required JSON Schema: {problem}\n"
            "Reply again with only a corrected JSON document.")
 _REJECTED = ("A human reviewer rejected this call to {tool}; it was not executed. Do not "
              "call it again for this; carry on without it.")
+_REJECTED_WITH = ("A human reviewer rejected this call to {tool}; it was not executed. The "
+                  "reviewer's comment: {comment}")
 
 
 def build_agent_node(name: str, agent: Mapping[str, Any], node: NodeSpec, *,
@@ -219,7 +231,16 @@ class _Agent:
         note: dict[str, Any] = opening
         while True:
             repairing = bool(note.get("repair"))
-            reply = await self._call(ctx, turn, messages, note)
+            try:
+                reply = await self._call(ctx, turn, messages, note)
+            except RepliesExhausted as exc:
+                if not repairing:
+                    raise
+                # the real cause is the reply before: say so, not only "no reply left"
+                raise AgentOutputError(
+                    f"node {self.name!r}: the model's reply does not satisfy the output "
+                    f"schema: {note['repair']}; the repair round found no reply to ask for "
+                    f"({exc})") from None
             note = {}
             if not repairing:
                 calls += 1
@@ -229,9 +250,16 @@ class _Agent:
                         f"node {self.name!r}: the model asked for tools again after "
                         f"max_turns={self.spec.max_turns} model calls without a final "
                         "answer; raise max_turns or make the task smaller"))
-                messages.append(_assistant(reply))
+                asked = _assistant(reply)
+                messages.append(asked)
                 for i, call in enumerate(reply.tool_calls):
-                    messages.append(await self._tool(ctx, turn, i, call))
+                    answer, edited = await self._tool(ctx, turn, i, call)
+                    if isinstance(answer["content"], dict):  # a tool handed off: goto
+                        # the turn ends here; the calls after it in this reply do not run
+                        return goto(answer["content"]["goto"], answer["content"]["update"])
+                    if edited is not None:  # the conversation shows the call that ran
+                        asked["tool_calls"][i]["function"]["arguments"] = edited
+                    messages.append(answer)
                 turn += 1
                 continue
             value, problem = self._check(reply.content)
@@ -333,14 +361,17 @@ class _Agent:
             raise over[0]
         return Reply.from_json(data)
 
-    async def _tool(self, ctx: Context, turn: int, i: int, call: ToolCall) -> dict[str, Any]:
+    async def _tool(self, ctx: Context, turn: int, i: int, call: ToolCall
+                    ) -> tuple[dict[str, Any], str | None]:
+        """The tool message answering ``call``, and the arguments a human edited it to
+        (JSON text; None when it ran -- or was refused -- as the model asked)."""
         key = f"tool-{turn}-{i}"
         if not self.replayable:  # a fresh reply may ask for another call: bind the key to it
             key += "-" + _digest(ctx.idempotency_key, call.name, call.arguments)
         refusable = "arguments" not in self.redact  # a refusal's text may quote them
         tool = self.tools.get(call.name)
         base = {"turn": turn, "tool": call.name, "call_id": call.id}
-        text: str
+        text: str | dict[str, Any]  # a dict: a tool's handoff (goto)
         if tool is None:
             problem = (f"there is no tool {call.name!r}; the tools are: "
                        f"{', '.join(self.tools) or 'none'}")
@@ -353,28 +384,65 @@ class _Agent:
                                    str(exc))
             else:
                 base["arguments"] = shown
-                show = {"tool": tool.name,
-                        "arguments": REDACTED if "arguments" in self.redact else shown}
-                if tool.confirm and ctx.confirm(key, show) != "approved":
-                    text = await ctx.once(key, self._rejected, ctx, base)
+                answer = "approved"
+                if tool.confirm:
+                    hidden = "arguments" in self.redact  # unseen arguments are not edited
+                    show = {"tool": tool.name, "arguments": REDACTED if hidden else shown}
+                    answer = ctx.confirm(key, show, edit=None if hidden else edit_schema(tool))
+                if answer == "modified":
+                    return await self._edited(ctx, key, base, tool, call)
+                if answer != "approved":
+                    comment = (ctx.decision(key) or {}).get("comment")
+                    text = await ctx.once(key, self._rejected, ctx, base, comment)
                 else:  # a redacted result is not journaled: a re-run runs the tool again
                     text = await _step(ctx, key, "result" not in self.redact, self._execute,
                                        ctx, base, tool, kwargs)
-        return {"role": "tool", "tool_call_id": call.id, "content": text}
+        return {"role": "tool", "tool_call_id": call.id, "content": text}, None
+
+    async def _edited(self, ctx: Context, key: str, base: dict[str, Any], tool: Tool,
+                      call: ToolCall) -> tuple[dict[str, Any], str | None]:
+        """Run ``call`` with the arguments a human edited it to (``modify``): the tool
+        sees them, the model's conversation shows them, the log has both."""
+        decision = ctx.decision(key) or {}
+        arguments = json.dumps((decision.get("patch") or {}).get("arguments", {}),
+                               ensure_ascii=False)
+        base = {**base, "model_arguments": base.get("arguments"), "edited_by": decision.get("by")}
+        try:
+            kwargs, shown = tool.parse(arguments)
+        except ToolArgumentsError as exc:  # the schema let it through, the signature did not
+            problem = f"the reviewer's edited arguments do not fit the tool: {exc}"
+            text = await _step(ctx, key, True, self._refuse, ctx, base,
+                               ToolCall(call.id, call.name, arguments), problem)
+        else:
+            base["arguments"] = shown
+            text = await _step(ctx, key, "result" not in self.redact, self._execute, ctx, base,
+                               tool, kwargs)
+        return {"role": "tool", "tool_call_id": call.id, "content": text}, arguments
 
     async def _execute(self, ctx: Context, base: dict[str, Any], tool: Tool,
-                       kwargs: dict[str, Any]) -> str:
+                       kwargs: dict[str, Any]) -> str | dict[str, Any]:
+        """Run the tool: its result as the text the model gets -- or, for a tool that
+        returned ``interlock.goto``, the handoff (`_handoff`)."""
         t0 = time.perf_counter()
         try:
             result = await tool.invoke(kwargs)
         except Exception as exc:
-            # the node fails with the tool's own exception (so `retry.errors` can name
-            # it); the log says which call raised it, with what arguments
-            message = "withheld: redact" if "result" in self.redact else str(exc)[:2000]
-            await ctx.log("tool.called", self._hide({
-                **base, "error": {"type": type(exc).__name__, "message": message},
-                "duration_ms": round((time.perf_counter() - t0) * 1000, 3)}))
-            raise
+            # tool_errors: return -- the model gets the error as the tool's answer (and may
+            # correct itself); raise -- the node fails with the tool's own exception (so
+            # `retry.errors` can name it). The log says which call raised it either way.
+            message = str(exc)[:2000]
+            fields = {**base, "error": {"type": type(exc).__name__, "message":
+                                        "withheld: redact" if "result" in self.redact
+                                        else message}}
+            if self.spec.tool_errors == "return":
+                fields["returned"] = True  # to the model, as the tool's answer
+            fields["duration_ms"] = round((time.perf_counter() - t0) * 1000, 3)
+            await ctx.log("tool.called", self._hide(fields))
+            if self.spec.tool_errors == "raise":
+                raise
+            return json.dumps({"error": f"{type(exc).__name__}: {message}"}, ensure_ascii=False)
+        if isinstance(result, Goto):
+            return await self._handoff(ctx, base, tool, result, t0)
         try:
             value = L.to_json_value(result)
         except TypeError as exc:
@@ -385,8 +453,33 @@ class _Agent:
             "duration_ms": round((time.perf_counter() - t0) * 1000, 3)}))
         return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
-    async def _rejected(self, ctx: Context, base: dict[str, Any]) -> str:
-        await ctx.log("tool.rejected", self._hide(dict(base)))
+    async def _handoff(self, ctx: Context, base: dict[str, Any], tool: Tool, result: Goto,
+                       t0: float) -> dict[str, Any]:
+        """A tool's ``interlock.goto(target)``: the turn ends and the node routes to
+        ``target`` -- one of its ``choose`` targets, else the node fails, as a node's own
+        goto would. Journaled as ``{"goto", "update"}`` (a tool's answer is otherwise text)."""
+        if result.node not in self.choices:
+            targets = ", ".join(self.choices) if self.choices else \
+                f"none: declare {{from: {self.name}, choose: [...]}}"
+            raise RouteError(f"node {self.name!r}: tool {tool.name!r} returned "
+                             f"goto({result.node!r}); the node's choose targets are: {targets}",
+                             node=self.name)
+        try:
+            update = L.to_json_value(dict(result.update or {}))
+        except TypeError as exc:
+            raise AgentError(f"node {self.name!r}: tool {tool.name!r} returned goto with an "
+                             f"update that is not JSON data: {exc}") from None
+        handoff = {"goto": result.node, "update": update}
+        await ctx.log("tool.called", self._hide({
+            **base, "result": handoff,
+            "duration_ms": round((time.perf_counter() - t0) * 1000, 3)}))
+        return handoff
+
+    async def _rejected(self, ctx: Context, base: dict[str, Any], comment: str | None) -> str:
+        fields = {**base, "comment": comment} if comment else dict(base)
+        await ctx.log("tool.rejected", self._hide(fields))
+        if comment:  # the reviewer's feedback reaches the model with the refusal
+            return _REJECTED_WITH.format(tool=base["tool"], comment=comment)
         return _REJECTED.format(tool=base["tool"])
 
     async def _refuse(self, ctx: Context, base: dict[str, Any], call: ToolCall,
@@ -410,7 +503,7 @@ class _Agent:
     def _check(self, content: str | None) -> tuple[Any, str | None]:
         """The reply as the node's output, or why it is not acceptable."""
         if self.validator is None and self.model_cls is None:
-            return content or "", None
+            return _as_object(content or ""), None
         text = _unfence(content or "")
         try:
             data = json.loads(text)
@@ -436,8 +529,22 @@ class _Agent:
         return problem
 
     def _hide(self, fields: dict[str, Any]) -> dict[str, Any]:
-        """A log record's fields without the ones ``redact:`` names."""
-        return {k: v for k, v in fields.items() if k not in self.redact}
+        """A log record's fields without the ones ``redact:`` names (``arguments`` covers
+        the model's own, ``model_arguments``, beside a human's edit)."""
+        return {k: v for k, v in fields.items() if k not in self.redact
+                and not (k == "model_arguments" and "arguments" in self.redact)}
+
+
+def edit_schema(tool: Tool) -> dict[str, Any]:
+    """What a human's edit of a call to ``tool`` must be: ``{"arguments": {...}}`` with
+    arguments that fit its parameters (the JSON Schema of its signature)."""
+    params = dict(tool.parameters)
+    defs = params.pop("$defs", None)  # its $refs point at the root: keep them there
+    schema: dict[str, Any] = {"type": "object", "properties": {"arguments": params},
+                              "required": ["arguments"], "additionalProperties": False}
+    if defs is not None:
+        schema["$defs"] = defs
+    return schema
 
 
 def _restart_point(ctx: Context) -> tuple[int, int]:
@@ -497,6 +604,21 @@ def _loads(arguments: str, redact: frozenset[str]) -> Any:
 
 
 _FENCE = re.compile(r"^\s*```[A-Za-z0-9_-]*\s*\n(.*?)\n?```\s*$", re.S)
+
+
+def _as_object(text: str) -> Any:
+    """A reply without an ``output`` schema: a JSON object (fenced or not) is kept as the
+    object, so ``{{ node.field }}`` and ``node.field`` in a condition read it; any other
+    text -- a number, ``true``, a list, prose -- stays the text the model wrote."""
+    body = _unfence(text).strip()
+    if body.startswith("{"):
+        try:
+            data = json.loads(body)
+        except ValueError:
+            return text
+        if isinstance(data, dict):
+            return data
+    return text
 
 
 def _unfence(text: str) -> str:

@@ -79,6 +79,10 @@ class Provider(Protocol):
     async def complete(self, request: ChatRequest) -> Reply: ...
 
 
+class RepliesExhausted(AgentConfigError):
+    """A scripted provider was asked for more replies than it declares."""
+
+
 class ScriptedProvider:
     """A provider that replays declared replies, one per model call, in order.
 
@@ -101,7 +105,7 @@ class ScriptedProvider:
 
     async def complete(self, request: ChatRequest) -> Reply:
         if request.index >= len(self.replies):
-            raise AgentConfigError(
+            raise RepliesExhausted(
                 f"the scripted provider of node {request.node!r} has no reply left: it "
                 f"declares {len(self.replies)} and this is model call {request.index + 1} "
                 "of the run; add replies")

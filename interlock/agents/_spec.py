@@ -70,7 +70,7 @@ class ScriptedReply(_Strict):
 
 class AgentSpec(_Strict):
     """``agent: {provider, model, base_url, api_key_env, system, prompt, output, output_model,
-    output_key, choose, tools, max_turns, replies, redact, temperature}``."""
+    output_key, choose, tools, max_turns, replies, redact, temperature, tool_errors}``."""
 
     provider: Literal["openai", "scripted"] = "openai"
     model: str | None = Field(default=None, min_length=1)
@@ -87,6 +87,9 @@ class AgentSpec(_Strict):
     replies: list[ScriptedReply] | None = None
     redact: list[str] = Field(default_factory=list)
     temperature: float | None = Field(default=None, ge=0, le=2)
+    # a tool that raises: its error goes back to the model as the tool's answer (return),
+    # or fails the node (raise)
+    tool_errors: Literal["return", "raise"] = "return"
 
     @field_validator("output_model")
     @classmethod

@@ -45,8 +45,10 @@ from ._common import (
     read_input,
     with_store,
 )
-from ._inspect import graph, runs, status, validate, verify
+from ._coverage import coverage
+from ._inspect import export, graph, runs, status, validate, verify
 from ._progress import Progress
+from ._prune import prune
 from ._run import cancel, fork, resume, run
 from ._serve import serve
 from ._trace import trace
@@ -101,5 +103,5 @@ def _exit_now_if_threads_were_abandoned(code: Any) -> None:
 
 
 for _command in (run, validate, graph, resume, status, runs, trace, verify, cancel, fork,
-                 serve):
+                 coverage, export, prune, serve):
     cli.add_command(_command)

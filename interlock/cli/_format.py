@@ -14,12 +14,26 @@ if TYPE_CHECKING:
 
 _STATUS_STYLE = {
     "running": "cyan", "completed": "green", "failed": "bold red", "retrying": "yellow",
+    "caught": "yellow",  # failed, and an error edge took the run on
     "waiting": "magenta", "taken": "cyan", "skipped": "dim", "not run": "dim",
     "COMPLETED": "bold green", "FAILED": "bold red", "CANCELLED": "bold red",
     "WAITING_APPROVAL": "bold magenta", "REJECTED": "bold yellow",
     "approved": "green", "rejected": "yellow", "modified": "cyan", "timed_out": "yellow",
     "PENDING": "dim", "RUNNING": "cyan", "RETRYING": "yellow",
 }
+
+
+def decision_flags(waiting: dict[str, Any], *, short: bool = False) -> list[str]:
+    """The ``interlock resume`` options for each decision a waiting gate accepts: an
+    approval whose ``input:`` asks for data takes ``--data``, a guarded tool call's
+    modify edits its arguments."""
+    data = waiting.get("input") is not None and waiting.get("kind") == "approval"
+    tool = waiting.get("kind") == "tool"
+    patch = "PATCH_JSON [--at NODE]" if short else "'{\"field\": value}' [--at NODE]"
+    flags = {"approve": "--approve" + (" --data JSON" if data else ""),
+             "reject": "--reject" + (" [--data JSON]" if data else ""),
+             "modify": "--modify " + ("'{\"arguments\": {...}}'" if tool else patch)}
+    return [flags[d] for d in waiting.get("decisions") or [] if d in flags]
 
 
 def _plural(n: int, word: str) -> str:
@@ -89,6 +103,8 @@ def _node_detail(rec: Record) -> str:
     error = rec.get("error")
     if error:
         parts.append(_short(str(error.get("message", "")).splitlines()[0], 200))
+    if rec.get("caught"):  # an error edge caught it: the run goes on along that edge
+        parts.append(f"caught by edge {rec['caught'].get('edge')} (on_error)")
     if rec["type"] == "node.retrying" and rec.get("delay_ms") is not None:
         parts.append(f"retry in {_duration(rec['delay_ms'])}")
     return "  ".join(parts)
@@ -99,6 +115,8 @@ def _decision_detail(rec: Record) -> str:
     text = f"by {rec['by']}" if rec.get("by") else "by an anonymous decider"
     if rec.get("comment"):
         text += f": {_short(str(rec['comment']), 100)}"
+    if rec.get("data") is not None:
+        text += f"; data {_short(_json(rec['data']), 100)}"
     if rec.get("patch"):
         text += f"; patch {_short(_json(rec['patch']), 100)}"
     if rec.get("reenter"):

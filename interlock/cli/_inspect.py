@@ -21,11 +21,20 @@ from ._common import (
     store_option,
     with_store,
 )
-from ._format import _STATUS_STYLE, _age, _ago, _json, _plural, _short, _when
+from ._format import (
+    _STATUS_STYLE,
+    _age,
+    _ago,
+    _json,
+    _plural,
+    _short,
+    _when,
+    decision_flags,
+)
 from ._remote import Remote, server_options
 
 if TYPE_CHECKING:
-    from .. import Diagnostic, RunResult, Store
+    from .. import Diagnostic, RunResult, Store, Verification
     from ..support import RunRow
 
 
@@ -202,13 +211,12 @@ def _waiting_lines(run_id: str, w: dict[str, Any], store: str) -> list[str]:
         lines += [f"  {field_} = {_json(value)}" for field_, value in show.items()]
     decisions = list(w.get("decisions") or [])
     lines.append(f"decisions: {', '.join(decisions)}")
+    if w.get("input") is not None:
+        what = "--modify's patch" if w.get("kind") == "tool" else "--data"
+        lines.append(f"input ({what} must satisfy): {_json(w['input'])}")
     lines.append("decide with:")
-    flags = {"approve": "--approve", "reject": "--reject",
-             "modify": "--modify '{\"field\": value}' [--at NODE]"}
-    for d in decisions:
-        if d in flags:
-            lines.append(f"  interlock resume {run_id} {flags[d]} --by NAME "
-                         f"[--comment TEXT]{store}")
+    for flag in decision_flags(w):
+        lines.append(f"  interlock resume {run_id} {flag} --by NAME [--comment TEXT]{store}")
     return lines
 
 
@@ -268,11 +276,21 @@ def runs(status_: str | None, workflow: str | None, waiting: bool, limit: int, a
         click.echo(f"(the newest {limit}; see more with --limit)", err=True)
 
 
+def _parent(row: RunRow) -> str:
+    """A fork's origin (``run@seq``), or a child run's parent (``run/node``)."""
+    if row.parent_run:
+        return f"{row.parent_run}@{row.parent_seq}"
+    link = row.options.get("parent")
+    if isinstance(link, dict):
+        return f"{link.get('run')}/{link.get('node')}"
+    return "-"
+
+
 def _print_runs(rows: list[RunRow]) -> None:
     header = ["run id", "workflow", "status", "steps", "tokens", "created", "updated", "parent"]
     body = [[r.run_id, r.workflow, r.summary.status, str(r.summary.steps),
              str(r.summary.tokens), _when(r.created_at), _ago(r.summary.updated_at),
-             f"{r.parent_run}@{r.parent_seq}" if r.parent_run else "-"] for r in rows]
+             _parent(r)] for r in rows]
     _print_columns(header, body, right={3, 4}, status_col=2)
 
 
@@ -328,27 +346,80 @@ def _print_columns(header: list[str], body: list[list[str]], *, right: set[int],
 
 
 @click.command(short_help="Check a run's log has not been tampered with.")
-@click.argument("run_id", metavar="RUN_ID")
+@click.argument("run_id", metavar="RUN_ID", required=False)
+@click.option("--file", "path", metavar="PATH", type=click.Path(dir_okay=False),
+              help="Verify a run exported with `interlock export` from this file ('-' for "
+                   "stdin), with no store.")
 @store_option
-def verify(run_id: str, store_url: str | None) -> None:
+def verify(run_id: str | None, path: str | None, store_url: str | None) -> None:
     """Check RUN_ID's hash chain, its stored definition, that every record follows
     from the ones before it, and that the log ends where the run's summary says.
     Exits 0 when intact, 1 naming the first bad record.
+
+    With --file, the same checks for an exported run (`interlock export RUN_ID >
+    run.jsonl`) with no store: a record changed, added, removed or cut off the end
+    breaks it.
 
     A keyed log (a run started with INTERLOCK_LOG_KEY set) is checked with the key:
     then "ok" also proves the log was written by a holder of the key."""
     from .. import verify as run_verify
 
-    v = call_engine(run_verify(run_id, store=store_url))
+    if path is not None:
+        if run_id is not None:
+            raise CliError("give RUN_ID (a stored run) or --file PATH (an exported one), "
+                           "not both")
+        v = _verify_file(path)
+        run_id = v.run_id
+    elif run_id is None:
+        raise CliError("missing RUN_ID: `interlock verify RUN_ID`, or `interlock verify "
+                       "--file run.jsonl` for an exported run")
+    else:
+        v = call_engine(run_verify(run_id, store=store_url))
     for note in v.notes:
         click.echo(f"warning: {note}", err=True)
     if v.ok:
         how = ("keyed chain (HMAC-SHA-256) and fold verified: written by a holder of "
                "INTERLOCK_LOG_KEY" if v.keyed else "chain and fold verified")
-        click.echo(f"ok: {run_id} ({_plural(v.records, 'record')}, {how})")
+        children = (f"; child runs verified too: {', '.join(v.children)}" if v.children
+                    else "")
+        click.echo(f"ok: {run_id} ({_plural(v.records, 'record')}, {how}{children})")
         return
+    which = run_id if v.run_id == run_id else f"{v.run_id} (a child run of {run_id})"
     if v.seq is None:  # it could not be checked at all (a keyed log, without its key)
-        click.echo(f"not verified: {run_id}: {v.message}")
+        click.echo(f"not verified: {which}: {v.message}")
     else:
-        click.echo(f"broken: {run_id} at record {v.seq} of {v.records}: {v.message}")
+        click.echo(f"broken: {which} at record {v.seq} of {v.records}: {v.message}")
     sys.exit(EXIT_FAILED)
+
+
+def _verify_file(path: str) -> Verification:
+    from .. import UsageError
+    from ..support import verify_export
+
+    try:
+        if path == "-":
+            return verify_export(sys.stdin.buffer, source="stdin")
+        with open(path, "rb") as f:
+            return verify_export(f, source=path)
+    except OSError as exc:
+        raise CliError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except UsageError as exc:
+        raise CliError(str(exc)) from None
+
+
+@click.command(short_help="Write a run's log as JSON lines (for `verify --file`).")
+@click.argument("run_id", metavar="RUN_ID")
+@store_option
+def export(run_id: str, store_url: str | None) -> None:
+    """Write RUN_ID to stdout as JSON lines: a first line with the run's definition and
+    summary (its last seq and chain hash), then every record exactly as stored. An
+    auditor checks it with no store: `interlock verify --file run.jsonl`."""
+    from ..support import export_run
+
+    async def write() -> None:
+        out = sys.stdout.buffer
+        async for line in export_run(run_id, store=store_url):
+            out.write(line)
+        out.flush()
+
+    call_engine(write())

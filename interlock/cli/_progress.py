@@ -19,6 +19,7 @@ from ._format import (
     _reads,
     _short,
     _sources,
+    decision_flags,
 )
 
 if TYPE_CHECKING:
@@ -101,8 +102,10 @@ class Progress:
         node = rec["node"]
         st = self.stats.setdefault(node, NodeStats())
         st.tokens += rec.get("tokens") or 0
-        status = rec["type"].removeprefix("node.")
+        status = "caught" if rec.get("caught") else rec["type"].removeprefix("node.")
         status = "running" if status == "started" else status
+        if rec.get("caught"):  # failed, and an error edge took the run on
+            status = "caught"
         item = rec.get("item")
         if item is not None:  # one item of a mapped node's visit: its line, not its row
             self._line(f"{node}[{item}]", status, _node_detail(rec))
@@ -198,9 +201,7 @@ def _outcome_lines(result: RunResult) -> list[str]:
     if result.waiting:
         w = result.waiting
         lines.append(f"waiting for a decision at {w.get('node')!r}; shows {_json(w.get('show'))}")
-        flags = {"approve": "--approve", "reject": "--reject",
-                 "modify": "--modify PATCH_JSON [--at NODE]"}
-        choices = " | ".join(flags[d] for d in w.get("decisions", []) if d in flags)
+        choices = " | ".join(decision_flags(w, short=True))
         lines.append(f"decide with: interlock resume {result.run_id} {choices}  "
                      "[--by NAME] [--comment TEXT]")
     return lines

@@ -126,7 +126,8 @@ class Remote:
 
     def decide(self, run_id: str, decision: Any) -> None:
         body = {"decision": decision.kind, "comment": decision.comment, "by": decision.by,
-                "patch": decision.patch or None, "at": decision.at, "node": decision.node}
+                "patch": decision.patch or None, "at": decision.at, "node": decision.node,
+                "data": decision.data}
         self.call("POST", f"/api/runs/{run_id}/decisions",
                   json={k: v for k, v in body.items() if v is not None})
 

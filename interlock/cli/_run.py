@@ -12,6 +12,7 @@ from ._common import (
     EXIT_FAILED,
     CliError,
     ConfigSet,
+    _load_json,
     _parse_object,
     call_engine,
     config_overrides,
@@ -85,10 +86,14 @@ def _execute(wf: Workflow, data: dict[str, Any], store_url: str | None, run_id: 
 @click.option("--reject", is_flag=True, help="Reject the waiting gate.")
 @click.option("--modify", "patch_json", metavar="PATCH_JSON",
               help='Correct state fields (a JSON object, e.g. \'{"severity": "low"}\') and '
-                   "re-run from a node of the gate's approval.on_modify list.")
+                   "re-run from a node of the gate's approval.on_modify list; on a guarded "
+                   'tool call, \'{"arguments": {...}}\' runs it with edited arguments.')
 @click.option("--at", "at_node", metavar="NODE",
               help="With --modify: the node to re-enter at (default: the first of "
                    "approval.on_modify).")
+@click.option("--data", "data_json", metavar="JSON",
+              help="With --approve or --reject: the input the gate's approval.input "
+                   "schema asks for (JSON); the gate's record carries it as data.")
 @click.option("--by", metavar="NAME",
               help="Who decides; recorded in the log and checked against the gate's "
                    "approvers:. Not taken from $USER: without it the decision is anonymous.")
@@ -102,15 +107,17 @@ def _execute(wf: Workflow, data: dict[str, Any], store_url: str | None, run_id: 
 @store_option
 @server_options
 def resume(run_id: str, approve: bool, reject: bool, patch_json: str | None, at_node: str | None,
-           by: str | None, comment: str | None, sets: tuple[str, ...], force: bool,
-           as_json: bool, store_url: str | None, server_url: str | None,
+           data_json: str | None, by: str | None, comment: str | None, sets: tuple[str, ...],
+           force: bool, as_json: bool, store_url: str | None, server_url: str | None,
            token: str | None) -> None:
     """Continue RUN_ID from its log, or decide the approval it is waiting for.
 
     A crashed or failed run continues where it stopped: nodes that completed are
     not run again, the interrupted (or failed) ones are. A run waiting for
-    approval needs exactly one of --approve, --reject or --modify. The run
-    executes the workflow definition it started with, not the file as it is now.
+    approval needs exactly one of --approve, --reject or --modify (with --data
+    when the gate's approval.input asks for it; on a guarded tool call, --modify
+    '{"arguments": {...}}' edits the call and --comment reaches the model). The
+    run executes the workflow definition it started with, not the file as it is now.
 
     Exits like `run`: 0 completed, 1 failed, 2 refused (the reason is printed),
     3 waiting again, 4 rejected.
@@ -118,7 +125,7 @@ def resume(run_id: str, approve: bool, reject: bool, patch_json: str | None, at_
     if approve and reject:  # (one option with two flag values would let the last one win)
         raise CliError("use one of --approve, --reject or --modify, not --approve and --reject")
     kind = "approve" if approve else "reject" if reject else None
-    decision = _decision(kind, patch_json, at_node, by, comment)
+    decision = _decision(kind, patch_json, at_node, by, comment, data_json)
     config_sets, limits = parse_sets(sets)
     if server_url:
         _remote_resume(Remote(server_url, token, store_url), run_id, decision, config_sets,
@@ -167,10 +174,14 @@ def _remote_resume(remote: Any, run_id: str, decision: Any, config_sets: list[Co
 
 
 def _decision(kind: str | None, patch_json: str | None, at_node: str | None,
-              by: str | None, comment: str | None) -> Any:
+              by: str | None, comment: str | None, data_json: str | None = None) -> Any:
     """The `Decision` the options ask for, or None to just continue the run."""
     from .. import UsageError, approve, modify, reject
 
+    if data_json is not None and kind is None:
+        raise CliError("--data goes with --approve or --reject: it is the input the gate's "
+                       "approval.input asks for" + (" (a --modify patch is its own data)"
+                                                    if patch_json is not None else ""))
     if kind is not None and patch_json is not None:
         raise CliError(f"use one of --approve, --reject or --modify, not --{kind} and --modify")
     if at_node is not None and patch_json is None:
@@ -187,7 +198,9 @@ def _decision(kind: str | None, patch_json: str | None, at_node: str | None,
             raise CliError("--by and --comment go with a decision (--approve, --reject or "
                            "--modify)")
         return None
-    return (approve if kind == "approve" else reject)(by, comment)
+    data = _load_json(data_json, "--data", "the gate's input") if data_json is not None \
+        else None
+    return (approve if kind == "approve" else reject)(by, comment, data=data)
 
 
 def _resume_config(run_id: str, store_url: str | None,

@@ -148,19 +148,26 @@ async def _print_trace(pages: AsyncIterator[list[Record]], spec: WorkflowSpec | 
         if t0 is None and records:
             t0 = records[0]["at"]
         lines: list[Text] = []
-        for rec in records:
+        # a child run's records (a sub-workflow's) follow its start, indented: (record,
+        # depth), depth-first
+        todo = [(rec, 0) for rec in reversed(records)]
+        while todo:
+            rec, depth = todo.pop()
             rtype = rec["type"]
-            line = Text(f"{rec['seq']:>{seq_w}}  "
+            line = Text("  " * depth + ("│ " if depth else "") + f"{rec['seq']:>{seq_w}}  "
                         f"{'+' + _duration((rec['at'] - (t0 or 0.0)) * 1000):>11}  ")
             line.append(rtype.ljust(type_w), style=_record_style(rec))
             if node_w:
                 line.append("  ")
                 line.append((rec.get("node") or "").ljust(node_w), style="bold")
-            detail = _record_detail(rec, spec)
+            # (a child's record carries its run's id, which its start names already)
+            detail = _record_detail(rec, spec) if not depth else _record_detail(
+                {k: v for k, v in rec.items() if k != "run_id"}, None)
             if detail:
                 line.append("  " + detail)
             line.rstrip()
             lines.append(line)
+            todo += [(sub, depth + 1) for sub in reversed(rec.get("records") or ())]
         # a page at a time: Console.print's cost is mostly per call, not per line
         if not lines:
             continue
@@ -253,6 +260,8 @@ _RECORD_DETAIL: dict[str, Callable[[Record], str]] = {
     "run.forked": _continued_detail,
     "state.patched": lambda rec: "patch " + _short(_json(rec.get("patch")), 100),
     "effect.recorded": lambda rec: f"effect {rec.get('key')!r}",
+    "child.started": lambda rec: f"child run {rec.get('run_id')} (workflow "
+                                 f"{rec.get('workflow')}):",
     "run.waiting": lambda rec: f"for a decision at {(rec.get('waiting') or {}).get('node')!r}",
 }
 

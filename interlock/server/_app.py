@@ -516,7 +516,7 @@ def _routes(app: FastAPI) -> None:  # noqa: C901 - one closure per endpoint
                 if refused is not None:
                     raise Problemed(403, "Forbidden", refused)
         decision = Decision(body.decision, by, body.comment, dict(body.patch or {}), body.at,
-                            body.node, tuple(roles))
+                            body.node, data=body.data, roles=tuple(roles))
         async with server.lock(run_id):
             try:
                 await server.launch(

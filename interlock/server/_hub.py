@@ -59,13 +59,15 @@ class NotifyingStore(Store):
     def __init__(self, inner: Store, hub: Hub) -> None:
         self.inner, self.hub = inner, hub
         self.url = inner.url
+        self.leases_in_writes = inner.leases_in_writes
 
     async def create_run(self, row: RunRow, entries: list[Entry]) -> None:
         await self.inner.create_run(row, entries)
         self.hub.changed(row.run_id)
 
-    async def append(self, run_id: str, entries: list[Entry], summary: Summary) -> None:
-        await self.inner.append(run_id, entries, summary)
+    async def append(self, run_id: str, entries: list[Entry], summary: Summary,
+                     release: str | None = None) -> None:
+        await self.inner.append(run_id, entries, summary, release)
         self.hub.changed(run_id)
 
     async def get_run(self, run_id: str) -> RunRow:
@@ -108,5 +110,11 @@ class NotifyingStore(Store):
     async def load_snapshot(self, run_id: str) -> tuple[int, bytes] | None:
         return await self.inner.load_snapshot(run_id)
 
+    async def delete_finished(self, run_ids: list[str]) -> tuple[list[str], int]:
+        return await self.inner.delete_finished(run_ids)
+
     async def close(self) -> None:
         await self.inner.close()
+
+    async def close_soon(self) -> None:
+        await self.inner.close_soon()

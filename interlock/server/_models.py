@@ -106,8 +106,8 @@ class DecisionIn(BaseModel):
     patch: dict[str, Any] | None = None
     at: str | None = Field(default=None, max_length=200)
     node: str | None = Field(default=None, max_length=200)
-    data: dict[str, Any] | None = Field(
-        default=None, description="reserved for decisions that carry data; ignored")
+    data: Any = Field(default=None,
+                      description="approve/reject: what the gate's input: schema asks for")
     by: str | None = Field(default=None, max_length=200,
                            description="who decides; ignored when the server has --auth "
                                        "(the token's name is recorded)")

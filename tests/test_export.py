@@ -1,0 +1,124 @@
+"""`interlock export` and `interlock verify --file` (SPEC §10): an auditor takes a run
+away and proves it without the store."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+
+from interlock import START, Workflow
+from interlock.cli import cli
+
+
+def cli_run(*args: str, env: dict[str, str] | None = None, input: bytes | None = None
+            ) -> Result:
+    return CliRunner().invoke(cli, list(args), env=env, input=input, catch_exceptions=False)
+
+
+def a_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, key: str | None = None
+          ) -> tuple[str, str]:
+    """A finished run with a fan-out, in a store of its own; its id and the store's URL."""
+    if key is not None:
+        monkeypatch.setenv("INTERLOCK_LOG_KEY", key)
+    wf = Workflow("audited", state={"log": "append"})
+    wf.node("a", lambda s: {"log": "a", "amount": 120})
+    wf.node("b", lambda s: {"log": "b"})
+    wf.node("c", lambda s: {"log": "c"})
+    wf.edge(START, "a").edge("a", ["b", "c"])
+    store = f"sqlite:///{tmp_path / 'runs.db'}"
+    result = wf.run_sync(store=store)
+    assert result.status == "COMPLETED"
+    monkeypatch.delenv("INTERLOCK_LOG_KEY", raising=False)
+    return result.run_id, store
+
+
+def export_to(tmp_path: Path, run_id: str, store: str, env: dict[str, str] | None = None
+              ) -> Path:
+    out = cli_run("export", run_id, "--store", store, env=env)
+    assert out.exit_code == 0, out.output
+    path = tmp_path / "run.jsonl"
+    path.write_bytes(out.stdout_bytes)
+    return path
+
+
+def test_an_exported_run_verifies_from_the_file_alone(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    run_id, store = a_run(tmp_path, monkeypatch)
+    path = export_to(tmp_path, run_id, store)
+    lines = path.read_bytes().splitlines()
+    head = json.loads(lines[0])
+    assert head["format"] == "interlock-run" and head["run_id"] == run_id
+    assert head["summary"]["last_seq"] == len(lines) - 1
+    assert json.loads(lines[1])["type"] == "run.started"
+    # the store is gone: the file is all there is
+    (tmp_path / "runs.db").unlink()
+    moved = tmp_path / "elsewhere" / "run.jsonl"
+    moved.parent.mkdir()
+    shutil.move(path, moved)
+    monkeypatch.chdir(moved.parent)
+    checked = cli_run("verify", "--file", "run.jsonl")
+    assert checked.exit_code == 0, checked.output
+    assert checked.output.startswith(f"ok: {run_id} ({len(lines) - 1} records")
+    piped = cli_run("verify", "--file", "-", input=moved.read_bytes())
+    assert piped.exit_code == 0, piped.output
+
+
+def tampered(path: Path, change: Any) -> Path:
+    lines = path.read_bytes().split(b"\n")
+    change(lines)
+    out = path.with_name("tampered.jsonl")
+    out.write_bytes(b"\n".join(lines))
+    return out
+
+
+def edit_amount(lines: list[bytes]) -> None:
+    [i] = [k for k, line in enumerate(lines) if b'"amount":120' in line]
+    lines[i] = lines[i].replace(b'"amount":120', b'"amount":12')
+
+
+@pytest.mark.parametrize("change, expected", [
+    (edit_amount, "a record up to this one was changed"),
+    (lambda lines: lines.__delitem__(slice(-3, -1)), "records were cut off the end"),
+    (lambda lines: lines.__delitem__(3), "a record is missing or out of order"),
+    (lambda lines: lines.__setitem__(0, lines[0].replace(b'"amount"', b'"AMOUNT"')
+                                     .replace(b'"log"', b'"LOG"')),
+     "does not match the hash recorded when the run started"),
+])
+def test_a_tampered_export_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                      change: Any, expected: str) -> None:
+    run_id, store = a_run(tmp_path, monkeypatch)
+    bad = tampered(export_to(tmp_path, run_id, store), change)
+    checked = cli_run("verify", "--file", str(bad))
+    assert checked.exit_code == 1, checked.output
+    assert checked.output.startswith(f"broken: {run_id} at record ")
+    assert expected in checked.output
+
+
+def test_a_keyed_export_needs_its_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run_id, store = a_run(tmp_path, monkeypatch, key="audit-secret")
+    env = {"INTERLOCK_LOG_KEY": "audit-secret"}
+    path = export_to(tmp_path, run_id, store, env=env)
+    ok = cli_run("verify", "--file", str(path), env=env)
+    assert ok.exit_code == 0, ok.output
+    assert "keyed chain (HMAC-SHA-256) and fold verified" in ok.output
+    wrong = cli_run("verify", "--file", str(path), env={"INTERLOCK_LOG_KEY": "guess"})
+    assert wrong.exit_code == 1
+    none = cli_run("verify", "--file", str(path))
+    assert none.exit_code == 1 and none.output.startswith("not verified:")
+
+
+def test_a_file_that_is_not_an_export_is_a_usage_error(tmp_path: Path) -> None:
+    path = tmp_path / "notes.jsonl"
+    path.write_text('{"hello": 1}\n')
+    out = cli_run("verify", "--file", str(path))
+    assert out.exit_code == 2
+    assert "is not an interlock run export (made by `interlock export RUN_ID`)" in out.output
+    missing = cli_run("verify", "--file", str(tmp_path / "nope.jsonl"))
+    assert missing.exit_code == 2 and "cannot read" in missing.output
+    both = cli_run("verify", "some-run", "--file", str(path))
+    assert both.exit_code == 2 and "not both" in both.output
