@@ -53,6 +53,9 @@ class Decision:
     at: str | None = None  # modify: the node to re-enter at
     node: str | None = None  # which gate, when several are waiting
     data: Any = None  # approve/reject: what the gate's ``input:`` schema asks for
+    # the decider's roles, as an authenticating tool (a server) vouches for them: an
+    # ``approvers:`` entry ``role:NAME`` admits a decider with the role NAME
+    roles: tuple[str, ...] = ()
 
 
 def approve(by: str | None = None, comment: str | None = None, *,
@@ -141,11 +144,9 @@ def decide(spec: WorkflowSpec, view: RunView, decision: Decision, *,
                    else " (a confirmation is approved or rejected; modify is for an approval: "
                    "node that declares on_modify)")
         raise UsageError(f"{gate.node!r} accepts {', '.join(gate.decisions)}; not {verb}{why}")
-    approvers = list(ns.approval.approvers) if ns.approval is not None else []
-    if approvers and decision.by not in approvers:
-        who = repr(decision.by) if decision.by else "an anonymous decider (no --by)"
-        raise UsageError(f"{who} may not decide {gate.node!r}; its approvers are: "
-                         f"{', '.join(approvers)}")
+    refused = approvers_refuse(spec, gate.node, decision.by, decision.roles)
+    if refused is not None:
+        raise UsageError(refused)
     data = _checked_data(gate, decision)
     if decision.kind == "approve":
         return _records(spec, view, gate, "approved", decision.by, decision.comment, data=data)
@@ -163,6 +164,18 @@ def decide(spec: WorkflowSpec, view: RunView, decision: Decision, *,
     check_patch(spec, view, decision.patch)
     return _records(spec, view, gate, "modified", decision.by, decision.comment,
                     patch=L.to_json_value(decision.patch), reenter=target)
+
+
+def approvers_refuse(spec: WorkflowSpec, node: str, by: str | None,
+                     roles: tuple[str, ...] = ()) -> str | None:
+    """Why ``by`` (with ``roles``) may not decide the gate ``node``, or None if they may:
+    ``approvers:`` lists names and ``role:NAME`` entries."""
+    ns = spec.nodes[node]
+    approvers = list(ns.approval.approvers) if ns.approval is not None else []
+    if not approvers or by in approvers or any(f"role:{r}" in approvers for r in roles):
+        return None
+    who = repr(by) if by else "an anonymous decider (no --by)"
+    return f"{who} may not decide {node!r}; its approvers are: {', '.join(approvers)}"
 
 
 _DATA_HINT = "--data JSON on the command line, approve(data=...) or reject(data=...) in Python"

@@ -96,12 +96,19 @@ def open_store_arg(store: str | Store | None) -> tuple[Store, bool]:
 
 async def drive(plan: Plan, store: Store, run_id: str, view: RunView, writer: L.LogWriter, *,
                 first: list[tuple[str, dict[str, Any]]] | None = None, force: bool = False,
-                listener: Listener | None = None, owner: str | None = None) -> RunResult:
+                listener: Listener | None = None, owner: str | None = None,
+                fresh: bool = False) -> RunResult:
     """Claim the run, commit ``first`` (e.g. ``run.resumed``), execute, release.
 
     ``owner``: the run was created claimed by it (`Workflow.run`), so there is no claim
     to make. The last append (the run's end) gives the lease up in its transaction; the
     release here is for a run that stops otherwise (waiting, an error of the store).
+
+    ``fresh``: ``view`` and ``writer`` were made a while ago (a run created, then
+    queued for execution, as a server does): once claimed, the stored log must still end
+    where the writer does, or nothing runs (`ConflictError`) -- a run cancelled while it
+    was queued must not start its first node.
+
     The executor runs in the caller's task (`_execute`); a `_Watcher` keeps the lease
     alive and looks for a cancellation requested through the store (by `cancel`, from
     any process).
@@ -112,6 +119,9 @@ async def drive(plan: Plan, store: Store, run_id: str, view: RunView, writer: L.
     journal = Journal(store, run_id, view, writer, listener, owner=owner)
     runner = Runner(plan, journal, run_id, view)
     try:
+        if fresh and (await store.get_run(run_id)).summary.last_seq != writer.seq:
+            raise ConflictError(f"run {run_id!r} changed before it started executing (it was "
+                                "cancelled or taken over while queued); it is not started")
         if first:
             try:
                 await journal.commit(first)
@@ -245,6 +255,21 @@ async def start(plan: Plan, store: Store, run_id: str, *, definition: dict[str, 
     (JSON data); ``options`` what the row keeps of the overrides; ``started``: more
     fields of ``run.started`` (a child run's ``parent``, a trace's ids). The declared
     fields' defaults that apply are recorded there too (`start_defaults`)."""
+    view, writer, owner = await create(
+        plan, store, run_id, definition=definition, definition_hash=definition_hash,
+        input=input, config=config, limits=limits, options=options, started=started,
+        listener=listener)
+    return await drive(plan, store, run_id, view, writer, listener=listener, owner=owner)
+
+
+async def create(plan: Plan, store: Store, run_id: str, *, definition: dict[str, Any],
+                 definition_hash: str, input: dict[str, Any], config: dict[str, Any],
+                 limits: dict[str, Any], options: dict[str, Any],
+                 started: dict[str, Any] | None = None, listener: Listener | None = None,
+                 claimed: bool = True) -> tuple[RunView, L.LogWriter, str | None]:
+    """`start`'s first half: the run's row and ``run.started``; its view, its writer, and
+    the owner it was created claimed by (``claimed`` and a store that leases in its
+    writes), else None -- an unclaimed run, executed later (a server's queue)."""
     key = L.env_key()
     writer = L.LogWriter(key=key)
     now = time.time()
@@ -259,7 +284,7 @@ async def start(plan: Plan, store: Store, run_id: str, *, definition: dict[str, 
     view = RunView(plan)
     view.apply(rec)
     # created claimed where the store can: no claim of its own to commit
-    owner = make_owner() if store.leases_in_writes else None
+    owner = make_owner() if claimed and store.leases_in_writes else None
     row = RunRow(run_id=run_id, workflow=plan.spec.workflow, definition=definition,
                  definition_hash=definition_hash, input=input, options={**options, **chain},
                  created_at=now,
@@ -269,7 +294,7 @@ async def start(plan: Plan, store: Store, run_id: str, *, definition: dict[str, 
     await store.create_run(row, [entry])
     if listener is not None:
         listener(rec, view)
-    return await drive(plan, store, run_id, view, writer, listener=listener, owner=owner)
+    return view, writer, owner
 
 
 def start_defaults(spec: WorkflowSpec, data: Mapping[str, Any]) -> dict[str, Any]:
@@ -794,14 +819,15 @@ TRACE_PAGE = 2000  # records read from the store at a time by `trace_pages`
 
 
 async def trace_pages(run_id: str, *, store: str | Store | None = None,
-                      page: int | None = None) -> AsyncIterator[list[dict[str, Any]]]:
+                      page: int | None = None, after: int = 0
+                      ) -> AsyncIterator[list[dict[str, Any]]]:
     """`trace`'s records a page (default `TRACE_PAGE`) at a time: a long run's log is
-    never held whole."""
+    never held whole. ``after``: only the records with a greater seq."""
     st, owned = open_store_arg(store)
     try:
         await st.get_run(run_id)
         nested: set[str] = set()  # (a crash may have logged a child's start twice)
-        async for entries in st.iter_entries(run_id, page=page or TRACE_PAGE):
+        async for entries in st.iter_entries(run_id, after=after, page=page or TRACE_PAGE):
             records = [trace_record(run_id, entry) for entry in entries]
             for rec in records:  # a child run's records, nested under its start (SPEC §7)
                 if rec["type"] == L.CHILD_STARTED and isinstance(rec.get("run_id"), str) \
@@ -1129,3 +1155,18 @@ async def list_runs(*, store: str | Store | None = None, status: str | None = No
     finally:
         if owned:
             await release_store(st)
+
+
+async def append_note(run_id: str, rtype: str, fields: Mapping[str, Any], *,
+                      store: Store) -> None:
+    """Append one record that changes nothing in the run (a tool's note, such as a
+    server's ``notify.sent``) to its log, under the run's claim: claimed, read, chained,
+    committed, released. `ClaimError` while another owner executes the run."""
+    owner = make_owner()
+    await store.claim(run_id, owner, LEASE_SECONDS)
+    try:
+        loaded = await load_run(store, run_id)
+        journal = Journal(store, run_id, loaded.view, loaded.writer())
+        await journal.commit([(rtype, L.to_json_value(dict(fields)))])
+    finally:
+        await store.release(run_id, owner)

@@ -23,7 +23,7 @@ from ._fold import RunView
 from ._model import DEFAULT_STEPS, WorkflowSpec, check_limits
 from ._otel import RunSpans, run_spans, with_spans
 from ._plan import Plan
-from ._runs import RunResult, make_run_id, open_store_arg, start
+from ._runs import RunResult, create, drive, make_run_id, open_store_arg, result_of, start
 from ._spec import load_spec, parse
 from ._state import check_whole_values
 from ._store import Store, release_store
@@ -386,6 +386,26 @@ class Workflow:
             if owned:
                 await release_store(st)
 
+    async def start(self, input: Mapping[str, Any] | None = None, *, store: Store,
+                    run_id: str | None = None, config: Mapping[str, Any] | None = None,
+                    limits: Mapping[str, Any] | None = None,
+                    listener: Listener | None = None) -> Started:
+        """Create the run (its row and ``run.started``) without executing it: `run` in
+        two halves, for a tool that answers at once and executes later (a server's
+        queue). `Started.execute` claims and drives it; until then it is RUNNING with no
+        owner, which a restarted server takes over."""
+        plan = self.compile()
+        spec = plan.spec
+        data = _check_input(spec, input)
+        cfg, lim = _effective(spec, config, limits, self._limits())
+        rid = run_id or make_run_id()
+        view, writer, _ = await create(
+            plan, store, rid, definition=self.definition(),
+            definition_hash=self.definition_hash(), input=data, config=cfg, limits=lim,
+            options={"config": dict(config or {}), "limits": dict(limits or {})},
+            listener=listener, claimed=False)
+        return Started(plan, store, rid, view, writer, listener)
+
     def run_sync(self, input: Mapping[str, Any] | None = None, **kwargs: Any) -> RunResult:
         """`run` for scripts: blocks until the run stops (no event loop may be running)."""
         _no_running_loop("run_sync", "run")
@@ -411,6 +431,28 @@ class Workflow:
         """`resume` for scripts: blocks until the run stops (no event loop may be running)."""
         _no_running_loop("resume_sync", "resume")
         return asyncio.run(self.resume(run_id, decision, **kwargs))
+
+
+class Started:
+    """A run created by `Workflow.start` and not executed yet."""
+
+    def __init__(self, plan: Plan, store: Store, run_id: str, view: RunView,
+                 writer: L.LogWriter, listener: Listener | None) -> None:
+        self._args = (plan, store, run_id, view, writer)
+        self._listener = listener
+        self._executed = False
+        self.run_id = run_id
+        self.result = result_of(run_id, plan.spec.workflow, view)  # as it was created
+
+    async def execute(self, *, listener: Listener | None = None) -> RunResult:
+        """Claim the run and drive it (once). If its log moved since it was created (a
+        cancel, a takeover), nothing runs: `ConflictError`."""
+        if self._executed:
+            raise UsageError(f"run {self.run_id!r} was already executed")
+        self._executed = True
+        plan, store, run_id, view, writer = self._args
+        return await drive(plan, store, run_id, view, writer,
+                           listener=listener or self._listener, fresh=True)
 
 
 def _no_running_loop(sync: str, coro: str) -> None:

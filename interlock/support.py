@@ -17,8 +17,17 @@ Definitions
 
 Stored runs
     `load_run` (a run's row, its log checked and folded), `trace_pages` (its trace a
-    page at a time) and `TRACE_PAGE`, `LogCheck` (`interlock.verify`'s checks, fed a page
-    of entries at a time), `owner_gone` (whether a run's executing process is gone).
+    page at a time, from any seq) and `TRACE_PAGE`, `LogCheck` (`interlock.verify`'s
+    checks, fed a page of entries at a time), `owner_gone` (whether a run's executing
+    process is gone), `TERMINAL_TYPES` (the record types that end a run, with the
+    status each gives), `append_note` (a record that changes nothing -- a server's
+    ``notify.sent`` -- appended under the run's claim).
+
+Executing (for a server)
+    `Started` (`interlock.Workflow.start`: a run created, executed later by
+    `Started.execute`), `approvers_refuse` (why a decider, with the roles a tool vouches
+    for, may not decide a gate; ``interlock.Decision(roles=...)`` carries them to the
+    engine, which checks the same).
 
 Threads
     `abandoned_threads` (how many threads of sync nodes that timed out are still
@@ -50,23 +59,37 @@ It imports the engine (``import interlock`` alone does not): import it where it 
 
 from __future__ import annotations
 
+from typing import Any
+
 from . import _guards
 from . import _limits as limits
+from ._approvals import approvers_refuse
 from ._bounds import read_at_most, too_big, too_deep, too_deep_at
 from ._coverage import workflows_in
 from ._export import export as export_run
 from ._export import verify_export
 from ._fold import RunView
-from ._log import Entry, Record
+from ._log import TERMINAL_TYPES, Entry, Record
 from ._metrics import Metrics
 from ._model import EdgeSpec, NodeSpec, parse_duration
 from ._prune import Pruned
 from ._prune import prune as prune_runs
 from ._render import to_dot, to_mermaid
-from ._runs import TRACE_PAGE, LogCheck, load_run, trace_pages
+from ._runs import TRACE_PAGE, LogCheck, append_note, load_run, trace_pages
 from ._spec import load_spec
 from ._spec import parse as parse_definition
 from ._store import RunRow, Summary, owner_gone
+from ._workflow import Started
+
+
+def run_json(row: RunRow) -> dict[str, Any]:
+    """A stored run's row as ``interlock runs --json`` (and the server's run lists) show it."""
+    s = row.summary
+    return {"run_id": row.run_id, "workflow": row.workflow, "status": s.status,
+            "steps": s.steps, "tokens": s.tokens, "created_at": row.created_at,
+            "updated_at": s.updated_at, "parent_run": row.parent_run,
+            "parent_seq": row.parent_seq, "parent": row.options.get("parent"),
+            "error": s.error, "waiting": s.waiting}
 
 
 def abandoned_threads() -> int:
@@ -76,6 +99,7 @@ def abandoned_threads() -> int:
 
 
 __all__ = [
+    "TERMINAL_TYPES",
     "TRACE_PAGE",
     "EdgeSpec",
     "Entry",
@@ -86,8 +110,11 @@ __all__ = [
     "Record",
     "RunRow",
     "RunView",
+    "Started",
     "Summary",
     "abandoned_threads",
+    "append_note",
+    "approvers_refuse",
     "export_run",
     "limits",
     "load_run",
@@ -97,6 +124,7 @@ __all__ = [
     "parse_duration",
     "prune_runs",
     "read_at_most",
+    "run_json",
     "to_dot",
     "to_mermaid",
     "too_big",

@@ -44,7 +44,10 @@ LAYERS: dict[int, set[str]] = {
     9: {"_workflow"},
     # the public surface and the command line
     10: {"", "__main__", "testing", "support", "cli", "cli._common", "cli._format", "cli._inspect",
-         "cli._progress", "cli._run", "cli._trace", "cli._coverage", "cli._prune"},
+         "cli._progress", "cli._run", "cli._trace", "cli._coverage", "cli._prune",
+         "cli._serve", "cli._remote",
+         "server", "server._app", "server._auth", "server._hub", "server._main",
+         "server._models", "server._notify", "server._pool"},
 }
 LAYER_OF = {m: n for n, mods in LAYERS.items() for m in mods}
 
@@ -108,10 +111,16 @@ def test_only_the_journal_touches_the_store(name: str) -> None:
     assert not {d for d in deps if d == "_store" or d.startswith("_store.")}
 
 
-@pytest.mark.parametrize("name", sorted(m for m in _modules() if m.startswith("cli")))
-def test_the_cli_uses_only_the_public_api_and_the_support_surface(name: str) -> None:
+@pytest.mark.parametrize("name", sorted(m for m in _modules()
+                                        if m.startswith(("cli", "server"))))
+def test_the_tools_use_only_the_public_api_and_the_support_surface(name: str) -> None:
+    """The command line and the server are tools on top: each imports `interlock`,
+    `interlock.support` and its own modules (the CLI also the server's public package,
+    for ``interlock serve``)."""
     modules = _modules()
+    tool = name.split(".")[0]
+    allowed = {"", "support"} | ({"server"} if tool == "cli" else set())
     private = sorted(dep for dep in _imports(name, modules[name], set(modules))
-                     if dep not in ("", "support") and not dep.startswith("cli"))
+                     if dep not in allowed and dep.split(".")[0] != tool)
     assert not private, (f"interlock.{name} imports private modules {private}: use "
                          "interlock or interlock.support (add the name there if it is missing)")

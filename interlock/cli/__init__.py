@@ -50,6 +50,7 @@ from ._inspect import export, graph, runs, status, validate, verify
 from ._progress import Progress
 from ._prune import prune
 from ._run import cancel, fork, resume, run
+from ._serve import serve
 from ._trace import trace
 
 __all__ = [
@@ -102,5 +103,5 @@ def _exit_now_if_threads_were_abandoned(code: Any) -> None:
 
 
 for _command in (run, validate, graph, resume, status, runs, trace, verify, cancel, fork,
-                 coverage, export, prune):
+                 coverage, export, prune, serve):
     cli.add_command(_command)

@@ -31,6 +31,7 @@ from ._format import (
     _when,
     decision_flags,
 )
+from ._remote import Remote, server_options
 
 if TYPE_CHECKING:
     from .. import Diagnostic, RunResult, Store, Verification
@@ -101,7 +102,9 @@ def graph(workflow: str, fmt: str) -> None:
 @click.argument("run_id", metavar="RUN_ID")
 @json_option
 @store_option
-def status(run_id: str, as_json: bool, store_url: str | None) -> None:
+@server_options
+def status(run_id: str, as_json: bool, store_url: str | None, server_url: str | None,
+           token: str | None) -> None:
     """Show RUN_ID's status, counts and error; for a run waiting for approval, the gate,
     what it shows and how to decide.
 
@@ -112,7 +115,15 @@ def status(run_id: str, as_json: bool, store_url: str | None) -> None:
     async def go(st: Store) -> tuple[RunResult, RunRow]:
         return await run_status(run_id, store=st), await st.get_run(run_id)
 
-    result, row = call_engine(with_store(store_url, go))
+    if server_url:
+        remote = Remote(server_url, token, store_url)
+        try:
+            result = remote.result(run_id)
+            row = remote.row(run_id, result, remote.records(run_id))
+        finally:
+            remote.close()
+    else:
+        result, row = call_engine(with_store(store_url, go))
     if as_json:
         click.echo(json.dumps(result.to_json(), ensure_ascii=False))
     else:
@@ -228,8 +239,9 @@ STATUSES = ["PENDING", "RUNNING", "RETRYING", "WAITING_APPROVAL", "COMPLETED", "
 @click.option("--json", "as_json", is_flag=True,
               help="Print the runs as one JSON list of objects on stdout.")
 @store_option
+@server_options
 def runs(status_: str | None, workflow: str | None, waiting: bool, limit: int, as_json: bool,
-         store_url: str | None) -> None:
+         store_url: str | None, server_url: str | None, token: str | None) -> None:
     """List the runs in the store, newest first."""
     from .. import list_runs
 
@@ -240,10 +252,19 @@ def runs(status_: str | None, workflow: str | None, waiting: bool, limit: int, a
             raise CliError(f"--waiting lists WAITING_APPROVAL runs; it cannot be combined "
                            f"with --status {status_}")
         status_ = "WAITING_APPROVAL"
-    rows = call_engine(list_runs(store=store_url, status=status_, workflow=workflow,
-                                 limit=limit))
+    if server_url:
+        remote = Remote(server_url, token, store_url)
+        try:
+            rows = remote.rows(status=status_, workflow=workflow, limit=limit)
+        finally:
+            remote.close()
+    else:
+        rows = call_engine(list_runs(store=store_url, status=status_, workflow=workflow,
+                                     limit=limit))
     if as_json:
-        click.echo(json.dumps([_run_json(r) for r in rows], ensure_ascii=False))
+        from ..support import run_json
+
+        click.echo(json.dumps([run_json(r) for r in rows], ensure_ascii=False))
         return
     if not rows:
         click.echo("no runs waiting for approval" if waiting else "no runs")
@@ -253,15 +274,6 @@ def runs(status_: str | None, workflow: str | None, waiting: bool, limit: int, a
         _print_runs(rows)
     if len(rows) == limit:
         click.echo(f"(the newest {limit}; see more with --limit)", err=True)
-
-
-def _run_json(row: RunRow) -> dict[str, Any]:
-    s = row.summary
-    return {"run_id": row.run_id, "workflow": row.workflow, "status": s.status,
-            "steps": s.steps, "tokens": s.tokens, "created_at": row.created_at,
-            "updated_at": s.updated_at, "parent_run": row.parent_run,
-            "parent_seq": row.parent_seq, "parent": row.options.get("parent"),
-            "error": s.error, "waiting": s.waiting}
 
 
 def _parent(row: RunRow) -> str:

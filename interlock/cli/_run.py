@@ -28,6 +28,7 @@ from ._common import (
     with_store,
 )
 from ._progress import Progress
+from ._remote import Remote, server_options
 
 if TYPE_CHECKING:
     from .. import RunResult, Store, Workflow
@@ -104,9 +105,11 @@ def _execute(wf: Workflow, data: dict[str, Any], store_url: str | None, run_id: 
                    "two processes executing one run would both run its nodes.")
 @json_option
 @store_option
+@server_options
 def resume(run_id: str, approve: bool, reject: bool, patch_json: str | None, at_node: str | None,
            data_json: str | None, by: str | None, comment: str | None, sets: tuple[str, ...],
-           force: bool, as_json: bool, store_url: str | None) -> None:
+           force: bool, as_json: bool, store_url: str | None, server_url: str | None,
+           token: str | None) -> None:
     """Continue RUN_ID from its log, or decide the approval it is waiting for.
 
     A crashed or failed run continues where it stopped: nodes that completed are
@@ -124,6 +127,9 @@ def resume(run_id: str, approve: bool, reject: bool, patch_json: str | None, at_
     kind = "approve" if approve else "reject" if reject else None
     decision = _decision(kind, patch_json, at_node, by, comment, data_json)
     config_sets, limits = parse_sets(sets)
+    if server_url:
+        _remote_resume(Remote(server_url, token, store_url), run_id, decision, config_sets,
+                       limits, force, as_json)
     config = config_overrides({}, config_sets) if config_sets else {}
     if any(len(path) > 1 for path, _ in config_sets):
         config = _resume_config(run_id, store_url, config_sets)
@@ -139,6 +145,31 @@ def resume(run_id: str, approve: bool, reject: bool, patch_json: str | None, at_
                                 limits=limits or None, force=force, listener=progress)
 
     result = call_engine(with_store(store_url, go), progress)
+    _finish(result, progress, as_json)
+
+
+def _remote_resume(remote: Any, run_id: str, decision: Any, config_sets: list[ConfigSet],
+                   limits: dict[str, Any], force: bool, as_json: bool) -> NoReturn:
+    """`resume` through a server: it records the decision (or resumes) and executes the
+    run; this follows the run's events until it stops or waits, then prints as `resume`."""
+    if limits or force or any(len(path) > 1 for path, _ in config_sets):
+        raise CliError("with --server, resume takes --set KEY=VALUE for top-level config "
+                       "keys only (no limits.*, no nested keys) and no --force: the server "
+                       "executes the run")
+    try:
+        before = len(remote.records(run_id))  # (a 404 for an unknown run)
+        if decision is not None:
+            remote.decide(run_id, decision)
+        else:
+            config = config_overrides({}, config_sets) if config_sets else {}
+            remote.call("POST", f"/api/runs/{run_id}/resume", json={"config": config})
+        remote.follow(run_id, before)
+        result = remote.result(run_id)
+        records = remote.records(run_id)
+    finally:
+        remote.close()
+    progress = Progress(run_id, live=False)
+    progress.replay(records)
     _finish(result, progress, as_json)
 
 
@@ -264,14 +295,24 @@ def fork(run_id: str, at_seq: int, sets: tuple[str, ...], patch_json: str | None
               metavar="SECONDS",
               help="How long to wait for the process executing the run to stop it.")
 @store_option
-def cancel(run_id: str, by: str | None, wait: float, store_url: str | None) -> None:
+@server_options
+def cancel(run_id: str, by: str | None, wait: float, store_url: str | None,
+           server_url: str | None, token: str | None) -> None:
     """Cancel RUN_ID. A run waiting for a human, failed, or whose process died is
     cancelled at once; a run being executed by another process is asked to stop (its
     nodes in flight are cancelled, isolated processes killed). Exits 0 once the run is
     CANCELLED, 1 if the executing process did not stop it within --wait seconds."""
+    from .. import RunResult
     from .. import cancel as run_cancel
 
-    result = call_engine(run_cancel(run_id, by=by, store=store_url, wait=wait))
+    if server_url:
+        remote = Remote(server_url, token, store_url)
+        try:  # (the server records its token's name, or `local`, as who cancelled)
+            result = RunResult(**remote.call("POST", f"/api/runs/{run_id}/cancel"))
+        finally:
+            remote.close()
+    else:
+        result = call_engine(run_cancel(run_id, by=by, store=store_url, wait=wait))
     if result.status == "CANCELLED":
         click.echo(f"cancelled: {run_id}" + (f" by {by}" if by else ""))
         return

@@ -1,0 +1,35 @@
+"""What the server benchmarks share: ``interlock serve`` started on a free loopback port."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+
+@contextlib.contextmanager
+def served(root: Path, *args: str) -> Iterator[str]:
+    """``interlock serve --port 0 ARGS`` in ``root`` (its node modules importable); its
+    URL, until SIGTERM at the end."""
+    server = subprocess.Popen([sys.executable, "-m", "interlock", "serve", "--port", "0",
+                               *args], cwd=root, text=True, stderr=subprocess.PIPE,
+                              env={**os.environ, "PYTHONPATH": str(root)})
+    assert server.stderr is not None
+    url = ""
+    for line in server.stderr:
+        m = re.search(r"(http://127\.0\.0\.1:\d+)", line)
+        if m:
+            url = m.group(1)
+            break
+    threading.Thread(target=server.stderr.read, daemon=True).start()
+    try:
+        yield url
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait()

@@ -1,0 +1,150 @@
+"""``--server URL [--token T]``: runs, status, trace, resume and cancel against an
+``interlock serve`` instead of a store (SPEC §8), with the same output and exit codes.
+
+The server's refusals (problem+json) become `CliError` with the server's message, which
+is the one the command gives against a store (exit 2). A resume or a decision returns
+once the server has recorded it; the command then follows the run's event stream until
+the run stops (or waits again), as a local resume runs until then.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import click
+
+from ._common import CliError
+
+if TYPE_CHECKING:
+    from .. import RunResult
+    from ..support import RunRow
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+STOPS = {"run.completed", "run.failed", "run.rejected", "run.cancelled", "run.waiting"}
+
+
+def server_options(fn: F) -> F:
+    fn = click.option(
+        "--token", "token", envvar="INTERLOCK_TOKEN", metavar="TOKEN",
+        help="The bearer token for --server (default: $INTERLOCK_TOKEN).")(fn)
+    return click.option(
+        "--server", "server_url", envvar="INTERLOCK_SERVER", metavar="URL",
+        help="Talk to an `interlock serve` at URL instead of a store "
+             "(default: $INTERLOCK_SERVER).")(fn)
+
+
+class Remote:
+    """A client of one server."""
+
+    def __init__(self, url: str, token: str | None, store_url: str | None = None) -> None:
+        if store_url is not None:
+            raise CliError("use either --store or --server (INTERLOCK_SERVER), not both: a "
+                           "server has its own store")
+        try:
+            import httpx
+        except ImportError as exc:
+            raise CliError(f"--server needs httpx: pip install 'interlock[server]' ({exc})"
+                           ) from None
+        self.url = url.rstrip("/")
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._httpx = httpx
+        self.client = httpx.Client(base_url=self.url, headers=headers, timeout=60)
+
+    def _fail(self, exc: Exception) -> CliError:
+        return CliError(f"cannot reach the interlock server at {self.url}: {exc}")
+
+    def call(self, method: str, path: str, **kwargs: Any) -> Any:
+        try:
+            response = self.client.request(method, path, **kwargs)
+        except self._httpx.HTTPError as exc:
+            raise self._fail(exc) from None
+        if response.is_success:
+            return response.json()
+        try:
+            detail = response.json().get("detail")
+        except ValueError:
+            detail = None
+        raise CliError(str(detail or f"the server answered {response.status_code} "
+                                     f"{response.reason_phrase}"))
+
+    def records(self, run_id: str, after: int = 0) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = self.call("GET", f"/api/runs/{run_id}/records",
+                                              params={"after": after})
+        return out
+
+    def follow(self, run_id: str, after: int) -> None:
+        """Until the run stops or waits (a record in `STOPS` after ``after``)."""
+        try:
+            with self.client.stream("GET", f"/api/runs/{run_id}/events",
+                                    params={"after": after}, timeout=None) as response:
+                if not response.is_success:
+                    response.read()
+                    raise CliError(str(response.json().get("detail")))
+                for line in _events(response.iter_lines()):
+                    if line in STOPS:
+                        return
+        except self._httpx.HTTPError as exc:
+            raise self._fail(exc) from None
+
+    def result(self, run_id: str) -> RunResult:
+        from .. import RunResult
+
+        return RunResult(**self.call("GET", f"/api/runs/{run_id}"))
+
+    def row(self, run_id: str, result: RunResult, records: list[dict[str, Any]]) -> RunRow:
+        """A run's row as far as a client can tell it (`interlock status` shows it):
+        created and updated from its first and last records, its parent from run.forked."""
+        from ..support import RunRow, Summary
+
+        forked = next((r for r in records if r["type"] == "run.forked"), {})
+        first = records[0]["at"] if records else 0.0
+        last = records[-1]["at"] if records else 0.0
+        return RunRow(run_id=run_id, workflow=result.workflow, definition={},
+                      definition_hash="", input={}, options={}, created_at=first,
+                      summary=Summary(status=result.status, last_seq=len(records),
+                                      last_hash="", steps=result.steps, tokens=result.tokens,
+                                      error=result.error, waiting=result.waiting,
+                                      updated_at=last),
+                      parent_run=forked.get("parent_run"), parent_seq=forked.get("parent_seq"))
+
+    def rows(self, *, status: str | None, workflow: str | None, limit: int) -> list[RunRow]:
+        from ..support import RunRow, Summary
+
+        params = {k: v for k, v in {"status": status, "workflow": workflow,
+                                    "limit": min(limit, 1000)}.items() if v is not None}
+        page = self.call("GET", "/api/runs", params=params)
+        return [RunRow(run_id=r["run_id"], workflow=r["workflow"], definition={},
+                       definition_hash="", input={}, options={}, created_at=r["created_at"],
+                       summary=Summary(status=r["status"], last_seq=0, last_hash="",
+                                       steps=r["steps"], tokens=r["tokens"], error=r["error"],
+                                       waiting=r["waiting"], updated_at=r["updated_at"]),
+                       parent_run=r["parent_run"], parent_seq=r["parent_seq"])
+                for r in page["runs"]]
+
+    def decide(self, run_id: str, decision: Any) -> None:
+        body = {"decision": decision.kind, "comment": decision.comment, "by": decision.by,
+                "patch": decision.patch or None, "at": decision.at, "node": decision.node,
+                "data": decision.data}
+        self.call("POST", f"/api/runs/{run_id}/decisions",
+                  json={k: v for k, v in body.items() if v is not None})
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def _events(lines: Iterator[str]) -> Iterator[str]:
+    """The ``event:`` of each event of an SSE stream."""
+    event = None
+    for line in lines:
+        if line.startswith("event: "):
+            event = line[7:]
+        elif not line and event is not None:
+            yield event
+            event = None
+
+
+def dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)

@@ -1,0 +1,54 @@
+"""``interlock serve``: the HTTP API (SPEC §8), from `interlock.server`."""
+
+from __future__ import annotations
+
+import click
+
+from ._common import CliError, store_option
+
+
+@click.command(short_help="Serve the HTTP API and live events.")
+@store_option
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to bind; a non-loopback one needs --auth.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8765, show_default=True)
+@click.option("--workflows", "workflows", multiple=True, metavar="PATH",
+              help="A workflow file, or a folder of *.yaml/*.json (repeatable); each is "
+                   "known by its workflow: name.")
+@click.option("--auth", "auth", metavar="FILE",
+              help="YAML: tokens: [{name, sha256, roles}] (roles: viewer, operator, "
+                   "approver, admin).")
+@click.option("--notify", "notify", multiple=True, metavar="URL",
+              help="POST a Slack-compatible message here on every approval request "
+                   "(repeatable).")
+@click.option("--public-url", metavar="URL",
+              help="Where the server is reached, for links in notifications "
+                   "(default http://HOST:PORT).")
+@click.option("--workers", type=click.IntRange(min=1), default=4, show_default=True,
+              help="Runs executing at a time; more wait for a free worker.")
+@click.option("--poll", type=click.FloatRange(min=0.01), default=0.25, show_default=True,
+              help="Seconds between reads of a followed run that another process writes.")
+@click.option("--drain", type=click.FloatRange(min=0), default=10.0, show_default=True,
+              help="On SIGTERM, seconds to let executing runs end before stopping them.")
+@click.option("--take-over/--no-take-over", default=True, show_default=True,
+              help="On start, continue the runs whose executing process is gone.")
+def serve(store_url: str | None, host: str, port: int, workflows: tuple[str, ...],
+          auth: str | None, notify: tuple[str, ...], public_url: str | None, workers: int,
+          poll: float, drain: float, take_over: bool) -> None:
+    """Serve the API, the run event streams and approvals from one process. Runs started
+    through it execute in it; runs another process left unfinished are taken over."""
+    try:
+        from ..server import ServerOptions
+        from ..server import serve as run_server
+    except ImportError as exc:
+        raise CliError(f"interlock serve needs the server extra: pip install "
+                       f"'interlock[server]' ({exc})") from None
+    from .. import StoreError, UsageError
+
+    options = ServerOptions(store=store_url, workflows=workflows, auth=auth, notify=notify,
+                            public_url=public_url or f"http://{host}:{port}",
+                            workers=workers, poll=poll, drain=drain, take_over=take_over)
+    try:
+        run_server(options, host=host, port=port)
+    except (UsageError, StoreError) as exc:
+        raise CliError(str(exc)) from None

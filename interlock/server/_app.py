@@ -1,0 +1,617 @@
+"""The FastAPI application: SPEC §8's endpoints over one store."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+from urllib.parse import urlsplit, urlunsplit
+
+from fastapi import Depends, FastAPI, Header, Query, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.sse import EventSourceResponse, ServerSentEvent
+from starlette.exceptions import HTTPException
+
+import interlock
+from interlock import (
+    ClaimError,
+    ConflictError,
+    Decision,
+    RunExists,
+    RunNotFound,
+    StoreError,
+    UsageError,
+    Workflow,
+    WorkflowError,
+)
+from interlock.support import (
+    TERMINAL_TYPES,
+    RunRow,
+    RunView,
+    approvers_refuse,
+    limits,
+    parse_definition,
+    run_json,
+    to_mermaid,
+    trace_pages,
+)
+
+from ._auth import DECIDE, LOCAL, OPERATE, READ, Identity, Tokens
+from ._hub import Hub, NotifyingStore
+from ._models import (
+    Approval,
+    DecisionIn,
+    Graph,
+    Health,
+    Problem,
+    Record,
+    ResumeIn,
+    RunObject,
+    RunPage,
+    StartRun,
+    WorkflowDetail,
+    WorkflowInfo,
+)
+from ._notify import Notifier
+from ._pool import Draining, Pool
+
+log = logging.getLogger("interlock.server")
+
+PROBLEM = "application/problem+json"
+BODY_SLACK = 64 * 1024  # a body's bytes beyond the input it carries (config, names)
+TERMINAL_STATUSES = frozenset(TERMINAL_TYPES.values())
+
+
+@dataclass
+class ServerOptions:
+    """What ``interlock serve`` takes (see `create_app`)."""
+
+    store: str | None = None  # a URL; None: $INTERLOCK_STORE, then ./.interlock/runs.db
+    workflows: Sequence[str] = ()  # files, or folders of *.yaml / *.yml / *.json
+    auth: str | None = None  # the --auth YAML file
+    notify: Sequence[str] = ()  # webhook URLs told of every approval.requested
+    public_url: str = "http://127.0.0.1:8765"  # where the inbox link points
+    workers: int = 4  # executions at a time
+    poll: float = 0.25  # seconds between reads of a followed run written elsewhere
+    keepalive: float = 15.0  # seconds between SSE keepalive comments
+    drain: float = 10.0  # seconds a stopping server waits for its executions
+    notify_attempts: int = 5
+    notify_backoff: float = 0.5
+    notify_scan: float = 2.0  # seconds between looks for gates requested elsewhere
+    take_over: bool = True  # continue runs whose process is gone, on start
+
+
+class Problemed(Exception):
+    def __init__(self, status: int, title: str, detail: str,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(detail)
+        self.status, self.title, self.detail, self.headers = status, title, detail, headers
+
+
+def problem(status: int, title: str, detail: str,
+            headers: dict[str, str] | None = None) -> JSONResponse:
+    body = Problem(title=title, status=status, detail=detail).model_dump()
+    return JSONResponse(body, status_code=status, media_type=PROBLEM, headers=headers)
+
+
+_PROBLEMS = {400: {"model": Problem, "description": "a malformed request, or refused"},
+             401: {"model": Problem, "description": "no valid token"},
+             403: {"model": Problem, "description": "the token's role or approvers: refuse"},
+             404: {"model": Problem, "description": "no such run or workflow"},
+             409: {"model": Problem, "description": "the run's state refuses it"},
+             413: {"model": Problem, "description": "the body is larger than is read"},
+             422: {"model": Problem, "description": "the body does not fit its schema"}}
+for _status, _doc in _PROBLEMS.items():
+    _doc["content"] = {PROBLEM: {"schema": {"$ref": "#/components/schemas/Problem"}}}
+
+
+def load_workflows(paths: Sequence[str]) -> dict[str, Workflow]:
+    """Each file (or each ``*.yaml``/``*.yml``/``*.json`` in a folder), by workflow name."""
+    found: dict[str, tuple[Workflow, Path]] = {}
+    for given in paths:
+        p = Path(given)
+        if p.is_dir():
+            files = sorted(f for f in p.iterdir() if f.suffix in (".yaml", ".yml", ".json"))
+        elif p.exists():
+            files = [p]
+        else:
+            raise UsageError(f"--workflows {given}: no such file or folder")
+        for f in files:
+            try:
+                wf = interlock.load(f)
+            except WorkflowError as exc:
+                raise UsageError(f"--workflows {given}: {f} is not a valid workflow:\n"
+                                 + "\n".join(map(str, exc.diagnostics))) from None
+            if wf.name in found and found[wf.name][1] != f:
+                raise UsageError(f"--workflows: {found[wf.name][1]} and {f} are both "
+                                 f"workflow {wf.name!r}; a name must be unique")
+            found[wf.name] = (wf, f)
+    return {name: wf for name, (wf, _) in found.items()}
+
+
+def redact(url: str) -> str:
+    """``url`` without its password."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{parts.username}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+class Server:
+    """What the endpoints share: the store, the workflows, the pool, the notifier."""
+
+    def __init__(self, options: ServerOptions) -> None:
+        self.options = options
+        self.workflows = load_workflows(options.workflows)
+        self.tokens = Tokens.load(options.auth) if options.auth else None
+        self.hub = Hub()
+        self.store: NotifyingStore | None = None
+        self.pool: Pool | None = None
+        self.notifier: Notifier | None = None
+        self._watcher: asyncio.Task[None] | None = None
+        self._locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}
+
+    @contextlib.asynccontextmanager
+    async def lock(self, run_id: str) -> AsyncIterator[None]:
+        """One change of a run's log at a time from this server (a decision, a note)."""
+        lock, users = self._locks.setdefault(run_id, (asyncio.Lock(), [0]))
+        users[0] += 1
+        try:
+            async with lock:
+                yield
+        finally:
+            users[0] -= 1
+            if not users[0]:
+                del self._locks[run_id]
+
+    @property
+    def st(self) -> NotifyingStore:
+        assert self.store is not None, "the server has not started"
+        return self.store
+
+    @property
+    def runs(self) -> Pool:
+        assert self.pool is not None, "the server has not started"
+        return self.pool
+
+    async def start(self) -> None:
+        self.store = NotifyingStore(interlock.open_store(self.options.store), self.hub)
+        self.pool = Pool(self.store, self.hub, self.options.workers)
+        self.notifier = Notifier(list(self.options.notify), self.options.public_url,
+                                 self.store, self.hub, self.lock,
+                                 attempts=self.options.notify_attempts,
+                                 backoff=self.options.notify_backoff)
+        if self.options.take_over:
+            await self.pool.take_over(self.resumer)
+        if self.options.notify:
+            self._watcher = asyncio.get_running_loop().create_task(
+                self.notifier.watch(self.options.notify_scan))
+
+    async def stop(self) -> None:
+        self.hub.stopping.set()
+        if self._watcher is not None:
+            self._watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watcher
+        if self.pool is not None:
+            await self.pool.drain(self.options.drain)
+        if self.notifier is not None:
+            await self.notifier.close()
+        if self.store is not None:
+            await self.store.close()
+
+    def listener(self, workflow: str, run_id: str) -> Any:
+        """What an execution in the server reports each record to: the notifier."""
+        notifier = self.notifier
+
+        def listen(rec: dict[str, Any], view: RunView) -> None:
+            if rec["type"] == "approval.requested" and notifier is not None:
+                notifier.requested(workflow, run_id, rec)
+
+        return listen
+
+    async def launch(self, what: str, run_id: str, workflow: str,
+                     call: Callable[[Any], Awaitable[Any]]) -> None:
+        """Execute ``call(listener)`` in the pool and return once its first record is
+        committed (a decision, a resume): its refusals are raised here."""
+        first: list[int] = []
+        base = self.listener(workflow, run_id)
+
+        def listen(rec: dict[str, Any], view: RunView) -> None:
+            if not first:
+                first.append(rec["seq"])
+            base(rec, view)
+
+        task = self.runs.submit(what, run_id, lambda: call(listen))
+        await self.runs.accepted(run_id, task, first)
+
+    def resumer(self, run_id: str) -> Any:
+        """The execution that continues a run (a takeover)."""
+
+        async def go() -> interlock.RunResult:
+            row = await self.st.get_run(run_id)
+            return await interlock.resume(run_id, store=self.st,
+                                          workflow=self.workflows.get(row.workflow),
+                                          listener=self.listener(row.workflow, run_id))
+        return go
+
+    def identify(self, authorization: str | None) -> Identity:
+        if self.tokens is None:
+            return LOCAL
+        challenge = {"WWW-Authenticate": 'Bearer realm="interlock"'}
+        scheme, _, token = (authorization or "").partition(" ")
+        if not authorization or scheme.lower() != "bearer" or not token.strip():
+            raise Problemed(401, "Unauthorized", "this server requires a token: send "
+                            "'Authorization: Bearer <token>' (interlock --token / "
+                            "$INTERLOCK_TOKEN)", challenge)
+        who = self.tokens.identify(token.strip())
+        if who is None:
+            raise Problemed(401, "Unauthorized", "the token is not one this server knows "
+                            "(its --auth file lists the SHA-256 digests of the valid ones)",
+                            challenge)
+        return who
+
+    async def run_object(self, run_id: str) -> dict[str, Any]:
+        return (await interlock.status(run_id, store=self.st)).to_json()
+
+
+def _need(what: str) -> Any:
+    async def dep(request: Request,
+                  authorization: Annotated[str | None, Header()] = None) -> Identity:
+        server: Server = request.app.state.interlock
+        who = server.identify(authorization)
+        if not who.may(what):
+            verb = {READ: "read", OPERATE: "start, resume or cancel runs",
+                    DECIDE: "decide approvals"}[what]
+            needs = {READ: "any role", OPERATE: "operator or admin",
+                     DECIDE: "approver or admin"}[what]
+            raise Problemed(403, "Forbidden", f"{who.name} (roles: {', '.join(who.roles)}) "
+                            f"may not {verb}: that needs the role {needs}")
+        return who
+    return Depends(dep)
+
+
+Reader = Annotated[Identity, _need(READ)]
+Operator = Annotated[Identity, _need(OPERATE)]
+Approver = Annotated[Identity, _need(DECIDE)]
+
+
+def _server(request: Request) -> Server:
+    server: Server = request.app.state.interlock
+    return server
+
+
+Srv = Annotated[Server, Depends(_server)]
+
+
+async def _existing(run_id: str, server: Srv, who: Reader) -> RunRow:
+    """The run's row (404 before an event stream starts)."""
+    return await server.st.get_run(run_id)
+
+
+Existing = Annotated[RunRow, Depends(_existing)]
+
+
+def create_app(options: ServerOptions | None = None, **kwargs: Any) -> FastAPI:
+    """The API as an ASGI app (``options``, or `ServerOptions` fields as keywords).
+
+    Workflows and the auth file are read here (a mistake raises `interlock.UsageError`
+    before anything listens); the store is opened, and interrupted runs taken over,
+    when the app starts (its lifespan).
+    """
+    opts = options or ServerOptions(**kwargs)
+    server = Server(opts)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await server.start()
+        try:
+            yield
+        finally:
+            await server.stop()
+
+    app = FastAPI(title="interlock", version=interlock.__version__, lifespan=lifespan,
+                  description="Runs, their logs, live events and approvals (SPEC §8).",
+                  responses=_PROBLEMS)  # type: ignore[arg-type]
+    app.state.interlock = server
+
+    @app.middleware("http")
+    async def _bounded(request: Request, call_next: Any) -> Any:
+        # a body is read whole before it is checked: refuse one that says it is too big
+        # (the input inside it is bounded again by the engine, INTERLOCK_MAX_INPUT_BYTES)
+        size = request.headers.get("content-length")
+        limit = limits.INPUT_BYTES.get() + BODY_SLACK
+        if size is not None and size.isdigit() and int(size) > limit:
+            return problem(413, "Content Too Large", f"the request body is {size} bytes; "
+                           f"at most {limit} are read ({limits.INPUT_BYTES.env} bounds a "
+                           "run's input)")
+        return await call_next(request)
+
+    _handlers(app)
+    _routes(app)
+    return app
+
+
+def _handlers(app: FastAPI) -> None:
+    @app.exception_handler(Problemed)
+    async def _problemed(request: Request, exc: Problemed) -> JSONResponse:
+        return problem(exc.status, exc.title, exc.detail, exc.headers)
+
+    @app.exception_handler(RunNotFound)
+    async def _not_found(request: Request, exc: RunNotFound) -> JSONResponse:
+        return problem(404, "Not Found", str(exc))
+
+    @app.exception_handler(UsageError)
+    async def _usage(request: Request, exc: UsageError) -> JSONResponse:
+        return problem(400, "Bad Request", str(exc))
+
+    @app.exception_handler(StoreError)
+    async def _store(request: Request, exc: StoreError) -> JSONResponse:
+        if isinstance(exc, ClaimError | ConflictError | RunExists):
+            return problem(409, "Conflict", str(exc))
+        return problem(503, "Service Unavailable", str(exc))
+
+    @app.exception_handler(Draining)
+    async def _draining(request: Request, exc: Draining) -> JSONResponse:
+        return problem(503, "Service Unavailable", str(exc))
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        parts = []
+        for e in exc.errors():
+            where = ".".join(str(p) for p in e.get("loc", ()))
+            parts.append(f"{where}: {e.get('msg')}")
+        return problem(422, "Unprocessable Content",
+                       "the request does not fit the API: " + "; ".join(parts))
+
+    @app.exception_handler(HTTPException)
+    async def _http(request: Request, exc: HTTPException) -> JSONResponse:
+        return problem(exc.status_code, _title(exc.status_code), str(exc.detail),
+                       dict(exc.headers) if exc.headers else None)
+
+    @app.exception_handler(Exception)
+    async def _bug(request: Request, exc: Exception) -> JSONResponse:
+        log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
+        return problem(500, "Internal Server Error",
+                       f"the server failed: {type(exc).__name__}: {exc} (see its log)")
+
+
+def _title(status: int) -> str:
+    from http import HTTPStatus
+
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return "Error"
+
+
+def _workflow(server: Server, name: str) -> Workflow:
+    wf = server.workflows.get(name)
+    if wf is None:
+        known = ", ".join(sorted(server.workflows)) or "none (start the server with --workflows)"
+        raise Problemed(404, "Not Found", f"no workflow {name!r} is registered; registered: "
+                        f"{known}")
+    return wf
+
+
+def _routes(app: FastAPI) -> None:  # noqa: C901 - one closure per endpoint
+    @app.get("/api/health", response_model=Health)
+    async def health(server: Srv) -> dict[str, Any]:
+        return {"status": "ok", "store": redact(server.st.url),
+                "version": interlock.__version__, "workflows": len(server.workflows),
+                "workers": server.options.workers, "running": server.runs.running}
+
+    @app.get("/api/workflows", response_model=list[WorkflowInfo])
+    async def workflows(server: Srv, who: Reader) -> list[dict[str, Any]]:
+        return [{"name": n, "description": wf.spec.description or "",
+                 "hash": wf.definition_hash()} for n, wf in sorted(server.workflows.items())]
+
+    @app.get("/api/workflows/{name}", response_model=WorkflowDetail)
+    async def workflow(name: str, server: Srv, who: Reader) -> dict[str, Any]:
+        wf = _workflow(server, name)
+        spec = wf.spec
+        nodes = [{"name": n, **ns.model_dump(mode="json", exclude_none=True,
+                                              exclude_defaults=True)}
+                 for n, ns in spec.nodes.items()]
+        edges = [e.model_dump(mode="json", by_alias=True, exclude_none=True,
+                              exclude_defaults=True) for e in spec.edges]
+        return {"name": name, "description": spec.description or "",
+                "hash": wf.definition_hash(), "definition": wf.definition(),
+                "graph": Graph(nodes=nodes, edges=edges, mermaid=to_mermaid(spec))}
+
+    @app.post("/api/workflows/{name}/runs", response_model=RunObject, status_code=201,
+              responses={200: {"model": RunObject,
+                               "description": "the run_id exists with the same workflow "
+                                              "and input: that run"}})
+    async def start(name: str, body: StartRun, response: Response, server: Srv,
+                    who: Operator) -> dict[str, Any]:
+        wf = _workflow(server, name)
+        try:
+            started = await wf.start(body.input, store=server.st, run_id=body.run_id,
+                                     config=body.config or None)
+        except RunExists:
+            assert body.run_id is not None
+            row = await server.st.get_run(body.run_id)
+            same = (row.workflow == name and row.definition_hash == wf.definition_hash()
+                    and row.input == body.input
+                    and (row.options.get("config") or {}) == body.config)
+            if not same:
+                raise Problemed(409, "Conflict", f"a run with id {body.run_id!r} already "
+                                "exists with another workflow, input or config; choose "
+                                "another run_id") from None
+            response.status_code = 200
+            return await server.run_object(body.run_id)
+        listener = server.listener(name, started.run_id)
+        server.runs.submit(f"run {started.run_id}", started.run_id,
+                           lambda: started.execute(listener=listener))
+        return started.result.to_json()
+
+    @app.get("/api/runs", response_model=RunPage)
+    async def runs(server: Srv, who: Reader, status: str | None = None,
+                   workflow: str | None = None,
+                   limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+                   cursor: Annotated[str | None, Query(pattern=r"^[0-9]{1,9}$")] = None
+                   ) -> dict[str, Any]:
+        offset = int(cursor) if cursor else 0
+        rows = await interlock.list_runs(store=server.st, status=status and status.upper(),
+                                         workflow=workflow, limit=offset + limit + 1)
+        page = rows[offset:offset + limit]
+        more = len(rows) > offset + limit
+        return {"runs": [run_json(r) for r in page],
+                "next": str(offset + limit) if more else None}
+
+    @app.get("/api/runs/{run_id}", response_model=RunObject)
+    async def run(run_id: str, server: Srv, who: Reader) -> dict[str, Any]:
+        return await server.run_object(run_id)
+
+    @app.get("/api/runs/{run_id}/records", response_class=JSONResponse,
+             responses={200: {"model": list[Record],
+                              "description": "the records, as `interlock trace --json`"}})
+    async def records(run_id: str, server: Srv, who: Reader,
+                      after: Annotated[int, Query(ge=0)] = 0) -> JSONResponse:
+        # sent as the store gives them (not through the model: its keys, in trace's order)
+        return JSONResponse([rec async for page in trace_pages(run_id, store=server.st,
+                                                               after=after)
+                             for rec in page])
+
+    @app.get("/api/runs/{run_id}/events", response_class=EventSourceResponse,
+             responses={200: {"description": "one event per log record: event = its type, "
+                                             "id = its seq, data = the record (JSON)"}})
+    async def events(run_id: str, server: Srv, row: Existing,
+                     after: Annotated[int | None, Query(ge=0)] = None,
+                     last_event_id: Annotated[str | None, Header()] = None
+                     ) -> AsyncIterator[ServerSentEvent]:
+        seq = after or 0
+        if last_event_id is not None and last_event_id.strip().isdigit():
+            seq = int(last_event_id.strip())
+        async for event in follow(server, run_id, seq):
+            yield event
+
+    @app.post("/api/runs/{run_id}/decisions", response_model=RunObject)
+    async def decide(run_id: str, body: DecisionIn, server: Srv,
+                     who: Approver) -> dict[str, Any]:
+        row = await server.st.get_run(run_id)
+        by = who.name if who.authenticated else (body.by or "local")
+        roles = who.roles if who.authenticated else ()
+        if body.decision == "modify":
+            if not body.patch:
+                raise UsageError("modify takes a non-empty JSON object of state fields to "
+                                 "replace (patch)")
+        elif body.patch is not None or body.at is not None:
+            raise UsageError(f"patch and at go with modify, not {body.decision}")
+        waiting = row.summary.waiting or {}
+        gate = body.node or waiting.get("node")
+        if row.summary.status == "WAITING_APPROVAL" and gate:
+            spec = parse_definition(row.definition)
+            if gate in spec.nodes:
+                refused = approvers_refuse(spec, gate, by, roles)
+                if refused is not None:
+                    raise Problemed(403, "Forbidden", refused)
+        decision = Decision(body.decision, by, body.comment, dict(body.patch or {}), body.at,
+                            body.node, data=body.data, roles=tuple(roles))
+        async with server.lock(run_id):
+            try:
+                await server.launch(
+                    f"decision on run {run_id}", run_id, row.workflow,
+                    lambda listen: interlock.resume(
+                        run_id, decision, store=server.st,
+                        workflow=server.workflows.get(row.workflow), listener=listen))
+            except UsageError as exc:
+                status = (await server.st.get_run(run_id)).summary.status
+                if status != "WAITING_APPROVAL":
+                    raise Problemed(409, "Conflict", str(exc)) from None
+                raise
+        return await server.run_object(run_id)
+
+    @app.post("/api/runs/{run_id}/resume", response_model=RunObject)
+    async def resume(run_id: str, server: Srv, who: Operator,
+                     body: ResumeIn | None = None) -> dict[str, Any]:
+        row = await server.st.get_run(run_id)
+        config = (body.config if body else None) or None
+        async with server.lock(run_id):
+            await server.launch(
+                f"resume of run {run_id}", run_id, row.workflow,
+                lambda listen: interlock.resume(
+                    run_id, store=server.st, config=config,
+                    workflow=server.workflows.get(row.workflow), listener=listen))
+        return await server.run_object(run_id)
+
+    @app.post("/api/runs/{run_id}/cancel", response_model=RunObject)
+    async def cancel(run_id: str, server: Srv, who: Operator) -> dict[str, Any]:
+        async with server.lock(run_id):
+            result = await interlock.cancel(run_id, by=who.name, store=server.st)
+        return result.to_json()
+
+    @app.get("/api/approvals", response_model=list[Approval])
+    async def approvals(server: Srv, who: Reader) -> list[dict[str, Any]]:
+        out = []
+        for row in await interlock.list_runs(store=server.st, status="WAITING_APPROVAL",
+                                             limit=10_000):
+            w = row.summary.waiting or {}
+            node = w.get("node")
+            if not node:
+                continue
+            spec = parse_definition(row.definition)
+            ns = spec.nodes.get(node)
+            approvers = list(ns.approval.approvers) if ns is not None and ns.approval else []
+            out.append({"run_id": row.run_id, "workflow": row.workflow, "node": node,
+                        "show": w.get("show") or {}, "decisions": w.get("decisions") or [],
+                        "since": w.get("requested_at"), "deadline": w.get("deadline"),
+                        "approvers": approvers})
+        return out
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    @app.get("/approvals", response_class=HTMLResponse, include_in_schema=False)
+    async def index() -> str:
+        return _PLACEHOLDER
+
+
+async def follow(server: Server, run_id: str, seq: int) -> AsyncIterator[ServerSentEvent]:
+    """The run's records after ``seq`` as events, then each new one as it is committed,
+    until the run's final record. Woken by this server's own commits (`Hub`); records
+    written by other processes are found by reading the store every ``poll`` seconds --
+    unless this server executes the run (then every commit wakes us: no polling)."""
+    opts = server.options
+    next_keepalive = time.monotonic() + opts.keepalive
+    while True:
+        waiter = server.hub.waiter(run_id)  # before reading: a commit after it wakes us
+        last_type = None
+        async for page in trace_pages(run_id, store=server.st, after=seq):
+            for rec in page:
+                yield ServerSentEvent(event=rec["type"], id=str(rec["seq"]), data=rec)
+                seq, last_type = rec["seq"], rec["type"]
+        if last_type in TERMINAL_TYPES:
+            return
+        if last_type is None:
+            summary = (await server.st.get_run(run_id)).summary
+            if summary.status in TERMINAL_STATUSES and summary.last_seq <= seq:
+                return
+        if server.hub.stopping.is_set():
+            return
+        now = time.monotonic()
+        if now >= next_keepalive:
+            yield ServerSentEvent(comment="keepalive")
+            next_keepalive = now + opts.keepalive
+        wait = max(next_keepalive - now, 0.0)
+        if not server.runs.executing(run_id):
+            wait = min(opts.poll, wait)
+        await server.hub.wait(waiter, wait)
+
+
+_PLACEHOLDER = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>interlock</title></head>
+<body><h1>interlock</h1>
+<p>The dashboard is not built yet. The API is here: <a href="/docs">/docs</a>,
+<a href="/openapi.json">/openapi.json</a>, <a href="/api/runs">/api/runs</a>,
+<a href="/api/approvals">/api/approvals</a>.</p></body></html>
+"""
+
+__all__ = ["ServerOptions", "create_app", "follow", "load_workflows", "redact"]

@@ -1,0 +1,120 @@
+"""Who wants to know that a run's log grew: the event streams.
+
+`NotifyingStore` wraps the server's store and tells the `Hub` after every commit of a
+run's records (the server's own executions), so a stream wakes at once; records that
+other processes commit to the same store are found by polling (`ServerOptions.poll`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import weakref
+from collections.abc import AsyncIterator
+from typing import Any
+
+from interlock import Store
+from interlock.support import Entry, RunRow, Summary
+
+
+class Hub:
+    """One event per run with a waiter; set (and forgotten) when the run's log grows."""
+
+    def __init__(self) -> None:
+        # held by the waiters only: a run nobody waits for keeps no event here
+        self._events: weakref.WeakValueDictionary[str, asyncio.Event] = \
+            weakref.WeakValueDictionary()
+        self.stopping = asyncio.Event()  # the server is shutting down: streams end
+
+    def waiter(self, run_id: str) -> asyncio.Event:
+        """An event set at the run's next commit (take it *before* reading the log)."""
+        event = self._events.get(run_id)
+        if event is None:
+            event = self._events[run_id] = asyncio.Event()
+        return event
+
+    def changed(self, run_id: str) -> None:
+        event = self._events.pop(run_id, None)
+        if event is not None:
+            event.set()
+
+    async def wait(self, event: asyncio.Event, timeout: float) -> None:
+        """Until ``event``, the server stopping, or ``timeout`` seconds."""
+        stop = asyncio.ensure_future(self.stopping.wait())
+        change = asyncio.ensure_future(event.wait())
+        try:
+            await asyncio.wait({stop, change}, timeout=timeout,
+                               return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for t in (stop, change):
+                t.cancel()
+            for t in (stop, change):
+                with contextlib.suppress(asyncio.CancelledError):
+                    await t
+
+
+class NotifyingStore(Store):
+    """``inner``, telling ``hub`` after each commit of a run's records."""
+
+    def __init__(self, inner: Store, hub: Hub) -> None:
+        self.inner, self.hub = inner, hub
+        self.url = inner.url
+        self.leases_in_writes = inner.leases_in_writes
+
+    async def create_run(self, row: RunRow, entries: list[Entry]) -> None:
+        await self.inner.create_run(row, entries)
+        self.hub.changed(row.run_id)
+
+    async def append(self, run_id: str, entries: list[Entry], summary: Summary,
+                     release: str | None = None) -> None:
+        await self.inner.append(run_id, entries, summary, release)
+        self.hub.changed(run_id)
+
+    async def get_run(self, run_id: str) -> RunRow:
+        return await self.inner.get_run(run_id)
+
+    async def entries(self, run_id: str, after: int = 0) -> list[Entry]:
+        return await self.inner.entries(run_id, after)
+
+    async def entries_page(self, run_id: str, after: int = 0, limit: int = 1000
+                           ) -> list[Entry]:
+        return await self.inner.entries_page(run_id, after, limit)
+
+    async def iter_entries(self, run_id: str, after: int = 0, page: int = 1000
+                           ) -> AsyncIterator[list[Entry]]:
+        async for batch in self.inner.iter_entries(run_id, after, page):
+            yield batch
+
+    async def list_runs(self, *, status: str | None = None, workflow: str | None = None,
+                        limit: int = 100) -> list[RunRow]:
+        return await self.inner.list_runs(status=status, workflow=workflow, limit=limit)
+
+    async def claim(self, run_id: str, owner: str, lease: float, *, force: bool = False) -> None:
+        await self.inner.claim(run_id, owner, lease, force=force)
+
+    async def heartbeat(self, run_id: str, owner: str, lease: float) -> None:
+        await self.inner.heartbeat(run_id, owner, lease)
+
+    async def release(self, run_id: str, owner: str) -> None:
+        await self.inner.release(run_id, owner)
+
+    async def request_cancel(self, run_id: str, by: str | None) -> None:
+        await self.inner.request_cancel(run_id, by)
+
+    async def cancel_requested(self, run_id: str) -> dict[str, Any] | None:
+        return await self.inner.cancel_requested(run_id)
+
+    async def save_snapshot(self, run_id: str, seq: int, data: bytes) -> None:
+        await self.inner.save_snapshot(run_id, seq, data)
+
+    async def load_snapshot(self, run_id: str) -> tuple[int, bytes] | None:
+        return await self.inner.load_snapshot(run_id)
+
+    async def delete_finished(self, run_ids: list[str]) -> tuple[list[str], int]:
+        return await self.inner.delete_finished(run_ids)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+    async def close_soon(self) -> None:
+        await self.inner.close_soon()

@@ -1,0 +1,130 @@
+"""The API's request and response bodies (pydantic): what /openapi.json describes."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+RUN_ID = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
+
+
+class Problem(BaseModel):
+    """An error (RFC 9457, ``application/problem+json``)."""
+
+    type: str = "about:blank"
+    title: str
+    status: int
+    detail: str
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+    store: str = Field(description="the store's URL, any password removed")
+    version: str
+    workflows: int
+    workers: int
+    running: int = Field(description="executions holding a worker now")
+
+
+class WorkflowInfo(BaseModel):
+    name: str
+    description: str
+    hash: str
+
+
+class Graph(BaseModel):
+    nodes: list[dict[str, Any]]
+    edges: list[dict[str, Any]]
+    mermaid: str
+
+
+class WorkflowDetail(WorkflowInfo):
+    definition: dict[str, Any]
+    graph: Graph
+
+
+class RunObject(BaseModel):
+    """A run: exactly what ``interlock status RUN_ID --json`` prints."""
+
+    run_id: str
+    workflow: str
+    status: str
+    state: dict[str, Any]
+    steps: int
+    tokens: int
+    error: dict[str, Any] | None
+    waiting: dict[str, Any] | None
+
+
+class RunRowOut(BaseModel):
+    """A run in a list: what ``interlock runs --json`` prints for it."""
+
+    run_id: str
+    workflow: str
+    status: str
+    steps: int
+    tokens: int
+    created_at: float
+    updated_at: float
+    parent_run: str | None
+    parent_seq: int | None
+    error: dict[str, Any] | None
+    waiting: dict[str, Any] | None
+
+
+class RunPage(BaseModel):
+    runs: list[RunRowOut]
+    next: str | None = Field(description="the cursor of the next page; null on the last")
+
+
+class Record(BaseModel):
+    """A log record, as ``interlock trace --json`` prints it (other keys by type)."""
+
+    model_config = ConfigDict(extra="allow")
+    seq: int
+    type: str
+    node: str | None
+    at: float | str | None
+    duration_ms: float | None
+    attempt: int | None
+    tokens: int | None
+    error: Any
+
+
+class StartRun(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    input: dict[str, Any] = Field(default_factory=dict)
+    config: dict[str, Any] = Field(default_factory=dict)
+    run_id: str | None = Field(default=None, pattern=RUN_ID)
+
+
+class DecisionIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    decision: Literal["approve", "reject", "modify"]
+    comment: str | None = Field(default=None, max_length=10_000)
+    patch: dict[str, Any] | None = None
+    at: str | None = Field(default=None, max_length=200)
+    node: str | None = Field(default=None, max_length=200)
+    data: Any = Field(default=None,
+                      description="approve/reject: what the gate's input: schema asks for")
+    by: str | None = Field(default=None, max_length=200,
+                           description="who decides; ignored when the server has --auth "
+                                       "(the token's name is recorded)")
+
+
+class ResumeIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    config: dict[str, Any] = Field(default_factory=dict)
+
+
+class Approval(BaseModel):
+    run_id: str
+    workflow: str
+    node: str
+    show: dict[str, Any]
+    decisions: list[str]
+    since: float | None
+    deadline: float | None
+    approvers: list[str] = Field(description="names and role:NAME entries that may decide; "
+                                             "empty: anyone with the approver role")
