@@ -70,6 +70,7 @@ from ._export import export as export_run
 from ._export import verify_export
 from ._fold import RunView
 from ._log import TERMINAL_TYPES, Entry, Record
+from ._metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ._metrics import Metrics
 from ._model import EdgeSpec, NodeSpec, parse_duration
 from ._prune import Pruned
@@ -99,6 +100,7 @@ def abandoned_threads() -> int:
 
 
 __all__ = [
+    "METRICS_CONTENT_TYPE",
     "TERMINAL_TYPES",
     "TRACE_PAGE",
     "EdgeSpec",

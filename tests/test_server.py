@@ -632,3 +632,31 @@ def test_the_app_mounts_in_another_fastapi_app(project: Path,
         d = c.post("/interlock/api/runs/m1/decisions",
                    json={"decision": "approve", "by": "alice"})
         assert d.status_code == 200 and d.json()["state"]["gate"]["by"] == "alice"
+
+
+def test_metrics_are_prometheus_text_after_a_known_workload(serve: Any) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    server = serve()
+    with server.client() as c:
+        for k in range(2):
+            r = c.post("/api/workflows/gated/runs", json={"input": {"n": 1}, "run_id": f"m{k}"})
+            assert r.status_code == 201, r.text
+            wait_status(c, f"m{k}", "WAITING_APPROVAL")
+        d = c.post("/api/runs/m0/decisions", json={"decision": "approve", "by": "alice"})
+        assert d.status_code == 200, d.text
+        wait_status(c, "m0", "COMPLETED")
+        response = c.get("/metrics")
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/plain")
+    got = {(s.name, tuple(sorted(s.labels.items()))): s.value
+           for family in text_string_to_metric_families(response.text)
+           for s in family.samples}
+    assert got[("interlock_runs", (("status", "COMPLETED"), ("workflow", "gated")))] == 1
+    assert got[("interlock_runs", (("status", "WAITING_APPROVAL"), ("workflow", "gated")))] == 1
+    assert got[("interlock_approvals_pending", (("workflow", "gated"),))] == 1
+    assert got[("interlock_approval_oldest_age_seconds", (("workflow", "gated"),))] >= 0
+    completed = [v for (name, labels), v in got.items()
+                 if name == "interlock_node_attempts_total" and ("outcome", "completed") in labels]
+    assert sum(completed) >= 3  # the nodes of two runs up to their gates, and m0's rest
+    assert any(name == "interlock_node_duration_seconds_bucket" for name, _ in got)

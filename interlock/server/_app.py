@@ -31,7 +31,9 @@ from interlock import (
     WorkflowError,
 )
 from interlock.support import (
+    METRICS_CONTENT_TYPE,
     TERMINAL_TYPES,
+    Metrics,
     RunRow,
     RunView,
     approvers_refuse,
@@ -158,6 +160,7 @@ class Server:
         self.notifier: Notifier | None = None
         self._watcher: asyncio.Task[None] | None = None
         self._locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}
+        self.metrics = Metrics()  # GET /metrics: the store's, and this server's runs'
 
     @contextlib.asynccontextmanager
     async def lock(self, run_id: str) -> AsyncIterator[None]:
@@ -211,8 +214,10 @@ class Server:
     def listener(self, workflow: str, run_id: str) -> Any:
         """What an execution in the server reports each record to: the notifier."""
         notifier = self.notifier
+        observe = self.metrics.observe
 
         def listen(rec: dict[str, Any], view: RunView) -> None:
+            observe(rec, view)
             if rec["type"] == "approval.requested" and notifier is not None:
                 notifier.requested(workflow, run_id, rec)
 
@@ -567,6 +572,13 @@ def _routes(app: FastAPI) -> None:  # noqa: C901 - one closure per endpoint
                         "since": w.get("requested_at"), "deadline": w.get("deadline"),
                         "approvers": approvers})
         return out
+
+    @app.get("/metrics", response_class=Response, include_in_schema=False)
+    async def metrics(server: Srv, who: Reader) -> Response:
+        """Prometheus's text format: the store's runs and pending approvals (read now),
+        and the node attempts, durations and tokens of the runs this server executed."""
+        await server.metrics.refresh(server.st)
+        return Response(server.metrics.text(), media_type=METRICS_CONTENT_TYPE)
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     @app.get("/approvals", response_class=HTMLResponse, include_in_schema=False)
