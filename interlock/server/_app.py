@@ -14,7 +14,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from fastapi import Depends, FastAPI, Header, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 from starlette.exceptions import HTTPException
 
@@ -32,6 +32,7 @@ from interlock import (
 )
 from interlock.support import (
     TERMINAL_TYPES,
+    Metrics,
     RunRow,
     RunView,
     approvers_refuse,
@@ -157,6 +158,7 @@ class Server:
         self.pool: Pool | None = None
         self.notifier: Notifier | None = None
         self._watcher: asyncio.Task[None] | None = None
+        self.metrics = Metrics()  # the runs it executes observed; the store's read per scrape
         self._locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}
 
     @contextlib.asynccontextmanager
@@ -210,9 +212,10 @@ class Server:
 
     def listener(self, workflow: str, run_id: str) -> Any:
         """What an execution in the server reports each record to: the notifier."""
-        notifier = self.notifier
+        notifier, observe = self.notifier, self.metrics.observe
 
         def listen(rec: dict[str, Any], view: RunView) -> None:
+            observe(rec, view)
             if rec["type"] == "approval.requested" and notifier is not None:
                 notifier.requested(workflow, run_id, rec)
 
@@ -567,6 +570,15 @@ def _routes(app: FastAPI) -> None:  # noqa: C901 - one closure per endpoint
                         "since": w.get("requested_at"), "deadline": w.get("deadline"),
                         "approvers": approvers})
         return out
+
+    @app.get("/metrics", response_class=PlainTextResponse,
+             responses={200: {"description": "Prometheus's text format"}})
+    async def metrics(server: Srv, who: Reader) -> PlainTextResponse:
+        """The store's runs and pending approvals (whoever executes them), and the node
+        attempts, durations and tokens of the runs this server executes."""
+        await server.metrics.refresh(server.st)
+        return PlainTextResponse(server.metrics.text(),
+                                 media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     @app.get("/approvals", response_class=HTMLResponse, include_in_schema=False)
