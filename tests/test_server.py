@@ -221,6 +221,10 @@ def test_a_run_started_over_http_streams_its_records_live_to_the_gate_and_on(
         assert all(e["event"] == e["data"]["type"] for e in seen + rest)
         run = c.get("/api/runs/r1").json()
         assert run["status"] == "COMPLETED" and run["state"]["last"] == 4
+        metrics = c.get("/metrics").text
+        assert 'interlock_runs{status="COMPLETED",workflow="gated"} 1.0' in metrics
+        assert 'interlock_node_attempts_total{node="last",outcome="completed",' \
+               'workflow="gated"} 1.0' in metrics
         assert set(run) == {"run_id", "workflow", "status", "state", "steps", "tokens",
                             "error", "waiting"}
 

@@ -159,8 +159,8 @@ class Server:
         self.pool: Pool | None = None
         self.notifier: Notifier | None = None
         self._watcher: asyncio.Task[None] | None = None
+        self.metrics = Metrics()  # the runs it executes observed; the store's read per scrape
         self._locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}
-        self.metrics = Metrics()  # GET /metrics: the store's, and this server's runs'
 
     @contextlib.asynccontextmanager
     async def lock(self, run_id: str) -> AsyncIterator[None]:
