@@ -14,6 +14,7 @@ for a keyed log, as the key: without the key nobody can write a chain that verif
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
@@ -43,17 +44,39 @@ def header(row: RunRow) -> dict[str, Any]:
 
 
 async def export(run_id: str, *, store: str | Store | None = None) -> AsyncIterator[bytes]:
-    """The run as JSON lines (each ending in a newline), a page of records at a time."""
+    """The run as JSON lines (each ending in a newline), a page of records at a time,
+    then each of its child runs (sub-workflows) the same way: its header, its records."""
     st, owned = open_store_arg(store)
     try:
-        row = await st.get_run(run_id)
-        yield orjson.dumps(header(row)) + b"\n"
-        async for entries in st.iter_entries(run_id, page=TRACE_PAGE):
-            for entry in entries:
-                yield entry.data + b"\n"
+        async for line in _export(st, run_id):
+            yield line
     finally:
         if owned:
             await release_store(st)
+
+
+async def _export(st: Store, run_id: str) -> AsyncIterator[bytes]:
+    row = await st.get_run(run_id)
+    children = [c async for c in _children(st, run_id)]
+    yield orjson.dumps({**header(row), "children": children}) + b"\n"
+    async for entries in st.iter_entries(run_id, page=TRACE_PAGE):
+        for entry in entries:
+            yield entry.data + b"\n"
+    for child in children:
+        async for line in _export(st, child):
+            yield line
+
+
+async def _children(st: Store, run_id: str) -> AsyncIterator[str]:
+    """The child runs a run's log names (``child.started`` of its workflow nodes)."""
+    seen: set[str] = set()
+    async for entries in st.iter_entries(run_id, page=TRACE_PAGE):
+        for entry in entries:
+            if entry.type == L.CHILD_STARTED:
+                child = entry.record().get("run_id")
+                if isinstance(child, str) and child not in seen:
+                    seen.add(child)
+                    yield child
 
 
 def _row(head: dict[str, Any]) -> RunRow:
@@ -69,8 +92,49 @@ def _row(head: dict[str, Any]) -> RunRow:
         parent_run=head.get("parent_run"), parent_seq=head.get("parent_seq"))
 
 
+_HEADER = b'{"format":"' + FORMAT.encode() + b'"'
+
+
 def verify_export(lines: Iterable[bytes], *, source: str = "the export") -> Verification:
-    """Verify an exported run from its lines alone (no store)."""
+    """Verify an exported run from its lines alone (no store), and every child run the
+    export holds after it: each chain, each fold, and that each child the parent's
+    header names is there and names the parent."""
+    sections: list[list[bytes]] = []
+    for raw in lines:
+        if raw.startswith(_HEADER) or not sections:
+            sections.append([])
+        sections[-1].append(raw)
+    if not sections:
+        sections = [[]]
+    results = [_verify_one(section, source) for section in sections]
+    heads = [orjson.loads(section[0]) for section in sections[1:]]
+    first = results[0]
+    if not first.ok:
+        return first
+    named = orjson.loads(sections[0][0]).get("children") or []
+    parents = {first.run_id}
+    by_id = {h["run_id"]: (h, r) for h, r in zip(heads, results[1:], strict=True)}
+    wanted = list(named)
+    for head, _ in by_id.values():
+        wanted += [c for c in head.get("children") or () if c not in wanted]
+    for child in wanted:
+        if child not in by_id:
+            return Verification(first.run_id, False, first.records, None,
+                                f"the export names the child run {child!r} but does not hold "
+                                "it (export it whole with `interlock export`)")
+    for child_id, (head, result) in by_id.items():
+        if not result.ok:
+            return result
+        parent = (head.get("options") or {}).get("parent") or {}
+        if parent.get("run") not in parents | set(by_id):
+            return Verification(child_id, False, result.records, 1,
+                                "the child run does not name a run of this export as its "
+                                "parent")
+    return dataclasses.replace(first, children=tuple(by_id))
+
+
+def _verify_one(lines: Iterable[bytes], source: str) -> Verification:
+    """`verify_export` of one run: its header line, then its records."""
     it = iter(lines)
     first = next(it, b"").strip()
     try:

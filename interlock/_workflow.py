@@ -399,12 +399,14 @@ class Workflow:
         data = _check_input(spec, input)
         cfg, lim = _effective(spec, config, limits, self._limits())
         rid = run_id or make_run_id()
+        spans = run_spans(rid, spec.workflow)  # its span covers the wait in the queue too
         view, writer, _ = await create(
             plan, store, rid, definition=self.definition(),
             definition_hash=self.definition_hash(), input=data, config=cfg, limits=lim,
             options={"config": dict(config or {}), "limits": dict(limits or {})},
-            listener=listener, claimed=False)
-        return Started(plan, store, rid, view, writer, listener)
+            started={"trace": spans.ids} if spans is not None else None,
+            listener=with_spans(listener, spans), claimed=False)
+        return Started(plan, store, rid, view, writer, listener, spans)
 
     def run_sync(self, input: Mapping[str, Any] | None = None, **kwargs: Any) -> RunResult:
         """`run` for scripts: blocks until the run stops (no event loop may be running)."""
@@ -437,9 +439,11 @@ class Started:
     """A run created by `Workflow.start` and not executed yet."""
 
     def __init__(self, plan: Plan, store: Store, run_id: str, view: RunView,
-                 writer: L.LogWriter, listener: Listener | None) -> None:
+                 writer: L.LogWriter, listener: Listener | None,
+                 spans: RunSpans | None = None) -> None:
         self._args = (plan, store, run_id, view, writer)
         self._listener = listener
+        self._spans = spans  # its OpenTelemetry spans (None when tracing is off)
         self._executed = False
         self.run_id = run_id
         self.result = result_of(run_id, plan.spec.workflow, view)  # as it was created
@@ -451,8 +455,13 @@ class Started:
             raise UsageError(f"run {self.run_id!r} was already executed")
         self._executed = True
         plan, store, run_id, view, writer = self._args
-        return await drive(plan, store, run_id, view, writer,
-                           listener=listener or self._listener, fresh=True)
+        try:
+            return await drive(plan, store, run_id, view, writer,
+                               listener=with_spans(listener or self._listener, self._spans),
+                               fresh=True)
+        finally:
+            if self._spans is not None:
+                self._spans.end()
 
 
 def _no_running_loop(sync: str, coro: str) -> None:

@@ -124,3 +124,36 @@ def test_a_file_that_is_not_an_export_is_a_usage_error(tmp_path: Path) -> None:
     assert missing.exit_code == 2 and "cannot read" in missing.output
     both = cli_run("verify", "some-run", "--file", str(path))
     assert both.exit_code == 2 and "not both" in both.output
+
+
+def test_an_export_holds_the_runs_children_and_verifies_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    child = Workflow("child", input=["n"]).node("double", lambda s: {"d": s["n"] * 2})
+    child.edge(START, "double")
+    parent = Workflow("parent").node("plan", lambda s: {"n": 21})
+    parent.subworkflow("sub", child, input={"n": "n"}, output="d")
+    parent.edge(START, "plan").edge("plan", "sub")
+    store = f"sqlite:///{tmp_path / 'runs.db'}"
+    result = parent.run_sync(store=store)
+    assert result.status == "COMPLETED", result.error
+    path = export_to(tmp_path, result.run_id, store)
+    lines = path.read_bytes().split(b"\n")
+    heads = [json.loads(line) for line in lines if line.startswith(b'{"format"')]
+    assert [h["workflow"] for h in heads] == ["parent", "child"]
+    assert heads[0]["children"] == [heads[1]["run_id"]]
+    ok = cli_run("verify", "--file", str(path))
+    assert ok.exit_code == 0, ok.output
+    # a child record changed: the child is named as broken
+    child_at = [i for i, line in enumerate(lines) if line.startswith(b'{"format"')][1]
+    bad = list(lines)
+    k = next(i for i in range(child_at + 1, len(bad)) if b'"d":42' in bad[i])
+    bad[k] = bad[k].replace(b'"d":42', b'"d":43')
+    (tmp_path / "bad.jsonl").write_bytes(b"\n".join(bad))
+    broken = cli_run("verify", "--file", str(tmp_path / "bad.jsonl"))
+    assert broken.exit_code == 1
+    assert broken.output.startswith(f"broken: {heads[1]['run_id']} at record ")
+    # the child left out: refused, naming it
+    (tmp_path / "cut.jsonl").write_bytes(b"\n".join(lines[:child_at]) + b"\n")
+    cut = cli_run("verify", "--file", str(tmp_path / "cut.jsonl"))
+    assert cut.exit_code == 1
+    assert f"names the child run {heads[1]['run_id']!r} but does not hold it" in cut.output

@@ -159,3 +159,42 @@ def test_without_a_provider_nothing_is_imported_and_no_trace_is_recorded(
                               if not k.startswith("OTEL_")})
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "False"]
+
+
+def test_a_run_created_first_and_executed_later_is_traced_too(tmp_path: Path) -> None:
+    # what a server does: Workflow.start (the run queued), then Started.execute
+    code = textwrap.dedent('''
+        import asyncio, json, sys
+        from opentelemetry import trace
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+        from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+        exporter = InMemorySpanExporter()
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        trace.set_tracer_provider(provider)
+        import interlock
+        from interlock import START, Workflow
+        wf = Workflow("queued").node("a", lambda s: {"a": 1})
+        wf.edge(START, "a")
+        async def main():
+            async with interlock.open_store("memory://") as store:
+                started = await wf.start({}, store=store)
+                result = await started.execute()
+                first = (await interlock.trace(result.run_id, store=store))[0]
+                return result.status, first.get("trace")
+        status, ids = asyncio.run(main())
+        spans = [(s.name, f"{s.context.span_id:016x}",
+                  f"{s.parent.span_id:016x}" if s.parent else None)
+                 for s in exporter.get_finished_spans()]
+        print(json.dumps({"status": status, "ids": ids, "spans": spans}))
+    ''')
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout.strip().splitlines()[-1])
+    assert data["status"] == "COMPLETED"
+    names = {name: (sid, parent) for name, sid, parent in data["spans"]}
+    run_id, _ = names["interlock.run queued"]
+    assert data["ids"]["span_id"] == run_id
+    assert names["interlock.node a"][1] == run_id
