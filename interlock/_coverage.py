@@ -22,10 +22,7 @@ from . import _log as L
 from ._errors import UsageError
 from ._model import EdgeSpec, WorkflowSpec, case_key
 from ._spec import load_spec, parse
-from ._store import Store, open_store
-
-# runs read per workflow: coverage looks at the whole history the store keeps
-RUNS_LIMIT = 1_000_000
+from ._store import ALL_RUNS, Store, open_store
 
 
 @dataclass(slots=True)
@@ -104,19 +101,23 @@ class Coverage:
 
 def declared_edges(spec: WorkflowSpec) -> list[EdgeCoverage]:
     """Every (source, target) pair ``spec`` declares, in declaration order."""
-    out: list[EdgeCoverage] = []
-    for i, e in enumerate(spec.edges):
-        source = _source(e)
-        if e.kind == "switch":
-            for value, target in (e.cases or {}).items():
-                out.append(EdgeCoverage(i, source, target, "switch",
-                                        f"{e.switch} == {value}", value))
-            if e.default is not None:
-                out.append(EdgeCoverage(i, source, e.default, "switch", "default"))
-            continue
-        for target in e.targets:
-            out.append(EdgeCoverage(i, source, target, _kind(e), _label(e)))
-    return out
+    return [EdgeCoverage(i, _source(e), target, kind, label, case)
+            for i, e in enumerate(spec.edges) for target, kind, label, case in _pairs(e)]
+
+
+Pair = tuple[str, str, str, str | None]  # target, kind, label, switch case
+
+
+def _pairs(e: EdgeSpec) -> list[Pair]:
+    """The (source, target) pairs one edge declares: each target, or each switch case
+    and the default (case None)."""
+    if e.kind == "switch":
+        out: list[Pair] = [(target, "switch", f"{e.switch} == {value}", value)
+                           for value, target in (e.cases or {}).items()]
+        if e.default is not None:
+            out.append((e.default, "switch", "default", None))
+        return out
+    return [(target, _kind(e), _label(e), None) for target in e.targets]
 
 
 def _kind(e: EdgeSpec) -> str:
@@ -174,18 +175,16 @@ class _Counts:
             name = e.describe() + f" [{e.when}]"
             if name in self.conditions:
                 self.conditions[name]["true" if rec["value"] else "false"] += 1
-        if e.kind == "switch":
-            matched = case_key(rec.get("value")) if "value" in rec else None
-            for value, target in (e.cases or {}).items():
-                self._count((source, target, "switch", f"{e.switch} == {value}", value),
-                            value == matched and bool(taken))
-            if e.default is not None:
-                self._count((source, e.default, "switch", "default", None),
-                            matched not in (e.cases or {}) and bool(taken))
-            return
-        kind, label = _kind(e), _label(e)
-        for target in e.targets:
-            self._count((source, target, kind, label, None), target in taken)
+        matched = case_key(rec.get("value")) if "value" in rec else None
+        cases = e.cases or {}
+        for target, kind, label, case in _pairs(e):
+            if kind != "switch":
+                hit = target in taken
+            elif case is not None:  # a case: the value matched it (and the edge went on)
+                hit = case == matched and bool(taken)
+            else:  # the default: no case matched
+                hit = matched not in cases and bool(taken)
+            self._count((source, target, kind, label, case), hit)
 
     def _count(self, key: tuple[str, str, str, str, str | None], taken: bool) -> None:
         entry = self.by_key.get(key)
@@ -214,7 +213,7 @@ async def coverage(workflow: Any, *, store: str | Store | None = None) -> Covera
 async def workflows_in(store: Store) -> list[WorkflowSpec]:
     """The workflows that have runs in ``store``, each as its newest run defines it."""
     newest: dict[str, WorkflowSpec] = {}
-    for row in await store.list_runs(limit=RUNS_LIMIT):  # newest first
+    for row in await store.list_runs(limit=ALL_RUNS):  # newest first
         if row.workflow not in newest:
             newest[row.workflow] = parse(row.definition)
     return sorted(newest.values(), key=lambda s: s.workflow)
@@ -240,7 +239,7 @@ async def _spec_of(workflow: Any, store: Store) -> WorkflowSpec:
 async def coverage_of(spec: WorkflowSpec, store: Store) -> Coverage:
     """The coverage of ``spec``'s declared edges by the stored runs of its workflow."""
     counts = _Counts(spec)
-    rows = await store.list_runs(workflow=spec.workflow, limit=RUNS_LIMIT)
+    rows = await store.list_runs(workflow=spec.workflow, limit=ALL_RUNS)
     specs: dict[str, WorkflowSpec] = {}
     for row in rows:
         run_spec = specs.get(row.definition_hash)
@@ -258,5 +257,5 @@ async def coverage_of(spec: WorkflowSpec, store: Store) -> Coverage:
         gates={k: dict(v) for k, v in counts.gates.items()}, cases_unmatched=unmatched)
 
 
-__all__ = ["RUNS_LIMIT", "Coverage", "EdgeCoverage", "coverage", "coverage_of", "declared_edges",
+__all__ = ["Coverage", "EdgeCoverage", "coverage", "coverage_of", "declared_edges",
            "workflows_in"]

@@ -20,9 +20,8 @@ from collections import Counter
 from typing import Any
 
 from . import _log as L
-from ._store import Store
+from ._store import ALL_RUNS, Store
 
-RUNS_LIMIT = 10_000_000  # every run the store keeps (`refresh` counts them all)
 # seconds: from a trivial node's milliseconds to an agent's minutes
 BUCKETS = (0.001, 0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 
@@ -78,7 +77,7 @@ class Metrics:
         pending: Counter[str] = Counter()
         oldest: dict[str, float] = {}
         now = time.time()
-        for row in await store.list_runs(limit=RUNS_LIMIT):
+        for row in await store.list_runs(limit=ALL_RUNS):
             status = row.summary.status
             counts[(row.workflow, status)] += 1
             if status == "WAITING_APPROVAL":

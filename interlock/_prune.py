@@ -16,9 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ._errors import UsageError
-from ._store import FINISHED, RunRow, Store, open_store
-
-RUNS_LIMIT = 10_000_000  # every run the store keeps
+from ._store import ALL_RUNS, FINISHED, RunRow, Store, open_store
 
 
 @dataclass(slots=True)
@@ -80,7 +78,7 @@ async def prune(*, older_than: float, statuses: tuple[str, ...] | None = None,
         raise UsageError("--older-than is a duration such as 30d, 12h or 90m")
     st = store if isinstance(store, Store) else open_store(store)
     try:
-        rows = await st.list_runs(limit=RUNS_LIMIT)
+        rows = await st.list_runs(limit=ALL_RUNS)
         chosen, kept = select(rows, older_than, wanted, time.time())
         out = Pruned(runs=chosen, kept_children=kept, dry_run=dry_run)
         out.records = sum(r.summary.last_seq for r in chosen)

@@ -7,6 +7,7 @@ import asyncio
 import os
 
 from ._base import (
+    ALL_RUNS,
     FINISHED,
     ClaimError,
     ConflictError,
@@ -22,6 +23,7 @@ from ._base import (
 from ._memory import MemoryStore
 
 __all__ = [
+    "ALL_RUNS",
     "FINISHED",
     "ClaimError",
     "ConflictError",

@@ -36,6 +36,9 @@ from .._errors import (  # the store's errors live with every other error
 )
 from .._log import Entry
 
+# a `Store.list_runs` limit meaning every run the store keeps (coverage, prune, metrics)
+ALL_RUNS = 10_000_000
+
 # the statuses of a run that has ended (what `Store.delete_finished` may delete)
 FINISHED = ("COMPLETED", "FAILED", "REJECTED", "CANCELLED")
 
