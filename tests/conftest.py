@@ -26,6 +26,14 @@ import interlock
 from interlock.cli import cli
 
 
+def record_row(run_id: str, seq: int) -> str:
+    """SQL for the id of record ``seq`` of ``run_id`` in a SQLite store's ``entries`` table
+    (schema 2 keys a record by its run's number and its seq), for a test that changes a
+    stored record as someone with write access to the file would."""
+    assert "'" not in run_id
+    return f"(SELECT run_key << 32 | {int(seq)} FROM runs WHERE run_id = '{run_id}')"
+
+
 class CliProject:
     """A scratch directory with a node module, workflow files and a SQLite store.
 

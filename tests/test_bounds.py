@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
+from conftest import record_row
 
 import interlock
 from interlock import UsageError, WorkflowError
@@ -335,8 +336,8 @@ def test_trace_reads_the_log_in_pages_and_prints_what_it_printed_whole(
     assert len(paged.stdout.splitlines()) == len(records)
 
     with sqlite3.connect(root / "runs.db") as conn:
-        conn.execute("UPDATE records SET data = replace(data, '\"attempt\":1', "
-                     "'\"attempt\":2') WHERE run_id = 'r-loop' AND seq = 40")
+        conn.execute("UPDATE entries SET data = replace(data, '\"attempt\":1', "
+                     f"'\"attempt\":2') WHERE id = {record_row('r-loop', 40)}")
     for args in (["--json"], []):
         broken = invoke("trace", "r-loop", *args, "--store", url)
         assert broken.exit_code == 0

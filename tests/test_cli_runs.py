@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 from click.testing import CliRunner
+from conftest import record_row
 
 from interlock._runs import TRACE_KEYS
 from interlock._store import open_store
@@ -385,8 +386,8 @@ def test_verify_ok_then_tampered_names_the_record(project: Project) -> None:
 
     with sqlite3.connect(project.db) as conn:
         changed = conn.execute(
-            "UPDATE records SET data = replace(data, '\"attempt\":1', '\"attempt\":2') "
-            "WHERE run_id = ? AND seq = 3", ("r-ver",)).rowcount
+            "UPDATE entries SET data = replace(data, '\"attempt\":1', '\"attempt\":2') "
+            f"WHERE id = {record_row('r-ver', 3)}").rowcount
     assert changed == 1
     broken = project.cli("verify", "r-ver")
     assert broken.exit_code == 1
@@ -404,24 +405,30 @@ def test_verify_ok_then_tampered_names_the_record(project: Project) -> None:
 
 @pytest.mark.parametrize(("column", "value", "message"), [
     ("data", "{not json", "not valid JSON"),
-    ("node", "elsewhere", "seq/type/node do not match"),
+    ("data", '{"seq": 3, "type": "node.started", "node": 1}', "hash does not match"),
+    ("hash", "not a hash", "hash does not match"),
+    ("hash", 7, "hash does not match"),
+    ("data", b"\x00binary", "not valid JSON"),
 ])
 def test_a_tampered_column_is_found_and_no_command_crashes_on_it(
-        project: Project, column: str, value: str, message: str) -> None:
+        project: Project, column: str, value: object, message: str) -> None:
     assert project.start(FAILING, "r-tc").exit_code == 1
     with sqlite3.connect(project.db) as conn:
-        conn.execute(f"UPDATE records SET {column} = ? WHERE run_id = ? AND seq = 3",
-                     (value, "r-tc"))
+        conn.execute(f"UPDATE entries SET {column} = ? WHERE id = {record_row('r-tc', 3)}",
+                     (value,))
     broken = project.cli("verify", "r-tc")
     assert broken.exit_code == 1 and "record 3" in broken.stdout and message in broken.stdout
     for args in (["resume", "r-tc"], ["fork", "r-tc", "--at", "2"]):
         refused = project.cli(*args)
         assert refused.exit_code == 2, (args, refused.output)
         assert "broken at record 3" in refused.stderr, (args, refused.stderr)
-    if column == "data":
-        for args in (["trace", "r-tc"], ["trace", "r-tc", "--json"]):
-            refused = project.cli(*args)
-            assert refused.exit_code == 2 and "broken at record 3" in refused.stderr, args
+    for args in (["trace", "r-tc"], ["trace", "r-tc", "--json"]):
+        shown = project.cli(*args)
+        if message == "not valid JSON":  # nothing to show
+            assert shown.exit_code == 2 and "broken at record 3" in shown.stderr, args
+        else:  # what the store holds, and that it does not verify
+            assert shown.exit_code == 0, (args, shown.output)
+            assert "does not verify at record 3" in shown.stderr, (args, shown.stderr)
 
 
 # -- fork ------------------------------------------------------------------------------------

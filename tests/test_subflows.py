@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from conftest import record_row
 
 import interlock
 from interlock import END, START, Workflow
@@ -555,8 +556,8 @@ def test_verify_parent_checks_every_child_chain(project: CliProject) -> None:
     assert "v1.remediate.1" in ok.output
     (seq,), = project.sql("SELECT seq FROM records WHERE run_id = 'v1.remediate.1' AND "
                           "data LIKE '%node.completed%' ORDER BY seq LIMIT 1")
-    project.sql("UPDATE records SET data = replace(data, '\"disk\"', '\"DISK\"') "
-                "WHERE run_id = 'v1.remediate.1' AND seq = ?", seq)
+    project.sql("UPDATE entries SET data = replace(data, '\"disk\"', '\"DISK\"') "
+                f"WHERE id = {record_row('v1.remediate.1', seq)}")
     bad = project.cli("verify", "v1")
     assert bad.exit_code == 1
     assert f"broken: v1.remediate.1 (a child run of v1) at record {seq} " in bad.output

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import orjson
 import pytest
+from conftest import record_row
 
 from interlock import _snapshot as snapshots
 
@@ -79,7 +80,7 @@ def project(make_project: Callable[..., Project]) -> Project:
 def test_a_log_cut_at_its_end_is_refused_and_never_rewritten(project: Project) -> None:
     assert project.start(FAILING, "r-cut").exit_code == 1
     seqs = project.seqs("r-cut")
-    project.sql("DELETE FROM records WHERE run_id = ? AND seq = ?", "r-cut", seqs[-1])
+    project.sql(f"DELETE FROM entries WHERE id = {record_row('r-cut', seqs[-1])}")
 
     verify = project.cli("verify", "r-cut")
     assert verify.exit_code == 1 and "summary says last seq" in verify.stdout
@@ -96,8 +97,8 @@ def test_a_log_cut_at_its_end_is_refused_and_never_rewritten(project: Project) -
 def test_a_last_record_replaced_with_another_is_refused(project: Project) -> None:
     assert project.start(FAILING, "r-swap").exit_code == 1
     last = project.seqs("r-swap")[-1]
-    project.sql("UPDATE records SET hash = ? WHERE run_id = ? AND seq = ?", "f" * 64,
-                "r-swap", last)
+    project.sql(f"UPDATE entries SET hash = ? WHERE id = {record_row('r-swap', last)}",
+                bytes(32))
     project.sql("UPDATE runs SET last_hash = ? WHERE run_id = ?", "e" * 64, "r-swap")
     refused = project.cli("status", "r-swap")
     assert refused.exit_code == 2 and "broken at record" in refused.stderr
@@ -207,8 +208,8 @@ def _rechain_plain(project: Project, run_id: str) -> None:
             if seq == 2:
                 data = data.replace('"x":1', '"x":7')
             prev = hashlib.sha256(prev.encode() + data.encode()).hexdigest()
-            conn.execute("UPDATE records SET data = ?, hash = ? WHERE run_id = ? AND seq = ?",
-                         (data, prev, run_id, seq))
+            conn.execute(f"UPDATE entries SET data = ?, hash = ? "
+                         f"WHERE id = {record_row(run_id, seq)}", (data, bytes.fromhex(prev)))
         conn.execute("UPDATE runs SET last_hash = ? WHERE run_id = ?", (prev, run_id))
 
 

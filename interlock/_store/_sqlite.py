@@ -29,14 +29,26 @@ goes back to SQLite's automatic checkpoints.
 ``?busy_timeout=<ms>`` (default 10000) is how long a writer waits for another
 process holding the write lock; several processes may share one file.
 
-Schema (readable with the ``sqlite3`` shell)::
+Schema, version 2 (readable with the ``sqlite3`` shell)::
 
-    interlock_meta(key, value)                   -- ('schema', 'interlock'), ('version', '1')
-    runs(run_id PK, workflow, status, definition, definition_hash, input, options,
-         created_at, updated_at, last_seq, last_hash, steps, tokens, error, waiting,
-         parent_run, parent_seq, owner, lease_until, extra)       -- JSON columns as TEXT
-    records(run_id, seq, type, node, data, hash, PK (run_id, seq)) WITHOUT ROWID
-                                                 -- data: the record's exact JSON text
+    interlock_meta(key, value)                   -- ('schema', 'interlock'), ('version', '2')
+    runs(run_key INTEGER PK, run_id UNIQUE, workflow, status, definition, definition_hash,
+         input, options, created_at, updated_at, last_seq, last_hash, steps, tokens,
+         error, waiting, parent_run, parent_seq, owner, lease_until, extra)
+                                                 -- JSON columns as TEXT
+    entries(id INTEGER PK, data TEXT, hash BLOB) -- id = run_key << 32 | seq; data: the
+                                                 -- record's exact JSON text; hash: 32 bytes
+    records(run_id, seq, type, node, data, hash) -- a view of entries, hash as hex: e.g.
+        SELECT seq, type, data FROM records WHERE run_id = '...' ORDER BY seq
+
+A record is a row of its JSON and its hash and nothing else: the key is one integer
+(the run's number in this file and the record's seq), the hash its 32 bytes, and the
+type and node -- in the JSON already -- are not stored again. Version 1 kept the run
+id, the seq, the type and the node beside the JSON and the hash as 64 hex characters:
+about a third more bytes per record. A version-1 file is upgraded in place, in one
+transaction, the first time it is opened (`_upgrade_from_1`); its records, hashes and
+snapshots are kept exactly (verify still passes on them), but an interlock older than
+this one then refuses the file as newer than it understands.
 
 A file that is not a SQLite database, or a SQLite database holding other tables
 and not ours, is refused with `StoreError` and never written to.
@@ -77,7 +89,7 @@ from ._base import (
 T = TypeVar("T")
 
 SCHEMA_NAME = "interlock"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 # a checkpoint after this many jobs (transactions, mostly: a step's commit writes 3-5
 # pages) or this many bytes of records, whichever comes first: about SQLite's own
@@ -86,13 +98,10 @@ CHECKPOINT_EVERY = 250
 CHECKPOINT_BYTES = 4 << 20
 _SYNCHRONOUS = ("off", "normal", "full", "extra")
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS interlock_meta (
-    key   TEXT PRIMARY KEY,
-    value TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS runs (
-    run_id          TEXT PRIMARY KEY,
+_RUNS_TABLE = """
+CREATE TABLE IF NOT EXISTS {name} (
+    run_key         INTEGER PRIMARY KEY,
+    run_id          TEXT NOT NULL UNIQUE,
     workflow        TEXT NOT NULL,
     status          TEXT NOT NULL,
     definition      TEXT NOT NULL,
@@ -111,50 +120,74 @@ CREATE TABLE IF NOT EXISTS runs (
     parent_seq      INTEGER,
     owner           TEXT,
     lease_until     REAL,
-    extra           TEXT NOT NULL DEFAULT '{}'
-);
+    extra           TEXT NOT NULL DEFAULT '{{}}'
+)"""
+
+# A run's records are the entries with ids from its run_key << 32 on: a rowid range, so
+# reading a run's log, its last seq and deleting it are range scans of the table itself
+# (no index beside it), and one run's appends fill its pages one after the other.
+SEQ_BITS = 32
+SEQ_MASK = (1 << SEQ_BITS) - 1
+_RUN_ENTRIES = (f"BETWEEN {{key}} << {SEQ_BITS} AND ({{key}} << {SEQ_BITS}) | {SEQ_MASK}")
+
+_SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS interlock_meta (
+    key   TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+) WITHOUT ROWID;
+{_RUNS_TABLE.format(name="runs")};
 CREATE INDEX IF NOT EXISTS runs_by_created ON runs (created_at DESC);
 CREATE INDEX IF NOT EXISTS runs_by_status ON runs (status, created_at DESC);
 CREATE INDEX IF NOT EXISTS runs_by_workflow ON runs (workflow, created_at DESC);
-CREATE TABLE IF NOT EXISTS records (
-    run_id TEXT NOT NULL,
-    seq    INTEGER NOT NULL,
-    type   TEXT NOT NULL,
-    node   TEXT,
-    data   TEXT NOT NULL,
-    hash   TEXT NOT NULL,
-    PRIMARY KEY (run_id, seq)
-) WITHOUT ROWID;
-;
+CREATE TABLE IF NOT EXISTS entries (
+    id   INTEGER PRIMARY KEY,
+    data TEXT NOT NULL,
+    hash BLOB NOT NULL
+);
 CREATE TABLE IF NOT EXISTS snapshots (
     run_id TEXT PRIMARY KEY,
     seq    INTEGER NOT NULL,
     data   BLOB NOT NULL
-)
+) WITHOUT ROWID;
+CREATE VIEW IF NOT EXISTS records AS
+    SELECT runs.run_id AS run_id, entries.id & {SEQ_MASK} AS seq,
+           json_extract(entries.data, '$.type') AS type,
+           json_extract(entries.data, '$.node') AS node,
+           entries.data AS data, lower(hex(entries.hash)) AS hash
+    FROM runs JOIN entries ON entries.id {_RUN_ENTRIES.format(key="runs.run_key")}
 """
 
-_INSERT_RECORD = (
-    "INSERT INTO records (run_id, seq, type, node, data, hash) VALUES (?, ?, ?, ?, ?, ?)"
-)
+_INSERT_RECORD = "INSERT INTO entries (id, data, hash) VALUES (?, ?, ?)"
 _SET_SUMMARY = ("updated_at = ?, last_seq = ?, last_hash = ?, steps = ?, tokens = ?, "
                 "error = ?, waiting = ?")
-_LAST_SEQ = "(SELECT COALESCE(MAX(seq), 0) FROM records WHERE run_id = runs.run_id)"
+# the run's highest stored seq, 0 if none: one seek to the end of its range
+_LAST_SEQ = (f"COALESCE((SELECT id & {SEQ_MASK} FROM entries WHERE id "
+             f"{_RUN_ENTRIES.format(key='runs.run_key')} ORDER BY id DESC LIMIT 1), 0)")
 # An append's usual case as one compare-and-set: the run exists, keeps its status, and
 # the entries continue its log (the 10th parameter is the seq before them, or NULL when
-# there are none). `status` is not assigned, which spares the runs_by_status index a
-# rewrite -- a page less in the WAL per append (SQLite rewrites an index entry when a
-# column it covers is assigned, even to the value it had).
+# there are none); it returns the run's key. `status` is not assigned, which spares the
+# runs_by_status index a rewrite -- a page less in the WAL per append (SQLite rewrites an
+# index entry when a column it covers is assigned, even to the value it had).
 _UPDATE_SUMMARY_IF = (f"UPDATE runs SET {_SET_SUMMARY} WHERE run_id = ? AND status = ? "
-                      f"AND (?10 IS NULL OR {_LAST_SEQ} = ?10)")
+                      f"AND (?10 IS NULL OR {_LAST_SEQ} = ?10) RETURNING run_key")
 # otherwise: what the run's row and log say, then the summary with its status
-_APPEND_CHECK = f"SELECT status, {_LAST_SEQ} FROM runs WHERE run_id = ?"
+_APPEND_CHECK = f"SELECT status, {_LAST_SEQ}, run_key FROM runs WHERE run_id = ?"
 _UPDATE_SUMMARY = f"UPDATE runs SET status = ?, {_SET_SUMMARY} WHERE run_id = ?"
-
 _RUN_COLUMNS = (
     "run_id, workflow, status, definition, definition_hash, input, options, created_at, "
     "updated_at, last_seq, last_hash, steps, tokens, error, waiting, parent_run, parent_seq, "
     "owner, lease_until, extra"
 )
+
+# A new run's key is above every key in use, by a run or by entries (records left behind
+# by a run whose row was deleted behind the store's back): no run starts on another's log.
+_INSERT_RUN = (f"INSERT INTO runs (run_key, {_RUN_COLUMNS}) VALUES (max("
+               "coalesce((SELECT max(run_key) FROM runs), 0), "
+               f"coalesce((SELECT max(id) FROM entries), 0) >> {SEQ_BITS}) + 1, "
+               f"{', '.join('?' * 20)})")
+_RUN_KEY = "SELECT run_key FROM runs WHERE run_id = ?"
+_READ_ENTRIES = ("SELECT id, data, hash FROM entries WHERE id > ? AND id <= ? "
+                 "ORDER BY id LIMIT ?")
 
 
 # -- helpers shared with the PostgreSQL store ------------------------------------------------
@@ -176,6 +209,27 @@ def record_node(entry: Entry) -> str | None:
     """The record's ``node`` field, for the ``records.node`` column (the entry carries
     it: `LogWriter` sets it, and so do the stores when they read entries back)."""
     return entry.node
+
+
+def stored_entry(seq: int, data: bytes, hash_: str) -> Entry:
+    """An `Entry` read back from a store that keeps only a record's JSON and hash: its
+    type and node are the JSON's (a record that is not a JSON object -- a tampered one --
+    gets none, and `verify` reports it)."""
+    try:
+        rec = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        rec = None
+    if type(rec) is not dict:
+        return Entry(seq, "", data, hash_, None)
+    rtype, node = rec.get("type"), rec.get("node")
+    return Entry(seq, rtype if type(rtype) is str else "", data, hash_,
+                 node if type(node) is str else None)
+
+
+def _as_bytes(value: Any) -> bytes:
+    """A ``data`` cell someone changed to another type (verify then reports the record)."""
+    return bytes(value) if isinstance(value, bytes | bytearray | memoryview) \
+        else str(value).encode("utf-8")
 
 
 def check_first_seqs(run_id: str, last: int, entries: Iterable[Entry]) -> None:
@@ -238,6 +292,43 @@ def claim_refused(row_owner: str | None, lease_until: float | None, owner: str, 
     """The claim rule shared by every backend (see `interlock._store._memory`)."""
     return (not force and row_owner not in (None, owner) and lease_until is not None
             and lease_until > now and not owner_gone(row_owner or ""))
+
+
+# -- the upgrade from version 1 ------------------------------------------------------------
+
+def _upgrade_from_1(conn: sqlite3.Connection, path: Path) -> None:
+    """Rewrite a version-1 file's runs and records as version 2, inside the caller's
+    transaction (a crash or an error leaves the file as it was).
+
+    Runs get their keys in the order they were created; each record keeps its JSON text
+    and its hash exactly (a hash that is not 64 hex digits -- a tampered one -- is kept
+    as its text's bytes, and fails `verify` as before). Records of no run, which no
+    command could read, are dropped. Snapshots are kept as they are.
+    """
+    (count,), = conn.execute("SELECT count(*) FROM records")
+    log = logging.getLogger("interlock")
+    log.warning("upgrading the store %s to schema version %d (%d records); interlock "
+                "versions before it will not open it", path, SCHEMA_VERSION, count)
+    conn.execute(_RUNS_TABLE.format(name="runs_v2"))
+    conn.execute(f"INSERT INTO runs_v2 ({_RUN_COLUMNS}) SELECT {_RUN_COLUMNS} FROM runs "
+                 "ORDER BY created_at, run_id")
+    conn.execute("CREATE TABLE entries (id INTEGER PRIMARY KEY, data TEXT NOT NULL, "
+                 "hash BLOB NOT NULL)")
+
+    def digest(h: str) -> bytes:
+        try:
+            raw = bytes.fromhex(h)
+        except ValueError:
+            raw = b""
+        return raw if len(raw) == 32 else h.encode("utf-8")
+
+    rows = conn.execute(f"SELECT (k.run_key << {SEQ_BITS}) | r.seq, r.data, r.hash "
+                        "FROM records r JOIN runs_v2 k USING (run_id) "
+                        "ORDER BY k.run_key, r.seq")
+    conn.executemany(_INSERT_RECORD, ((i, d, digest(h)) for i, d, h in rows))
+    conn.execute("DROP TABLE records")
+    conn.execute("DROP TABLE runs")  # and its indexes; the schema makes them again
+    conn.execute("ALTER TABLE runs_v2 RENAME TO runs")
 
 
 # -- URL ---------------------------------------------------------------------------------
@@ -567,12 +658,16 @@ class SQLiteStore(Store):
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute(f"PRAGMA synchronous = {self._synchronous.upper()}")
             conn.execute("BEGIN IMMEDIATE")
-            self._check_tables(conn, path)  # again: another process may have raced us
+            # again: another process may have raced us (or upgraded the file meanwhile)
+            if self._check_tables(conn, path) == 1:
+                _upgrade_from_1(conn, path)
             for statement in _SCHEMA.split(";"):
                 if statement.strip():
                     conn.execute(statement)
             conn.execute("INSERT OR IGNORE INTO interlock_meta VALUES ('schema', ?), "
                          "('version', ?)", (SCHEMA_NAME, str(SCHEMA_VERSION)))
+            conn.execute("UPDATE interlock_meta SET value = ? WHERE key = 'version'",
+                         (str(SCHEMA_VERSION),))
             conn.execute("COMMIT")
             conn.execute("PRAGMA wal_autocheckpoint = 0")  # the checkpointer's job
         except BaseException as exc:
@@ -620,7 +715,9 @@ class SQLiteStore(Store):
             ro.close()
 
     @staticmethod
-    def _check_tables(conn: sqlite3.Connection, path: Path) -> None:
+    def _check_tables(conn: sqlite3.Connection, path: Path) -> int | None:
+        """The file's schema version (None: no tables yet), if it is an interlock store
+        this interlock understands; otherwise `StoreError`."""
         try:
             tables = {name for (name,) in conn.execute(
                 "SELECT name FROM sqlite_master WHERE type = 'table' "
@@ -638,7 +735,7 @@ class SQLiteStore(Store):
                 f"{path} is not a usable SQLite database ({exc}); refusing to touch it"
             ) from None
         if not tables:
-            return
+            return None
         if meta.get("schema") != SCHEMA_NAME:
             raise StoreError(
                 f"{path} is a SQLite database of something else (tables: "
@@ -651,6 +748,7 @@ class SQLiteStore(Store):
                 f"{path} is an interlock store of schema version {version!r}, newer than "
                 f"this interlock understands ({SCHEMA_VERSION}); upgrade interlock"
             )
+        return int(version)
 
     async def close(self) -> None:
         with self._lock:
@@ -687,14 +785,11 @@ class SQLiteStore(Store):
 
     # -- transactions (on the worker thread) --------------------------------------------
 
-    def _rows(self, run_id: str, entries: list[Entry]) -> list[tuple[Any, ...]]:
+    def _rows(self, run_key: int, entries: list[Entry]) -> list[tuple[Any, ...]]:
         self._bytes_since_checkpoint += sum(len(e.data) for e in entries)
-        return [(run_id, e.seq, e.type, record_node(e), e.data.decode("utf-8"), e.hash)
+        base = run_key << SEQ_BITS
+        return [(base | e.seq, e.data.decode("utf-8"), bytes.fromhex(e.hash))
                 for e in entries]
-
-    def _insert_entries(self, conn: sqlite3.Connection, run_id: str,
-                        entries: list[Entry]) -> None:
-        conn.executemany(_INSERT_RECORD, self._rows(run_id, entries))
 
     # Writes are operations run inside a transaction they do not open or commit: the
     # writer runs one alone in ``BEGIN IMMEDIATE ... COMMIT`` (`_alone`), or the writes
@@ -702,30 +797,28 @@ class SQLiteStore(Store):
 
     def _create_in(self, conn: sqlite3.Connection, row: RunRow, entries: list[Entry]) -> None:
         try:
-            conn.execute(f"INSERT INTO runs ({_RUN_COLUMNS}) VALUES "
-                         f"({', '.join('?' * 20)})", run_params(row))
+            run_key = conn.execute(_INSERT_RUN, run_params(row)).lastrowid
         except sqlite3.IntegrityError:
             raise RunExists(row.run_id) from None
-        try:
-            self._insert_entries(conn, row.run_id, entries)
-        except sqlite3.IntegrityError as exc:  # leftovers of a run whose row was deleted
-            raise ConflictError(f"run {row.run_id!r}: {exc}") from None
+        assert run_key is not None
+        conn.executemany(_INSERT_RECORD, self._rows(run_key, entries))
 
     def _append_in(self, conn: sqlite3.Connection, run_id: str, entries: list[Entry],
                    summary: Summary, release: str | None) -> None:
-        rows = self._rows(run_id, entries)
         params = summary_params(summary)  # params[0] is the status
         prev = entries[0].seq - 1 if entries else None
-        if conn.execute(_UPDATE_SUMMARY_IF, (*params[1:], run_id, summary.status,
-                                             prev)).rowcount == 0:
+        done = conn.execute(_UPDATE_SUMMARY_IF, (*params[1:], run_id, summary.status,
+                                                 prev)).fetchall()  # [(run_key,)] or []
+        if not done:
             found = conn.execute(_APPEND_CHECK, (run_id,)).fetchone()
             if found is None:
                 raise RunNotFound(run_id)
             check_first_seqs(run_id, found[1], entries)  # raises ConflictError
             conn.execute(_UPDATE_SUMMARY, (*params, run_id))  # the status changes
-        if rows:
+            done = [found[2:]]
+        if entries:
             try:
-                conn.executemany(_INSERT_RECORD, rows)
+                conn.executemany(_INSERT_RECORD, self._rows(done[0][0], entries))
             except sqlite3.IntegrityError as exc:
                 raise ConflictError(f"run {run_id!r}: {exc}; another writer got there "
                                     "first") from None
@@ -785,15 +878,14 @@ class SQLiteStore(Store):
     @staticmethod
     def _entries(conn: sqlite3.Connection, run_id: str, after: int,
                  limit: int = -1) -> list[Entry]:
-        rows = conn.execute(
-            "SELECT seq, type, data, hash, node FROM records WHERE run_id = ? AND seq > ? "
-            "ORDER BY seq LIMIT ?", (run_id, after, limit),
-        ).fetchall()
-        if not rows and conn.execute("SELECT 1 FROM runs WHERE run_id = ?",
-                                     (run_id,)).fetchone() is None:
+        found = conn.execute(_RUN_KEY, (run_id,)).fetchone()
+        if found is None:
             raise RunNotFound(run_id)
-        return [Entry(seq, rtype, data.encode("utf-8"), h, node)
-                for seq, rtype, data, h, node in rows]
+        base = found[0] << SEQ_BITS
+        rows = conn.execute(_READ_ENTRIES, (base | max(after, 0), base | SEQ_MASK, limit))
+        return [stored_entry(id_ & SEQ_MASK, data.encode("utf-8") if type(data) is str
+                             else _as_bytes(data), h.hex() if type(h) is bytes else str(h))
+                for id_, data, h in rows]
 
     @staticmethod
     def _list_runs(conn: sqlite3.Connection, status: str | None, workflow: str | None,
@@ -947,12 +1039,15 @@ class SQLiteStore(Store):
         try:
             deleted, records = [], 0
             for run_id in run_ids:
-                cur = conn.execute(f"DELETE FROM runs WHERE run_id = ? AND status IN ({marks}) "
-                                   "AND owner IS NULL", (run_id, *FINISHED))
-                if cur.rowcount != 1:
+                gone = conn.execute(f"DELETE FROM runs WHERE run_id = ? AND status IN ({marks}) "
+                                    "AND owner IS NULL RETURNING run_key",
+                                    (run_id, *FINISHED)).fetchall()
+                if not gone:
                     continue  # resumed (or claimed) meanwhile, or gone
-                records += conn.execute("DELETE FROM records WHERE run_id = ?",
-                                        (run_id,)).rowcount
+                (key,), = gone
+                records += conn.execute(
+                    f"DELETE FROM entries WHERE id {_RUN_ENTRIES.format(key='?')}",
+                    (key, key)).rowcount
                 conn.execute("DELETE FROM snapshots WHERE run_id = ?", (run_id,))
                 deleted.append(run_id)
             conn.execute("COMMIT")

@@ -77,11 +77,16 @@ class Progress:
         live, self.live = self.live, False
         try:
             for rec in records:
-                if rec["type"] in ("node.started", "node.completed", "node.failed",
-                                   "node.retrying"):
-                    self._on_node(rec)
-                elif rec["type"] == "approval.requested":
-                    self._on_waiting(rec)
+                try:
+                    if rec["type"] in ("node.started", "node.completed", "node.failed",
+                                       "node.retrying"):
+                        self._on_node(rec)
+                    elif rec["type"] == "approval.requested":
+                        self._on_waiting(rec)
+                except (KeyError, TypeError, AttributeError):
+                    # not a record the engine writes: a changed log, which the engine
+                    # refuses to continue right after this; it is not counted
+                    continue
         finally:
             self.live = live
 

@@ -25,6 +25,8 @@ from ._format import (
 from ._remote import Remote, server_options
 
 if TYPE_CHECKING:
+    from rich.text import Text
+
     from .. import Store, WorkflowSpec
     from ..support import Entry, Record, RunRow
 
@@ -142,30 +144,23 @@ async def _print_trace(pages: AsyncIterator[list[Record]], spec: WorkflowSpec | 
 
     out = Console(highlight=False, soft_wrap=True)
     plain = out.color_system is None  # not a terminal (or NO_COLOR): the text alone
-    seq_w, type_w, node_w = widths.seq, widths.type, widths.node
+    seq_w = widths.seq
     t0: float | None = None
     async for records in pages:
         if t0 is None and records:
-            t0 = records[0]["at"]
+            t0 = _time(records[0]) or 0.0
         lines: list[Text] = []
         # a child run's records (a sub-workflow's) follow its start, indented: (record,
         # depth), depth-first
         todo = [(rec, 0) for rec in reversed(records)]
         while todo:
             rec, depth = todo.pop()
-            rtype = rec["type"]
-            line = Text("  " * depth + ("│ " if depth else "") + f"{rec['seq']:>{seq_w}}  "
-                        f"{'+' + _duration((rec['at'] - (t0 or 0.0)) * 1000):>11}  ")
-            line.append(rtype.ljust(type_w), style=_record_style(rec))
-            if node_w:
-                line.append("  ")
-                line.append((rec.get("node") or "").ljust(node_w), style="bold")
-            # (a child's record carries its run's id, which its start names already)
-            detail = _record_detail(rec, spec) if not depth else _record_detail(
-                {k: v for k, v in rec.items() if k != "run_id"}, None)
-            if detail:
-                line.append("  " + detail)
-            line.rstrip()
+            try:
+                line = _trace_line(rec, depth, t0 or 0.0, widths, spec)
+            except (KeyError, TypeError, AttributeError, ValueError, IndexError):
+                # not a record interlock writes (a changed log; the trace warned): as it is
+                line = Text("  " * depth + f"{rec.get('seq')!s:>{seq_w}}  {'?':>11}  "
+                            + json.dumps(rec, ensure_ascii=False, default=str))
             lines.append(line)
             todo += [(sub, depth + 1) for sub in reversed(rec.get("records") or ())]
         # a page at a time: Console.print's cost is mostly per call, not per line
@@ -175,6 +170,34 @@ async def _print_trace(pages: AsyncIterator[list[Record]], spec: WorkflowSpec | 
             out.file.write("".join(f"{line.plain}\n" for line in lines))
         else:
             out.print(Text("\n").join(lines))
+
+
+def _trace_line(rec: Record, depth: int, t0: float, widths: _Widths,
+                spec: WorkflowSpec | None) -> Text:
+    from rich.text import Text
+
+    seq_w, type_w, node_w = widths.seq, widths.type, widths.node
+    rtype = rec["type"]
+    at = _time(rec)
+    line = Text("  " * depth + ("│ " if depth else "") + f"{rec['seq']:>{seq_w}}  "
+                f"{'?' if at is None else '+' + _duration((at - t0) * 1000):>11}  ")
+    line.append(rtype.ljust(type_w), style=_record_style(rec))
+    if node_w:
+        line.append("  ")
+        line.append((rec.get("node") or "").ljust(node_w), style="bold")
+    # (a child's record carries its run's id, which its start names already)
+    detail = _record_detail(rec, spec) if not depth else _record_detail(
+        {k: v for k, v in rec.items() if k != "run_id"}, None)
+    if detail:
+        line.append("  " + detail)
+    line.rstrip()
+    return line
+
+
+def _time(rec: Record) -> float | None:
+    """The record's time, if it has one (a changed log's record may not)."""
+    at = rec.get("at")
+    return float(at) if isinstance(at, int | float) and not isinstance(at, bool) else None
 
 
 def _record_style(rec: Record) -> str:
