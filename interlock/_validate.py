@@ -183,6 +183,14 @@ class _Checker:
                          "does not fail; route on its decision instead (when: "
                          f"'{src}.decision == \"rejected\"')", ("edges", i, "on_error"),
                          "on-error")
+            for name in e.catches:
+                hint = _misspelled_exception(name)
+                if hint:
+                    self.add("warning", f"edge {e.describe()}: on_error names {name!r}, which "
+                             f"is no built-in or interlock exception class{hint}; a class of "
+                             "your own is matched by its name along the error's class "
+                             "hierarchy, so a misspelled one never catches anything",
+                             ("edges", i, "on_error"), "on-error-class")
 
     def check_otherwise(self) -> None:
         """An ``otherwise`` edge beside an edge of the same node that has no ``when``: the
@@ -653,6 +661,23 @@ def _config_keys(src: str) -> list[str]:
     import re
 
     return re.findall(r"(?<![\w.])config\.([A-Za-z_]\w*)", src)
+
+
+def _misspelled_exception(name: str) -> str:
+    """`` (did you mean 'ValueError'?)`` when ``name`` is close to, and not, the name of a
+    built-in or interlock exception class; "" otherwise (a class of the user's own)."""
+    import builtins
+
+    from . import _errors
+
+    known = {n for space in (vars(builtins), vars(_errors)) for n, v in space.items()
+             if isinstance(v, type) and issubclass(v, BaseException)}
+    if name in known:
+        return ""
+    import difflib
+
+    close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.85)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def _did_you_mean(name: str, known: Any) -> str:

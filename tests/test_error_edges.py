@@ -13,10 +13,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from click.testing import CliRunner
 
 import interlock
 from interlock import START, Workflow, WorkflowError
 from interlock._render import to_dot, to_mermaid
+from interlock.cli import cli
 
 if TYPE_CHECKING:
     from conftest import CliProject
@@ -533,3 +535,23 @@ def test_a_goto_to_an_undeclared_target_is_not_caught() -> None:
     assert result.error["type"] == "invalid_route"
     assert "not caught: a route to an undeclared target is the engine's rule" in \
         result.error["message"]
+
+
+@pytest.mark.parametrize(("names", "hint"), [
+    ("[ValueErorr]", "did you mean 'ValueError'?"),
+    ("[NodeTimout, KeyError]", "did you mean 'NodeTimeout'?"),
+    ("[ValueError, NodeTimeout, BudgetExceededError]", None),
+    ("[PaymentDeclined]", None),  # a class of the user's own: nothing to say
+])
+def test_validate_warns_of_a_misspelled_exception_class(
+        make_project: Callable[..., CliProject], names: str, hint: str | None) -> None:
+    p = make_project(NODES)
+    path = p.workflow(CAUGHT_AFTER_RETRIES.replace("[LookupError]", names))
+    result = CliRunner().invoke(cli, ["validate", path])
+    assert result.exit_code == 0, result.output
+    if hint is None:
+        assert "on_error names" not in result.output
+    else:
+        assert hint in result.output
+        # where it is: the file and the on_error line (the edge is the file's 10th line)
+        assert f"{Path(path).name}:10:" in result.output, result.output
