@@ -561,3 +561,39 @@ def test_the_engine_can_be_called_from_a_thread_that_cannot_take_signals() -> No
     worker.start()
     worker.join(10)
     assert out == [42]
+
+
+def test_a_large_workflows_summary_counts_its_nodes_and_lists_the_rest(project: Project
+                                                                        ) -> None:
+    """More than 200 nodes: the summary counts them by status and has a row only for the
+    nodes neither completed nor not run (a 10,000-row table summarises nothing)."""
+    n = 250
+    lines = ["workflow: big", "nodes:"]
+    lines += [f"  n{i}: {{mod}}:first" for i in range(n - 1)] + [f"  n{n - 1}: {{mod}}:boom"]
+    lines += ["edges:", "  - {{from: START, to: n0}}"]
+    lines += [f"  - {{{{from: n{i}, to: n{i + 1}}}}}" for i in range(n - 1)]
+    wf = project.workflow("\n".join(lines) + "\n")
+    result = run(wf)
+    assert result.exit_code == 1, result.output
+    assert f"{n} nodes: {n - 1} completed, 1 failed; the table lists 1 of the 1" in result.stdout
+    rows = [line for line in result.stdout.splitlines() if re.match(r"^\s*n\d+\s", line)]
+    assert len(rows) == 1 and "failed" in rows[0] and rows[0].split()[0] == f"n{n - 1}"
+    assert len(re.findall(r"^\s+n\d+\s+completed", result.stderr, re.MULTILINE)) == n - 1
+
+
+def test_progress_on_a_colour_terminal_has_rich_styles_and_the_same_text(
+        project: Project, monkeypatch: pytest.MonkeyPatch) -> None:
+    wf = project.workflow(WORKFLOW)
+    plain = run(wf)
+    monkeypatch.setenv("FORCE_COLOR", "1")
+    monkeypatch.setenv("TERM", "xterm-256color")
+    coloured = run(wf)
+    assert coloured.exit_code == plain.exit_code == 0
+    assert "\x1b[1m" in coloured.stderr  # the node names in bold
+    assert "\x1b[32mcompleted\x1b[0m" in coloured.stderr  # green, as _STATUS_STYLE says
+
+    def strip(text: str) -> list[str]:  # the text without colours or times
+        text = re.sub(r"\x1b\[[0-9;]*m", "", text)
+        return [re.sub(r"[\d.]+ ms|\w{20}", "", line) for line in text.splitlines()]
+
+    assert strip(coloured.stderr) == strip(plain.stderr)
