@@ -50,10 +50,9 @@ def connect(path: Path) -> sqlite3.Connection:
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     conn.execute("PRAGMA journal_mode = WAL")
     conn.execute("PRAGMA synchronous = NORMAL")
-    for statement in q._SCHEMA.split(";"):
-        if statement.strip():
-            conn.execute(statement)
-    conn.execute(q._INSERT_RUN, ["r", "wf", "RUNNING", "{}", "h", "{}", "{}", 0.0, 0.0, 0,
+    for statement in q.SCHEMA_STATEMENTS:
+        conn.execute(statement)
+    conn.execute(q._INSERT_RUN, ["r", "wf", "RUNNING", "h", 0.0, 0.0, 0,
                                  "0" * 64, 0, 0, None, None, None, None, "me", None, "{}"])
     return conn
 

@@ -985,7 +985,8 @@ def test_sqlite_file_is_readable_with_plain_sqlite(tmp_path: Path,
         assert [r[5].encode() for r in rows] == [e.data for e in entries]
         assert [r[6] for r in rows] == [e.hash for e in entries]  # hex, as verify shows it
         status, definition = conn.execute(
-            "SELECT status, json_extract(definition, '$.nodes.zeta.kind') FROM runs").fetchone()
+            "SELECT status, json_extract(definition, '$.nodes.zeta.kind') "
+            "FROM runs JOIN run_specs USING (run_key)").fetchone()
         assert (status, definition) == ("RUNNING", "function")
     finally:
         conn.close()

@@ -87,7 +87,7 @@ def test_a_version_1_file_is_upgraded_and_reads_back_exactly(
     url = f"sqlite:///{v1}"
     got = asyncio.run(read_back(url))
     assert meta(v1) == {"schema": "interlock", "version": "2"}
-    assert "upgrading the store" in caplog.text and f"({len(before)} records)" in caplog.text
+    assert "upgrading the store" in caplog.text and f"({len(before)} records;" in caplog.text
     assert got == expected()
     # the records view shows what the version-1 table held, row for row
     assert v1_records(v1) == before
@@ -100,7 +100,57 @@ def test_a_version_1_file_is_upgraded_and_reads_back_exactly(
         assert report.keyed == (run_id == "inc-keyed")
     caplog.clear()
     asyncio.run(read_back(url))  # opened again: nothing more to upgrade
-    assert "upgrading" not in caplog.text
+    assert "upgrading" not in caplog.text and "did not fit" not in caplog.text
+    with sqlite3.connect(v1) as conn:
+        (free,), = conn.execute("PRAGMA freelist_count")
+        assert free == 0  # the old tables' pages were given back
+        tables = {n for (n,) in conn.execute("SELECT name FROM sqlite_master")}
+        assert "v1_leftovers" not in tables  # nothing odd in a file v1 wrote
+        with pytest.raises(sqlite3.DatabaseError, match="read-only view"):
+            conn.execute("UPDATE records SET data = '{}' WHERE run_id = 'loop' AND seq = 3")
+
+
+# a version-1 file changed by hand: (the SQL, the runs verify must then call broken, why
+# the record is kept in v1_leftovers; None: none is)
+TAMPERED = [
+    ("UPDATE records SET seq = 4294967296 + 100 WHERE run_id = 'inc-wait' AND seq = 19",
+     {"inc-wait"}, "out of range"),
+    ("UPDATE records SET seq = -1 WHERE run_id = 'inc-wait' AND seq = 19",
+     {"inc-wait"}, "out of range"),
+    ("UPDATE records SET hash = X'00112233' WHERE run_id = 'inc-done' AND seq = 5",
+     {"inc-done"}, "64 lowercase hex"),
+    ("UPDATE records SET hash = upper(hash) WHERE run_id = 'inc-done' AND seq = 5",
+     {"inc-done"}, "64 lowercase hex"),
+    ("UPDATE records SET hash = substr(hash, 1, 10) || ' ' || substr(hash, 11) "
+     "WHERE run_id = 'inc-done' AND seq = 5", {"inc-done"}, "64 lowercase hex"),
+    # a column version 2 does not keep: its evidence is the table and the warning
+    ("UPDATE records SET node = 'elsewhere' WHERE run_id = 'inc-done' AND seq = 3",
+     set(), "type or node column"),
+    ("UPDATE records SET type = 'node.failed' WHERE run_id = 'inc-done' AND seq = 3",
+     set(), "type or node column"),
+    ("DELETE FROM runs WHERE run_id = 'sub'", set(), "of no run"),
+]
+
+
+@pytest.mark.parametrize(("sql", "broken", "why"), TAMPERED)
+def test_a_changed_version_1_file_is_upgraded_with_its_evidence_kept(
+        v1: Path, caplog: pytest.LogCaptureFixture, sql: str, broken: set[str], why: str
+        ) -> None:
+    with sqlite3.connect(v1) as conn:
+        conn.execute(sql)
+        (changed,), = conn.execute("SELECT count(*) FROM records")
+    url = f"sqlite:///{v1}"
+    runs = asyncio.run(interlock.list_runs(store=url, limit=100))  # every command works
+    assert "did not fit schema version 2" in caplog.text
+    verdicts = {r.run_id: asyncio.run(interlock.verify(r.run_id, store=url)).ok
+                for r in runs if r.run_id != "inc-keyed"}  # (keyed: needs its key)
+    assert {run for run, ok in verdicts.items() if not ok} == broken
+    with sqlite3.connect(v1) as conn:
+        kept = conn.execute("SELECT why FROM v1_leftovers").fetchall()
+        (moved,), = conn.execute("SELECT count(*) FROM entries")
+    assert kept and all(why in w for (w,) in kept), kept
+    # every record is in the log or in the table (a changed column's: in both)
+    assert moved + len(kept) >= changed
 
 
 def test_a_waiting_run_of_a_version_1_file_goes_on(v1: Path, monkeypatch: pytest.MonkeyPatch

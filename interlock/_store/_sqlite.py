@@ -32,14 +32,22 @@ process holding the write lock; several processes may share one file.
 Schema, version 2 (readable with the ``sqlite3`` shell)::
 
     interlock_meta(key, value)                   -- ('schema', 'interlock'), ('version', '2')
-    runs(run_key INTEGER PK, run_id UNIQUE, workflow, status, definition, definition_hash,
-         input, options, created_at, updated_at, last_seq, last_hash, steps, tokens,
-         error, waiting, parent_run, parent_seq, owner, lease_until, extra)
+    runs(run_key INTEGER PK, run_id UNIQUE, workflow, status, definition_hash,
+         created_at, updated_at, last_seq, last_hash, steps, tokens, error, waiting,
+         parent_run, parent_seq, owner, lease_until, extra)
                                                  -- JSON columns as TEXT
+    run_specs(run_key INTEGER PK, definition, input, options)
+                                                 -- what the run started with: never
+                                                 -- updated, so kept out of the runs row
     entries(id INTEGER PK, data TEXT, hash BLOB) -- id = run_key << 32 | seq; data: the
                                                  -- record's exact JSON text; hash: 32 bytes
     records(run_id, seq, type, node, data, hash) -- a view of entries, hash as hex: e.g.
         SELECT seq, type, data FROM records WHERE run_id = '...' ORDER BY seq
+
+Every append updates its run's row (the summary); SQLite reads the whole row to
+rewrite it, so the row holds no large value: a run's definition, input and options --
+written once -- are in `run_specs` (with them in the row, a step of a 10,000-node
+workflow cost 0.4 ms more: its 300 KB definition read back at every append).
 
 A record is a row of its JSON and its hash and nothing else: the key is one integer
 (the run's number in this file and the record's seq), the hash its 32 bytes, and the
@@ -61,11 +69,12 @@ import atexit
 import contextlib
 import logging
 import queue
+import re
 import sqlite3
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl
@@ -104,10 +113,7 @@ CREATE TABLE IF NOT EXISTS {name} (
     run_id          TEXT NOT NULL UNIQUE,
     workflow        TEXT NOT NULL,
     status          TEXT NOT NULL,
-    definition      TEXT NOT NULL,
     definition_hash TEXT NOT NULL,
-    input           TEXT NOT NULL,
-    options         TEXT NOT NULL,
     created_at      REAL NOT NULL,
     updated_at      REAL NOT NULL,
     last_seq        INTEGER NOT NULL,
@@ -128,6 +134,7 @@ CREATE TABLE IF NOT EXISTS {name} (
 # (no index beside it), and one run's appends fill its pages one after the other.
 SEQ_BITS = 32
 SEQ_MASK = (1 << SEQ_BITS) - 1
+MAX_RUN_KEY = (1 << (63 - SEQ_BITS)) - 1  # ids stay below 2**63, SQLite's INTEGER
 _RUN_ENTRIES = (f"BETWEEN {{key}} << {SEQ_BITS} AND ({{key}} << {SEQ_BITS}) | {SEQ_MASK}")
 
 _SCHEMA = f"""
@@ -139,6 +146,12 @@ CREATE TABLE IF NOT EXISTS interlock_meta (
 CREATE INDEX IF NOT EXISTS runs_by_created ON runs (created_at DESC);
 CREATE INDEX IF NOT EXISTS runs_by_status ON runs (status, created_at DESC);
 CREATE INDEX IF NOT EXISTS runs_by_workflow ON runs (workflow, created_at DESC);
+CREATE TABLE IF NOT EXISTS run_specs (
+    run_key    INTEGER PRIMARY KEY,
+    definition TEXT NOT NULL,
+    input      TEXT NOT NULL,
+    options    TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS entries (
     id   INTEGER PRIMARY KEY,
     data TEXT NOT NULL,
@@ -156,6 +169,13 @@ CREATE VIEW IF NOT EXISTS records AS
            entries.data AS data, lower(hex(entries.hash)) AS hash
     FROM runs JOIN entries ON entries.id {_RUN_ENTRIES.format(key="runs.run_key")}
 """
+# The records view is read-only, and says why to whoever writes it: an interlock older
+# than the file (one that was running when the file was upgraded), or someone by hand.
+_VIEW_WRITE = ("records is a read-only view of the entries table since schema version 2; "
+               "an interlock writing it is older than this store file: upgrade it")
+SCHEMA_STATEMENTS = tuple(st for st in _SCHEMA.split(";") if st.strip()) + tuple(
+    f"CREATE TRIGGER IF NOT EXISTS records_{op.lower()} INSTEAD OF {op} ON records "
+    f"BEGIN SELECT RAISE(ABORT, '{_VIEW_WRITE}'); END" for op in ("INSERT", "UPDATE", "DELETE"))
 
 _INSERT_RECORD = "INSERT INTO entries (id, data, hash) VALUES (?, ?, ?)"
 _SET_SUMMARY = ("updated_at = ?, last_seq = ?, last_hash = ?, steps = ?, tokens = ?, "
@@ -179,12 +199,19 @@ _RUN_COLUMNS = (
     "owner, lease_until, extra"
 )
 
+# `_RUN_COLUMNS` of a run: its row's, then its spec's (`run_params` order otherwise)
+_SPEC_COLUMNS = ("definition", "input", "options")
+_RUN_NAMES = [c.strip() for c in _RUN_COLUMNS.split(",")]
+_ROW_AT = [i for i, c in enumerate(_RUN_NAMES) if c not in _SPEC_COLUMNS]
+_SPEC_AT = [_RUN_NAMES.index(c) for c in _SPEC_COLUMNS]
+_RUN_FROM = "runs JOIN run_specs USING (run_key)"
 # A new run's key is above every key in use, by a run or by entries (records left behind
 # by a run whose row was deleted behind the store's back): no run starts on another's log.
-_INSERT_RUN = (f"INSERT INTO runs (run_key, {_RUN_COLUMNS}) VALUES (max("
-               "coalesce((SELECT max(run_key) FROM runs), 0), "
+_INSERT_RUN = (f"INSERT INTO runs (run_key, {', '.join(_RUN_NAMES[i] for i in _ROW_AT)}) "
+               "VALUES (max(coalesce((SELECT max(run_key) FROM runs), 0), "
                f"coalesce((SELECT max(id) FROM entries), 0) >> {SEQ_BITS}) + 1, "
-               f"{', '.join('?' * 20)})")
+               f"{', '.join('?' * len(_ROW_AT))})")
+_INSERT_SPEC = f"INSERT INTO run_specs (run_key, {', '.join(_SPEC_COLUMNS)}) VALUES (?, ?, ?, ?)"
 _RUN_KEY = "SELECT run_key FROM runs WHERE run_id = ?"
 _READ_ENTRIES = ("SELECT id, data, hash FROM entries WHERE id > ? AND id <= ? "
                  "ORDER BY id LIMIT ?")
@@ -294,41 +321,122 @@ def claim_refused(row_owner: str | None, lease_until: float | None, owner: str, 
             and lease_until > now and not owner_gone(row_owner or ""))
 
 
+def sqlite_error(path: Path, exc: sqlite3.Error, busy_ms: int,
+                 what: str = "SQLite store") -> StoreError:
+    """A `StoreError` for a SQLite error, saying what to do about the usual ones."""
+    text = str(exc)
+    if "locked" in text or "busy" in text:
+        return StoreError(
+            f"{what} {path}: the database stayed locked by another process for {busy_ms} "
+            f"ms ({text}) -- a long transaction, or the one-time upgrade of an older file "
+            "(about 10 s per million records); try again, raise ?busy_timeout= or use "
+            "PostgreSQL")
+    if "readonly" in text:
+        return StoreError(
+            f"{what} {path}: the file is read-only ({text}); interlock needs write access "
+            "to it and to its directory (for the -wal and -shm files beside it)")
+    return StoreError(f"{what} {path}: {text}")
+
+
+def _reclaim_after_upgrade(conn: sqlite3.Connection, path: Path) -> None:
+    """Give back the pages the upgrade freed (the version-1 tables): about a third of
+    the file. A failure (no room for the copy VACUUM makes, a reader in the way) leaves
+    the file as it is, with its free pages, and says so."""
+    try:
+        conn.execute("VACUUM")
+    except sqlite3.Error as exc:
+        logging.getLogger("interlock").warning(
+            "the upgrade of %s left its old tables' pages free in the file; VACUUM failed "
+            "(%s): run `sqlite3 %s VACUUM` to give them back", path, exc, path)
+
+
 # -- the upgrade from version 1 ------------------------------------------------------------
+
+_V1_HASH = re.compile(r"[0-9a-f]{64}")
+
 
 def _upgrade_from_1(conn: sqlite3.Connection, path: Path) -> None:
     """Rewrite a version-1 file's runs and records as version 2, inside the caller's
     transaction (a crash or an error leaves the file as it was).
 
     Runs get their keys in the order they were created; each record keeps its JSON text
-    and its hash exactly (a hash that is not 64 hex digits -- a tampered one -- is kept
-    as its text's bytes, and fails `verify` as before). Records of no run, which no
-    command could read, are dropped. Snapshots are kept as they are.
+    and its hash exactly. A record version 2 cannot hold as it was -- one of no run, a
+    seq out of range, a hash that is not 64 lowercase hex digits, type or node columns
+    that disagree with its JSON: a tampered file -- is copied as it was into
+    ``v1_leftovers`` (with why) and named in a warning; its run's `verify` still fails
+    (a record of no run or out of range is missing from its log, an odd hash is kept as
+    bytes no digest matches), except for a changed type or node column, which version 2
+    does not store: only the table and the warning keep that evidence. Snapshots are
+    kept as they are.
     """
     (count,), = conn.execute("SELECT count(*) FROM records")
     log = logging.getLogger("interlock")
-    log.warning("upgrading the store %s to schema version %d (%d records); interlock "
-                "versions before it will not open it", path, SCHEMA_VERSION, count)
+    log.warning("upgrading the store %s to schema version %d (%d records; about 10 s per "
+                "million); interlock versions before it will not open it", path,
+                SCHEMA_VERSION, count)
     conn.execute(_RUNS_TABLE.format(name="runs_v2"))
-    conn.execute(f"INSERT INTO runs_v2 ({_RUN_COLUMNS}) SELECT {_RUN_COLUMNS} FROM runs "
+    row_columns = ", ".join(_RUN_NAMES[i] for i in _ROW_AT)
+    conn.execute(f"INSERT INTO runs_v2 ({row_columns}) SELECT {row_columns} FROM runs "
                  "ORDER BY created_at, run_id")
+    conn.execute("CREATE TABLE run_specs (run_key INTEGER PRIMARY KEY, definition TEXT NOT "
+                 "NULL, input TEXT NOT NULL, options TEXT NOT NULL)")
+    conn.execute(f"INSERT INTO run_specs (run_key, {', '.join(_SPEC_COLUMNS)}) SELECT "
+                 f"k.run_key, {', '.join('r.' + c for c in _SPEC_COLUMNS)} FROM runs r "
+                 "JOIN runs_v2 k USING (run_id)")
     conn.execute("CREATE TABLE entries (id INTEGER PRIMARY KEY, data TEXT NOT NULL, "
                  "hash BLOB NOT NULL)")
+    leftovers: list[tuple[Any, ...]] = []
 
-    def digest(h: str) -> bytes:
-        try:
-            raw = bytes.fromhex(h)
-        except ValueError:
-            raw = b""
-        return raw if len(raw) == 32 else h.encode("utf-8")
+    def entries() -> Iterator[tuple[int, Any, bytes]]:
+        for run_id, key, seq, rtype, node, data, h in conn.execute(
+                "SELECT r.run_id, k.run_key, r.seq, r.type, r.node, r.data, r.hash "
+                "FROM records r LEFT JOIN runs_v2 k USING (run_id) ORDER BY k.run_key, r.seq"):
+            fits = key is not None and type(seq) is int and 0 < seq <= SEQ_MASK
+            why = _v1_oddity(key, seq, rtype, node, data, h) if fits else (
+                "a record of no run" if key is None else f"seq {seq!r} out of range")
+            if why:
+                leftovers.append((run_id, seq, rtype, node, data, h, why))
+            if fits:
+                yield (key << SEQ_BITS) | seq, data, _v1_digest(h)
 
-    rows = conn.execute(f"SELECT (k.run_key << {SEQ_BITS}) | r.seq, r.data, r.hash "
-                        "FROM records r JOIN runs_v2 k USING (run_id) "
-                        "ORDER BY k.run_key, r.seq")
-    conn.executemany(_INSERT_RECORD, ((i, d, digest(h)) for i, d, h in rows))
+    conn.executemany(_INSERT_RECORD, entries())
+    if leftovers:
+        conn.execute("CREATE TABLE v1_leftovers (run_id, seq, type, node, data, hash, "
+                     "why TEXT NOT NULL)")
+        conn.executemany("INSERT INTO v1_leftovers VALUES (?, ?, ?, ?, ?, ?, ?)", leftovers)
+        runs = sorted({str(r[0]) for r in leftovers})
+        log.warning("%s: %d records did not fit schema version %d as they were (a changed "
+                    "file?) -- of runs %s%s; they are kept as they were in its table "
+                    "v1_leftovers, with why", path, len(leftovers), SCHEMA_VERSION,
+                    ", ".join(runs[:10]), f" and {len(runs) - 10} more" if len(runs) > 10
+                    else "")
     conn.execute("DROP TABLE records")
     conn.execute("DROP TABLE runs")  # and its indexes; the schema makes them again
     conn.execute("ALTER TABLE runs_v2 RENAME TO runs")
+
+
+def _v1_oddity(key: int, seq: int, rtype: Any, node: Any, data: Any, h: Any) -> str | None:
+    """Why a version-1 record's row is not what version 1 wrote, if it is not."""
+    if not (type(h) is str and _V1_HASH.fullmatch(h)):
+        return "its hash is not 64 lowercase hex digits"
+    try:
+        rec = orjson.loads(data)
+    except (orjson.JSONDecodeError, TypeError):
+        return None  # the data itself: verify reports it
+    if type(rec) is dict:
+        own = rec.get("node")
+        if rec.get("type") != rtype or (own if type(own) is str else None) != node:
+            return "its type or node column does not match its JSON"
+    return None
+
+
+def _v1_digest(h: Any) -> bytes:
+    """A version-1 hash as its 32 bytes; anything else as bytes no digest is (so the
+    record's `verify` fails, as it did)."""
+    if type(h) is str and _V1_HASH.fullmatch(h):
+        return bytes.fromhex(h)
+    raw = bytes(h) if isinstance(h, bytes | bytearray | memoryview) else str(h).encode()
+    return b"v1 hash: " + raw
 
 
 # -- URL ---------------------------------------------------------------------------------
@@ -622,14 +730,8 @@ class SQLiteStore(Store):
                 conn.rollback()
             raise
 
-    def _error(self, exc: sqlite3.Error) -> StoreError:
-        text = str(exc)
-        if "locked" in text or "busy" in text:
-            return StoreError(
-                f"SQLite store {self.path}: the database stayed locked by another process "
-                f"for {self._busy_ms} ms ({text}); raise ?busy_timeout= or use PostgreSQL"
-            )
-        return StoreError(f"SQLite store {self.path}: {text}")
+    def _error(self, exc: sqlite3.Error, what: str = "SQLite store") -> StoreError:
+        return sqlite_error(self.path, exc, self._busy_ms, what)
 
     def _open(self) -> sqlite3.Connection:
         path = self.path
@@ -646,7 +748,7 @@ class SQLiteStore(Store):
         try:
             conn = sqlite3.connect(path, isolation_level=None, timeout=self._busy_ms / 1000)
         except sqlite3.Error as exc:
-            raise StoreError(f"cannot open the SQLite store {path}: {exc}") from None
+            raise self._error(exc, "cannot open the SQLite store") from None
         try:
             conn.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
             if fresh:
@@ -659,23 +761,25 @@ class SQLiteStore(Store):
             conn.execute(f"PRAGMA synchronous = {self._synchronous.upper()}")
             conn.execute("BEGIN IMMEDIATE")
             # again: another process may have raced us (or upgraded the file meanwhile)
-            if self._check_tables(conn, path) == 1:
+            upgraded = self._check_tables(conn, path) == 1
+            if upgraded:
                 _upgrade_from_1(conn, path)
-            for statement in _SCHEMA.split(";"):
-                if statement.strip():
-                    conn.execute(statement)
+            for statement in SCHEMA_STATEMENTS:
+                conn.execute(statement)
             conn.execute("INSERT OR IGNORE INTO interlock_meta VALUES ('schema', ?), "
                          "('version', ?)", (SCHEMA_NAME, str(SCHEMA_VERSION)))
             conn.execute("UPDATE interlock_meta SET value = ? WHERE key = 'version'",
                          (str(SCHEMA_VERSION),))
             conn.execute("COMMIT")
+            if upgraded:
+                _reclaim_after_upgrade(conn, path)
             conn.execute("PRAGMA wal_autocheckpoint = 0")  # the checkpointer's job
         except BaseException as exc:
             if conn.in_transaction:
                 conn.rollback()
             conn.close()
             if isinstance(exc, sqlite3.Error):
-                raise StoreError(f"cannot open the SQLite store {path}: {exc}") from None
+                raise self._error(exc, "cannot open the SQLite store") from None
             raise
         self._conn = conn
         self._checkpointer = _Checkpointer(path, f"interlock-sqlite-checkpoint:{path.name}")
@@ -708,7 +812,7 @@ class SQLiteStore(Store):
             ro = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True,
                                  isolation_level=None, timeout=self._busy_ms / 1000)
         except sqlite3.Error as exc:
-            raise StoreError(f"cannot open the SQLite store {path}: {exc}") from None
+            raise self._error(exc, "cannot open the SQLite store") from None
         try:
             self._check_tables(ro, path)
         finally:
@@ -731,6 +835,8 @@ class SQLiteStore(Store):
                     f"{path} is not a SQLite database (and so not an interlock store); "
                     "refusing to touch it -- point the store URL at another file"
                 ) from None
+            if "readonly" in str(exc):
+                raise sqlite_error(path, exc, 0, "cannot open the SQLite store") from None
             raise StoreError(
                 f"{path} is not a usable SQLite database ({exc}); refusing to touch it"
             ) from None
@@ -796,17 +902,25 @@ class SQLiteStore(Store):
     # queued one after the other together in one (`_together`), each under a savepoint.
 
     def _create_in(self, conn: sqlite3.Connection, row: RunRow, entries: list[Entry]) -> None:
+        params = run_params(row)
         try:
-            run_key = conn.execute(_INSERT_RUN, run_params(row)).lastrowid
+            run_key = conn.execute(_INSERT_RUN, [params[i] for i in _ROW_AT]).lastrowid
         except sqlite3.IntegrityError:
             raise RunExists(row.run_id) from None
         assert run_key is not None
+        if run_key > MAX_RUN_KEY:
+            raise StoreError(f"SQLite store {self.path} has numbered {MAX_RUN_KEY:,} runs, "
+                             "as many as one file holds; start a new store file")
+        conn.execute(_INSERT_SPEC, (run_key, *(params[i] for i in _SPEC_AT)))
         conn.executemany(_INSERT_RECORD, self._rows(run_key, entries))
 
     def _append_in(self, conn: sqlite3.Connection, run_id: str, entries: list[Entry],
                    summary: Summary, release: str | None) -> None:
         params = summary_params(summary)  # params[0] is the status
         prev = entries[0].seq - 1 if entries else None
+        if entries and entries[-1].seq > SEQ_MASK:
+            raise StoreError(f"run {run_id!r}: a SQLite store holds {SEQ_MASK:,} records "
+                             "a run at most")
         done = conn.execute(_UPDATE_SUMMARY_IF, (*params[1:], run_id, summary.status,
                                                  prev)).fetchall()  # [(run_key,)] or []
         if not done:
@@ -863,13 +977,16 @@ class SQLiteStore(Store):
             except sqlite3.Error as exc:
                 conn.execute("ROLLBACK TO interlock_write")
                 outcomes.append((None, self._error(exc)))
+            except Exception as exc:  # a bug in one write's values fails that write only
+                conn.execute("ROLLBACK TO interlock_write")
+                outcomes.append((None, exc))
             conn.execute("RELEASE interlock_write")
         conn.execute("COMMIT")
         return outcomes
 
     @staticmethod
     def _get_run(conn: sqlite3.Connection, run_id: str) -> RunRow:
-        values = conn.execute(f"SELECT {_RUN_COLUMNS} FROM runs WHERE run_id = ?",
+        values = conn.execute(f"SELECT {_RUN_COLUMNS} FROM {_RUN_FROM} WHERE run_id = ?",
                               (run_id,)).fetchone()
         if values is None:
             raise RunNotFound(run_id)
@@ -897,7 +1014,7 @@ class SQLiteStore(Store):
         if workflow is not None:
             where.append("workflow = ?")
             params.append(workflow)
-        sql = f"SELECT {_RUN_COLUMNS} FROM runs"
+        sql = f"SELECT {_RUN_COLUMNS} FROM {_RUN_FROM}"
         if where:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY created_at DESC LIMIT ?"
@@ -1048,6 +1165,7 @@ class SQLiteStore(Store):
                 records += conn.execute(
                     f"DELETE FROM entries WHERE id {_RUN_ENTRIES.format(key='?')}",
                     (key, key)).rowcount
+                conn.execute("DELETE FROM run_specs WHERE run_key = ?", (key,))
                 conn.execute("DELETE FROM snapshots WHERE run_id = ?", (run_id,))
                 deleted.append(run_id)
             conn.execute("COMMIT")
