@@ -46,8 +46,9 @@ Schema, version 2 (readable with the ``sqlite3`` shell)::
 
 Every append updates its run's row (the summary); SQLite reads the whole row to
 rewrite it, so the row holds no large value: a run's definition, input and options --
-written once -- are in `run_specs` (with them in the row, a step of a 10,000-node
-workflow cost 0.4 ms more: its 300 KB definition read back at every append).
+written once -- are in `run_specs` (with a 3 MB definition in the row an append took
+5.6 ms, against 0.16 ms without). The records view is read-only: triggers refuse a
+write with a message saying so (an interlock older than the file would write it).
 
 A record is a row of its JSON and its hash and nothing else: the key is one integer
 (the run's number in this file and the record's seq), the hash its 32 bytes, and the
