@@ -1000,7 +1000,8 @@ class SQLiteStore(Store):
         if found is None:
             raise RunNotFound(run_id)
         base = found[0] << SEQ_BITS
-        rows = conn.execute(_READ_ENTRIES, (base | max(after, 0), base | SEQ_MASK, limit))
+        rows = conn.execute(_READ_ENTRIES, (base | min(max(after, 0), SEQ_MASK), base | SEQ_MASK,
+                                            limit))
         return [stored_entry(id_ & SEQ_MASK, data.encode("utf-8") if type(data) is str
                              else _as_bytes(data), h.hex() if type(h) is bytes else str(h))
                 for id_, data, h in rows]
