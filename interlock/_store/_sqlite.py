@@ -239,27 +239,6 @@ def record_node(entry: Entry) -> str | None:
     return entry.node
 
 
-def stored_entry(seq: int, data: bytes, hash_: str) -> Entry:
-    """An `Entry` read back from a store that keeps only a record's JSON and hash: its
-    type and node are the JSON's (a record that is not a JSON object -- a tampered one --
-    gets none, and `verify` reports it)."""
-    try:
-        rec = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        rec = None
-    if type(rec) is not dict:
-        return Entry(seq, "", data, hash_, None)
-    rtype, node = rec.get("type"), rec.get("node")
-    return Entry(seq, rtype if type(rtype) is str else "", data, hash_,
-                 node if type(node) is str else None)
-
-
-def _as_bytes(value: Any) -> bytes:
-    """A ``data`` cell someone changed to another type (verify then reports the record)."""
-    return bytes(value) if isinstance(value, bytes | bytearray | memoryview) \
-        else str(value).encode("utf-8")
-
-
 def check_first_seqs(run_id: str, last: int, entries: Iterable[Entry]) -> None:
     """Entries must continue the stored log (``last`` = its highest seq) without a gap."""
     expected = last + 1
@@ -351,6 +330,29 @@ def _reclaim_after_upgrade(conn: sqlite3.Connection, path: Path) -> None:
             "(%s): run `sqlite3 %s VACUUM` to give them back", path, exc, path)
 
 
+# -- reading records back ---------------------------------------------------------------
+
+def stored_entry(seq: int, data: bytes, hash_: str) -> Entry:
+    """An `Entry` read back from a store that keeps only a record's JSON and hash: its
+    type and node are the JSON's (a record that is not a JSON object -- a tampered one --
+    gets none, and `verify` reports it)."""
+    try:
+        rec = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        rec = None
+    if type(rec) is not dict:
+        return Entry(seq, "", data, hash_, None)
+    rtype, node = rec.get("type"), rec.get("node")
+    return Entry(seq, rtype if type(rtype) is str else "", data, hash_,
+                 node if type(node) is str else None)
+
+
+def _as_bytes(value: Any) -> bytes:
+    """A cell someone changed to another type, as bytes (verify then reports the record)."""
+    return bytes(value) if isinstance(value, bytes | bytearray | memoryview) \
+        else str(value).encode("utf-8")
+
+
 # -- the upgrade from version 1 ------------------------------------------------------------
 
 _V1_HASH = re.compile(r"[0-9a-f]{64}")
@@ -436,8 +438,7 @@ def _v1_digest(h: Any) -> bytes:
     record's `verify` fails, as it did)."""
     if type(h) is str and _V1_HASH.fullmatch(h):
         return bytes.fromhex(h)
-    raw = bytes(h) if isinstance(h, bytes | bytearray | memoryview) else str(h).encode()
-    return b"v1 hash: " + raw
+    return b"v1 hash: " + _as_bytes(h)
 
 
 # -- URL ---------------------------------------------------------------------------------
