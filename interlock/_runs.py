@@ -23,7 +23,7 @@ from . import _records as R
 from . import _snapshot as snapshots
 from ._compile import compile_spec, reading_plan
 from ._errors import ClaimError, ConflictError, InterlockError, RunNotFound, UsageError
-from ._fold import Gate, RunView
+from ._fold import Gate, RunResult, RunView, result_of
 from ._journal import Journal
 from ._model import DEFAULT_STEPS, WorkflowSpec, check_limits
 from ._otel import RunSpans, run_spans, tracing, with_spans
@@ -52,35 +52,6 @@ log = logging.getLogger("interlock")
 Listener = Callable[[L.Record, RunView], None]
 
 RESUMABLE = {"RUNNING", "RETRYING", "FAILED", "PENDING"}
-
-
-@dataclass(frozen=True, slots=True)
-class RunResult:
-    """Where a run stands: the object ``--json`` prints (SPEC §4)."""
-
-    run_id: str
-    workflow: str
-    status: str
-    state: dict[str, Any]
-    steps: int
-    tokens: int
-    error: dict[str, Any] | None
-    waiting: dict[str, Any] | None
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "COMPLETED"
-
-    def to_json(self) -> dict[str, Any]:
-        return {"run_id": self.run_id, "workflow": self.workflow, "status": self.status,
-                "state": self.state, "steps": self.steps, "tokens": self.tokens,
-                "error": self.error, "waiting": self.waiting}
-
-
-def result_of(run_id: str, workflow: str, view: RunView) -> RunResult:
-    return RunResult(run_id=run_id, workflow=workflow, status=view.status,
-                     state=dict(view.state), steps=view.steps, tokens=view.tokens,
-                     error=view.error, waiting=view.waiting)
 
 
 def open_store_arg(store: str | Store | None) -> tuple[Store, bool]:
@@ -351,9 +322,8 @@ class _Children:
         else:
             result = await continue_child(st, rid, _Functions(request.callables))
         row = await st.get_run(rid)  # its last record (and what it inherited)
-        return ChildOutcome(rid, result.status, result.state, result.steps, result.tokens,
-                            result.error, result.waiting, row.summary.last_seq,
-                            list(row.options.get("inherited") or ()))
+        return ChildOutcome(**result.to_json(), last_seq=row.summary.last_seq,
+                            inherited=list(row.options.get("inherited") or ()))
 
     def _limits(self, own: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
         """The child's limits: its own, or what the parent has left where that is less
