@@ -44,7 +44,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ._errors import NodeTimeout
-from ._isolation import ChildContext
+from ._isolation import ChildContext, IsolatedContext
 
 if TYPE_CHECKING:
     from ._guards import Attempt
@@ -77,32 +77,21 @@ def _connect() -> Any:
     return ray
 
 
-class RayContext:
-    """The ``ctx`` of a node body on Ray (see the module's text)."""
+class RayContext(IsolatedContext):
+    """The ``ctx`` of a node body on Ray (see the module's text): an isolated node's,
+    but nothing goes back to the engine while the body runs."""
 
-    __slots__ = ("_tokens", "args", "attempt", "config", "idempotency_key", "item_index",
-                 "node", "run_id", "visit")
+    __slots__ = ()
 
     def __init__(self, data: Mapping[str, Any]) -> None:
-        self._tokens = 0
-        self.run_id: str = data["run_id"]
-        self.node: str = data["node"]
-        self.visit: int = data["visit"]
-        self.attempt: int = data["attempt"]
-        self.idempotency_key: str = data["idempotency_key"]
-        self.item_index: int | None = data.get("item_index")
-        self.config: Mapping[str, Any] = data.get("config") or {}
-        self.args: Mapping[str, Any] = data.get("args") or {}
-
-    @property
-    def tokens(self) -> int:
-        return self._tokens
+        super().__init__(None, data)  # type: ignore[arg-type]  # no channel to the engine
 
     def record_tokens(self, n: int) -> None:
         """Count ``n`` tokens for this attempt; they are charged to the node's and the
         run's budgets when the body returns."""
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise ValueError(f"record_tokens takes a non-negative int, got {n!r}")
+        self._check_live()
         self._tokens += n
 
     async def once(self, key: str, fn: Callable[..., Any], *args: Any) -> Any:
@@ -110,6 +99,10 @@ class RayContext:
             f"node {self.node!r} runs on Ray (executor: ray), where ctx.once cannot reach "
             "the run's effect journal; do the side effect in a node that runs in the "
             "engine's process, or make it idempotent with ctx.idempotency_key")
+
+    def __repr__(self) -> str:
+        return (f"<RayContext run={self.run_id} node={self.node} visit={self.visit} "
+                f"attempt={self.attempt} pid={os.getpid()}>")
 
 
 def _on_path(cwd: str, path: list[str]) -> None:
