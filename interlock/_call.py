@@ -35,7 +35,6 @@ from ._guards import (
 )
 from ._isolation import Effects, ProcessPool
 from ._plan import ASYNC, CTX, GUARD_KINDS, ISOLATED, ON_RAY, RETRY, Plan, PlanNode
-from ._ray import OnRay
 from ._state import check_update, scoped
 
 
@@ -67,6 +66,8 @@ class NodeCall:
     def _compose(self, kind: int) -> Call:
         body: Body  # where the body runs, under its timeout
         if kind & ON_RAY:
+            from ._ray import OnRay  # only a plan with a Ray node loads it
+
             body = OnRay()
         elif kind & ISOLATED:
             body = InProcess(self._process_pool, lambda ctx: Effects.of(self, ctx))
