@@ -528,6 +528,51 @@ class LimitsSpec(_Strict):
     timeout: Duration | None = None
 
 
+class TriggerSpec(_Strict):
+    """One of ``triggers:`` (SPEC §9): what starts runs of the workflow by itself --
+    ``{schedule: CRON, input}`` (UTC; five fields, or six with seconds first),
+    ``{every: 30s, input}`` (the multiples of the interval since the Unix epoch), or
+    ``{poll: module:function, every: 30s}`` (one run per new key the function returns).
+    ``id``: what the runs' ids are derived from (default: a digest of the trigger)."""
+
+    id: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_-]{1,40}$")
+    schedule: str | None = None
+    every: Duration | None = None
+    poll: str | None = None
+    input: dict[str, Any] | None = None
+    description: str = ""
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> TriggerSpec:
+        if (self.schedule is None) == (self.every is None and self.poll is None) \
+                or (self.schedule is not None and (self.every or self.poll)):
+            raise ValueError("a trigger is {schedule: CRON}, {every: DURATION} or {poll: "
+                             "module:function, every: DURATION}: exactly one of them")
+        if self.poll is not None:
+            if self.every is None:
+                raise ValueError("a poll trigger needs every: (how often to call it), e.g. "
+                                 "{poll: flows.sources:new_errors, every: 30s}")
+            if not CALL_RE.match(self.poll):
+                raise ValueError(f"poll must look like 'package.module:function', got "
+                                 f"{self.poll!r}")
+            if self.input is not None:
+                raise ValueError("a poll trigger's runs take their input from what the "
+                                 "function returns ([{key, input}]); remove input:")
+        if self.schedule is not None:
+            fields = self.schedule.split()
+            if len(fields) not in (5, 6):
+                raise ValueError(f"schedule {self.schedule!r} has {len(fields)} fields; cron "
+                                 "has five (minute hour day month weekday), or six with "
+                                 "seconds first, e.g. '*/15 * * * *'")
+        return self
+
+    @property
+    def kind(self) -> Literal["schedule", "every", "poll"]:
+        if self.schedule is not None:
+            return "schedule"
+        return "poll" if self.poll is not None else "every"
+
+
 class WorkflowSpec(Extensible):
     """A whole workflow, as declared. Frozen; equal specs mean equal workflows."""
 
@@ -539,6 +584,7 @@ class WorkflowSpec(Extensible):
     limits: LimitsSpec = Field(default_factory=LimitsSpec)
     nodes: dict[str, NodeSpec]
     edges: list[EdgeSpec] = Field(default_factory=list)
+    triggers: list[TriggerSpec] = Field(default_factory=list)  # what starts runs by itself
 
     # Where each part came from: path tuple -> (line, col), plus the file name.
     # Not part of the definition's identity.

@@ -58,6 +58,7 @@ class _Checker:
 
     def run(self) -> CheckResult:
         self.check_nodes()
+        self.check_triggers()
         self.check_reserved()
         self.check_expressions()
         if not self.check_edge_names():
@@ -74,6 +75,40 @@ class _Checker:
         self.result.diagnostics.sort(
             key=lambda d: (d.location.line or 0, d.location.col or 0, d.severity))
         return self.result
+
+    def check_triggers(self) -> None:
+        """``triggers:``: a cron that parses, a poll function that imports, the input the
+        workflow declares, ids that differ (they make the runs' ids)."""
+        if not self.spec.triggers:
+            return
+        from ._triggers import check_schedule, trigger_id
+
+        seen: dict[str, int] = {}
+        for i, t in enumerate(self.spec.triggers):
+            if t.schedule is not None:
+                problem = check_schedule(t.schedule)
+                if problem is not None:
+                    self.add("error", f"trigger {i + 1}: schedule {t.schedule!r} is not a cron "
+                             f"expression: {problem} (five fields: minute hour day month "
+                             "weekday, in UTC; or six with seconds first)",
+                             ("triggers", i, "schedule"), "trigger")
+            if t.poll is not None:
+                self.resolve(t.poll, ("triggers", i, "poll"), f"trigger {i + 1}")
+            else:
+                missing = [n for n in self.spec.input if n not in (t.input or {})]
+                if missing:
+                    self.add("error", f"trigger {i + 1}: the workflow declares input "
+                             f"{missing}, which this trigger's input: does not give; its runs "
+                             "would be refused (add them, e.g. input: {"
+                             + ", ".join(f"{n}: ..." for n in missing) + "})",
+                             ("triggers", i, "input") if t.input is not None
+                             else ("triggers", i), "trigger")
+            tid = trigger_id(t)
+            if tid in seen:
+                self.add("error", f"trigger {i + 1} has the same id as trigger {seen[tid] + 1} "
+                         f"({tid!r}): their runs' ids would collide; give one an id: of its "
+                         "own", ("triggers", i), "trigger")
+            seen.setdefault(tid, i)
 
     def check_nodes(self) -> None:
         for name, ns in self.spec.nodes.items():

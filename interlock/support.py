@@ -80,6 +80,8 @@ from ._runs import TRACE_PAGE, LogCheck, append_note, load_run, trace_pages
 from ._spec import load_spec
 from ._spec import parse as parse_definition
 from ._store import RunRow, Summary, owner_gone
+from ._triggers import Firer
+from ._triggers import describe as describe_trigger
 from ._workflow import Started
 
 
@@ -105,6 +107,7 @@ __all__ = [
     "TRACE_PAGE",
     "EdgeSpec",
     "Entry",
+    "Firer",
     "LogCheck",
     "Metrics",
     "NodeSpec",
@@ -117,6 +120,7 @@ __all__ = [
     "abandoned_threads",
     "append_note",
     "approvers_refuse",
+    "describe_trigger",
     "export_run",
     "limits",
     "load_run",

@@ -25,7 +25,7 @@ LAYERS: dict[int, set[str]] = {
     1: {"_model", "_expr", "_graph", "_store", "_store._base", "_store._memory",
         "_store._sqlite", "_store._postgres", "_isolation._protocol", "_yaml_fast", "_otel"},
     # the file front end, state updates, rendering, the node-kind protocol
-    2: {"_spec", "_state", "_render", "_kinds"},
+    2: {"_spec", "_state", "_render", "_kinds", "_triggers"},
     # static checks and the frozen plan (node kinds injected)
     3: {"_validate", "_plan"},
     # the fold, its snapshots, approvals, the journal (records sealed, folded, stored)
@@ -45,7 +45,7 @@ LAYERS: dict[int, set[str]] = {
     # the public surface and the command line
     10: {"", "__main__", "testing", "support", "cli", "cli._common", "cli._format", "cli._inspect",
          "cli._progress", "cli._run", "cli._trace", "cli._coverage", "cli._prune",
-         "cli._serve", "cli._remote",
+         "cli._serve", "cli._remote", "cli._triggers",
          "server", "server._app", "server._auth", "server._hub", "server._main",
          "server._models", "server._notify", "server._pool"},
 }

@@ -52,6 +52,7 @@ from ._prune import prune
 from ._run import cancel, fork, resume, run
 from ._serve import serve
 from ._trace import trace
+from ._triggers import triggers
 
 __all__ = [
     "EXIT_COMPLETED", "EXIT_FAILED", "EXIT_REJECTED", "EXIT_USAGE", "EXIT_WAITING",
@@ -103,5 +104,5 @@ def _exit_now_if_threads_were_abandoned(code: Any) -> None:
 
 
 for _command in (run, validate, graph, resume, status, runs, trace, verify, cancel, fork,
-                 coverage, export, prune, serve):
+                 coverage, export, prune, serve, triggers):
     cli.add_command(_command)
