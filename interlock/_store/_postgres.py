@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -50,6 +50,7 @@ from psycopg.rows import TupleRow
 from .._log import Entry
 from ._base import (
     FINISHED,
+    RUNNABLE,
     ClaimError,
     ConflictError,
     RunExists,
@@ -276,6 +277,23 @@ UPDATE runs SET owner = %(owner)s, lease_until = {_NOW} + %(lease)s
 WHERE run_id = %(run)s AND (%(force)s OR owner IS NULL OR owner = %(owner)s
                             OR lease_until IS NULL OR lease_until <= {_NOW})
 RETURNING 1
+"""
+
+# the queue's claim: of the runnable runs (`RUNNABLE`, nobody's or their lease run out,
+# no child run) the oldest not locked by another claimer at this moment (SKIP LOCKED:
+# concurrent workers each get another run instead of waiting on one another)
+_CLAIM_NEXT = f"""
+UPDATE runs SET owner = %(owner)s, lease_until = {_NOW} + %(lease)s
+WHERE run_id = (
+    SELECT run_id FROM runs
+    WHERE status = ANY(%(statuses)s)
+      AND (owner IS NULL OR lease_until IS NULL OR lease_until <= {_NOW})
+      AND (%(any)s OR workflow = ANY(%(workflows)s))
+      AND run_id <> ALL(%(exclude)s)
+      AND options::jsonb -> 'parent' IS NULL
+    ORDER BY created_at LIMIT 1
+    FOR UPDATE SKIP LOCKED)
+RETURNING run_id
 """
 
 _TAKE_OVER = f"""
@@ -784,6 +802,19 @@ class PostgresStore(Store):
             raise ClaimError(run_id, "another process", 0.0)  # pragma: no cover - churn
 
         await self._do(op)
+
+    async def claim_next(self, owner: str, lease: float, *,
+                         workflows: Collection[str] | None = None,
+                         exclude: Collection[str] = ()) -> str | None:
+        params = {"owner": owner, "lease": lease, "statuses": list(RUNNABLE),
+                  "any": workflows is None, "workflows": sorted(workflows or ()),
+                  "exclude": sorted(exclude)}
+
+        async def op(conn: Conn) -> str | None:
+            found = await (await conn.execute(_CLAIM_NEXT, params)).fetchone()
+            return None if found is None else str(found[0])
+
+        return await self._do(op)
 
     async def heartbeat(self, run_id: str, owner: str, lease: float) -> None:
         async def op(conn: Conn) -> None:
