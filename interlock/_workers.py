@@ -27,7 +27,7 @@ from typing import Any
 
 from ._errors import InterlockError
 from ._runs import LEASE_SECONDS, Functions, RunResult, continue_claimed, list_runs, make_owner
-from ._store import RunNotFound, Store, owner_gone
+from ._store import RunNotFound, Store, StoreError, owner_gone
 
 log = logging.getLogger("interlock.worker")
 
@@ -45,10 +45,15 @@ class Draining(InterlockError):
 
 
 class Pool:
-    """At most ``size`` executions at a time; ``on_end(run_id)`` after each."""
+    """At most ``size`` executions at a time; ``on_end(run_id)`` after each. An
+    execution submitted before a drain and not started when it begins is dropped
+    (`Draining`), unless ``finish_submitted`` (a worker's: each holds a claim that its
+    execution releases)."""
 
-    def __init__(self, size: int, on_end: Callable[[str], None] | None = None) -> None:
+    def __init__(self, size: int, on_end: Callable[[str], None] | None = None, *,
+                 finish_submitted: bool = False) -> None:
         self.size = size
+        self.finish_submitted = finish_submitted
         self._slots = asyncio.Semaphore(size)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._on_end = on_end
@@ -74,7 +79,7 @@ class Pool:
         async def execute() -> Any:
             try:
                 async with self._slots:
-                    if self.stopping:
+                    if self.stopping and not self.finish_submitted:
                         raise Draining("the server is shutting down; the run was not "
                                        "executed")
                     self.running += 1
@@ -156,7 +161,8 @@ class Worker:
         self.concurrency, self.poll, self.lease, self.drain = concurrency, poll, lease, drain
         self._wake = asyncio.Event()  # a slot freed, or stop
         self._stop = asyncio.Event()  # the runs in hand stop at their next node boundary
-        self.pool = Pool(concurrency, on_end=lambda _: self._wake.set())
+        self.pool = Pool(concurrency, on_end=lambda _: self._wake.set(),
+                         finish_submitted=True)
         self.refused: set[str] = set()  # runs this worker cannot execute: not claimed again
         self.executed = 0  # executions ended (completed, failed, waiting, released...)
 
@@ -172,23 +178,38 @@ class Worker:
     async def run(self) -> None:
         """Claim and execute until `stop`, then drain (at most ``drain`` seconds)."""
         names = None if self.workflows is None else set(self.workflows)
+        failures = 0  # the store's errors in a row: each doubles the wait, up to a minute
         try:
             while not self.stopping:
                 self._wake.clear()
-                while self.pool.queued < self.concurrency and not self.stopping:
-                    owner = make_owner()
-                    run_id = await self.store.claim_next(owner, self.lease, workflows=names,
-                                                         exclude=self.refused)
-                    if run_id is None:
-                        break
-                    self.pool.submit(f"run {run_id}", run_id,
-                                     functools.partial(self._execute, run_id, owner))
+                try:
+                    await self._claim(names)
+                    failures = 0
+                except StoreError as exc:
+                    failures += 1
+                    wait = min(max(self.poll, 0.5) * 2 ** (failures - 1), 60.0)
+                    log.error("cannot claim runs from the store: %s; trying again in %.1fs",
+                              exc, wait)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._stop.wait(), wait)
+                    continue
                 if self.stopping:
                     break
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), self.poll)
         finally:
             await self.pool.drain(self.drain)
+
+    async def _claim(self, names: set[str] | None) -> None:
+        """Claim runs until every slot is taken or none is left."""
+        while self.pool.queued < self.concurrency and not self.stopping:
+            owner = make_owner()
+            run_id = await self.store.claim_next(owner, self.lease, workflows=names,
+                                                 exclude=self.refused)
+            if run_id is None:
+                return
+            self.pool.submit(f"run {run_id}", run_id,
+                             functools.partial(self._execute, run_id, owner))
 
     async def _execute(self, run_id: str, owner: str) -> RunResult | None:
         try:
@@ -205,10 +226,12 @@ class Worker:
                      "was stopping); released, continued by the next worker", run_id,
                      row.workflow)
             raise
-        except InterlockError as exc:
+        except Exception as exc:  # (a bug's too: never claimed again by this worker)
             self.refused.add(run_id)
             log.error("run %s (workflow %s) could not be executed here and is left for "
-                      "another worker: %s", run_id, row.workflow, exc)
+                      "another worker: %s", run_id, row.workflow,
+                      exc if isinstance(exc, InterlockError) else f"{type(exc).__name__}: "
+                      f"{exc}", exc_info=not isinstance(exc, InterlockError))
             return None
         finally:
             self.executed += 1

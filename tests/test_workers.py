@@ -398,6 +398,29 @@ def test_sigterm_finishes_the_node_in_hand_releases_and_the_next_worker_continue
     assert second.stop() == 0
 
 
+def test_a_node_still_running_after_the_drain_is_stopped_recorded_and_run_again(
+        project: Path, workers: Any) -> None:
+    store = f"sqlite:///{project / 'runs.db'}"
+    first = workers(store, "--drain", "0.5")
+    wf = interlock.load(project / "flows" / "blocking.yaml")
+    asyncio.run(wf.submit({"n": 1}, store=store, run_id="c1"))
+    wait_until(lambda: (project / "c1.block.started").exists())
+    assert first.stop() == 0  # SIGTERM; the node does not end within --drain
+    assert "stopped with its nodes in flight" in first.text
+    row = get_row(store, "c1")
+    assert row.owner is None and row.summary.status == "RUNNING"
+    stopped = [r for r in asyncio.run(interlock.trace("c1", store=store))
+               if r["type"] == "node.failed"]
+    assert [(r["node"], r["error"]["type"]) for r in stopped] == [("block", "cancelled")]
+    (project / "c1.release").write_text("")
+    second = workers(store)
+    second.wait_for("finished run c1 (workflow blocking): COMPLETED")
+    assert executions(project) == Counter({("c1", "first"): 1, ("c1", "block"): 2,
+                                           ("c1", "last"): 1})
+    assert asyncio.run(interlock.verify("c1", store=store)).ok
+    assert second.stop() == 0
+
+
 # -- decisions for a worker ----------------------------------------------------------------------
 
 

@@ -1039,16 +1039,14 @@ class SQLiteStore(Store):
                      (owner, now + lease, run_id))
 
     @staticmethod
-    def _claim_next(conn: sqlite3.Connection, owner: str, lease: float,
-                    workflows: list[str] | None, exclude: list[str]) -> str | None:
-        # in the writer's transaction (BEGIN IMMEDIATE: the file's one write lock), so the
-        # run found is still free when it is claimed -- a compare-and-set across processes
-        now = time.time()
+    def _runnable(conn: sqlite3.Connection, workflows: list[str] | None,
+                  exclude: list[str]) -> str | None:
+        """The oldest run `claim_next` may claim (a read: no write lock is taken)."""
         sql = (f"SELECT run_id FROM {_RUN_FROM} WHERE status IN "
                f"({', '.join('?' * len(RUNNABLE))}) "
                "AND (owner IS NULL OR lease_until IS NULL OR lease_until <= ?) "
                "AND json_extract(options, '$.parent') IS NULL")
-        params: list[Any] = [*RUNNABLE, now]
+        params: list[Any] = [*RUNNABLE, time.time()]
         if workflows is not None:
             sql += f" AND workflow IN ({', '.join('?' * len(workflows))})"
             params += workflows
@@ -1056,11 +1054,18 @@ class SQLiteStore(Store):
             sql += f" AND run_id NOT IN ({', '.join('?' * len(exclude))})"
             params += exclude
         found = conn.execute(sql + " ORDER BY created_at LIMIT 1", params).fetchone()
-        if found is None:
-            return None
-        conn.execute("UPDATE runs SET owner = ?, lease_until = ? WHERE run_id = ?",
-                     (owner, now + lease, found[0]))
-        return str(found[0])
+        return None if found is None else str(found[0])
+
+    @classmethod
+    def _claim_next(cls, conn: sqlite3.Connection, owner: str, lease: float,
+                    workflows: list[str] | None, exclude: list[str]) -> str | None:
+        # in the writer's transaction (BEGIN IMMEDIATE: the file's one write lock), so the
+        # run found is still free when it is claimed -- a compare-and-set across processes
+        run_id = cls._runnable(conn, workflows, exclude)
+        if run_id is not None:
+            conn.execute("UPDATE runs SET owner = ?, lease_until = ? WHERE run_id = ?",
+                         (owner, time.time() + lease, run_id))
+        return run_id
 
     @staticmethod
     def _heartbeat(conn: sqlite3.Connection, run_id: str, owner: str, lease: float) -> None:
@@ -1126,9 +1131,10 @@ class SQLiteStore(Store):
                          exclude: Collection[str] = ()) -> str | None:
         if self._absent():
             return None  # (an idle worker does not create the file)
-        return await self._write(self._claim_next, owner, lease,
-                                 None if workflows is None else sorted(workflows),
-                                 sorted(exclude))
+        names = None if workflows is None else sorted(workflows)
+        if await self._call(self._runnable, names, sorted(exclude)) is None:
+            return None  # an idle worker's look takes no write lock
+        return await self._write(self._claim_next, owner, lease, names, sorted(exclude))
 
     async def heartbeat(self, run_id: str, owner: str, lease: float) -> None:
         await self._write(self._heartbeat, run_id, owner, lease)

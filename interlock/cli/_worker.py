@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from ._common import CliError, store_option
+from ._common import CliError, note_abandoned_threads, store_option
 
 if TYPE_CHECKING:
     from .. import Store
@@ -58,6 +58,8 @@ def worker(store_url: str | None, concurrency: int, workflows: tuple[str, ...], 
         asyncio.run(_work(store_url, concurrency, known, poll, lease, drain))
     except (UsageError, StoreError) as exc:
         raise CliError(str(exc)) from None
+    finally:
+        note_abandoned_threads()  # a sync node stopped after --drain: exit without it
 
 
 async def _work(store_url: str | None, concurrency: int, known: dict[str, Any] | None,
