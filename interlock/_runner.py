@@ -39,7 +39,6 @@ started -- it starts again with the same visit number, as a resume does).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import Counter
@@ -111,12 +110,7 @@ class Runner:
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if self.cancelled_by is None or task is None:
-                # not ours: the caller is being cancelled (Ctrl-C, SIGTERM, a drain). What
-                # is staged -- the visits stopped, with the tokens they spent -- is
-                # committed first, so the log says where the run stopped
-                with contextlib.suppress(InterlockError):
-                    await self.sink.flush()
-                raise
+                raise  # not ours: the caller is being cancelled
             task.uncancel()
             self.sink.add(R.run_cancelled(self.cancelled_by.get("by")))
         await self.sink.flush()

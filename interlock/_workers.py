@@ -2,7 +2,7 @@
 
 `Pool` runs at most ``size`` executions at a time (each a task waiting for a slot), and
 drains: it starts nothing more, gives the executions a while to end, then cancels them
-(each records its nodes in flight as stopped and releases its claim). `interlock serve`
+(each stops its nodes in flight and releases its claim). `interlock serve`
 executes the runs it starts, decides and takes over in one (``server/_pool.py``).
 
 `Worker` is a process's loop of claiming runnable runs from a store
@@ -11,8 +11,8 @@ executor died and whose lease ran out) and executing them in a pool, each under 
 claim, heartbeated (`_runs.drive`). Asked to stop (SIGTERM), it claims nothing more; the
 runs in hand stop at their next node boundary -- the nodes running finish and are
 committed, none starts -- and are released unfinished, for the next worker to continue;
-a node still running after ``drain`` seconds is stopped and recorded so (it runs again
-there).
+a node still running after ``drain`` seconds is stopped (its visit, begun and not
+completed, runs again there).
 """
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ class Pool:
 
     async def drain(self, timeout: float) -> None:
         """Start nothing more; give the executions ``timeout`` seconds to end, then cancel
-        them (each records its nodes in flight as stopped and releases its claim: whoever
+        them (each stops its nodes in flight and releases its claim: whoever
         takes the run next continues it)."""
         self.stopping = True
         tasks = set(self._tasks)
@@ -195,10 +195,20 @@ class Worker:
                     continue
                 if self.stopping:
                     break
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self.poll)
+                await self._idle()
         finally:
             await self.pool.drain(self.drain)
+
+    async def _idle(self) -> None:
+        """Until a slot frees, the store tells of a runnable run, or ``poll`` seconds."""
+        waits = [asyncio.ensure_future(self._wake.wait()),
+                 asyncio.ensure_future(self.store.wait_runnable(self.poll))]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+            await asyncio.gather(*waits, return_exceptions=True)
 
     async def _claim(self, names: set[str] | None) -> None:
         """Claim runs until every slot is taken or none is left."""

@@ -583,6 +583,32 @@ def test_claim_next_from_two_store_objects_gives_each_run_once(store: Store) -> 
     run(main)
 
 
+def test_a_waiting_worker_is_woken_by_a_pending_run_and_an_unfinished_release(
+        pg_schema_url: str) -> None:
+    """PostgreSQL tells a worker idle in `wait_runnable` (LISTEN) of a detached run
+    created and of a run released unfinished, by another process's store object."""
+    async def main() -> None:
+        waiter, other = open_store(pg_schema_url), open_store(pg_schema_url)
+        try:
+            await waiter.list_runs(limit=1)
+            await waiter.wait_runnable(0.01)  # LISTENing from here on
+            pending, _, pending_entries = new_row(status="PENDING")
+            held, _, held_entries = new_row(status="RUNNING")
+            held.owner, held.lease_until = "host-a.example:1", time.time() + 60
+            await other.create_run(held, held_entries)  # claimed: nobody is told
+            for make_runnable in (lambda: other.create_run(pending, pending_entries),
+                                  lambda: other.release(held.run_id, "host-a.example:1")):
+                woken = asyncio.create_task(waiter.wait_runnable(600))
+                await asyncio.sleep(0.05)  # (waiting; a notification before it is kept too)
+                await make_runnable()
+                await asyncio.wait_for(woken, 30)  # woken, long before its 600 s
+        finally:
+            await waiter.close()
+            await other.close()
+
+    run(main)
+
+
 def test_heartbeat_and_release(store: Store) -> None:
     async def main() -> None:
         row, _, entries = new_row()

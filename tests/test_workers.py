@@ -398,7 +398,7 @@ def test_sigterm_finishes_the_node_in_hand_releases_and_the_next_worker_continue
     assert second.stop() == 0
 
 
-def test_a_node_still_running_after_the_drain_is_stopped_recorded_and_run_again(
+def test_a_node_still_running_after_the_drain_is_stopped_and_run_again_by_the_next(
         project: Path, workers: Any) -> None:
     store = f"sqlite:///{project / 'runs.db'}"
     first = workers(store, "--drain", "0.5")
@@ -409,9 +409,8 @@ def test_a_node_still_running_after_the_drain_is_stopped_recorded_and_run_again(
     assert "stopped with its nodes in flight" in first.text
     row = get_row(store, "c1")
     assert row.owner is None and row.summary.status == "RUNNING"
-    stopped = [r for r in asyncio.run(interlock.trace("c1", store=store))
-               if r["type"] == "node.failed"]
-    assert [(r["node"], r["error"]["type"]) for r in stopped] == [("block", "cancelled")]
+    types = trace_types(store, "c1")  # as a process stopped with Ctrl-C leaves it:
+    assert types[-1] == ("node.started", "block")  # the visit begun, not completed
     (project / "c1.release").write_text("")
     second = workers(store)
     second.wait_for("finished run c1 (workflow blocking): COMPLETED")

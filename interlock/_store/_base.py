@@ -19,6 +19,7 @@ Every backend passes the same conformance suite (tests/test_store_conformance.py
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import time
@@ -218,6 +219,12 @@ class Store(ABC):
                 continue
             return row.run_id
         return None
+
+    async def wait_runnable(self, timeout: float) -> None:
+        """Return after ``timeout`` seconds, or sooner where the store can tell that a run
+        may have become runnable (PostgreSQL: ``LISTEN``/``NOTIFY``). An idle worker
+        waits here between two `claim_next`; this default sleeps."""
+        await asyncio.sleep(timeout)
 
     @abstractmethod
     async def heartbeat(self, run_id: str, owner: str, lease: float) -> None:

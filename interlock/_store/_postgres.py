@@ -296,6 +296,10 @@ WHERE run_id = (
 RETURNING run_id
 """
 
+# told when a run may have become runnable (`claim_next`): a detached run created, a run
+# released unfinished; workers LISTEN (`wait_runnable`) instead of only polling
+RUNNABLE_CHANNEL = "interlock_runnable"
+
 _TAKE_OVER = f"""
 UPDATE runs SET owner = %(owner)s, lease_until = {_NOW} + %(lease)s
 WHERE run_id = %(run)s AND owner = %(gone)s
@@ -397,17 +401,24 @@ class _Pool:
         self.slots = asyncio.Semaphore(size)
         self.writes: list[_Write] = []
         self.committer: asyncio.Task[None] | None = None
+        self.listener: Conn | None = None  # LISTENing for runnable runs (a worker's)
 
     def abandon(self) -> None:
         """Close every connection without awaiting (for a loop that is gone)."""
         for conn in self.all:
             conn.pgconn.finish()
+        if self.listener is not None:
+            self.listener.pgconn.finish()
+            self.listener = None
         self.all.clear()
         self.idle.clear()
 
     async def close(self) -> None:
         for conn in list(self.all):
             await conn.close()
+        if self.listener is not None:
+            await self.listener.close()
+            self.listener = None
         self.all.clear()
         self.idle.clear()
 
@@ -562,6 +573,32 @@ class PostgresStore(Store):
         """Queued for this loop's committer, as appends are (`append`)."""
         check_first_seqs(row.run_id, 0, entries)
         await self._queue(row.run_id, self._create_one, (row, list(entries)))
+        if row.owner is None and row.summary.status == "PENDING":
+            await self._notify_runnable()  # (a detached run: a worker's)
+
+    async def _notify_runnable(self) -> None:
+        async def op(conn: Conn) -> None:
+            await conn.execute("SELECT pg_notify(%s, '')", (RUNNABLE_CHANNEL,))
+
+        await self._do(op)
+
+    async def wait_runnable(self, timeout: float) -> None:
+        """Until a run may have become runnable (a ``NOTIFY`` on `RUNNABLE_CHANNEL`, from
+        any process), at most ``timeout`` seconds; on a connection of its own, LISTENing
+        for as long as the store is open. Without it (an error), a sleep."""
+        pool = self._here()
+        try:
+            if pool.listener is None or pool.listener.closed:
+                pool.listener = await psycopg.AsyncConnection.connect(
+                    self.url, autocommit=True, **self._kwargs)
+                await pool.listener.execute(f"LISTEN {RUNNABLE_CHANNEL}")
+            async for _ in pool.listener.notifies(timeout=timeout, stop_after=1):
+                pass
+        except psycopg.Error:
+            if pool.listener is not None:
+                await pool.listener.close()
+                pool.listener = None
+            await asyncio.sleep(timeout)
 
     async def _create_one(self, row: RunRow, entries: list[Entry]) -> None:
         params: dict[str, Any] = dict(zip(_RUN_NAMES, run_params(row), strict=True))
@@ -876,8 +913,11 @@ class PostgresStore(Store):
         async def op(conn: Conn) -> None:
             cur = await conn.execute(
                 "UPDATE runs SET owner = NULL, lease_until = NULL WHERE run_id = %s "
-                "AND owner = %s RETURNING 1", (run_id, owner))
-            if await cur.fetchone() is not None:
+                "AND owner = %s RETURNING status", (run_id, owner))
+            released = await cur.fetchone()
+            if released is not None:
+                if released[0] in RUNNABLE:  # unfinished, or recorded for a worker
+                    await conn.execute("SELECT pg_notify(%s, '')", (RUNNABLE_CHANNEL,))
                 return
             cur = await conn.execute("SELECT 1 FROM runs WHERE run_id = %s", (run_id,))
             if await cur.fetchone() is None:
