@@ -253,6 +253,12 @@ def test_a_detached_run_is_pending_until_a_worker_executes_it(project: Path,
                 "--store", store, "--run-id", "g1")
     assert other.returncode == 0, other.stderr
     assert executions(project) == Counter()  # nothing executed yet
+    taken = cli(project, "run", "--detach", "flows/chain.yaml", "--input", '{"n": 1}',
+                "--store", store, "--run-id", "d1")
+    assert taken.returncode == 2 and "d1" in taken.stderr, taken.stderr
+    no_input = cli(project, "run", "--detach", "flows/chain.yaml", "--store", store)
+    assert no_input.returncode == 2 and "declares input" in no_input.stderr
+    assert run_status(store, "d1") == interlock.RunResult(**pending)  # untouched
 
     w = workers(store, "--workflows", "flows/chain.yaml")
     for rid in ("d1", second):
