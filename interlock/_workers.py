@@ -26,7 +26,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from ._errors import InterlockError
-from ._runs import LEASE_SECONDS, Functions, RunResult, continue_claimed, list_runs, make_owner
+from ._fold import RunResult
+from ._runs import LEASE_SECONDS, Functions, continue_claimed, list_runs, make_owner
 from ._store import RunNotFound, Store, StoreError, owner_gone
 
 log = logging.getLogger("interlock.worker")
