@@ -778,9 +778,10 @@ async def continue_claimed(store: Store, run_id: str, owner: str, *,
                            stop: Stop | None = None) -> RunResult:
     """Execute a run ``owner`` has claimed (`Store.claim_next`: a worker's), from its log:
     a detached run's first nodes, a decided run's continuation, an abandoned run's
-    interrupted visits. ``run.resumed`` names the ``worker``. Released at the end, also
-    when it cannot be executed (a broken log, a workflow whose code does not import):
-    that error is raised."""
+    interrupted visits, a waiting run's gate past its deadline (decided by the engine,
+    as `resume` does: its ``on_timeout``). ``run.resumed`` names the ``worker``.
+    Released at the end, also when it cannot be executed (a broken log, a workflow whose
+    code does not import, nothing to do): that error is raised."""
     try:
         loaded = await load_run(store, run_id, workflow=workflow, executable=True)
         writer = loaded.writer()
@@ -788,14 +789,21 @@ async def continue_claimed(store: Store, run_id: str, owner: str, *,
         await store.release(run_id, owner)
         raise
     view = loaded.view
-    if view.status not in RESUMABLE or view.status == "FAILED":
+    first: list[tuple[str, dict[str, Any]]] = []
+    if view.status == "WAITING_APPROVAL":  # a gate's deadline passed: the engine decides
+        from ._approvals import expire
+
+        first = expire(loaded.spec, view)
+    if (view.status == "WAITING_APPROVAL" and not first) or view.status == "FAILED" \
+            or view.status not in RESUMABLE | {"WAITING_APPROVAL"}:
         # (the row said runnable; the log says otherwise -- not ours to continue)
         await store.release(run_id, owner)
-        return result_of(run_id, loaded.row.workflow, view)
+        raise UsageError(f"run {run_id!r} is {view.status} with nothing for a worker to do "
+                         "(its row and its log disagree); left as it is")
     spans, listener = await _traced(store, run_id, loaded.row.workflow, listener)
     try:
         result = await drive(loaded.plan, store, run_id, view, writer,
-                             first=[(L.RUN_RESUMED, {"by": None, "worker": owner})],
+                             first=[(L.RUN_RESUMED, {"by": None, "worker": owner}), *first],
                              listener=listener, owner=owner, lease=lease, stop=stop)
     finally:
         if spans is not None:

@@ -533,7 +533,16 @@ def test_claim_next_takes_the_oldest_runnable_run(store: Store) -> None:
             await store.create_run(row, entries)
             made[name] = row.run_id
         await store.claim(made["held"], "host-a.example:1", 60)
+        for name, deadline in (("due", time.time() - 1), ("later", time.time() + 600),
+                               ("never", None)):  # gates: the engine decides a due one
+            row, _, entries = new_row(f"{name}-{new_id()}", workflow="gates",
+                                      status="WAITING_APPROVAL", created_at=t)
+            row.summary.waiting = {"node": "gate", "deadline": deadline}
+            await store.create_run(row, entries)
+            made[name] = row.run_id
         me = "host-b.example:2"
+        assert await store.claim_next(me, 60, workflows=["gates"]) == made["due"]
+        assert await store.claim_next(me, 60, workflows=["gates"]) is None
         assert await store.claim_next(me, 60, workflows=["nothing"]) is None
         assert await store.claim_next(me, 60, workflows=["billing"],
                                       exclude=[made["other"]]) is None

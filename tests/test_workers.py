@@ -95,6 +95,8 @@ edges:
   - {from: last, to: END}
 '''
 
+TIMED = GATED.replace("gated", "timed").replace("{show: [n]}", "{show: [n], timeout: 1s}")
+
 RUN_KEYS = {"run_id", "workflow", "status", "state", "steps", "tokens", "error", "waiting"}
 
 
@@ -104,7 +106,8 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.delenv("INTERLOCK_LOG_KEY", raising=False)
     (tmp_path / "wknodes.py").write_text(NODES)
     (tmp_path / "flows").mkdir()
-    for name, text in (("chain", CHAIN), ("blocking", BLOCKING), ("gated", GATED)):
+    for name, text in (("chain", CHAIN), ("blocking", BLOCKING), ("gated", GATED),
+                       ("timed", TIMED)):
         (tmp_path / "flows" / f"{name}.yaml").write_text(textwrap.dedent(text))
     (tmp_path / "executions.log").write_text("")
     monkeypatch.setenv("WK_DIR", str(tmp_path))
@@ -447,6 +450,23 @@ def test_a_decision_recorded_through_the_cli_is_continued_by_a_running_worker(
     decision = next(r for r in records if r["type"] == "approval.decided")
     assert decision["by"] == "alice"
     assert executions(project) == Counter({("a1", "first"): 1, ("a1", "last"): 1})
+    assert w.stop() == 0
+
+
+def test_a_gate_past_its_deadline_is_decided_by_a_running_worker(project: Path,
+                                                                   workers: Any) -> None:
+    store = f"sqlite:///{project / 'runs.db'}"
+    w = workers(store)
+    done = cli(project, "run", "--detach", "flows/timed.yaml", "--input", '{"n": 1}',
+               "--store", store, "--run-id", "late")
+    assert done.returncode == 0, done.stderr
+    w.wait_for("finished run late (workflow timed): WAITING_APPROVAL")
+    # nobody decides: a second after the request, the worker applies on_timeout (reject)
+    w.wait_for("finished run late (workflow timed): REJECTED")
+    assert "claimed run late (workflow timed, WAITING_APPROVAL)" in w.text
+    decided = [r for r in asyncio.run(interlock.trace("late", store=store))
+               if r["type"] == "approval.decided"]
+    assert [(r["decision"], r["by"]) for r in decided] == [("rejected", "interlock (deadline)")]
     assert w.stop() == 0
 
 

@@ -195,10 +195,11 @@ class Store(ABC):
                          workflows: Collection[str] | None = None,
                          exclude: Collection[str] = ()) -> str | None:
         """Claim the oldest runnable run for ``owner`` for ``lease`` seconds and return its
-        id; None when there is none. Runnable: its status is one of `RUNNABLE` and nobody
-        holds it (never claimed, released, or its lease ran out); of ``workflows`` only,
-        when given; never a child run (SPEC §7: its parent's execution continues it), nor
-        one of ``exclude`` (runs a worker found it cannot execute).
+        id; None when there is none. Runnable: its status is one of `RUNNABLE` -- or it
+        waits for a human at a gate whose deadline has passed (the engine decides it) --
+        and nobody holds it (never claimed, released, or its lease ran out); of
+        ``workflows`` only, when given; never a child run (SPEC §7: its parent's
+        execution continues it), nor one of ``exclude`` (runs a worker cannot execute).
 
         Of any number of processes calling this at once, each run goes to one. This
         default lists and claims (a `ClaimError` skips the run); the stores here claim in
@@ -206,10 +207,13 @@ class Store(ABC):
         writer's transaction).
         """
         now = time.time()
-        rows = [row for status in RUNNABLE
+        rows = [row for status in (*RUNNABLE, "WAITING_APPROVAL")
                 for row in await self.list_runs(status=status, limit=ALL_RUNS)]
         for row in sorted(rows, key=attrgetter("created_at")):
+            deadline = (row.summary.waiting or {}).get("deadline")
             if (row.owner is not None and (row.lease_until or 0.0) > now) \
+                    or (row.summary.status == "WAITING_APPROVAL"
+                        and (deadline is None or deadline > now)) \
                     or (workflows is not None and row.workflow not in workflows) \
                     or row.options.get("parent") is not None or row.run_id in exclude:
                 continue

@@ -286,7 +286,8 @@ _CLAIM_NEXT = f"""
 UPDATE runs SET owner = %(owner)s, lease_until = {_NOW} + %(lease)s
 WHERE run_id = (
     SELECT run_id FROM runs
-    WHERE status = ANY(%(statuses)s)
+    WHERE (status = ANY(%(statuses)s) OR (status = 'WAITING_APPROVAL'
+           AND (waiting::jsonb ->> 'deadline')::float8 <= {_NOW}))
       AND (owner IS NULL OR lease_until IS NULL OR lease_until <= {_NOW})
       AND (%(any)s OR workflow = ANY(%(workflows)s))
       AND run_id <> ALL(%(exclude)s)

@@ -1065,11 +1065,13 @@ class SQLiteStore(Store):
     def _runnable(conn: sqlite3.Connection, workflows: list[str] | None,
                   exclude: list[str]) -> str | None:
         """The oldest run `claim_next` may claim (a read: no write lock is taken)."""
-        sql = (f"SELECT run_id FROM {_RUN_FROM} WHERE status IN "
-               f"({', '.join('?' * len(RUNNABLE))}) "
+        now = time.time()
+        sql = (f"SELECT run_id FROM {_RUN_FROM} WHERE (status IN "
+               f"({', '.join('?' * len(RUNNABLE))}) OR (status = 'WAITING_APPROVAL' AND "
+               "json_extract(waiting, '$.deadline') <= ?)) "
                "AND (owner IS NULL OR lease_until IS NULL OR lease_until <= ?) "
                "AND json_extract(options, '$.parent') IS NULL")
-        params: list[Any] = [*RUNNABLE, time.time()]
+        params: list[Any] = [*RUNNABLE, now, now]
         if workflows is not None:
             sql += f" AND workflow IN ({', '.join('?' * len(workflows))})"
             params += workflows
