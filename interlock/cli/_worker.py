@@ -37,8 +37,9 @@ def worker(store_url: str | None, concurrency: int, workflows: tuple[str, ...], 
     """Claim runnable runs -- detached (`run --detach`), decided or resumed for a worker
     (`resume --detach`, `serve --workers 0`), abandoned by a process that died (its
     lease ran out), or waiting at a gate whose timeout passed -- and execute them, each
-    by one worker at a time, until SIGTERM or Ctrl-C. Then claim nothing more, let the nodes running finish (at most --drain
-    seconds), release the runs unfinished for the next worker, and exit 0.
+    by one worker at a time, until SIGTERM or Ctrl-C. Then claim nothing more, let the
+    nodes running finish (at most --drain seconds), release the runs unfinished for the
+    next worker, and exit 0.
 
     Logs one line per run claimed and per run finished on stderr."""
     import asyncio
