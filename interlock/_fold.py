@@ -190,7 +190,8 @@ class RunView:
             self.state.update(defaults)
         self.config = dict(rec.get("config") or {})
         self.limits = dict(rec.get("limits") or {})
-        self.status = "RUNNING"
+        # a detached run (``run --detach``) is PENDING until a worker executes it
+        self.status = "PENDING" if rec.get("detached") else "RUNNING"
         for e in self.plan.start_edges:
             self.due[(e.index, "START")] = Due(e, "START")
 
@@ -198,7 +199,8 @@ class RunView:
         # A failed visit stays in ``running``: the executor runs it again.
         self.config.update(rec.get("config") or {})
         self.limits.update(rec.get("limits") or {})
-        self.status = "RUNNING"
+        # a decision recorded for a worker to continue (``detached``) leaves it PENDING
+        self.status = "PENDING" if rec.get("detached") else "RUNNING"
         self.error = None
         self.waiting = None
 

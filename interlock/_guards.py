@@ -314,13 +314,15 @@ async def in_loop(a: Attempt) -> Any:
 
 async def in_thread(a: Attempt) -> Any:
     """A sync body, on one of interlock's threads (in a copy of the visit's context). A
-    timeout leaves the thread running: it is counted in `abandoned`."""
+    timeout, or a cancellation (a stopping worker's), leaves the thread running: it is
+    counted in `abandoned`."""
     global abandoned
     pn = a.pn
     assert pn.fn is not None, "approval and agent nodes are not dispatched here"
     args = (a.state, a.ctx) if pn.wants_ctx else (a.state,)
     call = functools.partial(contextvars.copy_context().run, pn.fn, *args)
-    future = asyncio.get_running_loop().run_in_executor(NODE_THREADS, call)
+    running = NODE_THREADS.submit(call)  # (what run_in_executor does, keeping the future)
+    future = asyncio.wrap_future(running)
     scope = asyncio.timeout(pn.timeout)
     try:
         async with scope:
@@ -330,6 +332,10 @@ async def in_thread(a: Attempt) -> Any:
             raise  # the body's own TimeoutError: its failure, and its thread is done
         abandoned += 1
         raise NodeTimeout() from None
+    except asyncio.CancelledError:
+        if running.running():  # (one not started yet was cancelled with the wait)
+            abandoned += 1
+        raise
 
 
 class InProcess:
@@ -435,7 +441,7 @@ def timeout_error(pn: PlanNode) -> NodeError:
 # and ``asyncio.run`` waits for it at exit -- so a thread abandoned after a timeout
 # would hold up the end of the run.
 NODE_THREADS = ThreadPoolExecutor(max_workers=128, thread_name_prefix="interlock-node")
-abandoned = 0  # threads left running after their node timed out (see cli.main)
+abandoned = 0  # threads left running after their node timed out or was stopped (cli.main)
 
 
 __all__ = [

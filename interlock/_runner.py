@@ -42,7 +42,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from typing import Any
+from typing import Any, Protocol
 
 from . import _expr
 from . import _log as L
@@ -61,6 +61,12 @@ log = logging.getLogger("interlock")
 YIELD_EVERY = 64  # inline visits between two turns given to the event loop
 
 
+class Stop(Protocol):
+    """What `Runner.stop` is read through: an `asyncio.Event`, say."""
+
+    def is_set(self) -> bool: ...
+
+
 class Runner:
     """Executes one run of ``plan`` whose records go to ``sink`` (folded into ``view``)."""
 
@@ -77,6 +83,10 @@ class Runner:
         self._done: asyncio.Queue[Outcome] | None = None  # outcomes of visits run as tasks
         self._tasks: dict[tuple[str, int], asyncio.Task[None]] = {}
         self.cancelled_by: dict[str, Any] | None = None  # set by drive()'s cancel watcher
+        # set (``stop.is_set()``) to stop at the next node boundary: the visits in flight
+        # finish and are committed, no other starts, and the run is left RUNNING (a
+        # worker's drain on SIGTERM; whoever claims the run next continues it)
+        self.stop: Stop | None = None
 
     async def execute(self) -> None:
         """Run the loop until the run ends or waits; its last record is committed."""
@@ -110,12 +120,13 @@ class Runner:
         self._restart_running()
         inline_steps = 0
         heavy_seen = _expr.heavy
+        stop = self.stop
         while True:
             if view.due:
                 while (waiting := decide.due()) is not None:
                     await decide.call_async_router(waiting)  # then decide on
                 await sink.flush()
-            if view.ready:
+            if view.ready and (stop is None or not stop.is_set()):
                 inline = self._start_ready()
                 if inline is not None:
                     # one node and nothing else in flight: await it here, no task needed
@@ -148,6 +159,10 @@ class Runner:
                         await asyncio.sleep(0)
                     continue
             if not self._tasks:
+                if view.ready and stop is not None and stop.is_set():  # for the next
+                    log.info("run %s stopped at a node boundary; it is continued when "
+                             "next claimed", self.run_id)
+                    return
                 await self._end()
                 return
             await self._collect()

@@ -28,7 +28,7 @@ from ._journal import Journal
 from ._model import DEFAULT_STEPS, WorkflowSpec, check_limits
 from ._otel import RunSpans, run_spans, tracing, with_spans
 from ._plan import Plan
-from ._runner import Runner
+from ._runner import Runner, Stop
 from ._spec import parse
 from ._steps import Steps
 from ._store import RunRow, Store, Summary, acquire_store, release_store, this_owner
@@ -77,7 +77,8 @@ def open_store_arg(store: str | Store | None) -> tuple[Store, bool]:
 async def drive(plan: Plan, store: Store, run_id: str, view: RunView, writer: L.LogWriter, *,
                 first: list[tuple[str, dict[str, Any]]] | None = None, force: bool = False,
                 listener: Listener | None = None, owner: str | None = None,
-                fresh: bool = False) -> RunResult:
+                fresh: bool = False, lease: float = LEASE_SECONDS,
+                stop: Stop | None = None, execute: bool = True) -> RunResult:
     """Claim the run, commit ``first`` (e.g. ``run.resumed``), execute, release.
 
     ``owner``: the run was created claimed by it (`Workflow.run`), so there is no claim
@@ -90,14 +91,17 @@ async def drive(plan: Plan, store: Store, run_id: str, view: RunView, writer: L.
     was queued must not start its first node.
 
     The executor runs in the caller's task (`_execute`); a `_Watcher` keeps the lease
-    alive and looks for a cancellation requested through the store (by `cancel`, from
-    any process).
+    (``lease`` seconds) alive and looks for a cancellation requested through the store
+    (by `cancel`, from any process). ``stop``: once set, the run stops at the next node
+    boundary and is released unfinished (`Runner.stop`). ``execute`` false: commit
+    ``first`` and release (a decision recorded for a worker to continue).
     """
     if owner is None:
         owner = make_owner()
-        await store.claim(run_id, owner, LEASE_SECONDS, force=force)
+        await store.claim(run_id, owner, lease, force=force)
     journal = Journal(store, run_id, view, writer, listener, owner=owner)
     runner = Runner(plan, journal, run_id, view)
+    runner.stop = stop
     try:
         if fresh and (await store.get_run(run_id)).summary.last_seq != writer.seq:
             raise ConflictError(f"run {run_id!r} changed before it started executing (it was "
@@ -112,8 +116,8 @@ async def drive(plan: Plan, store: Store, run_id: str, view: RunView, writer: L.
                     f"run {run_id!r} changed after this process read it (another process "
                     "decided or resumed it first); nothing was recorded and this resume is "
                     f"refused -- see `interlock status {run_id}`") from None
-        if view.status not in TERMINAL_STATUSES:
-            await _execute(store, run_id, owner, runner, listener)
+        if execute and view.status not in TERMINAL_STATUSES:
+            await _execute(store, run_id, owner, runner, listener, lease)
     finally:
         if not journal.released:
             await store.release(run_id, owner)
@@ -135,7 +139,7 @@ TERMINAL_STATUSES = frozenset(L.TERMINAL_TYPES.values())
 
 
 async def _execute(store: Store, run_id: str, owner: str, runner: Runner,
-                   listener: Listener | None = None) -> None:
+                   listener: Listener | None = None, lease: float = LEASE_SECONDS) -> None:
     """Run the executor in this task, watched for its lease and for a cancellation.
 
     The executor needs no task of its own (a run that never waits for I/O then runs
@@ -149,7 +153,7 @@ async def _execute(store: Store, run_id: str, owner: str, runner: Runner,
     if task is None:
         raise RuntimeError("interlock executes a run inside an asyncio task")
     cancelling = task.cancelling()
-    watcher = _Watcher(store, run_id, owner, runner, task)
+    watcher = _Watcher(store, run_id, owner, runner, task, lease)
     # in a copy of our context, as a task of its own would be: what node bodies set in
     # context variables stays in the run; its sub-workflow nodes find its child runs there
     context = contextvars.copy_context()
@@ -181,16 +185,16 @@ class _Watcher:
     the log) while it runs.
     """
 
-    __slots__ = ("_next_beat", "_task", "_timer", "cancelled", "owner", "run_id", "runner",
-                 "store", "target")
+    __slots__ = ("_next_beat", "_task", "_timer", "cancelled", "lease", "owner", "run_id",
+                 "runner", "store", "target")
 
     def __init__(self, store: Store, run_id: str, owner: str, runner: Runner,
-                 target: asyncio.Task[Any]) -> None:
+                 target: asyncio.Task[Any], lease: float = LEASE_SECONDS) -> None:
         self.store, self.run_id, self.owner = store, run_id, owner
-        self.runner, self.target = runner, target
+        self.runner, self.target, self.lease = runner, target, lease
         self.cancelled = False  # whether we cancelled ``target``
         loop = asyncio.get_running_loop()
-        self._next_beat = loop.time() + LEASE_SECONDS / 3
+        self._next_beat = loop.time() + lease / 3
         self._task: asyncio.Task[None] | None = None
         self._timer: asyncio.TimerHandle | None = loop.call_later(
             CANCEL_POLL_SECONDS, self._start)
@@ -209,8 +213,8 @@ class _Watcher:
                 self.target.cancel()
             if loop.time() >= self._next_beat and \
                     self.runner.view.status not in TERMINAL_STATUSES:  # not released yet
-                await self.store.heartbeat(self.run_id, self.owner, LEASE_SECONDS)
-                self._next_beat = loop.time() + LEASE_SECONDS / 3
+                await self.store.heartbeat(self.run_id, self.owner, self.lease)
+                self._next_beat = loop.time() + self.lease / 3
             await self.runner.sink.flush()  # a no-op unless records wait to be committed
             await asyncio.sleep(CANCEL_POLL_SECONDS)
 
@@ -247,10 +251,13 @@ async def create(plan: Plan, store: Store, run_id: str, *, definition: dict[str,
                  definition_hash: str, input: dict[str, Any], config: dict[str, Any],
                  limits: dict[str, Any], options: dict[str, Any],
                  started: dict[str, Any] | None = None, listener: Listener | None = None,
-                 claimed: bool = True) -> tuple[RunView, L.LogWriter, str | None]:
+                 claimed: bool = True, detached: bool = False
+                 ) -> tuple[RunView, L.LogWriter, str | None]:
     """`start`'s first half: the run's row and ``run.started``; its view, its writer, and
     the owner it was created claimed by (``claimed`` and a store that leases in its
-    writes), else None -- an unclaimed run, executed later (a server's queue)."""
+    writes), else None -- an unclaimed run, executed later (a server's queue).
+    ``detached``: the run is recorded PENDING, unclaimed, for a worker to execute
+    (``run.started`` says ``detached: true``)."""
     key = L.env_key()
     writer = L.LogWriter(key=key)
     now = time.time()
@@ -261,6 +268,9 @@ async def create(plan: Plan, store: Store, run_id: str, *, definition: dict[str,
     defaults = start_defaults(plan.spec, input)
     if defaults:
         fields["defaults"] = defaults
+    if detached:
+        fields["detached"] = True
+        claimed = False
     rec, entry = writer.make(L.RUN_STARTED, fields)
     view = RunView(plan)
     view.apply(rec)
@@ -269,7 +279,7 @@ async def create(plan: Plan, store: Store, run_id: str, *, definition: dict[str,
     row = RunRow(run_id=run_id, workflow=plan.spec.workflow, definition=definition,
                  definition_hash=definition_hash, input=input, options={**options, **chain},
                  created_at=now,
-                 summary=Summary(status="RUNNING", last_seq=1, last_hash=writer.hash,
+                 summary=Summary(status=view.status, last_seq=1, last_hash=writer.hash,
                                  updated_at=now),
                  owner=owner, lease_until=now + LEASE_SECONDS if owner else None)
     await store.create_run(row, [entry])
@@ -508,7 +518,8 @@ async def _commit_claimed(store: Store, loaded: Loaded, items: list[tuple[str, d
 _PAST = {"approve": "approved", "reject": "rejected", "modify": "modified"}
 
 
-async def _continue_parent(store: Store, run_id: str, link: Mapping[str, Any]) -> None:
+async def _continue_parent(store: Store, run_id: str, link: Mapping[str, Any], *,
+                           detach: bool = False) -> None:
     """A child run was resumed on its own: continue its parent if it waits for it (or was
     interrupted) -- the node runs again and finds the child as it now is."""
     try:
@@ -519,7 +530,7 @@ async def _continue_parent(store: Store, run_id: str, link: Mapping[str, Any]) -
     waits = any(g.kind == "workflow" and g.key == run_id for g in view.pending_gates())
     if waits or view.status in ("RUNNING", "RETRYING"):
         with contextlib.suppress(ClaimError, UsageError):  # being executed: it will see
-            await resume(link["run"], store=store)
+            await resume(link["run"], store=store, detach=detach)
 
 
 def _child_ids(plan: Plan, run_id: str, view: RunView) -> list[str]:
@@ -690,11 +701,13 @@ async def resume(run_id: str, decision: Decision | None = None, *,
                  store: str | Store | None = None, workflow: Functions | None = None,
                  config: Mapping[str, Any] | None = None,
                  limits: Mapping[str, Any] | None = None, force: bool = False,
-                 listener: Listener | None = None) -> RunResult:
+                 listener: Listener | None = None, detach: bool = False) -> RunResult:
     """Continue a run from its log: interrupted visits run again, nothing completed does.
 
     A run waiting for a human needs a `Decision` (`approve`, `reject`, `modify`),
     unless a gate's deadline has passed: then the engine decides, and says so.
+    ``detach``: record the decision (and the resume) and return without executing: the
+    run is PENDING until a worker (``interlock worker``) claims and continues it.
     """
     from ._approvals import decide, expire
 
@@ -740,21 +753,62 @@ async def resume(run_id: str, decision: Decision | None = None, *,
             raise UsageError(f"run {run_id!r} is {view.status}; only a failed, interrupted or "
                              "waiting run can be resumed")
         resumed = dict(fields, by=decision.by if decision else None)
+        if detach:
+            resumed["detached"] = True
         spans, listener = await _traced(st, run_id, loaded.row.workflow, listener)
         try:
             result = await drive(loaded.plan, st, run_id, view, loaded.writer(),
                                  first=[(L.RUN_RESUMED, resumed), *first], force=force,
-                                 listener=listener)
+                                 listener=listener, execute=not detach)
         finally:
             if spans is not None:
                 spans.end()
         link = loaded.row.options.get("parent")
         if link is not None:  # a child run resumed on its own: its parent goes on too
-            await _continue_parent(st, run_id, link)
+            await _continue_parent(st, run_id, link, detach=detach)
         return result
     finally:
         if owned:
             await release_store(st)
+
+
+async def continue_claimed(store: Store, run_id: str, owner: str, *,
+                           workflow: Functions | None = None,
+                           listener: Listener | None = None, lease: float = LEASE_SECONDS,
+                           stop: Stop | None = None) -> RunResult:
+    """Execute a run ``owner`` has claimed (`Store.claim_next`: a worker's), from its log:
+    a detached run's first nodes, a decided run's continuation, an abandoned run's
+    interrupted visits, a waiting run's gate past its deadline (decided by the engine,
+    as `resume` does: its ``on_timeout``). ``run.resumed`` names the ``worker``.
+    Released at the end, also when it cannot be executed (a broken log, a workflow whose
+    code does not import, nothing to do): that error is raised."""
+    try:
+        loaded = await load_run(store, run_id, workflow=workflow, executable=True)
+        writer = loaded.writer()
+    except BaseException:
+        await store.release(run_id, owner)
+        raise
+    view = loaded.view
+    first: list[tuple[str, dict[str, Any]]] = []
+    if view.status == "WAITING_APPROVAL":  # a gate's deadline passed: the engine decides
+        from ._approvals import expire
+
+        first = expire(loaded.spec, view)
+    if (view.status == "WAITING_APPROVAL" and not first) or view.status == "FAILED" \
+            or view.status not in RESUMABLE | {"WAITING_APPROVAL"}:
+        # (the row said runnable; the log says otherwise -- not ours to continue)
+        await store.release(run_id, owner)
+        raise UsageError(f"run {run_id!r} is {view.status} with nothing for a worker to do "
+                         "(its row and its log disagree); left as it is")
+    spans, listener = await _traced(store, run_id, loaded.row.workflow, listener)
+    try:
+        result = await drive(loaded.plan, store, run_id, view, writer,
+                             first=[(L.RUN_RESUMED, {"by": None, "worker": owner}), *first],
+                             listener=listener, owner=owner, lease=lease, stop=stop)
+    finally:
+        if spans is not None:
+            spans.end()
+    return result
 
 
 async def _traced(store: Store, run_id: str, workflow: str, listener: Listener | None

@@ -11,14 +11,15 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 from . import _log as L
 from ._approvals import Decision
 from ._bounds import check_data
 from ._compile import check_spec, compile_spec, reading_plan
-from ._errors import Diagnostic, UsageError
+from ._errors import Diagnostic, UsageError, WorkflowError
 from ._fold import RunResult, RunView, result_of
 from ._model import DEFAULT_STEPS, WorkflowSpec, check_limits
 from ._otel import RunSpans, run_spans, with_spans
@@ -408,6 +409,41 @@ class Workflow:
             listener=with_spans(listener, spans), claimed=False)
         return Started(plan, store, rid, view, writer, listener, spans)
 
+    async def submit(self, input: Mapping[str, Any] | None = None, *,
+                     store: str | Store | None = None, run_id: str | None = None,
+                     config: Mapping[str, Any] | None = None,
+                     limits: Mapping[str, Any] | None = None) -> RunResult:
+        """Record a run as PENDING without executing it (``interlock run --detach``): a
+        worker (``interlock worker``, or `interlock.support.Worker`) on the same store claims and
+        executes it. The input, config and limits are checked here, as `run` checks
+        them; the result is the run as ``status`` shows it (PENDING, 0 steps).
+
+        A builder-made workflow's Python functions are not stored: the worker must have
+        them (``--workflows`` with a file naming them by ``module:function``).
+        """
+        plan = self.compile()
+        spec = plan.spec
+        data = _check_input(spec, input)
+        cfg, lim = _effective(spec, config, limits, self._limits())
+        st, owned = open_store_arg(store)
+        try:
+            rid = run_id or make_run_id()
+            view, _, _ = await create(
+                plan, st, rid, definition=self.definition(),
+                definition_hash=self.definition_hash(), input=data, config=cfg, limits=lim,
+                options={"config": dict(config or {}), "limits": dict(limits or {})},
+                detached=True)
+            return result_of(rid, spec.workflow, view)
+        finally:
+            if owned:
+                await release_store(st)
+
+    def submit_sync(self, input: Mapping[str, Any] | None = None,
+                    **kwargs: Any) -> RunResult:
+        """`submit` for scripts (no event loop may be running)."""
+        _no_running_loop("submit_sync", "submit")
+        return asyncio.run(self.submit(input, **kwargs))
+
     def run_sync(self, input: Mapping[str, Any] | None = None, **kwargs: Any) -> RunResult:
         """`run` for scripts: blocks until the run stops (no event loop may be running)."""
         _no_running_loop("run_sync", "run")
@@ -528,3 +564,27 @@ def load(source: str | os.PathLike[str] | Mapping[str, Any]) -> Workflow:
     wf = Workflow.from_spec(spec)
     wf.compile()
     return wf
+
+
+def load_workflows(paths: Sequence[str]) -> dict[str, Workflow]:
+    """Each file (or each ``*.yaml``/``*.yml``/``*.json`` in a folder), by workflow name."""
+    found: dict[str, tuple[Workflow, Path]] = {}
+    for given in paths:
+        p = Path(given)
+        if p.is_dir():
+            files = sorted(f for f in p.iterdir() if f.suffix in (".yaml", ".yml", ".json"))
+        elif p.exists():
+            files = [p]
+        else:
+            raise UsageError(f"--workflows {given}: no such file or folder")
+        for f in files:
+            try:
+                wf = load(f)
+            except WorkflowError as exc:
+                raise UsageError(f"--workflows {given}: {f} is not a valid workflow:\n"
+                                 + "\n".join(map(str, exc.diagnostics))) from None
+            if wf.name in found and found[wf.name][1] != f:
+                raise UsageError(f"--workflows: {found[wf.name][1]} and {f} are both "
+                                 f"workflow {wf.name!r}; a name must be unique")
+            found[wf.name] = (wf, f)
+    return {name: wf for name, (wf, _) in found.items()}

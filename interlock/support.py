@@ -23,11 +23,15 @@ Stored runs
     status each gives), `append_note` (a record that changes nothing -- a server's
     ``notify.sent`` -- appended under the run's claim).
 
-Executing (for a server)
+Executing (for a server, a worker)
     `Started` (`interlock.Workflow.start`: a run created, executed later by
     `Started.execute`), `approvers_refuse` (why a decider, with the roles a tool vouches
     for, may not decide a gate; ``interlock.Decision(roles=...)`` carries them to the
-    engine, which checks the same).
+    engine, which checks the same), `Pool` (executions, a bounded number at a time,
+    takeover and drain; `Draining` when it stops; a `Factory` makes one execution),
+    `Worker` (``interlock worker``: claims runnable runs from a store and executes them;
+    `POLL_SECONDS`, `DRAIN_SECONDS` its defaults), `load_workflows` (``--workflows``
+    files and folders, by workflow name).
 
 Threads
     `abandoned_threads` (how many threads of sync nodes that timed out are still
@@ -44,6 +48,7 @@ Retention
 Metrics
     `Metrics` (Prometheus metrics: from a store when scraped, from the runs this
     process executes through its ``observe`` listener; needs ``prometheus-client``).
+    `redact` (a store URL without its password).
 
 Coverage
     `workflows_in` (the workflows that have runs in a store, each as its newest run
@@ -60,6 +65,7 @@ It imports the engine (``import interlock`` alone does not): import it where it 
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from . import _guards
 from . import _limits as limits
@@ -82,7 +88,8 @@ from ._spec import parse as parse_definition
 from ._store import RunRow, Summary, owner_gone
 from ._triggers import Firer
 from ._triggers import describe as describe_trigger
-from ._workflow import Started
+from ._workers import DRAIN_SECONDS, POLL_SECONDS, Draining, Factory, Pool, Worker
+from ._workflow import Started, load_workflows
 
 
 def run_json(row: RunRow) -> dict[str, Any]:
@@ -95,6 +102,16 @@ def run_json(row: RunRow) -> dict[str, Any]:
             "error": s.error, "waiting": s.waiting}
 
 
+def redact(url: str) -> str:
+    """A store URL without its password (for messages and logs)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{parts.username}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
 def abandoned_threads() -> int:
     """Threads left running by sync nodes that timed out in this process (a thread
     cannot be interrupted; ``isolation: process`` has such a node killed instead)."""
@@ -102,21 +119,27 @@ def abandoned_threads() -> int:
 
 
 __all__ = [
+    "DRAIN_SECONDS",
     "METRICS_CONTENT_TYPE",
+    "POLL_SECONDS",
     "TERMINAL_TYPES",
     "TRACE_PAGE",
+    "Draining",
     "EdgeSpec",
     "Entry",
+    "Factory",
     "Firer",
     "LogCheck",
     "Metrics",
     "NodeSpec",
+    "Pool",
     "Pruned",
     "Record",
     "RunRow",
     "RunView",
     "Started",
     "Summary",
+    "Worker",
     "abandoned_threads",
     "append_note",
     "approvers_refuse",
@@ -125,11 +148,13 @@ __all__ = [
     "limits",
     "load_run",
     "load_spec",
+    "load_workflows",
     "owner_gone",
     "parse_definition",
     "parse_duration",
     "prune_runs",
     "read_at_most",
+    "redact",
     "run_json",
     "to_dot",
     "to_mermaid",

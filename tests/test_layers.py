@@ -38,14 +38,15 @@ LAYERS: dict[int, set[str]] = {
         "agents._providers", "agents._spec", "agents._tools"},
     # the scheduler and its edge decisions, and the wiring of the shipped node kinds
     7: {"_runner", "_decide", "_compile"},
-    # stored runs: drive, resume, status, trace, verify, fork, cancel; their coverage
-    8: {"_runs", "_coverage", "_export", "_prune", "_metrics"},
+    # stored runs: drive, resume, status, trace, verify, fork, cancel; their coverage;
+    # executing them in a pool (a server's, a worker's)
+    8: {"_runs", "_coverage", "_export", "_prune", "_metrics", "_workers"},
     # the façade: builder and loaded file
     9: {"_workflow"},
     # the public surface and the command line
     10: {"", "__main__", "testing", "support", "cli", "cli._common", "cli._format", "cli._inspect",
          "cli._progress", "cli._run", "cli._trace", "cli._coverage", "cli._prune",
-         "cli._serve", "cli._remote", "cli._triggers",
+         "cli._serve", "cli._remote", "cli._triggers", "cli._worker",
          "server", "server._app", "server._auth", "server._hub", "server._main",
          "server._models", "server._notify", "server._pool"},
 }

@@ -514,6 +514,110 @@ def test_claim_taken_over_when_owner_process_is_gone(store: Store) -> None:
     run(main)
 
 
+def test_claim_next_takes_the_oldest_runnable_run(store: Store) -> None:
+    """A worker's claim: the oldest run that is pending, running or retrying and that
+    nobody holds -- not a finished or waiting one, a claimed one, a child run, or (given
+    ``workflows``) one of another workflow."""
+    async def main() -> None:
+        t = time.time() - 100
+        made = {}
+        for i, (name, status, wf) in enumerate([
+                ("done", "COMPLETED", "triage"), ("waits", "WAITING_APPROVAL", "triage"),
+                ("held", "PENDING", "triage"), ("child", "PENDING", "triage"),
+                ("other", "PENDING", "billing"), ("first", "PENDING", "triage"),
+                ("second", "RUNNING", "triage"), ("third", "RETRYING", "triage")]):
+            row, _, entries = new_row(f"{name}-{new_id()}", workflow=wf, status=status,
+                                      created_at=t + i)
+            if name == "child":
+                row.options = {**row.options, "parent": {"run": "p", "node": "n"}}
+            await store.create_run(row, entries)
+            made[name] = row.run_id
+        await store.claim(made["held"], "host-a.example:1", 60)
+        for name, deadline in (("due", time.time() - 1), ("later", time.time() + 600),
+                               ("never", None)):  # gates: the engine decides a due one
+            row, _, entries = new_row(f"{name}-{new_id()}", workflow="gates",
+                                      status="WAITING_APPROVAL", created_at=t)
+            row.summary.waiting = {"node": "gate", "deadline": deadline}
+            await store.create_run(row, entries)
+            made[name] = row.run_id
+        me = "host-b.example:2"
+        assert await store.claim_next(me, 60, workflows=["gates"]) == made["due"]
+        assert await store.claim_next(me, 60, workflows=["gates"]) is None
+        assert await store.claim_next(me, 60, workflows=["nothing"]) is None
+        assert await store.claim_next(me, 60, workflows=["billing"],
+                                      exclude=[made["other"]]) is None
+        assert await store.claim_next(me, 60, workflows=["billing"]) == made["other"]
+        got = [await store.claim_next(me, 0.3, workflows={"triage"}) for _ in range(4)]
+        assert got == [made["first"], made["second"], made["third"], None]
+        row = await store.get_run(made["first"])
+        assert row.owner == me and row.lease_until is not None
+        await store.release(made["second"], me)  # released (a decision recorded): again
+        assert await store.claim_next(me, 60) == made["second"]
+        await asyncio.sleep(0.4)  # the 0.3 s leases of first and third ran out
+        assert await store.claim_next("host-c.example:3", 60) == made["first"]
+        assert await store.claim_next("host-c.example:3", 60) == made["third"]
+        assert await store.claim_next("host-c.example:3", 60) is None
+
+    run(main)
+
+
+def test_claim_next_from_two_store_objects_gives_each_run_once(store: Store) -> None:
+    """Claimers racing on one database (two store objects, several claims in flight on
+    each): every run is claimed exactly once."""
+    async def main() -> None:
+        ids = set()
+        for _ in range(20):
+            row, _, entries = new_row(status="PENDING")
+            await store.create_run(row, entries)
+            ids.add(row.run_id)
+        other = reopen(store)
+        try:
+            async def claimer(st: Store, who: str) -> list[str]:
+                out = []
+                while (rid := await st.claim_next(who, 60)) is not None:
+                    out.append(rid)
+                return out
+
+            results = await asyncio.gather(*(claimer(st, f"host-{i}.example:{i}")
+                                              for i, st in enumerate([store, other] * 3)))
+        finally:
+            if other is not store:
+                await other.close()
+        claimed = [rid for got in results for rid in got]
+        assert sorted(claimed) == sorted(ids)  # each once
+        for i, got in enumerate(results):
+            for rid in got:
+                assert (await store.get_run(rid)).owner == f"host-{i}.example:{i}"
+
+    run(main)
+
+
+def test_a_waiting_worker_is_woken_by_a_pending_run_and_an_unfinished_release(
+        pg_schema_url: str) -> None:
+    """PostgreSQL tells a worker idle in `wait_runnable` (LISTEN) of a detached run
+    created and of a run released unfinished, by another process's store object."""
+    async def main() -> None:
+        waiter, other = open_store(pg_schema_url), open_store(pg_schema_url)
+        try:
+            await waiter.list_runs(limit=1)
+            await waiter.wait_runnable(0.01)  # LISTENing from here on
+            pending, _, pending_entries = new_row(status="PENDING")
+            held, _, held_entries = new_row(status="RUNNING")
+            held.owner, held.lease_until = "host-a.example:1", time.time() + 60
+            await other.create_run(held, held_entries)  # claimed: nobody is told
+            for make_runnable in (lambda: other.create_run(pending, pending_entries),
+                                  lambda: other.release(held.run_id, "host-a.example:1")):
+                woken = asyncio.create_task(waiter.wait_runnable(600))
+                await asyncio.sleep(0.05)  # (waiting; a notification before it is kept too)
+                await make_runnable()
+                await asyncio.wait_for(woken, 30)  # woken, long before its 600 s
+        finally:
+            await waiter.close()
+            await other.close()
+
+    run(main)
+
+
 def test_heartbeat_and_release(store: Store) -> None:
     async def main() -> None:
         row, _, entries = new_row()

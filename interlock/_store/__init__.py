@@ -9,6 +9,7 @@ import os
 from ._base import (
     ALL_RUNS,
     FINISHED,
+    RUNNABLE,
     ClaimError,
     ConflictError,
     RunExists,
@@ -25,6 +26,7 @@ from ._memory import MemoryStore
 __all__ = [
     "ALL_RUNS",
     "FINISHED",
+    "RUNNABLE",
     "ClaimError",
     "ConflictError",
     "MemoryStore",

@@ -19,10 +19,12 @@ Every backend passes the same conformance suite (tests/test_store_conformance.py
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
+import time
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 from dataclasses import dataclass, field, fields
 from operator import attrgetter
 from typing import Any, Self
@@ -41,6 +43,10 @@ ALL_RUNS = 10_000_000
 
 # the statuses of a run that has ended (what `Store.delete_finished` may delete)
 FINISHED = ("COMPLETED", "FAILED", "REJECTED", "CANCELLED")
+
+# the statuses of a run a worker may claim (`Store.claim_next`) when nobody holds it:
+# detached and never executed, continued after a decision, or abandoned by its executor
+RUNNABLE = ("PENDING", "RUNNING", "RETRYING")
 
 
 @dataclass(slots=True)
@@ -185,6 +191,45 @@ class Store(ABC):
     async def claim(self, run_id: str, owner: str, lease: float, *, force: bool = False) -> None:
         """Become the run's executor for ``lease`` seconds. ClaimError if someone else is."""
 
+    async def claim_next(self, owner: str, lease: float, *,
+                         workflows: Collection[str] | None = None,
+                         exclude: Collection[str] = ()) -> str | None:
+        """Claim the oldest runnable run for ``owner`` for ``lease`` seconds and return its
+        id; None when there is none. Runnable: its status is one of `RUNNABLE` -- or it
+        waits for a human at a gate whose deadline has passed (the engine decides it) --
+        and nobody holds it (never claimed, released, or its lease ran out); of
+        ``workflows`` only, when given; never a child run (SPEC §7: its parent's
+        execution continues it), nor one of ``exclude`` (runs a worker cannot execute).
+
+        Of any number of processes calling this at once, each run goes to one. This
+        default lists and claims (a `ClaimError` skips the run); the stores here claim in
+        one statement (PostgreSQL: ``FOR UPDATE SKIP LOCKED``; SQLite: in its single
+        writer's transaction).
+        """
+        now = time.time()
+        rows = [row for status in (*RUNNABLE, "WAITING_APPROVAL")
+                for row in await self.list_runs(status=status, limit=ALL_RUNS)]
+        for row in sorted(rows, key=attrgetter("created_at")):
+            deadline = (row.summary.waiting or {}).get("deadline")
+            if (row.owner is not None and (row.lease_until or 0.0) > now) \
+                    or (row.summary.status == "WAITING_APPROVAL"
+                        and (deadline is None or deadline > now)) \
+                    or (workflows is not None and row.workflow not in workflows) \
+                    or row.options.get("parent") is not None or row.run_id in exclude:
+                continue
+            try:
+                await self.claim(row.run_id, owner, lease)
+            except (ClaimError, RunNotFound):
+                continue
+            return row.run_id
+        return None
+
+    async def wait_runnable(self, timeout: float) -> None:
+        """Return after ``timeout`` seconds, or sooner where the store can tell that a run
+        may have become runnable (PostgreSQL: ``LISTEN``/``NOTIFY``). An idle worker
+        waits here between two `claim_next`; this default sleeps."""
+        await asyncio.sleep(timeout)
+
     @abstractmethod
     async def heartbeat(self, run_id: str, owner: str, lease: float) -> None:
         """Extend our lease. ClaimError if we lost it."""
@@ -239,5 +284,5 @@ class Store(ABC):
         await self.close()
 
 
-__all__ = ["ClaimError", "ConflictError", "Entry", "RunExists", "RunNotFound", "RunRow",
+__all__ = ["RUNNABLE", "ClaimError", "ConflictError", "Entry", "RunExists", "RunNotFound", "RunRow",
            "Store", "StoreError", "Summary", "owner_gone", "this_owner"]

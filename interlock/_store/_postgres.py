@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -50,6 +50,7 @@ from psycopg.rows import TupleRow
 from .._log import Entry
 from ._base import (
     FINISHED,
+    RUNNABLE,
     ClaimError,
     ConflictError,
     RunExists,
@@ -278,6 +279,28 @@ WHERE run_id = %(run)s AND (%(force)s OR owner IS NULL OR owner = %(owner)s
 RETURNING 1
 """
 
+# the queue's claim: of the runnable runs (`RUNNABLE`, nobody's or their lease run out,
+# no child run) the oldest not locked by another claimer at this moment (SKIP LOCKED:
+# concurrent workers each get another run instead of waiting on one another)
+_CLAIM_NEXT = f"""
+UPDATE runs SET owner = %(owner)s, lease_until = {_NOW} + %(lease)s
+WHERE run_id = (
+    SELECT run_id FROM runs
+    WHERE (status = ANY(%(statuses)s) OR (status = 'WAITING_APPROVAL'
+           AND (waiting::jsonb ->> 'deadline')::float8 <= {_NOW}))
+      AND (owner IS NULL OR lease_until IS NULL OR lease_until <= {_NOW})
+      AND (%(any)s OR workflow = ANY(%(workflows)s))
+      AND run_id <> ALL(%(exclude)s)
+      AND options::jsonb -> 'parent' IS NULL
+    ORDER BY created_at LIMIT 1
+    FOR UPDATE SKIP LOCKED)
+RETURNING run_id
+"""
+
+# told when a run may have become runnable (`claim_next`): a detached run created, a run
+# released unfinished; workers LISTEN (`wait_runnable`) instead of only polling
+RUNNABLE_CHANNEL = "interlock_runnable"
+
 _TAKE_OVER = f"""
 UPDATE runs SET owner = %(owner)s, lease_until = {_NOW} + %(lease)s
 WHERE run_id = %(run)s AND owner = %(gone)s
@@ -379,17 +402,24 @@ class _Pool:
         self.slots = asyncio.Semaphore(size)
         self.writes: list[_Write] = []
         self.committer: asyncio.Task[None] | None = None
+        self.listener: Conn | None = None  # LISTENing for runnable runs (a worker's)
 
     def abandon(self) -> None:
         """Close every connection without awaiting (for a loop that is gone)."""
         for conn in self.all:
             conn.pgconn.finish()
+        if self.listener is not None:
+            self.listener.pgconn.finish()
+            self.listener = None
         self.all.clear()
         self.idle.clear()
 
     async def close(self) -> None:
         for conn in list(self.all):
             await conn.close()
+        if self.listener is not None:
+            await self.listener.close()
+            self.listener = None
         self.all.clear()
         self.idle.clear()
 
@@ -544,6 +574,32 @@ class PostgresStore(Store):
         """Queued for this loop's committer, as appends are (`append`)."""
         check_first_seqs(row.run_id, 0, entries)
         await self._queue(row.run_id, self._create_one, (row, list(entries)))
+        if row.owner is None and row.summary.status == "PENDING":
+            await self._notify_runnable()  # (a detached run: a worker's)
+
+    async def _notify_runnable(self) -> None:
+        async def op(conn: Conn) -> None:
+            await conn.execute("SELECT pg_notify(%s, '')", (RUNNABLE_CHANNEL,))
+
+        await self._do(op)
+
+    async def wait_runnable(self, timeout: float) -> None:
+        """Until a run may have become runnable (a ``NOTIFY`` on `RUNNABLE_CHANNEL`, from
+        any process), at most ``timeout`` seconds; on a connection of its own, LISTENing
+        for as long as the store is open. Without it (an error), a sleep."""
+        pool = self._here()
+        try:
+            if pool.listener is None or pool.listener.closed:
+                pool.listener = await psycopg.AsyncConnection.connect(
+                    self.url, autocommit=True, **self._kwargs)
+                await pool.listener.execute(f"LISTEN {RUNNABLE_CHANNEL}")
+            async for _ in pool.listener.notifies(timeout=timeout, stop_after=1):
+                pass
+        except psycopg.Error:
+            if pool.listener is not None:
+                await pool.listener.close()
+                pool.listener = None
+            await asyncio.sleep(timeout)
 
     async def _create_one(self, row: RunRow, entries: list[Entry]) -> None:
         params: dict[str, Any] = dict(zip(_RUN_NAMES, run_params(row), strict=True))
@@ -785,6 +841,19 @@ class PostgresStore(Store):
 
         await self._do(op)
 
+    async def claim_next(self, owner: str, lease: float, *,
+                         workflows: Collection[str] | None = None,
+                         exclude: Collection[str] = ()) -> str | None:
+        params = {"owner": owner, "lease": lease, "statuses": list(RUNNABLE),
+                  "any": workflows is None, "workflows": sorted(workflows or ()),
+                  "exclude": sorted(exclude)}
+
+        async def op(conn: Conn) -> str | None:
+            found = await (await conn.execute(_CLAIM_NEXT, params)).fetchone()
+            return None if found is None else str(found[0])
+
+        return await self._do(op)
+
     async def heartbeat(self, run_id: str, owner: str, lease: float) -> None:
         async def op(conn: Conn) -> None:
             cur = await conn.execute(
@@ -845,8 +914,11 @@ class PostgresStore(Store):
         async def op(conn: Conn) -> None:
             cur = await conn.execute(
                 "UPDATE runs SET owner = NULL, lease_until = NULL WHERE run_id = %s "
-                "AND owner = %s RETURNING 1", (run_id, owner))
-            if await cur.fetchone() is not None:
+                "AND owner = %s RETURNING status", (run_id, owner))
+            released = await cur.fetchone()
+            if released is not None:
+                if released[0] in RUNNABLE:  # unfinished, or recorded for a worker
+                    await conn.execute("SELECT pg_notify(%s, '')", (RUNNABLE_CHANNEL,))
                 return
             cur = await conn.execute("SELECT 1 FROM runs WHERE run_id = %s", (run_id,))
             if await cur.fetchone() is None:

@@ -75,7 +75,7 @@ import sqlite3
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl
@@ -85,6 +85,7 @@ import orjson
 from .._log import Entry, json_default
 from ._base import (
     FINISHED,
+    RUNNABLE,
     ClaimError,
     ConflictError,
     RunExists,
@@ -1061,6 +1062,37 @@ class SQLiteStore(Store):
                      (owner, now + lease, run_id))
 
     @staticmethod
+    def _runnable(conn: sqlite3.Connection, workflows: list[str] | None,
+                  exclude: list[str]) -> str | None:
+        """The oldest run `claim_next` may claim (a read: no write lock is taken)."""
+        now = time.time()
+        sql = (f"SELECT run_id FROM {_RUN_FROM} WHERE (status IN "
+               f"({', '.join('?' * len(RUNNABLE))}) OR (status = 'WAITING_APPROVAL' AND "
+               "json_extract(waiting, '$.deadline') <= ?)) "
+               "AND (owner IS NULL OR lease_until IS NULL OR lease_until <= ?) "
+               "AND json_extract(options, '$.parent') IS NULL")
+        params: list[Any] = [*RUNNABLE, now, now]
+        if workflows is not None:
+            sql += f" AND workflow IN ({', '.join('?' * len(workflows))})"
+            params += workflows
+        if exclude:
+            sql += f" AND run_id NOT IN ({', '.join('?' * len(exclude))})"
+            params += exclude
+        found = conn.execute(sql + " ORDER BY created_at LIMIT 1", params).fetchone()
+        return None if found is None else str(found[0])
+
+    @classmethod
+    def _claim_next(cls, conn: sqlite3.Connection, owner: str, lease: float,
+                    workflows: list[str] | None, exclude: list[str]) -> str | None:
+        # in the writer's transaction (BEGIN IMMEDIATE: the file's one write lock), so the
+        # run found is still free when it is claimed -- a compare-and-set across processes
+        run_id = cls._runnable(conn, workflows, exclude)
+        if run_id is not None:
+            conn.execute("UPDATE runs SET owner = ?, lease_until = ? WHERE run_id = ?",
+                         (owner, time.time() + lease, run_id))
+        return run_id
+
+    @staticmethod
     def _heartbeat(conn: sqlite3.Connection, run_id: str, owner: str, lease: float) -> None:
         cur = conn.execute("UPDATE runs SET lease_until = ? WHERE run_id = ? AND owner = ?",
                            (time.time() + lease, run_id, owner))
@@ -1118,6 +1150,16 @@ class SQLiteStore(Store):
 
     async def claim(self, run_id: str, owner: str, lease: float, *, force: bool = False) -> None:
         await self._write(self._claim, run_id, owner, lease, force)
+
+    async def claim_next(self, owner: str, lease: float, *,
+                         workflows: Collection[str] | None = None,
+                         exclude: Collection[str] = ()) -> str | None:
+        if self._absent():
+            return None  # (an idle worker does not create the file)
+        names = None if workflows is None else sorted(workflows)
+        if await self._call(self._runnable, names, sorted(exclude)) is None:
+            return None  # an idle worker's look takes no write lock
+        return await self._write(self._claim_next, owner, lease, names, sorted(exclude))
 
     async def heartbeat(self, run_id: str, owner: str, lease: float) -> None:
         await self._write(self._heartbeat, run_id, owner, lease)

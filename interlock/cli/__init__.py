@@ -15,7 +15,8 @@ shared by all commands (keep them when adding one):
 The package: this module holds the command group and `main`; `_run` the commands that
 execute or change a run (run, resume, fork, cancel), `_progress` their live output and
 summary, `_inspect` the ones that only look (validate, graph, status, runs, verify),
-`_trace` the timeline of ``interlock trace``, `_common` what commands share (exit codes,
+`_trace` the timeline of ``interlock trace``, `_serve` and `_worker` the long-running
+processes, `_common` what commands share (exit codes,
 `CliError`, options, --input / --set parsing), `_format` the wording of values and records.
 """
 
@@ -53,6 +54,7 @@ from ._run import cancel, fork, resume, run
 from ._serve import serve
 from ._trace import trace
 from ._triggers import triggers
+from ._worker import worker
 
 __all__ = [
     "EXIT_COMPLETED", "EXIT_FAILED", "EXIT_REJECTED", "EXIT_USAGE", "EXIT_WAITING",
@@ -104,5 +106,5 @@ def _exit_now_if_threads_were_abandoned(code: Any) -> None:
 
 
 for _command in (run, validate, graph, resume, status, runs, trace, verify, cancel, fork,
-                 coverage, export, prune, serve, triggers):
+                 coverage, export, prune, serve, triggers, worker):
     cli.add_command(_command)

@@ -157,6 +157,10 @@ def _print_status(result: RunResult, row: RunRow, store_url: str | None) -> None
         if row.owner and row.lease_until and row.lease_until > time.time() \
                 and not owner_gone(row.owner):  # the rule `resume` takes a run over by
             lines.append(f"being executed by {row.owner}")
+        elif result.status == "PENDING":
+            lines.append(f"pending: waiting for a worker (`interlock worker{store}` executes "
+                         f"it), or execute it here with `interlock resume {result.run_id}"
+                         f"{store}`")
         else:
             lines.append(f"interrupted: no process is executing it; continue with "
                          f"`interlock resume {result.run_id}{store}`")

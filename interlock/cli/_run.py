@@ -45,11 +45,17 @@ if TYPE_CHECKING:
               help="Read the run's input (a JSON object) from PATH ('-' for stdin).")
 @set_option
 @click.option("--run-id", metavar="ID", help="Use this run id instead of a generated one.")
+@click.option("--detach", is_flag=True,
+              help="Record the run as PENDING and exit 0 without executing it (the run id "
+                   "on stdout): `interlock worker` on the same store executes it.")
 @json_option
 @store_option
 def run(workflow: str, input_json: str | None, input_file: str | None, sets: tuple[str, ...],
-        run_id: str | None, as_json: bool, store_url: str | None) -> None:
-    """Run WORKFLOW (a .yaml/.json file) until it completes, fails or waits for approval."""
+        run_id: str | None, detach: bool, as_json: bool, store_url: str | None) -> None:
+    """Run WORKFLOW (a .yaml/.json file) until it completes, fails or waits for approval.
+
+    With --detach, record it for a worker instead (exit 0; `interlock status RUN_ID`
+    follows it)."""
     data = read_input(input_json, input_file)
     config_sets, limits = parse_sets(sets)
     wf = load_workflow(workflow)
@@ -60,6 +66,16 @@ def run(workflow: str, input_json: str | None, input_file: str | None, sets: tup
     from .. import make_run_id
 
     rid = run_id or make_run_id()
+    if detach:
+        pending = call_engine(wf.submit(data, store=store_url, run_id=rid,
+                                        config=config or None, limits=limits or None))
+        if as_json:
+            click.echo(json.dumps(pending.to_json(), ensure_ascii=False))
+        else:
+            click.echo(rid)
+            click.echo(f"pending: run {rid} of {wf.name} is recorded; `interlock worker` "
+                       "on this store executes it", err=True)
+        return
     progress = Progress(rid, live=not as_json)
     result = _execute(wf, data, store_url, rid, config, limits, progress)
     if as_json:
@@ -103,13 +119,16 @@ def _execute(wf: Workflow, data: dict[str, Any], store_url: str | None, run_id: 
               help="Take the run over even though another process holds its lease. Only "
                    "when that process is really gone (e.g. on another machine that died): "
                    "two processes executing one run would both run its nodes.")
+@click.option("--detach", is_flag=True,
+              help="Record the decision (or the resume) and exit 0 without executing: the "
+                   "run is PENDING until `interlock worker` continues it.")
 @json_option
 @store_option
 @server_options
 def resume(run_id: str, approve: bool, reject: bool, patch_json: str | None, at_node: str | None,
            data_json: str | None, by: str | None, comment: str | None, sets: tuple[str, ...],
-           force: bool, as_json: bool, store_url: str | None, server_url: str | None,
-           token: str | None) -> None:
+           force: bool, detach: bool, as_json: bool, store_url: str | None,
+           server_url: str | None, token: str | None) -> None:
     """Continue RUN_ID from its log, or decide the approval it is waiting for.
 
     A crashed or failed run continues where it stopped: nodes that completed are
@@ -120,19 +139,24 @@ def resume(run_id: str, approve: bool, reject: bool, patch_json: str | None, at_
     run executes the workflow definition it started with, not the file as it is now.
 
     Exits like `run`: 0 completed, 1 failed, 2 refused (the reason is printed),
-    3 waiting again, 4 rejected.
+    3 waiting again, 4 rejected; with --detach, 0 once recorded.
     """
     if approve and reject:  # (one option with two flag values would let the last one win)
         raise CliError("use one of --approve, --reject or --modify, not --approve and --reject")
     kind = "approve" if approve else "reject" if reject else None
     decision = _decision(kind, patch_json, at_node, by, comment, data_json)
     config_sets, limits = parse_sets(sets)
+    if server_url and detach:
+        raise CliError("--detach goes with --store: through --server, the server executes "
+                       "the run, or records it for workers when it runs with --workers 0")
     if server_url:
         _remote_resume(Remote(server_url, token, store_url), run_id, decision, config_sets,
                        limits, force, as_json)
     config = config_overrides({}, config_sets) if config_sets else {}
     if any(len(path) > 1 for path, _ in config_sets):
         config = _resume_config(run_id, store_url, config_sets)
+    if detach:
+        _detached_resume(run_id, decision, store_url, config, limits, force, as_json)
     progress = Progress(run_id, live=not as_json)
 
     async def go(st: Store) -> RunResult:
@@ -146,6 +170,22 @@ def resume(run_id: str, approve: bool, reject: bool, patch_json: str | None, at_
 
     result = call_engine(with_store(store_url, go), progress)
     _finish(result, progress, as_json)
+
+
+def _detached_resume(run_id: str, decision: Any, store_url: str | None,
+                     config: dict[str, Any], limits: dict[str, Any], force: bool,
+                     as_json: bool) -> NoReturn:
+    """`resume --detach`: the decision (or the resume) recorded, the run left PENDING."""
+    from .. import resume as resume_run
+
+    result = call_engine(resume_run(run_id, decision, store=store_url, config=config or None,
+                                    limits=limits or None, force=force, detach=True))
+    if as_json:
+        click.echo(json.dumps(result.to_json(), ensure_ascii=False))
+    else:
+        click.echo(f"pending: run {run_id} is {result.status}; `interlock worker` on this "
+                   "store continues it", err=True)
+    sys.exit(0)
 
 
 def _remote_resume(remote: Any, run_id: str, decision: Any, config_sets: list[ConfigSet],

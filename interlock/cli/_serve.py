@@ -24,8 +24,10 @@ from ._common import CliError, store_option
 @click.option("--public-url", metavar="URL",
               help="Where the server is reached, for links in notifications "
                    "(default http://HOST:PORT).")
-@click.option("--workers", type=click.IntRange(min=1), default=4, show_default=True,
-              help="Runs executing at a time; more wait for a free worker.")
+@click.option("--workers", type=click.IntRange(min=0), default=4, show_default=True,
+              help="Runs executing at a time; more wait for a free worker. 0: execute "
+                   "nothing -- starts, decisions and resumes are only recorded (PENDING) "
+                   "for `interlock worker` processes on the same store.")
 @click.option("--poll", type=click.FloatRange(min=0.01), default=0.25, show_default=True,
               help="Seconds between reads of a followed run that another process writes.")
 @click.option("--drain", type=click.FloatRange(min=0), default=10.0, show_default=True,

@@ -8,9 +8,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Annotated, Any
-from urllib.parse import urlsplit, urlunsplit
 
 from fastapi import Depends, FastAPI, Header, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
@@ -28,7 +26,6 @@ from interlock import (
     StoreError,
     UsageError,
     Workflow,
-    WorkflowError,
 )
 from interlock.support import (
     METRICS_CONTENT_TYPE,
@@ -38,7 +35,9 @@ from interlock.support import (
     RunView,
     approvers_refuse,
     limits,
+    load_workflows,
     parse_definition,
+    redact,
     run_json,
     to_mermaid,
     trace_pages,
@@ -79,7 +78,7 @@ class ServerOptions:
     auth: str | None = None  # the --auth YAML file
     notify: Sequence[str] = ()  # webhook URLs told of every approval.requested
     public_url: str = "http://127.0.0.1:8765"  # where the inbox link points
-    workers: int = 4  # executions at a time
+    workers: int = 4  # executions at a time; 0: record only, `interlock worker` executes
     poll: float = 0.25  # seconds between reads of a followed run written elsewhere
     keepalive: float = 15.0  # seconds between SSE keepalive comments
     drain: float = 10.0  # seconds a stopping server waits for its executions
@@ -111,40 +110,6 @@ _PROBLEMS = {400: {"model": Problem, "description": "a malformed request, or ref
              422: {"model": Problem, "description": "the body does not fit its schema"}}
 for _status, _doc in _PROBLEMS.items():
     _doc["content"] = {PROBLEM: {"schema": {"$ref": "#/components/schemas/Problem"}}}
-
-
-def load_workflows(paths: Sequence[str]) -> dict[str, Workflow]:
-    """Each file (or each ``*.yaml``/``*.yml``/``*.json`` in a folder), by workflow name."""
-    found: dict[str, tuple[Workflow, Path]] = {}
-    for given in paths:
-        p = Path(given)
-        if p.is_dir():
-            files = sorted(f for f in p.iterdir() if f.suffix in (".yaml", ".yml", ".json"))
-        elif p.exists():
-            files = [p]
-        else:
-            raise UsageError(f"--workflows {given}: no such file or folder")
-        for f in files:
-            try:
-                wf = interlock.load(f)
-            except WorkflowError as exc:
-                raise UsageError(f"--workflows {given}: {f} is not a valid workflow:\n"
-                                 + "\n".join(map(str, exc.diagnostics))) from None
-            if wf.name in found and found[wf.name][1] != f:
-                raise UsageError(f"--workflows: {found[wf.name][1]} and {f} are both "
-                                 f"workflow {wf.name!r}; a name must be unique")
-            found[wf.name] = (wf, f)
-    return {name: wf for name, (wf, _) in found.items()}
-
-
-def redact(url: str) -> str:
-    """``url`` without its password."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    netloc = f"{parts.username}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 class Server:
@@ -181,6 +146,12 @@ class Server:
         return self.store
 
     @property
+    def records_only(self) -> bool:
+        """``--workers 0``: starts, decisions and resumes are recorded (the run PENDING)
+        for workers to execute."""
+        return self.options.workers == 0
+
+    @property
     def runs(self) -> Pool:
         assert self.pool is not None, "the server has not started"
         return self.pool
@@ -192,8 +163,11 @@ class Server:
                                  self.store, self.hub, self.lock,
                                  attempts=self.options.notify_attempts,
                                  backoff=self.options.notify_backoff)
-        if self.options.take_over:
-            await self.pool.take_over(self.resumer)
+        if self.options.take_over and self.records_only:
+            log.info("--workers 0: this server executes no run; `interlock worker` "
+                     "processes on its store do")
+        elif self.options.take_over:
+            await self.pool.take_over(self.store, self.resumer)
         if self.options.notify:
             self._watcher = asyncio.get_running_loop().create_task(
                 self.notifier.watch(self.options.notify_scan))
@@ -235,6 +209,10 @@ class Server:
                 first.append(rec["seq"])
             base(rec, view)
 
+        if self.records_only:  # recorded here and now, executed by a worker
+            await call(listen)
+            self.hub.changed(run_id)
+            return
         task = self.runs.submit(what, run_id, lambda: call(listen))
         await self.runs.accepted(run_id, task, first)
 
@@ -440,6 +418,11 @@ def _routes(app: FastAPI) -> None:  # noqa: C901 - one closure per endpoint
                     who: Operator) -> dict[str, Any]:
         wf = _workflow(server, name)
         try:
+            if server.records_only:
+                pending = await wf.submit(body.input, store=server.st, run_id=body.run_id,
+                                          config=body.config or None)
+                server.hub.changed(pending.run_id)
+                return pending.to_json()
             started = await wf.start(body.input, store=server.st, run_id=body.run_id,
                                      config=body.config or None)
         except RunExists:
@@ -528,7 +511,8 @@ def _routes(app: FastAPI) -> None:  # noqa: C901 - one closure per endpoint
                     f"decision on run {run_id}", run_id, row.workflow,
                     lambda listen: interlock.resume(
                         run_id, decision, store=server.st,
-                        workflow=server.workflows.get(row.workflow), listener=listen))
+                        workflow=server.workflows.get(row.workflow), listener=listen,
+                        detach=server.records_only))
             except UsageError as exc:
                 status = (await server.st.get_run(run_id)).summary.status
                 if status != "WAITING_APPROVAL":
@@ -546,7 +530,8 @@ def _routes(app: FastAPI) -> None:  # noqa: C901 - one closure per endpoint
                 f"resume of run {run_id}", run_id, row.workflow,
                 lambda listen: interlock.resume(
                     run_id, store=server.st, config=config,
-                    workflow=server.workflows.get(row.workflow), listener=listen))
+                    workflow=server.workflows.get(row.workflow), listener=listen,
+                    detach=server.records_only))
         return await server.run_object(run_id)
 
     @app.post("/api/runs/{run_id}/cancel", response_model=RunObject)

@@ -44,8 +44,9 @@ def serve(options: ServerOptions, *, host: str = "127.0.0.1", port: int = 8765,
                          "without --auth: anyone who can reach it could start and decide "
                          "runs; give --auth FILE (tokens by SHA-256 digest), or serve on "
                          "127.0.0.1")
-    if options.workers < 1:
-        raise UsageError(f"--workers must be at least 1, got {options.workers}")
+    if options.workers < 0:
+        raise UsageError(f"--workers must be 0 (record runs for `interlock worker`) or "
+                         f"more, got {options.workers}")
     app = create_app(options)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on",
                             timeout_graceful_shutdown=max(int(options.drain), 1))

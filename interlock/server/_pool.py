@@ -1,4 +1,5 @@
-"""Runs executing in the server: a bounded pool, takeover on start, drain on stop.
+"""Runs executing in the server: the engine's bounded pool (`interlock.support.Pool`:
+slots, takeover on start, drain on stop), told to this server's event streams.
 
 Every execution (a run started through the API, a run continued after a decision or a
 resume, a run taken over) is a task that waits for one of ``workers`` slots, then
@@ -10,81 +11,23 @@ whichever started it.
 from __future__ import annotations
 
 import asyncio
-import logging
-import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
-import interlock
-from interlock import InterlockError, Store
-from interlock.support import owner_gone
+from interlock import Store
+from interlock.support import Draining
+from interlock.support import Pool as EnginePool
 
 from ._hub import Hub
 
-log = logging.getLogger("interlock.server")
-
-Factory = Callable[[], Awaitable[Any]]
-
-# statuses of a run that was executing when its process stopped
-INTERRUPTED = ("RUNNING", "RETRYING", "PENDING")
+__all__ = ["Draining", "Pool"]
 
 
-class Draining(InterlockError):
-    """The server is shutting down: no new execution starts."""
-
-
-class Pool:
+class Pool(EnginePool):
     def __init__(self, store: Store, hub: Hub, workers: int) -> None:
+        # a stream waiting on our commits polls again when an execution ends
+        super().__init__(workers, on_end=hub.changed)
         self.store, self.hub = store, hub
         self.workers = workers
-        self._slots = asyncio.Semaphore(workers)
-        self._tasks: set[asyncio.Task[Any]] = set()
-        self.stopping = False
-        self.running = 0  # executions holding a slot
-        self._runs: dict[str, int] = {}  # run id -> executions of it submitted, not ended
-
-    def executing(self, run_id: str) -> bool:
-        """Whether this server executes the run (or will: it waits for a slot), so every
-        commit of its records comes through this server's store."""
-        return run_id in self._runs
-
-    def submit(self, what: str, run_id: str, factory: Factory) -> asyncio.Task[Any]:
-        """Execute ``factory()`` when a slot is free; the task's result is the run's."""
-        if self.stopping:
-            raise Draining("the server is shutting down; try again on its next start")
-        self._runs[run_id] = self._runs.get(run_id, 0) + 1
-
-        async def execute() -> Any:
-            try:
-                async with self._slots:
-                    if self.stopping:
-                        raise Draining("the server is shutting down; the run was not "
-                                       "executed")
-                    self.running += 1
-                    try:
-                        return await factory()
-                    finally:
-                        self.running -= 1
-            finally:
-                left = self._runs.pop(run_id) - 1
-                if left:
-                    self._runs[run_id] = left
-                self.hub.changed(run_id)  # a stream waiting on our commits polls again
-
-        task = asyncio.get_running_loop().create_task(execute(), name=what)
-        self._tasks.add(task)
-        task.add_done_callback(self._done)
-        return task
-
-    def _done(self, task: asyncio.Task[Any]) -> None:
-        self._tasks.discard(task)
-        if task.cancelled():
-            return
-        exc = task.exception()  # retrieved here, whoever else awaits it
-        if isinstance(exc, InterlockError):
-            log.info("%s: %s", task.get_name(), exc)
-        elif exc is not None:
-            log.error("%s failed", task.get_name(), exc_info=exc)
 
     async def accepted(self, run_id: str, task: asyncio.Task[Any], first: list[int]) -> None:
         """Wait until ``task`` has committed its first record (``first``: its seq, once
@@ -100,37 +43,3 @@ class Pool:
             finally:
                 change.cancel()
         task.result()
-
-    async def take_over(self, resume: Callable[[str], Factory]) -> list[str]:
-        """Continue the runs whose executing process is gone (or whose lease ran out),
-        and the runs created but never executed; the ids taken over."""
-        now = time.time()
-        taken = []
-        for status in INTERRUPTED:
-            for row in await interlock.list_runs(store=self.store, status=status,
-                                                 limit=100_000):
-                if row.owner is None or owner_gone(row.owner) or \
-                        (row.lease_until or 0.0) < now:
-                    self.submit(f"take over run {row.run_id}", row.run_id,
-                                resume(row.run_id))
-                    taken.append(row.run_id)
-        if taken:
-            log.warning("taking over %d run(s) whose executor is gone: %s", len(taken),
-                        ", ".join(taken))
-        return taken
-
-    async def drain(self, timeout: float) -> None:
-        """Start nothing more; give the executions ``timeout`` seconds to end, then cancel
-        them (each records its nodes in flight as stopped and releases its claim: the
-        next start takes them over)."""
-        self.stopping = True
-        tasks = set(self._tasks)
-        if not tasks:
-            return
-        _, pending = await asyncio.wait(tasks, timeout=timeout)
-        for task in pending:
-            task.cancel()
-        if pending:
-            log.warning("stopped %d execution(s) still running after %.0fs; their runs are "
-                        "continued on the next start", len(pending), timeout)
-            await asyncio.gather(*pending, return_exceptions=True)
