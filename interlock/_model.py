@@ -274,6 +274,14 @@ class NodeSpec(Extensible):
                              "an approval or agent node has no function to pass them to")
         return self
 
+    def on_executor(self, executor: Literal["local", "ray"]) -> NodeSpec:
+        """This node with its body run by ``executor`` (a worker's ``--executor``): a
+        call node that names no executor and no isolation of its own; others as they
+        are."""
+        if self.call is None or self.executor is not None or self.isolation is not None:
+            return self
+        return self.model_copy(update={"executor": executor})
+
     @property
     def kind(self) -> Literal["call", "approval", "agent", "workflow"]:
         if self.approval is not None:

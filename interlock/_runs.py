@@ -16,7 +16,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from . import _log as L
 from . import _records as R
@@ -635,7 +635,8 @@ def check_tail(row: RunRow, entries: list[L.Entry], start: int, start_hash: str)
 
 
 async def load_run(store: Store, run_id: str, *, workflow: Functions | None = None,
-                   executable: bool = False, upto: int | None = None) -> Loaded:
+                   executable: bool = False, upto: int | None = None,
+                   executor: Literal["local", "ray"] | None = None) -> Loaded:
     """Read a run, check its chain, rebuild its workflow from the stored definition and fold.
 
     ``executable`` resolves the node functions (needed to continue the run); reading
@@ -655,6 +656,9 @@ async def load_run(store: Store, run_id: str, *, workflow: Functions | None = No
     notes = [f"its log is keyed (key id {row.options.get('key_id')}) and {L.LOG_KEY_ENV} is "
              "not set: its hashes were not checked"] if keyed and key is None else []
     spec = parse(row.definition)
+    if executor is not None:  # where this process runs the bodies (a worker's --executor)
+        spec = spec.model_copy(update={"nodes": {
+            name: ns.on_executor(executor) for name, ns in spec.nodes.items()}})
     plan = compile_spec(spec, workflow.callables if workflow is not None else {})[0] \
         if executable else reading_plan(spec)
     view, start, start_hash = None, 0, L.GENESIS
@@ -775,7 +779,8 @@ async def resume(run_id: str, decision: Decision | None = None, *,
 async def continue_claimed(store: Store, run_id: str, owner: str, *,
                            workflow: Functions | None = None,
                            listener: Listener | None = None, lease: float = LEASE_SECONDS,
-                           stop: Stop | None = None) -> RunResult:
+                           stop: Stop | None = None,
+                           executor: Literal["local", "ray"] | None = None) -> RunResult:
     """Execute a run ``owner`` has claimed (`Store.claim_next`: a worker's), from its log:
     a detached run's first nodes, a decided run's continuation, an abandoned run's
     interrupted visits, a waiting run's gate past its deadline (decided by the engine,
@@ -783,7 +788,8 @@ async def continue_claimed(store: Store, run_id: str, owner: str, *,
     Released at the end, also when it cannot be executed (a broken log, a workflow whose
     code does not import, nothing to do): that error is raised."""
     try:
-        loaded = await load_run(store, run_id, workflow=workflow, executable=True)
+        loaded = await load_run(store, run_id, workflow=workflow, executable=True,
+                                executor=executor)
         writer = loaded.writer()
     except BaseException:
         await store.release(run_id, owner)
@@ -803,7 +809,8 @@ async def continue_claimed(store: Store, run_id: str, owner: str, *,
     spans, listener = await _traced(store, run_id, loaded.row.workflow, listener)
     try:
         result = await drive(loaded.plan, store, run_id, view, writer,
-                             first=[(L.RUN_RESUMED, {"by": None, "worker": owner}), *first],
+                             first=[(L.RUN_RESUMED, {"by": None, "worker": owner,
+                                                     "executor": executor}), *first],
                              listener=listener, owner=owner, lease=lease, stop=stop)
     finally:
         if spans is not None:

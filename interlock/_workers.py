@@ -23,12 +23,13 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 from ._errors import InterlockError
 from ._fold import RunResult
 from ._runs import LEASE_SECONDS, Functions, continue_claimed, list_runs, make_owner
 from ._store import RunNotFound, Store, StoreError, owner_gone
+from ._triggers import Firer
 
 log = logging.getLogger("interlock.worker")
 
@@ -150,16 +151,19 @@ class Worker:
     workflow names, given their functions (a loaded file or a builder's `Workflow`);
     None: any run, from its stored definition. ``poll``: seconds between looks for work
     while idle (a slot that frees looks at once). ``lease``: each claim's lease, renewed
-    every third of it."""
+    every third of it. ``executor``: ``"ray"`` runs the body of every call node that
+    names no executor or isolation of its own as a Ray task (``--executor ray``)."""
 
     def __init__(self, store: Store, *, concurrency: int = 1,
                  workflows: Mapping[str, Functions] | None = None,
                  poll: float = POLL_SECONDS, lease: float = LEASE_SECONDS,
-                 drain: float = DRAIN_SECONDS) -> None:
+                 drain: float = DRAIN_SECONDS,
+                 executor: Literal["local", "ray"] | None = None) -> None:
         if concurrency < 1:
             raise ValueError("a worker executes at least one run at a time")
         self.store, self.workflows = store, workflows
         self.concurrency, self.poll, self.lease, self.drain = concurrency, poll, lease, drain
+        self.executor = executor  # where the bodies run: ray for every call node without one
         self._wake = asyncio.Event()  # a slot freed, or stop
         self._stop = asyncio.Event()  # the runs in hand stop at their next node boundary
         self.pool = Pool(concurrency, on_end=lambda _: self._wake.set(),
@@ -176,10 +180,29 @@ class Worker:
     def stopping(self) -> bool:
         return self._stop.is_set()
 
+    def firer(self) -> Firer | None:
+        """What fires the ``triggers:`` of the workflows given (loaded files: they have a
+        spec and `submit`): each due slot is recorded PENDING, and this worker (or
+        another) claims it."""
+        given: dict[str, Any] = {name: wf for name, wf in (self.workflows or {}).items()
+                                 if getattr(getattr(wf, "spec", None), "triggers", None)}
+        if not given:
+            return None
+
+        async def start(workflow: str, run_id: str, data: dict[str, Any]) -> Any:
+            pending = await given[workflow].submit(data, store=self.store, run_id=run_id)
+            self._wake.set()  # claim it now
+            return pending
+
+        return Firer({name: wf.spec for name, wf in given.items()}, start)
+
     async def run(self) -> None:
-        """Claim and execute until `stop`, then drain (at most ``drain`` seconds)."""
+        """Claim and execute until `stop`, then drain (at most ``drain`` seconds); fire
+        the given workflows' triggers meanwhile."""
         names = None if self.workflows is None else set(self.workflows)
         failures = 0  # the store's errors in a row: each doubles the wait, up to a minute
+        firer = self.firer()
+        firing = asyncio.ensure_future(firer.run(self._stop)) if firer is not None else None
         try:
             while not self.stopping:
                 self._wake.clear()
@@ -198,6 +221,10 @@ class Worker:
                     break
                 await self._idle()
         finally:
+            if firing is not None:
+                firing.cancel()  # between two ticks, or in a run's creation (atomic)
+                with contextlib.suppress(asyncio.CancelledError):
+                    await firing
             await self.pool.drain(self.drain)
 
     async def _idle(self) -> None:
@@ -231,7 +258,8 @@ class Worker:
         functions = None if self.workflows is None else self.workflows.get(row.workflow)
         try:
             result = await continue_claimed(self.store, run_id, owner, workflow=functions,
-                                            lease=self.lease, stop=self._stop)
+                                            lease=self.lease, stop=self._stop,
+                                            executor=self.executor)
         except asyncio.CancelledError:
             log.info("run %s (workflow %s): stopped with its nodes in flight (the worker "
                      "was stopping); released, continued by the next worker", run_id,

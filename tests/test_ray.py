@@ -213,6 +213,53 @@ def test_ctx_once_on_ray_is_refused_with_a_message(project: CliProject) -> None:
     assert "runs on Ray (executor: ray), where ctx.once cannot reach" in result.error["message"]
 
 
+
+def test_a_worker_with_executor_ray_runs_every_call_node_on_ray(project: CliProject) -> None:
+    """`interlock worker --executor ray`: the bodies of the nodes that name no executor
+    run on the cluster (at RAY_ADDRESS: the tests' Ray), the run's log says so."""
+    import signal
+    import subprocess
+    import sys
+
+    name = project.workflow("""
+    workflow: plain
+    input: [n]
+    nodes:
+      where: {mod}:where
+    edges:
+      - {from: START, to: where}
+    """, "plain.yaml")
+    wf = interlock.load(name)
+    rid = wf.submit_sync({"n": 1}, store=project.store).run_id
+    address = ray.get_runtime_context().gcs_address
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "interlock", "worker", "--store", project.store, "--poll",
+         "0.05", "--executor", "ray"], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
+        text=True, env={**os.environ, "RAY_ADDRESS": address, "PYTHONPATH": os.getcwd()})
+    try:
+        deadline = time.monotonic() + 120
+        while _status(rid, project.store) != "COMPLETED":
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            assert time.monotonic() < deadline, "the worker did not complete the run"
+            time.sleep(0.1)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "node bodies on Ray" in err
+    records = project.records(rid)
+    resumed = next(r for r in records if r["type"] == "run.resumed")
+    assert resumed["executor"] == "ray" and resumed["worker"]
+    done = next(r for r in records if r["type"] == "node.completed")
+    assert done["update"]["pid"] not in (os.getpid(), proc.pid)  # a Ray worker's
+
+
+def _status(run_id: str, store: str) -> str:
+    import asyncio
+
+    return asyncio.run(interlock.status(run_id, store=store)).status
+
+
 @pytest.mark.parametrize(("node", "expected"), [
     ("{approval: {show: [n]}, executor: ray}",
      "executor: ray runs a call node's function as a Ray task"),

@@ -506,6 +506,64 @@ def test_a_server_with_no_workers_records_and_a_worker_executes(project: Path,
         assert server.stop() in (0, -signal.SIGTERM)
 
 
+
+TICKING = """
+workflow: ticking
+input: [n]
+nodes:
+  first: wknodes:first
+  last: wknodes:last
+edges:
+  - {from: START, to: first}
+  - {from: first, to: last}
+triggers:
+  - {every: 1s, input: {n: 1}, id: tick}
+"""
+
+
+def _tick_runs(store: str) -> list[interlock.RunResult]:
+    rows = asyncio.run(interlock.list_runs(store=store, workflow="ticking"))
+    return [run_status(store, r.run_id) for r in rows]
+
+
+def test_workers_fire_a_trigger_once_per_slot_and_execute_its_runs(project: Path,
+                                                                    workers: Any) -> None:
+    """Two `interlock worker` processes given a workflow with an every-second trigger:
+    each slot starts one run (the slot's id), which one of them executes."""
+    (project / "flows" / "ticking.yaml").write_text(textwrap.dedent(TICKING))
+    store = f"sqlite:///{project / 'runs.db'}"
+    a = workers(store, "--workflows", "flows/ticking.yaml")
+    b = workers(store, "--workflows", "flows/ticking.yaml")
+    wait_until(lambda: sum(r.status == "COMPLETED" for r in _tick_runs(store)) >= 3)
+    assert a.stop() == 0 and b.stop() == 0
+    runs = _tick_runs(store)
+    assert all(r.run_id.startswith("ticking.trigger-tick.") for r in runs)
+    stamps = sorted(r.run_id.rsplit(".", 1)[1] for r in runs)
+    assert len(stamps) == len(set(stamps))  # one run per second, never two
+    done = [r for r in runs if r.status == "COMPLETED"]
+    assert {r.state["n"] for r in done} == {4}  # 1, then first (+1) and last (x2)
+    # each completed run's nodes ran once, by whichever worker claimed it
+    counts = executions(project)
+    assert all(counts[(r.run_id, "first")] == 1 for r in done)
+
+
+def test_a_server_fires_its_workflows_triggers(project: Path) -> None:
+    pytest.importorskip("fastapi")
+    from test_server import Served
+
+    (project / "flows" / "ticking.yaml").write_text(textwrap.dedent(TICKING))
+    store = f"sqlite:///{project / 'runs.db'}"
+    server = Served(project, store=store)
+    try:
+        wait_until(lambda: sum(r.status == "COMPLETED" for r in _tick_runs(store)) >= 2)
+        out = cli(project, "triggers", "flows/ticking.yaml", "--store", store)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.startswith("tick  every 1s, input {\"n\": 1}: next ")
+        assert "last run ticking.trigger-tick." in out.stdout
+    finally:
+        assert server.stop() in (0, -signal.SIGTERM)
+
+
 # -- errors for people -------------------------------------------------------------------------
 
 

@@ -32,8 +32,12 @@ if TYPE_CHECKING:
 @click.option("--drain", type=click.FloatRange(min=0), default=30.0, show_default=True,
               help="On SIGTERM or Ctrl-C, seconds to let the nodes running finish before "
                    "stopping them.")
+@click.option("--executor", type=click.Choice(["local", "ray"]), default="local",
+              show_default=True,
+              help="Where node bodies run: in this process, or as Ray tasks on the cluster "
+                   "at RAY_ADDRESS (every call node that names no executor or isolation).")
 def worker(store_url: str | None, concurrency: int, workflows: tuple[str, ...], poll: float,
-           lease: float, drain: float) -> None:
+           lease: float, drain: float, executor: str) -> None:
     """Claim runnable runs -- detached (`run --detach`), decided or resumed for a worker
     (`resume --detach`, `serve --workers 0`), abandoned by a process that died (its
     lease ran out), or waiting at a gate whose timeout passed -- and execute them, each
@@ -54,9 +58,16 @@ def worker(store_url: str | None, concurrency: int, workflows: tuple[str, ...], 
     if known is not None and not known:
         raise CliError(f"--workflows {' '.join(workflows)}: no workflow files there "
                        "(*.yaml, *.yml, *.json); this worker would take no run")
+    if executor == "ray":
+        import importlib.util
+
+        if importlib.util.find_spec("ray") is None:
+            raise CliError("--executor ray runs node bodies on Ray, which is not installed "
+                           "here: pip install 'interlock[ray]'")
     _log_lines()
     try:
-        asyncio.run(_work(store_url, concurrency, known, poll, lease, drain))
+        asyncio.run(_work(store_url, concurrency, known, poll, lease, drain,
+                          None if executor == "local" else "ray"))
     except (UsageError, StoreError) as exc:
         raise CliError(str(exc)) from None
     finally:
@@ -64,7 +75,7 @@ def worker(store_url: str | None, concurrency: int, workflows: tuple[str, ...], 
 
 
 async def _work(store_url: str | None, concurrency: int, known: dict[str, Any] | None,
-                poll: float, lease: float, drain: float) -> None:
+                poll: float, lease: float, drain: float, executor: Any) -> None:
     import asyncio
 
     from .. import open_store
@@ -74,14 +85,15 @@ async def _work(store_url: str | None, concurrency: int, known: dict[str, Any] |
     try:
         await _check_store(st)
         w = Worker(st, concurrency=concurrency, workflows=known, poll=poll, lease=lease,
-                   drain=drain)
+                   drain=drain, executor=executor)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, _stopper(w, sig))
         took = "any workflow" if known is None else "workflows " + ", ".join(sorted(known))
         log = logging.getLogger("interlock.worker")
-        log.info("worker started: store %s, %d at a time, %s; looking for work every %gs",
-                 redact(st.url), concurrency, took, poll)
+        where = "; node bodies on Ray" if executor == "ray" else ""
+        log.info("worker started: store %s, %d at a time, %s; looking for work every "
+                 "%gs%s", redact(st.url), concurrency, took, poll, where)
         try:
             await w.run()
         finally:

@@ -30,6 +30,7 @@ from interlock import (
 from interlock.support import (
     METRICS_CONTENT_TYPE,
     TERMINAL_TYPES,
+    Firer,
     Metrics,
     RunRow,
     RunView,
@@ -124,6 +125,7 @@ class Server:
         self.pool: Pool | None = None
         self.notifier: Notifier | None = None
         self._watcher: asyncio.Task[None] | None = None
+        self._firing: asyncio.Task[None] | None = None  # the triggers' firer
         self.metrics = Metrics()  # the runs it executes observed; the store's read per scrape
         self._locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}
 
@@ -171,9 +173,29 @@ class Server:
         if self.options.notify:
             self._watcher = asyncio.get_running_loop().create_task(
                 self.notifier.watch(self.options.notify_scan))
+        timed = {name: wf.spec for name, wf in self.workflows.items() if wf.spec.triggers}
+        if timed:  # the registered workflows' triggers: fired here (see `fire`)
+            self._firing = asyncio.get_running_loop().create_task(
+                Firer(timed, self.fire).run(self.hub.stopping))
+
+    async def fire(self, workflow: str, run_id: str, data: dict[str, Any]) -> None:
+        """Start a trigger's run as an API start does: executed here, or recorded PENDING
+        with ``--workers 0``; `RunExists` when the slot was fired already."""
+        wf = self.workflows[workflow]
+        if self.records_only:
+            await wf.submit(data, store=self.st, run_id=run_id)
+            self.hub.changed(run_id)
+            return
+        started = await wf.start(data, store=self.st, run_id=run_id)
+        listener = self.listener(workflow, run_id)
+        self.runs.submit(f"run {run_id}", run_id, lambda: started.execute(listener=listener))
 
     async def stop(self) -> None:
         self.hub.stopping.set()
+        if self._firing is not None:
+            self._firing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._firing
         if self._watcher is not None:
             self._watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
