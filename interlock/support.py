@@ -21,13 +21,15 @@ Stored runs
     checks, fed a page of entries at a time), `owner_gone` (whether a run's executing
     process is gone), `TERMINAL_TYPES` (the record types that end a run, with the
     status each gives), `append_note` (a record that changes nothing -- a server's
-    ``notify.sent`` -- appended under the run's claim).
+    ``notify.sent`` -- appended under the run's claim), `node_visits` (each node visit's
+    input, update, tokens, duration and error, from the fold).
 
 Executing (for a server)
     `Started` (`interlock.Workflow.start`: a run created, executed later by
     `Started.execute`), `approvers_refuse` (why a decider, with the roles a tool vouches
     for, may not decide a gate; ``interlock.Decision(roles=...)`` carries them to the
-    engine, which checks the same).
+    engine, which checks the same), `patch_schema` (a JSON Schema of the modify patches
+    a run's gate accepts, for a client to check one before sending it).
 
 Threads
     `abandoned_threads` (how many threads of sync nodes that timed out are still
@@ -63,7 +65,7 @@ from typing import Any
 
 from . import _guards
 from . import _limits as limits
-from ._approvals import approvers_refuse
+from ._approvals import approvers_refuse, patch_schema
 from ._bounds import read_at_most, too_big, too_deep, too_deep_at
 from ._coverage import workflows_in
 from ._export import export as export_run
@@ -80,6 +82,7 @@ from ._runs import TRACE_PAGE, LogCheck, append_note, load_run, trace_pages
 from ._spec import load_spec
 from ._spec import parse as parse_definition
 from ._store import RunRow, Summary, owner_gone
+from ._visits import node_visits
 from ._workflow import Started
 
 
@@ -121,9 +124,11 @@ __all__ = [
     "limits",
     "load_run",
     "load_spec",
+    "node_visits",
     "owner_gone",
     "parse_definition",
     "parse_duration",
+    "patch_schema",
     "prune_runs",
     "read_at_most",
     "run_json",

@@ -39,7 +39,7 @@ LAYERS: dict[int, set[str]] = {
     # the scheduler and its edge decisions, and the wiring of the shipped node kinds
     7: {"_runner", "_decide", "_compile"},
     # stored runs: drive, resume, status, trace, verify, fork, cancel; their coverage
-    8: {"_runs", "_coverage", "_export", "_prune", "_metrics"},
+    8: {"_runs", "_coverage", "_export", "_prune", "_metrics", "_visits"},
     # the façade: builder and loaded file
     9: {"_workflow"},
     # the public surface and the command line
@@ -47,7 +47,7 @@ LAYERS: dict[int, set[str]] = {
          "cli._progress", "cli._run", "cli._trace", "cli._coverage", "cli._prune",
          "cli._serve", "cli._remote",
          "server", "server._app", "server._auth", "server._hub", "server._main",
-         "server._models", "server._notify", "server._pool"},
+         "server._models", "server._notify", "server._pool", "server._dashboard"},
 }
 LAYER_OF = {m: n for n, mods in LAYERS.items() for m in mods}
 
