@@ -26,13 +26,20 @@ _STATUS = {L.NODE_STARTED: "running", L.NODE_COMPLETED: "completed", L.NODE_FAIL
            L.APPROVAL_DECIDED: "decided"}
 
 
-def _input(spec: WorkflowSpec, node: str, state: dict[str, Any]) -> dict[str, Any]:
+def _input(spec: WorkflowSpec, rec: L.Record, view: RunView) -> dict[str, Any]:
+    node, state = rec["node"], view.state
     ns = spec.nodes[node]
     if ns.approval is not None:
         fields: list[str] | None = list(ns.approval.show)
     else:
         fields = list(ns.reads) if ns.reads is not None else None
-    picked = state if fields is None else {k: state[k] for k in fields if k in state}
+    picked = dict(state) if fields is None else {k: state[k] for k in fields if k in state}
+    item, visit = rec.get("item"), rec.get("visit")
+    mapped = view.maps.get((node, visit)) if isinstance(visit, int) else None
+    if mapped is not None and isinstance(item, int) and 0 <= item < len(mapped.items):
+        # a mapped item's visit also gets its item, under the map edge's ``as``
+        edge = next((e for e in spec.edges if e.map and node in (e.to or ())), None)
+        picked[edge.item_name if edge is not None else "item"] = mapped.items[item]
     return copy.deepcopy(picked)  # a reducer may change the state's values in place later
 
 
@@ -55,7 +62,7 @@ async def node_visits(run_id: str, *, store: str | Store | None = None
                 status = _STATUS.get(rec["type"])
                 node = rec.get("node")
                 if status is not None and isinstance(node, str) and node in spec.nodes:
-                    _visit(spec, visits, rec, status, view.state)
+                    _visit(spec, visits, rec, status, view)
                 view.apply(rec)
         return list(visits.values())
     finally:
@@ -64,14 +71,14 @@ async def node_visits(run_id: str, *, store: str | Store | None = None
 
 
 def _visit(spec: WorkflowSpec, visits: dict[tuple[str, Any, Any], dict[str, Any]],
-           rec: L.Record, status: str, state: dict[str, Any]) -> None:
+           rec: L.Record, status: str, view: RunView) -> None:
     node = rec["node"]
     key = (node, rec.get("visit"), rec.get("item"))
     v = visits.get(key)
     if v is None:
         v = visits[key] = {
             "node": node, "visit": rec.get("visit"), "item": rec.get("item"),
-            "status": status, "input": _input(spec, node, state), "update": None,
+            "status": status, "input": _input(spec, rec, view), "update": None,
             "error": None, "tokens": 0, "duration_ms": None, "attempts": 0,
             "decision": None, "seqs": []}
     v["seqs"].append(rec["seq"])

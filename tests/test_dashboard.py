@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_server import GATED, NODES, SLOW, TOKENS, Served
+from test_server import GATED, NODES, SLOW, TOKENS, Served, wait_status
 
 pytest.importorskip("fastapi")
 sync_api = pytest.importorskip("playwright.sync_api",
@@ -43,6 +43,12 @@ EDITABLE = GATED.replace("workflow: gated",
                          "workflow: editable\nstate:\n  events: {reducer: append}") \
     .replace(', approvers: [alice, "role:admin"]', "")
 
+# a gate that asks for data with an approval (SPEC §7 approval input:)
+ASKS = GATED.replace("workflow: gated", "workflow: asks").replace(
+    ', approvers: [alice, "role:admin"], on_modify: [first]',
+    ", input: {type: object, required: [ticket], additionalProperties: false, "
+    "properties: {ticket: {type: string, minLength: 3}}}")
+
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -54,6 +60,7 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     shutil.copy(REPO / "examples" / "incident" / "workflow.yaml", flows / "incident.yaml")
     (flows / "editable.yaml").write_text(textwrap.dedent(EDITABLE))
     (flows / "slow.yaml").write_text(textwrap.dedent(SLOW))
+    (flows / "asks.yaml").write_text(textwrap.dedent(ASKS))
     auth = {"tokens": [{"name": n, "sha256": hashlib.sha256(t.encode()).hexdigest(),
                         "roles": r} for n, (t, r) in TOKENS.items()]}
     (root / "auth.yaml").write_text(json.dumps(auth))
@@ -196,27 +203,38 @@ def test_reject_from_the_inbox(server: Served, context: Any) -> None:
     assert status_of(server, "rej-1") == "REJECTED"
 
 
-def test_modify_is_checked_in_the_page_before_it_is_sent(server: Served,
-                                                          context: Any) -> None:
-    start(server, "editable", {"n": 1}, "mod-1")
-    waiting(server, "mod-1")
+def refused_in_the_page(server: Served, context: Any, workflow: str, run_id: str,
+                        field: str, decision: str, cases: list[tuple[str, str]]) -> Any:
+    """Start a run to its gate, open the inbox, and fill ``field`` with each text of
+    ``cases`` and press ``decision``: each is refused in the page with what it says, and
+    nothing is sent. Returns (the card, the field, the button, the decisions sent)."""
+    start(server, workflow, {"n": 1}, run_id)
+    waiting(server, run_id)
     page = context.new_page()
     sent: list[str] = []
     page.on("request", lambda r: sent.append(r.url) if "/decisions" in r.url else None)
-    page.goto(server.url + "/approvals?run_id=mod-1")
-    card = page.locator('article.gate[data-run="mod-1"]')
-    patch = card.locator("textarea.patch")
-    modify = card.locator('button[data-decision="modify"]')
+    page.goto(server.url + f"/approvals?run_id={run_id}")
+    card = page.locator(f'article.gate[data-run="{run_id}"]')
+    box = card.locator(f"textarea.{field}")
+    button = card.locator(f'button[data-decision="{decision}"]')
     problem = card.locator('.problem[data-status="local"]')
-    for text, says in [('{"frist": 5}', "'frist' is not a field this accepts"),
-                       ('{"events": "x"}', "expected array or null"),
-                       ("{}", "at least 1 field"),
-                       ("{first: 5", "not valid JSON")]:
-        patch.fill(text)
-        modify.click()
+    for text, says in cases:
+        box.fill(text)
+        button.click()
         expect(problem).to_contain_text(says)
     assert sent == []  # none of them left the page
-    assert status_of(server, "mod-1") == "WAITING_APPROVAL"
+    assert status_of(server, run_id) == "WAITING_APPROVAL"
+    return card, box, button, sent
+
+
+def test_modify_is_checked_in_the_page_before_it_is_sent(server: Served,
+                                                          context: Any) -> None:
+    card, patch, modify, sent = refused_in_the_page(
+        server, context, "editable", "mod-1", "patch", "modify",
+        [('{"frist": 5}', "'frist' is not a field this accepts"),
+         ('{"events": "x"}', "expected array or null"),
+         ("{}", "at least 1 field"),
+         ("{first: 5", "not valid JSON")])
     patch.fill('{"first": 41}')
     modify.click()
     expect(card.locator(".result")).to_contain_text("modify recorded")
@@ -225,6 +243,22 @@ def test_modify_is_checked_in_the_page_before_it_is_sent(server: Served,
         records = c.get("/api/runs/mod-1/records").json()
     patched = [r for r in records if r["type"] == "state.patched"]
     assert patched and patched[0]["patch"] == {"first": 41}
+
+
+def test_an_approvals_data_is_checked_against_its_input_schema(server: Served,
+                                                                context: Any) -> None:
+    card, data, approve, _ = refused_in_the_page(
+        server, context, "asks", "ask-1", "data", "approve",
+        [("", "this gate asks for data"),
+         ('{"ticket": "x"}', "at least 3 character"),
+         ('{"tikcet": "INC-1"}', "'ticket' is required"),
+         ('{"ticket": 7}', "expected string")])
+    data.fill('{"ticket": "INC-42"}')
+    approve.click()
+    expect(card.locator(".result")).to_contain_text("approve recorded")
+    with server.client() as c:
+        run = wait_status(c, "ask-1", "COMPLETED")
+    assert run["state"]["gate"]["data"] == {"ticket": "INC-42"}
 
 
 def test_the_servers_refusal_is_shown(server: Served, context: Any) -> None:

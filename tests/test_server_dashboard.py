@@ -135,6 +135,31 @@ def test_a_visits_input_is_what_it_reads_as_the_fold_has_it(tmp_path: Any) -> No
     assert visits["c"]["input"] == {"log": ["a", "b"], "x": 1}
 
 
+def test_a_mapped_items_input_has_its_item(tmp_path: Any, monkeypatch: Any) -> None:
+    import asyncio
+
+    (tmp_path / "mnodes.py").write_text("def f(state):\n    return {'out': {state['s']: 1}}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "m.yaml").write_text(
+        "workflow: m\ninput: [xs]\nstate:\n  out: {reducer: merge}\n"
+        "nodes:\n  f: {call: mnodes:f, reads: [xs, s], writes: [out]}\n"
+        "edges:\n  - {from: START, map: xs, to: f, as: s}\n  - {from: f, to: END}\n")
+    from interlock.support import node_visits
+
+    store = f"sqlite:///{tmp_path / 'm.db'}"
+
+    async def go() -> list[dict[str, Any]]:
+        wf = interlock.load(tmp_path / "m.yaml")
+        assert (await wf.run({"xs": ["a", "b"]}, store=store, run_id="m1")).status == \
+            "COMPLETED"
+        return await node_visits("m1", store=store)
+
+    items = {v["item"]: v for v in asyncio.run(go()) if v["item"] is not None}
+    assert items[0]["input"] == {"xs": ["a", "b"], "s": "a"}
+    assert items[1]["input"] == {"xs": ["a", "b"], "s": "b"}
+    assert items[1]["update"] == {"out": {"b": 1}}
+
+
 SPEC = parse_definition({
     "workflow": "p", "input": ["n"],
     "state": {"log": {"reducer": "append"}, "bag": {"reducer": "merge"},

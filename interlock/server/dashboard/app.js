@@ -43,6 +43,10 @@ const when = (t) => {
   const d = typeof t === "number" ? new Date(t * 1000) : new Date(t);
   return Number.isNaN(d.getTime()) ? String(t) : d.toLocaleString();
 };
+const clock = (t) => {
+  const d = typeof t === "number" ? new Date(t * 1000) : new Date(t);
+  return Number.isNaN(d.getTime()) ? String(t ?? "") : d.toLocaleTimeString(undefined, { hour12: false, fractionalSecondDigits: 3 });
+};
 const badge = (status) => h("span", { class: `badge status-${String(status).toLowerCase()}`, "data-status": status }, status);
 const link = (href, text, attrs = {}) => h("a", { href, "data-link": true, ...attrs }, text);
 const runHref = (id) => `/runs/${encodeURIComponent(id)}`;
@@ -180,6 +184,12 @@ async function runsPage(ctx) {
     h("option", { value: "" }, "any status"), STATUSES.map((s) => h("option", { value: s }, s)));
   const workflow = h("select", { id: "filter-workflow", "aria-label": "workflow" }, h("option", { value: "" }, "any workflow"));
   status.value = params.get("status") || "";
+  let cursor = params.get("cursor");
+  const pageHref = (at) => {
+    const q = new URLSearchParams(location.search);
+    if (Number(at) > 0) q.set("cursor", String(at)); else q.delete("cursor");
+    return q.toString() ? `/?${q}` : "/";
+  };
   const tbody = h("tbody", { id: "runs" });
   const footer = h("p", { class: "muted", id: "runs-footer" });
   const error = h("div");
@@ -190,6 +200,7 @@ async function runsPage(ctx) {
       ["run", "workflow", "status", "steps", "tokens", "waiting at", "created", "updated"].map((c) => h("th", {}, c)))), tbody),
     footer);
   const onFilter = () => {
+    cursor = null;
     const q = new URLSearchParams();
     if (status.value) q.set("status", status.value);
     if (workflow.value) q.set("workflow", workflow.value);
@@ -209,6 +220,7 @@ async function runsPage(ctx) {
     const q = new URLSearchParams({ limit: "100" });
     if (status.value) q.set("status", status.value);
     if (workflow.value) q.set("workflow", workflow.value);
+    if (cursor) q.set("cursor", cursor);
     const page = await api(`/api/runs?${q}`, { signal: ctx.signal });
     error.replaceChildren();
     tbody.replaceChildren(...page.runs.map((r) => h("tr", { dataset: { run: r.run_id } },
@@ -220,7 +232,11 @@ async function runsPage(ctx) {
       h("td", {}, r.waiting?.node ? link(`/approvals?run_id=${encodeURIComponent(r.run_id)}`, r.waiting.node) : ""),
       h("td", {}, when(r.created_at)),
       h("td", {}, when(r.updated_at)))));
-    footer.textContent = page.runs.length ? (page.next ? "the newest 100 runs" : `${page.runs.length} run(s)`) : "no runs match";
+    const from = Number(cursor || 0);
+    const pages = [];
+    if (from > 0) pages.push(link(pageHref(Math.max(from - 100, 0)), "← newer"));
+    if (page.next) pages.push(link(pageHref(page.next), "older →"));
+    fill(footer, page.runs.length ? `runs ${from + 1}–${from + page.runs.length}, newest first ` : "no runs match", pages);
   };
   await every(ctx, POLL_MS, async () => {
     try { await refresh(); } catch (e) {
@@ -236,7 +252,7 @@ async function runsPage(ctx) {
 function detail(rec) {
   switch (rec.type) {
     case "run.started": return `workflow ${rec.workflow}  input ${short(rec.input)}`;
-    case "node.started": return `visit ${rec.visit ?? 1}, attempt ${rec.attempt ?? 1}`;
+    case "node.started": return `visit ${rec.visit ?? 1}${rec.item !== undefined && rec.item !== null ? `, item ${rec.item}` : ""}, attempt ${rec.attempt ?? 1}`;
     case "node.completed": return rec.update ? `update ${short(rec.update)}` : "";
     case "node.failed": case "node.retrying": return short(rec.error);
     case "edge.taken": case "edge.skipped": {
@@ -251,7 +267,7 @@ function detail(rec) {
     case "run.waiting": return `for a decision at ${rec.waiting?.node}`;
     case "run.resumed": return rec.by ? `by ${rec.by}` : "";
     case "state.patched": return `patch ${short(rec.patch)}`;
-    case "child.started": return `child run ${rec.run_id} (${rec.workflow})`;
+    case "child.started": return ["child run ", link(runHref(rec.run_id), rec.run_id), ` (${rec.workflow})`];
     case "run.failed": case "run.rejected": case "run.cancelled": return short(rec.error ?? rec.message ?? rec.reason ?? "");
     default: {
       const skip = new Set(["seq", "type", "at", "node", "visit", "attempt", "duration_ms", "tokens", "error", "hash"]);
@@ -339,7 +355,7 @@ async function runPage(ctx, runId) {
     const full = h("pre", { class: "record", hidden: true }, json(rec));
     const row = h("tr", { dataset: { seq: String(rec.seq), type: rec.type }, class: `rec rec-${rec.type.replace(".", "-")}` },
       h("td", { class: "num" }, String(rec.seq)),
-      h("td", {}, when(rec.at)),
+      h("td", { title: when(rec.at) }, clock(rec.at)),
       h("td", {}, rec.type),
       h("td", {}, rec.node ?? ""),
       h("td", { class: "num" }, rec.duration_ms !== null && rec.duration_ms !== undefined ? `${rec.duration_ms} ms` : ""),
@@ -408,7 +424,7 @@ async function runPage(ctx, runId) {
 function approvalCard(gate) {
   const out = h("div", { class: "result", "aria-live": "polite" });
   const comment = h("textarea", { class: "comment", rows: 2, placeholder: "comment (optional)", "aria-label": "comment" });
-  const data = gate.input ? h("textarea", { class: "data", rows: 3, placeholder: "data (JSON)", "aria-label": "data" }) : null;
+  const data = gate.input ? h("textarea", { class: "data", rows: 3, placeholder: `data (JSON) for ${short(gate.input, 200)}`, "aria-label": "data" }) : null;
   const patch = gate.modify ? h("textarea", { class: "patch", rows: 3, placeholder: '{"field": "new value"}', "aria-label": "patch" }) : null;
   const at = gate.modify && gate.modify.at.length > 1
     ? h("select", { class: "at", "aria-label": "re-enter at" }, gate.modify.at.map((n) => h("option", { value: n }, n))) : null;
@@ -425,8 +441,10 @@ function approvalCard(gate) {
       }
       body.patch = checked.value;
       if (at) body.at = at.value;
-    } else if (data && (data.value.trim() || decision === "approve")) {
-      const checked = checkJson(data.value || "", gate.input, "the data");
+    } else if (data && !data.value.trim() && decision === "approve") {
+      problems.push(`this gate asks for data with an approval: JSON that satisfies ${short(gate.input, 300)}`);
+    } else if (data && data.value.trim()) {
+      const checked = checkJson(data.value, gate.input, "the data");
       problems.push(...checked.problems);
       body.data = checked.value;
     }

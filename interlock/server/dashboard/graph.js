@@ -112,13 +112,13 @@ function layout(graph) {
   const total = Math.max(...rowWidths, 200);
   const pos = new Map();
   rows.forEach((row, r) => {
-    let x = (total - rowWidths[r]) / 2 + 20;
+    let x = (total - rowWidths[r]) / 2 + 70;
     for (const n of row) {
       pos.set(n, { x, y: 20 + r * ROW, w: width(n), h: BOX_H });
       x += width(n) + GAP;
     }
   });
-  return { pos, pairs, back, width: total + 80, height: rows.length * ROW + 10 };
+  return { pos, pairs, back, layer, width: total + 160, height: rows.length * ROW + 10 };
 }
 
 /**
@@ -126,7 +126,8 @@ function layout(graph) {
  * a <g data-edge=INDEX data-state=...>. ``onSelect({node} | {edge})`` on a click.
  */
 export function renderGraph(graph, onSelect = () => {}) {
-  const { pos, pairs, back, width, height } = layout(graph);
+  const { pos, pairs, back, layer, width, height } = layout(graph);
+  let detours = 0;
   const kinds = new Map(graph.nodes.map((n) => [n.name, n.approval ? "gate" : n.confirm ? "confirm" : n.agent ? "agent" : n.workflow ? "subflow" : "call"]));
   const svg = el("svg", { class: "graph", viewBox: `0 0 ${width} ${height}`, width, height, role: "img" });
   svg.append(el("title", {}, `graph of ${graph.nodes.length} nodes`));
@@ -160,6 +161,16 @@ export function renderGraph(graph, onSelect = () => {}) {
       const out = Math.max(x1, x2) + 40;
       d = `M ${x1} ${y1} C ${out} ${y1}, ${out} ${y2}, ${x2 + 2} ${y2}`;
       lx = out - 8;
+      ly = (y1 + y2) / 2;
+    } else if (layer.get(p.to) - layer.get(p.from) > 1) {
+      // past the layers between: around them on the left, so no node hides it
+      const x1 = a.x;
+      const y1 = a.y + a.h / 2;
+      const x2 = b.x - 2;
+      const y2 = b.y + b.h / 2;
+      const out = Math.max(Math.min(x1, x2) - 40 - 14 * (detours++ % 3), 6);
+      d = `M ${x1} ${y1} C ${out} ${y1}, ${out} ${y2}, ${x2} ${y2}`;
+      lx = out - 30;
       ly = (y1 + y2) / 2;
     } else {
       const x1 = a.x + a.w / 2;
