@@ -40,9 +40,9 @@ if TYPE_CHECKING:
         WorkflowError,
         WriteConflictError,
     )
+    from ._fold import RunResult
     from ._model import END, START, WorkflowSpec
     from ._runs import (
-        RunResult,
         Verification,
         cancel,
         fork,
@@ -70,7 +70,7 @@ _WHERE = {
         "StepLimitError", "StoreError", "UsageError", "WorkflowError", "WriteConflictError",
     ], "_errors"),
     "END": "_model", "START": "_model", "WorkflowSpec": "_model",
-    "RunResult": "_runs", "Verification": "_runs", "cancel": "_runs", "fork": "_runs",
+    "RunResult": "_fold", "Verification": "_runs", "cancel": "_runs", "fork": "_runs",
     "list_runs": "_runs", "make_run_id": "_runs",
     "Store": "_store", "open_store": "_store",
     "resume": "_runs", "status": "_runs", "trace": "_runs", "verify": "_runs",

@@ -648,6 +648,37 @@ class Scope:
         return name in ("config", "run") or name in self._view.state
 
 
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    """Where a run stands, as its log has it: what ``interlock status RUN_ID --json``
+    prints (and the server's run object)."""
+
+    run_id: str
+    workflow: str
+    status: str
+    state: dict[str, Any]
+    steps: int
+    tokens: int
+    error: dict[str, Any] | None
+    waiting: dict[str, Any] | None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "COMPLETED"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "workflow": self.workflow, "status": self.status,
+                "state": self.state, "steps": self.steps, "tokens": self.tokens,
+                "error": self.error, "waiting": self.waiting}
+
+
+def result_of(run_id: str, workflow: str, view: RunView) -> RunResult:
+    return RunResult(run_id=run_id, workflow=workflow, status=view.status,
+                     state=dict(view.state), steps=view.steps, tokens=view.tokens,
+                     error=view.error, waiting=view.waiting)
+
+
 _MID_BODY = frozenset({"tool", "workflow"})  # gates asked for from inside a node's body
 
 _HANDLERS = {

@@ -108,11 +108,22 @@ def with_spans(listener: Listener | None, spans: RunSpans | None) -> Listener | 
     if listener is None:
         return spans
 
-    def both(rec: L.Record, view: Any) -> None:
-        listener(rec, view)
-        spans(rec, view)
+    return _Both(listener, spans)
 
-    return both
+
+class _Both:
+    """The caller's listener, then the spans'; a child run gets the caller's child
+    listener (`_runs.child_listener`), its spans being its own."""
+
+    __slots__ = ("child", "listener", "spans")
+
+    def __init__(self, listener: Listener, spans: RunSpans) -> None:
+        self.listener, self.spans = listener, spans
+        self.child = getattr(listener, "child", None)
+
+    def __call__(self, rec: L.Record, view: Any) -> None:
+        self.listener(rec, view)
+        self.spans(rec, view)
 
 
 def _ns(rec: L.Record) -> int:

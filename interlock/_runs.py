@@ -23,7 +23,7 @@ from . import _records as R
 from . import _snapshot as snapshots
 from ._compile import compile_spec, reading_plan
 from ._errors import ClaimError, ConflictError, InterlockError, RunNotFound, UsageError
-from ._fold import Gate, RunView
+from ._fold import Gate, RunResult, RunView, result_of
 from ._journal import Journal
 from ._model import DEFAULT_STEPS, WorkflowSpec, check_limits
 from ._otel import RunSpans, run_spans, tracing, with_spans
@@ -54,33 +54,13 @@ Listener = Callable[[L.Record, RunView], None]
 RESUMABLE = {"RUNNING", "RETRYING", "FAILED", "PENDING"}
 
 
-@dataclass(frozen=True, slots=True)
-class RunResult:
-    """Where a run stands: the object ``--json`` prints (SPEC §4)."""
-
-    run_id: str
-    workflow: str
-    status: str
-    state: dict[str, Any]
-    steps: int
-    tokens: int
-    error: dict[str, Any] | None
-    waiting: dict[str, Any] | None
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "COMPLETED"
-
-    def to_json(self) -> dict[str, Any]:
-        return {"run_id": self.run_id, "workflow": self.workflow, "status": self.status,
-                "state": self.state, "steps": self.steps, "tokens": self.tokens,
-                "error": self.error, "waiting": self.waiting}
-
-
-def result_of(run_id: str, workflow: str, view: RunView) -> RunResult:
-    return RunResult(run_id=run_id, workflow=workflow, status=view.status,
-                     state=dict(view.state), steps=view.steps, tokens=view.tokens,
-                     error=view.error, waiting=view.waiting)
+def child_listener(listener: Listener | None, run_id: str, workflow: str
+                   ) -> Listener | None:
+    """The listener of a child run (a sub-workflow node's): what the parent's listener's
+    ``child(run_id, workflow)`` gives, if it has that method (the CLI's progress shows a
+    child's records as they are committed, under its parent's node); else none."""
+    make = getattr(listener, "child", None)
+    return make(run_id, workflow) if callable(make) else None
 
 
 def open_store_arg(store: str | Store | None) -> tuple[Store, bool]:
@@ -133,7 +113,7 @@ async def drive(plan: Plan, store: Store, run_id: str, view: RunView, writer: L.
                     "decided or resumed it first); nothing was recorded and this resume is "
                     f"refused -- see `interlock status {run_id}`") from None
         if view.status not in TERMINAL_STATUSES:
-            await _execute(store, run_id, owner, runner)
+            await _execute(store, run_id, owner, runner, listener)
     finally:
         if not journal.released:
             await store.release(run_id, owner)
@@ -154,7 +134,8 @@ CANCEL_POLL_SECONDS = 0.25
 TERMINAL_STATUSES = frozenset(L.TERMINAL_TYPES.values())
 
 
-async def _execute(store: Store, run_id: str, owner: str, runner: Runner) -> None:
+async def _execute(store: Store, run_id: str, owner: str, runner: Runner,
+                   listener: Listener | None = None) -> None:
     """Run the executor in this task, watched for its lease and for a cancellation.
 
     The executor needs no task of its own (a run that never waits for I/O then runs
@@ -172,7 +153,7 @@ async def _execute(store: Store, run_id: str, owner: str, runner: Runner) -> Non
     # in a copy of our context, as a task of its own would be: what node bodies set in
     # context variables stays in the run; its sub-workflow nodes find its child runs there
     context = contextvars.copy_context()
-    context.run(CHILD_RUNS.set, _Children(store, run_id, runner.view))
+    context.run(CHILD_RUNS.set, _Children(store, run_id, runner.view, listener))
     try:
         await Steps(runner.execute(), context=context)
     finally:
@@ -324,8 +305,10 @@ class _Children:
     """The child runs of one run (`_subflow.ChildRuns`): on its store, under what is left
     of its limits when each starts."""
 
-    def __init__(self, store: Store, run_id: str, view: RunView) -> None:
+    def __init__(self, store: Store, run_id: str, view: RunView,
+                 listener: Listener | None = None) -> None:
         self.store, self.run_id, self.view = store, run_id, view
+        self.listener = listener
 
     async def run(self, ctx: Any, request: ChildRequest) -> ChildOutcome:
         st, rid = self.store, request.run_id
@@ -347,13 +330,15 @@ class _Children:
                                  config=L.to_json_value(dict(spec.config)), limits=limits,
                                  options={"config": {}, "limits": {}, "parent": request.link,
                                           "inherited": inherited},
-                                 started={"parent": request.link})
+                                 started={"parent": request.link},
+                                 listener=child_listener(self.listener, rid, spec.workflow))
         else:
-            result = await continue_child(st, rid, _Functions(request.callables))
+            result = await continue_child(
+                st, rid, _Functions(request.callables),
+                listener=child_listener(self.listener, rid, request.plan.spec.workflow))
         row = await st.get_run(rid)  # its last record (and what it inherited)
-        return ChildOutcome(rid, result.status, result.state, result.steps, result.tokens,
-                            result.error, result.waiting, row.summary.last_seq,
-                            list(row.options.get("inherited") or ()))
+        return ChildOutcome(**result.to_json(), last_seq=row.summary.last_seq,
+                            inherited=list(row.options.get("inherited") or ()))
 
     def _limits(self, own: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
         """The child's limits: its own, or what the parent has left where that is less
@@ -377,8 +362,8 @@ class _Children:
             await cancel(child_id, by=request.get("by"), store=self.store, wait=0)
 
 
-async def continue_child(store: Store, run_id: str, workflow: Functions | None
-                         ) -> RunResult:
+async def continue_child(store: Store, run_id: str, workflow: Functions | None, *,
+                         listener: Listener | None = None) -> RunResult:
     """Continue a child run from its log, unless it ended or still waits for a human;
     where it then stands."""
     loaded = await load_run(store, run_id, workflow=workflow, executable=True)
@@ -392,7 +377,7 @@ async def continue_child(store: Store, run_id: str, workflow: Functions | None
         if any((g.node, g.visit) not in moved for g in view.pending_gates()):
             return result_of(run_id, loaded.row.workflow, view)  # waits for a human
     return await drive(loaded.plan, store, run_id, view, loaded.writer(),
-                       first=[(L.RUN_RESUMED, {"by": None}), *first])
+                       first=[(L.RUN_RESUMED, {"by": None}), *first], listener=listener)
 
 
 async def waiting_path(store: Store, run_id: str, parent: str | None = None) -> str | None:

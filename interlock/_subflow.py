@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ._context import PauseRequested
 from ._errors import BudgetExceededError, ChildRunError, NodeError, StepLimitError
 from ._expr import ExpressionSyntaxError, compile_expression
+from ._fold import RunResult
 from ._kinds import Checker
 from ._model import NodeSpec, WorkflowSpec
 from ._spec import parse
@@ -58,16 +59,9 @@ class ChildRequest:
 
 
 @dataclass(frozen=True, slots=True)
-class ChildOutcome:
-    """Where the child stopped (its summary, as its log has it)."""
+class ChildOutcome(RunResult):
+    """Where the child stopped (its summary, as its log has it), and its last record."""
 
-    run_id: str
-    status: str
-    state: dict[str, Any]
-    steps: int
-    tokens: int
-    error: dict[str, Any] | None
-    waiting: dict[str, Any] | None
     last_seq: int
     inherited: list[str] = field(default_factory=list)  # limits that are the parent's
 

@@ -19,11 +19,11 @@ from ._approvals import Decision
 from ._bounds import check_data
 from ._compile import check_spec, compile_spec, reading_plan
 from ._errors import Diagnostic, UsageError
-from ._fold import RunView
+from ._fold import RunResult, RunView, result_of
 from ._model import DEFAULT_STEPS, WorkflowSpec, check_limits
 from ._otel import RunSpans, run_spans, with_spans
 from ._plan import Plan
-from ._runs import RunResult, create, drive, make_run_id, open_store_arg, result_of, start
+from ._runs import create, drive, make_run_id, open_store_arg, start
 from ._spec import load_spec, parse
 from ._state import check_whole_values
 from ._store import Store, release_store

@@ -1120,6 +1120,31 @@ def test_sqlite_empty_existing_file_becomes_a_store(tmp_path: Path) -> None:
     run(main)
 
 
+
+def test_sqlite_stores_opening_one_new_file_at_once_all_open_it(tmp_path: Path) -> None:
+    """Processes (here: stores of their own, each with its connection and thread) that
+    open one new file at the same moment all get it. Two connections turning a new file
+    to WAL at once: SQLite refuses one of them at once with "database is locked" (a
+    deadlock it avoids, so without waiting for the busy timeout); the store retries that
+    within its busy timeout, so no run fails to start."""
+
+    async def main(path: Path) -> None:
+        stores = [_sqlite_store_at(path) for _ in range(4)]
+        for store in stores:  # their threads up and waiting: the opens start together
+            store._thread()
+        rows = [new_row() for _ in stores]
+        try:
+            await asyncio.gather(*(s.create_run(row, entries)
+                                   for s, (row, _, entries) in zip(stores, rows, strict=True)))
+            assert {r.run_id for r in await stores[0].list_runs()} \
+                == {row.run_id for row, _, _ in rows}
+        finally:
+            for store in stores:
+                await store.close()
+
+    for k in range(40):  # the race is narrow: without the retry, some of these fail
+        run(lambda k=k: main(tmp_path / f"runs{k}.db"))  # type: ignore[misc]
+
 # -- PostgreSQL specifics --------------------------------------------------------------
 
 def test_postgres_refuses_foreign_tables(pg_schema_url: str) -> None:

@@ -196,6 +196,32 @@ def test_the_builder_makes_the_same_workflow_as_the_file(project: CliProject) ->
     assert result.state["remediate"] == "DB"
 
 
+
+def test_interlock_run_shows_the_childs_records_live_under_its_node(
+        project: CliProject) -> None:
+    """`interlock run`'s progress shows a child run's nodes as they complete, indented
+    under the sub-workflow node (between its `running` and `completed` lines); the
+    summary table stays the parent's own nodes."""
+    out = project.cli("run", "parent.yaml", "--input", '{"event": "disk"}', "--run-id", "p1")
+    assert out.exit_code == 0, out.output
+    lines = [line.rstrip() for line in out.stderr.splitlines()]
+    begin = lines.index("  remediate  running")
+    end = next(i for i, line in enumerate(lines) if line.startswith("  remediate  completed"))
+    inside = lines[begin + 1:end]
+    assert inside[0] == "  │ child run p1.remediate.1 started: workflow remediation"
+    assert [line.split()[1:3] for line in inside[1:]] == [
+        ["fix", "running"], ["fix", "completed"], ["check", "running"],
+        ["check", "completed"]]
+    assert all(line.startswith("  │   ") for line in inside[1:])
+    rows = [line.split()[0] for line in out.stdout.splitlines()
+            if line.split() and line.split()[0] in ("intake", "remediate", "report", "fix",
+                                                     "check")]
+    assert rows == ["intake", "remediate", "report"]
+    with_json = project.cli("run", "parent.yaml", "--input", '{"event": "disk"}',
+                            "--run-id", "p2", "--json")
+    assert "child run" not in with_json.stderr  # --json: no progress, the child's neither
+
+
 def _cli(*args: str) -> Any:
     """A command without a store (validate, graph)."""
     from click.testing import CliRunner

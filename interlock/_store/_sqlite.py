@@ -759,7 +759,7 @@ class SQLiteStore(Store):
                 # opening a new store here) to make an empty file durable. A crash in it
                 # leaves an empty file; the schema below is committed as configured.
                 conn.execute("PRAGMA synchronous = OFF")
-            conn.execute("PRAGMA journal_mode = WAL")
+            self._to_wal(conn)
             conn.execute(f"PRAGMA synchronous = {self._synchronous.upper()}")
             conn.execute("BEGIN IMMEDIATE")
             # again: another process may have raced us (or upgraded the file meanwhile)
@@ -786,6 +786,29 @@ class SQLiteStore(Store):
         self._conn = conn
         self._checkpointer = _Checkpointer(path, f"interlock-sqlite-checkpoint:{path.name}")
         return conn
+
+    def _to_wal(self, conn: sqlite3.Connection) -> None:
+        """``PRAGMA journal_mode = WAL``, retried while another connection holds the file.
+
+        Two connections turning a new file to WAL at once both hold a shared lock and
+        want an exclusive one: SQLite refuses one at once with "database is locked"
+        rather than wait (a deadlock), whatever the busy timeout. Processes opening one
+        new store together are common (a worker pool, two CLI runs), so retry -- on the
+        writer thread, within the busy timeout -- as the busy handler would.
+        """
+        deadline = time.monotonic() + self._busy_ms / 1000
+        pause = 0.0005
+        while True:
+            try:
+                conn.execute("PRAGMA journal_mode = WAL").fetchall()
+                return
+            except sqlite3.OperationalError as exc:
+                text = str(exc)
+                if ("locked" not in text and "busy" not in text) \
+                        or time.monotonic() + pause > deadline:
+                    raise
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
 
     def _checkpoint(self, conn: sqlite3.Connection) -> None:
         """Ask the checkpointer for a checkpoint; if it has failed, let SQLite checkpoint

@@ -47,9 +47,10 @@ class Progress:
     """The run's listener: prints the run id, a line per node event and per guarded edge
     decision (stderr), and collects what the summary table shows."""
 
-    def __init__(self, run_id: str, *, live: bool) -> None:
+    def __init__(self, run_id: str, *, live: bool, indent: str = "") -> None:
         self.run_id = run_id
         self.live = live
+        self.indent = indent  # a child run's lines: under its parent's node, marked "│"
         self.started = False
         self.t0 = time.perf_counter()
         self.stats: dict[str, NodeStats] = {}
@@ -74,6 +75,12 @@ class Progress:
                 self._on_waiting(rec)
             case "approval.decided":
                 self._on_decided(rec)
+
+    def child(self, run_id: str, workflow: str) -> Progress:
+        """The listener of a child run (a sub-workflow node's): its records' lines, as
+        they are committed, indented under the parent's; its nodes are not the parent's
+        (the summary table is the parent's alone; `interlock trace` shows the child's)."""
+        return Progress(run_id, live=self.live, indent=self.indent + "  │ ")
 
     def replay(self, records: list[Record]) -> None:
         """Count the node records of a run's earlier executions (printing nothing), so
@@ -100,7 +107,10 @@ class Progress:
         self.stats = {name: self.stats.get(name, NodeStats()) for name in spec.nodes}
         self.width = max((len(n) for n in spec.nodes), default=0)
         verb = f"started ({how})" if how.startswith("forked") else how or "started"
-        click.echo(f"run {self.run_id} {verb}: workflow {spec.workflow}", err=True)
+        if self.indent:  # a child run
+            self._emit([(f"child run {self.run_id} {verb}: workflow {spec.workflow}", "")])
+        else:
+            click.echo(f"run {self.run_id} {verb}: workflow {spec.workflow}", err=True)
 
     def _on_decided(self, rec: Record) -> None:
         node, decision = rec["node"], rec["decision"]
@@ -168,6 +178,8 @@ class Progress:
         """
         if not self.live:
             return
+        if self.indent:
+            parts = [(self.indent, "dim"), *parts]
         console = self._console
         if console is None:
             from rich.console import Console

@@ -6,6 +6,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from interlock import RunResult
+
 RUN_ID = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
 
 
@@ -50,17 +52,9 @@ class WorkflowDetail(WorkflowInfo):
     graph: Graph
 
 
-class RunObject(BaseModel):
-    """A run: exactly what ``interlock status RUN_ID --json`` prints."""
-
-    run_id: str
-    workflow: str
-    status: str
-    state: dict[str, Any]
-    steps: int
-    tokens: int
-    error: dict[str, Any] | None
-    waiting: dict[str, Any] | None
+# A run: exactly what ``interlock status RUN_ID --json`` prints -- the engine's own
+# dataclass (FastAPI validates and documents a dataclass as it does a model).
+RunObject = RunResult
 
 
 class RunRowOut(BaseModel):
