@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import textwrap
@@ -200,6 +201,8 @@ def test_reject_from_the_inbox(server: Served, context: Any) -> None:
                                                                        "REJECTED")
     expect(page.locator('#timeline tr[data-type="approval.decided"]')).to_contain_text(
         "rejected by local: not this one")
+    expect(node_state(page, "approval")).to_have_attribute("data-state", "rejected")
+    expect(node_state(page, "code_fix")).to_have_attribute("data-state", "pending")
     assert status_of(server, "rej-1") == "REJECTED"
 
 
@@ -343,6 +346,41 @@ def test_run_data_is_shown_as_text_never_markup(server: Served, context: Any) ->
     expect(decided).to_contain_text("<img src=x")
     assert page.locator("main img, main script").count() == 0
     assert page.evaluate("window.__pwned") is None
+
+
+def test_the_run_page_reconnects_to_a_restarted_server_with_no_gap_or_duplicate(
+        root: Path, context: Any) -> None:
+    with socket.socket() as s:  # a free port, for both servers
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    store = f"sqlite:///{root / 'restart.db'}"
+    stream = "#stream-state"
+    first = Served(root, "--port", str(port), store=store)
+    try:
+        start(first, "editable", {"n": 5}, "rs-1")
+        waiting(first, "rs-1")
+        page = context.new_page()
+        page.goto(first.url + "/runs/rs-1")
+        expect(node_state(page, "gate")).to_have_attribute("data-state", "waiting")
+        expect(page.locator(stream)).to_have_attribute("data-state", "open")
+    finally:
+        first.stop()
+    expect(page.locator(stream)).to_have_attribute("data-state", "reconnecting")
+    second = Served(root, "--port", str(port), store=store)
+    try:
+        expect(page.locator(stream)).to_have_attribute("data-state", "open")
+        with second.client() as c:
+            assert c.post("/api/runs/rs-1/decisions",
+                          json={"decision": "approve"}).status_code == 200
+            wait_status(c, "rs-1", "COMPLETED")
+            records = len(c.get("/api/runs/rs-1/records").json())
+        expect(page.locator("#run-status [data-status]")).to_have_attribute("data-status",
+                                                                           "COMPLETED")
+        expect(page.locator(stream)).to_have_attribute("data-state", "closed")
+        seqs = page.eval_on_selector_all("#timeline tr", "rows => rows.map(r => +r.dataset.seq)")
+        assert seqs == list(range(1, records + 1))  # Last-Event-ID: no gap, no duplicate
+    finally:
+        second.stop()
 
 
 @pytest.fixture(scope="module")

@@ -92,7 +92,7 @@ export function follow(path, onEvent, { signal, finished = () => true, onState =
         if (signal.aborted) return;
         onState("reconnecting", error);
         await sleep(delay, signal);
-        delay = Math.min(delay * 2, 5000);
+        delay = Math.min(delay * 2, 3000);
       }
     }
   })();

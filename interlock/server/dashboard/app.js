@@ -163,10 +163,15 @@ document.getElementById("forget-token").addEventListener("click", () => {
   render();
 });
 
-/** Call ``fn`` now and every ``ms`` until the page changes (not while one is running). */
+/** Call ``fn`` now and every ``ms`` until the page changes (not while one is running;
+ * not while the tab is hidden: it reads again as soon as it is shown). */
 function every(ctx, ms, fn) {
   let timer = null;
   const tick = async () => {
+    if (document.hidden) {
+      document.addEventListener("visibilitychange", tick, { once: true });
+      return;
+    }
     try { await fn(); } catch (error) {
       if (error instanceof ApiError && error.status === 401) return; // the token page is up
     }
@@ -334,10 +339,23 @@ async function runPage(ctx, runId) {
   };
   ctx.onStop(() => clearTimeout(refreshing));
 
+  const rejected = new Set(); // gates whose last decision rejected them
   const apply = (rec) => {
     records.push(rec);
-    const state = NODE_STATE[rec.type];
+    let state = NODE_STATE[rec.type];
+    if (rec.type === "approval.decided") {
+      if (rec.decision === "rejected" || rec.decision === "timed_out") rejected.add(rec.node);
+      else rejected.delete(rec.node);
+    }
+    if (rejected.has(rec.node) && (rec.type === "approval.decided" || rec.type === "node.completed")) state = "rejected";
+    if (rec.type === "run.rejected" && rec.node) state = "rejected";
     if (state && rec.node) nodeEl(rec.node)?.setAttribute("data-state", state);
+    if (TERMINAL[rec.type]) {
+      // what was still in flight when the run ended (cancelled, failed elsewhere)
+      for (const g of svg.querySelectorAll('[data-state="running"], [data-state="waiting"], [data-state="retrying"]')) {
+        if (g.dataset.node !== rec.node) g.setAttribute("data-state", "stopped");
+      }
+    }
     if (rec.type === "edge.taken") {
       edgeEl(rec.edge)?.setAttribute("data-state", "taken");
       if ((rec.to || []).includes("END")) nodeEl("END")?.setAttribute("data-state", "reached");
