@@ -14,7 +14,6 @@ process (found by polling). Prints the median and p99 in milliseconds.
 
 from __future__ import annotations
 
-import argparse
 import os
 import subprocess
 import sys
@@ -24,8 +23,8 @@ from typing import Any
 
 import httpx
 from _serve import served
-from playwright.sync_api import sync_playwright
-from sse_latency import quantiles
+from playwright.sync_api import expect, sync_playwright
+from sse_latency import arguments, quantiles
 
 OBSERVE = """
 window.__seen = {};
@@ -42,10 +41,10 @@ new MutationObserver((changes) => {
 
 def measure(page: Any, url: str, run_id: str, release: Path) -> list[float]:
     page.goto(f"{url}/runs/{run_id}")
-    page.wait_for_function("document.querySelector('#stream-state')?.dataset.state === 'open'")
+    state = page.locator("#stream-state")
+    expect(state).to_have_attribute("data-state", "open")
     release.write_text("go")
-    page.wait_for_function("document.querySelector('#stream-state')?.dataset.state === "
-                           "'closed'", timeout=120_000)
+    expect(state).to_have_attribute("data-state", "closed", timeout=120_000)
     seen = page.evaluate("window.__seen")
     with httpx.Client(base_url=url) as c:
         records = c.get(f"/api/runs/{run_id}/records").json()
@@ -55,11 +54,7 @@ def measure(page: Any, url: str, run_id: str, release: Path) -> list[float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--nodes", type=int, default=40)
-    ap.add_argument("--gap", type=float, default=0.05)
-    ap.add_argument("--poll", type=float, default=0.25)
-    args = ap.parse_args()
+    args = arguments()
     root = Path(tempfile.mkdtemp(prefix="dash-bench-"))
     (root / "bnodes.py").write_text(
         "import os, time\n"
