@@ -382,14 +382,19 @@ async function runPage(ctx, runId) {
     timeline.append(row);
   };
 
-  let pending = false;
-  const changed = () => {
-    if (pending) return;
-    pending = true;
-    requestAnimationFrame(() => { pending = false; refreshRun(); if (selected) inspect(); });
+  // after new records: the run object again (debounced), and the inspector if they
+  // concern what it shows -- a node's visits are read again at most twice a second
+  let touched = false;
+  let inspectTimer = null;
+  const changed = (rec) => {
+    refreshRun();
+    if (selected && (selected.edge !== undefined ? rec.edge === selected.edge : rec.node === selected.node)) touched = true;
+    if (!touched || inspectTimer) return;
+    inspectTimer = setTimeout(() => { inspectTimer = null; touched = false; inspect(); }, selected?.edge !== undefined ? 50 : 500);
   };
+  ctx.onStop(() => clearTimeout(inspectTimer));
 
-  follow(`/api/runs/${encodeURIComponent(runId)}/events`, (event) => { apply(event.data); changed(); }, {
+  follow(`/api/runs/${encodeURIComponent(runId)}/events`, (event) => { apply(event.data); changed(event.data); }, {
     signal: ctx.signal,
     finished: () => finished,
     onState: (s, error) => {
