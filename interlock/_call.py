@@ -34,7 +34,7 @@ from ._guards import (
     in_thread,
 )
 from ._isolation import Effects, ProcessPool
-from ._plan import ASYNC, CTX, GUARD_KINDS, ISOLATED, RETRY, Plan, PlanNode
+from ._plan import ASYNC, CTX, GUARD_KINDS, ISOLATED, ON_RAY, RETRY, Plan, PlanNode
 from ._state import check_update, scoped
 
 
@@ -65,7 +65,11 @@ class NodeCall:
 
     def _compose(self, kind: int) -> Call:
         body: Body  # where the body runs, under its timeout
-        if kind & ISOLATED:
+        if kind & ON_RAY:
+            from ._ray import OnRay  # only a plan with a Ray node loads it
+
+            body = OnRay()
+        elif kind & ISOLATED:
             body = InProcess(self._process_pool, lambda ctx: Effects.of(self, ctx))
         else:
             body = in_loop if kind & ASYNC else in_thread

@@ -419,7 +419,9 @@ class Budget:
 
 def timeout_error(pn: PlanNode) -> NodeError:
     how = ""
-    if not pn.is_async and pn.spec.isolation != "process":
+    if pn.spec.executor == "ray":
+        how = " (its Ray task was cancelled)"
+    elif not pn.is_async and pn.spec.isolation != "process":
         how = (" (a sync node cannot be interrupted in-process: its worker thread was "
                "abandoned and may still be running; use isolation: process to have it killed)")
     elif pn.spec.isolation == "process":

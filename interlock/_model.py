@@ -163,6 +163,20 @@ class ApprovalSpec(_Strict):
     on_timeout: str = "reject"
 
 
+class RaySpec(_Strict):
+    """``resources: {num_cpus, num_gpus, memory}`` of an ``executor: ray`` node: what its
+    Ray task (or async actor) asks the cluster for (Ray's defaults: 1 CPU for a task)."""
+
+    num_cpus: float | None = Field(default=None, ge=0)
+    num_gpus: float | None = Field(default=None, ge=0)
+    memory: Size | None = None  # bytes, or '2GB' / '512MiB'
+
+    def options(self) -> dict[str, Any]:
+        """The Ray ``.options(...)`` these ask for."""
+        return {k: v for k, v in (("num_cpus", self.num_cpus), ("num_gpus", self.num_gpus),
+                                  ("memory", self.memory)) if v is not None}
+
+
 class SubflowRef(_Strict):
     """A ``workflow:`` node's child, pinned: the file it was read from (as the parent
     names it; None for a builder's `Workflow`) and the child's whole definition, which
@@ -193,6 +207,9 @@ class NodeSpec(Extensible):
     retry: RetrySpec | None = None
     isolation: Literal["thread", "process"] | None = None
     memory: Size | None = None  # with isolation: process, an address-space limit
+    # where the body runs (SPEC §9): here (the default), or as a Ray task on a cluster
+    executor: Literal["local", "ray"] | None = None
+    resources: RaySpec | None = None  # with executor: ray, what its task asks for
     tokens: Count | None = Field(default=None, ge=0)
     confirm: bool = False
     approval: ApprovalSpec | None = None
@@ -239,6 +256,19 @@ class NodeSpec(Extensible):
             if extra:
                 raise ValueError(f"{', '.join(map(repr, extra))} belong to a 'workflow:' node "
                                  "(a sub-workflow)")
+        if self.executor == "ray":
+            if self.call is None:
+                raise ValueError(
+                    "executor: ray runs a call node's function as a Ray task; an approval, "
+                    "agent or workflow node has no function of its own to send (put "
+                    "executor: ray on the nodes that do the work)")
+            if self.isolation is not None:
+                raise ValueError(
+                    f"executor: ray and isolation: {self.isolation} both say where the body "
+                    "runs; a Ray task is already a process of its own: keep one of them")
+        elif self.resources is not None:
+            raise ValueError("'resources' are what a Ray task asks the cluster for; they go "
+                             "with executor: ray")
         if self.args is not None and self.call is None:
             raise ValueError("'args' are passed to a call node's function as ctx.args; "
                              "an approval or agent node has no function to pass them to")

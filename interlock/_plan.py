@@ -76,14 +76,16 @@ class PlanEdge:
         return self.spec.describe()
 
 
-ISOLATED, ASYNC, CTX, RETRY = 1, 2, 4, 8  # the bits of a `guard_kind`
-GUARD_KINDS = 16
+ISOLATED, ASYNC, CTX, RETRY, ON_RAY = 1, 2, 4, 8, 16  # the bits of a `guard_kind`
+GUARD_KINDS = 32
 
 
-def guard_kind(isolated: bool, is_async: bool, needs_ctx: bool, retry: bool) -> int:
+def guard_kind(isolated: bool, is_async: bool, needs_ctx: bool, retry: bool,
+               on_ray: bool = False) -> int:
     """Which guards a node's call goes through (`_call.NodeCall` composes one stack per
     kind): a small int, so that finding a node's stack is indexing a list."""
-    return (ISOLATED * isolated) | (ASYNC * is_async) | (CTX * needs_ctx) | (RETRY * retry)
+    return ((ISOLATED * isolated) | (ASYNC * is_async) | (CTX * needs_ctx) | (RETRY * retry)
+            | (ON_RAY * on_ray))
 
 
 @dataclass(slots=True, eq=False)
@@ -213,7 +215,8 @@ def build_plan(spec: WorkflowSpec, *, callables: dict[str, Callable[..., Any]],
         if ns.args:
             pn.args = MappingProxyType(ns.args)
         pn.needs_ctx = pn.wants_ctx or pn.isolated
-        pn.guards = guard_kind(pn.isolated, pn.is_async, pn.needs_ctx, ns.retry is not None)
+        pn.guards = guard_kind(pn.isolated, pn.is_async, pn.needs_ctx, ns.retry is not None,
+                               ns.executor == "ray")
     for name in concurrency.branched if concurrency is not None else ():
         nodes[name].branched = True
 

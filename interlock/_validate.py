@@ -8,6 +8,7 @@ than doing the work twice.
 
 from __future__ import annotations
 
+import importlib.util
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -78,6 +79,10 @@ class _Checker:
         for name, ns in self.spec.nodes.items():
             if ns.call is not None:
                 self.resolve(ns.call, ("nodes", name, "call"), f"node {name!r}")
+            if ns.executor == "ray" and importlib.util.find_spec("ray") is None:
+                self.add("error", f"node {name!r}: executor: ray runs its body on Ray, which "
+                         "is not installed here: pip install 'interlock[ray]' (or run the "
+                         "workflow where Ray is)", ("nodes", name, "executor"), "import")
             for kind in self.kinds:
                 if kind.owns(ns):
                     kind.check(self, name, ns)

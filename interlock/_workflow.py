@@ -103,8 +103,8 @@ class Workflow:
              fn: Callable[..., Any] | None = None, **options: Any) -> Any:
         """Add a function node: ``wf.node("rca", rca_fn, reads=[...])`` or as a decorator,
         ``@wf.node()`` / ``@wf.node("name", timeout="30s")``. Options are the file's node
-        keys: reads, writes, timeout, retry, isolation, tokens, confirm, description, args
-        (``ctx.args``: one function can serve several nodes)."""
+        keys: reads, writes, timeout, retry, isolation, memory, executor, resources, tokens,
+        confirm, description, args (``ctx.args``: one function can serve several nodes)."""
         if callable(name):
             return self.node(None, name, **options)
 
@@ -510,8 +510,8 @@ def _names(value: str | Iterable[str]) -> list[str]:
 
 
 def _opts(options: dict[str, Any]) -> dict[str, Any]:
-    allowed = {"reads", "writes", "timeout", "retry", "isolation", "memory", "tokens",
-               "confirm", "description", "args"}
+    allowed = {"reads", "writes", "timeout", "retry", "isolation", "memory", "executor",
+               "resources", "tokens", "confirm", "description", "args"}
     unknown = set(options) - allowed
     if unknown:
         raise UsageError(f"unknown node option(s) {sorted(unknown)}; the options are "

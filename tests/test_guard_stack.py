@@ -20,7 +20,8 @@ from interlock._model import RetrySpec
 def node(name: str = "n", *, timeout: float = 5.0, is_async: bool = True,
          retry: RetrySpec | None = None, tokens: int | None = None,
          fn: Callable[..., Any] | None = None, wants_ctx: bool = False) -> Any:
-    spec = SimpleNamespace(retry=retry, isolation=None, tokens=tokens, call=None, memory=None)
+    spec = SimpleNamespace(retry=retry, isolation=None, tokens=tokens, call=None, memory=None,
+                           executor=None)
     return SimpleNamespace(name=name, timeout=timeout, is_async=is_async, spec=spec, fn=fn,
                            wants_ctx=wants_ctx)
 

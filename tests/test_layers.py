@@ -31,7 +31,7 @@ LAYERS: dict[int, set[str]] = {
     # the fold, its snapshots, approvals, the journal (records sealed, folded, stored)
     4: {"_fold", "_snapshot", "_approvals", "_journal"},
     # the node call: its context, the guards, process isolation
-    5: {"_context", "_guards", "_call", "_mapped", "_isolation", "_isolation._pool",
+    5: {"_context", "_guards", "_call", "_mapped", "_ray", "_isolation", "_isolation._pool",
         "_isolation._worker", "_isolation.__main__"},
     # the agent node kind, a plug-in on the node call
     6: {"_subflow", "agents", "agents._check", "agents._errors", "agents._node", "agents._prompt",
