@@ -43,12 +43,17 @@ def quantiles(xs: list[float]) -> str:
             f"p99={xs[min(len(xs) - 1, int(len(xs) * 0.99))]:.1f} ms")
 
 
-def main() -> None:
+def arguments() -> argparse.Namespace:
+    """--nodes, --gap, --poll (bench/dashboard_latency.py takes the same)."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--nodes", type=int, default=40)
     ap.add_argument("--gap", type=float, default=0.05)
     ap.add_argument("--poll", type=float, default=0.25)
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> None:
+    args = arguments()
     root = Path(tempfile.mkdtemp(prefix="serve-bench-"))
     (root / "bnodes.py").write_text("import time\ndef step(state):\n"
                                     f"    time.sleep({args.gap})\n    return {{}}\n")

@@ -27,6 +27,7 @@ run's log, which a store accepts once; the loser gets a clear refusal.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -274,8 +275,9 @@ def _pick(pending: list[Gate], node: str | None) -> Gate:
     raise UsageError(f"no decision is pending at {node!r}; waiting: {names}")
 
 
-def known_fields(spec: WorkflowSpec, view: RunView) -> set[str]:
-    known = set(spec.input) | set(spec.state) | set(view.state)
+def known_fields(spec: WorkflowSpec, state: Iterable[str]) -> set[str]:
+    """The fields a patch may set: the workflow's declared ones and the run's ``state``."""
+    known = set(spec.input) | set(spec.state) | set(state)
     for name, ns in spec.nodes.items():
         known |= set(ns.writes or ())
         if ns.approval is not None or ns.agent is not None:
@@ -286,7 +288,7 @@ def known_fields(spec: WorkflowSpec, view: RunView) -> set[str]:
 
 
 def check_patch(spec: WorkflowSpec, view: RunView, patch: dict[str, Any]) -> None:
-    known = known_fields(spec, view)
+    known = known_fields(spec, view.state)
     unknown = sorted(k for k in patch if k not in known)
     if unknown:
         example = unknown[0]
@@ -297,11 +299,33 @@ def check_patch(spec: WorkflowSpec, view: RunView, patch: dict[str, Any]) -> Non
                          f"in input: or a node's writes:) and start a new run -- a run "
                          "keeps the definition it started with")
     check_data(patch, "the patch")  # its depth, before it is converted
-    plain = L.to_json_value(patch)
+    try:
+        plain = L.to_json_value(patch)
+    except TypeError as exc:  # e.g. an integer beyond 64 bits
+        raise UsageError(f"the patch is refused: it is not JSON data the log can hold: "
+                         f"{exc}") from None
     check_data(None, "the patch", len(L.dumps(plain)))
     # a patch replaces whole fields, bypassing reducers: a reducer field gets its kind
     check_whole_values(plain, {k: v.reducer for k, v in spec.state.items()},
                        "the patch")
+
+
+# a reducer field's whole value, as a JSON Schema type (`check_whole_values`'s rule)
+_WHOLE_TYPES = {"append": "array", "extend": "array", "merge": "object", "add": "number"}
+
+
+def patch_schema(spec: WorkflowSpec, state: Iterable[str] = ()) -> dict[str, Any]:
+    """A JSON Schema of the patches `check_patch` accepts for a run of ``spec`` whose
+    state has the fields ``state``: an object of one or more known fields, a reducer
+    field's value of its kind (or null). What a client (the dashboard) checks a modify
+    against before it sends it; the decision is checked again when it arrives."""
+    props: dict[str, Any] = {}
+    for name in sorted(known_fields(spec, state)):
+        field_spec = spec.state.get(name)
+        kind = _WHOLE_TYPES.get(field_spec.reducer) if field_spec is not None else None
+        props[name] = {"type": [kind, "null"]} if kind else {}
+    return {"type": "object", "minProperties": 1, "additionalProperties": False,
+            "properties": props}
 
 
 def _records(spec: WorkflowSpec, view: RunView, gate: Gate, decision: str, by: str | None,

@@ -21,7 +21,8 @@ Stored runs
     checks, fed a page of entries at a time), `owner_gone` (whether a run's executing
     process is gone), `TERMINAL_TYPES` (the record types that end a run, with the
     status each gives), `append_note` (a record that changes nothing -- a server's
-    ``notify.sent`` -- appended under the run's claim).
+    ``notify.sent`` -- appended under the run's claim), `node_visits` (each node visit's
+    input, update, tokens, duration and error, from the fold).
 
 Executing (for a server, a worker)
     `Started` (`interlock.Workflow.start`: a run created, executed later by
@@ -31,7 +32,9 @@ Executing (for a server, a worker)
     takeover and drain; `Draining` when it stops; a `Factory` makes one execution),
     `Worker` (``interlock worker``: claims runnable runs from a store and executes them;
     `POLL_SECONDS`, `DRAIN_SECONDS` its defaults), `load_workflows` (``--workflows``
-    files and folders, by workflow name).
+    files and folders, by workflow name);
+    `patch_schema` (a JSON Schema of the modify patches a run's gate accepts, for a
+    client to check one before sending it).
 
 Threads
     `abandoned_threads` (how many threads of sync nodes that timed out are still
@@ -69,7 +72,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from . import _guards
 from . import _limits as limits
-from ._approvals import approvers_refuse
+from ._approvals import approvers_refuse, patch_schema
 from ._bounds import read_at_most, too_big, too_deep, too_deep_at
 from ._coverage import workflows_in
 from ._export import export as export_run
@@ -88,6 +91,7 @@ from ._spec import parse as parse_definition
 from ._store import RunRow, Summary, owner_gone
 from ._triggers import Firer
 from ._triggers import describe as describe_trigger
+from ._visits import node_visits
 from ._workers import DRAIN_SECONDS, POLL_SECONDS, Draining, Factory, Pool, Worker
 from ._workflow import Started, load_workflows
 
@@ -149,9 +153,11 @@ __all__ = [
     "load_run",
     "load_spec",
     "load_workflows",
+    "node_visits",
     "owner_gone",
     "parse_definition",
     "parse_duration",
+    "patch_schema",
     "prune_runs",
     "read_at_most",
     "redact",

@@ -39,8 +39,8 @@ LAYERS: dict[int, set[str]] = {
     # the scheduler and its edge decisions, and the wiring of the shipped node kinds
     7: {"_runner", "_decide", "_compile"},
     # stored runs: drive, resume, status, trace, verify, fork, cancel; their coverage;
-    # executing them in a pool (a server's, a worker's)
-    8: {"_runs", "_coverage", "_export", "_prune", "_metrics", "_workers"},
+    # executing them in a pool (a server's, a worker's); node visits (the dashboard's)
+    8: {"_runs", "_coverage", "_export", "_prune", "_metrics", "_workers", "_visits"},
     # the façade: builder and loaded file
     9: {"_workflow"},
     # the public surface and the command line
@@ -48,7 +48,7 @@ LAYERS: dict[int, set[str]] = {
          "cli._progress", "cli._run", "cli._trace", "cli._coverage", "cli._prune",
          "cli._serve", "cli._remote", "cli._triggers", "cli._worker",
          "server", "server._app", "server._auth", "server._hub", "server._main",
-         "server._models", "server._notify", "server._pool"},
+         "server._models", "server._notify", "server._pool", "server._dashboard"},
 }
 LAYER_OF = {m: n for n, mods in LAYERS.items() for m in mods}
 

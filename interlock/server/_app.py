@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Header, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.responses import JSONResponse
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 from starlette.exceptions import HTTPException
 
@@ -37,13 +37,16 @@ from interlock.support import (
     approvers_refuse,
     limits,
     load_workflows,
+    node_visits,
     parse_definition,
+    patch_schema,
     redact,
     run_json,
     to_mermaid,
     trace_pages,
 )
 
+from . import _dashboard as dashboard
 from ._auth import DECIDE, LOCAL, OPERATE, READ, Identity, Tokens
 from ._hub import Hub, NotifyingStore
 from ._models import (
@@ -51,12 +54,14 @@ from ._models import (
     DecisionIn,
     Graph,
     Health,
+    Me,
     Problem,
     Record,
     ResumeIn,
     RunObject,
     RunPage,
     StartRun,
+    Visit,
     WorkflowDetail,
     WorkflowInfo,
 )
@@ -407,12 +412,41 @@ def _workflow(server: Server, name: str) -> Workflow:
     return wf
 
 
+def graph_of(spec: Any) -> Graph:
+    """A definition's graph as the API shows it: nodes, edges (in order), Mermaid."""
+    nodes = [{"name": n, **ns.model_dump(mode="json", exclude_none=True,
+                                          exclude_defaults=True)}
+             for n, ns in spec.nodes.items()]
+    edges = [e.model_dump(mode="json", by_alias=True, exclude_none=True,
+                          exclude_defaults=True) for e in spec.edges]
+    return Graph(nodes=nodes, edges=edges, mermaid=to_mermaid(spec))
+
+
+async def _modify(server: Server, spec: Any, row: RunRow, waiting: dict[str, Any]
+                  ) -> dict[str, Any]:
+    """What a modify of this gate must be: where it may re-enter (``at``, the first
+    being the default) and the JSON Schema of its ``patch``."""
+    if waiting.get("kind") == "tool":  # a guarded tool call: its arguments' schema
+        return {"at": [], "patch_schema": waiting.get("input") or {}}
+    ns = spec.nodes.get(waiting.get("node"))
+    at = list(ns.approval.on_modify) if ns is not None and ns.approval is not None else []
+    state = (await interlock.status(row.run_id, store=server.st)).state
+    return {"at": at, "patch_schema": patch_schema(spec, state)}
+
+
 def _routes(app: FastAPI) -> None:  # noqa: C901 - one closure per endpoint
     @app.get("/api/health", response_model=Health)
     async def health(server: Srv) -> dict[str, Any]:
         return {"status": "ok", "store": redact(server.st.url),
                 "version": interlock.__version__, "workflows": len(server.workflows),
                 "workers": server.options.workers, "running": server.runs.running}
+
+    @app.get("/api/me", response_model=Me)
+    async def me(who: Reader) -> dict[str, Any]:
+        """Who the request's token is (``local`` without --auth): what the dashboard
+        shows, and so the page knows a token is needed (401)."""
+        return {"name": who.name, "roles": list(who.roles),
+                "authenticated": who.authenticated}
 
     @app.get("/api/workflows", response_model=list[WorkflowInfo])
     async def workflows(server: Srv, who: Reader) -> list[dict[str, Any]]:
@@ -422,15 +456,9 @@ def _routes(app: FastAPI) -> None:  # noqa: C901 - one closure per endpoint
     @app.get("/api/workflows/{name}", response_model=WorkflowDetail)
     async def workflow(name: str, server: Srv, who: Reader) -> dict[str, Any]:
         wf = _workflow(server, name)
-        spec = wf.spec
-        nodes = [{"name": n, **ns.model_dump(mode="json", exclude_none=True,
-                                              exclude_defaults=True)}
-                 for n, ns in spec.nodes.items()]
-        edges = [e.model_dump(mode="json", by_alias=True, exclude_none=True,
-                              exclude_defaults=True) for e in spec.edges]
-        return {"name": name, "description": spec.description or "",
+        return {"name": name, "description": wf.spec.description or "",
                 "hash": wf.definition_hash(), "definition": wf.definition(),
-                "graph": Graph(nodes=nodes, edges=edges, mermaid=to_mermaid(spec))}
+                "graph": graph_of(wf.spec)}
 
     @app.post("/api/workflows/{name}/runs", response_model=RunObject, status_code=201,
               responses={200: {"model": RunObject,
@@ -481,6 +509,18 @@ def _routes(app: FastAPI) -> None:  # noqa: C901 - one closure per endpoint
     @app.get("/api/runs/{run_id}", response_model=RunObject)
     async def run(run_id: str, server: Srv, who: Reader) -> dict[str, Any]:
         return await server.run_object(run_id)
+
+    @app.get("/api/runs/{run_id}/graph", response_model=Graph)
+    async def run_graph(run_id: str, server: Srv, row: Existing) -> Graph:
+        """The graph of the definition the run started with (a run keeps it, whatever
+        is registered now): edge ``i`` is the ``edge: i`` of its edge records."""
+        return graph_of(parse_definition(row.definition))
+
+    @app.get("/api/runs/{run_id}/visits", response_model=list[Visit])
+    async def run_visits(run_id: str, server: Srv, who: Reader) -> list[dict[str, Any]]:
+        """Each node visit: its input (the state it read when it started, from the
+        fold), update, error, tokens and duration."""
+        return await node_visits(run_id, store=server.st)
 
     @app.get("/api/runs/{run_id}/records", response_class=JSONResponse,
              responses={200: {"model": list[Record],
@@ -574,10 +614,14 @@ def _routes(app: FastAPI) -> None:  # noqa: C901 - one closure per endpoint
             spec = parse_definition(row.definition)
             ns = spec.nodes.get(node)
             approvers = list(ns.approval.approvers) if ns is not None and ns.approval else []
+            decisions = w.get("decisions") or []
             out.append({"run_id": row.run_id, "workflow": row.workflow, "node": node,
-                        "show": w.get("show") or {}, "decisions": w.get("decisions") or [],
+                        "show": w.get("show") or {}, "decisions": decisions,
                         "since": w.get("requested_at"), "deadline": w.get("deadline"),
-                        "approvers": approvers})
+                        "approvers": approvers, "kind": w.get("kind"),
+                        "input": w.get("input"),
+                        "modify": await _modify(server, spec, row, w)
+                        if "modify" in decisions else None})
         return out
 
     @app.get("/metrics", response_class=Response, include_in_schema=False)
@@ -587,10 +631,7 @@ def _routes(app: FastAPI) -> None:  # noqa: C901 - one closure per endpoint
         await server.metrics.refresh(server.st)
         return Response(server.metrics.text(), media_type=METRICS_CONTENT_TYPE)
 
-    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
-    @app.get("/approvals", response_class=HTMLResponse, include_in_schema=False)
-    async def index() -> str:
-        return _PLACEHOLDER
+    dashboard.mount(app)
 
 
 async def follow(server: Server, run_id: str, seq: int) -> AsyncIterator[ServerSentEvent]:
@@ -624,13 +665,5 @@ async def follow(server: Server, run_id: str, seq: int) -> AsyncIterator[ServerS
             wait = min(opts.poll, wait)
         await server.hub.wait(waiter, wait)
 
-
-_PLACEHOLDER = """<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>interlock</title></head>
-<body><h1>interlock</h1>
-<p>The dashboard is not built yet. The API is here: <a href="/docs">/docs</a>,
-<a href="/openapi.json">/openapi.json</a>, <a href="/api/runs">/api/runs</a>,
-<a href="/api/approvals">/api/approvals</a>.</p></body></html>
-"""
 
 __all__ = ["ServerOptions", "create_app", "follow", "load_workflows", "redact"]

@@ -29,6 +29,12 @@ class Health(BaseModel):
     running: int = Field(description="executions holding a worker now")
 
 
+class Me(BaseModel):
+    name: str = Field(description="the token's name; local without --auth")
+    roles: list[str]
+    authenticated: bool = Field(description="false when the server runs without --auth")
+
+
 class WorkflowInfo(BaseModel):
     name: str
     description: str
@@ -112,6 +118,13 @@ class ResumeIn(BaseModel):
     config: dict[str, Any] = Field(default_factory=dict)
 
 
+class ModifyInfo(BaseModel):
+    at: list[str] = Field(description="the nodes a modify may re-enter at (approval "
+                          "on_modify); the first is the default")
+    patch_schema: dict[str, Any] = Field(description="a JSON Schema of the patches the gate "
+                                         "accepts: its known fields, a reducer field's kind")
+
+
 class Approval(BaseModel):
     run_id: str
     workflow: str
@@ -122,3 +135,27 @@ class Approval(BaseModel):
     deadline: float | None
     approvers: list[str] = Field(description="names and role:NAME entries that may decide; "
                                              "empty: anyone with the approver role")
+    kind: str | None = Field(default=None, description="approval, confirm, tool (a guarded "
+                             "tool call) or workflow (a child run's gate)")
+    input: dict[str, Any] | None = Field(default=None, description="the JSON Schema an "
+                                         "approve's data must satisfy (approval input:)")
+    modify: ModifyInfo | None = Field(default=None, description="what a modify must be; "
+                                      "null when the gate does not accept modify")
+
+
+class Visit(BaseModel):
+    """A node's visit: what it read when it started (from the fold) and what it did."""
+
+    node: str
+    visit: int | None
+    item: int | None = Field(description="a mapped node's item index")
+    status: str = Field(description="running, retrying, waiting, decided, completed, failed")
+    input: dict[str, Any] = Field(description="its reads: fields (all the state when it "
+                                  "declares none; an approval's show: fields)")
+    update: dict[str, Any] | None
+    error: Any
+    tokens: int
+    duration_ms: float | None = Field(description="its attempts' durations, summed")
+    attempts: int
+    decision: str | None = Field(description="a gate's decision")
+    seqs: list[int] = Field(description="its records")

@@ -1,0 +1,588 @@
+// The dashboard: runs, a run (graph, timeline, node visits, edge decisions), the
+// approvals inbox, workflows. Everything from a run is user data: it is put in the page
+// as text (textContent, Element.append of strings), never parsed as HTML.
+
+import { api, ApiError, follow, token } from "./api.js";
+import { edgeCondition, renderGraph, targets } from "./graph.js";
+import { checkJson } from "./schema.js";
+
+const POLL_MS = 1000;
+const STATUSES = ["RUNNING", "WAITING_APPROVAL", "RETRYING", "PENDING", "COMPLETED", "FAILED",
+  "REJECTED", "CANCELLED"];
+const TERMINAL = { "run.completed": "COMPLETED", "run.failed": "FAILED", "run.rejected": "REJECTED",
+  "run.cancelled": "CANCELLED" };
+
+/** An element: ``attrs`` are attributes (``on*`` functions become listeners), children
+ * are nodes or strings (strings become text). */
+function h(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === undefined || v === null || v === false) continue;
+    if (k.startsWith("on") && typeof v === "function") node.addEventListener(k.slice(2), v);
+    else if (k === "dataset") Object.assign(node.dataset, v);
+    else node.setAttribute(k, v === true ? "" : String(v));
+  }
+  for (const child of children.flat(Infinity)) {
+    if (child !== undefined && child !== null && child !== false) node.append(child);
+  }
+  return node;
+}
+
+const present = (children) => children.flat(Infinity).filter((c) => c !== null && c !== undefined && c !== false);
+/** Append to the page's main element (null, undefined and false are left out). */
+const put = (...children) => main.append(...present(children));
+/** Replace ``node``'s children (null, undefined and false are left out). */
+const fill = (node, ...children) => node.replaceChildren(...present(children));
+const json = (v) => JSON.stringify(v, null, 2);
+const short = (v, n = 120) => {
+  const text = typeof v === "string" ? v : JSON.stringify(v);
+  return text === undefined ? "" : text.length > n ? `${text.slice(0, n - 1)}…` : text;
+};
+const when = (t) => {
+  if (t === null || t === undefined) return "";
+  const d = typeof t === "number" ? new Date(t * 1000) : new Date(t);
+  return Number.isNaN(d.getTime()) ? String(t) : d.toLocaleString();
+};
+const clock = (t) => {
+  const d = typeof t === "number" ? new Date(t * 1000) : new Date(t);
+  return Number.isNaN(d.getTime()) ? String(t ?? "") : d.toLocaleTimeString(undefined, { hour12: false, fractionalSecondDigits: 3 });
+};
+const badge = (status) => h("span", { class: `badge status-${String(status).toLowerCase()}`, "data-status": status }, status);
+const link = (href, text, attrs = {}) => h("a", { href, "data-link": true, ...attrs }, text);
+const runHref = (id) => `/runs/${encodeURIComponent(id)}`;
+
+function problemBox(error) {
+  const box = h("div", { class: "problem", role: "alert" });
+  if (error instanceof ApiError) {
+    box.dataset.status = String(error.status);
+    box.append(h("strong", {}, `${error.status} ${error.title}`), ": ", error.detail);
+  } else {
+    box.append(h("strong", {}, "The request failed"), ": ", String(error?.message || error));
+  }
+  return box;
+}
+
+// -- the shell: routing, the token, who is signed in ----------------------------------
+
+const main = document.getElementById("main");
+let cleanup = () => {};
+
+const routes = [
+  [/^\/$/, runsPage, "runs"],
+  [/^\/approvals$/, approvalsPage, "approvals"],
+  [/^\/runs\/([^/]+)$/, runPage, "runs"],
+  [/^\/workflows$/, workflowsPage, "workflows"],
+  [/^\/workflows\/([^/]+)$/, workflowPage, "workflows"],
+];
+
+function navigate(href) {
+  history.pushState(null, "", href);
+  render();
+}
+
+function render() {
+  cleanup();
+  const controller = new AbortController();
+  const stops = [() => controller.abort()];
+  cleanup = () => stops.splice(0).forEach((stop) => stop());
+  const ctx = { signal: controller.signal, onStop: (fn) => stops.push(fn) };
+  const path = location.pathname;
+  for (const [pattern, page, nav] of routes) {
+    const m = path.match(pattern);
+    if (!m) continue;
+    for (const a of document.querySelectorAll("[data-nav]")) a.classList.toggle("active", a.dataset.nav === nav);
+    main.replaceChildren();
+    const args = m.slice(1).map(decodeURIComponent);
+    page(ctx, ...args).catch((error) => {
+      if (!(error instanceof ApiError && error.status === 401) && !controller.signal.aborted) {
+        put(problemBox(error));
+      }
+    });
+    return;
+  }
+  main.replaceChildren(h("h1", {}, "Not found"), h("p", {}, link("/", "the runs")));
+}
+
+document.addEventListener("click", (event) => {
+  const a = event.target.closest?.("a[data-link]");
+  if (!a || event.button !== 0 || event.metaKey || event.ctrlKey || event.shiftKey) return;
+  event.preventDefault();
+  navigate(a.getAttribute("href"));
+});
+window.addEventListener("popstate", render);
+
+function askForToken(reason) {
+  cleanup();
+  cleanup = () => {};
+  const input = h("input", { type: "password", id: "token-input", autocomplete: "off", spellcheck: "false", required: true, "aria-label": "token" });
+  const form = h("form", { id: "token-form", class: "card" },
+    h("h1", {}, "This server needs a token"),
+    h("p", {}, reason),
+    h("label", {}, "Token ", input),
+    h("button", { type: "submit" }, "Use token"),
+    h("p", { class: "muted" }, "Kept in this tab's sessionStorage only and sent as ",
+      h("code", {}, "Authorization: Bearer"), "; closing the tab forgets it."));
+  form.addEventListener("submit", (event) => {
+    event.preventDefault();
+    if (!input.value.trim()) return;
+    token.set(input.value.trim());
+    showWho();
+    render();
+  });
+  main.replaceChildren(form);
+  input.focus();
+}
+
+let asking = false;
+window.addEventListener("interlock:unauthorized", () => {
+  if (asking || (!token.get() && document.getElementById("token-form"))) return; // asked
+  asking = true;
+  queueMicrotask(() => { asking = false; });
+  const had = token.get();
+  token.clear();
+  showWho();
+  askForToken(had ? "The token was refused (it is not one this server knows). Enter another."
+    : "The server runs with --auth: enter your token to see runs and decide approvals.");
+});
+
+async function showWho() {
+  const who = document.getElementById("who");
+  const forget = document.getElementById("forget-token");
+  forget.hidden = !token.get();
+  try {
+    const me = await api("/api/me");
+    who.textContent = me.authenticated ? `${me.name} (${me.roles.join(", ")})` : "";
+  } catch {
+    who.textContent = "";
+  }
+}
+
+document.getElementById("forget-token").addEventListener("click", () => {
+  token.clear();
+  showWho();
+  render();
+});
+
+/** Call ``fn`` now and every ``ms`` until the page changes (not while one is running;
+ * not while the tab is hidden: it reads again as soon as it is shown). */
+function every(ctx, ms, fn) {
+  let timer = null;
+  const tick = async () => {
+    if (document.hidden) {
+      document.addEventListener("visibilitychange", tick, { once: true });
+      return;
+    }
+    try { await fn(); } catch (error) {
+      if (error instanceof ApiError && error.status === 401) return; // the token page is up
+    }
+    if (!ctx.signal.aborted) timer = setTimeout(tick, ms);
+  };
+  ctx.onStop(() => clearTimeout(timer));
+  return tick();
+}
+
+// -- the runs list -------------------------------------------------------------------
+
+async function runsPage(ctx) {
+  const params = new URLSearchParams(location.search);
+  const status = h("select", { id: "filter-status", "aria-label": "status" },
+    h("option", { value: "" }, "any status"), STATUSES.map((s) => h("option", { value: s }, s)));
+  const workflow = h("select", { id: "filter-workflow", "aria-label": "workflow" }, h("option", { value: "" }, "any workflow"));
+  status.value = params.get("status") || "";
+  let cursor = params.get("cursor");
+  const pageHref = (at) => {
+    const q = new URLSearchParams(location.search);
+    if (Number(at) > 0) q.set("cursor", String(at)); else q.delete("cursor");
+    return q.toString() ? `/?${q}` : "/";
+  };
+  const tbody = h("tbody", { id: "runs" });
+  const footer = h("p", { class: "muted", id: "runs-footer" });
+  const error = h("div");
+  put(h("h1", {}, "Runs"),
+    h("div", { class: "filters" }, "Status ", status, " Workflow ", workflow, h("span", { class: "live", title: "refreshed every second" }, "live")),
+    error,
+    h("table", { class: "runs" }, h("thead", {}, h("tr", {},
+      ["run", "workflow", "status", "steps", "tokens", "waiting at", "created", "updated"].map((c) => h("th", {}, c)))), tbody),
+    footer);
+  const onFilter = () => {
+    cursor = null;
+    const q = new URLSearchParams();
+    if (status.value) q.set("status", status.value);
+    if (workflow.value) q.set("workflow", workflow.value);
+    history.replaceState(null, "", q.toString() ? `/?${q}` : "/");
+    refresh();
+  };
+  status.addEventListener("change", onFilter);
+  workflow.addEventListener("change", onFilter);
+  try {
+    const flows = await api("/api/workflows", { signal: ctx.signal });
+    const names = new Set(flows.map((f) => f.name));
+    if (params.get("workflow")) names.add(params.get("workflow"));
+    for (const n of [...names].sort()) workflow.append(h("option", { value: n }, n));
+    workflow.value = params.get("workflow") || "";
+  } catch (e) { if (e instanceof ApiError && e.status === 401) throw e; }
+  const refresh = async () => {
+    const q = new URLSearchParams({ limit: "100" });
+    if (status.value) q.set("status", status.value);
+    if (workflow.value) q.set("workflow", workflow.value);
+    if (cursor) q.set("cursor", cursor);
+    const page = await api(`/api/runs?${q}`, { signal: ctx.signal });
+    error.replaceChildren();
+    tbody.replaceChildren(...page.runs.map((r) => h("tr", { dataset: { run: r.run_id } },
+      h("td", {}, link(runHref(r.run_id), r.run_id)),
+      h("td", {}, link(`/workflows/${encodeURIComponent(r.workflow)}`, r.workflow)),
+      h("td", {}, badge(r.status)),
+      h("td", { class: "num" }, String(r.steps)),
+      h("td", { class: "num" }, String(r.tokens)),
+      h("td", {}, r.waiting?.node ? link(`/approvals?run_id=${encodeURIComponent(r.run_id)}`, r.waiting.node) : ""),
+      h("td", {}, when(r.created_at)),
+      h("td", {}, when(r.updated_at)))));
+    const from = Number(cursor || 0);
+    const pages = [];
+    if (from > 0) pages.push(link(pageHref(Math.max(from - 100, 0)), "← newer"));
+    if (page.next) pages.push(link(pageHref(page.next), "older →"));
+    fill(footer, page.runs.length ? `runs ${from + 1}–${from + page.runs.length}, newest first ` : "no runs match", pages);
+  };
+  await every(ctx, POLL_MS, async () => {
+    try { await refresh(); } catch (e) {
+      if (!(e instanceof ApiError && e.status === 401)) error.replaceChildren(problemBox(e));
+      throw e;
+    }
+  });
+}
+
+// -- a run ---------------------------------------------------------------------------
+
+/** A record's one-line detail for the timeline. */
+function detail(rec) {
+  switch (rec.type) {
+    case "run.started": return `workflow ${rec.workflow}  input ${short(rec.input)}`;
+    case "node.started": return `visit ${rec.visit ?? 1}${rec.item !== undefined && rec.item !== null ? `, item ${rec.item}` : ""}, attempt ${rec.attempt ?? 1}`;
+    case "node.completed": return rec.update ? `update ${short(rec.update)}` : "";
+    case "node.failed": case "node.retrying": return short(rec.error);
+    case "edge.taken": case "edge.skipped": {
+      const parts = [`edge ${rec.edge}: ${rec.from} → ${(rec.to || []).join(", ") || "—"}`];
+      if (rec.expr) parts.push(`${rec.expr} = ${short(rec.value, 30)}`);
+      if (rec.reads) parts.push(`reads ${Object.entries(rec.reads).map(([k, v]) => `${k}=${short(v, 40)}`).join(", ")}`);
+      if (rec.arrived) parts.push(`joined ${rec.arrived.join(", ")}`);
+      return parts.join("  ");
+    }
+    case "approval.requested": return `${rec.kind}: decisions ${(rec.decisions || []).join(", ")}`;
+    case "approval.decided": return `${rec.decision} by ${rec.by ?? "?"}${rec.comment ? `: ${rec.comment}` : ""}`;
+    case "run.waiting": return `for a decision at ${rec.waiting?.node}`;
+    case "run.resumed": return rec.by ? `by ${rec.by}` : "";
+    case "state.patched": return `patch ${short(rec.patch)}`;
+    case "child.started": return ["child run ", link(runHref(rec.run_id), rec.run_id), ` (${rec.workflow})`];
+    case "run.failed": case "run.rejected": case "run.cancelled": return short(rec.error ?? rec.message ?? rec.reason ?? "");
+    default: {
+      const skip = new Set(["seq", "type", "at", "node", "visit", "attempt", "duration_ms", "tokens", "error", "hash"]);
+      return short(Object.fromEntries(Object.entries(rec).filter(([k, v]) => !skip.has(k) && v !== null)));
+    }
+  }
+}
+
+const NODE_STATE = { "node.started": "running", "node.completed": "completed", "node.failed": "failed",
+  "node.retrying": "retrying", "approval.requested": "waiting", "approval.decided": "running" };
+
+async function runPage(ctx, runId) {
+  const run = await api(`/api/runs/${encodeURIComponent(runId)}`, { signal: ctx.signal });
+  const graph = await api(`/api/runs/${encodeURIComponent(runId)}/graph`, { signal: ctx.signal });
+  const status = h("span", { id: "run-status" }, badge(run.status));
+  const facts = h("span", { id: "run-facts", class: "muted" });
+  const streamState = h("span", { id: "stream-state", class: "live" }, "connecting");
+  const gateBox = h("div", { id: "run-gate" });
+  const side = h("aside", { id: "inspector", class: "card" }, h("p", { class: "muted" }, "Click a node for its visits (input, update, tokens, duration, error), or an edge for its decisions."));
+  const timeline = h("tbody", { id: "timeline" });
+  const records = [];
+  let selected = null;
+  let finished = false;
+  const svg = renderGraph(graph, (what) => { selected = what; inspect(); });
+  const nodeEl = (name) => svg.querySelector(`[data-node="${CSS.escape(name)}"]`);
+  const edgeEl = (i) => svg.querySelector(`[data-edge="${i}"]`);
+  put(
+    h("h1", {}, "Run ", h("code", {}, runId), " ", status),
+    h("p", {}, "workflow ", link(`/workflows/${encodeURIComponent(run.workflow)}`, run.workflow), " · ", facts, " · ", streamState),
+    gateBox,
+    h("div", { class: "run-layout" }, h("div", { class: "graph-box card" }, svg), side),
+    h("h2", {}, "Timeline"),
+    h("table", { class: "timeline" }, h("thead", {}, h("tr", {}, ["seq", "at", "type", "node", "", "detail"].map((c) => h("th", {}, c)))), timeline));
+  const setFacts = (r) => {
+    facts.textContent = `${r.steps} step(s), ${r.tokens} token(s)` + (r.error ? ` · error: ${short(r.error.message ?? r.error)}` : "");
+    status.replaceChildren(badge(r.status));
+  };
+  setFacts(run);
+
+  let gateShown = null;
+  const showGate = async (r) => {
+    const key = r.waiting ? `${r.waiting.node}@${r.waiting.requested_at}` : null;
+    if (key === gateShown) return;
+    gateShown = key;
+    gateBox.replaceChildren();
+    if (!r.waiting) return;
+    const list = await api("/api/approvals", { signal: ctx.signal });
+    const gate = list.find((g) => g.run_id === runId);
+    if (gate && gateShown === key) gateBox.append(approvalCard(gate));
+  };
+  showGate(run);
+
+  let refreshing = null;
+  const refreshRun = () => {
+    if (refreshing) return;
+    refreshing = setTimeout(async () => {
+      refreshing = null;
+      try {
+        const r = await api(`/api/runs/${encodeURIComponent(runId)}`, { signal: ctx.signal });
+        setFacts(r);
+        showGate(r);
+      } catch { /* the next record retries */ }
+    }, 150);
+  };
+  ctx.onStop(() => clearTimeout(refreshing));
+
+  const rejected = new Set(); // gates whose last decision rejected them
+  const apply = (rec) => {
+    records.push(rec);
+    let state = NODE_STATE[rec.type];
+    if (rec.type === "approval.decided") {
+      if (rec.decision === "rejected" || rec.decision === "timed_out") rejected.add(rec.node);
+      else rejected.delete(rec.node);
+    }
+    if (rejected.has(rec.node) && (rec.type === "approval.decided" || rec.type === "node.completed")) state = "rejected";
+    if (rec.type === "run.rejected" && rec.node) state = "rejected";
+    if (state && rec.node) nodeEl(rec.node)?.setAttribute("data-state", state);
+    if (TERMINAL[rec.type]) {
+      // what was still in flight when the run ended (cancelled, failed elsewhere)
+      for (const g of svg.querySelectorAll('[data-state="running"], [data-state="waiting"], [data-state="retrying"]')) {
+        if (g.dataset.node !== rec.node) g.setAttribute("data-state", "stopped");
+      }
+    }
+    if (rec.type === "edge.taken") {
+      edgeEl(rec.edge)?.setAttribute("data-state", "taken");
+      if ((rec.to || []).includes("END")) nodeEl("END")?.setAttribute("data-state", "reached");
+    } else if (rec.type === "edge.skipped") {
+      const e = edgeEl(rec.edge);
+      if (e && e.dataset.state !== "taken") e.setAttribute("data-state", "skipped");
+    }
+    if (rec.type === "run.started") nodeEl("START")?.setAttribute("data-state", "reached");
+    if (rec.type === "run.waiting") {
+      status.replaceChildren(badge("WAITING_APPROVAL"));
+      if (rec.node) nodeEl(rec.node)?.setAttribute("data-state", "waiting");
+    }
+    if (TERMINAL[rec.type]) { finished = true; status.replaceChildren(badge(TERMINAL[rec.type])); }
+    if (rec.type === "run.completed") nodeEl("END")?.setAttribute("data-state", "reached");
+    const full = h("pre", { class: "record", hidden: true }, json(rec));
+    const row = h("tr", { dataset: { seq: String(rec.seq), type: rec.type }, class: `rec rec-${rec.type.replace(".", "-")}` },
+      h("td", { class: "num" }, String(rec.seq)),
+      h("td", { title: when(rec.at) }, clock(rec.at)),
+      h("td", {}, rec.type),
+      h("td", {}, rec.node ?? ""),
+      h("td", { class: "num" }, rec.duration_ms !== null && rec.duration_ms !== undefined ? `${rec.duration_ms} ms` : ""),
+      h("td", {}, detail(rec), full));
+    row.addEventListener("click", () => { full.hidden = !full.hidden; });
+    timeline.append(row);
+  };
+
+  // after new records: the run object again (debounced), and the inspector if they
+  // concern what it shows -- a node's visits are read again at most twice a second
+  let touched = false;
+  let inspectTimer = null;
+  const changed = (rec) => {
+    refreshRun();
+    if (selected && (selected.edge !== undefined ? rec.edge === selected.edge : rec.node === selected.node)) touched = true;
+    if (!touched || inspectTimer) return;
+    inspectTimer = setTimeout(() => { inspectTimer = null; touched = false; inspect(); }, selected?.edge !== undefined ? 50 : 500);
+  };
+  ctx.onStop(() => clearTimeout(inspectTimer));
+
+  follow(`/api/runs/${encodeURIComponent(runId)}/events`, (event) => { apply(event.data); changed(event.data); }, {
+    signal: ctx.signal,
+    finished: () => finished,
+    onState: (s, error) => {
+      streamState.textContent = { open: "live", reconnecting: "reconnecting…", closed: "finished", refused: "stream refused" }[s] || s;
+      streamState.dataset.state = s;
+      if (s === "refused" && error) put(problemBox(error));
+    },
+  });
+
+  let inspecting = 0;
+  async function inspect() {
+    const ticket = ++inspecting;
+    if (selected?.edge !== undefined) {
+      const edge = graph.edges[selected.edge];
+      const decisions = records.filter((r) => (r.type === "edge.taken" || r.type === "edge.skipped") && r.edge === selected.edge);
+      fill(side, h("h2", {}, `Edge ${selected.edge}`),
+        h("p", {}, `${edge.from.join(", ")} → ${targets(edge).join(", ")}`),
+        h("p", {}, h("code", {}, edgeCondition(edge))),
+        decisions.length ? h("ol", { class: "decisions" }, decisions.map((r) => h("li", { dataset: { seq: String(r.seq) } },
+          h("strong", {}, r.type === "edge.taken" ? "taken" : "not taken"), ` (record ${r.seq})`,
+          r.expr ? h("div", {}, h("code", {}, r.expr), " → ", h("code", {}, JSON.stringify(r.value))) : null,
+          r.to?.length ? h("div", {}, `to ${r.to.join(", ")}`) : null,
+          r.arrived ? h("div", {}, `joined ${r.arrived.join(", ")}`) : null,
+          r.reads ? h("table", { class: "reads" }, h("tbody", {}, Object.entries(r.reads).map(([k, v]) => h("tr", {}, h("th", {}, k), h("td", {}, h("pre", {}, json(v))))))) : null)))
+          : h("p", { class: "muted" }, "not decided yet in this run"));
+      return;
+    }
+    if (!selected?.node) return;
+    const visits = await api(`/api/runs/${encodeURIComponent(runId)}/visits`, { signal: ctx.signal });
+    if (ticket !== inspecting) return;
+    const mine = visits.filter((v) => v.node === selected.node);
+    const spec = graph.nodes.find((n) => n.name === selected.node) || {};
+    fill(side, h("h2", {}, selected.node),
+      h("p", { class: "muted" }, spec.call ? `call ${spec.call}` : spec.approval ? "approval gate" : spec.agent ? "agent" : spec.workflow ? `workflow ${spec.workflow}` : ""),
+      mine.length ? mine.map((v) => h("section", { class: "visit", dataset: { visit: String(v.visit), status: v.status } },
+        h("h3", {}, `visit ${v.visit}${v.item !== null ? ` item ${v.item}` : ""} `, badge(v.status)),
+        h("p", { class: "muted" }, [`${v.attempts} attempt(s)`, v.duration_ms !== null ? `${v.duration_ms.toFixed(1)} ms` : null, `${v.tokens} token(s)`, v.decision ? `decision: ${v.decision}` : null].filter(Boolean).join(" · ")),
+        h("h4", {}, "input"), h("pre", { class: "visit-input" }, json(v.input)),
+        v.update ? [h("h4", {}, "update"), h("pre", { class: "visit-update" }, json(v.update))] : null,
+        v.error ? [h("h4", {}, "error"), h("pre", { class: "visit-error" }, json(v.error))] : null))
+        : h("p", { class: "muted" }, "not run yet"));
+  }
+}
+
+// -- approvals -----------------------------------------------------------------------
+
+/** A waiting gate with its decision form. The patch (modify) and the data (an approval's
+ * input: schema) are checked against what the server says the gate accepts before they
+ * are sent; the server's refusal (problem+json) is shown as it is. */
+function approvalCard(gate) {
+  const out = h("div", { class: "result", "aria-live": "polite" });
+  const comment = h("textarea", { class: "comment", rows: 2, placeholder: "comment (optional)", "aria-label": "comment" });
+  const data = gate.input ? h("textarea", { class: "data", rows: 3, placeholder: `data (JSON) for ${short(gate.input, 200)}`, "aria-label": "data" }) : null;
+  const patch = gate.modify ? h("textarea", { class: "patch", rows: 3, placeholder: '{"field": "new value"}', "aria-label": "patch" }) : null;
+  const at = gate.modify && gate.modify.at.length > 1
+    ? h("select", { class: "at", "aria-label": "re-enter at" }, gate.modify.at.map((n) => h("option", { value: n }, n))) : null;
+  const buttons = [];
+  const send = async (decision) => {
+    const body = { decision };
+    if (comment.value.trim()) body.comment = comment.value.trim();
+    const problems = [];
+    if (decision === "modify") {
+      const checked = checkJson(patch.value || "", gate.modify.patch_schema, "the patch");
+      problems.push(...checked.problems);
+      if (!problems.length && (typeof checked.value !== "object" || checked.value === null || Array.isArray(checked.value) || !Object.keys(checked.value).length)) {
+        problems.push("the patch is a JSON object of the state fields to replace");
+      }
+      body.patch = checked.value;
+      if (at) body.at = at.value;
+    } else if (data && !data.value.trim() && decision === "approve") {
+      problems.push(`this gate asks for data with an approval: JSON that satisfies ${short(gate.input, 300)}`);
+    } else if (data && data.value.trim()) {
+      const checked = checkJson(data.value, gate.input, "the data");
+      problems.push(...checked.problems);
+      body.data = checked.value;
+    }
+    if (problems.length) {
+      out.replaceChildren(h("div", { class: "problem local", role: "alert", "data-status": "local" },
+        h("strong", {}, "Not sent"), ": ", problems.join("; ")));
+      return;
+    }
+    buttons.forEach((b) => { b.disabled = true; });
+    out.replaceChildren(h("p", { class: "muted" }, "sending…"));
+    try {
+      const run = await api(`/api/runs/${encodeURIComponent(gate.run_id)}/decisions`, { method: "POST", body: { ...body, node: gate.node } });
+      card.dataset.decided = decision;
+      out.replaceChildren(h("p", { class: "ok" }, `${decision} recorded; the run is ${run.status}`));
+    } catch (error) {
+      buttons.forEach((b) => { b.disabled = false; });
+      out.replaceChildren(problemBox(error));
+    }
+  };
+  for (const d of gate.decisions) {
+    buttons.push(h("button", { type: "button", class: `decide decide-${d}`, "data-decision": d, onclick: () => send(d) }, d));
+  }
+  const card = h("article", { class: "card gate", dataset: { run: gate.run_id, node: gate.node } },
+    h("h3", {}, link(runHref(gate.run_id), gate.run_id), ` · ${gate.workflow} · `, h("code", {}, gate.node), ` (${gate.kind || "approval"})`),
+    h("p", { class: "muted" }, [`waiting since ${when(gate.since)}`, gate.deadline ? `deadline ${when(gate.deadline)}` : null,
+      gate.approvers.length ? `approvers: ${gate.approvers.join(", ")}` : "any approver"].filter(Boolean).join(" · ")),
+    Object.keys(gate.show).length ? h("dl", { class: "show" }, Object.entries(gate.show).map(([k, v]) => [h("dt", {}, k), h("dd", {}, h("pre", {}, json(v)))])) : null,
+    comment,
+    data ? h("label", {}, "data for the gate's input schema ", data) : null,
+    patch ? h("label", {}, "modify: the state fields to replace ", patch, at ? [" re-enter at ", at] : null) : null,
+    h("div", { class: "buttons" }, buttons),
+    out);
+  return card;
+}
+
+async function approvalsPage(ctx) {
+  const only = new URLSearchParams(location.search).get("run_id");
+  const list = h("div", { id: "inbox" });
+  const error = h("div");
+  const empty = h("p", { class: "muted", id: "inbox-empty" }, "Nothing is waiting for a decision.");
+  put(h("h1", {}, "Approvals"),
+    only ? h("p", {}, "Run ", h("code", {}, only), " only · ", link("/approvals", "all")) : null,
+    error, list, empty);
+  const cards = new Map();
+  await every(ctx, POLL_MS, async () => {
+    let gates;
+    try {
+      gates = await api("/api/approvals", { signal: ctx.signal });
+    } catch (e) {
+      if (!(e instanceof ApiError && e.status === 401)) error.replaceChildren(problemBox(e));
+      throw e;
+    }
+    error.replaceChildren();
+    const mine = only ? gates.filter((g) => g.run_id === only) : gates;
+    const keys = new Set();
+    for (const gate of mine) {
+      const key = `${gate.run_id}\n${gate.node}\n${gate.since}`;
+      keys.add(key);
+      if (!cards.has(key)) {
+        const card = approvalCard(gate);
+        cards.set(key, card);
+        list.append(card);
+      }
+    }
+    for (const [key, card] of cards) {
+      if (keys.has(key) || card.classList.contains("gone")) continue;
+      // decided (here or elsewhere) or the run moved on: kept, marked, until dismissed
+      card.classList.add("gone");
+      card.querySelectorAll("button.decide").forEach((b) => { b.disabled = true; });
+      card.append(h("p", { class: "muted gone-note" }, card.dataset.decided ? "decided" : "no longer waiting (decided elsewhere, or the run moved on) ",
+        h("button", { type: "button", onclick: () => { card.remove(); cards.delete(key); } }, "dismiss")));
+    }
+    empty.hidden = mine.length > 0;
+  });
+}
+
+async function inboxCount() {
+  const count = document.getElementById("inbox-count");
+  if (document.getElementById("token-form")) return;
+  try {
+    const gates = await api("/api/approvals");
+    count.textContent = gates.length ? String(gates.length) : "";
+  } catch { count.textContent = ""; }
+}
+
+// -- workflows -----------------------------------------------------------------------
+
+async function workflowsPage(ctx) {
+  const flows = await api("/api/workflows", { signal: ctx.signal });
+  put(h("h1", {}, "Workflows"),
+    flows.length ? h("table", {}, h("thead", {}, h("tr", {}, ["workflow", "description", "hash"].map((c) => h("th", {}, c)))),
+      h("tbody", {}, flows.map((f) => h("tr", {}, h("td", {}, link(`/workflows/${encodeURIComponent(f.name)}`, f.name)), h("td", {}, f.description), h("td", {}, h("code", {}, f.hash.slice(0, 12)))))))
+      : h("p", { class: "muted" }, "No workflow is registered: start the server with --workflows PATH."));
+}
+
+async function workflowPage(ctx, name) {
+  const wf = await api(`/api/workflows/${encodeURIComponent(name)}`, { signal: ctx.signal });
+  const g = wf.graph;
+  put(h("h1", {}, "Workflow ", h("code", {}, wf.name)),
+    h("p", {}, wf.description, " · ", link(`/?workflow=${encodeURIComponent(wf.name)}`, "its runs"), " · hash ", h("code", {}, wf.hash.slice(0, 12))),
+    h("div", { class: "graph-box card" }, renderGraph(g)),
+    h("h2", {}, "Nodes"),
+    h("table", {}, h("thead", {}, h("tr", {}, ["node", "what", "reads", "writes"].map((c) => h("th", {}, c)))),
+      h("tbody", {}, g.nodes.map((n) => h("tr", {}, h("td", {}, h("code", {}, n.name)),
+        h("td", {}, n.call ? `call ${n.call}${n.confirm ? " (confirm)" : ""}` : n.approval ? "approval" : n.agent ? "agent" : n.workflow ? `workflow ${n.workflow}` : ""),
+        h("td", {}, (n.reads || []).join(", ")), h("td", {}, (n.writes || []).join(", ")))))),
+    h("h2", {}, "Edges"),
+    h("table", {}, h("thead", {}, h("tr", {}, ["#", "from", "to", "condition"].map((c) => h("th", {}, c)))),
+      h("tbody", {}, g.edges.map((e, i) => h("tr", {}, h("td", {}, String(i)), h("td", {}, e.from.join(", ")), h("td", {}, targets(e).join(", ")), h("td", {}, h("code", {}, edgeCondition(e))))))),
+    h("details", {}, h("summary", {}, "Mermaid"), h("pre", {}, g.mermaid)));
+}
+
+// -- start ---------------------------------------------------------------------------
+
+showWho();
+render();
+setInterval(inboxCount, 3000);
+inboxCount();
