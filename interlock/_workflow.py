@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -567,12 +568,15 @@ def load(source: str | os.PathLike[str] | Mapping[str, Any]) -> Workflow:
 
 
 def load_workflows(paths: Sequence[str]) -> dict[str, Workflow]:
-    """Each file (or each ``*.yaml``/``*.yml``/``*.json`` in a folder), by workflow name."""
+    """Each file (or each ``*.yaml``/``*.yml``/``*.json`` in a folder that is a workflow:
+    a mapping with a ``workflow:`` key -- a folder's data files beside them, such as an
+    example's ``scenarios.json``, are skipped, with a log line), by workflow name."""
     found: dict[str, tuple[Workflow, Path]] = {}
     for given in paths:
         p = Path(given)
         if p.is_dir():
-            files = sorted(f for f in p.iterdir() if f.suffix in (".yaml", ".yml", ".json"))
+            files = [f for f in sorted(p.iterdir())
+                     if f.suffix in (".yaml", ".yml", ".json") and _is_workflow_file(f)]
         elif p.exists():
             files = [p]
         else:
@@ -588,3 +592,20 @@ def load_workflows(paths: Sequence[str]) -> dict[str, Workflow]:
                                  f"workflow {wf.name!r}; a name must be unique")
             found[wf.name] = (wf, f)
     return {name: wf for name, (wf, _) in found.items()}
+
+
+def _is_workflow_file(path: Path) -> bool:
+    """Whether a file in a ``--workflows`` folder is a workflow (its top level has a
+    ``workflow:`` key); one that does not parse is, so that its error is shown."""
+    from ._spec import read_file
+
+    try:
+        data, _ = read_file(path)
+    except WorkflowError:
+        return True
+    if isinstance(data, Mapping) and "workflow" in data:
+        return True
+    logging.getLogger("interlock").info(
+        "--workflows: skipped %s: not a workflow file (it has no top-level workflow: key)",
+        path)
+    return False

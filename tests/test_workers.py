@@ -567,6 +567,24 @@ def test_a_server_fires_its_workflows_triggers(project: Path) -> None:
 # -- errors for people -------------------------------------------------------------------------
 
 
+
+def test_a_workflows_folder_skips_its_data_files_but_a_named_one_is_refused(
+        project: Path) -> None:
+    """`--workflows FOLDER` takes the workflows in it: an example's data file beside them
+    (`scenarios.json`) is skipped; named on its own, it is an error with its file:line."""
+    from interlock.support import load_workflows
+
+    (project / "flows" / "scenarios.json").write_text('{"disk-full": {"disk": 97}}')
+    (project / "flows" / "broken.yaml").write_text("workflow: broken\nnodes: {}\n")
+    with pytest.raises(interlock.UsageError, match=r"broken\.yaml"):
+        load_workflows([str(project / "flows")])  # a workflow with an error: still shown
+    (project / "flows" / "broken.yaml").unlink()
+    assert set(load_workflows([str(project / "flows")])) == {"chain", "blocking", "gated",
+                                                             "timed"}
+    with pytest.raises(interlock.UsageError, match=r"scenarios\.json:1:"):
+        load_workflows([str(project / "flows" / "scenarios.json")])
+
+
 def test_a_worker_refuses_what_it_cannot_use(project: Path) -> None:
     missing = cli(project, "worker", "--store", f"sqlite:///{project}/nowhere/runs.db")
     assert missing.returncode == 2
