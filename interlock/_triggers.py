@@ -135,7 +135,7 @@ class Firer:
 
     workflows: Mapping[str, WorkflowSpec]
     start: Start
-    _state: dict[tuple[str, str], _State] = field(default_factory=dict)
+    _state: dict[tuple[str, str], _State] = field(default_factory=dict, init=False)
 
     @property
     def triggers(self) -> list[tuple[str, TriggerSpec]]:

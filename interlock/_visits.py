@@ -19,6 +19,7 @@ from ._fold import RunView
 from ._model import WorkflowSpec
 from ._runs import TRACE_PAGE, open_store_arg
 from ._spec import parse
+from ._state import scoped
 from ._store import Store, release_store
 
 _STATUS = {L.NODE_STARTED: "running", L.NODE_COMPLETED: "completed", L.NODE_FAILED: "failed",
@@ -29,11 +30,8 @@ _STATUS = {L.NODE_STARTED: "running", L.NODE_COMPLETED: "completed", L.NODE_FAIL
 def _input(spec: WorkflowSpec, rec: L.Record, view: RunView) -> dict[str, Any]:
     node, state = rec["node"], view.state
     ns = spec.nodes[node]
-    if ns.approval is not None:
-        fields: list[str] | None = list(ns.approval.show)
-    else:
-        fields = list(ns.reads) if ns.reads is not None else None
-    picked = dict(state) if fields is None else {k: state[k] for k in fields if k in state}
+    fields = ns.approval.show if ns.approval is not None else ns.reads
+    picked = scoped(state, tuple(fields) if fields is not None else None)  # as `_call` does
     item, visit = rec.get("item"), rec.get("visit")
     mapped = view.maps.get((node, visit)) if isinstance(visit, int) else None
     if mapped is not None and isinstance(item, int) and 0 <= item < len(mapped.items):

@@ -28,15 +28,12 @@ from typing import Any, Literal
 from ._errors import InterlockError
 from ._fold import RunResult
 from ._runs import LEASE_SECONDS, Functions, continue_claimed, list_runs, make_owner
-from ._store import RunNotFound, Store, StoreError, owner_gone
+from ._store import RUNNABLE, RunNotFound, Store, StoreError, owner_gone
 from ._triggers import Firer
 
 log = logging.getLogger("interlock.worker")
 
 Factory = Callable[[], Awaitable[Any]]
-
-# statuses of a run that was executing when its process stopped
-INTERRUPTED = ("RUNNING", "RETRYING", "PENDING")
 
 POLL_SECONDS = 0.5  # an idle worker's look for runnable runs: one indexed query
 DRAIN_SECONDS = 30.0  # how long a stopping worker lets the nodes in hand finish
@@ -116,7 +113,7 @@ class Pool:
         and the runs created but never executed; the ids taken over."""
         now = time.time()
         taken = []
-        for status in INTERRUPTED:
+        for status in RUNNABLE:  # what was executing when its process stopped
             for row in await list_runs(store=store, status=status, limit=100_000):
                 if row.owner is None or owner_gone(row.owner) or \
                         (row.lease_until or 0.0) < now:

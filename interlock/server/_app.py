@@ -183,17 +183,25 @@ class Server:
             self._firing = asyncio.get_running_loop().create_task(
                 Firer(timed, self.fire).run(self.hub.stopping))
 
-    async def fire(self, workflow: str, run_id: str, data: dict[str, Any]) -> None:
-        """Start a trigger's run as an API start does: executed here, or recorded PENDING
-        with ``--workers 0``; `RunExists` when the slot was fired already."""
+    async def begin(self, workflow: str, data: dict[str, Any], run_id: str | None = None,
+                    config: dict[str, Any] | None = None) -> interlock.RunResult:
+        """Start a run of a registered workflow, as an API start or a trigger does:
+        executed here (in the pool), or recorded PENDING with ``--workers 0``; the run
+        as it stands now. `RunExists` when a run has that id."""
         wf = self.workflows[workflow]
         if self.records_only:
-            await wf.submit(data, store=self.st, run_id=run_id)
-            self.hub.changed(run_id)
-            return
-        started = await wf.start(data, store=self.st, run_id=run_id)
-        listener = self.listener(workflow, run_id)
-        self.runs.submit(f"run {run_id}", run_id, lambda: started.execute(listener=listener))
+            pending = await wf.submit(data, store=self.st, run_id=run_id, config=config)
+            self.hub.changed(pending.run_id)
+            return pending
+        started = await wf.start(data, store=self.st, run_id=run_id, config=config)
+        listener = self.listener(workflow, started.run_id)
+        self.runs.submit(f"run {started.run_id}", started.run_id,
+                         lambda: started.execute(listener=listener))
+        return started.result
+
+    async def fire(self, workflow: str, run_id: str, data: dict[str, Any]) -> None:
+        """A trigger's run (`Firer`'s start): `begin` under the slot's id."""
+        await self.begin(workflow, data, run_id)
 
     async def stop(self) -> None:
         self.hub.stopping.set()
@@ -468,13 +476,8 @@ def _routes(app: FastAPI) -> None:  # noqa: C901 - one closure per endpoint
                     who: Operator) -> dict[str, Any]:
         wf = _workflow(server, name)
         try:
-            if server.records_only:
-                pending = await wf.submit(body.input, store=server.st, run_id=body.run_id,
-                                          config=body.config or None)
-                server.hub.changed(pending.run_id)
-                return pending.to_json()
-            started = await wf.start(body.input, store=server.st, run_id=body.run_id,
-                                     config=body.config or None)
+            return (await server.begin(name, body.input, body.run_id,
+                                       body.config or None)).to_json()
         except RunExists:
             assert body.run_id is not None
             row = await server.st.get_run(body.run_id)
@@ -487,10 +490,6 @@ def _routes(app: FastAPI) -> None:  # noqa: C901 - one closure per endpoint
                                 "another run_id") from None
             response.status_code = 200
             return await server.run_object(body.run_id)
-        listener = server.listener(name, started.run_id)
-        server.runs.submit(f"run {started.run_id}", started.run_id,
-                           lambda: started.execute(listener=listener))
-        return started.result.to_json()
 
     @app.get("/api/runs", response_model=RunPage)
     async def runs(server: Srv, who: Reader, status: str | None = None,
