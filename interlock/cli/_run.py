@@ -348,7 +348,7 @@ def cancel(run_id: str, by: str | None, wait: float, store_url: str | None,
     if server_url:
         remote = Remote(server_url, token, store_url)
         try:  # (the server records its token's name, or `local`, as who cancelled)
-            result = RunResult(**remote.call("POST", f"/api/runs/{run_id}/cancel"))
+            result = RunResult(**remote.call("POST", f"/api/runs/{run_id}/cancel", json={}))
         finally:
             remote.close()
     else:

@@ -34,9 +34,23 @@ from ._common import CliError, store_option
               help="On SIGTERM, seconds to let executing runs end before stopping them.")
 @click.option("--take-over/--no-take-over", default=True, show_default=True,
               help="On start, continue the runs whose executing process is gone.")
+@click.option("--allowed-host", "allowed_hosts", multiple=True, metavar="NAME",
+              help="A Host name the server answers to besides the loopback names and "
+                   "--host (repeatable): the name a reverse proxy forwards. With --auth, "
+                   "Host is checked only when one is given.")
+@click.option("--max-connections", type=click.IntRange(min=1), default=1000,
+              show_default=True,
+              help="Open connections at most (fewer when the descriptor limit is lower); "
+                   "past it the longest idle one is closed.")
+@click.option("--keep-alive", type=click.IntRange(min=1), default=5, show_default=True,
+              help="Seconds an idle connection is kept open between requests.")
+@click.option("--head-timeout", type=click.FloatRange(min=0.1), default=10.0,
+              show_default=True,
+              help="Seconds a client has to send a whole request line and headers.")
 def serve(store_url: str | None, host: str, port: int, workflows: tuple[str, ...],
           auth: str | None, notify: tuple[str, ...], public_url: str | None, workers: int,
-          poll: float, drain: float, take_over: bool) -> None:
+          poll: float, drain: float, take_over: bool, allowed_hosts: tuple[str, ...],
+          max_connections: int, keep_alive: int, head_timeout: float) -> None:
     """Serve the API, the run event streams and approvals from one process. Runs started
     through it execute in it; runs another process left unfinished are taken over."""
     try:
@@ -49,8 +63,10 @@ def serve(store_url: str | None, host: str, port: int, workflows: tuple[str, ...
 
     options = ServerOptions(store=store_url, workflows=workflows, auth=auth, notify=notify,
                             public_url=public_url or f"http://{host}:{port}",
-                            workers=workers, poll=poll, drain=drain, take_over=take_over)
+                            workers=workers, poll=poll, drain=drain, take_over=take_over,
+                            host=host, allowed_hosts=allowed_hosts)
     try:
-        run_server(options, host=host, port=port)
+        run_server(options, host=host, port=port, max_connections=max_connections,
+                   keep_alive=keep_alive, head_timeout=head_timeout)
     except (UsageError, StoreError) as exc:
         raise CliError(str(exc)) from None

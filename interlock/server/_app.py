@@ -48,9 +48,11 @@ from interlock.support import (
 
 from . import _dashboard as dashboard
 from ._auth import DECIDE, LOCAL, OPERATE, READ, Identity, Tokens
+from ._guard import Edge, Guard, Problemed, allowed_hosts
 from ._hub import Hub, NotifyingStore
 from ._models import (
     Approval,
+    CancelIn,
     DecisionIn,
     Graph,
     Health,
@@ -92,13 +94,10 @@ class ServerOptions:
     notify_backoff: float = 0.5
     notify_scan: float = 2.0  # seconds between looks for gates requested elsewhere
     take_over: bool = True  # continue runs whose process is gone, on start
-
-
-class Problemed(Exception):
-    def __init__(self, status: int, title: str, detail: str,
-                 headers: dict[str, str] | None = None) -> None:
-        super().__init__(detail)
-        self.status, self.title, self.detail, self.headers = status, title, detail, headers
+    host: str = "127.0.0.1"  # the bound address: a Host the server answers to
+    # more Host names answered (a reverse proxy's); with `auth`, Host is checked only
+    # when some are given (a bearer token is no ambient credential for a page to reuse)
+    allowed_hosts: Sequence[str] = ()
 
 
 def problem(status: int, title: str, detail: str,
@@ -341,17 +340,12 @@ def create_app(options: ServerOptions | None = None, **kwargs: Any) -> FastAPI:
                   responses=_PROBLEMS)  # type: ignore[arg-type]
     app.state.interlock = server
 
-    @app.middleware("http")
-    async def _bounded(request: Request, call_next: Any) -> Any:
-        # a body is read whole before it is checked: refuse one that says it is too big
-        # (the input inside it is bounded again by the engine, INTERLOCK_MAX_INPUT_BYTES)
-        size = request.headers.get("content-length")
-        limit = limits.INPUT_BYTES.get() + BODY_SLACK
-        if size is not None and size.isdigit() and int(size) > limit:
-            return problem(413, "Content Too Large", f"the request body is {size} bytes; "
-                           f"at most {limit} are read ({limits.INPUT_BYTES.env} bounds a "
-                           "run's input)")
-        return await call_next(request)
+    checked = opts.auth is None or bool(opts.allowed_hosts)
+    app.add_middleware(
+        Guard, edge=Edge(hosts=allowed_hosts(opts.host, opts.allowed_hosts) if checked
+                         else None,
+                         identify=server.identify if server.tokens is not None else None,
+                         limit=lambda: limits.INPUT_BYTES.get() + BODY_SLACK))
 
     _handlers(app)
     _routes(app)
@@ -596,7 +590,10 @@ def _routes(app: FastAPI) -> None:  # noqa: C901 - one closure per endpoint
         return await server.run_object(run_id)
 
     @app.post("/api/runs/{run_id}/cancel", response_model=RunObject)
-    async def cancel(run_id: str, server: Srv, who: Operator) -> dict[str, Any]:
+    async def cancel(run_id: str, server: Srv, who: Operator,
+                     body: CancelIn | None = None) -> dict[str, Any]:
+        """The body is ``{}`` (or empty), sent as JSON: a page of another site cannot
+        send that without asking first (see `Guard`)."""
         async with server.lock(run_id):
             result = await interlock.cancel(run_id, by=who.name, store=server.st)
         return result.to_json()

@@ -113,6 +113,12 @@ class DecisionIn(BaseModel):
                                        "(the token's name is recorded)")
 
 
+class CancelIn(BaseModel):
+    """Nothing yet; a cancel is sent as JSON (``{}``) all the same."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
 class ResumeIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     config: dict[str, Any] = Field(default_factory=dict)
