@@ -1,9 +1,19 @@
 """``--notify URL``: a Slack-compatible message on every ``approval.requested``.
 
-Each attempt is a ``notify.sent`` record in the run's log (``url``, ``attempt``,
-``request``: the seq of the ``approval.requested`` it is about, and ``status`` or
-``error``), so who was told, and when, is part of the audit trail. A failed attempt (no
-answer, or not 2xx) is retried with exponential backoff.
+Each attempt is a ``notify.sent`` record in the run's log (``url``: the webhook's scheme
+and host only, ``notify``: which ``--notify`` it is, from 1, ``attempt``, ``request``: the
+seq of the ``approval.requested`` it is about, and ``status`` or ``error``), so who was
+told, and when, is part of the audit trail -- and the webhook's path, query and
+credentials (for Slack, the URL *is* the credential) are never in it. A failed attempt
+(no answer, or not 2xx) is retried with exponential backoff.
+
+An attempt is bounded: `ATTEMPT_SECONDS` in all (connecting, sending, the answer's
+head), and the answer's body is never read. A run that has ended gets no more
+attempts, and an attempt that ends after the run did is not recorded (the server's log
+says so): no record follows a run's final record.
+
+Everything taken from the run in the message is escaped for Slack's mrkdwn (``&``,
+``<``, ``>``; backquotes in code spans), so node output cannot add links or mentions.
 
 Gates of runs this server executes are announced as they are requested; `watch` finds
 the others (runs executed by the CLI or another process) among the waiting runs of the
@@ -16,19 +26,45 @@ import asyncio
 import json
 import logging
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import httpx
 
 import interlock
-from interlock import ClaimError, ConflictError, InterlockError, Store
-from interlock.support import append_note, trace_pages
+from interlock import ClaimError, ConflictError, InterlockError, Store, UsageError
+from interlock.support import TERMINAL_TYPES, append_note, trace_pages
 
 from ._hub import Hub
 
 log = logging.getLogger("interlock.server")
 
 NOTIFY_SENT = "notify.sent"
+ATTEMPT_SECONDS = 10.0  # one attempt, whole: connect, send, the answer's status
+_ENDED = frozenset(TERMINAL_TYPES.values())
+
+
+def shown(url: str) -> str:
+    """What may be recorded and logged of a webhook URL: its scheme and host (and port);
+    never its user, password, path or query, any of which may be its secret."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or "?"
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        return "(an invalid URL)"
+    host = f"[{host}]" if ":" in host else host
+    return f"{parts.scheme or '?'}://{host}{port}"
+
+
+def mrkdwn(text: str) -> str:
+    """``text`` as Slack mrkdwn shows it literally: no link, mention or entity."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _code(text: str) -> str:
+    """``text`` inside a code span (where Slack links nothing): a backquote in it would
+    end the span, so it is shown as a modifier grave."""
+    return "`" + mrkdwn(text).replace("`", "\u02cb") + "`"
 
 
 def payload(workflow: str, run_id: str, rec: dict[str, Any], public_url: str
@@ -37,14 +73,17 @@ def payload(workflow: str, run_id: str, rec: dict[str, Any], public_url: str
     node = rec.get("node")
     link = f"{public_url.rstrip('/')}/approvals?run_id={quote(run_id)}"
     show = rec.get("show") or {}
-    text = (f"{workflow}: run {run_id} is waiting for a decision at {node} "
-            f"({', '.join(rec.get('decisions') or [])}) -- {link}")
+    text = (f"{mrkdwn(workflow)}: run {mrkdwn(run_id)} is waiting for a decision at "
+            f"{mrkdwn(str(node))} ({mrkdwn(', '.join(rec.get('decisions') or []))}) -- "
+            f"<{link}>")
     blocks: list[dict[str, Any]] = [
         {"type": "section", "text": {"type": "mrkdwn", "text":
-            f"*{workflow}*: run `{run_id}` is waiting for a decision at *{node}*"}}]
+            f"*{mrkdwn(workflow)}*: run {_code(run_id)} is waiting for a decision at "
+            f"*{mrkdwn(str(node))}*"}}]
     if show:
         blocks.append({"type": "section", "fields": [
-            {"type": "mrkdwn", "text": f"*{k}*\n`{_short(json.dumps(v, default=str))}`"}
+            {"type": "mrkdwn", "text": f"*{mrkdwn(str(k))}*\n"
+                                       f"{_code(_short(json.dumps(v, default=str)))}"}
             for k, v in list(show.items())[:10]]})
     blocks.append({"type": "actions", "elements": [
         {"type": "button", "text": {"type": "plain_text", "text": "Open the inbox"},
@@ -59,7 +98,7 @@ def _short(text: str, limit: int = 200) -> str:
 class Notifier:
     def __init__(self, urls: list[str], public_url: str, store: Store, hub: Hub,
                  locks: Any, *, attempts: int = 5, backoff: float = 0.5,
-                 timeout: float = 10.0) -> None:
+                 timeout: float = ATTEMPT_SECONDS) -> None:
         self.urls, self.public_url = urls, public_url
         self.store, self.hub, self.locks = store, hub, locks
         self.attempts, self.backoff, self.timeout = attempts, backoff, timeout
@@ -110,32 +149,52 @@ class Notifier:
             return
         self._announced.add((run_id, rec["seq"]))
         message = payload(workflow, run_id, rec, self.public_url)
-        for url in self.urls:
+        for index, url in enumerate(self.urls, 1):
             task = asyncio.get_running_loop().create_task(
-                self._deliver(url, run_id, int(rec["seq"]), message))
+                self._deliver(index, url, run_id, int(rec["seq"]), message))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    async def _deliver(self, url: str, run_id: str, seq: int, message: dict[str, Any]
-                       ) -> None:
+    async def _deliver(self, index: int, url: str, run_id: str, seq: int,
+                       message: dict[str, Any]) -> None:
         await self._committed(run_id, seq)
         if self._client is None:
             self._client = httpx.AsyncClient(timeout=self.timeout)
+        where = f"--notify {index} ({shown(url)})"
         for attempt in range(1, self.attempts + 1):
-            outcome: dict[str, Any]
-            try:
-                response = await self._client.post(url, json=message)
-                outcome, ok = {"status": response.status_code}, response.is_success
-            except httpx.HTTPError as exc:
-                outcome, ok = {"error": f"{type(exc).__name__}: {exc}"}, False
-            await self._record(run_id, {"url": url, "attempt": attempt, "request": seq,
-                                        **outcome})
+            if await self._ended(run_id):
+                log.info("run %s has ended: no more notifications to %s", run_id, where)
+                return
+            outcome, ok = await self._post(url, message)
+            if not await self._record(run_id, {"url": shown(url), "notify": index,
+                                               "attempt": attempt, "request": seq,
+                                               **outcome}):
+                log.info("run %s: %s attempt %d (%s) ended after the run did; not "
+                         "recorded", run_id, where, attempt, outcome)
+                return
             if ok:
                 return
             if attempt < self.attempts:
                 await asyncio.sleep(self.backoff * 2 ** (attempt - 1))
         log.warning("run %s: the notification to %s failed %d times; giving up", run_id,
-                    url, self.attempts)
+                    where, self.attempts)
+
+    async def _post(self, url: str, message: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        """One attempt, bounded in time (`timeout` in all) and in what is read (the
+        answer's status; its body is dropped unread). The error never holds the URL."""
+        assert self._client is not None
+        try:
+            async with asyncio.timeout(self.timeout):
+                async with self._client.stream("POST", url, json=message) as response:
+                    return {"status": response.status_code}, response.is_success
+        except TimeoutError:
+            return {"error": f"no answer within {self.timeout:g}s"}, False
+        except httpx.HTTPError as exc:
+            text = str(exc).replace(url, shown(url))
+            return {"error": f"{type(exc).__name__}: {text}"}, False
+
+    async def _ended(self, run_id: str) -> bool:
+        return (await self.store.get_run(run_id)).summary.status in _ENDED
 
     async def _committed(self, run_id: str, seq: int) -> None:
         """Until the gate's record is stored (it was staged when we were called)."""
@@ -145,19 +204,25 @@ class Notifier:
                 return
             await self.hub.wait(waiter, 0.1)
 
-    async def _record(self, run_id: str, fields: dict[str, Any]) -> None:
+    async def _record(self, run_id: str, fields: dict[str, Any]) -> bool:
         """``notify.sent`` under the run's claim; while the run's executor still holds
-        it (it releases once the run waits), try again."""
+        it (it releases once the run waits), try again. False once the run has ended:
+        nothing is appended after a run's final record."""
         for _ in range(50):
             async with self.locks(run_id):
                 try:
                     await append_note(run_id, NOTIFY_SENT, fields, store=self.store)
-                    return
+                    return True
+                except UsageError:
+                    if await self._ended(run_id):
+                        return False
+                    raise
                 except (ClaimError, ConflictError):
                     waiter = self.hub.waiter(run_id)
             await self.hub.wait(waiter, 0.2)
         log.warning("run %s: could not record %s %s (the run stayed claimed)", run_id,
                     NOTIFY_SENT, fields)
+        return True
 
     async def close(self) -> None:
         for task in list(self._tasks):
