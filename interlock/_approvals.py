@@ -147,7 +147,7 @@ def decide(spec: WorkflowSpec, view: RunView, decision: Decision, *,
         raise UsageError(f"{gate.node!r} accepts {', '.join(gate.decisions)}; not {verb}{why}")
     refused = approvers_refuse(spec, gate.node, decision.by, decision.roles)
     if refused is not None:
-        raise UsageError(refused)
+        raise NotAnApprover(refused)
     data = _checked_data(gate, decision)
     if decision.kind == "approve":
         return _records(spec, view, gate, "approved", decision.by, decision.comment, data=data)
@@ -165,6 +165,10 @@ def decide(spec: WorkflowSpec, view: RunView, decision: Decision, *,
     check_patch(spec, view, decision.patch)
     return _records(spec, view, gate, "modified", decision.by, decision.comment,
                     patch=L.to_json_value(decision.patch), reenter=target)
+
+
+class NotAnApprover(UsageError):
+    """A decision refused by the gate's ``approvers:`` (a server answers 403)."""
 
 
 def approvers_refuse(spec: WorkflowSpec, node: str, by: str | None,

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 from . import _log as L
 from . import _records as R
 from . import _snapshot as snapshots
+from ._bounds import check_config, check_run_id
 from ._compile import compile_spec, reading_plan
 from ._errors import ClaimError, ConflictError, InterlockError, RunNotFound, UsageError
 from ._fold import Gate, RunResult, RunView, result_of
@@ -836,6 +837,7 @@ def _overrides(config: Mapping[str, Any] | None,
                limits: Mapping[str, Any] | None) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if config:
+        check_config(config)
         out["config"] = L.to_json_value(dict(config))
     if limits:
         out["limits"] = check_limits(limits)
@@ -1117,6 +1119,7 @@ async def fork(run_id: str, at: int, *, store: str | Store | None = None,
                       patch=L.to_json_value(dict(patch)) if patch else None,
                       deadlines=_fresh_deadlines(loaded.spec, loaded.view, now) or None)
         rid = new_run_id or make_run_id()
+        check_run_id(rid)
         row = loaded.row
         new_row = RunRow(run_id=rid, workflow=row.workflow, definition=row.definition,
                          definition_hash=row.definition_hash, input=row.input,

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from . import _log as L
 from ._approvals import Decision
-from ._bounds import check_data
+from ._bounds import check_config, check_data, check_run_id
 from ._compile import check_spec, compile_spec, reading_plan
 from ._errors import Diagnostic, UsageError, WorkflowError
 from ._fold import RunResult, RunView, result_of
@@ -372,6 +372,7 @@ class Workflow:
         spans: RunSpans | None = None
         try:
             rid = run_id or make_run_id()
+            check_run_id(rid)
             started: dict[str, Any] = {}
             spans = run_spans(rid, spec.workflow)  # None unless tracing is configured
             if spans is not None:
@@ -401,6 +402,7 @@ class Workflow:
         data = _check_input(spec, input)
         cfg, lim = _effective(spec, config, limits, self._limits())
         rid = run_id or make_run_id()
+        check_run_id(rid)
         spans = run_spans(rid, spec.workflow)  # its span covers the wait in the queue too
         view, writer, _ = await create(
             plan, store, rid, definition=self.definition(),
@@ -429,6 +431,7 @@ class Workflow:
         st, owned = open_store_arg(store)
         try:
             rid = run_id or make_run_id()
+            check_run_id(rid)
             view, _, _ = await create(
                 plan, st, rid, definition=self.definition(),
                 definition_hash=self.definition_hash(), input=data, config=cfg, limits=lim,
@@ -537,6 +540,7 @@ def _effective(spec: WorkflowSpec, config: Mapping[str, Any] | None,
                limits: Mapping[str, Any] | None, declared: Mapping[str, Any]
                ) -> tuple[dict[str, Any], dict[str, Any]]:
     """A run's config and limits: ``declared`` (`Workflow._limits`) with the overrides."""
+    check_config(config)
     cfg = {**spec.config, **(config or {})}
     lim = {**declared, **check_limits(limits, base=declared)} if limits else dict(declared)
     return L.to_json_value(cfg), lim

@@ -60,7 +60,9 @@ Coverage
 Limits
     `limits` (the module of every bound, each a `limits.Limit` with its environment
     variable and default; docs/security.md lists them), `read_at_most`, `too_big`,
-    `too_deep`, `too_deep_at` (applying them to data a tool reads).
+    `too_deep`, `too_deep_at`, `not_json_at` (applying them to data a tool reads),
+    `RUN_ID_PATTERN` (the run ids a person or a tool may choose), `NotAnApprover` (a
+    decision refused by ``approvers:``).
 
 It imports the engine (``import interlock`` alone does not): import it where it is used.
 """
@@ -72,8 +74,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 from . import _guards
 from . import _limits as limits
-from ._approvals import approvers_refuse, patch_schema
-from ._bounds import read_at_most, too_big, too_deep, too_deep_at
+from ._approvals import NotAnApprover, approvers_refuse, patch_schema
+from ._bounds import RUN_ID_PATTERN, not_json_at, read_at_most, too_big, too_deep, too_deep_at
 from ._coverage import workflows_in
 from ._export import export as export_run
 from ._export import verify_export
@@ -126,6 +128,7 @@ __all__ = [
     "DRAIN_SECONDS",
     "METRICS_CONTENT_TYPE",
     "POLL_SECONDS",
+    "RUN_ID_PATTERN",
     "TERMINAL_TYPES",
     "TRACE_PAGE",
     "Draining",
@@ -136,6 +139,7 @@ __all__ = [
     "LogCheck",
     "Metrics",
     "NodeSpec",
+    "NotAnApprover",
     "Pool",
     "Pruned",
     "Record",
@@ -154,6 +158,7 @@ __all__ = [
     "load_spec",
     "load_workflows",
     "node_visits",
+    "not_json_at",
     "owner_gone",
     "parse_definition",
     "parse_duration",

@@ -94,10 +94,11 @@ TOKENS = {"alice": ("tok-alice", ["approver"]), "bob": ("tok-bob", ["approver"])
 class Served:
     """A running ``interlock serve`` subprocess."""
 
-    def __init__(self, root: Path, *args: str, store: str | None = None) -> None:
+    def __init__(self, root: Path, *args: str, store: str | None = None,
+                 wrap: tuple[str, ...] = ()) -> None:
         self.root = root
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "interlock", "serve", "--port", "0", "--store",
+        self.proc = subprocess.Popen(  # wrap: a command that execs the server (prlimit)
+            [*wrap, sys.executable, "-m", "interlock", "serve", "--port", "0", "--store",
              store or f"sqlite:///{root / 'runs.db'}", "--workflows", "flows", *args],
             cwd=root, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
             env={**os.environ, "PYTHONPATH": pythonpath(root)})

@@ -21,6 +21,10 @@ from ._common import CliError, store_option
 @click.option("--notify", "notify", multiple=True, metavar="URL",
               help="POST a Slack-compatible message here on every approval request "
                    "(repeatable).")
+@click.option("--notify-timeout", type=click.FloatRange(min=0.1), default=10.0,
+              show_default=True,
+              help="Seconds one notification attempt may take in all (its answer's body "
+                   "is never read).")
 @click.option("--public-url", metavar="URL",
               help="Where the server is reached, for links in notifications "
                    "(default http://HOST:PORT).")
@@ -48,7 +52,8 @@ from ._common import CliError, store_option
               show_default=True,
               help="Seconds a client has to send a whole request line and headers.")
 def serve(store_url: str | None, host: str, port: int, workflows: tuple[str, ...],
-          auth: str | None, notify: tuple[str, ...], public_url: str | None, workers: int,
+          auth: str | None, notify: tuple[str, ...], notify_timeout: float,
+          public_url: str | None, workers: int,
           poll: float, drain: float, take_over: bool, allowed_hosts: tuple[str, ...],
           max_connections: int, keep_alive: int, head_timeout: float) -> None:
     """Serve the API, the run event streams and approvals from one process. Runs started
@@ -62,6 +67,7 @@ def serve(store_url: str | None, host: str, port: int, workflows: tuple[str, ...
     from .. import StoreError, UsageError
 
     options = ServerOptions(store=store_url, workflows=workflows, auth=auth, notify=notify,
+                            notify_timeout=notify_timeout,
                             public_url=public_url or f"http://{host}:{port}",
                             workers=workers, poll=poll, drain=drain, take_over=take_over,
                             host=host, allowed_hosts=allowed_hosts)

@@ -32,6 +32,7 @@ from interlock.support import (
     TERMINAL_TYPES,
     Firer,
     Metrics,
+    NotAnApprover,
     RunRow,
     RunView,
     approvers_refuse,
@@ -92,6 +93,7 @@ class ServerOptions:
     drain: float = 10.0  # seconds a stopping server waits for its executions
     notify_attempts: int = 5
     notify_backoff: float = 0.5
+    notify_timeout: float = 10.0  # seconds for one attempt, whole
     notify_scan: float = 2.0  # seconds between looks for gates requested elsewhere
     take_over: bool = True  # continue runs whose process is gone, on start
     host: str = "127.0.0.1"  # the bound address: a Host the server answers to
@@ -168,7 +170,8 @@ class Server:
         self.notifier = Notifier(list(self.options.notify), self.options.public_url,
                                  self.store, self.hub, self.lock,
                                  attempts=self.options.notify_attempts,
-                                 backoff=self.options.notify_backoff)
+                                 backoff=self.options.notify_backoff,
+                                 timeout=self.options.notify_timeout)
         if self.options.take_over and self.records_only:
             log.info("--workers 0: this server executes no run; `interlock worker` "
                      "processes on its store do")
@@ -317,6 +320,29 @@ async def _existing(run_id: str, server: Srv, who: Reader) -> RunRow:
 Existing = Annotated[RunRow, Depends(_existing)]
 
 
+async def _last_event_id(last_event_id: Annotated[str | None, Header()] = None
+                         ) -> int | None:
+    """The seq a reconnecting stream saw last (refused before the stream starts)."""
+    seen = (last_event_id or "").strip()
+    if not seen:
+        return None
+    if not (seen.isascii() and seen.isdigit() and len(seen) <= 18):
+        raise Problemed(400, "Bad Request", f"Last-Event-ID must be the seq of an event of "
+                        f"this stream (ASCII digits), got {seen[:40]!r}")
+    return int(seen)
+
+
+async def _plain_params(request: Request) -> None:
+    """A run id, a filter or a cursor holds text: a control character (a NUL, which
+    PostgreSQL cannot store) in one is refused here, before any store sees it."""
+    for where, params in (("path", request.path_params),
+                          ("query", request.query_params)):
+        for key, value in params.items():
+            if isinstance(value, str) and any(c < " " or c == "\x7f" for c in value):
+                raise Problemed(400, "Bad Request", f"the {where} parameter {key} holds a "
+                                "control character; ids and filters are plain text")
+
+
 def create_app(options: ServerOptions | None = None, **kwargs: Any) -> FastAPI:
     """The API as an ASGI app (``options``, or `ServerOptions` fields as keywords).
 
@@ -335,9 +361,11 @@ def create_app(options: ServerOptions | None = None, **kwargs: Any) -> FastAPI:
         finally:
             await server.stop()
 
+    # no /docs or /redoc: those pages load their scripts from a CDN; /openapi.json stays
     app = FastAPI(title="interlock", version=interlock.__version__, lifespan=lifespan,
                   description="Runs, their logs, live events and approvals (SPEC §8).",
-                  responses=_PROBLEMS)  # type: ignore[arg-type]
+                  responses=_PROBLEMS, docs_url=None, redoc_url=None,  # type: ignore[arg-type]
+                  dependencies=[Depends(_plain_params)])
     app.state.interlock = server
 
     checked = opts.auth is None or bool(opts.allowed_hosts)
@@ -530,11 +558,9 @@ def _routes(app: FastAPI) -> None:  # noqa: C901 - one closure per endpoint
                                              "id = its seq, data = the record (JSON)"}})
     async def events(run_id: str, server: Srv, row: Existing,
                      after: Annotated[int | None, Query(ge=0)] = None,
-                     last_event_id: Annotated[str | None, Header()] = None
+                     seen: Annotated[int | None, Depends(_last_event_id)] = None
                      ) -> AsyncIterator[ServerSentEvent]:
-        seq = after or 0
-        if last_event_id is not None and last_event_id.strip().isdigit():
-            seq = int(last_event_id.strip())
+        seq = seen if seen is not None else after or 0
         async for event in follow(server, run_id, seq):
             yield event
 
@@ -568,6 +594,8 @@ def _routes(app: FastAPI) -> None:  # noqa: C901 - one closure per endpoint
                         run_id, decision, store=server.st,
                         workflow=server.workflows.get(row.workflow), listener=listen,
                         detach=server.records_only))
+            except NotAnApprover as exc:  # a child run's gate: its approvers: refused
+                raise Problemed(403, "Forbidden", str(exc)) from None
             except UsageError as exc:
                 status = (await server.st.get_run(run_id)).summary.status
                 if status != "WAITING_APPROVAL":

@@ -101,6 +101,10 @@ def _entry(item: Any, where: str, example: str) -> _Token:
     name, digest, roles = item.get("name"), item.get("sha256"), item.get("roles")
     if not isinstance(name, str) or not name:
         raise UsageError(f"{where} needs a name; {example}")
+    if name.startswith("role:"):
+        raise UsageError(f"{where}: the name {name!r} starts with 'role:', which approvers: "
+                         "uses for roles (approvers: [role:admin] would let this token "
+                         "decide as if it had the role); choose another name")
     if not isinstance(digest, str) or not _HEX64.fullmatch(digest.lower()):
         raise UsageError(f"{where} ({name}): sha256 must be the 64 hex digits of the token's "
                          "SHA-256 digest (printf %s TOKEN | sha256sum), never the token itself")

@@ -26,8 +26,12 @@ def is_loopback(host: str) -> bool:
         return False  # a host name: it may resolve anywhere
 
 
-# descriptors kept free beside the connections: the store, logs, webhooks, the listener
-SPARE_DESCRIPTORS = 64
+# connections accepted in one go (the listen backlog: asyncio accepts up to that many per
+# wake-up, before a connection over the cap is closed)
+BACKLOG = 128
+# descriptors kept free beside the connections: two accept batches, and the store, logs,
+# webhooks and the listener
+SPARE_DESCRIPTORS = 2 * BACKLOG + 64
 
 
 def connection_cap(wanted: int) -> int:
@@ -136,7 +140,7 @@ def serve(options: ServerOptions, *, host: str = "127.0.0.1", port: int = 8765,
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on",
                             timeout_graceful_shutdown=max(int(options.drain), 1),
                             http=connection, timeout_keep_alive=keep_alive,
-                            limit_concurrency=cap + 8)
+                            limit_concurrency=cap + 8, backlog=BACKLOG)
     server = _Uvicorn(config)
     server.interlock = app.state.interlock
     logging.getLogger("interlock").setLevel(logging.INFO)

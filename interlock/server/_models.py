@@ -4,11 +4,26 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from interlock import RunResult
+from interlock.support import RUN_ID_PATTERN, not_json_at
 
-RUN_ID = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
+RUN_ID = RUN_ID_PATTERN  # the engine's: one grammar for the CLI, Python and the API
+
+
+class _Body(BaseModel):
+    """A request body: JSON data that can be stored as it came (no NaN or infinity,
+    no lone surrogate), refused with where it is not."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="after")
+    def _stored_as_sent(self) -> _Body:
+        bad = not_json_at(self.model_dump())
+        if bad is not None:
+            raise ValueError(f"{bad[1]} at {bad[0]}: send JSON data")
+        return self
 
 
 class Problem(BaseModel):
@@ -92,15 +107,13 @@ class Record(BaseModel):
     error: Any
 
 
-class StartRun(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class StartRun(_Body):
     input: dict[str, Any] = Field(default_factory=dict)
     config: dict[str, Any] = Field(default_factory=dict)
     run_id: str | None = Field(default=None, pattern=RUN_ID)
 
 
-class DecisionIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class DecisionIn(_Body):
     decision: Literal["approve", "reject", "modify"]
     comment: str | None = Field(default=None, max_length=10_000)
     patch: dict[str, Any] | None = None
@@ -113,14 +126,11 @@ class DecisionIn(BaseModel):
                                        "(the token's name is recorded)")
 
 
-class CancelIn(BaseModel):
+class CancelIn(_Body):
     """Nothing yet; a cancel is sent as JSON (``{}``) all the same."""
 
-    model_config = ConfigDict(extra="forbid")
 
-
-class ResumeIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class ResumeIn(_Body):
     config: dict[str, Any] = Field(default_factory=dict)
 
 

@@ -169,8 +169,9 @@ class Notifier:
             if not await self._record(run_id, {"url": shown(url), "notify": index,
                                                "attempt": attempt, "request": seq,
                                                **outcome}):
-                log.info("run %s: %s attempt %d (%s) ended after the run did; not "
-                         "recorded", run_id, where, attempt, outcome)
+                log.warning("run %s: %s attempt %d (%s) ended after the run did; not "
+                            "recorded (no record follows a run's final one)", run_id, where,
+                            attempt, outcome)
                 return
             if ok:
                 return
