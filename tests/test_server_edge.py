@@ -500,3 +500,50 @@ def test_a_token_named_like_a_role_is_refused(project: Path) -> None:
                           env={**os.environ, "PYTHONPATH": pythonpath(project)})
     assert done.returncode == 2
     assert "'role:admin' starts with 'role:'" in done.stderr
+
+
+CHILD = '''
+workflow: child
+nodes:
+  gate: {approval: {approvers: [alice]}}
+edges:
+  - {from: START, to: gate}
+  - {from: gate, to: END}
+'''
+
+PARENT = '''
+workflow: parent
+nodes:
+  sub: {workflow: child.yaml}
+edges:
+  - {from: START, to: sub}
+  - {from: sub, to: END}
+'''
+
+
+def test_a_child_gates_approvers_refusal_is_403(serve: Any, project: Path) -> None:
+    (project / "flows" / "child.yaml").write_text(textwrap.dedent(CHILD))
+    (project / "flows" / "parent.yaml").write_text(textwrap.dedent(PARENT))
+    server = serve()
+    with server.client() as c:
+        assert c.post("/api/workflows/parent/runs", json={"run_id": "p1"}).status_code == 201
+        wait_status(c, "p1", "WAITING_APPROVAL")
+        records = len(c.get("/api/runs/p1/records").json())
+        r = c.post("/api/runs/p1/decisions", json={"decision": "approve", "by": "bob"})
+        assert r.status_code == 403, r.text
+        assert "'bob' may not decide 'gate'" in r.json()["detail"]
+        assert len(c.get("/api/runs/p1/records").json()) == records
+        r = c.post("/api/runs/p1/decisions", json={"decision": "approve", "by": "alice"})
+        assert r.status_code == 200, r.text
+
+
+def test_a_run_id_the_api_cannot_name_is_refused_at_creation(project: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "interlock", "run", "flows/gated.yaml",
+                           "--input", '{"n": 1}', "--run-id", "team/a1", "--store",
+                           f"sqlite:///{project / 'runs.db'}"], cwd=project,
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": pythonpath(project)})
+    assert done.returncode == 2, done.stderr
+    assert "the run id 'team/a1' is not one interlock accepts" in done.stderr
+    assert not (project / "runs.db").exists() or "team/a1" not in \
+        (project / "runs.db").read_bytes().decode("latin-1")

@@ -48,7 +48,10 @@ class _Connection(H11Protocol):
     line and headers) must arrive within `head_timeout` seconds of the connection
     opening or of the previous answer (uvicorn times out only an idle keep-alive,
     not a connection that never finishes a request), and past `cap` open connections
-    the one idle the longest is closed, so a new client is served."""
+    the one idle the longest is closed, so a new client is served. (uvicorn's own
+    ``limit_concurrency`` is not used: it answers 503 to every new request while idle
+    connections hold the places, and a connection has one request at a time, so the
+    cap bounds the requests in progress too.)"""
 
     head_timeout: float = 10.0
     cap: int = 1000
@@ -140,7 +143,7 @@ def serve(options: ServerOptions, *, host: str = "127.0.0.1", port: int = 8765,
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on",
                             timeout_graceful_shutdown=max(int(options.drain), 1),
                             http=connection, timeout_keep_alive=keep_alive,
-                            limit_concurrency=cap + 8, backlog=BACKLOG)
+                            backlog=BACKLOG)
     server = _Uvicorn(config)
     server.interlock = app.state.interlock
     logging.getLogger("interlock").setLevel(logging.INFO)
