@@ -25,6 +25,7 @@ from typing import Any, ClassVar
 
 import pytest
 import test_server
+from test_decision_race import store_urls
 from test_server import TOKENS, Served, events, pythonpath, wait_status
 
 httpx = pytest.importorskip("httpx")
@@ -547,3 +548,24 @@ def test_a_run_id_the_api_cannot_name_is_refused_at_creation(project: Path) -> N
     assert "the run id 'team/a1' is not one interlock accepts" in done.stderr
     assert not (project / "runs.db").exists() or "team/a1" not in \
         (project / "runs.db").read_bytes().decode("latin-1")
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+def test_a_nul_in_an_id_a_filter_or_data_is_a_4xx_on_every_store(serve: Any, project: Path,
+                                                                  kind: str) -> None:
+    stores = store_urls(project)
+    if kind == "postgres" and len(stores) < 2:
+        pytest.skip("INTERLOCK_TEST_POSTGRES is not set")
+    server = serve("--no-take-over", store=stores[kind == "postgres"])
+    with server.client() as c:
+        for path in ("/api/runs/a%00b", "/api/runs?status=%00", "/api/runs?workflow=a%00",
+                     "/api/runs/a%00b/records", "/api/runs/a%00b/events"):
+            r = c.get(path)
+            assert r.status_code == 400, (path, r.text)
+            assert "control character" in r.json()["detail"]
+        rid = f"nul-{os.getpid()}-{os.urandom(3).hex()}"
+        r = c.post("/api/workflows/gated/runs", json={"input": {"n": 1, "s": "a\x00b"},
+                                                      "run_id": rid})
+        assert r.status_code < 500, r.text
+        r = c.post("/api/runs/a%00b/cancel", json={})
+        assert r.status_code == 400, r.text
