@@ -65,8 +65,16 @@ def trigger_id(trigger: TriggerSpec) -> str:
     return hashlib.sha256(orjson.dumps(data, option=orjson.OPT_SORT_KEYS)).hexdigest()[:8]
 
 
+_ID_UNSAFE = re.compile(r"[^A-Za-z0-9_.:-]")
+
+
 def run_prefix(workflow: str, trigger: TriggerSpec) -> str:
-    return f"{workflow}.trigger-{trigger_id(trigger)}."
+    """The trigger's runs' id prefix: the workflow's name (as the run-id grammar allows
+    it: other characters as ``-``, at most 64 of them) and the trigger's id."""
+    name = _ID_UNSAFE.sub("-", workflow)[:64]
+    if not name[:1].isalnum() or not name[:1].isascii():
+        name = "w" + name[:63]
+    return f"{name}.trigger-{trigger_id(trigger)}."
 
 
 def slot_run_id(workflow: str, trigger: TriggerSpec, slot: float) -> str:
@@ -75,9 +83,10 @@ def slot_run_id(workflow: str, trigger: TriggerSpec, slot: float) -> str:
 
 
 def key_run_id(workflow: str, trigger: TriggerSpec, key: str) -> str:
-    plain = key if _PLAIN_KEY.match(key) else \
+    prefix = run_prefix(workflow, trigger)
+    plain = key if _PLAIN_KEY.match(key) and len(prefix) + len(key) <= 128 else \
         "k" + hashlib.sha256(key.encode("utf-8")).hexdigest()[:16]
-    return run_prefix(workflow, trigger) + plain
+    return prefix + plain
 
 
 def _cron(expr: str, at: float) -> Any:
