@@ -44,7 +44,8 @@ if TYPE_CHECKING:
 @click.option("--input-file", metavar="PATH",
               help="Read the run's input (a JSON object) from PATH ('-' for stdin).")
 @set_option
-@click.option("--run-id", metavar="ID", help="Use this run id instead of a generated one.")
+@click.option("--run-id", metavar="ID", help="Use this run id instead of a generated one "
+              "(1-128 letters, digits, '.', '_', ':', '-'; the API names it in URLs).")
 @click.option("--detach", is_flag=True,
               help="Record the run as PENDING and exit 0 without executing it (the run id "
                    "on stdout): `interlock worker` on the same store executes it.")
@@ -292,7 +293,7 @@ def _finish(result: RunResult, progress: Progress, as_json: bool) -> NoReturn:
 @click.option("--patch", "patch_json", metavar="JSON",
               help='Replace state fields in the new run, e.g. \'{"severity": "low"}\'.')
 @click.option("--run-id", "new_run_id", metavar="ID",
-              help="The new run's id instead of a generated one.")
+              help="The new run's id instead of a generated one (as run --run-id).")
 @json_option
 @store_option
 def fork(run_id: str, at_seq: int, sets: tuple[str, ...], patch_json: str | None,
