@@ -22,7 +22,14 @@ from . import _log as L
 from . import _records as R
 from . import _snapshot as snapshots
 from ._compile import compile_spec, reading_plan
-from ._errors import ClaimError, ConflictError, InterlockError, RunNotFound, UsageError
+from ._errors import (
+    ClaimError,
+    ConflictError,
+    InterlockError,
+    LogError,
+    RunNotFound,
+    UsageError,
+)
 from ._fold import Gate, RunResult, RunView, result_of
 from ._journal import Journal
 from ._model import DEFAULT_STEPS, WorkflowSpec, check_limits
@@ -111,8 +118,9 @@ async def drive(plan: Plan, store: Store, run_id: str, view: RunView, writer: L.
                 await journal.commit(first)
             except ConflictError:
                 # read, decided, then claimed after another process had decided (or
-                # resumed) the run and let it go: what this one read is stale
-                raise UsageError(
+                # resumed) the run and let it go: what this one read is stale (a race,
+                # not a wrong call: it stays a ConflictError, which the server answers 409)
+                raise ConflictError(
                     f"run {run_id!r} changed after this process read it (another process "
                     "decided or resumed it first); nothing was recorded and this resume is "
                     f"refused -- see `interlock status {run_id}`") from None
@@ -368,7 +376,7 @@ class _Children:
         request = await self.store.cancel_requested(self.run_id)
         if request is None:
             return  # a timeout, a sibling's failure: the child is continued later
-        with contextlib.suppress(UsageError, RunNotFound):
+        with contextlib.suppress(UsageError, LogError, RunNotFound):
             await cancel(child_id, by=request.get("by"), store=self.store, wait=0)
 
 
@@ -529,7 +537,7 @@ async def _continue_parent(store: Store, run_id: str, link: Mapping[str, Any], *
     view = parent.view
     waits = any(g.kind == "workflow" and g.key == run_id for g in view.pending_gates())
     if waits or view.status in ("RUNNING", "RETRYING"):
-        with contextlib.suppress(ClaimError, UsageError):  # being executed: it will see
+        with contextlib.suppress(ClaimError, UsageError, LogError):  # being executed: it will see
             await resume(link["run"], store=store, detach=detach)
 
 
@@ -551,7 +559,7 @@ def _child_ids(plan: Plan, run_id: str, view: RunView) -> list[str]:
 async def _cancel_children(store: Store, plan: Plan, run_id: str, view: RunView,
                            by: str | None) -> None:
     for child in _child_ids(plan, run_id, view):
-        with contextlib.suppress(UsageError, RunNotFound):
+        with contextlib.suppress(UsageError, LogError, RunNotFound):
             await cancel(child, by=by, store=store, wait=0)
 
 
@@ -584,6 +592,11 @@ def definition_hash(definition: dict[str, Any]) -> str:
 def chain_options(key: L.ChainKey | None) -> dict[str, Any]:
     """What a new run's row and its run.started say of its chain (nothing when plain)."""
     return {} if key is None else {"chain": L.KEYED, "key_id": key.id}
+
+
+_BROKEN_TODO = ("`interlock verify {run_id}` shows where the chain breaks; a broken log is "
+                "never continued: restore the run from a backup or an export (`interlock "
+                "export` made before the change, checked with `interlock verify --file`)")
 
 
 def _key_missing(row: RunRow) -> str:
@@ -648,8 +661,11 @@ async def load_run(store: Store, run_id: str, *, workflow: Functions | None = No
     """
     row = await store.get_run(run_id)
     if definition_hash(row.definition) != row.definition_hash:
-        raise UsageError(f"run {run_id!r}: the stored definition does not match its hash; "
-                         "it was changed after the run started")
+        raise LogError(f"run {run_id!r}: the stored definition does not match the hash "
+                       "recorded when the run started: it was changed in the store since; "
+                       "nothing reads or continues the run until it is restored (from a "
+                       f"backup, or an export: `interlock verify --file`); `interlock verify "
+                       f"{run_id}` reports it", run_id=run_id)
     keyed, key = run_key(row)
     if keyed and key is None and executable:
         raise UsageError(_key_missing(row))
@@ -682,13 +698,13 @@ async def load_run(store: Store, run_id: str, *, workflow: Functions | None = No
     problem = L.verify_chain(entries, start=start, prev_hash=start_hash, key=key,
                              hashes=not keyed or key is not None)
     if problem is not None:
-        raise UsageError(f"run {run_id!r}: the log is broken at record {problem.seq} "
-                         f"({problem.message}); `interlock verify {run_id}` shows the details; "
-                         "a broken log is never continued")
+        raise LogError(f"run {run_id!r}: the log is broken at record {problem.seq} "
+                       f"({problem.message}); {_BROKEN_TODO.format(run_id=run_id)}",
+                       run_id=run_id)
     tail = check_tail(row, entries, start, start_hash)
     if tail is not None:
-        raise UsageError(f"run {run_id!r}: {tail}; `interlock verify {run_id}` shows the "
-                         "details; a broken log is never continued")
+        raise LogError(f"run {run_id!r}: {tail}; {_BROKEN_TODO.format(run_id=run_id)}",
+                       run_id=run_id)
     if view is None:
         view = RunView(plan)
     for entry in entries:
@@ -893,9 +909,9 @@ def trace_record(run_id: str, entry: L.Entry) -> dict[str, Any]:
     try:
         rec = entry.record()
     except ValueError:  # orjson.JSONDecodeError: the stored text was changed
-        raise UsageError(f"run {run_id!r}: the log is broken at record {entry.seq} "
-                         f"(its data is not valid JSON); `interlock verify {run_id}` "
-                         "checks the whole log") from None
+        raise LogError(f"run {run_id!r}: the log is broken at record {entry.seq} (its data "
+                       f"is not valid JSON); {_BROKEN_TODO.format(run_id=run_id)}",
+                       run_id=run_id) from None
     for key in TRACE_KEYS:
         rec.setdefault(key, None)
     rec["hash"] = entry.hash
