@@ -10,8 +10,10 @@ then checks every run in the store:
   completion was committed (SPEC §2), so for every ``<tag> <i>`` written the run has at
   least ``i`` ``node.completed`` records;
 - no append was stored in part: each log ends with a whole batch (the edge decision that
-  closes a completion, or the run's first record), its chain verifies and the run's row
-  ends where its log does (`interlock.verify`).
+  closes a completion, the run's first record, or a node's start -- which the run's
+  watcher commits on its own while the node is in flight: the engine's design, not a cut
+  batch), every completion is followed by its edge decision, its chain verifies and the
+  run's row ends where its log does (`interlock.verify`).
 """
 
 from __future__ import annotations
@@ -138,8 +140,16 @@ def test_sigkill_during_group_commits_loses_no_committed_completion(
             completed: dict[int, int] = {}
             for row in rows:
                 entries = await store.entries(row.run_id)
-                assert entries[-1].type in ("edge.taken", "run.started", "run.completed"), (
-                    row.run_id, [e.type for e in entries[-3:]])
+                types = [e.type for e in entries]
+                # a batch ends with the edge decision closing a completion, the run's first
+                # or last record, or a node.started the watcher committed alone (issue 26:
+                # 1 in 30 runs under load ended there, as designed)
+                assert types[-1] in ("edge.taken", "run.started", "run.completed",
+                                     "node.started"), (row.run_id, types[-3:])
+                # a completion is never stored without its edge decision
+                cut = [i for i, t in enumerate(types) if t == "node.completed"
+                       and (i + 1 == len(types) or types[i + 1] != "edge.taken")]
+                assert not cut, (row.run_id, types[cut[0] - 1:cut[0] + 2])
                 completed[row.input["tag"]] = sum(e.type == "node.completed" for e in entries)
                 verification = await interlock.verify(row.run_id, store=store)
                 assert verification.ok, verification.message
