@@ -283,6 +283,11 @@ CLAIMS: dict[str, Evidence] = {
     "S1 159.3 k → 160.1 k instructions per node, S3 210.8 k → 211.6 k per iteration":
         Bench("bench/README.md", "159.3 k"),
     "PYTHONHASHSEED=0": Prose("a setting of the measurement"),
+    # tamper evidence (issue 26)
+    "the server answers 409, not 400,": ByTest(
+        "tests/test_log_errors.py::test_the_server_answers_409_to_a_broken_log_never_400"),
+    "the CLI exits 1 (as `verify` does": ByTest(
+        "tests/test_log_errors.py::test_the_cli_exits_1_on_a_broken_log_saying_what_to_do"),
     # known limits
     "1000-branch fan-out take ~6 s (a million pairs); it now takes ~0.2 s": Unkept(
         "timed when the pairs were made lazy; the property test "
