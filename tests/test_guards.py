@@ -234,6 +234,62 @@ def test_a_body_keeps_its_task_and_its_own_timeouts_across_awaits() -> None:
     assert "KeyError" in result.error["message"]
 
 
+def busy(seconds: float) -> None:
+    """Computes for ``seconds`` without yielding to the event loop."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def test_an_async_body_that_overran_without_awaiting_is_failed_as_timed_out() -> None:
+    """An async def body that computes past its timeout without awaiting cannot be
+    interrupted (no timer fires while it holds the loop): it ended COMPLETED, its update
+    applied. It is failed as timed out when it returns, its update discarded -- whether it
+    never suspended or computed after its last await."""
+    async def never_awaits(state: dict[str, Any]) -> dict[str, Any]:
+        busy(1.0)
+        return {"out": "computed"}
+
+    async def awaits_then_computes(state: dict[str, Any]) -> dict[str, Any]:
+        await asyncio.sleep(0)
+        busy(1.0)
+        return {"out": "computed"}
+
+    for body in (never_awaits, awaits_then_computes):
+        wf = Workflow("overran")
+        wf.node("hog", body, timeout="0.3s").node("after", lambda s: {"after": True})
+        wf.edge(START, "hog").edge("hog", "after")
+        result, recs = records_of(wf)
+        assert result.status == "FAILED", (body, result.status)
+        assert "timed out after 0.3s" in result.error["message"], result.error
+        assert "without awaiting" in result.error["message"], result.error
+        assert "out" not in result.state and "after" not in result.state, result.state
+        types = [r["type"] for r in recs]
+        assert "node.completed" not in types, types
+        [failed] = [r for r in recs if r["type"] == "node.failed"]
+        assert failed["node"] == "hog"
+        assert failed["error"]["details"]["exception"] == "TimeoutError", failed
+
+
+def test_an_overrun_is_retried_like_any_timeout() -> None:
+    attempts: list[int] = []
+
+    async def slow_first(state: dict[str, Any], ctx: interlock.Context) -> dict[str, Any]:
+        attempts.append(ctx.attempt)
+        if ctx.attempt == 1:
+            busy(0.6)
+        return {"ok": ctx.attempt}
+
+    wf = Workflow("overran-retry")
+    wf.node("n", slow_first, timeout="0.2s",
+            retry={"attempts": 2, "backoff": "0s", "errors": ["TimeoutError"]})
+    wf.edge(START, "n")
+    result, recs = records_of(wf)
+    assert result.status == "COMPLETED", result.error
+    assert attempts == [1, 2] and result.state["ok"] == 2
+    assert [r["type"] for r in recs].count("node.retrying") == 1
+
+
 def test_sync_node_past_its_timeout_is_abandoned_with_a_clear_record() -> None:
     release = threading.Event()
 
