@@ -114,3 +114,48 @@ def test_a_node_that_blocks_its_loop_stalls_neither_the_api_nor_other_runs_and_t
     finally:
         (project / "hog.release").write_text("1")
         server.stop()
+
+
+def test_sigterm_while_a_node_blocks_its_loop_ends_the_server_and_the_run_is_taken_over(
+        project: Path) -> None:
+    """The drain cannot cancel a body that holds its loop: the server still ends (the
+    run left to its lease), and the next start takes the run over and finishes it."""
+    server = Served(project, "--drain", "0.5")
+    try:
+        with server.client() as c:
+            assert c.post("/api/workflows/hog/runs", json={"run_id": "h2"}).status_code == 201
+            wait_for((project / "hog.started").exists, "the hog node to start")
+        server.stop()  # (waits for the process to end)
+        assert any("not stopped" in ln and "node 'hog' of run h2" in ln
+                   for ln in server.lines), "".join(server.lines)
+    finally:
+        (project / "hog.release").write_text("1")
+        server.stop()
+    again = Served(project)
+    try:
+        with again.client() as c:
+            for _ in events(c, "h2", until="run.completed"):
+                pass
+            run = c.get("/api/runs/h2").json()
+            assert run["status"] == "COMPLETED" and run["state"]["hogged"] is True, run
+    finally:
+        again.stop()
+
+
+def test_a_memory_store_server_still_executes_runs(project: Path) -> None:
+    """memory:// is one process's dictionaries: its runs stay on the API's loop."""
+    server = Served(project, store="memory://")
+    try:
+        with server.client() as c:
+            assert c.post("/api/workflows/gated/runs",
+                          json={"input": {"n": 2}, "run_id": "m1"}).status_code == 201
+            for _ in events(c, "m1", until="run.waiting"):
+                pass
+            decided = c.post("/api/runs/m1/decisions", json={"decision": "approve",
+                                                             "by": "alice"})
+            assert decided.status_code == 200, decided.text
+            for _ in events(c, "m1", until="run.completed"):
+                pass
+            assert c.get("/api/runs/m1").json()["state"]["last"] == 6
+    finally:
+        server.stop()

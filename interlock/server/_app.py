@@ -170,8 +170,10 @@ class Server:
         self._api = asyncio.get_running_loop()
         self.store = NotifyingStore(interlock.open_store(self.options.store), self.hub)
         if not self.records_only and not self.store.url.startswith("memory:"):
-            # node bodies off the API's loop (a memory store is this loop's alone)
-            self.loops = RunLoops(self.store.url, self.hub,
+            # node bodies off the API's loop (a memory store is this loop's alone); a
+            # SQLite store serves every loop, a PostgreSQL one is opened per loop
+            shared = self.store.inner if self.store.url.startswith("sqlite:") else None
+            self.loops = RunLoops(self.store.url, self.hub, shared=shared,
                                   stop_wait=max(self.options.drain, 1.0))
         self.pool = Pool(self.store, self.hub, self.options.workers, self.loops)
         self.notifier = Notifier(list(self.options.notify), self.options.public_url,

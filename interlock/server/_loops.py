@@ -1,12 +1,13 @@
 """Where the server's runs execute: event loops of their own, off the API's.
 
 Each execution in the server (one of ``--workers`` slots) runs on a `RunLoop`: a thread
-with its own asyncio event loop and its own connection to the store (the same URL,
-opened in that loop: a SQLite store's futures and a PostgreSQL connection belong to one
-loop). A node body that holds its loop -- an ``async def`` that computes, or calls a
-blocking client, without awaiting -- holds up its own run only: the API's loop keeps
-answering health checks, reads, decisions and event streams. A loop serves one
-execution at a time and is reused by the next (its store stays open).
+with its own asyncio event loop. A SQLite store serves several loops (its one writer
+thread hands each outcome to the loop that asked): the run loops share the API's, and
+its group commit. A PostgreSQL connection belongs to one loop: each run loop opens a
+store of its own on the same URL. A node body that holds its loop -- an ``async def``
+that computes, or calls a blocking client, without awaiting -- holds up its own run
+only: the API's loop keeps answering health checks, reads, decisions and event streams.
+A loop serves one execution at a time and is reused by the next (its store stays open).
 
 Commits on a run loop wake the API's event streams through `Relay` (the API loop's
 `Hub`, told with ``call_soon_threadsafe``).
@@ -64,11 +65,12 @@ class RunLoop:
     """A thread running an event loop, executing one run at a time on a store of its
     own (opened on first use, closed by `close`)."""
 
-    def __init__(self, index: int, url: str, relay: Relay) -> None:
+    def __init__(self, index: int, url: str, relay: Relay, shared: Store | None) -> None:
         self.name = f"interlock-runs-{index}"
         self.url, self.relay = url, relay
         self.loop = asyncio.new_event_loop()
-        self.store: Store | None = None
+        self.own = shared is None  # a store of its own, closed with it
+        self.store: Store | None = None if shared is None else NotifyingStore(shared, relay)
         self.run_id: str | None = None  # the execution on it now
         self.beat = time.monotonic()  # when it last turned (its tick)
         self.reported = 0.0  # the beat whose stall was last reported (the watchdog's)
@@ -159,7 +161,7 @@ class RunLoop:
     async def close(self, wait: float) -> None:
         """Close its store and end its thread (at most ``wait`` seconds each: a loop a
         body still holds is left to the process's exit)."""
-        if self.store is not None and self.run_id is None:
+        if self.own and self.store is not None and self.run_id is None:
             future = asyncio.run_coroutine_threadsafe(self.store.close(), self.loop)
             try:
                 await asyncio.wait_for(asyncio.wrap_future(future), wait)
@@ -174,8 +176,11 @@ class RunLoops:
     """The server's run loops: one per execution at a time (made as they are first
     needed, at most the pool's size since each execution holds a slot), watched."""
 
-    def __init__(self, url: str, hub: Hub, *, stop_wait: float) -> None:
-        self.url, self.stop_wait = url, stop_wait
+    def __init__(self, url: str, hub: Hub, *, stop_wait: float,
+                 shared: Store | None = None) -> None:
+        """``shared``: a store every run loop uses (one that serves several event
+        loops: SQLite's); else each opens its own on ``url``."""
+        self.url, self.stop_wait, self.shared = url, stop_wait, shared
         self.relay = Relay(hub, asyncio.get_running_loop())
         self._free: list[RunLoop] = []
         self.loops: list[RunLoop] = []
@@ -193,7 +198,7 @@ class RunLoops:
                 self.loops.remove(lp)
 
     def _new(self) -> RunLoop:
-        lp = RunLoop(len(self.loops) + 1, self.url, self.relay)
+        lp = RunLoop(len(self.loops) + 1, self.url, self.relay, self.shared)
         self.loops.append(lp)
         if self._watchdog is None:
             self._watchdog = Watchdog(self)
