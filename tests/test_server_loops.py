@@ -4,11 +4,13 @@ server on a loopback port, as in test_server.py)."""
 
 from __future__ import annotations
 
+import os
 import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
+from test_decision_race import store_urls
 from test_server import GATED, NODES, Served, events
 
 httpx = pytest.importorskip("httpx")
@@ -61,52 +63,60 @@ def wait_for(what: Any, why: str) -> Any:
     raise AssertionError(f"timed out waiting for {why}")
 
 
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
 def test_a_node_that_blocks_its_loop_stalls_neither_the_api_nor_other_runs_and_times_out(
-        project: Path) -> None:
+        project: Path, kind: str) -> None:
     """An async def node computing without awaiting, timeout 1s: it ended COMPLETED and
     held the whole server (health 7.9 s). Now, while it computes, health, reads and
     another run's decision are answered (the node only ends when the test releases it,
     after those answers); the watchdog names it in the log; it fails as timed out."""
-    server = Served(project, "--workers", "2")
+    stores = store_urls(project)  # SQLite, and PostgreSQL when the tests have one
+    if kind == "postgres" and len(stores) < 2:
+        pytest.skip("INTERLOCK_TEST_POSTGRES is not set")
+    # (a shared PostgreSQL may hold other tests' runs: this server takes none over)
+    h1, g1 = (f"{name}-{os.getpid()}-{os.urandom(3).hex()}" for name in ("h1", "g1"))
+    server = Served(project, "--workers", "2", "--no-take-over",
+                    store=stores[kind == "postgres"])
     try:
         with server.client() as c:
             c.timeout = httpx.Timeout(20)
-            assert c.post("/api/workflows/hog/runs", json={"run_id": "h1"}).status_code == 201
+            assert c.post("/api/workflows/hog/runs", json={"run_id": h1}).status_code == 201
             wait_for((project / "hog.started").exists, "the hog node to start")
 
             # the API answers while the node holds its loop (it cannot end before the
             # test creates hog.release below)
             health = c.get("/api/health")
             assert health.status_code == 200 and health.json()["running"] == 1
-            assert c.get("/api/runs/h1").json()["status"] == "RUNNING"
-            assert c.get("/api/runs/h1/records").status_code == 200
+            assert c.get(f"/api/runs/{h1}").json()["status"] == "RUNNING"
+            assert c.get(f"/api/runs/{h1}/records").status_code == 200
             # another run starts, waits and is decided meanwhile, on a loop of its own
             assert c.post("/api/workflows/gated/runs",
-                          json={"input": {"n": 1}, "run_id": "g1"}).status_code == 201
-            for _ in events(c, "g1", until="run.waiting"):
+                          json={"input": {"n": 1}, "run_id": g1}).status_code == 201
+            for _ in events(c, g1, until="run.waiting"):
                 pass
-            decided = c.post("/api/runs/g1/decisions", json={"decision": "approve", "by": "alice"})
+            decided = c.post(f"/api/runs/{g1}/decisions",
+                             json={"decision": "approve", "by": "alice"})
             assert decided.status_code == 200, decided.text
-            for _ in events(c, "g1", until="run.completed"):
+            for _ in events(c, g1, until="run.completed"):
                 pass
-            assert c.get("/api/runs/g1").json()["state"]["last"] == 4
+            assert c.get(f"/api/runs/{g1}").json()["state"]["last"] == 4
             assert not (project / "hog.release").exists()
 
             # the watchdog names the node and its run
             line = wait_for(lambda: next((ln for ln in server.lines
                                           if "blocked its event loop" in ln), None),
                             "the watchdog's warning")
-            assert "node 'hog' of run h1" in line, line
+            assert f"node 'hog' of run {h1}" in line, line
             assert "make it a sync def" in line, line
 
             (project / "hog.release").write_text("1")
-            last = list(events(c, "h1", until="run.failed"))[-1]
+            last = list(events(c, h1, until="run.failed"))[-1]
             assert last["event"] == "run.failed", last
-            run = c.get("/api/runs/h1").json()
+            run = c.get(f"/api/runs/{h1}").json()
             assert run["status"] == "FAILED", run
             assert "timed out after 1s" in run["error"]["message"], run["error"]
             assert "hogged" not in run["state"], run["state"]
-            records = c.get("/api/runs/h1/records").json()
+            records = c.get(f"/api/runs/{h1}/records").json()
             assert "node.completed" not in [r["type"] for r in records]
             # the loop turns again once the body has returned
             wait_for(lambda: any("turns again" in ln for ln in server.lines),
