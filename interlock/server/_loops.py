@@ -43,7 +43,7 @@ log = logging.getLogger("interlock.server")
 T = TypeVar("T")
 Job = Callable[[Store], Awaitable[Any]]  # an execution, given the store of its loop
 
-TICK = 0.1  # seconds between a run loop's heartbeats (a timer: costs nothing when busy)
+TICK = 0.25  # seconds between a run loop's heartbeats (a timer: costs nothing when busy)
 WATCH_EVERY = 0.5  # seconds between the watchdog's looks
 BLOCKED_AFTER = 1.0  # a loop that has not turned for this long is reported
 REPEAT_AFTER = 10.0  # a loop still blocked is reported again this often
