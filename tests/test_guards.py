@@ -290,6 +290,21 @@ def test_an_overrun_is_retried_like_any_timeout() -> None:
     assert [r["type"] for r in recs].count("node.retrying") == 1
 
 
+def test_an_overrun_is_caught_by_an_error_edge_like_any_timeout() -> None:
+    async def hog(state: dict[str, Any]) -> dict[str, Any]:
+        busy(0.5)
+        return {"out": "computed"}
+
+    wf = Workflow("overran-caught")
+    wf.node("hog", hog, timeout="0.2s").node("handle", lambda s: {"handled": True})
+    wf.edge(START, "hog").edge("hog", "handle", on_error=["TimeoutError"])
+    result, recs = records_of(wf)
+    assert result.status == "COMPLETED", result.error
+    assert result.state["handled"] is True and "out" not in result.state
+    [failed] = [r for r in recs if r["type"] == "node.failed"]
+    assert failed["caught"]["error"]["type"] == "TimeoutError", failed
+
+
 def test_sync_node_past_its_timeout_is_abandoned_with_a_clear_record() -> None:
     release = threading.Event()
 
