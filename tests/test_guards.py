@@ -305,6 +305,45 @@ def test_an_overrun_is_caught_by_an_error_edge_like_any_timeout() -> None:
     assert failed["caught"]["error"]["type"] == "TimeoutError", failed
 
 
+def test_the_node_holding_a_loop_is_found_in_its_threads_stack() -> None:
+    """What the server's watchdog names (`support.executing_node`): the node whose async
+    body a blocked thread is in, before its first await and after one, even inside a
+    function the body calls."""
+    import sys
+
+    from interlock.support import executing_node
+
+    def held_by(awaits_first: bool) -> str | None:
+        inside, looked = threading.Event(), threading.Event()
+        seen: list[str | None] = []
+
+        def blocking_client() -> None:
+            inside.set()
+            looked.wait(10)  # holds the loop, as a blocking client would
+
+        async def body(state: dict[str, Any]) -> None:
+            if awaits_first:
+                await asyncio.sleep(0)
+            blocking_client()
+
+        def watch(thread: int) -> None:
+            if inside.wait(10):
+                seen.append(executing_node(sys._current_frames()[thread]))
+            looked.set()
+
+        watcher = threading.Thread(target=watch, args=(threading.get_ident(),))
+        watcher.start()
+        wf = Workflow("held")
+        wf.node("the_node", body).edge(START, "the_node")
+        records_of(wf)
+        watcher.join(10)
+        return seen[0] if seen else None
+
+    assert held_by(awaits_first=False) == "the_node"
+    assert held_by(awaits_first=True) == "the_node"
+    assert executing_node(sys._current_frames()[threading.get_ident()]) is None
+
+
 def test_sync_node_past_its_timeout_is_abandoned_with_a_clear_record() -> None:
     release = threading.Event()
 

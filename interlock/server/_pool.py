@@ -6,8 +6,8 @@ resume, a run taken over) is a task that waits for one of ``workers`` slots, the
 executes under the run's claim exactly as the CLI does (`interlock.resume`,
 `interlock.support.Started.execute`), so a run is executed by one process at a time
 whichever started it. An execution is a `Job` given the store to use: it runs on a loop
-of its own (`_loops.RunLoops`: its thread, its store connection), off the API's loop;
-with a memory store, on the API's loop.
+of its own (`_loops.RunLoops`: a thread and its event loop), off the API's loop; with a
+memory store, on the API's loop.
 """
 
 from __future__ import annotations
