@@ -201,7 +201,7 @@ class Worker:
             self._wake.set()  # claim it now
             return pending
 
-        return Firer({name: wf.spec for name, wf in given.items()}, start)
+        return Firer({name: wf.spec for name, wf in given.items()}, start, self.store)
 
     async def run(self) -> None:
         """Claim and execute until `stop`, then drain (at most ``drain`` seconds); fire

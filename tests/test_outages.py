@@ -17,6 +17,7 @@ flag is up.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import socket
@@ -32,9 +33,11 @@ from typing import Any
 import pytest
 
 import interlock
+from interlock._store import RunRow, Store, StoreError
+from interlock._triggers import GRACE, Firer, cursor_name, key_run_id, slot_run_id
 
 NODES = '''
-import os, time
+import json, os, time
 
 def _note(ctx, node):
     with open(os.environ["OUT_DIR"] + "/executions.log", "a") as f:
@@ -44,6 +47,29 @@ def step(state, ctx):
     _note(ctx, ctx.node)
     time.sleep(float(os.environ.get("OUT_NAP", "0.2")))
     return {"n": state["n"] + 1}
+
+def source(ctx):
+    """A poll: the items from the cursor (0 at first) to the number in ``items``."""
+    d = os.environ["OUT_DIR"]
+    with open(d + "/cursors.log", "a") as f:
+        f.write(json.dumps(ctx.cursor) + "\\n")
+    with open(d + "/items") as f:
+        upto = int(f.read())
+    return {"items": [{"key": f"k{i}", "input": {"n": i}} for i in range(ctx.cursor or 0, upto)],
+            "cursor": upto}
+'''
+
+TRIGGERED = '''
+workflow: triggered
+input: [n]
+nodes:
+  a: outnodes:step
+edges:
+  - {from: START, to: a}
+  - {from: a, to: END}
+triggers:
+  - {every: 10s, id: ten, input: {n: 0}}
+  - {poll: 'outnodes:source', every: 10s, id: src}
 '''
 
 CHAIN = '''
@@ -136,6 +162,8 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "outnodes.py").write_text(NODES)
     (tmp_path / "chain.yaml").write_text(textwrap.dedent(CHAIN))
+    (tmp_path / "triggered.yaml").write_text(textwrap.dedent(TRIGGERED))
+    (tmp_path / "items").write_text("0")
     (tmp_path / "executions.log").write_text("")
     monkeypatch.setenv("OUT_DIR", str(tmp_path))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), *sys.path]))
@@ -200,3 +228,118 @@ def test_a_worker_completes_every_run_across_a_postgres_restart(
         result = asyncio.run(interlock.status(rid, store=url))
         assert result.state["n"] == 4
         assert asyncio.run(interlock.verify(rid, store=url)).ok
+
+
+# -- triggers ----------------------------------------------------------------------------
+
+T0 = 1_796_000_000.0  # a multiple of 10 s: a slot of the 10 s triggers
+
+
+class Down:
+    """Makes a store's ``create_run`` fail (as an unreachable store's does) while up, or
+    for the run ids given."""
+
+    def __init__(self, st: Store) -> None:
+        self.down = False
+        self.refuse: set[str] = set()
+        self.calls = 0
+        inner = st.create_run
+
+        async def create_run(row: RunRow, entries: list[Any]) -> None:
+            self.calls += 1
+            if self.down or row.run_id in self.refuse:
+                raise StoreError(f"cannot connect to the store (test: down, run {row.run_id})")
+            await inner(row, entries)
+
+        st.create_run = create_run  # type: ignore[method-assign]
+
+
+def _firer(st: Store) -> Firer:
+    wf = interlock.load("triggered.yaml")
+
+    async def start(workflow: str, run_id: str, data: dict[str, Any]) -> Any:
+        return await wf.submit(data, store=st, run_id=run_id)
+
+    return Firer({"triggered": wf.spec}, start, st)
+
+
+async def _tick(firer: Firer, at: float) -> list[str]:
+    try:
+        return await firer.tick(at)
+    except StoreError:  # (f074fc7's tick raised the store's error)
+        return []
+
+
+def test_a_slot_whose_start_fails_for_3s_is_fired_once_within_the_grace(
+        project: Path) -> None:
+    """The store refuses the slot's run for 3 s (ticks every second): the slot is fired
+    at the first tick after, once. f074fc7 marked the slot fired before starting it: the
+    slot was lost."""
+
+    async def main() -> None:
+        async with interlock.open_store(f"sqlite:///{project}/runs.db") as st:
+            down = Down(st)
+            firer = _firer(st)
+            ten = firer.workflows["triggered"].triggers[0]
+            down.down = True
+            for i in range(3):
+                assert await _tick(firer, T0 + 0.5 + i) == []
+            assert down.calls >= 3, "every tick tried the slot again"
+            down.down = False
+            rid = slot_run_id("triggered", ten, T0)
+            assert await _tick(firer, T0 + 3.5) == [rid]
+            assert await _tick(firer, T0 + 4.5) == []
+            runs = [r.run_id for r in await st.list_runs(limit=100)]
+            assert runs.count(rid) == 1 and len([r for r in runs if ".trigger-ten." in r]) == 1
+            # a slot still failing at the end of the grace window is given up (as a slot
+            # missed by a process that was not running): the next one fires
+            down.down = True
+            assert await _tick(firer, T0 + 10.5) == []
+            down.down = False
+            later = T0 + 10 + GRACE + 1
+            assert await _tick(firer, later) == [slot_run_id("triggered", ten, later - 1)]
+
+    asyncio.run(main())
+
+
+def test_a_polls_cursor_moves_on_only_once_its_runs_exist_and_is_kept_in_the_store(
+        project: Path) -> None:
+    """The poll's second item cannot be started (the store refuses it): the cursor stays,
+    and the next tick starts it. A new firer on the same store (a restarted worker) polls
+    from the stored cursor, not from None (f074fc7 kept it in the process only)."""
+    url = f"sqlite:///{project}/runs.db"
+    (project / "items").write_text("2")
+
+    def cursors() -> list[Any]:
+        return [json.loads(line) for line in
+                (project / "cursors.log").read_text().splitlines()]
+
+    async def first() -> None:
+        async with interlock.open_store(url) as st:
+            down = Down(st)
+            firer = _firer(st)
+            src = firer.workflows["triggered"].triggers[1]
+            down.refuse = {key_run_id("triggered", src, "k1")}
+            await _tick(firer, T0 + 0.5)
+            assert (await st.get_run(key_run_id("triggered", src, "k0"))).workflow
+            assert await st.get_cursor(cursor_name("triggered", src)) is None
+            down.refuse = set()
+            got = await _tick(firer, T0 + 1.5)  # the same slot, again: k1 now
+            assert got == [key_run_id("triggered", src, "k1")]
+            assert cursors() == [None, None]  # the cursor did not move on without k1
+            assert await st.get_cursor(cursor_name("triggered", src)) == "2"
+
+    asyncio.run(first())
+    (project / "items").write_text("3")
+
+    async def restarted() -> None:
+        async with interlock.open_store(url) as st:
+            firer = _firer(st)
+            src = firer.workflows["triggered"].triggers[1]
+            got = await _tick(firer, T0 + 10.5)
+            assert cursors()[-1] == 2, "a new firer polls from the cursor in the store"
+            assert [r for r in got if ".trigger-src." in r] == \
+                [key_run_id("triggered", src, "k2")]
+            assert await st.get_cursor(cursor_name("triggered", src)) == "3"
+
+    asyncio.run(restarted())

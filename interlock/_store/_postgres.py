@@ -78,6 +78,14 @@ Conn = psycopg.AsyncConnection[TupleRow]
 # pg_advisory_xact_lock key serialising schema creation: "ilck" "schm"
 _SCHEMA_LOCK = 0x696C636B_7363686D
 
+# poll triggers' cursors (`Store.get_cursor`): a table added to schema version 2, created
+# IF NOT EXISTS when a store is opened (an interlock that does not know it ignores it)
+_CURSORS = """CREATE TABLE IF NOT EXISTS cursors (
+        name       text PRIMARY KEY,
+        value      text NOT NULL,
+        updated_at double precision NOT NULL
+    )"""
+
 _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS interlock_meta (
         key   text PRIMARY KEY,
@@ -122,6 +130,7 @@ _SCHEMA = (
         seq    bigint NOT NULL,
         data   bytea NOT NULL
     )""",
+    _CURSORS,
 )
 
 _NOW = "extract(epoch FROM clock_timestamp())::float8"
@@ -497,6 +506,9 @@ class PostgresStore(Store):
                             "upgrade interlock"
                         )
                     if has_runs and has_records:
+                        # the poll triggers' cursors: a table added to schema version 2
+                        # (IF NOT EXISTS; an older interlock ignores it)
+                        await conn.execute(_CURSORS)
                         return
                 elif has_runs or has_records:
                     raise StoreError(
@@ -898,6 +910,23 @@ class PostgresStore(Store):
                 "INSERT INTO snapshots (run_id, seq, data) VALUES (%s, %s, %s) "
                 "ON CONFLICT (run_id) DO UPDATE SET seq = excluded.seq, data = excluded.data "
                 "WHERE excluded.seq > snapshots.seq", (run_id, seq, data))
+
+        await self._do(op)
+
+    async def get_cursor(self, name: str) -> str | None:
+        async def op(conn: Conn) -> str | None:
+            cur = await conn.execute("SELECT value FROM cursors WHERE name = %s", (name,))
+            row = await cur.fetchone()
+            return str(row[0]) if row is not None else None
+
+        return await self._do(op, idempotent=True)
+
+    async def set_cursor(self, name: str, value: str) -> None:
+        async def op(conn: Conn) -> None:
+            await conn.execute(
+                f"INSERT INTO cursors (name, value, updated_at) VALUES (%s, %s, {_NOW}) "
+                "ON CONFLICT (name) DO UPDATE SET value = excluded.value, "
+                "updated_at = excluded.updated_at", (name, value))
 
         await self._do(op)
 

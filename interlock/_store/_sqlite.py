@@ -175,9 +175,19 @@ CREATE VIEW IF NOT EXISTS records AS
 # than the file (one that was running when the file was upgraded), or someone by hand.
 _VIEW_WRITE = ("records is a read-only view of the entries table since schema version 2; "
                "an interlock writing it is older than this store file: upgrade it")
+# Poll triggers' cursors (`Store.get_cursor`): a table of its own, created when a file is
+# opened (IF NOT EXISTS: a version-2 file gets it on its next open, with nothing else
+# changed, and an interlock that does not know it ignores it -- no version change)
+_CURSORS = """
+CREATE TABLE IF NOT EXISTS cursors (
+    name       TEXT PRIMARY KEY,
+    value      TEXT NOT NULL,
+    updated_at REAL NOT NULL
+) WITHOUT ROWID"""
 SCHEMA_STATEMENTS = tuple(st for st in _SCHEMA.split(";") if st.strip()) + tuple(
     f"CREATE TRIGGER IF NOT EXISTS records_{op.lower()} INSTEAD OF {op} ON records "
-    f"BEGIN SELECT RAISE(ABORT, '{_VIEW_WRITE}'); END" for op in ("INSERT", "UPDATE", "DELETE"))
+    f"BEGIN SELECT RAISE(ABORT, '{_VIEW_WRITE}'); END" for op in ("INSERT", "UPDATE", "DELETE")
+) + (_CURSORS,)
 
 _INSERT_RECORD = "INSERT INTO entries (id, data, hash) VALUES (?, ?, ?)"
 _SET_SUMMARY = ("updated_at = ?, last_seq = ?, last_hash = ?, steps = ?, tokens = ?, "
@@ -1200,6 +1210,25 @@ class SQLiteStore(Store):
 
     async def save_snapshot(self, run_id: str, seq: int, data: bytes) -> None:
         await self._write(self._save_snapshot, run_id, seq, data)
+
+    @staticmethod
+    def _get_cursor(conn: sqlite3.Connection, name: str) -> str | None:
+        row = conn.execute("SELECT value FROM cursors WHERE name = ?", (name,)).fetchone()
+        return str(row[0]) if row is not None else None
+
+    @staticmethod
+    def _set_cursor(conn: sqlite3.Connection, name: str, value: str) -> None:
+        conn.execute("INSERT INTO cursors (name, value, updated_at) VALUES (?, ?, ?) "
+                     "ON CONFLICT (name) DO UPDATE SET value = excluded.value, "
+                     "updated_at = excluded.updated_at", (name, value, time.time()))
+
+    async def get_cursor(self, name: str) -> str | None:
+        if self._absent():
+            return None
+        return await self._call(self._get_cursor, name)
+
+    async def set_cursor(self, name: str, value: str) -> None:
+        await self._write(self._set_cursor, name, value)
 
     async def load_snapshot(self, run_id: str) -> tuple[int, bytes] | None:
         if self._absent():
