@@ -21,6 +21,7 @@ import json
 import os
 import shutil
 import socket
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_store_conformance import _url_for, pg_schema_url  # noqa: F401 - a fixture
 
 import interlock
 from interlock._store import RunRow, Store, StoreError
@@ -343,3 +345,76 @@ def test_a_polls_cursor_moves_on_only_once_its_runs_exist_and_is_kept_in_the_sto
             assert await st.get_cursor(cursor_name("triggered", src)) == "3"
 
     asyncio.run(restarted())
+
+
+# -- cursors in the store ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite", "postgres"])
+def test_a_store_keeps_cursors_by_name_and_one_opened_later_reads_them(
+        kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    url = _url_for(kind, request, tmp_path)
+
+    async def main() -> None:
+        st = interlock.open_store(url)
+        try:
+            assert await st.get_cursor("wf.trigger-a") is None
+            await st.set_cursor("wf.trigger-a", '{"after": 1}')
+            await st.set_cursor("wf.trigger-b", "7")
+            await st.set_cursor("wf.trigger-a", '{"after": 2}')  # replaces
+            assert await st.get_cursor("wf.trigger-a") == '{"after": 2}'
+            assert await st.get_cursor("wf.trigger-b") == "7"
+        finally:
+            await st.close()
+        if kind == "memory":
+            return
+        async with interlock.open_store(url) as again:  # another process, or a restart
+            assert await again.get_cursor("wf.trigger-a") == '{"after": 2}'
+
+    asyncio.run(main())
+
+
+def test_a_sqlite_file_without_the_cursors_table_gets_it_when_opened(tmp_path: Path) -> None:
+    """A version-2 file written before cursors were kept (f074fc7) gains the table on its
+    next open; nothing else changes, and its version stays 2."""
+    path = tmp_path / "runs.db"
+    url = f"sqlite:///{path}"
+
+    async def make() -> None:
+        async with interlock.open_store(url) as st:
+            await st.set_cursor("x", "0")
+
+    asyncio.run(make())
+    with sqlite3.connect(path) as conn:
+        conn.execute("DROP TABLE cursors")
+        version = dict(conn.execute("SELECT key, value FROM interlock_meta"))["version"]
+
+    async def use() -> None:
+        async with interlock.open_store(url) as st:
+            await st.set_cursor("c", "1")
+            assert await st.get_cursor("c") == "1"
+
+    asyncio.run(use())
+    with sqlite3.connect(path) as conn:
+        assert dict(conn.execute("SELECT key, value FROM interlock_meta"))["version"] == version
+
+
+def test_a_postgres_store_without_the_cursors_table_gets_it_when_opened(
+        request: pytest.FixtureRequest) -> None:
+    pg_url: str = request.getfixturevalue("pg_schema_url")
+    import psycopg
+
+    async def make() -> None:
+        async with interlock.open_store(pg_url) as st:
+            await st.list_runs()
+
+    asyncio.run(make())
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("DROP TABLE cursors")
+
+    async def use() -> None:
+        async with interlock.open_store(pg_url) as st:
+            await st.set_cursor("c", "1")
+            assert await st.get_cursor("c") == "1"
+
+    asyncio.run(use())
