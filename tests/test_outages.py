@@ -17,7 +17,9 @@ flag is up.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import logging
 import os
 import shutil
 import socket
@@ -35,7 +37,7 @@ import pytest
 from test_store_conformance import _url_for, pg_schema_url  # noqa: F401 - a fixture
 
 import interlock
-from interlock._store import RunRow, Store, StoreError
+from interlock._store import RunNotFound, RunRow, Store, StoreError
 from interlock._triggers import GRACE, Firer, cursor_name, key_run_id, slot_run_id
 
 NODES = '''
@@ -418,3 +420,107 @@ def test_a_postgres_store_without_the_cursors_table_gets_it_when_opened(
             assert await st.get_cursor("c") == "1"
 
     asyncio.run(use())
+
+
+# -- a full SQLite disk ------------------------------------------------------------------
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 16 MiB tmpfs of this test's own (root only), unmounted afterwards."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if not shutil.which("mount") or os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root (mount -t tmpfs)")
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(disk)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+class _Said(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def test_a_full_sqlite_disk_recovers_once_1_mib_is_freed(small_disk: Path) -> None:
+    """A store whose WAL has grown to ~4.7 MB, on a disk filled up: runs fail ("the disk
+    is full"). 1 MiB freed: the store checkpoints its WAL into the file and truncates it
+    before any other write (the space freed goes to that, not to the WAL), which gives
+    the WAL's megabytes back: 40 new runs all complete, and so do the runs the full
+    disk stopped, resumed. On f074fc7 the WAL took the freed MiB at once and the writes
+    failed again (9 runs of 40 completed)."""
+    url = f"sqlite:///{small_disk}/runs.db"
+
+    async def blob(state: dict[str, Any]) -> dict[str, Any]:
+        return {"blob": os.urandom(1000).hex(), "n": state["n"] + 1}
+
+    wf = interlock.Workflow("fill", input=["n"])
+    for name in ("a", "b", "c"):
+        wf.node(name, blob)
+    wf.edge("START", "a")
+    wf.edge("a", "b")
+    wf.edge("b", "c")
+    wf.edge("c", "END")
+    said = _Said()
+    logging.getLogger("interlock").addHandler(said)
+
+    async def main() -> None:
+        async with interlock.open_store(url) as st:
+            for i in range(100):  # the WAL grows to ~4.7 MB
+                await wf.run({"n": 0}, store=st, run_id=f"warm{i}")
+            with sqlite3.connect(small_disk / "runs.db") as conn:  # an idle moment:
+                conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()  # checkpointed
+            ballast = 0
+            try:
+                while True:  # fill the disk
+                    with open(small_disk / f"ballast-{ballast:04d}", "wb") as f:
+                        ballast += 1
+                        f.write(b"\0" * (256 << 10))
+            except OSError:
+                pass
+            assert ballast > 8
+            stopped: list[str] = []
+            for i in range(400):  # until 3 runs failed (the WAL, reset, holds ~45)
+                try:
+                    await wf.run({"n": 0}, store=st, run_id=f"full{i}")
+                except StoreError as exc:
+                    assert "the disk is full" in str(exc)
+                    stopped.append(f"full{i}")
+                    if len(stopped) == 3:
+                        break
+            else:
+                raise AssertionError("no run failed on the full disk")
+            for j in range(4):  # free 1 MiB
+                (small_disk / f"ballast-{j:04d}").unlink()
+            completed = 0
+            for i in range(40):
+                with contextlib.suppress(StoreError):
+                    result = await wf.run({"n": 0}, store=st, run_id=f"after{i}")
+                    completed += result.status == "COMPLETED"
+            assert completed == 40, f"{completed} runs of 40 completed after 1 MiB was freed"
+            resumed = 0
+            for rid in stopped:  # (their lease is this process's: taken by force)
+                try:
+                    await st.get_run(rid)
+                except RunNotFound:
+                    continue  # its creation was refused: nothing of it was stored
+                resumed += 1
+                result = await interlock.resume(rid, store=st, workflow=wf, force=True)
+                assert result.status == "COMPLETED" and result.state["n"] == 3
+                assert (await interlock.verify(rid, store=st)).ok
+            print(f"{resumed} of {len(stopped)} runs stopped by the full disk resumed")
+        assert any("truncated, giving back" in line for line in said.lines), said.lines
+
+    try:
+        asyncio.run(main())
+    finally:
+        logging.getLogger("interlock").removeHandler(said)

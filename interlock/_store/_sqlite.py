@@ -108,6 +108,7 @@ SCHEMA_VERSION = 2
 CHECKPOINT_EVERY = 250
 CHECKPOINT_BYTES = 4 << 20
 _SYNCHRONOUS = ("off", "normal", "full", "extra")
+_SPACE_RETRY = 1.0  # seconds before the WAL's truncation is tried again, after a busy one
 
 _RUNS_TABLE = """
 CREATE TABLE IF NOT EXISTS {name} (
@@ -326,7 +327,19 @@ def sqlite_error(path: Path, exc: sqlite3.Error, busy_ms: int,
         return StoreError(
             f"{what} {path}: the file is read-only ({text}); interlock needs write access "
             "to it and to its directory (for the -wal and -shm files beside it)")
+    if disk_full(exc):
+        return StoreError(
+            f"{what} {path}: the disk is full ({text}); nothing of this write was stored. "
+            "The store checkpoints its WAL into the file and truncates it to give that "
+            "space back; free space on the disk (or move the store), and the write can be "
+            "tried again")
     return StoreError(f"{what} {path}: {text}")
+
+
+def disk_full(exc: sqlite3.Error) -> bool:
+    """Whether SQLite failed for want of disk space (SQLITE_FULL: ENOSPC, a quota)."""
+    return getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL \
+        or "database or disk is full" in str(exc)
 
 
 def _reclaim_after_upgrade(conn: sqlite3.Connection, path: Path) -> None:
@@ -694,6 +707,11 @@ class SQLiteStore(Store):
         self._checkpointer: _Checkpointer | None = None
         self._jobs_since_checkpoint = 0
         self._bytes_since_checkpoint = 0
+        # a write failed for want of space: the WAL is to be truncated (`_give_space_back`;
+        # on the writer thread, as the three below)
+        self._space_wanted = False
+        self._space_next = 0.0  # (time.monotonic) not tried again before
+        self._space_said = False  # its failure was logged
 
     # -- plumbing ----------------------------------------------------------------------
 
@@ -742,9 +760,53 @@ class SQLiteStore(Store):
             if conn.in_transaction:
                 conn.rollback()
             raise
+        finally:
+            if self._space_wanted and not conn.in_transaction \
+                    and time.monotonic() >= self._space_next:
+                self._give_space_back(conn)
 
     def _error(self, exc: sqlite3.Error, what: str = "SQLite store") -> StoreError:
+        if disk_full(exc):
+            self._space_wanted = True  # (the writer gives the WAL's space back: `_run`)
         return sqlite_error(self.path, exc, self._busy_ms, what)
+
+    def _give_space_back(self, conn: sqlite3.Connection) -> None:
+        """After a write failed on a full disk: copy the WAL into the file and truncate
+        the WAL (``wal_checkpoint(TRUNCATE)``), which gives back the WAL file's space --
+        a PASSIVE checkpoint leaves its size as it is, so freed space would fill again at
+        once. While the disk is too full for the copy, it is tried again before each
+        write (and writes are refused), so the first space freed goes to the checkpoint
+        rather than to the WAL; after a reader or writer kept it from its end, not for
+        `_SPACE_RETRY` seconds. Says what it did, once per full disk."""
+        self._space_next = 0.0
+        self._jobs_since_checkpoint = self._bytes_since_checkpoint = 0
+        log = logging.getLogger("interlock")
+        wal = Path(f"{self.path}-wal")
+        before = wal.stat().st_size if wal.exists() else 0
+        try:
+            busy, _, _ = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        except sqlite3.Error as exc:
+            if not self._space_said:
+                self._space_said = True
+                log.error("the disk of the SQLite store %s is full; checkpointing its WAL "
+                          "(%d bytes) into the file to give that space back failed too "
+                          "(%s): free space on the disk; the checkpoint is tried again "
+                          "before each write", self.path, before, exc)
+            return
+        if busy:
+            self._space_next = time.monotonic() + _SPACE_RETRY
+            if not self._space_said:
+                self._space_said = True
+                log.error("the disk of the SQLite store %s is full; its WAL (%d bytes) "
+                          "could not be truncated: another connection was reading or "
+                          "writing it for longer than the busy timeout; tried again before "
+                          "each write", self.path, before)
+            return
+        after = wal.stat().st_size if wal.exists() else 0
+        self._space_wanted = self._space_said = False
+        log.warning("the disk of the SQLite store %s was full: its WAL was checkpointed "
+                    "into the file and truncated, giving back %d bytes", self.path,
+                    before - after)
 
     def _open(self) -> sqlite3.Connection:
         path = self.path
@@ -986,6 +1048,15 @@ class SQLiteStore(Store):
         fails and none is stored.
         """
         try:
+            if self._space_wanted:  # the disk was full: the WAL's space back first
+                if time.monotonic() >= self._space_next:
+                    self._give_space_back(self._conn or self._open())
+                if self._space_wanted:  # (a write now would take the space freed)
+                    raise StoreError(
+                        f"SQLite store {self.path}: the disk is full; no write is made until "
+                        "the store's WAL is checkpointed into the file and truncated, which "
+                        "needs some free space on the disk: free some, and the write can be "
+                        "tried again")
             if len(batch) == 1:
                 return [(self._run(self._alone, *batch[0]), None)]
             return self._run(self._together, batch)
