@@ -29,6 +29,7 @@ import sys
 import tempfile
 import textwrap
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -228,6 +229,12 @@ def test_a_worker_completes_every_run_across_a_postgres_restart(
         worker.terminate()
         out, _ = worker.communicate(timeout=60)
         print(out)
+    # the log names the cause, and the runs were retried rather than refused
+    assert "the server is unreachable" in out
+    assert "could not be executed here" not in out
+    runs = Counter((project / "executions.log").read_text().splitlines())
+    assert set(runs) == {f"{rid} {node}" for rid in ids for node in "abcd"}
+    assert max(runs.values()) <= 2, runs  # only a visit the outage interrupted ran again
     for rid in ids:
         result = asyncio.run(interlock.status(rid, store=url))
         assert result.state["n"] == 4

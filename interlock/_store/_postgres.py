@@ -317,6 +317,26 @@ RETURNING 1
 """
 
 
+def pg_error(url: str, exc: psycopg.Error, *, lost: bool = False) -> StoreError:
+    """A `StoreError` for a PostgreSQL error, naming its cause when it is the server's
+    (its disk full, the connection lost: a restart, a stop, the network)."""
+    where = f"PostgreSQL store {redact(url)}"
+    if isinstance(exc, pg_errors.DiskFull):
+        return StoreError(f"{where}: the database server's disk is full ({_first_line(exc)});"
+                          " nothing of this write was stored -- free space on the server, "
+                          "and the write can be tried again")
+    if lost or isinstance(exc, pg_errors.AdminShutdown | pg_errors.CrashShutdown
+                          | pg_errors.CannotConnectNow):
+        return StoreError(f"{where}: the server is unreachable: the connection was lost "
+                          f"({_first_line(exc)}) -- the server restarted or stopped, or the "
+                          "network failed; a write in flight may or may not have been stored")
+    return StoreError(f"{where}: {exc}")
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
 def redact(url: str) -> str:
     """``url`` without its password, for messages."""
     try:
@@ -467,7 +487,9 @@ class PostgresStore(Store):
                                                          **self._kwargs)
         except psycopg.Error as exc:
             raise StoreError(
-                f"cannot connect to the PostgreSQL store {redact(self.url)}: {exc}"
+                f"cannot connect to the PostgreSQL store {redact(self.url)}: the server is "
+                f"unreachable ({_first_line(exc)}) -- it is down, restarting, or the network "
+                "or the URL is wrong"
             ) from None
         if not self._schema_ready:
             try:
@@ -562,9 +584,9 @@ class PostgresStore(Store):
                 except psycopg.OperationalError as exc:
                     if idempotent and reused and attempt == 1 and conn.closed:
                         continue
-                    raise StoreError(f"PostgreSQL store {redact(self.url)}: {exc}") from None
+                    raise pg_error(self.url, exc, lost=conn.closed) from None
                 except psycopg.Error as exc:
-                    raise StoreError(f"PostgreSQL store {redact(self.url)}: {exc}") from None
+                    raise pg_error(self.url, exc, lost=conn.closed) from None
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def close(self) -> None:
