@@ -531,3 +531,46 @@ def test_a_full_sqlite_disk_recovers_once_1_mib_is_freed(small_disk: Path) -> No
         asyncio.run(main())
     finally:
         logging.getLogger("interlock").removeHandler(said)
+
+
+def test_a_worker_fires_a_slot_the_store_was_down_for_once_it_is_back(
+        project: Path, postgres: Postgres) -> None:
+    """A worker firing an ``every: 5s`` trigger; PostgreSQL is stopped 1 s before a slot
+    and started 3 s later: the slot's run is created then, once, well within the grace
+    window. f074fc7 marked the slot fired before its start failed: it was lost."""
+    url = postgres.url
+    (project / "five.yaml").write_text(
+        textwrap.dedent(TRIGGERED).replace("workflow: triggered", "workflow: five")
+        .replace("every: 10s, id: ten", "every: 5s, id: five"))
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "interlock", "worker", "--store", url, "--workflows",
+         "five.yaml", "--poll", "0.1"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True)
+    spec = interlock.load("five.yaml").spec
+    five = next(t for t in spec.triggers if t.id == "five")
+    try:
+        _wait("the worker's first trigger run", lambda: any(
+            ".trigger-five." in r for r in asyncio.run(_statuses(url))), 60)
+        slot = (int(time.time()) // 5 + 1) * 5.0
+        if slot - time.time() < 1.5:
+            slot += 5
+        time.sleep(slot - 1 - time.time())
+        postgres.stop()  # down from 1 s before the slot ...
+        time.sleep(3)
+        postgres.start()  # ... to 2 s after it
+        rid = slot_run_id("five", five, slot)
+        statuses = _wait(f"run {rid}", lambda: (lambda s: s if rid in s else None)(
+            asyncio.run(_statuses(url))), 30)
+        assert statuses[rid] in ("PENDING", "RUNNING", "COMPLETED")
+    finally:
+        worker.terminate()
+        out, _ = worker.communicate(timeout=60)
+        print(out)
+
+    async def created() -> float:
+        async with interlock.open_store(url) as st:
+            return (await st.get_run(rid)).created_at
+
+    late = asyncio.run(created()) - slot
+    assert 2 <= late < GRACE, f"the slot's run was created {late:.1f}s after the slot"
+    assert "firing its slot" in out and "tried again at the next tick" in out
