@@ -40,6 +40,7 @@ from test_store_conformance import _url_for, pg_schema_url  # noqa: F401 - a fix
 import interlock
 from interlock._store import RunNotFound, RunRow, Store, StoreError
 from interlock._triggers import GRACE, Firer, cursor_name, key_run_id, slot_run_id
+from interlock.support import Worker
 
 NODES = '''
 import json, os, time
@@ -574,3 +575,77 @@ def test_a_worker_fires_a_slot_the_store_was_down_for_once_it_is_back(
     late = asyncio.run(created()) - slot
     assert 2 <= late < GRACE, f"the slot's run was created {late:.1f}s after the slot"
     assert "firing its slot" in out and "tried again at the next tick" in out
+
+
+# -- a worker's refusals ----------------------------------------------------------------
+
+
+def _one_node() -> interlock.Workflow:
+    async def inc(state: dict[str, Any]) -> dict[str, Any]:
+        return {"n": state["n"] + 1}
+
+    wf = interlock.Workflow("one", input=["n"])
+    wf.node("a", inc)
+    wf.edge("START", "a")
+    wf.edge("a", "END")
+    return wf
+
+
+async def _until_completed(st: Store, run_id: str, seconds: float) -> str:
+    for _ in range(int(seconds / 0.05)):
+        status = (await st.get_run(run_id)).summary.status
+        if status == "COMPLETED":
+            return status
+        await asyncio.sleep(0.05)
+    return status
+
+
+@pytest.mark.parametrize("fails", ["get_run", "append"])
+def test_a_worker_releases_a_run_after_a_store_error_and_executes_it_again(
+        tmp_path: Path, fails: str) -> None:
+    """The store fails once (the worker's first read of the run it claimed, or the run's
+    first append): the claim is given up and the same worker executes the run again
+    after a back-off. f074fc7 held the claim after a failed read (for the whole lease:
+    30 s here), and refused the run for ever after a failed append."""
+    wf = _one_node()
+
+    async def main() -> None:
+        async with interlock.open_store(f"sqlite:///{tmp_path}/runs.db") as st:
+            await wf.submit({"n": 1}, store=st, run_id="r1")
+            real = getattr(st, fails)
+            calls = 0
+
+            async def once(*args: Any, **kwargs: Any) -> Any:
+                nonlocal calls
+                calls += 1
+                if calls == 1:
+                    raise StoreError("the store is unreachable (test)")
+                return await real(*args, **kwargs)
+
+            setattr(st, fails, once)
+            worker = Worker(st, workflows={"one": wf}, poll=0.05, lease=30)
+            task = asyncio.create_task(worker.run())
+            try:
+                async with interlock.open_store(f"sqlite:///{tmp_path}/runs.db") as look:
+                    assert await _until_completed(look, "r1", 10) == "COMPLETED"
+            finally:
+                worker.stop()
+                await task
+            assert calls >= 2 and "r1" not in worker.refused
+            assert (await interlock.status("r1", store=st)).state == {"n": 2}
+
+    asyncio.run(main())
+
+
+def test_a_workers_refusals_are_bounded_and_expire() -> None:
+    from interlock._workers import _Refusals
+
+    refused = _Refusals(3, 600)
+    for rid in ("a", "b", "c", "d"):
+        refused.add(rid)
+    assert refused.current() == {"b", "c", "d"}  # the oldest forgotten first
+    refused.add("b")  # refused again: the newest now
+    refused.add("e")
+    assert refused.current() == {"b", "d", "e"}
+    refused.add("f", 0)  # for no time at all
+    assert "f" not in refused and len(refused) == 2
