@@ -69,8 +69,10 @@ import asyncio
 import atexit
 import contextlib
 import logging
+import os
 import queue
 import re
+import shutil
 import sqlite3
 import threading
 import time
@@ -712,6 +714,9 @@ class SQLiteStore(Store):
         self._space_wanted = False
         self._space_next = 0.0  # (time.monotonic) not tried again before
         self._space_said = False  # its failure was logged
+        # times the WAL was truncated after a full disk; once it was, the WAL is kept
+        # under half the space left (`_wal_too_big`)
+        self._space_freed = 0
 
     # -- plumbing ----------------------------------------------------------------------
 
@@ -750,6 +755,7 @@ class SQLiteStore(Store):
         if self._jobs_since_checkpoint >= CHECKPOINT_EVERY \
                 or self._bytes_since_checkpoint >= CHECKPOINT_BYTES:
             self._checkpoint(conn)
+        full_before = self._space_wanted
         try:
             return fn(conn, *args)
         except sqlite3.Error as exc:
@@ -761,16 +767,24 @@ class SQLiteStore(Store):
                 conn.rollback()
             raise
         finally:
-            if self._space_wanted and not conn.in_transaction \
-                    and time.monotonic() >= self._space_next:
-                self._give_space_back(conn)
+            if self._space_wanted and not full_before and not conn.in_transaction:
+                self._give_space_back(conn)  # the disk was found full just now
 
     def _error(self, exc: sqlite3.Error, what: str = "SQLite store") -> StoreError:
         if disk_full(exc):
             self._space_wanted = True  # (the writer gives the WAL's space back: `_run`)
         return sqlite_error(self.path, exc, self._busy_ms, what)
 
-    def _give_space_back(self, conn: sqlite3.Connection) -> None:
+    def _wal_too_big(self) -> bool:
+        """Whether the WAL takes more than half the space left on its disk."""
+        try:
+            free = shutil.disk_usage(self.path.parent).free
+            wal = os.stat(f"{self.path}-wal").st_size
+        except OSError:
+            return False
+        return wal > free // 2
+
+    def _give_space_back(self, conn: sqlite3.Connection, quiet: bool = False) -> None:
         """After a write failed on a full disk: copy the WAL into the file and truncate
         the WAL (``wal_checkpoint(TRUNCATE)``), which gives back the WAL file's space --
         a PASSIVE checkpoint leaves its size as it is, so freed space would fill again at
@@ -804,9 +818,10 @@ class SQLiteStore(Store):
             return
         after = wal.stat().st_size if wal.exists() else 0
         self._space_wanted = self._space_said = False
-        log.warning("the disk of the SQLite store %s was full: its WAL was checkpointed "
-                    "into the file and truncated, giving back %d bytes", self.path,
-                    before - after)
+        self._space_freed += 1
+        log.log(logging.DEBUG if quiet else logging.WARNING,
+                "the disk of the SQLite store %s was full: its WAL was checkpointed into the "
+                "file and truncated, giving back %d bytes", self.path, before - after)
 
     def _open(self) -> sqlite3.Connection:
         path = self.path
@@ -1057,11 +1072,27 @@ class SQLiteStore(Store):
                         "the store's WAL is checkpointed into the file and truncated, which "
                         "needs some free space on the disk: free some, and the write can be "
                         "tried again")
-            if len(batch) == 1:
-                return [(self._run(self._alone, *batch[0]), None)]
-            return self._run(self._together, batch)
+            elif self._space_freed and self._wal_too_big():
+                # once a disk was full here: the WAL is truncated before it takes half the
+                # space left (the store's own checkpoints come every CHECKPOINT_EVERY jobs,
+                # and the WAL's space would be gone before the next one)
+                self._give_space_back(self._conn or self._open(), quiet=True)
+            freed = self._space_freed
+            try:
+                return self._batch(batch)
+            except StoreError:
+                if self._space_freed == freed:
+                    raise
+                # the disk was full (nothing of the batch was stored), and truncating the
+                # WAL gave space back: the batch once more, in that space
+                return self._batch(batch)
         except BaseException as exc:  # nothing of the batch was committed
             return [(None, exc)] * len(batch)
+
+    def _batch(self, batch: list[tuple[Any, ...]]) -> list[tuple[Any, BaseException | None]]:
+        if len(batch) == 1:
+            return [(self._run(self._alone, *batch[0]), None)]
+        return self._run(self._together, batch)
 
     @staticmethod
     def _alone(conn: sqlite3.Connection, op: Callable[..., Any], args: tuple[Any, ...]) -> Any:
