@@ -13,6 +13,12 @@ runs in hand stop at their next node boundary -- the nodes running finish and ar
 committed, none starts -- and are released unfinished, for the next worker to continue;
 a node still running after ``drain`` seconds is stopped (its visit, begun and not
 completed, runs again there).
+
+A store outage stops no worker: a failed claim is tried again after a back-off, and a
+run whose execution met a store error is released (or left to its lease) and claimed
+again after a back-off of its own, by this worker or another -- never refused. Only a
+definitive refusal (its code does not import here, its log and row disagree) keeps a
+run from this worker, for `REFUSE_SECONDS`, and at most `REFUSE_MAX` of them.
 """
 
 from __future__ import annotations
