@@ -644,7 +644,8 @@ class _Checkpointer:
     blocking) the writer or any reader, so a commit never waits for a checkpoint's
     fsyncs. Requests coalesce: one that comes while a checkpoint runs starts the next.
     ``failed`` is set (and the thread ends) if the thread cannot do its work; the
-    writer then turns SQLite's own checkpoints back on.
+    writer then turns SQLite's own checkpoints back on. A full disk is not such a
+    failure: the checkpoint is tried again at the next request.
     """
 
     def __init__(self, path: Path, name: str) -> None:
@@ -677,7 +678,13 @@ class _Checkpointer:
                 self._wake.clear()
                 if self._stopped:
                     return
-                conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                try:
+                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                except sqlite3.Error as exc:
+                    if not disk_full(exc):
+                        raise
+                    # (a full disk: the writer truncates the WAL when space comes back;
+                    # this thread goes on with the next request)
                 self.ran.set()
         except sqlite3.Error as exc:
             self.failed = str(exc) or type(exc).__name__
