@@ -660,3 +660,32 @@ def test_a_workers_refusals_are_bounded_and_expire() -> None:
     assert refused.current() == {"b", "d", "e"}
     refused.add("f", 0)  # for no time at all
     assert "f" not in refused and len(refused) == 2
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite", "postgres"])
+def test_an_append_after_a_gap_says_so_not_another_writer(
+        kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    """An append whose first record is past the log's end (the append before it failed:
+    a full disk, an outage) is refused saying the records before it were never stored;
+    f074fc7 said "another writer got there first", and there was none. A record that is
+    taken still says that."""
+    url = _url_for(kind, request, tmp_path)
+    wf = _one_node()
+
+    async def main() -> None:
+        st = interlock.open_store(url)
+        try:
+            await wf.run({"n": 1}, store=st, run_id="g1")
+            row = await st.get_run("g1")
+            last = (await st.entries("g1"))[-1]
+            with pytest.raises(StoreError) as gap:
+                await st.append("g1", [last._replace(seq=last.seq + 2)], row.summary)
+            assert "never stored" in str(gap.value)
+            assert "another writer" not in str(gap.value)
+            with pytest.raises(StoreError) as taken:
+                await st.append("g1", [last], row.summary)
+            assert "another writer got there first" in str(taken.value)
+        finally:
+            await st.close()
+
+    asyncio.run(main())

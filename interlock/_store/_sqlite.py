@@ -257,6 +257,11 @@ def check_first_seqs(run_id: str, last: int, entries: Iterable[Entry]) -> None:
     """Entries must continue the stored log (``last`` = its highest seq) without a gap."""
     expected = last + 1
     for e in entries:
+        if e.seq > expected == last + 1:  # a gap after the log: not another writer
+            raise ConflictError(
+                f"run {run_id!r}: record {e.seq} does not follow the stored log, which ends "
+                f"at seq {expected - 1}: the records before it were never stored (an earlier "
+                "append of this writer failed); nothing of this append was stored")
         if e.seq != expected:
             raise ConflictError(
                 f"run {run_id!r}: record {e.seq} conflicts with the stored log "
