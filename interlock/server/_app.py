@@ -193,7 +193,7 @@ class Server:
         timed = {name: wf.spec for name, wf in self.workflows.items() if wf.spec.triggers}
         if timed:  # the registered workflows' triggers: fired here (see `fire`)
             self._firing = asyncio.get_running_loop().create_task(
-                Firer(timed, self.fire).run(self.hub.stopping))
+                Firer(timed, self.fire, self.st.inner).run(self.hub.stopping))
 
     async def begin(self, workflow: str, data: dict[str, Any], run_id: str | None = None,
                     config: dict[str, Any] | None = None) -> interlock.RunResult:
