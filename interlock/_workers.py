@@ -32,7 +32,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Literal
 
-from ._errors import Draining, InterlockError
+from ._errors import Draining, InterlockError, LogError
 from ._fold import RunResult
 from ._runs import LEASE_SECONDS, Functions, continue_claimed, list_runs, make_owner
 from ._store import RUNNABLE, RunNotFound, Store, StoreError, owner_gone
@@ -332,7 +332,7 @@ def _transient(exc: BaseException) -> bool:
 
 
 # store errors that retrying does not cure (the run is gone, its log does not verify)
-_DEFINITIVE: tuple[type[StoreError], ...] = (RunNotFound,)
+_DEFINITIVE: tuple[type[StoreError], ...] = (RunNotFound, LogError)
 
 
 class _Refusals:

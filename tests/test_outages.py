@@ -38,6 +38,7 @@ import pytest
 from test_store_conformance import _url_for, pg_schema_url  # noqa: F401 - a fixture
 
 import interlock
+from interlock._errors import LogError
 from interlock._store import RunNotFound, RunRow, Store, StoreError
 from interlock._triggers import GRACE, Firer, cursor_name, key_run_id, slot_run_id
 from interlock.support import Worker
@@ -644,6 +645,51 @@ def test_a_worker_releases_a_run_after_a_store_error_and_executes_it_again(
                 await task
             assert calls >= 2 and "r1" not in worker.refused
             assert (await interlock.status("r1", store=st)).state == {"n": 2}
+
+    asyncio.run(main())
+
+
+def test_a_worker_refuses_a_run_whose_log_does_not_verify_instead_of_retrying_it(
+        tmp_path: Path) -> None:
+    """A `LogError` (here: the stored definition changed after the run started) is a
+    `StoreError` that no retry cures: the worker refuses the run -- it stays as it is,
+    for `interlock verify` -- and does not claim it again at every back-off."""
+    wf = _one_node()
+    db = tmp_path / "runs.db"
+
+    async def main() -> None:
+        async with interlock.open_store(f"sqlite:///{db}") as st:
+            await wf.submit({"n": 1}, store=st, run_id="r1")
+        with contextlib.closing(sqlite3.connect(db)) as con, con:
+            (text,) = con.execute("SELECT definition FROM run_specs").fetchone()
+            changed = json.loads(text)
+            changed["description"] = "changed behind the run's back"
+            con.execute("UPDATE run_specs SET definition = ?", (json.dumps(changed),))
+        async with interlock.open_store(f"sqlite:///{db}") as st:
+            claims = 0
+            real = st.claim_next
+
+            async def counted(*args: Any, **kwargs: Any) -> Any:
+                nonlocal claims
+                got = await real(*args, **kwargs)
+                claims += got is not None
+                return got
+
+            st.claim_next = counted  # type: ignore[method-assign]
+            worker = Worker(st, workflows={"one": wf}, poll=0.05, lease=30)
+            task = asyncio.create_task(worker.run())
+            try:
+                for _ in range(400):
+                    if "r1" in worker.refused.current():
+                        break
+                    await asyncio.sleep(0.025)
+                await asyncio.sleep(1.2)  # two back-offs' worth: no claim again
+            finally:
+                worker.stop()
+                await task
+            assert "r1" in worker.refused.current() and claims == 1
+            with pytest.raises(LogError, match="definition"):
+                await interlock.status("r1", store=st)
 
     asyncio.run(main())
 
