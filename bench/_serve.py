@@ -19,7 +19,8 @@ def served(root: Path, *args: str) -> Iterator[str]:
     URL, until SIGTERM at the end."""
     server = subprocess.Popen([sys.executable, "-m", "interlock", "serve", "--port", "0",
                                *args], cwd=root, text=True, stderr=subprocess.PIPE,
-                              env={**os.environ, "PYTHONPATH": str(root)})
+                              env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                                  [str(root), os.environ.get("PYTHONPATH", "")])})
     assert server.stderr is not None
     url = ""
     for line in server.stderr:

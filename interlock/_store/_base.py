@@ -261,6 +261,18 @@ class Store(ABC):
         transaction: ``(the runs deleted, the records deleted)``. A run that was resumed
         meanwhile is left alone."""
 
+    async def get_cursor(self, name: str) -> str | None:
+        """The cursor kept under ``name`` (a poll trigger's: JSON text), or None. This
+        default keeps cursors in this process only; SQLite and PostgreSQL keep them in
+        their ``cursors`` table, for every process and across restarts."""
+        cursors: dict[str, str] = self.__dict__.setdefault("_cursors", {})
+        return cursors.get(name)
+
+    async def set_cursor(self, name: str, value: str) -> None:
+        """Keep ``value`` as the cursor under ``name`` (it replaces the one kept)."""
+        cursors: dict[str, str] = self.__dict__.setdefault("_cursors", {})
+        cursors[name] = value
+
     async def size_bytes(self) -> int | None:
         """What the store takes up (a SQLite file with its WAL, PostgreSQL's tables),
         or None when it cannot tell."""

@@ -54,6 +54,11 @@ class MemoryStore(Store):
     def _check_seq(run_id: str, log: list[Entry], entries: list[Entry]) -> None:
         expected = len(log) + 1
         for e in entries:
+            if e.seq > expected == len(log) + 1:  # a gap after the log: not another writer
+                raise ConflictError(
+                    f"run {run_id!r}: record {e.seq} does not follow the stored log, which "
+                    f"ends at seq {expected - 1}: the records before it were never stored (an "
+                    "earlier append of this writer failed); nothing of this append was stored")
             if e.seq != expected:
                 raise ConflictError(
                     f"run {run_id!r}: record {e.seq} conflicts with the stored log "

@@ -21,6 +21,7 @@ from interlock import (
     ClaimError,
     ConflictError,
     Decision,
+    LogError,
     RunExists,
     RunNotFound,
     StoreError,
@@ -51,6 +52,7 @@ from . import _dashboard as dashboard
 from ._auth import DECIDE, LOCAL, OPERATE, READ, Identity, Tokens
 from ._guard import Edge, Guard, Problemed, allowed_hosts
 from ._hub import Hub, NotifyingStore
+from ._loops import RunLoops
 from ._models import (
     Approval,
     CancelIn,
@@ -112,7 +114,8 @@ _PROBLEMS = {400: {"model": Problem, "description": "a malformed request, or ref
              401: {"model": Problem, "description": "no valid token"},
              403: {"model": Problem, "description": "the token's role or approvers: refuse"},
              404: {"model": Problem, "description": "no such run or workflow"},
-             409: {"model": Problem, "description": "the run's state refuses it"},
+             409: {"model": Problem, "description": "the run's state refuses it (or its "
+                                                    "stored log is broken)"},
              413: {"model": Problem, "description": "the body is larger than is read"},
              422: {"model": Problem, "description": "the body does not fit its schema"}}
 for _status, _doc in _PROBLEMS.items():
@@ -134,6 +137,8 @@ class Server:
         self._firing: asyncio.Task[None] | None = None  # the triggers' firer
         self.metrics = Metrics()  # the runs it executes observed; the store's read per scrape
         self._locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}
+        self.loops: RunLoops | None = None  # where runs execute (None: on the API's loop)
+        self._api: asyncio.AbstractEventLoop | None = None  # the API's loop
 
     @contextlib.asynccontextmanager
     async def lock(self, run_id: str) -> AsyncIterator[None]:
@@ -165,8 +170,15 @@ class Server:
         return self.pool
 
     async def start(self) -> None:
+        self._api = asyncio.get_running_loop()
         self.store = NotifyingStore(interlock.open_store(self.options.store), self.hub)
-        self.pool = Pool(self.store, self.hub, self.options.workers)
+        if not self.records_only and not self.store.url.startswith("memory:"):
+            # node bodies off the API's loop (a memory store is this loop's alone); a
+            # SQLite store serves every loop, a PostgreSQL one is opened per loop
+            shared = self.store.inner if self.store.url.startswith("sqlite:") else None
+            self.loops = RunLoops(self.store.url, self.hub, shared=shared,
+                                  stop_wait=max(self.options.drain, 1.0))
+        self.pool = Pool(self.store, self.hub, self.options.workers, self.loops)
         self.notifier = Notifier(list(self.options.notify), self.options.public_url,
                                  self.store, self.hub, self.lock,
                                  attempts=self.options.notify_attempts,
@@ -183,7 +195,7 @@ class Server:
         timed = {name: wf.spec for name, wf in self.workflows.items() if wf.spec.triggers}
         if timed:  # the registered workflows' triggers: fired here (see `fire`)
             self._firing = asyncio.get_running_loop().create_task(
-                Firer(timed, self.fire).run(self.hub.stopping))
+                Firer(timed, self.fire, self.st.inner).run(self.hub.stopping))
 
     async def begin(self, workflow: str, data: dict[str, Any], run_id: str | None = None,
                     config: dict[str, Any] | None = None) -> interlock.RunResult:
@@ -197,8 +209,8 @@ class Server:
             return pending
         started = await wf.start(data, store=self.st, run_id=run_id, config=config)
         listener = self.listener(workflow, started.run_id)
-        self.runs.submit(f"run {started.run_id}", started.run_id,
-                         lambda: started.execute(listener=listener))
+        self.runs.submit_job(f"run {started.run_id}", started.run_id,
+                             lambda st: started.execute(listener=listener, store=st))
         return started.result
 
     async def fire(self, workflow: str, run_id: str, data: dict[str, Any]) -> None:
@@ -217,6 +229,8 @@ class Server:
                 await self._watcher
         if self.pool is not None:
             await self.pool.drain(self.options.drain)
+        if self.loops is not None:
+            await self.loops.close(max(self.options.drain, 1.0))
         if self.notifier is not None:
             await self.notifier.close()
         if self.store is not None:
@@ -225,19 +239,23 @@ class Server:
     def listener(self, workflow: str, run_id: str) -> Any:
         """What an execution in the server reports each record to: the notifier."""
         notifier = self.notifier
-        observe = self.metrics.observe
+        observe = self.metrics.observe  # (thread-safe: prometheus_client's)
+        api = self._api
 
         def listen(rec: dict[str, Any], view: RunView) -> None:
             observe(rec, view)
             if rec["type"] == "approval.requested" and notifier is not None:
-                notifier.requested(workflow, run_id, rec)
+                if api is None or _on(api):
+                    notifier.requested(workflow, run_id, rec)
+                else:  # from a run loop: the notifier lives on the API's
+                    api.call_soon_threadsafe(notifier.requested, workflow, run_id, rec)
 
         return listen
 
     async def launch(self, what: str, run_id: str, workflow: str,
-                     call: Callable[[Any], Awaitable[Any]]) -> None:
-        """Execute ``call(listener)`` in the pool and return once its first record is
-        committed (a decision, a resume): its refusals are raised here."""
+                     call: Callable[[Any, Any], Awaitable[Any]]) -> None:
+        """Execute ``call(listener, store)`` in the pool and return once its first record
+        is committed (a decision, a resume): its refusals are raised here."""
         first: list[int] = []
         base = self.listener(workflow, run_id)
 
@@ -247,21 +265,21 @@ class Server:
             base(rec, view)
 
         if self.records_only:  # recorded here and now, executed by a worker
-            await call(listen)
+            await call(listen, self.st)
             self.hub.changed(run_id)
             return
-        task = self.runs.submit(what, run_id, lambda: call(listen))
+        task = self.runs.submit_job(what, run_id, lambda st: call(listen, st))
         await self.runs.accepted(run_id, task, first)
 
     def resumer(self, run_id: str) -> Any:
         """The execution that continues a run (a takeover)."""
 
-        async def go() -> interlock.RunResult:
-            row = await self.st.get_run(run_id)
-            return await interlock.resume(run_id, store=self.st,
+        async def go(st: Any) -> interlock.RunResult:
+            row = await st.get_run(run_id)
+            return await interlock.resume(run_id, store=st,
                                           workflow=self.workflows.get(row.workflow),
                                           listener=self.listener(row.workflow, run_id))
-        return go
+        return self.runs.execution(run_id, go)
 
     def identify(self, authorization: str | None) -> Identity:
         if self.tokens is None:
@@ -281,6 +299,14 @@ class Server:
 
     async def run_object(self, run_id: str) -> dict[str, Any]:
         return (await interlock.status(run_id, store=self.st)).to_json()
+
+
+def _on(loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether this thread runs ``loop``."""
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
 
 
 def _need(what: str) -> Any:
@@ -392,6 +418,13 @@ def _handlers(app: FastAPI) -> None:
     @app.exception_handler(UsageError)
     async def _usage(request: Request, exc: UsageError) -> JSONResponse:
         return problem(400, "Bad Request", str(exc))
+
+    @app.exception_handler(LogError)
+    async def _broken(request: Request, exc: LogError) -> JSONResponse:
+        # the store's data was changed (a broken chain, a definition that no longer
+        # matches its hash): not the caller's mistake (never 400), not a race to retry
+        log.error("%s %s refused: %s", request.method, request.url.path, exc)
+        return problem(409, "Conflict", str(exc))
 
     @app.exception_handler(StoreError)
     async def _store(request: Request, exc: StoreError) -> JSONResponse:
@@ -590,8 +623,8 @@ def _routes(app: FastAPI) -> None:  # noqa: C901 - one closure per endpoint
             try:
                 await server.launch(
                     f"decision on run {run_id}", run_id, row.workflow,
-                    lambda listen: interlock.resume(
-                        run_id, decision, store=server.st,
+                    lambda listen, st: interlock.resume(
+                        run_id, decision, store=st,
                         workflow=server.workflows.get(row.workflow), listener=listen,
                         detach=server.records_only))
             except NotAnApprover as exc:  # a child run's gate: its approvers: refused
@@ -611,8 +644,8 @@ def _routes(app: FastAPI) -> None:  # noqa: C901 - one closure per endpoint
         async with server.lock(run_id):
             await server.launch(
                 f"resume of run {run_id}", run_id, row.workflow,
-                lambda listen: interlock.resume(
-                    run_id, store=server.st, config=config,
+                lambda listen, st: interlock.resume(
+                    run_id, store=st, config=config,
                     workflow=server.workflows.get(row.workflow), listener=listen,
                     detach=server.records_only))
         return await server.run_object(run_id)
