@@ -75,6 +75,8 @@ def allowed_hosts(bound: str, extra: Collection[str]) -> frozenset[str]:
 
 
 class Guard:
+    """The ASGI middleware (see the module's docstring): ``app`` behind ``edge``."""
+
     def __init__(self, app: ASGIApp, edge: Edge) -> None:
         self.app, self.edge = app, edge
 
