@@ -117,6 +117,10 @@ _PROBLEMS = {400: {"model": Problem, "description": "a malformed request, or ref
              409: {"model": Problem, "description": "the run's state refuses it (or its "
                                                     "stored log is broken)"},
              413: {"model": Problem, "description": "the body is larger than is read"},
+             415: {"model": Problem, "description": "a POST body that is not "
+                                                    "application/json"},
+             421: {"model": Problem, "description": "a Host the server does not answer "
+                                                    "to (--allowed-host)"},
              422: {"model": Problem, "description": "the body does not fit its schema"}}
 for _status, _doc in _PROBLEMS.items():
     _doc["content"] = {PROBLEM: {"schema": {"$ref": "#/components/schemas/Problem"}}}
@@ -358,15 +362,18 @@ async def _last_event_id(last_event_id: Annotated[str | None, Header()] = None
     return int(seen)
 
 
+def _plain(text: str) -> bool:
+    """``text`` holds no control character (a NUL, which PostgreSQL cannot store)."""
+    return not any(c < " " or c == "\x7f" for c in text)
+
+
 async def _plain_params(request: Request) -> None:
-    """A run id, a filter or a cursor holds text: a control character (a NUL, which
-    PostgreSQL cannot store) in one is refused here, before any store sees it."""
-    for where, params in (("path", request.path_params),
-                          ("query", request.query_params)):
-        for key, value in params.items():
-            if isinstance(value, str) and any(c < " " or c == "\x7f" for c in value):
-                raise Problemed(400, "Bad Request", f"the {where} parameter {key} holds a "
-                                "control character; ids and filters are plain text")
+    """A run id or a workflow name in a path holds no control character: one that does
+    names nothing (404), and no store is asked for it."""
+    for key, value in request.path_params.items():
+        if isinstance(value, str) and not _plain(value):
+            raise Problemed(404, "Not Found", f"no {key.removesuffix('_id')} is named "
+                            f"{value[:80]!r}: names and ids hold no control character")
 
 
 def create_app(options: ServerOptions | None = None, **kwargs: Any) -> FastAPI:
@@ -553,6 +560,8 @@ def _routes(app: FastAPI) -> None:  # noqa: C901 - one closure per endpoint
                    cursor: Annotated[str | None, Query(pattern=r"^[0-9]{1,9}$")] = None
                    ) -> dict[str, Any]:
         offset = int(cursor) if cursor else 0
+        if not _plain(status or "") or not _plain(workflow or ""):
+            return {"runs": [], "next": None}  # no run has such a name (the store is spared)
         rows = await interlock.list_runs(store=server.st, status=status and status.upper(),
                                          workflow=workflow, limit=offset + limit + 1)
         page = rows[offset:offset + limit]
@@ -638,9 +647,9 @@ def _routes(app: FastAPI) -> None:  # noqa: C901 - one closure per endpoint
 
     @app.post("/api/runs/{run_id}/resume", response_model=RunObject)
     async def resume(run_id: str, server: Srv, who: Operator,
-                     body: ResumeIn | None = None) -> dict[str, Any]:
+                     body: ResumeIn) -> dict[str, Any]:
         row = await server.st.get_run(run_id)
-        config = (body.config if body else None) or None
+        config = body.config or None
         async with server.lock(run_id):
             await server.launch(
                 f"resume of run {run_id}", run_id, row.workflow,
@@ -652,9 +661,9 @@ def _routes(app: FastAPI) -> None:  # noqa: C901 - one closure per endpoint
 
     @app.post("/api/runs/{run_id}/cancel", response_model=RunObject)
     async def cancel(run_id: str, server: Srv, who: Operator,
-                     body: CancelIn | None = None) -> dict[str, Any]:
-        """The body is ``{}`` (or empty), sent as JSON: a page of another site cannot
-        send that without asking first (see `Guard`)."""
+                     body: CancelIn) -> dict[str, Any]:
+        """The body is ``{}``, sent as JSON: a page of another site cannot send that
+        without asking first (see `Guard`)."""
         async with server.lock(run_id):
             result = await interlock.cancel(run_id, by=who.name, store=server.st)
         return result.to_json()

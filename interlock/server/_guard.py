@@ -120,8 +120,8 @@ class Guard:
         kind = headers.get("content-type", "").split(";", 1)[0].strip().lower()
         if kind != "application/json":
             raise Problemed(415, "Unsupported Media Type", f"a {scope.get('method')} body "
-                            "must be JSON, sent with 'Content-Type: application/json' (an "
-                            f"empty body is allowed where none is needed); got "
+                            "must be JSON, sent with 'Content-Type: application/json' "
+                            "(cancel and resume take {}); got "
                             f"{kind or 'no Content-Type'}")
         limit = edge.limit()
         size = headers.get("content-length")
