@@ -130,7 +130,7 @@ def server_pid(url: str) -> int:
     inode = None
     for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
         f = line.split()
-        if f[1].endswith(":%04X" % int(port)) and f[3] == "0A":
+        if f[1].endswith(f":{int(port):04X}") and f[3] == "0A":
             inode = f[9]
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
@@ -189,7 +189,7 @@ async def measure(url: str, pid: int, args: Any) -> dict[str, Any]:
             base, peak = rss(pid), 0
             stop = asyncio.Event()
 
-            async def sample(base: int = base) -> None:
+            async def sample(base: int = base, stop: asyncio.Event = stop) -> None:
                 nonlocal peak
                 while not stop.is_set():
                     peak = max(peak, rss(pid) - base)

@@ -10,6 +10,7 @@ fields) -- as the state stood at its first ``node.started``.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 from typing import Any
 
@@ -41,20 +42,25 @@ def _input(spec: WorkflowSpec, rec: L.Record, view: RunView) -> dict[str, Any]:
     return copy.deepcopy(picked)  # a reducer may change the state's values in place later
 
 
-async def node_visits(run_id: str, *, store: str | Store | None = None
-                      ) -> list[dict[str, Any]]:
+async def node_visits(run_id: str, *, store: str | Store | None = None,
+                      offload: bool = False) -> list[dict[str, Any]]:
     """Each visit of each node of the run, in the order they started: ``node``, ``visit``,
     ``item`` (a mapped node's item index, else null), ``status`` (running, retrying,
     waiting, decided, completed, failed), ``input``, ``update``, ``error``, ``tokens``,
     ``duration_ms`` (the attempts' sum), ``attempts``, ``decision`` (a gate's),
-    ``seqs`` (its records)."""
+    ``seqs`` (its records).
+
+    ``offload``: fold each page of records in a thread (`asyncio.to_thread`), so that
+    the event loop serves other requests meanwhile (the server's ``/visits``); the
+    pages are read on the loop and folded one after the other, never two at once."""
     st, owned = open_store_arg(store)
     try:
         row = await st.get_run(run_id)
         spec = parse(row.definition)
         view = RunView(reading_plan(spec))
         visits: dict[tuple[str, Any, Any], dict[str, Any]] = {}
-        async for entries in st.iter_entries(run_id, page=TRACE_PAGE):
+
+        def fold(entries: list[L.Entry]) -> None:
             for entry in entries:
                 rec = entry.record()
                 status = _STATUS.get(rec["type"])
@@ -62,6 +68,12 @@ async def node_visits(run_id: str, *, store: str | Store | None = None
                 if status is not None and isinstance(node, str) and node in spec.nodes:
                     _visit(spec, visits, rec, status, view)
                 view.apply(rec)
+
+        async for entries in st.iter_entries(run_id, page=TRACE_PAGE):
+            if offload:
+                await asyncio.to_thread(fold, entries)
+            else:
+                fold(entries)
         return list(visits.values())
     finally:
         if owned:

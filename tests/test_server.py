@@ -93,7 +93,8 @@ class Served:
             [sys.executable, "-m", "interlock", "serve", "--port", "0", "--store",
              store or f"sqlite:///{root / 'runs.db'}", "--workflows", "flows", *args],
             cwd=root, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
-            env={**os.environ, "PYTHONPATH": str(root)})
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                p for p in (str(root), os.environ.get("PYTHONPATH")) if p)})
         self.lines: list[str] = []
         ready = threading.Event()
         self.port = 0
