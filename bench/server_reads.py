@@ -10,6 +10,8 @@ serve --workers 0`` on it (nothing executes: the reads alone are measured) and t
 - ``GET /api/runs/{id}/records`` of a run of ``--steps`` steps (default 100,000): the
   time to read the whole log (every page, when the server pages it) and the server's
   RSS growth (its peak, from /proc);
+- ``GET /api/runs/{id}/visits`` of that run, and the slowest ``GET /api/health`` sent
+  every 50 ms meanwhile (does the fold stall the other requests?);
 - ``--followers`` SSE subscribers (default 500) on one waiting run for ``--watch``
   seconds: the server's CPU% over that window (from /proc).
 
@@ -205,6 +207,26 @@ async def measure(url: str, pid: int, args: Any) -> dict[str, Any]:
             assert n >= args.steps, n
         out["records median s"] = statistics.median(times)
         out["records RSS growth MB (max)"] = max(growth) / 2**20
+
+        visits, health = [], []
+        for _ in range(2):
+            done = asyncio.Event()
+
+            async def probe(done: asyncio.Event = done) -> None:
+                while not done.is_set():
+                    t = time.perf_counter()
+                    (await c.get("/api/health")).raise_for_status()
+                    health.append(time.perf_counter() - t)
+                    await asyncio.sleep(0.05)
+
+            prober = asyncio.create_task(probe())
+            t = time.perf_counter()
+            (await c.get("/api/runs/long/visits")).raise_for_status()
+            visits.append(time.perf_counter() - t)
+            done.set()
+            await prober
+        out["visits median s"] = statistics.median(visits)
+        out["health during visits, max s"] = max(health)
 
         started = 0
 
