@@ -23,6 +23,8 @@ from ._spec import parse
 from ._state import scoped
 from ._store import Store, release_store
 
+SHARE_EVERY = 200  # records folded between two yields to the event loop (`share_loop`)
+
 _STATUS = {L.NODE_STARTED: "running", L.NODE_COMPLETED: "completed", L.NODE_FAILED: "failed",
            L.NODE_RETRYING: "retrying", L.APPROVAL_REQUESTED: "waiting",
            L.APPROVAL_DECIDED: "decided"}
@@ -43,16 +45,17 @@ def _input(spec: WorkflowSpec, rec: L.Record, view: RunView) -> dict[str, Any]:
 
 
 async def node_visits(run_id: str, *, store: str | Store | None = None,
-                      offload: bool = False) -> list[dict[str, Any]]:
+                      share_loop: bool = False) -> list[dict[str, Any]]:
     """Each visit of each node of the run, in the order they started: ``node``, ``visit``,
     ``item`` (a mapped node's item index, else null), ``status`` (running, retrying,
     waiting, decided, completed, failed), ``input``, ``update``, ``error``, ``tokens``,
     ``duration_ms`` (the attempts' sum), ``attempts``, ``decision`` (a gate's),
     ``seqs`` (its records).
 
-    ``offload``: fold each page of records in a thread (`asyncio.to_thread`), so that
-    the event loop serves other requests meanwhile (the server's ``/visits``); the
-    pages are read on the loop and folded one after the other, never two at once."""
+    ``share_loop``: give the event loop back after every `SHARE_EVERY` records folded,
+    so that a long run's fold does not stall the other tasks of the loop (the server's
+    ``/visits``). (A thread would not: the fold is Python, and holds the GIL from
+    the loop's thread for its whole switch interval at every hand-over.)"""
     st, owned = open_store_arg(store)
     try:
         row = await st.get_run(run_id)
@@ -60,20 +63,18 @@ async def node_visits(run_id: str, *, store: str | Store | None = None,
         view = RunView(reading_plan(spec))
         visits: dict[tuple[str, Any, Any], dict[str, Any]] = {}
 
-        def fold(entries: list[L.Entry]) -> None:
-            for entry in entries:
-                rec = entry.record()
-                status = _STATUS.get(rec["type"])
-                node = rec.get("node")
-                if status is not None and isinstance(node, str) and node in spec.nodes:
-                    _visit(spec, visits, rec, status, view)
-                view.apply(rec)
-
+        every = SHARE_EVERY if share_loop else TRACE_PAGE
         async for entries in st.iter_entries(run_id, page=TRACE_PAGE):
-            if offload:
-                await asyncio.to_thread(fold, entries)
-            else:
-                fold(entries)
+            for start in range(0, len(entries), every):
+                if start or share_loop:
+                    await asyncio.sleep(0)
+                for entry in entries[start:start + every]:
+                    rec = entry.record()
+                    status = _STATUS.get(rec["type"])
+                    node = rec.get("node")
+                    if status is not None and isinstance(node, str) and node in spec.nodes:
+                        _visit(spec, visits, rec, status, view)
+                    view.apply(rec)
         return list(visits.values())
     finally:
         if owned:

@@ -317,8 +317,8 @@ def test_records_whole_streamed_or_paged_are_the_same_log(server: Served,
         assert json.loads(done.stdout) == records
 
 
-def test_visits_fold_off_the_event_loop_with_the_same_result(project: Path) -> None:
-    """Offloaded, the fold lets other tasks run between its pages (it used to hold the
+def test_visits_fold_sharing_the_event_loop_with_the_same_result(project: Path) -> None:
+    """Sharing the loop, the fold lets other tasks run while it goes (it used to hold the
     loop from the first record to the last: no other task ran meanwhile)."""
 
     async def main() -> None:
@@ -337,7 +337,7 @@ def test_visits_fold_off_the_event_loop_with_the_same_result(project: Path) -> N
         task = asyncio.create_task(ticker())
         await asyncio.sleep(0)
         ticks = 0
-        offloaded = await node_visits("long", store=store, offload=True)
+        offloaded = await node_visits("long", store=store, share_loop=True)
         during = ticks
         running = False
         await task

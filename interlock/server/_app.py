@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any
 
+import orjson
 from fastapi import Depends, FastAPI, Header, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -525,11 +526,14 @@ def _routes(app: FastAPI) -> None:  # noqa: C901 - one closure per endpoint
         return graph_of(parse_definition(row.definition))
 
     @app.get("/api/runs/{run_id}/visits", response_model=list[Visit])
-    async def run_visits(run_id: str, server: Srv, who: Reader) -> list[dict[str, Any]]:
+    async def run_visits(run_id: str, server: Srv, who: Reader) -> Response:
         """Each node visit: its input (the state it read when it started, from the
-        fold), update, error, tokens and duration. (The fold runs in a thread, a page
-        at a time: a long run's does not stall the other requests.)"""
-        return await node_visits(run_id, store=server.st, offload=True)
+        fold), update, error, tokens and duration. (The fold gives the event loop back
+        every few hundred records, and the answer is not validated again: a long run's
+        visits do not stall the other requests.)"""
+        return Response(orjson.dumps(await node_visits(run_id, store=server.st,
+                                                       share_loop=True)),
+                        media_type="application/json")
 
     @app.get("/api/runs/{run_id}/records", response_class=StreamingResponse,
              responses={200: {"model": list[Record],
