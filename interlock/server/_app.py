@@ -626,10 +626,12 @@ def _routes(app: FastAPI) -> None:  # noqa: C901 - one closure per endpoint
         return result.to_json()
 
     @app.get("/api/approvals", response_model=list[Approval])
-    async def approvals(server: Srv, who: Reader) -> list[dict[str, Any]]:
+    async def approvals(server: Srv, who: Reader) -> Response:
         """The gates waiting for a decision, from the waiting runs' summaries (each
-        approval object kept per run at its last seq: no fold per request)."""
-        return await server.approvals.list(server.st)
+        approval object kept per run at its last seq: no fold per request; sent as it
+        is kept, not validated again)."""
+        return Response(orjson.dumps(await server.approvals.list(server.st)),
+                        media_type="application/json")
 
     @app.get("/metrics", response_class=Response, include_in_schema=False)
     async def metrics(server: Srv, who: Reader) -> Response:
