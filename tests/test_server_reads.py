@@ -307,7 +307,7 @@ def test_records_whole_streamed_or_paged_are_the_same_log(server: Served,
         assert c.get("/api/runs/long/records",
                      params={"after": len(records)}).json() == []
         assert c.get("/api/runs/nope/records").status_code == 404
-        # the CLI's remote trace reads the whole log through the server
+        # the CLI's remote trace reads the whole log through the server, a page at a time
         done = subprocess.run(
             [sys.executable, "-m", "interlock", "trace", "long", "--json", "--server",
              server.url], cwd=project, capture_output=True, text=True, timeout=120,
@@ -315,6 +315,22 @@ def test_records_whole_streamed_or_paged_are_the_same_log(server: Served,
                 p for p in (str(project), os.environ.get("PYTHONPATH")) if p)})
         assert done.returncode == 0, done.stderr
         assert json.loads(done.stdout) == records
+        # ... and its client follows the pages
+        from interlock.cli import _remote
+
+        remote = _remote.Remote(server.url, None)
+        asked: list[dict[str, Any]] = []
+        remote.client.event_hooks["request"].append(
+            lambda request: asked.append(dict(request.url.params)))
+        try:
+            _remote.RECORDS_PAGE, page_size = 100, _remote.RECORDS_PAGE
+            assert remote.records("long") == records
+            assert remote.records("long", after=len(records) - 150) == records[-150:]
+        finally:
+            _remote.RECORDS_PAGE = page_size
+            remote.close()
+        assert len(asked) == -(-(len(records) + 1) // 100) + 2
+        assert asked[0] == {"after": "0", "limit": "100"}
 
 
 def test_visits_fold_sharing_the_event_loop_with_the_same_result(project: Path) -> None:
