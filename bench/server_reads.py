@@ -13,6 +13,8 @@ serve --workers 0`` on it (nothing executes: the reads alone are measured) and t
   RSS growth (its peak, from /proc);
 - ``GET /api/runs/{id}/visits`` of that run, and the slowest ``GET /api/health`` sent
   every 50 ms meanwhile (does the fold stall the other requests?);
+- the ``--notify`` watcher's pass over the waiting runs (in this process, no server):
+  its first, and the next ones when nothing changed;
 - ``--followers`` SSE subscribers (default 500) on one waiting run for ``--watch``
   seconds: the server's CPU% over that window (from /proc).
 
@@ -258,6 +260,37 @@ async def measure(url: str, pid: int, args: Any) -> dict[str, Any]:
     return out
 
 
+def watcher_passes(store: str) -> dict[str, float]:
+    """The ``--notify`` watcher's passes over the store, in this process: the first (it
+    reads every waiting run's log once) and the median of five more (nothing changed;
+    the watcher's steady state, every ``notify_scan`` seconds)."""
+    from interlock import open_store
+    from interlock.server._hub import Hub
+    from interlock.server._notify import Notifier
+
+    async def go() -> dict[str, float]:
+        st = open_store(store)
+        try:
+            n = Notifier(["http://127.0.0.1:9/"], "http://x", st, Hub(), None)
+            n.requested = lambda *a: None  # type: ignore[method-assign]  # announce nothing
+            t = time.perf_counter()
+            await n._scan()
+            first = time.perf_counter() - t
+            if hasattr(n, "_since"):  # as `watch` sets it after a pass
+                n._since = time.time() - 60
+            times = []
+            for _ in range(5):
+                t = time.perf_counter()
+                await n._scan()
+                times.append(time.perf_counter() - t)
+            return {"watcher first pass s": first,
+                    "watcher next passes median ms": 1000 * statistics.median(times)}
+        finally:
+            await st.close()
+
+    return asyncio.run(go())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--root")
@@ -279,6 +312,7 @@ def main() -> None:
                 "--no-take-over") as url:
         pid = server_pid(url)
         out = asyncio.run(measure(url, pid, args))
+    out.update(watcher_passes(store))
     for k, v in out.items():
         print(f"{k}: {v:.3f}")
 
