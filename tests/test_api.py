@@ -16,6 +16,8 @@ PUBLIC = {
     # the errors users catch, all in one hierarchy (the house issue)
     "AgentError", "BudgetExceededError", "ClaimError", "ConflictError", "InternalError",
     "RunExists", "RunNotFound", "StepLimitError", "StoreError",
+    # issue 26: a broken log (not a usage mistake), a sub-workflow's failure, a shutdown
+    "LogError", "ChildRunError", "Draining",
     # the support surface for embedders (a server, a worker): a long-lived store handle
     "Store", "open_store", "make_run_id",
     # what the stored runs of a workflow covered of its declared edges (SPEC §10)
