@@ -290,7 +290,8 @@ def page_query(mark: str, status: str | None, workflow: str | None,
         where.append(f"updated_at > {mark}")
         params.append(updated_after)
     if before is not None:
-        where.append(f"(created_at < {mark} OR (created_at = {mark} AND {order_id} < {mark}))")
+        # a range on created_at (the indexes' order) and the tie broken by run id
+        where.append(f"created_at <= {mark} AND (created_at < {mark} OR {order_id} < {mark})")
         params += [before[0], before[0], before[1]]
     sql = f"SELECT {_LIGHT_COLUMNS} FROM runs"
     if where:
