@@ -247,6 +247,9 @@ CLAIMS: dict[str, Evidence] = {
     "starts 0.25 s into the run": Value("interlock._runs", "CANCEL_POLL_SECONDS", 0.25),
     "polls the store every 0.25 s": Value("interlock._runs", "CANCEL_POLL_SECONDS", 0.25),
     "A run is executed by one owner": LEASE_KEPT,  # (the lease is kept, really)
+    # a full SQLite disk
+    "checkpoints come every 250 jobs": Value("interlock._store._sqlite", "CHECKPOINT_EVERY",
+                                             250),
     # the server's run loops and their watchdog
     "stamps a heartbeat every 0.25 s": Value("interlock.server._loops", "TICK", 0.25),
     "stamp is older than 1 s": Value("interlock.server._loops", "BLOCKED_AFTER", 1.0),
