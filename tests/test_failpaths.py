@@ -1,0 +1,379 @@
+"""The executor's failure paths (issue 26): a store that refuses a record, a fold that
+refuses one, a long skipped chain, tokens charged from many threads -- a run never hangs,
+never forks or gaps its log, and never takes an outage of its store for a node's failure.
+
+The store's failures are injected with `interlock.testing.FaultyStore`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import sys
+import threading
+from collections import Counter
+from typing import Any
+
+import pytest
+
+import interlock
+from interlock import END, START, Workflow
+from interlock import _journal
+from interlock._errors import ConflictError, StoreError
+from interlock._runs import load_run
+from interlock._store import open_store
+from interlock.testing import FaultyStore
+
+HANG = 60.0  # a run that has not returned by then hangs (the guard, not a timing)
+
+
+@pytest.fixture(autouse=True)
+def short_retries(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failed append is tried again for 0.3 s (10 s by default), to keep tests short."""
+    monkeypatch.setattr(_journal, "RETRY_SECONDS", 0.3)
+
+
+def faulty() -> FaultyStore:
+    return FaultyStore(open_store("memory://"))
+
+
+async def _run(wf: Workflow, store: FaultyStore, **kw: Any) -> interlock.RunResult:
+    return await asyncio.wait_for(wf.run(store=store, **kw), HANG)
+
+
+async def _only_run(store: FaultyStore) -> str:
+    rows = await store.inner.list_runs()
+    assert len(rows) == 1
+    return rows[0].run_id
+
+
+def fan_with_retry(attempts: list[int]) -> Workflow:
+    """``a -> (b1, b2) -> join``; ``b1`` fails its first attempt after 0.2 s, then
+    succeeds (``retry:``), while ``b2`` is still running: both run as tasks."""
+    async def a(state: dict[str, Any]) -> dict[str, Any]:
+        return {"a": 1}
+
+    async def b1(state: dict[str, Any]) -> dict[str, Any]:
+        attempts.append(1)
+        await asyncio.sleep(0.2)
+        if len(attempts) == 1:
+            raise RuntimeError("flaky")
+        return {"b1": 1}
+
+    async def b2(state: dict[str, Any]) -> dict[str, Any]:
+        await asyncio.sleep(0.4)
+        return {"b2": 1}
+
+    async def join(state: dict[str, Any]) -> dict[str, Any]:
+        return {"joined": state["b1"] + state["b2"]}
+
+    wf = Workflow("fan-retry")
+    wf.node("a", a).node("b1", b1, retry={"attempts": 3, "backoff": "0s"})
+    wf.node("b2", b2).node("join", join)
+    wf.edge(START, "a").edge("a", ["b1", "b2"]).edge(["b1", "b2"], "join")
+    wf.edge("join", END)
+    return wf
+
+
+# -- a visit always delivers an outcome ----------------------------------------------------
+
+
+def test_a_store_refusing_a_retry_record_in_a_task_does_not_hang_the_run() -> None:
+    """The issue's repro: the append holding ``node.retrying`` (committed by the Retry
+    guard inside a visit running as a task) fails for good. Before: the task died
+    silently and the loop waited for its outcome for ever, its lease renewed."""
+    async def go() -> None:
+        store = faulty()
+        fault = store.fail_append(holding="node.retrying", times=None)
+        with pytest.raises(StoreError, match="could not be stored") as err:
+            await _run(fan_with_retry([]), store)
+        assert "node.retrying" not in str(err.value)  # the store's cause, named
+        assert "FaultyStore: append failed" in str(err.value)
+        assert fault.hits >= 2  # tried again before giving up
+        run_id = await _only_run(store)
+        row = await store.inner.get_run(run_id)
+        assert row.summary.status == "RUNNING" and row.owner is None  # left for takeover
+        assert (await interlock.verify(run_id, store=store.inner)).ok
+        # a healthy store: the run is continued to its end
+        store.heal()
+        done = await asyncio.wait_for(fan_with_retry([1]).resume(run_id, store=store), HANG)
+        assert done.status == "COMPLETED" and done.state["joined"] == 2
+        assert (await interlock.verify(run_id, store=store)).ok
+
+    asyncio.run(go())
+
+
+def test_an_append_that_fails_once_is_tried_again_and_the_run_completes() -> None:
+    async def go() -> None:
+        store = faulty()
+        fault = store.fail_append(holding="node.retrying")
+        result = await _run(fan_with_retry([]), store)
+        assert fault.hits == 1
+        assert result.status == "COMPLETED" and result.state["joined"] == 2
+        assert (await interlock.verify(result.run_id, store=store)).ok
+        records = await interlock.trace(result.run_id, store=store)
+        assert [r["seq"] for r in records] == list(range(1, len(records) + 1))
+
+    asyncio.run(go())
+
+
+def test_an_append_whose_answer_was_lost_is_not_stored_twice() -> None:
+    """The append was committed, then failed (a connection dropped after the commit):
+    the retry finds the same records with the same hashes and counts it done."""
+    async def go() -> None:
+        store = faulty()
+        fault = store.fail_append(holding="node.retrying", after=True)
+        result = await _run(fan_with_retry([]), store)
+        assert fault.hits == 1
+        assert result.status == "COMPLETED"
+        records = await interlock.trace(result.run_id, store=store)
+        assert sum(r["type"] == "node.retrying" for r in records) == 1
+        assert (await interlock.verify(result.run_id, store=store)).ok
+
+    asyncio.run(go())
+
+
+def test_a_store_error_in_a_mapped_nodes_item_ends_the_run() -> None:
+    """A map's items run in a task group: a store error in one is the run's error."""
+    async def work(state: dict[str, Any]) -> dict[str, Any]:
+        await asyncio.sleep(0.01)
+        return {"out": state["x"] * 2}
+
+    async def fan(state: dict[str, Any]) -> dict[str, Any]:
+        return {"xs": list(range(6))}
+
+    def workflow() -> Workflow:
+        return (Workflow("map-fault", state={"out": "append"}).node("fan", fan)
+                .node("work", work).edge(START, "fan")
+                .map("fan", "xs", "work", as_="x", max_concurrency=2).edge("work", END))
+
+    async def go() -> None:
+        store = faulty()
+        store.fail_append(nth=3, when=lambda es: any(e.type == "node.completed"
+                                                     for e in es), times=None)
+        with pytest.raises(StoreError, match="could not be stored"):
+            await _run(workflow(), store)
+        run_id = await _only_run(store)
+        assert (await store.inner.get_run(run_id)).owner is None
+        store.heal()
+        done = await asyncio.wait_for(workflow().resume(run_id, store=store), HANG)
+        assert done.status == "COMPLETED" and sorted(done.state["out"]) == \
+            [0, 2, 4, 6, 8, 10]
+        assert (await interlock.verify(run_id, store=store)).ok
+
+    asyncio.run(go())
+
+
+# -- the journal never drops or gaps ------------------------------------------------------
+
+
+def chain() -> Workflow:
+    async def step(state: dict[str, Any]) -> dict[str, Any]:
+        return {"n": state.get("n", 0) + 1}
+
+    wf = Workflow("chain")
+    for name in ("a", "b", "c"):
+        wf.node(name, step)
+    return wf.edge(START, "a").edge("a", "b").edge("b", "c").edge("c", END)
+
+
+def test_a_full_disk_is_reported_as_such_not_as_another_writer() -> None:
+    """Before: the first failed append dropped its batch, every later one found a gap
+    and said "another writer got there first" (there was none)."""
+    async def go() -> None:
+        store = faulty()
+        store.fail_append(nth=2, times=None,
+                          error=OSError(errno.ENOSPC, "No space left on device"))
+        with pytest.raises(StoreError) as err:
+            await _run(chain(), store)
+        assert not isinstance(err.value, ConflictError)
+        assert "No space left on device" in str(err.value)
+        assert "another writer" not in str(err.value)
+        run_id = await _only_run(store)
+        assert (await interlock.verify(run_id, store=store.inner)).ok
+        store.heal()
+        done = await asyncio.wait_for(chain().resume(run_id, store=store), HANG)
+        assert done.status == "COMPLETED" and done.state["n"] == 3
+
+    asyncio.run(go())
+
+
+def test_a_record_the_fold_refuses_is_not_numbered() -> None:
+    """`Journal.put` folds before it stages: a record the fold refuses leaves no gap."""
+    async def go() -> None:
+        store = open_store("memory://")
+        result = await chain().run(store=store)
+        loaded = await load_run(store, result.run_id, workflow=chain())
+        journal = _journal.Journal(store, result.run_id, loaded.view, loaded.writer())
+        seq = journal.writer.seq
+        with pytest.raises(KeyError):
+            journal.put("node.completed", {})  # no node: the fold cannot take it
+        assert journal.writer.seq == seq
+        journal.put("test.note", {"ok": True})
+        await journal.flush()
+        assert (await interlock.verify(result.run_id, store=store)).ok
+        assert (await interlock.trace(result.run_id, store=store))[-1]["seq"] == seq + 1
+
+    asyncio.run(go())
+
+
+# -- store outages are not node failures ---------------------------------------------------
+
+
+def test_a_store_error_under_ctx_once_is_not_the_nodes_failure() -> None:
+    """The body catches every Exception and the node has ``retry:``: neither may take
+    the store's outage for the node's error. Before: the body swallowed the
+    StoreError and the run completed without the effect in its log."""
+    calls: list[str] = []
+
+    def charge(key: str) -> str:
+        calls.append(key)
+        return "receipt"
+
+    async def pay(state: dict[str, Any], ctx: interlock.Context) -> dict[str, Any]:
+        try:
+            return {"receipt": await ctx.once("charge", charge, ctx.idempotency_key)}
+        except Exception as exc:
+            return {"receipt": f"swallowed {type(exc).__name__}"}
+
+    def workflow() -> Workflow:
+        return (Workflow("pay").node("pay", pay, retry={"attempts": 3, "backoff": "0s"})
+                .edge(START, "pay").edge("pay", END))
+
+    async def go() -> None:
+        store = faulty()
+        store.fail_append(holding="effect.recorded", times=None)
+        with pytest.raises(StoreError, match="could not be stored"):
+            await _run(workflow(), store)
+        assert len(calls) == 1  # the effect ran once, its commit was retried
+        run_id = await _only_run(store)
+        records = await interlock.trace(run_id, store=store.inner)
+        assert not [r for r in records if r["type"] in ("node.retrying", "node.failed",
+                                                         "node.completed")]
+        assert (await store.inner.get_run(run_id)).owner is None
+
+    asyncio.run(go())
+
+
+def test_a_ctx_once_commit_that_fails_once_is_retried_and_the_effect_runs_once() -> None:
+    calls: list[str] = []
+
+    async def pay(state: dict[str, Any], ctx: interlock.Context) -> dict[str, Any]:
+        return {"receipt": await ctx.once("charge", lambda: calls.append("x") or "r")}
+
+    async def go() -> None:
+        store = faulty()
+        fault = store.fail_append(holding="effect.recorded",
+                                  error=ConnectionResetError("server closed the connection"))
+        wf = Workflow("pay").node("pay", pay).edge(START, "pay").edge("pay", END)
+        result = await _run(wf, store)
+        assert fault.hits == 1 and calls == ["x"]
+        assert result.status == "COMPLETED" and result.state["receipt"] == "r"
+
+    asyncio.run(go())
+
+
+# -- dead paths ---------------------------------------------------------------------------
+
+
+def test_a_skipped_chain_of_10000_nodes_is_ruled_out_without_recursion() -> None:
+    """docs/design.md: dead paths are resolved with a worklist, a 10,000-node chain
+    does not recurse. Before: RecursionError at about 340 nodes, the run left RUNNING."""
+    n = 10_000
+
+    def noop(state: dict[str, Any]) -> dict[str, Any]:
+        return {}
+
+    wf = Workflow("skipped", input=["go"]).node("a", noop).edge(START, "a")
+    wf.edge("a", "s0", when="go").edge("a", END, otherwise=True)
+    for i in range(n):
+        wf.node(f"s{i}", noop)
+        wf.edge(f"s{i}", f"s{i + 1}" if i + 1 < n else END)
+    limit = sys.getrecursionlimit()
+    result = wf.run_sync({"go": False}, store="memory://")
+    assert sys.getrecursionlimit() == limit
+    assert result.status == "COMPLETED"
+    assert result.steps == 1  # only a ran
+
+
+# -- the budget's state, one lock ---------------------------------------------------------
+
+
+def test_tokens_charged_from_many_threads_while_visits_come_and_go(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sync nodes charge tokens on their threads while the loop enters and leaves the
+    budget for a map's items. Before: ``enter``/``leave`` changed the in-flight table
+    without the lock ``charge`` sums it under -- "dictionary changed size during
+    iteration" inside a body."""
+    monkeypatch.setattr(sys, "getswitchinterval", sys.getswitchinterval)
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible
+    charges = 3000
+
+    def spender(state: dict[str, Any], ctx: interlock.Context) -> dict[str, Any]:
+        for _ in range(charges):
+            ctx.record_tokens(1)
+        return {"spent": 1}
+
+    async def item(state: dict[str, Any], ctx: interlock.Context) -> dict[str, Any]:
+        await asyncio.sleep(0)
+        return {"done": 1}
+
+    async def fan(state: dict[str, Any]) -> dict[str, Any]:
+        return {"xs": list(range(3000))}
+
+    wf = Workflow("budget-race", state={"spent": "add", "done": "add"},
+                  limits={"tokens": 10**9})
+    wf.node("start", fan).node("fan", fan).node("item", item)
+    wf.edge(START, "start").edge("start", ["fan", "s1", "s2", "s3", "s4"])
+    for s in ("s1", "s2", "s3", "s4"):
+        wf.node(s, spender).edge(s, END)
+    wf.map("fan", "xs", "item", as_="x", max_concurrency=64).edge("item", END)
+    try:
+        result = wf.run_sync(store="memory://")
+    finally:
+        sys.setswitchinterval(old)
+    assert result.status == "COMPLETED", result.error
+    assert result.state["spent"] == 4 and result.tokens == 4 * charges
+
+
+# -- FaultyStore itself -------------------------------------------------------------------
+
+
+def test_faulty_store_forwards_and_fails_what_it_is_told() -> None:
+    async def go() -> None:
+        store = faulty()
+        result = await chain().run(store=store)
+        assert store.calls["append"] >= 1
+        reads = store.fail_reads(times=2)
+        for _ in range(2):
+            with pytest.raises(StoreError, match="injected"):
+                await store.get_run(result.run_id)
+        assert (await store.get_run(result.run_id)).summary.status == "COMPLETED"
+        assert reads.hits == 2
+        store.fail_heartbeat(error=TimeoutError("store unreachable"))
+        with pytest.raises(TimeoutError):
+            await store.heartbeat(result.run_id, "me", 10)
+        down = store.fail_for(60, "get_run")
+        with pytest.raises(StoreError):
+            await store.get_run(result.run_id)
+        assert not down.spent
+        store.heal()
+        await store.lose_lease(result.run_id)
+        assert (await store.get_run(result.run_id)).owner == "faulty-store:another-owner"
+        # a keyword argument a store grows later goes through as given
+        seen: list[dict[str, Any]] = []
+
+        async def release(run_id: str, owner: str, **kw: Any) -> None:
+            seen.append(kw)
+
+        store.inner.release = release  # type: ignore[method-assign]
+        await store.release(result.run_id, "me", claim=("me", 3))
+        assert seen == [{"claim": ("me", 3)}]
+
+    asyncio.run(go())
+
+
+def test_a_lost_event_loop_thread_is_not_needed_for_counts() -> None:
+    """(Counter and threading imports used by the property test module too.)"""
+    assert Counter("aa")["a"] == 2 and threading.active_count() >= 1
