@@ -10,27 +10,24 @@ from __future__ import annotations
 import asyncio
 import errno
 import sys
-import threading
-from collections import Counter
 from typing import Any
 
 import pytest
 
 import interlock
-from interlock import END, START, Workflow
-from interlock import _journal
+from interlock import END, START, Workflow, _journal
 from interlock._errors import ConflictError, StoreError
 from interlock._runs import load_run
 from interlock._store import open_store
 from interlock.testing import FaultyStore
 
-HANG = 60.0  # a run that has not returned by then hangs (the guard, not a timing)
+HANG = 30.0  # a run that has not returned by then hangs (the guard, not a timing)
 
 
 @pytest.fixture(autouse=True)
 def short_retries(monkeypatch: pytest.MonkeyPatch) -> None:
     """A failed append is tried again for 0.3 s (10 s by default), to keep tests short."""
-    monkeypatch.setattr(_journal, "RETRY_SECONDS", 0.3)
+    monkeypatch.setattr(_journal, "RETRY_SECONDS", 0.3, raising=False)
 
 
 def faulty() -> FaultyStore:
@@ -47,9 +44,9 @@ async def _only_run(store: FaultyStore) -> str:
     return rows[0].run_id
 
 
-def fan_with_retry(attempts: list[int]) -> Workflow:
+def fan_with_retry(attempts: list[int], b2_takes: float = 0.4) -> Workflow:
     """``a -> (b1, b2) -> join``; ``b1`` fails its first attempt after 0.2 s, then
-    succeeds (``retry:``), while ``b2`` is still running: both run as tasks."""
+    succeeds (``retry:``); ``b2`` takes ``b2_takes`` seconds: both run as tasks."""
     async def a(state: dict[str, Any]) -> dict[str, Any]:
         return {"a": 1}
 
@@ -61,7 +58,7 @@ def fan_with_retry(attempts: list[int]) -> Workflow:
         return {"b1": 1}
 
     async def b2(state: dict[str, Any]) -> dict[str, Any]:
-        await asyncio.sleep(0.4)
+        await asyncio.sleep(b2_takes)
         return {"b2": 1}
 
     async def join(state: dict[str, Any]) -> dict[str, Any]:
@@ -78,15 +75,19 @@ def fan_with_retry(attempts: list[int]) -> Workflow:
 # -- a visit always delivers an outcome ----------------------------------------------------
 
 
-def test_a_store_refusing_a_retry_record_in_a_task_does_not_hang_the_run() -> None:
+@pytest.mark.parametrize("b2_takes", [0.02, 0.4], ids=["b2-done-first", "b2-running"])
+def test_a_store_refusing_a_retry_record_in_a_task_does_not_hang_the_run(
+        b2_takes: float) -> None:
     """The issue's repro: the append holding ``node.retrying`` (committed by the Retry
     guard inside a visit running as a task) fails for good. Before: the task died
-    silently and the loop waited for its outcome for ever, its lease renewed."""
+    silently; with ``b2`` done already the loop waited for its outcome for ever (its
+    lease renewed), with ``b2`` still running its completion found a gap in the log
+    and blamed "another writer"."""
     async def go() -> None:
         store = faulty()
         fault = store.fail_append(holding="node.retrying", times=None)
         with pytest.raises(StoreError, match="could not be stored") as err:
-            await _run(fan_with_retry([]), store)
+            await _run(fan_with_retry([], b2_takes), store)
         assert "node.retrying" not in str(err.value)  # the store's cause, named
         assert "FaultyStore: append failed" in str(err.value)
         assert fault.hits >= 2  # tried again before giving up
@@ -299,16 +300,14 @@ def test_a_skipped_chain_of_10000_nodes_is_ruled_out_without_recursion() -> None
 # -- the budget's state, one lock ---------------------------------------------------------
 
 
-def test_tokens_charged_from_many_threads_while_visits_come_and_go(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_tokens_charged_from_many_threads_while_visits_come_and_go() -> None:
     """Sync nodes charge tokens on their threads while the loop enters and leaves the
     budget for a map's items. Before: ``enter``/``leave`` changed the in-flight table
     without the lock ``charge`` sums it under -- "dictionary changed size during
     iteration" inside a body."""
-    monkeypatch.setattr(sys, "getswitchinterval", sys.getswitchinterval)
     old = sys.getswitchinterval()
     sys.setswitchinterval(1e-6)  # switch threads as often as possible
-    charges = 3000
+    charges = 20_000
 
     def spender(state: dict[str, Any], ctx: interlock.Context) -> dict[str, Any]:
         for _ in range(charges):
@@ -320,7 +319,7 @@ def test_tokens_charged_from_many_threads_while_visits_come_and_go(
         return {"done": 1}
 
     async def fan(state: dict[str, Any]) -> dict[str, Any]:
-        return {"xs": list(range(3000))}
+        return {"xs": list(range(5000))}
 
     wf = Workflow("budget-race", state={"spent": "add", "done": "add"},
                   limits={"tokens": 10**9})
@@ -328,7 +327,7 @@ def test_tokens_charged_from_many_threads_while_visits_come_and_go(
     wf.edge(START, "start").edge("start", ["fan", "s1", "s2", "s3", "s4"])
     for s in ("s1", "s2", "s3", "s4"):
         wf.node(s, spender).edge(s, END)
-    wf.map("fan", "xs", "item", as_="x", max_concurrency=64).edge("item", END)
+    wf.map("fan", "xs", "item", as_="x", max_concurrency=500).edge("item", END)
     try:
         result = wf.run_sync(store="memory://")
     finally:
@@ -372,8 +371,3 @@ def test_faulty_store_forwards_and_fails_what_it_is_told() -> None:
         assert seen == [{"claim": ("me", 3)}]
 
     asyncio.run(go())
-
-
-def test_a_lost_event_loop_thread_is_not_needed_for_counts() -> None:
-    """(Counter and threading imports used by the property test module too.)"""
-    assert Counter("aa")["a"] == 2 and threading.active_count() >= 1
