@@ -10,9 +10,11 @@ from __future__ import annotations
 import asyncio
 import errno
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
+from test_store_conformance import _url_for, pg_schema_url  # noqa: F401 - a fixture
 
 import interlock
 from interlock import END, START, Workflow, _journal
@@ -30,8 +32,16 @@ def short_retries(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_journal, "RETRY_SECONDS", 0.3, raising=False)
 
 
-def faulty() -> FaultyStore:
-    return FaultyStore(open_store("memory://"))
+def faulty(url: str = "memory://") -> FaultyStore:
+    return FaultyStore(open_store(url))
+
+
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Each store (PostgreSQL with ``$INTERLOCK_TEST_POSTGRES``): each reports a refused
+    append its own way (a conflict found by a read, a unique key, a lost answer)."""
+    found: str = _url_for(request.param, request, tmp_path)
+    return found
 
 
 async def _run(wf: Workflow, store: FaultyStore, **kw: Any) -> interlock.RunResult:
@@ -77,14 +87,14 @@ def fan_with_retry(attempts: list[int], b2_takes: float = 0.4) -> Workflow:
 
 @pytest.mark.parametrize("b2_takes", [0.02, 0.4], ids=["b2-done-first", "b2-running"])
 def test_a_store_refusing_a_retry_record_in_a_task_does_not_hang_the_run(
-        b2_takes: float) -> None:
+        b2_takes: float, url: str) -> None:
     """The issue's repro: the append holding ``node.retrying`` (committed by the Retry
     guard inside a visit running as a task) fails for good. Before: the task died
     silently; with ``b2`` done already the loop waited for its outcome for ever (its
     lease renewed), with ``b2`` still running its completion found a gap in the log
     and blamed "another writer"."""
     async def go() -> None:
-        store = faulty()
+        store = faulty(url)
         fault = store.fail_append(holding="node.retrying", times=None)
         with pytest.raises(StoreError, match="could not be stored") as err:
             await _run(fan_with_retry([], b2_takes), store)
@@ -100,6 +110,34 @@ def test_a_store_refusing_a_retry_record_in_a_task_does_not_hang_the_run(
         done = await asyncio.wait_for(fan_with_retry([1]).resume(run_id, store=store), HANG)
         assert done.status == "COMPLETED" and done.state["joined"] == 2
         assert (await interlock.verify(run_id, store=store)).ok
+        await store.close()
+
+    asyncio.run(go())
+
+
+def test_a_bug_in_a_visit_task_fails_the_run_with_its_records_committed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not a node's error (those are its outcome) but the engine's own, in a visit
+    running as a task: the run ends FAILED (an internal error), not RUNNING for ever."""
+    from interlock._call import NodeCall
+
+    visit = NodeCall.visit
+
+    async def broken(self: NodeCall, pn: Any, *args: Any, **kw: Any) -> Any:
+        if pn.name == "b1":
+            raise RuntimeError("a bug in the node call")
+        return await visit(self, pn, *args, **kw)
+
+    monkeypatch.setattr(NodeCall, "visit", broken)
+
+    async def go() -> None:
+        store = faulty()
+        result = await _run(fan_with_retry([], 0.0), store)
+        assert result.status == "FAILED"
+        assert result.error is not None and result.error["type"] == "internal_error"
+        assert "a bug in the node call" in result.error["message"]
+        assert (await store.get_run(result.run_id)).owner is None
+        assert (await interlock.verify(result.run_id, store=store)).ok
 
     asyncio.run(go())
 
@@ -118,11 +156,11 @@ def test_an_append_that_fails_once_is_tried_again_and_the_run_completes() -> Non
     asyncio.run(go())
 
 
-def test_an_append_whose_answer_was_lost_is_not_stored_twice() -> None:
+def test_an_append_whose_answer_was_lost_is_not_stored_twice(url: str) -> None:
     """The append was committed, then failed (a connection dropped after the commit):
     the retry finds the same records with the same hashes and counts it done."""
     async def go() -> None:
-        store = faulty()
+        store = faulty(url)
         fault = store.fail_append(holding="node.retrying", after=True)
         result = await _run(fan_with_retry([]), store)
         assert fault.hits == 1
@@ -130,6 +168,7 @@ def test_an_append_whose_answer_was_lost_is_not_stored_twice() -> None:
         records = await interlock.trace(result.run_id, store=store)
         assert sum(r["type"] == "node.retrying" for r in records) == 1
         assert (await interlock.verify(result.run_id, store=store)).ok
+        await store.close()
 
     asyncio.run(go())
 
@@ -178,11 +217,11 @@ def chain() -> Workflow:
     return wf.edge(START, "a").edge("a", "b").edge("b", "c").edge("c", END)
 
 
-def test_a_full_disk_is_reported_as_such_not_as_another_writer() -> None:
+def test_a_full_disk_is_reported_as_such_not_as_another_writer(url: str) -> None:
     """Before: the first failed append dropped its batch, every later one found a gap
     and said "another writer got there first" (there was none)."""
     async def go() -> None:
-        store = faulty()
+        store = faulty(url)
         store.fail_append(nth=2, times=None,
                           error=OSError(errno.ENOSPC, "No space left on device"))
         with pytest.raises(StoreError) as err:
@@ -195,6 +234,7 @@ def test_a_full_disk_is_reported_as_such_not_as_another_writer() -> None:
         store.heal()
         done = await asyncio.wait_for(chain().resume(run_id, store=store), HANG)
         assert done.status == "COMPLETED" and done.state["n"] == 3
+        await store.close()
 
     asyncio.run(go())
 
