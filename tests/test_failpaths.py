@@ -411,3 +411,50 @@ def test_faulty_store_forwards_and_fails_what_it_is_told() -> None:
         assert seen == [{"claim": ("me", 3)}]
 
     asyncio.run(go())
+
+
+SUB_NODES = '''
+def fix(s):
+    return {"fixed": True}
+'''
+
+
+def test_a_store_error_under_a_sub_workflow_is_not_the_parent_nodes_failure(
+        make_project: Any) -> None:
+    """The child run's store refuses its records for good: the parent node does not
+    retry (``retry:``) nor fail -- the parent stops unfinished with the store's error,
+    and both continue on a healthy store."""
+    p = make_project(SUB_NODES, prefix="fpsub")
+    p.workflow("""
+        workflow: child
+        nodes:
+          fix: {mod}:fix
+        edges:
+          - {from: START, to: fix}
+        """, "child.yaml")
+    p.workflow("""
+        workflow: parent
+        nodes:
+          sub: {workflow: child.yaml, output: fixed, retry: {attempts: 3, backoff: 0s}}
+        edges:
+          - {from: START, to: sub}
+        """, "parent.yaml")
+
+    async def go() -> None:
+        store = faulty(p.store)
+        store.fail_append(when=lambda es: any(e.type == "node.completed" and e.node == "fix"
+                                              for e in es), times=None)
+        wf = interlock.load("parent.yaml")
+        with pytest.raises(StoreError, match="could not be stored"):
+            await asyncio.wait_for(wf.run(store=store, run_id="p1"), HANG)
+        records = await interlock.trace("p1", store=store)
+        assert not [r for r in records if r["type"] in ("node.retrying", "node.failed",
+                                                         "run.failed")]
+        assert (await store.get_run("p1")).owner is None
+        store.heal()
+        done = await asyncio.wait_for(wf.resume("p1", store=store), HANG)
+        assert done.status == "COMPLETED" and done.state["sub"] is True
+        assert (await interlock.verify("p1", store=store)).ok
+        await store.close()
+
+    asyncio.run(go())
