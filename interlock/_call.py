@@ -204,6 +204,9 @@ class NodeCall:
         self.budget.charge(ctx, n)
 
     def recorded_effect(self, ctx: Context, key: str) -> tuple[bool, Any]:
+        broken = getattr(self.sink, "broken", None)
+        if broken is not None:  # the run's records cannot be stored: do not run an effect
+            raise StoreOutage(broken)  # whose result would be lost (`_journal.Journal`)
         k = (ctx.node, ctx.visit, key if ctx.item_index is None else (ctx.item_index, key))
         if k in self.view.effects:
             return True, self.view.effects[k]

@@ -8,6 +8,7 @@ The store's failures are injected with `interlock.testing.FaultyStore`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import sys
 from pathlib import Path
@@ -456,5 +457,28 @@ def test_a_store_error_under_a_sub_workflow_is_not_the_parent_nodes_failure(
         assert done.status == "COMPLETED" and done.state["sub"] is True
         assert (await interlock.verify("p1", store=store)).ok
         await store.close()
+
+    asyncio.run(go())
+
+
+def test_no_effect_runs_once_the_runs_records_cannot_be_stored() -> None:
+    """Once the journal is broken, ``ctx.once`` does not call its function (its result
+    could not be recorded, so the next executor would do it again) -- even for a body
+    that swallows the outage itself."""
+    calls: list[str] = []
+
+    async def node(state: dict[str, Any], ctx: interlock.Context) -> dict[str, Any]:
+        with contextlib.suppress(BaseException):  # what a careless body does
+            await ctx.log("test.note", {"n": 1})
+        await ctx.once("charge", lambda: calls.append("charged"))
+        return {}
+
+    async def go() -> None:
+        store = faulty()
+        store.fail_append(holding="test.note", times=None)
+        wf = Workflow("swallow").node("n", node).edge(START, "n").edge("n", END)
+        with pytest.raises(StoreError, match="could not be stored"):
+            await _run(wf, store)
+        assert calls == []
 
     asyncio.run(go())
