@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_store_conformance import _url_for, pg_schema_url  # noqa: F401 - a fixture
+import test_store_conformance as conformance
 
 import interlock
 from interlock import END, START, Workflow, _journal
@@ -23,6 +23,8 @@ from interlock._errors import ConflictError, StoreError
 from interlock._runs import load_run
 from interlock._store import open_store
 from interlock.testing import FaultyStore
+
+pg_schema_url = conformance.pg_schema_url  # a fixture: a fresh schema on $INTERLOCK_TEST_POSTGRES
 
 HANG = 30.0  # a run that has not returned by then hangs (the guard, not a timing)
 
@@ -41,7 +43,7 @@ def faulty(url: str = "memory://") -> FaultyStore:
 def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """Each store (PostgreSQL with ``$INTERLOCK_TEST_POSTGRES``): each reports a refused
     append its own way (a conflict found by a read, a unique key, a lost answer)."""
-    found: str = _url_for(request.param, request, tmp_path)
+    found: str = conformance._url_for(request.param, request, tmp_path)
     return found
 
 
@@ -300,8 +302,12 @@ def test_a_store_error_under_ctx_once_is_not_the_nodes_failure() -> None:
 def test_a_ctx_once_commit_that_fails_once_is_retried_and_the_effect_runs_once() -> None:
     calls: list[str] = []
 
+    def charge() -> str:
+        calls.append("x")
+        return "r"
+
     async def pay(state: dict[str, Any], ctx: interlock.Context) -> dict[str, Any]:
-        return {"receipt": await ctx.once("charge", lambda: calls.append("x") or "r")}
+        return {"receipt": await ctx.once("charge", charge)}
 
     async def go() -> None:
         store = faulty()
@@ -480,5 +486,38 @@ def test_no_effect_runs_once_the_runs_records_cannot_be_stored() -> None:
         with pytest.raises(StoreError, match="could not be stored"):
             await _run(wf, store)
         assert calls == []
+
+    asyncio.run(go())
+
+
+def test_a_dropped_postgresql_connection_under_ctx_once_does_not_repeat_the_effect(
+        pg_schema_url: str) -> None:
+    """A real outage: the server drops the store's connections (``pg_terminate_backend``)
+    while the effect runs, so its commit fails on a dead connection. The journal tries
+    it again on a new one: the effect ran once, the run completes. Before: the store's
+    error reached the body as the node's own, and the node failed."""
+    import psycopg
+
+    calls: list[int] = []
+
+    def charge() -> str:
+        calls.append(1)
+        with psycopg.connect(pg_schema_url, autocommit=True) as conn:
+            conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                         "WHERE pid <> pg_backend_pid() AND datname = current_database() "
+                         "AND backend_type = 'client backend'")
+        return "receipt"
+
+    async def pay(state: dict[str, Any], ctx: interlock.Context) -> dict[str, Any]:
+        return {"receipt": await ctx.once("charge", charge)}
+
+    async def go() -> None:
+        store = open_store(pg_schema_url)
+        wf = Workflow("pay").node("pay", pay).edge(START, "pay").edge("pay", END)
+        result = await asyncio.wait_for(wf.run(store=store), HANG)
+        assert result.status == "COMPLETED", result.error
+        assert result.state["receipt"] == "receipt" and calls == [1]
+        assert (await interlock.verify(result.run_id, store=store)).ok
+        await store.close()
 
     asyncio.run(go())
