@@ -521,3 +521,50 @@ def test_a_dropped_postgresql_connection_under_ctx_once_does_not_repeat_the_effe
         await store.close()
 
     asyncio.run(go())
+
+
+ISOLATED = '''
+import os
+
+async def pay(state, ctx):
+    def charge():
+        with open("effects.log", "a") as f:
+            f.write("charged\\n")
+        return "receipt"
+    try:
+        return {"receipt": await ctx.once("charge", charge)}
+    except Exception as exc:
+        return {"receipt": "swallowed " + type(exc).__name__}
+'''
+
+
+def test_a_store_error_under_ctx_once_in_a_worker_process_is_not_the_nodes_failure(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``isolation: process``: the effect runs in a real worker process and its result
+    comes back to the engine's journal, whose store refuses it for good. The body in
+    the worker does not get the store's error to swallow, ``retry:`` does not run it
+    again: the run stops unfinished with the store's error."""
+    name = f"fpiso_{tmp_path.name[-8:].replace('-', '_')}"
+    (tmp_path / f"{name}.py").write_text(ISOLATED)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    mod = __import__(name)
+
+    async def go() -> None:
+        store = faulty()
+        store.fail_append(holding="effect.recorded", times=None)
+        wf = (Workflow("iso-pay").node("pay", mod.pay, isolation="process", timeout="60s",
+                                       retry={"attempts": 3, "backoff": "0s"})
+              .edge(START, "pay").edge("pay", END))
+        with pytest.raises(StoreError, match="could not be stored"):
+            await _run(wf, store)
+        assert (tmp_path / "effects.log").read_text() == "charged\n"
+        run_id = await _only_run(store)
+        records = await interlock.trace(run_id, store=store.inner)
+        assert not [r for r in records if r["type"] in ("node.retrying", "node.failed",
+                                                         "node.completed")]
+
+    try:
+        asyncio.run(go())
+    finally:
+        sys.modules.pop(name, None)
