@@ -253,9 +253,9 @@ class Journal:
                     cause: Exception = read_error
                 else:
                     raise ConflictError(
-                        f"{exc} (after {tries} failed tries to store records "
-                        f"{entries[0].seq}-{entries[-1].seq}, another writer's records "
-                        "are stored there: the run was taken over)") from None
+                        f"{exc} (records {entries[0].seq}-{entries[-1].seq} were not stored "
+                        "by an earlier try of this executor, whose answer was lost: another "
+                        "writer's are stored there -- the run was taken over)") from None
             except Exception as exc:
                 cause = exc
             tries += 1

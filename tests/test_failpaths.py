@@ -568,3 +568,39 @@ def test_a_store_error_under_ctx_once_in_a_worker_process_is_not_the_nodes_failu
         asyncio.run(go())
     finally:
         sys.modules.pop(name, None)
+
+
+def test_a_retry_that_finds_another_writers_records_says_the_run_was_taken_over() -> None:
+    """The append fails; before it is tried again, another writer stores its own records
+    at those seqs. The retry does not count that as done (the hashes differ): it stops
+    with a conflict saying the run was taken over -- nothing of this batch is stored."""
+    import dataclasses
+
+    from interlock._log import LogWriter
+
+    class Overtaken(FaultyStore):
+        taken = False
+
+        async def append(self, run_id: str, entries: list[Any], summary: Any,
+                         *args: Any, **kwargs: Any) -> None:
+            if not self.taken and any(e.type == "node.completed" for e in entries):
+                self.taken = True
+                row = await self.inner.get_run(run_id)
+                w = LogWriter(row.summary.last_seq, row.summary.last_hash)
+                theirs = [w.make("test.other", {"by": "another writer"})[1]
+                          for _ in entries]
+                await self.inner.append(run_id, theirs, dataclasses.replace(
+                    row.summary, last_seq=w.seq, last_hash=w.hash))
+                raise StoreError("connection reset")
+            await super().append(run_id, entries, summary, *args, **kwargs)
+
+    async def go() -> None:
+        store = Overtaken(open_store("memory://"))
+        with pytest.raises(ConflictError, match="taken over"):
+            await _run(chain(), store)
+        run_id = await _only_run(store)
+        records = await interlock.trace(run_id, store=store.inner)
+        assert records[-1]["type"] == "test.other"
+        assert (await interlock.verify(run_id, store=store.inner)).ok
+
+    asyncio.run(go())
