@@ -386,11 +386,16 @@ class Budget:
         self._inflight: dict[tuple[str, int, int | None], Context] = {}
         self._lock = threading.Lock()  # sync nodes charge from worker threads
 
+    # Every access to ``_inflight`` (and to the tallies `_exceeded` sums) holds ``_lock``:
+    # `charge` runs on a sync node's thread while the loop's `enter`/`leave` change it.
+
     def enter(self, ctx: Context) -> None:
-        self._inflight[(ctx.node, ctx.visit, ctx.item_index)] = ctx
+        with self._lock:
+            self._inflight[(ctx.node, ctx.visit, ctx.item_index)] = ctx
 
     def leave(self, ctx: Context) -> None:
-        self._inflight.pop((ctx.node, ctx.visit, ctx.item_index), None)
+        with self._lock:
+            self._inflight.pop((ctx.node, ctx.visit, ctx.item_index), None)
 
     def charge(self, ctx: Context, n: int) -> None:
         spent = ctx.spent
@@ -404,7 +409,8 @@ class Budget:
         """The budget error if the visit's own budget, or the run's, was crossed before this
         attempt (a resume that did not raise it): the attempt does not run, it would only
         spend more."""
-        return self._exceeded(ctx)
+        with self._lock:
+            return self._exceeded(ctx)
 
     def _exceeded(self, ctx: Context) -> BudgetExceededError | None:
         node_limit = self._plan.nodes[ctx.node].spec.tokens

@@ -127,9 +127,21 @@ async def drive(plan: Plan, store: Store, run_id: str, view: RunView, writer: L.
                     f"refused -- see `interlock status {run_id}`") from None
         if execute and view.status not in TERMINAL_STATUSES:
             await _execute(store, run_id, owner, runner, listener, lease)
-    finally:
+    except BaseException as exc:
         if not journal.released:
-            await store.release(run_id, owner)
+            # the run is given up (a store that failed, a lost claim, a cancellation of
+            # the caller): let it go for whoever claims it next -- the error to raise is
+            # the one that stopped it, not one of the release's (whose lease then runs out)
+            try:
+                await store.release(run_id, owner)
+            except Exception as release_error:
+                log.warning("run %s: its claim was not released (%s: %s); it can be taken "
+                            "over once its lease runs out (stopped by %s: %s)", run_id,
+                            type(release_error).__name__, release_error, type(exc).__name__,
+                            exc)
+        raise
+    if not journal.released:
+        await store.release(run_id, owner)
     return result_of(run_id, plan.spec.workflow, view)
 
 

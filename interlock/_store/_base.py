@@ -97,6 +97,13 @@ _summary_values = attrgetter(*(f.name for f in fields(Summary)))
 _row_values = attrgetter(*(f.name for f in fields(RunRow)))
 
 
+def light_row(row: RunRow) -> RunRow:
+    """``row`` as `Store.list_page` gives it: no definition, input or options."""
+    return RunRow(row.run_id, row.workflow, {}, row.definition_hash, {}, {}, row.created_at,
+                  row.summary.copy(), row.parent_run, row.parent_seq, row.owner,
+                  row.lease_until, dict(row.extra))
+
+
 _this_owner: tuple[int, str] = (-1, "")
 
 
@@ -186,6 +193,25 @@ class Store(ABC):
     async def list_runs(self, *, status: str | None = None, workflow: str | None = None,
                         limit: int = 100) -> list[RunRow]:
         """Runs, newest first, optionally filtered."""
+
+    async def list_page(self, *, status: str | None = None, workflow: str | None = None,
+                        limit: int = 100, before: tuple[float, str] | None = None,
+                        updated_after: float | None = None) -> list[RunRow]:
+        """One page of a list of runs, as a list shows them: newest first by
+        ``(created_at, run_id)``; the runs after ``before`` (the ``(created_at, run_id)``
+        of the previous page's last run: keyset paging, so a run created meanwhile shifts
+        no page); of ``status`` / ``workflow`` only, and only those whose row changed
+        after ``updated_after`` (a `Summary.updated_at`), when given.
+
+        The rows are light: their ``definition``, ``input`` and ``options`` are read as
+        empty (``{}``) -- `get_run` reads a run whole. This default sorts `list_runs`'
+        rows; the stores here read the page alone, without those columns."""
+        rows = [r for r in await self.list_runs(status=status, workflow=workflow,
+                                                limit=ALL_RUNS)
+                if (before is None or (r.created_at, r.run_id) < before)
+                and (updated_after is None or r.summary.updated_at > updated_after)]
+        rows.sort(key=attrgetter("created_at", "run_id"), reverse=True)
+        return [light_row(r) for r in rows[:max(limit, 0)]]
 
     @abstractmethod
     async def claim(self, run_id: str, owner: str, lease: float, *, force: bool = False) -> None:
@@ -297,4 +323,4 @@ class Store(ABC):
 
 
 __all__ = ["RUNNABLE", "ClaimError", "ConflictError", "Entry", "RunExists", "RunNotFound", "RunRow",
-           "Store", "StoreError", "Summary", "owner_gone", "this_owner"]
+           "Store", "StoreError", "Summary", "light_row", "owner_gone", "this_owner"]

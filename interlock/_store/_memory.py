@@ -15,6 +15,7 @@ from ._base import (
     RunRow,
     Store,
     Summary,
+    light_row,
     owner_gone,
 )
 
@@ -91,6 +92,17 @@ class MemoryStore(Store):
                 and (workflow is None or r.workflow == workflow)]
         rows.sort(key=lambda r: r.created_at, reverse=True)
         return [r.copy() for r in rows[:limit]]
+
+    async def list_page(self, *, status: str | None = None, workflow: str | None = None,
+                        limit: int = 100, before: tuple[float, str] | None = None,
+                        updated_after: float | None = None) -> list[RunRow]:
+        rows = [r for r in self._runs.values()
+                if (status is None or r.summary.status == status)
+                and (workflow is None or r.workflow == workflow)
+                and (before is None or (r.created_at, r.run_id) < before)
+                and (updated_after is None or r.summary.updated_at > updated_after)]
+        rows.sort(key=lambda r: (r.created_at, r.run_id), reverse=True)
+        return [light_row(r) for r in rows[:max(limit, 0)]]
 
     async def claim(self, run_id: str, owner: str, lease: float, *, force: bool = False) -> None:
         row = self._row(run_id)

@@ -65,6 +65,7 @@ from ._sqlite import (
     _RUN_COLUMNS,
     SCHEMA_NAME,
     check_first_seqs,
+    page_query,
     record_node,
     row_from,
     run_params,
@@ -829,6 +830,19 @@ class PostgresStore(Store):
             return [Entry(int(seq), str(rtype), str(data).encode("utf-8"), str(h),
                           None if node is None else str(node))
                     for seq, rtype, data, h, node in rows]
+
+        return await self._do(op, idempotent=True)
+
+    async def list_page(self, *, status: str | None = None, workflow: str | None = None,
+                        limit: int = 100, before: tuple[float, str] | None = None,
+                        updated_after: float | None = None) -> list[RunRow]:
+        # run ids compare by code point (COLLATE "C"), as in the other stores
+        sql, params = page_query("%s", status, workflow, before, updated_after, limit,
+                                 order_id='run_id COLLATE "C"')
+
+        async def op(conn: Conn) -> list[RunRow]:
+            cur = await conn.execute(sql, params)
+            return [row_from(v) for v in await cur.fetchall()]
 
         return await self._do(op, idempotent=True)
 

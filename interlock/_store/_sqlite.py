@@ -220,6 +220,8 @@ _RUN_NAMES = [c.strip() for c in _RUN_COLUMNS.split(",")]
 _ROW_AT = [i for i, c in enumerate(_RUN_NAMES) if c not in _SPEC_COLUMNS]
 _SPEC_AT = [_RUN_NAMES.index(c) for c in _SPEC_COLUMNS]
 _RUN_FROM = "runs JOIN run_specs USING (run_key)"
+# a list's row (`Store.list_page`): the runs table's columns alone, its spec's read as {}
+_LIGHT_COLUMNS = ", ".join("'{}'" if c in _SPEC_COLUMNS else c for c in _RUN_NAMES)
 # A new run's key is above every key in use, by a run or by entries (records left behind
 # by a run whose row was deleted behind the store's back): no run starts on another's log.
 _INSERT_RUN = (f"INSERT INTO runs (run_key, {', '.join(_RUN_NAMES[i] for i in _ROW_AT)}) "
@@ -286,6 +288,35 @@ def summary_params(summary: Summary) -> tuple[Any, ...]:
     s = summary
     return (s.status, s.updated_at, s.last_seq, s.last_hash, s.steps, s.tokens,
             json_opt(s.error), json_opt(s.waiting))
+
+
+def page_query(mark: str, status: str | None, workflow: str | None,
+               before: tuple[float, str] | None, updated_after: float | None,
+               limit: int, *, order_id: str = "run_id") -> tuple[str, list[Any]]:
+    """`Store.list_page`'s SELECT over the runs table and its parameters (``mark``: the
+    driver's placeholder; ``order_id``: how run ids compare, the same in the keyset
+    condition as in the ORDER BY)."""
+    where: list[str] = []
+    params: list[Any] = []
+    if status is not None:
+        where.append(f"status = {mark}")
+        params.append(status)
+    if workflow is not None:
+        where.append(f"workflow = {mark}")
+        params.append(workflow)
+    if updated_after is not None:
+        where.append(f"updated_at > {mark}")
+        params.append(updated_after)
+    if before is not None:
+        # a range on created_at (the indexes' order) and the tie broken by run id
+        where.append(f"created_at <= {mark} AND (created_at < {mark} OR {order_id} < {mark})")
+        params += [before[0], before[0], before[1]]
+    sql = f"SELECT {_LIGHT_COLUMNS} FROM runs"
+    if where:
+        sql += " WHERE " + " AND ".join(where)
+    sql += f" ORDER BY created_at DESC, {order_id} DESC LIMIT {mark}"
+    params.append(max(limit, 0))
+    return sql, params
 
 
 def row_from(values: tuple[Any, ...] | Any) -> RunRow:
@@ -1156,6 +1187,13 @@ class SQLiteStore(Store):
                 for id_, data, h in rows]
 
     @staticmethod
+    def _list_page(conn: sqlite3.Connection, status: str | None, workflow: str | None,
+                   limit: int, before: tuple[float, str] | None,
+                   updated_after: float | None) -> list[RunRow]:
+        sql, params = page_query("?", status, workflow, before, updated_after, limit)
+        return [row_from(v) for v in conn.execute(sql, params)]
+
+    @staticmethod
     def _list_runs(conn: sqlite3.Connection, status: str | None, workflow: str | None,
                    limit: int) -> list[RunRow]:
         where, params = [], []
@@ -1271,6 +1309,12 @@ class SQLiteStore(Store):
         if self._absent():
             return []
         return await self._call(self._list_runs, status, workflow, limit)
+
+    async def list_page(self, *, status: str | None = None, workflow: str | None = None,
+                        limit: int = 100, before: tuple[float, str] | None = None,
+                        updated_after: float | None = None) -> list[RunRow]:
+        return await self._call(self._list_page, status, workflow, limit, before,
+                                updated_after)
 
     async def claim(self, run_id: str, owner: str, lease: float, *, force: bool = False) -> None:
         await self._write(self._claim, run_id, owner, lease, force)

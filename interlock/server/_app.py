@@ -10,9 +10,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any
 
+import orjson
 from fastapi import Depends, FastAPI, Header, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 from starlette.exceptions import HTTPException
 
@@ -41,7 +42,6 @@ from interlock.support import (
     load_workflows,
     node_visits,
     parse_definition,
-    patch_schema,
     redact,
     run_json,
     to_mermaid,
@@ -72,6 +72,15 @@ from ._models import (
 )
 from ._notify import Notifier
 from ._pool import Draining, Pool
+from ._reads import (
+    CURSOR,
+    Approvals,
+    BadCursor,
+    Polls,
+    cursor_key,
+    page_cursor,
+    records_body,
+)
 
 log = logging.getLogger("interlock.server")
 
@@ -143,6 +152,8 @@ class Server:
         self._locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}
         self.loops: RunLoops | None = None  # where runs execute (None: on the API's loop)
         self._api: asyncio.AbstractEventLoop | None = None  # the API's loop
+        self.approvals = Approvals()  # the inbox, kept per run at its last seq
+        self.polls: Polls | None = None  # one poll per followed run (`follow`)
 
     @contextlib.asynccontextmanager
     async def lock(self, run_id: str) -> AsyncIterator[None]:
@@ -183,6 +194,8 @@ class Server:
             self.loops = RunLoops(self.store.url, self.hub, shared=shared,
                                   stop_wait=max(self.options.drain, 1.0))
         self.pool = Pool(self.store, self.hub, self.options.workers, self.loops)
+        self.polls = Polls(lambda: self.st, self.hub, self.options.poll,
+                           self.runs.executing)
         self.notifier = Notifier(list(self.options.notify), self.options.public_url,
                                  self.store, self.hub, self.lock,
                                  attempts=self.options.notify_attempts,
@@ -231,6 +244,8 @@ class Server:
             self._watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._watcher
+        if self.polls is not None:
+            await self.polls.close()
         if self.pool is not None:
             await self.pool.drain(self.options.drain)
         if self.loops is not None:
@@ -492,18 +507,6 @@ def graph_of(spec: Any) -> Graph:
     return Graph(nodes=nodes, edges=edges, mermaid=to_mermaid(spec))
 
 
-async def _modify(server: Server, spec: Any, row: RunRow, waiting: dict[str, Any]
-                  ) -> dict[str, Any]:
-    """What a modify of this gate must be: where it may re-enter (``at``, the first
-    being the default) and the JSON Schema of its ``patch``."""
-    if waiting.get("kind") == "tool":  # a guarded tool call: its arguments' schema
-        return {"at": [], "patch_schema": waiting.get("input") or {}}
-    ns = spec.nodes.get(waiting.get("node"))
-    at = list(ns.approval.on_modify) if ns is not None and ns.approval is not None else []
-    state = (await interlock.status(row.run_id, store=server.st)).state
-    return {"at": at, "patch_schema": patch_schema(spec, state)}
-
-
 def _routes(app: FastAPI) -> None:  # noqa: C901 - one closure per endpoint
     @app.get("/api/health", response_model=Health)
     async def health(server: Srv) -> dict[str, Any]:
@@ -557,17 +560,24 @@ def _routes(app: FastAPI) -> None:  # noqa: C901 - one closure per endpoint
     async def runs(server: Srv, who: Reader, status: str | None = None,
                    workflow: str | None = None,
                    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-                   cursor: Annotated[str | None, Query(pattern=r"^[0-9]{1,9}$")] = None
+                   cursor: Annotated[str | None, Query(max_length=1200,
+                                                       pattern=CURSOR)] = None
                    ) -> dict[str, Any]:
-        offset = int(cursor) if cursor else 0
+        """One page: the runs after ``cursor`` (the ``next`` of the page before), newest
+        first; a run created meanwhile shifts no page (keyset paging)."""
+        try:
+            before = cursor_key(cursor) if cursor else None
+        except BadCursor:
+            raise Problemed(400, "Bad Request", "the cursor is not one this server gave: "
+                            "pass a page's next as it is, or no cursor for the first "
+                            "page") from None
         if not _plain(status or "") or not _plain(workflow or ""):
             return {"runs": [], "next": None}  # no run has such a name (the store is spared)
-        rows = await interlock.list_runs(store=server.st, status=status and status.upper(),
-                                         workflow=workflow, limit=offset + limit + 1)
-        page = rows[offset:offset + limit]
-        more = len(rows) > offset + limit
+        rows = await server.st.list_page(status=status and status.upper(),
+                                         workflow=workflow, limit=limit + 1, before=before)
+        page = rows[:limit]
         return {"runs": [run_json(r) for r in page],
-                "next": str(offset + limit) if more else None}
+                "next": page_cursor(page[-1]) if len(rows) > limit else None}
 
     @app.get("/api/runs/{run_id}", response_model=RunObject)
     async def run(run_id: str, server: Srv, who: Reader) -> dict[str, Any]:
@@ -580,20 +590,34 @@ def _routes(app: FastAPI) -> None:  # noqa: C901 - one closure per endpoint
         return graph_of(parse_definition(row.definition))
 
     @app.get("/api/runs/{run_id}/visits", response_model=list[Visit])
-    async def run_visits(run_id: str, server: Srv, who: Reader) -> list[dict[str, Any]]:
+    async def run_visits(run_id: str, server: Srv, who: Reader) -> Response:
         """Each node visit: its input (the state it read when it started, from the
-        fold), update, error, tokens and duration."""
-        return await node_visits(run_id, store=server.st)
+        fold), update, error, tokens and duration. (The fold gives the event loop back
+        every few hundred records, and the answer is not validated again: a long run's
+        visits do not stall the other requests.)"""
+        return Response(orjson.dumps(await node_visits(run_id, store=server.st,
+                                                       share_loop=True)),
+                        media_type="application/json")
 
-    @app.get("/api/runs/{run_id}/records", response_class=JSONResponse,
+    @app.get("/api/runs/{run_id}/records", response_class=StreamingResponse,
              responses={200: {"model": list[Record],
-                              "description": "the records, as `interlock trace --json`"}})
-    async def records(run_id: str, server: Srv, who: Reader,
-                      after: Annotated[int, Query(ge=0)] = 0) -> JSONResponse:
-        # sent as the store gives them (not through the model: its keys, in trace's order)
-        return JSONResponse([rec async for page in trace_pages(run_id, store=server.st,
-                                                               after=after)
-                             for rec in page])
+                              "content": {"application/json": {}},
+                              "description": "the records, as `interlock trace --json`: "
+                                             "all of them after `after`, or at most "
+                                             "`limit` (then `X-Next-After` names the "
+                                             "`after` of the next page, when there may "
+                                             "be one)"}})
+    async def records(run_id: str, server: Srv, row: Existing,
+                      after: Annotated[int, Query(ge=0)] = 0,
+                      limit: Annotated[int | None, Query(ge=1, le=100_000)] = None
+                      ) -> StreamingResponse:
+        # sent as the store gives them (not through the model: its keys, in trace's
+        # order), streamed a page at a time: a long log is never held whole
+        headers = {}
+        if limit is not None and row.summary.last_seq - after > limit:
+            headers["X-Next-After"] = str(after + limit)
+        return StreamingResponse(records_body(run_id, server.st, after, limit),
+                                 media_type="application/json", headers=headers)
 
     @app.get("/api/runs/{run_id}/events", response_class=EventSourceResponse,
              responses={200: {"description": "one event per log record: event = its type, "
@@ -669,26 +693,12 @@ def _routes(app: FastAPI) -> None:  # noqa: C901 - one closure per endpoint
         return result.to_json()
 
     @app.get("/api/approvals", response_model=list[Approval])
-    async def approvals(server: Srv, who: Reader) -> list[dict[str, Any]]:
-        out = []
-        for row in await interlock.list_runs(store=server.st, status="WAITING_APPROVAL",
-                                             limit=10_000):
-            w = row.summary.waiting or {}
-            node = w.get("node")
-            if not node:
-                continue
-            spec = parse_definition(row.definition)
-            ns = spec.nodes.get(node)
-            approvers = list(ns.approval.approvers) if ns is not None and ns.approval else []
-            decisions = w.get("decisions") or []
-            out.append({"run_id": row.run_id, "workflow": row.workflow, "node": node,
-                        "show": w.get("show") or {}, "decisions": decisions,
-                        "since": w.get("requested_at"), "deadline": w.get("deadline"),
-                        "approvers": approvers, "kind": w.get("kind"),
-                        "input": w.get("input"),
-                        "modify": await _modify(server, spec, row, w)
-                        if "modify" in decisions else None})
-        return out
+    async def approvals(server: Srv, who: Reader) -> Response:
+        """The gates waiting for a decision, from the waiting runs' summaries (each
+        approval object kept per run at its last seq: no fold per request; sent as it
+        is kept, not validated again)."""
+        return Response(orjson.dumps(await server.approvals.list(server.st)),
+                        media_type="application/json")
 
     @app.get("/metrics", response_class=Response, include_in_schema=False)
     async def metrics(server: Srv, who: Reader) -> Response:
@@ -703,33 +713,37 @@ def _routes(app: FastAPI) -> None:  # noqa: C901 - one closure per endpoint
 async def follow(server: Server, run_id: str, seq: int) -> AsyncIterator[ServerSentEvent]:
     """The run's records after ``seq`` as events, then each new one as it is committed,
     until the run's final record. Woken by this server's own commits (`Hub`); records
-    written by other processes are found by reading the store every ``poll`` seconds --
-    unless this server executes the run (then every commit wakes us: no polling)."""
+    written by other processes are found by one poll of the store per run every
+    ``poll`` seconds, shared by all its streams (`Polls`) -- none while this server
+    executes the run (then every commit wakes us)."""
     opts = server.options
+    assert server.polls is not None, "the server has not started"
     next_keepalive = time.monotonic() + opts.keepalive
-    while True:
-        waiter = server.hub.waiter(run_id)  # before reading: a commit after it wakes us
-        last_type = None
-        async for page in trace_pages(run_id, store=server.st, after=seq):
-            for rec in page:
-                yield ServerSentEvent(event=rec["type"], id=str(rec["seq"]), data=rec)
-                seq, last_type = rec["seq"], rec["type"]
-        if last_type in TERMINAL_TYPES:
-            return
-        if last_type is None:
-            summary = (await server.st.get_run(run_id)).summary
-            if summary.status in TERMINAL_STATUSES and summary.last_seq <= seq:
+    first, ended = True, False
+    with server.polls.following(run_id, seq) as me:
+        while True:
+            waiter = server.hub.waiter(run_id)  # before reading: a commit after it wakes us
+            last_type = None
+            async for page in trace_pages(run_id, store=server.st, after=seq):
+                for rec in page:
+                    yield ServerSentEvent(event=rec["type"], id=str(rec["seq"]), data=rec)
+                    seq, last_type = rec["seq"], rec["type"]
+                    ended = ended or last_type in TERMINAL_TYPES
+            if last_type in TERMINAL_TYPES:
                 return
-        if server.hub.stopping.is_set():
-            return
-        now = time.monotonic()
-        if now >= next_keepalive:
-            yield ServerSentEvent(comment="keepalive")
-            next_keepalive = now + opts.keepalive
-        wait = max(next_keepalive - now, 0.0)
-        if not server.runs.executing(run_id):
-            wait = min(opts.poll, wait)
-        await server.hub.wait(waiter, wait)
+            if last_type is None and (first or ended):  # nothing after seq: has it ended?
+                summary = (await server.st.get_run(run_id)).summary
+                if summary.status in TERMINAL_STATUSES and summary.last_seq <= seq:
+                    return
+            first = False
+            if server.hub.stopping.is_set():
+                return
+            now = time.monotonic()
+            if now >= next_keepalive:
+                yield ServerSentEvent(comment="keepalive")
+                next_keepalive = now + opts.keepalive
+            me.seq = seq  # what the shared poll looks after
+            await server.hub.wait(waiter, max(next_keepalive - now, 0.0))
 
 
 __all__ = ["ServerOptions", "create_app", "follow", "load_workflows", "redact"]
