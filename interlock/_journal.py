@@ -17,9 +17,10 @@ from typing import Any
 
 from . import _log as L
 from . import _snapshot as snapshots
+from ._errors import ClaimLost
 from ._fold import RunView
 from ._records import Item
-from ._store import Store, Summary
+from ._store import Claim, Store, Summary
 
 _new_summary = object.__new__
 
@@ -28,8 +29,14 @@ class Journal:
     """Seals, folds, stages and stores one run's records (a `_records.Sink`)."""
 
     def __init__(self, store: Store, run_id: str, view: RunView, writer: L.LogWriter,
-                 listener: Any = None, owner: str | None = None) -> None:
+                 listener: Any = None, owner: str | None = None,
+                 claim: Claim | None = None) -> None:
         self.store = store
+        # the claim every append is made under (refused by the store once another owner
+        # claimed the run: `ClaimLost`), where the store fences appends; once lost, no
+        # flush reaches the store again
+        self.claim = claim if getattr(store, "fences_appends", False) else None
+        self.lost: ClaimLost | None = None
         # the executor's lease, given up by the append that ends the run (``released``),
         # where the store can (`Store.leases_in_writes`)
         self.owner = owner if getattr(store, "leases_in_writes", False) else None
@@ -100,6 +107,8 @@ class Journal:
                 self._waiting -= 1
         self._flushing = True
         try:
+            if self.lost is not None:
+                raise self.lost
             if not self._staged:
                 return
             entries, self._staged = self._staged, []
@@ -125,10 +134,18 @@ class Journal:
             summary.error = v.error
             summary.waiting = v.waiting
             summary.updated_at = time.time()
-            if release is None:
-                await self.store.append(self.run_id, entries, summary)
-            else:
-                await self.store.append(self.run_id, entries, summary, release=release)
+            try:
+                if self.claim is not None:
+                    await self.store.append(self.run_id, entries, summary, release,
+                                            claim=self.claim)
+                elif release is None:
+                    await self.store.append(self.run_id, entries, summary)
+                else:
+                    await self.store.append(self.run_id, entries, summary, release=release)
+            except ClaimLost as exc:
+                self.lost = exc
+                raise
+            if release is not None:
                 self.released = True
             if snap is not None:
                 await self.store.save_snapshot(self.run_id, at, snap)

@@ -25,7 +25,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Literal
 
-from ._errors import InterlockError
+from ._errors import ClaimLost, InterlockError
 from ._fold import RunResult
 from ._runs import LEASE_SECONDS, Functions, continue_claimed, list_runs, make_owner
 from ._store import RUNNABLE, RunNotFound, Store, StoreError, owner_gone
@@ -262,6 +262,9 @@ class Worker:
                      "was stopping); released, continued by the next worker", run_id,
                      row.workflow)
             raise
+        except ClaimLost as exc:  # another owner has it now: not ours to refuse or retry
+            log.warning("run %s (workflow %s): %s", run_id, row.workflow, exc)
+            return None
         except Exception as exc:  # (a bug's too: never claimed again by this worker)
             self.refused.add(run_id)
             log.error("run %s (workflow %s) could not be executed here and is left for "

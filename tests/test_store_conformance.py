@@ -994,7 +994,9 @@ def test_durable_reopen_sees_everything(durable_url: str) -> None:
         try:
             got = await s.get_run(row.run_id)
             assert got.owner == "host-a.example:1"
+            assert got.generation == 1  # the claim's
             got.owner = got.lease_until = None
+            got.generation = 0
             assert got == row
             assert await s.entries(row.run_id) == entries
         finally:
@@ -1080,7 +1082,7 @@ def test_sqlite_file_is_readable_with_plain_sqlite(tmp_path: Path,
     try:
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         meta = dict(conn.execute("SELECT key, value FROM interlock_meta"))
-        assert meta == {"schema": "interlock", "version": "2"}
+        assert meta == {"schema": "interlock", "version": "3"}
         rows = conn.execute(
             "SELECT seq, type, node, typeof(data), json_extract(data, '$.type'), data, hash "
             "FROM records WHERE run_id = ? ORDER BY seq", (row.run_id,)).fetchall()
