@@ -35,7 +35,6 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import interlock
 from interlock._store import open_store
@@ -247,8 +246,11 @@ def trial(workdir: Path, store: str, mode: str, *, lease: float = 2.0,
             cont = time.monotonic()
             with_signal(a.proc, signal.SIGCONT)
             (workdir / f"{run_id}.go").write_text("")
-            told = a.wait_for("moved to", timeout=lease * 5 + 30)
-            result.stop_after_cont = told - cont
+            try:
+                told = a.wait_for("moved to", timeout=lease * 5 + 10)
+                result.stop_after_cont = told - cont
+            except AssertionError:  # (an interlock that does not stop: the checks tell)
+                pass
         result.status = asyncio.run(_wait_done(store, run_id, block + lease * 10 + 60))
         asyncio.run(_inspect(store, result))
     finally:
