@@ -64,6 +64,7 @@ async def _takeover(store: Store, caplog: pytest.LogCaptureFixture, *, go_first:
         row = await store.get_run("r1")
         assert seen["claim"] == Claim(str(row.owner), row.generation)
         taken = await store.claim("r1", "other-host:1:x", 60, force=True)  # another owner
+        assert taken is not None
         stored = len(await store.entries("r1"))
         if go_first:
             go.set()  # the node goes on before any renewal: ctx.once checks the claim

@@ -651,6 +651,13 @@ def test_heartbeat_and_release(store: Store) -> None:
 
 # -- claim generations: a stale executor cannot write -----------------------------------
 
+async def claimed(store: Store, run_id: str, owner: str, *, force: bool = False) -> Claim:
+    """``owner``'s claim of the run (60 s), as the executor holds it."""
+    generation = await store.claim(run_id, owner, 60, force=force)
+    assert generation is not None
+    return Claim(owner, generation)
+
+
 def test_every_claim_bumps_the_generation(store: Store) -> None:
     async def main() -> None:
         row, _, entries = new_row()
@@ -684,10 +691,10 @@ def test_a_stale_claims_append_is_refused_and_stores_nothing(store: Store) -> No
         row, w, entries = new_row()
         await store.create_run(row, entries)
         a, b = "host-a.example:1:x", "host-b.example:2:y"
-        mine = Claim(a, await store.claim(row.run_id, a, 60))
+        mine = await claimed(store, row.run_id, a)
         _, more = log(2, w)
         await store.append(row.run_id, more, summary_of(w), claim=mine)  # current: stored
-        theirs = Claim(b, await store.claim(row.run_id, b, 60, force=True))
+        theirs = await claimed(store, row.run_id, b, force=True)
         before = await store.get_run(row.run_id)
         _, late = log(2, w)  # the next seqs: they fit the log, the claim does not
         for release in (None, a):
@@ -719,8 +726,8 @@ def test_a_stale_claims_append_in_a_group_commit_fails_alone(store: Store) -> No
         (x, wx, ex), (y, wy, ey) = new_row(), new_row()
         for row, entries in ((x, ex), (y, ey)):
             await store.create_run(row, entries)
-        gx = Claim("a:1:x", await store.claim(x.run_id, "a:1:x", 60))
-        gy = Claim("a:1:y", await store.claim(y.run_id, "a:1:y", 60))
+        gx = await claimed(store, x.run_id, "a:1:x")
+        gy = await claimed(store, y.run_id, "a:1:y")
         await store.claim(x.run_id, "b:2:x", 60, force=True)  # x moved on
         _, mx = log(2, wx)
         _, my = log(2, wy)
@@ -741,9 +748,9 @@ def test_a_stale_claim_can_neither_renew_nor_release(store: Store) -> None:
         row, _, entries = new_row()
         await store.create_run(row, entries)
         a, b = "host-a.example:1:x", "host-b.example:2:y"
-        mine = Claim(a, await store.claim(row.run_id, a, 60))
+        mine = await claimed(store, row.run_id, a)
         await store.heartbeat(row.run_id, a, 60, mine.generation)
-        theirs = Claim(b, await store.claim(row.run_id, b, 60, force=True))
+        theirs = await claimed(store, row.run_id, b, force=True)
         with pytest.raises(ClaimLost) as err:
             await store.heartbeat(row.run_id, a, 60, mine.generation)
         assert (err.value.owner, err.value.generation) == (b, theirs.generation)
