@@ -81,6 +81,8 @@ class Keeper:
     def drop(self, held: Held) -> None:
         with self._cond:
             self._held.discard(held)
+            if not self._held:
+                self._cond.notify()  # its connection is closed now, not at the next due
 
     def _main(self) -> None:
         ended = False
@@ -121,6 +123,8 @@ class Keeper:
         if store is None:
             self.drop(held)
             return
+        if held not in self._held:
+            return  # dropped meanwhile: its run ended
         sent = time.monotonic()
         try:
             if self._renewer is None:

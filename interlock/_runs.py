@@ -300,8 +300,9 @@ class _Watcher:
 
     def lose(self, exc: ClaimLost) -> None:
         """The claim is gone: append nothing more, stop the run (`_execute` raises)."""
-        if self.lost is not None or self._stopped:
-            return
+        if self.lost is not None or self._stopped or (
+                isinstance(self.runner.sink, Journal) and self.runner.sink.released):
+            return  # (released by the run's last append: nothing of ours is at stake)
         self.lost = exc
         if isinstance(self.runner.sink, Journal):  # its flushes refuse from now on
             self.runner.sink.lost = exc
