@@ -103,7 +103,9 @@ class Pool:
         if task.cancelled():
             return
         exc = task.exception()  # retrieved here, whoever else awaits it
-        if isinstance(exc, InterlockError):
+        if isinstance(exc, ClaimLost):  # the run moved to another owner (a server's run)
+            log.warning("%s: %s", task.get_name(), exc)
+        elif isinstance(exc, InterlockError):
             log.info("%s: %s", task.get_name(), exc)
         elif exc is not None:
             log.error("%s failed", task.get_name(), exc_info=exc)
