@@ -214,10 +214,15 @@ class NodeCall:
         return value
 
     async def log_record(self, ctx: Context, rtype: str, fields: Mapping[str, Any]) -> None:
-        if not _OWN_TYPE.match(rtype) or rtype.split(".")[0] in _ENGINE_NAMESPACES:
-            raise UsageError(f"ctx.log: {rtype!r} is not a record type a node may write; use "
-                             "a dotted name such as 'agent.reply' outside "
-                             f"{', '.join(sorted(_ENGINE_NAMESPACES))}")
+        if not _OWN_TYPE.match(rtype) or rtype.split(".")[0] in L.ENGINE_NAMESPACES:
+            raise UsageError(f"ctx.log: {rtype!r} is not a record type a node may write "
+                             f"(node {ctx.node!r}); use a dotted name such as 'agent.reply' "
+                             "outside the engine's namespaces "
+                             f"{', '.join(n + '.' for n in sorted(L.ENGINE_NAMESPACES))}")
+        await self.engine_record(ctx, rtype, fields)
+
+    async def engine_record(self, ctx: Context, rtype: str, fields: Mapping[str, Any]
+                            ) -> None:
         data = dict(L.to_json_value(dict(fields)))
         data.update(node=ctx.node, visit=ctx.visit, attempt=ctx.attempt)
         if ctx.item_index is not None:
@@ -237,7 +242,6 @@ class NodeCall:
 
 _new_attempt = object.__new__
 _OWN_TYPE = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+$")
-_ENGINE_NAMESPACES = frozenset({"run", "node", "edge", "effect", "approval", "state"})
 
 
 __all__ = ["NodeCall"]

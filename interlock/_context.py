@@ -55,7 +55,12 @@ class Port(Protocol):
         """Commit the effect's result (JSON data) and return it as the log holds it."""
 
     async def log_record(self, ctx: Context, rtype: str, fields: Mapping[str, Any]) -> None:
-        """Commit a record of the node's own."""
+        """Commit a record of the node's own (a type outside the engine's namespaces)."""
+
+    async def engine_record(self, ctx: Context, rtype: str, fields: Mapping[str, Any]
+                            ) -> None:
+        """Commit a record of the engine's own for the node (a sub-workflow node's
+        ``child.started``): no type is refused; never reachable from a node's body."""
 
     def confirmation(self, ctx: Context, key: str) -> str | None:
         """A human's decision on the visit's confirmation ``key``, if one was made."""
@@ -231,11 +236,17 @@ class Context:
         ``await ctx.log(type, fields)``, in an ``async def`` node.
 
         ``type`` is a dotted name outside the engine's namespaces (``run.``, ``node.``,
-        ``edge.``, ``effect.``, ``approval.``, ``state.``); ``fields`` must be JSON data.
+        ``edge.``, ``effect.``, ``approval.``, ``state.``, ``child.``, ``snapshot.``,
+        ``notify.``); ``fields`` must be JSON data.
         A re-run of the visit logs again: log from inside `once` to log only once.
         """
         _awaitable_here("log")
         return self._port.log_record(self, type, fields or {})
+
+    async def _engine_log(self, type: str, fields: Mapping[str, Any]) -> None:
+        """A record of the engine's own for this node (`Port.engine_record`): for the
+        engine's node kinds (a sub-workflow's ``child.started``), never a node's body."""
+        await self._port.engine_record(self, type, fields)
 
     def confirm(self, key: str, show: Mapping[str, Any], *,
                 edit: Mapping[str, Any] | None = None) -> str:

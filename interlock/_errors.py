@@ -17,10 +17,15 @@ exported by ``interlock``; where a builtin fits, it is a base too.
     ├── StoreError             the store cannot be opened or used (bad URL, corrupt file)
     │   ├── RunNotFound        no such run (also a LookupError)
     │   ├── RunExists          a run with that id exists already
-    │   ├── ConflictError      another writer appended to the run first
-    │   └── ClaimError         another process is executing the run
-    │       └── ClaimLost      this process's claim was taken over: it stopped executing
+    │   ├── ConflictError      another writer appended to the run first (a race: read
+    │   │                      the run again and retry)
+    │   ├── ClaimError         another process is executing the run
+    │   │   └── ClaimLost      this process's claim was taken over: it stopped executing
+    │   └── LogError           the run's stored log is broken (a record changed, removed
+    │                          or forged) or its definition no longer matches its hash:
+    │                          nothing continues it; `interlock verify RUN_ID` says where
     ├── AgentError             an agent node failed (its subclasses: interlock.agents)
+    ├── Draining               the server or worker is shutting down: try again later
     ├── UsageError             the API or CLI was called wrongly: bad input JSON, an unknown
     │                          run, a refused decision (also a ValueError)
     └── InternalError          a bug in interlock: please report it
@@ -105,6 +110,18 @@ class ConflictError(StoreError):
     """Another writer appended to this run first (seq already taken)."""
 
 
+class LogError(StoreError):
+    """The run's stored log cannot be trusted: its hash chain is broken, its end
+    disagrees with the run's summary, a record does not follow from the ones before it,
+    or the stored definition no longer matches the hash recorded when the run started.
+    Not a mistake of the caller: the store's data was changed. Nothing continues such a
+    run; ``interlock verify RUN_ID`` shows the first bad record."""
+
+    def __init__(self, message: str, *, run_id: str | None = None) -> None:
+        super().__init__(message)
+        self.run_id = run_id
+
+
 class ClaimError(StoreError):
     """The run is being executed by another owner whose lease is still valid."""
 
@@ -136,6 +153,11 @@ class ClaimLost(ClaimError):
         self.owner = owner or ""
         self.generation = generation
         self.held = held
+
+
+class Draining(InterlockError):
+    """The pool is shutting down (a server or worker stopping): no new execution
+    starts; try again on its next start."""
 
 
 class AgentError(InterlockError):

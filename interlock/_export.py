@@ -22,7 +22,7 @@ import orjson
 
 from . import _log as L
 from ._errors import UsageError
-from ._runs import TRACE_PAGE, LogCheck, Verification, open_store_arg, run_key
+from ._runs import TRACE_PAGE, ChildLinks, LogCheck, Verification, open_store_arg, run_key
 from ._store import RunRow, Store, Summary, release_store
 
 FORMAT = "interlock-run"
@@ -55,27 +55,28 @@ async def export(run_id: str, *, store: str | Store | None = None) -> AsyncItera
             await release_store(st)
 
 
-async def _export(st: Store, run_id: str) -> AsyncIterator[bytes]:
+async def _export(st: Store, run_id: str, above: tuple[str, ...] = ()
+                  ) -> AsyncIterator[bytes]:
     row = await st.get_run(run_id)
-    children = [c async for c in _children(st, run_id)]
+    links = ChildLinks(row, above)
+    children = [c async for c in _children(st, links)]
     yield orjson.dumps({**header(row), "children": children}) + b"\n"
     async for entries in st.iter_entries(run_id, page=TRACE_PAGE):
         for entry in entries:
             yield entry.data + b"\n"
     for child in children:
-        async for line in _export(st, child):
+        async for line in _export(st, child, links.path):
             yield line
 
 
-async def _children(st: Store, run_id: str) -> AsyncIterator[str]:
-    """The child runs a run's log names (``child.started`` of its workflow nodes)."""
-    seen: set[str] = set()
-    async for entries in st.iter_entries(run_id, page=TRACE_PAGE):
+async def _children(st: Store, links: ChildLinks) -> AsyncIterator[str]:
+    """The child runs a run's log links to (``child.started`` of its workflow nodes,
+    as `trace` and `verify` follow them: never a forged one, never a cycle)."""
+    async for entries in st.iter_entries(links.row.run_id, page=TRACE_PAGE):
         for entry in entries:
             if entry.type == L.CHILD_STARTED:
-                child = entry.record().get("run_id")
-                if isinstance(child, str) and child not in seen:
-                    seen.add(child)
+                child = await links.follow(st, entry.record())
+                if child is not None:
                     yield child
 
 

@@ -176,8 +176,14 @@ class RunView:
         self.visits.update(self.plan.no_visits)
 
     def apply(self, rec: L.Record) -> None:
-        self.seq = rec["seq"]
         handler = _HANDLERS.get(rec["type"])
+        if handler is not None and self.status in _ENDED and rec["type"] != L.RUN_FORKED:
+            # nothing changes a run once it completed, was rejected or cancelled (a fork
+            # is a new run: its run.forked re-opens the copied log)
+            raise InternalError(f"record {rec['seq']} ({rec['type']}) comes after the run "
+                                f"ended ({self.status}): no record changes a run that "
+                                "completed, was rejected or was cancelled")
+        self.seq = rec["seq"]
         if handler is not None:
             handler(self, rec)
         if not self.due and (self._deferred or not (self.ready or self.running)):
@@ -682,6 +688,8 @@ def result_of(run_id: str, workflow: str, view: RunView) -> RunResult:
 
 
 _MID_BODY = frozenset({"tool", "workflow"})  # gates asked for from inside a node's body
+
+_ENDED = frozenset({"COMPLETED", "REJECTED", "CANCELLED"})  # (a FAILED run may go on)
 
 _HANDLERS = {
     L.RUN_STARTED: RunView._on_run_started,

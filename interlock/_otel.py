@@ -288,6 +288,19 @@ class RunSpans:
 
     # -- the run ---------------------------------------------------------------------------
 
+    def abort(self, exc: BaseException, status: str | None = None) -> None:
+        """End every span still open with an error status naming ``exc``: the run was not
+        started (``status`` "REFUSED": its id taken, the store refused), not executed (a
+        cancel came first) or stopped by an error; idempotent."""
+        if self.run is None:
+            return
+        if status is not None:
+            self.run.set_attribute("interlock.status", status)
+        self.run.record_exception(exc)
+        self.run.set_status(self._trace.Status(self._trace.StatusCode.ERROR,
+                                               f"{type(exc).__name__}: {exc}"[:500]))
+        self.end()
+
     def end(self, rec: L.Record | None = None, status: str | None = None) -> None:
         """End every span still open (at ``rec``'s time), the run's last; idempotent."""
         if self.run is None:

@@ -23,7 +23,15 @@ from . import _records as R
 from . import _snapshot as snapshots
 from ._compile import compile_spec, reading_plan
 from ._context import CLAIM_GUARD
-from ._errors import ClaimError, ClaimLost, ConflictError, InterlockError, RunNotFound, UsageError
+from ._errors import (
+    ClaimError,
+    ClaimLost,
+    ConflictError,
+    InterlockError,
+    LogError,
+    RunNotFound,
+    UsageError,
+)
 from ._fold import Gate, RunResult, RunView, result_of
 from ._journal import Journal
 from ._lease import Held, keeper_for
@@ -119,8 +127,9 @@ async def drive(plan: Plan, store: Store, run_id: str, view: RunView, writer: L.
                 await journal.commit(first)
             except ConflictError:
                 # read, decided, then claimed after another process had decided (or
-                # resumed) the run and let it go: what this one read is stale
-                raise UsageError(
+                # resumed) the run and let it go: what this one read is stale (a race,
+                # not a wrong call: it stays a ConflictError, which the server answers 409)
+                raise ConflictError(
                     f"run {run_id!r} changed after this process read it (another process "
                     "decided or resumed it first); nothing was recorded and this resume is "
                     f"refused -- see `interlock status {run_id}`") from None
@@ -451,7 +460,7 @@ class _Children:
                 {"steps": DEFAULT_STEPS, **spec.limits.model_dump(exclude_none=True)})
             definition = request.definition
             # the parent's log names its child (the child's run.started names its parent)
-            await ctx.log(L.CHILD_STARTED, {"run_id": rid, "workflow": spec.workflow})
+            await ctx._engine_log(L.CHILD_STARTED, {"run_id": rid, "workflow": spec.workflow})
             result = await start(request.plan, st, rid, definition=definition,
                                  definition_hash=definition_hash(definition),
                                  input=L.to_json_value(request.input()),
@@ -486,7 +495,7 @@ class _Children:
         request = await self.store.cancel_requested(self.run_id)
         if request is None:
             return  # a timeout, a sibling's failure: the child is continued later
-        with contextlib.suppress(UsageError, RunNotFound):
+        with contextlib.suppress(UsageError, LogError, RunNotFound):
             await cancel(child_id, by=request.get("by"), store=self.store, wait=0)
 
 
@@ -648,7 +657,7 @@ async def _continue_parent(store: Store, run_id: str, link: Mapping[str, Any], *
     view = parent.view
     waits = any(g.kind == "workflow" and g.key == run_id for g in view.pending_gates())
     if waits or view.status in ("RUNNING", "RETRYING"):
-        with contextlib.suppress(ClaimError, UsageError):  # being executed: it will see
+        with contextlib.suppress(ClaimError, UsageError, LogError):  # being executed: it will see
             await resume(link["run"], store=store, detach=detach)
 
 
@@ -670,7 +679,7 @@ def _child_ids(plan: Plan, run_id: str, view: RunView) -> list[str]:
 async def _cancel_children(store: Store, plan: Plan, run_id: str, view: RunView,
                            by: str | None) -> None:
     for child in _child_ids(plan, run_id, view):
-        with contextlib.suppress(UsageError, RunNotFound):
+        with contextlib.suppress(UsageError, LogError, RunNotFound):
             await cancel(child, by=by, store=store, wait=0)
 
 
@@ -703,6 +712,11 @@ def definition_hash(definition: dict[str, Any]) -> str:
 def chain_options(key: L.ChainKey | None) -> dict[str, Any]:
     """What a new run's row and its run.started say of its chain (nothing when plain)."""
     return {} if key is None else {"chain": L.KEYED, "key_id": key.id}
+
+
+_BROKEN_TODO = ("`interlock verify {run_id}` shows where the chain breaks; a broken log is "
+                "never continued: restore the run from a backup or an export (`interlock "
+                "export` made before the change, checked with `interlock verify --file`)")
 
 
 def _key_missing(row: RunRow) -> str:
@@ -767,8 +781,11 @@ async def load_run(store: Store, run_id: str, *, workflow: Functions | None = No
     """
     row = await store.get_run(run_id)
     if definition_hash(row.definition) != row.definition_hash:
-        raise UsageError(f"run {run_id!r}: the stored definition does not match its hash; "
-                         "it was changed after the run started")
+        raise LogError(f"run {run_id!r}: the stored definition does not match the hash "
+                       "recorded when the run started: it was changed in the store since; "
+                       "nothing reads or continues the run until it is restored (from a "
+                       f"backup, or an export: `interlock verify --file`); `interlock verify "
+                       f"{run_id}` reports it", run_id=run_id)
     keyed, key = run_key(row)
     if keyed and key is None and executable:
         raise UsageError(_key_missing(row))
@@ -801,13 +818,13 @@ async def load_run(store: Store, run_id: str, *, workflow: Functions | None = No
     problem = L.verify_chain(entries, start=start, prev_hash=start_hash, key=key,
                              hashes=not keyed or key is not None)
     if problem is not None:
-        raise UsageError(f"run {run_id!r}: the log is broken at record {problem.seq} "
-                         f"({problem.message}); `interlock verify {run_id}` shows the details; "
-                         "a broken log is never continued")
+        raise LogError(f"run {run_id!r}: the log is broken at record {problem.seq} "
+                       f"({problem.message}); {_BROKEN_TODO.format(run_id=run_id)}",
+                       run_id=run_id)
     tail = check_tail(row, entries, start, start_hash)
     if tail is not None:
-        raise UsageError(f"run {run_id!r}: {tail}; `interlock verify {run_id}` shows the "
-                         "details; a broken log is never continued")
+        raise LogError(f"run {run_id!r}: {tail}; {_BROKEN_TODO.format(run_id=run_id)}",
+                       run_id=run_id)
     if view is None:
         view = RunView(plan)
     for entry in entries:
@@ -994,21 +1011,95 @@ async def trace_pages(run_id: str, *, store: str | Store | None = None,
     never held whole. ``after``: only the records with a greater seq."""
     st, owned = open_store_arg(store)
     try:
-        await st.get_run(run_id)
-        nested: set[str] = set()  # (a crash may have logged a child's start twice)
-        async for entries in st.iter_entries(run_id, after=after, page=page or TRACE_PAGE):
-            records = [trace_record(run_id, entry) for entry in entries]
-            for rec in records:  # a child run's records, nested under its start (SPEC §7)
-                if rec["type"] == L.CHILD_STARTED and isinstance(rec.get("run_id"), str) \
-                        and rec["run_id"] not in nested:
-                    nested.add(rec["run_id"])
-                    with contextlib.suppress(RunNotFound):
-                        rec["records"] = [{**r, "run_id": rec["run_id"]} for r in
-                                          await trace(rec["run_id"], store=st)]
+        async for records in _trace_pages(st, run_id, page or TRACE_PAGE, after, ()):
             yield records
     finally:
         if owned:
             await release_store(st)
+
+
+async def _trace_pages(st: Store, run_id: str, page: int, after: int, above: tuple[str, ...]
+                       ) -> AsyncIterator[list[dict[str, Any]]]:
+    links = ChildLinks(await st.get_run(run_id), above)
+    async for entries in st.iter_entries(run_id, after=after, page=page):
+        records = [trace_record(run_id, entry) for entry in entries]
+        for rec in records:  # a child run's records, nested under its start (SPEC §7)
+            child = await links.follow(st, rec)
+            if child is not None:
+                rec["records"] = [{**r, "run_id": child} for pg in
+                                  [p async for p in _trace_pages(st, child, page, 0,
+                                                                 links.path)]
+                                  for r in pg]
+        yield records
+
+
+class ChildLinks:
+    """Which ``child.started`` records of a run are links to its child runs, as every
+    reader (`trace`, `export`, `verify`) follows them: one the engine wrote (`forged`
+    finds none), of a run not already nested (a crash may log a child's start twice),
+    whose row names this run -- or a run it was forked from -- as its parent. ``above``:
+    the runs this one is nested under (never followed again: no cycle)."""
+
+    def __init__(self, row: RunRow, above: tuple[str, ...] = ()) -> None:
+        self.row = row
+        self.path = (*above, row.run_id)
+        self.nodes: Mapping[str, Any] | None = None  # the definition's, when first needed
+        self.seen: set[str] = set()
+        self._lineage: set[str] | None = None
+
+    async def follow(self, st: Store, rec: L.Record) -> str | None:
+        """The child run ``rec`` links to, the first time it is met, else None."""
+        if rec.get("type") != L.CHILD_STARTED:
+            return None
+        if self.nodes is None:
+            try:
+                self.nodes = parse(self.row.definition).nodes
+            except InterlockError:  # a definition changed in the store: verify says so
+                self.nodes = {}
+        if forged(self.nodes, self.path, rec):
+            return None
+        child = str(rec["run_id"])
+        if child in self.seen:
+            return None
+        self.seen.add(child)
+        try:
+            parent = ((await st.get_run(child)).options.get("parent") or {}).get("run")
+            if self._lineage is None:
+                self._lineage = await _lineage(st, self.row.run_id)
+        except RunNotFound:
+            return None
+        return child if parent in self._lineage else None
+
+
+def forged(nodes: Mapping[str, Any], path: tuple[str, ...], rec: L.Record) -> str | None:
+    """Why ``rec``, of one of the engine's namespaces that the fold does not check
+    (``child.``, ``snapshot.``, ``notify.``), is not a record interlock wrote there, or
+    None. ``nodes``: the run's definition's; ``path``: the run's id last, after the runs
+    it is nested under. (A node may not write these types, `ctx.log`: such a record was
+    written to the store by hand, or by a node before they were reserved.)"""
+    rtype = str(rec.get("type"))
+    space = rtype.split(".", 1)[0]
+    if space not in ("child", "snapshot", "notify"):
+        return None
+    node = rec.get("node")
+    if space == "child":
+        spec = nodes.get(node) if isinstance(node, str) else None
+        if rtype != L.CHILD_STARTED or spec is None or spec.workflow is None:
+            return (f"a {rtype} record of {node!r}, which is not a sub-workflow node: the "
+                    "engine did not write it (a forged child link)")
+        child = rec.get("run_id")
+        if not isinstance(child, str) or not child:
+            return f"a {rtype} record of {node!r} that names no child run"
+        if child in path:
+            return (f"a {rtype} record of {node!r} names the run {child!r}, which holds it: "
+                    "a cycle of child runs (a forged child link)")
+        return None
+    if rtype == L.SNAPSHOT_TAKEN and node is None and rec.get("covers") == rec.get("seq", 0) - 1:
+        return None
+    if rtype == "notify.sent" and node is None:
+        return None
+    return (f"a {rtype} record{f' of {node!r}' if node else ''} that interlock did not write "
+            f"(the {space}. namespace is interlock's own)")
 
 
 def trace_record(run_id: str, entry: L.Entry) -> dict[str, Any]:
@@ -1016,9 +1107,9 @@ def trace_record(run_id: str, entry: L.Entry) -> dict[str, Any]:
     try:
         rec = entry.record()
     except ValueError:  # orjson.JSONDecodeError: the stored text was changed
-        raise UsageError(f"run {run_id!r}: the log is broken at record {entry.seq} "
-                         f"(its data is not valid JSON); `interlock verify {run_id}` "
-                         "checks the whole log") from None
+        raise LogError(f"run {run_id!r}: the log is broken at record {entry.seq} (its data "
+                       f"is not valid JSON); {_BROKEN_TODO.format(run_id=run_id)}",
+                       run_id=run_id) from None
     for key in TRACE_KEYS:
         rec.setdefault(key, None)
     rec["hash"] = entry.hash
@@ -1045,8 +1136,10 @@ class LogCheck:
     stored one, as ``(seq, data)``; a mismatch is a note, not a broken log).
     """
 
-    def __init__(self, row: RunRow, snapshot: tuple[int, bytes] | None = None) -> None:
+    def __init__(self, row: RunRow, snapshot: tuple[int, bytes] | None = None,
+                 above: tuple[str, ...] = ()) -> None:
         self.row = row
+        self.path = (*above, row.run_id)  # the runs it is nested under, then its own
         self.records = 0
         self.last: L.Entry | None = None
         self.problem: Verification | None = None
@@ -1083,9 +1176,15 @@ class LogCheck:
             return None
         self._check_snapshot(entries)
         assert self.view is not None
+        nodes = self.view.plan.spec.nodes
         for entry in entries:
             try:
-                self.view.apply(entry.record())
+                rec = entry.record()
+                why = forged(nodes, self.path, rec) if entry.type.split(".", 1)[0] in \
+                    ("child", "snapshot", "notify") else None
+                if why is not None:
+                    return self._fail(entry.seq, f"the log holds {why}")
+                self.view.apply(rec)
             except (InterlockError, KeyError, IndexError, TypeError, ValueError) as exc:
                 return self._fail(entry.seq,
                                   f"the record does not follow from the ones before: {exc}")
@@ -1158,7 +1257,7 @@ async def verify(run_id: str, *, store: str | Store | None = None) -> Verificati
     """
     st, owned = open_store_arg(store)
     try:
-        return await _verify(st, run_id, None)
+        return await _verify(st, run_id, ())
     finally:
         if owned:
             await release_store(st)
@@ -1174,21 +1273,21 @@ async def _lineage(st: Store, run_id: str) -> set[str]:
     return out
 
 
-async def _verify(st: Store, run_id: str, parent: str | None) -> Verification:
+async def _verify(st: Store, run_id: str, above: tuple[str, ...]) -> Verification:
     """`verify` of one run and, when it holds, of every child run its log names (SPEC
     §7: ``verify PARENT`` verifies every child chain): the first broken one is the
-    result, under its own id."""
+    result, under its own id. ``above``: the runs it is nested under (its parent last)."""
     row = await st.get_run(run_id)
-    check = LogCheck(row, await st.load_snapshot(run_id))
+    check = LogCheck(row, await st.load_snapshot(run_id), above)
     children: list[str] = []
     async for entries in st.iter_entries(run_id, page=TRACE_PAGE):
         check.feed(entries)
         if check.problem is None and check.view is not None:
-            nodes = check.view.plan.spec.nodes  # (a record a node logged itself is no link)
+            # (LogCheck refused a child.started the engine did not write)
             children += [str(e.record().get("run_id")) for e in entries
-                         if e.type == L.CHILD_STARTED and e.node in nodes
-                         and nodes[e.node].workflow is not None]
+                         if e.type == L.CHILD_STARTED]
     result = check.result()
+    parent = above[-1] if above else None
     if parent is not None and result.ok and \
             (row.options.get("parent") or {}).get("run") not in await _lineage(st, parent):
         return Verification(run_id, False, result.records, 1,
@@ -1199,7 +1298,7 @@ async def _verify(st: Store, run_id: str, parent: str | None) -> Verification:
     verified: list[str] = []
     for child in dict.fromkeys(children):
         try:
-            found = await _verify(st, child, run_id)
+            found = await _verify(st, child, (*above, run_id))
         except RunNotFound:
             return Verification(child, False, 0, None, f"the child run {child!r} that run "
                                 f"{run_id!r} names is not in the store")
@@ -1305,6 +1404,10 @@ async def cancel(run_id: str, *, by: str | None = None, store: str | Store | Non
             return await status(run_id, store=st)
         try:
             loaded = await load_run(st, run_id)  # again: it may have moved before our claim
+            if loaded.view.status in ("COMPLETED", "REJECTED", "CANCELLED"):
+                # it ended between the first read and the claim (its executor's last
+                # append released the claim we then took): nothing to cancel
+                raise UsageError(f"run {run_id!r} is already {loaded.view.status}")
             journal = Journal(st, run_id, loaded.view, loaded.writer(),
                               claim=_claim_of(owner, generation))
             await journal.commit([R.run_cancelled(by)])

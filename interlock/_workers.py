@@ -25,7 +25,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Literal
 
-from ._errors import ClaimLost, InterlockError
+from ._errors import ClaimLost, Draining, InterlockError
 from ._fold import RunResult
 from ._runs import LEASE_SECONDS, Functions, continue_claimed, list_runs, make_owner
 from ._store import RUNNABLE, RunNotFound, Store, StoreError, owner_gone
@@ -37,10 +37,6 @@ Factory = Callable[[], Awaitable[Any]]
 
 POLL_SECONDS = 0.5  # an idle worker's look for runnable runs: one indexed query
 DRAIN_SECONDS = 30.0  # how long a stopping worker lets the nodes in hand finish
-
-
-class Draining(InterlockError):
-    """The pool is shutting down: no new execution starts."""
 
 
 class Pool:

@@ -20,7 +20,7 @@ from . import _log as L
 from ._approvals import Decision
 from ._bounds import check_data
 from ._compile import check_spec, compile_spec, reading_plan
-from ._errors import Diagnostic, UsageError, WorkflowError
+from ._errors import ConflictError, Diagnostic, StoreError, UsageError, WorkflowError
 from ._fold import RunResult, RunView, result_of
 from ._model import DEFAULT_STEPS, WorkflowSpec, check_limits
 from ._otel import RunSpans, run_spans, with_spans
@@ -382,6 +382,10 @@ class Workflow:
                                limits=lim, options={"config": dict(config or {}),
                                                     "limits": dict(limits or {})},
                                started=started, listener=listener)
+        except BaseException as exc:
+            if spans is not None:  # (a run that ended has ended its spans already)
+                spans.abort(exc, "REFUSED" if isinstance(exc, StoreError) else None)
+            raise
         finally:
             if spans is not None:
                 spans.end()
@@ -402,12 +406,17 @@ class Workflow:
         cfg, lim = _effective(spec, config, limits, self._limits())
         rid = run_id or make_run_id()
         spans = run_spans(rid, spec.workflow)  # its span covers the wait in the queue too
-        view, writer, _ = await create(
-            plan, store, rid, definition=self.definition(),
-            definition_hash=self.definition_hash(), input=data, config=cfg, limits=lim,
-            options={"config": dict(config or {}), "limits": dict(limits or {})},
-            started={"trace": spans.ids} if spans is not None else None,
-            listener=with_spans(listener, spans), claimed=False)
+        try:
+            view, writer, _ = await create(
+                plan, store, rid, definition=self.definition(),
+                definition_hash=self.definition_hash(), input=data, config=cfg, limits=lim,
+                options={"config": dict(config or {}), "limits": dict(limits or {})},
+                started={"trace": spans.ids} if spans is not None else None,
+                listener=with_spans(listener, spans), claimed=False)
+        except BaseException as exc:  # refused (the id is taken, the store failed)
+            if spans is not None:
+                spans.abort(exc, "REFUSED")
+            raise
         return Started(plan, store, rid, view, writer, listener, spans)
 
     async def submit(self, input: Mapping[str, Any] | None = None, *,
@@ -496,6 +505,10 @@ class Started:
             return await drive(plan, store, run_id, view, writer,
                                listener=with_spans(listener or self._listener, self._spans),
                                fresh=True)
+        except BaseException as exc:  # not executed (cancelled while queued), or stopped
+            if self._spans is not None:
+                self._spans.abort(exc, "REFUSED" if isinstance(exc, ConflictError) else None)
+            raise
         finally:
             if self._spans is not None:
                 self._spans.end()

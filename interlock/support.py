@@ -77,6 +77,7 @@ from . import _limits as limits
 from ._approvals import approvers_refuse, patch_schema
 from ._bounds import read_at_most, too_big, too_deep, too_deep_at
 from ._coverage import workflows_in
+from ._errors import Draining
 from ._export import export as export_run
 from ._export import verify_export
 from ._fold import RunView
@@ -94,7 +95,7 @@ from ._store import Claim, LeaseRenewer, RunRow, Summary, owner_gone
 from ._triggers import Firer
 from ._triggers import describe as describe_trigger
 from ._visits import node_visits
-from ._workers import DRAIN_SECONDS, POLL_SECONDS, Draining, Factory, Pool, Worker
+from ._workers import DRAIN_SECONDS, POLL_SECONDS, Factory, Pool, Worker
 from ._workflow import Started, load_workflows
 
 

@@ -393,8 +393,8 @@ def test_verify_ok_then_tampered_names_the_record(project: Project) -> None:
     assert broken.exit_code == 1
     assert "record 3" in broken.stdout
     assert "hash does not match" in broken.stdout
-    refused = project.cli("resume", "r-ver")
-    assert refused.exit_code == 2 and "broken at record 3" in refused.stderr
+    refused = project.cli("resume", "r-ver")  # a broken log: exit 1 (LogError), not usage
+    assert refused.exit_code == 1 and "broken at record 3" in refused.stderr
     # trace still shows what the store holds, and says it does not verify
     for args in (["trace", "r-ver"], ["trace", "r-ver", "--json"]):
         shown = project.cli(*args)
@@ -420,12 +420,12 @@ def test_a_tampered_column_is_found_and_no_command_crashes_on_it(
     assert broken.exit_code == 1 and "record 3" in broken.stdout and message in broken.stdout
     for args in (["resume", "r-tc"], ["fork", "r-tc", "--at", "2"]):
         refused = project.cli(*args)
-        assert refused.exit_code == 2, (args, refused.output)
+        assert refused.exit_code == 1, (args, refused.output)  # LogError: not a usage error
         assert "broken at record 3" in refused.stderr, (args, refused.stderr)
     for args in (["trace", "r-tc"], ["trace", "r-tc", "--json"]):
         shown = project.cli(*args)
         if message == "not valid JSON":  # nothing to show
-            assert shown.exit_code == 2 and "broken at record 3" in shown.stderr, args
+            assert shown.exit_code == 1 and "broken at record 3" in shown.stderr, args
         else:  # what the store holds, and that it does not verify
             assert shown.exit_code == 0, (args, shown.output)
             assert "does not verify at record 3" in shown.stderr, (args, shown.stderr)

@@ -198,3 +198,62 @@ def test_a_run_created_first_and_executed_later_is_traced_too(tmp_path: Path) ->
     run_id, _ = names["interlock.run queued"]
     assert data["ids"]["span_id"] == run_id
     assert names["interlock.node a"][1] == run_id
+
+
+def test_a_refused_start_ends_its_span_with_an_error(tmp_path: Path) -> None:
+    """issue 26: `Workflow.start` made the run's span before the store refused the run
+    (its id taken) and never ended it; `run` and `Started.execute` ended theirs without
+    saying they failed. Every span started is ended, with an error status."""
+    code = textwrap.dedent('''
+        import asyncio, json, sys
+        from opentelemetry import trace
+        from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+        from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+        from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+        exporter = InMemorySpanExporter()
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        opened = []
+        class Opened(SpanProcessor):
+            def on_start(self, span, parent_context=None):
+                opened.append(span.name)
+        provider.add_span_processor(Opened())
+        trace.set_tracer_provider(provider)
+        import interlock
+        from interlock import START, Workflow
+        wf = Workflow("refused").node("a", lambda s: {"a": 1})
+        wf.edge(START, "a")
+        async def main():
+            out = []
+            async with interlock.open_store("memory://") as store:
+                await wf.run({}, store=store, run_id="taken")
+                for attempt in (wf.start({}, store=store, run_id="taken"),
+                                wf.run({}, store=store, run_id="taken")):
+                    try:
+                        await attempt
+                    except interlock.RunExists as exc:
+                        out.append(type(exc).__name__)
+                queued = await wf.start({}, store=store, run_id="queued")
+                await interlock.cancel("queued", store=store)
+                try:
+                    await queued.execute()
+                except interlock.ConflictError as exc:
+                    out.append(type(exc).__name__)
+            return out
+        errors = asyncio.run(main())
+        spans = [(s.name, s.status.status_code.name, s.status.description,
+                  dict(s.attributes).get("interlock.status"))
+                 for s in exporter.get_finished_spans()]
+        print(json.dumps({"errors": errors, "opened": opened, "spans": spans}))
+    ''')
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout.strip().splitlines()[-1])
+    assert data["errors"] == ["RunExists", "RunExists", "ConflictError"]
+    runs = [s for s in data["spans"] if s[0] == "interlock.run refused"]
+    assert len(runs) == data["opened"].count("interlock.run refused") == 4  # none left open
+    completed, *refused = runs
+    assert completed[1] == "UNSET" and completed[3] == "COMPLETED"
+    assert [(status, attr) for _, status, _, attr in refused] == [("ERROR", "REFUSED")] * 3
+    assert "RunExists" in refused[0][2] and "ConflictError" in refused[2][2]

@@ -35,7 +35,7 @@ def test_a_resume_whose_reading_went_stale_before_its_claim_is_refused(tmp_path:
 
         late.claim = claim_after_the_winner  # type: ignore[method-assign]
         try:
-            with pytest.raises(interlock.UsageError, match=r"changed after this process read "
+            with pytest.raises(interlock.ConflictError, match=r"changed after this process read "
                                r"it .* nothing was recorded and this resume is refused"):
                 await wf.resume(run_id, interlock.reject(by="bob"), store=late)
         finally:

@@ -86,10 +86,12 @@ def test_a_log_cut_at_its_end_is_refused_and_never_rewritten(project: Project) -
     assert verify.exit_code == 1 and "summary says last seq" in verify.stdout
     for args in (["status", "r-cut"], ["resume", "r-cut"], ["fork", "r-cut", "--at", "2"]):
         refused = project.cli(*args)
-        assert refused.exit_code == 2, (args, refused.output)
+        # a broken log is not a usage mistake (2): exit 1, as verify, saying what to do
+        assert refused.exit_code == 1, (args, refused.output)
         assert "records were removed from its end" in refused.stderr, (args, refused.stderr)
+        assert "`interlock verify r-cut` shows where the chain breaks" in refused.stderr
     (project.root / "marker").touch()
-    assert project.cli("resume", "r-cut").exit_code == 2
+    assert project.cli("resume", "r-cut").exit_code == 1
     assert project.seqs("r-cut") == seqs[:-1]  # nothing was written over the gap
     assert project.cli("verify", "r-cut").exit_code == 1  # and the cut is still seen
 
@@ -101,7 +103,7 @@ def test_a_last_record_replaced_with_another_is_refused(project: Project) -> Non
                 bytes(32))
     project.sql("UPDATE runs SET last_hash = ? WHERE run_id = ?", "e" * 64, "r-swap")
     refused = project.cli("status", "r-swap")
-    assert refused.exit_code == 2 and "broken at record" in refused.stderr
+    assert refused.exit_code == 1 and "broken at record" in refused.stderr
 
 
 # -- snapshots ---------------------------------------------------------------------------------
@@ -224,7 +226,7 @@ def test_a_rechained_plain_log_verifies_but_a_rechained_keyed_one_does_not(
     broken = project.cli("verify", "r-keyed", env=KEY)
     assert broken.exit_code == 1 and "record 1" in broken.stdout and "HMAC" in broken.stdout
     refused = project.cli("resume", "r-keyed", env=KEY)
-    assert refused.exit_code == 2 and "broken at record 1" in refused.stderr
+    assert refused.exit_code == 1 and "broken at record 1" in refused.stderr
 
 
 def test_with_the_key_set_a_plain_log_does_not_prove_who_wrote_it(project: Project) -> None:

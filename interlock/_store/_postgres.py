@@ -70,7 +70,6 @@ from ._base import (
 from ._sqlite import (
     _RUN_COLUMNS,
     SCHEMA_NAME,
-    SCHEMA_VERSION,
     check_first_seqs,
     record_node,
     row_from,
@@ -80,6 +79,12 @@ from ._sqlite import (
 
 T = TypeVar("T")
 Conn = psycopg.AsyncConnection[TupleRow]
+
+# The version of this store's own tables, in its interlock_meta (SQLite's file has its own
+# number, `_sqlite.SCHEMA_VERSION`: the two layouts change apart). Versions 1 and 2 are the
+# same tables here: 2 was written while this store took SQLite's number. Version 3 added
+# the runs' claim ``generation`` (`_upgrade` adds the column to an older store's table).
+SCHEMA_VERSION = 3
 
 # pg_advisory_xact_lock key serialising schema creation: "ilck" "schm"
 _SCHEMA_LOCK = 0x696C636B_7363686D

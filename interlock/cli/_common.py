@@ -60,6 +60,14 @@ class CliError(click.ClickException):
         click.echo(f"error: {self.format_message()}", err=True)
 
 
+class BrokenLog(CliError):
+    """The run's stored log is broken or its definition changed (`interlock.LogError`):
+    printed as ``error: <message>`` (which says what to do), exit code 1, as ``verify``
+    exits on a broken chain -- it is not a usage mistake (2)."""
+
+    exit_code = EXIT_FAILED
+
+
 # -- shared options ---------------------------------------------------------------------------
 
 
@@ -119,7 +127,7 @@ def call_engine(coro: Coroutine[Any, Any, T], progress: Progress | None = None) 
 
     from pydantic import ValidationError
 
-    from .. import StoreError, UsageError
+    from .. import LogError, StoreError, UsageError
 
     try:
         return asyncio.run(_stopped_by_sigterm(coro))
@@ -129,6 +137,8 @@ def call_engine(coro: Coroutine[Any, Any, T], progress: Progress | None = None) 
                        "kept in the store (continue with `interlock resume "
                        f"{progress.run_id}`)", err=True)
         raise SystemExit(128 + signal.SIGTERM) from None
+    except LogError as exc:  # the stored log was changed: not a mistake of the caller
+        raise BrokenLog(str(exc)) from None
     except (UsageError, StoreError) as exc:
         raise CliError(str(exc)) from None
     except ValidationError as exc:  # a --set limits.X value of the wrong type or range

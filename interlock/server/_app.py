@@ -21,6 +21,7 @@ from interlock import (
     ClaimError,
     ConflictError,
     Decision,
+    LogError,
     RunExists,
     RunNotFound,
     StoreError,
@@ -111,7 +112,8 @@ _PROBLEMS = {400: {"model": Problem, "description": "a malformed request, or ref
              401: {"model": Problem, "description": "no valid token"},
              403: {"model": Problem, "description": "the token's role or approvers: refuse"},
              404: {"model": Problem, "description": "no such run or workflow"},
-             409: {"model": Problem, "description": "the run's state refuses it"},
+             409: {"model": Problem, "description": "the run's state refuses it (or its "
+                                                    "stored log is broken)"},
              413: {"model": Problem, "description": "the body is larger than is read"},
              422: {"model": Problem, "description": "the body does not fit its schema"}}
 for _status, _doc in _PROBLEMS.items():
@@ -370,6 +372,13 @@ def _handlers(app: FastAPI) -> None:
     @app.exception_handler(UsageError)
     async def _usage(request: Request, exc: UsageError) -> JSONResponse:
         return problem(400, "Bad Request", str(exc))
+
+    @app.exception_handler(LogError)
+    async def _broken(request: Request, exc: LogError) -> JSONResponse:
+        # the store's data was changed (a broken chain, a definition that no longer
+        # matches its hash): not the caller's mistake (never 400), not a race to retry
+        log.error("%s %s refused: %s", request.method, request.url.path, exc)
+        return problem(409, "Conflict", str(exc))
 
     @app.exception_handler(StoreError)
     async def _store(request: Request, exc: StoreError) -> JSONResponse:
