@@ -26,8 +26,8 @@ class ClaimGuard(Protocol):
     def claim(self) -> Claim | None: ...
 
     async def confirm(self) -> None:
-        """Return when the claim is still this process's (checked with the store when
-        its lease may be near its end); otherwise stop the node (`ClaimLost`)."""
+        """Return when the claim is still this process's (checked with the store);
+        otherwise stop the node (`ClaimLost`)."""
 
 
 # set by the executor in the context its nodes run in (a sub-workflow's child run sets
@@ -201,10 +201,11 @@ class Context:
         visit runs again (a retry, or a resume after a crash) the recorded result
         is returned and ``fn`` is not called. The result must be JSON data.
 
-        Before ``fn`` runs, the run's claim is checked: with the store, when its lease
-        may be near its end (its renewals stopped: the process was paused, the store
-        unreachable). If another owner has claimed the run since, ``fn`` is not called
-        and the node stops as a cancellation stops it (the run moved to that owner).
+        Before ``fn`` runs, the run's claim is checked with the store (its lease renewed
+        under its claim generation). If another owner has claimed the run since (a
+        takeover after this process was paused past its lease, ``--force``), ``fn`` is
+        not called and the node stops as a cancellation stops it (the run moved to that
+        owner).
         """
         _awaitable_here("once")  # a sync node would get a coroutine it cannot await
         return self._once(key, fn, *args)

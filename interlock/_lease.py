@@ -19,7 +19,8 @@ the lease lasts; after that the next renewal tells whether the claim survived.
 
 `Held.renewed` is the monotonic time of the last renewal known to have succeeded
 (taken *before* it was sent): a lease is valid until at least ``renewed + lease``.
-``ctx.once`` reads it to decide whether the claim must be checked before an effect.
+(``ctx.once`` does not rely on it: it checks the claim with the store before each
+effect, `_runs._Watcher.confirm`.)
 """
 
 from __future__ import annotations

@@ -100,11 +100,10 @@ def test_a_lost_claim_cancels_the_node_and_appends_nothing(
 def test_ctx_once_checks_a_claim_whose_renewals_stopped(
         store: Store, caplog: pytest.LogCaptureFixture,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    # the keeper renews nothing (as in a paused process); the lease is "near its end"
-    # when the node goes on, so ctx.once asks the store before the effect
+    # the keeper renews nothing (as in a paused process, or before its next renewal):
+    # ctx.once asks the store before the effect
     monkeypatch.setattr(_lease.Keeper, "_renew", lambda self, held: setattr(
         held, "due", held.due + 3600))
-    monkeypatch.setattr("interlock._runs.ONCE_CHECK_LEFT", 1.0)  # always "near its end"
 
     async def main() -> None:
         try:
@@ -139,3 +138,57 @@ def test_a_stale_append_is_told_as_a_moved_run(store: Store) -> None:
             await store.close()
 
     asyncio.run(main())
+
+
+WAITER = '''
+import asyncio, os
+from pathlib import Path
+
+async def wait(state, ctx):
+    d = Path(os.environ["CLAIM_DIR"])
+    (d / "waiting").write_text(ctx.run_id)
+    while not (d / "go").exists():
+        await asyncio.sleep(0.02)
+    await ctx.once("effect", lambda: (d / "effect").write_text("done"))
+    return {"n": 1}
+'''
+
+
+def test_interlock_run_is_told_its_run_moved_to_another_owner(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+    import time
+
+    (tmp_path / "claimnodes.py").write_text(WAITER)
+    (tmp_path / "flow.yaml").write_text(
+        "workflow: waiter\ninput: [n]\nnodes:\n  wait: claimnodes:wait\n"
+        "edges:\n  - {from: START, to: wait}\n  - {from: wait, to: END}\n")
+    url = f"sqlite:///{tmp_path / 'runs.db'}"
+    repo = str(Path(interlock.__file__).resolve().parent.parent)
+    env = {**os.environ, "CLAIM_DIR": str(tmp_path),
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), repo])}
+    proc = subprocess.Popen([sys.executable, "-m", "interlock", "run", "flow.yaml", "--store",
+                             url, "--input", '{"n": 0}'], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "waiting").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.02)
+        run_id = (tmp_path / "waiting").read_text()
+
+        async def take() -> None:
+            async with open_store(url) as st:
+                await st.claim(run_id, "other-host:1:x", 60, force=True)
+
+        asyncio.run(take())
+        (tmp_path / "go").write_text("")  # the node goes on: its effect must not run
+        _, err = proc.communicate(timeout=60)  # the keeper's renewal finds the claim gone
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 2, err
+    assert f"run {run_id!r} moved to owner other-host:1:x (claim generation 2)" in err
+    assert not (tmp_path / "effect").exists()
