@@ -100,6 +100,9 @@ def main() -> None:
                 except AssertionError as exc:
                     print(f"  {mode} #{i + 1}: ERROR {str(exc)[:300]}", flush=True)
                     continue
+                if t.no_takeover:
+                    print(f"  {mode} #{i + 1}: no takeover (A held SQLite's write lock while "
+                          f"stopped); effects {dict(t.effects)}", flush=True)
                 passed += t.ok
                 effects_twice += any(n > 1 for n in t.effects.values())
                 b_claims += t.mode == "block" and t.b_claimed

@@ -10,6 +10,7 @@ timed trials each, with its figures in bench/README.md.
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -34,6 +35,12 @@ def test_a_node_blocking_its_loop_past_the_lease_keeps_it(tmp_path: Path,
 
 def test_a_worker_stopped_past_its_lease_stops_when_continued(tmp_path: Path,
                                                               store_url: str) -> None:
-    found = trial(tmp_path, store_url, "stop", lease=2.0)
+    for attempt in range(3):
+        found = trial(tmp_path / str(attempt), store_url, "stop", lease=2.0)
+        if not found.no_takeover:
+            break
+        # SQLite: A was stopped inside a write and held the file's lock, so B could not
+        # take over (bench/README.md: 1 trial in 26); the run completed once, by A
+        assert found.effects == Counter({"before": 1, "after": 1, "post": 1}), found.why()
     assert found.ok, found.why()
     assert "moved to owner" in found.a_text and "being executed by nobody" not in found.a_text
