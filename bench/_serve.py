@@ -15,11 +15,13 @@ from pathlib import Path
 
 @contextlib.contextmanager
 def served(root: Path, *args: str) -> Iterator[str]:
-    """``interlock serve --port 0 ARGS`` in ``root`` (its node modules importable); its
-    URL, until SIGTERM at the end."""
+    """``interlock serve --port 0 ARGS`` in ``root`` (its node modules importable, before
+    the tree ``$PYTHONPATH`` names); its URL, until SIGTERM at the end."""
     server = subprocess.Popen([sys.executable, "-m", "interlock", "serve", "--port", "0",
                                *args], cwd=root, text=True, stderr=subprocess.PIPE,
-                              env={**os.environ, "PYTHONPATH": str(root)})
+                              env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                                  p for p in (str(root), os.environ.get("PYTHONPATH"))
+                                  if p)})
     assert server.stderr is not None
     url = ""
     for line in server.stderr:

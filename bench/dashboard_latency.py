@@ -82,7 +82,8 @@ def main() -> None:
         cli = subprocess.Popen(
             [sys.executable, "-m", "interlock", "run", "chain.yaml", "--run-id", "other",
              "--store", store, "--input", f'{{"release": "{root / "other.go"}"}}'],
-            cwd=root, env={**os.environ, "PYTHONPATH": str(root)},
+            cwd=root, env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                [str(root), os.environ.get("PYTHONPATH", "")])},
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         with httpx.Client(base_url=url) as c:
             while c.get("/api/runs/other").status_code == 404:

@@ -63,7 +63,8 @@ def main() -> None:
     (root / "chain.yaml").write_text(f"workflow: chain\nnodes:\n{nodes}\nedges:\n{edges}\n"
                                      f"  - {{from: n{args.nodes - 1}, to: END}}\n")
     store = f"sqlite:///{root / 'runs.db'}"
-    env = {**os.environ, "PYTHONPATH": str(root)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(root), os.environ.get("PYTHONPATH", "")])}  # (the interlock this runs with)
     with served(root, "--store", store, "--workflows", "chain.yaml", "--poll",
                 str(args.poll)) as url:
         own: list[float] = []

@@ -18,7 +18,7 @@ from typing import Any
 from . import _log as L
 from . import _records as R
 from ._context import Context, Goto
-from ._errors import NodeError, RouteError, UsageError, WriteConflictError
+from ._errors import NodeError, RouteError, StoreError, UsageError, WriteConflictError
 from ._fold import RunView
 from ._guards import (
     Attempt,
@@ -34,6 +34,7 @@ from ._guards import (
     in_thread,
 )
 from ._isolation import Effects, ProcessPool
+from ._journal import StoreOutage
 from ._plan import ASYNC, CTX, GUARD_KINDS, ISOLATED, ON_RAY, RETRY, Plan, PlanNode
 from ._state import check_update, scoped
 
@@ -105,8 +106,12 @@ class NodeCall:
         return a
 
     async def visit(self, pn: PlanNode, visit: int, attempt: int, *, rerun: bool) -> Outcome:
-        """Run a visit (with its retries). Never raises Exception. ``rerun``: the visit was
-        running when the run last stopped (or waited for a human): it starts again."""
+        """Run a visit (with its retries). ``rerun``: the visit was running when the run
+        last stopped (or waited for a human): it starts again.
+
+        The node's failures are its outcome's error; what raises is the run's, not the
+        node's: the store refusing a record (a `StoreError` from the sink, or
+        `StoreOutage` from inside the body), a cancellation, a bug."""
         if rerun:
             await self.sink.commit([R.node_started(pn.name, visit, attempt)])
         return await self.stack(pn)(self.begin(pn, visit, attempt))
@@ -199,6 +204,9 @@ class NodeCall:
         self.budget.charge(ctx, n)
 
     def recorded_effect(self, ctx: Context, key: str) -> tuple[bool, Any]:
+        broken = getattr(self.sink, "broken", None)
+        if broken is not None:  # the run's records cannot be stored: do not run an effect
+            raise StoreOutage(broken)  # whose result would be lost (`_journal.Journal`)
         k = (ctx.node, ctx.visit, key if ctx.item_index is None else (ctx.item_index, key))
         if k in self.view.effects:
             return True, self.view.effects[k]
@@ -209,9 +217,20 @@ class NodeCall:
         # spent on it (and, unrecorded, before it in this attempt): committed with it
         tokens = ctx.spent.take_unsaved()
         steps, ctx.spent.steps = ctx.spent.steps, 0  # a child run's (SPEC §7), counted here
-        await self.sink.commit([R.effect_recorded(ctx.node, ctx.visit, ctx.attempt, key,
-                                                  value, tokens, ctx.item_index, steps)])
+        self.sink.stage([R.effect_recorded(ctx.node, ctx.visit, ctx.attempt, key, value,
+                                           tokens, ctx.item_index, steps)])
+        await self._flush_for_body()
         return value
+
+    async def _flush_for_body(self) -> None:
+        """Flush for a node's body (``ctx.once``, ``ctx.log``): a store that cannot take
+        the records (after the journal's retries) is not the node's failure -- the body
+        gets `StoreOutage`, which its ``except Exception:`` does not catch, nor its
+        ``retry:`` or error edges; the run is given up with the store's error."""
+        try:
+            await self.sink.flush()
+        except StoreError as exc:
+            raise StoreOutage(exc) from exc
 
     async def log_record(self, ctx: Context, rtype: str, fields: Mapping[str, Any]) -> None:
         if not _OWN_TYPE.match(rtype) or rtype.split(".")[0] in L.ENGINE_NAMESPACES:
@@ -227,7 +246,8 @@ class NodeCall:
         data.update(node=ctx.node, visit=ctx.visit, attempt=ctx.attempt)
         if ctx.item_index is not None:
             data["item"] = ctx.item_index
-        await self.sink.commit([(rtype, data)])
+        self.sink.stage([(rtype, data)])
+        await self._flush_for_body()
 
     def confirmation(self, ctx: Context, key: str) -> str | None:
         return self.view.confirmations.get((ctx.node, ctx.visit, key))

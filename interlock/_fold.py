@@ -168,6 +168,8 @@ class RunView:
     _active: Counter[int] = field(default_factory=Counter)  # cyclic scc -> ready+running
     _deferred: dict[int, set[tuple[Any, ...]]] = field(default_factory=dict)
     _taken_exits: dict[int, set[tuple[Any, ...]]] = field(default_factory=dict)
+    # nodes being ruled out, while `_rule_out` drains them (None otherwise: not state)
+    _ruling: deque[str] | None = None
 
     # -- applying records ----------------------------------------------------------
 
@@ -547,7 +549,24 @@ class RunView:
             force = False
 
     def _rule_out(self, node: str) -> None:
-        """``node`` will not run in this activation: resolve each of its edges dead."""
+        """``node`` will not run in this activation: resolve each of its edges dead.
+
+        A worklist, not recursion: ruling a node out can rule its successors out, and so
+        on down a chain of any length (a skipped branch of 10,000 nodes). The first call
+        drains the list; one made while it does (from `_resolve_port`, `_settle_acts`,
+        `_settle_barrier`) only adds its node, in order."""
+        work = self._ruling
+        if work is not None:
+            work.append(node)
+            return
+        self._ruling = work = deque((node,))
+        try:
+            while work:
+                self._rule_out_one(work.popleft())
+        finally:
+            self._ruling = None
+
+    def _rule_out_one(self, node: str) -> None:
         for e in self.plan.nodes[node].out:
             if e.is_join:
                 if node in e.barrier:

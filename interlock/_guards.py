@@ -236,8 +236,8 @@ class Settle:
             update, goto = self.check(pn, await self.next(a))
         except PauseRequested as exc:
             pause = exc
-        except NodeTimeout:
-            error = timeout_error(pn)
+        except NodeTimeout as exc:
+            error = timeout_error(pn, overran=exc.args == (OVERRAN,))
         except SystemExit as exc:  # sys.exit() in a body: its failure, not the process's exit
             error = node_error(pn, exc)
         except asyncio.CancelledError as exc:
@@ -287,6 +287,9 @@ async def in_loop(a: Attempt) -> Any:
     the node's timeout (counted from the attempt's start), as ``asyncio.timeout`` would.
 
     A timeout can only interrupt a coroutine where it suspends, so the deadline is
+    also checked when the body returns: one that computed past it without yielding (the
+    timer could not fire) is failed as timed out all the same, its result discarded --
+    a declared timeout is never ignored. The deadline is
     fixed at the start and the timer armed only when the body first suspends: a node
     that returns without waiting on anything (most transforms, every trivial node) never
     creates a timer. That timer costs about as much as the rest of a trivial node's
@@ -301,15 +304,20 @@ async def in_loop(a: Attempt) -> Any:
     try:
         signal = coro.send(None)
     except StopIteration as done:
+        if _perf_counter() - a.t0 > pn.timeout:
+            raise NodeTimeout(OVERRAN) from None  # it overran without ever suspending
         return done.value
     scope = asyncio.timeout(pn.timeout - (_perf_counter() - a.t0))
     try:
         async with scope:
-            return await Steps(coro, first=signal)
+            value = await Steps(coro, first=signal)
     except TimeoutError:
         if scope.expired():
             raise NodeTimeout() from None
         raise  # the body's own TimeoutError
+    if _perf_counter() - a.t0 > pn.timeout:
+        raise NodeTimeout(OVERRAN)  # overran after its last suspension: no timer could fire
+    return value
 
 
 async def in_thread(a: Attempt) -> Any:
@@ -378,11 +386,16 @@ class Budget:
         self._inflight: dict[tuple[str, int, int | None], Context] = {}
         self._lock = threading.Lock()  # sync nodes charge from worker threads
 
+    # Every access to ``_inflight`` (and to the tallies `_exceeded` sums) holds ``_lock``:
+    # `charge` runs on a sync node's thread while the loop's `enter`/`leave` change it.
+
     def enter(self, ctx: Context) -> None:
-        self._inflight[(ctx.node, ctx.visit, ctx.item_index)] = ctx
+        with self._lock:
+            self._inflight[(ctx.node, ctx.visit, ctx.item_index)] = ctx
 
     def leave(self, ctx: Context) -> None:
-        self._inflight.pop((ctx.node, ctx.visit, ctx.item_index), None)
+        with self._lock:
+            self._inflight.pop((ctx.node, ctx.visit, ctx.item_index), None)
 
     def charge(self, ctx: Context, n: int) -> None:
         spent = ctx.spent
@@ -396,7 +409,8 @@ class Budget:
         """The budget error if the visit's own budget, or the run's, was crossed before this
         attempt (a resume that did not raise it): the attempt does not run, it would only
         spend more."""
-        return self._exceeded(ctx)
+        with self._lock:
+            return self._exceeded(ctx)
 
     def _exceeded(self, ctx: Context) -> BudgetExceededError | None:
         node_limit = self._plan.nodes[ctx.node].spec.tokens
@@ -423,9 +437,18 @@ class Budget:
         return None
 
 
-def timeout_error(pn: PlanNode) -> NodeError:
+OVERRAN = "overran"  # a NodeTimeout's argument: the body returned after its deadline
+
+
+def timeout_error(pn: PlanNode, *, overran: bool = False) -> NodeError:
     how = ""
-    if pn.spec.executor == "ray":
+    if overran and pn.is_async:
+        how = (" (it computed past its deadline without awaiting, so it could not be "
+               "interrupted: it was failed when it returned and its result discarded; an "
+               "async def body that computes or calls a blocking client holds up every "
+               "run on its event loop -- make it a sync def, which runs on a thread, or "
+               "await the slow calls)")
+    elif pn.spec.executor == "ray":
         how = " (its Ray task was cancelled)"
     elif not pn.is_async and pn.spec.isolation != "process":
         how = (" (a sync node cannot be interrupted in-process: its worker thread was "

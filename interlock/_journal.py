@@ -7,22 +7,55 @@ one transaction, with the run's `Summary` (what a store's run row shows), and no
 then a snapshot. So the view runs *ahead* of the store by what is staged: the
 scheduler's rule is that nothing that depends on a staged record starts before the
 flush that stores it.
+
+A record is staged only once the fold has taken it (a record the fold refuses leaves
+the writer where it was: no gap in the numbering). A batch the store does not take is
+never dropped: the append is tried again for up to `Journal.retry_for` seconds (an
+outage, a full disk, a restarted database); a try that finds the batch stored already
+(the same seqs with the same hashes: an earlier try committed but its answer was lost)
+counts as done. When the store still refuses it -- or refuses it for good: a conflict,
+a claim no longer held -- the journal is *broken*: its batch stays staged, every later
+flush raises the same error (never a false "another writer got there first"), and the
+executor gives the run up, unfinished, for whoever claims it next to continue from the
+last stored record.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import Any
 
 from . import _log as L
 from . import _snapshot as snapshots
-from ._errors import ClaimLost
+from ._errors import ClaimError, ConflictError, RunNotFound, StoreError
 from ._fold import RunView
 from ._records import Item
 from ._store import Claim, Store, Summary
 
+log = logging.getLogger("interlock")
+
 _new_summary = object.__new__
+
+RETRY_SECONDS = 10.0  # how long a failed append is tried again before the run is given up
+RETRY_FIRST_DELAY = 0.05  # the first pause between two tries; doubled up to RETRY_MAX_DELAY
+RETRY_MAX_DELAY = 1.0
+
+
+class StoreOutage(BaseException):
+    """The run's records could not be stored (`Journal` is broken): ``error`` says why.
+
+    Raised where a node's body would see it (``ctx.once``, ``ctx.log``) instead of the
+    store's error, and a `BaseException` for the same reason as a pause is one: the
+    body's ``except Exception:``, ``retry:`` and the node's error edges must not take an
+    outage of the store for the node's own failure. The scheduler gives the run up with
+    ``error`` (`_runner.Runner.execute`).
+    """
+
+    def __init__(self, error: StoreError) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 class Journal:
@@ -33,10 +66,9 @@ class Journal:
                  claim: Claim | None = None) -> None:
         self.store = store
         # the claim every append is made under (refused by the store once another owner
-        # claimed the run: `ClaimLost`), where the store fences appends; once lost, no
-        # flush reaches the store again
+        # claimed the run: `ClaimLost`, which breaks the journal), where the store
+        # fences appends
         self.claim = claim if getattr(store, "fences_appends", False) else None
-        self.lost: ClaimLost | None = None
         # the executor's lease, given up by the append that ends the run (``released``),
         # where the store can (`Store.leases_in_writes`)
         self.owner = owner if getattr(store, "leases_in_writes", False) else None
@@ -53,6 +85,11 @@ class Journal:
         self._staged: list[L.Entry] = []
         self._snapshot_seq = writer.seq  # records since then are not in a snapshot
         self._snapshot_every = snapshots.EVERY
+        # set when a batch could not be stored (see `flush`): the run cannot go on here
+        self.broken: StoreError | None = None
+        self.retry_for = RETRY_SECONDS
+        # a batch put back after a cancelled append, which may have been stored anyway
+        self._unsure = False
 
     def stage(self, items: list[Item]) -> list[L.Record]:
         """Number and chain records and fold them into the view; `flush` stores them.
@@ -70,9 +107,17 @@ class Journal:
         return self.put(item[0], item[1])
 
     def put(self, rtype: str, fields: dict[str, Any]) -> L.Record:
-        """`add` for an item given as its two halves (the hot path's: no tuple made)."""
-        rec, entry = self.writer.seal(rtype, fields)
-        self.view.apply(rec)
+        """`add` for an item given as its two halves (the hot path's: no tuple made).
+
+        Staged only once folded: a record the fold refuses is not numbered either."""
+        writer = self.writer
+        seq, prev = writer.seq, writer.hash
+        rec, entry = writer.seal(rtype, fields)
+        try:
+            self.view.apply(rec)
+        except BaseException:
+            writer.rewind(seq, prev)
+            raise
         self._staged.append(entry)
         if self.listener is not None:
             self.listener(rec, self.view)
@@ -80,8 +125,14 @@ class Journal:
 
     def _seal(self, rtype: str, fields: dict[str, Any]) -> L.Entry:
         """A record sealed and folded now, outside the staged batch (the caller stores it)."""
-        rec, entry = self.writer.seal(rtype, fields)
-        self.view.apply(rec)
+        writer = self.writer
+        seq, prev = writer.seq, writer.hash
+        rec, entry = writer.seal(rtype, fields)
+        try:
+            self.view.apply(rec)
+        except BaseException:
+            writer.rewind(seq, prev)
+            raise
         if self.listener is not None:
             self.listener(rec, self.view)
         return entry
@@ -91,6 +142,10 @@ class Journal:
 
         Flushes are serialised: one that finds another in flight waits for it, so when
         this returns, what was staged before it is stored.
+
+        Raises the store's error when the batch could not be stored (after trying again
+        for `retry_for` seconds, see `_append`); the journal is then broken, the batch
+        stays staged, and every later flush raises that error again.
         """
         # Serialised with a flag, not an `asyncio.Lock`: the common flush finds none in
         # flight and takes its turn with a test and a store (the lock's acquire and
@@ -107,8 +162,8 @@ class Journal:
                 self._waiting -= 1
         self._flushing = True
         try:
-            if self.lost is not None:
-                raise self.lost
+            if self.broken is not None:
+                raise self.broken
             if not self._staged:
                 return
             entries, self._staged = self._staged, []
@@ -135,26 +190,107 @@ class Journal:
             summary.waiting = v.waiting
             summary.updated_at = time.time()
             try:
-                if self.claim is not None:
-                    await self.store.append(self.run_id, entries, summary, release,
-                                            claim=self.claim)
-                elif release is None:
-                    await self.store.append(self.run_id, entries, summary)
-                else:
-                    await self.store.append(self.run_id, entries, summary, release=release)
-            except ClaimLost as exc:
-                self.lost = exc
-                raise
+                await self._append(entries, summary, release)
+            except BaseException as exc:
+                # nothing is dropped: the batch stays staged (before anything staged
+                # since), and the journal says why it cannot go on
+                self._staged[:0] = entries
+                if not isinstance(exc, Exception):
+                    self._unsure = True
+                if isinstance(exc, StoreError):
+                    self.broken = exc
+                elif isinstance(exc, Exception):
+                    self.broken = self._failed(entries, 1, 0.0, exc)
+                    raise self.broken from exc
+                raise  # a cancellation: the batch may be flushed again
+            self._unsure = False
             if release is not None:
                 self.released = True
             if snap is not None:
-                await self.store.save_snapshot(self.run_id, at, snap)
-                self._snapshot_seq = at
-                self._snapshot_every = snapshots.interval(len(snap))
+                try:
+                    await self.store.save_snapshot(self.run_id, at, snap)
+                except Exception as exc:  # a snapshot saves time on load; the log is whole
+                    log.warning("run %s: the snapshot at record %d was not saved (%s: %s); "
+                                "loading the run folds its log instead", self.run_id, at,
+                                type(exc).__name__, exc)
+                else:
+                    self._snapshot_seq = at
+                    self._snapshot_every = snapshots.interval(len(snap))
         finally:
             self._flushing = False
             if self._waiting:
                 self._idle.set()
+
+    async def _append(self, entries: list[L.Entry], summary: Summary,
+                      release: str | None) -> None:
+        """Append one batch; an error of the store is retried for `retry_for` seconds.
+
+        A refusal that no retry can change is raised at once: the claim is another's
+        (`ClaimError`), the run is gone (`RunNotFound`), a record's seq is taken by
+        another writer (`ConflictError`) -- unless a try before found the store
+        failing: the seqs taken may then be this batch's own, stored by a try whose
+        answer was lost, which counts as done when the stored records have this batch's
+        hashes. Anything else (an outage, a full disk, a lost connection) is tried again,
+        with a growing pause; at the end, a `StoreError` saying what failed.
+        """
+        store, run_id = self.store, self.run_id
+        tries = 0
+        deadline = 0.0
+        delay = RETRY_FIRST_DELAY
+        while True:
+            try:
+                if self.claim is not None:
+                    await store.append(run_id, entries, summary, release, claim=self.claim)
+                elif release is None:
+                    await store.append(run_id, entries, summary)
+                else:
+                    await store.append(run_id, entries, summary, release=release)
+                return
+            except (ClaimError, RunNotFound):
+                raise
+            except ConflictError as exc:
+                if not tries and not self._unsure:
+                    raise
+                try:
+                    if await self._stored(entries):
+                        log.info("run %s: records %d-%d were stored by an earlier try",
+                                 run_id, entries[0].seq, entries[-1].seq)
+                        return
+                except Exception as read_error:  # the store is still failing: try again
+                    cause: Exception = read_error
+                else:
+                    raise ConflictError(
+                        f"{exc} (records {entries[0].seq}-{entries[-1].seq} were not stored "
+                        "by an earlier try of this executor, whose answer was lost: another "
+                        "writer's are stored there -- the run was taken over)") from None
+            except Exception as exc:
+                cause = exc
+            tries += 1
+            now = time.monotonic()
+            if tries == 1:
+                deadline = now + self.retry_for
+            if now + delay > deadline:
+                raise self._failed(entries, tries, now - deadline + self.retry_for, cause) \
+                    from cause
+            log.warning("run %s: storing records %d-%d failed (%s: %s); trying again in "
+                        "%.2fs", run_id, entries[0].seq, entries[-1].seq,
+                        type(cause).__name__, cause, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RETRY_MAX_DELAY)
+
+    async def _stored(self, entries: list[L.Entry]) -> bool:
+        """Whether the store holds ``entries`` already (the same seqs, the same hashes)."""
+        got = await self.store.entries_page(self.run_id, entries[0].seq - 1, len(entries))
+        return [(e.seq, e.hash) for e in got] == [(e.seq, e.hash) for e in entries]
+
+    def _failed(self, entries: list[L.Entry], tries: int, spent: float,
+                cause: BaseException) -> StoreError:
+        what = f"{type(cause).__name__}: {cause}"
+        return StoreError(
+            f"run {self.run_id!r}: records {entries[0].seq}-{entries[-1].seq} could not be "
+            f"stored ({tries} tries over {spent:.1f}s; the store said {what}); the run "
+            f"stops here unfinished, its log intact up to record {entries[0].seq - 1}: once "
+            f"the store is back, `interlock resume {self.run_id}` (or a worker) continues it")
 
     async def commit(self, items: list[Item]) -> list[L.Record]:
         recs = self.stage(items)
@@ -162,4 +298,4 @@ class Journal:
         return recs
 
 
-__all__ = ["Journal"]
+__all__ = ["RETRY_SECONDS", "Journal", "StoreOutage"]

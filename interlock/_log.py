@@ -221,6 +221,13 @@ class LogWriter:
         node = fields.get("node")
         return rec, _new_entry((seq, rtype, data, h, node if type(node) is str else None))
 
+    def rewind(self, seq: int, hash: str) -> None:
+        """Back to record ``seq`` of hash ``hash`` (the last sealed before a record that
+        is not kept: one the fold refused)."""
+        self.seq = seq
+        self.hash = hash
+        self._prev = hash.encode("ascii")
+
 
 @dataclass(frozen=True, slots=True)
 class ChainProblem:

@@ -52,6 +52,7 @@ from ._decide import Abort, Decider, Rejected, caught_error
 from ._errors import InterlockError, InternalError, RunError, StepLimitError
 from ._fold import RunView
 from ._guards import Outcome
+from ._journal import StoreOutage
 from ._mapped import run_items
 from ._model import DEFAULT_STEPS
 from ._plan import Plan, PlanNode
@@ -80,7 +81,8 @@ class Runner:
         self.inline = self.inline  # (the class's, read faster from the instance)
         self.calls = NodeCall(plan, view, sink, run_id)
         self.decide = Decider(plan, view, sink)
-        self._done: asyncio.Queue[Outcome] | None = None  # outcomes of visits run as tasks
+        # outcomes of visits run as tasks -- or what one raised, for the loop to raise
+        self._done: asyncio.Queue[Outcome | BaseException] | None = None
         self._tasks: dict[tuple[str, int], asyncio.Task[None]] = {}
         self.cancelled_by: dict[str, Any] | None = None  # set by drive()'s cancel watcher
         # set (``stop.is_set()``) to stop at the next node boundary: the visits in flight
@@ -100,6 +102,8 @@ class Runner:
             self.sink.add(R.run_failed(abort.error.to_json(), abort.error.node))
         except Rejected as rej:
             self.sink.add(R.run_rejected(rej.node, rej.message))
+        except StoreOutage as outage:  # the store failed under a node's ``ctx.once``
+            raise outage.error from outage.error.__cause__
         except InterlockError:
             raise  # the store's (or a misuse): the caller's to see, as it was
         except Exception as exc:  # a bug (ours, or a plug-in's): the run fails, recorded
@@ -198,6 +202,8 @@ class Runner:
         assert done is not None
         outcome = await done.get()
         while True:
+            if not isinstance(outcome, Outcome):
+                raise outcome  # a visit raised (the store failed, a bug): the run's error
             self._tasks.pop((outcome.node, outcome.visit), None)
             await self._finish(outcome)
             if done.empty():
@@ -288,13 +294,22 @@ class Runner:
         self._tasks[(node, visit)] = task
 
     async def _run_visit(self, pn: PlanNode, visit: int, attempt: int, rerun: bool) -> None:
-        """A visit as a task: run it and report the outcome to the loop."""
-        if pn.mapped is not None:  # its items (those not completed, on a re-run)
-            outcome = await run_items(self.calls, pn, visit)
-        else:
-            outcome = await self.calls.visit(pn, visit, attempt, rerun=rerun)
-        assert self._done is not None
-        self._done.put_nowait(outcome)
+        """A visit as a task: run it and report the outcome to the loop -- or what it
+        raised (the store refusing a record, a bug), which the loop raises: the loop
+        waits for something from every task, so a task must never end without a word.
+        Only a cancellation (the loop's own, `_stop_tasks`) ends it silently."""
+        done = self._done
+        assert done is not None
+        try:
+            if pn.mapped is not None:  # its items (those not completed, on a re-run)
+                outcome: Outcome | BaseException = await run_items(self.calls, pn, visit)
+            else:
+                outcome = await self.calls.visit(pn, visit, attempt, rerun=rerun)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # handed to the loop, which raises it
+            outcome = _leaf(exc)
+        done.put_nowait(outcome)
 
     async def _stop_tasks(self) -> None:
         """Cancel visits still in flight (a sibling failed, the run was cancelled).
@@ -385,6 +400,18 @@ class Runner:
         # decide this node's edges in the same batch: its completion and where the run
         # goes next are committed together
         self.decide.due()
+
+
+def _leaf(exc: BaseException) -> BaseException:
+    """The error in a group raised by a task group (a mapped node's items): the store's
+    outage first, else the first one."""
+    if not isinstance(exc, BaseExceptionGroup):
+        return exc
+    outage = exc.subgroup(StoreOutage)
+    found: BaseException = outage if outage is not None else exc
+    while isinstance(found, BaseExceptionGroup):
+        found = found.exceptions[0]
+    return found
 
 
 def _step_limit(limit: int, node: str) -> StepLimitError:

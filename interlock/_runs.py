@@ -135,9 +135,21 @@ async def drive(plan: Plan, store: Store, run_id: str, view: RunView, writer: L.
                     f"refused -- see `interlock status {run_id}`") from None
         if execute and view.status not in TERMINAL_STATUSES:
             await _execute(store, run_id, owner, runner, listener, lease, journal.claim)
-    finally:
+    except BaseException as exc:
         if not journal.released:
-            await store.release(run_id, owner)
+            # the run is given up (a store that failed, a lost claim, a cancellation of
+            # the caller): let it go for whoever claims it next -- the error to raise is
+            # the one that stopped it, not one of the release's (whose lease then runs out)
+            try:
+                await store.release(run_id, owner)
+            except Exception as release_error:
+                log.warning("run %s: its claim was not released (%s: %s); it can be taken "
+                            "over once its lease runs out (stopped by %s: %s)", run_id,
+                            type(release_error).__name__, release_error, type(exc).__name__,
+                            exc)
+        raise
+    if not journal.released:
+        await store.release(run_id, owner)
     return result_of(run_id, plan.spec.workflow, view)
 
 
@@ -307,8 +319,8 @@ class _Watcher:
                 isinstance(self.runner.sink, Journal) and self.runner.sink.released):
             return  # (released by the run's last append: nothing of ours is at stake)
         self.lost = exc
-        if isinstance(self.runner.sink, Journal):  # its flushes refuse from now on
-            self.runner.sink.lost = exc
+        if isinstance(self.runner.sink, Journal):  # broken: its flushes refuse from now on
+            self.runner.sink.broken = exc
         log.warning("%s", exc)
         if not self.target.done():
             self.lost_cancel = True

@@ -34,9 +34,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ._context import PauseRequested
-from ._errors import BudgetExceededError, ChildRunError, NodeError, StepLimitError
+from ._errors import BudgetExceededError, ChildRunError, NodeError, StepLimitError, StoreError
 from ._expr import ExpressionSyntaxError, compile_expression
 from ._fold import RunResult
+from ._journal import StoreOutage
 from ._kinds import Checker
 from ._model import NodeSpec, WorkflowSpec
 from ._spec import parse
@@ -253,6 +254,9 @@ def _body(kind: SubflowKind, name: str, node: NodeSpec,
         except asyncio.CancelledError:
             await asyncio.shield(host.stopped(child_id))
             raise
+        except StoreError as exc:  # the store failed under the child: not this node's
+            # failure (no retry, no error edge); the parent stops unfinished with it too
+            raise StoreOutage(exc) from exc
         await _account(ctx, out)
         return _result(name, key, node, plan.spec, out)
 

@@ -3,8 +3,10 @@
 A trigger's run id is derived from the workflow, the trigger and its slot (a schedule's
 or an interval's time) or the key a poll function returned, so any number of processes
 firing the same slot start exactly one run: the store refuses a second run with that id
-(`RunExists`), which the firer takes for "fired already". Nothing else is shared, and
-nothing is stored but the runs themselves.
+(`RunExists`), which the firer takes for "fired already". A slot counts as fired once its
+run exists: one whose start fails (the store is down) is tried again every tick while it
+is within `GRACE`. Nothing else is shared; the store keeps the runs and the polls'
+cursors.
 
 - ``{schedule: CRON, input}``: cron in UTC (croniter), five fields, or six with the
   seconds first. The slot is the schedule's latest time at or before now.
@@ -13,8 +15,10 @@ nothing is stored but the runs themselves.
 - ``{poll: module:function, every: 30s}``: each slot, ``function(ctx)`` (sync or async;
   ``ctx.config``, ``ctx.cursor``, ``ctx.workflow``) returns new items as ``[{key,
   input}]``, or ``{"items": [...], "cursor": ...}``; one run starts per key not started
-  yet. The cursor is kept in the firing process (a new process starts from None, and
-  the keys make starting twice impossible).
+  yet. The cursor is kept in the store (`Store.get_cursor`, under the trigger's run
+  prefix), so every process firing the trigger, and one restarted, goes on from the
+  latest; it moves on only once every item's run exists (the keys make starting one
+  twice impossible). Without a store (`Firer`'s ``store`` None), in the firing process.
 
 *Decisions* (where the SPEC is silent): a slot is fired only while it is at most
 `GRACE` seconds old, so a process started (or a worker back from an outage) fires the
@@ -43,8 +47,9 @@ from typing import Any, Literal
 import orjson
 
 from ._callables import import_callable
-from ._errors import RunExists
+from ._errors import InterlockError, RunExists
 from ._model import TriggerSpec, WorkflowSpec
+from ._store import Store
 
 log = logging.getLogger("interlock.triggers")
 
@@ -125,16 +130,19 @@ class PollContext:
 @dataclass(slots=True)
 class _State:
     fired: float | None = None  # the latest slot this process fired (or found fired)
-    cursor: Any = None
+    cursor: Any = None  # the poll's cursor, where the store cannot keep it
 
 
 @dataclass
 class Firer:
     """Fires the triggers of ``workflows`` (name -> spec) through ``start``; `tick` does
-    what is due at a time, `run` ticks until ``stop`` is set."""
+    what is due at a time, `run` ticks until ``stop`` is set. ``store``: where poll
+    triggers' cursors are kept (`Store.get_cursor`), shared by every process firing
+    them; None: in this process only."""
 
     workflows: Mapping[str, WorkflowSpec]
     start: Start
+    store: Store | None = None
     _state: dict[tuple[str, str], _State] = field(default_factory=dict, init=False)
 
     @property
@@ -142,20 +150,34 @@ class Firer:
         return [(name, t) for name, spec in self.workflows.items() for t in spec.triggers]
 
     async def tick(self, now: float) -> list[str]:
-        """Fire what is due at ``now``; the ids of the runs this call started."""
+        """Fire what is due at ``now``; the ids of the runs this call started.
+
+        A slot is marked fired once its run exists (started here, or found started); a
+        slot whose start fails (the store is down) is tried again at the next tick, for
+        as long as it is within `GRACE`. A poll's cursor moves on once every item's run
+        exists. An error is logged per trigger; the others are fired all the same."""
         started: list[str] = []
         for name, trigger in self.triggers:
             st = self._state.setdefault((name, trigger_id(trigger)), _State())
             slot = last_slot(trigger, now)
             if (st.fired is not None and slot <= st.fired) or now - slot > GRACE:
                 continue
+            try:
+                if trigger.poll is None:
+                    rid = slot_run_id(name, trigger, slot)
+                    if await self._start(name, rid, dict(trigger.input or {})):
+                        started.append(rid)
+                else:
+                    started += await self._poll(name, trigger, st)
+            except Exception as exc:  # (a store error, mostly: the slot is tried again)
+                left = int(GRACE - (now - slot))
+                log.error("trigger %s of workflow %s: firing its slot %s failed (%s); "
+                          "tried again at the next tick, for %ds more", trigger_id(trigger),
+                          name, _utc(slot), exc if isinstance(exc, InterlockError)
+                          else f"{type(exc).__name__}: {exc}", left,
+                          exc_info=not isinstance(exc, InterlockError))
+                continue
             st.fired = slot
-            if trigger.poll is None:
-                rid = slot_run_id(name, trigger, slot)
-                if await self._start(name, rid, dict(trigger.input or {})):
-                    started.append(rid)
-            else:
-                started += await self._poll(name, trigger, st)
         return started
 
     async def run(self, stop: asyncio.Event, interval: float = 1.0) -> None:
@@ -164,7 +186,7 @@ class Firer:
         while not stop.is_set():
             try:
                 await self.tick(time.time())
-            except Exception:  # a store error: logged, tried again at the next tick
+            except Exception:  # (tick logs its triggers' errors: a bug's, here)
                 log.exception("firing triggers failed; trying again in %ss", interval)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), interval)
@@ -177,26 +199,57 @@ class Firer:
         log.info("trigger started run %s (workflow %s)", run_id, workflow)
         return True
 
+    async def _cursor(self, workflow: str, trigger: TriggerSpec, st: _State) -> Any:
+        """The poll's cursor: the store's (every process's latest), else this process's."""
+        if self.store is None:
+            return st.cursor
+        text = await self.store.get_cursor(cursor_name(workflow, trigger))
+        return st.cursor if text is None else orjson.loads(text)
+
+    async def _keep_cursor(self, workflow: str, trigger: TriggerSpec, st: _State,
+                           cursor: Any) -> None:
+        st.cursor = cursor
+        if self.store is None:
+            return
+        try:
+            text = orjson.dumps(cursor).decode()
+        except TypeError as exc:  # kept in this process only
+            log.error("poll trigger %s of workflow %s returned a cursor that is not JSON "
+                      "(%s); it is kept in this process only, and a restarted process "
+                      "starts again from None", trigger.poll, workflow, exc)
+            return
+        await self.store.set_cursor(cursor_name(workflow, trigger), text)
+
     async def _poll(self, workflow: str, trigger: TriggerSpec, st: _State) -> list[str]:
         assert trigger.poll is not None
-        ctx = PollContext(workflow, dict(self.workflows[workflow].config), st.cursor)
+        cursor = await self._cursor(workflow, trigger, st)
+        ctx = PollContext(workflow, dict(self.workflows[workflow].config), cursor)
         try:
             fn = import_callable(trigger.poll)
             got = fn(ctx)
             if inspect.isawaitable(got):
                 got = await got
-            items, cursor = _poll_result(trigger.poll, got, st.cursor)
+            items, cursor = _poll_result(trigger.poll, got, cursor)
         except Exception:
             log.exception("poll trigger %s of workflow %s failed; it is called again at its "
                           "next slot", trigger.poll, workflow)
             return []
-        st.cursor = cursor
         started = []
-        for key, data in items:
+        for key, data in items:  # (an error here: the cursor stays, the slot is retried)
             rid = key_run_id(workflow, trigger, key)
             if await self._start(workflow, rid, data):
                 started.append(rid)
+        await self._keep_cursor(workflow, trigger, st, cursor)
         return started
+
+
+def cursor_name(workflow: str, trigger: TriggerSpec) -> str:
+    """The name a poll trigger's cursor is kept under in the store."""
+    return run_prefix(workflow, trigger).rstrip(".")
+
+
+def _utc(at: float) -> str:
+    return dt.datetime.fromtimestamp(at, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _poll_result(path: str, got: Any, cursor: Any) -> tuple[list[tuple[str, dict[str, Any]]],
@@ -236,5 +289,5 @@ def describe(workflow: str, trigger: TriggerSpec, now: float) -> dict[str, Any]:
             "run_prefix": run_prefix(workflow, trigger)}
 
 
-__all__ = ["GRACE", "Firer", "PollContext", "Start", "check_schedule", "describe",
+__all__ = ["GRACE", "Firer", "PollContext", "Start", "check_schedule", "cursor_name", "describe",
            "key_run_id", "last_slot", "next_slot", "run_prefix", "slot_run_id", "trigger_id"]

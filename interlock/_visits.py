@@ -10,6 +10,7 @@ fields) -- as the state stood at its first ``node.started``.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 from typing import Any
 
@@ -21,6 +22,8 @@ from ._runs import TRACE_PAGE, open_store_arg
 from ._spec import parse
 from ._state import scoped
 from ._store import Store, release_store
+
+SHARE_EVERY = 200  # records folded between two yields to the event loop (`share_loop`)
 
 _STATUS = {L.NODE_STARTED: "running", L.NODE_COMPLETED: "completed", L.NODE_FAILED: "failed",
            L.NODE_RETRYING: "retrying", L.APPROVAL_REQUESTED: "waiting",
@@ -41,27 +44,37 @@ def _input(spec: WorkflowSpec, rec: L.Record, view: RunView) -> dict[str, Any]:
     return copy.deepcopy(picked)  # a reducer may change the state's values in place later
 
 
-async def node_visits(run_id: str, *, store: str | Store | None = None
-                      ) -> list[dict[str, Any]]:
+async def node_visits(run_id: str, *, store: str | Store | None = None,
+                      share_loop: bool = False) -> list[dict[str, Any]]:
     """Each visit of each node of the run, in the order they started: ``node``, ``visit``,
     ``item`` (a mapped node's item index, else null), ``status`` (running, retrying,
     waiting, decided, completed, failed), ``input``, ``update``, ``error``, ``tokens``,
     ``duration_ms`` (the attempts' sum), ``attempts``, ``decision`` (a gate's),
-    ``seqs`` (its records)."""
+    ``seqs`` (its records).
+
+    ``share_loop``: give the event loop back after every `SHARE_EVERY` records folded,
+    so that a long run's fold does not stall the other tasks of the loop (the server's
+    ``/visits``). (A thread would not: the fold is Python, and holds the GIL from
+    the loop's thread for its whole switch interval at every hand-over.)"""
     st, owned = open_store_arg(store)
     try:
         row = await st.get_run(run_id)
         spec = parse(row.definition)
         view = RunView(reading_plan(spec))
         visits: dict[tuple[str, Any, Any], dict[str, Any]] = {}
+
+        every = SHARE_EVERY if share_loop else TRACE_PAGE
         async for entries in st.iter_entries(run_id, page=TRACE_PAGE):
-            for entry in entries:
-                rec = entry.record()
-                status = _STATUS.get(rec["type"])
-                node = rec.get("node")
-                if status is not None and isinstance(node, str) and node in spec.nodes:
-                    _visit(spec, visits, rec, status, view)
-                view.apply(rec)
+            for start in range(0, len(entries), every):
+                if start or share_loop:
+                    await asyncio.sleep(0)
+                for entry in entries[start:start + every]:
+                    rec = entry.record()
+                    status = _STATUS.get(rec["type"])
+                    node = rec.get("node")
+                    if status is not None and isinstance(node, str) and node in spec.nodes:
+                        _visit(spec, visits, rec, status, view)
+                    view.apply(rec)
         return list(visits.values())
     finally:
         if owned:

@@ -13,6 +13,12 @@ runs in hand stop at their next node boundary -- the nodes running finish and ar
 committed, none starts -- and are released unfinished, for the next worker to continue;
 a node still running after ``drain`` seconds is stopped (its visit, begun and not
 completed, runs again there).
+
+A store outage stops no worker: a failed claim is tried again after a back-off, and a
+run whose execution met a store error is released (or left to its lease) and claimed
+again after a back-off of its own, by this worker or another -- never refused. Only a
+definitive refusal (its code does not import here, its log and row disagree) keeps a
+run from this worker, for `REFUSE_SECONDS`, and at most `REFUSE_MAX` of them.
 """
 
 from __future__ import annotations
@@ -22,10 +28,11 @@ import contextlib
 import functools
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Literal
 
-from ._errors import ClaimLost, Draining, InterlockError
+from ._errors import ClaimLost, Draining, InterlockError, LogError
 from ._fold import RunResult
 from ._runs import LEASE_SECONDS, Functions, continue_claimed, list_runs, make_owner
 from ._store import RUNNABLE, RunNotFound, Store, StoreError, owner_gone
@@ -37,6 +44,9 @@ Factory = Callable[[], Awaitable[Any]]
 
 POLL_SECONDS = 0.5  # an idle worker's look for runnable runs: one indexed query
 DRAIN_SECONDS = 30.0  # how long a stopping worker lets the nodes in hand finish
+REFUSE_SECONDS = 600.0  # a run this worker cannot execute is not claimed again for so long
+REFUSE_MAX = 1000  # ... and at most so many such runs are remembered (the oldest go first)
+BACKOFF_MAX = 60.0  # a run whose execution met a store error waits at most so long here
 
 
 class Pool:
@@ -163,7 +173,13 @@ class Worker:
         self._stop = asyncio.Event()  # the runs in hand stop at their next node boundary
         self.pool = Pool(concurrency, on_end=lambda _: self._wake.set(),
                          finish_submitted=True)
-        self.refused: set[str] = set()  # runs this worker cannot execute: not claimed again
+        # runs this worker cannot execute (a definitive refusal: its code does not import
+        # here, its log and row disagree...): not claimed again for REFUSE_SECONDS
+        self.refused = _Refusals(REFUSE_MAX, REFUSE_SECONDS)
+        # runs whose execution met a store error (an outage): released, and claimed again
+        # by this worker (or any other) after a back-off that doubles with each failure
+        self.backoff = _Refusals(REFUSE_MAX, BACKOFF_MAX)
+        self._failures: OrderedDict[str, int] = OrderedDict()  # run id -> store errors
         self.executed = 0  # executions ended (completed, failed, waiting, released...)
 
     def stop(self) -> None:
@@ -189,7 +205,7 @@ class Worker:
             self._wake.set()  # claim it now
             return pending
 
-        return Firer({name: wf.spec for name, wf in given.items()}, start)
+        return Firer({name: wf.spec for name, wf in given.items()}, start, self.store)
 
     async def run(self) -> None:
         """Claim and execute until `stop`, then drain (at most ``drain`` seconds); fire
@@ -237,8 +253,9 @@ class Worker:
         """Claim runs until every slot is taken or none is left."""
         while self.pool.queued < self.concurrency and not self.stopping:
             owner = make_owner()
-            run_id = await self.store.claim_next(owner, self.lease, workflows=names,
-                                                 exclude=self.refused)
+            run_id = await self.store.claim_next(
+                owner, self.lease, workflows=names,
+                exclude=self.refused.current() | self.backoff.current())
             if run_id is None:
                 return
             self.pool.submit(f"run {run_id}", run_id,
@@ -249,6 +266,10 @@ class Worker:
             row = await self.store.get_run(run_id)
         except RunNotFound:
             return None  # deleted since (pruned): nothing to release
+        except StoreError as exc:  # the store went away between the claim and this read
+            await self._released(run_id, owner)
+            self._store_failed(run_id, "?", exc)
+            return None
         log.info("claimed run %s (workflow %s, %s)", run_id, row.workflow, row.summary.status)
         functions = None if self.workflows is None else self.workflows.get(row.workflow)
         try:
@@ -263,15 +284,23 @@ class Worker:
         except ClaimLost as exc:  # another owner has it now: not ours to refuse or retry
             log.warning("run %s (workflow %s): %s", run_id, row.workflow, exc)
             return None
-        except Exception as exc:  # (a bug's too: never claimed again by this worker)
+        except Exception as exc:
+            if _transient(exc):
+                assert isinstance(exc, StoreError)
+                await self._released(run_id, owner)
+                self._store_failed(run_id, row.workflow, exc)
+                return None
+            # a definitive refusal (a bug's too): not claimed again here for a while
             self.refused.add(run_id)
             log.error("run %s (workflow %s) could not be executed here and is left for "
-                      "another worker: %s", run_id, row.workflow,
+                      "another worker (this one tries it again in %.0f min): %s", run_id,
+                      row.workflow, REFUSE_SECONDS / 60,
                       exc if isinstance(exc, InterlockError) else f"{type(exc).__name__}: "
                       f"{exc}", exc_info=not isinstance(exc, InterlockError))
             return None
         finally:
             self.executed += 1
+        self._failures.pop(run_id, None)
         if result.status in ("RUNNING", "RETRYING", "PENDING"):
             log.info("run %s (workflow %s): released at a node boundary after %d steps (the "
                      "worker is stopping); continued by the next worker", run_id,
@@ -280,3 +309,60 @@ class Worker:
             log.info("finished run %s (workflow %s): %s, %d steps", run_id, row.workflow,
                      result.status, result.steps)
         return result
+
+    async def _released(self, run_id: str, owner: str) -> None:
+        """Give the claim up after a store error, if the store answers (the execution
+        releases it too; otherwise its lease runs out)."""
+        with contextlib.suppress(Exception):
+            await self.store.release(run_id, owner)
+
+    def _store_failed(self, run_id: str, workflow: str, exc: StoreError) -> None:
+        """A run whose execution met a store error: released, not refused; claimed again
+        after a back-off (0.5 s, doubling with each failure in a row, up to a minute)."""
+        failures = self._failures.pop(run_id, 0) + 1
+        self._failures[run_id] = failures
+        while len(self._failures) > REFUSE_MAX:
+            self._failures.popitem(last=False)
+        wait = min(max(self.poll, 0.5) * 2 ** (failures - 1), BACKOFF_MAX)
+        self.backoff.add(run_id, wait)
+        log.warning("run %s (workflow %s): the store failed during its execution (%s); "
+                    "released, and claimed again in %.1fs (by this worker or another)",
+                    run_id, workflow, exc, wait)
+
+
+def _transient(exc: BaseException) -> bool:
+    """Whether an execution's error is the store's, and may go away (an outage, a full
+    disk, a lost race): the run is retried, not refused."""
+    return isinstance(exc, StoreError) and not isinstance(exc, _DEFINITIVE)
+
+
+# store errors that retrying does not cure (the run is gone, its log does not verify)
+_DEFINITIVE: tuple[type[StoreError], ...] = (RunNotFound, LogError)
+
+
+class _Refusals:
+    """Run ids, each for a while (``seconds``, or its own), at most ``size`` of them (the
+    oldest forgotten first): a worker's memory of the runs it does not claim now."""
+
+    def __init__(self, size: int, seconds: float) -> None:
+        self.size, self.seconds = size, seconds
+        self._until: OrderedDict[str, float] = OrderedDict()
+
+    def add(self, run_id: str, seconds: float | None = None) -> None:
+        self._until.pop(run_id, None)
+        self._until[run_id] = time.monotonic() + (self.seconds if seconds is None else seconds)
+        while len(self._until) > self.size:
+            self._until.popitem(last=False)
+
+    def current(self) -> set[str]:
+        """The ids still in force (the expired ones are dropped)."""
+        now = time.monotonic()
+        for run_id in [r for r, until in self._until.items() if until <= now]:
+            del self._until[run_id]
+        return set(self._until)
+
+    def __contains__(self, run_id: object) -> bool:
+        return run_id in self.current()
+
+    def __len__(self) -> int:
+        return len(self.current())

@@ -494,13 +494,17 @@ class Started:
         self.run_id = run_id
         self.result = result_of(run_id, plan.spec.workflow, view)  # as it was created
 
-    async def execute(self, *, listener: Listener | None = None) -> RunResult:
+    async def execute(self, *, listener: Listener | None = None,
+                      store: Store | None = None) -> RunResult:
         """Claim the run and drive it (once). If its log moved since it was created (a
-        cancel, a takeover), nothing runs: `ConflictError`."""
+        cancel, a takeover), nothing runs: `ConflictError`. ``store``: the same store
+        through another connection (a server executes its runs on event loops of their
+        own, each with its own connection)."""
         if self._executed:
             raise UsageError(f"run {self.run_id!r} was already executed")
         self._executed = True
-        plan, store, run_id, view, writer = self._args
+        plan, created_in, run_id, view, writer = self._args
+        store = store or created_in
         try:
             return await drive(plan, store, run_id, view, writer,
                                listener=with_spans(listener or self._listener, self._spans),

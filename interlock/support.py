@@ -40,7 +40,9 @@ Executing (for a server, a worker)
 
 Threads
     `abandoned_threads` (how many threads of sync nodes that timed out are still
-    running in this process: a tool that exits should not wait for them).
+    running in this process: a tool that exits should not wait for them),
+    `executing_node` (the node whose ``async def`` body a thread's stack is in: what a
+    watchdog of a blocked event loop names).
 
 Export
     `export_run` (a run as JSON lines, a header then its records) and `verify_export`
@@ -69,6 +71,7 @@ It imports the engine (``import interlock`` alone does not): import it where it 
 
 from __future__ import annotations
 
+from types import FrameType
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -125,6 +128,19 @@ def abandoned_threads() -> int:
     return _guards.abandoned
 
 
+def executing_node(frame: FrameType | None) -> str | None:
+    """The name of the node whose ``async def`` body the stack ending at ``frame`` runs
+    (e.g. another thread's, from ``sys._current_frames()``), or None."""
+    code = _guards.in_loop.__code__
+    while frame is not None:
+        if frame.f_code is code:
+            pn = getattr(frame.f_locals.get("a"), "pn", None)
+            name = getattr(pn, "name", None)
+            return name if isinstance(name, str) else None
+        frame = frame.f_back
+    return None
+
+
 __all__ = [
     "DRAIN_SECONDS",
     "METRICS_CONTENT_TYPE",
@@ -153,6 +169,7 @@ __all__ = [
     "append_note",
     "approvers_refuse",
     "describe_trigger",
+    "executing_node",
     "export_run",
     "limits",
     "load_run",

@@ -433,3 +433,46 @@ def test_with_auth_the_page_asks_for_a_token_and_a_viewer_cannot_approve(
         decided = [r for r in c.get("/api/runs/auth-1/records").json()
                    if r["type"] == "approval.decided"]
     assert decided[0]["by"] == "alice"
+
+
+def test_the_runs_list_pages_older_and_back_to_the_newest(server: Served, root: Path,
+                                                           context: Any) -> None:
+    """The runs page follows the API's keyset cursor: older, then back to the newest."""
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    import interlock
+
+    sys.path.insert(0, str(root))
+    try:
+        wf = interlock.load({"workflow": "paged", "nodes": {"first": "snodes:first"},
+                             "edges": [{"from": "START", "to": "first"},
+                                       {"from": "first", "to": "END"}]})
+
+        async def fill() -> None:
+            st = interlock.open_store(f"sqlite:///{root / 'runs.db'}")
+            try:
+                for i in range(103):
+                    await wf.run({"n": i}, store=st, run_id=f"pg-{i:03d}")
+            finally:
+                await st.close()
+
+        with ThreadPoolExecutor(1) as pool:  # (Playwright's loop runs in this thread)
+            pool.submit(asyncio.run, fill()).result()
+    finally:
+        sys.path.remove(str(root))
+    page = context.new_page()
+    page.goto(server.url + "/?workflow=paged")
+    rows = page.locator("#runs tr")
+    expect(rows).to_have_count(100)
+    expect(rows.first).to_have_attribute("data-run", "pg-102")
+    expect(page.locator("#runs-footer")).to_contain_text("runs 1–100, newest first")
+    page.get_by_role("link", name="older →").click()
+    expect(rows).to_have_count(3)
+    expect(rows.first).to_have_attribute("data-run", "pg-002")
+    expect(page.locator("#runs-footer")).to_contain_text("runs 101–103, newest first")
+    assert "cursor=" in page.url and "workflow=paged" in page.url
+    expect(page.get_by_role("link", name="older →")).to_have_count(0)
+    page.get_by_role("link", name="← newest").click()
+    expect(rows).to_have_count(100)
+    expect(rows.first).to_have_attribute("data-run", "pg-102")

@@ -7,10 +7,9 @@
   by why it is not a figure of interlock or why its measurement was not kept. A new
   number in the doc without an entry in ``CLAIMS`` fails, naming the sentence.
 
-Two claims are backed by tests of other branches of issue 26 (`Pending`): the
-10,000-node skipped chain (failpaths' worklist) and the lease/heartbeat times (fencing's
-heartbeat thread). Each names the test it expects and is checked once a test matching
-it exists; until then it is skipped with what to change at merge.
+A claim backed by a test of another branch of issue 26 is `Pending`: the lease/heartbeat
+times (fencing's heartbeat thread). It names the test it expects and is checked once a
+test matching it exists; until then it is skipped with what to change at merge.
 """
 
 from __future__ import annotations
@@ -172,6 +171,14 @@ class Prose:
 Evidence = ByTest | Pending | Value | Check | Bench | Unkept | Prose
 
 
+def _journal() -> Any:
+    return importlib.import_module("interlock._journal")
+
+
+def _runs() -> Any:
+    return importlib.import_module("interlock._runs")
+
+
 def _pool_default() -> bool:
     from interlock._store._postgres import PostgresStore
 
@@ -218,11 +225,19 @@ CLAIMS: dict[str, Evidence] = {
     "YAML 1.2": ByTest("tests/test_validate.py::test_yaml_1_2_keeps_yes_and_on_as_strings"),
     "(every 500 records or more)": Value("interlock._snapshot", "EVERY", 500),
     # the fold
-    "a 10 000-node chain does not recurse": Pending(
-        "tests/test_engine.py::test_a_skipped_chain_of_10000_nodes_completes",
-        r"10_?000"),
+    "a 10 000-node chain does not recurse": ByTest(
+        "tests/test_failpaths.py::test_a_skipped_chain_of_10000_nodes_is_ruled_out_without_"
+        "recursion"),
     # the runner
     "attempt + 1": Prose("arithmetic in a picture of a retry"),
+    # ... when the store fails
+    "(50 ms doubling to 1 s)": Check(
+        "_journal's first pause between two tries of an append, and its longest",
+        lambda: (_journal().RETRY_FIRST_DELAY, _journal().RETRY_MAX_DELAY) == (0.05, 1.0)),
+    "`_journal.RETRY_SECONDS` (10 s": Value("interlock._journal", "RETRY_SECONDS", 10.0),
+    "less than the 15 s lease": Value("interlock._runs", "LEASE_SECONDS", 15.0),
+    "at most 5 s before": Check("the watcher renews the lease every third of it",
+                                lambda: _runs().LEASE_SECONDS / 3 == 5.0),
     "Every 64 inline visits": Value("interlock._runner", "YIELD_EVERY", 64),
     # the hot path
     "on a 1000-node chain": Unkept("a py-spy profile of the bench's S1 chain (bench/run.py)"),
@@ -257,6 +272,12 @@ CLAIMS: dict[str, Evidence] = {
                                                   _heartbeat_is_a_third_of_the_lease),
     "0.05-0.24 ms on SQLite and 0.11 ms on PostgreSQL on loopback": Bench(
         "bench/README.md", "SQLite 0.05-0.24 ms, PostgreSQL 0.11 ms"),
+    # a full SQLite disk
+    "checkpoints come every 250 jobs": Value("interlock._store._sqlite", "CHECKPOINT_EVERY",
+                                             250),
+    # the server's run loops and their watchdog
+    "stamps a heartbeat every 0.25 s": Value("interlock.server._loops", "TICK", 0.25),
+    "stamp is older than 1 s": Value("interlock.server._loops", "BLOCKED_AFTER", 1.0),
     # snapshots
     "Every 500 records": Value("interlock._snapshot", "EVERY", 500),
     "one record per 32 bytes of the last snapshot, so dumping stays O(1) per record":

@@ -234,6 +234,116 @@ def test_a_body_keeps_its_task_and_its_own_timeouts_across_awaits() -> None:
     assert "KeyError" in result.error["message"]
 
 
+def busy(seconds: float) -> None:
+    """Computes for ``seconds`` without yielding to the event loop."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def test_an_async_body_that_overran_without_awaiting_is_failed_as_timed_out() -> None:
+    """An async def body that computes past its timeout without awaiting cannot be
+    interrupted (no timer fires while it holds the loop): it ended COMPLETED, its update
+    applied. It is failed as timed out when it returns, its update discarded -- whether it
+    never suspended or computed after its last await."""
+    async def never_awaits(state: dict[str, Any]) -> dict[str, Any]:
+        busy(1.0)
+        return {"out": "computed"}
+
+    async def awaits_then_computes(state: dict[str, Any]) -> dict[str, Any]:
+        await asyncio.sleep(0)
+        busy(1.0)
+        return {"out": "computed"}
+
+    for body in (never_awaits, awaits_then_computes):
+        wf = Workflow("overran")
+        wf.node("hog", body, timeout="0.3s").node("after", lambda s: {"after": True})
+        wf.edge(START, "hog").edge("hog", "after")
+        result, recs = records_of(wf)
+        assert result.status == "FAILED", (body, result.status)
+        assert "timed out after 0.3s" in result.error["message"], result.error
+        assert "without awaiting" in result.error["message"], result.error
+        assert "out" not in result.state and "after" not in result.state, result.state
+        types = [r["type"] for r in recs]
+        assert "node.completed" not in types, types
+        [failed] = [r for r in recs if r["type"] == "node.failed"]
+        assert failed["node"] == "hog"
+        assert failed["error"]["details"]["exception"] == "TimeoutError", failed
+
+
+def test_an_overrun_is_retried_like_any_timeout() -> None:
+    attempts: list[int] = []
+
+    async def slow_first(state: dict[str, Any], ctx: interlock.Context) -> dict[str, Any]:
+        attempts.append(ctx.attempt)
+        if ctx.attempt == 1:
+            busy(0.6)
+        return {"ok": ctx.attempt}
+
+    wf = Workflow("overran-retry")
+    wf.node("n", slow_first, timeout="0.2s",
+            retry={"attempts": 2, "backoff": "0s", "errors": ["TimeoutError"]})
+    wf.edge(START, "n")
+    result, recs = records_of(wf)
+    assert result.status == "COMPLETED", result.error
+    assert attempts == [1, 2] and result.state["ok"] == 2
+    assert [r["type"] for r in recs].count("node.retrying") == 1
+
+
+def test_an_overrun_is_caught_by_an_error_edge_like_any_timeout() -> None:
+    async def hog(state: dict[str, Any]) -> dict[str, Any]:
+        busy(0.5)
+        return {"out": "computed"}
+
+    wf = Workflow("overran-caught")
+    wf.node("hog", hog, timeout="0.2s").node("handle", lambda s: {"handled": True})
+    wf.edge(START, "hog").edge("hog", "handle", on_error=["TimeoutError"])
+    result, recs = records_of(wf)
+    assert result.status == "COMPLETED", result.error
+    assert result.state["handled"] is True and "out" not in result.state
+    [failed] = [r for r in recs if r["type"] == "node.failed"]
+    assert failed["caught"]["error"]["type"] == "TimeoutError", failed
+
+
+def test_the_node_holding_a_loop_is_found_in_its_threads_stack() -> None:
+    """What the server's watchdog names (`support.executing_node`): the node whose async
+    body a blocked thread is in, before its first await and after one, even inside a
+    function the body calls."""
+    import sys
+
+    from interlock.support import executing_node
+
+    def held_by(awaits_first: bool) -> str | None:
+        inside, looked = threading.Event(), threading.Event()
+        seen: list[str | None] = []
+
+        def blocking_client() -> None:
+            inside.set()
+            looked.wait(10)  # holds the loop, as a blocking client would
+
+        async def body(state: dict[str, Any]) -> None:
+            if awaits_first:
+                await asyncio.sleep(0)
+            blocking_client()
+
+        def watch(thread: int) -> None:
+            if inside.wait(10):
+                seen.append(executing_node(sys._current_frames()[thread]))
+            looked.set()
+
+        watcher = threading.Thread(target=watch, args=(threading.get_ident(),))
+        watcher.start()
+        wf = Workflow("held")
+        wf.node("the_node", body).edge(START, "the_node")
+        records_of(wf)
+        watcher.join(10)
+        return seen[0] if seen else None
+
+    assert held_by(awaits_first=False) == "the_node"
+    assert held_by(awaits_first=True) == "the_node"
+    assert executing_node(sys._current_frames()[threading.get_ident()]) is None
+
+
 def test_sync_node_past_its_timeout_is_abandoned_with_a_clear_record() -> None:
     release = threading.Event()
 

@@ -93,7 +93,9 @@ class Served:
             [sys.executable, "-m", "interlock", "serve", "--port", "0", "--store",
              store or f"sqlite:///{root / 'runs.db'}", "--workflows", "flows", *args],
             cwd=root, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
-            env={**os.environ, "PYTHONPATH": str(root)})
+            # this tree's interlock (not an installed one), and the project's nodes
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                [str(Path(__file__).resolve().parents[1]), str(root)])})
         self.lines: list[str] = []
         ready = threading.Event()
         self.port = 0

@@ -219,6 +219,89 @@ def test_list_runs_newest_first_and_filtered(store: Store) -> None:
     run(main)
 
 
+def test_list_page_is_keyset_paged_newest_first_and_light(store: Store) -> None:
+    """A list's pages (`Store.list_page`): (created_at, run_id) descending, each page
+    after the previous one's last run -- a run created between two pages shifts none of
+    them, and runs with the same created_at are neither skipped nor repeated; the rows
+    carry the list's columns, not the definition, input or options."""
+    async def main() -> None:
+        base = 1_700_000_000.0
+        made = []
+        for i, offset in enumerate([1.0, 2.0, 2.0, 2.0, 3.0, 4.0, 4.0]):
+            row, _, entries = new_row(f"k-{i}", workflow="triage" if i % 2 else "billing",
+                                      status="RUNNING" if i < 5 else "COMPLETED",
+                                      created_at=base + offset)
+            row.parent_run, row.parent_seq = ("p", 3) if i == 2 else (None, None)
+            await store.create_run(row, entries)
+            made.append(row)
+        order = [r.run_id for r in sorted(made, key=lambda r: (r.created_at, r.run_id),
+                                          reverse=True)]
+        assert order == ["k-6", "k-5", "k-4", "k-3", "k-2", "k-1", "k-0"]
+
+        async def pages(size: int, **kw: Any) -> list[list[str]]:
+            out: list[list[str]] = []
+            before = None
+            while True:
+                page = await store.list_page(limit=size, before=before, **kw)
+                if not page:
+                    return out
+                out.append([r.run_id for r in page])
+                if len(out) == 1 and size == 2 and not kw:
+                    # a run created after the first page was read: the next pages are
+                    # the same (it is newer than all of them)
+                    late, _, late_entries = new_row("k-late", workflow="other",
+                                                    status="CANCELLED",
+                                                    created_at=base + 9.0)
+                    await store.create_run(late, late_entries)
+                before = (page[-1].created_at, page[-1].run_id)
+
+        assert await pages(2) == [["k-6", "k-5"], ["k-4", "k-3"], ["k-2", "k-1"], ["k-0"]]
+        assert [r.run_id for r in await store.list_page(limit=1)] == ["k-late"]
+        assert await pages(3, status="RUNNING") == [["k-4", "k-3", "k-2"], ["k-1", "k-0"]]
+        assert await pages(10, workflow="triage") == [["k-5", "k-3", "k-1"]]
+        assert await pages(1, status="COMPLETED", workflow="billing") == [["k-6"]]
+        assert await store.list_page(status="REJECTED") == []
+        assert await store.list_page(limit=0) == []
+
+        rows = {r.run_id: r for r in await store.list_page(limit=100)}
+        for full in made:
+            light = rows[full.run_id]
+            assert (light.definition, light.input, light.options) == ({}, {}, {})
+            assert light.summary == full.summary  # status, seq, steps, waiting, ...
+            assert (light.workflow, light.definition_hash, light.created_at,
+                    light.parent_run, light.parent_seq, light.extra) == \
+                (full.workflow, full.definition_hash, full.created_at, full.parent_run,
+                 full.parent_seq, full.extra)
+        # a light row is a copy: changing it changes nothing stored
+        rows["k-0"].summary.status = "FAILED"
+        assert (await store.get_run("k-0")).summary.status == "RUNNING"
+
+    run(main)
+
+
+def test_list_page_of_the_runs_changed_after_a_time(store: Store) -> None:
+    """``updated_after``: only the runs whose row changed since (what the notify watcher
+    reads each pass)."""
+    async def main() -> None:
+        rows = []
+        for i in range(3):
+            row, w, entries = new_row(f"u-{i}", status="WAITING_APPROVAL")
+            row.summary.updated_at = 1000.0 + i
+            await store.create_run(row, entries)
+            rows.append((row, w))
+        changed = await store.list_page(status="WAITING_APPROVAL", updated_after=1000.5)
+        assert [r.run_id for r in changed] == ["u-2", "u-1"]
+        row, w = rows[0]
+        w2, more = log(1, w)
+        await store.append(row.run_id, more, summary_of(w2, "WAITING_APPROVAL",
+                                                        updated_at=2000.0))
+        changed = await store.list_page(status="WAITING_APPROVAL", updated_after=1500.0)
+        assert [r.run_id for r in changed] == ["u-0"]
+        assert changed[0].summary.last_seq == w2.seq
+
+    run(main)
+
+
 def test_run_exists(store: Store) -> None:
     async def main() -> None:
         row, _, entries = new_row()

@@ -115,6 +115,13 @@ _summary_values = attrgetter(*(f.name for f in fields(Summary)))
 _row_values = attrgetter(*(f.name for f in fields(RunRow)))
 
 
+def light_row(row: RunRow) -> RunRow:
+    """``row`` as `Store.list_page` gives it: no definition, input or options."""
+    return RunRow(row.run_id, row.workflow, {}, row.definition_hash, {}, {}, row.created_at,
+                  row.summary.copy(), row.parent_run, row.parent_seq, row.owner,
+                  row.lease_until, dict(row.extra), row.generation)
+
+
 _this_owner: tuple[int, str] = (-1, "")
 
 
@@ -226,6 +233,25 @@ class Store(ABC):
                         limit: int = 100) -> list[RunRow]:
         """Runs, newest first, optionally filtered."""
 
+    async def list_page(self, *, status: str | None = None, workflow: str | None = None,
+                        limit: int = 100, before: tuple[float, str] | None = None,
+                        updated_after: float | None = None) -> list[RunRow]:
+        """One page of a list of runs, as a list shows them: newest first by
+        ``(created_at, run_id)``; the runs after ``before`` (the ``(created_at, run_id)``
+        of the previous page's last run: keyset paging, so a run created meanwhile shifts
+        no page); of ``status`` / ``workflow`` only, and only those whose row changed
+        after ``updated_after`` (a `Summary.updated_at`), when given.
+
+        The rows are light: their ``definition``, ``input`` and ``options`` are read as
+        empty (``{}``) -- `get_run` reads a run whole. This default sorts `list_runs`'
+        rows; the stores here read the page alone, without those columns."""
+        rows = [r for r in await self.list_runs(status=status, workflow=workflow,
+                                                limit=ALL_RUNS)
+                if (before is None or (r.created_at, r.run_id) < before)
+                and (updated_after is None or r.summary.updated_at > updated_after)]
+        rows.sort(key=attrgetter("created_at", "run_id"), reverse=True)
+        return [light_row(r) for r in rows[:max(limit, 0)]]
+
     @abstractmethod
     async def claim(self, run_id: str, owner: str, lease: float, *,
                     force: bool = False) -> int | None:
@@ -312,6 +338,18 @@ class Store(ABC):
         transaction: ``(the runs deleted, the records deleted)``. A run that was resumed
         meanwhile is left alone."""
 
+    async def get_cursor(self, name: str) -> str | None:
+        """The cursor kept under ``name`` (a poll trigger's: JSON text), or None. This
+        default keeps cursors in this process only; SQLite and PostgreSQL keep them in
+        their ``cursors`` table, for every process and across restarts."""
+        cursors: dict[str, str] = self.__dict__.setdefault("_cursors", {})
+        return cursors.get(name)
+
+    async def set_cursor(self, name: str, value: str) -> None:
+        """Keep ``value`` as the cursor under ``name`` (it replaces the one kept)."""
+        cursors: dict[str, str] = self.__dict__.setdefault("_cursors", {})
+        cursors[name] = value
+
     async def size_bytes(self) -> int | None:
         """What the store takes up (a SQLite file with its WAL, PostgreSQL's tables),
         or None when it cannot tell."""
@@ -337,4 +375,4 @@ class Store(ABC):
 
 __all__ = ["RUNNABLE", "Claim", "ClaimError", "ClaimLost", "ConflictError", "Entry",
            "LeaseRenewer", "RunExists", "RunNotFound", "RunRow", "Store", "StoreError",
-           "Summary", "owner_gone", "this_owner"]
+           "Summary", "light_row", "owner_gone", "this_owner"]

@@ -19,6 +19,7 @@ from ._base import (
     RunRow,
     Store,
     Summary,
+    light_row,
     owner_gone,
 )
 
@@ -64,6 +65,11 @@ class MemoryStore(Store):
     def _check_seq(run_id: str, log: list[Entry], entries: list[Entry]) -> None:
         expected = len(log) + 1
         for e in entries:
+            if e.seq > expected == len(log) + 1:  # a gap after the log: not another writer
+                raise ConflictError(
+                    f"run {run_id!r}: record {e.seq} does not follow the stored log, which "
+                    f"ends at seq {expected - 1}: the records before it were never stored (an "
+                    "earlier append of this writer failed); nothing of this append was stored")
             if e.seq != expected:
                 raise ConflictError(
                     f"run {run_id!r}: record {e.seq} conflicts with the stored log "
@@ -96,6 +102,17 @@ class MemoryStore(Store):
                 and (workflow is None or r.workflow == workflow)]
         rows.sort(key=lambda r: r.created_at, reverse=True)
         return [r.copy() for r in rows[:limit]]
+
+    async def list_page(self, *, status: str | None = None, workflow: str | None = None,
+                        limit: int = 100, before: tuple[float, str] | None = None,
+                        updated_after: float | None = None) -> list[RunRow]:
+        rows = [r for r in self._runs.values()
+                if (status is None or r.summary.status == status)
+                and (workflow is None or r.workflow == workflow)
+                and (before is None or (r.created_at, r.run_id) < before)
+                and (updated_after is None or r.summary.updated_at > updated_after)]
+        rows.sort(key=lambda r: (r.created_at, r.run_id), reverse=True)
+        return [light_row(r) for r in rows[:max(limit, 0)]]
 
     async def claim(self, run_id: str, owner: str, lease: float, *,
                     force: bool = False) -> int:

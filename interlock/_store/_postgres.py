@@ -71,6 +71,7 @@ from ._sqlite import (
     _RUN_COLUMNS,
     SCHEMA_NAME,
     check_first_seqs,
+    page_query,
     record_node,
     row_from,
     run_params,
@@ -88,6 +89,14 @@ SCHEMA_VERSION = 3
 
 # pg_advisory_xact_lock key serialising schema creation: "ilck" "schm"
 _SCHEMA_LOCK = 0x696C636B_7363686D
+
+# poll triggers' cursors (`Store.get_cursor`): a table added to schema version 2, created
+# IF NOT EXISTS when a store is opened (an interlock that does not know it ignores it)
+_CURSORS = """CREATE TABLE IF NOT EXISTS cursors (
+        name       text PRIMARY KEY,
+        value      text NOT NULL,
+        updated_at double precision NOT NULL
+    )"""
 
 _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS interlock_meta (
@@ -134,6 +143,7 @@ _SCHEMA = (
         seq    bigint NOT NULL,
         data   bytea NOT NULL
     )""",
+    _CURSORS,
 )
 
 _NOW = "extract(epoch FROM clock_timestamp())::float8"
@@ -338,6 +348,26 @@ RETURNING 1
 """
 
 
+def pg_error(url: str, exc: psycopg.Error, *, lost: bool = False) -> StoreError:
+    """A `StoreError` for a PostgreSQL error, naming its cause when it is the server's
+    (its disk full, the connection lost: a restart, a stop, the network)."""
+    where = f"PostgreSQL store {redact(url)}"
+    if isinstance(exc, pg_errors.DiskFull):
+        return StoreError(f"{where}: the database server's disk is full ({_first_line(exc)});"
+                          " nothing of this write was stored -- free space on the server, "
+                          "and the write can be tried again")
+    if lost or isinstance(exc, pg_errors.AdminShutdown | pg_errors.CrashShutdown
+                          | pg_errors.CannotConnectNow):
+        return StoreError(f"{where}: the server is unreachable: the connection was lost "
+                          f"({_first_line(exc)}) -- the server restarted or stopped, or the "
+                          "network failed; a write in flight may or may not have been stored")
+    return StoreError(f"{where}: {exc}")
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
 def redact(url: str) -> str:
     """``url`` without its password, for messages."""
     try:
@@ -522,7 +552,9 @@ class PostgresStore(Store):
                                                          **self._kwargs)
         except psycopg.Error as exc:
             raise StoreError(
-                f"cannot connect to the PostgreSQL store {redact(self.url)}: {exc}"
+                f"cannot connect to the PostgreSQL store {redact(self.url)}: the server is "
+                f"unreachable ({_first_line(exc)}) -- it is down, restarting, or the network "
+                "or the URL is wrong"
             ) from None
         if not self._schema_ready:
             try:
@@ -561,6 +593,9 @@ class PostgresStore(Store):
                             "upgrade interlock"
                         )
                     if has_runs and has_records:
+                        # the poll triggers' cursors: a table added to schema version 2
+                        # (IF NOT EXISTS; an older interlock ignores it)
+                        await conn.execute(_CURSORS)
                         await self._upgrade(conn, int(version))
                         return
                 elif has_runs or has_records:
@@ -630,9 +665,9 @@ class PostgresStore(Store):
                 except psycopg.OperationalError as exc:
                     if idempotent and reused and attempt == 1 and conn.closed:
                         continue
-                    raise StoreError(f"PostgreSQL store {redact(self.url)}: {exc}") from None
+                    raise pg_error(self.url, exc, lost=conn.closed) from None
                 except psycopg.Error as exc:
-                    raise StoreError(f"PostgreSQL store {redact(self.url)}: {exc}") from None
+                    raise pg_error(self.url, exc, lost=conn.closed) from None
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def close(self) -> None:
@@ -885,6 +920,19 @@ class PostgresStore(Store):
 
         return await self._do(op, idempotent=True)
 
+    async def list_page(self, *, status: str | None = None, workflow: str | None = None,
+                        limit: int = 100, before: tuple[float, str] | None = None,
+                        updated_after: float | None = None) -> list[RunRow]:
+        # run ids compare by code point (COLLATE "C"), as in the other stores
+        sql, params = page_query("%s", status, workflow, before, updated_after, limit,
+                                 order_id='run_id COLLATE "C"')
+
+        async def op(conn: Conn) -> list[RunRow]:
+            cur = await conn.execute(sql, params)
+            return [row_from(v) for v in await cur.fetchall()]
+
+        return await self._do(op, idempotent=True)
+
     async def list_runs(self, *, status: str | None = None, workflow: str | None = None,
                         limit: int = 100) -> list[RunRow]:
         where: list[str] = []
@@ -995,6 +1043,23 @@ class PostgresStore(Store):
                 "INSERT INTO snapshots (run_id, seq, data) VALUES (%s, %s, %s) "
                 "ON CONFLICT (run_id) DO UPDATE SET seq = excluded.seq, data = excluded.data "
                 "WHERE excluded.seq > snapshots.seq", (run_id, seq, data))
+
+        await self._do(op)
+
+    async def get_cursor(self, name: str) -> str | None:
+        async def op(conn: Conn) -> str | None:
+            cur = await conn.execute("SELECT value FROM cursors WHERE name = %s", (name,))
+            row = await cur.fetchone()
+            return str(row[0]) if row is not None else None
+
+        return await self._do(op, idempotent=True)
+
+    async def set_cursor(self, name: str, value: str) -> None:
+        async def op(conn: Conn) -> None:
+            await conn.execute(
+                f"INSERT INTO cursors (name, value, updated_at) VALUES (%s, %s, {_NOW}) "
+                "ON CONFLICT (name) DO UPDATE SET value = excluded.value, "
+                "updated_at = excluded.updated_at", (name, value))
 
         await self._do(op)
 

@@ -3,8 +3,8 @@
 Everything that touches the database runs on one dedicated thread per store (the
 ``sqlite3`` connection lives and dies there); the async methods hop to it and
 wait. Leases are renewed apart, by the lease keeper's thread on a connection of its own
-(`_Renewer`, `interlock._lease`), so that a blocked event loop does not lose them. The store binds to no event loop, so it can be used from successive
-``asyncio.run`` calls.
+(`_Renewer`, `interlock._lease`), so that a blocked event loop does not lose them. The
+store binds to no event loop, so it can be used from successive ``asyncio.run`` calls.
 
 Durability. The file is in WAL mode. Each ``create_run`` / ``append`` / claim is
 committed in a ``BEGIN IMMEDIATE`` ... ``COMMIT`` transaction before the coroutine
@@ -74,8 +74,10 @@ import asyncio
 import atexit
 import contextlib
 import logging
+import os
 import queue
 import re
+import shutil
 import sqlite3
 import threading
 import time
@@ -116,6 +118,7 @@ SCHEMA_VERSION = 3
 CHECKPOINT_EVERY = 250
 CHECKPOINT_BYTES = 4 << 20
 _SYNCHRONOUS = ("off", "normal", "full", "extra")
+_SPACE_RETRY = 1.0  # seconds before the WAL's truncation is tried again, after a busy one
 
 _RUNS_TABLE = """
 CREATE TABLE IF NOT EXISTS {name} (
@@ -184,9 +187,19 @@ CREATE VIEW IF NOT EXISTS records AS
 # than the file (one that was running when the file was upgraded), or someone by hand.
 _VIEW_WRITE = ("records is a read-only view of the entries table since schema version 2; "
                "an interlock writing it is older than this store file: upgrade it")
+# Poll triggers' cursors (`Store.get_cursor`): a table of its own, created when a file is
+# opened (IF NOT EXISTS: a version-2 file gets it on its next open, with nothing else
+# changed, and an interlock that does not know it ignores it -- no version change)
+_CURSORS = """
+CREATE TABLE IF NOT EXISTS cursors (
+    name       TEXT PRIMARY KEY,
+    value      TEXT NOT NULL,
+    updated_at REAL NOT NULL
+) WITHOUT ROWID"""
 SCHEMA_STATEMENTS = tuple(st for st in _SCHEMA.split(";") if st.strip()) + tuple(
     f"CREATE TRIGGER IF NOT EXISTS records_{op.lower()} INSTEAD OF {op} ON records "
-    f"BEGIN SELECT RAISE(ABORT, '{_VIEW_WRITE}'); END" for op in ("INSERT", "UPDATE", "DELETE"))
+    f"BEGIN SELECT RAISE(ABORT, '{_VIEW_WRITE}'); END" for op in ("INSERT", "UPDATE", "DELETE")
+) + (_CURSORS,)
 
 _INSERT_RECORD = "INSERT INTO entries (id, data, hash) VALUES (?, ?, ?)"
 _SET_SUMMARY = ("updated_at = ?, last_seq = ?, last_hash = ?, steps = ?, tokens = ?, "
@@ -218,6 +231,8 @@ _RUN_NAMES = [c.strip() for c in _RUN_COLUMNS.split(",")]
 _ROW_AT = [i for i, c in enumerate(_RUN_NAMES) if c not in _SPEC_COLUMNS]
 _SPEC_AT = [_RUN_NAMES.index(c) for c in _SPEC_COLUMNS]
 _RUN_FROM = "runs JOIN run_specs USING (run_key)"
+# a list's row (`Store.list_page`): the runs table's columns alone, its spec's read as {}
+_LIGHT_COLUMNS = ", ".join("'{}'" if c in _SPEC_COLUMNS else c for c in _RUN_NAMES)
 # A new run's key is above every key in use, by a run or by entries (records left behind
 # by a run whose row was deleted behind the store's back): no run starts on another's log.
 _INSERT_RUN = (f"INSERT INTO runs (run_key, {', '.join(_RUN_NAMES[i] for i in _ROW_AT)}) "
@@ -255,6 +270,11 @@ def check_first_seqs(run_id: str, last: int, entries: Iterable[Entry]) -> None:
     """Entries must continue the stored log (``last`` = its highest seq) without a gap."""
     expected = last + 1
     for e in entries:
+        if e.seq > expected == last + 1:  # a gap after the log: not another writer
+            raise ConflictError(
+                f"run {run_id!r}: record {e.seq} does not follow the stored log, which ends "
+                f"at seq {expected - 1}: the records before it were never stored (an earlier "
+                "append of this writer failed); nothing of this append was stored")
         if e.seq != expected:
             raise ConflictError(
                 f"run {run_id!r}: record {e.seq} conflicts with the stored log "
@@ -280,6 +300,35 @@ def summary_params(summary: Summary) -> tuple[Any, ...]:
     s = summary
     return (s.status, s.updated_at, s.last_seq, s.last_hash, s.steps, s.tokens,
             json_opt(s.error), json_opt(s.waiting))
+
+
+def page_query(mark: str, status: str | None, workflow: str | None,
+               before: tuple[float, str] | None, updated_after: float | None,
+               limit: int, *, order_id: str = "run_id") -> tuple[str, list[Any]]:
+    """`Store.list_page`'s SELECT over the runs table and its parameters (``mark``: the
+    driver's placeholder; ``order_id``: how run ids compare, the same in the keyset
+    condition as in the ORDER BY)."""
+    where: list[str] = []
+    params: list[Any] = []
+    if status is not None:
+        where.append(f"status = {mark}")
+        params.append(status)
+    if workflow is not None:
+        where.append(f"workflow = {mark}")
+        params.append(workflow)
+    if updated_after is not None:
+        where.append(f"updated_at > {mark}")
+        params.append(updated_after)
+    if before is not None:
+        # a range on created_at (the indexes' order) and the tie broken by run id
+        where.append(f"created_at <= {mark} AND (created_at < {mark} OR {order_id} < {mark})")
+        params += [before[0], before[0], before[1]]
+    sql = f"SELECT {_LIGHT_COLUMNS} FROM runs"
+    if where:
+        sql += " WHERE " + " AND ".join(where)
+    sql += f" ORDER BY created_at DESC, {order_id} DESC LIMIT {mark}"
+    params.append(max(limit, 0))
+    return sql, params
 
 
 def row_from(values: tuple[Any, ...] | Any) -> RunRow:
@@ -329,7 +378,19 @@ def sqlite_error(path: Path, exc: sqlite3.Error, busy_ms: int,
         return StoreError(
             f"{what} {path}: the file is read-only ({text}); interlock needs write access "
             "to it and to its directory (for the -wal and -shm files beside it)")
+    if disk_full(exc):
+        return StoreError(
+            f"{what} {path}: the disk is full ({text}); nothing of this write was stored. "
+            "The store checkpoints its WAL into the file and truncates it to give that "
+            "space back; free space on the disk (or move the store), and the write can be "
+            "tried again")
     return StoreError(f"{what} {path}: {text}")
+
+
+def disk_full(exc: sqlite3.Error) -> bool:
+    """Whether SQLite failed for want of disk space (SQLITE_FULL: ENOSPC, a quota)."""
+    return getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL \
+        or "database or disk is full" in str(exc)
 
 
 def _reclaim_after_upgrade(conn: sqlite3.Connection, path: Path) -> None:
@@ -641,7 +702,8 @@ class _Checkpointer:
     blocking) the writer or any reader, so a commit never waits for a checkpoint's
     fsyncs. Requests coalesce: one that comes while a checkpoint runs starts the next.
     ``failed`` is set (and the thread ends) if the thread cannot do its work; the
-    writer then turns SQLite's own checkpoints back on.
+    writer then turns SQLite's own checkpoints back on. A full disk is not such a
+    failure: the checkpoint is tried again at the next request.
     """
 
     def __init__(self, path: Path, name: str) -> None:
@@ -674,7 +736,13 @@ class _Checkpointer:
                 self._wake.clear()
                 if self._stopped:
                     return
-                conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                try:
+                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                except sqlite3.Error as exc:
+                    if not disk_full(exc):
+                        raise
+                    # (a full disk: the writer truncates the WAL when space comes back;
+                    # this thread goes on with the next request)
                 self.ran.set()
         except sqlite3.Error as exc:
             self.failed = str(exc) or type(exc).__name__
@@ -733,6 +801,14 @@ class SQLiteStore(Store):
         self._checkpointer: _Checkpointer | None = None
         self._jobs_since_checkpoint = 0
         self._bytes_since_checkpoint = 0
+        # a write failed for want of space: the WAL is to be truncated (`_give_space_back`;
+        # on the writer thread, as the three below)
+        self._space_wanted = False
+        self._space_next = 0.0  # (time.monotonic) not tried again before
+        self._space_said = False  # its failure was logged
+        # times the WAL was truncated after a full disk; once it was, the WAL is kept
+        # under half the space left (`_wal_too_big`)
+        self._space_freed = 0
 
     # -- plumbing ----------------------------------------------------------------------
 
@@ -771,6 +847,7 @@ class SQLiteStore(Store):
         if self._jobs_since_checkpoint >= CHECKPOINT_EVERY \
                 or self._bytes_since_checkpoint >= CHECKPOINT_BYTES:
             self._checkpoint(conn)
+        full_before = self._space_wanted
         try:
             return fn(conn, *args)
         except sqlite3.Error as exc:
@@ -781,9 +858,62 @@ class SQLiteStore(Store):
             if conn.in_transaction:
                 conn.rollback()
             raise
+        finally:
+            if self._space_wanted and not full_before and not conn.in_transaction:
+                self._give_space_back(conn)  # the disk was found full just now
 
     def _error(self, exc: sqlite3.Error, what: str = "SQLite store") -> StoreError:
+        if disk_full(exc):
+            self._space_wanted = True  # (the writer gives the WAL's space back: `_run`)
         return sqlite_error(self.path, exc, self._busy_ms, what)
+
+    def _wal_too_big(self) -> bool:
+        """Whether the WAL takes more than half the space left on its disk."""
+        try:
+            free = shutil.disk_usage(self.path.parent).free
+            wal = os.stat(f"{self.path}-wal").st_size
+        except OSError:
+            return False
+        return wal > free // 2
+
+    def _give_space_back(self, conn: sqlite3.Connection, quiet: bool = False) -> None:
+        """After a write failed on a full disk: copy the WAL into the file and truncate
+        the WAL (``wal_checkpoint(TRUNCATE)``), which gives back the WAL file's space --
+        a PASSIVE checkpoint leaves its size as it is, so freed space would fill again at
+        once. While the disk is too full for the copy, it is tried again before each
+        write (and writes are refused), so the first space freed goes to the checkpoint
+        rather than to the WAL; after a reader or writer kept it from its end, not for
+        `_SPACE_RETRY` seconds. Says what it did, once per full disk."""
+        self._space_next = 0.0
+        self._jobs_since_checkpoint = self._bytes_since_checkpoint = 0
+        log = logging.getLogger("interlock")
+        wal = Path(f"{self.path}-wal")
+        before = wal.stat().st_size if wal.exists() else 0
+        try:
+            busy, _, _ = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        except sqlite3.Error as exc:
+            if not self._space_said:
+                self._space_said = True
+                log.error("the disk of the SQLite store %s is full; checkpointing its WAL "
+                          "(%d bytes) into the file to give that space back failed too "
+                          "(%s): free space on the disk; the checkpoint is tried again "
+                          "before each write", self.path, before, exc)
+            return
+        if busy:
+            self._space_next = time.monotonic() + _SPACE_RETRY
+            if not self._space_said:
+                self._space_said = True
+                log.error("the disk of the SQLite store %s is full; its WAL (%d bytes) "
+                          "could not be truncated: another connection was reading or "
+                          "writing it for longer than the busy timeout; tried again before "
+                          "each write", self.path, before)
+            return
+        after = wal.stat().st_size if wal.exists() else 0
+        self._space_wanted = self._space_said = False
+        self._space_freed += 1
+        log.log(logging.DEBUG if quiet else logging.WARNING,
+                "the disk of the SQLite store %s was full: its WAL was checkpointed into the "
+                "file and truncated, giving back %d bytes", self.path, before - after)
 
     def _open(self) -> sqlite3.Connection:
         path = self.path
@@ -1031,11 +1161,36 @@ class SQLiteStore(Store):
         fails and none is stored.
         """
         try:
-            if len(batch) == 1:
-                return [(self._run(self._alone, *batch[0]), None)]
-            return self._run(self._together, batch)
+            if self._space_wanted:  # the disk was full: the WAL's space back first
+                if time.monotonic() >= self._space_next:
+                    self._give_space_back(self._conn or self._open())
+                if self._space_wanted:  # (a write now would take the space freed)
+                    raise StoreError(
+                        f"SQLite store {self.path}: the disk is full; no write is made until "
+                        "the store's WAL is checkpointed into the file and truncated, which "
+                        "needs some free space on the disk: free some, and the write can be "
+                        "tried again")
+            elif self._space_freed and self._wal_too_big():
+                # once a disk was full here: the WAL is truncated before it takes half the
+                # space left (the store's own checkpoints come every CHECKPOINT_EVERY jobs,
+                # and the WAL's space would be gone before the next one)
+                self._give_space_back(self._conn or self._open(), quiet=True)
+            freed = self._space_freed
+            try:
+                return self._batch(batch)
+            except StoreError:
+                if self._space_freed == freed:
+                    raise
+                # the disk was full (nothing of the batch was stored), and truncating the
+                # WAL gave space back: the batch once more, in that space
+                return self._batch(batch)
         except BaseException as exc:  # nothing of the batch was committed
             return [(None, exc)] * len(batch)
+
+    def _batch(self, batch: list[tuple[Any, ...]]) -> list[tuple[Any, BaseException | None]]:
+        if len(batch) == 1:
+            return [(self._run(self._alone, *batch[0]), None)]
+        return self._run(self._together, batch)
 
     @staticmethod
     def _alone(conn: sqlite3.Connection, op: Callable[..., Any], args: tuple[Any, ...]) -> Any:
@@ -1085,6 +1240,13 @@ class SQLiteStore(Store):
         return [stored_entry(id_ & SEQ_MASK, data.encode("utf-8") if type(data) is str
                              else _as_bytes(data), h.hex() if type(h) is bytes else str(h))
                 for id_, data, h in rows]
+
+    @staticmethod
+    def _list_page(conn: sqlite3.Connection, status: str | None, workflow: str | None,
+                   limit: int, before: tuple[float, str] | None,
+                   updated_after: float | None) -> list[RunRow]:
+        sql, params = page_query("?", status, workflow, before, updated_after, limit)
+        return [row_from(v) for v in conn.execute(sql, params)]
 
     @staticmethod
     def _list_runs(conn: sqlite3.Connection, status: str | None, workflow: str | None,
@@ -1209,6 +1371,12 @@ class SQLiteStore(Store):
             return []
         return await self._call(self._list_runs, status, workflow, limit)
 
+    async def list_page(self, *, status: str | None = None, workflow: str | None = None,
+                        limit: int = 100, before: tuple[float, str] | None = None,
+                        updated_after: float | None = None) -> list[RunRow]:
+        return await self._call(self._list_page, status, workflow, limit, before,
+                                updated_after)
+
     async def claim(self, run_id: str, owner: str, lease: float, *,
                     force: bool = False) -> int:
         return await self._write(self._claim, run_id, owner, lease, force)
@@ -1266,6 +1434,25 @@ class SQLiteStore(Store):
 
     async def save_snapshot(self, run_id: str, seq: int, data: bytes) -> None:
         await self._write(self._save_snapshot, run_id, seq, data)
+
+    @staticmethod
+    def _get_cursor(conn: sqlite3.Connection, name: str) -> str | None:
+        row = conn.execute("SELECT value FROM cursors WHERE name = ?", (name,)).fetchone()
+        return str(row[0]) if row is not None else None
+
+    @staticmethod
+    def _set_cursor(conn: sqlite3.Connection, name: str, value: str) -> None:
+        conn.execute("INSERT INTO cursors (name, value, updated_at) VALUES (?, ?, ?) "
+                     "ON CONFLICT (name) DO UPDATE SET value = excluded.value, "
+                     "updated_at = excluded.updated_at", (name, value, time.time()))
+
+    async def get_cursor(self, name: str) -> str | None:
+        if self._absent():
+            return None
+        return await self._call(self._get_cursor, name)
+
+    async def set_cursor(self, name: str, value: str) -> None:
+        await self._write(self._set_cursor, name, value)
 
     async def load_snapshot(self, run_id: str) -> tuple[int, bytes] | None:
         if self._absent():

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 F = TypeVar("F", bound=Callable[..., Any])
 
 STOPS = {"run.completed", "run.failed", "run.rejected", "run.cancelled", "run.waiting"}
+RECORDS_PAGE = 10_000  # records per request when the CLI reads a log through a server
 
 
 def server_options(fn: F) -> F:
@@ -71,9 +72,16 @@ class Remote:
                                      f"{response.reason_phrase}"))
 
     def records(self, run_id: str, after: int = 0) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = self.call("GET", f"/api/runs/{run_id}/records",
-                                              params={"after": after})
-        return out
+        """The whole log after ``after``, a page (`RECORDS_PAGE`) per request."""
+        out: list[dict[str, Any]] = []
+        while True:
+            page: list[dict[str, Any]] = self.call(
+                "GET", f"/api/runs/{run_id}/records",
+                params={"after": after, "limit": RECORDS_PAGE})
+            out += page
+            if len(page) < RECORDS_PAGE:  # (a server without limit= sent all of it)
+                return out
+            after = page[-1]["seq"]
 
     def follow(self, run_id: str, after: int) -> None:
         """Until the run stops or waits (a record in `STOPS` after ``after``)."""

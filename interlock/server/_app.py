@@ -10,9 +10,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any
 
+import orjson
 from fastapi import Depends, FastAPI, Header, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 from starlette.exceptions import HTTPException
 
@@ -40,7 +41,6 @@ from interlock.support import (
     load_workflows,
     node_visits,
     parse_definition,
-    patch_schema,
     redact,
     run_json,
     to_mermaid,
@@ -50,6 +50,7 @@ from interlock.support import (
 from . import _dashboard as dashboard
 from ._auth import DECIDE, LOCAL, OPERATE, READ, Identity, Tokens
 from ._hub import Hub, NotifyingStore
+from ._loops import RunLoops
 from ._models import (
     Approval,
     DecisionIn,
@@ -68,6 +69,15 @@ from ._models import (
 )
 from ._notify import Notifier
 from ._pool import Draining, Pool
+from ._reads import (
+    CURSOR,
+    Approvals,
+    BadCursor,
+    Polls,
+    cursor_key,
+    page_cursor,
+    records_body,
+)
 
 log = logging.getLogger("interlock.server")
 
@@ -135,6 +145,10 @@ class Server:
         self._firing: asyncio.Task[None] | None = None  # the triggers' firer
         self.metrics = Metrics()  # the runs it executes observed; the store's read per scrape
         self._locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}
+        self.loops: RunLoops | None = None  # where runs execute (None: on the API's loop)
+        self._api: asyncio.AbstractEventLoop | None = None  # the API's loop
+        self.approvals = Approvals()  # the inbox, kept per run at its last seq
+        self.polls: Polls | None = None  # one poll per followed run (`follow`)
 
     @contextlib.asynccontextmanager
     async def lock(self, run_id: str) -> AsyncIterator[None]:
@@ -166,8 +180,17 @@ class Server:
         return self.pool
 
     async def start(self) -> None:
+        self._api = asyncio.get_running_loop()
         self.store = NotifyingStore(interlock.open_store(self.options.store), self.hub)
-        self.pool = Pool(self.store, self.hub, self.options.workers)
+        if not self.records_only and not self.store.url.startswith("memory:"):
+            # node bodies off the API's loop (a memory store is this loop's alone); a
+            # SQLite store serves every loop, a PostgreSQL one is opened per loop
+            shared = self.store.inner if self.store.url.startswith("sqlite:") else None
+            self.loops = RunLoops(self.store.url, self.hub, shared=shared,
+                                  stop_wait=max(self.options.drain, 1.0))
+        self.pool = Pool(self.store, self.hub, self.options.workers, self.loops)
+        self.polls = Polls(lambda: self.st, self.hub, self.options.poll,
+                           self.runs.executing)
         self.notifier = Notifier(list(self.options.notify), self.options.public_url,
                                  self.store, self.hub, self.lock,
                                  attempts=self.options.notify_attempts,
@@ -183,7 +206,7 @@ class Server:
         timed = {name: wf.spec for name, wf in self.workflows.items() if wf.spec.triggers}
         if timed:  # the registered workflows' triggers: fired here (see `fire`)
             self._firing = asyncio.get_running_loop().create_task(
-                Firer(timed, self.fire).run(self.hub.stopping))
+                Firer(timed, self.fire, self.st.inner).run(self.hub.stopping))
 
     async def begin(self, workflow: str, data: dict[str, Any], run_id: str | None = None,
                     config: dict[str, Any] | None = None) -> interlock.RunResult:
@@ -197,8 +220,8 @@ class Server:
             return pending
         started = await wf.start(data, store=self.st, run_id=run_id, config=config)
         listener = self.listener(workflow, started.run_id)
-        self.runs.submit(f"run {started.run_id}", started.run_id,
-                         lambda: started.execute(listener=listener))
+        self.runs.submit_job(f"run {started.run_id}", started.run_id,
+                             lambda st: started.execute(listener=listener, store=st))
         return started.result
 
     async def fire(self, workflow: str, run_id: str, data: dict[str, Any]) -> None:
@@ -215,8 +238,12 @@ class Server:
             self._watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._watcher
+        if self.polls is not None:
+            await self.polls.close()
         if self.pool is not None:
             await self.pool.drain(self.options.drain)
+        if self.loops is not None:
+            await self.loops.close(max(self.options.drain, 1.0))
         if self.notifier is not None:
             await self.notifier.close()
         if self.store is not None:
@@ -225,19 +252,23 @@ class Server:
     def listener(self, workflow: str, run_id: str) -> Any:
         """What an execution in the server reports each record to: the notifier."""
         notifier = self.notifier
-        observe = self.metrics.observe
+        observe = self.metrics.observe  # (thread-safe: prometheus_client's)
+        api = self._api
 
         def listen(rec: dict[str, Any], view: RunView) -> None:
             observe(rec, view)
             if rec["type"] == "approval.requested" and notifier is not None:
-                notifier.requested(workflow, run_id, rec)
+                if api is None or _on(api):
+                    notifier.requested(workflow, run_id, rec)
+                else:  # from a run loop: the notifier lives on the API's
+                    api.call_soon_threadsafe(notifier.requested, workflow, run_id, rec)
 
         return listen
 
     async def launch(self, what: str, run_id: str, workflow: str,
-                     call: Callable[[Any], Awaitable[Any]]) -> None:
-        """Execute ``call(listener)`` in the pool and return once its first record is
-        committed (a decision, a resume): its refusals are raised here."""
+                     call: Callable[[Any, Any], Awaitable[Any]]) -> None:
+        """Execute ``call(listener, store)`` in the pool and return once its first record
+        is committed (a decision, a resume): its refusals are raised here."""
         first: list[int] = []
         base = self.listener(workflow, run_id)
 
@@ -247,21 +278,21 @@ class Server:
             base(rec, view)
 
         if self.records_only:  # recorded here and now, executed by a worker
-            await call(listen)
+            await call(listen, self.st)
             self.hub.changed(run_id)
             return
-        task = self.runs.submit(what, run_id, lambda: call(listen))
+        task = self.runs.submit_job(what, run_id, lambda st: call(listen, st))
         await self.runs.accepted(run_id, task, first)
 
     def resumer(self, run_id: str) -> Any:
         """The execution that continues a run (a takeover)."""
 
-        async def go() -> interlock.RunResult:
-            row = await self.st.get_run(run_id)
-            return await interlock.resume(run_id, store=self.st,
+        async def go(st: Any) -> interlock.RunResult:
+            row = await st.get_run(run_id)
+            return await interlock.resume(run_id, store=st,
                                           workflow=self.workflows.get(row.workflow),
                                           listener=self.listener(row.workflow, run_id))
-        return go
+        return self.runs.execution(run_id, go)
 
     def identify(self, authorization: str | None) -> Identity:
         if self.tokens is None:
@@ -281,6 +312,14 @@ class Server:
 
     async def run_object(self, run_id: str) -> dict[str, Any]:
         return (await interlock.status(run_id, store=self.st)).to_json()
+
+
+def _on(loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether this thread runs ``loop``."""
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
 
 
 def _need(what: str) -> Any:
@@ -439,18 +478,6 @@ def graph_of(spec: Any) -> Graph:
     return Graph(nodes=nodes, edges=edges, mermaid=to_mermaid(spec))
 
 
-async def _modify(server: Server, spec: Any, row: RunRow, waiting: dict[str, Any]
-                  ) -> dict[str, Any]:
-    """What a modify of this gate must be: where it may re-enter (``at``, the first
-    being the default) and the JSON Schema of its ``patch``."""
-    if waiting.get("kind") == "tool":  # a guarded tool call: its arguments' schema
-        return {"at": [], "patch_schema": waiting.get("input") or {}}
-    ns = spec.nodes.get(waiting.get("node"))
-    at = list(ns.approval.on_modify) if ns is not None and ns.approval is not None else []
-    state = (await interlock.status(row.run_id, store=server.st)).state
-    return {"at": at, "patch_schema": patch_schema(spec, state)}
-
-
 def _routes(app: FastAPI) -> None:  # noqa: C901 - one closure per endpoint
     @app.get("/api/health", response_model=Health)
     async def health(server: Srv) -> dict[str, Any]:
@@ -504,15 +531,22 @@ def _routes(app: FastAPI) -> None:  # noqa: C901 - one closure per endpoint
     async def runs(server: Srv, who: Reader, status: str | None = None,
                    workflow: str | None = None,
                    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-                   cursor: Annotated[str | None, Query(pattern=r"^[0-9]{1,9}$")] = None
+                   cursor: Annotated[str | None, Query(max_length=1200,
+                                                       pattern=CURSOR)] = None
                    ) -> dict[str, Any]:
-        offset = int(cursor) if cursor else 0
-        rows = await interlock.list_runs(store=server.st, status=status and status.upper(),
-                                         workflow=workflow, limit=offset + limit + 1)
-        page = rows[offset:offset + limit]
-        more = len(rows) > offset + limit
+        """One page: the runs after ``cursor`` (the ``next`` of the page before), newest
+        first; a run created meanwhile shifts no page (keyset paging)."""
+        try:
+            before = cursor_key(cursor) if cursor else None
+        except BadCursor:
+            raise Problemed(400, "Bad Request", "the cursor is not one this server gave: "
+                            "pass a page's next as it is, or no cursor for the first "
+                            "page") from None
+        rows = await server.st.list_page(status=status and status.upper(),
+                                         workflow=workflow, limit=limit + 1, before=before)
+        page = rows[:limit]
         return {"runs": [run_json(r) for r in page],
-                "next": str(offset + limit) if more else None}
+                "next": page_cursor(page[-1]) if len(rows) > limit else None}
 
     @app.get("/api/runs/{run_id}", response_model=RunObject)
     async def run(run_id: str, server: Srv, who: Reader) -> dict[str, Any]:
@@ -525,20 +559,34 @@ def _routes(app: FastAPI) -> None:  # noqa: C901 - one closure per endpoint
         return graph_of(parse_definition(row.definition))
 
     @app.get("/api/runs/{run_id}/visits", response_model=list[Visit])
-    async def run_visits(run_id: str, server: Srv, who: Reader) -> list[dict[str, Any]]:
+    async def run_visits(run_id: str, server: Srv, who: Reader) -> Response:
         """Each node visit: its input (the state it read when it started, from the
-        fold), update, error, tokens and duration."""
-        return await node_visits(run_id, store=server.st)
+        fold), update, error, tokens and duration. (The fold gives the event loop back
+        every few hundred records, and the answer is not validated again: a long run's
+        visits do not stall the other requests.)"""
+        return Response(orjson.dumps(await node_visits(run_id, store=server.st,
+                                                       share_loop=True)),
+                        media_type="application/json")
 
-    @app.get("/api/runs/{run_id}/records", response_class=JSONResponse,
+    @app.get("/api/runs/{run_id}/records", response_class=StreamingResponse,
              responses={200: {"model": list[Record],
-                              "description": "the records, as `interlock trace --json`"}})
-    async def records(run_id: str, server: Srv, who: Reader,
-                      after: Annotated[int, Query(ge=0)] = 0) -> JSONResponse:
-        # sent as the store gives them (not through the model: its keys, in trace's order)
-        return JSONResponse([rec async for page in trace_pages(run_id, store=server.st,
-                                                               after=after)
-                             for rec in page])
+                              "content": {"application/json": {}},
+                              "description": "the records, as `interlock trace --json`: "
+                                             "all of them after `after`, or at most "
+                                             "`limit` (then `X-Next-After` names the "
+                                             "`after` of the next page, when there may "
+                                             "be one)"}})
+    async def records(run_id: str, server: Srv, row: Existing,
+                      after: Annotated[int, Query(ge=0)] = 0,
+                      limit: Annotated[int | None, Query(ge=1, le=100_000)] = None
+                      ) -> StreamingResponse:
+        # sent as the store gives them (not through the model: its keys, in trace's
+        # order), streamed a page at a time: a long log is never held whole
+        headers = {}
+        if limit is not None and row.summary.last_seq - after > limit:
+            headers["X-Next-After"] = str(after + limit)
+        return StreamingResponse(records_body(run_id, server.st, after, limit),
+                                 media_type="application/json", headers=headers)
 
     @app.get("/api/runs/{run_id}/events", response_class=EventSourceResponse,
              responses={200: {"description": "one event per log record: event = its type, "
@@ -579,8 +627,8 @@ def _routes(app: FastAPI) -> None:  # noqa: C901 - one closure per endpoint
             try:
                 await server.launch(
                     f"decision on run {run_id}", run_id, row.workflow,
-                    lambda listen: interlock.resume(
-                        run_id, decision, store=server.st,
+                    lambda listen, st: interlock.resume(
+                        run_id, decision, store=st,
                         workflow=server.workflows.get(row.workflow), listener=listen,
                         detach=server.records_only))
             except UsageError as exc:
@@ -598,8 +646,8 @@ def _routes(app: FastAPI) -> None:  # noqa: C901 - one closure per endpoint
         async with server.lock(run_id):
             await server.launch(
                 f"resume of run {run_id}", run_id, row.workflow,
-                lambda listen: interlock.resume(
-                    run_id, store=server.st, config=config,
+                lambda listen, st: interlock.resume(
+                    run_id, store=st, config=config,
                     workflow=server.workflows.get(row.workflow), listener=listen,
                     detach=server.records_only))
         return await server.run_object(run_id)
@@ -611,26 +659,12 @@ def _routes(app: FastAPI) -> None:  # noqa: C901 - one closure per endpoint
         return result.to_json()
 
     @app.get("/api/approvals", response_model=list[Approval])
-    async def approvals(server: Srv, who: Reader) -> list[dict[str, Any]]:
-        out = []
-        for row in await interlock.list_runs(store=server.st, status="WAITING_APPROVAL",
-                                             limit=10_000):
-            w = row.summary.waiting or {}
-            node = w.get("node")
-            if not node:
-                continue
-            spec = parse_definition(row.definition)
-            ns = spec.nodes.get(node)
-            approvers = list(ns.approval.approvers) if ns is not None and ns.approval else []
-            decisions = w.get("decisions") or []
-            out.append({"run_id": row.run_id, "workflow": row.workflow, "node": node,
-                        "show": w.get("show") or {}, "decisions": decisions,
-                        "since": w.get("requested_at"), "deadline": w.get("deadline"),
-                        "approvers": approvers, "kind": w.get("kind"),
-                        "input": w.get("input"),
-                        "modify": await _modify(server, spec, row, w)
-                        if "modify" in decisions else None})
-        return out
+    async def approvals(server: Srv, who: Reader) -> Response:
+        """The gates waiting for a decision, from the waiting runs' summaries (each
+        approval object kept per run at its last seq: no fold per request; sent as it
+        is kept, not validated again)."""
+        return Response(orjson.dumps(await server.approvals.list(server.st)),
+                        media_type="application/json")
 
     @app.get("/metrics", response_class=Response, include_in_schema=False)
     async def metrics(server: Srv, who: Reader) -> Response:
@@ -645,33 +679,37 @@ def _routes(app: FastAPI) -> None:  # noqa: C901 - one closure per endpoint
 async def follow(server: Server, run_id: str, seq: int) -> AsyncIterator[ServerSentEvent]:
     """The run's records after ``seq`` as events, then each new one as it is committed,
     until the run's final record. Woken by this server's own commits (`Hub`); records
-    written by other processes are found by reading the store every ``poll`` seconds --
-    unless this server executes the run (then every commit wakes us: no polling)."""
+    written by other processes are found by one poll of the store per run every
+    ``poll`` seconds, shared by all its streams (`Polls`) -- none while this server
+    executes the run (then every commit wakes us)."""
     opts = server.options
+    assert server.polls is not None, "the server has not started"
     next_keepalive = time.monotonic() + opts.keepalive
-    while True:
-        waiter = server.hub.waiter(run_id)  # before reading: a commit after it wakes us
-        last_type = None
-        async for page in trace_pages(run_id, store=server.st, after=seq):
-            for rec in page:
-                yield ServerSentEvent(event=rec["type"], id=str(rec["seq"]), data=rec)
-                seq, last_type = rec["seq"], rec["type"]
-        if last_type in TERMINAL_TYPES:
-            return
-        if last_type is None:
-            summary = (await server.st.get_run(run_id)).summary
-            if summary.status in TERMINAL_STATUSES and summary.last_seq <= seq:
+    first, ended = True, False
+    with server.polls.following(run_id, seq) as me:
+        while True:
+            waiter = server.hub.waiter(run_id)  # before reading: a commit after it wakes us
+            last_type = None
+            async for page in trace_pages(run_id, store=server.st, after=seq):
+                for rec in page:
+                    yield ServerSentEvent(event=rec["type"], id=str(rec["seq"]), data=rec)
+                    seq, last_type = rec["seq"], rec["type"]
+                    ended = ended or last_type in TERMINAL_TYPES
+            if last_type in TERMINAL_TYPES:
                 return
-        if server.hub.stopping.is_set():
-            return
-        now = time.monotonic()
-        if now >= next_keepalive:
-            yield ServerSentEvent(comment="keepalive")
-            next_keepalive = now + opts.keepalive
-        wait = max(next_keepalive - now, 0.0)
-        if not server.runs.executing(run_id):
-            wait = min(opts.poll, wait)
-        await server.hub.wait(waiter, wait)
+            if last_type is None and (first or ended):  # nothing after seq: has it ended?
+                summary = (await server.st.get_run(run_id)).summary
+                if summary.status in TERMINAL_STATUSES and summary.last_seq <= seq:
+                    return
+            first = False
+            if server.hub.stopping.is_set():
+                return
+            now = time.monotonic()
+            if now >= next_keepalive:
+                yield ServerSentEvent(comment="keepalive")
+                next_keepalive = now + opts.keepalive
+            me.seq = seq  # what the shared poll looks after
+            await server.hub.wait(waiter, max(next_keepalive - now, 0.0))
 
 
 __all__ = ["ServerOptions", "create_app", "follow", "load_workflows", "redact"]

@@ -93,6 +93,12 @@ class NotifyingStore(Store):
                         limit: int = 100) -> list[RunRow]:
         return await self.inner.list_runs(status=status, workflow=workflow, limit=limit)
 
+    async def list_page(self, *, status: str | None = None, workflow: str | None = None,
+                        limit: int = 100, before: tuple[float, str] | None = None,
+                        updated_after: float | None = None) -> list[RunRow]:
+        return await self.inner.list_page(status=status, workflow=workflow, limit=limit,
+                                          before=before, updated_after=updated_after)
+
     async def claim(self, run_id: str, owner: str, lease: float, *,
                     force: bool = False) -> int | None:
         return await self.inner.claim(run_id, owner, lease, force=force)

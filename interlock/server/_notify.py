@@ -15,12 +15,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from typing import Any
 from urllib.parse import quote
 
 import httpx
 
-import interlock
 from interlock import ClaimError, ConflictError, InterlockError, Store
 from interlock.support import append_note, trace_pages
 
@@ -29,6 +29,9 @@ from ._hub import Hub
 log = logging.getLogger("interlock.server")
 
 NOTIFY_SENT = "notify.sent"
+# how far back, beyond its previous pass, the watcher looks for changed runs: the
+# writers' clocks (a run's updated_at is its writer's time) may be behind this server's
+CLOCK_SKEW = 60.0
 
 
 def payload(workflow: str, run_id: str, rec: dict[str, Any], public_url: str
@@ -67,6 +70,8 @@ class Notifier:
         self._client: httpx.AsyncClient | None = None
         self._announced: set[tuple[str, int]] = set()  # (run, approval.requested seq)
         self._looked_at: set[tuple[str, Any]] = set()  # (run, its gate's requested_at)
+        self._since: float | None = None  # the runs changed after this, at the next pass
+        self.looked = 0  # runs whose log `watch` read (for tests)
 
     async def watch(self, every: float) -> None:
         """Every ``every`` seconds, announce the gates of waiting runs that no
@@ -74,20 +79,24 @@ class Notifier:
         requested while no server was up)."""
         while self.urls:
             try:
+                began = time.time()
                 await self._scan()
+                self._since = began - CLOCK_SKEW
             except InterlockError as exc:  # the store is away: try again next time
                 log.warning("looking for approvals to announce: %s", exc)
             await asyncio.sleep(every)
 
     async def _scan(self) -> None:
-        rows = await interlock.list_runs(store=self.store, status="WAITING_APPROVAL",
-                                         limit=10_000)
+        """One pass: the waiting runs whose row changed since the previous pass (light
+        rows: no definition or input), and the log of each whose gate is new to us."""
+        rows = await self.store.list_page(status="WAITING_APPROVAL", limit=10_000,
+                                          updated_after=self._since)
         for row in rows:
             waiting = row.summary.waiting or {}
             requested = waiting.get("requested_at")
             if (row.run_id, requested) in self._looked_at:
                 continue
-            self._looked_at.add((row.run_id, requested))
+            self.looked += 1
             gates: dict[int, dict[str, Any]] = {}
             told: set[int] = set()
             async for page in trace_pages(row.run_id, store=self.store):
@@ -100,6 +109,7 @@ class Notifier:
                                  (rec["node"], rec.get("visit"))}
                     elif rec["type"] == NOTIFY_SENT and rec.get("request") is not None:
                         told.add(rec["request"])
+            self._looked_at.add((row.run_id, requested))  # read: not again
             for seq, rec in gates.items():
                 if seq not in told:
                     self.requested(row.workflow, row.run_id, rec)

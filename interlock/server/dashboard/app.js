@@ -189,10 +189,11 @@ async function runsPage(ctx) {
     h("option", { value: "" }, "any status"), STATUSES.map((s) => h("option", { value: s }, s)));
   const workflow = h("select", { id: "filter-workflow", "aria-label": "workflow" }, h("option", { value: "" }, "any workflow"));
   status.value = params.get("status") || "";
-  let cursor = params.get("cursor");
-  const pageHref = (at) => {
+  let cursor = params.get("cursor");  // the API's opaque keyset cursor (its page's next)
+  let from = Number(params.get("from")) || 0;  // how many newer runs the pages before held
+  const pageHref = (at, n) => {
     const q = new URLSearchParams(location.search);
-    if (Number(at) > 0) q.set("cursor", String(at)); else q.delete("cursor");
+    if (at) { q.set("cursor", at); q.set("from", String(n)); } else { q.delete("cursor"); q.delete("from"); }
     return q.toString() ? `/?${q}` : "/";
   };
   const tbody = h("tbody", { id: "runs" });
@@ -206,6 +207,7 @@ async function runsPage(ctx) {
     footer);
   const onFilter = () => {
     cursor = null;
+    from = 0;
     const q = new URLSearchParams();
     if (status.value) q.set("status", status.value);
     if (workflow.value) q.set("workflow", workflow.value);
@@ -237,10 +239,9 @@ async function runsPage(ctx) {
       h("td", {}, r.waiting?.node ? link(`/approvals?run_id=${encodeURIComponent(r.run_id)}`, r.waiting.node) : ""),
       h("td", {}, when(r.created_at)),
       h("td", {}, when(r.updated_at)))));
-    const from = Number(cursor || 0);
     const pages = [];
-    if (from > 0) pages.push(link(pageHref(Math.max(from - 100, 0)), "← newer"));
-    if (page.next) pages.push(link(pageHref(page.next), "older →"));
+    if (cursor) pages.push(link(pageHref(null, 0), "← newest"));
+    if (page.next) pages.push(link(pageHref(page.next, from + page.runs.length), "older →"));
     fill(footer, page.runs.length ? `runs ${from + 1}–${from + page.runs.length}, newest first ` : "no runs match", pages);
   };
   await every(ctx, POLL_MS, async () => {
