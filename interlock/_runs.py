@@ -30,6 +30,7 @@ from ._errors import (
     InterlockError,
     LogError,
     RunNotFound,
+    StoreError,
     UsageError,
 )
 from ._fold import Gate, RunResult, RunView, result_of
@@ -273,7 +274,12 @@ class _Watcher:
     async def _watch(self) -> None:
         loop = asyncio.get_running_loop()
         while self.lost is None:
-            request = await self.store.cancel_requested(self.run_id)
+            try:
+                request = await self.store.cancel_requested(self.run_id)
+            except StoreError as exc:  # (an outage: the next poll tries again)
+                log.warning("run %s: looking for a cancellation request failed (%s); "
+                            "trying again in %.2fs", self.run_id, exc, CANCEL_POLL_SECONDS)
+                request = None
             if request is not None and self.runner.cancelled_by is None:
                 self.runner.cancelled_by = request
                 self.cancelled = True
@@ -288,10 +294,14 @@ class _Watcher:
             except ClaimLost as exc:  # the store refused it: another owner claimed the run
                 self.lose(exc)
                 return
+            except StoreError:  # the journal is broken: the executor's next flush says so
+                return
             await asyncio.sleep(CANCEL_POLL_SECONDS)
 
-    async def _heartbeat(self) -> bool:
-        """Renew the lease from the loop; False (and `lose`) when the claim is gone."""
+    async def _heartbeat(self, confirming: bool = False) -> bool:
+        """Renew the lease from the loop; False (and `lose`) when the claim is gone. A
+        store error is logged (the next poll tries again), or, ``confirming`` an
+        effect, raised."""
         sent = time.monotonic()
         try:
             if self.claim is None:
@@ -304,6 +314,11 @@ class _Watcher:
                 self.run_id, exc.owner, None,
                 None if self.claim is None else self.claim.generation))
             return False
+        except StoreError as exc:
+            if not confirming:  # (the watcher's: its next poll tries again)
+                log.warning("run %s: renewing the lease failed (%s)", self.run_id, exc)
+                return True
+            raise
         if self.held is not None:
             self.held.renewed = max(self.held.renewed, sent)
         return True
@@ -337,7 +352,7 @@ class _Watcher:
         the claim is gone, the run is being stopped: wait for that cancellation here
         (the node stops as a cancellation stops it), and raise `ClaimLost` if it does
         not come. A store error is raised as it is: no effect without the check."""
-        if self.lost is None and await self._heartbeat():
+        if self.lost is None and await self._heartbeat(confirming=True):
             return
         await asyncio.sleep(LOST_GRACE_SECONDS)
         assert self.lost is not None
