@@ -10,11 +10,30 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ._errors import RunError, UsageError
 from ._records import decision_key
+from ._store import Claim
+
+
+class ClaimGuard(Protocol):
+    """The claim of the run whose nodes run in this context (`_runs._Watcher`)."""
+
+    @property
+    def claim(self) -> Claim | None: ...
+
+    async def confirm(self) -> None:
+        """Return when the claim is still this process's (checked with the store);
+        otherwise stop the node (`ClaimLost`)."""
+
+
+# set by the executor in the context its nodes run in (a sub-workflow's child run sets
+# its own inside); None outside a run, and in a node isolated in another process
+CLAIM_GUARD: ContextVar[ClaimGuard | None] = ContextVar("interlock_claim_guard",
+                                                        default=None)
 
 
 class Port(Protocol):
@@ -118,6 +137,11 @@ class Context:
     retries and re-runs after a crash -- and differs between visits (loop
     iterations) and between the items of a mapped node (``item_index``): use it as the
     key of an external side effect.
+
+    ``claim`` is the claim the run is executed under -- ``claim.owner`` and
+    ``claim.generation``, which grows with every claim of the run -- for an outside
+    system that wants to refuse a stale executor's writes itself (keep the highest
+    generation seen per run; refuse a lower one).
     """
 
     __slots__ = ("_port", "attempt", "config", "idempotency_key", "item_index", "node",
@@ -136,6 +160,14 @@ class Context:
         self.idempotency_key = f"{port.run_id}:{node}:{visit}" if item_index is None \
             else f"{port.run_id}:{node}:{visit}:{item_index}"
         self.spent = Tally()  # what this attempt spent: the budget's to write
+
+    @property
+    def claim(self) -> Claim | None:
+        """The run's current claim (`interlock.support.Claim`: ``owner``, ``generation``);
+        None where the store does not fence appends, or in a node isolated in another
+        process."""
+        guard = CLAIM_GUARD.get()
+        return None if guard is None else guard.claim
 
     @property
     def tokens(self) -> int:
@@ -168,6 +200,12 @@ class Context:
         The result is committed to the run's log before it is returned; when this
         visit runs again (a retry, or a resume after a crash) the recorded result
         is returned and ``fn`` is not called. The result must be JSON data.
+
+        Before ``fn`` runs, the run's claim is checked with the store (its lease renewed
+        under its claim generation). If another owner has claimed the run since (a
+        takeover after this process was paused past its lease, ``--force``), ``fn`` is
+        not called and the node stops as a cancellation stops it (the run moved to that
+        owner).
         """
         _awaitable_here("once")  # a sync node would get a coroutine it cannot await
         return self._once(key, fn, *args)
@@ -176,6 +214,9 @@ class Context:
         found, value = self._port.recorded_effect(self, key)
         if found:
             return value
+        guard = CLAIM_GUARD.get()
+        if guard is not None:
+            await guard.confirm()  # never an effect under a claim that is gone
         result = fn(*args)
         if isinstance(result, Awaitable) or asyncio.iscoroutine(result):
             result = await result

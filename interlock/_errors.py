@@ -20,6 +20,7 @@ exported by ``interlock``; where a builtin fits, it is a base too.
     │   ├── ConflictError      another writer appended to the run first (a race: read
     │   │                      the run again and retry)
     │   ├── ClaimError         another process is executing the run
+    │   │   └── ClaimLost      this process's claim was taken over: it stopped executing
     │   └── LogError           the run's stored log is broken (a record changed, removed
     │                          or forged) or its definition no longer matches its hash:
     │                          nothing continues it; `interlock verify RUN_ID` says where
@@ -131,6 +132,27 @@ class ClaimError(StoreError):
             "process is really gone"
         )
         self.owner = owner
+
+
+class ClaimLost(ClaimError):
+    """This process's claim on a run is no longer current: another owner claimed the run
+    since (its lease ran out while this process was paused or could not renew it, or it
+    was taken with ``--force``). The store refused what this process tried to write
+    under the old claim, and this process stopped executing the run."""
+
+    def __init__(self, run_id: str, owner: str | None, generation: int | None,
+                 held: int | None) -> None:
+        now = f"owner {owner}" if owner else "another owner (since released)"
+        was = f"generation {held}" if held is not None else "an older claim"
+        StoreError.__init__(
+            self,
+            f"run {run_id!r} moved to {now} (claim generation {generation}) while this "
+            f"process held {was}; this process stopped executing it and stored nothing "
+            f"more -- see `interlock status {run_id}`")
+        self.run_id = run_id
+        self.owner = owner or ""
+        self.generation = generation
+        self.held = held
 
 
 class Draining(InterlockError):

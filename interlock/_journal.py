@@ -32,7 +32,7 @@ from . import _snapshot as snapshots
 from ._errors import ClaimError, ConflictError, RunNotFound, StoreError
 from ._fold import RunView
 from ._records import Item
-from ._store import Store, Summary
+from ._store import Claim, Store, Summary
 
 log = logging.getLogger("interlock")
 
@@ -62,8 +62,13 @@ class Journal:
     """Seals, folds, stages and stores one run's records (a `_records.Sink`)."""
 
     def __init__(self, store: Store, run_id: str, view: RunView, writer: L.LogWriter,
-                 listener: Any = None, owner: str | None = None) -> None:
+                 listener: Any = None, owner: str | None = None,
+                 claim: Claim | None = None) -> None:
         self.store = store
+        # the claim every append is made under (refused by the store once another owner
+        # claimed the run: `ClaimLost`, which breaks the journal), where the store
+        # fences appends
+        self.claim = claim if getattr(store, "fences_appends", False) else None
         # the executor's lease, given up by the append that ends the run (``released``),
         # where the store can (`Store.leases_in_writes`)
         self.owner = owner if getattr(store, "leases_in_writes", False) else None
@@ -234,7 +239,9 @@ class Journal:
         delay = RETRY_FIRST_DELAY
         while True:
             try:
-                if release is None:
+                if self.claim is not None:
+                    await store.append(run_id, entries, summary, release, claim=self.claim)
+                elif release is None:
                     await store.append(run_id, entries, summary)
                 else:
                     await store.append(run_id, entries, summary, release=release)

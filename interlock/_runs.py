@@ -23,23 +23,27 @@ from . import _records as R
 from . import _snapshot as snapshots
 from ._bounds import check_config, check_run_id
 from ._compile import compile_spec, reading_plan
+from ._context import CLAIM_GUARD
 from ._errors import (
     ClaimError,
+    ClaimLost,
     ConflictError,
     InterlockError,
     LogError,
     RunNotFound,
+    StoreError,
     UsageError,
 )
 from ._fold import Gate, RunResult, RunView, result_of
 from ._journal import Journal
+from ._lease import Held, keeper_for
 from ._model import DEFAULT_STEPS, WorkflowSpec, check_limits
 from ._otel import RunSpans, run_spans, tracing, with_spans
 from ._plan import Plan
 from ._runner import Runner, Stop
 from ._spec import parse
 from ._steps import Steps
-from ._store import RunRow, Store, Summary, acquire_store, release_store, this_owner
+from ._store import Claim, RunRow, Store, Summary, acquire_store, release_store, this_owner
 from ._subflow import CHILD_RUNS, ChildOutcome, ChildRequest, child_run_id
 
 if TYPE_CHECKING:
@@ -86,12 +90,17 @@ async def drive(plan: Plan, store: Store, run_id: str, view: RunView, writer: L.
                 first: list[tuple[str, dict[str, Any]]] | None = None, force: bool = False,
                 listener: Listener | None = None, owner: str | None = None,
                 fresh: bool = False, lease: float = LEASE_SECONDS,
-                stop: Stop | None = None, execute: bool = True) -> RunResult:
+                stop: Stop | None = None, execute: bool = True,
+                generation: int | None = None) -> RunResult:
     """Claim the run, commit ``first`` (e.g. ``run.resumed``), execute, release.
 
-    ``owner``: the run was created claimed by it (`Workflow.run`), so there is no claim
-    to make. The last append (the run's end) gives the lease up in its transaction; the
-    release here is for a run that stops otherwise (waiting, an error of the store).
+    ``owner``: the run was created claimed by it (`Workflow.run`), or claimed by a
+    worker, so there is no claim to make; ``generation`` is that claim's. The last
+    append (the run's end) gives the lease up in its transaction; the release here is
+    for a run that stops otherwise (waiting, an error of the store). Every append is
+    made under the claim (owner and generation, where the store fences appends): once
+    another owner has claimed the run, the store refuses them and this raises
+    `ClaimLost` -- the run moved to another owner; nothing more of this one is stored.
 
     ``fresh``: ``view`` and ``writer`` were made a while ago (a run created, then
     queued for execution, as a server does): once claimed, the stored log must still end
@@ -106,8 +115,9 @@ async def drive(plan: Plan, store: Store, run_id: str, view: RunView, writer: L.
     """
     if owner is None:
         owner = make_owner()
-        await store.claim(run_id, owner, lease, force=force)
-    journal = Journal(store, run_id, view, writer, listener, owner=owner)
+        generation = await store.claim(run_id, owner, lease, force=force)
+    claim = Claim(owner, generation) if generation is not None else None
+    journal = Journal(store, run_id, view, writer, listener, owner=owner, claim=claim)
     runner = Runner(plan, journal, run_id, view)
     runner.stop = stop
     try:
@@ -126,7 +136,7 @@ async def drive(plan: Plan, store: Store, run_id: str, view: RunView, writer: L.
                     "decided or resumed it first); nothing was recorded and this resume is "
                     f"refused -- see `interlock status {run_id}`") from None
         if execute and view.status not in TERMINAL_STATUSES:
-            await _execute(store, run_id, owner, runner, listener, lease)
+            await _execute(store, run_id, owner, runner, listener, lease, journal.claim)
     except BaseException as exc:
         if not journal.released:
             # the run is given up (a store that failed, a lost claim, a cancellation of
@@ -145,6 +155,11 @@ async def drive(plan: Plan, store: Store, run_id: str, view: RunView, writer: L.
     return result_of(run_id, plan.spec.workflow, view)
 
 
+def _claim_of(owner: str, generation: int | None) -> Claim | None:
+    """The claim a `Store.claim` gave (None from a store that fences no appends)."""
+    return None if generation is None else Claim(owner, generation)
+
+
 def make_run_id() -> str:
     """A new run id: 20 random hex digits."""
     return os.urandom(10).hex()
@@ -156,11 +171,15 @@ def make_owner() -> str:
 
 
 CANCEL_POLL_SECONDS = 0.25
+# how long `ctx.once` waits, after the claim was found lost, for the run's cancellation
+# to reach it before it raises `ClaimLost` itself
+LOST_GRACE_SECONDS = 5.0
 TERMINAL_STATUSES = frozenset(L.TERMINAL_TYPES.values())
 
 
 async def _execute(store: Store, run_id: str, owner: str, runner: Runner,
-                   listener: Listener | None = None, lease: float = LEASE_SECONDS) -> None:
+                   listener: Listener | None = None, lease: float = LEASE_SECONDS,
+                   claim: Claim | None = None) -> None:
     """Run the executor in this task, watched for its lease and for a cancellation.
 
     The executor needs no task of its own (a run that never waits for I/O then runs
@@ -169,18 +188,25 @@ async def _execute(store: Store, run_id: str, owner: str, runner: Runner,
     cancellation back (``Task.uncancel``, as `asyncio.timeout` does with its own) and
     records ``run.cancelled``. A cancellation of our caller propagates; when it came
     together with the watcher's (one ``CancelledError`` for both), it still does.
+
+    A lost claim (`_Watcher.lose`) cancels this task too, with nothing recorded: the
+    nodes in flight are stopped as a cancellation stops them, and `ClaimLost` is raised.
     """
     task = asyncio.current_task()
     if task is None:
         raise RuntimeError("interlock executes a run inside an asyncio task")
     cancelling = task.cancelling()
-    watcher = _Watcher(store, run_id, owner, runner, task, lease)
+    watcher = _Watcher(store, run_id, owner, runner, task, lease, claim)
     # in a copy of our context, as a task of its own would be: what node bodies set in
     # context variables stays in the run; its sub-workflow nodes find its child runs there
     context = contextvars.copy_context()
     context.run(CHILD_RUNS.set, _Children(store, run_id, runner.view, listener))
+    context.run(CLAIM_GUARD.set, watcher)  # `ctx.claim`, and `ctx.once`'s check
     try:
         await Steps(runner.execute(), context=context)
+    except asyncio.CancelledError:
+        if watcher.lost is None:
+            raise
     finally:
         if watcher.cancelled and runner.view.status != "CANCELLED" \
                 and task.cancelling() > cancelling:
@@ -188,34 +214,56 @@ async def _execute(store: Store, run_id: str, owner: str, runner: Runner,
             # it after the run had ended (in its last commit), or a node swallowed it
             task.uncancel()
         await watcher.stop()
+    if watcher.lost is not None:
+        if watcher.lost_cancel and task.cancelling() > cancelling:
+            task.uncancel()  # ours, for the lost claim: the caller is told by the error
+        raise watcher.lost
     if task.cancelling() > cancelling:
         raise asyncio.CancelledError  # our caller's, taken for the watcher's by the executor
 
 
 class _Watcher:
-    """Heartbeats a run's lease, polls the store for a request to cancel it, and commits
-    what the executor staged but has not committed yet.
+    """Keeps a run's lease, polls the store for a request to cancel it, commits what the
+    executor staged but has not committed yet, and stops the run when its claim is lost.
 
-    A timer starts its task after `CANCEL_POLL_SECONDS` (a run that ends sooner costs
-    no task); then it polls every `CANCEL_POLL_SECONDS` and heartbeats every third of
-    the lease. An error of a store call (a lost lease, say) ends it; `stop` raises it.
+    The lease is renewed off the event loop, by the store's lease keeper (`_lease`: a
+    thread with a connection of its own), from the moment the run is watched: a node
+    that blocks the loop for longer than the lease does not lose it. A store without a
+    keeper has its lease renewed here, on the loop, every third of the lease.
 
-    The executor commits ``node.started`` with the next batch (a node's completion, as a
-    rule) -- one commit per step instead of two. The poll commits it too, so a node that
-    runs longer than a poll shows in ``trace`` and ``status`` (and survives a crash in
-    the log) while it runs.
+    A timer starts the watching task after `CANCEL_POLL_SECONDS` (a run that ends sooner
+    costs no task); then it polls every `CANCEL_POLL_SECONDS`. The executor commits
+    ``node.started`` with the next batch (a node's completion, as a rule) -- one commit
+    per step instead of two. The poll commits it too, so a node that runs longer than a
+    poll shows in ``trace`` and ``status`` (and survives a crash in the log) while it runs.
+
+    A lost claim (the keeper's renewal, a heartbeat here, or ``ctx.once``'s check found
+    that another owner claimed the run since) is `lose`: nothing more is appended (the
+    journal refuses, and so would the store), the executor's task is cancelled -- the
+    nodes in flight stop as a cancellation stops them -- and `_execute` raises
+    `ClaimLost`. It is also the run's `_context.ClaimGuard`: ``ctx.claim`` and
+    ``ctx.once``'s check.
     """
 
-    __slots__ = ("_next_beat", "_task", "_timer", "cancelled", "lease", "owner", "run_id",
-                 "runner", "store", "target")
+    __slots__ = ("_loop", "_next_beat", "_stopped", "_task", "_timer",
+                 "cancelled", "claim", "held", "lease", "lost", "lost_cancel", "owner",
+                 "run_id", "runner", "store", "target")
 
     def __init__(self, store: Store, run_id: str, owner: str, runner: Runner,
-                 target: asyncio.Task[Any], lease: float = LEASE_SECONDS) -> None:
+                 target: asyncio.Task[Any], lease: float = LEASE_SECONDS,
+                 claim: Claim | None = None) -> None:
         self.store, self.run_id, self.owner = store, run_id, owner
         self.runner, self.target, self.lease = runner, target, lease
-        self.cancelled = False  # whether we cancelled ``target``
-        loop = asyncio.get_running_loop()
+        self.claim = claim
+        self.cancelled = False  # whether we cancelled ``target`` (a requested cancellation)
+        self.lost: ClaimLost | None = None
+        self.lost_cancel = False  # whether we cancelled ``target`` for a lost claim
+        self._stopped = False
+        loop = self._loop = asyncio.get_running_loop()
         self._next_beat = loop.time() + lease / 3
+        keeper = keeper_for(store) if claim is not None else None
+        self.held: Held | None = None if keeper is None or claim is None else \
+            keeper.hold(run_id, claim, lease, self._lost_elsewhere)
         self._task: asyncio.Task[None] | None = None
         self._timer: asyncio.TimerHandle | None = loop.call_later(
             CANCEL_POLL_SECONDS, self._start)
@@ -226,21 +274,98 @@ class _Watcher:
 
     async def _watch(self) -> None:
         loop = asyncio.get_running_loop()
-        while True:
-            request = await self.store.cancel_requested(self.run_id)
+        while self.lost is None:
+            try:
+                request = await self.store.cancel_requested(self.run_id)
+            except StoreError as exc:  # (an outage: the next poll tries again)
+                log.warning("run %s: looking for a cancellation request failed (%s); "
+                            "trying again in %.2fs", self.run_id, exc, CANCEL_POLL_SECONDS)
+                request = None
             if request is not None and self.runner.cancelled_by is None:
                 self.runner.cancelled_by = request
                 self.cancelled = True
                 self.target.cancel()
-            if loop.time() >= self._next_beat and \
+            if self.held is None and loop.time() >= self._next_beat and \
                     self.runner.view.status not in TERMINAL_STATUSES:  # not released yet
-                await self.store.heartbeat(self.run_id, self.owner, self.lease)
+                if not await self._heartbeat():
+                    return
                 self._next_beat = loop.time() + self.lease / 3
-            await self.runner.sink.flush()  # a no-op unless records wait to be committed
+            try:
+                await self.runner.sink.flush()  # a no-op unless records wait to be committed
+            except ClaimLost as exc:  # the store refused it: another owner claimed the run
+                self.lose(exc)
+                return
+            except StoreError:  # the journal is broken: the executor's next flush says so
+                return
             await asyncio.sleep(CANCEL_POLL_SECONDS)
+
+    async def _heartbeat(self, confirming: bool = False) -> bool:
+        """Renew the lease from the loop; False (and `lose`) when the claim is gone. A
+        store error is logged (the next poll tries again), or, ``confirming`` an
+        effect, raised."""
+        sent = time.monotonic()
+        try:
+            if self.claim is None:
+                await self.store.heartbeat(self.run_id, self.owner, self.lease)
+            else:
+                await self.store.heartbeat(self.run_id, self.owner, self.lease,
+                                           self.claim.generation)
+        except ClaimError as exc:
+            self.lose(exc if isinstance(exc, ClaimLost) else ClaimLost(
+                self.run_id, exc.owner, None,
+                None if self.claim is None else self.claim.generation))
+            return False
+        except StoreError as exc:
+            if not confirming:  # (the watcher's: its next poll tries again)
+                log.warning("run %s: renewing the lease failed (%s)", self.run_id, exc)
+                return True
+            raise
+        if self.held is not None:
+            self.held.renewed = max(self.held.renewed, sent)
+        return True
+
+    def _lost_elsewhere(self, exc: ClaimLost) -> None:
+        """The keeper's (on its thread): the claim is gone; the loop stops the run."""
+        with contextlib.suppress(RuntimeError):  # a closed loop: nothing runs there
+            self._loop.call_soon_threadsafe(self.lose, exc)
+
+    def lose(self, exc: ClaimLost) -> None:
+        """The claim is gone: append nothing more, stop the run (`_execute` raises)."""
+        if self.lost is not None or self._stopped or (
+                isinstance(self.runner.sink, Journal) and self.runner.sink.released):
+            return  # (released by the run's last append: nothing of ours is at stake)
+        self.lost = exc
+        if isinstance(self.runner.sink, Journal):  # broken: its flushes refuse from now on
+            self.runner.sink.broken = exc
+        log.warning("%s", exc)
+        if not self.target.done():
+            self.lost_cancel = True
+            self.target.cancel()
+
+    # -- the `_context.ClaimGuard` of the run's nodes --------------------------------------
+
+    async def confirm(self) -> None:
+        """Before a ``ctx.once`` effect: renew the lease, with the claim's generation (one
+        heartbeat: 0.05-0.25 ms on SQLite, ~0.1 ms on PostgreSQL; the effect's own
+        record costs an append). The keeper alone would notice a lost claim only at its
+        next renewal, up to a third of the lease later -- after a ``--force`` takeover,
+        or a pause of the whole process, the node would run its effect meanwhile. When
+        the claim is gone, the run is being stopped: wait for that cancellation here
+        (the node stops as a cancellation stops it), and raise `ClaimLost` if it does
+        not come. A store error is raised as it is: no effect without the check."""
+        if self.lost is None and await self._heartbeat(confirming=True):
+            return
+        await asyncio.sleep(LOST_GRACE_SECONDS)
+        assert self.lost is not None
+        raise self.lost
 
     async def stop(self) -> None:
         """Stop watching: no cancellation after this. Raises what ended the watch, if any."""
+        self._stopped = True
+        if self.held is not None:
+            keeper = keeper_for(self.store)
+            if keeper is not None:
+                keeper.drop(self.held)
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -265,7 +390,8 @@ async def start(plan: Plan, store: Store, run_id: str, *, definition: dict[str, 
         plan, store, run_id, definition=definition, definition_hash=definition_hash,
         input=input, config=config, limits=limits, options=options, started=started,
         listener=listener)
-    return await drive(plan, store, run_id, view, writer, listener=listener, owner=owner)
+    return await drive(plan, store, run_id, view, writer, listener=listener, owner=owner,
+                       generation=1 if owner is not None else None)
 
 
 async def create(plan: Plan, store: Store, run_id: str, *, definition: dict[str, Any],
@@ -302,7 +428,8 @@ async def create(plan: Plan, store: Store, run_id: str, *, definition: dict[str,
                  created_at=now,
                  summary=Summary(status=view.status, last_seq=1, last_hash=writer.hash,
                                  updated_at=now),
-                 owner=owner, lease_until=now + LEASE_SECONDS if owner else None)
+                 owner=owner, lease_until=now + LEASE_SECONDS if owner else None,
+                 generation=1 if owner else 0)  # created claimed: its first claim
     await store.create_run(row, [entry])
     if listener is not None:
         listener(rec, view)
@@ -529,9 +656,10 @@ async def _commit_claimed(store: Store, loaded: Loaded, items: list[tuple[str, d
     """Append ``items`` to a run nobody executes (a child waiting for a human), under a
     claim of our own."""
     owner = make_owner()
-    await store.claim(loaded.row.run_id, owner, LEASE_SECONDS)
+    generation = await store.claim(loaded.row.run_id, owner, LEASE_SECONDS)
     try:
-        await Journal(store, loaded.row.run_id, loaded.view, loaded.writer()).commit(items)
+        await Journal(store, loaded.row.run_id, loaded.view, loaded.writer(),
+                      claim=_claim_of(owner, generation)).commit(items)
     finally:
         await store.release(loaded.row.run_id, owner)
 
@@ -823,6 +951,9 @@ async def continue_claimed(store: Store, run_id: str, owner: str, *,
     except BaseException:
         await store.release(run_id, owner)
         raise
+    row = loaded.row
+    if row.owner != owner:  # taken over since our claim (our lease ran out meanwhile)
+        raise ClaimLost(run_id, row.owner, row.generation, None)
     view = loaded.view
     first: list[tuple[str, dict[str, Any]]] = []
     if view.status == "WAITING_APPROVAL":  # a gate's deadline passed: the engine decides
@@ -840,7 +971,8 @@ async def continue_claimed(store: Store, run_id: str, owner: str, *,
         result = await drive(loaded.plan, store, run_id, view, writer,
                              first=[(L.RUN_RESUMED, {"by": None, "worker": owner,
                                                      "executor": executor}), *first],
-                             listener=listener, owner=owner, lease=lease, stop=stop)
+                             listener=listener, owner=owner, lease=lease, stop=stop,
+                             generation=row.generation if store.fences_appends else None)
     finally:
         if spans is not None:
             spans.end()
@@ -1284,7 +1416,7 @@ async def cancel(run_id: str, *, by: str | None = None, store: str | Store | Non
             raise UsageError(f"run {run_id!r} is already {loaded.view.status}")
         owner = make_owner()
         try:
-            await st.claim(run_id, owner, LEASE_SECONDS)
+            generation = await st.claim(run_id, owner, LEASE_SECONDS)
         except ClaimError:
             await st.request_cancel(run_id, by)
             deadline = time.monotonic() + wait
@@ -1299,7 +1431,8 @@ async def cancel(run_id: str, *, by: str | None = None, store: str | Store | Non
                 # it ended between the first read and the claim (its executor's last
                 # append released the claim we then took): nothing to cancel
                 raise UsageError(f"run {run_id!r} is already {loaded.view.status}")
-            journal = Journal(st, run_id, loaded.view, loaded.writer())
+            journal = Journal(st, run_id, loaded.view, loaded.writer(),
+                              claim=_claim_of(owner, generation))
             await journal.commit([R.run_cancelled(by)])
         finally:
             await st.release(run_id, owner)
@@ -1327,13 +1460,14 @@ async def append_note(run_id: str, rtype: str, fields: Mapping[str, Any], *,
     committed, released. `ClaimError` while another owner executes the run;
     `UsageError` once it has ended (a note never follows its final record)."""
     owner = make_owner()
-    await store.claim(run_id, owner, LEASE_SECONDS)
+    generation = await store.claim(run_id, owner, LEASE_SECONDS)
     try:
         loaded = await load_run(store, run_id)
         if loaded.view.status in TERMINAL_STATUSES:
             raise UsageError(f"run {run_id!r} has ended ({loaded.view.status}): no "
                              f"{rtype} is appended after its final record")
-        journal = Journal(store, run_id, loaded.view, loaded.writer())
+        journal = Journal(store, run_id, loaded.view, loaded.writer(),
+                          claim=_claim_of(owner, generation))
         await journal.commit([(rtype, L.to_json_value(dict(fields)))])
     finally:
         await store.release(run_id, owner)

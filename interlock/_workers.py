@@ -32,7 +32,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Literal
 
-from ._errors import Draining, InterlockError, LogError
+from ._errors import ClaimLost, Draining, InterlockError, LogError
 from ._fold import RunResult
 from ._runs import LEASE_SECONDS, Functions, continue_claimed, list_runs, make_owner
 from ._store import RUNNABLE, RunNotFound, Store, StoreError, owner_gone
@@ -109,7 +109,9 @@ class Pool:
         if task.cancelled():
             return
         exc = task.exception()  # retrieved here, whoever else awaits it
-        if isinstance(exc, InterlockError):
+        if isinstance(exc, ClaimLost):  # the run moved to another owner (a server's run)
+            log.warning("%s: %s", task.get_name(), exc)
+        elif isinstance(exc, InterlockError):
             log.info("%s: %s", task.get_name(), exc)
         elif exc is not None:
             log.error("%s failed", task.get_name(), exc_info=exc)
@@ -279,6 +281,9 @@ class Worker:
                      "was stopping); released, continued by the next worker", run_id,
                      row.workflow)
             raise
+        except ClaimLost as exc:  # another owner has it now: not ours to refuse or retry
+            log.warning("run %s (workflow %s): %s", run_id, row.workflow, exc)
+            return None
         except Exception as exc:
             if _transient(exc):
                 assert isinstance(exc, StoreError)

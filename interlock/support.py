@@ -6,7 +6,9 @@ line uses nothing else):
 
 Types
     `Record` (a log record: a JSON object), `Entry` (a record as stored: its bytes and
-    chain hash), `RunRow` and `Summary` (a stored run's row), `EdgeSpec` and `NodeSpec`
+    chain hash), `RunRow` and `Summary` (a stored run's row), `Claim` (who executes a
+    run, under which claim generation) and `LeaseRenewer` (what a store renews leases
+    with, off the event loop), `EdgeSpec` and `NodeSpec`
     (parts of a `interlock.WorkflowSpec`), `RunView` (a run folded from its log: what a
     ``listener=`` receives with each record).
 
@@ -94,7 +96,7 @@ from ._render import to_dot, to_mermaid
 from ._runs import TRACE_PAGE, LogCheck, append_note, load_run, trace_pages
 from ._spec import load_spec
 from ._spec import parse as parse_definition
-from ._store import RunRow, Summary, owner_gone
+from ._store import Claim, LeaseRenewer, RunRow, Summary, owner_gone
 from ._triggers import Firer
 from ._triggers import describe as describe_trigger
 from ._visits import node_visits
@@ -148,11 +150,13 @@ __all__ = [
     "RUN_ID_PATTERN",
     "TERMINAL_TYPES",
     "TRACE_PAGE",
+    "Claim",
     "Draining",
     "EdgeSpec",
     "Entry",
     "Factory",
     "Firer",
+    "LeaseRenewer",
     "LogCheck",
     "Metrics",
     "NodeSpec",

@@ -16,8 +16,9 @@ PUBLIC = {
     # the errors users catch, all in one hierarchy (the house issue)
     "AgentError", "BudgetExceededError", "ClaimError", "ConflictError", "InternalError",
     "RunExists", "RunNotFound", "StepLimitError", "StoreError",
-    # issue 26: a broken log (not a usage mistake), a sub-workflow's failure, a shutdown
-    "LogError", "ChildRunError", "Draining",
+    # issue 26: a broken log (not a usage mistake), a sub-workflow's failure, a shutdown,
+    # a run that moved to another owner while this process executed it
+    "LogError", "ChildRunError", "Draining", "ClaimLost",
     # the support surface for embedders (a server, a worker): a long-lived store handle
     "Store", "open_store", "make_run_id",
     # what the stored runs of a workflow covered of its declared edges (SPEC §10)

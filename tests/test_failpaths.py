@@ -613,9 +613,6 @@ def test_a_retry_that_finds_another_writers_records_says_the_run_was_taken_over(
     asyncio.run(go())
 
 
-@pytest.mark.xfail(reason="the lease watcher (_runs._Watcher, being reworked under issue 26's "
-                          "'one executor' part) ends on any store error and `stop` raises it "
-                          "after the run completed", strict=False)
 def test_a_transient_error_of_the_watchers_poll_does_not_fail_a_completed_run() -> None:
     """One failed cancellation poll: the watcher should poll on (and heartbeat), and the
     caller get the completed run -- today it gets the poll's StoreError."""

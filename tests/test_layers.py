@@ -28,8 +28,9 @@ LAYERS: dict[int, set[str]] = {
     2: {"_spec", "_state", "_render", "_kinds", "_triggers"},
     # static checks and the frozen plan (node kinds injected)
     3: {"_validate", "_plan"},
-    # the fold, its snapshots, approvals, the journal (records sealed, folded, stored)
-    4: {"_fold", "_snapshot", "_approvals", "_journal"},
+    # the fold, its snapshots, approvals, the journal (records sealed, folded, stored),
+    # the lease keeper (leases renewed off the event loop)
+    4: {"_fold", "_snapshot", "_approvals", "_journal", "_lease"},
     # the node call: its context, the guards, process isolation
     5: {"_context", "_guards", "_call", "_mapped", "_ray", "_isolation", "_isolation._pool",
         "_isolation._worker", "_isolation.__main__"},

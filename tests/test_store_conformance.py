@@ -28,7 +28,9 @@ import pytest
 import interlock
 from interlock._log import Entry, LogWriter, verify_chain
 from interlock._store import (
+    Claim,
     ClaimError,
+    ClaimLost,
     ConflictError,
     MemoryStore,
     RunExists,
@@ -730,6 +732,135 @@ def test_heartbeat_and_release(store: Store) -> None:
     run(main)
 
 
+# -- claim generations: a stale executor cannot write -----------------------------------
+
+async def claimed(store: Store, run_id: str, owner: str, *, force: bool = False) -> Claim:
+    """``owner``'s claim of the run (60 s), as the executor holds it."""
+    generation = await store.claim(run_id, owner, 60, force=force)
+    assert generation is not None
+    return Claim(owner, generation)
+
+
+def test_every_claim_bumps_the_generation(store: Store) -> None:
+    async def main() -> None:
+        row, _, entries = new_row()
+        await store.create_run(row, entries)
+        assert (await store.get_run(row.run_id)).generation == 0  # created unclaimed
+        a, b = "host-a.example:1:x", "host-b.example:2:y"
+        assert await store.claim(row.run_id, a, 60) == 1
+        assert await store.claim(row.run_id, a, 60) == 2  # a claim again, by its owner too
+        assert await store.claim(row.run_id, b, 60, force=True) == 3
+        await store.release(row.run_id, b)
+        assert await store.claim_next("host-c.example:3:z", 60) == row.run_id
+        got = await store.get_run(row.run_id)
+        assert (got.owner, got.generation) == ("host-c.example:3:z", 4)
+        # a holder whose process is gone (on this host) is taken over: a claim too
+        dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+        await store.claim(row.run_id, f"{socket.gethostname()}:{dead}:old", 60, force=True)
+        assert await store.claim(row.run_id, a, 60) == 6
+        # a run created claimed starts at the generation its row says (1: its first claim)
+        made, _, first = new_row()
+        made.owner, made.lease_until, made.generation = a, time.time() + 60, 1
+        await store.create_run(made, first)
+        assert (await store.get_run(made.run_id)).generation == 1
+        assert await store.claim(made.run_id, a, 60) == 2
+
+    run(main)
+
+
+def test_a_stale_claims_append_is_refused_and_stores_nothing(store: Store) -> None:
+    async def main() -> None:
+        row, w, entries = new_row()
+        await store.create_run(row, entries)
+        a, b = "host-a.example:1:x", "host-b.example:2:y"
+        mine = await claimed(store, row.run_id, a)
+        _, more = log(2, w)
+        await store.append(row.run_id, more, summary_of(w), claim=mine)  # current: stored
+        theirs = await claimed(store, row.run_id, b, force=True)
+        before = await store.get_run(row.run_id)
+        _, late = log(2, w)  # the next seqs: they fit the log, the claim does not
+        for release in (None, a):
+            with pytest.raises(ClaimLost) as err:
+                await store.append(row.run_id, late, summary_of(w, status="COMPLETED"),
+                                   release, claim=mine)
+            assert (err.value.owner, err.value.generation, err.value.held) == (b, 2, 1)
+            text = str(err.value)
+            assert f"moved to owner {b} (claim generation 2)" in text
+            assert "held generation 1" in text and "nobody" not in text
+        assert await store.entries(row.run_id) == entries + more  # nothing of it stored
+        after = await store.get_run(row.run_id)
+        assert after.summary == before.summary and after.owner == b  # nor its summary
+        assert isinstance(err.value, ClaimError)  # (callers catching ClaimError see it)
+        await store.append(row.run_id, late, summary_of(w), claim=theirs)  # theirs is current
+        assert await store.entries(row.run_id) == entries + more + late
+        # released by its owner, then claimed by nobody: the claim is still the latest one
+        await store.release(row.run_id, b)
+        _, last = log(1, w)
+        await store.append(row.run_id, last, summary_of(w), claim=theirs)
+        with pytest.raises(ClaimLost):
+            await store.append(row.run_id, log(1, w)[1], summary_of(w), claim=mine)
+
+    run(main)
+
+
+def test_a_stale_claims_append_in_a_group_commit_fails_alone(store: Store) -> None:
+    async def main() -> None:
+        (x, wx, ex), (y, wy, ey) = new_row(), new_row()
+        for row, entries in ((x, ex), (y, ey)):
+            await store.create_run(row, entries)
+        gx = await claimed(store, x.run_id, "a:1:x")
+        gy = await claimed(store, y.run_id, "a:1:y")
+        await store.claim(x.run_id, "b:2:x", 60, force=True)  # x moved on
+        _, mx = log(2, wx)
+        _, my = log(2, wy)
+        async with one_turn(store):
+            results = await asyncio.gather(
+                store.append(x.run_id, mx, summary_of(wx), claim=gx),
+                store.append(y.run_id, my, summary_of(wy), claim=gy),
+                return_exceptions=True)
+        assert isinstance(results[0], ClaimLost) and results[1] is None
+        assert await store.entries(x.run_id) == ex
+        assert await store.entries(y.run_id) == ey + my
+
+    run(main)
+
+
+def test_a_stale_claim_can_neither_renew_nor_release(store: Store) -> None:
+    async def main() -> None:
+        row, _, entries = new_row()
+        await store.create_run(row, entries)
+        a, b = "host-a.example:1:x", "host-b.example:2:y"
+        mine = await claimed(store, row.run_id, a)
+        await store.heartbeat(row.run_id, a, 60, mine.generation)
+        theirs = await claimed(store, row.run_id, b, force=True)
+        with pytest.raises(ClaimLost) as err:
+            await store.heartbeat(row.run_id, a, 60, mine.generation)
+        assert (err.value.owner, err.value.generation) == (b, theirs.generation)
+        assert "nobody" not in str(err.value)
+        with pytest.raises(ClaimLost):  # its owner, an older generation: stale too
+            await store.heartbeat(row.run_id, b, 60, mine.generation)
+        # the lease keeper's renewals, from a thread with a connection of its own
+        renewer = store.lease_renewer()
+        assert renewer is not None
+        lease_before = (await store.get_run(row.run_id)).lease_until
+        try:
+            with pytest.raises(ClaimLost):
+                await asyncio.to_thread(renewer.renew, row.run_id, mine, 60)
+            await asyncio.sleep(0.01)
+            await asyncio.to_thread(renewer.renew, row.run_id, theirs, 120)
+        finally:
+            await asyncio.to_thread(renewer.close)
+        got = await store.get_run(row.run_id)
+        assert got.lease_until is not None and lease_before is not None
+        assert got.lease_until > lease_before + 30 and got.owner == b
+        await store.release(row.run_id, a)  # a stale release: no error, no effect
+        got = await store.get_run(row.run_id)
+        assert (got.owner, got.generation) == (b, theirs.generation)
+
+    run(main)
+
+
 # -- real processes --------------------------------------------------------------------
 
 _RACER = r"""
@@ -1077,7 +1208,9 @@ def test_durable_reopen_sees_everything(durable_url: str) -> None:
         try:
             got = await s.get_run(row.run_id)
             assert got.owner == "host-a.example:1"
+            assert got.generation == 1  # the claim's
             got.owner = got.lease_until = None
+            got.generation = 0
             assert got == row
             assert await s.entries(row.run_id) == entries
         finally:
@@ -1163,7 +1296,7 @@ def test_sqlite_file_is_readable_with_plain_sqlite(tmp_path: Path,
     try:
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         meta = dict(conn.execute("SELECT key, value FROM interlock_meta"))
-        assert meta == {"schema": "interlock", "version": "2"}
+        assert meta == {"schema": "interlock", "version": "3"}
         rows = conn.execute(
             "SELECT seq, type, node, typeof(data), json_extract(data, '$.type'), data, hash "
             "FROM records WHERE run_id = ? ORDER BY seq", (row.run_id,)).fetchall()

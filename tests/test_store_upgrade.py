@@ -7,7 +7,8 @@ with a sub-workflow and its child run, and a 200-step loop with a snapshot.
 ``store-v1.expected.json`` is what that version read back from it: each run's status,
 state, summary, snapshot and a digest of its records (seq, type, node, hash, JSON).
 
-Opening the file upgrades it in place to version 2, in one transaction; every record
+Opening the file upgrades it in place to version 3 (2, then the claims' generation), in
+one transaction; every record
 must come back exactly as version 1 read it, every chain must verify, the waiting run
 must go on, and an upgrade that fails or is killed half-way must leave version 1 as it
 was.
@@ -86,7 +87,7 @@ def test_a_version_1_file_is_upgraded_and_reads_back_exactly(
     before = v1_records(v1)
     url = f"sqlite:///{v1}"
     got = asyncio.run(read_back(url))
-    assert meta(v1) == {"schema": "interlock", "version": "2"}
+    assert meta(v1) == {"schema": "interlock", "version": "3"}
     assert "upgrading the store" in caplog.text and f"({len(before)} records;" in caplog.text
     assert got == expected()
     # the records view shows what the version-1 table held, row for row
@@ -141,7 +142,7 @@ def test_a_changed_version_1_file_is_upgraded_with_its_evidence_kept(
         (changed,), = conn.execute("SELECT count(*) FROM records")
     url = f"sqlite:///{v1}"
     runs = asyncio.run(interlock.list_runs(store=url, limit=100))  # every command works
-    assert "did not fit schema version 2" in caplog.text
+    assert "did not fit schema version 3" in caplog.text
     verdicts = {r.run_id: asyncio.run(interlock.verify(r.run_id, store=url)).ok
                 for r in runs if r.run_id != "inc-keyed"}  # (keyed: needs its key)
     assert {run for run, ok in verdicts.items() if not ok} == broken
@@ -229,8 +230,39 @@ def test_a_process_killed_during_an_upgrade_leaves_version_1_and_it_upgrades_lat
     assert meta(v1)["version"] == "1"  # the transaction never committed
     assert v1_records(v1) == before
     got = asyncio.run(read_back(url))  # and the next open upgrades it whole
-    assert meta(v1)["version"] == "2"
+    assert meta(v1)["version"] == "3"
     assert v1_records(v1) == before
     assert {k: got[k] for k in expected()} == expected()
     assert all(got[f"loop-{n}"]["entries_sha256"] == got["loop"]["entries_sha256"]
                for n in range(150))
+
+
+def _as_version_2(path: Path) -> None:
+    """Turn an upgraded file back into what version 2 wrote: no claim generation."""
+    with sqlite3.connect(path) as conn:
+        conn.execute("ALTER TABLE runs DROP COLUMN generation")
+        conn.execute("UPDATE interlock_meta SET value = '2' WHERE key = 'version'")
+
+
+def test_a_version_2_file_gets_the_claims_generation(v1: Path) -> None:
+    url = f"sqlite:///{v1}"
+    asyncio.run(read_back(url))  # upgraded to the current version
+    _as_version_2(v1)
+    assert meta(v1)["version"] == "2"
+
+    async def main() -> None:
+        st = open_store(url)
+        try:
+            rows = await st.list_runs(limit=1000)
+            assert rows and {r.generation for r in rows} == {0}
+            assert await st.claim("inc-wait", "host-a:1", 60) == 1  # the first claim
+            for row in rows:
+                if row.run_id != "inc-keyed":  # (checked with its key elsewhere)
+                    assert (await interlock.verify(row.run_id, store=st)).ok, row.run_id
+        finally:
+            await st.close()
+
+    asyncio.run(main())
+    assert meta(v1)["version"] == "3"
+    with sqlite3.connect(v1) as conn:
+        assert "generation" in {c[1] for c in conn.execute("PRAGMA table_info(runs)")}

@@ -111,7 +111,9 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         (tmp_path / "flows" / f"{name}.yaml").write_text(textwrap.dedent(text))
     (tmp_path / "executions.log").write_text("")
     monkeypatch.setenv("WK_DIR", str(tmp_path))
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    # (the tree under test first after the nodes, as the test process imports it)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        p for p in (str(tmp_path), os.environ.get("PYTHONPATH", "")) if p))
     monkeypatch.syspath_prepend(str(tmp_path))
     return tmp_path
 

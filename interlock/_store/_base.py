@@ -12,7 +12,10 @@ and the ordered entries, and guarantees:
   gets `ConflictError` and nothing of its batch is stored;
 - a run is executed by one owner at a time (`claim`): a lease with expiry,
   taken over when the owner's lease ran out or, on the same host, its process
-  is gone; ``force`` takes it regardless.
+  is gone; ``force`` takes it regardless. Every claim bumps the run's claim
+  *generation*; an append made under a `Claim` (owner and generation) is refused
+  with `ClaimLost`, in the append's own transaction, once the run's generation has
+  moved on (another owner claimed it since): a stale executor cannot write.
 
 Every backend passes the same conformance suite (tests/test_store_conformance.py).
 """
@@ -31,6 +34,7 @@ from typing import Any, Self
 
 from .._errors import (  # the store's errors live with every other error
     ClaimError,
+    ClaimLost,
     ConflictError,
     RunExists,
     RunNotFound,
@@ -47,6 +51,17 @@ FINISHED = ("COMPLETED", "FAILED", "REJECTED", "CANCELLED")
 # the statuses of a run a worker may claim (`Store.claim_next`) when nobody holds it:
 # detached and never executed, continued after a decision, or abandoned by its executor
 RUNNABLE = ("PENDING", "RUNNING", "RETRYING")
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """Who executes a run, and under which of its claims: the ``owner`` id and the run's
+    claim ``generation`` (bumped by every claim, so a later claim by anyone -- a takeover,
+    ``--force`` -- makes this one stale). What an executor's appends are fenced by, and
+    what a node sees as ``ctx.claim``."""
+
+    owner: str
+    generation: int
 
 
 @dataclass(slots=True)
@@ -82,6 +97,9 @@ class RunRow:
     owner: str | None = None
     lease_until: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    # bumped by every claim (`Store.claim`, `claim_next`, a takeover, ``force``); a run
+    # created claimed has generation 1, one created unclaimed 0
+    generation: int = 0
 
     def copy(self) -> RunRow:
         """A copy with its own summary; the other values are shared (as with
@@ -101,7 +119,7 @@ def light_row(row: RunRow) -> RunRow:
     """``row`` as `Store.list_page` gives it: no definition, input or options."""
     return RunRow(row.run_id, row.workflow, {}, row.definition_hash, {}, {}, row.created_at,
                   row.summary.copy(), row.parent_run, row.parent_seq, row.owner,
-                  row.lease_until, dict(row.extra))
+                  row.lease_until, dict(row.extra), row.generation)
 
 
 _this_owner: tuple[int, str] = (-1, "")
@@ -137,6 +155,20 @@ def owner_gone(owner: str) -> bool:
     return False
 
 
+class LeaseRenewer(ABC):
+    """Renews leases of one store, called from one thread (the lease keeper's) only,
+    never from an event loop: a blocked loop does not stop it."""
+
+    @abstractmethod
+    def renew(self, run_id: str, claim: Claim, lease: float) -> None:
+        """Extend ``claim``'s lease to ``lease`` seconds from now (blocking). `ClaimLost`
+        when the claim is no longer current; `StoreError` when the store cannot be
+        reached (the keeper tries again)."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Close its connection (it may be asked to `renew` again later)."""
+
+
 class Store(ABC):
     """A place for runs. All methods are async; backends may use a thread inside."""
 
@@ -145,6 +177,10 @@ class Store(ABC):
     # ``release`` (the stores here): an executor then commits no claim and no release
     # of its own. A store written before these existed is used as it was.
     leases_in_writes = False
+    # True when `append` takes ``claim`` and refuses a stale one (`ClaimLost`), `claim`
+    # returns the new generation, `heartbeat` takes ``generation``, and
+    # `lease_renewer` renews leases from a thread of its own (the stores here)
+    fences_appends = False
 
     @abstractmethod
     async def create_run(self, row: RunRow, entries: list[Entry]) -> None:
@@ -156,11 +192,14 @@ class Store(ABC):
 
     @abstractmethod
     async def append(self, run_id: str, entries: list[Entry], summary: Summary,
-                     release: str | None = None) -> None:
+                     release: str | None = None, *, claim: Claim | None = None) -> None:
         """Append entries and update the summary atomically. ConflictError if a seq is taken.
 
         With ``release`` (an owner), the run's lease is given up in the same transaction
-        if that owner holds it, as `release` does (an executor's last append)."""
+        if that owner holds it, as `release` does (an executor's last append). With
+        ``claim`` (`fences_appends` stores), nothing is stored and `ClaimLost` is raised
+        when the run's claim generation is no longer ``claim.generation`` -- checked in
+        the append's transaction, so no claim can slip in between."""
 
     @abstractmethod
     async def get_run(self, run_id: str) -> RunRow:
@@ -214,8 +253,12 @@ class Store(ABC):
         return [light_row(r) for r in rows[:max(limit, 0)]]
 
     @abstractmethod
-    async def claim(self, run_id: str, owner: str, lease: float, *, force: bool = False) -> None:
-        """Become the run's executor for ``lease`` seconds. ClaimError if someone else is."""
+    async def claim(self, run_id: str, owner: str, lease: float, *,
+                    force: bool = False) -> int | None:
+        """Become the run's executor for ``lease`` seconds. ClaimError if someone else is.
+
+        Bumps the run's claim generation and returns it (`fences_appends` stores; others
+        may return None): the ``generation`` of the `Claim` to append under."""
 
     async def claim_next(self, owner: str, lease: float, *,
                          workflows: Collection[str] | None = None,
@@ -257,8 +300,16 @@ class Store(ABC):
         await asyncio.sleep(timeout)
 
     @abstractmethod
-    async def heartbeat(self, run_id: str, owner: str, lease: float) -> None:
-        """Extend our lease. ClaimError if we lost it."""
+    async def heartbeat(self, run_id: str, owner: str, lease: float,
+                        generation: int | None = None) -> None:
+        """Extend our lease. `ClaimLost` if we lost it (another owner, or with
+        ``generation``, a later claim)."""
+
+    def lease_renewer(self) -> LeaseRenewer | None:
+        """Something that renews this store's leases from a thread other than the event
+        loop's (`interlock._lease`), with a connection of its own; None where the store
+        has none (its leases are then renewed on the event loop, by `heartbeat`)."""
+        return None
 
     @abstractmethod
     async def release(self, run_id: str, owner: str) -> None:
@@ -322,5 +373,6 @@ class Store(ABC):
         await self.close()
 
 
-__all__ = ["RUNNABLE", "ClaimError", "ConflictError", "Entry", "RunExists", "RunNotFound", "RunRow",
-           "Store", "StoreError", "Summary", "light_row", "owner_gone", "this_owner"]
+__all__ = ["RUNNABLE", "Claim", "ClaimError", "ClaimLost", "ConflictError", "Entry",
+           "LeaseRenewer", "RunExists", "RunNotFound", "RunRow", "Store", "StoreError",
+           "Summary", "light_row", "owner_gone", "this_owner"]

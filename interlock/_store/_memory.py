@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
 from .._log import Entry
 from ._base import (
     FINISHED,
+    Claim,
     ClaimError,
+    ClaimLost,
     ConflictError,
+    LeaseRenewer,
     RunExists,
     RunNotFound,
     RunRow,
@@ -22,9 +26,13 @@ from ._base import (
 
 class MemoryStore(Store):
     leases_in_writes = True
+    fences_appends = True
 
     def __init__(self, url: str = "memory://") -> None:
         self.url = url
+        # the lease keeper's thread renews leases (`_Renewer`); claims and fenced appends
+        # take this lock too, so that a renewal's check and write are one step
+        self._lease_lock = threading.Lock()
         self._runs: dict[str, RunRow] = {}
         self._entries: dict[str, list[Entry]] = {}
         self._snapshots: dict[str, tuple[int, bytes]] = {}
@@ -37,10 +45,12 @@ class MemoryStore(Store):
         self._entries[row.run_id] = list(entries)
 
     async def append(self, run_id: str, entries: list[Entry], summary: Summary,
-                     release: str | None = None) -> None:
+                     release: str | None = None, *, claim: Claim | None = None) -> None:
         row = self._runs.get(run_id)
         if row is None:
             raise RunNotFound(run_id)
+        if claim is not None and row.generation != claim.generation:
+            raise ClaimLost(run_id, row.owner, row.generation, claim.generation)
         log = self._entries[run_id]
         # a batch comes from one LogWriter, numbered without gaps: its ends tell
         if entries and (entries[0].seq != len(log) + 1
@@ -104,19 +114,31 @@ class MemoryStore(Store):
         rows.sort(key=lambda r: (r.created_at, r.run_id), reverse=True)
         return [light_row(r) for r in rows[:max(limit, 0)]]
 
-    async def claim(self, run_id: str, owner: str, lease: float, *, force: bool = False) -> None:
+    async def claim(self, run_id: str, owner: str, lease: float, *,
+                    force: bool = False) -> int:
         row = self._row(run_id)
-        now = time.time()
-        if (not force and row.owner not in (None, owner) and row.lease_until is not None
-                and row.lease_until > now and not owner_gone(row.owner)):
-            raise ClaimError(run_id, row.owner, row.lease_until - now)
-        row.owner, row.lease_until = owner, now + lease
+        with self._lease_lock:
+            now = time.time()
+            if (not force and row.owner not in (None, owner) and row.lease_until is not None
+                    and row.lease_until > now and not owner_gone(row.owner)):
+                raise ClaimError(run_id, row.owner, row.lease_until - now)
+            row.owner, row.lease_until = owner, now + lease
+            row.generation += 1
+            return row.generation
 
-    async def heartbeat(self, run_id: str, owner: str, lease: float) -> None:
+    async def heartbeat(self, run_id: str, owner: str, lease: float,
+                        generation: int | None = None) -> None:
+        self._renew(run_id, owner, lease, generation)
+
+    def _renew(self, run_id: str, owner: str, lease: float, generation: int | None) -> None:
         row = self._row(run_id)
-        if row.owner != owner:
-            raise ClaimError(run_id, row.owner or "nobody", 0.0)
-        row.lease_until = time.time() + lease
+        with self._lease_lock:
+            if row.owner != owner or generation not in (None, row.generation):
+                raise ClaimLost(run_id, row.owner, row.generation, generation)
+            row.lease_until = time.time() + lease
+
+    def lease_renewer(self) -> LeaseRenewer:
+        return _Renewer(self)
 
     async def release(self, run_id: str, owner: str) -> None:
         row = self._row(run_id)
@@ -155,3 +177,11 @@ class MemoryStore(Store):
     async def size_bytes(self) -> int | None:
         return sum(len(e.data) + len(e.hash) for log in self._entries.values() for e in log) \
             + sum(len(data) for _, data in self._snapshots.values())
+
+
+class _Renewer(LeaseRenewer):
+    def __init__(self, store: MemoryStore) -> None:
+        self.store = store
+
+    def renew(self, run_id: str, claim: Claim, lease: float) -> None:
+        self.store._renew(run_id, claim.owner, lease, claim.generation)

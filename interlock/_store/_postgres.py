@@ -26,7 +26,10 @@ returns:
   refused one only). A turn of one write is one statement, as before;
 - ``claim`` is a compare-and-set ``UPDATE ... WHERE <free or ours or expired>
   RETURNING``; a holder found dead on this host (`owner_gone`) is replaced by a
-  second compare-and-set on its owner id.
+  second compare-and-set on its owner id. Every claim bumps the run's ``generation``;
+  an append made under a claim locks the run's row (``FOR UPDATE``) in its statement
+  and stores nothing unless the generation is still the claim's (a claim committed
+  meanwhile is waited for and seen), so a stale executor's append is refused.
 
 Lease times (``lease_until``) are taken from the database server's clock, so
 processes on machines whose clocks differ still agree on who holds a run.
@@ -51,8 +54,11 @@ from .._log import Entry
 from ._base import (
     FINISHED,
     RUNNABLE,
+    Claim,
     ClaimError,
+    ClaimLost,
     ConflictError,
+    LeaseRenewer,
     RunExists,
     RunNotFound,
     RunRow,
@@ -77,8 +83,9 @@ Conn = psycopg.AsyncConnection[TupleRow]
 
 # The version of this store's own tables, in its interlock_meta (SQLite's file has its own
 # number, `_sqlite.SCHEMA_VERSION`: the two layouts change apart). Versions 1 and 2 are the
-# same tables here: 2 was written while this store took SQLite's number.
-SCHEMA_VERSION = 2
+# same tables here: 2 was written while this store took SQLite's number. Version 3 added
+# the runs' claim ``generation`` (`_upgrade` adds the column to an older store's table).
+SCHEMA_VERSION = 3
 
 # pg_advisory_xact_lock key serialising schema creation: "ilck" "schm"
 _SCHEMA_LOCK = 0x696C636B_7363686D
@@ -116,7 +123,8 @@ _SCHEMA = (
         parent_seq      bigint,
         owner           text,
         lease_until     double precision,
-        extra           text NOT NULL DEFAULT '{}'
+        extra           text NOT NULL DEFAULT '{}',
+        generation      bigint NOT NULL DEFAULT 0
     )""",
     "CREATE INDEX IF NOT EXISTS runs_by_created ON runs (created_at DESC)",
     "CREATE INDEX IF NOT EXISTS runs_by_status ON runs (status, created_at DESC)",
@@ -179,11 +187,12 @@ SELECT (SELECT count(*) FROM run), (SELECT count(*) FROM ins)
 # commits, then fails with UniqueViolation and its whole statement is undone.
 _APPEND = f"""
 WITH run AS (
-    SELECT run_id FROM runs WHERE run_id = %(run)s
+    SELECT run_id, generation, owner FROM runs WHERE run_id = %(run)s FOR UPDATE
 ), last AS (
     SELECT COALESCE(MAX(seq), 0) AS n FROM records WHERE run_id = %(run)s
 ), ok AS (
-    SELECT EXISTS (SELECT 1 FROM run) AND (SELECT n FROM last) = %(prev)s AS ok
+    SELECT EXISTS (SELECT 1 FROM run) AND (SELECT n FROM last) = %(prev)s
+        AND (%(gen)s::bigint IS NULL OR (SELECT generation FROM run) = %(gen)s::bigint) AS ok
 ), ins AS (
     INSERT INTO records (run_id, seq, type, node, data, hash)
     SELECT %(run)s, u.seq, u.type, u.node, u.data, u.hash FROM {_UNNEST}
@@ -197,14 +206,14 @@ WITH run AS (
     RETURNING 1
 )
 SELECT EXISTS (SELECT 1 FROM run), (SELECT n FROM last), (SELECT count(*) FROM ins),
-       (SELECT count(*) FROM upd)
+       (SELECT count(*) FROM upd), (SELECT generation FROM run), (SELECT owner FROM run)
 """
 
 _UPDATE_SUMMARY = f"""
 UPDATE runs SET status = %(status)s, updated_at = %(updated_at)s, last_seq = %(last_seq)s,
     last_hash = %(last_hash)s, steps = %(steps)s, tokens = %(tokens)s, error = %(error)s,
     waiting = %(waiting)s, {_RELEASE}
-WHERE run_id = %(run)s
+WHERE run_id = %(run)s AND (%(gen)s::bigint IS NULL OR generation = %(gen)s::bigint)
 RETURNING 1
 """
 
@@ -218,16 +227,22 @@ WITH b AS (
     SELECT * FROM unnest(%(b_run)b::text[], %(b_prev)b::bigint[], %(b_status)b::text[],
         %(b_updated_at)b::float8[], %(b_last_seq)b::bigint[], %(b_last_hash)b::text[],
         %(b_steps)b::bigint[], %(b_tokens)b::bigint[], %(b_error)b::text[],
-        %(b_waiting)b::text[], %(b_release)b::text[]) WITH ORDINALITY
+        %(b_waiting)b::text[], %(b_release)b::text[], %(b_gen)b::bigint[]) WITH ORDINALITY
         AS b(run, prev, status, updated_at, last_seq, last_hash, steps, tokens, error,
-             waiting, release, i)
+             waiting, release, gen, i)
+), lk AS (
+    SELECT run_id, generation, owner FROM runs WHERE run_id = ANY(%(b_run)b::text[])
+    ORDER BY run_id FOR UPDATE
 ), chk AS (
-    SELECT b.i, EXISTS (SELECT 1 FROM runs WHERE run_id = b.run) AS found,
-           (SELECT COALESCE(MAX(seq), 0) FROM records WHERE run_id = b.run) AS n
+    SELECT b.i, EXISTS (SELECT 1 FROM lk WHERE lk.run_id = b.run) AS found,
+           (SELECT COALESCE(MAX(seq), 0) FROM records WHERE run_id = b.run) AS n,
+           (SELECT generation FROM lk WHERE lk.run_id = b.run) AS gen,
+           (SELECT owner FROM lk WHERE lk.run_id = b.run) AS owner
     FROM b
 ), ok AS (
     SELECT b.* FROM b JOIN chk ON chk.i = b.i
     WHERE chk.found AND (b.prev IS NULL OR chk.n = b.prev)
+      AND (b.gen IS NULL OR chk.gen = b.gen)
 ), ins AS (
     INSERT INTO records (run_id, seq, type, node, data, hash)
     SELECT ok.run, u.seq, u.type, u.node, u.data, u.hash
@@ -245,7 +260,8 @@ WITH b AS (
     FROM ok WHERE runs.run_id = ok.run
     RETURNING ok.i
 )
-SELECT chk.i, chk.found, chk.n, chk.i IN (SELECT i FROM upd), (SELECT count(*) FROM ins)
+SELECT chk.i, chk.found, chk.n, chk.i IN (SELECT i FROM upd), (SELECT count(*) FROM ins),
+       chk.gen, chk.owner
 FROM chk ORDER BY chk.i
 """
 
@@ -255,7 +271,7 @@ FROM chk ORDER BY chk.i
 _TEXT_COLUMNS = {"definition", "input", "options"}  # long JSON: binary, unescaped
 _NUMERIC = {"created_at": "float8", "updated_at": "float8", "last_seq": "bigint",
             "steps": "bigint", "tokens": "bigint", "parent_seq": "bigint",
-            "lease_until": "float8"}
+            "lease_until": "float8", "generation": "bigint"}
 _CREATE_MANY = f"""
 WITH u AS (
     SELECT * FROM unnest({", ".join(
@@ -287,17 +303,19 @@ FROM u ORDER BY u.i
 BATCH_MAX = 500
 
 _CLAIM = f"""
-UPDATE runs SET owner = %(owner)s, lease_until = {_NOW} + %(lease)s
+UPDATE runs SET owner = %(owner)s, lease_until = {_NOW} + %(lease)s,
+    generation = generation + 1
 WHERE run_id = %(run)s AND (%(force)s OR owner IS NULL OR owner = %(owner)s
                             OR lease_until IS NULL OR lease_until <= {_NOW})
-RETURNING 1
+RETURNING generation
 """
 
 # the queue's claim: of the runnable runs (`RUNNABLE`, nobody's or their lease run out,
 # no child run) the oldest not locked by another claimer at this moment (SKIP LOCKED:
 # concurrent workers each get another run instead of waiting on one another)
 _CLAIM_NEXT = f"""
-UPDATE runs SET owner = %(owner)s, lease_until = {_NOW} + %(lease)s
+UPDATE runs SET owner = %(owner)s, lease_until = {_NOW} + %(lease)s,
+    generation = generation + 1
 WHERE run_id = (
     SELECT run_id FROM runs
     WHERE (status = ANY(%(statuses)s) OR (status = 'WAITING_APPROVAL'
@@ -316,8 +334,16 @@ RETURNING run_id
 RUNNABLE_CHANNEL = "interlock_runnable"
 
 _TAKE_OVER = f"""
-UPDATE runs SET owner = %(owner)s, lease_until = {_NOW} + %(lease)s
+UPDATE runs SET owner = %(owner)s, lease_until = {_NOW} + %(lease)s,
+    generation = generation + 1
 WHERE run_id = %(run)s AND owner = %(gone)s
+RETURNING generation
+"""
+
+_HEARTBEAT = f"""
+UPDATE runs SET lease_until = {_NOW} + %(lease)s
+WHERE run_id = %(run)s AND owner = %(owner)s
+  AND (%(gen)s::bigint IS NULL OR generation = %(gen)s::bigint)
 RETURNING 1
 """
 
@@ -400,15 +426,17 @@ def _create_params(rows: list[tuple[Any, ...]]) -> dict[str, Any]:
 
 
 def _append_params(appends: list[tuple[Any, ...]]) -> dict[str, Any]:
-    """`_APPEND_MANY`'s parameters for ``(run_id, entries, summary, release)`` tuples."""
+    """`_APPEND_MANY`'s parameters for ``(run_id, entries, summary, release, claim)``
+    tuples."""
     owners: list[int] = []
     batch: dict[str, list[Any]] = {k: [] for k in (
         "b_run", "b_prev", "b_status", "b_updated_at", "b_last_seq", "b_last_hash",
-        "b_steps", "b_tokens", "b_error", "b_waiting", "b_release")}
+        "b_steps", "b_tokens", "b_error", "b_waiting", "b_release", "b_gen")}
     records: list[Entry] = []
-    for i, (run_id, entries, summary, release) in enumerate(appends, 1):
+    for i, (run_id, entries, summary, release, claim) in enumerate(appends, 1):
         values = (run_id, entries[0].seq - 1 if entries else None,
-                  *summary_params(summary), release)
+                  *summary_params(summary), release,
+                  None if claim is None else claim.generation)
         for column, value in zip(batch.values(), values, strict=True):
             column.append(value)
         owners += [i] * len(entries)
@@ -458,8 +486,40 @@ class _Pool:
         self.idle.clear()
 
 
+class _Renewer(LeaseRenewer):
+    """Renews leases on a blocking connection of its own (the lease keeper's thread): the
+    store's async connections belong to an event loop, which may be the blocked one."""
+
+    def __init__(self, url: str, kwargs: dict[str, Any]) -> None:
+        self.url, self.kwargs = url, kwargs
+        self.conn: psycopg.Connection[TupleRow] | None = None
+
+    def renew(self, run_id: str, claim: Claim, lease: float) -> None:
+        params = {"run": run_id, "owner": claim.owner, "lease": lease,
+                  "gen": claim.generation}
+        try:
+            if self.conn is None or self.conn.closed:
+                self.conn = psycopg.connect(self.url, autocommit=True, **self.kwargs)
+            if self.conn.execute(_HEARTBEAT, params).fetchone() is not None:
+                return
+            found = self.conn.execute("SELECT owner, generation FROM runs WHERE run_id = %s",
+                                      (run_id,)).fetchone()
+        except psycopg.Error as exc:
+            self.close()
+            raise StoreError(f"PostgreSQL store {redact(self.url)}: {exc}") from None
+        if found is None:
+            raise RunNotFound(run_id)
+        raise ClaimLost(run_id, found[0], found[1], claim.generation)
+
+    def close(self) -> None:
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            conn.close()
+
+
 class PostgresStore(Store):
     leases_in_writes = True
+    fences_appends = True
 
     def __init__(self, url: str, *, max_connections: int = 10, connect_timeout: int = 10) -> None:
         self.url = url
@@ -536,6 +596,7 @@ class PostgresStore(Store):
                         # the poll triggers' cursors: a table added to schema version 2
                         # (IF NOT EXISTS; an older interlock ignores it)
                         await conn.execute(_CURSORS)
+                        await self._upgrade(conn, int(version))
                         return
                 elif has_runs or has_records:
                     raise StoreError(
@@ -552,6 +613,21 @@ class PostgresStore(Store):
                 )
         except psycopg.Error as exc:
             raise StoreError(f"cannot set up the PostgreSQL store {where}: {exc}") from None
+
+    @staticmethod
+    async def _upgrade(conn: Conn, version: int) -> None:
+        """Bring an existing store's tables up to this interlock's (inside the bootstrap's
+        transaction, under its lock): the runs' claim ``generation`` column, 0 for every
+        run there (the ``ALTER TABLE`` only where it is missing: it locks the table)."""
+        cur = await conn.execute(
+            "SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass('runs') "
+            "AND attname = 'generation' AND NOT attisdropped")
+        if await cur.fetchone() is None:
+            await conn.execute(
+                "ALTER TABLE runs ADD COLUMN generation bigint NOT NULL DEFAULT 0")
+        if version < SCHEMA_VERSION:
+            await conn.execute("UPDATE interlock_meta SET value = %s WHERE key = 'version'",
+                               (str(SCHEMA_VERSION),))
 
     @asynccontextmanager
     async def _conn(self) -> AsyncIterator[tuple[Conn, bool]]:
@@ -658,12 +734,13 @@ class PostgresStore(Store):
         await self._do(op)
 
     async def append(self, run_id: str, entries: list[Entry], summary: Summary,
-                     release: str | None = None) -> None:
+                     release: str | None = None, *, claim: Claim | None = None) -> None:
         """Queued for this loop's committer, which stores the writes queued by the time it
         takes its turn in one transaction (group commit); returns once committed."""
         if entries:
             check_first_seqs(run_id, entries[0].seq - 1, entries)
-        await self._queue(run_id, self._append_one, (run_id, list(entries), summary, release))
+        await self._queue(run_id, self._append_one,
+                          (run_id, list(entries), summary, release, claim))
 
     async def _queue(self, run_id: str, alone: Callable[..., Awaitable[None]],
                      args: tuple[Any, ...]) -> None:
@@ -753,23 +830,25 @@ class PostgresStore(Store):
         by_item: dict[int, Exception | None] = {}
         for item, (_, created, _) in zip(creates, made, strict=True):
             by_item[id(item)] = None if created else RunExists(item[0])
-        for item, (_, exists, last, updated, _) in zip(appends, done, strict=True):
-            run_id, entries = item[2][0], item[2][1]
+        for item, (_, exists, last, updated, _, gen, owner) in zip(appends, done, strict=True):
+            run_id, entries, claim = item[2][0], item[2][1], item[2][4]
             outcome: Exception | None = None
             if not updated:
-                outcome = RunNotFound(run_id) if not exists else _not_continued(
-                    run_id, int(last), entries)
+                outcome = RunNotFound(run_id) if not exists else ClaimLost(
+                    run_id, owner, gen, claim.generation) if claim is not None and \
+                    gen != claim.generation else _not_continued(run_id, int(last), entries)
             by_item[id(item)] = outcome
         return [by_item[id(item)] for item in turn]
 
     async def _append_one(self, run_id: str, entries: list[Entry], summary: Summary,
-                          release: str | None) -> None:
+                          release: str | None, claim: Claim | None = None) -> None:
         status, updated_at, last_seq, last_hash, steps, tokens, error, waiting = (
             summary_params(summary))
         params: dict[str, Any] = {
             "run": run_id, "status": status, "updated_at": updated_at, "last_seq": last_seq,
             "last_hash": last_hash, "steps": steps, "tokens": tokens, "error": error,
             "waiting": waiting, "release": release,
+            "gen": None if claim is None else claim.generation,
         }
         if entries:
             first = entries[0].seq
@@ -779,7 +858,13 @@ class PostgresStore(Store):
             if not entries:
                 cur = await conn.execute(_UPDATE_SUMMARY, params)
                 if await cur.fetchone() is None:
-                    raise RunNotFound(run_id)
+                    cur = await conn.execute(
+                        "SELECT owner, generation FROM runs WHERE run_id = %s", (run_id,))
+                    found = await cur.fetchone()
+                    if found is None:
+                        raise RunNotFound(run_id)
+                    assert claim is not None
+                    raise ClaimLost(run_id, found[0], found[1], claim.generation)
                 return
             try:
                 cur = await conn.execute(_APPEND, params)
@@ -790,9 +875,11 @@ class PostgresStore(Store):
                 ) from None
             found = await cur.fetchone()
             assert found is not None
-            exists, last, _inserted, updated = found
+            exists, last, _inserted, updated, gen, owner = found
             if not exists:
                 raise RunNotFound(run_id)
+            if not updated and claim is not None and gen != claim.generation:
+                raise ClaimLost(run_id, owner, gen, claim.generation)
             if not updated:
                 check_first_seqs(run_id, int(last), entries)  # raises ConflictError
                 raise ConflictError(f"run {run_id!r}: append was not applied")  # pragma: no cover
@@ -868,14 +955,15 @@ class PostgresStore(Store):
 
         return await self._do(op, idempotent=True)
 
-    async def claim(self, run_id: str, owner: str, lease: float, *, force: bool = False) -> None:
+    async def claim(self, run_id: str, owner: str, lease: float, *,
+                    force: bool = False) -> int:
         params: dict[str, Any] = {"run": run_id, "owner": owner, "lease": lease, "force": force}
 
-        async def op(conn: Conn) -> None:
+        async def op(conn: Conn) -> int:
             for _ in range(5):
                 cur = await conn.execute(_CLAIM, params)
-                if await cur.fetchone() is not None:
-                    return
+                if (done := await cur.fetchone()) is not None:
+                    return int(done[0])
                 cur = await conn.execute(
                     f"SELECT owner, lease_until, {_NOW} FROM runs WHERE run_id = %s", (run_id,))
                 found = await cur.fetchone()
@@ -887,11 +975,11 @@ class PostgresStore(Store):
                 if not owner_gone(current):
                     raise ClaimError(run_id, current, lease_until - now)
                 cur = await conn.execute(_TAKE_OVER, {**params, "gone": current})
-                if await cur.fetchone() is not None:
-                    return
+                if (done := await cur.fetchone()) is not None:
+                    return int(done[0])
             raise ClaimError(run_id, "another process", 0.0)  # pragma: no cover - churn
 
-        await self._do(op)
+        return await self._do(op)
 
     async def claim_next(self, owner: str, lease: float, *,
                          workflows: Collection[str] | None = None,
@@ -906,20 +994,25 @@ class PostgresStore(Store):
 
         return await self._do(op)
 
-    async def heartbeat(self, run_id: str, owner: str, lease: float) -> None:
+    async def heartbeat(self, run_id: str, owner: str, lease: float,
+                        generation: int | None = None) -> None:
+        params = {"run": run_id, "owner": owner, "lease": lease, "gen": generation}
+
         async def op(conn: Conn) -> None:
-            cur = await conn.execute(
-                f"UPDATE runs SET lease_until = {_NOW} + %s WHERE run_id = %s AND owner = %s "
-                "RETURNING 1", (lease, run_id, owner))
+            cur = await conn.execute(_HEARTBEAT, params)
             if await cur.fetchone() is not None:
                 return
-            cur = await conn.execute("SELECT owner FROM runs WHERE run_id = %s", (run_id,))
+            cur = await conn.execute("SELECT owner, generation FROM runs WHERE run_id = %s",
+                                     (run_id,))
             found = await cur.fetchone()
             if found is None:
                 raise RunNotFound(run_id)
-            raise ClaimError(run_id, found[0] or "nobody", 0.0)
+            raise ClaimLost(run_id, found[0], found[1], generation)
 
         await self._do(op)
+
+    def lease_renewer(self) -> LeaseRenewer:
+        return _Renewer(self.url, self._kwargs)
 
     async def request_cancel(self, run_id: str, by: str | None) -> None:
         async def op(conn: Conn) -> None:

@@ -2,8 +2,9 @@
 
 Everything that touches the database runs on one dedicated thread per store (the
 ``sqlite3`` connection lives and dies there); the async methods hop to it and
-wait. The store binds to no event loop, so it can be used from successive
-``asyncio.run`` calls.
+wait. Leases are renewed apart, by the lease keeper's thread on a connection of its own
+(`_Renewer`, `interlock._lease`), so that a blocked event loop does not lose them. The
+store binds to no event loop, so it can be used from successive ``asyncio.run`` calls.
 
 Durability. The file is in WAL mode. Each ``create_run`` / ``append`` / claim is
 committed in a ``BEGIN IMMEDIATE`` ... ``COMMIT`` transaction before the coroutine
@@ -29,12 +30,14 @@ goes back to SQLite's automatic checkpoints.
 ``?busy_timeout=<ms>`` (default 10000) is how long a writer waits for another
 process holding the write lock; several processes may share one file.
 
-Schema, version 2 (readable with the ``sqlite3`` shell)::
+Schema, version 3 (readable with the ``sqlite3`` shell)::
 
-    interlock_meta(key, value)                   -- ('schema', 'interlock'), ('version', '2')
+    interlock_meta(key, value)                   -- ('schema', 'interlock'), ('version', '3')
     runs(run_key INTEGER PK, run_id UNIQUE, workflow, status, definition_hash,
          created_at, updated_at, last_seq, last_hash, steps, tokens, error, waiting,
-         parent_run, parent_seq, owner, lease_until, extra)
+         parent_run, parent_seq, owner, lease_until, extra, generation)
+                                                 -- generation: the claim's, bumped by
+                                                 -- every claim; appends are fenced by it
                                                  -- JSON columns as TEXT
     run_specs(run_key INTEGER PK, definition, input, options)
                                                  -- what the run started with: never
@@ -57,7 +60,9 @@ id, the seq, the type and the node beside the JSON and the hash as 64 hex charac
 about a third more bytes per record. A version-1 file is upgraded in place, in one
 transaction, the first time it is opened (`_upgrade_from_1`); its records, hashes and
 snapshots are kept exactly (verify still passes on them), but an interlock older than
-this one then refuses the file as newer than it understands.
+this one then refuses the file as newer than it understands. Version 3 added the
+runs' claim ``generation`` (a column of 0s for the runs already there: an
+``ALTER TABLE``, instant, `_upgrade_from_2`).
 
 A file that is not a SQLite database, or a SQLite database holding other tables
 and not ours, is refused with `StoreError` and never written to.
@@ -88,8 +93,11 @@ from .._log import Entry, json_default
 from ._base import (
     FINISHED,
     RUNNABLE,
+    Claim,
     ClaimError,
+    ClaimLost,
     ConflictError,
+    LeaseRenewer,
     RunExists,
     RunNotFound,
     RunRow,
@@ -102,7 +110,7 @@ from ._base import (
 T = TypeVar("T")
 
 SCHEMA_NAME = "interlock"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 # a checkpoint after this many jobs (transactions, mostly: a step's commit writes 3-5
 # pages) or this many bytes of records, whichever comes first: about SQLite's own
@@ -131,7 +139,8 @@ CREATE TABLE IF NOT EXISTS {name} (
     parent_seq      INTEGER,
     owner           TEXT,
     lease_until     REAL,
-    extra           TEXT NOT NULL DEFAULT '{{}}'
+    extra           TEXT NOT NULL DEFAULT '{{}}',
+    generation      INTEGER NOT NULL DEFAULT 0
 )"""
 
 # A run's records are the entries with ids from its run_key << 32 on: a rowid range, so
@@ -204,14 +213,16 @@ _LAST_SEQ = (f"COALESCE((SELECT id & {SEQ_MASK} FROM entries WHERE id "
 # runs_by_status index a rewrite -- a page less in the WAL per append (SQLite rewrites an
 # index entry when a column it covers is assigned, even to the value it had).
 _UPDATE_SUMMARY_IF = (f"UPDATE runs SET {_SET_SUMMARY} WHERE run_id = ? AND status = ? "
-                      f"AND (?10 IS NULL OR {_LAST_SEQ} = ?10) RETURNING run_key")
+                      f"AND (?10 IS NULL OR {_LAST_SEQ} = ?10) "
+                      "AND (?11 IS NULL OR generation = ?11) RETURNING run_key")
 # otherwise: what the run's row and log say, then the summary with its status
-_APPEND_CHECK = f"SELECT status, {_LAST_SEQ}, run_key FROM runs WHERE run_id = ?"
+_APPEND_CHECK = (f"SELECT status, {_LAST_SEQ}, run_key, generation, owner FROM runs "
+                 "WHERE run_id = ?")
 _UPDATE_SUMMARY = f"UPDATE runs SET status = ?, {_SET_SUMMARY} WHERE run_id = ?"
 _RUN_COLUMNS = (
     "run_id, workflow, status, definition, definition_hash, input, options, created_at, "
     "updated_at, last_seq, last_hash, steps, tokens, error, waiting, parent_run, parent_seq, "
-    "owner, lease_until, extra"
+    "owner, lease_until, extra, generation"
 )
 
 # `_RUN_COLUMNS` of a run: its row's, then its spec's (`run_params` order otherwise)
@@ -280,6 +291,7 @@ def run_params(row: RunRow) -> tuple[Any, ...]:
         json_text(row.input), json_text(row.options), row.created_at, s.updated_at,
         s.last_seq, s.last_hash, s.steps, s.tokens, json_opt(s.error), json_opt(s.waiting),
         row.parent_run, row.parent_seq, row.owner, row.lease_until, json_text(row.extra),
+        row.generation,
     )
 
 
@@ -323,7 +335,7 @@ def row_from(values: tuple[Any, ...] | Any) -> RunRow:
     """A `RunRow` from a result row in `_RUN_COLUMNS` order."""
     (run_id, workflow, status, definition, definition_hash, input_, options, created_at,
      updated_at, last_seq, last_hash, steps, tokens, error, waiting, parent_run, parent_seq,
-     owner, lease_until, extra) = values
+     owner, lease_until, extra, generation) = values
     return RunRow(
         run_id=run_id,
         workflow=workflow,
@@ -341,6 +353,7 @@ def row_from(values: tuple[Any, ...] | Any) -> RunRow:
         owner=owner,
         lease_until=lease_until,
         extra=from_json(extra) or {},
+        generation=int(generation or 0),
     )
 
 
@@ -440,7 +453,7 @@ def _upgrade_from_1(conn: sqlite3.Connection, path: Path) -> None:
                 "million); interlock versions before it will not open it", path,
                 SCHEMA_VERSION, count)
     conn.execute(_RUNS_TABLE.format(name="runs_v2"))
-    row_columns = ", ".join(_RUN_NAMES[i] for i in _ROW_AT)
+    row_columns = ", ".join(_RUN_NAMES[i] for i in _ROW_AT if _RUN_NAMES[i] != "generation")
     conn.execute(f"INSERT INTO runs_v2 ({row_columns}) SELECT {row_columns} FROM runs "
                  "ORDER BY created_at, run_id")
     conn.execute("CREATE TABLE run_specs (run_key INTEGER PRIMARY KEY, definition TEXT NOT "
@@ -478,6 +491,15 @@ def _upgrade_from_1(conn: sqlite3.Connection, path: Path) -> None:
     conn.execute("DROP TABLE records")
     conn.execute("DROP TABLE runs")  # and its indexes; the schema makes them again
     conn.execute("ALTER TABLE runs_v2 RENAME TO runs")
+
+
+def _upgrade_from_2(conn: sqlite3.Connection, path: Path) -> None:
+    """Version 3: the runs' claim generation, 0 for every run there (inside the caller's
+    transaction; one ALTER TABLE, whatever the file's size)."""
+    logging.getLogger("interlock").warning(
+        "upgrading the store %s to schema version %d (the claims' generation); interlock "
+        "versions before it will not open it", path, SCHEMA_VERSION)
+    conn.execute("ALTER TABLE runs ADD COLUMN generation INTEGER NOT NULL DEFAULT 0")
 
 
 def _v1_oddity(key: int, seq: int, rtype: Any, node: Any, data: Any, h: Any) -> str | None:
@@ -738,8 +760,35 @@ def _stop_writers() -> None:
         writer.stop()
 
 
+class _Renewer(LeaseRenewer):
+    """Renews leases on a connection of its own (the lease keeper's thread), not through
+    the store's writer thread: each renewal is one autocommitted ``UPDATE``, waiting for
+    the file's write lock as any writer does (``busy_timeout``)."""
+
+    def __init__(self, path: Path, busy_ms: int) -> None:
+        self.path, self.busy_ms = path, busy_ms
+        self.conn: sqlite3.Connection | None = None
+
+    def renew(self, run_id: str, claim: Claim, lease: float) -> None:
+        try:
+            if self.conn is None:
+                self.conn = sqlite3.connect(self.path, isolation_level=None,
+                                            timeout=self.busy_ms / 1000,
+                                            check_same_thread=False)
+            SQLiteStore._heartbeat(self.conn, run_id, claim.owner, lease, claim.generation)
+        except sqlite3.Error as exc:
+            self.close()
+            raise sqlite_error(self.path, exc, self.busy_ms) from None
+
+    def close(self) -> None:
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            conn.close()
+
+
 class SQLiteStore(Store):
     leases_in_writes = True
+    fences_appends = True
 
     def __init__(self, url: str) -> None:
         self.url = url
@@ -894,9 +943,12 @@ class SQLiteStore(Store):
             conn.execute(f"PRAGMA synchronous = {self._synchronous.upper()}")
             conn.execute("BEGIN IMMEDIATE")
             # again: another process may have raced us (or upgraded the file meanwhile)
-            upgraded = self._check_tables(conn, path) == 1
+            version = self._check_tables(conn, path)
+            upgraded = version == 1
             if upgraded:
                 _upgrade_from_1(conn, path)
+            elif version == 2:
+                _upgrade_from_2(conn, path)
             for statement in SCHEMA_STATEMENTS:
                 conn.execute(statement)
             conn.execute("INSERT OR IGNORE INTO interlock_meta VALUES ('schema', ?), "
@@ -1071,18 +1123,21 @@ class SQLiteStore(Store):
         conn.executemany(_INSERT_RECORD, self._rows(run_key, entries))
 
     def _append_in(self, conn: sqlite3.Connection, run_id: str, entries: list[Entry],
-                   summary: Summary, release: str | None) -> None:
+                   summary: Summary, release: str | None, claim: Claim | None = None) -> None:
         params = summary_params(summary)  # params[0] is the status
         prev = entries[0].seq - 1 if entries else None
         if entries and entries[-1].seq > SEQ_MASK:
             raise StoreError(f"run {run_id!r}: a SQLite store holds {SEQ_MASK:,} records "
                              "a run at most")
+        held = None if claim is None else claim.generation
         done = conn.execute(_UPDATE_SUMMARY_IF, (*params[1:], run_id, summary.status,
-                                                 prev)).fetchall()  # [(run_key,)] or []
+                                                 prev, held)).fetchall()  # [(run_key,)] or []
         if not done:
             found = conn.execute(_APPEND_CHECK, (run_id,)).fetchone()
             if found is None:
                 raise RunNotFound(run_id)
+            if held is not None and found[3] != held:  # claimed since: fenced off
+                raise ClaimLost(run_id, found[4], found[3], held)
             check_first_seqs(run_id, found[1], entries)  # raises ConflictError
             conn.execute(_UPDATE_SUMMARY, (*params, run_id))  # the status changes
             done = [found[2:]]
@@ -1211,7 +1266,7 @@ class SQLiteStore(Store):
 
     @staticmethod
     def _claim(conn: sqlite3.Connection, run_id: str, owner: str, lease: float,
-               force: bool) -> None:
+               force: bool) -> int:
         found = conn.execute("SELECT owner, lease_until FROM runs WHERE run_id = ?",
                              (run_id,)).fetchone()
         if found is None:
@@ -1220,8 +1275,10 @@ class SQLiteStore(Store):
         now = time.time()
         if claim_refused(current, lease_until, owner, now, force):
             raise ClaimError(run_id, current, lease_until - now)
-        conn.execute("UPDATE runs SET owner = ?, lease_until = ? WHERE run_id = ?",
-                     (owner, now + lease, run_id))
+        (generation,), = conn.execute(
+            "UPDATE runs SET owner = ?, lease_until = ?, generation = generation + 1 "
+            "WHERE run_id = ? RETURNING generation", (owner, now + lease, run_id)).fetchall()
+        return int(generation)
 
     @staticmethod
     def _runnable(conn: sqlite3.Connection, workflows: list[str] | None,
@@ -1250,20 +1307,24 @@ class SQLiteStore(Store):
         # run found is still free when it is claimed -- a compare-and-set across processes
         run_id = cls._runnable(conn, workflows, exclude)
         if run_id is not None:
-            conn.execute("UPDATE runs SET owner = ?, lease_until = ? WHERE run_id = ?",
+            conn.execute("UPDATE runs SET owner = ?, lease_until = ?, "
+                         "generation = generation + 1 WHERE run_id = ?",
                          (owner, time.time() + lease, run_id))
         return run_id
 
     @staticmethod
-    def _heartbeat(conn: sqlite3.Connection, run_id: str, owner: str, lease: float) -> None:
-        cur = conn.execute("UPDATE runs SET lease_until = ? WHERE run_id = ? AND owner = ?",
-                           (time.time() + lease, run_id, owner))
+    def _heartbeat(conn: sqlite3.Connection, run_id: str, owner: str, lease: float,
+                   generation: int | None = None) -> None:
+        cur = conn.execute("UPDATE runs SET lease_until = ? WHERE run_id = ? AND owner = ? "
+                           "AND (?4 IS NULL OR generation = ?4)",
+                           (time.time() + lease, run_id, owner, generation))
         if cur.rowcount == 1:
             return
-        found = conn.execute("SELECT owner FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        found = conn.execute("SELECT owner, generation FROM runs WHERE run_id = ?",
+                             (run_id,)).fetchone()
         if found is None:
             raise RunNotFound(run_id)
-        raise ClaimError(run_id, found[0] or "nobody", 0.0)
+        raise ClaimLost(run_id, found[0], found[1], generation)
 
     @staticmethod
     def _release(conn: sqlite3.Connection, run_id: str, owner: str) -> None:
@@ -1280,8 +1341,8 @@ class SQLiteStore(Store):
         await self._write(self._create_in, row, list(entries))
 
     async def append(self, run_id: str, entries: list[Entry], summary: Summary,
-                     release: str | None = None) -> None:
-        await self._write(self._append_in, run_id, list(entries), summary, release)
+                     release: str | None = None, *, claim: Claim | None = None) -> None:
+        await self._write(self._append_in, run_id, list(entries), summary, release, claim)
 
     def _absent(self) -> bool:
         """No file yet (and none opened): a read answers from that, without creating one --
@@ -1316,8 +1377,9 @@ class SQLiteStore(Store):
         return await self._call(self._list_page, status, workflow, limit, before,
                                 updated_after)
 
-    async def claim(self, run_id: str, owner: str, lease: float, *, force: bool = False) -> None:
-        await self._write(self._claim, run_id, owner, lease, force)
+    async def claim(self, run_id: str, owner: str, lease: float, *,
+                    force: bool = False) -> int:
+        return await self._write(self._claim, run_id, owner, lease, force)
 
     async def claim_next(self, owner: str, lease: float, *,
                          workflows: Collection[str] | None = None,
@@ -1329,8 +1391,12 @@ class SQLiteStore(Store):
             return None  # an idle worker's look takes no write lock
         return await self._write(self._claim_next, owner, lease, names, sorted(exclude))
 
-    async def heartbeat(self, run_id: str, owner: str, lease: float) -> None:
-        await self._write(self._heartbeat, run_id, owner, lease)
+    async def heartbeat(self, run_id: str, owner: str, lease: float,
+                        generation: int | None = None) -> None:
+        await self._write(self._heartbeat, run_id, owner, lease, generation)
+
+    def lease_renewer(self) -> LeaseRenewer:
+        return _Renewer(self.path, self._busy_ms)
 
     @staticmethod
     def _request_cancel(conn: sqlite3.Connection, run_id: str, by: str | None) -> None:

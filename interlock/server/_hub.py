@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from interlock import Store
-from interlock.support import Entry, RunRow, Summary
+from interlock.support import Claim, Entry, LeaseRenewer, RunRow, Summary
 
 
 class Hub:
@@ -60,14 +60,18 @@ class NotifyingStore(Store):
         self.inner, self.hub = inner, hub
         self.url = inner.url
         self.leases_in_writes = inner.leases_in_writes
+        self.fences_appends = inner.fences_appends
 
     async def create_run(self, row: RunRow, entries: list[Entry]) -> None:
         await self.inner.create_run(row, entries)
         self.hub.changed(row.run_id)
 
     async def append(self, run_id: str, entries: list[Entry], summary: Summary,
-                     release: str | None = None) -> None:
-        await self.inner.append(run_id, entries, summary, release)
+                     release: str | None = None, *, claim: Claim | None = None) -> None:
+        if claim is None:
+            await self.inner.append(run_id, entries, summary, release)
+        else:
+            await self.inner.append(run_id, entries, summary, release, claim=claim)
         self.hub.changed(run_id)
 
     async def get_run(self, run_id: str) -> RunRow:
@@ -95,11 +99,19 @@ class NotifyingStore(Store):
         return await self.inner.list_page(status=status, workflow=workflow, limit=limit,
                                           before=before, updated_after=updated_after)
 
-    async def claim(self, run_id: str, owner: str, lease: float, *, force: bool = False) -> None:
-        await self.inner.claim(run_id, owner, lease, force=force)
+    async def claim(self, run_id: str, owner: str, lease: float, *,
+                    force: bool = False) -> int | None:
+        return await self.inner.claim(run_id, owner, lease, force=force)
 
-    async def heartbeat(self, run_id: str, owner: str, lease: float) -> None:
-        await self.inner.heartbeat(run_id, owner, lease)
+    async def heartbeat(self, run_id: str, owner: str, lease: float,
+                        generation: int | None = None) -> None:
+        if generation is None:
+            await self.inner.heartbeat(run_id, owner, lease)
+        else:
+            await self.inner.heartbeat(run_id, owner, lease, generation)
+
+    def lease_renewer(self) -> LeaseRenewer | None:
+        return self.inner.lease_renewer()
 
     async def release(self, run_id: str, owner: str) -> None:
         await self.inner.release(run_id, owner)

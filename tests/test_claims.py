@@ -1,0 +1,194 @@
+"""A lost claim stops the run at once (issue 26), in one process: another owner claims
+the run while a node runs; the lease keeper's renewal (or ``ctx.once``'s check) finds
+the claim gone; the node in hand is cancelled, nothing more is appended, the effect
+after the takeover never runs, and the executor is told the run moved. ``ctx.claim``
+is the claim the run executes under."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import interlock
+from interlock import _lease
+from interlock._runs import continue_claimed
+from interlock._store import Claim, ClaimLost, MemoryStore, Store, open_store
+from interlock.support import Worker
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
+    return MemoryStore() if request.param == "memory" else \
+        open_store(f"sqlite:///{tmp_path / 'runs.db'}")
+
+
+def _workflow(seen: dict[str, Any], waiting: asyncio.Event, go: asyncio.Event
+              ) -> interlock.Workflow:
+    async def work(state: dict[str, Any], ctx: interlock.Context) -> dict[str, Any]:
+        seen["claim"] = ctx.claim
+        def before() -> int:
+            seen["before"] = seen.get("before", 0) + 1
+            return 1
+
+        await ctx.once("before", before)
+        waiting.set()
+        try:
+            await go.wait()
+            await ctx.once("after", lambda: seen.__setitem__("after", True))
+        except asyncio.CancelledError:
+            seen["cancelled"] = True
+            raise
+        return {"n": 1}
+
+    wf = interlock.Workflow("claimed", input=["n"])
+    wf.node("work", work)
+    wf.edge("START", "work")
+    wf.edge("work", "END")
+    return wf
+
+
+async def _takeover(store: Store, caplog: pytest.LogCaptureFixture, *, go_first: bool
+                    ) -> tuple[dict[str, Any], int, int]:
+    seen: dict[str, Any] = {}
+    waiting, go = asyncio.Event(), asyncio.Event()
+    wf = _workflow(seen, waiting, go)
+    await wf.submit({"n": 0}, store=store, run_id="r1")
+    worker = Worker(store, workflows={"claimed": wf}, poll=0.05, lease=0.9)
+    task = asyncio.create_task(worker.run())
+    try:
+        await asyncio.wait_for(waiting.wait(), 30)
+        row = await store.get_run("r1")
+        assert seen["claim"] == Claim(str(row.owner), row.generation)
+        taken = await store.claim("r1", "other-host:1:x", 60, force=True)  # another owner
+        assert taken is not None
+        stored = len(await store.entries("r1"))
+        if go_first:
+            go.set()  # the node goes on before any renewal: ctx.once checks the claim
+        for _ in range(600):
+            if "moved to owner other-host:1:x" in caplog.text:
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.3)
+        return seen, stored, taken
+    finally:
+        worker.stop()
+        await task
+
+
+def test_a_lost_claim_cancels_the_node_and_appends_nothing(
+        store: Store, caplog: pytest.LogCaptureFixture) -> None:
+    async def main() -> None:
+        try:
+            seen, stored, taken = await _takeover(store, caplog, go_first=False)
+            assert seen.get("cancelled") and "after" not in seen  # stopped, as a cancel
+            assert len(await store.entries("r1")) == stored  # nothing appended after
+            row = await store.get_run("r1")
+            assert (row.owner, row.generation) == ("other-host:1:x", taken)
+            assert f"(claim generation {taken}) while this process held generation " \
+                   f"{taken - 1}" in caplog.text
+        finally:
+            await store.close()
+
+    with caplog.at_level(logging.WARNING, logger="interlock"):
+        asyncio.run(main())
+
+
+def test_ctx_once_checks_a_claim_whose_renewals_stopped(
+        store: Store, caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # the keeper renews nothing (as in a paused process, or before its next renewal):
+    # ctx.once asks the store before the effect
+    monkeypatch.setattr(_lease.Keeper, "_renew", lambda self, held: setattr(
+        held, "due", held.due + 3600))
+
+    async def main() -> None:
+        try:
+            seen, stored, _ = await _takeover(store, caplog, go_first=True)
+            assert "after" not in seen and seen.get("before") == 1
+            assert seen.get("cancelled")
+            assert len(await store.entries("r1")) == stored
+        finally:
+            await store.close()
+
+    with caplog.at_level(logging.WARNING, logger="interlock"):
+        asyncio.run(main())
+
+
+def test_a_stale_append_is_told_as_a_moved_run(store: Store) -> None:
+    async def main() -> None:
+        try:
+            async def step(state: dict[str, Any]) -> dict[str, Any]:
+                return {"n": state["n"] + 1}
+
+            wf = interlock.Workflow("one", input=["n"])
+            wf.node("a", step)
+            wf.edge("START", "a")
+            wf.edge("a", "END")
+            await wf.submit({"n": 0}, store=store, run_id="r2")
+            gen = await store.claim("r2", "me:1:x", 60)
+            await store.claim("r2", "them:2:y", 60, force=True)
+            with pytest.raises(ClaimLost, match="moved to owner them:2:y"):
+                await continue_claimed(store, "r2", "me:1:x", workflow=wf)
+            assert gen == 1
+        finally:
+            await store.close()
+
+    asyncio.run(main())
+
+
+WAITER = '''
+import asyncio, os
+from pathlib import Path
+
+async def wait(state, ctx):
+    d = Path(os.environ["CLAIM_DIR"])
+    (d / "waiting").write_text(ctx.run_id)
+    while not (d / "go").exists():
+        await asyncio.sleep(0.02)
+    await ctx.once("effect", lambda: (d / "effect").write_text("done"))
+    return {"n": 1}
+'''
+
+
+def test_interlock_run_is_told_its_run_moved_to_another_owner(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+    import time
+
+    (tmp_path / "claimnodes.py").write_text(WAITER)
+    (tmp_path / "flow.yaml").write_text(
+        "workflow: waiter\ninput: [n]\nnodes:\n  wait: claimnodes:wait\n"
+        "edges:\n  - {from: START, to: wait}\n  - {from: wait, to: END}\n")
+    url = f"sqlite:///{tmp_path / 'runs.db'}"
+    repo = str(Path(interlock.__file__).resolve().parent.parent)
+    env = {**os.environ, "CLAIM_DIR": str(tmp_path),
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), repo])}
+    proc = subprocess.Popen([sys.executable, "-m", "interlock", "run", "flow.yaml", "--store",
+                             url, "--input", '{"n": 0}'], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "waiting").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.02)
+        run_id = (tmp_path / "waiting").read_text()
+
+        async def take() -> None:
+            async with open_store(url) as st:
+                await st.claim(run_id, "other-host:1:x", 60, force=True)
+
+        asyncio.run(take())
+        (tmp_path / "go").write_text("")  # the node goes on: its effect must not run
+        _, err = proc.communicate(timeout=60)  # the keeper's renewal finds the claim gone
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 2, err
+    assert f"run {run_id!r} moved to owner other-host:1:x (claim generation 2)" in err
+    assert not (tmp_path / "effect").exists()
