@@ -3,7 +3,7 @@
     python bench/cel_bounds.py            # the table (about a minute)
     python bench/cel_bounds.py --quick    # fewer repetitions
 
-For each CEL case: the estimated cost (interlock._cost), whether the engine admits it
+For each CEL case: the estimated cost (interlock._definition._cost), whether the engine admits it
 under INTERLOCK_MAX_EXPRESSION_COST, and the milliseconds per evaluation (median of
 several) -- of the evaluation itself for an admitted case (what the run pays), of the
 refusal for a refused one (the estimate). The values are the largest the documented
@@ -24,8 +24,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from interlock._expr import EvaluationError, ExpressionCostError, compile_expression
-from interlock._limits import EXPRESSION_COST
+from interlock._definition._expr import EvaluationError, ExpressionCostError, compile_expression
+from interlock._definition._limits import EXPRESSION_COST
 
 MiB = 1024 * 1024
 

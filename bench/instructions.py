@@ -55,7 +55,7 @@ PARTS = {
 import asyncio, sys
 sys.path.insert(0, {adapters!r})
 import floor_adapter as F
-from interlock._expr import compile_expression
+from interlock._definition._expr import compile_expression
 names = [f"n{{k}}" for k in range({n})]
 cond = compile_expression("i < {n}")
 async def main():
@@ -89,7 +89,7 @@ for _ in range({runs}):
 import asyncio, sys
 sys.path.insert(0, {adapters!r})
 import interlock_adapter as A
-from interlock._fold import RunView
+from interlock._engine._fold import RunView
 from interlock._store import open_store
 wf = A.chain({n}) if {scenario!r} == "S1" else A.loop({n})
 plan = wf.compile()

@@ -75,7 +75,7 @@ async def timed(n: int, fn: Callable[[], Awaitable[Any]]) -> list[float]:
 
 async def main(calls: int, cold: int, runs: int) -> dict[str, float]:
     from interlock import END, START, Workflow
-    from interlock._isolation import ChildContext, ProcessPool
+    from interlock._engine._isolation import ChildContext, ProcessPool
 
     module = sys.modules["isobench_nodes"]
     state = {"x": 1}

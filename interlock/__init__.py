@@ -15,9 +15,10 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ._approvals import Decision, approve, modify, reject
-    from ._context import Context, Goto, goto
-    from ._coverage import Coverage, coverage
+    from ._definition._model import END, START, WorkflowSpec
+    from ._engine._approvals import Decision, approve, modify, reject
+    from ._engine._context import Context, Goto, goto
+    from ._engine._fold import RunResult
     from ._errors import (
         AgentError,
         BudgetExceededError,
@@ -44,9 +45,8 @@ if TYPE_CHECKING:
         WorkflowError,
         WriteConflictError,
     )
-    from ._fold import RunResult
-    from ._model import END, START, WorkflowSpec
-    from ._runs import (
+    from ._observe._coverage import Coverage, coverage
+    from ._ops._runs import (
         Verification,
         cancel,
         fork,
@@ -63,10 +63,11 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 _WHERE = {
-    "Decision": "_approvals", "approve": "_approvals", "modify": "_approvals",
-    "reject": "_approvals",
-    "Context": "_context", "Goto": "_context", "goto": "_context",
-    "Coverage": "_coverage", "coverage": "_coverage",
+    "Decision": "_engine._approvals", "approve": "_engine._approvals",
+    "modify": "_engine._approvals",
+    "reject": "_engine._approvals",
+    "Context": "_engine._context", "Goto": "_engine._context", "goto": "_engine._context",
+    "Coverage": "_observe._coverage", "coverage": "_observe._coverage",
     **dict.fromkeys([
         "AgentError", "BudgetExceededError", "ChildRunError", "ClaimError", "ClaimLost",
         "ConflictError", "Diagnostic", "Draining", "ExpressionError", "InterlockError",
@@ -74,11 +75,13 @@ _WHERE = {
         "NoRouteError", "RouteError", "RunError", "RunExists", "RunNotFound",
         "StepLimitError", "StoreError", "UsageError", "WorkflowError", "WriteConflictError",
     ], "_errors"),
-    "END": "_model", "START": "_model", "WorkflowSpec": "_model",
-    "RunResult": "_fold", "Verification": "_runs", "cancel": "_runs", "fork": "_runs",
-    "list_runs": "_runs", "make_run_id": "_runs",
+    "END": "_definition._model", "START": "_definition._model",
+    "WorkflowSpec": "_definition._model",
+    "RunResult": "_engine._fold", "Verification": "_ops._runs", "cancel": "_ops._runs",
+    "fork": "_ops._runs",
+    "list_runs": "_ops._runs", "make_run_id": "_ops._runs",
     "Store": "_store", "open_store": "_store",
-    "resume": "_runs", "status": "_runs", "trace": "_runs", "verify": "_runs",
+    "resume": "_ops._runs", "status": "_ops._runs", "trace": "_ops._runs", "verify": "_ops._runs",
     "Workflow": "_workflow", "load": "_workflow",
 }
 

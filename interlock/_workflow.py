@@ -17,17 +17,17 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from . import _log as L
-from ._approvals import Decision
-from ._bounds import check_config, check_data, check_run_id
-from ._compile import check_spec, compile_spec, reading_plan
+from ._definition._bounds import check_config, check_data, check_run_id
+from ._definition._model import DEFAULT_STEPS, WorkflowSpec, check_limits
+from ._definition._plan import Plan
+from ._definition._spec import load_spec, parse
+from ._definition._state import check_whole_values
+from ._engine._approvals import Decision
+from ._engine._fold import RunResult, RunView, result_of
 from ._errors import ConflictError, Diagnostic, StoreError, UsageError, WorkflowError
-from ._fold import RunResult, RunView, result_of
-from ._model import DEFAULT_STEPS, WorkflowSpec, check_limits
-from ._otel import RunSpans, run_spans, with_spans
-from ._plan import Plan
-from ._runs import create, drive, make_run_id, open_store_arg, start
-from ._spec import load_spec, parse
-from ._state import check_whole_values
+from ._observe._otel import RunSpans, run_spans, with_spans
+from ._ops._runs import create, drive, make_run_id, open_store_arg, start
+from ._plugins._compile import check_spec, compile_spec, reading_plan
 from ._store import Store, release_store
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -472,7 +472,7 @@ class Workflow:
         The run executes the definition it started with -- this workflow only
         supplies the Python functions of builder-made nodes.
         """
-        from ._runs import resume
+        from ._ops._runs import resume
 
         return await resume(run_id, decision, store=store, workflow=self, config=config,
                             limits=limits, force=force, listener=listener)
@@ -618,7 +618,7 @@ def load_workflows(paths: Sequence[str]) -> dict[str, Workflow]:
 def _is_workflow_file(path: Path) -> bool:
     """Whether a file in a ``--workflows`` folder is a workflow (its top level has a
     ``workflow:`` key); one that does not parse is, so that its error is shown."""
-    from ._spec import read_file
+    from ._definition._spec import read_file
 
     try:
         data, _ = read_file(path)

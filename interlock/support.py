@@ -77,30 +77,37 @@ from types import FrameType
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from . import _guards
-from . import _limits as limits
-from ._approvals import NotAnApprover, approvers_refuse, patch_schema
-from ._bounds import RUN_ID_PATTERN, not_json_at, read_at_most, too_big, too_deep, too_deep_at
-from ._coverage import workflows_in
+from ._definition import _limits as limits
+from ._definition._bounds import (
+    RUN_ID_PATTERN,
+    not_json_at,
+    read_at_most,
+    too_big,
+    too_deep,
+    too_deep_at,
+)
+from ._definition._model import EdgeSpec, NodeSpec, parse_duration
+from ._definition._render import to_dot, to_mermaid
+from ._definition._spec import load_spec
+from ._definition._spec import parse as parse_definition
+from ._engine import _guards
+from ._engine._approvals import NotAnApprover, approvers_refuse, patch_schema
+from ._engine._fold import RunView
 from ._errors import Draining
-from ._export import export as export_run
-from ._export import verify_export
-from ._fold import RunView
 from ._log import TERMINAL_TYPES, Entry, Record
-from ._metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from ._metrics import Metrics
-from ._model import EdgeSpec, NodeSpec, parse_duration
-from ._prune import Pruned
-from ._prune import prune as prune_runs
-from ._render import to_dot, to_mermaid
-from ._runs import TRACE_PAGE, LogCheck, append_note, load_run, trace_pages
-from ._spec import load_spec
-from ._spec import parse as parse_definition
+from ._observe._coverage import workflows_in
+from ._observe._metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from ._observe._metrics import Metrics
+from ._ops._export import export as export_run
+from ._ops._export import verify_export
+from ._ops._prune import Pruned
+from ._ops._prune import prune as prune_runs
+from ._ops._runs import TRACE_PAGE, LogCheck, append_note, load_run, trace_pages
+from ._ops._visits import node_visits
 from ._store import Claim, LeaseRenewer, RunRow, Summary, owner_gone
-from ._triggers import Firer
-from ._triggers import describe as describe_trigger
-from ._visits import node_visits
-from ._workers import DRAIN_SECONDS, POLL_SECONDS, Factory, Pool, Worker
+from ._worker._triggers import Firer
+from ._worker._triggers import describe as describe_trigger
+from ._worker._workers import DRAIN_SECONDS, POLL_SECONDS, Factory, Pool, Worker
 from ._workflow import Started, load_workflows
 
 

@@ -1,4 +1,5 @@
-"""The bounds on what interlock reads (interlock/_limits.py): a file, an input, a patch or
+"""The bounds on what interlock reads (interlock/_definition/_limits.py): a file, an input, a patch
+or
 a YAML document too large, too deep or expanding too far is refused quickly, with a
 message that names it, the limit and the environment variable that raises it."""
 
@@ -225,7 +226,7 @@ def test_deeply_nested_api_input_and_patch_are_usage_errors(wdir: tuple[Path, st
     with pytest.raises(UsageError, match=r"the run's input is nested more than 100 levels "
                                          r"deep \(at \$\.a\[0\]"):
         wf.run_sync({"a": value}, store="memory://")
-    from interlock._bounds import check_data
+    from interlock._definition._bounds import check_data
 
     with pytest.raises(UsageError, match="the patch is nested more than 100 levels"):
         check_data({"a": value}, "the patch")
@@ -293,7 +294,7 @@ def test_trace_reads_the_log_in_pages_and_prints_what_it_printed_whole(
     import asyncio
     import sqlite3
 
-    import interlock._runs as runs
+    import interlock._ops._runs as runs
     from interlock._store import open_store
     from interlock._store._sqlite import SQLiteStore
 
@@ -375,7 +376,7 @@ def _typed(value: object) -> object:
 
 
 def _both_ways(path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[object, object]:
-    from interlock import _spec, _yaml_fast
+    from interlock._definition import _spec, _yaml_fast
 
     def read() -> object:
         try:
@@ -410,7 +411,7 @@ def test_the_fast_reader_gives_what_ruamel_gives_for_the_examples(
 
 
 def test_the_fast_reader_declines_what_it_does_not_read_as_ruamel_would() -> None:
-    from interlock import _yaml_fast
+    from interlock._definition import _yaml_fast
 
     for text in TRICKY[1:3] + TRICKY[4:9]:
         assert _yaml_fast.read(text, "wf.yaml") is None, text

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 import interlock
-from interlock import _lease
-from interlock._runs import continue_claimed
+from interlock._engine import _lease
+from interlock._ops._runs import continue_claimed
 from interlock._store import Claim, ClaimLost, MemoryStore, Store, open_store
 from interlock.support import Worker
 

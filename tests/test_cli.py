@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
-from interlock._render import dot_text, mermaid_text, to_dot, to_mermaid
-from interlock._spec import parse
+from interlock._definition._render import dot_text, mermaid_text, to_dot, to_mermaid
+from interlock._definition._spec import parse
 from interlock.cli import cli, config_overrides, exit_code_for, parse_sets, parse_value
 
 SPEC_KEYS = {"run_id", "workflow", "status", "state", "steps", "tokens", "error", "waiting"}

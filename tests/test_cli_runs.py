@@ -19,7 +19,7 @@ import pytest
 from click.testing import CliRunner
 from conftest import record_row
 
-from interlock._runs import TRACE_KEYS
+from interlock._ops._runs import TRACE_KEYS
 from interlock._store import open_store
 from interlock.cli import cli
 

@@ -172,11 +172,11 @@ Evidence = ByTest | Pending | Value | Check | Bench | Unkept | Prose
 
 
 def _journal() -> Any:
-    return importlib.import_module("interlock._journal")
+    return importlib.import_module("interlock._engine._journal")
 
 
 def _runs() -> Any:
-    return importlib.import_module("interlock._runs")
+    return importlib.import_module("interlock._ops._runs")
 
 
 def _pool_default() -> bool:
@@ -189,11 +189,11 @@ def _pool_default() -> bool:
 def _heartbeat_is_a_third_of_the_lease() -> bool:
     """The lease is renewed every third of it (`_runs._Watcher` at f074fc7; a lease
     keeper's thread, ``_lease``, on fencing's branch)."""
-    from interlock import _runs
+    from interlock._ops import _runs
 
     sources = [inspect.getsource(_runs)]
     with contextlib.suppress(ImportError):
-        sources.append(inspect.getsource(importlib.import_module("interlock._lease")))
+        sources.append(inspect.getsource(importlib.import_module("interlock._engine._lease")))
     return any("lease / 3" in s for s in sources) and _runs.LEASE_SECONDS / 3 == 5
 
 
@@ -223,7 +223,7 @@ V2_UPGRADE = ByTest("tests/test_store_upgrade.py::"
 CLAIMS: dict[str, Evidence] = {
     # the module table
     "YAML 1.2": ByTest("tests/test_validate.py::test_yaml_1_2_keeps_yes_and_on_as_strings"),
-    "(every 500 records or more)": Value("interlock._snapshot", "EVERY", 500),
+    "(every 500 records or more)": Value("interlock._engine._snapshot", "EVERY", 500),
     # the fold
     "a 10 000-node chain does not recurse": ByTest(
         "tests/test_failpaths.py::test_a_skipped_chain_of_10000_nodes_is_ruled_out_without_"
@@ -234,15 +234,15 @@ CLAIMS: dict[str, Evidence] = {
     "(50 ms doubling to 1 s)": Check(
         "_journal's first pause between two tries of an append, and its longest",
         lambda: (_journal().RETRY_FIRST_DELAY, _journal().RETRY_MAX_DELAY) == (0.05, 1.0)),
-    "`_journal.RETRY_SECONDS` (10 s": Value("interlock._journal", "RETRY_SECONDS", 10.0),
-    "less than the 15 s lease": Value("interlock._runs", "LEASE_SECONDS", 15.0),
+    "`_journal.RETRY_SECONDS` (10 s": Value("interlock._engine._journal", "RETRY_SECONDS", 10.0),
+    "less than the 15 s lease": Value("interlock._ops._runs", "LEASE_SECONDS", 15.0),
     "at most 5 s before": Check("the watcher renews the lease every third of it",
                                 lambda: _runs().LEASE_SECONDS / 3 == 5.0),
-    "Every 64 inline visits": Value("interlock._runner", "YIELD_EVERY", 64),
+    "Every 64 inline visits": Value("interlock._engine._runner", "YIELD_EVERY", 64),
     # the hot path
     "on a 1000-node chain": Unkept("a py-spy profile of the bench's S1 chain (bench/run.py)"),
     "costs ~8 µs": Unkept("a micro-benchmark of asyncio.timeout, not kept"),
-    "starts only after 0.25 s": Value("interlock._runs", "CANCEL_POLL_SECONDS", 0.25),
+    "starts only after 0.25 s": Value("interlock._ops._runs", "CANCEL_POLL_SECONDS", 0.25),
     "~1.3 k instructions": INSTRUCTIONS,
     "a chain node ~5 such calls and a loop iteration ~3": INSTRUCTIONS,
     "OpenSSL 3": Prose("the version of a dependency of CPython"),
@@ -259,15 +259,15 @@ CLAIMS: dict[str, Evidence] = {
     # guards
     "(~1.5 k instructions)": INSTRUCTIONS,
     # claims and leases (fencing changes how the heartbeat runs: keep these true)
-    "(15 s,": Value("interlock._runs", "LEASE_SECONDS", 15.0),
+    "(15 s,": Value("interlock._ops._runs", "LEASE_SECONDS", 15.0),
     "renewed every 5 s": Check("the lease is renewed every third of it",
                                _heartbeat_is_a_third_of_the_lease),
-    "starts 0.25 s into the run": Value("interlock._runs", "CANCEL_POLL_SECONDS", 0.25),
-    "polls the store every 0.25 s": Value("interlock._runs", "CANCEL_POLL_SECONDS", 0.25),
+    "starts 0.25 s into the run": Value("interlock._ops._runs", "CANCEL_POLL_SECONDS", 0.25),
+    "polls the store every 0.25 s": Value("interlock._ops._runs", "CANCEL_POLL_SECONDS", 0.25),
     "A run is executed by one owner": LEASE_KEPT,  # (the lease is kept, really)
     "Claim generations (issue 26)": Prose("the issue's number"),
     "a run created claimed has 1": GENERATIONS,
-    "gone after 10 s with none": Value("interlock._lease", "IDLE_SECONDS", 10.0),
+    "gone after 10 s with none": Value("interlock._engine._lease", "IDLE_SECONDS", 10.0),
     "a renewal is one statement every 5 s": Check("the lease is renewed every third of it",
                                                   _heartbeat_is_a_third_of_the_lease),
     "0.05-0.24 ms on SQLite and 0.11 ms on PostgreSQL on loopback": Bench(
@@ -279,9 +279,9 @@ CLAIMS: dict[str, Evidence] = {
     "stamps a heartbeat every 0.25 s": Value("interlock.server._loops", "TICK", 0.25),
     "stamp is older than 1 s": Value("interlock.server._loops", "BLOCKED_AFTER", 1.0),
     # snapshots
-    "Every 500 records": Value("interlock._snapshot", "EVERY", 500),
+    "Every 500 records": Value("interlock._engine._snapshot", "EVERY", 500),
     "one record per 32 bytes of the last snapshot, so dumping stays O(1) per record":
-        Value("interlock._snapshot", "BYTES_PER_RECORD", 32),
+        Value("interlock._engine._snapshot", "BYTES_PER_RECORD", 32),
     # stores
     "psycopg 3": Check("pyproject.toml's postgres extra asks for psycopg>=3", _psycopg_3),
     "a pool of up to 10 connections per event loop": Check(

@@ -31,7 +31,7 @@ def test_doc_example_runs(name: str, code: str, tmp_path: Path) -> None:
 
 
 def test_every_limit_is_documented_with_its_variable_and_default() -> None:
-    from interlock import _limits
+    from interlock._definition import _limits
 
     text = (DOCS / "security.md").read_text()
     for limit in _limits.ALL:

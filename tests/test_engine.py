@@ -427,7 +427,7 @@ def test_step_limit_stops_a_runaway_loop() -> None:
 
 
 def test_a_loop_that_never_exits_stops_at_the_default_step_limit() -> None:
-    from interlock._model import DEFAULT_STEPS
+    from interlock._definition._model import DEFAULT_STEPS
 
     wf = Workflow("forever")  # no limits: declared
     wf.node("w", node())

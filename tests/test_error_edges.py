@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 import interlock
 from interlock import START, Workflow, WorkflowError
-from interlock._render import to_dot, to_mermaid
+from interlock._definition._render import to_dot, to_mermaid
 from interlock.cli import cli
 
 if TYPE_CHECKING:

@@ -18,9 +18,10 @@ import pytest
 import test_store_conformance as conformance
 
 import interlock
-from interlock import END, START, Workflow, _journal
+from interlock import END, START, Workflow
+from interlock._engine import _journal
 from interlock._errors import ConflictError, StoreError
-from interlock._runs import load_run
+from interlock._ops._runs import load_run
 from interlock._store import open_store
 from interlock.testing import FaultyStore
 
@@ -122,7 +123,7 @@ def test_a_bug_in_a_visit_task_fails_the_run_with_its_records_committed(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Not a node's error (those are its outcome) but the engine's own, in a visit
     running as a task: the run ends FAILED (an internal error), not RUNNING for ever."""
-    from interlock._call import NodeCall
+    from interlock._engine._call import NodeCall
 
     visit = NodeCall.visit
 

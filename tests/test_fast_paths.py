@@ -18,8 +18,8 @@ import pytest
 
 import interlock
 from interlock import END, START, Workflow
-from interlock._decide import Decider
-from interlock._runner import Runner
+from interlock._engine._decide import Decider
+from interlock._engine._runner import Runner
 
 TIMING = ("at", "duration_ms")
 
@@ -156,7 +156,7 @@ class _View:
 
 def _journal(store: _SlowStore) -> Any:
     from interlock import _log as L
-    from interlock._journal import Journal
+    from interlock._engine._journal import Journal
     return Journal(store, "r", _View(), L.LogWriter())  # type: ignore[arg-type]
 
 

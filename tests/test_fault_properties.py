@@ -22,7 +22,8 @@ from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
 
 import interlock
-from interlock import END, START, Workflow, _journal
+from interlock import END, START, Workflow
+from interlock._engine import _journal
 from interlock._errors import StoreError
 from interlock._store import open_store
 from interlock.testing import FaultyStore

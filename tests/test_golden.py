@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 import interlock
-from interlock._fold import RunView
+from interlock._definition._spec import parse
+from interlock._engine._fold import RunView
 from interlock._log import Entry, verify_chain
-from interlock._spec import parse
 from interlock._store import RunRow, Summary, open_store
 from interlock._workflow import Workflow
 

@@ -1,4 +1,4 @@
-"""Each guard of the node call alone (`interlock._guards`): a fake next call, no engine."""
+"""Each guard of the node call alone (`interlock._engine._guards`): a fake next call, no engine."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from typing import Any, ClassVar
 
 import pytest
 
-from interlock import _guards as G
-from interlock._context import Context, PauseRequested
+from interlock._definition._model import RetrySpec
+from interlock._engine import _guards as G
+from interlock._engine._context import Context, PauseRequested
 from interlock._errors import BudgetExceededError, NodeError, NodeTimeout, RouteError, RunError
-from interlock._model import RetrySpec
 
 
 def node(name: str = "n", *, timeout: float = 5.0, is_async: bool = True,

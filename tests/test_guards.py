@@ -364,7 +364,7 @@ def test_a_bodys_own_timeout_error_is_its_failure_not_the_engines_timeout() -> N
     """A node whose code raises TimeoutError (an upstream call timing out) failed with the
     engine's "timed out after 300s", and a sync node's thread was counted as abandoned
     (which makes the CLI exit with os._exit)."""
-    from interlock import _guards
+    from interlock._engine import _guards
 
     async def upstream_async(state: dict[str, Any]) -> None:
         await asyncio.sleep(0)

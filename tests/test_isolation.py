@@ -25,7 +25,7 @@ import pytest
 
 import interlock
 from interlock import END, START, Goto, Workflow
-from interlock._isolation import ChildContext, ChildResult, Effects, ProcessPool
+from interlock._engine._isolation import ChildContext, ChildResult, Effects, ProcessPool
 
 NODES = '''
 import asyncio
@@ -599,7 +599,7 @@ def test_functions_of_a_main_script_run_in_workers(tmp_path: Path) -> None:
     script = tmp_path / "flow.py"
     script.write_text(textwrap.dedent('''
         import asyncio, os
-        from interlock._isolation import ChildContext, ProcessPool
+        from interlock._engine._isolation import ChildContext, ProcessPool
 
         def square(state):
             return {"y": state["x"] ** 2, "pid": os.getpid()}
@@ -625,7 +625,7 @@ def test_a_busy_worker_dies_with_a_killed_engine(nodes: Any) -> None:
     engine = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f'''
         import asyncio, sys
         sys.path.insert(0, {str(nodes.DIR)!r})
-        from interlock._isolation import ChildContext, ProcessPool
+        from interlock._engine._isolation import ChildContext, ProcessPool
 
         async def main():
             pool = ProcessPool()

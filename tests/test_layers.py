@@ -18,39 +18,44 @@ ROOT = Path(interlock.__file__).resolve().parent
 
 LAYERS: dict[int, set[str]] = {
     # leaves: errors, records and the chain, limits, small helpers
-    0: {"_errors", "_log", "_records", "_limits", "_bounds", "_callables", "_signature",
-        "_steps", "_cost"},
+    0: {"_definition", "_engine", "_observe", "_ops", "_plugins", "_worker", "_errors", "_log",
+        "_engine._records", "_definition._limits", "_definition._bounds", "_definition._callables",
+        "_definition._signature", "_engine._steps", "_definition._cost"},
     # the definition, expressions, the graph, the stores, isolation's wire format, the
     # fast YAML reader
-    1: {"_model", "_expr", "_graph", "_store", "_store._base", "_store._memory",
-        "_store._sqlite", "_store._postgres", "_isolation._protocol", "_yaml_fast", "_otel"},
+    1: {"_definition._model", "_definition._expr", "_definition._graph", "_store", "_store._base",
+        "_store._memory", "_store._sqlite", "_store._postgres", "_engine._isolation._protocol",
+        "_definition._yaml_fast", "_observe._otel"},
     # the file front end, state updates, rendering, the node-kind protocol
-    2: {"_spec", "_state", "_render", "_kinds", "_triggers"},
+    2: {"_definition._spec", "_definition._state", "_definition._render", "_definition._kinds",
+        "_worker._triggers"},
     # static checks and the frozen plan (node kinds injected)
-    3: {"_validate", "_plan"},
+    3: {"_definition._validate", "_definition._plan"},
     # the fold, its snapshots, approvals, the journal (records sealed, folded, stored),
     # the lease keeper (leases renewed off the event loop)
-    4: {"_fold", "_snapshot", "_approvals", "_journal", "_lease"},
+    4: {"_engine._fold", "_engine._snapshot", "_engine._approvals", "_engine._journal",
+        "_engine._lease"},
     # the node call: its context, the guards, process isolation
-    5: {"_context", "_guards", "_call", "_mapped", "_ray", "_isolation", "_isolation._pool",
-        "_isolation._worker", "_isolation.__main__"},
+    5: {"_engine._context", "_engine._guards", "_engine._call", "_engine._mapped", "_engine._ray",
+        "_engine._isolation", "_engine._isolation._pool", "_engine._isolation._worker",
+        "_engine._isolation.__main__"},
     # the agent node kind, a plug-in on the node call
-    6: {"_subflow", "agents", "agents._check", "agents._errors", "agents._node", "agents._prompt",
-        "agents._providers", "agents._spec", "agents._tools"},
+    6: {"_plugins._subflow", "agents", "agents._check", "agents._errors", "agents._node",
+        "agents._prompt", "agents._providers", "agents._spec", "agents._tools"},
     # the scheduler and its edge decisions, and the wiring of the shipped node kinds
-    7: {"_runner", "_decide", "_compile"},
+    7: {"_engine._runner", "_engine._decide", "_plugins._compile"},
     # stored runs: drive, resume, status, trace, verify, fork, cancel; their coverage;
     # executing them in a pool (a server's, a worker's); node visits (the dashboard's)
-    8: {"_runs", "_coverage", "_export", "_prune", "_metrics", "_workers", "_visits"},
+    8: {"_ops._runs", "_observe._coverage", "_ops._export", "_ops._prune", "_observe._metrics",
+        "_worker._workers", "_ops._visits"},
     # the façade: builder and loaded file
     9: {"_workflow"},
     # the public surface and the command line
     10: {"", "__main__", "testing", "support", "cli", "cli._common", "cli._format", "cli._inspect",
-         "cli._progress", "cli._run", "cli._trace", "cli._coverage", "cli._prune",
-         "cli._serve", "cli._remote", "cli._triggers", "cli._worker",
-         "server", "server._app", "server._auth", "server._hub", "server._main",
-         "server._models", "server._notify", "server._pool", "server._dashboard",
-         "server._loops", "server._reads", "server._guard"},
+        "cli._progress", "cli._run", "cli._trace", "cli._coverage", "cli._prune", "cli._serve",
+        "cli._remote", "cli._triggers", "cli._worker", "server", "server._app", "server._auth",
+        "server._hub", "server._main", "server._models", "server._notify", "server._pool",
+        "server._dashboard", "server._loops", "server._reads", "server._guard"},
 }
 LAYER_OF = {m: n for n, mods in LAYERS.items() for m in mods}
 
@@ -105,7 +110,8 @@ def test_a_module_imports_only_its_own_layer_or_below(name: str) -> None:
     assert not upward, f"interlock.{name} (layer {layer}) imports higher layers: {upward}"
 
 
-@pytest.mark.parametrize("name", ["_runner", "_decide", "_call", "_mapped", "_guards", "_records"])
+@pytest.mark.parametrize("name", ["_engine._runner", "_engine._decide", "_engine._call",
+                                  "_engine._mapped", "_engine._guards", "_engine._records"])
 def test_only_the_journal_touches_the_store(name: str) -> None:
     """The executor writes records through a `_records.Sink`; `_journal` is the one that
     stores them."""

@@ -40,7 +40,7 @@ from test_store_conformance import _url_for, pg_schema_url  # noqa: F401 - a fix
 import interlock
 from interlock._errors import LogError
 from interlock._store import RunNotFound, RunRow, Store, StoreError
-from interlock._triggers import GRACE, Firer, cursor_name, key_run_id, slot_run_id
+from interlock._worker._triggers import GRACE, Firer, cursor_name, key_run_id, slot_run_id
 from interlock.support import Worker
 
 NODES = '''
@@ -695,7 +695,7 @@ def test_a_worker_refuses_a_run_whose_log_does_not_verify_instead_of_retrying_it
 
 
 def test_a_workers_refusals_are_bounded_and_expire() -> None:
-    from interlock._workers import _Refusals
+    from interlock._worker._workers import _Refusals
 
     refused = _Refusals(3, 600)
     for rid in ("a", "b", "c", "d"):

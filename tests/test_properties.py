@@ -833,7 +833,7 @@ def test_concurrency_answers_as_the_definition_does(
         graph: tuple[dict[str, list[str]], list[list[str]]]) -> None:
     # the definition, pair by pair: below two different unconditional branches of one
     # fork (one reaching x and not y, the other y and not x), neither below the other
-    from interlock._graph import Concurrency, reachable
+    from interlock._definition._graph import Concurrency, reachable
 
     fwd, forks = graph
     below = {n: reachable(fwd, n) for n in fwd}

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from test_server import TOKENS, wait_status
 
 import interlock
-from interlock._approvals import check_patch, schema_problems
+from interlock._engine._approvals import check_patch, schema_problems
 from interlock.support import parse_definition, patch_schema
 
 pytest.importorskip("fastapi")

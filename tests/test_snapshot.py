@@ -11,8 +11,8 @@ import pytest
 
 import interlock
 from interlock import START, Workflow
-from interlock import _snapshot as snapshots
-from interlock._fold import RunView
+from interlock._engine import _snapshot as snapshots
+from interlock._engine._fold import RunView
 
 
 def canon(view: RunView) -> Any:

@@ -767,7 +767,7 @@ def test_an_error_edge_catches_a_failed_child_by_its_class(
 
 
 def test_prune_keeps_a_child_whose_parent_it_keeps(project: CliProject) -> None:
-    from interlock._prune import select
+    from interlock._ops._prune import select
 
     assert run_parent(project, run_id="pr1").status == "COMPLETED"
 

@@ -16,7 +16,7 @@ import orjson
 import pytest
 from conftest import record_row
 
-from interlock import _snapshot as snapshots
+from interlock._engine import _snapshot as snapshots
 
 if TYPE_CHECKING:
     from conftest import CliProject as Project

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 import interlock
-from interlock._model import TriggerSpec
-from interlock._triggers import (
+from interlock._definition._model import TriggerSpec
+from interlock._worker._triggers import (
     GRACE,
     Firer,
     key_run_id,
@@ -152,7 +152,7 @@ def test_a_poll_starts_one_run_per_new_key_and_survives_its_own_failure(
 RACER = '''
 import asyncio, json, sys, time
 import interlock
-from interlock._triggers import Firer
+from interlock._worker._triggers import Firer
 
 wf = interlock.load("greeter.yaml")
 store = sys.argv[1]

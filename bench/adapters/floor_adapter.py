@@ -14,7 +14,8 @@ Per node it
 - seals a ``node.completed`` record (``update``, ``duration_ms`` from ``perf_counter``),
 - decides the node's edges: S1 an ``edge.taken`` record to the next node; S3 evaluates
   ``i < N`` with interlock's own CEL engine (compiled once with
-  ``interlock._expr.compile_expression``; ``decide`` gives the value and the values read)
+  ``interlock._definition._expr.compile_expression``; ``decide`` gives the value and the values
+  read)
   and seals the ``when`` edge's and the ``otherwise`` edge's ``edge.taken`` /
   ``edge.skipped`` records, with the fields interlock writes;
 
@@ -42,7 +43,7 @@ from typing import Any
 import orjson
 from _common import Emitter, main, per_step_trials
 
-from interlock._expr import compile_expression
+from interlock._definition._expr import compile_expression
 
 ENGINE = "floor"
 NOT_MEASURED = ("the floor (the log records alone) is measured only where interlock's "
@@ -195,7 +196,7 @@ def not_measured(em: Emitter, p: dict[str, Any]) -> None:
 
 
 def _version() -> str:
-    return (f"bare Python loop; orjson {orjson.__version__}, CEL (interlock._expr) "
+    return (f"bare Python loop; orjson {orjson.__version__}, CEL (interlock._definition._expr) "
             f"common-expression-language {_dist_version('common-expression-language')}, "
             f"interlock {_dist_version('interlock')}")
 

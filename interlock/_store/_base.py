@@ -307,7 +307,7 @@ class Store(ABC):
 
     def lease_renewer(self) -> LeaseRenewer | None:
         """Something that renews this store's leases from a thread other than the event
-        loop's (`interlock._lease`), with a connection of its own; None where the store
+        loop's (`interlock._engine._lease`), with a connection of its own; None where the store
         has none (its leases are then renewed on the event loop, by `heartbeat`)."""
         return None
 

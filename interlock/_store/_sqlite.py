@@ -3,7 +3,7 @@
 Everything that touches the database runs on one dedicated thread per store (the
 ``sqlite3`` connection lives and dies there); the async methods hop to it and
 wait. Leases are renewed apart, by the lease keeper's thread on a connection of its own
-(`_Renewer`, `interlock._lease`), so that a blocked event loop does not lose them. The
+(`_Renewer`, `interlock._engine._lease`), so that a blocked event loop does not lose them. The
 store binds to no event loop, so it can be used from successive ``asyncio.run`` calls.
 
 Durability. The file is in WAL mode. Each ``create_run`` / ``append`` / claim is

@@ -21,8 +21,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .._kinds import Checker
-from .._model import NodeSpec, WorkflowSpec
+from .._definition._kinds import Checker
+from .._definition._model import NodeSpec, WorkflowSpec
 from ._check import check_agent
 from ._errors import (
     AgentConfigError,
@@ -43,7 +43,8 @@ from ._spec import AgentSpec, ScriptedReply, ToolSpec
 
 
 class AgentKind:
-    """The ``agent:`` node kind, as validation and the plan take it (`interlock._kinds`)."""
+    """The ``agent:`` node kind, as validation and the plan take it
+    (`interlock._definition._kinds`)."""
 
     name = "agent"
 

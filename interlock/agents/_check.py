@@ -8,8 +8,8 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from .._kinds import Checker
-from .._model import NodeSpec, WorkflowSpec
+from .._definition._kinds import Checker
+from .._definition._model import NodeSpec, WorkflowSpec
 from ._errors import ToolDefinitionError
 from ._spec import AgentSpec
 from ._tools import make_tool
@@ -41,7 +41,7 @@ def check_agent(checker: Checker, name: str, ns: NodeSpec) -> None:
 
 
 def _parse(checker: Checker, name: str, data: Any, where: tuple[Any, ...]) -> AgentSpec | None:
-    from .._spec import _data_path, unknown_key, valid_keys
+    from .._definition._spec import _data_path, unknown_key, valid_keys
 
     if not isinstance(data, dict):
         checker.add("error", f"node {name!r}: 'agent' must be a mapping (provider, model, "

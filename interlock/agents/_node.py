@@ -59,10 +59,10 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ValidationError
 
 from .. import _log as L
-from .._context import Goto, goto
+from .._definition._model import NodeSpec, WorkflowSpec
+from .._engine._context import Goto, goto
+from .._engine._guards import BudgetExceededError
 from .._errors import RouteError
-from .._guards import BudgetExceededError
-from .._model import NodeSpec, WorkflowSpec
 from ._errors import AgentConfigError, AgentError, AgentOutputError, AgentTurnsError
 from ._providers import (
     ChatRequest,
@@ -79,7 +79,7 @@ from ._tools import Tool, ToolArgumentsError, make_tool
 if TYPE_CHECKING:
     from jinja2 import Template
 
-    from .._context import Context
+    from .._engine._context import Context
 
 REDACTED = "[redacted]"
 _REPLY_FIELDS = frozenset({"reply", "tool_calls", "arguments"})  # what a journaled reply holds
@@ -163,7 +163,7 @@ class _Agent:
     def _resolve(self, path: str) -> Callable[..., Any]:
         fn = self.callables.get(path)
         if fn is None:
-            from .._callables import import_callable
+            from .._definition._callables import import_callable
 
             fn = self.callables[path] = import_callable(path)
         return fn

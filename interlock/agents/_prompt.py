@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from types import FrameType
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .._limits import RENDER_CHARS, RENDER_MS
+from .._definition._limits import RENDER_CHARS, RENDER_MS
 from ._errors import AgentConfigError
 
 if TYPE_CHECKING:

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from .._model import CALL_RE, NAME_RE, RESERVED_NAMES
+from .._definition._model import CALL_RE, NAME_RE, RESERVED_NAMES
 
 
 class _Strict(BaseModel):

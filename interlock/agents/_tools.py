@@ -65,7 +65,7 @@ class Tool:
     async def invoke(self, kwargs: dict[str, Any]) -> Any:
         if self.is_async:
             return await self.fn(**kwargs)
-        from .._guards import NODE_THREADS
+        from .._engine._guards import NODE_THREADS
 
         call = functools.partial(contextvars.copy_context().run, self.fn, **kwargs)
         return await asyncio.get_running_loop().run_in_executor(NODE_THREADS, call)

@@ -1,6 +1,6 @@
 // A workflow's graph as SVG, laid out in layers from the API's nodes and edges:
 // a node's layer is its longest path from START once the edges that close a loop are
-// set aside (found as interlock/_graph.py finds them: depth first from START, in
+// set aside (found as interlock/_definition/_graph.py finds them: depth first from START, in
 // declaration order); a loop's closing edge is drawn back up along the right.
 
 const SVG = "http://www.w3.org/2000/svg";

@@ -1,0 +1,696 @@
+"""The workflow definition: what a file (or the Python builder) declares.
+
+This module knows nothing of the engine. Both front ends -- the YAML/JSON file
+(`_spec.py`) and the Python builder (`_workflow.py`) -- produce a
+`WorkflowSpec`; everything downstream (validation, planning, running, the log)
+reads only this model. Its JSON dump is what a run stores as its definition.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Callable, Mapping
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ModelWrapValidatorHandler,
+    PrivateAttr,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
+
+from .._errors import UsageError
+
+START = "START"
+END = "END"
+RESERVED_NAMES = frozenset({START, END, "config", "run"})
+# The state field an error edge's target reads the caught error from (SPEC §7): the
+# engine writes it, a workflow may not declare it.
+ERROR_FIELD = "error"
+NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+CALL_RE = re.compile(r"^[A-Za-z_][\w.]*:[\w.<>]+(#\d+)?$")
+
+Reducer = Literal["replace", "append", "extend", "merge", "add"]
+
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?|\.\d+)\s*(ms|s|m|h|d)?\s*$")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+
+
+def parse_duration(value: Any) -> Any:
+    """'30s', '0.5s', '250ms', '5m', '1h', '30d' or a number of seconds -> float seconds."""
+    if isinstance(value, bool):
+        raise ValueError("expected a duration such as 30s, 250ms or 5m, got a boolean")
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str):
+        m = _DURATION_RE.match(value)
+        if m:
+            return float(m.group(1)) * _UNITS[m.group(2)]
+    raise ValueError(f"expected a duration such as 30s, 250ms or 5m, got {value!r}")
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration), Field(gt=0)]
+
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.I)
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "t": 1000**4,
+               "ki": 1024, "mi": 1024**2, "gi": 1024**3, "ti": 1024**4}
+
+
+def parse_size(value: Any) -> Any:
+    """'512MB', '1GiB', '200m' or a number of bytes -> int bytes."""
+    if isinstance(value, bool):
+        raise ValueError("expected a size such as 256MB or 1GiB, got a boolean")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        m = _SIZE_RE.match(value)
+        if m:
+            unit = (m.group(2) or "").lower().rstrip("b")
+            return int(float(m.group(1)) * _SIZE_UNITS[unit])
+    raise ValueError(f"expected a size such as 256MB or 1GiB, got {value!r}")
+
+
+Size = Annotated[int, BeforeValidator(parse_size), Field(gt=0)]
+
+
+def whole_number(value: Any) -> Any:
+    """A count (limits.steps, tokens, attempts, max): an int, never a boolean -- in
+    Python ``True`` is the int 1, so ``steps: true`` would be a limit of 1 step."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected a whole number such as 50, got a boolean "
+                         f"({str(value).lower()})")
+    return value
+
+
+Count = Annotated[int, BeforeValidator(whole_number)]
+
+
+def _as_list(value: Any) -> Any:
+    return [value] if isinstance(value, str) else value
+
+
+NameList = Annotated[list[str], BeforeValidator(_as_list)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+def _extension_key(key: Any) -> bool:
+    return isinstance(key, str) and key.startswith("x-")
+
+
+class Extensible(_Strict):
+    """A mapping that may also carry ``x-*`` keys (the home of YAML anchors, as in
+    docker-compose and OpenAPI: ``x-defaults: &defaults {...}``): ignored by the engine,
+    kept in the definition (and its hash)."""
+
+    _extensions: dict[str, Any] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _take_extensions(cls, data: Any, handler: ModelWrapValidatorHandler[Any]) -> Any:
+        ext: dict[str, Any] = {}
+        if isinstance(data, dict) and any(_extension_key(k) for k in data):
+            ext = {k: v for k, v in data.items() if _extension_key(k)}
+            data = {k: v for k, v in data.items() if not _extension_key(k)}
+        obj = handler(data)
+        if ext:
+            obj._extensions = ext
+        return obj
+
+    @model_serializer(mode="wrap")
+    def _dump_extensions(self, handler: SerializerFunctionWrapHandler) -> Any:
+        data = handler(self)
+        if self._extensions and isinstance(data, dict):
+            data.update(self._extensions)
+        return data
+
+    @property
+    def extensions(self) -> dict[str, Any]:
+        """Its ``x-*`` keys, as declared."""
+        return dict(self._extensions)
+
+
+class RetrySpec(_Strict):
+    """``retry: {attempts, backoff, max_backoff, jitter, errors}``."""
+
+    attempts: Count = Field(default=1, ge=1, le=100)
+    backoff: Annotated[float, BeforeValidator(parse_duration), Field(ge=0)] = 0.0
+    max_backoff: Duration | None = None
+    jitter: bool = False
+    errors: list[str] = Field(default_factory=list)
+
+
+class ApprovalSpec(_Strict):
+    """``approval: {show, input, on_modify, approvers, timeout, on_timeout}`` -- a human
+    gate. ``input``: a JSON Schema the decision's ``data`` must satisfy (SPEC §7)."""
+
+    show: NameList = Field(default_factory=list)
+    input: dict[str, Any] | None = None
+    on_modify: NameList = Field(default_factory=list)
+    approvers: NameList = Field(default_factory=list)
+    timeout: Duration | None = None
+    on_timeout: str = "reject"
+
+
+class RaySpec(_Strict):
+    """``resources: {num_cpus, num_gpus, memory}`` of an ``executor: ray`` node: what its
+    Ray task (or async actor) asks the cluster for (Ray's defaults: 1 CPU for a task)."""
+
+    num_cpus: float | None = Field(default=None, ge=0)
+    num_gpus: float | None = Field(default=None, ge=0)
+    memory: Size | None = None  # bytes, or '2GB' / '512MiB'
+
+    def options(self) -> dict[str, Any]:
+        """The Ray ``.options(...)`` these ask for."""
+        return {k: v for k, v in (("num_cpus", self.num_cpus), ("num_gpus", self.num_gpus),
+                                  ("memory", self.memory)) if v is not None}
+
+
+class SubflowRef(_Strict):
+    """A ``workflow:`` node's child, pinned: the file it was read from (as the parent
+    names it; None for a builder's `Workflow`) and the child's whole definition, which
+    is part of the parent's definition and hash -- a resume runs this, not the file as
+    it is now. A file names the child by its path; the front end (`_spec.load_spec`)
+    reads it and stores it in this form."""
+
+    file: str | None = None
+    definition: dict[str, Any]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _path_form(cls, data: Any) -> Any:
+        if isinstance(data, str):
+            raise ValueError(f"workflow: {data!r} is a path, which only a workflow read from "
+                             "a file (interlock.load) or the builder (wf.subworkflow) can "
+                             "resolve")
+        return data
+
+
+class NodeSpec(Extensible):
+    """One node. ``call`` is ``module:function``; short form in a file: ``name: module:fn``."""
+
+    call: str | None = None
+    reads: NameList | None = None
+    writes: NameList | None = None
+    timeout: Duration | None = None
+    retry: RetrySpec | None = None
+    isolation: Literal["thread", "process"] | None = None
+    memory: Size | None = None  # with isolation: process, an address-space limit
+    # where the body runs (SPEC §9): here (the default), or as a Ray task on a cluster
+    executor: Literal["local", "ray"] | None = None
+    resources: RaySpec | None = None  # with executor: ray, what its task asks for
+    tokens: Count | None = Field(default=None, ge=0)
+    confirm: bool = False
+    approval: ApprovalSpec | None = None
+    agent: dict[str, Any] | None = None
+    # a call node's own parameters, passed as ``ctx.args`` (one function, several nodes)
+    args: dict[str, Any] | None = None
+    # a sub-workflow (SPEC §7): the child, the child's input fields as CEL over this
+    # workflow's state (default: the fields of the same names), what of its final state
+    # is written (all of it; ``[fields]``; or one field's value) under ``output_key``
+    workflow: SubflowRef | None = None
+    input: dict[str, str] | None = None
+    output: str | list[str] | None = None
+    output_key: str | None = None
+    description: str = ""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _short_form(cls, data: Any) -> Any:
+        if isinstance(data, str):
+            return {"call": data}
+        return data
+
+    @field_validator("call")
+    @classmethod
+    def _call_shape(cls, value: str | None) -> str | None:
+        if value is not None and not CALL_RE.match(value):
+            raise ValueError(
+                f"call must look like 'package.module:function', got {value!r}"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> NodeSpec:
+        kinds = [k for k in ("call", "approval", "agent", "workflow")
+                 if getattr(self, k) is not None]
+        if len(kinds) != 1:
+            found = ", ".join(kinds) or "none"
+            raise ValueError(
+                "a node needs exactly one of 'call', 'approval', 'agent' or 'workflow' "
+                f"(found: {found})"
+            )
+        if self.workflow is None:
+            extra = [k for k in ("input", "output", "output_key") if getattr(self, k) is not None]
+            if extra:
+                raise ValueError(f"{', '.join(map(repr, extra))} belong to a 'workflow:' node "
+                                 "(a sub-workflow)")
+        if self.executor == "ray":
+            if self.call is None:
+                raise ValueError(
+                    "executor: ray runs a call node's function as a Ray task; an approval, "
+                    "agent or workflow node has no function of its own to send (put "
+                    "executor: ray on the nodes that do the work)")
+            if self.isolation is not None:
+                raise ValueError(
+                    f"executor: ray and isolation: {self.isolation} both say where the body "
+                    "runs; a Ray task is already a process of its own: keep one of them")
+        elif self.resources is not None:
+            raise ValueError("'resources' are what a Ray task asks the cluster for; they go "
+                             "with executor: ray")
+        if self.args is not None and self.call is None:
+            raise ValueError("'args' are passed to a call node's function as ctx.args; "
+                             "an approval or agent node has no function to pass them to")
+        return self
+
+    def on_executor(self, executor: Literal["local", "ray"]) -> NodeSpec:
+        """This node with its body run by ``executor`` (a worker's ``--executor``): a
+        call node that names no executor and no isolation of its own; others as they
+        are."""
+        if self.call is None or self.executor is not None or self.isolation is not None:
+            return self
+        return self.model_copy(update={"executor": executor})
+
+    @property
+    def kind(self) -> Literal["call", "approval", "agent", "workflow"]:
+        if self.approval is not None:
+            return "approval"
+        if self.agent is not None:
+            return "agent"
+        if self.workflow is not None:
+            return "workflow"
+        return "call"
+
+
+EdgeKind = Literal["plain", "switch", "router", "choose", "map"]
+MAP_CONCURRENCY = 16  # a map edge's max_concurrency when it declares none
+MAP_MAX_ITEMS = 10_000  # and its max_items
+
+
+class EdgeSpec(_Strict):
+    """One entry of ``edges:``. See SPEC §1 for the forms."""
+
+    source: NameList = Field(alias="from")
+    to: NameList | None = None
+    when: str | None = None
+    otherwise: bool = False
+    switch: str | None = None
+    cases: dict[str, str] | None = None
+    default: str | None = None
+    router: str | None = None
+    choose: NameList | None = None
+    max: Count | None = Field(default=None, ge=1)
+    # a map edge (SPEC §7): ``map`` is a CEL expression giving a list; ``to`` runs once
+    # per item, the item under ``as`` in the state it receives
+    map: str | None = None
+    as_: str | None = Field(default=None, alias="as")
+    collect: str | None = None
+    max_concurrency: Count | None = Field(default=None, ge=1)
+    max_items: Count | None = Field(default=None, ge=0)
+
+    # an error edge: taken when the source fails (after its retries) with an error whose
+    # class (or a base class) is listed; ``true`` catches any error of the node's own
+    on_error: Annotated[bool | list[str], BeforeValidator(_as_list)] = False
+
+    @field_validator("on_error")
+    @classmethod
+    def _error_names(cls, value: bool | list[str]) -> bool | list[str]:
+        if isinstance(value, list):
+            if not value:
+                raise ValueError("on_error lists exception class names (e.g. [NameError, "
+                                 "SyntaxError]); write 'on_error: true' to catch any error")
+            for name in value:
+                if not NAME_RE.match(name):
+                    raise ValueError(f"on_error: {name!r} is not an exception class name "
+                                     "(an identifier such as ValueError, matched along the "
+                                     "exception's class hierarchy)")
+        return value
+
+    @property
+    def catches(self) -> tuple[str, ...] | None:
+        """An error edge's class names (``()``: any error); None for any other edge."""
+        if self.on_error is False:
+            return None
+        return () if self.on_error is True else tuple(self.on_error)
+
+    @model_validator(mode="after")
+    def _error_form(self) -> EdgeSpec:
+        if self.on_error is False:
+            return self
+        extra = [k for k in ("when", "switch", "router", "choose", "cases", "default", "map")
+                 if getattr(self, k) is not None] + (["otherwise"] if self.otherwise else [])
+        if extra:
+            raise ValueError(f"an on_error edge is taken when its source fails; it cannot "
+                             f"also have {', '.join(extra)} (route on the error in its "
+                             "target's edges instead, e.g. when: 'error.type == \"NameError\"')")
+        if len(self.source) > 1:
+            raise ValueError("an on_error edge has one source node (the node whose failure "
+                             "it catches)")
+        return self
+
+    @field_validator("cases", mode="before")
+    @classmethod
+    def _case_keys(cls, value: Any) -> Any:
+        # YAML keys may be ints or booleans (``1: a``, ``true: b``); CEL values are
+        # matched by their canonical text (see case_key), so keys are kept as text.
+        if isinstance(value, dict):
+            return {case_key(k): v for k, v in value.items()}
+        return value
+
+    @model_validator(mode="after")
+    def _one_form(self) -> EdgeSpec:
+        if not self.source:
+            raise ValueError("'from' must name at least one node")
+        forms = [k for k in ("switch", "router", "choose", "map")
+                 if getattr(self, k) is not None]
+        if len(forms) > 1:
+            raise ValueError(f"an edge takes one of switch, router, choose (found {forms})")
+        form = forms[0] if forms else "plain"
+        if form == "plain" and not self.to:
+            raise ValueError("an edge needs 'to' (or one of switch/router/choose)")
+        if form in ("switch", "choose") and self.to is not None:
+            raise ValueError(f"a {form} edge lists its targets itself; remove 'to'")
+        if form == "router" and not self.to:
+            raise ValueError("a router edge must declare its possible targets in 'to'")
+        if form == "switch" and not self.cases:
+            raise ValueError("a switch edge needs 'cases: {value: node}'")
+        if form != "switch" and (self.cases is not None or self.default is not None):
+            raise ValueError("'cases' and 'default' belong to a switch edge")
+        if form != "plain" and (self.when is not None or self.otherwise):
+            raise ValueError(f"'when'/'otherwise' cannot be combined with {form}")
+        if self.when is not None and self.otherwise:
+            raise ValueError("an edge is either 'when' or 'otherwise', not both")
+        if form == "choose" and not self.choose:
+            raise ValueError("'choose' must list at least one target")
+        if form != "plain" and len(self.source) > 1:
+            raise ValueError(f"a {form} edge has one source node")
+        if form == "map" and (self.to is None or len(self.to) != 1):
+            raise ValueError("a map edge runs one node per item: 'to' names exactly one node")
+        if form != "map":
+            extra = [k for k in ("as", "collect", "max_concurrency", "max_items")
+                     if getattr(self, "as_" if k == "as" else k) is not None]
+            if extra:
+                raise ValueError(f"{', '.join(map(repr, extra))} belong to a map edge "
+                                 "({from: a, map: 'a.items', to: b, ...})")
+        return self
+
+    @property
+    def kind(self) -> EdgeKind:
+        if self.switch is not None:
+            return "switch"
+        if self.router is not None:
+            return "router"
+        if self.choose is not None:
+            return "choose"
+        if self.map is not None:
+            return "map"
+        return "plain"
+
+    @property
+    def targets(self) -> list[str]:
+        """Every node this edge may deliver to, in declaration order, without repeats."""
+        if self.kind == "switch":
+            assert self.cases is not None
+            out = list(self.cases.values())
+            if self.default is not None:
+                out.append(self.default)
+        elif self.kind == "choose":
+            assert self.choose is not None
+            out = list(self.choose)
+        else:
+            assert self.to is not None
+            out = list(self.to)
+        return list(dict.fromkeys(out))
+
+    @property
+    def is_join(self) -> bool:
+        return len(self.source) > 1
+
+    @property
+    def item_name(self) -> str:
+        """A map edge's ``as``: the name of the item in the state of its visit."""
+        return self.as_ or "item"
+
+    def describe(self) -> str:
+        """A short human name: 'a -> b', '[a, b] -> c', 'risk switch risk.level'."""
+        src = self.source[0] if len(self.source) == 1 else "[" + ", ".join(self.source) + "]"
+        if self.kind == "switch":
+            return f"{src} switch {self.switch!r}"
+        if self.kind == "router":
+            return f"{src} router {self.router}"
+        if self.kind == "map":
+            return f"{src} map {self.map!r} -> {self.targets[0]}"
+        tgt = self.targets
+        dst = tgt[0] if len(tgt) == 1 else "[" + ", ".join(tgt) + "]"
+        if self.on_error is not False:
+            return f"{src} -> {dst} (on error)"
+        return f"{src} -> {dst}"
+
+
+def case_key(value: Any) -> str:
+    """The canonical text of a switch value: how a CEL result is matched to ``cases``."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+# what a field with a reducer starts as when it declares no default (SPEC §7): so a
+# condition or a template can read it before the first write, as LangGraph's channels
+_EMPTY: dict[str, Callable[[], Any]] = {"append": list, "extend": list, "merge": dict,
+                                        "add": int}
+# what a default must be for each reducer (the reducer accumulates into it)
+_DEFAULT_KINDS: dict[str, tuple[type | tuple[type, ...], str]] = {
+    "append": (list, "a list"), "extend": (list, "a list"), "merge": (dict, "an object"),
+    "add": ((int, float), "a number")}
+
+
+class FieldSpec(_Strict):
+    """``state: {f: {reducer: append, default: [...]}}``. A field with a reducer starts
+    empty (``[]``, ``{}``, ``0``) unless it declares a ``default``; a field without one
+    is absent until written, unless it declares a ``default`` (``null`` included)."""
+
+    reducer: Reducer = "replace"
+    default: Any = None  # only if declared (`declares_default`): null is a default too
+
+    @model_validator(mode="after")
+    def _default_fits(self) -> FieldSpec:
+        kind = _DEFAULT_KINDS.get(self.reducer)
+        if kind is None or not self.declares_default or self.default is None:
+            return self
+        types, what = kind
+        if not isinstance(self.default, types) or isinstance(self.default, bool):
+            raise ValueError(f"default: the reducer {self.reducer!r} accumulates into "
+                             f"{what}, so the default is {what} (e.g. "
+                             f"{L_EXAMPLES[self.reducer]}), not {type(self.default).__name__}")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: SerializerFunctionWrapHandler) -> Any:
+        # a declared default is part of the definition even when it equals the model's
+        # own (``default: null``): the definition says what the field starts as
+        data = handler(self)
+        if self.declares_default and isinstance(data, dict):
+            data["default"] = self.default
+        return data
+
+    @property
+    def declares_default(self) -> bool:
+        return "default" in self.model_fields_set
+
+    def start(self) -> tuple[bool, Any]:
+        """Whether the field has a value before anything writes it, and a fresh copy of it."""
+        if self.declares_default:
+            return True, copy.deepcopy(self.default)
+        empty = _EMPTY.get(self.reducer)
+        return (True, empty()) if empty is not None else (False, None)
+
+
+L_EXAMPLES = {"append": "[]", "extend": "[]", "merge": "{}", "add": "0"}
+
+
+# A run stops (step_limit) after this many node executions unless its workflow or the
+# run declares limits.steps: a loop whose exit condition never holds fails in seconds
+# instead of running for ever (LangGraph's recursion_limit plays this part). Written
+# into run.started, so the log says which limit applied.
+DEFAULT_STEPS = 10_000
+
+
+class LimitsSpec(_Strict):
+    tokens: Count | None = Field(default=None, ge=0)
+    steps: Count | None = Field(default=None, ge=1)
+    timeout: Duration | None = None
+
+
+class TriggerSpec(_Strict):
+    """One of ``triggers:`` (SPEC §9): what starts runs of the workflow by itself --
+    ``{schedule: CRON, input}`` (UTC; five fields, or six with seconds first),
+    ``{every: 30s, input}`` (the multiples of the interval since the Unix epoch), or
+    ``{poll: module:function, every: 30s}`` (one run per new key the function returns).
+    ``id``: what the runs' ids are derived from (default: a digest of the trigger)."""
+
+    id: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_-]{1,40}$")
+    schedule: str | None = None
+    every: Duration | None = None
+    poll: str | None = None
+    input: dict[str, Any] | None = None
+    description: str = ""
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> TriggerSpec:
+        if (self.schedule is None) == (self.every is None and self.poll is None) \
+                or (self.schedule is not None and (self.every or self.poll)):
+            raise ValueError("a trigger is {schedule: CRON}, {every: DURATION} or {poll: "
+                             "module:function, every: DURATION}: exactly one of them")
+        if self.poll is not None:
+            if self.every is None:
+                raise ValueError("a poll trigger needs every: (how often to call it), e.g. "
+                                 "{poll: flows.sources:new_errors, every: 30s}")
+            if not CALL_RE.match(self.poll):
+                raise ValueError(f"poll must look like 'package.module:function', got "
+                                 f"{self.poll!r}")
+            if self.input is not None:
+                raise ValueError("a poll trigger's runs take their input from what the "
+                                 "function returns ([{key, input}]); remove input:")
+        if self.schedule is not None:
+            fields = self.schedule.split()
+            if len(fields) not in (5, 6):
+                raise ValueError(f"schedule {self.schedule!r} has {len(fields)} fields; cron "
+                                 "has five (minute hour day month weekday), or six with "
+                                 "seconds first, e.g. '*/15 * * * *'")
+        return self
+
+    @property
+    def kind(self) -> Literal["schedule", "every", "poll"]:
+        if self.schedule is not None:
+            return "schedule"
+        return "poll" if self.poll is not None else "every"
+
+
+class WorkflowSpec(Extensible):
+    """A whole workflow, as declared. Frozen; equal specs mean equal workflows."""
+
+    workflow: str = Field(min_length=1)
+    description: str = ""
+    config: dict[str, Any] = Field(default_factory=dict)
+    input: NameList = Field(default_factory=list)
+    state: dict[str, FieldSpec] = Field(default_factory=dict)
+    limits: LimitsSpec = Field(default_factory=LimitsSpec)
+    nodes: dict[str, NodeSpec]
+    edges: list[EdgeSpec] = Field(default_factory=list)
+    triggers: list[TriggerSpec] = Field(default_factory=list)  # what starts runs by itself
+
+    # Where each part came from: path tuple -> (line, col), plus the file name.
+    # Not part of the definition's identity.
+    _source: SourceMap | None = PrivateAttr(default=None)
+    # the sub-workflows as read from their files (with their own source maps), by node:
+    # for validation's positions; the definition holds them pinned either way
+    _children: dict[str, WorkflowSpec] = PrivateAttr(default_factory=dict)
+
+    @field_validator("state", mode="before")
+    @classmethod
+    def _state_short(cls, value: Any) -> Any:
+        # ``events: append`` is accepted as short for ``events: {reducer: append}``.
+        if isinstance(value, dict):
+            return {k: {"reducer": v} if isinstance(v, str) else v for k, v in value.items()}
+        return value
+
+    @field_validator("nodes")
+    @classmethod
+    def _node_names(cls, value: dict[str, NodeSpec]) -> dict[str, NodeSpec]:
+        for name in value:
+            _check_name(name, "node")
+        return value
+
+    @field_validator("state", "input")
+    @classmethod
+    def _field_names(cls, value: Any) -> Any:
+        for name in value:
+            _check_name(name, "state field")
+        return value
+
+    def __eq__(self, other: object) -> bool:
+        # Equal definitions are equal workflows, wherever they came from (file or builder).
+        if not isinstance(other, WorkflowSpec):
+            return NotImplemented
+        return self.definition() == other.definition()
+
+    def __hash__(self) -> int:
+        return hash(self.workflow)
+
+    def defaults(self) -> dict[str, Any]:
+        """What each declared field starts as before anything writes it (`FieldSpec.start`),
+        fresh copies: the fields with a reducer (empty, or their default) and those
+        without one that declare a default."""
+        out: dict[str, Any] = {}
+        for name, fs in self.state.items():
+            has, value = fs.start()
+            if has:
+                out[name] = value
+        return out
+
+    def definition(self) -> dict[str, Any]:
+        """The JSON-ready definition (what a run stores and hashes)."""
+        return self.model_dump(mode="json", by_alias=True, exclude_defaults=True)
+
+
+def _check_name(name: str, what: str) -> None:
+    if not NAME_RE.match(name):
+        raise ValueError(
+            f"{what} name {name!r} must be an identifier (letters, digits, _), "
+            "so that conditions can read it"
+        )
+    if name in RESERVED_NAMES:
+        raise ValueError(f"{what} name {name!r} is reserved")
+
+
+class SourceMap:
+    """Maps a path inside the definition (``('edges', 3, 'when')``) to a file position."""
+
+    def __init__(self, file: str | None, positions: dict[tuple[Any, ...], tuple[int, int]]):
+        self.file = file
+        self.positions = positions
+
+    def locate(self, path: tuple[Any, ...]) -> tuple[int, int] | None:
+        """The position of ``path``, or of its closest located ancestor."""
+        while True:
+            pos = self.positions.get(path)
+            if pos is not None:
+                return pos
+            if not path:
+                return None
+            path = path[:-1]
+
+
+def check_limits(limits: Mapping[str, Any], *, base: Mapping[str, Any] | None = None
+                 ) -> dict[str, Any]:
+    """Per-run limit overrides, validated (durations parsed); UsageError when wrong."""
+    unknown = set(limits) - set(LimitsSpec.model_fields)
+    if unknown:
+        raise UsageError(f"unknown limit(s) {sorted(unknown)}; limits are "
+                         f"{sorted(LimitsSpec.model_fields)}")
+    try:
+        checked = LimitsSpec.model_validate({**(base or {}), **limits})
+    except ValidationError as exc:
+        raise UsageError(f"invalid {_pydantic_message(exc, 'limits')}") from None
+    merged = checked.model_dump(exclude_none=True)
+    return {k: merged[k] for k in limits if k in merged}
+
+
+def _pydantic_message(exc: ValidationError, prefix: str) -> str:
+    return "; ".join(f"{'.'.join(map(str, (prefix, *e['loc'])))}: "
+                     f"{e['msg'].removeprefix('Value error, ')}" for e in exc.errors())

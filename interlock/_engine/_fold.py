@@ -1,0 +1,732 @@
+"""The fold: a run's log -> what the run is now.
+
+``RunView.apply(record)`` is the only way a run changes. Executing a run
+appends records and applies them one by one; resuming a run applies the
+stored records to a fresh view -- the same function, so the same result.
+The view derives, from records alone:
+
+- ``state``      the fields, merged with their reducers;
+- ``ready``      nodes delivered to but not started (FIFO);
+- ``running``    visits started and not completed (re-run these on resume);
+- ``due``        edge decisions owed (a node completed, a join settled) that
+                 the executor must make -- conditions, routers, gotos -- and
+                 append as ``edge.taken`` / ``edge.skipped``;
+- joins, dead paths and loop exits (below), visits, steps, tokens, status.
+
+Dead paths
+----------
+Each node keeps a queue of *activations*; an activation records, per forward
+port, whether it was taken or found dead. A taken port makes its node ready
+at once (a node runs once per edge taken). When every port of the oldest
+activation is resolved and none was taken, the node is ruled out and each of
+its outgoing edges is resolved dead in turn -- a worklist, not recursion.
+
+Loop exits
+----------
+Inside a loop, an exit edge not taken in one iteration may be taken in the
+next::
+
+    remediate -> verify --(retry)--> remediate        verify -> summary: otherwise
+
+Ruling ``summary`` out after the first ``retry`` would be wrong, so dead
+signals that leave a cyclic component are *deferred* until nothing inside it
+is ready or running; then every exit not taken during that time is resolved
+dead. Taken exits go through at once.
+
+Quiescence
+----------
+When nothing is ready, running or due, no pending join can ever receive
+another arrival; any partially filled barrier or activation is settled with
+its missing entries counted dead. So a join fires with the branches that did
+run and never hangs. All of this happens at the same records on replay, which
+is what makes resume exact.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from .. import _log as L
+from .._definition._model import END, ERROR_FIELD
+from .._definition._plan import Plan, PlanEdge, Port
+from .._definition._state import merge_update
+from .._errors import InternalError
+
+
+@dataclass(slots=True)
+class Due:
+    """An edge decision owed. ``source`` is the completed node (``*`` for a settled join)."""
+
+    edge: PlanEdge
+    source: str
+    goto: str | None = None  # the target a ``choose`` node returned
+    arrived: tuple[str, ...] = ()  # a settled join: the sources that completed
+
+
+@dataclass(slots=True)
+class Visit:
+    node: str
+    visit: int
+    attempt: int
+    started_seq: int
+    tokens: int = 0  # recorded so far by all its attempts (a node's `tokens:` is per visit)
+    failures: int = 0  # attempts that failed (what `retry.attempts` counts)
+    effect_tokens: int = 0  # of the current attempt's, those its effects' records carried
+
+
+@dataclass(slots=True)
+class MapRun:
+    """A mapped node's visit (SPEC §7): its items, the update of each item completed so
+    far (merged, or collected, when the last one completes), the item visits running."""
+
+    items: list[Any]
+    done: dict[int, dict[str, Any]] = field(default_factory=dict)
+    running: dict[int, Visit] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Gate:
+    """A visit waiting for (or given) a human decision."""
+
+    node: str
+    visit: int
+    kind: str  # "approval" | "confirm" | "tool" (ctx.confirm inside a node, e.g. an agent's tool)
+    requested_at: float
+    show: dict[str, Any]
+    decisions: list[str]
+    deadline: float | None = None
+    decision: str | None = None  # approved | rejected | modified | timed_out
+    body_started: bool = False  # a confirmed node's body has started
+    key: str | None = None  # for kind "tool": the key the node asked under ("workflow": the child)
+    # the JSON Schema a decision must satisfy: an approval's ``input:`` (its ``data``), a
+    # guarded tool's arguments (a ``modify`` patch); None when the gate takes neither
+    input: dict[str, Any] | None = None
+    path: str | None = None  # for kind "workflow": the nodes down to the child's gate
+
+    def waiting(self) -> dict[str, Any]:
+        """The ``waiting`` object of SPEC §3 (a child run's gate: ``node`` is its path)."""
+        out = {"node": self.path or self.node, "kind": self.kind, "show": self.show,
+               "decisions": self.decisions, "requested_at": self.requested_at,
+               "deadline": self.deadline}
+        if self.key is not None:
+            out["key"] = self.key
+        if self.input is not None:
+            out["input"] = self.input
+        return out
+
+
+class Writer(NamedTuple):
+    """The last completion that wrote a field. (A named tuple: one per completion.)"""
+
+    node: str
+    completed_seq: int
+
+
+_new_writer = functools.partial(tuple.__new__, Writer)  # no Python-level __new__ call
+
+
+@dataclass(slots=True)
+class RunView:
+    plan: Plan
+    state: dict[str, Any] = field(default_factory=dict)
+    ready: deque[str] = field(default_factory=deque)
+    running: dict[tuple[str, int], Visit] = field(default_factory=dict)
+    due: dict[tuple[int, str], Due] = field(default_factory=dict)
+    visits: Counter[str] = field(default_factory=Counter)  # completed visits per node
+    started: Counter[str] = field(default_factory=Counter)  # visit numbers handed out
+    takes: Counter[int] = field(default_factory=Counter)  # edge index -> times taken
+    steps: int = 0
+    tokens: int = 0
+    seq: int = 0
+    config: dict[str, Any] = field(default_factory=dict)  # effective, with every override
+    limits: dict[str, Any] = field(default_factory=dict)
+    parent: tuple[str, int] | None = None  # (run, seq) this run was forked from
+    status: str = "PENDING"
+    error: dict[str, Any] | None = None
+    waiting: dict[str, Any] | None = None
+    writers: dict[str, Writer] = field(default_factory=dict)
+    # a `ctx.once` result by (node, visit, key) -- key (item, key) for a mapped node's item
+    effects: dict[tuple[str, int, Any], Any] = field(default_factory=dict)
+    # mapped nodes' visits (SPEC §7 map) by (node, visit), and the item lists of map
+    # edges taken, by target, until its visit starts
+    maps: dict[tuple[str, int], MapRun] = field(default_factory=dict)
+    map_items: dict[str, deque[list[Any]]] = field(default_factory=dict)
+    # human gates (approval nodes and confirm: true), by visit; see `Gate`
+    gates: dict[tuple[str, int], Gate] = field(default_factory=dict)
+    confirmations: dict[tuple[str, int, str], str] = field(default_factory=dict)
+    # No silent dead ends through joins: for the latest completion of a node, whether
+    # any edge (its own, or a join it arrived at) took it somewhere, and how many of its
+    # joins are still undecided. The runner reads both before recording a decision.
+    routed: dict[str, bool] = field(default_factory=dict)
+    route_wait: Counter[str] = field(default_factory=Counter)
+    # dead-path bookkeeping
+    _acts: dict[str, deque[dict[int, bool]]] = field(default_factory=dict)
+    _barriers: dict[int, deque[dict[str, bool]]] = field(default_factory=dict)
+    _active: Counter[int] = field(default_factory=Counter)  # cyclic scc -> ready+running
+    _deferred: dict[int, set[tuple[Any, ...]]] = field(default_factory=dict)
+    _taken_exits: dict[int, set[tuple[Any, ...]]] = field(default_factory=dict)
+    # nodes being ruled out, while `_rule_out` drains them (None otherwise: not state)
+    _ruling: deque[str] | None = None
+
+    # -- applying records ----------------------------------------------------------
+
+    def __post_init__(self) -> None:
+        # every node is present in ``visits`` so that ``run.visits.x`` is 0, not missing
+        self.visits.update(self.plan.no_visits)
+
+    def apply(self, rec: L.Record) -> None:
+        handler = _HANDLERS.get(rec["type"])
+        if handler is not None and self.status in _ENDED and rec["type"] != L.RUN_FORKED:
+            # nothing changes a run once it completed, was rejected or cancelled (a fork
+            # is a new run: its run.forked re-opens the copied log)
+            raise InternalError(f"record {rec['seq']} ({rec['type']}) comes after the run "
+                                f"ended ({self.status}): no record changes a run that "
+                                "completed, was rejected or was cancelled")
+        self.seq = rec["seq"]
+        if handler is not None:
+            handler(self, rec)
+        if not self.due and (self._deferred or not (self.ready or self.running)):
+            self._quiesce()
+
+    def _on_run_started(self, rec: L.Record) -> None:
+        self.state = dict(rec.get("input") or {})
+        defaults = rec.get("defaults")  # what declared fields start as (SPEC §7)
+        if defaults:
+            self.state.update(defaults)
+        self.config = dict(rec.get("config") or {})
+        self.limits = dict(rec.get("limits") or {})
+        # a detached run (``run --detach``) is PENDING until a worker executes it
+        self.status = "PENDING" if rec.get("detached") else "RUNNING"
+        for e in self.plan.start_edges:
+            self.due[(e.index, "START")] = Due(e, "START")
+
+    def _on_run_resumed(self, rec: L.Record) -> None:
+        # A failed visit stays in ``running``: the executor runs it again.
+        self.config.update(rec.get("config") or {})
+        self.limits.update(rec.get("limits") or {})
+        # a decision recorded for a worker to continue (``detached``) leaves it PENDING
+        self.status = "PENDING" if rec.get("detached") else "RUNNING"
+        self.error = None
+        self.waiting = None
+
+    def _on_node_started(self, rec: L.Record) -> None:
+        node, visit = key = rec["node"], rec["visit"]
+        if self.maps and "item" in rec:
+            self._on_item_started(rec)
+            return
+        if key in self.running:  # a retry, a re-run, or a confirmed node's body starting
+            self.running[key].attempt = rec.get("attempt", 1)
+            self.running[key].effect_tokens = 0
+            if self.status == "RETRYING":
+                self.status = "RUNNING"
+            gate = self.gates.get(key)
+            if gate is not None and gate.decision == "approved":
+                gate.body_started = True
+            return
+        try:
+            self.ready.remove(node)
+        except ValueError:
+            raise InternalError(f"record {rec['seq']}: node {node!r} started but was not "
+                                "ready") from None
+        if visit > self.started.get(node, 0):
+            self.started[node] = visit
+        self.steps += 1
+        self.running[key] = Visit(node, visit, rec.get("attempt", 1), rec["seq"])
+        if self.map_items:
+            queue = self.map_items.get(node)
+            if queue:  # a mapped node's visit: its items are its steps, not the visit
+                self.maps[key] = MapRun(queue.popleft())
+                self.steps -= 1
+
+    # -- the items of a mapped node's visit (records with an ``item``) -------------------
+
+    def _on_item_started(self, rec: L.Record) -> None:
+        m = self.maps[(rec["node"], rec["visit"])]
+        item = rec["item"]
+        v = m.running.get(item)
+        if v is None:
+            self.steps += 1  # each item is a step
+            m.running[item] = Visit(rec["node"], rec["visit"], rec.get("attempt", 1),
+                                    rec["seq"])
+            return
+        v.attempt = rec.get("attempt", 1)  # a retry, or a re-run after a resume
+        v.effect_tokens = 0
+        if self.status == "RETRYING":
+            self.status = "RUNNING"
+
+    def _on_item_completed(self, rec: L.Record) -> None:
+        node, visit, item = rec["node"], rec["visit"], rec["item"]
+        m = self.maps[(node, visit)]
+        v = m.running.pop(item, None)
+        m.done[item] = rec.get("update") or {}
+        tokens = rec.get("tokens") or 0
+        if v is not None:
+            tokens = max(0, tokens - v.effect_tokens)
+        self._spend(node, visit, tokens)
+
+    def _merge_items(self, node: str, m: MapRun, seq: int) -> None:
+        """A mapped node's visit completed: its items' updates, in item order, merged
+        through the reducers -- or, with ``collect``, gathered in a list under that field."""
+        edge = self.plan.nodes[node].mapped
+        collect = edge.spec.collect if edge is not None else None
+        updates = [m.done.get(i, {}) for i in range(len(m.items))]
+        if collect is not None:
+            updates = [{collect: updates}]
+        writer = _new_writer((node, seq))
+        for update in updates:
+            if update:
+                merge_update(self.state, update, self.plan.reducers)
+                for field_name in update:
+                    self.writers[field_name] = writer
+
+    def _attempt_visit(self, rec: L.Record) -> Visit | None:
+        """The visit an attempt's record is about: an item's, or the node's."""
+        key = rec["node"], rec["visit"]
+        if self.maps and "item" in rec:
+            m = self.maps.get(key)
+            return m.running.get(rec["item"]) if m is not None else None
+        return self.running.get(key)
+
+    def _on_node_completed(self, rec: L.Record) -> None:
+        key = rec["node"], rec["visit"]
+        node = key[0]
+        if self.maps:
+            if "item" in rec:
+                self._on_item_completed(rec)
+                return
+            m = self.maps.pop(key, None)
+            if m is not None:
+                self._merge_items(node, m, rec["seq"])
+        visit = self.running.pop(key, None)
+        update = rec.get("update")
+        if update:
+            merge_update(self.state, update, self.plan.reducers)
+            writer = _new_writer((node, rec["seq"]))
+            for field_name in update:
+                self.writers[field_name] = writer
+        self.visits[node] += 1
+        tokens = rec.get("tokens")
+        if tokens:  # the attempt's; what its effects' records carried is counted already
+            if visit is not None and visit.effect_tokens:
+                tokens = max(0, tokens - visit.effect_tokens)
+            self.tokens += tokens
+        if self.gates:
+            self.gates.pop(key, None)
+        pn = self.plan.nodes[node]
+        if pn.cyclic:
+            self._active[pn.scc] -= 1
+        self.routed[node] = False
+        self.route_wait[node] = pn.joins_out
+        reenter = rec.get("reenter")
+        if reenter is not None:  # a modified approval: the run goes back to ``reenter``
+            self._enqueue(reenter)
+            return
+        goto = rec.get("goto")
+        for e in pn.out:
+            if e.is_join and node in e.barrier:
+                self._barrier(e, node, True)
+            else:
+                self.due[(e.index, node)] = Due(e, node, goto if e.kind == "choose" else None)
+        if pn.errors:  # it did not fail: its error edges are not taken
+            self._dead_edges(pn.errors)
+
+    def _on_node_failed(self, rec: L.Record) -> None:
+        if "caught" in rec:
+            self._on_caught(rec)
+            return
+        visit = self._attempt_visit(rec)
+        if visit is not None and (rec.get("error") or {}).get("type") != "cancelled":
+            visit.failures += 1  # (a cancelled visit was stopped, not failed)
+        self._attempt_ended(rec)
+
+    def _on_caught(self, rec: L.Record) -> None:
+        """A visit failed with an error one of its error edges catches (SPEC §7): the
+        visit is over (it does not run again on resume), the error is written to the
+        reserved ``error`` field, its other edges are not taken, and the catching edge
+        is due (the runner decides it in the same batch)."""
+        node = rec["node"]
+        key = (node, rec["visit"])
+        self._attempt_ended(rec)
+        self.running.pop(key, None)
+        if self.maps:  # a mapped node's visit, one of whose items failed: it is over
+            self.maps.pop(key, None)
+        if self.gates:
+            self.gates.pop(key, None)
+        if self.maps:  # a mapped node's visit: an item failed, the others were stopped
+            self.maps.pop(key, None)
+        self.visits[node] += 1
+        pn = self.plan.nodes[node]
+        if pn.cyclic:
+            self._active[pn.scc] -= 1
+        caught = rec["caught"]
+        self.state[ERROR_FIELD] = caught["error"]
+        self.routed[node] = False
+        self.route_wait[node] = 0
+        self._rule_out(node)  # its ordinary edges: not taken (its joins: not arrived)
+        edge = caught["edge"]
+        for e in pn.errors:
+            if e.index == edge:
+                self.due[(e.index, node)] = Due(e, node)
+        self._dead_edges([e for e in pn.errors if e.index != edge])
+
+    def _dead_edges(self, edges: list[PlanEdge]) -> None:
+        """Edges of a node that will not be taken this time (its error edges when it
+        completes; the other error edges when one catches): their targets' ports die."""
+        for e in edges:
+            for t in e.targets:
+                port = e.ports.get(t)
+                if port is not None:
+                    self._dead_port(port)
+
+    def _on_node_retrying(self, rec: L.Record) -> None:
+        self.status = "RETRYING"  # until the next attempt starts (visible in `status`)
+        visit = self._attempt_visit(rec)
+        if visit is not None:
+            visit.failures += 1
+        self._attempt_ended(rec)  # the failed attempt's tokens were spent
+
+    def _attempt_ended(self, rec: L.Record) -> None:
+        """An attempt ended without completing (failed, retrying, paused for a human): its
+        ``tokens`` were spent, less what its effects' records carried (counted already)."""
+        node, visit = rec["node"], rec["visit"]
+        running = self._attempt_visit(rec)
+        tokens = rec.get("tokens") or 0
+        if running is not None:
+            tokens = max(0, tokens - running.effect_tokens)
+            running.effect_tokens = 0
+        self._spend(node, visit, tokens)
+
+    def _spend(self, node: str, visit: int, tokens: int | None) -> None:
+        """Tokens a record says were spent: the run's, the node's, the running visit's."""
+        if tokens:
+            self.tokens += tokens
+            running = self.running.get((node, visit))
+            if running is not None:
+                running.tokens += tokens
+
+    def _on_edge(self, rec: L.Record) -> None:
+        index = rec["edge"]
+        e = self.plan.edges[index]
+        source = rec.get("from", "*")
+        self.due.pop((index, source), None)
+        taken_here = rec["type"] == L.EDGE_TAKEN
+        taken = (rec.get("to") or ()) if taken_here else ()
+        if taken_here:
+            self.takes[index] = self.takes.get(index, 0) + 1
+            self.routed[source] = True
+        arrived_from = rec.get("arrived")
+        if arrived_from:  # a settled join: its sources' route
+            for arrived in arrived_from:
+                self.route_wait[arrived] -= 1
+                if taken_here:
+                    self.routed[arrived] = True
+        if e.mapping is not None and taken:  # its items, for the visit it starts
+            self.map_items.setdefault(taken[0], deque()).append(rec.get("value") or [])
+        back = source in e.back_sources
+        ports = e.ports
+        single_port = self.plan.single_port
+        for t in e.targets:
+            if t == END:
+                continue
+            port = ports.get(t)
+            if t in taken:
+                if port is None or back:
+                    self._enqueue(t)  # a back edge: a new iteration, no port to resolve
+                elif port.exit_scc is None and t in single_port:
+                    self._enqueue(t)  # its only way in, taken: nothing else to settle
+                else:
+                    self._taken_port(port)
+            elif port is not None and not back:
+                self._dead_port(port)
+
+    def _on_run_forked(self, rec: L.Record) -> None:
+        self.parent = (rec["parent_run"], rec["parent_seq"])
+        self._on_run_resumed(rec)
+        self._on_state_patched(rec)
+        for d in rec.get("deadlines") or ():  # a gate the fork waits at gets its own time
+            gate = self.gates.get((d["node"], d["visit"]))
+            if gate is not None:
+                gate.deadline = d["deadline"]
+
+    def _on_state_patched(self, rec: L.Record) -> None:
+        # a patch replaces top-level fields, bypassing reducers (SPEC §3, modify)
+        self.state.update(rec.get("patch") or {})
+
+    def _on_approval_requested(self, rec: L.Record) -> None:
+        key = (rec["node"], rec["visit"])
+        if rec.get("kind") in _MID_BODY:  # a node that paused mid-body (ctx.confirm)
+            self._attempt_ended(rec)
+        self.gates[key] = Gate(rec["node"], rec["visit"], rec["kind"], rec["at"],
+                               rec.get("show") or {}, rec["decisions"], rec.get("deadline"),
+                               key=rec.get("key"), input=rec.get("input"),
+                               path=rec.get("path"))
+
+    def _on_approval_decided(self, rec: L.Record) -> None:
+        gate = self.gates[(rec["node"], rec["visit"])]
+        gate.decision = rec["decision"]
+        if gate.kind in _MID_BODY:
+            # the node asked mid-body (ctx.confirm, a child's gate): it runs again and
+            # finds the answer
+            self.confirmations[(gate.node, gate.visit, rec["key"])] = rec["decision"]
+            self.gates.pop((gate.node, gate.visit))
+        elif gate.kind == "confirm" and gate.decision != "approved":
+            # the body never runs: the visit ends here (the run ends REJECTED)
+            self.gates.pop((gate.node, gate.visit))
+            self.running.pop((gate.node, gate.visit), None)
+
+    def pending_gates(self) -> list[Gate]:
+        return [g for g in self.gates.values() if g.decision is None]
+
+    def _on_effect(self, rec: L.Record) -> None:
+        key = rec["key"] if "item" not in rec else (rec["item"], rec["key"])
+        self.effects[(rec["node"], rec["visit"], key)] = rec.get("result")
+        # what the effect spent (an LLM call's usage), committed with its result: a crash
+        # after it, a retry or a cancellation does not lose it, a replay does not repeat it
+        self._spend(rec["node"], rec["visit"], rec.get("tokens"))
+        if "steps" in rec:  # a child run's steps count in its parent too (SPEC §7)
+            self.steps += rec["steps"]
+        running = self._attempt_visit(rec)
+        if running is not None and rec.get("tokens"):
+            running.effect_tokens += rec["tokens"]
+
+    def _on_terminal(self, rec: L.Record) -> None:
+        self.status = L.TERMINAL_TYPES[rec["type"]]
+        self.error = rec.get("error")
+        self.waiting = None  # a run cancelled while it waited waits no more
+
+    def _on_waiting(self, rec: L.Record) -> None:
+        self.status = "WAITING_APPROVAL"
+        self.waiting = rec.get("waiting")
+
+    # -- delivery and dead paths -------------------------------------------------------
+
+    def _enqueue(self, node: str) -> None:
+        self.ready.append(node)
+        pn = self.plan.nodes[node]
+        if pn.cyclic:
+            self._active[pn.scc] += 1
+
+    def _taken_port(self, port: Port) -> None:
+        if port.exit_scc is not None:
+            self._taken_exits.setdefault(port.exit_scc, set()).add(("port", port.id))
+        self._resolve_port(port, True)
+
+    def _dead_port(self, port: Port) -> None:
+        if port.exit_scc is not None:
+            self._deferred.setdefault(port.exit_scc, set()).add(("port", port.id))
+            return
+        self._resolve_port(port, False)
+
+    def _resolve_port(self, port: Port, taken: bool) -> None:
+        target = port.target
+        if taken:
+            self._enqueue(target)
+        if target in self.plan.single_port:
+            # one way in: each activation is settled by this port alone (the common case;
+            # no queue to keep)
+            if not taken:
+                self._rule_out(target)
+            return
+        acts = self._acts.setdefault(target, deque())
+        for act in acts:
+            if port.id not in act:
+                act[port.id] = taken
+                break
+        else:
+            acts.append({port.id: taken})
+        self._settle_acts(target, force=False)
+
+    def _settle_acts(self, target: str, *, force: bool) -> None:
+        acts = self._acts.get(target)
+        nports = len(self.plan.nodes[target].ports)
+        while acts and (len(acts[0]) == nports or force):
+            act = acts.popleft()
+            if not any(act.values()):
+                self._rule_out(target)
+            force = False
+
+    def _rule_out(self, node: str) -> None:
+        """``node`` will not run in this activation: resolve each of its edges dead.
+
+        A worklist, not recursion: ruling a node out can rule its successors out, and so
+        on down a chain of any length (a skipped branch of 10,000 nodes). The first call
+        drains the list; one made while it does (from `_resolve_port`, `_settle_acts`,
+        `_settle_barrier`) only adds its node, in order."""
+        work = self._ruling
+        if work is not None:
+            work.append(node)
+            return
+        self._ruling = work = deque((node,))
+        try:
+            while work:
+                self._rule_out_one(work.popleft())
+        finally:
+            self._ruling = None
+
+    def _rule_out_one(self, node: str) -> None:
+        for e in self.plan.nodes[node].out:
+            if e.is_join:
+                if node in e.barrier:
+                    self._barrier(e, node, False)
+                continue
+            for t in e.targets:
+                port = e.ports.get(t)
+                if port is not None:
+                    self._dead_port(port)
+
+    def _barrier(self, e: PlanEdge, source: str, arrived: bool) -> None:
+        exit_scc = e.barrier_exit.get(source)
+        if exit_scc is not None:
+            if not arrived:
+                self._deferred.setdefault(exit_scc, set()).add(("barrier", e.index, source))
+                return
+            self._taken_exits.setdefault(exit_scc, set()).add(("barrier", e.index, source))
+        self._resolve_barrier(e, source, arrived)
+
+    def _resolve_barrier(self, e: PlanEdge, source: str, arrived: bool) -> None:
+        queue = self._barriers.setdefault(e.index, deque())
+        for entry in queue:
+            if source not in entry:
+                if arrived:
+                    entry[source] = True
+                else:
+                    entry[source] = False
+                break
+        else:
+            queue.append({source: arrived})
+        self._settle_barrier(e, force=False)
+
+    def _settle_barrier(self, e: PlanEdge, *, force: bool) -> None:
+        queue = self._barriers.get(e.index)
+        while queue and (len(queue[0]) == len(e.barrier) or force):
+            entry = queue.popleft()
+            force = False
+            if any(entry.values()):
+                arrived = tuple(src for src, ok in entry.items() if ok)
+                self.due[(e.index, "*")] = Due(e, "*", arrived=arrived)
+            else:
+                for t in e.targets:
+                    port = e.ports.get(t)
+                    if port is not None:
+                        self._dead_port(port)
+
+    # -- quiescence --------------------------------------------------------------------
+
+    def _quiesce(self) -> None:
+        """Flush loop exits of idle components, then settle what can no longer fill."""
+        for scc in [c for c, d in self._deferred.items() if d]:
+            if self._active[scc] == 0 and not self.due:
+                self._flush_exits(scc)
+        while not self.ready and not self.running and not self.due:
+            if not self._settle_partial():
+                break
+
+    def _flush_exits(self, scc: int) -> None:
+        pending = self._deferred.pop(scc, set()) - self._taken_exits.pop(scc, set())
+        for item in sorted(pending, key=repr):
+            if item[0] == "port":
+                self._resolve_port(self.plan.ports[item[1]], False)
+            else:
+                self._resolve_barrier(self.plan.edges[item[1]], item[2], False)
+
+    def _settle_partial(self) -> bool:
+        for scc in [c for c, d in self._deferred.items() if d]:
+            self._flush_exits(scc)
+            return True
+        for index, queue in self._barriers.items():
+            if queue:
+                self._settle_barrier(self.plan.edges[index], force=True)
+                return True
+        for target, acts in self._acts.items():
+            if acts:
+                self._settle_acts(target, force=True)
+                return True
+        return False
+
+    # -- reading -------------------------------------------------------------------
+
+    @property
+    def idle(self) -> bool:
+        return not self.ready and not self.running and not self.due
+
+
+class Scope:
+    """A lazy mapping for expression evaluation: only the names an expression reads
+    are looked up, so a condition costs the same in a 10- or a 10 000-node graph.
+    It reads the view as it is at each lookup."""
+
+    __slots__ = ("_view",)
+
+    def __init__(self, view: RunView) -> None:
+        self._view = view
+
+    def __getitem__(self, name: str) -> Any:
+        if name == "config":
+            return self._view.config
+        if name == "run":
+            v = self._view
+            return {"visits": v.visits, "step": v.steps, "tokens": v.tokens}
+        return self._view.state[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in ("config", "run") or name in self._view.state
+
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    """Where a run stands, as its log has it: what ``interlock status RUN_ID --json``
+    prints (and the server's run object)."""
+
+    run_id: str
+    workflow: str
+    status: str
+    state: dict[str, Any]
+    steps: int
+    tokens: int
+    error: dict[str, Any] | None
+    waiting: dict[str, Any] | None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "COMPLETED"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "workflow": self.workflow, "status": self.status,
+                "state": self.state, "steps": self.steps, "tokens": self.tokens,
+                "error": self.error, "waiting": self.waiting}
+
+
+def result_of(run_id: str, workflow: str, view: RunView) -> RunResult:
+    return RunResult(run_id=run_id, workflow=workflow, status=view.status,
+                     state=dict(view.state), steps=view.steps, tokens=view.tokens,
+                     error=view.error, waiting=view.waiting)
+
+
+_MID_BODY = frozenset({"tool", "workflow"})  # gates asked for from inside a node's body
+
+_ENDED = frozenset({"COMPLETED", "REJECTED", "CANCELLED"})  # (a FAILED run may go on)
+
+_HANDLERS = {
+    L.RUN_STARTED: RunView._on_run_started,
+    L.RUN_RESUMED: RunView._on_run_resumed,
+    L.RUN_FORKED: RunView._on_run_forked,
+    L.STATE_PATCHED: RunView._on_state_patched,
+    L.NODE_STARTED: RunView._on_node_started,
+    L.NODE_COMPLETED: RunView._on_node_completed,
+    L.NODE_FAILED: RunView._on_node_failed,
+    L.NODE_RETRYING: RunView._on_node_retrying,
+    L.EDGE_TAKEN: RunView._on_edge,
+    L.EDGE_SKIPPED: RunView._on_edge,
+    L.EFFECT_RECORDED: RunView._on_effect,
+    L.APPROVAL_REQUESTED: RunView._on_approval_requested,
+    L.APPROVAL_DECIDED: RunView._on_approval_decided,
+    L.RUN_COMPLETED: RunView._on_terminal,
+    L.RUN_FAILED: RunView._on_terminal,
+    L.RUN_REJECTED: RunView._on_terminal,
+    L.RUN_CANCELLED: RunView._on_terminal,
+    L.RUN_WAITING: RunView._on_waiting,
+}

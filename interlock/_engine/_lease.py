@@ -1,0 +1,174 @@
+"""The lease keeper: renews the leases of the runs this process executes from a thread
+of its own, so that a blocked event loop does not lose them.
+
+A node body that blocks its event loop (a synchronous HTTP or LLM client called inside
+``async def``, a long computation) stops every coroutine of that loop -- a heartbeat
+scheduled there too. If the block outlasts the lease, another worker takes the run
+over and two processes execute it. So leases are renewed here instead: one daemon
+thread per store (started by the first lease it holds, ended after `IDLE_SECONDS`
+without one), with a connection of its own to the store (`Store.lease_renewer`: a
+second SQLite connection, a blocking psycopg connection), renewing each lease held
+every third of it.
+
+When a renewal finds the claim gone (`ClaimLost`: another owner claimed the run since,
+after this *process* was paused -- SIGSTOP, a long GC, a suspended machine -- for longer
+than the lease, or with ``--force``) the lease's ``on_lost`` is called on this thread;
+the executor hands it to its event loop (`_runs._Watcher`), which stops the run. An
+error of the store (a restart, a locked file) is retried every `RETRY_SECONDS` while
+the lease lasts; after that the next renewal tells whether the claim survived.
+
+`Held.renewed` is the monotonic time of the last renewal known to have succeeded
+(taken *before* it was sent): a lease is valid until at least ``renewed + lease``.
+(``ctx.once`` does not rely on it: it checks the claim with the store before each
+effect, `_runs._Watcher.confirm`.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+import weakref
+from collections.abc import Callable
+
+from .._errors import ClaimError, ClaimLost, StoreError
+from .._store import Claim, LeaseRenewer, Store
+
+log = logging.getLogger("interlock")
+
+IDLE_SECONDS = 10.0  # a keeper thread with no lease to keep for this long ends
+RETRY_SECONDS = 0.5  # a renewal that failed on a store error is tried again after this
+
+
+class Held:
+    """One lease the keeper renews."""
+
+    __slots__ = ("claim", "due", "lease", "lost", "on_lost", "renewed", "run_id")
+
+    def __init__(self, run_id: str, claim: Claim, lease: float,
+                 on_lost: Callable[[ClaimLost], None]) -> None:
+        self.run_id, self.claim, self.lease, self.on_lost = run_id, claim, lease, on_lost
+        now = time.monotonic()
+        self.renewed = now  # (the claim was made just before: a lower bound would do too)
+        self.due = now + lease / 3
+        self.lost: ClaimLost | None = None
+
+
+class Keeper:
+    """The thread that renews one store's leases."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = weakref.ref(store)
+        self._cond = threading.Condition()
+        self._held: set[Held] = set()
+        self._running = False
+        self._renewer: LeaseRenewer | None = None
+
+    def hold(self, run_id: str, claim: Claim, lease: float,
+             on_lost: Callable[[ClaimLost], None]) -> Held:
+        """Renew ``claim``'s lease every third of ``lease`` until `drop`."""
+        held = Held(run_id, claim, lease, on_lost)
+        with self._cond:
+            self._held.add(held)
+            if not self._running:
+                self._running = True
+                threading.Thread(target=self._main, name=f"interlock-lease:{run_id}",
+                                 daemon=True).start()
+            elif held.due < min(h.due for h in self._held):
+                self._cond.notify()
+        return held
+
+    def drop(self, held: Held) -> None:
+        with self._cond:
+            self._held.discard(held)
+            if not self._held:
+                self._cond.notify()  # its connection is closed now, not at the next due
+
+    def _main(self) -> None:
+        ended = False
+        try:
+            while True:
+                with self._cond:
+                    idle_since = time.monotonic()
+                    while True:
+                        now = time.monotonic()
+                        if not self._held:
+                            self._close_renewer()
+                            if now - idle_since >= IDLE_SECONDS:
+                                self._running, ended = False, True
+                                return
+                            self._cond.wait(IDLE_SECONDS - (now - idle_since))
+                            continue
+                        first = min(h.due for h in self._held)
+                        if first <= now:
+                            break
+                        self._cond.wait(first - now)
+                    due = [h for h in self._held if h.due <= now]
+                for held in due:
+                    self._renew(held)
+        finally:
+            if not ended:  # (an error of the thread itself: the next `hold` starts one)
+                with self._cond:
+                    self._running = False
+                    self._close_renewer()
+
+    def _close_renewer(self) -> None:
+        renewer, self._renewer = self._renewer, None
+        if renewer is not None:
+            with contextlib.suppress(Exception):
+                renewer.close()
+
+    def _renew(self, held: Held) -> None:
+        store = self._store()
+        if store is None:
+            self.drop(held)
+            return
+        if held not in self._held:
+            return  # dropped meanwhile: its run ended
+        sent = time.monotonic()
+        try:
+            if self._renewer is None:
+                self._renewer = store.lease_renewer()
+            if self._renewer is None:  # (a store that has none: the loop renews)
+                self.drop(held)
+                return
+            self._renewer.renew(held.run_id, held.claim, held.lease)
+        except ClaimError as exc:
+            lost = exc if isinstance(exc, ClaimLost) else ClaimLost(
+                held.run_id, exc.owner, None, held.claim.generation)
+            held.lost = lost
+            self.drop(held)
+            held.on_lost(lost)
+            return
+        except (StoreError, OSError) as exc:
+            log.warning("run %s: the lease could not be renewed (%s); trying again in "
+                        "%.1fs", held.run_id, exc, RETRY_SECONDS)
+            held.due = time.monotonic() + RETRY_SECONDS
+            return
+        except Exception:  # a bug: keep the thread, say so, try again later
+            log.exception("run %s: renewing the lease failed", held.run_id)
+            held.due = time.monotonic() + RETRY_SECONDS
+            return
+        held.renewed = sent
+        held.due = sent + held.lease / 3
+
+
+_KEEPERS: weakref.WeakKeyDictionary[Store, Keeper] = weakref.WeakKeyDictionary()
+_KEEPERS_LOCK = threading.Lock()
+
+
+def keeper_for(store: Store) -> Keeper | None:
+    """The keeper of ``store``'s leases, or None when the store renews none off the
+    event loop (`Store.fences_appends` false: its leases are renewed by heartbeats on
+    the loop, as before)."""
+    if not getattr(store, "fences_appends", False):
+        return None
+    with _KEEPERS_LOCK:
+        keeper = _KEEPERS.get(store)
+        if keeper is None:
+            keeper = _KEEPERS[store] = Keeper(store)
+        return keeper
+
+
+__all__ = ["Held", "Keeper", "keeper_for"]

@@ -1,0 +1,129 @@
+"""A mapped node's visit (SPEC §7, map): its items, each an attempt through the node's
+guard stack, at most ``max_concurrency`` at a time.
+
+The map edge's decision recorded the list (``edge.taken`` with the items as its
+``value``); the visit's ``node.started`` made it a `_fold.MapRun`. Each item then has
+records of its own -- ``node.started``, ``node.completed`` (its update, not merged yet),
+``node.retrying``, ``node.failed`` -- with its index as ``item``, and its completion is
+committed before this returns. When every item has completed the scheduler records the
+visit's ``node.completed`` with ``items`` (`_records.map_completed`), at which the fold
+merges the items' updates in item order (or collects them) and the node's edges are
+decided once. A resume runs only the items that had not completed. One item failing
+(after its retries) fails the visit: the items still running are cancelled, each
+recorded as such, and the visit's outcome is that item's error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from time import perf_counter
+from typing import Any
+
+from .._definition._model import MAP_CONCURRENCY
+from .._definition._plan import PlanNode
+from .._errors import NodeError, RunError, StepLimitError, WriteConflictError
+from . import _records as R
+from ._call import NodeCall
+from ._guards import Outcome, new_outcome
+
+
+class _ItemFailed(Exception):
+    def __init__(self, error: RunError) -> None:
+        self.error = error
+
+
+async def run_items(calls: NodeCall, pn: PlanNode, visit: int) -> Outcome:
+    """Run the items of ``pn``'s visit that have not completed; the visit's outcome.
+    Never raises Exception (a cancellation of the run propagates)."""
+    view, sink = calls.view, calls.sink
+    edge = pn.mapped
+    assert edge is not None
+    m = view.maps[(pn.name, visit)]
+    todo = iter([i for i in range(len(m.items)) if i not in m.done])
+    stack = calls.stack(pn)
+    t0 = perf_counter()
+
+    async def item(i: int) -> None:
+        running = m.running.get(i)
+        if running is None:  # a new item: a step (a re-run after a resume is not one)
+            limit = view.limits.get("steps")
+            if limit is not None and view.steps >= limit:
+                raise _ItemFailed(StepLimitError(
+                    f"the run reached limits.steps={limit} node executions before item {i} "
+                    f"of node {pn.name!r} could start (each item of a map is a step); raise "
+                    "the limit (--set limits.steps=N)", node=pn.name, item=i))
+        attempt = 1 if running is None else running.attempt + 1
+        sink.add(R.node_started(pn.name, visit, attempt, i))
+        out = await stack(calls.begin(pn, visit, attempt, i))
+        error = out.error
+        if error is None and out.pause is not None:
+            error = NodeError(f"node {pn.name!r} asked a human (ctx.confirm, or a tool with "
+                              "confirm: true); the items of a mapped node cannot wait for "
+                              "one: confirm before or after the map", node=pn.name)
+        if error is not None:
+            error.details["item"] = i
+            error.message = f"{error.message} (item {i}, counting from 0, of {len(m.items)})"
+            await sink.commit([R.node_failed(pn.name, visit, out.attempt, error.to_json(),
+                                             out.duration_ms, out.tokens, i)])
+            raise _ItemFailed(error)
+        sink.add(R.node_completed(pn.name, visit, out.attempt, out.duration_ms, out.update,
+                                  None, out.tokens, i))
+        await sink.flush()
+
+    async def worker() -> None:
+        for i in todo:  # one iterator, shared: each item is taken by one worker
+            await item(i)
+
+    workers = min(edge.spec.max_concurrency or MAP_CONCURRENCY, len(m.items) - len(m.done))
+    error: RunError | None = None
+    try:
+        async with asyncio.TaskGroup() as group:
+            for _ in range(workers):
+                group.create_task(worker())
+    except* _ItemFailed as failed:
+        error = _first(failed)
+    written: dict[str, Any] | None = None
+    if error is None:
+        error = _shared_writes(calls, pn, m.done)
+        # the fields the visit writes, for the scheduler's write-conflict check against
+        # other branches (the values are the fold's to merge, from the items' records)
+        written = {edge.spec.collect: None} if edge.spec.collect is not None else \
+            dict.fromkeys(k for update in m.done.values() for k in update)
+    duration = round((perf_counter() - t0) * 1e6) / 1000
+    return new_outcome((pn.name, visit, 1, written, None, error, duration, 0, None))
+
+
+def _first(group: BaseExceptionGroup[_ItemFailed]) -> RunError:
+    """The error of the first item that failed (the others were cancelled)."""
+    exc = group.exceptions[0]
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+    assert isinstance(exc, _ItemFailed)
+    return exc.error
+
+
+def _shared_writes(calls: NodeCall, pn: PlanNode, done: dict[int, dict[str, Any]]
+                   ) -> WriteConflictError | None:
+    """Without ``collect``, two items writing a field that has no reducer: which one
+    would win depends on their order, so it is a write conflict (as between branches)."""
+    edge = pn.mapped
+    assert edge is not None
+    if edge.spec.collect is not None:
+        return None
+    reducers = calls.plan.reducers
+    first: dict[str, int] = {}
+    for i in sorted(done):
+        for key in done[i]:
+            if reducers.get(key, "replace") != "replace":
+                continue
+            if key in first:
+                return WriteConflictError(
+                    f"items {first[key]} and {i} of mapped node {pn.name!r} both wrote field "
+                    f"{key!r}, which has no reducer: declare one under state: (append, "
+                    "extend, merge, add), or gather the items' updates with 'collect: FIELD' "
+                    "on the map edge", node=pn.name, field=key, items=[first[key], i])
+            first[key] = i
+    return None
+
+
+__all__ = ["run_items"]

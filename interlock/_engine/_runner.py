@@ -1,0 +1,432 @@
+"""The scheduler: drives one run -- starts ready nodes, has their edges decided, and
+hands every record to its sink (`_records.Sink`; the `_journal.Journal` stores them).
+It never touches the store; the node call (`_call`, with the guards of `_guards`) and
+the edge decisions (`_decide`) are modules of their own.
+
+A visit of a node goes through these states (each arrow a record)::
+
+    ready --node.started--> started --(its task runs, or it runs inline)--> running attempt
+    running attempt --node.completed--> completed      (its edges decided in the same batch)
+                    --node.failed-----> failed         (the run fails: run.failed)
+                    --node.retrying---> retrying --node.started--> running attempt
+                    --approval.requested--> paused for a human (run.waiting; re-run
+                                            from the top, attempt + 1, once decided)
+                    --node.failed (cancelled)--> stopped (the run was cancelled, or a
+                                            sibling failed; it runs again on resume)
+
+A gate (an approval, a ``confirm: true`` node) goes from started to paused for a human
+without running. The loop, with what holds after each step::
+
+    loop:
+        decide every due edge         -> edge records staged and flushed; view.due empty
+        start every ready node        -> node.started staged (not yet flushed); gates'
+                                         approval.requested staged; each body has a task,
+                                         or is the one run inline
+        run the inline node           -> its node.completed and edge decisions staged,
+                                         then flushed
+        if nothing runs: finish       -> run.completed (or run.waiting) committed
+        wait for one visit to finish  -> its outcome and its edge decisions (and those of
+                                         every visit finished by then) flushed, one batch
+
+Records are sealed and folded into the `RunView` when staged, and stored when flushed:
+so the view runs ahead of the store by what is staged, and what holds is that nothing
+that depends on a staged record starts before the flush that stores it (a node starts
+only after the decisions that made it ready are flushed; ``node.started`` itself rides
+with the next flush, and a crash before it only loses the fact that the visit had
+started -- it starts again with the same visit number, as a resume does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from typing import Any, Protocol
+
+from .. import _log as L
+from .._definition import _expr
+from .._definition._model import DEFAULT_STEPS
+from .._definition._plan import Plan, PlanNode
+from .._errors import InterlockError, InternalError, RunError, StepLimitError
+from . import _records as R
+from ._call import NodeCall
+from ._decide import Abort, Decider, Rejected, caught_error
+from ._fold import RunView
+from ._guards import Outcome
+from ._journal import StoreOutage
+from ._mapped import run_items
+
+log = logging.getLogger("interlock")
+
+YIELD_EVERY = 64  # inline visits between two turns given to the event loop
+
+
+class Stop(Protocol):
+    """What `Runner.stop` is read through: an `asyncio.Event`, say."""
+
+    def is_set(self) -> bool: ...
+
+
+class Runner:
+    """Executes one run of ``plan`` whose records go to ``sink`` (folded into ``view``)."""
+
+    inline = True  # a node alone runs in the loop's own task (tests turn it off)
+
+    def __init__(self, plan: Plan, sink: R.Sink, run_id: str, view: RunView) -> None:
+        self.plan = plan
+        self.sink = sink
+        self.run_id = run_id
+        self.view = view
+        self.inline = self.inline  # (the class's, read faster from the instance)
+        self.calls = NodeCall(plan, view, sink, run_id)
+        self.decide = Decider(plan, view, sink)
+        # outcomes of visits run as tasks -- or what one raised, for the loop to raise
+        self._done: asyncio.Queue[Outcome | BaseException] | None = None
+        self._tasks: dict[tuple[str, int], asyncio.Task[None]] = {}
+        self.cancelled_by: dict[str, Any] | None = None  # set by drive()'s cancel watcher
+        # set (``stop.is_set()``) to stop at the next node boundary: the visits in flight
+        # finish and are committed, no other starts, and the run is left RUNNING (a
+        # worker's drain on SIGTERM; whoever claims the run next continues it)
+        self.stop: Stop | None = None
+
+    async def execute(self) -> None:
+        """Run the loop until the run ends or waits; its last record is committed."""
+        try:
+            try:
+                await self._loop()
+            finally:
+                await self._stop_tasks()
+                await self.calls.close()
+        except Abort as abort:
+            self.sink.add(R.run_failed(abort.error.to_json(), abort.error.node))
+        except Rejected as rej:
+            self.sink.add(R.run_rejected(rej.node, rej.message))
+        except StoreOutage as outage:  # the store failed under a node's ``ctx.once``
+            raise outage.error from outage.error.__cause__
+        except InterlockError:
+            raise  # the store's (or a misuse): the caller's to see, as it was
+        except Exception as exc:  # a bug (ours, or a plug-in's): the run fails, recorded
+            log.error("run %s stopped on an unexpected error", self.run_id, exc_info=True)
+            bug = InternalError(f"the run stopped on an unexpected {type(exc).__name__}: {exc}")
+            self.sink.add(R.run_failed({"type": "internal_error", "node": None,
+                                        "message": str(bug)}, None))
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if self.cancelled_by is None or task is None:
+                raise  # not ours: the caller is being cancelled
+            task.uncancel()
+            self.sink.add(R.run_cancelled(self.cancelled_by.get("by")))
+        await self.sink.flush()
+
+    async def _loop(self) -> None:
+        view, sink, calls, decide = self.view, self.sink, self.calls, self.decide
+        self._restart_running()
+        inline_steps = 0
+        heavy_seen = _expr.heavy
+        stop = self.stop
+        while True:
+            if view.due:
+                while (waiting := decide.due()) is not None:
+                    await decide.call_async_router(waiting)  # then decide on
+                await sink.flush()
+            if view.ready and (stop is None or not stop.is_set()):
+                inline = self._start_ready()
+                if inline is not None:
+                    # one node and nothing else in flight: await it here, no task needed
+                    pn, visit = inline
+                    stack = calls.stacks[pn.guards]  # (`calls.stack(pn)`, one call less)
+                    assert stack is not None
+                    outcome = await stack(calls.begin(pn, visit, 1))
+                    if outcome.error is None and outcome.pause is None and not pn.branched:
+                        # the common case, without a coroutine
+                        if outcome.goto is None and not outcome.tokens:
+                            # `_complete(outcome)` with R.node_completed(...) inlined (see
+                            # `_records`: the hot path)
+                            fields: dict[str, Any] = {
+                                "node": outcome.node, "visit": outcome.visit,
+                                "attempt": outcome.attempt, "duration_ms": outcome.duration_ms}
+                            if outcome.update:
+                                fields["update"] = outcome.update
+                            sink.put(L.NODE_COMPLETED, fields)
+                            decide.due()  # its edges, in the same batch
+                        else:
+                            self._complete(outcome)
+                    else:
+                        await self._finish(outcome, alone=True)
+                    await sink.flush()
+                    inline_steps += 1
+                    if inline_steps % YIELD_EVERY == 0 or _expr.heavy != heavy_seen:
+                        heavy_seen = _expr.heavy  # a costly condition (up to ~100 ms) ran:
+                        # nodes that never wait (and a store that never waits) would
+                        # otherwise hold the event loop for the whole run
+                        await asyncio.sleep(0)
+                    continue
+            if not self._tasks:
+                if view.ready and stop is not None and stop.is_set():  # for the next
+                    log.info("run %s stopped at a node boundary; it is continued when "
+                             "next claimed", self.run_id)
+                    return
+                await self._end()
+                return
+            await self._collect()
+
+    def _restart_running(self) -> None:
+        """Visits that were running when the previous process stopped run again; a gate
+        still waiting for its human stays waiting; a confirmed node's body starts."""
+        view = self.view
+        for key, v in list(view.running.items()):
+            gate = view.gates.get(key)
+            if gate is not None and gate.decision is None:
+                continue
+            first_body = gate is not None and gate.kind == "confirm" and not gate.body_started
+            self._start_task(v.node, v.visit, 1 if first_body else v.attempt + 1, rerun=True)
+
+    async def _end(self) -> None:
+        """Nothing runs and nothing is ready: the run completed, or waits for a human."""
+        view = self.view
+        if view.idle:
+            await self.sink.commit([R.run_completed()])
+            return
+        pending = view.pending_gates()
+        if pending and not view.ready and not view.due:
+            await self.sink.commit([R.run_waiting(pending[0].waiting(), pending[0].node)])
+            return
+        raise Abort(RunError("the run stopped with work left over -- this is a bug "
+                             "in interlock, please report it with the trace"))
+
+    async def _collect(self) -> None:
+        """Wait for a visit to finish; take every other one that has finished too (a
+        fan-out's branches often end together) and commit them in one batch."""
+        done = self._done
+        assert done is not None
+        outcome = await done.get()
+        while True:
+            if not isinstance(outcome, Outcome):
+                raise outcome  # a visit raised (the store failed, a bug): the run's error
+            self._tasks.pop((outcome.node, outcome.visit), None)
+            await self._finish(outcome)
+            if done.empty():
+                break
+            outcome = done.get_nowait()
+        await self.sink.flush()
+
+    # -- starting visits ----------------------------------------------------------------
+
+    def _start_ready(self) -> tuple[PlanNode, int] | None:
+        """Start every ready node; return the one to run inline when it is alone."""
+        view = self.view
+        if len(view.ready) == 1 and not self._tasks and self.inline:
+            # the common step of a chain or a loop: one node, nothing else in flight
+            node = view.ready[0]
+            pn = self.plan.nodes[node]
+            if not pn.gate and pn.mapped is None:
+                limit = view.limits.get("steps")
+                if limit is not None and view.steps >= limit:
+                    raise Abort(_step_limit(limit, node))
+                visit = view.started.get(node, 0) + 1
+                # R.node_started(node, visit, 1), inlined (see `_records`: the hot path)
+                self.sink.put(L.NODE_STARTED, {"node": node, "visit": visit, "attempt": 1})
+                return pn, visit
+        recs = self.sink.stage([R.node_started(n, vis, 1) for n, vis in self._next_visits()])
+        gates = [rec for rec in recs if self._is_gate(rec["node"])]
+        if gates:
+            self.sink.stage([self._request(rec["node"], rec["visit"]) for rec in gates])
+        # node.started is not flushed on its own: it goes with the next commit (a
+        # completion, an effect, a retry). A crash before that loses only the fact
+        # that the visit had started, so it starts again -- with the same visit
+        # number and idempotency key -- which is what a resume does anyway.
+        bodies = [rec for rec in recs if not self._is_gate(rec["node"])]
+        if len(bodies) == 1 and not self._tasks and self.inline:
+            pn = self.plan.nodes[bodies[0]["node"]]
+            if pn.mapped is None:  # (a mapped node's items run in a task of their own)
+                return pn, bodies[0]["visit"]
+        for rec in bodies:
+            self._start_task(rec["node"], rec["visit"], 1, rerun=False)
+        return None
+
+    def _next_visits(self) -> list[tuple[str, int]]:
+        """Each ready node and the number of the visit it starts (within the step limit)."""
+        view = self.view
+        items: list[tuple[str, int]] = []
+        handed: Counter[str] = Counter()
+        steps_limit = view.limits.get("steps")
+        count = view.steps
+        for node in list(view.ready):
+            if steps_limit is not None and count >= steps_limit:
+                raise Abort(_step_limit(steps_limit, node))
+            count += 1
+            handed[node] += 1
+            items.append((node, view.started[node] + handed[node]))
+        return items
+
+    def _is_gate(self, node: str) -> bool:
+        return self.plan.nodes[node].gate
+
+    def _request(self, node: str, visit: int) -> R.Item:
+        """``approval.requested`` for an approval node or a node declared ``confirm: true``."""
+        ns = self.plan.nodes[node].spec
+        state = self.view.state
+        if ns.approval is not None:
+            kind = "approval"
+            show = {f: state.get(f) for f in ns.approval.show}
+            decisions = ["approve", "reject"] + (["modify"] if ns.approval.on_modify else [])
+            timeout = ns.approval.timeout
+        else:
+            kind = "confirm"
+            reads = ns.reads or []
+            show = {f: state.get(f) for f in reads}
+            decisions = ["approve", "reject"]
+            timeout = None
+        deadline = round(time.time() + timeout, 6) if timeout else None
+        fields = {"node": node, "visit": visit, "kind": kind, "show": L.to_json_value(show),
+                  "decisions": decisions, "approvers": _approvers(ns), "deadline": deadline}
+        if ns.approval is not None and ns.approval.input is not None:
+            fields["input"] = ns.approval.input  # what a decision's data must satisfy
+        return (L.APPROVAL_REQUESTED, fields)
+
+    def _start_task(self, node: str, visit: int, attempt: int, *, rerun: bool) -> None:
+        if self._done is None:
+            self._done = asyncio.Queue()
+        pn = self.plan.nodes[node]
+        task = asyncio.get_running_loop().create_task(
+            self._run_visit(pn, visit, attempt, rerun), name=f"interlock:{node}:{visit}")
+        self._tasks[(node, visit)] = task
+
+    async def _run_visit(self, pn: PlanNode, visit: int, attempt: int, rerun: bool) -> None:
+        """A visit as a task: run it and report the outcome to the loop -- or what it
+        raised (the store refusing a record, a bug), which the loop raises: the loop
+        waits for something from every task, so a task must never end without a word.
+        Only a cancellation (the loop's own, `_stop_tasks`) ends it silently."""
+        done = self._done
+        assert done is not None
+        try:
+            if pn.mapped is not None:  # its items (those not completed, on a re-run)
+                outcome: Outcome | BaseException = await run_items(self.calls, pn, visit)
+            else:
+                outcome = await self.calls.visit(pn, visit, attempt, rerun=rerun)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # handed to the loop, which raises it
+            outcome = _leaf(exc)
+        done.put_nowait(outcome)
+
+    async def _stop_tasks(self) -> None:
+        """Cancel visits still in flight (a sibling failed, the run was cancelled).
+
+        Their tokens were spent: each gets a ``node.failed`` record saying so, and
+        runs again on resume.
+        """
+        running = self.view.running
+        tasks = list(self._tasks.items())
+        for _, t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.gather(*(t for _, t in tasks), return_exceptions=True)
+        self._tasks.clear()
+        for key, _ in tasks:  # those not stopped inside their body (a retry's backoff, ...)
+            if (*key, None) not in self.calls.stopped:
+                visit = running.get(key)
+                self.calls.stop(key[0], key[1], visit.attempt if visit else None, None)
+
+    # -- finishing visits ---------------------------------------------------------------
+
+    async def _finish(self, out: Outcome, *, alone: bool = False) -> None:
+        """Stage a visit's outcome and decide its edges; the caller flushes them (one
+        transaction, before any successor starts). A failure is committed at once and
+        ends the run. ``alone``: nothing else ran while it did (so only a node that could
+        have, by the graph, can conflict with its writes)."""
+        if out.pause is not None:
+            # the visit stays running; it is re-run once a human has decided (``path``: a
+            # gate of a child run, which the decision is forwarded to -- `_runs.resume`)
+            pause = out.pause
+            fields = {
+                "node": out.node, "visit": out.visit, "attempt": out.attempt,
+                "kind": "tool" if pause.path is None else "workflow",
+                "key": pause.key, "show": L.to_json_value(pause.show), "path": pause.path,
+                "decisions": pause.decisions, "tokens": out.tokens or None,
+                "approvers": _approvers(self.plan.nodes[out.node].spec)}
+            if pause.edit is not None:  # what a modify patch must satisfy
+                fields["input"] = pause.edit
+            await self.sink.commit([(L.APPROVAL_REQUESTED, fields)])
+            return
+        if out.error is not None and self.plan.nodes[out.node].errors:
+            if self._caught(out):  # an error edge takes the run on
+                return
+            out = out._replace(error=self._uncaught(out))
+        if out.error is not None:
+            await self.sink.commit([R.node_failed(out.node, out.visit, out.attempt,
+                                                  out.error.to_json(), out.duration_ms,
+                                                  out.tokens)])
+            raise Abort(out.error)
+        conflict = self.calls.write_conflict(out, overlap=not alone)
+        if conflict is not None:
+            await self.sink.commit([R.node_failed(out.node, out.visit, out.attempt,
+                                                  conflict.to_json(), out.duration_ms)])
+            raise Abort(conflict)
+        self._complete(out)
+
+    def _caught(self, out: Outcome) -> bool:
+        """A visit that failed with an error one of its node's error edges catches (SPEC
+        §7): stage its ``node.failed`` (with what was caught and by which edge) and the
+        edge's decision -- one batch, flushed by the caller like a completion."""
+        assert out.error is not None
+        pn = self.plan.nodes[out.node]
+        edge = self.decide.catch(pn, out.error)
+        if edge is None:
+            return False
+        caught = {"edge": edge.index, "error": caught_error(pn, out.error, out.attempt)}
+        self.sink.add(R.node_failed(out.node, out.visit, out.attempt, out.error.to_json(),
+                                    out.duration_ms, out.tokens, caught=caught))
+        self.decide.due()
+        return True
+
+    def _uncaught(self, out: Outcome) -> RunError:
+        """The node's error, saying why its error edges did not catch it."""
+        assert out.error is not None
+        err = out.error
+        why = self.decide.uncaught(self.plan.nodes[out.node], err)
+        return type(err)(f"{err.message} ({why})", node=err.node, **err.details)
+
+    def _complete(self, out: Outcome) -> None:
+        """`_finish` for a visit that completed (no error, no pause, no write conflict)."""
+        mapped = self.plan.nodes[out.node].mapped
+        if mapped is not None:  # every item completed: the fold merges their updates
+            items = len(self.view.maps[(out.node, out.visit)].items)
+            self.sink.add(R.map_completed(out.node, out.visit, items, out.duration_ms))
+        else:
+            self.sink.add(R.node_completed(out.node, out.visit, out.attempt, out.duration_ms,
+                                           out.update, out.goto, out.tokens))
+        # decide this node's edges in the same batch: its completion and where the run
+        # goes next are committed together
+        self.decide.due()
+
+
+def _leaf(exc: BaseException) -> BaseException:
+    """The error in a group raised by a task group (a mapped node's items): the store's
+    outage first, else the first one."""
+    if not isinstance(exc, BaseExceptionGroup):
+        return exc
+    outage = exc.subgroup(StoreOutage)
+    found: BaseException = outage if outage is not None else exc
+    while isinstance(found, BaseExceptionGroup):
+        found = found.exceptions[0]
+    return found
+
+
+def _step_limit(limit: int, node: str) -> StepLimitError:
+    why = "" if limit != DEFAULT_STEPS else (" (interlock's default when none is "
+                                             "declared: declare limits: {steps: N} in the "
+                                             "workflow)")
+    return StepLimitError(
+        f"the run reached limits.steps={limit} node executions{why} before {node!r} could "
+        "start; raise the limit (--set limits.steps=N) if the loop is expected to run "
+        "longer", node=node)
+
+
+def _approvers(ns: Any) -> list[str] | None:
+    return list(ns.approval.approvers) if ns.approval is not None and ns.approval.approvers \
+        else None
+
+
+__all__ = ["InterlockError", "Runner"]
