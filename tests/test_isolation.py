@@ -348,7 +348,7 @@ def test_async_busy_loop_is_killed_too(nodes: Any) -> None:
 
     asyncio.run(main())
     worker = int(next(nodes.DIR.glob("spin.*.pid")).read_text())
-    assert alive_in_group(worker) == []
+    assert group_gone(worker) == []
 
 
 def test_memory_limit_fails_the_call_alone(nodes: Any) -> None:
@@ -424,7 +424,7 @@ def test_close_kills_every_worker_and_is_idempotent(nodes: Any) -> None:
 
     pids = asyncio.run(main())
     assert not set(pids) & children()
-    assert all(alive_in_group(p) == [] for p in pids)
+    assert all(group_gone(p) == [] for p in pids)
 
 
 def test_idle_workers_are_capped(nodes: Any) -> None:
@@ -451,7 +451,7 @@ def test_cancelling_the_caller_kills_the_worker(nodes: Any) -> None:
             return worker
 
     worker = asyncio.run(main())
-    assert alive_in_group(worker) == []
+    assert group_gone(worker) == []
     assert not alive(int((nodes.DIR / "grandchild.pid").read_text()))
 
 
@@ -744,7 +744,7 @@ def test_cancel_stops_a_run_mid_fan_out_with_no_process_left(nodes: Any) -> None
 
     workers = asyncio.run(main())
     assert not set(workers) & children()
-    assert all(alive_in_group(w) == [] for w in workers)
+    assert all(group_gone(w) == [] for w in workers)
 
 
 def test_a_failing_sibling_stops_the_isolated_branches(nodes: Any) -> None:
@@ -757,7 +757,7 @@ def test_a_failing_sibling_stops_the_isolated_branches(nodes: Any) -> None:
     assert time.perf_counter() - t0 < 30
     workers = [int(m.read_text()) for m in nodes.DIR.glob("spin.*.pid")]
     assert len(workers) == 2
-    assert all(alive_in_group(w) == [] for w in workers)
+    assert all(group_gone(w) == [] for w in workers)
 
 
 def test_interlock_cancel_stops_an_isolated_fan_out_with_no_process_left(
@@ -775,4 +775,4 @@ def test_interlock_cancel_stops_an_isolated_fan_out_with_no_process_left(
     assert answer.status == "CANCELLED" and result.status == "CANCELLED"
     assert "ops" in result.error["message"]
     assert not set(workers) & children()
-    assert all(alive_in_group(w) == [] for w in workers)
+    assert all(group_gone(w) == [] for w in workers)
