@@ -55,7 +55,9 @@ LAYERS: dict[int, set[str]] = {
         "cli._progress", "cli._run", "cli._trace", "cli._coverage", "cli._prune", "cli._serve",
         "cli._remote", "cli._triggers", "cli._worker", "server", "server._app", "server._auth",
         "server._hub", "server._main", "server._models", "server._notify", "server._pool",
-        "server._dashboard", "server._loops", "server._reads", "server._guard"},
+        "server._dashboard", "server._loops", "server._reads", "server._guard",
+        "server._service", "server._deps", "server._routes_runs", "server._routes_approvals",
+        "server._routes_workflows", "server._routes_meta"},
 }
 LAYER_OF = {m: n for n, mods in LAYERS.items() for m in mods}
 

@@ -12,7 +12,8 @@ docs/server.md has the endpoints, auth, the event stream and a walk-through.
 
 from __future__ import annotations
 
-from ._app import ServerOptions, create_app
+from ._app import create_app
 from ._main import is_loopback, serve
+from ._service import ServerOptions
 
 __all__ = ["ServerOptions", "create_app", "is_loopback", "serve"]

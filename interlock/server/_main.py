@@ -14,7 +14,8 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from interlock import UsageError
 
-from ._app import Server, ServerOptions, create_app
+from ._app import create_app
+from ._service import Server, ServerOptions
 
 
 def is_loopback(host: str) -> bool:

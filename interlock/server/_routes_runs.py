@@ -1,0 +1,180 @@
+"""The runs endpoints: the runs list, a run, its graph, visits, records and live events,
+resume and cancel."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+import orjson
+from fastapi import APIRouter, Depends, Header, Query, Response
+from fastapi.responses import StreamingResponse
+from fastapi.sse import EventSourceResponse, ServerSentEvent
+
+import interlock
+from interlock.support import (
+    TERMINAL_TYPES,
+    node_visits,
+    parse_definition,
+    run_json,
+    trace_pages,
+)
+
+from ._deps import Existing, Operator, Reader, Srv, _plain
+from ._guard import Problemed
+from ._models import CancelIn, Graph, Record, ResumeIn, RunObject, RunPage, Visit
+from ._reads import CURSOR, BadCursor, cursor_key, page_cursor, records_body
+from ._routes_workflows import graph_of
+from ._service import Server
+
+TERMINAL_STATUSES = frozenset(TERMINAL_TYPES.values())
+
+router = APIRouter()
+
+
+async def _last_event_id(last_event_id: Annotated[str | None, Header()] = None
+                         ) -> int | None:
+    """The seq a reconnecting stream saw last (refused before the stream starts)."""
+    seen = (last_event_id or "").strip()
+    if not seen:
+        return None
+    if not (seen.isascii() and seen.isdigit() and len(seen) <= 18):
+        raise Problemed(400, "Bad Request", f"Last-Event-ID must be the seq of an event of "
+                        f"this stream (ASCII digits), got {seen[:40]!r}")
+    return int(seen)
+
+
+@router.get("/api/runs", response_model=RunPage)
+async def runs(server: Srv, who: Reader, status: str | None = None,
+               workflow: str | None = None,
+               limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+               cursor: Annotated[str | None, Query(max_length=1200,
+                                                   pattern=CURSOR)] = None
+               ) -> dict[str, Any]:
+    """One page: the runs after ``cursor`` (the ``next`` of the page before), newest
+    first; a run created meanwhile shifts no page (keyset paging)."""
+    try:
+        before = cursor_key(cursor) if cursor else None
+    except BadCursor:
+        raise Problemed(400, "Bad Request", "the cursor is not one this server gave: "
+                        "pass a page's next as it is, or no cursor for the first "
+                        "page") from None
+    if not _plain(status or "") or not _plain(workflow or ""):
+        return {"runs": [], "next": None}  # no run has such a name (the store is spared)
+    rows = await server.st.list_page(status=status and status.upper(),
+                                     workflow=workflow, limit=limit + 1, before=before)
+    page = rows[:limit]
+    return {"runs": [run_json(r) for r in page],
+            "next": page_cursor(page[-1]) if len(rows) > limit else None}
+
+@router.get("/api/runs/{run_id}", response_model=RunObject)
+async def run(run_id: str, server: Srv, who: Reader) -> dict[str, Any]:
+    return await server.run_object(run_id)
+
+@router.get("/api/runs/{run_id}/graph", response_model=Graph)
+async def run_graph(run_id: str, server: Srv, row: Existing) -> Graph:
+    """The graph of the definition the run started with (a run keeps it, whatever
+    is registered now): edge ``i`` is the ``edge: i`` of its edge records."""
+    return graph_of(parse_definition(row.definition))
+
+@router.get("/api/runs/{run_id}/visits", response_model=list[Visit])
+async def run_visits(run_id: str, server: Srv, who: Reader) -> Response:
+    """Each node visit: its input (the state it read when it started, from the
+    fold), update, error, tokens and duration. (The fold gives the event loop back
+    every few hundred records, and the answer is not validated again: a long run's
+    visits do not stall the other requests.)"""
+    return Response(orjson.dumps(await node_visits(run_id, store=server.st,
+                                                   share_loop=True)),
+                    media_type="application/json")
+
+@router.get("/api/runs/{run_id}/records", response_class=StreamingResponse,
+         responses={200: {"model": list[Record],
+                          "content": {"application/json": {}},
+                          "description": "the records, as `interlock trace --json`: "
+                                         "all of them after `after`, or at most "
+                                         "`limit` (then `X-Next-After` names the "
+                                         "`after` of the next page, when there may "
+                                         "be one)"}})
+async def records(run_id: str, server: Srv, row: Existing,
+                  after: Annotated[int, Query(ge=0)] = 0,
+                  limit: Annotated[int | None, Query(ge=1, le=100_000)] = None
+                  ) -> StreamingResponse:
+    # sent as the store gives them (not through the model: its keys, in trace's
+    # order), streamed a page at a time: a long log is never held whole
+    headers = {}
+    if limit is not None and row.summary.last_seq - after > limit:
+        headers["X-Next-After"] = str(after + limit)
+    return StreamingResponse(records_body(run_id, server.st, after, limit),
+                             media_type="application/json", headers=headers)
+
+@router.get("/api/runs/{run_id}/events", response_class=EventSourceResponse,
+         responses={200: {"description": "one event per log record: event = its type, "
+                                         "id = its seq, data = the record (JSON)"}})
+async def events(run_id: str, server: Srv, row: Existing,
+                 after: Annotated[int | None, Query(ge=0)] = None,
+                 seen: Annotated[int | None, Depends(_last_event_id)] = None
+                 ) -> AsyncIterator[ServerSentEvent]:
+    seq = seen if seen is not None else after or 0
+    async for event in follow(server, run_id, seq):
+        yield event
+
+@router.post("/api/runs/{run_id}/resume", response_model=RunObject)
+async def resume(run_id: str, server: Srv, who: Operator,
+                 body: ResumeIn) -> dict[str, Any]:
+    row = await server.st.get_run(run_id)
+    config = body.config or None
+    async with server.lock(run_id):
+        await server.launch(
+            f"resume of run {run_id}", run_id, row.workflow,
+            lambda listen, st: interlock.resume(
+                run_id, store=st, config=config,
+                workflow=server.workflows.get(row.workflow), listener=listen,
+                detach=server.records_only))
+    return await server.run_object(run_id)
+
+@router.post("/api/runs/{run_id}/cancel", response_model=RunObject)
+async def cancel(run_id: str, server: Srv, who: Operator,
+                 body: CancelIn) -> dict[str, Any]:
+    """The body is ``{}``, sent as JSON: a page of another site cannot send that
+    without asking first (see `Guard`)."""
+    async with server.lock(run_id):
+        result = await interlock.cancel(run_id, by=who.name, store=server.st)
+    return result.to_json()
+
+
+async def follow(server: Server, run_id: str, seq: int) -> AsyncIterator[ServerSentEvent]:
+    """The run's records after ``seq`` as events, then each new one as it is committed,
+    until the run's final record. Woken by this server's own commits (`Hub`); records
+    written by other processes are found by one poll of the store per run every
+    ``poll`` seconds, shared by all its streams (`Polls`) -- none while this server
+    executes the run (then every commit wakes us)."""
+    opts = server.options
+    assert server.polls is not None, "the server has not started"
+    next_keepalive = time.monotonic() + opts.keepalive
+    first, ended = True, False
+    with server.polls.following(run_id, seq) as me:
+        while True:
+            waiter = server.hub.waiter(run_id)  # before reading: a commit after it wakes us
+            last_type = None
+            async for page in trace_pages(run_id, store=server.st, after=seq):
+                for rec in page:
+                    yield ServerSentEvent(event=rec["type"], id=str(rec["seq"]), data=rec)
+                    seq, last_type = rec["seq"], rec["type"]
+                    ended = ended or last_type in TERMINAL_TYPES
+            if last_type in TERMINAL_TYPES:
+                return
+            if last_type is None and (first or ended):  # nothing after seq: has it ended?
+                summary = (await server.st.get_run(run_id)).summary
+                if summary.status in TERMINAL_STATUSES and summary.last_seq <= seq:
+                    return
+            first = False
+            if server.hub.stopping.is_set():
+                return
+            now = time.monotonic()
+            if now >= next_keepalive:
+                yield ServerSentEvent(comment="keepalive")
+                next_keepalive = now + opts.keepalive
+            me.seq = seq  # what the shared poll looks after
+            await server.hub.wait(waiter, max(next_keepalive - now, 0.0))
+
