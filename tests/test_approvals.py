@@ -341,3 +341,25 @@ def test_a_rejected_approval_gate_with_no_edges_of_its_own_ends_the_run_rejected
     assert rejected.error["message"] == "approval 'gate' was rejected by bob: not now"
     approved = asyncio.run(decide(interlock.approve(by="alice")))
     assert approved.status == "COMPLETED"
+
+
+def test_a_modify_after_an_agent_may_patch_its_output_key_not_its_name(store: str) -> None:
+    """What an agent node writes is its output_key (`NodeSpec.written`): a reviewer
+    corrects that field; a field named after the agent is unknown to the workflow."""
+    from interlock.testing import ScriptedProvider
+
+    wf = Workflow("drafting", input=["topic"])
+    wf.agent("writer", reads=["topic"], prompt="Write about {{ topic }}", output_key="draft",
+             provider=ScriptedProvider(["a first draft"]))
+    wf.approval("review", show=["draft"], on_modify=["publish"])
+    wf.node("publish", tracked("publish"))
+    wf.edge(START, "writer").edge("writer", "review").edge("review", "publish")
+    first = wf.run_sync({"topic": "t"}, store=store)
+    assert first.status == "WAITING_APPROVAL"
+    assert first.waiting["show"] == {"draft": "a first draft"}
+    with pytest.raises(interlock.UsageError, match="does not know: writer"):
+        wf.resume_sync(first.run_id, interlock.modify({"writer": "x"}), store=store)
+    done = wf.resume_sync(first.run_id, interlock.modify({"draft": "a corrected draft"}),
+                          store=store)
+    assert done.status == "COMPLETED" and done.state["draft"] == "a corrected draft"
+    assert CALLS == ["publish"]

@@ -491,12 +491,17 @@ def test_a_node_that_would_write_its_output_to_the_error_field_is_refused() -> N
     wf = Workflow("clobber")
     wf.approval("error")
     wf.agent("judge", prompt="p", output_key="error", provider=ScriptedProvider(["x"]))
-    wf.edge(START, "error").edge("error", "judge")
+    child = Workflow("child")
+    child.node("work", lambda s: {"done": True})
+    child.edge(START, "work")
+    wf.subworkflow("nested", child, output_key="error")
+    wf.edge(START, "error").edge("error", "judge").edge("judge", "nested")
     with pytest.raises(WorkflowError) as info:
         wf.compile()
     text = str(info.value)
     assert "node 'error' would write its decision to 'error': 'error' is reserved" in text
     assert "node 'judge' would write its reply to 'error': 'error' is reserved" in text
+    assert "node 'nested' would write its result to 'error': 'error' is reserved" in text
 
 
 def test_an_item_failing_fails_its_mapped_node_and_the_nodes_error_edge_catches_it(

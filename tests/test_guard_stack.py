@@ -13,6 +13,7 @@ import pytest
 
 from interlock._definition._model import RetrySpec
 from interlock._engine import _guards as G
+from interlock._engine._budget import Budget
 from interlock._engine._context import Context, PauseRequested
 from interlock._errors import BudgetExceededError, NodeError, NodeTimeout, RouteError, RunError
 
@@ -30,7 +31,7 @@ class Port:
     run_id = "run1"
     config: ClassVar[dict[str, Any]] = {}
 
-    def __init__(self, budget: G.Budget | None = None) -> None:
+    def __init__(self, budget: Budget | None = None) -> None:
         self.budget = budget
 
     def charge_tokens(self, ctx: Context, n: int) -> None:
@@ -250,11 +251,11 @@ def test_in_process_hands_the_call_to_the_pool_with_the_nodes_limits() -> None:
 # -- Budgeted --------------------------------------------------------------------------
 
 
-def budget(*, tokens: int | None = None, run_tokens: int | None = None) -> G.Budget:
+def budget(*, tokens: int | None = None, run_tokens: int | None = None) -> Budget:
     plan = SimpleNamespace(nodes={"n": node(tokens=tokens)})
     view = SimpleNamespace(running={}, limits={"tokens": run_tokens} if run_tokens else {},
                            tokens=0)
-    return G.Budget(plan, view, "run1")  # type: ignore[arg-type]
+    return Budget(plan, view, "run1")  # type: ignore[arg-type]
 
 
 def test_budgeted_keeps_the_attempt_in_flight_while_it_runs() -> None:

@@ -36,7 +36,8 @@ LAYERS: dict[int, set[str]] = {
     4: {"_engine._fold", "_engine._snapshot", "_engine._approvals", "_engine._journal",
         "_engine._lease"},
     # the node call: its context, the guards, process isolation
-    5: {"_engine._context", "_engine._guards", "_engine._call", "_engine._mapped", "_engine._ray",
+    5: {"_engine._context", "_engine._budget", "_engine._guards", "_engine._call",
+        "_engine._mapped", "_engine._ray",
         "_engine._isolation", "_engine._isolation._pool", "_engine._isolation._worker",
         "_engine._isolation.__main__"},
     # the agent node kind, a plug-in on the node call

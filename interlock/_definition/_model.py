@@ -292,6 +292,30 @@ class NodeSpec(Extensible):
             return "workflow"
         return "call"
 
+    # "Which field does node N write" has its home here, next to the fields that answer
+    # it, rather than on the `NodeKind` protocol: the patch check of a gate
+    # (`_engine._approvals`) sees a `WorkflowSpec` and no kinds (those are injected at
+    # layer 7), and an agent's ``output_key`` is plain data of its ``agent:`` block.
+    def output_field(self, name: str) -> str | None:
+        """The one field node ``name`` writes its result to: an approval's decision under
+        its name, an agent's reply and a sub-workflow's result under their
+        ``output_key`` (default: the name); None for a call node (it returns an update)."""
+        if self.approval is not None:
+            return name
+        if self.agent is not None:
+            return str(self.agent.get("output_key") or name)
+        if self.workflow is not None:
+            return self.output_key or name
+        return None
+
+    def written(self, name: str) -> frozenset[str] | None:
+        """The fields node ``name`` writes: its `output_field`, or what a call node
+        declares in ``writes``; None when a call node does not say (it may write any)."""
+        own = self.output_field(name)
+        if own is not None:
+            return frozenset((own,))
+        return frozenset(self.writes) if self.writes is not None else None
+
 
 EdgeKind = Literal["plain", "switch", "router", "choose", "map"]
 MAP_CONCURRENCY = 16  # a map edge's max_concurrency when it declares none
@@ -642,6 +666,14 @@ class WorkflowSpec(Extensible):
             if has:
                 out[name] = value
         return out
+
+    def known_fields(self) -> set[str]:
+        """The fields this workflow is known to have: its input and state, what its nodes
+        declare writing, and what each node writes (`NodeSpec.written`)."""
+        known = set(self.input) | set(self.state)
+        for name, ns in self.nodes.items():
+            known |= set(ns.writes or ()) | (ns.written(name) or frozenset())
+        return known
 
     def definition(self) -> dict[str, Any]:
         """The JSON-ready definition (what a run stores and hashes)."""

@@ -196,15 +196,11 @@ class _Checker:
             if ns.writes is not None and f in ns.writes:
                 self.add("error", f"node {name!r}: writes: {why}", ("nodes", name, "writes"),
                          "reserved")
-            # an approval writes its decision under its name, an agent its reply under
-            # its output_key (default: its name)
-            own = name if ns.approval is not None else (
-                str(ns.agent.get("output_key") or name) if isinstance(ns.agent, dict)
-                else None)
-            if own == f:
-                self.add("error", f"node {name!r} would write its "
-                         f"{'decision' if ns.approval is not None else 'reply'} to {f!r}: "
-                         f"{why}",
+            # an approval writes its decision under its name, an agent its reply and a
+            # sub-workflow its result under its output_key (default: its name)
+            if ns.output_field(name) == f:
+                what = {"approval": "decision", "agent": "reply"}.get(ns.kind, "result")
+                self.add("error", f"node {name!r} would write its {what} to {f!r}: {why}",
                          ("nodes", name), "reserved")
 
     def check_error_edges(self) -> None:
@@ -546,16 +542,11 @@ class _Checker:
         written: set[str] = set()
         all_known = True
         for name, ns in self.spec.nodes.items():
-            if ns.approval is not None:
-                written.add(name)
-            elif ns.agent is not None:
-                written.add(str(ns.agent.get("output_key") or name))
-            elif ns.workflow is not None:
-                written.add(ns.output_key or name)
-            elif ns.writes is not None:
-                written |= set(ns.writes)
-            else:
+            writes = ns.written(name)
+            if writes is None:
                 all_known = False
+            else:
+                written |= writes
         # a map's collect field: the list of its items' updates
         written |= {e.collect for e in self.spec.edges if e.collect is not None}
         return written, all_known

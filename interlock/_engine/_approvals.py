@@ -281,14 +281,7 @@ def _pick(pending: list[Gate], node: str | None) -> Gate:
 
 def known_fields(spec: WorkflowSpec, state: Iterable[str]) -> set[str]:
     """The fields a patch may set: the workflow's declared ones and the run's ``state``."""
-    known = set(spec.input) | set(spec.state) | set(state)
-    for name, ns in spec.nodes.items():
-        known |= set(ns.writes or ())
-        if ns.approval is not None or ns.agent is not None:
-            known.add(name)
-        if ns.workflow is not None:
-            known.add(ns.output_key or name)
-    return known
+    return spec.known_fields() | set(state)
 
 
 def check_patch(spec: WorkflowSpec, view: RunView, patch: dict[str, Any]) -> None:

@@ -20,12 +20,12 @@ from .._definition._plan import ASYNC, CTX, GUARD_KINDS, ISOLATED, ON_RAY, RETRY
 from .._definition._state import check_update, scoped
 from .._errors import NodeError, RouteError, StoreError, UsageError, WriteConflictError
 from . import _records as R
+from ._budget import Budget
 from ._context import Context, Goto
 from ._fold import RunView
 from ._guards import (
     Attempt,
     Body,
-    Budget,
     Budgeted,
     Call,
     InProcess,
@@ -48,6 +48,8 @@ class NodeCall:
         self.sink = sink
         self.run_id = run_id
         self.budget = Budget(plan, view, run_id)
+        # the port's ``charge_tokens`` (`_context.Port`) is the budget's own charge
+        self.charge_tokens = self.budget.charge
         # visits (and mapped nodes' items) recorded as cancelled
         self.stopped: set[tuple[str, int, int | None]] = set()
         self._pool: ProcessPool | None = None  # started by the first isolation: process node
@@ -199,9 +201,6 @@ class NodeCall:
     @property
     def config(self) -> dict[str, Any]:
         return self.view.config
-
-    def charge_tokens(self, ctx: Context, n: int) -> None:
-        self.budget.charge(ctx, n)
 
     def recorded_effect(self, ctx: Context, key: str) -> tuple[bool, Any]:
         broken = getattr(self.sink, "broken", None)

@@ -3,7 +3,7 @@
 A `Context` talks to the run executing it through a `Port`: a small protocol the node
 call implements (`_call.NodeCall`): charge tokens, look up and record an effect, append
 a record, read a human's confirmation. It imports nothing of the scheduler. What an
-attempt has spent is its `Tally`, which the budget writes.
+attempt has spent is its `_budget.Tally`, which the budget writes.
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .._errors import RunError, UsageError
+from .._errors import UsageError
 from .._store import Claim
+from ._budget import Tally
 from ._records import decision_key
 
 
@@ -106,28 +107,6 @@ def goto(node: str, update: Mapping[str, Any] | None = None) -> Goto:
     if not isinstance(node, str):
         raise TypeError(f"goto() takes a node name, got {type(node).__name__}")
     return Goto(node, update)
-
-
-class Tally:
-    """What one attempt has spent: written by the budget that charges it
-    (`_guards.Budget.charge`), read by the context and the node call."""
-
-    __slots__ = ("over", "steps", "tokens", "unsaved")
-
-    def __init__(self) -> None:
-        self.tokens = 0
-        self.unsaved = 0  # of those, not yet in a record (an effect's, or the attempt's end)
-        self.over: RunError | None = None  # set when this visit crossed a budget
-        self.steps = 0  # a child run's steps, to count with the next effect (SPEC §7)
-
-    def add(self, n: int) -> None:
-        self.tokens += n
-        self.unsaved += n
-
-    def take_unsaved(self) -> int:
-        """The tokens not yet in a record, now counted as recorded (an effect's)."""
-        n, self.unsaved = self.unsaved, 0
-        return n
 
 
 class Context:

@@ -10,7 +10,7 @@ reads, its `Context`), an `Outcome` comes out. From the outside in:
                  node's ``retry.attempts`` failures are used; each retry is a
                  ``node.retrying`` and a ``node.started`` record (only for a node that
                  declares ``retry:``);
-- `Budgeted`  -- the token budgets (`Budget`: ``limits.tokens`` and the node's
+- `Budgeted`  -- the token budgets (`_budget.Budget`: ``limits.tokens`` and the node's
                  ``tokens:``): the attempt is in flight for the budget while it runs, does
                  not run once the budget is spent, and fails if it crossed the budget
                  even when the body swallowed the error (only for a node with a context);
@@ -23,7 +23,7 @@ reads, its `Context`), an `Outcome` comes out. From the outside in:
                  a timeout abandons the thread), `InProcess` (``isolation: process``; the
                  worker process is killed).
 
-Inside the body ``ctx.record_tokens`` charges the `Budget` and ``ctx.once`` goes
+Inside the body ``ctx.record_tokens`` charges the `_budget.Budget` and ``ctx.once`` goes
 through the run's effect journal (`_call.NodeCall`, the context's port).
 """
 
@@ -33,7 +33,6 @@ import asyncio
 import contextvars
 import functools
 import random
-import threading
 import time
 import traceback
 from collections.abc import Awaitable, Callable
@@ -55,9 +54,9 @@ from ._isolation import ChildContext
 from ._steps import Steps
 
 if TYPE_CHECKING:
-    from .._definition._plan import Plan, PlanNode
+    from .._definition._plan import PlanNode
+    from ._budget import Budget
     from ._context import Context
-    from ._fold import RunView
     from ._isolation import Effects, ProcessPool
 
 
@@ -368,75 +367,6 @@ class InProcess:
         return res.value(pn.name)
 
 
-# -- the budget's accounting -------------------------------------------------------------
-
-
-class Budget:
-    """Token accounting across concurrent visits.
-
-    The run's total is what the log has (completed and failed visits) plus what the
-    visits in flight have recorded so far; a charge that crosses a limit is refused
-    -- the call that crossed it is counted (the tokens were spent), nothing after it.
-    """
-
-    def __init__(self, plan: Plan, view: RunView, run_id: str) -> None:
-        self._plan = plan
-        self._view = view
-        self._run_id = run_id
-        self._inflight: dict[tuple[str, int, int | None], Context] = {}
-        self._lock = threading.Lock()  # sync nodes charge from worker threads
-
-    # Every access to ``_inflight`` (and to the tallies `_exceeded` sums) holds ``_lock``:
-    # `charge` runs on a sync node's thread while the loop's `enter`/`leave` change it.
-
-    def enter(self, ctx: Context) -> None:
-        with self._lock:
-            self._inflight[(ctx.node, ctx.visit, ctx.item_index)] = ctx
-
-    def leave(self, ctx: Context) -> None:
-        with self._lock:
-            self._inflight.pop((ctx.node, ctx.visit, ctx.item_index), None)
-
-    def charge(self, ctx: Context, n: int) -> None:
-        spent = ctx.spent
-        with self._lock:
-            spent.add(n)
-            spent.over = over = self._exceeded(ctx)
-        if over is not None:
-            raise over
-
-    def spent_already(self, ctx: Context) -> BudgetExceededError | None:
-        """The budget error if the visit's own budget, or the run's, was crossed before this
-        attempt (a resume that did not raise it): the attempt does not run, it would only
-        spend more."""
-        with self._lock:
-            return self._exceeded(ctx)
-
-    def _exceeded(self, ctx: Context) -> BudgetExceededError | None:
-        node_limit = self._plan.nodes[ctx.node].spec.tokens
-        # what the log has for this visit (earlier attempts, recorded effects) and the rest
-        running = self._view.running.get((ctx.node, ctx.visit))
-        used = (running.tokens if running is not None else 0) + ctx.spent.unsaved
-        if node_limit is not None and used > node_limit:
-            return BudgetExceededError(
-                f"node {ctx.node!r} used {used} tokens in this visit (all its attempts); its "
-                f"budget is {node_limit} "
-                "(tokens: on the node, in the workflow the run keeps: a resume runs the node "
-                "again under the same budget; raise it in the file and start a new run)",
-                node=ctx.node, used=used, limit=node_limit, scope="node")
-        limit = self._view.limits.get("tokens")
-        if limit is None:
-            return None
-        total = self._view.tokens + sum(c.spent.unsaved for c in self._inflight.values())
-        if total > limit:
-            return BudgetExceededError(
-                f"the run used {total} tokens, over its budget of {limit} (limits.tokens), "
-                f"when node {ctx.node!r} recorded its usage; continue it with "
-                f"`interlock resume {self._run_id} --set limits.tokens=N`", node=ctx.node,
-                used=total, limit=limit, scope="run")
-        return None
-
-
 OVERRAN = "overran"  # a NodeTimeout's argument: the body returned after its deadline
 
 
@@ -471,7 +401,6 @@ __all__ = [
     "NODE_THREADS",
     "Attempt",
     "Body",
-    "Budget",
     "BudgetExceededError",
     "Budgeted",
     "Call",

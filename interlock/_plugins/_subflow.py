@@ -135,7 +135,7 @@ class SubflowKind:
                         f"sub-workflow {label!r} can wait for a human (at "
                         f"{', '.join(gates)}); the items of a mapped node cannot wait: put "
                         "the gate before or after the map", where, "map")
-        known = _parent_fields(spec)
+        known = spec.known_fields()
         mapped = node.input or {}
         for field_name, src in mapped.items():
             at = ("nodes", name, "input", field_name)
@@ -149,7 +149,7 @@ class SubflowKind:
                             f"the sub-workflow's inputs ({', '.join(child.input)}); it is "
                             "passed in its input anyway", at, "subflow")
         # without every node's ``writes``, a field may come from a node that does not say
-        all_known = all(ns.kind != "call" or ns.writes is not None for ns in spec.nodes.values())
+        all_known = all(ns.written(n) is not None for n, ns in spec.nodes.items())
         for field_name in child.input:
             if field_name not in mapped and field_name not in known:
                 lacks = "does not have" if all_known else \
@@ -162,7 +162,7 @@ class SubflowKind:
                             ("nodes", name, "input") if node.input is not None else where,
                             "subflow")
         outputs = [node.output] if isinstance(node.output, str) else node.output or []
-        child_known = _parent_fields(child)
+        child_known = child.known_fields()
         for out in outputs:
             if out not in child_known:
                 checker.add("warning", f"node {name!r}: output {out!r} is a field the "
@@ -196,27 +196,13 @@ def _gates(spec: WorkflowSpec) -> list[str]:
     return out
 
 
-def _parent_fields(spec: WorkflowSpec) -> set[str]:
-    """The fields a workflow is known to have: its input and state, what its nodes
-    declare writing, and the outputs of its gates, agents and sub-workflows."""
-    known = set(spec.input) | set(spec.state)
-    for n, ns in spec.nodes.items():
-        known |= set(ns.writes or ())
-        if ns.approval is not None:
-            known.add(n)
-        elif ns.agent is not None:
-            known.add(str(ns.agent.get("output_key") or n))
-        elif ns.workflow is not None:
-            known.add(ns.output_key or n)
-    return known
-
-
 def _body(kind: SubflowKind, name: str, node: NodeSpec,
           callables: Mapping[str, Callable[..., Any]]) -> Callable[..., Any]:
     assert node.workflow is not None
     definition = node.workflow.definition
     exprs = {f: compile_expression(src) for f, src in (node.input or {}).items()}
-    key = node.output_key or name
+    key = node.output_field(name)
+    assert key is not None
     compiled: list[Plan] = []  # compiled when the node first runs (reading needs nothing)
 
     async def run_subflow(state: dict[str, Any], ctx: Context) -> Any:

@@ -30,7 +30,7 @@ def check_agent(checker: Checker, name: str, ns: NodeSpec) -> None:
         checker.add("error", f"node {name!r}: an agent node runs in the engine's process; "
                     "'isolation: process' is for call nodes", ("nodes", name, "isolation"),
                     "agent")
-    output_key = spec.output_key or name
+    output_key = ns.output_field(name)
     if ns.writes is not None and output_key not in ns.writes:
         checker.add("error", f"node {name!r}: the agent writes its output to {output_key!r}, "
                     "which its 'writes' does not list", ("nodes", name, "writes"), "agent")

@@ -152,7 +152,7 @@ class _Agent:
         self.node = node
         self.callables = callables
         self.choices = choices
-        self.output_key = spec.output_key or name
+        self.output_key = node.output_field(name) or name
         self.redact = frozenset(spec.redact)
         # a reply may be journaled (and replayed) only when no part of it is redacted
         self.replayable = not (self.redact & _REPLY_FIELDS)
