@@ -18,6 +18,8 @@ from .._store import Store, release_store
 from ._claims import LEASE_SECONDS, _claim_of, make_owner
 from ._load import load_run, open_store_arg, status
 
+# how often a run's cancellation request is looked for: by its executor's watcher, and
+# by `cancel` waiting for the executor to record it
 CANCEL_POLL_SECONDS = 0.25
 
 

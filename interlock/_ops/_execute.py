@@ -43,9 +43,7 @@ from ._load import RESUMABLE, TERMINAL_STATUSES, Functions, chain_options, defin
 
 log = logging.getLogger("interlock")
 
-
 Listener = Callable[[L.Record, RunView], None]
-
 
 # how long `ctx.once` waits, after the claim was found lost, for the run's cancellation
 # to reach it before it raises `ClaimLost` itself

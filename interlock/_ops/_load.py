@@ -34,10 +34,7 @@ class Functions(Protocol):
 
 log = logging.getLogger("interlock")
 
-
 RESUMABLE = {"RUNNING", "RETRYING", "FAILED", "PENDING"}
-
-
 TERMINAL_STATUSES = frozenset(L.TERMINAL_TYPES.values())
 
 

@@ -35,23 +35,6 @@ from ._verify import ChildLinks
 if TYPE_CHECKING:
     from .._engine._approvals import Decision
 
-_PAST = {"approve": "approved", "reject": "rejected", "modify": "modified"}
-
-
-async def _continue_parent(store: Store, run_id: str, link: Mapping[str, Any], *,
-                           detach: bool = False) -> None:
-    """A child run was resumed on its own: continue its parent if it waits for it (or was
-    interrupted) -- the node runs again and finds the child as it now is."""
-    try:
-        parent = await load_run(store, link["run"])
-    except RunNotFound:
-        return
-    view = parent.view
-    waits = any(g.kind == "workflow" and g.key == run_id for g in view.pending_gates())
-    if waits or view.status in ("RUNNING", "RETRYING"):
-        with contextlib.suppress(ClaimError, UsageError, LogError):  # being executed: it will see
-            await resume(link["run"], store=store, detach=detach)
-
 
 async def resume(run_id: str, decision: Decision | None = None, *,
                  store: str | Store | None = None, workflow: Functions | None = None,
@@ -126,6 +109,24 @@ async def resume(run_id: str, decision: Decision | None = None, *,
     finally:
         if owned:
             await release_store(st)
+
+
+_PAST = {"approve": "approved", "reject": "rejected", "modify": "modified"}
+
+
+async def _continue_parent(store: Store, run_id: str, link: Mapping[str, Any], *,
+                           detach: bool = False) -> None:
+    """A child run was resumed on its own: continue its parent if it waits for it (or was
+    interrupted) -- the node runs again and finds the child as it now is."""
+    try:
+        parent = await load_run(store, link["run"])
+    except RunNotFound:
+        return
+    view = parent.view
+    waits = any(g.kind == "workflow" and g.key == run_id for g in view.pending_gates())
+    if waits or view.status in ("RUNNING", "RETRYING"):
+        with contextlib.suppress(ClaimError, UsageError, LogError):  # being executed: it will see
+            await resume(link["run"], store=store, detach=detach)
 
 
 def _overrides(config: Mapping[str, Any] | None,
