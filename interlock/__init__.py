@@ -46,17 +46,11 @@ if TYPE_CHECKING:
         WriteConflictError,
     )
     from ._observe._coverage import Coverage, coverage
-    from ._ops._runs import (
-        Verification,
-        cancel,
-        fork,
-        list_runs,
-        make_run_id,
-        resume,
-        status,
-        trace,
-        verify,
-    )
+    from ._ops._cancel import cancel
+    from ._ops._claims import make_run_id
+    from ._ops._load import status
+    from ._ops._runs import fork, list_runs, resume, trace
+    from ._ops._verify import Verification, verify
     from ._store import Store, open_store
     from ._workflow import Workflow, load
 
@@ -77,11 +71,12 @@ _WHERE = {
     ], "_errors"),
     "END": "_definition._model", "START": "_definition._model",
     "WorkflowSpec": "_definition._model",
-    "RunResult": "_engine._fold", "Verification": "_ops._runs", "cancel": "_ops._runs",
+    "RunResult": "_engine._fold", "Verification": "_ops._verify", "cancel": "_ops._cancel",
     "fork": "_ops._runs",
-    "list_runs": "_ops._runs", "make_run_id": "_ops._runs",
+    "list_runs": "_ops._runs", "make_run_id": "_ops._claims",
     "Store": "_store", "open_store": "_store",
-    "resume": "_ops._runs", "status": "_ops._runs", "trace": "_ops._runs", "verify": "_ops._runs",
+    "resume": "_ops._runs", "status": "_ops._load", "trace": "_ops._runs",
+    "verify": "_ops._verify",
     "Workflow": "_workflow", "load": "_workflow",
 }
 

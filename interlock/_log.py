@@ -62,7 +62,7 @@ APPROVAL_DECIDED = "approval.decided"
 SNAPSHOT_TAKEN = "snapshot.taken"  # binds a snapshot to the chain: its seq and digest
 # the namespaces of the records interlock writes itself (the engine's, and a server's
 # ``notify.sent``): a node's `ctx.log` may not use them, and a reader trusts a record of
-# them only where the engine would have written it (`_runs.child_link`)
+# them only where the engine would have written it (`_verify.forged`)
 ENGINE_NAMESPACES = frozenset({"run", "node", "edge", "effect", "approval", "state", "child",
                                "snapshot", "notify"})
 

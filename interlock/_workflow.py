@@ -26,7 +26,9 @@ from ._engine._approvals import Decision
 from ._engine._fold import RunResult, RunView, result_of
 from ._errors import ConflictError, Diagnostic, StoreError, UsageError, WorkflowError
 from ._observe._otel import RunSpans, run_spans, with_spans
-from ._ops._runs import create, drive, make_run_id, open_store_arg, start
+from ._ops._claims import make_run_id
+from ._ops._execute import create, drive, start
+from ._ops._load import open_store_arg
 from ._plugins._compile import check_spec, compile_spec, reading_plan
 from ._store import Store, release_store
 

@@ -100,9 +100,11 @@ from ._observe._metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ._observe._metrics import Metrics
 from ._ops._export import export as export_run
 from ._ops._export import verify_export
+from ._ops._load import TRACE_PAGE, load_run
 from ._ops._prune import Pruned
 from ._ops._prune import prune as prune_runs
-from ._ops._runs import TRACE_PAGE, LogCheck, append_note, load_run, trace_pages
+from ._ops._runs import append_note, trace_pages
+from ._ops._verify import LogCheck
 from ._ops._visits import node_visits
 from ._store import Claim, LeaseRenewer, RunRow, Summary, owner_gone
 from ._worker._triggers import Firer

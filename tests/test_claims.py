@@ -15,7 +15,7 @@ import pytest
 
 import interlock
 from interlock._engine import _lease
-from interlock._ops._runs import continue_claimed
+from interlock._ops._execute import continue_claimed
 from interlock._store import Claim, ClaimLost, MemoryStore, Store, open_store
 from interlock.support import Worker
 

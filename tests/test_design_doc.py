@@ -175,8 +175,8 @@ def _journal() -> Any:
     return importlib.import_module("interlock._engine._journal")
 
 
-def _runs() -> Any:
-    return importlib.import_module("interlock._ops._runs")
+def _claims() -> Any:
+    return importlib.import_module("interlock._ops._claims")
 
 
 def _pool_default() -> bool:
@@ -187,14 +187,14 @@ def _pool_default() -> bool:
 
 
 def _heartbeat_is_a_third_of_the_lease() -> bool:
-    """The lease is renewed every third of it (`_runs._Watcher` at f074fc7; a lease
-    keeper's thread, ``_lease``, on fencing's branch)."""
-    from interlock._ops import _runs
+    """The lease is renewed every third of it (`_execute._Watcher`, `_runs._Watcher` at
+    f074fc7; a lease keeper's thread, ``_lease``, on fencing's branch)."""
+    from interlock._ops import _claims, _execute
 
-    sources = [inspect.getsource(_runs)]
+    sources = [inspect.getsource(_execute)]
     with contextlib.suppress(ImportError):
         sources.append(inspect.getsource(importlib.import_module("interlock._engine._lease")))
-    return any("lease / 3" in s for s in sources) and _runs.LEASE_SECONDS / 3 == 5
+    return any("lease / 3" in s for s in sources) and _claims.LEASE_SECONDS / 3 == 5
 
 
 def _hash_is_32_bytes_in_sqlite() -> bool:
@@ -235,14 +235,14 @@ CLAIMS: dict[str, Evidence] = {
         "_journal's first pause between two tries of an append, and its longest",
         lambda: (_journal().RETRY_FIRST_DELAY, _journal().RETRY_MAX_DELAY) == (0.05, 1.0)),
     "`_journal.RETRY_SECONDS` (10 s": Value("interlock._engine._journal", "RETRY_SECONDS", 10.0),
-    "less than the 15 s lease": Value("interlock._ops._runs", "LEASE_SECONDS", 15.0),
+    "less than the 15 s lease": Value("interlock._ops._claims", "LEASE_SECONDS", 15.0),
     "at most 5 s before": Check("the watcher renews the lease every third of it",
-                                lambda: _runs().LEASE_SECONDS / 3 == 5.0),
+                                lambda: _claims().LEASE_SECONDS / 3 == 5.0),
     "Every 64 inline visits": Value("interlock._engine._runner", "YIELD_EVERY", 64),
     # the hot path
     "on a 1000-node chain": Unkept("a py-spy profile of the bench's S1 chain (bench/run.py)"),
     "costs ~8 µs": Unkept("a micro-benchmark of asyncio.timeout, not kept"),
-    "starts only after 0.25 s": Value("interlock._ops._runs", "CANCEL_POLL_SECONDS", 0.25),
+    "starts only after 0.25 s": Value("interlock._ops._cancel", "CANCEL_POLL_SECONDS", 0.25),
     "~1.3 k instructions": INSTRUCTIONS,
     "a chain node ~5 such calls and a loop iteration ~3": INSTRUCTIONS,
     "OpenSSL 3": Prose("the version of a dependency of CPython"),
@@ -259,11 +259,11 @@ CLAIMS: dict[str, Evidence] = {
     # guards
     "(~1.5 k instructions)": INSTRUCTIONS,
     # claims and leases (fencing changes how the heartbeat runs: keep these true)
-    "(15 s,": Value("interlock._ops._runs", "LEASE_SECONDS", 15.0),
+    "(15 s,": Value("interlock._ops._claims", "LEASE_SECONDS", 15.0),
     "renewed every 5 s": Check("the lease is renewed every third of it",
                                _heartbeat_is_a_third_of_the_lease),
-    "starts 0.25 s into the run": Value("interlock._ops._runs", "CANCEL_POLL_SECONDS", 0.25),
-    "polls the store every 0.25 s": Value("interlock._ops._runs", "CANCEL_POLL_SECONDS", 0.25),
+    "starts 0.25 s into the run": Value("interlock._ops._cancel", "CANCEL_POLL_SECONDS", 0.25),
+    "polls the store every 0.25 s": Value("interlock._ops._cancel", "CANCEL_POLL_SECONDS", 0.25),
     "A run is executed by one owner": LEASE_KEPT,  # (the lease is kept, really)
     "Claim generations (issue 26)": Prose("the issue's number"),
     "a run created claimed has 1": GENERATIONS,

@@ -21,7 +21,7 @@ import interlock
 from interlock import END, START, Workflow
 from interlock._engine import _journal
 from interlock._errors import ConflictError, StoreError
-from interlock._ops._runs import load_run
+from interlock._ops._load import load_run
 from interlock._store import open_store
 from interlock.testing import FaultyStore
 

@@ -47,8 +47,9 @@ LAYERS: dict[int, set[str]] = {
     7: {"_engine._runner", "_engine._decide", "_plugins._compile"},
     # stored runs: drive, resume, status, trace, verify, fork, cancel; their coverage;
     # executing them in a pool (a server's, a worker's); node visits (the dashboard's)
-    8: {"_ops._runs", "_observe._coverage", "_ops._export", "_ops._prune", "_observe._metrics",
-        "_worker._workers", "_ops._visits"},
+    8: {"_ops._load", "_ops._claims", "_ops._cancel", "_ops._children", "_ops._execute",
+        "_ops._verify", "_ops._runs", "_observe._coverage", "_ops._export", "_ops._prune",
+        "_observe._metrics", "_worker._workers", "_ops._visits"},
     # the façade: builder and loaded file
     9: {"_workflow"},
     # the public surface and the command line

@@ -80,7 +80,7 @@ def test_a_lost_race_in_drive_stays_a_conflict_error(tmp_path: Path) -> None:
             loaded = await interlock.support.load_run(st, run_id)
             stale = loaded.writer()
             await interlock.support.append_note(run_id, "note.taken", {"n": 1}, store=st)
-            from interlock._ops._runs import drive
+            from interlock._ops._execute import drive
 
             with pytest.raises(interlock.ConflictError, match="changed after this process "
                                "read it") as caught:

@@ -113,7 +113,7 @@ def with_spans(listener: Listener | None, spans: RunSpans | None) -> Listener | 
 
 class _Both:
     """The caller's listener, then the spans'; a child run gets the caller's child
-    listener (`_runs.child_listener`), its spans being its own."""
+    listener (`_execute.child_listener`), its spans being its own."""
 
     __slots__ = ("child", "listener", "spans")
 

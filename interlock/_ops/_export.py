@@ -23,7 +23,8 @@ import orjson
 from .. import _log as L
 from .._errors import UsageError
 from .._store import RunRow, Store, Summary, release_store
-from ._runs import TRACE_PAGE, ChildLinks, LogCheck, Verification, open_store_arg, run_key
+from ._load import TRACE_PAGE, open_store_arg, run_key
+from ._verify import ChildLinks, LogCheck, Verification
 
 FORMAT = "interlock-run"
 VERSION = 1

@@ -21,7 +21,7 @@ from .._definition._state import scoped
 from .._engine._fold import RunView
 from .._plugins._compile import reading_plan
 from .._store import Store, release_store
-from ._runs import TRACE_PAGE, open_store_arg
+from ._load import TRACE_PAGE, open_store_arg
 
 SHARE_EVERY = 200  # records folded between two yields to the event loop (`share_loop`)
 

@@ -68,7 +68,7 @@ class ChildOutcome(RunResult):
 
 
 class ChildRuns(Protocol):
-    """What a sub-workflow node needs of the run executing it (`_runs` implements it)."""
+    """What a sub-workflow node needs of the run executing it (`_ops._execute` implements it)."""
 
     async def run(self, ctx: Context, request: ChildRequest) -> ChildOutcome:
         """Start the child, or continue it (resume it, unless it ended or waits for a
@@ -79,7 +79,7 @@ class ChildRuns(Protocol):
         cancelled, cancel the child (else it stays interrupted, to be continued)."""
 
 
-#: the child runs of the run whose tasks see it (set by `_runs.drive`, per run)
+#: the child runs of the run whose tasks see it (set by `_execute.drive`, per run)
 CHILD_RUNS: ContextVar[ChildRuns | None] = ContextVar("interlock_child_runs", default=None)
 
 

@@ -8,7 +8,7 @@ executes the runs it starts, decides and takes over in one (``server/_pool.py``)
 `Worker` is a process's loop of claiming runnable runs from a store
 (`Store.claim_next`: detached runs, runs decided or resumed for a worker, runs whose
 executor died and whose lease ran out) and executing them in a pool, each under its
-claim, heartbeated (`_runs.drive`). Asked to stop (SIGTERM), it claims nothing more; the
+claim, heartbeated (`_execute.drive`). Asked to stop (SIGTERM), it claims nothing more; the
 runs in hand stop at their next node boundary -- the nodes running finish and are
 committed, none starts -- and are released unfinished, for the next worker to continue;
 a node still running after ``drain`` seconds is stopped (its visit, begun and not
@@ -34,7 +34,10 @@ from typing import Any, Literal
 
 from .._engine._fold import RunResult
 from .._errors import ClaimLost, Draining, InterlockError, LogError
-from .._ops._runs import LEASE_SECONDS, Functions, continue_claimed, list_runs, make_owner
+from .._ops._claims import LEASE_SECONDS, make_owner
+from .._ops._execute import continue_claimed
+from .._ops._load import Functions
+from .._ops._runs import list_runs
 from .._store import RUNNABLE, RunNotFound, Store, StoreError, owner_gone
 from ._triggers import Firer
 

@@ -1,0 +1,131 @@
+"""The gates of child runs a parent waits at (SPEC §7): where a run waits through its
+children, which children wait there no more, decisions and expired deadlines forwarded
+into them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .. import _log as L
+from .._engine._fold import Gate, RunView
+from .._errors import RunNotFound, UsageError
+from .._store import Store
+from ._claims import _commit_claimed
+from ._load import load_run
+
+if TYPE_CHECKING:
+    from .._engine._approvals import Decision
+
+
+async def waiting_path(store: Store, run_id: str, parent: str | None = None) -> str | None:
+    """The path of nodes down to the gate a run waits at (through its child runs), or
+    None when nothing in it waits for a human -- or, with ``parent``, when it is not that
+    run's child (a fork's log names the children of the run it was forked from)."""
+    try:
+        loaded = await load_run(store, run_id)
+    except RunNotFound:
+        return None
+    view = loaded.view
+    if parent is not None and (loaded.row.options.get("parent") or {}).get("run") != parent:
+        return None
+    if view.status != "WAITING_APPROVAL":
+        return None
+    for gate in view.pending_gates():
+        if gate.kind != "workflow" or gate.key is None:
+            return gate.node
+        below = await waiting_path(store, gate.key, run_id)
+        if below is not None:
+            return f"{gate.node}/{below}"
+    return None
+
+
+async def _unblocked(store: Store, run_id: str, view: RunView
+                     ) -> list[tuple[str, dict[str, Any]]]:
+    """Decisions for the gates of child runs that no longer wait there (the child was
+    decided or continued on its own, or waits at another gate now, or is not this run's:
+    a fork's): the node runs again and finds its child as it is (or starts its own)."""
+    items = []
+    for gate in view.pending_gates():
+        if gate.kind != "workflow" or gate.key is None:
+            continue
+        below = await waiting_path(store, gate.key, run_id)
+        if below is None or f"{gate.node}/{below}" != gate.path:
+            items.append((L.APPROVAL_DECIDED, {"node": gate.node, "visit": gate.visit,
+                                               "kind": "workflow", "decision": "continued",
+                                               "key": gate.key}))
+    return items
+
+
+def _child_gate(view: RunView, decision: Decision, skip: list[tuple[str, dict[str, Any]]]
+                ) -> tuple[Gate, Decision] | None:
+    """The gate of a child run ``decision`` is for, and the decision as the child takes
+    it (``node`` ``remediate/approval`` names the gate ``approval`` of the child of
+    ``remediate``); None when it is for a gate of this run."""
+    from dataclasses import replace
+
+    moved = {(f["node"], f["visit"]) for _, f in skip}
+    pending = [g for g in view.pending_gates() if (g.node, g.visit) not in moved]
+    if decision.node is not None:
+        head, _, rest = decision.node.partition("/")
+        for g in pending:
+            if g.kind == "workflow" and g.node == head:
+                return g, replace(decision, node=rest or None)
+        return None
+    if pending and pending[0].kind == "workflow":
+        return pending[0], decision
+    return None
+
+
+async def _decide_child(store: Store, run_id: str, decision: Decision) -> None:
+    """Record ``decision`` at the gate a child run (or its child...) waits at; the run
+    that includes it continues it when it runs the node again."""
+    from .._engine._approvals import decide
+
+    loaded = await load_run(store, run_id)
+    view = loaded.view
+    if view.status != "WAITING_APPROVAL":
+        raise UsageError(f"child run {run_id!r} is {view.status}, not waiting for a decision; "
+                         "the decision is refused")
+    moved = await _unblocked(store, run_id, view)
+    below = _child_gate(view, decision, moved)
+    if below is not None:
+        await _decide_child(store, str(below[0].key), below[1])
+        return
+    await _commit_claimed(store, loaded, decide(loaded.spec, view, decision))
+
+
+async def _expired_children(store: Store, view: RunView,
+                            skip: list[tuple[str, dict[str, Any]]]
+                            ) -> list[tuple[str, dict[str, Any]]]:
+    """`_approvals.expire` in the child runs a run waits for (at any depth): the engine's
+    decisions for their gates whose deadline has passed, recorded there; the records that
+    make this run's node run again and continue each such child."""
+    moved = {(f["node"], f["visit"]) for _, f in skip}
+    items = []
+    for gate in view.pending_gates():
+        if gate.kind == "workflow" and gate.key is not None and \
+                (gate.node, gate.visit) not in moved and await _expire_child(store, gate.key):
+            items.append((L.APPROVAL_DECIDED, {"node": gate.node, "visit": gate.visit,
+                                               "kind": "workflow", "decision": "continued",
+                                               "key": gate.key}))
+    return items
+
+
+async def _expire_child(store: Store, run_id: str) -> bool:
+    """Whether a deadline passed in the child run ``run_id`` (or below it), now decided."""
+    from .._engine._approvals import expire
+
+    try:
+        loaded = await load_run(store, run_id)
+    except RunNotFound:
+        return False
+    view = loaded.view
+    if view.status != "WAITING_APPROVAL":
+        return False
+    below = await _expired_children(store, view, await _unblocked(store, run_id, view))
+    items = expire(loaded.spec, view) + below
+    if not items:
+        return False
+    await _commit_claimed(store, loaded, items)
+    return True

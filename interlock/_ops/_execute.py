@@ -1,0 +1,546 @@
+"""Executing a stored run: claim, commit, run the executor in the caller's task under a
+watcher (lease, cancellation requests, a lost claim), release -- `drive`, `start`,
+`continue_claimed` -- and the child runs the executor gives its sub-workflow nodes
+(`_Children`, the `_subflow.ChildRuns` port).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from .. import _log as L
+from .._definition._model import DEFAULT_STEPS, WorkflowSpec
+from .._definition._plan import Plan
+from .._engine._context import CLAIM_GUARD
+from .._engine._fold import RunResult, RunView, result_of
+from .._engine._journal import Journal
+from .._engine._lease import Held, keeper_for
+from .._engine._runner import Runner, Stop
+from .._engine._steps import Steps
+from .._errors import (
+    ClaimError,
+    ClaimLost,
+    ConflictError,
+    LogError,
+    RunNotFound,
+    StoreError,
+    UsageError,
+)
+from .._observe._otel import RunSpans, run_spans, tracing, with_spans
+from .._plugins._subflow import CHILD_RUNS, ChildOutcome, ChildRequest
+from .._store import Claim, RunRow, Store, Summary
+from ._cancel import CANCEL_POLL_SECONDS, cancel
+from ._children import _unblocked
+from ._claims import LEASE_SECONDS, make_owner
+from ._load import RESUMABLE, TERMINAL_STATUSES, Functions, chain_options, definition_hash, load_run
+
+log = logging.getLogger("interlock")
+
+Listener = Callable[[L.Record, RunView], None]
+
+# how long `ctx.once` waits, after the claim was found lost, for the run's cancellation
+# to reach it before it raises `ClaimLost` itself
+LOST_GRACE_SECONDS = 5.0
+
+
+def child_listener(listener: Listener | None, run_id: str, workflow: str
+                   ) -> Listener | None:
+    """The listener of a child run (a sub-workflow node's): what the parent's listener's
+    ``child(run_id, workflow)`` gives, if it has that method (the CLI's progress shows a
+    child's records as they are committed, under its parent's node); else none."""
+    make = getattr(listener, "child", None)
+    return make(run_id, workflow) if callable(make) else None
+
+
+async def drive(plan: Plan, store: Store, run_id: str, view: RunView, writer: L.LogWriter, *,
+                first: list[tuple[str, dict[str, Any]]] | None = None, force: bool = False,
+                listener: Listener | None = None, owner: str | None = None,
+                fresh: bool = False, lease: float = LEASE_SECONDS,
+                stop: Stop | None = None, execute: bool = True,
+                generation: int | None = None) -> RunResult:
+    """Claim the run, commit ``first`` (e.g. ``run.resumed``), execute, release.
+
+    ``owner``: the run was created claimed by it (`Workflow.run`), or claimed by a
+    worker, so there is no claim to make; ``generation`` is that claim's. The last
+    append (the run's end) gives the lease up in its transaction; the release here is
+    for a run that stops otherwise (waiting, an error of the store). Every append is
+    made under the claim (owner and generation, where the store fences appends): once
+    another owner has claimed the run, the store refuses them and this raises
+    `ClaimLost` -- the run moved to another owner; nothing more of this one is stored.
+
+    ``fresh``: ``view`` and ``writer`` were made a while ago (a run created, then
+    queued for execution, as a server does): once claimed, the stored log must still end
+    where the writer does, or nothing runs (`ConflictError`) -- a run cancelled while it
+    was queued must not start its first node.
+
+    The executor runs in the caller's task (`_execute`); a `_Watcher` keeps the lease
+    (``lease`` seconds) alive and looks for a cancellation requested through the store
+    (by `cancel`, from any process). ``stop``: once set, the run stops at the next node
+    boundary and is released unfinished (`Runner.stop`). ``execute`` false: commit
+    ``first`` and release (a decision recorded for a worker to continue).
+    """
+    if owner is None:
+        owner = make_owner()
+        generation = await store.claim(run_id, owner, lease, force=force)
+    claim = Claim(owner, generation) if generation is not None else None
+    journal = Journal(store, run_id, view, writer, listener, owner=owner, claim=claim)
+    runner = Runner(plan, journal, run_id, view)
+    runner.stop = stop
+    try:
+        if fresh and (await store.get_run(run_id)).summary.last_seq != writer.seq:
+            raise ConflictError(f"run {run_id!r} changed before it started executing (it was "
+                                "cancelled or taken over while queued); it is not started")
+        if first:
+            try:
+                await journal.commit(first)
+            except ConflictError:
+                # read, decided, then claimed after another process had decided (or
+                # resumed) the run and let it go: what this one read is stale (a race,
+                # not a wrong call: it stays a ConflictError, which the server answers 409)
+                raise ConflictError(
+                    f"run {run_id!r} changed after this process read it (another process "
+                    "decided or resumed it first); nothing was recorded and this resume is "
+                    f"refused -- see `interlock status {run_id}`") from None
+        if execute and view.status not in TERMINAL_STATUSES:
+            await _execute(store, run_id, owner, runner, listener, lease, journal.claim)
+    except BaseException as exc:
+        if not journal.released:
+            # the run is given up (a store that failed, a lost claim, a cancellation of
+            # the caller): let it go for whoever claims it next -- the error to raise is
+            # the one that stopped it, not one of the release's (whose lease then runs out)
+            try:
+                await store.release(run_id, owner)
+            except Exception as release_error:
+                log.warning("run %s: its claim was not released (%s: %s); it can be taken "
+                            "over once its lease runs out (stopped by %s: %s)", run_id,
+                            type(release_error).__name__, release_error, type(exc).__name__,
+                            exc)
+        raise
+    if not journal.released:
+        await store.release(run_id, owner)
+    return result_of(run_id, plan.spec.workflow, view)
+
+
+async def _execute(store: Store, run_id: str, owner: str, runner: Runner,
+                   listener: Listener | None = None, lease: float = LEASE_SECONDS,
+                   claim: Claim | None = None) -> None:
+    """Run the executor in this task, watched for its lease and for a cancellation.
+
+    The executor needs no task of its own (a run that never waits for I/O then runs
+    from claim to release in one step of its caller). A cancellation requested through the store
+    cancels *this* task with ``runner.cancelled_by`` set; the executor takes that
+    cancellation back (``Task.uncancel``, as `asyncio.timeout` does with its own) and
+    records ``run.cancelled``. A cancellation of our caller propagates; when it came
+    together with the watcher's (one ``CancelledError`` for both), it still does.
+
+    A lost claim (`_Watcher.lose`) cancels this task too, with nothing recorded: the
+    nodes in flight are stopped as a cancellation stops them, and `ClaimLost` is raised.
+    """
+    task = asyncio.current_task()
+    if task is None:
+        raise RuntimeError("interlock executes a run inside an asyncio task")
+    cancelling = task.cancelling()
+    watcher = _Watcher(store, run_id, owner, runner, task, lease, claim)
+    # in a copy of our context, as a task of its own would be: what node bodies set in
+    # context variables stays in the run; its sub-workflow nodes find its child runs there
+    context = contextvars.copy_context()
+    context.run(CHILD_RUNS.set, _Children(store, run_id, runner.view, listener))
+    context.run(CLAIM_GUARD.set, watcher)  # `ctx.claim`, and `ctx.once`'s check
+    try:
+        await Steps(runner.execute(), context=context)
+    except asyncio.CancelledError:
+        if watcher.lost is None:
+            raise
+    finally:
+        if watcher.cancelled and runner.view.status != "CANCELLED" \
+                and task.cancelling() > cancelling:
+            # the watcher's cancellation was not taken back by the executor: it reached
+            # it after the run had ended (in its last commit), or a node swallowed it
+            task.uncancel()
+        await watcher.stop()
+    if watcher.lost is not None:
+        if watcher.lost_cancel and task.cancelling() > cancelling:
+            task.uncancel()  # ours, for the lost claim: the caller is told by the error
+        raise watcher.lost
+    if task.cancelling() > cancelling:
+        raise asyncio.CancelledError  # our caller's, taken for the watcher's by the executor
+
+
+class _Watcher:
+    """Keeps a run's lease, polls the store for a request to cancel it, commits what the
+    executor staged but has not committed yet, and stops the run when its claim is lost.
+
+    The lease is renewed off the event loop, by the store's lease keeper (`_lease`: a
+    thread with a connection of its own), from the moment the run is watched: a node
+    that blocks the loop for longer than the lease does not lose it. A store without a
+    keeper has its lease renewed here, on the loop, every third of the lease.
+
+    A timer starts the watching task after `CANCEL_POLL_SECONDS` (a run that ends sooner
+    costs no task); then it polls every `CANCEL_POLL_SECONDS`. The executor commits
+    ``node.started`` with the next batch (a node's completion, as a rule) -- one commit
+    per step instead of two. The poll commits it too, so a node that runs longer than a
+    poll shows in ``trace`` and ``status`` (and survives a crash in the log) while it runs.
+
+    A lost claim (the keeper's renewal, a heartbeat here, or ``ctx.once``'s check found
+    that another owner claimed the run since) is `lose`: nothing more is appended (the
+    journal refuses, and so would the store), the executor's task is cancelled -- the
+    nodes in flight stop as a cancellation stops them -- and `_execute` raises
+    `ClaimLost`. It is also the run's `_context.ClaimGuard`: ``ctx.claim`` and
+    ``ctx.once``'s check.
+    """
+
+    __slots__ = ("_loop", "_next_beat", "_stopped", "_task", "_timer",
+                 "cancelled", "claim", "held", "lease", "lost", "lost_cancel", "owner",
+                 "run_id", "runner", "store", "target")
+
+    def __init__(self, store: Store, run_id: str, owner: str, runner: Runner,
+                 target: asyncio.Task[Any], lease: float = LEASE_SECONDS,
+                 claim: Claim | None = None) -> None:
+        self.store, self.run_id, self.owner = store, run_id, owner
+        self.runner, self.target, self.lease = runner, target, lease
+        self.claim = claim
+        self.cancelled = False  # whether we cancelled ``target`` (a requested cancellation)
+        self.lost: ClaimLost | None = None
+        self.lost_cancel = False  # whether we cancelled ``target`` for a lost claim
+        self._stopped = False
+        loop = self._loop = asyncio.get_running_loop()
+        self._next_beat = loop.time() + lease / 3
+        keeper = keeper_for(store) if claim is not None else None
+        self.held: Held | None = None if keeper is None or claim is None else \
+            keeper.hold(run_id, claim, lease, self._lost_elsewhere)
+        self._task: asyncio.Task[None] | None = None
+        self._timer: asyncio.TimerHandle | None = loop.call_later(
+            CANCEL_POLL_SECONDS, self._start)
+
+    def _start(self) -> None:
+        self._timer = None
+        self._task = asyncio.get_running_loop().create_task(self._watch())
+
+    async def _watch(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self.lost is None:
+            try:
+                request = await self.store.cancel_requested(self.run_id)
+            except StoreError as exc:  # (an outage: the next poll tries again)
+                log.warning("run %s: looking for a cancellation request failed (%s); "
+                            "trying again in %.2fs", self.run_id, exc, CANCEL_POLL_SECONDS)
+                request = None
+            if request is not None and self.runner.cancelled_by is None:
+                self.runner.cancelled_by = request
+                self.cancelled = True
+                self.target.cancel()
+            if self.held is None and loop.time() >= self._next_beat and \
+                    self.runner.view.status not in TERMINAL_STATUSES:  # not released yet
+                if not await self._heartbeat():
+                    return
+                self._next_beat = loop.time() + self.lease / 3
+            try:
+                await self.runner.sink.flush()  # a no-op unless records wait to be committed
+            except ClaimLost as exc:  # the store refused it: another owner claimed the run
+                self.lose(exc)
+                return
+            except StoreError:  # the journal is broken: the executor's next flush says so
+                return
+            await asyncio.sleep(CANCEL_POLL_SECONDS)
+
+    async def _heartbeat(self, confirming: bool = False) -> bool:
+        """Renew the lease from the loop; False (and `lose`) when the claim is gone. A
+        store error is logged (the next poll tries again), or, ``confirming`` an
+        effect, raised."""
+        sent = time.monotonic()
+        try:
+            if self.claim is None:
+                await self.store.heartbeat(self.run_id, self.owner, self.lease)
+            else:
+                await self.store.heartbeat(self.run_id, self.owner, self.lease,
+                                           self.claim.generation)
+        except ClaimError as exc:
+            self.lose(exc if isinstance(exc, ClaimLost) else ClaimLost(
+                self.run_id, exc.owner, None,
+                None if self.claim is None else self.claim.generation))
+            return False
+        except StoreError as exc:
+            if not confirming:  # (the watcher's: its next poll tries again)
+                log.warning("run %s: renewing the lease failed (%s)", self.run_id, exc)
+                return True
+            raise
+        if self.held is not None:
+            self.held.renewed = max(self.held.renewed, sent)
+        return True
+
+    def _lost_elsewhere(self, exc: ClaimLost) -> None:
+        """The keeper's (on its thread): the claim is gone; the loop stops the run."""
+        with contextlib.suppress(RuntimeError):  # a closed loop: nothing runs there
+            self._loop.call_soon_threadsafe(self.lose, exc)
+
+    def lose(self, exc: ClaimLost) -> None:
+        """The claim is gone: append nothing more, stop the run (`_execute` raises)."""
+        if self.lost is not None or self._stopped or (
+                isinstance(self.runner.sink, Journal) and self.runner.sink.released):
+            return  # (released by the run's last append: nothing of ours is at stake)
+        self.lost = exc
+        if isinstance(self.runner.sink, Journal):  # broken: its flushes refuse from now on
+            self.runner.sink.broken = exc
+        log.warning("%s", exc)
+        if not self.target.done():
+            self.lost_cancel = True
+            self.target.cancel()
+
+    # -- the `_context.ClaimGuard` of the run's nodes --------------------------------------
+
+    async def confirm(self) -> None:
+        """Before a ``ctx.once`` effect: renew the lease, with the claim's generation (one
+        heartbeat: 0.05-0.25 ms on SQLite, ~0.1 ms on PostgreSQL; the effect's own
+        record costs an append). The keeper alone would notice a lost claim only at its
+        next renewal, up to a third of the lease later -- after a ``--force`` takeover,
+        or a pause of the whole process, the node would run its effect meanwhile. When
+        the claim is gone, the run is being stopped: wait for that cancellation here
+        (the node stops as a cancellation stops it), and raise `ClaimLost` if it does
+        not come. A store error is raised as it is: no effect without the check."""
+        if self.lost is None and await self._heartbeat(confirming=True):
+            return
+        await asyncio.sleep(LOST_GRACE_SECONDS)
+        assert self.lost is not None
+        raise self.lost
+
+    async def stop(self) -> None:
+        """Stop watching: no cancellation after this. Raises what ended the watch, if any."""
+        self._stopped = True
+        if self.held is not None:
+            keeper = keeper_for(self.store)
+            if keeper is not None:
+                keeper.drop(self.held)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+async def start(plan: Plan, store: Store, run_id: str, *, definition: dict[str, Any],
+                definition_hash: str, input: dict[str, Any], config: dict[str, Any],
+                limits: dict[str, Any], options: dict[str, Any],
+                started: dict[str, Any] | None = None,
+                listener: Listener | None = None) -> RunResult:
+    """Create a run (its row and ``run.started``, chained with ``$INTERLOCK_LOG_KEY``
+    when set) and drive it. ``input``, ``config`` and ``limits`` are the effective ones
+    (JSON data); ``options`` what the row keeps of the overrides; ``started``: more
+    fields of ``run.started`` (a child run's ``parent``, a trace's ids). The declared
+    fields' defaults that apply are recorded there too (`start_defaults`)."""
+    view, writer, owner = await create(
+        plan, store, run_id, definition=definition, definition_hash=definition_hash,
+        input=input, config=config, limits=limits, options=options, started=started,
+        listener=listener)
+    return await drive(plan, store, run_id, view, writer, listener=listener, owner=owner,
+                       generation=1 if owner is not None else None)
+
+
+async def create(plan: Plan, store: Store, run_id: str, *, definition: dict[str, Any],
+                 definition_hash: str, input: dict[str, Any], config: dict[str, Any],
+                 limits: dict[str, Any], options: dict[str, Any],
+                 started: dict[str, Any] | None = None, listener: Listener | None = None,
+                 claimed: bool = True, detached: bool = False
+                 ) -> tuple[RunView, L.LogWriter, str | None]:
+    """`start`'s first half: the run's row and ``run.started``; its view, its writer, and
+    the owner it was created claimed by (``claimed`` and a store that leases in its
+    writes), else None -- an unclaimed run, executed later (a server's queue).
+    ``detached``: the run is recorded PENDING, unclaimed, for a worker to execute
+    (``run.started`` says ``detached: true``)."""
+    key = L.env_key()
+    writer = L.LogWriter(key=key)
+    now = time.time()
+    chain = chain_options(key)
+    fields: dict[str, Any] = {
+        "workflow": plan.spec.workflow, "definition_hash": definition_hash,
+        "input": input, "config": config, "limits": limits, **(started or {}), **chain}
+    defaults = start_defaults(plan.spec, input)
+    if defaults:
+        fields["defaults"] = defaults
+    if detached:
+        fields["detached"] = True
+        claimed = False
+    rec, entry = writer.make(L.RUN_STARTED, fields)
+    view = RunView(plan)
+    view.apply(rec)
+    # created claimed where the store can: no claim of its own to commit
+    owner = make_owner() if claimed and store.leases_in_writes else None
+    row = RunRow(run_id=run_id, workflow=plan.spec.workflow, definition=definition,
+                 definition_hash=definition_hash, input=input, options={**options, **chain},
+                 created_at=now,
+                 summary=Summary(status=view.status, last_seq=1, last_hash=writer.hash,
+                                 updated_at=now),
+                 owner=owner, lease_until=now + LEASE_SECONDS if owner else None,
+                 generation=1 if owner else 0)  # created claimed: its first claim
+    await store.create_run(row, [entry])
+    if listener is not None:
+        listener(rec, view)
+    return view, writer, owner
+
+
+def start_defaults(spec: WorkflowSpec, data: Mapping[str, Any]) -> dict[str, Any]:
+    """The declared fields' start values that apply to a run (``run.started`` records
+    them, so a resume folds the same state whatever the code's defaults become): a value
+    in the input replaces the default (null too, for a field without a reducer; a field
+    with one given null starts empty)."""
+    out = {}
+    for name, value in spec.defaults().items():
+        given = data.get(name)
+        if name not in data or (given is None and spec.state[name].reducer != "replace"):
+            out[name] = value
+    # each value as the log holds it; the fields in declaration order (as a live run's
+    # state has them)
+    return {name: L.to_json_value(value) for name, value in out.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class _Functions:
+    callables: Mapping[str, Callable[..., Any]]
+
+
+class _Children:
+    """The child runs of one run (`_subflow.ChildRuns`): on its store, under what is left
+    of its limits when each starts."""
+
+    def __init__(self, store: Store, run_id: str, view: RunView,
+                 listener: Listener | None = None) -> None:
+        self.store, self.run_id, self.view = store, run_id, view
+        self.listener = listener
+
+    async def run(self, ctx: Any, request: ChildRequest) -> ChildOutcome:
+        st, rid = self.store, request.run_id
+        try:
+            await st.get_run(rid)
+            exists = True
+        except RunNotFound:
+            exists = False
+        if not exists:
+            spec = request.plan.spec
+            limits, inherited = self._limits(
+                {"steps": DEFAULT_STEPS, **spec.limits.model_dump(exclude_none=True)})
+            definition = request.definition
+            # the parent's log names its child (the child's run.started names its parent)
+            await ctx._engine_log(L.CHILD_STARTED, {"run_id": rid, "workflow": spec.workflow})
+            result = await start(request.plan, st, rid, definition=definition,
+                                 definition_hash=definition_hash(definition),
+                                 input=L.to_json_value(request.input()),
+                                 config=L.to_json_value(dict(spec.config)), limits=limits,
+                                 options={"config": {}, "limits": {}, "parent": request.link,
+                                          "inherited": inherited},
+                                 started={"parent": request.link},
+                                 listener=child_listener(self.listener, rid, spec.workflow))
+        else:
+            result = await continue_child(
+                st, rid, _Functions(request.callables),
+                listener=child_listener(self.listener, rid, request.plan.spec.workflow))
+        row = await st.get_run(rid)  # its last record (and what it inherited)
+        return ChildOutcome(**result.to_json(), last_seq=row.summary.last_seq,
+                            inherited=list(row.options.get("inherited") or ()))
+
+    def _limits(self, own: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+        """The child's limits: its own, or what the parent has left where that is less
+        (those are ``inherited``: crossing one fails the parent)."""
+        out, inherited = dict(own), []
+        parent = self.view.limits
+        for name, used in (("tokens", self.view.tokens), ("steps", self.view.steps)):
+            if parent.get(name) is None:
+                continue
+            left = max(int(parent[name]) - used, 0)
+            if out.get(name) is None or left < out[name]:
+                out[name] = left
+                inherited.append(name)
+        return out, inherited
+
+    async def stopped(self, child_id: str) -> None:
+        request = await self.store.cancel_requested(self.run_id)
+        if request is None:
+            return  # a timeout, a sibling's failure: the child is continued later
+        with contextlib.suppress(UsageError, LogError, RunNotFound):
+            await cancel(child_id, by=request.get("by"), store=self.store, wait=0)
+
+
+async def continue_child(store: Store, run_id: str, workflow: Functions | None, *,
+                         listener: Listener | None = None) -> RunResult:
+    """Continue a child run from its log, unless it ended or still waits for a human;
+    where it then stands."""
+    loaded = await load_run(store, run_id, workflow=workflow, executable=True)
+    view = loaded.view
+    if view.status in ("COMPLETED", "REJECTED", "CANCELLED"):
+        return result_of(run_id, loaded.row.workflow, view)
+    first: list[tuple[str, dict[str, Any]]] = []
+    if view.status == "WAITING_APPROVAL":
+        first = await _unblocked(store, run_id, view)
+        moved = {(f["node"], f["visit"]) for _, f in first}
+        if any((g.node, g.visit) not in moved for g in view.pending_gates()):
+            return result_of(run_id, loaded.row.workflow, view)  # waits for a human
+    return await drive(loaded.plan, store, run_id, view, loaded.writer(),
+                       first=[(L.RUN_RESUMED, {"by": None}), *first], listener=listener)
+
+
+async def continue_claimed(store: Store, run_id: str, owner: str, *,
+                           workflow: Functions | None = None,
+                           listener: Listener | None = None, lease: float = LEASE_SECONDS,
+                           stop: Stop | None = None,
+                           executor: Literal["local", "ray"] | None = None) -> RunResult:
+    """Execute a run ``owner`` has claimed (`Store.claim_next`: a worker's), from its log:
+    a detached run's first nodes, a decided run's continuation, an abandoned run's
+    interrupted visits, a waiting run's gate past its deadline (decided by the engine,
+    as `resume` does: its ``on_timeout``). ``run.resumed`` names the ``worker``.
+    Released at the end, also when it cannot be executed (a broken log, a workflow whose
+    code does not import, nothing to do): that error is raised."""
+    try:
+        loaded = await load_run(store, run_id, workflow=workflow, executable=True,
+                                executor=executor)
+        writer = loaded.writer()
+    except BaseException:
+        await store.release(run_id, owner)
+        raise
+    row = loaded.row
+    if row.owner != owner:  # taken over since our claim (our lease ran out meanwhile)
+        raise ClaimLost(run_id, row.owner, row.generation, None)
+    view = loaded.view
+    first: list[tuple[str, dict[str, Any]]] = []
+    if view.status == "WAITING_APPROVAL":  # a gate's deadline passed: the engine decides
+        from .._engine._approvals import expire
+
+        first = expire(loaded.spec, view)
+    if (view.status == "WAITING_APPROVAL" and not first) or view.status == "FAILED" \
+            or view.status not in RESUMABLE | {"WAITING_APPROVAL"}:
+        # (the row said runnable; the log says otherwise -- not ours to continue)
+        await store.release(run_id, owner)
+        raise UsageError(f"run {run_id!r} is {view.status} with nothing for a worker to do "
+                         "(its row and its log disagree); left as it is")
+    spans, listener = await _traced(store, run_id, loaded.row.workflow, listener)
+    try:
+        result = await drive(loaded.plan, store, run_id, view, writer,
+                             first=[(L.RUN_RESUMED, {"by": None, "worker": owner,
+                                                     "executor": executor}), *first],
+                             listener=listener, owner=owner, lease=lease, stop=stop,
+                             generation=row.generation if store.fences_appends else None)
+    finally:
+        if spans is not None:
+            spans.end()
+    return result
+
+
+async def _traced(store: Store, run_id: str, workflow: str, listener: Listener | None
+                  ) -> tuple[RunSpans | None, Listener | None]:
+    """The spans of this execution of a stored run (linked to the span that started it,
+    whose ids its ``run.started`` holds), and the listener that makes them; none when
+    tracing is off."""
+    if not tracing():
+        return None, listener
+    first = await store.entries_page(run_id, 0, 1)
+    started = first[0].record().get("trace") if first else None
+    spans = run_spans(run_id, workflow, continues=started if isinstance(started, dict)
+                      else None)
+    return spans, with_spans(listener, spans)

@@ -1,0 +1,208 @@
+"""Loading a stored run: its row read, its chain and summary checked, its workflow rebuilt
+from the stored definition, its records folded (`load_run`); `status`, the run as its
+log tells it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from .. import _log as L
+from .._definition._model import WorkflowSpec
+from .._definition._plan import Plan
+from .._definition._spec import parse
+from .._engine import _snapshot as snapshots
+from .._engine._fold import RunResult, RunView, result_of
+from .._errors import LogError, UsageError
+from .._plugins._compile import compile_spec, reading_plan
+from .._store import RunRow, Store, acquire_store, release_store
+
+TRACE_PAGE = 2000  # records read from the store at a time by `trace_pages`
+
+
+class Functions(Protocol):
+    """What a resume needs of a `Workflow` besides the stored definition: the Python
+    functions of its builder-made nodes, by call path."""
+
+    @property
+    def callables(self) -> Mapping[str, Callable[..., Any]]: ...
+
+
+log = logging.getLogger("interlock")
+
+RESUMABLE = {"RUNNING", "RETRYING", "FAILED", "PENDING"}
+TERMINAL_STATUSES = frozenset(L.TERMINAL_TYPES.values())
+
+
+def open_store_arg(store: str | Store | None) -> tuple[Store, bool]:
+    """A `Store` for an argument that may be a URL; True when it is the URL's shared
+    store (`acquire_store`), which the caller gives back with `release_store`."""
+    if isinstance(store, Store):
+        return store, False
+    return acquire_store(store), True
+
+
+@dataclass
+class Loaded:
+    row: RunRow
+    entries: list[L.Entry]  # the records folded from the log (after the snapshot, if one)
+    spec: WorkflowSpec  # the definition the run started with
+    plan: Plan  # its plan: executable (functions resolved) or for reading only
+    view: RunView
+    last: tuple[int, str]  # seq and chain hash of the run's last record
+    key: L.ChainKey | None = None  # the run's chain key, when it is keyed and we have it
+    keyed: bool = False
+    notes: list[str] = field(default_factory=list)  # what a reader should be told
+
+    def writer(self) -> L.LogWriter:
+        """A writer that continues the run's log."""
+        if self.keyed and self.key is None:
+            raise UsageError(_key_missing(self.row))
+        return L.LogWriter(*self.last, key=self.key)
+
+
+def definition_hash(definition: dict[str, Any]) -> str:
+    return hashlib.sha256(L.dumps(definition)).hexdigest()
+
+
+def chain_options(key: L.ChainKey | None) -> dict[str, Any]:
+    """What a new run's row and its run.started say of its chain (nothing when plain)."""
+    return {} if key is None else {"chain": L.KEYED, "key_id": key.id}
+
+
+_BROKEN_TODO = ("`interlock verify {run_id}` shows where the chain breaks; a broken log is "
+                "never continued: restore the run from a backup or an export (`interlock "
+                "export` made before the change, checked with `interlock verify --file`)")
+
+
+def _key_missing(row: RunRow) -> str:
+    return (f"run {row.run_id!r} has a keyed log (key id {row.options.get('key_id')}): set "
+            f"{L.LOG_KEY_ENV} to the key it was written with to check or continue it")
+
+
+def run_key(row: RunRow) -> tuple[bool, L.ChainKey | None]:
+    """Whether the run's chain is keyed, and the key to check it with (None: not at hand).
+
+    A key that is set but is not the run's is refused: every hash would disagree.
+    """
+    if row.options.get("chain") is None:
+        return False, None
+    if row.options.get("chain") != L.KEYED:
+        raise UsageError(f"run {row.run_id!r}: its log uses the chain "
+                         f"{row.options.get('chain')!r}, which this interlock does not know; "
+                         "upgrade interlock")
+    key = L.env_key()
+    if key is not None and key.id != row.options.get("key_id"):
+        raise UsageError(f"run {row.run_id!r} was written with the log key "
+                         f"{row.options.get('key_id')}, but {L.LOG_KEY_ENV} holds the key "
+                         f"{key.id}; set it to the run's key")
+    return True, key
+
+
+def check_tail(row: RunRow, entries: list[L.Entry], start: int, start_hash: str) -> str | None:
+    """Why the log's end disagrees with the run's summary, if it does.
+
+    The summary is written in the same transaction as the records, and read before
+    them, so the log may have grown since (another process appending) but never end
+    before the summary's last record, nor hold another record there.
+    """
+    s = row.summary
+    last = entries[-1].seq if entries else start
+    if last < s.last_seq:
+        return (f"the log ends at record {last}, but the run's summary says it has "
+                f"{s.last_seq} records: records were removed from its end")
+    if s.last_seq == start:
+        at_hash = start_hash
+    elif s.last_seq > start:
+        at_hash = entries[s.last_seq - start - 1].hash
+    else:
+        return None  # before the snapshot: the caller folds the whole log and asks again
+    if at_hash != s.last_hash:
+        return (f"record {s.last_seq} is not the one the run's summary names (its hash "
+                "differs): the log was changed at its end")
+    return None
+
+
+async def load_run(store: Store, run_id: str, *, workflow: Functions | None = None,
+                   executable: bool = False, upto: int | None = None,
+                   executor: Literal["local", "ray"] | None = None) -> Loaded:
+    """Read a run, check its chain, rebuild its workflow from the stored definition and fold.
+
+    ``executable`` resolves the node functions (needed to continue the run); reading
+    needs only the graph. ``upto`` folds the records up to that seq only (from the
+    start); otherwise the latest snapshot is used when it is bound to the log (its
+    digest in the ``snapshot.taken`` record after it, which the chain covers) and only
+    the records after it are read, checked and folded. A log that is broken, or whose
+    end disagrees with the run's summary, is refused.
+    """
+    row = await store.get_run(run_id)
+    if definition_hash(row.definition) != row.definition_hash:
+        raise LogError(f"run {run_id!r}: the stored definition does not match the hash "
+                       "recorded when the run started: it was changed in the store since; "
+                       "nothing reads or continues the run until it is restored (from a "
+                       f"backup, or an export: `interlock verify --file`); `interlock verify "
+                       f"{run_id}` reports it", run_id=run_id)
+    keyed, key = run_key(row)
+    if keyed and key is None and executable:
+        raise UsageError(_key_missing(row))
+    notes = [f"its log is keyed (key id {row.options.get('key_id')}) and {L.LOG_KEY_ENV} is "
+             "not set: its hashes were not checked"] if keyed and key is None else []
+    spec = parse(row.definition)
+    if executor is not None:  # where this process runs the bodies (a worker's --executor)
+        spec = spec.model_copy(update={"nodes": {
+            name: ns.on_executor(executor) for name, ns in spec.nodes.items()}})
+    plan = compile_spec(spec, workflow.callables if workflow is not None else {})[0] \
+        if executable else reading_plan(spec)
+    view, start, start_hash = None, 0, L.GENESIS
+    entries: list[L.Entry] = []
+    if upto is None:
+        snap = await store.load_snapshot(run_id)
+        restored = snapshots.load(plan, snap[1]) if snap is not None else None
+        if restored is not None and snap is not None:
+            view, start_hash = restored
+            start = view.seq
+            entries = await store.entries(run_id, after=start)
+            why = snapshots.unbound(snap[1], start, entries)
+            if why is None and row.summary.last_seq < start:
+                why = "it is past the end of the log"
+            if why is not None:
+                notes.append(f"the snapshot at record {start} was not used: {why}; "
+                             "the whole log was folded instead")
+                view, start, start_hash = None, 0, L.GENESIS
+    if start == 0:
+        entries = await store.entries(run_id)
+    problem = L.verify_chain(entries, start=start, prev_hash=start_hash, key=key,
+                             hashes=not keyed or key is not None)
+    if problem is not None:
+        raise LogError(f"run {run_id!r}: the log is broken at record {problem.seq} "
+                       f"({problem.message}); {_BROKEN_TODO.format(run_id=run_id)}",
+                       run_id=run_id)
+    tail = check_tail(row, entries, start, start_hash)
+    if tail is not None:
+        raise LogError(f"run {run_id!r}: {tail}; {_BROKEN_TODO.format(run_id=run_id)}",
+                       run_id=run_id)
+    if view is None:
+        view = RunView(plan)
+    for entry in entries:
+        if upto is not None and entry.seq > upto:
+            break
+        view.apply(entry.record())
+    last = (entries[-1].seq, entries[-1].hash) if entries else (start, start_hash)
+    for note in notes:
+        log.warning("run %s: %s", run_id, note)
+    return Loaded(row, entries, spec, plan, view, last, key, keyed, notes)
+
+
+async def status(run_id: str, *, store: str | Store | None = None) -> RunResult:
+    """The run as its log tells it."""
+    st, owned = open_store_arg(store)
+    try:
+        loaded = await load_run(st, run_id)
+        return result_of(run_id, loaded.row.workflow, loaded.view)
+    finally:
+        if owned:
+            await release_store(st)

@@ -1,0 +1,281 @@
+"""Verifying a stored run, a page at a time: its chain, first record, definition, fold,
+summary and snapshot (`LogCheck`), and its child runs; which ``child.started`` records
+are links to child runs (`ChildLinks`, `forged`), as every reader follows them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .. import _log as L
+from .._definition._spec import parse
+from .._engine import _snapshot as snapshots
+from .._engine._fold import RunView
+from .._errors import InterlockError, RunNotFound, UsageError
+from .._plugins._compile import reading_plan
+from .._store import RunRow, Store, release_store
+from ._load import RESUMABLE, TRACE_PAGE, _key_missing, definition_hash, open_store_arg, run_key
+
+
+class ChildLinks:
+    """Which ``child.started`` records of a run are links to its child runs, as every
+    reader (`trace`, `export`, `verify`) follows them: one the engine wrote (`forged`
+    finds none), of a run not already nested (a crash may log a child's start twice),
+    whose row names this run -- or a run it was forked from -- as its parent. ``above``:
+    the runs this one is nested under (never followed again: no cycle)."""
+
+    def __init__(self, row: RunRow, above: tuple[str, ...] = ()) -> None:
+        self.row = row
+        self.path = (*above, row.run_id)
+        self.nodes: Mapping[str, Any] | None = None  # the definition's, when first needed
+        self.seen: set[str] = set()
+        self._lineage: set[str] | None = None
+
+    async def follow(self, st: Store, rec: L.Record) -> str | None:
+        """The child run ``rec`` links to, the first time it is met, else None."""
+        if rec.get("type") != L.CHILD_STARTED:
+            return None
+        if self.nodes is None:
+            try:
+                self.nodes = parse(self.row.definition).nodes
+            except InterlockError:  # a definition changed in the store: verify says so
+                self.nodes = {}
+        if forged(self.nodes, self.path, rec):
+            return None
+        child = str(rec["run_id"])
+        if child in self.seen:
+            return None
+        self.seen.add(child)
+        try:
+            parent = ((await st.get_run(child)).options.get("parent") or {}).get("run")
+            if self._lineage is None:
+                self._lineage = await _lineage(st, self.row.run_id)
+        except RunNotFound:
+            return None
+        return child if parent in self._lineage else None
+
+
+def forged(nodes: Mapping[str, Any], path: tuple[str, ...], rec: L.Record) -> str | None:
+    """Why ``rec``, of one of the engine's namespaces that the fold does not check
+    (``child.``, ``snapshot.``, ``notify.``), is not a record interlock wrote there, or
+    None. ``nodes``: the run's definition's; ``path``: the run's id last, after the runs
+    it is nested under. (A node may not write these types, `ctx.log`: such a record was
+    written to the store by hand, or by a node before they were reserved.)"""
+    rtype = str(rec.get("type"))
+    space = rtype.split(".", 1)[0]
+    if space not in ("child", "snapshot", "notify"):
+        return None
+    node = rec.get("node")
+    if space == "child":
+        spec = nodes.get(node) if isinstance(node, str) else None
+        if rtype != L.CHILD_STARTED or spec is None or spec.workflow is None:
+            return (f"a {rtype} record of {node!r}, which is not a sub-workflow node: the "
+                    "engine did not write it (a forged child link)")
+        child = rec.get("run_id")
+        if not isinstance(child, str) or not child:
+            return f"a {rtype} record of {node!r} that names no child run"
+        if child in path:
+            return (f"a {rtype} record of {node!r} names the run {child!r}, which holds it: "
+                    "a cycle of child runs (a forged child link)")
+        return None
+    if rtype == L.SNAPSHOT_TAKEN and node is None and rec.get("covers") == rec.get("seq", 0) - 1:
+        return None
+    if rtype == "notify.sent" and node is None:
+        return None
+    return (f"a {rtype} record{f' of {node!r}' if node else ''} that interlock did not write "
+            f"(the {space}. namespace is interlock's own)")
+
+
+@dataclass(frozen=True, slots=True)
+class Verification:
+    run_id: str
+    ok: bool
+    records: int
+    seq: int | None = None  # the first bad record
+    message: str = ""
+    keyed: bool = False  # the chain is keyed, and was checked with the key
+    notes: tuple[str, ...] = ()  # findings that do not break the log (a forged snapshot)
+    children: tuple[str, ...] = ()  # the child runs verified with it (sub-workflows)
+
+
+class LogCheck:
+    """`verify`'s checks made one page of entries at a time (`feed`, then `result`), so
+    that a long log is never held whole -- by ``interlock verify`` and by ``interlock
+    trace``, which verifies as it goes: the chain (keyed or plain), the first record and
+    the definition, the fold, the summary, and the snapshot (``snapshot``: the run's
+    stored one, as ``(seq, data)``; a mismatch is a note, not a broken log).
+    """
+
+    def __init__(self, row: RunRow, snapshot: tuple[int, bytes] | None = None,
+                 above: tuple[str, ...] = ()) -> None:
+        self.row = row
+        self.path = (*above, row.run_id)  # the runs it is nested under, then its own
+        self.records = 0
+        self.last: L.Entry | None = None
+        self.problem: Verification | None = None
+        self.view: RunView | None = None
+        self.snapshot = snapshot
+        self.notes: list[str] = []
+        self.keyed, self.key = False, None
+        try:
+            self.keyed, self.key = run_key(row)
+        except UsageError as exc:
+            self._fail(1, str(exc))
+            return
+        if self.keyed and self.key is None:
+            self.problem = Verification(row.run_id, False, 0, None, _key_missing(row))
+        elif not self.keyed and L.env_key() is not None:
+            self._fail(1, f"{L.LOG_KEY_ENV} is set, but this run's log is not keyed: it "
+                          "cannot prove that a holder of the key wrote it (a run started "
+                          "without the key, or a log rewritten without it); unset the "
+                          "variable to check its plain chain")
+
+    def _fail(self, seq: int, message: str) -> None:
+        self.problem = Verification(self.row.run_id, False, self.records, seq, message)
+
+    def feed(self, entries: list[L.Entry]) -> None:
+        if self.problem is not None or not entries:
+            return
+        first = self.last is None
+        found = L.verify_chain(entries, start=self.records, key=self.key,
+                               prev_hash=self.last.hash if self.last else L.GENESIS)
+        self.records += len(entries)
+        if found is not None:
+            return self._fail(found.seq, found.message)
+        if first and not self._first(entries[0]):
+            return None
+        self._check_snapshot(entries)
+        assert self.view is not None
+        nodes = self.view.plan.spec.nodes
+        for entry in entries:
+            try:
+                rec = entry.record()
+                why = forged(nodes, self.path, rec) if entry.type.split(".", 1)[0] in \
+                    ("child", "snapshot", "notify") else None
+                if why is not None:
+                    return self._fail(entry.seq, f"the log holds {why}")
+                self.view.apply(rec)
+            except (InterlockError, KeyError, IndexError, TypeError, ValueError) as exc:
+                return self._fail(entry.seq,
+                                  f"the record does not follow from the ones before: {exc}")
+        self.last = entries[-1]
+        return None
+
+    def _first(self, entry: L.Entry) -> bool:
+        row = self.row
+        if entry.type != L.RUN_STARTED:
+            self._fail(1, "the log does not begin with run.started")
+            return False
+        rec = entry.record()
+        if definition_hash(row.definition) != row.definition_hash or \
+                rec.get("definition_hash") != row.definition_hash:
+            self._fail(1, "the stored definition does not match the hash recorded when the "
+                          "run started")
+            return False
+        if (rec.get("chain"), rec.get("key_id")) != \
+                (row.options.get("chain"), row.options.get("key_id")):
+            self._fail(1, "the run's row and its run.started record disagree about how its "
+                          "log is chained")
+            return False
+        self.view = RunView(reading_plan(parse(row.definition)))
+        return True
+
+    def _check_snapshot(self, entries: list[L.Entry], *, end: bool = False) -> None:
+        """Whether the record after the snapshot vouches for it, once it is read (or
+        at the ``end`` of the log, when there is none)."""
+        if self.snapshot is None:
+            return
+        seq, raw = self.snapshot
+        after = [e for e in entries if e.seq == seq + 1]
+        if after or end or self.records > seq + 1:
+            why = snapshots.unbound(raw, seq, after)
+            if why is not None:
+                self.notes.append(f"the snapshot at record {seq} does not match the log "
+                                  f"({why}); it is not used: status and resume fold the "
+                                  "whole log")
+            self.snapshot = None
+
+    def result(self) -> Verification:
+        run_id = self.row.run_id
+        if self.problem is not None:
+            return Verification(run_id, False, self.records, self.problem.seq,
+                                self.problem.message)
+        if self.last is None or self.view is None:
+            return Verification(run_id, False, 0, 1, "the log does not begin with run.started")
+        self._check_snapshot([], end=True)  # a snapshot past the end of the log
+        s, view, last = self.row.summary, self.view, self.last
+        facts = [("status", s.status, view.status), ("last seq", s.last_seq, last.seq),
+                 ("last hash", s.last_hash, last.hash), ("steps", s.steps, view.steps),
+                 ("tokens", s.tokens, view.tokens)]
+        for what, stored, folded in facts:
+            if stored != folded and not (what == "status" and stored in RESUMABLE
+                                         and folded in RESUMABLE):
+                return Verification(run_id, False, self.records, last.seq,
+                                    f"the run's summary says {what} = {stored!r} but its log "
+                                    f"gives {folded!r}")
+        return Verification(run_id, True, self.records, keyed=self.keyed,
+                            notes=tuple(self.notes))
+
+
+async def verify(run_id: str, *, store: str | Store | None = None) -> Verification:
+    """Check the hash chain, the definition and the fold against the run's summary, a
+    page of records at a time.
+
+    A keyed log is checked with ``$INTERLOCK_LOG_KEY`` (without it, it cannot be
+    checked: not ok). With the key set, a log that is not keyed is not ok either: it
+    cannot prove that a holder of the key wrote it.
+    """
+    st, owned = open_store_arg(store)
+    try:
+        return await _verify(st, run_id, ())
+    finally:
+        if owned:
+            await release_store(st)
+
+
+async def _lineage(st: Store, run_id: str) -> set[str]:
+    """A run and the runs it was forked from (whose records a fork's log copies)."""
+    out: set[str] = set()
+    rid: str | None = run_id
+    while rid is not None and rid not in out:
+        out.add(rid)
+        rid = (await st.get_run(rid)).parent_run
+    return out
+
+
+async def _verify(st: Store, run_id: str, above: tuple[str, ...]) -> Verification:
+    """`verify` of one run and, when it holds, of every child run its log names (SPEC
+    §7: ``verify PARENT`` verifies every child chain): the first broken one is the
+    result, under its own id. ``above``: the runs it is nested under (its parent last)."""
+    row = await st.get_run(run_id)
+    check = LogCheck(row, await st.load_snapshot(run_id), above)
+    children: list[str] = []
+    async for entries in st.iter_entries(run_id, page=TRACE_PAGE):
+        check.feed(entries)
+        if check.problem is None and check.view is not None:
+            # (LogCheck refused a child.started the engine did not write)
+            children += [str(e.record().get("run_id")) for e in entries
+                         if e.type == L.CHILD_STARTED]
+    result = check.result()
+    parent = above[-1] if above else None
+    if parent is not None and result.ok and \
+            (row.options.get("parent") or {}).get("run") not in await _lineage(st, parent):
+        return Verification(run_id, False, result.records, 1,
+                            f"the child run does not name {parent!r} (or a run it was "
+                            "forked from) as its parent")
+    if not result.ok:
+        return result
+    verified: list[str] = []
+    for child in dict.fromkeys(children):
+        try:
+            found = await _verify(st, child, (*above, run_id))
+        except RunNotFound:
+            return Verification(child, False, 0, None, f"the child run {child!r} that run "
+                                f"{run_id!r} names is not in the store")
+        if not found.ok:
+            return found
+        verified += [child, *found.children]
+    return dataclasses.replace(result, children=tuple(verified))
