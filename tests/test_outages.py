@@ -44,7 +44,7 @@ from interlock._worker._triggers import GRACE, Firer, cursor_name, key_run_id, s
 from interlock.support import Worker
 
 NODES = '''
-import json, os, time
+import asyncio, json, os, time
 
 def _note(ctx, node):
     with open(os.environ["OUT_DIR"] + "/executions.log", "a") as f:
@@ -53,6 +53,18 @@ def _note(ctx, node):
 def step(state, ctx):
     _note(ctx, ctx.node)
     time.sleep(float(os.environ.get("OUT_NAP", "0.2")))
+    return {"n": state["n"] + 1}
+
+def _effect(run_id, node):
+    with open(os.environ["OUT_DIR"] + "/effects.log", "a") as f:
+        f.write(f"{run_id} {node}\\n")
+    return True
+
+async def paying(state, ctx):
+    """A node with a side effect: run once per visit however the store fails."""
+    _note(ctx, ctx.node)
+    await asyncio.sleep(float(os.environ.get("OUT_NAP", "0.2")))
+    await ctx.once("pay", _effect, ctx.run_id, ctx.node)
     return {"n": state["n"] + 1}
 
 def source(ctx):
@@ -84,9 +96,9 @@ workflow: chain
 input: [n]
 nodes:
   a: outnodes:step
-  b: outnodes:step
+  b: outnodes:paying
   c: outnodes:step
-  d: outnodes:step
+  d: outnodes:paying
 edges:
   - {from: START, to: a}
   - {from: a, to: b}
@@ -237,6 +249,10 @@ def test_a_worker_completes_every_run_across_a_postgres_restart(
     runs = Counter((project / "executions.log").read_text().splitlines())
     assert set(runs) == {f"{rid} {node}" for rid in ids for node in "abcd"}
     assert max(runs.values()) <= 2, runs  # only a visit the outage interrupted ran again
+    # and no side effect ran twice: a ctx.once result whose commit met the outage was
+    # committed by the journal's retry, not run again
+    effects = Counter((project / "effects.log").read_text().splitlines())
+    assert effects == Counter({f"{rid} {node}": 1 for rid in ids for node in "bd"}), effects
     for rid in ids:
         result = asyncio.run(interlock.status(rid, store=url))
         assert result.state["n"] == 4
