@@ -29,8 +29,11 @@ LAYERS: dict[int, set[str]] = {
     # the file front end, state updates, rendering, the node-kind protocol
     2: {"_definition._spec", "_definition._state", "_definition._render", "_definition._kinds",
         "_worker._triggers"},
-    # static checks and the frozen plan (node kinds injected)
-    3: {"_definition._validate", "_definition._plan"},
+    # static checks (their shared context, one module per family of checks) and the
+    # frozen plan (node kinds injected)
+    3: {"_definition._validate", "_definition._checking", "_definition._checks_nodes",
+        "_definition._checks_triggers", "_definition._checks_edges", "_definition._checks_state",
+        "_definition._checks_graph", "_definition._plan"},
     # the fold, its snapshots, approvals, the journal (records sealed, folded, stored),
     # the lease keeper (leases renewed off the event loop)
     4: {"_engine._fold", "_engine._snapshot", "_engine._approvals", "_engine._journal",

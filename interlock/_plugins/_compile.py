@@ -11,10 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from .._definition._checking import CheckResult
 from .._definition._expr import compile_expression
 from .._definition._model import WorkflowSpec
 from .._definition._plan import Plan, build_plan
-from .._definition._validate import CheckResult, check
+from .._definition._validate import check
 from .._errors import Diagnostic, WorkflowError
 from ..agents import KIND as AGENT_KIND
 from ._subflow import SubflowKind

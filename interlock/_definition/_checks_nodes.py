@@ -1,0 +1,55 @@
+"""The checks of the nodes themselves: call targets that import, the executor's
+package, each node kind's own check, approval gates (on_timeout, on_modify, the
+JSON Schema of a decision's data)."""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+from ._checking import CheckContext
+
+
+def check_nodes(checker: CheckContext) -> None:
+    for name, ns in checker.spec.nodes.items():
+        if ns.call is not None:
+            checker.resolve(ns.call, ("nodes", name, "call"), f"node {name!r}")
+        if ns.executor == "ray" and importlib.util.find_spec("ray") is None:
+            checker.add("error", f"node {name!r}: executor: ray runs its body on Ray, which "
+                        "is not installed here: pip install 'interlock[ray]' (or run the "
+                        "workflow where Ray is)", ("nodes", name, "executor"), "import")
+        for kind in checker.kinds:
+            if kind.owns(ns):
+                kind.check(checker, name, ns)
+        if ns.approval is not None:
+            tgt = ns.approval.on_timeout
+            if tgt != "reject" and tgt not in checker.spec.nodes:
+                checker.add("error", f"node {name!r}: on_timeout must be 'reject' or a node; "
+                            f"{tgt!r} is neither", ("nodes", name, "approval", "on_timeout"),
+                            "unknown-node")
+            if ns.confirm:
+                checker.add("error", f"node {name!r}: an approval node is a gate already; "
+                            "'confirm' belongs on call nodes", ("nodes", name, "confirm"),
+                            "confirm")
+            for target in ns.approval.on_modify:
+                if target not in checker.spec.nodes:
+                    checker.add("error", f"node {name!r}: on_modify names unknown node "
+                                f"{target!r}", ("nodes", name, "approval", "on_modify"),
+                                "unknown-node")
+            if ns.approval.input is not None:
+                check_input_schema(checker, name, ns.approval.input)
+
+
+def check_input_schema(checker: CheckContext, name: str, schema: dict[str, Any]) -> None:
+    """An approval's ``input:`` must be a JSON Schema (2020-12) a decision can meet."""
+    from jsonschema import Draft202012Validator, SchemaError
+
+    try:
+        Draft202012Validator.check_schema(schema)
+    except SchemaError as exc:
+        at = "".join(f"[{p!r}]" for p in exc.path)
+        checker.add("error", f"node {name!r}: approval.input is not a valid JSON Schema "
+                    f"(2020-12): {exc.message}" + (f" at {at}" if at else "") + "; it is "
+                    "the schema a decision's --data must satisfy, e.g. {type: object, "
+                    "properties: {amount: {type: number}}, required: [amount]}",
+                    ("nodes", name, "approval", "input"), "approval-input")
