@@ -14,19 +14,20 @@ from test_store_conformance import pg_schema_url  # noqa: F401  (a fixture)
 
 import interlock
 from interlock import StoreError, Workflow, open_store
-from interlock._store import _postgres, _sqlite
+from interlock._store import _postgres, _sqlite_sql
 
 
 def test_the_postgres_store_has_its_own_schema_version() -> None:
     tree = ast.parse(Path(_postgres.__file__).read_text())
     imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
-                and node.module and node.module.endswith("_sqlite") for alias in node.names}
+                and node.module and node.module.endswith(("_rows", "_sqlite", "_sqlite_sql"))
+                for alias in node.names}
     assert "SCHEMA_VERSION" not in imported, \
         "_postgres.py must not take SQLite's SCHEMA_VERSION: its tables change apart"
     defined = {t.id for node in tree.body if isinstance(node, ast.Assign)
                for t in node.targets if isinstance(t, ast.Name)}
     assert "SCHEMA_VERSION" in defined
-    assert isinstance(_postgres.SCHEMA_VERSION, int) and isinstance(_sqlite.SCHEMA_VERSION, int)
+    assert isinstance(_postgres.SCHEMA_VERSION, int) and isinstance(_sqlite_sql.SCHEMA_VERSION, int)
 
 
 def _meta(url: str) -> dict[str, str]:
@@ -57,7 +58,7 @@ def _run(url: str, run_id: str) -> str:
 def test_a_postgres_store_records_and_checks_its_own_version(
         pg_schema_url: str, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
     # a change of SQLite's layout is not one of PostgreSQL's
-    monkeypatch.setattr(_sqlite, "SCHEMA_VERSION", _sqlite.SCHEMA_VERSION + 5)
+    monkeypatch.setattr(_sqlite_sql, "SCHEMA_VERSION", _sqlite_sql.SCHEMA_VERSION + 5)
     assert _run(pg_schema_url, "r1") == "COMPLETED"
     assert _meta(pg_schema_url) == {"schema": "interlock",
                                     "version": str(_postgres.SCHEMA_VERSION)}

@@ -67,7 +67,7 @@ from ._base import (
     Summary,
     owner_gone,
 )
-from ._sqlite import (
+from ._rows import (
     _RUN_COLUMNS,
     SCHEMA_NAME,
     check_first_seqs,
@@ -82,7 +82,7 @@ T = TypeVar("T")
 Conn = psycopg.AsyncConnection[TupleRow]
 
 # The version of this store's own tables, in its interlock_meta (SQLite's file has its own
-# number, `_sqlite.SCHEMA_VERSION`: the two layouts change apart). Versions 1 and 2 are the
+# number, `_sqlite_sql.SCHEMA_VERSION`: the two layouts change apart). Versions 1 and 2 are the
 # same tables here: 2 was written while this store took SQLite's number. Version 3 added
 # the runs' claim ``generation`` (`_upgrade` adds the column to an older store's table).
 SCHEMA_VERSION = 3
