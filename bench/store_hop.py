@@ -41,7 +41,7 @@ from typing import Any
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH / "adapters"))
 
-from interlock._store import _sqlite as q  # noqa: E402
+from interlock._store import _sqlite_sql as q  # noqa: E402
 
 RECORD = '{"at":1796156301.5867739,"attempt":1,"node":"step","seq":3,"type":"node.started"}'
 

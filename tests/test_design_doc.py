@@ -198,9 +198,9 @@ def _heartbeat_is_a_third_of_the_lease() -> bool:
 
 
 def _hash_is_32_bytes_in_sqlite() -> bool:
-    from interlock._store import _sqlite
+    from interlock._store import _sqlite, _sqlite_sql
 
-    return "hash BLOB NOT NULL" in _sqlite._SCHEMA and \
+    return "hash BLOB NOT NULL" in _sqlite_sql._SCHEMA and \
         "bytes.fromhex" in inspect.getsource(_sqlite)
 
 
@@ -286,7 +286,7 @@ CLAIMS: dict[str, Evidence] = {
     "psycopg 3": Check("pyproject.toml's postgres extra asks for psycopg>=3", _psycopg_3),
     "a pool of up to 10 connections per event loop": Check(
         "PostgresStore's max_connections defaults to 10", _pool_default),
-    "(schema version 3;": Value("interlock._store._sqlite", "SCHEMA_VERSION", 3),
+    "(schema version 3;": Value("interlock._store._sqlite_sql", "SCHEMA_VERSION", 3),
     "on upgrade from 2)": V2_UPGRADE,
     "its hash as 32 bytes": Check("SQLite stores the hash as a BLOB of its bytes",
                                   _hash_is_32_bytes_in_sqlite),

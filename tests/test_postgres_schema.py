@@ -14,19 +14,23 @@ from test_store_conformance import pg_schema_url  # noqa: F401  (a fixture)
 
 import interlock
 from interlock import StoreError, Workflow, open_store
-from interlock._store import _postgres, _sqlite
+from interlock._store import _postgres, _postgres_sql, _sqlite_sql
 
 
 def test_the_postgres_store_has_its_own_schema_version() -> None:
-    tree = ast.parse(Path(_postgres.__file__).read_text())
-    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
-                and node.module and node.module.endswith("_sqlite") for alias in node.names}
-    assert "SCHEMA_VERSION" not in imported, \
-        "_postgres.py must not take SQLite's SCHEMA_VERSION: its tables change apart"
+    for module in (_postgres, _postgres_sql):
+        tree = ast.parse(Path(module.__file__ or "").read_text())
+        imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                    and node.module and node.module.endswith(("_rows", "_sqlite", "_sqlite_sql"))
+                    for alias in node.names}
+        assert "SCHEMA_VERSION" not in imported, \
+            "the PostgreSQL store must not take SQLite's SCHEMA_VERSION: its tables change apart"
+    tree = ast.parse(Path(_postgres_sql.__file__ or "").read_text())
     defined = {t.id for node in tree.body if isinstance(node, ast.Assign)
                for t in node.targets if isinstance(t, ast.Name)}
     assert "SCHEMA_VERSION" in defined
-    assert isinstance(_postgres.SCHEMA_VERSION, int) and isinstance(_sqlite.SCHEMA_VERSION, int)
+    assert isinstance(_postgres_sql.SCHEMA_VERSION, int)
+    assert isinstance(_sqlite_sql.SCHEMA_VERSION, int)
 
 
 def _meta(url: str) -> dict[str, str]:
@@ -57,21 +61,21 @@ def _run(url: str, run_id: str) -> str:
 def test_a_postgres_store_records_and_checks_its_own_version(
         pg_schema_url: str, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
     # a change of SQLite's layout is not one of PostgreSQL's
-    monkeypatch.setattr(_sqlite, "SCHEMA_VERSION", _sqlite.SCHEMA_VERSION + 5)
+    monkeypatch.setattr(_sqlite_sql, "SCHEMA_VERSION", _sqlite_sql.SCHEMA_VERSION + 5)
     assert _run(pg_schema_url, "r1") == "COMPLETED"
     assert _meta(pg_schema_url) == {"schema": "interlock",
-                                    "version": str(_postgres.SCHEMA_VERSION)}
+                                    "version": str(_postgres_sql.SCHEMA_VERSION)}
     # a store written by an interlock before (version 1: the same tables) opens and works
     _set_version(pg_schema_url, "1")
     assert _run(pg_schema_url, "r2") == "COMPLETED"
     # one newer than this interlock's PostgreSQL layout is refused, naming both versions
-    _set_version(pg_schema_url, str(_postgres.SCHEMA_VERSION + 1))
+    _set_version(pg_schema_url, str(_postgres_sql.SCHEMA_VERSION + 1))
 
     async def refused() -> None:
         async with open_store(pg_schema_url) as st:
             with pytest.raises(StoreError, match=rf"schema version "
-                               rf"'{_postgres.SCHEMA_VERSION + 1}', newer than this "
-                               rf"interlock understands \({_postgres.SCHEMA_VERSION}\)"):
+                               rf"'{_postgres_sql.SCHEMA_VERSION + 1}', newer than this "
+                               rf"interlock understands \({_postgres_sql.SCHEMA_VERSION}\)"):
                 await st.list_runs()
 
     asyncio.run(refused())

@@ -1399,12 +1399,13 @@ def test_sqlite_checkpoints_after_so_many_bytes_of_records(
 def test_sqlite_checkpoints_on_commit_again_if_its_checkpointer_fails(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import interlock._store._sqlite as sq
+    import interlock._store._sqlite_thread as sqt
 
     def broken(self: Any) -> None:
         self.failed = "unable to open database file"
 
     monkeypatch.setattr(sq, "CHECKPOINT_EVERY", 2)
-    monkeypatch.setattr(sq._Checkpointer, "_main", broken)
+    monkeypatch.setattr(sqt._Checkpointer, "_main", broken)
     store = _sqlite_store_at(tmp_path / "runs.db")
     row, w, entries = new_row()
 

@@ -9,7 +9,8 @@ store binds to no event loop, so it can be used from successive ``asyncio.run`` 
 Durability. The file is in WAL mode. Each ``create_run`` / ``append`` / claim is
 committed in a ``BEGIN IMMEDIATE`` ... ``COMMIT`` transaction before the coroutine
 returns: its own, or -- group commit -- the one its writer's turn runs the writes
-queued with it in, each under a savepoint (a refused one fails alone; see `_Writer`).
+queued with it in, each under a savepoint (a refused one fails alone; see
+`interlock._store._sqlite_thread`).
 With the default ``synchronous=NORMAL`` a committed transaction survives the process
 being killed at any point; a power loss or OS crash may lose the last few commits
 (never corrupting the file). Add ``?synchronous=full`` to the URL to fsync the WAL on
@@ -58,7 +59,8 @@ A record is a row of its JSON and its hash and nothing else: the key is one inte
 type and node -- in the JSON already -- are not stored again. Version 1 kept the run
 id, the seq, the type and the node beside the JSON and the hash as 64 hex characters:
 about a third more bytes per record. A version-1 file is upgraded in place, in one
-transaction, the first time it is opened (`_upgrade_from_1`); its records, hashes and
+transaction, the first time it is opened (`interlock._store._sqlite_upgrade`); its
+records, hashes and
 snapshots are kept exactly (verify still passes on them), but an interlock older than
 this one then refuses the file as newer than it understands. Version 3 added the
 runs' claim ``generation`` (a column of 0s for the runs already there: an
@@ -71,30 +73,20 @@ and not ours, is refused with `StoreError` and never written to.
 from __future__ import annotations
 
 import asyncio
-import atexit
-import contextlib
 import logging
 import os
-import queue
-import re
 import shutil
 import sqlite3
 import threading
 import time
-import weakref
-from collections.abc import Callable, Collection, Iterable, Iterator
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl
 
-import orjson
-
-from .._log import Entry, json_default
+from .._log import Entry
 from ._base import (
-    FINISHED,
-    RUNNABLE,
     Claim,
-    ClaimError,
     ClaimLost,
     ConflictError,
     LeaseRenewer,
@@ -104,13 +96,35 @@ from ._base import (
     Store,
     StoreError,
     Summary,
-    owner_gone,
 )
+from ._rows import (
+    SCHEMA_NAME,
+    check_first_seqs,
+    run_params,
+    summary_params,
+)
+from ._sqlite_ops import SQLiteOps
+from ._sqlite_sql import (
+    _APPEND_CHECK,
+    _INSERT_RECORD,
+    _INSERT_RUN,
+    _INSERT_SPEC,
+    _ROW_AT,
+    _SPEC_AT,
+    _UPDATE_SUMMARY,
+    _UPDATE_SUMMARY_IF,
+    MAX_RUN_KEY,
+    SCHEMA_STATEMENTS,
+    SCHEMA_VERSION,
+    SEQ_BITS,
+    SEQ_MASK,
+    disk_full,
+    sqlite_error,
+)
+from ._sqlite_thread import _Checkpointer, _Writer
+from ._sqlite_upgrade import _reclaim_after_upgrade, _upgrade_from_1, _upgrade_from_2
 
 T = TypeVar("T")
-
-SCHEMA_NAME = "interlock"
-SCHEMA_VERSION = 3
 
 # a checkpoint after this many jobs (transactions, mostly: a step's commit writes 3-5
 # pages) or this many bytes of records, whichever comes first: about SQLite's own
@@ -119,410 +133,6 @@ CHECKPOINT_EVERY = 250
 CHECKPOINT_BYTES = 4 << 20
 _SYNCHRONOUS = ("off", "normal", "full", "extra")
 _SPACE_RETRY = 1.0  # seconds before the WAL's truncation is tried again, after a busy one
-
-_RUNS_TABLE = """
-CREATE TABLE IF NOT EXISTS {name} (
-    run_key         INTEGER PRIMARY KEY,
-    run_id          TEXT NOT NULL UNIQUE,
-    workflow        TEXT NOT NULL,
-    status          TEXT NOT NULL,
-    definition_hash TEXT NOT NULL,
-    created_at      REAL NOT NULL,
-    updated_at      REAL NOT NULL,
-    last_seq        INTEGER NOT NULL,
-    last_hash       TEXT NOT NULL,
-    steps           INTEGER NOT NULL DEFAULT 0,
-    tokens          INTEGER NOT NULL DEFAULT 0,
-    error           TEXT,
-    waiting         TEXT,
-    parent_run      TEXT,
-    parent_seq      INTEGER,
-    owner           TEXT,
-    lease_until     REAL,
-    extra           TEXT NOT NULL DEFAULT '{{}}',
-    generation      INTEGER NOT NULL DEFAULT 0
-)"""
-
-# A run's records are the entries with ids from its run_key << 32 on: a rowid range, so
-# reading a run's log, its last seq and deleting it are range scans of the table itself
-# (no index beside it), and one run's appends fill its pages one after the other.
-SEQ_BITS = 32
-SEQ_MASK = (1 << SEQ_BITS) - 1
-MAX_RUN_KEY = (1 << (63 - SEQ_BITS)) - 1  # ids stay below 2**63, SQLite's INTEGER
-_RUN_ENTRIES = (f"BETWEEN {{key}} << {SEQ_BITS} AND ({{key}} << {SEQ_BITS}) | {SEQ_MASK}")
-
-_SCHEMA = f"""
-CREATE TABLE IF NOT EXISTS interlock_meta (
-    key   TEXT PRIMARY KEY,
-    value TEXT NOT NULL
-) WITHOUT ROWID;
-{_RUNS_TABLE.format(name="runs")};
-CREATE INDEX IF NOT EXISTS runs_by_created ON runs (created_at DESC);
-CREATE INDEX IF NOT EXISTS runs_by_status ON runs (status, created_at DESC);
-CREATE INDEX IF NOT EXISTS runs_by_workflow ON runs (workflow, created_at DESC);
-CREATE TABLE IF NOT EXISTS run_specs (
-    run_key    INTEGER PRIMARY KEY,
-    definition TEXT NOT NULL,
-    input      TEXT NOT NULL,
-    options    TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS entries (
-    id   INTEGER PRIMARY KEY,
-    data TEXT NOT NULL,
-    hash BLOB NOT NULL
-);
-CREATE TABLE IF NOT EXISTS snapshots (
-    run_id TEXT PRIMARY KEY,
-    seq    INTEGER NOT NULL,
-    data   BLOB NOT NULL
-) WITHOUT ROWID;
-CREATE VIEW IF NOT EXISTS records AS
-    SELECT runs.run_id AS run_id, entries.id & {SEQ_MASK} AS seq,
-           json_extract(entries.data, '$.type') AS type,
-           json_extract(entries.data, '$.node') AS node,
-           entries.data AS data, lower(hex(entries.hash)) AS hash
-    FROM runs JOIN entries ON entries.id {_RUN_ENTRIES.format(key="runs.run_key")}
-"""
-# The records view is read-only, and says why to whoever writes it: an interlock older
-# than the file (one that was running when the file was upgraded), or someone by hand.
-_VIEW_WRITE = ("records is a read-only view of the entries table since schema version 2; "
-               "an interlock writing it is older than this store file: upgrade it")
-# Poll triggers' cursors (`Store.get_cursor`): a table of its own, created when a file is
-# opened (IF NOT EXISTS: a version-2 file gets it on its next open, with nothing else
-# changed, and an interlock that does not know it ignores it -- no version change)
-_CURSORS = """
-CREATE TABLE IF NOT EXISTS cursors (
-    name       TEXT PRIMARY KEY,
-    value      TEXT NOT NULL,
-    updated_at REAL NOT NULL
-) WITHOUT ROWID"""
-SCHEMA_STATEMENTS = tuple(st for st in _SCHEMA.split(";") if st.strip()) + tuple(
-    f"CREATE TRIGGER IF NOT EXISTS records_{op.lower()} INSTEAD OF {op} ON records "
-    f"BEGIN SELECT RAISE(ABORT, '{_VIEW_WRITE}'); END" for op in ("INSERT", "UPDATE", "DELETE")
-) + (_CURSORS,)
-
-_INSERT_RECORD = "INSERT INTO entries (id, data, hash) VALUES (?, ?, ?)"
-_SET_SUMMARY = ("updated_at = ?, last_seq = ?, last_hash = ?, steps = ?, tokens = ?, "
-                "error = ?, waiting = ?")
-# the run's highest stored seq, 0 if none: one seek to the end of its range
-_LAST_SEQ = (f"COALESCE((SELECT id & {SEQ_MASK} FROM entries WHERE id "
-             f"{_RUN_ENTRIES.format(key='runs.run_key')} ORDER BY id DESC LIMIT 1), 0)")
-# An append's usual case as one compare-and-set: the run exists, keeps its status, and
-# the entries continue its log (the 10th parameter is the seq before them, or NULL when
-# there are none); it returns the run's key. `status` is not assigned, which spares the
-# runs_by_status index a rewrite -- a page less in the WAL per append (SQLite rewrites an
-# index entry when a column it covers is assigned, even to the value it had).
-_UPDATE_SUMMARY_IF = (f"UPDATE runs SET {_SET_SUMMARY} WHERE run_id = ? AND status = ? "
-                      f"AND (?10 IS NULL OR {_LAST_SEQ} = ?10) "
-                      "AND (?11 IS NULL OR generation = ?11) RETURNING run_key")
-# otherwise: what the run's row and log say, then the summary with its status
-_APPEND_CHECK = (f"SELECT status, {_LAST_SEQ}, run_key, generation, owner FROM runs "
-                 "WHERE run_id = ?")
-_UPDATE_SUMMARY = f"UPDATE runs SET status = ?, {_SET_SUMMARY} WHERE run_id = ?"
-_RUN_COLUMNS = (
-    "run_id, workflow, status, definition, definition_hash, input, options, created_at, "
-    "updated_at, last_seq, last_hash, steps, tokens, error, waiting, parent_run, parent_seq, "
-    "owner, lease_until, extra, generation"
-)
-
-# `_RUN_COLUMNS` of a run: its row's, then its spec's (`run_params` order otherwise)
-_SPEC_COLUMNS = ("definition", "input", "options")
-_RUN_NAMES = [c.strip() for c in _RUN_COLUMNS.split(",")]
-_ROW_AT = [i for i, c in enumerate(_RUN_NAMES) if c not in _SPEC_COLUMNS]
-_SPEC_AT = [_RUN_NAMES.index(c) for c in _SPEC_COLUMNS]
-_RUN_FROM = "runs JOIN run_specs USING (run_key)"
-# a list's row (`Store.list_page`): the runs table's columns alone, its spec's read as {}
-_LIGHT_COLUMNS = ", ".join("'{}'" if c in _SPEC_COLUMNS else c for c in _RUN_NAMES)
-# A new run's key is above every key in use, by a run or by entries (records left behind
-# by a run whose row was deleted behind the store's back): no run starts on another's log.
-_INSERT_RUN = (f"INSERT INTO runs (run_key, {', '.join(_RUN_NAMES[i] for i in _ROW_AT)}) "
-               "VALUES (max(coalesce((SELECT max(run_key) FROM runs), 0), "
-               f"coalesce((SELECT max(id) FROM entries), 0) >> {SEQ_BITS}) + 1, "
-               f"{', '.join('?' * len(_ROW_AT))})")
-_INSERT_SPEC = f"INSERT INTO run_specs (run_key, {', '.join(_SPEC_COLUMNS)}) VALUES (?, ?, ?, ?)"
-_RUN_KEY = "SELECT run_key FROM runs WHERE run_id = ?"
-_READ_ENTRIES = ("SELECT id, data, hash FROM entries WHERE id > ? AND id <= ? "
-                 "ORDER BY id LIMIT ?")
-
-
-# -- helpers shared with the PostgreSQL store ------------------------------------------------
-
-def json_text(value: Any) -> str:
-    """``value`` as JSON text, keys in their given order (a definition's order matters)."""
-    return orjson.dumps(value, default=json_default).decode("utf-8")
-
-
-def json_opt(value: dict[str, Any] | None) -> str | None:
-    return None if value is None else json_text(value)
-
-
-def from_json(text: str | None) -> Any:
-    return None if text is None else orjson.loads(text)
-
-
-def record_node(entry: Entry) -> str | None:
-    """The record's ``node`` field, for the ``records.node`` column (the entry carries
-    it: `LogWriter` sets it, and so do the stores when they read entries back)."""
-    return entry.node
-
-
-def check_first_seqs(run_id: str, last: int, entries: Iterable[Entry]) -> None:
-    """Entries must continue the stored log (``last`` = its highest seq) without a gap."""
-    expected = last + 1
-    for e in entries:
-        if e.seq > expected == last + 1:  # a gap after the log: not another writer
-            raise ConflictError(
-                f"run {run_id!r}: record {e.seq} does not follow the stored log, which ends "
-                f"at seq {expected - 1}: the records before it were never stored (an earlier "
-                "append of this writer failed); nothing of this append was stored")
-        if e.seq != expected:
-            raise ConflictError(
-                f"run {run_id!r}: record {e.seq} conflicts with the stored log "
-                f"(next free seq is {last + 1}); another writer got there first"
-            )
-        expected += 1
-
-
-def run_params(row: RunRow) -> tuple[Any, ...]:
-    """``row`` as the values of `_RUN_COLUMNS`, in order."""
-    s = row.summary
-    return (
-        row.run_id, row.workflow, s.status, json_text(row.definition), row.definition_hash,
-        json_text(row.input), json_text(row.options), row.created_at, s.updated_at,
-        s.last_seq, s.last_hash, s.steps, s.tokens, json_opt(s.error), json_opt(s.waiting),
-        row.parent_run, row.parent_seq, row.owner, row.lease_until, json_text(row.extra),
-        row.generation,
-    )
-
-
-def summary_params(summary: Summary) -> tuple[Any, ...]:
-    """For ``SET status, updated_at, last_seq, last_hash, steps, tokens, error, waiting``."""
-    s = summary
-    return (s.status, s.updated_at, s.last_seq, s.last_hash, s.steps, s.tokens,
-            json_opt(s.error), json_opt(s.waiting))
-
-
-def page_query(mark: str, status: str | None, workflow: str | None,
-               before: tuple[float, str] | None, updated_after: float | None,
-               limit: int, *, order_id: str = "run_id") -> tuple[str, list[Any]]:
-    """`Store.list_page`'s SELECT over the runs table and its parameters (``mark``: the
-    driver's placeholder; ``order_id``: how run ids compare, the same in the keyset
-    condition as in the ORDER BY)."""
-    where: list[str] = []
-    params: list[Any] = []
-    if status is not None:
-        where.append(f"status = {mark}")
-        params.append(status)
-    if workflow is not None:
-        where.append(f"workflow = {mark}")
-        params.append(workflow)
-    if updated_after is not None:
-        where.append(f"updated_at > {mark}")
-        params.append(updated_after)
-    if before is not None:
-        # a range on created_at (the indexes' order) and the tie broken by run id
-        where.append(f"created_at <= {mark} AND (created_at < {mark} OR {order_id} < {mark})")
-        params += [before[0], before[0], before[1]]
-    sql = f"SELECT {_LIGHT_COLUMNS} FROM runs"
-    if where:
-        sql += " WHERE " + " AND ".join(where)
-    sql += f" ORDER BY created_at DESC, {order_id} DESC LIMIT {mark}"
-    params.append(max(limit, 0))
-    return sql, params
-
-
-def row_from(values: tuple[Any, ...] | Any) -> RunRow:
-    """A `RunRow` from a result row in `_RUN_COLUMNS` order."""
-    (run_id, workflow, status, definition, definition_hash, input_, options, created_at,
-     updated_at, last_seq, last_hash, steps, tokens, error, waiting, parent_run, parent_seq,
-     owner, lease_until, extra, generation) = values
-    return RunRow(
-        run_id=run_id,
-        workflow=workflow,
-        definition=from_json(definition),
-        definition_hash=definition_hash,
-        input=from_json(input_),
-        options=from_json(options),
-        created_at=created_at,
-        summary=Summary(
-            status=status, last_seq=last_seq, last_hash=last_hash, steps=steps, tokens=tokens,
-            error=from_json(error), waiting=from_json(waiting), updated_at=updated_at,
-        ),
-        parent_run=parent_run,
-        parent_seq=parent_seq,
-        owner=owner,
-        lease_until=lease_until,
-        extra=from_json(extra) or {},
-        generation=int(generation or 0),
-    )
-
-
-def claim_refused(row_owner: str | None, lease_until: float | None, owner: str, now: float,
-                  force: bool) -> bool:
-    """The claim rule shared by every backend (see `interlock._store._memory`)."""
-    return (not force and row_owner not in (None, owner) and lease_until is not None
-            and lease_until > now and not owner_gone(row_owner or ""))
-
-
-def sqlite_error(path: Path, exc: sqlite3.Error, busy_ms: int,
-                 what: str = "SQLite store") -> StoreError:
-    """A `StoreError` for a SQLite error, saying what to do about the usual ones."""
-    text = str(exc)
-    if "locked" in text or "busy" in text:
-        return StoreError(
-            f"{what} {path}: the database stayed locked by another process for {busy_ms} "
-            f"ms ({text}) -- a long transaction, or the one-time upgrade of an older file "
-            "(about 10 s per million records); try again, raise ?busy_timeout= or use "
-            "PostgreSQL")
-    if "readonly" in text:
-        return StoreError(
-            f"{what} {path}: the file is read-only ({text}); interlock needs write access "
-            "to it and to its directory (for the -wal and -shm files beside it)")
-    if disk_full(exc):
-        return StoreError(
-            f"{what} {path}: the disk is full ({text}); nothing of this write was stored. "
-            "The store checkpoints its WAL into the file and truncates it to give that "
-            "space back; free space on the disk (or move the store), and the write can be "
-            "tried again")
-    return StoreError(f"{what} {path}: {text}")
-
-
-def disk_full(exc: sqlite3.Error) -> bool:
-    """Whether SQLite failed for want of disk space (SQLITE_FULL: ENOSPC, a quota)."""
-    return getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL \
-        or "database or disk is full" in str(exc)
-
-
-def _reclaim_after_upgrade(conn: sqlite3.Connection, path: Path) -> None:
-    """Give back the pages the upgrade freed (the version-1 tables): about a third of
-    the file. A failure (no room for the copy VACUUM makes, a reader in the way) leaves
-    the file as it is, with its free pages, and says so."""
-    try:
-        conn.execute("VACUUM")
-    except sqlite3.Error as exc:
-        logging.getLogger("interlock").warning(
-            "the upgrade of %s left its old tables' pages free in the file; VACUUM failed "
-            "(%s): run `sqlite3 %s VACUUM` to give them back", path, exc, path)
-
-
-# -- reading records back ---------------------------------------------------------------
-
-def stored_entry(seq: int, data: bytes, hash_: str) -> Entry:
-    """An `Entry` read back from a store that keeps only a record's JSON and hash: its
-    type and node are the JSON's (a record that is not a JSON object -- a tampered one --
-    gets none, and `verify` reports it)."""
-    try:
-        rec = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        rec = None
-    if type(rec) is not dict:
-        return Entry(seq, "", data, hash_, None)
-    rtype, node = rec.get("type"), rec.get("node")
-    return Entry(seq, rtype if type(rtype) is str else "", data, hash_,
-                 node if type(node) is str else None)
-
-
-def _as_bytes(value: Any) -> bytes:
-    """A cell someone changed to another type, as bytes (verify then reports the record)."""
-    return bytes(value) if isinstance(value, bytes | bytearray | memoryview) \
-        else str(value).encode("utf-8")
-
-
-# -- the upgrade from version 1 ------------------------------------------------------------
-
-_V1_HASH = re.compile(r"[0-9a-f]{64}")
-
-
-def _upgrade_from_1(conn: sqlite3.Connection, path: Path) -> None:
-    """Rewrite a version-1 file's runs and records as version 2, inside the caller's
-    transaction (a crash or an error leaves the file as it was).
-
-    Runs get their keys in the order they were created; each record keeps its JSON text
-    and its hash exactly. A record version 2 cannot hold as it was -- one of no run, a
-    seq out of range, a hash that is not 64 lowercase hex digits, type or node columns
-    that disagree with its JSON: a tampered file -- is copied as it was into
-    ``v1_leftovers`` (with why) and named in a warning; its run's `verify` still fails
-    (a record of no run or out of range is missing from its log, an odd hash is kept as
-    bytes no digest matches), except for a changed type or node column, which version 2
-    does not store: only the table and the warning keep that evidence. Snapshots are
-    kept as they are.
-    """
-    (count,), = conn.execute("SELECT count(*) FROM records")
-    log = logging.getLogger("interlock")
-    log.warning("upgrading the store %s to schema version %d (%d records; about 10 s per "
-                "million); interlock versions before it will not open it", path,
-                SCHEMA_VERSION, count)
-    conn.execute(_RUNS_TABLE.format(name="runs_v2"))
-    row_columns = ", ".join(_RUN_NAMES[i] for i in _ROW_AT if _RUN_NAMES[i] != "generation")
-    conn.execute(f"INSERT INTO runs_v2 ({row_columns}) SELECT {row_columns} FROM runs "
-                 "ORDER BY created_at, run_id")
-    conn.execute("CREATE TABLE run_specs (run_key INTEGER PRIMARY KEY, definition TEXT NOT "
-                 "NULL, input TEXT NOT NULL, options TEXT NOT NULL)")
-    conn.execute(f"INSERT INTO run_specs (run_key, {', '.join(_SPEC_COLUMNS)}) SELECT "
-                 f"k.run_key, {', '.join('r.' + c for c in _SPEC_COLUMNS)} FROM runs r "
-                 "JOIN runs_v2 k USING (run_id)")
-    conn.execute("CREATE TABLE entries (id INTEGER PRIMARY KEY, data TEXT NOT NULL, "
-                 "hash BLOB NOT NULL)")
-    leftovers: list[tuple[Any, ...]] = []
-
-    def entries() -> Iterator[tuple[int, Any, bytes]]:
-        for run_id, key, seq, rtype, node, data, h in conn.execute(
-                "SELECT r.run_id, k.run_key, r.seq, r.type, r.node, r.data, r.hash "
-                "FROM records r LEFT JOIN runs_v2 k USING (run_id) ORDER BY k.run_key, r.seq"):
-            fits = key is not None and type(seq) is int and 0 < seq <= SEQ_MASK
-            why = _v1_oddity(key, seq, rtype, node, data, h) if fits else (
-                "a record of no run" if key is None else f"seq {seq!r} out of range")
-            if why:
-                leftovers.append((run_id, seq, rtype, node, data, h, why))
-            if fits:
-                yield (key << SEQ_BITS) | seq, data, _v1_digest(h)
-
-    conn.executemany(_INSERT_RECORD, entries())
-    if leftovers:
-        conn.execute("CREATE TABLE v1_leftovers (run_id, seq, type, node, data, hash, "
-                     "why TEXT NOT NULL)")
-        conn.executemany("INSERT INTO v1_leftovers VALUES (?, ?, ?, ?, ?, ?, ?)", leftovers)
-        runs = sorted({str(r[0]) for r in leftovers})
-        log.warning("%s: %d records did not fit schema version %d as they were (a changed "
-                    "file?) -- of runs %s%s; they are kept as they were in its table "
-                    "v1_leftovers, with why", path, len(leftovers), SCHEMA_VERSION,
-                    ", ".join(runs[:10]), f" and {len(runs) - 10} more" if len(runs) > 10
-                    else "")
-    conn.execute("DROP TABLE records")
-    conn.execute("DROP TABLE runs")  # and its indexes; the schema makes them again
-    conn.execute("ALTER TABLE runs_v2 RENAME TO runs")
-
-
-def _upgrade_from_2(conn: sqlite3.Connection, path: Path) -> None:
-    """Version 3: the runs' claim generation, 0 for every run there (inside the caller's
-    transaction; one ALTER TABLE, whatever the file's size)."""
-    logging.getLogger("interlock").warning(
-        "upgrading the store %s to schema version %d (the claims' generation); interlock "
-        "versions before it will not open it", path, SCHEMA_VERSION)
-    conn.execute("ALTER TABLE runs ADD COLUMN generation INTEGER NOT NULL DEFAULT 0")
-
-
-def _v1_oddity(key: int, seq: int, rtype: Any, node: Any, data: Any, h: Any) -> str | None:
-    """Why a version-1 record's row is not what version 1 wrote, if it is not."""
-    if not (type(h) is str and _V1_HASH.fullmatch(h)):
-        return "its hash is not 64 lowercase hex digits"
-    try:
-        rec = orjson.loads(data)
-    except (orjson.JSONDecodeError, TypeError):
-        return None  # the data itself: verify reports it
-    if type(rec) is dict:
-        own = rec.get("node")
-        if rec.get("type") != rtype or (own if type(own) is str else None) != node:
-            return "its type or node column does not match its JSON"
-    return None
-
-
-def _v1_digest(h: Any) -> bytes:
-    """A version-1 hash as its 32 bytes; anything else as bytes no digest is (so the
-    record's `verify` fails, as it did)."""
-    if type(h) is str and _V1_HASH.fullmatch(h):
-        return bytes.fromhex(h)
-    return b"v1 hash: " + _as_bytes(h)
 
 
 # -- URL ---------------------------------------------------------------------------------
@@ -561,203 +171,6 @@ def parse_sqlite_url(url: str) -> tuple[str, str, int]:
 
 # -- the store ---------------------------------------------------------------------------
 
-# a job: the loop that awaits it, its future, and what to run -- ``fn(*args)``, or, with
-# ``fn`` None, a write ``(operation, args)`` that may share a transaction
-_Job = tuple[asyncio.AbstractEventLoop, asyncio.Future[Any], Callable[..., Any] | None,
-             tuple[Any, ...]]
-_Outcome = tuple[asyncio.Future[Any], Any, BaseException | None]
-
-
-def _deliver(outcomes: list[_Outcome]) -> None:
-    """On the event loop: hand jobs' outcomes to their awaiting coroutines (if still there)."""
-    for fut, result, exc in outcomes:
-        if fut.cancelled():
-            continue
-        if exc is not None:
-            fut.set_exception(exc)
-        else:
-            fut.set_result(result)
-
-
-class _Writer:
-    """A store's one thread: runs jobs in order, hands each outcome to the event loop
-    that asked for it.
-
-    Leaner than ``loop.run_in_executor`` on a one-thread pool (no concurrent future,
-    no chained callbacks): a job is a queue entry; the outcomes of what one turn ran,
-    one ``call_soon_threadsafe`` per event loop.
-
-    Group commit: each turn takes every job queued by then; writes queued one after
-    the other (appends, claims, new runs -- from concurrent runs, as a rule) go to
-    ``batch`` together, which commits them in one transaction. So N runs writing while a
-    commit is in progress share the next commit instead of paying N. One run alone finds
-    one job per turn.
-
-    The thread is a daemon so that a store nobody closed does not keep the process
-    alive; at exit `_stop_writers` lets the jobs queued finish (a transaction in
-    progress commits or rolls back as a whole), as a thread pool's worker would.
-    """
-
-    def __init__(self, name: str,
-                 batch: Callable[[list[tuple[Any, ...]]], list[tuple[Any, BaseException | None]]]
-                 ) -> None:
-        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
-        self._guard = threading.Lock()
-        self._stopped = False
-        self._batch = batch
-        self._last: Callable[[], None] | None = None  # run before the thread ends
-        self._thread = threading.Thread(target=self._main, name=name, daemon=True)
-        self._thread.start()
-        _WRITERS.add(self)
-
-    def submit(self, loop: asyncio.AbstractEventLoop, fut: asyncio.Future[Any],
-               fn: Callable[..., Any] | None, args: tuple[Any, ...]) -> None:
-        with self._guard:
-            if self._stopped:
-                raise StoreError("the SQLite store was closed while this call was being made")
-            self._jobs.put((loop, fut, fn, args))
-
-    def close_with(self, last: Callable[[], None]) -> None:
-        """Run ``last`` after the queued jobs, then end the thread, without waiting; the
-        thread stays in `_WRITERS` until it ends, so that the process waits for it at
-        exit."""
-        with self._guard:
-            if self._stopped:
-                return
-            self._stopped = True
-            self._last = last
-            self._jobs.put(None)
-
-    def stop(self) -> None:
-        """Let the queued jobs finish (a `close_with`'s last job too), then end the thread
-        and wait for it (idempotent)."""
-        _WRITERS.discard(self)
-        with self._guard:
-            if not self._stopped:
-                self._stopped = True
-                self._jobs.put(None)
-        if threading.current_thread() is not self._thread:
-            self._thread.join()
-
-    def _main(self) -> None:
-        jobs = self._jobs
-        while True:
-            turn: list[_Job | None] = [jobs.get()]
-            with contextlib.suppress(queue.Empty):
-                while True:
-                    turn.append(jobs.get_nowait())
-            i, n = 0, len(turn)
-            while i < n:
-                job = turn[i]
-                if job is None:
-                    self._end()
-                    return
-                outcomes: list[_Outcome]
-                if job[2] is not None:  # one job on its own
-                    i += 1
-                    group = [job]
-                    try:
-                        outcomes = [(job[1], job[2](*job[3]), None)]
-                    except BaseException as e:  # handed to the caller, as a thread pool does
-                        outcomes = [(job[1], None, e)]
-                else:  # the writes queued one after the other: one transaction
-                    j = i
-                    while j < n and (nxt := turn[j]) is not None and nxt[2] is None:
-                        j += 1
-                    group = turn[i:j]  # type: ignore[assignment]  # no None in it
-                    i = j
-                    done = self._batch([g[3] for g in group])
-                    outcomes = [(g[1], result, exc)
-                                for g, (result, exc) in zip(group, done, strict=True)]
-                self._hand_back(group, outcomes)
-                del job, group, outcomes
-
-    def _end(self) -> None:
-        last, self._last = self._last, None
-        if last is not None:
-            try:
-                last()
-            except Exception:  # nobody waits for it: keep the reason in the log
-                logging.getLogger("interlock").exception("closing the SQLite store failed")
-            _WRITERS.discard(self)
-
-    @staticmethod
-    def _hand_back(group: list[_Job], outcomes: list[_Outcome]) -> None:
-        loop = group[0][0]
-        if all(g[0] is loop for g in group):
-            by_loop = {loop: outcomes}
-        else:  # one store, several event loops (threads of their own)
-            by_loop = {}
-            for g, outcome in zip(group, outcomes, strict=True):
-                by_loop.setdefault(g[0], []).append(outcome)
-        for lp, outs in by_loop.items():
-            with contextlib.suppress(RuntimeError):  # a closed loop: nobody is waiting
-                lp.call_soon_threadsafe(_deliver, outs)
-
-
-class _Checkpointer:
-    """Checkpoints a store's WAL on a thread and a connection of its own, when asked.
-
-    ``PRAGMA wal_checkpoint(PASSIVE)`` copies what it can without waiting for (or
-    blocking) the writer or any reader, so a commit never waits for a checkpoint's
-    fsyncs. Requests coalesce: one that comes while a checkpoint runs starts the next.
-    ``failed`` is set (and the thread ends) if the thread cannot do its work; the
-    writer then turns SQLite's own checkpoints back on. A full disk is not such a
-    failure: the checkpoint is tried again at the next request.
-    """
-
-    def __init__(self, path: Path, name: str) -> None:
-        self._path = path
-        self._wake = threading.Event()
-        self._stopped = False
-        self.failed: str | None = None
-        self.ran = threading.Event()  # set after each checkpoint (for whoever waits on one)
-        # started by the first request: a short-lived store (one short run) starts none
-        self._thread = threading.Thread(target=self._main, name=name, daemon=True)
-
-    def request(self) -> None:
-        if not self._thread.is_alive() and not self._stopped:
-            self._thread.start()
-        self._wake.set()
-
-    def stop(self) -> None:
-        """End the thread, closing its connection (idempotent)."""
-        self._stopped = True
-        self._wake.set()
-        if self._thread.ident is not None and threading.current_thread() is not self._thread:
-            self._thread.join()
-
-    def _main(self) -> None:
-        conn: sqlite3.Connection | None = None
-        try:
-            conn = sqlite3.connect(self._path, isolation_level=None, timeout=0)
-            while True:
-                self._wake.wait()
-                self._wake.clear()
-                if self._stopped:
-                    return
-                try:
-                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
-                except sqlite3.Error as exc:
-                    if not disk_full(exc):
-                        raise
-                    # (a full disk: the writer truncates the WAL when space comes back;
-                    # this thread goes on with the next request)
-                self.ran.set()
-        except sqlite3.Error as exc:
-            self.failed = str(exc) or type(exc).__name__
-        finally:
-            if conn is not None:
-                conn.close()
-
-
-_WRITERS: weakref.WeakSet[_Writer] = weakref.WeakSet()
-
-
-@atexit.register
-def _stop_writers() -> None:
-    for writer in list(_WRITERS):
-        writer.stop()
 
 
 class _Renewer(LeaseRenewer):
@@ -786,7 +199,7 @@ class _Renewer(LeaseRenewer):
             conn.close()
 
 
-class SQLiteStore(Store):
+class SQLiteStore(SQLiteOps, Store):
     leases_in_writes = True
     fences_appends = True
 
@@ -1192,13 +605,6 @@ class SQLiteStore(Store):
             return [(self._run(self._alone, *batch[0]), None)]
         return self._run(self._together, batch)
 
-    @staticmethod
-    def _alone(conn: sqlite3.Connection, op: Callable[..., Any], args: tuple[Any, ...]) -> Any:
-        conn.execute("BEGIN IMMEDIATE")
-        result = op(conn, *args)  # raises -> rollback in _run
-        conn.execute("COMMIT")
-        return result
-
     def _together(self, conn: sqlite3.Connection, batch: list[tuple[Any, ...]]
                   ) -> list[tuple[Any, BaseException | None]]:
         outcomes: list[tuple[Any, BaseException | None]] = []
@@ -1219,120 +625,6 @@ class SQLiteStore(Store):
             conn.execute("RELEASE interlock_write")
         conn.execute("COMMIT")
         return outcomes
-
-    @staticmethod
-    def _get_run(conn: sqlite3.Connection, run_id: str) -> RunRow:
-        values = conn.execute(f"SELECT {_RUN_COLUMNS} FROM {_RUN_FROM} WHERE run_id = ?",
-                              (run_id,)).fetchone()
-        if values is None:
-            raise RunNotFound(run_id)
-        return row_from(values)
-
-    @staticmethod
-    def _entries(conn: sqlite3.Connection, run_id: str, after: int,
-                 limit: int = -1) -> list[Entry]:
-        found = conn.execute(_RUN_KEY, (run_id,)).fetchone()
-        if found is None:
-            raise RunNotFound(run_id)
-        base = found[0] << SEQ_BITS
-        rows = conn.execute(_READ_ENTRIES, (base | min(max(after, 0), SEQ_MASK), base | SEQ_MASK,
-                                            limit))
-        return [stored_entry(id_ & SEQ_MASK, data.encode("utf-8") if type(data) is str
-                             else _as_bytes(data), h.hex() if type(h) is bytes else str(h))
-                for id_, data, h in rows]
-
-    @staticmethod
-    def _list_page(conn: sqlite3.Connection, status: str | None, workflow: str | None,
-                   limit: int, before: tuple[float, str] | None,
-                   updated_after: float | None) -> list[RunRow]:
-        sql, params = page_query("?", status, workflow, before, updated_after, limit)
-        return [row_from(v) for v in conn.execute(sql, params)]
-
-    @staticmethod
-    def _list_runs(conn: sqlite3.Connection, status: str | None, workflow: str | None,
-                   limit: int) -> list[RunRow]:
-        where, params = [], []
-        if status is not None:
-            where.append("status = ?")
-            params.append(status)
-        if workflow is not None:
-            where.append("workflow = ?")
-            params.append(workflow)
-        sql = f"SELECT {_RUN_COLUMNS} FROM {_RUN_FROM}"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += " ORDER BY created_at DESC LIMIT ?"
-        return [row_from(v) for v in conn.execute(sql, (*params, limit))]
-
-    @staticmethod
-    def _claim(conn: sqlite3.Connection, run_id: str, owner: str, lease: float,
-               force: bool) -> int:
-        found = conn.execute("SELECT owner, lease_until FROM runs WHERE run_id = ?",
-                             (run_id,)).fetchone()
-        if found is None:
-            raise RunNotFound(run_id)
-        current, lease_until = found
-        now = time.time()
-        if claim_refused(current, lease_until, owner, now, force):
-            raise ClaimError(run_id, current, lease_until - now)
-        (generation,), = conn.execute(
-            "UPDATE runs SET owner = ?, lease_until = ?, generation = generation + 1 "
-            "WHERE run_id = ? RETURNING generation", (owner, now + lease, run_id)).fetchall()
-        return int(generation)
-
-    @staticmethod
-    def _runnable(conn: sqlite3.Connection, workflows: list[str] | None,
-                  exclude: list[str]) -> str | None:
-        """The oldest run `claim_next` may claim (a read: no write lock is taken)."""
-        now = time.time()
-        sql = (f"SELECT run_id FROM {_RUN_FROM} WHERE (status IN "
-               f"({', '.join('?' * len(RUNNABLE))}) OR (status = 'WAITING_APPROVAL' AND "
-               "json_extract(waiting, '$.deadline') <= ?)) "
-               "AND (owner IS NULL OR lease_until IS NULL OR lease_until <= ?) "
-               "AND json_extract(options, '$.parent') IS NULL")
-        params: list[Any] = [*RUNNABLE, now, now]
-        if workflows is not None:
-            sql += f" AND workflow IN ({', '.join('?' * len(workflows))})"
-            params += workflows
-        if exclude:
-            sql += f" AND run_id NOT IN ({', '.join('?' * len(exclude))})"
-            params += exclude
-        found = conn.execute(sql + " ORDER BY created_at LIMIT 1", params).fetchone()
-        return None if found is None else str(found[0])
-
-    @classmethod
-    def _claim_next(cls, conn: sqlite3.Connection, owner: str, lease: float,
-                    workflows: list[str] | None, exclude: list[str]) -> str | None:
-        # in the writer's transaction (BEGIN IMMEDIATE: the file's one write lock), so the
-        # run found is still free when it is claimed -- a compare-and-set across processes
-        run_id = cls._runnable(conn, workflows, exclude)
-        if run_id is not None:
-            conn.execute("UPDATE runs SET owner = ?, lease_until = ?, "
-                         "generation = generation + 1 WHERE run_id = ?",
-                         (owner, time.time() + lease, run_id))
-        return run_id
-
-    @staticmethod
-    def _heartbeat(conn: sqlite3.Connection, run_id: str, owner: str, lease: float,
-                   generation: int | None = None) -> None:
-        cur = conn.execute("UPDATE runs SET lease_until = ? WHERE run_id = ? AND owner = ? "
-                           "AND (?4 IS NULL OR generation = ?4)",
-                           (time.time() + lease, run_id, owner, generation))
-        if cur.rowcount == 1:
-            return
-        found = conn.execute("SELECT owner, generation FROM runs WHERE run_id = ?",
-                             (run_id,)).fetchone()
-        if found is None:
-            raise RunNotFound(run_id)
-        raise ClaimLost(run_id, found[0], found[1], generation)
-
-    @staticmethod
-    def _release(conn: sqlite3.Connection, run_id: str, owner: str) -> None:
-        cur = conn.execute("UPDATE runs SET owner = NULL, lease_until = NULL "
-                           "WHERE run_id = ? AND owner = ?", (run_id, owner))
-        if cur.rowcount == 0 and conn.execute("SELECT 1 FROM runs WHERE run_id = ?",
-                                              (run_id,)).fetchone() is None:
-            raise RunNotFound(run_id)
 
     # -- the Store interface ----------------------------------------------------------------
 
@@ -1398,53 +690,13 @@ class SQLiteStore(Store):
     def lease_renewer(self) -> LeaseRenewer:
         return _Renewer(self.path, self._busy_ms)
 
-    @staticmethod
-    def _request_cancel(conn: sqlite3.Connection, run_id: str, by: str | None) -> None:
-        cur = conn.execute("UPDATE runs SET extra = json_set(extra, '$.cancel', json(?)) "
-                           "WHERE run_id = ?", (json_text({"by": by, "at": time.time()}), run_id))
-        if cur.rowcount != 1:
-            raise RunNotFound(run_id)
-
-    @staticmethod
-    def _cancel_requested(conn: sqlite3.Connection, run_id: str) -> dict[str, Any] | None:
-        row = conn.execute("SELECT json_extract(extra, '$.cancel') FROM runs WHERE run_id = ?",
-                           (run_id,)).fetchone()
-        if row is None:
-            raise RunNotFound(run_id)
-        value = from_json(row[0])
-        return dict(value) if isinstance(value, dict) else None
-
     async def request_cancel(self, run_id: str, by: str | None) -> None:
         if self._absent():
             raise RunNotFound(run_id)
         await self._write(self._request_cancel, run_id, by)
 
-    @staticmethod
-    def _save_snapshot(conn: sqlite3.Connection, run_id: str, seq: int, data: bytes) -> None:
-        conn.execute("INSERT INTO snapshots (run_id, seq, data) VALUES (?, ?, ?) "
-                     "ON CONFLICT (run_id) DO UPDATE SET seq = excluded.seq, "
-                     "data = excluded.data WHERE excluded.seq > snapshots.seq",
-                     (run_id, seq, data))
-
-    @staticmethod
-    def _load_snapshot(conn: sqlite3.Connection, run_id: str) -> tuple[int, bytes] | None:
-        row = conn.execute("SELECT seq, data FROM snapshots WHERE run_id = ?",
-                           (run_id,)).fetchone()
-        return (int(row[0]), bytes(row[1])) if row is not None else None
-
     async def save_snapshot(self, run_id: str, seq: int, data: bytes) -> None:
         await self._write(self._save_snapshot, run_id, seq, data)
-
-    @staticmethod
-    def _get_cursor(conn: sqlite3.Connection, name: str) -> str | None:
-        row = conn.execute("SELECT value FROM cursors WHERE name = ?", (name,)).fetchone()
-        return str(row[0]) if row is not None else None
-
-    @staticmethod
-    def _set_cursor(conn: sqlite3.Connection, name: str, value: str) -> None:
-        conn.execute("INSERT INTO cursors (name, value, updated_at) VALUES (?, ?, ?) "
-                     "ON CONFLICT (name) DO UPDATE SET value = excluded.value, "
-                     "updated_at = excluded.updated_at", (name, value, time.time()))
 
     async def get_cursor(self, name: str) -> str | None:
         if self._absent():
@@ -1468,32 +720,6 @@ class SQLiteStore(Store):
         await self._write(self._release, run_id, owner)
 
     # -- pruning ---------------------------------------------------------------------
-
-    @staticmethod
-    def _delete_finished(conn: sqlite3.Connection, run_ids: list[str]
-                         ) -> tuple[list[str], int]:
-        marks = ", ".join("?" * len(FINISHED))
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            deleted, records = [], 0
-            for run_id in run_ids:
-                gone = conn.execute(f"DELETE FROM runs WHERE run_id = ? AND status IN ({marks}) "
-                                    "AND owner IS NULL RETURNING run_key",
-                                    (run_id, *FINISHED)).fetchall()
-                if not gone:
-                    continue  # resumed (or claimed) meanwhile, or gone
-                (key,), = gone
-                records += conn.execute(
-                    f"DELETE FROM entries WHERE id {_RUN_ENTRIES.format(key='?')}",
-                    (key, key)).rowcount
-                conn.execute("DELETE FROM run_specs WHERE run_key = ?", (key,))
-                conn.execute("DELETE FROM snapshots WHERE run_id = ?", (run_id,))
-                deleted.append(run_id)
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        return deleted, records
 
     async def delete_finished(self, run_ids: list[str]) -> tuple[list[str], int]:
         if self._absent() or not run_ids:
