@@ -76,6 +76,11 @@ class Visit:
     failures: int = 0  # attempts that failed (what `retry.attempts` counts)
     effect_tokens: int = 0  # of the current attempt's, those its effects' records carried
 
+    def encode(self) -> list[Any]:
+        """Its snapshot encoding: its fields, in order (``Visit(*encoded)`` restores it)."""
+        return [self.node, self.visit, self.attempt, self.started_seq, self.tokens,
+                self.failures, self.effect_tokens]
+
 
 @dataclass(slots=True)
 class MapRun:
@@ -106,6 +111,12 @@ class Gate:
     input: dict[str, Any] | None = None
     path: str | None = None  # for kind "workflow": the nodes down to the child's gate
 
+    def encode(self) -> list[Any]:
+        """Its snapshot encoding: its fields, in order (``Gate(*encoded)`` restores it)."""
+        return [self.node, self.visit, self.kind, self.requested_at, self.show,
+                self.decisions, self.deadline, self.decision, self.body_started, self.key,
+                self.input, self.path]
+
     def waiting(self) -> dict[str, Any]:
         """The ``waiting`` object of SPEC §3 (a child run's gate: ``node`` is its path)."""
         out = {"node": self.path or self.node, "kind": self.kind, "show": self.show,
@@ -116,6 +127,63 @@ class Gate:
         if self.input is not None:
             out["input"] = self.input
         return out
+
+
+# -- deferred loop exits ---------------------------------------------------------------
+#
+# A dead signal that leaves a cyclic component waits (see "Loop exits" above) until
+# nothing inside the component is ready or running. Two kinds of signal can leave one:
+# a forward port of a node outside it, and a source's entry into a join barrier outside
+# it. Each is a small value, kept in a set per component -- ``_deferred`` for the dead
+# ones, ``_taken_exits`` for those taken meanwhile (a taken one cancels its dead twin
+# when the component goes idle; an exit is then resolved dead at most once).
+
+
+@dataclass(frozen=True, slots=True)
+class PortExit:
+    """A loop exit through a forward port (``Plan.ports[port]``)."""
+
+    port: int
+
+    def __hash__(self) -> int:  # the hash of its encoding: the same set order as before
+        return hash(("port", self.port))
+
+    def encode(self) -> tuple[str, int]:
+        """Its snapshot encoding (a JSON list), also its place in the flush order."""
+        return ("port", self.port)
+
+
+@dataclass(frozen=True, slots=True)
+class BarrierExit:
+    """A loop exit through a join: ``source``'s entry into edge ``edge``'s barrier."""
+
+    edge: int
+    source: str
+
+    def __hash__(self) -> int:
+        return hash(("barrier", self.edge, self.source))
+
+    def encode(self) -> tuple[str, int, str]:
+        return ("barrier", self.edge, self.source)
+
+
+DeferredExit = PortExit | BarrierExit
+
+
+def _exit_order(item: DeferredExit) -> str:
+    # Exits are flushed in the order of their encodings' reprs: the order every stored
+    # log was written in (a different order would resolve ports, and so record edge
+    # decisions, in another order than a replay of an old log expects).
+    return repr(item.encode())
+
+
+def _decode_exit(x: list[Any]) -> DeferredExit:
+    match x:
+        case ["port", int(port)]:
+            return PortExit(port)
+        case ["barrier", int(edge), str(source)]:
+            return BarrierExit(edge, source)
+    raise ValueError(f"not a deferred loop exit: {x!r}")
 
 
 class Writer(NamedTuple):
@@ -166,8 +234,8 @@ class RunView:
     _acts: dict[str, deque[dict[int, bool]]] = field(default_factory=dict)
     _barriers: dict[int, deque[dict[str, bool]]] = field(default_factory=dict)
     _active: Counter[int] = field(default_factory=Counter)  # cyclic scc -> ready+running
-    _deferred: dict[int, set[tuple[Any, ...]]] = field(default_factory=dict)
-    _taken_exits: dict[int, set[tuple[Any, ...]]] = field(default_factory=dict)
+    _deferred: dict[int, set[DeferredExit]] = field(default_factory=dict)
+    _taken_exits: dict[int, set[DeferredExit]] = field(default_factory=dict)
     # nodes being ruled out, while `_rule_out` drains them (None otherwise: not state)
     _ruling: deque[str] | None = None
 
@@ -511,12 +579,12 @@ class RunView:
 
     def _taken_port(self, port: Port) -> None:
         if port.exit_scc is not None:
-            self._taken_exits.setdefault(port.exit_scc, set()).add(("port", port.id))
+            self._taken_exits.setdefault(port.exit_scc, set()).add(PortExit(port.id))
         self._resolve_port(port, True)
 
     def _dead_port(self, port: Port) -> None:
         if port.exit_scc is not None:
-            self._deferred.setdefault(port.exit_scc, set()).add(("port", port.id))
+            self._deferred.setdefault(port.exit_scc, set()).add(PortExit(port.id))
             return
         self._resolve_port(port, False)
 
@@ -581,9 +649,9 @@ class RunView:
         exit_scc = e.barrier_exit.get(source)
         if exit_scc is not None:
             if not arrived:
-                self._deferred.setdefault(exit_scc, set()).add(("barrier", e.index, source))
+                self._deferred.setdefault(exit_scc, set()).add(BarrierExit(e.index, source))
                 return
-            self._taken_exits.setdefault(exit_scc, set()).add(("barrier", e.index, source))
+            self._taken_exits.setdefault(exit_scc, set()).add(BarrierExit(e.index, source))
         self._resolve_barrier(e, source, arrived)
 
     def _resolve_barrier(self, e: PlanEdge, source: str, arrived: bool) -> None:
@@ -626,11 +694,12 @@ class RunView:
 
     def _flush_exits(self, scc: int) -> None:
         pending = self._deferred.pop(scc, set()) - self._taken_exits.pop(scc, set())
-        for item in sorted(pending, key=repr):
-            if item[0] == "port":
-                self._resolve_port(self.plan.ports[item[1]], False)
-            else:
-                self._resolve_barrier(self.plan.edges[item[1]], item[2], False)
+        for item in sorted(pending, key=_exit_order):
+            match item:
+                case PortExit(port):
+                    self._resolve_port(self.plan.ports[port], False)
+                case BarrierExit(edge, source):
+                    self._resolve_barrier(self.plan.edges[edge], source, False)
 
     def _settle_partial(self) -> bool:
         for scc in [c for c, d in self._deferred.items() if d]:
@@ -645,6 +714,83 @@ class RunView:
                 self._settle_acts(target, force=True)
                 return True
         return False
+
+    # -- the snapshot codec (``_snapshot`` adds the version and binds it to the chain) ---
+
+    def dump(self) -> dict[str, Any]:
+        """The view's fields after ``seq``, as JSON values, in the snapshot's key order.
+
+        The encoding is explicit, field by field: JSON has no tuples, sets or int keys.
+        `restore` reads it back; changing either changes the snapshot format (and
+        ``_snapshot.VERSION`` with it)."""
+        return {
+            "state": self.state, "ready": list(self.ready),
+            "running": [x.encode() for x in self.running.values()],
+            "due": [[d.edge.index, d.source, d.goto, list(d.arrived)]
+                    for d in self.due.values()],
+            "visits": dict(self.visits), "started": dict(self.started),
+            "takes": list(self.takes.items()), "steps": self.steps, "tokens": self.tokens,
+            "config": self.config, "limits": self.limits,
+            "parent": list(self.parent) if self.parent else None, "status": self.status,
+            "error": self.error, "waiting": self.waiting,
+            "writers": {k: [w.node, w.completed_seq] for k, w in self.writers.items()},
+            "effects": [[n, vis, key, val] for (n, vis, key), val in self.effects.items()],
+            "gates": [g.encode() for g in self.gates.values()],
+            "confirmations": [[n, vis, key, d]
+                              for (n, vis, key), d in self.confirmations.items()],
+            "routed": self.routed, "route_wait": dict(self.route_wait),
+            "acts": {t: [list(a.items()) for a in q] for t, q in self._acts.items() if q},
+            "barriers": [[i, [list(e.items()) for e in q]]
+                         for i, q in self._barriers.items() if q],
+            "active": list(self._active.items()),
+            "deferred": [[c, [list(x.encode()) for x in items]]
+                         for c, items in self._deferred.items()],
+            "taken_exits": [[c, [list(x.encode()) for x in items]]
+                            for c, items in self._taken_exits.items()],
+            "maps": [[n, vis, m.items, list(m.done.items()),
+                      [x.encode() for x in m.running.values()], list(m.running)]
+                     for (n, vis), m in self.maps.items()],
+            "map_items": {t: list(q) for t, q in self.map_items.items() if q},
+        }
+
+    @classmethod
+    def restore(cls, plan: Plan, seq: int, d: dict[str, Any]) -> RunView:
+        """The view `dump` wrote as ``d``, at record ``seq``. Raises KeyError, IndexError,
+        TypeError or ValueError when ``d`` is not such a dump."""
+        v = cls(plan)
+        v.seq = seq
+        v.state = d["state"]
+        v.ready = deque(d["ready"])
+        v.running = {(r[0], r[1]): Visit(*r) for r in d["running"]}
+        v.due = {(i, src): Due(plan.edges[i], src, goto, tuple(arr))
+                 for i, src, goto, arr in d["due"]}
+        v.visits = Counter(d["visits"])
+        v.started = Counter(d["started"])
+        v.takes = Counter({int(k): n for k, n in d["takes"]})
+        v.steps, v.tokens = d["steps"], d["tokens"]
+        v.config, v.limits = d["config"], d["limits"]
+        v.parent = (d["parent"][0], d["parent"][1]) if d["parent"] else None
+        v.status, v.error, v.waiting = d["status"], d["error"], d["waiting"]
+        v.writers = {k: Writer(n, s) for k, (n, s) in d["writers"].items()}
+        v.effects = {(n, vis, key if isinstance(key, str) else tuple(key)): val
+                     for n, vis, key, val in d["effects"]}
+        v.gates = {(g[0], g[1]): Gate(*g) for g in d["gates"]}
+        v.confirmations = {(n, vis, key): dec for n, vis, key, dec in d["confirmations"]}
+        v.routed = d["routed"]
+        v.route_wait = Counter(d["route_wait"])
+        v._acts = {t: deque({int(p): b for p, b in a} for a in q)
+                   for t, q in d["acts"].items()}
+        v._barriers = {int(i): deque({s: b for s, b in e} for e in q)
+                       for i, q in d["barriers"]}
+        v._active = Counter({int(c): n for c, n in d["active"]})
+        v._deferred = {int(c): {_decode_exit(x) for x in items} for c, items in d["deferred"]}
+        v._taken_exits = {int(c): {_decode_exit(x) for x in items}
+                          for c, items in d["taken_exits"]}
+        v.maps = {(n, vis): MapRun(items, {int(i): u for i, u in done},
+                                   {int(i): Visit(*r) for i, r in zip(idx, running, strict=True)})
+                  for n, vis, items, done, running, idx in d["maps"]}
+        v.map_items = {t: deque(q) for t, q in d["map_items"].items()}
+        return v
 
     # -- reading -------------------------------------------------------------------
 
