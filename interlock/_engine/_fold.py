@@ -11,35 +11,11 @@ The view derives, from records alone:
 - ``due``        edge decisions owed (a node completed, a join settled) that
                  the executor must make -- conditions, routers, gotos -- and
                  append as ``edge.taken`` / ``edge.skipped``;
-- joins, dead paths and loop exits (below), visits, steps, tokens, status.
+- joins, dead paths and loop exits (``flow``), visits, steps, tokens, status.
 
-Dead paths
-----------
-Each node keeps a queue of *activations*; an activation records, per forward
-port, whether it was taken or found dead. A taken port makes its node ready
-at once (a node runs once per edge taken). When every port of the oldest
-activation is resolved and none was taken, the node is ruled out and each of
-its outgoing edges is resolved dead in turn -- a worklist, not recursion.
-
-Loop exits
-----------
-Inside a loop, an exit edge not taken in one iteration may be taken in the
-next::
-
-    remediate -> verify --(retry)--> remediate        verify -> summary: otherwise
-
-Ruling ``summary`` out after the first ``retry`` would be wrong, so dead
-signals that leave a cyclic component are *deferred* until nothing inside it
-is ready or running; then every exit not taken during that time is resolved
-dead. Taken exits go through at once.
-
-Quiescence
-----------
-When nothing is ready, running or due, no pending join can ever receive
-another arrival; any partially filled barrier or activation is settled with
-its missing entries counted dead. So a join fires with the branches that did
-run and never hangs. All of this happens at the same records on replay, which
-is what makes resume exact.
+Joins, dead paths, loop exits and quiescence are the flow machine's
+(`_flow.Flow`, ``view.flow``): the view hands it each decision and completion; it
+shares the view's ``ready``, ``running`` and ``due``.
 """
 
 from __future__ import annotations
@@ -51,19 +27,10 @@ from typing import Any, NamedTuple
 
 from .. import _log as L
 from .._definition._model import END, ERROR_FIELD
-from .._definition._plan import Plan, PlanEdge, Port
+from .._definition._plan import Plan
 from .._definition._state import merge_update
 from .._errors import InternalError
-
-
-@dataclass(slots=True)
-class Due:
-    """An edge decision owed. ``source`` is the completed node (``*`` for a settled join)."""
-
-    edge: PlanEdge
-    source: str
-    goto: str | None = None  # the target a ``choose`` node returned
-    arrived: tuple[str, ...] = ()  # a settled join: the sources that completed
+from ._flow import Due, Flow
 
 
 @dataclass(slots=True)
@@ -129,63 +96,6 @@ class Gate:
         return out
 
 
-# -- deferred loop exits ---------------------------------------------------------------
-#
-# A dead signal that leaves a cyclic component waits (see "Loop exits" above) until
-# nothing inside the component is ready or running. Two kinds of signal can leave one:
-# a forward port of a node outside it, and a source's entry into a join barrier outside
-# it. Each is a small value, kept in a set per component -- ``_deferred`` for the dead
-# ones, ``_taken_exits`` for those taken meanwhile (a taken one cancels its dead twin
-# when the component goes idle; an exit is then resolved dead at most once).
-
-
-@dataclass(frozen=True, slots=True)
-class PortExit:
-    """A loop exit through a forward port (``Plan.ports[port]``)."""
-
-    port: int
-
-    def __hash__(self) -> int:  # the hash of its encoding: the same set order as before
-        return hash(("port", self.port))
-
-    def encode(self) -> tuple[str, int]:
-        """Its snapshot encoding (a JSON list), also its place in the flush order."""
-        return ("port", self.port)
-
-
-@dataclass(frozen=True, slots=True)
-class BarrierExit:
-    """A loop exit through a join: ``source``'s entry into edge ``edge``'s barrier."""
-
-    edge: int
-    source: str
-
-    def __hash__(self) -> int:
-        return hash(("barrier", self.edge, self.source))
-
-    def encode(self) -> tuple[str, int, str]:
-        return ("barrier", self.edge, self.source)
-
-
-DeferredExit = PortExit | BarrierExit
-
-
-def _exit_order(item: DeferredExit) -> str:
-    # Exits are flushed in the order of their encodings' reprs: the order every stored
-    # log was written in (a different order would resolve ports, and so record edge
-    # decisions, in another order than a replay of an old log expects).
-    return repr(item.encode())
-
-
-def _decode_exit(x: list[Any]) -> DeferredExit:
-    match x:
-        case ["port", int(port)]:
-            return PortExit(port)
-        case ["barrier", int(edge), str(source)]:
-            return BarrierExit(edge, source)
-    raise ValueError(f"not a deferred loop exit: {x!r}")
-
-
 class Writer(NamedTuple):
     """The last completion that wrote a field. (A named tuple: one per completion.)"""
 
@@ -230,20 +140,15 @@ class RunView:
     # joins are still undecided. The runner reads both before recording a decision.
     routed: dict[str, bool] = field(default_factory=dict)
     route_wait: Counter[str] = field(default_factory=Counter)
-    # dead-path bookkeeping
-    _acts: dict[str, deque[dict[int, bool]]] = field(default_factory=dict)
-    _barriers: dict[int, deque[dict[str, bool]]] = field(default_factory=dict)
-    _active: Counter[int] = field(default_factory=Counter)  # cyclic scc -> ready+running
-    _deferred: dict[int, set[DeferredExit]] = field(default_factory=dict)
-    _taken_exits: dict[int, set[DeferredExit]] = field(default_factory=dict)
-    # nodes being ruled out, while `_rule_out` drains them (None otherwise: not state)
-    _ruling: deque[str] | None = None
+    # joins, dead paths, loop exits, quiescence: the flow machine, on ready/running/due
+    flow: Flow = field(init=False)
 
     # -- applying records ----------------------------------------------------------
 
     def __post_init__(self) -> None:
         # every node is present in ``visits`` so that ``run.visits.x`` is 0, not missing
         self.visits.update(self.plan.no_visits)
+        self.flow = Flow(self.plan, self.ready, self.running, self.due)
 
     def apply(self, rec: L.Record) -> None:
         handler = _HANDLERS.get(rec["type"])
@@ -256,8 +161,8 @@ class RunView:
         self.seq = rec["seq"]
         if handler is not None:
             handler(self, rec)
-        if not self.due and (self._deferred or not (self.ready or self.running)):
-            self._quiesce()
+        if not self.due and (self.flow.deferred or not (self.ready or self.running)):
+            self.flow.quiesce()
 
     def _on_run_started(self, rec: L.Record) -> None:
         self.state = dict(rec.get("input") or {})
@@ -385,21 +290,21 @@ class RunView:
             self.gates.pop(key, None)
         pn = self.plan.nodes[node]
         if pn.cyclic:
-            self._active[pn.scc] -= 1
+            self.flow.active[pn.scc] -= 1
         self.routed[node] = False
         self.route_wait[node] = pn.joins_out
         reenter = rec.get("reenter")
         if reenter is not None:  # a modified approval: the run goes back to ``reenter``
-            self._enqueue(reenter)
+            self.flow.enqueue(reenter)
             return
         goto = rec.get("goto")
         for e in pn.out:
             if e.is_join and node in e.barrier:
-                self._barrier(e, node, True)
+                self.flow.barrier(e, node, True)
             else:
                 self.due[(e.index, node)] = Due(e, node, goto if e.kind == "choose" else None)
         if pn.errors:  # it did not fail: its error edges are not taken
-            self._dead_edges(pn.errors)
+            self.flow.dead_edges(pn.errors)
 
     def _on_node_failed(self, rec: L.Record) -> None:
         if "caught" in rec:
@@ -428,26 +333,17 @@ class RunView:
         self.visits[node] += 1
         pn = self.plan.nodes[node]
         if pn.cyclic:
-            self._active[pn.scc] -= 1
+            self.flow.active[pn.scc] -= 1
         caught = rec["caught"]
         self.state[ERROR_FIELD] = caught["error"]
         self.routed[node] = False
         self.route_wait[node] = 0
-        self._rule_out(node)  # its ordinary edges: not taken (its joins: not arrived)
+        self.flow.rule_out(node)  # its ordinary edges: not taken (its joins: not arrived)
         edge = caught["edge"]
         for e in pn.errors:
             if e.index == edge:
                 self.due[(e.index, node)] = Due(e, node)
-        self._dead_edges([e for e in pn.errors if e.index != edge])
-
-    def _dead_edges(self, edges: list[PlanEdge]) -> None:
-        """Edges of a node that will not be taken this time (its error edges when it
-        completes; the other error edges when one catches): their targets' ports die."""
-        for e in edges:
-            for t in e.targets:
-                port = e.ports.get(t)
-                if port is not None:
-                    self._dead_port(port)
+        self.flow.dead_edges([e for e in pn.errors if e.index != edge])
 
     def _on_node_retrying(self, rec: L.Record) -> None:
         self.status = "RETRYING"  # until the next attempt starts (visible in `status`)
@@ -502,13 +398,13 @@ class RunView:
             port = ports.get(t)
             if t in taken:
                 if port is None or back:
-                    self._enqueue(t)  # a back edge: a new iteration, no port to resolve
+                    self.flow.enqueue(t)  # a back edge: a new iteration, no port to resolve
                 elif port.exit_scc is None and t in single_port:
-                    self._enqueue(t)  # its only way in, taken: nothing else to settle
+                    self.flow.enqueue(t)  # its only way in, taken: nothing else to settle
                 else:
-                    self._taken_port(port)
+                    self.flow.taken_port(port)
             elif port is not None and not back:
-                self._dead_port(port)
+                self.flow.dead_port(port)
 
     def _on_run_forked(self, rec: L.Record) -> None:
         self.parent = (rec["parent_run"], rec["parent_seq"])
@@ -569,151 +465,6 @@ class RunView:
         self.status = "WAITING_APPROVAL"
         self.waiting = rec.get("waiting")
 
-    # -- delivery and dead paths -------------------------------------------------------
-
-    def _enqueue(self, node: str) -> None:
-        self.ready.append(node)
-        pn = self.plan.nodes[node]
-        if pn.cyclic:
-            self._active[pn.scc] += 1
-
-    def _taken_port(self, port: Port) -> None:
-        if port.exit_scc is not None:
-            self._taken_exits.setdefault(port.exit_scc, set()).add(PortExit(port.id))
-        self._resolve_port(port, True)
-
-    def _dead_port(self, port: Port) -> None:
-        if port.exit_scc is not None:
-            self._deferred.setdefault(port.exit_scc, set()).add(PortExit(port.id))
-            return
-        self._resolve_port(port, False)
-
-    def _resolve_port(self, port: Port, taken: bool) -> None:
-        target = port.target
-        if taken:
-            self._enqueue(target)
-        if target in self.plan.single_port:
-            # one way in: each activation is settled by this port alone (the common case;
-            # no queue to keep)
-            if not taken:
-                self._rule_out(target)
-            return
-        acts = self._acts.setdefault(target, deque())
-        for act in acts:
-            if port.id not in act:
-                act[port.id] = taken
-                break
-        else:
-            acts.append({port.id: taken})
-        self._settle_acts(target, force=False)
-
-    def _settle_acts(self, target: str, *, force: bool) -> None:
-        acts = self._acts.get(target)
-        nports = len(self.plan.nodes[target].ports)
-        while acts and (len(acts[0]) == nports or force):
-            act = acts.popleft()
-            if not any(act.values()):
-                self._rule_out(target)
-            force = False
-
-    def _rule_out(self, node: str) -> None:
-        """``node`` will not run in this activation: resolve each of its edges dead.
-
-        A worklist, not recursion: ruling a node out can rule its successors out, and so
-        on down a chain of any length (a skipped branch of 10,000 nodes). The first call
-        drains the list; one made while it does (from `_resolve_port`, `_settle_acts`,
-        `_settle_barrier`) only adds its node, in order."""
-        work = self._ruling
-        if work is not None:
-            work.append(node)
-            return
-        self._ruling = work = deque((node,))
-        try:
-            while work:
-                self._rule_out_one(work.popleft())
-        finally:
-            self._ruling = None
-
-    def _rule_out_one(self, node: str) -> None:
-        for e in self.plan.nodes[node].out:
-            if e.is_join:
-                if node in e.barrier:
-                    self._barrier(e, node, False)
-                continue
-            for t in e.targets:
-                port = e.ports.get(t)
-                if port is not None:
-                    self._dead_port(port)
-
-    def _barrier(self, e: PlanEdge, source: str, arrived: bool) -> None:
-        exit_scc = e.barrier_exit.get(source)
-        if exit_scc is not None:
-            if not arrived:
-                self._deferred.setdefault(exit_scc, set()).add(BarrierExit(e.index, source))
-                return
-            self._taken_exits.setdefault(exit_scc, set()).add(BarrierExit(e.index, source))
-        self._resolve_barrier(e, source, arrived)
-
-    def _resolve_barrier(self, e: PlanEdge, source: str, arrived: bool) -> None:
-        queue = self._barriers.setdefault(e.index, deque())
-        for entry in queue:
-            if source not in entry:
-                if arrived:
-                    entry[source] = True
-                else:
-                    entry[source] = False
-                break
-        else:
-            queue.append({source: arrived})
-        self._settle_barrier(e, force=False)
-
-    def _settle_barrier(self, e: PlanEdge, *, force: bool) -> None:
-        queue = self._barriers.get(e.index)
-        while queue and (len(queue[0]) == len(e.barrier) or force):
-            entry = queue.popleft()
-            force = False
-            if any(entry.values()):
-                arrived = tuple(src for src, ok in entry.items() if ok)
-                self.due[(e.index, "*")] = Due(e, "*", arrived=arrived)
-            else:
-                for t in e.targets:
-                    port = e.ports.get(t)
-                    if port is not None:
-                        self._dead_port(port)
-
-    # -- quiescence --------------------------------------------------------------------
-
-    def _quiesce(self) -> None:
-        """Flush loop exits of idle components, then settle what can no longer fill."""
-        for scc in [c for c, d in self._deferred.items() if d]:
-            if self._active[scc] == 0 and not self.due:
-                self._flush_exits(scc)
-        while not self.ready and not self.running and not self.due:
-            if not self._settle_partial():
-                break
-
-    def _flush_exits(self, scc: int) -> None:
-        pending = self._deferred.pop(scc, set()) - self._taken_exits.pop(scc, set())
-        for item in sorted(pending, key=_exit_order):
-            match item:
-                case PortExit(port):
-                    self._resolve_port(self.plan.ports[port], False)
-                case BarrierExit(edge, source):
-                    self._resolve_barrier(self.plan.edges[edge], source, False)
-
-    def _settle_partial(self) -> bool:
-        for scc in [c for c, d in self._deferred.items() if d]:
-            self._flush_exits(scc)
-            return True
-        for index, queue in self._barriers.items():
-            if queue:
-                self._settle_barrier(self.plan.edges[index], force=True)
-                return True
-        for target, acts in self._acts.items():
-            if acts:
-                self._settle_acts(target, force=True)
-                return True
-        return False
 
     # -- the snapshot codec (``_snapshot`` adds the version and binds it to the chain) ---
 
@@ -739,14 +490,7 @@ class RunView:
             "confirmations": [[n, vis, key, d]
                               for (n, vis, key), d in self.confirmations.items()],
             "routed": self.routed, "route_wait": dict(self.route_wait),
-            "acts": {t: [list(a.items()) for a in q] for t, q in self._acts.items() if q},
-            "barriers": [[i, [list(e.items()) for e in q]]
-                         for i, q in self._barriers.items() if q],
-            "active": list(self._active.items()),
-            "deferred": [[c, [list(x.encode()) for x in items]]
-                         for c, items in self._deferred.items()],
-            "taken_exits": [[c, [list(x.encode()) for x in items]]
-                            for c, items in self._taken_exits.items()],
+            **self.flow.dump(),
             "maps": [[n, vis, m.items, list(m.done.items()),
                       [x.encode() for x in m.running.values()], list(m.running)]
                      for (n, vis), m in self.maps.items()],
@@ -778,18 +522,12 @@ class RunView:
         v.confirmations = {(n, vis, key): dec for n, vis, key, dec in d["confirmations"]}
         v.routed = d["routed"]
         v.route_wait = Counter(d["route_wait"])
-        v._acts = {t: deque({int(p): b for p, b in a} for a in q)
-                   for t, q in d["acts"].items()}
-        v._barriers = {int(i): deque({s: b for s, b in e} for e in q)
-                       for i, q in d["barriers"]}
-        v._active = Counter({int(c): n for c, n in d["active"]})
-        v._deferred = {int(c): {_decode_exit(x) for x in items} for c, items in d["deferred"]}
-        v._taken_exits = {int(c): {_decode_exit(x) for x in items}
-                          for c, items in d["taken_exits"]}
         v.maps = {(n, vis): MapRun(items, {int(i): u for i, u in done},
                                    {int(i): Visit(*r) for i, r in zip(idx, running, strict=True)})
                   for n, vis, items, done, running, idx in d["maps"]}
         v.map_items = {t: deque(q) for t, q in d["map_items"].items()}
+        v.flow = Flow(plan, v.ready, v.running, v.due)  # on the restored containers
+        v.flow.restore(d)
         return v
 
     # -- reading -------------------------------------------------------------------
