@@ -198,6 +198,10 @@ class Flow:
         self._resolve_port(port, False)
 
     def _resolve_port(self, port: Port, taken: bool) -> None:
+        # A port's n-th resolution belongs to the oldest activation that lacks it (FIFO):
+        # two deliveries to ``c`` through the same port are two activations, each waiting
+        # for the other ports' n-th resolutions. A taken port delivers at once; the
+        # activation only decides, once full, whether the node is ruled out.
         target = port.target
         if taken:
             self.enqueue(target)
@@ -217,6 +221,9 @@ class Flow:
         self._settle_acts(target, force=False)
 
     def _settle_acts(self, target: str, *, force: bool) -> None:
+        # Full activations are settled oldest first. ``force`` (quiescence) settles the
+        # oldest one as it is -- its missing ports can no longer resolve, so they count
+        # dead -- and then only full ones: what it rules out may fill the next.
         acts = self.acts.get(target)
         nports = len(self.plan.nodes[target].ports)
         while acts and (len(acts[0]) == nports or force):
@@ -255,6 +262,9 @@ class Flow:
                     self.dead_port(port)
 
     def barrier(self, e: PlanEdge, source: str, arrived: bool) -> None:
+        # ``source`` completed (arrived) or was ruled out at join ``e``. A source inside a
+        # loop whose join is outside it is a loop exit: an arrival goes through at once
+        # (and is remembered as taken), a ruling-out waits for the loop to go idle.
         exit_scc = e.barrier_exit.get(source)
         if exit_scc is not None:
             if not arrived:
@@ -264,6 +274,8 @@ class Flow:
         self._resolve_barrier(e, source, arrived)
 
     def _resolve_barrier(self, e: PlanEdge, source: str, arrived: bool) -> None:
+        # One entry per round of the join, FIFO, as with activations: a source's n-th
+        # signal fills the oldest entry it is missing from.
         queue = self.barriers.setdefault(e.index, deque())
         for entry in queue:
             if source not in entry:
@@ -277,6 +289,9 @@ class Flow:
         self._settle_barrier(e, force=False)
 
     def _settle_barrier(self, e: PlanEdge, *, force: bool) -> None:
+        # A full entry (or, forced at quiescence, the oldest partial one) settles the
+        # round: with any arrival the join's decision is due, naming the sources that
+        # arrived, in the order they did; with none, the join's targets' ports die.
         queue = self.barriers.get(e.index)
         while queue and (len(queue[0]) == len(e.barrier) or force):
             entry = queue.popleft()
@@ -294,6 +309,10 @@ class Flow:
 
     def quiesce(self) -> None:
         """Flush loop exits of idle components, then settle what can no longer fill."""
+        # Phase 1, per component: idle (nothing of it ready or running) and nothing due
+        # anywhere -- ``due`` is checked again for each, a flush may make a decision due.
+        # Phase 2, only when the whole run is quiescent: settle one waiting thing at a
+        # time and look again, for settling one may deliver (and end the quiescence).
         for scc in [c for c, d in self.deferred.items() if d]:
             if self.active[scc] == 0 and not self.due:
                 self._flush_exits(scc)
@@ -302,6 +321,8 @@ class Flow:
                 break
 
     def _flush_exits(self, scc: int) -> None:
+        # An exit taken while the component ran cancels its dead signals of the same
+        # idle period; both sets start empty again (the next iteration decides afresh).
         pending = self.deferred.pop(scc, set()) - self.taken_exits.pop(scc, set())
         for item in sorted(pending, key=_exit_order):
             match item:
@@ -311,6 +332,8 @@ class Flow:
                     self._resolve_barrier(self.plan.edges[edge], source, False)
 
     def _settle_partial(self) -> bool:
+        # One step of phase 2, in a fixed order (deferred exits, then barriers, then
+        # activations, each in its dict's insertion order): True if it settled one.
         for scc in [c for c, d in self.deferred.items() if d]:
             self._flush_exits(scc)
             return True

@@ -161,6 +161,11 @@ class RunView:
         self.seq = rec["seq"]
         if handler is not None:
             handler(self, rec)
+        # The flow machine settles what waits (deferred loop exits, partial joins) only
+        # when no decision is owed: a due decision may still deliver into a component or
+        # a join. With deferred exits it looks even while other nodes run (a component can
+        # be idle while the rest of the run is not); otherwise only once nothing is ready
+        # or running. Either way, at the same record on every replay.
         if not self.due and (self.flow.deferred or not (self.ready or self.running)):
             self.flow.quiesce()
 
@@ -389,6 +394,10 @@ class RunView:
                     self.routed[arrived] = True
         if e.mapping is not None and taken:  # its items, for the visit it starts
             self.map_items.setdefault(taken[0], deque()).append(rec.get("value") or [])
+        # Each target of the edge is delivered to (taken) or sent a dead signal (not).
+        # A back edge (from a node of the loop it closes) has no port: taken, it starts
+        # a new iteration; not taken, it signals nothing -- the loop's exits say where
+        # the run goes instead. A forward edge resolves its target's port.
         back = source in e.back_sources
         ports = e.ports
         single_port = self.plan.single_port
