@@ -36,10 +36,10 @@ LAYERS: dict[int, set[str]] = {
     3: {"_definition._validate", "_definition._checking", "_definition._checks_nodes",
         "_definition._checks_triggers", "_definition._checks_edges", "_definition._checks_state",
         "_definition._checks_graph", "_definition._plan"},
-    # the fold, its snapshots, approvals, the journal (records sealed, folded, stored),
-    # the lease keeper (leases renewed off the event loop)
-    4: {"_engine._fold", "_engine._snapshot", "_engine._approvals", "_engine._journal",
-        "_engine._lease"},
+    # the flow machine, the fold, its snapshots, approvals, the journal (records sealed,
+    # folded, stored), the lease keeper (leases renewed off the event loop)
+    4: {"_engine._flow", "_engine._fold", "_engine._snapshot", "_engine._approvals",
+        "_engine._journal", "_engine._lease"},
     # the node call: its context, the guards, process isolation
     5: {"_engine._context", "_engine._budget", "_engine._guards", "_engine._call",
         "_engine._mapped", "_engine._ray",

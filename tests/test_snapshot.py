@@ -12,6 +12,7 @@ import pytest
 import interlock
 from interlock import START, Workflow
 from interlock._engine import _snapshot as snapshots
+from interlock._engine._flow import PortExit
 from interlock._engine._fold import RunView
 
 
@@ -85,6 +86,33 @@ def test_restoring_at_every_record_gives_the_same_view(make: Any, args: Any) -> 
         for rec in recs[k:]:
             view.apply(rec)
         assert canon(view) == canon(full), f"diverged after a snapshot at record {k}"
+
+
+# A snapshot as main wrote it before the view owned its codec and its loop exits were
+# typed: ``loop_with_join`` at record 20 (stop 6), a join half full, a loop exit deferred.
+STORED = (
+    b'{"version":4,"seq":20,"hash":"h","state":{"stop":6,"i":2,"log":["top","left","join",'
+    b'"top","left"]},"ready":[],"running":[["right",1,1,19,0,0,0]],"due":[],"visits":{"top'
+    b'":2,"left":2,"right":0,"join":1,"side":0,"end":0},"started":{"top":2,"left":2,"join"'
+    b':1,"right":1},"takes":[[0,1],[1,2],[3,1],[4,1],[2,1]],"steps":6,"tokens":0,"config":'
+    b'{},"limits":{"steps":10000},"parent":null,"status":"RUNNING","error":null,"waiting":'
+    b'null,"writers":{"i":["top",15],"log":["left",20]},"effects":[],"gates":[],"confirmat'
+    b'ions":[],"routed":{"START":true,"top":true,"left":false,"*":true,"join":true},"route'
+    b'_wait":{"top":0,"left":1,"join":0},"acts":{},"barriers":[[3,[[["left",true]]]]],"act'
+    b'ive":[[2,1]],"deferred":[[2,[["port",4]]]],"taken_exits":[],"maps":[],"map_items":{}'
+    b'}'
+)
+
+
+def test_a_stored_snapshot_is_read_and_dumped_back_byte_for_byte() -> None:
+    plan = loop_with_join().compile()
+    restored = snapshots.load(plan, STORED)
+    assert restored is not None
+    view, last_hash = restored
+    assert (view.seq, last_hash) == (20, "h")
+    assert view.flow.deferred == {2: {PortExit(4)}}
+    assert list(view.flow.barriers[3]) == [{"left": True}]
+    assert snapshots.dump(view, "h") == STORED
 
 
 def test_an_unreadable_or_foreign_snapshot_is_ignored() -> None:

@@ -26,7 +26,8 @@ from .._errors import (
     RunError,
 )
 from . import _records as R
-from ._fold import Due, RunView, Scope
+from ._flow import Due
+from ._fold import RunView, Scope
 
 
 class Abort(Exception):

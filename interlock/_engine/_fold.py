@@ -11,35 +11,11 @@ The view derives, from records alone:
 - ``due``        edge decisions owed (a node completed, a join settled) that
                  the executor must make -- conditions, routers, gotos -- and
                  append as ``edge.taken`` / ``edge.skipped``;
-- joins, dead paths and loop exits (below), visits, steps, tokens, status.
+- joins, dead paths and loop exits (``flow``), visits, steps, tokens, status.
 
-Dead paths
-----------
-Each node keeps a queue of *activations*; an activation records, per forward
-port, whether it was taken or found dead. A taken port makes its node ready
-at once (a node runs once per edge taken). When every port of the oldest
-activation is resolved and none was taken, the node is ruled out and each of
-its outgoing edges is resolved dead in turn -- a worklist, not recursion.
-
-Loop exits
-----------
-Inside a loop, an exit edge not taken in one iteration may be taken in the
-next::
-
-    remediate -> verify --(retry)--> remediate        verify -> summary: otherwise
-
-Ruling ``summary`` out after the first ``retry`` would be wrong, so dead
-signals that leave a cyclic component are *deferred* until nothing inside it
-is ready or running; then every exit not taken during that time is resolved
-dead. Taken exits go through at once.
-
-Quiescence
-----------
-When nothing is ready, running or due, no pending join can ever receive
-another arrival; any partially filled barrier or activation is settled with
-its missing entries counted dead. So a join fires with the branches that did
-run and never hangs. All of this happens at the same records on replay, which
-is what makes resume exact.
+Joins, dead paths, loop exits and quiescence are the flow machine's
+(`_flow.Flow`, ``view.flow``): the view hands it each decision and completion; it
+shares the view's ``ready``, ``running`` and ``due``.
 """
 
 from __future__ import annotations
@@ -51,19 +27,10 @@ from typing import Any, NamedTuple
 
 from .. import _log as L
 from .._definition._model import END, ERROR_FIELD
-from .._definition._plan import Plan, PlanEdge, Port
+from .._definition._plan import Plan
 from .._definition._state import merge_update
 from .._errors import InternalError
-
-
-@dataclass(slots=True)
-class Due:
-    """An edge decision owed. ``source`` is the completed node (``*`` for a settled join)."""
-
-    edge: PlanEdge
-    source: str
-    goto: str | None = None  # the target a ``choose`` node returned
-    arrived: tuple[str, ...] = ()  # a settled join: the sources that completed
+from ._flow import Due, Flow
 
 
 @dataclass(slots=True)
@@ -75,6 +42,11 @@ class Visit:
     tokens: int = 0  # recorded so far by all its attempts (a node's `tokens:` is per visit)
     failures: int = 0  # attempts that failed (what `retry.attempts` counts)
     effect_tokens: int = 0  # of the current attempt's, those its effects' records carried
+
+    def encode(self) -> list[Any]:
+        """Its snapshot encoding: its fields, in order (``Visit(*encoded)`` restores it)."""
+        return [self.node, self.visit, self.attempt, self.started_seq, self.tokens,
+                self.failures, self.effect_tokens]
 
 
 @dataclass(slots=True)
@@ -105,6 +77,12 @@ class Gate:
     # guarded tool's arguments (a ``modify`` patch); None when the gate takes neither
     input: dict[str, Any] | None = None
     path: str | None = None  # for kind "workflow": the nodes down to the child's gate
+
+    def encode(self) -> list[Any]:
+        """Its snapshot encoding: its fields, in order (``Gate(*encoded)`` restores it)."""
+        return [self.node, self.visit, self.kind, self.requested_at, self.show,
+                self.decisions, self.deadline, self.decision, self.body_started, self.key,
+                self.input, self.path]
 
     def waiting(self) -> dict[str, Any]:
         """The ``waiting`` object of SPEC §3 (a child run's gate: ``node`` is its path)."""
@@ -162,20 +140,15 @@ class RunView:
     # joins are still undecided. The runner reads both before recording a decision.
     routed: dict[str, bool] = field(default_factory=dict)
     route_wait: Counter[str] = field(default_factory=Counter)
-    # dead-path bookkeeping
-    _acts: dict[str, deque[dict[int, bool]]] = field(default_factory=dict)
-    _barriers: dict[int, deque[dict[str, bool]]] = field(default_factory=dict)
-    _active: Counter[int] = field(default_factory=Counter)  # cyclic scc -> ready+running
-    _deferred: dict[int, set[tuple[Any, ...]]] = field(default_factory=dict)
-    _taken_exits: dict[int, set[tuple[Any, ...]]] = field(default_factory=dict)
-    # nodes being ruled out, while `_rule_out` drains them (None otherwise: not state)
-    _ruling: deque[str] | None = None
+    # joins, dead paths, loop exits, quiescence: the flow machine, on ready/running/due
+    flow: Flow = field(init=False)
 
     # -- applying records ----------------------------------------------------------
 
     def __post_init__(self) -> None:
         # every node is present in ``visits`` so that ``run.visits.x`` is 0, not missing
         self.visits.update(self.plan.no_visits)
+        self.flow = Flow(self.plan, self.ready, self.running, self.due)
 
     def apply(self, rec: L.Record) -> None:
         handler = _HANDLERS.get(rec["type"])
@@ -188,8 +161,13 @@ class RunView:
         self.seq = rec["seq"]
         if handler is not None:
             handler(self, rec)
-        if not self.due and (self._deferred or not (self.ready or self.running)):
-            self._quiesce()
+        # The flow machine settles what waits (deferred loop exits, partial joins) only
+        # when no decision is owed: a due decision may still deliver into a component or
+        # a join. With deferred exits it looks even while other nodes run (a component can
+        # be idle while the rest of the run is not); otherwise only once nothing is ready
+        # or running. Either way, at the same record on every replay.
+        if not self.due and (self.flow.deferred or not (self.ready or self.running)):
+            self.flow.quiesce()
 
     def _on_run_started(self, rec: L.Record) -> None:
         self.state = dict(rec.get("input") or {})
@@ -317,21 +295,21 @@ class RunView:
             self.gates.pop(key, None)
         pn = self.plan.nodes[node]
         if pn.cyclic:
-            self._active[pn.scc] -= 1
+            self.flow.active[pn.scc] -= 1
         self.routed[node] = False
         self.route_wait[node] = pn.joins_out
         reenter = rec.get("reenter")
         if reenter is not None:  # a modified approval: the run goes back to ``reenter``
-            self._enqueue(reenter)
+            self.flow.enqueue(reenter)
             return
         goto = rec.get("goto")
         for e in pn.out:
             if e.is_join and node in e.barrier:
-                self._barrier(e, node, True)
+                self.flow.barrier(e, node, True)
             else:
                 self.due[(e.index, node)] = Due(e, node, goto if e.kind == "choose" else None)
         if pn.errors:  # it did not fail: its error edges are not taken
-            self._dead_edges(pn.errors)
+            self.flow.dead_edges(pn.errors)
 
     def _on_node_failed(self, rec: L.Record) -> None:
         if "caught" in rec:
@@ -360,26 +338,17 @@ class RunView:
         self.visits[node] += 1
         pn = self.plan.nodes[node]
         if pn.cyclic:
-            self._active[pn.scc] -= 1
+            self.flow.active[pn.scc] -= 1
         caught = rec["caught"]
         self.state[ERROR_FIELD] = caught["error"]
         self.routed[node] = False
         self.route_wait[node] = 0
-        self._rule_out(node)  # its ordinary edges: not taken (its joins: not arrived)
+        self.flow.rule_out(node)  # its ordinary edges: not taken (its joins: not arrived)
         edge = caught["edge"]
         for e in pn.errors:
             if e.index == edge:
                 self.due[(e.index, node)] = Due(e, node)
-        self._dead_edges([e for e in pn.errors if e.index != edge])
-
-    def _dead_edges(self, edges: list[PlanEdge]) -> None:
-        """Edges of a node that will not be taken this time (its error edges when it
-        completes; the other error edges when one catches): their targets' ports die."""
-        for e in edges:
-            for t in e.targets:
-                port = e.ports.get(t)
-                if port is not None:
-                    self._dead_port(port)
+        self.flow.dead_edges([e for e in pn.errors if e.index != edge])
 
     def _on_node_retrying(self, rec: L.Record) -> None:
         self.status = "RETRYING"  # until the next attempt starts (visible in `status`)
@@ -425,6 +394,10 @@ class RunView:
                     self.routed[arrived] = True
         if e.mapping is not None and taken:  # its items, for the visit it starts
             self.map_items.setdefault(taken[0], deque()).append(rec.get("value") or [])
+        # Each target of the edge is delivered to (taken) or sent a dead signal (not).
+        # A back edge (from a node of the loop it closes) has no port: taken, it starts
+        # a new iteration; not taken, it signals nothing -- the loop's exits say where
+        # the run goes instead. A forward edge resolves its target's port.
         back = source in e.back_sources
         ports = e.ports
         single_port = self.plan.single_port
@@ -434,13 +407,13 @@ class RunView:
             port = ports.get(t)
             if t in taken:
                 if port is None or back:
-                    self._enqueue(t)  # a back edge: a new iteration, no port to resolve
+                    self.flow.enqueue(t)  # a back edge: a new iteration, no port to resolve
                 elif port.exit_scc is None and t in single_port:
-                    self._enqueue(t)  # its only way in, taken: nothing else to settle
+                    self.flow.enqueue(t)  # its only way in, taken: nothing else to settle
                 else:
-                    self._taken_port(port)
+                    self.flow.taken_port(port)
             elif port is not None and not back:
-                self._dead_port(port)
+                self.flow.dead_port(port)
 
     def _on_run_forked(self, rec: L.Record) -> None:
         self.parent = (rec["parent_run"], rec["parent_seq"])
@@ -501,150 +474,70 @@ class RunView:
         self.status = "WAITING_APPROVAL"
         self.waiting = rec.get("waiting")
 
-    # -- delivery and dead paths -------------------------------------------------------
 
-    def _enqueue(self, node: str) -> None:
-        self.ready.append(node)
-        pn = self.plan.nodes[node]
-        if pn.cyclic:
-            self._active[pn.scc] += 1
+    # -- the snapshot codec (``_snapshot`` adds the version and binds it to the chain) ---
 
-    def _taken_port(self, port: Port) -> None:
-        if port.exit_scc is not None:
-            self._taken_exits.setdefault(port.exit_scc, set()).add(("port", port.id))
-        self._resolve_port(port, True)
+    def dump(self) -> dict[str, Any]:
+        """The view's fields after ``seq``, as JSON values, in the snapshot's key order.
 
-    def _dead_port(self, port: Port) -> None:
-        if port.exit_scc is not None:
-            self._deferred.setdefault(port.exit_scc, set()).add(("port", port.id))
-            return
-        self._resolve_port(port, False)
+        The encoding is explicit, field by field: JSON has no tuples, sets or int keys.
+        `restore` reads it back; changing either changes the snapshot format (and
+        ``_snapshot.VERSION`` with it)."""
+        return {
+            "state": self.state, "ready": list(self.ready),
+            "running": [x.encode() for x in self.running.values()],
+            "due": [[d.edge.index, d.source, d.goto, list(d.arrived)]
+                    for d in self.due.values()],
+            "visits": dict(self.visits), "started": dict(self.started),
+            "takes": list(self.takes.items()), "steps": self.steps, "tokens": self.tokens,
+            "config": self.config, "limits": self.limits,
+            "parent": list(self.parent) if self.parent else None, "status": self.status,
+            "error": self.error, "waiting": self.waiting,
+            "writers": {k: [w.node, w.completed_seq] for k, w in self.writers.items()},
+            "effects": [[n, vis, key, val] for (n, vis, key), val in self.effects.items()],
+            "gates": [g.encode() for g in self.gates.values()],
+            "confirmations": [[n, vis, key, d]
+                              for (n, vis, key), d in self.confirmations.items()],
+            "routed": self.routed, "route_wait": dict(self.route_wait),
+            **self.flow.dump(),
+            "maps": [[n, vis, m.items, list(m.done.items()),
+                      [x.encode() for x in m.running.values()], list(m.running)]
+                     for (n, vis), m in self.maps.items()],
+            "map_items": {t: list(q) for t, q in self.map_items.items() if q},
+        }
 
-    def _resolve_port(self, port: Port, taken: bool) -> None:
-        target = port.target
-        if taken:
-            self._enqueue(target)
-        if target in self.plan.single_port:
-            # one way in: each activation is settled by this port alone (the common case;
-            # no queue to keep)
-            if not taken:
-                self._rule_out(target)
-            return
-        acts = self._acts.setdefault(target, deque())
-        for act in acts:
-            if port.id not in act:
-                act[port.id] = taken
-                break
-        else:
-            acts.append({port.id: taken})
-        self._settle_acts(target, force=False)
-
-    def _settle_acts(self, target: str, *, force: bool) -> None:
-        acts = self._acts.get(target)
-        nports = len(self.plan.nodes[target].ports)
-        while acts and (len(acts[0]) == nports or force):
-            act = acts.popleft()
-            if not any(act.values()):
-                self._rule_out(target)
-            force = False
-
-    def _rule_out(self, node: str) -> None:
-        """``node`` will not run in this activation: resolve each of its edges dead.
-
-        A worklist, not recursion: ruling a node out can rule its successors out, and so
-        on down a chain of any length (a skipped branch of 10,000 nodes). The first call
-        drains the list; one made while it does (from `_resolve_port`, `_settle_acts`,
-        `_settle_barrier`) only adds its node, in order."""
-        work = self._ruling
-        if work is not None:
-            work.append(node)
-            return
-        self._ruling = work = deque((node,))
-        try:
-            while work:
-                self._rule_out_one(work.popleft())
-        finally:
-            self._ruling = None
-
-    def _rule_out_one(self, node: str) -> None:
-        for e in self.plan.nodes[node].out:
-            if e.is_join:
-                if node in e.barrier:
-                    self._barrier(e, node, False)
-                continue
-            for t in e.targets:
-                port = e.ports.get(t)
-                if port is not None:
-                    self._dead_port(port)
-
-    def _barrier(self, e: PlanEdge, source: str, arrived: bool) -> None:
-        exit_scc = e.barrier_exit.get(source)
-        if exit_scc is not None:
-            if not arrived:
-                self._deferred.setdefault(exit_scc, set()).add(("barrier", e.index, source))
-                return
-            self._taken_exits.setdefault(exit_scc, set()).add(("barrier", e.index, source))
-        self._resolve_barrier(e, source, arrived)
-
-    def _resolve_barrier(self, e: PlanEdge, source: str, arrived: bool) -> None:
-        queue = self._barriers.setdefault(e.index, deque())
-        for entry in queue:
-            if source not in entry:
-                if arrived:
-                    entry[source] = True
-                else:
-                    entry[source] = False
-                break
-        else:
-            queue.append({source: arrived})
-        self._settle_barrier(e, force=False)
-
-    def _settle_barrier(self, e: PlanEdge, *, force: bool) -> None:
-        queue = self._barriers.get(e.index)
-        while queue and (len(queue[0]) == len(e.barrier) or force):
-            entry = queue.popleft()
-            force = False
-            if any(entry.values()):
-                arrived = tuple(src for src, ok in entry.items() if ok)
-                self.due[(e.index, "*")] = Due(e, "*", arrived=arrived)
-            else:
-                for t in e.targets:
-                    port = e.ports.get(t)
-                    if port is not None:
-                        self._dead_port(port)
-
-    # -- quiescence --------------------------------------------------------------------
-
-    def _quiesce(self) -> None:
-        """Flush loop exits of idle components, then settle what can no longer fill."""
-        for scc in [c for c, d in self._deferred.items() if d]:
-            if self._active[scc] == 0 and not self.due:
-                self._flush_exits(scc)
-        while not self.ready and not self.running and not self.due:
-            if not self._settle_partial():
-                break
-
-    def _flush_exits(self, scc: int) -> None:
-        pending = self._deferred.pop(scc, set()) - self._taken_exits.pop(scc, set())
-        for item in sorted(pending, key=repr):
-            if item[0] == "port":
-                self._resolve_port(self.plan.ports[item[1]], False)
-            else:
-                self._resolve_barrier(self.plan.edges[item[1]], item[2], False)
-
-    def _settle_partial(self) -> bool:
-        for scc in [c for c, d in self._deferred.items() if d]:
-            self._flush_exits(scc)
-            return True
-        for index, queue in self._barriers.items():
-            if queue:
-                self._settle_barrier(self.plan.edges[index], force=True)
-                return True
-        for target, acts in self._acts.items():
-            if acts:
-                self._settle_acts(target, force=True)
-                return True
-        return False
+    @classmethod
+    def restore(cls, plan: Plan, seq: int, d: dict[str, Any]) -> RunView:
+        """The view `dump` wrote as ``d``, at record ``seq``. Raises KeyError, IndexError,
+        TypeError or ValueError when ``d`` is not such a dump."""
+        v = cls(plan)
+        v.seq = seq
+        v.state = d["state"]
+        v.ready = deque(d["ready"])
+        v.running = {(r[0], r[1]): Visit(*r) for r in d["running"]}
+        v.due = {(i, src): Due(plan.edges[i], src, goto, tuple(arr))
+                 for i, src, goto, arr in d["due"]}
+        v.visits = Counter(d["visits"])
+        v.started = Counter(d["started"])
+        v.takes = Counter({int(k): n for k, n in d["takes"]})
+        v.steps, v.tokens = d["steps"], d["tokens"]
+        v.config, v.limits = d["config"], d["limits"]
+        v.parent = (d["parent"][0], d["parent"][1]) if d["parent"] else None
+        v.status, v.error, v.waiting = d["status"], d["error"], d["waiting"]
+        v.writers = {k: Writer(n, s) for k, (n, s) in d["writers"].items()}
+        v.effects = {(n, vis, key if isinstance(key, str) else tuple(key)): val
+                     for n, vis, key, val in d["effects"]}
+        v.gates = {(g[0], g[1]): Gate(*g) for g in d["gates"]}
+        v.confirmations = {(n, vis, key): dec for n, vis, key, dec in d["confirmations"]}
+        v.routed = d["routed"]
+        v.route_wait = Counter(d["route_wait"])
+        v.maps = {(n, vis): MapRun(items, {int(i): u for i, u in done},
+                                   {int(i): Visit(*r) for i, r in zip(idx, running, strict=True)})
+                  for n, vis, items, done, running, idx in d["maps"]}
+        v.map_items = {t: deque(q) for t, q in d["map_items"].items()}
+        v.flow = Flow(plan, v.ready, v.running, v.due)  # on the restored containers
+        v.flow.restore(d)
+        return v
 
     # -- reading -------------------------------------------------------------------
 

@@ -9,21 +9,21 @@ holds its digest; otherwise it folds the whole log and says why. ``interlock
 verify`` folds the whole log and reports a snapshot that does not match. Only the
 latest snapshot of a run is kept, so storage stays O(state) + O(log).
 
-The encoding is explicit, field by field (JSON has no tuples, sets or int keys),
-and versioned: a snapshot of another version is simply not used.
+The encoding of the view is `RunView.dump` / `RunView.restore` (field by field:
+JSON has no tuples, sets or int keys); this module versions it and binds it to the
+chain: a snapshot of another version is simply not used.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections import Counter, deque
 from typing import Any
 
 import orjson
 
 from .. import _log as L
 from .._definition._plan import Plan
-from ._fold import Due, Gate, MapRun, RunView, Visit, Writer
+from ._fold import RunView
 
 VERSION = 4  # 2: a running visit's tokens, failures and effect tokens; 3: bound to the log;
 # 4: mapped nodes' visits
@@ -40,38 +40,8 @@ def interval(size: int) -> int:
 
 def dump(view: RunView, last_hash: str) -> bytes:
     """The view as bytes; ``last_hash`` is the chain hash of record ``view.seq``."""
-    v = view
-    data = {
-        "version": VERSION, "seq": v.seq, "hash": last_hash,
-        "state": v.state, "ready": list(v.ready),
-        "running": [_visit(x) for x in v.running.values()],
-        "due": [[d.edge.index, d.source, d.goto, list(d.arrived)] for d in v.due.values()],
-        "visits": dict(v.visits), "started": dict(v.started),
-        "takes": list(v.takes.items()), "steps": v.steps, "tokens": v.tokens,
-        "config": v.config, "limits": v.limits,
-        "parent": list(v.parent) if v.parent else None, "status": v.status,
-        "error": v.error, "waiting": v.waiting,
-        "writers": {k: [w.node, w.completed_seq] for k, w in v.writers.items()},
-        "effects": [[n, vis, key, val] for (n, vis, key), val in v.effects.items()],
-        "gates": [[g.node, g.visit, g.kind, g.requested_at, g.show, g.decisions, g.deadline,
-                   g.decision, g.body_started, g.key, g.input, g.path]
-                  for g in v.gates.values()],
-        "confirmations": [[n, vis, key, d] for (n, vis, key), d in v.confirmations.items()],
-        "routed": v.routed, "route_wait": dict(v.route_wait),
-        "acts": {t: [list(a.items()) for a in q] for t, q in v._acts.items() if q},
-        "barriers": [[i, [list(e.items()) for e in q]] for i, q in v._barriers.items() if q],
-        "active": list(v._active.items()),
-        "deferred": [[c, [list(x) for x in items]] for c, items in v._deferred.items()],
-        "taken_exits": [[c, [list(x) for x in items]] for c, items in v._taken_exits.items()],
-        "maps": [[n, vis, m.items, list(m.done.items()), [_visit(x) for x in m.running.values()],
-                  list(m.running)] for (n, vis), m in v.maps.items()],
-        "map_items": {t: list(q) for t, q in v.map_items.items() if q},
-    }
+    data = {"version": VERSION, "seq": view.seq, "hash": last_hash, **view.dump()}
     return orjson.dumps(data, default=L.json_default)  # not hashed: no need to sort keys
-
-
-def _visit(x: Visit) -> list[Any]:
-    return [x.node, x.visit, x.attempt, x.started_seq, x.tokens, x.failures, x.effect_tokens]
 
 
 def digest(raw: bytes) -> str:
@@ -108,40 +78,6 @@ def load(plan: Plan, raw: bytes) -> tuple[RunView, str] | None:
         d: dict[str, Any] = orjson.loads(raw)
         if d.get("version") != VERSION:
             return None
-        return _restore(plan, d), str(d["hash"])
+        return RunView.restore(plan, d["seq"], d), str(d["hash"])
     except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, ValueError):
         return None  # a cache that cannot be read is rebuilt from the log
-
-
-def _restore(plan: Plan, d: dict[str, Any]) -> RunView:
-    v = RunView(plan)
-    v.seq = d["seq"]
-    v.state = d["state"]
-    v.ready = deque(d["ready"])
-    v.running = {(r[0], r[1]): Visit(*r) for r in d["running"]}
-    v.due = {(i, src): Due(plan.edges[i], src, goto, tuple(arr))
-             for i, src, goto, arr in d["due"]}
-    v.visits = Counter(d["visits"])
-    v.started = Counter(d["started"])
-    v.takes = Counter({int(k): n for k, n in d["takes"]})
-    v.steps, v.tokens = d["steps"], d["tokens"]
-    v.config, v.limits = d["config"], d["limits"]
-    v.parent = (d["parent"][0], d["parent"][1]) if d["parent"] else None
-    v.status, v.error, v.waiting = d["status"], d["error"], d["waiting"]
-    v.writers = {k: Writer(n, s) for k, (n, s) in d["writers"].items()}
-    v.effects = {(n, vis, key if isinstance(key, str) else tuple(key)): val
-                 for n, vis, key, val in d["effects"]}
-    v.gates = {(g[0], g[1]): Gate(*g) for g in d["gates"]}
-    v.confirmations = {(n, vis, key): dec for n, vis, key, dec in d["confirmations"]}
-    v.routed = d["routed"]
-    v.route_wait = Counter(d["route_wait"])
-    v._acts = {t: deque({int(p): b for p, b in a} for a in q) for t, q in d["acts"].items()}
-    v._barriers = {int(i): deque({s: b for s, b in e} for e in q) for i, q in d["barriers"]}
-    v._active = Counter({int(c): n for c, n in d["active"]})
-    v._deferred = {int(c): {tuple(x) for x in items} for c, items in d["deferred"]}
-    v._taken_exits = {int(c): {tuple(x) for x in items} for c, items in d["taken_exits"]}
-    v.maps = {(n, vis): MapRun(items, {int(i): u for i, u in done},
-                               {int(i): Visit(*r) for i, r in zip(idx, running, strict=True)})
-              for n, vis, items, done, running, idx in d["maps"]}
-    v.map_items = {t: deque(q) for t, q in d["map_items"].items()}
-    return v
