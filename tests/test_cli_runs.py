@@ -12,7 +12,10 @@ import asyncio
 import json
 import re
 import sqlite3
+import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -570,3 +573,26 @@ def test_unknown_run_exits_2(project: Project, args: list[str]) -> None:
     assert result.exit_code == 2, result.output
     assert result.stdout == ""
     assert "no run 'nope'" in result.stderr
+
+
+def test_a_reader_that_goes_away_neither_stops_the_run_nor_changes_its_exit_status(
+        tmp_path: Path) -> None:
+    """`interlock run ... 2>&1 | head -1`: the pipe closes after the first line. The run
+    goes on unprinted and completes, and the exit status is the run's (it used to die
+    at its next progress line, left RUNNING, exit 1)."""
+    examples = Path(__file__).resolve().parents[1] / "examples" / "triage" / "workflow.yaml"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "interlock", "run", str(examples), "--input",
+         '{"scenario": "disk-full"}', "--store", f"sqlite:///{tmp_path}/runs.db",
+         "--run-id", "piped"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert proc.stdout is not None
+    assert b"run piped started" in proc.stdout.readline()
+    proc.stdout.close()
+    assert proc.wait(timeout=60) == 0
+
+    async def status() -> str:
+        async with open_store(f"sqlite:///{tmp_path}/runs.db") as st:
+            return (await st.get_run("piped")).summary.status
+
+    assert asyncio.run(status()) == "COMPLETED"

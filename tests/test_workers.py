@@ -441,7 +441,7 @@ def test_a_decision_recorded_through_the_cli_is_continued_by_a_running_worker(
     done = cli(project, "run", "--detach", "flows/gated.yaml", "--input", '{"n": 1}',
                "--store", store, "--run-id", "a1")
     assert done.returncode == 0, done.stderr
-    w.wait_for("finished run a1 (workflow gated): WAITING_APPROVAL")
+    w.wait_for("run a1 (workflow gated): WAITING_APPROVAL after")
     decided = cli(project, "resume", "a1", "--approve", "--by", "alice", "--detach",
                   "--store", store, "--json")
     assert decided.returncode == 0, decided.stderr
@@ -462,7 +462,7 @@ def test_a_gate_past_its_deadline_is_decided_by_a_running_worker(project: Path,
     done = cli(project, "run", "--detach", "flows/timed.yaml", "--input", '{"n": 1}',
                "--store", store, "--run-id", "late")
     assert done.returncode == 0, done.stderr
-    w.wait_for("finished run late (workflow timed): WAITING_APPROVAL")
+    w.wait_for("run late (workflow timed): WAITING_APPROVAL after")
     # nobody decides: a second after the request, the worker applies on_timeout (reject)
     w.wait_for("finished run late (workflow timed): REJECTED")
     assert "claimed run late (workflow timed, WAITING_APPROVAL)" in w.text

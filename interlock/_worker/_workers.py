@@ -308,6 +308,9 @@ class Worker:
             log.info("run %s (workflow %s): released at a node boundary after %d steps (the "
                      "worker is stopping); continued by the next worker", run_id,
                      row.workflow, result.steps)
+        elif result.status.startswith("WAITING"):
+            log.info("run %s (workflow %s): %s after %d steps (released; a decision makes "
+                     "it runnable again)", run_id, row.workflow, result.status, result.steps)
         else:
             log.info("finished run %s (workflow %s): %s, %d steps", run_id, row.workflow,
                      result.status, result.steps)

@@ -393,6 +393,8 @@ def verify(run_id: str | None, path: str | None, store_url: str | None) -> None:
         click.echo(f"not verified: {which}: {v.message}")
     else:
         click.echo(f"broken: {which} at record {v.seq} of {v.records}: {v.message}")
+        click.echo("a broken log is never continued: restore the run from a backup or an "
+                   "export (`interlock verify --file` checks an export first)")
     sys.exit(EXIT_FAILED)
 
 

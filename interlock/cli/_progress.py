@@ -4,6 +4,8 @@ edge, on stderr) and the summary table printed when the run stops."""
 from __future__ import annotations
 
 import functools
+import os
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -58,6 +60,15 @@ class Progress:
         self._console: Console | None = None
 
     def __call__(self, rec: Record, view: RunView) -> None:
+        try:
+            self._on(rec, view)
+        except BrokenPipeError:
+            # the reader of stderr went away (`2>&1 | head`, a pager quit): the run goes
+            # on, unprinted -- a listener's failure would stop it between two records
+            self.live = False
+            _to_devnull(sys.stderr)
+
+    def _on(self, rec: Record, view: RunView) -> None:
         match rec["type"]:
             case "run.started":
                 self._on_started(view.plan.spec)
@@ -194,11 +205,20 @@ class Progress:
         console.file.flush()
 
     def print_summary(self, result: RunResult) -> None:
-        """The table of nodes and the final status, on stdout."""
+        """The table of nodes and the final status, on stdout (a reader that went away
+        changes nothing: the exit status stays the run's)."""
+        try:
+            self._print_summary(result)
+        except BrokenPipeError:
+            _to_devnull(sys.stdout)
+
+    def _print_summary(self, result: RunResult) -> None:
         from rich.console import Console
         from rich.text import Text
 
         out = Console(highlight=False)
+        # rich exits 1 on a closed pipe; here the exit status is the run's
+        out.on_broken_pipe = functools.partial(_to_devnull, sys.stdout)  # type: ignore[method-assign]
         table, left_out = self._table()
         if table.row_count or not left_out:
             out.print(table)
@@ -275,3 +295,15 @@ def _style_codes(style: str, color_system: str) -> tuple[str, str]:
 def _styled(text: str, style: str, color_system: str) -> str:
     before, after = _style_codes(style, color_system)
     return f"{before}{text}{after}"
+
+
+def _to_devnull(stream: object) -> None:
+    """Point a closed pipe's descriptor at /dev/null, so that nothing written to it later
+    (Python's own flush at exit included) fails (the recipe of Python's `signal` docs)."""
+    fileno = getattr(stream, "fileno", None)
+    try:
+        fd = fileno() if fileno is not None else -1
+    except (OSError, ValueError):
+        return
+    if fd >= 0:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), fd)
