@@ -81,7 +81,7 @@ def create_app(options: ServerOptions | None = None, **kwargs: Any) -> FastAPI:
 
     # no /docs or /redoc: those pages load their scripts from a CDN; /openapi.json stays
     app = FastAPI(title="interlock", version=interlock.__version__, lifespan=lifespan,
-                  description="Runs, their logs, live events and approvals (SPEC §8).",
+                  description="Runs, their logs, live events and approvals (docs/server.md).",
                   responses=_PROBLEMS, docs_url=None, redoc_url=None,  # type: ignore[arg-type]
                   dependencies=[Depends(_plain_params)])
     app.state.interlock = server
