@@ -221,8 +221,8 @@ class Server:
         scheme, _, token = (authorization or "").partition(" ")
         if not authorization or scheme.lower() != "bearer" or not token.strip():
             raise Problemed(401, "Unauthorized", "this server requires a token: send "
-                            "'Authorization: Bearer <token>' (interlock --token / "
-                            "$INTERLOCK_TOKEN)", challenge)
+                            "'Authorization: Bearer <token>' (from the CLI: a command's "
+                            "--token option, or $INTERLOCK_TOKEN)", challenge)
         who = self.tokens.identify(token.strip())
         if who is None:
             raise Problemed(401, "Unauthorized", "the token is not one this server knows "
