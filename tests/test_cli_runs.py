@@ -580,15 +580,18 @@ def test_a_reader_that_goes_away_neither_stops_the_run_nor_changes_its_exit_stat
     """`interlock run ... 2>&1 | head -1`: the pipe closes after the first line. The run
     goes on unprinted and completes, and the exit status is the run's (it used to die
     at its next progress line, left RUNNING, exit 1)."""
-    examples = Path(__file__).resolve().parents[1] / "examples" / "triage" / "workflow.yaml"
+    root = Path(__file__).resolve().parents[1]  # the example's nodes import from here
     proc = subprocess.Popen(
-        [sys.executable, "-m", "interlock", "run", str(examples), "--input",
+        [sys.executable, "-m", "interlock", "run", "examples/triage/workflow.yaml", "--input",
          '{"scenario": "disk-full"}', "--store", f"sqlite:///{tmp_path}/runs.db",
          "--run-id", "piped"],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     assert proc.stdout is not None
-    assert b"run piped started" in proc.stdout.readline()
-    proc.stdout.close()
+    try:
+        first = proc.stdout.readline()
+    finally:
+        proc.stdout.close()
+    assert b"run piped started" in first, first
     assert proc.wait(timeout=60) == 0
 
     async def status() -> str:

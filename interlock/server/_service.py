@@ -10,6 +10,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import anyio
+
 import interlock
 from interlock.support import Firer, Metrics, RunView, load_workflows
 
@@ -100,6 +102,10 @@ class Server:
 
     async def start(self) -> None:
         self._api = asyncio.get_running_loop()
+        # FastAPI runs sync dependencies on anyio's threads, whose backend module is
+        # imported on first use: done here, so a first request under descriptor
+        # exhaustion (idle connections up to the limit) needs no file opened to import
+        await anyio.to_thread.run_sync(lambda: None)
         self.store = NotifyingStore(interlock.open_store(self.options.store), self.hub)
         if not self.records_only and not self.store.url.startswith("memory:"):
             # node bodies off the API's loop (a memory store is this loop's alone); a
