@@ -6,10 +6,6 @@
   describes, by the benchmark that measured it, or -- listed here, so that it is seen --
   by why it is not a figure of interlock or why its measurement was not kept. A new
   number in the doc without an entry in ``CLAIMS`` fails, naming the sentence.
-
-A claim backed by a test of another branch of issue 26 is `Pending`: the lease/heartbeat
-times (fencing's heartbeat thread). It names the test it expects and is checked once a
-test matching it exists; until then it is skipped with what to change at merge.
 """
 
 from __future__ import annotations
@@ -120,15 +116,6 @@ class ByTest:
 
 
 @dataclass(frozen=True)
-class Pending:
-    """A test another branch of issue 26 adds (``ref``, as agreed); any test function in
-    tests/ whose name matches ``pattern`` counts (the name may have changed at merge)."""
-
-    ref: str
-    pattern: str
-
-
-@dataclass(frozen=True)
 class Value:
     """The constant of the code the number describes: ``module.name == expected``."""
 
@@ -168,7 +155,7 @@ class Prose:
     why: str
 
 
-Evidence = ByTest | Pending | Value | Check | Bench | Unkept | Prose
+Evidence = ByTest | Value | Check | Bench | Unkept | Prose
 
 
 def _journal() -> Any:
@@ -384,16 +371,6 @@ def test_each_claim_is_backed(phrase: str) -> None:
         path, _, name = evidence.ref.partition("::")
         assert name in _test_names().get(path, set()), \
             f"{where}, backed by {evidence.ref}, which does not exist: point CLAIMS at its test"
-    elif isinstance(evidence, Pending):
-        found = sorted(f"{p}::{n}" for p, names in _test_names().items() for n in names
-                       if re.search(evidence.pattern, n))
-        path, _, name = evidence.ref.partition("::")
-        if name in _test_names().get(path, set()):
-            return
-        if not found:
-            pytest.skip(f"{where}: its test ({evidence.ref}) is on another branch; at the "
-                        "merge, point CLAIMS at it")
-        assert found, where
     elif isinstance(evidence, Value):
         actual = getattr(importlib.import_module(evidence.module), evidence.name)
         assert actual == evidence.expected, (

@@ -74,7 +74,7 @@ def chain_options(key: L.ChainKey | None) -> dict[str, Any]:
     return {} if key is None else {"chain": L.KEYED, "key_id": key.id}
 
 
-_BROKEN_TODO = ("`interlock verify {run_id}` shows where the chain breaks; a broken log is "
+_BROKEN_LOG_ADVICE = ("`interlock verify {run_id}` shows where the chain breaks; a broken log is "
                 "never continued: restore the run from a backup or an export (`interlock "
                 "export` made before the change, checked with `interlock verify --file`)")
 
@@ -179,11 +179,11 @@ async def load_run(store: Store, run_id: str, *, workflow: Functions | None = No
                              hashes=not keyed or key is not None)
     if problem is not None:
         raise LogError(f"run {run_id!r}: the log is broken at record {problem.seq} "
-                       f"({problem.message}); {_BROKEN_TODO.format(run_id=run_id)}",
+                       f"({problem.message}); {_BROKEN_LOG_ADVICE.format(run_id=run_id)}",
                        run_id=run_id)
     tail = check_tail(row, entries, start, start_hash)
     if tail is not None:
-        raise LogError(f"run {run_id!r}: {tail}; {_BROKEN_TODO.format(run_id=run_id)}",
+        raise LogError(f"run {run_id!r}: {tail}; {_BROKEN_LOG_ADVICE.format(run_id=run_id)}",
                        run_id=run_id)
     if view is None:
         view = RunView(plan)

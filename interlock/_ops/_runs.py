@@ -22,7 +22,7 @@ from ._children import _child_gate, _decide_child, _expired_children, _unblocked
 from ._claims import LEASE_SECONDS, _claim_of, make_owner, make_run_id
 from ._execute import Listener, _traced, drive
 from ._load import (
-    _BROKEN_TODO,
+    _BROKEN_LOG_ADVICE,
     RESUMABLE,
     TERMINAL_STATUSES,
     TRACE_PAGE,
@@ -183,7 +183,7 @@ def trace_record(run_id: str, entry: L.Entry) -> dict[str, Any]:
         rec = entry.record()
     except ValueError:  # orjson.JSONDecodeError: the stored text was changed
         raise LogError(f"run {run_id!r}: the log is broken at record {entry.seq} (its data "
-                       f"is not valid JSON); {_BROKEN_TODO.format(run_id=run_id)}",
+                       f"is not valid JSON); {_BROKEN_LOG_ADVICE.format(run_id=run_id)}",
                        run_id=run_id) from None
     for key in TRACE_KEYS:
         rec.setdefault(key, None)
