@@ -1,5 +1,5 @@
 """Two would-be owners of one run, with real ``interlock worker`` processes: the harness
-of tests/test_two_owners.py (one or two trials) and bench/two_owners.py (26 timed
+of tests/ops/test_two_owners.py (one or two trials) and bench/two_owners.py (26 timed
 trials each, figures in bench/README.md).
 
 A run of ``owners``: ``work`` (``async def``) records the effect ``before`` with

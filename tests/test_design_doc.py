@@ -199,21 +199,22 @@ def _psycopg_3() -> bool:
 INSTRUCTIONS = Bench("bench/instructions.py")
 FLOOR = Bench("bench/README.md", "floor")
 # fencing's test (issue 26): the lease kept while a node blocks the event loop
-LEASE_KEPT = ByTest("tests/test_two_owners.py::"
+LEASE_KEPT = ByTest("tests/ops/test_two_owners.py::"
                     "test_a_node_blocking_its_loop_past_the_lease_keeps_it")
-GENERATIONS = ByTest("tests/test_store_conformance.py::test_every_claim_bumps_the_generation")
-V2_UPGRADE = ByTest("tests/test_store_upgrade.py::"
+GENERATIONS = ByTest("tests/store/test_store_conformance.py::test_every_claim_bumps_the_generation")
+V2_UPGRADE = ByTest("tests/store/test_store_upgrade.py::"
                     "test_a_version_2_file_gets_the_claims_generation")
 
 # A phrase of docs/design.md (whitespace as one space) holding each number it states,
 # and what backs it. Keep the phrases short: the sentence may change around them.
 CLAIMS: dict[str, Evidence] = {
     # the module table
-    "YAML 1.2": ByTest("tests/test_validate.py::test_yaml_1_2_keeps_yes_and_on_as_strings"),
+    "YAML 1.2": ByTest("tests/definition/test_validate.py::"
+                       "test_yaml_1_2_keeps_yes_and_on_as_strings"),
     "(every 500 records or more)": Value("interlock._engine._snapshot", "EVERY", 500),
     # the fold
     "a 10 000-node chain does not recurse": ByTest(
-        "tests/test_failpaths.py::test_a_skipped_chain_of_10000_nodes_is_ruled_out_without_"
+        "tests/engine/test_failpaths.py::test_a_skipped_chain_of_10000_nodes_is_ruled_out_without_"
         "recursion"),
     # the runner
     "attempt + 1": Prose("arithmetic in a picture of a retry"),
@@ -277,10 +278,10 @@ CLAIMS: dict[str, Evidence] = {
     "on upgrade from 2)": V2_UPGRADE,
     "its hash as 32 bytes": Check("SQLite stores the hash as a BLOB of its bytes",
                                   _hash_is_32_bytes_in_sqlite),
-    "version 1": ByTest("tests/test_store_upgrade.py::"
+    "version 1": ByTest("tests/store/test_store_upgrade.py::"
                       "test_a_version_1_file_is_upgraded_and_reads_back_exactly"),
     "version 2": V2_UPGRADE,  # (the layout 2 introduced; 3 added a column)
-    "version-1": ByTest("tests/test_store_upgrade.py::"
+    "version-1": ByTest("tests/store/test_store_upgrade.py::"
                       "test_a_changed_version_1_file_is_upgraded_with_its_evidence_kept"),
     "3 MB definition in it an append took 5.6 ms, without 0.16 ms": Unkept(
         "a 300-append micro-benchmark in /tmp (the doc says so)"),
@@ -291,7 +292,7 @@ CLAIMS: dict[str, Evidence] = {
     "Version 2 takes 725 bytes a step (0.48×)": Bench("bench/README.md",
                                                       "725 B against 1,511 B"),
     "(468 of them)": Bench("bench/README.md", "725 B"),
-    "64 lowercase hex digits": ByTest("tests/test_store_upgrade.py::"
+    "64 lowercase hex digits": ByTest("tests/store/test_store_upgrade.py::"
                                     "test_a_changed_version_1_file_is_upgraded_with_its_"
                                     "evidence_kept"),
     "about 10 s per million records": Unkept("timed once on a generated file, not kept"),
@@ -304,13 +305,13 @@ CLAIMS: dict[str, Evidence] = {
     "PYTHONHASHSEED=0": Prose("a setting of the measurement"),
     # tamper evidence (issue 26)
     "the server answers 409, not 400,": ByTest(
-        "tests/test_log_errors.py::test_the_server_answers_409_to_a_broken_log_never_400"),
+        "tests/store/test_log_errors.py::test_the_server_answers_409_to_a_broken_log_never_400"),
     "the CLI exits 1 (as `verify` does": ByTest(
-        "tests/test_log_errors.py::test_the_cli_exits_1_on_a_broken_log_saying_what_to_do"),
+        "tests/store/test_log_errors.py::test_the_cli_exits_1_on_a_broken_log_saying_what_to_do"),
     # known limits
     "1000-branch fan-out take ~6 s (a million pairs); it now takes ~0.2 s": Unkept(
         "timed when the pairs were made lazy; the property test "
-        "(tests/test_properties.py) checks the answers, not the time"),
+        "(tests/definition/test_properties.py) checks the answers, not the time"),
 }
 
 _NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
@@ -355,9 +356,9 @@ def test_every_claim_is_still_in_the_design_doc() -> None:
 
 def _test_names() -> dict[str, set[str]]:
     out: dict[str, set[str]] = {}
-    for path in TESTS.glob("test_*.py"):
+    for path in TESTS.rglob("test_*.py"):
         tree = ast.parse(path.read_text(encoding="utf-8"))
-        out[f"tests/{path.name}"] = {n.name for n in ast.walk(tree)
+        out[path.relative_to(REPO).as_posix()] = {n.name for n in ast.walk(tree)
                                      if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
                                      and n.name.startswith("test_")}
     return out

@@ -14,7 +14,7 @@ by calling it (a Python call and a tuple per record are ~1% of a trivial node):
 ``edge.taken`` of a `Plan.always_taken` node (`_decide.Decider.due`). Each site says
 which builder it inlines (``grep -n "inlined" interlock/_engine/_runner.py
 interlock/_engine/_decide.py``),
-and tests/test_fast_paths.py checks that the records it writes are the ones the general
+and tests/engine/test_fast_paths.py checks that the records it writes are the ones the general
 path writes with the builders (with `Runner.inline` and `Decider.fast` off), fields in
 order: a field added to a builder fails it until the inlined literal has it too.
 

@@ -17,7 +17,7 @@ and the ordered entries, and guarantees:
   with `ClaimLost`, in the append's own transaction, once the run's generation has
   moved on (another owner claimed it since): a stale executor cannot write.
 
-Every backend passes the same conformance suite (tests/test_store_conformance.py).
+Every backend passes the same conformance suite (tests/store/test_store_conformance.py).
 """
 
 from __future__ import annotations

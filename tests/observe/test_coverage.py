@@ -13,7 +13,7 @@ import interlock
 from interlock import END, START, Workflow
 from interlock.cli import cli
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 INCIDENT = REPO / "examples" / "incident" / "workflow.yaml"
 
 

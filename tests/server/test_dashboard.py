@@ -1,5 +1,5 @@
 """The dashboard (SPEC §8) in a real browser: Chromium driven by Playwright, against a real
-``interlock serve`` on a loopback port (tests/test_server.py's `Served`).
+``interlock serve`` on a loopback port (tests/server/test_server.py's `Served`).
 
 Skipped, saying why, where Playwright or a Chromium is missing (CI installs Debian's:
 .ci/run). Every wait is on a condition in the page (``expect``/``wait_for_function``).
@@ -34,7 +34,7 @@ if not CHROMIUM:
                 "to a Chromium binary): the dashboard's browser tests are skipped",
                 allow_module_level=True)
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 EVENTS = REPO / "examples" / "incident" / "events"
 WAIT = 15_000  # ms: a page condition's upper bound (a loaded 2-core machine)
 expect.set_options(timeout=WAIT)

@@ -33,7 +33,7 @@ import pytest
 import interlock
 from interlock._store import open_store
 
-GOLDEN = Path(__file__).parent / "golden"
+GOLDEN = Path(__file__).parent.parent / "golden"
 REPO = Path(interlock.__file__).resolve().parent.parent
 KEY = "s3cret"  # the keyed run's key
 

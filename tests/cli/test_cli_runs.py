@@ -580,7 +580,7 @@ def test_a_reader_that_goes_away_neither_stops_the_run_nor_changes_its_exit_stat
     """`interlock run ... 2>&1 | head -1`: the pipe closes after the first line. The run
     goes on unprinted and completes, and the exit status is the run's (it used to die
     at its next progress line, left RUNNING, exit 1)."""
-    root = Path(__file__).resolve().parents[1]  # the example's nodes import from here
+    root = Path(__file__).resolve().parents[2]  # the example's nodes import from here
     proc = subprocess.Popen(
         [sys.executable, "-m", "interlock", "run", "examples/triage/workflow.yaml", "--input",
          '{"scenario": "disk-full"}', "--store", f"sqlite:///{tmp_path}/runs.db",

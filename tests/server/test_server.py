@@ -82,7 +82,7 @@ edges:
 def pythonpath(root: Path) -> str:
     """``root`` (the test's node modules) before the tree under test: a subprocess
     imports this checkout's interlock, not another one the environment has installed."""
-    return os.pathsep.join([str(root), str(Path(__file__).resolve().parents[1]),
+    return os.pathsep.join([str(root), str(Path(__file__).resolve().parents[2]),
                             os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
 
 

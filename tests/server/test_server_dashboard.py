@@ -1,6 +1,6 @@
 """What the dashboard reads from the server, without a browser: its pages and files (and
 their headers), a run's graph and node visits, what a gate's modify accepts, who a token
-is -- against a real server (tests/test_server.py's). And the patch schema the page
+is -- against a real server (tests/server/test_server.py's). And the patch schema the page
 checks a modify against agrees with the engine's own check of a patch."""
 
 from __future__ import annotations

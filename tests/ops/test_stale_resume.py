@@ -1,6 +1,6 @@
 """A resume that read the run, then claimed it after another process had decided (or
 resumed) it and let it go: what it read is stale, so it is refused with a clear error and
-records nothing (the race of tests/test_decision_race.py, made deterministic)."""
+records nothing (the race of tests/ops/test_decision_race.py, made deterministic)."""
 
 from __future__ import annotations
 

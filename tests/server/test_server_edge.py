@@ -1,4 +1,4 @@
-"""The server's edge under attack, against a real ``interlock serve`` (tests/test_server.py's
+"""The server's edge under attack, against a real ``interlock serve`` (tests/server/test_server.py's
 `Served`): bodies bounded as they stream and refused before they are read without a
 token, no change from another site or through a rebound host name, connections capped
 and timed out, secrets kept out of every log, notifications escaped and bounded, and a
