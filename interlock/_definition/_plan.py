@@ -27,10 +27,11 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from ._edge import EdgeSpec
 from ._expr import Expression
 from ._graph import Concurrency, back_edges, sccs
 from ._kinds import NodeKind
-from ._model import END, START, EdgeSpec, NodeSpec, WorkflowSpec
+from ._model import END, START, NodeSpec, WorkflowSpec
 from ._signature import param_count
 
 DEFAULT_TIMEOUT = 300.0

@@ -16,7 +16,8 @@ from pydantic import ValidationError
 from .._errors import Diagnostic, Location, WorkflowError
 from . import _limits, _yaml_fast
 from ._bounds import read_at_most, too_big
-from ._model import Extensible, SourceMap, WorkflowSpec
+from ._model import SourceMap, WorkflowSpec
+from ._values import Extensible
 
 
 def read_file(path: str | os.PathLike[str]) -> tuple[dict[str, Any], SourceMap]:
