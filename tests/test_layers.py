@@ -58,7 +58,7 @@ LAYERS: dict[int, set[str]] = {
         "_ops._verify", "_ops._runs", "_observe._coverage", "_ops._export", "_ops._prune",
         "_observe._metrics", "_worker._workers", "_ops._visits"},
     # the façade: builder and loaded file
-    9: {"_workflow"},
+    9: {"_workflow", "_builder"},
     # the public surface and the command line
     10: {"", "__main__", "testing", "support", "cli", "cli._common", "cli._format", "cli._inspect",
         "cli._progress", "cli._run", "cli._trace", "cli._coverage", "cli._prune", "cli._serve",
