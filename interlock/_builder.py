@@ -90,7 +90,8 @@ class Builder:
     def node(self, name: Callable[..., object], fn: None = None, **options: object
              ) -> Self: ...
     @overload
-    def node(self, *, fn: Callable[..., object], **options: object) -> Self: ...
+    def node(self, name: str | None = None, *, fn: Callable[..., object], **options: object
+             ) -> Self: ...
 
     def node(self, name: str | Callable[..., object] | None = None,
              fn: Callable[..., object] | None = None, **options: object

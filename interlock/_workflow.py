@@ -182,7 +182,7 @@ class Workflow(Builder):
         try:
             rid = run_id or make_run_id()
             check_run_id(rid)
-            started: JSONObject = {}
+            started: dict[str, object] = {}
             spans = run_spans(rid, spec.workflow)  # None unless tracing is configured
             if spans is not None:
                 started["trace"] = spans.ids

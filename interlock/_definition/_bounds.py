@@ -43,7 +43,7 @@ def too_deep_at(value: Any, limit: int) -> str | None:
     deeper than Python's recursion limit is measured all the same."""
     if not isinstance(value, _CONTAINERS):
         return None
-    stack: list[tuple[Any, int, tuple[Any, ...]]] = [(value, 1, ())]
+    stack: list[tuple[Any, int, tuple[object, ...]]] = [(value, 1, ())]
     while stack:
         node, depth, path = stack.pop()
         if depth > limit:
@@ -55,7 +55,7 @@ def too_deep_at(value: Any, limit: int) -> str | None:
     return None
 
 
-def _json_path(path: tuple[Any, ...]) -> str:
+def _json_path(path: tuple[object, ...]) -> str:
     text = "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path)
     return text + ("..." if len(path) >= 5 else "")
 
@@ -85,7 +85,7 @@ def not_json_at(value: Any) -> tuple[str, str] | None:
     """Where ``value`` holds what JSON cannot carry faithfully, and what: a NaN or an
     infinity (JSON has none; they would be stored as null), or a string with a lone
     surrogate (no UTF-8 encodes it). None when it holds neither."""
-    stack: list[tuple[Any, tuple[Any, ...]]] = [(value, ())]
+    stack: list[tuple[Any, tuple[object, ...]]] = [(value, ())]
     while stack:
         node, path = stack.pop()
         if isinstance(node, float) and not math.isfinite(node):

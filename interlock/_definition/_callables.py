@@ -21,7 +21,7 @@ def import_module(module_name: str) -> Any:
         raise ImportError(f"cannot import module {module_name!r}: {exc}") from exc
 
 
-def callable_at(obj: Any, path: str) -> Callable[..., Any]:
+def callable_at(obj: Any, path: str) -> Callable[..., object]:
     """The callable the ``attr.attr`` part of ``path`` names inside ``obj`` (its module).
 
     Raises AttributeError / TypeError with a message for people.
@@ -37,7 +37,7 @@ def callable_at(obj: Any, path: str) -> Callable[..., Any]:
     return obj  # type: ignore[no-any-return]
 
 
-def import_callable(path: str) -> Callable[..., Any]:
+def import_callable(path: str) -> Callable[..., object]:
     """Resolve ``package.module:attr.attr`` like uvicorn: the working directory is importable.
 
     Raises ImportError/AttributeError/TypeError with a message for people.

@@ -427,11 +427,11 @@ def _check_name(name: str, what: str) -> None:
 class SourceMap:
     """Maps a path inside the definition (``('edges', 3, 'when')``) to a file position."""
 
-    def __init__(self, file: str | None, positions: dict[tuple[Any, ...], tuple[int, int]]):
+    def __init__(self, file: str | None, positions: dict[tuple[object, ...], tuple[int, int]]):
         self.file = file
         self.positions = positions
 
-    def locate(self, path: tuple[Any, ...]) -> tuple[int, int] | None:
+    def locate(self, path: tuple[object, ...]) -> tuple[int, int] | None:
         """The position of ``path``, or of its closest located ancestor."""
         while True:
             pos = self.positions.get(path)
@@ -442,7 +442,7 @@ class SourceMap:
             path = path[:-1]
 
 
-def check_limits(limits: Mapping[str, Any], *, base: Mapping[str, Any] | None = None
+def check_limits(limits: Mapping[str, object], *, base: Mapping[str, object] | None = None
                  ) -> dict[str, Any]:
     """Per-run limit overrides, validated (durations parsed); UsageError when wrong."""
     unknown = set(limits) - set(LimitsSpec.model_fields)

@@ -44,7 +44,7 @@ REDUCERS = {
 }
 
 
-def merge_update(state: dict[str, Any], update: Mapping[str, Any],
+def merge_update(state: dict[str, Any], update: Mapping[str, object],
                  reducers: Mapping[str, str]) -> None:
     """Merge ``update`` into ``state`` in place, field by field, with each field's reducer."""
     for key, value in update.items():
@@ -64,7 +64,7 @@ _SEEDS: dict[str, tuple[Callable[[Any], bool], str, str]] = {
 }
 
 
-def check_whole_values(fields: Mapping[str, Any], reducers: Mapping[str, str],
+def check_whole_values(fields: Mapping[str, object], reducers: Mapping[str, str],
                        what: str) -> None:
     """Values that set a field's whole value -- a run's input, a modify or fork patch --
     must be what its reducer accumulates into: a list for append and extend, an object

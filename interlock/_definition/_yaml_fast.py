@@ -21,7 +21,7 @@ from typing import Any
 from .._errors import Diagnostic, Location, WorkflowError
 from . import _limits
 
-Positions = dict[tuple[Any, ...], tuple[int, int]]
+Positions = dict[tuple[object, ...], tuple[int, int]]
 
 _INT = re.compile(r"[-+]?(?:0|[1-9][0-9]*)\Z")
 _FLOAT = re.compile(r"[-+]?(?:[0-9]+\.[0-9]*(?:[eE][-+]?[0-9]+)?|[0-9]+[eE][-+]?[0-9]+)\Z")
@@ -36,7 +36,7 @@ class _Decline(Exception):
     """Not a file this path reads exactly as ruamel does: use the ruamel path."""
 
 
-def _parser() -> tuple[Callable[..., Any], Any] | None:
+def _parser() -> tuple[Callable[..., object], Any] | None:
     try:
         import yaml
         return yaml.parse, yaml.CSafeLoader
@@ -160,7 +160,7 @@ class _Builder:
             if ev.anchor is not None:
                 self.anchors[ev.anchor] = value
                 self.anchored_at[ev.anchor] = pos
-        path: tuple[Any, ...] = ()
+        path: tuple[object, ...] = ()
         if not self.stack:
             if self.root:
                 raise _Decline
@@ -243,7 +243,7 @@ def refuse_size(file: str, pos: tuple[int | None, int | None], *, aliased: bool)
         f"{limit.env}=NODES", Location(file, *pos))])
 
 
-def refuse_depth(file: str, path: tuple[Any, ...], pos: tuple[int | None, int | None]
+def refuse_depth(file: str, path: tuple[object, ...], pos: tuple[int | None, int | None]
                  ) -> None:
     """Refuse a document nested deeper than `_limits.YAML_DEPTH`, at ``path``."""
     limit = _limits.YAML_DEPTH

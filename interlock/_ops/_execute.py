@@ -397,7 +397,7 @@ async def create(plan: Plan, store: Store, run_id: str, *, definition: dict[str,
     return view, writer, owner
 
 
-def start_defaults(spec: WorkflowSpec, data: Mapping[str, Any]) -> dict[str, Any]:
+def start_defaults(spec: WorkflowSpec, data: Mapping[str, object]) -> dict[str, Any]:
     """The declared fields' start values that apply to a run (``run.started`` records
     them, so a resume folds the same state whatever the code's defaults become): a value
     in the input replaces the default (null too, for a field without a reducer; a field
@@ -414,7 +414,7 @@ def start_defaults(spec: WorkflowSpec, data: Mapping[str, Any]) -> dict[str, Any
 
 @dataclass(frozen=True, slots=True)
 class _Functions:
-    callables: Mapping[str, Callable[..., Any]]
+    callables: Mapping[str, Callable[..., object]]
 
 
 class _Children:

@@ -29,7 +29,7 @@ class Functions(Protocol):
     functions of its builder-made nodes, by call path."""
 
     @property
-    def callables(self) -> Mapping[str, Callable[..., Any]]: ...
+    def callables(self) -> Mapping[str, Callable[..., object]]: ...
 
 
 log = logging.getLogger("interlock")

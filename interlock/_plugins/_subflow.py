@@ -56,7 +56,7 @@ class ChildRequest:
     definition: dict[str, Any]  # pinned in the parent's definition
     input: Callable[[], dict[str, Any]]  # the child's input (only evaluated to start it)
     link: dict[str, Any]  # {run, node, visit[, item]}: written in the child's run.started
-    callables: Mapping[str, Callable[..., Any]]  # a builder child's Python functions
+    callables: Mapping[str, Callable[..., object]]  # a builder child's Python functions
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,8 +90,8 @@ def child_run_id(run_id: str, node: str, visit: int, item: int | None = None) ->
     return base if item is None else f"{base}.{item}"
 
 
-Compile = Callable[[WorkflowSpec, Mapping[str, Callable[..., Any]]], tuple["Plan", list[Any]]]
-Check = Callable[[WorkflowSpec, Mapping[str, Callable[..., Any]]], Any]
+Compile = Callable[[WorkflowSpec, Mapping[str, Callable[..., object]]], tuple["Plan", list[Any]]]
+Check = Callable[[WorkflowSpec, Mapping[str, Callable[..., object]]], Any]
 
 
 class SubflowKind:
@@ -170,8 +170,8 @@ class SubflowKind:
                             f"(its fields: {', '.join(sorted(child_known)) or 'none'})",
                             ("nodes", name, "output"), "subflow")
 
-    def build(self, name: str, node: NodeSpec, *, callables: Mapping[str, Callable[..., Any]],
-              workflow: WorkflowSpec) -> Callable[..., Any]:
+    def build(self, name: str, node: NodeSpec, *, callables: Mapping[str, Callable[..., object]],
+              workflow: WorkflowSpec) -> Callable[..., object]:
         assert node.workflow is not None
         prefix = f"{name}/"
         own = {k[len(prefix):]: fn for k, fn in callables.items() if k.startswith(prefix)}
@@ -197,7 +197,7 @@ def _gates(spec: WorkflowSpec) -> list[str]:
 
 
 def _body(kind: SubflowKind, name: str, node: NodeSpec,
-          callables: Mapping[str, Callable[..., Any]]) -> Callable[..., Any]:
+          callables: Mapping[str, Callable[..., object]]) -> Callable[..., object]:
     assert node.workflow is not None
     definition = node.workflow.definition
     exprs = {f: compile_expression(src) for f, src in (node.input or {}).items()}
