@@ -54,7 +54,7 @@ async def resume(run_id: str, decision: Decision | None = None, *,
         loaded = await load_run(st, run_id, workflow=workflow, executable=True)
         view = loaded.view
         fields = _overrides(config, limits)
-        first: list[tuple[str, dict[str, Any]]] = []
+        first: list[tuple[str, dict[str, object]]] = []
         if view.status == "WAITING_APPROVAL":
             first = await _decisions(st, run_id, loaded, decision)
         elif decision is not None:
@@ -84,7 +84,7 @@ async def resume(run_id: str, decision: Decision | None = None, *,
 
 
 async def _decisions(st: Store, run_id: str, loaded: Loaded, decision: Decision | None
-                     ) -> list[tuple[str, dict[str, Any]]]:
+                     ) -> list[tuple[str, dict[str, object]]]:
     """What the resume of a waiting run records before it goes on: the gates whose
     deadline passed, the child runs that wait no more, and ``decision`` -- on a gate of
     the run's own, or forwarded to the child run it waits through (SPEC §7)."""
@@ -142,8 +142,8 @@ async def _continue_parent(store: Store, run_id: str, link: Mapping[str, object]
 
 
 def _overrides(config: Mapping[str, object] | None,
-               limits: Mapping[str, object] | None) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+               limits: Mapping[str, object] | None) -> dict[str, object]:
+    out: dict[str, object] = {}
     if config:
         check_config(config)
         out["config"] = L.to_json_value(dict(config))
