@@ -21,7 +21,7 @@ def import_module(module_name: str) -> Any:
         raise ImportError(f"cannot import module {module_name!r}: {exc}") from exc
 
 
-def callable_at(obj: Any, path: str) -> Callable[..., object]:
+def callable_at(obj: object, path: str) -> Callable[..., object]:
     """The callable the ``attr.attr`` part of ``path`` names inside ``obj`` (its module).
 
     Raises AttributeError / TypeError with a message for people.
@@ -34,7 +34,7 @@ def callable_at(obj: Any, path: str) -> Callable[..., object]:
             raise AttributeError(f"module {module_name!r} has no attribute {attr!r}") from None
     if not callable(obj):
         raise TypeError(f"{path} is a {type(obj).__name__}, not a function")
-    return obj  # type: ignore[no-any-return]
+    return obj
 
 
 def import_callable(path: str) -> Callable[..., object]:

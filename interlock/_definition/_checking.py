@@ -10,9 +10,8 @@ the concurrency of the nodes). The checks themselves are the `_checks_*` modules
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from .._errors import Diagnostic, Severity
 from ._callables import import_callable
@@ -72,7 +71,7 @@ class CheckContext:
         self.result.callables[path] = fn
 
 
-def _did_you_mean(name: str, known: Any) -> str:
+def _did_you_mean(name: str, known: Iterable[str]) -> str:
     import difflib
 
     close = difflib.get_close_matches(name, list(known), n=1)

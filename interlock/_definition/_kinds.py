@@ -9,8 +9,9 @@ imports no kind, and a kind is free to import the core.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import Protocol
 
+from .._errors import Severity
 from ._model import NodeSpec, WorkflowSpec
 
 
@@ -30,7 +31,8 @@ class Checker(Protocol):
     @property
     def result(self) -> CheckResults: ...
 
-    def add(self, severity: Any, message: str, path: tuple[object, ...], code: str) -> None: ...
+    def add(self, severity: Severity, message: str, path: tuple[object, ...], code: str
+            ) -> None: ...
 
     def resolve(self, path: str, where: tuple[object, ...], what: str) -> None: ...
 

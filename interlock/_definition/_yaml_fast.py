@@ -52,7 +52,7 @@ def _resolver() -> Callable[[str], str]:
     return lambda value: str(resolve(ScalarNode, value, (True, False)))
 
 
-def _plain_scalar(value: str, resolve: Callable[[str], str]) -> Any:
+def _plain_scalar(value: str, resolve: Callable[[str], str]) -> object:
     if not value:
         return None
     first = value[0]
@@ -72,7 +72,7 @@ def _plain_scalar(value: str, resolve: Callable[[str], str]) -> Any:
     raise _Decline  # octal, hex, underscores, .inf, timestamps, merge keys, ...
 
 
-def read(text: str, file: str) -> tuple[Any, Positions] | None:
+def read(text: str, file: str) -> tuple[object, Positions] | None:
     """``text`` as plain data and positions, or None to leave it to the ruamel path.
     Raises `WorkflowError` for a document over the node or depth limit."""
     parser = _parser()
@@ -88,7 +88,7 @@ def read(text: str, file: str) -> tuple[Any, Positions] | None:
 
 
 def _build(events: Any, file: str, resolve: Callable[[str], str]
-           ) -> tuple[Any, Positions]:
+           ) -> tuple[object, Positions]:
     builder = _Builder(file, resolve)
     for ev in events:
         builder.event(ev)
@@ -191,7 +191,7 @@ class _Builder:
             self.starts[id(value)] = pos
             self.stack.append([value, path, _NO_KEY])
 
-    def result(self) -> tuple[Any, Positions]:
+    def result(self) -> tuple[object, Positions]:
         if not self.root:
             raise _Decline
         data = self.root[0]
@@ -201,7 +201,7 @@ class _Builder:
         return data, self.positions
 
 
-def _check_expanded(data: Any, starts: dict[int, tuple[int, int]], file: str,
+def _check_expanded(data: object, starts: dict[int, tuple[int, int]], file: str,
                     limit: int) -> None:
     """The expanded size of ``data`` (whose containers an alias may share), computed once
     per distinct container; refused at the first one over ``limit``."""
