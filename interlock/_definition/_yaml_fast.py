@@ -110,12 +110,12 @@ class _Builder:
         self.max_depth = _limits.YAML_DEPTH.get()
         self.positions: Positions = {}
         self.starts: dict[int, tuple[int, int]] = {}  # container id -> its (line, col)
-        self.anchors: dict[str, Any] = {}
+        self.anchors: dict[str, object] = {}
         self.anchored_at: dict[str, tuple[int, int]] = {}  # where each anchor's value starts
         self.aliased = False
         # a frame: [container, its path, the pending key (_NO_KEY: none yet)]
         self.stack: list[list[Any]] = []
-        self.root: list[Any] = []
+        self.root: list[object] = []
         self.documents = 0
         self.scalar_t, self.alias_t = yaml.ScalarEvent, yaml.AliasEvent
         self.map_t, self.seq_t = yaml.MappingStartEvent, yaml.SequenceStartEvent
@@ -127,7 +127,7 @@ class _Builder:
         if t is self.scalar_t:
             if ev.tag is not None and ev.tag != "!":
                 raise _Decline  # an explicit tag
-            value: Any = (ev.value if ev.style else  # quoted or a block scalar: text
+            value: object = (ev.value if ev.style else  # quoted or a block scalar: text
                           _plain_scalar(ev.value, self.resolve))
             self.place(ev, value, container=False, alias=False)
         elif t is self.map_t or t is self.seq_t:
@@ -150,7 +150,7 @@ class _Builder:
                     getattr(ev, "tags", None):
                 raise _Decline
 
-    def place(self, ev: Any, value: Any, *, container: bool, alias: bool) -> None:
+    def place(self, ev: Any, value: object, *, container: bool, alias: bool) -> None:
         self.nodes_left -= 1
         if alias:  # located where its anchor's value is (as ruamel locates it)
             pos = self.anchored_at[ev.anchor]
@@ -223,7 +223,7 @@ def _check_expanded(data: object, starts: dict[int, tuple[int, int]], file: str,
                     if type(v) in (dict, list) and id(v) not in sizes)
 
 
-def _fresh(value: Any) -> Any:
+def _fresh(value: object) -> object:
     """A copy sharing no container (nesting is within YAML_DEPTH: recursion is safe)."""
     if type(value) is dict:
         return {k: _fresh(v) for k, v in value.items()}
