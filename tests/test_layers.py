@@ -8,6 +8,7 @@ layers are docs/design.md's; a new module must be given one here.
 from __future__ import annotations
 
 import ast
+import graphlib
 from pathlib import Path
 
 import pytest
@@ -102,6 +103,18 @@ def _imports(name: str, path: Path, known: set[str]) -> set[str]:
                        if a.name == "interlock" or a.name.startswith("interlock.")]
         out.update(t for t in targets if t in known and t != name)
     return out
+
+
+def test_no_import_cycles() -> None:
+    """Within a layer modules may import each other, but never around a cycle: a cycle is
+    one concept in several files (or an import that waits for a module half loaded)."""
+    modules = _modules()
+    graph = {name: _imports(name, path, set(modules)) for name, path in modules.items()}
+    try:
+        graphlib.TopologicalSorter(graph).prepare()
+    except graphlib.CycleError as cycle:
+        pytest.fail(f"an import cycle: {' -> '.join(cycle.args[1])}: move what both need "
+                    "into a module below them")
 
 
 def test_every_module_has_a_layer() -> None:
