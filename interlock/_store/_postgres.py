@@ -37,8 +37,7 @@ processes on machines whose clocks differ still agree on who holds a run.
 
 from __future__ import annotations
 
-from typing import Any
-
+from .._json import JSONObject
 from .._log import Entry
 from ._base import (
     FINISHED,
@@ -116,7 +115,7 @@ class PostgresStore(PostgresWrites, PostgresClaims, Store):
     async def list_runs(self, *, status: str | None = None, workflow: str | None = None,
                         limit: int = 100) -> list[RunRow]:
         where: list[str] = []
-        params: list[Any] = []
+        params: list[str | int] = []
         if status is not None:
             where.append("status = %s")
             params.append(status)
@@ -146,8 +145,8 @@ class PostgresStore(PostgresWrites, PostgresClaims, Store):
 
         await self._do(op)
 
-    async def cancel_requested(self, run_id: str) -> dict[str, Any] | None:
-        async def op(conn: Conn) -> dict[str, Any] | None:
+    async def cancel_requested(self, run_id: str) -> JSONObject | None:
+        async def op(conn: Conn) -> JSONObject | None:
             cur = await conn.execute("SELECT extra::jsonb -> 'cancel' FROM runs "
                                      "WHERE run_id = %s", (run_id,))
             row = await cur.fetchone()

@@ -77,7 +77,7 @@ class PostgresClaims(PostgresConnections):
 
     async def claim(self, run_id: str, owner: str, lease: float, *,
                     force: bool = False) -> int:
-        params: dict[str, Any] = {"run": run_id, "owner": owner, "lease": lease, "force": force}
+        params: dict[str, object] = {"run": run_id, "owner": owner, "lease": lease, "force": force}
 
         async def op(conn: Conn) -> int:
             for _ in range(5):

@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from psycopg import errors as pg_errors
+from psycopg.rows import TupleRow
 
 from .._log import Entry
 from ._base import (
@@ -57,7 +58,7 @@ from ._rows import (
 BATCH_MAX = 500
 
 
-def _entry_arrays(entries: list[Entry]) -> dict[str, list[Any]]:
+def _entry_arrays(entries: list[Entry]) -> dict[str, list[object]]:
     return {
         "seqs": [e.seq for e in entries],
         "types": [e.type for e in entries],
@@ -75,9 +76,9 @@ def _lease_for(row: RunRow) -> float | None:
     return row.lease_until - time.time()
 
 
-def _create_params(rows: list[tuple[Any, ...]]) -> dict[str, Any]:
+def _create_params(rows: list[tuple[RunRow, list[Entry]]]) -> dict[str, list[object]]:
     """`_CREATE_MANY`'s parameters for ``(row, entries)`` pairs."""
-    params: dict[str, Any] = {f"c_{n}": [] for n in _RUN_NAMES}
+    params: dict[str, list[object]] = {f"c_{n}": [] for n in _RUN_NAMES}
     params["c_lease_for"] = []
     owners: list[str] = []
     records: list[Entry] = []
@@ -87,15 +88,15 @@ def _create_params(rows: list[tuple[Any, ...]]) -> dict[str, Any]:
         params["c_lease_for"].append(_lease_for(row))
         owners += [row.run_id] * len(entries)
         records += entries
-    params.update(_entry_arrays(records), e_run=owners)
+    params.update(_entry_arrays(records), e_run=list(owners))
     return params
 
 
-def _append_params(appends: list[tuple[Any, ...]]) -> dict[str, Any]:
+def _append_params(appends: list[tuple[Any, ...]]) -> dict[str, Sequence[object]]:
     """`_APPEND_MANY`'s parameters for ``(run_id, entries, summary, release, claim)``
     tuples."""
     owners: list[int] = []
-    batch: dict[str, list[Any]] = {k: [] for k in (
+    batch: dict[str, list[object]] = {k: [] for k in (
         "b_run", "b_prev", "b_status", "b_updated_at", "b_last_seq", "b_last_hash",
         "b_steps", "b_tokens", "b_error", "b_waiting", "b_release", "b_gen")}
     records: list[Entry] = []
@@ -132,7 +133,7 @@ class PostgresWrites(PostgresConnections):
             await self._notify_runnable()  # (a detached run: a worker's)
 
     async def _create_one(self, row: RunRow, entries: list[Entry]) -> None:
-        params: dict[str, Any] = dict(zip(_RUN_NAMES, run_params(row), strict=True))
+        params: dict[str, object] = dict(zip(_RUN_NAMES, run_params(row), strict=True))
         params.update(_entry_arrays(entries))
         params["lease_for"] = _lease_for(row)
 
@@ -220,11 +221,11 @@ class PostgresWrites(PostgresConnections):
         create_params = _create_params([item[2] for item in creates]) if creates else None
         append_params = _append_params([item[2] for item in appends]) if appends else None
 
-        async def op(conn: Conn) -> tuple[list[Any], list[Any]] | None:
+        async def op(conn: Conn) -> tuple[list[TupleRow], list[TupleRow]] | None:
             try:
                 async with conn.transaction():
-                    made: list[Any] = []
-                    done: list[Any] = []
+                    made: list[TupleRow] = []
+                    done: list[TupleRow] = []
                     if create_params is not None:
                         made = await (await conn.execute(_CREATE_MANY, create_params)
                                       ).fetchall()
@@ -259,7 +260,7 @@ class PostgresWrites(PostgresConnections):
                           release: str | None, claim: Claim | None = None) -> None:
         status, updated_at, last_seq, last_hash, steps, tokens, error, waiting = (
             summary_params(summary))
-        params: dict[str, Any] = {
+        params: dict[str, object] = {
             "run": run_id, "status": status, "updated_at": updated_at, "last_seq": last_seq,
             "last_hash": last_hash, "steps": steps, "tokens": tokens, "error": error,
             "waiting": waiting, "release": release,

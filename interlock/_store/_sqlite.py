@@ -77,9 +77,10 @@ import sqlite3
 import threading
 from collections.abc import Callable, Collection
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 from urllib.parse import parse_qsl
 
+from .._json import JSONObject
 from .._log import Entry
 from ._base import (
     Claim,
@@ -205,7 +206,7 @@ class SQLiteStore(SQLiteWrites, Store):
                 writer = self._writer
         return writer
 
-    async def _call(self, fn: Callable[..., T], *args: Any) -> T:
+    async def _call(self, fn: Callable[..., T], *args: object) -> T:
         """Run ``fn(conn, *args)`` on the store's thread.
 
         If the awaiting task is cancelled the transaction still runs to its end
@@ -216,7 +217,7 @@ class SQLiteStore(SQLiteWrites, Store):
         self._thread().submit(loop, fut, self._run, (fn, *args))
         return await fut
 
-    async def _write(self, op: Callable[..., T], *args: Any) -> T:
+    async def _write(self, op: Callable[..., T], *args: object) -> T:
         """Run ``op(conn, *args)`` in a transaction on the store's thread: its own, or the
         one the writer's turn commits the writes queued with it in (group commit)."""
         loop = asyncio.get_running_loop()
@@ -332,7 +333,7 @@ class SQLiteStore(SQLiteWrites, Store):
             return None
         return await self._call(self._load_snapshot, run_id)
 
-    async def cancel_requested(self, run_id: str) -> dict[str, Any] | None:
+    async def cancel_requested(self, run_id: str) -> JSONObject | None:
         if self._absent():
             raise RunNotFound(run_id)
         return await self._call(self._cancel_requested, run_id)

@@ -21,7 +21,7 @@ import sqlite3
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from ._sqlite_file import SQLiteFile
 
@@ -46,7 +46,7 @@ class SQLiteWal(SQLiteFile):
     _space_said: bool
     _space_freed: int
 
-    def _run(self, fn: Callable[..., T], *args: Any) -> T:
+    def _run(self, fn: Callable[..., T], *args: object) -> T:
         conn = self._conn or self._open()
         self._jobs_since_checkpoint += 1
         if self._jobs_since_checkpoint >= CHECKPOINT_EVERY \

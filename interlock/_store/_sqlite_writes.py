@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from typing import Any
 
 from .._log import Entry
 from ._base import (
@@ -42,13 +41,14 @@ from ._sqlite_sql import (
     SEQ_BITS,
     SEQ_MASK,
 )
+from ._sqlite_thread import Done, Write
 from ._sqlite_wal import SQLiteWal
 
 
 class SQLiteWrites(SQLiteWal, SQLiteOps):
     """`SQLiteStore`'s writes on the writer thread (see the module)."""
 
-    def _rows(self, run_key: int, entries: list[Entry]) -> list[tuple[Any, ...]]:
+    def _rows(self, run_key: int, entries: list[Entry]) -> list[tuple[int, str, bytes]]:
         self._bytes_since_checkpoint += sum(len(e.data) for e in entries)
         base = run_key << SEQ_BITS
         return [(base | e.seq, e.data.decode("utf-8"), bytes.fromhex(e.hash))
@@ -99,8 +99,7 @@ class SQLiteWrites(SQLiteWal, SQLiteOps):
         if release is not None:
             self._release(conn, run_id, release)
 
-    def _write_batch(self, batch: list[tuple[Any, ...]]
-                     ) -> list[tuple[Any, BaseException | None]]:
+    def _write_batch(self, batch: list[Write]) -> list[Done]:
         """On the writer thread: the writes of one turn (``(operation, args)`` each),
         committed in one transaction; each one's outcome, in order.
 
@@ -136,14 +135,13 @@ class SQLiteWrites(SQLiteWal, SQLiteOps):
         except BaseException as exc:  # nothing of the batch was committed
             return [(None, exc)] * len(batch)
 
-    def _batch(self, batch: list[tuple[Any, ...]]) -> list[tuple[Any, BaseException | None]]:
+    def _batch(self, batch: list[Write]) -> list[Done]:
         if len(batch) == 1:
             return [(self._run(self._alone, *batch[0]), None)]
         return self._run(self._together, batch)
 
-    def _together(self, conn: sqlite3.Connection, batch: list[tuple[Any, ...]]
-                  ) -> list[tuple[Any, BaseException | None]]:
-        outcomes: list[tuple[Any, BaseException | None]] = []
+    def _together(self, conn: sqlite3.Connection, batch: list[Write]) -> list[Done]:
+        outcomes: list[Done] = []
         conn.execute("BEGIN IMMEDIATE")
         for op, args in batch:
             conn.execute("SAVEPOINT interlock_write")
