@@ -28,7 +28,9 @@ LAYERS: dict[int, set[str]] = {
     1: {"_definition._model", "_definition._expr", "_definition._graph", "_store", "_store._base",
         "_store._memory", "_store._sqlite", "_store._postgres", "_engine._isolation._protocol",
         "_store._rows", "_store._sqlite_sql", "_store._sqlite_upgrade", "_store._sqlite_thread",
-        "_store._sqlite_ops", "_store._postgres_sql",
+        "_store._sqlite_ops", "_store._postgres_sql", "_store._postgres_conn",
+        "_store._postgres_writes", "_store._postgres_claims", "_store._sqlite_file",
+        "_store._sqlite_wal", "_store._sqlite_writes",
         "_definition._yaml_fast", "_observe._otel"},
     # the file front end, state updates, rendering, the node-kind protocol
     2: {"_definition._spec", "_definition._state", "_definition._render", "_definition._kinds",
