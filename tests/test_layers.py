@@ -22,10 +22,11 @@ LAYERS: dict[int, set[str]] = {
     0: {"_definition", "_engine", "_observe", "_ops", "_plugins", "_worker", "_errors", "_log",
         "_json",
         "_engine._records", "_definition._limits", "_definition._bounds", "_definition._callables",
-        "_definition._signature", "_engine._steps", "_definition._cost"},
+        "_definition._signature", "_engine._steps", "_definition._cost", "_definition._values"},
     # the definition, expressions, the graph, the stores, isolation's wire format, the
     # fast YAML reader
-    1: {"_definition._model", "_definition._expr", "_definition._graph", "_store", "_store._base",
+    1: {"_definition._model", "_definition._edge", "_definition._expr", "_definition._graph",
+        "_store", "_store._base",
         "_store._memory", "_store._sqlite", "_store._postgres", "_engine._isolation._protocol",
         "_store._rows", "_store._sqlite_sql", "_store._sqlite_upgrade", "_store._sqlite_thread",
         "_store._sqlite_ops", "_store._postgres_sql", "_store._postgres_conn",
@@ -60,7 +61,7 @@ LAYERS: dict[int, set[str]] = {
         "_ops._verify", "_ops._runs", "_observe._coverage", "_ops._export", "_ops._prune",
         "_observe._metrics", "_worker._workers", "_ops._visits"},
     # the façade: builder and loaded file
-    9: {"_workflow"},
+    9: {"_workflow", "_builder"},
     # the public surface and the command line
     10: {"", "__main__", "testing", "support", "cli", "cli._common", "cli._format", "cli._inspect",
         "cli._progress", "cli._run", "cli._trace", "cli._coverage", "cli._prune", "cli._serve",
