@@ -157,7 +157,7 @@ class _Counts:
         self.gates: dict[str, Counter[str]] = {
             n: Counter() for n, ns in spec.nodes.items() if ns.approval is not None}
 
-    def record(self, run_spec: WorkflowSpec, rec: dict[str, Any]) -> None:
+    def record(self, run_spec: WorkflowSpec, rec: L.Record) -> None:
         rtype = rec["type"]
         if rtype == L.NODE_STARTED and "item" not in rec and rec.get("attempt", 1) == 1:
             if rec["node"] in self.nodes:
@@ -169,7 +169,7 @@ class _Counts:
         elif rtype == L.APPROVAL_DECIDED and rec.get("node") in self.gates:
             self.gates[rec["node"]][str(rec.get("decision"))] += 1
 
-    def _edge(self, e: EdgeSpec, rec: dict[str, Any]) -> None:
+    def _edge(self, e: EdgeSpec, rec: L.Record) -> None:
         taken = set(rec.get("to") or ())
         source = _source(e)
         if e.when is not None and isinstance(rec.get("value"), bool):
