@@ -90,10 +90,15 @@ class SQLiteOps:
                              (run_id,)).fetchone()
         if found is None:
             raise RunNotFound(run_id)
+        # in the writer's transaction (BEGIN IMMEDIATE: the file's one write lock), so the
+        # owner read here is still the owner when the row is updated: a compare-and-set
         current, lease_until = found
         now = time.time()
         if claim_refused(current, lease_until, owner, now, force):
             raise ClaimError(run_id, current, lease_until - now)
+        # every claim bumps the generation, the same owner's again too: appends and
+        # heartbeats are fenced by the generation a claim returned, not by the owner's
+        # name, so nothing an earlier claim's executor still does is stored
         (generation,), = conn.execute(
             "UPDATE runs SET owner = ?, lease_until = ?, generation = generation + 1 "
             "WHERE run_id = ? RETURNING generation", (owner, now + lease, run_id)).fetchall()
