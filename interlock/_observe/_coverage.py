@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import _log as L
-from .._definition._model import EdgeSpec, WorkflowSpec, case_key
+from .._definition._edge import EdgeSpec, case_key
+from .._definition._model import WorkflowSpec
 from .._definition._spec import load_spec, parse
 from .._errors import UsageError
 from .._store import ALL_RUNS, Store, open_store
