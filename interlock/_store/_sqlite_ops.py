@@ -20,6 +20,7 @@ from ._rows import (
     claim_refused,
     from_json,
     json_text,
+    list_query,
     page_query,
     row_from,
     stored_entry,
@@ -70,18 +71,8 @@ class SQLiteOps:
     @staticmethod
     def _list_runs(conn: sqlite3.Connection, status: str | None, workflow: str | None,
                    limit: int) -> list[RunRow]:
-        where, params = [], []
-        if status is not None:
-            where.append("status = ?")
-            params.append(status)
-        if workflow is not None:
-            where.append("workflow = ?")
-            params.append(workflow)
-        sql = f"SELECT {_RUN_COLUMNS} FROM {_RUN_FROM}"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += " ORDER BY created_at DESC LIMIT ?"
-        return [row_from(v) for v in conn.execute(sql, (*params, limit))]
+        sql, params = list_query("?", _RUN_FROM, status, workflow, limit)
+        return [row_from(v) for v in conn.execute(sql, params)]
 
     @staticmethod
     def _claim(conn: sqlite3.Connection, run_id: str, owner: str, lease: float,
