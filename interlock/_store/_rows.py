@@ -1,6 +1,6 @@
 """The row codec the SQLite and PostgreSQL stores share: a run's columns and their
-order, a `RunRow` to and from them (JSON as text), a summary's values, a list page's
-query, the check that appended entries continue the stored log, the claim rule, and an
+order, a `RunRow` to and from them (JSON as text), a summary's values, the two lists'
+queries, the check that appended entries continue the stored log, the claim rule, and an
 `Entry` read back from a record's JSON and hash."""
 
 from __future__ import annotations
