@@ -98,6 +98,7 @@ from ._log import TERMINAL_TYPES, Entry, Record
 from ._observe._coverage import workflows_in
 from ._observe._metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ._observe._metrics import Metrics
+from ._ops._code import CodeChanged, set_strict_code
 from ._ops._export import export as export_run
 from ._ops._export import verify_export
 from ._ops._load import TRACE_PAGE, load_run
@@ -160,6 +161,7 @@ __all__ = [
     "TERMINAL_TYPES",
     "TRACE_PAGE",
     "Claim",
+    "CodeChanged",
     "Draining",
     "EdgeSpec",
     "Entry",
@@ -198,6 +200,7 @@ __all__ = [
     "read_at_most",
     "redact",
     "run_json",
+    "set_strict_code",
     "to_dot",
     "to_mermaid",
     "too_big",

@@ -31,7 +31,7 @@ LAYERS: dict[int, set[str]] = {
         "_definition._yaml_fast", "_observe._otel"},
     # the file front end, state updates, rendering, the node-kind protocol
     2: {"_definition._spec", "_definition._state", "_definition._render", "_definition._kinds",
-        "_worker._triggers"},
+        "_worker._triggers", "_definition._digest"},
     # static checks (their shared context, one module per family of checks) and the
     # frozen plan (node kinds injected)
     3: {"_definition._validate", "_definition._checking", "_definition._checks_nodes",
@@ -55,7 +55,8 @@ LAYERS: dict[int, set[str]] = {
     # executing them in a pool (a server's, a worker's); node visits (the dashboard's)
     8: {"_ops._load", "_ops._claims", "_ops._cancel", "_ops._children", "_ops._execute",
         "_ops._verify", "_ops._runs", "_observe._coverage", "_ops._export", "_ops._prune",
-        "_observe._metrics", "_worker._workers", "_ops._visits"},
+        "_observe._metrics", "_worker._workers", "_ops._visits", "_ops._code",
+        "_ops._migrate"},
     # the façade: builder and loaded file
     9: {"_workflow"},
     # the public surface and the command line

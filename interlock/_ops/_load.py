@@ -5,6 +5,7 @@ log tells it.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 from collections.abc import Callable, Mapping
@@ -20,6 +21,7 @@ from .._engine._fold import RunResult, RunView, result_of
 from .._errors import LogError, UsageError
 from .._plugins._compile import compile_spec, reading_plan
 from .._store import RunRow, Store, acquire_store, release_store
+from ._code import drift
 
 TRACE_PAGE = 2000  # records read from the store at a time by `trace_pages`
 
@@ -36,6 +38,7 @@ log = logging.getLogger("interlock")
 
 RESUMABLE = {"RUNNING", "RETRYING", "FAILED", "PENDING"}
 TERMINAL_STATUSES = frozenset(L.TERMINAL_TYPES.values())
+ENDED = frozenset({"COMPLETED", "REJECTED", "CANCELLED"})  # (a FAILED run may go on)
 
 
 def open_store_arg(store: str | Store | None) -> tuple[Store, bool]:
@@ -127,6 +130,23 @@ def check_tail(row: RunRow, entries: list[L.Entry], start: int, start_hash: str)
     return None
 
 
+def plan_maker(workflow: Functions | None = None, *, executable: bool = False,
+               executor: Literal["local", "ray"] | None = None
+               ) -> Callable[[dict[str, Any]], Plan]:
+    """How a stored definition becomes a plan: executable (its functions resolved, the
+    builder's ``workflow`` functions by call path; bodies on ``executor``) or for reading
+    only. The fold uses it again for a ``run.migrated``'s definition."""
+    def make(definition: dict[str, Any]) -> Plan:
+        spec = parse(definition)
+        if executor is not None:  # where this process runs the bodies (a worker's --executor)
+            spec = spec.model_copy(update={"nodes": {
+                name: ns.on_executor(executor) for name, ns in spec.nodes.items()}})
+        if not executable:
+            return reading_plan(spec)
+        return compile_spec(spec, workflow.callables if workflow is not None else {})[0]
+    return make
+
+
 async def load_run(store: Store, run_id: str, *, workflow: Functions | None = None,
                    executable: bool = False, upto: int | None = None,
                    executor: Literal["local", "ray"] | None = None) -> Loaded:
@@ -151,12 +171,9 @@ async def load_run(store: Store, run_id: str, *, workflow: Functions | None = No
         raise UsageError(_key_missing(row))
     notes = [f"its log is keyed (key id {row.options.get('key_id')}) and {L.LOG_KEY_ENV} is "
              "not set: its hashes were not checked"] if keyed and key is None else []
-    spec = parse(row.definition)
-    if executor is not None:  # where this process runs the bodies (a worker's --executor)
-        spec = spec.model_copy(update={"nodes": {
-            name: ns.on_executor(executor) for name, ns in spec.nodes.items()}})
-    plan = compile_spec(spec, workflow.callables if workflow is not None else {})[0] \
-        if executable else reading_plan(spec)
+    plans = plan_maker(workflow, executable=executable, executor=executor)
+    plan = plans(row.definition)
+    spec = plan.spec
     view, start, start_hash = None, 0, L.GENESIS
     entries: list[L.Entry] = []
     if upto is None:
@@ -187,22 +204,30 @@ async def load_run(store: Store, run_id: str, *, workflow: Functions | None = No
                        run_id=run_id)
     if view is None:
         view = RunView(plan)
+    view.plans = plans  # a run.migrated's definition, read as this one is
     for entry in entries:
         if upto is not None and entry.seq > upto:
             break
         view.apply(entry.record())
     last = (entries[-1].seq, entries[-1].hash) if entries else (start, start_hash)
+    if view.plan is not plan:  # migrated (SPEC §14): the run goes on under its new definition
+        plan, spec = view.plan, view.plan.spec
     for note in notes:
         log.warning("run %s: %s", run_id, note)
     return Loaded(row, entries, spec, plan, view, last, key, keyed, notes)
 
 
 async def status(run_id: str, *, store: str | Store | None = None) -> RunResult:
-    """The run as its log tells it."""
+    """The run as its log tells it (with the nodes still to run whose code changed)."""
     st, owned = open_store_arg(store)
     try:
         loaded = await load_run(st, run_id)
-        return result_of(run_id, loaded.row.workflow, loaded.view)
+        result = result_of(run_id, loaded.row.workflow, loaded.view)
+        if loaded.view.status not in ENDED:
+            changed, _ = await drift(st, run_id, loaded.plan, loaded.view)
+            if changed:
+                result = dataclasses.replace(result, code_changed=sorted(changed))
+        return result
     finally:
         if owned:
             await release_store(st)
