@@ -102,6 +102,8 @@ from ._ops._code import CodeChanged, set_strict_code
 from ._ops._export import export as export_run
 from ._ops._export import verify_export
 from ._ops._load import TRACE_PAGE, load_run
+from ._ops._migrate import Migration, MigrationRefused
+from ._ops._migrate import migrate as migrate_run
 from ._ops._prune import Pruned
 from ._ops._prune import prune as prune_runs
 from ._ops._runs import append_note, trace_pages
@@ -170,6 +172,8 @@ __all__ = [
     "LeaseRenewer",
     "LogCheck",
     "Metrics",
+    "Migration",
+    "MigrationRefused",
     "NodeSpec",
     "NotAnApprover",
     "Pool",
@@ -190,6 +194,7 @@ __all__ = [
     "load_run",
     "load_spec",
     "load_workflows",
+    "migrate_run",
     "node_visits",
     "not_json_at",
     "owner_gone",

@@ -62,7 +62,8 @@ LAYERS: dict[int, set[str]] = {
     # the public surface and the command line
     10: {"", "__main__", "testing", "support", "cli", "cli._common", "cli._format", "cli._inspect",
         "cli._progress", "cli._run", "cli._trace", "cli._coverage", "cli._prune", "cli._serve",
-        "cli._remote", "cli._triggers", "cli._worker", "server", "server._app", "server._auth",
+        "cli._remote", "cli._triggers", "cli._worker", "cli._migrate", "server", "server._app",
+        "server._auth",
         "server._hub", "server._main", "server._models", "server._notify", "server._pool",
         "server._dashboard", "server._loops", "server._reads", "server._guard",
         "server._service", "server._deps", "server._routes_runs", "server._routes_approvals",

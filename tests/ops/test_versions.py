@@ -146,3 +146,155 @@ def test_a_change_in_a_node_that_already_ran_is_not_reported(project: Project) -
     assert "code_changed" not in data
     approved = project.cli("resume", "r-past", "--approve", "--strict-code")
     assert approved.exit_code == 0, approved.output
+
+
+# -- migrate --------------------------------------------------------------------------------
+
+NODES_V2 = '''
+def check(state):
+    return {"checked": state["y"] + 100}
+'''
+
+# v2: a node ``c`` after the gate, before ``b``
+GATED_V2 = """
+workflow: versioned
+nodes:
+  a: {mod}:first
+  gate: {approval: {show: [x]}}
+  c: {v2}:check
+  b: {after}:double
+edges:
+  - {from: START, to: a}
+  - {from: a, to: gate}
+  - {from: gate, to: c, when: 'gate.decision == "approved"'}
+  - {from: gate, to: END, otherwise: true}
+  - {from: c, to: b}
+  - {from: b, to: END}
+"""
+
+# what cannot continue the run: the gate is gone, a condition reads a field nothing
+# provides, and a field the run holds changes its reducer
+GATED_BROKEN = """
+workflow: versioned
+state:
+  x: {reducer: append}
+nodes:
+  a: {mod}:first
+  review: {approval: {show: [x]}}
+  b: {after}:double
+edges:
+  - {from: START, to: a}
+  - {from: a, to: review}
+  - {from: review, to: b, when: 'review.decision == "approved" && risk < 3'}
+  - {from: review, to: END, otherwise: true}
+  - {from: b, to: END}
+"""
+
+
+def with_v2(project: Project) -> str:
+    """The v2 file (its new node's module beside it)."""
+    v2 = f"{project.base.mod}_v2"
+    (project.base.root / f"{v2}.py").write_text(NODES_V2.replace("y", "x"))
+    return project.workflow(GATED_V2.replace("{v2}", v2), "wf_v2.yaml")
+
+
+def test_migrate_a_waiting_run_onto_a_node_added_after_the_gate(project: Project) -> None:
+    assert project.start(GATED, "r-mig").exit_code == 3
+    v2 = with_v2(project)
+
+    migrated = project.cli("migrate", "r-mig", "--to", v2, "--by", "ops",
+                           "--comment", "add the check")
+    assert migrated.exit_code == 0, migrated.output
+    assert "node 'c' added" in migrated.stdout
+    assert "edge gate -> c" in migrated.stdout and "added" in migrated.stdout
+    assert "migrated: run r-mig" in migrated.stderr
+    records = project.records("r-mig")
+    assert types(records)[-1] == "run.migrated"
+    rec = records[-1]
+    assert rec["by"] == "ops" and rec["comment"] == "add the check" and rec.get("at_node") is None
+    assert rec["from_hash"] == records[0]["definition_hash"] and rec["to_hash"] != rec["from_hash"]
+    assert set(rec["code"]) == {"a", "b", "c"}
+    # migrate does not execute: the run still waits, now on the new definition
+    status = project.cli("status", "r-mig")
+    assert status.exit_code == 3, status.output
+
+    approved = project.cli("resume", "r-mig", "--approve", "--by", "alice")
+    assert approved.exit_code == 0, approved.output
+    _, data = project.base.cli_json("status", "r-mig")
+    assert data["status"] == "COMPLETED"
+    assert data["state"]["checked"] == 101 and data["state"]["y"] == 2  # through c, then b
+    started = [r["node"] for r in project.records("r-mig") if r["type"] == "node.started"]
+    assert started == ["a", "gate", "c", "b"]
+
+    verified = project.cli("verify", "r-mig")
+    assert verified.exit_code == 0, verified.output
+    assert "ok: r-mig" in verified.stdout
+
+    # trace names the migration; export and verify --file hold across it
+    trace = project.cli("trace", "r-mig")
+    assert trace.exit_code == 0 and "run.migrated" in trace.stdout
+    exported = project.cli("export", "r-mig")
+    assert exported.exit_code == 0, exported.output
+    (project.base.root / "r-mig.jsonl").write_text(exported.stdout)
+    from_file = project.base.cli("verify", "--file", "r-mig.jsonl")
+    assert from_file.exit_code == 0, from_file.output
+
+    # coverage: each segment under its own definition
+    result, report = project.base.cli_json("coverage", v2)
+    assert result.exit_code == 0, result.output
+    edges = {(e["from"], e["to"]): e for e in report["edges"]}
+    assert edges[("gate", "c")]["taken"] == 1
+    assert edges[("c", "b")]["taken"] == 1 and edges[("b", "END")]["taken"] == 1
+    assert report["nodes"]["c"] == 1
+    result, report = project.base.cli_json("coverage", project.workflow(GATED))
+    edges = {(e["from"], e["to"]): e for e in report["edges"]}
+    assert edges[("a", "gate")]["taken"] == 1  # the segment before the migration
+    assert edges[("gate", "b")]["taken"] == 0  # the run went through c, not this edge
+
+
+def test_a_migrate_that_cannot_continue_the_run_lists_every_reason_and_records_nothing(
+        project: Project) -> None:
+    assert project.start(GATED, "r-no").exit_code == 3
+    seqs = [r["seq"] for r in project.records("r-no")]
+    broken = project.workflow(GATED_BROKEN, "wf_broken.yaml")
+    refused = project.cli("migrate", "r-no", "--to", broken)
+    assert refused.exit_code == 2, refused.output
+    err = refused.stderr
+    assert "the gate 'gate'" in err and "--at NODE" in err
+    assert "'risk'" in err
+    assert "reducer of the field 'x' changed (replace -> append)" in err
+    assert "node 'gate' removed" in refused.stdout and "node 'review' added" in refused.stdout
+    assert [r["seq"] for r in project.records("r-no")] == seqs  # nothing recorded
+    assert project.cli("status", "r-no").exit_code == 3
+
+
+def test_migrate_dry_run_records_nothing(project: Project) -> None:
+    assert project.start(GATED, "r-dry").exit_code == 3
+    seqs = [r["seq"] for r in project.records("r-dry")]
+    result, data = project.base.cli_json("migrate", "r-dry", "--to", with_v2(project),
+                                         "--dry-run")
+    assert result.exit_code == 0, result.output
+    assert data["dry_run"] is True and data["recorded"] is None and data["refusals"] == []
+    assert "node 'c' added" in data["differences"]
+    assert [r["seq"] for r in project.records("r-dry")] == seqs
+
+
+def test_a_tampered_run_migrated_record_is_caught_by_verify(project: Project) -> None:
+    assert project.start(GATED, "r-tamper").exit_code == 3
+    assert project.cli("migrate", "r-tamper", "--to", with_v2(project),
+                       "--by", "ops").exit_code == 0
+    seq = project.records("r-tamper")[-1]["seq"]
+    from conftest import record_row
+
+    (data,) = project.base.sql(f"SELECT data FROM entries WHERE id = "
+                               f"{record_row('r-tamper', seq)}")[0]
+    text = data.decode() if isinstance(data, bytes) else data
+    forged = text.replace('"by":"ops"', '"by":"mallory"')
+    assert forged != text
+    project.base.sql(f"UPDATE entries SET data = ? WHERE id = {record_row('r-tamper', seq)}",
+                     forged.encode() if isinstance(data, bytes) else forged)
+    verified = project.cli("verify", "r-tamper")
+    assert verified.exit_code == 1, verified.output
+    assert f"record {seq}" in verified.stdout
+    # and nothing continues it
+    assert project.cli("resume", "r-tamper", "--approve").exit_code == 1
