@@ -11,6 +11,7 @@ definitions. Each through the CLI, as a user would, some through a real server.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -298,3 +299,170 @@ def test_a_tampered_run_migrated_record_is_caught_by_verify(project: Project) ->
     assert f"record {seq}" in verified.stdout
     # and nothing continues it
     assert project.cli("resume", "r-tamper", "--approve").exit_code == 1
+
+
+# -- through a real server: deploys, --strict-code, the migrate API ---------------------------
+
+SERVED_NODES = '''
+import os, time
+from pathlib import Path
+
+def _ran(name):
+    with open("executions.log", "a") as f:
+        f.write(name + "\\n")
+
+def first(state):
+    _ran("first")
+    return {"x": 1}
+
+def double(state):
+    _ran("double")
+    return {"y": state["x"] * 2}
+
+def check(state):
+    _ran("check")
+    return {"checked": True}
+
+def slow(state):
+    _ran("slow")
+    Path("slow.started").write_text(str(os.getpid()))
+    while not Path("slow.release").exists():
+        time.sleep(0.02)
+    return {"x": 5}
+'''
+
+SERVED_GATED = '''
+workflow: gated
+nodes:
+  a: vnodes:first
+  gate: {approval: {show: [x]}}
+  b: vnodes:double
+edges:
+  - {from: START, to: a}
+  - {from: a, to: gate}
+  - {from: gate, to: b, when: 'gate.decision == "approved"'}
+  - {from: gate, to: END, otherwise: true}
+  - {from: b, to: END}
+'''
+
+# the deploy: a node ``c`` before ``b`` in both workflows
+ADD_C = ("  b: vnodes:double", "  c: vnodes:check\n  b: vnodes:double")
+SERVED_GATED_V2 = SERVED_GATED.replace(*ADD_C) \
+    .replace("{from: gate, to: b,", "{from: gate, to: c,").replace(
+        "  - {from: b, to: END}", "  - {from: c, to: b}\n  - {from: b, to: END}")
+
+SERVED_SLOW = '''
+workflow: slow
+nodes:
+  slow: vnodes:slow
+  b: vnodes:double
+edges:
+  - {from: START, to: slow}
+  - {from: slow, to: b}
+  - {from: b, to: END}
+'''
+
+SERVED_SLOW_V2 = SERVED_SLOW.replace(*ADD_C) \
+    .replace("{from: slow, to: b}", "{from: slow, to: c}\n  - {from: c, to: b}")
+
+
+@pytest.fixture
+def served(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    pytest.importorskip("fastapi")
+    pytest.importorskip("uvicorn")
+    from test_server import Served
+
+    monkeypatch.delenv("INTERLOCK_STORE", raising=False)
+    monkeypatch.delenv("INTERLOCK_LOG_KEY", raising=False)
+    (tmp_path / "vnodes.py").write_text(SERVED_NODES)
+    (tmp_path / "flows").mkdir()
+    (tmp_path / "flows" / "gated.yaml").write_text(SERVED_GATED)
+    (tmp_path / "flows" / "slow.yaml").write_text(SERVED_SLOW)
+    started: list[Any] = []
+
+    def start(*args: str) -> Any:
+        started.append(Served(tmp_path, *args))
+        return started[-1]
+
+    yield start
+    for s in started:
+        s.stop()
+
+
+def _started(client: Any, run_id: str) -> list[str]:
+    return [r["node"] for r in client.get(f"/api/runs/{run_id}/records").json()
+            if r["type"] == "node.started"]
+
+
+def test_a_deploy_mid_run_changes_nothing_of_a_running_or_waiting_run(
+        served: Any, tmp_path: Path) -> None:
+    from test_server import events, wait_status
+
+    old = served("--drain", "0")
+    with old.client() as c:
+        for rid in ("w1", "w2"):
+            assert c.post("/api/workflows/gated/runs", json={"run_id": rid}).status_code == 201
+            wait_status(c, rid, "WAITING_APPROVAL")
+        assert c.post("/api/workflows/slow/runs", json={"run_id": "s1"}).status_code == 201
+        for ev in events(c, "s1"):
+            if ev["event"] == "node.started":
+                break  # the slow node is running
+    # the deploy: new workflow files, the server restarted on them mid-run
+    (tmp_path / "flows" / "gated.yaml").write_text(SERVED_GATED_V2)
+    (tmp_path / "flows" / "slow.yaml").write_text(SERVED_SLOW_V2)
+    old.stop()
+    (tmp_path / "slow.release").write_text("")
+    new = served()
+    with new.client() as c:
+        # the server knows the new version ...
+        graph = c.get("/api/workflows/gated").json()
+        assert "c" in graph["definition"]["nodes"]
+        # ... and the running run, taken over, goes on on the definition it started with
+        run = wait_status(c, "s1", "COMPLETED")
+        assert run["state"]["y"] == 10 and "checked" not in run["state"]
+        assert _started(c, "s1") == ["slow", "slow", "b"]
+        # so does the waiting one, decided after the deploy
+        decided = c.post("/api/runs/w1/decisions", json={"decision": "approve"})
+        assert decided.status_code == 200, decided.text
+        run = wait_status(c, "w1", "COMPLETED")
+        assert "checked" not in run["state"] and _started(c, "w1") == ["a", "gate", "b"]
+
+        # moving a run onto the new version is a deliberate act: the migrate API
+        # (default: the server's registered definition of the run's workflow)
+        dry = c.post("/api/runs/w2/migrate", json={"dry_run": True})
+        assert dry.status_code == 200, dry.text
+        assert "node 'c' added" in dry.json()["differences"] and dry.json()["recorded"] is None
+        moved = c.post("/api/runs/w2/migrate", json={"by": "ops", "comment": "v2"})
+        assert moved.status_code == 200, moved.text
+        assert moved.json()["recorded"] is not None
+        again = c.post("/api/runs/w2/migrate", json={})
+        assert again.status_code == 409  # on that definition already: refused, nothing recorded
+        assert again.headers["content-type"].startswith("application/problem+json")
+        assert "nothing to migrate" in again.json()["detail"]
+        decided = c.post("/api/runs/w2/decisions", json={"decision": "approve"})
+        assert decided.status_code == 200, decided.text
+        run = wait_status(c, "w2", "COMPLETED")
+        assert run["state"]["checked"] is True and _started(c, "w2") == ["a", "gate", "c", "b"]
+    executed = (tmp_path / "executions.log").read_text().split()
+    assert executed.count("check") == 1  # only the migrated run ran the new node
+
+
+def test_a_server_with_strict_code_refuses_a_decision_after_the_code_changed(
+        served: Any, tmp_path: Path) -> None:
+    from test_server import wait_status
+
+    server = served("--strict-code")
+    with server.client() as c:
+        assert c.post("/api/workflows/gated/runs", json={"run_id": "g1"}).status_code == 201
+        wait_status(c, "g1", "WAITING_APPROVAL")
+        (tmp_path / "vnodes.py").write_text(SERVED_NODES.replace("* 2", "* 3"))
+        run = c.get("/api/runs/g1").json()
+        assert run["code_changed"] == ["b"]  # (a ran already: what changed for it is moot)
+        before = len(c.get("/api/runs/g1/records").json())
+        refused = c.post("/api/runs/g1/decisions", json={"decision": "approve"})
+        assert refused.status_code == 409, refused.text
+        assert refused.headers["content-type"].startswith("application/problem+json")
+        detail = refused.json()["detail"]
+        assert "node 'b'" in detail and "vnodes" in detail and "--strict-code" in detail
+        assert len(c.get("/api/runs/g1/records").json()) == before  # nothing recorded
+        assert c.get("/api/runs/g1").json()["status"] == "WAITING_APPROVAL"
