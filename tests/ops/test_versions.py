@@ -27,6 +27,9 @@ def first(state):
 
 def finish(state):
     return {"done": True}
+
+def broken(state):
+    raise RuntimeError("the old code fails")
 """
 
 AFTER = """
@@ -466,3 +469,88 @@ def test_a_server_with_strict_code_refuses_a_decision_after_the_code_changed(
         assert "node 'b'" in detail and "vnodes" in detail and "--strict-code" in detail
         assert len(c.get("/api/runs/g1/records").json()) == before  # nothing recorded
         assert c.get("/api/runs/g1").json()["status"] == "WAITING_APPROVAL"
+
+
+# -- a worker's continuation ------------------------------------------------------------------
+
+
+def test_a_worker_continuing_a_run_whose_code_changed_records_it_or_refuses_it(
+        project: Project) -> None:
+    from test_workers import Worker
+
+    store = project.base.store
+    detached = project.cli("run", "--detach", project.workflow(GATED), "--run-id", "d1")
+    assert detached.exit_code == 0, detached.output
+    project.edit_after()  # a deploy between the submission and the worker
+
+    strict = Worker(project.base.root, store, "--strict-code")
+    try:
+        strict.wait_for("run d1 (workflow versioned) could not be executed here")
+        assert "node 'b'" in strict.text and project.after in strict.text
+    finally:
+        assert strict.stop() == 0
+    assert types(project.records("d1")) == ["run.started"]  # nothing recorded, not claimed
+
+    lenient = Worker(project.base.root, store)
+    try:
+        lenient.wait_for("run d1 (workflow versioned): WAITING_APPROVAL after")
+        assert "node 'b'" in lenient.text  # the warning, in the worker's log
+    finally:
+        assert lenient.stop() == 0
+    records = project.records("d1")
+    assert types(records)[:3] == ["run.started", "run.resumed", "run.code_changed"]
+    assert records[1]["worker"] and records[2]["nodes"] == ["b"]
+
+
+# -- a failed run, --at ----------------------------------------------------------------------
+
+FAILING = """
+workflow: failing
+nodes:
+  a: {mod}:first
+  f: {mod}:broken
+edges:
+  - {from: START, to: a}
+  - {from: a, to: f}
+  - {from: f, to: END}
+"""
+
+# the fix: ``f`` calls working code (same node, new call)
+FIXED = FAILING.replace("{mod}:broken", "{mod}:finish")
+
+# the redesign: ``f`` is gone, ``g`` does its job
+REPLACED = FAILING.replace("  f: {mod}:broken", "  g: {mod}:finish").replace(
+    "{from: a, to: f}", "{from: a, to: g}").replace("{from: f, to: END}", "{from: g, to: END}")
+
+
+def test_a_failed_run_migrated_onto_a_fix_continues_with_resume(project: Project) -> None:
+    assert project.start(FAILING, "r-fail").exit_code == 1
+    fixed = project.workflow(FIXED, "fixed.yaml")
+    migrated = project.cli("migrate", "r-fail", "--to", fixed)
+    assert migrated.exit_code == 0, migrated.output
+    assert "node 'f' changed (call)" in migrated.stdout
+    assert "`interlock resume r-fail` continues it" in migrated.stderr
+    assert project.cli("status", "r-fail").exit_code == 1  # migrate executes nothing
+    resumed = project.cli("resume", "r-fail")
+    assert resumed.exit_code == 0, resumed.output
+    _, data = project.base.cli_json("status", "r-fail")
+    assert data["state"]["done"] is True
+    assert project.cli("verify", "r-fail").exit_code == 0
+
+
+def test_a_node_gone_from_the_new_graph_needs_at_and_continues_there(project: Project) -> None:
+    assert project.start(FAILING, "r-at").exit_code == 1
+    replaced = project.workflow(REPLACED, "replaced.yaml")
+    refused = project.cli("migrate", "r-at", "--to", replaced)
+    assert refused.exit_code == 2
+    assert "the node 'f' is to run again" in refused.stderr and "--at NODE" in refused.stderr
+    wrong = project.cli("migrate", "r-at", "--to", replaced, "--at", "nope")
+    assert wrong.exit_code == 2 and "--at 'nope'" in wrong.stderr
+    moved = project.cli("migrate", "r-at", "--to", replaced, "--at", "g", "--by", "ops")
+    assert moved.exit_code == 0, moved.output
+    assert project.records("r-at")[-1]["at_node"] == "g"
+    resumed = project.cli("resume", "r-at")
+    assert resumed.exit_code == 0, resumed.output
+    started = [r["node"] for r in project.records("r-at") if r["type"] == "node.started"]
+    assert started == ["a", "f", "g"]
+    assert project.cli("verify", "r-at").exit_code == 0
