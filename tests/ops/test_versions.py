@@ -237,6 +237,10 @@ def test_migrate_a_waiting_run_onto_a_node_added_after_the_gate(project: Project
     # trace names the migration; export and verify --file hold across it
     trace = project.cli("trace", "r-mig")
     assert trace.exit_code == 0 and "run.migrated" in trace.stdout
+    migrated_line = next(line for line in trace.stdout.splitlines() if "run.migrated" in line)
+    assert f"{rec['from_hash'][:12]} -> {rec['to_hash'][:12]}" in migrated_line
+    assert "by ops" in migrated_line and "add the check" in migrated_line
+    assert "c -> b" in trace.stdout  # the edges after it, named under the new definition
     exported = project.cli("export", "r-mig")
     assert exported.exit_code == 0, exported.output
     (project.base.root / "r-mig.jsonl").write_text(exported.stdout)
