@@ -30,7 +30,8 @@ from typing import Any
 
 from .. import _log as L
 from .._definition._digest import code_digests
-from .._definition._model import END, ERROR_FIELD, START, EdgeSpec, WorkflowSpec
+from .._definition._edge import EdgeSpec
+from .._definition._model import END, ERROR_FIELD, START, WorkflowSpec
 from .._definition._plan import Plan
 from .._engine._fold import RunView
 from .._engine._journal import Journal
