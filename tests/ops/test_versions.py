@@ -10,6 +10,7 @@ definitions. Each through the CLI, as a user would, some through a real server.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -558,3 +559,45 @@ def test_a_node_gone_from_the_new_graph_needs_at_and_continues_there(project: Pr
     started = [r["node"] for r in project.records("r-at") if r["type"] == "node.started"]
     assert started == ["a", "f", "g"]
     assert project.cli("verify", "r-at").exit_code == 0
+
+
+# -- on every store ---------------------------------------------------------------------------
+
+
+def test_migrate_resume_and_verify_on_every_store(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CLI in processes of its own, on SQLite and (when INTERLOCK_TEST_POSTGRES is set)
+    PostgreSQL: a waiting run migrated, decided, verified."""
+    import os
+    import subprocess
+    import sys
+
+    from test_decision_race import store_urls
+
+    monkeypatch.delenv("INTERLOCK_LOG_KEY", raising=False)
+    (tmp_path / "vmod.py").write_text(NODES)
+    (tmp_path / "vmod_after.py").write_text(AFTER)
+    (tmp_path / "vmod_v2.py").write_text(NODES_V2.replace("y", "x"))
+    fill = {"{mod}": "vmod", "{after}": "vmod_after", "{v2}": "vmod_v2"}
+    for name, text in (("v1.yaml", GATED), ("v2.yaml", GATED_V2)):
+        for key, value in fill.items():
+            text = text.replace(key, value)
+        (tmp_path / name).write_text(text)
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "interlock", *args], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                                  [str(tmp_path), os.environ.get("PYTHONPATH", "")])})
+
+    for n, store in enumerate(store_urls(tmp_path)):
+        run_id = f"every-{n}-{os.getpid()}"
+        assert cli("run", "v1.yaml", "--store", store, "--run-id", run_id).returncode == 3
+        moved = cli("migrate", run_id, "--to", "v2.yaml", "--store", store, "--json")
+        assert moved.returncode == 0, moved.stderr
+        assert json.loads(moved.stdout)["recorded"] is not None
+        decided = cli("resume", run_id, "--approve", "--store", store, "--json")
+        assert decided.returncode == 0, decided.stderr
+        assert json.loads(decided.stdout)["state"]["checked"] == 101
+        verified = cli("verify", run_id, "--store", store)
+        assert verified.returncode == 0, verified.stdout + verified.stderr
