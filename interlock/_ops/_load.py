@@ -19,6 +19,7 @@ from .._definition._spec import parse
 from .._engine import _snapshot as snapshots
 from .._engine._fold import RunResult, RunView, result_of
 from .._errors import LogError, UsageError
+from .._json import JSONObject
 from .._plugins._compile import compile_spec, reading_plan
 from .._store import RunRow, Store, acquire_store, release_store
 from ._code import drift
@@ -132,11 +133,11 @@ def check_tail(row: RunRow, entries: list[L.Entry], start: int, start_hash: str)
 
 def plan_maker(workflow: Functions | None = None, *, executable: bool = False,
                executor: Literal["local", "ray"] | None = None
-               ) -> Callable[[dict[str, Any]], Plan]:
+               ) -> Callable[[JSONObject], Plan]:
     """How a stored definition becomes a plan: executable (its functions resolved, the
     builder's ``workflow`` functions by call path; bodies on ``executor``) or for reading
     only. The fold uses it again for a ``run.migrated``'s definition."""
-    def make(definition: dict[str, Any]) -> Plan:
+    def make(definition: JSONObject) -> Plan:
         spec = parse(definition)
         if executor is not None:  # where this process runs the bodies (a worker's --executor)
             spec = spec.model_copy(update={"nodes": {
