@@ -185,10 +185,10 @@ def _heartbeat_is_a_third_of_the_lease() -> bool:
 
 
 def _hash_is_32_bytes_in_sqlite() -> bool:
-    from interlock._store import _sqlite, _sqlite_sql
+    from interlock._store import _sqlite_sql, _sqlite_writes
 
     return "hash BLOB NOT NULL" in _sqlite_sql._SCHEMA and \
-        "bytes.fromhex" in inspect.getsource(_sqlite)
+        "bytes.fromhex" in inspect.getsource(_sqlite_writes)
 
 
 def _psycopg_3() -> bool:
@@ -261,7 +261,7 @@ CLAIMS: dict[str, Evidence] = {
     "0.05-0.24 ms on SQLite and 0.11 ms on PostgreSQL on loopback": Bench(
         "bench/README.md", "SQLite 0.05-0.24 ms, PostgreSQL 0.11 ms"),
     # a full SQLite disk
-    "checkpoints come every 250 jobs": Value("interlock._store._sqlite", "CHECKPOINT_EVERY",
+    "checkpoints come every 250 jobs": Value("interlock._store._sqlite_wal", "CHECKPOINT_EVERY",
                                              250),
     # the server's run loops and their watchdog
     "stamps a heartbeat every 0.25 s": Value("interlock.server._loops", "TICK", 0.25),
@@ -308,6 +308,10 @@ CLAIMS: dict[str, Evidence] = {
         "tests/store/test_log_errors.py::test_the_server_answers_409_to_a_broken_log_never_400"),
     "the CLI exits 1 (as `verify` does": ByTest(
         "tests/store/test_log_errors.py::test_the_cli_exits_1_on_a_broken_log_saying_what_to_do"),
+    # versions (issue 32)
+    "the CLI's exit 2, the server's 409": ByTest(
+        "tests/ops/test_versions.py::"
+        "test_a_server_with_strict_code_refuses_a_decision_after_the_code_changed"),
     # known limits
     "1000-branch fan-out take ~6 s (a million pairs); it now takes ~0.2 s": Unkept(
         "timed when the pairs were made lazy; the property test "

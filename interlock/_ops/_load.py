@@ -5,11 +5,12 @@ log tells it.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Literal, Protocol
 
 from .. import _log as L
 from .._definition._model import WorkflowSpec
@@ -18,8 +19,10 @@ from .._definition._spec import parse
 from .._engine import _snapshot as snapshots
 from .._engine._fold import RunResult, RunView, result_of
 from .._errors import LogError, UsageError
+from .._json import JSONObject
 from .._plugins._compile import compile_spec, reading_plan
 from .._store import RunRow, Store, acquire_store, release_store
+from ._code import drift
 
 TRACE_PAGE = 2000  # records read from the store at a time by `trace_pages`
 
@@ -29,13 +32,14 @@ class Functions(Protocol):
     functions of its builder-made nodes, by call path."""
 
     @property
-    def callables(self) -> Mapping[str, Callable[..., Any]]: ...
+    def callables(self) -> Mapping[str, Callable[..., object]]: ...
 
 
 log = logging.getLogger("interlock")
 
 RESUMABLE = {"RUNNING", "RETRYING", "FAILED", "PENDING"}
 TERMINAL_STATUSES = frozenset(L.TERMINAL_TYPES.values())
+ENDED = frozenset({"COMPLETED", "REJECTED", "CANCELLED"})  # (a FAILED run may go on)
 
 
 def open_store_arg(store: str | Store | None) -> tuple[Store, bool]:
@@ -65,11 +69,11 @@ class Loaded:
         return L.LogWriter(*self.last, key=self.key)
 
 
-def definition_hash(definition: dict[str, Any]) -> str:
+def definition_hash(definition: Mapping[str, object]) -> str:
     return hashlib.sha256(L.dumps(definition)).hexdigest()
 
 
-def chain_options(key: L.ChainKey | None) -> dict[str, Any]:
+def chain_options(key: L.ChainKey | None) -> dict[str, object]:
     """What a new run's row and its run.started say of its chain (nothing when plain)."""
     return {} if key is None else {"chain": L.KEYED, "key_id": key.id}
 
@@ -127,6 +131,23 @@ def check_tail(row: RunRow, entries: list[L.Entry], start: int, start_hash: str)
     return None
 
 
+def plan_maker(workflow: Functions | None = None, *, executable: bool = False,
+               executor: Literal["local", "ray"] | None = None
+               ) -> Callable[[JSONObject], Plan]:
+    """How a stored definition becomes a plan: executable (its functions resolved, the
+    builder's ``workflow`` functions by call path; bodies on ``executor``) or for reading
+    only. The fold uses it again for a ``run.migrated``'s definition."""
+    def make(definition: JSONObject) -> Plan:
+        spec = parse(definition)
+        if executor is not None:  # where this process runs the bodies (a worker's --executor)
+            spec = spec.model_copy(update={"nodes": {
+                name: ns.on_executor(executor) for name, ns in spec.nodes.items()}})
+        if not executable:
+            return reading_plan(spec)
+        return compile_spec(spec, workflow.callables if workflow is not None else {})[0]
+    return make
+
+
 async def load_run(store: Store, run_id: str, *, workflow: Functions | None = None,
                    executable: bool = False, upto: int | None = None,
                    executor: Literal["local", "ray"] | None = None) -> Loaded:
@@ -140,41 +161,84 @@ async def load_run(store: Store, run_id: str, *, workflow: Functions | None = No
     end disagrees with the run's summary, is refused.
     """
     row = await store.get_run(run_id)
-    if definition_hash(row.definition) != row.definition_hash:
-        raise LogError(f"run {run_id!r}: the stored definition does not match the hash "
-                       "recorded when the run started: it was changed in the store since; "
-                       "nothing reads or continues the run until it is restored (from a "
-                       f"backup, or an export: `interlock verify --file`); `interlock verify "
-                       f"{run_id}` reports it", run_id=run_id)
+    _check_definition(row)
     keyed, key = run_key(row)
     if keyed and key is None and executable:
         raise UsageError(_key_missing(row))
     notes = [f"its log is keyed (key id {row.options.get('key_id')}) and {L.LOG_KEY_ENV} is "
              "not set: its hashes were not checked"] if keyed and key is None else []
-    spec = parse(row.definition)
-    if executor is not None:  # where this process runs the bodies (a worker's --executor)
-        spec = spec.model_copy(update={"nodes": {
-            name: ns.on_executor(executor) for name, ns in spec.nodes.items()}})
-    plan = compile_spec(spec, workflow.callables if workflow is not None else {})[0] \
-        if executable else reading_plan(spec)
-    view, start, start_hash = None, 0, L.GENESIS
+    plans = plan_maker(workflow, executable=executable, executor=executor)
+    plan = plans(row.definition)
+    spec = plan.spec
+    view: RunView | None = None
+    start, start_hash = 0, L.GENESIS
     entries: list[L.Entry] = []
     if upto is None:
-        snap = await store.load_snapshot(run_id)
-        restored = snapshots.load(plan, snap[1]) if snap is not None else None
-        if restored is not None and snap is not None:
-            view, start_hash = restored
-            start = view.seq
-            entries = await store.entries(run_id, after=start)
-            why = snapshots.unbound(snap[1], start, entries)
-            if why is None and row.summary.last_seq < start:
-                why = "it is past the end of the log"
-            if why is not None:
-                notes.append(f"the snapshot at record {start} was not used: {why}; "
-                             "the whole log was folded instead")
-                view, start, start_hash = None, 0, L.GENESIS
+        view, start, start_hash, entries = await _from_snapshot(store, row, plan, notes)
     if start == 0:
         entries = await store.entries(run_id)
+    _check_log(row, entries, start, start_hash, key, keyed)
+    if view is None:
+        view = RunView(plan)
+    view.plans = plans  # a run.migrated's definition, read as this one is
+    for entry in entries:
+        if upto is not None and entry.seq > upto:
+            break
+        view.apply(entry.record())
+    last = (entries[-1].seq, entries[-1].hash) if entries else (start, start_hash)
+    if view.plan is not plan:  # migrated (SPEC §14): the run goes on under its new definition
+        plan, spec = view.plan, view.plan.spec
+    for note in notes:
+        log.warning("run %s: %s", run_id, note)
+    return Loaded(row, entries, spec, plan, view, last, key, keyed, notes)
+
+
+# The load's checks, in order, each before anything is built on what it checks:
+#   1. the stored definition against the hash ``run.started`` recorded (`_check_definition`):
+#      an edited definition would run (or show) another workflow under the old log;
+#   2. a keyed log without its key: readable, its hashes unchecked (a note), never
+#      continued (`UsageError`: its next records could not be chained without the key);
+#   3. a snapshot only when the record after it binds its digest into the chain and it
+#      is not past the log's end (`_from_snapshot`); otherwise the whole log is folded;
+#   4. the chain of every record read (`_check_log`), then the log's end against the
+#      run's summary: a record lost, added or changed is refused, not folded.
+
+
+def _check_definition(row: RunRow) -> None:
+    if definition_hash(row.definition) != row.definition_hash:
+        raise LogError(f"run {row.run_id!r}: the stored definition does not match the hash "
+                       "recorded when the run started: it was changed in the store since; "
+                       "nothing reads or continues the run until it is restored (from a "
+                       f"backup, or an export: `interlock verify --file`); `interlock verify "
+                       f"{row.run_id}` reports it", run_id=row.run_id)
+
+
+async def _from_snapshot(store: Store, row: RunRow, plan: Plan, notes: list[str]
+                         ) -> tuple[RunView | None, int, str, list[L.Entry]]:
+    """The view restored from the run's snapshot, its seq and chain hash, and the entries
+    after it; ``(None, 0, GENESIS, [])`` when there is none or it may not be used (why
+    goes in ``notes``)."""
+    run_id = row.run_id
+    snap = await store.load_snapshot(run_id)
+    restored = snapshots.load(plan, snap[1]) if snap is not None else None
+    if restored is None or snap is None:
+        return None, 0, L.GENESIS, []
+    view, start_hash = restored
+    start = view.seq
+    entries = await store.entries(run_id, after=start)
+    why = snapshots.unbound(snap[1], start, entries)
+    if why is None and row.summary.last_seq < start:
+        why = "it is past the end of the log"
+    if why is not None:
+        notes.append(f"the snapshot at record {start} was not used: {why}; "
+                     "the whole log was folded instead")
+        return None, 0, L.GENESIS, entries
+    return view, start, start_hash, entries
+
+
+def _check_log(row: RunRow, entries: list[L.Entry], start: int, start_hash: str,
+               key: L.ChainKey | None, keyed: bool) -> None:
+    run_id = row.run_id
     problem = L.verify_chain(entries, start=start, prev_hash=start_hash, key=key,
                              hashes=not keyed or key is not None)
     if problem is not None:
@@ -185,24 +249,19 @@ async def load_run(store: Store, run_id: str, *, workflow: Functions | None = No
     if tail is not None:
         raise LogError(f"run {run_id!r}: {tail}; {_BROKEN_LOG_ADVICE.format(run_id=run_id)}",
                        run_id=run_id)
-    if view is None:
-        view = RunView(plan)
-    for entry in entries:
-        if upto is not None and entry.seq > upto:
-            break
-        view.apply(entry.record())
-    last = (entries[-1].seq, entries[-1].hash) if entries else (start, start_hash)
-    for note in notes:
-        log.warning("run %s: %s", run_id, note)
-    return Loaded(row, entries, spec, plan, view, last, key, keyed, notes)
 
 
 async def status(run_id: str, *, store: str | Store | None = None) -> RunResult:
-    """The run as its log tells it."""
+    """The run as its log tells it (with the nodes still to run whose code changed)."""
     st, owned = open_store_arg(store)
     try:
         loaded = await load_run(st, run_id)
-        return result_of(run_id, loaded.row.workflow, loaded.view)
+        result = result_of(run_id, loaded.row.workflow, loaded.view)
+        if loaded.view.status not in ENDED:
+            changed, _ = await drift(st, run_id, loaded.plan, loaded.view)
+            if changed:
+                result = dataclasses.replace(result, code_changed=sorted(changed))
+        return result
     finally:
         if owned:
             await release_store(st)
