@@ -12,6 +12,7 @@ from interlock.support import to_mermaid
 
 from ._deps import Operator, Reader, Srv
 from ._guard import Problemed
+from ._layout import layout
 from ._models import Graph, RunObject, StartRun, WorkflowDetail, WorkflowInfo
 from ._service import Server
 
@@ -34,7 +35,8 @@ def graph_of(spec: Any) -> Graph:
              for n, ns in spec.nodes.items()]
     edges = [e.model_dump(mode="json", by_alias=True, exclude_none=True,
                           exclude_defaults=True) for e in spec.edges]
-    return Graph(nodes=nodes, edges=edges, mermaid=to_mermaid(spec))
+    return Graph(nodes=nodes, edges=edges, mermaid=to_mermaid(spec),
+                 layout=layout(nodes, edges))
 
 
 @router.get("/api/workflows", response_model=list[WorkflowInfo])

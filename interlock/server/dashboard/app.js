@@ -3,7 +3,7 @@
 // as text (textContent, Element.append of strings), never parsed as HTML.
 
 import { api, ApiError, follow, token } from "./api.js";
-import { edgeCondition, renderGraph, targets } from "./graph.js";
+import { edgeCondition, renderGraph, setCount, targets } from "./graph.js";
 import { checkJson } from "./schema.js";
 
 const POLL_MS = 1000;
@@ -266,6 +266,7 @@ function detail(rec) {
       if (rec.expr) parts.push(`${rec.expr} = ${short(rec.value, 30)}`);
       if (rec.reads) parts.push(`reads ${Object.entries(rec.reads).map(([k, v]) => `${k}=${short(v, 40)}`).join(", ")}`);
       if (rec.arrived) parts.push(`joined ${rec.arrived.join(", ")}`);
+      if (rec.reason) parts.push(`(${rec.reason})`);
       return parts.join("  ");
     }
     case "approval.requested": return `${rec.kind}: decisions ${(rec.decisions || []).join(", ")}`;
@@ -341,6 +342,7 @@ async function runPage(ctx, runId) {
   ctx.onStop(() => clearTimeout(refreshing));
 
   const rejected = new Set(); // gates whose last decision rejected them
+  const counts = new Map(); // node -> its visits and map items so far
   const apply = (rec) => {
     records.push(rec);
     let state = NODE_STATE[rec.type];
@@ -357,12 +359,31 @@ async function runPage(ctx, runId) {
         if (g.dataset.node !== rec.node) g.setAttribute("data-state", "stopped");
       }
     }
-    if (rec.type === "edge.taken") {
-      edgeEl(rec.edge)?.setAttribute("data-state", "taken");
-      if ((rec.to || []).includes("END")) nodeEl("END")?.setAttribute("data-state", "reached");
-    } else if (rec.type === "edge.skipped") {
+    if (rec.type === "edge.taken" || rec.type === "edge.skipped") {
       const e = edgeEl(rec.edge);
-      if (e && e.dataset.state !== "taken") e.setAttribute("data-state", "skipped");
+      if (rec.type === "edge.taken") e?.setAttribute("data-state", "taken");
+      else if (e && e.dataset.state !== "taken") e.setAttribute("data-state", "skipped");
+      // each arrow of the edge from this source: taken to the targets it went to only
+      for (const r of e ? e.querySelectorAll(".route") : []) {
+        if (r.dataset.source !== rec.from) continue;
+        if ((rec.to || []).includes(r.dataset.target)) r.setAttribute("data-state", "taken");
+        else if (r.dataset.state !== "taken") r.setAttribute("data-state", "skipped");
+      }
+      if (rec.type === "edge.taken" && (rec.to || []).includes("END")) nodeEl("END")?.setAttribute("data-state", "reached");
+    }
+    if (rec.type === "approval.decided" && rec.reenter) {
+      const r = svg.querySelector(`[data-reentry="${CSS.escape(`${rec.node}→${rec.reenter}`)}"]`);
+      r?.setAttribute("data-state", "taken");
+      for (const route of r ? r.querySelectorAll(".route") : []) route.setAttribute("data-state", "taken");
+    }
+    if (rec.type === "node.started" && rec.node) {
+      const c = counts.get(rec.node) || { visits: new Set(), items: new Set() };
+      counts.set(rec.node, c);
+      c.visits.add(rec.visit ?? 1);
+      if (rec.item !== undefined && rec.item !== null) c.items.add(`${rec.visit ?? 1}/${rec.item}`);
+      setCount(svg, rec.node, c.items.size ? `${c.items.size} item${c.items.size > 1 ? "s" : ""}` : `${c.visits.size}×`);
+      nodeEl(rec.node)?.setAttribute("data-visits", String(c.visits.size));
+      if (c.items.size) nodeEl(rec.node)?.setAttribute("data-items", String(c.items.size));
     }
     if (rec.type === "run.started") nodeEl("START")?.setAttribute("data-state", "reached");
     if (rec.type === "run.waiting") {
@@ -416,6 +437,7 @@ async function runPage(ctx, runId) {
         h("p", {}, h("code", {}, edgeCondition(edge))),
         decisions.length ? h("ol", { class: "decisions" }, decisions.map((r) => h("li", { dataset: { seq: String(r.seq) } },
           h("strong", {}, r.type === "edge.taken" ? "taken" : "not taken"), ` (record ${r.seq})`,
+          r.reason ? h("div", { class: "reason" }, h("strong", {}, r.reason)) : null,
           r.expr ? h("div", {}, h("code", {}, r.expr), " → ", h("code", {}, JSON.stringify(r.value))) : null,
           r.to?.length ? h("div", {}, `to ${r.to.join(", ")}`) : null,
           r.arrived ? h("div", {}, `joined ${r.arrived.join(", ")}`) : null,
