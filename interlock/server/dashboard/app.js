@@ -145,6 +145,17 @@ window.addEventListener("interlock:unauthorized", () => {
     : "The server runs with --auth: enter your token to see runs and decide approvals.");
 });
 
+let meCache = null;
+/** Who the token is (GET /api/me), asked once per token; null when it cannot be read. */
+function whoAmI() {
+  const key = token.get() || "";
+  if (!meCache || meCache.key !== key) meCache = { key, me: api("/api/me").catch(() => null) };
+  return meCache.me;
+}
+
+/** Whether ``me`` may decide (approver or admin; the server checks it again). */
+const mayDecide = (me) => !me || me.roles.includes("approver") || me.roles.includes("admin");
+
 async function showWho() {
   const who = document.getElementById("who");
   const forget = document.getElementById("forget-token");
@@ -323,7 +334,8 @@ async function runPage(ctx, runId) {
     if (!r.waiting) return;
     const list = await api("/api/approvals", { signal: ctx.signal });
     const gate = list.find((g) => g.run_id === runId);
-    if (gate && gateShown === key) gateBox.append(approvalCard(gate));
+    const me = await whoAmI();
+    if (gate && gateShown === key) gateBox.append(approvalCard(gate, me));
   };
   showGate(run);
 
@@ -467,7 +479,7 @@ async function runPage(ctx, runId) {
 /** A waiting gate with its decision form. The patch (modify) and the data (an approval's
  * input: schema) are checked against what the server says the gate accepts before they
  * are sent; the server's refusal (problem+json) is shown as it is. */
-function approvalCard(gate) {
+function approvalCard(gate, me = null) {
   const out = h("div", { class: "result", "aria-live": "polite" });
   const comment = h("textarea", { class: "comment", rows: 2, placeholder: "comment (optional)", "aria-label": "comment" });
   const data = gate.input ? h("textarea", { class: "data", rows: 3, placeholder: `data (JSON) for ${short(gate.input, 200)}`, "aria-label": "data" }) : null;
@@ -510,17 +522,21 @@ function approvalCard(gate) {
       out.replaceChildren(problemBox(error));
     }
   };
-  for (const d of gate.decisions) {
+  const allowed = mayDecide(me);
+  for (const d of allowed ? gate.decisions : []) {
     buttons.push(h("button", { type: "button", class: `decide decide-${d}`, "data-decision": d, onclick: () => send(d) }, d));
+  }
+  if (!allowed) {
+    buttons.push(h("p", { class: "muted not-allowed" }, `${me.name} (${me.roles.join(", ")}) may not decide: an approver or an admin decides this gate`));
   }
   const card = h("article", { class: "card gate", dataset: { run: gate.run_id, node: gate.node } },
     h("h3", {}, link(runHref(gate.run_id), gate.run_id), ` · ${gate.workflow} · `, h("code", {}, gate.node), ` (${gate.kind || "approval"})`),
     h("p", { class: "muted" }, [`waiting since ${when(gate.since)}`, gate.deadline ? `deadline ${when(gate.deadline)}` : null,
       gate.approvers.length ? `approvers: ${gate.approvers.join(", ")}` : "any approver"].filter(Boolean).join(" · ")),
     Object.keys(gate.show).length ? h("dl", { class: "show" }, Object.entries(gate.show).map(([k, v]) => [h("dt", {}, k), h("dd", {}, h("pre", {}, json(v)))])) : null,
-    comment,
-    data ? h("label", {}, "data for the gate's input schema ", data) : null,
-    patch ? h("label", {}, "modify: the state fields to replace ", patch, at ? [" re-enter at ", at] : null) : null,
+    allowed ? comment : null,
+    allowed && data ? h("label", {}, "data for the gate's input schema ", data) : null,
+    allowed && patch ? h("label", {}, "modify: the state fields to replace ", patch, at ? [" re-enter at ", at] : null) : null,
     h("div", { class: "buttons" }, buttons),
     out);
   return card;
@@ -536,6 +552,7 @@ async function approvalsPage(ctx) {
     error, list, empty);
   const cards = new Map();
   await every(ctx, POLL_MS, async () => {
+    const me = await whoAmI();
     let gates;
     try {
       gates = await api("/api/approvals", { signal: ctx.signal });
@@ -550,7 +567,7 @@ async function approvalsPage(ctx) {
       const key = `${gate.run_id}\n${gate.node}\n${gate.since}`;
       keys.add(key);
       if (!cards.has(key)) {
-        const card = approvalCard(gate);
+        const card = approvalCard(gate, me);
         cards.set(key, card);
         list.append(card);
       }
