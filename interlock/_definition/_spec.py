@@ -9,6 +9,7 @@ phases (validation, run errors) can name ``file:line:col``.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import ValidationError
@@ -16,10 +17,11 @@ from pydantic import ValidationError
 from .._errors import Diagnostic, Location, WorkflowError
 from . import _limits, _yaml_fast
 from ._bounds import read_at_most, too_big
-from ._model import Extensible, SourceMap, WorkflowSpec
+from ._model import SourceMap, WorkflowSpec
+from ._values import Extensible
 
 
-def read_file(path: str | os.PathLike[str]) -> tuple[dict[str, Any], SourceMap]:
+def read_file(path: str | os.PathLike[str]) -> tuple[dict[str, object], SourceMap]:
     """Parse a workflow file into plain data and a map of positions.
 
     At most `_limits.WORKFLOW_FILE_BYTES` are read (a device such as /dev/zero, a pipe
@@ -27,10 +29,24 @@ def read_file(path: str | os.PathLike[str]) -> tuple[dict[str, Any], SourceMap]:
     expanded may have at most `_limits.YAML_NODES` nodes, nested at most
     `_limits.YAML_DEPTH` deep.
     """
-    from ruamel.yaml import YAML
-    from ruamel.yaml.error import MarkedYAMLError
-
     name = str(path)
+    text = _read_text(path, name)
+    fast = _yaml_fast.read(text, name)  # libyaml, when it reads the file as ruamel would
+    if fast is not None:
+        data, located = fast
+        if not isinstance(data, dict):
+            raise _not_a_mapping(name)
+        return data, SourceMap(name, located)
+    doc = _load_yaml(text, name)
+    if not isinstance(doc, dict):
+        raise _not_a_mapping(name)
+    positions: Positions = {}
+    data = _Plain(name, positions).convert(doc)
+    return data, SourceMap(name, positions)
+
+
+def _read_text(path: str | os.PathLike[str], name: str) -> str:
+    """The file's text: at most its limit of bytes read, UTF-8."""
     limit = _limits.WORKFLOW_FILE_BYTES
     try:
         with open(path, "rb") as f:
@@ -44,26 +60,25 @@ def read_file(path: str | os.PathLike[str]) -> tuple[dict[str, Any], SourceMap]:
         raise WorkflowError([Diagnostic("error", too_big("the workflow file", limit),
                                         Location(name))])
     try:
-        text = raw.decode("utf-8")
+        return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise WorkflowError(
             [Diagnostic("error", f"the file is not UTF-8 text (byte {exc.start}: {exc.reason}); "
                         "save it as UTF-8", Location(name))]
         ) from None
-    del raw
-    fast = _yaml_fast.read(text, name)  # libyaml, when it reads the file as ruamel would
-    if fast is not None:
-        data, located = fast
-        if not isinstance(data, dict):
-            raise WorkflowError([Diagnostic(
-                "error", "a workflow file must be a mapping with 'workflow', 'nodes' and "
-                "'edges'", Location(name, 1, 1))])
-        return data, SourceMap(name, located)
+
+
+def _load_yaml(text: str, name: str) -> Any:
+    """ruamel.yaml's round-trip document (YAML 1.2, no duplicate keys), its errors as
+    diagnostics at their position."""
+    from ruamel.yaml import YAML
+    from ruamel.yaml.error import MarkedYAMLError
+
     yaml = YAML(typ="rt", pure=True)
     yaml.version = (1, 2)
     yaml.allow_duplicate_keys = False
     try:
-        doc = yaml.load(text)
+        return yaml.load(text)
     except MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark else None
@@ -83,17 +98,15 @@ def read_file(path: str | os.PathLike[str]) -> tuple[dict[str, Any], SourceMap]:
         raise WorkflowError(
             [Diagnostic("error", f"cannot parse the file: {exc}", Location(name, 1, 1))]
         ) from None
-    if not isinstance(doc, dict):
-        raise WorkflowError(
-            [Diagnostic("error", "a workflow file must be a mapping with 'workflow', 'nodes' "
-                        "and 'edges'", Location(name, 1, 1))]
-        )
-    positions: Positions = {}
-    data = _Plain(name, positions).convert(doc)
-    return data, SourceMap(name, positions)
 
 
-Positions = dict[tuple[Any, ...], tuple[int, int]]
+def _not_a_mapping(name: str) -> WorkflowError:
+    return WorkflowError([Diagnostic(
+        "error", "a workflow file must be a mapping with 'workflow', 'nodes' and 'edges'",
+        Location(name, 1, 1))])
+
+
+Positions = dict[tuple[object, ...], tuple[int, int]]
 
 
 class _Plain:
@@ -110,7 +123,7 @@ class _Plain:
         self.file = file
         self.positions = positions
 
-    def convert(self, doc: Any) -> Any:
+    def convert(self, doc: Any) -> Any:  # Any: ruamel's objects are untyped
         from ruamel.yaml.comments import CommentedMap, CommentedSeq
 
         nodes_left = _limits.YAML_NODES.get()
@@ -121,7 +134,7 @@ class _Plain:
         # (ruamel object, the container its result goes in, the key there, its path,
         #  its depth, whether it is part of an alias's expansion); the path of an
         #  alias's expansion stays the alias's own
-        todo: list[tuple[Any, Any, Any, tuple[Any, ...], int, bool]] = [
+        todo: list[tuple[Any, Any, Any, tuple[object, ...], int, bool]] = [
             (doc, root, 0, (), 0, False)]
         pop = todo.pop
         positions = self.positions
@@ -139,7 +152,7 @@ class _Plain:
                 alias = id(node) in seen
                 seen.add(id(node))
             depth += 1
-            parts: list[tuple[Any, Any, Any, tuple[Any, ...], int, bool]] = []
+            parts: list[tuple[Any, Any, Any, tuple[object, ...], int, bool]] = []
             if isinstance(node, CommentedMap):
                 out: Any = {}
                 lc_key = node.lc.key
@@ -203,20 +216,20 @@ class _Plain:
     def refuse_size_at(self, node: Any) -> None:
         _yaml_fast.refuse_size(self.file, (node.lc.line + 1, node.lc.col + 1), aliased=True)
 
-    def refuse_size(self, path: tuple[Any, ...], alias: bool) -> None:
+    def refuse_size(self, path: tuple[object, ...], alias: bool) -> None:
         loc = self.location(path)
         _yaml_fast.refuse_size(self.file, (loc.line, loc.col), aliased=alias)
 
-    def refuse_depth(self, path: tuple[Any, ...], depth: int) -> None:
+    def refuse_depth(self, path: tuple[object, ...], depth: int) -> None:
         loc = self.location(path)
         _yaml_fast.refuse_depth(self.file, path, (loc.line, loc.col))
 
-    def location(self, path: tuple[Any, ...]) -> Location:
+    def location(self, path: tuple[object, ...]) -> Location:
         return Location(self.file, *(SourceMap(self.file, self.positions).locate(path)
                                      or (None, None)))
 
 
-def _scalar(value: Any) -> Any:
+def _scalar(value: object) -> object:
     # ruamel wraps scalars in str/float/int subclasses that carry formatting; unwrap them
     # so the definition is plain JSON data.
     if isinstance(value, bool) or value is None:
@@ -230,7 +243,7 @@ def _scalar(value: Any) -> Any:
     return value
 
 
-def parse(data: dict[str, Any], source: SourceMap | None = None) -> WorkflowSpec:
+def parse(data: Mapping[str, object], source: SourceMap | None = None) -> WorkflowSpec:
     """Validate plain data in the file's shape into a `WorkflowSpec`."""
     if not isinstance(data, dict):
         raise WorkflowError([Diagnostic("error", "a workflow must be a mapping")])
@@ -242,7 +255,7 @@ def parse(data: dict[str, Any], source: SourceMap | None = None) -> WorkflowSpec
     return spec
 
 
-def load_spec(source: str | os.PathLike[str] | dict[str, Any], *,
+def load_spec(source: str | os.PathLike[str] | dict[str, object], *,
               within: tuple[str, ...] = ()) -> WorkflowSpec:
     """A workflow from a file (or a dict in the file's shape), its sub-workflows read and
     pinned (`resolve_children`); ``within``: the files of the workflows that include this
@@ -260,9 +273,9 @@ def load_spec(source: str | os.PathLike[str] | dict[str, Any], *,
     return spec
 
 
-def resolve_children(data: dict[str, Any], smap: SourceMap | None, base: str,
+def resolve_children(data: dict[str, object], smap: SourceMap | None, base: str,
                      within: tuple[str, ...], children: dict[str, WorkflowSpec]
-                     ) -> dict[str, Any]:
+                     ) -> dict[str, object]:
     """``data`` with each ``workflow: PATH`` node's child read (relative to ``base``, the
     including file's directory) and pinned as ``{file, definition}`` (SPEC §7); the
     children, with their own source maps, go in ``children`` by node. A child that is
@@ -300,7 +313,7 @@ def resolve_children(data: dict[str, Any], smap: SourceMap | None, base: str,
     return {**data, "nodes": out_nodes}
 
 
-def locate(spec: WorkflowSpec, path: tuple[Any, ...]) -> Location:
+def locate(spec: WorkflowSpec, path: tuple[object, ...]) -> Location:
     """The file position of a part of ``spec`` (or just the file when unknown)."""
     smap = spec._source
     if smap is None:
@@ -309,7 +322,7 @@ def locate(spec: WorkflowSpec, path: tuple[Any, ...]) -> Location:
     return Location(smap.file, *(pos or (None, None)))
 
 
-def _diagnostics(exc: ValidationError, data: dict[str, Any],
+def _diagnostics(exc: ValidationError, data: object,
                  source: SourceMap | None) -> list[Diagnostic]:
     out = []
     for err in exc.errors(include_url=False):
@@ -329,7 +342,7 @@ def _diagnostics(exc: ValidationError, data: dict[str, Any],
     return out
 
 
-def _unknown_key(path: tuple[Any, ...]) -> str:
+def _unknown_key(path: tuple[object, ...]) -> str:
     return unknown_key(str(path[-1]), valid_keys(path[:-1]))
 
 
@@ -344,7 +357,7 @@ def unknown_key(key: str, keys: list[str]) -> str:
     return f"unknown key {key!r}{hint}; the keys here are: {', '.join(keys)}"
 
 
-def valid_keys(path: tuple[Any, ...], root: Any = WorkflowSpec) -> list[str]:
+def valid_keys(path: tuple[object, ...], root: object = WorkflowSpec) -> list[str]:
     """The keys a mapping at ``path`` of a workflow file (or of a block validated by
     ``root``, a model) may have -- the model's fields as a file spells them -- or [] when
     that is not a model's mapping."""
@@ -353,7 +366,7 @@ def valid_keys(path: tuple[Any, ...], root: Any = WorkflowSpec) -> list[str]:
 
     from pydantic import BaseModel
 
-    def models(tp: Any) -> list[Any]:
+    def models(tp: object) -> list[object]:
         """The types a field's annotation may hold, unwrapped (Optional, Annotated)."""
         origin = typing.get_origin(tp)
         if origin is typing.Annotated:
@@ -362,9 +375,9 @@ def valid_keys(path: tuple[Any, ...], root: Any = WorkflowSpec) -> list[str]:
             return [m for a in typing.get_args(tp) for m in models(a)]
         return [tp]
 
-    current: list[Any] = [root]
+    current: list[object] = [root]
     for part in path:
-        step: list[Any] = []
+        step: list[object] = []
         for tp in current:
             origin = typing.get_origin(tp)
             if isinstance(tp, type) and issubclass(tp, BaseModel) and isinstance(part, str):
@@ -385,10 +398,10 @@ def valid_keys(path: tuple[Any, ...], root: Any = WorkflowSpec) -> list[str]:
     return []
 
 
-def _data_path(loc: tuple[Any, ...], data: Any) -> tuple[Any, ...]:
+def _data_path(loc: tuple[object, ...], data: object) -> tuple[object, ...]:
     """Drop pydantic's internal steps (union tags, function names) from an error path."""
-    path: list[Any] = []
-    cur = data
+    path: list[object] = []
+    cur: Any = data  # a dict, a list or a scalar: narrowed as it is walked
     for part in loc:
         in_list = isinstance(cur, list) and isinstance(part, int) and 0 <= part < len(cur)
         if (isinstance(cur, dict) and part in cur) or in_list:

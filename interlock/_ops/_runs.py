@@ -27,6 +27,7 @@ from ._load import (
     TERMINAL_STATUSES,
     TRACE_PAGE,
     Functions,
+    Loaded,
     load_run,
     open_store_arg,
 )
@@ -38,8 +39,8 @@ if TYPE_CHECKING:
 
 async def resume(run_id: str, decision: Decision | None = None, *,
                  store: str | Store | None = None, workflow: Functions | None = None,
-                 config: Mapping[str, Any] | None = None,
-                 limits: Mapping[str, Any] | None = None, force: bool = False,
+                 config: Mapping[str, object] | None = None,
+                 limits: Mapping[str, object] | None = None, force: bool = False,
                  listener: Listener | None = None, detach: bool = False) -> RunResult:
     """Continue a run from its log: interrupted visits run again, nothing completed does.
 
@@ -48,43 +49,14 @@ async def resume(run_id: str, decision: Decision | None = None, *,
     ``detach``: record the decision (and the resume) and return without executing: the
     run is PENDING until a worker (``interlock worker``) claims and continues it.
     """
-    from .._engine._approvals import decide, expire
-
     st, owned = open_store_arg(store)
     try:
         loaded = await load_run(st, run_id, workflow=workflow, executable=True)
         view = loaded.view
         fields = _overrides(config, limits)
-        first: list[tuple[str, dict[str, Any]]] = []
+        first: list[tuple[str, dict[str, object]]] = []
         if view.status == "WAITING_APPROVAL":
-            expired = expire(loaded.spec, view)
-            moved = await _unblocked(st, run_id, view)  # child runs that wait no more
-            first += expired + moved
-            child = _child_gate(view, decision, moved) if decision is not None else None
-            if moved and decision is not None and child is None:
-                raise UsageError(
-                    f"run {run_id!r}: the child run {moved[0][1]['key']!r} it waited for "
-                    "does not wait there any more (decided or continued on its own, or "
-                    "not this run's: a fork's); resume it without a decision first, then "
-                    "decide what it waits for then")
-            if child is not None:  # a gate inside a child run: it decides it (SPEC §7)
-                gate, below = child
-                await _decide_child(st, str(gate.key), below)
-                assert decision is not None
-                first.append((L.APPROVAL_DECIDED, {
-                    "node": gate.node, "visit": gate.visit, "kind": "workflow",
-                    "decision": _PAST[decision.kind], "by": decision.by,
-                    "comment": decision.comment, "key": gate.key, "path": gate.path}))
-            elif decision is not None:
-                first += decide(loaded.spec, view, decision, expired=expired)
-            else:  # a gate in a child run whose deadline passed: decided there
-                first += await _expired_children(st, view, moved)
-            if decision is None and not first:
-                gate = view.pending_gates()[0]
-                raise UsageError(f"run {run_id!r} is waiting for a decision at "
-                                 f"{gate.path or gate.node!r}; "
-                                 "resume it with --approve, --reject or --modify "
-                                 "(interlock.approve/reject/modify in Python)")
+            first = await _decisions(st, run_id, loaded, decision)
         elif decision is not None:
             raise UsageError(f"run {run_id!r} is {view.status}, not waiting for a decision; "
                              "the decision is refused")
@@ -111,27 +83,67 @@ async def resume(run_id: str, decision: Decision | None = None, *,
             await release_store(st)
 
 
+async def _decisions(st: Store, run_id: str, loaded: Loaded, decision: Decision | None
+                     ) -> list[tuple[str, dict[str, object]]]:
+    """What the resume of a waiting run records before it goes on: the gates whose
+    deadline passed, the child runs that wait no more, and ``decision`` -- on a gate of
+    the run's own, or forwarded to the child run it waits through (SPEC §7)."""
+    from .._engine._approvals import decide, expire
+
+    view = loaded.view
+    expired = expire(loaded.spec, view)
+    moved = await _unblocked(st, run_id, view)  # child runs that wait no more
+    first = expired + moved
+    child = _child_gate(view, decision, moved) if decision is not None else None
+    if moved and decision is not None and child is None:
+        raise UsageError(
+            f"run {run_id!r}: the child run {moved[0][1]['key']!r} it waited for "
+            "does not wait there any more (decided or continued on its own, or "
+            "not this run's: a fork's); resume it without a decision first, then "
+            "decide what it waits for then")
+    if child is not None:  # a gate inside a child run: it decides it (SPEC §7)
+        gate, below = child
+        await _decide_child(st, str(gate.key), below)
+        assert decision is not None
+        first.append((L.APPROVAL_DECIDED, {
+            "node": gate.node, "visit": gate.visit, "kind": "workflow",
+            "decision": _PAST[decision.kind], "by": decision.by,
+            "comment": decision.comment, "key": gate.key, "path": gate.path}))
+    elif decision is not None:
+        first += decide(loaded.spec, view, decision, expired=expired)
+    else:  # a gate in a child run whose deadline passed: decided there
+        first += await _expired_children(st, view, moved)
+    if decision is None and not first:
+        gate = view.pending_gates()[0]
+        raise UsageError(f"run {run_id!r} is waiting for a decision at "
+                         f"{gate.path or gate.node!r}; "
+                         "resume it with --approve, --reject or --modify "
+                         "(interlock.approve/reject/modify in Python)")
+    return first
+
+
 _PAST = {"approve": "approved", "reject": "rejected", "modify": "modified"}
 
 
-async def _continue_parent(store: Store, run_id: str, link: Mapping[str, Any], *,
+async def _continue_parent(store: Store, run_id: str, link: Mapping[str, object], *,
                            detach: bool = False) -> None:
     """A child run was resumed on its own: continue its parent if it waits for it (or was
     interrupted) -- the node runs again and finds the child as it now is."""
+    parent_id = str(link["run"])
     try:
-        parent = await load_run(store, link["run"])
+        parent = await load_run(store, parent_id)
     except RunNotFound:
         return
     view = parent.view
     waits = any(g.kind == "workflow" and g.key == run_id for g in view.pending_gates())
     if waits or view.status in ("RUNNING", "RETRYING"):
         with contextlib.suppress(ClaimError, UsageError, LogError):  # being executed: it will see
-            await resume(link["run"], store=store, detach=detach)
+            await resume(parent_id, store=store, detach=detach)
 
 
-def _overrides(config: Mapping[str, Any] | None,
-               limits: Mapping[str, Any] | None) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def _overrides(config: Mapping[str, object] | None,
+               limits: Mapping[str, object] | None) -> dict[str, object]:
+    out: dict[str, object] = {}
     if config:
         check_config(config)
         out["config"] = L.to_json_value(dict(config))
@@ -192,9 +204,9 @@ def trace_record(run_id: str, entry: L.Entry) -> dict[str, Any]:
 
 
 async def fork(run_id: str, at: int, *, store: str | Store | None = None,
-               workflow: Functions | None = None, config: Mapping[str, Any] | None = None,
-               patch: Mapping[str, Any] | None = None, new_run_id: str | None = None,
-               limits: Mapping[str, Any] | None = None,
+               workflow: Functions | None = None, config: Mapping[str, object] | None = None,
+               patch: Mapping[str, object] | None = None, new_run_id: str | None = None,
+               limits: Mapping[str, object] | None = None,
                listener: Listener | None = None) -> RunResult:
     """Start a new run from the state at record ``at`` of ``run_id`` and run it.
 
@@ -268,7 +280,7 @@ async def list_runs(*, store: str | Store | None = None, status: str | None = No
             await release_store(st)
 
 
-async def append_note(run_id: str, rtype: str, fields: Mapping[str, Any], *,
+async def append_note(run_id: str, rtype: str, fields: Mapping[str, object], *,
                       store: Store) -> None:
     """Append one record that changes nothing in the run (a tool's note, such as a
     server's ``notify.sent``) to its log, under the run's claim: claimed, read, chained,

@@ -9,8 +9,9 @@ from __future__ import annotations
 import sqlite3
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TypeVar
 
+from .._json import JSONObject
 from .._log import Entry
 from ._base import FINISHED, RUNNABLE, ClaimError, ClaimLost, RunNotFound, RunRow
 from ._rows import (
@@ -19,18 +20,21 @@ from ._rows import (
     claim_refused,
     from_json,
     json_text,
+    list_query,
     page_query,
     row_from,
     stored_entry,
 )
 from ._sqlite_sql import _READ_ENTRIES, _RUN_ENTRIES, _RUN_FROM, _RUN_KEY, SEQ_BITS, SEQ_MASK
 
+T = TypeVar("T")
+
 
 class SQLiteOps:
     """`SQLiteStore`'s operations on a connection (see the module)."""
 
     @staticmethod
-    def _alone(conn: sqlite3.Connection, op: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+    def _alone(conn: sqlite3.Connection, op: Callable[..., T], args: tuple[object, ...]) -> T:
         conn.execute("BEGIN IMMEDIATE")
         result = op(conn, *args)  # raises -> rollback in _run
         conn.execute("COMMIT")
@@ -67,18 +71,8 @@ class SQLiteOps:
     @staticmethod
     def _list_runs(conn: sqlite3.Connection, status: str | None, workflow: str | None,
                    limit: int) -> list[RunRow]:
-        where, params = [], []
-        if status is not None:
-            where.append("status = ?")
-            params.append(status)
-        if workflow is not None:
-            where.append("workflow = ?")
-            params.append(workflow)
-        sql = f"SELECT {_RUN_COLUMNS} FROM {_RUN_FROM}"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += " ORDER BY created_at DESC LIMIT ?"
-        return [row_from(v) for v in conn.execute(sql, (*params, limit))]
+        sql, params = list_query("?", _RUN_FROM, status, workflow, limit)
+        return [row_from(v) for v in conn.execute(sql, params)]
 
     @staticmethod
     def _claim(conn: sqlite3.Connection, run_id: str, owner: str, lease: float,
@@ -87,10 +81,15 @@ class SQLiteOps:
                              (run_id,)).fetchone()
         if found is None:
             raise RunNotFound(run_id)
+        # in the writer's transaction (BEGIN IMMEDIATE: the file's one write lock), so the
+        # owner read here is still the owner when the row is updated: a compare-and-set
         current, lease_until = found
         now = time.time()
         if claim_refused(current, lease_until, owner, now, force):
             raise ClaimError(run_id, current, lease_until - now)
+        # every claim bumps the generation, the same owner's again too: appends and
+        # heartbeats are fenced by the generation a claim returned, not by the owner's
+        # name, so nothing an earlier claim's executor still does is stored
         (generation,), = conn.execute(
             "UPDATE runs SET owner = ?, lease_until = ?, generation = generation + 1 "
             "WHERE run_id = ? RETURNING generation", (owner, now + lease, run_id)).fetchall()
@@ -106,7 +105,7 @@ class SQLiteOps:
                "json_extract(waiting, '$.deadline') <= ?)) "
                "AND (owner IS NULL OR lease_until IS NULL OR lease_until <= ?) "
                "AND json_extract(options, '$.parent') IS NULL")
-        params: list[Any] = [*RUNNABLE, now, now]
+        params: list[str | float] = [*RUNNABLE, now, now]
         if workflows is not None:
             sql += f" AND workflow IN ({', '.join('?' * len(workflows))})"
             params += workflows
@@ -158,7 +157,7 @@ class SQLiteOps:
             raise RunNotFound(run_id)
 
     @staticmethod
-    def _cancel_requested(conn: sqlite3.Connection, run_id: str) -> dict[str, Any] | None:
+    def _cancel_requested(conn: sqlite3.Connection, run_id: str) -> JSONObject | None:
         row = conn.execute("SELECT json_extract(extra, '$.cancel') FROM runs WHERE run_id = ?",
                            (run_id,)).fetchone()
         if row is None:
