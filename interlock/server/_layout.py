@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -171,15 +172,20 @@ def layout(nodes: list[dict[str, Any]], edges: list[dict[str, Any]]) -> dict[str
     label_box}] (``edge`` None for a re-entry; ``points`` from the source's box to the
     target's, the last one on the target), ``width``, ``height``."""
     key = json.dumps([nodes, edges], sort_keys=True)
-    hit = _CACHE.get(key)
+    with _LOCK:
+        hit = _CACHE.get(key)
     if hit is None:
-        hit = _CACHE[key] = _layout(nodes, edges)
-        while len(_CACHE) > 64:
-            del _CACHE[next(iter(_CACHE))]
+        hit = _layout(nodes, edges)  # (on the server's threads: see graph_off_loop)
+        with _LOCK:
+            _CACHE[key] = hit
+            while len(_CACHE) > CACHED:
+                del _CACHE[next(iter(_CACHE))]
     return hit
 
 
+CACHED = 64  # drawings kept (the graphs of the registered workflows and of recent runs)
 _CACHE: dict[str, dict[str, Any]] = {}
+_LOCK = threading.Lock()
 
 
 def _layout(nodes: list[dict[str, Any]], edges: list[dict[str, Any]]) -> dict[str, Any]:
