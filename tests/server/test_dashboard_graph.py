@@ -179,3 +179,18 @@ def test_max_reached_is_said_in_the_decisions(server: Served, page: Any) -> None
     expect(decisions).to_have_count(3)
     expect(decisions.nth(2)).to_contain_text("not taken")
     expect(decisions.nth(2).locator(".reason")).to_have_text("max 2 reached")
+
+
+def test_a_map_nodes_items_are_counted_on_its_box(server: Served, page: Any) -> None:
+    with server.client() as c:
+        r = c.post("/api/workflows/jokes/runs", json={"input": {"topic": "animals"},
+                                                      "run_id": "map-1"})
+        assert r.status_code == 201, r.text
+    page.goto(f"{server.url}/runs/map-1")
+    expect(page.locator("#stream-state")).to_have_attribute("data-state", "closed")
+    joke = page.locator('svg.graph [data-node="joke"]')
+    expect(joke).to_have_attribute("data-items", "5")  # one visit per subject
+    expect(joke.locator(".tally text")).to_have_text("5 items")
+    expect(page.locator('svg.graph [data-node="best"] .tally text')).to_have_text("1×")
+    label = page.locator('svg.graph .edge-label-box[data-source="plan"] text')
+    expect(label).to_have_text("map subjects")

@@ -82,7 +82,7 @@ export function renderGraph(graph, onSelect = () => {}) {
   svg.append(el("title", {}, `graph of ${graph.nodes.length} nodes`));
   const defs = el("defs");
   for (const [id, cls] of [["arrow", "arrowhead"], ["arrow-taken", "arrowhead taken"], ["arrow-reentry", "arrowhead reentry"]]) {
-    const marker = el("marker", { id, viewBox: "0 0 10 10", refX: 9, refY: 5, markerWidth: 7, markerHeight: 7, orient: "auto-start-reverse" });
+    const marker = el("marker", { id, viewBox: "0 0 10 10", refX: 9, refY: 5, markerUnits: "userSpaceOnUse", markerWidth: 9, markerHeight: 9, orient: "auto-start-reverse" });
     marker.append(el("path", { d: "M 0 0 L 10 5 L 0 10 z", class: cls }));
     defs.append(marker);
   }
