@@ -601,3 +601,26 @@ def test_migrate_resume_and_verify_on_every_store(tmp_path: Path,
         assert json.loads(decided.stdout)["state"]["checked"] == 101
         verified = cli("verify", run_id, "--store", store)
         assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
+# -- snapshots ------------------------------------------------------------------------------
+
+
+def test_a_migrated_run_is_never_restored_from_a_snapshot_of_the_old_plan(
+        project: Project, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A snapshot taken after a migration holds a view of the new plan, which the run's
+    row (the definition it started with) does not name: it is not used, the log is."""
+    from interlock._engine import _snapshot
+
+    monkeypatch.setattr(_snapshot, "EVERY", 1)  # a snapshot at every flush
+    monkeypatch.setattr(_snapshot, "BYTES_PER_RECORD", 10**9)
+    assert project.start(GATED, "r-snap").exit_code == 3
+    assert project.cli("migrate", "r-snap", "--to", with_v2(project)).exit_code == 0
+    approved = project.cli("resume", "r-snap", "--approve")
+    assert approved.exit_code == 0, approved.output
+    (snap,) = project.base.sql("SELECT data FROM snapshots WHERE run_id = 'r-snap'")[0]
+    assert b'"migration"' in (snap if isinstance(snap, bytes) else snap.encode())
+    _, data = project.base.cli_json("status", "r-snap")
+    assert data["status"] == "COMPLETED" and data["state"]["checked"] == 101
+    verified = project.cli("verify", "r-snap")
+    assert verified.exit_code == 0, verified.output
