@@ -624,3 +624,32 @@ def test_a_migrated_run_is_never_restored_from_a_snapshot_of_the_old_plan(
     assert data["status"] == "COMPLETED" and data["state"]["checked"] == 101
     verified = project.cli("verify", "r-snap")
     assert verified.exit_code == 0, verified.output
+
+
+def test_migrate_through_a_server_with_the_cli(served: Any, tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """``interlock migrate --server``: the file's definition sent, the server checks and
+    records; a refusal is the server's every reason, exit 2."""
+    from click.testing import CliRunner
+    from test_server import wait_status
+
+    from interlock.cli import cli
+
+    monkeypatch.chdir(tmp_path)
+    server = served()
+    with server.client() as c:
+        assert c.post("/api/workflows/gated/runs", json={"run_id": "m1"}).status_code == 201
+        wait_status(c, "m1", "WAITING_APPROVAL")
+    (tmp_path / "v2.yaml").write_text(SERVED_GATED_V2)
+    (tmp_path / "gone.yaml").write_text(SERVED_GATED.replace("gate", "review"))
+    runner = CliRunner()
+    refused = runner.invoke(cli, ["migrate", "m1", "--to", "gone.yaml", "--server", server.url])
+    assert refused.exit_code == 2
+    assert "the gate 'gate'" in refused.stderr and "--at NODE" in refused.stderr
+    moved = runner.invoke(cli, ["migrate", "m1", "--to", "v2.yaml", "--server", server.url,
+                                "--by", "ops"])
+    assert moved.exit_code == 0, moved.output
+    assert "node 'c' added" in moved.stdout and "migrated: run m1" in moved.stderr
+    with server.client() as c:
+        records = c.get("/api/runs/m1/records").json()
+        assert records[-1]["type"] == "run.migrated" and records[-1]["by"] == "ops"
