@@ -653,3 +653,25 @@ def test_migrate_through_a_server_with_the_cli(served: Any, tmp_path: Path,
     with server.client() as c:
         records = c.get("/api/runs/m1/records").json()
         assert records[-1]["type"] == "run.migrated" and records[-1]["by"] == "ops"
+
+
+def test_a_pending_run_migrated_is_continued_by_a_worker_on_the_new_definition(
+        project: Project) -> None:
+    from test_workers import Worker
+
+    detached = project.cli("run", "--detach", project.workflow(GATED), "--run-id", "p1")
+    assert detached.exit_code == 0, detached.output
+    moved = project.cli("migrate", "p1", "--to", with_v2(project))
+    assert moved.exit_code == 0, moved.output
+    assert "a worker (`interlock worker`) continues it" in moved.stderr
+    assert project.cli("resume", "p1", "--detach", "--approve").exit_code == 2  # not waiting
+    worker = Worker(project.base.root, project.base.store)
+    try:
+        worker.wait_for("run p1 (workflow versioned): WAITING_APPROVAL after")
+        assert project.cli("resume", "p1", "--approve", "--detach").exit_code == 0
+        worker.wait_for("finished run p1 (workflow versioned): COMPLETED")
+    finally:
+        assert worker.stop() == 0
+    started = [r["node"] for r in project.records("p1") if r["type"] == "node.started"]
+    assert started == ["a", "gate", "c", "b"]
+    assert project.cli("verify", "p1").exit_code == 0
