@@ -675,3 +675,34 @@ def test_a_pending_run_migrated_is_continued_by_a_worker_on_the_new_definition(
     started = [r["node"] for r in project.records("p1") if r["type"] == "node.started"]
     assert started == ["a", "gate", "c", "b"]
     assert project.cli("verify", "p1").exit_code == 0
+
+
+def test_reading_a_runs_code_drift_imports_nothing(tmp_path: Path) -> None:
+    """`status` (and the API's run object) compares digests without importing the nodes'
+    modules: a package's ``__init__`` runs when a run executes, not when one is read."""
+    import os
+    import subprocess
+    import sys
+
+    pkg = tmp_path / "vpkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(
+        "import os\nwith open('imports.log', 'a') as f:\n    f.write(f'{os.getpid()}\\n')\n")
+    (pkg / "nodes.py").write_text(NODES)
+    (tmp_path / "wf.yaml").write_text(GATED.replace("{mod}", "vpkg.nodes")
+                                      .replace("{after}", "vpkg.nodes")
+                                      .replace(":double", ":finish"))
+    env = {**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
+    env.pop("INTERLOCK_STORE", None)
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "interlock", *args, "--store",
+                               f"sqlite:///{tmp_path / 'runs.db'}"], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=60)
+
+    assert cli("run", "wf.yaml", "--run-id", "imp").returncode == 3
+    imported = (tmp_path / "imports.log").read_text().split()
+    (pkg / "nodes.py").write_text(NODES + "\n# changed\n")
+    status = cli("status", "imp", "--json")
+    assert json.loads(status.stdout)["code_changed"] == ["b"]
+    assert (tmp_path / "imports.log").read_text().split() == imported  # nothing imported
