@@ -137,12 +137,14 @@ def code_digests(spec: WorkflowSpec, nodes: Iterable[str] | None = None) -> Code
 
 
 def changed_code(recorded: CodeDigests, now: CodeDigests) -> dict[str, list[str]]:
-    """Per node of ``recorded`` whose code is not the same ``now``, the modules that differ
-    (a module gone, or whose file is no longer found, differs too)."""
+    """Per node of ``recorded`` whose code is not the same ``now``, the modules that differ.
+    A module not found now is not said to differ: this process may not see it (one only a
+    custom import hook finds, before anything imported it) -- and one really gone fails
+    the run's plan before any node runs."""
     out: dict[str, list[str]] = {}
     for node, modules in recorded.items():
         current = now.get(node, {})
-        differ = sorted(m for m, d in modules.items() if current.get(m) != d)
+        differ = sorted(m for m, d in modules.items() if m in current and current[m] != d)
         if differ:
             out[node] = differ
     return out
