@@ -156,6 +156,9 @@ def resume(run_id: str, approve: bool, reject: bool, patch_json: str | None, at_
     kind = "approve" if approve else "reject" if reject else None
     decision = _decision(kind, patch_json, at_node, by, comment, data_json)
     config_sets, limits = parse_sets(sets)
+    if server_url and strict_code:
+        raise CliError("--strict-code goes with --store: through --server, the server decides "
+                       "(`interlock serve --strict-code`)")
     if server_url and detach:
         raise CliError("--detach goes with --store: through --server, the server executes "
                        "the run, or records it for workers when it runs with --workers 0")
