@@ -75,12 +75,21 @@ class Decider:
         router whose answer is not in yet, and returns its due: the loop awaits the router
         (`call_async_router`) and decides on.
         """
+        # How this loop ends: every record ``put`` stages is folded at once, and the fold
+        # pops the due it decides (`RunView._on_edge`). So each turn removes at least the
+        # group it decided, and may add dues at the end of ``view.due`` (a join settled
+        # downstream, a dead path that reaches one): the dict is a FIFO, and decisions
+        # are made -- and logged -- in the order they became due, which a replay repeats.
+        # (When ``due`` empties, the fold's quiescence may settle partial joins and make
+        # more due: the ``while`` sees those too.)
         due = self.view.due
         always_taken = self.plan.always_taken if self.fast else frozenset()
         put = self.sink.put
         while due:
             first = next(iter(due.values()))
             source = first.source
+            # a node's edges are one group (``otherwise`` depends on its siblings); a
+            # join's decision is alone: its due is keyed by the join edge, not a node
             if source == "*" or len(due) == 1:
                 group = [first]
             else:
@@ -91,6 +100,8 @@ class Decider:
                                        "to": list(d.edge.targets)})
                 continue
             if self.plan.async_routers:
+                # the whole group waits for the router's answer: its siblings must not be
+                # decided (and logged) first, or ``otherwise`` would be decided without it
                 for d in group:
                     if d.edge.router_async and (d.edge.index, d.source) not in self._routed:
                         return d
@@ -101,13 +112,24 @@ class Decider:
     def _decide_group(self, source: str, dues: list[Due]) -> list[R.Item]:
         """Decide the edges of one completed node (or one settled join), in declaration order:
         ``when`` edges and the rest first, then ``otherwise`` edges."""
+        # What must hold:
+        # - nothing is staged until the whole group is decided: a group that strands a
+        #   node raises `Abort` with no record of it, so a resume (after ``--set``, say)
+        #   decides the group again instead of replaying a dead end;
+        # - ``otherwise`` edges come last (``when_taken`` must be final when they are
+        #   decided); among the others, declaration order, which is the log's order;
+        # - ``otherwise`` is taken when no ``when`` edge of the group was taken: a sibling
+        #   without ``when`` does not count (it is not an alternative, it is a fork);
+        # - after a rejected (or timed-out) approval, only edges that read
+        #   ``<gate>.decision`` are followed; if none is taken, the group is logged as
+        #   skipped and the run ends REJECTED (`_rejection`).
         scope = self._scope  # the names conditions read, looked up when read
         items: list[R.Item] = []
         taken_any = False
         when_taken = False
         rejected = source in self.plan.approvals and self._rejected_gate(source)
         if len(dues) > 1 and source not in self.plan.in_decision_order:
-            dues = sorted(dues, key=_decision_order)
+            dues = sorted(dues, key=_decision_order)  # (most nodes are: no sort)
         for due in dues:
             e = due.edge
             if rejected and not _reads_decision(e, source):
@@ -127,8 +149,10 @@ class Decider:
             taken_any = taken_any or taken
             items.append(item)
         if rejected and not taken_any:
-            self.sink.stage(items)
+            self.sink.stage(items)  # the skipped edges are the rejection's trace
             raise self._rejection(source)
+        # a group that takes something strands nobody; one that takes nothing may leave
+        # its node (or a join's sources) with no route left -- see `_stranded`
         stranded = [] if taken_any else self._stranded(source, dues)
         if stranded:
             raise Abort(_no_route(source, stranded, dues, items))
@@ -148,6 +172,13 @@ class Decider:
         any taken strands it. Checked before the decision is recorded, so a resume
         decides again (after a --set, say) rather than following a dead end.
         """
+        # ``routed`` and ``route_wait`` are the fold's, as of the records applied so far:
+        # this group's records are not applied yet (see `_decide_group`), so "the last
+        # route" is the one being decided now. A node is stranded when none of its joins
+        # is still undecided (``route_wait``) and nothing took it anywhere before
+        # (``routed``: a join it arrived at that was taken). A settled join strands each
+        # source for which it was the last undecided route and that has no decision of
+        # its own still due.
         view = self.view
         if not dues:
             return []
@@ -218,9 +249,11 @@ class Decider:
             expr = "goto"
             value = due.goto
             targets = [due.goto] if due.goto is not None else []
+        # ``max`` counts the takes in the log (a resume counts the same); skipped, with why
         if targets and e.max is not None and self.view.takes.get(e.index, 0) >= e.max:
             reason = f"max {e.max} reached"
             targets = []
+        # the value as JSON: what a replay reads back is what the decision saw
         if e.kind != "plain" and value is not None and type(value) not in _PLAIN_VALUES:
             value = L.to_json_value(value)  # what the log will give back
         # (positional: one per decided edge)
@@ -286,6 +319,10 @@ class Decider:
         self._routed[(e.index, due.source)] = answer
 
     def _route(self, e: PlanEdge, due: Due) -> list[str]:
+        # A router is user code: it runs here, once, when its edge is decided, and its
+        # answer becomes the record (``to``, ``value``); a replay reads the record and
+        # never calls it again. Its exception is kept as a value (`_Raised`) and turned
+        # into the run's `RouteError` by `_targets`, so it cannot escape mid-group.
         assert e.router is not None
         result: Any
         if e.router_async:

@@ -17,6 +17,14 @@ from typing import Any, NamedTuple, Self
 from .._definition._plan import Plan
 from ._flow import Due, Flow
 
+# Tokens: each is counted once, whichever records carry it. An attempt's closing record
+# (completed, failed, retrying, paused) carries everything the attempt spent; an
+# ``effect.recorded`` carries what was spent up to that effect, committed with its result
+# so that a crash after it cannot lose it. So the fold counts a closing record's tokens
+# less the attempt's ``effect_tokens`` (what its effects carried), which starts again at
+# 0 with each attempt (``node.started``). ``Visit.tokens`` adds up every attempt of the
+# visit: a node's ``tokens:`` budget is per visit, across its retries.
+
 
 @dataclass(slots=True)
 class Visit:
@@ -42,6 +50,12 @@ class MapRun:
     items: list[Any]
     done: dict[int, dict[str, Any]] = field(default_factory=dict)
     running: dict[int, Visit] = field(default_factory=dict)
+
+    def updates(self, collect: str | None) -> list[dict[str, Any]]:
+        """Its items' updates in item order, to merge through the reducers -- or, with
+        ``collect``, one update that gathers them in a list under that field."""
+        updates = [self.done.get(i, {}) for i in range(len(self.items))]
+        return [{collect: updates}] if collect is not None else updates
 
 
 @dataclass(slots=True)
