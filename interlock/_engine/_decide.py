@@ -159,7 +159,9 @@ class Decider:
         return items
 
     def _rejection(self, source: str) -> Rejected:
-        gate = self.view.state.get(source) or {}
+        gate = self.view.state.get(source)
+        if not isinstance(gate, dict):  # (a gate's field is its record: a dict)
+            gate = {}
         return Rejected(source, f"approval {source!r} was rejected by "
                         f"{gate.get('by') or 'an anonymous decider'}"
                         + (f": {gate['comment']}" if gate.get("comment") else ""))
@@ -303,7 +305,9 @@ class Decider:
     def _decide_error_edge(self, e: PlanEdge, due: Due) -> R.Item:
         """The caught error's edge, due because `catch` chose it: taken (the record says
         which error it caught, as a condition's record says what it read)."""
-        error = self.view.state.get(ERROR_FIELD) or {}
+        error = self.view.state.get(ERROR_FIELD)
+        if not isinstance(error, dict):  # (the fold wrote it when the error was caught)
+            error = {}
         return R.edge_decided(e.index, due.source, list(e.targets), "on_error",
                               error.get("type"), {ERROR_FIELD: error})
 
