@@ -237,7 +237,7 @@ class NodeCall:
         except StoreError as exc:
             raise StoreOutage(exc) from exc
 
-    async def log_record(self, ctx: Context, rtype: str, fields: Mapping[str, Any]) -> None:
+    async def log_record(self, ctx: Context, rtype: str, fields: Mapping[str, object]) -> None:
         if not _OWN_TYPE.match(rtype) or rtype.split(".")[0] in L.ENGINE_NAMESPACES:
             raise UsageError(f"ctx.log: {rtype!r} is not a record type a node may write "
                              f"(node {ctx.node!r}); use a dotted name such as 'agent.reply' "
@@ -245,7 +245,7 @@ class NodeCall:
                              f"{', '.join(n + '.' for n in sorted(L.ENGINE_NAMESPACES))}")
         await self.engine_record(ctx, rtype, fields)
 
-    async def engine_record(self, ctx: Context, rtype: str, fields: Mapping[str, Any]
+    async def engine_record(self, ctx: Context, rtype: str, fields: Mapping[str, object]
                             ) -> None:
         data = dict(L.to_json_value(dict(fields)))
         data.update(node=ctx.node, visit=ctx.visit, attempt=ctx.attempt)
@@ -257,7 +257,7 @@ class NodeCall:
     def confirmation(self, ctx: Context, key: str) -> str | None:
         return self.view.confirmations.get((ctx.node, ctx.visit, key))
 
-    def node_args(self, node: str) -> Mapping[str, Any]:
+    def node_args(self, node: str) -> Mapping[str, object]:
         return self.plan.nodes[node].args
 
     def effect_keys(self, node: str) -> list[str]:

@@ -21,7 +21,7 @@ T = TypeVar("T")
 _NOT_STARTED: Any = object()
 
 
-def _call(fn: Callable[..., Any], *args: Any) -> Any:
+def _call(fn: Callable[..., object], *args: Any) -> Any:
     return fn(*args)
 
 

@@ -39,8 +39,8 @@ class ChildContext:
     visit: int
     attempt: int
     idempotency_key: str
-    config: Mapping[str, Any] = field(default_factory=dict)
-    args: Mapping[str, Any] = field(default_factory=dict)
+    config: Mapping[str, object] = field(default_factory=dict)
+    args: Mapping[str, object] = field(default_factory=dict)
     item_index: int | None = None  # a mapped node's item
 
     @classmethod
@@ -93,7 +93,7 @@ class ChildResult:
     pid: int | None = None
     reused: bool = False
 
-    def returned(self) -> Mapping[str, Any] | Goto | None:
+    def returned(self) -> Mapping[str, object] | Goto | None:
         """The node's return value as the runner expects it (a `Goto` for a goto)."""
         if self.goto is None:
             return self.update  # type: ignore[no-any-return]
@@ -125,7 +125,7 @@ class ChildResult:
                 details[key] = e[key]
         return NodeError(text, node=node, **details)
 
-    def value(self, node: str) -> Mapping[str, Any] | Goto | None:
+    def value(self, node: str) -> Mapping[str, object] | Goto | None:
         """The return value, or raise `node_error`: ``return res.value(pn.name)``."""
         err = self.node_error(node)
         if err is not None:
@@ -228,7 +228,7 @@ class _Worker:
         self.calls = 0
         self.reaper: asyncio.Task[None] | None = None
 
-    def send(self, msg: Mapping[str, Any] | bytes) -> None:
+    def send(self, msg: Mapping[str, object] | bytes) -> None:
         self.stdin.write(msg if isinstance(msg, bytes) else _encode(msg))
 
 
@@ -308,7 +308,7 @@ class ProcessPool:
 
     # -- a call ------------------------------------------------------------------------
 
-    async def call(self, call_path: str, state: Mapping[str, Any], ctx: ChildContext, *,
+    async def call(self, call_path: str, state: Mapping[str, object], ctx: ChildContext, *,
                    timeout: float | None, memory: int | None = None,
                    on_tokens: Callable[[int], None] | None = None,
                    effects: Effects | None = None) -> ChildResult:

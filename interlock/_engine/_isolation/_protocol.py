@@ -21,7 +21,7 @@ def _json_default(obj: Any) -> Any:
     return _default(obj)
 
 
-def _encode(msg: Mapping[str, Any]) -> bytes:
+def _encode(msg: Mapping[str, object]) -> bytes:
     return orjson.dumps(msg, default=_json_default, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n"
 
 
