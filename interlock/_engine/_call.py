@@ -19,6 +19,7 @@ from .. import _log as L
 from .._definition._plan import ASYNC, CTX, GUARD_KINDS, ISOLATED, ON_RAY, RETRY, Plan, PlanNode
 from .._definition._state import check_update, scoped
 from .._errors import NodeError, RouteError, StoreError, UsageError, WriteConflictError
+from .._json import JSONObject
 from . import _records as R
 from ._budget import Budget
 from ._context import Context, Goto
@@ -156,7 +157,7 @@ class NodeCall:
 
     # -- what a node returned ------------------------------------------------------------
 
-    def check_result(self, pn: PlanNode, result: Any) -> tuple[dict[str, Any], str | None]:
+    def check_result(self, pn: PlanNode, result: object) -> tuple[JSONObject, str | None]:
         goto: str | None = None
         if isinstance(result, Goto):
             goto, result = result.node, result.update
@@ -205,7 +206,7 @@ class NodeCall:
     # -- the port of a node's context (`_context.Port`) -----------------------------------
 
     @property
-    def config(self) -> dict[str, Any]:
+    def config(self) -> JSONObject:
         return self.view.config
 
     def recorded_effect(self, ctx: Context, key: str) -> tuple[bool, Any]:

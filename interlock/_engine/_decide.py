@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import builtins
 import inspect
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from .. import _log as L
@@ -26,6 +27,7 @@ from .._errors import (
     RouteError,
     RunError,
 )
+from .._json import JSON, JSONObject
 from . import _records as R
 from ._flow import Due
 from ._fold import RunView, Scope
@@ -64,7 +66,7 @@ class Decider:
         self.fast = self.fast  # (the class's, read faster from the instance)
         self._scope = Scope(view)  # what conditions see (state, config, run), looked up lazily
         # the answers of async routers, awaited by the loop before their edge is decided
-        self._routed: dict[tuple[int, str], Any] = {}
+        self._routed: dict[tuple[int, str], object] = {}
 
     def due(self) -> Due | None:
         """Decide everything due, staging the edge records, until nothing is due.
@@ -205,7 +207,7 @@ class Decider:
         targets: list[str]
         expr: str | None = None
         value: Any = None
-        reads: dict[str, Any] | None = None
+        reads: JSONObject | None = None
         reason = None
         state = self.view.state
         if e.kind == "plain":
@@ -315,7 +317,7 @@ class Decider:
         """Await an ``async def`` router; `_route` takes its answer (or its exception)."""
         e = due.edge
         assert e.router is not None
-        answer: Any
+        answer: object
         try:
             answer = await e.router(dict(self.view.state))
         except Exception as exc:
@@ -328,7 +330,7 @@ class Decider:
         # never calls it again. Its exception is kept as a value (`_Raised`) and turned
         # into the run's `RouteError` by `_targets`, so it cannot escape mid-group.
         assert e.router is not None
-        result: Any
+        result: object
         if e.router_async:
             result = self._routed.pop((e.index, due.source))
         else:
@@ -362,7 +364,7 @@ def error_classes(error: RunError) -> list[str]:
     return [c.__name__ for c in type(error).__mro__]
 
 
-def caught_error(pn: PlanNode, error: RunError, attempt: int) -> dict[str, Any]:
+def caught_error(pn: PlanNode, error: RunError, attempt: int) -> JSONObject:
     """The reserved ``error`` field an error edge's target sees: ``{node, type,
     message, attempt}`` -- the exception's class name and its own message."""
     exc = error.details.get("exception")
@@ -374,7 +376,7 @@ def caught_error(pn: PlanNode, error: RunError, attempt: int) -> dict[str, Any]:
     return {"node": pn.name, "type": etype, "message": message, "attempt": attempt}
 
 
-def _targets(e: PlanEdge, result: Any) -> list[str]:
+def _targets(e: PlanEdge, result: object) -> list[str]:
     """The targets a router's answer names (or the run fails with a `RouteError`)."""
     if isinstance(result, _Raised):
         raised = result.exc
@@ -408,7 +410,7 @@ def _targets(e: PlanEdge, result: Any) -> list[str]:
 _PLAIN_VALUES = frozenset({bool, str, float})  # an edge's value JSON keeps as it is
 
 
-def _map_items(plan: Plan, e: PlanEdge, value: Any) -> list[Any]:
+def _map_items(plan: Plan, e: PlanEdge, value: object) -> list[JSON]:
     """A map edge's list (what its ``value`` records, each item as JSON data), or the run
     fails before any item starts."""
     expr = e.spec.map
@@ -460,7 +462,7 @@ def _decision_order(due: Due) -> tuple[bool, int]:
     return due.edge.otherwise, due.edge.index
 
 
-def _explain(e: PlanEdge, fields: dict[str, Any]) -> str:
+def _explain(e: PlanEdge, fields: Mapping[str, object]) -> str:
     what = fields.get("expr")
     value = fields.get("value")
     reason = fields.get("reason")

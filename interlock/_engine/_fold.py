@@ -348,7 +348,7 @@ class Scope:
     def __init__(self, view: RunView) -> None:
         self._view = view
 
-    def __getitem__(self, name: str) -> Any:
+    def __getitem__(self, name: str) -> object:
         if name == "config":
             return self._view.config
         if name == "run":
