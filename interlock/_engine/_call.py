@@ -13,13 +13,12 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from time import perf_counter
-from typing import Any
 
 from .. import _log as L
 from .._definition._plan import ASYNC, CTX, GUARD_KINDS, ISOLATED, ON_RAY, RETRY, Plan, PlanNode
 from .._definition._state import check_update, scoped
 from .._errors import NodeError, RouteError, StoreError, UsageError, WriteConflictError
-from .._json import JSONObject
+from .._json import JSON, JSONObject
 from . import _records as R
 from ._budget import Budget
 from ._context import Context, Goto
@@ -209,7 +208,7 @@ class NodeCall:
     def config(self) -> JSONObject:
         return self.view.config
 
-    def recorded_effect(self, ctx: Context, key: str) -> tuple[bool, Any]:
+    def recorded_effect(self, ctx: Context, key: str) -> tuple[bool, JSON]:
         broken = getattr(self.sink, "broken", None)
         if broken is not None:  # the run's records cannot be stored: do not run an effect
             raise StoreOutage(broken)  # whose result would be lost (`_journal.Journal`)
@@ -218,8 +217,8 @@ class NodeCall:
             return True, self.view.effects[k]
         return False, None
 
-    async def record_effect(self, ctx: Context, key: str, result: Any) -> Any:
-        value = L.to_json_value(result)
+    async def record_effect(self, ctx: Context, key: str, result: object) -> JSON:
+        value: JSON = L.to_json_value(result)
         # spent on it (and, unrecorded, before it in this attempt): committed with it
         tokens = ctx.spent.take_unsaved()
         steps, ctx.spent.steps = ctx.spent.steps, 0  # a child run's (SPEC §7), counted here

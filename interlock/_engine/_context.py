@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from .._errors import UsageError
+from .._json import JSON
 from .._store import Claim
 from ._budget import Tally
 from ._records import decision_key
@@ -49,10 +50,10 @@ class Port(Protocol):
     def charge_tokens(self, ctx: Context, n: int) -> None:
         """Charge ``n`` tokens to ``ctx``'s visit and the run (raises over a budget)."""
 
-    def recorded_effect(self, ctx: Context, key: str) -> tuple[bool, Any]:
+    def recorded_effect(self, ctx: Context, key: str) -> tuple[bool, JSON]:
         """``(True, result)`` if the visit's effect ``key`` is in the log."""
 
-    async def record_effect(self, ctx: Context, key: str, result: Any) -> Any:
+    async def record_effect(self, ctx: Context, key: str, result: object) -> JSON:
         """Commit the effect's result (JSON data) and return it as the log holds it."""
 
     async def log_record(self, ctx: Context, rtype: str, fields: Mapping[str, object]) -> None:

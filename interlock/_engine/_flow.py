@@ -143,7 +143,7 @@ def _exit_order(item: DeferredExit) -> str:
     return repr(item.encode())
 
 
-def _decode_exit(x: list[Any]) -> DeferredExit:
+def _decode_exit(x: object) -> DeferredExit:
     match x:
         case ["port", int(port)]:
             return PortExit(port)
@@ -420,7 +420,7 @@ class Flow:
 
     # -- the snapshot codec (a part of `RunView.dump`) -------------------------------
 
-    def dump(self) -> dict[str, Any]:
+    def dump(self) -> dict[str, object]:
         """Its state as JSON values, in the snapshot's key order."""
         return {
             "acts": {t: [list(a.items()) for a in q] for t, q in self.acts.items() if q},

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import asyncio
 from time import perf_counter
-from typing import Any
 
 from .._definition._edge import MAP_CONCURRENCY
 from .._definition._plan import PlanNode
 from .._errors import NodeError, RunError, StepLimitError, WriteConflictError
+from .._json import JSONObject
 from . import _records as R
 from ._call import NodeCall
 from ._guards import Outcome, new_outcome
@@ -83,7 +83,7 @@ async def run_items(calls: NodeCall, pn: PlanNode, visit: int) -> Outcome:
         # the task group cancelled the other items: each records its own node.failed
         # (cancelled) through the guards, and runs again if the run is resumed
         error = _first(failed)
-    written: dict[str, Any] | None = None
+    written: JSONObject | None = None
     if error is None:
         error = _shared_writes(calls, pn, m.done)
         # the fields the visit writes, for the scheduler's write-conflict check against
@@ -110,7 +110,7 @@ def _first(group: BaseExceptionGroup[_ItemFailed]) -> RunError:
     return exc.error
 
 
-def _shared_writes(calls: NodeCall, pn: PlanNode, done: dict[int, dict[str, Any]]
+def _shared_writes(calls: NodeCall, pn: PlanNode, done: dict[int, JSONObject]
                    ) -> WriteConflictError | None:
     """Without ``collect``, two items writing a field that has no reducer: which one
     would win depends on their order, so it is a write conflict (as between branches)."""

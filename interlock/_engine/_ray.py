@@ -44,6 +44,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from .._errors import NodeTimeout
+from .._json import JSONObject
 from ._isolation import ChildContext, IsolatedContext
 
 if TYPE_CHECKING:
@@ -124,7 +125,7 @@ def _prepare(fn_bytes: bytes, ctx_data: Mapping[str, object] | None, cwd: str,
     return fn, RayContext(ctx_data) if ctx_data is not None else None
 
 
-def call_sync(fn_bytes: bytes, state: dict[str, Any], ctx_data: Mapping[str, object] | None,
+def call_sync(fn_bytes: bytes, state: JSONObject, ctx_data: Mapping[str, object] | None,
               cwd: str, path: list[str]) -> tuple[Any, int]:
     """On a Ray worker: the node's sync function; its result and the tokens it recorded."""
     fn, ctx = _prepare(fn_bytes, ctx_data, cwd, path)
@@ -135,7 +136,7 @@ def call_sync(fn_bytes: bytes, state: dict[str, Any], ctx_data: Mapping[str, obj
 class AsyncBodies:
     """On Ray, as an async actor: the ``async def`` node bodies (many at once)."""
 
-    async def call(self, fn_bytes: bytes, state: dict[str, Any],
+    async def call(self, fn_bytes: bytes, state: JSONObject,
                    ctx_data: Mapping[str, object] | None, cwd: str, path: list[str]
                    ) -> tuple[Any, int]:
         fn, ctx = _prepare(fn_bytes, ctx_data, cwd, path)
@@ -152,7 +153,7 @@ class OnRay:
     def __init__(self) -> None:
         self._pickled: dict[int, bytes] = {}  # each function pickled once per run
 
-    async def __call__(self, a: Attempt) -> Any:
+    async def __call__(self, a: Attempt) -> object:
         pn, ctx = a.pn, a.ctx
         fn = pn.fn
         assert fn is not None, "approval and agent nodes are not dispatched here"

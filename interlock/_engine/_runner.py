@@ -144,7 +144,7 @@ class Runner:
                         if outcome.goto is None and not outcome.tokens:
                             # `_complete(outcome)` with R.node_completed(...) inlined (see
                             # `_records`: the hot path)
-                            fields: dict[str, Any] = {
+                            fields: JSONObject = {
                                 "node": outcome.node, "visit": outcome.visit,
                                 "attempt": outcome.attempt, "duration_ms": outcome.duration_ms}
                             if outcome.update:

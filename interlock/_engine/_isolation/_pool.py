@@ -22,7 +22,8 @@ from ..._errors import NodeError, NodeTimeout
 from ._protocol import _TB_LIMIT, _encode, _size, _text
 
 if TYPE_CHECKING:
-    from .._context import Context, Goto
+    from ..._json import JSON
+    from .._context import Context, Goto, Port
 
 STARTUP_TIMEOUT = 30.0  # seconds a new worker may take to import and report ready
 REAP_TIMEOUT = 10.0  # seconds to wait for a SIGKILLed worker to be reaped
@@ -63,11 +64,11 @@ class Effects:
     -> (found, value) and ``await record(key, result)`` -> the committed value.
     For a runner: ``Effects.of(runner, ctx)``."""
 
-    recorded: Callable[[str], tuple[bool, Any]]
-    record: Callable[[str, Any], Awaitable[Any]]
+    recorded: Callable[[str], tuple[bool, JSON]]
+    record: Callable[[str, object], Awaitable[JSON]]
 
     @classmethod
-    def of(cls, runner: Any, ctx: Context) -> Effects:
+    def of(cls, runner: Port, ctx: Context) -> Effects:
         return cls(lambda key: runner.recorded_effect(ctx, key),
                    lambda key, result: runner.record_effect(ctx, key, result))
 
