@@ -71,7 +71,8 @@ def forged(nodes: Mapping[str, Any], path: tuple[str, ...], rec: L.Record) -> st
     node = rec.get("node")
     if space == "child":
         spec = nodes.get(node) if isinstance(node, str) else None
-        if rtype != L.CHILD_STARTED or spec is None or spec.workflow is None:
+        if rtype != L.CHILD_STARTED or spec is None or (
+                spec.workflow is None and not _workflow_tools(spec)):
             return (f"a {rtype} record of {node!r}, which is not a sub-workflow node: the "
                     "engine did not write it (a forged child link)")
         child = rec.get("run_id")
@@ -87,6 +88,12 @@ def forged(nodes: Mapping[str, Any], path: tuple[str, ...], rec: L.Record) -> st
         return None
     return (f"a {rtype} record{f' of {node!r}' if node else ''} that interlock did not write "
             f"(the {space}. namespace is interlock's own)")
+
+
+def _workflow_tools(spec: Any) -> bool:
+    """Whether an agent node has a workflow among its tools (a child run per call)."""
+    tools = (spec.agent or {}).get("tools") if isinstance(spec.agent, dict) else None
+    return any(isinstance(t, dict) and t.get("workflow") for t in tools or ())
 
 
 @dataclass(frozen=True, slots=True)

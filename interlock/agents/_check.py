@@ -34,6 +34,12 @@ def check_agent(checker: Checker, name: str, ns: NodeSpec) -> None:
     if ns.writes is not None and output_key not in ns.writes:
         checker.add("error", f"node {name!r}: the agent writes its output to {output_key!r}, "
                     "which its 'writes' does not list", ("nodes", name, "writes"), "agent")
+    if spec.prompt is None and checker.spec.chat != name:
+        error("missing required key 'prompt' (the user message the agent gets; only a "
+              "conversation's agent, the node named by chat:, takes its messages instead)")
+    if checker.spec.chat == name and spec.structured:
+        error("a conversation's agent replies in text: remove output/output_model (a "
+              "specialist agent used as a tool may declare one)", "output")
     _check_templates(spec, ns, error)
     schema = _check_output(checker, name, spec, where, error)
     _check_tools(checker, name, spec, where, error)
@@ -132,8 +138,30 @@ def _check_output(checker: Checker, name: str, spec: AgentSpec, where: tuple[Any
 def _check_tools(checker: Checker, name: str, spec: AgentSpec, where: tuple[Any, ...],
                  error: Callable[..., None]) -> None:
     seen: dict[str, int] = {}
+    if spec.recall:
+        seen["recall"] = -1
     for i, tool in enumerate(spec.tools):
         loc = (*where, "tools", i)
+        if tool.call is None:
+            assert tool.name is not None
+            if tool.agent is not None:
+                sub = _parse(checker, f"{name}/{tool.name}", tool.agent, (*loc, "agent"))
+                if sub is not None:
+                    if sub.prompt is not None:
+                        error(f"tool {tool.name!r}: a specialist agent gets the caller's "
+                              "request as its message; remove its prompt", "tools", i)
+                    _check_tools(checker, f"{name}/{tool.name}", sub, (*loc, "agent"),
+                                 error)
+            elif not isinstance(tool.workflow, dict):
+                error(f"tool {tool.name!r}: workflow {tool.workflow!r} was not read (load "
+                      "the workflow from its file, or give the child's definition)",
+                      "tools", i)
+            made_name = tool.name
+            if made_name in seen:
+                error(f"two tools are named {made_name!r}; a model calls tools by name",
+                      "tools", i)
+            seen[made_name] = i
+            continue
         checker.resolve(tool.call, loc, f"node {name!r}: tool")
         fn = checker.result.callables.get(tool.call)
         if fn is None:

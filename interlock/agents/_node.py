@@ -113,7 +113,12 @@ def build_agent_node(name: str, agent: Mapping[str, Any], node: NodeSpec, *,
             raise AgentConfigError(problem)
 
         return broken
-    agent_run = _Agent(name, spec, node, dict(callables or {}), choices)
+    cls: type[_Agent] = _Agent
+    if workflow is not None and workflow.chat == name:
+        from ._chat import ChatAgent
+
+        cls = ChatAgent
+    agent_run = cls(name, spec, node, dict(callables or {}), choices)
 
     async def agent_node(state: dict[str, Any], ctx: Context) -> Any:
         return await agent_run.run(state, ctx)
@@ -179,7 +184,8 @@ class _Agent:
         try:
             self.system_t: Template | None = (compile_template(spec.system)
                                               if spec.system else None)
-            self.prompt_t: Template = compile_template(spec.prompt)
+            # (a conversation's agent has none: its messages are the user's)
+            self.prompt_t: Template = compile_template(spec.prompt or "")
         except Exception as exc:
             raise AgentConfigError(f"node {self.name!r}: invalid template: {exc}") from None
         self.model_cls: type[BaseModel] | None = None
@@ -192,9 +198,20 @@ class _Agent:
         self.schema = output_schema(spec, self.model_cls, self.choices)
         self.validator = Draft202012Validator(self.schema) if self.schema is not None else None
         tools: dict[str, Tool] = {}
+        # tools that are not Python functions: a workflow (a child run per call) or a
+        # specialist agent (SPEC §11), by name
+        self.delegates: dict[str, Any] = {}
         for t in spec.tools:
+            if t.call is None:
+                from ._delegates import delegate
+
+                d = delegate(self.name, t, self.callables)
+                tools[d.tool.name] = d.tool
+                self.delegates[d.tool.name] = d
+                continue
             tool = make_tool(self._resolve(t.call), t.confirm)
             tools[tool.name] = tool
+        self._more_tools(tools)
         self.tools = tools
         self.tool_schemas = [t.schema() for t in tools.values()] or None
         self.provider: Provider
@@ -207,6 +224,9 @@ class _Agent:
         if spec.base_url is not None and "{{" in spec.base_url:
             self.url_t = compile_template(spec.base_url)  # e.g. {{ config.llm_base_url }}
         self._ready = True
+
+    def _more_tools(self, tools: dict[str, Tool]) -> None:
+        """Built-in tools of a kind of agent (a conversation's ``end_conversation``)."""
 
     def _provider(self, ctx: Context) -> Provider:
         if self.url_t is None:
@@ -425,7 +445,8 @@ class _Agent:
         returned ``interlock.goto``, the handoff (`_handoff`)."""
         t0 = time.perf_counter()
         try:
-            result = await tool.invoke(kwargs)
+            d = self.delegates.get(tool.name)
+            result = await (tool.invoke(kwargs) if d is None else d.run(ctx, base, kwargs))
         except Exception as exc:
             # tool_errors: return -- the model gets the error as the tool's answer (and may
             # correct itself); raise -- the node fails with the tool's own exception (so
