@@ -48,14 +48,15 @@ LAYERS: dict[int, set[str]] = {
         "_engine._isolation.__main__"},
     # the agent node kind, a plug-in on the node call
     6: {"_plugins._subflow", "agents", "agents._check", "agents._errors", "agents._node",
-        "agents._prompt", "agents._providers", "agents._spec", "agents._tools"},
+        "agents._prompt", "agents._providers", "agents._spec", "agents._tools",
+        "agents._chat", "agents._delegates"},
     # the scheduler and its edge decisions, and the wiring of the shipped node kinds
     7: {"_engine._runner", "_engine._decide", "_plugins._compile"},
     # stored runs: drive, resume, status, trace, verify, fork, cancel; their coverage;
     # executing them in a pool (a server's, a worker's); node visits (the dashboard's)
     8: {"_ops._load", "_ops._claims", "_ops._cancel", "_ops._children", "_ops._execute",
         "_ops._verify", "_ops._runs", "_observe._coverage", "_ops._export", "_ops._prune",
-        "_observe._metrics", "_worker._workers", "_ops._visits"},
+        "_observe._metrics", "_worker._workers", "_ops._visits", "_ops._messages"},
     # the façade: builder and loaded file
     9: {"_workflow"},
     # the public surface and the command line
@@ -65,7 +66,8 @@ LAYERS: dict[int, set[str]] = {
         "server._hub", "server._main", "server._models", "server._notify", "server._pool",
         "server._dashboard", "server._loops", "server._reads", "server._guard",
         "server._service", "server._deps", "server._routes_runs", "server._routes_approvals",
-        "server._routes_workflows", "server._routes_meta"},
+        "server._routes_workflows", "server._routes_meta", "cli._chat", "cli._chat_live",
+        "server._routes_messages"},
 }
 LAYER_OF = {m: n for n, mods in LAYERS.items() for m in mods}
 

@@ -642,9 +642,9 @@ class WorkflowSpec(Extensible):
         if self.chat is not None:
             ns = self.nodes.get(self.chat)
             if ns is None or ns.agent is None:
+                what = "it is not an agent node" if ns else "there is no such node"
                 raise ValueError(f"chat: {self.chat!r} names the agent node that converses, "
-                                 f"but {'it is not an agent node' if ns else 'there is no such node'}"
-                                 f" (nodes: {', '.join(self.nodes)}); declare nodes: "
+                                 f"but {what} (nodes: {', '.join(self.nodes)}); declare nodes: "
                                  f"{{{self.chat}: {{agent: {{...}}}}}}")
         return self
 

@@ -25,8 +25,9 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from .._engine._context import PauseRequested
+from ._delegates import DelegatingAgent, _data_tool
 from ._errors import AgentTurnsError
-from ._node import _Agent, _assistant
+from ._node import _assistant
 from ._tools import Tool
 
 if TYPE_CHECKING:
@@ -42,21 +43,15 @@ def message_key(n: int) -> str:
 
 
 def _end_tool() -> Tool:
-    from ._delegates import _data_tool
-
     return _data_tool(END_TOOL, "End the conversation: call it when the user is done (say "
                       "goodbye in your reply's text first).", {})
 
 
-class ChatAgent(_Agent):
+class ChatAgent(DelegatingAgent):
     """The agent of a conversation (``chat: NODE``)."""
 
     def _more_tools(self, tools: dict[str, Tool]) -> None:
         tools[END_TOOL] = _end_tool()
-        if self.spec.recall:
-            from ._recall import recall_tool
-
-            tools["recall"] = recall_tool()
 
     async def run(self, state: dict[str, Any], ctx: Context) -> Any:
         self._prepare()

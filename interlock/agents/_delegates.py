@@ -33,6 +33,7 @@ from pydantic import ConfigDict, Field, create_model
 from .._engine._context import PauseRequested
 from .._errors import StoreError
 from ._errors import AgentConfigError, AgentError
+from ._node import _Agent
 from ._spec import AgentSpec, ToolSpec
 from ._tools import Tool
 
@@ -170,22 +171,28 @@ class AgentTool:
     _agent: list[Any] = field(default_factory=list)
 
     async def run(self, ctx: Context, base: Mapping[str, Any], kwargs: dict[str, Any]) -> Any:
-        from ._node import _Agent
-
         if not self._agent:
             owner = _Owner()
-            agent = _Agent(f"{self.node}/{self.name}", self.spec, owner,  # type: ignore[arg-type]
-                           self.callables, [])
+            agent = DelegatingAgent(f"{self.node}/{self.name}", self.spec,
+                                    owner,  # type: ignore[arg-type]
+                                    self.callables, [])
             agent.output_key = "reply"
             self._agent.append(agent)
         agent = self._agent[0]
         call = f"{int(base.get('turn') or 0)}-{_UNSAFE.sub('_', str(base.get('call_id')))[:40]}"
         scoped = Scoped(ctx, f"agent.{self.name}.", f"{call}:", self.name)
-        out = await agent.run({"request": kwargs["request"]}, scoped)  # type: ignore[arg-type]
+        out = await agent.run({"request": kwargs["request"]}, scoped)
         if not isinstance(out, dict):
             raise AgentError(f"node {self.node!r}: the specialist {self.name!r} handed off "
                              "(goto); a specialist answers its caller")
         return out["reply"]
+
+
+class DelegatingAgent(_Agent):
+    """An agent whose tools may be workflows and specialist agents."""
+
+    def _delegate(self, tool: ToolSpec) -> WorkflowTool | AgentTool:
+        return delegate(self.name, tool, self.callables)
 
 
 class _Owner:

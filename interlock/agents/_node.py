@@ -73,7 +73,7 @@ from ._providers import (
     ScriptedProvider,
     ToolCall,
 )
-from ._spec import AgentSpec
+from ._spec import AgentSpec, ToolSpec
 from ._tools import Tool, ToolArgumentsError, make_tool
 
 if TYPE_CHECKING:
@@ -97,7 +97,8 @@ _REJECTED_WITH = ("A human reviewer rejected this call to {tool}; it was not exe
 
 def build_agent_node(name: str, agent: Mapping[str, Any], node: NodeSpec, *,
                      callables: Mapping[str, Callable[..., Any]] | None = None,
-                     workflow: WorkflowSpec | None = None) -> AgentFn:
+                     workflow: WorkflowSpec | None = None,
+                     agent_class: type[_Agent] | None = None) -> AgentFn:
     """The node function of agent node ``name``. Nothing is imported or resolved until the
     node first runs (a plan built only to read a stored run never runs it)."""
     choices: list[str] = []
@@ -113,12 +114,7 @@ def build_agent_node(name: str, agent: Mapping[str, Any], node: NodeSpec, *,
             raise AgentConfigError(problem)
 
         return broken
-    cls: type[_Agent] = _Agent
-    if workflow is not None and workflow.chat == name:
-        from ._chat import ChatAgent
-
-        cls = ChatAgent
-    agent_run = cls(name, spec, node, dict(callables or {}), choices)
+    agent_run = (agent_class or _Agent)(name, spec, node, dict(callables or {}), choices)
 
     async def agent_node(state: dict[str, Any], ctx: Context) -> Any:
         return await agent_run.run(state, ctx)
@@ -203,9 +199,7 @@ class _Agent:
         self.delegates: dict[str, Any] = {}
         for t in spec.tools:
             if t.call is None:
-                from ._delegates import delegate
-
-                d = delegate(self.name, t, self.callables)
+                d = self._delegate(t)
                 tools[d.tool.name] = d.tool
                 self.delegates[d.tool.name] = d
                 continue
@@ -224,6 +218,11 @@ class _Agent:
         if spec.base_url is not None and "{{" in spec.base_url:
             self.url_t = compile_template(spec.base_url)  # e.g. {{ config.llm_base_url }}
         self._ready = True
+
+    def _delegate(self, tool: ToolSpec) -> Any:
+        """A workflow or agent tool (`_delegates.DelegatingAgent` makes them)."""
+        raise AgentConfigError(f"node {self.name!r}: tool {tool.name!r} is a workflow or an "
+                               "agent, which this agent cannot call")
 
     def _more_tools(self, tools: dict[str, Tool]) -> None:
         """Built-in tools of a kind of agent (a conversation's ``end_conversation``)."""

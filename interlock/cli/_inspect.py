@@ -227,7 +227,8 @@ def _waiting_lines(run_id: str, w: dict[str, Any], store: str) -> list[str]:
 # -- runs -------------------------------------------------------------------------------------
 
 
-STATUSES = ["PENDING", "RUNNING", "RETRYING", "WAITING_APPROVAL", "COMPLETED", "FAILED",
+STATUSES = ["PENDING", "RUNNING", "RETRYING", "WAITING_APPROVAL", "WAITING_INPUT", "COMPLETED",
+            "FAILED",
             "REJECTED", "CANCELLED"]
 
 

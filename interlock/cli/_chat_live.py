@@ -1,0 +1,96 @@
+"""``interlock chat FILE`` on a store: the conversation's records printed as they are
+committed (a listener on the run), the user's lines sent as messages, a gate decided in
+place (``/approve``, ``/reject``)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from typing import TYPE_CHECKING, Any
+
+import click
+
+if TYPE_CHECKING:
+    from .. import RunResult, Store, Workflow
+
+_HELP = ("type a message; /end ends the conversation; when a gate waits: /approve [COMMENT] "
+         "or /reject [COMMENT]")
+
+
+def _short(value: Any, n: int = 200) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= n else text[:n] + "..."
+
+
+class Terminal:
+    def __init__(self, wf: Workflow, store_url: str | None, by: str | None) -> None:
+        self.wf, self.store_url, self.by = wf, store_url, by
+
+    def run(self, data: dict[str, Any], session: str | None) -> None:
+        from ._common import call_engine
+
+        call_engine(self._main(data, session))
+
+    def listen(self, rec: dict[str, Any], view: Any) -> None:
+        """Each committed record of the conversation (and of its child runs) that a
+        person wants to see, as it happens."""
+        rtype = rec.get("type")
+        child = rec.get("run_id") if rtype != "child.started" else None
+        indent = "    " if child else "  "
+        if rtype == "chat.reply" and not child:
+            click.echo(click.style(str(rec.get("reply") or ""), bold=True))
+        elif rtype == "tool.called":
+            out = rec.get("result", rec.get("error", rec.get("problem")))
+            click.echo(click.style(f"{indent}> {rec.get('tool')}"
+                                   f"({_short(rec.get('arguments') or {}, 120)}) -> "
+                                   f"{_short(out)}", dim=True), err=True)
+        elif rtype == "tool.rejected":
+            click.echo(f"{indent}> {rec.get('tool')}: rejected", err=True)
+        elif rtype == "child.started":
+            click.echo(click.style(f"{indent}> child run {rec.get('run_id')} "
+                                   f"({rec.get('workflow')})", fg="cyan"), err=True)
+        elif rtype == "approval.requested" and rec.get("kind") != "message" and not child:
+            where = rec.get("path") or rec.get("node")
+            click.echo(click.style(f"waiting for a decision at {where}: "
+                                   f"{_short(rec.get('show'))}", fg="magenta"), err=True)
+            click.echo("  /approve [COMMENT] or /reject [COMMENT]", err=True)
+
+    async def _main(self, data: dict[str, Any], session: str | None) -> None:
+        from .. import approve, open_store, reject, status
+
+        st: Store = open_store(self.store_url)
+        try:
+            if session is None:
+                result: RunResult = await self.wf.run(data, store=st, listener=self.listen)
+                session = result.run_id
+            else:
+                result = await status(session, store=st)
+            click.echo(f"conversation {session} ({_HELP})", err=True)
+            while result.status in ("WAITING_INPUT", "WAITING_APPROVAL"):
+                line = await asyncio.to_thread(sys.stdin.readline)
+                if not line:
+                    break
+                text = line.rstrip("\n")
+                if not text.strip():
+                    continue
+                word, _, rest = text.strip().partition(" ")
+                if result.status == "WAITING_APPROVAL":
+                    if word not in ("/approve", "/reject"):
+                        click.echo("a gate waits: /approve [COMMENT] or /reject [COMMENT]",
+                                   err=True)
+                        continue
+                    decide = approve if word == "/approve" else reject
+                    result = await self.wf.resume(session, decide(by=self.by,
+                                                                  comment=rest or None),
+                                                  store=st, listener=self.listen)
+                else:
+                    result = await self.wf.send(session, text, by=self.by, store=st,
+                                                listener=self.listen)
+                if result.status == "FAILED":
+                    click.echo(f"the turn failed: {(result.error or {}).get('message')}",
+                               err=True)
+            if result.status == "COMPLETED":
+                click.echo(f"the conversation {session} has ended", err=True)
+        finally:
+            await st.close()
