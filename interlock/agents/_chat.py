@@ -52,6 +52,7 @@ class ChatAgent(DelegatingAgent):
 
     def _more_tools(self, tools: dict[str, Tool]) -> None:
         tools[END_TOOL] = _end_tool()
+        self.streams = "reply" not in self.redact  # (a redacted reply is shown to nobody)
 
     async def run(self, state: dict[str, Any], ctx: Context) -> Any:
         self._prepare()

@@ -65,6 +65,7 @@ from .._engine._guards import BudgetExceededError
 from .._errors import RouteError
 from ._errors import AgentConfigError, AgentError, AgentOutputError, AgentTurnsError
 from ._providers import (
+    TOKEN_SINK,
     ChatRequest,
     OpenAIProvider,
     Provider,
@@ -157,6 +158,8 @@ class _Agent:
         self.redact = frozenset(spec.redact)
         # a reply may be journaled (and replayed) only when no part of it is redacted
         self.replayable = not (self.redact & _REPLY_FIELDS)
+        # a reply streams to a `TOKEN_SINK` when one is set (a conversation's agent)
+        self.streams = False
         self._ready = False
 
     # -- set up on first run --------------------------------------------------------------
@@ -347,6 +350,14 @@ class _Agent:
         request = self._request(messages)
         provider = self._provider(ctx)
         over: list[BudgetExceededError] = []
+        sink = TOKEN_SINK.get() if self.streams else None
+        if sink is not None:  # the reply's text goes to whoever shows it as it arrives
+            run_id, node = ctx.run_id, self.name
+
+            def delta(text: str) -> None:
+                sink({"run_id": run_id, "node": node, "turn": turn, "text": text})
+
+            request.on_delta = delta
 
         async def call() -> dict[str, Any]:
             request.index = _calls_made(ctx)

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -73,6 +74,15 @@ class ChatRequest:
     response_format: dict[str, Any] | None = None
     temperature: float | None = None
     index: int = 0
+    # the reply's text as it arrives, a piece at a time: asks the provider to stream
+    on_delta: Callable[[str], None] | None = None
+
+
+#: where a model's reply goes as it streams (SPEC §11): ``sink({"run_id", "node", "turn",
+#: "text"})``, set by whoever shows it live (``interlock chat``, a server's event stream)
+#: in the context that executes the run; None: nothing streams
+TOKEN_SINK: ContextVar[Callable[[dict[str, Any]], None] | None] = ContextVar(
+    "interlock_token_sink", default=None)
 
 
 class Provider(Protocol):
@@ -169,6 +179,8 @@ class OpenAIProvider:
             options["timeout"] = self.timeout
         try:
             async with openai.AsyncOpenAI(**options) as client:
+                if request.on_delta is not None:
+                    return await _streamed(client, kwargs, request.on_delta)
                 try:
                     resp = await client.chat.completions.create(**kwargs)
                 except openai.BadRequestError as exc:
@@ -192,6 +204,44 @@ class OpenAIProvider:
         except openai.APIError as exc:
             raise ProviderError(f"the provider's reply is not usable: {exc}") from exc
         return _reply_of(resp)
+
+
+async def _streamed(client: Any, kwargs: dict[str, Any], on_delta: Callable[[str], None]
+                   ) -> Reply:
+    """A streamed completion (``stream: true``): each piece of the content handed to
+    ``on_delta`` as it arrives, the tool calls assembled from their pieces, the usage
+    from the last chunk (``stream_options.include_usage``)."""
+    stream = await client.chat.completions.create(
+        **kwargs, stream=True, stream_options={"include_usage": True})
+    text: list[str] = []
+    calls: dict[int, dict[str, Any]] = {}
+    usage: dict[str, int] = {}
+    model = None
+    async for chunk in stream:
+        model = getattr(chunk, "model", None) or model
+        u = getattr(chunk, "usage", None)
+        if u is not None:
+            usage = {"prompt_tokens": int(u.prompt_tokens or 0),
+                     "completion_tokens": int(u.completion_tokens or 0),
+                     "total_tokens": int(u.total_tokens or 0)}
+        for choice in getattr(chunk, "choices", None) or ():
+            delta = choice.delta
+            if delta is None:
+                continue
+            if delta.content:
+                text.append(delta.content)
+                on_delta(delta.content)
+            for tc in delta.tool_calls or ():
+                call = calls.setdefault(tc.index, {"id": None, "name": "", "arguments": ""})
+                if tc.id:
+                    call["id"] = tc.id
+                fn = tc.function
+                if fn is not None:
+                    call["name"] += fn.name or ""
+                    call["arguments"] += fn.arguments or ""
+    tool_calls = [ToolCall(str(c["id"] or f"call_{i}"), c["name"], c["arguments"] or "{}")
+                  for i, c in sorted(calls.items())]
+    return Reply("".join(text) if text else None, tool_calls, usage, model)
 
 
 def _about_format(exc: Any) -> bool:
