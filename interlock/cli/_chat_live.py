@@ -26,6 +26,14 @@ def _short(value: Any, n: int = 200) -> str:
 class Terminal:
     def __init__(self, wf: Workflow, store_url: str | None, by: str | None) -> None:
         self.wf, self.store_url, self.by = wf, store_url, by
+        self.streaming = False  # a reply is being printed as it streams
+        self.shown = False  # the turn's reply was printed as it streamed
+
+    def token(self, piece: dict[str, Any]) -> None:
+        """A piece of the reply, printed as it arrives (the provider streams)."""
+        self.streaming = True
+        click.echo(click.style(str(piece.get("text") or ""), bold=True), nl=False)
+        sys.stdout.flush()
 
     def run(self, data: dict[str, Any], session: str | None) -> None:
         from ._common import call_engine
@@ -38,9 +46,17 @@ class Terminal:
         rtype = rec.get("type")
         child = rec.get("run_id") if rtype != "child.started" else None
         indent = "    " if child else "  "
+        if rtype == "agent.reply" and not child and self.streaming:
+            click.echo("")  # the text printed as it streamed: its line ends with the call
+            self.streaming = False
+            self.shown = True
         if rtype == "chat.reply" and not child:
-            click.echo(click.style(str(rec.get("reply") or ""), bold=True))
-        elif rtype == "tool.called":
+            if not self.shown:  # (not streamed: printed now, whole)
+                click.echo(click.style(str(rec.get("reply") or ""), bold=True))
+            self.shown = False
+        elif rtype == "agent.reply" and not child and rec.get("tool_calls"):
+            self.shown = False  # the turn goes on: its final reply is still to come
+        if rtype == "tool.called":
             out = rec.get("result", rec.get("error", rec.get("problem")))
             click.echo(click.style(f"{indent}> {rec.get('tool')}"
                                    f"({_short(rec.get('arguments') or {}, 120)}) -> "
@@ -58,8 +74,10 @@ class Terminal:
 
     async def _main(self, data: dict[str, Any], session: str | None) -> None:
         from .. import approve, open_store, reject, status
+        from ..support import TOKEN_SINK
 
         st: Store = open_store(self.store_url)
+        TOKEN_SINK.set(self.token)  # (this task's context: the runs it executes stream here)
         try:
             if session is None:
                 result: RunResult = await self.wf.run(data, store=st, listener=self.listen)

@@ -315,3 +315,52 @@ def test_a_specialist_agent_as_a_tool(make_project: Any) -> None:
     outer = [r for r in called if r["tool"] == "kafka"]
     assert outer[0]["result"] == "lag is 3"
     assert p.executions() == ["service_status"]
+
+
+def test_interlock_chat_holds_a_conversation_from_standard_input_with_a_gate_inline(
+        make_project: Any) -> None:
+    p, wf = _workflow_tool_project(make_project)
+    from click.testing import CliRunner
+
+    from interlock.cli import cli
+
+    out = CliRunner().invoke(cli, ["chat", wf, "--store", p.store, "--by", "alice"],
+                             input="triage db\nhello?\n/approve looks fine\n/end\n",
+                             catch_exceptions=False)
+    assert out.exit_code == 0, out.output
+    assert out.stdout.splitlines() == ["triage done"]
+    assert "waiting for a decision at assistant/run_triage/approval" in out.stderr
+    assert "a gate waits: /approve" in out.stderr  # "hello?" while the gate waits
+    assert "> run_triage(" in out.stderr and "child run" in out.stderr
+    assert "has ended" in out.stderr
+    session = out.stderr.split("conversation ", 1)[1].split()[0]
+    _, status = p.cli_json("status", session)
+    assert status["status"] == "COMPLETED"
+    decided = records(session, p.store, "approval.decided")
+    assert [(d["kind"], d["by"], d["comment"]) for d in decided if d["kind"] != "message"] \
+        == [("workflow", "alice", "looks fine")]
+    # --session continues it: a conversation that ended takes no message
+    again = CliRunner().invoke(cli, ["chat", wf, "--store", p.store, "--session", session],
+                               input="more\n", catch_exceptions=False)
+    assert again.exit_code == 0 and "has ended" in again.stderr
+
+
+def test_interlock_chat_prints_a_streamed_reply_as_it_arrives(
+        make_project: Any, monkeypatch: Any) -> None:
+    from click.testing import CliRunner
+
+    from interlock.cli import cli
+
+    fake = FakeOpenAI(lambda body: "one two three")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    monkeypatch.setenv("OPENAI_BASE_URL", fake.url)
+    try:
+        p = make_project(TOOLS)
+        wf = p.workflow(chat_file("gpt-test"))
+        out = CliRunner().invoke(cli, ["chat", wf, "--store", p.store],
+                                 input="hi\n/end\n", catch_exceptions=False)
+        assert out.exit_code == 0, out.output
+        assert out.stdout == "one two three\n"  # streamed, printed once
+        assert fake.requests[0]["body"]["stream"] is True
+    finally:
+        fake.close()
