@@ -47,6 +47,8 @@ def check_agent(checker: Checker, name: str, ns: NodeSpec) -> None:
     schema = _check_output(checker, name, spec, where, error)
     _check_tools(checker, name, spec, where, error)
     _check_choose(checker.spec, name, spec, schema, error)
+    if schema is not None and output_key is not None:
+        _check_paths(checker, name, output_key, schema)
 
 
 def _parse(checker: Checker, name: str, data: Any, where: tuple[Any, ...]) -> AgentSpec | None:
@@ -178,6 +180,44 @@ def _check_tools(checker: Checker, name: str, spec: AgentSpec, where: tuple[Any,
             error(f"two tools are named {made.name!r} (entries {seen[made.name]} and {i}); "
                   "a model calls tools by name", "tools", i)
         seen[made.name] = i
+
+
+def _check_paths(checker: Checker, name: str, key: str, schema: dict[str, Any]) -> None:
+    """A condition reading ``KEY.a.b`` of the agent's output: each step must be a property
+    its ``output:`` schema declares (``has(plan.respnse)`` is a typo the run would never
+    report: the field is just absent), unless that level allows other properties."""
+    from .._definition._checking import _did_you_mean
+    from .._definition._expr import ExpressionSyntaxError, compile_expression
+
+    for i, e in enumerate(checker.spec.edges):
+        for attr in ("when", "switch", "map"):
+            src = getattr(e, attr)
+            if src is None:
+                continue
+            try:
+                expr = compile_expression(src)
+            except ExpressionSyntaxError:
+                continue  # reported with the edge's other checks
+            for path in expr.paths:
+                head, *steps = path.split(".")
+                if head != key:
+                    continue
+                level: Any = schema
+                for depth, step in enumerate(steps):
+                    props = level.get("properties") if isinstance(level, dict) else None
+                    if not isinstance(props, dict) or level.get("additionalProperties") \
+                            not in (None, False):
+                        break
+                    if step not in props:
+                        at = ".".join([key, *steps[:depth]])
+                        checker.add("error", f"edge {e.describe()}: {attr} reads {path}, but "
+                                    f"the output schema of agent {name!r} has no property "
+                                    f"{step!r} at {at}" + _did_you_mean(step, props)
+                                    + f" (its properties: {', '.join(props)}); fix the "
+                                    "name, or declare the property in agent.output",
+                                    ("edges", i, attr), "agent-output")
+                        break
+                    level = props[step]
 
 
 def _check_choose(wf: WorkflowSpec, name: str, spec: AgentSpec, schema: dict[str, Any] | None,

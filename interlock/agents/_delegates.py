@@ -194,6 +194,10 @@ class DelegatingAgent(_Agent):
     def _delegate(self, tool: ToolSpec) -> WorkflowTool | AgentTool:
         return delegate(self.name, tool, self.callables)
 
+    def _tool_context(self, ctx: Context, base: dict[str, Any]) -> Any:
+        call = f"{int(base.get('turn') or 0)}-{_UNSAFE.sub('_', str(base.get('call_id')))[:40]}"
+        return Scoped(ctx, f"tool.{base.get('tool')}.", f"{call}:", None)
+
 
 class _Owner:
     """The node a specialist runs in, as far as `_Agent` asks (it has none of its own)."""
@@ -207,12 +211,14 @@ class Scoped:
     of its own (``agent.NAME.CALL:``), so that it replays its own model and tool calls,
     and its records tagged with the tool's name. Everything else is the visit's."""
 
-    def __init__(self, real: Any, family: str, call: str, tool: str) -> None:
+    def __init__(self, real: Any, family: str, call: str, tool: str | None) -> None:
         self.real = getattr(real, "real", real)
         self._ctx = real
         self._family = family
         self._prefix = family + call
         self._tool = tool
+        # one per call, stable across the visit's attempts (an external effect's key)
+        self.idempotency_key = f"{real.idempotency_key}:{self._prefix.rstrip(':')}"
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._ctx, name)
@@ -232,6 +238,8 @@ class Scoped:
 
     def log(self, type: str, fields: Mapping[str, Any] | None = None
             ) -> Coroutine[Any, Any, None]:
+        if self._tool is None:
+            return self._ctx.log(type, fields)  # type: ignore[no-any-return]
         return self._ctx.log(type, {**(fields or {}), "agent_tool": self._tool})  # type: ignore[no-any-return]
 
     def confirm(self, key: str, show: Mapping[str, Any], *,

@@ -213,8 +213,10 @@ class _Agent:
         self.tool_schemas = [t.schema() for t in tools.values()] or None
         self.provider: Provider
         if spec.provider == "scripted":
-            self.provider = ScriptedProvider(r.model_dump(mode="json", exclude_defaults=True)
-                                             for r in spec.replies or [])
+            self.provider = ScriptedProvider(
+                [x.model_dump(mode="json", exclude_defaults=True) for x in r]
+                if isinstance(r, list) else r.model_dump(mode="json", exclude_defaults=True)
+                for r in spec.replies or [])
         else:
             self.provider = OpenAIProvider(spec.base_url, spec.api_key_env)
         self.url_t: Template | None = None
@@ -226,6 +228,11 @@ class _Agent:
         """A workflow or agent tool (`_delegates.DelegatingAgent` makes them)."""
         raise AgentConfigError(f"node {self.name!r}: tool {tool.name!r} is a workflow or an "
                                "agent, which this agent cannot call")
+
+    def _tool_context(self, ctx: Context, base: dict[str, Any]) -> Any:
+        """The context a tool that takes ``ctx`` gets (`_delegates.Scoped`)."""
+        raise AgentConfigError(f"node {self.name!r}: tool {base.get('tool')!r} takes ctx, "
+                               "which this agent cannot give")
 
     def _more_tools(self, tools: dict[str, Tool]) -> None:
         """Built-in tools of a kind of agent (a conversation's ``end_conversation``)."""
@@ -361,6 +368,9 @@ class _Agent:
 
         async def call() -> dict[str, Any]:
             request.index = _calls_made(ctx)
+            request.item = ctx.item_index
+            if request.item is not None:  # a mapped node's item: its own calls too
+                request.item_call = _item_calls(ctx)
             await ctx.log("agent.request", self._hide({
                 "turn": turn, "provider": self.spec.provider, "model": self.spec.model,
                 "messages": len(request.messages), **note}))
@@ -456,7 +466,12 @@ class _Agent:
         t0 = time.perf_counter()
         try:
             d = self.delegates.get(tool.name)
-            result = await (tool.invoke(kwargs) if d is None else d.run(ctx, base, kwargs))
+            if d is not None:
+                result = await d.run(ctx, base, kwargs)
+            elif tool.takes_ctx:  # its own `once` keys and idempotency key, per call
+                result = await tool.invoke({**kwargs, "ctx": self._tool_context(ctx, base)})
+            else:
+                result = await tool.invoke(kwargs)
         except Exception as exc:
             # tool_errors: return -- the model gets the error as the tool's answer (and may
             # correct itself); raise -- the node fails with the tool's own exception (so
@@ -592,6 +607,14 @@ def _restart_point(ctx: Context) -> tuple[int, int]:
 def _calls_made(ctx: Context) -> int:
     """Model calls this node made in this run so far (every visit), from the journal."""
     return sum(1 for key in ctx.effect_keys() if key.startswith("llm-"))
+
+
+def _item_calls(ctx: Context) -> int:
+    """Model calls a mapped node's item made in this visit so far (from its journal)."""
+    n = 0
+    while ctx.recorded(f"llm-{n}")[0]:
+        n += 1
+    return n
 
 
 def _assistant(reply: Reply) -> dict[str, Any]:

@@ -74,6 +74,8 @@ class ChatRequest:
     response_format: dict[str, Any] | None = None
     temperature: float | None = None
     index: int = 0
+    item: int | None = None  # a mapped node's item (its index), whose call this is
+    item_call: int = 0  # and the calls that item made before this one
     # the reply's text as it arrives, a piece at a time: asks the provider to stream
     on_delta: Callable[[str], None] | None = None
 
@@ -105,21 +107,38 @@ class ScriptedProvider:
     ``provider: scripted`` and ``replies: [...]``. No network, no key, deterministic.
     """
 
-    def __init__(self, replies: Iterable[Mapping[str, Any] | str]) -> None:
-        self.replies: list[dict[str, Any]] = [
-            ScriptedReply.model_validate(r).model_dump(mode="json", exclude_defaults=True)
+    def __init__(self, replies: Iterable[Mapping[str, Any] | str | list[Any]]) -> None:
+        self.replies: list[dict[str, Any] | list[dict[str, Any]]] = [
+            [_reply_data(x) for x in r] if isinstance(r, list) else _reply_data(r)
             for r in replies]
 
     def __repr__(self) -> str:
         return f"ScriptedProvider({len(self.replies)} replies)"
 
     async def complete(self, request: ChatRequest) -> Reply:
-        if request.index >= len(self.replies):
+        k = request.item_call
+        if request.item is not None and k < len(self.replies) \
+                and isinstance(self.replies[k], list):
+            # one reply per item of a mapped node: the k-th call of item i gets entry i of
+            # the k-th reply, whatever order the items run in
+            entry = self.replies[k]
+        elif request.index >= len(self.replies):
             raise RepliesExhausted(
                 f"the scripted provider of node {request.node!r} has no reply left: it "
                 f"declares {len(self.replies)} and this is model call {request.index + 1} "
                 "of the run; add replies")
-        r = ScriptedReply.model_validate(self.replies[request.index])
+        else:
+            entry = self.replies[request.index]
+        if isinstance(entry, list):
+            if request.item is None or not 0 <= request.item < len(entry):
+                what = "is not a mapped node's item" if request.item is None \
+                    else f"is item {request.item}"
+                raise RepliesExhausted(
+                    f"the scripted provider of node {request.node!r}: its reply is a list "
+                    f"of {len(entry)} (one per item of a mapped node), and this call "
+                    f"{what}; give one entry per item")
+            entry = entry[request.item]
+        r = ScriptedReply.model_validate(entry)
         content = r.content
         if content is not None and not isinstance(content, str):
             content = json.dumps(content, ensure_ascii=False)
@@ -134,6 +153,10 @@ class ScriptedProvider:
                      "total_tokens": r.usage.total_tokens if r.usage.total_tokens is not None
                      else r.usage.prompt_tokens + r.usage.completion_tokens}
         return Reply(content, calls, usage, request.model or "scripted")
+
+
+def _reply_data(r: Mapping[str, Any] | str) -> dict[str, Any]:
+    return ScriptedReply.model_validate(r).model_dump(mode="json", exclude_defaults=True)
 
 
 class OpenAIProvider:

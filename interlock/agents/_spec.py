@@ -6,9 +6,17 @@ definition); this model is what validation and the agent node read it with.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    field_validator,
+    model_validator,
+)
 
 from .._definition._model import CALL_RE, NAME_RE, RESERVED_NAMES
 
@@ -99,6 +107,17 @@ class ScriptedReply(_Strict):
         return {"content": data} if isinstance(data, str) else data
 
 
+def _reply_kind(value: Any) -> str:
+    return "items" if isinstance(value, list) else "reply"
+
+
+# a reply, or a list of them: one per item of a mapped node (only the matching form's
+# problems are reported)
+Reply = Annotated[Annotated[ScriptedReply, Tag("reply")]
+                  | Annotated[list[ScriptedReply], Tag("items")],
+                  Discriminator(_reply_kind)]
+
+
 class AgentSpec(_Strict):
     """``agent: {provider, model, base_url, api_key_env, system, prompt, output, output_model,
     output_key, choose, tools, max_turns, replies, redact, temperature, tool_errors,
@@ -116,7 +135,8 @@ class AgentSpec(_Strict):
     choose: str | None = Field(default=None, min_length=1)
     tools: list[ToolSpec] = Field(default_factory=list)
     max_turns: int = Field(default=4, ge=1, le=100)
-    replies: list[ScriptedReply] | None = None
+    # a list in place of a reply: one reply per item of a mapped node (item i gets entry i)
+    replies: list[Reply] | None = None
     redact: list[str] = Field(default_factory=list)
     temperature: float | None = Field(default=None, ge=0, le=2)
     # a tool that raises: its error goes back to the model as the tool's answer (return),
