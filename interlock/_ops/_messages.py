@@ -17,7 +17,8 @@ from typing import Any
 from .. import _log as L
 from .._definition._bounds import check_data
 from .._engine import _records as R
-from .._engine._fold import Gate, RunResult, RunView
+from .._engine._fold import RunResult, RunView
+from .._engine._view import Gate
 from .._errors import UsageError
 from .._store import Store, release_store
 from ._execute import Listener, _traced, drive

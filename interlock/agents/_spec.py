@@ -18,7 +18,8 @@ from pydantic import (
     model_validator,
 )
 
-from .._definition._model import CALL_RE, NAME_RE, RESERVED_NAMES
+from .._definition._model import CALL_RE, RESERVED_NAMES
+from .._definition._values import NAME_RE
 
 
 class _Strict(BaseModel):
