@@ -29,6 +29,7 @@ LAYERS: dict[int, set[str]] = {
         "_store", "_store._base",
         "_store._memory", "_store._sqlite", "_store._postgres", "_engine._isolation._protocol",
         "_store._rows", "_store._sqlite_sql", "_store._sqlite_upgrade", "_store._sqlite_thread",
+        "_store._search", "_store._sqlite_search", "_store._postgres_search",
         "_store._sqlite_ops", "_store._postgres_sql", "_store._postgres_conn",
         "_store._postgres_writes", "_store._postgres_claims", "_store._sqlite_file",
         "_store._sqlite_wal", "_store._sqlite_writes",
@@ -53,7 +54,7 @@ LAYERS: dict[int, set[str]] = {
     # the agent node kind, a plug-in on the node call
     6: {"_plugins._subflow", "agents", "agents._check", "agents._errors", "agents._node",
         "agents._prompt", "agents._providers", "agents._spec", "agents._tools",
-        "agents._chat", "agents._delegates"},
+        "agents._chat", "agents._delegates", "agents._recall"},
     # the scheduler and its edge decisions, and the wiring of the shipped node kinds
     7: {"_engine._runner", "_engine._decide", "_plugins._compile"},
     # stored runs: drive, resume, status, trace, verify, fork, cancel; their coverage;

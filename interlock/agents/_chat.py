@@ -52,6 +52,12 @@ class ChatAgent(DelegatingAgent):
 
     def _more_tools(self, tools: dict[str, Tool]) -> None:
         tools[END_TOOL] = _end_tool()
+        if self.spec.recall:
+            from ._recall import RecallTool
+
+            recall = RecallTool()
+            tools[recall.tool.name] = recall.tool
+            self.delegates[recall.tool.name] = recall
         self.streams = "reply" not in self.redact  # (a redacted reply is shown to nobody)
 
     async def run(self, state: dict[str, Any], ctx: Context) -> Any:

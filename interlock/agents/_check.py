@@ -37,9 +37,9 @@ def check_agent(checker: Checker, name: str, ns: NodeSpec) -> None:
     if spec.prompt is None and checker.spec.chat != name:
         error("missing required key 'prompt' (the user message the agent gets; only a "
               "conversation's agent, the node named by chat:, takes its messages instead)")
-    if spec.recall:
-        error("recall: true (a recall(query) tool over earlier conversations) is not "
-              "available yet in this version of interlock; remove it", "recall")
+    if spec.recall and checker.spec.chat != name:
+        error("recall: true gives a conversation's agent (the node chat: names) a "
+              "recall(query) tool over earlier conversations; this node is not one", "recall")
     if checker.spec.chat == name and spec.structured:
         error("a conversation's agent replies in text: remove output/output_model (a "
               "specialist agent used as a tool may declare one)", "output")

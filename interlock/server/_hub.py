@@ -155,6 +155,10 @@ class NotifyingStore(Store):
     async def delete_finished(self, run_ids: list[str]) -> tuple[list[str], int]:
         return await self.inner.delete_finished(run_ids)
 
+    async def search_messages(self, workflow: str, query: str, *, limit: int = 5,
+                              exclude: str | None = None) -> list[Any]:
+        return await self.inner.search_messages(workflow, query, limit=limit, exclude=exclude)
+
     async def close(self) -> None:
         await self.inner.close()
 
