@@ -13,8 +13,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from conftest import CliProject, records
 from fake_openai import FakeOpenAI
+from test_store_conformance import pg_schema_url  # noqa: F401 (a fixture)
 
 TOOLS = '''
 import os, pathlib
@@ -362,5 +364,34 @@ def test_interlock_chat_prints_a_streamed_reply_as_it_arrives(
         assert out.exit_code == 0, out.output
         assert out.stdout == "one two three\n"  # streamed, printed once
         assert fake.requests[0]["body"]["stream"] is True
+    finally:
+        fake.close()
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+def test_a_conversation_continued_by_other_processes_has_its_whole_context(
+        kind: str, make_project: Any, monkeypatch: Any, request: Any) -> None:
+    fake = FakeOpenAI(lambda body: f"turn {sum(m['role'] == 'user' for m in body['messages'])}")
+    try:
+        p = make_project(TOOLS)
+        store = p.store if kind == "sqlite" else request.getfixturevalue("pg_schema_url")
+        wf = p.workflow(chat_file("gpt-test"))
+        env = {**os.environ, "OPENAI_API_KEY": "sk-test", "OPENAI_BASE_URL": fake.url,
+               "PYTHONPATH": os.pathsep.join([str(p.root),
+                                              str(Path(__file__).resolve().parents[2])])}
+
+        def cli(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run([sys.executable, "-m", "interlock", *args, "--store", store],
+                                  cwd=p.root, env=env, capture_output=True, text=True,
+                                  timeout=120)
+
+        assert cli("run", wf, "--run-id", "far").returncode == 3
+        for text in ("first: the token is abc-123", "second", "third"):
+            sent = cli("send", "far", text)  # each turn in a process of its own
+            assert sent.returncode == 3, sent.stderr
+        assert sent.stdout.strip() == "turn 3"
+        users = [m["content"] for m in fake.requests[-1]["body"]["messages"]
+                 if m["role"] == "user"]
+        assert users == ["first: the token is abc-123", "second", "third"]
     finally:
         fake.close()
