@@ -152,11 +152,12 @@ def _remote_chat(remote: Remote, workflow: str, session: str | None, input_json:
         if session is None:
             wf = load_workflow(workflow)
             data = read_input(input_json, None)
-            started = remote.call("POST", "/api/runs", json={
-                "workflow": wf.spec.workflow, "input": data})
+            started = remote.call("POST", f"/api/workflows/{wf.name}/runs",
+                                  json={"input": data})
             session = str(started["run_id"])
             remote.follow(session, 0)
-        click.echo(f"conversation {session}", err=True)
+        click.echo(f"conversation {session} (type a message; /end ends the conversation; "
+                   "a gate is decided with `interlock resume --server`)", err=True)
         for line in sys.stdin:
             text = line.rstrip("\n")
             if not text.strip():
@@ -165,6 +166,9 @@ def _remote_chat(remote: Remote, workflow: str, session: str | None, input_json:
             remote.call("POST", f"/api/runs/{session}/messages", json={"text": text, "by": by})
             remote.follow(session, before)
             data = remote.result(session).to_json()
+            if text.strip() == "/end" and data.get("status") == "COMPLETED":
+                click.echo(f"the conversation {session} has ended", err=True)
+                break
             _print_turn(data, session)
             if data.get("status") != "WAITING_INPUT":
                 break

@@ -395,3 +395,26 @@ def test_a_conversation_continued_by_other_processes_has_its_whole_context(
         assert users == ["first: the token is abc-123", "second", "third"]
     finally:
         fake.close()
+
+
+def test_limits_cover_the_whole_conversation_and_a_waiting_one_can_be_cancelled(
+        make_project: Any) -> None:
+    p = make_project(TOOLS)
+    usage = "{content: fine, usage: {prompt_tokens: 40, completion_tokens: 20}}"
+    text = chat_file("scripted", replies=f"[{usage}, {usage}, {usage}]").replace(
+        "chat: assistant\n", "chat: assistant\nlimits: {tokens: 150}\n")
+    wf = p.workflow(text)
+    assert p.cli("run", wf, "--run-id", "b").exit_code == 3
+    assert p.cli("send", "b", "one").exit_code == 3   # 60 tokens
+    assert p.cli("send", "b", "two").exit_code == 3   # 120
+    over, data = p.cli_json("send", "b", "three")     # 180 > 150: the turn fails the run
+    assert over.exit_code == 1
+    assert data["status"] == "FAILED"
+    assert data["error"]["type"] == "budget_exceeded"
+    assert data["tokens"] == 180
+    assert p.cli("run", wf, "--run-id", "c").exit_code == 3
+    assert p.cli("cancel", "c", "--by", "ops").exit_code == 0
+    _, status = p.cli_json("status", "c")
+    assert status["status"] == "CANCELLED"
+    refused = p.cli("send", "c", "hello?")
+    assert refused.exit_code == 2 and "it is CANCELLED" in refused.output

@@ -183,3 +183,61 @@ def test_a_workflow_tool_gate_decided_through_the_api_and_send_through_the_serve
             assert called[0]["result"]["approval"]["by"] == "alice"
     finally:
         server.stop()
+
+
+def test_under_auth_a_message_is_the_operators_and_by_is_the_tokens_name(
+        project: Path) -> None:
+    import hashlib
+    import json
+
+    from test_server import TOKENS
+
+    auth = {"tokens": [{"name": n, "sha256": hashlib.sha256(t.encode()).hexdigest(),
+                        "roles": r} for n, (t, r) in TOKENS.items()]}
+    (project / "auth.yaml").write_text(json.dumps(auth))
+    (project / "flows" / "plain.yaml").write_text(textwrap.dedent("""
+        workflow: plain
+        chat: assistant
+        nodes:
+          assistant: {agent: {provider: scripted, replies: [hello olga]}}
+        """))
+    server = Served(project, "--auth", "auth.yaml")
+    try:
+        with server.client("tok-olga") as olga, server.client("tok-vic") as vic, \
+                server.client("tok-alice") as alice:
+            assert olga.post("/api/workflows/plain/runs",
+                             json={"input": {}, "run_id": "p1"}).status_code == 201
+            count = len(olga.get("/api/runs/p1/records").json())
+            for who in (vic, alice):  # a viewer, an approver: not an operator's to send
+                refused = who.post("/api/runs/p1/messages", json={"text": "hi"})
+                assert refused.status_code == 403, refused.text
+            assert len(olga.get("/api/runs/p1/records").json()) == count
+            sent = olga.post("/api/runs/p1/messages", json={"text": "hi", "by": "mallory"})
+            assert sent.status_code == 202
+            list(events(olga, "p1", params={"after": count}, until="run.waiting"))
+            message = next(r for r in olga.get("/api/runs/p1/records").json()
+                           if r["type"] == "chat.message")
+            assert message["by"] == "olga"
+    finally:
+        server.stop()
+
+
+def test_interlock_chat_through_a_server(project: Path) -> None:
+    (project / "flows" / "plain.yaml").write_text(textwrap.dedent("""
+        workflow: plain
+        chat: assistant
+        nodes:
+          assistant: {agent: {provider: scripted, replies: [hi there, bye now]}}
+        """))
+    server = Served(project)
+    try:
+        out = CliRunner().invoke(cli, ["chat", str(project / "flows" / "plain.yaml"),
+                                       "--server", server.url],
+                                 input="hello\nthanks\n/end\n", catch_exceptions=False)
+        assert out.exit_code == 0, out.output
+        assert out.stdout.splitlines() == ["hi there", "bye now"]
+        session = out.stderr.split("conversation ", 1)[1].split()[0]
+        with server.client() as c:
+            assert c.get(f"/api/runs/{session}").json()["status"] == "COMPLETED"
+    finally:
+        server.stop()
