@@ -418,3 +418,16 @@ def test_limits_cover_the_whole_conversation_and_a_waiting_one_can_be_cancelled(
     assert status["status"] == "CANCELLED"
     refused = p.cli("send", "c", "hello?")
     assert refused.exit_code == 2 and "it is CANCELLED" in refused.output
+
+
+def test_run_and_resume_say_a_conversation_waits_for_a_message(make_project: Any) -> None:
+    p = make_project(TOOLS)
+    wf = p.workflow(chat_file("scripted", replies="[hi]"))
+    started = p.cli("run", wf, "--run-id", "say")
+    assert started.exit_code == 3
+    assert "waiting for the next message: interlock send say TEXT" in started.output
+    for args in (("resume", "say"), ("resume", "say", "--approve")):
+        refused = p.cli(*args)
+        assert refused.exit_code == 2
+        assert "a conversation waiting for its next message" in refused.output
+        assert "interlock send say TEXT" in refused.output
