@@ -431,3 +431,22 @@ def test_run_and_resume_say_a_conversation_waits_for_a_message(make_project: Any
         assert refused.exit_code == 2
         assert "a conversation waiting for its next message" in refused.output
         assert "interlock send say TEXT" in refused.output
+
+
+def test_runs_waiting_lists_gates_and_conversations_waiting_for_a_message(
+        make_project: Any) -> None:
+    p = make_project(TOOLS)
+    wf = p.workflow(chat_file("scripted", replies=(
+        "[{tool_calls: [{name: restart_service, arguments: {service: db}}]}, done]"),
+        tools="[{call: {mod}:restart_service, confirm: true}]"))
+    assert p.cli("run", wf, "--run-id", "talking").exit_code == 3
+    assert p.cli("run", wf, "--run-id", "gated").exit_code == 3
+    assert p.cli("send", "gated", "restart db").exit_code == 3
+    listed = p.cli("runs", "--waiting")
+    assert listed.exit_code == 0
+    lines = {line.split()[0]: line for line in listed.stdout.splitlines()[1:]}
+    assert set(lines) == {"talking", "gated"}
+    assert "message to assistant" in lines["talking"]
+    assert "message to" not in lines["gated"]
+    _, rows = p.cli_json("runs", "--waiting", "--status", "WAITING_INPUT")
+    assert [r["run_id"] for r in rows] == ["talking"]
