@@ -36,7 +36,7 @@ LAYERS: dict[int, set[str]] = {
         "_definition._yaml_fast", "_observe._otel"},
     # the file front end, state updates, rendering, the node-kind protocol
     2: {"_definition._spec", "_definition._state", "_definition._render", "_definition._kinds",
-        "_worker._triggers"},
+        "_worker._triggers", "_definition._digest"},
     # static checks (their shared context, one module per family of checks) and the
     # frozen plan (node kinds injected)
     3: {"_definition._validate", "_definition._checking", "_definition._checks_nodes",
@@ -61,13 +61,15 @@ LAYERS: dict[int, set[str]] = {
     # executing them in a pool (a server's, a worker's); node visits (the dashboard's)
     8: {"_ops._load", "_ops._claims", "_ops._cancel", "_ops._children", "_ops._execute",
         "_ops._verify", "_ops._runs", "_observe._coverage", "_ops._export", "_ops._prune",
-        "_observe._metrics", "_worker._workers", "_ops._visits", "_ops._messages"},
+        "_observe._metrics", "_worker._workers", "_ops._visits", "_ops._code",
+        "_ops._migrate", "_ops._messages"},
     # the façade: builder and loaded file
     9: {"_workflow", "_builder"},
     # the public surface and the command line
     10: {"", "__main__", "testing", "support", "cli", "cli._common", "cli._format", "cli._inspect",
         "cli._progress", "cli._run", "cli._trace", "cli._coverage", "cli._prune", "cli._serve",
-        "cli._remote", "cli._triggers", "cli._worker", "server", "server._app", "server._auth",
+        "cli._remote", "cli._triggers", "cli._worker", "cli._migrate", "server", "server._app",
+        "server._auth",
         "server._hub", "server._main", "server._models", "server._notify", "server._pool",
         "server._dashboard", "server._loops", "server._reads", "server._guard",
         "server._service", "server._deps", "server._routes_runs", "server._routes_approvals",

@@ -123,12 +123,16 @@ def _execute(wf: Workflow, data: dict[str, Any], store_url: str | None, run_id: 
 @click.option("--detach", is_flag=True,
               help="Record the decision (or the resume) and exit 0 without executing: the "
                    "run is PENDING until `interlock worker` continues it.")
+@click.option("--strict-code", is_flag=True,
+              help="Refuse (exit 2, nothing recorded) to continue a run whose nodes' code "
+                   "changed since it started, instead of warning and recording "
+                   "run.code_changed.")
 @json_option
 @store_option
 @server_options
 def resume(run_id: str, approve: bool, reject: bool, patch_json: str | None, at_node: str | None,
            data_json: str | None, by: str | None, comment: str | None, sets: tuple[str, ...],
-           force: bool, detach: bool, as_json: bool, store_url: str | None,
+           force: bool, detach: bool, strict_code: bool, as_json: bool, store_url: str | None,
            server_url: str | None, token: str | None) -> None:
     """Continue RUN_ID from its log, or decide the approval it is waiting for.
 
@@ -142,6 +146,9 @@ def resume(run_id: str, approve: bool, reject: bool, patch_json: str | None, at_
     Exits like `run`: 0 completed, 1 failed, 2 refused (the reason is printed),
     3 waiting again, 4 rejected; with --detach, 0 once recorded.
     """
+    from ..support import set_strict_code
+
+    set_strict_code(True if strict_code else None)  # (None: as $INTERLOCK_STRICT_CODE says)
     if approve and reject:  # (one option with two flag values would let the last one win)
         raise CliError("use one of --approve, --reject or --modify, not --approve and --reject")
     kind = "approve" if approve else "reject" if reject else None

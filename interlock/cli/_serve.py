@@ -51,11 +51,16 @@ from ._common import CliError, store_option
 @click.option("--head-timeout", type=click.FloatRange(min=0.1), default=10.0,
               show_default=True,
               help="Seconds a client has to send a whole request line and headers.")
+@click.option("--strict-code", is_flag=True,
+              help="Refuse (exit 2, nothing recorded) to continue a run whose nodes' code "
+                   "changed since it started, instead of warning and recording "
+                   "run.code_changed.")
 def serve(store_url: str | None, host: str, port: int, workflows: tuple[str, ...],
           auth: str | None, notify: tuple[str, ...], notify_timeout: float,
           public_url: str | None, workers: int,
           poll: float, drain: float, take_over: bool, allowed_hosts: tuple[str, ...],
-          max_connections: int, keep_alive: int, head_timeout: float) -> None:
+          max_connections: int, keep_alive: int, head_timeout: float,
+          strict_code: bool) -> None:
     """Serve the API, the run event streams and approvals from one process. Runs started
     through it execute in it; runs another process left unfinished are taken over."""
     try:
@@ -65,7 +70,9 @@ def serve(store_url: str | None, host: str, port: int, workflows: tuple[str, ...
         raise CliError(f"interlock serve needs the server extra: pip install "
                        f"'interlock[server]' ({exc})") from None
     from .. import StoreError, UsageError
+    from ..support import set_strict_code
 
+    set_strict_code(True if strict_code else None)  # (None: as $INTERLOCK_STRICT_CODE says)
     options = ServerOptions(store=store_url, workflows=workflows, auth=auth, notify=notify,
                             notify_timeout=notify_timeout,
                             public_url=public_url or f"http://{host}:{port}",

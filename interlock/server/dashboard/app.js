@@ -292,6 +292,7 @@ async function runPage(ctx, runId) {
   const facts = h("span", { id: "run-facts", class: "muted" });
   const streamState = h("span", { id: "stream-state", class: "live" }, "connecting");
   const gateBox = h("div", { id: "run-gate" });
+  const codeNotice = h("div", { id: "code-changed" });
   const side = h("aside", { id: "inspector", class: "card" }, h("p", { class: "muted" }, "Click a node for its visits (input, update, tokens, duration, error), or an edge for its decisions."));
   const timeline = h("tbody", { id: "timeline" });
   const records = [];
@@ -303,6 +304,7 @@ async function runPage(ctx, runId) {
   put(
     h("h1", {}, "Run ", h("code", {}, runId), " ", status),
     h("p", {}, "workflow ", link(`/workflows/${encodeURIComponent(run.workflow)}`, run.workflow), " · ", facts, " · ", streamState),
+    codeNotice,
     gateBox,
     h("div", { class: "run-layout" }, h("div", { class: "graph-box card" }, svg), side),
     h("h2", {}, "Timeline"),
@@ -310,6 +312,11 @@ async function runPage(ctx, runId) {
   const setFacts = (r) => {
     facts.textContent = `${r.steps} step(s), ${r.tokens} token(s)` + (r.error ? ` · error: ${short(r.error.message ?? r.error)}` : "");
     status.replaceChildren(badge(r.status));
+    // SPEC §14: nodes still to run whose code changed since the run started (or migrated)
+    codeNotice.replaceChildren(...(r.code_changed?.length ? [h("p", { class: "card notice" },
+      "The code of ", r.code_changed.map((n) => h("code", {}, n)).flatMap((c, i) => (i ? [", ", c] : [c])),
+      " changed since this run started: it will continue on the code deployed now (recorded as run.code_changed), or be refused where --strict-code is on. ",
+      "Move it onto a new definition on purpose with ", h("code", {}, `interlock migrate ${runId} --to FILE`), ".")] : []));
   };
   setFacts(run);
 
