@@ -77,7 +77,15 @@ def test_the_scripted_assistant_with_every_gate_approved(tmp_path: Path) -> None
     inner = [r["tool"] for r in _trace(result.run_id, store) if r.get("agent_tool")
              and r["type"] == "tool.called"]
     assert inner == ["kafka_lag", "pod_events"]
-    assert asyncio.run(interlock.verify(result.run_id, store=store)).ok
+    verified = asyncio.run(interlock.verify(result.run_id, store=store))
+    assert verified.ok and len(verified.children) == 1  # the sweep's child run, checked too
+    from interlock.support import export_run, verify_export
+
+    async def lines() -> list[bytes]:
+        return [line async for line in export_run(result.run_id, store=store)]
+
+    exported = verify_export(asyncio.run(lines()))
+    assert exported.ok and len(exported.children) == 1  # the export nests the child
 
 
 def test_the_scripted_assistant_with_the_gates_rejected(tmp_path: Path) -> None:
