@@ -450,3 +450,31 @@ def test_runs_waiting_lists_gates_and_conversations_waiting_for_a_message(
     assert "message to" not in lines["gated"]
     _, rows = p.cli_json("runs", "--waiting", "--status", "WAITING_INPUT")
     assert [r["run_id"] for r in rows] == ["talking"]
+
+
+def test_a_message_recorded_for_a_worker_is_answered_by_the_worker(tmp_path: Path) -> None:
+    import asyncio
+
+    import interlock
+    from interlock._ops._execute import continue_claimed
+    from interlock._ops._messages import send
+
+    wf = interlock.load({"workflow": "queued", "chat": "assistant", "nodes": {"assistant": {
+        "agent": {"provider": "scripted", "replies": ["from the worker"]}}}})
+
+    async def go() -> tuple[str, str, interlock.RunResult]:
+        store = interlock.open_store(f"sqlite:///{tmp_path / 'runs.db'}")
+        try:
+            run = await wf.run({}, store=store)
+            queued = await send(run.run_id, "hello", store=store, detach=True)
+            claimed = await store.claim_next("worker-1", 15.0)
+            assert claimed == run.run_id
+            done = await continue_claimed(store, claimed, "worker-1")
+            return queued.status, claimed, done
+        finally:
+            await store.close()
+
+    queued, _, done = asyncio.run(go())
+    assert queued == "PENDING"  # recorded; no turn ran in the sender
+    assert done.status == "WAITING_INPUT"
+    assert done.waiting is not None and done.waiting["show"]["last_reply"] == "from the worker"
