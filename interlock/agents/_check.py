@@ -40,6 +40,15 @@ def check_agent(checker: Checker, name: str, ns: NodeSpec) -> None:
     if spec.recall and checker.spec.chat != name:
         error("recall: true gives a conversation's agent (the node chat: names) a "
               "recall(query) tool over earlier conversations; this node is not one", "recall")
+    if checker.spec.chat == name:
+        if spec.prompt is not None:
+            error("a conversation's agent takes the user's messages, not a prompt: remove "
+                  "prompt (put standing instructions in system)", "prompt")
+        hidden = sorted(set(spec.redact) & {"reply", "tool_calls", "arguments"})
+        if hidden:
+            error(f"redact: {hidden}: a conversation's agent rebuilds each turn from its "
+                  "journaled model calls, which a redacted reply is not (every earlier turn "
+                  "would call the model again); redact prompt or result only", "redact")
     if checker.spec.chat == name and spec.structured:
         error("a conversation's agent replies in text: remove output/output_model (a "
               "specialist agent used as a tool may declare one)", "output")
