@@ -129,13 +129,17 @@ def chat(workflow: str, session: str | None, input_json: str | None, by: str | N
     """Talk with the agent of a chat: workflow FILE: each line of standard input is a
     message, its reply is printed as it arrives; `/end` ends the conversation.
 
+    Exits 0 when the conversation ended, 3 when standard input ended first (the
+    conversation waits: --session continues it), 1 when a turn failed.
+
     A gate the turn reaches is shown; `/approve [COMMENT]` or `/reject [COMMENT]`
     decides it in place. Without --session a new conversation starts (its id is printed
     on stderr: `--session ID` continues it later, from any process).
     """
     if server_url:
-        _remote_chat(Remote(server_url, token, store_url), workflow, session, input_json, by)
-        return
+        status = _remote_chat(Remote(server_url, token, store_url), workflow, session,
+                              input_json, by)
+        sys.exit(exit_code_for(status))
     wf = load_workflow(workflow)
     if wf.spec.chat is None:
         raise CliError(f"{workflow} is not a conversation: declare chat: NODE (the agent "
@@ -143,11 +147,13 @@ def chat(workflow: str, session: str | None, input_json: str | None, by: str | N
     data = read_input(input_json, None)
     from ._chat_live import Terminal
 
-    Terminal(wf, store_url, by).run(data, session)
+    status = Terminal(wf, store_url, by).run(data, session)
+    note_abandoned_threads()
+    sys.exit(exit_code_for(status))
 
 
 def _remote_chat(remote: Remote, workflow: str, session: str | None, input_json: str | None,
-                 by: str | None) -> None:
+                 by: str | None) -> str:
     try:
         if session is None:
             wf = load_workflow(workflow)
@@ -158,6 +164,7 @@ def _remote_chat(remote: Remote, workflow: str, session: str | None, input_json:
             remote.follow(session, 0)
         click.echo(f"conversation {session} (type a message; /end ends the conversation; "
                    "a gate is decided with `interlock resume --server`)", err=True)
+        status = remote.result(session).status
         for line in sys.stdin:
             text = line.rstrip("\n")
             if not text.strip():
@@ -166,11 +173,13 @@ def _remote_chat(remote: Remote, workflow: str, session: str | None, input_json:
             remote.call("POST", f"/api/runs/{session}/messages", json={"text": text, "by": by})
             remote.follow(session, before)
             data = remote.result(session).to_json()
-            if text.strip() == "/end" and data.get("status") == "COMPLETED":
+            status = str(data.get("status"))
+            if text.strip() == "/end" and status == "COMPLETED":
                 click.echo(f"the conversation {session} has ended", err=True)
                 break
             _print_turn(data, session)
             if data.get("status") != "WAITING_INPUT":
                 break
+        return status
     finally:
         remote.close()

@@ -35,10 +35,11 @@ class Terminal:
         click.echo(click.style(str(piece.get("text") or ""), bold=True), nl=False)
         sys.stdout.flush()
 
-    def run(self, data: dict[str, Any], session: str | None) -> None:
+    def run(self, data: dict[str, Any], session: str | None) -> str:
+        """Hold the conversation until standard input ends or it does: its status then."""
         from ._common import call_engine
 
-        call_engine(self._main(data, session))
+        return call_engine(self._main(data, session))
 
     def listen(self, rec: dict[str, Any], view: Any) -> None:
         """Each committed record of the conversation (and of its child runs) that a
@@ -72,7 +73,7 @@ class Terminal:
                                    f"{_short(rec.get('show'))}", fg="magenta"), err=True)
             click.echo("  /approve [COMMENT] or /reject [COMMENT]", err=True)
 
-    async def _main(self, data: dict[str, Any], session: str | None) -> None:
+    async def _main(self, data: dict[str, Any], session: str | None) -> str:
         from .. import approve, open_store, reject, status
         from ..support import TOKEN_SINK
 
@@ -110,5 +111,6 @@ class Terminal:
                                err=True)
             if result.status == "COMPLETED":
                 click.echo(f"the conversation {session} has ended", err=True)
+            return result.status
         finally:
             await st.close()

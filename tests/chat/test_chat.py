@@ -478,3 +478,21 @@ def test_a_message_recorded_for_a_worker_is_answered_by_the_worker(tmp_path: Pat
     assert queued == "PENDING"  # recorded; no turn ran in the sender
     assert done.status == "WAITING_INPUT"
     assert done.waiting is not None and done.waiting["show"]["last_reply"] == "from the worker"
+
+
+def test_interlock_chat_exits_3_when_its_input_ends_before_the_conversation(
+        make_project: Any) -> None:
+    from click.testing import CliRunner
+
+    from interlock.cli import cli
+
+    p = make_project(TOOLS)
+    wf = p.workflow(chat_file("scripted", replies="[first, second]"))
+    out = CliRunner().invoke(cli, ["chat", wf, "--store", p.store], input="hello\n",
+                             catch_exceptions=False)
+    assert out.exit_code == 3  # it waits for the next message
+    session = out.stderr.split("conversation ", 1)[1].split()[0]
+    again = CliRunner().invoke(cli, ["chat", wf, "--store", p.store, "--session", session],
+                               input="more\n/end\n", catch_exceptions=False)
+    assert again.exit_code == 0
+    assert again.stdout.splitlines() == ["second"]  # the conversation went on
