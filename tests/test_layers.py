@@ -44,8 +44,8 @@ LAYERS: dict[int, set[str]] = {
         "_definition._checks_graph", "_definition._plan"},
     # the flow machine, the fold, its snapshots, approvals, the journal (records sealed,
     # folded, stored), the lease keeper (leases renewed off the event loop)
-    4: {"_engine._flow", "_engine._view", "_engine._fold", "_engine._snapshot",
-        "_engine._approvals", "_engine._journal", "_engine._lease"},
+    4: {"_engine._flow", "_engine._view", "_engine._migration", "_engine._fold",
+        "_engine._snapshot", "_engine._approvals", "_engine._journal", "_engine._lease"},
     # the node call: its context, the guards, process isolation
     5: {"_engine._context", "_engine._budget", "_engine._guards", "_engine._call",
         "_engine._mapped", "_engine._ray",
@@ -73,7 +73,8 @@ LAYERS: dict[int, set[str]] = {
         "server._hub", "server._main", "server._models", "server._notify", "server._pool",
         "server._dashboard", "server._loops", "server._reads", "server._guard",
         "server._service", "server._deps", "server._routes_runs", "server._routes_approvals",
-        "server._routes_workflows", "server._routes_meta", "cli._chat", "cli._chat_live",
+        "server._routes_workflows", "server._routes_meta", "server._layout", "cli._chat",
+        "cli._chat_live",
         "server._routes_messages"},
 }
 LAYER_OF = {m: n for n, mods in LAYERS.items() for m in mods}

@@ -21,7 +21,7 @@ shares the view's ``ready``, ``running`` and ``due``.
 from __future__ import annotations
 
 import functools
-from collections import Counter, deque
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +29,8 @@ from .. import _log as L
 from .._definition._model import ERROR_FIELD
 from .._definition._state import merge_update
 from .._errors import InternalError
-from ._flow import Due, Flow
+from ._flow import Due
+from ._migration import migrate
 from ._view import Gate, MapRun, ViewData, Visit, Writer
 
 _new_writer = functools.partial(tuple.__new__, Writer)  # no Python-level __new__ call
@@ -277,53 +278,7 @@ class RunView(ViewData):
                 gate.deadline = d["deadline"]
 
     def _on_run_migrated(self, rec: L.Record) -> None:
-        """The run moves onto another definition (SPEC §14): from here on the fold reads
-        the new plan. What was in flight stays where it was (the waiting gate, the failed
-        visit, the start edges of a run not started), or, with ``at_node``, gives way to
-        that node, ready. ``interlock migrate`` checked statically that this holds (no
-        join half-arrived, no mapped visit, every node in flight in the new graph)."""
-        if self.plans is None:
-            raise InternalError(f"record {rec['seq']} (run.migrated): this reader was not "
-                                "given a way to read the definition it moves to")
-        if L.definition_digest(rec["definition"]) != rec["to_hash"]:
-            raise InternalError(f"record {rec['seq']} (run.migrated): its definition does not "
-                                "match its to_hash")
-        if self.migration is not None and rec.get("from_hash") != self.migration["to_hash"]:
-            raise InternalError(f"record {rec['seq']} (run.migrated): its from_hash is not the "
-                                "definition the run was on (the previous migration's to_hash)")
-        plan = self.plans(rec["definition"])
-        old = self.plan
-        at = rec.get("at_node")
-        starting = any(src == "START" for _, src in self.due)
-        if at is not None:
-            self.running.clear()
-            self.gates.clear()
-            self.ready.clear()
-            self.ready.append(at)
-            if self.status == "WAITING_APPROVAL":
-                self.status, self.waiting = "PENDING", None
-        missing = [n for n in [*self.ready, *(k[0] for k in self.running)]
-                   if n not in plan.nodes]
-        if missing:
-            raise InternalError(f"record {rec['seq']} (run.migrated): node {missing[0]!r} "
-                                "is in flight but the new definition has no such node")
-        self.due.clear()
-        if starting and at is None:
-            for e in plan.start_edges:
-                self.due[(e.index, "START")] = Due(e, "START")
-        # an edge's ``max`` counts its takes: an edge the new graph keeps keeps its count
-        index = {_edge_key(e): e.index for e in plan.edges}
-        self.takes = Counter({index[_edge_key(old.edges[i])]: n for i, n in self.takes.items()
-                              if _edge_key(old.edges[i]) in index})
-        for name in plan.no_visits:
-            self.visits.setdefault(name, 0)
-        self.plan = plan
-        self.flow = Flow(plan, self.ready, self.running, self.due)
-        for name in [*self.ready, *(k[0] for k in self.running)]:
-            pn = plan.nodes[name]
-            if pn.cyclic:
-                self.flow.active[pn.scc] += 1
-        self.migration = {"to_hash": rec["to_hash"], "at_node": at, "code": rec.get("code")}
+        migrate(self, rec)  # onto another definition (SPEC §14): `_migration`
 
     def _on_state_patched(self, rec: L.Record) -> None:
         # a patch replaces top-level fields, bypassing reducers (SPEC §3, modify)
@@ -433,11 +388,6 @@ def result_of(run_id: str, workflow: str, view: RunView) -> RunResult:
     return RunResult(run_id=run_id, workflow=workflow, status=view.status,
                      state=dict(view.state), steps=view.steps, tokens=view.tokens,
                      error=view.error, waiting=view.waiting)
-
-
-def _edge_key(e: Any) -> bytes:
-    """What identifies an edge across two definitions: its declaration."""
-    return L.dumps(e.spec.model_dump(mode="json"))
 
 
 _MID_BODY = frozenset({"tool", "workflow", "message"})  # gates asked for from inside a node's body

@@ -85,14 +85,11 @@ class MigrationRefused(UsageError):
 
 
 def differences(old: WorkflowSpec, new: WorkflowSpec) -> list[str]:
-    """Every difference between two definitions, one line each: nodes, edges, state
-    fields and their reducers, input."""
-    out: list[str] = []
-    for name in old.nodes.keys() - new.nodes.keys():
-        out.append(f"node {name!r} removed")
-    for name in new.nodes.keys() - old.nodes.keys():
-        out.append(f"node {name!r} added")
-    for name in old.nodes.keys() & new.nodes.keys():
+    """Every difference between two definitions, one line each, in declaration order:
+    nodes, edges, state fields and their reducers, input, config, limits."""
+    out = [f"node {name!r} removed" for name in old.nodes if name not in new.nodes]
+    out += [f"node {name!r} added" for name in new.nodes if name not in old.nodes]
+    for name in (n for n in old.nodes if n in new.nodes):
         a = old.nodes[name].model_dump(mode="json", exclude_defaults=True)
         b = new.nodes[name].model_dump(mode="json", exclude_defaults=True)
         if a != b:
@@ -101,17 +98,21 @@ def differences(old: WorkflowSpec, new: WorkflowSpec) -> list[str]:
     before, after = _edges(old), _edges(new)
     out += [f"edge {d} removed" for d in before if d not in after]
     out += [f"edge {d} added" for d in after if d not in before]
-    for name in old.state.keys() - new.state.keys():
-        out.append(f"state field {name!r} no longer declared")
-    for name in new.state.keys() - old.state.keys():
-        out.append(f"state field {name!r} declared")
-    for name in sorted(old.state.keys() & new.state.keys()):
-        if old.state[name] != new.state[name]:
-            out.append(f"state field {name!r} changed (reducer {old.state[name].reducer} -> "
-                       f"{new.state[name].reducer})" if old.state[name].reducer !=
-                       new.state[name].reducer else f"state field {name!r} changed")
+    out += [f"state field {n!r} no longer declared" for n in old.state if n not in new.state]
+    out += [f"state field {n!r} declared" for n in new.state if n not in old.state]
+    for name in (n for n in old.state if n in new.state):
+        was, now = old.state[name], new.state[name]
+        if was.reducer != now.reducer:
+            out.append(f"state field {name!r} changed (reducer {was.reducer} -> {now.reducer})")
+        elif was != now:
+            a, b = was.model_dump(mode="json"), now.model_dump(mode="json")
+            keys = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+            out.append(f"state field {name!r} changed ({', '.join(keys)})")
     if list(old.input) != list(new.input):
         out.append(f"input {list(old.input)} -> {list(new.input)}")
+    for what in ("config", "limits"):
+        if getattr(old, what) != getattr(new, what):
+            out.append(f"{what} changed")
     return out
 
 

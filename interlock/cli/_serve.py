@@ -13,8 +13,13 @@ from ._common import CliError, store_option
               help="Address to bind; a non-loopback one needs --auth.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8765, show_default=True)
 @click.option("--workflows", "workflows", multiple=True, metavar="PATH",
-              help="A workflow file, or a folder of *.yaml/*.json (repeatable); each is "
-                   "known by its workflow: name.")
+              help="A workflow file, or a folder searched with its subfolders for "
+                   "*.yaml/*.yml/*.json files with a top-level workflow: key -- other files "
+                   "are skipped with a log line (repeatable); each is known by its "
+                   "workflow: name.")
+@click.option("--allow-empty", is_flag=True,
+              help="Start even when --workflows finds no workflow (to serve the store's "
+                   "runs, whose definitions they keep).")
 @click.option("--auth", "auth", metavar="FILE",
               help="YAML: tokens: [{name, sha256, roles}] (roles: viewer, operator, "
                    "approver, admin).")
@@ -56,7 +61,7 @@ from ._common import CliError, store_option
                    "changed since it started, instead of warning and recording "
                    "run.code_changed.")
 def serve(store_url: str | None, host: str, port: int, workflows: tuple[str, ...],
-          auth: str | None, notify: tuple[str, ...], notify_timeout: float,
+          allow_empty: bool, auth: str | None, notify: tuple[str, ...], notify_timeout: float,
           public_url: str | None, workers: int,
           poll: float, drain: float, take_over: bool, allowed_hosts: tuple[str, ...],
           max_connections: int, keep_alive: int, head_timeout: float,
@@ -80,6 +85,7 @@ def serve(store_url: str | None, host: str, port: int, workflows: tuple[str, ...
                             host=host, allowed_hosts=allowed_hosts)
     try:
         run_server(options, host=host, port=port, max_connections=max_connections,
-                   keep_alive=keep_alive, head_timeout=head_timeout)
+                   keep_alive=keep_alive, head_timeout=head_timeout,
+                   allow_empty=allow_empty)
     except (UsageError, StoreError) as exc:
         raise CliError(str(exc)) from None

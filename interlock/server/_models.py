@@ -68,6 +68,9 @@ class Graph(BaseModel):
     nodes: list[dict[str, Any]]
     edges: list[dict[str, Any]]
     mermaid: str
+    # the drawing (interlock/server/_layout.py): node boxes {name, x, y, w, h}, edge routes
+    # {edge, source, target, kind, points, label, title, label_box}, width, height
+    layout: dict[str, Any] | None = None
 
 
 class WorkflowDetail(WorkflowInfo):

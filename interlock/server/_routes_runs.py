@@ -37,7 +37,7 @@ from ._models import (
     Visit,
 )
 from ._reads import CURSOR, BadCursor, cursor_key, page_cursor, records_body
-from ._routes_workflows import graph_of
+from ._routes_workflows import graph_off_loop
 from ._service import Server
 
 TERMINAL_STATUSES = frozenset(TERMINAL_TYPES.values())
@@ -88,7 +88,7 @@ async def run(run_id: str, server: Srv, who: Reader) -> dict[str, Any]:
 async def run_graph(run_id: str, server: Srv, row: Existing) -> Graph:
     """The graph of the definition the run started with (a run keeps it, whatever
     is registered now): edge ``i`` is the ``edge: i`` of its edge records."""
-    return graph_of(parse_definition(row.definition))
+    return await graph_off_loop(parse_definition(row.definition))
 
 @router.get("/api/runs/{run_id}/visits", response_model=list[Visit])
 async def run_visits(run_id: str, server: Srv, who: Reader) -> Response:
