@@ -33,9 +33,16 @@ _TEXT = ("CASE rec.type WHEN 'chat.message' THEN rec.data::jsonb ->> 'text' "
 
 async def search(conn: Any, workflow: str, words: list[str], limit: int,
                  exclude: str | None) -> list[Found]:
-    async with conn.transaction():
-        for statement in TABLES:
-            await conn.execute(statement)
+    for statement in TABLES:
+        try:
+            async with conn.transaction():
+                await conn.execute(statement)
+        except Exception as exc:  # two first searches at once: the other one created it
+            import psycopg
+
+            if not isinstance(exc, psycopg.errors.UniqueViolation | psycopg.errors.DuplicateTable
+                              | psycopg.errors.DuplicateObject):
+                raise
     async with conn.transaction():
         cur = await conn.execute(
             "SELECT r.run_id, r.last_seq, COALESCE(p.seq, 0) FROM runs r "
