@@ -168,6 +168,16 @@ class ResumeIn(_Body):
     config: dict[str, Any] = Field(default_factory=dict)
 
 
+class ForkIn(_Body):
+    """``POST /api/runs/{id}/fork``: a new run from the state at record ``at`` (as
+    ``interlock fork``), with an optional state patch, config and the new run's id."""
+
+    at: int = Field(ge=1, description="the seq of the record to fork from")
+    patch: dict[str, Any] | None = None
+    config: dict[str, Any] = Field(default_factory=dict)
+    run_id: str | None = Field(default=None, pattern=RUN_ID)
+
+
 class MigrateIn(_Body):
     """``POST /api/runs/{id}/migrate`` (SPEC §14): the definition the run moves onto
     (default: the one this server has registered under the run's workflow name)."""

@@ -27,6 +27,7 @@ from ._deps import Existing, Operator, Reader, Srv, _plain
 from ._guard import Problemed
 from ._models import (
     CancelIn,
+    ForkIn,
     Graph,
     MigrateIn,
     MigrationOut,
@@ -144,6 +145,46 @@ async def resume(run_id: str, server: Srv, who: Operator,
                 workflow=server.workflows.get(row.workflow), listener=listen,
                 detach=server.records_only))
     return await server.run_object(run_id)
+
+@router.post("/api/runs/{run_id}/fork", response_model=RunObject, status_code=201)
+async def fork(run_id: str, server: Srv, who: Operator, body: ForkIn) -> dict[str, Any]:
+    """A new run from the state at record ``at`` of this one (as ``interlock fork``):
+    records 1..at copied, then ``run.forked`` with the patch; the original is not
+    touched. Executed by this server (a server with ``--workers 0`` refuses: fork
+    with the CLI, where the code is)."""
+    row = await server.st.get_run(run_id)
+    if server.records_only:
+        raise Problemed(409, "Conflict", "this server executes no runs (--workers 0): fork "
+                        f"run {run_id} with `interlock fork {run_id} --at {body.at}` where "
+                        "the workflow's code is")
+    if body.at > row.summary.last_seq:
+        raise Problemed(422, "Unprocessable Content", f"run {run_id} has records "
+                        f"1..{row.summary.last_seq}; cannot fork at {body.at}")
+    new_id = body.run_id or interlock.make_run_id()
+    if await _exists(server, new_id):
+        raise Problemed(409, "Conflict", f"a run with id {new_id!r} already exists; "
+                        "choose another run_id")
+    config = body.config or None
+    try:
+        await server.launch(
+            f"fork of run {run_id} at {body.at}", new_id, row.workflow,
+            lambda listen, st: interlock.fork(
+                run_id, body.at, store=st, config=config, patch=body.patch,
+                new_run_id=new_id, workflow=server.workflows.get(row.workflow),
+                listener=listen))
+    except interlock.UsageError as exc:
+        raise Problemed(422, "Unprocessable Content", f"cannot fork run {run_id} at "
+                        f"{body.at}: {exc}") from None
+    return await server.run_object(new_id)
+
+
+async def _exists(server: Server, run_id: str) -> bool:
+    try:
+        await server.st.get_run(run_id)
+    except interlock.RunNotFound:
+        return False
+    return True
+
 
 @router.post("/api/runs/{run_id}/migrate", response_model=MigrationOut)
 async def migrate(run_id: str, server: Srv, who: Operator,

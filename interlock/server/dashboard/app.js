@@ -156,6 +156,19 @@ function whoAmI() {
 /** Whether ``me`` may decide (approver or admin; the server checks it again). */
 const mayDecide = (me) => !me || me.roles.includes("approver") || me.roles.includes("admin");
 
+/** Whether ``me`` may start, cancel, resume or fork runs (operator or admin). */
+const mayOperate = (me) => !me || me.roles.includes("operator") || me.roles.includes("admin");
+
+/** A JSON object typed in a textarea: ``{}`` when empty, else the object or an Error
+ * that names ``what`` and why. */
+function jsonObject(text, what) {
+  if (!text.trim()) return {};
+  let value;
+  try { value = JSON.parse(text); } catch (e) { return new Error(`${what} is not JSON: ${e.message}`); }
+  if (value === null || typeof value !== "object" || Array.isArray(value)) return new Error(`${what} must be a JSON object, like {"field": 1}`);
+  return value;
+}
+
 async function showWho() {
   const who = document.getElementById("who");
   const forget = document.getElementById("forget-token");
@@ -304,6 +317,7 @@ async function runPage(ctx, runId) {
   const facts = h("span", { id: "run-facts", class: "muted" });
   const streamState = h("span", { id: "stream-state", class: "live" }, "connecting");
   const gateBox = h("div", { id: "run-gate" });
+  const actions = h("div", { id: "run-actions", class: "actions" });
   const codeNotice = h("div", { id: "code-changed" });
   const side = h("aside", { id: "inspector", class: "card" }, h("p", { class: "muted" }, "Click a node for its visits (input, update, tokens, duration, error), or an edge for its decisions."));
   const timeline = h("tbody", { id: "timeline" });
@@ -316,6 +330,7 @@ async function runPage(ctx, runId) {
   put(
     h("h1", {}, "Run ", h("code", {}, runId), " ", status),
     h("p", {}, "workflow ", link(`/workflows/${encodeURIComponent(run.workflow)}`, run.workflow), " · ", facts, " · ", streamState),
+    actions,
     codeNotice,
     gateBox,
     h("div", { class: "run-layout" }, h("div", { class: "graph-box card" }, svg), side),
@@ -330,7 +345,44 @@ async function runPage(ctx, runId) {
       " changed since this run started: it will continue on the code deployed now (recorded as run.code_changed), or be refused where --strict-code is on. ",
       "Move it onto a new definition on purpose with ", h("code", {}, `interlock migrate ${runId} --to FILE`), ".")] : []));
   };
-  setFacts(run);
+  const me = await whoAmI();
+  const operate = mayOperate(me);
+  const actionOut = h("div", { id: "action-result", "aria-live": "polite" });
+  const act = async (button, path, body, then) => {
+    button.disabled = true;
+    actionOut.replaceChildren();
+    try {
+      const r = await api(path, { method: "POST", body });
+      then(r);
+    } catch (error) {
+      actionOut.replaceChildren(problemBox(error));
+    } finally { button.disabled = false; }
+  };
+  const runPath = `/api/runs/${encodeURIComponent(runId)}`;
+  const cancelBtn = h("button", { type: "button", id: "cancel-run", hidden: true,
+    onclick: () => { if (confirm(`Cancel run ${runId}?`)) act(cancelBtn, `${runPath}/cancel`, {}, (r) => setFactsAll(r)); } }, "Cancel run");
+  const resumeBtn = h("button", { type: "button", id: "resume-run", hidden: true,
+    onclick: () => act(resumeBtn, `${runPath}/resume`, {}, (r) => { setFactsAll(r); navigate(runHref(runId)); }) }, "Resume");
+  const forkAt = h("input", { type: "number", id: "fork-at", min: 1, step: 1, "aria-label": "fork at record", placeholder: "record seq" });
+  const forkPatch = h("textarea", { id: "fork-patch", rows: 1, placeholder: 'state patch (JSON, optional) {"field": "value"}', "aria-label": "fork patch" });
+  const forkBtn = h("button", { type: "button", id: "fork-run", onclick: () => {
+    const at = Number(forkAt.value);
+    const patch = jsonObject(forkPatch.value, "the patch");
+    if (!Number.isInteger(at) || at < 1) { actionOut.replaceChildren(problemBox(new Error("choose the record to fork from: its seq (click a timeline row)"))); return; }
+    if (patch instanceof Error) { actionOut.replaceChildren(problemBox(patch)); return; }
+    act(forkBtn, `${runPath}/fork`, Object.keys(patch).length ? { at, patch } : { at }, (r) => navigate(runHref(r.run_id)));
+  } }, "Fork");
+  if (operate) {
+    actions.append(cancelBtn, resumeBtn,
+      h("span", { class: "fork" }, "Fork a new run from record ", forkAt, " ", forkPatch, " ", forkBtn), actionOut);
+  }
+  const showActions = (s) => {
+    cancelBtn.hidden = !operate || ["COMPLETED", "FAILED", "REJECTED", "CANCELLED"].includes(s);
+    resumeBtn.hidden = !operate || s !== "FAILED";
+  };
+  const setFactsOnly = setFacts;
+  const setFactsAll = (r) => { setFactsOnly(r); showActions(r.status); };
+  setFactsAll(run);
 
   let gateShown = null;
   const showGate = async (r) => {
@@ -353,7 +405,7 @@ async function runPage(ctx, runId) {
       refreshing = null;
       try {
         const r = await api(`/api/runs/${encodeURIComponent(runId)}`, { signal: ctx.signal });
-        setFacts(r);
+        setFactsAll(r);
         showGate(r);
       } catch { /* the next record retries */ }
     }, 150);
@@ -409,7 +461,7 @@ async function runPage(ctx, runId) {
       status.replaceChildren(badge("WAITING_APPROVAL"));
       if (rec.node) nodeEl(rec.node)?.setAttribute("data-state", "waiting");
     }
-    if (TERMINAL[rec.type]) { finished = true; status.replaceChildren(badge(TERMINAL[rec.type])); }
+    if (TERMINAL[rec.type]) { finished = true; status.replaceChildren(badge(TERMINAL[rec.type])); showActions(TERMINAL[rec.type]); }
     if (rec.type === "run.completed") nodeEl("END")?.setAttribute("data-state", "reached");
     const full = h("pre", { class: "record", hidden: true }, json(rec));
     const row = h("tr", { dataset: { seq: String(rec.seq), type: rec.type }, class: `rec rec-${rec.type.replace(".", "-")}` },
@@ -419,7 +471,7 @@ async function runPage(ctx, runId) {
       h("td", {}, rec.node ?? ""),
       h("td", { class: "num" }, rec.duration_ms !== null && rec.duration_ms !== undefined ? `${rec.duration_ms} ms` : ""),
       h("td", {}, detail(rec), full));
-    row.addEventListener("click", () => { full.hidden = !full.hidden; });
+    row.addEventListener("click", () => { full.hidden = !full.hidden; forkAt.value = String(rec.seq); });
     timeline.append(row);
   };
 
@@ -615,6 +667,7 @@ async function workflowPage(ctx, name) {
   const g = wf.graph;
   put(h("h1", {}, "Workflow ", h("code", {}, wf.name)),
     h("p", {}, wf.description, " · ", link(`/?workflow=${encodeURIComponent(wf.name)}`, "its runs"), " · hash ", h("code", {}, wf.hash.slice(0, 12))),
+    mayOperate(await whoAmI()) ? startForm(wf) : null,
     h("div", { class: "graph-box card" }, renderGraph(g)),
     h("h2", {}, "Nodes"),
     h("table", {}, h("thead", {}, h("tr", {}, ["node", "what", "reads", "writes"].map((c) => h("th", {}, c)))),
@@ -625,6 +678,44 @@ async function workflowPage(ctx, name) {
     h("table", {}, h("thead", {}, h("tr", {}, ["#", "from", "to", "condition"].map((c) => h("th", {}, c)))),
       h("tbody", {}, g.edges.map((e, i) => h("tr", {}, h("td", {}, String(i)), h("td", {}, e.from.join(", ")), h("td", {}, targets(e).join(", ")), h("td", {}, h("code", {}, edgeCondition(e))))))),
     h("details", {}, h("summary", {}, "Mermaid"), h("pre", {}, g.mermaid)));
+}
+
+/** The form that starts a run: one field per name of the workflow's ``input:`` (a
+ * value that parses as JSON is sent as that, else as the text typed), the config (a
+ * JSON object) and an optional run id. */
+function startForm(wf) {
+  const names = Array.isArray(wf.definition?.input) ? wf.definition.input : [];
+  const fields = names.map((n) => [n, h("input", { type: "text", name: n, class: "input-field", "data-field": n, "aria-label": n, placeholder: "JSON or text" })]);
+  const config = h("textarea", { id: "start-config", rows: 2, placeholder: "config (JSON object, optional)", "aria-label": "config" });
+  const runId = h("input", { type: "text", id: "start-run-id", placeholder: "run id (optional)", "aria-label": "run id" });
+  const out = h("div", { class: "result", "aria-live": "polite" });
+  const button = h("button", { type: "submit", id: "start-run" }, "Start run");
+  const form = h("form", { id: "start-form", class: "card" },
+    h("h2", {}, "Start a run"),
+    fields.length ? h("table", { class: "reads" }, h("tbody", {}, fields.map(([n, input]) => h("tr", {}, h("th", {}, h("label", {}, n)), h("td", {}, input)))))
+      : h("p", { class: "muted" }, "This workflow declares no input: fields."),
+    h("p", {}, config), h("p", {}, runId, " ", button), out);
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const input = {};
+    for (const [n, el] of fields) {
+      if (el.value === "") continue;
+      try { input[n] = JSON.parse(el.value); } catch { input[n] = el.value; }
+    }
+    const cfg = jsonObject(config.value, "the config");
+    if (cfg instanceof Error) { out.replaceChildren(problemBox(cfg)); return; }
+    const body = { input, config: cfg };
+    if (runId.value.trim()) body.run_id = runId.value.trim();
+    button.disabled = true;
+    try {
+      const r = await api(`/api/workflows/${encodeURIComponent(wf.name)}/runs`, { method: "POST", body });
+      navigate(runHref(r.run_id));
+    } catch (error) {
+      out.replaceChildren(problemBox(error));
+      button.disabled = false;
+    }
+  });
+  return form;
 }
 
 // -- start ---------------------------------------------------------------------------
