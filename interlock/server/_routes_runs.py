@@ -16,6 +16,7 @@ import interlock
 from interlock.support import (
     TERMINAL_TYPES,
     MigrationRefused,
+    load_run,
     migrate_run,
     node_visits,
     parse_definition,
@@ -100,6 +101,24 @@ async def run_visits(run_id: str, server: Srv, who: Reader) -> Response:
     return Response(orjson.dumps(await node_visits(run_id, store=server.st,
                                                    share_loop=True)),
                     media_type="application/json")
+
+@router.get("/api/runs/{run_id}/state",
+            responses={200: {"description": "`{run_id, seq, status, state, input}`: the "
+                                            "fold of the records 1..seq (the state as it "
+                                            "stood just after record `seq`)"}})
+async def state_at(run_id: str, server: Srv, row: Existing,
+                   at: Annotated[int | None, Query(ge=1)] = None) -> Response:
+    """The run's state as it stood after record ``at`` (default: the last): the fold
+    of its records up to there, as ``interlock fork --at`` would start from."""
+    last = row.summary.last_seq
+    if at is not None and at > last:
+        raise Problemed(422, "Unprocessable Content", f"run {run_id} has records "
+                        f"1..{last}; there is no state at record {at}")
+    loaded = await load_run(server.st, run_id, upto=at if at is not None else last)
+    view = loaded.view
+    body = {"run_id": run_id, "seq": view.seq, "status": view.status,
+            "state": view.state, "input": row.input}
+    return Response(orjson.dumps(body, default=str), media_type="application/json")
 
 @router.get("/api/runs/{run_id}/records", response_class=StreamingResponse,
          responses={200: {"model": list[Record],

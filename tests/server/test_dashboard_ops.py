@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -132,12 +133,48 @@ def test_a_failed_run_is_resumed_from_its_page(server: Served, root: Path,
     page.goto(server.url + "/runs/flaky-1")
     expect(status(page)).to_have_attribute("data-status", "FAILED")
     expect(page.locator("#cancel-run")).to_be_hidden()
+    # the error panel: the message first, then the exception and its traceback
+    error = page.locator("#run-error .error-panel")
+    expect(error.locator(".error-message")).to_contain_text("the ledger is not reachable")
+    expect(error.locator(".traceback")).to_contain_text("opsnodes.py")
+    expect(error.locator(".traceback")).to_contain_text("RuntimeError")
     (root / "flaky.ok").write_text("fixed")
     page.locator("#resume-run").click()
     expect(status(page)).to_have_attribute("data-status", "COMPLETED")
     expect(node_state(page, "double")).to_have_attribute("data-state", "completed")
     with server.client() as c:
         assert c.get("/api/runs/flaky-1").json()["state"]["twice"] == 4
+    expect(page.locator("#run-error")).to_be_empty()
+
+
+def test_the_run_page_shows_input_state_at_a_record_timings_and_times(
+        server: Served, root: Path, context: Any) -> None:
+    (root / "flaky.ok").write_text("fixed")
+    start(server, "flaky", {"n": 20}, "panels-1")
+    page = context.new_page()
+    page.goto(server.url + "/runs/panels-1")
+    expect(status(page)).to_have_attribute("data-status", "COMPLETED")
+    expect(page.locator("#run-input")).to_contain_text('"n": 20')
+    expect(page.locator("#run-state")).to_contain_text('"twice": 42')  # the final state
+    # the time column: hours, minutes, seconds and milliseconds (not the ms alone)
+    at = page.locator('#timeline tr[data-seq="1"] td').nth(1).inner_text()
+    assert re.fullmatch(r"\d\d:\d\d:\d\d[.,]\d{3}", at), at
+    expect(page.locator("#run-times")).to_contain_text("took")
+    for node in ("flaky", "double"):
+        expect(page.locator(f'#node-timing tr[data-node="{node}"]')).to_contain_text("ms")
+    # the state after the record where flaky completed: done set, twice not yet
+    with server.client() as c:
+        recs = c.get("/api/runs/panels-1/records").json()
+        seq = next(r["seq"] for r in recs if r["type"] == "node.completed"
+                   and r["node"] == "flaky")
+        assert c.get("/api/runs/panels-1/state?at=10000").status_code == 422
+    page.locator(f'#timeline tr[data-seq="{seq}"]').click()
+    page.locator("#show-state").click()
+    expect(page.locator("#state-title")).to_have_text(f"State after record {seq}")
+    expect(page.locator("#run-state")).to_contain_text('"done": 21')
+    expect(page.locator("#run-state")).to_contain_text('"twice": 0')
+    page.locator("#show-final").click()
+    expect(page.locator("#run-state")).to_contain_text('"twice": 42')
 
 
 def test_a_fork_from_a_record(server: Served, root: Path, context: Any) -> None:

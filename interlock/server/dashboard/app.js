@@ -43,9 +43,20 @@ const when = (t) => {
   const d = typeof t === "number" ? new Date(t * 1000) : new Date(t);
   return Number.isNaN(d.getTime()) ? String(t) : d.toLocaleString();
 };
+// hour, minute and second with milliseconds ("14:03:07.372"): fractionalSecondDigits
+// alone would print the milliseconds only
 const clock = (t) => {
   const d = typeof t === "number" ? new Date(t * 1000) : new Date(t);
-  return Number.isNaN(d.getTime()) ? String(t ?? "") : d.toLocaleTimeString(undefined, { hour12: false, fractionalSecondDigits: 3 });
+  return Number.isNaN(d.getTime()) ? String(t ?? "") : d.toLocaleTimeString(undefined, { hour12: false, hour: "2-digit", minute: "2-digit", second: "2-digit", fractionalSecondDigits: 3 });
+};
+const seconds = (t) => (typeof t === "number" ? t : new Date(t).getTime() / 1000);
+/** A duration in seconds, for people: "850 ms", "12.4 s", "3 min 05 s", "2 h 07 min". */
+const span = (s) => {
+  if (!Number.isFinite(s)) return "";
+  if (s < 1) return `${Math.round(s * 1000)} ms`;
+  if (s < 60) return `${s.toFixed(1)} s`;
+  if (s < 3600) return `${Math.floor(s / 60)} min ${String(Math.floor(s % 60)).padStart(2, "0")} s`;
+  return `${Math.floor(s / 3600)} h ${String(Math.floor((s % 3600) / 60)).padStart(2, "0")} min`;
 };
 const badge = (status) => h("span", { class: `badge status-${String(status).toLowerCase()}`, "data-status": status }, status);
 const link = (href, text, attrs = {}) => h("a", { href, "data-link": true, ...attrs }, text);
@@ -321,6 +332,21 @@ async function runPage(ctx, runId) {
   const codeNotice = h("div", { id: "code-changed" });
   const side = h("aside", { id: "inspector", class: "card" }, h("p", { class: "muted" }, "Click a node for its visits (input, update, tokens, duration, error), or an edge for its decisions."));
   const timeline = h("tbody", { id: "timeline" });
+  // the panels: input, the state at a record (or the final state), the error, timings
+  const times = h("span", { id: "run-times", class: "muted" });
+  const inputPre = h("pre", { id: "run-input" }, "");
+  const statePre = h("pre", { id: "run-state" }, "");
+  const stateTitle = h("h3", { id: "state-title" }, "State");
+  const stateAt = h("input", { type: "number", id: "state-at", min: 1, step: 1, "aria-label": "state at record", placeholder: "record seq" });
+  const stateBtn = h("button", { type: "button", id: "show-state" }, "State at record");
+  const errorBox = h("div", { id: "run-error" });
+  const timingBody = h("tbody", { id: "node-timing" });
+  const panels = h("div", { class: "panels" },
+    h("section", { class: "card panel" }, h("h3", {}, "Input"), inputPre),
+    h("section", { class: "card panel" }, stateTitle, h("p", {}, stateAt, " ", stateBtn, " ", h("button", { type: "button", id: "show-final", onclick: () => showState(null) }, "Latest")), statePre),
+    h("section", { class: "card panel" }, h("h3", {}, "Node timings"),
+      h("table", { class: "timing" }, h("thead", {}, h("tr", {}, ["node", "visits", "total", "longest", ""].map((c) => h("th", {}, c)))), timingBody)),
+    errorBox);
   const records = [];
   let selected = null;
   let finished = false;
@@ -330,14 +356,64 @@ async function runPage(ctx, runId) {
   put(
     h("h1", {}, "Run ", h("code", {}, runId), " ", status),
     h("p", {}, "workflow ", link(`/workflows/${encodeURIComponent(run.workflow)}`, run.workflow), " · ", facts, " · ", streamState),
+    h("p", {}, times),
     actions,
     codeNotice,
     gateBox,
     h("div", { class: "run-layout" }, h("div", { class: "graph-box card" }, svg), side),
+    panels,
     h("h2", {}, "Timeline"),
     h("table", { class: "timeline" }, h("thead", {}, h("tr", {}, ["seq", "at", "type", "node", "", "detail"].map((c) => h("th", {}, c)))), timeline));
+  let stateShown = null; // the seq whose state is shown, null: the latest
+  const showError = (err) => {
+    if (!err) { errorBox.replaceChildren(); return; }
+    const top = typeof err === "object" ? err : { message: String(err) };
+    const e = { ...(top.details || {}), ...top }; // a node's error: exception, mro, traceback in details
+    errorBox.replaceChildren(h("section", { class: "card panel error-panel", role: "alert" },
+      h("h3", {}, "Error", e.node ? ` in ${e.node}` : ""),
+      h("p", { class: "error-message" }, e.message ?? json(e)),
+      e.exception ? h("p", { class: "muted" }, e.exception, e.mro?.length ? ` (${e.mro.join(" → ")})` : "") : null,
+      e.traceback ? h("details", { open: true }, h("summary", {}, "Traceback"), h("pre", { class: "traceback" }, e.traceback)) : null));
+  };
+  async function showState(seq) {
+    stateShown = seq;
+    try {
+      const q = seq === null ? "" : `?at=${seq}`;
+      const r = await api(`/api/runs/${encodeURIComponent(runId)}/state${q}`, { signal: ctx.signal });
+      if (stateShown !== seq) return;
+      stateTitle.textContent = seq === null ? `State (latest, record ${r.seq})` : `State after record ${r.seq}`;
+      statePre.textContent = json(r.state);
+      statePre.dataset.seq = String(r.seq);
+    } catch (error) {
+      statePre.replaceChildren(problemBox(error));
+    }
+  }
+  stateBtn.addEventListener("click", () => {
+    const at = Number(stateAt.value);
+    if (Number.isInteger(at) && at >= 1) showState(at);
+  });
+  const timing = new Map(); // node -> {visits, total, longest} (ms, from the log)
+  const drawTiming = () => {
+    const rows = [...timing.entries()].sort((a, b) => b[1].total - a[1].total);
+    const most = rows.length ? rows[0][1].total || 1 : 1;
+    timingBody.replaceChildren(...rows.map(([node, t]) => h("tr", { dataset: { node } },
+      h("td", {}, h("code", {}, node)), h("td", { class: "num" }, String(t.visits)),
+      h("td", { class: "num" }, span(t.total / 1000)), h("td", { class: "num" }, span(t.longest / 1000)),
+      h("td", {}, h("span", { class: "bar", dataset: { pct: String(Math.round((100 * t.total) / most)) } })))));
+    for (const bar of timingBody.querySelectorAll(".bar")) bar.style.width = `${bar.dataset.pct}%`;
+  };
+  const setTimes = () => {
+    if (!records.length) return;
+    const first = seconds(records[0].at);
+    const endRec = finished ? records[records.length - 1] : null;
+    const end = endRec ? seconds(endRec.at) : Date.now() / 1000;
+    times.textContent = `started ${when(records[0].at)}` + (endRec ? ` · ended ${when(endRec.at)}` : "") + ` · ${endRec ? "took" : "running for"} ${span(end - first)}`;
+    times.dataset.seconds = String(end - first);
+  };
   const setFacts = (r) => {
     facts.textContent = `${r.steps} step(s), ${r.tokens} token(s)` + (r.error ? ` · error: ${short(r.error.message ?? r.error)}` : "");
+    showError(r.error);
+    if (stateShown === null) statePre.textContent = json(r.state);
     status.replaceChildren(badge(r.status));
     // SPEC §14: nodes still to run whose code changed since the run started (or migrated)
     codeNotice.replaceChildren(...(r.code_changed?.length ? [h("p", { class: "card notice" },
@@ -412,6 +488,7 @@ async function runPage(ctx, runId) {
   };
   ctx.onStop(() => clearTimeout(refreshing));
 
+  let timingDirty = false;
   const rejected = new Set(); // gates whose last decision rejected them
   const counts = new Map(); // node -> its visits and map items so far
   const apply = (rec) => {
@@ -456,7 +533,18 @@ async function runPage(ctx, runId) {
       nodeEl(rec.node)?.setAttribute("data-visits", String(c.visits.size));
       if (c.items.size) nodeEl(rec.node)?.setAttribute("data-items", String(c.items.size));
     }
-    if (rec.type === "run.started") nodeEl("START")?.setAttribute("data-state", "reached");
+    if (rec.type === "run.started") {
+      nodeEl("START")?.setAttribute("data-state", "reached");
+      inputPre.textContent = json(rec.input ?? {});
+    }
+    if ((rec.type === "node.completed" || rec.type === "node.failed") && rec.node && typeof rec.duration_ms === "number") {
+      const t = timing.get(rec.node) || { visits: 0, total: 0, longest: 0 };
+      t.visits += 1;
+      t.total += rec.duration_ms;
+      t.longest = Math.max(t.longest, rec.duration_ms);
+      timing.set(rec.node, t);
+      timingDirty = true;
+    }
     if (rec.type === "run.waiting") {
       status.replaceChildren(badge("WAITING_APPROVAL"));
       if (rec.node) nodeEl(rec.node)?.setAttribute("data-state", "waiting");
@@ -471,7 +559,7 @@ async function runPage(ctx, runId) {
       h("td", {}, rec.node ?? ""),
       h("td", { class: "num" }, rec.duration_ms !== null && rec.duration_ms !== undefined ? `${rec.duration_ms} ms` : ""),
       h("td", {}, detail(rec), full));
-    row.addEventListener("click", () => { full.hidden = !full.hidden; forkAt.value = String(rec.seq); });
+    row.addEventListener("click", () => { full.hidden = !full.hidden; forkAt.value = String(rec.seq); stateAt.value = String(rec.seq); });
     timeline.append(row);
   };
 
@@ -479,8 +567,17 @@ async function runPage(ctx, runId) {
   // concern what it shows -- a node's visits are read again at most twice a second
   let touched = false;
   let inspectTimer = null;
+  let panelTimer = null;
+  ctx.onStop(() => clearTimeout(panelTimer));
   const changed = (rec) => {
     refreshRun();
+    if (!panelTimer) {
+      panelTimer = setTimeout(() => {
+        panelTimer = null;
+        setTimes();
+        if (timingDirty) { timingDirty = false; drawTiming(); }
+      }, 100);
+    }
     if (selected && (selected.edge !== undefined ? rec.edge === selected.edge : rec.node === selected.node)) touched = true;
     if (!touched || inspectTimer) return;
     inspectTimer = setTimeout(() => { inspectTimer = null; touched = false; inspect(); }, selected?.edge !== undefined ? 50 : 500);
