@@ -33,7 +33,40 @@ def flaky(state):
 
 def double(state):
     return {"twice": state["done"] * 2}
+
+def lookup_control(control_id: str, year: int) -> dict:
+    """Look up an internal control by id for a fiscal year."""
+    return {"control": control_id, "tested": year >= 2024}
 '''
+
+AGENT = '''
+workflow: agentic
+input: [plan]
+nodes:
+  risk:
+    reads: [plan]
+    agent:
+      provider: scripted
+      model: acme-small
+      system: You are an auditor.
+      prompt: "Plan: {{ plan }}"
+      output:
+        type: object
+        properties: {level: {enum: [LOW, HIGH]}, reason: {type: string}}
+        required: [level, reason]
+      tools: [opsnodes:lookup_control]
+      replies:
+        - tool_calls: [{name: lookup_control, arguments: {control_id: C-9, year: 2023}}]
+          usage: {prompt_tokens: 1000, completion_tokens: 200}
+        - content: {level: HIGH, reason: C-9 untested}
+          usage: {prompt_tokens: 3000, completion_tokens: 100}
+edges:
+  - {from: START, to: risk}
+  - {from: risk, to: END}
+'''
+
+# USD per million tokens: (1000+3000)*2 + (200+100)*10 = 11,000 micro-dollars = $0.011
+PRICES = "acme-small: {input: 2.0, output: 10.0}\n"
 
 FLAKY = '''
 workflow: flaky
@@ -60,6 +93,8 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     flows.mkdir()
     (flows / "editable.yaml").write_text(textwrap.dedent(EDITABLE))
     (flows / "flaky.yaml").write_text(textwrap.dedent(FLAKY))
+    (flows / "agentic.yaml").write_text(textwrap.dedent(AGENT))
+    (root / "prices.yaml").write_text(PRICES)
     auth = {"tokens": [{"name": n, "sha256": hashlib.sha256(t.encode()).hexdigest(),
                         "roles": r} for n, (t, r) in TOKENS.items()]}
     (root / "auth.yaml").write_text(json.dumps(auth))
@@ -70,7 +105,11 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def server(root: Path) -> Iterator[Served]:
     for name in ("INTERLOCK_STORE", "INTERLOCK_LOG_KEY"):
         os.environ.pop(name, None)
-    served = Served(root)
+    os.environ["INTERLOCK_PRICES"] = str(root / "prices.yaml")
+    try:
+        served = Served(root)
+    finally:
+        del os.environ["INTERLOCK_PRICES"]
     yield served
     served.stop()
 
@@ -233,3 +272,38 @@ def test_a_viewer_sees_no_operator_actions_and_an_operator_does(authed: Served,
     expect(page.locator("#cancel-run")).to_be_visible()
     expect(page.locator("#fork-run")).to_be_visible()
     expect(page.locator("#run-gate button.decide")).to_have_count(0)  # not an approver
+
+
+def test_an_agent_nodes_messages_with_tokens_and_cost(server: Served, context: Any) -> None:
+    start(server, "agentic", {"plan": "rotate keys"}, "agent-1")
+    page = context.new_page()
+    page.goto(server.url + "/runs/agent-1")
+    expect(status(page)).to_have_attribute("data-status", "COMPLETED")
+    page.locator('svg.graph [data-node="risk"]').click()
+    view = page.locator("#inspector .messages")
+    expect(view.locator(".agent-facts")).to_contain_text("provider scripted")
+    expect(view.locator(".agent-facts")).to_contain_text("model acme-small")
+    expect(view.locator(".agent-facts")).to_contain_text("4300 token(s)")
+    expect(view.locator(".agent-facts")).to_contain_text("cost $0.0110")
+    roles = view.locator("li.msg").evaluate_all("els => els.map(e => e.dataset.role)")
+    assert roles == ["system", "user", "assistant", "tool", "assistant"], roles
+    expect(view.locator('li[data-role="system"]')).to_contain_text("You are an auditor.")
+    expect(view.locator('li[data-role="user"]')).to_contain_text("Plan: rotate keys")
+    expect(view.locator('.tool-call[data-tool="lookup_control"]')).to_contain_text("C-9")
+    expect(view.locator('li[data-role="tool"]')).to_contain_text('"tested":false')
+    expect(view.locator('li[data-role="assistant"]').last).to_contain_text("C-9 untested")
+    expect(view.locator('li[data-role="assistant"]').first).to_contain_text("$0.0040")
+    with server.client() as c:
+        assert c.get("/api/prices").json() == {"acme-small": {"input": 2.0, "output": 10.0}}
+
+
+def test_a_bad_price_table_is_named(tmp_path: Path) -> None:
+    from interlock.server._routes_meta import read_prices
+
+    bad = tmp_path / "p.yaml"
+    bad.write_text("acme: {input: -1}\n")
+    with pytest.raises(ValueError, match=r"model 'acme': expected \{input: USD"):
+        read_prices(str(bad))
+    bad.write_text("- acme\n")
+    with pytest.raises(ValueError, match="a mapping of model names"):
+        read_prices(str(bad))

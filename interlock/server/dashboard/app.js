@@ -618,6 +618,8 @@ async function runPage(ctx, runId) {
     if (ticket !== inspecting) return;
     const mine = visits.filter((v) => v.node === selected.node);
     const spec = graph.nodes.find((n) => n.name === selected.node) || {};
+    const prices = spec.agent ? await pricesOnce() : {};
+    if (ticket !== inspecting) return;
     fill(side, h("h2", {}, selected.node),
       h("p", { class: "muted" }, spec.call ? `call ${spec.call}` : spec.approval ? "approval gate" : spec.agent ? "agent" : spec.workflow ? `workflow ${spec.workflow}` : ""),
       mine.length ? mine.map((v) => h("section", { class: "visit", dataset: { visit: String(v.visit), status: v.status } },
@@ -625,9 +627,72 @@ async function runPage(ctx, runId) {
         h("p", { class: "muted" }, [`${v.attempts} attempt(s)`, v.duration_ms !== null ? `${v.duration_ms.toFixed(1)} ms` : null, `${v.tokens} token(s)`, v.decision ? `decision: ${v.decision}` : null].filter(Boolean).join(" · ")),
         h("h4", {}, "input"), h("pre", { class: "visit-input" }, json(v.input)),
         v.update ? [h("h4", {}, "update"), h("pre", { class: "visit-update" }, json(v.update))] : null,
-        v.error ? [h("h4", {}, "error"), h("pre", { class: "visit-error" }, json(v.error))] : null))
+        v.error ? [h("h4", {}, "error"), h("pre", { class: "visit-error" }, json(v.error))] : null,
+        spec.agent ? messagesView(records.filter((r) => r.node === selected.node && (r.visit ?? 1) === v.visit && (v.item === null || r.item === undefined || r.item === null || r.item === v.item)), prices) : null))
         : h("p", { class: "muted" }, "not run yet"));
   }
+}
+
+// -- an agent's conversation ---------------------------------------------------------
+
+let pricesCache = null;
+/** The price table (``GET /api/prices``, from INTERLOCK_PRICES): {} when none. */
+function pricesOnce() {
+  if (!pricesCache) pricesCache = api("/api/prices").catch(() => ({}));
+  return pricesCache;
+}
+
+/** An agent call's cost in USD from ``usage`` and the table's price for ``model``
+ * (per million tokens), or null when the table has no price for it. */
+function costOf(usage, model, prices) {
+  const price = model ? prices[model] : null;
+  if (!price || !usage) return null;
+  const prompt = usage.prompt_tokens ?? 0;
+  const completion = usage.completion_tokens ?? 0;
+  if (!prompt && !completion && usage.total_tokens) return null; // no split: no honest price
+  return (prompt * (price.input ?? 0) + completion * (price.output ?? 0)) / 1e6;
+}
+const usd = (x) => `$${x < 0.01 ? x.toFixed(6) : x.toFixed(4)}`;
+
+/** A visit's conversation from its records: system and user (the first request's
+ * rendered prompt), each reply (text, tool calls, usage, cost), each tool's answer. */
+function messagesView(recs, prices) {
+  const items = [];
+  let provider = null;
+  let model = null;
+  let tokens = 0;
+  let cost = 0;
+  let priced = false;
+  const msg = (role, ...body) => h("li", { class: `msg msg-${role}`, dataset: { role } }, h("span", { class: "role" }, role), ...body);
+  for (const r of recs) {
+    if (r.type === "agent.request") {
+      provider = r.provider ?? provider;
+      model = r.model ?? model;
+      if (r.system) items.push(msg("system", h("pre", {}, typeof r.system === "string" ? r.system : json(r.system))));
+      if (r.prompt) items.push(msg("user", h("pre", {}, typeof r.prompt === "string" ? r.prompt : json(r.prompt))));
+      if (r.repair) items.push(msg("user", h("span", { class: "muted" }, "repair: "), h("pre", {}, typeof r.repair === "string" ? r.repair : json(r.repair))));
+    } else if (r.type === "agent.reply") {
+      const u = r.usage || {};
+      const t = u.total_tokens ?? ((u.prompt_tokens ?? 0) + (u.completion_tokens ?? 0));
+      tokens += t;
+      const c = costOf(u, r.model ?? model, prices);
+      if (c !== null) { cost += c; priced = true; }
+      items.push(msg("assistant",
+        r.reply !== null && r.reply !== undefined ? h("pre", {}, typeof r.reply === "string" ? r.reply : json(r.reply)) : null,
+        (r.tool_calls || []).map((call) => h("div", { class: "tool-call", dataset: { tool: call.name } }, "calls ", h("code", {}, call.name), " ", h("code", {}, short(call.arguments, 300)))),
+        h("div", { class: "muted usage" }, [r.model ?? model, t ? `${t} token(s)` : null, u.prompt_tokens !== undefined ? `${u.prompt_tokens} in / ${u.completion_tokens ?? 0} out` : null, c !== null ? usd(c) : null, r.duration_ms !== undefined && r.duration_ms !== null ? `${r.duration_ms} ms` : null].filter(Boolean).join(" · "))));
+    } else if (r.type === "tool.called" || r.type === "tool.rejected") {
+      const answer = r.type === "tool.rejected" ? `rejected${r.comment ? `: ${r.comment}` : ""}`
+        : r.error ? `${r.error.type}: ${r.error.message}` : r.problem ? `refused: ${r.problem}` : short(r.result, 2000);
+      items.push(msg("tool", h("code", {}, r.tool ?? "?"), " → ", h("pre", {}, answer)));
+    }
+  }
+  if (!items.length) return null;
+  return h("section", { class: "messages" },
+    h("h4", {}, "messages"),
+    h("p", { class: "muted agent-facts" }, [provider ? `provider ${provider}` : null, model ? `model ${model}` : null, `${tokens} token(s)`,
+      priced ? `cost ${usd(cost)}` : "cost: no price for this model (INTERLOCK_PRICES)"].filter(Boolean).join(" · ")),
+    h("ol", { class: "conversation" }, items));
 }
 
 // -- approvals -----------------------------------------------------------------------
