@@ -125,6 +125,16 @@ class RunRowOut(BaseModel):
 class RunPage(BaseModel):
     runs: list[RunRowOut]
     next: str | None = Field(description="the cursor of the next page; null on the last")
+    scanned: int | None = Field(default=None, description="a search's page: how many runs "
+                                "it read to find these (at most 2,000: then `next` goes on "
+                                "with the older ones); absent when not searched")
+
+    @model_serializer(mode="wrap")
+    def _without_absent(self, next_: SerializerFunctionWrapHandler):  # type: ignore[no-untyped-def]
+        out: dict[str, Any] = next_(self)
+        if out.get("scanned") is None:
+            out.pop("scanned", None)
+        return out
 
 
 class Record(BaseModel):

@@ -16,6 +16,7 @@ import interlock
 from interlock.support import (
     TERMINAL_TYPES,
     MigrationRefused,
+    RunRow,
     load_run,
     migrate_run,
     node_visits,
@@ -64,10 +65,16 @@ async def runs(server: Srv, who: Reader, status: str | None = None,
                workflow: str | None = None,
                limit: Annotated[int, Query(ge=1, le=1000)] = 100,
                cursor: Annotated[str | None, Query(max_length=1200,
-                                                   pattern=CURSOR)] = None
+                                                   pattern=CURSOR)] = None,
+               q: Annotated[str | None, Query(max_length=200)] = None,
+               input: Annotated[str | None, Query(max_length=1000)] = None,
+               since: float | None = None, until: float | None = None
                ) -> dict[str, Any]:
     """One page: the runs after ``cursor`` (the ``next`` of the page before), newest
-    first; a run created meanwhile shifts no page (keyset paging)."""
+    first; a run created meanwhile shifts no page (keyset paging). A search narrows
+    it: ``q`` (a part of the run id), ``input`` (``field=value``: the input's field
+    equal to the value read as JSON, or as the text), ``since``/``until`` (created
+    between these Unix times)."""
     try:
         before = cursor_key(cursor) if cursor else None
     except BadCursor:
@@ -76,11 +83,73 @@ async def runs(server: Srv, who: Reader, status: str | None = None,
                         "page") from None
     if not _plain(status or "") or not _plain(workflow or ""):
         return {"runs": [], "next": None}  # no run has such a name (the store is spared)
+    if q or input or since is not None or until is not None:
+        return await _search(server, status=status and status.upper(), workflow=workflow,
+                             limit=limit, before=before, q=q or "", field=input,
+                             since=since, until=until)
     rows = await server.st.list_page(status=status and status.upper(),
                                      workflow=workflow, limit=limit + 1, before=before)
     page = rows[:limit]
     return {"runs": [run_json(r) for r in page],
             "next": page_cursor(page[-1]) if len(rows) > limit else None}
+
+
+SEARCH_SCAN = 2000  # runs a search reads per page at most (then `next` goes on from there)
+_BATCH = 200
+_ABSENT = object()
+
+
+async def _search(server: Server, *, status: str | None, workflow: str | None, limit: int,
+                  before: tuple[float, str] | None, q: str, field: str | None,
+                  since: float | None, until: float | None) -> dict[str, Any]:
+    """A searched page, from the store's pages newest first, filtered here: no store
+    has an index on an input's fields, so a search reads at most `SEARCH_SCAN` runs
+    per page (an input field costs one read of each candidate's row) and says so."""
+    name, want_text, want = "", "", _ABSENT
+    if field is not None:
+        name, eq, want_text = field.partition("=")
+        name = name.strip()
+        if not eq or not name:
+            raise Problemed(400, "Bad Request", f"input={field[:80]!r}: search an input field "
+                            "as FIELD=VALUE, e.g. input=ticket=INC-7 or input=n=4")
+        try:
+            want = orjson.loads(want_text)
+        except orjson.JSONDecodeError:
+            want = _ABSENT
+    if not _plain(q) or not _plain(status or "") or not _plain(workflow or ""):
+        return {"runs": [], "next": None, "scanned": 0}
+    if until is not None and (before is None or before[0] > until):
+        before = (until, "\U0010ffff")  # newest first: start at the range's end
+    found: list[RunRow] = []
+    scanned, ended, last = 0, False, None
+    while not ended and len(found) <= limit and scanned < SEARCH_SCAN:
+        rows = await server.st.list_page(status=status, workflow=workflow, limit=_BATCH,
+                                         before=before)
+        ended = len(rows) < _BATCH
+        for row in rows:
+            scanned += 1
+            before, last = (row.created_at, row.run_id), row
+            if since is not None and row.created_at < since:
+                ended = True  # older than the range: so is every run after it
+                break
+            if q and q not in row.run_id:
+                continue
+            if field is not None:
+                value = (await server.st.get_run(row.run_id)).input.get(name, _ABSENT)
+                if value is _ABSENT or not (value == want or (isinstance(value, str)
+                                                               and value == want_text)):
+                    continue
+            found.append(row)
+            if len(found) > limit or scanned >= SEARCH_SCAN:
+                break
+    page = found[:limit]
+    if len(found) > limit:
+        nxt: str | None = page_cursor(page[-1])
+    elif not ended and last is not None:
+        nxt = page_cursor(last)  # the scan's budget ran out: go on from where it stopped
+    else:
+        nxt = None
+    return {"runs": [run_json(r) for r in page], "next": nxt, "scanned": scanned}
 
 @router.get("/api/runs/{run_id}", response_model=RunObject)
 async def run(run_id: str, server: Srv, who: Reader) -> dict[str, Any]:

@@ -307,3 +307,92 @@ def test_a_bad_price_table_is_named(tmp_path: Path) -> None:
     bad.write_text("- acme\n")
     with pytest.raises(ValueError, match="a mapping of model names"):
         read_prices(str(bad))
+
+
+@pytest.fixture(scope="module")
+def bulk(server: Served, root: Path) -> list[float]:
+    """500 finished runs of workflow ``bulk`` (bl-000 oldest .. bl-499 newest), input
+    ``{n, team}``; their creation times."""
+    import asyncio
+    import sys
+    from concurrent.futures import ThreadPoolExecutor
+
+    import interlock
+
+    sys.path.insert(0, str(root))
+    try:
+        wf = interlock.load({"workflow": "bulk", "input": ["n", "team"],
+                             "nodes": {"first": "snodes:first"},
+                             "edges": [{"from": "START", "to": "first"},
+                                       {"from": "first", "to": "END"}]})
+
+        async def fill() -> None:
+            st = interlock.open_store(f"sqlite:///{root / 'runs.db'}")
+            try:
+                for i in range(500):
+                    await wf.run({"n": i, "team": "ab"[i % 2]}, store=st,
+                                 run_id=f"bl-{i:03d}")
+            finally:
+                await st.close()
+
+        with ThreadPoolExecutor(1) as pool:  # (Playwright's loop runs in this thread)
+            pool.submit(asyncio.run, fill()).result()
+    finally:
+        sys.path.remove(str(root))
+    with server.client() as c:
+        rows = c.get("/api/runs?workflow=bulk&limit=1000").json()["runs"]
+    assert len(rows) == 500
+    return [r["created_at"] for r in reversed(rows)]
+
+
+def test_search_and_paging_over_500_runs(server: Served, bulk: list[float],
+                                         context: Any) -> None:
+    page = context.new_page()
+    page.goto(server.url + "/?workflow=bulk")
+    rows = page.locator("#runs tr")
+    expect(rows).to_have_count(100)
+    expect(rows.first).to_have_attribute("data-run", "bl-499")
+    expect(rows.first.locator(".duration")).to_contain_text("s")  # ms or s: ended runs
+    for older in range(4):  # past the newest 100, to the oldest
+        page.get_by_role("link", name="older →").click()
+        expect(page.locator("#runs-footer")).to_contain_text(
+            f"runs {100 * (older + 1) + 1}–{100 * (older + 2)}, newest first")
+    expect(rows.last).to_have_attribute("data-run", "bl-000")
+    expect(page.get_by_role("link", name="older →")).to_have_count(0)
+
+    # by run id
+    page.goto(server.url + "/?workflow=bulk")
+    page.locator("#filter-q").fill("bl-04")
+    page.locator("#search-runs").click()
+    expect(rows).to_have_count(10)
+    expect(rows.first).to_have_attribute("data-run", "bl-049")
+    assert "q=bl-04" in page.url
+    # by an input field (the value read as JSON: n=250 is the number)
+    page.locator("#filter-q").fill("")
+    page.locator("#filter-input").fill("n=250")
+    page.locator("#search-runs").click()
+    expect(rows).to_have_count(1)
+    expect(rows.first).to_have_attribute("data-run", "bl-250")
+    # ... and paging through a search's matches: team b is the odd ones, 250 of them
+    page.locator("#filter-input").fill("team=b")
+    page.locator("#search-runs").click()
+    expect(rows).to_have_count(100)
+    expect(rows.first).to_have_attribute("data-run", "bl-499")
+    page.get_by_role("link", name="older →").click()
+    expect(rows.first).to_have_attribute("data-run", "bl-299")
+    page.get_by_role("link", name="older →").click()
+    expect(rows).to_have_count(50)
+    expect(rows.last).to_have_attribute("data-run", "bl-001")
+    # a time range in the future: nothing; the runs' own range (from the URL): all
+    page.locator("#clear-search").click()
+    expect(rows).to_have_count(100)
+    page.locator("#filter-since").fill("2999-01-01T00:00:00")
+    page.locator("#search-runs").click()
+    expect(page.locator("#runs-footer")).to_contain_text("no runs match")
+    with server.client() as c:  # the API's range is exact: runs 100..199
+        got = c.get(f"/api/runs?workflow=bulk&since={bulk[100]}&until={bulk[199]}"
+                    "&limit=1000").json()
+        assert [r["run_id"] for r in got["runs"]] == [f"bl-{i:03d}" for i in range(199, 99, -1)]
+        assert got["next"] is None
+        bad = c.get("/api/runs?input=nofield")
+        assert bad.status_code == 400 and "FIELD=VALUE" in bad.json()["detail"]

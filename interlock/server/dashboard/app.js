@@ -231,14 +231,25 @@ async function runsPage(ctx) {
     if (at) { q.set("cursor", at); q.set("from", String(n)); } else { q.delete("cursor"); q.delete("from"); }
     return q.toString() ? `/?${q}` : "/";
   };
+  const search = h("input", { type: "search", id: "filter-q", placeholder: "run id contains", "aria-label": "run id", value: params.get("q") || "" });
+  const inputQ = h("input", { type: "search", id: "filter-input", placeholder: "input field=value", "aria-label": "input field", value: params.get("input") || "" });
+  const localValue = (t) => { if (!t) return ""; const d = new Date(Number(t) * 1000); return Number.isNaN(d.getTime()) ? "" : new Date(d.getTime() - d.getTimezoneOffset() * 60000).toISOString().slice(0, 19); };
+  const since = h("input", { type: "datetime-local", step: 1, id: "filter-since", "aria-label": "created since", value: localValue(params.get("since")) });
+  const until = h("input", { type: "datetime-local", step: 1, id: "filter-until", "aria-label": "created until", value: localValue(params.get("until")) });
+  const epoch = (el) => (el.value ? String(new Date(el.value).getTime() / 1000) : "");
+  const searching = () => Boolean(search.value.trim() || inputQ.value.trim() || since.value || until.value);
+  let loadedKey = null; // a search is read once per query (and paging), not every second
   const tbody = h("tbody", { id: "runs" });
   const footer = h("p", { class: "muted", id: "runs-footer" });
   const error = h("div");
   put(h("h1", {}, "Runs"),
-    h("div", { class: "filters" }, "Status ", status, " Workflow ", workflow, h("span", { class: "live", title: "refreshed every second" }, "live")),
+    h("div", { class: "filters" }, "Status ", status, " Workflow ", workflow, h("span", { class: "live", id: "runs-live", title: "refreshed every second" }, "live")),
+    h("form", { class: "filters", id: "runs-search", onsubmit: (e) => { e.preventDefault(); onFilter(); } },
+      search, " ", inputQ, " created from ", since, " to ", until, " ", h("button", { type: "submit", id: "search-runs" }, "Search"),
+      " ", h("button", { type: "button", id: "clear-search", onclick: () => { search.value = inputQ.value = since.value = until.value = ""; onFilter(); } }, "Clear")),
     error,
     h("table", { class: "runs" }, h("thead", {}, h("tr", {},
-      ["run", "workflow", "status", "steps", "tokens", "waiting at", "created", "updated"].map((c) => h("th", {}, c)))), tbody),
+      ["run", "workflow", "status", "steps", "tokens", "waiting at", "created", "duration"].map((c) => h("th", {}, c)))), tbody),
     footer);
   const onFilter = () => {
     cursor = null;
@@ -246,8 +257,13 @@ async function runsPage(ctx) {
     const q = new URLSearchParams();
     if (status.value) q.set("status", status.value);
     if (workflow.value) q.set("workflow", workflow.value);
+    if (search.value.trim()) q.set("q", search.value.trim());
+    if (inputQ.value.trim()) q.set("input", inputQ.value.trim());
+    if (since.value) q.set("since", epoch(since));
+    if (until.value) q.set("until", epoch(until));
     history.replaceState(null, "", q.toString() ? `/?${q}` : "/");
-    refresh();
+    loadedKey = null;
+    refresh().catch((e) => { if (!(e instanceof ApiError && e.status === 401)) error.replaceChildren(problemBox(e)); });
   };
   status.addEventListener("change", onFilter);
   workflow.addEventListener("change", onFilter);
@@ -263,7 +279,14 @@ async function runsPage(ctx) {
     if (status.value) q.set("status", status.value);
     if (workflow.value) q.set("workflow", workflow.value);
     if (cursor) q.set("cursor", cursor);
+    if (search.value.trim()) q.set("q", search.value.trim());
+    if (inputQ.value.trim()) q.set("input", inputQ.value.trim());
+    if (since.value) q.set("since", epoch(since));
+    if (until.value) q.set("until", epoch(until));
+    document.getElementById("runs-live").hidden = searching();
+    if (searching() && loadedKey === q.toString()) return;
     const page = await api(`/api/runs?${q}`, { signal: ctx.signal });
+    loadedKey = q.toString();
     error.replaceChildren();
     tbody.replaceChildren(...page.runs.map((r) => h("tr", { dataset: { run: r.run_id } },
       h("td", {}, link(runHref(r.run_id), r.run_id)),
@@ -273,11 +296,12 @@ async function runsPage(ctx) {
       h("td", { class: "num" }, String(r.tokens)),
       h("td", {}, r.waiting?.node ? link(`/approvals?run_id=${encodeURIComponent(r.run_id)}`, r.waiting.node) : ""),
       h("td", {}, when(r.created_at)),
-      h("td", {}, when(r.updated_at)))));
+      h("td", { class: "num duration", title: `updated ${when(r.updated_at)}` }, runDuration(r)))));
     const pages = [];
     if (cursor) pages.push(link(pageHref(null, 0), "← newest"));
     if (page.next) pages.push(link(pageHref(page.next, from + page.runs.length), "older →"));
-    fill(footer, page.runs.length ? `runs ${from + 1}–${from + page.runs.length}, newest first ` : "no runs match", pages);
+    fill(footer, page.runs.length ? `runs ${from + 1}–${from + page.runs.length}, newest first ` : "no runs match ",
+      page.scanned !== undefined ? h("span", { id: "runs-scanned" }, `(searched ${page.scanned} run(s)${page.next ? "; older ones on the next page" : ""}) `) : null, pages);
   };
   await every(ctx, POLL_MS, async () => {
     try { await refresh(); } catch (e) {
@@ -285,6 +309,15 @@ async function runsPage(ctx) {
       throw e;
     }
   });
+}
+
+/** A run's duration in the list: created to its last change when it ended, else how
+ * long it has been going (a waiting run: since it was created). */
+function runDuration(r) {
+  const ended = ["COMPLETED", "FAILED", "REJECTED", "CANCELLED"].includes(r.status);
+  const end = ended ? r.updated_at : Date.now() / 1000;
+  const text = span(end - r.created_at);
+  return ended ? text : `${text} so far`;
 }
 
 // -- a run ---------------------------------------------------------------------------
