@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,7 @@ import yaml
 from fastapi import APIRouter, Response
 
 import interlock
-from interlock.support import METRICS_CONTENT_TYPE, redact
+from interlock.support import METRICS_CONTENT_TYPE, owner_gone, redact
 
 from ._deps import Reader, Srv
 from ._guard import Problemed
@@ -82,3 +83,21 @@ async def prices(who: Reader) -> dict[str, dict[str, float]]:
         return read_prices(path)
     except ValueError as exc:
         raise Problemed(500, "Internal Server Error", str(exc)) from None
+
+
+@router.get("/api/workers", responses={200: {"description": "`{now, workers: [{owner, gone, "
+                                                          "runs: [{run_id, workflow, status, "
+                                                          "lease_until, lease_left}]}]}`"}})
+async def workers(server: Srv, who: Reader) -> dict[str, Any]:
+    """Who holds which run now (the store's claims): each owner (``host:pid[:suffix]``:
+    a worker, a server, a CLI run), whether its process is known to be gone (on this
+    host), and per run the lease's expiry and the seconds left (negative: expired, the
+    run may be taken over)."""
+    now = time.time()
+    by: dict[str, list[dict[str, Any]]] = {}
+    for lease in await server.st.leases():
+        until = lease["lease_until"]
+        by.setdefault(lease["owner"], []).append(
+            {**lease, "lease_left": None if until is None else round(until - now, 3)})
+    return {"now": now, "workers": [{"owner": o, "gone": owner_gone(o), "runs": runs}
+                                    for o, runs in sorted(by.items())]}

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from test_dashboard import EDITABLE, WAIT, browser, context, node_state, start, status_of
-from test_server import NODES, TOKENS, Served
+from test_server import NODES, SLOW, TOKENS, Served
 
 __all__ = ["browser", "context"]  # the fixtures, used by name
 
@@ -65,6 +65,18 @@ edges:
   - {from: risk, to: END}
 '''
 
+YEARLY = '''
+workflow: yearly
+input: [n]
+triggers:
+  - {schedule: "0 0 1 1 *", input: {n: 1}}
+nodes:
+  first: snodes:first
+edges:
+  - {from: START, to: first}
+  - {from: first, to: END}
+'''
+
 # USD per million tokens: (1000+3000)*2 + (200+100)*10 = 11,000 micro-dollars = $0.011
 PRICES = "acme-small: {input: 2.0, output: 10.0}\n"
 
@@ -94,6 +106,8 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (flows / "editable.yaml").write_text(textwrap.dedent(EDITABLE))
     (flows / "flaky.yaml").write_text(textwrap.dedent(FLAKY))
     (flows / "agentic.yaml").write_text(textwrap.dedent(AGENT))
+    (flows / "slow.yaml").write_text(textwrap.dedent(SLOW))
+    (flows / "yearly.yaml").write_text(textwrap.dedent(YEARLY))
     (root / "prices.yaml").write_text(PRICES)
     auth = {"tokens": [{"name": n, "sha256": hashlib.sha256(t.encode()).hexdigest(),
                         "roles": r} for n, (t, r) in TOKENS.items()]}
@@ -396,3 +410,39 @@ def test_search_and_paging_over_500_runs(server: Served, bulk: list[float],
         assert got["next"] is None
         bad = c.get("/api/runs?input=nofield")
         assert bad.status_code == 400 and "FIELD=VALUE" in bad.json()["detail"]
+
+
+def test_the_schedules_view(server: Served, context: Any) -> None:
+    page = context.new_page()
+    page.goto(server.url + "/schedules")
+    row = page.locator('#schedules tr[data-workflow="yearly"]')
+    expect(row.locator(".next-fire")).to_contain_text("-01-01 00:00:00")
+    expect(row.locator(".last-run")).to_contain_text("never fired")
+    with server.client() as c:
+        (trigger,) = [t for t in c.get("/api/schedules").json() if t["workflow"] == "yearly"]
+        assert trigger["kind"] == "schedule" and trigger["what"] == "0 0 1 1 *"
+    # a run under the trigger's prefix is its last run (as a fired slot's would be)
+    start(server, "yearly", {"n": 1}, trigger["run_prefix"] + "manual")
+    expect(row.locator(".last-run")).to_contain_text(trigger["run_prefix"] + "manual",
+                                                     timeout=WAIT)
+
+
+def test_the_workers_view(server: Served, root: Path, context: Any) -> None:
+    (root / "slow.release").unlink(missing_ok=True)
+    (root / "slow.started").unlink(missing_ok=True)
+    start(server, "slow", {}, "held-1")
+    page = context.new_page()
+    page.goto(server.url + "/workers")
+    run = page.locator('#workers tr[data-run="held-1"]')
+    try:
+        expect(run).to_contain_text("RUNNING")
+        expect(run.locator(".lease-left")).to_contain_text("left")
+        owner = run.locator("xpath=ancestor::section").get_attribute("data-owner")
+        assert owner and owner.split(":")[1] == str(server.proc.pid)  # the server holds it
+        with server.client() as c:
+            got = c.get("/api/workers").json()
+        held = [r for w in got["workers"] for r in w["runs"] if r["run_id"] == "held-1"]
+        assert held and held[0]["lease_left"] > 0
+    finally:
+        (root / "slow.release").write_text("go")
+    expect(run).to_have_count(0)  # released once the run ended

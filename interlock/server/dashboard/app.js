@@ -84,6 +84,8 @@ const routes = [
   [/^\/runs\/([^/]+)$/, runPage, "runs"],
   [/^\/workflows$/, workflowsPage, "workflows"],
   [/^\/workflows\/([^/]+)$/, workflowPage, "workflows"],
+  [/^\/schedules$/, schedulesPage, "schedules"],
+  [/^\/workers$/, workersPage, "workers"],
 ];
 
 function navigate(href) {
@@ -911,6 +913,51 @@ function startForm(wf) {
     }
   });
   return form;
+}
+
+// -- schedules and workers -------------------------------------------------------------
+
+/** "in 3 min 05 s" / "12.0 s ago" from a Unix time. */
+const fromNow = (t) => { const d = t - Date.now() / 1000; return d >= 0 ? `in ${span(d)}` : `${span(-d)} ago`; };
+
+async function schedulesPage(ctx) {
+  const tbody = h("tbody", { id: "schedules" });
+  const note = h("p", { class: "muted", id: "schedules-note" });
+  put(h("h1", {}, "Schedules"),
+    h("p", { class: "muted" }, "The triggers of the workflows this server registered (it fires them); read again every 5 seconds."),
+    h("table", {}, h("thead", {}, h("tr", {}, ["workflow", "trigger", "kind", "what", "input", "next fire (UTC)", "", "last run"].map((c) => h("th", {}, c)))), tbody), note);
+  await every(ctx, 5000, async () => {
+    const list = await api("/api/schedules", { signal: ctx.signal });
+    tbody.replaceChildren(...list.map((t) => h("tr", { dataset: { workflow: t.workflow, trigger: t.id ?? "" } },
+      h("td", {}, link(`/workflows/${encodeURIComponent(t.workflow)}`, t.workflow)),
+      h("td", {}, h("code", {}, t.id ?? "")),
+      h("td", {}, t.kind),
+      h("td", {}, t.error ? h("span", { class: "problem" }, t.error) : h("code", {}, t.what ?? "")),
+      h("td", {}, t.input ? h("code", {}, short(t.input)) : ""),
+      h("td", { class: "next-fire", title: t.next ? when(t.next) : "" }, t.next_utc ?? ""),
+      h("td", { class: "muted" }, t.next ? fromNow(t.next) : ""),
+      h("td", { class: "last-run" }, t.last_run ? [link(runHref(t.last_run.run_id), t.last_run.run_id), " ", badge(t.last_run.status), " ", h("span", { class: "muted" }, when(t.last_run.created_at))] : h("span", { class: "muted" }, "never fired")))));
+    note.textContent = list.length ? "" : "No registered workflow has triggers: (schedule:, every: or poll:).";
+  });
+}
+
+async function workersPage(ctx) {
+  const body = h("div", { id: "workers" });
+  put(h("h1", {}, "Workers"),
+    h("p", { class: "muted" }, "Who holds which run now (the store's claims: workers, servers, CLI runs), and each lease's time left; read again every 2 seconds. An expired lease's run may be taken over."),
+    body);
+  await every(ctx, 2000, async () => {
+    const got = await api("/api/workers", { signal: ctx.signal });
+    if (!got.workers.length) { body.replaceChildren(h("p", { class: "muted", id: "no-workers" }, "No run is held by anyone now.")); return; }
+    body.replaceChildren(...got.workers.map((w) => h("section", { class: "card worker", dataset: { owner: w.owner } },
+      h("h2", {}, h("code", {}, w.owner), " ", w.gone ? h("span", { class: "badge status-failed" }, "process gone") : null,
+        h("span", { class: "muted" }, ` ${w.runs.length} run(s)`)),
+      h("table", {}, h("thead", {}, h("tr", {}, ["run", "workflow", "status", "lease until", "lease"].map((c) => h("th", {}, c)))),
+        h("tbody", {}, w.runs.map((r) => h("tr", { dataset: { run: r.run_id } },
+          h("td", {}, link(runHref(r.run_id), r.run_id)), h("td", {}, r.workflow), h("td", {}, badge(r.status)),
+          h("td", {}, r.lease_until ? when(r.lease_until) : "—"),
+          h("td", { class: "lease-left" }, r.lease_left === null ? "no lease" : r.lease_left >= 0 ? `${span(r.lease_left)} left` : `expired ${span(-r.lease_left)} ago`))))))));
+  });
 }
 
 // -- start ---------------------------------------------------------------------------
