@@ -77,7 +77,7 @@ import sqlite3
 import threading
 from collections.abc import Callable, Collection
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 from urllib.parse import parse_qsl
 
 from .._json import JSONObject
@@ -163,6 +163,10 @@ class _Renewer(LeaseRenewer):
         conn, self.conn = self.conn, None
         if conn is not None:
             conn.close()
+
+
+LEASES_SQL = ("SELECT run_id, workflow, status, owner, lease_until FROM runs "
+              "WHERE owner IS NOT NULL ORDER BY owner, run_id")
 
 
 class SQLiteStore(SQLiteWrites, Store):
@@ -295,6 +299,15 @@ class SQLiteStore(SQLiteWrites, Store):
     async def claim(self, run_id: str, owner: str, lease: float, *,
                     force: bool = False) -> int:
         return await self._write(self._claim, run_id, owner, lease, force)
+
+    async def leases(self) -> list[dict[str, Any]]:
+        if self._absent():
+            return []
+
+        def read(conn: Any) -> list[dict[str, Any]]:
+            return [{"run_id": r, "workflow": w, "status": s, "owner": o, "lease_until": u}
+                    for r, w, s, o, u in conn.execute(LEASES_SQL)]
+        return await self._call(read)
 
     async def claim_next(self, owner: str, lease: float, *,
                          workflows: Collection[str] | None = None,

@@ -123,6 +123,9 @@ class NotifyingStore(Store):
         return await self.inner.list_page(status=status, workflow=workflow, limit=limit,
                                           before=before, updated_after=updated_after)
 
+    async def leases(self) -> list[dict[str, Any]]:
+        return await self.inner.leases()
+
     async def claim(self, run_id: str, owner: str, lease: float, *,
                     force: bool = False) -> int | None:
         return await self.inner.claim(run_id, owner, lease, force=force)
