@@ -44,6 +44,7 @@ class Watch:
         self._until = 0.0  # (time.monotonic) the detector stops looking after this
         self._task: asyncio.Task[None] | None = None
         self._failed = False
+        self._absent = False  # a look found no file (the store not created yet)
 
     async def wait(self, timeout: float, seen: int | None = None) -> int:
         """Until a change after ``seen`` (a `count` returned before; None: the next change
@@ -76,16 +77,19 @@ class Watch:
             version = self._data_version()
             if version is None:
                 continue
-            if self._version is not None and version != self._version:
+            # a change: the version moved, or the file appeared since a look found none
+            # (its first commits were before this connection's first version)
+            if version != self._version and (self._version is not None or self._absent):
                 self.count += 1
                 event, self._changed = self._changed, asyncio.Event()
                 event.set()
-            self._version = version
+            self._version, self._absent = version, False
 
     def _data_version(self) -> int | None:
         try:
             if self._conn is None:
                 if not self.path.exists():  # not created yet: opening would create it
+                    self._absent = True
                     return None
                 self._conn = sqlite3.connect(self.path, isolation_level=None,
                                              check_same_thread=False,
