@@ -1,0 +1,93 @@
+"""Records another process commits reach a server's event stream when the store's
+change detector tells of them (SQLite: ``PRAGMA data_version``), not at the server's
+slow poll; and when the detector misses, the slow poll still delivers (issue 34)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_server import Served, events, project, pythonpath, serve  # noqa: F401
+
+import interlock
+from interlock._store import _sqlite_watch
+from interlock.server._hub import Hub
+from interlock.server._reads import Polls
+
+CHAIN = "workflow: chain\nnodes:\n" + "".join(
+    f"  n{i}: snodes:first\n" for i in range(12)) + "edges:\n" + "".join(
+    f"  - {{from: {'START' if i == 0 else f'n{i - 1}'}, to: n{i}}}\n" for i in range(12)) \
+    + "  - {from: n11, to: END}\n"
+
+
+def test_a_stream_follows_a_cli_run_live_with_a_slow_poll(project: Path,  # noqa: F811
+                                                          serve: Any) -> None:  # noqa: F811
+    """The server polls once a minute: every record of a run the CLI executes (written
+    while the stream is open) is delivered by the detector, in order, once each."""
+    (project / "flows" / "chain.yaml").write_text(textwrap.dedent(CHAIN))
+    (project / "snodes.py").write_text((project / "snodes.py").read_text().replace(
+        "def first(state):\n", "def first(state):\n    time.sleep(0.02)\n"))
+    server: Served = serve("--poll", "60")
+    store = f"sqlite:///{project / 'runs.db'}"
+    cli = subprocess.Popen(
+        [sys.executable, "-m", "interlock", "run", "flows/chain.yaml", "--input",
+         '{"n": 1}', "--run-id", "cli-1", "--store", store],
+        cwd=project, env={**os.environ, "PYTHONPATH": pythonpath(project)},
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        with server.client() as c:
+            while c.get("/api/runs/cli-1").status_code == 404:  # (no event across
+                time.sleep(0.01)                                 # processes to wait on)
+            seqs = [int(ev["id"]) for ev in events(c, "cli-1", params={"after": 0},
+                                                   until="run.completed")]
+        assert cli.wait(30) == 0
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+        cli.wait()
+        assert cli.stderr is not None
+        cli.stderr.close()
+    trace = asyncio.run(interlock.trace("cli-1", store=store))
+    assert seqs == [rec["seq"] for rec in trace]  # all of them, no gap, no duplicate
+    assert seqs == list(range(1, len(seqs) + 1))
+
+
+def test_the_slow_poll_delivers_what_the_detector_missed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A detector that sees nothing (here: it cannot read the version) leaves the
+    followers to the slow poll: the record is still found."""
+    asyncio.run(_missed(tmp_path, monkeypatch))
+
+
+async def _missed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_sqlite_watch.Watch, "_data_version", lambda self: None)
+    store = interlock.open_store(f"sqlite:///{tmp_path / 'runs.db'}")
+    other = interlock.open_store(f"sqlite:///{tmp_path / 'runs.db'}")  # "elsewhere"
+    try:
+        monkeypatch.syspath_prepend(str(tmp_path))
+        await interlock.load(str(_one_node(tmp_path))).run({}, run_id="w", store=other)
+        hub = Hub()
+        polls = Polls(lambda: store, hub, 0.05, lambda run_id: False)
+        with polls.following("w", 0):
+            waiter = hub.waiter("w")
+            await asyncio.wait_for(waiter.wait(), 30)  # woken by the slow poll
+        assert polls.reads >= 1
+        await polls.close()
+    finally:
+        await store.close()
+        await other.close()
+
+
+def _one_node(root: Path) -> Path:
+    (root / "one_node.py").write_text("def go(state):\n    return {'ok': True}\n")
+    flow = root / "one.yaml"
+    flow.write_text("workflow: one\nnodes:\n  go: one_node:go\nedges:\n"
+                    "  - {from: START, to: go}\n  - {from: go, to: END}\n")
+    return flow
