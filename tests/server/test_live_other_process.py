@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_server import Served, events, project, pythonpath, serve  # noqa: F401
+from test_server import Served, project, pythonpath, serve  # noqa: F401
 
 import interlock
 from interlock._store import _sqlite_watch
@@ -30,7 +30,8 @@ CHAIN = "workflow: chain\nnodes:\n" + "".join(
 def test_a_stream_follows_a_cli_run_live_with_a_slow_poll(project: Path,  # noqa: F811
                                                           serve: Any) -> None:  # noqa: F811
     """The server polls once a minute: every record of a run the CLI executes (written
-    while the stream is open) is delivered by the detector, in order, once each."""
+    while the stream is open) is delivered by the detector, in order, once each, with
+    no keepalive in between (on the old code, only the keepalive's re-read found them)."""
     (project / "flows" / "chain.yaml").write_text(textwrap.dedent(CHAIN))
     (project / "snodes.py").write_text((project / "snodes.py").read_text().replace(
         "def first(state):\n", "def first(state):\n    time.sleep(0.02)\n"))
@@ -45,8 +46,7 @@ def test_a_stream_follows_a_cli_run_live_with_a_slow_poll(project: Path,  # noqa
         with server.client() as c:
             while c.get("/api/runs/cli-1").status_code == 404:  # (no event across
                 time.sleep(0.01)                                 # processes to wait on)
-            seqs = [int(ev["id"]) for ev in events(c, "cli-1", params={"after": 0},
-                                                   until="run.completed")]
+            seqs, keepalives = _stream(c, "cli-1")
         assert cli.wait(30) == 0
     finally:
         if cli.poll() is None:
@@ -57,6 +57,22 @@ def test_a_stream_follows_a_cli_run_live_with_a_slow_poll(project: Path,  # noqa
     trace = asyncio.run(interlock.trace("cli-1", store=store))
     assert seqs == [rec["seq"] for rec in trace]  # all of them, no gap, no duplicate
     assert seqs == list(range(1, len(seqs) + 1))
+    # woken by the detector, not by the stream's keepalive (every 15 s), which re-reads
+    assert keepalives == 0
+
+
+def _stream(client: Any, run_id: str) -> tuple[list[int], int]:
+    """The seqs of the run's events until the stream ends (after the run's final
+    record), and the keepalive comments sent."""
+    seqs, keepalives = [], 0
+    with client.stream("GET", f"/api/runs/{run_id}/events") as response:
+        assert response.status_code == 200, response.read()
+        for line in response.iter_lines():
+            if line.startswith(":"):
+                keepalives += 1
+            elif line.startswith("id: "):
+                seqs.append(int(line[4:]))
+    return seqs, keepalives
 
 
 def test_the_slow_poll_delivers_what_the_detector_missed(
