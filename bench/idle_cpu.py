@@ -67,18 +67,19 @@ def main() -> None:
     sys.path.insert(0, str(root))
     store = f"sqlite:///{root / 'runs.db'}"
     wf = interlock.load(root / "idle.yaml")
-    pending = asyncio.run(wf.submit({}, store=store)).run_id  # the file made; no worker
+    asyncio.run(wf.run({}, store=store))  # the file made, nothing runnable
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p)}
-    worker = subprocess.Popen([sys.executable, "-m", "interlock", "worker", "--store", store,
-                               "--workflow", "nothing-of-this-name"], cwd=root, env=env,
-                              stderr=subprocess.DEVNULL)
+    worker = subprocess.Popen([sys.executable, "-m", "interlock", "worker", "--store", store],
+                              cwd=root, env=env, stderr=subprocess.DEVNULL)
     try:
         time.sleep(2.0)  # started and idle
         print(f"worker idle (SQLite):              {share(worker.pid, args.seconds)}")
     finally:
+        assert worker.poll() is None, "the worker ended"
         worker.terminate()
         worker.wait(60)
+    pending = asyncio.run(wf.submit({}, store=store)).run_id  # executed by no one
     with served(root, "--store", store, "--workflows", "idle.yaml", "--workers", "0") as url:
         pid = server_pid(url)
         time.sleep(2.0)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 log = logging.getLogger("interlock.store")
 
-EVERY = 0.004  # seconds between two looks at data_version while someone waits
+EVERY = 0.01  # seconds between two looks at data_version while someone waits
 LINGER = 2.0  # seconds the detector keeps looking after the last wait ended
 
 
