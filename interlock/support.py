@@ -103,7 +103,7 @@ from ._ops._export import verify_export
 from ._ops._load import TRACE_PAGE, load_run
 from ._ops._prune import Pruned
 from ._ops._prune import prune as prune_runs
-from ._ops._runs import append_note, trace_pages
+from ._ops._runs import GateDecision, GateTaken, append_note, decide_gate, resume_gate, trace_pages
 from ._ops._verify import LogCheck
 from ._ops._visits import node_visits
 from ._store import Claim, LeaseRenewer, RunRow, Summary, owner_gone
@@ -165,6 +165,8 @@ __all__ = [
     "Entry",
     "Factory",
     "Firer",
+    "GateDecision",
+    "GateTaken",
     "LeaseRenewer",
     "LogCheck",
     "Metrics",
@@ -181,6 +183,7 @@ __all__ = [
     "abandoned_threads",
     "append_note",
     "approvers_refuse",
+    "decide_gate",
     "describe_trigger",
     "executing_node",
     "export_run",
@@ -197,6 +200,7 @@ __all__ = [
     "prune_runs",
     "read_at_most",
     "redact",
+    "resume_gate",
     "run_json",
     "to_dot",
     "to_mermaid",

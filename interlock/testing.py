@@ -39,7 +39,7 @@ from ._store import RunRow, Store, Summary
 from .agents._providers import ScriptedProvider
 
 READS = ("get_run", "entries", "entries_page", "list_runs", "load_snapshot",
-         "cancel_requested")
+         "cancel_requested", "decisions")
 
 
 class Fault:
@@ -221,6 +221,18 @@ class FaultyStore(Store):
                                                       **kwargs)
         return got
 
+    async def offer_decision(self, run_id: str, gate: str, decision: dict[str, Any],
+                             *args: Any, **kwargs: Any) -> dict[str, Any] | None:
+        got: dict[str, Any] | None = await self._call("offer_decision", run_id, gate,
+                                                      decision, *args, **kwargs)
+        return got
+
+    async def decisions(self, run_id: str, *args: Any, **kwargs: Any
+                        ) -> dict[str, dict[str, Any]]:
+        got: dict[str, dict[str, Any]] = await self._call("decisions", run_id, *args,
+                                                          **kwargs)
+        return got
+
     async def save_snapshot(self, run_id: str, seq: int, data: bytes, *args: Any,
                             **kwargs: Any) -> None:
         await self._call("save_snapshot", run_id, seq, data, *args, **kwargs)
@@ -252,7 +264,7 @@ class FaultyStore(Store):
 
 
 _WRITES = ("create_run", "append", "claim", "claim_next", "heartbeat", "release",
-           "request_cancel", "save_snapshot", "delete_finished")
+           "request_cancel", "save_snapshot", "delete_finished", "offer_decision")
 
 
 __all__ = ["Fault", "FaultyStore", "ScriptedProvider"]

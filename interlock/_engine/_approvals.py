@@ -26,6 +26,7 @@ run's log, which a store accepts once; the loser gets a clear refusal.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -42,6 +43,8 @@ from ._fold import Gate, RunView
 
 ENGINE = "interlock (deadline)"
 
+log = logging.getLogger("interlock")
+
 
 @dataclass(frozen=True, slots=True)
 class Decision:
@@ -57,6 +60,8 @@ class Decision:
     # the decider's roles, as an authenticating tool (a server) vouches for them: an
     # ``approvers:`` entry ``role:NAME`` admits a decider with the role NAME
     roles: tuple[str, ...] = ()
+    # where it was made (the surface: "cli", "api", "dashboard", "slack", ...): recorded
+    via: str | None = None
 
 
 def approve(by: str | None = None, comment: str | None = None, *,
@@ -150,12 +155,14 @@ def decide(spec: WorkflowSpec, view: RunView, decision: Decision, *,
         raise NotAnApprover(refused)
     data = _checked_data(gate, decision)
     if decision.kind == "approve":
-        return _records(spec, view, gate, "approved", decision.by, decision.comment, data=data)
+        return _records(spec, view, gate, "approved", decision.by, decision.comment, data=data,
+                        via=decision.via)
     if decision.kind == "reject":
-        return _records(spec, view, gate, "rejected", decision.by, decision.comment, data=data)
+        return _records(spec, view, gate, "rejected", decision.by, decision.comment, data=data,
+                        via=decision.via)
     if gate.kind == "tool":
         return _records(spec, view, gate, "modified", decision.by, decision.comment,
-                        patch=_checked_edit(gate, decision))
+                        patch=_checked_edit(gate, decision), via=decision.via)
     assert ns.approval is not None
     allowed = list(ns.approval.on_modify)
     target = decision.at or allowed[0]
@@ -164,7 +171,7 @@ def decide(spec: WorkflowSpec, view: RunView, decision: Decision, *,
                          f"re-enter at {', '.join(allowed)} (approval.on_modify)")
     check_patch(spec, view, decision.patch)
     return _records(spec, view, gate, "modified", decision.by, decision.comment,
-                    patch=L.to_json_value(decision.patch), reenter=target)
+                    patch=L.to_json_value(decision.patch), reenter=target, via=decision.via)
 
 
 class NotAnApprover(UsageError):
@@ -271,12 +278,107 @@ def _schema_text(schema: Any, limit: int = 400) -> str:
 
 def _pick(pending: list[Gate], node: str | None) -> Gate:
     if node is None:
-        return pending[0]
+        return oldest(pending)
     for gate in pending:
-        if gate.node == node:
+        if gate.node == node or gate_name(gate) == node:
             return gate
-    names = ", ".join(g.node for g in pending)
-    raise UsageError(f"no decision is pending at {node!r}; waiting: {names}")
+    names = ", ".join(gate_name(g) for g in pending)
+    raise UsageError(f"the decision is refused: no gate waits at {node!r} (it was decided "
+                     f"already, or is not a gate of this run); waiting: {names}")
+
+
+# -- several gates at once (SPEC §3) ----------------------------------------------------
+
+
+def gate_name(gate: Gate) -> str:
+    """The gate's name in ``waiting.pending`` and for ``--gate``/the API's ``node``: its
+    node, or for a child run's gate the path of nodes down to it."""
+    return gate.path or gate.node
+
+
+def gate_slot(gate: Gate) -> str:
+    """The key a decision on ``gate`` is offered under (`Store.offer_decision`): one per
+    visit of the gate, and for a confirmation asked inside a node (a guarded tool call)
+    one per key it asks under, so that a gate asked again is decided afresh."""
+    return f"{gate.node}#{gate.visit}" + (f"#{gate.key}" if gate.key is not None else "")
+
+
+def oldest(pending: list[Gate]) -> Gate:
+    """The gate waiting longest (by ``requested_at``; the first requested on a tie)."""
+    return min(pending, key=lambda g: g.requested_at)
+
+
+def waiting_object(pending: list[Gate]) -> dict[str, Any]:
+    """The ``waiting`` object of a run waiting at ``pending`` (SPEC §3): the oldest
+    gate's, with ``pending`` listing every waiting gate, oldest first."""
+    gates = sorted(pending, key=lambda g: g.requested_at)
+    out = gates[0].waiting()
+    out["pending"] = [g.waiting() for g in gates]
+    return out
+
+
+def offer_of(gate: Gate, decision: Decision) -> dict[str, Any]:
+    """What `Store.offer_decision` keeps of ``decision`` on ``gate`` (JSON data)."""
+    return {"node": gate.node, "visit": gate.visit, "key": gate.key,
+            "decision": decision.kind,
+            "by": decision.by, "comment": decision.comment,
+            "patch": L.to_json_value(decision.patch) if decision.patch else None,
+            "at": decision.at, "data": L.to_json_value(decision.data),
+            "roles": list(decision.roles), "via": decision.via,
+            "offered_at": time.time()}
+
+
+def offered(spec: WorkflowSpec, view: RunView, offers: dict[str, dict[str, Any]],
+            *, expired: Items | None = None) -> Items:
+    """The records of the decisions offered for gates still waiting in ``view`` (each
+    checked again against the gate as it is now; one that no longer fits is dropped,
+    logged): what an executor folds in, in the order they were offered. A rejection that
+    ends the run ends the list."""
+    items: Items = []
+    done = {(f["node"], f["visit"]) for t, f in expired or () if t == L.APPROVAL_DECIDED}
+    for _, d in sorted(offers.items(), key=lambda kv: kv[1].get("offered_at") or 0):
+        key = (str(d.get("node")), int(d.get("visit") or 0))
+        gate = view.gates.get(key)
+        if gate is None or gate.decision is not None or key in done \
+                or d.get("key") != gate.key:
+            continue
+        decision = Decision(d["decision"], d.get("by"), d.get("comment"),
+                            dict(d.get("patch") or {}), d.get("at"), gate.node,
+                            d.get("data"), tuple(d.get("roles") or ()), d.get("via"))
+        try:
+            recs = decide(spec, _Only(view, gate), decision)  # type: ignore[arg-type]
+        except UsageError as exc:
+            log.warning("a decision offered on gate %r (by %s) no longer fits it and is "
+                        "dropped: %s", gate_name(gate), decision.by, exc)
+            continue
+        done.add(key)
+        items += recs
+        if any(t == L.RUN_REJECTED for t, _ in recs):
+            break
+    return items
+
+
+class _Only:
+    """A view whose only pending gate is ``gate`` (what `decide` picks from), the rest
+    of it ``view``'s."""
+
+    def __init__(self, view: RunView, gate: Gate) -> None:
+        self._view, self._gate = view, gate
+
+    def pending_gates(self) -> list[Gate]:
+        return [self._gate]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._view, name)
+
+
+def close_others(view: RunView, gate: Gate | None, why: str) -> Items:
+    """``approval.decided`` ``closed`` for every gate still waiting but ``gate``: the run
+    ends (rejected) and they are not needed (SPEC §3)."""
+    return [(L.APPROVAL_DECIDED, {"node": g.node, "visit": g.visit, "kind": g.kind,
+                                  "decision": "closed", "by": None, "comment": why,
+                                  "key": g.key})
+            for g in view.pending_gates() if g is not gate]
 
 
 def known_fields(spec: WorkflowSpec, state: Iterable[str]) -> set[str]:
@@ -328,12 +430,14 @@ def patch_schema(spec: WorkflowSpec, state: Iterable[str] = ()) -> dict[str, Any
 def _records(spec: WorkflowSpec, view: RunView, gate: Gate, decision: str, by: str | None,
              comment: str | None, *, patch: dict[str, Any] | None = None,
              reenter: str | None = None, timed_out: bool = False,
-             data: Any = None) -> Items:
+             data: Any = None, via: str | None = None) -> Items:
     base = {"node": gate.node, "visit": gate.visit, "kind": gate.kind, "decision": decision,
             "by": by, "comment": comment, "patch": patch, "reenter": reenter,
             "timed_out": timed_out or None, "key": gate.key}
     if data is not None:
         base["data"] = data
+    if via is not None:
+        base["via"] = via
     items: Items = [(L.APPROVAL_DECIDED, base)]
     if gate.kind == "workflow":
         # the node runs again and continues its child (`_runs.resume` has decided the
@@ -350,6 +454,8 @@ def _records(spec: WorkflowSpec, view: RunView, gate: Gate, decision: str, by: s
     if gate.kind == "confirm":
         if decision != "approved":
             msg = f"{gate.node!r} needed confirmation and was {decision} by {by}"
+            items += close_others(view, gate, f"not needed: the run was rejected at "
+                                  f"{gate.node!r}")
             items.append(R.run_rejected(gate.node, msg + (f": {comment}" if comment else "")))
         return items
     record: dict[str, Any] = {"decision": decision, "by": by, "comment": comment,
@@ -366,6 +472,8 @@ def _records(spec: WorkflowSpec, view: RunView, gate: Gate, decision: str, by: s
             and not any(gate.node in e.source for e in spec.edges):
         # a rejected gate with no edge of its own to follow: the run ends REJECTED, as
         # when its edges follow none (the decider says so for a gate that has edges)
+        items += close_others(view, gate, f"not needed: the run was rejected at "
+                              f"{gate.node!r}")
         items.append(R.run_rejected(gate.node, f"approval {gate.node!r} was {decision} by "
                                     f"{by or 'an anonymous decider'}"
                                     + (f": {comment}" if comment else "")))

@@ -42,6 +42,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from .. import _log as L
@@ -50,6 +51,7 @@ from .._definition._model import DEFAULT_STEPS
 from .._definition._plan import Plan, PlanNode
 from .._errors import InterlockError, InternalError, RunError, StepLimitError
 from . import _records as R
+from ._approvals import close_others, offered, waiting_object
 from ._call import NodeCall
 from ._decide import Abort, Decider, Rejected, caught_error
 from ._fold import RunView
@@ -89,6 +91,9 @@ class Runner:
         # finish and are committed, no other starts, and the run is left RUNNING (a
         # worker's drain on SIGTERM; whoever claims the run next continues it)
         self.stop: Stop | None = None
+        # the decisions offered for this run's gates by other processes while it executes
+        # (`Store.offer_decision`), read when it would otherwise wait: set by its driver
+        self.offers: Callable[[], Awaitable[dict[str, dict[str, Any]]]] | None = None
 
     async def execute(self) -> None:
         """Run the loop until the run ends or waits; its last record is committed."""
@@ -101,6 +106,9 @@ class Runner:
         except Abort as abort:
             self.sink.add(R.run_failed(abort.error.to_json(), abort.error.node))
         except Rejected as rej:
+            for item in close_others(self.view, None, f"not needed: the run was rejected at "
+                                     f"{rej.node!r}"):
+                self.sink.add(item)
             self.sink.add(R.run_rejected(rej.node, rej.message))
         except StoreOutage as outage:  # the store failed under a node's ``ctx.once``
             raise outage.error from outage.error.__cause__
@@ -167,8 +175,9 @@ class Runner:
                     log.info("run %s stopped at a node boundary; it is continued when "
                              "next claimed", self.run_id)
                     return
-                await self._end()
-                return
+                if await self._end():
+                    return
+                continue
             await self._collect()
 
     def _restart_running(self) -> None:
@@ -182,18 +191,70 @@ class Runner:
             first_body = gate is not None and gate.kind == "confirm" and not gate.body_started
             self._start_task(v.node, v.visit, 1 if first_body else v.attempt + 1, rerun=True)
 
-    async def _end(self) -> None:
-        """Nothing runs and nothing is ready: the run completed, or waits for a human."""
+    async def _end(self) -> bool:
+        """Nothing runs and nothing is ready: the run completed, or waits for a human --
+        unless a decision offered meanwhile (another process's) continues it: False."""
         view = self.view
         if view.idle:
             await self.sink.commit([R.run_completed()])
-            return
+            return True
+        if view.due or view.ready:
+            return False  # a decision folded in while the loop awaited: go on
         pending = view.pending_gates()
+        if pending and await self.fold_offers():
+            return view.status in ("REJECTED", "COMPLETED", "CANCELLED")
         if pending and not view.ready and not view.due:
-            await self.sink.commit([R.run_waiting(pending[0].waiting(), pending[0].node)])
-            return
+            first = waiting_object(pending)
+            await self.sink.commit([R.run_waiting(first, first["node"])])
+            return True
         raise Abort(RunError("the run stopped with work left over -- this is a bug "
                              "in interlock, please report it with the trace"))
+
+    async def fold_offers(self, offers: dict[str, dict[str, Any]] | None = None) -> bool:
+        """Fold in the decisions offered for this run's waiting gates (SPEC §3: a decision
+        made while this process executes the run; ``offers``: those read already, else
+        read here): their records committed, the bodies they let run started. Whether any
+        was folded in. A rejection that ends the run while other visits run raises
+        `Rejected` (the loop stops them first)."""
+        view = self.view
+        if not view.pending_gates():
+            return False
+        if offers is None:
+            if self.offers is None:
+                return False
+            offers = await self.offers()
+        items = offered(self.plan.spec, view, offers) if offers else []
+        if not items:
+            return False
+        ending = [fields for t, fields in items if t == L.RUN_REJECTED]
+        if ending and self._tasks:
+            await self.sink.commit([i for i in items if i[0] != L.RUN_REJECTED])
+            raise Rejected(ending[0]["node"], ending[0]["error"]["message"])
+        await self.sink.commit(items)
+        for _, fields in items:
+            key = (fields.get("node"), fields.get("visit"))
+            v = view.running.get(key)  # type: ignore[arg-type]
+            if v is None or key in self._tasks or fields.get("decision") == "closed":
+                continue
+            gate = view.gates.get(key)  # type: ignore[arg-type]
+            if gate is not None and gate.decision is None:
+                continue
+            if gate is not None and gate.kind == "confirm" and not gate.body_started:
+                self._start_task(v.node, v.visit, 1, rerun=True)  # the approved body
+            elif gate is None and fields.get("kind") in ("tool", "workflow"):
+                self._start_task(v.node, v.visit, v.attempt + 1, rerun=True)  # asks again
+        return True
+
+    def offer(self, offers: dict[str, dict[str, Any]]) -> None:
+        """Hand decisions offered for this run (read by its watcher) to the loop, which
+        folds them in (`fold_offers`) when it next looks."""
+        gates = self.view.pending_gates()
+        if self._done is None or not self._tasks or not gates:
+            return
+        waiting = {(g.node, g.visit, g.key) for g in gates}
+        if any((d.get("node"), d.get("visit"), d.get("key")) in waiting
+               for d in offers.values()):
+            self._done.put_nowait(_Offers(offers))
 
     async def _collect(self) -> None:
         """Wait for a visit to finish; take every other one that has finished too (a
@@ -202,6 +263,12 @@ class Runner:
         assert done is not None
         outcome = await done.get()
         while True:
+            if isinstance(outcome, _Offers):  # decisions offered: fold them in
+                await self.fold_offers(outcome.offers)
+                if done.empty():
+                    break
+                outcome = done.get_nowait()
+                continue
             if not isinstance(outcome, Outcome):
                 raise outcome  # a visit raised (the store failed, a bug): the run's error
             self._tasks.pop((outcome.node, outcome.visit), None)
@@ -400,6 +467,14 @@ class Runner:
         # decide this node's edges in the same batch: its completion and where the run
         # goes next are committed together
         self.decide.due()
+
+
+class _Offers(BaseException):
+    """Decisions offered for the run, put in the outcomes' queue by its watcher."""
+
+    def __init__(self, offers: dict[str, dict[str, Any]]) -> None:
+        super().__init__("offers")
+        self.offers = offers
 
 
 def _leaf(exc: BaseException) -> BaseException:

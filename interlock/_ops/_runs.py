@@ -6,17 +6,19 @@ Every function here reads a run's records and folds them with the same
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .. import _log as L
 from .._definition._bounds import check_config, check_run_id
 from .._definition._model import WorkflowSpec, check_limits
-from .._engine._fold import RunResult, RunView
+from .._engine._fold import RunResult, RunView, result_of
 from .._engine._journal import Journal
-from .._errors import ClaimError, LogError, RunNotFound, UsageError
+from .._errors import ClaimError, ClaimLost, LogError, RunNotFound, UsageError
 from .._store import RunRow, Store, Summary, release_store
 from ._children import _child_gate, _decide_child, _expired_children, _unblocked
 from ._claims import LEASE_SECONDS, _claim_of, make_owner, make_run_id
@@ -47,68 +49,236 @@ async def resume(run_id: str, decision: Decision | None = None, *,
     unless a gate's deadline has passed: then the engine decides, and says so.
     ``detach``: record the decision (and the resume) and return without executing: the
     run is PENDING until a worker (``interlock worker``) claims and continues it.
+    A decision on a run another process is executing is recorded for that process,
+    which continues the gate's branch (SPEC §3): the run is returned as it stands.
     """
-    from .._engine._approvals import decide, expire
+    result, _ = await resume_gate(run_id, decision, store=store, workflow=workflow,
+                                  config=config, limits=limits, force=force,
+                                  listener=listener, detach=detach)
+    return result
 
+
+@dataclass(frozen=True, slots=True)
+class GateDecision:
+    """What `decide_gate` did: the run as it stands after, and -- when another process
+    was executing the run -- that process's owner name (it folds the decision in and
+    continues the gate's branch; the decision is recorded all the same)."""
+
+    result: RunResult
+    handed_over: str | None = None
+
+
+async def decide_gate(run_id: str, gate: str | None, decision: Decision, *,
+                      by: str | None = None, via: str | None = None,
+                      store: str | Store | None = None, workflow: Functions | None = None,
+                      listener: Listener | None = None, detach: bool = False
+                      ) -> GateDecision:
+    """Decide one gate of a run (SPEC §3): ``gate`` is its name in ``waiting.pending``
+    (a node, ``NODE[i]`` for a map item's, ``parent_node/child_gate`` for a child run's;
+    None: the oldest waiting), ``decision`` an `approve`/`reject`/`modify`, ``by`` who
+    decides (default: the decision's), ``via`` where (``"cli"``, ``"api"``,
+    ``"dashboard"``, ``"slack"``, ... -- recorded with it).
+
+    Exactly one decision per gate wins: another on the same gate is refused
+    (`GateTaken`, a UsageError: exit 2, a 409), as is a decision the gate does not accept
+    (UsageError; `NotAnApprover` for a decider its ``approvers:`` do not list). Decided
+    here, the run executes on to its next stop (``detach``: recorded only, for a
+    worker); while another process executes the run, the decision is recorded for it
+    and ``handed_over`` names it."""
+    from dataclasses import replace
+
+    decision = replace(decision, node=gate if gate is not None else decision.node,
+                       by=by if by is not None else decision.by,
+                       via=via if via is not None else decision.via)
+    result, owner = await resume_gate(run_id, decision, store=store, workflow=workflow,
+                                      listener=listener, detach=detach)
+    return GateDecision(result, owner)
+
+
+# how long a decision on a run another process executes waits for that process to fold
+# it in (or to let the run go, when this one records it itself) before it returns
+HANDOVER_SECONDS = 2 * LEASE_SECONDS
+HANDOVER_POLL = 0.05
+
+
+async def resume_gate(run_id: str, decision: Decision | None = None, *,
+                      store: str | Store | None = None, workflow: Functions | None = None,
+                      config: Mapping[str, Any] | None = None,
+                      limits: Mapping[str, Any] | None = None, force: bool = False,
+                      listener: Listener | None = None, detach: bool = False
+                      ) -> tuple[RunResult, str | None]:
+    """`resume`, and whether the decision was handed over: the owner executing the run
+    it was recorded for (None when this call recorded it and executed the run, or there
+    was no decision).
+
+    A decision on a gate of this run is first offered (`Store.offer_decision`: exactly
+    one per gate wins, refused for the others), then recorded under the run's claim --
+    here, or by the process executing the run, which folds offered decisions in."""
     st, owned = open_store_arg(store)
     try:
-        loaded = await load_run(st, run_id, workflow=workflow, executable=True)
-        view = loaded.view
-        fields = _overrides(config, limits)
-        first: list[tuple[str, dict[str, Any]]] = []
-        if view.status == "WAITING_APPROVAL":
-            expired = expire(loaded.spec, view)
-            moved = await _unblocked(st, run_id, view)  # child runs that wait no more
-            first += expired + moved
-            child = _child_gate(view, decision, moved) if decision is not None else None
-            if moved and decision is not None and child is None:
-                raise UsageError(
-                    f"run {run_id!r}: the child run {moved[0][1]['key']!r} it waited for "
-                    "does not wait there any more (decided or continued on its own, or "
-                    "not this run's: a fork's); resume it without a decision first, then "
-                    "decide what it waits for then")
-            if child is not None:  # a gate inside a child run: it decides it (SPEC §7)
-                gate, below = child
-                await _decide_child(st, str(gate.key), below)
-                assert decision is not None
-                first.append((L.APPROVAL_DECIDED, {
-                    "node": gate.node, "visit": gate.visit, "kind": "workflow",
-                    "decision": _PAST[decision.kind], "by": decision.by,
-                    "comment": decision.comment, "key": gate.key, "path": gate.path}))
-            elif decision is not None:
-                first += decide(loaded.spec, view, decision, expired=expired)
-            else:  # a gate in a child run whose deadline passed: decided there
-                first += await _expired_children(st, view, moved)
-            if decision is None and not first:
-                gate = view.pending_gates()[0]
-                raise UsageError(f"run {run_id!r} is waiting for a decision at "
-                                 f"{gate.path or gate.node!r}; "
-                                 "resume it with --approve, --reject or --modify "
-                                 "(interlock.approve/reject/modify in Python)")
-        elif decision is not None:
-            raise UsageError(f"run {run_id!r} is {view.status}, not waiting for a decision; "
-                             "the decision is refused")
-        elif view.status not in RESUMABLE:
-            raise UsageError(f"run {run_id!r} is {view.status}; only a failed, interrupted or "
-                             "waiting run can be resumed")
-        resumed = dict(fields, by=decision.by if decision else None)
-        if detach:
-            resumed["detached"] = True
-        spans, listener = await _traced(st, run_id, loaded.row.workflow, listener)
+        offered_gate: tuple[str, int, str | None] | None = None
+        if decision is not None:
+            offered_gate = await _offer(st, run_id, decision, workflow)
+        if offered_gate is not None:
+            decision = None  # the offer is folded in with the others (`_resume`)
         try:
-            result = await drive(loaded.plan, st, run_id, view, loaded.writer(),
-                                 first=[(L.RUN_RESUMED, resumed), *first], force=force,
-                                 listener=listener, execute=not detach)
-        finally:
-            if spans is not None:
-                spans.end()
-        link = loaded.row.options.get("parent")
-        if link is not None:  # a child run resumed on its own: its parent goes on too
-            await _continue_parent(st, run_id, link, detach=detach)
-        return result
+            return await _resume(st, run_id, decision, workflow=workflow, config=config,
+                                 limits=limits, force=force, listener=listener,
+                                 detach=detach), None
+        except ClaimError as exc:
+            if offered_gate is None or isinstance(exc, ClaimLost):
+                raise
+            return await _handover(st, run_id, offered_gate, exc, workflow=workflow,
+                                   config=config, limits=limits, listener=listener,
+                                   detach=detach)
     finally:
         if owned:
             await release_store(st)
+
+
+async def _offer(st: Store, run_id: str, decision: Decision, workflow: Functions | None
+                 ) -> tuple[str, int, str | None] | None:
+    """Check ``decision`` against the run's gate it is for and offer it: the gate it was
+    offered for, or None for a decision this run does not take by an offer (a gate of a
+    child run, a run waiting for nothing: `_resume` decides or refuses it as before).
+    Raises UsageError when refused (checked, or another decision won the gate)."""
+    from .._engine._approvals import decide, expire, gate_name, gate_slot, offer_of
+
+    loaded = await load_run(st, run_id, workflow=workflow)
+    view = loaded.view
+    pending = view.pending_gates()
+    if not pending or view.status in TERMINAL_STATUSES:
+        return None
+    expired = expire(loaded.spec, view)
+    if _child_gate(view, decision, []) is not None or \
+            (decision.node is not None and "/" in decision.node):
+        return None
+    records = decide(loaded.spec, view, decision, expired=expired)  # (raises: refused)
+    decided = records[0][1]
+    gate = view.gates[(decided["node"], decided["visit"])]
+    won = await st.offer_decision(run_id, gate_slot(gate), offer_of(gate, decision))
+    if won is not None:
+        who = won.get("by") or "an anonymous decider"
+        via = f" via {won['via']}" if won.get("via") else ""
+        raise GateTaken(f"the decision is refused: gate {gate_name(gate)!r} of run "
+                        f"{run_id!r} was decided already ({won.get('decision')} by {who}"
+                        f"{via}); exactly one decision per gate wins -- see "
+                        f"`interlock status {run_id}`")
+    return gate.node, gate.visit, gate.key
+
+
+class GateTaken(UsageError):
+    """Another decision won the gate (a server answers 409)."""
+
+
+async def _handover(st: Store, run_id: str, gate: tuple[str, int, str | None],
+                    claimed: ClaimError, *,
+                    workflow: Functions | None, config: Mapping[str, Any] | None,
+                    limits: Mapping[str, Any] | None, listener: Listener | None,
+                    detach: bool) -> tuple[RunResult, str | None]:
+    """Another process executes the run: it folds the decision offered for ``gate`` in
+    within its poll interval. Wait for that -- or for the run to be let go, then record
+    it here (`_resume`) -- up to `HANDOVER_SECONDS`; the run as it stands, and the owner
+    it was handed over to."""
+    loop = asyncio.get_running_loop()
+    until = loop.time() + HANDOVER_SECONDS
+    while True:
+        loaded = await load_run(st, run_id, workflow=workflow)
+        g = loaded.view.gates.get(gate[:2])
+        if g is None or g.decision is not None or g.key != gate[2]:  # folded in
+            return result_of(run_id, loaded.row.workflow, loaded.view), claimed.owner
+        if loop.time() >= until:  # still offered: whoever executes the run next folds it
+            return result_of(run_id, loaded.row.workflow, loaded.view), claimed.owner
+        await asyncio.sleep(HANDOVER_POLL)
+        try:
+            return await _resume(st, run_id, None, workflow=workflow, config=config,
+                                 limits=limits, listener=listener, detach=detach), None
+        except ClaimLost:
+            raise
+        except ClaimError:
+            continue
+
+
+async def _resume(st: Store, run_id: str, decision: Decision | None, *,
+                  workflow: Functions | None, config: Mapping[str, Any] | None,
+                  limits: Mapping[str, Any] | None, force: bool = False,
+                  listener: Listener | None, detach: bool) -> RunResult:
+    from .._engine._approvals import decide, expire, offered
+
+    loaded = await load_run(st, run_id, workflow=workflow, executable=True)
+    view = loaded.view
+    fields = _overrides(config, limits)
+    first: list[tuple[str, dict[str, Any]]] = []
+    if view.pending_gates() and view.status not in TERMINAL_STATUSES:
+        expired = expire(loaded.spec, view)
+        moved = await _unblocked(st, run_id, view)  # child runs that wait no more
+        first += expired + moved
+        child = _child_gate(view, decision, moved) if decision is not None else None
+        if moved and decision is not None and child is None:
+            raise UsageError(
+                f"run {run_id!r}: the child run {moved[0][1]['key']!r} it waited for "
+                "does not wait there any more (decided or continued on its own, or "
+                "not this run's: a fork's); resume it without a decision first, then "
+                "decide what it waits for then")
+        if child is not None:  # a gate inside a child run: it decides it (SPEC §7)
+            gate, below = child
+            await _decide_child(st, str(gate.key), below)
+            assert decision is not None
+            first.append((L.APPROVAL_DECIDED, {
+                "node": gate.node, "visit": gate.visit, "kind": "workflow",
+                "decision": _PAST[decision.kind], "by": decision.by,
+                "comment": decision.comment, "key": gate.key, "path": gate.path}))
+        elif decision is not None:
+            first += decide(loaded.spec, view, decision, expired=expired)
+        else:  # a gate in a child run whose deadline passed: decided there
+            first += await _expired_children(st, view, moved)
+        # the decisions offered for gates still waiting (this call's among them)
+        done = {(f["node"], f["visit"]) for t, f in first if t == L.APPROVAL_DECIDED}
+        if not any(t == L.RUN_REJECTED for t, _ in first):
+            offers = await st.decisions(run_id)
+            if offers:
+                first += offered(loaded.spec, view,
+                                 {k: d for k, d in offers.items()
+                                  if (d.get("node"), d.get("visit")) not in done},
+                                 expired=first)
+        if decision is None and not first and view.status == "WAITING_APPROVAL":
+            from .._engine._approvals import gate_name, oldest
+
+            gate = oldest(view.pending_gates())
+            raise UsageError(f"run {run_id!r} is waiting for a decision at "
+                             f"{gate_name(gate)!r}; "
+                             "resume it with --approve, --reject or --modify "
+                             "(interlock.approve/reject/modify in Python)")
+    elif decision is not None:
+        raise UsageError(f"run {run_id!r} is {view.status}, not waiting for a decision; "
+                         "the decision is refused")
+    elif view.status not in RESUMABLE:
+        raise UsageError(f"run {run_id!r} is {view.status}; only a failed, interrupted or "
+                         "waiting run can be resumed")
+    resumed = dict(fields, by=decision.by if decision else _by(first))
+    if detach:
+        resumed["detached"] = True
+    spans, listener = await _traced(st, run_id, loaded.row.workflow, listener)
+    try:
+        result = await drive(loaded.plan, st, run_id, view, loaded.writer(),
+                             first=[(L.RUN_RESUMED, resumed), *first], force=force,
+                             listener=listener, execute=not detach)
+    finally:
+        if spans is not None:
+            spans.end()
+    link = loaded.row.options.get("parent")
+    if link is not None:  # a child run resumed on its own: its parent goes on too
+        await _continue_parent(st, run_id, link, detach=detach)
+    return result
+
+
+def _by(first: list[tuple[str, dict[str, Any]]]) -> str | None:
+    """Who resumed the run: the decider of its first decision folded in, if any."""
+    for rtype, fields in first:
+        if rtype == L.APPROVAL_DECIDED and fields.get("decision") != "closed":
+            by = fields.get("by")
+            return by if isinstance(by, str) else None
+    return None
 
 
 _PAST = {"approve": "approved", "reject": "rejected", "modify": "modified"}

@@ -124,6 +124,9 @@ class DecisionIn(_Body):
     by: str | None = Field(default=None, max_length=200,
                            description="who decides; ignored when the server has --auth "
                                        "(the token's name is recorded)")
+    via: str | None = Field(default=None, max_length=40, pattern=r"^[a-z][a-z0-9_-]*$",
+                            description="where the decision was made (dashboard, api, ...): "
+                                        "recorded with it; default api")
 
 
 class CancelIn(_Body):
