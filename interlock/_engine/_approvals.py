@@ -346,7 +346,7 @@ def offered(spec: WorkflowSpec, view: RunView, offers: dict[str, dict[str, Any]]
                             dict(d.get("patch") or {}), d.get("at"), gate.node,
                             d.get("data"), tuple(d.get("roles") or ()), d.get("via"))
         try:
-            recs = decide(spec, _Only(view, gate), decision)  # type: ignore[arg-type]
+            recs = decide(spec, view, decision)  # (its node: that gate)
         except UsageError as exc:
             log.warning("a decision offered on gate %r (by %s) no longer fits it and is "
                         "dropped: %s", gate_name(gate), decision.by, exc)
@@ -356,20 +356,6 @@ def offered(spec: WorkflowSpec, view: RunView, offers: dict[str, dict[str, Any]]
         if any(t == L.RUN_REJECTED for t, _ in recs):
             break
     return items
-
-
-class _Only:
-    """A view whose only pending gate is ``gate`` (what `decide` picks from), the rest
-    of it ``view``'s."""
-
-    def __init__(self, view: RunView, gate: Gate) -> None:
-        self._view, self._gate = view, gate
-
-    def pending_gates(self) -> list[Gate]:
-        return [self._gate]
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._view, name)
 
 
 def close_others(view: RunView, gate: Gate | None, why: str) -> Items:
@@ -469,7 +455,8 @@ def _records(spec: WorkflowSpec, view: RunView, gate: Gate, decision: str, by: s
         record["reenter"] = reenter
     items.append(R.gate_completed(gate.node, gate.visit, {gate.node: record}, reenter))
     if decision in ("rejected", "timed_out") and reenter is None \
-            and not any(gate.node in e.source for e in spec.edges):
+            and (not any(gate.node in e.source for e in spec.edges)
+                 or _rejection_ends_now(view, gate)):
         # a rejected gate with no edge of its own to follow: the run ends REJECTED, as
         # when its edges follow none (the decider says so for a gate that has edges)
         items += close_others(view, gate, f"not needed: the run was rejected at "
@@ -478,3 +465,17 @@ def _records(spec: WorkflowSpec, view: RunView, gate: Gate, decision: str, by: s
                                     f"{by or 'an anonymous decider'}"
                                     + (f": {comment}" if comment else "")))
     return items
+
+
+def _rejection_ends_now(view: RunView, gate: Gate) -> bool:
+    """Whether rejecting ``gate`` ends the run at once (SPEC §3): none of its edges (its
+    joins included) reads ``<gate>.decision`` -- so none is followed -- while other gates
+    wait or other visits run (alone, the edges' decision says so, as it always has)."""
+    pn = view.plan.nodes[gate.node]
+    path = f"{gate.node}.decision"
+    for e in pn.out:
+        if any(path in x.paths for x in (e.cond, e.switch) if x is not None):
+            return False
+    others = [g for g in view.pending_gates() if g is not gate]
+    running = [k for k in view.running if k != (gate.node, gate.visit)]
+    return bool(others or running)

@@ -283,7 +283,9 @@ class Runner:
     def _start_ready(self) -> tuple[PlanNode, int] | None:
         """Start every ready node; return the one to run inline when it is alone."""
         view = self.view
-        if len(view.ready) == 1 and not self._tasks and self.inline:
+        # (inline: not while a gate waits -- a decision offered meanwhile wakes the loop
+        # only while it waits for tasks, `offer`)
+        if len(view.ready) == 1 and not self._tasks and self.inline and not view.gates:
             # the common step of a chain or a loop: one node, nothing else in flight
             node = view.ready[0]
             pn = self.plan.nodes[node]
@@ -304,7 +306,7 @@ class Runner:
         # that the visit had started, so it starts again -- with the same visit
         # number and idempotency key -- which is what a resume does anyway.
         bodies = [rec for rec in recs if not self._is_gate(rec["node"])]
-        if len(bodies) == 1 and not self._tasks and self.inline:
+        if len(bodies) == 1 and not self._tasks and self.inline and not view.gates:
             pn = self.plan.nodes[bodies[0]["node"]]
             if pn.mapped is None:  # (a mapped node's items run in a task of their own)
                 return pn, bodies[0]["visit"]

@@ -195,7 +195,7 @@ async def _handover(st: Store, run_id: str, gate: tuple[str, int, str | None],
                                  limits=limits, listener=listener, detach=detach), None
         except ClaimLost:
             raise
-        except ClaimError:
+        except (ClaimError, UsageError):  # still executed there, or it moved on: look again
             continue
 
 
