@@ -54,7 +54,8 @@ LAYERS: dict[int, set[str]] = {
     # stored runs: drive, resume, status, trace, verify, fork, cancel; their coverage;
     # executing them in a pool (a server's, a worker's); node visits (the dashboard's)
     8: {"_ops._load", "_ops._claims", "_ops._cancel", "_ops._children", "_ops._execute",
-        "_ops._verify", "_ops._runs", "_observe._coverage", "_ops._export", "_ops._prune",
+        "_ops._verify", "_ops._runs", "_ops._outcomes", "_observe._coverage", "_ops._export",
+        "_ops._prune",
         "_observe._metrics", "_worker._workers", "_ops._visits"},
     # the façade: builder and loaded file
     9: {"_workflow"},

@@ -196,6 +196,8 @@ _DATA_HINT = "--data JSON on the command line, approve(data=...) or reject(data=
 def _checked_data(gate: Gate, decision: Decision) -> Any:
     """The decision's ``data``, checked against the gate's ``input:`` schema (JSON data;
     None when the gate declares none). Raises UsageError -- nothing is recorded."""
+    if gate.kind == "unknown_outcome":
+        return _checked_outcome(gate, decision)
     schema = gate.input if gate.kind == "approval" else None
     if decision.data is None:
         if schema is not None and decision.kind == "approve":
@@ -229,6 +231,45 @@ def _checked_data(gate: Gate, decision: Decision) -> Any:
                          f"schema of gate {gate.node!r}: {problems}; send data that does "
                          f"({_DATA_HINT}), the schema being {_schema_text(schema)}")
     return value
+
+
+def _checked_outcome(gate: Gate, decision: Decision) -> Any:
+    """An ``unknown_outcome`` gate's data: ``{"result": {...}}``, the outcome a person
+    checked by hand (a node's update mapping), with an approve; None without."""
+    if decision.data is None:
+        return None
+    if decision.kind != "approve":
+        raise UsageError(f"the decision is refused: --data goes with --approve on "
+                         f"{gate.node!r}'s unknown outcome (the outcome checked by hand); "
+                         "--reject records the action as not done, without data")
+    data = decision.data
+    if not isinstance(data, dict) or set(data) != {"result"} \
+            or not isinstance(data["result"], dict):
+        raise UsageError(f"the decision is refused: the outcome of {gate.node!r} checked by "
+                         "hand is --data '{\"result\": {...}}', its update (a JSON object "
+                         "of state fields, {} for none)")
+    check_data(data, "the decision's data")
+    try:
+        value = L.to_json_value(data)
+    except TypeError as exc:
+        raise UsageError(f"the decision is refused: its data is not JSON data: {exc}") from None
+    check_data(None, "the decision's data", len(L.dumps(value)))
+    return value
+
+
+def unknown_outcome(plan_view: RunView, gate: Gate, started: L.Record) -> Items:
+    """The gate a ``confirm: true`` node's visit stops at when the run resumes and its
+    body had started (``started``: that attempt's ``node.started``) without an outcome
+    in the log (SPEC §3): it is not run again unasked."""
+    ns = plan_view.plan.nodes[gate.node].spec
+    reads = ns.reads or []
+    show = {"action": gate.node, "arguments": {f: plan_view.state.get(f) for f in reads},
+            "started_at": started.get("at"), "attempt": started.get("attempt")}
+    return [(L.APPROVAL_REQUESTED, {
+        "node": gate.node, "visit": gate.visit, "kind": "unknown_outcome",
+        "show": L.to_json_value(show), "decisions": ["approve", "reject"],
+        "approvers": list(ns.approval.approvers) if ns.approval is not None
+        and ns.approval.approvers else None, "deadline": None})]
 
 
 def _checked_edit(gate: Gate, decision: Decision) -> dict[str, Any]:
@@ -299,8 +340,10 @@ def gate_name(gate: Gate) -> str:
 def gate_slot(gate: Gate) -> str:
     """The key a decision on ``gate`` is offered under (`Store.offer_decision`): one per
     visit of the gate, and for a confirmation asked inside a node (a guarded tool call)
-    one per key it asks under, so that a gate asked again is decided afresh."""
-    return f"{gate.node}#{gate.visit}" + (f"#{gate.key}" if gate.key is not None else "")
+    one per key it asks under; and per request (an unknown outcome asked after the
+    confirmation of the same visit), so that a gate asked again is decided afresh."""
+    return f"{gate.node}#{gate.visit}@{gate.requested_at!r}" + (
+        f"#{gate.key}" if gate.key is not None else "")
 
 
 def oldest(pending: list[Gate]) -> Gate:
@@ -320,6 +363,7 @@ def waiting_object(pending: list[Gate]) -> dict[str, Any]:
 def offer_of(gate: Gate, decision: Decision) -> dict[str, Any]:
     """What `Store.offer_decision` keeps of ``decision`` on ``gate`` (JSON data)."""
     return {"node": gate.node, "visit": gate.visit, "key": gate.key,
+            "requested_at": gate.requested_at,
             "decision": decision.kind,
             "by": decision.by, "comment": decision.comment,
             "patch": L.to_json_value(decision.patch) if decision.patch else None,
@@ -340,7 +384,7 @@ def offered(spec: WorkflowSpec, view: RunView, offers: dict[str, dict[str, Any]]
         key = (str(d.get("node")), int(d.get("visit") or 0))
         gate = view.gates.get(key)
         if gate is None or gate.decision is not None or key in done \
-                or d.get("key") != gate.key:
+                or d.get("key") != gate.key or d.get("requested_at") != gate.requested_at:
             continue
         decision = Decision(d["decision"], d.get("by"), d.get("comment"),
                             dict(d.get("patch") or {}), d.get("at"), gate.node,
@@ -436,6 +480,12 @@ def _records(spec: WorkflowSpec, view: RunView, gate: Gate, decision: str, by: s
         items.append(R.decision_journaled(
             gate.node, gate.visit, visit.attempt if visit is not None else 1, gate.key,
             {"decision": decision, "by": by, "comment": comment, "patch": patch}))
+        return items
+    if gate.kind == "unknown_outcome":
+        # approved: the body runs again; with data: the outcome checked by hand is its
+        # completion; rejected: the visit fails (`UnknownOutcome`) when the run goes on
+        if decision == "approved" and data is not None:
+            items.append(R.gate_completed(gate.node, gate.visit, dict(data["result"]), None))
         return items
     if gate.kind == "confirm":
         if decision != "approved":

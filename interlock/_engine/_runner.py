@@ -49,7 +49,7 @@ from .. import _log as L
 from .._definition import _expr
 from .._definition._model import DEFAULT_STEPS
 from .._definition._plan import Plan, PlanNode
-from .._errors import InterlockError, InternalError, RunError, StepLimitError
+from .._errors import InterlockError, InternalError, RunError, StepLimitError, UnknownOutcome
 from . import _records as R
 from ._approvals import close_others, offered, waiting_object
 from ._call import NodeCall
@@ -183,13 +183,25 @@ class Runner:
     def _restart_running(self) -> None:
         """Visits that were running when the previous process stopped run again; a gate
         still waiting for its human stays waiting; a confirmed node's body starts."""
+        for key in list(self.view.running):
+            self._restart(key)
+
+    def _restart(self, key: tuple[str, int]) -> None:
+        """`_restart_running` for one visit (or a visit a decision folded in continues)."""
         view = self.view
-        for key, v in list(view.running.items()):
-            gate = view.gates.get(key)
-            if gate is not None and gate.decision is None:
-                continue
-            first_body = gate is not None and gate.kind == "confirm" and not gate.body_started
-            self._start_task(v.node, v.visit, 1 if first_body else v.attempt + 1, rerun=True)
+        v = view.running[key]
+        gate = view.gates.get(key)
+        if gate is not None and gate.decision is None:
+            return
+        if gate is not None and gate.kind == "unknown_outcome" \
+                and gate.decision == "rejected":  # recorded as not done: it failed
+            self._start_failed(v.node, v.visit, v.attempt, UnknownOutcome(
+                f"{v.node!r} was approved and started (attempt {v.attempt}) but its "
+                "outcome is unknown (the process running it stopped); a person recorded "
+                "it as not done (rejected at its unknown_outcome gate)", node=v.node))
+            return
+        first_body = gate is not None and gate.kind == "confirm" and not gate.body_started
+        self._start_task(v.node, v.visit, 1 if first_body else v.attempt + 1, rerun=True)
 
     async def _end(self) -> bool:
         """Nothing runs and nothing is ready: the run completed, or waits for a human --
@@ -231,18 +243,11 @@ class Runner:
             await self.sink.commit([i for i in items if i[0] != L.RUN_REJECTED])
             raise Rejected(ending[0]["node"], ending[0]["error"]["message"])
         await self.sink.commit(items)
-        for _, fields in items:
-            key = (fields.get("node"), fields.get("visit"))
-            v = view.running.get(key)  # type: ignore[arg-type]
-            if v is None or key in self._tasks or fields.get("decision") == "closed":
-                continue
-            gate = view.gates.get(key)  # type: ignore[arg-type]
-            if gate is not None and gate.decision is None:
-                continue
-            if gate is not None and gate.kind == "confirm" and not gate.body_started:
-                self._start_task(v.node, v.visit, 1, rerun=True)  # the approved body
-            elif gate is None and fields.get("kind") in ("tool", "workflow"):
-                self._start_task(v.node, v.visit, v.attempt + 1, rerun=True)  # asks again
+        for rtype, fields in items:
+            key = (str(fields.get("node")), int(fields.get("visit") or 0))
+            if rtype == L.APPROVAL_DECIDED and key in view.running and key not in self._tasks \
+                    and fields.get("decision") != "closed":
+                self._restart(key)  # an approved body, a node that asked, a rejected action
         return True
 
     def offer(self, offers: dict[str, dict[str, Any]]) -> None:
@@ -251,8 +256,8 @@ class Runner:
         gates = self.view.pending_gates()
         if self._done is None or not self._tasks or not gates:
             return
-        waiting = {(g.node, g.visit, g.key) for g in gates}
-        if any((d.get("node"), d.get("visit"), d.get("key")) in waiting
+        waiting = {(g.node, g.visit, g.key, g.requested_at) for g in gates}
+        if any((d.get("node"), d.get("visit"), d.get("key"), d.get("requested_at")) in waiting
                for d in offers.values()):
             self._done.put_nowait(_Offers(offers))
 
@@ -361,6 +366,19 @@ class Runner:
         task = asyncio.get_running_loop().create_task(
             self._run_visit(pn, visit, attempt, rerun), name=f"interlock:{node}:{visit}")
         self._tasks[(node, visit)] = task
+
+    def _start_failed(self, node: str, visit: int, attempt: int, error: RunError) -> None:
+        """A visit whose outcome is a failure known without running it (an unknown
+        outcome recorded as not done): handed to the loop as a finished task's."""
+        if self._done is None:
+            self._done = asyncio.Queue()
+        done = self._done
+
+        async def fail() -> None:
+            done.put_nowait(Outcome(node, visit, attempt, error=error))
+
+        self._tasks[(node, visit)] = asyncio.get_running_loop().create_task(
+            fail(), name=f"interlock:{node}:{visit}")
 
     async def _run_visit(self, pn: PlanNode, visit: int, attempt: int, rerun: bool) -> None:
         """A visit as a task: run it and report the outcome to the loop -- or what it

@@ -18,7 +18,7 @@ from .._definition._bounds import check_config, check_run_id
 from .._definition._model import WorkflowSpec, check_limits
 from .._engine._fold import RunResult, RunView, result_of
 from .._engine._journal import Journal
-from .._errors import ClaimError, ClaimLost, LogError, RunNotFound, UsageError
+from .._errors import ClaimError, ClaimLost, ConflictError, LogError, RunNotFound, UsageError
 from .._store import RunRow, Store, Summary, release_store
 from ._children import _child_gate, _decide_child, _expired_children, _unblocked
 from ._claims import LEASE_SECONDS, _claim_of, make_owner, make_run_id
@@ -32,6 +32,7 @@ from ._load import (
     load_run,
     open_store_arg,
 )
+from ._outcomes import unknown_outcomes
 from ._verify import ChildLinks
 
 if TYPE_CHECKING:
@@ -116,7 +117,7 @@ async def resume_gate(run_id: str, decision: Decision | None = None, *,
     here, or by the process executing the run, which folds offered decisions in."""
     st, owned = open_store_arg(store)
     try:
-        offered_gate: tuple[str, int, str | None] | None = None
+        offered_gate: tuple[str, int, str | None, float] | None = None
         if decision is not None:
             offered_gate = await _offer(st, run_id, decision, workflow)
         if offered_gate is not None:
@@ -125,10 +126,13 @@ async def resume_gate(run_id: str, decision: Decision | None = None, *,
             return await _resume(st, run_id, decision, workflow=workflow, config=config,
                                  limits=limits, force=force, listener=listener,
                                  detach=detach), None
-        except ClaimError as exc:
+        except (ClaimError, ConflictError) as exc:
+            # executed elsewhere, or changed since it was read (another decision recorded
+            # first): the offer stands -- folded in there, or recorded here once free
             if offered_gate is None or isinstance(exc, ClaimLost):
                 raise
-            return await _handover(st, run_id, offered_gate, exc, workflow=workflow,
+            owner = exc.owner if isinstance(exc, ClaimError) else "another process"
+            return await _handover(st, run_id, offered_gate, owner, workflow=workflow,
                                    config=config, limits=limits, listener=listener,
                                    detach=detach)
     finally:
@@ -137,7 +141,7 @@ async def resume_gate(run_id: str, decision: Decision | None = None, *,
 
 
 async def _offer(st: Store, run_id: str, decision: Decision, workflow: Functions | None
-                 ) -> tuple[str, int, str | None] | None:
+                 ) -> tuple[str, int, str | None, float] | None:
     """Check ``decision`` against the run's gate it is for and offer it: the gate it was
     offered for, or None for a decision this run does not take by an offer (a gate of a
     child run, a run waiting for nothing: `_resume` decides or refuses it as before).
@@ -164,15 +168,15 @@ async def _offer(st: Store, run_id: str, decision: Decision, workflow: Functions
                         f"{run_id!r} was decided already ({won.get('decision')} by {who}"
                         f"{via}); exactly one decision per gate wins -- see "
                         f"`interlock status {run_id}`")
-    return gate.node, gate.visit, gate.key
+    return gate.node, gate.visit, gate.key, gate.requested_at
 
 
 class GateTaken(UsageError):
     """Another decision won the gate (a server answers 409)."""
 
 
-async def _handover(st: Store, run_id: str, gate: tuple[str, int, str | None],
-                    claimed: ClaimError, *,
+async def _handover(st: Store, run_id: str, gate: tuple[str, int, str | None, float],
+                    owner: str, *,
                     workflow: Functions | None, config: Mapping[str, Any] | None,
                     limits: Mapping[str, Any] | None, listener: Listener | None,
                     detach: bool) -> tuple[RunResult, str | None]:
@@ -185,17 +189,18 @@ async def _handover(st: Store, run_id: str, gate: tuple[str, int, str | None],
     while True:
         loaded = await load_run(st, run_id, workflow=workflow)
         g = loaded.view.gates.get(gate[:2])
-        if g is None or g.decision is not None or g.key != gate[2]:  # folded in
-            return result_of(run_id, loaded.row.workflow, loaded.view), claimed.owner
+        if g is None or g.decision is not None or g.key != gate[2] \
+                or g.requested_at != gate[3]:  # folded in (or asked again since)
+            return result_of(run_id, loaded.row.workflow, loaded.view), owner
         if loop.time() >= until:  # still offered: whoever executes the run next folds it
-            return result_of(run_id, loaded.row.workflow, loaded.view), claimed.owner
+            return result_of(run_id, loaded.row.workflow, loaded.view), owner
         await asyncio.sleep(HANDOVER_POLL)
         try:
             return await _resume(st, run_id, None, workflow=workflow, config=config,
                                  limits=limits, listener=listener, detach=detach), None
         except ClaimLost:
             raise
-        except (ClaimError, UsageError):  # still executed there, or it moved on: look again
+        except (ClaimError, ConflictError, UsageError):  # executed there, or moved on: again
             continue
 
 
@@ -209,7 +214,16 @@ async def _resume(st: Store, run_id: str, decision: Decision | None, *,
     view = loaded.view
     fields = _overrides(config, limits)
     first: list[tuple[str, dict[str, Any]]] = []
-    if view.pending_gates() and view.status not in TERMINAL_STATUSES:
+    stopped = await unknown_outcomes(st, run_id, view) \
+        if view.gates and view.status not in TERMINAL_STATUSES else []
+    if stopped:  # approved actions that started and have no outcome: a person decides
+        if decision is not None:
+            raise UsageError(f"run {run_id!r} is not waiting for a decision yet: "
+                             f"{stopped[0][1]['node']!r} was approved and started, and its "
+                             "outcome is unknown (the process running it stopped); resume it "
+                             "without a decision: it then waits at an unknown_outcome gate")
+        first += stopped
+    elif view.pending_gates() and view.status not in TERMINAL_STATUSES:
         expired = expire(loaded.spec, view)
         moved = await _unblocked(st, run_id, view)  # child runs that wait no more
         first += expired + moved

@@ -280,23 +280,20 @@ TRIALS = 20
 
 
 @pytest.mark.parametrize("same", [True, False], ids=["same-gate", "two-gates"])
-def test_racing_deciders(tmp_path: Path, same: bool) -> None:
+def test_racing_deciders(tmp_path: Path, same: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """20 trials of two deciders released together: on one gate exactly one wins (the
     other exits 2), on two gates both win; the log always verifies."""
     (tmp_path / "race2.yaml").write_text(RACE)
     (tmp_path / "race2_nodes.py").write_text(RACE_NODES)
     import interlock
 
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
     for n, store in enumerate(store_urls(tmp_path)):
         wf = interlock.load(str(tmp_path / "race2.yaml"))
-        old = os.getcwd()
-        os.chdir(tmp_path)
-        try:
-            ids = [f"race2-{n}-{t}-{os.getpid()}" for t in range(TRIALS)]
-            for run_id in ids:
-                assert wf.run_sync(store=store, run_id=run_id).status == "WAITING_APPROVAL"
-        finally:
-            os.chdir(old)
+        ids = [f"race2-{n}-{t}-{os.getpid()}" for t in range(TRIALS)]
+        for run_id in ids:
+            assert wf.run_sync(store=store, run_id=run_id).status == "WAITING_APPROVAL"
         for run_id in ids:
             gates = ["a", "a"] if same else ["a", "b"]
             results = _race(tmp_path, store, run_id, [
