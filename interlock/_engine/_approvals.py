@@ -243,11 +243,13 @@ def _checked_outcome(gate: Gate, decision: Decision) -> Any:
                          f"{gate.node!r}'s unknown outcome (the outcome checked by hand); "
                          "--reject records the action as not done, without data")
     data = decision.data
+    tool = gate.key is not None  # a guarded tool's: its return value, any JSON
     if not isinstance(data, dict) or set(data) != {"result"} \
-            or not isinstance(data["result"], dict):
+            or not (tool or isinstance(data["result"], dict)):
+        what = ("the tool's return value" if tool else
+                "its update (a JSON object of state fields, {} for none)")
         raise UsageError(f"the decision is refused: the outcome of {gate.node!r} checked by "
-                         "hand is --data '{\"result\": {...}}', its update (a JSON object "
-                         "of state fields, {} for none)")
+                         f"hand is --data '{{\"result\": ...}}', {what}")
     check_data(data, "the decision's data")
     try:
         value = L.to_json_value(data)
@@ -473,13 +475,16 @@ def _records(spec: WorkflowSpec, view: RunView, gate: Gate, decision: str, by: s
         # the node runs again and continues its child (`_runs.resume` has decided the
         # child's gate in the child)
         return items
-    if gate.kind == "tool":
+    if gate.kind == "tool" or (gate.kind == "unknown_outcome" and gate.key is not None):
         # the node runs again: ctx.confirm gives it the decision, ctx.decision the rest
         assert gate.key is not None
         visit = view.running.get((gate.node, gate.visit))
+        said = {"decision": decision, "by": by, "comment": comment, "patch": patch}
+        if data is not None:  # an unknown outcome checked by hand
+            said["data"] = data
         items.append(R.decision_journaled(
             gate.node, gate.visit, visit.attempt if visit is not None else 1, gate.key,
-            {"decision": decision, "by": by, "comment": comment, "patch": patch}))
+            said))
         return items
     if gate.kind == "unknown_outcome":
         # approved: the body runs again; with data: the outcome checked by hand is its

@@ -430,7 +430,7 @@ class RunView:
 
     def _on_approval_requested(self, rec: L.Record) -> None:
         key = (rec["node"], rec["visit"])
-        if rec.get("kind") in _MID_BODY:  # a node that paused mid-body (ctx.confirm)
+        if _mid_body(rec.get("kind"), rec.get("key")):  # paused mid-body (ctx.confirm)
             self._attempt_ended(rec)
         self.gates[key] = Gate(rec["node"], rec["visit"], rec["kind"], rec["at"],
                                rec.get("show") or {}, rec["decisions"], rec.get("deadline"),
@@ -440,7 +440,7 @@ class RunView:
     def _on_approval_decided(self, rec: L.Record) -> None:
         gate = self.gates[(rec["node"], rec["visit"])]
         gate.decision = rec["decision"]
-        if gate.kind in _MID_BODY:
+        if _mid_body(gate.kind, gate.key):
             # the node asked mid-body (ctx.confirm, a child's gate): it runs again and
             # finds the answer
             self.confirmations[(gate.node, gate.visit, rec["key"])] = rec["decision"]
@@ -600,6 +600,13 @@ def result_of(run_id: str, workflow: str, view: RunView) -> RunResult:
 
 
 _MID_BODY = frozenset({"tool", "workflow"})  # gates asked for from inside a node's body
+
+def _mid_body(kind: Any, key: Any) -> bool:
+    """Whether a gate of ``kind`` was asked for from inside a node's body: a guarded
+    tool's, a child run's, a guarded tool's unknown outcome (which has a key; a ``confirm:
+    true`` node's unknown outcome has none)."""
+    return kind in _MID_BODY or (kind == "unknown_outcome" and key is not None)
+
 
 _ENDED = frozenset({"COMPLETED", "REJECTED", "CANCELLED"})  # (a FAILED run may go on)
 

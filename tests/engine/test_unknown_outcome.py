@@ -169,3 +169,76 @@ def test_a_rejected_unknown_outcome_is_catchable(project: CliProject,
     failed = [r for r in records if r["type"] == "node.failed" and r["node"] == "pay"]
     assert failed and failed[-1]["error"]["type"] == "unknown_outcome"
     assert json.dumps(failed[-1]["error"])  # (JSON, as every record)
+
+
+# -- a guarded tool of an agent ------------------------------------------------------------
+
+AGENT_NODES = """
+import os
+import pathlib
+import time
+
+
+def pay(amount: int) -> str:
+    \"\"\"Pay an amount (destructive).\"\"\"
+    with open("paid.log", "a") as f:
+        f.write("paid\\n")
+    pathlib.Path("pay_started.marker").write_text("started")
+    if os.environ.get("PAY_HANGS") == "1":
+        time.sleep(120)
+    return f"paid {amount}"
+"""
+
+AGENT_FLOW = """
+workflow: teller
+nodes:
+  teller:
+    agent:
+      provider: scripted
+      prompt: pay the invoice
+      tools:
+        - {call: {mod}:pay, confirm: true}
+      replies:
+        - {content: "", tool_calls: [{name: pay, arguments: {amount: 100}}]}
+        - "done"
+edges:
+  - {from: START, to: teller}
+"""
+
+
+def _agent_stopped(p: CliProject, run_id: str) -> dict[str, object]:
+    result, out = p.cli_json("resume", run_id)
+    assert result.exit_code == 3, result.output
+    waiting = out["waiting"]
+    assert waiting["kind"] == "unknown_outcome" and waiting["node"] == "teller"
+    assert waiting["show"]["tool"] == "pay"
+    assert waiting["show"]["arguments"] == {"amount": 100}
+    assert isinstance(waiting["show"]["started_at"], float)
+    return waiting
+
+
+@pytest.mark.parametrize("decide, paid, answer", [
+    (["--reject", "--by", "ann"], 1, "rejected"),
+    (["--approve", "--by", "ann"], 2, "paid 100"),
+    (["--approve", "--by", "ann", "--data", '{"result": "paid by hand"}'], 1, "paid by hand"),
+], ids=["reject", "approve", "by-hand"])
+def test_a_guarded_tool_with_an_unknown_outcome(
+        make_project: Callable[..., CliProject], tmp_path: Path, decide: list[str],
+        paid: int, answer: str) -> None:
+    p = make_project(AGENT_NODES)
+    _kill_while_paying(p, tmp_path, p.workflow(AGENT_FLOW), "teller-1")
+    _agent_stopped(p, "teller-1")
+    assert _paid(tmp_path) == 1
+    result, out = p.cli_json("resume", "teller-1", *decide)
+    assert result.exit_code == 0, result.output  # the agent carries on either way
+    assert out["state"]["teller"] == "done"
+    assert _paid(tmp_path) == paid
+    # what the model was told about the call
+    records = p.records("teller-1")
+    requests = [r for r in records if r["type"] == "effect.recorded"
+                and r.get("key") == "llm-1"]
+    told = json.dumps(requests) + json.dumps(
+        [r for r in records if r["type"] in ("tool.called", "tool.rejected")])
+    assert answer in told or answer == "rejected" and any(
+        r["type"] == "tool.rejected" for r in records)
+    assert p.cli("verify", "teller-1").exit_code == 0
