@@ -239,6 +239,6 @@ def test_a_guarded_tool_with_an_unknown_outcome(
                 and r.get("key") == "llm-1"]
     told = json.dumps(requests) + json.dumps(
         [r for r in records if r["type"] in ("tool.called", "tool.rejected")])
-    assert answer in told or answer == "rejected" and any(
-        r["type"] == "tool.rejected" for r in records)
+    assert answer in told or (answer == "rejected" and any(
+        r["type"] == "tool.rejected" for r in records))
     assert p.cli("verify", "teller-1").exit_code == 0
