@@ -327,3 +327,48 @@ def _status(tmp_path: Path, store: str, run_id: str) -> str:
     status = json.loads(out.stdout)["status"]
     assert isinstance(status, str)
     return status
+
+
+CHILD = """
+workflow: child
+nodes:
+  approval: {approval: {show: [x]}}
+  fix: {mod}:done
+edges:
+  - {from: START, to: approval}
+  - {from: approval, to: fix, when: 'approval.decision == "approved"'}
+"""
+
+PARENT = """
+workflow: parent
+nodes:
+  start: {mod}:start
+  remediate: {workflow: child.yaml, input: {x: 'x'}}
+  legal: {approval: {show: [x]}}
+  after: {mod}:after_gate
+edges:
+  - {from: START, to: start}
+  - {from: start, to: [remediate, legal]}
+  - {from: [remediate, legal], to: after}
+"""
+
+
+def test_a_child_runs_gate_and_a_parent_gate_wait_together(
+        make_project: Callable[..., CliProject]) -> None:
+    p = make_project(NODES)
+    p.workflow(CHILD, "child.yaml")
+    started = p.cli("run", p.workflow(PARENT, "parent.yaml"), "--run-id", "fam-1", "--json")
+    assert started.exit_code == 3, started.output
+    pending = json.loads(started.stdout)["waiting"]["pending"]
+    assert sorted(g["node"] for g in pending) == ["legal", "remediate/approval"]
+    # the child's gate first, by its path: the parent's gate keeps waiting
+    result, out = p.cli_json("resume", "fam-1", "--approve", "--gate", "remediate/approval",
+                             "--by", "carol")
+    assert result.exit_code == 3, result.output
+    assert [g["node"] for g in out["waiting"]["pending"]] == ["legal"]
+    assert out["state"]["remediate"]["approval"]["by"] == "carol"
+    assert "after_gate" not in p.executions()
+    result, out = p.cli_json("resume", "fam-1", "--approve", "--gate", "legal", "--by", "dan")
+    assert result.exit_code == 0, result.output
+    assert p.executions().count("after_gate") == 1
+    assert p.cli("verify", "fam-1").exit_code == 0
