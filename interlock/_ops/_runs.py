@@ -29,6 +29,7 @@ from ._load import (
     TERMINAL_STATUSES,
     TRACE_PAGE,
     Functions,
+    Loaded,
     load_run,
     open_store_arg,
 )
@@ -208,7 +209,6 @@ async def _resume(st: Store, run_id: str, decision: Decision | None, *,
                   workflow: Functions | None, config: Mapping[str, Any] | None,
                   limits: Mapping[str, Any] | None, force: bool = False,
                   listener: Listener | None, detach: bool) -> RunResult:
-    from .._engine._approvals import decide, expire, offered
 
     loaded = await load_run(st, run_id, workflow=workflow, executable=True)
     view = loaded.view
@@ -224,45 +224,7 @@ async def _resume(st: Store, run_id: str, decision: Decision | None, *,
                              "without a decision: it then waits at an unknown_outcome gate")
         first += stopped
     elif view.pending_gates() and view.status not in TERMINAL_STATUSES:
-        expired = expire(loaded.spec, view)
-        moved = await _unblocked(st, run_id, view)  # child runs that wait no more
-        first += expired + moved
-        child = _child_gate(view, decision, moved) if decision is not None else None
-        if moved and decision is not None and child is None:
-            raise UsageError(
-                f"run {run_id!r}: the child run {moved[0][1]['key']!r} it waited for "
-                "does not wait there any more (decided or continued on its own, or "
-                "not this run's: a fork's); resume it without a decision first, then "
-                "decide what it waits for then")
-        if child is not None:  # a gate inside a child run: it decides it (SPEC §7)
-            gate, below = child
-            await _decide_child(st, str(gate.key), below)
-            assert decision is not None
-            first.append((L.APPROVAL_DECIDED, {
-                "node": gate.node, "visit": gate.visit, "kind": "workflow",
-                "decision": _PAST[decision.kind], "by": decision.by,
-                "comment": decision.comment, "key": gate.key, "path": gate.path}))
-        elif decision is not None:
-            first += decide(loaded.spec, view, decision, expired=expired)
-        else:  # a gate in a child run whose deadline passed: decided there
-            first += await _expired_children(st, view, moved)
-        # the decisions offered for gates still waiting (this call's among them)
-        done = {(f["node"], f["visit"]) for t, f in first if t == L.APPROVAL_DECIDED}
-        if not any(t == L.RUN_REJECTED for t, _ in first):
-            offers = await st.decisions(run_id)
-            if offers:
-                first += offered(loaded.spec, view,
-                                 {k: d for k, d in offers.items()
-                                  if (d.get("node"), d.get("visit")) not in done},
-                                 expired=first)
-        if decision is None and not first and view.status == "WAITING_APPROVAL":
-            from .._engine._approvals import gate_name, oldest
-
-            gate = oldest(view.pending_gates())
-            raise UsageError(f"run {run_id!r} is waiting for a decision at "
-                             f"{gate_name(gate)!r}; "
-                             "resume it with --approve, --reject or --modify "
-                             "(interlock.approve/reject/modify in Python)")
+        first += await _decisions(st, run_id, loaded, decision)
     elif decision is not None:
         raise UsageError(f"run {run_id!r} is {view.status}, not waiting for a decision; "
                          "the decision is refused")
@@ -284,6 +246,55 @@ async def _resume(st: Store, run_id: str, decision: Decision | None, *,
     if link is not None:  # a child run resumed on its own: its parent goes on too
         await _continue_parent(st, run_id, link, detach=detach)
     return result
+
+
+async def _decisions(st: Store, run_id: str, loaded: Loaded, decision: Decision | None
+                     ) -> list[tuple[str, dict[str, Any]]]:
+    """What the resume of a run with waiting gates records before it goes on: the gates
+    whose deadline passed, the child runs that wait no more, ``decision`` -- on a gate of
+    the run's own, or forwarded to the child run it waits through (SPEC §7) -- and the
+    decisions offered for its gates (`Store.offer_decision`; this call's among them)."""
+    from .._engine._approvals import decide, expire, gate_name, offered, oldest
+
+    view = loaded.view
+    expired = expire(loaded.spec, view)
+    moved = await _unblocked(st, run_id, view)  # child runs that wait no more
+    first = expired + moved
+    child = _child_gate(view, decision, moved) if decision is not None else None
+    if moved and decision is not None and child is None:
+        raise UsageError(
+            f"run {run_id!r}: the child run {moved[0][1]['key']!r} it waited for "
+            "does not wait there any more (decided or continued on its own, or "
+            "not this run's: a fork's); resume it without a decision first, then "
+            "decide what it waits for then")
+    if child is not None:  # a gate inside a child run: it decides it (SPEC §7)
+        gate, below = child
+        await _decide_child(st, str(gate.key), below)
+        assert decision is not None
+        first.append((L.APPROVAL_DECIDED, {
+            "node": gate.node, "visit": gate.visit, "kind": "workflow",
+            "decision": _PAST[decision.kind], "by": decision.by,
+            "comment": decision.comment, "key": gate.key, "path": gate.path}))
+    elif decision is not None:
+        first += decide(loaded.spec, view, decision, expired=expired)
+    else:  # a gate in a child run whose deadline passed: decided there
+        first += await _expired_children(st, view, moved)
+    # the decisions offered for gates still waiting
+    done = {(f["node"], f["visit"]) for t, f in first if t == L.APPROVAL_DECIDED}
+    if not any(t == L.RUN_REJECTED for t, _ in first):
+        offers = await st.decisions(run_id)
+        if offers:
+            first += offered(loaded.spec, view,
+                             {k: d for k, d in offers.items()
+                              if (d.get("node"), d.get("visit")) not in done},
+                             expired=first)
+    if decision is None and not first and view.status == "WAITING_APPROVAL":
+        gate = oldest(view.pending_gates())
+        raise UsageError(f"run {run_id!r} is waiting for a decision at "
+                         f"{gate_name(gate)!r}; "
+                         "resume it with --approve, --reject or --modify "
+                         "(interlock.approve/reject/modify in Python)")
+    return first
 
 
 def _by(first: list[tuple[str, dict[str, Any]]]) -> str | None:
