@@ -28,19 +28,19 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
 from .. import _log as L
 from .._definition._bounds import check_data
-from .._definition._model import WorkflowSpec
+from .._definition._model import NodeSpec, WorkflowSpec
 from .._definition._state import check_whole_values
 from .._errors import UsageError
 from . import _records as R
 from ._fold import RunView
-from ._view import Gate
+from ._view import Gate, gate_key
 
 ENGINE = "interlock (deadline)"
 
@@ -121,10 +121,11 @@ def decide(spec: WorkflowSpec, view: RunView, decision: Decision, *,
     decision on one of those comes too late. Raises UsageError (a refused decision)
     naming what is wrong and what is allowed.
     """
-    timed_out = {(f["node"], f["visit"]) for t, f in expired or () if t == L.APPROVAL_DECIDED}
+    timed_out = {gate_key(f["node"], f["visit"], f.get("item"))
+                 for t, f in expired or () if t == L.APPROVAL_DECIDED}
     waiting = view.pending_gates()
-    late = [g for g in waiting if (g.node, g.visit) in timed_out]
-    pending = [g for g in waiting if (g.node, g.visit) not in timed_out]
+    late = [g for g in waiting if g.slot in timed_out]
+    pending = [g for g in waiting if g.slot not in timed_out]
     too_late = [g for g in late if g.node == decision.node] if decision.node is not None \
         else (late if not pending else [])
     if too_late:
@@ -336,8 +337,40 @@ def _pick(pending: list[Gate], node: str | None) -> Gate:
 
 def gate_name(gate: Gate) -> str:
     """The gate's name in ``waiting.pending`` and for ``--gate``/the API's ``node``: its
-    node, or for a child run's gate the path of nodes down to it."""
-    return gate.path or gate.node
+    node, ``NODE[i]`` for item ``i`` of a mapped gate, or for a child run's gate the path
+    of nodes down to it."""
+    return gate.path or (gate.node if gate.item is None else f"{gate.node}[{gate.item}]")
+
+
+def request(ns: NodeSpec, state: Mapping[str, Any], node: str, visit: int,
+            item: int | None = None, value: Any = None, as_name: str = "item"
+            ) -> tuple[str, dict[str, Any]]:
+    """``approval.requested`` for an approval node or a node declared ``confirm: true``
+    (``item``: for item ``item`` of a mapped gate, whose ``value`` it shows as
+    ``as_name``)."""
+    if ns.approval is not None:
+        kind = "approval"
+        show = {f: state.get(f) for f in ns.approval.show}
+        decisions = ["approve", "reject"] + (
+            ["modify"] if ns.approval.on_modify and item is None else [])
+        timeout = ns.approval.timeout
+    else:
+        kind = "confirm"
+        show = {f: state.get(f) for f in ns.reads or []}
+        decisions = ["approve", "reject"]
+        timeout = None
+    if item is not None:
+        show[as_name] = value
+    deadline = round(time.time() + timeout, 6) if timeout else None
+    fields: dict[str, Any] = {
+        "node": node, "visit": visit, "kind": kind, "show": L.to_json_value(show),
+        "decisions": decisions, "approvers": list(ns.approval.approvers)
+        if ns.approval is not None and ns.approval.approvers else None, "deadline": deadline}
+    if item is not None:
+        fields["item"] = item
+    if ns.approval is not None and ns.approval.input is not None:
+        fields["input"] = ns.approval.input  # what a decision's data must satisfy
+    return (L.APPROVAL_REQUESTED, fields)
 
 
 def gate_slot(gate: Gate) -> str:
@@ -345,7 +378,7 @@ def gate_slot(gate: Gate) -> str:
     visit of the gate, and for a confirmation asked inside a node (a guarded tool call)
     one per key it asks under; and per request (an unknown outcome asked after the
     confirmation of the same visit), so that a gate asked again is decided afresh."""
-    return f"{gate.node}#{gate.visit}@{gate.requested_at!r}" + (
+    return f"{gate_name(gate)}#{gate.visit}@{gate.requested_at!r}" + (
         f"#{gate.key}" if gate.key is not None else "")
 
 
@@ -365,7 +398,7 @@ def waiting_object(pending: list[Gate]) -> dict[str, Any]:
 
 def offer_of(gate: Gate, decision: Decision) -> dict[str, Any]:
     """What `Store.offer_decision` keeps of ``decision`` on ``gate`` (JSON data)."""
-    return {"node": gate.node, "visit": gate.visit, "key": gate.key,
+    return {"node": gate.node, "visit": gate.visit, "item": gate.item, "key": gate.key,
             "requested_at": gate.requested_at,
             "decision": decision.kind,
             "by": decision.by, "comment": decision.comment,
@@ -382,15 +415,18 @@ def offered(spec: WorkflowSpec, view: RunView, offers: dict[str, dict[str, Any]]
     logged): what an executor folds in, in the order they were offered. A rejection that
     ends the run ends the list."""
     items: Items = []
-    done = {(f["node"], f["visit"]) for t, f in expired or () if t == L.APPROVAL_DECIDED}
+    done = {gate_key(f["node"], f["visit"], f.get("item"))
+            for t, f in expired or () if t == L.APPROVAL_DECIDED}
     for _, d in sorted(offers.items(), key=lambda kv: kv[1].get("offered_at") or 0):
-        key = (str(d.get("node")), int(d.get("visit") or 0))
+        item = d.get("item")
+        key = gate_key(str(d.get("node")), int(d.get("visit") or 0),
+                       item if isinstance(item, int) else None)
         gate = view.gates.get(key)
         if gate is None or gate.decision is not None or key in done \
                 or d.get("key") != gate.key or d.get("requested_at") != gate.requested_at:
             continue
         decision = Decision(d["decision"], d.get("by"), d.get("comment"),
-                            dict(d.get("patch") or {}), d.get("at"), gate.node,
+                            dict(d.get("patch") or {}), d.get("at"), gate_name(gate),
                             d.get("data"), tuple(d.get("roles") or ()), d.get("via"))
         try:
             recs = decide(spec, view, decision)  # (its node: that gate)
@@ -410,7 +446,8 @@ def close_others(view: RunView, gate: Gate | None, why: str) -> Items:
     ends (rejected) and they are not needed (SPEC §3)."""
     return [(L.APPROVAL_DECIDED, {"node": g.node, "visit": g.visit, "kind": g.kind,
                                   "decision": "closed", "by": None, "comment": why,
-                                  "key": g.key})
+                                  "key": g.key, **({"item": g.item} if g.item is not None
+                                                   else {})})
             for g in view.pending_gates() if g is not gate]
 
 
@@ -467,11 +504,11 @@ def _records(spec: WorkflowSpec, view: RunView, gate: Gate, decision: str, by: s
     base = {"node": gate.node, "visit": gate.visit, "kind": gate.kind, "decision": decision,
             "by": by, "comment": comment, "patch": patch, "reenter": reenter,
             "timed_out": timed_out or None, "key": gate.key}
-    if data is not None:
-        base["data"] = data
-    if via is not None:
-        base["via"] = via
+    optional = {"data": data, "via": via, "item": gate.item}
+    base.update({k: v for k, v in optional.items() if v is not None})
     items: Items = [(L.APPROVAL_DECIDED, base)]
+    if gate.item is not None:
+        return items + _item_completed(gate, decision, by, comment, data)
     if gate.kind == "workflow":
         # the node runs again and continues its child (`_runs.resume` has decided the
         # child's gate in the child)
@@ -521,6 +558,17 @@ def _records(spec: WorkflowSpec, view: RunView, gate: Gate, decision: str, by: s
                                     f"{by or 'an anonymous decider'}"
                                     + (f": {comment}" if comment else "")))
     return items
+
+
+def _item_completed(gate: Gate, decision: str, by: str | None, comment: str | None,
+                    data: Any) -> Items:
+    """A mapped gate's item decided: its decision record is the item's update (what
+    `collect` gathers); the node's edges are decided once every item has one."""
+    said: dict[str, Any] = {"decision": decision, "by": by, "comment": comment,
+                            "at": _now_iso(), "item": gate.item}
+    if gate.input is not None:
+        said["data"] = data
+    return [R.node_completed(gate.node, gate.visit, 1, 0.0, said, None, 0, gate.item)]
 
 
 def _rejection_ends_now(view: RunView, gate: Gate) -> bool:

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
@@ -51,13 +50,13 @@ from .._definition._model import DEFAULT_STEPS
 from .._definition._plan import Plan, PlanNode
 from .._errors import InterlockError, InternalError, RunError, StepLimitError, UnknownOutcome
 from . import _records as R
-from ._approvals import close_others, offered, waiting_object
+from ._approvals import close_others, offered, request, waiting_object
 from ._call import NodeCall
 from ._decide import Abort, Decider, Rejected, caught_error
 from ._fold import RunView
 from ._guards import Outcome
 from ._journal import StoreOutage
-from ._mapped import run_items
+from ._mapped import ItemsWaiting, run_items
 
 log = logging.getLogger("interlock")
 
@@ -335,29 +334,12 @@ class Runner:
         return items
 
     def _is_gate(self, node: str) -> bool:
-        return self.plan.nodes[node].gate
+        pn = self.plan.nodes[node]
+        return pn.gate and pn.mapped is None  # (a mapped gate's items ask: `run_items`)
 
     def _request(self, node: str, visit: int) -> R.Item:
         """``approval.requested`` for an approval node or a node declared ``confirm: true``."""
-        ns = self.plan.nodes[node].spec
-        state = self.view.state
-        if ns.approval is not None:
-            kind = "approval"
-            show = {f: state.get(f) for f in ns.approval.show}
-            decisions = ["approve", "reject"] + (["modify"] if ns.approval.on_modify else [])
-            timeout = ns.approval.timeout
-        else:
-            kind = "confirm"
-            reads = ns.reads or []
-            show = {f: state.get(f) for f in reads}
-            decisions = ["approve", "reject"]
-            timeout = None
-        deadline = round(time.time() + timeout, 6) if timeout else None
-        fields = {"node": node, "visit": visit, "kind": kind, "show": L.to_json_value(show),
-                  "decisions": decisions, "approvers": _approvers(ns), "deadline": deadline}
-        if ns.approval is not None and ns.approval.input is not None:
-            fields["input"] = ns.approval.input  # what a decision's data must satisfy
-        return (L.APPROVAL_REQUESTED, fields)
+        return request(self.plan.nodes[node].spec, self.view.state, node, visit)
 
     def _start_task(self, node: str, visit: int, attempt: int, *, rerun: bool) -> None:
         if self._done is None:
@@ -423,6 +405,8 @@ class Runner:
         transaction, before any successor starts). A failure is committed at once and
         ends the run. ``alone``: nothing else ran while it did (so only a node that could
         have, by the graph, can conflict with its writes)."""
+        if isinstance(out.pause, ItemsWaiting):  # a mapped gate's items wait for people
+            return
         if out.pause is not None:
             # the visit stays running; it is re-run once a human has decided (``path``: a
             # gate of a child run, which the decision is forwarded to -- `_runs.resume`)

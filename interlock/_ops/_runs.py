@@ -18,6 +18,7 @@ from .._definition._bounds import check_config, check_run_id
 from .._definition._model import WorkflowSpec, check_limits
 from .._engine._fold import RunResult, RunView, result_of
 from .._engine._journal import Journal
+from .._engine._view import gate_key
 from .._errors import ClaimError, ClaimLost, ConflictError, LogError, RunNotFound, UsageError
 from .._store import RunRow, Store, Summary, release_store
 from ._children import _child_gate, _decide_child, _expired_children, _unblocked
@@ -160,7 +161,7 @@ async def _offer(st: Store, run_id: str, decision: Decision, workflow: Functions
         return None
     records = decide(loaded.spec, view, decision, expired=expired)  # (raises: refused)
     decided = records[0][1]
-    gate = view.gates[(decided["node"], decided["visit"])]
+    gate = view.gates[gate_key(decided["node"], decided["visit"], decided.get("item"))]
     won = await st.offer_decision(run_id, gate_slot(gate), offer_of(gate, decision))
     if won is not None:
         who = won.get("by") or "an anonymous decider"
@@ -169,7 +170,7 @@ async def _offer(st: Store, run_id: str, decision: Decision, workflow: Functions
                         f"{run_id!r} was decided already ({won.get('decision')} by {who}"
                         f"{via}); exactly one decision per gate wins -- see "
                         f"`interlock status {run_id}`")
-    return gate.node, gate.visit, gate.key, gate.requested_at
+    return gate.slot[0], gate.visit, gate.key, gate.requested_at
 
 
 class GateTaken(UsageError):

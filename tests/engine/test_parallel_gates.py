@@ -372,3 +372,68 @@ def test_a_child_runs_gate_and_a_parent_gate_wait_together(
     assert result.exit_code == 0, result.output
     assert p.executions().count("after_gate") == 1
     assert p.cli("verify", "fam-1").exit_code == 0
+
+
+MAPPED = """
+workflow: deploys
+nodes:
+  plan: {mod}:plan
+  deploy: {approval: {show: [env]}}
+  report: {mod}:report
+edges:
+  - {from: START, to: plan}
+  - {from: plan, map: 'targets', to: deploy, as: target, collect: decisions}
+  - {from: deploy, to: report}
+"""
+
+MAPPED_NODES = NODES + """
+
+def plan(state):
+    return {"targets": ["t0", "t1", "t2", "t3", "t4"], "env": "prod"}
+
+
+def report(state):
+    _mark("report")
+    return {"report": [d["decision"] for d in state["decisions"]]}
+"""
+
+
+def test_a_map_over_five_items_each_with_a_gate_decided_in_a_shuffled_order(
+        make_project: Callable[..., CliProject]) -> None:
+    p = make_project(MAPPED_NODES)
+    started = p.cli("run", p.workflow(MAPPED), "--run-id", "map-1", "--json")
+    assert started.exit_code == 3, started.output
+    pending = json.loads(started.stdout)["waiting"]["pending"]
+    assert [(g["node"], g["item"], g["show"]["target"]) for g in pending] == [
+        (f"deploy[{i}]", i, f"t{i}") for i in range(5)]
+    order = [3, 0, 4, 1, 2]
+    for n, i in enumerate(order):
+        verb = "--reject" if i == 1 else "--approve"
+        result, out = p.cli_json("resume", "map-1", verb, "--gate", f"deploy[{i}]",
+                                 "--by", f"approver{i}")
+        if n < len(order) - 1:
+            assert result.exit_code == 3, result.output
+            left = sorted(g["item"] for g in out["waiting"]["pending"])
+            assert left == sorted(order[n + 1:])
+            assert "report" not in p.executions()  # one node to the graph: after all
+        else:
+            assert result.exit_code == 0, result.output
+    # collect holds each item's decision record, in item order
+    assert out["state"]["report"] == ["approved", "rejected", "approved", "approved",
+                                      "approved"]
+    assert [d["by"] for d in out["state"]["decisions"]] == [f"approver{i}" for i in range(5)]
+    assert p.executions().count("report") == 1
+    twice = p.cli("resume", "map-1", "--approve", "--gate", "deploy[3]", "--by", "x")
+    assert twice.exit_code == 2
+    assert p.cli("verify", "map-1").exit_code == 0
+
+
+def test_a_mapped_approval_needs_collect(make_project: Callable[..., CliProject]) -> None:
+    p = make_project(MAPPED_NODES)
+    from click.testing import CliRunner
+
+    from interlock.cli import cli
+
+    checked = CliRunner().invoke(cli, ["validate", p.workflow(
+        MAPPED.replace(", collect: decisions", ""))])
+    assert checked.exit_code == 2 and "collect" in checked.output
