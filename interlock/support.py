@@ -93,7 +93,7 @@ from ._definition._spec import load_spec
 from ._definition._spec import parse as parse_definition
 from ._definition._values import parse_duration
 from ._engine import _guards
-from ._engine._approvals import NotAnApprover, approvers_refuse, patch_schema
+from ._engine._approvals import GateNotWaiting, NotAnApprover, approvers_refuse, patch_schema
 from ._engine._fold import RunView
 from ._errors import Draining
 from ._log import TERMINAL_TYPES, Entry, Record
@@ -168,6 +168,7 @@ __all__ = [
     "Factory",
     "Firer",
     "GateDecision",
+    "GateNotWaiting",
     "GateTaken",
     "LeaseRenewer",
     "LogCheck",

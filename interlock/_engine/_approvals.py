@@ -176,6 +176,11 @@ def decide(spec: WorkflowSpec, view: RunView, decision: Decision, *,
                     patch=L.to_json_value(decision.patch), reenter=target, via=decision.via)
 
 
+class GateNotWaiting(UsageError):
+    """A decision on a gate that does not wait (decided already, closed, or no gate of
+    the run's): refused as a double decision is (exit 2; a server answers 409)."""
+
+
 class NotAnApprover(UsageError):
     """A decision refused by the gate's ``approvers:`` (a server answers 403)."""
 
@@ -328,7 +333,7 @@ def _pick(pending: list[Gate], node: str | None) -> Gate:
         if gate.node == node or gate_name(gate) == node:
             return gate
     names = ", ".join(gate_name(g) for g in pending)
-    raise UsageError(f"the decision is refused: no gate waits at {node!r} (it was decided "
+    raise GateNotWaiting(f"the decision is refused: no gate waits at {node!r} (it was decided "
                      f"already, or is not a gate of this run); waiting: {names}")
 
 

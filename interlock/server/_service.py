@@ -15,6 +15,7 @@ import anyio
 import interlock
 from interlock.support import (
     Firer,
+    GateNotWaiting,
     GateTaken,
     Metrics,
     NotAnApprover,
@@ -237,7 +238,7 @@ class Server:
                         detach=self.records_only))
             except NotAnApprover as exc:
                 raise Problemed(403, "Forbidden", str(exc)) from None
-            except GateTaken as exc:
+            except (GateTaken, GateNotWaiting) as exc:
                 raise Problemed(409, "Conflict", str(exc)) from None
             except interlock.UsageError as exc:
                 status = (await self.st.get_run(run_id)).summary.status

@@ -437,3 +437,41 @@ def test_a_mapped_approval_needs_collect(make_project: Callable[..., CliProject]
     checked = CliRunner().invoke(cli, ["validate", p.workflow(
         MAPPED.replace(", collect: decisions", ""))])
     assert checked.exit_code == 2 and "collect" in checked.output
+
+
+def test_the_server_lists_one_row_per_gate_and_decides_each(
+        make_project: Callable[..., CliProject], tmp_path: Path) -> None:
+    """A real server: `/api/approvals` has a row per waiting gate; each is decided through
+    the API's ``node`` (``via`` recorded); a gate decided twice is 409."""
+    from test_server import Served
+
+    p = make_project(NODES)
+    (tmp_path / "flows").mkdir()
+    (tmp_path / "flows" / "audit.yaml").write_text((tmp_path / p.workflow(PARALLEL)).read_text())
+    served = Served(tmp_path, store=p.store)
+    try:
+        with served.client() as http:
+            made = http.post("/api/workflows/audit/runs", json={"run_id": "srv-1"})
+            assert made.status_code == 201, made.text
+            _wait_for(lambda: http.get("/api/runs/srv-1").json()["status"]
+                      == "WAITING_APPROVAL", "the run to wait")
+            rows = [r for r in http.get("/api/approvals").json() if r["run_id"] == "srv-1"]
+            assert sorted(r["node"] for r in rows) == ["finance", "legal"]
+            decided = http.post("/api/runs/srv-1/decisions", json={
+                "decision": "approve", "node": "finance", "by": "bob", "via": "dashboard"})
+            assert decided.status_code == 200, decided.text
+            rows = [r for r in http.get("/api/approvals").json() if r["run_id"] == "srv-1"]
+            assert [r["node"] for r in rows] == ["legal"]
+            again = http.post("/api/runs/srv-1/decisions", json={
+                "decision": "reject", "node": "finance", "by": "bob"})
+            assert again.status_code == 409, again.text
+            http.post("/api/runs/srv-1/decisions", json={
+                "decision": "approve", "node": "legal", "by": "alice"}).raise_for_status()
+            _wait_for(lambda: http.get("/api/runs/srv-1").json()["status"] == "COMPLETED",
+                      "the run to complete")
+    finally:
+        served.stop()
+    decided_recs = _records(p, "srv-1", "approval.decided")
+    assert [(r["node"], r["by"], r.get("via")) for r in decided_recs] == [
+        ("finance", "bob", "dashboard"), ("legal", "alice", "api")]
+    assert p.executions().count("done") == 1
