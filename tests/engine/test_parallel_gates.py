@@ -291,7 +291,8 @@ def test_racing_deciders(tmp_path: Path, same: bool, monkeypatch: pytest.MonkeyP
     monkeypatch.syspath_prepend(str(tmp_path))
     for n, store in enumerate(store_urls(tmp_path)):
         wf = interlock.load(str(tmp_path / "race2.yaml"))
-        ids = [f"race2-{n}-{t}-{os.getpid()}" for t in range(TRIALS)]
+        ids = [f"race2-{'same' if same else 'two'}-{n}-{t}-{os.getpid()}"
+               for t in range(TRIALS)]
         for run_id in ids:
             assert wf.run_sync(store=store, run_id=run_id).status == "WAITING_APPROVAL"
         for run_id in ids:
