@@ -100,9 +100,12 @@ from ._log import TERMINAL_TYPES, Entry, Record
 from ._observe._coverage import workflows_in
 from ._observe._metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ._observe._metrics import Metrics
+from ._ops._code import CodeChanged, set_strict_code
 from ._ops._export import export as export_run
 from ._ops._export import verify_export
 from ._ops._load import TRACE_PAGE, load_run
+from ._ops._migrate import Migration, MigrationRefused
+from ._ops._migrate import migrate as migrate_run
 from ._ops._prune import Pruned
 from ._ops._prune import prune as prune_runs
 from ._ops._runs import GateDecision, GateTaken, append_note, decide_gate, resume_gate, trace_pages
@@ -162,6 +165,7 @@ __all__ = [
     "TERMINAL_TYPES",
     "TRACE_PAGE",
     "Claim",
+    "CodeChanged",
     "Draining",
     "EdgeSpec",
     "Entry",
@@ -173,6 +177,8 @@ __all__ = [
     "LeaseRenewer",
     "LogCheck",
     "Metrics",
+    "Migration",
+    "MigrationRefused",
     "NodeSpec",
     "NotAnApprover",
     "Pool",
@@ -194,6 +200,7 @@ __all__ = [
     "load_run",
     "load_spec",
     "load_workflows",
+    "migrate_run",
     "node_visits",
     "not_json_at",
     "owner_gone",
@@ -205,6 +212,7 @@ __all__ = [
     "redact",
     "resume_gate",
     "run_json",
+    "set_strict_code",
     "to_dot",
     "to_mermaid",
     "too_big",

@@ -10,9 +10,9 @@ the concurrency of the nodes). The checks themselves are the `_checks_*` modules
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
 
 from .._errors import Diagnostic, Severity
 from ._callables import import_callable
@@ -26,7 +26,7 @@ from ._spec import locate
 @dataclass
 class CheckResult:
     diagnostics: list[Diagnostic] = field(default_factory=list)
-    callables: dict[str, Callable[..., Any]] = field(default_factory=dict)
+    callables: dict[str, Callable[..., object]] = field(default_factory=dict)
     expressions: dict[str, Expression] = field(default_factory=dict)
     # which nodes can run concurrently (also the run-time write-conflict check's)
     concurrency: Concurrency | None = None
@@ -41,7 +41,7 @@ class CheckResult:
 
 
 class CheckContext:
-    def __init__(self, spec: WorkflowSpec, provided: dict[str, Callable[..., Any]],
+    def __init__(self, spec: WorkflowSpec, provided: dict[str, Callable[..., object]],
                  kinds: Sequence[NodeKind]) -> None:
         self.spec = spec
         self.provided = provided
@@ -50,11 +50,11 @@ class CheckContext:
         # check_repeats: unconditional plain edges seen so far, by their set of sources
         self._plain_targets: dict[frozenset[str], dict[str, int]] = {}
 
-    def add(self, severity: Severity, message: str, path: tuple[Any, ...], code: str) -> None:
+    def add(self, severity: Severity, message: str, path: tuple[object, ...], code: str) -> None:
         self.result.diagnostics.append(
             Diagnostic(severity, message, locate(self.spec, path), code))
 
-    def resolve(self, path: str, where: tuple[Any, ...], what: str) -> None:
+    def resolve(self, path: str, where: tuple[object, ...], what: str) -> None:
         if path in self.result.callables:
             return
         fn = self.provided.get(path)
@@ -62,7 +62,8 @@ class CheckContext:
             try:
                 fn = import_callable(path)
             except (ImportError, AttributeError, TypeError) as exc:
-                self.add("error", f"{what}: call target {path!r} does not import: {exc}",
+                hint = _import_hint(exc, path, locate(self.spec, ()).file)
+                self.add("error", f"{what}: call target {path!r} does not import: {exc}{hint}",
                          where, "import")
                 return
             except (Exception, SystemExit) as exc:  # importing user code may raise anything
@@ -72,8 +73,33 @@ class CheckContext:
         self.result.callables[path] = fn
 
 
-def _did_you_mean(name: str, known: Any) -> str:
+def _import_hint(exc: BaseException, path: str, workflow_file: str | None) -> str:
+    """Where modules import from, when a call target's module is not found: the current
+    directory (as with ``python -m``) and PYTHONPATH -- and the folder to run from when the
+    module is beside the workflow file."""
+    cause = exc.__cause__ if exc.__cause__ is not None else exc
+    if not isinstance(cause, ModuleNotFoundError):
+        return ""
+    top = path.partition(":")[0].split(".")[0]
+    if cause.name is not None and cause.name.split(".")[0] != top:
+        return ""  # the module was found; something it imports was not
+    cwd = Path.cwd()
+    hint = (f"; modules import from the current directory ({cwd}) and PYTHONPATH")
+    if workflow_file is not None:
+        folder = Path(workflow_file).resolve().parent
+        for there in (folder, *folder.parents):
+            if (there / f"{top}.py").is_file() or (there / top / "__init__.py").is_file():
+                if there != cwd:
+                    hint += (f": {top!r} is in {there} -- run interlock from there, or "
+                             f"PYTHONPATH={there}")
+                break
+    return hint
+
+
+def _did_you_mean(name: str, known: Iterable[str]) -> str:
     import difflib
 
-    close = difflib.get_close_matches(name, list(known), n=1)
+    names = list(known)
+    same = [k for k in names if k.lower() == name.lower()]  # `end` for END
+    close = same or difflib.get_close_matches(name, names, n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""

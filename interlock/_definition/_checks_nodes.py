@@ -5,9 +5,9 @@ JSON Schema of a decision's data)."""
 from __future__ import annotations
 
 import importlib.util
-from typing import Any
+from collections.abc import Mapping
 
-from ._checking import CheckContext
+from ._checking import CheckContext, _did_you_mean
 
 
 def check_nodes(checker: CheckContext) -> None:
@@ -34,13 +34,15 @@ def check_nodes(checker: CheckContext) -> None:
             for target in ns.approval.on_modify:
                 if target not in checker.spec.nodes:
                     checker.add("error", f"node {name!r}: on_modify names unknown node "
-                                f"{target!r}", ("nodes", name, "approval", "on_modify"),
+                                f"{target!r}" + _did_you_mean(target, checker.spec.nodes),
+                                ("nodes", name, "approval", "on_modify"),
                                 "unknown-node")
             if ns.approval.input is not None:
                 check_input_schema(checker, name, ns.approval.input)
 
 
-def check_input_schema(checker: CheckContext, name: str, schema: dict[str, Any]) -> None:
+def check_input_schema(checker: CheckContext, name: str, schema: Mapping[str, object]
+                       ) -> None:
     """An approval's ``input:`` must be a JSON Schema (2020-12) a decision can meet."""
     from jsonschema import Draft202012Validator, SchemaError
 

@@ -181,6 +181,42 @@ class GateNotWaiting(UsageError):
     the run's): refused as a double decision is (exit 2; a server answers 409)."""
 
 
+def requested(node: str, ns: NodeSpec, visit: int, state: Mapping[str, Any], *,
+              item: int | None = None, value: Any = None, as_name: str = "item") -> R.Item:
+    """``approval.requested`` for visit ``visit`` of an approval node or a node declared
+    ``confirm: true`` (``node``, defined by ``ns``), showing what ``state`` holds now
+    (``item``: for item ``item`` of a mapped approval, whose ``value`` it shows as
+    ``as_name``; its decisions are approve and reject)."""
+    if ns.approval is not None:
+        kind = "approval"
+        show = {f: state.get(f) for f in ns.approval.show}
+        decisions = ["approve", "reject"] + (
+            ["modify"] if ns.approval.on_modify and item is None else [])
+        timeout = ns.approval.timeout
+    else:
+        kind = "confirm"
+        reads = ns.reads or []
+        show = {f: state.get(f) for f in reads}
+        decisions = ["approve", "reject"]
+        timeout = None
+    if item is not None:
+        show[as_name] = value
+    deadline = round(time.time() + timeout, 6) if timeout else None
+    fields = {"node": node, "visit": visit, "kind": kind, "show": L.to_json_value(show),
+              "decisions": decisions, "approvers": approvers(ns), "deadline": deadline}
+    if item is not None:
+        fields["item"] = item
+    if ns.approval is not None and ns.approval.input is not None:
+        fields["input"] = ns.approval.input  # what a decision's data must satisfy
+    return (L.APPROVAL_REQUESTED, fields)
+
+
+def approvers(ns: NodeSpec) -> list[str] | None:
+    """Who may decide at ``ns``'s gate (its ``approvers:``; None: anyone)."""
+    return list(ns.approval.approvers) if ns.approval is not None and ns.approval.approvers \
+        else None
+
+
 class NotAnApprover(UsageError):
     """A decision refused by the gate's ``approvers:`` (a server answers 403)."""
 
@@ -345,37 +381,6 @@ def gate_name(gate: Gate) -> str:
     node, ``NODE[i]`` for item ``i`` of a mapped gate, or for a child run's gate the path
     of nodes down to it."""
     return gate.path or (gate.node if gate.item is None else f"{gate.node}[{gate.item}]")
-
-
-def request(ns: NodeSpec, state: Mapping[str, Any], node: str, visit: int,
-            item: int | None = None, value: Any = None, as_name: str = "item"
-            ) -> tuple[str, dict[str, Any]]:
-    """``approval.requested`` for an approval node or a node declared ``confirm: true``
-    (``item``: for item ``item`` of a mapped gate, whose ``value`` it shows as
-    ``as_name``)."""
-    if ns.approval is not None:
-        kind = "approval"
-        show = {f: state.get(f) for f in ns.approval.show}
-        decisions = ["approve", "reject"] + (
-            ["modify"] if ns.approval.on_modify and item is None else [])
-        timeout = ns.approval.timeout
-    else:
-        kind = "confirm"
-        show = {f: state.get(f) for f in ns.reads or []}
-        decisions = ["approve", "reject"]
-        timeout = None
-    if item is not None:
-        show[as_name] = value
-    deadline = round(time.time() + timeout, 6) if timeout else None
-    fields: dict[str, Any] = {
-        "node": node, "visit": visit, "kind": kind, "show": L.to_json_value(show),
-        "decisions": decisions, "approvers": list(ns.approval.approvers)
-        if ns.approval is not None and ns.approval.approvers else None, "deadline": deadline}
-    if item is not None:
-        fields["item"] = item
-    if ns.approval is not None and ns.approval.input is not None:
-        fields["input"] = ns.approval.input  # what a decision's data must satisfy
-    return (L.APPROVAL_REQUESTED, fields)
 
 
 def gate_slot(gate: Gate) -> str:

@@ -23,7 +23,7 @@ from .._definition._edge import MAP_CONCURRENCY
 from .._definition._plan import PlanNode
 from .._errors import NodeError, RunError, StepLimitError, WriteConflictError
 from . import _records as R
-from ._approvals import request
+from ._approvals import requested
 from ._call import NodeCall
 from ._context import PauseRequested
 from ._guards import Outcome, new_outcome
@@ -60,8 +60,8 @@ async def run_items(calls: NodeCall, pn: PlanNode, visit: int) -> Outcome:
             recs = []
             for i in asked:
                 recs.append(R.node_started(pn.name, visit, 1, i))
-                recs.append(request(pn.spec, view.state, pn.name, visit, i, m.items[i],
-                                    as_name))
+                recs.append(requested(pn.name, pn.spec, visit, view.state, item=i,
+                                      value=m.items[i], as_name=as_name))
             await sink.commit(recs)
         duration = round((perf_counter() - t0) * 1e6) / 1000
         if len(m.done) < len(m.items):

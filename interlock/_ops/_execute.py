@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from .. import _log as L
+from .._definition._digest import code_digests
 from .._definition._model import DEFAULT_STEPS, WorkflowSpec
 from .._definition._plan import Plan
 from .._engine._context import CLAIM_GUARD
@@ -33,12 +34,14 @@ from .._errors import (
     StoreError,
     UsageError,
 )
+from .._json import JSONObject
 from .._observe._otel import RunSpans, run_spans, tracing, with_spans
 from .._plugins._subflow import CHILD_RUNS, ChildOutcome, ChildRequest
 from .._store import Claim, RunRow, Store, Summary
 from ._cancel import CANCEL_POLL_SECONDS, cancel
 from ._children import _unblocked
 from ._claims import LEASE_SECONDS, make_owner
+from ._code import check_code
 from ._load import RESUMABLE, TERMINAL_STATUSES, Functions, chain_options, definition_hash, load_run
 
 log = logging.getLogger("interlock")
@@ -60,7 +63,7 @@ def child_listener(listener: Listener | None, run_id: str, workflow: str
 
 
 async def drive(plan: Plan, store: Store, run_id: str, view: RunView, writer: L.LogWriter, *,
-                first: list[tuple[str, dict[str, Any]]] | None = None, force: bool = False,
+                first: list[tuple[str, dict[str, object]]] | None = None, force: bool = False,
                 listener: Listener | None = None, owner: str | None = None,
                 fresh: bool = False, lease: float = LEASE_SECONDS,
                 stop: Stop | None = None, execute: bool = True,
@@ -85,7 +88,19 @@ async def drive(plan: Plan, store: Store, run_id: str, view: RunView, writer: L.
     (by `cancel`, from any process). ``stop``: once set, the run stops at the next node
     boundary and is released unfinished (`Runner.stop`). ``execute`` false: commit
     ``first`` and release (a decision recorded for a worker to continue).
+
+    A stored log continued (``first`` given) has its code compared with what it started
+    with (`_code.check_code`): a ``run.code_changed`` follows its first record, or, under
+    ``--strict-code``, `CodeChanged` is raised before anything is claimed or recorded.
     """
+    if first:
+        try:
+            # (after the first record: a fork's run.forked stays right after its copy)
+            first = [first[0], *await check_code(store, run_id, plan, view), *first[1:]]
+        except BaseException:
+            if owner is not None:  # (a worker's claim: given back untouched)
+                await store.release(run_id, owner)
+            raise
     if owner is None:
         owner = make_owner()
         generation = await store.claim(run_id, owner, lease, force=force)
@@ -112,7 +127,7 @@ async def drive(plan: Plan, store: Store, run_id: str, view: RunView, writer: L.
 
 
 async def _commit_first(journal: Journal, run_id: str,
-                        first: list[tuple[str, dict[str, Any]]]) -> None:
+                        first: list[tuple[str, dict[str, object]]]) -> None:
     """`drive`'s ``first`` records (``run.resumed``, a decision) committed under the claim."""
     try:
         await journal.commit(first)
@@ -345,10 +360,10 @@ class _Watcher:
                 await task
 
 
-async def start(plan: Plan, store: Store, run_id: str, *, definition: dict[str, Any],
-                definition_hash: str, input: dict[str, Any], config: dict[str, Any],
-                limits: dict[str, Any], options: dict[str, Any],
-                started: dict[str, Any] | None = None,
+async def start(plan: Plan, store: Store, run_id: str, *, definition: JSONObject,
+                definition_hash: str, input: JSONObject, config: JSONObject,
+                limits: dict[str, object], options: dict[str, object],
+                started: dict[str, object] | None = None,
                 listener: Listener | None = None) -> RunResult:
     """Create a run (its row and ``run.started``, chained with ``$INTERLOCK_LOG_KEY``
     when set) and drive it. ``input``, ``config`` and ``limits`` are the effective ones
@@ -363,10 +378,10 @@ async def start(plan: Plan, store: Store, run_id: str, *, definition: dict[str, 
                        generation=1 if owner is not None else None)
 
 
-async def create(plan: Plan, store: Store, run_id: str, *, definition: dict[str, Any],
-                 definition_hash: str, input: dict[str, Any], config: dict[str, Any],
-                 limits: dict[str, Any], options: dict[str, Any],
-                 started: dict[str, Any] | None = None, listener: Listener | None = None,
+async def create(plan: Plan, store: Store, run_id: str, *, definition: JSONObject,
+                 definition_hash: str, input: JSONObject, config: JSONObject,
+                 limits: dict[str, object], options: dict[str, object],
+                 started: dict[str, object] | None = None, listener: Listener | None = None,
                  claimed: bool = True, detached: bool = False
                  ) -> tuple[RunView, L.LogWriter, str | None]:
     """`start`'s first half: the run's row and ``run.started``; its view, its writer, and
@@ -378,12 +393,15 @@ async def create(plan: Plan, store: Store, run_id: str, *, definition: dict[str,
     writer = L.LogWriter(key=key)
     now = time.time()
     chain = chain_options(key)
-    fields: dict[str, Any] = {
+    fields: dict[str, object] = {
         "workflow": plan.spec.workflow, "definition_hash": definition_hash,
         "input": input, "config": config, "limits": limits, **(started or {}), **chain}
     defaults = start_defaults(plan.spec, input)
     if defaults:
         fields["defaults"] = defaults
+    code = code_digests(plan.spec)  # the code each node runs, as evidence (SPEC §14)
+    if code:
+        fields["code"] = code
     if detached:
         fields["detached"] = True
         claimed = False
@@ -405,7 +423,7 @@ async def create(plan: Plan, store: Store, run_id: str, *, definition: dict[str,
     return view, writer, owner
 
 
-def start_defaults(spec: WorkflowSpec, data: Mapping[str, Any]) -> dict[str, Any]:
+def start_defaults(spec: WorkflowSpec, data: Mapping[str, object]) -> dict[str, object]:
     """The declared fields' start values that apply to a run (``run.started`` records
     them, so a resume folds the same state whatever the code's defaults become): a value
     in the input replaces the default (null too, for a field without a reducer; a field
@@ -422,7 +440,7 @@ def start_defaults(spec: WorkflowSpec, data: Mapping[str, Any]) -> dict[str, Any
 
 @dataclass(frozen=True, slots=True)
 class _Functions:
-    callables: Mapping[str, Callable[..., Any]]
+    callables: Mapping[str, Callable[..., object]]
 
 
 class _Children:
@@ -494,7 +512,7 @@ async def continue_child(store: Store, run_id: str, workflow: Functions | None, 
     view = loaded.view
     if view.status in ("COMPLETED", "REJECTED", "CANCELLED"):
         return result_of(run_id, loaded.row.workflow, view)
-    first: list[tuple[str, dict[str, Any]]] = []
+    first: list[tuple[str, dict[str, object]]] = []
     if view.status == "WAITING_APPROVAL":
         first = await _unblocked(store, run_id, view)
         moved = {(f["node"], f["visit"]) for _, f in first}
@@ -526,7 +544,7 @@ async def continue_claimed(store: Store, run_id: str, owner: str, *,
     if row.owner != owner:  # taken over since our claim (our lease ran out meanwhile)
         raise ClaimLost(run_id, row.owner, row.generation, None)
     view = loaded.view
-    first: list[tuple[str, dict[str, Any]]] = []
+    first: list[tuple[str, dict[str, object]]] = []
     if view.status == "WAITING_APPROVAL":  # a gate's deadline passed: the engine decides
         from .._engine._approvals import expire
 

@@ -8,16 +8,24 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from .. import _log as L
+from .._definition._model import NodeSpec
 from .._definition._spec import parse
 from .._engine import _snapshot as snapshots
 from .._engine._fold import RunView
 from .._errors import InterlockError, RunNotFound, UsageError
 from .._plugins._compile import reading_plan
 from .._store import RunRow, Store, release_store
-from ._load import RESUMABLE, TRACE_PAGE, _key_missing, definition_hash, open_store_arg, run_key
+from ._load import (
+    RESUMABLE,
+    TRACE_PAGE,
+    _key_missing,
+    definition_hash,
+    open_store_arg,
+    plan_maker,
+    run_key,
+)
 
 
 class ChildLinks:
@@ -30,7 +38,7 @@ class ChildLinks:
     def __init__(self, row: RunRow, above: tuple[str, ...] = ()) -> None:
         self.row = row
         self.path = (*above, row.run_id)
-        self.nodes: Mapping[str, Any] | None = None  # the definition's, when first needed
+        self.nodes: Mapping[str, NodeSpec] | None = None  # the definition's, when first needed
         self.seen: set[str] = set()
         self._lineage: set[str] | None = None
 
@@ -58,7 +66,7 @@ class ChildLinks:
         return child if parent in self._lineage else None
 
 
-def forged(nodes: Mapping[str, Any], path: tuple[str, ...], rec: L.Record) -> str | None:
+def forged(nodes: Mapping[str, NodeSpec], path: tuple[str, ...], rec: L.Record) -> str | None:
     """Why ``rec``, of one of the engine's namespaces that the fold does not check
     (``child.``, ``snapshot.``, ``notify.``), is not a record interlock wrote there, or
     None. ``nodes``: the run's definition's; ``path``: the run's id last, after the runs
@@ -149,14 +157,17 @@ class LogCheck:
             return None
         self._check_snapshot(entries)
         assert self.view is not None
-        nodes = self.view.plan.spec.nodes
         for entry in entries:
             try:
                 rec = entry.record()
-                why = forged(nodes, self.path, rec) if entry.type.split(".", 1)[0] in \
-                    ("child", "snapshot", "notify") else None
+                why = forged(self.view.plan.spec.nodes, self.path, rec) \
+                    if entry.type.split(".", 1)[0] in ("child", "snapshot", "notify") else None
                 if why is not None:
                     return self._fail(entry.seq, f"the log holds {why}")
+                if entry.type == L.RUN_MIGRATED and self.view.migration is None and \
+                        rec.get("from_hash") != self.row.definition_hash:
+                    return self._fail(entry.seq, "the run.migrated record's from_hash is not "
+                                                 "the definition the run started with")
                 self.view.apply(rec)
             except (InterlockError, KeyError, IndexError, TypeError, ValueError) as exc:
                 return self._fail(entry.seq,
@@ -180,7 +191,8 @@ class LogCheck:
             self._fail(1, "the run's row and its run.started record disagree about how its "
                           "log is chained")
             return False
-        self.view = RunView(reading_plan(parse(row.definition)))
+        # each segment of a migrated run under its own definition (SPEC §14)
+        self.view = RunView(reading_plan(parse(row.definition)), plans=plan_maker())
         return True
 
     def _check_snapshot(self, entries: list[L.Entry], *, end: bool = False) -> None:
