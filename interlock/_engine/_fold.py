@@ -294,7 +294,8 @@ class RunView(ViewData):
         self.gates[key] = Gate(rec["node"], rec["visit"], rec["kind"], rec["at"],
                                rec.get("show") or {}, rec["decisions"], rec.get("deadline"),
                                key=rec.get("key"), input=rec.get("input"),
-                               path=rec.get("path"), item=item)
+                               path=rec.get("path"), item=item,
+                               child_kind=rec.get("child_kind"))
 
     def _on_approval_decided(self, rec: L.Record) -> None:
         gate = self.gates[gate_key(rec["node"], rec["visit"], rec.get("item"))]

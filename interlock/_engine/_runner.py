@@ -399,6 +399,7 @@ class Runner:
                 "kind": pause.kind if pause.path is None else "workflow",
                 "key": pause.key, "show": L.to_json_value(pause.show), "path": pause.path,
                 "decisions": pause.decisions, "tokens": out.tokens or None,
+                "child_kind": pause.kind if pause.path is not None else None,
                 "approvers": approvers(self.plan.nodes[out.node].spec)}
             if pause.edit is not None:  # what a modify patch must satisfy
                 fields["input"] = pause.edit

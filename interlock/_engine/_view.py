@@ -69,12 +69,13 @@ class Gate:
     input: dict[str, Any] | None = None
     path: str | None = None  # for kind "workflow": the nodes down to the child's gate
     item: int | None = None  # a mapped gate's item (its index, from 0): ``NODE[i]``
+    child_kind: str | None = None  # for kind "workflow": the kind of the child's gate
 
     def encode(self) -> list[Any]:
         """Its snapshot encoding: its fields, in order (``Gate(*encoded)`` restores it)."""
         return [self.node, self.visit, self.kind, self.requested_at, self.show,
                 self.decisions, self.deadline, self.decision, self.body_started, self.key,
-                self.input, self.path, self.item]
+                self.input, self.path, self.item, self.child_kind]
 
     @property
     def slot(self) -> tuple[str, int]:
@@ -85,7 +86,7 @@ class Gate:
         """The ``waiting`` object of SPEC §3 (a child run's gate: ``node`` is its path;
         a map item's, ``NODE[i]`` and ``item``)."""
         name = self.path or (self.node if self.item is None else f"{self.node}[{self.item}]")
-        out = {"node": name, "kind": self.kind, "show": self.show,
+        out = {"node": name, "kind": self.child_kind or self.kind, "show": self.show,
                "decisions": self.decisions, "requested_at": self.requested_at,
                "deadline": self.deadline}
         if self.item is not None:

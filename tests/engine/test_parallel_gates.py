@@ -361,7 +361,8 @@ def test_a_child_runs_gate_and_a_parent_gate_wait_together(
     started = p.cli("run", p.workflow(PARENT, "parent.yaml"), "--run-id", "fam-1", "--json")
     assert started.exit_code == 3, started.output
     pending = json.loads(started.stdout)["waiting"]["pending"]
-    assert sorted(g["node"] for g in pending) == ["legal", "remediate/approval"]
+    assert sorted((g["node"], g["kind"]) for g in pending) == [
+        ("legal", "approval"), ("remediate/approval", "approval")]  # the child gate's kind
     # the child's gate first, by its path: the parent's gate keeps waiting
     result, out = p.cli_json("resume", "fam-1", "--approve", "--gate", "remediate/approval",
                              "--by", "carol")
