@@ -137,6 +137,14 @@ async def resume_gate(run_id: str, decision: Decision | None = None, *,
             return await _handover(st, run_id, offered_gate, owner, workflow=workflow,
                                    config=config, limits=limits, listener=listener,
                                    detach=detach)
+        except UsageError:
+            # e.g. the run ended meanwhile: the process that ended it may have folded our
+            # offer in first (decisions on two gates of one run both win)
+            folded = await _folded(st, run_id, offered_gate, workflow) \
+                if offered_gate is not None else None
+            if folded is None:
+                raise
+            return folded, "another process"
     finally:
         if owned:
             await release_store(st)
@@ -175,6 +183,22 @@ async def _offer(st: Store, run_id: str, decision: Decision, workflow: Functions
 
 class GateTaken(UsageError):
     """Another decision won the gate (a server answers 409)."""
+
+
+async def _folded(st: Store, run_id: str, gate: tuple[str, int, str | None, float],
+                  workflow: Functions | None) -> RunResult | None:
+    """The run as it stands if the decision offered for ``gate`` is in its log (folded in
+    by whichever process executed it), else None."""
+    loaded = await load_run(st, run_id, workflow=workflow)
+    g = loaded.view.gates.get(gate[:2])
+    if g is not None and g.decision is None and g.key == gate[2] \
+            and g.requested_at == gate[3]:
+        return None  # still waiting: not folded in
+    offers = await st.decisions(run_id)
+    mine = [d for d in offers.values() if gate_key(str(d.get("node")), int(d.get("visit") or 0),
+                                                    d.get("item")) == gate[:2]
+            and d.get("requested_at") == gate[3]]
+    return result_of(run_id, loaded.row.workflow, loaded.view) if mine else None
 
 
 async def _handover(st: Store, run_id: str, gate: tuple[str, int, str | None, float],
