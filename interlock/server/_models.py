@@ -220,7 +220,9 @@ class Approval(BaseModel):
     approvers: list[str] = Field(description="names and role:NAME entries that may decide; "
                                              "empty: anyone with the approver role")
     kind: str | None = Field(default=None, description="approval, confirm, tool (a guarded "
-                             "tool call) or workflow (a child run's gate)")
+                             "tool call) or unknown_outcome (an action that started and "
+                             "left no outcome); a child run's gate has the child gate's "
+                             "kind")
     input: dict[str, Any] | None = Field(default=None, description="the JSON Schema an "
                                          "approve's data must satisfy (approval input:)")
     modify: ModifyInfo | None = Field(default=None, description="what a modify must be; "
