@@ -527,7 +527,8 @@ def _records(spec: WorkflowSpec, view: RunView, gate: Gate, decision: str, by: s
         # the node runs again: ctx.confirm gives it the decision, ctx.decision the rest
         assert gate.key is not None
         visit = view.running.get((gate.node, gate.visit))
-        said = {"decision": decision, "by": by, "comment": comment, "patch": patch}
+        said: dict[str, Any] = {"decision": decision, "by": by, "comment": comment,
+                                "patch": patch}
         if data is not None:  # an unknown outcome checked by hand
             said["data"] = data
         items.append(R.decision_journaled(

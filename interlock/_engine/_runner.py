@@ -49,6 +49,7 @@ from .._definition import _expr
 from .._definition._model import DEFAULT_STEPS
 from .._definition._plan import Plan, PlanNode
 from .._errors import InterlockError, InternalError, RunError, StepLimitError, UnknownOutcome
+from .._json import JSONObject
 from . import _records as R
 from ._approvals import approvers, close_others, offered, requested, waiting_object
 from ._call import NodeCall
@@ -150,7 +151,7 @@ class Runner:
                         if outcome.goto is None and not outcome.tokens:
                             # `_complete(outcome)` with R.node_completed(...) inlined (see
                             # `_records`: the hot path)
-                            fields: dict[str, Any] = {
+                            fields: JSONObject = {
                                 "node": outcome.node, "visit": outcome.visit,
                                 "attempt": outcome.attempt, "duration_ms": outcome.duration_ms}
                             if outcome.update:
@@ -396,7 +397,7 @@ class Runner:
             pause = out.pause
             fields = {
                 "node": out.node, "visit": out.visit, "attempt": out.attempt,
-                "kind": pause.kind if pause.path is None else "workflow",
+                "kind": "workflow" if pause.path is not None else (pause.kind or "tool"),
                 "key": pause.key, "show": L.to_json_value(pause.show), "path": pause.path,
                 "decisions": pause.decisions, "tokens": out.tokens or None,
                 "child_kind": pause.kind if pause.path is not None else None,
@@ -430,7 +431,8 @@ class Runner:
         edge = self.decide.catch(pn, out.error)
         if edge is None:
             return False
-        caught = {"edge": edge.index, "error": caught_error(pn, out.error, out.attempt)}
+        caught: JSONObject = {"edge": edge.index,
+                              "error": caught_error(pn, out.error, out.attempt)}
         self.sink.add(R.node_failed(out.node, out.visit, out.attempt, out.error.to_json(),
                                     out.duration_ms, out.tokens, caught=caught))
         self.decide.due()

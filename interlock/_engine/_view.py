@@ -15,7 +15,16 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Self
 
 from .._definition._plan import Plan
+from .._json import JSON, JSONObject
 from ._flow import Due, Flow
+
+# Tokens: each is counted once, whichever records carry it. An attempt's closing record
+# (completed, failed, retrying, paused) carries everything the attempt spent; an
+# ``effect.recorded`` carries what was spent up to that effect, committed with its result
+# so that a crash after it cannot lose it. So the fold counts a closing record's tokens
+# less the attempt's ``effect_tokens`` (what its effects carried), which starts again at
+# 0 with each attempt (``node.started``). ``Visit.tokens`` adds up every attempt of the
+# visit: a node's ``tokens:`` budget is per visit, across its retries.
 
 
 @dataclass(slots=True)
@@ -28,7 +37,7 @@ class Visit:
     failures: int = 0  # attempts that failed (what `retry.attempts` counts)
     effect_tokens: int = 0  # of the current attempt's, those its effects' records carried
 
-    def encode(self) -> list[Any]:
+    def encode(self) -> list[object]:
         """Its snapshot encoding: its fields, in order (``Visit(*encoded)`` restores it)."""
         return [self.node, self.visit, self.attempt, self.started_seq, self.tokens,
                 self.failures, self.effect_tokens]
@@ -39,9 +48,18 @@ class MapRun:
     """A mapped node's visit (SPEC §7): its items, the update of each item completed so
     far (merged, or collected, when the last one completes), the item visits running."""
 
-    items: list[Any]
-    done: dict[int, dict[str, Any]] = field(default_factory=dict)
+    items: list[JSON]
+    done: dict[int, JSONObject] = field(default_factory=dict)
     running: dict[int, Visit] = field(default_factory=dict)
+
+    def updates(self, collect: str | None) -> list[JSONObject]:
+        """Its items' updates in item order, to merge through the reducers -- or, with
+        ``collect``, one update that gathers them in a list under that field."""
+        updates = [self.done.get(i, {}) for i in range(len(self.items))]
+        if collect is None:
+            return updates
+        gathered: list[JSON] = [*updates]
+        return [{collect: gathered}]
 
 
 def gate_key(node: str, visit: int, item: int | None = None) -> tuple[str, int]:
@@ -58,7 +76,7 @@ class Gate:
     visit: int
     kind: str  # "approval" | "confirm" | "tool" (ctx.confirm inside a node, e.g. an agent's tool)
     requested_at: float
-    show: dict[str, Any]
+    show: JSONObject
     decisions: list[str]
     deadline: float | None = None
     decision: str | None = None  # approved | rejected | modified | timed_out
@@ -66,12 +84,12 @@ class Gate:
     key: str | None = None  # for kind "tool": the key the node asked under ("workflow": the child)
     # the JSON Schema a decision must satisfy: an approval's ``input:`` (its ``data``), a
     # guarded tool's arguments (a ``modify`` patch); None when the gate takes neither
-    input: dict[str, Any] | None = None
+    input: JSONObject | None = None
     path: str | None = None  # for kind "workflow": the nodes down to the child's gate
     item: int | None = None  # a mapped gate's item (its index, from 0): ``NODE[i]``
     child_kind: str | None = None  # for kind "workflow": the kind of the child's gate
 
-    def encode(self) -> list[Any]:
+    def encode(self) -> list[object]:
         """Its snapshot encoding: its fields, in order (``Gate(*encoded)`` restores it)."""
         return [self.node, self.visit, self.kind, self.requested_at, self.show,
                 self.decisions, self.deadline, self.decision, self.body_started, self.key,
@@ -82,12 +100,13 @@ class Gate:
         """Its key in `ViewData.gates`: (node, visit); a mapped item's ``(NODE[i], visit)``."""
         return gate_key(self.node, self.visit, self.item)
 
-    def waiting(self) -> dict[str, Any]:
+    def waiting(self) -> JSONObject:
         """The ``waiting`` object of SPEC §3 (a child run's gate: ``node`` is its path;
         a map item's, ``NODE[i]`` and ``item``)."""
         name = self.path or (self.node if self.item is None else f"{self.node}[{self.item}]")
-        out = {"node": name, "kind": self.child_kind or self.kind, "show": self.show,
-               "decisions": self.decisions, "requested_at": self.requested_at,
+        out: JSONObject = {"node": name, "kind": self.child_kind or self.kind,
+                           "show": self.show, "decisions": [*self.decisions],
+                           "requested_at": self.requested_at,
                "deadline": self.deadline}
         if self.item is not None:
             out["item"] = self.item
@@ -110,7 +129,7 @@ class ViewData:
     """A run's view as data (see the module's docstring); `_fold.RunView` folds into it."""
 
     plan: Plan
-    state: dict[str, Any] = field(default_factory=dict)
+    state: JSONObject = field(default_factory=dict)
     ready: deque[str] = field(default_factory=deque)
     running: dict[tuple[str, int], Visit] = field(default_factory=dict)
     due: dict[tuple[int, str], Due] = field(default_factory=dict)
@@ -120,19 +139,19 @@ class ViewData:
     steps: int = 0
     tokens: int = 0
     seq: int = 0
-    config: dict[str, Any] = field(default_factory=dict)  # effective, with every override
-    limits: dict[str, Any] = field(default_factory=dict)
+    config: JSONObject = field(default_factory=dict)  # effective, with every override
+    limits: dict[str, int] = field(default_factory=dict)
     parent: tuple[str, int] | None = None  # (run, seq) this run was forked from
     status: str = "PENDING"
-    error: dict[str, Any] | None = None
-    waiting: dict[str, Any] | None = None
+    error: JSONObject | None = None
+    waiting: JSONObject | None = None
     writers: dict[str, Writer] = field(default_factory=dict)
     # a `ctx.once` result by (node, visit, key) -- key (item, key) for a mapped node's item
-    effects: dict[tuple[str, int, Any], Any] = field(default_factory=dict)
+    effects: dict[tuple[str, int, str | tuple[int, str]], JSON] = field(default_factory=dict)
     # mapped nodes' visits (SPEC §7 map) by (node, visit), and the item lists of map
     # edges taken, by target, until its visit starts
     maps: dict[tuple[str, int], MapRun] = field(default_factory=dict)
-    map_items: dict[str, deque[list[Any]]] = field(default_factory=dict)
+    map_items: dict[str, deque[list[JSON]]] = field(default_factory=dict)
     # human gates (approval nodes and confirm: true), by visit; see `Gate`
     gates: dict[tuple[str, int], Gate] = field(default_factory=dict)
     confirmations: dict[tuple[str, int, str], str] = field(default_factory=dict)
@@ -147,7 +166,7 @@ class ViewData:
     # and how a definition it moves to becomes a plan (the loader's: executable or for
     # reading); a view never migrated has neither
     migration: dict[str, Any] | None = None
-    plans: Callable[[dict[str, Any]], Plan] | None = None
+    plans: Callable[[JSONObject], Plan] | None = None
 
     def __post_init__(self) -> None:
         # every node is present in ``visits`` so that ``run.visits.x`` is 0, not missing
@@ -165,7 +184,7 @@ class ViewData:
 
     # -- the snapshot codec (``_snapshot`` adds the version and binds it to the chain) ---
 
-    def dump(self) -> dict[str, Any]:
+    def dump(self) -> dict[str, object]:
         """The view's fields after ``seq``, as JSON values, in the snapshot's key order.
 
         The encoding is explicit, field by field: JSON has no tuples, sets or int keys.
