@@ -162,8 +162,8 @@ async def _offer(st: Store, run_id: str, decision: Decision, workflow: Functions
     loaded = await load_run(st, run_id, workflow=workflow, executable=strict_code())
     view = loaded.view
     pending = view.pending_gates()
-    if not pending or view.status in TERMINAL_STATUSES:
-        return None
+    if not pending or view.status in TERMINAL_STATUSES or view.status == "WAITING_INPUT":
+        return None  # (a conversation: `_resume` refuses)
     if strict_code():  # refused before anything is offered (`CodeChanged`)
         await check_code(st, run_id, loaded.plan, view)
     expired = expire(loaded.spec, view)
@@ -242,6 +242,10 @@ async def _resume(st: Store, run_id: str, decision: Decision | None, *,
     view = loaded.view
     fields = _overrides(config, limits)
     first: list[tuple[str, dict[str, Any]]] = []
+    if view.status == "WAITING_INPUT":  # a conversation (SPEC §11)
+        raise UsageError(f"run {run_id!r} is a conversation waiting for its next message, "
+                         f"not for a decision: send one (interlock send {run_id} TEXT); "
+                         "there is nothing to resume or decide")
     stopped = await unknown_outcomes(st, run_id, view) \
         if view.gates and view.status not in TERMINAL_STATUSES else []
     if stopped:  # approved actions that started and have no outcome: a person decides
@@ -253,10 +257,6 @@ async def _resume(st: Store, run_id: str, decision: Decision | None, *,
         first += stopped
     elif view.pending_gates() and view.status not in TERMINAL_STATUSES:
         first += await _decisions(st, run_id, loaded, decision)
-    elif view.status == "WAITING_INPUT":  # a conversation (SPEC §11)
-        raise UsageError(f"run {run_id!r} is a conversation waiting for its next message, "
-                         f"not for a decision: send one (interlock send {run_id} TEXT); "
-                         "there is nothing to resume or decide")
     elif decision is not None:
         raise UsageError(f"run {run_id!r} is {view.status}, not waiting for a decision; "
                          "the decision is refused")
