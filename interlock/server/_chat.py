@@ -53,7 +53,6 @@ class Chat(Protocol):
     async def update(self, where: dict[str, Any], message: dict[str, Any]
                      ) -> tuple[dict[str, Any], dict[str, Any]]: ...
 
-    async def answer(self, click: Any, text: str) -> dict[str, Any]: ...
 
 
 def gate_name(rec: dict[str, Any]) -> str:
@@ -182,40 +181,42 @@ class ChatApprovals:
 
     # -- clicks --------------------------------------------------------------------------
 
-    async def clicked(self, chat: Chat, user: str, run_id: str, gate: str, decision: str,
-                      click: Any) -> None:
-        """Decide ``gate`` as the approver ``user`` maps to, or answer why not."""
-        refusal = None
+    async def clicked(self, chat: Chat, user: str, run_id: str, gate: str,
+                      decision: str) -> str | None:
+        """Decide ``gate`` as the approver ``user`` maps to; or why not (nothing recorded:
+        the caller answers the user with it, see `answered`)."""
         who = self.tokens.chat_user(chat.name, user) if self.tokens is not None else None
         if decision not in ("approve", "reject"):
-            refusal = f"{decision!r} is not a decision a chat may make (approve, reject)"
-        elif who is None:
+            return f"{decision!r} is not a decision a chat may make (approve, reject)"
+        if who is None:
             key = "slack" if chat.name == "slack" else "google_chat"
-            refusal = (f"your {chat.name} user {user} is not mapped to an approver: the "
-                       f"server's --auth file needs '{key}: {user}' on your entry")
-        elif not who.may(DECIDE):
-            refusal = (f"{who.name} may not decide gates (roles: {', '.join(who.roles)}; "
-                       "approver or admin needed)")
-        else:
-            try:
-                await self.decide(run_id, gate, Decision(
-                    decision, who.name, node=gate, roles=who.roles), chat.name)  # type: ignore[arg-type]
-            except Problemed as exc:
-                refusal = exc.detail
-            except (UsageError, RunNotFound) as exc:
-                refusal = str(exc)
-            else:
-                self.changed(run_id)
-        if refusal is not None:
-            self._spawn(self._answer(chat, click, run_id, gate, user,
-                                     f"No decision recorded: {refusal}"))
+            return (f"your {chat.name} user {user} is not mapped to an approver: the "
+                    f"server's --auth file needs '{key}: {user}' on your entry")
+        if not who.may(DECIDE):
+            return (f"{who.name} may not decide gates (roles: {', '.join(who.roles)}; "
+                    "approver or admin needed)")
+        try:
+            await self.decide(run_id, gate, Decision(
+                decision, who.name, node=gate, roles=who.roles), chat.name)  # type: ignore[arg-type]
+        except Problemed as exc:
+            return exc.detail
+        except (UsageError, RunNotFound) as exc:
+            return str(exc)
+        self.changed(run_id)
+        return None
 
-    async def _answer(self, chat: Chat, click: Any, run_id: str, gate: str, user: str,
-                      text: str) -> None:
-        outcome = await chat.answer(click, text)
+    def answered(self, chat: Chat, run_id: str, gate: str, user: str,
+                 outcome: Coroutine[Any, Any, dict[str, Any]] | dict[str, Any]) -> None:
+        """Record the answer to a refused click (sent by ``outcome``, or sent already)."""
+        self._spawn(self._answered(chat, run_id, gate, user, outcome))
+
+    async def _answered(self, chat: Chat, run_id: str, gate: str, user: str,
+                        outcome: Coroutine[Any, Any, dict[str, Any]] | dict[str, Any]
+                        ) -> None:
+        fields = outcome if isinstance(outcome, dict) else await outcome
         with contextlib.suppress(RunNotFound):
             await self._record(run_id, {"via": chat.name, "action": "answer", "gate": gate,
-                                        "user": user, **outcome})
+                                        "user": user, **fields})
 
     async def close(self) -> None:
         for task in list(self._tasks):

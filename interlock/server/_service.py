@@ -26,6 +26,7 @@ from interlock.support import (
 
 from ._auth import LOCAL, Identity, Tokens
 from ._chat import Chat, ChatApprovals
+from ._google_chat import GoogleChat
 from ._guard import Problemed
 from ._hub import Hub, NotifyingStore
 from ._loops import RunLoops
@@ -88,7 +89,8 @@ class Server:
         self.approvals = Approvals()  # the inbox, kept per run at its last seq
         self.polls: Polls | None = None  # one poll per followed run (`follow`)
         self.slack = Slack.from_env(options.slack_channel)
-        self.google_chat: Any = None
+        self.google_chat = GoogleChat.from_options(
+            options.google_chat_space, options.google_chat_audience, options.google_chat_keys)
         self.chat: ChatApprovals | None = None
         self._chat_watcher: asyncio.Task[None] | None = None
 
@@ -205,6 +207,8 @@ class Server:
             await self.notifier.close()
         if self.chat is not None:
             await self.chat.close()
+        if self.google_chat is not None:
+            await self.google_chat.close()
         if self.store is not None:
             await self.store.close()
 
