@@ -208,6 +208,7 @@ class ChatApprovals:
     def answered(self, chat: Chat, run_id: str, gate: str, user: str,
                  outcome: Coroutine[Any, Any, dict[str, Any]] | dict[str, Any]) -> None:
         """Record the answer to a refused click (sent by ``outcome``, or sent already)."""
+        log.info("run %s: a %s click on %s by %s refused", run_id, chat.name, gate, user)
         self._spawn(self._answered(chat, run_id, gate, user, outcome))
 
     async def _answered(self, chat: Chat, run_id: str, gate: str, user: str,
