@@ -77,6 +77,7 @@ class ChatApprovals:
         self._locks: dict[str, asyncio.Lock] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._since: float | None = None
+        self._synced: dict[str, int] = {}  # run: its last seq when `sync` last read it
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -103,13 +104,14 @@ class ChatApprovals:
 
     async def watch(self, every: float) -> None:
         """Every ``every`` seconds, `sync` the runs changed since the previous pass (the
-        first pass: those changed in the last hour)."""
+        first pass: those changed in the last hour) whose log grew since `sync` read it."""
         while self.chats:
             try:
                 began = time.time()
                 since = self._since if self._since is not None else began - 3600
                 for row in await self.store.list_page(limit=10_000, updated_after=since):
-                    await self.sync(row.run_id)
+                    if self._synced.get(row.run_id) != row.summary.last_seq:
+                        await self.sync(row.run_id)
                 self._since = began - CLOCK_SKEW
             except InterlockError as exc:
                 log.warning("looking for gates to post to chats: %s", exc)
@@ -120,6 +122,7 @@ class ChatApprovals:
         lock = self._locks.setdefault(run_id, asyncio.Lock())
         async with lock:
             row = await self.store.get_run(run_id)
+            self._synced[run_id] = row.summary.last_seq
             requested: dict[int, dict[str, Any]] = {}
             decided: dict[tuple[Any, Any, Any], dict[str, Any]] = {}
             sent: dict[tuple[str, int, str], dict[str, Any]] = {}

@@ -14,6 +14,7 @@ import textwrap
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -31,6 +32,30 @@ USERS = {  # name: (token, roles, Slack user id)
     "vic": ("tok-vic", ["viewer"], "UVIC"),
     "olga": ("tok-olga", ["operator"], None),  # starts the runs; not in Slack
 }
+
+
+CNODES = """
+    def start(state):
+        return {"x": 1}
+
+    def done(state):
+        with open("done.log", "a") as f:
+            f.write("done\\n")
+        return {"done": True}
+"""
+
+AUDIT = """
+    workflow: audit
+    nodes:
+      start: cnodes:start
+      legal: {approval: {show: [x], approvers: [alice]}}
+      finance: {approval: {show: [x], approvers: [bob]}}
+      done: cnodes:done
+    edges:
+      - {from: START, to: start}
+      - {from: start, to: [legal, finance]}
+      - {from: [legal, finance], to: done}
+"""
 
 
 class FakeSlack:
@@ -69,7 +94,7 @@ class FakeSlack:
         threading.Thread(target=self.http.serve_forever, daemon=True).start()
 
     def of(self, suffix: str) -> list[dict[str, Any]]:
-        return [d for p, d, _ in self.calls if p.endswith(suffix)]
+        return [d for p, d, _ in self.calls if suffix in p]
 
     def wait(self, suffix: str, count: int = 1) -> list[dict[str, Any]]:
         with self.changed:
@@ -85,6 +110,8 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (tmp_path / "snodes.py").write_text(NODES)
     (tmp_path / "flows").mkdir()
     (tmp_path / "flows" / "gated.yaml").write_text(textwrap.dedent(GATED))
+    (tmp_path / "cnodes.py").write_text(textwrap.dedent(CNODES))
+    (tmp_path / "flows" / "audit.yaml").write_text(textwrap.dedent(AUDIT))
     return tmp_path
 
 
@@ -147,11 +174,11 @@ def posted(client: Any, run_id: str) -> dict[str, Any]:
     raise AssertionError(f"no notify.sent for run {run_id}")
 
 
-def start(client: Any, run_id: str) -> None:
+def start(client: Any, run_id: str, workflow: str = "gated") -> None:
     operator = httpx.Client(base_url=str(client.base_url), timeout=30,
                             headers={"Authorization": "Bearer tok-olga"})
     with operator:
-        r = operator.post("/api/workflows/gated/runs",
+        r = operator.post(f"/api/workflows/{workflow}/runs",
                           json={"input": {"n": 1}, "run_id": run_id})
     assert r.status_code == 201, r.text
     wait_status(client, run_id, "WAITING_APPROVAL")
@@ -281,3 +308,36 @@ def test_a_gate_decided_from_the_api_or_the_cli_updates_the_message(
         assert done.returncode == 0, done.stderr
         updates = slack.wait("chat.update", 2)
         assert "Approved by alice (via cli)" in json.dumps(updates[1]["blocks"])
+
+
+def test_parallel_gates_get_a_message_each_and_a_racing_double_click_decides_once(
+        served: Served, slack: FakeSlack, project: Path) -> None:
+    with served.client("tok-alice") as c, served.client() as anonymous:
+        start(c, "s6", "audit")
+        posts = {json.loads(e["value"])["gate"]: p for p in slack.wait("chat.postMessage", 2)
+                 for b in p["blocks"] if b["type"] == "actions" for e in b["elements"]
+                 if e.get("action_id") == "interlock.approve"}
+        assert set(posts) == {"legal", "finance"}
+        # alice's two clicks on legal at once: one decision, one answer
+        clicks = [click(slack, posts["legal"], "UALICE", reply=f"/respond/{n}")
+                  for n in (1, 2)]
+        with ThreadPoolExecutor(2) as pool:
+            answers = list(pool.map(lambda bh: anonymous.post(
+                "/api/integrations/slack/actions", content=bh[0], headers=bh[1]), clicks))
+        assert [a.status_code for a in answers] == [200, 200]
+        [refused] = slack.wait("/respond/", 1)
+        assert "No decision recorded" in refused["text"]
+        [update] = slack.wait("chat.update")
+        assert "Approved by alice" in json.dumps(update["blocks"])
+        assert c.get("/api/runs/s6").json()["status"] == "WAITING_APPROVAL"  # finance waits
+        body, headers = click(slack, posts["finance"], "UBOB", reply="/respond/3")
+        assert anonymous.post("/api/integrations/slack/actions", content=body,
+                              headers=headers).status_code == 200
+        wait_status(c, "s6", "COMPLETED")
+        updates = slack.wait("chat.update", 2)
+        assert "Approved by bob" in json.dumps(updates[1]["blocks"])
+        assert updates[0]["ts"] != updates[1]["ts"]  # each gate its own message
+        assert [(d["node"], d["by"]) for d in decided(c, "s6")] == [
+            ("legal", "alice"), ("finance", "bob")]
+        assert (project / "done.log").read_text() == "done\n"  # the join, once
+        assert len(slack.of("chat.postMessage")) == 2 and len(slack.of("chat.update")) == 2
