@@ -129,6 +129,7 @@ def served(project: Path, google: FakeGoogle) -> Iterator[Served]:
                     "chat-keys.json")
     yield server
     server.stop()
+    assert not [line for line in server.lines if "Traceback" in line], "".join(server.lines)
 
 
 def token(*, key: Any = GOOGLE_KEY, aud: str = AUDIENCE, iss: str = ISSUER,

@@ -136,6 +136,7 @@ def served(project: Path, slack: FakeSlack) -> Iterator[Served]:
                     "--notify-timeout", "5")
     yield server
     server.stop()
+    assert not [line for line in server.lines if "Traceback" in line], "".join(server.lines)
 
 
 def click(fake: FakeSlack, message: dict[str, Any], user: str, kind: str = "approve", *,
@@ -341,3 +342,27 @@ def test_parallel_gates_get_a_message_each_and_a_racing_double_click_decides_onc
             ("legal", "alice"), ("finance", "bob")]
         assert (project / "done.log").read_text() == "done\n"  # the join, once
         assert len(slack.of("chat.postMessage")) == 2 and len(slack.of("chat.update")) == 2
+
+
+@pytest.mark.parametrize("case", ["no slack token", "no chat key", "bad slack id"])
+def test_serve_refuses_a_chat_it_cannot_use_before_listening(
+        project: Path, monkeypatch: pytest.MonkeyPatch, case: str) -> None:
+    for name in ("SLACK_BOT_TOKEN", "SLACK_SIGNING_SECRET", "GOOGLE_CHAT_CREDENTIALS"):
+        monkeypatch.delenv(name, raising=False)
+    auth = {"tokens": [{"name": "alice", "sha256": "0" * 64, "roles": ["approver"],
+                        **({"slack": 7} if case == "bad slack id" else {})}]}
+    (project / "chat-auth.yaml").write_text(json.dumps(auth))
+    args, want = {
+        "no slack token": (["--slack-channel", "C1"], "needs SLACK_BOT_TOKEN and "
+                                                      "SLACK_SIGNING_SECRET"),
+        "no chat key": (["--google-chat-space", "spaces/A"], "needs GOOGLE_CHAT_CREDENTIALS"),
+        "bad slack id": (["--auth", "chat-auth.yaml"], "slack must be the user's id"),
+    }[case]
+    done = subprocess.run(
+        [sys.executable, "-m", "interlock", "serve", "--port", "0", "--workflows", "flows",
+         "--store", f"sqlite:///{project / 'runs.db'}", *args],
+        cwd=project, capture_output=True, text=True, timeout=60,
+        env={**os.environ, "PYTHONPATH": pythonpath(project)})
+    assert done.returncode == 2, done.stderr
+    assert want in done.stderr
+    assert "Uvicorn running" not in done.stderr
