@@ -366,3 +366,27 @@ def test_serve_refuses_a_chat_it_cannot_use_before_listening(
     assert done.returncode == 2, done.stderr
     assert want in done.stderr
     assert "Uvicorn running" not in done.stderr
+
+
+def test_a_gate_of_a_run_executed_by_the_cli_is_posted_and_decided_by_a_click(
+        served: Served, slack: FakeSlack, project: Path) -> None:
+    """The server executes nothing of it: its watch finds the gate in the store, and a
+    click's decision continues the run in the server."""
+    store = f"sqlite:///{project / 'runs.db'}"
+    env = {**os.environ, "PYTHONPATH": pythonpath(project)}
+    done = subprocess.run(
+        [sys.executable, "-m", "interlock", "run", "flows/gated.yaml", "--input", '{"n": 2}',
+         "--run-id", "s7", "--store", store],
+        cwd=project, capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 3, done.stderr  # waiting for a decision
+    [post] = slack.wait("chat.postMessage")
+    assert "s7" in json.dumps(post["blocks"])
+    with served.client("tok-alice") as c, served.client() as anonymous:
+        posted(c, "s7")
+        body, headers = click(slack, post, "UALICE")
+        assert anonymous.post("/api/integrations/slack/actions", content=body,
+                              headers=headers).status_code == 200
+        assert wait_status(c, "s7", "COMPLETED")["state"]["last"] == 6
+        [update] = slack.wait("chat.update")
+        assert "Approved by alice (via slack)" in json.dumps(update["blocks"])
+        assert len(slack.of("chat.postMessage")) == 1
