@@ -38,6 +38,12 @@ CNODES = """
     def start(state):
         return {"x": 1}
 
+    def plan(state):
+        return {"targets": ["t0", "t1", "t2"], "env": "prod"}
+
+    def report(state):
+        return {"report": [d["decision"] for d in state["decisions"]]}
+
     def done(state):
         with open("done.log", "a") as f:
             f.write("done\\n")
@@ -55,6 +61,18 @@ AUDIT = """
       - {from: START, to: start}
       - {from: start, to: [legal, finance]}
       - {from: [legal, finance], to: done}
+"""
+
+DEPLOYS = """
+    workflow: deploys
+    nodes:
+      plan: cnodes:plan
+      deploy: {approval: {show: [env]}}
+      report: cnodes:report
+    edges:
+      - {from: START, to: plan}
+      - {from: plan, map: 'targets', to: deploy, as: target, collect: decisions}
+      - {from: deploy, to: report}
 """
 
 
@@ -112,6 +130,7 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (tmp_path / "flows" / "gated.yaml").write_text(textwrap.dedent(GATED))
     (tmp_path / "cnodes.py").write_text(textwrap.dedent(CNODES))
     (tmp_path / "flows" / "audit.yaml").write_text(textwrap.dedent(AUDIT))
+    (tmp_path / "flows" / "deploys.yaml").write_text(textwrap.dedent(DEPLOYS))
     return tmp_path
 
 
@@ -390,3 +409,25 @@ def test_a_gate_of_a_run_executed_by_the_cli_is_posted_and_decided_by_a_click(
         [update] = slack.wait("chat.update")
         assert "Approved by alice (via slack)" in json.dumps(update["blocks"])
         assert len(slack.of("chat.postMessage")) == 1
+
+
+def test_each_mapped_item_s_gate_is_a_message_decided_by_its_own_click(
+        served: Served, slack: FakeSlack) -> None:
+    with served.client("tok-alice") as c, served.client() as anonymous:
+        start(c, "s8", "deploys")
+        posts = {json.loads(e["value"])["gate"]: p for p in slack.wait("chat.postMessage", 3)
+                 for b in p["blocks"] if b["type"] == "actions" for e in b["elements"]
+                 if e.get("action_id") == "interlock.approve"}
+        assert set(posts) == {"deploy[0]", "deploy[1]", "deploy[2]"}
+        for n, i in enumerate([2, 0, 1], 1):
+            body, headers = click(slack, posts[f"deploy[{i}]"], "UALICE",
+                                  "reject" if i == 1 else "approve", reply=f"/respond/{n}")
+            assert anonymous.post("/api/integrations/slack/actions", content=body,
+                                  headers=headers).status_code == 200
+            [*_, update] = slack.wait("chat.update", n)
+            verb = "Rejected" if i == 1 else "Approved"
+            assert f"{verb} by alice (via slack)" in json.dumps(update["blocks"])
+        run = wait_status(c, "s8", "COMPLETED")
+        assert run["state"]["report"] == ["approved", "rejected", "approved"]
+        assert not slack.of("/respond/")  # no click refused
+        assert len(slack.of("chat.update")) == 3
