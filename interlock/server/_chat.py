@@ -74,7 +74,7 @@ class ChatApprovals:
         self.store, self.hub, self.tokens = store, hub, tokens
         self.record, self.decide = record, decide
         self._done: set[tuple[str, str, int, str]] = set()  # (chat, run, request, action)
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}  # one sync a run
         self._tasks: set[asyncio.Task[None]] = set()
         self._since: float | None = None
         self._synced: dict[str, int] = {}  # run: its last seq when `sync` last read it
@@ -119,35 +119,44 @@ class ChatApprovals:
 
     async def sync(self, run_id: str) -> None:
         """Post each undecided gate not posted yet; update each decided gate's message."""
-        lock = self._locks.setdefault(run_id, asyncio.Lock())
-        async with lock:
-            row = await self.store.get_run(run_id)
-            self._synced[run_id] = row.summary.last_seq
-            requested: dict[int, dict[str, Any]] = {}
-            decided: dict[tuple[Any, Any, Any], dict[str, Any]] = {}
-            sent: dict[tuple[str, int, str], dict[str, Any]] = {}
-            async for page in trace_pages(run_id, store=self.store):
-                for rec in page:
-                    if rec["type"] == "approval.requested":
-                        requested[rec["seq"]] = rec
-                        decided.pop(_key(rec), None)  # a later visit's gate
-                    elif rec["type"] == "approval.decided":
-                        decided[_key(rec)] = rec
-                    elif rec["type"] == NOTIFY_SENT and rec.get("via") and \
-                            rec.get("request") is not None and rec.get("where"):
-                        sent[(rec["via"], rec["request"], rec.get("action", ""))] = rec
-            open_ = row.summary.status == "WAITING_APPROVAL"
-            for seq, rec in requested.items():
-                done = decided.get(_key(rec))
-                if done is not None and done["seq"] < seq:
-                    done = None
-                for chat in self.chats:
-                    post = sent.get((chat.name, seq, "post"))
-                    if done is None and post is None and open_:
-                        await self._post(chat, row.workflow, run_id, rec)
-                    elif done is not None and post is not None and \
-                            (chat.name, seq, "update") not in sent:
-                        await self._update(chat, row.workflow, run_id, rec, post, done)
+        lock, users = self._locks.setdefault(run_id, (asyncio.Lock(), [0]))
+        users[0] += 1
+        try:
+            async with lock:
+                await self._sync(run_id)
+        finally:
+            users[0] -= 1
+            if not users[0]:
+                del self._locks[run_id]
+
+    async def _sync(self, run_id: str) -> None:
+        row = await self.store.get_run(run_id)
+        self._synced[run_id] = row.summary.last_seq
+        requested: dict[int, dict[str, Any]] = {}
+        decided: dict[tuple[Any, Any, Any], dict[str, Any]] = {}
+        sent: dict[tuple[str, int, str], dict[str, Any]] = {}
+        async for page in trace_pages(run_id, store=self.store):
+            for rec in page:
+                if rec["type"] == "approval.requested":
+                    requested[rec["seq"]] = rec
+                    decided.pop(_key(rec), None)  # a later visit's gate
+                elif rec["type"] == "approval.decided":
+                    decided[_key(rec)] = rec
+                elif rec["type"] == NOTIFY_SENT and rec.get("via") and \
+                        rec.get("request") is not None and rec.get("where"):
+                    sent[(rec["via"], rec["request"], rec.get("action", ""))] = rec
+        open_ = row.summary.status == "WAITING_APPROVAL"
+        for seq, rec in requested.items():
+            done = decided.get(_key(rec))
+            if done is not None and done["seq"] < seq:
+                done = None
+            for chat in self.chats:
+                post = sent.get((chat.name, seq, "post"))
+                if done is None and post is None and open_:
+                    await self._post(chat, row.workflow, run_id, rec)
+                elif done is not None and post is not None and \
+                        (chat.name, seq, "update") not in sent:
+                    await self._update(chat, row.workflow, run_id, rec, post, done)
 
     async def _post(self, chat: Chat, workflow: str, run_id: str,
                     rec: dict[str, Any]) -> None:
