@@ -23,6 +23,7 @@ from .._errors import ClaimError, ClaimLost, ConflictError, LogError, RunNotFoun
 from .._store import RunRow, Store, Summary, release_store
 from ._children import _child_gate, _decide_child, _expired_children, _unblocked
 from ._claims import LEASE_SECONDS, _claim_of, make_owner, make_run_id
+from ._code import CodeChanged, check_code, strict_code
 from ._execute import Listener, _traced, drive
 from ._load import (
     _BROKEN_LOG_ADVICE,
@@ -131,7 +132,7 @@ async def resume_gate(run_id: str, decision: Decision | None = None, *,
         except (ClaimError, ConflictError) as exc:
             # executed elsewhere, or changed since it was read (another decision recorded
             # first): the offer stands -- folded in there, or recorded here once free
-            if offered_gate is None or isinstance(exc, ClaimLost):
+            if offered_gate is None or isinstance(exc, ClaimLost | CodeChanged):
                 raise
             owner = exc.owner if isinstance(exc, ClaimError) else "another process"
             return await _handover(st, run_id, offered_gate, owner, workflow=workflow,
@@ -158,11 +159,13 @@ async def _offer(st: Store, run_id: str, decision: Decision, workflow: Functions
     Raises UsageError when refused (checked, or another decision won the gate)."""
     from .._engine._approvals import decide, expire, gate_name, gate_slot, offer_of
 
-    loaded = await load_run(st, run_id, workflow=workflow)
+    loaded = await load_run(st, run_id, workflow=workflow, executable=strict_code())
     view = loaded.view
     pending = view.pending_gates()
     if not pending or view.status in TERMINAL_STATUSES:
         return None
+    if strict_code():  # refused before anything is offered (`CodeChanged`)
+        await check_code(st, run_id, loaded.plan, view)
     expired = expire(loaded.spec, view)
     if _child_gate(view, decision, []) is not None or \
             (decision.node is not None and "/" in decision.node):
