@@ -30,7 +30,7 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Collection
 from dataclasses import dataclass, field, fields
 from operator import attrgetter
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 from .._errors import (  # the store's errors live with every other error
     ClaimError,
@@ -41,6 +41,9 @@ from .._errors import (  # the store's errors live with every other error
     StoreError,
 )
 from .._log import Entry
+
+if TYPE_CHECKING:
+    from ._search import Found
 
 # a `Store.list_runs` limit meaning every run the store keeps (coverage, prune, metrics)
 ALL_RUNS = 10_000_000
@@ -349,6 +352,16 @@ class Store(ABC):
         """Keep ``value`` as the cursor under ``name`` (it replaces the one kept)."""
         cursors: dict[str, str] = self.__dict__.setdefault("_cursors", {})
         cursors[name] = value
+
+    async def search_messages(self, workflow: str, query: str, *, limit: int = 5,
+                              exclude: str | None = None) -> list[Found]:
+        """The messages of the conversations of ``workflow`` (their ``chat.message`` and
+        ``chat.reply`` records) that best match ``query``'s words, best first, leaving
+        out run ``exclude`` (SPEC §11, ``recall``). This default scans the records;
+        SQLite searches an FTS5 index, PostgreSQL its full-text search."""
+        from ._search import scan
+
+        return await scan(self, workflow, query, limit, exclude)
 
     async def size_bytes(self) -> int | None:
         """What the store takes up (a SQLite file with its WAL, PostgreSQL's tables),

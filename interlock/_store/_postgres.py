@@ -55,6 +55,7 @@ from ._rows import (
     page_query,
     row_from,
 )
+from ._search import Found
 
 
 class PostgresStore(PostgresWrites, PostgresClaims, Store):
@@ -182,6 +183,20 @@ class PostgresStore(PostgresWrites, PostgresClaims, Store):
         return await self._do(op, idempotent=True)
 
     # -- pruning ---------------------------------------------------------------------
+
+    async def search_messages(self, workflow: str, query: str, *, limit: int = 5,
+                              exclude: str | None = None) -> list[Found]:
+        from . import _postgres_search
+        from ._search import words
+
+        wanted = words(query)
+        if not wanted:
+            return []
+
+        async def op(conn: Conn) -> list[Found]:
+            return await _postgres_search.search(conn, workflow, wanted, limit, exclude)
+
+        return await self._do(op)
 
     async def delete_finished(self, run_ids: list[str]) -> tuple[list[str], int]:
         if not run_ids:

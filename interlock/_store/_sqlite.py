@@ -92,6 +92,7 @@ from ._base import (
     Summary,
 )
 from ._rows import check_first_seqs
+from ._search import Found
 from ._sqlite_sql import sqlite_error
 from ._sqlite_thread import _Checkpointer, _Writer
 from ._sqlite_writes import SQLiteWrites
@@ -342,6 +343,16 @@ class SQLiteStore(SQLiteWrites, Store):
         await self._write(self._release, run_id, owner)
 
     # -- pruning ---------------------------------------------------------------------
+
+    async def search_messages(self, workflow: str, query: str, *, limit: int = 5,
+                              exclude: str | None = None) -> list[Found]:
+        from . import _sqlite_search
+        from ._search import words
+
+        wanted = words(query)
+        if self._absent() or not wanted:
+            return []
+        return await self._call(_sqlite_search.search, workflow, wanted, limit, exclude)
 
     async def delete_finished(self, run_ids: list[str]) -> tuple[list[str], int]:
         if self._absent() or not run_ids:

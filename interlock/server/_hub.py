@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from interlock import Store
@@ -25,6 +25,30 @@ class Hub:
         self._events: weakref.WeakValueDictionary[str, asyncio.Event] = \
             weakref.WeakValueDictionary()
         self.stopping = asyncio.Event()  # the server is shutting down: streams end
+        # a conversation's reply as it streams (SPEC §11): pieces not in the log, handed
+        # to each event stream of the run that is open when they arrive
+        self._tokens: dict[str, list[list[dict[str, Any]]]] = {}
+
+    @contextlib.contextmanager
+    def tokens(self, run_id: str) -> Iterator[list[dict[str, Any]]]:
+        """A buffer that gets the run's reply pieces while the block runs."""
+        buffer: list[dict[str, Any]] = []
+        self._tokens.setdefault(run_id, []).append(buffer)
+        try:
+            yield buffer
+        finally:
+            subscribers = self._tokens.get(run_id, [])
+            subscribers.remove(buffer)
+            if not subscribers:
+                self._tokens.pop(run_id, None)
+
+    def token(self, run_id: str, piece: dict[str, Any]) -> None:
+        """A piece of a reply (on the API's loop): to every open stream of the run."""
+        subscribers = self._tokens.get(run_id)
+        if subscribers:
+            for buffer in subscribers:
+                buffer.append(piece)
+            self.changed(run_id)
 
     def waiter(self, run_id: str) -> asyncio.Event:
         """An event set at the run's next commit (take it *before* reading the log)."""
@@ -130,6 +154,10 @@ class NotifyingStore(Store):
 
     async def delete_finished(self, run_ids: list[str]) -> tuple[list[str], int]:
         return await self.inner.delete_finished(run_ids)
+
+    async def search_messages(self, workflow: str, query: str, *, limit: int = 5,
+                              exclude: str | None = None) -> list[Any]:
+        return await self.inner.search_messages(workflow, query, limit=limit, exclude=exclude)
 
     async def close(self) -> None:
         await self.inner.close()

@@ -7,7 +7,7 @@ import { edgeCondition, renderGraph, setCount, targets } from "./graph.js";
 import { checkJson } from "./schema.js";
 
 const POLL_MS = 1000;
-const STATUSES = ["RUNNING", "WAITING_APPROVAL", "RETRYING", "PENDING", "COMPLETED", "FAILED",
+const STATUSES = ["RUNNING", "WAITING_APPROVAL", "WAITING_INPUT", "RETRYING", "PENDING", "COMPLETED", "FAILED",
   "REJECTED", "CANCELLED"];
 const TERMINAL = { "run.completed": "COMPLETED", "run.failed": "FAILED", "run.rejected": "REJECTED",
   "run.cancelled": "CANCELLED" };
