@@ -7,17 +7,19 @@ a Chromium is missing. Every wait is on a condition in the page."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shutil
 import textwrap
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from fake_openai import FakeOpenAI
-from test_server import Served
+from test_server import TOKENS, Served
 
 pytest.importorskip("fastapi")
 sync_api = pytest.importorskip("playwright.sync_api",
@@ -90,14 +92,16 @@ def fake() -> Iterator[FakeOpenAI]:
     f.close()
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory, fake: FakeOpenAI) -> Iterator[Served]:
-    root = tmp_path_factory.mktemp("chatdash")
+def _serve(root: Path, fake: FakeOpenAI, *args: str) -> Served:
+    """``interlock serve`` over ``root``'s flows, its openai provider at ``fake``."""
     (root / "chatdashnodes.py").write_text(NODES)
     flows = root / "flows"
     flows.mkdir()
     for name, text in (("chat", CHAT), ("triage", TRIAGE), ("toolchat", TOOLCHAT)):
         (flows / f"{name}.yaml").write_text(textwrap.dedent(text))
+    auth = {"tokens": [{"name": n, "sha256": hashlib.sha256(t.encode()).hexdigest(),
+                        "roles": r} for n, (t, r) in TOKENS.items()]}
+    (root / "auth.yaml").write_text(json.dumps(auth))
     saved = {k: os.environ.get(k) for k in ("INTERLOCK_STORE", "INTERLOCK_LOG_KEY",
                                             "OPENAI_API_KEY", "OPENAI_BASE_URL")}
     for name in ("INTERLOCK_STORE", "INTERLOCK_LOG_KEY"):
@@ -105,13 +109,25 @@ def server(tmp_path_factory: pytest.TempPathFactory, fake: FakeOpenAI) -> Iterat
     os.environ["OPENAI_API_KEY"] = "sk-test"
     os.environ["OPENAI_BASE_URL"] = fake.url
     try:
-        served = Served(root)
+        return Served(root, *args)
     finally:
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, fake: FakeOpenAI) -> Iterator[Served]:
+    served = _serve(tmp_path_factory.mktemp("chatdash"), fake)
+    yield served
+    served.stop()
+
+
+@pytest.fixture(scope="module")
+def authed(tmp_path_factory: pytest.TempPathFactory, fake: FakeOpenAI) -> Iterator[Served]:
+    served = _serve(tmp_path_factory.mktemp("chatdashauth"), fake, "--auth", "auth.yaml")
     yield served
     served.stop()
 
@@ -125,18 +141,34 @@ def browser() -> Iterator[Any]:
 
 
 @pytest.fixture
-def page(browser: Any) -> Iterator[Any]:
-    ctx = browser.new_context(viewport={"width": 1400, "height": 900})
-    ctx.set_default_timeout(WAIT)
+def pages(browser: Any) -> Iterator[Callable[[str | None], Any]]:
+    """A new page (its own browser context) holding ``token`` in its sessionStorage."""
+    contexts: list[Any] = []
     errors: list[str] = []
-    ctx.on("weberror", lambda e: errors.append(str(e.error)))
-    yield ctx.new_page()
-    ctx.close()
+
+    def new(token: str | None = None) -> Any:
+        ctx = browser.new_context(viewport={"width": 1400, "height": 900})
+        ctx.set_default_timeout(WAIT)
+        ctx.on("weberror", lambda e: errors.append(str(e.error)))
+        if token:
+            ctx.add_init_script("if (location.protocol === 'http:') "
+                                f"sessionStorage.setItem('interlock.token', {json.dumps(token)})")
+        contexts.append(ctx)
+        return ctx.new_page()
+
+    yield new
+    for ctx in contexts:
+        ctx.close()
     assert not errors, f"uncaught errors in the page: {errors}"
 
 
-def start(served: Served, workflow: str, run_id: str) -> None:
-    with served.client() as c:
+@pytest.fixture
+def page(pages: Callable[[str | None], Any]) -> Any:
+    return pages(None)
+
+
+def start(served: Served, workflow: str, run_id: str, token: str | None = None) -> None:
+    with served.client(token) as c:
         r = c.post(f"/api/workflows/{workflow}/runs", json={"input": {}, "run_id": run_id})
     assert r.status_code == 201, r.text
 
@@ -226,3 +258,29 @@ def test_a_child_gate_approved_in_place_and_the_conversation_goes_on(
     shot = os.environ.get("INTERLOCK_SCREENSHOTS")
     if shot:  # docs/dashboard-conversation.png: INTERLOCK_SCREENSHOTS=docs
         page.screenshot(path=str(Path(shot) / "dashboard-conversation.png"))
+
+
+def test_roles_a_viewer_cannot_send_an_operator_cannot_decide_an_admin_approves_in_place(
+        authed: Served, pages: Callable[[str | None], Any]) -> None:
+    start(authed, "toolchat", "roles-c", token="tok-olga")
+    viewer = pages("tok-vic")
+    viewer.goto(authed.url + "/conversations/roles-c")
+    expect(viewer.locator("#chat-status [data-status]")).to_have_text("WAITING_INPUT")
+    expect(viewer.locator(".not-allowed")).to_contain_text("may not send messages")
+    expect(viewer.locator("#message-form")).to_have_count(0)
+    operator = pages("tok-olga")
+    operator.goto(authed.url + "/conversations/roles-c")
+    send(operator, "triage db")
+    expect(operator.locator(".msg.user .who")).to_have_text("user · olga")
+    card = operator.locator('#chat-gate article.gate[data-node="assistant/run_triage/approval"]')
+    expect(card.locator(".not-allowed")).to_contain_text("may not decide")
+    expect(card.locator("button.decide")).to_have_count(0)
+    admin = pages("tok-ada")
+    admin.goto(authed.url + "/conversations/roles-c")
+    approve = admin.locator('#chat-gate button[data-decision="approve"]')
+    approve.click()
+    # the operator's page follows: the reply, and its message box open again
+    expect(operator.locator(".msg.assistant .text").last).to_have_text(
+        "triage approved, db is swept")
+    expect(operator.locator("#message-send")).to_be_enabled()
+    expect(operator.locator(".msg.gate-note").last).to_contain_text("approved by ada")

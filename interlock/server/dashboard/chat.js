@@ -146,12 +146,16 @@ export async function conversationPage(ctx, runId, kit) {
       return;
     }
     switch (rec.type) {
-      case "chat.message":
-        growing = null;
+      case "chat.message": {
         tools = null;
-        transcript.append(h("li", { class: "msg user", dataset: { role: "user", seq: String(rec.seq) } },
-          h("div", { class: "who" }, rec.by ? `user · ${rec.by}` : "user"), h("div", { class: "text" }, String(rec.text ?? ""))));
+        const li = h("li", { class: "msg user", dataset: { role: "user", seq: String(rec.seq) } },
+          h("div", { class: "who" }, rec.by ? `user · ${rec.by}` : "user"), h("div", { class: "text" }, String(rec.text ?? "")));
+        // the stream may deliver this turn's first tokens before the message's record
+        // (they wait in the same wake-up): the growing reply goes on below the message
+        if (growing) growing.before(li);
+        else transcript.append(li);
         break;
+      }
       case "chat.reply": {
         const li = assistant();
         li.classList.remove("streaming");
