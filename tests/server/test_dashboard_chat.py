@@ -167,9 +167,11 @@ def page(pages: Callable[[str | None], Any]) -> Any:
     return pages(None)
 
 
-def start(served: Served, workflow: str, run_id: str, token: str | None = None) -> None:
+def start(served: Served, workflow: str, run_id: str, token: str | None = None,
+          data: dict[str, Any] | None = None) -> None:
     with served.client(token) as c:
-        r = c.post(f"/api/workflows/{workflow}/runs", json={"input": {}, "run_id": run_id})
+        r = c.post(f"/api/workflows/{workflow}/runs", json={"input": data or {},
+                                                           "run_id": run_id})
     assert r.status_code == 201, r.text
 
 
@@ -181,6 +183,8 @@ def send(page: Any, text: str) -> None:
 
 def test_conversations_are_listed_apart_from_workflow_runs(server: Served, page: Any) -> None:
     start(server, "chat", "listed-c")
+    start(server, "toolchat", "listed-t")
+    start(server, "triage", "listed-graph", data={"service": "db"})  # a workflow's run
     with server.client() as c:
         kinds = {w["name"]: w["kind"] for w in c.get("/api/workflows").json()}
     assert kinds == {"chat": "chat", "toolchat": "chat", "triage": "graph"}
@@ -189,6 +193,11 @@ def test_conversations_are_listed_apart_from_workflow_runs(server: Served, page:
     row = page.locator('tr[data-run="listed-c"]')
     expect(row).to_be_visible()
     expect(row.locator("[data-status]")).to_have_text("WAITING_INPUT")
+    expect(page.locator('tr[data-run="listed-t"]')).to_be_visible()
+    expect(page.locator('tr[data-run="listed-graph"]')).to_have_count(0)
+    page.goto(server.url + "/")  # (the runs list still has every run)
+    expect(page.locator('tr[data-run="listed-graph"]')).to_be_visible()
+    page.goto(server.url + "/conversations")
     row.locator("a").first.click()
     expect(page).to_have_url(server.url + "/conversations/listed-c")
     expect(page.locator("#chat-status [data-status]")).to_have_text("WAITING_INPUT")
