@@ -64,7 +64,8 @@ def message_records(view: RunView, gate: Gate, text: str, by: str | None
         raise MessageRefused(f"the message is {len(text):_} characters long, over the limit "
                              f"of {MAX_MESSAGE_CHARS:_}; send a shorter one")
     check_data(text, "the message")
-    n = int(gate.show.get("turn") or 0) if isinstance(gate.show, dict) else 0
+    turn = gate.show.get("turn") if isinstance(gate.show, dict) else None
+    n = turn if isinstance(turn, int) else 0
     visit = view.running.get((gate.node, gate.visit))
     assert gate.key is not None
     return [

@@ -255,6 +255,17 @@ class Store(ABC):
         rows.sort(key=attrgetter("created_at", "run_id"), reverse=True)
         return [light_row(r) for r in rows[:max(limit, 0)]]
 
+    async def leases(self) -> list[dict[str, Any]]:
+        """Who holds which run now: ``{run_id, workflow, status, owner, lease_until}``
+        for each run with an owner, by owner then run (the workers view). The default
+        reads the stores' rows the way `list_runs` does; the stores here ask for them."""
+        rows = await self.list_runs(limit=ALL_RUNS)
+        return sorted(({"run_id": r.run_id, "workflow": r.workflow,
+                        "status": r.summary.status, "owner": r.owner,
+                        "lease_until": r.lease_until}
+                       for r in rows if getattr(r, "owner", None)),
+                      key=lambda d: (d["owner"], d["run_id"]))
+
     @abstractmethod
     async def claim(self, run_id: str, owner: str, lease: float, *,
                     force: bool = False) -> int | None:
@@ -301,6 +312,17 @@ class Store(ABC):
         may have become runnable (PostgreSQL: ``LISTEN``/``NOTIFY``). An idle worker
         waits here between two `claim_next`; this default sleeps."""
         await asyncio.sleep(timeout)
+
+    async def wait_changed(self, timeout: float, seen: int | None = None) -> int:
+        """Return after ``timeout`` seconds, or sooner where the store can tell that
+        something was committed to it by any process (SQLite: ``PRAGMA data_version``)
+        after ``seen`` -- a number this method returned before (None: from now on; where
+        the number moved since, at once). The server's event streams wait here between two
+        looks for records committed elsewhere. This default sleeps; either way the
+        caller looks again after ``timeout`` (a detector may miss nothing, but the caller
+        does not count on it)."""
+        await asyncio.sleep(timeout)
+        return 0
 
     @abstractmethod
     async def heartbeat(self, run_id: str, owner: str, lease: float,

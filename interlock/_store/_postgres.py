@@ -37,6 +37,8 @@ processes on machines whose clocks differ still agree on who holds a run.
 
 from __future__ import annotations
 
+from typing import Any
+
 from .._json import JSONObject
 from .._log import Entry
 from ._base import (
@@ -111,6 +113,16 @@ class PostgresStore(PostgresWrites, PostgresClaims, Store):
         async def op(conn: Conn) -> list[RunRow]:
             cur = await conn.execute(sql, params)
             return [row_from(v) for v in await cur.fetchall()]
+
+        return await self._do(op, idempotent=True)
+
+    async def leases(self) -> list[dict[str, Any]]:
+        async def op(conn: Conn) -> list[dict[str, Any]]:
+            cur = await conn.execute(
+                "SELECT run_id, workflow, status, owner, lease_until FROM runs WHERE owner "
+                'IS NOT NULL ORDER BY owner COLLATE "C", run_id COLLATE "C"')
+            return [{"run_id": r, "workflow": w, "status": s, "owner": o, "lease_until": u}
+                    for r, w, s, o, u in await cur.fetchall()]
 
         return await self._do(op, idempotent=True)
 

@@ -2,7 +2,9 @@
 
 `NotifyingStore` wraps the server's store and tells the `Hub` after every commit of a
 run's records (the server's own executions), so a stream wakes at once; records that
-other processes commit to the same store are found by polling (`ServerOptions.poll`).
+other processes commit to the same store are found by `interlock.server._reads.Polls`
+(woken by the store's change detector, `Store.wait_changed`, with `ServerOptions.poll`
+as the slow poll behind it).
 """
 
 from __future__ import annotations
@@ -98,6 +100,12 @@ class NotifyingStore(Store):
             await self.inner.append(run_id, entries, summary, release, claim=claim)
         self.hub.changed(run_id)
 
+    async def wait_changed(self, timeout: float, seen: int | None = None) -> int:
+        return await self.inner.wait_changed(timeout, seen)
+
+    async def wait_runnable(self, timeout: float) -> None:
+        await self.inner.wait_runnable(timeout)
+
     async def get_run(self, run_id: str) -> RunRow:
         return await self.inner.get_run(run_id)
 
@@ -122,6 +130,9 @@ class NotifyingStore(Store):
                         updated_after: float | None = None) -> list[RunRow]:
         return await self.inner.list_page(status=status, workflow=workflow, limit=limit,
                                           before=before, updated_after=updated_after)
+
+    async def leases(self) -> list[dict[str, Any]]:
+        return await self.inner.leases()
 
     async def claim(self, run_id: str, owner: str, lease: float, *,
                     force: bool = False) -> int | None:
