@@ -5,6 +5,7 @@
 import { api, ApiError, follow, token } from "./api.js";
 import { edgeCondition, renderGraph, setCount, targets } from "./graph.js";
 import { checkJson } from "./schema.js";
+import { conversationPage, conversationsPage } from "./chat.js";
 
 const POLL_MS = 1000;
 const STATUSES = ["RUNNING", "WAITING_APPROVAL", "WAITING_INPUT", "RETRYING", "PENDING", "COMPLETED", "FAILED",
@@ -86,7 +87,11 @@ const routes = [
   [/^\/workflows\/([^/]+)$/, workflowPage, "workflows"],
   [/^\/schedules$/, schedulesPage, "schedules"],
   [/^\/workers$/, workersPage, "workers"],
+  [/^\/conversations$/, (ctx) => conversationsPage(ctx, kit()), "conversations"],
+  [/^\/conversations\/([^/]+)$/, (ctx, id) => conversationPage(ctx, id, kit()), "conversations"],
 ];
+// what chat.js (conversations) uses of this module
+const kit = () => ({ h, put, link, badge, when, short, problemBox, approvalCard, whoAmI, every, api, ApiError, follow });
 
 function navigate(href) {
   history.pushState(null, "", href);
