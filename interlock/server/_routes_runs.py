@@ -326,10 +326,12 @@ async def follow(server: Server, run_id: str, seq: int) -> AsyncIterator[ServerS
     assert server.polls is not None, "the server has not started"
     next_keepalive = time.monotonic() + opts.keepalive
     first, ended = True, False
-    with server.polls.following(run_id, seq) as me:
+    with server.polls.following(run_id, seq) as me, server.hub.tokens(run_id) as pieces:
         while True:
             waiter = server.hub.waiter(run_id)  # before reading: a commit after it wakes us
             last_type = None
+            while pieces:  # a reply as it streams: an event of its own, not a record
+                yield ServerSentEvent(event="chat.token", data=pieces.pop(0))
             async for page in trace_pages(run_id, store=server.st, after=seq):
                 for rec in page:
                     yield ServerSentEvent(event=rec["type"], id=str(rec["seq"]), data=rec)

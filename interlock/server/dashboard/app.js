@@ -8,7 +8,7 @@ import { checkJson } from "./schema.js";
 
 const POLL_MS = 1000;
 const VISITS_SHOWN = 50; // a node's visits drawn in the inspector (the latest)
-const STATUSES = ["RUNNING", "WAITING_APPROVAL", "RETRYING", "PENDING", "COMPLETED", "FAILED",
+const STATUSES = ["RUNNING", "WAITING_APPROVAL", "WAITING_INPUT", "RETRYING", "PENDING", "COMPLETED", "FAILED",
   "REJECTED", "CANCELLED"];
 const TERMINAL = { "run.completed": "COMPLETED", "run.failed": "FAILED", "run.rejected": "REJECTED",
   "run.cancelled": "CANCELLED" };
@@ -783,7 +783,7 @@ function approvalCard(gate, me = null) {
     buttons.forEach((b) => { b.disabled = true; });
     out.replaceChildren(h("p", { class: "muted" }, "sending…"));
     try {
-      const run = await api(`/api/runs/${encodeURIComponent(gate.run_id)}/decisions`, { method: "POST", body: { ...body, node: gate.node } });
+      const run = await api(`/api/runs/${encodeURIComponent(gate.run_id)}/decisions`, { method: "POST", body: { ...body, node: gate.node, via: "dashboard" } });
       card.dataset.decided = decision;
       out.replaceChildren(h("p", { class: "ok" }, `${decision} recorded; the run is ${run.status}`));
     } catch (error) {
