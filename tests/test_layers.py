@@ -76,7 +76,8 @@ LAYERS: dict[int, set[str]] = {
         "server._service", "server._deps", "server._routes_runs", "server._routes_approvals",
         "server._routes_workflows", "server._routes_meta", "server._layout", "cli._chat",
         "cli._chat_live",
-        "server._routes_messages"},
+        "server._routes_messages",
+        "server._chat", "server._slack", "server._google_chat", "server._routes_chat"},
 }
 LAYER_OF = {m: n for n, mods in LAYERS.items() for m in mods}
 

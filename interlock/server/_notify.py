@@ -149,7 +149,8 @@ class Notifier:
                         gates = {s: g for s, g in gates.items()  # (one gate: an item's,
                                  if (g["node"], g.get("visit"), g.get("item")) !=  # too)
                                  (rec["node"], rec.get("visit"), rec.get("item"))}
-                    elif rec["type"] == NOTIFY_SENT and rec.get("request") is not None:
+                    elif rec["type"] == NOTIFY_SENT and rec.get("request") is not None \
+                            and not rec.get("via"):  # (a chat's post is not a --notify)
                         told.add(rec["request"])
             self._looked_at.add((row.run_id, requested))  # read: not again
             for seq, rec in gates.items():
@@ -217,6 +218,9 @@ class Notifier:
             if (await self.store.get_run(run_id)).summary.last_seq >= seq:
                 return
             await self.hub.wait(waiter, 0.1)
+
+    async def record(self, run_id: str, fields: dict[str, Any]) -> bool:
+        return await self._record(run_id, fields)
 
     async def _record(self, run_id: str, fields: dict[str, Any]) -> bool:
         """``notify.sent`` under the run's claim; while the run's executor still holds
