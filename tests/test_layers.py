@@ -54,7 +54,8 @@ LAYERS: dict[int, set[str]] = {
     # the agent node kind, a plug-in on the node call
     6: {"_plugins._subflow", "agents", "agents._check", "agents._errors", "agents._node",
         "agents._prompt", "agents._providers", "agents._spec", "agents._tools",
-        "agents._chat", "agents._delegates", "agents._recall"},
+        "agents._chat", "agents._delegates", "agents._recall",
+        "agents._agent_setup", "agents._tool_exec", "agents._tool_calls"},
     # the scheduler and its edge decisions, and the wiring of the shipped node kinds
     7: {"_engine._runner", "_engine._decide", "_plugins._compile"},
     # stored runs: drive, resume, status, trace, verify, fork, cancel; their coverage;
