@@ -61,7 +61,8 @@ LAYERS: dict[int, set[str]] = {
     # the public surface and the command line
     10: {"", "__main__", "testing", "support", "cli", "cli._common", "cli._format", "cli._inspect",
         "cli._progress", "cli._run", "cli._trace", "cli._coverage", "cli._prune", "cli._serve",
-        "cli._remote", "cli._triggers", "cli._worker", "server", "server._app", "server._auth",
+        "cli._remote", "cli._triggers", "cli._worker", "cli._mcp", "mcp", "mcp._tools",
+        "mcp._local", "server", "server._app", "server._auth",
         "server._hub", "server._main", "server._models", "server._notify", "server._pool",
         "server._dashboard", "server._loops", "server._reads", "server._guard",
         "server._service", "server._deps", "server._routes_runs", "server._routes_approvals",
@@ -131,14 +132,15 @@ def test_only_the_journal_touches_the_store(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", sorted(m for m in _modules()
-                                        if m.startswith(("cli", "server"))))
+                                        if m.startswith(("cli", "server", "mcp"))))
 def test_the_tools_use_only_the_public_api_and_the_support_surface(name: str) -> None:
-    """The command line and the server are tools on top: each imports `interlock`,
+    """The command line, the server and the MCP tools are tools on top: each imports `interlock`,
     `interlock.support` and its own modules (the CLI also the server's public package,
-    for ``interlock serve``)."""
+    for ``interlock serve``, and the MCP tools' package, for ``interlock mcp`` and the
+    server's ``/mcp``)."""
     modules = _modules()
     tool = name.split(".")[0]
-    allowed = {"", "support"} | ({"server"} if tool == "cli" else set())
+    allowed = {"", "support"} | {"cli": {"server", "mcp"}, "server": {"mcp"}}.get(tool, set())
     private = sorted(dep for dep in _imports(name, modules[name], set(modules))
                      if dep not in allowed and dep.split(".")[0] != tool)
     assert not private, (f"interlock.{name} imports private modules {private}: use "
