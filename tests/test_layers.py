@@ -66,7 +66,7 @@ LAYERS: dict[int, set[str]] = {
         "server._hub", "server._main", "server._models", "server._notify", "server._pool",
         "server._dashboard", "server._loops", "server._reads", "server._guard",
         "server._service", "server._deps", "server._routes_runs", "server._routes_approvals",
-        "server._routes_workflows", "server._routes_meta"},
+        "server._routes_workflows", "server._routes_meta", "server._mcp"},
 }
 LAYER_OF = {m: n for n, mods in LAYERS.items() for m in mods}
 
