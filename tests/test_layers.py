@@ -48,7 +48,7 @@ LAYERS: dict[int, set[str]] = {
         "_engine._isolation.__main__"},
     # the agent node kind, a plug-in on the node call
     6: {"_plugins._subflow", "agents", "agents._check", "agents._errors", "agents._node",
-        "agents._prompt", "agents._providers", "agents._spec", "agents._tools"},
+        "agents._prompt", "agents._providers", "agents._spec", "agents._tools", "agents._mcp"},
     # the scheduler and its edge decisions, and the wiring of the shipped node kinds
     7: {"_engine._runner", "_engine._decide", "_plugins._compile"},
     # stored runs: drive, resume, status, trace, verify, fork, cancel; their coverage;

@@ -134,12 +134,14 @@ def _check_tools(checker: Checker, name: str, spec: AgentSpec, where: tuple[Any,
     seen: dict[str, int] = {}
     for i, tool in enumerate(spec.tools):
         loc = (*where, "tools", i)
+        if tool.call is None:  # an MCP server's: its names are known when the node runs
+            continue
         checker.resolve(tool.call, loc, f"node {name!r}: tool")
         fn = checker.result.callables.get(tool.call)
         if fn is None:
             continue
         try:
-            made = make_tool(fn, tool.confirm)
+            made = make_tool(fn, tool.confirm is True)
         except ToolDefinitionError as exc:
             error(str(exc), "tools", i)
             continue

@@ -23,11 +23,39 @@ def _call_path(value: str) -> str:
     return value
 
 
-class ToolSpec(_Strict):
-    """``tools: [module:fn, {call: module:fn, confirm: true}]``."""
+class McpServerSpec(_Strict):
+    """``mcp: {url: URL, headers: {...}}`` or ``mcp: {command: [prog, args...]}`` (SPEC
+    §12). A header's ``${VAR}`` is read from the environment when the node connects, so
+    a token need not be in the workflow (nor in its stored definition)."""
 
-    call: str
-    confirm: bool = False
+    url: str | None = Field(default=None, pattern=r"^https?://")
+    headers: dict[str, str] = Field(default_factory=dict)
+    command: list[str] | None = Field(default=None, min_length=1)
+
+    @model_validator(mode="after")
+    def _one_way(self) -> McpServerSpec:
+        if (self.url is None) == (self.command is None):
+            raise ValueError("mcp: takes exactly one of url: (streamable HTTP) or command: "
+                             "[prog, args...] (a subprocess speaking stdio)")
+        if self.headers and self.url is None:
+            raise ValueError("mcp: headers: go with url:, not command:")
+        return self
+
+    @property
+    def address(self) -> str:
+        """How the log names the server: its URL, or its command line."""
+        return self.url if self.url is not None else " ".join(self.command or ())
+
+
+class ToolSpec(_Strict):
+    """``tools: [module:fn, {call: module:fn, confirm: true}]``, or an MCP server's
+    tools ``{mcp: {url | command}, tools: [names], confirm: [names], prefix: NAME}``."""
+
+    call: str | None = None
+    confirm: bool | list[str] = False
+    mcp: McpServerSpec | None = None
+    tools: list[str] | None = None  # an MCP server's tools offered (default: all)
+    prefix: str | None = Field(default=None, pattern=r"^[A-Za-z][A-Za-z0-9_-]{0,31}$")
 
     @model_validator(mode="before")
     @classmethod
@@ -36,8 +64,24 @@ class ToolSpec(_Strict):
 
     @field_validator("call")
     @classmethod
-    def _shape(cls, value: str) -> str:
-        return _call_path(value)
+    def _shape(cls, value: str | None) -> str | None:
+        return None if value is None else _call_path(value)
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> ToolSpec:
+        if (self.call is None) == (self.mcp is None):
+            raise ValueError("a tool is module:function, {call: module:function, confirm: "
+                             "true} or {mcp: {url | command}, tools, confirm, prefix}: "
+                             "exactly one of call, mcp")
+        if self.mcp is None and (self.tools is not None or self.prefix is not None):
+            raise ValueError("tools: and prefix: choose an MCP server's tools; they go with "
+                             "mcp:")
+        if self.mcp is None and isinstance(self.confirm, list):
+            raise ValueError("confirm: [names] names an MCP server's tools; a Python tool "
+                             "takes confirm: true")
+        if self.mcp is not None and isinstance(self.confirm, bool):
+            raise ValueError("an MCP server's guarded tools are named: confirm: [names]")
+        return self
 
 
 class ScriptedToolCall(_Strict):
