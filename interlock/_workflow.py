@@ -2,8 +2,9 @@
 
 Both front ends meet here. ``interlock.load(path)`` parses a file into a
 `WorkflowSpec`; ``interlock.Workflow("name")`` collects the same shape through
-builder calls. Either way the workflow is validated once (`_validate.check`),
-compiled into a `Plan`, and run by the `Runner` (`_runner`) into a store.
+builder calls (`_builder.Builder`, the half of `Workflow` that collects them). Either
+way the workflow is validated once (`_validate.check`), compiled into a `Plan`, and run
+by the `Runner` (`_runner`) into a store.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ import logging
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from . import _log as L
+from ._builder import Builder, node_options
 from ._definition._bounds import check_config, check_data, check_run_id
 from ._definition._model import DEFAULT_STEPS, WorkflowSpec, check_limits
 from ._definition._plan import Plan
@@ -32,39 +34,27 @@ from ._ops._load import open_store_arg
 from ._plugins._compile import check_spec, compile_spec, reading_plan
 from ._store import Store, release_store
 
-F = TypeVar("F", bound=Callable[..., Any])
-
 Listener = Callable[[L.Record, RunView], None]
 
-def _call_path(fn: Callable[..., Any]) -> str:
-    module = getattr(fn, "__module__", None) or "__main__"
-    qual = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", "callable")
-    return f"{module}:{qual}"
 
-
-class Workflow:
+class Workflow(Builder):
     """A workflow: build it in Python, or get one from `load`; then ``await wf.run(...)``.
 
     Builder methods return ``self`` (or, used as a decorator, the function), and every
     file construct has one: `node` (``args=`` for ``ctx.args``), `approval`, `edge`
     (fan-out, joins, ``when``, ``otherwise``, ``max``, ``on_error``), `switch`, `router`,
-    `choose`. ``state`` maps a field to its reducer (``"append"``) or to the file's
-    mapping (``{"reducer": "append", "default": [...]}``).
+    `choose`, `map`, `agent`, `subworkflow`. ``state`` maps a field to its reducer
+    (``"append"``) or to the file's mapping (``{"reducer": "append", "default": [...]}``).
+    All but `subworkflow` (which loads and compiles a child) are `Builder`'s; this class
+    adds validation, compiling and running.
     """
 
     def __init__(self, name: str, *, description: str = "",
                  config: Mapping[str, Any] | None = None, input: Iterable[str] = (),
                  state: Mapping[str, str | Mapping[str, Any]] | None = None,
                  limits: Mapping[str, Any] | None = None) -> None:
-        self._data: dict[str, Any] = {
-            "workflow": name, "description": description, "config": dict(config or {}),
-            "input": list(input),
-            "state": {k: dict(v) if isinstance(v, Mapping) else {"reducer": v}
-                      for k, v in (state or {}).items()},
-            "limits": dict(limits or {}), "nodes": {}, "edges": [],
-        }
-        self._callables: dict[str, Callable[..., Any]] = {}
-        self._spec: WorkflowSpec | None = None
+        super().__init__(name, description=description, config=config, input=input,
+                         state=state, limits=limits)
         self._plan: Plan | None = None
         self._warnings: list[Diagnostic] = []
         self._definition: dict[str, Any] | None = None
@@ -84,187 +74,7 @@ class Workflow:
         wf._declared_limits = None
         return wf
 
-    # -- the builder -----------------------------------------------------------------
-
-    def _mutable(self) -> dict[str, Any]:
-        if self._spec is not None:
-            raise UsageError(f"workflow {self.name!r} is already validated (it has been run or "
-                             "validated); build a new Workflow to change it")
-        return self._data
-
-    def _register(self, fn: Callable[..., Any]) -> str:
-        if not callable(fn):
-            raise UsageError(f"expected a function, got {type(fn).__name__}")
-        path = _call_path(fn)
-        base, n = path, 1
-        while path in self._callables and self._callables[path] is not fn:
-            n += 1
-            path = f"{base}#{n}"
-        self._callables[path] = fn
-        return path
-
-    def node(self, name: str | Callable[..., Any] | None = None,
-             fn: Callable[..., Any] | None = None, **options: Any) -> Any:
-        """Add a function node: ``wf.node("rca", rca_fn, reads=[...])`` or as a decorator,
-        ``@wf.node()`` / ``@wf.node("name", timeout="30s")``. Options are the file's node
-        keys: reads, writes, timeout, retry, isolation, memory, executor, resources, tokens,
-        confirm, description, args (``ctx.args``: one function can serve several nodes)."""
-        if callable(name):
-            return self.node(None, name, **options)
-
-        def add(f: F) -> F:
-            node_name = name or getattr(f, "__name__", None)
-            if not node_name:
-                raise UsageError("name the node: wf.node('name', fn)")
-            data = self._mutable()
-            if node_name in data["nodes"]:
-                raise UsageError(f"node {node_name!r} is already defined")
-            data["nodes"][node_name] = {"call": self._register(f), **_opts(options)}
-            return f
-
-        if fn is not None:
-            add(fn)
-            return self
-        return add
-
-    def approval(self, name: str, *, show: Iterable[str] = (), on_modify: Iterable[str] = (),
-                 approvers: Iterable[str] = (), timeout: float | str | None = None,
-                 on_timeout: str = "reject", input: Mapping[str, Any] | None = None,
-                 **options: Any) -> Workflow:
-        """Add a human approval gate (SPEC §3). ``input``: a JSON Schema that a decision's
-        ``data`` must satisfy (``approve(data=...)``); the gate's record carries it."""
-        data = self._mutable()
-        spec: dict[str, Any] = {"show": list(show), "on_modify": list(on_modify),
-                                "approvers": list(approvers), "on_timeout": on_timeout}
-        if timeout is not None:
-            spec["timeout"] = timeout
-        if input is not None:
-            spec["input"] = dict(input)
-        data["nodes"][name] = {"approval": spec, **_opts(options)}
-        return self
-
-    def agent(self, name: str, *, prompt: str, model: str | None = None,
-              system: str | None = None, output: Mapping[str, Any] | type | None = None,
-              tools: Iterable[Any] = (), provider: Any = "openai",
-              base_url: str | None = None, api_key_env: str | None = None,
-              output_key: str | None = None, choose: str | None = None,
-              max_turns: int | None = None, redact: Iterable[str] = (),
-              temperature: float | None = None, tool_errors: str | None = None,
-              **options: Any) -> Workflow:
-        """Add an LLM agent node (SPEC §6). ``output`` is a JSON Schema or a pydantic model
-        class; ``tools`` are typed functions, or ``(fn, {"confirm": True})`` for a tool a
-        human confirms before it runs; ``provider`` is ``"openai"`` (any OpenAI-compatible
-        endpoint) or an ``interlock.testing.ScriptedProvider``; ``tool_errors``: ``"return"``
-        (a tool's exception goes back to the model, the default) or ``"raise"`` (it fails
-        the node). A tool may return ``interlock.goto(target)`` to hand off to one of the
-        node's ``choose`` targets. Other options are the node
-        keys of `node` (reads, writes, timeout, retry, tokens, confirm, description)."""
-        from .agents import ScriptedProvider
-
-        spec: dict[str, Any] = {"prompt": prompt}
-        if isinstance(provider, ScriptedProvider):
-            spec["provider"] = "scripted"
-            spec["replies"] = [dict(r) for r in provider.replies]
-        elif provider in ("openai", "scripted"):
-            spec["provider"] = provider
-        else:
-            raise UsageError(f"provider must be 'openai' or a ScriptedProvider, got {provider!r}")
-        if isinstance(output, type):
-            from pydantic import BaseModel
-
-            if not issubclass(output, BaseModel):
-                raise UsageError(f"output must be a JSON Schema (a dict) or a pydantic model "
-                                 f"class, got {output.__name__}")
-            spec["output"] = output.model_json_schema()
-            spec["output_model"] = self._register(output)
-        elif output is not None:
-            spec["output"] = dict(output)
-        entries = []
-        for tool in tools:
-            fn, opts = tool if isinstance(tool, tuple) else (tool, {})
-            unknown = set(opts) - {"confirm"}
-            if unknown:
-                raise UsageError(f"unknown tool option(s) {sorted(unknown)}; a tool takes "
-                                 "(fn, {'confirm': True})")
-            path = self._register(fn)
-            entries.append({"call": path, "confirm": True} if opts.get("confirm") else path)
-        if entries:
-            spec["tools"] = entries
-        if redact:
-            spec["redact"] = list(redact)
-        for key, value in (("model", model), ("system", system), ("base_url", base_url),
-                           ("api_key_env", api_key_env), ("output_key", output_key),
-                           ("choose", choose), ("max_turns", max_turns),
-                           ("temperature", temperature), ("tool_errors", tool_errors)):
-            if value is not None:
-                spec[key] = value
-        data = self._mutable()
-        if name in data["nodes"]:
-            raise UsageError(f"node {name!r} is already defined")
-        data["nodes"][name] = {"agent": spec, **_opts(options)}
-        return self
-
-    def edge(self, source: str | Iterable[str], target: str | Iterable[str], *,
-             when: str | None = None, otherwise: bool = False,
-             max: int | None = None,
-             on_error: bool | str | Iterable[str] = False) -> Workflow:
-        """``a -> b``; a list target is a fan-out, a list source a join. ``on_error``
-        (True, or exception class names): an error edge, taken when ``a`` fails."""
-        e: dict[str, Any] = {"from": _names(source), "to": _names(target)}
-        if on_error is not False:
-            e["on_error"] = on_error if isinstance(on_error, bool | str) else list(on_error)
-        if when is not None:
-            e["when"] = when
-        if otherwise:
-            e["otherwise"] = True
-        if max is not None:
-            e["max"] = max
-        self._mutable()["edges"].append(e)
-        return self
-
-    def switch(self, source: str, expr: str, cases: Mapping[Any, str], *,
-               default: str | None = None, max: int | None = None) -> Workflow:
-        """Route to one target by the value of a CEL expression."""
-        e: dict[str, Any] = {"from": source, "switch": expr, "cases": dict(cases)}
-        if default is not None:
-            e["default"] = default
-        if max is not None:
-            e["max"] = max
-        self._mutable()["edges"].append(e)
-        return self
-
-    def router(self, source: str, fn: Callable[..., Any], to: Iterable[str], *,
-               max: int | None = None) -> Workflow:
-        """Route with a Python function returning one or more of ``to`` (or END)."""
-        e: dict[str, Any] = {"from": source, "router": self._register(fn), "to": list(to)}
-        if max is not None:
-            e["max"] = max
-        self._mutable()["edges"].append(e)
-        return self
-
-    def choose(self, source: str, targets: Iterable[str], *, max: int | None = None) -> Workflow:
-        """Let ``source`` pick its successor by returning ``interlock.goto(name)``."""
-        e: dict[str, Any] = {"from": source, "choose": list(targets)}
-        if max is not None:
-            e["max"] = max
-        self._mutable()["edges"].append(e)
-        return self
-
-    def map(self, source: str, expr: str, target: str, *, as_: str | None = None,
-            collect: str | None = None, max_concurrency: int | None = None,
-            max_items: int | None = None, max: int | None = None) -> Workflow:
-        """Run ``target`` once per item of the list the CEL expression ``expr`` gives when
-        ``source`` completes, concurrently; the item is the field ``as_`` (default
-        ``item``) of the state each visit receives. ``collect``: gather each item's
-        update, in item order, into that field (else they merge through reducers)."""
-        e: dict[str, Any] = {"from": source, "map": expr, "to": target}
-        for key, value in (("as", as_), ("collect", collect),
-                           ("max_concurrency", max_concurrency), ("max_items", max_items),
-                           ("max", max)):
-            if value is not None:
-                e[key] = value
-        self._mutable()["edges"].append(e)
-        return self
+    # -- the builder (its other methods are `Builder`'s) ---------------------------
 
     def subworkflow(self, name: str, workflow: Workflow | str | os.PathLike[str], *,
                     input: Mapping[str, str] | None = None,
@@ -293,7 +103,7 @@ class Workflow:
             node["output_key"] = output_key
         for path, fn in child.callables.items():  # what running the child needs
             self._callables[f"{name}/{path}"] = fn
-        data["nodes"][name] = {**node, **_opts(options)}
+        data["nodes"][name] = {**node, **node_options(options)}
         return self
 
     # -- validation --------------------------------------------------------------------
@@ -304,10 +114,6 @@ class Workflow:
         if self._spec is None:
             self._spec = parse(self._data)
         return self._spec
-
-    @property
-    def name(self) -> str:
-        return str(self._spec.workflow if self._spec is not None else self._data["workflow"])
 
     def check(self) -> list[Diagnostic]:
         """Every diagnostic (errors and warnings) without raising."""
@@ -563,20 +369,6 @@ def _effective(spec: WorkflowSpec, config: Mapping[str, Any] | None,
     cfg = {**spec.config, **(config or {})}
     lim = {**declared, **check_limits(limits, base=declared)} if limits else dict(declared)
     return L.to_json_value(cfg), lim
-
-
-def _names(value: str | Iterable[str]) -> list[str]:
-    return [value] if isinstance(value, str) else list(value)
-
-
-def _opts(options: dict[str, Any]) -> dict[str, Any]:
-    allowed = {"reads", "writes", "timeout", "retry", "isolation", "memory", "executor",
-               "resources", "tokens", "confirm", "description", "args"}
-    unknown = set(options) - allowed
-    if unknown:
-        raise UsageError(f"unknown node option(s) {sorted(unknown)}; the options are "
-                         f"{sorted(allowed)}")
-    return {k: v for k, v in options.items() if v is not None}
 
 
 def load(source: str | os.PathLike[str] | Mapping[str, Any]) -> Workflow:

@@ -86,10 +86,12 @@ from ._definition._bounds import (
     too_deep,
     too_deep_at,
 )
-from ._definition._model import EdgeSpec, NodeSpec, parse_duration
+from ._definition._edge import EdgeSpec
+from ._definition._model import NodeSpec
 from ._definition._render import to_dot, to_mermaid
 from ._definition._spec import load_spec
 from ._definition._spec import parse as parse_definition
+from ._definition._values import parse_duration
 from ._engine import _guards
 from ._engine._approvals import NotAnApprover, approvers_refuse, patch_schema
 from ._engine._fold import RunView

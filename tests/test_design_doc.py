@@ -185,10 +185,10 @@ def _heartbeat_is_a_third_of_the_lease() -> bool:
 
 
 def _hash_is_32_bytes_in_sqlite() -> bool:
-    from interlock._store import _sqlite, _sqlite_sql
+    from interlock._store import _sqlite_sql, _sqlite_writes
 
     return "hash BLOB NOT NULL" in _sqlite_sql._SCHEMA and \
-        "bytes.fromhex" in inspect.getsource(_sqlite)
+        "bytes.fromhex" in inspect.getsource(_sqlite_writes)
 
 
 def _psycopg_3() -> bool:
@@ -261,7 +261,7 @@ CLAIMS: dict[str, Evidence] = {
     "0.05-0.24 ms on SQLite and 0.11 ms on PostgreSQL on loopback": Bench(
         "bench/README.md", "SQLite 0.05-0.24 ms, PostgreSQL 0.11 ms"),
     # a full SQLite disk
-    "checkpoints come every 250 jobs": Value("interlock._store._sqlite", "CHECKPOINT_EVERY",
+    "checkpoints come every 250 jobs": Value("interlock._store._sqlite_wal", "CHECKPOINT_EVERY",
                                              250),
     # the server's run loops and their watchdog
     "stamps a heartbeat every 0.25 s": Value("interlock.server._loops", "TICK", 0.25),

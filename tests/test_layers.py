@@ -8,6 +8,7 @@ layers are docs/design.md's; a new module must be given one here.
 from __future__ import annotations
 
 import ast
+import graphlib
 from pathlib import Path
 
 import pytest
@@ -21,13 +22,16 @@ LAYERS: dict[int, set[str]] = {
     0: {"_definition", "_engine", "_observe", "_ops", "_plugins", "_worker", "_errors", "_log",
         "_json",
         "_engine._records", "_definition._limits", "_definition._bounds", "_definition._callables",
-        "_definition._signature", "_engine._steps", "_definition._cost"},
+        "_definition._signature", "_engine._steps", "_definition._cost", "_definition._values"},
     # the definition, expressions, the graph, the stores, isolation's wire format, the
     # fast YAML reader
-    1: {"_definition._model", "_definition._expr", "_definition._graph", "_store", "_store._base",
+    1: {"_definition._model", "_definition._edge", "_definition._expr", "_definition._graph",
+        "_store", "_store._base",
         "_store._memory", "_store._sqlite", "_store._postgres", "_engine._isolation._protocol",
         "_store._rows", "_store._sqlite_sql", "_store._sqlite_upgrade", "_store._sqlite_thread",
-        "_store._sqlite_ops", "_store._postgres_sql",
+        "_store._sqlite_ops", "_store._postgres_sql", "_store._postgres_conn",
+        "_store._postgres_writes", "_store._postgres_claims", "_store._sqlite_file",
+        "_store._sqlite_wal", "_store._sqlite_writes",
         "_definition._yaml_fast", "_observe._otel"},
     # the file front end, state updates, rendering, the node-kind protocol
     2: {"_definition._spec", "_definition._state", "_definition._render", "_definition._kinds",
@@ -39,8 +43,8 @@ LAYERS: dict[int, set[str]] = {
         "_definition._checks_graph", "_definition._plan"},
     # the flow machine, the fold, its snapshots, approvals, the journal (records sealed,
     # folded, stored), the lease keeper (leases renewed off the event loop)
-    4: {"_engine._flow", "_engine._fold", "_engine._snapshot", "_engine._approvals",
-        "_engine._journal", "_engine._lease"},
+    4: {"_engine._flow", "_engine._view", "_engine._fold", "_engine._snapshot",
+        "_engine._approvals", "_engine._journal", "_engine._lease"},
     # the node call: its context, the guards, process isolation
     5: {"_engine._context", "_engine._budget", "_engine._guards", "_engine._call",
         "_engine._mapped", "_engine._ray",
@@ -57,7 +61,7 @@ LAYERS: dict[int, set[str]] = {
         "_ops._verify", "_ops._runs", "_observe._coverage", "_ops._export", "_ops._prune",
         "_observe._metrics", "_worker._workers", "_ops._visits"},
     # the façade: builder and loaded file
-    9: {"_workflow"},
+    9: {"_workflow", "_builder"},
     # the public surface and the command line
     10: {"", "__main__", "testing", "support", "cli", "cli._common", "cli._format", "cli._inspect",
         "cli._progress", "cli._run", "cli._trace", "cli._coverage", "cli._prune", "cli._serve",
@@ -103,6 +107,18 @@ def _imports(name: str, path: Path, known: set[str]) -> set[str]:
                        if a.name == "interlock" or a.name.startswith("interlock.")]
         out.update(t for t in targets if t in known and t != name)
     return out
+
+
+def test_no_import_cycles() -> None:
+    """Within a layer modules may import each other, but never around a cycle: a cycle is
+    one concept in several files (or an import that waits for a module half loaded)."""
+    modules = _modules()
+    graph = {name: _imports(name, path, set(modules)) for name, path in modules.items()}
+    try:
+        graphlib.TopologicalSorter(graph).prepare()
+    except graphlib.CycleError as cycle:
+        pytest.fail(f"an import cycle: {' -> '.join(cycle.args[1])}: move what both need "
+                    "into a module below them")
 
 
 def test_every_module_has_a_layer() -> None:

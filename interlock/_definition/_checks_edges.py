@@ -7,8 +7,10 @@ from __future__ import annotations
 from collections import Counter
 
 from ._checking import CheckContext, _did_you_mean
+from ._edge import EdgeSpec
 from ._expr import ExpressionSyntaxError, compile_expression
-from ._model import END, NAME_RE, START, EdgeSpec, NodeSpec
+from ._model import END, START, NodeSpec
+from ._values import NAME_RE
 
 
 def check_error_edges(checker: CheckContext) -> None:

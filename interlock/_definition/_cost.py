@@ -400,10 +400,14 @@ _STRING_SCANS = frozenset({"contains", "startsWith", "endsWith", "matches", "siz
 
 
 class _Walk:
+    """The cost bound of a tree, node by node: each node returns what evaluating it may
+    cost (its operands included) and a `Size` bound on its result, for the operators
+    above it. ``env`` holds the sizes of the macros' iteration variables in scope."""
+
     def __init__(self, sizes: dict[str, Size]) -> None:
         self.sizes = sizes
 
-    def cost(self, n: Node, env: dict[str, Size]) -> tuple[int, Size]:  # noqa: C901
+    def cost(self, n: Node, env: dict[str, Size]) -> tuple[int, Size]:
         kind = n[0]
         if kind == "var":
             s = env.get(n[1]) or self.sizes.get(n[1])
@@ -411,14 +415,9 @@ class _Walk:
         if kind == "lit":
             return W_OP, Size(n[1], n[2] if len(n) > 2 else 1, 0)
         if kind == "sel":
-            path = _path_of(n)
-            if path is not None and path[0] not in env:
-                s = self.sizes.get(".".join(path))
-                if s is not None:
-                    return W_OP, s
-            c, parent = self.cost(n[1], env)
-            return c + W_OP, Size(parent.elem, parent.length, parent.elem)
+            return self._select(n, env)
         if kind == "idx":
+            # an element of the parent: bounded by its largest element
             c1, parent = self.cost(n[1], env)
             c2, _ = self.cost(n[2], env)
             return c1 + c2 + W_OP, Size(parent.elem, parent.length, parent.elem)
@@ -426,51 +425,56 @@ class _Walk:
             c0, _ = self.cost(n[1], env)
             c1, a = self.cost(n[2], env)
             c2, b = self.cost(n[3], env)
-            return c0 + c1 + c2, _widest(a, b)
+            return c0 + c1 + c2, _widest(a, b)  # both branches charged: either may run
         if kind == "list":
-            total = W_CONTAINER
-            cost = 0
-            longest = len(n[1])
-            elem = 0
-            for item in n[1]:
-                c, s = self.cost(item, env)
-                cost += c
-                total += s.cost
-                longest = max(longest, s.length)
-                elem = max(elem, s.cost)
-            return cost + total, Size(total, longest, elem)
+            return self._list(n, env)
         if kind == "op":
-            op, args = n[1], n[2]
-            parts = [self.cost(a, env) for a in args]
-            cost = sum(c for c, _ in parts)
-            sizes = [s for _, s in parts]
-            if op == "+":
-                a, b = sizes
-                out = Size(a.cost + b.cost, a.length + b.length, max(a.elem, b.elem))
-                return cost + out.cost, out
-            if op in ("==", "!=", "<", "<=", ">", ">=", "in"):
-                return cost + sizes[0].cost + sizes[1].cost, SCALAR
-            return cost + W_OP, SCALAR
-        # a call
+            return self._op(n, env)
+        return self._call(n, env)
+
+    def _select(self, n: Node, env: dict[str, Size]) -> tuple[int, Size]:
+        # ``a.b.c`` read from the context was measured on its own (`CostModel.paths`):
+        # its own size, far tighter than its root's; else a field of the parent
+        path = _path_of(n)
+        if path is not None and path[0] not in env:
+            s = self.sizes.get(".".join(path))
+            if s is not None:
+                return W_OP, s
+        c, parent = self.cost(n[1], env)
+        return c + W_OP, Size(parent.elem, parent.length, parent.elem)
+
+    def _list(self, n: Node, env: dict[str, Size]) -> tuple[int, Size]:
+        # a list or map literal: its items evaluated, then converted into one value
+        total = W_CONTAINER
+        cost = 0
+        longest = len(n[1])
+        elem = 0
+        for item in n[1]:
+            c, s = self.cost(item, env)
+            cost += c
+            total += s.cost
+            longest = max(longest, s.length)
+            elem = max(elem, s.cost)
+        return cost + total, Size(total, longest, elem)
+
+    def _op(self, n: Node, env: dict[str, Size]) -> tuple[int, Size]:
+        op, args = n[1], n[2]
+        parts = [self.cost(a, env) for a in args]
+        cost = sum(c for c, _ in parts)
+        sizes = [s for _, s in parts]
+        if op == "+":  # a concatenation copies both operands
+            a, b = sizes
+            out = Size(a.cost + b.cost, a.length + b.length, max(a.elem, b.elem))
+            return cost + out.cost, out
+        if op in ("==", "!=", "<", "<=", ">", ">=", "in"):  # may scan both operands
+            return cost + sizes[0].cost + sizes[1].cost, SCALAR
+        return cost + W_OP, SCALAR
+
+    def _call(self, n: Node, env: dict[str, Size]) -> tuple[int, Size]:
         name, target, args = n[1], n[2], n[3]
         if name in _MACROS and target is not None and args and args[0][0] == "var" \
                 and len(args) in (2, 3):
-            c_range, r = self.cost(target, env)
-            count = r.length
-            var = Size(r.elem, r.length, r.elem)
-            inner = {**env, args[0][1]: var}
-            body = [self.cost(a, inner) for a in args[1:]]
-            per = W_ITER + sum(c for c, _ in body)
-            cost = c_range + count * per
-            if name in ("map", "filter"):
-                # the accumulated list is copied, element by element, at every append
-                each = body[-1][1] if name == "map" else var
-                cost += count * count * (W_APPEND + each.cost // 4)
-                if name == "map":
-                    total = W_CONTAINER + count * each.cost
-                    return cost + total, Size(total, max(count, each.length), each.cost)
-                return cost, r
-            return cost, SCALAR
+            return self._macro(name, target, args, env)
         parts = [self.cost(a, env) for a in ([target] if target is not None else []) + args]
         cost = sum(c for c, _ in parts)
         sizes = [s for _, s in parts]
@@ -485,6 +489,27 @@ class _Walk:
         out = Size(scanned, max((s.length for s in sizes), default=1) * max(1, len(sizes)),
                    scanned)
         return cost + 2 * scanned, out
+
+    def _macro(self, name: str, target: Node, args: list[Node],
+               env: dict[str, Size]) -> tuple[int, Size]:
+        # ``target.all(x, body)`` and its kin: the body runs once per element of the
+        # range (at most its longest length), ``x`` bound to the range's largest element
+        c_range, r = self.cost(target, env)
+        count = r.length
+        var = Size(r.elem, r.length, r.elem)
+        inner = {**env, args[0][1]: var}
+        body = [self.cost(a, inner) for a in args[1:]]
+        per = W_ITER + sum(c for c, _ in body)
+        cost = c_range + count * per
+        if name in ("map", "filter"):
+            # the accumulated list is copied, element by element, at every append
+            each = body[-1][1] if name == "map" else var
+            cost += count * count * (W_APPEND + each.cost // 4)
+            if name == "map":
+                total = W_CONTAINER + count * each.cost
+                return cost + total, Size(total, max(count, each.length), each.cost)
+            return cost, r
+        return cost, SCALAR
 
 
 def _widest(*sizes: Size) -> Size:

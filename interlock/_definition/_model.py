@@ -1,9 +1,12 @@
 """The workflow definition: what a file (or the Python builder) declares.
 
-This module knows nothing of the engine. Both front ends -- the YAML/JSON file
-(`_spec.py`) and the Python builder (`_workflow.py`) -- produce a
-`WorkflowSpec`; everything downstream (validation, planning, running, the log)
-reads only this model. Its JSON dump is what a run stores as its definition.
+A workflow, its nodes (and their retry, approval, Ray and sub-workflow blocks), its state
+fields, limits and triggers; its edges are `_edge`'s, and the value types (durations,
+sizes, counts, names) and the strict base models `_values`'. This module knows nothing of
+the engine. Both front ends -- the YAML/JSON file (`_spec.py`) and the Python builder
+(`_workflow.py`) -- produce a `WorkflowSpec`; everything downstream (validation,
+planning, running, the log) reads only this model. Its JSON dump is what a run stores as
+its definition.
 """
 
 from __future__ import annotations
@@ -14,11 +17,8 @@ from collections.abc import Callable, Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import (
-    BaseModel,
     BeforeValidator,
-    ConfigDict,
     Field,
-    ModelWrapValidatorHandler,
     PrivateAttr,
     SerializerFunctionWrapHandler,
     ValidationError,
@@ -28,6 +28,17 @@ from pydantic import (
 )
 
 from .._errors import UsageError
+from ._edge import EdgeSpec
+from ._values import (
+    NAME_RE,
+    Count,
+    Duration,
+    Extensible,
+    NameList,
+    Size,
+    Strict,
+    parse_duration,
+)
 
 START = "START"
 END = "END"
@@ -35,113 +46,12 @@ RESERVED_NAMES = frozenset({START, END, "config", "run"})
 # The state field an error edge's target reads the caught error from (SPEC §7): the
 # engine writes it, a workflow may not declare it.
 ERROR_FIELD = "error"
-NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 CALL_RE = re.compile(r"^[A-Za-z_][\w.]*:[\w.<>]+(#\d+)?$")
 
 Reducer = Literal["replace", "append", "extend", "merge", "add"]
 
-_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?|\.\d+)\s*(ms|s|m|h|d)?\s*$")
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
 
-
-def parse_duration(value: Any) -> Any:
-    """'30s', '0.5s', '250ms', '5m', '1h', '30d' or a number of seconds -> float seconds."""
-    if isinstance(value, bool):
-        raise ValueError("expected a duration such as 30s, 250ms or 5m, got a boolean")
-    if isinstance(value, int | float):
-        return float(value)
-    if isinstance(value, str):
-        m = _DURATION_RE.match(value)
-        if m:
-            return float(m.group(1)) * _UNITS[m.group(2)]
-    raise ValueError(f"expected a duration such as 30s, 250ms or 5m, got {value!r}")
-
-
-Duration = Annotated[float, BeforeValidator(parse_duration), Field(gt=0)]
-
-
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.I)
-_SIZE_UNITS = {"": 1, "b": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "t": 1000**4,
-               "ki": 1024, "mi": 1024**2, "gi": 1024**3, "ti": 1024**4}
-
-
-def parse_size(value: Any) -> Any:
-    """'512MB', '1GiB', '200m' or a number of bytes -> int bytes."""
-    if isinstance(value, bool):
-        raise ValueError("expected a size such as 256MB or 1GiB, got a boolean")
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str):
-        m = _SIZE_RE.match(value)
-        if m:
-            unit = (m.group(2) or "").lower().rstrip("b")
-            return int(float(m.group(1)) * _SIZE_UNITS[unit])
-    raise ValueError(f"expected a size such as 256MB or 1GiB, got {value!r}")
-
-
-Size = Annotated[int, BeforeValidator(parse_size), Field(gt=0)]
-
-
-def whole_number(value: Any) -> Any:
-    """A count (limits.steps, tokens, attempts, max): an int, never a boolean -- in
-    Python ``True`` is the int 1, so ``steps: true`` would be a limit of 1 step."""
-    if isinstance(value, bool):
-        raise ValueError(f"expected a whole number such as 50, got a boolean "
-                         f"({str(value).lower()})")
-    return value
-
-
-Count = Annotated[int, BeforeValidator(whole_number)]
-
-
-def _as_list(value: Any) -> Any:
-    return [value] if isinstance(value, str) else value
-
-
-NameList = Annotated[list[str], BeforeValidator(_as_list)]
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
-
-
-def _extension_key(key: Any) -> bool:
-    return isinstance(key, str) and key.startswith("x-")
-
-
-class Extensible(_Strict):
-    """A mapping that may also carry ``x-*`` keys (the home of YAML anchors, as in
-    docker-compose and OpenAPI: ``x-defaults: &defaults {...}``): ignored by the engine,
-    kept in the definition (and its hash)."""
-
-    _extensions: dict[str, Any] = PrivateAttr(default_factory=dict)
-
-    @model_validator(mode="wrap")
-    @classmethod
-    def _take_extensions(cls, data: Any, handler: ModelWrapValidatorHandler[Any]) -> Any:
-        ext: dict[str, Any] = {}
-        if isinstance(data, dict) and any(_extension_key(k) for k in data):
-            ext = {k: v for k, v in data.items() if _extension_key(k)}
-            data = {k: v for k, v in data.items() if not _extension_key(k)}
-        obj = handler(data)
-        if ext:
-            obj._extensions = ext
-        return obj
-
-    @model_serializer(mode="wrap")
-    def _dump_extensions(self, handler: SerializerFunctionWrapHandler) -> Any:
-        data = handler(self)
-        if self._extensions and isinstance(data, dict):
-            data.update(self._extensions)
-        return data
-
-    @property
-    def extensions(self) -> dict[str, Any]:
-        """Its ``x-*`` keys, as declared."""
-        return dict(self._extensions)
-
-
-class RetrySpec(_Strict):
+class RetrySpec(Strict):
     """``retry: {attempts, backoff, max_backoff, jitter, errors}``."""
 
     attempts: Count = Field(default=1, ge=1, le=100)
@@ -151,7 +61,7 @@ class RetrySpec(_Strict):
     errors: list[str] = Field(default_factory=list)
 
 
-class ApprovalSpec(_Strict):
+class ApprovalSpec(Strict):
     """``approval: {show, input, on_modify, approvers, timeout, on_timeout}`` -- a human
     gate. ``input``: a JSON Schema the decision's ``data`` must satisfy (SPEC §7)."""
 
@@ -163,7 +73,7 @@ class ApprovalSpec(_Strict):
     on_timeout: str = "reject"
 
 
-class RaySpec(_Strict):
+class RaySpec(Strict):
     """``resources: {num_cpus, num_gpus, memory}`` of an ``executor: ray`` node: what its
     Ray task (or async actor) asks the cluster for (Ray's defaults: 1 CPU for a task)."""
 
@@ -177,7 +87,7 @@ class RaySpec(_Strict):
                                   ("memory", self.memory)) if v is not None}
 
 
-class SubflowRef(_Strict):
+class SubflowRef(Strict):
     """A ``workflow:`` node's child, pinned: the file it was read from (as the parent
     names it; None for a builder's `Workflow`) and the child's whole definition, which
     is part of the parent's definition and hash -- a resume runs this, not the file as
@@ -317,182 +227,6 @@ class NodeSpec(Extensible):
         return frozenset(self.writes) if self.writes is not None else None
 
 
-EdgeKind = Literal["plain", "switch", "router", "choose", "map"]
-MAP_CONCURRENCY = 16  # a map edge's max_concurrency when it declares none
-MAP_MAX_ITEMS = 10_000  # and its max_items
-
-
-class EdgeSpec(_Strict):
-    """One entry of ``edges:``. See SPEC §1 for the forms."""
-
-    source: NameList = Field(alias="from")
-    to: NameList | None = None
-    when: str | None = None
-    otherwise: bool = False
-    switch: str | None = None
-    cases: dict[str, str] | None = None
-    default: str | None = None
-    router: str | None = None
-    choose: NameList | None = None
-    max: Count | None = Field(default=None, ge=1)
-    # a map edge (SPEC §7): ``map`` is a CEL expression giving a list; ``to`` runs once
-    # per item, the item under ``as`` in the state it receives
-    map: str | None = None
-    as_: str | None = Field(default=None, alias="as")
-    collect: str | None = None
-    max_concurrency: Count | None = Field(default=None, ge=1)
-    max_items: Count | None = Field(default=None, ge=0)
-
-    # an error edge: taken when the source fails (after its retries) with an error whose
-    # class (or a base class) is listed; ``true`` catches any error of the node's own
-    on_error: Annotated[bool | list[str], BeforeValidator(_as_list)] = False
-
-    @field_validator("on_error")
-    @classmethod
-    def _error_names(cls, value: bool | list[str]) -> bool | list[str]:
-        if isinstance(value, list):
-            if not value:
-                raise ValueError("on_error lists exception class names (e.g. [NameError, "
-                                 "SyntaxError]); write 'on_error: true' to catch any error")
-            for name in value:
-                if not NAME_RE.match(name):
-                    raise ValueError(f"on_error: {name!r} is not an exception class name "
-                                     "(an identifier such as ValueError, matched along the "
-                                     "exception's class hierarchy)")
-        return value
-
-    @property
-    def catches(self) -> tuple[str, ...] | None:
-        """An error edge's class names (``()``: any error); None for any other edge."""
-        if self.on_error is False:
-            return None
-        return () if self.on_error is True else tuple(self.on_error)
-
-    @model_validator(mode="after")
-    def _error_form(self) -> EdgeSpec:
-        if self.on_error is False:
-            return self
-        extra = [k for k in ("when", "switch", "router", "choose", "cases", "default", "map")
-                 if getattr(self, k) is not None] + (["otherwise"] if self.otherwise else [])
-        if extra:
-            raise ValueError(f"an on_error edge is taken when its source fails; it cannot "
-                             f"also have {', '.join(extra)} (route on the error in its "
-                             "target's edges instead, e.g. when: 'error.type == \"NameError\"')")
-        if len(self.source) > 1:
-            raise ValueError("an on_error edge has one source node (the node whose failure "
-                             "it catches)")
-        return self
-
-    @field_validator("cases", mode="before")
-    @classmethod
-    def _case_keys(cls, value: Any) -> Any:
-        # YAML keys may be ints or booleans (``1: a``, ``true: b``); CEL values are
-        # matched by their canonical text (see case_key), so keys are kept as text.
-        if isinstance(value, dict):
-            return {case_key(k): v for k, v in value.items()}
-        return value
-
-    @model_validator(mode="after")
-    def _one_form(self) -> EdgeSpec:
-        if not self.source:
-            raise ValueError("'from' must name at least one node")
-        forms = [k for k in ("switch", "router", "choose", "map")
-                 if getattr(self, k) is not None]
-        if len(forms) > 1:
-            raise ValueError(f"an edge takes one of switch, router, choose (found {forms})")
-        form = forms[0] if forms else "plain"
-        if form == "plain" and not self.to:
-            raise ValueError("an edge needs 'to' (or one of switch/router/choose)")
-        if form in ("switch", "choose") and self.to is not None:
-            raise ValueError(f"a {form} edge lists its targets itself; remove 'to'")
-        if form == "router" and not self.to:
-            raise ValueError("a router edge must declare its possible targets in 'to'")
-        if form == "switch" and not self.cases:
-            raise ValueError("a switch edge needs 'cases: {value: node}'")
-        if form != "switch" and (self.cases is not None or self.default is not None):
-            raise ValueError("'cases' and 'default' belong to a switch edge")
-        if form != "plain" and (self.when is not None or self.otherwise):
-            raise ValueError(f"'when'/'otherwise' cannot be combined with {form}")
-        if self.when is not None and self.otherwise:
-            raise ValueError("an edge is either 'when' or 'otherwise', not both")
-        if form == "choose" and not self.choose:
-            raise ValueError("'choose' must list at least one target")
-        if form != "plain" and len(self.source) > 1:
-            raise ValueError(f"a {form} edge has one source node")
-        if form == "map" and (self.to is None or len(self.to) != 1):
-            raise ValueError("a map edge runs one node per item: 'to' names exactly one node")
-        if form != "map":
-            extra = [k for k in ("as", "collect", "max_concurrency", "max_items")
-                     if getattr(self, "as_" if k == "as" else k) is not None]
-            if extra:
-                raise ValueError(f"{', '.join(map(repr, extra))} belong to a map edge "
-                                 "({from: a, map: 'a.items', to: b, ...})")
-        return self
-
-    @property
-    def kind(self) -> EdgeKind:
-        if self.switch is not None:
-            return "switch"
-        if self.router is not None:
-            return "router"
-        if self.choose is not None:
-            return "choose"
-        if self.map is not None:
-            return "map"
-        return "plain"
-
-    @property
-    def targets(self) -> list[str]:
-        """Every node this edge may deliver to, in declaration order, without repeats."""
-        if self.kind == "switch":
-            assert self.cases is not None
-            out = list(self.cases.values())
-            if self.default is not None:
-                out.append(self.default)
-        elif self.kind == "choose":
-            assert self.choose is not None
-            out = list(self.choose)
-        else:
-            assert self.to is not None
-            out = list(self.to)
-        return list(dict.fromkeys(out))
-
-    @property
-    def is_join(self) -> bool:
-        return len(self.source) > 1
-
-    @property
-    def item_name(self) -> str:
-        """A map edge's ``as``: the name of the item in the state of its visit."""
-        return self.as_ or "item"
-
-    def describe(self) -> str:
-        """A short human name: 'a -> b', '[a, b] -> c', 'risk switch risk.level'."""
-        src = self.source[0] if len(self.source) == 1 else "[" + ", ".join(self.source) + "]"
-        if self.kind == "switch":
-            return f"{src} switch {self.switch!r}"
-        if self.kind == "router":
-            return f"{src} router {self.router}"
-        if self.kind == "map":
-            return f"{src} map {self.map!r} -> {self.targets[0]}"
-        tgt = self.targets
-        dst = tgt[0] if len(tgt) == 1 else "[" + ", ".join(tgt) + "]"
-        if self.on_error is not False:
-            return f"{src} -> {dst} (on error)"
-        return f"{src} -> {dst}"
-
-
-def case_key(value: Any) -> str:
-    """The canonical text of a switch value: how a CEL result is matched to ``cases``."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if value is None:
-        return "null"
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    return str(value)
-
-
 # what a field with a reducer starts as when it declares no default (SPEC §7): so a
 # condition or a template can read it before the first write, as LangGraph's channels
 _EMPTY: dict[str, Callable[[], Any]] = {"append": list, "extend": list, "merge": dict,
@@ -503,7 +237,7 @@ _DEFAULT_KINDS: dict[str, tuple[type | tuple[type, ...], str]] = {
     "add": ((int, float), "a number")}
 
 
-class FieldSpec(_Strict):
+class FieldSpec(Strict):
     """``state: {f: {reducer: append, default: [...]}}``. A field with a reducer starts
     empty (``[]``, ``{}``, ``0``) unless it declares a ``default``; a field without one
     is absent until written, unless it declares a ``default`` (``null`` included)."""
@@ -554,13 +288,13 @@ L_EXAMPLES = {"append": "[]", "extend": "[]", "merge": "{}", "add": "0"}
 DEFAULT_STEPS = 10_000
 
 
-class LimitsSpec(_Strict):
+class LimitsSpec(Strict):
     tokens: Count | None = Field(default=None, ge=0)
     steps: Count | None = Field(default=None, ge=1)
     timeout: Duration | None = None
 
 
-class TriggerSpec(_Strict):
+class TriggerSpec(Strict):
     """One of ``triggers:`` (SPEC §9): what starts runs of the workflow by itself --
     ``{schedule: CRON, input}`` (UTC; five fields, or six with seconds first),
     ``{every: 30s, input}`` (the multiples of the interval since the Unix epoch), or

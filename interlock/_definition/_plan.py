@@ -27,10 +27,11 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from ._edge import EdgeSpec
 from ._expr import Expression
 from ._graph import Concurrency, back_edges, sccs
 from ._kinds import NodeKind
-from ._model import END, START, EdgeSpec, NodeSpec, WorkflowSpec
+from ._model import END, START, NodeSpec, WorkflowSpec
 from ._signature import param_count
 
 DEFAULT_TIMEOUT = 300.0
@@ -186,13 +187,52 @@ def build_plan(spec: WorkflowSpec, *, callables: dict[str, Callable[..., Any]],
     build the bodies of the nodes they own."""
     adj = _adjacency(spec)
     back = frozenset(back_edges(adj, spec.nodes))
+    comp, cyclic = _components(adj, spec)
+    nodes = _plan_nodes(spec, callables, kinds, comp, cyclic)
+    for name in concurrency.branched if concurrency is not None else ():
+        nodes[name].branched = True
+    edges, start_edges, ports = _wire_edges(spec, nodes, callables, expressions, back, comp,
+                                            cyclic)
+    return Plan(
+        spec=spec, nodes=nodes, edges=edges, start_edges=start_edges, ports=ports,
+        reducers={k: v.reducer for k, v in spec.state.items()},
+        back=back,
+        no_visits=dict.fromkeys(nodes, 0),
+        single_port=frozenset(n for n, pn in nodes.items() if len(pn.ports) == 1),
+        concurrency=concurrency,
+        in_decision_order=frozenset(
+            n for n, pn in nodes.items()
+            if [e.otherwise for e in pn.out] == sorted(e.otherwise for e in pn.out)),
+        approvals=frozenset(n for n, pn in nodes.items() if pn.spec.approval is not None),
+        async_routers=any(e.router_async for e in edges),
+        guard_kinds=frozenset(pn.guards for pn in nodes.values()),
+        always_taken=frozenset(
+            n for n, pn in nodes.items()
+            if pn.out and not pn.gate and not pn.errors and all(
+                e.kind == "plain" and e.cond is None and e.max is None and not e.otherwise
+                and not e.is_join for e in pn.out)),
+    )
+
+
+def _components(adj: dict[str, list[str]], spec: WorkflowSpec
+                ) -> tuple[dict[str, int], set[int]]:
+    """Each node's strongly connected component, and which components are cycles (more
+    than one node, or one node with an edge to itself): a loop's body. A port or a
+    barrier that leaves one is where a loop is exited (`Port.exit_scc`)."""
     comp = sccs(adj, spec.nodes)
     members: dict[int, set[str]] = {}
     for n, c in comp.items():
         members.setdefault(c, set()).add(n)
     cyclic = {c for c, m in members.items()
               if len(m) > 1 or any(n in adj.get(n, ()) for n in m)}
+    return comp, cyclic
 
+
+def _plan_nodes(spec: WorkflowSpec, callables: dict[str, Callable[..., Any]],
+                kinds: Sequence[NodeKind], comp: dict[str, int], cyclic: set[int]
+                ) -> dict[str, PlanNode]:
+    """Each node with its body (a call's function, or what its kind builds), how it is
+    called (async, with ``ctx``, which guard stack) and its place in the graph."""
     limit_timeout = spec.limits.timeout or DEFAULT_TIMEOUT
     nodes: dict[str, PlanNode] = {}
     for name, ns in spec.nodes.items():
@@ -217,9 +257,21 @@ def build_plan(spec: WorkflowSpec, *, callables: dict[str, Callable[..., Any]],
         pn.needs_ctx = pn.wants_ctx or pn.isolated
         pn.guards = guard_kind(pn.isolated, pn.is_async, pn.needs_ctx, ns.retry is not None,
                                ns.executor == "ray")
-    for name in concurrency.branched if concurrency is not None else ():
-        nodes[name].branched = True
+    return nodes
 
+
+def _wire_edges(spec: WorkflowSpec, nodes: dict[str, PlanNode],
+                callables: dict[str, Callable[..., Any]], expressions: dict[str, Expression],
+                back: frozenset[tuple[str, str]], comp: dict[str, int], cyclic: set[int]
+                ) -> tuple[list[PlanEdge], list[PlanEdge], list[Port]]:
+    """Every edge planned and hung on its nodes: the edges, those from START, the ports.
+
+    Invariants the flow machine (`_engine._flow`) relies on: a port exists for each
+    (edge, target) that is not a back edge and not END, numbered in declaration order
+    (`Port.id` is its index in ``ports``); a node's ``ports`` are every forward way in,
+    so its activation settles once each is taken or dead. An error edge hangs on its
+    source's ``errors``, never its ``out``: it is decided only when the source fails.
+    ``joins_out`` counts the joins whose barrier waits for the node."""
     ports: list[Port] = []
     edges: list[PlanEdge] = []
     start_edges: list[PlanEdge] = []
@@ -228,6 +280,9 @@ def build_plan(spec: WorkflowSpec, *, callables: dict[str, Callable[..., Any]],
         for t in pe.targets:
             if t == END or t in pe.back_targets:
                 continue
+            # a port that leaves a loop's component: a dead signal on it waits until
+            # nothing in the loop is ready or running (`_flow`, "Loop exits"), since a
+            # later iteration may still take it
             src_scc = comp.get(pe.sources[0], -1) if not pe.is_join else -1
             exit_scc = src_scc if src_scc in cyclic and comp.get(t) != src_scc else None
             port = Port(len(ports), i, t, exit_scc)
@@ -246,26 +301,7 @@ def build_plan(spec: WorkflowSpec, *, callables: dict[str, Callable[..., Any]],
                 nodes[s].out.append(pe)
                 if pe.is_join and s in pe.barrier:
                     nodes[s].joins_out += 1
-
-    return Plan(
-        spec=spec, nodes=nodes, edges=edges, start_edges=start_edges, ports=ports,
-        reducers={k: v.reducer for k, v in spec.state.items()},
-        back=back,
-        no_visits=dict.fromkeys(nodes, 0),
-        single_port=frozenset(n for n, pn in nodes.items() if len(pn.ports) == 1),
-        concurrency=concurrency,
-        in_decision_order=frozenset(
-            n for n, pn in nodes.items()
-            if [e.otherwise for e in pn.out] == sorted(e.otherwise for e in pn.out)),
-        approvals=frozenset(n for n, pn in nodes.items() if pn.spec.approval is not None),
-        async_routers=any(e.router_async for e in edges),
-        guard_kinds=frozenset(pn.guards for pn in nodes.values()),
-        always_taken=frozenset(
-            n for n, pn in nodes.items()
-            if pn.out and not pn.gate and not pn.errors and all(
-                e.kind == "plain" and e.cond is None and e.max is None and not e.otherwise
-                and not e.is_join for e in pn.out)),
-    )
+    return edges, start_edges, ports
 
 
 def _plan_edge(i: int, es: EdgeSpec, callables: dict[str, Callable[..., Any]],

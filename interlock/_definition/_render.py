@@ -27,7 +27,9 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from ._model import END, NAME_RE, START, EdgeSpec, WorkflowSpec
+from ._edge import EdgeSpec
+from ._model import END, START, WorkflowSpec
+from ._values import NAME_RE
 
 VertexKind = Literal["start", "end", "call", "approval", "agent", "workflow", "join", "unknown"]
 

@@ -16,7 +16,8 @@ from pydantic import ValidationError
 from .._errors import Diagnostic, Location, WorkflowError
 from . import _limits, _yaml_fast
 from ._bounds import read_at_most, too_big
-from ._model import Extensible, SourceMap, WorkflowSpec
+from ._model import SourceMap, WorkflowSpec
+from ._values import Extensible
 
 
 def read_file(path: str | os.PathLike[str]) -> tuple[dict[str, Any], SourceMap]:
@@ -27,10 +28,24 @@ def read_file(path: str | os.PathLike[str]) -> tuple[dict[str, Any], SourceMap]:
     expanded may have at most `_limits.YAML_NODES` nodes, nested at most
     `_limits.YAML_DEPTH` deep.
     """
-    from ruamel.yaml import YAML
-    from ruamel.yaml.error import MarkedYAMLError
-
     name = str(path)
+    text = _read_text(path, name)
+    fast = _yaml_fast.read(text, name)  # libyaml, when it reads the file as ruamel would
+    if fast is not None:
+        data, located = fast
+        if not isinstance(data, dict):
+            raise _not_a_mapping(name)
+        return data, SourceMap(name, located)
+    doc = _load_yaml(text, name)
+    if not isinstance(doc, dict):
+        raise _not_a_mapping(name)
+    positions: Positions = {}
+    data = _Plain(name, positions).convert(doc)
+    return data, SourceMap(name, positions)
+
+
+def _read_text(path: str | os.PathLike[str], name: str) -> str:
+    """The file's text: at most its limit of bytes read, UTF-8."""
     limit = _limits.WORKFLOW_FILE_BYTES
     try:
         with open(path, "rb") as f:
@@ -44,26 +59,25 @@ def read_file(path: str | os.PathLike[str]) -> tuple[dict[str, Any], SourceMap]:
         raise WorkflowError([Diagnostic("error", too_big("the workflow file", limit),
                                         Location(name))])
     try:
-        text = raw.decode("utf-8")
+        return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise WorkflowError(
             [Diagnostic("error", f"the file is not UTF-8 text (byte {exc.start}: {exc.reason}); "
                         "save it as UTF-8", Location(name))]
         ) from None
-    del raw
-    fast = _yaml_fast.read(text, name)  # libyaml, when it reads the file as ruamel would
-    if fast is not None:
-        data, located = fast
-        if not isinstance(data, dict):
-            raise WorkflowError([Diagnostic(
-                "error", "a workflow file must be a mapping with 'workflow', 'nodes' and "
-                "'edges'", Location(name, 1, 1))])
-        return data, SourceMap(name, located)
+
+
+def _load_yaml(text: str, name: str) -> Any:
+    """ruamel.yaml's round-trip document (YAML 1.2, no duplicate keys), its errors as
+    diagnostics at their position."""
+    from ruamel.yaml import YAML
+    from ruamel.yaml.error import MarkedYAMLError
+
     yaml = YAML(typ="rt", pure=True)
     yaml.version = (1, 2)
     yaml.allow_duplicate_keys = False
     try:
-        doc = yaml.load(text)
+        return yaml.load(text)
     except MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark else None
@@ -83,14 +97,12 @@ def read_file(path: str | os.PathLike[str]) -> tuple[dict[str, Any], SourceMap]:
         raise WorkflowError(
             [Diagnostic("error", f"cannot parse the file: {exc}", Location(name, 1, 1))]
         ) from None
-    if not isinstance(doc, dict):
-        raise WorkflowError(
-            [Diagnostic("error", "a workflow file must be a mapping with 'workflow', 'nodes' "
-                        "and 'edges'", Location(name, 1, 1))]
-        )
-    positions: Positions = {}
-    data = _Plain(name, positions).convert(doc)
-    return data, SourceMap(name, positions)
+
+
+def _not_a_mapping(name: str) -> WorkflowError:
+    return WorkflowError([Diagnostic(
+        "error", "a workflow file must be a mapping with 'workflow', 'nodes' and 'edges'",
+        Location(name, 1, 1))])
 
 
 Positions = dict[tuple[Any, ...], tuple[int, int]]

@@ -38,7 +38,8 @@ from .._definition._model import WorkflowSpec
 from .._definition._state import check_whole_values
 from .._errors import UsageError
 from . import _records as R
-from ._fold import Gate, RunView
+from ._fold import RunView
+from ._view import Gate
 
 ENGINE = "interlock (deadline)"
 

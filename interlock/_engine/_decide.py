@@ -14,8 +14,9 @@ import inspect
 from typing import Any, NamedTuple
 
 from .. import _log as L
+from .._definition._edge import MAP_MAX_ITEMS, case_key
 from .._definition._expr import EvaluationError
-from .._definition._model import END, ERROR_FIELD, MAP_MAX_ITEMS, case_key
+from .._definition._model import END, ERROR_FIELD
 from .._definition._plan import Plan, PlanEdge, PlanNode
 from .._errors import (
     BudgetExceededError,

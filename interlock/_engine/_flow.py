@@ -77,11 +77,12 @@ run and never hangs. All of this happens at the same records on replay.
 from __future__ import annotations
 
 from collections import Counter, deque
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._definition._plan import Plan, PlanEdge, Port
+from .._definition._model import END
+from .._definition._plan import Plan, PlanEdge, PlanNode, Port
 
 
 @dataclass(slots=True)
@@ -169,7 +170,7 @@ class Flow:
     # nodes being ruled out, while `rule_out` drains them (None otherwise: not state)
     _ruling: deque[str] | None = None
 
-    def dead_edges(self, edges: list[PlanEdge]) -> None:
+    def _dead_edges(self, edges: list[PlanEdge]) -> None:
         """Edges of a node that will not be taken this time (its error edges when it
         completes; the other error edges when one catches): their targets' ports die."""
         for e in edges:
@@ -179,6 +180,61 @@ class Flow:
                     self.dead_port(port)
 
     # -- delivery and dead paths -------------------------------------------------------
+
+    def completed(self, pn: PlanNode, goto: str | None, reenter: str | None) -> None:
+        """``pn``'s visit completed: each of its edges' decisions is due (``goto``: the
+        target a ``choose`` node returned), or its entry into a join's barrier arrived;
+        its error edges are dead. A modified approval sends the run back to ``reenter``
+        instead, and decides nothing."""
+        node = pn.name
+        if pn.cyclic:
+            self.active[pn.scc] -= 1  # (invariant 2)
+        if reenter is not None:
+            self.enqueue(reenter)
+            return
+        for e in pn.out:
+            if e.is_join and node in e.barrier:
+                self.barrier(e, node, True)
+            else:
+                self.due[(e.index, node)] = Due(e, node, goto if e.kind == "choose" else None)
+        if pn.errors:  # it did not fail: its error edges are not taken
+            self._dead_edges(pn.errors)
+
+    def caught(self, pn: PlanNode, edge: int) -> None:
+        """``pn``'s visit failed and its error edge ``edge`` catches the error: that edge's
+        decision is due; its ordinary edges and its other error edges are dead."""
+        node = pn.name
+        if pn.cyclic:
+            self.active[pn.scc] -= 1  # (invariant 2)
+        self.rule_out(node)  # its ordinary edges: not taken (its joins: not arrived)
+        for e in pn.errors:
+            if e.index == edge:
+                self.due[(e.index, node)] = Due(e, node)
+        self._dead_edges([e for e in pn.errors if e.index != edge])
+
+    def decided(self, e: PlanEdge, source: str, taken: Collection[str]) -> None:
+        """Edge ``e`` was decided for ``source`` (a node, or ``*`` for a join): each of its
+        targets in ``taken`` is delivered to, each other one is sent a dead signal."""
+        # A back edge (from a node of the loop it closes) has no port: taken, it starts
+        # a new iteration; not taken, it signals nothing -- the loop's exits say where
+        # the run goes instead. A forward edge resolves its target's port.
+        back = source in e.back_sources
+        ports = e.ports
+        single_port = self.plan.single_port
+        for t in e.targets:
+            if t == END:
+                continue
+            port = ports.get(t)
+            if t in taken:
+                if port is None or back:
+                    self.enqueue(t)  # a back edge: a new iteration, no port to resolve
+                elif port.exit_scc is None and t in single_port:
+                    self.enqueue(t)  # its only way in, taken: nothing else to settle
+                else:
+                    self.taken_port(port)
+            elif port is not None and not back:
+                self.dead_port(port)
+
 
     def enqueue(self, node: str) -> None:
         self.ready.append(node)

@@ -21,134 +21,26 @@ shares the view's ``ready``, ``running`` and ``due``.
 from __future__ import annotations
 
 import functools
-from collections import Counter, deque
-from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
 
 from .. import _log as L
-from .._definition._model import END, ERROR_FIELD
-from .._definition._plan import Plan
+from .._definition._model import ERROR_FIELD
 from .._definition._state import merge_update
 from .._errors import InternalError
-from ._flow import Due, Flow
-
-
-@dataclass(slots=True)
-class Visit:
-    node: str
-    visit: int
-    attempt: int
-    started_seq: int
-    tokens: int = 0  # recorded so far by all its attempts (a node's `tokens:` is per visit)
-    failures: int = 0  # attempts that failed (what `retry.attempts` counts)
-    effect_tokens: int = 0  # of the current attempt's, those its effects' records carried
-
-    def encode(self) -> list[Any]:
-        """Its snapshot encoding: its fields, in order (``Visit(*encoded)`` restores it)."""
-        return [self.node, self.visit, self.attempt, self.started_seq, self.tokens,
-                self.failures, self.effect_tokens]
-
-
-@dataclass(slots=True)
-class MapRun:
-    """A mapped node's visit (SPEC §7): its items, the update of each item completed so
-    far (merged, or collected, when the last one completes), the item visits running."""
-
-    items: list[Any]
-    done: dict[int, dict[str, Any]] = field(default_factory=dict)
-    running: dict[int, Visit] = field(default_factory=dict)
-
-
-@dataclass(slots=True)
-class Gate:
-    """A visit waiting for (or given) a human decision."""
-
-    node: str
-    visit: int
-    kind: str  # "approval" | "confirm" | "tool" (ctx.confirm inside a node, e.g. an agent's tool)
-    requested_at: float
-    show: dict[str, Any]
-    decisions: list[str]
-    deadline: float | None = None
-    decision: str | None = None  # approved | rejected | modified | timed_out
-    body_started: bool = False  # a confirmed node's body has started
-    key: str | None = None  # for kind "tool": the key the node asked under ("workflow": the child)
-    # the JSON Schema a decision must satisfy: an approval's ``input:`` (its ``data``), a
-    # guarded tool's arguments (a ``modify`` patch); None when the gate takes neither
-    input: dict[str, Any] | None = None
-    path: str | None = None  # for kind "workflow": the nodes down to the child's gate
-
-    def encode(self) -> list[Any]:
-        """Its snapshot encoding: its fields, in order (``Gate(*encoded)`` restores it)."""
-        return [self.node, self.visit, self.kind, self.requested_at, self.show,
-                self.decisions, self.deadline, self.decision, self.body_started, self.key,
-                self.input, self.path]
-
-    def waiting(self) -> dict[str, Any]:
-        """The ``waiting`` object of SPEC §3 (a child run's gate: ``node`` is its path)."""
-        out = {"node": self.path or self.node, "kind": self.kind, "show": self.show,
-               "decisions": self.decisions, "requested_at": self.requested_at,
-               "deadline": self.deadline}
-        if self.key is not None:
-            out["key"] = self.key
-        if self.input is not None:
-            out["input"] = self.input
-        return out
-
-
-class Writer(NamedTuple):
-    """The last completion that wrote a field. (A named tuple: one per completion.)"""
-
-    node: str
-    completed_seq: int
-
+from ._flow import Due
+from ._view import Gate, MapRun, ViewData, Visit, Writer
 
 _new_writer = functools.partial(tuple.__new__, Writer)  # no Python-level __new__ call
 
 
-@dataclass(slots=True)
-class RunView:
-    plan: Plan
-    state: dict[str, Any] = field(default_factory=dict)
-    ready: deque[str] = field(default_factory=deque)
-    running: dict[tuple[str, int], Visit] = field(default_factory=dict)
-    due: dict[tuple[int, str], Due] = field(default_factory=dict)
-    visits: Counter[str] = field(default_factory=Counter)  # completed visits per node
-    started: Counter[str] = field(default_factory=Counter)  # visit numbers handed out
-    takes: Counter[int] = field(default_factory=Counter)  # edge index -> times taken
-    steps: int = 0
-    tokens: int = 0
-    seq: int = 0
-    config: dict[str, Any] = field(default_factory=dict)  # effective, with every override
-    limits: dict[str, Any] = field(default_factory=dict)
-    parent: tuple[str, int] | None = None  # (run, seq) this run was forked from
-    status: str = "PENDING"
-    error: dict[str, Any] | None = None
-    waiting: dict[str, Any] | None = None
-    writers: dict[str, Writer] = field(default_factory=dict)
-    # a `ctx.once` result by (node, visit, key) -- key (item, key) for a mapped node's item
-    effects: dict[tuple[str, int, Any], Any] = field(default_factory=dict)
-    # mapped nodes' visits (SPEC §7 map) by (node, visit), and the item lists of map
-    # edges taken, by target, until its visit starts
-    maps: dict[tuple[str, int], MapRun] = field(default_factory=dict)
-    map_items: dict[str, deque[list[Any]]] = field(default_factory=dict)
-    # human gates (approval nodes and confirm: true), by visit; see `Gate`
-    gates: dict[tuple[str, int], Gate] = field(default_factory=dict)
-    confirmations: dict[tuple[str, int, str], str] = field(default_factory=dict)
-    # No silent dead ends through joins: for the latest completion of a node, whether
-    # any edge (its own, or a join it arrived at) took it somewhere, and how many of its
-    # joins are still undecided. The runner reads both before recording a decision.
-    routed: dict[str, bool] = field(default_factory=dict)
-    route_wait: Counter[str] = field(default_factory=Counter)
-    # joins, dead paths, loop exits, quiescence: the flow machine, on ready/running/due
-    flow: Flow = field(init=False)
+class RunView(ViewData):
+    """A run's view, changed only by `apply` (the view's fields: `ViewData`)."""
+
+    __slots__ = ()
 
     # -- applying records ----------------------------------------------------------
-
-    def __post_init__(self) -> None:
-        # every node is present in ``visits`` so that ``run.visits.x`` is 0, not missing
-        self.visits.update(self.plan.no_visits)
-        self.flow = Flow(self.plan, self.ready, self.running, self.due)
 
     def apply(self, rec: L.Record) -> None:
         handler = _HANDLERS.get(rec["type"])
@@ -294,22 +186,11 @@ class RunView:
         if self.gates:
             self.gates.pop(key, None)
         pn = self.plan.nodes[node]
-        if pn.cyclic:
-            self.flow.active[pn.scc] -= 1
         self.routed[node] = False
         self.route_wait[node] = pn.joins_out
-        reenter = rec.get("reenter")
-        if reenter is not None:  # a modified approval: the run goes back to ``reenter``
-            self.flow.enqueue(reenter)
-            return
-        goto = rec.get("goto")
-        for e in pn.out:
-            if e.is_join and node in e.barrier:
-                self.flow.barrier(e, node, True)
-            else:
-                self.due[(e.index, node)] = Due(e, node, goto if e.kind == "choose" else None)
-        if pn.errors:  # it did not fail: its error edges are not taken
-            self.flow.dead_edges(pn.errors)
+        # its edges' decisions are due (a join's: its barrier is arrived at); a modified
+        # approval (``reenter``) sends the run back to that node instead
+        self.flow.completed(pn, rec.get("goto"), rec.get("reenter"))
 
     def _on_node_failed(self, rec: L.Record) -> None:
         if "caught" in rec:
@@ -333,22 +214,12 @@ class RunView:
             self.maps.pop(key, None)
         if self.gates:
             self.gates.pop(key, None)
-        if self.maps:  # a mapped node's visit: an item failed, the others were stopped
-            self.maps.pop(key, None)
         self.visits[node] += 1
-        pn = self.plan.nodes[node]
-        if pn.cyclic:
-            self.flow.active[pn.scc] -= 1
         caught = rec["caught"]
         self.state[ERROR_FIELD] = caught["error"]
         self.routed[node] = False
         self.route_wait[node] = 0
-        self.flow.rule_out(node)  # its ordinary edges: not taken (its joins: not arrived)
-        edge = caught["edge"]
-        for e in pn.errors:
-            if e.index == edge:
-                self.due[(e.index, node)] = Due(e, node)
-        self.flow.dead_edges([e for e in pn.errors if e.index != edge])
+        self.flow.caught(self.plan.nodes[node], caught["edge"])
 
     def _on_node_retrying(self, rec: L.Record) -> None:
         self.status = "RETRYING"  # until the next attempt starts (visible in `status`)
@@ -394,26 +265,7 @@ class RunView:
                     self.routed[arrived] = True
         if e.mapping is not None and taken:  # its items, for the visit it starts
             self.map_items.setdefault(taken[0], deque()).append(rec.get("value") or [])
-        # Each target of the edge is delivered to (taken) or sent a dead signal (not).
-        # A back edge (from a node of the loop it closes) has no port: taken, it starts
-        # a new iteration; not taken, it signals nothing -- the loop's exits say where
-        # the run goes instead. A forward edge resolves its target's port.
-        back = source in e.back_sources
-        ports = e.ports
-        single_port = self.plan.single_port
-        for t in e.targets:
-            if t == END:
-                continue
-            port = ports.get(t)
-            if t in taken:
-                if port is None or back:
-                    self.flow.enqueue(t)  # a back edge: a new iteration, no port to resolve
-                elif port.exit_scc is None and t in single_port:
-                    self.flow.enqueue(t)  # its only way in, taken: nothing else to settle
-                else:
-                    self.flow.taken_port(port)
-            elif port is not None and not back:
-                self.flow.dead_port(port)
+        self.flow.decided(e, source, taken)
 
     def _on_run_forked(self, rec: L.Record) -> None:
         self.parent = (rec["parent_run"], rec["parent_seq"])
@@ -450,9 +302,6 @@ class RunView:
             self.gates.pop((gate.node, gate.visit))
             self.running.pop((gate.node, gate.visit), None)
 
-    def pending_gates(self) -> list[Gate]:
-        return [g for g in self.gates.values() if g.decision is None]
-
     def _on_effect(self, rec: L.Record) -> None:
         key = rec["key"] if "item" not in rec else (rec["item"], rec["key"])
         self.effects[(rec["node"], rec["visit"], key)] = rec.get("result")
@@ -474,76 +323,6 @@ class RunView:
         self.status = "WAITING_APPROVAL"
         self.waiting = rec.get("waiting")
 
-
-    # -- the snapshot codec (``_snapshot`` adds the version and binds it to the chain) ---
-
-    def dump(self) -> dict[str, Any]:
-        """The view's fields after ``seq``, as JSON values, in the snapshot's key order.
-
-        The encoding is explicit, field by field: JSON has no tuples, sets or int keys.
-        `restore` reads it back; changing either changes the snapshot format (and
-        ``_snapshot.VERSION`` with it)."""
-        return {
-            "state": self.state, "ready": list(self.ready),
-            "running": [x.encode() for x in self.running.values()],
-            "due": [[d.edge.index, d.source, d.goto, list(d.arrived)]
-                    for d in self.due.values()],
-            "visits": dict(self.visits), "started": dict(self.started),
-            "takes": list(self.takes.items()), "steps": self.steps, "tokens": self.tokens,
-            "config": self.config, "limits": self.limits,
-            "parent": list(self.parent) if self.parent else None, "status": self.status,
-            "error": self.error, "waiting": self.waiting,
-            "writers": {k: [w.node, w.completed_seq] for k, w in self.writers.items()},
-            "effects": [[n, vis, key, val] for (n, vis, key), val in self.effects.items()],
-            "gates": [g.encode() for g in self.gates.values()],
-            "confirmations": [[n, vis, key, d]
-                              for (n, vis, key), d in self.confirmations.items()],
-            "routed": self.routed, "route_wait": dict(self.route_wait),
-            **self.flow.dump(),
-            "maps": [[n, vis, m.items, list(m.done.items()),
-                      [x.encode() for x in m.running.values()], list(m.running)]
-                     for (n, vis), m in self.maps.items()],
-            "map_items": {t: list(q) for t, q in self.map_items.items() if q},
-        }
-
-    @classmethod
-    def restore(cls, plan: Plan, seq: int, d: dict[str, Any]) -> RunView:
-        """The view `dump` wrote as ``d``, at record ``seq``. Raises KeyError, IndexError,
-        TypeError or ValueError when ``d`` is not such a dump."""
-        v = cls(plan)
-        v.seq = seq
-        v.state = d["state"]
-        v.ready = deque(d["ready"])
-        v.running = {(r[0], r[1]): Visit(*r) for r in d["running"]}
-        v.due = {(i, src): Due(plan.edges[i], src, goto, tuple(arr))
-                 for i, src, goto, arr in d["due"]}
-        v.visits = Counter(d["visits"])
-        v.started = Counter(d["started"])
-        v.takes = Counter({int(k): n for k, n in d["takes"]})
-        v.steps, v.tokens = d["steps"], d["tokens"]
-        v.config, v.limits = d["config"], d["limits"]
-        v.parent = (d["parent"][0], d["parent"][1]) if d["parent"] else None
-        v.status, v.error, v.waiting = d["status"], d["error"], d["waiting"]
-        v.writers = {k: Writer(n, s) for k, (n, s) in d["writers"].items()}
-        v.effects = {(n, vis, key if isinstance(key, str) else tuple(key)): val
-                     for n, vis, key, val in d["effects"]}
-        v.gates = {(g[0], g[1]): Gate(*g) for g in d["gates"]}
-        v.confirmations = {(n, vis, key): dec for n, vis, key, dec in d["confirmations"]}
-        v.routed = d["routed"]
-        v.route_wait = Counter(d["route_wait"])
-        v.maps = {(n, vis): MapRun(items, {int(i): u for i, u in done},
-                                   {int(i): Visit(*r) for i, r in zip(idx, running, strict=True)})
-                  for n, vis, items, done, running, idx in d["maps"]}
-        v.map_items = {t: deque(q) for t, q in d["map_items"].items()}
-        v.flow = Flow(plan, v.ready, v.running, v.due)  # on the restored containers
-        v.flow.restore(d)
-        return v
-
-    # -- reading -------------------------------------------------------------------
-
-    @property
-    def idle(self) -> bool:
-        return not self.ready and not self.running and not self.due
 
 
 class Scope:

@@ -19,7 +19,7 @@ import asyncio
 from time import perf_counter
 from typing import Any
 
-from .._definition._model import MAP_CONCURRENCY
+from .._definition._edge import MAP_CONCURRENCY
 from .._definition._plan import PlanNode
 from .._errors import NodeError, RunError, StepLimitError, WriteConflictError
 from . import _records as R

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import _log as L
-from .._definition._model import EdgeSpec, WorkflowSpec, case_key
+from .._definition._edge import EdgeSpec, case_key
+from .._definition._model import WorkflowSpec
 from .._definition._spec import load_spec, parse
 from .._errors import UsageError
 from .._store import ALL_RUNS, Store, open_store
@@ -156,7 +157,7 @@ class _Counts:
         self.gates: dict[str, Counter[str]] = {
             n: Counter() for n, ns in spec.nodes.items() if ns.approval is not None}
 
-    def record(self, run_spec: WorkflowSpec, rec: dict[str, Any]) -> None:
+    def record(self, run_spec: WorkflowSpec, rec: L.Record) -> None:
         rtype = rec["type"]
         if rtype == L.NODE_STARTED and "item" not in rec and rec.get("attempt", 1) == 1:
             if rec["node"] in self.nodes:
@@ -168,7 +169,7 @@ class _Counts:
         elif rtype == L.APPROVAL_DECIDED and rec.get("node") in self.gates:
             self.gates[rec["node"]][str(rec.get("decision"))] += 1
 
-    def _edge(self, e: EdgeSpec, rec: dict[str, Any]) -> None:
+    def _edge(self, e: EdgeSpec, rec: L.Record) -> None:
         taken = set(rec.get("to") or ())
         source = _source(e)
         if e.when is not None and isinstance(rec.get("value"), bool):

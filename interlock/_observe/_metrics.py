@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from typing import Any
 
 from .. import _log as L
+from .._engine._fold import RunView
 from .._store import ALL_RUNS, Store
 
 # seconds: from a trivial node's milliseconds to an agent's minutes
@@ -52,7 +52,7 @@ class Metrics:
                               "process executed).", ["workflow", "node"],
                               registry=self.registry)
 
-    def observe(self, rec: L.Record, view: Any) -> None:
+    def observe(self, rec: L.Record, view: RunView) -> None:
         """A journal listener: count a node attempt as its record is sealed."""
         rtype = rec["type"]
         if rtype not in (L.NODE_COMPLETED, L.NODE_FAILED, L.NODE_RETRYING):

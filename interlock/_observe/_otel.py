@@ -30,18 +30,25 @@ import functools
 import importlib.metadata
 import os
 import sys
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from .. import _log as L
 
-Listener = Callable[[L.Record, Any], None]
+if TYPE_CHECKING:  # (the ``otel`` extra: imported at run time only when tracing is on)
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.trace import Span, Tracer
+    from opentelemetry.util.types import AttributeValue
+
+V = TypeVar("V")  # what the journal hands a listener with each record (its RunView)
+Listener = Callable[[L.Record, V], None]
 
 _ENDPOINT_VARS = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-_own_provider: Any = None  # interlock's OTLP provider, made on first use when configured
+# interlock's OTLP provider, made on first use when configured
+_own_provider: TracerProvider | None = None
 
 
-def _tracer() -> Any:
+def _tracer() -> Tracer | None:
     """The tracer runs report to, or None when tracing is off (see the module's text)."""
     endpoint = any(os.environ.get(v) for v in _ENDPOINT_VARS)
     if "opentelemetry.trace" not in sys.modules and not endpoint:
@@ -54,9 +61,10 @@ def _tracer() -> Any:
     if isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider):
         if not endpoint:
             return None
-        provider = _otlp_provider()
-        if provider is None:
+        own = _otlp_provider()
+        if own is None:
             return None
+        return own.get_tracer("interlock", _version())
     return provider.get_tracer("interlock", _version())
 
 
@@ -68,7 +76,7 @@ def _version() -> str:
         return "0"
 
 
-def _otlp_provider() -> Any:
+def _otlp_provider() -> TracerProvider | None:
     global _own_provider
     if _own_provider is None:
         try:
@@ -90,7 +98,7 @@ def tracing() -> bool:
     return _tracer() is not None
 
 
-def run_spans(run_id: str, workflow: str, *, continues: dict[str, Any] | None = None
+def run_spans(run_id: str, workflow: str, *, continues: Mapping[str, str] | None = None
               ) -> RunSpans | None:
     """The spans of one execution of a run, started now; None when tracing is off.
     ``continues``: the ``trace`` ids of the run's ``run.started`` (a resume or a fork
@@ -101,7 +109,7 @@ def run_spans(run_id: str, workflow: str, *, continues: dict[str, Any] | None = 
     return RunSpans(tracer, run_id, workflow, continues)
 
 
-def with_spans(listener: Listener | None, spans: RunSpans | None) -> Listener | None:
+def with_spans(listener: Listener[V] | None, spans: RunSpans | None) -> Listener[V] | None:
     """The journal's listener: the caller's, then the spans'."""
     if spans is None:
         return listener
@@ -111,17 +119,17 @@ def with_spans(listener: Listener | None, spans: RunSpans | None) -> Listener | 
     return _Both(listener, spans)
 
 
-class _Both:
+class _Both(Generic[V]):
     """The caller's listener, then the spans'; a child run gets the caller's child
     listener (`_execute.child_listener`), its spans being its own."""
 
     __slots__ = ("child", "listener", "spans")
 
-    def __init__(self, listener: Listener, spans: RunSpans) -> None:
+    def __init__(self, listener: Listener[V], spans: RunSpans) -> None:
         self.listener, self.spans = listener, spans
         self.child = getattr(listener, "child", None)
 
-    def __call__(self, rec: L.Record, view: Any) -> None:
+    def __call__(self, rec: L.Record, view: V) -> None:
         self.listener(rec, view)
         self.spans(rec, view)
 
@@ -137,8 +145,8 @@ _RUN_ENDS = {L.RUN_COMPLETED: "COMPLETED", L.RUN_FAILED: "FAILED", L.RUN_REJECTE
 class RunSpans:
     """The listener that makes a run's spans from its records (see the module's text)."""
 
-    def __init__(self, tracer: Any, run_id: str, workflow: str,
-                 continues: dict[str, Any] | None) -> None:
+    def __init__(self, tracer: Tracer, run_id: str, workflow: str,
+                 continues: Mapping[str, str] | None) -> None:
         from opentelemetry import trace
 
         self._trace = trace
@@ -152,19 +160,21 @@ class RunSpans:
                                         int(continues["span_id"], 16), is_remote=True,
                                         trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED))
             links.append(trace.Link(earlier, {"interlock.link": "run.started"}))
-        self.run = tracer.start_span(f"interlock.run {workflow}", attributes=self.base,
-                                     links=links, kind=trace.SpanKind.INTERNAL)
-        self._ctx = trace.set_span_in_context(self.run)
-        self.nodes: dict[tuple[str, int, int | None], Any] = {}
-        self.calls: dict[tuple[str, int, int | None], Any] = {}
+        run = tracer.start_span(f"interlock.run {workflow}", attributes=self.base,
+                                links=links, kind=trace.SpanKind.INTERNAL)
+        self.run: Span | None = run  # None once ended
+        self._run_context = run.get_span_context()
+        self._ctx = trace.set_span_in_context(run)
+        self.nodes: dict[tuple[str, int, int | None], Span] = {}
+        self.calls: dict[tuple[str, int, int | None], Span] = {}
 
     @property
     def ids(self) -> dict[str, str]:
         """What ``run.started`` records: the trace and the run span's ids (hex)."""
-        sc = self.run.get_span_context()
+        sc = self._run_context
         return {"trace_id": f"{sc.trace_id:032x}", "span_id": f"{sc.span_id:016x}"}
 
-    def __call__(self, rec: L.Record, view: Any) -> None:
+    def __call__(self, rec: L.Record, view: object) -> None:
         if self.run is None:  # ended (the run waits, or ended, or the call returned)
             return
         rtype = rec["type"]
@@ -204,8 +214,9 @@ class RunSpans:
             visit_span = self.nodes.get((node, visit, None))
             if visit_span is not None:
                 parent = self._trace.set_span_in_context(visit_span)
-        attrs: dict[str, Any] = {**self.base, "interlock.node": node, "interlock.visit": visit,
-                                 "interlock.attempt": rec.get("attempt", 1)}
+        attrs: dict[str, AttributeValue] = {
+            **self.base, "interlock.node": node, "interlock.visit": visit,
+            "interlock.attempt": rec.get("attempt", 1)}
         if item is not None:
             attrs["interlock.item"] = item
         key = (node, visit, item)

@@ -8,7 +8,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .. import _log as L
-from .._engine._fold import Gate, RunView
+from .._engine._fold import RunView
+from .._engine._view import Gate
 from .._errors import RunNotFound, UsageError
 from .._store import Store
 from ._claims import _commit_claimed

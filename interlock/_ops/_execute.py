@@ -98,34 +98,44 @@ async def drive(plan: Plan, store: Store, run_id: str, view: RunView, writer: L.
             raise ConflictError(f"run {run_id!r} changed before it started executing (it was "
                                 "cancelled or taken over while queued); it is not started")
         if first:
-            try:
-                await journal.commit(first)
-            except ConflictError:
-                # read, decided, then claimed after another process had decided (or
-                # resumed) the run and let it go: what this one read is stale (a race,
-                # not a wrong call: it stays a ConflictError, which the server answers 409)
-                raise ConflictError(
-                    f"run {run_id!r} changed after this process read it (another process "
-                    "decided or resumed it first); nothing was recorded and this resume is "
-                    f"refused -- see `interlock status {run_id}`") from None
+            await _commit_first(journal, run_id, first)
         if execute and view.status not in TERMINAL_STATUSES:
             await _execute(store, run_id, owner, runner, listener, lease, journal.claim)
     except BaseException as exc:
         if not journal.released:
-            # the run is given up (a store that failed, a lost claim, a cancellation of
-            # the caller): let it go for whoever claims it next -- the error to raise is
-            # the one that stopped it, not one of the release's (whose lease then runs out)
-            try:
-                await store.release(run_id, owner)
-            except Exception as release_error:
-                log.warning("run %s: its claim was not released (%s: %s); it can be taken "
-                            "over once its lease runs out (stopped by %s: %s)", run_id,
-                            type(release_error).__name__, release_error, type(exc).__name__,
-                            exc)
+            await _let_go(store, run_id, owner, exc)
         raise
     if not journal.released:
         await store.release(run_id, owner)
     return result_of(run_id, plan.spec.workflow, view)
+
+
+async def _commit_first(journal: Journal, run_id: str,
+                        first: list[tuple[str, dict[str, Any]]]) -> None:
+    """`drive`'s ``first`` records (``run.resumed``, a decision) committed under the claim."""
+    try:
+        await journal.commit(first)
+    except ConflictError:
+        # read, decided, then claimed after another process had decided (or
+        # resumed) the run and let it go: what this one read is stale (a race,
+        # not a wrong call: it stays a ConflictError, which the server answers 409)
+        raise ConflictError(
+            f"run {run_id!r} changed after this process read it (another process "
+            "decided or resumed it first); nothing was recorded and this resume is "
+            f"refused -- see `interlock status {run_id}`") from None
+
+
+async def _let_go(store: Store, run_id: str, owner: str, exc: BaseException) -> None:
+    """A run given up (a store that failed, a lost claim, a cancellation of the caller),
+    released for whoever claims it next. The error `drive` raises is the one that
+    stopped it (``exc``), not one of the release's (whose lease then runs out)."""
+    try:
+        await store.release(run_id, owner)
+    except Exception as release_error:
+        log.warning("run %s: its claim was not released (%s: %s); it can be taken "
+                    "over once its lease runs out (stopped by %s: %s)", run_id,
+                    type(release_error).__name__, release_error, type(exc).__name__,
+                    exc)
 
 
 async def _execute(store: Store, run_id: str, owner: str, runner: Runner,

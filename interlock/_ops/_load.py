@@ -140,51 +140,21 @@ async def load_run(store: Store, run_id: str, *, workflow: Functions | None = No
     end disagrees with the run's summary, is refused.
     """
     row = await store.get_run(run_id)
-    if definition_hash(row.definition) != row.definition_hash:
-        raise LogError(f"run {run_id!r}: the stored definition does not match the hash "
-                       "recorded when the run started: it was changed in the store since; "
-                       "nothing reads or continues the run until it is restored (from a "
-                       f"backup, or an export: `interlock verify --file`); `interlock verify "
-                       f"{run_id}` reports it", run_id=run_id)
+    _check_definition(row)
     keyed, key = run_key(row)
     if keyed and key is None and executable:
         raise UsageError(_key_missing(row))
     notes = [f"its log is keyed (key id {row.options.get('key_id')}) and {L.LOG_KEY_ENV} is "
              "not set: its hashes were not checked"] if keyed and key is None else []
-    spec = parse(row.definition)
-    if executor is not None:  # where this process runs the bodies (a worker's --executor)
-        spec = spec.model_copy(update={"nodes": {
-            name: ns.on_executor(executor) for name, ns in spec.nodes.items()}})
-    plan = compile_spec(spec, workflow.callables if workflow is not None else {})[0] \
-        if executable else reading_plan(spec)
-    view, start, start_hash = None, 0, L.GENESIS
+    spec, plan = _rebuild(row, workflow, executable, executor)
+    view: RunView | None = None
+    start, start_hash = 0, L.GENESIS
     entries: list[L.Entry] = []
     if upto is None:
-        snap = await store.load_snapshot(run_id)
-        restored = snapshots.load(plan, snap[1]) if snap is not None else None
-        if restored is not None and snap is not None:
-            view, start_hash = restored
-            start = view.seq
-            entries = await store.entries(run_id, after=start)
-            why = snapshots.unbound(snap[1], start, entries)
-            if why is None and row.summary.last_seq < start:
-                why = "it is past the end of the log"
-            if why is not None:
-                notes.append(f"the snapshot at record {start} was not used: {why}; "
-                             "the whole log was folded instead")
-                view, start, start_hash = None, 0, L.GENESIS
+        view, start, start_hash, entries = await _from_snapshot(store, row, plan, notes)
     if start == 0:
         entries = await store.entries(run_id)
-    problem = L.verify_chain(entries, start=start, prev_hash=start_hash, key=key,
-                             hashes=not keyed or key is not None)
-    if problem is not None:
-        raise LogError(f"run {run_id!r}: the log is broken at record {problem.seq} "
-                       f"({problem.message}); {_BROKEN_LOG_ADVICE.format(run_id=run_id)}",
-                       run_id=run_id)
-    tail = check_tail(row, entries, start, start_hash)
-    if tail is not None:
-        raise LogError(f"run {run_id!r}: {tail}; {_BROKEN_LOG_ADVICE.format(run_id=run_id)}",
-                       run_id=run_id)
+    _check_log(row, entries, start, start_hash, key, keyed)
     if view is None:
         view = RunView(plan)
     for entry in entries:
@@ -195,6 +165,77 @@ async def load_run(store: Store, run_id: str, *, workflow: Functions | None = No
     for note in notes:
         log.warning("run %s: %s", run_id, note)
     return Loaded(row, entries, spec, plan, view, last, key, keyed, notes)
+
+
+# The load's checks, in order, each before anything is built on what it checks:
+#   1. the stored definition against the hash ``run.started`` recorded (`_check_definition`):
+#      an edited definition would run (or show) another workflow under the old log;
+#   2. a keyed log without its key: readable, its hashes unchecked (a note), never
+#      continued (`UsageError`: its next records could not be chained without the key);
+#   3. a snapshot only when the record after it binds its digest into the chain and it
+#      is not past the log's end (`_from_snapshot`); otherwise the whole log is folded;
+#   4. the chain of every record read (`_check_log`), then the log's end against the
+#      run's summary: a record lost, added or changed is refused, not folded.
+
+
+def _check_definition(row: RunRow) -> None:
+    if definition_hash(row.definition) != row.definition_hash:
+        raise LogError(f"run {row.run_id!r}: the stored definition does not match the hash "
+                       "recorded when the run started: it was changed in the store since; "
+                       "nothing reads or continues the run until it is restored (from a "
+                       f"backup, or an export: `interlock verify --file`); `interlock verify "
+                       f"{row.run_id}` reports it", run_id=row.run_id)
+
+
+def _rebuild(row: RunRow, workflow: Functions | None, executable: bool,
+             executor: Literal["local", "ray"] | None) -> tuple[WorkflowSpec, Plan]:
+    """The run's workflow from its stored definition: executable (its functions resolved,
+    from ``workflow`` for a builder's) or for reading only."""
+    spec = parse(row.definition)
+    if executor is not None:  # where this process runs the bodies (a worker's --executor)
+        spec = spec.model_copy(update={"nodes": {
+            name: ns.on_executor(executor) for name, ns in spec.nodes.items()}})
+    plan = compile_spec(spec, workflow.callables if workflow is not None else {})[0] \
+        if executable else reading_plan(spec)
+    return spec, plan
+
+
+async def _from_snapshot(store: Store, row: RunRow, plan: Plan, notes: list[str]
+                         ) -> tuple[RunView | None, int, str, list[L.Entry]]:
+    """The view restored from the run's snapshot, its seq and chain hash, and the entries
+    after it; ``(None, 0, GENESIS, [])`` when there is none or it may not be used (why
+    goes in ``notes``)."""
+    run_id = row.run_id
+    snap = await store.load_snapshot(run_id)
+    restored = snapshots.load(plan, snap[1]) if snap is not None else None
+    if restored is None or snap is None:
+        return None, 0, L.GENESIS, []
+    view, start_hash = restored
+    start = view.seq
+    entries = await store.entries(run_id, after=start)
+    why = snapshots.unbound(snap[1], start, entries)
+    if why is None and row.summary.last_seq < start:
+        why = "it is past the end of the log"
+    if why is not None:
+        notes.append(f"the snapshot at record {start} was not used: {why}; "
+                     "the whole log was folded instead")
+        return None, 0, L.GENESIS, entries
+    return view, start, start_hash, entries
+
+
+def _check_log(row: RunRow, entries: list[L.Entry], start: int, start_hash: str,
+               key: L.ChainKey | None, keyed: bool) -> None:
+    run_id = row.run_id
+    problem = L.verify_chain(entries, start=start, prev_hash=start_hash, key=key,
+                             hashes=not keyed or key is not None)
+    if problem is not None:
+        raise LogError(f"run {run_id!r}: the log is broken at record {problem.seq} "
+                       f"({problem.message}); {_BROKEN_LOG_ADVICE.format(run_id=run_id)}",
+                       run_id=run_id)
+    tail = check_tail(row, entries, start, start_hash)
+    if tail is not None:
+        raise LogError(f"run {run_id!r}: {tail}; {_BROKEN_LOG_ADVICE.format(run_id=run_id)}",
+                       run_id=run_id)
 
 
 async def status(run_id: str, *, store: str | Store | None = None) -> RunResult:

@@ -27,6 +27,7 @@ from ._load import (
     TERMINAL_STATUSES,
     TRACE_PAGE,
     Functions,
+    Loaded,
     load_run,
     open_store_arg,
 )
@@ -48,8 +49,6 @@ async def resume(run_id: str, decision: Decision | None = None, *,
     ``detach``: record the decision (and the resume) and return without executing: the
     run is PENDING until a worker (``interlock worker``) claims and continues it.
     """
-    from .._engine._approvals import decide, expire
-
     st, owned = open_store_arg(store)
     try:
         loaded = await load_run(st, run_id, workflow=workflow, executable=True)
@@ -57,34 +56,7 @@ async def resume(run_id: str, decision: Decision | None = None, *,
         fields = _overrides(config, limits)
         first: list[tuple[str, dict[str, Any]]] = []
         if view.status == "WAITING_APPROVAL":
-            expired = expire(loaded.spec, view)
-            moved = await _unblocked(st, run_id, view)  # child runs that wait no more
-            first += expired + moved
-            child = _child_gate(view, decision, moved) if decision is not None else None
-            if moved and decision is not None and child is None:
-                raise UsageError(
-                    f"run {run_id!r}: the child run {moved[0][1]['key']!r} it waited for "
-                    "does not wait there any more (decided or continued on its own, or "
-                    "not this run's: a fork's); resume it without a decision first, then "
-                    "decide what it waits for then")
-            if child is not None:  # a gate inside a child run: it decides it (SPEC §7)
-                gate, below = child
-                await _decide_child(st, str(gate.key), below)
-                assert decision is not None
-                first.append((L.APPROVAL_DECIDED, {
-                    "node": gate.node, "visit": gate.visit, "kind": "workflow",
-                    "decision": _PAST[decision.kind], "by": decision.by,
-                    "comment": decision.comment, "key": gate.key, "path": gate.path}))
-            elif decision is not None:
-                first += decide(loaded.spec, view, decision, expired=expired)
-            else:  # a gate in a child run whose deadline passed: decided there
-                first += await _expired_children(st, view, moved)
-            if decision is None and not first:
-                gate = view.pending_gates()[0]
-                raise UsageError(f"run {run_id!r} is waiting for a decision at "
-                                 f"{gate.path or gate.node!r}; "
-                                 "resume it with --approve, --reject or --modify "
-                                 "(interlock.approve/reject/modify in Python)")
+            first = await _decisions(st, run_id, loaded, decision)
         elif decision is not None:
             raise UsageError(f"run {run_id!r} is {view.status}, not waiting for a decision; "
                              "the decision is refused")
@@ -109,6 +81,45 @@ async def resume(run_id: str, decision: Decision | None = None, *,
     finally:
         if owned:
             await release_store(st)
+
+
+async def _decisions(st: Store, run_id: str, loaded: Loaded, decision: Decision | None
+                     ) -> list[tuple[str, dict[str, Any]]]:
+    """What the resume of a waiting run records before it goes on: the gates whose
+    deadline passed, the child runs that wait no more, and ``decision`` -- on a gate of
+    the run's own, or forwarded to the child run it waits through (SPEC §7)."""
+    from .._engine._approvals import decide, expire
+
+    view = loaded.view
+    expired = expire(loaded.spec, view)
+    moved = await _unblocked(st, run_id, view)  # child runs that wait no more
+    first = expired + moved
+    child = _child_gate(view, decision, moved) if decision is not None else None
+    if moved and decision is not None and child is None:
+        raise UsageError(
+            f"run {run_id!r}: the child run {moved[0][1]['key']!r} it waited for "
+            "does not wait there any more (decided or continued on its own, or "
+            "not this run's: a fork's); resume it without a decision first, then "
+            "decide what it waits for then")
+    if child is not None:  # a gate inside a child run: it decides it (SPEC §7)
+        gate, below = child
+        await _decide_child(st, str(gate.key), below)
+        assert decision is not None
+        first.append((L.APPROVAL_DECIDED, {
+            "node": gate.node, "visit": gate.visit, "kind": "workflow",
+            "decision": _PAST[decision.kind], "by": decision.by,
+            "comment": decision.comment, "key": gate.key, "path": gate.path}))
+    elif decision is not None:
+        first += decide(loaded.spec, view, decision, expired=expired)
+    else:  # a gate in a child run whose deadline passed: decided there
+        first += await _expired_children(st, view, moved)
+    if decision is None and not first:
+        gate = view.pending_gates()[0]
+        raise UsageError(f"run {run_id!r} is waiting for a decision at "
+                         f"{gate.path or gate.node!r}; "
+                         "resume it with --approve, --reject or --modify "
+                         "(interlock.approve/reject/modify in Python)")
+    return first
 
 
 _PAST = {"approve": "approved", "reject": "rejected", "modify": "modified"}

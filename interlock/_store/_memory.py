@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
 
+from .._json import JSONObject
 from .._log import Entry
 from ._base import (
     FINISHED,
@@ -148,7 +148,7 @@ class MemoryStore(Store):
     async def request_cancel(self, run_id: str, by: str | None) -> None:
         self._row(run_id).extra["cancel"] = {"by": by, "at": time.time()}
 
-    async def cancel_requested(self, run_id: str) -> dict[str, Any] | None:
+    async def cancel_requested(self, run_id: str) -> JSONObject | None:
         value = self._row(run_id).extra.get("cancel")
         return dict(value) if value else None
 

@@ -5,7 +5,7 @@ query, the check that appended entries continue the stored log, the claim rule, 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -29,16 +29,23 @@ _RUN_NAMES = [c.strip() for c in _RUN_COLUMNS.split(",")]
 _LIGHT_COLUMNS = ", ".join("'{}'" if c in _SPEC_COLUMNS else c for c in _RUN_NAMES)
 
 
-def json_text(value: Any) -> str:
+# a run's values for `_RUN_COLUMNS`, and a summary's for its columns (`summary_params`)
+RunParams = tuple[str, str, str, str, str, str, str, float, float, int, str, int, int,
+                  str | None, str | None, str | None, int | None, str | None, float | None,
+                  str, int]
+SummaryParams = tuple[str, float, int, str, int, int, str | None, str | None]
+
+
+def json_text(value: object) -> str:
     """``value`` as JSON text, keys in their given order (a definition's order matters)."""
     return orjson.dumps(value, default=json_default).decode("utf-8")
 
 
-def json_opt(value: dict[str, Any] | None) -> str | None:
+def json_opt(value: Mapping[str, object] | None) -> str | None:
     return None if value is None else json_text(value)
 
 
-def from_json(text: str | None) -> Any:
+def from_json(text: str | None) -> Any:  # JSON, typed as RunRow's fields are
     return None if text is None else orjson.loads(text)
 
 
@@ -65,7 +72,7 @@ def check_first_seqs(run_id: str, last: int, entries: Iterable[Entry]) -> None:
         expected += 1
 
 
-def run_params(row: RunRow) -> tuple[Any, ...]:
+def run_params(row: RunRow) -> RunParams:
     """``row`` as the values of `_RUN_COLUMNS`, in order."""
     s = row.summary
     return (
@@ -77,7 +84,7 @@ def run_params(row: RunRow) -> tuple[Any, ...]:
     )
 
 
-def summary_params(summary: Summary) -> tuple[Any, ...]:
+def summary_params(summary: Summary) -> SummaryParams:
     """For ``SET status, updated_at, last_seq, last_hash, steps, tokens, error, waiting``."""
     s = summary
     return (s.status, s.updated_at, s.last_seq, s.last_hash, s.steps, s.tokens,
@@ -86,12 +93,12 @@ def summary_params(summary: Summary) -> tuple[Any, ...]:
 
 def page_query(mark: str, status: str | None, workflow: str | None,
                before: tuple[float, str] | None, updated_after: float | None,
-               limit: int, *, order_id: str = "run_id") -> tuple[str, list[Any]]:
+               limit: int, *, order_id: str = "run_id") -> tuple[str, list[str | float]]:
     """`Store.list_page`'s SELECT over the runs table and its parameters (``mark``: the
     driver's placeholder; ``order_id``: how run ids compare, the same in the keyset
     condition as in the ORDER BY)."""
     where: list[str] = []
-    params: list[Any] = []
+    params: list[str | float] = []
     if status is not None:
         where.append(f"status = {mark}")
         params.append(status)
@@ -113,7 +120,7 @@ def page_query(mark: str, status: str | None, workflow: str | None,
     return sql, params
 
 
-def row_from(values: tuple[Any, ...] | Any) -> RunRow:
+def row_from(values: Sequence[Any]) -> RunRow:
     """A `RunRow` from a result row in `_RUN_COLUMNS` order."""
     (run_id, workflow, status, definition, definition_hash, input_, options, created_at,
      updated_at, last_seq, last_hash, steps, tokens, error, waiting, parent_run, parent_seq,
@@ -164,7 +171,7 @@ def stored_entry(seq: int, data: bytes, hash_: str) -> Entry:
                  node if type(node) is str else None)
 
 
-def _as_bytes(value: Any) -> bytes:
+def _as_bytes(value: object) -> bytes:
     """A cell someone changed to another type, as bytes (verify then reports the record)."""
     return bytes(value) if isinstance(value, bytes | bytearray | memoryview) \
         else str(value).encode("utf-8")

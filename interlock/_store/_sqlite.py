@@ -73,66 +73,32 @@ and not ours, is refused with `StoreError` and never written to.
 from __future__ import annotations
 
 import asyncio
-import logging
-import os
-import shutil
 import sqlite3
 import threading
-import time
 from collections.abc import Callable, Collection
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 from urllib.parse import parse_qsl
 
+from .._json import JSONObject
 from .._log import Entry
 from ._base import (
     Claim,
-    ClaimLost,
-    ConflictError,
     LeaseRenewer,
-    RunExists,
     RunNotFound,
     RunRow,
     Store,
     StoreError,
     Summary,
 )
-from ._rows import (
-    SCHEMA_NAME,
-    check_first_seqs,
-    run_params,
-    summary_params,
-)
-from ._sqlite_ops import SQLiteOps
-from ._sqlite_sql import (
-    _APPEND_CHECK,
-    _INSERT_RECORD,
-    _INSERT_RUN,
-    _INSERT_SPEC,
-    _ROW_AT,
-    _SPEC_AT,
-    _UPDATE_SUMMARY,
-    _UPDATE_SUMMARY_IF,
-    MAX_RUN_KEY,
-    SCHEMA_STATEMENTS,
-    SCHEMA_VERSION,
-    SEQ_BITS,
-    SEQ_MASK,
-    disk_full,
-    sqlite_error,
-)
+from ._rows import check_first_seqs
+from ._sqlite_sql import sqlite_error
 from ._sqlite_thread import _Checkpointer, _Writer
-from ._sqlite_upgrade import _reclaim_after_upgrade, _upgrade_from_1, _upgrade_from_2
+from ._sqlite_writes import SQLiteWrites
 
 T = TypeVar("T")
 
-# a checkpoint after this many jobs (transactions, mostly: a step's commit writes 3-5
-# pages) or this many bytes of records, whichever comes first: about SQLite's own
-# default of a checkpoint per 1000 WAL pages
-CHECKPOINT_EVERY = 250
-CHECKPOINT_BYTES = 4 << 20
 _SYNCHRONOUS = ("off", "normal", "full", "extra")
-_SPACE_RETRY = 1.0  # seconds before the WAL's truncation is tried again, after a busy one
 
 
 # -- URL ---------------------------------------------------------------------------------
@@ -172,7 +138,6 @@ def parse_sqlite_url(url: str) -> tuple[str, str, int]:
 # -- the store ---------------------------------------------------------------------------
 
 
-
 class _Renewer(LeaseRenewer):
     """Renews leases on a connection of its own (the lease keeper's thread), not through
     the store's writer thread: each renewal is one autocommitted ``UPDATE``, waiting for
@@ -199,7 +164,13 @@ class _Renewer(LeaseRenewer):
             conn.close()
 
 
-class SQLiteStore(SQLiteOps, Store):
+class SQLiteStore(SQLiteWrites, Store):
+    """The store in one SQLite file (see the module): its file
+    (`interlock._store._sqlite_file`), its WAL (`interlock._store._sqlite_wal`), its writes
+    (`interlock._store._sqlite_writes`) and its operations on a connection
+    (`interlock._store._sqlite_ops`) in parts of their own; here its state, the hops to
+    the writer thread, closing, and the `Store` interface."""
+
     leases_in_writes = True
     fences_appends = True
 
@@ -235,7 +206,7 @@ class SQLiteStore(SQLiteOps, Store):
                 writer = self._writer
         return writer
 
-    async def _call(self, fn: Callable[..., T], *args: Any) -> T:
+    async def _call(self, fn: Callable[..., T], *args: object) -> T:
         """Run ``fn(conn, *args)`` on the store's thread.
 
         If the awaiting task is cancelled the transaction still runs to its end
@@ -246,236 +217,13 @@ class SQLiteStore(SQLiteOps, Store):
         self._thread().submit(loop, fut, self._run, (fn, *args))
         return await fut
 
-    async def _write(self, op: Callable[..., T], *args: Any) -> T:
+    async def _write(self, op: Callable[..., T], *args: object) -> T:
         """Run ``op(conn, *args)`` in a transaction on the store's thread: its own, or the
         one the writer's turn commits the writes queued with it in (group commit)."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[T] = loop.create_future()
         self._thread().submit(loop, fut, None, (op, args))
         return await fut
-
-    def _run(self, fn: Callable[..., T], *args: Any) -> T:
-        conn = self._conn or self._open()
-        self._jobs_since_checkpoint += 1
-        if self._jobs_since_checkpoint >= CHECKPOINT_EVERY \
-                or self._bytes_since_checkpoint >= CHECKPOINT_BYTES:
-            self._checkpoint(conn)
-        full_before = self._space_wanted
-        try:
-            return fn(conn, *args)
-        except sqlite3.Error as exc:
-            if conn.in_transaction:
-                conn.rollback()
-            raise self._error(exc) from exc
-        except BaseException:
-            if conn.in_transaction:
-                conn.rollback()
-            raise
-        finally:
-            if self._space_wanted and not full_before and not conn.in_transaction:
-                self._give_space_back(conn)  # the disk was found full just now
-
-    def _error(self, exc: sqlite3.Error, what: str = "SQLite store") -> StoreError:
-        if disk_full(exc):
-            self._space_wanted = True  # (the writer gives the WAL's space back: `_run`)
-        return sqlite_error(self.path, exc, self._busy_ms, what)
-
-    def _wal_too_big(self) -> bool:
-        """Whether the WAL takes more than half the space left on its disk."""
-        try:
-            free = shutil.disk_usage(self.path.parent).free
-            wal = os.stat(f"{self.path}-wal").st_size
-        except OSError:
-            return False
-        return wal > free // 2
-
-    def _give_space_back(self, conn: sqlite3.Connection, quiet: bool = False) -> None:
-        """After a write failed on a full disk: copy the WAL into the file and truncate
-        the WAL (``wal_checkpoint(TRUNCATE)``), which gives back the WAL file's space --
-        a PASSIVE checkpoint leaves its size as it is, so freed space would fill again at
-        once. While the disk is too full for the copy, it is tried again before each
-        write (and writes are refused), so the first space freed goes to the checkpoint
-        rather than to the WAL; after a reader or writer kept it from its end, not for
-        `_SPACE_RETRY` seconds. Says what it did, once per full disk."""
-        self._space_next = 0.0
-        self._jobs_since_checkpoint = self._bytes_since_checkpoint = 0
-        log = logging.getLogger("interlock")
-        wal = Path(f"{self.path}-wal")
-        before = wal.stat().st_size if wal.exists() else 0
-        try:
-            busy, _, _ = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
-        except sqlite3.Error as exc:
-            if not self._space_said:
-                self._space_said = True
-                log.error("the disk of the SQLite store %s is full; checkpointing its WAL "
-                          "(%d bytes) into the file to give that space back failed too "
-                          "(%s): free space on the disk; the checkpoint is tried again "
-                          "before each write", self.path, before, exc)
-            return
-        if busy:
-            self._space_next = time.monotonic() + _SPACE_RETRY
-            if not self._space_said:
-                self._space_said = True
-                log.error("the disk of the SQLite store %s is full; its WAL (%d bytes) "
-                          "could not be truncated: another connection was reading or "
-                          "writing it for longer than the busy timeout; tried again before "
-                          "each write", self.path, before)
-            return
-        after = wal.stat().st_size if wal.exists() else 0
-        self._space_wanted = self._space_said = False
-        self._space_freed += 1
-        log.log(logging.DEBUG if quiet else logging.WARNING,
-                "the disk of the SQLite store %s was full: its WAL was checkpointed into the "
-                "file and truncated, giving back %d bytes", self.path, before - after)
-
-    def _open(self) -> sqlite3.Connection:
-        path = self.path
-        fresh = not path.exists() or path.stat().st_size == 0  # no database in it yet
-        if not fresh:
-            self._inspect(path)
-        else:
-            try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                raise StoreError(
-                    f"cannot create the directory of the store {path}: {exc}"
-                ) from None
-        try:
-            conn = sqlite3.connect(path, isolation_level=None, timeout=self._busy_ms / 1000)
-        except sqlite3.Error as exc:
-            raise self._error(exc, "cannot open the SQLite store") from None
-        try:
-            conn.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
-            if fresh:
-                # Turning a new, empty file to WAL is a rollback-journal transaction:
-                # with SQLite's default synchronous=FULL, four fsyncs (~half the cost of
-                # opening a new store here) to make an empty file durable. A crash in it
-                # leaves an empty file; the schema below is committed as configured.
-                conn.execute("PRAGMA synchronous = OFF")
-            self._to_wal(conn)
-            conn.execute(f"PRAGMA synchronous = {self._synchronous.upper()}")
-            conn.execute("BEGIN IMMEDIATE")
-            # again: another process may have raced us (or upgraded the file meanwhile)
-            version = self._check_tables(conn, path)
-            upgraded = version == 1
-            if upgraded:
-                _upgrade_from_1(conn, path)
-            elif version == 2:
-                _upgrade_from_2(conn, path)
-            for statement in SCHEMA_STATEMENTS:
-                conn.execute(statement)
-            conn.execute("INSERT OR IGNORE INTO interlock_meta VALUES ('schema', ?), "
-                         "('version', ?)", (SCHEMA_NAME, str(SCHEMA_VERSION)))
-            conn.execute("UPDATE interlock_meta SET value = ? WHERE key = 'version'",
-                         (str(SCHEMA_VERSION),))
-            conn.execute("COMMIT")
-            if upgraded:
-                _reclaim_after_upgrade(conn, path)
-            conn.execute("PRAGMA wal_autocheckpoint = 0")  # the checkpointer's job
-        except BaseException as exc:
-            if conn.in_transaction:
-                conn.rollback()
-            conn.close()
-            if isinstance(exc, sqlite3.Error):
-                raise self._error(exc, "cannot open the SQLite store") from None
-            raise
-        self._conn = conn
-        self._checkpointer = _Checkpointer(path, f"interlock-sqlite-checkpoint:{path.name}")
-        return conn
-
-    def _to_wal(self, conn: sqlite3.Connection) -> None:
-        """``PRAGMA journal_mode = WAL``, retried while another connection holds the file.
-
-        Two connections turning a new file to WAL at once both hold a shared lock and
-        want an exclusive one: SQLite refuses one at once with "database is locked"
-        rather than wait (a deadlock), whatever the busy timeout. Processes opening one
-        new store together are common (a worker pool, two CLI runs), so retry -- on the
-        writer thread, within the busy timeout -- as the busy handler would.
-        """
-        deadline = time.monotonic() + self._busy_ms / 1000
-        pause = 0.0005
-        while True:
-            try:
-                conn.execute("PRAGMA journal_mode = WAL").fetchall()
-                return
-            except sqlite3.OperationalError as exc:
-                text = str(exc)
-                if ("locked" not in text and "busy" not in text) \
-                        or time.monotonic() + pause > deadline:
-                    raise
-            time.sleep(pause)
-            pause = min(pause * 2, 0.05)
-
-    def _checkpoint(self, conn: sqlite3.Connection) -> None:
-        """Ask the checkpointer for a checkpoint; if it has failed, let SQLite checkpoint
-        on commit again (the WAL would otherwise grow without end)."""
-        self._jobs_since_checkpoint = self._bytes_since_checkpoint = 0
-        ck = self._checkpointer
-        if ck is None:
-            return
-        if ck.failed is None:
-            ck.request()
-            return
-        self._checkpointer = None
-        ck.stop()
-        conn.execute("PRAGMA wal_autocheckpoint = 1000")
-
-    def _inspect(self, path: Path) -> None:
-        """Refuse, without writing to it, a file that is not ours.
-
-        The file is read through SQLite only, never with a descriptor of our own: on
-        POSIX, closing *any* descriptor of a file drops every lock the process holds on
-        it, so a raw ``open()``/``close()`` would silently release the locks of this
-        process's other connections to the same database -- and another process closing
-        its connection would then think it is the last one and delete the WAL they use.
-        """
-        try:
-            ro = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True,
-                                 isolation_level=None, timeout=self._busy_ms / 1000)
-        except sqlite3.Error as exc:
-            raise self._error(exc, "cannot open the SQLite store") from None
-        try:
-            self._check_tables(ro, path)
-        finally:
-            ro.close()
-
-    @staticmethod
-    def _check_tables(conn: sqlite3.Connection, path: Path) -> int | None:
-        """The file's schema version (None: no tables yet), if it is an interlock store
-        this interlock understands; otherwise `StoreError`."""
-        try:
-            tables = {name for (name,) in conn.execute(
-                "SELECT name FROM sqlite_master WHERE type = 'table' "
-                "AND name NOT LIKE 'sqlite_%'")}
-            meta: dict[str, str] = {}
-            if "interlock_meta" in tables:
-                meta = dict(conn.execute("SELECT key, value FROM interlock_meta"))
-        except sqlite3.DatabaseError as exc:
-            if "not a database" in str(exc):
-                raise StoreError(
-                    f"{path} is not a SQLite database (and so not an interlock store); "
-                    "refusing to touch it -- point the store URL at another file"
-                ) from None
-            if "readonly" in str(exc):
-                raise sqlite_error(path, exc, 0, "cannot open the SQLite store") from None
-            raise StoreError(
-                f"{path} is not a usable SQLite database ({exc}); refusing to touch it"
-            ) from None
-        if not tables:
-            return None
-        if meta.get("schema") != SCHEMA_NAME:
-            raise StoreError(
-                f"{path} is a SQLite database of something else (tables: "
-                f"{', '.join(sorted(tables))}), not an interlock store; refusing to touch it "
-                "-- point the store URL at another file"
-            )
-        version = meta.get("version", "")
-        if not version.isdigit() or int(version) > SCHEMA_VERSION:
-            raise StoreError(
-                f"{path} is an interlock store of schema version {version!r}, newer than "
-                f"this interlock understands ({SCHEMA_VERSION}); upgrade interlock"
-            )
-        return int(version)
 
     async def close(self) -> None:
         with self._lock:
@@ -499,132 +247,6 @@ class SQLiteStore(SQLiteOps, Store):
         if writer is None:
             return
         writer.close_with(self._close_conn)
-
-    def _close_conn(self) -> None:
-        # the checkpointer's connection first: the last one to close checkpoints the
-        # whole WAL into the file and removes it
-        ck, self._checkpointer = self._checkpointer, None
-        if ck is not None:
-            ck.stop()
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            conn.close()
-
-    # -- transactions (on the worker thread) --------------------------------------------
-
-    def _rows(self, run_key: int, entries: list[Entry]) -> list[tuple[Any, ...]]:
-        self._bytes_since_checkpoint += sum(len(e.data) for e in entries)
-        base = run_key << SEQ_BITS
-        return [(base | e.seq, e.data.decode("utf-8"), bytes.fromhex(e.hash))
-                for e in entries]
-
-    # Writes are operations run inside a transaction they do not open or commit: the
-    # writer runs one alone in ``BEGIN IMMEDIATE ... COMMIT`` (`_alone`), or the writes
-    # queued one after the other together in one (`_together`), each under a savepoint.
-
-    def _create_in(self, conn: sqlite3.Connection, row: RunRow, entries: list[Entry]) -> None:
-        params = run_params(row)
-        try:
-            run_key = conn.execute(_INSERT_RUN, [params[i] for i in _ROW_AT]).lastrowid
-        except sqlite3.IntegrityError:
-            raise RunExists(row.run_id) from None
-        assert run_key is not None
-        if run_key > MAX_RUN_KEY:
-            raise StoreError(f"SQLite store {self.path} has numbered {MAX_RUN_KEY:,} runs, "
-                             "as many as one file holds; start a new store file")
-        conn.execute(_INSERT_SPEC, (run_key, *(params[i] for i in _SPEC_AT)))
-        conn.executemany(_INSERT_RECORD, self._rows(run_key, entries))
-
-    def _append_in(self, conn: sqlite3.Connection, run_id: str, entries: list[Entry],
-                   summary: Summary, release: str | None, claim: Claim | None = None) -> None:
-        params = summary_params(summary)  # params[0] is the status
-        prev = entries[0].seq - 1 if entries else None
-        if entries and entries[-1].seq > SEQ_MASK:
-            raise StoreError(f"run {run_id!r}: a SQLite store holds {SEQ_MASK:,} records "
-                             "a run at most")
-        held = None if claim is None else claim.generation
-        done = conn.execute(_UPDATE_SUMMARY_IF, (*params[1:], run_id, summary.status,
-                                                 prev, held)).fetchall()  # [(run_key,)] or []
-        if not done:
-            found = conn.execute(_APPEND_CHECK, (run_id,)).fetchone()
-            if found is None:
-                raise RunNotFound(run_id)
-            if held is not None and found[3] != held:  # claimed since: fenced off
-                raise ClaimLost(run_id, found[4], found[3], held)
-            check_first_seqs(run_id, found[1], entries)  # raises ConflictError
-            conn.execute(_UPDATE_SUMMARY, (*params, run_id))  # the status changes
-            done = [found[2:]]
-        if entries:
-            try:
-                conn.executemany(_INSERT_RECORD, self._rows(done[0][0], entries))
-            except sqlite3.IntegrityError as exc:
-                raise ConflictError(f"run {run_id!r}: {exc}; another writer got there "
-                                    "first") from None
-        if release is not None:
-            self._release(conn, run_id, release)
-
-    def _write_batch(self, batch: list[tuple[Any, ...]]
-                     ) -> list[tuple[Any, BaseException | None]]:
-        """On the writer thread: the writes of one turn (``(operation, args)`` each),
-        committed in one transaction; each one's outcome, in order.
-
-        A write that is refused (a conflict, a run that is not there, a claim held by
-        another) is undone to its savepoint and fails alone: the others commit. When the
-        transaction as a whole fails (the commit, the write lock), every write of it
-        fails and none is stored.
-        """
-        try:
-            if self._space_wanted:  # the disk was full: the WAL's space back first
-                if time.monotonic() >= self._space_next:
-                    self._give_space_back(self._conn or self._open())
-                if self._space_wanted:  # (a write now would take the space freed)
-                    raise StoreError(
-                        f"SQLite store {self.path}: the disk is full; no write is made until "
-                        "the store's WAL is checkpointed into the file and truncated, which "
-                        "needs some free space on the disk: free some, and the write can be "
-                        "tried again")
-            elif self._space_freed and self._wal_too_big():
-                # once a disk was full here: the WAL is truncated before it takes half the
-                # space left (the store's own checkpoints come every CHECKPOINT_EVERY jobs,
-                # and the WAL's space would be gone before the next one)
-                self._give_space_back(self._conn or self._open(), quiet=True)
-            freed = self._space_freed
-            try:
-                return self._batch(batch)
-            except StoreError:
-                if self._space_freed == freed:
-                    raise
-                # the disk was full (nothing of the batch was stored), and truncating the
-                # WAL gave space back: the batch once more, in that space
-                return self._batch(batch)
-        except BaseException as exc:  # nothing of the batch was committed
-            return [(None, exc)] * len(batch)
-
-    def _batch(self, batch: list[tuple[Any, ...]]) -> list[tuple[Any, BaseException | None]]:
-        if len(batch) == 1:
-            return [(self._run(self._alone, *batch[0]), None)]
-        return self._run(self._together, batch)
-
-    def _together(self, conn: sqlite3.Connection, batch: list[tuple[Any, ...]]
-                  ) -> list[tuple[Any, BaseException | None]]:
-        outcomes: list[tuple[Any, BaseException | None]] = []
-        conn.execute("BEGIN IMMEDIATE")
-        for op, args in batch:
-            conn.execute("SAVEPOINT interlock_write")
-            try:
-                outcomes.append((op(conn, *args), None))
-            except StoreError as exc:
-                conn.execute("ROLLBACK TO interlock_write")
-                outcomes.append((None, exc))
-            except sqlite3.Error as exc:
-                conn.execute("ROLLBACK TO interlock_write")
-                outcomes.append((None, self._error(exc)))
-            except Exception as exc:  # a bug in one write's values fails that write only
-                conn.execute("ROLLBACK TO interlock_write")
-                outcomes.append((None, exc))
-            conn.execute("RELEASE interlock_write")
-        conn.execute("COMMIT")
-        return outcomes
 
     # -- the Store interface ----------------------------------------------------------------
 
@@ -711,7 +333,7 @@ class SQLiteStore(SQLiteOps, Store):
             return None
         return await self._call(self._load_snapshot, run_id)
 
-    async def cancel_requested(self, run_id: str) -> dict[str, Any] | None:
+    async def cancel_requested(self, run_id: str) -> JSONObject | None:
         if self._absent():
             raise RunNotFound(run_id)
         return await self._call(self._cancel_requested, run_id)
@@ -737,3 +359,4 @@ class SQLiteStore(SQLiteOps, Store):
     async def reclaim(self) -> None:
         if not self._absent():
             await self._call(self._vacuum)
+

@@ -9,8 +9,9 @@ from __future__ import annotations
 import sqlite3
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TypeVar
 
+from .._json import JSONObject
 from .._log import Entry
 from ._base import FINISHED, RUNNABLE, ClaimError, ClaimLost, RunNotFound, RunRow
 from ._rows import (
@@ -25,12 +26,14 @@ from ._rows import (
 )
 from ._sqlite_sql import _READ_ENTRIES, _RUN_ENTRIES, _RUN_FROM, _RUN_KEY, SEQ_BITS, SEQ_MASK
 
+T = TypeVar("T")
+
 
 class SQLiteOps:
     """`SQLiteStore`'s operations on a connection (see the module)."""
 
     @staticmethod
-    def _alone(conn: sqlite3.Connection, op: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+    def _alone(conn: sqlite3.Connection, op: Callable[..., T], args: tuple[object, ...]) -> T:
         conn.execute("BEGIN IMMEDIATE")
         result = op(conn, *args)  # raises -> rollback in _run
         conn.execute("COMMIT")
@@ -106,7 +109,7 @@ class SQLiteOps:
                "json_extract(waiting, '$.deadline') <= ?)) "
                "AND (owner IS NULL OR lease_until IS NULL OR lease_until <= ?) "
                "AND json_extract(options, '$.parent') IS NULL")
-        params: list[Any] = [*RUNNABLE, now, now]
+        params: list[str | float] = [*RUNNABLE, now, now]
         if workflows is not None:
             sql += f" AND workflow IN ({', '.join('?' * len(workflows))})"
             params += workflows
@@ -158,7 +161,7 @@ class SQLiteOps:
             raise RunNotFound(run_id)
 
     @staticmethod
-    def _cancel_requested(conn: sqlite3.Connection, run_id: str) -> dict[str, Any] | None:
+    def _cancel_requested(conn: sqlite3.Connection, run_id: str) -> JSONObject | None:
         row = conn.execute("SELECT json_extract(extra, '$.cancel') FROM runs WHERE run_id = ?",
                            (run_id,)).fetchone()
         if row is None:

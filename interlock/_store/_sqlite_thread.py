@@ -20,9 +20,17 @@ from typing import Any
 from ._base import StoreError
 from ._sqlite_sql import disk_full
 
-_Job = tuple[asyncio.AbstractEventLoop, asyncio.Future[Any], Callable[..., Any] | None,
+# a write of a group commit: an operation run on the connection inside the transaction
+# (``op(conn, *args)``), and its arguments
+Write = tuple[Callable[..., object], tuple[object, ...]]
+# what became of a write: its result, or the exception it failed with
+Done = tuple[object, BaseException | None]
+# a job: the event loop and future its outcome goes to (a future of whatever the job
+# returns: the caller's type, hence Any), and ``fn(*args)`` to run alone -- or, with no
+# ``fn``, a `Write` for the group commit in ``args``
+_Job = tuple[asyncio.AbstractEventLoop, asyncio.Future[Any], Callable[..., object] | None,
              tuple[Any, ...]]
-_Outcome = tuple[asyncio.Future[Any], Any, BaseException | None]
+_Outcome = tuple[asyncio.Future[Any], object, BaseException | None]
 
 
 def _deliver(outcomes: list[_Outcome]) -> None:
@@ -56,7 +64,7 @@ class _Writer:
     """
 
     def __init__(self, name: str,
-                 batch: Callable[[list[tuple[Any, ...]]], list[tuple[Any, BaseException | None]]]
+                 batch: Callable[[list[Write]], list[Done]]
                  ) -> None:
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._guard = threading.Lock()
@@ -68,7 +76,7 @@ class _Writer:
         _WRITERS.add(self)
 
     def submit(self, loop: asyncio.AbstractEventLoop, fut: asyncio.Future[Any],
-               fn: Callable[..., Any] | None, args: tuple[Any, ...]) -> None:
+               fn: Callable[..., object] | None, args: tuple[object, ...]) -> None:
         with self._guard:
             if self._stopped:
                 raise StoreError("the SQLite store was closed while this call was being made")

@@ -72,9 +72,9 @@ def _upgrade_from_1(conn: sqlite3.Connection, path: Path) -> None:
                  "JOIN runs_v2 k USING (run_id)")
     conn.execute("CREATE TABLE entries (id INTEGER PRIMARY KEY, data TEXT NOT NULL, "
                  "hash BLOB NOT NULL)")
-    leftovers: list[tuple[Any, ...]] = []
+    leftovers: list[tuple[object, ...]] = []
 
-    def entries() -> Iterator[tuple[int, Any, bytes]]:
+    def entries() -> Iterator[tuple[int, object, bytes]]:
         for run_id, key, seq, rtype, node, data, h in conn.execute(
                 "SELECT r.run_id, k.run_key, r.seq, r.type, r.node, r.data, r.hash "
                 "FROM records r LEFT JOIN runs_v2 k USING (run_id) ORDER BY k.run_key, r.seq"):
@@ -111,7 +111,8 @@ def _upgrade_from_2(conn: sqlite3.Connection, path: Path) -> None:
     conn.execute("ALTER TABLE runs ADD COLUMN generation INTEGER NOT NULL DEFAULT 0")
 
 
-def _v1_oddity(key: int, seq: int, rtype: Any, node: Any, data: Any, h: Any) -> str | None:
+def _v1_oddity(key: int, seq: int, rtype: object, node: object, data: Any, h: object
+               ) -> str | None:
     """Why a version-1 record's row is not what version 1 wrote, if it is not."""
     if not (type(h) is str and _V1_HASH.fullmatch(h)):
         return "its hash is not 64 lowercase hex digits"
@@ -126,7 +127,7 @@ def _v1_oddity(key: int, seq: int, rtype: Any, node: Any, data: Any, h: Any) -> 
     return None
 
 
-def _v1_digest(h: Any) -> bytes:
+def _v1_digest(h: object) -> bytes:
     """A version-1 hash as its 32 bytes; anything else as bytes no digest is (so the
     record's `verify` fails, as it did)."""
     if type(h) is str and _V1_HASH.fullmatch(h):

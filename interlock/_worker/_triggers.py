@@ -42,14 +42,18 @@ import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
 
 from .._definition._callables import import_callable
 from .._definition._model import TriggerSpec, WorkflowSpec
 from .._errors import InterlockError, RunExists
+from .._json import JSONObject
 from .._store import Store
+
+if TYPE_CHECKING:
+    from croniter import croniter
 
 log = logging.getLogger("interlock.triggers")
 
@@ -58,7 +62,7 @@ _PLAIN_KEY = re.compile(r"^[A-Za-z0-9_.:-]{1,80}$")
 
 #: ``start(workflow, run_id, input)``: start the run (or record it PENDING); raises
 #: `RunExists` when a run with that id exists (it was fired already)
-Start = Callable[[str, str, dict[str, Any]], Awaitable[Any]]
+Start = Callable[[str, str, JSONObject], Awaitable[object]]
 
 
 def trigger_id(trigger: TriggerSpec) -> str:
@@ -94,7 +98,7 @@ def key_run_id(workflow: str, trigger: TriggerSpec, key: str) -> str:
     return prefix + plain
 
 
-def _cron(expr: str, at: float) -> Any:
+def _cron(expr: str, at: float) -> croniter:
     from croniter import croniter
 
     return croniter(expr, at, second_at_beginning=len(expr.split()) == 6)
@@ -139,7 +143,7 @@ class PollContext:
 @dataclass(slots=True)
 class _State:
     fired: float | None = None  # the latest slot this process fired (or found fired)
-    cursor: Any = None  # the poll's cursor, where the store cannot keep it
+    cursor: object = None  # the poll's cursor, where the store cannot keep it
 
 
 @dataclass
@@ -200,7 +204,7 @@ class Firer:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), interval)
 
-    async def _start(self, workflow: str, run_id: str, data: dict[str, Any]) -> bool:
+    async def _start(self, workflow: str, run_id: str, data: JSONObject) -> bool:
         try:
             await self.start(workflow, run_id, data)
         except RunExists:
@@ -208,7 +212,7 @@ class Firer:
         log.info("trigger started run %s (workflow %s)", run_id, workflow)
         return True
 
-    async def _cursor(self, workflow: str, trigger: TriggerSpec, st: _State) -> Any:
+    async def _cursor(self, workflow: str, trigger: TriggerSpec, st: _State) -> object:
         """The poll's cursor: the store's (every process's latest), else this process's."""
         if self.store is None:
             return st.cursor
@@ -216,7 +220,7 @@ class Firer:
         return st.cursor if text is None else orjson.loads(text)
 
     async def _keep_cursor(self, workflow: str, trigger: TriggerSpec, st: _State,
-                           cursor: Any) -> None:
+                           cursor: object) -> None:
         st.cursor = cursor
         if self.store is None:
             return
@@ -261,8 +265,8 @@ def _utc(at: float) -> str:
     return dt.datetime.fromtimestamp(at, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _poll_result(path: str, got: Any, cursor: Any) -> tuple[list[tuple[str, dict[str, Any]]],
-                                                           Any]:
+def _poll_result(path: str, got: object, cursor: object
+                 ) -> tuple[list[tuple[str, JSONObject]], object]:
     """A poll function's items (key, input) and cursor, or a ValueError naming it."""
     if isinstance(got, Mapping):
         cursor = got.get("cursor", cursor)

@@ -30,10 +30,11 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from .._engine._fold import RunResult
 from .._errors import ClaimLost, Draining, InterlockError, LogError
+from .._json import JSONObject
 from .._ops._claims import LEASE_SECONDS, make_owner
 from .._ops._execute import continue_claimed
 from .._ops._load import Functions
@@ -43,6 +44,9 @@ from ._triggers import Firer
 
 log = logging.getLogger("interlock.worker")
 
+T = TypeVar("T")
+
+#: what makes one execution (`Pool.submit` takes any such callable)
 Factory = Callable[[], Awaitable[Any]]
 
 POLL_SECONDS = 0.5  # an idle worker's look for runnable runs: one indexed query
@@ -78,13 +82,14 @@ class Pool:
         """Whether the run is executed here (or will be: it waits for a slot)."""
         return run_id in self._runs
 
-    def submit(self, what: str, run_id: str, factory: Factory) -> asyncio.Task[Any]:
+    def submit(self, what: str, run_id: str, factory: Callable[[], Awaitable[T]]
+               ) -> asyncio.Task[T]:
         """Execute ``factory()`` when a slot is free; the task's result is the run's."""
         if self.stopping:
             raise Draining("the server is shutting down; try again on its next start")
         self._runs[run_id] = self._runs.get(run_id, 0) + 1
 
-        async def execute() -> Any:
+        async def execute() -> T:
             try:
                 async with self._slots:
                     if self.stopping and not self.finish_submitted:
@@ -203,7 +208,7 @@ class Worker:
         if not given:
             return None
 
-        async def start(workflow: str, run_id: str, data: dict[str, Any]) -> Any:
+        async def start(workflow: str, run_id: str, data: JSONObject) -> object:
             pending = await given[workflow].submit(data, store=self.store, run_id=run_id)
             self._wake.set()  # claim it now
             return pending

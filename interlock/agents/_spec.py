@@ -10,7 +10,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from .._definition._model import CALL_RE, NAME_RE, RESERVED_NAMES
+from .._definition._model import CALL_RE, RESERVED_NAMES
+from .._definition._values import NAME_RE
 
 
 class _Strict(BaseModel):

@@ -14,11 +14,18 @@ from test_store_conformance import pg_schema_url  # noqa: F401  (a fixture)
 
 import interlock
 from interlock import StoreError, Workflow, open_store
-from interlock._store import _postgres, _postgres_sql, _sqlite_sql
+from interlock._store import (
+    _postgres,
+    _postgres_claims,
+    _postgres_conn,
+    _postgres_sql,
+    _postgres_writes,
+    _sqlite_sql,
+)
 
 
 def test_the_postgres_store_has_its_own_schema_version() -> None:
-    for module in (_postgres, _postgres_sql):
+    for module in (_postgres, _postgres_conn, _postgres_writes, _postgres_claims, _postgres_sql):
         tree = ast.parse(Path(module.__file__ or "").read_text())
         imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
                     and node.module and node.module.endswith(("_rows", "_sqlite", "_sqlite_sql"))

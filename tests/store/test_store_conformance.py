@@ -1343,7 +1343,7 @@ def test_sqlite_url_parameters(tmp_path: Path) -> None:
 
 def test_sqlite_checkpoints_on_a_thread_of_its_own_not_in_a_commit(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import interlock._store._sqlite as sq
+    import interlock._store._sqlite_wal as sq
 
     monkeypatch.setattr(sq, "CHECKPOINT_EVERY", 4)
     path = tmp_path / "runs.db"
@@ -1375,7 +1375,7 @@ def test_sqlite_checkpoints_on_a_thread_of_its_own_not_in_a_commit(
 
 def test_sqlite_checkpoints_after_so_many_bytes_of_records(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import interlock._store._sqlite as sq
+    import interlock._store._sqlite_wal as sq
 
     monkeypatch.setattr(sq, "CHECKPOINT_BYTES", 2000)  # jobs alone would not trigger one
     store = _sqlite_store_at(tmp_path / "runs.db")
@@ -1398,8 +1398,8 @@ def test_sqlite_checkpoints_after_so_many_bytes_of_records(
 
 def test_sqlite_checkpoints_on_commit_again_if_its_checkpointer_fails(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import interlock._store._sqlite as sq
     import interlock._store._sqlite_thread as sqt
+    import interlock._store._sqlite_wal as sq
 
     def broken(self: Any) -> None:
         self.failed = "unable to open database file"

@@ -162,7 +162,8 @@ async def start(workflow, run_id, data):
 
 async def main():
     firer = Firer({"greeter": wf.spec}, start)
-    until = float(sys.argv[2])
+    print("ready", flush=True)  # loaded: the window opens when all three are
+    until = float(sys.stdin.readline())
     started = []
     while time.time() < until:
         started += await firer.tick(time.time())
@@ -187,9 +188,18 @@ def test_processes_firing_the_same_slots_start_each_once(project: CliProject) ->
       - {every: 1s, input: {who: racer}}
     """, "greeter.yaml")
     Path("racer.py").write_text(textwrap.dedent(RACER))
+    procs = [subprocess.Popen([sys.executable, "racer.py", project.store],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+             for _ in range(3)]
+    # the four-second window opens once every process has loaded (a slow start under load
+    # would otherwise eat the window, and fewer slots than the assertion expects would fire)
+    for p in procs:
+        assert p.stdout is not None and p.stdout.readline() == "ready\n"
     until = time.time() + 4
-    procs = [subprocess.Popen([sys.executable, "racer.py", project.store, str(until)],
-                              stdout=subprocess.PIPE, text=True) for _ in range(3)]
+    for p in procs:
+        assert p.stdin is not None
+        p.stdin.write(f"{until}\n")
+        p.stdin.flush()
     outs = [p.communicate(timeout=60)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs), outs
     started = [json.loads(out) for out in outs]

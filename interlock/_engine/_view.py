@@ -1,0 +1,205 @@
+"""A run's view: what the fold (`_fold.RunView`) keeps, and its snapshot encoding.
+
+`ViewData` holds the fields of a view -- the run's state, the visits ready, running
+and completed, the decisions owed, gates, effects, tokens, status -- and encodes them
+(`ViewData.dump`, `ViewData.restore`). It changes them in no other way: how each record
+changes them is the fold's (`_fold.RunView`, a `ViewData` with ``apply``). The parts
+the view holds per visit are here too: `Visit`, `MapRun`, `Gate`, `Writer`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, Self
+
+from .._definition._plan import Plan
+from ._flow import Due, Flow
+
+
+@dataclass(slots=True)
+class Visit:
+    node: str
+    visit: int
+    attempt: int
+    started_seq: int
+    tokens: int = 0  # recorded so far by all its attempts (a node's `tokens:` is per visit)
+    failures: int = 0  # attempts that failed (what `retry.attempts` counts)
+    effect_tokens: int = 0  # of the current attempt's, those its effects' records carried
+
+    def encode(self) -> list[Any]:
+        """Its snapshot encoding: its fields, in order (``Visit(*encoded)`` restores it)."""
+        return [self.node, self.visit, self.attempt, self.started_seq, self.tokens,
+                self.failures, self.effect_tokens]
+
+
+@dataclass(slots=True)
+class MapRun:
+    """A mapped node's visit (SPEC §7): its items, the update of each item completed so
+    far (merged, or collected, when the last one completes), the item visits running."""
+
+    items: list[Any]
+    done: dict[int, dict[str, Any]] = field(default_factory=dict)
+    running: dict[int, Visit] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Gate:
+    """A visit waiting for (or given) a human decision."""
+
+    node: str
+    visit: int
+    kind: str  # "approval" | "confirm" | "tool" (ctx.confirm inside a node, e.g. an agent's tool)
+    requested_at: float
+    show: dict[str, Any]
+    decisions: list[str]
+    deadline: float | None = None
+    decision: str | None = None  # approved | rejected | modified | timed_out
+    body_started: bool = False  # a confirmed node's body has started
+    key: str | None = None  # for kind "tool": the key the node asked under ("workflow": the child)
+    # the JSON Schema a decision must satisfy: an approval's ``input:`` (its ``data``), a
+    # guarded tool's arguments (a ``modify`` patch); None when the gate takes neither
+    input: dict[str, Any] | None = None
+    path: str | None = None  # for kind "workflow": the nodes down to the child's gate
+
+    def encode(self) -> list[Any]:
+        """Its snapshot encoding: its fields, in order (``Gate(*encoded)`` restores it)."""
+        return [self.node, self.visit, self.kind, self.requested_at, self.show,
+                self.decisions, self.deadline, self.decision, self.body_started, self.key,
+                self.input, self.path]
+
+    def waiting(self) -> dict[str, Any]:
+        """The ``waiting`` object of SPEC §3 (a child run's gate: ``node`` is its path)."""
+        out = {"node": self.path or self.node, "kind": self.kind, "show": self.show,
+               "decisions": self.decisions, "requested_at": self.requested_at,
+               "deadline": self.deadline}
+        if self.key is not None:
+            out["key"] = self.key
+        if self.input is not None:
+            out["input"] = self.input
+        return out
+
+
+class Writer(NamedTuple):
+    """The last completion that wrote a field. (A named tuple: one per completion.)"""
+
+    node: str
+    completed_seq: int
+
+
+@dataclass(slots=True)
+class ViewData:
+    """A run's view as data (see the module's docstring); `_fold.RunView` folds into it."""
+
+    plan: Plan
+    state: dict[str, Any] = field(default_factory=dict)
+    ready: deque[str] = field(default_factory=deque)
+    running: dict[tuple[str, int], Visit] = field(default_factory=dict)
+    due: dict[tuple[int, str], Due] = field(default_factory=dict)
+    visits: Counter[str] = field(default_factory=Counter)  # completed visits per node
+    started: Counter[str] = field(default_factory=Counter)  # visit numbers handed out
+    takes: Counter[int] = field(default_factory=Counter)  # edge index -> times taken
+    steps: int = 0
+    tokens: int = 0
+    seq: int = 0
+    config: dict[str, Any] = field(default_factory=dict)  # effective, with every override
+    limits: dict[str, Any] = field(default_factory=dict)
+    parent: tuple[str, int] | None = None  # (run, seq) this run was forked from
+    status: str = "PENDING"
+    error: dict[str, Any] | None = None
+    waiting: dict[str, Any] | None = None
+    writers: dict[str, Writer] = field(default_factory=dict)
+    # a `ctx.once` result by (node, visit, key) -- key (item, key) for a mapped node's item
+    effects: dict[tuple[str, int, Any], Any] = field(default_factory=dict)
+    # mapped nodes' visits (SPEC §7 map) by (node, visit), and the item lists of map
+    # edges taken, by target, until its visit starts
+    maps: dict[tuple[str, int], MapRun] = field(default_factory=dict)
+    map_items: dict[str, deque[list[Any]]] = field(default_factory=dict)
+    # human gates (approval nodes and confirm: true), by visit; see `Gate`
+    gates: dict[tuple[str, int], Gate] = field(default_factory=dict)
+    confirmations: dict[tuple[str, int, str], str] = field(default_factory=dict)
+    # No silent dead ends through joins: for the latest completion of a node, whether
+    # any edge (its own, or a join it arrived at) took it somewhere, and how many of its
+    # joins are still undecided. The runner reads both before recording a decision.
+    routed: dict[str, bool] = field(default_factory=dict)
+    route_wait: Counter[str] = field(default_factory=Counter)
+    # joins, dead paths, loop exits, quiescence: the flow machine, on ready/running/due
+    flow: Flow = field(init=False)
+
+    def __post_init__(self) -> None:
+        # every node is present in ``visits`` so that ``run.visits.x`` is 0, not missing
+        self.visits.update(self.plan.no_visits)
+        self.flow = Flow(self.plan, self.ready, self.running, self.due)
+
+    # -- reading -------------------------------------------------------------------
+
+    @property
+    def idle(self) -> bool:
+        return not self.ready and not self.running and not self.due
+
+    def pending_gates(self) -> list[Gate]:
+        return [g for g in self.gates.values() if g.decision is None]
+
+    # -- the snapshot codec (``_snapshot`` adds the version and binds it to the chain) ---
+
+    def dump(self) -> dict[str, Any]:
+        """The view's fields after ``seq``, as JSON values, in the snapshot's key order.
+
+        The encoding is explicit, field by field: JSON has no tuples, sets or int keys.
+        `restore` reads it back; changing either changes the snapshot format (and
+        ``_snapshot.VERSION`` with it)."""
+        return {
+            "state": self.state, "ready": list(self.ready),
+            "running": [x.encode() for x in self.running.values()],
+            "due": [[d.edge.index, d.source, d.goto, list(d.arrived)]
+                    for d in self.due.values()],
+            "visits": dict(self.visits), "started": dict(self.started),
+            "takes": list(self.takes.items()), "steps": self.steps, "tokens": self.tokens,
+            "config": self.config, "limits": self.limits,
+            "parent": list(self.parent) if self.parent else None, "status": self.status,
+            "error": self.error, "waiting": self.waiting,
+            "writers": {k: [w.node, w.completed_seq] for k, w in self.writers.items()},
+            "effects": [[n, vis, key, val] for (n, vis, key), val in self.effects.items()],
+            "gates": [g.encode() for g in self.gates.values()],
+            "confirmations": [[n, vis, key, d]
+                              for (n, vis, key), d in self.confirmations.items()],
+            "routed": self.routed, "route_wait": dict(self.route_wait),
+            **self.flow.dump(),
+            "maps": [[n, vis, m.items, list(m.done.items()),
+                      [x.encode() for x in m.running.values()], list(m.running)]
+                     for (n, vis), m in self.maps.items()],
+            "map_items": {t: list(q) for t, q in self.map_items.items() if q},
+        }
+
+    @classmethod
+    def restore(cls, plan: Plan, seq: int, d: dict[str, Any]) -> Self:
+        """The view `dump` wrote as ``d``, at record ``seq``. Raises KeyError, IndexError,
+        TypeError or ValueError when ``d`` is not such a dump."""
+        v = cls(plan)
+        v.seq = seq
+        v.state = d["state"]
+        v.ready = deque(d["ready"])
+        v.running = {(r[0], r[1]): Visit(*r) for r in d["running"]}
+        v.due = {(i, src): Due(plan.edges[i], src, goto, tuple(arr))
+                 for i, src, goto, arr in d["due"]}
+        v.visits = Counter(d["visits"])
+        v.started = Counter(d["started"])
+        v.takes = Counter({int(k): n for k, n in d["takes"]})
+        v.steps, v.tokens = d["steps"], d["tokens"]
+        v.config, v.limits = d["config"], d["limits"]
+        v.parent = (d["parent"][0], d["parent"][1]) if d["parent"] else None
+        v.status, v.error, v.waiting = d["status"], d["error"], d["waiting"]
+        v.writers = {k: Writer(n, s) for k, (n, s) in d["writers"].items()}
+        v.effects = {(n, vis, key if isinstance(key, str) else tuple(key)): val
+                     for n, vis, key, val in d["effects"]}
+        v.gates = {(g[0], g[1]): Gate(*g) for g in d["gates"]}
+        v.confirmations = {(n, vis, key): dec for n, vis, key, dec in d["confirmations"]}
+        v.routed = d["routed"]
+        v.route_wait = Counter(d["route_wait"])
+        v.maps = {(n, vis): MapRun(items, {int(i): u for i, u in done},
+                                   {int(i): Visit(*r) for i, r in zip(idx, running, strict=True)})
+                  for n, vis, items, done, running, idx in d["maps"]}
+        v.map_items = {t: deque(q) for t, q in d["map_items"].items()}
+        v.flow = Flow(plan, v.ready, v.running, v.due)  # on the restored containers
+        v.flow.restore(d)
+        return v
