@@ -11,12 +11,13 @@ offered to the client first: on the handshake protocols (2025-11-25 and before) 
 (no server-to-client request) by answering ``input_required`` with the question, which
 the client answers by calling again with the answer and the ``request_state`` (the run
 and the gate, which is not trusted: the decision is checked as any decision is). An
-accepted answer is a decision (``by`` the caller, ``comment`` noting MCP), after which
+accepted answer is a decision (``by`` the caller, ``via: mcp``), after which
 the call follows the run again; a declined one leaves the gate waiting.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 from collections.abc import Awaitable, Callable, Mapping
@@ -38,6 +39,10 @@ STATUS_TOOL = "interlock_run_status"
 STOPPED = frozenset({"COMPLETED", "FAILED", "REJECTED", "CANCELLED", "WAITING_APPROVAL"})
 _ERRORED = frozenset({"FAILED", "CANCELLED"})
 _GATE_KEY = "gate"  # the key of the one input request a waiting call sends
+# a decision through elicitation is recorded ``via: mcp`` where `Decision` has the field
+# (the per-gate decision path); else the comment says so
+VIA: dict[str, Any] = {"via": "mcp"} if "via" in {
+    f.name for f in dataclasses.fields(Decision)} else {}
 
 Progress = Callable[[dict[str, Any]], Awaitable[None]]
 """Told each log record of the run a call follows (`progress_of` turns them into
@@ -290,8 +295,12 @@ def _decision(answer: types.ElicitResult | None, gate: str, caller: Caller) -> D
     if chosen not in ("approve", "reject"):
         return None
     kind: Literal["approve", "reject"] = "approve" if chosen == "approve" else "reject"
-    comment = content.pop("comment", None)
-    note = "via mcp" if not comment else f"{comment} (via mcp)"
+    given = content.pop("comment", None)
+    comment = str(given) if given not in (None, "") else None
+    if VIA:  # the engine records where a decision came from
+        return Decision(kind, caller.name, comment, node=gate, data=content or None,
+                        roles=caller.roles or (), **VIA)
+    note = "via mcp" if not comment else f"{comment} (via mcp)"  # said in the comment
     return Decision(kind, caller.name, note, node=gate, data=content or None,
                     roles=caller.roles or ())
 

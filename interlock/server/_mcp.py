@@ -69,8 +69,12 @@ class ServerRuns:
         seq = (await server.st.get_run(run_id)).summary.last_seq
         who = Identity(caller.name, caller.roles or ("admin",),
                        authenticated=caller.roles is not None)
-        body = DecisionIn(decision=decision.kind, comment=decision.comment,
-                          node=decision.node, data=decision.data, by=caller.name)
+        fields: dict[str, Any] = {"decision": decision.kind, "comment": decision.comment,
+                                  "node": decision.node, "data": decision.data,
+                                  "by": caller.name}
+        if "via" in DecisionIn.model_fields:  # (the per-gate decision path records it)
+            fields["via"] = "mcp"
+        body = DecisionIn(**fields)
         try:
             await decide(run_id, body, server, who)
         except Problemed as exc:

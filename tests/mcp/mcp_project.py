@@ -15,12 +15,23 @@ from test_server import GATED, NODES, TOKENS, pythonpath
 
 pytest.importorskip("mcp")
 
+LOUD = '''
+import os, sys
+
+def first(state):
+    # stray output: on stdout, which carries the protocol of `interlock mcp`
+    print("a node that prints")
+    sys.stdout.flush()
+    os.write(1, b"and one that writes to fd 1\\n")
+    return {"first": state["n"] + 1}
+'''
+
 PLAIN = '''
 workflow: plain
 description: Adds one to n, then doubles it.
 input: [n]
 nodes:
-  first: snodes:first
+  first: mnodes:first
   last: snodes:last
 edges:
   - {from: START, to: first}
@@ -45,6 +56,7 @@ edges:
 
 def make_project(root: Path) -> Path:
     (root / "snodes.py").write_text(NODES)
+    (root / "mnodes.py").write_text(LOUD)
     (root / "flows").mkdir()
     for name, text in (("gated", GATED), ("plain", PLAIN), ("asked", OPEN_GATE)):
         (root / "flows" / f"{name}.yaml").write_text(textwrap.dedent(text))

@@ -53,6 +53,7 @@ def test_tools_are_the_workflows_with_their_input_schemas(project: Path) -> None
 
 
 def test_a_call_runs_the_workflow_to_completion_with_progress(project: Path) -> None:
+    """(Its first node prints to stdout: the protocol stream is not disturbed.)"""
     progress: list[tuple[float, str | None]] = []
 
     async def on_progress(done: float, total: float | None, message: str | None) -> None:
@@ -148,7 +149,9 @@ def test_a_gate_is_answered_through_elicitation(project: Path, mode: str,
     gate = run["state"]["gate"]
     assert gate["decision"] == ("approved" if answer == "approve" else "rejected")
     assert gate["by"].startswith("mcp:")
-    assert gate["comment"] == "looks fine (via mcp)"
+    # recorded via: mcp (where the engine records it; before that, in the comment)
+    assert (gate.get("via") == "mcp" and gate["comment"] == "looks fine") or \
+        gate["comment"] == "looks fine (via mcp)"
 
 
 def test_a_declined_elicitation_leaves_the_gate_waiting(project: Path) -> None:
