@@ -222,8 +222,9 @@ class _Link:
             raise AgentConfigError(f"node {self.node!r}: MCP tools need the mcp extra: pip "
                                    f"install 'interlock[mcp]' ({exc})") from None
         session = _Session()
+        transport = self._transport()  # (a header's unset ${VAR}: AgentConfigError)
         try:
-            await session.open(self._transport())
+            await session.open(transport)
         except Exception as exc:
             raise self._unavailable("connecting", exc) from exc
         self._session = session

@@ -296,3 +296,47 @@ def test_sigkill_after_the_list_was_recorded_then_resume_against_a_changed_list(
     assert called[1]["error"]["type"] == "McpToolError"
     assert "hold" in called[1]["error"]["message"]
     assert [c.split(" pid=")[0] for c in calls(project)] == ["add 5 5"]
+
+
+def test_two_nodes_at_once_each_have_their_own_session(project: Path) -> None:
+    """Two agent nodes of a fan-out call the same server at the same time: each visit
+    opens its own session (here its own server process) -- none is shared."""
+    agent = {"provider": "scripted", "prompt": "p",
+             "tools": [{"mcp": stdio(), "confirm": []}],
+             "replies": [call("add", a=1, b=1), "done"]}
+    spec = {"workflow": "both",
+            "nodes": {"one": {"agent": agent}, "two": {"agent": agent}},
+            "edges": [{"from": "START", "to": ["one", "two"]},
+                      {"from": ["one", "two"], "to": "END"}]}
+    result = interlock.load(spec).run_sync({}, store="memory://")
+    assert result.status == "COMPLETED", result.error
+    assert [c.split(" pid=")[0] for c in calls(project)] == ["add 1 1", "add 1 1"]
+    assert len(set(_pids(project))) == 2
+
+
+def test_a_header_naming_an_unset_variable_fails_the_node_naming_it(
+        project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MCP_TEST_TOKEN", raising=False)
+    spec = workflow({"url": "http://127.0.0.1:9/mcp",
+                     "headers": {"Authorization": "Bearer ${MCP_TEST_TOKEN}"}}, ["done"],
+                    extra='{"confirm": []}')
+    result = interlock.load(spec).run_sync({}, store="memory://")
+    assert result.status == "FAILED"
+    assert "reads ${MCP_TEST_TOKEN}, which is not set" in result.error["message"]
+    assert "Bearer" not in json.dumps(interlock.load(spec).definition()).replace(
+        "Bearer ${MCP_TEST_TOKEN}", "")  # the definition holds the placeholder only
+
+
+@pytest.mark.parametrize("entry, problem", [
+    ({"mcp": {"url": "http://x/mcp", "command": ["x"]}}, "exactly one of url"),
+    ({"mcp": {"command": ["x"]}, "confirm": True}, "confirm: [names]"),
+    ({"call": "pnodes:pause", "prefix": "p"}, "go with mcp:"),
+    ({"mcp": {"command": ["x"], "headers": {"a": "b"}}}, "headers: go with url:"),
+])
+def test_an_mcp_entry_is_checked_when_the_workflow_loads(entry: dict[str, Any],
+                                                         problem: str) -> None:
+    spec = workflow(stdio(), ["done"])
+    spec["nodes"]["helper"]["agent"]["tools"] = [entry]
+    with pytest.raises(interlock.WorkflowError) as caught:
+        interlock.load(spec)
+    assert problem in str(caught.value)

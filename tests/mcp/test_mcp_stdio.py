@@ -166,3 +166,13 @@ def test_a_declined_elicitation_leaves_the_gate_waiting(project: Path) -> None:
     out = anyio.run(call).structured_content
     assert out["status"] == "WAITING_APPROVAL"
     assert out["decide"]["cli"].startswith(f"interlock resume {out['run_id']}")
+
+
+def test_a_workflows_path_that_is_not_there_is_a_usage_error(project: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "interlock", "mcp", "--workflows", "nowhere"],
+                          cwd=project, text=True, capture_output=True, timeout=60,
+                          stdin=subprocess.DEVNULL,
+                          env={**os.environ, "PYTHONPATH": pythonpath(project)})
+    assert proc.returncode == 2
+    assert proc.stdout == ""  # (stdout is the protocol's)
+    assert "error: --workflows nowhere: no such file or folder" in proc.stderr
