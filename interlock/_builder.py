@@ -11,26 +11,45 @@ them with. Once the definition is parsed (validated, run) the builder is frozen.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Self, TypedDict, TypeVar, overload
 
 from ._definition._model import WorkflowSpec
 from ._errors import UsageError
 
-F = TypeVar("F", bound=Callable[..., Any])
+if TYPE_CHECKING:
+    from .agents import ScriptedProvider
+
+F = TypeVar("F", bound=Callable[..., object])
+# a tool of an agent node: its function, or (function, {"confirm": True})
+Tool = Callable[..., object] | tuple[Callable[..., object], Mapping[str, object]]
+
+
+class Draft(TypedDict, total=False):
+    """A definition being built, in the file's shape (what `parse` reads). Its parts are
+    user data until parsed (the models check them), hence ``object``."""
+
+    workflow: str
+    description: str
+    config: dict[str, object]
+    input: list[str]
+    state: dict[str, dict[str, object]]
+    limits: dict[str, object]
+    nodes: dict[str, dict[str, object]]
+    edges: list[dict[str, object]]
 
 
 class Builder:
     """The builder half of `Workflow` (its docstring lists the methods): a definition in
     the file's shape (``_data``) and the functions it names (``_callables``)."""
 
-    _data: dict[str, Any]
-    _callables: dict[str, Callable[..., Any]]
+    _data: Draft
+    _callables: dict[str, Callable[..., object]]
     _spec: WorkflowSpec | None
 
     def __init__(self, name: str, *, description: str = "",
-                 config: Mapping[str, Any] | None = None, input: Iterable[str] = (),
-                 state: Mapping[str, str | Mapping[str, Any]] | None = None,
-                 limits: Mapping[str, Any] | None = None) -> None:
+                 config: Mapping[str, object] | None = None, input: Iterable[str] = (),
+                 state: Mapping[str, str | Mapping[str, object]] | None = None,
+                 limits: Mapping[str, object] | None = None) -> None:
         self._data = {
             "workflow": name, "description": description, "config": dict(config or {}),
             "input": list(input),
@@ -45,13 +64,13 @@ class Builder:
     def name(self) -> str:
         return str(self._spec.workflow if self._spec is not None else self._data["workflow"])
 
-    def _mutable(self) -> dict[str, Any]:
+    def _mutable(self) -> Draft:
         if self._spec is not None:
             raise UsageError(f"workflow {self.name!r} is already validated (it has been run or "
                              "validated); build a new Workflow to change it")
         return self._data
 
-    def _register(self, fn: Callable[..., Any]) -> str:
+    def _register(self, fn: Callable[..., object]) -> str:
         if not callable(fn):
             raise UsageError(f"expected a function, got {type(fn).__name__}")
         path = _call_path(fn)
@@ -62,17 +81,31 @@ class Builder:
         self._callables[path] = fn
         return path
 
-    def node(self, name: str | Callable[..., Any] | None = None,
-             fn: Callable[..., Any] | None = None, **options: Any) -> Any:
+    @overload
+    def node(self, name: str | None = None, fn: None = None, **options: object
+             ) -> Callable[[F], F]: ...
+    @overload
+    def node(self, name: str | None, fn: Callable[..., object], **options: object) -> Self: ...
+    @overload
+    def node(self, name: Callable[..., object], fn: None = None, **options: object
+             ) -> Self: ...
+    @overload
+    def node(self, name: str | None = None, *, fn: Callable[..., object], **options: object
+             ) -> Self: ...
+
+    def node(self, name: str | Callable[..., object] | None = None,
+             fn: Callable[..., object] | None = None, **options: object
+             ) -> Self | Callable[[F], F]:
         """Add a function node: ``wf.node("rca", rca_fn, reads=[...])`` or as a decorator,
         ``@wf.node()`` / ``@wf.node("name", timeout="30s")``. Options are the file's node
         keys: reads, writes, timeout, retry, isolation, memory, executor, resources, tokens,
         confirm, description, args (``ctx.args``: one function can serve several nodes)."""
         if callable(name):
             return self.node(None, name, **options)
+        node_name_given = name
 
         def add(f: F) -> F:
-            node_name = name or getattr(f, "__name__", None)
+            node_name = node_name_given or getattr(f, "__name__", None)
             if not node_name:
                 raise UsageError("name the node: wf.node('name', fn)")
             data = self._mutable()
@@ -88,12 +121,12 @@ class Builder:
 
     def approval(self, name: str, *, show: Iterable[str] = (), on_modify: Iterable[str] = (),
                  approvers: Iterable[str] = (), timeout: float | str | None = None,
-                 on_timeout: str = "reject", input: Mapping[str, Any] | None = None,
-                 **options: Any) -> Self:
+                 on_timeout: str = "reject", input: Mapping[str, object] | None = None,
+                 **options: object) -> Self:
         """Add a human approval gate (SPEC §3). ``input``: a JSON Schema that a decision's
         ``data`` must satisfy (``approve(data=...)``); the gate's record carries it."""
         data = self._mutable()
-        spec: dict[str, Any] = {"show": list(show), "on_modify": list(on_modify),
+        spec: dict[str, object] = {"show": list(show), "on_modify": list(on_modify),
                                 "approvers": list(approvers), "on_timeout": on_timeout}
         if timeout is not None:
             spec["timeout"] = timeout
@@ -103,13 +136,13 @@ class Builder:
         return self
 
     def agent(self, name: str, *, prompt: str, model: str | None = None,
-              system: str | None = None, output: Mapping[str, Any] | type | None = None,
-              tools: Iterable[Any] = (), provider: Any = "openai",
+              system: str | None = None, output: Mapping[str, object] | type | None = None,
+              tools: Iterable[Tool] = (), provider: str | ScriptedProvider = "openai",
               base_url: str | None = None, api_key_env: str | None = None,
               output_key: str | None = None, choose: str | None = None,
               max_turns: int | None = None, redact: Iterable[str] = (),
               temperature: float | None = None, tool_errors: str | None = None,
-              **options: Any) -> Self:
+              **options: object) -> Self:
         """Add an LLM agent node (SPEC §6). ``output`` is a JSON Schema or a pydantic model
         class; ``tools`` are typed functions, or ``(fn, {"confirm": True})`` for a tool a
         human confirms before it runs; ``provider`` is ``"openai"`` (any OpenAI-compatible
@@ -120,7 +153,7 @@ class Builder:
         keys of `node` (reads, writes, timeout, retry, tokens, confirm, description)."""
         from .agents import ScriptedProvider
 
-        spec: dict[str, Any] = {"prompt": prompt}
+        spec: dict[str, object] = {"prompt": prompt}
         if isinstance(provider, ScriptedProvider):
             spec["provider"] = "scripted"
             spec["replies"] = [dict(r) for r in provider.replies]
@@ -169,7 +202,7 @@ class Builder:
              on_error: bool | str | Iterable[str] = False) -> Self:
         """``a -> b``; a list target is a fan-out, a list source a join. ``on_error``
         (True, or exception class names): an error edge, taken when ``a`` fails."""
-        e: dict[str, Any] = {"from": _names(source), "to": _names(target)}
+        e: dict[str, object] = {"from": _names(source), "to": _names(target)}
         if on_error is not False:
             e["on_error"] = on_error if isinstance(on_error, bool | str) else list(on_error)
         if when is not None:
@@ -181,10 +214,10 @@ class Builder:
         self._mutable()["edges"].append(e)
         return self
 
-    def switch(self, source: str, expr: str, cases: Mapping[Any, str], *,
+    def switch(self, source: str, expr: str, cases: Mapping[Any, str], *,  # keys: any scalar
                default: str | None = None, max: int | None = None) -> Self:
         """Route to one target by the value of a CEL expression."""
-        e: dict[str, Any] = {"from": source, "switch": expr, "cases": dict(cases)}
+        e: dict[str, object] = {"from": source, "switch": expr, "cases": dict(cases)}
         if default is not None:
             e["default"] = default
         if max is not None:
@@ -192,10 +225,10 @@ class Builder:
         self._mutable()["edges"].append(e)
         return self
 
-    def router(self, source: str, fn: Callable[..., Any], to: Iterable[str], *,
+    def router(self, source: str, fn: Callable[..., object], to: Iterable[str], *,
                max: int | None = None) -> Self:
         """Route with a Python function returning one or more of ``to`` (or END)."""
-        e: dict[str, Any] = {"from": source, "router": self._register(fn), "to": list(to)}
+        e: dict[str, object] = {"from": source, "router": self._register(fn), "to": list(to)}
         if max is not None:
             e["max"] = max
         self._mutable()["edges"].append(e)
@@ -203,7 +236,7 @@ class Builder:
 
     def choose(self, source: str, targets: Iterable[str], *, max: int | None = None) -> Self:
         """Let ``source`` pick its successor by returning ``interlock.goto(name)``."""
-        e: dict[str, Any] = {"from": source, "choose": list(targets)}
+        e: dict[str, object] = {"from": source, "choose": list(targets)}
         if max is not None:
             e["max"] = max
         self._mutable()["edges"].append(e)
@@ -216,7 +249,7 @@ class Builder:
         ``source`` completes, concurrently; the item is the field ``as_`` (default
         ``item``) of the state each visit receives. ``collect``: gather each item's
         update, in item order, into that field (else they merge through reducers)."""
-        e: dict[str, Any] = {"from": source, "map": expr, "to": target}
+        e: dict[str, object] = {"from": source, "map": expr, "to": target}
         for key, value in (("as", as_), ("collect", collect),
                            ("max_concurrency", max_concurrency), ("max_items", max_items),
                            ("max", max)):
@@ -226,7 +259,7 @@ class Builder:
         return self
 
 
-def _call_path(fn: Callable[..., Any]) -> str:
+def _call_path(fn: Callable[..., object]) -> str:
     module = getattr(fn, "__module__", None) or "__main__"
     qual = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", "callable")
     return f"{module}:{qual}"
@@ -236,7 +269,7 @@ def _names(value: str | Iterable[str]) -> list[str]:
     return [value] if isinstance(value, str) else list(value)
 
 
-def node_options(options: dict[str, Any]) -> dict[str, Any]:
+def node_options(options: dict[str, object]) -> dict[str, object]:
     """A builder node's keyword options, checked against the file's node keys (None
     values dropped: an option not given)."""
     allowed = {"reads", "writes", "timeout", "retry", "isolation", "memory", "executor",

@@ -27,6 +27,7 @@ from ._definition._state import check_whole_values
 from ._engine._approvals import Decision
 from ._engine._fold import RunResult, RunView, result_of
 from ._errors import ConflictError, Diagnostic, StoreError, UsageError, WorkflowError
+from ._json import JSONObject
 from ._observe._otel import RunSpans, run_spans, with_spans
 from ._ops._claims import make_run_id
 from ._ops._execute import create, drive, start
@@ -50,16 +51,16 @@ class Workflow(Builder):
     """
 
     def __init__(self, name: str, *, description: str = "",
-                 config: Mapping[str, Any] | None = None, input: Iterable[str] = (),
-                 state: Mapping[str, str | Mapping[str, Any]] | None = None,
-                 limits: Mapping[str, Any] | None = None) -> None:
+                 config: Mapping[str, object] | None = None, input: Iterable[str] = (),
+                 state: Mapping[str, str | Mapping[str, object]] | None = None,
+                 limits: Mapping[str, object] | None = None) -> None:
         super().__init__(name, description=description, config=config, input=input,
                          state=state, limits=limits)
         self._plan: Plan | None = None
         self._warnings: list[Diagnostic] = []
-        self._definition: dict[str, Any] | None = None
+        self._definition: JSONObject | None = None
         self._definition_hash: str | None = None
-        self._declared_limits: dict[str, Any] | None = None
+        self._declared_limits: dict[str, object] | None = None
 
     @classmethod
     def from_spec(cls, spec: WorkflowSpec) -> Workflow:
@@ -79,7 +80,7 @@ class Workflow(Builder):
     def subworkflow(self, name: str, workflow: Workflow | str | os.PathLike[str], *,
                     input: Mapping[str, str] | None = None,
                     output: str | Iterable[str] | None = None,
-                    output_key: str | None = None, **options: Any) -> Workflow:
+                    output_key: str | None = None, **options: object) -> Workflow:
         """Add a node that runs ``workflow`` (a `Workflow`, or the path of a file) as a
         child run (SPEC §7). ``input`` maps the child's input fields to CEL expressions
         over this workflow's state (default: the fields of the same names); the child's
@@ -94,7 +95,7 @@ class Workflow(Builder):
         data = self._mutable()
         if name in data["nodes"]:
             raise UsageError(f"node {name!r} is already defined")
-        node: dict[str, Any] = {"workflow": {"file": file, "definition": child.definition()}}
+        node: dict[str, object] = {"workflow": {"file": file, "definition": child.definition()}}
         if input is not None:
             node["input"] = dict(input)
         if output is not None:
@@ -130,7 +131,7 @@ class Workflow(Builder):
         return self._plan if self._plan is not None else reading_plan(self.spec)
 
     @property
-    def callables(self) -> Mapping[str, Callable[..., Any]]:
+    def callables(self) -> Mapping[str, Callable[..., object]]:
         """The Python functions given to the builder, by the call path the definition
         names them with (what a resume needs besides the stored definition)."""
         return dict(self._callables)
@@ -140,7 +141,7 @@ class Workflow(Builder):
         self.compile()
         return list(self._warnings)
 
-    def definition(self) -> dict[str, Any]:
+    def definition(self) -> JSONObject:
         """The JSON definition a run stores (computed once: the spec is frozen)."""
         if self._definition is None:
             self._definition = self.spec.definition()
@@ -151,7 +152,7 @@ class Workflow(Builder):
             self._definition_hash = hashlib.sha256(L.dumps(self.definition())).hexdigest()
         return self._definition_hash
 
-    def _limits(self) -> dict[str, Any]:
+    def _limits(self) -> dict[str, object]:
         """The declared limits as a run records them (computed once: the spec is frozen),
         with `DEFAULT_STEPS` when the workflow declares no ``steps``."""
         if self._declared_limits is None:
@@ -161,10 +162,10 @@ class Workflow(Builder):
 
     # -- running -----------------------------------------------------------------------
 
-    async def run(self, input: Mapping[str, Any] | None = None, *,
+    async def run(self, input: Mapping[str, object] | None = None, *,
                   store: str | Store | None = None, run_id: str | None = None,
-                  config: Mapping[str, Any] | None = None,
-                  limits: Mapping[str, Any] | None = None,
+                  config: Mapping[str, object] | None = None,
+                  limits: Mapping[str, object] | None = None,
                   listener: Listener | None = None) -> RunResult:
         """Start a run and drive it until it completes, fails or waits for a human.
 
@@ -181,7 +182,7 @@ class Workflow(Builder):
         try:
             rid = run_id or make_run_id()
             check_run_id(rid)
-            started: dict[str, Any] = {}
+            started: dict[str, object] = {}
             spans = run_spans(rid, spec.workflow)  # None unless tracing is configured
             if spans is not None:
                 started["trace"] = spans.ids
@@ -201,9 +202,9 @@ class Workflow(Builder):
             if owned:
                 await release_store(st)
 
-    async def start(self, input: Mapping[str, Any] | None = None, *, store: Store,
-                    run_id: str | None = None, config: Mapping[str, Any] | None = None,
-                    limits: Mapping[str, Any] | None = None,
+    async def start(self, input: Mapping[str, object] | None = None, *, store: Store,
+                    run_id: str | None = None, config: Mapping[str, object] | None = None,
+                    limits: Mapping[str, object] | None = None,
                     listener: Listener | None = None) -> Started:
         """Create the run (its row and ``run.started``) without executing it: `run` in
         two halves, for a tool that answers at once and executes later (a server's
@@ -229,10 +230,10 @@ class Workflow(Builder):
             raise
         return Started(plan, store, rid, view, writer, listener, spans)
 
-    async def submit(self, input: Mapping[str, Any] | None = None, *,
+    async def submit(self, input: Mapping[str, object] | None = None, *,
                      store: str | Store | None = None, run_id: str | None = None,
-                     config: Mapping[str, Any] | None = None,
-                     limits: Mapping[str, Any] | None = None) -> RunResult:
+                     config: Mapping[str, object] | None = None,
+                     limits: Mapping[str, object] | None = None) -> RunResult:
         """Record a run as PENDING without executing it (``interlock run --detach``): a
         worker (``interlock worker``, or `interlock.support.Worker`) on the same store claims and
         executes it. The input, config and limits are checked here, as `run` checks
@@ -259,21 +260,21 @@ class Workflow(Builder):
             if owned:
                 await release_store(st)
 
-    def submit_sync(self, input: Mapping[str, Any] | None = None,
+    def submit_sync(self, input: Mapping[str, object] | None = None,
                     **kwargs: Any) -> RunResult:
         """`submit` for scripts (no event loop may be running)."""
         _no_running_loop("submit_sync", "submit")
         return asyncio.run(self.submit(input, **kwargs))
 
-    def run_sync(self, input: Mapping[str, Any] | None = None, **kwargs: Any) -> RunResult:
+    def run_sync(self, input: Mapping[str, object] | None = None, **kwargs: Any) -> RunResult:
         """`run` for scripts: blocks until the run stops (no event loop may be running)."""
         _no_running_loop("run_sync", "run")
         return asyncio.run(self.run(input, **kwargs))
 
     async def resume(self, run_id: str, decision: Decision | None = None, *,
                      store: str | Store | None = None,
-                     config: Mapping[str, Any] | None = None,
-                     limits: Mapping[str, Any] | None = None, force: bool = False,
+                     config: Mapping[str, object] | None = None,
+                     limits: Mapping[str, object] | None = None, force: bool = False,
                      listener: Listener | None = None) -> RunResult:
         """Continue a stopped run (crashed, failed, or waiting) from its log.
 
@@ -339,7 +340,7 @@ def _no_running_loop(sync: str, coro: str) -> None:
                      f"notebook): use `await workflow.{coro}(...)` there")
 
 
-def _check_input(spec: WorkflowSpec, input: Mapping[str, Any] | None) -> dict[str, Any]:
+def _check_input(spec: WorkflowSpec, input: Mapping[str, object] | None) -> JSONObject:
     if input is None:
         input = {}
     if not isinstance(input, Mapping):
@@ -352,7 +353,7 @@ def _check_input(spec: WorkflowSpec, input: Mapping[str, Any] | None) -> dict[st
     what = "the run's input"
     check_data(input, what)  # its depth: before it is converted (orjson stops at 255)
     try:
-        data: dict[str, Any] = L.to_json_value(dict(input))  # our copy, or a new dict
+        data: JSONObject = L.to_json_value(dict(input))  # our copy, or a new dict
         size = len(L.dumps(data))  # what run.started will hold of it
     except TypeError as exc:
         raise UsageError(f"the run's input is not JSON data: {exc}") from None
@@ -361,9 +362,9 @@ def _check_input(spec: WorkflowSpec, input: Mapping[str, Any] | None) -> dict[st
     return data
 
 
-def _effective(spec: WorkflowSpec, config: Mapping[str, Any] | None,
-               limits: Mapping[str, Any] | None, declared: Mapping[str, Any]
-               ) -> tuple[dict[str, Any], dict[str, Any]]:
+def _effective(spec: WorkflowSpec, config: Mapping[str, object] | None,
+               limits: Mapping[str, object] | None, declared: Mapping[str, object]
+               ) -> tuple[JSONObject, dict[str, object]]:
     """A run's config and limits: ``declared`` (`Workflow._limits`) with the overrides."""
     check_config(config)
     cfg = {**spec.config, **(config or {})}
@@ -371,7 +372,7 @@ def _effective(spec: WorkflowSpec, config: Mapping[str, Any] | None,
     return L.to_json_value(cfg), lim
 
 
-def load(source: str | os.PathLike[str] | Mapping[str, Any]) -> Workflow:
+def load(source: str | os.PathLike[str] | Mapping[str, object]) -> Workflow:
     """Load and validate a workflow from a YAML/JSON file (or a dict in the file's shape).
 
     Raises WorkflowError with ``file:line:col`` for every problem found.

@@ -34,6 +34,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ._errors import StoreError
+from ._json import JSONObject
 from ._log import Entry
 from ._store import RunRow, Store, Summary
 from .agents._providers import ScriptedProvider
@@ -73,7 +74,8 @@ class Fault:
         return (self.times is not None and self.hits >= self.times) or \
             (self.until is not None and time.monotonic() >= self.until)
 
-    def applies(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    def applies(self, method: str, args: tuple[object, ...], kwargs: dict[str, object]
+                ) -> bool:
         if method not in self.methods or self.spent:
             return False
         if self.when is not None and not self.when(*args, **kwargs):
@@ -125,7 +127,7 @@ class FaultyStore(Store):
                     after: bool = False) -> Fault:
         """Fail the ``nth`` append from now (of those holding a record of type
         ``holding``, or whose entries ``when`` accepts)."""
-        def match(run_id: str, entries: list[Entry], *args: Any, **kwargs: Any) -> bool:
+        def match(run_id: str, entries: list[Entry], *args: object, **kwargs: object) -> bool:
             if holding is not None and not any(e.type == holding for e in entries):
                 return False
             return when is None or when(entries)
@@ -157,7 +159,8 @@ class FaultyStore(Store):
         """No more faults."""
         self.faults.clear()
 
-    async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+    async def _call(self, method: str, *args: object, **kwargs: object) -> Any:
+        # Any: what the inner store's method returns, typed by the forwarding method
         self.calls[method] += 1
         fault = next((f for f in self.faults if f.applies(method, args, kwargs)), None)
         if fault is not None and not fault.after:
@@ -169,69 +172,69 @@ class FaultyStore(Store):
 
     # -- the Store interface, forwarded ------------------------------------------------
 
-    async def create_run(self, row: RunRow, entries: list[Entry], *args: Any,
-                         **kwargs: Any) -> None:
+    async def create_run(self, row: RunRow, entries: list[Entry], *args: object,
+                         **kwargs: object) -> None:
         await self._call("create_run", row, entries, *args, **kwargs)
 
     async def append(self, run_id: str, entries: list[Entry], summary: Summary,
-                     *args: Any, **kwargs: Any) -> None:
+                     *args: object, **kwargs: object) -> None:
         await self._call("append", run_id, entries, summary, *args, **kwargs)
 
-    async def get_run(self, run_id: str, *args: Any, **kwargs: Any) -> RunRow:
+    async def get_run(self, run_id: str, *args: object, **kwargs: object) -> RunRow:
         row: RunRow = await self._call("get_run", run_id, *args, **kwargs)
         return row
 
-    async def entries(self, run_id: str, *args: Any, **kwargs: Any) -> list[Entry]:
+    async def entries(self, run_id: str, *args: object, **kwargs: object) -> list[Entry]:
         got: list[Entry] = await self._call("entries", run_id, *args, **kwargs)
         return got
 
-    async def entries_page(self, run_id: str, *args: Any, **kwargs: Any) -> list[Entry]:
+    async def entries_page(self, run_id: str, *args: object, **kwargs: object) -> list[Entry]:
         got: list[Entry] = await self._call("entries_page", run_id, *args, **kwargs)
         return got
 
-    async def list_runs(self, *args: Any, **kwargs: Any) -> list[RunRow]:
+    async def list_runs(self, *args: object, **kwargs: object) -> list[RunRow]:
         got: list[RunRow] = await self._call("list_runs", *args, **kwargs)
         return got
 
-    async def claim(self, run_id: str, owner: str, lease: float, *args: Any,
-                    **kwargs: Any) -> None:
+    async def claim(self, run_id: str, owner: str, lease: float, *args: object,
+                    **kwargs: object) -> None:
         await self._call("claim", run_id, owner, lease, *args, **kwargs)
 
-    async def claim_next(self, owner: str, lease: float, *args: Any, **kwargs: Any
+    async def claim_next(self, owner: str, lease: float, *args: object, **kwargs: object
                          ) -> str | None:
         got: str | None = await self._call("claim_next", owner, lease, *args, **kwargs)
         return got
 
-    async def wait_runnable(self, *args: Any, **kwargs: Any) -> None:
+    async def wait_runnable(self, *args: object, **kwargs: object) -> None:
         await self._call("wait_runnable", *args, **kwargs)
 
-    async def heartbeat(self, run_id: str, owner: str, lease: float, *args: Any,
-                        **kwargs: Any) -> None:
+    async def heartbeat(self, run_id: str, owner: str, lease: float, *args: object,
+                        **kwargs: object) -> None:
         await self._call("heartbeat", run_id, owner, lease, *args, **kwargs)
 
-    async def release(self, run_id: str, owner: str, *args: Any, **kwargs: Any) -> None:
+    async def release(self, run_id: str, owner: str, *args: object, **kwargs: object) -> None:
         await self._call("release", run_id, owner, *args, **kwargs)
 
-    async def request_cancel(self, run_id: str, *args: Any, **kwargs: Any) -> None:
+    async def request_cancel(self, run_id: str, *args: object, **kwargs: object) -> None:
         await self._call("request_cancel", run_id, *args, **kwargs)
 
-    async def cancel_requested(self, run_id: str, *args: Any, **kwargs: Any
-                               ) -> dict[str, Any] | None:
-        got: dict[str, Any] | None = await self._call("cancel_requested", run_id, *args,
+    async def cancel_requested(self, run_id: str, *args: object, **kwargs: object
+                               ) -> JSONObject | None:
+        got: JSONObject | None = await self._call("cancel_requested", run_id, *args,
                                                       **kwargs)
         return got
 
-    async def save_snapshot(self, run_id: str, seq: int, data: bytes, *args: Any,
-                            **kwargs: Any) -> None:
+    async def save_snapshot(self, run_id: str, seq: int, data: bytes, *args: object,
+                            **kwargs: object) -> None:
         await self._call("save_snapshot", run_id, seq, data, *args, **kwargs)
 
-    async def load_snapshot(self, run_id: str, *args: Any, **kwargs: Any
+    async def load_snapshot(self, run_id: str, *args: object, **kwargs: object
                             ) -> tuple[int, bytes] | None:
         got: tuple[int, bytes] | None = await self._call("load_snapshot", run_id, *args,
                                                          **kwargs)
         return got
 
-    async def delete_finished(self, run_ids: list[str], *args: Any, **kwargs: Any
+    async def delete_finished(self, run_ids: list[str], *args: object, **kwargs: object
                               ) -> tuple[list[str], int]:
         got: tuple[list[str], int] = await self._call("delete_finished", run_ids, *args,
                                                       **kwargs)

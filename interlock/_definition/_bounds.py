@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from typing import IO, Any
 
 from .. import _log
@@ -37,13 +38,13 @@ def too_big(what: str, limit: _limits.Limit, size: int | None = None) -> str:
             f"make it smaller, or raise the limit with {limit.env}=BYTES")
 
 
-def too_deep_at(value: Any, limit: int) -> str | None:
+def too_deep_at(value: object, limit: int) -> str | None:
     """Where ``value`` (JSON data) nests deeper than ``limit`` levels (a JSON path such
     as ``$.a[0].b``, shortened), or None when it does not. Iterative: data nested far
     deeper than Python's recursion limit is measured all the same."""
     if not isinstance(value, _CONTAINERS):
         return None
-    stack: list[tuple[Any, int, tuple[Any, ...]]] = [(value, 1, ())]
+    stack: list[tuple[Any, int, tuple[object, ...]]] = [(value, 1, ())]
     while stack:
         node, depth, path = stack.pop()
         if depth > limit:
@@ -55,7 +56,7 @@ def too_deep_at(value: Any, limit: int) -> str | None:
     return None
 
 
-def _json_path(path: tuple[Any, ...]) -> str:
+def _json_path(path: tuple[object, ...]) -> str:
     text = "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path)
     return text + ("..." if len(path) >= 5 else "")
 
@@ -67,7 +68,7 @@ def too_deep(what: str, where: str | None, limit: _limits.Limit = _limits.INPUT_
             f"raise the limit with {limit.env}=LEVELS")
 
 
-def check_config(config: Any) -> None:
+def check_config(config: Mapping[str, object] | None) -> None:
     """UsageError when a run's config overrides are not JSON data within the input's
     bounds (depth, size, no NaN or lone surrogate), as a run's input is checked."""
     if not config:
@@ -81,11 +82,11 @@ def check_config(config: Any) -> None:
     check_data(None, what, size)
 
 
-def not_json_at(value: Any) -> tuple[str, str] | None:
+def not_json_at(value: object) -> tuple[str, str] | None:
     """Where ``value`` holds what JSON cannot carry faithfully, and what: a NaN or an
     infinity (JSON has none; they would be stored as null), or a string with a lone
     surrogate (no UTF-8 encodes it). None when it holds neither."""
-    stack: list[tuple[Any, tuple[Any, ...]]] = [(value, ())]
+    stack: list[tuple[Any, tuple[object, ...]]] = [(value, ())]
     while stack:
         node, path = stack.pop()
         if isinstance(node, float) and not math.isfinite(node):
@@ -112,7 +113,7 @@ def _encodes(text: str) -> bool:
     return True
 
 
-def check_data(value: Any, what: str, encoded_size: int | None = None) -> None:
+def check_data(value: object, what: str, encoded_size: int | None = None) -> None:
     """UsageError when ``value`` (a run input, a patch, a config) nests deeper than
     INPUT_DEPTH, holds a NaN, an infinity or a lone surrogate, or its JSON
     (``encoded_size`` bytes, when the caller has it) is larger than INPUT_BYTES.

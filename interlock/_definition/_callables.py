@@ -21,7 +21,7 @@ def import_module(module_name: str) -> Any:
         raise ImportError(f"cannot import module {module_name!r}: {exc}") from exc
 
 
-def callable_at(obj: Any, path: str) -> Callable[..., Any]:
+def callable_at(obj: object, path: str) -> Callable[..., object]:
     """The callable the ``attr.attr`` part of ``path`` names inside ``obj`` (its module).
 
     Raises AttributeError / TypeError with a message for people.
@@ -34,10 +34,10 @@ def callable_at(obj: Any, path: str) -> Callable[..., Any]:
             raise AttributeError(f"module {module_name!r} has no attribute {attr!r}") from None
     if not callable(obj):
         raise TypeError(f"{path} is a {type(obj).__name__}, not a function")
-    return obj  # type: ignore[no-any-return]
+    return obj
 
 
-def import_callable(path: str) -> Callable[..., Any]:
+def import_callable(path: str) -> Callable[..., object]:
     """Resolve ``package.module:attr.attr`` like uvicorn: the working directory is importable.
 
     Raises ImportError/AttributeError/TypeError with a message for people.

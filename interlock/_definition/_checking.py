@@ -10,9 +10,8 @@ the concurrency of the nodes). The checks themselves are the `_checks_*` modules
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from .._errors import Diagnostic, Severity
 from ._callables import import_callable
@@ -26,7 +25,7 @@ from ._spec import locate
 @dataclass
 class CheckResult:
     diagnostics: list[Diagnostic] = field(default_factory=list)
-    callables: dict[str, Callable[..., Any]] = field(default_factory=dict)
+    callables: dict[str, Callable[..., object]] = field(default_factory=dict)
     expressions: dict[str, Expression] = field(default_factory=dict)
     # which nodes can run concurrently (also the run-time write-conflict check's)
     concurrency: Concurrency | None = None
@@ -41,7 +40,7 @@ class CheckResult:
 
 
 class CheckContext:
-    def __init__(self, spec: WorkflowSpec, provided: dict[str, Callable[..., Any]],
+    def __init__(self, spec: WorkflowSpec, provided: dict[str, Callable[..., object]],
                  kinds: Sequence[NodeKind]) -> None:
         self.spec = spec
         self.provided = provided
@@ -50,11 +49,11 @@ class CheckContext:
         # check_repeats: unconditional plain edges seen so far, by their set of sources
         self._plain_targets: dict[frozenset[str], dict[str, int]] = {}
 
-    def add(self, severity: Severity, message: str, path: tuple[Any, ...], code: str) -> None:
+    def add(self, severity: Severity, message: str, path: tuple[object, ...], code: str) -> None:
         self.result.diagnostics.append(
             Diagnostic(severity, message, locate(self.spec, path), code))
 
-    def resolve(self, path: str, where: tuple[Any, ...], what: str) -> None:
+    def resolve(self, path: str, where: tuple[object, ...], what: str) -> None:
         if path in self.result.callables:
             return
         fn = self.provided.get(path)
@@ -72,7 +71,7 @@ class CheckContext:
         self.result.callables[path] = fn
 
 
-def _did_you_mean(name: str, known: Any) -> str:
+def _did_you_mean(name: str, known: Iterable[str]) -> str:
     import difflib
 
     close = difflib.get_close_matches(name, list(known), n=1)

@@ -5,7 +5,7 @@ JSON Schema of a decision's data)."""
 from __future__ import annotations
 
 import importlib.util
-from typing import Any
+from collections.abc import Mapping
 
 from ._checking import CheckContext
 
@@ -40,7 +40,8 @@ def check_nodes(checker: CheckContext) -> None:
                 check_input_schema(checker, name, ns.approval.input)
 
 
-def check_input_schema(checker: CheckContext, name: str, schema: dict[str, Any]) -> None:
+def check_input_schema(checker: CheckContext, name: str, schema: Mapping[str, object]
+                       ) -> None:
     """An approval's ``input:`` must be a JSON Schema (2020-12) a decision can meet."""
     from jsonschema import Draft202012Validator, SchemaError
 

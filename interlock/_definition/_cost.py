@@ -21,6 +21,7 @@ upper bound in *cost units* of about 10 ns each on the machine it was calibrated
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -335,7 +336,7 @@ class CostModel:
         for child in _children(n):
             self._paths(child, bound)
 
-    def estimate(self, context: dict[str, Any], cap: int) -> tuple[int, dict[str, Size]]:
+    def estimate(self, context: Mapping[str, object], cap: int) -> tuple[int, dict[str, Size]]:
         """The cost bound over ``context`` (the names read), and the sizes measured.
 
         Stops early (with a bound over ``cap``) if the values alone cost more."""
@@ -361,7 +362,7 @@ class CostModel:
 _MISSING = object()
 
 
-def _resolve(context: dict[str, Any], path: tuple[str, ...]) -> Any:
+def _resolve(context: Mapping[str, object], path: tuple[str, ...]) -> object:
     cur: Any = context
     for part in path:
         if type(cur) is not dict or part not in cur:

@@ -8,7 +8,7 @@ nodes it names exist is the static checks' business (`_checks_edges`).
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import BeforeValidator, Field, field_validator, model_validator
 
@@ -82,7 +82,7 @@ class EdgeSpec(Strict):
 
     @field_validator("cases", mode="before")
     @classmethod
-    def _case_keys(cls, value: Any) -> Any:
+    def _case_keys(cls, value: object) -> object:
         # YAML keys may be ints or booleans (``1: a``, ``true: b``); CEL values are
         # matched by their canonical text (see case_key), so keys are kept as text.
         if isinstance(value, dict):
@@ -179,7 +179,7 @@ class EdgeSpec(Strict):
         return f"{src} -> {dst}"
 
 
-def case_key(value: Any) -> str:
+def case_key(value: object) -> str:
     """The canonical text of a switch value: how a CEL result is matched to ``cases``."""
     if isinstance(value, bool):
         return "true" if value else "false"

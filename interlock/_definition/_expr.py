@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Protocol
 
-from ._cost import CostModel
+from ._cost import CostModel, Size
 from ._limits import EXPRESSION_COST
 
 MAX_LENGTH = 1000
@@ -198,7 +198,7 @@ class ExpressionCostError(EvaluationError):
         self.limit = limit
 
 
-def _describe(value: Any, size: Any) -> str:
+def _describe(value: object, size: Size) -> str:
     if isinstance(value, str):
         return f"a string of {len(value):_} characters"
     if isinstance(value, dict | list | tuple):

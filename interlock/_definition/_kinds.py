@@ -9,13 +9,14 @@ imports no kind, and a kind is free to import the core.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import Protocol
 
+from .._errors import Severity
 from ._model import NodeSpec, WorkflowSpec
 
 
 class CheckResults(Protocol):
-    callables: dict[str, Callable[..., Any]]
+    callables: dict[str, Callable[..., object]]
 
 
 class Checker(Protocol):
@@ -24,15 +25,16 @@ class Checker(Protocol):
     spec: WorkflowSpec
 
     @property
-    def provided(self) -> Mapping[str, Callable[..., Any]]:
+    def provided(self) -> Mapping[str, Callable[..., object]]:
         """The functions a builder gave, by call path."""
 
     @property
     def result(self) -> CheckResults: ...
 
-    def add(self, severity: Any, message: str, path: tuple[Any, ...], code: str) -> None: ...
+    def add(self, severity: Severity, message: str, path: tuple[object, ...], code: str
+            ) -> None: ...
 
-    def resolve(self, path: str, where: tuple[Any, ...], what: str) -> None: ...
+    def resolve(self, path: str, where: tuple[object, ...], what: str) -> None: ...
 
 
 class NodeKind(Protocol):
@@ -46,6 +48,6 @@ class NodeKind(Protocol):
     def check(self, checker: Checker, name: str, node: NodeSpec) -> None:
         """Report every problem of node ``name`` through ``checker``."""
 
-    def build(self, name: str, node: NodeSpec, *, callables: Mapping[str, Callable[..., Any]],
-              workflow: WorkflowSpec) -> Callable[..., Any]:
+    def build(self, name: str, node: NodeSpec, *, callables: Mapping[str, Callable[..., object]],
+              workflow: WorkflowSpec) -> Callable[..., object]:
         """The node's body: an async ``fn(state, ctx)``. Imports nothing until it runs."""

@@ -28,6 +28,7 @@ from pydantic import (
 )
 
 from .._errors import UsageError
+from .._json import JSONObject
 from ._edge import EdgeSpec
 from ._values import (
     NAME_RE,
@@ -81,7 +82,7 @@ class RaySpec(Strict):
     num_gpus: float | None = Field(default=None, ge=0)
     memory: Size | None = None  # bytes, or '2GB' / '512MiB'
 
-    def options(self) -> dict[str, Any]:
+    def options(self) -> dict[str, float | int]:
         """The Ray ``.options(...)`` these ask for."""
         return {k: v for k, v in (("num_cpus", self.num_cpus), ("num_gpus", self.num_gpus),
                                   ("memory", self.memory)) if v is not None}
@@ -99,7 +100,7 @@ class SubflowRef(Strict):
 
     @model_validator(mode="before")
     @classmethod
-    def _path_form(cls, data: Any) -> Any:
+    def _path_form(cls, data: object) -> object:
         if isinstance(data, str):
             raise ValueError(f"workflow: {data!r} is a path, which only a workflow read from "
                              "a file (interlock.load) or the builder (wf.subworkflow) can "
@@ -137,7 +138,7 @@ class NodeSpec(Extensible):
 
     @model_validator(mode="before")
     @classmethod
-    def _short_form(cls, data: Any) -> Any:
+    def _short_form(cls, data: object) -> object:
         if isinstance(data, str):
             return {"call": data}
         return data
@@ -229,7 +230,7 @@ class NodeSpec(Extensible):
 
 # what a field with a reducer starts as when it declares no default (SPEC §7): so a
 # condition or a template can read it before the first write, as LangGraph's channels
-_EMPTY: dict[str, Callable[[], Any]] = {"append": list, "extend": list, "merge": dict,
+_EMPTY: dict[str, Callable[[], object]] = {"append": list, "extend": list, "merge": dict,
                                         "add": int}
 # what a default must be for each reducer (the reducer accumulates into it)
 _DEFAULT_KINDS: dict[str, tuple[type | tuple[type, ...], str]] = {
@@ -270,7 +271,7 @@ class FieldSpec(Strict):
     def declares_default(self) -> bool:
         return "default" in self.model_fields_set
 
-    def start(self) -> tuple[bool, Any]:
+    def start(self) -> tuple[bool, object]:
         """Whether the field has a value before anything writes it, and a fresh copy of it."""
         if self.declares_default:
             return True, copy.deepcopy(self.default)
@@ -361,7 +362,7 @@ class WorkflowSpec(Extensible):
 
     @field_validator("state", mode="before")
     @classmethod
-    def _state_short(cls, value: Any) -> Any:
+    def _state_short(cls, value: object) -> object:
         # ``events: append`` is accepted as short for ``events: {reducer: append}``.
         if isinstance(value, dict):
             return {k: {"reducer": v} if isinstance(v, str) else v for k, v in value.items()}
@@ -376,7 +377,8 @@ class WorkflowSpec(Extensible):
 
     @field_validator("state", "input")
     @classmethod
-    def _field_names(cls, value: Any) -> Any:
+    def _field_names(cls, value: list[str] | dict[str, FieldSpec]
+                     ) -> list[str] | dict[str, FieldSpec]:
         for name in value:
             _check_name(name, "state field")
         return value
@@ -390,11 +392,11 @@ class WorkflowSpec(Extensible):
     def __hash__(self) -> int:
         return hash(self.workflow)
 
-    def defaults(self) -> dict[str, Any]:
+    def defaults(self) -> dict[str, object]:
         """What each declared field starts as before anything writes it (`FieldSpec.start`),
         fresh copies: the fields with a reducer (empty, or their default) and those
         without one that declare a default."""
-        out: dict[str, Any] = {}
+        out: dict[str, object] = {}
         for name, fs in self.state.items():
             has, value = fs.start()
             if has:
@@ -409,7 +411,7 @@ class WorkflowSpec(Extensible):
             known |= set(ns.writes or ()) | (ns.written(name) or frozenset())
         return known
 
-    def definition(self) -> dict[str, Any]:
+    def definition(self) -> JSONObject:
         """The JSON-ready definition (what a run stores and hashes)."""
         return self.model_dump(mode="json", by_alias=True, exclude_defaults=True)
 
@@ -427,11 +429,11 @@ def _check_name(name: str, what: str) -> None:
 class SourceMap:
     """Maps a path inside the definition (``('edges', 3, 'when')``) to a file position."""
 
-    def __init__(self, file: str | None, positions: dict[tuple[Any, ...], tuple[int, int]]):
+    def __init__(self, file: str | None, positions: dict[tuple[object, ...], tuple[int, int]]):
         self.file = file
         self.positions = positions
 
-    def locate(self, path: tuple[Any, ...]) -> tuple[int, int] | None:
+    def locate(self, path: tuple[object, ...]) -> tuple[int, int] | None:
         """The position of ``path``, or of its closest located ancestor."""
         while True:
             pos = self.positions.get(path)
@@ -442,8 +444,8 @@ class SourceMap:
             path = path[:-1]
 
 
-def check_limits(limits: Mapping[str, Any], *, base: Mapping[str, Any] | None = None
-                 ) -> dict[str, Any]:
+def check_limits(limits: Mapping[str, object], *, base: Mapping[str, object] | None = None
+                 ) -> dict[str, object]:
     """Per-run limit overrides, validated (durations parsed); UsageError when wrong."""
     unknown = set(limits) - set(LimitsSpec.model_fields)
     if unknown:

@@ -35,7 +35,7 @@ from ._model import END, START, NodeSpec, WorkflowSpec
 from ._signature import param_count
 
 DEFAULT_TIMEOUT = 300.0
-_NO_ARGS: Mapping[str, Any] = MappingProxyType({})
+_NO_ARGS: Mapping[str, object] = MappingProxyType({})
 
 
 @dataclass(slots=True, eq=False)
@@ -113,7 +113,7 @@ class PlanNode:
     guards: int = 0  # the kind of its guard stack (`guard_kind`): which guards its call has
     mapped: PlanEdge | None = None  # the map edge that runs it once per item (SPEC §7)
     errors: list[PlanEdge] = field(default_factory=list)  # its on_error edges, in order
-    args: Mapping[str, Any] = field(default_factory=lambda: _NO_ARGS)  # ``args:``, read-only
+    args: Mapping[str, object] = field(default_factory=lambda: _NO_ARGS)  # ``args:``, read-only
 
 
 @dataclass(slots=True, eq=False)
@@ -139,7 +139,7 @@ class Plan:
     guard_kinds: frozenset[int] = frozenset()  # its nodes' `PlanNode.guards`
 
 
-def callable_params(fn: Callable[..., Any]) -> int:
+def callable_params(fn: Callable[..., object]) -> int:
     """How many positional parameters ``fn`` takes (2 = it wants ``ctx``)."""
     try:
         return _callable_params(fn)
@@ -148,11 +148,11 @@ def callable_params(fn: Callable[..., Any]) -> int:
 
 
 @functools.cache
-def _callable_params(fn: Callable[..., Any]) -> int:
+def _callable_params(fn: Callable[..., object]) -> int:
     return param_count(fn)
 
 
-def is_async_callable(fn: Callable[..., Any]) -> bool:
+def is_async_callable(fn: Callable[..., object]) -> bool:
     try:
         return _is_async_callable(fn)
     except TypeError:  # an unhashable callable object
@@ -160,7 +160,7 @@ def is_async_callable(fn: Callable[..., Any]) -> bool:
 
 
 @functools.cache
-def _is_async_callable(fn: Callable[..., Any]) -> bool:
+def _is_async_callable(fn: Callable[..., object]) -> bool:
     if asyncio.iscoroutinefunction(fn):
         return True
     call = getattr(fn, "__call__", None)  # noqa: B004 - async __call__ on instances
@@ -177,7 +177,7 @@ def _adjacency(spec: WorkflowSpec) -> dict[str, list[str]]:
     return {n: list(ts) for n, ts in succ.items()}
 
 
-def build_plan(spec: WorkflowSpec, *, callables: dict[str, Callable[..., Any]],
+def build_plan(spec: WorkflowSpec, *, callables: dict[str, Callable[..., object]],
                expressions: dict[str, Expression],
                concurrency: Concurrency | None = None,
                kinds: Sequence[NodeKind] = ()) -> Plan:
@@ -228,7 +228,7 @@ def _components(adj: dict[str, list[str]], spec: WorkflowSpec
     return comp, cyclic
 
 
-def _plan_nodes(spec: WorkflowSpec, callables: dict[str, Callable[..., Any]],
+def _plan_nodes(spec: WorkflowSpec, callables: dict[str, Callable[..., object]],
                 kinds: Sequence[NodeKind], comp: dict[str, int], cyclic: set[int]
                 ) -> dict[str, PlanNode]:
     """Each node with its body (a call's function, or what its kind builds), how it is
@@ -261,7 +261,7 @@ def _plan_nodes(spec: WorkflowSpec, callables: dict[str, Callable[..., Any]],
 
 
 def _wire_edges(spec: WorkflowSpec, nodes: dict[str, PlanNode],
-                callables: dict[str, Callable[..., Any]], expressions: dict[str, Expression],
+                callables: dict[str, Callable[..., object]], expressions: dict[str, Expression],
                 back: frozenset[tuple[str, str]], comp: dict[str, int], cyclic: set[int]
                 ) -> tuple[list[PlanEdge], list[PlanEdge], list[Port]]:
     """Every edge planned and hung on its nodes: the edges, those from START, the ports.
@@ -304,7 +304,7 @@ def _wire_edges(spec: WorkflowSpec, nodes: dict[str, PlanNode],
     return edges, start_edges, ports
 
 
-def _plan_edge(i: int, es: EdgeSpec, callables: dict[str, Callable[..., Any]],
+def _plan_edge(i: int, es: EdgeSpec, callables: dict[str, Callable[..., object]],
                expressions: dict[str, Expression], back: frozenset[tuple[str, str]],
                comp: dict[str, int], cyclic: set[int]) -> PlanEdge:
     """One edge with its expressions, router, back-edge facts and join barrier."""

@@ -14,7 +14,7 @@ from typing import Any
 _CO_VARARGS = 0x04
 
 
-def param_count(fn: Callable[..., Any]) -> int:
+def param_count(fn: Callable[..., object]) -> int:
     """The number of positional arguments ``fn`` wants (2 = it wants ``ctx``)."""
     target: Any = fn
     bound = 0

@@ -9,6 +9,7 @@ phases (validation, run errors) can name ``file:line:col``.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import ValidationError
@@ -20,7 +21,7 @@ from ._model import SourceMap, WorkflowSpec
 from ._values import Extensible
 
 
-def read_file(path: str | os.PathLike[str]) -> tuple[dict[str, Any], SourceMap]:
+def read_file(path: str | os.PathLike[str]) -> tuple[dict[str, object], SourceMap]:
     """Parse a workflow file into plain data and a map of positions.
 
     At most `_limits.WORKFLOW_FILE_BYTES` are read (a device such as /dev/zero, a pipe
@@ -105,7 +106,7 @@ def _not_a_mapping(name: str) -> WorkflowError:
         Location(name, 1, 1))])
 
 
-Positions = dict[tuple[Any, ...], tuple[int, int]]
+Positions = dict[tuple[object, ...], tuple[int, int]]
 
 
 class _Plain:
@@ -122,7 +123,7 @@ class _Plain:
         self.file = file
         self.positions = positions
 
-    def convert(self, doc: Any) -> Any:
+    def convert(self, doc: Any) -> Any:  # Any: ruamel's objects are untyped
         from ruamel.yaml.comments import CommentedMap, CommentedSeq
 
         nodes_left = _limits.YAML_NODES.get()
@@ -133,7 +134,7 @@ class _Plain:
         # (ruamel object, the container its result goes in, the key there, its path,
         #  its depth, whether it is part of an alias's expansion); the path of an
         #  alias's expansion stays the alias's own
-        todo: list[tuple[Any, Any, Any, tuple[Any, ...], int, bool]] = [
+        todo: list[tuple[Any, Any, Any, tuple[object, ...], int, bool]] = [
             (doc, root, 0, (), 0, False)]
         pop = todo.pop
         positions = self.positions
@@ -151,7 +152,7 @@ class _Plain:
                 alias = id(node) in seen
                 seen.add(id(node))
             depth += 1
-            parts: list[tuple[Any, Any, Any, tuple[Any, ...], int, bool]] = []
+            parts: list[tuple[Any, Any, Any, tuple[object, ...], int, bool]] = []
             if isinstance(node, CommentedMap):
                 out: Any = {}
                 lc_key = node.lc.key
@@ -215,20 +216,20 @@ class _Plain:
     def refuse_size_at(self, node: Any) -> None:
         _yaml_fast.refuse_size(self.file, (node.lc.line + 1, node.lc.col + 1), aliased=True)
 
-    def refuse_size(self, path: tuple[Any, ...], alias: bool) -> None:
+    def refuse_size(self, path: tuple[object, ...], alias: bool) -> None:
         loc = self.location(path)
         _yaml_fast.refuse_size(self.file, (loc.line, loc.col), aliased=alias)
 
-    def refuse_depth(self, path: tuple[Any, ...], depth: int) -> None:
+    def refuse_depth(self, path: tuple[object, ...], depth: int) -> None:
         loc = self.location(path)
         _yaml_fast.refuse_depth(self.file, path, (loc.line, loc.col))
 
-    def location(self, path: tuple[Any, ...]) -> Location:
+    def location(self, path: tuple[object, ...]) -> Location:
         return Location(self.file, *(SourceMap(self.file, self.positions).locate(path)
                                      or (None, None)))
 
 
-def _scalar(value: Any) -> Any:
+def _scalar(value: object) -> object:
     # ruamel wraps scalars in str/float/int subclasses that carry formatting; unwrap them
     # so the definition is plain JSON data.
     if isinstance(value, bool) or value is None:
@@ -242,7 +243,7 @@ def _scalar(value: Any) -> Any:
     return value
 
 
-def parse(data: dict[str, Any], source: SourceMap | None = None) -> WorkflowSpec:
+def parse(data: Mapping[str, object], source: SourceMap | None = None) -> WorkflowSpec:
     """Validate plain data in the file's shape into a `WorkflowSpec`."""
     if not isinstance(data, dict):
         raise WorkflowError([Diagnostic("error", "a workflow must be a mapping")])
@@ -254,7 +255,7 @@ def parse(data: dict[str, Any], source: SourceMap | None = None) -> WorkflowSpec
     return spec
 
 
-def load_spec(source: str | os.PathLike[str] | dict[str, Any], *,
+def load_spec(source: str | os.PathLike[str] | dict[str, object], *,
               within: tuple[str, ...] = ()) -> WorkflowSpec:
     """A workflow from a file (or a dict in the file's shape), its sub-workflows read and
     pinned (`resolve_children`); ``within``: the files of the workflows that include this
@@ -272,9 +273,9 @@ def load_spec(source: str | os.PathLike[str] | dict[str, Any], *,
     return spec
 
 
-def resolve_children(data: dict[str, Any], smap: SourceMap | None, base: str,
+def resolve_children(data: dict[str, object], smap: SourceMap | None, base: str,
                      within: tuple[str, ...], children: dict[str, WorkflowSpec]
-                     ) -> dict[str, Any]:
+                     ) -> dict[str, object]:
     """``data`` with each ``workflow: PATH`` node's child read (relative to ``base``, the
     including file's directory) and pinned as ``{file, definition}`` (SPEC §7); the
     children, with their own source maps, go in ``children`` by node. A child that is
@@ -312,7 +313,7 @@ def resolve_children(data: dict[str, Any], smap: SourceMap | None, base: str,
     return {**data, "nodes": out_nodes}
 
 
-def locate(spec: WorkflowSpec, path: tuple[Any, ...]) -> Location:
+def locate(spec: WorkflowSpec, path: tuple[object, ...]) -> Location:
     """The file position of a part of ``spec`` (or just the file when unknown)."""
     smap = spec._source
     if smap is None:
@@ -321,7 +322,7 @@ def locate(spec: WorkflowSpec, path: tuple[Any, ...]) -> Location:
     return Location(smap.file, *(pos or (None, None)))
 
 
-def _diagnostics(exc: ValidationError, data: dict[str, Any],
+def _diagnostics(exc: ValidationError, data: object,
                  source: SourceMap | None) -> list[Diagnostic]:
     out = []
     for err in exc.errors(include_url=False):
@@ -341,7 +342,7 @@ def _diagnostics(exc: ValidationError, data: dict[str, Any],
     return out
 
 
-def _unknown_key(path: tuple[Any, ...]) -> str:
+def _unknown_key(path: tuple[object, ...]) -> str:
     return unknown_key(str(path[-1]), valid_keys(path[:-1]))
 
 
@@ -356,7 +357,7 @@ def unknown_key(key: str, keys: list[str]) -> str:
     return f"unknown key {key!r}{hint}; the keys here are: {', '.join(keys)}"
 
 
-def valid_keys(path: tuple[Any, ...], root: Any = WorkflowSpec) -> list[str]:
+def valid_keys(path: tuple[object, ...], root: object = WorkflowSpec) -> list[str]:
     """The keys a mapping at ``path`` of a workflow file (or of a block validated by
     ``root``, a model) may have -- the model's fields as a file spells them -- or [] when
     that is not a model's mapping."""
@@ -365,7 +366,7 @@ def valid_keys(path: tuple[Any, ...], root: Any = WorkflowSpec) -> list[str]:
 
     from pydantic import BaseModel
 
-    def models(tp: Any) -> list[Any]:
+    def models(tp: object) -> list[object]:
         """The types a field's annotation may hold, unwrapped (Optional, Annotated)."""
         origin = typing.get_origin(tp)
         if origin is typing.Annotated:
@@ -374,9 +375,9 @@ def valid_keys(path: tuple[Any, ...], root: Any = WorkflowSpec) -> list[str]:
             return [m for a in typing.get_args(tp) for m in models(a)]
         return [tp]
 
-    current: list[Any] = [root]
+    current: list[object] = [root]
     for part in path:
-        step: list[Any] = []
+        step: list[object] = []
         for tp in current:
             origin = typing.get_origin(tp)
             if isinstance(tp, type) and issubclass(tp, BaseModel) and isinstance(part, str):
@@ -397,10 +398,10 @@ def valid_keys(path: tuple[Any, ...], root: Any = WorkflowSpec) -> list[str]:
     return []
 
 
-def _data_path(loc: tuple[Any, ...], data: Any) -> tuple[Any, ...]:
+def _data_path(loc: tuple[object, ...], data: object) -> tuple[object, ...]:
     """Drop pydantic's internal steps (union tags, function names) from an error path."""
-    path: list[Any] = []
-    cur = data
+    path: list[object] = []
+    cur: Any = data  # a dict, a list or a scalar: narrowed as it is walked
     for part in loc:
         in_list = isinstance(cur, list) and isinstance(part, int) and 0 <= part < len(cur)
         if (isinstance(cur, dict) and part in cur) or in_list:

@@ -8,8 +8,11 @@ from typing import Any
 from .._errors import NodeError, UsageError
 from .._log import plain_scalar
 
+# A reducer's ``old`` is the field's value so far: what that reducer accumulates into (or
+# None), which `check_whole_values` and `check_update` guarantee; hence Any.
 
-def _replace(_old: Any, new: Any) -> Any:
+
+def _replace(_old: object, new: object) -> object:
     return new
 
 
@@ -44,7 +47,7 @@ REDUCERS = {
 }
 
 
-def merge_update(state: dict[str, Any], update: Mapping[str, Any],
+def merge_update(state: dict[str, Any], update: Mapping[str, object],
                  reducers: Mapping[str, str]) -> None:
     """Merge ``update`` into ``state`` in place, field by field, with each field's reducer."""
     for key, value in update.items():
@@ -56,7 +59,7 @@ def merge_update(state: dict[str, Any], update: Mapping[str, Any],
 
 
 # reducer -> (what a field's whole value must be, its name for people, an example)
-_SEEDS: dict[str, tuple[Callable[[Any], bool], str, str]] = {
+_SEEDS: dict[str, tuple[Callable[[object], bool], str, str]] = {
     "append": (lambda v: isinstance(v, list), "a list", "[]"),
     "extend": (lambda v: isinstance(v, list), "a list", "[]"),
     "merge": (lambda v: isinstance(v, Mapping), "an object", "{}"),
@@ -64,7 +67,7 @@ _SEEDS: dict[str, tuple[Callable[[Any], bool], str, str]] = {
 }
 
 
-def check_whole_values(fields: Mapping[str, Any], reducers: Mapping[str, str],
+def check_whole_values(fields: Mapping[str, object], reducers: Mapping[str, str],
                        what: str) -> None:
     """Values that set a field's whole value -- a run's input, a modify or fork patch --
     must be what its reducer accumulates into: a list for append and extend, an object
@@ -81,12 +84,12 @@ def check_whole_values(fields: Mapping[str, Any], reducers: Mapping[str, str],
                          f"{_short(value)}")
 
 
-def _short(value: Any) -> str:
+def _short(value: object) -> str:
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def check_update(node: str, update: Any, writes: frozenset[str] | None,
+def check_update(node: str, update: object, writes: frozenset[str] | None,
                  reducers: Mapping[str, str]) -> tuple[dict[str, Any], bool]:
     """What a node returned, checked: a mapping of declared fields whose reducers accept it.
 
@@ -102,15 +105,15 @@ def check_update(node: str, update: Any, writes: frozenset[str] | None,
             "state updates (or None, or interlock.goto(...) when its edge is 'choose')",
             node=node,
         )
-    update = dict(update)
+    fields: dict[str, Any] = dict(update)  # a node's values: JSON once converted
     plain = True
-    for key, value in update.items():
+    for key, value in fields.items():
         if type(key) is not str:
             if not isinstance(key, str):
                 raise NodeError(f"node {node!r} returned a non-string key {key!r}", node=node)
             plain = False  # a str subclass (an enum): logged as its plain string
         if writes is not None and key not in writes:
-            extra = sorted(k for k in update if k not in writes)
+            extra = sorted(k for k in fields if k not in writes)
             raise NodeError(
                 f"node {node!r} returned undeclared field(s) {', '.join(map(repr, extra))}; "
                 f"it declares writes: [{', '.join(sorted(writes))}] -- add them there or "
@@ -122,10 +125,10 @@ def check_update(node: str, update: Any, writes: frozenset[str] | None,
             _check_reducer_value(node, key, reducer, value)
         if plain and not plain_scalar(value):
             plain = False  # converted before it is merged and logged
-    return update, plain
+    return fields, plain
 
 
-def _check_reducer_value(node: str, key: str, reducer: str, value: Any) -> None:
+def _check_reducer_value(node: str, key: str, reducer: str, value: object) -> None:
     if reducer == "extend" and not isinstance(value, list | tuple):
         raise NodeError(f"node {node!r}: field {key!r} has reducer 'extend' and takes a "
                         f"list, got {type(value).__name__}", node=node)

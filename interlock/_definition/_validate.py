@@ -15,7 +15,6 @@ concurrency). This module runs them in order.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from ._checking import CheckContext, CheckResult
 from ._checks_edges import (
@@ -56,7 +55,7 @@ def run(checker: CheckContext) -> CheckResult:
     return checker.result
 
 
-def check(spec: WorkflowSpec, provided: dict[str, Callable[..., Any]] | None = None, *,
+def check(spec: WorkflowSpec, provided: dict[str, Callable[..., object]] | None = None, *,
           kinds: Sequence[NodeKind] = ()) -> CheckResult:
     """Run every static check on ``spec``; ``kinds`` check the nodes they own."""
     return run(CheckContext(spec, provided or {}, kinds))

@@ -9,7 +9,7 @@ Names (`NAME_RE`), durations (``30s``, ``250ms``), sizes (``512MB``, ``1GiB``), 
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any
+from typing import Annotated, Any, Self
 
 from pydantic import (
     BaseModel,
@@ -31,7 +31,7 @@ _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?|\.\d+)\s*(ms|s|m|h|d)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
 
 
-def parse_duration(value: Any) -> Any:
+def parse_duration(value: object) -> float:
     """'30s', '0.5s', '250ms', '5m', '1h', '30d' or a number of seconds -> float seconds."""
     if isinstance(value, bool):
         raise ValueError("expected a duration such as 30s, 250ms or 5m, got a boolean")
@@ -52,7 +52,7 @@ _SIZE_UNITS = {"": 1, "b": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "t": 1000**
                "ki": 1024, "mi": 1024**2, "gi": 1024**3, "ti": 1024**4}
 
 
-def parse_size(value: Any) -> Any:
+def parse_size(value: object) -> int:
     """'512MB', '1GiB', '200m' or a number of bytes -> int bytes."""
     if isinstance(value, bool):
         raise ValueError("expected a size such as 256MB or 1GiB, got a boolean")
@@ -69,7 +69,7 @@ def parse_size(value: Any) -> Any:
 Size = Annotated[int, BeforeValidator(parse_size), Field(gt=0)]
 
 
-def whole_number(value: Any) -> Any:
+def whole_number(value: object) -> object:
     """A count (limits.steps, tokens, attempts, max): an int, never a boolean -- in
     Python ``True`` is the int 1, so ``steps: true`` would be a limit of 1 step."""
     if isinstance(value, bool):
@@ -81,7 +81,7 @@ def whole_number(value: Any) -> Any:
 Count = Annotated[int, BeforeValidator(whole_number)]
 
 
-def as_list(value: Any) -> Any:
+def as_list(value: object) -> object:
     """``a`` as short for ``[a]`` (a name list, an error edge's class names)."""
     return [value] if isinstance(value, str) else value
 
@@ -96,7 +96,7 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
 
-def _extension_key(key: Any) -> bool:
+def _extension_key(key: object) -> bool:
     return isinstance(key, str) and key.startswith("x-")
 
 
@@ -105,12 +105,13 @@ class Extensible(Strict):
     docker-compose and OpenAPI: ``x-defaults: &defaults {...}``): ignored by the engine,
     kept in the definition (and its hash)."""
 
-    _extensions: dict[str, Any] = PrivateAttr(default_factory=dict)
+    _extensions: dict[str, object] = PrivateAttr(default_factory=dict)
 
     @model_validator(mode="wrap")
     @classmethod
-    def _take_extensions(cls, data: Any, handler: ModelWrapValidatorHandler[Any]) -> Any:
-        ext: dict[str, Any] = {}
+    def _take_extensions(cls, data: object, handler: ModelWrapValidatorHandler[Self]
+                         ) -> Self:
+        ext: dict[str, object] = {}
         if isinstance(data, dict) and any(_extension_key(k) for k in data):
             ext = {k: v for k, v in data.items() if _extension_key(k)}
             data = {k: v for k, v in data.items() if not _extension_key(k)}
@@ -127,6 +128,6 @@ class Extensible(Strict):
         return data
 
     @property
-    def extensions(self) -> dict[str, Any]:
+    def extensions(self) -> dict[str, object]:
         """Its ``x-*`` keys, as declared."""
         return dict(self._extensions)

@@ -21,7 +21,7 @@ from typing import Any
 from .._errors import Diagnostic, Location, WorkflowError
 from . import _limits
 
-Positions = dict[tuple[Any, ...], tuple[int, int]]
+Positions = dict[tuple[object, ...], tuple[int, int]]
 
 _INT = re.compile(r"[-+]?(?:0|[1-9][0-9]*)\Z")
 _FLOAT = re.compile(r"[-+]?(?:[0-9]+\.[0-9]*(?:[eE][-+]?[0-9]+)?|[0-9]+[eE][-+]?[0-9]+)\Z")
@@ -36,7 +36,7 @@ class _Decline(Exception):
     """Not a file this path reads exactly as ruamel does: use the ruamel path."""
 
 
-def _parser() -> tuple[Callable[..., Any], Any] | None:
+def _parser() -> tuple[Callable[..., object], Any] | None:
     try:
         import yaml
         return yaml.parse, yaml.CSafeLoader
@@ -52,7 +52,7 @@ def _resolver() -> Callable[[str], str]:
     return lambda value: str(resolve(ScalarNode, value, (True, False)))
 
 
-def _plain_scalar(value: str, resolve: Callable[[str], str]) -> Any:
+def _plain_scalar(value: str, resolve: Callable[[str], str]) -> object:
     if not value:
         return None
     first = value[0]
@@ -72,7 +72,7 @@ def _plain_scalar(value: str, resolve: Callable[[str], str]) -> Any:
     raise _Decline  # octal, hex, underscores, .inf, timestamps, merge keys, ...
 
 
-def read(text: str, file: str) -> tuple[Any, Positions] | None:
+def read(text: str, file: str) -> tuple[object, Positions] | None:
     """``text`` as plain data and positions, or None to leave it to the ruamel path.
     Raises `WorkflowError` for a document over the node or depth limit."""
     parser = _parser()
@@ -88,7 +88,7 @@ def read(text: str, file: str) -> tuple[Any, Positions] | None:
 
 
 def _build(events: Any, file: str, resolve: Callable[[str], str]
-           ) -> tuple[Any, Positions]:
+           ) -> tuple[object, Positions]:
     builder = _Builder(file, resolve)
     for ev in events:
         builder.event(ev)
@@ -110,12 +110,12 @@ class _Builder:
         self.max_depth = _limits.YAML_DEPTH.get()
         self.positions: Positions = {}
         self.starts: dict[int, tuple[int, int]] = {}  # container id -> its (line, col)
-        self.anchors: dict[str, Any] = {}
+        self.anchors: dict[str, object] = {}
         self.anchored_at: dict[str, tuple[int, int]] = {}  # where each anchor's value starts
         self.aliased = False
         # a frame: [container, its path, the pending key (_NO_KEY: none yet)]
         self.stack: list[list[Any]] = []
-        self.root: list[Any] = []
+        self.root: list[object] = []
         self.documents = 0
         self.scalar_t, self.alias_t = yaml.ScalarEvent, yaml.AliasEvent
         self.map_t, self.seq_t = yaml.MappingStartEvent, yaml.SequenceStartEvent
@@ -127,7 +127,7 @@ class _Builder:
         if t is self.scalar_t:
             if ev.tag is not None and ev.tag != "!":
                 raise _Decline  # an explicit tag
-            value: Any = (ev.value if ev.style else  # quoted or a block scalar: text
+            value: object = (ev.value if ev.style else  # quoted or a block scalar: text
                           _plain_scalar(ev.value, self.resolve))
             self.place(ev, value, container=False, alias=False)
         elif t is self.map_t or t is self.seq_t:
@@ -150,7 +150,7 @@ class _Builder:
                     getattr(ev, "tags", None):
                 raise _Decline
 
-    def place(self, ev: Any, value: Any, *, container: bool, alias: bool) -> None:
+    def place(self, ev: Any, value: object, *, container: bool, alias: bool) -> None:
         self.nodes_left -= 1
         if alias:  # located where its anchor's value is (as ruamel locates it)
             pos = self.anchored_at[ev.anchor]
@@ -160,7 +160,7 @@ class _Builder:
             if ev.anchor is not None:
                 self.anchors[ev.anchor] = value
                 self.anchored_at[ev.anchor] = pos
-        path: tuple[Any, ...] = ()
+        path: tuple[object, ...] = ()
         if not self.stack:
             if self.root:
                 raise _Decline
@@ -191,7 +191,7 @@ class _Builder:
             self.starts[id(value)] = pos
             self.stack.append([value, path, _NO_KEY])
 
-    def result(self) -> tuple[Any, Positions]:
+    def result(self) -> tuple[object, Positions]:
         if not self.root:
             raise _Decline
         data = self.root[0]
@@ -201,7 +201,7 @@ class _Builder:
         return data, self.positions
 
 
-def _check_expanded(data: Any, starts: dict[int, tuple[int, int]], file: str,
+def _check_expanded(data: object, starts: dict[int, tuple[int, int]], file: str,
                     limit: int) -> None:
     """The expanded size of ``data`` (whose containers an alias may share), computed once
     per distinct container; refused at the first one over ``limit``."""
@@ -223,7 +223,7 @@ def _check_expanded(data: Any, starts: dict[int, tuple[int, int]], file: str,
                     if type(v) in (dict, list) and id(v) not in sizes)
 
 
-def _fresh(value: Any) -> Any:
+def _fresh(value: object) -> object:
     """A copy sharing no container (nesting is within YAML_DEPTH: recursion is safe)."""
     if type(value) is dict:
         return {k: _fresh(v) for k, v in value.items()}
@@ -243,7 +243,7 @@ def refuse_size(file: str, pos: tuple[int | None, int | None], *, aliased: bool)
         f"{limit.env}=NODES", Location(file, *pos))])
 
 
-def refuse_depth(file: str, path: tuple[Any, ...], pos: tuple[int | None, int | None]
+def refuse_depth(file: str, path: tuple[object, ...], pos: tuple[int | None, int | None]
                  ) -> None:
     """Refuse a document nested deeper than `_limits.YAML_DEPTH`, at ``path``."""
     limit = _limits.YAML_DEPTH

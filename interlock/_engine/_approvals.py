@@ -27,14 +27,14 @@ run's log, which a store accepts once; the loser gets a clear refusal.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
 from .. import _log as L
 from .._definition._bounds import check_data
-from .._definition._model import WorkflowSpec
+from .._definition._model import NodeSpec, WorkflowSpec
 from .._definition._state import check_whole_values
 from .._errors import UsageError
 from . import _records as R
@@ -166,6 +166,34 @@ def decide(spec: WorkflowSpec, view: RunView, decision: Decision, *,
     check_patch(spec, view, decision.patch)
     return _records(spec, view, gate, "modified", decision.by, decision.comment,
                     patch=L.to_json_value(decision.patch), reenter=target)
+
+
+def requested(node: str, ns: NodeSpec, visit: int, state: Mapping[str, Any]) -> R.Item:
+    """``approval.requested`` for visit ``visit`` of an approval node or a node declared
+    ``confirm: true`` (``node``, defined by ``ns``), showing what ``state`` holds now."""
+    if ns.approval is not None:
+        kind = "approval"
+        show = {f: state.get(f) for f in ns.approval.show}
+        decisions = ["approve", "reject"] + (["modify"] if ns.approval.on_modify else [])
+        timeout = ns.approval.timeout
+    else:
+        kind = "confirm"
+        reads = ns.reads or []
+        show = {f: state.get(f) for f in reads}
+        decisions = ["approve", "reject"]
+        timeout = None
+    deadline = round(time.time() + timeout, 6) if timeout else None
+    fields = {"node": node, "visit": visit, "kind": kind, "show": L.to_json_value(show),
+              "decisions": decisions, "approvers": approvers(ns), "deadline": deadline}
+    if ns.approval is not None and ns.approval.input is not None:
+        fields["input"] = ns.approval.input  # what a decision's data must satisfy
+    return (L.APPROVAL_REQUESTED, fields)
+
+
+def approvers(ns: NodeSpec) -> list[str] | None:
+    """Who may decide at ``ns``'s gate (its ``approvers:``; None: anyone)."""
+    return list(ns.approval.approvers) if ns.approval is not None and ns.approval.approvers \
+        else None
 
 
 class NotAnApprover(UsageError):

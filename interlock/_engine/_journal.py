@@ -177,49 +177,63 @@ class Journal:
                 snap = snapshots.dump(self.view, entries[-1].hash)
                 # bound to the chain: its digest rides in this batch, the row follows it
                 entries.append(self._seal(*snapshots.taken(at, snap)))
-            # the run's summary, made here (one call less per step), and without its
-            # dataclass ``__init__`` (another): a bare instance, every slot stored here
-            v = self.view
-            summary = _new_summary(Summary)
-            summary.status = v.status
-            summary.last_seq = self.writer.seq
-            summary.last_hash = self.writer.hash
-            summary.steps = v.steps
-            summary.tokens = v.tokens
-            summary.error = v.error
-            summary.waiting = v.waiting
-            summary.updated_at = time.time()
             try:
-                await self._append(entries, summary, release)
+                await self._append(entries, self._summary(), release)
             except BaseException as exc:
-                # nothing is dropped: the batch stays staged (before anything staged
-                # since), and the journal says why it cannot go on
-                self._staged[:0] = entries
-                if not isinstance(exc, Exception):
-                    self._unsure = True
-                if isinstance(exc, StoreError):
-                    self.broken = exc
-                elif isinstance(exc, Exception):
-                    self.broken = self._failed(entries, 1, 0.0, exc)
-                    raise self.broken from exc
-                raise  # a cancellation: the batch may be flushed again
+                self._put_back(entries, exc)  # (raises, for any other error)
+                raise  # the store's error, or a cancellation (the batch may be flushed again)
             self._unsure = False
             if release is not None:
                 self.released = True
             if snap is not None:
-                try:
-                    await self.store.save_snapshot(self.run_id, at, snap)
-                except Exception as exc:  # a snapshot saves time on load; the log is whole
-                    log.warning("run %s: the snapshot at record %d was not saved (%s: %s); "
-                                "loading the run folds its log instead", self.run_id, at,
-                                type(exc).__name__, exc)
-                else:
-                    self._snapshot_seq = at
-                    self._snapshot_every = snapshots.interval(len(snap))
+                await self._save_snapshot(at, snap)
         finally:
             self._flushing = False
             if self._waiting:
                 self._idle.set()
+
+    def _summary(self) -> Summary:
+        """The run's summary as the view has it now (what the store's run row shows)."""
+        # made without its dataclass ``__init__`` (one call less per step): a bare
+        # instance, every slot stored here
+        v = self.view
+        summary = _new_summary(Summary)
+        summary.status = v.status
+        summary.last_seq = self.writer.seq
+        summary.last_hash = self.writer.hash
+        summary.steps = v.steps
+        summary.tokens = v.tokens
+        summary.error = v.error
+        summary.waiting = v.waiting
+        summary.updated_at = time.time()
+        return summary
+
+    def _put_back(self, entries: list[L.Entry], exc: BaseException) -> None:
+        """The batch ``entries`` was not stored (``exc``): nothing is dropped. It is staged
+        again, before anything staged since, and the journal says why it cannot go on
+        (``broken``, raised) -- unless the append was cancelled, which leaves it unsure
+        whether the batch was stored, for the next flush to find out."""
+        self._staged[:0] = entries
+        if not isinstance(exc, Exception):
+            self._unsure = True
+        if isinstance(exc, StoreError):
+            self.broken = exc
+        elif isinstance(exc, Exception):
+            self.broken = self._failed(entries, 1, 0.0, exc)
+            raise self.broken from exc
+
+    async def _save_snapshot(self, at: int, snap: bytes) -> None:
+        """Save the snapshot of the view at record ``at``, whose ``snapshot.taken`` is
+        stored; a snapshot that is not saved is only a resume that folds more."""
+        try:
+            await self.store.save_snapshot(self.run_id, at, snap)
+        except Exception as exc:  # a snapshot saves time on load; the log is whole
+            log.warning("run %s: the snapshot at record %d was not saved (%s: %s); "
+                        "loading the run folds its log instead", self.run_id, at,
+                        type(exc).__name__, exc)
+        else:
+            self._snapshot_seq = at
+            self._snapshot_every = snapshots.interval(len(snap))
 
     async def _append(self, entries: list[L.Entry], summary: Summary,
                       release: str | None) -> None:

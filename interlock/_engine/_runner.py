@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections import Counter
 from typing import Any, Protocol
 
@@ -50,6 +49,7 @@ from .._definition._model import DEFAULT_STEPS
 from .._definition._plan import Plan, PlanNode
 from .._errors import InterlockError, InternalError, RunError, StepLimitError
 from . import _records as R
+from ._approvals import approvers, requested
 from ._call import NodeCall
 from ._decide import Abort, Decider, Rejected, caught_error
 from ._fold import RunView
@@ -228,10 +228,12 @@ class Runner:
                 # R.node_started(node, visit, 1), inlined (see `_records`: the hot path)
                 self.sink.put(L.NODE_STARTED, {"node": node, "visit": visit, "attempt": 1})
                 return pn, visit
-        recs = self.sink.stage([R.node_started(n, vis, 1) for n, vis in self._next_visits()])
+        recs = self.sink.stage([R.node_started(n, vis, 1) for n, vis in _next_visits(self.view)])
         gates = [rec for rec in recs if self._is_gate(rec["node"])]
         if gates:
-            self.sink.stage([self._request(rec["node"], rec["visit"]) for rec in gates])
+            nodes, state = self.plan.nodes, self.view.state
+            self.sink.stage([requested(rec["node"], nodes[rec["node"]].spec, rec["visit"], state)
+                             for rec in gates])
         # node.started is not flushed on its own: it goes with the next commit (a
         # completion, an effect, a retry). A crash before that loses only the fact
         # that the visit had started, so it starts again -- with the same visit
@@ -245,45 +247,8 @@ class Runner:
             self._start_task(rec["node"], rec["visit"], 1, rerun=False)
         return None
 
-    def _next_visits(self) -> list[tuple[str, int]]:
-        """Each ready node and the number of the visit it starts (within the step limit)."""
-        view = self.view
-        items: list[tuple[str, int]] = []
-        handed: Counter[str] = Counter()
-        steps_limit = view.limits.get("steps")
-        count = view.steps
-        for node in list(view.ready):
-            if steps_limit is not None and count >= steps_limit:
-                raise Abort(_step_limit(steps_limit, node))
-            count += 1
-            handed[node] += 1
-            items.append((node, view.started[node] + handed[node]))
-        return items
-
     def _is_gate(self, node: str) -> bool:
         return self.plan.nodes[node].gate
-
-    def _request(self, node: str, visit: int) -> R.Item:
-        """``approval.requested`` for an approval node or a node declared ``confirm: true``."""
-        ns = self.plan.nodes[node].spec
-        state = self.view.state
-        if ns.approval is not None:
-            kind = "approval"
-            show = {f: state.get(f) for f in ns.approval.show}
-            decisions = ["approve", "reject"] + (["modify"] if ns.approval.on_modify else [])
-            timeout = ns.approval.timeout
-        else:
-            kind = "confirm"
-            reads = ns.reads or []
-            show = {f: state.get(f) for f in reads}
-            decisions = ["approve", "reject"]
-            timeout = None
-        deadline = round(time.time() + timeout, 6) if timeout else None
-        fields = {"node": node, "visit": visit, "kind": kind, "show": L.to_json_value(show),
-                  "decisions": decisions, "approvers": _approvers(ns), "deadline": deadline}
-        if ns.approval is not None and ns.approval.input is not None:
-            fields["input"] = ns.approval.input  # what a decision's data must satisfy
-        return (L.APPROVAL_REQUESTED, fields)
 
     def _start_task(self, node: str, visit: int, attempt: int, *, rerun: bool) -> None:
         if self._done is None:
@@ -345,7 +310,7 @@ class Runner:
                 "kind": "tool" if pause.path is None else "workflow",
                 "key": pause.key, "show": L.to_json_value(pause.show), "path": pause.path,
                 "decisions": pause.decisions, "tokens": out.tokens or None,
-                "approvers": _approvers(self.plan.nodes[out.node].spec)}
+                "approvers": approvers(self.plan.nodes[out.node].spec)}
             if pause.edit is not None:  # what a modify patch must satisfy
                 fields["input"] = pause.edit
             await self.sink.commit([(L.APPROVAL_REQUESTED, fields)])
@@ -402,6 +367,21 @@ class Runner:
         self.decide.due()
 
 
+def _next_visits(view: RunView) -> list[tuple[str, int]]:
+    """Each ready node and the number of the visit it starts (within the step limit)."""
+    items: list[tuple[str, int]] = []
+    handed: Counter[str] = Counter()
+    steps_limit = view.limits.get("steps")
+    count = view.steps
+    for node in list(view.ready):
+        if steps_limit is not None and count >= steps_limit:
+            raise Abort(_step_limit(steps_limit, node))
+        count += 1
+        handed[node] += 1
+        items.append((node, view.started[node] + handed[node]))
+    return items
+
+
 def _leaf(exc: BaseException) -> BaseException:
     """The error in a group raised by a task group (a mapped node's items): the store's
     outage first, else the first one."""
@@ -422,11 +402,6 @@ def _step_limit(limit: int, node: str) -> StepLimitError:
         f"the run reached limits.steps={limit} node executions{why} before {node!r} could "
         "start; raise the limit (--set limits.steps=N) if the loop is expected to run "
         "longer", node=node)
-
-
-def _approvers(ns: Any) -> list[str] | None:
-    return list(ns.approval.approvers) if ns.approval is not None and ns.approval.approvers \
-        else None
 
 
 __all__ = ["InterlockError", "Runner"]

@@ -5,7 +5,7 @@ into them.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .. import _log as L
 from .._engine._fold import RunView
@@ -42,7 +42,7 @@ async def waiting_path(store: Store, run_id: str, parent: str | None = None) -> 
 
 
 async def _unblocked(store: Store, run_id: str, view: RunView
-                     ) -> list[tuple[str, dict[str, Any]]]:
+                     ) -> list[tuple[str, dict[str, object]]]:
     """Decisions for the gates of child runs that no longer wait there (the child was
     decided or continued on its own, or waits at another gate now, or is not this run's:
     a fork's): the node runs again and finds its child as it is (or starts its own)."""
@@ -58,7 +58,7 @@ async def _unblocked(store: Store, run_id: str, view: RunView
     return items
 
 
-def _child_gate(view: RunView, decision: Decision, skip: list[tuple[str, dict[str, Any]]]
+def _child_gate(view: RunView, decision: Decision, skip: list[tuple[str, dict[str, object]]]
                 ) -> tuple[Gate, Decision] | None:
     """The gate of a child run ``decision`` is for, and the decision as the child takes
     it (``node`` ``remediate/approval`` names the gate ``approval`` of the child of
@@ -97,8 +97,8 @@ async def _decide_child(store: Store, run_id: str, decision: Decision) -> None:
 
 
 async def _expired_children(store: Store, view: RunView,
-                            skip: list[tuple[str, dict[str, Any]]]
-                            ) -> list[tuple[str, dict[str, Any]]]:
+                            skip: list[tuple[str, dict[str, object]]]
+                            ) -> list[tuple[str, dict[str, object]]]:
     """`_approvals.expire` in the child runs a run waits for (at any depth): the engine's
     decisions for their gates whose deadline has passed, recorded there; the records that
     make this run's node run again and continue each such child."""

@@ -5,7 +5,6 @@ and a commit of our own under a claim (to a run nobody executes).
 from __future__ import annotations
 
 import os
-from typing import Any
 
 from .._engine._journal import Journal
 from .._store import Claim, Store, this_owner
@@ -29,7 +28,7 @@ def make_owner() -> str:
     return f"{this_owner()}:{os.urandom(4).hex()}"
 
 
-async def _commit_claimed(store: Store, loaded: Loaded, items: list[tuple[str, dict[str, Any]]]
+async def _commit_claimed(store: Store, loaded: Loaded, items: list[tuple[str, dict[str, object]]]
                           ) -> None:
     """Append ``items`` to a run nobody executes (a child waiting for a human), under a
     claim of our own."""

@@ -33,6 +33,7 @@ from .._errors import (
     StoreError,
     UsageError,
 )
+from .._json import JSONObject
 from .._observe._otel import RunSpans, run_spans, tracing, with_spans
 from .._plugins._subflow import CHILD_RUNS, ChildOutcome, ChildRequest
 from .._store import Claim, RunRow, Store, Summary
@@ -60,7 +61,7 @@ def child_listener(listener: Listener | None, run_id: str, workflow: str
 
 
 async def drive(plan: Plan, store: Store, run_id: str, view: RunView, writer: L.LogWriter, *,
-                first: list[tuple[str, dict[str, Any]]] | None = None, force: bool = False,
+                first: list[tuple[str, dict[str, object]]] | None = None, force: bool = False,
                 listener: Listener | None = None, owner: str | None = None,
                 fresh: bool = False, lease: float = LEASE_SECONDS,
                 stop: Stop | None = None, execute: bool = True,
@@ -111,7 +112,7 @@ async def drive(plan: Plan, store: Store, run_id: str, view: RunView, writer: L.
 
 
 async def _commit_first(journal: Journal, run_id: str,
-                        first: list[tuple[str, dict[str, Any]]]) -> None:
+                        first: list[tuple[str, dict[str, object]]]) -> None:
     """`drive`'s ``first`` records (``run.resumed``, a decision) committed under the claim."""
     try:
         await journal.commit(first)
@@ -337,10 +338,10 @@ class _Watcher:
                 await task
 
 
-async def start(plan: Plan, store: Store, run_id: str, *, definition: dict[str, Any],
-                definition_hash: str, input: dict[str, Any], config: dict[str, Any],
-                limits: dict[str, Any], options: dict[str, Any],
-                started: dict[str, Any] | None = None,
+async def start(plan: Plan, store: Store, run_id: str, *, definition: JSONObject,
+                definition_hash: str, input: JSONObject, config: JSONObject,
+                limits: dict[str, object], options: dict[str, object],
+                started: dict[str, object] | None = None,
                 listener: Listener | None = None) -> RunResult:
     """Create a run (its row and ``run.started``, chained with ``$INTERLOCK_LOG_KEY``
     when set) and drive it. ``input``, ``config`` and ``limits`` are the effective ones
@@ -355,10 +356,10 @@ async def start(plan: Plan, store: Store, run_id: str, *, definition: dict[str, 
                        generation=1 if owner is not None else None)
 
 
-async def create(plan: Plan, store: Store, run_id: str, *, definition: dict[str, Any],
-                 definition_hash: str, input: dict[str, Any], config: dict[str, Any],
-                 limits: dict[str, Any], options: dict[str, Any],
-                 started: dict[str, Any] | None = None, listener: Listener | None = None,
+async def create(plan: Plan, store: Store, run_id: str, *, definition: JSONObject,
+                 definition_hash: str, input: JSONObject, config: JSONObject,
+                 limits: dict[str, object], options: dict[str, object],
+                 started: dict[str, object] | None = None, listener: Listener | None = None,
                  claimed: bool = True, detached: bool = False
                  ) -> tuple[RunView, L.LogWriter, str | None]:
     """`start`'s first half: the run's row and ``run.started``; its view, its writer, and
@@ -370,7 +371,7 @@ async def create(plan: Plan, store: Store, run_id: str, *, definition: dict[str,
     writer = L.LogWriter(key=key)
     now = time.time()
     chain = chain_options(key)
-    fields: dict[str, Any] = {
+    fields: dict[str, object] = {
         "workflow": plan.spec.workflow, "definition_hash": definition_hash,
         "input": input, "config": config, "limits": limits, **(started or {}), **chain}
     defaults = start_defaults(plan.spec, input)
@@ -397,7 +398,7 @@ async def create(plan: Plan, store: Store, run_id: str, *, definition: dict[str,
     return view, writer, owner
 
 
-def start_defaults(spec: WorkflowSpec, data: Mapping[str, Any]) -> dict[str, Any]:
+def start_defaults(spec: WorkflowSpec, data: Mapping[str, object]) -> dict[str, object]:
     """The declared fields' start values that apply to a run (``run.started`` records
     them, so a resume folds the same state whatever the code's defaults become): a value
     in the input replaces the default (null too, for a field without a reducer; a field
@@ -414,7 +415,7 @@ def start_defaults(spec: WorkflowSpec, data: Mapping[str, Any]) -> dict[str, Any
 
 @dataclass(frozen=True, slots=True)
 class _Functions:
-    callables: Mapping[str, Callable[..., Any]]
+    callables: Mapping[str, Callable[..., object]]
 
 
 class _Children:
@@ -486,7 +487,7 @@ async def continue_child(store: Store, run_id: str, workflow: Functions | None, 
     view = loaded.view
     if view.status in ("COMPLETED", "REJECTED", "CANCELLED"):
         return result_of(run_id, loaded.row.workflow, view)
-    first: list[tuple[str, dict[str, Any]]] = []
+    first: list[tuple[str, dict[str, object]]] = []
     if view.status == "WAITING_APPROVAL":
         first = await _unblocked(store, run_id, view)
         moved = {(f["node"], f["visit"]) for _, f in first}
@@ -518,7 +519,7 @@ async def continue_claimed(store: Store, run_id: str, owner: str, *,
     if row.owner != owner:  # taken over since our claim (our lease ran out meanwhile)
         raise ClaimLost(run_id, row.owner, row.generation, None)
     view = loaded.view
-    first: list[tuple[str, dict[str, Any]]] = []
+    first: list[tuple[str, dict[str, object]]] = []
     if view.status == "WAITING_APPROVAL":  # a gate's deadline passed: the engine decides
         from .._engine._approvals import expire
 

@@ -30,7 +30,7 @@ FORMAT = "interlock-run"
 VERSION = 1
 
 
-def header(row: RunRow) -> dict[str, Any]:
+def header(row: RunRow) -> dict[str, object]:
     """The first line of a run's export."""
     s = row.summary
     return {
@@ -184,7 +184,7 @@ def _verify_one(lines: Iterable[bytes], source: str) -> Verification:
     return result
 
 
-def _header_mismatch(head: dict[str, Any], first: bytes) -> str | None:
+def _header_mismatch(head: dict[str, object], first: bytes) -> str | None:
     """What of the header the chain does not vouch for, checked against ``run.started``
     (which it does): the workflow and the input. (The run id is in no record: it is the
     name the export goes by.)"""

@@ -9,7 +9,7 @@ import hashlib
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Literal, Protocol
 
 from .. import _log as L
 from .._definition._model import WorkflowSpec
@@ -29,7 +29,7 @@ class Functions(Protocol):
     functions of its builder-made nodes, by call path."""
 
     @property
-    def callables(self) -> Mapping[str, Callable[..., Any]]: ...
+    def callables(self) -> Mapping[str, Callable[..., object]]: ...
 
 
 log = logging.getLogger("interlock")
@@ -65,11 +65,11 @@ class Loaded:
         return L.LogWriter(*self.last, key=self.key)
 
 
-def definition_hash(definition: dict[str, Any]) -> str:
+def definition_hash(definition: Mapping[str, object]) -> str:
     return hashlib.sha256(L.dumps(definition)).hexdigest()
 
 
-def chain_options(key: L.ChainKey | None) -> dict[str, Any]:
+def chain_options(key: L.ChainKey | None) -> dict[str, object]:
     """What a new run's row and its run.started say of its chain (nothing when plain)."""
     return {} if key is None else {"chain": L.KEYED, "key_id": key.id}
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 from .._errors import UsageError
 from .._store import ALL_RUNS, FINISHED, RunRow, Store, open_store
@@ -36,7 +35,7 @@ class Pruned:
             return None
         return max(0, self.bytes_before - self.bytes_after)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {"dry_run": self.dry_run, "runs": [r.run_id for r in self.runs],
                 "records": self.records, "kept_children": self.kept_children,
                 "bytes_before": self.bytes_before, "bytes_after": self.bytes_after,

@@ -39,8 +39,8 @@ if TYPE_CHECKING:
 
 async def resume(run_id: str, decision: Decision | None = None, *,
                  store: str | Store | None = None, workflow: Functions | None = None,
-                 config: Mapping[str, Any] | None = None,
-                 limits: Mapping[str, Any] | None = None, force: bool = False,
+                 config: Mapping[str, object] | None = None,
+                 limits: Mapping[str, object] | None = None, force: bool = False,
                  listener: Listener | None = None, detach: bool = False) -> RunResult:
     """Continue a run from its log: interrupted visits run again, nothing completed does.
 
@@ -54,7 +54,7 @@ async def resume(run_id: str, decision: Decision | None = None, *,
         loaded = await load_run(st, run_id, workflow=workflow, executable=True)
         view = loaded.view
         fields = _overrides(config, limits)
-        first: list[tuple[str, dict[str, Any]]] = []
+        first: list[tuple[str, dict[str, object]]] = []
         if view.status == "WAITING_APPROVAL":
             first = await _decisions(st, run_id, loaded, decision)
         elif decision is not None:
@@ -84,7 +84,7 @@ async def resume(run_id: str, decision: Decision | None = None, *,
 
 
 async def _decisions(st: Store, run_id: str, loaded: Loaded, decision: Decision | None
-                     ) -> list[tuple[str, dict[str, Any]]]:
+                     ) -> list[tuple[str, dict[str, object]]]:
     """What the resume of a waiting run records before it goes on: the gates whose
     deadline passed, the child runs that wait no more, and ``decision`` -- on a gate of
     the run's own, or forwarded to the child run it waits through (SPEC §7)."""
@@ -125,24 +125,25 @@ async def _decisions(st: Store, run_id: str, loaded: Loaded, decision: Decision 
 _PAST = {"approve": "approved", "reject": "rejected", "modify": "modified"}
 
 
-async def _continue_parent(store: Store, run_id: str, link: Mapping[str, Any], *,
+async def _continue_parent(store: Store, run_id: str, link: Mapping[str, object], *,
                            detach: bool = False) -> None:
     """A child run was resumed on its own: continue its parent if it waits for it (or was
     interrupted) -- the node runs again and finds the child as it now is."""
+    parent_id = str(link["run"])
     try:
-        parent = await load_run(store, link["run"])
+        parent = await load_run(store, parent_id)
     except RunNotFound:
         return
     view = parent.view
     waits = any(g.kind == "workflow" and g.key == run_id for g in view.pending_gates())
     if waits or view.status in ("RUNNING", "RETRYING"):
         with contextlib.suppress(ClaimError, UsageError, LogError):  # being executed: it will see
-            await resume(link["run"], store=store, detach=detach)
+            await resume(parent_id, store=store, detach=detach)
 
 
-def _overrides(config: Mapping[str, Any] | None,
-               limits: Mapping[str, Any] | None) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def _overrides(config: Mapping[str, object] | None,
+               limits: Mapping[str, object] | None) -> dict[str, object]:
+    out: dict[str, object] = {}
     if config:
         check_config(config)
         out["config"] = L.to_json_value(dict(config))
@@ -203,9 +204,9 @@ def trace_record(run_id: str, entry: L.Entry) -> dict[str, Any]:
 
 
 async def fork(run_id: str, at: int, *, store: str | Store | None = None,
-               workflow: Functions | None = None, config: Mapping[str, Any] | None = None,
-               patch: Mapping[str, Any] | None = None, new_run_id: str | None = None,
-               limits: Mapping[str, Any] | None = None,
+               workflow: Functions | None = None, config: Mapping[str, object] | None = None,
+               patch: Mapping[str, object] | None = None, new_run_id: str | None = None,
+               limits: Mapping[str, object] | None = None,
                listener: Listener | None = None) -> RunResult:
     """Start a new run from the state at record ``at`` of ``run_id`` and run it.
 
@@ -279,7 +280,7 @@ async def list_runs(*, store: str | Store | None = None, status: str | None = No
             await release_store(st)
 
 
-async def append_note(run_id: str, rtype: str, fields: Mapping[str, Any], *,
+async def append_note(run_id: str, rtype: str, fields: Mapping[str, object], *,
                       store: Store) -> None:
     """Append one record that changes nothing in the run (a tool's note, such as a
     server's ``notify.sent``) to its log, under the run's claim: claimed, read, chained,

@@ -8,9 +8,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from .. import _log as L
+from .._definition._model import NodeSpec
 from .._definition._spec import parse
 from .._engine import _snapshot as snapshots
 from .._engine._fold import RunView
@@ -30,7 +30,7 @@ class ChildLinks:
     def __init__(self, row: RunRow, above: tuple[str, ...] = ()) -> None:
         self.row = row
         self.path = (*above, row.run_id)
-        self.nodes: Mapping[str, Any] | None = None  # the definition's, when first needed
+        self.nodes: Mapping[str, NodeSpec] | None = None  # the definition's, when first needed
         self.seen: set[str] = set()
         self._lineage: set[str] | None = None
 
@@ -58,7 +58,7 @@ class ChildLinks:
         return child if parent in self._lineage else None
 
 
-def forged(nodes: Mapping[str, Any], path: tuple[str, ...], rec: L.Record) -> str | None:
+def forged(nodes: Mapping[str, NodeSpec], path: tuple[str, ...], rec: L.Record) -> str | None:
     """Why ``rec``, of one of the engine's namespaces that the fold does not check
     (``child.``, ``snapshot.``, ``notify.``), is not a record interlock wrote there, or
     None. ``nodes``: the run's definition's; ``path``: the run's id last, after the runs

@@ -30,7 +30,7 @@ _STATUS = {L.NODE_STARTED: "running", L.NODE_COMPLETED: "completed", L.NODE_FAIL
            L.APPROVAL_DECIDED: "decided"}
 
 
-def _input(spec: WorkflowSpec, rec: L.Record, view: RunView) -> dict[str, Any]:
+def _input(spec: WorkflowSpec, rec: L.Record, view: RunView) -> dict[str, object]:
     node, state = rec["node"], view.state
     ns = spec.nodes[node]
     fields = ns.approval.show if ns.approval is not None else ns.reads

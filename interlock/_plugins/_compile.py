@@ -9,7 +9,6 @@ stored) and the façade (`Workflow`).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
 
 from .._definition._checking import CheckResult
 from .._definition._expr import compile_expression
@@ -25,12 +24,12 @@ SUBFLOW_KIND = SubflowKind()
 NODE_KINDS = (AGENT_KIND, SUBFLOW_KIND)
 
 
-def check_spec(spec: WorkflowSpec, callables: Mapping[str, Callable[..., Any]]) -> CheckResult:
+def check_spec(spec: WorkflowSpec, callables: Mapping[str, Callable[..., object]]) -> CheckResult:
     """Every static check of ``spec`` (``callables``: functions given by the builder)."""
     return check(spec, dict(callables), kinds=NODE_KINDS)
 
 
-def compile_spec(spec: WorkflowSpec, callables: Mapping[str, Callable[..., Any]]
+def compile_spec(spec: WorkflowSpec, callables: Mapping[str, Callable[..., object]]
                  ) -> tuple[Plan, list[Diagnostic]]:
     """Validate and compile ``spec``: its plan and its warnings. Raises WorkflowError
     listing every error."""

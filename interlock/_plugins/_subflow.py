@@ -41,6 +41,7 @@ from .._engine._context import PauseRequested
 from .._engine._fold import RunResult
 from .._engine._journal import StoreOutage
 from .._errors import BudgetExceededError, ChildRunError, NodeError, StepLimitError, StoreError
+from .._json import JSONObject
 
 if TYPE_CHECKING:
     from .._definition._plan import Plan
@@ -53,10 +54,10 @@ class ChildRequest:
 
     run_id: str
     plan: Plan  # the child's, executable
-    definition: dict[str, Any]  # pinned in the parent's definition
-    input: Callable[[], dict[str, Any]]  # the child's input (only evaluated to start it)
-    link: dict[str, Any]  # {run, node, visit[, item]}: written in the child's run.started
-    callables: Mapping[str, Callable[..., Any]]  # a builder child's Python functions
+    definition: JSONObject  # pinned in the parent's definition
+    input: Callable[[], dict[str, object]]  # the child's input (only evaluated to start it)
+    link: dict[str, object]  # {run, node, visit[, item]}: written in the child's run.started
+    callables: Mapping[str, Callable[..., object]]  # a builder child's Python functions
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,8 +91,8 @@ def child_run_id(run_id: str, node: str, visit: int, item: int | None = None) ->
     return base if item is None else f"{base}.{item}"
 
 
-Compile = Callable[[WorkflowSpec, Mapping[str, Callable[..., Any]]], tuple["Plan", list[Any]]]
-Check = Callable[[WorkflowSpec, Mapping[str, Callable[..., Any]]], Any]
+Compile = Callable[[WorkflowSpec, Mapping[str, Callable[..., object]]], tuple["Plan", list[Any]]]
+Check = Callable[[WorkflowSpec, Mapping[str, Callable[..., object]]], Any]
 
 
 class SubflowKind:
@@ -170,8 +171,8 @@ class SubflowKind:
                             f"(its fields: {', '.join(sorted(child_known)) or 'none'})",
                             ("nodes", name, "output"), "subflow")
 
-    def build(self, name: str, node: NodeSpec, *, callables: Mapping[str, Callable[..., Any]],
-              workflow: WorkflowSpec) -> Callable[..., Any]:
+    def build(self, name: str, node: NodeSpec, *, callables: Mapping[str, Callable[..., object]],
+              workflow: WorkflowSpec) -> Callable[..., object]:
         assert node.workflow is not None
         prefix = f"{name}/"
         own = {k[len(prefix):]: fn for k, fn in callables.items() if k.startswith(prefix)}
@@ -197,7 +198,7 @@ def _gates(spec: WorkflowSpec) -> list[str]:
 
 
 def _body(kind: SubflowKind, name: str, node: NodeSpec,
-          callables: Mapping[str, Callable[..., Any]]) -> Callable[..., Any]:
+          callables: Mapping[str, Callable[..., object]]) -> Callable[..., object]:
     assert node.workflow is not None
     definition = node.workflow.definition
     exprs = {f: compile_expression(src) for f, src in (node.input or {}).items()}
@@ -205,7 +206,7 @@ def _body(kind: SubflowKind, name: str, node: NodeSpec,
     assert key is not None
     compiled: list[Plan] = []  # compiled when the node first runs (reading needs nothing)
 
-    async def run_subflow(state: dict[str, Any], ctx: Context) -> Any:
+    async def run_subflow(state: dict[str, object], ctx: Context) -> Any:
         host = CHILD_RUNS.get()
         if host is None:
             raise NodeError(f"node {name!r} runs a sub-workflow, which needs the run "
@@ -215,11 +216,11 @@ def _body(kind: SubflowKind, name: str, node: NodeSpec,
             compiled.append(kind.compile_child(parse(definition), callables)[0])
         plan = compiled[0]
         child_id = child_run_id(ctx.run_id, name, ctx.visit, ctx.item_index)
-        link: dict[str, Any] = {"run": ctx.run_id, "node": name, "visit": ctx.visit}
+        link: dict[str, object] = {"run": ctx.run_id, "node": name, "visit": ctx.visit}
         if ctx.item_index is not None:
             link["item"] = ctx.item_index
 
-        def child_input() -> dict[str, Any]:
+        def child_input() -> dict[str, object]:
             scope = {**state, "config": ctx.config}
             data = {f: state[f] for f in plan.spec.input if f not in exprs and f in state}
             for f, expr in exprs.items():
@@ -264,7 +265,7 @@ async def _account(ctx: Context, out: ChildOutcome) -> None:
     if new_tokens <= 0 and new_steps <= 0:
         return
 
-    def charge() -> dict[str, Any]:
+    def charge() -> dict[str, object]:
         if new_tokens > 0:
             ctx.record_tokens(new_tokens)  # the parent's budgets (raises when crossed)
         ctx.spent.steps = max(new_steps, 0)  # counted with this effect's record
@@ -275,7 +276,7 @@ async def _account(ctx: Context, out: ChildOutcome) -> None:
 
 
 def _result(name: str, key: str, node: NodeSpec, child: WorkflowSpec,
-            out: ChildOutcome) -> dict[str, Any]:
+            out: ChildOutcome) -> dict[str, object]:
     if out.status == "COMPLETED":
         state = out.state
         if node.output is None:

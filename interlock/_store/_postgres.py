@@ -51,6 +51,7 @@ from ._postgres_sql import _NOW
 from ._postgres_writes import PostgresWrites
 from ._rows import (
     _RUN_COLUMNS,
+    list_query,
     page_query,
     row_from,
 )
@@ -114,19 +115,7 @@ class PostgresStore(PostgresWrites, PostgresClaims, Store):
 
     async def list_runs(self, *, status: str | None = None, workflow: str | None = None,
                         limit: int = 100) -> list[RunRow]:
-        where: list[str] = []
-        params: list[str | int] = []
-        if status is not None:
-            where.append("status = %s")
-            params.append(status)
-        if workflow is not None:
-            where.append("workflow = %s")
-            params.append(workflow)
-        sql = f"SELECT {_RUN_COLUMNS} FROM runs"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += " ORDER BY created_at DESC LIMIT %s"
-        params.append(limit)
+        sql, params = list_query("%s", "runs", status, workflow, limit)
 
         async def op(conn: Conn) -> list[RunRow]:
             cur = await conn.execute(sql, params)

@@ -161,6 +161,11 @@ class PostgresConnections:
         return conn
 
     async def _bootstrap(self, conn: Conn) -> None:
+        # Under a transaction-scoped advisory lock: processes opening one new database
+        # together create the tables once, and one opening an older store upgrades it
+        # while the others wait: what each decides on (the tables there, the meta
+        # table's schema and version) is read under the lock. A database or schema that
+        # holds tables named like ours but no interlock_meta of ours is never written to.
         where = redact(self.url)
         try:
             async with conn.transaction():

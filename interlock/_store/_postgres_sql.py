@@ -111,6 +111,11 @@ SELECT (SELECT count(*) FROM run), (SELECT count(*) FROM ins)
 # they continue it and the run exists (`ins`), the summary updated only then (`upd`).
 # Two writers of the same seq: the second blocks on the primary key until the first
 # commits, then fails with UniqueViolation and its whole statement is undone.
+# Fencing: ``run`` locks the run's row (FOR UPDATE). A claim commits its generation
+# + 1 under that row's lock, so an append either runs first (its claim still current)
+# or waits for the claim's commit and, as READ COMMITTED rechecks a locked row, reads
+# the new generation and stores nothing (``ok`` false: ClaimLost). Without the lock
+# the statement's snapshot could predate a claim that commits before the append does.
 _APPEND = f"""
 WITH run AS (
     SELECT run_id, generation, owner FROM runs WHERE run_id = %(run)s FOR UPDATE
@@ -157,6 +162,8 @@ WITH b AS (
         AS b(run, prev, status, updated_at, last_seq, last_hash, steps, tokens, error,
              waiting, release, gen, i)
 ), lk AS (
+    -- the rows locked in one order (run id) by every committer, of every process:
+    -- two turns that share runs wait for each other instead of deadlocking
     SELECT run_id, generation, owner FROM runs WHERE run_id = ANY(%(b_run)b::text[])
     ORDER BY run_id FOR UPDATE
 ), chk AS (
@@ -225,6 +232,10 @@ SELECT u.i, u.run_id IN (SELECT run_id FROM run), (SELECT count(*) FROM ins)
 FROM u ORDER BY u.i
 """
 
+# A claim: a compare-and-set on the row (free, ours, or its lease run out by the
+# server's clock; or ``force``). Every claim bumps the generation -- the same owner's
+# again too -- and returns it: appends and heartbeats name the generation they act
+# under, so once a run is claimed again nothing its earlier executor does is stored.
 _CLAIM = f"""
 UPDATE runs SET owner = %(owner)s, lease_until = {_NOW} + %(lease)s,
     generation = generation + 1
@@ -263,6 +274,9 @@ WHERE run_id = %(run)s AND owner = %(gone)s
 RETURNING generation
 """
 
+# A lease renewed only for the claim that holds it now: the owner, and the generation
+# when the caller names one (a superseded claim of the same owner must not extend the
+# lease of the one that replaced it).
 _HEARTBEAT = f"""
 UPDATE runs SET lease_until = {_NOW} + %(lease)s
 WHERE run_id = %(run)s AND owner = %(owner)s

@@ -175,6 +175,9 @@ class PostgresWrites(PostgresConnections):
                 turn: list[_Write] = []
                 rest: list[_Write] = []
                 runs: set[str] = set()
+                # a run's second write waits for the next turn: every part of the turn's
+                # statement reads one snapshot, so its check of the log's end would not
+                # see the first write's records
                 for item in pool.writes:
                     if item[0] in runs or len(turn) >= BATCH_MAX:
                         rest.append(item)  # a run's second write waits for the next turn

@@ -1,6 +1,6 @@
 """The row codec the SQLite and PostgreSQL stores share: a run's columns and their
-order, a `RunRow` to and from them (JSON as text), a summary's values, a list page's
-query, the check that appended entries continue the stored log, the claim rule, and an
+order, a `RunRow` to and from them (JSON as text), a summary's values, the two lists'
+queries, the check that appended entries continue the stored log, the claim rule, and an
 `Entry` read back from a record's JSON and hash."""
 
 from __future__ import annotations
@@ -91,12 +91,9 @@ def summary_params(summary: Summary) -> SummaryParams:
             json_opt(s.error), json_opt(s.waiting))
 
 
-def page_query(mark: str, status: str | None, workflow: str | None,
-               before: tuple[float, str] | None, updated_after: float | None,
-               limit: int, *, order_id: str = "run_id") -> tuple[str, list[str | float]]:
-    """`Store.list_page`'s SELECT over the runs table and its parameters (``mark``: the
-    driver's placeholder; ``order_id``: how run ids compare, the same in the keyset
-    condition as in the ORDER BY)."""
+def _filters(mark: str, status: str | None, workflow: str | None
+             ) -> tuple[list[str], list[str | float]]:
+    """The conditions on a run's status and workflow both lists take, and their values."""
     where: list[str] = []
     params: list[str | float] = []
     if status is not None:
@@ -105,6 +102,29 @@ def page_query(mark: str, status: str | None, workflow: str | None,
     if workflow is not None:
         where.append(f"workflow = {mark}")
         params.append(workflow)
+    return where, params
+
+
+def list_query(mark: str, source: str, status: str | None, workflow: str | None,
+               limit: int) -> tuple[str, list[str | float]]:
+    """`Store.list_runs`'s SELECT (whole rows, from ``source``: the runs table, or what
+    joins it to the runs' specs) and its parameters (``mark``: the driver's placeholder)."""
+    where, params = _filters(mark, status, workflow)
+    sql = f"SELECT {_RUN_COLUMNS} FROM {source}"
+    if where:
+        sql += " WHERE " + " AND ".join(where)
+    sql += f" ORDER BY created_at DESC LIMIT {mark}"
+    params.append(limit)
+    return sql, params
+
+
+def page_query(mark: str, status: str | None, workflow: str | None,
+               before: tuple[float, str] | None, updated_after: float | None,
+               limit: int, *, order_id: str = "run_id") -> tuple[str, list[str | float]]:
+    """`Store.list_page`'s SELECT over the runs table and its parameters (``mark``: the
+    driver's placeholder; ``order_id``: how run ids compare, the same in the keyset
+    condition as in the ORDER BY)."""
+    where, params = _filters(mark, status, workflow)
     if updated_after is not None:
         where.append(f"updated_at > {mark}")
         params.append(updated_after)

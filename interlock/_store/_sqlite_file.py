@@ -68,6 +68,10 @@ class SQLiteFile:
                 conn.execute("PRAGMA synchronous = OFF")
             self._to_wal(conn)
             conn.execute(f"PRAGMA synchronous = {self._synchronous.upper()}")
+            # The version is read again, and the file upgraded, inside one write
+            # transaction: the upgrade is all or nothing (a crash leaves the older
+            # version, which the next open upgrades), and another process opening the
+            # file at the same time waits for it and then finds the new version.
             conn.execute("BEGIN IMMEDIATE")
             # again: another process may have raced us (or upgraded the file meanwhile)
             version = self._check_tables(conn, path)

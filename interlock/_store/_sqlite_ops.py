@@ -20,6 +20,7 @@ from ._rows import (
     claim_refused,
     from_json,
     json_text,
+    list_query,
     page_query,
     row_from,
     stored_entry,
@@ -70,18 +71,8 @@ class SQLiteOps:
     @staticmethod
     def _list_runs(conn: sqlite3.Connection, status: str | None, workflow: str | None,
                    limit: int) -> list[RunRow]:
-        where, params = [], []
-        if status is not None:
-            where.append("status = ?")
-            params.append(status)
-        if workflow is not None:
-            where.append("workflow = ?")
-            params.append(workflow)
-        sql = f"SELECT {_RUN_COLUMNS} FROM {_RUN_FROM}"
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += " ORDER BY created_at DESC LIMIT ?"
-        return [row_from(v) for v in conn.execute(sql, (*params, limit))]
+        sql, params = list_query("?", _RUN_FROM, status, workflow, limit)
+        return [row_from(v) for v in conn.execute(sql, params)]
 
     @staticmethod
     def _claim(conn: sqlite3.Connection, run_id: str, owner: str, lease: float,
@@ -90,10 +81,15 @@ class SQLiteOps:
                              (run_id,)).fetchone()
         if found is None:
             raise RunNotFound(run_id)
+        # in the writer's transaction (BEGIN IMMEDIATE: the file's one write lock), so the
+        # owner read here is still the owner when the row is updated: a compare-and-set
         current, lease_until = found
         now = time.time()
         if claim_refused(current, lease_until, owner, now, force):
             raise ClaimError(run_id, current, lease_until - now)
+        # every claim bumps the generation, the same owner's again too: appends and
+        # heartbeats are fenced by the generation a claim returned, not by the owner's
+        # name, so nothing an earlier claim's executor still does is stored
         (generation,), = conn.execute(
             "UPDATE runs SET owner = ?, lease_until = ?, generation = generation + 1 "
             "WHERE run_id = ? RETURNING generation", (owner, now + lease, run_id)).fetchall()

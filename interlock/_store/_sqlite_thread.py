@@ -105,6 +105,16 @@ class _Writer:
             self._thread.join()
 
     def _main(self) -> None:
+        # Invariants of the hand-off:
+        # - jobs run in the order they were queued, and a group commit takes only writes
+        #   queued one after the other: a read queued after a write runs after its commit
+        #   (it sees it), and a write queued after a read runs after it;
+        # - every job's future gets exactly one outcome, even when the job raises a
+        #   BaseException (it is the caller's to see, as in a thread pool), and a job
+        #   runs to its end whether or not its caller still waits (`_deliver` skips a
+        #   cancelled future): a write the caller gave up on may have committed;
+        # - the outcomes go back in one ``call_soon_threadsafe`` per event loop and turn
+        #   (`_hand_back`), never by touching a future from this thread.
         jobs = self._jobs
         while True:
             turn: list[_Job | None] = [jobs.get()]
@@ -135,6 +145,8 @@ class _Writer:
                     outcomes = [(g[1], result, exc)
                                 for g, (result, exc) in zip(group, done, strict=True)]
                 self._hand_back(group, outcomes)
+                # drop this thread's references before it blocks on the queue: a result
+                # or an exception (with its traceback's frames) belongs to the caller now
                 del job, group, outcomes
 
     def _end(self) -> None:

@@ -47,6 +47,8 @@ class SQLiteWal(SQLiteFile):
     _space_freed: int
 
     def _run(self, fn: Callable[..., T], *args: object) -> T:
+        """Run ``fn(conn, *args)``, a job of the writer thread, on the connection (opened
+        on first use); a job that fails leaves no transaction open behind it."""
         conn = self._conn or self._open()
         self._jobs_since_checkpoint += 1
         if self._jobs_since_checkpoint >= CHECKPOINT_EVERY \
@@ -64,6 +66,9 @@ class SQLiteWal(SQLiteFile):
                 conn.rollback()
             raise
         finally:
+            # the disk was found full by this job (`_error`): the WAL's space is given
+            # back now, after its transaction was rolled back and before the next job
+            # may take that space
             if self._space_wanted and not full_before and not conn.in_transaction:
                 self._give_space_back(conn)  # the disk was found full just now
 

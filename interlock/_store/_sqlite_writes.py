@@ -79,6 +79,14 @@ class SQLiteWrites(SQLiteWal, SQLiteOps):
             raise StoreError(f"run {run_id!r}: a SQLite store holds {SEQ_MASK:,} records "
                              "a run at most")
         held = None if claim is None else claim.generation
+        # Fencing: the claim's generation and the log's end are checked in the very
+        # transaction that writes, which holds the file's one write lock (BEGIN IMMEDIATE,
+        # alone or the group commit's): no claim, in this process or another, can commit
+        # between the check and the records. The common case is one statement -- the
+        # summary updated only if the status is unchanged, the log ends at ``prev`` and
+        # the generation is still the claim's; when it updates nothing, the row says
+        # why (no run, claimed since, another writer's records), or only the status
+        # changed, which the second UPDATE writes.
         done = conn.execute(_UPDATE_SUMMARY_IF, (*params[1:], run_id, summary.status,
                                                  prev, held)).fetchall()  # [(run_key,)] or []
         if not done:
