@@ -160,6 +160,7 @@ class _Call:
                  params: types.CallToolRequestParams) -> None:
         self.runs, self.ctx, self.params = runs, ctx, params
         self.done = 0  # nodes completed, for progress
+        self.declined = False  # the client declined a gate's question: not asked again
 
     async def answer(self) -> types.CallToolResult | types.InputRequiredResult:
         runs, params = self.runs, self.params
@@ -191,7 +192,8 @@ class _Call:
     async def _stopped(self, run: dict[str, Any], caller: Caller
                        ) -> types.CallToolResult | types.InputRequiredResult:
         """The answer for a run that stopped: asks the client about a gate while it can."""
-        while run["status"] == "WAITING_APPROVAL" and caller.may("decide"):
+        while run["status"] == "WAITING_APPROVAL" and caller.may("decide") and \
+                not self.declined:
             gate = run.get("waiting") or {}
             if not self._can_elicit() or not gate.get("node"):
                 break
@@ -228,6 +230,7 @@ class _Call:
         decision = (_decision(answer, gate, caller)
                     if isinstance(answer, types.ElicitResult) else None)
         if decision is None:
+            self.declined = True
             return run
         caller.refuse("decide", "decide approvals")
         return await self.runs.decide(run_id, decision, caller, self.progress)

@@ -154,16 +154,21 @@ def test_a_gate_is_answered_through_elicitation(project: Path, mode: str,
         gate["comment"] == "looks fine (via mcp)"
 
 
-def test_a_declined_elicitation_leaves_the_gate_waiting(project: Path) -> None:
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+def test_a_declined_elicitation_leaves_the_gate_waiting(project: Path, mode: str) -> None:
+    asked: list[str] = []
+
     async def elicit(ctx: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        asked.append(params.message)
         return types.ElicitResult(action="decline")
 
     async def call() -> types.CallToolResult:
-        async with Client(stdio_params(project), mode="legacy",
+        async with Client(stdio_params(project), mode=mode,  # type: ignore[arg-type]
                           elicitation_callback=elicit) as c:
             return await c.call_tool("asked", {"n": 2})
 
     out = anyio.run(call).structured_content
+    assert len(asked) == 1  # asked once: a declined question is not asked again
     assert out["status"] == "WAITING_APPROVAL"
     assert out["decide"]["cli"].startswith(f"interlock resume {out['run_id']}")
 
