@@ -60,6 +60,10 @@ EFFECT_RECORDED = "effect.recorded"
 APPROVAL_REQUESTED = "approval.requested"
 APPROVAL_DECIDED = "approval.decided"
 SNAPSHOT_TAKEN = "snapshot.taken"  # binds a snapshot to the chain: its seq and digest
+# SPEC §14: a run continued by code that differs from what it started with (the nodes
+# still to run whose modules changed), and a run moved onto another definition
+RUN_CODE_CHANGED = "run.code_changed"
+RUN_MIGRATED = "run.migrated"
 # the namespaces of the records interlock writes itself (the engine's, and a server's
 # ``notify.sent``): a node's `ctx.log` may not use them, and a reader trusts a record of
 # them only where the engine would have written it (`_verify.forged`)
@@ -88,6 +92,11 @@ def json_default(obj: Any) -> Any:
     if isinstance(obj, set | frozenset | tuple):
         return list(obj)
     raise TypeError(f"{type(obj).__name__} is not JSON serialisable")
+
+
+def definition_digest(definition: Any) -> str:
+    """The hash a run records of a workflow definition (its canonical JSON's SHA-256)."""
+    return hashlib.sha256(dumps(definition)).hexdigest()
 
 
 def dumps(value: Any) -> bytes:

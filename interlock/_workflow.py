@@ -383,16 +383,20 @@ def load(source: str | os.PathLike[str] | Mapping[str, object]) -> Workflow:
     return wf
 
 
+# folders a --workflows walk does not enter (caches, environments, version control)
+_NOT_WALKED = frozenset({"__pycache__", "node_modules", "site-packages", "venv"})
+
+
 def load_workflows(paths: Sequence[str]) -> dict[str, Workflow]:
-    """Each file (or each ``*.yaml``/``*.yml``/``*.json`` in a folder that is a workflow:
-    a mapping with a ``workflow:`` key -- a folder's data files beside them, such as an
-    example's ``scenarios.json``, are skipped, with a log line), by workflow name."""
+    """Each file (or each ``*.yaml``/``*.yml``/``*.json`` in a folder and its subfolders,
+    hidden ones and caches aside, that is a workflow: a mapping with a ``workflow:`` key --
+    a folder's data files beside them, such as an example's ``scenarios.json`` or a JSON
+    array, are skipped, with a log line), by workflow name."""
     found: dict[str, tuple[Workflow, Path]] = {}
     for given in paths:
         p = Path(given)
         if p.is_dir():
-            files = [f for f in sorted(p.iterdir())
-                     if f.suffix in (".yaml", ".yml", ".json") and _is_workflow_file(f)]
+            files = [f for f in _walk(p) if _is_workflow_file(f)]
         elif p.exists():
             files = [p]
         else:
@@ -410,18 +414,40 @@ def load_workflows(paths: Sequence[str]) -> dict[str, Workflow]:
     return {name: wf for name, (wf, _) in found.items()}
 
 
-def _is_workflow_file(path: Path) -> bool:
-    """Whether a file in a ``--workflows`` folder is a workflow (its top level has a
-    ``workflow:`` key); one that does not parse is, so that its error is shown."""
-    from ._definition._spec import read_file
+def _walk(folder: Path) -> list[Path]:
+    """The ``*.yaml``/``*.yml``/``*.json`` files under ``folder``, in path order."""
+    out = []
+    for root, dirs, names in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in _NOT_WALKED)
+        out += [Path(root) / n for n in names if Path(n).suffix in (".yaml", ".yml", ".json")
+                and not n.startswith(".")]
+    return sorted(out)
 
+
+def _is_workflow_file(path: Path) -> bool:
+    """Whether a file in a ``--workflows`` folder is a workflow: its top level is a mapping
+    with a ``workflow:`` key. Anything else that parses -- a JSON array, a list, a scalar,
+    a mapping of data -- is skipped with a log line; a file that does not parse is taken
+    as a workflow, so that its error is shown."""
+    import yaml
+
+    from ._definition import _limits
+    from ._definition._bounds import read_at_most
+
+    limit = _limits.WORKFLOW_FILE_BYTES.get()
     try:
-        data, _ = read_file(path)
-    except WorkflowError:
+        with path.open("rb") as f:
+            raw = read_at_most(f, limit)
+        data = None if raw is None else yaml.load(
+            raw, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except (yaml.YAMLError, OSError, UnicodeDecodeError, ValueError, RecursionError):
         return True
     if isinstance(data, Mapping) and "workflow" in data:
         return True
-    logging.getLogger("interlock").info(
-        "--workflows: skipped %s: not a workflow file (it has no top-level workflow: key)",
-        path)
+    shape = ("larger than a workflow file may be" if raw is None
+             else "a mapping without a top-level workflow: key" if isinstance(data, Mapping)
+             else f"its top level is {'a list' if isinstance(data, list) else 'a value'}, "
+                  "not a mapping with a workflow: key")
+    logging.getLogger("interlock").info("--workflows: skipped %s: not a workflow file (%s)",
+                                        path, shape)
     return False

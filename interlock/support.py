@@ -100,9 +100,12 @@ from ._log import TERMINAL_TYPES, Entry, Record
 from ._observe._coverage import workflows_in
 from ._observe._metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ._observe._metrics import Metrics
+from ._ops._code import CodeChanged, set_strict_code
 from ._ops._export import export as export_run
 from ._ops._export import verify_export
 from ._ops._load import TRACE_PAGE, load_run
+from ._ops._migrate import Migration, MigrationRefused
+from ._ops._migrate import migrate as migrate_run
 from ._ops._prune import Pruned
 from ._ops._prune import prune as prune_runs
 from ._ops._runs import append_note, trace_pages
@@ -162,6 +165,7 @@ __all__ = [
     "TERMINAL_TYPES",
     "TRACE_PAGE",
     "Claim",
+    "CodeChanged",
     "Draining",
     "EdgeSpec",
     "Entry",
@@ -170,6 +174,8 @@ __all__ = [
     "LeaseRenewer",
     "LogCheck",
     "Metrics",
+    "Migration",
+    "MigrationRefused",
     "NodeSpec",
     "NotAnApprover",
     "Pool",
@@ -190,6 +196,7 @@ __all__ = [
     "load_run",
     "load_spec",
     "load_workflows",
+    "migrate_run",
     "node_visits",
     "not_json_at",
     "owner_gone",
@@ -200,6 +207,7 @@ __all__ = [
     "read_at_most",
     "redact",
     "run_json",
+    "set_strict_code",
     "to_dot",
     "to_mermaid",
     "too_big",

@@ -308,6 +308,10 @@ CLAIMS: dict[str, Evidence] = {
         "tests/store/test_log_errors.py::test_the_server_answers_409_to_a_broken_log_never_400"),
     "the CLI exits 1 (as `verify` does": ByTest(
         "tests/store/test_log_errors.py::test_the_cli_exits_1_on_a_broken_log_saying_what_to_do"),
+    # versions (issue 32)
+    "the CLI's exit 2, the server's 409": ByTest(
+        "tests/ops/test_versions.py::"
+        "test_a_server_with_strict_code_refuses_a_decision_after_the_code_changed"),
     # known limits
     "1000-branch fan-out take ~6 s (a million pairs); it now takes ~0.2 s": Unkept(
         "timed when the pairs were made lazy; the property test "

@@ -35,7 +35,7 @@ LAYERS: dict[int, set[str]] = {
         "_definition._yaml_fast", "_observe._otel"},
     # the file front end, state updates, rendering, the node-kind protocol
     2: {"_definition._spec", "_definition._state", "_definition._render", "_definition._kinds",
-        "_worker._triggers"},
+        "_worker._triggers", "_definition._digest"},
     # static checks (their shared context, one module per family of checks) and the
     # frozen plan (node kinds injected)
     3: {"_definition._validate", "_definition._checking", "_definition._checks_nodes",
@@ -43,8 +43,8 @@ LAYERS: dict[int, set[str]] = {
         "_definition._checks_graph", "_definition._plan"},
     # the flow machine, the fold, its snapshots, approvals, the journal (records sealed,
     # folded, stored), the lease keeper (leases renewed off the event loop)
-    4: {"_engine._flow", "_engine._view", "_engine._fold", "_engine._snapshot",
-        "_engine._approvals", "_engine._journal", "_engine._lease"},
+    4: {"_engine._flow", "_engine._view", "_engine._migration", "_engine._fold",
+        "_engine._snapshot", "_engine._approvals", "_engine._journal", "_engine._lease"},
     # the node call: its context, the guards, process isolation
     5: {"_engine._context", "_engine._budget", "_engine._guards", "_engine._call",
         "_engine._mapped", "_engine._ray",
@@ -59,18 +59,19 @@ LAYERS: dict[int, set[str]] = {
     # executing them in a pool (a server's, a worker's); node visits (the dashboard's)
     8: {"_ops._load", "_ops._claims", "_ops._cancel", "_ops._children", "_ops._execute",
         "_ops._verify", "_ops._runs", "_observe._coverage", "_ops._export", "_ops._prune",
-        "_observe._metrics", "_worker._workers", "_ops._visits"},
+        "_observe._metrics", "_worker._workers", "_ops._visits", "_ops._code",
+        "_ops._migrate"},
     # the façade: builder and loaded file
     9: {"_workflow", "_builder"},
     # the public surface and the command line
     10: {"", "__main__", "testing", "support", "cli", "cli._common", "cli._format", "cli._inspect",
         "cli._progress", "cli._run", "cli._trace", "cli._coverage", "cli._prune", "cli._serve",
-        "cli._remote", "cli._triggers", "cli._worker", "cli._mcp", "mcp", "mcp._tools",
-        "mcp._local", "server", "server._app", "server._auth",
+        "cli._remote", "cli._triggers", "cli._worker", "cli._migrate", "cli._mcp", "mcp",
+        "mcp._tools", "mcp._local", "server", "server._app", "server._auth",
         "server._hub", "server._main", "server._models", "server._notify", "server._pool",
         "server._dashboard", "server._loops", "server._reads", "server._guard",
         "server._service", "server._deps", "server._routes_runs", "server._routes_approvals",
-        "server._routes_workflows", "server._routes_meta", "server._mcp"},
+        "server._routes_workflows", "server._routes_meta", "server._layout", "server._mcp"},
 }
 LAYER_OF = {m: n for n, mods in LAYERS.items() for m in mods}
 

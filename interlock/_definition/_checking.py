@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from .._errors import Diagnostic, Severity
 from ._callables import import_callable
@@ -61,7 +62,8 @@ class CheckContext:
             try:
                 fn = import_callable(path)
             except (ImportError, AttributeError, TypeError) as exc:
-                self.add("error", f"{what}: call target {path!r} does not import: {exc}",
+                hint = _import_hint(exc, path, locate(self.spec, ()).file)
+                self.add("error", f"{what}: call target {path!r} does not import: {exc}{hint}",
                          where, "import")
                 return
             except (Exception, SystemExit) as exc:  # importing user code may raise anything
@@ -71,8 +73,33 @@ class CheckContext:
         self.result.callables[path] = fn
 
 
+def _import_hint(exc: BaseException, path: str, workflow_file: str | None) -> str:
+    """Where modules import from, when a call target's module is not found: the current
+    directory (as with ``python -m``) and PYTHONPATH -- and the folder to run from when the
+    module is beside the workflow file."""
+    cause = exc.__cause__ if exc.__cause__ is not None else exc
+    if not isinstance(cause, ModuleNotFoundError):
+        return ""
+    top = path.partition(":")[0].split(".")[0]
+    if cause.name is not None and cause.name.split(".")[0] != top:
+        return ""  # the module was found; something it imports was not
+    cwd = Path.cwd()
+    hint = (f"; modules import from the current directory ({cwd}) and PYTHONPATH")
+    if workflow_file is not None:
+        folder = Path(workflow_file).resolve().parent
+        for there in (folder, *folder.parents):
+            if (there / f"{top}.py").is_file() or (there / top / "__init__.py").is_file():
+                if there != cwd:
+                    hint += (f": {top!r} is in {there} -- run interlock from there, or "
+                             f"PYTHONPATH={there}")
+                break
+    return hint
+
+
 def _did_you_mean(name: str, known: Iterable[str]) -> str:
     import difflib
 
-    close = difflib.get_close_matches(name, list(known), n=1)
+    names = list(known)
+    same = [k for k in names if k.lower() == name.lower()]  # `end` for END
+    close = same or difflib.get_close_matches(name, names, n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""

@@ -79,7 +79,8 @@ def check_edge_names(checker: CheckContext) -> bool:
                 ok = False
             elif s != START and s not in nodes:
                 checker.add("error", f"edge {e.describe()}: unknown node {s!r} in 'from'"
-                            + _did_you_mean(s, nodes), ("edges", i, "from"), "unknown-node")
+                            + _did_you_mean(s, [START, *nodes]), ("edges", i, "from"),
+                            "unknown-node")
                 ok = False
         if START in e.source and e.is_join:
             checker.add("error", "START cannot be part of a join", ("edges", i, "from"),
@@ -94,7 +95,8 @@ def check_edge_names(checker: CheckContext) -> bool:
                 ok = False
             elif t != END and t not in nodes:
                 checker.add("error", f"edge {e.describe()}: unknown node {t!r}"
-                            + _did_you_mean(t, nodes), ("edges", i, key), "unknown-node")
+                            + _did_you_mean(t, [*nodes, END]), ("edges", i, key),
+                            "unknown-node")
                 ok = False
         if e.kind == "router" and e.router is not None:
             checker.resolve(e.router, ("edges", i, "router"), f"edge {e.describe()}")

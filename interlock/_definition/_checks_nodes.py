@@ -7,7 +7,7 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Mapping
 
-from ._checking import CheckContext
+from ._checking import CheckContext, _did_you_mean
 
 
 def check_nodes(checker: CheckContext) -> None:
@@ -34,7 +34,8 @@ def check_nodes(checker: CheckContext) -> None:
             for target in ns.approval.on_modify:
                 if target not in checker.spec.nodes:
                     checker.add("error", f"node {name!r}: on_modify names unknown node "
-                                f"{target!r}", ("nodes", name, "approval", "on_modify"),
+                                f"{target!r}" + _did_you_mean(target, checker.spec.nodes),
+                                ("nodes", name, "approval", "on_modify"),
                                 "unknown-node")
             if ns.approval.input is not None:
                 check_input_schema(checker, name, ns.approval.input)

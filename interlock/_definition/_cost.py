@@ -57,12 +57,18 @@ SCALAR = Size(W_SCALAR, 1, 0)
 
 def measure(value: Any, cap: int) -> Size:
     """The size of ``value``; stops (with a cost over ``cap``) once the cost passes it."""
+    # The bound has three parts because the operators need three different things:
+    # ``cost`` what converting the whole value costs (charged once per evaluation, and
+    # again by anything that copies or scans it), ``length`` how many times a macro over
+    # it may iterate, ``elem`` what one iteration variable may hold (a macro's body is
+    # charged as if every element were the largest). Past ``cap`` the exact figure no
+    # longer matters -- the evaluation is refused -- so measuring stops there.
     t = type(value)
     if t in _SCALARS:
         return SCALAR
     if t is str:
         return Size(W_STR + len(value) // CHARS_PER_UNIT, len(value), 0)
-    longest = [0]
+    longest = [0]  # a cell `_footprint` raises in place: the longest length seen inside
     if t is dict:
         children: Any = value.values()
     elif t is list or t is tuple:
@@ -349,6 +355,9 @@ class CostModel:
             if spent > cap:
                 return spent, sizes
         if self.tree is None:
+            # an expression this parser does not follow: charged as if it converted
+            # everything a hundred times and copied the longest list quadratically --
+            # pessimistic on purpose, since nothing is known of what it does
             longest = max((s.length for s in sizes.values()), default=1)
             return spent * 100 + W_APPEND * longest * longest, sizes
         for path in self.paths:

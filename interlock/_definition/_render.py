@@ -125,13 +125,14 @@ def _add_edge(out: Layout, index: int, edge: EdgeSpec, prefix: str = "") -> None
         # a map edge is always taken (once, with all its items): drawn solid
         guarded = (bool(label) and edge.kind != "map") or edge.max is not None
         label = ", ".join(p for p in (label, _max(edge)) if p)
-        out.arcs.append(Arc(source_id, _target_id(out, target), label, guarded,
+        out.arcs.append(Arc(source_id, _target_id(out, target, prefix), label, guarded,
                             edge.catches is not None))
 
 
-def _target_id(out: Layout, name: str) -> str:
-    return out.vertices[END].id if name == END and END in out.vertices else \
-        "END" if name == END else out.vertex(name)
+def _target_id(out: Layout, name: str, prefix: str = "") -> str:
+    """A target's vertex id; END is this graph's own END (a child's, inside its parent's
+    cluster, not the parent's)."""
+    return f"{prefix}END" if name == END else out.vertex(name)
 
 
 def _max(edge: EdgeSpec) -> str:

@@ -40,7 +40,8 @@ from ._journal import StoreOutage
 
 
 class NodeCall:
-    """Runs the attempts of a run's nodes; the `_context.Port` of their contexts."""
+    """Runs the attempts of a run's nodes; the `_guards.GuardPort` of their guards and
+    the `_context.Port` of their contexts."""
 
     def __init__(self, plan: Plan, view: RunView, sink: R.Sink, run_id: str) -> None:
         self.plan = plan
@@ -73,16 +74,16 @@ class NodeCall:
 
             body = OnRay()
         elif kind & ISOLATED:
-            body = InProcess(self._process_pool, lambda ctx: Effects.of(self, ctx))
+            body = InProcess(self)
         else:
             body = in_loop if kind & ASYNC else in_thread
         # each guard's bound __call__, not the guard: calling a bound method is a fast
         # path of the interpreter, calling an instance of a class is not
-        call: Call = Settle(body, self.check_result, self._stopped_attempt).__call__
+        call: Call = Settle(body, self).__call__
         if kind & CTX:
             call = Budgeted(call, self.budget).__call__
         if kind & RETRY:
-            call = Retry(call, self.begin, self._failures, self.sink).__call__
+            call = Retry(call, self).__call__
         return call
 
     def begin(self, pn: PlanNode, visit: int, attempt: int, item: int | None = None
@@ -118,23 +119,28 @@ class NodeCall:
             await self.sink.commit([R.node_started(pn.name, visit, attempt)])
         return await self.stack(pn)(self.begin(pn, visit, attempt))
 
-    def _failures(self, node: str, visit: int, item: int | None) -> int | None:
+    async def close(self) -> None:
+        if self._pool is not None:
+            await self._pool.close()
+
+    # -- the guards' port (`_guards.GuardPort`; `begin` above, `check_result` below) ---
+
+    def failures(self, node: str, visit: int, item: int | None) -> int | None:
         if item is not None:
             running = self.view.maps[(node, visit)].running.get(item)
             return running.failures if running is not None else None
         running = self.view.running.get((node, visit))
         return running.failures if running is not None else None
 
-    def _process_pool(self) -> ProcessPool:
+    def process_pool(self) -> ProcessPool:
         if self._pool is None:
             self._pool = ProcessPool()
         return self._pool
 
-    async def close(self) -> None:
-        if self._pool is not None:
-            await self._pool.close()
+    def effects(self, ctx: Context) -> Effects:
+        return Effects.of(self, ctx)
 
-    def _stopped_attempt(self, a: Attempt) -> None:
+    def attempt_stopped(self, a: Attempt) -> None:
         self.stop(a.pn.name, a.visit, a.number, a.ctx, a.item)
 
     def stop(self, node: str, visit: int, attempt: int | None, ctx: Context | None,

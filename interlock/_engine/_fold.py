@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import functools
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .. import _log as L
@@ -30,6 +30,7 @@ from .._definition._model import ERROR_FIELD
 from .._definition._state import merge_update
 from .._errors import InternalError
 from ._flow import Due
+from ._migration import migrate
 from ._view import Gate, MapRun, ViewData, Visit, Writer
 
 _new_writer = functools.partial(tuple.__new__, Writer)  # no Python-level __new__ call
@@ -276,6 +277,9 @@ class RunView(ViewData):
             if gate is not None:
                 gate.deadline = d["deadline"]
 
+    def _on_run_migrated(self, rec: L.Record) -> None:
+        migrate(self, rec)  # onto another definition (SPEC §14): `_migration`
+
     def _on_state_patched(self, rec: L.Record) -> None:
         # a patch replaces top-level fields, bypassing reducers (SPEC §3, modify)
         self.state.update(rec.get("patch") or {})
@@ -361,15 +365,21 @@ class RunResult:
     tokens: int
     error: dict[str, Any] | None
     waiting: dict[str, Any] | None
+    # SPEC §14: the nodes still to run whose code changed since the run started (or was
+    # migrated); in the JSON object only when there are some
+    code_changed: list[str] | None = field(default=None, kw_only=True)
 
     @property
     def ok(self) -> bool:
         return self.status == "COMPLETED"
 
     def to_json(self) -> dict[str, Any]:
-        return {"run_id": self.run_id, "workflow": self.workflow, "status": self.status,
-                "state": self.state, "steps": self.steps, "tokens": self.tokens,
-                "error": self.error, "waiting": self.waiting}
+        out = {"run_id": self.run_id, "workflow": self.workflow, "status": self.status,
+               "state": self.state, "steps": self.steps, "tokens": self.tokens,
+               "error": self.error, "waiting": self.waiting}
+        if self.code_changed:
+            out["code_changed"] = self.code_changed
+        return out
 
 
 def result_of(run_id: str, workflow: str, view: RunView) -> RunResult:
@@ -386,6 +396,7 @@ _HANDLERS = {
     L.RUN_STARTED: RunView._on_run_started,
     L.RUN_RESUMED: RunView._on_run_resumed,
     L.RUN_FORKED: RunView._on_run_forked,
+    L.RUN_MIGRATED: RunView._on_run_migrated,
     L.STATE_PATCHED: RunView._on_state_patched,
     L.NODE_STARTED: RunView._on_node_started,
     L.NODE_COMPLETED: RunView._on_node_completed,

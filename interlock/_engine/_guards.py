@@ -25,6 +25,10 @@ reads, its `Context`), an `Outcome` comes out. From the outside in:
 
 Inside the body ``ctx.record_tokens`` charges the `_budget.Budget` and ``ctx.once`` goes
 through the run's effect journal (`_call.NodeCall`, the context's port).
+
+What a guard needs from the run -- the next attempt, the failures the log holds, the
+check of a result, the record of a stopped attempt, the process pool -- it asks of one
+`GuardPort`, which `_call.NodeCall` implements (a test, a fake of its own).
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ import time
 import traceback
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from .._errors import (
     BudgetExceededError,
@@ -110,6 +114,45 @@ Body = Callable[[Attempt], Awaitable[Any]]  # the body where it runs (below `Set
 Check = Callable[["PlanNode", Any], tuple[dict[str, Any], "str | None"]]
 
 
+class GuardPort(Protocol):
+    """What the guards ask of the run they guard (`_call.NodeCall` implements it). Each
+    guard takes the bound methods it calls from the port once, when it is built: the
+    node's path makes no extra lookup."""
+
+    @property
+    def sink(self) -> R.Sink:
+        """Where `Retry` commits ``node.retrying`` and ``node.started``."""
+        ...
+
+    def begin(self, pn: PlanNode, visit: int, attempt: int, item: int | None = None
+              ) -> Attempt:
+        """The attempt ``attempt`` of a visit (of an ``item`` of a mapped node's), starting
+        now: it reads the state as it is now (after its ``node.started`` is committed)."""
+        ...
+
+    def failures(self, node: str, visit: int, item: int | None) -> int | None:
+        """The visit's (or the item's) failed attempts as the log has them; None when it
+        has no running visit."""
+        ...
+
+    def check_result(self, pn: PlanNode, result: Any) -> tuple[dict[str, Any], str | None]:
+        """What a body returned, as its update and goto; raises a `RunError` if refused."""
+        ...
+
+    def attempt_stopped(self, a: Attempt) -> None:
+        """The run stopped ``a`` (a cancellation asked for): stage its ``node.failed``."""
+        ...
+
+    def process_pool(self) -> ProcessPool:
+        """The run's pool of worker processes (``isolation: process``), started now if it
+        was not."""
+        ...
+
+    def effects(self, ctx: Context) -> Effects:
+        """How ``ctx.once`` in a worker process reaches the run's effect journal."""
+        ...
+
+
 def failed(a: Attempt, error: RunError) -> Outcome:
     """The outcome of an attempt that failed with ``error`` before its body ran."""
     tokens = a.ctx.tokens if a.ctx is not None else 0
@@ -125,17 +168,15 @@ class Retry:
     """Attempts until one succeeds, or its error is not retryable (`retryable`), or the
     visit has failed ``retry.attempts`` times; backs off between attempts.
 
-    ``begin`` makes the next attempt (after its ``node.started`` is committed: it reads
-    the state as it is then); ``failures`` is the visit's (or, in a mapped node, the
-    item's) failed attempts as the log has them (None when it has no running visit).
+    From its port: ``begin`` (the next attempt), ``failures`` (as the log counts them),
+    ``sink`` (its records).
     """
 
     __slots__ = ("begin", "failures", "next", "sink")
 
-    def __init__(self, next: Call, begin: Callable[[PlanNode, int, int, int | None], Attempt],
-                 failures: Callable[[str, int, int | None], int | None],
-                 sink: R.Sink) -> None:
-        self.next, self.begin, self.failures, self.sink = next, begin, failures, sink
+    def __init__(self, next: Call, port: GuardPort) -> None:
+        self.next = next
+        self.begin, self.failures, self.sink = port.begin, port.failures, port.sink
 
     async def __call__(self, a: Attempt) -> Outcome:
         pn, visit, item = a.pn, a.visit, a.item
@@ -216,14 +257,16 @@ class Budgeted:
 class Settle:
     """What the body did, as an `Outcome`. Never raises an Exception: a body's exception
     (``SystemExit`` too) is its error, and so is its own ``CancelledError``; a
-    cancellation asked for (the run's, a sibling's failure, a caller's) calls ``stopped``
-    and propagates. ``check`` turns the body's result into its update and goto (or
-    raises a `RunError`)."""
+    cancellation asked for (the run's, a sibling's failure, a caller's) is reported to
+    the port (``attempt_stopped``) and propagates. The port's ``check_result`` turns the
+    body's result into its update and goto (or raises a `RunError`)."""
 
     __slots__ = ("check", "next", "stopped")
 
-    def __init__(self, next: Body, check: Check, stopped: Callable[[Attempt], None]) -> None:
-        self.next, self.check, self.stopped = next, check, stopped
+    def __init__(self, next: Body, port: GuardPort) -> None:
+        self.next = next
+        self.check: Check = port.check_result
+        self.stopped: Callable[[Attempt], None] = port.attempt_stopped
 
     async def __call__(self, a: Attempt) -> Outcome:
         pn = a.pn
@@ -348,15 +391,14 @@ async def in_thread(a: Attempt) -> Any:
 class InProcess:
     """The body in a worker process (`_isolation`), which enforces the timeout (it kills
     the process); raises NodeTimeout, or NodeError for the body's or the process's
-    failure.
-    ``pool``: the run's pool (started on first use); ``effects``: how ``ctx.once`` in
-    the worker reaches the run's effect journal."""
+    failure. From its port: the run's pool (started on first use), and how ``ctx.once``
+    in the worker reaches the run's effect journal."""
 
     __slots__ = ("effects", "pool")
 
-    def __init__(self, pool: Callable[[], ProcessPool],
-                 effects: Callable[[Context], Effects]) -> None:
-        self.pool, self.effects = pool, effects
+    def __init__(self, port: GuardPort) -> None:
+        self.pool: Callable[[], ProcessPool] = port.process_pool
+        self.effects: Callable[[Context], Effects] = port.effects
 
     async def __call__(self, a: Attempt) -> Any:
         pn, ctx = a.pn, a.ctx
@@ -404,6 +446,7 @@ __all__ = [
     "BudgetExceededError",
     "Budgeted",
     "Call",
+    "GuardPort",
     "InProcess",
     "Outcome",
     "Retry",

@@ -147,19 +147,13 @@ class Journal:
         for `retry_for` seconds, see `_append`); the journal is then broken, the batch
         stays staged, and every later flush raises that error again.
         """
-        # Serialised with a flag, not an `asyncio.Lock`: the common flush finds none in
-        # flight and takes its turn with a test and a store (the lock's acquire and
-        # release are three calls, once per step). This is safe because it runs on the
-        # event loop's thread and nothing awaits between the test and the store, so two
-        # flushes cannot both see ``_flushing`` false. One that finds another in flight
-        # waits until none is, then tests again (a third may have taken the turn first).
-        while self._flushing:
-            self._waiting += 1
-            self._idle.clear()
-            try:
-                await self._idle.wait()
-            finally:
-                self._waiting -= 1
+        # Serialised with a flag, not an `asyncio.Lock` (its acquire and release are three
+        # calls, once per step): the common flush finds none in flight and takes its turn
+        # with a test and a store. Safe because it runs on the event loop's thread and
+        # nothing awaits between the test and the store: two flushes cannot both see
+        # ``_flushing`` false (`_wait_turn` tests again after each wait).
+        if self._flushing:
+            await self._wait_turn()
         self._flushing = True
         try:
             if self.broken is not None:
@@ -177,8 +171,20 @@ class Journal:
                 snap = snapshots.dump(self.view, entries[-1].hash)
                 # bound to the chain: its digest rides in this batch, the row follows it
                 entries.append(self._seal(*snapshots.taken(at, snap)))
+            # the run's summary (the store's run row), made here and without its dataclass
+            # ``__init__`` (two calls less per step): a bare instance, every slot set here
+            v = self.view
+            summary = _new_summary(Summary)
+            summary.status = v.status
+            summary.last_seq = self.writer.seq
+            summary.last_hash = self.writer.hash
+            summary.steps = v.steps
+            summary.tokens = v.tokens
+            summary.error = v.error
+            summary.waiting = v.waiting
+            summary.updated_at = time.time()
             try:
-                await self._append(entries, self._summary(), release)
+                await self._append(entries, summary, release)
             except BaseException as exc:
                 self._put_back(entries, exc)  # (raises, for any other error)
                 raise  # the store's error, or a cancellation (the batch may be flushed again)
@@ -192,21 +198,15 @@ class Journal:
             if self._waiting:
                 self._idle.set()
 
-    def _summary(self) -> Summary:
-        """The run's summary as the view has it now (what the store's run row shows)."""
-        # made without its dataclass ``__init__`` (one call less per step): a bare
-        # instance, every slot stored here
-        v = self.view
-        summary = _new_summary(Summary)
-        summary.status = v.status
-        summary.last_seq = self.writer.seq
-        summary.last_hash = self.writer.hash
-        summary.steps = v.steps
-        summary.tokens = v.tokens
-        summary.error = v.error
-        summary.waiting = v.waiting
-        summary.updated_at = time.time()
-        return summary
+    async def _wait_turn(self) -> None:
+        """Wait until no flush is in flight (see `flush`)."""
+        while self._flushing:
+            self._waiting += 1
+            self._idle.clear()
+            try:
+                await self._idle.wait()
+            finally:
+                self._waiting -= 1
 
     def _put_back(self, entries: list[L.Entry], exc: BaseException) -> None:
         """The batch ``entries`` was not stored (``exc``): nothing is dropped. It is staged

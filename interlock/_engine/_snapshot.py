@@ -76,8 +76,8 @@ def load(plan: Plan, raw: bytes) -> tuple[RunView, str] | None:
     """The view a snapshot holds, and the hash of its last record; None if unusable."""
     try:
         d: dict[str, Any] = orjson.loads(raw)
-        if d.get("version") != VERSION:
-            return None
+        if d.get("version") != VERSION or d.get("migration") is not None:
+            return None  # (a migrated run's view is under another plan: the log is folded)
         return RunView.restore(plan, d["seq"], d), str(d["hash"])
     except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, ValueError):
         return None  # a cache that cannot be read is rebuilt from the log

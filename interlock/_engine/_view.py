@@ -10,6 +10,7 @@ the view holds per visit are here too: `Visit`, `MapRun`, `Gate`, `Writer`.
 from __future__ import annotations
 
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Self
 
@@ -125,6 +126,11 @@ class ViewData:
     route_wait: Counter[str] = field(default_factory=Counter)
     # joins, dead paths, loop exits, quiescence: the flow machine, on ready/running/due
     flow: Flow = field(init=False)
+    # SPEC §14: the latest ``run.migrated`` (its ``to_hash``, ``at_node`` and ``code``),
+    # and how a definition it moves to becomes a plan (the loader's: executable or for
+    # reading); a view never migrated has neither
+    migration: dict[str, Any] | None = None
+    plans: Callable[[dict[str, Any]], Plan] | None = None
 
     def __post_init__(self) -> None:
         # every node is present in ``visits`` so that ``run.visits.x`` is 0, not missing
@@ -169,6 +175,8 @@ class ViewData:
                       [x.encode() for x in m.running.values()], list(m.running)]
                      for (n, vis), m in self.maps.items()],
             "map_items": {t: list(q) for t, q in self.map_items.items() if q},
+            # a migrated view is not restored (`_snapshot.load`): its plan is not the row's
+            **({"migration": self.migration} if self.migration is not None else {}),
         }
 
     @classmethod

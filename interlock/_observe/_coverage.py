@@ -6,7 +6,8 @@ case of a switch and its default, each declared target of a router or a ``choose
 map edge once, ``START`` edges included; a join is one source. For every stored run of
 the workflow, each ``edge.taken``/``edge.skipped`` record is mapped through that run's
 own stored definition to those pairs -- so runs of an older version of the file count
-for the edges it still declares -- and counted as taken or skipped. Conditions
+for the edges it still declares; a migrated run's records after its ``run.migrated``,
+through the definition it moved to (SPEC §14) -- and counted as taken or skipped. Conditions
 (``when``) count the values they gave, gates the decisions made, nodes their visits.
 Nothing here evaluates anything: the counts are the log's.
 """
@@ -248,7 +249,12 @@ async def coverage_of(spec: WorkflowSpec, store: Store) -> Coverage:
             run_spec = specs[row.definition_hash] = parse(row.definition)
         async for entries in store.iter_entries(row.run_id):
             for entry in entries:
-                counts.record(run_spec, entry.record())
+                rec = entry.record()
+                if rec["type"] == L.RUN_MIGRATED:  # (SPEC §14) the rest under its definition
+                    to_hash = str(rec.get("to_hash"))
+                    run_spec = specs.get(to_hash) or specs.setdefault(
+                        to_hash, parse(rec["definition"]))
+                counts.record(run_spec, rec)
     unmatched = [f"{e.source} switch case {e.case} -> {e.target}" for e in counts.edges
                  if e.case is not None and not e.taken]
     return Coverage(

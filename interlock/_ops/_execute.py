@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from .. import _log as L
+from .._definition._digest import code_digests
 from .._definition._model import DEFAULT_STEPS, WorkflowSpec
 from .._definition._plan import Plan
 from .._engine._context import CLAIM_GUARD
@@ -40,6 +41,7 @@ from .._store import Claim, RunRow, Store, Summary
 from ._cancel import CANCEL_POLL_SECONDS, cancel
 from ._children import _unblocked
 from ._claims import LEASE_SECONDS, make_owner
+from ._code import check_code
 from ._load import RESUMABLE, TERMINAL_STATUSES, Functions, chain_options, definition_hash, load_run
 
 log = logging.getLogger("interlock")
@@ -86,7 +88,19 @@ async def drive(plan: Plan, store: Store, run_id: str, view: RunView, writer: L.
     (by `cancel`, from any process). ``stop``: once set, the run stops at the next node
     boundary and is released unfinished (`Runner.stop`). ``execute`` false: commit
     ``first`` and release (a decision recorded for a worker to continue).
+
+    A stored log continued (``first`` given) has its code compared with what it started
+    with (`_code.check_code`): a ``run.code_changed`` follows its first record, or, under
+    ``--strict-code``, `CodeChanged` is raised before anything is claimed or recorded.
     """
+    if first:
+        try:
+            # (after the first record: a fork's run.forked stays right after its copy)
+            first = [first[0], *await check_code(store, run_id, plan, view), *first[1:]]
+        except BaseException:
+            if owner is not None:  # (a worker's claim: given back untouched)
+                await store.release(run_id, owner)
+            raise
     if owner is None:
         owner = make_owner()
         generation = await store.claim(run_id, owner, lease, force=force)
@@ -377,6 +391,9 @@ async def create(plan: Plan, store: Store, run_id: str, *, definition: JSONObjec
     defaults = start_defaults(plan.spec, input)
     if defaults:
         fields["defaults"] = defaults
+    code = code_digests(plan.spec)  # the code each node runs, as evidence (SPEC §14)
+    if code:
+        fields["code"] = code
     if detached:
         fields["detached"] = True
         claimed = False

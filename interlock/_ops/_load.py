@@ -5,6 +5,7 @@ log tells it.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 from collections.abc import Callable, Mapping
@@ -18,8 +19,10 @@ from .._definition._spec import parse
 from .._engine import _snapshot as snapshots
 from .._engine._fold import RunResult, RunView, result_of
 from .._errors import LogError, UsageError
+from .._json import JSONObject
 from .._plugins._compile import compile_spec, reading_plan
 from .._store import RunRow, Store, acquire_store, release_store
+from ._code import drift
 
 TRACE_PAGE = 2000  # records read from the store at a time by `trace_pages`
 
@@ -36,6 +39,7 @@ log = logging.getLogger("interlock")
 
 RESUMABLE = {"RUNNING", "RETRYING", "FAILED", "PENDING"}
 TERMINAL_STATUSES = frozenset(L.TERMINAL_TYPES.values())
+ENDED = frozenset({"COMPLETED", "REJECTED", "CANCELLED"})  # (a FAILED run may go on)
 
 
 def open_store_arg(store: str | Store | None) -> tuple[Store, bool]:
@@ -127,6 +131,23 @@ def check_tail(row: RunRow, entries: list[L.Entry], start: int, start_hash: str)
     return None
 
 
+def plan_maker(workflow: Functions | None = None, *, executable: bool = False,
+               executor: Literal["local", "ray"] | None = None
+               ) -> Callable[[JSONObject], Plan]:
+    """How a stored definition becomes a plan: executable (its functions resolved, the
+    builder's ``workflow`` functions by call path; bodies on ``executor``) or for reading
+    only. The fold uses it again for a ``run.migrated``'s definition."""
+    def make(definition: JSONObject) -> Plan:
+        spec = parse(definition)
+        if executor is not None:  # where this process runs the bodies (a worker's --executor)
+            spec = spec.model_copy(update={"nodes": {
+                name: ns.on_executor(executor) for name, ns in spec.nodes.items()}})
+        if not executable:
+            return reading_plan(spec)
+        return compile_spec(spec, workflow.callables if workflow is not None else {})[0]
+    return make
+
+
 async def load_run(store: Store, run_id: str, *, workflow: Functions | None = None,
                    executable: bool = False, upto: int | None = None,
                    executor: Literal["local", "ray"] | None = None) -> Loaded:
@@ -146,7 +167,9 @@ async def load_run(store: Store, run_id: str, *, workflow: Functions | None = No
         raise UsageError(_key_missing(row))
     notes = [f"its log is keyed (key id {row.options.get('key_id')}) and {L.LOG_KEY_ENV} is "
              "not set: its hashes were not checked"] if keyed and key is None else []
-    spec, plan = _rebuild(row, workflow, executable, executor)
+    plans = plan_maker(workflow, executable=executable, executor=executor)
+    plan = plans(row.definition)
+    spec = plan.spec
     view: RunView | None = None
     start, start_hash = 0, L.GENESIS
     entries: list[L.Entry] = []
@@ -157,11 +180,14 @@ async def load_run(store: Store, run_id: str, *, workflow: Functions | None = No
     _check_log(row, entries, start, start_hash, key, keyed)
     if view is None:
         view = RunView(plan)
+    view.plans = plans  # a run.migrated's definition, read as this one is
     for entry in entries:
         if upto is not None and entry.seq > upto:
             break
         view.apply(entry.record())
     last = (entries[-1].seq, entries[-1].hash) if entries else (start, start_hash)
+    if view.plan is not plan:  # migrated (SPEC §14): the run goes on under its new definition
+        plan, spec = view.plan, view.plan.spec
     for note in notes:
         log.warning("run %s: %s", run_id, note)
     return Loaded(row, entries, spec, plan, view, last, key, keyed, notes)
@@ -185,19 +211,6 @@ def _check_definition(row: RunRow) -> None:
                        "nothing reads or continues the run until it is restored (from a "
                        f"backup, or an export: `interlock verify --file`); `interlock verify "
                        f"{row.run_id}` reports it", run_id=row.run_id)
-
-
-def _rebuild(row: RunRow, workflow: Functions | None, executable: bool,
-             executor: Literal["local", "ray"] | None) -> tuple[WorkflowSpec, Plan]:
-    """The run's workflow from its stored definition: executable (its functions resolved,
-    from ``workflow`` for a builder's) or for reading only."""
-    spec = parse(row.definition)
-    if executor is not None:  # where this process runs the bodies (a worker's --executor)
-        spec = spec.model_copy(update={"nodes": {
-            name: ns.on_executor(executor) for name, ns in spec.nodes.items()}})
-    plan = compile_spec(spec, workflow.callables if workflow is not None else {})[0] \
-        if executable else reading_plan(spec)
-    return spec, plan
 
 
 async def _from_snapshot(store: Store, row: RunRow, plan: Plan, notes: list[str]
@@ -239,11 +252,16 @@ def _check_log(row: RunRow, entries: list[L.Entry], start: int, start_hash: str,
 
 
 async def status(run_id: str, *, store: str | Store | None = None) -> RunResult:
-    """The run as its log tells it."""
+    """The run as its log tells it (with the nodes still to run whose code changed)."""
     st, owned = open_store_arg(store)
     try:
         loaded = await load_run(st, run_id)
-        return result_of(run_id, loaded.row.workflow, loaded.view)
+        result = result_of(run_id, loaded.row.workflow, loaded.view)
+        if loaded.view.status not in ENDED:
+            changed, _ = await drift(st, run_id, loaded.plan, loaded.view)
+            if changed:
+                result = dataclasses.replace(result, code_changed=sorted(changed))
+        return result
     finally:
         if owned:
             await release_store(st)

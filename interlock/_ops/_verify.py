@@ -17,7 +17,15 @@ from .._engine._fold import RunView
 from .._errors import InterlockError, RunNotFound, UsageError
 from .._plugins._compile import reading_plan
 from .._store import RunRow, Store, release_store
-from ._load import RESUMABLE, TRACE_PAGE, _key_missing, definition_hash, open_store_arg, run_key
+from ._load import (
+    RESUMABLE,
+    TRACE_PAGE,
+    _key_missing,
+    definition_hash,
+    open_store_arg,
+    plan_maker,
+    run_key,
+)
 
 
 class ChildLinks:
@@ -149,14 +157,17 @@ class LogCheck:
             return None
         self._check_snapshot(entries)
         assert self.view is not None
-        nodes = self.view.plan.spec.nodes
         for entry in entries:
             try:
                 rec = entry.record()
-                why = forged(nodes, self.path, rec) if entry.type.split(".", 1)[0] in \
-                    ("child", "snapshot", "notify") else None
+                why = forged(self.view.plan.spec.nodes, self.path, rec) \
+                    if entry.type.split(".", 1)[0] in ("child", "snapshot", "notify") else None
                 if why is not None:
                     return self._fail(entry.seq, f"the log holds {why}")
+                if entry.type == L.RUN_MIGRATED and self.view.migration is None and \
+                        rec.get("from_hash") != self.row.definition_hash:
+                    return self._fail(entry.seq, "the run.migrated record's from_hash is not "
+                                                 "the definition the run started with")
                 self.view.apply(rec)
             except (InterlockError, KeyError, IndexError, TypeError, ValueError) as exc:
                 return self._fail(entry.seq,
@@ -180,7 +191,8 @@ class LogCheck:
             self._fail(1, "the run's row and its run.started record disagree about how its "
                           "log is chained")
             return False
-        self.view = RunView(reading_plan(parse(row.definition)))
+        # each segment of a migrated run under its own definition (SPEC §14)
+        self.view = RunView(reading_plan(parse(row.definition)), plans=plan_maker())
         return True
 
     def _check_snapshot(self, entries: list[L.Entry], *, end: bool = False) -> None:

@@ -21,7 +21,7 @@ from .._definition._state import scoped
 from .._engine._fold import RunView
 from .._plugins._compile import reading_plan
 from .._store import Store, release_store
-from ._load import TRACE_PAGE, open_store_arg
+from ._load import TRACE_PAGE, open_store_arg, plan_maker
 
 SHARE_EVERY = 200  # records folded between two yields to the event loop (`share_loop`)
 
@@ -60,7 +60,7 @@ async def node_visits(run_id: str, *, store: str | Store | None = None,
     try:
         row = await st.get_run(run_id)
         spec = parse(row.definition)
-        view = RunView(reading_plan(spec))
+        view = RunView(reading_plan(spec), plans=plan_maker())  # (migrations read too)
         visits: dict[tuple[str, Any, Any], dict[str, Any]] = {}
 
         every = SHARE_EVERY if share_loop else TRACE_PAGE
@@ -72,6 +72,7 @@ async def node_visits(run_id: str, *, store: str | Store | None = None,
                     rec = entry.record()
                     status = _STATUS.get(rec["type"])
                     node = rec.get("node")
+                    spec = view.plan.spec  # (a migrated run's later records: the new one's)
                     if status is not None and isinstance(node, str) and node in spec.nodes:
                         _visit(spec, visits, rec, status, view)
                     view.apply(rec)

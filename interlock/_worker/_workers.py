@@ -36,6 +36,7 @@ from .._engine._fold import RunResult
 from .._errors import ClaimLost, Draining, InterlockError, LogError
 from .._json import JSONObject
 from .._ops._claims import LEASE_SECONDS, make_owner
+from .._ops._code import CodeChanged
 from .._ops._execute import continue_claimed
 from .._ops._load import Functions
 from .._ops._runs import list_runs
@@ -347,8 +348,9 @@ def _transient(exc: BaseException) -> bool:
     return isinstance(exc, StoreError) and not isinstance(exc, _DEFINITIVE)
 
 
-# store errors that retrying does not cure (the run is gone, its log does not verify)
-_DEFINITIVE: tuple[type[StoreError], ...] = (RunNotFound, LogError)
+# store errors that retrying does not cure (the run is gone, its log does not verify, its
+# code changed under --strict-code)
+_DEFINITIVE: tuple[type[StoreError], ...] = (RunNotFound, LogError, CodeChanged)
 
 
 class _Refusals:

@@ -83,6 +83,33 @@ def _short(text: str, limit: int = 80) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
+STATE_SHOWN = 400  # characters of a finished run's state printed by run/resume/status
+
+
+def state_line(result: Any) -> str | None:
+    """A finished run's final state, on one line (shortened; ``--json`` has all of it)."""
+    if result.status not in ("COMPLETED", "FAILED", "REJECTED", "CANCELLED"):
+        return None
+    text = _json(result.state)
+    if len(text) > STATE_SHOWN:
+        text = text[:STATE_SHOWN - 3] + "... (`interlock status " + result.run_id + \
+            " --json` prints all of it)"
+    return f"state: {text}"
+
+
+def where_options(store_url: str | None = None, server_url: str | None = None,
+                  token: str | None = None) -> str:
+    """The options a printed follow-up command needs to reach the same run: ``--store``,
+    or ``--server`` and ``--token`` (never the token itself: $INTERLOCK_TOKEN is read when
+    it holds it, else a TOKEN placeholder)."""
+    import os
+
+    if server_url:
+        given = token and os.environ.get("INTERLOCK_TOKEN") != token
+        return f" --server {server_url}" + (" --token TOKEN" if given else "")
+    return f" --store {store_url}" if store_url else ""
+
+
 # -- node, edge and decision details ----------------------------------------------------------
 
 

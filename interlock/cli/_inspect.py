@@ -30,6 +30,8 @@ from ._format import (
     _short,
     _when,
     decision_flags,
+    state_line,
+    where_options,
 )
 from ._remote import Remote, server_options
 
@@ -108,7 +110,8 @@ def status(run_id: str, as_json: bool, store_url: str | None, server_url: str | 
     """Show RUN_ID's status, counts and error; for a run waiting for approval, the gate,
     what it shows and how to decide.
 
-    Exits like `run`: 0 completed, 1 failed (or not finished), 3 waiting, 4 rejected.
+    Exits like `run`: 0 completed (or not finished: PENDING, RUNNING), 1 failed, 3
+    waiting, 4 rejected.
     """
     from .. import status as run_status
 
@@ -127,11 +130,15 @@ def status(run_id: str, as_json: bool, store_url: str | None, server_url: str | 
     if as_json:
         click.echo(json.dumps(result.to_json(), ensure_ascii=False))
     else:
-        _print_status(result, row, store_url)
-    sys.exit(exit_code_for(result.status))
+        _print_status(result, row, store_url, where_options(store_url, server_url, token))
+    # a run not finished (recorded for a worker, or being executed) has not failed: the
+    # status line says which; `run` and `resume` wait for the end instead
+    sys.exit(0 if result.status in ("PENDING", "RUNNING", "RETRYING")
+             else exit_code_for(result.status))
 
 
-def _print_status(result: RunResult, row: RunRow, store_url: str | None) -> None:
+def _print_status(result: RunResult, row: RunRow, store_url: str | None,
+                  where: str = "") -> None:
     from rich.console import Console
     from rich.text import Text
 
@@ -149,8 +156,11 @@ def _print_status(result: RunResult, row: RunRow, store_url: str | None) -> None
         where = f" at node {e.get('node')!r}" if e.get("node") else ""
         lines.append(f"error ({e.get('type')}){where}: {e.get('message')}")
     store = f" --store {store_url}" if store_url else ""
+    state = state_line(result)
+    if state:
+        lines.append(state)
     if result.waiting:
-        lines += _waiting_lines(result.run_id, result.waiting, store)
+        lines += _waiting_lines(result.run_id, result.waiting, where or store)
     elif result.status in ("RUNNING", "RETRYING", "PENDING"):
         from ..support import owner_gone
 

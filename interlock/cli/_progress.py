@@ -23,6 +23,7 @@ from ._format import (
     _short,
     _sources,
     decision_flags,
+    state_line,
 )
 
 if TYPE_CHECKING:
@@ -51,6 +52,7 @@ class Progress:
 
     def __init__(self, run_id: str, *, live: bool, indent: str = "") -> None:
         self.run_id = run_id
+        self.where = ""  # the options a printed follow-up command needs (--store, --server)
         self.live = live
         self.indent = indent  # a child run's lines: under its parent's node, marked "│"
         self.started = False
@@ -230,7 +232,7 @@ class Progress:
         head.append(f"  run {result.run_id}, {_plural(result.steps, 'step')}, "
                     f"{_plural(result.tokens, 'token')}, {_duration(elapsed)}")
         out.print(head, soft_wrap=True)
-        for line in _outcome_lines(result):
+        for line in _outcome_lines(result, self.where):
             out.print(line, soft_wrap=True, markup=False)
 
     def _table(self) -> tuple[Table, str]:
@@ -266,8 +268,11 @@ class Progress:
         return table, left_out
 
 
-def _outcome_lines(result: RunResult) -> list[str]:
+def _outcome_lines(result: RunResult, where: str = "") -> list[str]:
     lines = []
+    state = state_line(result)
+    if state:
+        lines.append(state)
     if result.error:
         node = result.error.get("node")
         where = f" at node {node!r}" if node else ""
@@ -277,7 +282,7 @@ def _outcome_lines(result: RunResult) -> list[str]:
         lines.append(f"waiting for a decision at {w.get('node')!r}; shows {_json(w.get('show'))}")
         choices = " | ".join(decision_flags(w, short=True))
         lines.append(f"decide with: interlock resume {result.run_id} {choices}  "
-                     "[--by NAME] [--comment TEXT]")
+                     f"[--by NAME] [--comment TEXT]{where}")
     return lines
 
 

@@ -27,6 +27,7 @@ from ._common import (
     warn_undeclared,
     with_store,
 )
+from ._format import where_options
 from ._progress import Progress
 from ._remote import Remote, server_options
 
@@ -78,6 +79,7 @@ def run(workflow: str, input_json: str | None, input_file: str | None, sets: tup
                        "on this store executes it", err=True)
         return
     progress = Progress(rid, live=not as_json)
+    progress.where = where_options(store_url)
     result = _execute(wf, data, store_url, rid, config, limits, progress)
     if as_json:
         click.echo(json.dumps(result.to_json(), ensure_ascii=False))
@@ -123,12 +125,16 @@ def _execute(wf: Workflow, data: dict[str, Any], store_url: str | None, run_id: 
 @click.option("--detach", is_flag=True,
               help="Record the decision (or the resume) and exit 0 without executing: the "
                    "run is PENDING until `interlock worker` continues it.")
+@click.option("--strict-code", is_flag=True,
+              help="Refuse (exit 2, nothing recorded) to continue a run whose nodes' code "
+                   "changed since it started, instead of warning and recording "
+                   "run.code_changed.")
 @json_option
 @store_option
 @server_options
 def resume(run_id: str, approve: bool, reject: bool, patch_json: str | None, at_node: str | None,
            data_json: str | None, by: str | None, comment: str | None, sets: tuple[str, ...],
-           force: bool, detach: bool, as_json: bool, store_url: str | None,
+           force: bool, detach: bool, strict_code: bool, as_json: bool, store_url: str | None,
            server_url: str | None, token: str | None) -> None:
     """Continue RUN_ID from its log, or decide the approval it is waiting for.
 
@@ -142,23 +148,30 @@ def resume(run_id: str, approve: bool, reject: bool, patch_json: str | None, at_
     Exits like `run`: 0 completed, 1 failed, 2 refused (the reason is printed),
     3 waiting again, 4 rejected; with --detach, 0 once recorded.
     """
+    from ..support import set_strict_code
+
+    set_strict_code(True if strict_code else None)  # (None: as $INTERLOCK_STRICT_CODE says)
     if approve and reject:  # (one option with two flag values would let the last one win)
         raise CliError("use one of --approve, --reject or --modify, not --approve and --reject")
     kind = "approve" if approve else "reject" if reject else None
     decision = _decision(kind, patch_json, at_node, by, comment, data_json)
     config_sets, limits = parse_sets(sets)
+    if server_url and strict_code:
+        raise CliError("--strict-code goes with --store: through --server, the server decides "
+                       "(`interlock serve --strict-code`)")
     if server_url and detach:
         raise CliError("--detach goes with --store: through --server, the server executes "
                        "the run, or records it for workers when it runs with --workers 0")
     if server_url:
         _remote_resume(Remote(server_url, token, store_url), run_id, decision, config_sets,
-                       limits, force, as_json)
+                       limits, force, as_json, where_options(None, server_url, token))
     config = config_overrides({}, config_sets) if config_sets else {}
     if any(len(path) > 1 for path, _ in config_sets):
         config = _resume_config(run_id, store_url, config_sets)
     if detach:
         _detached_resume(run_id, decision, store_url, config, limits, force, as_json)
     progress = Progress(run_id, live=not as_json)
+    progress.where = where_options(store_url)
 
     async def go(st: Store) -> RunResult:
         from .. import resume as resume_run
@@ -190,7 +203,8 @@ def _detached_resume(run_id: str, decision: Any, store_url: str | None,
 
 
 def _remote_resume(remote: Any, run_id: str, decision: Any, config_sets: list[ConfigSet],
-                   limits: dict[str, Any], force: bool, as_json: bool) -> NoReturn:
+                   limits: dict[str, Any], force: bool, as_json: bool,
+                   where: str = "") -> NoReturn:
     """`resume` through a server: it records the decision (or resumes) and executes the
     run; this follows the run's events until it stops or waits, then prints as `resume`."""
     if limits or force or any(len(path) > 1 for path, _ in config_sets):
@@ -210,6 +224,7 @@ def _remote_resume(remote: Any, run_id: str, decision: Any, config_sets: list[Co
     finally:
         remote.close()
     progress = Progress(run_id, live=False)
+    progress.where = where
     progress.replay(records)
     _finish(result, progress, as_json)
 
@@ -312,6 +327,7 @@ def fork(run_id: str, at_seq: int, sets: tuple[str, ...], patch_json: str | None
 
     rid = new_run_id or make_run_id()
     progress = Progress(rid, live=not as_json)
+    progress.where = where_options(store_url)
 
     async def go(st: Store) -> RunResult:
         from .. import fork as fork_run

@@ -13,8 +13,13 @@ from ._common import CliError, store_option
               help="Address to bind; a non-loopback one needs --auth.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8765, show_default=True)
 @click.option("--workflows", "workflows", multiple=True, metavar="PATH",
-              help="A workflow file, or a folder of *.yaml/*.json (repeatable); each is "
-                   "known by its workflow: name.")
+              help="A workflow file, or a folder searched with its subfolders for "
+                   "*.yaml/*.yml/*.json files with a top-level workflow: key -- other files "
+                   "are skipped with a log line (repeatable); each is known by its "
+                   "workflow: name.")
+@click.option("--allow-empty", is_flag=True,
+              help="Start even when --workflows finds no workflow (to serve the store's "
+                   "runs, whose definitions they keep).")
 @click.option("--auth", "auth", metavar="FILE",
               help="YAML: tokens: [{name, sha256, roles}] (roles: viewer, operator, "
                    "approver, admin).")
@@ -51,11 +56,16 @@ from ._common import CliError, store_option
 @click.option("--head-timeout", type=click.FloatRange(min=0.1), default=10.0,
               show_default=True,
               help="Seconds a client has to send a whole request line and headers.")
+@click.option("--strict-code", is_flag=True,
+              help="Refuse (exit 2, nothing recorded) to continue a run whose nodes' code "
+                   "changed since it started, instead of warning and recording "
+                   "run.code_changed.")
 def serve(store_url: str | None, host: str, port: int, workflows: tuple[str, ...],
-          auth: str | None, notify: tuple[str, ...], notify_timeout: float,
+          allow_empty: bool, auth: str | None, notify: tuple[str, ...], notify_timeout: float,
           public_url: str | None, workers: int,
           poll: float, drain: float, take_over: bool, allowed_hosts: tuple[str, ...],
-          max_connections: int, keep_alive: int, head_timeout: float) -> None:
+          max_connections: int, keep_alive: int, head_timeout: float,
+          strict_code: bool) -> None:
     """Serve the API, the run event streams and approvals from one process. Runs started
     through it execute in it; runs another process left unfinished are taken over."""
     try:
@@ -65,7 +75,9 @@ def serve(store_url: str | None, host: str, port: int, workflows: tuple[str, ...
         raise CliError(f"interlock serve needs the server extra: pip install "
                        f"'interlock[server]' ({exc})") from None
     from .. import StoreError, UsageError
+    from ..support import set_strict_code
 
+    set_strict_code(True if strict_code else None)  # (None: as $INTERLOCK_STRICT_CODE says)
     options = ServerOptions(store=store_url, workflows=workflows, auth=auth, notify=notify,
                             notify_timeout=notify_timeout,
                             public_url=public_url or f"http://{host}:{port}",
@@ -73,6 +85,7 @@ def serve(store_url: str | None, host: str, port: int, workflows: tuple[str, ...
                             host=host, allowed_hosts=allowed_hosts)
     try:
         run_server(options, host=host, port=port, max_connections=max_connections,
-                   keep_alive=keep_alive, head_timeout=head_timeout)
+                   keep_alive=keep_alive, head_timeout=head_timeout,
+                   allow_empty=allow_empty)
     except (UsageError, StoreError) as exc:
         raise CliError(str(exc)) from None

@@ -137,6 +137,17 @@ def _stored_spec(row: RunRow) -> WorkflowSpec | None:
         return None
 
 
+def _migrated_spec(rec: Record, spec: WorkflowSpec | None) -> WorkflowSpec | None:
+    """The definition a ``run.migrated`` moves the run onto (SPEC §14), if it parses."""
+    from .. import InterlockError
+    from ..support import parse_definition as parse
+
+    try:
+        return parse(rec["definition"])
+    except (InterlockError, ValueError, KeyError, TypeError):
+        return spec
+
+
 async def _print_trace(pages: AsyncIterator[list[Record]], spec: WorkflowSpec | None,
                        widths: _Widths) -> None:
     from rich.console import Console
@@ -155,6 +166,8 @@ async def _print_trace(pages: AsyncIterator[list[Record]], spec: WorkflowSpec | 
         todo = [(rec, 0) for rec in reversed(records)]
         while todo:
             rec, depth = todo.pop()
+            if rec.get("type") == "run.migrated" and not depth:
+                spec = _migrated_spec(rec, spec)  # the records after it: its definition's
             try:
                 line = _trace_line(rec, depth, t0 or 0.0, widths, spec)
             except (KeyError, TypeError, AttributeError, ValueError, IndexError):
@@ -275,7 +288,21 @@ def _continued_detail(rec: Record) -> str:
     return "  ".join(parts)
 
 
+def _migrated_detail(rec: Record) -> str:
+    parts = [f"definition {str(rec.get('from_hash'))[:12]} -> {str(rec.get('to_hash'))[:12]}"]
+    if rec.get("at_node"):
+        parts.append(f"at {rec['at_node']}")
+    if rec.get("by"):
+        parts.append(f"by {rec['by']}")
+    if rec.get("comment"):
+        parts.append(_short(_json(rec["comment"]), 100))
+    return "  ".join(parts)
+
+
 _RECORD_DETAIL: dict[str, Callable[[Record], str]] = {
+    "run.migrated": _migrated_detail,
+    "run.code_changed": lambda rec: "code changed: " + "; ".join(
+        f"{n} ({', '.join(m)})" for n, m in (rec.get("modules") or {}).items()),
     "approval.requested": _requested_detail,
     "approval.decided": lambda rec: f"{rec.get('decision')} {_decision_detail(rec)}",
     "run.started": _started_detail,

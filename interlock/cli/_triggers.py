@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from ._common import EXIT_USAGE, call_engine, echo_diagnostics, store_option
+from ._common import EXIT_USAGE, CliError, call_engine, echo_diagnostics, store_option
 from ._format import _when
 
 
@@ -30,7 +30,16 @@ def triggers(workflow: str, as_json: bool, store_url: str | None) -> None:
         echo_diagnostics(exc.diagnostics, err=True)
         raise SystemExit(EXIT_USAGE) from None
     now = time.time()
-    shown = [describe_trigger(spec.workflow, t, now) for t in spec.triggers]
+    shown = []
+    for i, t in enumerate(spec.triggers):
+        try:
+            shown.append(describe_trigger(spec.workflow, t, now))
+        except ValueError as exc:  # a schedule that is not a cron line (croniter's errors)
+            raise CliError(
+                f"{workflow}: trigger {i + 1}: schedule {t.schedule!r} is not a cron "
+                f"expression: {exc} (five fields: minute hour day month weekday, in UTC; or "
+                f"six with seconds first); `interlock validate {workflow}` checks the whole "
+                "file") from None
     if shown:
         rows = call_engine(list_runs(store=store_url, workflow=spec.workflow, limit=10_000))
         for d in shown:

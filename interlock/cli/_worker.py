@@ -36,8 +36,12 @@ if TYPE_CHECKING:
               show_default=True,
               help="Where node bodies run: in this process, or as Ray tasks on the cluster "
                    "at RAY_ADDRESS (every call node that names no executor or isolation).")
+@click.option("--strict-code", is_flag=True,
+              help="Refuse (exit 2, nothing recorded) to continue a run whose nodes' code "
+                   "changed since it started, instead of warning and recording "
+                   "run.code_changed.")
 def worker(store_url: str | None, concurrency: int, workflows: tuple[str, ...], poll: float,
-           lease: float, drain: float, executor: str) -> None:
+           lease: float, drain: float, executor: str, strict_code: bool) -> None:
     """Claim runnable runs -- detached (`run --detach`), decided or resumed for a worker
     (`resume --detach`, `serve --workers 0`), abandoned by a process that died (its
     lease ran out), or waiting at a gate whose timeout passed -- and execute them, each
@@ -49,8 +53,9 @@ def worker(store_url: str | None, concurrency: int, workflows: tuple[str, ...], 
     import asyncio
 
     from .. import StoreError, UsageError
-    from ..support import load_workflows
+    from ..support import load_workflows, set_strict_code
 
+    set_strict_code(True if strict_code else None)  # (None: as $INTERLOCK_STRICT_CODE says)
     try:
         known = load_workflows(workflows) if workflows else None
     except UsageError as exc:

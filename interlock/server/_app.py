@@ -71,17 +71,19 @@ def create_app(options: ServerOptions | None = None, **kwargs: Any) -> FastAPI:
     opts = options or ServerOptions(**kwargs)
     server = Server(opts)
     mcp = _mcp_endpoint(server)
+    if mcp is not None:  # its sessions' manager runs while the service does
+        server.alongside.append(mcp.running)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await server.start()
         try:
-            async with mcp.running() if mcp is not None else contextlib.nullcontext():
-                yield
+            yield
         finally:
             await server.stop()
 
-    # no /docs or /redoc: those pages load their scripts from a CDN; /openapi.json stays
+    # FastAPI's /docs and /redoc load their scripts from a CDN: /docs is the dashboard's
+    # own (Swagger UI's files from a package, _dashboard.py), no /redoc
     app = FastAPI(title="interlock", version=interlock.__version__, lifespan=lifespan,
                   description="Runs, their logs, live events and approvals (docs/server.md).",
                   responses=_PROBLEMS, docs_url=None, redoc_url=None,  # type: ignore[arg-type]

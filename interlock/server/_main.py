@@ -3,19 +3,26 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import errno
 import ipaddress
 import logging
 import resource
+import socket
+import sqlite3
+import sys
 from typing import Any
 
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from interlock import UsageError
+from interlock import StoreError, UsageError
 
 from ._app import create_app
 from ._service import Server, ServerOptions
+
+log = logging.getLogger("interlock.server")
 
 
 def is_loopback(host: str) -> bool:
@@ -106,27 +113,87 @@ class _Connection(H11Protocol):
 
 
 class _Uvicorn(uvicorn.Server):
-    """uvicorn's server, telling ours at once when a signal asks it to stop: the event
-    streams end (uvicorn waits for open connections before the app's shutdown)."""
+    """uvicorn's server, starting ours itself (the app's lifespan is off): a store that
+    cannot be opened is one line and exit 2, not the lifespan's traceback and uvicorn's
+    exit 3, and the socket is bound before anything runs. It tells ours at once when a
+    signal asks it to stop: the event streams end (uvicorn waits for open connections
+    before our stop)."""
 
-    interlock: Server | None = None
+    interlock: Server
+    failure: Exception | None = None
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        try:
+            await self.interlock.start()
+            await self.interlock.st.get_cursor("serve")  # the store answers (a lazy one too)
+        except (StoreError, UsageError, OSError, sqlite3.Error) as exc:
+            self.failure = exc
+            self.should_exit = True
+            with contextlib.suppress(Exception):
+                await self.interlock.stop()
+            return
+        await super().startup(sockets)
+        if sockets:
+            self._log_started_message(sockets)  # (uvicorn logs it only for its own)
+            port = sockets[0].getsockname()[1]
+            host = self.config.host
+            base = f"http://{f'[{host}]' if ':' in host else host}:{port}"
+            names = sorted(self.interlock.workflows)
+            log.info("workflows (%d): %s", len(names), ", ".join(names) or "none")
+            log.info("dashboard: %s/  API: %s/openapi.json, %s/docs", base, base, base)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().shutdown(sockets)
+        await self.interlock.stop()
 
     def handle_exit(self, sig: int, frame: Any) -> None:
-        if self.interlock is not None:
-            self.interlock.hub.stopping.set()
+        self.interlock.hub.stopping.set()
         super().handle_exit(sig, frame)
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """The listening socket, bound before the server starts anything (a run taken over
+    by a server that then cannot listen would be taken for nothing)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host.strip("[]"), port))
+    except OSError as exc:
+        sock.close()
+        hint = ("another process listens there: stop it or choose another --port"
+                if exc.errno == errno.EADDRINUSE else
+                "choose a --host this machine has (127.0.0.1 for this machine only)"
+                if exc.errno == errno.EADDRNOTAVAIL else
+                "choose a --port above 1023, or run with the right to bind this one"
+                if exc.errno == errno.EACCES else "check --host and --port")
+        raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror or exc}; {hint}"
+                         ) from None
+    sock.set_inheritable(True)
+    return sock
+
+
+class _Info(logging.Handler):
+    """The server's own start-up lines on stderr, as uvicorn writes its own (the CLI
+    shows warnings already)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.levelno < logging.WARNING:
+            sys.stderr.write(f"INFO:     {self.format(record)}\n")
 
 
 def serve(options: ServerOptions, *, host: str = "127.0.0.1", port: int = 8765,
           log_level: str = "info", max_connections: int = 1000, keep_alive: int = 5,
-          head_timeout: float = 10.0) -> None:
+          head_timeout: float = 10.0, allow_empty: bool = False) -> None:
     """Serve until SIGTERM or SIGINT, then drain: executions get ``options.drain``
     seconds to end, the rest are stopped with their claims released (the next start
     continues them). Refuses a non-loopback ``host`` without ``options.auth``.
 
     At most ``max_connections`` connections are open (fewer when the descriptor limit
     is lower); an idle connection is closed after ``keep_alive`` seconds, one that has
-    not sent a whole request head after ``head_timeout``."""
+    not sent a whole request head after ``head_timeout``. Refuses to start without a
+    workflow unless ``allow_empty``; a socket that cannot be bound or a store that
+    cannot be opened is an `interlock.UsageError` / `interlock.StoreError`."""
     if not is_loopback(host) and not options.auth:
         raise UsageError(f"refusing to serve on {host}, which is not a loopback address, "
                          "without --auth: anyone who can reach it could start and decide "
@@ -137,15 +204,36 @@ def serve(options: ServerOptions, *, host: str = "127.0.0.1", port: int = 8765,
                          f"more, got {options.workers}")
     if options.host != host:
         options = dataclasses.replace(options, host=host)
+    root = logging.getLogger("interlock")
+    if not any(isinstance(h, _Info) for h in root.handlers):
+        root.addHandler(_Info())
+    root.setLevel(logging.INFO)  # (--workflows' skipped files are said while loading)
     app = create_app(options)
+    if not app.state.interlock.workflows and not allow_empty:
+        given = " ".join(options.workflows)
+        raise UsageError(
+            (f"--workflows {given}: no workflow found (a workflow is a *.yaml, *.yml or "
+             "*.json file with a top-level workflow: key; folders are searched with their "
+             "subfolders)" if given else "no --workflows given: there is no workflow to "
+             "start") + "; give a workflow file or folder, or --allow-empty to serve the "
+            "store's runs without any")
+    sock = _listen(host, port)
     cap = connection_cap(max_connections)
     connection = type("Connection", (_Connection,), {"head_timeout": head_timeout,
                                                      "cap": cap})
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on",
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="off",
                             timeout_graceful_shutdown=max(int(options.drain), 1),
                             http=connection, timeout_keep_alive=keep_alive,
                             backlog=BACKLOG)
     server = _Uvicorn(config)
     server.interlock = app.state.interlock
-    logging.getLogger("interlock").setLevel(logging.INFO)
-    server.run()
+    try:
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
+    failure = server.failure
+    if isinstance(failure, (StoreError, UsageError)):
+        raise failure
+    if failure is not None:
+        raise StoreError(f"cannot open the store {options.store or '(the default)'}: "
+                         f"{failure}; check --store (or $INTERLOCK_STORE)") from None

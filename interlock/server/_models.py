@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+    model_validator,
+)
 
 from interlock import RunResult
 from interlock.support import RUN_ID_PATTERN, not_json_at
@@ -60,6 +68,9 @@ class Graph(BaseModel):
     nodes: list[dict[str, Any]]
     edges: list[dict[str, Any]]
     mermaid: str
+    # the drawing (interlock/server/_layout.py): node boxes {name, x, y, w, h}, edge routes
+    # {edge, source, target, kind, points, label, title, label_box}, width, height
+    layout: dict[str, Any] | None = None
 
 
 class WorkflowDetail(WorkflowInfo):
@@ -67,9 +78,32 @@ class WorkflowDetail(WorkflowInfo):
     graph: Graph
 
 
-# A run: exactly what ``interlock status RUN_ID --json`` prints -- the engine's own
-# dataclass (FastAPI validates and documents a dataclass as it does a model).
-RunObject = RunResult
+class RunObject(BaseModel):
+    """A run: exactly what ``interlock status RUN_ID --json`` prints (the engine's
+    `RunResult.to_json`); ``code_changed`` only when a node still to run has code that
+    changed since the run started (SPEC §14)."""
+
+    run_id: str
+    workflow: str
+    status: str
+    state: dict[str, Any]
+    steps: int
+    tokens: int
+    error: dict[str, Any] | None
+    waiting: dict[str, Any] | None
+    code_changed: list[str] | None = Field(
+        default=None, description="the nodes still to run whose code changed since the run "
+        "started (or was migrated); absent when none did")
+
+    @model_serializer(mode="wrap")
+    def _without_absent(self, next_: SerializerFunctionWrapHandler):  # type: ignore[no-untyped-def]
+        out: dict[str, Any] = next_(self)
+        if out.get("code_changed") is None:
+            out.pop("code_changed", None)
+        return out
+
+
+assert set(RunObject.model_fields) == {f.name for f in dataclasses.fields(RunResult)}
 
 
 class RunRowOut(BaseModel):
@@ -132,6 +166,37 @@ class CancelIn(_Body):
 
 class ResumeIn(_Body):
     config: dict[str, Any] = Field(default_factory=dict)
+
+
+class MigrateIn(_Body):
+    """``POST /api/runs/{id}/migrate`` (SPEC §14): the definition the run moves onto
+    (default: the one this server has registered under the run's workflow name)."""
+
+    definition: dict[str, Any] | None = Field(
+        default=None, description="a workflow definition (as a file holds it, in JSON); "
+        "default: this server's registered workflow of the run's name")
+    at: str | None = Field(default=None, description="where the run continues in the new "
+                           "graph, instead of the gate it waits at or the node that failed")
+    by: str | None = Field(default=None, description="who (ignored with --auth: the token's "
+                           "name)")
+    comment: str | None = None
+    dry_run: bool = False
+
+
+class MigrationOut(BaseModel):
+    """What a migration found and did: every difference, every reason it was refused (a
+    refusal answers 409 with them in its detail), the seq of ``run.migrated``."""
+
+    run_id: str
+    workflow: str
+    status: str
+    from_hash: str
+    to_hash: str
+    at_node: str | None
+    differences: list[str]
+    refusals: list[str]
+    dry_run: bool
+    recorded: int | None
 
 
 class ModifyInfo(BaseModel):

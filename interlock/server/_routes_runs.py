@@ -15,6 +15,8 @@ from fastapi.sse import EventSourceResponse, ServerSentEvent
 import interlock
 from interlock.support import (
     TERMINAL_TYPES,
+    MigrationRefused,
+    migrate_run,
     node_visits,
     parse_definition,
     run_json,
@@ -23,9 +25,19 @@ from interlock.support import (
 
 from ._deps import Existing, Operator, Reader, Srv, _plain
 from ._guard import Problemed
-from ._models import CancelIn, Graph, Record, ResumeIn, RunObject, RunPage, Visit
+from ._models import (
+    CancelIn,
+    Graph,
+    MigrateIn,
+    MigrationOut,
+    Record,
+    ResumeIn,
+    RunObject,
+    RunPage,
+    Visit,
+)
 from ._reads import CURSOR, BadCursor, cursor_key, page_cursor, records_body
-from ._routes_workflows import graph_of
+from ._routes_workflows import graph_off_loop
 from ._service import Server
 
 TERMINAL_STATUSES = frozenset(TERMINAL_TYPES.values())
@@ -76,7 +88,7 @@ async def run(run_id: str, server: Srv, who: Reader) -> dict[str, Any]:
 async def run_graph(run_id: str, server: Srv, row: Existing) -> Graph:
     """The graph of the definition the run started with (a run keeps it, whatever
     is registered now): edge ``i`` is the ``edge: i`` of its edge records."""
-    return graph_of(parse_definition(row.definition))
+    return await graph_off_loop(parse_definition(row.definition))
 
 @router.get("/api/runs/{run_id}/visits", response_model=list[Visit])
 async def run_visits(run_id: str, server: Srv, who: Reader) -> Response:
@@ -132,6 +144,37 @@ async def resume(run_id: str, server: Srv, who: Operator,
                 workflow=server.workflows.get(row.workflow), listener=listen,
                 detach=server.records_only))
     return await server.run_object(run_id)
+
+@router.post("/api/runs/{run_id}/migrate", response_model=MigrationOut)
+async def migrate(run_id: str, server: Srv, who: Operator,
+                  body: MigrateIn) -> dict[str, Any]:
+    """Move a waiting, failed or pending run onto another definition (SPEC §14), as
+    ``interlock migrate`` does: nothing is executed; refused (409) with every reason,
+    nothing recorded."""
+    row = await server.st.get_run(run_id)
+    if body.definition is not None:
+        try:
+            spec = interlock.load(body.definition).spec
+        except interlock.WorkflowError as exc:
+            raise Problemed(422, "Unprocessable Content", "the definition is not a valid "
+                            "workflow: " + "; ".join(str(d) for d in exc.diagnostics)) from None
+    else:
+        registered = server.workflows.get(row.workflow)
+        if registered is None:
+            raise Problemed(409, "Conflict", f"this server has no workflow {row.workflow!r} "
+                            "registered (--workflows): send the definition to migrate onto")
+        spec = registered.spec
+    by = who.name if who.authenticated else (body.by or "local")
+    async with server.lock(run_id):
+        try:
+            found = await migrate_run(run_id, spec, store=server.st, at=body.at, by=by,
+                                      comment=body.comment, dry_run=body.dry_run)
+        except MigrationRefused as exc:
+            raise Problemed(409, "Conflict", str(exc)) from None
+    if found.recorded is not None:
+        server.hub.changed(run_id)
+    return found.to_json()
+
 
 @router.post("/api/runs/{run_id}/cancel", response_model=RunObject)
 async def cancel(run_id: str, server: Srv, who: Operator,

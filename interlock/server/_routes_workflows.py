@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import anyio
 from fastapi import APIRouter, Response
 
 from interlock import RunExists, Workflow
@@ -12,6 +13,7 @@ from interlock.support import to_mermaid
 
 from ._deps import Operator, Reader, Srv
 from ._guard import Problemed
+from ._layout import layout
 from ._models import Graph, RunObject, StartRun, WorkflowDetail, WorkflowInfo
 from ._service import Server
 
@@ -34,7 +36,14 @@ def graph_of(spec: Any) -> Graph:
              for n, ns in spec.nodes.items()]
     edges = [e.model_dump(mode="json", by_alias=True, exclude_none=True,
                           exclude_defaults=True) for e in spec.edges]
-    return Graph(nodes=nodes, edges=edges, mermaid=to_mermaid(spec))
+    return Graph(nodes=nodes, edges=edges, mermaid=to_mermaid(spec),
+                 layout=layout(nodes, edges))
+
+
+async def graph_off_loop(spec: Any) -> Graph:
+    """`graph_of` on a worker thread: a large graph's first layout takes a while (a
+    chain of a thousand nodes about a second), which the API's loop does not wait for."""
+    return await anyio.to_thread.run_sync(graph_of, spec)
 
 
 @router.get("/api/workflows", response_model=list[WorkflowInfo])
@@ -47,7 +56,7 @@ async def workflow(name: str, server: Srv, who: Reader) -> dict[str, Any]:
     wf = _workflow(server, name)
     return {"name": name, "description": wf.spec.description or "",
             "hash": wf.definition_hash(), "definition": wf.definition(),
-            "graph": graph_of(wf.spec)}
+            "graph": await graph_off_loop(wf.spec)}
 
 @router.post("/api/workflows/{name}/runs", response_model=RunObject, status_code=201,
           responses={200: {"model": RunObject,

@@ -64,9 +64,25 @@ def plain_check(pn: Any, result: Any) -> tuple[dict[str, Any], str | None]:
 # -- Settle: what the body did, as an outcome -------------------------------------------
 
 
+class GuardPort:
+    """A fake `G.GuardPort`: each guard takes what it calls from it."""
+
+    def __init__(self, *, check: Any = plain_check, stopped: list[G.Attempt] | None = None,
+                 sink: Any = None, pool: Any = None, effects: Any = None) -> None:
+        self.check_result = check
+        self.attempt_stopped = (stopped if stopped is not None else []).append
+        self.sink = sink
+        self.failures = lambda node, visit, item: None
+        self.process_pool = pool
+        self.effects = effects
+
+    def begin(self, pn: Any, visit: int, number: int, item: int | None = None) -> G.Attempt:
+        return G.attempt_of(pn, visit, number, {}, None)
+
+
 def settle(body: Callable[[G.Attempt], Awaitable[Any]],
            stopped: list[G.Attempt] | None = None, check: Any = plain_check) -> G.Settle:
-    return G.Settle(body, check, (stopped if stopped is not None else []).append)
+    return G.Settle(body, GuardPort(check=check, stopped=stopped))
 
 
 def test_settle_turns_a_result_into_a_checked_update() -> None:
@@ -242,7 +258,7 @@ def test_in_process_hands_the_call_to_the_pool_with_the_nodes_limits() -> None:
     pn.spec.call, pn.spec.memory = "pkg.mod:fn", 256
     ctx = Context(Port(), "n", 1, 1)
     effects = object()
-    body = G.InProcess(lambda: Pool(), lambda c: effects)  # type: ignore[arg-type, return-value]
+    body = G.InProcess(GuardPort(pool=lambda: Pool(), effects=lambda c: effects))
     assert run(body(attempt(pn, ctx=ctx, state={"a": 1}))) == {"from": "n"}
     assert calls == [{"call": "pkg.mod:fn", "state": {"a": 1}, "node": "n", "timeout": 7,
                       "memory": 256, "on_tokens": ctx.record_tokens, "effects": effects}]
@@ -334,10 +350,7 @@ def retrier(errors: list[RunError | None], retry: RetrySpec
         attempts.append(a.number)
         return outcome(a, error=errors[len(attempts) - 1], duration_ms=1.5)
 
-    def begin(pn: Any, visit: int, number: int, item: int | None = None) -> G.Attempt:
-        return G.attempt_of(pn, visit, number, {}, None)
-
-    return G.Retry(next_call, begin, lambda node, visit, item: None, sink), sink, attempts  # type: ignore[arg-type]
+    return G.Retry(next_call, GuardPort(sink=sink)), sink, attempts
 
 
 def test_retry_runs_attempts_until_one_succeeds_each_a_record() -> None:

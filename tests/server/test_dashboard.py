@@ -409,10 +409,18 @@ def test_with_auth_the_page_asks_for_a_token_and_a_viewer_cannot_approve(
     expect(page.locator("#who")).to_have_text("vic (viewer)")
     page.locator('a[data-nav="approvals"]').click()
     card = page.locator('article.gate[data-run="auth-1"][data-node="approval"]')
-    card.locator('button[data-decision="approve"]').click()
-    refusal = card.locator('.problem[data-status="403"]')
-    expect(refusal).to_contain_text("vic (roles: viewer) may not decide approvals")
+    # a viewer is shown the gate, not buttons that would be refused (issue 33)
+    expect(card.locator(".not-allowed")).to_contain_text("vic (viewer) may not decide")
+    expect(card.locator("button.decide")).to_have_count(0)
+    expect(card.locator("textarea")).to_have_count(0)
+    with authed.client(TOKENS["vic"][0]) as c:  # and the API refuses it all the same
+        r = c.post("/api/runs/auth-1/decisions", json={"decision": "approve",
+                                                       "node": "approval"})
+    assert r.status_code == 403 and "vic (roles: viewer) may not decide approvals" in r.text
     assert status_of(authed, "auth-1", TOKENS["vic"][0]) == "WAITING_APPROVAL"
+    page.goto(authed.url + "/runs/auth-1")
+    expect(page.locator("#run-gate .not-allowed")).to_be_visible()
+    expect(page.locator("#run-gate button.decide")).to_have_count(0)
 
     # the run page streams with the token in a header (fetch), never in a URL
     page.goto(authed.url + "/runs/auth-1")

@@ -3,7 +3,7 @@
 // as text (textContent, Element.append of strings), never parsed as HTML.
 
 import { api, ApiError, follow, token } from "./api.js";
-import { edgeCondition, renderGraph, targets } from "./graph.js";
+import { edgeCondition, renderGraph, setCount, targets } from "./graph.js";
 import { checkJson } from "./schema.js";
 
 const POLL_MS = 1000;
@@ -145,6 +145,17 @@ window.addEventListener("interlock:unauthorized", () => {
     : "The server runs with --auth: enter your token to see runs and decide approvals.");
 });
 
+let meCache = null;
+/** Who the token is (GET /api/me), asked once per token; null when it cannot be read. */
+function whoAmI() {
+  const key = token.get() || "";
+  if (!meCache || meCache.key !== key) meCache = { key, me: api("/api/me").catch(() => null) };
+  return meCache.me;
+}
+
+/** Whether ``me`` may decide (approver or admin; the server checks it again). */
+const mayDecide = (me) => !me || me.roles.includes("approver") || me.roles.includes("admin");
+
 async function showWho() {
   const who = document.getElementById("who");
   const forget = document.getElementById("forget-token");
@@ -266,6 +277,7 @@ function detail(rec) {
       if (rec.expr) parts.push(`${rec.expr} = ${short(rec.value, 30)}`);
       if (rec.reads) parts.push(`reads ${Object.entries(rec.reads).map(([k, v]) => `${k}=${short(v, 40)}`).join(", ")}`);
       if (rec.arrived) parts.push(`joined ${rec.arrived.join(", ")}`);
+      if (rec.reason) parts.push(`(${rec.reason})`);
       return parts.join("  ");
     }
     case "approval.requested": return `${rec.kind}: decisions ${(rec.decisions || []).join(", ")}`;
@@ -292,6 +304,7 @@ async function runPage(ctx, runId) {
   const facts = h("span", { id: "run-facts", class: "muted" });
   const streamState = h("span", { id: "stream-state", class: "live" }, "connecting");
   const gateBox = h("div", { id: "run-gate" });
+  const codeNotice = h("div", { id: "code-changed" });
   const side = h("aside", { id: "inspector", class: "card" }, h("p", { class: "muted" }, "Click a node for its visits (input, update, tokens, duration, error), or an edge for its decisions."));
   const timeline = h("tbody", { id: "timeline" });
   const records = [];
@@ -303,6 +316,7 @@ async function runPage(ctx, runId) {
   put(
     h("h1", {}, "Run ", h("code", {}, runId), " ", status),
     h("p", {}, "workflow ", link(`/workflows/${encodeURIComponent(run.workflow)}`, run.workflow), " · ", facts, " · ", streamState),
+    codeNotice,
     gateBox,
     h("div", { class: "run-layout" }, h("div", { class: "graph-box card" }, svg), side),
     h("h2", {}, "Timeline"),
@@ -310,6 +324,11 @@ async function runPage(ctx, runId) {
   const setFacts = (r) => {
     facts.textContent = `${r.steps} step(s), ${r.tokens} token(s)` + (r.error ? ` · error: ${short(r.error.message ?? r.error)}` : "");
     status.replaceChildren(badge(r.status));
+    // SPEC §14: nodes still to run whose code changed since the run started (or migrated)
+    codeNotice.replaceChildren(...(r.code_changed?.length ? [h("p", { class: "card notice" },
+      "The code of ", r.code_changed.map((n) => h("code", {}, n)).flatMap((c, i) => (i ? [", ", c] : [c])),
+      " changed since this run started: it will continue on the code deployed now (recorded as run.code_changed), or be refused where --strict-code is on. ",
+      "Move it onto a new definition on purpose with ", h("code", {}, `interlock migrate ${runId} --to FILE`), ".")] : []));
   };
   setFacts(run);
 
@@ -322,7 +341,8 @@ async function runPage(ctx, runId) {
     if (!r.waiting) return;
     const list = await api("/api/approvals", { signal: ctx.signal });
     const gate = list.find((g) => g.run_id === runId);
-    if (gate && gateShown === key) gateBox.append(approvalCard(gate));
+    const me = await whoAmI();
+    if (gate && gateShown === key) gateBox.append(approvalCard(gate, me));
   };
   showGate(run);
 
@@ -341,6 +361,7 @@ async function runPage(ctx, runId) {
   ctx.onStop(() => clearTimeout(refreshing));
 
   const rejected = new Set(); // gates whose last decision rejected them
+  const counts = new Map(); // node -> its visits and map items so far
   const apply = (rec) => {
     records.push(rec);
     let state = NODE_STATE[rec.type];
@@ -357,12 +378,31 @@ async function runPage(ctx, runId) {
         if (g.dataset.node !== rec.node) g.setAttribute("data-state", "stopped");
       }
     }
-    if (rec.type === "edge.taken") {
-      edgeEl(rec.edge)?.setAttribute("data-state", "taken");
-      if ((rec.to || []).includes("END")) nodeEl("END")?.setAttribute("data-state", "reached");
-    } else if (rec.type === "edge.skipped") {
+    if (rec.type === "edge.taken" || rec.type === "edge.skipped") {
       const e = edgeEl(rec.edge);
-      if (e && e.dataset.state !== "taken") e.setAttribute("data-state", "skipped");
+      if (rec.type === "edge.taken") e?.setAttribute("data-state", "taken");
+      else if (e && e.dataset.state !== "taken") e.setAttribute("data-state", "skipped");
+      // each arrow of the edge from this source: taken to the targets it went to only
+      for (const r of e ? e.querySelectorAll(".route") : []) {
+        if (r.dataset.source !== rec.from) continue;
+        if ((rec.to || []).includes(r.dataset.target)) r.setAttribute("data-state", "taken");
+        else if (r.dataset.state !== "taken") r.setAttribute("data-state", "skipped");
+      }
+      if (rec.type === "edge.taken" && (rec.to || []).includes("END")) nodeEl("END")?.setAttribute("data-state", "reached");
+    }
+    if (rec.type === "approval.decided" && rec.reenter) {
+      const r = svg.querySelector(`[data-reentry="${CSS.escape(`${rec.node}→${rec.reenter}`)}"]`);
+      r?.setAttribute("data-state", "taken");
+      for (const route of r ? r.querySelectorAll(".route") : []) route.setAttribute("data-state", "taken");
+    }
+    if (rec.type === "node.started" && rec.node) {
+      const c = counts.get(rec.node) || { visits: new Set(), items: new Set() };
+      counts.set(rec.node, c);
+      c.visits.add(rec.visit ?? 1);
+      if (rec.item !== undefined && rec.item !== null) c.items.add(`${rec.visit ?? 1}/${rec.item}`);
+      setCount(svg, rec.node, c.items.size ? `${c.items.size} item${c.items.size > 1 ? "s" : ""}` : `${c.visits.size}×`);
+      nodeEl(rec.node)?.setAttribute("data-visits", String(c.visits.size));
+      if (c.items.size) nodeEl(rec.node)?.setAttribute("data-items", String(c.items.size));
     }
     if (rec.type === "run.started") nodeEl("START")?.setAttribute("data-state", "reached");
     if (rec.type === "run.waiting") {
@@ -416,6 +456,7 @@ async function runPage(ctx, runId) {
         h("p", {}, h("code", {}, edgeCondition(edge))),
         decisions.length ? h("ol", { class: "decisions" }, decisions.map((r) => h("li", { dataset: { seq: String(r.seq) } },
           h("strong", {}, r.type === "edge.taken" ? "taken" : "not taken"), ` (record ${r.seq})`,
+          r.reason ? h("div", { class: "reason" }, h("strong", {}, r.reason)) : null,
           r.expr ? h("div", {}, h("code", {}, r.expr), " → ", h("code", {}, JSON.stringify(r.value))) : null,
           r.to?.length ? h("div", {}, `to ${r.to.join(", ")}`) : null,
           r.arrived ? h("div", {}, `joined ${r.arrived.join(", ")}`) : null,
@@ -445,7 +486,7 @@ async function runPage(ctx, runId) {
 /** A waiting gate with its decision form. The patch (modify) and the data (an approval's
  * input: schema) are checked against what the server says the gate accepts before they
  * are sent; the server's refusal (problem+json) is shown as it is. */
-function approvalCard(gate) {
+function approvalCard(gate, me = null) {
   const out = h("div", { class: "result", "aria-live": "polite" });
   const comment = h("textarea", { class: "comment", rows: 2, placeholder: "comment (optional)", "aria-label": "comment" });
   const data = gate.input ? h("textarea", { class: "data", rows: 3, placeholder: `data (JSON) for ${short(gate.input, 200)}`, "aria-label": "data" }) : null;
@@ -488,17 +529,21 @@ function approvalCard(gate) {
       out.replaceChildren(problemBox(error));
     }
   };
-  for (const d of gate.decisions) {
+  const allowed = mayDecide(me);
+  for (const d of allowed ? gate.decisions : []) {
     buttons.push(h("button", { type: "button", class: `decide decide-${d}`, "data-decision": d, onclick: () => send(d) }, d));
+  }
+  if (!allowed) {
+    buttons.push(h("p", { class: "muted not-allowed" }, `${me.name} (${me.roles.join(", ")}) may not decide: an approver or an admin decides this gate`));
   }
   const card = h("article", { class: "card gate", dataset: { run: gate.run_id, node: gate.node } },
     h("h3", {}, link(runHref(gate.run_id), gate.run_id), ` · ${gate.workflow} · `, h("code", {}, gate.node), ` (${gate.kind || "approval"})`),
     h("p", { class: "muted" }, [`waiting since ${when(gate.since)}`, gate.deadline ? `deadline ${when(gate.deadline)}` : null,
       gate.approvers.length ? `approvers: ${gate.approvers.join(", ")}` : "any approver"].filter(Boolean).join(" · ")),
     Object.keys(gate.show).length ? h("dl", { class: "show" }, Object.entries(gate.show).map(([k, v]) => [h("dt", {}, k), h("dd", {}, h("pre", {}, json(v)))])) : null,
-    comment,
-    data ? h("label", {}, "data for the gate's input schema ", data) : null,
-    patch ? h("label", {}, "modify: the state fields to replace ", patch, at ? [" re-enter at ", at] : null) : null,
+    allowed ? comment : null,
+    allowed && data ? h("label", {}, "data for the gate's input schema ", data) : null,
+    allowed && patch ? h("label", {}, "modify: the state fields to replace ", patch, at ? [" re-enter at ", at] : null) : null,
     h("div", { class: "buttons" }, buttons),
     out);
   return card;
@@ -514,6 +559,7 @@ async function approvalsPage(ctx) {
     error, list, empty);
   const cards = new Map();
   await every(ctx, POLL_MS, async () => {
+    const me = await whoAmI();
     let gates;
     try {
       gates = await api("/api/approvals", { signal: ctx.signal });
@@ -528,7 +574,7 @@ async function approvalsPage(ctx) {
       const key = `${gate.run_id}\n${gate.node}\n${gate.since}`;
       keys.add(key);
       if (!cards.has(key)) {
-        const card = approvalCard(gate);
+        const card = approvalCard(gate, me);
         cards.set(key, card);
         list.append(card);
       }

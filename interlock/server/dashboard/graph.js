@@ -1,14 +1,11 @@
-// A workflow's graph as SVG, laid out in layers from the API's nodes and edges:
-// a node's layer is its longest path from START once the edges that close a loop are
-// set aside (found as interlock/_definition/_graph.py finds them: depth first from START, in
-// declaration order); a loop's closing edge is drawn back up along the right.
+// A workflow's graph as SVG, drawn from the layout the server computed
+// (interlock/server/_layout.py: a layered layout by grandalf): node boxes and edge routes
+// are drawn where the API puts them, so an edge never crosses a node's box. A loop's
+// closing edge and an approval's on_modify re-entry come drawn upwards (dashed), each
+// label carries the condition, the case and `max N` (the whole condition on hover).
 
 const SVG = "http://www.w3.org/2000/svg";
-const ROW = 78;
-const BOX_H = 34;
-const GAP = 28;
-const CHAR = 7.4;
-
+const CORNER = 8;
 export function el(tag, attrs = {}, ...children) {
   const node = document.createElementNS(SVG, tag);
   for (const [k, v] of Object.entries(attrs)) node.setAttribute(k, String(v));
@@ -49,147 +46,92 @@ export function edgeCondition(edge) {
   return "always";
 }
 
-function layout(graph) {
-  const names = ["START", ...graph.nodes.map((n) => n.name)];
-  const pairs = [];
-  graph.edges.forEach((edge, index) => {
-    for (const from of edge.from) for (const to of targets(edge)) pairs.push({ from, to, index, edge });
-  });
-  if (pairs.some((p) => p.to === "END")) names.push("END");
-  const known = new Set(names);
-  const adj = new Map(names.map((n) => [n, []]));
-  for (const p of pairs) if (known.has(p.from) && known.has(p.to)) adj.get(p.from).push(p);
-  // back edges: depth first from START (then any node not reached), declaration order
-  const state = new Map();
-  const back = new Set();
-  for (const root of names) {
-    if (state.has(root)) continue;
-    state.set(root, 1);
-    const stack = [[root, 0]];
-    while (stack.length) {
-      const top = stack[stack.length - 1];
-      const out = adj.get(top[0]);
-      if (top[1] < out.length) {
-        const p = out[top[1]++];
-        const s = state.get(p.to);
-        if (s === 1) back.add(p);
-        else if (s === undefined) { state.set(p.to, 1); stack.push([p.to, 0]); }
-      } else { state.set(top[0], 2); stack.pop(); }
-    }
+/** A polyline through ``points`` with its corners rounded (the curve stays near each
+ * corner, inside the channel the layout kept free). */
+function pathOf(points) {
+  let d = `M ${points[0][0]} ${points[0][1]}`;
+  for (let i = 1; i < points.length; i++) {
+    const [x, y] = points[i];
+    if (i === points.length - 1) { d += ` L ${x} ${y}`; break; }
+    const [px, py] = points[i - 1];
+    const [nx, ny] = points[i + 1];
+    const l1 = Math.hypot(x - px, y - py);
+    const l2 = Math.hypot(nx - x, ny - y);
+    const r = Math.min(CORNER, l1 / 2, l2 / 2);
+    if (r < 0.5) { d += ` L ${x} ${y}`; continue; }
+    const ax = x - ((x - px) / l1) * r;
+    const ay = y - ((y - py) / l1) * r;
+    const bx = x + ((nx - x) / l2) * r;
+    const by = y + ((ny - y) / l2) * r;
+    d += ` L ${ax.toFixed(1)} ${ay.toFixed(1)} Q ${x} ${y} ${bx.toFixed(1)} ${by.toFixed(1)}`;
   }
-  // longest path over the forward edges (a topological order by Kahn's algorithm)
-  const layer = new Map(names.map((n) => [n, 0]));
-  const indegree = new Map(names.map((n) => [n, 0]));
-  for (const p of pairs) if (!back.has(p) && known.has(p.to) && known.has(p.from)) indegree.set(p.to, indegree.get(p.to) + 1);
-  const queue = names.filter((n) => indegree.get(n) === 0);
-  while (queue.length) {
-    const n = queue.shift();
-    for (const p of adj.get(n)) {
-      if (back.has(p)) continue;
-      layer.set(p.to, Math.max(layer.get(p.to), layer.get(n) + 1));
-      indegree.set(p.to, indegree.get(p.to) - 1);
-      if (indegree.get(p.to) === 0) queue.push(p.to);
-    }
-  }
-  if (known.has("END")) layer.set("END", Math.max(...[...layer.values()]) + (layer.get("END") === 0 ? 1 : 0));
-  const rows = [];
-  for (const n of names) (rows[layer.get(n)] ||= []).push(n);
-  // order each row by its predecessors' mean position (one pass: fewer crossings)
-  const order = new Map();
-  rows.forEach((row, r) => {
-    if (r > 0) {
-      const mean = (n) => {
-        const preds = pairs.filter((p) => p.to === n && !back.has(p) && order.has(p.from));
-        return preds.length ? preds.reduce((s, p) => s + order.get(p.from), 0) / preds.length : 1e9;
-      };
-      const keyed = row.map((n, i) => [mean(n), i, n]).sort((a, b) => a[0] - b[0] || a[1] - b[1]);
-      row.splice(0, row.length, ...keyed.map((k) => k[2]));
-    }
-    row.forEach((n, i) => order.set(n, i));
-  });
-  const width = (n) => Math.max(70, n.length * CHAR + 26);
-  const rowWidths = rows.map((row) => row.reduce((s, n) => s + width(n), 0) + GAP * (row.length - 1));
-  const total = Math.max(...rowWidths, 200);
-  const pos = new Map();
-  rows.forEach((row, r) => {
-    let x = (total - rowWidths[r]) / 2 + 70;
-    for (const n of row) {
-      pos.set(n, { x, y: 20 + r * ROW, w: width(n), h: BOX_H });
-      x += width(n) + GAP;
-    }
-  });
-  return { pos, pairs, back, layer, width: total + 160, height: rows.length * ROW + 10 };
+  return d;
 }
 
 /**
- * The graph as an <svg>: each node a <g data-node=NAME data-state=...>, each drawn edge
- * a <g data-edge=INDEX data-state=...>. ``onSelect({node} | {edge})`` on a click.
+ * The graph as an <svg>: each node a <g data-node=NAME data-state=...>; each declared
+ * edge a <g data-edge=INDEX data-state=...> holding one <g class="route" data-source
+ * data-target data-state> per arrow (a switch's cases, a fan-out's targets); each
+ * re-entry a <g class="edge reentry" data-reentry="GATE→NODE">. ``onSelect({node} |
+ * {edge})`` on a click.
  */
 export function renderGraph(graph, onSelect = () => {}) {
-  const { pos, pairs, back, layer, width, height } = layout(graph);
-  let detours = 0;
+  const lay = graph.layout;
   const kinds = new Map(graph.nodes.map((n) => [n.name, n.approval ? "gate" : n.confirm ? "confirm" : n.agent ? "agent" : n.workflow ? "subflow" : "call"]));
-  const svg = el("svg", { class: "graph", viewBox: `0 0 ${width} ${height}`, width, height, role: "img" });
+  const svg = el("svg", { class: "graph", viewBox: `0 0 ${lay.width} ${lay.height}`, width: lay.width, height: lay.height, role: "img" });
   svg.append(el("title", {}, `graph of ${graph.nodes.length} nodes`));
   const defs = el("defs");
-  const marker = el("marker", { id: "arrow", viewBox: "0 0 10 10", refX: 9, refY: 5, markerWidth: 7, markerHeight: 7, orient: "auto-start-reverse" });
-  marker.append(el("path", { d: "M 0 0 L 10 5 L 0 10 z", class: "arrowhead" }));
-  defs.append(marker);
+  for (const [id, cls] of [["arrow", "arrowhead"], ["arrow-taken", "arrowhead taken"], ["arrow-reentry", "arrowhead reentry"]]) {
+    const marker = el("marker", { id, viewBox: "0 0 10 10", refX: 9, refY: 5, markerUnits: "userSpaceOnUse", markerWidth: 9, markerHeight: 9, orient: "auto-start-reverse" });
+    marker.append(el("path", { d: "M 0 0 L 10 5 L 0 10 z", class: cls }));
+    defs.append(marker);
+  }
   svg.append(defs);
   const edgesLayer = el("g", { class: "edges" });
+  const labelsLayer = el("g", { class: "edge-labels" });
   const groups = new Map();
-  for (const p of pairs) {
-    const a = pos.get(p.from);
-    const b = pos.get(p.to);
-    if (!a || !b) continue;
-    let group = groups.get(p.index);
-    if (!group) {
-      group = el("g", { class: "edge", "data-edge": p.index, "data-state": "idle", tabindex: 0 });
-      group.append(el("title", {}, `edge ${p.index}: ${p.edge.from.join(", ")} → ${targets(p.edge).join(", ")} — ${edgeCondition(p.edge)}`));
-      group.addEventListener("click", () => onSelect({ edge: p.index }));
-      groups.set(p.index, group);
+  for (const route of lay.edges) {
+    let group;
+    if (route.edge === null) {
+      group = el("g", { class: "edge reentry", "data-reentry": `${route.source}→${route.target}`, "data-state": "idle" });
+      group.append(el("title", {}, route.title));
       edgesLayer.append(group);
-    }
-    let d;
-    let lx;
-    let ly;
-    if (back.has(p) || b.y <= a.y) {
-      const x1 = a.x + a.w;
-      const y1 = a.y + a.h / 2;
-      const x2 = b.x + b.w;
-      const y2 = b.y + b.h / 2;
-      const out = Math.max(x1, x2) + 40;
-      d = `M ${x1} ${y1} C ${out} ${y1}, ${out} ${y2}, ${x2 + 2} ${y2}`;
-      lx = out - 8;
-      ly = (y1 + y2) / 2;
-    } else if (layer.get(p.to) - layer.get(p.from) > 1) {
-      // past the layers between: around them on the left, so no node hides it
-      const x1 = a.x;
-      const y1 = a.y + a.h / 2;
-      const x2 = b.x - 2;
-      const y2 = b.y + b.h / 2;
-      const out = Math.max(Math.min(x1, x2) - 40 - 14 * (detours++ % 3), 6);
-      d = `M ${x1} ${y1} C ${out} ${y1}, ${out} ${y2}, ${x2} ${y2}`;
-      lx = out - 30;
-      ly = (y1 + y2) / 2;
     } else {
-      const x1 = a.x + a.w / 2;
-      const y1 = a.y + a.h;
-      const x2 = b.x + b.w / 2;
-      const y2 = b.y - 2;
-      const mid = (y1 + y2) / 2;
-      d = `M ${x1} ${y1} C ${x1} ${mid}, ${x2} ${mid}, ${x2} ${y2}`;
-      lx = (x1 + x2) / 2;
-      ly = mid;
+      group = groups.get(route.edge);
+      if (!group) {
+        group = el("g", { class: "edge", "data-edge": route.edge, "data-state": "idle", tabindex: 0 });
+        group.append(el("title", {}, route.title));
+        group.addEventListener("click", () => onSelect({ edge: route.edge }));
+        groups.set(route.edge, group);
+        edgesLayer.append(group);
+      }
     }
-    group.append(el("path", { d, class: "edge-line", "marker-end": "url(#arrow)" }));
-    group.append(el("path", { d, class: "edge-hit" }));
-    const label = edgeLabel(p.edge);
-    if (label) group.append(el("text", { x: lx + 4, y: ly - 3, class: "edge-label" }, label));
+    const g = el("g", { class: `route kind-${route.kind}`, "data-source": route.source, "data-target": route.target, "data-state": "idle" });
+    const d = pathOf(route.points);
+    g.append(el("path", { d, class: "edge-line", "marker-end": `url(#${route.kind === "reentry" ? "arrow-reentry" : "arrow"})` }));
+    g.append(el("path", { d, class: "edge-hit" }));
+    group.append(g);
+    if (route.label && route.label_box) {
+      const b = route.label_box;
+      const lab = el("g", { class: `edge-label-box kind-${route.kind}`, "data-label-of": route.edge ?? "", "data-source": route.source, "data-target": route.target });
+      lab.append(el("title", {}, route.title));
+      lab.append(el("rect", { x: b.x, y: b.y, width: b.w, height: b.h, rx: 3 }));
+      lab.append(el("text", { x: b.x + b.w / 2, y: b.y + b.h / 2 + 4, "text-anchor": "middle", class: "edge-label" }, route.label));
+      if (route.edge !== null) lab.addEventListener("click", () => onSelect({ edge: route.edge }));
+      labelsLayer.append(lab);
+    } else if (route.label) {
+      // an edge from a node to itself: its label right of its loop
+      const [x, y] = route.points[1];
+      const lab = el("g", { class: "edge-label-box kind-self", "data-label-of": route.edge ?? "" });
+      lab.append(el("title", {}, route.title));
+      lab.append(el("text", { x: x + 4, y: y - 2, class: "edge-label" }, route.label));
+      labelsLayer.append(lab);
+    }
   }
   svg.append(edgesLayer);
   const nodesLayer = el("g", { class: "nodes" });
-  for (const [name, p] of pos) {
+  for (const p of lay.nodes) {
+    const name = p.name;
     const terminal = name === "START" || name === "END";
     const g = el("g", { class: `node kind-${terminal ? "terminal" : kinds.get(name)}`, "data-node": name, "data-state": terminal ? "idle" : "pending", tabindex: 0 });
     g.append(el("title", {}, name));
@@ -199,5 +141,29 @@ export function renderGraph(graph, onSelect = () => {}) {
     nodesLayer.append(g);
   }
   svg.append(nodesLayer);
+  svg.append(labelsLayer);
   return svg;
+}
+
+/** Show ``text`` (a node's visit and item counts) in a badge on the node's top right. */
+export function setCount(svg, name, text) {
+  const g = svg.querySelector(`[data-node="${CSS.escape(name)}"]`);
+  if (!g) return;
+  let badge = g.querySelector(".tally");
+  if (!badge) {
+    const rect = g.querySelector("rect");
+    const x = Number(rect.getAttribute("x")) + Number(rect.getAttribute("width"));
+    const y = Number(rect.getAttribute("y"));
+    badge = el("g", { class: "tally" });
+    badge.append(el("rect", { x: x + 4, y: y - 7, height: 14, rx: 7 }));
+    badge.append(el("text", { x: x - 2, y: y + 3.5, "text-anchor": "end" }));
+    g.append(badge);
+  }
+  const label = badge.querySelector("text");
+  label.textContent = text;
+  // inwards from the box's right end (the edges meet a box at its middle)
+  const w = text.length * 6 + 12;
+  const r = badge.querySelector("rect");
+  r.setAttribute("width", String(w));
+  r.setAttribute("x", String(Number(label.getAttribute("x")) + 6 - w));
 }

@@ -1,0 +1,128 @@
+"""The code a definition's nodes run, as digests (SPEC §14): what ``run.started`` records,
+so that a run continued by code deployed after it started can say which node changed.
+
+A node's code is the source of the modules it names: a call node's callable's module,
+an agent's tools' modules, the module of a router on an edge that leaves it. A
+sub-workflow's nodes are its child's (recorded when the child starts); an approval
+names no code. A module is found the way the engine would import it (the working
+directory first, as `_callables.import_callable` does) and hashed from its file, so a
+file edited on disk differs even while a long-lived process still runs the old one --
+what a deploy changes is what is detected. A module with no source file (a builtin,
+``__main__``, a function made at run time) has no digest and is never said to change.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import sys
+from collections.abc import Iterable
+
+from ._model import WorkflowSpec
+
+#: per node, its modules' digests (``{"node": {"pkg.mod": "sha256:..."}}``)
+CodeDigests = dict[str, dict[str, str]]
+
+# a file's digest by (path, size, mtime_ns): a run start hashes only what changed
+_CACHE: dict[tuple[str, int, int], str] = {}
+_CACHE_LIMIT = 4096
+
+
+def node_modules(spec: WorkflowSpec) -> dict[str, list[str]]:
+    """Per node, the modules its code lives in (sorted, none repeated); nodes that name no
+    code are left out."""
+    out: dict[str, set[str]] = {}
+    for name, ns in spec.nodes.items():
+        paths: list[str] = []
+        if ns.call is not None:
+            paths.append(ns.call)
+        if ns.agent is not None:
+            for tool in ns.agent.get("tools") or ():
+                call = tool.get("call") if isinstance(tool, dict) else tool
+                if isinstance(call, str):
+                    paths.append(call)
+        if paths:
+            out.setdefault(name, set()).update(_module(p) for p in paths)
+    for edge in spec.edges:
+        if edge.router is not None:
+            for source in edge.source:
+                if source in spec.nodes:
+                    out.setdefault(source, set()).add(_module(edge.router))
+    return {name: sorted(mods) for name, mods in out.items() if mods}
+
+
+def _module(path: str) -> str:
+    return path.partition(":")[0]
+
+
+def module_file(name: str) -> str | None:
+    """The source file a module would be imported from now, or None (no such module, or
+    one without a source file)."""
+    if "" not in sys.path and "." not in sys.path:
+        sys.path.insert(0, "")  # as import_callable resolves it: the working directory
+    try:
+        found = importlib.util.find_spec(name)
+    except (ImportError, ValueError, AttributeError):
+        return None
+    origin = found.origin if found is not None else None
+    if not origin or not os.path.isfile(origin):
+        return None
+    return origin
+
+
+def module_digest(name: str) -> str | None:
+    """``sha256:<hex>`` of the module's source file as it is on disk now (None: none)."""
+    path = module_file(name)
+    if path is None:
+        return None
+    try:
+        st = os.stat(path)
+        key = (path, st.st_size, st.st_mtime_ns)
+        cached = _CACHE.get(key)
+        if cached is not None:
+            return cached
+        with open(path, "rb") as f:
+            digest = "sha256:" + hashlib.sha256(f.read()).hexdigest()
+    except OSError:
+        return None
+    if len(_CACHE) >= _CACHE_LIMIT:
+        _CACHE.clear()
+    _CACHE[key] = digest
+    return digest
+
+
+def code_digests(spec: WorkflowSpec, nodes: Iterable[str] | None = None) -> CodeDigests:
+    """The digests of the code of ``spec``'s nodes (or only of ``nodes``), as they are now.
+    A module with no source file is left out; so is a node left with none."""
+    wanted = None if nodes is None else set(nodes)
+    digests: dict[str, str | None] = {}
+    out: CodeDigests = {}
+    for node, modules in node_modules(spec).items():
+        if wanted is not None and node not in wanted:
+            continue
+        mine = {}
+        for mod in modules:
+            if mod not in digests:
+                digests[mod] = module_digest(mod)
+            d = digests[mod]
+            if d is not None:
+                mine[mod] = d
+        if mine:
+            out[node] = mine
+    return out
+
+
+def changed_code(recorded: CodeDigests, now: CodeDigests) -> dict[str, list[str]]:
+    """Per node of ``recorded`` whose code is not the same ``now``, the modules that differ
+    (a module gone, or whose file is no longer found, differs too)."""
+    out: dict[str, list[str]] = {}
+    for node, modules in recorded.items():
+        current = now.get(node, {})
+        differ = sorted(m for m, d in modules.items() if current.get(m) != d)
+        if differ:
+            out[node] = differ
+    return out
+
+
+__all__ = ["CodeDigests", "changed_code", "code_digests", "module_digest", "node_modules"]

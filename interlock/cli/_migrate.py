@@ -1,0 +1,95 @@
+"""``interlock migrate RUN_ID --to FILE`` (SPEC §14): move a stored run onto another
+definition, after a static check, on the record (``run.migrated``)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import click
+
+from ._common import EXIT_USAGE, call_engine, json_option, load_workflow, store_option
+
+
+@click.command(short_help="Move a waiting, failed or pending run onto another definition.")
+@click.argument("run_id")
+@click.option("--to", "path", required=True, metavar="FILE", type=click.Path(dir_okay=False),
+              help="The workflow file the run moves onto (validated as `validate` does).")
+@click.option("--at", "at_node", metavar="NODE",
+              help="Where the run continues in the new graph (instead of the gate it waits "
+                   "at, or the node that failed): that node becomes ready.")
+@click.option("--by", metavar="NAME", help="Who migrates the run (recorded).")
+@click.option("--comment", metavar="TEXT", help="Why (recorded).")
+@click.option("--dry-run", is_flag=True,
+              help="Check and print the differences; record nothing.")
+@json_option
+@store_option
+def migrate(run_id: str, path: str, at_node: str | None, by: str | None, comment: str | None,
+            dry_run: bool, as_json: bool, store_url: str | None) -> None:
+    """Move RUN_ID onto the definition in FILE. A run keeps the definition it started
+    with; this changes it on purpose: the run must be waiting at a gate, failed, or
+    pending, and the new graph must be able to continue it -- the gate it waits at (or
+    --at NODE) exists, every state field the rest of the new graph reads is present or
+    declared, and the reducers of its fields are unchanged.
+
+    Prints every difference between the two definitions, then records run.migrated
+    (from_hash, to_hash, by, comment, at_node) and exits 0 -- without executing: a
+    waiting run now waits on the new definition (decide it with `resume`), a pending
+    run is continued by a worker, a failed run with `resume`. Refused: every reason is
+    printed, nothing is recorded, exit 2. --dry-run records nothing."""
+    from ..support import migrate_run
+
+    workflow = load_workflow(path)
+    try:
+        found = call_engine(_refusal_kept(migrate_run(
+            run_id, workflow.spec, store=store_url, at=at_node, by=by, comment=comment,
+            dry_run=dry_run)))
+    except _Refused as exc:
+        refused = exc.refused
+        if as_json:
+            click.echo(json.dumps(refused.migration.to_json(), ensure_ascii=False))
+        else:
+            _differences(refused.migration)
+        click.echo(f"error: {refused}", err=True)
+        sys.exit(EXIT_USAGE)
+    if as_json:
+        click.echo(json.dumps(found.to_json(), ensure_ascii=False))
+        return
+    _differences(found)
+    if dry_run:
+        click.echo(f"dry run: run {run_id} can be migrated onto {path} "
+                   f"({found.to_hash[:12]}); nothing was recorded", err=True)
+    else:
+        then = {"WAITING_APPROVAL": f"it waits on the new definition: `interlock resume "
+                                    f"{run_id} --approve` (or --reject) decides it",
+                "PENDING": "a worker (`interlock worker`) continues it",
+                "FAILED": f"`interlock resume {run_id}` continues it"}.get(found.status, "")
+        click.echo(f"migrated: run {run_id} is on {path} ({found.from_hash[:12]} -> "
+                   f"{found.to_hash[:12]}, record {found.recorded}); {then}", err=True)
+
+
+def _differences(found: Any) -> None:
+    click.echo(f"run {found.run_id} ({found.workflow}, {found.status}): "
+               f"{found.from_hash[:12]} -> {found.to_hash[:12]}")
+    if not found.differences:
+        click.echo("  (no difference in nodes, edges or state)")
+    for line in found.differences:
+        click.echo(f"  {line}")
+
+
+class _Refused(Exception):
+    def __init__(self, refused: Any) -> None:
+        super().__init__(str(refused))
+        self.refused = refused
+
+
+async def _refusal_kept(coro: Any) -> Any:
+    """The migration, with a refusal kept whole (its differences and reasons) rather
+    than turned into a one-line usage error."""
+    from ..support import MigrationRefused
+
+    try:
+        return await coro
+    except MigrationRefused as exc:
+        raise _Refused(exc) from None

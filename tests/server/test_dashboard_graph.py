@@ -1,0 +1,196 @@
+"""The dashboard's graph in Chromium (issue 33): for every example served, no drawn edge
+passes through a node's box, measured on the SVG's own geometry (points along each drawn
+path against each node's rectangle); a run's modify re-entry is drawn and lit; labels carry
+the condition and ``max N``; nodes count their visits; a decision refused by ``max`` says
+so. The layout's own checks over the tricky shapes: test_graph_layout.py.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_server import GATED, NODES, Served
+
+pytest.importorskip("fastapi")
+pytest.importorskip("grandalf", reason="the graph's layout needs the server extra")
+sync_api = pytest.importorskip("playwright.sync_api",
+                               reason="the browser tests need Playwright (the dev extra)")
+expect = sync_api.expect
+
+CHROMIUM = os.environ.get("INTERLOCK_TEST_CHROMIUM") or shutil.which("chromium") \
+    or shutil.which("chromium-browser")
+if not CHROMIUM:
+    pytest.skip("no Chromium found (apt-get install chromium, or set INTERLOCK_TEST_CHROMIUM "
+                "to a Chromium binary): the dashboard's browser tests are skipped",
+                allow_module_level=True)
+
+REPO = Path(__file__).resolve().parents[2]
+WAIT = 15_000
+expect.set_options(timeout=WAIT)
+
+# examples served (their nodes import from the repository root); the openai variants are
+# the agents' graphs again
+EXAMPLES = ["audit", "code_assistant", "incident", "jokes", "triage"]
+
+OPEN_GATE = GATED.replace("workflow: gated", "workflow: regate").replace(
+    ', approvers: [alice, "role:admin"]', "")
+
+# a loop whose `max` refuses the third pass
+LOOPED = '''
+workflow: looped
+input: [n]
+nodes:
+  first: {call: snodes:first, writes: [first]}
+  last: {call: snodes:last, writes: [last]}
+edges:
+  - {from: START, to: first}
+  - {from: first, to: last}
+  - {from: last, to: first, when: 'last > 0', max: 2}
+  - {from: last, to: END, otherwise: true}
+'''
+
+# every drawn path sampled every 2 px against every node's box (shrunk by 1 px): the
+# (path, node) pairs that meet
+THROUGH = """() => {
+  const svg = document.querySelector("svg.graph");
+  const boxes = [...svg.querySelectorAll("[data-node] > rect")].map((r) => {
+    const b = r.getBBox();
+    return { name: r.parentNode.dataset.node, x0: b.x + 1, y0: b.y + 1,
+             x1: b.x + b.width - 1, y1: b.y + b.height - 1 };
+  });
+  const bad = [];
+  let paths = 0;
+  for (const path of svg.querySelectorAll(".edge-line")) {
+    paths++;
+    const route = path.parentNode;
+    const length = path.getTotalLength();
+    for (let at = 0; at <= length; at += 2) {
+      const p = path.getPointAtLength(at);
+      for (const b of boxes) {
+        if (p.x > b.x0 && p.x < b.x1 && p.y > b.y0 && p.y < b.y1) {
+          bad.push(`${route.dataset.source}→${route.dataset.target} through ${b.name}`);
+        }
+      }
+    }
+  }
+  return { paths, bad: [...new Set(bad)] };
+}"""
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    root = tmp_path_factory.mktemp("graph")
+    (root / "snodes.py").write_text(NODES)
+    (root / "examples").symlink_to(REPO / "examples")
+    flows = root / "flows"
+    flows.mkdir()
+    for name in EXAMPLES:
+        shutil.copy(REPO / "examples" / name / "workflow.yaml", flows / f"{name}.yaml")
+    (flows / "regate.yaml").write_text(textwrap.dedent(OPEN_GATE))
+    (flows / "looped.yaml").write_text(textwrap.dedent(LOOPED))
+    for name in ("INTERLOCK_STORE", "INTERLOCK_LOG_KEY"):
+        os.environ.pop(name, None)
+    served = Served(root)
+    yield served
+    served.stop()
+
+
+@pytest.fixture(scope="module")
+def page(server: Served) -> Iterator[Any]:
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        ctx = browser.new_context(viewport={"width": 1400, "height": 900})
+        ctx.set_default_timeout(WAIT)
+        errors: list[str] = []
+        ctx.on("weberror", lambda e: errors.append(str(e.error)))
+        yield ctx.new_page()
+        browser.close()
+        assert not errors, f"uncaught errors in the page: {errors}"
+
+
+def workflow_names(server: Served) -> list[str]:
+    with server.client() as c:
+        return [w["name"] for w in c.get("/api/workflows").json()]
+
+
+def test_no_edge_passes_through_a_node_in_any_example(server: Served, page: Any) -> None:
+    names = workflow_names(server)
+    assert len(names) == len(EXAMPLES) + 2, names
+    for name in names:
+        page.goto(f"{server.url}/workflows/{name}")
+        expect(page.locator("svg.graph [data-node]").first).to_be_visible()
+        with server.client() as c:
+            graph = c.get(f"/api/workflows/{name}").json()["graph"]
+        result = page.evaluate(THROUGH)
+        assert result["paths"] == len(graph["layout"]["edges"]), name
+        assert result["bad"] == [], name
+
+
+def test_audit_labels_and_reentry(server: Served, page: Any) -> None:
+    page.goto(f"{server.url}/workflows/audit-engagement")
+    svg = page.locator("svg.graph")
+    reentry = svg.locator('[data-reentry="approval→risk"]')
+    expect(reentry).to_have_count(1)
+    expect(reentry.locator(".route.kind-reentry .edge-line")).to_have_count(1)
+    label = svg.locator('.edge-label-box[data-source="reviewer"][data-target="evidence"]')
+    expect(label.locator("text")).to_have_text('review.verdict == "revise" · max 2')
+    expect(label.locator("title")).to_contain_text("taken at most 2 times")
+    expect(svg.locator('.edge-label-box[data-source="risk"][data-target="evidence"] text')
+           ).to_have_text("risk.level: default")
+    expect(svg.locator('.route.kind-back[data-source="reviewer"]')).to_have_count(1)
+
+
+def test_a_modify_reentry_is_drawn_taken(server: Served, page: Any) -> None:
+    with server.client() as c:
+        r = c.post("/api/workflows/regate/runs", json={"input": {"n": 1}, "run_id": "re-1"})
+        assert r.status_code == 201, r.text
+    page.goto(f"{server.url}/runs/re-1")
+    gate = page.locator('svg.graph [data-node="gate"]')
+    expect(gate).to_have_attribute("data-state", "waiting")
+    with server.client() as c:
+        r = c.post("/api/runs/re-1/decisions",
+                   json={"decision": "modify", "node": "gate", "patch": {"n": 5}, "by": "bo"})
+        assert r.status_code == 200, r.text
+    reentry = page.locator('svg.graph [data-reentry="gate→first"] .route')
+    expect(reentry).to_have_attribute("data-state", "taken")
+    # first ran twice (the re-entry's visit), shown on its box
+    expect(page.locator('svg.graph [data-node="first"]')).to_have_attribute("data-visits", "2")
+    expect(page.locator('svg.graph [data-node="first"] .tally text')).to_have_text("2×")
+    assert page.evaluate(THROUGH)["bad"] == []
+
+
+def test_max_reached_is_said_in_the_decisions(server: Served, page: Any) -> None:
+    with server.client() as c:
+        r = c.post("/api/workflows/looped/runs", json={"input": {"n": 1}, "run_id": "loop-1"})
+        assert r.status_code == 201, r.text
+    page.goto(f"{server.url}/runs/loop-1")
+    expect(page.locator("#stream-state")).to_have_attribute("data-state", "closed")
+    expect(page.locator('svg.graph [data-node="first"]')).to_have_attribute("data-visits", "3")
+    back = page.locator('svg.graph .route.kind-back[data-source="last"]')
+    expect(back).to_have_attribute("data-state", "taken")
+    page.locator('svg.graph [data-edge="2"] .edge-hit').first.dispatch_event("click")
+    decisions = page.locator("#inspector ol.decisions > li")
+    expect(decisions).to_have_count(3)
+    expect(decisions.nth(2)).to_contain_text("not taken")
+    expect(decisions.nth(2).locator(".reason")).to_have_text("max 2 reached")
+
+
+def test_a_map_nodes_items_are_counted_on_its_box(server: Served, page: Any) -> None:
+    with server.client() as c:
+        r = c.post("/api/workflows/jokes/runs", json={"input": {"topic": "animals"},
+                                                      "run_id": "map-1"})
+        assert r.status_code == 201, r.text
+    page.goto(f"{server.url}/runs/map-1")
+    expect(page.locator("#stream-state")).to_have_attribute("data-state", "closed")
+    joke = page.locator('svg.graph [data-node="joke"]')
+    expect(joke).to_have_attribute("data-items", "5")  # one visit per subject
+    expect(joke.locator(".tally text")).to_have_text("5 items")
+    expect(page.locator('svg.graph [data-node="best"] .tally text')).to_have_text("1×")
+    label = page.locator('svg.graph .edge-label-box[data-source="plan"] text')
+    expect(label).to_have_text("map subjects")
