@@ -7,23 +7,27 @@ sub-workflow's nodes are its child's (recorded when the child starts); an approv
 names no code. A module is found the way the engine would import it (the working
 directory first, as `_callables.import_callable` does) and hashed from its file, so a
 file edited on disk differs even while a long-lived process still runs the old one --
-what a deploy changes is what is detected. A module with no source file (a builtin,
-``__main__``, a function made at run time) has no digest and is never said to change.
+what a deploy changes is what is detected. Finding a module imports nothing (reading a
+stored run's status must not run a package's ``__init__``). A module with no source file
+(a builtin, ``__main__``, a function made at run time), or one only a custom import hook
+finds, has no digest and is never said to change.
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import os
+import stat
 import sys
 from collections.abc import Iterable
+from importlib.machinery import PathFinder
 
 from ._model import WorkflowSpec
 
 #: per node, its modules' digests (``{"node": {"pkg.mod": "sha256:..."}}``)
 CodeDigests = dict[str, dict[str, str]]
 
+_SOURCE = (".py", ".pyw")  # a module's source (not a compiled extension's, nor "built-in")
 # a file's digest by (path, size, mtime_ns): a run start hashes only what changed
 _CACHE: dict[tuple[str, int, int], str] = {}
 _CACHE_LIMIT = 4096
@@ -58,17 +62,34 @@ def _module(path: str) -> str:
 
 def module_file(name: str) -> str | None:
     """The source file a module would be imported from now, or None (no such module, or
-    one without a source file)."""
-    if "" not in sys.path and "." not in sys.path:
-        sys.path.insert(0, "")  # as import_callable resolves it: the working directory
-    try:
-        found = importlib.util.find_spec(name)
-    except (ImportError, ValueError, AttributeError):
-        return None
-    origin = found.origin if found is not None else None
-    if not origin or not os.path.isfile(origin):
-        return None
-    return origin
+    one without a source file). Nothing is imported to find it: a module already
+    imported names its file; another is looked up along ``sys.path`` (the working
+    directory first, as the engine resolves call paths), package by package."""
+    module = sys.modules.get(name)
+    if module is not None:
+        found = getattr(module, "__spec__", None)
+        origin = getattr(found, "origin", None) or getattr(module, "__file__", None)
+    else:
+        origin = _find_on_path(name)
+    return origin if isinstance(origin, str) and origin.endswith(_SOURCE) else None
+
+
+def _find_on_path(name: str) -> str | None:
+    search: list[str] | None = [""] + [p for p in sys.path if p not in ("", ".")]
+    found = None
+    parts = name.split(".")
+    for i in range(len(parts)):
+        if search is None:
+            return None
+        try:
+            found = PathFinder.find_spec(".".join(parts[:i + 1]), search)
+        except (ImportError, ValueError):
+            return None
+        if found is None:
+            return None
+        locations = found.submodule_search_locations
+        search = list(locations) if locations is not None else None
+    return found.origin if found is not None else None
 
 
 def module_digest(name: str) -> str | None:
@@ -78,13 +99,15 @@ def module_digest(name: str) -> str | None:
         return None
     try:
         st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
+            return None
         key = (path, st.st_size, st.st_mtime_ns)
         cached = _CACHE.get(key)
         if cached is not None:
             return cached
         with open(path, "rb") as f:
             digest = "sha256:" + hashlib.sha256(f.read()).hexdigest()
-    except OSError:
+    except OSError:  # gone since it was found, or unreadable: no digest
         return None
     if len(_CACHE) >= _CACHE_LIMIT:
         _CACHE.clear()
@@ -114,12 +137,14 @@ def code_digests(spec: WorkflowSpec, nodes: Iterable[str] | None = None) -> Code
 
 
 def changed_code(recorded: CodeDigests, now: CodeDigests) -> dict[str, list[str]]:
-    """Per node of ``recorded`` whose code is not the same ``now``, the modules that differ
-    (a module gone, or whose file is no longer found, differs too)."""
+    """Per node of ``recorded`` whose code is not the same ``now``, the modules that differ.
+    A module not found now is not said to differ: this process may not see it (one only a
+    custom import hook finds, before anything imported it) -- and one really gone fails
+    the run's plan before any node runs."""
     out: dict[str, list[str]] = {}
     for node, modules in recorded.items():
         current = now.get(node, {})
-        differ = sorted(m for m, d in modules.items() if current.get(m) != d)
+        differ = sorted(m for m, d in modules.items() if m in current and current[m] != d)
         if differ:
             out[node] = differ
     return out

@@ -168,7 +168,7 @@ def decide(spec: WorkflowSpec, view: RunView, decision: Decision, *,
                     patch=L.to_json_value(decision.patch), reenter=target)
 
 
-def requested(node: str, ns: NodeSpec, visit: int, state: Mapping[str, Any]) -> R.Item:
+def requested(node: str, ns: NodeSpec, visit: int, state: Mapping[str, object]) -> R.Item:
     """``approval.requested`` for visit ``visit`` of an approval node or a node declared
     ``confirm: true`` (``node``, defined by ``ns``), showing what ``state`` holds now."""
     if ns.approval is not None:

@@ -13,12 +13,12 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from time import perf_counter
-from typing import Any
 
 from .. import _log as L
 from .._definition._plan import ASYNC, CTX, GUARD_KINDS, ISOLATED, ON_RAY, RETRY, Plan, PlanNode
 from .._definition._state import check_update, scoped
 from .._errors import NodeError, RouteError, StoreError, UsageError, WriteConflictError
+from .._json import JSON, JSONObject
 from . import _records as R
 from ._budget import Budget
 from ._context import Context, Goto
@@ -156,7 +156,7 @@ class NodeCall:
 
     # -- what a node returned ------------------------------------------------------------
 
-    def check_result(self, pn: PlanNode, result: Any) -> tuple[dict[str, Any], str | None]:
+    def check_result(self, pn: PlanNode, result: object) -> tuple[JSONObject, str | None]:
         goto: str | None = None
         if isinstance(result, Goto):
             goto, result = result.node, result.update
@@ -205,10 +205,10 @@ class NodeCall:
     # -- the port of a node's context (`_context.Port`) -----------------------------------
 
     @property
-    def config(self) -> dict[str, Any]:
+    def config(self) -> JSONObject:
         return self.view.config
 
-    def recorded_effect(self, ctx: Context, key: str) -> tuple[bool, Any]:
+    def recorded_effect(self, ctx: Context, key: str) -> tuple[bool, JSON]:
         broken = getattr(self.sink, "broken", None)
         if broken is not None:  # the run's records cannot be stored: do not run an effect
             raise StoreOutage(broken)  # whose result would be lost (`_journal.Journal`)
@@ -217,8 +217,8 @@ class NodeCall:
             return True, self.view.effects[k]
         return False, None
 
-    async def record_effect(self, ctx: Context, key: str, result: Any) -> Any:
-        value = L.to_json_value(result)
+    async def record_effect(self, ctx: Context, key: str, result: object) -> JSON:
+        value: JSON = L.to_json_value(result)
         # spent on it (and, unrecorded, before it in this attempt): committed with it
         tokens = ctx.spent.take_unsaved()
         steps, ctx.spent.steps = ctx.spent.steps, 0  # a child run's (SPEC §7), counted here
@@ -237,7 +237,7 @@ class NodeCall:
         except StoreError as exc:
             raise StoreOutage(exc) from exc
 
-    async def log_record(self, ctx: Context, rtype: str, fields: Mapping[str, Any]) -> None:
+    async def log_record(self, ctx: Context, rtype: str, fields: Mapping[str, object]) -> None:
         if not _OWN_TYPE.match(rtype) or rtype.split(".")[0] in L.ENGINE_NAMESPACES:
             raise UsageError(f"ctx.log: {rtype!r} is not a record type a node may write "
                              f"(node {ctx.node!r}); use a dotted name such as 'agent.reply' "
@@ -245,7 +245,7 @@ class NodeCall:
                              f"{', '.join(n + '.' for n in sorted(L.ENGINE_NAMESPACES))}")
         await self.engine_record(ctx, rtype, fields)
 
-    async def engine_record(self, ctx: Context, rtype: str, fields: Mapping[str, Any]
+    async def engine_record(self, ctx: Context, rtype: str, fields: Mapping[str, object]
                             ) -> None:
         data = dict(L.to_json_value(dict(fields)))
         data.update(node=ctx.node, visit=ctx.visit, attempt=ctx.attempt)
@@ -257,7 +257,7 @@ class NodeCall:
     def confirmation(self, ctx: Context, key: str) -> str | None:
         return self.view.confirmations.get((ctx.node, ctx.visit, key))
 
-    def node_args(self, node: str) -> Mapping[str, Any]:
+    def node_args(self, node: str) -> Mapping[str, object]:
         return self.plan.nodes[node].args
 
     def effect_keys(self, node: str) -> list[str]:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from .._errors import UsageError
+from .._json import JSON
 from .._store import Claim
 from ._budget import Tally
 from ._records import decision_key
@@ -44,21 +45,21 @@ class Port(Protocol):
     def run_id(self) -> str: ...
 
     @property
-    def config(self) -> Mapping[str, Any]: ...
+    def config(self) -> Mapping[str, object]: ...
 
     def charge_tokens(self, ctx: Context, n: int) -> None:
         """Charge ``n`` tokens to ``ctx``'s visit and the run (raises over a budget)."""
 
-    def recorded_effect(self, ctx: Context, key: str) -> tuple[bool, Any]:
+    def recorded_effect(self, ctx: Context, key: str) -> tuple[bool, JSON]:
         """``(True, result)`` if the visit's effect ``key`` is in the log."""
 
-    async def record_effect(self, ctx: Context, key: str, result: Any) -> Any:
+    async def record_effect(self, ctx: Context, key: str, result: object) -> JSON:
         """Commit the effect's result (JSON data) and return it as the log holds it."""
 
-    async def log_record(self, ctx: Context, rtype: str, fields: Mapping[str, Any]) -> None:
+    async def log_record(self, ctx: Context, rtype: str, fields: Mapping[str, object]) -> None:
         """Commit a record of the node's own (a type outside the engine's namespaces)."""
 
-    async def engine_record(self, ctx: Context, rtype: str, fields: Mapping[str, Any]
+    async def engine_record(self, ctx: Context, rtype: str, fields: Mapping[str, object]
                             ) -> None:
         """Commit a record of the engine's own for the node (a sub-workflow node's
         ``child.started``): no type is refused; never reachable from a node's body."""
@@ -69,7 +70,7 @@ class Port(Protocol):
     def effect_keys(self, node: str) -> Iterable[str]:
         """The keys of every effect ``node`` recorded in this run (every visit)."""
 
-    def node_args(self, node: str) -> Mapping[str, Any]:
+    def node_args(self, node: str) -> Mapping[str, object]:
         """The ``args:`` ``node`` declares (read-only; empty when it declares none)."""
 
 
@@ -79,8 +80,8 @@ class PauseRequested(BaseException):
     A BaseException, so that a node's ``except Exception:`` cannot swallow the pause.
     """
 
-    def __init__(self, key: str, show: Mapping[str, Any],
-                 edit: Mapping[str, Any] | None = None, *, path: str | None = None,
+    def __init__(self, key: str, show: Mapping[str, object],
+                 edit: Mapping[str, object] | None = None, *, path: str | None = None,
                  decisions: list[str] | None = None) -> None:
         super().__init__(key)
         self.key = key
@@ -98,10 +99,10 @@ class Goto:
     """Returned by a node whose edge is ``choose:``: go to ``node`` (with an optional update)."""
 
     node: str
-    update: Mapping[str, Any] | None = None
+    update: Mapping[str, object] | None = None
 
 
-def goto(node: str, update: Mapping[str, Any] | None = None) -> Goto:
+def goto(node: str, update: Mapping[str, object] | None = None) -> Goto:
     """Pick this node's successor among its ``choose:`` targets (``"END"`` too, when it
     is one of them: only declared targets are allowed)."""
     if not isinstance(node, str):
@@ -135,7 +136,7 @@ class Context:
         self.attempt = attempt
         # a mapped node's item (SPEC §7 map): its index in the list, from 0; None otherwise
         self.item_index = item_index
-        self.config: Mapping[str, Any] = port.config
+        self.config: Mapping[str, object] = port.config
         self.idempotency_key = f"{port.run_id}:{node}:{visit}" if item_index is None \
             else f"{port.run_id}:{node}:{visit}:{item_index}"
         self.spent = Tally()  # what this attempt spent: the budget's to write
@@ -154,7 +155,7 @@ class Context:
         return self.spent.tokens
 
     @property
-    def args(self) -> Mapping[str, Any]:
+    def args(self) -> Mapping[str, object]:
         """The node's ``args:`` (read-only; empty when it declares none): one function
         can serve several nodes, each with its own parameters."""
         return self._port.node_args(self.node)
@@ -172,7 +173,7 @@ class Context:
             raise UsageError(f"record_tokens takes a non-negative int, got {n!r}")
         self._port.charge_tokens(self, n)
 
-    def once(self, key: str, fn: Callable[..., Any], *args: Any) -> Coroutine[Any, Any, Any]:
+    def once(self, key: str, fn: Callable[..., object], *args: Any) -> Coroutine[Any, Any, Any]:
         """Run the side effect ``fn(*args)`` once for this visit and ``key``:
         ``await ctx.once(key, fn, *args)``, in an ``async def`` node.
 
@@ -189,7 +190,7 @@ class Context:
         _awaitable_here("once")  # a sync node would get a coroutine it cannot await
         return self._once(key, fn, *args)
 
-    async def _once(self, key: str, fn: Callable[..., Any], *args: Any) -> Any:
+    async def _once(self, key: str, fn: Callable[..., object], *args: Any) -> Any:
         found, value = self._port.recorded_effect(self, key)
         if found:
             return value
@@ -209,7 +210,7 @@ class Context:
         """The keys of every `once` this node recorded in this run (all its visits)."""
         return list(self._port.effect_keys(self.node))
 
-    def log(self, type: str, fields: Mapping[str, Any] | None = None
+    def log(self, type: str, fields: Mapping[str, object] | None = None
             ) -> Coroutine[Any, Any, None]:
         """Append a record of the node's own to the run's log (``agent.request``,
         ``tool.called``, ...), tagged with this node, visit and attempt:
@@ -223,13 +224,13 @@ class Context:
         _awaitable_here("log")
         return self._port.log_record(self, type, fields or {})
 
-    async def _engine_log(self, type: str, fields: Mapping[str, Any]) -> None:
+    async def _engine_log(self, type: str, fields: Mapping[str, object]) -> None:
         """A record of the engine's own for this node (`Port.engine_record`): for the
         engine's node kinds (a sub-workflow's ``child.started``), never a node's body."""
         await self._port.engine_record(self, type, fields)
 
-    def confirm(self, key: str, show: Mapping[str, Any], *,
-                edit: Mapping[str, Any] | None = None) -> str:
+    def confirm(self, key: str, show: Mapping[str, object], *,
+                edit: Mapping[str, object] | None = None) -> str:
         """Ask a human before doing something (a guarded tool call, a destructive step).
 
         Returns ``"approved"`` or ``"rejected"`` once someone has decided -- or

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import builtins
 import inspect
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from .. import _log as L
@@ -26,6 +27,7 @@ from .._errors import (
     RouteError,
     RunError,
 )
+from .._json import JSON, JSONObject
 from . import _records as R
 from ._flow import Due
 from ._fold import RunView, Scope
@@ -64,7 +66,7 @@ class Decider:
         self.fast = self.fast  # (the class's, read faster from the instance)
         self._scope = Scope(view)  # what conditions see (state, config, run), looked up lazily
         # the answers of async routers, awaited by the loop before their edge is decided
-        self._routed: dict[tuple[int, str], Any] = {}
+        self._routed: dict[tuple[int, str], object] = {}
 
     def due(self) -> Due | None:
         """Decide everything due, staging the edge records, until nothing is due.
@@ -75,12 +77,21 @@ class Decider:
         router whose answer is not in yet, and returns its due: the loop awaits the router
         (`call_async_router`) and decides on.
         """
+        # How this loop ends: every record ``put`` stages is folded at once, and the fold
+        # pops the due it decides (`RunView._on_edge`). So each turn removes at least the
+        # group it decided, and may add dues at the end of ``view.due`` (a join settled
+        # downstream, a dead path that reaches one): the dict is a FIFO, and decisions
+        # are made -- and logged -- in the order they became due, which a replay repeats.
+        # (When ``due`` empties, the fold's quiescence may settle partial joins and make
+        # more due: the ``while`` sees those too.)
         due = self.view.due
         always_taken = self.plan.always_taken if self.fast else frozenset()
         put = self.sink.put
         while due:
             first = next(iter(due.values()))
             source = first.source
+            # a node's edges are one group (``otherwise`` depends on its siblings); a
+            # join's decision is alone: its due is keyed by the join edge, not a node
             if source == "*" or len(due) == 1:
                 group = [first]
             else:
@@ -91,6 +102,8 @@ class Decider:
                                        "to": list(d.edge.targets)})
                 continue
             if self.plan.async_routers:
+                # the whole group waits for the router's answer: its siblings must not be
+                # decided (and logged) first, or ``otherwise`` would be decided without it
                 for d in group:
                     if d.edge.router_async and (d.edge.index, d.source) not in self._routed:
                         return d
@@ -101,13 +114,24 @@ class Decider:
     def _decide_group(self, source: str, dues: list[Due]) -> list[R.Item]:
         """Decide the edges of one completed node (or one settled join), in declaration order:
         ``when`` edges and the rest first, then ``otherwise`` edges."""
+        # What must hold:
+        # - nothing is staged until the whole group is decided: a group that strands a
+        #   node raises `Abort` with no record of it, so a resume (after ``--set``, say)
+        #   decides the group again instead of replaying a dead end;
+        # - ``otherwise`` edges come last (``when_taken`` must be final when they are
+        #   decided); among the others, declaration order, which is the log's order;
+        # - ``otherwise`` is taken when no ``when`` edge of the group was taken: a sibling
+        #   without ``when`` does not count (it is not an alternative, it is a fork);
+        # - after a rejected (or timed-out) approval, only edges that read
+        #   ``<gate>.decision`` are followed; if none is taken, the group is logged as
+        #   skipped and the run ends REJECTED (`_rejection`).
         scope = self._scope  # the names conditions read, looked up when read
         items: list[R.Item] = []
         taken_any = False
         when_taken = False
         rejected = source in self.plan.approvals and self._rejected_gate(source)
         if len(dues) > 1 and source not in self.plan.in_decision_order:
-            dues = sorted(dues, key=_decision_order)
+            dues = sorted(dues, key=_decision_order)  # (most nodes are: no sort)
         for due in dues:
             e = due.edge
             if rejected and not _reads_decision(e, source):
@@ -127,15 +151,19 @@ class Decider:
             taken_any = taken_any or taken
             items.append(item)
         if rejected and not taken_any:
-            self.sink.stage(items)
+            self.sink.stage(items)  # the skipped edges are the rejection's trace
             raise self._rejection(source)
+        # a group that takes something strands nobody; one that takes nothing may leave
+        # its node (or a join's sources) with no route left -- see `_stranded`
         stranded = [] if taken_any else self._stranded(source, dues)
         if stranded:
             raise Abort(_no_route(source, stranded, dues, items))
         return items
 
     def _rejection(self, source: str) -> Rejected:
-        gate = self.view.state.get(source) or {}
+        gate = self.view.state.get(source)
+        if not isinstance(gate, dict):  # (a gate's field is its record: a dict)
+            gate = {}
         return Rejected(source, f"approval {source!r} was rejected by "
                         f"{gate.get('by') or 'an anonymous decider'}"
                         + (f": {gate['comment']}" if gate.get("comment") else ""))
@@ -148,6 +176,13 @@ class Decider:
         any taken strands it. Checked before the decision is recorded, so a resume
         decides again (after a --set, say) rather than following a dead end.
         """
+        # ``routed`` and ``route_wait`` are the fold's, as of the records applied so far:
+        # this group's records are not applied yet (see `_decide_group`), so "the last
+        # route" is the one being decided now. A node is stranded when none of its joins
+        # is still undecided (``route_wait``) and nothing took it anywhere before
+        # (``routed``: a join it arrived at that was taken). A settled join strands each
+        # source for which it was the last undecided route and that has no decision of
+        # its own still due.
         view = self.view
         if not dues:
             return []
@@ -172,7 +207,7 @@ class Decider:
         targets: list[str]
         expr: str | None = None
         value: Any = None
-        reads: dict[str, Any] | None = None
+        reads: JSONObject | None = None
         reason = None
         state = self.view.state
         if e.kind == "plain":
@@ -218,9 +253,11 @@ class Decider:
             expr = "goto"
             value = due.goto
             targets = [due.goto] if due.goto is not None else []
+        # ``max`` counts the takes in the log (a resume counts the same); skipped, with why
         if targets and e.max is not None and self.view.takes.get(e.index, 0) >= e.max:
             reason = f"max {e.max} reached"
             targets = []
+        # the value as JSON: what a replay reads back is what the decision saw
         if e.kind != "plain" and value is not None and type(value) not in _PLAIN_VALUES:
             value = L.to_json_value(value)  # what the log will give back
         # (positional: one per decided edge)
@@ -270,7 +307,9 @@ class Decider:
     def _decide_error_edge(self, e: PlanEdge, due: Due) -> R.Item:
         """The caught error's edge, due because `catch` chose it: taken (the record says
         which error it caught, as a condition's record says what it read)."""
-        error = self.view.state.get(ERROR_FIELD) or {}
+        error = self.view.state.get(ERROR_FIELD)
+        if not isinstance(error, dict):  # (the fold wrote it when the error was caught)
+            error = {}
         return R.edge_decided(e.index, due.source, list(e.targets), "on_error",
                               error.get("type"), {ERROR_FIELD: error})
 
@@ -278,7 +317,7 @@ class Decider:
         """Await an ``async def`` router; `_route` takes its answer (or its exception)."""
         e = due.edge
         assert e.router is not None
-        answer: Any
+        answer: object
         try:
             answer = await e.router(dict(self.view.state))
         except Exception as exc:
@@ -286,8 +325,12 @@ class Decider:
         self._routed[(e.index, due.source)] = answer
 
     def _route(self, e: PlanEdge, due: Due) -> list[str]:
+        # A router is user code: it runs here, once, when its edge is decided, and its
+        # answer becomes the record (``to``, ``value``); a replay reads the record and
+        # never calls it again. Its exception is kept as a value (`_Raised`) and turned
+        # into the run's `RouteError` by `_targets`, so it cannot escape mid-group.
         assert e.router is not None
-        result: Any
+        result: object
         if e.router_async:
             result = self._routed.pop((e.index, due.source))
         else:
@@ -321,7 +364,7 @@ def error_classes(error: RunError) -> list[str]:
     return [c.__name__ for c in type(error).__mro__]
 
 
-def caught_error(pn: PlanNode, error: RunError, attempt: int) -> dict[str, Any]:
+def caught_error(pn: PlanNode, error: RunError, attempt: int) -> JSONObject:
     """The reserved ``error`` field an error edge's target sees: ``{node, type,
     message, attempt}`` -- the exception's class name and its own message."""
     exc = error.details.get("exception")
@@ -333,7 +376,7 @@ def caught_error(pn: PlanNode, error: RunError, attempt: int) -> dict[str, Any]:
     return {"node": pn.name, "type": etype, "message": message, "attempt": attempt}
 
 
-def _targets(e: PlanEdge, result: Any) -> list[str]:
+def _targets(e: PlanEdge, result: object) -> list[str]:
     """The targets a router's answer names (or the run fails with a `RouteError`)."""
     if isinstance(result, _Raised):
         raised = result.exc
@@ -367,7 +410,7 @@ def _targets(e: PlanEdge, result: Any) -> list[str]:
 _PLAIN_VALUES = frozenset({bool, str, float})  # an edge's value JSON keeps as it is
 
 
-def _map_items(plan: Plan, e: PlanEdge, value: Any) -> list[Any]:
+def _map_items(plan: Plan, e: PlanEdge, value: object) -> list[JSON]:
     """A map edge's list (what its ``value`` records, each item as JSON data), or the run
     fails before any item starts."""
     expr = e.spec.map
@@ -419,7 +462,7 @@ def _decision_order(due: Due) -> tuple[bool, int]:
     return due.edge.otherwise, due.edge.index
 
 
-def _explain(e: PlanEdge, fields: dict[str, Any]) -> str:
+def _explain(e: PlanEdge, fields: Mapping[str, object]) -> str:
     what = fields.get("expr")
     value = fields.get("value")
     reason = fields.get("reason")

@@ -143,7 +143,7 @@ def _exit_order(item: DeferredExit) -> str:
     return repr(item.encode())
 
 
-def _decode_exit(x: list[Any]) -> DeferredExit:
+def _decode_exit(x: object) -> DeferredExit:
     match x:
         case ["port", int(port)]:
             return PortExit(port)
@@ -237,17 +237,22 @@ class Flow:
 
 
     def enqueue(self, node: str) -> None:
+        # the one way a node becomes ready (invariant 2 counts it here); ``ready`` is a
+        # FIFO, so nodes start in the order they were delivered to, on every replay
         self.ready.append(node)
         pn = self.plan.nodes[node]
         if pn.cyclic:
             self.active[pn.scc] += 1
 
     def taken_port(self, port: Port) -> None:
+        # a taken exit goes through at once, and is remembered for the component's next
+        # flush: its dead twin from the same idle period must not rule its target out
         if port.exit_scc is not None:
             self.taken_exits.setdefault(port.exit_scc, set()).add(PortExit(port.id))
         self._resolve_port(port, True)
 
     def dead_port(self, port: Port) -> None:
+        # a dead signal leaving a loop waits for the loop to go idle (invariant 3)
         if port.exit_scc is not None:
             self.deferred.setdefault(port.exit_scc, set()).add(PortExit(port.id))
             return
@@ -332,6 +337,8 @@ class Flow:
     def _resolve_barrier(self, e: PlanEdge, source: str, arrived: bool) -> None:
         # One entry per round of the join, FIFO, as with activations: a source's n-th
         # signal fills the oldest entry it is missing from.
+        # (a source in a loop before the join may arrive twice before another source
+        # arrives once: its second arrival opens the next round, it does not overwrite)
         queue = self.barriers.setdefault(e.index, deque())
         for entry in queue:
             if source not in entry:
@@ -353,6 +360,9 @@ class Flow:
             entry = queue.popleft()
             force = False
             if any(entry.values()):
+                # keyed (edge, "*"): the join is decided on its own, not with a node's
+                # group; ``arrived`` goes into its record, and the fold's route
+                # bookkeeping (``route_wait``, ``routed``) reads it from there
                 arrived = tuple(src for src, ok in entry.items() if ok)
                 self.due[(e.index, "*")] = Due(e, "*", arrived=arrived)
             else:
@@ -379,6 +389,8 @@ class Flow:
     def _flush_exits(self, scc: int) -> None:
         # An exit taken while the component ran cancels its dead signals of the same
         # idle period; both sets start empty again (the next iteration decides afresh).
+        # Both sets are popped, not cleared: a component that never defers again costs
+        # nothing more, and a snapshot taken after holds no empty entry for it.
         pending = self.deferred.pop(scc, set()) - self.taken_exits.pop(scc, set())
         for item in sorted(pending, key=_exit_order):
             match item:
@@ -390,6 +402,9 @@ class Flow:
     def _settle_partial(self) -> bool:
         # One step of phase 2, in a fixed order (deferred exits, then barriers, then
         # activations, each in its dict's insertion order): True if it settled one.
+        # The order is part of the log's meaning: each settlement may make a decision
+        # due, and decisions are recorded in the order they became due. Changing it
+        # changes which records a replay of a stored log expects (the golden logs pin it).
         for scc in [c for c, d in self.deferred.items() if d]:
             self._flush_exits(scc)
             return True
@@ -405,7 +420,7 @@ class Flow:
 
     # -- the snapshot codec (a part of `RunView.dump`) -------------------------------
 
-    def dump(self) -> dict[str, Any]:
+    def dump(self) -> dict[str, object]:
         """Its state as JSON values, in the snapshot's key order."""
         return {
             "acts": {t: [list(a.items()) for a in q] for t, q in self.acts.items() if q},

@@ -97,6 +97,8 @@ class RunView(ViewData):
             if gate is not None and gate.decision == "approved":
                 gate.body_started = True
             return
+        # A first start takes one delivery off ``ready`` (a node delivered to twice is
+        # there twice: visits n and n+1); its number is the record's (`Runner` numbers it).
         try:
             self.ready.remove(node)
         except ValueError:
@@ -139,15 +141,10 @@ class RunView(ViewData):
         self._spend(node, visit, tokens)
 
     def _merge_items(self, node: str, m: MapRun, seq: int) -> None:
-        """A mapped node's visit completed: its items' updates, in item order, merged
-        through the reducers -- or, with ``collect``, gathered in a list under that field."""
+        """A mapped node's visit completed: its items' updates merged (`MapRun.updates`)."""
         edge = self.plan.nodes[node].mapped
-        collect = edge.spec.collect if edge is not None else None
-        updates = [m.done.get(i, {}) for i in range(len(m.items))]
-        if collect is not None:
-            updates = [{collect: updates}]
         writer = _new_writer((node, seq))
-        for update in updates:
+        for update in m.updates(edge.spec.collect if edge is not None else None):
             if update:
                 merge_update(self.state, update, self.plan.reducers)
                 for field_name in update:
@@ -174,6 +171,8 @@ class RunView(ViewData):
         visit = self.running.pop(key, None)
         update = rec.get("update")
         if update:
+            # the last completion to write each field, by its seq: what the write-conflict
+            # check (`NodeCall.write_conflict`) compares with a visit's start
             merge_update(self.state, update, self.plan.reducers)
             writer = _new_writer((node, rec["seq"]))
             for field_name in update:
@@ -187,6 +186,8 @@ class RunView(ViewData):
         if self.gates:
             self.gates.pop(key, None)
         pn = self.plan.nodes[node]
+        # the latest completion's routes start afresh: not routed yet, and every join it
+        # feeds still to decide (`_decide.Decider._stranded` reads both)
         self.routed[node] = False
         self.route_wait[node] = pn.joins_out
         # its edges' decisions are due (a join's: its barrier is arrived at); a modified
@@ -229,6 +230,8 @@ class RunView(ViewData):
             visit.failures += 1
         self._attempt_ended(rec)  # the failed attempt's tokens were spent
 
+    # -- tokens (each counted once: see `_view.Visit`) ------------------------------
+
     def _attempt_ended(self, rec: L.Record) -> None:
         """An attempt ended without completing (failed, retrying, paused for a human): its
         ``tokens`` were spent, less what its effects' records carried (counted already)."""
@@ -252,6 +255,8 @@ class RunView(ViewData):
         index = rec["edge"]
         e = self.plan.edges[index]
         source = rec.get("from", "*")
+        # the decision owed is paid: `Decider.due` loops until ``due`` is empty, and
+        # relies on each decision it stages removing its own due here
         self.due.pop((index, source), None)
         taken_here = rec["type"] == L.EDGE_TAKEN
         taken = (rec.get("to") or ()) if taken_here else ()
@@ -266,6 +271,8 @@ class RunView(ViewData):
                     self.routed[arrived] = True
         if e.mapping is not None and taken:  # its items, for the visit it starts
             self.map_items.setdefault(taken[0], deque()).append(rec.get("value") or [])
+        # last: delivering may make nodes ready and settle joins (new dues), which must
+        # see the route bookkeeping above already done
         self.flow.decided(e, source, taken)
 
     def _on_run_forked(self, rec: L.Record) -> None:
@@ -307,6 +314,8 @@ class RunView(ViewData):
             self.running.pop((gate.node, gate.visit), None)
 
     def _on_effect(self, rec: L.Record) -> None:
+        # ``ctx.once``'s journal: the result by (node, visit, key) -- not by attempt, so
+        # a retry or a re-run after a crash finds it and does not run the effect again
         key = rec["key"] if "item" not in rec else (rec["item"], rec["key"])
         self.effects[(rec["node"], rec["visit"], key)] = rec.get("result")
         # what the effect spent (an LLM call's usage), committed with its result: a crash
@@ -339,7 +348,7 @@ class Scope:
     def __init__(self, view: RunView) -> None:
         self._view = view
 
-    def __getitem__(self, name: str) -> Any:
+    def __getitem__(self, name: str) -> object:
         if name == "config":
             return self._view.config
         if name == "run":

@@ -41,7 +41,7 @@ import time
 import traceback
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from .._errors import (
     BudgetExceededError,
@@ -52,6 +52,7 @@ from .._errors import (
     StepLimitError,
     WriteConflictError,
 )
+from .._json import JSONObject
 from . import _records as R
 from ._context import PauseRequested
 from ._isolation import ChildContext
@@ -73,7 +74,7 @@ class Attempt:
 
     __slots__ = ("ctx", "item", "number", "pn", "state", "t0", "visit")
 
-    def __init__(self, pn: PlanNode, visit: int, number: int, state: dict[str, Any],
+    def __init__(self, pn: PlanNode, visit: int, number: int, state: JSONObject,
                  ctx: Context | None, t0: float, item: int | None = None) -> None:
         self.pn = pn
         self.visit = visit
@@ -87,7 +88,7 @@ class Attempt:
 _perf_counter = time.perf_counter
 
 
-def attempt_of(pn: PlanNode, visit: int, number: int, state: dict[str, Any],
+def attempt_of(pn: PlanNode, visit: int, number: int, state: JSONObject,
                ctx: Context | None) -> Attempt:
     """An attempt starting now."""
     return Attempt(pn, visit, number, state, ctx, _perf_counter())
@@ -99,7 +100,7 @@ class Outcome(NamedTuple):
     node: str
     visit: int
     attempt: int
-    update: dict[str, Any] | None = None
+    update: JSONObject | None = None
     goto: str | None = None
     error: RunError | None = None
     duration_ms: float = 0.0
@@ -110,8 +111,8 @@ class Outcome(NamedTuple):
 new_outcome = functools.partial(tuple.__new__, Outcome)  # no Python-level __new__ call
 
 Call = Callable[[Attempt], Awaitable[Outcome]]  # a guard at the outcome's level
-Body = Callable[[Attempt], Awaitable[Any]]  # the body where it runs (below `Settle`)
-Check = Callable[["PlanNode", Any], tuple[dict[str, Any], "str | None"]]
+Body = Callable[[Attempt], Awaitable[object]]  # the body where it runs (below `Settle`)
+Check = Callable[["PlanNode", object], tuple[JSONObject, "str | None"]]
 
 
 class GuardPort(Protocol):
@@ -135,7 +136,7 @@ class GuardPort(Protocol):
         has no running visit."""
         ...
 
-    def check_result(self, pn: PlanNode, result: Any) -> tuple[dict[str, Any], str | None]:
+    def check_result(self, pn: PlanNode, result: object) -> tuple[JSONObject, str | None]:
         """What a body returned, as its update and goto; raises a `RunError` if refused."""
         ...
 
@@ -271,7 +272,7 @@ class Settle:
     async def __call__(self, a: Attempt) -> Outcome:
         pn = a.pn
         error: RunError | None = None
-        update: dict[str, Any] | None = None
+        update: JSONObject | None = None
         goto: str | None = None
         pause = None
         try:
@@ -324,7 +325,7 @@ def _short_tb(exc: BaseException) -> str:
 # a body's own ``TimeoutError`` through.
 
 
-async def in_loop(a: Attempt) -> Any:
+async def in_loop(a: Attempt) -> object:
     """An ``async def`` body, in the event loop, in the task running the visit, under
     the node's timeout (counted from the attempt's start), as ``asyncio.timeout`` would.
 
@@ -362,7 +363,7 @@ async def in_loop(a: Attempt) -> Any:
     return value
 
 
-async def in_thread(a: Attempt) -> Any:
+async def in_thread(a: Attempt) -> object:
     """A sync body, on one of interlock's threads (in a copy of the visit's context). A
     timeout, or a cancellation (a stopping worker's), leaves the thread running: it is
     counted in `abandoned`."""
@@ -400,7 +401,7 @@ class InProcess:
         self.pool: Callable[[], ProcessPool] = port.process_pool
         self.effects: Callable[[Context], Effects] = port.effects
 
-    async def __call__(self, a: Attempt) -> Any:
+    async def __call__(self, a: Attempt) -> object:
         pn, ctx = a.pn, a.ctx
         assert pn.spec.call is not None and ctx is not None
         res = await self.pool().call(pn.spec.call, a.state, ChildContext.of(ctx),

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from .. import _log as L
@@ -62,7 +63,8 @@ class Journal:
     """Seals, folds, stages and stores one run's records (a `_records.Sink`)."""
 
     def __init__(self, store: Store, run_id: str, view: RunView, writer: L.LogWriter,
-                 listener: Any = None, owner: str | None = None,
+                 listener: Callable[[L.Record, RunView], object] | None = None,
+                 owner: str | None = None,
                  claim: Claim | None = None) -> None:
         self.store = store
         # the claim every append is made under (refused by the store once another owner
@@ -263,6 +265,8 @@ class Journal:
             except (ClaimError, RunNotFound):
                 raise
             except ConflictError as exc:
+                # after a failed or cancelled try the seq may be ours, stored by the try
+                # whose answer was lost (compare hashes); on a first try it is another's
                 if not tries and not self._unsure:
                     raise
                 try:
@@ -279,6 +283,8 @@ class Journal:
                         "writer's are stored there -- the run was taken over)") from None
             except Exception as exc:
                 cause = exc
+            # the retry window opens at the first failure, not at the flush: a batch
+            # that waited for another flush in flight still gets its whole window
             tries += 1
             now = time.monotonic()
             if tries == 1:

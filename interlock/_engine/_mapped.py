@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import asyncio
 from time import perf_counter
-from typing import Any
 
 from .._definition._edge import MAP_CONCURRENCY
 from .._definition._plan import PlanNode
 from .._errors import NodeError, RunError, StepLimitError, WriteConflictError
+from .._json import JSONObject
 from . import _records as R
 from ._call import NodeCall
 from ._guards import Outcome, new_outcome
@@ -39,6 +39,7 @@ async def run_items(calls: NodeCall, pn: PlanNode, visit: int) -> Outcome:
     edge = pn.mapped
     assert edge is not None
     m = view.maps[(pn.name, visit)]
+    # the fold's ``m.done``: on a re-run, the items completed in the log do not run again
     todo = iter([i for i in range(len(m.items)) if i not in m.done])
     stack = calls.stack(pn)
     t0 = perf_counter()
@@ -48,10 +49,7 @@ async def run_items(calls: NodeCall, pn: PlanNode, visit: int) -> Outcome:
         if running is None:  # a new item: a step (a re-run after a resume is not one)
             limit = view.limits.get("steps")
             if limit is not None and view.steps >= limit:
-                raise _ItemFailed(StepLimitError(
-                    f"the run reached limits.steps={limit} node executions before item {i} "
-                    f"of node {pn.name!r} could start (each item of a map is a step); raise "
-                    "the limit (--set limits.steps=N)", node=pn.name, item=i))
+                raise _ItemFailed(_step_limit(limit, pn, i))
         attempt = 1 if running is None else running.attempt + 1
         sink.add(R.node_started(pn.name, visit, attempt, i))
         out = await stack(calls.begin(pn, visit, attempt, i))
@@ -66,6 +64,7 @@ async def run_items(calls: NodeCall, pn: PlanNode, visit: int) -> Outcome:
             await sink.commit([R.node_failed(pn.name, visit, out.attempt, error.to_json(),
                                              out.duration_ms, out.tokens, i)])
             raise _ItemFailed(error)
+        # committed now, not with the visit: a crash later keeps this item's work
         sink.add(R.node_completed(pn.name, visit, out.attempt, out.duration_ms, out.update,
                                   None, out.tokens, i))
         await sink.flush()
@@ -81,8 +80,10 @@ async def run_items(calls: NodeCall, pn: PlanNode, visit: int) -> Outcome:
             for _ in range(workers):
                 group.create_task(worker())
     except* _ItemFailed as failed:
+        # the task group cancelled the other items: each records its own node.failed
+        # (cancelled) through the guards, and runs again if the run is resumed
         error = _first(failed)
-    written: dict[str, Any] | None = None
+    written: JSONObject | None = None
     if error is None:
         error = _shared_writes(calls, pn, m.done)
         # the fields the visit writes, for the scheduler's write-conflict check against
@@ -91,6 +92,13 @@ async def run_items(calls: NodeCall, pn: PlanNode, visit: int) -> Outcome:
             dict.fromkeys(k for update in m.done.values() for k in update)
     duration = round((perf_counter() - t0) * 1e6) / 1000
     return new_outcome((pn.name, visit, 1, written, None, error, duration, 0, None))
+
+
+def _step_limit(limit: int, pn: PlanNode, i: int) -> StepLimitError:
+    return StepLimitError(
+        f"the run reached limits.steps={limit} node executions before item {i} of node "
+        f"{pn.name!r} could start (each item of a map is a step); raise the limit "
+        "(--set limits.steps=N)", node=pn.name, item=i)
 
 
 def _first(group: BaseExceptionGroup[_ItemFailed]) -> RunError:
@@ -102,7 +110,7 @@ def _first(group: BaseExceptionGroup[_ItemFailed]) -> RunError:
     return exc.error
 
 
-def _shared_writes(calls: NodeCall, pn: PlanNode, done: dict[int, dict[str, Any]]
+def _shared_writes(calls: NodeCall, pn: PlanNode, done: dict[int, JSONObject]
                    ) -> WriteConflictError | None:
     """Without ``collect``, two items writing a field that has no reducer: which one
     would win depends on their order, so it is a write conflict (as between branches)."""

@@ -37,6 +37,8 @@ def migrate(view: ViewData, rec: L.Record) -> None:
     plan = view.plans(rec["definition"])
     old = view.plan
     at = rec.get("at_node")
+    # a run migrated before its first decision still owes its start edges: the new
+    # plan's (the old plan's dues name the old plan's edges, and are dropped below)
     starting = any(src == "START" for _, src in view.due)
     if at is not None:
         view.running.clear()
@@ -61,6 +63,9 @@ def migrate(view: ViewData, rec: L.Record) -> None:
     for name in plan.no_visits:
         view.visits.setdefault(name, 0)
     view.plan = plan
+    # a new flow machine over the same containers (its invariant 1): nothing is
+    # half-arrived (checked by `interlock migrate`), so only ``active`` is rebuilt --
+    # each node in flight in a loop of the new plan keeps that loop from going idle
     view.flow = Flow(plan, view.ready, view.running, view.due)
     for name in [*view.ready, *(k[0] for k in view.running)]:
         pn = plan.nodes[name]

@@ -44,6 +44,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from .._errors import NodeTimeout
+from .._json import JSONObject
 from ._isolation import ChildContext, IsolatedContext
 
 if TYPE_CHECKING:
@@ -83,7 +84,7 @@ class RayContext(IsolatedContext):
 
     __slots__ = ()
 
-    def __init__(self, data: Mapping[str, Any]) -> None:
+    def __init__(self, data: Mapping[str, object]) -> None:
         super().__init__(None, data)  # type: ignore[arg-type]  # no channel to the engine
 
     def record_tokens(self, n: int) -> None:
@@ -94,7 +95,7 @@ class RayContext(IsolatedContext):
         self._check_live()
         self._tokens += n
 
-    async def once(self, key: str, fn: Callable[..., Any], *args: Any) -> Any:
+    async def once(self, key: str, fn: Callable[..., object], *args: Any) -> Any:
         raise RuntimeError(
             f"node {self.node!r} runs on Ray (executor: ray), where ctx.once cannot reach "
             "the run's effect journal; do the side effect in a node that runs in the "
@@ -115,7 +116,7 @@ def _on_path(cwd: str, path: list[str]) -> None:
     sys.path[:0] = missing
 
 
-def _prepare(fn_bytes: bytes, ctx_data: Mapping[str, Any] | None, cwd: str,
+def _prepare(fn_bytes: bytes, ctx_data: Mapping[str, object] | None, cwd: str,
              path: list[str]) -> tuple[Callable[..., Any], RayContext | None]:
     import ray.cloudpickle as cloudpickle
 
@@ -124,7 +125,7 @@ def _prepare(fn_bytes: bytes, ctx_data: Mapping[str, Any] | None, cwd: str,
     return fn, RayContext(ctx_data) if ctx_data is not None else None
 
 
-def call_sync(fn_bytes: bytes, state: dict[str, Any], ctx_data: Mapping[str, Any] | None,
+def call_sync(fn_bytes: bytes, state: JSONObject, ctx_data: Mapping[str, object] | None,
               cwd: str, path: list[str]) -> tuple[Any, int]:
     """On a Ray worker: the node's sync function; its result and the tokens it recorded."""
     fn, ctx = _prepare(fn_bytes, ctx_data, cwd, path)
@@ -135,8 +136,8 @@ def call_sync(fn_bytes: bytes, state: dict[str, Any], ctx_data: Mapping[str, Any
 class AsyncBodies:
     """On Ray, as an async actor: the ``async def`` node bodies (many at once)."""
 
-    async def call(self, fn_bytes: bytes, state: dict[str, Any],
-                   ctx_data: Mapping[str, Any] | None, cwd: str, path: list[str]
+    async def call(self, fn_bytes: bytes, state: JSONObject,
+                   ctx_data: Mapping[str, object] | None, cwd: str, path: list[str]
                    ) -> tuple[Any, int]:
         fn, ctx = _prepare(fn_bytes, ctx_data, cwd, path)
         value = await (fn(state, ctx) if ctx is not None else fn(state))
@@ -152,7 +153,7 @@ class OnRay:
     def __init__(self) -> None:
         self._pickled: dict[int, bytes] = {}  # each function pickled once per run
 
-    async def __call__(self, a: Attempt) -> Any:
+    async def __call__(self, a: Attempt) -> object:
         pn, ctx = a.pn, a.ctx
         fn = pn.fn
         assert fn is not None, "approval and agent nodes are not dispatched here"
@@ -199,11 +200,11 @@ def _connected() -> bool:
     return ray is not None and bool(ray.is_initialized())
 
 
-def _key(options: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
+def _key(options: Mapping[str, object]) -> tuple[tuple[str, Any], ...]:
     return tuple(sorted(options.items()))
 
 
-def _actor(ray: Any, options: Mapping[str, Any]) -> Any:
+def _actor(ray: Any, options: Mapping[str, object]) -> Any:
     key = _key(options)
     actor = _actors.get(key)
     if actor is None:

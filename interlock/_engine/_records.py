@@ -28,8 +28,11 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from .. import _log as L
+from .._json import JSON, JSONObject
 
-Item = tuple[str, dict[str, Any]]  # a record before it is sealed: its type and fields
+# a record before it is sealed: its type and fields (JSON values; typed as loosely as
+# `_log.Record`, since the operations on stored runs build records of their own too)
+Item = tuple[str, dict[str, Any]]
 
 
 class Sink(Protocol):
@@ -38,7 +41,7 @@ class Sink(Protocol):
     def add(self, item: Item) -> L.Record:
         """Stage one record whose fields have no None values (`Item`s built here)."""
 
-    def put(self, rtype: str, fields: dict[str, Any]) -> L.Record:
+    def put(self, rtype: str, fields: JSONObject) -> L.Record:
         """`add` for an item given as its two halves (the hot path's: no tuple made)."""
 
     def stage(self, items: list[Item]) -> list[L.Record]:
@@ -53,16 +56,16 @@ class Sink(Protocol):
 
 def node_started(node: str, visit: int, attempt: int, item: int | None = None) -> Item:
     """A visit's attempt starting (``item``: one item's of a mapped node's visit)."""
-    fields: dict[str, Any] = {"node": node, "visit": visit, "attempt": attempt}
+    fields: JSONObject = {"node": node, "visit": visit, "attempt": attempt}
     if item is not None:
         fields["item"] = item
     return L.NODE_STARTED, fields
 
 
 def node_completed(node: str, visit: int, attempt: int, duration_ms: float,
-                   update: dict[str, Any] | None, goto: str | None, tokens: int,
+                   update: JSONObject | None, goto: str | None, tokens: int,
                    item: int | None = None) -> Item:
-    fields: dict[str, Any] = {"node": node, "visit": visit, "attempt": attempt,
+    fields: JSONObject = {"node": node, "visit": visit, "attempt": attempt,
                               "duration_ms": duration_ms}
     if item is not None:
         fields["item"] = item
@@ -82,21 +85,21 @@ def map_completed(node: str, visit: int, items: int, duration_ms: float) -> Item
                               "duration_ms": duration_ms}
 
 
-def gate_completed(node: str, visit: int, update: dict[str, Any], reenter: str | None) -> Item:
+def gate_completed(node: str, visit: int, update: JSONObject, reenter: str | None) -> Item:
     """``node.completed`` of an approval gate a human decided (no attempt ran)."""
-    fields: dict[str, Any] = {"node": node, "visit": visit, "update": update}
+    fields: JSONObject = {"node": node, "visit": visit, "update": update}
     if reenter is not None:
         fields["reenter"] = reenter
     return L.NODE_COMPLETED, fields
 
 
-def node_failed(node: str, visit: int, attempt: int | None, error: dict[str, Any],
+def node_failed(node: str, visit: int, attempt: int | None, error: JSONObject,
                 duration_ms: float | None = None, tokens: int = 0,
-                item: int | None = None, caught: dict[str, Any] | None = None) -> Item:
+                item: int | None = None, caught: JSONObject | None = None) -> Item:
     """A visit's failure. ``caught``: an error edge caught it (``{edge, error}``, the
     error as its target sees it in the ``error`` field): the run goes on along it.
     ``item``: one item's of a mapped node's visit."""
-    fields: dict[str, Any] = {"node": node, "visit": visit}
+    fields: JSONObject = {"node": node, "visit": visit}
     if item is not None:
         fields["item"] = item
     if attempt is not None:
@@ -120,10 +123,10 @@ def node_cancelled(node: str, visit: int, attempt: int | None, tokens: int,
         "message": f"node {node!r} was cancelled: the run stopped"}, tokens=tokens, item=item)
 
 
-def node_retrying(node: str, visit: int, attempt: int, error: dict[str, Any],
+def node_retrying(node: str, visit: int, attempt: int, error: JSONObject,
                   duration_ms: float, tokens: int, delay_s: float,
                   item: int | None = None) -> Item:
-    fields: dict[str, Any] = {"node": node, "visit": visit, "attempt": attempt}
+    fields: JSONObject = {"node": node, "visit": visit, "attempt": attempt}
     if item is not None:
         fields["item"] = item
     fields.update(error=error, duration_ms=duration_ms)
@@ -133,11 +136,11 @@ def node_retrying(node: str, visit: int, attempt: int, error: dict[str, Any],
     return L.NODE_RETRYING, fields
 
 
-def effect_recorded(node: str, visit: int, attempt: int, key: str, result: Any,
+def effect_recorded(node: str, visit: int, attempt: int, key: str, result: JSON,
                     tokens: int, item: int | None = None, steps: int = 0) -> Item:
     """``ctx.once``'s result, with the tokens spent on it (and before it, unrecorded) --
     and the steps, when it accounts for a child run's (a sub-workflow node's)."""
-    fields: dict[str, Any] = {"node": node, "visit": visit, "attempt": attempt, "key": key}
+    fields: JSONObject = {"node": node, "visit": visit, "attempt": attempt, "key": key}
     if item is not None:
         fields["item"] = item
     if result is not None:
@@ -156,7 +159,7 @@ def decision_key(key: str) -> str:
 
 
 def decision_journaled(node: str, visit: int, attempt: int, key: str,
-                       decision: dict[str, Any]) -> Item:
+                       decision: JSONObject) -> Item:
     """A decision on confirmation ``key`` as the effect the node reads when it runs again
     (its comment, its patch): the visit's journal holds what the human said."""
     return effect_recorded(node, visit, attempt, decision_key(key), decision, 0)
@@ -164,17 +167,17 @@ def decision_journaled(node: str, visit: int, attempt: int, key: str,
 
 def edge_taken(edge: int, source: str, targets: list[str]) -> Item:
     """An unconditional edge taken (what `Plan.always_taken` nodes' edges record)."""
-    return L.EDGE_TAKEN, {"edge": edge, "from": source, "to": targets}
+    return L.EDGE_TAKEN, {"edge": edge, "from": source, "to": [*targets]}
 
 
 def edge_decided(edge: int, source: str, targets: list[str], expr: str | None = None,
-                 value: Any = None, reads: dict[str, Any] | None = None,
+                 value: JSON = None, reads: JSONObject | None = None,
                  reason: str | None = None, arrived: tuple[str, ...] = ()) -> Item:
     """``edge.taken`` (some targets) or ``edge.skipped`` (none); ``value`` is recorded as
     given (the caller converts it to JSON data)."""
-    fields: dict[str, Any] = {"edge": edge, "from": source}
+    fields: JSONObject = {"edge": edge, "from": source}
     if targets:
-        fields["to"] = targets
+        fields["to"] = [*targets]
     if expr is not None:
         fields["expr"] = expr
     if value is not None:
@@ -192,12 +195,12 @@ def run_completed() -> Item:
     return L.RUN_COMPLETED, {}
 
 
-def run_waiting(waiting: dict[str, Any], node: str) -> Item:
+def run_waiting(waiting: JSONObject, node: str) -> Item:
     return L.RUN_WAITING, {"waiting": waiting, "node": node}
 
 
-def run_failed(error: dict[str, Any], node: str | None) -> Item:
-    fields: dict[str, Any] = {"error": error}
+def run_failed(error: JSONObject, node: str | None) -> Item:
+    fields: JSONObject = {"error": error}
     if node is not None:
         fields["node"] = node
     return L.RUN_FAILED, fields
@@ -209,7 +212,7 @@ def run_rejected(node: str, message: str) -> Item:
 
 
 def run_cancelled(by: str | None) -> Item:
-    fields: dict[str, Any] = {}
+    fields: JSONObject = {}
     if by is not None:
         fields["by"] = by
     fields["error"] = {"type": "cancelled", "node": None,

@@ -48,6 +48,7 @@ from .._definition import _expr
 from .._definition._model import DEFAULT_STEPS
 from .._definition._plan import Plan, PlanNode
 from .._errors import InterlockError, InternalError, RunError, StepLimitError
+from .._json import JSONObject
 from . import _records as R
 from ._approvals import approvers, requested
 from ._call import NodeCall
@@ -143,7 +144,7 @@ class Runner:
                         if outcome.goto is None and not outcome.tokens:
                             # `_complete(outcome)` with R.node_completed(...) inlined (see
                             # `_records`: the hot path)
-                            fields: dict[str, Any] = {
+                            fields: JSONObject = {
                                 "node": outcome.node, "visit": outcome.visit,
                                 "attempt": outcome.attempt, "duration_ms": outcome.duration_ms}
                             if outcome.update:
@@ -340,7 +341,8 @@ class Runner:
         edge = self.decide.catch(pn, out.error)
         if edge is None:
             return False
-        caught = {"edge": edge.index, "error": caught_error(pn, out.error, out.attempt)}
+        caught: JSONObject = {"edge": edge.index,
+                              "error": caught_error(pn, out.error, out.attempt)}
         self.sink.add(R.node_failed(out.node, out.visit, out.attempt, out.error.to_json(),
                                     out.duration_ms, out.tokens, caught=caught))
         self.decide.due()

@@ -23,6 +23,7 @@ import orjson
 
 from .. import _log as L
 from .._definition._plan import Plan
+from .._json import JSONObject
 from ._fold import RunView
 
 VERSION = 4  # 2: a running visit's tokens, failures and effect tokens; 3: bound to the log;
@@ -48,7 +49,7 @@ def digest(raw: bytes) -> str:
     return hashlib.sha256(raw).hexdigest()
 
 
-def taken(seq: int, raw: bytes) -> tuple[str, dict[str, Any]]:
+def taken(seq: int, raw: bytes) -> tuple[str, JSONObject]:
     """The record that binds the snapshot ``raw`` of the view at ``seq`` to the chain."""
     return L.SNAPSHOT_TAKEN, {"covers": seq, "digest": digest(raw)}
 

@@ -18,10 +18,10 @@ from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
-_NOT_STARTED: Any = object()
+_NOT_STARTED = object()
 
 
-def _call(fn: Callable[..., Any], *args: Any) -> Any:
+def _call(fn: Callable[..., object], *args: object) -> object:
     return fn(*args)
 
 

@@ -15,7 +15,16 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Self
 
 from .._definition._plan import Plan
+from .._json import JSON, JSONObject
 from ._flow import Due, Flow
+
+# Tokens: each is counted once, whichever records carry it. An attempt's closing record
+# (completed, failed, retrying, paused) carries everything the attempt spent; an
+# ``effect.recorded`` carries what was spent up to that effect, committed with its result
+# so that a crash after it cannot lose it. So the fold counts a closing record's tokens
+# less the attempt's ``effect_tokens`` (what its effects carried), which starts again at
+# 0 with each attempt (``node.started``). ``Visit.tokens`` adds up every attempt of the
+# visit: a node's ``tokens:`` budget is per visit, across its retries.
 
 
 @dataclass(slots=True)
@@ -28,7 +37,7 @@ class Visit:
     failures: int = 0  # attempts that failed (what `retry.attempts` counts)
     effect_tokens: int = 0  # of the current attempt's, those its effects' records carried
 
-    def encode(self) -> list[Any]:
+    def encode(self) -> list[object]:
         """Its snapshot encoding: its fields, in order (``Visit(*encoded)`` restores it)."""
         return [self.node, self.visit, self.attempt, self.started_seq, self.tokens,
                 self.failures, self.effect_tokens]
@@ -39,9 +48,18 @@ class MapRun:
     """A mapped node's visit (SPEC §7): its items, the update of each item completed so
     far (merged, or collected, when the last one completes), the item visits running."""
 
-    items: list[Any]
-    done: dict[int, dict[str, Any]] = field(default_factory=dict)
+    items: list[JSON]
+    done: dict[int, JSONObject] = field(default_factory=dict)
     running: dict[int, Visit] = field(default_factory=dict)
+
+    def updates(self, collect: str | None) -> list[JSONObject]:
+        """Its items' updates in item order, to merge through the reducers -- or, with
+        ``collect``, one update that gathers them in a list under that field."""
+        updates = [self.done.get(i, {}) for i in range(len(self.items))]
+        if collect is None:
+            return updates
+        gathered: list[JSON] = [*updates]
+        return [{collect: gathered}]
 
 
 @dataclass(slots=True)
@@ -52,7 +70,7 @@ class Gate:
     visit: int
     kind: str  # "approval" | "confirm" | "tool" (ctx.confirm inside a node, e.g. an agent's tool)
     requested_at: float
-    show: dict[str, Any]
+    show: JSONObject
     decisions: list[str]
     deadline: float | None = None
     decision: str | None = None  # approved | rejected | modified | timed_out
@@ -60,19 +78,19 @@ class Gate:
     key: str | None = None  # for kind "tool": the key the node asked under ("workflow": the child)
     # the JSON Schema a decision must satisfy: an approval's ``input:`` (its ``data``), a
     # guarded tool's arguments (a ``modify`` patch); None when the gate takes neither
-    input: dict[str, Any] | None = None
+    input: JSONObject | None = None
     path: str | None = None  # for kind "workflow": the nodes down to the child's gate
 
-    def encode(self) -> list[Any]:
+    def encode(self) -> list[object]:
         """Its snapshot encoding: its fields, in order (``Gate(*encoded)`` restores it)."""
         return [self.node, self.visit, self.kind, self.requested_at, self.show,
                 self.decisions, self.deadline, self.decision, self.body_started, self.key,
                 self.input, self.path]
 
-    def waiting(self) -> dict[str, Any]:
+    def waiting(self) -> JSONObject:
         """The ``waiting`` object of SPEC §3 (a child run's gate: ``node`` is its path)."""
-        out = {"node": self.path or self.node, "kind": self.kind, "show": self.show,
-               "decisions": self.decisions, "requested_at": self.requested_at,
+        out: JSONObject = {"node": self.path or self.node, "kind": self.kind, "show": self.show,
+               "decisions": [*self.decisions], "requested_at": self.requested_at,
                "deadline": self.deadline}
         if self.key is not None:
             out["key"] = self.key
@@ -93,7 +111,7 @@ class ViewData:
     """A run's view as data (see the module's docstring); `_fold.RunView` folds into it."""
 
     plan: Plan
-    state: dict[str, Any] = field(default_factory=dict)
+    state: JSONObject = field(default_factory=dict)
     ready: deque[str] = field(default_factory=deque)
     running: dict[tuple[str, int], Visit] = field(default_factory=dict)
     due: dict[tuple[int, str], Due] = field(default_factory=dict)
@@ -103,19 +121,19 @@ class ViewData:
     steps: int = 0
     tokens: int = 0
     seq: int = 0
-    config: dict[str, Any] = field(default_factory=dict)  # effective, with every override
-    limits: dict[str, Any] = field(default_factory=dict)
+    config: JSONObject = field(default_factory=dict)  # effective, with every override
+    limits: dict[str, int] = field(default_factory=dict)
     parent: tuple[str, int] | None = None  # (run, seq) this run was forked from
     status: str = "PENDING"
-    error: dict[str, Any] | None = None
-    waiting: dict[str, Any] | None = None
+    error: JSONObject | None = None
+    waiting: JSONObject | None = None
     writers: dict[str, Writer] = field(default_factory=dict)
     # a `ctx.once` result by (node, visit, key) -- key (item, key) for a mapped node's item
-    effects: dict[tuple[str, int, Any], Any] = field(default_factory=dict)
+    effects: dict[tuple[str, int, str | tuple[int, str]], JSON] = field(default_factory=dict)
     # mapped nodes' visits (SPEC §7 map) by (node, visit), and the item lists of map
     # edges taken, by target, until its visit starts
     maps: dict[tuple[str, int], MapRun] = field(default_factory=dict)
-    map_items: dict[str, deque[list[Any]]] = field(default_factory=dict)
+    map_items: dict[str, deque[list[JSON]]] = field(default_factory=dict)
     # human gates (approval nodes and confirm: true), by visit; see `Gate`
     gates: dict[tuple[str, int], Gate] = field(default_factory=dict)
     confirmations: dict[tuple[str, int, str], str] = field(default_factory=dict)
@@ -130,7 +148,7 @@ class ViewData:
     # and how a definition it moves to becomes a plan (the loader's: executable or for
     # reading); a view never migrated has neither
     migration: dict[str, Any] | None = None
-    plans: Callable[[dict[str, Any]], Plan] | None = None
+    plans: Callable[[JSONObject], Plan] | None = None
 
     def __post_init__(self) -> None:
         # every node is present in ``visits`` so that ``run.visits.x`` is 0, not missing
@@ -148,7 +166,7 @@ class ViewData:
 
     # -- the snapshot codec (``_snapshot`` adds the version and binds it to the chain) ---
 
-    def dump(self) -> dict[str, Any]:
+    def dump(self) -> dict[str, object]:
         """The view's fields after ``seq``, as JSON values, in the snapshot's key order.
 
         The encoding is explicit, field by field: JSON has no tuples, sets or int keys.

@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 import os
 from collections import deque
-from typing import Any
 
 from .. import _log as L
 from .._definition._digest import CodeDigests, changed_code, code_digests
@@ -111,7 +110,7 @@ def describe(changed: dict[str, list[str]]) -> str:
 
 
 async def check_code(store: Store, run_id: str, plan: Plan, view: RunView
-                     ) -> list[tuple[str, dict[str, Any]]]:
+                     ) -> list[tuple[str, dict[str, object]]]:
     """What a continuation of the run records about its code: a ``run.code_changed``
     (after a warning), or nothing. Raises `CodeChanged` under ``--strict-code``."""
     changed, now = await drift(store, run_id, plan, view)

@@ -94,13 +94,7 @@ async def drive(plan: Plan, store: Store, run_id: str, view: RunView, writer: L.
     ``--strict-code``, `CodeChanged` is raised before anything is claimed or recorded.
     """
     if first:
-        try:
-            # (after the first record: a fork's run.forked stays right after its copy)
-            first = [first[0], *await check_code(store, run_id, plan, view), *first[1:]]
-        except BaseException:
-            if owner is not None:  # (a worker's claim: given back untouched)
-                await store.release(run_id, owner)
-            raise
+        first = await _code_checked(store, run_id, plan, view, first, owner)
     if owner is None:
         owner = make_owner()
         generation = await store.claim(run_id, owner, lease, force=force)
@@ -123,6 +117,20 @@ async def drive(plan: Plan, store: Store, run_id: str, view: RunView, writer: L.
     if not journal.released:
         await store.release(run_id, owner)
     return result_of(run_id, plan.spec.workflow, view)
+
+
+async def _code_checked(store: Store, run_id: str, plan: Plan, view: RunView,
+                        first: list[tuple[str, dict[str, object]]], owner: str | None
+                        ) -> list[tuple[str, dict[str, object]]]:
+    """``first`` with the code check's records (`check_code`) after its first record: a
+    fork's run.forked stays right after its copy. A refusal gives a worker's claim
+    (``owner``) back untouched."""
+    try:
+        return [first[0], *await check_code(store, run_id, plan, view), *first[1:]]
+    except BaseException:
+        if owner is not None:
+            await store.release(run_id, owner)
+        raise
 
 
 async def _commit_first(journal: Journal, run_id: str,

@@ -264,7 +264,7 @@ async def migrate(run_id: str, spec: WorkflowSpec, *, store: str | Store | None 
         generation = await st.claim(run_id, owner, LEASE_SECONDS)
         try:
             found, loaded = await _check(st, run_id, spec, at, dry_run=False)
-            fields: dict[str, Any] = {
+            fields: dict[str, object] = {
                 "from_hash": found.from_hash, "to_hash": found.to_hash, "by": by,
                 "comment": comment, "at_node": at, "definition": spec.definition()}
             code = code_digests(spec)

@@ -100,13 +100,15 @@ def state_line(result: Any) -> str | None:
 def where_options(store_url: str | None = None, server_url: str | None = None,
                   token: str | None = None) -> str:
     """The options a printed follow-up command needs to reach the same run: ``--store``,
-    or ``--server`` and ``--token`` (never the token itself: $INTERLOCK_TOKEN is read when
-    it holds it, else a TOKEN placeholder)."""
+    or ``--server`` and ``--token`` -- each unless its environment variable holds it (the
+    next command reads it again), and never the token itself (a TOKEN placeholder)."""
     import os
 
     if server_url:
+        where = "" if os.environ.get("INTERLOCK_SERVER") == server_url \
+            else f" --server {server_url}"
         given = token and os.environ.get("INTERLOCK_TOKEN") != token
-        return f" --server {server_url}" + (" --token TOKEN" if given else "")
+        return where + (" --token TOKEN" if given else "")
     return f" --store {store_url}" if store_url else ""
 
 

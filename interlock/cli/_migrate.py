@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from ._common import EXIT_USAGE, call_engine, json_option, load_workflow, store_option
+from ._remote import server_options
 
 
 @click.command(short_help="Move a waiting, failed or pending run onto another definition.")
@@ -25,8 +26,10 @@ from ._common import EXIT_USAGE, call_engine, json_option, load_workflow, store_
               help="Check and print the differences; record nothing.")
 @json_option
 @store_option
+@server_options
 def migrate(run_id: str, path: str, at_node: str | None, by: str | None, comment: str | None,
-            dry_run: bool, as_json: bool, store_url: str | None) -> None:
+            dry_run: bool, as_json: bool, store_url: str | None, server_url: str | None,
+            token: str | None) -> None:
     """Move RUN_ID onto the definition in FILE. A run keeps the definition it started
     with; this changes it on purpose: the run must be waiting at a gate, failed, or
     pending, and the new graph must be able to continue it -- the gate it waits at (or
@@ -37,10 +40,25 @@ def migrate(run_id: str, path: str, at_node: str | None, by: str | None, comment
     (from_hash, to_hash, by, comment, at_node) and exits 0 -- without executing: a
     waiting run now waits on the new definition (decide it with `resume`), a pending
     run is continued by a worker, a failed run with `resume`. Refused: every reason is
-    printed, nothing is recorded, exit 2. --dry-run records nothing."""
-    from ..support import migrate_run
+    printed, nothing is recorded, exit 2. --dry-run records nothing.
+
+    With --server, the server checks and records it (POST /api/runs/RUN_ID/migrate, the
+    operator role; with its --auth, `by` is the token's name)."""
+    from ..support import Migration, migrate_run
 
     workflow = load_workflow(path)
+    if server_url:
+        from ._remote import Remote
+
+        remote = Remote(server_url, token, store_url)
+        body = {"definition": workflow.definition(), "at": at_node, "by": by,
+                "comment": comment, "dry_run": dry_run}
+        try:
+            found = Migration(**remote.call("POST", f"/api/runs/{run_id}/migrate", json=body))
+        finally:
+            remote.close()
+        _show(found, path, as_json)
+        return
     try:
         found = call_engine(_refusal_kept(migrate_run(
             run_id, workflow.spec, store=store_url, at=at_node, by=by, comment=comment,
@@ -53,11 +71,17 @@ def migrate(run_id: str, path: str, at_node: str | None, by: str | None, comment
             _differences(refused.migration)
         click.echo(f"error: {refused}", err=True)
         sys.exit(EXIT_USAGE)
+    _show(found, path, as_json)
+
+
+def _show(found: Any, path: str, as_json: bool) -> None:
+    """A migration done (or checked, with --dry-run): its differences, then what now."""
+    run_id = found.run_id
     if as_json:
         click.echo(json.dumps(found.to_json(), ensure_ascii=False))
         return
     _differences(found)
-    if dry_run:
+    if found.dry_run:
         click.echo(f"dry run: run {run_id} can be migrated onto {path} "
                    f"({found.to_hash[:12]}); nothing was recorded", err=True)
     else:

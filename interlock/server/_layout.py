@@ -189,8 +189,6 @@ _LOCK = threading.Lock()
 
 
 def _layout(nodes: list[dict[str, Any]], edges: list[dict[str, Any]]) -> dict[str, Any]:
-    from grandalf.graphs import Edge, Graph, Vertex
-
     pairs = _pairs(nodes, edges)
     names = ["START", *(n["name"] for n in nodes)]
     if any(p.target == "END" for p in pairs):
@@ -199,6 +197,27 @@ def _layout(nodes: list[dict[str, Any]], edges: list[dict[str, Any]]) -> dict[st
     pairs = [p for p in pairs if p.source in known and p.target in known]
     _back(names, pairs)
     looped = {p.source for p in pairs if p.source == p.target}
+    graph, vertex, labels = _graph(names, pairs, looped)
+    boxes, routes, height = _place(graph)
+
+    out_nodes = []
+    for n in names:
+        box = boxes[vertex[n]]
+        w = box.w - (LOOP_W if n in looped else 0.0)
+        out_nodes.append({"name": n, "x": round(box.xy[0] - box.w / 2 + MARGIN, 1),
+                          "y": round(box.xy[1] - box.h / 2 + MARGIN, 1), "w": w, "h": box.h})
+    place = {n["name"]: n for n in out_nodes}
+    out_edges = [_drawn(p, place, boxes, routes, labels) for p in pairs]
+    width = max((n["x"] + n["w"] + LOOP_W for n in out_nodes), default=0) + MARGIN
+    return {"nodes": out_nodes, "edges": out_edges, "width": round(width, 1),
+            "height": round(height + 2 * MARGIN, 1)}
+
+
+def _graph(names: list[str], pairs: list[_Pair], looped: set[str]
+           ) -> tuple[Any, dict[str, Any], dict[int, Any]]:
+    """grandalf's graph: a vertex per node (wide enough for its name, and its self-loop),
+    a vertex per label (so a label is laid out as a box of its own), an edge per hop."""
+    from grandalf.graphs import Edge, Graph, Vertex
 
     vertex: dict[str, Any] = {}
     for n in names:
@@ -221,39 +240,30 @@ def _layout(nodes: list[dict[str, Any]], edges: list[dict[str, Any]]) -> dict[st
             p.parts.append(e)
             gedges.append(e)
     graph = Graph(list(vertex.values()) + list(labels.values()), gedges, directed=True)
-    boxes, routes, height = _place(graph)
+    return graph, vertex, labels
 
-    out_nodes = []
-    for n in names:
-        box = boxes[vertex[n]]
-        w = box.w - (LOOP_W if n in looped else 0.0)
-        out_nodes.append({"name": n, "x": round(box.xy[0] - box.w / 2 + MARGIN, 1),
-                          "y": round(box.xy[1] - box.h / 2 + MARGIN, 1), "w": w, "h": box.h})
-    place = {n["name"]: n for n in out_nodes}
-    out_edges = []
-    for p in pairs:
-        if p.source == p.target:  # beside the box, in the room kept right of it
-            n = place[p.source]
-            x, y, h = n["x"] + n["w"], n["y"], n["h"]
-            pts = [(x, y + 8), (x + LOOP_W - 8, y + 8), (x + LOOP_W - 8, y + h - 8),
-                   (x, y + h - 8)]
-            out_edges.append(_edge(p, pts, None))
-            continue
-        pts = []
-        up = p.kind in ("back", "reentry-back")
-        for e in p.parts:  # each laid out downwards: an upward arrow's reversed
-            route = [(x + MARGIN, y + MARGIN) for x, y in routes[id(e)]]
-            pts += route[::-1] if up else route
-        label_box = None
-        if id(p) in labels:
-            box = boxes[labels[id(p)]]
-            label_box = {"x": round(box.xy[0] - box.w / 2 + MARGIN, 1),
-                         "y": round(box.xy[1] - box.h / 2 + MARGIN, 1), "w": box.w,
-                         "h": box.h}
-        out_edges.append(_edge(p, pts, label_box))
-    width = max((n["x"] + n["w"] + LOOP_W for n in out_nodes), default=0) + MARGIN
-    return {"nodes": out_nodes, "edges": out_edges, "width": round(width, 1),
-            "height": round(height + 2 * MARGIN, 1)}
+
+def _drawn(p: _Pair, place: dict[str, dict[str, Any]], boxes: dict[Any, _Box],
+           routes: dict[int, list[Point]], labels: dict[int, Any]) -> dict[str, Any]:
+    """One arrow's route (and its label's box) in the page's coordinates."""
+    if p.source == p.target:  # beside the box, in the room kept right of it
+        n = place[p.source]
+        x, y, h = n["x"] + n["w"], n["y"], n["h"]
+        pts = [(x, y + 8), (x + LOOP_W - 8, y + 8), (x + LOOP_W - 8, y + h - 8),
+               (x, y + h - 8)]
+        return _edge(p, pts, None)
+    pts = []
+    up = p.kind in ("back", "reentry-back")
+    for e in p.parts:  # each laid out downwards: an upward arrow's reversed
+        route = [(x + MARGIN, y + MARGIN) for x, y in routes[id(e)]]
+        pts += route[::-1] if up else route
+    label_box = None
+    if id(p) in labels:
+        box = boxes[labels[id(p)]]
+        label_box = {"x": round(box.xy[0] - box.w / 2 + MARGIN, 1),
+                     "y": round(box.xy[1] - box.h / 2 + MARGIN, 1), "w": box.w,
+                     "h": box.h}
+    return _edge(p, pts, label_box)
 
 
 Point = tuple[float, float]

@@ -169,6 +169,9 @@ def test_the_decide_hint_keeps_server_and_token(served: object) -> None:
     done = cli("status", "h1", "--server", served.url,
                env={**os.environ, "INTERLOCK_TOKEN": "secret-token"})
     assert f"--comment TEXT] --server {served.url}\n" in done.output
+    # nor a server from $INTERLOCK_SERVER
+    done = cli("status", "h1", env={**os.environ, "INTERLOCK_SERVER": served.url})
+    assert "--by NAME [--comment TEXT]\n" in done.output and "--server" not in done.output
 
 
 def test_unknown_nodes_get_a_did_you_mean(project: CliProject) -> None:

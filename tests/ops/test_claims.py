@@ -146,7 +146,8 @@ from pathlib import Path
 
 async def wait(state, ctx):
     d = Path(os.environ["CLAIM_DIR"])
-    (d / "waiting").write_text(ctx.run_id)
+    (d / "waiting.tmp").write_text(ctx.run_id)  # renamed whole: never seen empty
+    (d / "waiting.tmp").rename(d / "waiting")
     while not (d / "go").exists():
         await asyncio.sleep(0.02)
     await ctx.once("effect", lambda: (d / "effect").write_text("done"))

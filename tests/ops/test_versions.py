@@ -601,3 +601,108 @@ def test_migrate_resume_and_verify_on_every_store(tmp_path: Path,
         assert json.loads(decided.stdout)["state"]["checked"] == 101
         verified = cli("verify", run_id, "--store", store)
         assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
+# -- snapshots ------------------------------------------------------------------------------
+
+
+def test_a_migrated_run_is_never_restored_from_a_snapshot_of_the_old_plan(
+        project: Project, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A snapshot taken after a migration holds a view of the new plan, which the run's
+    row (the definition it started with) does not name: it is not used, the log is."""
+    from interlock._engine import _snapshot
+
+    monkeypatch.setattr(_snapshot, "EVERY", 1)  # a snapshot at every flush
+    monkeypatch.setattr(_snapshot, "BYTES_PER_RECORD", 10**9)
+    assert project.start(GATED, "r-snap").exit_code == 3
+    assert project.cli("migrate", "r-snap", "--to", with_v2(project)).exit_code == 0
+    approved = project.cli("resume", "r-snap", "--approve")
+    assert approved.exit_code == 0, approved.output
+    (snap,) = project.base.sql("SELECT data FROM snapshots WHERE run_id = 'r-snap'")[0]
+    assert b'"migration"' in (snap if isinstance(snap, bytes) else snap.encode())
+    _, data = project.base.cli_json("status", "r-snap")
+    assert data["status"] == "COMPLETED" and data["state"]["checked"] == 101
+    verified = project.cli("verify", "r-snap")
+    assert verified.exit_code == 0, verified.output
+
+
+def test_migrate_through_a_server_with_the_cli(served: Any, tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """``interlock migrate --server``: the file's definition sent, the server checks and
+    records; a refusal is the server's every reason, exit 2."""
+    from click.testing import CliRunner
+    from test_server import wait_status
+
+    from interlock.cli import cli
+
+    monkeypatch.chdir(tmp_path)
+    server = served()
+    with server.client() as c:
+        assert c.post("/api/workflows/gated/runs", json={"run_id": "m1"}).status_code == 201
+        wait_status(c, "m1", "WAITING_APPROVAL")
+    (tmp_path / "v2.yaml").write_text(SERVED_GATED_V2)
+    (tmp_path / "gone.yaml").write_text(SERVED_GATED.replace("gate", "review"))
+    runner = CliRunner()
+    refused = runner.invoke(cli, ["migrate", "m1", "--to", "gone.yaml", "--server", server.url])
+    assert refused.exit_code == 2
+    assert "the gate 'gate'" in refused.stderr and "--at NODE" in refused.stderr
+    moved = runner.invoke(cli, ["migrate", "m1", "--to", "v2.yaml", "--server", server.url,
+                                "--by", "ops"])
+    assert moved.exit_code == 0, moved.output
+    assert "node 'c' added" in moved.stdout and "migrated: run m1" in moved.stderr
+    with server.client() as c:
+        records = c.get("/api/runs/m1/records").json()
+        assert records[-1]["type"] == "run.migrated" and records[-1]["by"] == "ops"
+
+
+def test_a_pending_run_migrated_is_continued_by_a_worker_on_the_new_definition(
+        project: Project) -> None:
+    from test_workers import Worker
+
+    detached = project.cli("run", "--detach", project.workflow(GATED), "--run-id", "p1")
+    assert detached.exit_code == 0, detached.output
+    moved = project.cli("migrate", "p1", "--to", with_v2(project))
+    assert moved.exit_code == 0, moved.output
+    assert "a worker (`interlock worker`) continues it" in moved.stderr
+    assert project.cli("resume", "p1", "--detach", "--approve").exit_code == 2  # not waiting
+    worker = Worker(project.base.root, project.base.store)
+    try:
+        worker.wait_for("run p1 (workflow versioned): WAITING_APPROVAL after")
+        assert project.cli("resume", "p1", "--approve", "--detach").exit_code == 0
+        worker.wait_for("finished run p1 (workflow versioned): COMPLETED")
+    finally:
+        assert worker.stop() == 0
+    started = [r["node"] for r in project.records("p1") if r["type"] == "node.started"]
+    assert started == ["a", "gate", "c", "b"]
+    assert project.cli("verify", "p1").exit_code == 0
+
+
+def test_reading_a_runs_code_drift_imports_nothing(tmp_path: Path) -> None:
+    """`status` (and the API's run object) compares digests without importing the nodes'
+    modules: a package's ``__init__`` runs when a run executes, not when one is read."""
+    import os
+    import subprocess
+    import sys
+
+    pkg = tmp_path / "vpkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(
+        "import os\nwith open('imports.log', 'a') as f:\n    f.write(f'{os.getpid()}\\n')\n")
+    (pkg / "nodes.py").write_text(NODES)
+    (tmp_path / "wf.yaml").write_text(GATED.replace("{mod}", "vpkg.nodes")
+                                      .replace("{after}", "vpkg.nodes")
+                                      .replace(":double", ":finish"))
+    env = {**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
+    env.pop("INTERLOCK_STORE", None)
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "interlock", *args, "--store",
+                               f"sqlite:///{tmp_path / 'runs.db'}"], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=60)
+
+    assert cli("run", "wf.yaml", "--run-id", "imp").returncode == 3
+    imported = (tmp_path / "imports.log").read_text().split()
+    (pkg / "nodes.py").write_text(NODES + "\n# changed\n")
+    status = cli("status", "imp", "--json")
+    assert json.loads(status.stdout)["code_changed"] == ["b"]
+    assert (tmp_path / "imports.log").read_text().split() == imported  # nothing imported

@@ -22,7 +22,8 @@ from ..._errors import NodeError, NodeTimeout
 from ._protocol import _TB_LIMIT, _encode, _size, _text
 
 if TYPE_CHECKING:
-    from .._context import Context, Goto
+    from ..._json import JSON
+    from .._context import Context, Goto, Port
 
 STARTUP_TIMEOUT = 30.0  # seconds a new worker may take to import and report ready
 REAP_TIMEOUT = 10.0  # seconds to wait for a SIGKILLed worker to be reaped
@@ -39,8 +40,8 @@ class ChildContext:
     visit: int
     attempt: int
     idempotency_key: str
-    config: Mapping[str, Any] = field(default_factory=dict)
-    args: Mapping[str, Any] = field(default_factory=dict)
+    config: Mapping[str, object] = field(default_factory=dict)
+    args: Mapping[str, object] = field(default_factory=dict)
     item_index: int | None = None  # a mapped node's item
 
     @classmethod
@@ -63,11 +64,11 @@ class Effects:
     -> (found, value) and ``await record(key, result)`` -> the committed value.
     For a runner: ``Effects.of(runner, ctx)``."""
 
-    recorded: Callable[[str], tuple[bool, Any]]
-    record: Callable[[str, Any], Awaitable[Any]]
+    recorded: Callable[[str], tuple[bool, JSON]]
+    record: Callable[[str, object], Awaitable[JSON]]
 
     @classmethod
-    def of(cls, runner: Any, ctx: Context) -> Effects:
+    def of(cls, runner: Port, ctx: Context) -> Effects:
         return cls(lambda key: runner.recorded_effect(ctx, key),
                    lambda key, result: runner.record_effect(ctx, key, result))
 
@@ -93,7 +94,7 @@ class ChildResult:
     pid: int | None = None
     reused: bool = False
 
-    def returned(self) -> Mapping[str, Any] | Goto | None:
+    def returned(self) -> Mapping[str, object] | Goto | None:
         """The node's return value as the runner expects it (a `Goto` for a goto)."""
         if self.goto is None:
             return self.update  # type: ignore[no-any-return]
@@ -125,7 +126,7 @@ class ChildResult:
                 details[key] = e[key]
         return NodeError(text, node=node, **details)
 
-    def value(self, node: str) -> Mapping[str, Any] | Goto | None:
+    def value(self, node: str) -> Mapping[str, object] | Goto | None:
         """The return value, or raise `node_error`: ``return res.value(pn.name)``."""
         err = self.node_error(node)
         if err is not None:
@@ -228,7 +229,7 @@ class _Worker:
         self.calls = 0
         self.reaper: asyncio.Task[None] | None = None
 
-    def send(self, msg: Mapping[str, Any] | bytes) -> None:
+    def send(self, msg: Mapping[str, object] | bytes) -> None:
         self.stdin.write(msg if isinstance(msg, bytes) else _encode(msg))
 
 
@@ -308,7 +309,7 @@ class ProcessPool:
 
     # -- a call ------------------------------------------------------------------------
 
-    async def call(self, call_path: str, state: Mapping[str, Any], ctx: ChildContext, *,
+    async def call(self, call_path: str, state: Mapping[str, object], ctx: ChildContext, *,
                    timeout: float | None, memory: int | None = None,
                    on_tokens: Callable[[int], None] | None = None,
                    effects: Effects | None = None) -> ChildResult:

@@ -7,21 +7,20 @@ Only the standard library and orjson: the worker imports this on every cold star
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 import orjson
 
 _TB_LIMIT = 4000
 
 
-def _json_default(obj: Any) -> Any:
+def _json_default(obj: object) -> object:
     # the conversions of _log (pydantic models, sets, tuples), imported only when needed
     from ..._log import json_default as _default
 
     return _default(obj)
 
 
-def _encode(msg: Mapping[str, Any]) -> bytes:
+def _encode(msg: Mapping[str, object]) -> bytes:
     return orjson.dumps(msg, default=_json_default, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n"
 
 

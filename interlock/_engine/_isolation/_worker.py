@@ -42,7 +42,7 @@ class _Channel:
         msg: dict[str, Any] = orjson.loads(line)
         return msg
 
-    def ask(self, msg: Mapping[str, Any]) -> dict[str, Any]:
+    def ask(self, msg: Mapping[str, object]) -> dict[str, Any]:
         """Send ``msg`` and wait for the engine's reply; raise what the engine says to."""
         data = _encode(msg)  # TypeError when the caller's value is not JSON data
         with self.lock:
@@ -55,7 +55,7 @@ class _Channel:
         return reply
 
 
-def _exception_from(reply: Mapping[str, Any]) -> Exception:
+def _exception_from(reply: Mapping[str, object]) -> Exception:
     """Rebuild an exception the engine raised (a budget exceeded, a store failure)."""
     import importlib
 
@@ -98,8 +98,8 @@ class IsolatedContext:
         self.attempt: int = data["attempt"]
         self.idempotency_key: str = data["idempotency_key"]
         self.item_index: int | None = data.get("item_index")  # a mapped node's item
-        self.config: Mapping[str, Any] = data.get("config") or {}
-        self.args: Mapping[str, Any] = data.get("args") or {}
+        self.config: Mapping[str, object] = data.get("config") or {}
+        self.args: Mapping[str, object] = data.get("args") or {}
 
     @property
     def tokens(self) -> int:
@@ -120,7 +120,7 @@ class IsolatedContext:
         self._tokens += n
         self._chan.ask({"t": "tokens", "n": n})
 
-    async def once(self, key: str, fn: Callable[..., Any], *args: Any) -> Any:
+    async def once(self, key: str, fn: Callable[..., object], *args: Any) -> Any:
         """Run the side effect ``fn(*args)`` once for this visit and ``key`` (see
         `interlock.Context.once`); the result is committed by the engine before it is
         returned."""
@@ -169,8 +169,8 @@ def _main_module() -> Any:
     return module
 
 
-def _resolve(path: str, cache: dict[str, tuple[Callable[..., Any], bool]]
-             ) -> tuple[Callable[..., Any], bool]:
+def _resolve(path: str, cache: dict[str, tuple[Callable[..., object], bool]]
+             ) -> tuple[Callable[..., object], bool]:
     """``module:attr.attr`` -> (function, wants ctx), resolved as `_callables.import_callable`
     does (the engine's side), with a worker's own rules for ``__main__`` and new files."""
     hit = cache.get(path)
@@ -249,7 +249,7 @@ def _run_async(aw: Any) -> Any:
             loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
 
 
-def _invoke(fn: Callable[..., Any], wants_ctx: bool, state: Any, ctx: IsolatedContext) -> Any:
+def _invoke(fn: Callable[..., object], wants_ctx: bool, state: Any, ctx: IsolatedContext) -> Any:
     result = fn(state, ctx) if wants_ctx else fn(state)
     if hasattr(result, "__await__"):
         result = _run_async(result)
@@ -298,7 +298,7 @@ def _result_reply(result: Any, t0: float) -> bytes:
 
 
 def _run_call(chan: _Channel, msg: Mapping[str, Any],
-              cache: dict[str, tuple[Callable[..., Any], bool]],
+              cache: dict[str, tuple[Callable[..., object], bool]],
               reserve: list[bytearray]) -> tuple[bytes, bool]:
     """Run one call; return the reply and whether this worker must not be reused."""
     t0 = time.perf_counter()
@@ -327,7 +327,7 @@ def _run_call(chan: _Channel, msg: Mapping[str, Any],
 
 
 def _serve(chan: _Channel, reserve: list[bytearray]) -> int:
-    cache: dict[str, tuple[Callable[..., Any], bool]] = {}
+    cache: dict[str, tuple[Callable[..., object], bool]] = {}
     environ = dict(os.environ)
     while True:
         msg = chan.recv()
