@@ -68,6 +68,11 @@ Limits
     `RUN_ID_PATTERN` (the run ids a person or a tool may choose), `NotAnApprover` (a
     decision refused by ``approvers:``).
 
+Conversations
+    `TOKEN_SINK` (a context variable: where a conversation's reply goes as the provider
+    streams it, ``sink({"run_id", "node", "turn", "text"})``; ``interlock chat`` and a
+    server's event stream set it).
+
 It imports the engine (``import interlock`` alone does not): import it where it is used.
 """
 
@@ -116,6 +121,7 @@ from ._worker._triggers import Firer
 from ._worker._triggers import describe as describe_trigger
 from ._worker._workers import DRAIN_SECONDS, POLL_SECONDS, Factory, Pool, Worker
 from ._workflow import Started, load_workflows
+from .agents._providers import TOKEN_SINK
 
 
 def run_json(row: RunRow) -> dict[str, Any]:
@@ -163,6 +169,7 @@ __all__ = [
     "POLL_SECONDS",
     "RUN_ID_PATTERN",
     "TERMINAL_TYPES",
+    "TOKEN_SINK",
     "TRACE_PAGE",
     "Claim",
     "CodeChanged",

@@ -82,7 +82,7 @@ class PauseRequested(BaseException):
 
     def __init__(self, key: str, show: Mapping[str, object],
                  edit: Mapping[str, object] | None = None, *, path: str | None = None,
-                 decisions: list[str] | None = None) -> None:
+                 decisions: list[str] | None = None, kind: str | None = None) -> None:
         super().__init__(key)
         self.key = key
         self.show = dict(show)
@@ -92,6 +92,9 @@ class PauseRequested(BaseException):
         # a gate of a child run (a sub-workflow node, SPEC §7): the path of nodes down to
         # it (``remediate/approval``), its decisions above; ``key`` is the child's run id
         self.path = path
+        # what the gate is when not a tool's confirmation or a child's gate: "message", a
+        # conversation waiting for its next message (SPEC §11)
+        self.kind = kind
 
 
 @dataclass(frozen=True, slots=True)

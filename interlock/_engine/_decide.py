@@ -210,6 +210,11 @@ class Decider:
         reads: JSONObject | None = None
         reason = None
         state = self.view.state
+        if due.goto is not None and e.kind != "choose":
+            # the node chose its successor (interlock.goto, its own or a tool's): that is
+            # its whole routing -- its other edges are not decided, and not taken
+            return R.edge_decided(e.index, due.source, [], None, None, None,
+                                  f"the node chose {due.goto!r} (goto)", due.arrived)
         if e.kind == "plain":
             targets = list(e.targets)
             cond = e.cond

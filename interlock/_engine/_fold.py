@@ -333,8 +333,10 @@ class RunView(ViewData):
         self.waiting = None  # a run cancelled while it waited waits no more
 
     def _on_waiting(self, rec: L.Record) -> None:
-        self.status = "WAITING_APPROVAL"
         self.waiting = rec.get("waiting")
+        # a conversation waiting for its next message is not waiting for an approval
+        message = (self.waiting or {}).get("kind") == "message"
+        self.status = "WAITING_INPUT" if message else "WAITING_APPROVAL"
 
 
 
@@ -397,7 +399,7 @@ def result_of(run_id: str, workflow: str, view: RunView) -> RunResult:
                      error=view.error, waiting=view.waiting)
 
 
-_MID_BODY = frozenset({"tool", "workflow"})  # gates asked for from inside a node's body
+_MID_BODY = frozenset({"tool", "workflow", "message"})  # gates asked for from inside a node's body
 
 _ENDED = frozenset({"COMPLETED", "REJECTED", "CANCELLED"})  # (a FAILED run may go on)
 

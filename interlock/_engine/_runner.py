@@ -308,7 +308,7 @@ class Runner:
             pause = out.pause
             fields = {
                 "node": out.node, "visit": out.visit, "attempt": out.attempt,
-                "kind": "tool" if pause.path is None else "workflow",
+                "kind": pause.kind or ("tool" if pause.path is None else "workflow"),
                 "key": pause.key, "show": L.to_json_value(pause.show), "path": pause.path,
                 "decisions": pause.decisions, "tokens": out.tokens or None,
                 "approvers": approvers(self.plan.nodes[out.node].spec)}

@@ -496,6 +496,10 @@ class _Children:
                 inherited.append(name)
         return out, inherited
 
+    async def search_messages(self, query: str, limit: int) -> list[Any]:
+        return await self.store.search_messages(self.view.plan.spec.workflow, query,
+                                                limit=limit, exclude=self.run_id)
+
     async def stopped(self, child_id: str) -> None:
         request = await self.store.cancel_requested(self.run_id)
         if request is None:

@@ -57,6 +57,10 @@ async def resume(run_id: str, decision: Decision | None = None, *,
         first: list[tuple[str, dict[str, object]]] = []
         if view.status == "WAITING_APPROVAL":
             first = await _decisions(st, run_id, loaded, decision)
+        elif view.status == "WAITING_INPUT":  # a conversation (SPEC §11)
+            raise UsageError(f"run {run_id!r} is a conversation waiting for its next message, "
+                             f"not for a decision: send one (interlock send {run_id} TEXT); "
+                             "there is nothing to resume or decide")
         elif decision is not None:
             raise UsageError(f"run {run_id!r} is {view.status}, not waiting for a decision; "
                              "the decision is refused")

@@ -79,6 +79,10 @@ class ChildRuns(Protocol):
         """The node's visit was cancelled while the child ran: when the parent is being
         cancelled, cancel the child (else it stays interrupted, to be continued)."""
 
+    async def search_messages(self, query: str, limit: int) -> list[Any]:
+        """The messages of earlier conversations of this run's workflow that best match
+        ``query`` (`Store.search_messages`, this run left out): a ``recall`` tool's."""
+
 
 #: the child runs of the run whose tasks see it (set by `_execute.drive`, per run)
 CHILD_RUNS: ContextVar[ChildRuns | None] = ContextVar("interlock_child_runs", default=None)

@@ -37,6 +37,8 @@ processes on machines whose clocks differ still agree on who holds a run.
 
 from __future__ import annotations
 
+from typing import Any
+
 from .._json import JSONObject
 from .._log import Entry
 from ._base import (
@@ -55,6 +57,7 @@ from ._rows import (
     page_query,
     row_from,
 )
+from ._search import Found
 
 
 class PostgresStore(PostgresWrites, PostgresClaims, Store):
@@ -110,6 +113,16 @@ class PostgresStore(PostgresWrites, PostgresClaims, Store):
         async def op(conn: Conn) -> list[RunRow]:
             cur = await conn.execute(sql, params)
             return [row_from(v) for v in await cur.fetchall()]
+
+        return await self._do(op, idempotent=True)
+
+    async def leases(self) -> list[dict[str, Any]]:
+        async def op(conn: Conn) -> list[dict[str, Any]]:
+            cur = await conn.execute(
+                "SELECT run_id, workflow, status, owner, lease_until FROM runs WHERE owner "
+                'IS NOT NULL ORDER BY owner COLLATE "C", run_id COLLATE "C"')
+            return [{"run_id": r, "workflow": w, "status": s, "owner": o, "lease_until": u}
+                    for r, w, s, o, u in await cur.fetchall()]
 
         return await self._do(op, idempotent=True)
 
@@ -182,6 +195,20 @@ class PostgresStore(PostgresWrites, PostgresClaims, Store):
         return await self._do(op, idempotent=True)
 
     # -- pruning ---------------------------------------------------------------------
+
+    async def search_messages(self, workflow: str, query: str, *, limit: int = 5,
+                              exclude: str | None = None) -> list[Found]:
+        from . import _postgres_search
+        from ._search import words
+
+        wanted = words(query)
+        if not wanted:
+            return []
+
+        async def op(conn: Conn) -> list[Found]:
+            return await _postgres_search.search(conn, workflow, wanted, limit, exclude)
+
+        return await self._do(op)
 
     async def delete_finished(self, run_ids: list[str]) -> tuple[list[str], int]:
         if not run_ids:

@@ -6,9 +6,17 @@ definition); this model is what validation and the agent node read it with.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    field_validator,
+    model_validator,
+)
 
 from .._definition._model import CALL_RE, RESERVED_NAMES
 from .._definition._values import NAME_RE
@@ -49,12 +57,20 @@ class McpServerSpec(_Strict):
 
 
 class ToolSpec(_Strict):
-    """``tools: [module:fn, {call: module:fn, confirm: true}]``, or an MCP server's
-    tools ``{mcp: {url | command}, tools: [names], confirm: [names], prefix: NAME}``."""
+    """A tool is exactly one of: ``module:fn`` / ``{call: module:fn, confirm: true}``; a
+    workflow as a tool ``{workflow: FILE, name, description}`` (SPEC §11: a child run per
+    call; the file is pinned as ``{file, definition}`` when the workflow is loaded); a
+    specialist agent as a tool ``{name, description, agent: {...}}``; or an MCP server's
+    tools ``{mcp: {url | command}, tools: [names], confirm: [names], prefix: NAME}`` (SPEC
+    §12)."""
 
     call: str | None = None
     confirm: bool | list[str] = False
+    workflow: str | dict[str, Any] | None = None
+    agent: dict[str, Any] | None = None
     mcp: McpServerSpec | None = None
+    name: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_-]{0,63}$")
+    description: str | None = None
     tools: list[str] | None = None  # an MCP server's tools offered (default: all)
     prefix: str | None = Field(default=None, pattern=r"^[A-Za-z][A-Za-z0-9_-]{0,31}$")
 
@@ -70,19 +86,45 @@ class ToolSpec(_Strict):
 
     @model_validator(mode="after")
     def _one_kind(self) -> ToolSpec:
-        if (self.call is None) == (self.mcp is None):
+        kinds = [k for k in ("call", "workflow", "agent", "mcp") if getattr(self, k) is not None]
+        if len(kinds) != 1:
             raise ValueError("a tool is module:function, {call: module:function, confirm: "
-                             "true} or {mcp: {url | command}, tools, confirm, prefix}: "
-                             "exactly one of call, mcp")
+                             "true}, {workflow: FILE, name, description}, {name, "
+                             "description, agent: {...}} or {mcp: {url | command}, tools, "
+                             "confirm, prefix}: exactly one of call, workflow, agent, mcp"
+                             + (f" (this one has {', '.join(kinds)})" if kinds else ""))
         if self.mcp is None and (self.tools is not None or self.prefix is not None):
             raise ValueError("tools: and prefix: choose an MCP server's tools; they go with "
                              "mcp:")
-        if self.mcp is None and isinstance(self.confirm, list):
+        if self.mcp is not None:
+            if self.name is not None or self.description is not None:
+                raise ValueError("an MCP server's tools keep their own names and "
+                                 "descriptions (choose them with tools:, rename with "
+                                 "prefix:); name: and description: go with workflow: or "
+                                 "agent:")
+            if isinstance(self.confirm, bool):
+                raise ValueError("an MCP server's guarded tools are named: confirm: [names]")
+            return self
+        if isinstance(self.confirm, list):
             raise ValueError("confirm: [names] names an MCP server's tools; a Python tool "
                              "takes confirm: true")
-        if self.mcp is not None and isinstance(self.confirm, bool):
-            raise ValueError("an MCP server's guarded tools are named: confirm: [names]")
+        if self.call is None and self.name is None:
+            raise ValueError(f"a {kinds[0]} tool needs name: (what the model calls it)")
+        if self.confirm and self.call is None:
+            raise ValueError("confirm: true guards a Python tool ({call: ..., confirm: "
+                             "true}); a workflow tool's gates are the child workflow's own")
+        if isinstance(self.workflow, dict) and not isinstance(
+                self.workflow.get("definition"), dict):
+            raise ValueError("workflow: is the path of a workflow file (relative to this one)")
         return self
+
+    @property
+    def kind(self) -> Literal["call", "workflow", "agent", "mcp"]:
+        if self.call is not None:
+            return "call"
+        if self.mcp is not None:
+            return "mcp"
+        return "workflow" if self.workflow is not None else "agent"
 
 
 class ScriptedToolCall(_Strict):
@@ -113,28 +155,45 @@ class ScriptedReply(_Strict):
         return {"content": data} if isinstance(data, str) else data
 
 
+def _reply_kind(value: Any) -> str:
+    return "items" if isinstance(value, list) else "reply"
+
+
+# a reply, or a list of them: one per item of a mapped node (only the matching form's
+# problems are reported)
+Reply = Annotated[Annotated[ScriptedReply, Tag("reply")]
+                  | Annotated[list[ScriptedReply], Tag("items")],
+                  Discriminator(_reply_kind)]
+
+
 class AgentSpec(_Strict):
     """``agent: {provider, model, base_url, api_key_env, system, prompt, output, output_model,
-    output_key, choose, tools, max_turns, replies, redact, temperature, tool_errors}``."""
+    output_key, choose, tools, max_turns, replies, redact, temperature, tool_errors,
+    history, recall}``."""
 
     provider: Literal["openai", "scripted"] = "openai"
     model: str | None = Field(default=None, min_length=1)
     base_url: str | None = Field(default=None, min_length=1)
     api_key_env: str | None = Field(default=None, min_length=1)
     system: str | None = None
-    prompt: str
+    prompt: str | None = None  # required, except for a conversation's agent (chat:)
     output: dict[str, Any] | None = None
     output_model: str | None = None
     output_key: str | None = None
     choose: str | None = Field(default=None, min_length=1)
     tools: list[ToolSpec] = Field(default_factory=list)
     max_turns: int = Field(default=4, ge=1, le=100)
-    replies: list[ScriptedReply] | None = None
+    # a list in place of a reply: one reply per item of a mapped node (item i gets entry i)
+    replies: list[Reply] | None = None
     redact: list[str] = Field(default_factory=list)
     temperature: float | None = Field(default=None, ge=0, le=2)
     # a tool that raises: its error goes back to the model as the tool's answer (return),
     # or fails the node (raise)
     tool_errors: Literal["return", "raise"] = "return"
+    # a conversation's agent (SPEC §11): the messages sent to the model per turn, and a
+    # recall(query) tool over earlier conversations of the workflow
+    history: int = Field(default=50, ge=1, le=100_000)
+    recall: bool = False
 
     @field_validator("output_model")
     @classmethod

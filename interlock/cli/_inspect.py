@@ -237,7 +237,8 @@ def _waiting_lines(run_id: str, w: dict[str, Any], store: str) -> list[str]:
 # -- runs -------------------------------------------------------------------------------------
 
 
-STATUSES = ["PENDING", "RUNNING", "RETRYING", "WAITING_APPROVAL", "COMPLETED", "FAILED",
+STATUSES = ["PENDING", "RUNNING", "RETRYING", "WAITING_APPROVAL", "WAITING_INPUT", "COMPLETED",
+            "FAILED",
             "REJECTED", "CANCELLED"]
 
 
@@ -246,8 +247,8 @@ STATUSES = ["PENDING", "RUNNING", "RETRYING", "WAITING_APPROVAL", "COMPLETED", "
               help="Only runs in this status.")
 @click.option("--workflow", metavar="NAME", help="Only runs of this workflow.")
 @click.option("--waiting", is_flag=True,
-              help="Only runs waiting for approval, with the gate, how long it has waited "
-                   "and its deadline.")
+              help="Only runs waiting for a person -- at a gate (with how long it has "
+                   "waited and its deadline), or conversations waiting for a message.")
 @click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True,
               help="At most this many runs.")
 @click.option("--json", "as_json", is_flag=True,
@@ -261,27 +262,33 @@ def runs(status_: str | None, workflow: str | None, waiting: bool, limit: int, a
 
     if status_ is not None:
         status_ = status_.upper()
+    statuses = [status_]
     if waiting:
-        if status_ not in (None, "WAITING_APPROVAL"):
-            raise CliError(f"--waiting lists WAITING_APPROVAL runs; it cannot be combined "
-                           f"with --status {status_}")
-        status_ = "WAITING_APPROVAL"
-    if server_url:
-        remote = Remote(server_url, token, store_url)
-        try:
-            rows = remote.rows(status=status_, workflow=workflow, limit=limit)
-        finally:
-            remote.close()
-    else:
-        rows = call_engine(list_runs(store=store_url, status=status_, workflow=workflow,
-                                     limit=limit))
+        if status_ not in (None, "WAITING_APPROVAL", "WAITING_INPUT"):
+            raise CliError(f"--waiting lists WAITING_APPROVAL and WAITING_INPUT runs; it "
+                           f"cannot be combined with --status {status_}")
+        # a gate, or a conversation waiting for its next message (SPEC §11)
+        statuses = [status_] if status_ else ["WAITING_APPROVAL", "WAITING_INPUT"]
+    rows = []
+    for one in statuses:
+        if server_url:
+            remote = Remote(server_url, token, store_url)
+            try:
+                rows += remote.rows(status=one, workflow=workflow, limit=limit)
+            finally:
+                remote.close()
+        else:
+            rows += call_engine(list_runs(store=store_url, status=one, workflow=workflow,
+                                          limit=limit))
+    if len(statuses) > 1:
+        rows = sorted(rows, key=lambda r: r.created_at, reverse=True)[:limit]
     if as_json:
         from ..support import run_json
 
         click.echo(json.dumps([run_json(r) for r in rows], ensure_ascii=False))
         return
     if not rows:
-        click.echo("no runs waiting for approval" if waiting else "no runs")
+        click.echo("no runs waiting for a person" if waiting else "no runs")
     elif waiting:
         _print_waiting(rows)
     else:
@@ -322,12 +329,15 @@ def _print_waiting(rows: list[RunRow]) -> None:
             due = f"{_when(deadline)} (in {_age(deadline - now)})"
         else:
             due = f"{_when(deadline)} (passed)"
-        body.append([r.run_id, r.workflow, str(w.get("node", "?")),
+        gate = str(w.get("node", "?"))
+        if w.get("kind") == "message":  # a conversation: it waits for a message
+            gate = f"message to {gate}"
+        body.append([r.run_id, r.workflow, gate,
                      _age(now - requested) if requested else "?", due,
                      _short(_json(w.get("show") or {}), 60)])
     _print_columns(header, body, right={3})
     click.echo("decide with: interlock resume RUN_ID --approve | --reject | --modify "
-               "PATCH_JSON --by NAME", err=True)
+               "PATCH_JSON --by NAME (a message: interlock send RUN_ID TEXT)", err=True)
 
 
 def _print_columns(header: list[str], body: list[list[str]], *, right: set[int],

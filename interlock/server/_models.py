@@ -125,6 +125,16 @@ class RunRowOut(BaseModel):
 class RunPage(BaseModel):
     runs: list[RunRowOut]
     next: str | None = Field(description="the cursor of the next page; null on the last")
+    scanned: int | None = Field(default=None, description="a search's page: how many runs "
+                                "it read to find these (at most 2,000: then `next` goes on "
+                                "with the older ones); absent when not searched")
+
+    @model_serializer(mode="wrap")
+    def _without_absent(self, next_: SerializerFunctionWrapHandler):  # type: ignore[no-untyped-def]
+        out: dict[str, Any] = next_(self)
+        if out.get("scanned") is None:
+            out.pop("scanned", None)
+        return out
 
 
 class Record(BaseModel):
@@ -166,6 +176,16 @@ class CancelIn(_Body):
 
 class ResumeIn(_Body):
     config: dict[str, Any] = Field(default_factory=dict)
+
+
+class ForkIn(_Body):
+    """``POST /api/runs/{id}/fork``: a new run from the state at record ``at`` (as
+    ``interlock fork``), with an optional state patch, config and the new run's id."""
+
+    at: int = Field(ge=1, description="the seq of the record to fork from")
+    patch: dict[str, Any] | None = None
+    config: dict[str, Any] = Field(default_factory=dict)
+    run_id: str | None = Field(default=None, pattern=RUN_ID)
 
 
 class MigrateIn(_Body):

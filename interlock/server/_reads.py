@@ -174,13 +174,16 @@ class Polls:
     """One poll of the store per followed run, shared by all its followers.
 
     A stream on a run that this server does not execute learns of records committed
-    elsewhere (the CLI, a worker, another server) from here: every ``every`` seconds
-    one task per run asks the store whether there is a record after the lowest seq any
-    of its followers has sent (one indexed read of at most one record), and if there
-    is, wakes them all through the `Hub` -- each then reads what it has not sent. A
-    follower sets its ``seq`` before it waits and takes its `Hub` waiter before it
-    reads: a record committed after its read is after its ``seq``, so the next poll
-    wakes it (no gap), and it reads from its own ``seq`` (no duplicate)."""
+    elsewhere (the CLI, a worker, another server) from here: when the store's change
+    detector tells of a commit (`Store.wait_changed`: SQLite's ``data_version``, within
+    milliseconds) and at the latest every ``every`` seconds (the slow poll, behind a
+    detector that missed one or a store without one), one task per run asks the store
+    whether there is a record after the lowest seq any of its followers has sent (one
+    indexed read of at most one record), and if there is, wakes them all through the
+    `Hub` -- each then reads what it has not sent. A follower sets its ``seq`` before it
+    waits and takes its `Hub` waiter before it reads: a record committed after its read
+    is after its ``seq``, so the next poll wakes it (no gap), and it reads from its own
+    ``seq`` (no duplicate)."""
 
     def __init__(self, store: Callable[[], Store], hub: Hub, every: float,
                  local: Callable[[str], bool]) -> None:
@@ -206,8 +209,12 @@ class Polls:
                 entry[1].cancel()
 
     async def _poll(self, run_id: str, followers: set[Follower]) -> None:
+        seen: int | None = None
         while followers:
-            await asyncio.sleep(self.every)
+            try:  # the store's change detector, the poll every ``every`` behind it
+                seen = await self.store().wait_changed(self.every, seen)
+            except StoreError:
+                await asyncio.sleep(self.every)
             if not followers or self.local(run_id):  # its own commits wake them
                 continue
             after = min(f.seq for f in followers)
