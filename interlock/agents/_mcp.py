@@ -106,7 +106,9 @@ async def mcp_visit(agent: A, ctx: Context) -> AsyncIterator[A]:
     the journal), its sessions closed when the visit ends."""
     links: list[_Link] = []
     tools: dict[str, Tool] = dict(agent.tools)
-    where = {name: "a Python tool" for name in tools}
+    delegates = getattr(agent, "delegates", {})  # workflow and agent tools (SPEC §11)
+    where = {name: "a workflow or agent tool" if name in delegates else "a Python tool"
+             for name in tools}
     try:
         for i, entry in enumerate(t for t in agent.spec.tools if t.mcp is not None):
             assert entry.mcp is not None

@@ -102,7 +102,7 @@ class ToolSpec(_Strict):
                                  "descriptions (choose them with tools:, rename with "
                                  "prefix:); name: and description: go with workflow: or "
                                  "agent:")
-            if isinstance(self.confirm, bool):
+            if self.confirm is True:
                 raise ValueError("an MCP server's guarded tools are named: confirm: [names]")
             return self
         if isinstance(self.confirm, list):

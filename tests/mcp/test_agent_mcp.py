@@ -327,11 +327,25 @@ def test_a_header_naming_an_unset_variable_fails_the_node_naming_it(
         "Bearer ${MCP_TEST_TOKEN}", "")  # the definition holds the placeholder only
 
 
+#: a workflow tool as loading pins it (its file's definition read)
+PINNED = {"file": "c.yaml", "definition": {}}
+
+
 @pytest.mark.parametrize("entry, problem", [
     ({"mcp": {"url": "http://x/mcp", "command": ["x"]}}, "exactly one of url"),
     ({"mcp": {"command": ["x"]}, "confirm": True}, "confirm: [names]"),
     ({"call": "pnodes:pause", "prefix": "p"}, "go with mcp:"),
     ({"mcp": {"command": ["x"], "headers": {"a": "b"}}}, "headers: go with url:"),
+    # a tool is exactly one of call / workflow / agent / mcp (SPEC §11, §12)
+    ({"mcp": {"command": ["x"]}, "confirm": [], "name": "fs", "agent": {"provider": "scripted"}},
+     "exactly one of call, workflow, agent, mcp (this one has agent, mcp)"),
+    ({"mcp": {"command": ["x"]}, "confirm": [], "workflow": PINNED, "name": "c"},
+     "exactly one of call, workflow, agent, mcp (this one has workflow, mcp)"),
+    ({"mcp": {"command": ["x"]}, "confirm": [], "name": "fs"}, "name: and description: go "
+     "with workflow: or agent:"),
+    ({"workflow": PINNED, "name": "c", "prefix": "p"}, "go with mcp:"),
+    ({"name": "c", "description": "d"}, "{workflow: FILE, name, description}, {name, "
+     "description, agent: {...}} or {mcp: {url | command}, tools, confirm, prefix}"),
 ])
 def test_an_mcp_entry_is_checked_when_the_workflow_loads(entry: dict[str, Any],
                                                          problem: str) -> None:
@@ -340,3 +354,14 @@ def test_an_mcp_entry_is_checked_when_the_workflow_loads(entry: dict[str, Any],
     with pytest.raises(interlock.WorkflowError) as caught:
         interlock.load(spec)
     assert problem in str(caught.value)
+
+
+def test_a_tool_is_of_one_of_four_kinds() -> None:
+    from interlock.agents._spec import ToolSpec
+
+    kinds = [ToolSpec.model_validate(e).kind for e in (
+        "pnodes:pause", {"workflow": PINNED, "name": "c"},
+        {"name": "a", "agent": {"provider": "scripted"}},
+        {"mcp": {"command": ["x"]}, "confirm": []},
+        {"mcp": {"command": ["x"]}})]  # (confirm: [names] is optional, as docs/mcp.md shows)
+    assert kinds == ["call", "workflow", "agent", "mcp", "mcp"]
