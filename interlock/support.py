@@ -98,7 +98,7 @@ from ._definition._spec import load_spec
 from ._definition._spec import parse as parse_definition
 from ._definition._values import parse_duration
 from ._engine import _guards
-from ._engine._approvals import NotAnApprover, approvers_refuse, patch_schema
+from ._engine._approvals import GateNotWaiting, NotAnApprover, approvers_refuse, patch_schema
 from ._engine._fold import RunView
 from ._errors import Draining
 from ._log import TERMINAL_TYPES, Entry, Record
@@ -113,7 +113,7 @@ from ._ops._migrate import Migration, MigrationRefused
 from ._ops._migrate import migrate as migrate_run
 from ._ops._prune import Pruned
 from ._ops._prune import prune as prune_runs
-from ._ops._runs import append_note, trace_pages
+from ._ops._runs import GateDecision, GateTaken, append_note, decide_gate, resume_gate, trace_pages
 from ._ops._verify import LogCheck
 from ._ops._visits import node_visits
 from ._store import Claim, LeaseRenewer, RunRow, Summary, owner_gone
@@ -178,6 +178,9 @@ __all__ = [
     "Entry",
     "Factory",
     "Firer",
+    "GateDecision",
+    "GateNotWaiting",
+    "GateTaken",
     "LeaseRenewer",
     "LogCheck",
     "Metrics",
@@ -196,6 +199,7 @@ __all__ = [
     "abandoned_threads",
     "append_note",
     "approvers_refuse",
+    "decide_gate",
     "describe_trigger",
     "executing_node",
     "export_run",
@@ -213,6 +217,7 @@ __all__ = [
     "prune_runs",
     "read_at_most",
     "redact",
+    "resume_gate",
     "run_json",
     "set_strict_code",
     "to_dot",

@@ -77,7 +77,7 @@ def scripted(source: str | os.PathLike[str] | Mapping[str, Any],
 
 
 READS = ("get_run", "entries", "entries_page", "list_runs", "load_snapshot",
-         "cancel_requested")
+         "cancel_requested", "decisions")
 
 
 class Fault:
@@ -261,6 +261,18 @@ class FaultyStore(Store):
                                                       **kwargs)
         return got
 
+    async def offer_decision(self, run_id: str, gate: str, decision: dict[str, Any],
+                             *args: object, **kwargs: object) -> dict[str, Any] | None:
+        got: dict[str, Any] | None = await self._call("offer_decision", run_id, gate,
+                                                      decision, *args, **kwargs)
+        return got
+
+    async def decisions(self, run_id: str, *args: object, **kwargs: object
+                        ) -> dict[str, dict[str, Any]]:
+        got: dict[str, dict[str, Any]] = await self._call("decisions", run_id, *args,
+                                                          **kwargs)
+        return got
+
     async def save_snapshot(self, run_id: str, seq: int, data: bytes, *args: object,
                             **kwargs: object) -> None:
         await self._call("save_snapshot", run_id, seq, data, *args, **kwargs)
@@ -292,7 +304,7 @@ class FaultyStore(Store):
 
 
 _WRITES = ("create_run", "append", "claim", "claim_next", "heartbeat", "release",
-           "request_cancel", "save_snapshot", "delete_finished")
+           "request_cancel", "save_snapshot", "delete_finished", "offer_decision")
 
 
 __all__ = ["Fault", "FaultyStore", "ScriptedProvider"]

@@ -19,6 +19,9 @@ PUBLIC = {
     # issue 26: a broken log (not a usage mistake), a sub-workflow's failure, a shutdown,
     # a run that moved to another owner while this process executed it
     "LogError", "ChildRunError", "Draining", "ClaimLost",
+    # issue 30: an approved action that started and left no outcome, rejected by a person
+    # (catchable by an error edge)
+    "UnknownOutcome",
     # the support surface for embedders (a server, a worker): a long-lived store handle
     "Store", "open_store", "make_run_id",
     # what the stored runs of a workflow covered of its declared edges (SPEC §10)

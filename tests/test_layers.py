@@ -62,7 +62,8 @@ LAYERS: dict[int, set[str]] = {
     8: {"_ops._load", "_ops._claims", "_ops._cancel", "_ops._children", "_ops._execute",
         "_ops._verify", "_ops._runs", "_observe._coverage", "_ops._export", "_ops._prune",
         "_observe._metrics", "_worker._workers", "_ops._visits", "_ops._code",
-        "_ops._migrate", "_ops._messages"},
+        "_ops._migrate", "_ops._messages",
+        "_ops._outcomes"},
     # the façade: builder and loaded file
     9: {"_workflow", "_builder"},
     # the public surface and the command line
@@ -75,7 +76,8 @@ LAYERS: dict[int, set[str]] = {
         "server._service", "server._deps", "server._routes_runs", "server._routes_approvals",
         "server._routes_workflows", "server._routes_meta", "server._layout", "cli._chat",
         "cli._chat_live",
-        "server._routes_messages", "server._mcp"},
+        "server._routes_messages", "server._mcp",
+        "server._chat", "server._slack", "server._google_chat", "server._routes_chat"},
 }
 LAYER_OF = {m: n for n, mods in LAYERS.items() for m in mods}
 

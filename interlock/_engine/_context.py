@@ -233,7 +233,7 @@ class Context:
         await self._port.engine_record(self, type, fields)
 
     def confirm(self, key: str, show: Mapping[str, object], *,
-                edit: Mapping[str, object] | None = None) -> str:
+                edit: Mapping[str, object] | None = None, kind: str = "tool") -> str:
         """Ask a human before doing something (a guarded tool call, a destructive step).
 
         Returns ``"approved"`` or ``"rejected"`` once someone has decided -- or
@@ -243,11 +243,14 @@ class Context:
         process may exit, and after the decision the node runs again from the top -- so
         do the work before this point through `once`, which replays it instead of
         repeating it. `decision` gives the whole decision (its comment, its patch).
+        ``kind="unknown_outcome"``: the question is whether an action that started and
+        left no result in the log may run again (SPEC §3); its decision may carry the
+        outcome checked by hand (``decision(key)["data"]["result"]``).
         """
         decision = self._port.confirmation(self, key)
         if decision is not None:
             return decision
-        raise PauseRequested(key, show, edit)
+        raise PauseRequested(key, show, edit, kind=kind)
 
     def decision(self, key: str) -> dict[str, Any] | None:
         """The human's decision on confirmation ``key`` -- ``{decision, by, comment,

@@ -295,7 +295,8 @@ def _result(name: str, key: str, node: NodeSpec, child: WorkflowSpec,
         # (the gate's schema for its decision's data or patch, shown with the parent too)
         raise PauseRequested(out.run_id, waiting.get("show") or {}, waiting.get("input"),
                              path=f"{name}/{waiting.get('node')}",
-                             decisions=list(waiting.get("decisions") or ["approve", "reject"]))
+                             decisions=list(waiting.get("decisions") or ["approve", "reject"]),
+                             kind=str(waiting.get("kind") or "approval"))
     error = out.error or {}
     etype = error.get("type")
     details = error.get("details") or {}

@@ -348,6 +348,29 @@ class Store(ABC):
     async def cancel_requested(self, run_id: str) -> dict[str, Any] | None:
         """``{"by", "at"}`` when a cancellation was requested, else None."""
 
+    async def offer_decision(self, run_id: str, gate: str, decision: dict[str, Any]
+                             ) -> dict[str, Any] | None:
+        """Keep ``decision`` for the gate ``gate`` of the run (``extra.decisions``) unless
+        one is kept for it already, atomically: None when this one is kept (it wins),
+        else the one kept first. A decision is offered before it is recorded in the log,
+        so that exactly one decision per gate wins even when the run is being executed
+        elsewhere (whose executor folds it in: `decisions`). This default keeps them in
+        this process only; the stores keep them in the run's row."""
+        kept: dict[str, dict[str, dict[str, Any]]] = self.__dict__.setdefault(
+            "_decisions", {})
+        await self.get_run(run_id)  # (RunNotFound)
+        mine = kept.setdefault(run_id, {})
+        if gate in mine:
+            return dict(mine[gate])
+        mine[gate] = dict(decision)
+        return None
+
+    async def decisions(self, run_id: str) -> dict[str, dict[str, Any]]:
+        """The decisions offered for the run's gates (`offer_decision`), by gate."""
+        kept: dict[str, dict[str, dict[str, Any]]] = self.__dict__.setdefault(
+            "_decisions", {})
+        return {k: dict(v) for k, v in kept.get(run_id, {}).items()}
+
     @abstractmethod
     async def save_snapshot(self, run_id: str, seq: int, data: bytes) -> None:
         """Keep ``data`` as the run's latest snapshot (a cached fold at ``seq``)."""

@@ -53,6 +53,7 @@ from ._postgres_sql import _NOW
 from ._postgres_writes import PostgresWrites
 from ._rows import (
     _RUN_COLUMNS,
+    json_text,
     list_query,
     page_query,
     row_from,
@@ -156,6 +157,40 @@ class PostgresStore(PostgresWrites, PostgresClaims, Store):
                 raise RunNotFound(run_id)
             value = row[0]
             return dict(value) if isinstance(value, dict) else None
+
+        return await self._do(op)
+
+    async def offer_decision(self, run_id: str, gate: str, decision: dict[str, Any]
+                             ) -> dict[str, Any] | None:
+        async def op(conn: Conn) -> dict[str, Any] | None:
+            # one statement: the row's lock makes a second offer re-check the condition
+            cur = await conn.execute(
+                "UPDATE runs SET extra = jsonb_set(extra::jsonb, '{decisions}', "
+                "COALESCE(extra::jsonb -> 'decisions', '{}'::jsonb) || "
+                "jsonb_build_object(%s::text, %s::jsonb))::text "
+                "WHERE run_id = %s AND NOT (COALESCE(extra::jsonb -> 'decisions', "
+                "'{}'::jsonb) ? %s) RETURNING 1",
+                (gate, json_text(decision), run_id, gate))
+            if await cur.fetchone() is not None:
+                return None
+            cur = await conn.execute("SELECT extra::jsonb -> 'decisions' -> %s FROM runs "
+                                     "WHERE run_id = %s", (gate, run_id))
+            row = await cur.fetchone()
+            if row is None:
+                raise RunNotFound(run_id)
+            return dict(row[0]) if isinstance(row[0], dict) else {}
+
+        return await self._do(op)
+
+    async def decisions(self, run_id: str) -> dict[str, dict[str, Any]]:
+        async def op(conn: Conn) -> dict[str, dict[str, Any]]:
+            cur = await conn.execute("SELECT extra::jsonb -> 'decisions' FROM runs "
+                                     "WHERE run_id = %s", (run_id,))
+            row = await cur.fetchone()
+            if row is None:
+                raise RunNotFound(run_id)
+            kept = row[0]
+            return {k: dict(v) for k, v in kept.items()} if isinstance(kept, dict) else {}
 
         return await self._do(op)
 

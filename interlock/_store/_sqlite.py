@@ -368,6 +368,17 @@ class SQLiteStore(SQLiteWrites, Store):
             raise RunNotFound(run_id)
         await self._write(self._request_cancel, run_id, by)
 
+    async def offer_decision(self, run_id: str, gate: str, decision: dict[str, Any]
+                             ) -> dict[str, Any] | None:
+        if self._absent():
+            raise RunNotFound(run_id)
+        return await self._write(self._offer_decision, run_id, gate, decision)
+
+    async def decisions(self, run_id: str) -> dict[str, dict[str, Any]]:
+        if self._absent():
+            raise RunNotFound(run_id)
+        return await self._call(self._decisions, run_id)
+
     async def save_snapshot(self, run_id: str, seq: int, data: bytes) -> None:
         await self._write(self._save_snapshot, run_id, seq, data)
 

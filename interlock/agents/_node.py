@@ -452,9 +452,46 @@ class _Agent:
                     comment = (ctx.decision(key) or {}).get("comment")
                     text = await ctx.once(key, self._rejected, ctx, base, comment)
                 else:  # a redacted result is not journaled: a re-run runs the tool again
-                    text = await _step(ctx, key, "result" not in self.redact, self._execute,
-                                       ctx, base, tool, kwargs)
+                    known = None
+                    if tool.confirm and "result" not in self.redact:
+                        known = await self._started(ctx, key, base, show)
+                    text = known if known is not None else await _step(
+                        ctx, key, "result" not in self.redact, self._execute, ctx, base,
+                        tool, kwargs)
         return {"role": "tool", "tool_call_id": call.id, "content": text}, None
+
+    async def _started(self, ctx: Context, key: str, base: dict[str, Any],
+                       show: dict[str, Any]) -> str | None:
+        """A guarded tool call about to run (SPEC §3: destructive actions are never
+        repeated silently): its start is committed first; a call that had started in an
+        earlier attempt and left no result in the log is not run again unasked -- the
+        run waits at an ``unknown_outcome`` gate. The text the model gets when a person
+        said it was not done (reject) or gave the outcome checked by hand (approve with
+        data); None: run it (now, or again)."""
+        if ctx.recorded(key)[0]:
+            return None  # its result is in the log: replayed, never called again
+        started, at = ctx.recorded(f"{key}-started")
+        if not started:
+            await ctx.once(f"{key}-started", _identity, round(time.time(), 6))
+            return None
+        ask = f"{key}-unknown"
+        answer = ctx.confirm(ask, {**show, "started_at": at}, kind="unknown_outcome")
+        said = ctx.decision(ask) or {}
+        if answer != "approved":
+            comment = said.get("comment") or ("its outcome was unknown (the process running "
+                                              "it stopped) and a person recorded it as not "
+                                              "done")
+            text: str = await ctx.once(key, self._rejected, ctx, base, comment)
+            return text
+        data = said.get("data")
+        if isinstance(data, dict) and "result" in data:  # the outcome checked by hand
+            value = data["result"]
+            await ctx.log("tool.called", self._hide({**base, "result": value,
+                                                     "checked_by": said.get("by")}))
+            text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+            recorded: str = await ctx.once(key, _identity, text)
+            return recorded
+        return None  # approved: it runs again
 
     async def _edited(self, ctx: Context, key: str, base: dict[str, Any], tool: Tool,
                       call: ToolCall) -> tuple[dict[str, Any], str | None]:

@@ -229,8 +229,16 @@ def _waiting_lines(run_id: str, w: dict[str, Any], store: str) -> list[str]:
         what = "--modify's patch" if w.get("kind") == "tool" else "--data"
         lines.append(f"input ({what} must satisfy): {_json(w['input'])}")
     lines.append("decide with:")
+    pending = [g for g in w.get("pending") or () if isinstance(g, dict)]
+    gate_flag = f" --gate {gate}" if len(pending) > 1 else ""
     for flag in decision_flags(w):
-        lines.append(f"  interlock resume {run_id} {flag} --by NAME [--comment TEXT]{store}")
+        lines.append(f"  interlock resume {run_id} {flag}{gate_flag} --by NAME "
+                     f"[--comment TEXT]{store}")
+    others = [g for g in pending if g.get("node") != gate]
+    if others:
+        lines.append("also waiting (each decided on its own, with --gate):")
+        lines += [f"  {g.get('node')!s} ({g.get('kind')}, "
+                  f"{', '.join(g.get('decisions') or [])})" for g in others]
     return lines
 
 
@@ -285,7 +293,11 @@ def runs(status_: str | None, workflow: str | None, waiting: bool, limit: int, a
     if as_json:
         from ..support import run_json
 
-        click.echo(json.dumps([run_json(r) for r in rows], ensure_ascii=False))
+        if waiting:  # one entry per gate (SPEC §3: several gates at once)
+            out = [{**run_json(r), "waiting": g} for r in rows for g in _gates(r)]
+        else:
+            out = [run_json(r) for r in rows]
+        click.echo(json.dumps(out, ensure_ascii=False))
         return
     if not rows:
         click.echo("no runs waiting for a person" if waiting else "no runs")
@@ -319,8 +331,7 @@ def _print_waiting(rows: list[RunRow]) -> None:
     header = ["run id", "workflow", "gate", "waiting", "deadline", "shows"]
     now = time.time()
     body = []
-    for r in rows:
-        w = r.summary.waiting or {}
+    for r, w in [(row, g) for row in rows for g in _gates(row)]:
         requested = w.get("requested_at")
         deadline = w.get("deadline")
         if deadline is None:
@@ -337,7 +348,16 @@ def _print_waiting(rows: list[RunRow]) -> None:
                      _short(_json(w.get("show") or {}), 60)])
     _print_columns(header, body, right={3})
     click.echo("decide with: interlock resume RUN_ID --approve | --reject | --modify "
-               "PATCH_JSON --by NAME (a message: interlock send RUN_ID TEXT)", err=True)
+               "PATCH_JSON [--gate GATE] --by NAME (a message: interlock send RUN_ID TEXT)",
+               err=True)
+
+
+def _gates(row: RunRow) -> list[dict[str, Any]]:
+    """The gates a run waits at: its ``waiting.pending`` (one, from a log before it)."""
+    w = row.summary.waiting or {}
+    pending = w.get("pending")
+    return [g for g in pending if isinstance(g, dict)] if isinstance(pending, list) \
+        and pending else [w]
 
 
 def _print_columns(header: list[str], body: list[list[str]], *, right: set[int],

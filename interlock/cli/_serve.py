@@ -33,6 +33,20 @@ from ._common import CliError, store_option
 @click.option("--public-url", metavar="URL",
               help="Where the server is reached, for links in notifications "
                    "(default http://HOST:PORT).")
+@click.option("--slack-channel", metavar="C...",
+              help="Post each gate to this Slack channel with Approve / Reject buttons "
+                   "(SLACK_BOT_TOKEN and SLACK_SIGNING_SECRET from the environment; "
+                   "clicks come to /api/integrations/slack/actions).")
+@click.option("--google-chat-space", metavar="spaces/...",
+              help="Post each gate to this Google Chat space as a Chat app "
+                   "(GOOGLE_CHAT_CREDENTIALS: a service account's JSON key; clicks come to "
+                   "/api/integrations/google-chat/events).")
+@click.option("--google-chat-audience", metavar="AUD",
+              help="The audience of Google Chat's tokens: the app's project number or "
+                   "endpoint URL.")
+@click.option("--google-chat-keys", metavar="FILE",
+              help="A JWKS file of the keys Google Chat's tokens are checked against "
+                   "(default: Google's published keys).")
 @click.option("--workers", type=click.IntRange(min=0), default=4, show_default=True,
               help="Runs executing at a time; more wait for a free worker. 0: execute "
                    "nothing -- starts, decisions and resumes are only recorded (PENDING) "
@@ -65,7 +79,8 @@ def serve(store_url: str | None, host: str, port: int, workflows: tuple[str, ...
           public_url: str | None, workers: int,
           poll: float, drain: float, take_over: bool, allowed_hosts: tuple[str, ...],
           max_connections: int, keep_alive: int, head_timeout: float,
-          strict_code: bool) -> None:
+          strict_code: bool, slack_channel: str | None, google_chat_space: str | None,
+          google_chat_audience: str | None, google_chat_keys: str | None) -> None:
     """Serve the API, the run event streams and approvals from one process. Runs started
     through it execute in it; runs another process left unfinished are taken over."""
     try:
@@ -82,7 +97,11 @@ def serve(store_url: str | None, host: str, port: int, workflows: tuple[str, ...
                             notify_timeout=notify_timeout,
                             public_url=public_url or f"http://{host}:{port}",
                             workers=workers, poll=poll, drain=drain, take_over=take_over,
-                            host=host, allowed_hosts=allowed_hosts)
+                            host=host, allowed_hosts=allowed_hosts,
+                            slack_channel=slack_channel,
+                            google_chat_space=google_chat_space,
+                            google_chat_audience=google_chat_audience,
+                            google_chat_keys=google_chat_keys)
     try:
         run_server(options, host=host, port=port, max_connections=max_connections,
                    keep_alive=keep_alive, head_timeout=head_timeout,

@@ -28,6 +28,7 @@ from interlock.support import limits
 from . import _dashboard as dashboard
 from . import (
     _routes_approvals,
+    _routes_chat,
     _routes_messages,
     _routes_meta,
     _routes_runs,
@@ -111,7 +112,7 @@ def create_app(options: ServerOptions | None = None, **kwargs: Any) -> FastAPI:
 def _routes(app: FastAPI, mcp: Any) -> None:
     """The routers, ``/mcp``, then the dashboard (its pages are matched last)."""
     for routes in (_routes_meta, _routes_workflows, _routes_runs, _routes_approvals,
-                   _routes_messages):
+                   _routes_messages, _routes_chat):
         app.include_router(routes.router)
     if mcp is not None:
         app.router.routes.append(mcp.route())

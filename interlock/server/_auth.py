@@ -1,7 +1,8 @@
 """``--auth FILE``: bearer tokens, stored as SHA-256 digests, and the four roles.
 
     tokens:
-      - {name: alice, sha256: <hex digest of her token>, roles: [approver]}
+      - {name: alice, sha256: <hex digest of her token>, roles: [approver],
+         slack: U024BE7LH, google_chat: users/1234567890}   # (optional: SPEC §13)
 
 A request's token is hashed and compared with every stored digest in constant time
 (`hmac.compare_digest`, and every digest is compared whatever matched), so neither a
@@ -26,6 +27,8 @@ ROLES = ("viewer", "operator", "approver", "admin")
 # what each kind of request needs: any role reads; admin may do everything
 READ, OPERATE, DECIDE = "read", "operate", "decide"
 _NEEDS = {READ: set(ROLES), OPERATE: {"operator", "admin"}, DECIDE: {"approver", "admin"}}
+# a chat's users mapped to entries (SPEC §13): the key, and what its ids look like
+CHATS = {"slack": "a Slack member ID, U…", "google_chat": "users/… as Google Chat names them"}
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
@@ -49,6 +52,7 @@ class _Token:
     name: str
     digest: str
     roles: tuple[str, ...]
+    chats: tuple[tuple[str, str], ...] = ()  # (slack | google_chat, the chat's user id)
 
 
 class Tokens:
@@ -91,11 +95,20 @@ class Tokens:
                 found = t
         return None if found is None else Identity(found.name, found.roles)
 
+    def chat_user(self, chat: str, user: str) -> Identity | None:
+        """The identity a chat's user maps to (``slack: U…`` or ``google_chat: users/…``
+        on an entry), or None."""
+        key = "google_chat" if chat == "google-chat" else chat
+        for t in self._tokens:
+            if (key, user) in t.chats:
+                return Identity(t.name, t.roles)
+        return None
+
 
 def _entry(item: Any, where: str, example: str) -> _Token:
     if not isinstance(item, dict):
         raise UsageError(f"{where} is not a mapping; {example}")
-    unknown = sorted(set(item) - {"name", "sha256", "roles"})
+    unknown = sorted(set(item) - {"name", "sha256", "roles", *CHATS})
     if unknown:
         raise UsageError(f"{where} has unknown key(s) {', '.join(unknown)}; {example}")
     name, digest, roles = item.get("name"), item.get("sha256"), item.get("roles")
@@ -112,4 +125,11 @@ def _entry(item: Any, where: str, example: str) -> _Token:
             not all(isinstance(r, str) and r in ROLES for r in roles):
         raise UsageError(f"{where} ({name}): roles must be a list of {', '.join(ROLES)}; got "
                          f"{roles!r}")
-    return _Token(name, digest.lower(), tuple(roles))
+    chats = []
+    for key in CHATS:
+        if key in item:
+            if not isinstance(item[key], str) or not item[key].strip():
+                raise UsageError(f"{where} ({name}): {key} must be the user's id in the chat "
+                                 f"({CHATS[key]}); got {item[key]!r}")
+            chats.append((key, item[key].strip()))
+    return _Token(name, digest.lower(), tuple(roles), tuple(chats))

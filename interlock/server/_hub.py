@@ -157,6 +157,13 @@ class NotifyingStore(Store):
     async def cancel_requested(self, run_id: str) -> dict[str, Any] | None:
         return await self.inner.cancel_requested(run_id)
 
+    async def offer_decision(self, run_id: str, gate: str, decision: dict[str, Any]
+                             ) -> dict[str, Any] | None:
+        return await self.inner.offer_decision(run_id, gate, decision)
+
+    async def decisions(self, run_id: str) -> dict[str, dict[str, Any]]:
+        return await self.inner.decisions(run_id)
+
     async def save_snapshot(self, run_id: str, seq: int, data: bytes) -> None:
         await self.inner.save_snapshot(run_id, seq, data)
 

@@ -168,6 +168,9 @@ class DecisionIn(_Body):
     by: str | None = Field(default=None, max_length=200,
                            description="who decides; ignored when the server has --auth "
                                        "(the token's name is recorded)")
+    via: str | None = Field(default=None, max_length=40, pattern=r"^[a-z][a-z0-9_-]*$",
+                            description="where the decision was made (dashboard, api, ...): "
+                                        "recorded with it; default api")
 
 
 class CancelIn(_Body):
@@ -237,7 +240,9 @@ class Approval(BaseModel):
     approvers: list[str] = Field(description="names and role:NAME entries that may decide; "
                                              "empty: anyone with the approver role")
     kind: str | None = Field(default=None, description="approval, confirm, tool (a guarded "
-                             "tool call) or workflow (a child run's gate)")
+                             "tool call) or unknown_outcome (an action that started and "
+                             "left no outcome); a child run's gate has the child gate's "
+                             "kind")
     input: dict[str, Any] | None = Field(default=None, description="the JSON Schema an "
                                          "approve's data must satisfy (approval input:)")
     modify: ModifyInfo | None = Field(default=None, description="what a modify must be; "

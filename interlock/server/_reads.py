@@ -77,12 +77,15 @@ async def records_body(run_id: str, store: Store, after: int, limit: int | None
     yield b"]"
 
 
+Gates = list[dict[str, Any]]  # (``Approvals.list`` shadows the name in its class)
+
+
 # -- the inbox ------------------------------------------------------------------------
 
 @dataclass
 class _Kept:
     seq: int  # the run's last_seq when its approval was computed
-    approval: dict[str, Any] | None  # None: the run waits at no gate of its own
+    approvals: Gates  # one per gate it waits at (SPEC §3: several at once)
 
 
 @dataclass
@@ -109,8 +112,7 @@ class Approvals:
                 kept = self.kept[row.run_id] = _Kept(row.summary.last_seq,
                                                      await self._compute(store, row))
                 self.computed += 1
-            if kept.approval is not None:
-                out.append(kept.approval)
+            out.extend(kept.approvals)
         if len(rows) < MAX_WAITING:  # every waiting run was listed: forget the others
             waiting = {row.run_id for row in rows}
             for run_id in [r for r in self.kept if r not in waiting]:
@@ -127,15 +129,24 @@ class Approvals:
             self.specs[row.definition_hash] = spec
         return spec
 
-    async def _compute(self, store: Store, row: RunRow) -> dict[str, Any] | None:
-        w = row.summary.waiting or {}
-        node = w.get("node")
-        if not node:
-            return None
+    async def _compute(self, store: Store, row: RunRow) -> Gates:
+        waiting = row.summary.waiting or {}
+        if not waiting.get("node"):
+            return []
         try:
             spec = await self._spec(store, row)
         except RunNotFound:
-            return None  # deleted since it was listed
+            return []  # deleted since it was listed
+        gates = waiting.get("pending") or [waiting]  # (a log from before `pending`: one)
+        out: Gates = []
+        for w in gates:
+            if isinstance(w, dict) and w.get("node"):
+                out.append(await self._approval(store, row, spec, w))
+        return out
+
+    async def _approval(self, store: Store, row: RunRow, spec: Any, w: dict[str, Any]
+                        ) -> dict[str, Any]:
+        node = w["node"]
         ns = spec.nodes.get(node)
         approvers = list(ns.approval.approvers) if ns is not None and ns.approval else []
         decisions = w.get("decisions") or []

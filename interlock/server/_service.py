@@ -13,15 +13,27 @@ from typing import Any
 import anyio
 
 import interlock
-from interlock.support import Firer, Metrics, RunView, load_workflows
+from interlock.support import (
+    Firer,
+    GateNotWaiting,
+    GateTaken,
+    Metrics,
+    NotAnApprover,
+    RunView,
+    decide_gate,
+    load_workflows,
+)
 
 from ._auth import LOCAL, Identity, Tokens
+from ._chat import Chat, ChatApprovals
+from ._google_chat import GoogleChat
 from ._guard import Problemed
 from ._hub import Hub, NotifyingStore
 from ._loops import RunLoops
 from ._notify import Notifier
 from ._pool import Pool
 from ._reads import Approvals, Polls
+from ._slack import Slack
 
 log = logging.getLogger("interlock.server")
 
@@ -48,6 +60,12 @@ class ServerOptions:
     # more Host names answered (a reverse proxy's); with `auth`, Host is checked only
     # when some are given (a bearer token is no ambient credential for a page to reuse)
     allowed_hosts: Sequence[str] = ()
+    # SPEC §13: gates posted to Slack (SLACK_BOT_TOKEN, SLACK_SIGNING_SECRET from the
+    # environment) and Google Chat (GOOGLE_CHAT_CREDENTIALS), clicks decided
+    slack_channel: str | None = None
+    google_chat_space: str | None = None
+    google_chat_audience: str | None = None
+    google_chat_keys: str | None = None  # a JWKS file; None: Google's published keys
 
 
 
@@ -74,6 +92,15 @@ class Server:
         self.alongside: list[Callable[[], contextlib.AbstractAsyncContextManager[Any]]] = []
         self._alongside = contextlib.AsyncExitStack()
         self.polls: Polls | None = None  # one poll per followed run (`follow`)
+        self.slack = Slack.from_env(options.slack_channel)
+        self.google_chat = GoogleChat.from_options(
+            options.google_chat_space, options.google_chat_audience, options.google_chat_keys)
+        self.chat: ChatApprovals | None = None
+        self._chat_watcher: asyncio.Task[None] | None = None
+
+    @property
+    def chats(self) -> list[Chat]:
+        return [c for c in (self.slack, self.google_chat) if c is not None]
 
     @contextlib.asynccontextmanager
     async def lock(self, run_id: str) -> AsyncIterator[None]:
@@ -125,6 +152,8 @@ class Server:
                                  attempts=self.options.notify_attempts,
                                  backoff=self.options.notify_backoff,
                                  timeout=self.options.notify_timeout)
+        self.chat = ChatApprovals(self.chats, self.options.public_url, self.store, self.hub,
+                                  self.tokens, self.notifier.record, self.decide_gate)
         if self.options.take_over and self.records_only:
             log.info("--workers 0: this server executes no run; `interlock worker` "
                      "processes on its store do")
@@ -133,6 +162,9 @@ class Server:
         if self.options.notify:
             self._watcher = asyncio.get_running_loop().create_task(
                 self.notifier.watch(self.options.notify_scan))
+        if self.chats:
+            self._chat_watcher = asyncio.get_running_loop().create_task(
+                self.chat.watch(self.options.notify_scan))
         timed = {name: wf.spec for name, wf in self.workflows.items() if wf.spec.triggers}
         if timed:  # the registered workflows' triggers: fired here (see `fire`)
             self._firing = asyncio.get_running_loop().create_task(
@@ -167,10 +199,11 @@ class Server:
             self._firing.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._firing
-        if self._watcher is not None:
-            self._watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watcher
+        for watcher in (self._watcher, self._chat_watcher):
+            if watcher is not None:
+                watcher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watcher
         if self.polls is not None:
             await self.polls.close()
         if self.pool is not None:
@@ -179,12 +212,16 @@ class Server:
             await self.loops.close(max(self.options.drain, 1.0))
         if self.notifier is not None:
             await self.notifier.close()
+        if self.chat is not None:
+            await self.chat.close()
+        if self.google_chat is not None:
+            await self.google_chat.close()
         if self.store is not None:
             await self.store.close()
 
     def listener(self, workflow: str, run_id: str) -> Any:
         """What an execution in the server reports each record to: the notifier."""
-        notifier = self.notifier
+        notifier, chat = self.notifier, self.chat
         observe = self.metrics.observe  # (thread-safe: prometheus_client's)
         api = self._api
 
@@ -195,6 +232,12 @@ class Server:
                     notifier.requested(workflow, run_id, rec)
                 else:  # from a run loop: the notifier lives on the API's
                     api.call_soon_threadsafe(notifier.requested, workflow, run_id, rec)
+            if rec["type"] in ("approval.requested", "approval.decided") and chat is not None \
+                    and chat.chats:
+                if api is None or _on(api):
+                    chat.changed(run_id, rec["seq"])
+                else:
+                    api.call_soon_threadsafe(chat.changed, run_id, rec["seq"])
 
         return listen
 
@@ -216,6 +259,36 @@ class Server:
             return
         task = self.runs.submit_job(what, run_id, lambda st: call(listen, st))
         await self.runs.accepted(run_id, task, first)
+
+    async def decide_gate(self, run_id: str, gate: str | None, decision: interlock.Decision,
+                          via: str) -> None:
+        """Decide one gate of a run (`interlock.support.decide_gate`) from this server --
+        the API's decision, the dashboard's, a chat's click: executed here (or recorded
+        for workers with ``--workers 0``, or for the process executing the run). Raises
+        `Problemed` 403 for a decider the gate's ``approvers:`` refuse, 409 when the
+        gate was decided already or the run waits no more; UsageError (400) for a
+        decision the gate does not take."""
+        row = await self.st.get_run(run_id)
+        async with self.lock(run_id):
+            try:
+                await self.launch(
+                    f"decision on run {run_id}", run_id, row.workflow,
+                    lambda listen, st: decide_gate(
+                        run_id, gate, decision, via=via, store=st,
+                        workflow=self.workflows.get(row.workflow), listener=listen,
+                        detach=self.records_only))
+            except NotAnApprover as exc:
+                raise Problemed(403, "Forbidden", str(exc)) from None
+            except (GateTaken, GateNotWaiting) as exc:
+                raise Problemed(409, "Conflict", str(exc)) from None
+            except interlock.UsageError as exc:
+                status = (await self.st.get_run(run_id)).summary.status
+                if status != "WAITING_APPROVAL":
+                    raise Problemed(409, "Conflict", str(exc)) from None
+                raise
+        self.hub.changed(run_id)
+        if self.chat is not None:
+            self.chat.changed(run_id)  # the chats' messages of the gate: updated
 
     def resumer(self, run_id: str) -> Any:
         """The execution that continues a run (a takeover)."""

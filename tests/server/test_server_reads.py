@@ -202,7 +202,9 @@ def test_the_inbox_follows_decisions_new_gates_and_child_gates(server: Served,
                    "--run-id", "p1").returncode == 3
         shown = inbox(c)
         assert "cli1" in shown and shown["cli1"]["show"] == {"first": 6}
-        assert "p1" in shown and shown["p1"]["kind"] == "workflow"
+        # (a child run's gate is listed with the child gate's own kind, as waiting.pending
+        # names it: what the person decides is an approval)
+        assert "p1" in shown and shown["p1"]["kind"] == "approval"
         assert sorted(shown.values(), key=lambda a: a["run_id"]) == sorted(
             asyncio.run(approvals_by_folding(store)), key=lambda a: a["run_id"])
 

@@ -1,0 +1,237 @@
+"""Approvals where people talk (SPEC §13): each gate posted to the chats configured
+(`Slack`, `GoogleChat`), the message updated once the gate is decided -- from a click,
+the dashboard, the API or the CLI -- and clicks turned into decisions.
+
+What happened is in the run's log, so it survives a restart and another server sees it:
+each post, update and answer is a ``notify.sent`` record (``via``: the chat, ``action``:
+post / update / answer, ``request``: the seq of the ``approval.requested`` it is about,
+``where``: the message's id in the chat, and ``status`` or ``error``). `sync` compares a
+run's gates with those records and posts or updates what is missing; it runs when this
+server sees a gate requested or decided, and `watch` runs it for the runs changed
+elsewhere (the CLI's decisions, runs executed by another process).
+
+A click is decided by the mapped approver (``slack: U…`` / ``google_chat: users/…`` on an
+``--auth`` entry) through `Server.decide_gate` with ``via`` the chat's name; a click on a
+gate decided already, by an unmapped user or one the gate's ``approvers:`` refuse records
+no decision and is answered (ephemerally) with why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, Protocol
+
+from interlock import Decision, InterlockError, RunNotFound, Store, UsageError
+from interlock.support import trace_pages
+
+from ._auth import DECIDE, Tokens
+from ._guard import Problemed
+from ._hub import Hub
+from ._notify import CLOCK_SKEW, NOTIFY_SENT
+
+log = logging.getLogger("interlock.server")
+
+Record = Callable[[str, dict[str, Any]], Awaitable[bool]]
+Decide = Callable[[str, str, Decision, str], Awaitable[None]]
+
+
+class Chat(Protocol):
+    name: str
+
+    def message(self, workflow: str, run_id: str, gate: str, rec: dict[str, Any],
+                public_url: str) -> dict[str, Any]: ...
+
+    def decided(self, message: dict[str, Any], decided: dict[str, Any]) -> dict[str, Any]: ...
+
+    async def post(self, message: dict[str, Any]
+                   ) -> tuple[dict[str, Any], dict[str, Any]]: ...
+
+    async def update(self, where: dict[str, Any], message: dict[str, Any]
+                     ) -> tuple[dict[str, Any], dict[str, Any]]: ...
+
+
+
+def gate_name(rec: dict[str, Any]) -> str:
+    """A gate as waiting.pending and the API's ``node`` name it."""
+    if rec.get("path"):
+        return str(rec["path"])
+    node = str(rec["node"])
+    return node if rec.get("item") is None else f"{node}[{rec['item']}]"
+
+
+def _key(rec: dict[str, Any]) -> tuple[Any, Any, Any]:
+    return rec["node"], rec.get("visit"), rec.get("item")
+
+
+class ChatApprovals:
+    def __init__(self, chats: list[Chat], public_url: str, store: Store, hub: Hub,
+                 tokens: Tokens | None, record: Record, decide: Decide) -> None:
+        self.chats, self.public_url = chats, public_url
+        self.store, self.hub, self.tokens = store, hub, tokens
+        self.record, self.decide = record, decide
+        self._done: set[tuple[str, str, int, str]] = set()  # (chat, run, request, action)
+        self._locks: dict[str, tuple[asyncio.Lock, list[int]]] = {}  # one sync a run
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._since: float | None = None
+        self._synced: dict[str, int] = {}  # run: its last seq when `sync` last read it
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def changed(self, run_id: str, seq: int | None = None) -> None:
+        """A gate of ``run_id`` was requested or decided (its record ``seq`` staged):
+        post or update, once it is stored."""
+        if self.chats:
+            self._spawn(self._after(run_id, seq))
+
+    async def _after(self, run_id: str, seq: int | None) -> None:
+        if seq is not None:
+            for _ in range(100):
+                waiter = self.hub.waiter(run_id)
+                if (await self.store.get_run(run_id)).summary.last_seq >= seq:
+                    break
+                await self.hub.wait(waiter, 0.1)
+        try:
+            await self.sync(run_id)
+        except InterlockError as exc:
+            log.warning("run %s: chat messages not brought up to date: %s", run_id, exc)
+
+    async def watch(self, every: float) -> None:
+        """Every ``every`` seconds, `sync` the runs changed since the previous pass (the
+        first pass: those changed in the last hour) whose log grew since `sync` read it."""
+        while self.chats:
+            try:
+                began = time.time()
+                since = self._since if self._since is not None else began - 3600
+                for row in await self.store.list_page(limit=10_000, updated_after=since):
+                    if self._synced.get(row.run_id) != row.summary.last_seq:
+                        await self.sync(row.run_id)
+                self._since = began - CLOCK_SKEW
+            except InterlockError as exc:
+                log.warning("looking for gates to post to chats: %s", exc)
+            await asyncio.sleep(every)
+
+    async def sync(self, run_id: str) -> None:
+        """Post each undecided gate not posted yet; update each decided gate's message."""
+        lock, users = self._locks.setdefault(run_id, (asyncio.Lock(), [0]))
+        users[0] += 1
+        try:
+            async with lock:
+                await self._sync(run_id)
+        finally:
+            users[0] -= 1
+            if not users[0]:
+                del self._locks[run_id]
+
+    async def _sync(self, run_id: str) -> None:
+        row = await self.store.get_run(run_id)
+        self._synced[run_id] = row.summary.last_seq
+        requested: dict[int, dict[str, Any]] = {}
+        decided: dict[tuple[Any, Any, Any], dict[str, Any]] = {}
+        sent: dict[tuple[str, int, str], dict[str, Any]] = {}
+        async for page in trace_pages(run_id, store=self.store):
+            for rec in page:
+                if rec["type"] == "approval.requested":
+                    requested[rec["seq"]] = rec
+                    decided.pop(_key(rec), None)  # a later visit's gate
+                elif rec["type"] == "approval.decided":
+                    decided[_key(rec)] = rec
+                elif rec["type"] == NOTIFY_SENT and rec.get("via") and \
+                        rec.get("request") is not None and rec.get("where"):
+                    sent[(rec["via"], rec["request"], rec.get("action", ""))] = rec
+        open_ = row.summary.status == "WAITING_APPROVAL"
+        for seq, rec in requested.items():
+            done = decided.get(_key(rec))
+            if done is not None and done["seq"] < seq:
+                done = None
+            for chat in self.chats:
+                post = sent.get((chat.name, seq, "post"))
+                if done is None and post is None and open_:
+                    await self._post(chat, row.workflow, run_id, rec)
+                elif done is not None and post is not None and \
+                        (chat.name, seq, "update") not in sent:
+                    await self._update(chat, row.workflow, run_id, rec, post, done)
+
+    async def _post(self, chat: Chat, workflow: str, run_id: str,
+                    rec: dict[str, Any]) -> None:
+        if not self._claim(chat, run_id, rec["seq"], "post"):
+            return
+        message = chat.message(workflow, run_id, gate_name(rec), rec, self.public_url)
+        outcome, where = await chat.post(message)
+        await self._record(run_id, {"via": chat.name, "action": "post", "request": rec["seq"],
+                                    "gate": gate_name(rec), "where": where or None,
+                                    **outcome})
+
+    async def _update(self, chat: Chat, workflow: str, run_id: str, rec: dict[str, Any],
+                      post: dict[str, Any], done: dict[str, Any]) -> None:
+        if not self._claim(chat, run_id, rec["seq"], "update"):
+            return
+        message = chat.message(workflow, run_id, gate_name(rec), rec, self.public_url)
+        outcome, where = await chat.update(post["where"], chat.decided(message, done))
+        await self._record(run_id, {"via": chat.name, "action": "update",
+                                    "request": rec["seq"], "gate": gate_name(rec),
+                                    "where": where or post["where"], **outcome})
+
+    def _claim(self, chat: Chat, run_id: str, seq: int, action: str) -> bool:
+        key = (chat.name, run_id, seq, action)
+        if key in self._done:
+            return False
+        self._done.add(key)
+        return True
+
+    async def _record(self, run_id: str, fields: dict[str, Any]) -> None:
+        if not await self.record(run_id, fields):
+            log.info("run %s has ended: %s %s to %s not recorded (no record follows a "
+                     "run's final one)", run_id, NOTIFY_SENT, fields.get("action"),
+                     fields.get("via"))
+
+    # -- clicks --------------------------------------------------------------------------
+
+    async def clicked(self, chat: Chat, user: str, run_id: str, gate: str,
+                      decision: str) -> str | None:
+        """Decide ``gate`` as the approver ``user`` maps to; or why not (nothing recorded:
+        the caller answers the user with it, see `answered`)."""
+        who = self.tokens.chat_user(chat.name, user) if self.tokens is not None else None
+        if decision not in ("approve", "reject"):
+            return f"{decision!r} is not a decision a chat may make (approve, reject)"
+        if who is None:
+            key = "slack" if chat.name == "slack" else "google_chat"
+            return (f"your {chat.name} user {user} is not mapped to an approver: the "
+                    f"server's --auth file needs '{key}: {user}' on your entry")
+        if not who.may(DECIDE):
+            return (f"{who.name} may not decide gates (roles: {', '.join(who.roles)}; "
+                    "approver or admin needed)")
+        try:
+            await self.decide(run_id, gate, Decision(
+                decision, who.name, node=gate, roles=who.roles), chat.name)  # type: ignore[arg-type]
+        except Problemed as exc:
+            return exc.detail
+        except (UsageError, RunNotFound) as exc:
+            return str(exc)
+        self.changed(run_id)
+        return None
+
+    def answered(self, chat: Chat, run_id: str, gate: str, user: str,
+                 outcome: Coroutine[Any, Any, dict[str, Any]] | dict[str, Any]) -> None:
+        """Record the answer to a refused click (sent by ``outcome``, or sent already)."""
+        log.info("run %s: a %s click on %s by %s refused", run_id, chat.name, gate, user)
+        self._spawn(self._answered(chat, run_id, gate, user, outcome))
+
+    async def _answered(self, chat: Chat, run_id: str, gate: str, user: str,
+                        outcome: Coroutine[Any, Any, dict[str, Any]] | dict[str, Any]
+                        ) -> None:
+        fields = outcome if isinstance(outcome, dict) else await outcome
+        with contextlib.suppress(RunNotFound):
+            await self._record(run_id, {"via": chat.name, "action": "answer", "gate": gate,
+                                        "user": user, **fields})
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -1,0 +1,183 @@
+"""Slack (SPEC §13): a Block Kit message per gate with Approve / Reject, posted and updated
+with the official ``slack-sdk`` (`WebClient`'s ``chat.postMessage`` / ``chat.update``),
+its interactivity requests verified by its `SignatureVerifier` (the signature, and a
+timestamp at most 5 minutes away), refusals answered through the click's
+``response_url`` as ephemeral messages.
+
+The Web API is called from a thread (the SDK's client is synchronous; its asynchronous one
+needs aiohttp). ``SLACK_API_URL`` replaces the Web API's base URL (tests use a local one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qs
+
+from interlock import UsageError
+
+from ._notify import mrkdwn, payload
+
+ACTION_IDS = {"approve": "interlock.approve", "reject": "interlock.reject"}
+TIMEOUT = 10  # seconds for one call of the Web API or a response_url
+
+
+@dataclass(frozen=True, slots=True)
+class Click:
+    """A verified click: who (a Slack user id), on what, and where to answer."""
+
+    user: str
+    run_id: str
+    gate: str
+    decision: str  # approve | reject
+    response_url: str | None
+
+
+class Slack:
+    """One workspace's bot (``SLACK_BOT_TOKEN``, ``SLACK_SIGNING_SECRET``) posting to one
+    channel (``--slack-channel``)."""
+
+    name = "slack"
+
+    def __init__(self, channel: str, token: str, secret: str,
+                 api_url: str | None = None) -> None:
+        from slack_sdk import WebClient
+        from slack_sdk.signature import SignatureVerifier
+
+        self.channel = channel
+        base = api_url or "https://slack.com/api/"
+        self.client = WebClient(token=token, base_url=base.rstrip("/") + "/",
+                                timeout=TIMEOUT)
+        self.verifier = SignatureVerifier(secret)
+
+    @classmethod
+    def from_env(cls, channel: str | None) -> Slack | None:
+        if not channel:
+            return None
+        token, secret = os.environ.get("SLACK_BOT_TOKEN"), os.environ.get("SLACK_SIGNING_SECRET")
+        missing = [n for n, v in (("SLACK_BOT_TOKEN", token),
+                                  ("SLACK_SIGNING_SECRET", secret)) if not v]
+        if missing:
+            raise UsageError(f"--slack-channel {channel} needs {' and '.join(missing)} in the "
+                             "environment (the bot's token, xoxb-..., and the app's signing "
+                             "secret, from the Slack app's settings: docs/server.md)")
+        try:
+            import slack_sdk  # noqa: F401
+        except ImportError:
+            raise UsageError("--slack-channel needs slack-sdk: pip install "
+                             "'interlock[chat]'") from None
+        assert token is not None and secret is not None
+        return cls(channel, token, secret, os.environ.get("SLACK_API_URL"))
+
+    # -- messages ------------------------------------------------------------------
+
+    def message(self, workflow: str, run_id: str, gate: str, rec: dict[str, Any],
+                public_url: str) -> dict[str, Any]:
+        """The gate's message: what it shows, Approve / Reject, the dashboard link."""
+        base = payload(workflow, run_id, rec, public_url)
+        blocks = base["blocks"]
+        link = blocks[-1]["elements"][0]["url"]
+        decisions = rec.get("decisions") or []
+        buttons: list[dict[str, Any]] = []
+        for kind, label, style in (("approve", "Approve", "primary"),
+                                   ("reject", "Reject", "danger")):
+            if kind in decisions or not decisions or kind == "reject":
+                buttons.append({
+                    "type": "button", "action_id": ACTION_IDS[kind], "style": style,
+                    "text": {"type": "plain_text", "text": label},
+                    "value": json.dumps({"run_id": run_id, "gate": gate, "decision": kind})})
+        buttons.append({"type": "button", "action_id": "interlock.open",
+                        "text": {"type": "plain_text", "text": "Open in the dashboard"},
+                        "url": link})
+        blocks[-1] = {"type": "actions", "block_id": "interlock.decide", "elements": buttons}
+        return {"text": base["text"], "blocks": blocks}
+
+    @staticmethod
+    def decided(message: dict[str, Any], decided: dict[str, Any]) -> dict[str, Any]:
+        """The message once the gate is decided: the buttons replaced by who and when."""
+        blocks = [b for b in message["blocks"] if b.get("type") != "actions"]
+        blocks.append({"type": "context", "elements": [
+            {"type": "mrkdwn", "text": mrkdwn(_decided_text(decided))}]})
+        return {"text": message["text"], "blocks": blocks}
+
+    # -- the Web API -----------------------------------------------------------------
+
+    async def post(self, message: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """``chat.postMessage``: (what to record, where the message is)."""
+        return await self._call("chat.postMessage", self.client.chat_postMessage,
+                                channel=self.channel, **message)
+
+    async def update(self, where: dict[str, Any], message: dict[str, Any]
+                     ) -> tuple[dict[str, Any], dict[str, Any]]:
+        return await self._call("chat.update", self.client.chat_update,
+                                channel=where["channel"], ts=where["ts"], **message)
+
+    async def _call(self, method: str, call: Any, **kwargs: Any
+                    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        from slack_sdk.errors import SlackApiError, SlackClientError
+
+        try:
+            response = await asyncio.to_thread(call, **kwargs)
+        except SlackApiError as exc:
+            return {"method": method, "status": exc.response.status_code,
+                    "error": str(exc.response.get("error") or "not ok")}, {}
+        except (SlackClientError, OSError, ValueError) as exc:
+            return {"method": method, "error": f"{type(exc).__name__}: {exc}"}, {}
+        where = {"channel": response.get("channel") or kwargs.get("channel"),
+                 "ts": response.get("ts")}
+        return {"method": method, "status": response.status_code}, where
+
+    async def answer(self, click: Click, text: str) -> dict[str, Any]:
+        """An ephemeral message to the clicking user, through the click's response_url."""
+        from slack_sdk.webhook import WebhookClient
+
+        if not click.response_url:
+            return {"method": "response_url", "error": "the click had no response_url"}
+        hook = WebhookClient(click.response_url, timeout=TIMEOUT)
+        try:
+            response = await asyncio.to_thread(hook.send, text=text,
+                                               response_type="ephemeral",
+                                               replace_original=False)
+        except (OSError, ValueError) as exc:
+            return {"method": "response_url", "error": f"{type(exc).__name__}: {exc}"}
+        return {"method": "response_url", "status": response.status_code}
+
+    # -- requests from Slack -----------------------------------------------------------
+
+    def verify(self, body: bytes, headers: Any) -> bool:
+        timestamp = headers.get("x-slack-request-timestamp")
+        signature = headers.get("x-slack-signature")
+        if not timestamp or not timestamp.strip().isdigit():
+            return False
+        return bool(self.verifier.is_valid(body, timestamp, signature))
+
+    @staticmethod
+    def click(body: bytes) -> Click | None:
+        """The click in a verified interactivity request (None: not a click of ours)."""
+        form = parse_qs(body.decode("utf-8", "replace"))
+        try:
+            data = json.loads(form["payload"][0])
+            action = next(a for a in data.get("actions") or []
+                          if a.get("action_id") in ACTION_IDS.values())
+            value = json.loads(action["value"])
+            return Click(str(data["user"]["id"]), str(value["run_id"]), str(value["gate"]),
+                         str(value["decision"]), data.get("response_url"))
+        except (KeyError, IndexError, StopIteration, TypeError, ValueError):
+            return None
+
+
+def _decided_text(rec: dict[str, Any]) -> str:
+    verb = {"approved": "Approved", "rejected": "Rejected", "modified": "Modified",
+            "closed": "Closed"}.get(str(rec.get("decision")), str(rec.get("decision")))
+    by = f" by {rec['by']}" if rec.get("by") else ""
+    via = f" (via {rec['via']})" if rec.get("via") else ""
+    when = rec.get("ts") or rec.get("at")
+    if isinstance(when, int | float):
+        import datetime as dt
+
+        when = dt.datetime.fromtimestamp(when, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    at = f" at {when}" if when else ""
+    return f"{verb}{by}{via}{at}"
