@@ -136,5 +136,8 @@ def test_an_approver_answers_a_gate_through_elicitation(served: Served, mode: st
     run = anyio.run(call).structured_content
     assert run["status"] == "COMPLETED"
     assert run["state"]["gate"]["by"] == "ada"
-    gate = run["state"]["gate"]
-    assert gate.get("via") == "mcp" or gate["comment"] == "via mcp"
+    assert run["state"]["gate"]["comment"] is None  # (nothing added to the person's words)
+    with served.client(TOKENS["ada"][0]) as http:
+        log = http.get(f"/api/runs/{run['run_id']}/records").json()
+    decided = [r for r in log if r["type"] == "approval.decided"]
+    assert [r.get("data", r).get("via") for r in decided] == ["mcp"]  # recorded where it came from

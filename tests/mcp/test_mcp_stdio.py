@@ -149,9 +149,11 @@ def test_a_gate_is_answered_through_elicitation(project: Path, mode: str,
     gate = run["state"]["gate"]
     assert gate["decision"] == ("approved" if answer == "approve" else "rejected")
     assert gate["by"].startswith("mcp:")
-    # recorded via: mcp (where the engine records it; before that, in the comment)
-    assert (gate.get("via") == "mcp" and gate["comment"] == "looks fine") or \
-        gate["comment"] == "looks fine (via mcp)"
+    assert gate["comment"] == "looks fine"
+    # the decision is recorded via: mcp
+    traced = _cli(project, "trace", run["run_id"], "--json")
+    decided = [r for r in json.loads(traced.stdout) if r["type"] == "approval.decided"]
+    assert [r.get("data", r).get("via") for r in decided] == ["mcp"]
 
 
 @pytest.mark.parametrize("mode", ["legacy", "auto"])
