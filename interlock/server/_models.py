@@ -62,6 +62,8 @@ class WorkflowInfo(BaseModel):
     name: str
     description: str
     hash: str
+    kind: str = Field(default="graph", description="chat: a conversation (its file's "
+                      "chat:, SPEC §11), its runs are conversations; graph: a workflow")
 
 
 class Graph(BaseModel):

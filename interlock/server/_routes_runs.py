@@ -67,8 +67,10 @@ async def runs(server: Srv, who: Reader, status: str | None = None,
                cursor: Annotated[str | None, Query(max_length=1200,
                                                    pattern=CURSOR)] = None,
                q: Annotated[str | None, Query(max_length=200)] = None,
-               input: Annotated[str | None, Query(max_length=1000)] = None,
-               since: float | None = None, until: float | None = None
+               input: Annotated[str | None, Query(max_length=1000,
+                                                  pattern=r"^[^=]+=[\s\S]*$")] = None,
+               since: Annotated[float | None, Query(ge=0, le=1e11)] = None,
+               until: Annotated[float | None, Query(ge=0, le=1e11)] = None
                ) -> dict[str, Any]:
     """One page: the runs after ``cursor`` (the ``next`` of the page before), newest
     first; a run created meanwhile shifts no page (keyset paging). A search narrows
@@ -108,7 +110,6 @@ async def _search(server: Server, *, status: str | None, workflow: str | None, l
     name, want_text, want = "", "", _ABSENT
     if field is not None:
         name, eq, want_text = field.partition("=")
-        name = name.strip()
         if not eq or not name:
             raise Problemed(400, "Bad Request", f"input={field[:80]!r}: search an input field "
                             "as FIELD=VALUE, e.g. input=ticket=INC-7 or input=n=4")

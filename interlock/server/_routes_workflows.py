@@ -47,16 +47,22 @@ async def graph_off_loop(spec: Any) -> Graph:
     return await anyio.to_thread.run_sync(graph_of, spec)
 
 
+def _kind(wf: Any) -> str:
+    """chat for a conversation's workflow (SPEC §11), graph for the others."""
+    return "chat" if wf.spec.chat is not None else "graph"
+
+
 @router.get("/api/workflows", response_model=list[WorkflowInfo])
 async def workflows(server: Srv, who: Reader) -> list[dict[str, Any]]:
     return [{"name": n, "description": wf.spec.description or "",
-             "hash": wf.definition_hash()} for n, wf in sorted(server.workflows.items())]
+             "hash": wf.definition_hash(), "kind": _kind(wf)}
+            for n, wf in sorted(server.workflows.items())]
 
 @router.get("/api/workflows/{name}", response_model=WorkflowDetail)
 async def workflow(name: str, server: Srv, who: Reader) -> dict[str, Any]:
     wf = _workflow(server, name)
     return {"name": name, "description": wf.spec.description or "",
-            "hash": wf.definition_hash(), "definition": wf.definition(),
+            "hash": wf.definition_hash(), "kind": _kind(wf), "definition": wf.definition(),
             "graph": await graph_off_loop(wf.spec)}
 
 @router.post("/api/workflows/{name}/runs", response_model=RunObject, status_code=201,

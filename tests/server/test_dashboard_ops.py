@@ -409,7 +409,7 @@ def test_search_and_paging_over_500_runs(server: Served, bulk: list[float],
         assert [r["run_id"] for r in got["runs"]] == [f"bl-{i:03d}" for i in range(199, 99, -1)]
         assert got["next"] is None
         bad = c.get("/api/runs?input=nofield")
-        assert bad.status_code == 400 and "FIELD=VALUE" in bad.json()["detail"]
+        assert bad.status_code == 422 and "pattern" in bad.text
 
 
 def test_the_schedules_view(server: Served, context: Any) -> None:

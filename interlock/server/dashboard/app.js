@@ -5,8 +5,10 @@
 import { api, ApiError, follow, token } from "./api.js";
 import { edgeCondition, renderGraph, setCount, targets } from "./graph.js";
 import { checkJson } from "./schema.js";
+import { conversationPage, conversationsPage } from "./chat.js";
 
 const POLL_MS = 1000;
+const VISITS_SHOWN = 50; // a node's visits drawn in the inspector (the latest)
 const STATUSES = ["RUNNING", "WAITING_APPROVAL", "WAITING_INPUT", "RETRYING", "PENDING", "COMPLETED", "FAILED",
   "REJECTED", "CANCELLED"];
 const TERMINAL = { "run.completed": "COMPLETED", "run.failed": "FAILED", "run.rejected": "REJECTED",
@@ -86,7 +88,11 @@ const routes = [
   [/^\/workflows\/([^/]+)$/, workflowPage, "workflows"],
   [/^\/schedules$/, schedulesPage, "schedules"],
   [/^\/workers$/, workersPage, "workers"],
+  [/^\/conversations$/, (ctx) => conversationsPage(ctx, kit()), "conversations"],
+  [/^\/conversations\/([^/]+)$/, (ctx, id) => conversationPage(ctx, id, kit()), "conversations"],
 ];
+// what chat.js (conversations) uses of this module
+const kit = () => ({ h, put, link, badge, when, short, problemBox, approvalCard, whoAmI, every, api, ApiError, follow });
 
 function navigate(href) {
   history.pushState(null, "", href);
@@ -524,6 +530,15 @@ async function runPage(ctx, runId) {
   ctx.onStop(() => clearTimeout(refreshing));
 
   let timingDirty = false;
+  let pendingRows = [];
+  let rowFrame = 0;
+  const flushRows = () => {
+    rowFrame = 0;
+    const rows = pendingRows;
+    pendingRows = [];
+    timeline.append(...rows);
+  };
+  ctx.onStop(() => cancelAnimationFrame(rowFrame));
   const rejected = new Set(); // gates whose last decision rejected them
   const counts = new Map(); // node -> its visits and map items so far
   const apply = (rec) => {
@@ -595,7 +610,9 @@ async function runPage(ctx, runId) {
       h("td", { class: "num" }, rec.duration_ms !== null && rec.duration_ms !== undefined ? `${rec.duration_ms} ms` : ""),
       h("td", {}, detail(rec), full));
     row.addEventListener("click", () => { full.hidden = !full.hidden; forkAt.value = String(rec.seq); stateAt.value = String(rec.seq); });
-    timeline.append(row);
+    // rows are added once per frame: a long run's records arrive by the thousand
+    pendingRows.push(row);
+    if (!rowFrame) rowFrame = requestAnimationFrame(flushRows);
   };
 
   // after new records: the run object again (debounced), and the inspector if they
@@ -657,7 +674,8 @@ async function runPage(ctx, runId) {
     if (ticket !== inspecting) return;
     fill(side, h("h2", {}, selected.node),
       h("p", { class: "muted" }, spec.call ? `call ${spec.call}` : spec.approval ? "approval gate" : spec.agent ? "agent" : spec.workflow ? `workflow ${spec.workflow}` : ""),
-      mine.length ? mine.map((v) => h("section", { class: "visit", dataset: { visit: String(v.visit), status: v.status } },
+      mine.length > VISITS_SHOWN ? h("p", { class: "muted visits-cut" }, `the last ${VISITS_SHOWN} of ${mine.length} visits`) : null,
+      mine.length ? mine.slice(-VISITS_SHOWN).map((v) => h("section", { class: "visit", dataset: { visit: String(v.visit), status: v.status } },
         h("h3", {}, `visit ${v.visit}${v.item !== null ? ` item ${v.item}` : ""} `, badge(v.status)),
         h("p", { class: "muted" }, [`${v.attempts} attempt(s)`, v.duration_ms !== null ? `${v.duration_ms.toFixed(1)} ms` : null, `${v.tokens} token(s)`, v.decision ? `decision: ${v.decision}` : null].filter(Boolean).join(" · ")),
         h("h4", {}, "input"), h("pre", { class: "visit-input" }, json(v.input)),

@@ -1,0 +1,211 @@
+// Conversations (SPEC §11): the runs of chat: workflows, listed apart from workflow runs,
+// and a conversation's page -- its transcript from the run's event stream (messages,
+// replies, tool calls folded, child runs linked), the reply growing as chat.token events
+// arrive, a message box (POST /api/runs/{id}/messages) and a child run's gate decided in
+// place, through the parent. Everything from a run is put in the page as text.
+//
+// app.js passes its helpers as ``kit``: h, put, link, badge, when, short, problemBox,
+// approvalCard, whoAmI, every, api, ApiError, follow.
+
+const TERMINAL = { "run.completed": "COMPLETED", "run.failed": "FAILED", "run.rejected": "REJECTED",
+  "run.cancelled": "CANCELLED" };
+
+export const conversationHref = (id) => `/conversations/${encodeURIComponent(id)}`;
+
+/** Whether ``me`` may send a message (operator or admin; the server checks it again). */
+const maySend = (me) => !me || me.roles.includes("operator") || me.roles.includes("admin");
+
+export async function conversationsPage(ctx, kit) {
+  const { h, put, link, badge, when, short, problemBox, api, ApiError, every } = kit;
+  const tbody = h("tbody", { id: "conversations" });
+  const footer = h("p", { class: "muted", id: "conversations-footer" });
+  const error = h("div");
+  put(h("h1", {}, "Conversations"),
+    h("p", { class: "muted" }, "The runs of conversation workflows (", h("code", {}, "chat:"),
+      "); the other runs are under ", link("/", "Runs"), ". ",
+      h("span", { class: "live", title: "refreshed every second" }, "live")),
+    error,
+    h("table", { class: "runs" }, h("thead", {}, h("tr", {},
+      ["conversation", "workflow", "status", "last reply", "tokens", "created", "updated"].map((c) => h("th", {}, c)))), tbody),
+    footer);
+  const flows = await api("/api/workflows", { signal: ctx.signal });
+  const chats = flows.filter((f) => f.kind === "chat").map((f) => f.name);
+  await every(ctx, 1000, async () => {
+    let rows = [];
+    try {
+      for (const name of chats) {
+        const page = await api(`/api/runs?${new URLSearchParams({ workflow: name, limit: "100" })}`, { signal: ctx.signal });
+        rows.push(...page.runs);
+      }
+    } catch (e) {
+      if (!(e instanceof ApiError && e.status === 401)) error.replaceChildren(problemBox(e));
+      throw e;
+    }
+    error.replaceChildren();
+    rows = rows.sort((a, b) => String(b.created_at).localeCompare(String(a.created_at))).slice(0, 100);
+    tbody.replaceChildren(...rows.map((r) => h("tr", { dataset: { run: r.run_id } },
+      h("td", {}, link(conversationHref(r.run_id), r.run_id)),
+      h("td", {}, link(`/workflows/${encodeURIComponent(r.workflow)}`, r.workflow)),
+      h("td", {}, badge(r.status)),
+      h("td", {}, short(r.waiting?.show?.last_reply ?? "", 80)),
+      h("td", { class: "num" }, String(r.tokens)),
+      h("td", {}, when(r.created_at)),
+      h("td", {}, when(r.updated_at)))));
+    footer.textContent = !chats.length ? "No conversation workflow is registered (a file with chat: AGENT_NODE)."
+      : rows.length ? `${rows.length} conversation(s), newest first` : "no conversations yet";
+  });
+}
+
+export async function conversationPage(ctx, runId, kit) {
+  const { h, put, link, badge, short, problemBox, approvalCard, whoAmI, api, follow } = kit;
+  const enc = encodeURIComponent(runId);
+  const run = await api(`/api/runs/${enc}`, { signal: ctx.signal });
+  const me = await whoAmI();
+  const status = h("span", { id: "chat-status" }, badge(run.status));
+  const streamState = h("span", { id: "stream-state", class: "live" }, "connecting");
+  const transcript = h("ol", { id: "transcript", class: "transcript", "aria-live": "polite" });
+  const gateBox = h("div", { id: "chat-gate" });
+  const text = h("textarea", { id: "message-text", rows: 2, placeholder: "Your message (/end ends the conversation)", "aria-label": "message" });
+  const sendButton = h("button", { type: "submit", id: "message-send" }, "Send");
+  const sent = h("div", { class: "result", id: "message-result" });
+  const form = h("form", { id: "message-form", class: "card message-form" }, text, sendButton, sent);
+  let finished = false;
+  let status_ = run.status;
+  put(h("h1", {}, "Conversation ", h("code", {}, runId), " ", status),
+    h("p", {}, "workflow ", link(`/workflows/${encodeURIComponent(run.workflow)}`, run.workflow), " · ",
+      link(`/runs/${enc}`, "as a run (graph, timeline)"), " · ", streamState),
+    transcript, gateBox,
+    maySend(me) ? form : h("p", { class: "muted not-allowed" }, `${me.name} (${me.roles.join(", ")}) may not send messages: an operator or an admin does`));
+
+  const setStatus = (s) => {
+    status_ = s;
+    status.replaceChildren(badge(s));
+    const open = s === "WAITING_INPUT";
+    text.disabled = !open;
+    sendButton.disabled = !open;
+    form.dataset.open = String(open);
+  };
+  setStatus(run.status);
+
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const message = text.value.trim();
+    if (!message || status_ !== "WAITING_INPUT") return;
+    sendButton.disabled = true;
+    sent.replaceChildren(h("p", { class: "muted" }, "sending…"));
+    try {
+      const r = await api(`/api/runs/${enc}/messages`, { method: "POST", body: { text: message } });
+      text.value = "";
+      sent.replaceChildren();
+      setStatus(r.status === "WAITING_INPUT" ? "RUNNING" : r.status);
+    } catch (error) {
+      sendButton.disabled = false;
+      sent.replaceChildren(problemBox(error));
+    }
+  });
+
+  // the transcript: one <li> per message and reply; a turn's tool calls folded under it
+  let growing = null;   // the assistant's reply being streamed (chat.token)
+  let tools = null;     // the current turn's folded tool calls
+  const assistant = () => {
+    if (!growing) {
+      const body = h("div", { class: "text" });
+      growing = h("li", { class: "msg assistant streaming", dataset: { role: "assistant" } }, h("div", { class: "who" }, "assistant"), body);
+      transcript.append(growing);
+    }
+    return growing;
+  };
+  const toolsOf = () => {
+    if (!tools) {
+      tools = h("details", { class: "tools" }, h("summary", {}, "tool calls"));
+      transcript.append(h("li", { class: "msg tool-calls", dataset: { role: "tools" } }, tools));
+    }
+    return tools;
+  };
+
+  let gateShown = null;
+  const showGate = async () => {
+    const r = await api(`/api/runs/${enc}`, { signal: ctx.signal });
+    setStatus(r.status);
+    const key = r.status === "WAITING_APPROVAL" && r.waiting ? `${r.waiting.node}@${r.waiting.requested_at}` : null;
+    if (key === gateShown) return;
+    gateShown = key;
+    gateBox.replaceChildren();
+    if (!key) return;
+    const gates = await api("/api/approvals", { signal: ctx.signal });
+    const gate = gates.find((g) => g.run_id === runId);
+    if (gate && gateShown === key) gateBox.append(approvalCard(gate, me));
+  };
+
+  const apply = (event) => {
+    const rec = event.data;
+    if (event.type === "chat.token") {
+      if (rec.run_id && rec.run_id !== runId) return;  // a child run's agent
+      const li = assistant();
+      li.querySelector(".text").append(String(rec.text ?? ""));
+      return;
+    }
+    switch (rec.type) {
+      case "chat.message": {
+        tools = null;
+        const li = h("li", { class: "msg user", dataset: { role: "user", seq: String(rec.seq) } },
+          h("div", { class: "who" }, rec.by ? `user · ${rec.by}` : "user"), h("div", { class: "text" }, String(rec.text ?? "")));
+        // the stream may deliver this turn's first tokens before the message's record
+        // (they wait in the same wake-up): the growing reply goes on below the message
+        if (growing) growing.before(li);
+        else transcript.append(li);
+        break;
+      }
+      case "chat.reply": {
+        const li = assistant();
+        li.classList.remove("streaming");
+        li.dataset.seq = String(rec.seq);
+        li.querySelector(".text").replaceChildren(String(rec.reply ?? ""));
+        growing = null;
+        tools = null;
+        break;
+      }
+      case "tool.called": case "tool.rejected": {
+        if (rec.tool === "end_conversation") break;
+        const out = rec.type === "tool.rejected" ? "rejected" : rec.result ?? rec.error ?? rec.problem;
+        const box = toolsOf();
+        box.append(h("div", { class: "tool", dataset: { tool: String(rec.tool) } },
+          h("code", {}, `${rec.tool}(${short(rec.arguments ?? {}, 200)})`), " → ", h("pre", {}, JSON.stringify(out, null, 2))));
+        box.querySelector("summary").textContent = `tool calls (${box.querySelectorAll(".tool").length})`;
+        break;
+      }
+      case "child.started":
+        toolsOf().append(h("div", { class: "child", dataset: { child: rec.run_id } }, "child run ",
+          link(`/runs/${encodeURIComponent(rec.run_id)}`, rec.run_id), ` (${rec.workflow})`));
+        break;
+      case "approval.requested":
+        if (rec.kind !== "message") transcript.append(h("li", { class: "msg gate-note muted" },
+          `waiting for a decision at ${rec.path ?? rec.node}`));
+        break;
+      case "approval.decided":
+        if (rec.kind !== "message") transcript.append(h("li", { class: "msg gate-note muted" },
+          `${rec.path ?? rec.node}: ${rec.decision} by ${rec.by ?? "?"}`));
+        break;
+      default:
+        break;
+    }
+    if (rec.type === "run.waiting" || rec.type === "run.resumed" || rec.type === "approval.decided") {
+      showGate().catch(() => {});
+    }
+    if (TERMINAL[rec.type]) {
+      finished = true;
+      setStatus(TERMINAL[rec.type]);
+      gateBox.replaceChildren();
+    }
+  };
+
+  follow(`/api/runs/${enc}/events`, apply, {
+    signal: ctx.signal,
+    finished: () => finished,
+    onState: (s, error) => {
+      streamState.textContent = { open: "live", reconnecting: "reconnecting…", closed: "finished", refused: "stream refused" }[s] || s;
+      streamState.dataset.state = s;
+      if (s === "refused" && error) put(problemBox(error));
+    },
+  });
+}
