@@ -65,6 +65,9 @@ class AgentSetup:
         self.redact = frozenset(spec.redact)
         # a reply may be journaled (and replayed) only when no part of it is redacted
         self.replayable = not (self.redact & _REPLY_FIELDS)
+        # MCP servers' tools are listed per visit, on a copy of this agent (`_mcp`)
+        self.servers = any(t.mcp is not None for t in spec.tools)
+        self.visiting = False
         # a reply streams to a `TOKEN_SINK` when one is set (a conversation's agent)
         self.streams = False
         self._ready = False
@@ -106,12 +109,14 @@ class AgentSetup:
         # specialist agent (SPEC §11), by name
         self.delegates: dict[str, Any] = {}
         for t in spec.tools:
+            if t.mcp is not None:  # an MCP server's tools: listed when a visit starts (_mcp)
+                continue
             if t.call is None:
                 d = self._delegate(t)
                 tools[d.tool.name] = d.tool
                 self.delegates[d.tool.name] = d
                 continue
-            tool = make_tool(self._resolve(t.call), t.confirm)
+            tool = make_tool(self._resolve(t.call), t.confirm is True)
             tools[tool.name] = tool
         self._more_tools(tools)
         self.tools = tools

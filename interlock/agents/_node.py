@@ -112,6 +112,11 @@ class _Agent(ToolCalls):
 
     async def run(self, state: dict[str, Any], ctx: Context) -> Any:
         self._prepare()
+        if self.servers and not self.visiting:  # this visit's tools, its MCP sessions
+            from ._mcp import mcp_visit
+
+            async with mcp_visit(self, ctx) as visit:
+                return await visit.run(state, ctx)
         failures, turn = _restart_point(ctx)
         scope = {**state, "config": dict(ctx.config)}
         messages, opening = await self._opening(scope)

@@ -58,7 +58,8 @@ class ToolCalls(ToolExecution):
             key += "-" + _digest(ctx.idempotency_key, call.name, call.arguments)
         refusable = "arguments" not in self.redact  # a refusal's text may quote them
         tool = self.tools.get(call.name)
-        base = {"turn": turn, "tool": call.name, "call_id": call.id}
+        base = {"turn": turn, "tool": call.name, "call_id": call.id,
+                **(tool.origin() if tool is not None else {})}
         text: str | dict[str, Any]  # a dict: a tool's handoff (goto)
         if tool is None:
             problem = (f"there is no tool {call.name!r}; the tools are: "

@@ -12,7 +12,7 @@ from .. import _log as L
 from .._engine._context import Goto
 from .._errors import RouteError
 from ._agent_setup import REDACTED, AgentSetup
-from ._errors import AgentError
+from ._errors import AgentError, ToolUnavailable
 from ._providers import ToolCall
 from ._tools import Tool
 
@@ -54,6 +54,8 @@ class ToolExecution(AgentSetup):
                 result = await tool.invoke({**kwargs, "ctx": self._tool_context(ctx, base)})
             else:
                 result = await tool.invoke(kwargs)
+        except ToolUnavailable:
+            raise  # its server cannot be reached: the node fails, whatever tool_errors says
         except Exception as exc:
             # tool_errors: return -- the model gets the error as the tool's answer (and may
             # correct itself); raise -- the node fails with the tool's own exception (so
