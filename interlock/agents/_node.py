@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from .._definition._model import NodeSpec, WorkflowSpec
-from .._engine._context import goto
+from .._engine._context import Goto, goto
 from .._engine._guards import BudgetExceededError
 from ._agent_setup import _REPLY_FIELDS, REDACTED, _identity
 from ._errors import AgentConfigError, AgentError, AgentOutputError, AgentTurnsError
@@ -144,16 +144,9 @@ class _Agent(ToolCalls):
                         f"node {self.name!r}: the model asked for tools again after "
                         f"max_turns={self.spec.max_turns} model calls without a final "
                         "answer; raise max_turns or make the task smaller"))
-                asked = _assistant(reply)
-                messages.append(asked)
-                for i, call in enumerate(reply.tool_calls):
-                    answer, edited = await self._tool(ctx, turn, i, call)
-                    if isinstance(answer["content"], dict):  # a tool handed off: goto
-                        # the turn ends here; the calls after it in this reply do not run
-                        return goto(answer["content"]["goto"], answer["content"]["update"])
-                    if edited is not None:  # the conversation shows the call that ran
-                        asked["tool_calls"][i]["function"]["arguments"] = edited
-                    messages.append(answer)
+                handoff = await self._answer(ctx, turn, reply, messages)
+                if handoff is not None:
+                    return handoff
                 turn += 1
                 continue
             value, problem = self._check(reply.content)
@@ -173,6 +166,22 @@ class _Agent(ToolCalls):
         if self.spec.choose is not None:
             return goto(str(value[self.spec.choose]), update)
         return update
+
+    async def _answer(self, ctx: Context, turn: int, reply: Reply,
+                      messages: list[dict[str, Any]]) -> Goto | None:
+        """Answer the reply's tool calls: the reply and each call's answer appended to
+        ``messages``; a tool's handoff (``goto``) ends the turn and is returned."""
+        asked = _assistant(reply)
+        messages.append(asked)
+        for i, call in enumerate(reply.tool_calls):
+            answer, edited = await self._tool(ctx, turn, i, call)
+            if isinstance(answer["content"], dict):  # a tool handed off: goto
+                # the turn ends here; the calls after it in this reply do not run
+                return goto(answer["content"]["goto"], answer["content"]["update"])
+            if edited is not None:  # the conversation shows the call that ran
+                asked["tool_calls"][i]["function"]["arguments"] = edited
+            messages.append(answer)
+        return None
 
     def _render(self, scope: dict[str, Any]) -> tuple[str | None, str]:
         from ._prompt import render
