@@ -24,8 +24,10 @@ from importlib.machinery import PathFinder
 
 from ._model import WorkflowSpec
 
-#: per node, its modules' digests (``{"node": {"pkg.mod": "sha256:..."}}``)
-CodeDigests = dict[str, dict[str, str]]
+#: the digests of the modules a definition's nodes run (``{"pkg.mod": "sha256:..."}``): one
+#: entry per module, not per node (a 1000-node chain of one module's functions records one);
+#: which node runs which module is the definition's (`node_modules`)
+CodeDigests = dict[str, str]
 
 _SOURCE = (".py", ".pyw")  # a module's source (not a compiled extension's, nor "built-in")
 # a file's digest by (path, size, mtime_ns): a run start hashes only what changed
@@ -116,37 +118,39 @@ def module_digest(name: str) -> str | None:
 
 
 def code_digests(spec: WorkflowSpec, nodes: Iterable[str] | None = None) -> CodeDigests:
-    """The digests of the code of ``spec``'s nodes (or only of ``nodes``), as they are now.
-    A module with no source file is left out; so is a node left with none."""
+    """The digests of the modules ``spec``'s nodes (or only ``nodes``) run, as they are now.
+    A module with no source file is left out."""
     wanted = None if nodes is None else set(nodes)
-    digests: dict[str, str | None] = {}
+    modules: set[str] = set()
+    for node, mods in node_modules(spec).items():
+        if wanted is None or node in wanted:
+            modules.update(mods)
     out: CodeDigests = {}
-    for node, modules in node_modules(spec).items():
-        if wanted is not None and node not in wanted:
-            continue
-        mine = {}
-        for mod in modules:
-            if mod not in digests:
-                digests[mod] = module_digest(mod)
-            d = digests[mod]
-            if d is not None:
-                mine[mod] = d
-        if mine:
-            out[node] = mine
+    for mod in sorted(modules):
+        d = module_digest(mod)
+        if d is not None:
+            out[mod] = d
     return out
 
 
-def changed_code(recorded: CodeDigests, now: CodeDigests) -> dict[str, list[str]]:
-    """Per node of ``recorded`` whose code is not the same ``now``, the modules that differ.
-    A module not found now is not said to differ: this process may not see it (one only a
-    custom import hook finds, before anything imported it) -- and one really gone fails
-    the run's plan before any node runs."""
+def changed_code(spec: WorkflowSpec, recorded: CodeDigests, now: CodeDigests,
+                 nodes: Iterable[str] | None = None) -> dict[str, list[str]]:
+    """Per node of ``spec`` (or of ``nodes``) that runs a module whose digest ``recorded``
+    is not the same ``now``, the modules that differ. A module not found now is not said
+    to differ: this process may not see it (one only a custom import hook finds, before
+    anything imported it) -- and one really gone fails the run's plan before any node
+    runs."""
+    differ = {m for m, d in recorded.items() if m in now and now[m] != d}
+    if not differ:
+        return {}
+    wanted = None if nodes is None else set(nodes)
     out: dict[str, list[str]] = {}
-    for node, modules in recorded.items():
-        current = now.get(node, {})
-        differ = sorted(m for m, d in modules.items() if m in current and current[m] != d)
-        if differ:
-            out[node] = differ
+    for node, mods in node_modules(spec).items():
+        if wanted is not None and node not in wanted:
+            continue
+        mine = [m for m in mods if m in differ]  # node_modules' lists are sorted
+        if mine:
+            out[node] = mine
     return out
 
 

@@ -101,10 +101,9 @@ def types(records: list[dict[str, Any]]) -> list[str]:
 def test_run_started_records_the_digest_of_each_nodes_module(project: Project) -> None:
     assert project.start(GATED, "r-dig").exit_code == 3
     started = project.records("r-dig")[0]
-    code = started["code"]
-    assert set(code) == {"a", "b"}  # the gate names no code
-    assert set(code["b"]) == {project.after}
-    assert code["b"][project.after].startswith("sha256:")
+    code = started["code"]  # one digest per module the nodes run (the gate names none)
+    assert set(code) == {project.base.mod, project.after}
+    assert code[project.after].startswith("sha256:")
 
 
 def test_a_waiting_run_whose_node_module_changed_warns_records_and_strict_refuses(
@@ -218,7 +217,7 @@ def test_migrate_a_waiting_run_onto_a_node_added_after_the_gate(project: Project
     rec = records[-1]
     assert rec["by"] == "ops" and rec["comment"] == "add the check" and rec.get("at_node") is None
     assert rec["from_hash"] == records[0]["definition_hash"] and rec["to_hash"] != rec["from_hash"]
-    assert set(rec["code"]) == {"a", "b", "c"}
+    assert set(rec["code"]) == {project.base.mod, project.after, f"{project.base.mod}_v2"}
     # migrate does not execute: the run still waits, now on the new definition
     status = project.cli("status", "r-mig")
     assert status.exit_code == 3, status.output
