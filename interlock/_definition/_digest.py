@@ -35,9 +35,32 @@ _CACHE: dict[tuple[str, int, int], str] = {}
 _CACHE_LIMIT = 4096
 
 
+# per (frozen) definition, its nodes' modules: a definition run many times walks its nodes
+# once, so a run's start costs O(modules), not O(nodes) (the spec is held: its id stays its)
+_MODULES: dict[int, tuple[WorkflowSpec, dict[str, list[str]], list[str]]] = {}
+_MODULES_LIMIT = 256
+
+
 def node_modules(spec: WorkflowSpec) -> dict[str, list[str]]:
     """Per node, the modules its code lives in (sorted, none repeated); nodes that name no
-    code are left out."""
+    code are left out. The answer is shared: read it, do not change it."""
+    return _modules(spec)[1]
+
+
+def _modules(spec: WorkflowSpec) -> tuple[WorkflowSpec, dict[str, list[str]], list[str]]:
+    """``spec``, its `node_modules` and all their modules (sorted), from the cache."""
+    hit = _MODULES.get(id(spec))
+    if hit is not None and hit[0] is spec:
+        return hit
+    per_node = _node_modules(spec)
+    every = sorted({m for mods in per_node.values() for m in mods})
+    if len(_MODULES) >= _MODULES_LIMIT:
+        _MODULES.clear()
+    hit = _MODULES[id(spec)] = (spec, per_node, every)
+    return hit
+
+
+def _node_modules(spec: WorkflowSpec) -> dict[str, list[str]]:
     out: dict[str, set[str]] = {}
     for name, ns in spec.nodes.items():
         paths: list[str] = []
@@ -120,13 +143,11 @@ def module_digest(name: str) -> str | None:
 def code_digests(spec: WorkflowSpec, nodes: Iterable[str] | None = None) -> CodeDigests:
     """The digests of the modules ``spec``'s nodes (or only ``nodes``) run, as they are now.
     A module with no source file is left out."""
-    wanted = None if nodes is None else set(nodes)
-    modules: set[str] = set()
-    for node, mods in node_modules(spec).items():
-        if wanted is None or node in wanted:
-            modules.update(mods)
+    _, per_node, modules = _modules(spec)
+    if nodes is not None:
+        modules = sorted({m for node in set(nodes) for m in per_node.get(node, ())})
     out: CodeDigests = {}
-    for mod in sorted(modules):
+    for mod in modules:
         d = module_digest(mod)
         if d is not None:
             out[mod] = d
