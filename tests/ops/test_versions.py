@@ -106,6 +106,30 @@ def test_run_started_records_the_digest_of_each_nodes_module(project: Project) -
     assert code[project.after].startswith("sha256:")
 
 
+def test_a_module_many_nodes_run_is_recorded_once_and_its_change_names_each_node(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The record is per module (a 1000-node chain of one module's functions records one
+    digest); the definition says which nodes a changed module is the code of."""
+    from interlock._definition._digest import changed_code, code_digests
+    from interlock._definition._spec import parse
+
+    (tmp_path / "vshared.py").write_text("def f(s):\n    return {}\n")
+    (tmp_path / "vother.py").write_text("def g(s):\n    return {}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = parse({"workflow": "shared", "nodes": {
+        "n1": "vshared:f", "n2": "vshared:f", "n3": "vother:g"}, "edges": [
+        {"from": "START", "to": "n1"}, {"from": "n1", "to": "n2"},
+        {"from": "n2", "to": "n3"}, {"from": "n3", "to": "END"}]})
+    recorded = code_digests(spec)
+    assert set(recorded) == {"vshared", "vother"}
+    (tmp_path / "vshared.py").write_text("def f(s):\n    return {'x': 1}\n")
+    now = code_digests(spec)
+    assert now["vshared"] != recorded["vshared"] and now["vother"] == recorded["vother"]
+    assert changed_code(spec, recorded, now) == {"n1": ["vshared"], "n2": ["vshared"]}
+    assert changed_code(spec, recorded, now, ["n2", "n3"]) == {"n2": ["vshared"]}
+    assert code_digests(spec, ["n3"]) == {"vother": recorded["vother"]}
+
+
 def test_a_waiting_run_whose_node_module_changed_warns_records_and_strict_refuses(
         project: Project) -> None:
     assert project.start(GATED, "r-drift").exit_code == 3
