@@ -7,7 +7,11 @@ approval -- and takes each graph page at 1400x900 in Debian's Chromium:
 
 - docs/dashboard-run.png: that run's page (taken path, re-entry, loop, visit counts);
 - docs/dashboard-workflow-audit.png, docs/dashboard-workflow-code-assistant.png,
-  docs/dashboard-workflow-triage.png: the workflows' graphs.
+  docs/dashboard-workflow-triage.png: the workflows' graphs (with the start form);
+- docs/dashboard-run-agent.png: the scripted-agent audit's `risk` visit, its messages,
+  tokens and cost (a price table for the scripted model);
+- docs/dashboard-runs.png, docs/dashboard-schedules.png, docs/dashboard-workers.png: the
+  runs list, the schedules and the workers views.
 
     python bench/dashboard_screenshots.py   # needs the server and examples extras
 """
@@ -48,11 +52,13 @@ def wait_for(client: httpx.Client, run_id: str, statuses: set[str]) -> dict[str,
 
 def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
+        prices = Path(tmp) / "prices.yaml"  # an example table: the scripted "model"
+        prices.write_text("scripted: {input: 0.15, output: 0.60}\n")
         proc = subprocess.Popen(
             [sys.executable, "-m", "interlock", "serve", "--port", "0", "--store",
              f"sqlite:///{tmp}/runs.db", "--workflows", "examples/"],
             cwd=REPO, stderr=subprocess.PIPE, text=True,
-            env={**os.environ, "PYTHONPATH": str(REPO)})
+            env={**os.environ, "PYTHONPATH": str(REPO), "INTERLOCK_PRICES": str(prices)})
         assert proc.stderr is not None
         url = ""
         for line in proc.stderr:
@@ -77,6 +83,16 @@ def main() -> None:
                         "decision": "approve", "node": "approval", "by": "alice"}
                     ).raise_for_status()
                 wait_for(c, "audit-1", {"COMPLETED", "FAILED", "REJECTED"})
+                c.post("/api/workflows/audit-engagement-agents/runs",
+                       json={"input": engagement, "run_id": "audit-agent-1"}
+                       ).raise_for_status()
+                run = wait_for(c, "audit-agent-1", {"WAITING_APPROVAL", "COMPLETED",
+                                                    "FAILED"})
+                if run["status"] == "WAITING_APPROVAL":
+                    c.post("/api/runs/audit-agent-1/decisions", json={
+                        "decision": "approve", "node": "approval", "by": "alice"}
+                    ).raise_for_status()
+                wait_for(c, "audit-agent-1", {"COMPLETED", "FAILED", "REJECTED"})
             with sync_playwright() as pw:
                 browser = pw.chromium.launch(executable_path="/usr/bin/chromium",
                                              args=["--no-sandbox"])
@@ -91,6 +107,22 @@ def main() -> None:
                     page.wait_for_selector("svg.graph [data-node]")
                     if path.startswith("/runs/"):
                         page.wait_for_selector('#stream-state[data-state="closed"]')
+                    page.screenshot(path=str(DOCS / name))
+                    print(f"docs/{name}")
+                page.goto(url + "/runs/audit-agent-1")
+                page.wait_for_selector('#stream-state[data-state="closed"]')
+                page.locator('svg.graph [data-node="risk"]').click()
+                page.wait_for_selector("#inspector .messages")
+                page.locator("#inspector").scroll_into_view_if_needed()
+                page.screenshot(path=str(DOCS / "dashboard-run-agent.png"))
+                print("docs/dashboard-run-agent.png")
+                for path, name, ready in [("/", "dashboard-runs.png", "#runs tr"),
+                                          ("/schedules", "dashboard-schedules.png",
+                                           "#schedules-note"),
+                                          ("/workers", "dashboard-workers.png", "#workers")]:
+                    page.goto(url + path)
+                    page.wait_for_selector(ready, state="attached")
+                    page.wait_for_timeout(300)  # a picture, not a test: the poll's paint
                     page.screenshot(path=str(DOCS / name))
                     print(f"docs/{name}")
                 browser.close()

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
         RunNotFound,
         StepLimitError,
         StoreError,
+        UnknownOutcome,
         UsageError,
         WorkflowError,
         WriteConflictError,
@@ -49,6 +50,7 @@ if TYPE_CHECKING:
     from ._ops._cancel import cancel
     from ._ops._claims import make_run_id
     from ._ops._load import status
+    from ._ops._messages import send
     from ._ops._runs import fork, list_runs, resume, trace
     from ._ops._verify import Verification, verify
     from ._store import Store, open_store
@@ -67,7 +69,8 @@ _WHERE = {
         "ConflictError", "Diagnostic", "Draining", "ExpressionError", "InterlockError",
         "InternalError", "Location", "LogError", "NodeError",
         "NoRouteError", "RouteError", "RunError", "RunExists", "RunNotFound",
-        "StepLimitError", "StoreError", "UsageError", "WorkflowError", "WriteConflictError",
+        "StepLimitError", "StoreError", "UnknownOutcome", "UsageError", "WorkflowError",
+        "WriteConflictError",
     ], "_errors"),
     "END": "_definition._model", "START": "_definition._model",
     "WorkflowSpec": "_definition._model",
@@ -76,6 +79,7 @@ _WHERE = {
     "list_runs": "_ops._runs", "make_run_id": "_ops._claims",
     "Store": "_store", "open_store": "_store",
     "resume": "_ops._runs", "status": "_ops._load", "trace": "_ops._runs",
+    "send": "_ops._messages",
     "verify": "_ops._verify",
     "Workflow": "_workflow", "load": "_workflow",
 }
@@ -110,6 +114,7 @@ __all__ = [
     "StepLimitError",
     "Store",
     "StoreError",
+    "UnknownOutcome",
     "UsageError",
     "Verification",
     "Workflow",
@@ -129,6 +134,7 @@ __all__ = [
     "open_store",
     "reject",
     "resume",
+    "send",
     "status",
     "trace",
     "verify",

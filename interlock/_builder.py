@@ -156,7 +156,8 @@ class Builder:
         spec: dict[str, object] = {"prompt": prompt}
         if isinstance(provider, ScriptedProvider):
             spec["provider"] = "scripted"
-            spec["replies"] = [dict(r) for r in provider.replies]
+            spec["replies"] = [[dict(x) for x in r] if isinstance(r, list) else dict(r)
+                               for r in provider.replies]
         elif provider in ("openai", "scripted"):
             spec["provider"] = provider
         else:

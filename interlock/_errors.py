@@ -200,6 +200,14 @@ class NodeError(RunError):
     type = "node_error"
 
 
+class UnknownOutcome(NodeError):
+    """A destructive action (a ``confirm: true`` node) was approved and started, but the
+    process died before its outcome was recorded; a person said it was not done (SPEC
+    §3). Caught by ``on_error: true`` or ``on_error: [UnknownOutcome]``."""
+
+    type = "unknown_outcome"
+
+
 class ExpressionError(RunError):
     type = "expression_error"
 

@@ -286,6 +286,17 @@ class Workflow(Builder):
         return await resume(run_id, decision, store=store, workflow=self, config=config,
                             limits=limits, force=force, listener=listener)
 
+    async def send(self, run_id: str, text: str, *, by: str | None = None,
+                   store: str | Store | None = None,
+                   listener: Listener | None = None) -> RunResult:
+        """Send a message to a conversation (a run of a ``chat:`` workflow, SPEC §11) and
+        run its turn: the result is the run as the turn left it (WAITING_INPUT with the
+        reply in ``waiting.show``, WAITING_APPROVAL at a gate the turn reached, COMPLETED
+        when the conversation ended). Refused (`UsageError`) when it waits for no message."""
+        from ._ops._messages import send
+
+        return await send(run_id, text, by=by, store=store, workflow=self, listener=listener)
+
     def resume_sync(self, run_id: str, decision: Decision | None = None,
                     **kwargs: Any) -> RunResult:
         """`resume` for scripts: blocks until the run stops (no event loop may be running)."""

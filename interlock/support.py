@@ -68,6 +68,11 @@ Limits
     `RUN_ID_PATTERN` (the run ids a person or a tool may choose), `NotAnApprover` (a
     decision refused by ``approvers:``).
 
+Conversations
+    `TOKEN_SINK` (a context variable: where a conversation's reply goes as the provider
+    streams it, ``sink({"run_id", "node", "turn", "text"})``; ``interlock chat`` and a
+    server's event stream set it).
+
 It imports the engine (``import interlock`` alone does not): import it where it is used.
 """
 
@@ -93,7 +98,7 @@ from ._definition._spec import load_spec
 from ._definition._spec import parse as parse_definition
 from ._definition._values import parse_duration
 from ._engine import _guards
-from ._engine._approvals import NotAnApprover, approvers_refuse, patch_schema
+from ._engine._approvals import GateNotWaiting, NotAnApprover, approvers_refuse, patch_schema
 from ._engine._fold import RunView
 from ._errors import Draining
 from ._log import TERMINAL_TYPES, Entry, Record
@@ -108,7 +113,7 @@ from ._ops._migrate import Migration, MigrationRefused
 from ._ops._migrate import migrate as migrate_run
 from ._ops._prune import Pruned
 from ._ops._prune import prune as prune_runs
-from ._ops._runs import append_note, trace_pages
+from ._ops._runs import GateDecision, GateTaken, append_note, decide_gate, resume_gate, trace_pages
 from ._ops._verify import LogCheck
 from ._ops._visits import node_visits
 from ._store import Claim, LeaseRenewer, RunRow, Summary, owner_gone
@@ -116,6 +121,7 @@ from ._worker._triggers import Firer
 from ._worker._triggers import describe as describe_trigger
 from ._worker._workers import DRAIN_SECONDS, POLL_SECONDS, Factory, Pool, Worker
 from ._workflow import Started, load_workflows
+from .agents._providers import TOKEN_SINK
 
 
 def run_json(row: RunRow) -> dict[str, Any]:
@@ -163,6 +169,7 @@ __all__ = [
     "POLL_SECONDS",
     "RUN_ID_PATTERN",
     "TERMINAL_TYPES",
+    "TOKEN_SINK",
     "TRACE_PAGE",
     "Claim",
     "CodeChanged",
@@ -171,6 +178,9 @@ __all__ = [
     "Entry",
     "Factory",
     "Firer",
+    "GateDecision",
+    "GateNotWaiting",
+    "GateTaken",
     "LeaseRenewer",
     "LogCheck",
     "Metrics",
@@ -189,6 +199,7 @@ __all__ = [
     "abandoned_threads",
     "append_note",
     "approvers_refuse",
+    "decide_gate",
     "describe_trigger",
     "executing_node",
     "export_run",
@@ -206,6 +217,7 @@ __all__ = [
     "prune_runs",
     "read_at_most",
     "redact",
+    "resume_gate",
     "run_json",
     "set_strict_code",
     "to_dot",

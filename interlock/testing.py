@@ -13,6 +13,10 @@ model call, in order -- offline, with no key, the same every run::
              ]))
 
 The file form is ``provider: scripted`` with ``replies: [...]`` in the ``agent:`` block.
+`scripted` gives a workflow file's agent nodes replies from the test itself -- no second
+file::
+
+    wf = scripted("workflow.yaml", {"risk": [{"content": {"level": "HIGH"}}]})
 
 `FaultyStore` wraps any `Store` and makes chosen calls fail -- the Nth append, an append
 holding a record of some type, a heartbeat, a read, every call for a while -- or takes
@@ -28,19 +32,52 @@ fails::
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections import Counter
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
-from ._errors import StoreError
+from ._errors import StoreError, UsageError
 from ._json import JSONObject
 from ._log import Entry
 from ._store import RunRow, Store, Summary
 from .agents._providers import ScriptedProvider
 
+if TYPE_CHECKING:
+    from ._workflow import Workflow
+
+_PROVIDER_KEYS = ("provider", "model", "base_url", "api_key_env", "replies")
+
+
+def scripted(source: str | os.PathLike[str] | Mapping[str, Any],
+             replies: Mapping[str, Sequence[Any]]) -> Workflow:
+    """The workflow of ``source`` (a file, or a dict in the file's shape) with each agent
+    node named in ``replies`` answered by ``provider: scripted`` with those replies (each
+    as in a file: a string, ``{content, tool_calls, usage}``, or a list of one per item of
+    a mapped node) instead of its own provider. The runs' stored definition says so."""
+    from ._definition._spec import load_spec
+    from ._workflow import load
+
+    spec = load_spec(dict(source) if isinstance(source, Mapping) else source)
+    data: dict[str, Any] = dict(spec.definition())
+    nodes: dict[str, Any] = dict(data["nodes"])
+    data["nodes"] = nodes
+    for name, given in replies.items():
+        node = nodes.get(name)
+        if not isinstance(node, dict) or not isinstance(node.get("agent"), dict):
+            agents = [n for n, ns in nodes.items() if isinstance(ns.get("agent"), dict)]
+            raise UsageError(f"scripted(): {name!r} is not an agent node of workflow "
+                             f"{spec.workflow!r} (its agent nodes: "
+                             f"{', '.join(agents) or 'none'})")
+        agent = {k: v for k, v in node["agent"].items() if k not in _PROVIDER_KEYS}
+        nodes[name] = {**node, "agent": {**agent, "provider": "scripted",
+                                         "replies": list(given)}}
+    return load(data)
+
+
 READS = ("get_run", "entries", "entries_page", "list_runs", "load_snapshot",
-         "cancel_requested")
+         "cancel_requested", "decisions")
 
 
 class Fault:
@@ -224,6 +261,18 @@ class FaultyStore(Store):
                                                       **kwargs)
         return got
 
+    async def offer_decision(self, run_id: str, gate: str, decision: dict[str, Any],
+                             *args: object, **kwargs: object) -> dict[str, Any] | None:
+        got: dict[str, Any] | None = await self._call("offer_decision", run_id, gate,
+                                                      decision, *args, **kwargs)
+        return got
+
+    async def decisions(self, run_id: str, *args: object, **kwargs: object
+                        ) -> dict[str, dict[str, Any]]:
+        got: dict[str, dict[str, Any]] = await self._call("decisions", run_id, *args,
+                                                          **kwargs)
+        return got
+
     async def save_snapshot(self, run_id: str, seq: int, data: bytes, *args: object,
                             **kwargs: object) -> None:
         await self._call("save_snapshot", run_id, seq, data, *args, **kwargs)
@@ -255,7 +304,7 @@ class FaultyStore(Store):
 
 
 _WRITES = ("create_run", "append", "claim", "claim_next", "heartbeat", "release",
-           "request_cancel", "save_snapshot", "delete_finished")
+           "request_cancel", "save_snapshot", "delete_finished", "offer_decision")
 
 
 __all__ = ["Fault", "FaultyStore", "ScriptedProvider"]

@@ -4,6 +4,7 @@ on 127.0.0.1 (no patched client, no network)."""
 from __future__ import annotations
 
 import json
+import re
 import threading
 import uuid
 from collections import deque
@@ -35,11 +36,18 @@ class FakeOpenAI:
 
     Replies come from a queue of canned (status, body) pairs (`reply`, `fail`), or, when
     the queue is empty and ``answer`` is given, ``answer(request body)`` is the
-    assistant's content (usage 100 + 20 tokens)."""
+    assistant's content (usage 100 + 20 tokens).
+
+    A request with ``stream: true`` gets the reply as server-sent ``chat.completion.chunk``
+    events, a word at a time; with ``stream_gate`` set, the server sends the first word,
+    then waits (up to 30 s) for the gate before it sends the rest (``gate_waited`` says
+    whether the gate opened in time): a test can see the first word arrive live."""
 
     def __init__(self, answer: Callable[[dict[str, Any]], Any] | None = None) -> None:
         self.queue: deque[tuple[int, dict[str, Any]]] = deque()
         self.requests: list[dict[str, Any]] = []
+        self.stream_gate: threading.Event | None = None
+        self.gate_waited: bool | None = None
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -56,6 +64,9 @@ class FakeOpenAI:
                                                       model=str(body.get("model")))
                 else:
                     status, payload = 500, {"error": {"message": "the test queued no reply"}}
+                if body.get("stream") and status == 200:
+                    self._stream(payload)
+                    return
                 data = json.dumps(payload).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
@@ -65,6 +76,38 @@ class FakeOpenAI:
 
             def log_message(self, *args: Any) -> None:
                 pass
+
+            def _stream(self, payload: dict[str, Any]) -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.end_headers()
+                message = payload["choices"][0]["message"]
+                base = {"id": payload["id"], "object": "chat.completion.chunk",
+                        "created": payload["created"], "model": payload["model"]}
+
+                def send(choices: list[Any], usage: Any = None) -> None:
+                    chunk = {**base, "choices": choices}
+                    if usage is not None:
+                        chunk["usage"] = usage
+                    self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                    self.wfile.flush()
+
+                words = re.findall(r"\S+\s*", message.get("content") or "")
+                for i, word in enumerate(words):
+                    send([{"index": 0, "delta": {"role": "assistant", "content": word},
+                           "finish_reason": None}])
+                    if i == 0 and fake.stream_gate is not None:
+                        fake.gate_waited = fake.stream_gate.wait(30)
+                for i, call in enumerate(message.get("tool_calls") or []):
+                    send([{"index": 0, "delta": {"tool_calls": [{
+                        "index": i, "id": call["id"], "type": "function",
+                        "function": call["function"]}]}, "finish_reason": None}])
+                send([{"index": 0, "delta": {},
+                       "finish_reason": payload["choices"][0]["finish_reason"]}])
+                send([], payload["usage"])
+                self.wfile.write(b"data: [DONE]\n\n")
+                self.wfile.flush()
+                self.close_connection = True
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True

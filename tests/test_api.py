@@ -12,7 +12,7 @@ PUBLIC = {
     "InterlockError", "Location", "NoRouteError", "NodeError", "RouteError", "RunError",
     "RunResult", "UsageError", "Verification", "Workflow", "WorkflowError", "WorkflowSpec",
     "WriteConflictError", "__version__", "approve", "cancel", "fork", "goto", "list_runs", "load",
-    "modify", "reject", "resume", "status", "trace", "verify",
+    "modify", "reject", "resume", "send", "status", "trace", "verify",
     # the errors users catch, all in one hierarchy (the house issue)
     "AgentError", "BudgetExceededError", "ClaimError", "ConflictError", "InternalError",
     "RunExists", "RunNotFound", "StepLimitError", "StoreError",

@@ -208,6 +208,9 @@ V2_UPGRADE = ByTest("tests/store/test_store_upgrade.py::"
 # A phrase of docs/design.md (whitespace as one space) holding each number it states,
 # and what backs it. Keep the phrases short: the sentence may change around them.
 CLAIMS: dict[str, Evidence] = {
+    # the SQLite change detector
+    "looked at every 10 ms": Value("interlock._store._sqlite_watch", "EVERY", 0.01),
+    "and 2 s after": Value("interlock._store._sqlite_watch", "LINGER", 2.0),
     # the module table
     "YAML 1.2": ByTest("tests/definition/test_validate.py::"
                        "test_yaml_1_2_keeps_yes_and_on_as_strings"),

@@ -29,9 +29,10 @@ LAYERS: dict[int, set[str]] = {
         "_store", "_store._base",
         "_store._memory", "_store._sqlite", "_store._postgres", "_engine._isolation._protocol",
         "_store._rows", "_store._sqlite_sql", "_store._sqlite_upgrade", "_store._sqlite_thread",
+        "_store._search", "_store._sqlite_search", "_store._postgres_search",
         "_store._sqlite_ops", "_store._postgres_sql", "_store._postgres_conn",
         "_store._postgres_writes", "_store._postgres_claims", "_store._sqlite_file",
-        "_store._sqlite_wal", "_store._sqlite_writes",
+        "_store._sqlite_wal", "_store._sqlite_writes", "_store._sqlite_watch",
         "_definition._yaml_fast", "_observe._otel"},
     # the file front end, state updates, rendering, the node-kind protocol
     2: {"_definition._spec", "_definition._state", "_definition._render", "_definition._kinds",
@@ -52,7 +53,8 @@ LAYERS: dict[int, set[str]] = {
         "_engine._isolation.__main__"},
     # the agent node kind, a plug-in on the node call
     6: {"_plugins._subflow", "agents", "agents._check", "agents._errors", "agents._node",
-        "agents._prompt", "agents._providers", "agents._spec", "agents._tools"},
+        "agents._prompt", "agents._providers", "agents._spec", "agents._tools",
+        "agents._chat", "agents._delegates", "agents._recall"},
     # the scheduler and its edge decisions, and the wiring of the shipped node kinds
     7: {"_engine._runner", "_engine._decide", "_plugins._compile"},
     # stored runs: drive, resume, status, trace, verify, fork, cancel; their coverage;
@@ -60,7 +62,8 @@ LAYERS: dict[int, set[str]] = {
     8: {"_ops._load", "_ops._claims", "_ops._cancel", "_ops._children", "_ops._execute",
         "_ops._verify", "_ops._runs", "_observe._coverage", "_ops._export", "_ops._prune",
         "_observe._metrics", "_worker._workers", "_ops._visits", "_ops._code",
-        "_ops._migrate"},
+        "_ops._migrate", "_ops._messages",
+        "_ops._outcomes"},
     # the façade: builder and loaded file
     9: {"_workflow", "_builder"},
     # the public surface and the command line
@@ -71,7 +74,9 @@ LAYERS: dict[int, set[str]] = {
         "server._hub", "server._main", "server._models", "server._notify", "server._pool",
         "server._dashboard", "server._loops", "server._reads", "server._guard",
         "server._service", "server._deps", "server._routes_runs", "server._routes_approvals",
-        "server._routes_workflows", "server._routes_meta", "server._layout"},
+        "server._routes_workflows", "server._routes_meta", "server._layout", "cli._chat",
+        "cli._chat_live",
+        "server._routes_messages"},
 }
 LAYER_OF = {m: n for n, mods in LAYERS.items() for m in mods}
 

@@ -116,6 +116,26 @@ def check_edge_names(checker: CheckContext) -> bool:
     return ok
 
 
+def _check_mapped_gate(checker: CheckContext, e: EdgeSpec, i: int, what: str, target: str,
+                       ns: NodeSpec) -> None:
+    """A map edge to a human gate: an approval's items each wait (collected); a confirm:
+    true node is refused."""
+    if ns.approval is not None and e.collect is None:
+        checker.add("error", f"{what}: {target!r} is an approval: each item waits for "
+                    "its own decision, gathered in a list -- declare collect: FIELD on "
+                    "the map edge", ("edges", i, "to"), "map")
+    elif ns.approval is not None and ns.approval.on_modify:
+        checker.add("error", f"{what}: {target!r} declares on_modify; a mapped "
+                    "approval's items are approved or rejected (re-entering the graph "
+                    "from one item has no single answer): drop on_modify",
+                    ("edges", i, "to"), "map")
+    elif ns.confirm:
+        checker.add("error", f"{what}: {target!r} is a confirm: true node; a map runs "
+                    "a call, an agent or an approval node per item (confirm before or "
+                    "after the mapped node, or map an approval node)",
+                    ("edges", i, "to"), "map")
+
+
 def check_maps(checker: CheckContext) -> None:
     """Map edges (SPEC §7): what the mapped node may be, ``as`` and ``collect``."""
     spec = checker.spec
@@ -132,10 +152,7 @@ def check_maps(checker: CheckContext) -> None:
                             "item; END is not one", ("edges", i, "to"), "map")
             continue
         what = f"edge {e.describe()}"
-        if ns.approval is not None or ns.confirm:
-            checker.add("error", f"{what}: {target!r} is a human gate; a map runs a call or "
-                        "agent node per item (put the approval after the mapped node)",
-                        ("edges", i, "to"), "map")
+        _check_mapped_gate(checker, e, i, what, target, ns)
         guarded = [t.get("call") for t in (ns.agent or {}).get("tools") or ()
                    if isinstance(t, dict) and t.get("confirm")]
         if guarded:

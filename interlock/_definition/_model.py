@@ -352,6 +352,8 @@ class WorkflowSpec(Extensible):
     nodes: dict[str, NodeSpec]
     edges: list[EdgeSpec] = Field(default_factory=list)
     triggers: list[TriggerSpec] = Field(default_factory=list)  # what starts runs by itself
+    # a conversation (SPEC §11): the agent node that converses; its file needs no edges
+    chat: str | None = Field(default=None, min_length=1)
 
     # Where each part came from: path tuple -> (line, col), plus the file name.
     # Not part of the definition's identity.
@@ -359,6 +361,27 @@ class WorkflowSpec(Extensible):
     # the sub-workflows as read from their files (with their own source maps), by node:
     # for validation's positions; the definition holds them pinned either way
     _children: dict[str, WorkflowSpec] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _chat_edges(cls, data: Any) -> Any:
+        # a conversation's file needs no edges: START -> its chat node -> END
+        if isinstance(data, dict) and isinstance(data.get("chat"), str) \
+                and not data.get("edges"):
+            node = data["chat"]
+            data = {**data, "edges": [{"from": START, "to": node}, {"from": node, "to": END}]}
+        return data
+
+    @model_validator(mode="after")
+    def _chat_node(self) -> WorkflowSpec:
+        if self.chat is not None:
+            ns = self.nodes.get(self.chat)
+            if ns is None or ns.agent is None:
+                what = "it is not an agent node" if ns else "there is no such node"
+                raise ValueError(f"chat: {self.chat!r} names the agent node that converses, "
+                                 f"but {what} (nodes: {', '.join(self.nodes)}); declare nodes: "
+                                 f"{{{self.chat}: {{agent: {{...}}}}}}")
+        return self
 
     @field_validator("state", mode="before")
     @classmethod

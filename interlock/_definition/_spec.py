@@ -285,6 +285,8 @@ def resolve_children(data: dict[str, object], smap: SourceMap | None, base: str,
         return data
     out_nodes = dict(nodes)
     for name, node in nodes.items():
+        if isinstance(node, dict) and isinstance(node.get("agent"), dict):
+            out_nodes[name] = _pin_tools(name, node, smap, base, within)
         if not isinstance(node, dict) or not isinstance(node.get("workflow"), str):
             continue
         rel = node["workflow"]
@@ -311,6 +313,42 @@ def resolve_children(data: dict[str, object], smap: SourceMap | None, base: str,
         children[name] = child
         out_nodes[name] = {**node, "workflow": {"file": rel, "definition": child.definition()}}
     return {**data, "nodes": out_nodes}
+
+
+def _pin_tools(name: str, node: dict[str, Any], smap: SourceMap | None, base: str,
+               within: tuple[str, ...]) -> dict[str, Any]:
+    """An agent node with each ``{workflow: FILE}`` tool's child read and pinned as
+    ``{file, definition}`` (SPEC §11: a workflow as a tool), as a sub-workflow node's."""
+    agent = node["agent"]
+    tools = agent.get("tools")
+    if not isinstance(tools, list) or not any(
+            isinstance(t, dict) and isinstance(t.get("workflow"), str) for t in tools):
+        return node
+    pinned: list[Any] = []
+    for i, tool in enumerate(tools):
+        if not (isinstance(tool, dict) and isinstance(tool.get("workflow"), str)):
+            pinned.append(tool)
+            continue
+        rel = tool["workflow"]
+        where = ("nodes", name, "agent", "tools", i, "workflow")
+        pos = smap.locate(where) if smap is not None else None
+        loc = Location(smap.file if smap else None, *(pos or (None, None)))
+        path = os.path.realpath(os.path.join(base, rel))
+        if path in within:
+            raise WorkflowError([Diagnostic(
+                "error", f"node {name!r}: tool {tool.get('name')!r}: workflow {rel!r} is "
+                "this workflow (or one including it); a workflow cannot be its own tool",
+                loc, code="recursion")])
+        try:
+            child = load_spec(path, within=within)
+        except WorkflowError as exc:
+            if any(d.code == "recursion" for d in exc.diagnostics):
+                raise
+            raise WorkflowError([Diagnostic(
+                "error", f"node {name!r}: tool {tool.get('name')!r}: its workflow {rel!r} "
+                "is invalid (below)", loc, code="subflow"), *exc.diagnostics]) from None
+        pinned.append({**tool, "workflow": {"file": rel, "definition": child.definition()}})
+    return {**node, "agent": {**agent, "tools": pinned}}
 
 
 def locate(spec: WorkflowSpec, path: tuple[object, ...]) -> Location:

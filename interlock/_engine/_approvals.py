@@ -26,6 +26,7 @@ run's log, which a store accepts once; the loser gets a clear refusal.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -39,9 +40,11 @@ from .._definition._state import check_whole_values
 from .._errors import UsageError
 from . import _records as R
 from ._fold import RunView
-from ._view import Gate
+from ._view import Gate, gate_key
 
 ENGINE = "interlock (deadline)"
+
+log = logging.getLogger("interlock")
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +61,8 @@ class Decision:
     # the decider's roles, as an authenticating tool (a server) vouches for them: an
     # ``approvers:`` entry ``role:NAME`` admits a decider with the role NAME
     roles: tuple[str, ...] = ()
+    # where it was made (the surface: "cli", "api", "dashboard", "slack", ...): recorded
+    via: str | None = None
 
 
 def approve(by: str | None = None, comment: str | None = None, *,
@@ -116,10 +121,11 @@ def decide(spec: WorkflowSpec, view: RunView, decision: Decision, *,
     decision on one of those comes too late. Raises UsageError (a refused decision)
     naming what is wrong and what is allowed.
     """
-    timed_out = {(f["node"], f["visit"]) for t, f in expired or () if t == L.APPROVAL_DECIDED}
+    timed_out = {gate_key(f["node"], f["visit"], f.get("item"))
+                 for t, f in expired or () if t == L.APPROVAL_DECIDED}
     waiting = view.pending_gates()
-    late = [g for g in waiting if (g.node, g.visit) in timed_out]
-    pending = [g for g in waiting if (g.node, g.visit) not in timed_out]
+    late = [g for g in waiting if g.slot in timed_out]
+    pending = [g for g in waiting if g.slot not in timed_out]
     too_late = [g for g in late if g.node == decision.node] if decision.node is not None \
         else (late if not pending else [])
     if too_late:
@@ -151,12 +157,14 @@ def decide(spec: WorkflowSpec, view: RunView, decision: Decision, *,
         raise NotAnApprover(refused)
     data = _checked_data(gate, decision)
     if decision.kind == "approve":
-        return _records(spec, view, gate, "approved", decision.by, decision.comment, data=data)
+        return _records(spec, view, gate, "approved", decision.by, decision.comment, data=data,
+                        via=decision.via)
     if decision.kind == "reject":
-        return _records(spec, view, gate, "rejected", decision.by, decision.comment, data=data)
+        return _records(spec, view, gate, "rejected", decision.by, decision.comment, data=data,
+                        via=decision.via)
     if gate.kind == "tool":
         return _records(spec, view, gate, "modified", decision.by, decision.comment,
-                        patch=_checked_edit(gate, decision))
+                        patch=_checked_edit(gate, decision), via=decision.via)
     assert ns.approval is not None
     allowed = list(ns.approval.on_modify)
     target = decision.at or allowed[0]
@@ -165,16 +173,25 @@ def decide(spec: WorkflowSpec, view: RunView, decision: Decision, *,
                          f"re-enter at {', '.join(allowed)} (approval.on_modify)")
     check_patch(spec, view, decision.patch)
     return _records(spec, view, gate, "modified", decision.by, decision.comment,
-                    patch=L.to_json_value(decision.patch), reenter=target)
+                    patch=L.to_json_value(decision.patch), reenter=target, via=decision.via)
 
 
-def requested(node: str, ns: NodeSpec, visit: int, state: Mapping[str, object]) -> R.Item:
+class GateNotWaiting(UsageError):
+    """A decision on a gate that does not wait (decided already, closed, or no gate of
+    the run's): refused as a double decision is (exit 2; a server answers 409)."""
+
+
+def requested(node: str, ns: NodeSpec, visit: int, state: Mapping[str, Any], *,
+              item: int | None = None, value: Any = None, as_name: str = "item") -> R.Item:
     """``approval.requested`` for visit ``visit`` of an approval node or a node declared
-    ``confirm: true`` (``node``, defined by ``ns``), showing what ``state`` holds now."""
+    ``confirm: true`` (``node``, defined by ``ns``), showing what ``state`` holds now
+    (``item``: for item ``item`` of a mapped approval, whose ``value`` it shows as
+    ``as_name``; its decisions are approve and reject)."""
     if ns.approval is not None:
         kind = "approval"
         show = {f: state.get(f) for f in ns.approval.show}
-        decisions = ["approve", "reject"] + (["modify"] if ns.approval.on_modify else [])
+        decisions = ["approve", "reject"] + (
+            ["modify"] if ns.approval.on_modify and item is None else [])
         timeout = ns.approval.timeout
     else:
         kind = "confirm"
@@ -182,9 +199,13 @@ def requested(node: str, ns: NodeSpec, visit: int, state: Mapping[str, object]) 
         show = {f: state.get(f) for f in reads}
         decisions = ["approve", "reject"]
         timeout = None
+    if item is not None:
+        show[as_name] = value
     deadline = round(time.time() + timeout, 6) if timeout else None
     fields = {"node": node, "visit": visit, "kind": kind, "show": L.to_json_value(show),
               "decisions": decisions, "approvers": approvers(ns), "deadline": deadline}
+    if item is not None:
+        fields["item"] = item
     if ns.approval is not None and ns.approval.input is not None:
         fields["input"] = ns.approval.input  # what a decision's data must satisfy
     return (L.APPROVAL_REQUESTED, fields)
@@ -218,6 +239,8 @@ _DATA_HINT = "--data JSON on the command line, approve(data=...) or reject(data=
 def _checked_data(gate: Gate, decision: Decision) -> Any:
     """The decision's ``data``, checked against the gate's ``input:`` schema (JSON data;
     None when the gate declares none). Raises UsageError -- nothing is recorded."""
+    if gate.kind == "unknown_outcome":
+        return _checked_outcome(gate, decision)
     schema = gate.input if gate.kind == "approval" else None
     if decision.data is None:
         if schema is not None and decision.kind == "approve":
@@ -251,6 +274,47 @@ def _checked_data(gate: Gate, decision: Decision) -> Any:
                          f"schema of gate {gate.node!r}: {problems}; send data that does "
                          f"({_DATA_HINT}), the schema being {_schema_text(schema)}")
     return value
+
+
+def _checked_outcome(gate: Gate, decision: Decision) -> Any:
+    """An ``unknown_outcome`` gate's data: ``{"result": {...}}``, the outcome a person
+    checked by hand (a node's update mapping), with an approve; None without."""
+    if decision.data is None:
+        return None
+    if decision.kind != "approve":
+        raise UsageError(f"the decision is refused: --data goes with --approve on "
+                         f"{gate.node!r}'s unknown outcome (the outcome checked by hand); "
+                         "--reject records the action as not done, without data")
+    data = decision.data
+    tool = gate.key is not None  # a guarded tool's: its return value, any JSON
+    if not isinstance(data, dict) or set(data) != {"result"} \
+            or not (tool or isinstance(data["result"], dict)):
+        what = ("the tool's return value" if tool else
+                "its update (a JSON object of state fields, {} for none)")
+        raise UsageError(f"the decision is refused: the outcome of {gate.node!r} checked by "
+                         f"hand is --data '{{\"result\": ...}}', {what}")
+    check_data(data, "the decision's data")
+    try:
+        value = L.to_json_value(data)
+    except TypeError as exc:
+        raise UsageError(f"the decision is refused: its data is not JSON data: {exc}") from None
+    check_data(None, "the decision's data", len(L.dumps(value)))
+    return value
+
+
+def unknown_outcome(plan_view: RunView, gate: Gate, started: L.Record) -> Items:
+    """The gate a ``confirm: true`` node's visit stops at when the run resumes and its
+    body had started (``started``: that attempt's ``node.started``) without an outcome
+    in the log (SPEC §3): it is not run again unasked."""
+    ns = plan_view.plan.nodes[gate.node].spec
+    reads = ns.reads or []
+    show = {"action": gate.node, "arguments": {f: plan_view.state.get(f) for f in reads},
+            "started_at": started.get("at"), "attempt": started.get("attempt")}
+    return [(L.APPROVAL_REQUESTED, {
+        "node": gate.node, "visit": gate.visit, "kind": "unknown_outcome",
+        "show": L.to_json_value(show), "decisions": ["approve", "reject"],
+        "approvers": list(ns.approval.approvers) if ns.approval is not None
+        and ns.approval.approvers else None, "deadline": None})]
 
 
 def _checked_edit(gate: Gate, decision: Decision) -> dict[str, Any]:
@@ -300,12 +364,101 @@ def _schema_text(schema: Any, limit: int = 400) -> str:
 
 def _pick(pending: list[Gate], node: str | None) -> Gate:
     if node is None:
-        return pending[0]
+        return oldest(pending)
     for gate in pending:
-        if gate.node == node:
+        if gate.node == node or gate_name(gate) == node:
             return gate
-    names = ", ".join(g.node for g in pending)
-    raise UsageError(f"no decision is pending at {node!r}; waiting: {names}")
+    names = ", ".join(gate_name(g) for g in pending)
+    raise GateNotWaiting(f"the decision is refused: no gate waits at {node!r} (it was decided "
+                     f"already, or is not a gate of this run); waiting: {names}")
+
+
+# -- several gates at once (SPEC §3) ----------------------------------------------------
+
+
+def gate_name(gate: Gate) -> str:
+    """The gate's name in ``waiting.pending`` and for ``--gate``/the API's ``node``: its
+    node, ``NODE[i]`` for item ``i`` of a mapped gate, or for a child run's gate the path
+    of nodes down to it."""
+    return gate.path or (gate.node if gate.item is None else f"{gate.node}[{gate.item}]")
+
+
+def gate_slot(gate: Gate) -> str:
+    """The key a decision on ``gate`` is offered under (`Store.offer_decision`): one per
+    visit of the gate, and for a confirmation asked inside a node (a guarded tool call)
+    one per key it asks under; and per request (an unknown outcome asked after the
+    confirmation of the same visit), so that a gate asked again is decided afresh."""
+    return f"{gate_name(gate)}#{gate.visit}@{gate.requested_at!r}" + (
+        f"#{gate.key}" if gate.key is not None else "")
+
+
+def oldest(pending: list[Gate]) -> Gate:
+    """The gate waiting longest (by ``requested_at``; the first requested on a tie)."""
+    return min(pending, key=lambda g: g.requested_at)
+
+
+def waiting_object(pending: list[Gate]) -> dict[str, Any]:
+    """The ``waiting`` object of a run waiting at ``pending`` (SPEC §3): the oldest
+    gate's, with ``pending`` listing every waiting gate, oldest first."""
+    gates = sorted(pending, key=lambda g: g.requested_at)
+    out = gates[0].waiting()
+    out["pending"] = [g.waiting() for g in gates]
+    return out
+
+
+def offer_of(gate: Gate, decision: Decision) -> dict[str, Any]:
+    """What `Store.offer_decision` keeps of ``decision`` on ``gate`` (JSON data)."""
+    return {"node": gate.node, "visit": gate.visit, "item": gate.item, "key": gate.key,
+            "requested_at": gate.requested_at,
+            "decision": decision.kind,
+            "by": decision.by, "comment": decision.comment,
+            "patch": L.to_json_value(decision.patch) if decision.patch else None,
+            "at": decision.at, "data": L.to_json_value(decision.data),
+            "roles": list(decision.roles), "via": decision.via,
+            "offered_at": time.time()}
+
+
+def offered(spec: WorkflowSpec, view: RunView, offers: dict[str, dict[str, Any]],
+            *, expired: Items | None = None) -> Items:
+    """The records of the decisions offered for gates still waiting in ``view`` (each
+    checked again against the gate as it is now; one that no longer fits is dropped,
+    logged): what an executor folds in, in the order they were offered. A rejection that
+    ends the run ends the list."""
+    items: Items = []
+    done = {gate_key(f["node"], f["visit"], f.get("item"))
+            for t, f in expired or () if t == L.APPROVAL_DECIDED}
+    for _, d in sorted(offers.items(), key=lambda kv: kv[1].get("offered_at") or 0):
+        item = d.get("item")
+        key = gate_key(str(d.get("node")), int(d.get("visit") or 0),
+                       item if isinstance(item, int) else None)
+        gate = view.gates.get(key)
+        if gate is None or gate.decision is not None or key in done \
+                or d.get("key") != gate.key or d.get("requested_at") != gate.requested_at:
+            continue
+        decision = Decision(d["decision"], d.get("by"), d.get("comment"),
+                            dict(d.get("patch") or {}), d.get("at"), gate_name(gate),
+                            d.get("data"), tuple(d.get("roles") or ()), d.get("via"))
+        try:
+            recs = decide(spec, view, decision)  # (its node: that gate)
+        except UsageError as exc:
+            log.warning("a decision offered on gate %r (by %s) no longer fits it and is "
+                        "dropped: %s", gate_name(gate), decision.by, exc)
+            continue
+        done.add(key)
+        items += recs
+        if any(t == L.RUN_REJECTED for t, _ in recs):
+            break
+    return items
+
+
+def close_others(view: RunView, gate: Gate | None, why: str) -> Items:
+    """``approval.decided`` ``closed`` for every gate still waiting but ``gate``: the run
+    ends (rejected) and they are not needed (SPEC §3)."""
+    return [(L.APPROVAL_DECIDED, {"node": g.node, "visit": g.visit, "kind": g.kind,
+                                  "decision": "closed", "by": None, "comment": why,
+                                  "key": g.key, **({"item": g.item} if g.item is not None
+                                                   else {})})
+            for g in view.pending_gates() if g is not gate]
 
 
 def known_fields(spec: WorkflowSpec, state: Iterable[str]) -> set[str]:
@@ -357,28 +510,42 @@ def patch_schema(spec: WorkflowSpec, state: Iterable[str] = ()) -> dict[str, Any
 def _records(spec: WorkflowSpec, view: RunView, gate: Gate, decision: str, by: str | None,
              comment: str | None, *, patch: dict[str, Any] | None = None,
              reenter: str | None = None, timed_out: bool = False,
-             data: Any = None) -> Items:
+             data: Any = None, via: str | None = None) -> Items:
     base = {"node": gate.node, "visit": gate.visit, "kind": gate.kind, "decision": decision,
             "by": by, "comment": comment, "patch": patch, "reenter": reenter,
             "timed_out": timed_out or None, "key": gate.key}
-    if data is not None:
-        base["data"] = data
+    optional = {"data": data, "via": via, "item": gate.item}
+    base.update({k: v for k, v in optional.items() if v is not None})
     items: Items = [(L.APPROVAL_DECIDED, base)]
+    if gate.item is not None:
+        return items + _item_completed(gate, decision, by, comment, data)
     if gate.kind == "workflow":
         # the node runs again and continues its child (`_runs.resume` has decided the
         # child's gate in the child)
         return items
-    if gate.kind == "tool":
+    if gate.kind == "tool" or (gate.kind == "unknown_outcome" and gate.key is not None):
         # the node runs again: ctx.confirm gives it the decision, ctx.decision the rest
         assert gate.key is not None
         visit = view.running.get((gate.node, gate.visit))
+        said: dict[str, Any] = {"decision": decision, "by": by, "comment": comment,
+                                "patch": patch}
+        if data is not None:  # an unknown outcome checked by hand
+            said["data"] = data
         items.append(R.decision_journaled(
             gate.node, gate.visit, visit.attempt if visit is not None else 1, gate.key,
-            {"decision": decision, "by": by, "comment": comment, "patch": patch}))
+            said))
+        return items
+    if gate.kind == "unknown_outcome":
+        # approved: the body runs again; with data: the outcome checked by hand is its
+        # completion; rejected: the visit fails (`UnknownOutcome`) when the run goes on
+        if decision == "approved" and data is not None:
+            items.append(R.gate_completed(gate.node, gate.visit, dict(data["result"]), None))
         return items
     if gate.kind == "confirm":
         if decision != "approved":
             msg = f"{gate.node!r} needed confirmation and was {decision} by {by}"
+            items += close_others(view, gate, f"not needed: the run was rejected at "
+                                  f"{gate.node!r}")
             items.append(R.run_rejected(gate.node, msg + (f": {comment}" if comment else "")))
         return items
     record: dict[str, Any] = {"decision": decision, "by": by, "comment": comment,
@@ -392,10 +559,38 @@ def _records(spec: WorkflowSpec, view: RunView, gate: Gate, decision: str, by: s
         record["reenter"] = reenter
     items.append(R.gate_completed(gate.node, gate.visit, {gate.node: record}, reenter))
     if decision in ("rejected", "timed_out") and reenter is None \
-            and not any(gate.node in e.source for e in spec.edges):
+            and (not any(gate.node in e.source for e in spec.edges)
+                 or _rejection_ends_now(view, gate)):
         # a rejected gate with no edge of its own to follow: the run ends REJECTED, as
         # when its edges follow none (the decider says so for a gate that has edges)
+        items += close_others(view, gate, f"not needed: the run was rejected at "
+                              f"{gate.node!r}")
         items.append(R.run_rejected(gate.node, f"approval {gate.node!r} was {decision} by "
                                     f"{by or 'an anonymous decider'}"
                                     + (f": {comment}" if comment else "")))
     return items
+
+
+def _item_completed(gate: Gate, decision: str, by: str | None, comment: str | None,
+                    data: Any) -> Items:
+    """A mapped gate's item decided: its decision record is the item's update (what
+    `collect` gathers); the node's edges are decided once every item has one."""
+    said: dict[str, Any] = {"decision": decision, "by": by, "comment": comment,
+                            "at": _now_iso(), "item": gate.item}
+    if gate.input is not None:
+        said["data"] = data
+    return [R.node_completed(gate.node, gate.visit, 1, 0.0, said, None, 0, gate.item)]
+
+
+def _rejection_ends_now(view: RunView, gate: Gate) -> bool:
+    """Whether rejecting ``gate`` ends the run at once (SPEC §3): none of its edges (its
+    joins included) reads ``<gate>.decision`` -- so none is followed -- while other gates
+    wait or other visits run (alone, the edges' decision says so, as it always has)."""
+    pn = view.plan.nodes[gate.node]
+    path = f"{gate.node}.decision"
+    for e in pn.out:
+        if any(path in x.paths for x in (e.cond, e.switch) if x is not None):
+            return False
+    others = [g for g in view.pending_gates() if g is not gate]
+    running = [k for k in view.running if k != (gate.node, gate.visit)]
+    return bool(others or running)

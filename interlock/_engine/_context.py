@@ -82,7 +82,7 @@ class PauseRequested(BaseException):
 
     def __init__(self, key: str, show: Mapping[str, object],
                  edit: Mapping[str, object] | None = None, *, path: str | None = None,
-                 decisions: list[str] | None = None) -> None:
+                 decisions: list[str] | None = None, kind: str | None = None) -> None:
         super().__init__(key)
         self.key = key
         self.show = dict(show)
@@ -92,6 +92,9 @@ class PauseRequested(BaseException):
         # a gate of a child run (a sub-workflow node, SPEC §7): the path of nodes down to
         # it (``remediate/approval``), its decisions above; ``key`` is the child's run id
         self.path = path
+        # what the gate is when not a tool's confirmation or a child's gate: "message", a
+        # conversation waiting for its next message (SPEC §11)
+        self.kind = kind
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,7 +233,7 @@ class Context:
         await self._port.engine_record(self, type, fields)
 
     def confirm(self, key: str, show: Mapping[str, object], *,
-                edit: Mapping[str, object] | None = None) -> str:
+                edit: Mapping[str, object] | None = None, kind: str = "tool") -> str:
         """Ask a human before doing something (a guarded tool call, a destructive step).
 
         Returns ``"approved"`` or ``"rejected"`` once someone has decided -- or
@@ -240,11 +243,14 @@ class Context:
         process may exit, and after the decision the node runs again from the top -- so
         do the work before this point through `once`, which replays it instead of
         repeating it. `decision` gives the whole decision (its comment, its patch).
+        ``kind="unknown_outcome"``: the question is whether an action that started and
+        left no result in the log may run again (SPEC §3); its decision may carry the
+        outcome checked by hand (``decision(key)["data"]["result"]``).
         """
         decision = self._port.confirmation(self, key)
         if decision is not None:
             return decision
-        raise PauseRequested(key, show, edit)
+        raise PauseRequested(key, show, edit, kind=kind)
 
     def decision(self, key: str) -> dict[str, Any] | None:
         """The human's decision on confirmation ``key`` -- ``{decision, by, comment,

@@ -130,11 +130,19 @@ class Decider:
         taken_any = False
         when_taken = False
         rejected = source in self.plan.approvals and self._rejected_gate(source)
+        gate = source
+        if source == "*" and dues:  # a settled join: a rejected gate among its arrivals
+            # (SPEC §3: a rejection is followed only by edges that read its decision)
+            for arrived in dues[0].arrived:
+                if arrived in self.plan.approvals and self._rejected_gate(arrived) \
+                        and not _reads_decision(dues[0].edge, arrived):
+                    rejected, gate = True, arrived
+                    break
         if len(dues) > 1 and source not in self.plan.in_decision_order:
             dues = sorted(dues, key=_decision_order)  # (most nodes are: no sort)
         for due in dues:
             e = due.edge
-            if rejected and not _reads_decision(e, source):
+            if rejected and not _reads_decision(e, gate):
                 # after a rejection only edges that read <gate>.decision are followed
                 item = R.edge_decided(e.index, due.source, [], reason="rejected")
             elif e.otherwise:
@@ -152,7 +160,7 @@ class Decider:
             items.append(item)
         if rejected and not taken_any:
             self.sink.stage(items)  # the skipped edges are the rejection's trace
-            raise self._rejection(source)
+            raise self._rejection(gate)
         # a group that takes something strands nobody; one that takes nothing may leave
         # its node (or a join's sources) with no route left -- see `_stranded`
         stranded = [] if taken_any else self._stranded(source, dues)
@@ -210,6 +218,11 @@ class Decider:
         reads: JSONObject | None = None
         reason = None
         state = self.view.state
+        if due.goto is not None and e.kind != "choose":
+            # the node chose its successor (interlock.goto, its own or a tool's): that is
+            # its whole routing -- its other edges are not decided, and not taken
+            return R.edge_decided(e.index, due.source, [], None, None, None,
+                                  f"the node chose {due.goto!r} (goto)", due.arrived)
         if e.kind == "plain":
             targets = list(e.targets)
             cond = e.cond

@@ -196,7 +196,9 @@ class Flow:
             if e.is_join and node in e.barrier:
                 self.barrier(e, node, True)
             else:
-                self.due[(e.index, node)] = Due(e, node, goto if e.kind == "choose" else None)
+                # (a goto is the node's whole routing: its other edges see it too, and
+                # are not taken -- `_decide`)
+                self.due[(e.index, node)] = Due(e, node, goto)
         if pn.errors:  # it did not fail: its error edges are not taken
             self._dead_edges(pn.errors)
 

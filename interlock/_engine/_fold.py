@@ -31,7 +31,7 @@ from .._definition._state import merge_update
 from .._errors import InternalError
 from ._flow import Due
 from ._migration import migrate
-from ._view import Gate, MapRun, ViewData, Visit, Writer
+from ._view import Gate, MapRun, ViewData, Visit, Writer, gate_key
 
 _new_writer = functools.partial(tuple.__new__, Writer)  # no Python-level __new__ call
 
@@ -135,6 +135,8 @@ class RunView(ViewData):
         m = self.maps[(node, visit)]
         v = m.running.pop(item, None)
         m.done[item] = rec.get("update") or {}
+        if self.gates:  # a mapped gate's item, decided
+            self.gates.pop(gate_key(node, visit, item), None)
         tokens = rec.get("tokens") or 0
         if v is not None:
             tokens = max(0, tokens - v.effect_tokens)
@@ -292,18 +294,22 @@ class RunView(ViewData):
         self.state.update(rec.get("patch") or {})
 
     def _on_approval_requested(self, rec: L.Record) -> None:
-        key = (rec["node"], rec["visit"])
-        if rec.get("kind") in _MID_BODY:  # a node that paused mid-body (ctx.confirm)
+        item = rec.get("item")
+        key = gate_key(rec["node"], rec["visit"], item)
+        if _mid_body(rec.get("kind"), rec.get("key")):  # paused mid-body (ctx.confirm)
             self._attempt_ended(rec)
         self.gates[key] = Gate(rec["node"], rec["visit"], rec["kind"], rec["at"],
                                rec.get("show") or {}, rec["decisions"], rec.get("deadline"),
                                key=rec.get("key"), input=rec.get("input"),
-                               path=rec.get("path"))
+                               path=rec.get("path"), item=item,
+                               child_kind=rec.get("child_kind"))
 
     def _on_approval_decided(self, rec: L.Record) -> None:
-        gate = self.gates[(rec["node"], rec["visit"])]
+        gate = self.gates[gate_key(rec["node"], rec["visit"], rec.get("item"))]
         gate.decision = rec["decision"]
-        if gate.kind in _MID_BODY:
+        if gate.item is not None:  # a mapped item's gate: its item's completion follows
+            return
+        if _mid_body(gate.kind, gate.key):
             # the node asked mid-body (ctx.confirm, a child's gate): it runs again and
             # finds the answer
             self.confirmations[(gate.node, gate.visit, rec["key"])] = rec["decision"]
@@ -333,8 +339,10 @@ class RunView(ViewData):
         self.waiting = None  # a run cancelled while it waited waits no more
 
     def _on_waiting(self, rec: L.Record) -> None:
-        self.status = "WAITING_APPROVAL"
         self.waiting = rec.get("waiting")
+        # a conversation waiting for its next message is not waiting for an approval
+        message = (self.waiting or {}).get("kind") == "message"
+        self.status = "WAITING_INPUT" if message else "WAITING_APPROVAL"
 
 
 
@@ -397,7 +405,14 @@ def result_of(run_id: str, workflow: str, view: RunView) -> RunResult:
                      error=view.error, waiting=view.waiting)
 
 
-_MID_BODY = frozenset({"tool", "workflow"})  # gates asked for from inside a node's body
+_MID_BODY = frozenset({"tool", "workflow", "message"})  # gates asked for from inside a node's body
+
+def _mid_body(kind: Any, key: Any) -> bool:
+    """Whether a gate of ``kind`` was asked for from inside a node's body: a guarded
+    tool's, a child run's, a guarded tool's unknown outcome (which has a key; a ``confirm:
+    true`` node's unknown outcome has none)."""
+    return kind in _MID_BODY or (kind == "unknown_outcome" and key is not None)
+
 
 _ENDED = frozenset({"COMPLETED", "REJECTED", "CANCELLED"})  # (a FAILED run may go on)
 

@@ -23,8 +23,20 @@ from .._definition._plan import PlanNode
 from .._errors import NodeError, RunError, StepLimitError, WriteConflictError
 from .._json import JSONObject
 from . import _records as R
+from ._approvals import requested
 from ._call import NodeCall
+from ._context import PauseRequested
 from ._guards import Outcome, new_outcome
+from ._view import gate_key
+
+
+class ItemsWaiting(PauseRequested):
+    """The outcome's ``pause`` of a mapped gate's visit whose items wait for people (SPEC
+    §3: each item waits on its own): the visit stays running; each item's decision
+    completes it, and the visit completes when every item has (`run_items` again)."""
+
+    def __init__(self) -> None:
+        super().__init__("items", {})
 
 
 class _ItemFailed(Exception):
@@ -39,6 +51,25 @@ async def run_items(calls: NodeCall, pn: PlanNode, visit: int) -> Outcome:
     edge = pn.mapped
     assert edge is not None
     m = view.maps[(pn.name, visit)]
+    if pn.gate:  # a mapped gate: each item asks a person (those not asked yet)
+        t0 = perf_counter()
+        asked = [i for i in range(len(m.items))
+                 if i not in m.done and gate_key(pn.name, visit, i) not in view.gates]
+        if asked:
+            as_name = edge.spec.as_ or "item"
+            recs = []
+            for i in asked:
+                recs.append(R.node_started(pn.name, visit, 1, i))
+                recs.append(requested(pn.name, pn.spec, visit, view.state, item=i,
+                                      value=m.items[i], as_name=as_name))
+            await sink.commit(recs)
+        duration = round((perf_counter() - t0) * 1e6) / 1000
+        if len(m.done) < len(m.items):
+            return new_outcome((pn.name, visit, 1, None, None, None, duration, 0,
+                                ItemsWaiting()))
+        collect = edge.spec.collect
+        return new_outcome((pn.name, visit, 1, {collect: None} if collect else {}, None, None,
+                            duration, 0, None))
     # the fold's ``m.done``: on a re-run, the items completed in the log do not run again
     todo = iter([i for i in range(len(m.items)) if i not in m.done])
     stack = calls.stack(pn)

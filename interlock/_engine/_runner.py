@@ -41,22 +41,23 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from .. import _log as L
 from .._definition import _expr
 from .._definition._model import DEFAULT_STEPS
 from .._definition._plan import Plan, PlanNode
-from .._errors import InterlockError, InternalError, RunError, StepLimitError
+from .._errors import InterlockError, InternalError, RunError, StepLimitError, UnknownOutcome
 from .._json import JSONObject
 from . import _records as R
-from ._approvals import approvers, requested
+from ._approvals import approvers, close_others, offered, requested, waiting_object
 from ._call import NodeCall
 from ._decide import Abort, Decider, Rejected, caught_error
 from ._fold import RunView
 from ._guards import Outcome
 from ._journal import StoreOutage
-from ._mapped import run_items
+from ._mapped import ItemsWaiting, run_items
 
 log = logging.getLogger("interlock")
 
@@ -90,6 +91,9 @@ class Runner:
         # finish and are committed, no other starts, and the run is left RUNNING (a
         # worker's drain on SIGTERM; whoever claims the run next continues it)
         self.stop: Stop | None = None
+        # the decisions offered for this run's gates by other processes while it executes
+        # (`Store.offer_decision`), read when it would otherwise wait: set by its driver
+        self.offers: Callable[[], Awaitable[dict[str, dict[str, Any]]]] | None = None
 
     async def execute(self) -> None:
         """Run the loop until the run ends or waits; its last record is committed."""
@@ -102,6 +106,9 @@ class Runner:
         except Abort as abort:
             self.sink.add(R.run_failed(abort.error.to_json(), abort.error.node))
         except Rejected as rej:
+            for item in close_others(self.view, None, f"not needed: the run was rejected at "
+                                     f"{rej.node!r}"):
+                self.sink.add(item)
             self.sink.add(R.run_rejected(rej.node, rej.message))
         except StoreOutage as outage:  # the store failed under a node's ``ctx.once``
             raise outage.error from outage.error.__cause__
@@ -168,33 +175,91 @@ class Runner:
                     log.info("run %s stopped at a node boundary; it is continued when "
                              "next claimed", self.run_id)
                     return
-                await self._end()
-                return
+                if await self._end():
+                    return
+                continue
             await self._collect()
 
     def _restart_running(self) -> None:
         """Visits that were running when the previous process stopped run again; a gate
         still waiting for its human stays waiting; a confirmed node's body starts."""
-        view = self.view
-        for key, v in list(view.running.items()):
-            gate = view.gates.get(key)
-            if gate is not None and gate.decision is None:
-                continue
-            first_body = gate is not None and gate.kind == "confirm" and not gate.body_started
-            self._start_task(v.node, v.visit, 1 if first_body else v.attempt + 1, rerun=True)
+        for key in list(self.view.running):
+            self._restart(key)
 
-    async def _end(self) -> None:
-        """Nothing runs and nothing is ready: the run completed, or waits for a human."""
+    def _restart(self, key: tuple[str, int]) -> None:
+        """`_restart_running` for one visit (or a visit a decision folded in continues)."""
+        view = self.view
+        v = view.running[key]
+        gate = view.gates.get(key)
+        if gate is not None and gate.decision is None:
+            return
+        if gate is not None and gate.kind == "unknown_outcome" \
+                and gate.decision == "rejected":  # recorded as not done: it failed
+            self._start_failed(v.node, v.visit, v.attempt, UnknownOutcome(
+                f"{v.node!r} was approved and started (attempt {v.attempt}) but its "
+                "outcome is unknown (the process running it stopped); a person recorded "
+                "it as not done (rejected at its unknown_outcome gate)", node=v.node))
+            return
+        first_body = gate is not None and gate.kind == "confirm" and not gate.body_started
+        self._start_task(v.node, v.visit, 1 if first_body else v.attempt + 1, rerun=True)
+
+    async def _end(self) -> bool:
+        """Nothing runs and nothing is ready: the run completed, or waits for a human --
+        unless a decision offered meanwhile (another process's) continues it: False."""
         view = self.view
         if view.idle:
             await self.sink.commit([R.run_completed()])
-            return
+            return True
+        if view.due or view.ready:
+            return False  # a decision folded in while the loop awaited: go on
         pending = view.pending_gates()
+        if pending and await self.fold_offers():
+            return view.status in ("REJECTED", "COMPLETED", "CANCELLED")
         if pending and not view.ready and not view.due:
-            await self.sink.commit([R.run_waiting(pending[0].waiting(), pending[0].node)])
-            return
+            first = waiting_object(pending)
+            await self.sink.commit([R.run_waiting(first, first["node"])])
+            return True
         raise Abort(RunError("the run stopped with work left over -- this is a bug "
                              "in interlock, please report it with the trace"))
+
+    async def fold_offers(self, offers: dict[str, dict[str, Any]] | None = None) -> bool:
+        """Fold in the decisions offered for this run's waiting gates (SPEC §3: a decision
+        made while this process executes the run; ``offers``: those read already, else
+        read here): their records committed, the bodies they let run started. Whether any
+        was folded in. A rejection that ends the run while other visits run raises
+        `Rejected` (the loop stops them first)."""
+        view = self.view
+        if not view.pending_gates():
+            return False
+        if offers is None:
+            if self.offers is None:
+                return False
+            offers = await self.offers()
+        items = offered(self.plan.spec, view, offers) if offers else []
+        if not items:
+            return False
+        ending = [fields for t, fields in items if t == L.RUN_REJECTED]
+        if ending and self._tasks:
+            await self.sink.commit([i for i in items if i[0] != L.RUN_REJECTED])
+            raise Rejected(ending[0]["node"], ending[0]["error"]["message"])
+        await self.sink.commit(items)
+        for rtype, fields in items:
+            key = (str(fields.get("node")), int(fields.get("visit") or 0))
+            if rtype == L.APPROVAL_DECIDED and key in view.running and key not in self._tasks \
+                    and fields.get("decision") != "closed":
+                self._restart(key)  # an approved body, a node that asked, a rejected action
+        return True
+
+    def offer(self, offers: dict[str, dict[str, Any]]) -> None:
+        """Hand decisions offered for this run (read by its watcher) to the loop, which
+        folds them in (`fold_offers`) when it next looks."""
+        gates = self.view.pending_gates()
+        if self._done is None or not self._tasks or not gates:
+            return
+        waiting = {(g.node, g.visit, g.key, g.requested_at) for g in gates}
+        if any((d.get("node"), d.get("visit"), d.get("key"), d.get("requested_at")) in waiting
+               for d in offers.values()):
+            self._done.put_nowait(_Offers(offers))
 
     async def _collect(self) -> None:
         """Wait for a visit to finish; take every other one that has finished too (a
@@ -203,6 +268,12 @@ class Runner:
         assert done is not None
         outcome = await done.get()
         while True:
+            if isinstance(outcome, _Offers):  # decisions offered: fold them in
+                await self.fold_offers(outcome.offers)
+                if done.empty():
+                    break
+                outcome = done.get_nowait()
+                continue
             if not isinstance(outcome, Outcome):
                 raise outcome  # a visit raised (the store failed, a bug): the run's error
             self._tasks.pop((outcome.node, outcome.visit), None)
@@ -217,7 +288,9 @@ class Runner:
     def _start_ready(self) -> tuple[PlanNode, int] | None:
         """Start every ready node; return the one to run inline when it is alone."""
         view = self.view
-        if len(view.ready) == 1 and not self._tasks and self.inline:
+        # (inline: not while a gate waits -- a decision offered meanwhile wakes the loop
+        # only while it waits for tasks, `offer`)
+        if len(view.ready) == 1 and not self._tasks and self.inline and not view.gates:
             # the common step of a chain or a loop: one node, nothing else in flight
             node = view.ready[0]
             pn = self.plan.nodes[node]
@@ -240,7 +313,7 @@ class Runner:
         # that the visit had started, so it starts again -- with the same visit
         # number and idempotency key -- which is what a resume does anyway.
         bodies = [rec for rec in recs if not self._is_gate(rec["node"])]
-        if len(bodies) == 1 and not self._tasks and self.inline:
+        if len(bodies) == 1 and not self._tasks and self.inline and not view.gates:
             pn = self.plan.nodes[bodies[0]["node"]]
             if pn.mapped is None:  # (a mapped node's items run in a task of their own)
                 return pn, bodies[0]["visit"]
@@ -249,7 +322,8 @@ class Runner:
         return None
 
     def _is_gate(self, node: str) -> bool:
-        return self.plan.nodes[node].gate
+        pn = self.plan.nodes[node]
+        return pn.gate and pn.mapped is None  # (a mapped gate's items ask: `run_items`)
 
     def _start_task(self, node: str, visit: int, attempt: int, *, rerun: bool) -> None:
         if self._done is None:
@@ -258,6 +332,19 @@ class Runner:
         task = asyncio.get_running_loop().create_task(
             self._run_visit(pn, visit, attempt, rerun), name=f"interlock:{node}:{visit}")
         self._tasks[(node, visit)] = task
+
+    def _start_failed(self, node: str, visit: int, attempt: int, error: RunError) -> None:
+        """A visit whose outcome is a failure known without running it (an unknown
+        outcome recorded as not done): handed to the loop as a finished task's."""
+        if self._done is None:
+            self._done = asyncio.Queue()
+        done = self._done
+
+        async def fail() -> None:
+            done.put_nowait(Outcome(node, visit, attempt, error=error))
+
+        self._tasks[(node, visit)] = asyncio.get_running_loop().create_task(
+            fail(), name=f"interlock:{node}:{visit}")
 
     async def _run_visit(self, pn: PlanNode, visit: int, attempt: int, rerun: bool) -> None:
         """A visit as a task: run it and report the outcome to the loop -- or what it
@@ -302,15 +389,18 @@ class Runner:
         transaction, before any successor starts). A failure is committed at once and
         ends the run. ``alone``: nothing else ran while it did (so only a node that could
         have, by the graph, can conflict with its writes)."""
+        if isinstance(out.pause, ItemsWaiting):  # a mapped gate's items wait for people
+            return
         if out.pause is not None:
             # the visit stays running; it is re-run once a human has decided (``path``: a
             # gate of a child run, which the decision is forwarded to -- `_runs.resume`)
             pause = out.pause
             fields = {
                 "node": out.node, "visit": out.visit, "attempt": out.attempt,
-                "kind": "tool" if pause.path is None else "workflow",
+                "kind": "workflow" if pause.path is not None else (pause.kind or "tool"),
                 "key": pause.key, "show": L.to_json_value(pause.show), "path": pause.path,
                 "decisions": pause.decisions, "tokens": out.tokens or None,
+                "child_kind": pause.kind if pause.path is not None else None,
                 "approvers": approvers(self.plan.nodes[out.node].spec)}
             if pause.edit is not None:  # what a modify patch must satisfy
                 fields["input"] = pause.edit
@@ -367,6 +457,14 @@ class Runner:
         # decide this node's edges in the same batch: its completion and where the run
         # goes next are committed together
         self.decide.due()
+
+
+class _Offers(BaseException):
+    """Decisions offered for the run, put in the outcomes' queue by its watcher."""
+
+    def __init__(self, offers: dict[str, dict[str, Any]]) -> None:
+        super().__init__("offers")
+        self.offers = offers
 
 
 def _next_visits(view: RunView) -> list[tuple[str, int]]:

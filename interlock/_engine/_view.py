@@ -62,6 +62,12 @@ class MapRun:
         return [{collect: gathered}]
 
 
+def gate_key(node: str, visit: int, item: int | None = None) -> tuple[str, int]:
+    """A gate's key in `ViewData.gates`: (node, visit), or for the gate of item ``item``
+    of a mapped node's visit, ``(f"{node}[{item}]", visit)``."""
+    return (node, visit) if item is None else (f"{node}[{item}]", visit)
+
+
 @dataclass(slots=True)
 class Gate:
     """A visit waiting for (or given) a human decision."""
@@ -80,18 +86,30 @@ class Gate:
     # guarded tool's arguments (a ``modify`` patch); None when the gate takes neither
     input: JSONObject | None = None
     path: str | None = None  # for kind "workflow": the nodes down to the child's gate
+    item: int | None = None  # a mapped gate's item (its index, from 0): ``NODE[i]``
+    child_kind: str | None = None  # for kind "workflow": the kind of the child's gate
 
     def encode(self) -> list[object]:
         """Its snapshot encoding: its fields, in order (``Gate(*encoded)`` restores it)."""
         return [self.node, self.visit, self.kind, self.requested_at, self.show,
                 self.decisions, self.deadline, self.decision, self.body_started, self.key,
-                self.input, self.path]
+                self.input, self.path, self.item, self.child_kind]
+
+    @property
+    def slot(self) -> tuple[str, int]:
+        """Its key in `ViewData.gates`: (node, visit); a mapped item's ``(NODE[i], visit)``."""
+        return gate_key(self.node, self.visit, self.item)
 
     def waiting(self) -> JSONObject:
-        """The ``waiting`` object of SPEC §3 (a child run's gate: ``node`` is its path)."""
-        out: JSONObject = {"node": self.path or self.node, "kind": self.kind, "show": self.show,
-               "decisions": [*self.decisions], "requested_at": self.requested_at,
+        """The ``waiting`` object of SPEC §3 (a child run's gate: ``node`` is its path;
+        a map item's, ``NODE[i]`` and ``item``)."""
+        name = self.path or (self.node if self.item is None else f"{self.node}[{self.item}]")
+        out: JSONObject = {"node": name, "kind": self.child_kind or self.kind,
+                           "show": self.show, "decisions": [*self.decisions],
+                           "requested_at": self.requested_at,
                "deadline": self.deadline}
+        if self.item is not None:
+            out["item"] = self.item
         if self.key is not None:
             out["key"] = self.key
         if self.input is not None:
@@ -218,7 +236,7 @@ class ViewData:
         v.writers = {k: Writer(n, s) for k, (n, s) in d["writers"].items()}
         v.effects = {(n, vis, key if isinstance(key, str) else tuple(key)): val
                      for n, vis, key, val in d["effects"]}
-        v.gates = {(g[0], g[1]): Gate(*g) for g in d["gates"]}
+        v.gates = {gate.slot: gate for gate in (Gate(*g) for g in d["gates"])}
         v.confirmations = {(n, vis, key): dec for n, vis, key, dec in d["confirmations"]}
         v.routed = d["routed"]
         v.route_wait = Counter(d["route_wait"])

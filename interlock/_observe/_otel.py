@@ -200,10 +200,13 @@ class RunSpans:
             self.run.add_event(rtype, {"interlock.node": rec["node"],
                                        "interlock.kind": str(rec.get("kind"))},
                                timestamp=_ns(rec))
-            if rec.get("kind") == "tool":  # the node paused mid-body: its attempt ends
+            if rec.get("kind") in ("tool", "message"):  # paused mid-body: its attempt ends
                 self._end_node((rec["node"], rec["visit"], None), rec, "paused")
         elif rtype in _RUN_ENDS:
-            self.end(rec, _RUN_ENDS[rtype])
+            status = _RUN_ENDS[rtype]
+            if (rec.get("waiting") or {}).get("kind") == "message":  # a conversation
+                status = "WAITING_INPUT"
+            self.end(rec, status)
 
     # -- nodes -------------------------------------------------------------------------
 

@@ -37,8 +37,20 @@ async def waiting_path(store: Store, run_id: str, parent: str | None = None) -> 
             return gate.node
         below = await waiting_path(store, gate.key, run_id)
         if below is not None:
-            return f"{gate.node}/{below}"
+            return f"{head(gate)}/{below}"
     return None
+
+
+def head(gate: Gate) -> str:
+    """The start of the path of a child run's gate: the node (a ``workflow:`` node), or
+    the node and the tool (``assistant/run_triage``: an agent's workflow tool, whose
+    child's id says so -- `agents._delegates.tool_child_id`)."""
+    key = str(gate.key)
+    mark = f".{gate.node}.{gate.visit}.tool."
+    at = key.rfind(mark)
+    if at < 0:
+        return gate.node
+    return f"{gate.node}/{key[at + len(mark):].split('.', 1)[0]}"
 
 
 async def _unblocked(store: Store, run_id: str, view: RunView
@@ -51,7 +63,7 @@ async def _unblocked(store: Store, run_id: str, view: RunView
         if gate.kind != "workflow" or gate.key is None:
             continue
         below = await waiting_path(store, gate.key, run_id)
-        if below is None or f"{gate.node}/{below}" != gate.path:
+        if below is None or f"{head(gate)}/{below}" != gate.path:
             items.append((L.APPROVAL_DECIDED, {"node": gate.node, "visit": gate.visit,
                                                "kind": "workflow", "decision": "continued",
                                                "key": gate.key}))
@@ -68,9 +80,12 @@ def _child_gate(view: RunView, decision: Decision, skip: list[tuple[str, dict[st
     moved = {(f["node"], f["visit"]) for _, f in skip}
     pending = [g for g in view.pending_gates() if (g.node, g.visit) not in moved]
     if decision.node is not None:
-        head, _, rest = decision.node.partition("/")
         for g in pending:
-            if g.kind == "workflow" and g.node == head:
+            if g.kind != "workflow":
+                continue
+            top = head(g)
+            if decision.node == top or decision.node.startswith(top + "/"):
+                rest = decision.node[len(top) + 1:]
                 return g, replace(decision, node=rest or None)
         return None
     if pending and pending[0].kind == "workflow":

@@ -102,6 +102,7 @@ async def drive(plan: Plan, store: Store, run_id: str, view: RunView, writer: L.
     journal = Journal(store, run_id, view, writer, listener, owner=owner, claim=claim)
     runner = Runner(plan, journal, run_id, view)
     runner.stop = stop
+    runner.offers = lambda: store.decisions(run_id)
     try:
         if fresh and (await store.get_run(run_id)).summary.last_seq != writer.seq:
             raise ConflictError(f"run {run_id!r} changed before it started executing (it was "
@@ -269,6 +270,13 @@ class _Watcher:
                 self.runner.cancelled_by = request
                 self.cancelled = True
                 self.target.cancel()
+            if self.runner.view.gates and self.lost is None:
+                try:  # decisions offered by other processes for gates waiting here
+                    offers = await self.store.decisions(self.run_id)
+                except StoreError:
+                    offers = {}
+                if offers:
+                    self.runner.offer(offers)
             if self.held is None and loop.time() >= self._next_beat and \
                     self.runner.view.status not in TERMINAL_STATUSES:  # not released yet
                 if not await self._heartbeat():
@@ -495,6 +503,10 @@ class _Children:
                 out[name] = left
                 inherited.append(name)
         return out, inherited
+
+    async def search_messages(self, query: str, limit: int) -> list[Any]:
+        return await self.store.search_messages(self.view.plan.spec.workflow, query,
+                                                limit=limit, exclude=self.run_id)
 
     async def stopped(self, child_id: str) -> None:
         request = await self.store.cancel_requested(self.run_id)

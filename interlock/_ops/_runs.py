@@ -6,20 +6,24 @@ Every function here reads a run's records and folds them with the same
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .. import _log as L
 from .._definition._bounds import check_config, check_run_id
 from .._definition._model import WorkflowSpec, check_limits
-from .._engine._fold import RunResult, RunView
+from .._engine._fold import RunResult, RunView, result_of
 from .._engine._journal import Journal
-from .._errors import ClaimError, LogError, RunNotFound, UsageError
+from .._engine._view import gate_key
+from .._errors import ClaimError, ClaimLost, ConflictError, LogError, RunNotFound, UsageError
 from .._store import RunRow, Store, Summary, release_store
 from ._children import _child_gate, _decide_child, _expired_children, _unblocked
 from ._claims import LEASE_SECONDS, _claim_of, make_owner, make_run_id
+from ._code import CodeChanged, check_code, strict_code
 from ._execute import Listener, _traced, drive
 from ._load import (
     _BROKEN_LOG_ADVICE,
@@ -31,6 +35,7 @@ from ._load import (
     load_run,
     open_store_arg,
 )
+from ._outcomes import unknown_outcomes
 from ._verify import ChildLinks
 
 if TYPE_CHECKING:
@@ -48,47 +53,240 @@ async def resume(run_id: str, decision: Decision | None = None, *,
     unless a gate's deadline has passed: then the engine decides, and says so.
     ``detach``: record the decision (and the resume) and return without executing: the
     run is PENDING until a worker (``interlock worker``) claims and continues it.
+    A decision on a run another process is executing is recorded for that process,
+    which continues the gate's branch (SPEC §3): the run is returned as it stands.
     """
+    result, _ = await resume_gate(run_id, decision, store=store, workflow=workflow,
+                                  config=config, limits=limits, force=force,
+                                  listener=listener, detach=detach)
+    return result
+
+
+@dataclass(frozen=True, slots=True)
+class GateDecision:
+    """What `decide_gate` did: the run as it stands after, and -- when another process
+    was executing the run -- that process's owner name (it folds the decision in and
+    continues the gate's branch; the decision is recorded all the same)."""
+
+    result: RunResult
+    handed_over: str | None = None
+
+
+async def decide_gate(run_id: str, gate: str | None, decision: Decision, *,
+                      by: str | None = None, via: str | None = None,
+                      store: str | Store | None = None, workflow: Functions | None = None,
+                      listener: Listener | None = None, detach: bool = False
+                      ) -> GateDecision:
+    """Decide one gate of a run (SPEC §3): ``gate`` is its name in ``waiting.pending``
+    (a node, ``NODE[i]`` for a map item's, ``parent_node/child_gate`` for a child run's;
+    None: the oldest waiting), ``decision`` an `approve`/`reject`/`modify`, ``by`` who
+    decides (default: the decision's), ``via`` where (``"cli"``, ``"api"``,
+    ``"dashboard"``, ``"slack"``, ... -- recorded with it).
+
+    Exactly one decision per gate wins: another on the same gate is refused
+    (`GateTaken`, a UsageError: exit 2, a 409), as is a decision the gate does not accept
+    (UsageError; `NotAnApprover` for a decider its ``approvers:`` do not list). Decided
+    here, the run executes on to its next stop (``detach``: recorded only, for a
+    worker); while another process executes the run, the decision is recorded for it
+    and ``handed_over`` names it."""
+    from dataclasses import replace
+
+    decision = replace(decision, node=gate if gate is not None else decision.node,
+                       by=by if by is not None else decision.by,
+                       via=via if via is not None else decision.via)
+    result, owner = await resume_gate(run_id, decision, store=store, workflow=workflow,
+                                      listener=listener, detach=detach)
+    return GateDecision(result, owner)
+
+
+# how long a decision on a run another process executes waits for that process to fold
+# it in (or to let the run go, when this one records it itself) before it returns
+HANDOVER_SECONDS = 2 * LEASE_SECONDS
+HANDOVER_POLL = 0.05
+
+
+async def resume_gate(run_id: str, decision: Decision | None = None, *,
+                      store: str | Store | None = None, workflow: Functions | None = None,
+                      config: Mapping[str, Any] | None = None,
+                      limits: Mapping[str, Any] | None = None, force: bool = False,
+                      listener: Listener | None = None, detach: bool = False
+                      ) -> tuple[RunResult, str | None]:
+    """`resume`, and whether the decision was handed over: the owner executing the run
+    it was recorded for (None when this call recorded it and executed the run, or there
+    was no decision).
+
+    A decision on a gate of this run is first offered (`Store.offer_decision`: exactly
+    one per gate wins, refused for the others), then recorded under the run's claim --
+    here, or by the process executing the run, which folds offered decisions in."""
     st, owned = open_store_arg(store)
     try:
-        loaded = await load_run(st, run_id, workflow=workflow, executable=True)
-        view = loaded.view
-        fields = _overrides(config, limits)
-        first: list[tuple[str, dict[str, object]]] = []
-        if view.status == "WAITING_APPROVAL":
-            first = await _decisions(st, run_id, loaded, decision)
-        elif decision is not None:
-            raise UsageError(f"run {run_id!r} is {view.status}, not waiting for a decision; "
-                             "the decision is refused")
-        elif view.status not in RESUMABLE:
-            raise UsageError(f"run {run_id!r} is {view.status}; only a failed, interrupted or "
-                             "waiting run can be resumed")
-        resumed = dict(fields, by=decision.by if decision else None)
-        if detach:
-            resumed["detached"] = True
-        spans, listener = await _traced(st, run_id, loaded.row.workflow, listener)
+        offered_gate: tuple[str, int, str | None, float] | None = None
+        if decision is not None:
+            offered_gate = await _offer(st, run_id, decision, workflow)
+        if offered_gate is not None:
+            decision = None  # the offer is folded in with the others (`_resume`)
         try:
-            result = await drive(loaded.plan, st, run_id, view, loaded.writer(),
-                                 first=[(L.RUN_RESUMED, resumed), *first], force=force,
-                                 listener=listener, execute=not detach)
-        finally:
-            if spans is not None:
-                spans.end()
-        link = loaded.row.options.get("parent")
-        if link is not None:  # a child run resumed on its own: its parent goes on too
-            await _continue_parent(st, run_id, link, detach=detach)
-        return result
+            return await _resume(st, run_id, decision, workflow=workflow, config=config,
+                                 limits=limits, force=force, listener=listener,
+                                 detach=detach), None
+        except (ClaimError, ConflictError) as exc:
+            # executed elsewhere, or changed since it was read (another decision recorded
+            # first): the offer stands -- folded in there, or recorded here once free
+            if offered_gate is None or isinstance(exc, ClaimLost | CodeChanged):
+                raise
+            owner = exc.owner if isinstance(exc, ClaimError) else "another process"
+            return await _handover(st, run_id, offered_gate, owner, workflow=workflow,
+                                   config=config, limits=limits, listener=listener,
+                                   detach=detach)
+        except UsageError:
+            # e.g. the run ended meanwhile: the process that ended it may have folded our
+            # offer in first (decisions on two gates of one run both win)
+            folded = await _folded(st, run_id, offered_gate, workflow) \
+                if offered_gate is not None else None
+            if folded is None:
+                raise
+            return folded, "another process"
     finally:
         if owned:
             await release_store(st)
 
 
+async def _offer(st: Store, run_id: str, decision: Decision, workflow: Functions | None
+                 ) -> tuple[str, int, str | None, float] | None:
+    """Check ``decision`` against the run's gate it is for and offer it: the gate it was
+    offered for, or None for a decision this run does not take by an offer (a gate of a
+    child run, a run waiting for nothing: `_resume` decides or refuses it as before).
+    Raises UsageError when refused (checked, or another decision won the gate)."""
+    from .._engine._approvals import decide, expire, gate_name, gate_slot, offer_of
+
+    loaded = await load_run(st, run_id, workflow=workflow, executable=strict_code())
+    view = loaded.view
+    pending = view.pending_gates()
+    if not pending or view.status in TERMINAL_STATUSES or view.status == "WAITING_INPUT":
+        return None  # (a conversation: `_resume` refuses)
+    if strict_code():  # refused before anything is offered (`CodeChanged`)
+        await check_code(st, run_id, loaded.plan, view)
+    expired = expire(loaded.spec, view)
+    if _child_gate(view, decision, []) is not None or \
+            (decision.node is not None and "/" in decision.node):
+        return None
+    records = decide(loaded.spec, view, decision, expired=expired)  # (raises: refused)
+    decided = records[0][1]
+    gate = view.gates[gate_key(decided["node"], decided["visit"], decided.get("item"))]
+    won = await st.offer_decision(run_id, gate_slot(gate), offer_of(gate, decision))
+    if won is not None:
+        who = won.get("by") or "an anonymous decider"
+        via = f" via {won['via']}" if won.get("via") else ""
+        raise GateTaken(f"the decision is refused: gate {gate_name(gate)!r} of run "
+                        f"{run_id!r} was decided already ({won.get('decision')} by {who}"
+                        f"{via}); exactly one decision per gate wins -- see "
+                        f"`interlock status {run_id}`")
+    return gate.slot[0], gate.visit, gate.key, gate.requested_at
+
+
+class GateTaken(UsageError):
+    """Another decision won the gate (a server answers 409)."""
+
+
+async def _folded(st: Store, run_id: str, gate: tuple[str, int, str | None, float],
+                  workflow: Functions | None) -> RunResult | None:
+    """The run as it stands if the decision offered for ``gate`` is in its log (folded in
+    by whichever process executed it), else None."""
+    loaded = await load_run(st, run_id, workflow=workflow)
+    g = loaded.view.gates.get(gate[:2])
+    if g is not None and g.decision is None and g.key == gate[2] \
+            and g.requested_at == gate[3]:
+        return None  # still waiting: not folded in
+    offers = await st.decisions(run_id)
+    mine = [d for d in offers.values() if gate_key(str(d.get("node")), int(d.get("visit") or 0),
+                                                    d.get("item")) == gate[:2]
+            and d.get("requested_at") == gate[3]]
+    return result_of(run_id, loaded.row.workflow, loaded.view) if mine else None
+
+
+async def _handover(st: Store, run_id: str, gate: tuple[str, int, str | None, float],
+                    owner: str, *,
+                    workflow: Functions | None, config: Mapping[str, Any] | None,
+                    limits: Mapping[str, Any] | None, listener: Listener | None,
+                    detach: bool) -> tuple[RunResult, str | None]:
+    """Another process executes the run: it folds the decision offered for ``gate`` in
+    within its poll interval. Wait for that -- or for the run to be let go, then record
+    it here (`_resume`) -- up to `HANDOVER_SECONDS`; the run as it stands, and the owner
+    it was handed over to."""
+    loop = asyncio.get_running_loop()
+    until = loop.time() + HANDOVER_SECONDS
+    while True:
+        loaded = await load_run(st, run_id, workflow=workflow)
+        g = loaded.view.gates.get(gate[:2])
+        if g is None or g.decision is not None or g.key != gate[2] \
+                or g.requested_at != gate[3]:  # folded in (or asked again since)
+            return result_of(run_id, loaded.row.workflow, loaded.view), owner
+        if loop.time() >= until:  # still offered: whoever executes the run next folds it
+            return result_of(run_id, loaded.row.workflow, loaded.view), owner
+        await asyncio.sleep(HANDOVER_POLL)
+        try:
+            return await _resume(st, run_id, None, workflow=workflow, config=config,
+                                 limits=limits, listener=listener, detach=detach), None
+        except ClaimLost:
+            raise
+        except (ClaimError, ConflictError, UsageError):  # executed there, or moved on: again
+            continue
+
+
+async def _resume(st: Store, run_id: str, decision: Decision | None, *,
+                  workflow: Functions | None, config: Mapping[str, Any] | None,
+                  limits: Mapping[str, Any] | None, force: bool = False,
+                  listener: Listener | None, detach: bool) -> RunResult:
+
+    loaded = await load_run(st, run_id, workflow=workflow, executable=True)
+    view = loaded.view
+    fields = _overrides(config, limits)
+    first: list[tuple[str, dict[str, Any]]] = []
+    if view.status == "WAITING_INPUT":  # a conversation (SPEC §11)
+        raise UsageError(f"run {run_id!r} is a conversation waiting for its next message, "
+                         f"not for a decision: send one (interlock send {run_id} TEXT); "
+                         "there is nothing to resume or decide")
+    stopped = await unknown_outcomes(st, run_id, view) \
+        if view.gates and view.status not in TERMINAL_STATUSES else []
+    if stopped:  # approved actions that started and have no outcome: a person decides
+        if decision is not None:
+            raise UsageError(f"run {run_id!r} is not waiting for a decision yet: "
+                             f"{stopped[0][1]['node']!r} was approved and started, and its "
+                             "outcome is unknown (the process running it stopped); resume it "
+                             "without a decision: it then waits at an unknown_outcome gate")
+        first += stopped
+    elif view.pending_gates() and view.status not in TERMINAL_STATUSES:
+        first += await _decisions(st, run_id, loaded, decision)
+    elif decision is not None:
+        raise UsageError(f"run {run_id!r} is {view.status}, not waiting for a decision; "
+                         "the decision is refused")
+    elif view.status not in RESUMABLE:
+        raise UsageError(f"run {run_id!r} is {view.status}; only a failed, interrupted or "
+                         "waiting run can be resumed")
+    resumed = dict(fields, by=decision.by if decision else _by(first))
+    if detach:
+        resumed["detached"] = True
+    spans, listener = await _traced(st, run_id, loaded.row.workflow, listener)
+    try:
+        result = await drive(loaded.plan, st, run_id, view, loaded.writer(),
+                             first=[(L.RUN_RESUMED, resumed), *first], force=force,
+                             listener=listener, execute=not detach)
+    finally:
+        if spans is not None:
+            spans.end()
+    link = loaded.row.options.get("parent")
+    if link is not None:  # a child run resumed on its own: its parent goes on too
+        await _continue_parent(st, run_id, link, detach=detach)
+    return result
+
+
 async def _decisions(st: Store, run_id: str, loaded: Loaded, decision: Decision | None
-                     ) -> list[tuple[str, dict[str, object]]]:
-    """What the resume of a waiting run records before it goes on: the gates whose
-    deadline passed, the child runs that wait no more, and ``decision`` -- on a gate of
-    the run's own, or forwarded to the child run it waits through (SPEC §7)."""
-    from .._engine._approvals import decide, expire
+                     ) -> list[tuple[str, dict[str, Any]]]:
+    """What the resume of a run with waiting gates records before it goes on: the gates
+    whose deadline passed, the child runs that wait no more, ``decision`` -- on a gate of
+    the run's own, or forwarded to the child run it waits through (SPEC §7) -- and the
+    decisions offered for its gates (`Store.offer_decision`; this call's among them)."""
+    from .._engine._approvals import decide, expire, gate_name, offered, oldest
 
     view = loaded.view
     expired = expire(loaded.spec, view)
@@ -113,13 +311,31 @@ async def _decisions(st: Store, run_id: str, loaded: Loaded, decision: Decision 
         first += decide(loaded.spec, view, decision, expired=expired)
     else:  # a gate in a child run whose deadline passed: decided there
         first += await _expired_children(st, view, moved)
-    if decision is None and not first:
-        gate = view.pending_gates()[0]
+    # the decisions offered for gates still waiting
+    done = {(f["node"], f["visit"]) for t, f in first if t == L.APPROVAL_DECIDED}
+    if not any(t == L.RUN_REJECTED for t, _ in first):
+        offers = await st.decisions(run_id)
+        if offers:
+            first += offered(loaded.spec, view,
+                             {k: d for k, d in offers.items()
+                              if (d.get("node"), d.get("visit")) not in done},
+                             expired=first)
+    if decision is None and not first and view.status == "WAITING_APPROVAL":
+        gate = oldest(view.pending_gates())
         raise UsageError(f"run {run_id!r} is waiting for a decision at "
-                         f"{gate.path or gate.node!r}; "
+                         f"{gate_name(gate)!r}; "
                          "resume it with --approve, --reject or --modify "
                          "(interlock.approve/reject/modify in Python)")
     return first
+
+
+def _by(first: list[tuple[str, dict[str, Any]]]) -> str | None:
+    """Who resumed the run: the decider of its first decision folded in, if any."""
+    for rtype, fields in first:
+        if rtype == L.APPROVAL_DECIDED and fields.get("decision") != "closed":
+            by = fields.get("by")
+            return by if isinstance(by, str) else None
+    return None
 
 
 _PAST = {"approve": "approved", "reject": "rejected", "modify": "modified"}

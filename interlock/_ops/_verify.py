@@ -79,7 +79,8 @@ def forged(nodes: Mapping[str, NodeSpec], path: tuple[str, ...], rec: L.Record) 
     node = rec.get("node")
     if space == "child":
         spec = nodes.get(node) if isinstance(node, str) else None
-        if rtype != L.CHILD_STARTED or spec is None or spec.workflow is None:
+        if rtype != L.CHILD_STARTED or spec is None or (
+                spec.workflow is None and not _workflow_tools(spec)):
             return (f"a {rtype} record of {node!r}, which is not a sub-workflow node: the "
                     "engine did not write it (a forged child link)")
         child = rec.get("run_id")
@@ -95,6 +96,12 @@ def forged(nodes: Mapping[str, NodeSpec], path: tuple[str, ...], rec: L.Record) 
         return None
     return (f"a {rtype} record{f' of {node!r}' if node else ''} that interlock did not write "
             f"(the {space}. namespace is interlock's own)")
+
+
+def _workflow_tools(spec: NodeSpec) -> bool:
+    """Whether an agent node has a workflow among its tools (a child run per call)."""
+    tools = (spec.agent or {}).get("tools") if isinstance(spec.agent, dict) else None
+    return any(isinstance(t, dict) and t.get("workflow") for t in tools or ())
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,7 @@ from .._definition._plan import Plan, build_plan
 from .._definition._validate import check
 from .._errors import Diagnostic, WorkflowError
 from ..agents import KIND as AGENT_KIND
+from ..agents._delegates import COMPILE as TOOL_COMPILE
 from ._subflow import SubflowKind
 
 SUBFLOW_KIND = SubflowKind()
@@ -52,3 +53,4 @@ def reading_plan(spec: WorkflowSpec) -> Plan:
 # sub-workflows of its own)
 SUBFLOW_KIND.check_child = check_spec
 SUBFLOW_KIND.compile_child = compile_spec
+TOOL_COMPILE[:] = [compile_spec]  # a workflow tool's child, too (SPEC §11)

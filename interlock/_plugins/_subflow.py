@@ -79,6 +79,10 @@ class ChildRuns(Protocol):
         """The node's visit was cancelled while the child ran: when the parent is being
         cancelled, cancel the child (else it stays interrupted, to be continued)."""
 
+    async def search_messages(self, query: str, limit: int) -> list[Any]:
+        """The messages of earlier conversations of this run's workflow that best match
+        ``query`` (`Store.search_messages`, this run left out): a ``recall`` tool's."""
+
 
 #: the child runs of the run whose tasks see it (set by `_execute.drive`, per run)
 CHILD_RUNS: ContextVar[ChildRuns | None] = ContextVar("interlock_child_runs", default=None)
@@ -291,7 +295,8 @@ def _result(name: str, key: str, node: NodeSpec, child: WorkflowSpec,
         # (the gate's schema for its decision's data or patch, shown with the parent too)
         raise PauseRequested(out.run_id, waiting.get("show") or {}, waiting.get("input"),
                              path=f"{name}/{waiting.get('node')}",
-                             decisions=list(waiting.get("decisions") or ["approve", "reject"]))
+                             decisions=list(waiting.get("decisions") or ["approve", "reject"]),
+                             kind=str(waiting.get("kind") or "approval"))
     error = out.error or {}
     etype = error.get("type")
     details = error.get("details") or {}

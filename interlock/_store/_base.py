@@ -30,7 +30,7 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Collection
 from dataclasses import dataclass, field, fields
 from operator import attrgetter
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 from .._errors import (  # the store's errors live with every other error
     ClaimError,
@@ -41,6 +41,9 @@ from .._errors import (  # the store's errors live with every other error
     StoreError,
 )
 from .._log import Entry
+
+if TYPE_CHECKING:
+    from ._search import Found
 
 # a `Store.list_runs` limit meaning every run the store keeps (coverage, prune, metrics)
 ALL_RUNS = 10_000_000
@@ -252,6 +255,17 @@ class Store(ABC):
         rows.sort(key=attrgetter("created_at", "run_id"), reverse=True)
         return [light_row(r) for r in rows[:max(limit, 0)]]
 
+    async def leases(self) -> list[dict[str, Any]]:
+        """Who holds which run now: ``{run_id, workflow, status, owner, lease_until}``
+        for each run with an owner, by owner then run (the workers view). The default
+        reads the stores' rows the way `list_runs` does; the stores here ask for them."""
+        rows = await self.list_runs(limit=ALL_RUNS)
+        return sorted(({"run_id": r.run_id, "workflow": r.workflow,
+                        "status": r.summary.status, "owner": r.owner,
+                        "lease_until": r.lease_until}
+                       for r in rows if getattr(r, "owner", None)),
+                      key=lambda d: (d["owner"], d["run_id"]))
+
     @abstractmethod
     async def claim(self, run_id: str, owner: str, lease: float, *,
                     force: bool = False) -> int | None:
@@ -299,6 +313,17 @@ class Store(ABC):
         waits here between two `claim_next`; this default sleeps."""
         await asyncio.sleep(timeout)
 
+    async def wait_changed(self, timeout: float, seen: int | None = None) -> int:
+        """Return after ``timeout`` seconds, or sooner where the store can tell that
+        something was committed to it by any process (SQLite: ``PRAGMA data_version``)
+        after ``seen`` -- a number this method returned before (None: from now on; where
+        the number moved since, at once). The server's event streams wait here between two
+        looks for records committed elsewhere. This default sleeps; either way the
+        caller looks again after ``timeout`` (a detector may miss nothing, but the caller
+        does not count on it)."""
+        await asyncio.sleep(timeout)
+        return 0
+
     @abstractmethod
     async def heartbeat(self, run_id: str, owner: str, lease: float,
                         generation: int | None = None) -> None:
@@ -322,6 +347,29 @@ class Store(ABC):
     @abstractmethod
     async def cancel_requested(self, run_id: str) -> dict[str, Any] | None:
         """``{"by", "at"}`` when a cancellation was requested, else None."""
+
+    async def offer_decision(self, run_id: str, gate: str, decision: dict[str, Any]
+                             ) -> dict[str, Any] | None:
+        """Keep ``decision`` for the gate ``gate`` of the run (``extra.decisions``) unless
+        one is kept for it already, atomically: None when this one is kept (it wins),
+        else the one kept first. A decision is offered before it is recorded in the log,
+        so that exactly one decision per gate wins even when the run is being executed
+        elsewhere (whose executor folds it in: `decisions`). This default keeps them in
+        this process only; the stores keep them in the run's row."""
+        kept: dict[str, dict[str, dict[str, Any]]] = self.__dict__.setdefault(
+            "_decisions", {})
+        await self.get_run(run_id)  # (RunNotFound)
+        mine = kept.setdefault(run_id, {})
+        if gate in mine:
+            return dict(mine[gate])
+        mine[gate] = dict(decision)
+        return None
+
+    async def decisions(self, run_id: str) -> dict[str, dict[str, Any]]:
+        """The decisions offered for the run's gates (`offer_decision`), by gate."""
+        kept: dict[str, dict[str, dict[str, Any]]] = self.__dict__.setdefault(
+            "_decisions", {})
+        return {k: dict(v) for k, v in kept.get(run_id, {}).items()}
 
     @abstractmethod
     async def save_snapshot(self, run_id: str, seq: int, data: bytes) -> None:
@@ -349,6 +397,16 @@ class Store(ABC):
         """Keep ``value`` as the cursor under ``name`` (it replaces the one kept)."""
         cursors: dict[str, str] = self.__dict__.setdefault("_cursors", {})
         cursors[name] = value
+
+    async def search_messages(self, workflow: str, query: str, *, limit: int = 5,
+                              exclude: str | None = None) -> list[Found]:
+        """The messages of the conversations of ``workflow`` (their ``chat.message`` and
+        ``chat.reply`` records) that best match ``query``'s words, best first, leaving
+        out run ``exclude`` (SPEC §11, ``recall``). This default scans the records;
+        SQLite searches an FTS5 index, PostgreSQL its full-text search."""
+        from ._search import scan
+
+        return await scan(self, workflow, query, limit, exclude)
 
     async def size_bytes(self) -> int | None:
         """What the store takes up (a SQLite file with its WAL, PostgreSQL's tables),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 from .._json import JSONObject
 from .._log import Entry
@@ -151,6 +152,18 @@ class MemoryStore(Store):
     async def cancel_requested(self, run_id: str) -> JSONObject | None:
         value = self._row(run_id).extra.get("cancel")
         return dict(value) if value else None
+
+    async def offer_decision(self, run_id: str, gate: str, decision: dict[str, Any]
+                             ) -> dict[str, Any] | None:
+        kept = self._row(run_id).extra.setdefault("decisions", {})
+        if gate in kept:
+            return dict(kept[gate])
+        kept[gate] = dict(decision)
+        return None
+
+    async def decisions(self, run_id: str) -> dict[str, dict[str, Any]]:
+        kept = self._row(run_id).extra.get("decisions") or {}
+        return {k: dict(v) for k, v in kept.items()}
 
     async def save_snapshot(self, run_id: str, seq: int, data: bytes) -> None:
         self._row(run_id)

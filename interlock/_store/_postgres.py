@@ -37,6 +37,8 @@ processes on machines whose clocks differ still agree on who holds a run.
 
 from __future__ import annotations
 
+from typing import Any
+
 from .._json import JSONObject
 from .._log import Entry
 from ._base import (
@@ -51,10 +53,12 @@ from ._postgres_sql import _NOW
 from ._postgres_writes import PostgresWrites
 from ._rows import (
     _RUN_COLUMNS,
+    json_text,
     list_query,
     page_query,
     row_from,
 )
+from ._search import Found
 
 
 class PostgresStore(PostgresWrites, PostgresClaims, Store):
@@ -113,6 +117,16 @@ class PostgresStore(PostgresWrites, PostgresClaims, Store):
 
         return await self._do(op, idempotent=True)
 
+    async def leases(self) -> list[dict[str, Any]]:
+        async def op(conn: Conn) -> list[dict[str, Any]]:
+            cur = await conn.execute(
+                "SELECT run_id, workflow, status, owner, lease_until FROM runs WHERE owner "
+                'IS NOT NULL ORDER BY owner COLLATE "C", run_id COLLATE "C"')
+            return [{"run_id": r, "workflow": w, "status": s, "owner": o, "lease_until": u}
+                    for r, w, s, o, u in await cur.fetchall()]
+
+        return await self._do(op, idempotent=True)
+
     async def list_runs(self, *, status: str | None = None, workflow: str | None = None,
                         limit: int = 100) -> list[RunRow]:
         sql, params = list_query("%s", "runs", status, workflow, limit)
@@ -143,6 +157,40 @@ class PostgresStore(PostgresWrites, PostgresClaims, Store):
                 raise RunNotFound(run_id)
             value = row[0]
             return dict(value) if isinstance(value, dict) else None
+
+        return await self._do(op)
+
+    async def offer_decision(self, run_id: str, gate: str, decision: dict[str, Any]
+                             ) -> dict[str, Any] | None:
+        async def op(conn: Conn) -> dict[str, Any] | None:
+            # one statement: the row's lock makes a second offer re-check the condition
+            cur = await conn.execute(
+                "UPDATE runs SET extra = jsonb_set(extra::jsonb, '{decisions}', "
+                "COALESCE(extra::jsonb -> 'decisions', '{}'::jsonb) || "
+                "jsonb_build_object(%s::text, %s::jsonb))::text "
+                "WHERE run_id = %s AND NOT (COALESCE(extra::jsonb -> 'decisions', "
+                "'{}'::jsonb) ? %s) RETURNING 1",
+                (gate, json_text(decision), run_id, gate))
+            if await cur.fetchone() is not None:
+                return None
+            cur = await conn.execute("SELECT extra::jsonb -> 'decisions' -> %s FROM runs "
+                                     "WHERE run_id = %s", (gate, run_id))
+            row = await cur.fetchone()
+            if row is None:
+                raise RunNotFound(run_id)
+            return dict(row[0]) if isinstance(row[0], dict) else {}
+
+        return await self._do(op)
+
+    async def decisions(self, run_id: str) -> dict[str, dict[str, Any]]:
+        async def op(conn: Conn) -> dict[str, dict[str, Any]]:
+            cur = await conn.execute("SELECT extra::jsonb -> 'decisions' FROM runs "
+                                     "WHERE run_id = %s", (run_id,))
+            row = await cur.fetchone()
+            if row is None:
+                raise RunNotFound(run_id)
+            kept = row[0]
+            return {k: dict(v) for k, v in kept.items()} if isinstance(kept, dict) else {}
 
         return await self._do(op)
 
@@ -182,6 +230,20 @@ class PostgresStore(PostgresWrites, PostgresClaims, Store):
         return await self._do(op, idempotent=True)
 
     # -- pruning ---------------------------------------------------------------------
+
+    async def search_messages(self, workflow: str, query: str, *, limit: int = 5,
+                              exclude: str | None = None) -> list[Found]:
+        from . import _postgres_search
+        from ._search import words
+
+        wanted = words(query)
+        if not wanted:
+            return []
+
+        async def op(conn: Conn) -> list[Found]:
+            return await _postgres_search.search(conn, workflow, wanted, limit, exclude)
+
+        return await self._do(op)
 
     async def delete_finished(self, run_ids: list[str]) -> tuple[list[str], int]:
         if not run_ids:

@@ -75,9 +75,10 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import threading
+import weakref
 from collections.abc import Callable, Collection
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 from urllib.parse import parse_qsl
 
 from .._json import JSONObject
@@ -92,8 +93,10 @@ from ._base import (
     Summary,
 )
 from ._rows import check_first_seqs
+from ._search import Found
 from ._sqlite_sql import sqlite_error
 from ._sqlite_thread import _Checkpointer, _Writer
+from ._sqlite_watch import Watch
 from ._sqlite_writes import SQLiteWrites
 
 T = TypeVar("T")
@@ -164,6 +167,10 @@ class _Renewer(LeaseRenewer):
             conn.close()
 
 
+LEASES_SQL = ("SELECT run_id, workflow, status, owner, lease_until FROM runs "
+              "WHERE owner IS NOT NULL ORDER BY owner, run_id")
+
+
 class SQLiteStore(SQLiteWrites, Store):
     """The store in one SQLite file (see the module): its file
     (`interlock._store._sqlite_file`), its WAL (`interlock._store._sqlite_wal`), its writes
@@ -193,6 +200,10 @@ class SQLiteStore(SQLiteWrites, Store):
         # times the WAL was truncated after a full disk; once it was, the WAL is kept
         # under half the space left (`_wal_too_big`)
         self._space_freed = 0
+        # the change detectors (`interlock._store._sqlite_watch`), one per event loop
+        self._watches: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Watch] = \
+            weakref.WeakKeyDictionary()
+        self._runnable_seen: int | None = None  # `wait_runnable`'s last count
 
     # -- plumbing ----------------------------------------------------------------------
 
@@ -225,7 +236,37 @@ class SQLiteStore(SQLiteWrites, Store):
         self._thread().submit(loop, fut, None, (op, args))
         return await fut
 
+    def _watch(self) -> Watch:
+        loop = asyncio.get_running_loop()
+        watch = self._watches.get(loop)
+        if watch is None:
+            watch = self._watches[loop] = Watch(self.path, self._busy_ms)
+        return watch
+
+    async def wait_changed(self, timeout: float, seen: int | None = None) -> int:
+        """Until a commit to the file by any connection (``PRAGMA data_version``, looked
+        at every few milliseconds while someone waits: `interlock._store._sqlite_watch`)
+        after ``seen``, at most ``timeout`` seconds."""
+        return await self._watch().wait(timeout, seen)
+
+    async def wait_runnable(self, timeout: float) -> None:
+        """Until a commit to the file by any connection since the last call returned (a
+        run may have become runnable), at most ``timeout`` seconds."""
+        watch = self._watch()
+        self._runnable_seen = await watch.wait(timeout, self._runnable_seen)
+
+    async def _close_watches(self) -> None:
+        loop = asyncio.get_running_loop()
+        watches = list(self._watches.items())
+        self._watches.clear()
+        for owner, watch in watches:
+            if owner is loop:
+                await watch.close()
+            else:
+                watch.close_conn()
+
     async def close(self) -> None:
+        await self._close_watches()
         with self._lock:
             writer, self._writer = self._writer, None
         if writer is None:
@@ -242,6 +283,7 @@ class SQLiteStore(SQLiteWrites, Store):
         """`close` without waiting: the writer thread closes the connection after the jobs
         queued (SQLite then copies the WAL into the file, with an fsync) and ends; at exit
         the process waits for it (`_stop_writers`)."""
+        await self._close_watches()
         with self._lock:
             writer, self._writer = self._writer, None
         if writer is None:
@@ -295,6 +337,15 @@ class SQLiteStore(SQLiteWrites, Store):
                     force: bool = False) -> int:
         return await self._write(self._claim, run_id, owner, lease, force)
 
+    async def leases(self) -> list[dict[str, Any]]:
+        if self._absent():
+            return []
+
+        def read(conn: Any) -> list[dict[str, Any]]:
+            return [{"run_id": r, "workflow": w, "status": s, "owner": o, "lease_until": u}
+                    for r, w, s, o, u in conn.execute(LEASES_SQL)]
+        return await self._call(read)
+
     async def claim_next(self, owner: str, lease: float, *,
                          workflows: Collection[str] | None = None,
                          exclude: Collection[str] = ()) -> str | None:
@@ -316,6 +367,17 @@ class SQLiteStore(SQLiteWrites, Store):
         if self._absent():
             raise RunNotFound(run_id)
         await self._write(self._request_cancel, run_id, by)
+
+    async def offer_decision(self, run_id: str, gate: str, decision: dict[str, Any]
+                             ) -> dict[str, Any] | None:
+        if self._absent():
+            raise RunNotFound(run_id)
+        return await self._write(self._offer_decision, run_id, gate, decision)
+
+    async def decisions(self, run_id: str) -> dict[str, dict[str, Any]]:
+        if self._absent():
+            raise RunNotFound(run_id)
+        return await self._call(self._decisions, run_id)
 
     async def save_snapshot(self, run_id: str, seq: int, data: bytes) -> None:
         await self._write(self._save_snapshot, run_id, seq, data)
@@ -342,6 +404,16 @@ class SQLiteStore(SQLiteWrites, Store):
         await self._write(self._release, run_id, owner)
 
     # -- pruning ---------------------------------------------------------------------
+
+    async def search_messages(self, workflow: str, query: str, *, limit: int = 5,
+                              exclude: str | None = None) -> list[Found]:
+        from . import _sqlite_search
+        from ._search import words
+
+        wanted = words(query)
+        if self._absent() or not wanted:
+            return []
+        return await self._call(_sqlite_search.search, workflow, wanted, limit, exclude)
 
     async def delete_finished(self, run_ids: list[str]) -> tuple[list[str], int]:
         if self._absent() or not run_ids:

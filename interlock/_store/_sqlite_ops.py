@@ -9,7 +9,7 @@ from __future__ import annotations
 import sqlite3
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from .._json import JSONObject
 from .._log import Entry
@@ -164,6 +164,32 @@ class SQLiteOps:
             raise RunNotFound(run_id)
         value = from_json(row[0])
         return dict(value) if isinstance(value, dict) else None
+
+    @staticmethod
+    def _offer_decision(conn: sqlite3.Connection, run_id: str, gate: str,
+                        decision: dict[str, Any]) -> dict[str, Any] | None:
+        # (in the writer's BEGIN IMMEDIATE transaction: the read and the write are one)
+        row = conn.execute("SELECT json_extract(extra, '$.decisions') FROM runs "
+                           "WHERE run_id = ?", (run_id,)).fetchone()
+        if row is None:
+            raise RunNotFound(run_id)
+        kept = from_json(row[0]) if row[0] is not None else {}
+        if isinstance(kept, dict) and gate in kept:
+            return dict(kept[gate])
+        kept = dict(kept) if isinstance(kept, dict) else {}
+        kept[gate] = decision
+        conn.execute("UPDATE runs SET extra = json_set(extra, '$.decisions', json(?)) "
+                     "WHERE run_id = ?", (json_text(kept), run_id))
+        return None
+
+    @staticmethod
+    def _decisions(conn: sqlite3.Connection, run_id: str) -> dict[str, dict[str, Any]]:
+        row = conn.execute("SELECT json_extract(extra, '$.decisions') FROM runs "
+                           "WHERE run_id = ?", (run_id,)).fetchone()
+        if row is None:
+            raise RunNotFound(run_id)
+        kept = from_json(row[0]) if row[0] is not None else None
+        return {k: dict(v) for k, v in kept.items()} if isinstance(kept, dict) else {}
 
     @staticmethod
     def _save_snapshot(conn: sqlite3.Connection, run_id: str, seq: int, data: bytes) -> None:

@@ -57,7 +57,14 @@ class AgentKind:
     def build(self, name: str, node: NodeSpec, *, callables: Mapping[str, Callable[..., Any]],
               workflow: WorkflowSpec) -> Callable[..., Any]:
         assert node.agent is not None
-        return build_agent_node(name, node.agent, node, callables=callables, workflow=workflow)
+        from ._chat import ChatAgent
+        from ._delegates import DelegatingAgent
+
+        # a conversation's agent (SPEC §11), or an agent whose tools may be workflows and
+        # specialist agents
+        cls = ChatAgent if workflow.chat == name else DelegatingAgent
+        return build_agent_node(name, node.agent, node, callables=callables, workflow=workflow,
+                                agent_class=cls)
 
 
 KIND = AgentKind()

@@ -34,10 +34,30 @@ def check_agent(checker: Checker, name: str, ns: NodeSpec) -> None:
     if ns.writes is not None and output_key not in ns.writes:
         checker.add("error", f"node {name!r}: the agent writes its output to {output_key!r}, "
                     "which its 'writes' does not list", ("nodes", name, "writes"), "agent")
+    if spec.prompt is None and checker.spec.chat != name:
+        error("missing required key 'prompt' (the user message the agent gets; only a "
+              "conversation's agent, the node named by chat:, takes its messages instead)")
+    if spec.recall and checker.spec.chat != name:
+        error("recall: true gives a conversation's agent (the node chat: names) a "
+              "recall(query) tool over earlier conversations; this node is not one", "recall")
+    if checker.spec.chat == name:
+        if spec.prompt is not None:
+            error("a conversation's agent takes the user's messages, not a prompt: remove "
+                  "prompt (put standing instructions in system)", "prompt")
+        hidden = sorted(set(spec.redact) & {"reply", "tool_calls", "arguments"})
+        if hidden:
+            error(f"redact: {hidden}: a conversation's agent rebuilds each turn from its "
+                  "journaled model calls, which a redacted reply is not (every earlier turn "
+                  "would call the model again); redact prompt or result only", "redact")
+    if checker.spec.chat == name and spec.structured:
+        error("a conversation's agent replies in text: remove output/output_model (a "
+              "specialist agent used as a tool may declare one)", "output")
     _check_templates(spec, ns, error)
     schema = _check_output(checker, name, spec, where, error)
     _check_tools(checker, name, spec, where, error)
     _check_choose(checker.spec, name, spec, schema, error)
+    if schema is not None and output_key is not None:
+        _check_paths(checker, name, output_key, schema)
 
 
 def _parse(checker: Checker, name: str, data: Any, where: tuple[Any, ...]) -> AgentSpec | None:
@@ -132,8 +152,30 @@ def _check_output(checker: Checker, name: str, spec: AgentSpec, where: tuple[Any
 def _check_tools(checker: Checker, name: str, spec: AgentSpec, where: tuple[Any, ...],
                  error: Callable[..., None]) -> None:
     seen: dict[str, int] = {}
+    if spec.recall:
+        seen["recall"] = -1
     for i, tool in enumerate(spec.tools):
         loc = (*where, "tools", i)
+        if tool.call is None:
+            assert tool.name is not None
+            if tool.agent is not None:
+                sub = _parse(checker, f"{name}/{tool.name}", tool.agent, (*loc, "agent"))
+                if sub is not None:
+                    if sub.prompt is not None:
+                        error(f"tool {tool.name!r}: a specialist agent gets the caller's "
+                              "request as its message; remove its prompt", "tools", i)
+                    _check_tools(checker, f"{name}/{tool.name}", sub, (*loc, "agent"),
+                                 error)
+            elif not isinstance(tool.workflow, dict):
+                error(f"tool {tool.name!r}: workflow {tool.workflow!r} was not read (load "
+                      "the workflow from its file, or give the child's definition)",
+                      "tools", i)
+            made_name = tool.name
+            if made_name in seen:
+                error(f"two tools are named {made_name!r}; a model calls tools by name",
+                      "tools", i)
+            seen[made_name] = i
+            continue
         checker.resolve(tool.call, loc, f"node {name!r}: tool")
         fn = checker.result.callables.get(tool.call)
         if fn is None:
@@ -147,6 +189,44 @@ def _check_tools(checker: Checker, name: str, spec: AgentSpec, where: tuple[Any,
             error(f"two tools are named {made.name!r} (entries {seen[made.name]} and {i}); "
                   "a model calls tools by name", "tools", i)
         seen[made.name] = i
+
+
+def _check_paths(checker: Checker, name: str, key: str, schema: dict[str, Any]) -> None:
+    """A condition reading ``KEY.a.b`` of the agent's output: each step must be a property
+    its ``output:`` schema declares (``has(plan.respnse)`` is a typo the run would never
+    report: the field is just absent), unless that level allows other properties."""
+    from .._definition._checking import _did_you_mean
+    from .._definition._expr import ExpressionSyntaxError, compile_expression
+
+    for i, e in enumerate(checker.spec.edges):
+        for attr in ("when", "switch", "map"):
+            src = getattr(e, attr)
+            if src is None:
+                continue
+            try:
+                expr = compile_expression(src)
+            except ExpressionSyntaxError:
+                continue  # reported with the edge's other checks
+            for path in expr.paths:
+                head, *steps = path.split(".")
+                if head != key:
+                    continue
+                level: Any = schema
+                for depth, step in enumerate(steps):
+                    props = level.get("properties") if isinstance(level, dict) else None
+                    if not isinstance(props, dict) or level.get("additionalProperties") \
+                            not in (None, False):
+                        break
+                    if step not in props:
+                        at = ".".join([key, *steps[:depth]])
+                        checker.add("error", f"edge {e.describe()}: {attr} reads {path}, but "
+                                    f"the output schema of agent {name!r} has no property "
+                                    f"{step!r} at {at}" + _did_you_mean(step, props)
+                                    + f" (its properties: {', '.join(props)}); fix the "
+                                    "name, or declare the property in agent.output",
+                                    ("edges", i, attr), "agent-output")
+                        break
+                    level = props[step]
 
 
 def _check_choose(wf: WorkflowSpec, name: str, spec: AgentSpec, schema: dict[str, Any] | None,

@@ -65,6 +65,7 @@ from .._engine._guards import BudgetExceededError
 from .._errors import RouteError
 from ._errors import AgentConfigError, AgentError, AgentOutputError, AgentTurnsError
 from ._providers import (
+    TOKEN_SINK,
     ChatRequest,
     OpenAIProvider,
     Provider,
@@ -73,7 +74,7 @@ from ._providers import (
     ScriptedProvider,
     ToolCall,
 )
-from ._spec import AgentSpec
+from ._spec import AgentSpec, ToolSpec
 from ._tools import Tool, ToolArgumentsError, make_tool
 
 if TYPE_CHECKING:
@@ -97,7 +98,8 @@ _REJECTED_WITH = ("A human reviewer rejected this call to {tool}; it was not exe
 
 def build_agent_node(name: str, agent: Mapping[str, Any], node: NodeSpec, *,
                      callables: Mapping[str, Callable[..., Any]] | None = None,
-                     workflow: WorkflowSpec | None = None) -> AgentFn:
+                     workflow: WorkflowSpec | None = None,
+                     agent_class: type[_Agent] | None = None) -> AgentFn:
     """The node function of agent node ``name``. Nothing is imported or resolved until the
     node first runs (a plan built only to read a stored run never runs it)."""
     choices: list[str] = []
@@ -113,7 +115,7 @@ def build_agent_node(name: str, agent: Mapping[str, Any], node: NodeSpec, *,
             raise AgentConfigError(problem)
 
         return broken
-    agent_run = _Agent(name, spec, node, dict(callables or {}), choices)
+    agent_run = (agent_class or _Agent)(name, spec, node, dict(callables or {}), choices)
 
     async def agent_node(state: dict[str, Any], ctx: Context) -> Any:
         return await agent_run.run(state, ctx)
@@ -156,6 +158,8 @@ class _Agent:
         self.redact = frozenset(spec.redact)
         # a reply may be journaled (and replayed) only when no part of it is redacted
         self.replayable = not (self.redact & _REPLY_FIELDS)
+        # a reply streams to a `TOKEN_SINK` when one is set (a conversation's agent)
+        self.streams = False
         self._ready = False
 
     # -- set up on first run --------------------------------------------------------------
@@ -179,7 +183,8 @@ class _Agent:
         try:
             self.system_t: Template | None = (compile_template(spec.system)
                                               if spec.system else None)
-            self.prompt_t: Template = compile_template(spec.prompt)
+            # (a conversation's agent has none: its messages are the user's)
+            self.prompt_t: Template = compile_template(spec.prompt or "")
         except Exception as exc:
             raise AgentConfigError(f"node {self.name!r}: invalid template: {exc}") from None
         self.model_cls: type[BaseModel] | None = None
@@ -192,21 +197,45 @@ class _Agent:
         self.schema = output_schema(spec, self.model_cls, self.choices)
         self.validator = Draft202012Validator(self.schema) if self.schema is not None else None
         tools: dict[str, Tool] = {}
+        # tools that are not Python functions: a workflow (a child run per call) or a
+        # specialist agent (SPEC §11), by name
+        self.delegates: dict[str, Any] = {}
         for t in spec.tools:
+            if t.call is None:
+                d = self._delegate(t)
+                tools[d.tool.name] = d.tool
+                self.delegates[d.tool.name] = d
+                continue
             tool = make_tool(self._resolve(t.call), t.confirm)
             tools[tool.name] = tool
+        self._more_tools(tools)
         self.tools = tools
         self.tool_schemas = [t.schema() for t in tools.values()] or None
         self.provider: Provider
         if spec.provider == "scripted":
-            self.provider = ScriptedProvider(r.model_dump(mode="json", exclude_defaults=True)
-                                             for r in spec.replies or [])
+            self.provider = ScriptedProvider(
+                [x.model_dump(mode="json", exclude_defaults=True) for x in r]
+                if isinstance(r, list) else r.model_dump(mode="json", exclude_defaults=True)
+                for r in spec.replies or [])
         else:
             self.provider = OpenAIProvider(spec.base_url, spec.api_key_env)
         self.url_t: Template | None = None
         if spec.base_url is not None and "{{" in spec.base_url:
             self.url_t = compile_template(spec.base_url)  # e.g. {{ config.llm_base_url }}
         self._ready = True
+
+    def _delegate(self, tool: ToolSpec) -> Any:
+        """A workflow or agent tool (`_delegates.DelegatingAgent` makes them)."""
+        raise AgentConfigError(f"node {self.name!r}: tool {tool.name!r} is a workflow or an "
+                               "agent, which this agent cannot call")
+
+    def _tool_context(self, ctx: Context, base: dict[str, Any]) -> Any:
+        """The context a tool that takes ``ctx`` gets (`_delegates.Scoped`)."""
+        raise AgentConfigError(f"node {self.name!r}: tool {base.get('tool')!r} takes ctx, "
+                               "which this agent cannot give")
+
+    def _more_tools(self, tools: dict[str, Tool]) -> None:
+        """Built-in tools of a kind of agent (a conversation's ``end_conversation``)."""
 
     def _provider(self, ctx: Context) -> Provider:
         if self.url_t is None:
@@ -328,9 +357,20 @@ class _Agent:
         request = self._request(messages)
         provider = self._provider(ctx)
         over: list[BudgetExceededError] = []
+        sink = TOKEN_SINK.get() if self.streams else None
+        if sink is not None:  # the reply's text goes to whoever shows it as it arrives
+            run_id, node = ctx.run_id, self.name
+
+            def delta(text: str) -> None:
+                sink({"run_id": run_id, "node": node, "turn": turn, "text": text})
+
+            request.on_delta = delta
 
         async def call() -> dict[str, Any]:
             request.index = _calls_made(ctx)
+            request.item = ctx.item_index
+            if request.item is not None:  # a mapped node's item: its own calls too
+                request.item_call = _item_calls(ctx)
             await ctx.log("agent.request", self._hide({
                 "turn": turn, "provider": self.spec.provider, "model": self.spec.model,
                 "messages": len(request.messages), **note}))
@@ -395,9 +435,46 @@ class _Agent:
                     comment = (ctx.decision(key) or {}).get("comment")
                     text = await ctx.once(key, self._rejected, ctx, base, comment)
                 else:  # a redacted result is not journaled: a re-run runs the tool again
-                    text = await _step(ctx, key, "result" not in self.redact, self._execute,
-                                       ctx, base, tool, kwargs)
+                    known = None
+                    if tool.confirm and "result" not in self.redact:
+                        known = await self._started(ctx, key, base, show)
+                    text = known if known is not None else await _step(
+                        ctx, key, "result" not in self.redact, self._execute, ctx, base,
+                        tool, kwargs)
         return {"role": "tool", "tool_call_id": call.id, "content": text}, None
+
+    async def _started(self, ctx: Context, key: str, base: dict[str, Any],
+                       show: dict[str, Any]) -> str | None:
+        """A guarded tool call about to run (SPEC §3: destructive actions are never
+        repeated silently): its start is committed first; a call that had started in an
+        earlier attempt and left no result in the log is not run again unasked -- the
+        run waits at an ``unknown_outcome`` gate. The text the model gets when a person
+        said it was not done (reject) or gave the outcome checked by hand (approve with
+        data); None: run it (now, or again)."""
+        if ctx.recorded(key)[0]:
+            return None  # its result is in the log: replayed, never called again
+        started, at = ctx.recorded(f"{key}-started")
+        if not started:
+            await ctx.once(f"{key}-started", _identity, round(time.time(), 6))
+            return None
+        ask = f"{key}-unknown"
+        answer = ctx.confirm(ask, {**show, "started_at": at}, kind="unknown_outcome")
+        said = ctx.decision(ask) or {}
+        if answer != "approved":
+            comment = said.get("comment") or ("its outcome was unknown (the process running "
+                                              "it stopped) and a person recorded it as not "
+                                              "done")
+            text: str = await ctx.once(key, self._rejected, ctx, base, comment)
+            return text
+        data = said.get("data")
+        if isinstance(data, dict) and "result" in data:  # the outcome checked by hand
+            value = data["result"]
+            await ctx.log("tool.called", self._hide({**base, "result": value,
+                                                     "checked_by": said.get("by")}))
+            text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+            recorded: str = await ctx.once(key, _identity, text)
+            return recorded
+        return None  # approved: it runs again
 
     async def _edited(self, ctx: Context, key: str, base: dict[str, Any], tool: Tool,
                       call: ToolCall) -> tuple[dict[str, Any], str | None]:
@@ -425,7 +502,13 @@ class _Agent:
         returned ``interlock.goto``, the handoff (`_handoff`)."""
         t0 = time.perf_counter()
         try:
-            result = await tool.invoke(kwargs)
+            d = self.delegates.get(tool.name)
+            if d is not None:
+                result = await d.run(ctx, base, kwargs)
+            elif tool.takes_ctx:  # its own `once` keys and idempotency key, per call
+                result = await tool.invoke({**kwargs, "ctx": self._tool_context(ctx, base)})
+            else:
+                result = await tool.invoke(kwargs)
         except Exception as exc:
             # tool_errors: return -- the model gets the error as the tool's answer (and may
             # correct itself); raise -- the node fails with the tool's own exception (so
@@ -561,6 +644,14 @@ def _restart_point(ctx: Context) -> tuple[int, int]:
 def _calls_made(ctx: Context) -> int:
     """Model calls this node made in this run so far (every visit), from the journal."""
     return sum(1 for key in ctx.effect_keys() if key.startswith("llm-"))
+
+
+def _item_calls(ctx: Context) -> int:
+    """Model calls a mapped node's item made in this visit so far (from its journal)."""
+    n = 0
+    while ctx.recorded(f"llm-{n}")[0]:
+        n += 1
+    return n
 
 
 def _assistant(reply: Reply) -> dict[str, Any]:

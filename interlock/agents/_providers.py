@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -73,6 +74,17 @@ class ChatRequest:
     response_format: dict[str, Any] | None = None
     temperature: float | None = None
     index: int = 0
+    item: int | None = None  # a mapped node's item (its index), whose call this is
+    item_call: int = 0  # and the calls that item made before this one
+    # the reply's text as it arrives, a piece at a time: asks the provider to stream
+    on_delta: Callable[[str], None] | None = None
+
+
+#: where a model's reply goes as it streams (SPEC §11): ``sink({"run_id", "node", "turn",
+#: "text"})``, set by whoever shows it live (``interlock chat``, a server's event stream)
+#: in the context that executes the run; None: nothing streams
+TOKEN_SINK: ContextVar[Callable[[dict[str, Any]], None] | None] = ContextVar(
+    "interlock_token_sink", default=None)
 
 
 class Provider(Protocol):
@@ -95,21 +107,38 @@ class ScriptedProvider:
     ``provider: scripted`` and ``replies: [...]``. No network, no key, deterministic.
     """
 
-    def __init__(self, replies: Iterable[Mapping[str, Any] | str]) -> None:
-        self.replies: list[dict[str, Any]] = [
-            ScriptedReply.model_validate(r).model_dump(mode="json", exclude_defaults=True)
+    def __init__(self, replies: Iterable[Mapping[str, Any] | str | list[Any]]) -> None:
+        self.replies: list[dict[str, Any] | list[dict[str, Any]]] = [
+            [_reply_data(x) for x in r] if isinstance(r, list) else _reply_data(r)
             for r in replies]
 
     def __repr__(self) -> str:
         return f"ScriptedProvider({len(self.replies)} replies)"
 
     async def complete(self, request: ChatRequest) -> Reply:
-        if request.index >= len(self.replies):
+        k = request.item_call
+        if request.item is not None and k < len(self.replies) \
+                and isinstance(self.replies[k], list):
+            # one reply per item of a mapped node: the k-th call of item i gets entry i of
+            # the k-th reply, whatever order the items run in
+            entry = self.replies[k]
+        elif request.index >= len(self.replies):
             raise RepliesExhausted(
                 f"the scripted provider of node {request.node!r} has no reply left: it "
                 f"declares {len(self.replies)} and this is model call {request.index + 1} "
                 "of the run; add replies")
-        r = ScriptedReply.model_validate(self.replies[request.index])
+        else:
+            entry = self.replies[request.index]
+        if isinstance(entry, list):
+            if request.item is None or not 0 <= request.item < len(entry):
+                what = "is not a mapped node's item" if request.item is None \
+                    else f"is item {request.item}"
+                raise RepliesExhausted(
+                    f"the scripted provider of node {request.node!r}: its reply is a list "
+                    f"of {len(entry)} (one per item of a mapped node), and this call "
+                    f"{what}; give one entry per item")
+            entry = entry[request.item]
+        r = ScriptedReply.model_validate(entry)
         content = r.content
         if content is not None and not isinstance(content, str):
             content = json.dumps(content, ensure_ascii=False)
@@ -124,6 +153,10 @@ class ScriptedProvider:
                      "total_tokens": r.usage.total_tokens if r.usage.total_tokens is not None
                      else r.usage.prompt_tokens + r.usage.completion_tokens}
         return Reply(content, calls, usage, request.model or "scripted")
+
+
+def _reply_data(r: Mapping[str, Any] | str) -> dict[str, Any]:
+    return ScriptedReply.model_validate(r).model_dump(mode="json", exclude_defaults=True)
 
 
 class OpenAIProvider:
@@ -169,6 +202,8 @@ class OpenAIProvider:
             options["timeout"] = self.timeout
         try:
             async with openai.AsyncOpenAI(**options) as client:
+                if request.on_delta is not None:
+                    return await _streamed(client, kwargs, request.on_delta)
                 try:
                     resp = await client.chat.completions.create(**kwargs)
                 except openai.BadRequestError as exc:
@@ -192,6 +227,44 @@ class OpenAIProvider:
         except openai.APIError as exc:
             raise ProviderError(f"the provider's reply is not usable: {exc}") from exc
         return _reply_of(resp)
+
+
+async def _streamed(client: Any, kwargs: dict[str, Any], on_delta: Callable[[str], None]
+                   ) -> Reply:
+    """A streamed completion (``stream: true``): each piece of the content handed to
+    ``on_delta`` as it arrives, the tool calls assembled from their pieces, the usage
+    from the last chunk (``stream_options.include_usage``)."""
+    stream = await client.chat.completions.create(
+        **kwargs, stream=True, stream_options={"include_usage": True})
+    text: list[str] = []
+    calls: dict[int, dict[str, Any]] = {}
+    usage: dict[str, int] = {}
+    model = None
+    async for chunk in stream:
+        model = getattr(chunk, "model", None) or model
+        u = getattr(chunk, "usage", None)
+        if u is not None:
+            usage = {"prompt_tokens": int(u.prompt_tokens or 0),
+                     "completion_tokens": int(u.completion_tokens or 0),
+                     "total_tokens": int(u.total_tokens or 0)}
+        for choice in getattr(chunk, "choices", None) or ():
+            delta = choice.delta
+            if delta is None:
+                continue
+            if delta.content:
+                text.append(delta.content)
+                on_delta(delta.content)
+            for tc in delta.tool_calls or ():
+                call = calls.setdefault(tc.index, {"id": None, "name": "", "arguments": ""})
+                if tc.id:
+                    call["id"] = tc.id
+                fn = tc.function
+                if fn is not None:
+                    call["name"] += fn.name or ""
+                    call["arguments"] += fn.arguments or ""
+    tool_calls = [ToolCall(str(c["id"] or f"call_{i}"), c["name"], c["arguments"] or "{}")
+                  for i, c in sorted(calls.items())]
+    return Reply("".join(text) if text else None, tool_calls, usage, model)
 
 
 def _about_format(exc: Any) -> bool:

@@ -6,9 +6,17 @@ definition); this model is what validation and the agent node read it with.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    field_validator,
+    model_validator,
+)
 
 from .._definition._model import CALL_RE, RESERVED_NAMES
 from .._definition._values import NAME_RE
@@ -25,10 +33,17 @@ def _call_path(value: str) -> str:
 
 
 class ToolSpec(_Strict):
-    """``tools: [module:fn, {call: module:fn, confirm: true}]``."""
+    """``tools: [module:fn, {call: module:fn, confirm: true}]``, a workflow as a tool
+    ``{workflow: FILE, name, description}`` (SPEC §11: a child run per call; the file is
+    pinned as ``{file, definition}`` when the workflow is loaded), or a specialist agent
+    as a tool ``{name, description, agent: {...}}``."""
 
-    call: str
+    call: str | None = None
     confirm: bool = False
+    workflow: str | dict[str, Any] | None = None
+    agent: dict[str, Any] | None = None
+    name: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_-]{0,63}$")
+    description: str | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -37,8 +52,32 @@ class ToolSpec(_Strict):
 
     @field_validator("call")
     @classmethod
-    def _shape(cls, value: str) -> str:
-        return _call_path(value)
+    def _shape(cls, value: str | None) -> str | None:
+        return None if value is None else _call_path(value)
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> ToolSpec:
+        kinds = [k for k in ("call", "workflow", "agent") if getattr(self, k) is not None]
+        if len(kinds) != 1:
+            raise ValueError("a tool is module:function, {call: module:function, confirm: "
+                             "true}, {workflow: FILE, name, description} or {name, "
+                             "description, agent: {...}}: exactly one of call, workflow, agent"
+                             + (f" (this one has {', '.join(kinds)})" if kinds else ""))
+        if self.call is None and self.name is None:
+            raise ValueError(f"a {kinds[0]} tool needs name: (what the model calls it)")
+        if self.confirm and self.call is None:
+            raise ValueError("confirm: true guards a Python tool ({call: ..., confirm: "
+                             "true}); a workflow tool's gates are the child workflow's own")
+        if isinstance(self.workflow, dict) and not isinstance(
+                self.workflow.get("definition"), dict):
+            raise ValueError("workflow: is the path of a workflow file (relative to this one)")
+        return self
+
+    @property
+    def kind(self) -> Literal["call", "workflow", "agent"]:
+        if self.call is not None:
+            return "call"
+        return "workflow" if self.workflow is not None else "agent"
 
 
 class ScriptedToolCall(_Strict):
@@ -69,28 +108,45 @@ class ScriptedReply(_Strict):
         return {"content": data} if isinstance(data, str) else data
 
 
+def _reply_kind(value: Any) -> str:
+    return "items" if isinstance(value, list) else "reply"
+
+
+# a reply, or a list of them: one per item of a mapped node (only the matching form's
+# problems are reported)
+Reply = Annotated[Annotated[ScriptedReply, Tag("reply")]
+                  | Annotated[list[ScriptedReply], Tag("items")],
+                  Discriminator(_reply_kind)]
+
+
 class AgentSpec(_Strict):
     """``agent: {provider, model, base_url, api_key_env, system, prompt, output, output_model,
-    output_key, choose, tools, max_turns, replies, redact, temperature, tool_errors}``."""
+    output_key, choose, tools, max_turns, replies, redact, temperature, tool_errors,
+    history, recall}``."""
 
     provider: Literal["openai", "scripted"] = "openai"
     model: str | None = Field(default=None, min_length=1)
     base_url: str | None = Field(default=None, min_length=1)
     api_key_env: str | None = Field(default=None, min_length=1)
     system: str | None = None
-    prompt: str
+    prompt: str | None = None  # required, except for a conversation's agent (chat:)
     output: dict[str, Any] | None = None
     output_model: str | None = None
     output_key: str | None = None
     choose: str | None = Field(default=None, min_length=1)
     tools: list[ToolSpec] = Field(default_factory=list)
     max_turns: int = Field(default=4, ge=1, le=100)
-    replies: list[ScriptedReply] | None = None
+    # a list in place of a reply: one reply per item of a mapped node (item i gets entry i)
+    replies: list[Reply] | None = None
     redact: list[str] = Field(default_factory=list)
     temperature: float | None = Field(default=None, ge=0, le=2)
     # a tool that raises: its error goes back to the model as the tool's answer (return),
     # or fails the node (raise)
     tool_errors: Literal["return", "raise"] = "return"
+    # a conversation's agent (SPEC §11): the messages sent to the model per turn, and a
+    # recall(query) tool over earlier conversations of the workflow
+    history: int = Field(default=50, ge=1, le=100_000)
+    recall: bool = False
 
     @field_validator("output_model")
     @classmethod

@@ -36,6 +36,9 @@ class Tool:
     params: tuple[str, ...]  # parameter names, in order
     parameters: dict[str, Any]  # the JSON Schema of the arguments
     is_async: bool
+    # it takes ``ctx`` (a parameter of that name): the node's context, scoped to the call
+    # (its run id, config, an idempotency key and `once` keys of the call's own)
+    takes_ctx: bool = False
 
     def schema(self) -> dict[str, Any]:
         """The Chat Completions ``tools`` entry."""
@@ -86,7 +89,14 @@ def make_tool(fn: Callable[..., Any], confirm: bool = False) -> Tool:
                                   f"{exc}") from None
     fields: dict[str, Any] = {}
     params: list[str] = []
+    takes_ctx = False
     for i, p in enumerate(sig.parameters.values()):
+        if p.name == "ctx":  # the node's context, as a node gets it: not the model's to pass
+            if p.kind is p.POSITIONAL_ONLY or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+                raise ToolDefinitionError(f"tool {name!r}: ctx must be an ordinary "
+                                          "parameter (def tool(x: int, ctx): ...)")
+            takes_ctx = True
+            continue
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
             raise ToolDefinitionError(f"tool {name!r}: *{p.name} parameters cannot be offered "
                                       "to a model; name each parameter")
@@ -115,4 +125,4 @@ def make_tool(fn: Callable[..., Any], confirm: bool = False) -> Tool:
     is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
         getattr(fn, "__call__", None))  # noqa: B004
     return Tool(name, fn, confirm, doc.split("\n\n")[0].strip(), model, tuple(params), schema,
-                is_async)
+                is_async, takes_ctx)

@@ -31,6 +31,7 @@ from typing import Any
 
 import click
 
+from ._chat import chat, send
 from ._common import (
     EXIT_COMPLETED,
     EXIT_FAILED,
@@ -75,7 +76,7 @@ def cli() -> None:
     """interlock: graph workflows that execute exactly what they declare.
 
     Exit codes: 0 completed, 1 failed, 2 invalid usage or workflow,
-    3 waiting for approval, 4 rejected.
+    3 waiting for approval (or a conversation's next message), 4 rejected.
     """
     log = logging.getLogger("interlock")
     if not any(isinstance(h, _Warnings) for h in log.handlers):
@@ -109,5 +110,5 @@ def _exit_now_if_threads_were_abandoned(code: Any) -> None:
 
 
 for _command in (run, validate, graph, resume, status, runs, trace, verify, cancel, fork,
-                 coverage, export, prune, serve, triggers, worker, migrate):
+                 coverage, export, prune, serve, triggers, worker, migrate, send, chat):
     cli.add_command(_command)

@@ -26,6 +26,7 @@ _STATUS_EXIT = {
     "FAILED": EXIT_FAILED,
     "CANCELLED": EXIT_FAILED,
     "WAITING_APPROVAL": EXIT_WAITING,
+    "WAITING_INPUT": EXIT_WAITING,  # a conversation waiting for its next message
     "REJECTED": EXIT_REJECTED,
 }
 

@@ -17,7 +17,7 @@ _STATUS_STYLE = {
     "caught": "yellow",  # failed, and an error edge took the run on
     "waiting": "magenta", "taken": "cyan", "skipped": "dim", "not run": "dim",
     "COMPLETED": "bold green", "FAILED": "bold red", "CANCELLED": "bold red",
-    "WAITING_APPROVAL": "bold magenta", "REJECTED": "bold yellow",
+    "WAITING_APPROVAL": "bold magenta", "WAITING_INPUT": "bold cyan", "REJECTED": "bold yellow",
     "approved": "green", "rejected": "yellow", "modified": "cyan", "timed_out": "yellow",
     "PENDING": "dim", "RUNNING": "cyan", "RETRYING": "yellow",
 }

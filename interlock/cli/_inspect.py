@@ -229,15 +229,24 @@ def _waiting_lines(run_id: str, w: dict[str, Any], store: str) -> list[str]:
         what = "--modify's patch" if w.get("kind") == "tool" else "--data"
         lines.append(f"input ({what} must satisfy): {_json(w['input'])}")
     lines.append("decide with:")
+    pending = [g for g in w.get("pending") or () if isinstance(g, dict)]
+    gate_flag = f" --gate {gate}" if len(pending) > 1 else ""
     for flag in decision_flags(w):
-        lines.append(f"  interlock resume {run_id} {flag} --by NAME [--comment TEXT]{store}")
+        lines.append(f"  interlock resume {run_id} {flag}{gate_flag} --by NAME "
+                     f"[--comment TEXT]{store}")
+    others = [g for g in pending if g.get("node") != gate]
+    if others:
+        lines.append("also waiting (each decided on its own, with --gate):")
+        lines += [f"  {g.get('node')!s} ({g.get('kind')}, "
+                  f"{', '.join(g.get('decisions') or [])})" for g in others]
     return lines
 
 
 # -- runs -------------------------------------------------------------------------------------
 
 
-STATUSES = ["PENDING", "RUNNING", "RETRYING", "WAITING_APPROVAL", "COMPLETED", "FAILED",
+STATUSES = ["PENDING", "RUNNING", "RETRYING", "WAITING_APPROVAL", "WAITING_INPUT", "COMPLETED",
+            "FAILED",
             "REJECTED", "CANCELLED"]
 
 
@@ -246,8 +255,8 @@ STATUSES = ["PENDING", "RUNNING", "RETRYING", "WAITING_APPROVAL", "COMPLETED", "
               help="Only runs in this status.")
 @click.option("--workflow", metavar="NAME", help="Only runs of this workflow.")
 @click.option("--waiting", is_flag=True,
-              help="Only runs waiting for approval, with the gate, how long it has waited "
-                   "and its deadline.")
+              help="Only runs waiting for a person -- at a gate (with how long it has "
+                   "waited and its deadline), or conversations waiting for a message.")
 @click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True,
               help="At most this many runs.")
 @click.option("--json", "as_json", is_flag=True,
@@ -261,27 +270,37 @@ def runs(status_: str | None, workflow: str | None, waiting: bool, limit: int, a
 
     if status_ is not None:
         status_ = status_.upper()
+    statuses = [status_]
     if waiting:
-        if status_ not in (None, "WAITING_APPROVAL"):
-            raise CliError(f"--waiting lists WAITING_APPROVAL runs; it cannot be combined "
-                           f"with --status {status_}")
-        status_ = "WAITING_APPROVAL"
-    if server_url:
-        remote = Remote(server_url, token, store_url)
-        try:
-            rows = remote.rows(status=status_, workflow=workflow, limit=limit)
-        finally:
-            remote.close()
-    else:
-        rows = call_engine(list_runs(store=store_url, status=status_, workflow=workflow,
-                                     limit=limit))
+        if status_ not in (None, "WAITING_APPROVAL", "WAITING_INPUT"):
+            raise CliError(f"--waiting lists WAITING_APPROVAL and WAITING_INPUT runs; it "
+                           f"cannot be combined with --status {status_}")
+        # a gate, or a conversation waiting for its next message (SPEC §11)
+        statuses = [status_] if status_ else ["WAITING_APPROVAL", "WAITING_INPUT"]
+    rows = []
+    for one in statuses:
+        if server_url:
+            remote = Remote(server_url, token, store_url)
+            try:
+                rows += remote.rows(status=one, workflow=workflow, limit=limit)
+            finally:
+                remote.close()
+        else:
+            rows += call_engine(list_runs(store=store_url, status=one, workflow=workflow,
+                                          limit=limit))
+    if len(statuses) > 1:
+        rows = sorted(rows, key=lambda r: r.created_at, reverse=True)[:limit]
     if as_json:
         from ..support import run_json
 
-        click.echo(json.dumps([run_json(r) for r in rows], ensure_ascii=False))
+        if waiting:  # one entry per gate (SPEC §3: several gates at once)
+            out = [{**run_json(r), "waiting": g} for r in rows for g in _gates(r)]
+        else:
+            out = [run_json(r) for r in rows]
+        click.echo(json.dumps(out, ensure_ascii=False))
         return
     if not rows:
-        click.echo("no runs waiting for approval" if waiting else "no runs")
+        click.echo("no runs waiting for a person" if waiting else "no runs")
     elif waiting:
         _print_waiting(rows)
     else:
@@ -312,8 +331,7 @@ def _print_waiting(rows: list[RunRow]) -> None:
     header = ["run id", "workflow", "gate", "waiting", "deadline", "shows"]
     now = time.time()
     body = []
-    for r in rows:
-        w = r.summary.waiting or {}
+    for r, w in [(row, g) for row in rows for g in _gates(row)]:
         requested = w.get("requested_at")
         deadline = w.get("deadline")
         if deadline is None:
@@ -322,12 +340,24 @@ def _print_waiting(rows: list[RunRow]) -> None:
             due = f"{_when(deadline)} (in {_age(deadline - now)})"
         else:
             due = f"{_when(deadline)} (passed)"
-        body.append([r.run_id, r.workflow, str(w.get("node", "?")),
+        gate = str(w.get("node", "?"))
+        if w.get("kind") == "message":  # a conversation: it waits for a message
+            gate = f"message to {gate}"
+        body.append([r.run_id, r.workflow, gate,
                      _age(now - requested) if requested else "?", due,
                      _short(_json(w.get("show") or {}), 60)])
     _print_columns(header, body, right={3})
     click.echo("decide with: interlock resume RUN_ID --approve | --reject | --modify "
-               "PATCH_JSON --by NAME", err=True)
+               "PATCH_JSON [--gate GATE] --by NAME (a message: interlock send RUN_ID TEXT)",
+               err=True)
+
+
+def _gates(row: RunRow) -> list[dict[str, Any]]:
+    """The gates a run waits at: its ``waiting.pending`` (one, from a log before it)."""
+    w = row.summary.waiting or {}
+    pending = w.get("pending")
+    return [g for g in pending if isinstance(g, dict)] if isinstance(pending, list) \
+        and pending else [w]
 
 
 def _print_columns(header: list[str], body: list[list[str]], *, right: set[int],

@@ -151,6 +151,9 @@ class Progress:
     def _on_waiting(self, rec: Record) -> None:
         node = rec["node"]
         self.stats.setdefault(node, NodeStats()).status = "waiting"
+        if rec.get("kind") == "message":  # a conversation, between turns
+            self._line(node, "waiting", "for the next message")
+            return
         self._line(node, "waiting", "for approval: " + _short(_json(rec.get("show")), 100))
 
     def _on_edge(self, rec: Record, edge: EdgeSpec) -> None:
@@ -277,7 +280,10 @@ def _outcome_lines(result: RunResult, where: str = "") -> list[str]:
         node = result.error.get("node")
         where = f" at node {node!r}" if node else ""
         lines.append(f"error ({result.error.get('type')}){where}: {result.error.get('message')}")
-    if result.waiting:
+    if result.waiting and result.waiting.get("kind") == "message":  # a conversation
+        lines.append(f"waiting for the next message: interlock send {result.run_id} TEXT, or "
+                     f"interlock chat FILE --session {result.run_id}")
+    elif result.waiting:
         w = result.waiting
         lines.append(f"waiting for a decision at {w.get('node')!r}; shows {_json(w.get('show'))}")
         choices = " | ".join(decision_flags(w, short=True))

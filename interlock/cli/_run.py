@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
@@ -110,6 +111,10 @@ def _execute(wf: Workflow, data: dict[str, Any], store_url: str | None, run_id: 
 @click.option("--at", "at_node", metavar="NODE",
               help="With --modify: the node to re-enter at (default: the first of "
                    "approval.on_modify).")
+@click.option("--gate", "gate", metavar="NODE",
+              help="With a decision: the gate it decides, as waiting.pending names it (a "
+                   "node; NODE[i] for item i of a map; parent_node/child_gate for a child "
+                   "run's gate). Default: the gate waiting longest.")
 @click.option("--data", "data_json", metavar="JSON",
               help="With --approve or --reject: the input the gate's approval.input "
                    "schema asks for (JSON); the gate's record carries it as data.")
@@ -133,8 +138,9 @@ def _execute(wf: Workflow, data: dict[str, Any], store_url: str | None, run_id: 
 @store_option
 @server_options
 def resume(run_id: str, approve: bool, reject: bool, patch_json: str | None, at_node: str | None,
-           data_json: str | None, by: str | None, comment: str | None, sets: tuple[str, ...],
-           force: bool, detach: bool, strict_code: bool, as_json: bool, store_url: str | None,
+           gate: str | None, data_json: str | None, by: str | None, comment: str | None,
+           sets: tuple[str, ...], force: bool, detach: bool, strict_code: bool, as_json: bool,
+           store_url: str | None,
            server_url: str | None, token: str | None) -> None:
     """Continue RUN_ID from its log, or decide the approval it is waiting for.
 
@@ -155,6 +161,13 @@ def resume(run_id: str, approve: bool, reject: bool, patch_json: str | None, at_
         raise CliError("use one of --approve, --reject or --modify, not --approve and --reject")
     kind = "approve" if approve else "reject" if reject else None
     decision = _decision(kind, patch_json, at_node, by, comment, data_json)
+    if gate is not None:
+        if decision is None:
+            raise CliError("--gate NODE goes with a decision (--approve, --reject or "
+                           "--modify): it names the gate decided")
+        decision = replace(decision, node=gate)
+    if decision is not None:
+        decision = replace(decision, via="cli")
     config_sets, limits = parse_sets(sets)
     if server_url and strict_code:
         raise CliError("--strict-code goes with --store: through --server, the server decides "
@@ -173,16 +186,30 @@ def resume(run_id: str, approve: bool, reject: bool, patch_json: str | None, at_
     progress = Progress(run_id, live=not as_json)
     progress.where = where_options(store_url)
 
+    handed: list[str] = []
+
     async def go(st: Store) -> RunResult:
-        from .. import resume as resume_run
         from .. import trace
+        from ..support import resume_gate
 
         await _warn_undeclared(st, run_id, config_sets)
         progress.replay(await trace(run_id, store=st))
-        return await resume_run(run_id, decision, store=st, config=config or None,
-                                limits=limits or None, force=force, listener=progress)
+        result, owner = await resume_gate(run_id, decision, store=st, config=config or None,
+                                          limits=limits or None, force=force,
+                                          listener=progress)
+        if owner is not None:
+            handed.append(owner)
+        return result
 
     result = call_engine(with_store(store_url, go), progress)
+    if handed:  # recorded; the process executing the run continues that branch
+        if as_json:
+            click.echo(json.dumps(result.to_json(), ensure_ascii=False))
+        else:
+            click.echo(f"recorded: run {run_id} is being executed by {handed[0]}, which "
+                       "continues the gate's branch; `interlock status "
+                       f"{run_id}` shows where it stands", err=True)
+        sys.exit(0)
     _finish(result, progress, as_json)
 
 

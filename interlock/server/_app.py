@@ -26,7 +26,13 @@ from interlock import (
 from interlock.support import limits
 
 from . import _dashboard as dashboard
-from . import _routes_approvals, _routes_meta, _routes_runs, _routes_workflows
+from . import (
+    _routes_approvals,
+    _routes_messages,
+    _routes_meta,
+    _routes_runs,
+    _routes_workflows,
+)
 from ._deps import _plain_params
 from ._guard import Edge, Guard, Problemed, allowed_hosts
 from ._models import Problem
@@ -101,7 +107,8 @@ def create_app(options: ServerOptions | None = None, **kwargs: Any) -> FastAPI:
 
 def _routes(app: FastAPI) -> None:
     """The routers, then the dashboard (its pages are matched last)."""
-    for routes in (_routes_meta, _routes_workflows, _routes_runs, _routes_approvals):
+    for routes in (_routes_meta, _routes_workflows, _routes_runs, _routes_approvals,
+                   _routes_messages):
         app.include_router(routes.router)
     dashboard.mount(app)
 

@@ -15,7 +15,8 @@ from fastapi.staticfiles import StaticFiles
 
 DIR = Path(__file__).resolve().parent / "dashboard"
 # the dashboard's own addresses (one page: its modules route on the path)
-PAGES = ("/", "/approvals", "/runs/{run_id}", "/workflows", "/workflows/{name}")
+PAGES = ("/", "/approvals", "/runs/{run_id}", "/workflows", "/workflows/{name}", "/schedules",
+         "/workers")
 HEADERS = {
     "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; "
                                "img-src 'self'; connect-src 'self'; base-uri 'none'; "

@@ -2,7 +2,9 @@
 
 `NotifyingStore` wraps the server's store and tells the `Hub` after every commit of a
 run's records (the server's own executions), so a stream wakes at once; records that
-other processes commit to the same store are found by polling (`ServerOptions.poll`).
+other processes commit to the same store are found by `interlock.server._reads.Polls`
+(woken by the store's change detector, `Store.wait_changed`, with `ServerOptions.poll`
+as the slow poll behind it).
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from interlock import Store
@@ -25,6 +27,30 @@ class Hub:
         self._events: weakref.WeakValueDictionary[str, asyncio.Event] = \
             weakref.WeakValueDictionary()
         self.stopping = asyncio.Event()  # the server is shutting down: streams end
+        # a conversation's reply as it streams (SPEC §11): pieces not in the log, handed
+        # to each event stream of the run that is open when they arrive
+        self._tokens: dict[str, list[list[dict[str, Any]]]] = {}
+
+    @contextlib.contextmanager
+    def tokens(self, run_id: str) -> Iterator[list[dict[str, Any]]]:
+        """A buffer that gets the run's reply pieces while the block runs."""
+        buffer: list[dict[str, Any]] = []
+        self._tokens.setdefault(run_id, []).append(buffer)
+        try:
+            yield buffer
+        finally:
+            subscribers = self._tokens.get(run_id, [])
+            subscribers.remove(buffer)
+            if not subscribers:
+                self._tokens.pop(run_id, None)
+
+    def token(self, run_id: str, piece: dict[str, Any]) -> None:
+        """A piece of a reply (on the API's loop): to every open stream of the run."""
+        subscribers = self._tokens.get(run_id)
+        if subscribers:
+            for buffer in subscribers:
+                buffer.append(piece)
+            self.changed(run_id)
 
     def waiter(self, run_id: str) -> asyncio.Event:
         """An event set at the run's next commit (take it *before* reading the log)."""
@@ -74,6 +100,12 @@ class NotifyingStore(Store):
             await self.inner.append(run_id, entries, summary, release, claim=claim)
         self.hub.changed(run_id)
 
+    async def wait_changed(self, timeout: float, seen: int | None = None) -> int:
+        return await self.inner.wait_changed(timeout, seen)
+
+    async def wait_runnable(self, timeout: float) -> None:
+        await self.inner.wait_runnable(timeout)
+
     async def get_run(self, run_id: str) -> RunRow:
         return await self.inner.get_run(run_id)
 
@@ -99,6 +131,9 @@ class NotifyingStore(Store):
         return await self.inner.list_page(status=status, workflow=workflow, limit=limit,
                                           before=before, updated_after=updated_after)
 
+    async def leases(self) -> list[dict[str, Any]]:
+        return await self.inner.leases()
+
     async def claim(self, run_id: str, owner: str, lease: float, *,
                     force: bool = False) -> int | None:
         return await self.inner.claim(run_id, owner, lease, force=force)
@@ -122,6 +157,13 @@ class NotifyingStore(Store):
     async def cancel_requested(self, run_id: str) -> dict[str, Any] | None:
         return await self.inner.cancel_requested(run_id)
 
+    async def offer_decision(self, run_id: str, gate: str, decision: dict[str, Any]
+                             ) -> dict[str, Any] | None:
+        return await self.inner.offer_decision(run_id, gate, decision)
+
+    async def decisions(self, run_id: str) -> dict[str, dict[str, Any]]:
+        return await self.inner.decisions(run_id)
+
     async def save_snapshot(self, run_id: str, seq: int, data: bytes) -> None:
         await self.inner.save_snapshot(run_id, seq, data)
 
@@ -130,6 +172,10 @@ class NotifyingStore(Store):
 
     async def delete_finished(self, run_ids: list[str]) -> tuple[list[str], int]:
         return await self.inner.delete_finished(run_ids)
+
+    async def search_messages(self, workflow: str, query: str, *, limit: int = 5,
+                              exclude: str | None = None) -> list[Any]:
+        return await self.inner.search_messages(workflow, query, limit=limit, exclude=exclude)
 
     async def close(self) -> None:
         await self.inner.close()

@@ -125,6 +125,16 @@ class RunRowOut(BaseModel):
 class RunPage(BaseModel):
     runs: list[RunRowOut]
     next: str | None = Field(description="the cursor of the next page; null on the last")
+    scanned: int | None = Field(default=None, description="a search's page: how many runs "
+                                "it read to find these (at most 2,000: then `next` goes on "
+                                "with the older ones); absent when not searched")
+
+    @model_serializer(mode="wrap")
+    def _without_absent(self, next_: SerializerFunctionWrapHandler):  # type: ignore[no-untyped-def]
+        out: dict[str, Any] = next_(self)
+        if out.get("scanned") is None:
+            out.pop("scanned", None)
+        return out
 
 
 class Record(BaseModel):
@@ -158,6 +168,9 @@ class DecisionIn(_Body):
     by: str | None = Field(default=None, max_length=200,
                            description="who decides; ignored when the server has --auth "
                                        "(the token's name is recorded)")
+    via: str | None = Field(default=None, max_length=40, pattern=r"^[a-z][a-z0-9_-]*$",
+                            description="where the decision was made (dashboard, api, ...): "
+                                        "recorded with it; default api")
 
 
 class CancelIn(_Body):
@@ -166,6 +179,16 @@ class CancelIn(_Body):
 
 class ResumeIn(_Body):
     config: dict[str, Any] = Field(default_factory=dict)
+
+
+class ForkIn(_Body):
+    """``POST /api/runs/{id}/fork``: a new run from the state at record ``at`` (as
+    ``interlock fork``), with an optional state patch, config and the new run's id."""
+
+    at: int = Field(ge=1, description="the seq of the record to fork from")
+    patch: dict[str, Any] | None = None
+    config: dict[str, Any] = Field(default_factory=dict)
+    run_id: str | None = Field(default=None, pattern=RUN_ID)
 
 
 class MigrateIn(_Body):
@@ -217,7 +240,9 @@ class Approval(BaseModel):
     approvers: list[str] = Field(description="names and role:NAME entries that may decide; "
                                              "empty: anyone with the approver role")
     kind: str | None = Field(default=None, description="approval, confirm, tool (a guarded "
-                             "tool call) or workflow (a child run's gate)")
+                             "tool call) or unknown_outcome (an action that started and "
+                             "left no outcome); a child run's gate has the child gate's "
+                             "kind")
     input: dict[str, Any] | None = Field(default=None, description="the JSON Schema an "
                                          "approve's data must satisfy (approval input:)")
     modify: ModifyInfo | None = Field(default=None, description="what a modify must be; "

@@ -75,7 +75,8 @@ CLOCK_SKEW = 60.0
 def payload(workflow: str, run_id: str, rec: dict[str, Any], public_url: str
             ) -> dict[str, Any]:
     """The message: ``text`` for any webhook, ``blocks`` for Slack."""
-    node = rec.get("node")
+    node = rec.get("path") or (rec.get("node") if rec.get("item") is None
+                               else f"{rec.get('node')}[{rec.get('item')}]")
     link = f"{public_url.rstrip('/')}/approvals?run_id={quote(run_id)}"
     show = rec.get("show") or {}
     text = (f"{mrkdwn(workflow)}: run {mrkdwn(run_id)} is waiting for a decision at "
@@ -145,9 +146,9 @@ class Notifier:
                     if rec["type"] == "approval.requested":
                         gates[rec["seq"]] = rec
                     elif rec["type"] == "approval.decided":
-                        gates = {s: g for s, g in gates.items()
-                                 if (g["node"], g.get("visit")) !=
-                                 (rec["node"], rec.get("visit"))}
+                        gates = {s: g for s, g in gates.items()  # (one gate: an item's,
+                                 if (g["node"], g.get("visit"), g.get("item")) !=  # too)
+                                 (rec["node"], rec.get("visit"), rec.get("item"))}
                     elif rec["type"] == NOTIFY_SENT and rec.get("request") is not None:
                         told.add(rec["request"])
             self._looked_at.add((row.run_id, requested))  # read: not again

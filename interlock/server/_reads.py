@@ -77,12 +77,15 @@ async def records_body(run_id: str, store: Store, after: int, limit: int | None
     yield b"]"
 
 
+Gates = list[dict[str, Any]]  # (``Approvals.list`` shadows the name in its class)
+
+
 # -- the inbox ------------------------------------------------------------------------
 
 @dataclass
 class _Kept:
     seq: int  # the run's last_seq when its approval was computed
-    approval: dict[str, Any] | None  # None: the run waits at no gate of its own
+    approvals: Gates  # one per gate it waits at (SPEC §3: several at once)
 
 
 @dataclass
@@ -109,8 +112,7 @@ class Approvals:
                 kept = self.kept[row.run_id] = _Kept(row.summary.last_seq,
                                                      await self._compute(store, row))
                 self.computed += 1
-            if kept.approval is not None:
-                out.append(kept.approval)
+            out.extend(kept.approvals)
         if len(rows) < MAX_WAITING:  # every waiting run was listed: forget the others
             waiting = {row.run_id for row in rows}
             for run_id in [r for r in self.kept if r not in waiting]:
@@ -127,15 +129,24 @@ class Approvals:
             self.specs[row.definition_hash] = spec
         return spec
 
-    async def _compute(self, store: Store, row: RunRow) -> dict[str, Any] | None:
-        w = row.summary.waiting or {}
-        node = w.get("node")
-        if not node:
-            return None
+    async def _compute(self, store: Store, row: RunRow) -> Gates:
+        waiting = row.summary.waiting or {}
+        if not waiting.get("node"):
+            return []
         try:
             spec = await self._spec(store, row)
         except RunNotFound:
-            return None  # deleted since it was listed
+            return []  # deleted since it was listed
+        gates = waiting.get("pending") or [waiting]  # (a log from before `pending`: one)
+        out: Gates = []
+        for w in gates:
+            if isinstance(w, dict) and w.get("node"):
+                out.append(await self._approval(store, row, spec, w))
+        return out
+
+    async def _approval(self, store: Store, row: RunRow, spec: Any, w: dict[str, Any]
+                        ) -> dict[str, Any]:
+        node = w["node"]
         ns = spec.nodes.get(node)
         approvers = list(ns.approval.approvers) if ns is not None and ns.approval else []
         decisions = w.get("decisions") or []
@@ -174,13 +185,16 @@ class Polls:
     """One poll of the store per followed run, shared by all its followers.
 
     A stream on a run that this server does not execute learns of records committed
-    elsewhere (the CLI, a worker, another server) from here: every ``every`` seconds
-    one task per run asks the store whether there is a record after the lowest seq any
-    of its followers has sent (one indexed read of at most one record), and if there
-    is, wakes them all through the `Hub` -- each then reads what it has not sent. A
-    follower sets its ``seq`` before it waits and takes its `Hub` waiter before it
-    reads: a record committed after its read is after its ``seq``, so the next poll
-    wakes it (no gap), and it reads from its own ``seq`` (no duplicate)."""
+    elsewhere (the CLI, a worker, another server) from here: when the store's change
+    detector tells of a commit (`Store.wait_changed`: SQLite's ``data_version``, within
+    milliseconds) and at the latest every ``every`` seconds (the slow poll, behind a
+    detector that missed one or a store without one), one task per run asks the store
+    whether there is a record after the lowest seq any of its followers has sent (one
+    indexed read of at most one record), and if there is, wakes them all through the
+    `Hub` -- each then reads what it has not sent. A follower sets its ``seq`` before it
+    waits and takes its `Hub` waiter before it reads: a record committed after its read
+    is after its ``seq``, so the next poll wakes it (no gap), and it reads from its own
+    ``seq`` (no duplicate)."""
 
     def __init__(self, store: Callable[[], Store], hub: Hub, every: float,
                  local: Callable[[str], bool]) -> None:
@@ -206,8 +220,12 @@ class Polls:
                 entry[1].cancel()
 
     async def _poll(self, run_id: str, followers: set[Follower]) -> None:
+        seen: int | None = None
         while followers:
-            await asyncio.sleep(self.every)
+            try:  # the store's change detector, the poll every ``every`` behind it
+                seen = await self.store().wait_changed(self.every, seen)
+            except StoreError:
+                await asyncio.sleep(self.every)
             if not followers or self.local(run_id):  # its own commits wake them
                 continue
             after = min(f.seq for f in followers)

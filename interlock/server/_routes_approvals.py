@@ -7,9 +7,8 @@ from typing import Any
 import orjson
 from fastapi import APIRouter, Response
 
-import interlock
 from interlock import Decision, UsageError
-from interlock.support import NotAnApprover, approvers_refuse, parse_definition
+from interlock.support import approvers_refuse, parse_definition
 
 from ._deps import Approver, Reader, Srv
 from ._guard import Problemed
@@ -40,22 +39,9 @@ async def decide(run_id: str, body: DecisionIn, server: Srv,
                 raise Problemed(403, "Forbidden", refused)
     decision = Decision(body.decision, by, body.comment, dict(body.patch or {}), body.at,
                         body.node, data=body.data, roles=tuple(roles))
-    async with server.lock(run_id):
-        try:
-            await server.launch(
-                f"decision on run {run_id}", run_id, row.workflow,
-                lambda listen, st: interlock.resume(
-                    run_id, decision, store=st,
-                    workflow=server.workflows.get(row.workflow), listener=listen,
-                    detach=server.records_only))
-        except NotAnApprover as exc:  # a child run's gate: its approvers: refused
-            raise Problemed(403, "Forbidden", str(exc)) from None
-        except UsageError as exc:
-            status = (await server.st.get_run(run_id)).summary.status
-            if status != "WAITING_APPROVAL":
-                raise Problemed(409, "Conflict", str(exc)) from None
-            raise
+    await server.decide_gate(run_id, body.node, decision, via=body.via or "api")
     return await server.run_object(run_id)
+
 
 @router.get("/api/approvals", response_model=list[Approval])
 async def approvals(server: Srv, who: Reader) -> Response:

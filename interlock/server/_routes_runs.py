@@ -16,6 +16,8 @@ import interlock
 from interlock.support import (
     TERMINAL_TYPES,
     MigrationRefused,
+    RunRow,
+    load_run,
     migrate_run,
     node_visits,
     parse_definition,
@@ -27,6 +29,7 @@ from ._deps import Existing, Operator, Reader, Srv, _plain
 from ._guard import Problemed
 from ._models import (
     CancelIn,
+    ForkIn,
     Graph,
     MigrateIn,
     MigrationOut,
@@ -62,10 +65,16 @@ async def runs(server: Srv, who: Reader, status: str | None = None,
                workflow: str | None = None,
                limit: Annotated[int, Query(ge=1, le=1000)] = 100,
                cursor: Annotated[str | None, Query(max_length=1200,
-                                                   pattern=CURSOR)] = None
+                                                   pattern=CURSOR)] = None,
+               q: Annotated[str | None, Query(max_length=200)] = None,
+               input: Annotated[str | None, Query(max_length=1000)] = None,
+               since: float | None = None, until: float | None = None
                ) -> dict[str, Any]:
     """One page: the runs after ``cursor`` (the ``next`` of the page before), newest
-    first; a run created meanwhile shifts no page (keyset paging)."""
+    first; a run created meanwhile shifts no page (keyset paging). A search narrows
+    it: ``q`` (a part of the run id), ``input`` (``field=value``: the input's field
+    equal to the value read as JSON, or as the text), ``since``/``until`` (created
+    between these Unix times)."""
     try:
         before = cursor_key(cursor) if cursor else None
     except BadCursor:
@@ -74,11 +83,73 @@ async def runs(server: Srv, who: Reader, status: str | None = None,
                         "page") from None
     if not _plain(status or "") or not _plain(workflow or ""):
         return {"runs": [], "next": None}  # no run has such a name (the store is spared)
+    if q or input or since is not None or until is not None:
+        return await _search(server, status=status and status.upper(), workflow=workflow,
+                             limit=limit, before=before, q=q or "", field=input,
+                             since=since, until=until)
     rows = await server.st.list_page(status=status and status.upper(),
                                      workflow=workflow, limit=limit + 1, before=before)
     page = rows[:limit]
     return {"runs": [run_json(r) for r in page],
             "next": page_cursor(page[-1]) if len(rows) > limit else None}
+
+
+SEARCH_SCAN = 2000  # runs a search reads per page at most (then `next` goes on from there)
+_BATCH = 200
+_ABSENT = object()
+
+
+async def _search(server: Server, *, status: str | None, workflow: str | None, limit: int,
+                  before: tuple[float, str] | None, q: str, field: str | None,
+                  since: float | None, until: float | None) -> dict[str, Any]:
+    """A searched page, from the store's pages newest first, filtered here: no store
+    has an index on an input's fields, so a search reads at most `SEARCH_SCAN` runs
+    per page (an input field costs one read of each candidate's row) and says so."""
+    name, want_text, want = "", "", _ABSENT
+    if field is not None:
+        name, eq, want_text = field.partition("=")
+        name = name.strip()
+        if not eq or not name:
+            raise Problemed(400, "Bad Request", f"input={field[:80]!r}: search an input field "
+                            "as FIELD=VALUE, e.g. input=ticket=INC-7 or input=n=4")
+        try:
+            want = orjson.loads(want_text)
+        except orjson.JSONDecodeError:
+            want = _ABSENT
+    if not _plain(q) or not _plain(status or "") or not _plain(workflow or ""):
+        return {"runs": [], "next": None, "scanned": 0}
+    if until is not None and (before is None or before[0] > until):
+        before = (until, "\U0010ffff")  # newest first: start at the range's end
+    found: list[RunRow] = []
+    scanned, ended, last = 0, False, None
+    while not ended and len(found) <= limit and scanned < SEARCH_SCAN:
+        rows = await server.st.list_page(status=status, workflow=workflow, limit=_BATCH,
+                                         before=before)
+        ended = len(rows) < _BATCH
+        for row in rows:
+            scanned += 1
+            before, last = (row.created_at, row.run_id), row
+            if since is not None and row.created_at < since:
+                ended = True  # older than the range: so is every run after it
+                break
+            if q and q not in row.run_id:
+                continue
+            if field is not None:
+                value = (await server.st.get_run(row.run_id)).input.get(name, _ABSENT)
+                if value is _ABSENT or not (value == want or (isinstance(value, str)
+                                                               and value == want_text)):
+                    continue
+            found.append(row)
+            if len(found) > limit or scanned >= SEARCH_SCAN:
+                break
+    page = found[:limit]
+    if len(found) > limit:
+        nxt: str | None = page_cursor(page[-1])
+    elif not ended and last is not None:
+        nxt = page_cursor(last)  # the scan's budget ran out: go on from where it stopped
+    else:
+        nxt = None
+    return {"runs": [run_json(r) for r in page], "next": nxt, "scanned": scanned}
 
 @router.get("/api/runs/{run_id}", response_model=RunObject)
 async def run(run_id: str, server: Srv, who: Reader) -> dict[str, Any]:
@@ -99,6 +170,24 @@ async def run_visits(run_id: str, server: Srv, who: Reader) -> Response:
     return Response(orjson.dumps(await node_visits(run_id, store=server.st,
                                                    share_loop=True)),
                     media_type="application/json")
+
+@router.get("/api/runs/{run_id}/state",
+            responses={200: {"description": "`{run_id, seq, status, state, input}`: the "
+                                            "fold of the records 1..seq (the state as it "
+                                            "stood just after record `seq`)"}})
+async def state_at(run_id: str, server: Srv, row: Existing,
+                   at: Annotated[int | None, Query(ge=1)] = None) -> Response:
+    """The run's state as it stood after record ``at`` (default: the last): the fold
+    of its records up to there, as ``interlock fork --at`` would start from."""
+    last = row.summary.last_seq
+    if at is not None and at > last:
+        raise Problemed(422, "Unprocessable Content", f"run {run_id} has records "
+                        f"1..{last}; there is no state at record {at}")
+    loaded = await load_run(server.st, run_id, upto=at if at is not None else last)
+    view = loaded.view
+    body = {"run_id": run_id, "seq": view.seq, "status": view.status,
+            "state": view.state, "input": row.input}
+    return Response(orjson.dumps(body, default=str), media_type="application/json")
 
 @router.get("/api/runs/{run_id}/records", response_class=StreamingResponse,
          responses={200: {"model": list[Record],
@@ -144,6 +233,46 @@ async def resume(run_id: str, server: Srv, who: Operator,
                 workflow=server.workflows.get(row.workflow), listener=listen,
                 detach=server.records_only))
     return await server.run_object(run_id)
+
+@router.post("/api/runs/{run_id}/fork", response_model=RunObject, status_code=201)
+async def fork(run_id: str, server: Srv, who: Operator, body: ForkIn) -> dict[str, Any]:
+    """A new run from the state at record ``at`` of this one (as ``interlock fork``):
+    records 1..at copied, then ``run.forked`` with the patch; the original is not
+    touched. Executed by this server (a server with ``--workers 0`` refuses: fork
+    with the CLI, where the code is)."""
+    row = await server.st.get_run(run_id)
+    if server.records_only:
+        raise Problemed(409, "Conflict", "this server executes no runs (--workers 0): fork "
+                        f"run {run_id} with `interlock fork {run_id} --at {body.at}` where "
+                        "the workflow's code is")
+    if body.at > row.summary.last_seq:
+        raise Problemed(422, "Unprocessable Content", f"run {run_id} has records "
+                        f"1..{row.summary.last_seq}; cannot fork at {body.at}")
+    new_id = body.run_id or interlock.make_run_id()
+    if await _exists(server, new_id):
+        raise Problemed(409, "Conflict", f"a run with id {new_id!r} already exists; "
+                        "choose another run_id")
+    config = body.config or None
+    try:
+        await server.launch(
+            f"fork of run {run_id} at {body.at}", new_id, row.workflow,
+            lambda listen, st: interlock.fork(
+                run_id, body.at, store=st, config=config, patch=body.patch,
+                new_run_id=new_id, workflow=server.workflows.get(row.workflow),
+                listener=listen))
+    except interlock.UsageError as exc:
+        raise Problemed(422, "Unprocessable Content", f"cannot fork run {run_id} at "
+                        f"{body.at}: {exc}") from None
+    return await server.run_object(new_id)
+
+
+async def _exists(server: Server, run_id: str) -> bool:
+    try:
+        await server.st.get_run(run_id)
+    except interlock.RunNotFound:
+        return False
+    return True
+
 
 @router.post("/api/runs/{run_id}/migrate", response_model=MigrationOut)
 async def migrate(run_id: str, server: Srv, who: Operator,
@@ -196,10 +325,12 @@ async def follow(server: Server, run_id: str, seq: int) -> AsyncIterator[ServerS
     assert server.polls is not None, "the server has not started"
     next_keepalive = time.monotonic() + opts.keepalive
     first, ended = True, False
-    with server.polls.following(run_id, seq) as me:
+    with server.polls.following(run_id, seq) as me, server.hub.tokens(run_id) as pieces:
         while True:
             waiter = server.hub.waiter(run_id)  # before reading: a commit after it wakes us
             last_type = None
+            while pieces:  # a reply as it streams: an event of its own, not a record
+                yield ServerSentEvent(event="chat.token", data=pieces.pop(0))
             async for page in trace_pages(run_id, store=server.st, after=seq):
                 for rec in page:
                     yield ServerSentEvent(event=rec["type"], id=str(rec["seq"]), data=rec)

@@ -3,13 +3,14 @@ starting a run of one."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import anyio
 from fastapi import APIRouter, Response
 
 from interlock import RunExists, Workflow
-from interlock.support import to_mermaid
+from interlock.support import describe_trigger, run_json, to_mermaid
 
 from ._deps import Operator, Reader, Srv
 from ._guard import Problemed
@@ -80,3 +81,48 @@ async def start(name: str, body: StartRun, response: Response, server: Srv,
                             "another run_id") from None
         response.status_code = 200
         return await server.run_object(body.run_id)
+
+
+_LAST_RUN_SCAN = 5000  # runs of a workflow read, newest first, for its triggers' last runs
+
+
+@router.get("/api/schedules", responses={200: {"description": "each registered workflow's "
+                                                             "triggers: `workflow, id, kind, "
+                                                             "what, input, next, next_utc, "
+                                                             "run_prefix, last_run`"}})
+async def schedules(server: Srv, who: Reader) -> list[dict[str, Any]]:
+    """Each trigger of the registered workflows (as ``interlock triggers`` lists them):
+    what it is, its next fire (Unix time and UTC) and the last run it started (among
+    its workflow's newest 5,000 runs; null when none)."""
+    now = time.time()
+    out: list[dict[str, Any]] = []
+    for name, wf in sorted(server.workflows.items()):
+        if not wf.spec.triggers:
+            continue
+        shown = []
+        for t in wf.spec.triggers:
+            try:
+                d = describe_trigger(name, t, now)
+            except ValueError as exc:  # validated at load: a croniter refusal all the same
+                d = {"workflow": name, "kind": t.kind, "error": str(exc), "run_prefix": None}
+            d["last_run"] = None
+            shown.append(d)
+        await _last_runs(server, name, shown)
+        out.extend(shown)
+    return out
+
+
+async def _last_runs(server: Server, workflow: str, shown: list[dict[str, Any]]) -> None:
+    wanted = [d for d in shown if d.get("run_prefix")]
+    before, read = None, 0
+    while wanted and read < _LAST_RUN_SCAN:
+        rows = await server.st.list_page(workflow=workflow, limit=500, before=before)
+        for row in rows:
+            for d in list(wanted):
+                if row.run_id.startswith(d["run_prefix"]):
+                    d["last_run"] = run_json(row)
+                    wanted.remove(d)
+        read += len(rows)
+        if len(rows) < 500:
+            return
+        before = (rows[-1].created_at, rows[-1].run_id)

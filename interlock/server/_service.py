@@ -13,7 +13,16 @@ from typing import Any
 import anyio
 
 import interlock
-from interlock.support import Firer, Metrics, RunView, load_workflows
+from interlock.support import (
+    Firer,
+    GateNotWaiting,
+    GateTaken,
+    Metrics,
+    NotAnApprover,
+    RunView,
+    decide_gate,
+    load_workflows,
+)
 
 from ._auth import LOCAL, Identity, Tokens
 from ._guard import Problemed
@@ -209,6 +218,34 @@ class Server:
             return
         task = self.runs.submit_job(what, run_id, lambda st: call(listen, st))
         await self.runs.accepted(run_id, task, first)
+
+    async def decide_gate(self, run_id: str, gate: str | None, decision: interlock.Decision,
+                          via: str) -> None:
+        """Decide one gate of a run (`interlock.support.decide_gate`) from this server --
+        the API's decision, the dashboard's, a chat's click: executed here (or recorded
+        for workers with ``--workers 0``, or for the process executing the run). Raises
+        `Problemed` 403 for a decider the gate's ``approvers:`` refuse, 409 when the
+        gate was decided already or the run waits no more; UsageError (400) for a
+        decision the gate does not take."""
+        row = await self.st.get_run(run_id)
+        async with self.lock(run_id):
+            try:
+                await self.launch(
+                    f"decision on run {run_id}", run_id, row.workflow,
+                    lambda listen, st: decide_gate(
+                        run_id, gate, decision, via=via, store=st,
+                        workflow=self.workflows.get(row.workflow), listener=listen,
+                        detach=self.records_only))
+            except NotAnApprover as exc:
+                raise Problemed(403, "Forbidden", str(exc)) from None
+            except (GateTaken, GateNotWaiting) as exc:
+                raise Problemed(409, "Conflict", str(exc)) from None
+            except interlock.UsageError as exc:
+                status = (await self.st.get_run(run_id)).summary.status
+                if status != "WAITING_APPROVAL":
+                    raise Problemed(409, "Conflict", str(exc)) from None
+                raise
+        self.hub.changed(run_id)
 
     def resumer(self, run_id: str) -> Any:
         """The execution that continues a run (a takeover)."""

@@ -1,6 +1,7 @@
-"""A resume that read the run, then claimed it after another process had decided (or
-resumed) it and let it go: what it read is stale, so it is refused with a clear error and
-records nothing (the race of tests/ops/test_decision_race.py, made deterministic)."""
+"""Two decisions on one gate, the second made between the first's read and its claim:
+the decision offered first wins (a decision is offered before its process claims the
+run), the other is refused and records nothing (the race of
+tests/ops/test_decision_race.py, made deterministic)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,7 @@ from interlock import START, Workflow
 from interlock._store import open_store
 
 
-def test_a_resume_whose_reading_went_stale_before_its_claim_is_refused(tmp_path: Path
-                                                                      ) -> None:
+def test_a_decision_racing_another_between_read_and_claim(tmp_path: Path) -> None:
     wf = Workflow("stale")
     wf.approval("gate").node("after", lambda s: {"after": True})
     wf.edge(START, "gate").edge("gate", "after", when='gate.decision == "approved"')
@@ -27,21 +27,23 @@ def test_a_resume_whose_reading_went_stale_before_its_claim_is_refused(tmp_path:
         late = open_store(url)
         claim = late.claim
 
-        async def claim_after_the_winner(*args: Any, **kw: Any) -> None:
-            # the other process decides, runs and releases between our read and our claim
-            won = await wf.resume(run_id, interlock.approve(by="alice"), store=url)
-            assert won.status == "COMPLETED"
+        async def claim_after_another_decider(*args: Any, **kw: Any) -> None:
+            # another process decides the same gate between our read and our claim: the
+            # decision offered first (ours: a decision is offered before the claim) wins,
+            # the other is refused and records nothing
+            with pytest.raises(interlock.UsageError, match=r"decided already \(reject by "
+                               r"bob\); exactly one decision per gate wins"):
+                await wf.resume(run_id, interlock.approve(by="alice"), store=url)
             await claim(*args, **kw)
 
-        late.claim = claim_after_the_winner  # type: ignore[method-assign]
+        late.claim = claim_after_another_decider  # type: ignore[method-assign]
         try:
-            with pytest.raises(interlock.ConflictError, match=r"changed after this process read "
-                               r"it .* nothing was recorded and this resume is refused"):
-                await wf.resume(run_id, interlock.reject(by="bob"), store=late)
+            done = await wf.resume(run_id, interlock.reject(by="bob"), store=late)
+            assert done.status == "REJECTED"
         finally:
             await late.close()
 
     asyncio.run(main())
     records = asyncio.run(interlock.trace(run_id, store=url))
-    assert [r["by"] for r in records if r["type"] == "approval.decided"] == ["alice"]
+    assert [r["by"] for r in records if r["type"] == "approval.decided"] == ["bob"]
     assert asyncio.run(interlock.verify(run_id, store=url)).ok

@@ -73,8 +73,10 @@ def test_the_examples_folder_is_walked_with_its_subfolders(root: Path) -> None:
     finally:
         served.stop()
     expected = {"audit-engagement", "code-assistant", "incident-response", "jokes",
-                "ops-triage"}
-    assert expected <= names and len(names) == len(list(EXAMPLES.glob("*/workflow*.yaml")))
+                "ops-triage", "ops-assistant", "ops-assistant-openai", "ops-triage-sweep"}
+    files = [*EXAMPLES.glob("*/workflow*.yaml"), *EXAMPLES.glob("triage/assistant*.yaml"),
+             EXAMPLES / "triage" / "sweep.yaml"]  # (the on-call assistant and its sweep)
+    assert expected <= names and len(names) == len(files)
     assert "skipped flows/incident/events/checkout-500.json" in "".join(served.lines)
 
 

@@ -1520,6 +1520,31 @@ def test_cancel_request_is_seen_by_every_reader(store: Store) -> None:
     asyncio.run(main())
 
 
+def test_one_decision_is_offered_per_gate_even_at_once(store: Store) -> None:
+    """`Store.offer_decision` (several gates at once): the first offer on a gate is kept,
+    a later one gets the kept one back; offers on two gates are both kept; many at once
+    on one gate -- one wins. Kept with the run, not in its summary."""
+    async def main() -> None:
+        row, _, entries = new_row()
+        await store.create_run(row, entries)
+        assert await store.decisions(row.run_id) == {}
+        assert await store.offer_decision(row.run_id, "a#1", {"by": "alice"}) is None
+        assert await store.offer_decision(row.run_id, "a#1", {"by": "bob"}) == {"by": "alice"}
+        assert await store.offer_decision(row.run_id, "b#1", {"by": "bob"}) is None
+        assert await store.decisions(row.run_id) == {"a#1": {"by": "alice"},
+                                                     "b#1": {"by": "bob"}}
+        won = await asyncio.gather(*(store.offer_decision(row.run_id, "c#1", {"by": str(i)})
+                                     for i in range(8)))
+        assert sum(w is None for w in won) == 1
+        await store.request_cancel(row.run_id, "carol")  # another use of the row's extra
+        assert set(await store.decisions(row.run_id)) == {"a#1", "b#1", "c#1"}
+        assert (await store.get_run(row.run_id)).summary.status == row.summary.status
+        with pytest.raises(RunNotFound):
+            await store.offer_decision("no-such-run", "a#1", {})
+
+    asyncio.run(main())
+
+
 def test_snapshots_keep_the_latest(store: Store) -> None:
     async def main() -> None:
         row, _, entries = new_row()

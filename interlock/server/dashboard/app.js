@@ -7,7 +7,7 @@ import { edgeCondition, renderGraph, setCount, targets } from "./graph.js";
 import { checkJson } from "./schema.js";
 
 const POLL_MS = 1000;
-const STATUSES = ["RUNNING", "WAITING_APPROVAL", "RETRYING", "PENDING", "COMPLETED", "FAILED",
+const STATUSES = ["RUNNING", "WAITING_APPROVAL", "WAITING_INPUT", "RETRYING", "PENDING", "COMPLETED", "FAILED",
   "REJECTED", "CANCELLED"];
 const TERMINAL = { "run.completed": "COMPLETED", "run.failed": "FAILED", "run.rejected": "REJECTED",
   "run.cancelled": "CANCELLED" };
@@ -43,9 +43,20 @@ const when = (t) => {
   const d = typeof t === "number" ? new Date(t * 1000) : new Date(t);
   return Number.isNaN(d.getTime()) ? String(t) : d.toLocaleString();
 };
+// hour, minute and second with milliseconds ("14:03:07.372"): fractionalSecondDigits
+// alone would print the milliseconds only
 const clock = (t) => {
   const d = typeof t === "number" ? new Date(t * 1000) : new Date(t);
-  return Number.isNaN(d.getTime()) ? String(t ?? "") : d.toLocaleTimeString(undefined, { hour12: false, fractionalSecondDigits: 3 });
+  return Number.isNaN(d.getTime()) ? String(t ?? "") : d.toLocaleTimeString(undefined, { hour12: false, hour: "2-digit", minute: "2-digit", second: "2-digit", fractionalSecondDigits: 3 });
+};
+const seconds = (t) => (typeof t === "number" ? t : new Date(t).getTime() / 1000);
+/** A duration in seconds, for people: "850 ms", "12.4 s", "3 min 05 s", "2 h 07 min". */
+const span = (s) => {
+  if (!Number.isFinite(s)) return "";
+  if (s < 1) return `${Math.round(s * 1000)} ms`;
+  if (s < 60) return `${s.toFixed(1)} s`;
+  if (s < 3600) return `${Math.floor(s / 60)} min ${String(Math.floor(s % 60)).padStart(2, "0")} s`;
+  return `${Math.floor(s / 3600)} h ${String(Math.floor((s % 3600) / 60)).padStart(2, "0")} min`;
 };
 const badge = (status) => h("span", { class: `badge status-${String(status).toLowerCase()}`, "data-status": status }, status);
 const link = (href, text, attrs = {}) => h("a", { href, "data-link": true, ...attrs }, text);
@@ -73,6 +84,8 @@ const routes = [
   [/^\/runs\/([^/]+)$/, runPage, "runs"],
   [/^\/workflows$/, workflowsPage, "workflows"],
   [/^\/workflows\/([^/]+)$/, workflowPage, "workflows"],
+  [/^\/schedules$/, schedulesPage, "schedules"],
+  [/^\/workers$/, workersPage, "workers"],
 ];
 
 function navigate(href) {
@@ -156,6 +169,19 @@ function whoAmI() {
 /** Whether ``me`` may decide (approver or admin; the server checks it again). */
 const mayDecide = (me) => !me || me.roles.includes("approver") || me.roles.includes("admin");
 
+/** Whether ``me`` may start, cancel, resume or fork runs (operator or admin). */
+const mayOperate = (me) => !me || me.roles.includes("operator") || me.roles.includes("admin");
+
+/** A JSON object typed in a textarea: ``{}`` when empty, else the object or an Error
+ * that names ``what`` and why. */
+function jsonObject(text, what) {
+  if (!text.trim()) return {};
+  let value;
+  try { value = JSON.parse(text); } catch (e) { return new Error(`${what} is not JSON: ${e.message}`); }
+  if (value === null || typeof value !== "object" || Array.isArray(value)) return new Error(`${what} must be a JSON object, like {"field": 1}`);
+  return value;
+}
+
 async function showWho() {
   const who = document.getElementById("who");
   const forget = document.getElementById("forget-token");
@@ -207,14 +233,25 @@ async function runsPage(ctx) {
     if (at) { q.set("cursor", at); q.set("from", String(n)); } else { q.delete("cursor"); q.delete("from"); }
     return q.toString() ? `/?${q}` : "/";
   };
+  const search = h("input", { type: "search", id: "filter-q", placeholder: "run id contains", "aria-label": "run id", value: params.get("q") || "" });
+  const inputQ = h("input", { type: "search", id: "filter-input", placeholder: "input field=value", "aria-label": "input field", value: params.get("input") || "" });
+  const localValue = (t) => { if (!t) return ""; const d = new Date(Number(t) * 1000); return Number.isNaN(d.getTime()) ? "" : new Date(d.getTime() - d.getTimezoneOffset() * 60000).toISOString().slice(0, 19); };
+  const since = h("input", { type: "datetime-local", step: 1, id: "filter-since", "aria-label": "created since", value: localValue(params.get("since")) });
+  const until = h("input", { type: "datetime-local", step: 1, id: "filter-until", "aria-label": "created until", value: localValue(params.get("until")) });
+  const epoch = (el) => (el.value ? String(new Date(el.value).getTime() / 1000) : "");
+  const searching = () => Boolean(search.value.trim() || inputQ.value.trim() || since.value || until.value);
+  let loadedKey = null; // a search is read once per query (and paging), not every second
   const tbody = h("tbody", { id: "runs" });
   const footer = h("p", { class: "muted", id: "runs-footer" });
   const error = h("div");
   put(h("h1", {}, "Runs"),
-    h("div", { class: "filters" }, "Status ", status, " Workflow ", workflow, h("span", { class: "live", title: "refreshed every second" }, "live")),
+    h("div", { class: "filters" }, "Status ", status, " Workflow ", workflow, h("span", { class: "live", id: "runs-live", title: "refreshed every second" }, "live")),
+    h("form", { class: "filters", id: "runs-search", onsubmit: (e) => { e.preventDefault(); onFilter(); } },
+      search, " ", inputQ, " created from ", since, " to ", until, " ", h("button", { type: "submit", id: "search-runs" }, "Search"),
+      " ", h("button", { type: "button", id: "clear-search", onclick: () => { search.value = inputQ.value = since.value = until.value = ""; onFilter(); } }, "Clear")),
     error,
     h("table", { class: "runs" }, h("thead", {}, h("tr", {},
-      ["run", "workflow", "status", "steps", "tokens", "waiting at", "created", "updated"].map((c) => h("th", {}, c)))), tbody),
+      ["run", "workflow", "status", "steps", "tokens", "waiting at", "created", "duration"].map((c) => h("th", {}, c)))), tbody),
     footer);
   const onFilter = () => {
     cursor = null;
@@ -222,8 +259,13 @@ async function runsPage(ctx) {
     const q = new URLSearchParams();
     if (status.value) q.set("status", status.value);
     if (workflow.value) q.set("workflow", workflow.value);
+    if (search.value.trim()) q.set("q", search.value.trim());
+    if (inputQ.value.trim()) q.set("input", inputQ.value.trim());
+    if (since.value) q.set("since", epoch(since));
+    if (until.value) q.set("until", epoch(until));
     history.replaceState(null, "", q.toString() ? `/?${q}` : "/");
-    refresh();
+    loadedKey = null;
+    refresh().catch((e) => { if (!(e instanceof ApiError && e.status === 401)) error.replaceChildren(problemBox(e)); });
   };
   status.addEventListener("change", onFilter);
   workflow.addEventListener("change", onFilter);
@@ -239,7 +281,14 @@ async function runsPage(ctx) {
     if (status.value) q.set("status", status.value);
     if (workflow.value) q.set("workflow", workflow.value);
     if (cursor) q.set("cursor", cursor);
+    if (search.value.trim()) q.set("q", search.value.trim());
+    if (inputQ.value.trim()) q.set("input", inputQ.value.trim());
+    if (since.value) q.set("since", epoch(since));
+    if (until.value) q.set("until", epoch(until));
+    document.getElementById("runs-live").hidden = searching();
+    if (searching() && loadedKey === q.toString()) return;
     const page = await api(`/api/runs?${q}`, { signal: ctx.signal });
+    loadedKey = q.toString();
     error.replaceChildren();
     tbody.replaceChildren(...page.runs.map((r) => h("tr", { dataset: { run: r.run_id } },
       h("td", {}, link(runHref(r.run_id), r.run_id)),
@@ -249,11 +298,12 @@ async function runsPage(ctx) {
       h("td", { class: "num" }, String(r.tokens)),
       h("td", {}, r.waiting?.node ? link(`/approvals?run_id=${encodeURIComponent(r.run_id)}`, r.waiting.node) : ""),
       h("td", {}, when(r.created_at)),
-      h("td", {}, when(r.updated_at)))));
+      h("td", { class: "num duration", title: `updated ${when(r.updated_at)}` }, runDuration(r)))));
     const pages = [];
     if (cursor) pages.push(link(pageHref(null, 0), "← newest"));
     if (page.next) pages.push(link(pageHref(page.next, from + page.runs.length), "older →"));
-    fill(footer, page.runs.length ? `runs ${from + 1}–${from + page.runs.length}, newest first ` : "no runs match", pages);
+    fill(footer, page.runs.length ? `runs ${from + 1}–${from + page.runs.length}, newest first ` : "no runs match ",
+      page.scanned !== undefined ? h("span", { id: "runs-scanned" }, `(searched ${page.scanned} run(s)${page.next ? "; older ones on the next page" : ""}) `) : null, pages);
   };
   await every(ctx, POLL_MS, async () => {
     try { await refresh(); } catch (e) {
@@ -261,6 +311,15 @@ async function runsPage(ctx) {
       throw e;
     }
   });
+}
+
+/** A run's duration in the list: created to its last change when it ended, else how
+ * long it has been going (a waiting run: since it was created). */
+function runDuration(r) {
+  const ended = ["COMPLETED", "FAILED", "REJECTED", "CANCELLED"].includes(r.status);
+  const end = ended ? r.updated_at : Date.now() / 1000;
+  const text = span(end - r.created_at);
+  return ended ? text : `${text} so far`;
 }
 
 // -- a run ---------------------------------------------------------------------------
@@ -304,9 +363,25 @@ async function runPage(ctx, runId) {
   const facts = h("span", { id: "run-facts", class: "muted" });
   const streamState = h("span", { id: "stream-state", class: "live" }, "connecting");
   const gateBox = h("div", { id: "run-gate" });
+  const actions = h("div", { id: "run-actions", class: "actions" });
   const codeNotice = h("div", { id: "code-changed" });
   const side = h("aside", { id: "inspector", class: "card" }, h("p", { class: "muted" }, "Click a node for its visits (input, update, tokens, duration, error), or an edge for its decisions."));
   const timeline = h("tbody", { id: "timeline" });
+  // the panels: input, the state at a record (or the final state), the error, timings
+  const times = h("span", { id: "run-times", class: "muted" });
+  const inputPre = h("pre", { id: "run-input" }, "");
+  const statePre = h("pre", { id: "run-state" }, "");
+  const stateTitle = h("h3", { id: "state-title" }, "State");
+  const stateAt = h("input", { type: "number", id: "state-at", min: 1, step: 1, "aria-label": "state at record", placeholder: "record seq" });
+  const stateBtn = h("button", { type: "button", id: "show-state" }, "State at record");
+  const errorBox = h("div", { id: "run-error" });
+  const timingBody = h("tbody", { id: "node-timing" });
+  const panels = h("div", { class: "panels" },
+    h("section", { class: "card panel" }, h("h3", {}, "Input"), inputPre),
+    h("section", { class: "card panel" }, stateTitle, h("p", {}, stateAt, " ", stateBtn, " ", h("button", { type: "button", id: "show-final", onclick: () => showState(null) }, "Latest")), statePre),
+    h("section", { class: "card panel" }, h("h3", {}, "Node timings"),
+      h("table", { class: "timing" }, h("thead", {}, h("tr", {}, ["node", "visits", "total", "longest", ""].map((c) => h("th", {}, c)))), timingBody)),
+    errorBox);
   const records = [];
   let selected = null;
   let finished = false;
@@ -316,13 +391,64 @@ async function runPage(ctx, runId) {
   put(
     h("h1", {}, "Run ", h("code", {}, runId), " ", status),
     h("p", {}, "workflow ", link(`/workflows/${encodeURIComponent(run.workflow)}`, run.workflow), " · ", facts, " · ", streamState),
+    h("p", {}, times),
+    actions,
     codeNotice,
     gateBox,
     h("div", { class: "run-layout" }, h("div", { class: "graph-box card" }, svg), side),
+    panels,
     h("h2", {}, "Timeline"),
     h("table", { class: "timeline" }, h("thead", {}, h("tr", {}, ["seq", "at", "type", "node", "", "detail"].map((c) => h("th", {}, c)))), timeline));
+  let stateShown = null; // the seq whose state is shown, null: the latest
+  const showError = (err) => {
+    if (!err) { errorBox.replaceChildren(); return; }
+    const top = typeof err === "object" ? err : { message: String(err) };
+    const e = { ...(top.details || {}), ...top }; // a node's error: exception, mro, traceback in details
+    errorBox.replaceChildren(h("section", { class: "card panel error-panel", role: "alert" },
+      h("h3", {}, "Error", e.node ? ` in ${e.node}` : ""),
+      h("p", { class: "error-message" }, e.message ?? json(e)),
+      e.exception ? h("p", { class: "muted" }, e.exception, e.mro?.length ? ` (${e.mro.join(" → ")})` : "") : null,
+      e.traceback ? h("details", { open: true }, h("summary", {}, "Traceback"), h("pre", { class: "traceback" }, e.traceback)) : null));
+  };
+  async function showState(seq) {
+    stateShown = seq;
+    try {
+      const q = seq === null ? "" : `?at=${seq}`;
+      const r = await api(`/api/runs/${encodeURIComponent(runId)}/state${q}`, { signal: ctx.signal });
+      if (stateShown !== seq) return;
+      stateTitle.textContent = seq === null ? `State (latest, record ${r.seq})` : `State after record ${r.seq}`;
+      statePre.textContent = json(r.state);
+      statePre.dataset.seq = String(r.seq);
+    } catch (error) {
+      statePre.replaceChildren(problemBox(error));
+    }
+  }
+  stateBtn.addEventListener("click", () => {
+    const at = Number(stateAt.value);
+    if (Number.isInteger(at) && at >= 1) showState(at);
+  });
+  const timing = new Map(); // node -> {visits, total, longest} (ms, from the log)
+  const drawTiming = () => {
+    const rows = [...timing.entries()].sort((a, b) => b[1].total - a[1].total);
+    const most = rows.length ? rows[0][1].total || 1 : 1;
+    timingBody.replaceChildren(...rows.map(([node, t]) => h("tr", { dataset: { node } },
+      h("td", {}, h("code", {}, node)), h("td", { class: "num" }, String(t.visits)),
+      h("td", { class: "num" }, span(t.total / 1000)), h("td", { class: "num" }, span(t.longest / 1000)),
+      h("td", {}, h("span", { class: "bar", dataset: { pct: String(Math.round((100 * t.total) / most)) } })))));
+    for (const bar of timingBody.querySelectorAll(".bar")) bar.style.width = `${bar.dataset.pct}%`;
+  };
+  const setTimes = () => {
+    if (!records.length) return;
+    const first = seconds(records[0].at);
+    const endRec = finished ? records[records.length - 1] : null;
+    const end = endRec ? seconds(endRec.at) : Date.now() / 1000;
+    times.textContent = `started ${when(records[0].at)}` + (endRec ? ` · ended ${when(endRec.at)}` : "") + ` · ${endRec ? "took" : "running for"} ${span(end - first)}`;
+    times.dataset.seconds = String(end - first);
+  };
   const setFacts = (r) => {
     facts.textContent = `${r.steps} step(s), ${r.tokens} token(s)` + (r.error ? ` · error: ${short(r.error.message ?? r.error)}` : "");
+    showError(r.error);
+    if (stateShown === null) statePre.textContent = json(r.state);
     status.replaceChildren(badge(r.status));
     // SPEC §14: nodes still to run whose code changed since the run started (or migrated)
     codeNotice.replaceChildren(...(r.code_changed?.length ? [h("p", { class: "card notice" },
@@ -330,7 +456,44 @@ async function runPage(ctx, runId) {
       " changed since this run started: it will continue on the code deployed now (recorded as run.code_changed), or be refused where --strict-code is on. ",
       "Move it onto a new definition on purpose with ", h("code", {}, `interlock migrate ${runId} --to FILE`), ".")] : []));
   };
-  setFacts(run);
+  const me = await whoAmI();
+  const operate = mayOperate(me);
+  const actionOut = h("div", { id: "action-result", "aria-live": "polite" });
+  const act = async (button, path, body, then) => {
+    button.disabled = true;
+    actionOut.replaceChildren();
+    try {
+      const r = await api(path, { method: "POST", body });
+      then(r);
+    } catch (error) {
+      actionOut.replaceChildren(problemBox(error));
+    } finally { button.disabled = false; }
+  };
+  const runPath = `/api/runs/${encodeURIComponent(runId)}`;
+  const cancelBtn = h("button", { type: "button", id: "cancel-run", hidden: true,
+    onclick: () => { if (confirm(`Cancel run ${runId}?`)) act(cancelBtn, `${runPath}/cancel`, {}, (r) => setFactsAll(r)); } }, "Cancel run");
+  const resumeBtn = h("button", { type: "button", id: "resume-run", hidden: true,
+    onclick: () => act(resumeBtn, `${runPath}/resume`, {}, (r) => { setFactsAll(r); navigate(runHref(runId)); }) }, "Resume");
+  const forkAt = h("input", { type: "number", id: "fork-at", min: 1, step: 1, "aria-label": "fork at record", placeholder: "record seq" });
+  const forkPatch = h("textarea", { id: "fork-patch", rows: 1, placeholder: 'state patch (JSON, optional) {"field": "value"}', "aria-label": "fork patch" });
+  const forkBtn = h("button", { type: "button", id: "fork-run", onclick: () => {
+    const at = Number(forkAt.value);
+    const patch = jsonObject(forkPatch.value, "the patch");
+    if (!Number.isInteger(at) || at < 1) { actionOut.replaceChildren(problemBox(new Error("choose the record to fork from: its seq (click a timeline row)"))); return; }
+    if (patch instanceof Error) { actionOut.replaceChildren(problemBox(patch)); return; }
+    act(forkBtn, `${runPath}/fork`, Object.keys(patch).length ? { at, patch } : { at }, (r) => navigate(runHref(r.run_id)));
+  } }, "Fork");
+  if (operate) {
+    actions.append(cancelBtn, resumeBtn,
+      h("span", { class: "fork" }, "Fork a new run from record ", forkAt, " ", forkPatch, " ", forkBtn), actionOut);
+  }
+  const showActions = (s) => {
+    cancelBtn.hidden = !operate || ["COMPLETED", "FAILED", "REJECTED", "CANCELLED"].includes(s);
+    resumeBtn.hidden = !operate || s !== "FAILED";
+  };
+  const setFactsOnly = setFacts;
+  const setFactsAll = (r) => { setFactsOnly(r); showActions(r.status); };
+  setFactsAll(run);
 
   let gateShown = null;
   const showGate = async (r) => {
@@ -353,13 +516,14 @@ async function runPage(ctx, runId) {
       refreshing = null;
       try {
         const r = await api(`/api/runs/${encodeURIComponent(runId)}`, { signal: ctx.signal });
-        setFacts(r);
+        setFactsAll(r);
         showGate(r);
       } catch { /* the next record retries */ }
     }, 150);
   };
   ctx.onStop(() => clearTimeout(refreshing));
 
+  let timingDirty = false;
   const rejected = new Set(); // gates whose last decision rejected them
   const counts = new Map(); // node -> its visits and map items so far
   const apply = (rec) => {
@@ -404,12 +568,23 @@ async function runPage(ctx, runId) {
       nodeEl(rec.node)?.setAttribute("data-visits", String(c.visits.size));
       if (c.items.size) nodeEl(rec.node)?.setAttribute("data-items", String(c.items.size));
     }
-    if (rec.type === "run.started") nodeEl("START")?.setAttribute("data-state", "reached");
+    if (rec.type === "run.started") {
+      nodeEl("START")?.setAttribute("data-state", "reached");
+      inputPre.textContent = json(rec.input ?? {});
+    }
+    if ((rec.type === "node.completed" || rec.type === "node.failed") && rec.node && typeof rec.duration_ms === "number") {
+      const t = timing.get(rec.node) || { visits: 0, total: 0, longest: 0 };
+      t.visits += 1;
+      t.total += rec.duration_ms;
+      t.longest = Math.max(t.longest, rec.duration_ms);
+      timing.set(rec.node, t);
+      timingDirty = true;
+    }
     if (rec.type === "run.waiting") {
       status.replaceChildren(badge("WAITING_APPROVAL"));
       if (rec.node) nodeEl(rec.node)?.setAttribute("data-state", "waiting");
     }
-    if (TERMINAL[rec.type]) { finished = true; status.replaceChildren(badge(TERMINAL[rec.type])); }
+    if (TERMINAL[rec.type]) { finished = true; status.replaceChildren(badge(TERMINAL[rec.type])); showActions(TERMINAL[rec.type]); }
     if (rec.type === "run.completed") nodeEl("END")?.setAttribute("data-state", "reached");
     const full = h("pre", { class: "record", hidden: true }, json(rec));
     const row = h("tr", { dataset: { seq: String(rec.seq), type: rec.type }, class: `rec rec-${rec.type.replace(".", "-")}` },
@@ -419,7 +594,7 @@ async function runPage(ctx, runId) {
       h("td", {}, rec.node ?? ""),
       h("td", { class: "num" }, rec.duration_ms !== null && rec.duration_ms !== undefined ? `${rec.duration_ms} ms` : ""),
       h("td", {}, detail(rec), full));
-    row.addEventListener("click", () => { full.hidden = !full.hidden; });
+    row.addEventListener("click", () => { full.hidden = !full.hidden; forkAt.value = String(rec.seq); stateAt.value = String(rec.seq); });
     timeline.append(row);
   };
 
@@ -427,8 +602,17 @@ async function runPage(ctx, runId) {
   // concern what it shows -- a node's visits are read again at most twice a second
   let touched = false;
   let inspectTimer = null;
+  let panelTimer = null;
+  ctx.onStop(() => clearTimeout(panelTimer));
   const changed = (rec) => {
     refreshRun();
+    if (!panelTimer) {
+      panelTimer = setTimeout(() => {
+        panelTimer = null;
+        setTimes();
+        if (timingDirty) { timingDirty = false; drawTiming(); }
+      }, 100);
+    }
     if (selected && (selected.edge !== undefined ? rec.edge === selected.edge : rec.node === selected.node)) touched = true;
     if (!touched || inspectTimer) return;
     inspectTimer = setTimeout(() => { inspectTimer = null; touched = false; inspect(); }, selected?.edge !== undefined ? 50 : 500);
@@ -469,6 +653,8 @@ async function runPage(ctx, runId) {
     if (ticket !== inspecting) return;
     const mine = visits.filter((v) => v.node === selected.node);
     const spec = graph.nodes.find((n) => n.name === selected.node) || {};
+    const prices = spec.agent ? await pricesOnce() : {};
+    if (ticket !== inspecting) return;
     fill(side, h("h2", {}, selected.node),
       h("p", { class: "muted" }, spec.call ? `call ${spec.call}` : spec.approval ? "approval gate" : spec.agent ? "agent" : spec.workflow ? `workflow ${spec.workflow}` : ""),
       mine.length ? mine.map((v) => h("section", { class: "visit", dataset: { visit: String(v.visit), status: v.status } },
@@ -476,9 +662,72 @@ async function runPage(ctx, runId) {
         h("p", { class: "muted" }, [`${v.attempts} attempt(s)`, v.duration_ms !== null ? `${v.duration_ms.toFixed(1)} ms` : null, `${v.tokens} token(s)`, v.decision ? `decision: ${v.decision}` : null].filter(Boolean).join(" · ")),
         h("h4", {}, "input"), h("pre", { class: "visit-input" }, json(v.input)),
         v.update ? [h("h4", {}, "update"), h("pre", { class: "visit-update" }, json(v.update))] : null,
-        v.error ? [h("h4", {}, "error"), h("pre", { class: "visit-error" }, json(v.error))] : null))
+        v.error ? [h("h4", {}, "error"), h("pre", { class: "visit-error" }, json(v.error))] : null,
+        spec.agent ? messagesView(records.filter((r) => r.node === selected.node && (r.visit ?? 1) === v.visit && (v.item === null || r.item === undefined || r.item === null || r.item === v.item)), prices) : null))
         : h("p", { class: "muted" }, "not run yet"));
   }
+}
+
+// -- an agent's conversation ---------------------------------------------------------
+
+let pricesCache = null;
+/** The price table (``GET /api/prices``, from INTERLOCK_PRICES): {} when none. */
+function pricesOnce() {
+  if (!pricesCache) pricesCache = api("/api/prices").catch(() => ({}));
+  return pricesCache;
+}
+
+/** An agent call's cost in USD from ``usage`` and the table's price for ``model``
+ * (per million tokens), or null when the table has no price for it. */
+function costOf(usage, model, prices) {
+  const price = model ? prices[model] : null;
+  if (!price || !usage) return null;
+  const prompt = usage.prompt_tokens ?? 0;
+  const completion = usage.completion_tokens ?? 0;
+  if (!prompt && !completion && usage.total_tokens) return null; // no split: no honest price
+  return (prompt * (price.input ?? 0) + completion * (price.output ?? 0)) / 1e6;
+}
+const usd = (x) => `$${x < 0.01 ? x.toFixed(6) : x.toFixed(4)}`;
+
+/** A visit's conversation from its records: system and user (the first request's
+ * rendered prompt), each reply (text, tool calls, usage, cost), each tool's answer. */
+function messagesView(recs, prices) {
+  const items = [];
+  let provider = null;
+  let model = null;
+  let tokens = 0;
+  let cost = 0;
+  let priced = false;
+  const msg = (role, ...body) => h("li", { class: `msg msg-${role}`, dataset: { role } }, h("span", { class: "role" }, role), ...body);
+  for (const r of recs) {
+    if (r.type === "agent.request") {
+      provider = r.provider ?? provider;
+      model = r.model ?? model;
+      if (r.system) items.push(msg("system", h("pre", {}, typeof r.system === "string" ? r.system : json(r.system))));
+      if (r.prompt) items.push(msg("user", h("pre", {}, typeof r.prompt === "string" ? r.prompt : json(r.prompt))));
+      if (r.repair) items.push(msg("user", h("span", { class: "muted" }, "repair: "), h("pre", {}, typeof r.repair === "string" ? r.repair : json(r.repair))));
+    } else if (r.type === "agent.reply") {
+      const u = r.usage || {};
+      const t = u.total_tokens ?? ((u.prompt_tokens ?? 0) + (u.completion_tokens ?? 0));
+      tokens += t;
+      const c = costOf(u, r.model ?? model, prices);
+      if (c !== null) { cost += c; priced = true; }
+      items.push(msg("assistant",
+        r.reply !== null && r.reply !== undefined ? h("pre", {}, typeof r.reply === "string" ? r.reply : json(r.reply)) : null,
+        (r.tool_calls || []).map((call) => h("div", { class: "tool-call", dataset: { tool: call.name } }, "calls ", h("code", {}, call.name), " ", h("code", {}, short(call.arguments, 300)))),
+        h("div", { class: "muted usage" }, [r.model ?? model, t ? `${t} token(s)` : null, u.prompt_tokens !== undefined ? `${u.prompt_tokens} in / ${u.completion_tokens ?? 0} out` : null, c !== null ? usd(c) : null, r.duration_ms !== undefined && r.duration_ms !== null ? `${r.duration_ms} ms` : null].filter(Boolean).join(" · "))));
+    } else if (r.type === "tool.called" || r.type === "tool.rejected") {
+      const answer = r.type === "tool.rejected" ? `rejected${r.comment ? `: ${r.comment}` : ""}`
+        : r.error ? `${r.error.type}: ${r.error.message}` : r.problem ? `refused: ${r.problem}` : short(r.result, 2000);
+      items.push(msg("tool", h("code", {}, r.tool ?? "?"), " → ", h("pre", {}, answer)));
+    }
+  }
+  if (!items.length) return null;
+  return h("section", { class: "messages" },
+    h("h4", {}, "messages"),
+    h("p", { class: "muted agent-facts" }, [provider ? `provider ${provider}` : null, model ? `model ${model}` : null, `${tokens} token(s)`,
+      priced ? `cost ${usd(cost)}` : "cost: no price for this model (INTERLOCK_PRICES)"].filter(Boolean).join(" · ")),
+    h("ol", { class: "conversation" }, items));
 }
 
 // -- approvals -----------------------------------------------------------------------
@@ -521,7 +770,7 @@ function approvalCard(gate, me = null) {
     buttons.forEach((b) => { b.disabled = true; });
     out.replaceChildren(h("p", { class: "muted" }, "sending…"));
     try {
-      const run = await api(`/api/runs/${encodeURIComponent(gate.run_id)}/decisions`, { method: "POST", body: { ...body, node: gate.node } });
+      const run = await api(`/api/runs/${encodeURIComponent(gate.run_id)}/decisions`, { method: "POST", body: { ...body, node: gate.node, via: "dashboard" } });
       card.dataset.decided = decision;
       out.replaceChildren(h("p", { class: "ok" }, `${decision} recorded; the run is ${run.status}`));
     } catch (error) {
@@ -615,6 +864,7 @@ async function workflowPage(ctx, name) {
   const g = wf.graph;
   put(h("h1", {}, "Workflow ", h("code", {}, wf.name)),
     h("p", {}, wf.description, " · ", link(`/?workflow=${encodeURIComponent(wf.name)}`, "its runs"), " · hash ", h("code", {}, wf.hash.slice(0, 12))),
+    mayOperate(await whoAmI()) ? startForm(wf) : null,
     h("div", { class: "graph-box card" }, renderGraph(g)),
     h("h2", {}, "Nodes"),
     h("table", {}, h("thead", {}, h("tr", {}, ["node", "what", "reads", "writes"].map((c) => h("th", {}, c)))),
@@ -625,6 +875,89 @@ async function workflowPage(ctx, name) {
     h("table", {}, h("thead", {}, h("tr", {}, ["#", "from", "to", "condition"].map((c) => h("th", {}, c)))),
       h("tbody", {}, g.edges.map((e, i) => h("tr", {}, h("td", {}, String(i)), h("td", {}, e.from.join(", ")), h("td", {}, targets(e).join(", ")), h("td", {}, h("code", {}, edgeCondition(e))))))),
     h("details", {}, h("summary", {}, "Mermaid"), h("pre", {}, g.mermaid)));
+}
+
+/** The form that starts a run: one field per name of the workflow's ``input:`` (a
+ * value that parses as JSON is sent as that, else as the text typed), the config (a
+ * JSON object) and an optional run id. */
+function startForm(wf) {
+  const names = Array.isArray(wf.definition?.input) ? wf.definition.input : [];
+  const fields = names.map((n) => [n, h("input", { type: "text", name: n, class: "input-field", "data-field": n, "aria-label": n, placeholder: "JSON or text" })]);
+  const config = h("textarea", { id: "start-config", rows: 2, placeholder: "config (JSON object, optional)", "aria-label": "config" });
+  const runId = h("input", { type: "text", id: "start-run-id", placeholder: "run id (optional)", "aria-label": "run id" });
+  const out = h("div", { class: "result", "aria-live": "polite" });
+  const button = h("button", { type: "submit", id: "start-run" }, "Start run");
+  const form = h("form", { id: "start-form", class: "card" },
+    h("h2", {}, "Start a run"),
+    fields.length ? h("table", { class: "reads" }, h("tbody", {}, fields.map(([n, input]) => h("tr", {}, h("th", {}, h("label", {}, n)), h("td", {}, input)))))
+      : h("p", { class: "muted" }, "This workflow declares no input: fields."),
+    h("p", {}, config), h("p", {}, runId, " ", button), out);
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const input = {};
+    for (const [n, el] of fields) {
+      if (el.value === "") continue;
+      try { input[n] = JSON.parse(el.value); } catch { input[n] = el.value; }
+    }
+    const cfg = jsonObject(config.value, "the config");
+    if (cfg instanceof Error) { out.replaceChildren(problemBox(cfg)); return; }
+    const body = { input, config: cfg };
+    if (runId.value.trim()) body.run_id = runId.value.trim();
+    button.disabled = true;
+    try {
+      const r = await api(`/api/workflows/${encodeURIComponent(wf.name)}/runs`, { method: "POST", body });
+      navigate(runHref(r.run_id));
+    } catch (error) {
+      out.replaceChildren(problemBox(error));
+      button.disabled = false;
+    }
+  });
+  return form;
+}
+
+// -- schedules and workers -------------------------------------------------------------
+
+/** "in 3 min 05 s" / "12.0 s ago" from a Unix time. */
+const fromNow = (t) => { const d = t - Date.now() / 1000; return d >= 0 ? `in ${span(d)}` : `${span(-d)} ago`; };
+
+async function schedulesPage(ctx) {
+  const tbody = h("tbody", { id: "schedules" });
+  const note = h("p", { class: "muted", id: "schedules-note" });
+  put(h("h1", {}, "Schedules"),
+    h("p", { class: "muted" }, "The triggers of the workflows this server registered (it fires them); read again every 5 seconds."),
+    h("table", {}, h("thead", {}, h("tr", {}, ["workflow", "trigger", "kind", "what", "input", "next fire (UTC)", "", "last run"].map((c) => h("th", {}, c)))), tbody), note);
+  await every(ctx, 5000, async () => {
+    const list = await api("/api/schedules", { signal: ctx.signal });
+    tbody.replaceChildren(...list.map((t) => h("tr", { dataset: { workflow: t.workflow, trigger: t.id ?? "" } },
+      h("td", {}, link(`/workflows/${encodeURIComponent(t.workflow)}`, t.workflow)),
+      h("td", {}, h("code", {}, t.id ?? "")),
+      h("td", {}, t.kind),
+      h("td", {}, t.error ? h("span", { class: "problem" }, t.error) : h("code", {}, t.what ?? "")),
+      h("td", {}, t.input ? h("code", {}, short(t.input)) : ""),
+      h("td", { class: "next-fire", title: t.next ? when(t.next) : "" }, t.next_utc ?? ""),
+      h("td", { class: "muted" }, t.next ? fromNow(t.next) : ""),
+      h("td", { class: "last-run" }, t.last_run ? [link(runHref(t.last_run.run_id), t.last_run.run_id), " ", badge(t.last_run.status), " ", h("span", { class: "muted" }, when(t.last_run.created_at))] : h("span", { class: "muted" }, "never fired")))));
+    note.textContent = list.length ? "" : "No registered workflow has triggers: (schedule:, every: or poll:).";
+  });
+}
+
+async function workersPage(ctx) {
+  const body = h("div", { id: "workers" });
+  put(h("h1", {}, "Workers"),
+    h("p", { class: "muted" }, "Who holds which run now (the store's claims: workers, servers, CLI runs), and each lease's time left; read again every 2 seconds. An expired lease's run may be taken over."),
+    body);
+  await every(ctx, 2000, async () => {
+    const got = await api("/api/workers", { signal: ctx.signal });
+    if (!got.workers.length) { body.replaceChildren(h("p", { class: "muted", id: "no-workers" }, "No run is held by anyone now.")); return; }
+    body.replaceChildren(...got.workers.map((w) => h("section", { class: "card worker", dataset: { owner: w.owner } },
+      h("h2", {}, h("code", {}, w.owner), " ", w.gone ? h("span", { class: "badge status-failed" }, "process gone") : null,
+        h("span", { class: "muted" }, ` ${w.runs.length} run(s)`)),
+      h("table", {}, h("thead", {}, h("tr", {}, ["run", "workflow", "status", "lease until", "lease"].map((c) => h("th", {}, c)))),
+        h("tbody", {}, w.runs.map((r) => h("tr", { dataset: { run: r.run_id } },
+          h("td", {}, link(runHref(r.run_id), r.run_id)), h("td", {}, r.workflow), h("td", {}, badge(r.status)),
+          h("td", {}, r.lease_until ? when(r.lease_until) : "—"),
+          h("td", { class: "lease-left" }, r.lease_left === null ? "no lease" : r.lease_left >= 0 ? `${span(r.lease_left)} left` : `expired ${span(-r.lease_left)} ago`))))))));
+  });
 }
 
 // -- start ---------------------------------------------------------------------------

@@ -1,0 +1,176 @@
+"""The engine's added latency per conversation turn and per workflow-tool call (SPEC
+§11), interlock beside LangGraph, in one run:
+
+    bash bench/setup_langgraph.sh && python bench/conversation.py [--turns N]
+
+The same conversation in both, on a SQLite file, the model answering at once (interlock:
+``provider: scripted``; LangGraph: a model node that returns its message): ``plain``
+turns (one model call) and ``workflow_tool`` turns (the model calls ``run_triage``, a
+3-node workflow run as a child -- interlock: a ``{workflow: ...}`` tool, a child run with
+its own log; LangGraph: the workflow compiled as a graph the tool invokes -- then
+answers). A turn is ``Workflow.send`` (interlock) or ``graph.ainvoke`` of the user's
+message on the conversation's thread (LangGraph), timed end to end in one process. The
+added latency of a workflow-tool call is the median ``workflow_tool`` turn less the
+median ``plain`` turn. A conversation's turns get slower as it grows (interlock replays
+the visit's journal each turn; LangGraph loads a checkpoint of every message): the table
+shows the first ten turns and the last ten.
+
+Not a test: it lives outside ``tests/`` and CI never runs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+LANGGRAPH_PY = HERE / ".venv-langgraph" / "bin" / "python"
+
+CHILD = """
+workflow: triage
+input: [service]
+nodes:
+  check: {call: "conv_bench_nodes:check"}
+  summarize: {call: "conv_bench_nodes:summarize"}
+  report: {call: "conv_bench_nodes:report"}
+edges:
+  - {from: START, to: check}
+  - {from: check, to: summarize}
+  - {from: summarize, to: report}
+  - {from: report, to: END}
+"""
+NODES = """
+async def check(state):
+    return {"checked": state["service"]}
+
+async def summarize(state):
+    return {"summary": state["checked"] + " ok"}
+
+async def report(state):
+    return {"report": state["summary"]}
+"""
+
+
+def _chat(turns: int, tool: bool) -> str:
+    call = {"tool_calls": [{"name": "run_triage", "arguments": {"service": "db"}}]}
+    replies: list[Any] = ([call, "ok"] if tool else ["ok"]) * turns
+    return textwrap.dedent(f"""
+        workflow: conv-bench
+        chat: assistant
+        limits: {{steps: 1000000}}
+        nodes:
+          assistant:
+            agent:
+              provider: scripted
+              max_turns: 4
+              tools: [{{workflow: triage.yaml, name: run_triage, description: Triage}}]
+              replies: {json.dumps(replies)}
+        """)
+
+
+async def _interlock(turns: int, tmp: Path) -> list[dict[str, Any]]:
+    import interlock
+
+    (tmp / "triage.yaml").write_text(CHILD)
+    (tmp / "conv_bench_nodes.py").write_text(NODES)
+    sys.path.insert(0, str(tmp))
+    store = interlock.open_store(f"sqlite:///{tmp / 'interlock.db'}")
+    out = []
+    try:
+        convs = {}
+        for kind in ("warmup", "plain", "workflow_tool"):
+            path = tmp / f"chat-{kind}.yaml"
+            path.write_text(_chat(turns, kind == "workflow_tool"))
+            wf = interlock.load(path)
+            convs[kind] = (wf, (await wf.run({}, store=store)).run_id)
+        for i in range(5):  # imports, the store's first statements, the child's plan
+            wf, rid = convs["warmup"]
+            await wf.send(rid, f"warm-up {i}", store=store)
+        for i in range(turns):  # the two conversations' turns alternate
+            for kind in ("plain", "workflow_tool") if i % 2 else ("workflow_tool", "plain"):
+                wf, rid = convs[kind]
+                t0 = time.perf_counter()
+                r = await wf.send(rid, f"message {i}", store=store)
+                ms = (time.perf_counter() - t0) * 1000
+                assert r.status == "WAITING_INPUT", r.error
+                out.append({"engine": "interlock", "kind": kind, "turn": i + 1,
+                            "ms": round(ms, 3)})
+                print(json.dumps(out[-1]), flush=True)
+        children = [r for r in await store.list_runs(limit=1_000_000)
+                    if r.workflow == "triage"]
+        assert len(children) == turns, f"{len(children)} child runs for {turns} tool calls"
+    finally:
+        await store.close()
+    return out
+
+
+def _langgraph(turns: int) -> list[dict[str, Any]]:
+    if not LANGGRAPH_PY.exists():
+        print(f"(no {LANGGRAPH_PY}: run bash bench/setup_langgraph.sh for LangGraph's column)",
+              file=sys.stderr)
+        return []
+    proc = subprocess.run([str(LANGGRAPH_PY), str(HERE / "adapters" / "langgraph_conversation.py"),
+                           str(turns)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        print(f"LangGraph's side failed (is bench/.venv-langgraph complete? bash "
+              f"bench/setup_langgraph.sh):\n{proc.stderr}", file=sys.stderr)
+        return []
+    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    for line in lines:
+        print(json.dumps(line), flush=True)
+    return lines
+
+
+def _table(rows: list[dict[str, Any]], turns: int) -> str:
+    engines = [e for e in ("interlock", "langgraph") if any(r["engine"] == e for r in rows)]
+
+    def med(engine: str, kind: str, first: bool | None = None) -> float | None:
+        ms = [r["ms"] for r in rows if r["engine"] == engine and r["kind"] == kind
+              and (first is None or (r["turn"] <= 10 if first else r["turn"] > turns - 10))]
+        return statistics.median(ms) if ms else None
+
+    def cell(v: float | None) -> str:
+        return "-" if v is None else f"{v:.2f} ms"
+
+    lines = [f"| {turns} turns, SQLite file | " + " | ".join(engines) + " |",
+             "|---|" + "---|" * len(engines)]
+    for label, kind, first in (("turn, one model call (turns 1-10)", "plain", True),
+                               (f"turn, one model call (turns {turns - 9}-{turns})", "plain",
+                                False),
+                               ("turn with a workflow-tool call (turns 1-10)", "workflow_tool",
+                                True),
+                               (f"turn with a workflow-tool call (turns {turns - 9}-{turns})",
+                                "workflow_tool", False)):
+        lines.append(f"| {label} | " + " | ".join(cell(med(e, kind, first)) for e in engines)
+                     + " |")
+    added = []
+    for e in engines:
+        a, b = med(e, "workflow_tool"), med(e, "plain")
+        added.append(None if a is None or b is None else a - b)
+    lines.append("| added by a workflow-tool call (medians, all turns) | "
+                 + " | ".join(cell(v) for v in added) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--turns", type=int, default=50)
+    args = parser.parse_args()
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        rows += asyncio.run(_interlock(args.turns, Path(tmp)))
+    rows += _langgraph(args.turns)
+    print(_table(rows, args.turns))
+
+
+if __name__ == "__main__":
+    main()

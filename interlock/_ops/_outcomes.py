@@ -1,0 +1,37 @@
+"""Destructive actions are never repeated silently (SPEC §3): on resume, a ``confirm:
+true`` node that was approved and had started, but whose outcome is not in the log,
+stops the run at an ``unknown_outcome`` gate instead of running again."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import _log as L
+from .._engine._approvals import unknown_outcome
+from .._engine._fold import RunView
+from .._store import Store
+
+_ATTEMPT_TYPES = frozenset({L.NODE_STARTED, L.NODE_FAILED, L.NODE_RETRYING, L.NODE_COMPLETED})
+
+
+async def unknown_outcomes(store: Store, run_id: str, view: RunView
+                           ) -> list[tuple[str, dict[str, Any]]]:
+    """The ``approval.requested`` (kind ``unknown_outcome``) records for the approved
+    ``confirm: true`` visits of ``view`` whose last attempt started and never ended: the
+    process running the action died (its start is committed before it runs)."""
+    suspects = [g for g in view.gates.values()
+                if g.kind in ("confirm", "unknown_outcome") and g.decision == "approved"
+                and g.body_started and (g.node, g.visit) in view.running]
+    out: list[tuple[str, dict[str, Any]]] = []
+    for gate in suspects:
+        visit = view.running[(gate.node, gate.visit)]
+        last: L.Record | None = None
+        async for page in store.iter_entries(run_id, after=max(visit.started_seq - 1, 0)):
+            for entry in page:
+                rec = entry.record()
+                if rec.get("type") in _ATTEMPT_TYPES and rec.get("node") == gate.node \
+                        and rec.get("visit") == gate.visit and "item" not in rec:
+                    last = rec
+        if last is not None and last["type"] == L.NODE_STARTED:
+            out += unknown_outcome(view, gate, last)
+    return out

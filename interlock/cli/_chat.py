@@ -1,0 +1,185 @@
+"""Conversations from the command line (SPEC §11): ``interlock send`` and ``interlock chat``.
+
+``send RUN_ID TEXT`` sends one message and returns when the turn stops, printing the
+reply (``--json``: the run object); it exits 3 when the conversation waits (for its next
+message, or for a gate the turn reached), 0 when it ended, 1 when the turn failed, 2 when
+the message is refused. ``chat FILE [--session RUN_ID]`` holds a conversation: each line
+of standard input is a message, replies, tool calls and child runs are printed as they
+happen, a gate reached during a turn is shown with how to decide it (or decided inline:
+``/approve``, ``/reject [COMMENT]``), and ``/end`` ends it.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import click
+
+from ._common import (
+    CliError,
+    call_engine,
+    exit_code_for,
+    json_option,
+    load_workflow,
+    note_abandoned_threads,
+    read_input,
+    store_option,
+    with_store,
+)
+from ._remote import Remote, server_options
+
+if TYPE_CHECKING:
+    from .. import RunResult, Store
+
+
+def last_reply(result: RunResult | Mapping[str, Any]) -> str | None:
+    """The reply the turn ended with: the waiting gate's ``last_reply``, or (the
+    conversation ended) the chat node's field in state."""
+    data = result.to_json() if hasattr(result, "to_json") else dict(result)
+    waiting = data.get("waiting") or {}
+    show = waiting.get("show") or {}
+    if waiting.get("kind") == "message":
+        reply = show.get("last_reply")
+        return reply if isinstance(reply, str) else None
+    state = data.get("state") or {}
+    for value in state.values():
+        if isinstance(value, str):
+            return value
+    return None
+
+
+def _print_turn(data: Mapping[str, Any], run_id: str) -> None:
+    status = data.get("status")
+    waiting = data.get("waiting") or {}
+    if status == "WAITING_INPUT" or status == "COMPLETED":
+        reply = last_reply(data)
+        if reply is not None:
+            click.echo(reply)
+        if status == "COMPLETED":
+            click.echo(f"the conversation {run_id} has ended", err=True)
+        return
+    if status == "WAITING_APPROVAL":
+        click.echo(f"waiting for a decision at {waiting.get('node')!r}: "
+                   f"{json.dumps(waiting.get('show'), ensure_ascii=False)}", err=True)
+        click.echo(f"decide it: interlock resume {run_id} --approve | --reject "
+                   f"--gate {waiting.get('node')}", err=True)
+        return
+    error = data.get("error") or {}
+    click.echo(f"the turn {str(status).lower()}: {error.get('message', '')}", err=True)
+
+
+@click.command(short_help="Send a message to a conversation.")
+@click.argument("run_id", metavar="RUN_ID")
+@click.argument("text", metavar="TEXT")
+@click.option("--by", metavar="NAME", help="Who sends it (recorded with the message).")
+@json_option
+@store_option
+@server_options
+def send(run_id: str, text: str, by: str | None, as_json: bool, store_url: str | None,
+         server_url: str | None, token: str | None) -> NoReturn:
+    """Send TEXT to the conversation RUN_ID (a run of a chat: workflow) and run its turn.
+
+    Prints the reply (--json: the run object). Exits 3 when the conversation waits for
+    its next message or for a gate the turn reached, 0 when it ended (`/end`), 1 when
+    the turn failed, 2 when the message is refused (the run does not wait for one).
+    """
+    if server_url:
+        remote = Remote(server_url, token, store_url)
+        try:
+            before = len(remote.records(run_id))
+            remote.call("POST", f"/api/runs/{run_id}/messages",
+                        json={"text": text, "by": by})
+            remote.follow(run_id, before)
+            data = remote.result(run_id).to_json()
+        finally:
+            remote.close()
+        _done(data, run_id, as_json)
+
+    async def go(st: Store) -> RunResult:
+        from .. import send as send_message
+
+        return await send_message(run_id, text, by=by, store=st)
+
+    result = call_engine(with_store(store_url, go))
+    _done(result.to_json(), run_id, as_json)
+
+
+def _done(data: Mapping[str, Any], run_id: str, as_json: bool) -> NoReturn:
+    if as_json:
+        click.echo(json.dumps(dict(data), ensure_ascii=False))
+    else:
+        _print_turn(data, run_id)
+    note_abandoned_threads()
+    sys.exit(exit_code_for(str(data.get("status"))))
+
+
+@click.command(short_help="Hold a conversation in the terminal.")
+@click.argument("workflow", metavar="FILE")
+@click.option("--session", "session", metavar="RUN_ID",
+              help="Continue this conversation instead of starting a new one.")
+@click.option("--input", "input_json", metavar="JSON", help="The conversation's input.")
+@click.option("--by", metavar="NAME", help="Who talks (recorded with each message).")
+@store_option
+@server_options
+def chat(workflow: str, session: str | None, input_json: str | None, by: str | None,
+         store_url: str | None, server_url: str | None, token: str | None) -> None:
+    """Talk with the agent of a chat: workflow FILE: each line of standard input is a
+    message, its reply is printed as it arrives; `/end` ends the conversation.
+
+    Exits 0 when the conversation ended, 3 when standard input ended first (the
+    conversation waits: --session continues it), 1 when a turn failed.
+
+    A gate the turn reaches is shown; `/approve [COMMENT]` or `/reject [COMMENT]`
+    decides it in place. Without --session a new conversation starts (its id is printed
+    on stderr: `--session ID` continues it later, from any process).
+    """
+    if server_url:
+        status = _remote_chat(Remote(server_url, token, store_url), workflow, session,
+                              input_json, by)
+        sys.exit(exit_code_for(status))
+    wf = load_workflow(workflow)
+    if wf.spec.chat is None:
+        raise CliError(f"{workflow} is not a conversation: declare chat: NODE (the agent "
+                       "node that converses) in it")
+    data = read_input(input_json, None)
+    from ._chat_live import Terminal
+
+    status = Terminal(wf, store_url, by).run(data, session)
+    note_abandoned_threads()
+    sys.exit(exit_code_for(status))
+
+
+def _remote_chat(remote: Remote, workflow: str, session: str | None, input_json: str | None,
+                 by: str | None) -> str:
+    try:
+        if session is None:
+            wf = load_workflow(workflow)
+            data = read_input(input_json, None)
+            started = remote.call("POST", f"/api/workflows/{wf.name}/runs",
+                                  json={"input": data})
+            session = str(started["run_id"])
+            remote.follow(session, 0)
+        click.echo(f"conversation {session} (type a message; /end ends the conversation; "
+                   "a gate is decided with `interlock resume --server`)", err=True)
+        status = remote.result(session).status
+        for line in sys.stdin:
+            text = line.rstrip("\n")
+            if not text.strip():
+                continue
+            before = len(remote.records(session))
+            remote.call("POST", f"/api/runs/{session}/messages", json={"text": text, "by": by})
+            remote.follow(session, before)
+            data = remote.result(session).to_json()
+            status = str(data.get("status"))
+            if text.strip() == "/end" and status == "COMPLETED":
+                click.echo(f"the conversation {session} has ended", err=True)
+                break
+            _print_turn(data, session)
+            if data.get("status") != "WAITING_INPUT":
+                break
+        return status
+    finally:
+        remote.close()
