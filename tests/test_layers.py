@@ -54,7 +54,7 @@ LAYERS: dict[int, set[str]] = {
     # the agent node kind, a plug-in on the node call
     6: {"_plugins._subflow", "agents", "agents._check", "agents._errors", "agents._node",
         "agents._prompt", "agents._providers", "agents._spec", "agents._tools",
-        "agents._chat", "agents._delegates", "agents._recall"},
+        "agents._chat", "agents._delegates", "agents._recall", "agents._mcp"},
     # the scheduler and its edge decisions, and the wiring of the shipped node kinds
     7: {"_engine._runner", "_engine._decide", "_engine._finish", "_plugins._compile"},
     # stored runs: drive, resume, status, trace, verify, fork, cancel; their coverage;
@@ -69,14 +69,14 @@ LAYERS: dict[int, set[str]] = {
     # the public surface and the command line
     10: {"", "__main__", "testing", "support", "cli", "cli._common", "cli._format", "cli._inspect",
         "cli._progress", "cli._run", "cli._trace", "cli._coverage", "cli._prune", "cli._serve",
-        "cli._remote", "cli._triggers", "cli._worker", "cli._migrate", "server", "server._app",
-        "server._auth",
+        "cli._remote", "cli._triggers", "cli._worker", "cli._migrate", "cli._mcp", "mcp",
+        "mcp._tools", "mcp._local", "server", "server._app", "server._auth",
         "server._hub", "server._main", "server._models", "server._notify", "server._pool",
         "server._dashboard", "server._loops", "server._reads", "server._guard",
         "server._service", "server._deps", "server._routes_runs", "server._routes_approvals",
         "server._routes_workflows", "server._routes_meta", "server._layout", "cli._chat",
         "cli._chat_live",
-        "server._routes_messages",
+        "server._routes_messages", "server._mcp",
         "server._chat", "server._slack", "server._google_chat", "server._routes_chat"},
 }
 LAYER_OF = {m: n for n, mods in LAYERS.items() for m in mods}
@@ -156,14 +156,15 @@ def test_only_the_journal_touches_the_store(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", sorted(m for m in _modules()
-                                        if m.startswith(("cli", "server"))))
+                                        if m.startswith(("cli", "server", "mcp"))))
 def test_the_tools_use_only_the_public_api_and_the_support_surface(name: str) -> None:
-    """The command line and the server are tools on top: each imports `interlock`,
+    """The command line, the server and the MCP tools are tools on top: each imports `interlock`,
     `interlock.support` and its own modules (the CLI also the server's public package,
-    for ``interlock serve``)."""
+    for ``interlock serve``, and the MCP tools' package, for ``interlock mcp`` and the
+    server's ``/mcp``)."""
     modules = _modules()
     tool = name.split(".")[0]
-    allowed = {"", "support"} | ({"server"} if tool == "cli" else set())
+    allowed = {"", "support"} | {"cli": {"server", "mcp"}, "server": {"mcp"}}.get(tool, set())
     private = sorted(dep for dep in _imports(name, modules[name], set(modules))
                      if dep not in allowed and dep.split(".")[0] != tool)
     assert not private, (f"interlock.{name} imports private modules {private}: use "

@@ -24,8 +24,10 @@ from importlib.machinery import PathFinder
 
 from ._model import WorkflowSpec
 
-#: per node, its modules' digests (``{"node": {"pkg.mod": "sha256:..."}}``)
-CodeDigests = dict[str, dict[str, str]]
+#: the digests of the modules a definition's nodes run (``{"pkg.mod": "sha256:..."}``): one
+#: entry per module, not per node (a 1000-node chain of one module's functions records one);
+#: which node runs which module is the definition's (`node_modules`)
+CodeDigests = dict[str, str]
 
 _SOURCE = (".py", ".pyw")  # a module's source (not a compiled extension's, nor "built-in")
 # a file's digest by (path, size, mtime_ns): a run start hashes only what changed
@@ -33,9 +35,32 @@ _CACHE: dict[tuple[str, int, int], str] = {}
 _CACHE_LIMIT = 4096
 
 
+# per (frozen) definition, its nodes' modules: a definition run many times walks its nodes
+# once, so a run's start costs O(modules), not O(nodes) (the spec is held: its id stays its)
+_MODULES: dict[int, tuple[WorkflowSpec, dict[str, list[str]], list[str]]] = {}
+_MODULES_LIMIT = 256
+
+
 def node_modules(spec: WorkflowSpec) -> dict[str, list[str]]:
     """Per node, the modules its code lives in (sorted, none repeated); nodes that name no
-    code are left out."""
+    code are left out. The answer is shared: read it, do not change it."""
+    return _modules(spec)[1]
+
+
+def _modules(spec: WorkflowSpec) -> tuple[WorkflowSpec, dict[str, list[str]], list[str]]:
+    """``spec``, its `node_modules` and all their modules (sorted), from the cache."""
+    hit = _MODULES.get(id(spec))
+    if hit is not None and hit[0] is spec:
+        return hit
+    per_node = _node_modules(spec)
+    every = sorted({m for mods in per_node.values() for m in mods})
+    if len(_MODULES) >= _MODULES_LIMIT:
+        _MODULES.clear()
+    hit = _MODULES[id(spec)] = (spec, per_node, every)
+    return hit
+
+
+def _node_modules(spec: WorkflowSpec) -> dict[str, list[str]]:
     out: dict[str, set[str]] = {}
     for name, ns in spec.nodes.items():
         paths: list[str] = []
@@ -116,37 +141,37 @@ def module_digest(name: str) -> str | None:
 
 
 def code_digests(spec: WorkflowSpec, nodes: Iterable[str] | None = None) -> CodeDigests:
-    """The digests of the code of ``spec``'s nodes (or only of ``nodes``), as they are now.
-    A module with no source file is left out; so is a node left with none."""
-    wanted = None if nodes is None else set(nodes)
-    digests: dict[str, str | None] = {}
+    """The digests of the modules ``spec``'s nodes (or only ``nodes``) run, as they are now.
+    A module with no source file is left out."""
+    _, per_node, modules = _modules(spec)
+    if nodes is not None:
+        modules = sorted({m for node in set(nodes) for m in per_node.get(node, ())})
     out: CodeDigests = {}
-    for node, modules in node_modules(spec).items():
-        if wanted is not None and node not in wanted:
-            continue
-        mine = {}
-        for mod in modules:
-            if mod not in digests:
-                digests[mod] = module_digest(mod)
-            d = digests[mod]
-            if d is not None:
-                mine[mod] = d
-        if mine:
-            out[node] = mine
+    for mod in modules:
+        d = module_digest(mod)
+        if d is not None:
+            out[mod] = d
     return out
 
 
-def changed_code(recorded: CodeDigests, now: CodeDigests) -> dict[str, list[str]]:
-    """Per node of ``recorded`` whose code is not the same ``now``, the modules that differ.
-    A module not found now is not said to differ: this process may not see it (one only a
-    custom import hook finds, before anything imported it) -- and one really gone fails
-    the run's plan before any node runs."""
+def changed_code(spec: WorkflowSpec, recorded: CodeDigests, now: CodeDigests,
+                 nodes: Iterable[str] | None = None) -> dict[str, list[str]]:
+    """Per node of ``spec`` (or of ``nodes``) that runs a module whose digest ``recorded``
+    is not the same ``now``, the modules that differ. A module not found now is not said
+    to differ: this process may not see it (one only a custom import hook finds, before
+    anything imported it) -- and one really gone fails the run's plan before any node
+    runs."""
+    differ = {m for m, d in recorded.items() if m in now and now[m] != d}
+    if not differ:
+        return {}
+    wanted = None if nodes is None else set(nodes)
     out: dict[str, list[str]] = {}
-    for node, modules in recorded.items():
-        current = now.get(node, {})
-        differ = sorted(m for m, d in modules.items() if m in current and current[m] != d)
-        if differ:
-            out[node] = differ
+    for node, mods in node_modules(spec).items():
+        if wanted is not None and node not in wanted:
+            continue
+        mine = [m for m in mods if m in differ]  # node_modules' lists are sorted
+        if mine:
+            out[node] = mine
     return out
 
 

@@ -1,13 +1,15 @@
 """Code drift (SPEC §14): a stored run continued by code that is not what it started with.
 
-``run.started`` records the digests of the code each node runs (`_digest.code_digests`;
-a ``run.migrated`` records those of the definition it moves to). When a run is
+``run.started`` records the digests of the modules its nodes run (`_digest.code_digests`,
+one per module; a ``run.migrated`` records those of the definition it moves to). When a run is
 resumed, decided or continued by a worker (every `_execute.drive` that continues a
-stored log), the nodes still to run -- the ones in flight and every node reachable
-from them -- are hashed again; a node whose modules differ is *changed*:
+stored log), the modules of the nodes still to run -- the ones in flight and every node
+reachable from them -- are hashed again; a node (the definition says which modules it
+runs) one of whose modules differs is *changed*:
 
 - by default the engine says so and goes on: a warning on stderr naming each node and
-  module, and a ``run.code_changed`` record (``nodes``, ``modules``, the new ``code``)
+  module, and a ``run.code_changed`` record (``nodes``, ``modules`` per node, the
+  changed modules' new ``code``)
   committed with the continuation's first records;
 - with ``--strict-code`` (`set_strict_code`, or ``INTERLOCK_STRICT_CODE=1``) it
   refuses instead, before anything is recorded or claimed: `CodeChanged`, a
@@ -92,16 +94,17 @@ async def recorded_code(store: Store, run_id: str, view: RunView) -> CodeDigests
 async def drift(store: Store, run_id: str, plan: Plan, view: RunView
                 ) -> tuple[dict[str, list[str]], CodeDigests]:
     """Per node still to run whose code changed, the modules that differ; and the new
-    digests of those nodes."""
+    digests of those modules."""
     recorded = await recorded_code(store, run_id, view)
     if not recorded:
         return {}, {}
-    nodes = nodes_to_run(plan, view) & recorded.keys()
+    nodes = nodes_to_run(plan, view)
     if not nodes:
         return {}, {}
     now = code_digests(plan.spec, nodes)
-    changed = changed_code({n: recorded[n] for n in nodes}, now)
-    return changed, {n: now.get(n, {}) for n in changed}
+    changed = changed_code(plan.spec, recorded, now, nodes)
+    modules = {m for mods in changed.values() for m in mods}
+    return changed, {m: now[m] for m in sorted(modules)}
 
 
 def describe(changed: dict[str, list[str]]) -> str:

@@ -36,6 +36,7 @@ from ._errors import (
     ProviderTimeoutError,
     RateLimitError,
     ToolDefinitionError,
+    ToolUnavailable,
 )
 from ._node import build_agent_node
 from ._providers import ChatRequest, OpenAIProvider, Provider, Reply, ScriptedProvider, ToolCall
@@ -92,6 +93,7 @@ __all__ = [
     "ToolCall",
     "ToolDefinitionError",
     "ToolSpec",
+    "ToolUnavailable",
     "build_agent_node",
     "check_agent",
 ]

@@ -156,6 +156,8 @@ def _check_tools(checker: Checker, name: str, spec: AgentSpec, where: tuple[Any,
         seen["recall"] = -1
     for i, tool in enumerate(spec.tools):
         loc = (*where, "tools", i)
+        if tool.mcp is not None:  # an MCP server's: its names are known when the node runs
+            continue
         if tool.call is None:
             assert tool.name is not None
             if tool.agent is not None:
@@ -181,7 +183,7 @@ def _check_tools(checker: Checker, name: str, spec: AgentSpec, where: tuple[Any,
         if fn is None:
             continue
         try:
-            made = make_tool(fn, tool.confirm)
+            made = make_tool(fn, tool.confirm is True)
         except ToolDefinitionError as exc:
             error(str(exc), "tools", i)
             continue

@@ -6,6 +6,7 @@ class (and its bases), so a node's ``retry: {errors: [...]}`` can list these nam
     ├── AgentTurnsError       max_turns model calls without a final answer
     ├── AgentConfigError      no API key, a scripted provider out of replies, a bad template
     ├── ToolDefinitionError   a tool's signature cannot be offered to a model
+    ├── ToolUnavailable       an MCP server cannot be reached (after one reconnection)
     └── ProviderError         the provider call failed
         ├── RateLimitError            HTTP 429
         ├── ProviderServerError       HTTP 5xx
@@ -36,6 +37,11 @@ class AgentConfigError(AgentError):
 
 class ToolDefinitionError(AgentError):
     """A tool function cannot be described to a model (an untyped parameter, ``*args``)."""
+
+
+class ToolUnavailable(AgentError, ConnectionError):
+    """A tool's MCP server cannot be reached, or its connection failed twice: the node
+    fails (whatever ``tool_errors`` says), naming the server and the cause."""
 
 
 class ProviderError(AgentError):

@@ -63,7 +63,13 @@ from .._definition._model import NodeSpec, WorkflowSpec
 from .._engine._context import Goto, goto
 from .._engine._guards import BudgetExceededError
 from .._errors import RouteError
-from ._errors import AgentConfigError, AgentError, AgentOutputError, AgentTurnsError
+from ._errors import (
+    AgentConfigError,
+    AgentError,
+    AgentOutputError,
+    AgentTurnsError,
+    ToolUnavailable,
+)
 from ._providers import (
     TOKEN_SINK,
     ChatRequest,
@@ -158,6 +164,9 @@ class _Agent:
         self.redact = frozenset(spec.redact)
         # a reply may be journaled (and replayed) only when no part of it is redacted
         self.replayable = not (self.redact & _REPLY_FIELDS)
+        # MCP servers' tools are listed per visit, on a copy of this agent (`_mcp`)
+        self.servers = any(t.mcp is not None for t in spec.tools)
+        self.visiting = False
         # a reply streams to a `TOKEN_SINK` when one is set (a conversation's agent)
         self.streams = False
         self._ready = False
@@ -201,12 +210,14 @@ class _Agent:
         # specialist agent (SPEC §11), by name
         self.delegates: dict[str, Any] = {}
         for t in spec.tools:
+            if t.mcp is not None:  # an MCP server's tools: listed when a visit starts (_mcp)
+                continue
             if t.call is None:
                 d = self._delegate(t)
                 tools[d.tool.name] = d.tool
                 self.delegates[d.tool.name] = d
                 continue
-            tool = make_tool(self._resolve(t.call), t.confirm)
+            tool = make_tool(self._resolve(t.call), t.confirm is True)
             tools[tool.name] = tool
         self._more_tools(tools)
         self.tools = tools
@@ -252,6 +263,11 @@ class _Agent:
 
     async def run(self, state: dict[str, Any], ctx: Context) -> Any:
         self._prepare()
+        if self.servers and not self.visiting:  # this visit's tools, its MCP sessions
+            from ._mcp import mcp_visit
+
+            async with mcp_visit(self, ctx) as visit:
+                return await visit.run(state, ctx)
         failures, turn = _restart_point(ctx)
         scope = {**state, "config": dict(ctx.config)}
         messages, opening = await self._opening(scope)
@@ -410,7 +426,8 @@ class _Agent:
             key += "-" + _digest(ctx.idempotency_key, call.name, call.arguments)
         refusable = "arguments" not in self.redact  # a refusal's text may quote them
         tool = self.tools.get(call.name)
-        base = {"turn": turn, "tool": call.name, "call_id": call.id}
+        base = {"turn": turn, "tool": call.name, "call_id": call.id,
+                **(tool.origin() if tool is not None else {})}
         text: str | dict[str, Any]  # a dict: a tool's handoff (goto)
         if tool is None:
             problem = (f"there is no tool {call.name!r}; the tools are: "
@@ -509,6 +526,8 @@ class _Agent:
                 result = await tool.invoke({**kwargs, "ctx": self._tool_context(ctx, base)})
             else:
                 result = await tool.invoke(kwargs)
+        except ToolUnavailable:
+            raise  # its server cannot be reached: the node fails, whatever tool_errors says
         except Exception as exc:
             # tool_errors: return -- the model gets the error as the tool's answer (and may
             # correct itself); raise -- the node fails with the tool's own exception (so

@@ -32,18 +32,47 @@ def _call_path(value: str) -> str:
     return value
 
 
+class McpServerSpec(_Strict):
+    """``mcp: {url: URL, headers: {...}}`` or ``mcp: {command: [prog, args...]}`` (SPEC
+    §12). A header's ``${VAR}`` is read from the environment when the node connects, so
+    a token need not be in the workflow (nor in its stored definition)."""
+
+    url: str | None = Field(default=None, pattern=r"^https?://")
+    headers: dict[str, str] = Field(default_factory=dict)
+    command: list[str] | None = Field(default=None, min_length=1)
+
+    @model_validator(mode="after")
+    def _one_way(self) -> McpServerSpec:
+        if (self.url is None) == (self.command is None):
+            raise ValueError("mcp: takes exactly one of url: (streamable HTTP) or command: "
+                             "[prog, args...] (a subprocess speaking stdio)")
+        if self.headers and self.url is None:
+            raise ValueError("mcp: headers: go with url:, not command:")
+        return self
+
+    @property
+    def address(self) -> str:
+        """How the log names the server: its URL, or its command line."""
+        return self.url if self.url is not None else " ".join(self.command or ())
+
+
 class ToolSpec(_Strict):
-    """``tools: [module:fn, {call: module:fn, confirm: true}]``, a workflow as a tool
-    ``{workflow: FILE, name, description}`` (SPEC §11: a child run per call; the file is
-    pinned as ``{file, definition}`` when the workflow is loaded), or a specialist agent
-    as a tool ``{name, description, agent: {...}}``."""
+    """A tool is exactly one of: ``module:fn`` / ``{call: module:fn, confirm: true}``; a
+    workflow as a tool ``{workflow: FILE, name, description}`` (SPEC §11: a child run per
+    call; the file is pinned as ``{file, definition}`` when the workflow is loaded); a
+    specialist agent as a tool ``{name, description, agent: {...}}``; or an MCP server's
+    tools ``{mcp: {url | command}, tools: [names], confirm: [names], prefix: NAME}`` (SPEC
+    §12)."""
 
     call: str | None = None
-    confirm: bool = False
+    confirm: bool | list[str] = False
     workflow: str | dict[str, Any] | None = None
     agent: dict[str, Any] | None = None
+    mcp: McpServerSpec | None = None
     name: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_-]{0,63}$")
     description: str | None = None
+    tools: list[str] | None = None  # an MCP server's tools offered (default: all)
+    prefix: str | None = Field(default=None, pattern=r"^[A-Za-z][A-Za-z0-9_-]{0,31}$")
 
     @model_validator(mode="before")
     @classmethod
@@ -57,12 +86,28 @@ class ToolSpec(_Strict):
 
     @model_validator(mode="after")
     def _one_kind(self) -> ToolSpec:
-        kinds = [k for k in ("call", "workflow", "agent") if getattr(self, k) is not None]
+        kinds = [k for k in ("call", "workflow", "agent", "mcp") if getattr(self, k) is not None]
         if len(kinds) != 1:
             raise ValueError("a tool is module:function, {call: module:function, confirm: "
-                             "true}, {workflow: FILE, name, description} or {name, "
-                             "description, agent: {...}}: exactly one of call, workflow, agent"
+                             "true}, {workflow: FILE, name, description}, {name, "
+                             "description, agent: {...}} or {mcp: {url | command}, tools, "
+                             "confirm, prefix}: exactly one of call, workflow, agent, mcp"
                              + (f" (this one has {', '.join(kinds)})" if kinds else ""))
+        if self.mcp is None and (self.tools is not None or self.prefix is not None):
+            raise ValueError("tools: and prefix: choose an MCP server's tools; they go with "
+                             "mcp:")
+        if self.mcp is not None:
+            if self.name is not None or self.description is not None:
+                raise ValueError("an MCP server's tools keep their own names and "
+                                 "descriptions (choose them with tools:, rename with "
+                                 "prefix:); name: and description: go with workflow: or "
+                                 "agent:")
+            if self.confirm is True:
+                raise ValueError("an MCP server's guarded tools are named: confirm: [names]")
+            return self
+        if isinstance(self.confirm, list):
+            raise ValueError("confirm: [names] names an MCP server's tools; a Python tool "
+                             "takes confirm: true")
         if self.call is None and self.name is None:
             raise ValueError(f"a {kinds[0]} tool needs name: (what the model calls it)")
         if self.confirm and self.call is None:
@@ -74,9 +119,11 @@ class ToolSpec(_Strict):
         return self
 
     @property
-    def kind(self) -> Literal["call", "workflow", "agent"]:
+    def kind(self) -> Literal["call", "workflow", "agent", "mcp"]:
         if self.call is not None:
             return "call"
+        if self.mcp is not None:
+            return "mcp"
         return "workflow" if self.workflow is not None else "agent"
 
 

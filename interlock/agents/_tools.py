@@ -65,6 +65,10 @@ class Tool:
         kwargs = {name: getattr(model, f"p{i}") for i, name in enumerate(self.params)}
         return kwargs, raw
 
+    def origin(self) -> dict[str, Any]:
+        """Where the tool lives, for its ``tool.called`` records (an MCP server's name it)."""
+        return {}
+
     async def invoke(self, kwargs: dict[str, Any]) -> Any:
         if self.is_async:
             return await self.fn(**kwargs)

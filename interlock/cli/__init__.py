@@ -17,8 +17,7 @@ shared by all commands (keep them when adding one):
 The package: this module holds the command group and `main`; `_run` the commands that
 execute or change a run (run, resume, fork, cancel), `_progress` their live output and
 summary, `_inspect` the ones that only look (validate, graph, status, runs, verify),
-`_trace` the timeline of ``interlock trace``, `_migrate` ``interlock migrate``, `_serve`
-and `_worker` the long-running processes, `_common` what commands share (exit codes,
+                 coverage, export, prune, serve, triggers, worker, migrate, mcp):
 `CliError`, options, --input / --set parsing), `_format` the wording of values and records.
 """
 
@@ -51,6 +50,7 @@ from ._common import (
 )
 from ._coverage import coverage
 from ._inspect import export, graph, runs, status, validate, verify
+from ._mcp import mcp
 from ._migrate import migrate
 from ._progress import Progress
 from ._prune import prune
@@ -110,5 +110,6 @@ def _exit_now_if_threads_were_abandoned(code: Any) -> None:
 
 
 for _command in (run, validate, graph, resume, status, runs, trace, verify, cancel, fork,
-                 coverage, export, prune, serve, triggers, worker, migrate, send, chat):
+                 coverage, export, prune, serve, triggers, worker, migrate, send, chat,
+                 mcp):
     cli.add_command(_command)

@@ -77,6 +77,9 @@ def create_app(options: ServerOptions | None = None, **kwargs: Any) -> FastAPI:
     """
     opts = options or ServerOptions(**kwargs)
     server = Server(opts)
+    mcp = _mcp_endpoint(server)
+    if mcp is not None:  # its sessions' manager runs while the service does
+        server.alongside.append(mcp.running)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -102,16 +105,27 @@ def create_app(options: ServerOptions | None = None, **kwargs: Any) -> FastAPI:
                          limit=lambda: limits.INPUT_BYTES.get() + BODY_SLACK))
 
     _handlers(app)
-    _routes(app)
+    _routes(app, mcp)
     return app
 
 
-def _routes(app: FastAPI) -> None:
-    """The routers, then the dashboard (its pages are matched last)."""
+def _routes(app: FastAPI, mcp: Any) -> None:
+    """The routers, ``/mcp``, then the dashboard (its pages are matched last)."""
     for routes in (_routes_meta, _routes_workflows, _routes_runs, _routes_approvals,
                    _routes_messages, _routes_chat):
         app.include_router(routes.router)
+    if mcp is not None:
+        app.router.routes.append(mcp.route())
     dashboard.mount(app)
+
+
+def _mcp_endpoint(server: Server) -> Any:
+    """``/mcp`` (`interlock.server._mcp`), or None without the ``mcp`` extra."""
+    try:
+        from ._mcp import McpEndpoint
+    except ImportError:
+        return None
+    return McpEndpoint(server)
 
 
 def _handlers(app: FastAPI) -> None:

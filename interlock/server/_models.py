@@ -73,6 +73,11 @@ class Graph(BaseModel):
     # the drawing (interlock/server/_layout.py): node boxes {name, x, y, w, h}, edge routes
     # {edge, source, target, kind, points, label, title, label_box}, width, height
     layout: dict[str, Any] | None = None
+    # a run's graph only (``GET /api/runs/{id}/graph``), when the run was migrated (SPEC
+    # §14): the last ``run.migrated`` {seq, from_hash, to_hash, by, at_node}; the graph is
+    # the definition it moved the run onto, and its edge indexes are those of the records
+    # after that seq only (docs/versions.md)
+    migrated: dict[str, Any] | None = None
 
 
 class WorkflowDetail(WorkflowInfo):

@@ -4,6 +4,8 @@ resume and cancel."""
 from __future__ import annotations
 
 import time
+import weakref
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
@@ -156,11 +158,47 @@ async def _search(server: Server, *, status: str | None, workflow: str | None, l
 async def run(run_id: str, server: Srv, who: Reader) -> dict[str, Any]:
     return await server.run_object(run_id)
 
+# run -> (its row's created_at, the seq its log was read up to, its last run.migrated):
+# a run's log is read once for its migrations, then only the records appended since
+_MIGRATED: weakref.WeakKeyDictionary[Server, OrderedDict[
+    str, tuple[float, int, dict[str, Any] | None]]] = weakref.WeakKeyDictionary()
+_MIGRATED_KEPT = 1024  # runs remembered per server (the least recently drawn forgotten)
+
+
+async def _last_migration(server: Server, row: RunRow) -> dict[str, Any] | None:
+    """The run's last ``run.migrated`` record, or None. Only the records after the ones
+    read for an earlier request are read (by type, not decoded unless a migration): a
+    run's graph is asked for at every visit of its page, its log may be long."""
+    kept = _MIGRATED.setdefault(server, OrderedDict())
+    known = kept.pop(row.run_id, None)
+    if known is not None and known[0] == row.created_at and known[1] <= row.summary.last_seq:
+        _, seen, last = known
+    else:  # never read, or another run under that id since (deleted, created again)
+        seen, last = 0, None
+    async for entries in server.st.iter_entries(row.run_id, after=seen):
+        for entry in entries:
+            if entry.type == "run.migrated":  # (interlock._log.RUN_MIGRATED)
+                last = entry.record()
+            seen = max(seen, entry.seq)
+    kept[row.run_id] = (row.created_at, seen, last)
+    while len(kept) > _MIGRATED_KEPT:
+        kept.popitem(last=False)
+    return last
+
+
 @router.get("/api/runs/{run_id}/graph", response_model=Graph)
 async def run_graph(run_id: str, server: Srv, row: Existing) -> Graph:
-    """The graph of the definition the run started with (a run keeps it, whatever
-    is registered now): edge ``i`` is the ``edge: i`` of its edge records."""
-    return await graph_off_loop(parse_definition(row.definition))
+    """The graph of the definition the run is on (a run keeps it, whatever is registered
+    now): the one it started with, or the one its last ``run.migrated`` moved it onto
+    (then ``migrated`` says so). Edge ``i`` is the ``edge: i`` of its edge records --
+    after the migration only: the records before it number the old definition's edges."""
+    moved = await _last_migration(server, row)
+    if moved is None or not isinstance(moved.get("definition"), dict):
+        return await graph_off_loop(parse_definition(row.definition))
+    graph = await graph_off_loop(parse_definition(moved["definition"]))
+    graph.migrated = {k: moved.get(k) for k in ("seq", "from_hash", "to_hash", "by",
+                                                "at_node")}
+    return graph
 
 @router.get("/api/runs/{run_id}/visits", response_model=list[Visit])
 async def run_visits(run_id: str, server: Srv, who: Reader) -> Response:

@@ -87,6 +87,10 @@ class Server:
         self.loops: RunLoops | None = None  # where runs execute (None: on the API's loop)
         self._api: asyncio.AbstractEventLoop | None = None  # the API's loop
         self.approvals = Approvals()  # the inbox, kept per run at its last seq
+        # what else runs from start to stop (/mcp's session manager): entered last in
+        # `start`, left first in `stop`, in the task that starts and stops the service
+        self.alongside: list[Callable[[], contextlib.AbstractAsyncContextManager[Any]]] = []
+        self._alongside = contextlib.AsyncExitStack()
         self.polls: Polls | None = None  # one poll per followed run (`follow`)
         self.slack = Slack.from_env(options.slack_channel)
         self.google_chat = GoogleChat.from_options(
@@ -165,6 +169,8 @@ class Server:
         if timed:  # the registered workflows' triggers: fired here (see `fire`)
             self._firing = asyncio.get_running_loop().create_task(
                 Firer(timed, self.fire, self.st.inner).run(self.hub.stopping))
+        for running in self.alongside:
+            await self._alongside.enter_async_context(running())
 
     async def begin(self, workflow: str, data: dict[str, Any], run_id: str | None = None,
                     config: dict[str, Any] | None = None) -> interlock.RunResult:
@@ -188,6 +194,7 @@ class Server:
 
     async def stop(self) -> None:
         self.hub.stopping.set()
+        await self._alongside.aclose()
         if self._firing is not None:
             self._firing.cancel()
             with contextlib.suppress(asyncio.CancelledError):

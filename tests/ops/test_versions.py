@@ -101,10 +101,33 @@ def types(records: list[dict[str, Any]]) -> list[str]:
 def test_run_started_records_the_digest_of_each_nodes_module(project: Project) -> None:
     assert project.start(GATED, "r-dig").exit_code == 3
     started = project.records("r-dig")[0]
-    code = started["code"]
-    assert set(code) == {"a", "b"}  # the gate names no code
-    assert set(code["b"]) == {project.after}
-    assert code["b"][project.after].startswith("sha256:")
+    code = started["code"]  # one digest per module the nodes run (the gate names none)
+    assert set(code) == {project.base.mod, project.after}
+    assert code[project.after].startswith("sha256:")
+
+
+def test_a_module_many_nodes_run_is_recorded_once_and_its_change_names_each_node(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The record is per module (a 1000-node chain of one module's functions records one
+    digest); the definition says which nodes a changed module is the code of."""
+    from interlock._definition._digest import changed_code, code_digests
+    from interlock._definition._spec import parse
+
+    (tmp_path / "vshared.py").write_text("def f(s):\n    return {}\n")
+    (tmp_path / "vother.py").write_text("def g(s):\n    return {}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = parse({"workflow": "shared", "nodes": {
+        "n1": "vshared:f", "n2": "vshared:f", "n3": "vother:g"}, "edges": [
+        {"from": "START", "to": "n1"}, {"from": "n1", "to": "n2"},
+        {"from": "n2", "to": "n3"}, {"from": "n3", "to": "END"}]})
+    recorded = code_digests(spec)
+    assert set(recorded) == {"vshared", "vother"}
+    (tmp_path / "vshared.py").write_text("def f(s):\n    return {'x': 1}\n")
+    now = code_digests(spec)
+    assert now["vshared"] != recorded["vshared"] and now["vother"] == recorded["vother"]
+    assert changed_code(spec, recorded, now) == {"n1": ["vshared"], "n2": ["vshared"]}
+    assert changed_code(spec, recorded, now, ["n2", "n3"]) == {"n2": ["vshared"]}
+    assert code_digests(spec, ["n3"]) == {"vother": recorded["vother"]}
 
 
 def test_a_waiting_run_whose_node_module_changed_warns_records_and_strict_refuses(
@@ -218,7 +241,7 @@ def test_migrate_a_waiting_run_onto_a_node_added_after_the_gate(project: Project
     rec = records[-1]
     assert rec["by"] == "ops" and rec["comment"] == "add the check" and rec.get("at_node") is None
     assert rec["from_hash"] == records[0]["definition_hash"] and rec["to_hash"] != rec["from_hash"]
-    assert set(rec["code"]) == {"a", "b", "c"}
+    assert set(rec["code"]) == {project.base.mod, project.after, f"{project.base.mod}_v2"}
     # migrate does not execute: the run still waits, now on the new definition
     status = project.cli("status", "r-mig")
     assert status.exit_code == 3, status.output

@@ -78,3 +78,50 @@ def test_the_run_page_says_which_nodes_code_changed(tmp_path: Path, pages: Any) 
         expect(notice).to_contain_text("interlock migrate drift-1 --to FILE")
     finally:
         served.stop()
+
+
+# v2 of GATED: a node ``c`` between the gate and ``b``, its edge listed first, so that
+# every edge index of the old definition names another edge in the new one
+GATED_V2 = GATED.replace("  b: dafter:bump", "  c: dnodes:double\n  b: dafter:bump") \
+    .replace("edges:\n", "edges:\n  - {from: c, to: b}\n") \
+    .replace("{from: gate, to: b,", "{from: gate, to: c,")
+
+
+def test_a_migrated_runs_page_draws_the_new_graph_and_lights_the_old_records_by_name(
+        tmp_path: Path, pages: Any) -> None:
+    import yaml
+
+    (tmp_path / "dnodes.py").write_text(NODES)
+    (tmp_path / "dafter.py").write_text(ADDER)
+    (tmp_path / "flows").mkdir()
+    (tmp_path / "flows" / "drifting.yaml").write_text(GATED)
+    served = Served(tmp_path)
+    try:
+        with served.client() as c:
+            assert c.post("/api/workflows/drifting/runs",
+                          json={"run_id": "mig-1"}).status_code == 201
+            wait_status(c, "mig-1", "WAITING_APPROVAL")
+            moved = c.post("/api/runs/mig-1/migrate", json={
+                "definition": yaml.safe_load(GATED_V2), "by": "ops"})
+            assert moved.status_code == 200, moved.text
+            at = moved.json()["recorded"]
+        page = pages.new_page()
+        page.goto(served.url + "/runs/mig-1")
+        expect(page.locator("#migrated")).to_contain_text(f"migrated at record {at} by ops")
+        svg = page.locator("svg.graph")
+        expect(svg.locator('[data-node="c"]')).to_have_count(1)  # the new node is drawn
+        # the records before the migration: lit by their nodes, not by their edge index
+        for source, target in (("START", "a"), ("a", "gate")):
+            expect(svg.locator(f'.route[data-source="{source}"][data-target="{target}"]')
+                   ).to_have_attribute("data-state", "taken")
+        expect(svg.locator('[data-edge="0"]')).to_have_attribute("data-state", "idle")
+        expect(svg.locator('[data-edge="1"]')).to_have_attribute("data-state", "idle")
+
+        page.locator('#run-gate article.gate button[data-decision="approve"]').click()
+        expect(page.locator("#run-status [data-status]")).to_have_attribute(
+            "data-status", "COMPLETED")
+        # after it: by index, in the graph it is on (gate -> c is edge 3)
+        expect(svg.locator('[data-edge="3"]')).to_have_attribute("data-state", "taken")
+        expect(svg.locator('[data-edge="0"]')).to_have_attribute("data-state", "taken")
+    finally:
+        served.stop()

@@ -394,11 +394,19 @@ async function runPage(ctx, runId) {
   const svg = renderGraph(graph, (what) => { selected = what; inspect(); });
   const nodeEl = (name) => svg.querySelector(`[data-node="${CSS.escape(name)}"]`);
   const edgeEl = (i) => svg.querySelector(`[data-edge="${i}"]`);
+  // a migrated run (SPEC §14): the graph is the definition it is on now; the edge records
+  // before the last run.migrated number the edges of the one it was on before
+  const beforeMigration = (rec) => Boolean(graph.migrated) && rec.seq < graph.migrated.seq;
+  const migratedNotice = graph.migrated ? h("p", { id: "migrated", class: "card notice" },
+    `This run was migrated at record ${graph.migrated.seq}${graph.migrated.by ? ` by ${graph.migrated.by}` : ""} `,
+    `(${String(graph.migrated.from_hash).slice(0, 12)} → ${String(graph.migrated.to_hash).slice(0, 12)}): `,
+    "the graph is the definition it is on now; the decisions recorded before the migration are lit only where this graph has an arrow between the same nodes.") : null;
   put(
     h("h1", {}, "Run ", h("code", {}, runId), " ", status),
     h("p", {}, "workflow ", link(`/workflows/${encodeURIComponent(run.workflow)}`, run.workflow), " · ", facts, " · ", streamState),
     h("p", {}, times),
     actions,
+    migratedNotice,
     codeNotice,
     gateBox,
     h("div", { class: "run-layout" }, h("div", { class: "graph-box card" }, svg), side),
@@ -557,7 +565,19 @@ async function runPage(ctx, runId) {
         if (g.dataset.node !== rec.node) g.setAttribute("data-state", "stopped");
       }
     }
-    if (rec.type === "edge.taken" || rec.type === "edge.skipped") {
+    if (rec.type === "run.migrated" && rec.seq > (graph.migrated?.seq ?? 0)) {
+      location.reload(); // moved onto another definition while shown: draw that one
+      return;
+    }
+    if ((rec.type === "edge.taken" || rec.type === "edge.skipped") && beforeMigration(rec)) {
+      // numbered by the definition the run was on before (docs/versions.md): only the
+      // arrows between the same nodes in this graph are lit, by name, never by index
+      if (rec.type === "edge.taken") {
+        for (const r of svg.querySelectorAll(`.route[data-source="${CSS.escape(rec.from)}"]`)) {
+          if ((rec.to || []).includes(r.dataset.target)) r.setAttribute("data-state", "taken");
+        }
+      }
+    } else if (rec.type === "edge.taken" || rec.type === "edge.skipped") {
       const e = edgeEl(rec.edge);
       if (rec.type === "edge.taken") e?.setAttribute("data-state", "taken");
       else if (e && e.dataset.state !== "taken") e.setAttribute("data-state", "skipped");
@@ -651,7 +671,7 @@ async function runPage(ctx, runId) {
     const ticket = ++inspecting;
     if (selected?.edge !== undefined) {
       const edge = graph.edges[selected.edge];
-      const decisions = records.filter((r) => (r.type === "edge.taken" || r.type === "edge.skipped") && r.edge === selected.edge);
+      const decisions = records.filter((r) => (r.type === "edge.taken" || r.type === "edge.skipped") && r.edge === selected.edge && !beforeMigration(r));
       fill(side, h("h2", {}, `Edge ${selected.edge}`),
         h("p", {}, `${edge.from.join(", ")} → ${targets(edge).join(", ")}`),
         h("p", {}, h("code", {}, edgeCondition(edge))),

@@ -1,0 +1,48 @@
+"""``interlock mcp``: the registered workflows as MCP tools over stdio (SPEC §12)."""
+
+from __future__ import annotations
+
+import click
+
+from ._common import CliError, store_option
+
+
+@click.command(short_help="Serve workflows as MCP tools over stdio.")
+@store_option
+@click.option("--workflows", "workflows", multiple=True, metavar="PATH", required=True,
+              help="A workflow file, or a folder of *.yaml/*.json (repeatable); each is "
+                   "a tool named by its workflow: name.")
+@click.option("--public-url", metavar="URL",
+              help="Where an `interlock serve` on the same store is reached: a waiting "
+                   "run's answer then links its gate in the dashboard.")
+def mcp(store_url: str | None, workflows: tuple[str, ...], public_url: str | None) -> None:
+    """Serve the workflows as MCP tools on stdin/stdout, for a chat client or an IDE
+    (Claude Desktop, an editor's agent): one tool per workflow, and
+    interlock_run_status. Runs execute in this process, on the store; stdout carries
+    only the protocol."""
+    try:
+        from ..mcp import LocalRuns, tools_server
+    except ImportError as exc:
+        raise CliError(f"interlock mcp needs the mcp extra: pip install 'interlock[mcp]' "
+                       f"({exc})") from None
+    import anyio
+    from mcp.server.stdio import stdio_server
+
+    from .. import StoreError, UsageError, open_store
+    from ..support import load_workflows
+
+    try:
+        registered = load_workflows(list(workflows))
+        store = open_store(store_url)
+    except (UsageError, StoreError) as exc:
+        raise CliError(str(exc)) from None
+    server = tools_server(LocalRuns(registered, store, public_url))
+
+    async def serve() -> None:
+        try:
+            async with stdio_server() as (read, write):
+                await server.run(read, write, server.create_initialization_options())
+        finally:
+            await store.close()
+
+    anyio.run(serve)

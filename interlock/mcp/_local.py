@@ -1,0 +1,79 @@
+"""`LocalRuns`: the runs of ``interlock mcp`` (stdio), executed in this process on a
+store of its own -- the same store the CLI and a server can read and decide."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shlex
+from collections.abc import AsyncIterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+from mcp.server.context import ServerRequestContext
+
+import interlock
+
+from ._tools import Caller, Progress
+
+if TYPE_CHECKING:
+    from interlock import Decision, Store, Workflow
+    from interlock.support import RunView
+
+
+class LocalRuns:
+    """Runs executed here: a call drives its run to its next stop in this process."""
+
+    def __init__(self, workflows: Mapping[str, Workflow], store: Store,
+                 public_url: str | None = None) -> None:
+        self.workflows, self.store, self.public_url = workflows, store, public_url
+        self.store_hint = f" --store {shlex.quote(store.url)}"
+
+    def caller(self, ctx: ServerRequestContext[Any, Any]) -> Caller:
+        """Whoever started this process: the client's own name, as it gives it (stdio
+        has no credentials; the process runs as its user)."""
+        params = ctx.session.client_params
+        info = params.client_info if params is not None else None
+        name = getattr(info, "name", None) or "mcp"
+        return Caller(f"mcp:{name}")
+
+    async def call(self, workflow: str, data: dict[str, Any], caller: Caller,
+                   progress: Progress) -> dict[str, Any]:
+        wf = self.workflows[workflow]
+        async with _forwarded(progress) as listen:
+            result = await wf.run(data, store=self.store, listener=listen)
+        return result.to_json()
+
+    async def decide(self, run_id: str, decision: Decision, caller: Caller,
+                     progress: Progress) -> dict[str, Any]:
+        row = await self.store.get_run(run_id)
+        async with _forwarded(progress) as listen:
+            result = await interlock.resume(run_id, decision, store=self.store,
+                                            workflow=self.workflows.get(row.workflow),
+                                            listener=listen)
+        return result.to_json()
+
+    async def status(self, run_id: str, caller: Caller) -> dict[str, Any]:
+        return (await interlock.status(run_id, store=self.store)).to_json()
+
+
+@contextlib.asynccontextmanager
+async def _forwarded(progress: Progress) -> AsyncIterator[Any]:
+    """A run listener (called on any thread) whose records reach ``progress`` in order,
+    on this loop; the records still queued are sent when the block ends."""
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+
+    def listen(rec: dict[str, Any], view: RunView) -> None:
+        loop.call_soon_threadsafe(queue.put_nowait, rec)
+
+    async def send() -> None:
+        while (rec := await queue.get()) is not None:
+            with contextlib.suppress(Exception):  # a client gone does not stop the run
+                await progress(rec)
+
+    sender = loop.create_task(send())
+    try:
+        yield listen
+    finally:
+        loop.call_soon_threadsafe(queue.put_nowait, None)
+        await sender

@@ -1,0 +1,77 @@
+"""What the MCP tests share: a project folder of workflows (the server tests' nodes and
+gated flow, a plain flow, a flow with an open gate), and the SDK's client over stdio."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from test_server import GATED, NODES, TOKENS, pythonpath
+
+pytest.importorskip("mcp")
+
+LOUD = '''
+import os, sys
+
+def first(state):
+    # stray output: on stdout, which carries the protocol of `interlock mcp`
+    print("a node that prints")
+    sys.stdout.flush()
+    os.write(1, b"and one that writes to fd 1\\n")
+    return {"first": state["n"] + 1}
+'''
+
+PLAIN = '''
+workflow: plain
+description: Adds one to n, then doubles it.
+input: [n]
+nodes:
+  first: mnodes:first
+  last: snodes:last
+edges:
+  - {from: START, to: first}
+  - {from: first, to: last}
+  - {from: last, to: END}
+'''
+
+OPEN_GATE = '''
+workflow: asked
+input: [n]
+nodes:
+  first: snodes:first
+  gate: {approval: {show: [first]}}
+  last: snodes:last
+edges:
+  - {from: START, to: first}
+  - {from: first, to: gate}
+  - {from: gate, to: last, when: 'gate.decision == "approved"'}
+  - {from: last, to: END}
+'''
+
+
+def make_project(root: Path) -> Path:
+    (root / "snodes.py").write_text(NODES)
+    (root / "mnodes.py").write_text(LOUD)
+    (root / "flows").mkdir()
+    for name, text in (("gated", GATED), ("plain", PLAIN), ("asked", OPEN_GATE)):
+        (root / "flows" / f"{name}.yaml").write_text(textwrap.dedent(text))
+    auth = {"tokens": [{"name": n, "sha256": hashlib.sha256(t.encode()).hexdigest(),
+                        "roles": r} for n, (t, r) in TOKENS.items()]}
+    (root / "auth.yaml").write_text(json.dumps(auth))
+    return root
+
+
+def stdio_params(root: Path, *args: str) -> object:
+    """``interlock mcp`` on the project, a subprocess speaking stdio."""
+    from mcp import StdioServerParameters
+
+    return StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "interlock", "mcp", "--workflows", "flows", "--store",
+              f"sqlite:///{root / 'runs.db'}", *args],
+        cwd=root, env={**os.environ, "PYTHONPATH": pythonpath(root)})
