@@ -208,6 +208,12 @@ V2_UPGRADE = ByTest("tests/store/test_store_upgrade.py::"
 # A phrase of docs/design.md (whitespace as one space) holding each number it states,
 # and what backs it. Keep the phrases short: the sentence may change around them.
 CLAIMS: dict[str, Evidence] = {
+    # the house's sizes
+    "no module over 600 lines": Value("test_house", "MODULE_LINES", 600),
+    "no class over 300": Value("test_house", "CLASS_LINES", 300),
+    "function over 60": Value("test_house", "FUNCTION_LINES", 60),
+    "under 30 per 1,000 lines": Value("test_house", "ANY_PER_KLOC", 30),
+    "at least 8% of": Value("test_house", "ENGINE_COMMENT_SHARE", 0.08),
     # the SQLite change detector
     "looked at every 10 ms": Value("interlock._store._sqlite_watch", "EVERY", 0.01),
     "and 2 s after": Value("interlock._store._sqlite_watch", "LINGER", 2.0),
