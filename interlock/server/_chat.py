@@ -48,10 +48,10 @@ class Chat(Protocol):
     def decided(self, message: dict[str, Any], decided: dict[str, Any]) -> dict[str, Any]: ...
 
     async def post(self, message: dict[str, Any]
-                   ) -> tuple[dict[str, Any], dict[str, Any]]: ...
+                   ) -> tuple[dict[str, object], dict[str, object]]: ...
 
     async def update(self, where: dict[str, Any], message: dict[str, Any]
-                     ) -> tuple[dict[str, Any], dict[str, Any]]: ...
+                     ) -> tuple[dict[str, object], dict[str, object]]: ...
 
 
 
@@ -218,13 +218,13 @@ class ChatApprovals:
         return None
 
     def answered(self, chat: Chat, run_id: str, gate: str, user: str,
-                 outcome: Coroutine[object, object, dict[str, Any]] | dict[str, Any]) -> None:
+                 outcome: Coroutine[object, object, dict[str, object]] | dict[str, object]) -> None:
         """Record the answer to a refused click (sent by ``outcome``, or sent already)."""
         log.info("run %s: a %s click on %s by %s refused", run_id, chat.name, gate, user)
         self._spawn(self._answered(chat, run_id, gate, user, outcome))
 
     async def _answered(self, chat: Chat, run_id: str, gate: str, user: str,
-                        outcome: Coroutine[object, object, dict[str, Any]] | dict[str, Any]
+                        outcome: Coroutine[object, object, dict[str, object]] | dict[str, object]
                         ) -> None:
         fields = outcome if isinstance(outcome, dict) else await outcome
         with contextlib.suppress(RunNotFound):
