@@ -35,7 +35,7 @@ class MessageIn(_Body):
 
 
 @router.post("/api/runs/{run_id}/messages", response_model=RunObject, status_code=202)
-async def message(run_id: str, body: MessageIn, server: Srv, who: Operator) -> dict[str, Any]:
+async def message(run_id: str, body: MessageIn, server: Srv, who: Operator) -> dict[str, object]:
     row = await server.st.get_run(run_id)
     by = who.name if who.authenticated else (body.by or "local")
     api = asyncio.get_running_loop()
