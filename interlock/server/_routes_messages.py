@@ -41,7 +41,7 @@ async def message(run_id: str, body: MessageIn, server: Srv, who: Operator) -> d
     api = asyncio.get_running_loop()
     hub = server.hub
 
-    def sink(piece: dict[str, Any]) -> None:  # from the loop that executes the run
+    def sink(piece: dict[str, object]) -> None:  # from the loop that executes the run
         try:
             here = asyncio.get_running_loop() is api
         except RuntimeError:
