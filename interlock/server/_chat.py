@@ -35,7 +35,7 @@ from ._notify import CLOCK_SKEW, NOTIFY_SENT
 
 log = logging.getLogger("interlock.server")
 
-Record = Callable[[str, dict[str, Any]], Awaitable[bool]]
+Record = Callable[[str, dict[str, object]], Awaitable[bool]]
 Decide = Callable[[str, str, Decision, str], Awaitable[None]]
 
 
@@ -185,7 +185,7 @@ class ChatApprovals:
         self._done.add(key)
         return True
 
-    async def _record(self, run_id: str, fields: dict[str, Any]) -> None:
+    async def _record(self, run_id: str, fields: dict[str, object]) -> None:
         if not await self.record(run_id, fields):
             log.info("run %s has ended: %s %s to %s not recorded (no record follows a "
                      "run's final one)", run_id, NOTIFY_SENT, fields.get("action"),
