@@ -9,7 +9,7 @@ from typing import Any
 import anyio
 from fastapi import APIRouter, Response
 
-from interlock import RunExists, Workflow
+from interlock import RunExists, Workflow, WorkflowSpec
 from interlock.support import describe_trigger, run_json, to_mermaid
 
 from ._deps import Operator, Reader, Srv
@@ -30,7 +30,7 @@ def _workflow(server: Server, name: str) -> Workflow:
     return wf
 
 
-def graph_of(spec: Any) -> Graph:
+def graph_of(spec: WorkflowSpec) -> Graph:
     """A definition's graph as the API shows it: nodes, edges (in order), Mermaid."""
     nodes = [{"name": n, **ns.model_dump(mode="json", exclude_none=True,
                                           exclude_defaults=True)}
@@ -41,13 +41,13 @@ def graph_of(spec: Any) -> Graph:
                  layout=layout(nodes, edges))
 
 
-async def graph_off_loop(spec: Any) -> Graph:
+async def graph_off_loop(spec: WorkflowSpec) -> Graph:
     """`graph_of` on a worker thread: a large graph's first layout takes a while (a
     chain of a thousand nodes about a second), which the API's loop does not wait for."""
     return await anyio.to_thread.run_sync(graph_of, spec)
 
 
-def _kind(wf: Any) -> str:
+def _kind(wf: Workflow) -> str:
     """chat for a conversation's workflow (SPEC §11), graph for the others."""
     return "chat" if wf.spec.chat is not None else "graph"
 
