@@ -162,25 +162,8 @@ class Builder:
             spec["provider"] = provider
         else:
             raise UsageError(f"provider must be 'openai' or a ScriptedProvider, got {provider!r}")
-        if isinstance(output, type):
-            from pydantic import BaseModel
-
-            if not issubclass(output, BaseModel):
-                raise UsageError(f"output must be a JSON Schema (a dict) or a pydantic model "
-                                 f"class, got {output.__name__}")
-            spec["output"] = output.model_json_schema()
-            spec["output_model"] = self._register(output)
-        elif output is not None:
-            spec["output"] = dict(output)
-        entries = []
-        for tool in tools:
-            fn, opts = tool if isinstance(tool, tuple) else (tool, {})
-            unknown = set(opts) - {"confirm"}
-            if unknown:
-                raise UsageError(f"unknown tool option(s) {sorted(unknown)}; a tool takes "
-                                 "(fn, {'confirm': True})")
-            path = self._register(fn)
-            entries.append({"call": path, "confirm": True} if opts.get("confirm") else path)
+        spec.update(self._agent_output(output))
+        entries = self._tool_entries(tools)
         if entries:
             spec["tools"] = entries
         if redact:
@@ -196,6 +179,32 @@ class Builder:
             raise UsageError(f"node {name!r} is already defined")
         data["nodes"][name] = {"agent": spec, **node_options(options)}
         return self
+
+    def _agent_output(self, output: Mapping[str, object] | type | None) -> dict[str, object]:
+        """An agent's ``output`` spec keys: a JSON Schema, or a pydantic model's schema and
+        the model's registered path."""
+        if isinstance(output, type):
+            from pydantic import BaseModel
+
+            if not issubclass(output, BaseModel):
+                raise UsageError(f"output must be a JSON Schema (a dict) or a pydantic model "
+                                 f"class, got {output.__name__}")
+            return {"output": output.model_json_schema(), "output_model": self._register(output)}
+        return {} if output is None else {"output": dict(output)}
+
+    def _tool_entries(self, tools: Iterable[Tool]) -> list[object]:
+        """An agent's ``tools`` spec: each function registered, ``{"call", "confirm"}`` for
+        a tool a human confirms."""
+        entries: list[object] = []
+        for tool in tools:
+            fn, opts = tool if isinstance(tool, tuple) else (tool, {})
+            unknown = set(opts) - {"confirm"}
+            if unknown:
+                raise UsageError(f"unknown tool option(s) {sorted(unknown)}; a tool takes "
+                                 "(fn, {'confirm': True})")
+            path = self._register(fn)
+            entries.append({"call": path, "confirm": True} if opts.get("confirm") else path)
+        return entries
 
     def edge(self, source: str | Iterable[str], target: str | Iterable[str], *,
              when: str | None = None, otherwise: bool = False,

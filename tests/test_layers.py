@@ -54,9 +54,10 @@ LAYERS: dict[int, set[str]] = {
     # the agent node kind, a plug-in on the node call
     6: {"_plugins._subflow", "agents", "agents._check", "agents._errors", "agents._node",
         "agents._prompt", "agents._providers", "agents._spec", "agents._tools",
-        "agents._chat", "agents._delegates", "agents._recall", "agents._mcp"},
+        "agents._chat", "agents._delegates", "agents._recall", "agents._mcp",
+        "agents._agent_setup", "agents._tool_exec", "agents._tool_calls"},
     # the scheduler and its edge decisions, and the wiring of the shipped node kinds
-    7: {"_engine._runner", "_engine._decide", "_plugins._compile"},
+    7: {"_engine._runner", "_engine._decide", "_engine._finish", "_plugins._compile"},
     # stored runs: drive, resume, status, trace, verify, fork, cancel; their coverage;
     # executing them in a pool (a server's, a worker's); node visits (the dashboard's)
     8: {"_ops._load", "_ops._claims", "_ops._cancel", "_ops._children", "_ops._execute",
@@ -144,7 +145,8 @@ def test_a_module_imports_only_its_own_layer_or_below(name: str) -> None:
     assert not upward, f"interlock.{name} (layer {layer}) imports higher layers: {upward}"
 
 
-@pytest.mark.parametrize("name", ["_engine._runner", "_engine._decide", "_engine._call",
+@pytest.mark.parametrize("name", ["_engine._runner", "_engine._finish", "_engine._decide",
+                                  "_engine._call",
                                   "_engine._mapped", "_engine._guards", "_engine._records"])
 def test_only_the_journal_touches_the_store(name: str) -> None:
     """The executor writes records through a `_records.Sink`; `_journal` is the one that

@@ -129,15 +129,7 @@ def decide(spec: WorkflowSpec, view: RunView, decision: Decision, *,
     too_late = [g for g in late if g.node == decision.node] if decision.node is not None \
         else (late if not pending else [])
     if too_late:
-        gate = too_late[0]
-        ns = spec.nodes[gate.node]
-        then = ns.approval.on_timeout if ns.approval is not None else "reject"
-        outcome = "rejects it" if then == "reject" or gate.kind == "confirm" \
-            else f"re-enters the run at {then!r}"
-        deadline = _now_iso(gate.deadline) if gate.deadline is not None else "its deadline"
-        raise UsageError(f"the decision is refused: {gate.node!r} passed its deadline "
-                         f"({deadline}) undecided, and its on_timeout {outcome}; resume the "
-                         "run without a decision to apply that")
+        raise _too_late(spec, too_late[0])
     if not pending:
         raise UsageError("the decision is refused: nothing is waiting")
     gate = _pick(pending, decision.node)
@@ -175,6 +167,17 @@ def decide(spec: WorkflowSpec, view: RunView, decision: Decision, *,
     return _records(spec, view, gate, "modified", decision.by, decision.comment,
                     patch=L.to_json_value(decision.patch), reenter=target, via=decision.via)
 
+
+def _too_late(spec: WorkflowSpec, gate: Gate) -> UsageError:
+    """The refusal of a decision on ``gate``, whose deadline has passed undecided."""
+    ns = spec.nodes[gate.node]
+    then = ns.approval.on_timeout if ns.approval is not None else "reject"
+    outcome = "rejects it" if then == "reject" or gate.kind == "confirm" \
+        else f"re-enters the run at {then!r}"
+    deadline = _now_iso(gate.deadline) if gate.deadline is not None else "its deadline"
+    return UsageError(f"the decision is refused: {gate.node!r} passed its deadline "
+                      f"({deadline}) undecided, and its on_timeout {outcome}; resume the "
+                      "run without a decision to apply that")
 
 class GateNotWaiting(UsageError):
     """A decision on a gate that does not wait (decided already, closed, or no gate of
@@ -525,15 +528,7 @@ def _records(spec: WorkflowSpec, view: RunView, gate: Gate, decision: str, by: s
         return items
     if gate.kind == "tool" or (gate.kind == "unknown_outcome" and gate.key is not None):
         # the node runs again: ctx.confirm gives it the decision, ctx.decision the rest
-        assert gate.key is not None
-        visit = view.running.get((gate.node, gate.visit))
-        said: dict[str, Any] = {"decision": decision, "by": by, "comment": comment,
-                                "patch": patch}
-        if data is not None:  # an unknown outcome checked by hand
-            said["data"] = data
-        items.append(R.decision_journaled(
-            gate.node, gate.visit, visit.attempt if visit is not None else 1, gate.key,
-            said))
+        items.append(_journaled(view, gate, decision, by, comment, patch, data))
         return items
     if gate.kind == "unknown_outcome":
         # approved: the body runs again; with data: the outcome checked by hand is its
@@ -544,8 +539,7 @@ def _records(spec: WorkflowSpec, view: RunView, gate: Gate, decision: str, by: s
     if gate.kind == "confirm":
         if decision != "approved":
             msg = f"{gate.node!r} needed confirmation and was {decision} by {by}"
-            items += close_others(view, gate, f"not needed: the run was rejected at "
-                                  f"{gate.node!r}")
+            items += close_others(view, gate, f"not needed: the run was rejected at {gate.node!r}")
             items.append(R.run_rejected(gate.node, msg + (f": {comment}" if comment else "")))
         return items
     record: dict[str, Any] = {"decision": decision, "by": by, "comment": comment,
@@ -563,12 +557,22 @@ def _records(spec: WorkflowSpec, view: RunView, gate: Gate, decision: str, by: s
                  or _rejection_ends_now(view, gate)):
         # a rejected gate with no edge of its own to follow: the run ends REJECTED, as
         # when its edges follow none (the decider says so for a gate that has edges)
-        items += close_others(view, gate, f"not needed: the run was rejected at "
-                              f"{gate.node!r}")
+        items += close_others(view, gate, f"not needed: the run was rejected at {gate.node!r}")
         items.append(R.run_rejected(gate.node, f"approval {gate.node!r} was {decision} by "
                                     f"{by or 'an anonymous decider'}"
                                     + (f": {comment}" if comment else "")))
     return items
+
+
+def _journaled(view: RunView, gate: Gate, decision: str, by: str | None, comment: str | None,
+               patch: dict[str, Any] | None, data: Any) -> R.Item:  # `Context.decision`
+    assert gate.key is not None
+    visit = view.running.get((gate.node, gate.visit))
+    said: dict[str, Any] = {"decision": decision, "by": by, "comment": comment, "patch": patch}
+    if data is not None:  # an unknown outcome checked by hand
+        said["data"] = data
+    attempt = visit.attempt if visit is not None else 1
+    return R.decision_journaled(gate.node, gate.visit, attempt, gate.key, said)
 
 
 def _item_completed(gate: Gate, decision: str, by: str | None, comment: str | None,

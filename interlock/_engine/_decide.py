@@ -228,16 +228,7 @@ class Decider:
             cond = e.cond
             if cond is not None:
                 expr = cond.source
-                try:  # an expression reading state fields alone takes the state itself
-                    value, reads = cond.decide(state if cond.state_only else scope)
-                except EvaluationError as exc:
-                    raise Abort(_cannot_evaluate(self.plan, e, expr, exc)) from None
-                if not isinstance(value, bool):
-                    raise Abort(ExpressionError(
-                        f"{_edge_location(self.plan, e)}edge {e.name()}: condition {expr!r} "
-                        f"gave {value!r} "
-                        f"({type(value).__name__}), not a boolean", node=_edge_node(e),
-                        edge=e.index, expr=expr))
+                value, reads = _condition(self.plan, state, e, scope)
                 if not value:
                     targets = []
         elif e.kind == "switch":
@@ -454,6 +445,25 @@ def _no_route(source: str, stranded: list[str], dues: list[Due],
         + f". Add an 'otherwise: true' edge from {stranded[0]!r} (or a switch "
         "default) to say where the run goes in that case",
         node=None if stranded == ["START"] else stranded[0], edges=explain)
+
+
+def _condition(plan: Plan, state: JSONObject, e: PlanEdge, scope: Scope
+               ) -> tuple[bool, JSONObject | None]:
+    """A plain edge's condition: its boolean and the fields it read."""
+    cond = e.cond
+    assert cond is not None
+    expr = cond.source
+    try:  # an expression reading state fields alone takes the state itself
+        value, reads = cond.decide(state if cond.state_only else scope)
+    except EvaluationError as exc:
+        raise Abort(_cannot_evaluate(plan, e, expr, exc)) from None
+    if not isinstance(value, bool):
+        raise Abort(ExpressionError(
+            f"{_edge_location(plan, e)}edge {e.name()}: condition {expr!r} "
+            f"gave {value!r} "
+            f"({type(value).__name__}), not a boolean", node=_edge_node(e),
+            edge=e.index, expr=expr))
+    return value, reads
 
 
 def _cannot_evaluate(plan: Plan, e: PlanEdge, expr: str, exc: Exception) -> ExpressionError:

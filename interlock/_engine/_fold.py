@@ -286,9 +286,6 @@ class RunView(ViewData):
             if gate is not None:
                 gate.deadline = d["deadline"]
 
-    def _on_run_migrated(self, rec: L.Record) -> None:
-        migrate(self, rec)  # onto another definition (SPEC §14): `_migration`
-
     def _on_state_patched(self, rec: L.Record) -> None:
         # a patch replaces top-level fields, bypassing reducers (SPEC §3, modify)
         self.state.update(rec.get("patch") or {})
@@ -332,18 +329,6 @@ class RunView(ViewData):
         running = self._attempt_visit(rec)
         if running is not None and rec.get("tokens"):
             running.effect_tokens += rec["tokens"]
-
-    def _on_terminal(self, rec: L.Record) -> None:
-        self.status = L.TERMINAL_TYPES[rec["type"]]
-        self.error = rec.get("error")
-        self.waiting = None  # a run cancelled while it waited waits no more
-
-    def _on_waiting(self, rec: L.Record) -> None:
-        self.waiting = rec.get("waiting")
-        # a conversation waiting for its next message is not waiting for an approval
-        message = (self.waiting or {}).get("kind") == "message"
-        self.status = "WAITING_INPUT" if message else "WAITING_APPROVAL"
-
 
 
 class Scope:
@@ -414,13 +399,26 @@ def _mid_body(kind: Any, key: Any) -> bool:
     return kind in _MID_BODY or (kind == "unknown_outcome" and key is not None)
 
 
+def _on_terminal(view: RunView, rec: L.Record) -> None:
+    view.status = L.TERMINAL_TYPES[rec["type"]]
+    view.error = rec.get("error")
+    view.waiting = None  # a run cancelled while it waited waits no more
+
+
+def _on_waiting(view: RunView, rec: L.Record) -> None:
+    view.waiting = rec.get("waiting")
+    # a conversation waiting for its next message is not waiting for an approval
+    message = (view.waiting or {}).get("kind") == "message"
+    view.status = "WAITING_INPUT" if message else "WAITING_APPROVAL"
+
+
 _ENDED = frozenset({"COMPLETED", "REJECTED", "CANCELLED"})  # (a FAILED run may go on)
 
 _HANDLERS = {
     L.RUN_STARTED: RunView._on_run_started,
     L.RUN_RESUMED: RunView._on_run_resumed,
     L.RUN_FORKED: RunView._on_run_forked,
-    L.RUN_MIGRATED: RunView._on_run_migrated,
+    L.RUN_MIGRATED: migrate,  # onto another definition (SPEC §14): `_migration`
     L.STATE_PATCHED: RunView._on_state_patched,
     L.NODE_STARTED: RunView._on_node_started,
     L.NODE_COMPLETED: RunView._on_node_completed,
@@ -431,9 +429,9 @@ _HANDLERS = {
     L.EFFECT_RECORDED: RunView._on_effect,
     L.APPROVAL_REQUESTED: RunView._on_approval_requested,
     L.APPROVAL_DECIDED: RunView._on_approval_decided,
-    L.RUN_COMPLETED: RunView._on_terminal,
-    L.RUN_FAILED: RunView._on_terminal,
-    L.RUN_REJECTED: RunView._on_terminal,
-    L.RUN_CANCELLED: RunView._on_terminal,
-    L.RUN_WAITING: RunView._on_waiting,
+    L.RUN_COMPLETED: _on_terminal,
+    L.RUN_FAILED: _on_terminal,
+    L.RUN_REJECTED: _on_terminal,
+    L.RUN_CANCELLED: _on_terminal,
+    L.RUN_WAITING: _on_waiting,
 }

@@ -26,7 +26,7 @@ from . import _records as R
 from ._approvals import requested
 from ._call import NodeCall
 from ._context import PauseRequested
-from ._guards import Outcome, new_outcome
+from ._guards import Call, Outcome, new_outcome
 from ._view import gate_key
 
 
@@ -47,62 +47,20 @@ class _ItemFailed(Exception):
 async def run_items(calls: NodeCall, pn: PlanNode, visit: int) -> Outcome:
     """Run the items of ``pn``'s visit that have not completed; the visit's outcome.
     Never raises Exception (a cancellation of the run propagates)."""
-    view, sink = calls.view, calls.sink
+    view = calls.view
     edge = pn.mapped
     assert edge is not None
     m = view.maps[(pn.name, visit)]
     if pn.gate:  # a mapped gate: each item asks a person (those not asked yet)
-        t0 = perf_counter()
-        asked = [i for i in range(len(m.items))
-                 if i not in m.done and gate_key(pn.name, visit, i) not in view.gates]
-        if asked:
-            as_name = edge.spec.as_ or "item"
-            recs = []
-            for i in asked:
-                recs.append(R.node_started(pn.name, visit, 1, i))
-                recs.append(requested(pn.name, pn.spec, visit, view.state, item=i,
-                                      value=m.items[i], as_name=as_name))
-            await sink.commit(recs)
-        duration = round((perf_counter() - t0) * 1e6) / 1000
-        if len(m.done) < len(m.items):
-            return new_outcome((pn.name, visit, 1, None, None, None, duration, 0,
-                                ItemsWaiting()))
-        collect = edge.spec.collect
-        return new_outcome((pn.name, visit, 1, {collect: None} if collect else {}, None, None,
-                            duration, 0, None))
+        return await _ask_items(calls, pn, visit)
     # the fold's ``m.done``: on a re-run, the items completed in the log do not run again
     todo = iter([i for i in range(len(m.items)) if i not in m.done])
     stack = calls.stack(pn)
     t0 = perf_counter()
 
-    async def item(i: int) -> None:
-        running = m.running.get(i)
-        if running is None:  # a new item: a step (a re-run after a resume is not one)
-            limit = view.limits.get("steps")
-            if limit is not None and view.steps >= limit:
-                raise _ItemFailed(_step_limit(limit, pn, i))
-        attempt = 1 if running is None else running.attempt + 1
-        sink.add(R.node_started(pn.name, visit, attempt, i))
-        out = await stack(calls.begin(pn, visit, attempt, i))
-        error = out.error
-        if error is None and out.pause is not None:
-            error = NodeError(f"node {pn.name!r} asked a human (ctx.confirm, or a tool with "
-                              "confirm: true); the items of a mapped node cannot wait for "
-                              "one: confirm before or after the map", node=pn.name)
-        if error is not None:
-            error.details["item"] = i
-            error.message = f"{error.message} (item {i}, counting from 0, of {len(m.items)})"
-            await sink.commit([R.node_failed(pn.name, visit, out.attempt, error.to_json(),
-                                             out.duration_ms, out.tokens, i)])
-            raise _ItemFailed(error)
-        # committed now, not with the visit: a crash later keeps this item's work
-        sink.add(R.node_completed(pn.name, visit, out.attempt, out.duration_ms, out.update,
-                                  None, out.tokens, i))
-        await sink.flush()
-
     async def worker() -> None:
         for i in todo:  # one iterator, shared: each item is taken by one worker
-            await item(i)
+            await _run_item(calls, pn, visit, stack, i)
 
     workers = min(edge.spec.max_concurrency or MAP_CONCURRENCY, len(m.items) - len(m.done))
     error: RunError | None = None
@@ -123,6 +81,62 @@ async def run_items(calls: NodeCall, pn: PlanNode, visit: int) -> Outcome:
             dict.fromkeys(k for update in m.done.values() for k in update)
     duration = round((perf_counter() - t0) * 1e6) / 1000
     return new_outcome((pn.name, visit, 1, written, None, error, duration, 0, None))
+
+
+async def _ask_items(calls: NodeCall, pn: PlanNode, visit: int) -> Outcome:
+    """A mapped gate's visit: a request for each item not asked yet; it waits until every
+    item has its decision."""
+    view, sink = calls.view, calls.sink
+    edge = pn.mapped
+    assert edge is not None
+    m = view.maps[(pn.name, visit)]
+    t0 = perf_counter()
+    asked = [i for i in range(len(m.items))
+             if i not in m.done and gate_key(pn.name, visit, i) not in view.gates]
+    if asked:
+        as_name = edge.spec.as_ or "item"
+        recs = []
+        for i in asked:
+            recs.append(R.node_started(pn.name, visit, 1, i))
+            recs.append(requested(pn.name, pn.spec, visit, view.state, item=i,
+                                  value=m.items[i], as_name=as_name))
+        await sink.commit(recs)
+    duration = round((perf_counter() - t0) * 1e6) / 1000
+    if len(m.done) < len(m.items):
+        return new_outcome((pn.name, visit, 1, None, None, None, duration, 0,
+                            ItemsWaiting()))
+    collect = edge.spec.collect
+    return new_outcome((pn.name, visit, 1, {collect: None} if collect else {}, None, None,
+                        duration, 0, None))
+
+
+async def _run_item(calls: NodeCall, pn: PlanNode, visit: int, stack: Call, i: int) -> None:
+    """One item's attempt through the guard stack; raises `_ItemFailed` if it failed."""
+    view, sink = calls.view, calls.sink
+    m = view.maps[(pn.name, visit)]
+    running = m.running.get(i)
+    if running is None:  # a new item: a step (a re-run after a resume is not one)
+        limit = view.limits.get("steps")
+        if limit is not None and view.steps >= limit:
+            raise _ItemFailed(_step_limit(limit, pn, i))
+    attempt = 1 if running is None else running.attempt + 1
+    sink.add(R.node_started(pn.name, visit, attempt, i))
+    out = await stack(calls.begin(pn, visit, attempt, i))
+    error = out.error
+    if error is None and out.pause is not None:
+        error = NodeError(f"node {pn.name!r} asked a human (ctx.confirm, or a tool with "
+                          "confirm: true); the items of a mapped node cannot wait for "
+                          "one: confirm before or after the map", node=pn.name)
+    if error is not None:
+        error.details["item"] = i
+        error.message = f"{error.message} (item {i}, counting from 0, of {len(m.items)})"
+        await sink.commit([R.node_failed(pn.name, visit, out.attempt, error.to_json(),
+                                         out.duration_ms, out.tokens, i)])
+        raise _ItemFailed(error)
+    # committed now, not with the visit: a crash later keeps this item's work
+    sink.add(R.node_completed(pn.name, visit, out.attempt, out.duration_ms, out.update,
+                              None, out.tokens, i))
+    await sink.flush()
 
 
 def _step_limit(limit: int, pn: PlanNode, i: int) -> StepLimitError:

@@ -51,13 +51,14 @@ from .._definition._plan import Plan, PlanNode
 from .._errors import InterlockError, InternalError, RunError, StepLimitError, UnknownOutcome
 from .._json import JSONObject
 from . import _records as R
-from ._approvals import approvers, close_others, offered, requested, waiting_object
+from ._approvals import close_others, offered, requested, waiting_object
 from ._call import NodeCall
-from ._decide import Abort, Decider, Rejected, caught_error
+from ._decide import Abort, Decider, Rejected
+from ._finish import complete, finish
 from ._fold import RunView
 from ._guards import Outcome
 from ._journal import StoreOutage
-from ._mapped import ItemsWaiting, run_items
+from ._mapped import run_items
 
 log = logging.getLogger("interlock")
 
@@ -101,7 +102,7 @@ class Runner:
             try:
                 await self._loop()
             finally:
-                await self._stop_tasks()
+                await _stop_tasks(self._tasks, self.calls)
                 await self.calls.close()
         except Abort as abort:
             self.sink.add(R.run_failed(abort.error.to_json(), abort.error.node))
@@ -149,7 +150,7 @@ class Runner:
                     if outcome.error is None and outcome.pause is None and not pn.branched:
                         # the common case, without a coroutine
                         if outcome.goto is None and not outcome.tokens:
-                            # `_complete(outcome)` with R.node_completed(...) inlined (see
+                            # `complete(decide, outcome)` with R.node_completed(...) inlined (see
                             # `_records`: the hot path)
                             fields: JSONObject = {
                                 "node": outcome.node, "visit": outcome.visit,
@@ -159,9 +160,9 @@ class Runner:
                             sink.put(L.NODE_COMPLETED, fields)
                             decide.due()  # its edges, in the same batch
                         else:
-                            self._complete(outcome)
+                            complete(decide, outcome)
                     else:
-                        await self._finish(outcome, alone=True)
+                        await finish(calls, decide, outcome, alone=True)
                     await sink.flush()
                     inline_steps += 1
                     if inline_steps % YIELD_EVERY == 0 or _expr.heavy != heavy_seen:
@@ -277,7 +278,7 @@ class Runner:
             if not isinstance(outcome, Outcome):
                 raise outcome  # a visit raised (the store failed, a bug): the run's error
             self._tasks.pop((outcome.node, outcome.visit), None)
-            await self._finish(outcome)
+            await finish(self.calls, self.decide, outcome)
             if done.empty():
                 break
             outcome = done.get_nowait()
@@ -364,100 +365,6 @@ class Runner:
             outcome = _leaf(exc)
         done.put_nowait(outcome)
 
-    async def _stop_tasks(self) -> None:
-        """Cancel visits still in flight (a sibling failed, the run was cancelled).
-
-        Their tokens were spent: each gets a ``node.failed`` record saying so, and
-        runs again on resume.
-        """
-        running = self.view.running
-        tasks = list(self._tasks.items())
-        for _, t in tasks:
-            t.cancel()
-        if tasks:
-            await asyncio.gather(*(t for _, t in tasks), return_exceptions=True)
-        self._tasks.clear()
-        for key, _ in tasks:  # those not stopped inside their body (a retry's backoff, ...)
-            if (*key, None) not in self.calls.stopped:
-                visit = running.get(key)
-                self.calls.stop(key[0], key[1], visit.attempt if visit else None, None)
-
-    # -- finishing visits ---------------------------------------------------------------
-
-    async def _finish(self, out: Outcome, *, alone: bool = False) -> None:
-        """Stage a visit's outcome and decide its edges; the caller flushes them (one
-        transaction, before any successor starts). A failure is committed at once and
-        ends the run. ``alone``: nothing else ran while it did (so only a node that could
-        have, by the graph, can conflict with its writes)."""
-        if isinstance(out.pause, ItemsWaiting):  # a mapped gate's items wait for people
-            return
-        if out.pause is not None:
-            # the visit stays running; it is re-run once a human has decided (``path``: a
-            # gate of a child run, which the decision is forwarded to -- `_runs.resume`)
-            pause = out.pause
-            fields = {
-                "node": out.node, "visit": out.visit, "attempt": out.attempt,
-                "kind": "workflow" if pause.path is not None else (pause.kind or "tool"),
-                "key": pause.key, "show": L.to_json_value(pause.show), "path": pause.path,
-                "decisions": pause.decisions, "tokens": out.tokens or None,
-                "child_kind": pause.kind if pause.path is not None else None,
-                "approvers": approvers(self.plan.nodes[out.node].spec)}
-            if pause.edit is not None:  # what a modify patch must satisfy
-                fields["input"] = pause.edit
-            await self.sink.commit([(L.APPROVAL_REQUESTED, fields)])
-            return
-        if out.error is not None and self.plan.nodes[out.node].errors:
-            if self._caught(out):  # an error edge takes the run on
-                return
-            out = out._replace(error=self._uncaught(out))
-        if out.error is not None:
-            await self.sink.commit([R.node_failed(out.node, out.visit, out.attempt,
-                                                  out.error.to_json(), out.duration_ms,
-                                                  out.tokens)])
-            raise Abort(out.error)
-        conflict = self.calls.write_conflict(out, overlap=not alone)
-        if conflict is not None:
-            await self.sink.commit([R.node_failed(out.node, out.visit, out.attempt,
-                                                  conflict.to_json(), out.duration_ms)])
-            raise Abort(conflict)
-        self._complete(out)
-
-    def _caught(self, out: Outcome) -> bool:
-        """A visit that failed with an error one of its node's error edges catches (SPEC
-        §7): stage its ``node.failed`` (with what was caught and by which edge) and the
-        edge's decision -- one batch, flushed by the caller like a completion."""
-        assert out.error is not None
-        pn = self.plan.nodes[out.node]
-        edge = self.decide.catch(pn, out.error)
-        if edge is None:
-            return False
-        caught: JSONObject = {"edge": edge.index,
-                              "error": caught_error(pn, out.error, out.attempt)}
-        self.sink.add(R.node_failed(out.node, out.visit, out.attempt, out.error.to_json(),
-                                    out.duration_ms, out.tokens, caught=caught))
-        self.decide.due()
-        return True
-
-    def _uncaught(self, out: Outcome) -> RunError:
-        """The node's error, saying why its error edges did not catch it."""
-        assert out.error is not None
-        err = out.error
-        why = self.decide.uncaught(self.plan.nodes[out.node], err)
-        return type(err)(f"{err.message} ({why})", node=err.node, **err.details)
-
-    def _complete(self, out: Outcome) -> None:
-        """`_finish` for a visit that completed (no error, no pause, no write conflict)."""
-        mapped = self.plan.nodes[out.node].mapped
-        if mapped is not None:  # every item completed: the fold merges their updates
-            items = len(self.view.maps[(out.node, out.visit)].items)
-            self.sink.add(R.map_completed(out.node, out.visit, items, out.duration_ms))
-        else:
-            self.sink.add(R.node_completed(out.node, out.visit, out.attempt, out.duration_ms,
-                                           out.update, out.goto, out.tokens))
-        # decide this node's edges in the same batch: its completion and where the run
-        # goes next are committed together
-        self.decide.due()
-
 
 class _Offers(BaseException):
     """Decisions offered for the run, put in the outcomes' queue by its watcher."""
@@ -465,6 +372,26 @@ class _Offers(BaseException):
     def __init__(self, offers: dict[str, dict[str, Any]]) -> None:
         super().__init__("offers")
         self.offers = offers
+
+
+async def _stop_tasks(tasks_by_key: dict[tuple[str, int], asyncio.Task[None]],
+                      calls: NodeCall) -> None:
+    """Cancel visits still in flight (a sibling failed, the run was cancelled).
+
+    Their tokens were spent: each gets a ``node.failed`` record saying so, and
+    runs again on resume.
+    """
+    running = calls.view.running
+    tasks = list(tasks_by_key.items())
+    for _, t in tasks:
+        t.cancel()
+    if tasks:
+        await asyncio.gather(*(t for _, t in tasks), return_exceptions=True)
+    tasks_by_key.clear()
+    for key, _ in tasks:  # those not stopped inside their body (a retry's backoff, ...)
+        if (*key, None) not in calls.stopped:
+            visit = running.get(key)
+            calls.stop(key[0], key[1], visit.attempt if visit else None, None)
 
 
 def _next_visits(view: RunView) -> list[tuple[str, int]]:

@@ -20,7 +20,7 @@ every reason to refuse. Refused, nothing is recorded; otherwise ``run.migrated {
 to_hash, by, comment, at_node, definition, code}`` is committed under the run's claim.
 Nothing runs: a waiting run now waits on the new definition, a pending run is continued
 by a worker, a failed one by ``resume``. The fold reads each segment of the log under
-its own definition (`_fold.RunView._on_run_migrated`).
+its own definition (`_migration.migrate`, in the fold).
 """
 
 from __future__ import annotations

@@ -47,59 +47,33 @@ only what the log may hold, and a step whose result it may not hold is not repla
 
 from __future__ import annotations
 
-import contextlib
-import copy
-import hashlib
 import json
 import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
-from .. import _log as L
 from .._definition._model import NodeSpec, WorkflowSpec
 from .._engine._context import Goto, goto
 from .._engine._guards import BudgetExceededError
-from .._errors import RouteError
-from ._errors import (
-    AgentConfigError,
-    AgentError,
-    AgentOutputError,
-    AgentTurnsError,
-    ToolUnavailable,
-)
-from ._providers import (
-    TOKEN_SINK,
-    ChatRequest,
-    OpenAIProvider,
-    Provider,
-    RepliesExhausted,
-    Reply,
-    ScriptedProvider,
-    ToolCall,
-)
-from ._spec import AgentSpec, ToolSpec
-from ._tools import Tool, ToolArgumentsError, make_tool
+from ._agent_setup import _REPLY_FIELDS, REDACTED, _identity
+from ._errors import AgentConfigError, AgentError, AgentOutputError, AgentTurnsError
+from ._providers import TOKEN_SINK, ChatRequest, RepliesExhausted, Reply
+from ._spec import AgentSpec
+from ._tool_calls import ToolCalls
+from ._tool_exec import _loads
 
 if TYPE_CHECKING:
-    from jinja2 import Template
-
     from .._engine._context import Context
 
-REDACTED = "[redacted]"
-_REPLY_FIELDS = frozenset({"reply", "tool_calls", "arguments"})  # what a journaled reply holds
 AgentFn = Callable[[dict[str, Any], "Context"], Awaitable[Any]]
 
 _SCHEMA_HINT = ("Reply with only a JSON document (no prose, no code fences) that satisfies "
                 "this JSON Schema:\n")
 _REPAIR = ("Your reply does not satisfy the required JSON Schema: {problem}\n"
            "Reply again with only a corrected JSON document.")
-_REJECTED = ("A human reviewer rejected this call to {tool}; it was not executed. Do not "
-             "call it again for this; carry on without it.")
-_REJECTED_WITH = ("A human reviewer rejected this call to {tool}; it was not executed. The "
-                  "reviewer's comment: {comment}")
 
 
 def build_agent_node(name: str, agent: Mapping[str, Any], node: NodeSpec, *,
@@ -130,134 +104,9 @@ def build_agent_node(name: str, agent: Mapping[str, Any], node: NodeSpec, *,
     return agent_node
 
 
-def output_schema(spec: AgentSpec, model: type[BaseModel] | None,
-                  choices: list[str]) -> dict[str, Any] | None:
-    """The schema a reply must satisfy: ``output`` (or the model's), with a ``choose``
-    field limited to the declared targets when the schema does not limit it itself."""
-    schema = spec.output
-    if schema is None and model is not None:
-        schema = model.model_json_schema()
-    if schema is None:
-        return None
-    schema = copy.deepcopy(schema)
-    field = spec.choose
-    props = schema.get("properties")
-    if field is not None and isinstance(props, dict):
-        fs = props.get(field)
-        if isinstance(fs, dict) and "enum" not in fs and "const" not in fs and choices:
-            props[field] = {**fs, "enum": list(choices)}
-        required = schema.setdefault("required", [])
-        if isinstance(required, list) and field not in required:
-            required.append(field)
-    return schema
-
-
-class _Agent:
-    def __init__(self, name: str, spec: AgentSpec, node: NodeSpec,
-                 callables: dict[str, Callable[..., Any]], choices: list[str]) -> None:
-        self.name = name
-        self.spec = spec
-        self.node = node
-        self.callables = callables
-        self.choices = choices
-        self.output_key = node.output_field(name) or name
-        self.redact = frozenset(spec.redact)
-        # a reply may be journaled (and replayed) only when no part of it is redacted
-        self.replayable = not (self.redact & _REPLY_FIELDS)
-        # MCP servers' tools are listed per visit, on a copy of this agent (`_mcp`)
-        self.servers = any(t.mcp is not None for t in spec.tools)
-        self.visiting = False
-        # a reply streams to a `TOKEN_SINK` when one is set (a conversation's agent)
-        self.streams = False
-        self._ready = False
-
-    # -- set up on first run --------------------------------------------------------------
-
-    def _resolve(self, path: str) -> Callable[..., Any]:
-        fn = self.callables.get(path)
-        if fn is None:
-            from .._definition._callables import import_callable
-
-            fn = self.callables[path] = import_callable(path)
-        return fn
-
-    def _prepare(self) -> None:
-        if self._ready:
-            return
-        from jsonschema import Draft202012Validator
-
-        from ._prompt import compile_template
-
-        spec = self.spec
-        try:
-            self.system_t: Template | None = (compile_template(spec.system)
-                                              if spec.system else None)
-            # (a conversation's agent has none: its messages are the user's)
-            self.prompt_t: Template = compile_template(spec.prompt or "")
-        except Exception as exc:
-            raise AgentConfigError(f"node {self.name!r}: invalid template: {exc}") from None
-        self.model_cls: type[BaseModel] | None = None
-        if spec.output_model is not None:
-            cls = self._resolve(spec.output_model)
-            if not (isinstance(cls, type) and issubclass(cls, BaseModel)):
-                raise AgentConfigError(f"node {self.name!r}: output_model "
-                                       f"{spec.output_model} is not a pydantic model")
-            self.model_cls = cls
-        self.schema = output_schema(spec, self.model_cls, self.choices)
-        self.validator = Draft202012Validator(self.schema) if self.schema is not None else None
-        tools: dict[str, Tool] = {}
-        # tools that are not Python functions: a workflow (a child run per call) or a
-        # specialist agent (SPEC §11), by name
-        self.delegates: dict[str, Any] = {}
-        for t in spec.tools:
-            if t.mcp is not None:  # an MCP server's tools: listed when a visit starts (_mcp)
-                continue
-            if t.call is None:
-                d = self._delegate(t)
-                tools[d.tool.name] = d.tool
-                self.delegates[d.tool.name] = d
-                continue
-            tool = make_tool(self._resolve(t.call), t.confirm is True)
-            tools[tool.name] = tool
-        self._more_tools(tools)
-        self.tools = tools
-        self.tool_schemas = [t.schema() for t in tools.values()] or None
-        self.provider: Provider
-        if spec.provider == "scripted":
-            self.provider = ScriptedProvider(
-                [x.model_dump(mode="json", exclude_defaults=True) for x in r]
-                if isinstance(r, list) else r.model_dump(mode="json", exclude_defaults=True)
-                for r in spec.replies or [])
-        else:
-            self.provider = OpenAIProvider(spec.base_url, spec.api_key_env)
-        self.url_t: Template | None = None
-        if spec.base_url is not None and "{{" in spec.base_url:
-            self.url_t = compile_template(spec.base_url)  # e.g. {{ config.llm_base_url }}
-        self._ready = True
-
-    def _delegate(self, tool: ToolSpec) -> Any:
-        """A workflow or agent tool (`_delegates.DelegatingAgent` makes them)."""
-        raise AgentConfigError(f"node {self.name!r}: tool {tool.name!r} is a workflow or an "
-                               "agent, which this agent cannot call")
-
-    def _tool_context(self, ctx: Context, base: dict[str, Any]) -> Any:
-        """The context a tool that takes ``ctx`` gets (`_delegates.Scoped`)."""
-        raise AgentConfigError(f"node {self.name!r}: tool {base.get('tool')!r} takes ctx, "
-                               "which this agent cannot give")
-
-    def _more_tools(self, tools: dict[str, Tool]) -> None:
-        """Built-in tools of a kind of agent (a conversation's ``end_conversation``)."""
-
-    def _provider(self, ctx: Context) -> Provider:
-        if self.url_t is None:
-            return self.provider
-        from ._prompt import render
-
-        try:
-            url = render(self.url_t, {"config": dict(ctx.config)}).strip()
-        except Exception as exc:
-            raise AgentConfigError(f"node {self.name!r}: cannot render base_url: {exc}") from None
-        return OpenAIProvider(url or None, self.spec.api_key_env)
+class _Agent(ToolCalls):
+    """One visit of an agent node: the turn loop, its model calls and its reply checked
+    (its set-up, tool calls and confirmations are its bases')."""
 
     # -- one visit ------------------------------------------------------------------------
 
@@ -295,16 +144,9 @@ class _Agent:
                         f"node {self.name!r}: the model asked for tools again after "
                         f"max_turns={self.spec.max_turns} model calls without a final "
                         "answer; raise max_turns or make the task smaller"))
-                asked = _assistant(reply)
-                messages.append(asked)
-                for i, call in enumerate(reply.tool_calls):
-                    answer, edited = await self._tool(ctx, turn, i, call)
-                    if isinstance(answer["content"], dict):  # a tool handed off: goto
-                        # the turn ends here; the calls after it in this reply do not run
-                        return goto(answer["content"]["goto"], answer["content"]["update"])
-                    if edited is not None:  # the conversation shows the call that ran
-                        asked["tool_calls"][i]["function"]["arguments"] = edited
-                    messages.append(answer)
+                handoff = await self._answer(ctx, turn, reply, messages)
+                if handoff is not None:
+                    return handoff
                 turn += 1
                 continue
             value, problem = self._check(reply.content)
@@ -324,6 +166,22 @@ class _Agent:
         if self.spec.choose is not None:
             return goto(str(value[self.spec.choose]), update)
         return update
+
+    async def _answer(self, ctx: Context, turn: int, reply: Reply,
+                      messages: list[dict[str, Any]]) -> Goto | None:
+        """Answer the reply's tool calls: the reply and each call's answer appended to
+        ``messages``; a tool's handoff (``goto``) ends the turn and is returned."""
+        asked = _assistant(reply)
+        messages.append(asked)
+        for i, call in enumerate(reply.tool_calls):
+            answer, edited = await self._tool(ctx, turn, i, call)
+            if isinstance(answer["content"], dict):  # a tool handed off: goto
+                # the turn ends here; the calls after it in this reply do not run
+                return goto(answer["content"]["goto"], answer["content"]["update"])
+            if edited is not None:  # the conversation shows the call that ran
+                asked["tool_calls"][i]["function"]["arguments"] = edited
+            messages.append(answer)
+        return None
 
     def _render(self, scope: dict[str, Any]) -> tuple[str | None, str]:
         from ._prompt import render
@@ -417,181 +275,6 @@ class _Agent:
             raise over[0]
         return Reply.from_json(data)
 
-    async def _tool(self, ctx: Context, turn: int, i: int, call: ToolCall
-                    ) -> tuple[dict[str, Any], str | None]:
-        """The tool message answering ``call``, and the arguments a human edited it to
-        (JSON text; None when it ran -- or was refused -- as the model asked)."""
-        key = f"tool-{turn}-{i}"
-        if not self.replayable:  # a fresh reply may ask for another call: bind the key to it
-            key += "-" + _digest(ctx.idempotency_key, call.name, call.arguments)
-        refusable = "arguments" not in self.redact  # a refusal's text may quote them
-        tool = self.tools.get(call.name)
-        base = {"turn": turn, "tool": call.name, "call_id": call.id,
-                **(tool.origin() if tool is not None else {})}
-        text: str | dict[str, Any]  # a dict: a tool's handoff (goto)
-        if tool is None:
-            problem = (f"there is no tool {call.name!r}; the tools are: "
-                       f"{', '.join(self.tools) or 'none'}")
-            text = await _step(ctx, key, refusable, self._refuse, ctx, base, call, problem)
-        else:
-            try:
-                kwargs, shown = tool.parse(call.arguments)
-            except ToolArgumentsError as exc:
-                text = await _step(ctx, key, refusable, self._refuse, ctx, base, call,
-                                   str(exc))
-            else:
-                base["arguments"] = shown
-                answer = "approved"
-                if tool.confirm:
-                    hidden = "arguments" in self.redact  # unseen arguments are not edited
-                    show = {"tool": tool.name, "arguments": REDACTED if hidden else shown}
-                    answer = ctx.confirm(key, show, edit=None if hidden else edit_schema(tool))
-                if answer == "modified":
-                    return await self._edited(ctx, key, base, tool, call)
-                if answer != "approved":
-                    comment = (ctx.decision(key) or {}).get("comment")
-                    text = await ctx.once(key, self._rejected, ctx, base, comment)
-                else:  # a redacted result is not journaled: a re-run runs the tool again
-                    known = None
-                    if tool.confirm and "result" not in self.redact:
-                        known = await self._started(ctx, key, base, show)
-                    text = known if known is not None else await _step(
-                        ctx, key, "result" not in self.redact, self._execute, ctx, base,
-                        tool, kwargs)
-        return {"role": "tool", "tool_call_id": call.id, "content": text}, None
-
-    async def _started(self, ctx: Context, key: str, base: dict[str, Any],
-                       show: dict[str, Any]) -> str | None:
-        """A guarded tool call about to run (SPEC §3: destructive actions are never
-        repeated silently): its start is committed first; a call that had started in an
-        earlier attempt and left no result in the log is not run again unasked -- the
-        run waits at an ``unknown_outcome`` gate. The text the model gets when a person
-        said it was not done (reject) or gave the outcome checked by hand (approve with
-        data); None: run it (now, or again)."""
-        if ctx.recorded(key)[0]:
-            return None  # its result is in the log: replayed, never called again
-        started, at = ctx.recorded(f"{key}-started")
-        if not started:
-            await ctx.once(f"{key}-started", _identity, round(time.time(), 6))
-            return None
-        ask = f"{key}-unknown"
-        answer = ctx.confirm(ask, {**show, "started_at": at}, kind="unknown_outcome")
-        said = ctx.decision(ask) or {}
-        if answer != "approved":
-            comment = said.get("comment") or ("its outcome was unknown (the process running "
-                                              "it stopped) and a person recorded it as not "
-                                              "done")
-            text: str = await ctx.once(key, self._rejected, ctx, base, comment)
-            return text
-        data = said.get("data")
-        if isinstance(data, dict) and "result" in data:  # the outcome checked by hand
-            value = data["result"]
-            await ctx.log("tool.called", self._hide({**base, "result": value,
-                                                     "checked_by": said.get("by")}))
-            text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-            recorded: str = await ctx.once(key, _identity, text)
-            return recorded
-        return None  # approved: it runs again
-
-    async def _edited(self, ctx: Context, key: str, base: dict[str, Any], tool: Tool,
-                      call: ToolCall) -> tuple[dict[str, Any], str | None]:
-        """Run ``call`` with the arguments a human edited it to (``modify``): the tool
-        sees them, the model's conversation shows them, the log has both."""
-        decision = ctx.decision(key) or {}
-        arguments = json.dumps((decision.get("patch") or {}).get("arguments", {}),
-                               ensure_ascii=False)
-        base = {**base, "model_arguments": base.get("arguments"), "edited_by": decision.get("by")}
-        try:
-            kwargs, shown = tool.parse(arguments)
-        except ToolArgumentsError as exc:  # the schema let it through, the signature did not
-            problem = f"the reviewer's edited arguments do not fit the tool: {exc}"
-            text = await _step(ctx, key, True, self._refuse, ctx, base,
-                               ToolCall(call.id, call.name, arguments), problem)
-        else:
-            base["arguments"] = shown
-            text = await _step(ctx, key, "result" not in self.redact, self._execute, ctx, base,
-                               tool, kwargs)
-        return {"role": "tool", "tool_call_id": call.id, "content": text}, arguments
-
-    async def _execute(self, ctx: Context, base: dict[str, Any], tool: Tool,
-                       kwargs: dict[str, Any]) -> str | dict[str, Any]:
-        """Run the tool: its result as the text the model gets -- or, for a tool that
-        returned ``interlock.goto``, the handoff (`_handoff`)."""
-        t0 = time.perf_counter()
-        try:
-            d = self.delegates.get(tool.name)
-            if d is not None:
-                result = await d.run(ctx, base, kwargs)
-            elif tool.takes_ctx:  # its own `once` keys and idempotency key, per call
-                result = await tool.invoke({**kwargs, "ctx": self._tool_context(ctx, base)})
-            else:
-                result = await tool.invoke(kwargs)
-        except ToolUnavailable:
-            raise  # its server cannot be reached: the node fails, whatever tool_errors says
-        except Exception as exc:
-            # tool_errors: return -- the model gets the error as the tool's answer (and may
-            # correct itself); raise -- the node fails with the tool's own exception (so
-            # `retry.errors` can name it). The log says which call raised it either way.
-            message = str(exc)[:2000]
-            fields = {**base, "error": {"type": type(exc).__name__, "message":
-                                        "withheld: redact" if "result" in self.redact
-                                        else message}}
-            if self.spec.tool_errors == "return":
-                fields["returned"] = True  # to the model, as the tool's answer
-            fields["duration_ms"] = round((time.perf_counter() - t0) * 1000, 3)
-            await ctx.log("tool.called", self._hide(fields))
-            if self.spec.tool_errors == "raise":
-                raise
-            return json.dumps({"error": f"{type(exc).__name__}: {message}"}, ensure_ascii=False)
-        if isinstance(result, Goto):
-            return await self._handoff(ctx, base, tool, result, t0)
-        try:
-            value = L.to_json_value(result)
-        except TypeError as exc:
-            raise AgentError(f"node {self.name!r}: tool {tool.name!r} returned a value that "
-                             f"is not JSON data: {exc}") from None
-        await ctx.log("tool.called", self._hide({
-            **base, "result": value,
-            "duration_ms": round((time.perf_counter() - t0) * 1000, 3)}))
-        return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-
-    async def _handoff(self, ctx: Context, base: dict[str, Any], tool: Tool, result: Goto,
-                       t0: float) -> dict[str, Any]:
-        """A tool's ``interlock.goto(target)``: the turn ends and the node routes to
-        ``target`` -- one of its ``choose`` targets, else the node fails, as a node's own
-        goto would. Journaled as ``{"goto", "update"}`` (a tool's answer is otherwise text)."""
-        if result.node not in self.choices:
-            targets = ", ".join(self.choices) if self.choices else \
-                f"none: declare {{from: {self.name}, choose: [...]}}"
-            raise RouteError(f"node {self.name!r}: tool {tool.name!r} returned "
-                             f"goto({result.node!r}); the node's choose targets are: {targets}",
-                             node=self.name)
-        try:
-            update = L.to_json_value(dict(result.update or {}))
-        except TypeError as exc:
-            raise AgentError(f"node {self.name!r}: tool {tool.name!r} returned goto with an "
-                             f"update that is not JSON data: {exc}") from None
-        handoff = {"goto": result.node, "update": update}
-        await ctx.log("tool.called", self._hide({
-            **base, "result": handoff,
-            "duration_ms": round((time.perf_counter() - t0) * 1000, 3)}))
-        return handoff
-
-    async def _rejected(self, ctx: Context, base: dict[str, Any], comment: str | None) -> str:
-        fields = {**base, "comment": comment} if comment else dict(base)
-        await ctx.log("tool.rejected", self._hide(fields))
-        if comment:  # the reviewer's feedback reaches the model with the refusal
-            return _REJECTED_WITH.format(tool=base["tool"], comment=comment)
-        return _REJECTED.format(tool=base["tool"])
-
-    async def _refuse(self, ctx: Context, base: dict[str, Any], call: ToolCall,
-                      problem: str) -> str:
-        answer = json.dumps({"error": problem}, ensure_ascii=False)
-        if "arguments" in self.redact:
-            problem = "the arguments do not fit the tool (details withheld: redact)"
-        await ctx.log("tool.called", self._hide({
-            **base, "arguments": _loads(call.arguments, frozenset()), "problem": problem}))
-        return answer
 
     async def _give_up(self, ctx: Context, failures: int, next_turn: int,
                        exc: AgentError) -> None:
@@ -623,30 +306,6 @@ class _Agent:
                     f"at $.{'.'.join(map(str, e['loc']))}: {e['msg']}"
                     for e in exc.errors(include_url=False)[:5])
         return data, None
-
-    def _shown_problem(self, problem: str) -> str:
-        """A schema problem as the log may show it (its details quote the reply)."""
-        if "reply" in self.redact:
-            return "details withheld (redact: reply)"
-        return problem
-
-    def _hide(self, fields: dict[str, Any]) -> dict[str, Any]:
-        """A log record's fields without the ones ``redact:`` names (``arguments`` covers
-        the model's own, ``model_arguments``, beside a human's edit)."""
-        return {k: v for k, v in fields.items() if k not in self.redact
-                and not (k == "model_arguments" and "arguments" in self.redact)}
-
-
-def edit_schema(tool: Tool) -> dict[str, Any]:
-    """What a human's edit of a call to ``tool`` must be: ``{"arguments": {...}}`` with
-    arguments that fit its parameters (the JSON Schema of its signature)."""
-    params = dict(tool.parameters)
-    defs = params.pop("$defs", None)  # its $refs point at the root: keep them there
-    schema: dict[str, Any] = {"type": "object", "properties": {"arguments": params},
-                              "required": ["arguments"], "additionalProperties": False}
-    if defs is not None:
-        schema["$defs"] = defs
-    return schema
 
 
 def _restart_point(ctx: Context) -> tuple[int, int]:
@@ -680,37 +339,6 @@ def _assistant(reply: Reply) -> dict[str, Any]:
                               "function": {"name": c.name, "arguments": c.arguments}}
                              for c in reply.tool_calls]
     return msg
-
-
-def _identity(value: Any) -> Any:
-    return value
-
-
-async def _step(ctx: Context, key: str, journal: bool, fn: Callable[..., Any],
-                *args: Any) -> Any:
-    """``fn(*args)`` through the journal (``ctx.once``), or, when its result may not be
-    journaled, directly -- and so again on every re-run of the visit."""
-    if journal:
-        return await ctx.once(key, fn, *args)
-    return await fn(*args)
-
-
-def _digest(salt: str, name: str, arguments: str) -> str:
-    """A short digest of one tool call (name + arguments, as canonical JSON where they
-    parse), salted with the visit."""
-    with contextlib.suppress(ValueError):
-        arguments = json.dumps(json.loads(arguments or "{}"), sort_keys=True)
-    h = hashlib.sha256("\0".join((salt, name, arguments)).encode())
-    return h.hexdigest()[:16]
-
-
-def _loads(arguments: str, redact: frozenset[str]) -> Any:
-    if "arguments" in redact:
-        return REDACTED
-    try:
-        return json.loads(arguments)
-    except ValueError:
-        return arguments
 
 
 _FENCE = re.compile(r"^\s*```[A-Za-z0-9_-]*\s*\n(.*?)\n?```\s*$", re.S)

@@ -157,24 +157,10 @@ def resume(run_id: str, approve: bool, reject: bool, patch_json: str | None, at_
     from ..support import set_strict_code
 
     set_strict_code(True if strict_code else None)  # (None: as $INTERLOCK_STRICT_CODE says)
-    if approve and reject:  # (one option with two flag values would let the last one win)
-        raise CliError("use one of --approve, --reject or --modify, not --approve and --reject")
-    kind = "approve" if approve else "reject" if reject else None
-    decision = _decision(kind, patch_json, at_node, by, comment, data_json)
-    if gate is not None:
-        if decision is None:
-            raise CliError("--gate NODE goes with a decision (--approve, --reject or "
-                           "--modify): it names the gate decided")
-        decision = replace(decision, node=gate)
-    if decision is not None:
-        decision = replace(decision, via="cli")
+    decision = _resume_decision(approve, reject, patch_json, at_node, gate, data_json, by,
+                                comment)
     config_sets, limits = parse_sets(sets)
-    if server_url and strict_code:
-        raise CliError("--strict-code goes with --store: through --server, the server decides "
-                       "(`interlock serve --strict-code`)")
-    if server_url and detach:
-        raise CliError("--detach goes with --store: through --server, the server executes "
-                       "the run, or records it for workers when it runs with --workers 0")
+    _check_remote_options(server_url, strict_code, detach)
     if server_url:
         _remote_resume(Remote(server_url, token, store_url), run_id, decision, config_sets,
                        limits, force, as_json, where_options(None, server_url, token))
@@ -203,14 +189,47 @@ def resume(run_id: str, approve: bool, reject: bool, patch_json: str | None, at_
 
     result = call_engine(with_store(store_url, go), progress)
     if handed:  # recorded; the process executing the run continues that branch
-        if as_json:
-            click.echo(json.dumps(result.to_json(), ensure_ascii=False))
-        else:
-            click.echo(f"recorded: run {run_id} is being executed by {handed[0]}, which "
-                       "continues the gate's branch; `interlock status "
-                       f"{run_id}` shows where it stands", err=True)
-        sys.exit(0)
+        _handed_off(run_id, result, handed[0], as_json)
     _finish(result, progress, as_json)
+
+
+def _resume_decision(approve: bool, reject: bool, patch_json: str | None, at_node: str | None,
+                     gate: str | None, data_json: str | None, by: str | None,
+                     comment: str | None) -> Any:
+    """`resume`'s decision from its options (None: a plain resume), made via the CLI."""
+    if approve and reject:  # (one option with two flag values would let the last one win)
+        raise CliError("use one of --approve, --reject or --modify, not --approve and --reject")
+    kind = "approve" if approve else "reject" if reject else None
+    decision = _decision(kind, patch_json, at_node, by, comment, data_json)
+    if gate is not None:
+        if decision is None:
+            raise CliError("--gate NODE goes with a decision (--approve, --reject or "
+                           "--modify): it names the gate decided")
+        decision = replace(decision, node=gate)
+    if decision is not None:
+        decision = replace(decision, via="cli")
+    return decision
+
+
+def _check_remote_options(server_url: str | None, strict_code: bool, detach: bool) -> None:
+    """Refuse `resume` options that only make sense with --store when --server is given."""
+    if server_url and strict_code:
+        raise CliError("--strict-code goes with --store: through --server, the server decides "
+                       "(`interlock serve --strict-code`)")
+    if server_url and detach:
+        raise CliError("--detach goes with --store: through --server, the server executes "
+                       "the run, or records it for workers when it runs with --workers 0")
+
+
+def _handed_off(run_id: str, result: RunResult, owner: str, as_json: bool) -> NoReturn:
+    """The decision recorded while another process executes the run: say so, exit 0."""
+    if as_json:
+        click.echo(json.dumps(result.to_json(), ensure_ascii=False))
+    else:
+        click.echo(f"recorded: run {run_id} is being executed by {owner}, which "
+                   "continues the gate's branch; `interlock status "
+                   f"{run_id}` shows where it stands", err=True)
+    sys.exit(0)
 
 
 def _detached_resume(run_id: str, decision: Any, store_url: str | None,
