@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shlex
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from mcp.server.context import ServerRequestContext
@@ -57,13 +57,14 @@ class LocalRuns:
 
 
 @contextlib.asynccontextmanager
-async def _forwarded(progress: Progress) -> AsyncIterator[Any]:
+async def _forwarded(progress: Progress
+                     ) -> AsyncIterator[Callable[[Mapping[str, object], RunView], None]]:
     """A run listener (called on any thread) whose records reach ``progress`` in order,
     on this loop; the records still queued are sent when the block ends."""
     loop = asyncio.get_running_loop()
-    queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+    queue: asyncio.Queue[Mapping[str, object] | None] = asyncio.Queue()
 
-    def listen(rec: dict[str, Any], view: RunView) -> None:
+    def listen(rec: Mapping[str, object], view: RunView) -> None:
         loop.call_soon_threadsafe(queue.put_nowait, rec)
 
     async def send() -> None:

@@ -44,7 +44,7 @@ _GATE_KEY = "gate"  # the key of the one input request a waiting call sends
 VIA: dict[str, Any] = {"via": "mcp"} if "via" in {
     f.name for f in dataclasses.fields(Decision)} else {}
 
-Progress = Callable[[dict[str, Any]], Awaitable[None]]
+Progress = Callable[[Mapping[str, object]], Awaitable[None]]
 """Told each log record of the run a call follows (`progress_of` turns them into
 notifications)."""
 
@@ -101,7 +101,7 @@ class Runs(Protocol):
         ...
 
 
-def input_schema(wf: Workflow) -> dict[str, Any]:
+def input_schema(wf: Workflow) -> dict[str, object]:
     """The tool's input schema: the workflow's ``input:`` fields, each required (the
     file names them, not their types: any JSON value); other fields are allowed, as a
     run's input may carry more than it declares."""
@@ -183,7 +183,7 @@ class _Call:
             run = await runs.call(params.name, args, caller, self.progress)
         return await self._stopped(run, caller)
 
-    async def progress(self, rec: dict[str, Any]) -> None:
+    async def progress(self, rec: Mapping[str, object]) -> None:
         if rec.get("type") == "node.completed":
             self.done += 1
             await self.ctx.session.report_progress(self.done, None,
@@ -239,7 +239,7 @@ class _Call:
         caps = self.ctx.session.client_capabilities
         return caps is not None and caps.elicitation is not None
 
-    def _waiting(self, run: dict[str, Any]) -> dict[str, Any]:
+    def _waiting(self, run: dict[str, Any]) -> dict[str, object]:
         """``{run_id, status, waiting, decide}`` (SPEC §12)."""
         waiting = run.get("waiting") or {}
         return {"run_id": run["run_id"], "workflow": run.get("workflow"),
@@ -268,7 +268,7 @@ def decide_hints(run_id: str, gate: str | None, public_url: str | None,
 def _question(run: dict[str, Any], gate: dict[str, Any]) -> types.ElicitRequestFormParams:
     """The form a gate is offered as: approve or reject, a comment, and the gate's own
     ``input:`` fields when they are flat (what a form can ask)."""
-    props: dict[str, Any] = {
+    props: dict[str, object] = {
         "decision": {"type": "string", "enum": ["approve", "reject"],
                      "description": "approve or reject"},
         "comment": {"type": "string", "description": "why (recorded with the decision)"}}
@@ -308,7 +308,7 @@ def _decision(answer: types.ElicitResult | None, gate: str, caller: Caller) -> D
                     roles=caller.roles or ())
 
 
-def _result(obj: dict[str, Any], *, error: bool) -> types.CallToolResult:
+def _result(obj: dict[str, object], *, error: bool) -> types.CallToolResult:
     text = json.dumps(obj, default=str, ensure_ascii=False)
     return types.CallToolResult(content=[types.TextContent(type="text", text=text)],
                                 structured_content=obj, is_error=error)

@@ -16,7 +16,6 @@ import hmac
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import yaml
 
@@ -105,7 +104,7 @@ class Tokens:
         return None
 
 
-def _entry(item: Any, where: str, example: str) -> _Token:
+def _entry(item: object, where: str, example: str) -> _Token:
     if not isinstance(item, dict):
         raise UsageError(f"{where} is not a mapping; {example}")
     unknown = sorted(set(item) - {"name", "sha256", "roles", *CHATS})

@@ -35,7 +35,7 @@ from ._notify import CLOCK_SKEW, NOTIFY_SENT
 
 log = logging.getLogger("interlock.server")
 
-Record = Callable[[str, dict[str, Any]], Awaitable[bool]]
+Record = Callable[[str, dict[str, object]], Awaitable[bool]]
 Decide = Callable[[str, str, Decision, str], Awaitable[None]]
 
 
@@ -48,10 +48,10 @@ class Chat(Protocol):
     def decided(self, message: dict[str, Any], decided: dict[str, Any]) -> dict[str, Any]: ...
 
     async def post(self, message: dict[str, Any]
-                   ) -> tuple[dict[str, Any], dict[str, Any]]: ...
+                   ) -> tuple[dict[str, object], dict[str, object]]: ...
 
     async def update(self, where: dict[str, Any], message: dict[str, Any]
-                     ) -> tuple[dict[str, Any], dict[str, Any]]: ...
+                     ) -> tuple[dict[str, object], dict[str, object]]: ...
 
 
 
@@ -63,7 +63,7 @@ def gate_name(rec: dict[str, Any]) -> str:
     return node if rec.get("item") is None else f"{node}[{rec['item']}]"
 
 
-def _key(rec: dict[str, Any]) -> tuple[Any, Any, Any]:
+def _key(rec: dict[str, Any]) -> tuple[object, object, object]:
     return rec["node"], rec.get("visit"), rec.get("item")
 
 
@@ -79,7 +79,7 @@ class ChatApprovals:
         self._since: float | None = None
         self._synced: dict[str, int] = {}  # run: its last seq when `sync` last read it
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+    def _spawn(self, coro: Coroutine[object, object, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -133,7 +133,7 @@ class ChatApprovals:
         row = await self.store.get_run(run_id)
         self._synced[run_id] = row.summary.last_seq
         requested: dict[int, dict[str, Any]] = {}
-        decided: dict[tuple[Any, Any, Any], dict[str, Any]] = {}
+        decided: dict[tuple[object, object, object], dict[str, Any]] = {}
         sent: dict[tuple[str, int, str], dict[str, Any]] = {}
         async for page in trace_pages(run_id, store=self.store):
             for rec in page:
@@ -185,7 +185,7 @@ class ChatApprovals:
         self._done.add(key)
         return True
 
-    async def _record(self, run_id: str, fields: dict[str, Any]) -> None:
+    async def _record(self, run_id: str, fields: dict[str, object]) -> None:
         if not await self.record(run_id, fields):
             log.info("run %s has ended: %s %s to %s not recorded (no record follows a "
                      "run's final one)", run_id, NOTIFY_SENT, fields.get("action"),
@@ -218,13 +218,13 @@ class ChatApprovals:
         return None
 
     def answered(self, chat: Chat, run_id: str, gate: str, user: str,
-                 outcome: Coroutine[Any, Any, dict[str, Any]] | dict[str, Any]) -> None:
+                 outcome: Coroutine[object, object, dict[str, object]] | dict[str, object]) -> None:
         """Record the answer to a refused click (sent by ``outcome``, or sent already)."""
         log.info("run %s: a %s click on %s by %s refused", run_id, chat.name, gate, user)
         self._spawn(self._answered(chat, run_id, gate, user, outcome))
 
     async def _answered(self, chat: Chat, run_id: str, gate: str, user: str,
-                        outcome: Coroutine[Any, Any, dict[str, Any]] | dict[str, Any]
+                        outcome: Coroutine[object, object, dict[str, object]] | dict[str, object]
                         ) -> None:
         fields = outcome if isinstance(outcome, dict) else await outcome
         with contextlib.suppress(RunNotFound):

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
-from typing import Any
 
 from fastapi import FastAPI
 from fastapi.responses import Response
 from fastapi.staticfiles import StaticFiles
+from starlette.types import Scope
 
 DIR = Path(__file__).resolve().parent / "dashboard"
 # the dashboard's own addresses (one page: its modules route on the path)
@@ -30,7 +30,7 @@ HEADERS = {
 class _Files(StaticFiles):
     """The modules and the style sheet, with the page's headers."""
 
-    async def get_response(self, path: str, scope: Any) -> Any:
+    async def get_response(self, path: str, scope: Scope) -> Response:
         response = await super().get_response(path, scope)
         response.headers.update(HEADERS)
         return response
@@ -97,7 +97,7 @@ def _mount_docs(app: FastAPI) -> None:
 
 
 class _DocsFiles(StaticFiles):
-    async def get_response(self, path: str, scope: Any) -> Any:
+    async def get_response(self, path: str, scope: Scope) -> Response:
         response = await super().get_response(path, scope)
         response.headers.update(DOCS_HEADERS)
         return response

@@ -150,17 +150,17 @@ class GoogleChat:
             await asyncio.to_thread(self.credentials.refresh, Request())
         return str(self.credentials.token)
 
-    async def post(self, message: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    async def post(self, message: dict[str, Any]) -> tuple[dict[str, object], dict[str, object]]:
         return await self._call("POST", f"/v1/{self.space}/messages", message)
 
     async def update(self, where: dict[str, Any], message: dict[str, Any]
-                     ) -> tuple[dict[str, Any], dict[str, Any]]:
+                     ) -> tuple[dict[str, object], dict[str, object]]:
         return await self._call("PATCH", f"/v1/{where['name']}", message,
                                 {"updateMask": "text,cardsV2"})
 
     async def _call(self, method: str, path: str, body: dict[str, Any],
                     params: dict[str, str] | None = None
-                    ) -> tuple[dict[str, Any], dict[str, Any]]:
+                    ) -> tuple[dict[str, object], dict[str, object]]:
         what = f"{method} {path}"
         try:
             token = await self._token()

@@ -29,12 +29,12 @@ class Hub:
         self.stopping = asyncio.Event()  # the server is shutting down: streams end
         # a conversation's reply as it streams (SPEC §11): pieces not in the log, handed
         # to each event stream of the run that is open when they arrive
-        self._tokens: dict[str, list[list[dict[str, Any]]]] = {}
+        self._tokens: dict[str, list[list[dict[str, object]]]] = {}
 
     @contextlib.contextmanager
-    def tokens(self, run_id: str) -> Iterator[list[dict[str, Any]]]:
+    def tokens(self, run_id: str) -> Iterator[list[dict[str, object]]]:
         """A buffer that gets the run's reply pieces while the block runs."""
-        buffer: list[dict[str, Any]] = []
+        buffer: list[dict[str, object]] = []
         self._tokens.setdefault(run_id, []).append(buffer)
         try:
             yield buffer
@@ -44,7 +44,7 @@ class Hub:
             if not subscribers:
                 self._tokens.pop(run_id, None)
 
-    def token(self, run_id: str, piece: dict[str, Any]) -> None:
+    def token(self, run_id: str, piece: dict[str, object]) -> None:
         """A piece of a reply (on the API's loop): to every open stream of the run."""
         subscribers = self._tokens.get(run_id)
         if subscribers:

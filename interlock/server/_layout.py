@@ -20,7 +20,10 @@ import json
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # grandalf is untyped: its names document what a value is
+    from grandalf.graphs import Edge, Graph, Vertex
 
 CHAR = 7.2  # px: the width of a character of the dashboard's 12 px node font
 LABEL_CHAR = 6.2  # px: of the 11 px label font
@@ -48,7 +51,7 @@ class _Pair:
     kind: str  # "forward", "back", "reentry"
     label: str
     title: str
-    parts: list[Any] = field(default_factory=list)  # grandalf edges, source to target
+    parts: list[Edge] = field(default_factory=list)  # grandalf edges, source to target
 
 
 def shorten(text: str, limit: int = LABEL_MAX) -> str:
@@ -214,18 +217,18 @@ def _layout(nodes: list[dict[str, Any]], edges: list[dict[str, Any]]) -> dict[st
 
 
 def _graph(names: list[str], pairs: list[_Pair], looped: set[str]
-           ) -> tuple[Any, dict[str, Any], dict[int, Any]]:
+           ) -> tuple[Graph, dict[str, Vertex], dict[int, Vertex]]:
     """grandalf's graph: a vertex per node (wide enough for its name, and its self-loop),
     a vertex per label (so a label is laid out as a box of its own), an edge per hop."""
     from grandalf.graphs import Edge, Graph, Vertex
 
-    vertex: dict[str, Any] = {}
+    vertex: dict[str, Vertex] = {}
     for n in names:
         w = max(70.0, _text_w(n, CHAR) + 26) + (LOOP_W if n in looped else 0.0)
         vertex[n] = Vertex(n)
         vertex[n].view = _Box(w, BOX_H)
-    labels: dict[int, Any] = {}  # id(pair) -> its label's vertex
-    gedges: list[Any] = []
+    labels: dict[int, Vertex] = {}  # id(pair) -> its label's vertex
+    gedges: list[Edge] = []
     for p in pairs:
         if p.source == p.target:
             continue
@@ -243,8 +246,8 @@ def _graph(names: list[str], pairs: list[_Pair], looped: set[str]
     return graph, vertex, labels
 
 
-def _drawn(p: _Pair, place: dict[str, dict[str, Any]], boxes: dict[Any, _Box],
-           routes: dict[int, list[Point]], labels: dict[int, Any]) -> dict[str, Any]:
+def _drawn(p: _Pair, place: dict[str, dict[str, Any]], boxes: dict[Vertex, _Box],
+           routes: dict[int, list[Point]], labels: dict[int, Vertex]) -> dict[str, object]:
     """One arrow's route (and its label's box) in the page's coordinates."""
     if p.source == p.target:  # beside the box, in the room kept right of it
         n = place[p.source]
@@ -269,12 +272,12 @@ def _drawn(p: _Pair, place: dict[str, dict[str, Any]], boxes: dict[Any, _Box],
 Point = tuple[float, float]
 
 
-def _place(graph: Any) -> tuple[dict[Any, _Box], dict[int, list[Point]], float]:
+def _place(graph: Graph) -> tuple[dict[Vertex, _Box], dict[int, list[Point]], float]:
     """Each vertex's box (centre) and each grandalf edge's route, downwards; the
     connected parts of the graph side by side."""
     from grandalf.layouts import SugiyamaLayout
 
-    boxes: dict[Any, _Box] = {}
+    boxes: dict[Vertex, _Box] = {}
     routes: dict[int, list[Point]] = {}
     offset = 0.0
     height = 0.0
@@ -316,7 +319,7 @@ def _place(graph: Any) -> tuple[dict[Any, _Box], dict[int, list[Point]], float]:
 
 
 def _edge(p: _Pair, pts: list[Point],
-          label_box: dict[str, float] | None) -> dict[str, Any]:
+          label_box: dict[str, float] | None) -> dict[str, object]:
     clean: list[list[float]] = []
     for x, y in pts:
         point = [round(x, 1), round(y, 1)]

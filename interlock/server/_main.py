@@ -12,7 +12,7 @@ import resource
 import socket
 import sqlite3
 import sys
-from typing import Any
+from types import FrameType
 
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -146,7 +146,7 @@ class _Uvicorn(uvicorn.Server):
         await super().shutdown(sockets)
         await self.interlock.stop()
 
-    def handle_exit(self, sig: int, frame: Any) -> None:
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         self.interlock.hub.stopping.set()
         super().handle_exit(sig, frame)
 

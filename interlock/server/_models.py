@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import (
     BaseModel,
@@ -67,21 +67,21 @@ class WorkflowInfo(BaseModel):
 
 
 class Graph(BaseModel):
-    nodes: list[dict[str, Any]]
-    edges: list[dict[str, Any]]
+    nodes: list[dict[str, object]]
+    edges: list[dict[str, object]]
     mermaid: str
     # the drawing (interlock/server/_layout.py): node boxes {name, x, y, w, h}, edge routes
     # {edge, source, target, kind, points, label, title, label_box}, width, height
-    layout: dict[str, Any] | None = None
+    layout: dict[str, object] | None = None
     # a run's graph only (``GET /api/runs/{id}/graph``), when the run was migrated (SPEC
     # §14): the last ``run.migrated`` {seq, from_hash, to_hash, by, at_node}; the graph is
     # the definition it moved the run onto, and its edge indexes are those of the records
     # after that seq only (docs/versions.md)
-    migrated: dict[str, Any] | None = None
+    migrated: dict[str, object] | None = None
 
 
 class WorkflowDetail(WorkflowInfo):
-    definition: dict[str, Any]
+    definition: dict[str, object]
     graph: Graph
 
 
@@ -93,18 +93,18 @@ class RunObject(BaseModel):
     run_id: str
     workflow: str
     status: str
-    state: dict[str, Any]
+    state: dict[str, object]
     steps: int
     tokens: int
-    error: dict[str, Any] | None
-    waiting: dict[str, Any] | None
+    error: dict[str, object] | None
+    waiting: dict[str, object] | None
     code_changed: list[str] | None = Field(
         default=None, description="the nodes still to run whose code changed since the run "
         "started (or was migrated); absent when none did")
 
     @model_serializer(mode="wrap")
     def _without_absent(self, next_: SerializerFunctionWrapHandler):  # type: ignore[no-untyped-def]
-        out: dict[str, Any] = next_(self)
+        out: dict[str, object] = next_(self)
         if out.get("code_changed") is None:
             out.pop("code_changed", None)
         return out
@@ -125,8 +125,8 @@ class RunRowOut(BaseModel):
     updated_at: float
     parent_run: str | None
     parent_seq: int | None
-    error: dict[str, Any] | None
-    waiting: dict[str, Any] | None
+    error: dict[str, object] | None
+    waiting: dict[str, object] | None
 
 
 class RunPage(BaseModel):
@@ -138,7 +138,7 @@ class RunPage(BaseModel):
 
     @model_serializer(mode="wrap")
     def _without_absent(self, next_: SerializerFunctionWrapHandler):  # type: ignore[no-untyped-def]
-        out: dict[str, Any] = next_(self)
+        out: dict[str, object] = next_(self)
         if out.get("scanned") is None:
             out.pop("scanned", None)
         return out
@@ -155,23 +155,23 @@ class Record(BaseModel):
     duration_ms: float | None
     attempt: int | None
     tokens: int | None
-    error: Any
+    error: object
 
 
 class StartRun(_Body):
-    input: dict[str, Any] = Field(default_factory=dict)
-    config: dict[str, Any] = Field(default_factory=dict)
+    input: dict[str, object] = Field(default_factory=dict)
+    config: dict[str, object] = Field(default_factory=dict)
     run_id: str | None = Field(default=None, pattern=RUN_ID)
 
 
 class DecisionIn(_Body):
     decision: Literal["approve", "reject", "modify"]
     comment: str | None = Field(default=None, max_length=10_000)
-    patch: dict[str, Any] | None = None
+    patch: dict[str, object] | None = None
     at: str | None = Field(default=None, max_length=200)
     node: str | None = Field(default=None, max_length=200)
-    data: Any = Field(default=None,
-                      description="approve/reject: what the gate's input: schema asks for")
+    data: object = Field(default=None,
+                         description="approve/reject: what the gate's input: schema asks for")
     by: str | None = Field(default=None, max_length=200,
                            description="who decides; ignored when the server has --auth "
                                        "(the token's name is recorded)")
@@ -185,7 +185,7 @@ class CancelIn(_Body):
 
 
 class ResumeIn(_Body):
-    config: dict[str, Any] = Field(default_factory=dict)
+    config: dict[str, object] = Field(default_factory=dict)
 
 
 class ForkIn(_Body):
@@ -193,8 +193,8 @@ class ForkIn(_Body):
     ``interlock fork``), with an optional state patch, config and the new run's id."""
 
     at: int = Field(ge=1, description="the seq of the record to fork from")
-    patch: dict[str, Any] | None = None
-    config: dict[str, Any] = Field(default_factory=dict)
+    patch: dict[str, object] | None = None
+    config: dict[str, object] = Field(default_factory=dict)
     run_id: str | None = Field(default=None, pattern=RUN_ID)
 
 
@@ -202,7 +202,7 @@ class MigrateIn(_Body):
     """``POST /api/runs/{id}/migrate`` (SPEC §14): the definition the run moves onto
     (default: the one this server has registered under the run's workflow name)."""
 
-    definition: dict[str, Any] | None = Field(
+    definition: dict[str, object] | None = Field(
         default=None, description="a workflow definition (as a file holds it, in JSON); "
         "default: this server's registered workflow of the run's name")
     at: str | None = Field(default=None, description="where the run continues in the new "
@@ -232,7 +232,7 @@ class MigrationOut(BaseModel):
 class ModifyInfo(BaseModel):
     at: list[str] = Field(description="the nodes a modify may re-enter at (approval "
                           "on_modify); the first is the default")
-    patch_schema: dict[str, Any] = Field(description="a JSON Schema of the patches the gate "
+    patch_schema: dict[str, object] = Field(description="a JSON Schema of the patches the gate "
                                          "accepts: its known fields, a reducer field's kind")
 
 
@@ -240,7 +240,7 @@ class Approval(BaseModel):
     run_id: str
     workflow: str
     node: str
-    show: dict[str, Any]
+    show: dict[str, object]
     decisions: list[str]
     since: float | None
     deadline: float | None
@@ -250,7 +250,7 @@ class Approval(BaseModel):
                              "tool call) or unknown_outcome (an action that started and "
                              "left no outcome); a child run's gate has the child gate's "
                              "kind")
-    input: dict[str, Any] | None = Field(default=None, description="the JSON Schema an "
+    input: dict[str, object] | None = Field(default=None, description="the JSON Schema an "
                                          "approve's data must satisfy (approval input:)")
     modify: ModifyInfo | None = Field(default=None, description="what a modify must be; "
                                       "null when the gate does not accept modify")
@@ -263,10 +263,10 @@ class Visit(BaseModel):
     visit: int | None
     item: int | None = Field(description="a mapped node's item index")
     status: str = Field(description="running, retrying, waiting, decided, completed, failed")
-    input: dict[str, Any] = Field(description="its reads: fields (all the state when it "
+    input: dict[str, object] = Field(description="its reads: fields (all the state when it "
                                   "declares none; an approval's show: fields)")
-    update: dict[str, Any] | None
-    error: Any
+    update: dict[str, object] | None
+    error: object
     tokens: int
     duration_ms: float | None = Field(description="its attempts' durations, summed")
     attempts: int

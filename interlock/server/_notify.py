@@ -111,7 +111,7 @@ class Notifier:
         self._tasks: set[asyncio.Task[None]] = set()
         self._client: httpx.AsyncClient | None = None
         self._announced: set[tuple[str, int]] = set()  # (run, approval.requested seq)
-        self._looked_at: set[tuple[str, Any]] = set()  # (run, its gate's requested_at)
+        self._looked_at: set[tuple[str, object]] = set()  # (run, its gate's requested_at)
         self._since: float | None = None  # the runs changed after this, at the next pass
         self.looked = 0  # runs whose log `watch` read (for tests)
 
@@ -194,7 +194,7 @@ class Notifier:
         log.warning("run %s: the notification to %s failed %d times; giving up", run_id,
                     where, self.attempts)
 
-    async def _post(self, url: str, message: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    async def _post(self, url: str, message: dict[str, Any]) -> tuple[dict[str, object], bool]:
         """One attempt, bounded in time (`timeout` in all) and in what is read (the
         answer's status; its body is dropped unread). The error never holds the URL."""
         assert self._client is not None
@@ -219,10 +219,10 @@ class Notifier:
                 return
             await self.hub.wait(waiter, 0.1)
 
-    async def record(self, run_id: str, fields: dict[str, Any]) -> bool:
+    async def record(self, run_id: str, fields: dict[str, object]) -> bool:
         return await self._record(run_id, fields)
 
-    async def _record(self, run_id: str, fields: dict[str, Any]) -> bool:
+    async def _record(self, run_id: str, fields: dict[str, object]) -> bool:
         """``notify.sent`` under the run's claim; while the run's executor still holds
         it (it releases once the run waits), try again. False once the run has ended:
         nothing is appended after a run's final record."""

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import orjson
 from fastapi import APIRouter, Response
 
@@ -19,7 +17,7 @@ router = APIRouter()
 
 @router.post("/api/runs/{run_id}/decisions", response_model=RunObject)
 async def decide(run_id: str, body: DecisionIn, server: Srv,
-                 who: Approver) -> dict[str, Any]:
+                 who: Approver) -> dict[str, object]:
     row = await server.st.get_run(run_id)
     by = who.name if who.authenticated else (body.by or "local")
     roles = who.roles if who.authenticated else ()

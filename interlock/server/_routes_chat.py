@@ -7,8 +7,6 @@ Google's signed JWT -- and one that does not verify is answered 401 with nothing
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import APIRouter, Request, Response
 
 from ._deps import Srv
@@ -40,7 +38,7 @@ async def slack_actions(request: Request, server: Srv) -> Response:
 
 
 @router.post("/api/integrations/google-chat/events", include_in_schema=False)
-async def google_chat_events(request: Request, server: Srv) -> dict[str, Any]:
+async def google_chat_events(request: Request, server: Srv) -> dict[str, object]:
     google, chat = server.google_chat, server.chat
     if google is None or chat is None:
         raise Problemed(404, "Not Found", "this server posts no gates to Google Chat (serve "

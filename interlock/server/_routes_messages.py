@@ -35,13 +35,13 @@ class MessageIn(_Body):
 
 
 @router.post("/api/runs/{run_id}/messages", response_model=RunObject, status_code=202)
-async def message(run_id: str, body: MessageIn, server: Srv, who: Operator) -> dict[str, Any]:
+async def message(run_id: str, body: MessageIn, server: Srv, who: Operator) -> dict[str, object]:
     row = await server.st.get_run(run_id)
     by = who.name if who.authenticated else (body.by or "local")
     api = asyncio.get_running_loop()
     hub = server.hub
 
-    def sink(piece: dict[str, Any]) -> None:  # from the loop that executes the run
+    def sink(piece: dict[str, object]) -> None:  # from the loop that executes the run
         try:
             here = asyncio.get_running_loop() is api
         except RuntimeError:

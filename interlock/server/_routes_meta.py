@@ -22,13 +22,13 @@ router = APIRouter()
 
 
 @router.get("/api/health", response_model=Health)
-async def health(server: Srv) -> dict[str, Any]:
+async def health(server: Srv) -> dict[str, object]:
     return {"status": "ok", "store": redact(server.st.url),
             "version": interlock.__version__, "workflows": len(server.workflows),
             "workers": server.options.workers, "running": server.runs.running}
 
 @router.get("/api/me", response_model=Me)
-async def me(who: Reader) -> dict[str, Any]:
+async def me(who: Reader) -> dict[str, object]:
     """Who the request's token is (``local`` without --auth): what the dashboard
     shows, and so the page knows a token is needed (401)."""
     return {"name": who.name, "roles": list(who.roles),
@@ -88,7 +88,7 @@ async def prices(who: Reader) -> dict[str, dict[str, float]]:
 @router.get("/api/workers", responses={200: {"description": "`{now, workers: [{owner, gone, "
                                                           "runs: [{run_id, workflow, status, "
                                                           "lease_until, lease_left}]}]}`"}})
-async def workers(server: Srv, who: Reader) -> dict[str, Any]:
+async def workers(server: Srv, who: Reader) -> dict[str, object]:
     """Who holds which run now (the store's claims): each owner (``host:pid[:suffix]``:
     a worker, a server, a CLI run), whether its process is known to be gone (on this
     host), and per run the lease's expiry and the seconds left (negative: expired, the

@@ -73,7 +73,7 @@ async def runs(server: Srv, who: Reader, status: str | None = None,
                                                   pattern=r"^[^=]+=[\s\S]*$")] = None,
                since: Annotated[float | None, Query(ge=0, le=1e11)] = None,
                until: Annotated[float | None, Query(ge=0, le=1e11)] = None
-               ) -> dict[str, Any]:
+               ) -> dict[str, object]:
     """One page: the runs after ``cursor`` (the ``next`` of the page before), newest
     first; a run created meanwhile shifts no page (keyset paging). A search narrows
     it: ``q`` (a part of the run id), ``input`` (``field=value``: the input's field
@@ -105,7 +105,7 @@ _ABSENT = object()
 
 async def _search(server: Server, *, status: str | None, workflow: str | None, limit: int,
                   before: tuple[float, str] | None, q: str, field: str | None,
-                  since: float | None, until: float | None) -> dict[str, Any]:
+                  since: float | None, until: float | None) -> dict[str, object]:
     """A searched page, from the store's pages newest first, filtered here: no store
     has an index on an input's fields, so a search reads at most `SEARCH_SCAN` runs
     per page (an input field costs one read of each candidate's row) and says so."""
@@ -155,7 +155,7 @@ async def _search(server: Server, *, status: str | None, workflow: str | None, l
     return {"runs": [run_json(r) for r in page], "next": nxt, "scanned": scanned}
 
 @router.get("/api/runs/{run_id}", response_model=RunObject)
-async def run(run_id: str, server: Srv, who: Reader) -> dict[str, Any]:
+async def run(run_id: str, server: Srv, who: Reader) -> dict[str, object]:
     return await server.run_object(run_id)
 
 # run -> (its row's created_at, the seq its log was read up to, its last run.migrated):
@@ -261,7 +261,7 @@ async def events(run_id: str, server: Srv, row: Existing,
 
 @router.post("/api/runs/{run_id}/resume", response_model=RunObject)
 async def resume(run_id: str, server: Srv, who: Operator,
-                 body: ResumeIn) -> dict[str, Any]:
+                 body: ResumeIn) -> dict[str, object]:
     row = await server.st.get_run(run_id)
     config = body.config or None
     async with server.lock(run_id):
@@ -274,7 +274,7 @@ async def resume(run_id: str, server: Srv, who: Operator,
     return await server.run_object(run_id)
 
 @router.post("/api/runs/{run_id}/fork", response_model=RunObject, status_code=201)
-async def fork(run_id: str, server: Srv, who: Operator, body: ForkIn) -> dict[str, Any]:
+async def fork(run_id: str, server: Srv, who: Operator, body: ForkIn) -> dict[str, object]:
     """A new run from the state at record ``at`` of this one (as ``interlock fork``):
     records 1..at copied, then ``run.forked`` with the patch; the original is not
     touched. Executed by this server (a server with ``--workers 0`` refuses: fork
@@ -315,7 +315,7 @@ async def _exists(server: Server, run_id: str) -> bool:
 
 @router.post("/api/runs/{run_id}/migrate", response_model=MigrationOut)
 async def migrate(run_id: str, server: Srv, who: Operator,
-                  body: MigrateIn) -> dict[str, Any]:
+                  body: MigrateIn) -> dict[str, object]:
     """Move a waiting, failed or pending run onto another definition (SPEC §14), as
     ``interlock migrate`` does: nothing is executed; refused (409) with every reason,
     nothing recorded."""
@@ -346,7 +346,7 @@ async def migrate(run_id: str, server: Srv, who: Operator,
 
 @router.post("/api/runs/{run_id}/cancel", response_model=RunObject)
 async def cancel(run_id: str, server: Srv, who: Operator,
-                 body: CancelIn) -> dict[str, Any]:
+                 body: CancelIn) -> dict[str, object]:
     """The body is ``{}``, sent as JSON: a page of another site cannot send that
     without asking first (see `Guard`)."""
     async with server.lock(run_id):

@@ -9,7 +9,7 @@ from typing import Any
 import anyio
 from fastapi import APIRouter, Response
 
-from interlock import RunExists, Workflow
+from interlock import RunExists, Workflow, WorkflowSpec
 from interlock.support import describe_trigger, run_json, to_mermaid
 
 from ._deps import Operator, Reader, Srv
@@ -30,7 +30,7 @@ def _workflow(server: Server, name: str) -> Workflow:
     return wf
 
 
-def graph_of(spec: Any) -> Graph:
+def graph_of(spec: WorkflowSpec) -> Graph:
     """A definition's graph as the API shows it: nodes, edges (in order), Mermaid."""
     nodes = [{"name": n, **ns.model_dump(mode="json", exclude_none=True,
                                           exclude_defaults=True)}
@@ -41,25 +41,25 @@ def graph_of(spec: Any) -> Graph:
                  layout=layout(nodes, edges))
 
 
-async def graph_off_loop(spec: Any) -> Graph:
+async def graph_off_loop(spec: WorkflowSpec) -> Graph:
     """`graph_of` on a worker thread: a large graph's first layout takes a while (a
     chain of a thousand nodes about a second), which the API's loop does not wait for."""
     return await anyio.to_thread.run_sync(graph_of, spec)
 
 
-def _kind(wf: Any) -> str:
+def _kind(wf: Workflow) -> str:
     """chat for a conversation's workflow (SPEC §11), graph for the others."""
     return "chat" if wf.spec.chat is not None else "graph"
 
 
 @router.get("/api/workflows", response_model=list[WorkflowInfo])
-async def workflows(server: Srv, who: Reader) -> list[dict[str, Any]]:
+async def workflows(server: Srv, who: Reader) -> list[dict[str, object]]:
     return [{"name": n, "description": wf.spec.description or "",
              "hash": wf.definition_hash(), "kind": _kind(wf)}
             for n, wf in sorted(server.workflows.items())]
 
 @router.get("/api/workflows/{name}", response_model=WorkflowDetail)
-async def workflow(name: str, server: Srv, who: Reader) -> dict[str, Any]:
+async def workflow(name: str, server: Srv, who: Reader) -> dict[str, object]:
     wf = _workflow(server, name)
     return {"name": name, "description": wf.spec.description or "",
             "hash": wf.definition_hash(), "kind": _kind(wf), "definition": wf.definition(),
@@ -70,7 +70,7 @@ async def workflow(name: str, server: Srv, who: Reader) -> dict[str, Any]:
                            "description": "the run_id exists with the same workflow "
                                           "and input: that run"}})
 async def start(name: str, body: StartRun, response: Response, server: Srv,
-                who: Operator) -> dict[str, Any]:
+                who: Operator) -> dict[str, object]:
     wf = _workflow(server, name)
     try:
         return (await server.begin(name, body.input, body.run_id,
@@ -96,7 +96,7 @@ _LAST_RUN_SCAN = 5000  # runs of a workflow read, newest first, for its triggers
                                                              "triggers: `workflow, id, kind, "
                                                              "what, input, next, next_utc, "
                                                              "run_prefix, last_run`"}})
-async def schedules(server: Srv, who: Reader) -> list[dict[str, Any]]:
+async def schedules(server: Srv, who: Reader) -> list[dict[str, object]]:
     """Each trigger of the registered workflows (as ``interlock triggers`` lists them):
     what it is, its next fire (Unix time and UTC) and the last run it started (among
     its workflow's newest 5,000 runs; null when none)."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
@@ -105,18 +106,18 @@ class Slack:
 
     # -- the Web API -----------------------------------------------------------------
 
-    async def post(self, message: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    async def post(self, message: dict[str, Any]) -> tuple[dict[str, object], dict[str, object]]:
         """``chat.postMessage``: (what to record, where the message is)."""
         return await self._call("chat.postMessage", self.client.chat_postMessage,
                                 channel=self.channel, **message)
 
     async def update(self, where: dict[str, Any], message: dict[str, Any]
-                     ) -> tuple[dict[str, Any], dict[str, Any]]:
+                     ) -> tuple[dict[str, object], dict[str, object]]:
         return await self._call("chat.update", self.client.chat_update,
                                 channel=where["channel"], ts=where["ts"], **message)
 
     async def _call(self, method: str, call: Any, **kwargs: Any
-                    ) -> tuple[dict[str, Any], dict[str, Any]]:
+                    ) -> tuple[dict[str, object], dict[str, object]]:
         from slack_sdk.errors import SlackApiError, SlackClientError
 
         try:
@@ -130,7 +131,7 @@ class Slack:
                  "ts": response.get("ts")}
         return {"method": method, "status": response.status_code}, where
 
-    async def answer(self, click: Click, text: str) -> dict[str, Any]:
+    async def answer(self, click: Click, text: str) -> dict[str, object]:
         """An ephemeral message to the clicking user, through the click's response_url."""
         from slack_sdk.webhook import WebhookClient
 
@@ -147,7 +148,7 @@ class Slack:
 
     # -- requests from Slack -----------------------------------------------------------
 
-    def verify(self, body: bytes, headers: Any) -> bool:
+    def verify(self, body: bytes, headers: Mapping[str, str]) -> bool:
         timestamp = headers.get("x-slack-request-timestamp")
         signature = headers.get("x-slack-signature")
         if not timestamp or not timestamp.strip().isdigit():
@@ -169,7 +170,7 @@ class Slack:
             return None
 
 
-def _decided_text(rec: dict[str, Any]) -> str:
+def _decided_text(rec: Mapping[str, object]) -> str:
     verb = {"approved": "Approved", "rejected": "Rejected", "modified": "Modified",
             "closed": "Closed"}.get(str(rec.get("decision")), str(rec.get("decision")))
     by = f" by {rec['by']}" if rec.get("by") else ""
