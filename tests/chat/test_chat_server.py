@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 from fake_openai import FakeOpenAI
-from test_server import Served, events
+from test_server import Served, events, wait_status
 
 from interlock.cli import cli
 
@@ -88,8 +88,8 @@ def test_three_turns_over_http_with_the_reply_streamed_token_by_token(
         with server.client() as c:
             r = c.post("/api/workflows/chat/runs", json={"input": {}, "run_id": "c1"})
             assert r.status_code == 201, r.text
-            run = c.get("/api/runs/c1").json()
-            assert run["status"] == "WAITING_INPUT"
+            # (the run starts in the server: follow it to its first wait for a message)
+            run = wait_status(c, "c1", "WAITING_INPUT")
             assert run["waiting"]["kind"] == "message"
             # a subscriber follows the run from here; the model's server streams its
             # first word, then waits until the subscriber has seen it
@@ -207,6 +207,7 @@ def test_under_auth_a_message_is_the_operators_and_by_is_the_tokens_name(
                 server.client("tok-alice") as alice:
             assert olga.post("/api/workflows/plain/runs",
                              json={"input": {}, "run_id": "p1"}).status_code == 201
+            wait_status(olga, "p1", "WAITING_INPUT")
             count = len(olga.get("/api/runs/p1/records").json())
             for who in (vic, alice):  # a viewer, an approver: not an operator's to send
                 refused = who.post("/api/runs/p1/messages", json={"text": "hi"})

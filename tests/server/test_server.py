@@ -193,7 +193,8 @@ def wait_status(client: Any, run_id: str, status: str) -> dict[str, Any]:
     run: dict[str, Any] = client.get(f"/api/runs/{run_id}").json()
     if run["status"] == status:
         return run
-    want = {"WAITING_APPROVAL": "run.waiting", "COMPLETED": "run.completed"}[status]
+    want = {"WAITING_APPROVAL": "run.waiting", "WAITING_INPUT": "run.waiting",
+            "COMPLETED": "run.completed"}[status]
     for _ in events(client, run_id, params={"after": 0}, until=want):
         pass
     run = client.get(f"/api/runs/{run_id}").json()
