@@ -391,6 +391,9 @@ async function runPage(ctx, runId) {
   const records = [];
   let selected = null;
   let finished = false;
+  // inspect()'s ticket, declared before anything can call inspect() (a click on the graph
+  // while the page is still loading): a `let` used before its line is a TDZ error
+  let inspecting = 0;
   const svg = renderGraph(graph, (what) => { selected = what; inspect(); });
   const nodeEl = (name) => svg.querySelector(`[data-node="${CSS.escape(name)}"]`);
   const edgeEl = (i) => svg.querySelector(`[data-edge="${i}"]`);
@@ -666,7 +669,6 @@ async function runPage(ctx, runId) {
     },
   });
 
-  let inspecting = 0;
   async function inspect() {
     const ticket = ++inspecting;
     if (selected?.edge !== undefined) {
