@@ -308,7 +308,10 @@ async def _decisions(st: Store, run_id: str, loaded: Loaded, decision: Decision 
         first.append((L.APPROVAL_DECIDED, {
             "node": gate.node, "visit": gate.visit, "kind": "workflow",
             "decision": _PAST[decision.kind], "by": decision.by,
-            "comment": decision.comment, "key": gate.key, "path": gate.path}))
+            "comment": decision.comment, "key": gate.key,
+            # the child's gate decided: named, or (none named) the one it waits at longest
+            "path": decision.node if decision.node and "/" in decision.node
+            else gate.path}))
     elif decision is not None:
         first += decide(loaded.spec, view, decision, expired=expired)
     else:  # a gate in a child run whose deadline passed: decided there
