@@ -137,9 +137,10 @@ def chat(workflow: str, session: str | None, input_json: str | None, by: str | N
     on stderr: `--session ID` continues it later, from any process).
     """
     if server_url:
-        status = _remote_chat(Remote(server_url, token, store_url), workflow, session,
-                              input_json, by)
-        sys.exit(exit_code_for(status))
+        from ._chat_remote import RemoteTerminal
+
+        remote = Remote(server_url, token, store_url)
+        sys.exit(exit_code_for(RemoteTerminal(remote, by).run(workflow, session, input_json)))
     wf = load_workflow(workflow)
     if wf.spec.chat is None:
         raise CliError(f"{workflow} is not a conversation: declare chat: NODE (the agent "
@@ -150,36 +151,3 @@ def chat(workflow: str, session: str | None, input_json: str | None, by: str | N
     status = Terminal(wf, store_url, by).run(data, session)
     note_abandoned_threads()
     sys.exit(exit_code_for(status))
-
-
-def _remote_chat(remote: Remote, workflow: str, session: str | None, input_json: str | None,
-                 by: str | None) -> str:
-    try:
-        if session is None:
-            wf = load_workflow(workflow)
-            data = read_input(input_json, None)
-            started = remote.call("POST", f"/api/workflows/{wf.name}/runs",
-                                  json={"input": data})
-            session = str(started["run_id"])
-            remote.follow(session, 0)
-        click.echo(f"conversation {session} (type a message; /end ends the conversation; "
-                   "a gate is decided with `interlock resume --server`)", err=True)
-        status = remote.result(session).status
-        for line in sys.stdin:
-            text = line.rstrip("\n")
-            if not text.strip():
-                continue
-            before = len(remote.records(session))
-            remote.call("POST", f"/api/runs/{session}/messages", json={"text": text, "by": by})
-            remote.follow(session, before)
-            data = remote.result(session).to_json()
-            status = str(data.get("status"))
-            if text.strip() == "/end" and status == "COMPLETED":
-                click.echo(f"the conversation {session} has ended", err=True)
-                break
-            _print_turn(data, session)
-            if data.get("status") != "WAITING_INPUT":
-                break
-        return status
-    finally:
-        remote.close()
