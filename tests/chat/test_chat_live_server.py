@@ -272,3 +272,44 @@ def test_chat_through_a_server_with_a_token(project: Path) -> None:
         assert decided and decided[0]["by"] == "ada"
     finally:
         server.stop()
+
+
+def test_local_chat_streams_the_rest_of_a_turn_after_an_inline_approval(
+        project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the model asks for the workflow tool, whose child run reaches a gate; after
+    # /approve the model's final reply is held after its first word until the test has
+    # seen that word: the local `interlock chat` streams the turn a decision resumed
+    fake = FakeOpenAI(lambda body: "triage of db finished cleanly")
+    fake.reply(tool_calls=[("run_triage", {"service": "db"})])
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    monkeypatch.setenv("OPENAI_BASE_URL", fake.url)
+    (project / "flows" / "ochat.yaml").write_text(textwrap.dedent("""
+        workflow: ochat
+        chat: assistant
+        nodes:
+          assistant:
+            agent:
+              provider: openai
+              model: gpt-test
+              tools: [{workflow: triage.yaml, name: run_triage, description: Sweep one}]
+        """))
+    gate = threading.Event()
+    chat = Chat(project, "flows/ochat.yaml", "--store", f"sqlite:///{project / 'runs.db'}")
+    try:
+        chat.stderr_has("conversation ")
+        chat.send("triage db")
+        chat.stderr_has("waiting for a decision at assistant/run_triage/approval")
+        fake.stream_gate = gate
+        chat.send("/approve")
+        chat.read_until("triage ")
+        assert "finished" not in chat.out.decode()
+        gate.set()
+        chat.read_until("cleanly\n")
+        chat.send("/end")
+        assert chat.finish() == 0, "".join(chat.err)
+        assert fake.gate_waited is True
+        assert chat.out.decode() == "triage of db finished cleanly\n"
+    finally:
+        gate.set()
+        chat.close()
+        fake.close()
