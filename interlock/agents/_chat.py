@@ -47,6 +47,18 @@ def _end_tool() -> Tool:
                       "goodbye in your reply's text first).", {})
 
 
+class TurnFailed(Exception):
+    """A turn of the conversation hit a limit of its own (``max_turns``, a tool's handoff):
+    the turn ends with the error as its reply (``chat.reply {error}``, ``waiting.show.
+    turn_error``) and the conversation waits for the next message. ``turn``: the model
+    calls made so far, over the whole conversation. The conversation's own limits
+    (``limits:``, the node's ``tokens``) are not turn limits: they end the run."""
+
+    def __init__(self, turn: int, error: Exception) -> None:
+        super().__init__(str(error))
+        self.turn, self.error = turn, error
+
+
 class ChatAgent(DelegatingAgent):
     """The agent of a conversation (``chat: NODE``)."""
 
@@ -67,17 +79,27 @@ class ChatAgent(DelegatingAgent):
         transcript: list[dict[str, Any]] = []
         turn = 0  # model calls so far, over the whole conversation (the journal's keys)
         last: str | None = None
+        error: str | None = None  # why the last turn failed
         n = 0
         while True:
             message = ctx.decision(message_key(n))
             if message is None:
-                raise PauseRequested(message_key(n), {"turn": n, "last_reply": last},
-                                     decisions=["message"], kind="message")
+                show: dict[str, Any] = {"turn": n, "last_reply": last}
+                if error is not None:  # the turn before failed (the conversation goes on)
+                    show = {"turn": n, "last_reply": None, "turn_error": error}
+                raise PauseRequested(message_key(n), show, decisions=["message"],
+                                     kind="message")
             text = str(message.get("text") or "")
             if text.strip() == END_COMMAND:
                 return {self.output_key: last}
             transcript.append({"role": "user", "content": text})
-            turn, last, ended = await self._turn(ctx, n, turn, system, transcript, last)
+            error = None
+            try:
+                turn, last, ended = await self._turn(ctx, n, turn, system, transcript, last)
+            except TurnFailed as failed:  # the turn's own limit: its reply is the error
+                turn, ended, error = failed.turn, False, str(failed.error)
+                _answered(transcript)
+                await ctx.once(f"reply-{n}", self._log_reply, ctx, n, None, error)
             if ended:
                 return {self.output_key: last}
             n += 1
@@ -119,10 +141,12 @@ class ChatAgent(DelegatingAgent):
                 await ctx.once(f"reply-{n}", self._log_reply, ctx, n, last)
                 return turn, last, False
             if calls >= self.spec.max_turns:
-                raise AgentTurnsError(
+                raise TurnFailed(turn, AgentTurnsError(
                     f"node {self.name!r}: message {n + 1} of the conversation: the model "
                     f"asked for tools again after max_turns={self.spec.max_turns} model "
-                    "calls without a reply; raise the agent's max_turns")
+                    "calls without a reply; the turn failed, the conversation goes on "
+                    "(send the next message; raise the agent's max_turns for longer "
+                    "turns)"))
             asked = _assistant(reply)
             transcript.append(asked)
             ended = False
@@ -135,9 +159,9 @@ class ChatAgent(DelegatingAgent):
                 else:
                     answer, edited = await self._tool(ctx, turn - 1, i, call)
                     if isinstance(answer["content"], dict):
-                        raise AgentTurnsError(f"node {self.name!r}: a conversation's tool "
-                                              "cannot hand off (goto); end the conversation "
-                                              "with end_conversation instead")
+                        raise TurnFailed(turn, AgentTurnsError(
+                            f"node {self.name!r}: a conversation's tool cannot hand off "
+                            "(goto); end the conversation with end_conversation instead"))
                     if edited is not None:
                         asked["tool_calls"][i]["function"]["arguments"] = edited
                 transcript.append(answer)
@@ -146,11 +170,30 @@ class ChatAgent(DelegatingAgent):
                     await ctx.once(f"reply-{n}", self._log_reply, ctx, n, last)
                 return turn, last, True
 
-    async def _log_reply(self, ctx: Context, n: int, text: str | None) -> int:
-        await ctx.log("chat.reply", self._hide({"message": n, "reply": text}))
+    async def _log_reply(self, ctx: Context, n: int, text: str | None,
+                         error: str | None = None) -> int:
+        data: dict[str, Any] = {"message": n, "reply": text}
+        if error is not None:
+            data["turn_error"] = error
+        await ctx.log("chat.reply", self._hide(data))
         return n
 
     async def _log_end(self, ctx: Context, turn: int, call_id: str) -> str:
         await ctx.log("tool.called", {"turn": turn, "tool": END_TOOL, "call_id": call_id,
                                       "result": "ended"})
         return json.dumps("ended")
+
+
+def _answered(transcript: list[dict[str, Any]]) -> None:
+    """The transcript of a failed turn without its last tool round when some of that
+    round's calls were not answered (a provider refuses a call without its answer); the
+    rounds before, answered, stay: the model knows what its tools did."""
+    for i in range(len(transcript) - 1, -1, -1):
+        m = transcript[i]
+        if m["role"] == "assistant" and m.get("tool_calls"):
+            answered = {a.get("tool_call_id") for a in transcript[i + 1:]}
+            if any(c["id"] not in answered for c in m["tool_calls"]):
+                del transcript[i:]
+            return
+        if m["role"] == "user":
+            return

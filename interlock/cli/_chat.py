@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import click
 
 from ._common import (
+    EXIT_FAILED,
     CliError,
     call_engine,
     exit_code_for,
@@ -54,6 +55,10 @@ def last_reply(result: RunResult | Mapping[str, Any]) -> str | None:
 def _print_turn(data: Mapping[str, Any], run_id: str) -> None:
     status = data.get("status")
     waiting = data.get("waiting") or {}
+    show = waiting.get("show") or {}
+    if status == "WAITING_INPUT" and show.get("turn_error"):
+        click.echo(f"the turn failed: {show['turn_error']}", err=True)
+        return
     if status == "WAITING_INPUT" or status == "COMPLETED":
         reply = last_reply(data)
         if reply is not None:
@@ -113,7 +118,15 @@ def _done(data: Mapping[str, Any], run_id: str, as_json: bool) -> NoReturn:
     else:
         _print_turn(data, run_id)
     note_abandoned_threads()
-    sys.exit(exit_code_for(str(data.get("status"))))
+    sys.exit(EXIT_FAILED if turn_failed(data) else exit_code_for(str(data.get("status"))))
+
+
+def turn_failed(data: Mapping[str, Any]) -> bool:
+    """Whether the turn just run failed on a limit of its own (the conversation waits
+    for the next message: ``waiting.show.turn_error``)."""
+    waiting = data.get("waiting") or {}
+    show = waiting.get("show") or {}
+    return waiting.get("kind") == "message" and bool(show.get("turn_error"))
 
 
 @click.command(short_help="Hold a conversation in the terminal.")

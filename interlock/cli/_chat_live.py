@@ -57,11 +57,11 @@ class Printer:
             self._end_line()
         if rtype == "chat.reply" and not child:
             self._end_line()
-            if not self.shown:  # (not streamed: printed now, whole)
+            if not self.shown and rec.get("reply") is not None:  # (not streamed: whole)
                 click.echo(click.style(str(rec.get("reply") or ""), bold=True))
             self.shown = False
-            if rec.get("error"):
-                click.echo(click.style(f"the turn failed: {rec['error']} (the conversation "
+            if rec.get("turn_error"):
+                click.echo(click.style(f"the turn failed: {rec['turn_error']} (the conversation "
                                        "goes on: send the next message)", fg="red"), err=True)
         elif rtype == "agent.reply" and not child and rec.get("tool_calls"):
             self.shown = False  # the turn goes on: its final reply is still to come
