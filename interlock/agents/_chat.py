@@ -77,10 +77,10 @@ class ChatAgent(DelegatingAgent):
         scope = {**state, "config": dict(ctx.config)}
         system = await self._system(scope)
         transcript: list[dict[str, Any]] = []
-        turn = 0  # model calls so far, over the whole conversation (the journal's keys)
-        last: str | None = None
+        # the first turn replayed (those before it fall out of the window), the model
+        # calls so far (over the whole conversation: the journal's keys), the last reply
+        n, turn, last = self._resume_point(ctx)
         error: str | None = None  # why the last turn failed
-        n = 0
         while True:
             message = ctx.decision(message_key(n))
             if message is None:
@@ -92,14 +92,17 @@ class ChatAgent(DelegatingAgent):
             text = str(message.get("text") or "")
             if text.strip() == END_COMMAND:
                 return {self.output_key: last}
+            base = len(transcript)
             transcript.append({"role": "user", "content": text})
             error = None
             try:
-                turn, last, ended = await self._turn(ctx, n, turn, system, transcript, last)
+                turn, last, ended = await self._turn(ctx, n, turn, system, transcript, last,
+                                                     base)
             except TurnFailed as failed:  # the turn's own limit: its reply is the error
                 turn, ended, error = failed.turn, False, str(failed.error)
                 _answered(transcript)
-                await ctx.once(f"reply-{n}", self._log_reply, ctx, n, None, error)
+                await ctx.once(f"reply-{n}", self._log_reply, ctx, n, None,
+                               self._mark(turn, len(transcript) - base, last), error)
             if ended:
                 return {self.output_key: last}
             n += 1
@@ -122,11 +125,43 @@ class ChatAgent(DelegatingAgent):
         head = [{"role": "system", "content": system}] if system else []
         return head + recent
 
+    def _resume_point(self, ctx: Context) -> tuple[int, int, str | None]:
+        """Where this run of the visit starts replaying: the first turn whose messages are
+        in the window (``history``), the model calls made before it and the reply before
+        it -- from the marks the turns before left (``reply-N``: its model calls, its
+        messages, the last reply), read back from the latest turn only as far as the
+        window reaches, so a turn's cost does not grow with the conversation. (0, 0, None)
+        -- the whole conversation replayed -- where the marks are not there (a log
+        written before them) or the replies are not journaled (``redact: [reply]``)."""
+        if not self.replayable or not ctx.recorded("reply-0")[0]:
+            return 0, 0, None
+        j, count = _last_reply(ctx), 0
+        while j >= 0 and count < self.spec.history:
+            mark = ctx.recorded(f"reply-{j}")[1]
+            if not isinstance(mark, dict) or not isinstance(mark.get("messages"), int):
+                return 0, 0, None
+            count += mark["messages"]
+            j -= 1
+        if j < 0:
+            return 0, 0, None
+        mark = ctx.recorded(f"reply-{j}")[1]
+        if not isinstance(mark, dict) or not isinstance(mark.get("turn"), int):
+            return 0, 0, None
+        return j + 1, mark["turn"], mark.get("last")
+
+    def _mark(self, turn: int, messages: int, last: str | None) -> dict[str, Any] | None:
+        """What a turn's ``reply-N`` journals for `_resume_point` (None when replies are
+        not journaled: they are redacted)."""
+        if not self.replayable:
+            return None
+        return {"turn": turn, "messages": messages, "last": last}
+
     async def _turn(self, ctx: Context, n: int, turn: int, system: str | None,
-                    transcript: list[dict[str, Any]], last: str | None
+                    transcript: list[dict[str, Any]], last: str | None, base: int
                     ) -> tuple[int, str | None, bool]:
         """One turn: model calls and tool calls until a reply in text. Returns the model
-        calls made so far, the reply, and whether the conversation ended."""
+        calls made so far, the reply, and whether the conversation ended. ``base``: the
+        transcript's length before the turn's message."""
         calls = 0
         while True:
             note = {"message": n, "history": self.spec.history,
@@ -138,7 +173,8 @@ class ChatAgent(DelegatingAgent):
                 last = reply.content
             if not reply.tool_calls:
                 transcript.append(_assistant(reply))
-                await ctx.once(f"reply-{n}", self._log_reply, ctx, n, last)
+                await ctx.once(f"reply-{n}", self._log_reply, ctx, n, last,
+                               self._mark(turn, len(transcript) - base, last))
                 return turn, last, False
             if calls >= self.spec.max_turns:
                 raise TurnFailed(turn, AgentTurnsError(
@@ -167,16 +203,18 @@ class ChatAgent(DelegatingAgent):
                 transcript.append(answer)
             if ended:
                 if reply.content:
-                    await ctx.once(f"reply-{n}", self._log_reply, ctx, n, last)
+                    await ctx.once(f"reply-{n}", self._log_reply, ctx, n, last,
+                                   self._mark(turn, len(transcript) - base, last))
                 return turn, last, True
 
     async def _log_reply(self, ctx: Context, n: int, text: str | None,
-                         error: str | None = None) -> int:
+                         mark: dict[str, Any] | None, error: str | None = None
+                         ) -> dict[str, Any] | int:
         data: dict[str, Any] = {"message": n, "reply": text}
         if error is not None:
             data["turn_error"] = error
         await ctx.log("chat.reply", self._hide(data))
-        return n
+        return n if mark is None else {"message": n, **mark}
 
     async def _log_end(self, ctx: Context, turn: int, call_id: str) -> str:
         await ctx.log("tool.called", {"turn": turn, "tool": END_TOOL, "call_id": call_id,
@@ -197,3 +235,18 @@ def _answered(transcript: list[dict[str, Any]]) -> None:
             return
         if m["role"] == "user":
             return
+
+
+def _last_reply(ctx: Context) -> int:
+    """The latest turn that ended (its ``reply-N`` is journaled; ``reply-0`` is), found in
+    O(log N) lookups: the turns that ended are 0..N, each with its ``reply-N``."""
+    lo, hi = 0, 1
+    while ctx.recorded(f"reply-{hi}")[0]:  # reply-lo recorded, reply-hi not
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if ctx.recorded(f"reply-{mid}")[0]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
