@@ -137,7 +137,7 @@ def _check_mapped_gate(checker: CheckContext, e: EdgeSpec, i: int, what: str, ta
 
 
 def check_maps(checker: CheckContext) -> None:
-    """Map edges (SPEC §7): what the mapped node may be, ``as`` and ``collect``."""
+    """Map edges: what the mapped node may be, ``as`` and ``collect``."""
     spec = checker.spec
     into: Counter[str] = Counter(t for e in spec.edges for t in e.targets)
     reducers: dict[str, str] = {k: v.reducer for k, v in spec.state.items()}

@@ -1,4 +1,4 @@
-"""An agent's MCP tools (SPEC §12): ``tools: [{mcp: {url | command}, tools, confirm,
+"""An agent's MCP tools: ``tools: [{mcp: {url | command}, tools, confirm,
 prefix}]``.
 
 When the node first runs (each visit), every MCP server it names is asked for its tools
@@ -106,7 +106,7 @@ async def mcp_visit(agent: A, ctx: Context) -> AsyncIterator[A]:
     the journal), its sessions closed when the visit ends."""
     links: list[_Link] = []
     tools: dict[str, Tool] = dict(agent.tools)
-    delegates = getattr(agent, "delegates", {})  # workflow and agent tools (SPEC §11)
+    delegates = getattr(agent, "delegates", {})  # workflow and agent tools
     where = {name: "a workflow or agent tool" if name in delegates else "a Python tool"
              for name in tools}
     try:

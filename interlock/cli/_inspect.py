@@ -275,7 +275,7 @@ def runs(status_: str | None, workflow: str | None, waiting: bool, limit: int, a
         if status_ not in (None, "WAITING_APPROVAL", "WAITING_INPUT"):
             raise CliError(f"--waiting lists WAITING_APPROVAL and WAITING_INPUT runs; it "
                            f"cannot be combined with --status {status_}")
-        # a gate, or a conversation waiting for its next message (SPEC §11)
+        # a gate, or a conversation waiting for its next message
         statuses = [status_] if status_ else ["WAITING_APPROVAL", "WAITING_INPUT"]
     rows = []
     for one in statuses:
@@ -293,7 +293,7 @@ def runs(status_: str | None, workflow: str | None, waiting: bool, limit: int, a
     if as_json:
         from ..support import run_json
 
-        if waiting:  # one entry per gate (SPEC §3: several gates at once)
+        if waiting:  # one entry per gate (several gates at once)
             out = [{**run_json(r), "waiting": g} for r in rows for g in _gates(r)]
         else:
             out = [run_json(r) for r in rows]

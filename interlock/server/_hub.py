@@ -27,7 +27,7 @@ class Hub:
         self._events: weakref.WeakValueDictionary[str, asyncio.Event] = \
             weakref.WeakValueDictionary()
         self.stopping = asyncio.Event()  # the server is shutting down: streams end
-        # a conversation's reply as it streams (SPEC §11): pieces not in the log, handed
+        # a conversation's reply as it streams: pieces not in the log, handed
         # to each event stream of the run that is open when they arrive
         self._tokens: dict[str, list[list[dict[str, object]]]] = {}
 
