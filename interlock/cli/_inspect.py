@@ -459,13 +459,25 @@ def _verify_file(path: str) -> Verification:
 def export(run_id: str, store_url: str | None) -> None:
     """Write RUN_ID to stdout as JSON lines: a first line with the run's definition and
     summary (its last seq and chain hash), then every record exactly as stored. An
-    auditor checks it with no store: `interlock verify --file run.jsonl`."""
+    auditor checks it with no store: `interlock verify --file run.jsonl`.
+
+    A log that does not verify is written all the same (it is what the store holds, and
+    the evidence of what changed), with a warning on stderr, and the command exits 1."""
+    from .. import verify as run_verify
     from ..support import export_run
 
-    async def write() -> None:
+    async def write() -> Verification:
         out = sys.stdout.buffer
         async for line in export_run(run_id, store=store_url):
             out.write(line)
         out.flush()
+        return await run_verify(run_id, store=store_url)
 
-    call_engine(write())
+    v = call_engine(write())
+    if v.ok or v.seq is None:  # intact, or a keyed log this process has no key for
+        return
+    which = run_id if v.run_id == run_id else f"{v.run_id} (a child run of {run_id})"
+    click.echo(f"warning: the exported log of {which} does not verify at record {v.seq}: "
+               f"{v.message}. `interlock verify --file` on the export shows the same",
+               err=True)
+    sys.exit(EXIT_FAILED)
