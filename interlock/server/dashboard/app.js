@@ -153,7 +153,10 @@ function askForToken(reason) {
 }
 
 let asking = false;
-window.addEventListener("interlock:unauthorized", () => {
+window.addEventListener("interlock:unauthorized", (event) => {
+  // a 401 only clears the token it was sent with: one for a token the user has since
+  // replaced (or forgotten) is old news, whatever order the answers come back in
+  if ((event.detail?.token ?? null) !== (token.get() ?? null)) return;
   if (asking || (!token.get() && document.getElementById("token-form"))) return; // asked
   asking = true;
   queueMicrotask(() => { asking = false; });
@@ -191,13 +194,14 @@ function jsonObject(text, what) {
 async function showWho() {
   const who = document.getElementById("who");
   const forget = document.getElementById("forget-token");
-  forget.hidden = !token.get();
+  const asked = token.get();
+  forget.hidden = !asked;
+  let text = "";
   try {
     const me = await api("/api/me");
-    who.textContent = me.authenticated ? `${me.name} (${me.roles.join(", ")})` : "";
-  } catch {
-    who.textContent = "";
-  }
+    text = me.authenticated ? `${me.name} (${me.roles.join(", ")})` : "";
+  } catch { /* unknown: shown as nobody */ }
+  if (token.get() === asked) who.textContent = text; // a late answer for an old token: not shown
 }
 
 document.getElementById("forget-token").addEventListener("click", () => {
