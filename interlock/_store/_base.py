@@ -313,14 +313,16 @@ class Store(ABC):
         waits here between two `claim_next`; this default sleeps."""
         await asyncio.sleep(timeout)
 
-    async def wait_changed(self, timeout: float, seen: int | None = None) -> int:
+    async def wait_changed(self, timeout: float, seen: int | None = None,
+                           run_id: str | None = None) -> int:
         """Return after ``timeout`` seconds, or sooner where the store can tell that
-        something was committed to it by any process (SQLite: ``PRAGMA data_version``)
-        after ``seen`` -- a number this method returned before (None: from now on; where
-        the number moved since, at once). The server's event streams wait here between two
-        looks for records committed elsewhere. This default sleeps; either way the
-        caller looks again after ``timeout`` (a detector may miss nothing, but the caller
-        does not count on it)."""
+        something was committed to it by any process (SQLite: ``PRAGMA data_version``;
+        PostgreSQL: records of ``run_id``, or of any run when it is None, by
+        ``LISTEN``/``NOTIFY``) after ``seen`` -- a number this method returned before
+        (None: from now on; where it has changed since, at once). The server's event
+        streams wait here between two looks for records committed elsewhere. This
+        default sleeps; either way the caller looks again after ``timeout`` (a detector
+        may miss nothing, but the caller does not count on it)."""
         await asyncio.sleep(timeout)
         return 0
 

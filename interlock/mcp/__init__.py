@@ -9,7 +9,8 @@ starts execute: this process (`LocalRuns`, stdio), or a server's pool (the serve
 from __future__ import annotations
 
 from ._local import LocalRuns
-from ._tools import STATUS_TOOL, Caller, Progress, Refused, Runs, input_schema, tools_server
+from ._runs import Caller, Progress, Refused, Runs
+from ._tools import STATUS_TOOL, input_schema, tools_server
 
 __all__ = ["STATUS_TOOL", "Caller", "LocalRuns", "Progress", "Refused", "Runs", "input_schema",
            "tools_server"]
