@@ -1,4 +1,4 @@
-"""``interlock chat --server`` as a person uses it (SPEC §11): a real ``interlock serve``
+"""``interlock chat --server`` as a person uses it: a real ``interlock serve``
 on loopback, the CLI in its own process reading lines from a pipe, the reply printed as
 the server's ``chat.token`` events arrive, a child run's gate shown and decided inline,
 and the rest of the turn after a decision streamed to the run's event stream."""

@@ -1,4 +1,4 @@
-"""A turn's own limits fail the turn, not the conversation (SPEC §11, docs/semantics.md
+"""A turn's own limits fail the turn, not the conversation (docs/semantics.md
 "Conversations"): ``max_turns`` exhausted in a turn is that turn's error -- recorded as its
 ``chat.reply {error}``, shown by ``send`` (exit 1) and ``interlock chat`` -- and the
 conversation waits for the next message, whose turn has the whole context; the

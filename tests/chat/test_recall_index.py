@@ -1,4 +1,4 @@
-"""The recall index (``recall: true``, SPEC §11) is the store's, kept as the log is: a
+"""The recall index (``recall: true``) is the store's, kept as the log is: a
 conversation's messages are in it once they are written -- before anyone searches --,
 a pruned run's rows leave with its records, and an index an earlier version filled at
 search time (with ``chat_search_progress``) is rebuilt whole, on SQLite (FTS5) and
