@@ -65,7 +65,7 @@ def entries(gate: Gate) -> list[JSONObject]:
 
 
 def waiting_object(pending: list[Gate]) -> dict[str, Any]:
-    """The ``waiting`` object of a run waiting at ``pending`` (SPEC §3): the oldest
+    """The ``waiting`` object of a run waiting at ``pending``: the oldest
     gate's, with ``pending`` listing every waiting gate, oldest first."""
     listed = sorted((e for g in pending for e in entries(g)), key=_requested_at)
     out: dict[str, Any] = dict(listed[0])
