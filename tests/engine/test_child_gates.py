@@ -242,3 +242,93 @@ def test_the_server_lists_and_decides_each_child_gate(
     finally:
         served.stop()
     assert p.executions() == ["after_a"]
+
+
+SLOW_NODES = NODES + """
+
+def slow(state):
+    import os
+    import pathlib
+    import time
+
+    pathlib.Path("slow_started.marker").write_text("started")
+    deadline = time.monotonic() + 120
+    while not os.path.exists("go.marker") and time.monotonic() < deadline:
+        time.sleep(0.02)
+    _mark("slow")
+    return {"slow": True}
+"""
+
+ONE_GATE_CHILD = """
+workflow: child
+nodes:
+  a: {approval: {show: [x]}}
+  after_a: {mod}:after_a
+edges:
+  - {from: START, to: a}
+  - {from: a, to: after_a, when: 'a.decision == "approved"'}
+"""
+
+BUSY_PARENT = """
+workflow: busy_parent
+nodes:
+  start: {mod}:start
+  remediate: {workflow: child.yaml, input: {x: 'x'}}
+  slow: {mod}:slow
+  after: {mod}:after
+edges:
+  - {from: START, to: start}
+  - {from: start, to: [remediate, slow]}
+  - {from: [remediate, slow], to: after}
+"""
+
+
+def test_a_childs_gate_decided_while_the_parent_executes_other_branches(
+        make_project: Callable[..., CliProject], tmp_path: Path) -> None:
+    """The parent (a real process) runs ``slow`` while its child waits at ``a``: the
+    parent shows WAITING_APPROVAL with ``remediate/a``; decided from another process by
+    that path, the decider exits 0 at once and the executing parent continues the child
+    (``after_a`` runs while ``slow`` still blocks)."""
+    import os
+    import subprocess
+    import sys
+
+    p = make_project(SLOW_NODES)
+    p.workflow(ONE_GATE_CHILD, "child.yaml")
+    wf = p.workflow(BUSY_PARENT, "busy_parent.yaml")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    executor = subprocess.Popen(
+        [sys.executable, "-m", "interlock", "run", wf, "--run-id", "kids-5", "--store",
+         p.store, "--json"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(lambda: (tmp_path / "slow_started.marker").exists(), "slow to start")
+        seen: dict[str, Any] = {}
+
+        def waits() -> bool:
+            seen.update(p.cli_json("status", "kids-5")[1])
+            return _pending(seen) == ["remediate/a"]
+
+        _wait_for(waits, "the child's gate shown by the parent")
+        assert seen["status"] == "WAITING_APPROVAL" and seen["waiting"]["running"] == ["slow"]
+        decider = subprocess.run(
+            [sys.executable, "-m", "interlock", "resume", "kids-5", "--approve", "--gate",
+             "remediate/a", "--by", "al", "--store", p.store], cwd=tmp_path, env=env,
+            capture_output=True, text=True, timeout=60)
+        assert decider.returncode == 0, decider.stderr
+        assert "being executed by" in decider.stderr, decider.stderr
+        _wait_for(lambda: "after_a" in p.executions(), "the child's branch to go on")
+        assert "slow" not in p.executions()
+        again = p.cli("resume", "kids-5", "--approve", "--gate", "remediate/a", "--by", "al")
+        assert again.exit_code == 2, again.output  # decided already
+        (tmp_path / "go.marker").write_text("go")
+        out, err = executor.communicate(timeout=60)
+    finally:
+        if executor.poll() is None:
+            executor.kill()
+            executor.communicate(timeout=30)
+    assert executor.returncode == 0, err
+    assert json.loads(out)["status"] == "COMPLETED"
+    assert p.executions() == ["after_a", "slow", "after"]
+    assert p.cli("verify", "kids-5").exit_code == 0
