@@ -150,7 +150,7 @@ class _SlowStore:
 class _View:
     status, steps, tokens, error, waiting = "running", 0, 0, None, None
     snapshot_at = 0  # (the seq of the log's latest snapshot: none)
-    gates: dict[Any, Any] = {}  # (no gate waits: the summary is the view's own)
+    gates = ()  # (no gate waits: the summary is the view's own)
 
     def apply(self, rec: Any) -> None:
         pass
