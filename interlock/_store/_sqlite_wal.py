@@ -9,7 +9,8 @@ SQLite would refill the space freed with the next writes' pages; so the first sp
 becomes free goes to the checkpoint, never to a write. After a disk was found full once,
 the WAL is also truncated before it takes half the space left (`_wal_too_big`).
 
-Everything here runs on the store's writer thread.
+Everything here runs on the store's writer thread (or on the event loop's, while the
+writer lends it the connection: `interlock._store._sqlite_inline`).
 """
 
 from __future__ import annotations
