@@ -103,6 +103,21 @@ sys.exit(0 if told else 1)
 """
 
 
+def test_with_an_fsync_per_commit_a_lone_runs_writes_stay_on_the_writer_thread(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``synchronous=full`` waits for the disk at every commit: never on the event loop."""
+    wf = chain(5)
+
+    async def main() -> None:
+        with batches(monkeypatch) as seen:
+            result = await wf.run({"i": 0},
+                                  store=f"sqlite:///{tmp_path / 'runs.db'}?synchronous=full")
+        assert result.status == "COMPLETED"
+        assert len(seen) >= 5 and all(t.startswith("interlock-sqlite") for t, _ in seen), seen
+
+    asyncio.run(main())
+
+
 def test_a_write_lock_held_by_another_process_is_waited_for_off_the_event_loop(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The lock is let go when a timer on the event loop says so: a write that waited for
