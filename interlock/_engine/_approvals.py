@@ -1,7 +1,7 @@
 """Human decisions: what a decision is, who may make it, and the records it becomes.
 
 A gate is a visit waiting for a human -- an ``approval:`` node, or a node
-declared ``confirm: true`` whose body must not run unasked (SPEC §3). The
+declared ``confirm: true`` whose body must not run unasked. The
 executor logs ``approval.requested`` and the run stops in WAITING_APPROVAL;
 `decide` turns a `Decision` into the records that continue it:
 
@@ -15,7 +15,7 @@ executor logs ``approval.requested`` and the run stops in WAITING_APPROVAL;
              decision journaled for the node (`Context.decision`: its comment, and a
              modify's patch -- a tool call's edited arguments); the node runs again
 
-A gate may take input (SPEC §7): an approval's ``input:`` schema is what a decision's
+A gate may take input: an approval's ``input:`` schema is what a decision's
 ``data`` must satisfy (the gate's record carries it), and a confirmation asked with
 ``edit=`` (a guarded tool's arguments) checks a modify's patch against that schema. A
 decision that does not fit is refused before anything is recorded.
@@ -40,6 +40,7 @@ from .._definition._state import check_whole_values
 from .._errors import UsageError
 from . import _records as R
 from ._fold import RunView
+from ._gates import gate_name, oldest
 from ._view import Gate, gate_key
 
 ENGINE = "interlock (deadline)"
@@ -308,7 +309,7 @@ def _checked_outcome(gate: Gate, decision: Decision) -> Any:
 def unknown_outcome(plan_view: RunView, gate: Gate, started: L.Record) -> Items:
     """The gate a ``confirm: true`` node's visit stops at when the run resumes and its
     body had started (``started``: that attempt's ``node.started``) without an outcome
-    in the log (SPEC §3): it is not run again unasked."""
+    in the log: it is not run again unasked."""
     ns = plan_view.plan.nodes[gate.node].spec
     reads = ns.reads or []
     show = {"action": gate.node, "arguments": {f: plan_view.state.get(f) for f in reads},
@@ -376,37 +377,7 @@ def _pick(pending: list[Gate], node: str | None) -> Gate:
                      f"already, or is not a gate of this run); waiting: {names}")
 
 
-# -- several gates at once (SPEC §3) ----------------------------------------------------
-
-
-def gate_name(gate: Gate) -> str:
-    """The gate's name in ``waiting.pending`` and for ``--gate``/the API's ``node``: its
-    node, ``NODE[i]`` for item ``i`` of a mapped gate, or for a child run's gate the path
-    of nodes down to it."""
-    return gate.path or (gate.node if gate.item is None else f"{gate.node}[{gate.item}]")
-
-
-def gate_slot(gate: Gate) -> str:
-    """The key a decision on ``gate`` is offered under (`Store.offer_decision`): one per
-    visit of the gate, and for a confirmation asked inside a node (a guarded tool call)
-    one per key it asks under; and per request (an unknown outcome asked after the
-    confirmation of the same visit), so that a gate asked again is decided afresh."""
-    return f"{gate_name(gate)}#{gate.visit}@{gate.requested_at!r}" + (
-        f"#{gate.key}" if gate.key is not None else "")
-
-
-def oldest(pending: list[Gate]) -> Gate:
-    """The gate waiting longest (by ``requested_at``; the first requested on a tie)."""
-    return min(pending, key=lambda g: g.requested_at)
-
-
-def waiting_object(pending: list[Gate]) -> dict[str, Any]:
-    """The ``waiting`` object of a run waiting at ``pending`` (SPEC §3): the oldest
-    gate's, with ``pending`` listing every waiting gate, oldest first."""
-    gates = sorted(pending, key=lambda g: g.requested_at)
-    out = gates[0].waiting()
-    out["pending"] = [g.waiting() for g in gates]
-    return out
+# -- several gates at once ----------------------------------------------------
 
 
 def offer_of(gate: Gate, decision: Decision) -> dict[str, Any]:
@@ -456,7 +427,7 @@ def offered(spec: WorkflowSpec, view: RunView, offers: dict[str, dict[str, Any]]
 
 def close_others(view: RunView, gate: Gate | None, why: str) -> Items:
     """``approval.decided`` ``closed`` for every gate still waiting but ``gate``: the run
-    ends (rejected) and they are not needed (SPEC §3)."""
+    ends (rejected) and they are not needed."""
     return [(L.APPROVAL_DECIDED, {"node": g.node, "visit": g.visit, "kind": g.kind,
                                   "decision": "closed", "by": None, "comment": why,
                                   "key": g.key, **({"item": g.item} if g.item is not None
@@ -587,7 +558,7 @@ def _item_completed(gate: Gate, decision: str, by: str | None, comment: str | No
 
 
 def _rejection_ends_now(view: RunView, gate: Gate) -> bool:
-    """Whether rejecting ``gate`` ends the run at once (SPEC §3): none of its edges (its
+    """Whether rejecting ``gate`` ends the run at once: none of its edges (its
     joins included) reads ``<gate>.decision`` -- so none is followed -- while other gates
     wait or other visits run (alone, the edges' decision says so, as it always has)."""
     pn = view.plan.nodes[gate.node]
