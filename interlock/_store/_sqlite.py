@@ -210,6 +210,7 @@ class SQLiteStore(SQLiteInline, Store):
             weakref.WeakKeyDictionary()
         self._runnable_seen: int | None = None  # `wait_runnable`'s last count
         self._yielded_at = 0.0  # an inline write last yielded the event loop (monotonic)
+        self._lent = False  # a write is running on the event loop's thread
 
     # -- plumbing ----------------------------------------------------------------------
 

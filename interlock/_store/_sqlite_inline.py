@@ -22,7 +22,8 @@ fencing and its errors are exactly those of the thread. The rules that keep that
   up to ``busy_timeout``, as before. A transaction that fails is rolled back whole, so
   trying it again there is safe.
 - **Not after a full disk.** Once a write has failed for want of space, writes go to the
-  thread (which gives the WAL's space back first; `interlock._store._sqlite_wal`).
+  thread, which gives the WAL's space back first (a checkpoint, with fsyncs;
+  `interlock._store._sqlite_wal`) -- also when the failing write was made inline.
 - **Checkpoints stay off the loop.** The inline write only asks the checkpointer's
   thread for one, as the writer does.
 - **The loop is given back.** A run whose steps never wait would otherwise hold the
@@ -87,9 +88,11 @@ class SQLiteInline(SQLiteWrites):
             if conn is None:  # not opened yet: opening waits for locks, on the thread
                 return None
             conn.execute("PRAGMA busy_timeout = 0")
+            self._lent = True
             try:
                 (done,) = self._write_batch([(op, args)])
             finally:
+                self._lent = False
                 conn.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
         finally:
             writer.end_inline()
