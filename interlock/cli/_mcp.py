@@ -36,13 +36,15 @@ def mcp(store_url: str | None, workflows: tuple[str, ...], public_url: str | Non
         store = open_store(store_url)
     except (UsageError, StoreError) as exc:
         raise CliError(str(exc)) from None
-    server = tools_server(LocalRuns(registered, store, public_url))
+    runs = LocalRuns(registered, store, public_url)
+    server = tools_server(runs)
 
     async def serve() -> None:
         try:
             async with stdio_server() as (read, write):
                 await server.run(read, write, server.create_initialization_options())
         finally:
+            await runs.close()  # tasks' runs still executing stop where they are
             await store.close()
 
     anyio.run(serve)

@@ -86,6 +86,13 @@ class LocalRuns:
         row = await self.store.get_run(run_id)
         return row.created_at, row.summary.updated_at or row.created_at
 
+    async def close(self) -> None:
+        """Stop the tasks' runs still executing here (each is left resumable, as an
+        interrupted ``interlock run`` is)."""
+        for task in list(self._running):
+            task.cancel()
+        await asyncio.gather(*self._running, return_exceptions=True)
+
     def _spawn(self, run_id: str, work: Coroutine[Any, Any, object]) -> None:
         """Execute a task's run in this process, beyond the call that started it (as
         long as the process lives; a run it leaves unfinished is resumable)."""

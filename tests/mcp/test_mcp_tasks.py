@@ -225,6 +225,51 @@ def test_tasks_cancel_cancels_the_run(project: Path) -> None:
     assert _status(project, seen[-1].task_id)["status"] == "CANCELLED"
 
 
+SLOW = """
+workflow: slow
+input: [n]
+nodes:
+  wait: slownodes:wait
+edges:
+  - {from: START, to: wait}
+  - {from: wait, to: END}
+"""
+
+SLOW_NODES = """
+import asyncio, pathlib
+
+async def wait(state):
+    pathlib.Path("started").write_text("")
+    await asyncio.sleep(120)   # the test cancels the run here
+    return {"waited": True}
+"""
+
+
+def test_tasks_cancel_stops_a_working_run_executing_in_the_process(project: Path) -> None:
+    (project / "flows" / "slow.yaml").write_text(SLOW)
+    (project / "slownodes.py").write_text(SLOW_NODES)
+
+    async def go() -> tuple[list[DetailedTask], list[DetailedTask]]:
+        async with Client(stdio_params(project), mode="auto", extensions=[Tasks()]) as c:
+            handle = await c.session.call_tool("slow", {"n": 1}, allow_claimed=True)
+            assert isinstance(handle, TaskHandle)
+            working: list[DetailedTask] = []
+            with anyio.fail_after(60):  # the node is in its sleep
+                while not (project / "started").exists():
+                    working.append(await get(c.session, handle.task_id))
+                    await anyio.sleep(0.05)
+            working.append(await get(c.session, handle.task_id))
+            await c.session.send_request(CancelTask(params=TaskRef(task_id=handle.task_id)),
+                                         types.Result)
+            return working, await poll(c.session, handle.task_id)
+
+    working, seen = anyio.run(go)
+    assert working[-1].status == "working"
+    assert seen[-1].status == "cancelled"
+    status = _status(project, seen[-1].task_id)
+    assert status["status"] == "CANCELLED" and "waited" not in status["state"]
+
+
 def test_unknown_tasks_and_legacy_clients(project: Path) -> None:
     """An unknown task id is an error naming it; a handshake-protocol client (which
     cannot declare the extension) is answered as before, and has no tasks/*."""
