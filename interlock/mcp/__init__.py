@@ -1,4 +1,4 @@
-"""Workflows as MCP tools (SPEC §12): the MCP server that ``interlock mcp`` serves over
+"""Workflows as MCP tools: the MCP server that ``interlock mcp`` serves over
 stdio and ``interlock serve`` at ``/mcp``.
 
 `tools_server` builds an MCP SDK low-level ``Server`` over `Runs` -- where the runs it

@@ -231,7 +231,7 @@ class _Call:
         return caps is not None and caps.elicitation is not None
 
     def _waiting(self, run: dict[str, Any]) -> dict[str, object]:
-        """``{run_id, status, waiting, decide}`` (SPEC §12)."""
+        """``{run_id, status, waiting, decide}``."""
         waiting = run.get("waiting") or {}
         return {"run_id": run["run_id"], "workflow": run.get("workflow"),
                 "status": run["status"], "waiting": waiting,

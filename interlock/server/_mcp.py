@@ -1,4 +1,4 @@
-"""``/mcp``: the registered workflows as MCP tools over streamable HTTP (SPEC §12), in
+"""``/mcp``: the registered workflows as MCP tools over streamable HTTP, in
 the API's process and behind its tokens and roles.
 
 Every request to ``/mcp`` must carry a token the server knows when it has ``--auth``
