@@ -17,9 +17,10 @@ from ._common import CliError, store_option
                    "run's answer then links its gate in the dashboard.")
 def mcp(store_url: str | None, workflows: tuple[str, ...], public_url: str | None) -> None:
     """Serve the workflows as MCP tools on stdin/stdout, for a chat client or an IDE
-    (Claude Desktop, an editor's agent): one tool per workflow, and
-    interlock_run_status. Runs execute in this process, on the store; stdout carries
-    only the protocol."""
+    (Claude Desktop, an editor's agent): one tool per workflow (a conversation file's
+    takes {text, run_id?}), and interlock_run_status. Runs execute in this process, on
+    the store -- a task's run (MCP's tasks extension) as long as the process lives;
+    stdout carries only the protocol."""
     try:
         from ..mcp import LocalRuns, tools_server
     except ImportError as exc:
