@@ -27,7 +27,7 @@ import mcp_types as types
 from mcp.server.context import ServerRequestContext
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
-from pydantic import Field
+from pydantic import Field, ValidationError
 
 from interlock import RunNotFound, UsageError
 
@@ -35,6 +35,8 @@ from ._runs import Caller, Refused, Runs
 
 if TYPE_CHECKING:
     from mcp.server.lowlevel import Server
+
+    from interlock import Decision
 
 TASKS = "io.modelcontextprotocol/tasks"
 POLL_MS = 500  # what a task suggests as a polling interval
@@ -100,7 +102,10 @@ class Tasks:
     def __init__(self, runs: Runs, answer: Callable[[dict[str, Any]], types.CallToolResult],
                  question: Callable[[dict[str, Any], dict[str, Any]],
                                     types.ElicitRequestFormParams],
-                 decision: Callable[[Any, str, Caller], Any]) -> None:
+                 decision: Callable[[types.ElicitResult | None, str, Caller],
+                                    Decision | None]) -> None:
+        """``answer``: a stopped run's tool result; ``question``: a gate's form;
+        ``decision``: an answered form as a decision (None: declined)."""
         self.runs, self.answer, self.question, self.decision = runs, answer, question, decision
 
     def serve(self, server: Server[Any]) -> None:
@@ -158,10 +163,15 @@ class Tasks:
             if run["status"] == "WAITING_APPROVAL" else None
         if given is None:
             return {}
-        answer = types.ElicitResult.model_validate(given)
+        caller.refuse("decide", "decide approvals")
+        try:
+            answer = types.ElicitResult.model_validate(given)
+        except ValidationError as exc:
+            raise UsageError(f"the answer to the question of task {params.task_id!r} is not "
+                             f"an elicitation result ({exc.error_count()} errors: "
+                             f"{exc.errors()[0]['msg']})") from None
         decision = self.decision(answer, str(waiting.get("node")), caller)
         if decision is not None:  # (declined: the gate waits on)
-            caller.refuse("decide", "decide approvals")
             await self.runs.decide_soon(params.task_id, decision, caller)
         return {}
 

@@ -189,6 +189,10 @@ def test_a_gate_is_input_required_and_answered_with_tasks_update(project: Path) 
                 task_id=handle.task_id, input_responses={"other": {"action": "accept"}})),
                 types.Result)
             assert (await get(c.session, handle.task_id)).status == "input_required"
+            with pytest.raises(MCPError, match="is not an elicitation result"):
+                await c.session.send_request(UpdateTask(params=UpdateParams(
+                    task_id=handle.task_id, input_responses={key: {"action": "maybe"}})),
+                    types.Result)
             await c.session.send_request(UpdateTask(params=UpdateParams(
                 task_id=handle.task_id, input_responses={key: await approve(request)})),
                 types.Result)
