@@ -236,3 +236,43 @@ def test_a_conversation_at_mcp_on_a_server(served: Served) -> None:
     messages = [r.get("data", r) for r in log if r["type"] == "chat.message"]
     assert [(m["text"], m["by"]) for m in messages] == [("hello", "olga"),
                                                         ("triage db", "ada")]
+
+
+TEAM_TALK = '''
+workflow: team-talk
+chat: assistant
+input: [team]
+nodes:
+  assistant:
+    agent:
+      provider: scripted
+      system: "You help the team {{ team }}."
+      replies: [hello team, bye]
+'''
+
+
+def test_a_new_conversation_takes_the_files_input(project: Path) -> None:
+    (project / "flows" / "team.yaml").write_text(TEAM_TALK)
+
+    async def go() -> tuple[types.Tool, types.CallToolResult, types.CallToolResult,
+                            types.CallToolResult]:
+        async with Client(stdio_params(project)) as c:
+            tool = {t.name: t for t in (await c.list_tools()).tools}["team-talk"]
+            missing = await c.call_tool("team-talk", {"text": "hi"})
+            first = await c.call_tool("team-talk", {"text": "hi", "input": {"team": "db"}})
+            again = await c.call_tool("team-talk", {
+                "text": "more", "input": {"team": "web"},
+                "run_id": first.structured_content["run_id"]})  # type: ignore[index]
+            return tool, missing, first, again
+
+    tool, missing, first, again = anyio.run(go)
+    assert set(tool.input_schema["properties"]) == {"text", "run_id", "input"}
+    assert missing.is_error and "lacks 'team'" in _text(missing)
+    assert first.structured_content is not None
+    assert first.structured_content["reply"] == "hello team"
+    run_id = first.structured_content["run_id"]
+    shown = json.loads(_cli(project, "status", run_id, "--json").stdout)
+    assert shown["state"]["team"] == "db"
+    assert again.is_error and "input is for a new conversation" in _text(again)
+    assert [r["text"] for r in _records(project, run_id) if r["type"] == "chat.message"] == [
+        "hi"]
