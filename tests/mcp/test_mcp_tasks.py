@@ -339,3 +339,40 @@ def test_tasks_at_mcp_on_a_server_follow_roles(served: Served) -> None:
     with served.client(TOKENS["ada"][0]) as http:
         run = http.get(f"/api/runs/{run_id}").json()
     assert run["status"] == "COMPLETED" and run["state"]["gate"]["by"] == "ada"
+
+
+HELD_NODES = """
+import asyncio, pathlib
+
+async def wait(state):
+    pathlib.Path("started").write_text("")
+    while pathlib.Path("hold").exists():   # the test closes the client meanwhile
+        await asyncio.sleep(0.05)
+    return {"waited": True}
+"""
+
+
+def test_a_tasks_run_left_by_a_closed_interlock_mcp_is_resumable(project: Path) -> None:
+    """The client goes away while its task's run executes in ``interlock mcp``: the
+    process ends, the run stops where it was, and ``interlock resume`` finishes it."""
+    (project / "flows" / "slow.yaml").write_text(SLOW)
+    (project / "slownodes.py").write_text(HELD_NODES)
+    (project / "hold").write_text("")
+
+    async def go() -> str:
+        async with Client(stdio_params(project), mode="auto", extensions=[Tasks()]) as c:
+            handle = await c.session.call_tool("slow", {"n": 1}, allow_claimed=True)
+            assert isinstance(handle, TaskHandle)
+            with anyio.fail_after(60):
+                while not (project / "started").exists():
+                    await anyio.sleep(0.05)
+            return handle.task_id
+
+    run_id = anyio.run(go)
+    assert _status(project, run_id)["status"] == "RUNNING"  # (nobody executes it now)
+    (project / "hold").unlink()
+    resumed = _cli(project, "resume", run_id)
+    assert resumed.returncode == 0, resumed.stderr
+    done = _status(project, run_id)
+    assert done["status"] == "COMPLETED" and done["state"]["waited"] is True
+    assert _cli(project, "verify", run_id).returncode == 0
