@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import mcp_types as types
 
-from interlock import RunNotFound, UsageError
+from interlock import ClaimError, ClaimLost, ConflictError, RunNotFound, UsageError
 
 if TYPE_CHECKING:
     from interlock import Workflow
@@ -88,7 +88,16 @@ async def converse(runs: Runs, name: str, args: dict[str, Any], caller: Caller,
             raise UsageError(f"input is for a new conversation; run {run_id!r} has started "
                              "already (send text and run_id only)")
         await _continuable(runs, name, run_id, caller)
-    return await runs.message(run_id, text, caller, progress)
+    try:
+        return await runs.message(run_id, text, caller, progress)
+    except ClaimLost:
+        raise  # (this turn's own claim, lost midway: not a refusal)
+    except (ClaimError, ConflictError):  # before the message's first record
+        raise UsageError(
+            f"the message to conversation {run_id!r} is refused and nothing was recorded: "
+            "another message or decision was being answered at the same moment; read the "
+            f"conversation with interlock_run_status, and send again once it waits for a "
+            "message") from None
 
 
 async def _continuable(runs: Runs, name: str, run_id: str, caller: Caller) -> None:

@@ -276,3 +276,38 @@ def test_a_new_conversation_takes_the_files_input(project: Path) -> None:
     assert again.is_error and "input is for a new conversation" in _text(again)
     assert [r["text"] for r in _records(project, run_id) if r["type"] == "chat.message"] == [
         "hi"]
+
+
+def test_two_messages_at_once_one_is_refused_for_people(project: Path) -> None:
+    """Two clients (two ``interlock mcp`` processes on one store) send the next message
+    of one conversation at once: one turn runs, the other message is refused with what
+    to do, and only one is recorded."""
+    async def start() -> str:
+        async with Client(stdio_params(project)) as c:
+            first = await c.call_tool("talk", {"text": "hello"})
+            return str(first.structured_content["run_id"])  # type: ignore[index]
+
+    run_id = anyio.run(start)
+
+    async def both() -> list[types.CallToolResult]:
+        answers: list[types.CallToolResult] = []
+
+        async def send(text: str) -> None:
+            async with Client(stdio_params(project)) as c:
+                answers.append(await c.call_tool("talk", {"text": text, "run_id": run_id}))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(send, "one")
+            tg.start_soon(send, "two")
+        return answers
+
+    answers = anyio.run(both)
+    refused = [a for a in answers if a.is_error]
+    assert len(refused) == 1, [_text(a) for a in answers]
+    why = _text(refused[0])
+    assert why.startswith(f"the message to run {run_id!r} is refused and nothing was "
+                          "recorded") or why.startswith(
+        f"the message to conversation {run_id!r} is refused and nothing was recorded"), why
+    assert "store refused" not in why
+    texts = [r["text"] for r in _records(project, run_id) if r["type"] == "chat.message"]
+    assert texts[0] == "hello" and len(texts) == 2
