@@ -202,8 +202,8 @@ class _Call:
                 waiting["reply"] = None
             return _result(waiting, error=error)
         if is_conversation(wf) and wf.spec.chat is not None:
-            out, text = turn_answer(run, wf.spec.chat)
-            return _result(out, error=error, text=text)
+            out, text, failed = turn_answer(run, wf.spec.chat)
+            return _result(out, error=error or failed, text=text)
         return _result(run, error=error)
 
     async def _answered(self, caller: Caller) -> dict[str, Any]:

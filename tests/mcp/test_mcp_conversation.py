@@ -311,3 +311,48 @@ def test_two_messages_at_once_one_is_refused_for_people(project: Path) -> None:
     assert "store refused" not in why
     texts = [r["text"] for r in _records(project, run_id) if r["type"] == "chat.message"]
     assert texts[0] == "hello" and len(texts) == 2
+
+
+SHORT_TALK = '''
+workflow: short-talk
+chat: assistant
+nodes:
+  assistant:
+    agent:
+      provider: scripted
+      system: You check services.
+      max_turns: 1
+      tools: ["ttools:service_status"]
+      replies:
+        - {tool_calls: [{name: service_status, arguments: {service: db}}]}
+        - db is fine
+'''
+
+TTOOLS = '''
+def service_status(service: str) -> str:
+    """The status of a service."""
+    return f"{service} is fine"
+'''
+
+
+def test_a_turn_over_its_own_limit_is_an_error_and_the_conversation_goes_on(
+        project: Path) -> None:
+    (project / "flows" / "short.yaml").write_text(SHORT_TALK)
+    (project / "ttools.py").write_text(TTOOLS)
+
+    async def go() -> tuple[types.CallToolResult, types.CallToolResult]:
+        async with Client(stdio_params(project)) as c:
+            failed = await c.call_tool("short-talk", {"text": "how is db?"})
+            run_id = failed.structured_content["run_id"]  # type: ignore[index]
+            return failed, await c.call_tool("short-talk", {"text": "and now?",
+                                                            "run_id": run_id})
+
+    failed, then = anyio.run(go)
+    assert failed.is_error
+    out = failed.structured_content
+    assert out is not None and out["status"] == "WAITING_INPUT" and out["reply"] is None
+    assert "max_turns=1" in out["turn_error"]
+    assert _text(failed).startswith("the turn failed:")
+    assert not then.is_error and then.structured_content is not None
+    assert then.structured_content["status"] == "WAITING_INPUT"
+    assert then.structured_content["reply"] == "db is fine"
