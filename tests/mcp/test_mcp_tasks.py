@@ -376,3 +376,50 @@ def test_a_tasks_run_left_by_a_closed_interlock_mcp_is_resumable(project: Path) 
     done = _status(project, run_id)
     assert done["status"] == "COMPLETED" and done["state"]["waited"] is True
     assert _cli(project, "verify", run_id).returncode == 0
+
+
+BOTH = """
+workflow: both
+input: [n]
+nodes:
+  slow: slownodes:wait
+  gate: {approval: {show: [n]}}
+edges:
+  - {from: START, to: slow}
+  - {from: START, to: gate}
+  - {from: slow, to: END}
+  - {from: gate, to: END}
+"""
+
+
+def test_a_gate_answered_while_another_branch_still_runs(project: Path) -> None:
+    """The run waits at a gate (input_required) while its other branch still executes
+    in ``interlock mcp``: the answer is taken in by that execution, and the run
+    completes once the branch is done -- executed once, not twice."""
+    (project / "flows" / "both.yaml").write_text(BOTH)
+    (project / "slownodes.py").write_text(HELD_NODES)
+    (project / "hold").write_text("")
+
+    async def go() -> list[DetailedTask]:
+        async with Client(stdio_params(project), mode="auto", extensions=[Tasks()]) as c:
+            handle = await c.session.call_tool("both", {"n": 1}, allow_claimed=True)
+            assert isinstance(handle, TaskHandle)
+            asking = (await poll(c.session, handle.task_id, ("input_required",)))[-1]
+            with anyio.fail_after(60):
+                while not (project / "started").exists():
+                    await anyio.sleep(0.05)
+            key, request = next(iter((asking.input_requests or {}).items()))
+            await c.session.send_request(UpdateTask(params=UpdateParams(
+                task_id=handle.task_id, input_responses={key: await approve(request)})),
+                types.Result)
+            (project / "hold").unlink()
+            return await poll(c.session, handle.task_id)
+
+    seen = anyio.run(go)
+    assert seen[-1].status == "completed", seen[-1]
+    run = (seen[-1].result or {})["structuredContent"]
+    assert run["status"] == "COMPLETED" and run["state"]["waited"] is True
+    assert run["state"]["gate"]["decision"] == "approved"
+    traced = json.loads(_cli(project, "trace", run["run_id"], "--json").stdout)
+    assert len([r for r in traced if r["type"] == "node.completed"
+                and r.get("node") == "slow"]) == 1
