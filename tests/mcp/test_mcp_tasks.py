@@ -423,3 +423,34 @@ def test_a_gate_answered_while_another_branch_still_runs(project: Path) -> None:
     traced = json.loads(_cli(project, "trace", run["run_id"], "--json").stdout)
     assert len([r for r in traced if r["type"] == "node.completed"
                 and r.get("node") == "slow"]) == 1
+
+
+def test_tasks_cancel_at_mcp_stops_a_run_in_the_servers_pool(project: Path) -> None:
+    (project / "flows" / "slow.yaml").write_text(SLOW)
+    (project / "slownodes.py").write_text(SLOW_NODES)
+    served = Served(project, "--auth", "auth.yaml")
+    try:
+        async def go() -> tuple[str, list[DetailedTask]]:
+            async with client(served, "olga", extensions=[Tasks()]) as c:
+                handle = await c.session.call_tool("slow", {"n": 1}, allow_claimed=True)
+                assert isinstance(handle, TaskHandle)
+                with anyio.fail_after(60):
+                    while not (project / "started").exists():
+                        await anyio.sleep(0.05)
+                assert (await get(c.session, handle.task_id)).status == "working"
+            async with client(served, "vic", extensions=[Tasks()]) as c:
+                with pytest.raises(MCPError) as refused:
+                    await c.session.send_request(
+                        CancelTask(params=TaskRef(task_id=handle.task_id)), types.Result)
+            async with client(served, "olga", extensions=[Tasks()]) as c:
+                await c.session.send_request(
+                    CancelTask(params=TaskRef(task_id=handle.task_id)), types.Result)
+                return str(refused.value), await poll(c.session, handle.task_id)
+
+        refused, seen = anyio.run(go)
+        assert "vic (roles: viewer) may not cancel runs" in refused
+        assert seen[-1].status == "cancelled"
+        with served.client(TOKENS["ada"][0]) as http:
+            assert http.get(f"/api/runs/{seen[-1].task_id}").json()["status"] == "CANCELLED"
+    finally:
+        served.stop()
