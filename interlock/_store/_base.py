@@ -281,7 +281,7 @@ class Store(ABC):
         id; None when there is none. Runnable: its status is one of `RUNNABLE` -- or it
         waits for a human at a gate whose deadline has passed (the engine decides it) --
         and nobody holds it (never claimed, released, or its lease ran out); of
-        ``workflows`` only, when given; never a child run (SPEC §7: its parent's
+        ``workflows`` only, when given; never a child run (its parent's
         execution continues it), nor one of ``exclude`` (runs a worker cannot execute).
 
         Of any number of processes calling this at once, each run goes to one. This
@@ -404,7 +404,7 @@ class Store(ABC):
                               exclude: str | None = None) -> list[Found]:
         """The messages of the conversations of ``workflow`` (their ``chat.message`` and
         ``chat.reply`` records) that best match ``query``'s words, best first, leaving
-        out run ``exclude`` (SPEC §11, ``recall``). This default scans the records;
+        out run ``exclude`` (``recall``). This default scans the records;
         SQLite searches an FTS5 index, PostgreSQL its full-text search."""
         from ._search import scan
 

@@ -85,7 +85,7 @@ Gates = list[dict[str, Any]]  # (``Approvals.list`` shadows the name in its clas
 @dataclass
 class _Kept:
     seq: int  # the run's last_seq when its approval was computed
-    approvals: Gates  # one per gate it waits at (SPEC §3: several at once)
+    approvals: Gates  # one per gate it waits at (several at once)
 
 
 @dataclass
