@@ -160,7 +160,9 @@ export async function conversationPage(ctx, runId, kit) {
         const li = assistant();
         li.classList.remove("streaming");
         li.dataset.seq = String(rec.seq);
-        li.querySelector(".text").replaceChildren(String(rec.reply ?? ""));
+        // a turn that failed on a limit of its own: its error is its reply
+        li.querySelector(".text").replaceChildren(rec.turn_error
+          ? `the turn failed: ${rec.turn_error}` : String(rec.reply ?? ""));
         growing = null;
         tools = null;
         break;
