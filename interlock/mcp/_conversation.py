@@ -150,11 +150,6 @@ def turn_answer(run: dict[str, Any], chat_node: str) -> tuple[dict[str, object],
                      "waits for the next message"), True
     if run.get("error"):
         out["error"] = run["error"]
-    failed = ((run.get("waiting") or {}).get("show") or {}).get("turn_error")
-    if failed:  # the turn failed on a limit of its own; the conversation goes on
-        out["error"] = {"message": failed, "turn": True}
-        return out, (f"the turn failed: {failed} (conversation {run['run_id']} waits for "
-                     "the next message)")
     if reply is not None:
         return out, reply, False
     error = run.get("error") or {}
