@@ -27,6 +27,12 @@ from ._load import (
     run_key,
 )
 
+# a run that completed, was rejected or was cancelled is over (a FAILED one may be
+# resumed): what may follow its final record -- a server's notes that it told a chat,
+# and a fork's first record (a fork's log is a copy of the run it was forked from)
+_OVER = frozenset({"COMPLETED", "REJECTED", "CANCELLED"})
+_AFTER_END = L.AFTER_END | {L.RUN_FORKED}
+
 
 class ChildLinks:
     """Which ``child.started`` records of a run are links to its child runs, as every
@@ -165,6 +171,10 @@ class LogCheck:
         self._check_snapshot(entries)
         assert self.view is not None
         for entry in entries:
+            if self.view.status in _OVER and entry.type not in _AFTER_END:
+                return self._fail(entry.seq, f"the {entry.type} record comes after the run "
+                                             f"ended ({self.view.status}): only notify.sent "
+                                             "may follow a run's final record")
             try:
                 rec = entry.record()
                 why = forged(self.view.plan.spec.nodes, self.path, rec) \
