@@ -14,13 +14,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import test_google_chat
 import test_slack
+from test_google_chat import AUDIENCE, FakeGoogle, event, send, token
 from test_server import Served, wait_status
 from test_slack import FakeSlack, click, start
 
 import interlock
 
 project, slack = test_slack.project, test_slack.slack  # (its fixtures, used here too)
+google = test_google_chat.google
 
 UNAVAILABLE = (503, {}, {"ok": False, "error": "service_unavailable"})
 LIMITED = (429, {"Retry-After": "1"}, {"ok": False, "error": "ratelimited"})
@@ -176,3 +179,27 @@ def test_a_server_killed_with_an_update_owed_delivers_it_once_after_a_restart(
     finally:
         third.stop()
     assert len(slack.of("chat.update")) == 2
+
+
+def test_a_google_chat_card_update_that_fails_twice_is_retried_after_the_run_ended(
+        project: Path, google: FakeGoogle) -> None:
+    google.failures += [("PATCH", 500, {}), ("PATCH", 429, {"Retry-After": "1"})]
+    server = Served(project, "--auth", "chat-auth.yaml", "--google-chat-space", "spaces/AAA",
+                    "--google-chat-audience", AUDIENCE, "--google-chat-keys",
+                    "chat-keys.json", "--chat-backoff", "0.1")
+    try:
+        with server.client("tok-alice") as c, server.client() as anonymous:
+            start(c, "g1")
+            [(_, card, _)] = google.wait("POST")
+            deliveries(c, "g1", "post", 1)
+            assert send(anonymous, event(card, "users/111"), token()).status_code == 200
+            wait_status(c, "g1", "COMPLETED")
+            updates = deliveries(c, "g1", "update", 3)
+    finally:
+        server.stop()
+    assert [(u["attempt"], u["status"]) for u in updates] == [(1, 500), (2, 429), (3, 200)]
+    assert updates[1]["retry_after"] == 1 and "retry_at" not in updates[2]
+    assert all(u["where"]["name"].startswith("spaces/AAA/messages/") for u in updates)
+    assert len(google.of("PATCH")) == 3
+    assert "Approved by alice (via google-chat)" in str(google.of("PATCH")[-1][1])
+    assert verified(project, "g1").ok
