@@ -401,7 +401,7 @@ async function runPage(ctx, runId) {
   const svg = renderGraph(graph, (what) => { selected = what; inspect(); });
   const nodeEl = (name) => svg.querySelector(`[data-node="${CSS.escape(name)}"]`);
   const edgeEl = (i) => svg.querySelector(`[data-edge="${i}"]`);
-  // a migrated run (SPEC §14): the graph is the definition it is on now; the edge records
+  // a migrated run: the graph is the definition it is on now; the edge records
   // before the last run.migrated number the edges of the one it was on before
   const beforeMigration = (rec) => Boolean(graph.migrated) && rec.seq < graph.migrated.seq;
   const migratedNotice = graph.migrated ? h("p", { id: "migrated", class: "card notice" },
@@ -471,7 +471,7 @@ async function runPage(ctx, runId) {
     showError(r.error);
     if (stateShown === null) statePre.textContent = json(r.state);
     status.replaceChildren(badge(r.status));
-    // SPEC §14: nodes still to run whose code changed since the run started (or migrated)
+    // nodes still to run whose code changed since the run started (or migrated)
     codeNotice.replaceChildren(...(r.code_changed?.length ? [h("p", { class: "card notice" },
       "The code of ", r.code_changed.map((n) => h("code", {}, n)).flatMap((c, i) => (i ? [", ", c] : [c])),
       " changed since this run started: it will continue on the code deployed now (recorded as run.code_changed), or be refused where --strict-code is on. ",
