@@ -1,4 +1,4 @@
-"""The chats' deliveries as an outbox kept in the run's own log (SPEC §13).
+"""The chats' deliveries as an outbox kept in the run's own log.
 
 A delivery is one message action for one gate in one chat: the gate's ``post``, or the
 ``update`` once it is decided. What is owed is worked out from the log, not from memory:
