@@ -167,6 +167,9 @@ class ViewData:
     # reading); a view never migrated has neither
     migration: dict[str, Any] | None = None
     plans: Callable[[JSONObject], Plan] | None = None
+    # the seq the log's latest snapshot covers, as the load found it (not in a snapshot:
+    # the journal that continues the run takes its next one `_snapshot.EVERY` after it)
+    snapshot_at: int = 0
 
     def __post_init__(self) -> None:
         # every node is present in ``visits`` so that ``run.visits.x`` is 0, not missing
