@@ -117,6 +117,27 @@ def test_a_refusal_for_good_is_not_retried_and_says_so(
     assert len(slack.of("chat.update")) == 1
 
 
+def test_a_post_still_failing_when_its_gate_is_decided_is_not_tried_again(
+        served: Served, slack: FakeSlack) -> None:
+    slack.failures.append(("chat.postMessage", 503, {"Retry-After": "2"},
+                           {"ok": False, "error": "service_unavailable"}))
+    with served.client("tok-alice") as c:
+        start(c, "d7")
+        [failed] = deliveries(c, "d7", "post", 1)
+        assert c.post("/api/runs/d7/decisions", json={"decision": "approve"}).status_code == 200
+        wait_status(c, "d7", "COMPLETED")
+        deadline = time.monotonic() + 60  # the retry's turn comes, and it finds none owed
+        while not any("gate gate: no longer owed; no attempt 2" in line
+                      for line in served.lines):
+            assert time.monotonic() < deadline, "".join(served.lines)
+            time.sleep(0.05)
+        assert len(deliveries(c, "d7", "post", 1)) == 1
+        assert not [r for r in c.get("/api/runs/d7/records").json()
+                    if r["type"] == "notify.sent" and r["action"] == "update"]
+    assert failed["status"] == 503 and "retry_at" in failed
+    assert len(slack.of("chat.postMessage")) == 1 and not slack.of("chat.update")
+
+
 def test_at_most_chat_attempts_attempts_are_made(project: Path, slack: FakeSlack) -> None:
     slack.failures += [("chat.postMessage", *UNAVAILABLE)] * 5
     server = serve(project, "--chat-attempts", "3")
@@ -136,8 +157,8 @@ def test_at_most_chat_attempts_attempts_are_made(project: Path, slack: FakeSlack
 
 def test_a_server_killed_with_an_update_owed_delivers_it_once_after_a_restart(
         project: Path, slack: FakeSlack) -> None:
-    # the update fails, and Slack asks for 3 s: the server is killed meanwhile
-    slack.failures.append(("chat.update", 503, {"Retry-After": "3"},
+    # the update fails, and Slack asks for 8 s: the server is killed meanwhile
+    slack.failures.append(("chat.update", 503, {"Retry-After": "8"},
                            {"ok": False, "error": "service_unavailable"}))
     first = serve(project)
     try:
@@ -151,7 +172,7 @@ def test_a_server_killed_with_an_update_owed_delivers_it_once_after_a_restart(
             wait_status(c, "d5", "COMPLETED")
             [failed] = deliveries(c, "d5", "update", 1)
             [(_, status, answered)] = [a for a in slack.answers if a[0].endswith("chat.update")]
-            assert status == 503 and failed["retry_at"] >= answered + 3
+            assert status == 503 and failed["retry_at"] >= answered + 8
         first.proc.send_signal(signal.SIGKILL)
     finally:
         first.stop()
