@@ -290,3 +290,38 @@ def test_only_notify_sent_may_follow_a_run_s_final_record(tmp_path: Path, rtype:
             await st.close()
 
     asyncio.run(main())
+
+
+def test_an_export_holds_the_records_its_header_counts(tmp_path: Path) -> None:
+    """A notify.sent appended after an ended run's final record while its export is read
+    (after the header, before the records) is left for the next export: the export
+    verifies, as it did when nothing could follow the end."""
+    url = _store(tmp_path)
+    done = Workflow("w").node("a", lambda s: {"a": 1}).edge(START, "a").run_sync(
+        store=url, run_id="done")
+    note = {"via": "slack", "action": "update", "request": 1, "attempt": 1, "status": 200}
+
+    async def main() -> None:
+        st = open_store(url)
+        iter_entries = st.iter_entries
+
+        def late(run_id: str, **kw: Any) -> Any:
+            async def pages() -> Any:
+                st.iter_entries = iter_entries  # type: ignore[method-assign]
+                await append_note(run_id, "notify.sent", note, store=st)  # lands now
+                async for page in iter_entries(run_id, **kw):
+                    yield page
+            return pages()
+
+        st.iter_entries = late  # type: ignore[method-assign]
+        try:
+            lines = await _collect(export_run("done", store=st))
+            assert verify_export(lines).ok
+            assert len(lines) == 1 + len(await st.entries("done")) - 1  # (not the note)
+            again = await _collect(export_run("done", store=st))
+            assert verify_export(again).ok and len(again) == len(lines) + 1
+        finally:
+            await st.close()
+
+    assert done.status == "COMPLETED"
+    asyncio.run(main())
