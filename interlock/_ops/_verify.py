@@ -192,6 +192,21 @@ class LogCheck:
         self.last = entries[-1]
         return None
 
+    async def settle(self, st: Store, rounds: int = 3) -> None:
+        """When the log read ends past the summary read before it (records appended
+        while it was read: a running run's, a ``notify.sent`` after an ended run's final
+        record), read the summary again and the records appended since, a few rounds at
+        most: a log that outgrows its summary for good is still reported."""
+        for _ in range(rounds):
+            if self.problem is not None or self.last is None or \
+                    self.last.seq <= self.row.summary.last_seq:
+                return
+            fresh = await st.get_run(self.row.run_id)
+            self.row = dataclasses.replace(self.row, summary=fresh.summary)
+            async for entries in st.iter_entries(self.row.run_id, after=self.last.seq,
+                                                 page=TRACE_PAGE):
+                self.feed(entries)
+
     def _first(self, entry: L.Entry) -> bool:
         row = self.row
         if entry.type != L.RUN_STARTED:
@@ -288,6 +303,7 @@ async def _verify(st: Store, run_id: str, above: tuple[str, ...]) -> Verificatio
             # (LogCheck refused a child.started the engine did not write)
             children += [str(e.record().get("run_id")) for e in entries
                          if e.type == L.CHILD_STARTED]
+    await check.settle(st)  # (a child.started is never appended after the summary's end)
     result = check.result()
     parent = above[-1] if above else None
     if parent is not None and result.ok and \

@@ -325,3 +325,34 @@ def test_an_export_holds_the_records_its_header_counts(tmp_path: Path) -> None:
 
     assert done.status == "COMPLETED"
     asyncio.run(main())
+
+
+def test_verify_reads_a_note_appended_after_the_end_while_it_reads(tmp_path: Path) -> None:
+    """The summary is read before the records: a notify.sent appended in between (after
+    an ended run's final record) is not a log that outgrew its summary."""
+    url = _store(tmp_path)
+    Workflow("w").node("a", lambda s: {"a": 1}).edge(START, "a").run_sync(
+        store=url, run_id="done")
+    note = {"via": "slack", "action": "update", "request": 1, "attempt": 1, "status": 200}
+
+    async def main() -> None:
+        st = open_store(url)
+        iter_entries = st.iter_entries
+
+        def late(run_id: str, **kw: Any) -> Any:
+            async def pages() -> Any:
+                st.iter_entries = iter_entries  # type: ignore[method-assign]
+                await append_note(run_id, "notify.sent", note, store=st)  # lands now
+                async for page in iter_entries(run_id, **kw):
+                    yield page
+            return pages()
+
+        st.iter_entries = late  # type: ignore[method-assign]
+        try:
+            result = await interlock.verify("done", store=st)
+            assert result.ok, result
+            assert result.records == len(await st.entries("done"))  # the note too
+        finally:
+            await st.close()
+
+    asyncio.run(main())
