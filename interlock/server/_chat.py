@@ -11,7 +11,8 @@ compares a run's gates with those records and works off what is owed (`_deliveri
 retried with backoff, resumed by the next server after a restart); it runs when this
 server sees a gate requested or decided, and `watch` runs it for the runs changed
 elsewhere (the CLI's decisions, runs executed by another process) and, on start, for
-those changed in the last hour (the deliveries a stopped server left owed).
+every waiting run and those changed in the last hour (the deliveries a stopped server
+left owed).
 
 A click is decided by the mapped approver (``slack: U…`` / ``google_chat: users/…`` on an
 ``--auth`` entry) through `Server.decide_gate` with ``via`` the chat's name; a click on a
@@ -111,13 +112,19 @@ class ChatApprovals:
             log.warning("run %s: chat messages not brought up to date: %s", run_id, exc)
 
     async def watch(self, every: float) -> None:
-        """Every ``every`` seconds, `sync` the runs changed since the previous pass (the
-        first pass: those changed in the last hour) whose log grew since `sync` read it."""
+        """Every ``every`` seconds, `sync` the runs changed since the previous pass whose
+        log grew since `sync` read it. The first pass: every waiting run, however long it
+        has waited (a gate requested while no server was up), and the runs changed in
+        the last hour (the updates a stopped server left owed)."""
         while self.chats:
             try:
                 began = time.time()
-                since = self._since if self._since is not None else began - 3600
-                for row in await self.store.list_page(limit=10_000, updated_after=since):
+                rows = await self.store.list_page(limit=10_000, updated_after=(
+                    self._since if self._since is not None else began - 3600))
+                if self._since is None:
+                    rows += await self.store.list_page(status="WAITING_APPROVAL",
+                                                       limit=10_000)
+                for row in rows:
                     if self._synced.get(row.run_id) != row.summary.last_seq:
                         await self.sync(row.run_id)
                 self._since = began - CLOCK_SKEW

@@ -7,7 +7,11 @@ it once. Against a real ``interlock serve`` and test_slack's fake Slack Web API.
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
+import sqlite3
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +21,7 @@ import pytest
 import test_google_chat
 import test_slack
 from test_google_chat import AUDIENCE, FakeGoogle, event, send, token
-from test_server import Served, wait_status
+from test_server import Served, pythonpath, wait_status
 from test_slack import FakeSlack, click, start
 
 import interlock
@@ -224,3 +228,24 @@ def test_a_google_chat_card_update_that_fails_twice_is_retried_after_the_run_end
     assert len(google.of("PATCH")) == 3
     assert "Approved by alice (via google-chat)" in str(google.of("PATCH")[-1][1])
     assert verified(project, "g1").ok
+
+
+def test_a_gate_that_waited_hours_while_no_server_was_up_is_posted_on_start(
+        project: Path, slack: FakeSlack) -> None:
+    """A run executed by the CLI while no server ran, its row unchanged for two hours:
+    the first look of a starting server reads every waiting run, however old."""
+    done = subprocess.run(
+        [sys.executable, "-m", "interlock", "run", "flows/gated.yaml", "--input", '{"n": 3}',
+         "--run-id", "old-1", "--store", f"sqlite:///{project / 'runs.db'}"],
+        cwd=project, capture_output=True, text=True, timeout=60,
+        env={**os.environ, "PYTHONPATH": pythonpath(project)})
+    assert done.returncode == 3, done.stderr  # waiting for a decision
+    with sqlite3.connect(project / "runs.db") as db:  # as if requested two hours ago
+        db.execute("UPDATE runs SET updated_at = updated_at - 7200 WHERE run_id = 'old-1'")
+    server = serve(project)
+    try:
+        with server.client("tok-alice") as c:
+            [post] = deliveries(c, "old-1", "post", 1)
+    finally:
+        server.stop()
+    assert post["status"] == 200 and "old-1" in str(slack.of("chat.postMessage")[0]["blocks"])
