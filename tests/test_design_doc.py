@@ -324,6 +324,10 @@ CLAIMS: dict[str, Evidence] = {
     "the CLI's exit 2, the server's 409": ByTest(
         "tests/ops/test_versions.py::"
         "test_a_server_with_strict_code_refuses_a_decision_after_the_code_changed"),
+    # chat deliveries (issue 30)
+    "(no answer, 429, 5xx, Slack's transient errors)": ByTest(
+        "tests/server/test_chat_deliveries.py::"
+        "test_a_post_that_fails_twice_is_retried_and_each_attempt_is_on_record"),
     # known limits
     "1000-branch fan-out take ~6 s (a million pairs); it now takes ~0.2 s": Unkept(
         "timed when the pairs were made lazy; the property test "

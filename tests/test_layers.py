@@ -82,7 +82,8 @@ LAYERS: dict[int, set[str]] = {
         "server._routes_workflows", "server._routes_meta", "server._layout", "cli._chat",
         "cli._chat_live", "cli._chat_remote",
         "server._routes_messages", "server._mcp",
-        "server._chat", "server._slack", "server._google_chat", "server._routes_chat"},
+        "server._chat", "server._slack", "server._google_chat", "server._routes_chat",
+        "server._deliveries"},
 }
 LAYER_OF = {m: n for n, mods in LAYERS.items() for m in mods}
 

@@ -543,12 +543,13 @@ async def append_note(run_id: str, rtype: str, fields: Mapping[str, object], *,
     """Append one record that changes nothing in the run (a tool's note, such as a
     server's ``notify.sent``) to its log, under the run's claim: claimed, read, chained,
     committed, released. `ClaimError` while another owner executes the run;
-    `UsageError` once it has ended (a note never follows its final record)."""
+    `UsageError` once it has ended, unless ``rtype`` is one that may follow a run's
+    final record (``notify.sent``, `_log.AFTER_END`)."""
     owner = make_owner()
     generation = await store.claim(run_id, owner, LEASE_SECONDS)
     try:
         loaded = await load_run(store, run_id)
-        if loaded.view.status in TERMINAL_STATUSES:
+        if loaded.view.status in TERMINAL_STATUSES and rtype not in L.AFTER_END:
             raise UsageError(f"run {run_id!r} has ended ({loaded.view.status}): no "
                              f"{rtype} is appended after its final record")
         journal = Journal(store, run_id, loaded.view, loaded.writer(),
