@@ -214,6 +214,9 @@ CLAIMS: dict[str, Evidence] = {
     "function over 60": Value("test_house", "FUNCTION_LINES", 60),
     "under 30 per 1,000 lines": Value("test_house", "ANY_PER_KLOC", 30),
     "at least 8% of": Value("test_house", "ENGINE_COMMENT_SHARE", 0.08),
+    # the SQLite store's writes on the event loop's thread
+    "the loop yielded after 2 ms of them": Value("interlock._store._sqlite_inline",
+                                                 "YIELD_EVERY", 0.002),
     # the SQLite change detector
     "looked at every 10 ms": Value("interlock._store._sqlite_watch", "EVERY", 0.01),
     "and 2 s after": Value("interlock._store._sqlite_watch", "LINGER", 2.0),

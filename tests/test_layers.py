@@ -33,8 +33,7 @@ LAYERS: dict[int, set[str]] = {
         "_store._sqlite_ops", "_store._postgres_sql", "_store._postgres_conn",
         "_store._postgres_writes", "_store._postgres_claims", "_store._sqlite_file",
         "_store._sqlite_wal", "_store._sqlite_writes", "_store._sqlite_watch",
-        "_store._file_events",
-        "_store._postgres_listen",
+        "_store._file_events", "_store._sqlite_inline", "_store._postgres_listen",
         "_definition._yaml_fast", "_observe._otel"},
     # the file front end, state updates, rendering, the node-kind protocol
     2: {"_definition._spec", "_definition._state", "_definition._render", "_definition._kinds",
