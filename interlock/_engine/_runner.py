@@ -58,7 +58,7 @@ from ._finish import complete, finish
 from ._fold import RunView
 from ._guards import Outcome
 from ._journal import StoreOutage
-from ._mapped import run_items
+from ._mapped import ItemsWaiting, items_to_go_on, run_items
 
 log = logging.getLogger("interlock")
 
@@ -246,9 +246,11 @@ class Runner:
         await self.sink.commit(items)
         for rtype, fields in items:
             key = (str(fields.get("node")), int(fields.get("visit") or 0))
-            if rtype == L.APPROVAL_DECIDED and key in view.running and key not in self._tasks \
-                    and fields.get("decision") != "closed":
+            if rtype != L.APPROVAL_DECIDED or fields.get("decision") == "closed":
+                continue
+            if key in view.running and key not in self._tasks:
                 self._restart(key)  # an approved body, a node that asked, a rejected action
+            self.calls.wake(key)  # a mapped visit's task: its decided item goes on
         return True
 
     def offer(self, offers: dict[str, dict[str, Any]]) -> None:
@@ -277,8 +279,11 @@ class Runner:
                 continue
             if not isinstance(outcome, Outcome):
                 raise outcome  # a visit raised (the store failed, a bug): the run's error
-            self._tasks.pop((outcome.node, outcome.visit), None)
+            key = (outcome.node, outcome.visit)
+            self._tasks.pop(key, None)
             await finish(self.calls, self.decide, outcome)
+            if isinstance(outcome.pause, ItemsWaiting) and items_to_go_on(self.view, *key):
+                self._restart(key)  # an item was decided after its task last looked
             if done.empty():
                 break
             outcome = done.get_nowait()

@@ -39,7 +39,7 @@ from .._observe._otel import RunSpans, run_spans, tracing, with_spans
 from .._plugins._subflow import CHILD_RUNS, ChildOutcome, ChildRequest
 from .._store import Claim, RunRow, Store, Summary
 from ._cancel import CANCEL_POLL_SECONDS, cancel
-from ._children import _unblocked
+from ._children import _slots, _unblocked
 from ._claims import LEASE_SECONDS, make_owner
 from ._code import check_code
 from ._load import RESUMABLE, TERMINAL_STATUSES, Functions, chain_options, definition_hash, load_run
@@ -527,8 +527,8 @@ async def continue_child(store: Store, run_id: str, workflow: Functions | None, 
     first: list[tuple[str, dict[str, object]]] = []
     if view.status == "WAITING_APPROVAL":
         first = await _unblocked(store, run_id, view)
-        moved = {(f["node"], f["visit"]) for _, f in first}
-        if any((g.node, g.visit) not in moved for g in view.pending_gates()):
+        moved = _slots(first)
+        if any(g.slot not in moved for g in view.pending_gates()):
             return result_of(run_id, loaded.row.workflow, view)  # waits for a human
     return await drive(loaded.plan, store, run_id, view, loaded.writer(),
                        first=[(L.RUN_RESUMED, {"by": None}), *first], listener=listener)
