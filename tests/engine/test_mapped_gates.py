@@ -158,7 +158,8 @@ def test_three_confirm_items_decided_out_of_order_from_other_processes(
         assert _pending(out) == [(f"deploy[{i}]", "confirm") for i in range(3)]
         assert [(g["item"], g["show"]["target"], g["show"]["env"])
                 for g in out["waiting"]["pending"]] == [(i, f"t{i}", "prod") for i in range(3)]
-        assert not any(_count(tmp_path, f"deploy:t{i}") for i in range(3))  # asked first
+        # asked first: nothing ran (of this run; the store before ran t1 and t2 once)
+        assert [_count(tmp_path, f"deploy:t{i}") for i in range(3)] == [0, n, n]
 
         two = _interlock(tmp_path, "resume", run_id, "--approve", "--gate", "deploy[2]",
                          "--by", "carol", "--store", store, "--json")
@@ -261,6 +262,7 @@ ROLLOUT_CAUGHT = (ROLLOUT + "  - {from: deploy, to: cleanup, on_error: [UnknownO
 def _kill_while_t0_runs(tmp_path: Path, store: str, run_id: str) -> None:
     """Approve deploy[0] in a process that is SIGKILLed while t0's body runs (deploy[1]
     and deploy[2] waiting meanwhile)."""
+    (tmp_path / "started-t0.marker").unlink(missing_ok=True)
     executor = _spawn(tmp_path, "resume", run_id, "--approve", "--gate", "deploy[0]",
                       "--by", "al", "--store", store, env=_env(tmp_path, HOLD="t0"))
     try:
@@ -268,7 +270,6 @@ def _kill_while_t0_runs(tmp_path: Path, store: str, run_id: str) -> None:
     finally:
         os.kill(executor.pid, signal.SIGKILL)
         executor.communicate()
-    (tmp_path / "started-t0.marker").unlink()
 
 
 def test_a_crash_while_a_decided_item_runs_leaves_its_outcome_to_a_person(
