@@ -482,3 +482,61 @@ def test_a_crash_while_a_decided_child_item_runs_continues_exactly_the_undecided
     child = _records(tmp_path, store, "fcrash.remediate.1.0", "approval.decided")
     assert [r["by"] for r in child] == ["al"]  # decided once, in the child
     assert _interlock(tmp_path, "verify", "fcrash", "--store", store).returncode == 0
+
+
+def test_the_server_lists_each_item_gate_and_decides_each_through_the_api(
+        make_project: Callable[..., CliProject], tmp_path: Path) -> None:
+    """A real server: `/api/approvals` has a row per item gate -- a confirm item's
+    ``deploy[i]`` and a child run's ``remediate[i]/approval`` -- and the API's ``node``
+    decides each (``via`` recorded); an item gate decided twice is 409."""
+    from test_server import Served
+
+    p = make_project(NODES)
+    flows = tmp_path / "flows"
+    flows.mkdir()
+    (flows / "rollout.yaml").write_text((tmp_path / p.workflow(ROLLOUT)).read_text())
+    (flows / "gated.yaml").write_text((tmp_path / p.workflow(GATED_CHILD, "g.yaml")).read_text())
+    (flows / "fleet.yaml").write_text((tmp_path / p.workflow(FLEET, "f.yaml")).read_text())
+    served = Served(tmp_path, store=p.store)
+    try:
+        with served.client() as http:
+            for wf, run_id in (("rollout", "api-roll"), ("fleet", "api-fleet")):
+                made = http.post(f"/api/workflows/{wf}/runs", json={"run_id": run_id})
+                assert made.status_code == 201, made.text
+                _wait_for(lambda r=run_id: http.get(f"/api/runs/{r}").json()["status"]
+                          == "WAITING_APPROVAL", f"{run_id} to wait")
+
+            def rows(run_id: str) -> list[str]:
+                return sorted(r["node"] for r in http.get("/api/approvals").json()
+                              if r["run_id"] == run_id)
+
+            assert rows("api-roll") == [f"deploy[{i}]" for i in range(3)]
+            assert rows("api-fleet") == [f"remediate[{i}]/approval" for i in range(3)]
+            for run_id, gate in (("api-roll", "deploy[1]"), ("api-fleet", "remediate[1]/approval")):
+                decided = http.post(f"/api/runs/{run_id}/decisions", json={
+                    "decision": "approve", "node": gate, "by": "bob", "via": "dashboard"})
+                assert decided.status_code == 200, decided.text
+                _wait_for(lambda r=run_id, g=gate: g not in rows(r), f"{gate} decided")
+                again = http.post(f"/api/runs/{run_id}/decisions", json={
+                    "decision": "reject", "node": gate, "by": "bob"})
+                assert again.status_code == 409, again.text
+            _wait_for(lambda: _count(tmp_path, "deploy:t1") == 1, "t1 to run")
+            _wait_for(lambda: _count(tmp_path, "check:t1") == 1, "t1's child to go on")
+            assert rows("api-roll") == ["deploy[0]", "deploy[2]"]
+            assert rows("api-fleet") == ["remediate[0]/approval", "remediate[2]/approval"]
+            for run_id, gates in (("api-roll", ["deploy[0]", "deploy[2]"]),
+                                  ("api-fleet", ["remediate[2]/approval",
+                                                 "remediate[0]/approval"])):
+                for gate in gates:
+                    http.post(f"/api/runs/{run_id}/decisions", json={
+                        "decision": "approve", "node": gate, "by": "al"}).raise_for_status()
+                    _wait_for(lambda r=run_id, g=gate: g not in rows(r), f"{gate} decided")
+                _wait_for(lambda r=run_id: http.get(f"/api/runs/{r}").json()["status"]
+                          == "COMPLETED", f"{run_id} to complete")
+    finally:
+        served.stop()
+    assert [_count(tmp_path, f"deploy:t{i}") for i in range(3)] == [1, 1, 1]
+    assert [_count(tmp_path, f"check:t{i}") for i in range(3)] == [1, 1, 1]
+    decided = _records(tmp_path, p.store, "api-roll", "approval.decided")
+    assert [(r["item"], r["by"], r.get("via")) for r in decided] == [
+        (1, "bob", "dashboard"), (0, "al", "api"), (2, "al", "api")]
