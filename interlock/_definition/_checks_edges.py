@@ -135,8 +135,8 @@ def _check_mapped_gate(checker: CheckContext, e: EdgeSpec, i: int, what: str, ta
                     "from one item has no single answer): drop on_modify, or map a "
                     "sub-workflow whose child holds the approval with on_modify",
                     ("edges", i, "to"), "map")
-    guarded = [name for t in (ns.agent or {}).get("tools") or ()
-               if isinstance(t, dict) and t.get("confirm") for name in _guarded(t)]
+    guarded = [_guarded_label(t) for t in (ns.agent or {}).get("tools") or ()
+               if isinstance(t, dict) and t.get("confirm")]
     if guarded:
         checker.add("error", f"{what}: agent {target!r} has tools a human confirms "
                     f"({', '.join(map(str, guarded))}); an agent's items cannot wait for a "
@@ -147,17 +147,8 @@ def _check_mapped_gate(checker: CheckContext, e: EdgeSpec, i: int, what: str, ta
                     ("edges", i, "to"), "map")
 
 
-def _guarded(tool: dict[str, object]) -> list[str]:
-    """The names of an agent's tool entry that a human confirms: a call's, or an MCP
-    server's ``confirm: [names]`` (each shown with its server, ``mcp:NAME``)."""
-    confirm = tool.get("confirm")
-    if isinstance(confirm, list):
-        return [f"mcp:{n}" for n in confirm]
-    return [str(tool.get("call") or tool.get("workflow") or "a tool")]
-
-
 def check_maps(checker: CheckContext) -> None:
-    """Map edges (SPEC §7): what the mapped node may be, ``as`` and ``collect``."""
+    """Map edges: what the mapped node may be, ``as`` and ``collect``."""
     spec = checker.spec
     into: Counter[str] = Counter(t for e in spec.edges for t in e.targets)
     reducers: dict[str, str] = {k: v.reducer for k, v in spec.state.items()}
@@ -287,3 +278,12 @@ def _misspelled_exception(name: str) -> str:
 
     close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.85)
     return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _guarded_label(tool: dict[str, object]) -> str:
+    """How an error names a tool entry a human confirms: its ``call``, its ``name``, or
+    for an MCP server's entry the tools it lists under ``confirm``."""
+    confirm = tool.get("confirm")
+    if "mcp" in tool and isinstance(confirm, list):
+        return "MCP tools " + ", ".join(map(str, confirm))
+    return str(tool.get("call") or tool.get("name") or tool.get("workflow") or "a tool")

@@ -1,4 +1,4 @@
-"""A mapped node's visit (SPEC §7, map): its items, each an attempt through the node's
+"""A mapped node's visit (``map:``): its items, each an attempt through the node's
 guard stack, at most ``max_concurrency`` at a time.
 
 The map edge's decision recorded the list (``edge.taken`` with the items as its
@@ -13,7 +13,7 @@ decided once. A resume runs only the items that had not completed. One item fail
 recorded as such, the gates of items still waiting are closed, and the visit's outcome
 is that item's error.
 
-Items that wait for people (SPEC §3: each on its own, gate ``NODE[i]``; what a decision
+Items that wait for people (each on its own, gate ``NODE[i]``; what a decision
 on one becomes: `_item_gates`):
 
 - a mapped approval: every item asks at once (`_ask_items`); a decision completes it;
@@ -52,8 +52,8 @@ from ._view import gate_key
 
 
 class ItemsWaiting(PauseRequested):
-    """The outcome's ``pause`` of a mapped gate's visit whose items wait for people (SPEC
-    §3: each item waits on its own): the visit stays running; each item's decision
+    """The outcome's ``pause`` of a mapped gate's visit whose items wait for people
+    (each item waits on its own): the visit stays running; each item's decision
     completes it, and the visit completes when every item has (`run_items` again)."""
 
     def __init__(self) -> None:

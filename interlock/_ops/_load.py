@@ -186,7 +186,7 @@ async def load_run(store: Store, run_id: str, *, workflow: Functions | None = No
             break
         view.apply(entry.record())
     last = (entries[-1].seq, entries[-1].hash) if entries else (start, start_hash)
-    if view.plan is not plan:  # migrated (SPEC §14): the run goes on under its new definition
+    if view.plan is not plan:  # migrated: the run goes on under its new definition
         plan, spec = view.plan, view.plan.spec
     for note in notes:
         log.warning("run %s: %s", run_id, note)

@@ -1,7 +1,7 @@
-"""Destructive actions are never repeated silently (SPEC §3): on resume, a ``confirm:
-true`` node (or a mapped one's item) that was approved and had started, but whose
-outcome is not in the log, stops the run at an ``unknown_outcome`` gate instead of
-running again."""
+"""Destructive actions are never repeated silently: on resume, a ``confirm: true``
+node (or a mapped one's item) that was approved and had started, but whose outcome is
+not in the log, stops the run at an ``unknown_outcome`` gate instead of running
+again."""
 
 from __future__ import annotations
 

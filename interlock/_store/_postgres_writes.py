@@ -249,7 +249,8 @@ class PostgresWrites(PostgresConnections):
         by_item: dict[int, Exception | None] = {}
         for item, (_, created, _) in zip(creates, made, strict=True):
             by_item[id(item)] = None if created else RunExists(item[0])
-        for item, (_, exists, last, updated, _, gen, owner) in zip(appends, done, strict=True):
+        for item, (_, exists, last, updated, _, gen, owner, _) in zip(appends, done,
+                                                                 strict=True):
             run_id, entries, claim = item[2][0], item[2][1], item[2][4]
             outcome: Exception | None = None
             if not updated:
@@ -294,7 +295,7 @@ class PostgresWrites(PostgresConnections):
                 ) from None
             found = await cur.fetchone()
             assert found is not None
-            exists, last, _inserted, updated, gen, owner = found
+            exists, last, _inserted, updated, gen, owner, _notified = found
             if not exists:
                 raise RunNotFound(run_id)
             if not updated and claim is not None and gen != claim.generation:

@@ -1,4 +1,4 @@
-"""A conversation's agent (SPEC §11): the node a ``chat:`` file names.
+"""A conversation's agent: the node a ``chat:`` file names.
 
 One visit of the node is the whole conversation. Its body, each time it runs::
 

@@ -80,7 +80,7 @@ class ChatRequest:
     on_delta: Callable[[str], None] | None = None
 
 
-#: where a model's reply goes as it streams (SPEC §11): ``sink({"run_id", "node", "turn",
+#: where a model's reply goes as it streams: ``sink({"run_id", "node", "turn",
 #: "text"})``, set by whoever shows it live (``interlock chat``, a server's event stream)
 #: in the context that executes the run; None: nothing streams
 TOKEN_SINK: ContextVar[Callable[[dict[str, Any]], None] | None] = ContextVar(
@@ -207,7 +207,7 @@ class OpenAIProvider:
                 try:
                     resp = await client.chat.completions.create(**kwargs)
                 except openai.BadRequestError as exc:
-                    # SPEC §6: request response_format "where the server supports it". A
+                    # request response_format "where the server supports it". A
                     # server that refuses it gets the call again without it; the schema is
                     # in the system prompt too, and the reply is validated either way.
                     if "response_format" not in kwargs or not _about_format(exc):

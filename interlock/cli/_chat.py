@@ -1,4 +1,4 @@
-"""Conversations from the command line (SPEC §11): ``interlock send`` and ``interlock chat``.
+"""Conversations from the command line: ``interlock send`` and ``interlock chat``.
 
 ``send RUN_ID TEXT`` sends one message and returns when the turn stops, printing the
 reply (``--json``: the run object); it exits 3 when the conversation waits (for its next

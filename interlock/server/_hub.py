@@ -3,8 +3,8 @@
 `NotifyingStore` wraps the server's store and tells the `Hub` after every commit of a
 run's records (the server's own executions), so a stream wakes at once; records that
 other processes commit to the same store are found by `interlock.server._reads.Polls`
-(woken by the store's change detector, `Store.wait_changed`, with `ServerOptions.poll`
-as the slow poll behind it).
+(woken by the store's change detector, `Store.wait_changed`: SQLite's ``data_version``,
+PostgreSQL's ``LISTEN``; with `ServerOptions.poll` as the slow poll behind it).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ class Hub:
         self._events: weakref.WeakValueDictionary[str, asyncio.Event] = \
             weakref.WeakValueDictionary()
         self.stopping = asyncio.Event()  # the server is shutting down: streams end
-        # a conversation's reply as it streams (SPEC §11): pieces not in the log, handed
+        # a conversation's reply as it streams: pieces not in the log, handed
         # to each event stream of the run that is open when they arrive
         self._tokens: dict[str, list[list[dict[str, object]]]] = {}
 
@@ -100,8 +100,9 @@ class NotifyingStore(Store):
             await self.inner.append(run_id, entries, summary, release, claim=claim)
         self.hub.changed(run_id)
 
-    async def wait_changed(self, timeout: float, seen: int | None = None) -> int:
-        return await self.inner.wait_changed(timeout, seen)
+    async def wait_changed(self, timeout: float, seen: int | None = None,
+                           run_id: str | None = None) -> int:
+        return await self.inner.wait_changed(timeout, seen, run_id)
 
     async def wait_runnable(self, timeout: float) -> None:
         await self.inner.wait_runnable(timeout)

@@ -1,4 +1,4 @@
-"""A message to a conversation (SPEC §11): ``POST /api/runs/{id}/messages {"text"}``.
+"""A message to a conversation: ``POST /api/runs/{id}/messages {"text"}``.
 
 202 once the message is recorded; the turn runs in the server's pool and its records
 (the reply, tool calls, child runs, a gate it reaches) arrive on the run's event stream --

@@ -316,7 +316,7 @@ async def _exists(server: Server, run_id: str) -> bool:
 @router.post("/api/runs/{run_id}/migrate", response_model=MigrationOut)
 async def migrate(run_id: str, server: Srv, who: Operator,
                   body: MigrateIn) -> dict[str, object]:
-    """Move a waiting, failed or pending run onto another definition (SPEC §14), as
+    """Move a waiting, failed or pending run onto another definition, as
     ``interlock migrate`` does: nothing is executed; refused (409) with every reason,
     nothing recorded."""
     row = await server.st.get_run(run_id)

@@ -60,7 +60,7 @@ class ServerOptions:
     # more Host names answered (a reverse proxy's); with `auth`, Host is checked only
     # when some are given (a bearer token is no ambient credential for a page to reuse)
     allowed_hosts: Sequence[str] = ()
-    # SPEC §13: gates posted to Slack (SLACK_BOT_TOKEN, SLACK_SIGNING_SECRET from the
+    # gates posted to Slack (SLACK_BOT_TOKEN, SLACK_SIGNING_SECRET from the
     # environment) and Google Chat (GOOGLE_CHAT_CREDENTIALS), clicks decided
     slack_channel: str | None = None
     google_chat_space: str | None = None

@@ -1,4 +1,4 @@
-"""What ``validate`` says about a map whose items wait for people (SPEC §3, §7): an
+"""What ``validate`` says about a map whose items wait for people: an
 approval node, a ``confirm: true`` node and a sub-workflow whose child waits may be
 mapped; what is still refused says what is supported and how to fix it."""
 
@@ -85,7 +85,7 @@ def test_a_mapped_agent_with_guarded_tools_says_what_is_supported(
              "confirm: [wipe]}]}")
     found = errors(tmp_path, mapped(agent), monkeypatch)
     [guarded] = [e for e in found if "tools a human confirms" in e]
-    assert "(gv_nodes:f, mcp:wipe)" in guarded  # the MCP tool by name, not None
+    assert "(gv_nodes:f, MCP tools wipe)" in guarded  # the MCP tool by name, not None
     assert "None" not in guarded
     assert "can wait at an approval node, a confirm: true node or a sub-workflow's " \
         "gates" in guarded

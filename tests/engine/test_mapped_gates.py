@@ -1,4 +1,4 @@
-"""Items of a map that wait for people (SPEC §3, "Several gates at once"; §7, map): a
+"""Items of a map that wait for people (docs/semantics.md: several gates at once; map): a
 map over a ``confirm: true`` node or over a sub-workflow whose child waits. Each item
 waits on its own (gate ``NODE[i]``, or ``NODE[i]/child_gate`` for a child run's), is
 decided on its own in any order -- from other processes, through the CLI and a server --

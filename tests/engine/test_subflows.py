@@ -668,7 +668,7 @@ def test_a_map_over_a_sub_workflow_runs_a_child_per_item(project: CliProject) ->
     project.workflow((project.root / "fleet.yaml").read_text().replace("child.yaml",
                                                                        "gated.yaml"),
                      "gfleet.yaml")
-    out = _cli("validate", "gfleet.yaml")  # each item's child may wait (SPEC §3)
+    out = _cli("validate", "gfleet.yaml")  # each item's child may wait
     assert out.exit_code == 0, out.output
 
 
