@@ -390,8 +390,11 @@ def test_a_map_over_a_sub_workflow_whose_children_wait(
                              "--json")
         assert started.returncode == 3, started.stderr
         out = _json(started)
-        assert _pending(out) == [(f"remediate[{i}]/approval", "approval") for i in range(3)]
-        assert [g["show"]["fixed"] for g in out["waiting"]["pending"]] == ["t0", "t1", "t2"]
+        # (oldest first: the children asked concurrently, in no set order)
+        assert sorted(_pending(out)) == [(f"remediate[{i}]/approval", "approval")
+                                         for i in range(3)]
+        assert sorted(g["show"]["fixed"] for g in out["waiting"]["pending"]) == ["t0", "t1",
+                                                                                 "t2"]
         for k, i in enumerate([2, 0, 1]):
             decided = _interlock(tmp_path, "resume", run_id, "--approve", "--gate",
                                  f"remediate[{i}]/approval", "--by", f"u{i}", "--store",
@@ -469,8 +472,8 @@ def test_a_crash_while_a_decided_child_item_runs_continues_exactly_the_undecided
         executor.communicate()
     resumed = _interlock(tmp_path, "resume", "fcrash", "--store", store, "--json")
     assert resumed.returncode == 3, resumed.stderr
-    assert _pending(_json(resumed)) == [("remediate[1]/approval", "approval"),
-                                        ("remediate[2]/approval", "approval")]
+    assert sorted(_pending(_json(resumed))) == [("remediate[1]/approval", "approval"),
+                                                ("remediate[2]/approval", "approval")]
     assert _count(tmp_path, "check:t0") == 1  # the child's check completed once, on resume
     for i in (2, 1):
         last = _interlock(tmp_path, "resume", "fcrash", "--approve", "--gate",
