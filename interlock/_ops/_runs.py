@@ -121,6 +121,7 @@ async def resume_gate(run_id: str, decision: Decision | None = None, *,
     st, owned = open_store_arg(store)
     try:
         offered_gate: tuple[str, int, str | None, float] | None = None
+        original = decision
         if decision is not None:
             offered_gate = await _offer(st, run_id, decision, workflow)
         if offered_gate is not None:
@@ -132,6 +133,10 @@ async def resume_gate(run_id: str, decision: Decision | None = None, *,
         except (ClaimError, ConflictError) as exc:
             # executed elsewhere, or changed since it was read (another decision recorded
             # first): the offer stands -- folded in there, or recorded here once free
+            if offered_gate is None and isinstance(exc, ClaimError) and original is not None:
+                # a child run's gate, decided in the child already: the process executing
+                # this run is told to continue the node (or item) that waits for it
+                offered_gate = await _offer_child_decided(st, run_id, original, workflow)
             if offered_gate is None or isinstance(exc, ClaimLost | CodeChanged):
                 raise
             owner = exc.owner if isinstance(exc, ClaimError) else "another process"
@@ -181,6 +186,33 @@ async def _offer(st: Store, run_id: str, decision: Decision, workflow: Functions
                         f"{run_id!r} was decided already ({won.get('decision')} by {who}"
                         f"{via}); exactly one decision per gate wins -- see "
                         f"`interlock status {run_id}`")
+    return gate.slot[0], gate.visit, gate.key, gate.requested_at
+
+
+async def _offer_child_decided(st: Store, run_id: str, decision: Decision,
+                               workflow: Functions | None
+                               ) -> tuple[str, int, str | None, float] | None:
+    """``decision`` was for a gate of a child run of ``run_id`` and is recorded in the
+    child (`_decide_child`), but another process executes ``run_id``: offer it that
+    process on the gate the run waits at through the child (the node, or the mapped
+    node's item, runs again and continues its child). The gate offered for, or None when
+    the decision was not for a child's gate, or the run no longer waits there."""
+    from dataclasses import replace
+
+    from .._engine._approvals import gate_slot, offer_of
+
+    loaded = await load_run(st, run_id, workflow=workflow)
+    found = _child_gate(loaded.view, decision, [])
+    if found is None or decision.node is None or "/" not in decision.node:
+        return None
+    gate = found[0]
+    # to the run, the child's decision is only "go on" (a modify or a rejection was the
+    # child's to apply): an approval of its gate, saying which it was
+    said = f"{_PAST[decision.kind]} in child run {gate.key}"
+    won = await st.offer_decision(run_id, gate_slot(gate), offer_of(gate, replace(
+        decision, kind="approve", comment=said, patch={}, at=None, data=None)))
+    if won is not None:
+        return None  # (offered already: whoever did it is folded in with it)
     return gate.slot[0], gate.visit, gate.key, gate.requested_at
 
 

@@ -543,3 +543,54 @@ def test_the_server_lists_each_item_gate_and_decides_each_through_the_api(
     decided = _records(tmp_path, p.store, "api-roll", "approval.decided")
     assert [(r["item"], r["by"], r.get("via")) for r in decided] == [
         (1, "bob", "dashboard"), (0, "al", "api"), (2, "al", "api")]
+
+
+HELD_CHECK = NODES.replace(
+    'def check(state):\n',
+    'def check(state):\n'
+    '    pathlib.Path(f"started-check-{state[\'fixed\']}.marker").write_text("x")\n'
+    '    if state["fixed"] in os.environ.get("HOLD", "").split(","):\n'
+    '        deadline = time.monotonic() + 120\n'
+    '        while not os.path.exists("go.marker") and time.monotonic() < deadline:\n'
+    '            time.sleep(0.02)\n')
+
+
+def test_a_child_gate_decided_while_the_parent_runs_another_item_goes_on_at_once(
+        make_project: Callable[..., CliProject], tmp_path: Path) -> None:
+    """remediate[0]'s child runs on after its decision (held) in one process; the gate of
+    remediate[2]'s child is decided from another process: it is recorded in that child,
+    the decider exits 0 (handed over), and the executing process continues item 2's child
+    while item 0's still runs; remediate[1] keeps waiting."""
+    p = make_project(HELD_CHECK)
+    p.workflow(GATED_CHILD, "gated.yaml")
+    wf = p.workflow(FLEET, "fleet.yaml")
+    store = p.store
+    assert _interlock(tmp_path, "run", wf, "--run-id", "fbusy", "--store",
+                      store).returncode == 3
+    executor = _spawn(tmp_path, "resume", "fbusy", "--approve", "--gate",
+                      "remediate[0]/approval", "--by", "al", "--store", store, "--json",
+                      env=_env(tmp_path, HOLD="t0"))
+    try:
+        _wait_for(lambda: (tmp_path / "started-check-t0.marker").exists(), "t0's check")
+        decider = _interlock(tmp_path, "resume", "fbusy", "--approve", "--gate",
+                             "remediate[2]/approval", "--by", "bo", "--store", store)
+        assert decider.returncode == 0, decider.stderr
+        assert "being executed by" in decider.stderr, decider.stderr
+        _wait_for(lambda: _count(tmp_path, "check:t2") == 1, "item 2's child to go on")
+        assert executor.poll() is None and _count(tmp_path, "check:t0") == 0
+        (tmp_path / "go.marker").write_text("go")
+        out, err = executor.communicate(timeout=120)
+    finally:
+        if executor.poll() is None:
+            executor.kill()
+            executor.communicate()
+    assert executor.returncode == 3, err
+    assert _pending(json.loads(out)) == [("remediate[1]/approval", "approval")]
+    last = _interlock(tmp_path, "resume", "fbusy", "--approve", "--gate",
+                      "remediate[1]/approval", "--by", "cy", "--store", store, "--json")
+    assert last.returncode == 0, last.stderr
+    assert _json(last)["state"]["report"] == ["t0", "t1", "t2"]
+    assert [_count(tmp_path, f"check:t{i}") for i in range(3)] == [1, 1, 1]
+    child = _records(tmp_path, store, "fbusy.remediate.1.2", "approval.decided")
+    assert [(r["decision"], r["by"]) for r in child] == [("approved", "bo")]
+    assert _interlock(tmp_path, "verify", "fbusy", "--store", store).returncode == 0
