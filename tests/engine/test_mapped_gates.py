@@ -594,3 +594,58 @@ def test_a_child_gate_decided_while_the_parent_runs_another_item_goes_on_at_once
     child = _records(tmp_path, store, "fbusy.remediate.1.2", "approval.decided")
     assert [(r["decision"], r["by"]) for r in child] == [("approved", "bo")]
     assert _interlock(tmp_path, "verify", "fbusy", "--store", store).returncode == 0
+
+
+RACE_NODES = NODES + """
+
+def act(state, ctx):
+    _mark(f"{ctx.run_id}:{state['target']}")
+    return {"done": state["target"]}
+"""
+
+RACE = """
+workflow: race
+nodes:
+  plan: {mod}:plan
+  act: {call: {mod}:act, confirm: true}
+edges:
+  - {from: START, to: plan}
+  - {from: plan, map: 'targets', to: act, as: target, collect: acts}
+"""
+
+RACE_TRIALS = 5
+
+
+@pytest.mark.parametrize("same", [True, False], ids=["same-item", "two-items"])
+def test_racing_deciders_on_item_gates(make_project: Callable[..., CliProject],
+                                       tmp_path: Path, same: bool) -> None:
+    """Two deciders released together: on one item's gate exactly one wins (the other is
+    refused, exit 2) and the item's body runs once; on two items' gates both win and
+    each body runs once. The log always verifies."""
+    from test_parallel_gates import _race
+
+    p = make_project(RACE_NODES)
+    wf = p.workflow(RACE)
+    for n, store in enumerate(store_urls(tmp_path)):
+        for t in range(RACE_TRIALS):
+            run_id = f"irace-{'same' if same else 'two'}-{n}-{t}-{os.getpid()}"
+            assert _interlock(tmp_path, "run", wf, "--run-id", run_id, "--store",
+                              store).returncode == 3
+            gates = ["act[0]", "act[0]"] if same else ["act[0]", "act[1]"]
+            results = _race(tmp_path, store, run_id, [
+                ["--approve", "--gate", gates[0], "--by", "alice"],
+                ["--reject" if same else "--approve", "--gate", gates[1], "--by", "bob"]])
+            codes = sorted(r.returncode for r in results)
+            decided = [(r["item"], r["decision"]) for r in
+                       _records(tmp_path, store, run_id, "approval.decided")]
+            ran = [_count(tmp_path, f"{run_id}:t{i}") for i in range(3)]
+            if same:
+                assert codes == [2, 3], [(r.returncode, r.stderr) for r in results]
+                assert len(decided) == 1 and decided[0][0] == 0
+                assert ran == [1 if decided[0][1] == "approved" else 0, 0, 0]
+            else:
+                assert all(r.returncode in (0, 3) for r in results), \
+                    [(r.returncode, r.stderr) for r in results]
+                assert sorted(decided) == [(0, "approved"), (1, "approved")]
+                assert ran == [1, 1, 0]
+            assert _interlock(tmp_path, "verify", run_id, "--store", store).returncode == 0
