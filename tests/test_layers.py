@@ -45,7 +45,7 @@ LAYERS: dict[int, set[str]] = {
         "_definition._checks_graph", "_definition._plan"},
     # the flow machine, the fold, its snapshots, approvals, the journal (records sealed,
     # folded, stored), the lease keeper (leases renewed off the event loop)
-    4: {"_engine._flow", "_engine._view", "_engine._migration", "_engine._fold",
+    4: {"_engine._flow", "_engine._view", "_engine._gates", "_engine._migration", "_engine._fold",
         "_engine._snapshot", "_engine._approvals", "_engine._journal", "_engine._lease",
         "_engine._item_gates"},
     # the node call: its context, the guards, process isolation
@@ -79,7 +79,7 @@ LAYERS: dict[int, set[str]] = {
         "server._dashboard", "server._loops", "server._reads", "server._guard",
         "server._service", "server._deps", "server._routes_runs", "server._routes_approvals",
         "server._routes_workflows", "server._routes_meta", "server._layout", "cli._chat",
-        "cli._chat_live",
+        "cli._chat_live", "cli._chat_remote",
         "server._routes_messages", "server._mcp",
         "server._chat", "server._slack", "server._google_chat", "server._routes_chat"},
 }

@@ -33,6 +33,7 @@ from .._errors import ClaimError, ConflictError, RunNotFound, StoreError
 from .._store import Claim, Store, Summary
 from . import _snapshot as snapshots
 from ._fold import RunView
+from ._gates import shown
 from ._records import Item
 
 log = logging.getLogger("interlock")
@@ -85,7 +86,10 @@ class Journal:
         self._waiting = 0
         self._idle = asyncio.Event()
         self._staged: list[L.Entry] = []
-        self._snapshot_seq = writer.seq  # records since then are not in a snapshot
+        # records after this seq are not in a snapshot: the log's latest one, as the load
+        # found it -- not where this journal starts, or a run continued a few records at
+        # a time (a conversation, a turn per process) would never take one
+        self._snapshot_seq = min(view.snapshot_at, writer.seq)
         self._snapshot_every = snapshots.EVERY
         # set when a batch could not be stored (see `flush`): the run cannot go on here
         self.broken: StoreError | None = None
@@ -177,13 +181,13 @@ class Journal:
             # ``__init__`` (two calls less per step): a bare instance, every slot set here
             v = self.view
             summary = _new_summary(Summary)
-            summary.status = v.status
             summary.last_seq = self.writer.seq
             summary.last_hash = self.writer.hash
             summary.steps = v.steps
             summary.tokens = v.tokens
             summary.error = v.error
-            summary.waiting = v.waiting
+            # a gate waits: the row shows it in the very write that commits it (`shown`)
+            summary.status, summary.waiting = shown(v) if v.gates else (v.status, v.waiting)
             summary.updated_at = time.time()
             try:
                 await self._append(entries, summary, release)

@@ -51,14 +51,15 @@ from .._definition._plan import Plan, PlanNode
 from .._errors import InterlockError, InternalError, RunError, StepLimitError, UnknownOutcome
 from .._json import JSONObject
 from . import _records as R
-from ._approvals import close_others, offered, requested, waiting_object
+from ._approvals import close_others, offered, requested
 from ._call import NodeCall
 from ._decide import Abort, Decider, Rejected
 from ._finish import complete, finish
 from ._fold import RunView
+from ._gates import waiting_object
 from ._guards import Outcome
 from ._journal import StoreOutage
-from ._mapped import ItemsWaiting, items_to_go_on, run_items
+from ._mapped import run_items
 
 log = logging.getLogger("interlock")
 
@@ -95,6 +96,7 @@ class Runner:
         # the decisions offered for this run's gates by other processes while it executes
         # (`Store.offer_decision`), read when it would otherwise wait: set by its driver
         self.offers: Callable[[], Awaitable[dict[str, dict[str, Any]]]] | None = None
+        self._asked = False  # a gate's request staged, not flushed yet
 
     async def execute(self) -> None:
         """Run the loop until the run ends or waits; its last record is committed."""
@@ -246,11 +248,10 @@ class Runner:
         await self.sink.commit(items)
         for rtype, fields in items:
             key = (str(fields.get("node")), int(fields.get("visit") or 0))
-            if rtype != L.APPROVAL_DECIDED or fields.get("decision") == "closed":
-                continue
-            if key in view.running and key not in self._tasks:
-                self._restart(key)  # an approved body, a node that asked, a rejected action
-            self.calls.wake(key)  # a mapped visit's task: its decided item goes on
+            if rtype == L.APPROVAL_DECIDED and fields.get("decision") != "closed":
+                self.calls.wake(key)  # a mapped visit's task: its decided item goes on
+                if key in view.running and key not in self._tasks:
+                    self._restart(key)  # an approved body, a node that asked, a rejected action
         return True
 
     def offer(self, offers: dict[str, dict[str, Any]]) -> None:
@@ -269,6 +270,9 @@ class Runner:
         fan-out's branches often end together) and commit them in one batch."""
         done = self._done
         assert done is not None
+        if self._asked:  # a gate asked (`_start_ready`): committed before the wait, so
+            self._asked = False  # the run shows WAITING_APPROVAL now (`_gates.shown`)
+            await self.sink.flush()
         outcome = await done.get()
         while True:
             if isinstance(outcome, _Offers):  # decisions offered: fold them in
@@ -279,11 +283,9 @@ class Runner:
                 continue
             if not isinstance(outcome, Outcome):
                 raise outcome  # a visit raised (the store failed, a bug): the run's error
-            key = (outcome.node, outcome.visit)
-            self._tasks.pop(key, None)
-            await finish(self.calls, self.decide, outcome)
-            if isinstance(outcome.pause, ItemsWaiting) and items_to_go_on(self.view, *key):
-                self._restart(key)  # an item was decided after its task last looked
+            self._tasks.pop((outcome.node, outcome.visit), None)
+            if await finish(self.calls, self.decide, outcome):  # an item decided meanwhile
+                self._restart((outcome.node, outcome.visit))
             if done.empty():
                 break
             outcome = done.get_nowait()
@@ -314,6 +316,7 @@ class Runner:
             nodes, state = self.plan.nodes, self.view.state
             self.sink.stage([requested(rec["node"], nodes[rec["node"]].spec, rec["visit"], state)
                              for rec in gates])
+            self._asked = True
         # node.started is not flushed on its own: it goes with the next commit (a
         # completion, an effect, a retry). A crash before that loses only the fact
         # that the visit had started, so it starts again -- with the same visit

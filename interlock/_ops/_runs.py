@@ -162,7 +162,8 @@ async def _offer(st: Store, run_id: str, decision: Decision, workflow: Functions
     offered for, or None for a decision this run does not take by an offer (a gate of a
     child run, a run waiting for nothing: `_resume` decides or refuses it as before).
     Raises UsageError when refused (checked, or another decision won the gate)."""
-    from .._engine._approvals import decide, expire, gate_name, gate_slot, offer_of
+    from .._engine._approvals import decide, expire, offer_of
+    from .._engine._gates import gate_name, gate_slot
 
     loaded = await load_run(st, run_id, workflow=workflow, executable=strict_code())
     view = loaded.view
@@ -199,7 +200,8 @@ async def _offer_child_decided(st: Store, run_id: str, decision: Decision,
     the decision was not for a child's gate, or the run no longer waits there."""
     from dataclasses import replace
 
-    from .._engine._approvals import gate_slot, offer_of
+    from .._engine._approvals import offer_of
+    from .._engine._gates import gate_slot
 
     loaded = await load_run(st, run_id, workflow=workflow)
     found = _child_gate(loaded.view, decision, [])
@@ -318,7 +320,8 @@ async def _decisions(st: Store, run_id: str, loaded: Loaded, decision: Decision 
     whose deadline passed, the child runs that wait no more, ``decision`` -- on a gate of
     the run's own, or forwarded to the child run it waits through -- and the
     decisions offered for its gates (`Store.offer_decision`; this call's among them)."""
-    from .._engine._approvals import decide, expire, gate_name, offered, oldest
+    from .._engine._approvals import decide, expire, offered
+    from .._engine._gates import gate_name, oldest
 
     view = loaded.view
     expired = expire(loaded.spec, view)

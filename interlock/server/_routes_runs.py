@@ -372,6 +372,8 @@ async def follow(server: Server, run_id: str, seq: int) -> AsyncIterator[ServerS
                 yield ServerSentEvent(event="chat.token", data=pieces.pop(0))
             async for page in trace_pages(run_id, store=server.st, after=seq):
                 for rec in page:
+                    while pieces:  # (those sent before this record was committed first)
+                        yield ServerSentEvent(event="chat.token", data=pieces.pop(0))
                     yield ServerSentEvent(event=rec["type"], id=str(rec["seq"]), data=rec)
                     seq, last_type = rec["seq"], rec["type"]
                     ended = ended or last_type in TERMINAL_TYPES
