@@ -83,13 +83,17 @@ def shown(view: ViewData) -> tuple[str, JSONObject | None]:
     the fold's, except that a run with a gate waiting is WAITING_APPROVAL even while its
     executor still runs other branches (then ``waiting.running`` names them)."""
     status = view.status
-    if status not in _LIVE or not view.gates:
+    if not view.gates or (status not in _LIVE and status != "WAITING_APPROVAL"):
         return status, view.waiting
     # (a conversation's wait for its next message is not a gate for a person to decide)
     pending = [g for g in view.pending_gates() if g.kind != "message"]
     if not pending:
         return status, view.waiting
     waiting = waiting_object(pending)
+    if status == "WAITING_APPROVAL":
+        # stopped at its gates: those waiting now (a child run's gate decided through its
+        # parent is recorded in the child without resuming it: no ``run.waiting`` again)
+        return status, waiting
     beside = running_beside(view, pending)
     if beside is not None:
         waiting["running"] = beside
@@ -98,16 +102,17 @@ def shown(view: ViewData) -> tuple[str, JSONObject | None]:
 
 def running_beside(view: ViewData, pending: list[Gate]) -> list[str] | None:
     """The nodes of the run's branches that are not waiting at a gate: visits running (a
-    mapped visit with an item not asking a person), nodes ready to start, nodes whose
-    edges are to be decided -- in that order, each once; None when there are none (the
-    run has nothing to do but wait)."""
+    mapped visit with an item not asking a person, or none asking), nodes ready to start,
+    nodes whose edges are to be decided -- in that order, each once; None when there are
+    none (the run has nothing to do but wait)."""
     at_gate = {(g.node, g.visit) for g in pending if g.item is None}
     out: dict[str, None] = {}
     for key in view.running:
         m = view.maps.get(key)
         if m is not None:
+            # busy unless it only waits for its items' people (every item not done asks)
             asking = {g.item for g in pending if (g.node, g.visit) == key}
-            if set(range(len(m.items))) - set(m.done) - asking:
+            if not asking or set(range(len(m.items))) - set(m.done) - asking:
                 out[key[0]] = None
         elif key not in at_gate:
             out[key[0]] = None

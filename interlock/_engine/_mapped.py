@@ -327,11 +327,15 @@ def _child_waits(pn: PlanNode, visit: int, i: int, out: Outcome) -> R.Item:
     pause = out.pause
     assert pause is not None and pause.path is not None
     below = pause.path.split("/", 1)[1]
+    # every gate the child waits at, named by its path through this item
+    pending = [{**g, "node": f"{pn.name}[{i}]/{str(g.get('node')).split('/', 1)[-1]}"}
+               for g in pause.pending or ()]
     fields: dict[str, object] = {
         "node": pn.name, "visit": visit, "attempt": out.attempt, "kind": "workflow",
         "key": pause.key, "show": L.to_json_value(pause.show),
         "path": f"{pn.name}[{i}]/{below}", "decisions": list(pause.decisions),
         "tokens": out.tokens or None, "child_kind": pause.kind,
+        "pending": L.to_json_value(pending) if pending else None,
         "approvers": approvers(pn.spec), "item": i}
     if pause.edit is not None:
         fields["input"] = L.to_json_value(pause.edit)

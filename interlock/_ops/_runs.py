@@ -121,11 +121,16 @@ async def resume_gate(run_id: str, decision: Decision | None = None, *,
     st, owned = open_store_arg(store)
     try:
         offered_gate: tuple[str, int, str | None, float] | None = None
-        original = decision
         if decision is not None:
             offered_gate = await _offer(st, run_id, decision, workflow)
         if offered_gate is not None:
             decision = None  # the offer is folded in with the others (`_resume`)
+        elif decision is not None:  # a child run's gate, while another process executes
+            handed = await _offer_child(st, run_id, decision, workflow)
+            if handed is not None:
+                return await _handover(st, run_id, handed[0], handed[1], workflow=workflow,
+                                       config=config, limits=limits, listener=listener,
+                                       detach=detach)
         try:
             return await _resume(st, run_id, decision, workflow=workflow, config=config,
                                  limits=limits, force=force, listener=listener,
@@ -133,10 +138,6 @@ async def resume_gate(run_id: str, decision: Decision | None = None, *,
         except (ClaimError, ConflictError) as exc:
             # executed elsewhere, or changed since it was read (another decision recorded
             # first): the offer stands -- folded in there, or recorded here once free
-            if offered_gate is None and isinstance(exc, ClaimError) and original is not None:
-                # a child run's gate, decided in the child already: the process executing
-                # this run is told to continue the node (or item) that waits for it
-                offered_gate = await _offer_child_decided(st, run_id, original, workflow)
             if offered_gate is None or isinstance(exc, ClaimLost | CodeChanged):
                 raise
             owner = exc.owner if isinstance(exc, ClaimError) else "another process"
@@ -190,32 +191,35 @@ async def _offer(st: Store, run_id: str, decision: Decision, workflow: Functions
     return gate.slot[0], gate.visit, gate.key, gate.requested_at
 
 
-async def _offer_child_decided(st: Store, run_id: str, decision: Decision,
-                               workflow: Functions | None
-                               ) -> tuple[str, int, str | None, float] | None:
-    """``decision`` was for a gate of a child run of ``run_id`` and is recorded in the
-    child (`_decide_child`), but another process executes ``run_id``: offer it that
-    process on the gate the run waits at through the child (the node, or the mapped
-    node's item, runs again and continues its child). The gate offered for, or None when
-    the decision was not for a child's gate, or the run no longer waits there."""
+async def _offer_child(st: Store, run_id: str, decision: Decision, workflow: Functions | None
+                       ) -> tuple[tuple[str, int, str | None, float], str] | None:
+    """A decision on a gate of a child run while another process executes this run (its
+    other branches running): decided in the child (parked, unclaimed: exactly one
+    decision per gate wins there, the child's log refusing the second), then offered to
+    the executor for this run's gate that waits through the child -- it runs the node
+    again, which continues the child. The gate offered for and the executor; None when
+    the run is not executed elsewhere or the decision is not for a child's gate."""
     from dataclasses import replace
 
     from .._engine._approvals import offer_of
-    from .._engine._gates import gate_slot
+    from .._engine._gates import gate_name, gate_slot
+    from .._store import owner_gone
 
-    loaded = await load_run(st, run_id, workflow=workflow)
-    found = _child_gate(loaded.view, decision, [])
-    if found is None or decision.node is None or "/" not in decision.node:
+    row = await st.get_run(run_id)
+    if row.owner is None or (row.lease_until or 0.0) <= time.time() or owner_gone(row.owner):
         return None
-    gate = found[0]
-    # to the run, the child's decision is only "go on" (a modify or a rejection was the
-    # child's to apply): an approval of its gate, saying which it was
-    said = f"{_PAST[decision.kind]} in child run {gate.key}"
-    won = await st.offer_decision(run_id, gate_slot(gate), offer_of(gate, replace(
-        decision, kind="approve", comment=said, patch={}, at=None, data=None)))
-    if won is not None:
-        return None  # (offered already: whoever did it is folded in with it)
-    return gate.slot[0], gate.visit, gate.key, gate.requested_at
+    loaded = await load_run(st, run_id, workflow=workflow)
+    child = _child_gate(loaded.view, decision, await _unblocked(st, run_id, loaded.view))
+    if child is None or loaded.view.status in TERMINAL_STATUSES:
+        return None
+    gate, below = child
+    await _decide_child(st, str(gate.key), below)  # (raises: refused, recorded nothing)
+    # (a taken slot: another of the child's gates was offered first -- the node runs
+    # again either way, and finds the child with both decisions)
+    await st.offer_decision(run_id, gate_slot(gate), offer_of(gate, replace(
+        decision, kind="reject" if decision.kind == "reject" else "approve",
+        node=gate_name(gate), data=None, patch={}, at=None)))
+    return (gate.slot[0], gate.visit, gate.key, gate.requested_at), str(row.owner)
 
 
 class GateTaken(UsageError):
@@ -338,8 +342,10 @@ async def _decisions(st: Store, run_id: str, loaded: Loaded, decision: Decision 
         gate, below = child
         await _decide_child(st, str(gate.key), below)
         assert decision is not None
-        first.append(continued(gate, _PAST[decision.kind], by=decision.by,
-                               comment=decision.comment, path=gate.path))
+        first.append(continued(
+            gate, _PAST[decision.kind], by=decision.by, comment=decision.comment,
+            # the child's gate decided: named, or (none named) the one it waits at longest
+            path=decision.node if decision.node and "/" in decision.node else gate.path))
     elif decision is not None:
         first += decide(loaded.spec, view, decision, expired=expired)
     else:  # a gate in a child run whose deadline passed: decided there
@@ -535,12 +541,13 @@ async def append_note(run_id: str, rtype: str, fields: Mapping[str, object], *,
     """Append one record that changes nothing in the run (a tool's note, such as a
     server's ``notify.sent``) to its log, under the run's claim: claimed, read, chained,
     committed, released. `ClaimError` while another owner executes the run;
-    `UsageError` once it has ended (a note never follows its final record)."""
+    `UsageError` once it has ended, unless ``rtype`` is one that may follow a run's
+    final record (``notify.sent``, `_log.AFTER_END`)."""
     owner = make_owner()
     generation = await store.claim(run_id, owner, LEASE_SECONDS)
     try:
         loaded = await load_run(store, run_id)
-        if loaded.view.status in TERMINAL_STATUSES:
+        if loaded.view.status in TERMINAL_STATUSES and rtype not in L.AFTER_END:
             raise UsageError(f"run {run_id!r} has ended ({loaded.view.status}): no "
                              f"{rtype} is appended after its final record")
         journal = Journal(store, run_id, loaded.view, loaded.writer(),
