@@ -70,6 +70,13 @@ RUN_MIGRATED = "run.migrated"
 ENGINE_NAMESPACES = frozenset({"run", "node", "edge", "effect", "approval", "state", "child",
                                "snapshot", "notify"})
 
+# the one record that may follow a run's final record: a server's note that it told a
+# chat (posted, updated or answered) -- the update after the click that ended the run
+# comes after the end, and so do a failed delivery's retries; it changes nothing in the
+# run, and `verify` refuses any other record there
+NOTIFY_SENT = "notify.sent"
+AFTER_END = frozenset({NOTIFY_SENT})
+
 TERMINAL_TYPES = {
     RUN_COMPLETED: "COMPLETED",
     RUN_FAILED: "FAILED",

@@ -51,11 +51,12 @@ from .._definition._plan import Plan, PlanNode
 from .._errors import InterlockError, InternalError, RunError, StepLimitError, UnknownOutcome
 from .._json import JSONObject
 from . import _records as R
-from ._approvals import close_others, offered, requested, waiting_object
+from ._approvals import close_others, offered, requested
 from ._call import NodeCall
 from ._decide import Abort, Decider, Rejected
 from ._finish import complete, finish
 from ._fold import RunView
+from ._gates import waiting_object
 from ._guards import Outcome
 from ._journal import StoreOutage
 from ._mapped import run_items
@@ -95,6 +96,7 @@ class Runner:
         # the decisions offered for this run's gates by other processes while it executes
         # (`Store.offer_decision`), read when it would otherwise wait: set by its driver
         self.offers: Callable[[], Awaitable[dict[str, dict[str, Any]]]] | None = None
+        self._asked = False  # a gate's request staged, not flushed yet
 
     async def execute(self) -> None:
         """Run the loop until the run ends or waits; its last record is committed."""
@@ -267,6 +269,9 @@ class Runner:
         fan-out's branches often end together) and commit them in one batch."""
         done = self._done
         assert done is not None
+        if self._asked:  # a gate asked (`_start_ready`): committed before the wait, so
+            self._asked = False  # the run shows WAITING_APPROVAL now (`_gates.shown`)
+            await self.sink.flush()
         outcome = await done.get()
         while True:
             if isinstance(outcome, _Offers):  # decisions offered: fold them in
@@ -309,6 +314,7 @@ class Runner:
             nodes, state = self.plan.nodes, self.view.state
             self.sink.stage([requested(rec["node"], nodes[rec["node"]].spec, rec["visit"], state)
                              for rec in gates])
+            self._asked = True
         # node.started is not flushed on its own: it goes with the next commit (a
         # completion, an effect, a retry). A crash before that loses only the fact
         # that the visit had started, so it starts again -- with the same visit

@@ -103,6 +103,6 @@ def test_a_failed_turn_is_an_error_for_the_mcp_tool_and_the_conversation_goes_on
     llm.reply(tool_calls=[("service_status", {"service": "db"})])
     assert p.cli("run", wf, "--run-id", "t").exit_code == 3
     _, run = p.cli_json("send", "t", "how is db?")
-    out, text = turn_answer(run, "assistant")
-    assert out["status"] == "WAITING_INPUT" and out["reply"] is None
-    assert "max_turns=2" in str(out["error"]) and text.startswith("the turn failed: ")
+    out, text, failed = turn_answer(run, "assistant")
+    assert out["status"] == "WAITING_INPUT" and out["reply"] is None and failed
+    assert "max_turns=2" in str(out["turn_error"]) and text.startswith("the turn failed: ")
