@@ -20,6 +20,7 @@ from .._engine import _records as R
 from .._engine._fold import RunResult, RunView
 from .._engine._view import Gate
 from .._errors import UsageError
+from .._hints import decide_hint
 from .._store import Store, release_store
 from ._execute import Listener, _traced, drive
 from ._load import Functions, load_run, open_store_arg
@@ -41,8 +42,8 @@ def message_gate(run_id: str, view: RunView) -> Gate:
         return gate
     if view.status == "WAITING_APPROVAL":
         waiting = view.waiting or {}
-        why = (f"it waits for a decision at {waiting.get('node')!r}; decide it first "
-               f"(interlock resume {run_id} --approve | --reject), then send the message")
+        why = (f"it waits for a decision at {waiting.get('node')!r}; decide it first, then "
+               f"send the message. Decide with: {decide_hint(run_id, waiting)}")
     elif view.status in ("COMPLETED", "FAILED", "REJECTED", "CANCELLED"):
         why = f"it is {view.status}" + ("" if view.status != "FAILED" else
                                         f"; resume it (interlock resume {run_id}) first")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shlex
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -78,6 +79,22 @@ class Printer:
         elif rtype == "approval.requested" and rec.get("kind") != "message" and not child:
             self.gate(rec.get("path") or rec.get("node"), rec.get("show"))
 
+    def left(self, status: str, waiting: dict[str, Any] | None, file: str, where: str) -> None:
+        """Standard input ended while the conversation waits: how to go on (``where``: the
+        options that reach the same store or server)."""
+        from ..support import decide_hint
+
+        if status not in ("WAITING_INPUT", "WAITING_APPROVAL") or self.run_id is None:
+            return
+        self._end_line()
+        session = f"interlock chat {shlex.quote(file)} --session {shlex.quote(self.run_id)}{where}"
+        if status == "WAITING_APPROVAL" and waiting:
+            click.echo(f"the conversation waits for a decision at {waiting.get('node')!r}: "
+                       f"decide with: {decide_hint(self.run_id, waiting, where)}; or "
+                       f"continue here: {session}", err=True)
+        else:
+            click.echo(f"the conversation waits for the next message: {session}", err=True)
+
     def gate(self, where: Any, show: Any) -> None:
         self._end_line()
         click.echo(click.style(f"waiting for a decision at {where}: {_short(show)}",
@@ -89,12 +106,17 @@ class Terminal(Printer):
     def __init__(self, wf: Workflow, store_url: str | None, by: str | None) -> None:
         super().__init__()
         self.wf, self.store_url, self.by = wf, store_url, by
+        self.result: RunResult | None = None
 
-    def run(self, data: dict[str, Any], session: str | None) -> str:
+    def run(self, data: dict[str, Any], session: str | None, file: str = "FILE") -> str:
         """Hold the conversation until standard input ends or it does: its status then."""
         from ._common import call_engine
+        from ._format import where_options
 
-        return call_engine(self._main(data, session))
+        status = call_engine(self._main(data, session))
+        waiting = self.result.waiting if self.result is not None else None
+        self.left(status, dict(waiting or {}), file, where_options(self.store_url))
+        return status
 
     def listen(self, rec: dict[str, Any], view: Any) -> None:
         """Each committed record of the conversation (and of its child runs) that a
@@ -140,6 +162,7 @@ class Terminal(Printer):
                                err=True)
             if result.status == "COMPLETED":
                 click.echo(f"the conversation {session} has ended", err=True)
+            self.result = result
             return result.status
         finally:
             await st.close()

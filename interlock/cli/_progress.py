@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import os
+import shlex
 import sys
 import time
 from dataclasses import dataclass, field
@@ -22,7 +23,6 @@ from ._format import (
     _reads,
     _short,
     _sources,
-    decision_flags,
     state_line,
 )
 
@@ -272,14 +272,18 @@ class Progress:
 
 
 def _outcome_lines(result: RunResult, where: str = "") -> list[str]:
+    """What follows the summary table: the final state, the error, and what the run waits
+    for with the command that goes on -- each command with ``where`` (the options that
+    reach the same store or server)."""
     lines = []
-    state = state_line(result)
+    state = state_line(result, where)
     if state:
         lines.append(state)
     if result.error:
         node = result.error.get("node")
-        where = f" at node {node!r}" if node else ""
-        lines.append(f"error ({result.error.get('type')}){where}: {result.error.get('message')}")
+        at = f" at node {node!r}" if node else ""
+        lines.append(f"error ({result.error.get('type')}){at}: {result.error.get('message')}")
+    rid = shlex.quote(result.run_id)
     if result.waiting and result.waiting.get("kind") == "message":  # a conversation
         # the turn's reply (or why the turn failed): a decision that let the turn go on
         # is answered here too, not only by `send`
@@ -288,16 +292,16 @@ def _outcome_lines(result: RunResult, where: str = "") -> list[str]:
             lines.append(f"the turn failed: {show['turn_error']}")
         elif isinstance(show.get("last_reply"), str):
             lines.append(f"reply: {show['last_reply']}")
-        lines.append(f"waiting for the next message: interlock send {result.run_id} TEXT, or "
-                     f"interlock chat FILE --session {result.run_id}")
+        lines.append(f"waiting for the next message: interlock send {rid} TEXT{where}, or "
+                     f"interlock chat FILE --session {rid}{where}")
     elif result.waiting:
         w = result.waiting
         lines.append(f"waiting for a decision at {w.get('node')!r}; shows {_json(w.get('show'))}")
-        choices = " | ".join(decision_flags(w, short=True))
         # the gate named: a repeated command (a retry, a double click) is then refused as
         # a second decision, instead of deciding whichever gate waits next
-        lines.append(f"decide with: interlock resume {result.run_id} --gate {w.get('node')} "
-                     f"{choices} [--by NAME] [--comment TEXT]{where}")
+        from ..support import decide_hint
+
+        lines.append(f"decide with: {decide_hint(result.run_id, w, where)}")
         others = [str(g.get("node")) for g in w.get("pending") or ()
                   if isinstance(g, dict) and g.get("node") != w.get("node")]
         if others:
