@@ -34,7 +34,11 @@ class Printer:
     def __init__(self, run_id: str | None = None) -> None:
         self.run_id = run_id
         self.streaming = False  # a reply is being printed as it streams
-        self.shown = False  # the turn's reply was printed as it streamed
+        # the text of the turn's last model reply, when it was printed as it streamed:
+        # the turn's reply is not printed again (a reply that calls a tool too -- "let me
+        # look", or "Goodbye!" with end_conversation -- is the turn's reply when the tool
+        # ends the conversation)
+        self.shown: str | None = None
 
     def token(self, piece: dict[str, Any]) -> None:
         """A piece of the reply, printed as it arrives (the provider streams)."""
@@ -42,11 +46,11 @@ class Printer:
         click.echo(click.style(str(piece.get("text") or ""), bold=True), nl=False)
         sys.stdout.flush()
 
-    def _end_line(self) -> None:
+    def _end_line(self, text: str | None = None) -> None:
         if self.streaming:  # the text printed as it streamed: its line ends here
             click.echo("")
             self.streaming = False
-            self.shown = True
+            self.shown = text
 
     def record(self, rec: dict[str, Any]) -> None:
         """A committed record of the conversation (or of one of its child runs)."""
@@ -55,17 +59,16 @@ class Printer:
         child = owner is not None and owner != self.run_id and rtype != "child.started"
         indent = "    " if child else "  "
         if rtype == "agent.reply" and not child:
-            self._end_line()
+            self._end_line(rec.get("reply"))
         if rtype == "chat.reply" and not child:
             self._end_line()
-            if not self.shown and rec.get("reply") is not None:  # (not streamed: whole)
-                click.echo(click.style(str(rec.get("reply") or ""), bold=True))
-            self.shown = False
+            reply = rec.get("reply")
+            if reply is not None and reply != self.shown:  # (not streamed: whole)
+                click.echo(click.style(str(reply), bold=True))
+            self.shown = None
             if rec.get("turn_error"):
                 click.echo(click.style(f"the turn failed: {rec['turn_error']} (the conversation "
                                        "goes on: send the next message)", fg="red"), err=True)
-        elif rtype == "agent.reply" and not child and rec.get("tool_calls"):
-            self.shown = False  # the turn goes on: its final reply is still to come
         if rtype == "tool.called":
             out = rec.get("result", rec.get("error", rec.get("problem")))
             click.echo(click.style(f"{indent}> {rec.get('tool')}"

@@ -497,3 +497,22 @@ def test_interlock_chat_exits_3_when_its_input_ends_before_the_conversation(
                                input="more\n/end\n", catch_exceptions=False)
     assert again.exit_code == 0
     assert again.stdout.splitlines() == ["second"]  # the conversation went on
+
+
+def test_interlock_chat_prints_a_goodbye_that_ends_the_conversation_once(
+        make_project: Any) -> None:
+    """A reply streamed beside a tool call (here ``end_conversation``: the reply is the
+    turn's, and the conversation's last) is printed once -- it was printed again whole
+    when the turn's ``chat.reply`` came."""
+    from click.testing import CliRunner
+
+    from interlock.cli import cli
+
+    p = make_project(TOOLS)
+    wf = p.workflow(chat_file("scripted", replies=(
+        "[hello there, {content: Goodbye!, tool_calls: [{name: end_conversation}]}]")))
+    out = CliRunner().invoke(cli, ["chat", wf, "--store", p.store], input="hi\nbye\n",
+                             catch_exceptions=False)
+    assert out.exit_code == 0, out.output
+    assert out.stdout == "hello there\nGoodbye!\n"
+    assert "> end_conversation({}) -> ended" in out.stderr
