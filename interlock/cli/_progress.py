@@ -60,6 +60,13 @@ class Progress:
         self.stats: dict[str, NodeStats] = {}
         self.width = 0
         self._console: Console | None = None
+        # A visit re-runs after a decision or a message (attempt N+1) as well as after a
+        # failure: only a retry is shown as one, counted from the attempt that began
+        # the series (``_first``: by node, visit, item); a conversation's node shows the
+        # turn it answers (``_turn``: from the message gate it waited at)
+        self._first: dict[tuple[str, int, int | None], int] = {}
+        self._failed: set[tuple[str, int, int | None]] = set()
+        self._turn: dict[str, int] = {}
 
     def __call__(self, rec: Record, view: RunView) -> None:
         try:
@@ -140,18 +147,42 @@ class Progress:
             status = "caught"
         item = rec.get("item")
         if item is not None:  # one item of a mapped node's visit: its line, not its row
-            self._line(f"{node}[{item}]", status, _node_detail(rec))
+            self._line(f"{node}[{item}]", status, self._detail(rec))
             return
         st.status = status
         if rec["type"] == "node.started":
             st.visits.add(rec["visit"])
         st.duration_ms += rec.get("duration_ms") or 0.0
-        self._line(node, st.status, _node_detail(rec))
+        self._line(node, st.status, self._detail(rec))
+
+    def _detail(self, rec: Record) -> str:
+        """A node record's detail, with the attempt of a retry (not the visit's attempt
+        count, which a decision or a conversation's message raises too)."""
+        kind, node = rec["type"], rec["node"]
+        key = (node, rec.get("visit", 1), rec.get("item"))
+        if kind in ("node.failed", "node.retrying"):
+            self._failed.add(key)
+        if kind != "node.started":
+            return _node_detail(rec)
+        attempt = rec.get("attempt", 1)
+        if key in self._failed:  # a retry, or a resume of a failed visit
+            self._failed.discard(key)
+            shown = attempt - self._first.get(key, 1) + 1
+        else:
+            self._first[key] = attempt
+            shown = 1
+        turn = self._turn.get(node)
+        detail = _node_detail({**rec, "attempt": shown}) if attempt != shown else \
+            _node_detail(rec)
+        return f"turn {turn}  {detail}".rstrip() if turn is not None else detail
 
     def _on_waiting(self, rec: Record) -> None:
         node = rec["node"]
         self.stats.setdefault(node, NodeStats()).status = "waiting"
         if rec.get("kind") == "message":  # a conversation, between turns
+            turn = (rec.get("show") or {}).get("turn")
+            if isinstance(turn, int):  # (the turns answered so far)
+                self._turn[node] = turn + 1
             self._line(node, "waiting", "for the next message")
             return
         self._line(node, "waiting", "for approval: " + _short(_json(rec.get("show")), 100))

@@ -516,3 +516,22 @@ def test_interlock_chat_prints_a_goodbye_that_ends_the_conversation_once(
     assert out.exit_code == 0, out.output
     assert out.stdout == "hello there\nGoodbye!\n"
     assert "> end_conversation({}) -> ended" in out.stderr
+
+
+def test_resume_of_a_conversation_shows_the_turn_not_an_attempt(make_project: Any) -> None:
+    """A conversation's node re-runs after each message and decision (the visit's attempt
+    count grows with them): the progress line says which turn it answers, not
+    ``attempt 4`` of a node that never retried."""
+    p, wf = _workflow_tool_project(make_project)
+    assert p.cli("run", wf, "--run-id", "t").exit_code == 3
+    assert p.cli("send", "t", "triage db").exit_code == 3
+    assert p.cli("resume", "t", "--approve").exit_code == 3
+    assert p.cli("send", "t", "now triage api").exit_code == 3
+    rejected = p.cli("resume", "t", "--reject")
+    assert rejected.exit_code == 3, rejected.output
+    lines = [line for line in rejected.stderr.splitlines() if line.startswith("  assistant")]
+    assert lines == ["  assistant  rejected   by an anonymous decider",
+                     "  assistant  running    turn 2",
+                     "  assistant  waiting    for the next message"]
+    started = [r["attempt"] for r in records("t", p.store, "node.started")]
+    assert started[-1] == 5  # (what the progress line said before)
