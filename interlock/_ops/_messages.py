@@ -22,6 +22,7 @@ from .._engine._view import Gate
 from .._errors import UsageError
 from .._hints import decide_hint
 from .._store import Store, release_store
+from ..agents._chat import END_COMMAND
 from ._execute import Listener, _traced, drive
 from ._load import Functions, load_run, open_store_arg
 
@@ -69,13 +70,18 @@ def message_records(view: RunView, gate: Gate, text: str, by: str | None
     n = turn if isinstance(turn, int) else 0
     visit = view.running.get((gate.node, gate.visit))
     assert gate.key is not None
+    # each turn is a step of the conversation (``limits.steps`` covers it): the first is
+    # the node's visit, each later one is counted with its message -- once, in the batch
+    # that records it; `/end` is no turn
+    turn = 1 if n >= 1 and text.strip() != END_COMMAND else 0
     return [
         (CHAT_MESSAGE, {"node": gate.node, "visit": gate.visit, "message": n, "text": text,
                         "by": by}),
         (L.APPROVAL_DECIDED, {"node": gate.node, "visit": gate.visit, "kind": "message",
                               "decision": "message", "by": by, "key": gate.key}),
-        R.decision_journaled(gate.node, gate.visit, visit.attempt if visit else 1, gate.key,
-                             {"decision": "message", "by": by, "text": text}),
+        R.effect_recorded(gate.node, gate.visit, visit.attempt if visit else 1,
+                          R.decision_key(gate.key),
+                          {"decision": "message", "by": by, "text": text}, 0, steps=turn),
     ]
 
 

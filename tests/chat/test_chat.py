@@ -421,6 +421,40 @@ def test_limits_cover_the_whole_conversation_and_a_waiting_one_can_be_cancelled(
     assert refused.exit_code == 2 and "it is CANCELLED" in refused.output
 
 
+def test_limits_steps_cover_a_conversation_that_only_talks(make_project: Any) -> None:
+    """Each turn is a step (the first is the node's visit): ``limits: {steps: 3}`` allows
+    three turns of a conversation whose turns call no tool -- they added no step before,
+    so the limit never bit. The fourth message fails the run as any limit does; a resume
+    with a higher limit answers it; ``/end`` is no turn."""
+    p = make_project(TOOLS)
+    text = chat_file("scripted", replies="[one, two, three, four, five]").replace(
+        "chat: assistant\n", "chat: assistant\nlimits: {steps: 3}\n")
+    wf = p.workflow(text)
+    assert p.cli("run", wf, "--run-id", "s").exit_code == 3
+    for n, word in enumerate(("a", "b", "c"), 1):
+        sent, data = p.cli_json("send", "s", word)
+        assert sent.exit_code == 3, sent.output
+        assert data["steps"] == n
+    over, data = p.cli_json("send", "s", "d")
+    assert over.exit_code == 1
+    assert data["status"] == "FAILED"
+    assert data["error"]["type"] == "step_limit"
+    assert "limits.steps=3 before message 4 could be answered" in data["error"]["message"]
+    assert data["steps"] == 4
+    status = p.cli("status", "s")
+    assert "`interlock resume s --store" in status.stdout and "--set limits.steps=N`" \
+        in status.stdout
+    resumed, data = p.cli_json("resume", "s", "--set", "limits.steps=5")
+    assert resumed.exit_code == 3, resumed.output
+    assert data["waiting"]["show"]["last_reply"] == "four"  # message 4, answered
+    ended, data = p.cli_json("send", "s", "/end")
+    assert ended.exit_code == 0
+    assert data["steps"] == 4  # (/end is no turn)
+    assert [r["text"] for r in records("s", p.store, "chat.message")] == \
+        ["a", "b", "c", "d", "/end"]
+    assert p.cli("verify", "s").exit_code == 0
+
+
 def test_run_and_resume_say_a_conversation_waits_for_a_message(make_project: Any) -> None:
     p = make_project(TOOLS)
     wf = p.workflow(chat_file("scripted", replies="[hi]"))
