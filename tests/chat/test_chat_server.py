@@ -291,5 +291,18 @@ def test_hints_after_a_server_command_carry_server(project: Path,
         assert line.endswith(f"(`{shown}` prints all of it)"), line
         whole = runner.invoke(cli, shlex.split(shown)[1:], catch_exceptions=False)
         assert json.loads(whole.stdout)["state"] == {"text": "z" * 2000}
+        # `interlock chat --server` whose input ends at a gate: how to decide it, there
+        with server.client() as c:
+            assert c.post("/api/workflows/toolchat/runs",
+                          json={"input": {}, "run_id": "h2"}).status_code == 201
+            wait_status(c, "h2", "WAITING_INPUT")
+        talk = runner.invoke(cli, ["chat", "flows/toolchat.yaml", "--session", "h2",
+                                   "--server", server.url], input="triage db\n",
+                             catch_exceptions=False)
+        assert talk.exit_code == 3, talk.output
+        assert (f"decide with: interlock resume h2 --gate assistant/run_triage/approval "
+                f"--approve --server {server.url} (or --reject); or continue here: "
+                f"interlock chat flows/toolchat.yaml --session h2 --server {server.url}") \
+            in talk.stderr.splitlines()[-1]
     finally:
         server.stop()
