@@ -84,6 +84,11 @@ def test_send_at_a_child_gate_prints_a_decide_command_that_works(make_project: A
     assert refused.exit_code == 2
     assert f"Decide with: interlock resume c1 --gate {GATE} --approve (or --reject)" \
         in refused.output
+    # a resume without a decision, too
+    plain = p.cli("resume", "c1")
+    assert plain.exit_code == 2
+    assert f"decide it: interlock resume c1 --gate {GATE} --approve (or --reject)" \
+        in plain.output
     # the command as printed, pasted
     command = expected.removeprefix("decide with: ").removesuffix(" (or --reject)")
     decided = CliRunner().invoke(cli, shlex.split(command)[1:], catch_exceptions=False)
@@ -118,3 +123,15 @@ def test_chat_whose_input_ends_at_a_gate_says_how_to_decide_it(make_project: Any
             f"resume c1 --gate {GATE} --approve --store {p.store} (or --reject); or continue "
             f"here: interlock chat toolchat.yaml --session c1 --store {p.store}") \
         in out.stderr.splitlines()
+
+
+def test_migrate_of_a_waiting_run_points_at_status_with_the_store(make_project: Any) -> None:
+    p: CliProject = make_project(NODES)
+    p.workflow(TRIAGE, "triage.yaml")
+    assert p.cli("run", "triage.yaml", "--run-id", "g1", "--input",
+                 '{"service": "db"}').exit_code == 3
+    p.workflow(TRIAGE.replace("show: [checked]", "show: [checked, service]"), "v2.yaml")
+    moved = p.cli("migrate", "g1", "--to", "v2.yaml")
+    assert moved.exit_code == 0, moved.output
+    assert (f"it waits on the new definition: `interlock status g1 --store {p.store}` "
+            "shows its gate and how to decide it") in moved.stderr
