@@ -53,10 +53,11 @@ def last_reply(result: RunResult | Mapping[str, Any]) -> str | None:
     return None
 
 
-def _print_turn(data: Mapping[str, Any], run_id: str, where: str = "") -> None:
+def _print_turn(data: Mapping[str, Any], run_id: str, where: str = "",
+                remote: bool = False) -> None:
     """The turn's reply on stdout, or (stderr) what the conversation waits for with the
     command that goes on -- carrying ``where``, the options that reach the same store or
-    server."""
+    server (``remote``: a server's)."""
     status = data.get("status")
     waiting = data.get("waiting") or {}
     show = waiting.get("show") or {}
@@ -79,6 +80,11 @@ def _print_turn(data: Mapping[str, Any], run_id: str, where: str = "") -> None:
         return
     error = data.get("error") or {}
     click.echo(f"the turn {str(status).lower()}: {error.get('message', '')}", err=True)
+    if status == "FAILED":  # what can be done, as `status` says it
+        from .. import RunResult
+        from ._inspect import _failed_hint
+
+        click.echo(_failed_hint(RunResult(**dict(data)), where, remote), err=True)
 
 
 @click.command(short_help="Send a message to a conversation.")
@@ -106,7 +112,7 @@ def send(run_id: str, text: str, by: str | None, as_json: bool, store_url: str |
             data = remote.result(run_id).to_json()
         finally:
             remote.close()
-        _done(data, run_id, as_json, where_options(None, server_url, token))
+        _done(data, run_id, as_json, where_options(None, server_url, token), remote=True)
 
     async def go(st: Store) -> RunResult:
         from .. import send as send_message
@@ -117,11 +123,12 @@ def send(run_id: str, text: str, by: str | None, as_json: bool, store_url: str |
     _done(result.to_json(), run_id, as_json, where_options(store_url))
 
 
-def _done(data: Mapping[str, Any], run_id: str, as_json: bool, where: str) -> NoReturn:
+def _done(data: Mapping[str, Any], run_id: str, as_json: bool, where: str,
+          remote: bool = False) -> NoReturn:
     if as_json:
         click.echo(json.dumps(dict(data), ensure_ascii=False))
     else:
-        _print_turn(data, run_id, where)
+        _print_turn(data, run_id, where, remote)
     note_abandoned_threads()
     sys.exit(EXIT_FAILED if turn_failed(data) else exit_code_for(str(data.get("status"))))
 

@@ -435,8 +435,11 @@ def test_limits_steps_cover_a_conversation_that_only_talks(make_project: Any) ->
         sent, data = p.cli_json("send", "s", word)
         assert sent.exit_code == 3, sent.output
         assert data["steps"] == n
-    over, data = p.cli_json("send", "s", "d")
+    over = p.cli("send", "s", "d")
     assert over.exit_code == 1
+    assert (f"continue with a higher limit: `interlock resume s --store {p.store} --set "
+            "limits.steps=N`") in over.stderr.splitlines()
+    _, data = p.cli_json("status", "s")
     assert data["status"] == "FAILED"
     assert data["error"]["type"] == "step_limit"
     assert "limits.steps=3 before message 4 could be answered" in data["error"]["message"]
