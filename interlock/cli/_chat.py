@@ -81,10 +81,9 @@ def _print_turn(data: Mapping[str, Any], run_id: str, where: str = "",
     error = data.get("error") or {}
     click.echo(f"the turn {str(status).lower()}: {error.get('message', '')}", err=True)
     if status == "FAILED":  # what can be done, as `status` says it
-        from .. import RunResult
         from ._inspect import _failed_hint
 
-        click.echo(_failed_hint(RunResult(**dict(data)), where, remote), err=True)
+        click.echo(_failed_hint(run_id, data.get("error"), where, remote), err=True)
 
 
 @click.command(short_help="Send a message to a conversation.")
@@ -189,7 +188,8 @@ def chat(workflow: str, session: str | None, input_json: str | None, by: str | N
         remote = Remote(server_url, token, store_url)
         terminal = RemoteTerminal(remote, by)
         status = terminal.run(workflow, session, input_json)
-        terminal.left(status, terminal.waiting, workflow, where_options(None, server_url, token))
+        terminal.left(status, terminal.waiting, workflow,
+                      where_options(None, server_url, token), terminal.error, remote=True)
         sys.exit(exit_code_for(status))
     wf = load_workflow(workflow)
     if wf.spec.chat is None:
