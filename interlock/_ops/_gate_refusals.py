@@ -45,7 +45,7 @@ async def check_named(st: Store, run_id: str, loaded: Loaded, name: str) -> None
                              f"per gate wins{still}")
     what = _what(loaded, name)
     gates = [n for n, ns in loaded.spec.nodes.items()
-             if (ns.approval is not None or ns.confirm) and n != name]
+             if (ns.approval is not None or ns.confirm) and n != name.split("[", 1)[0]]
     meant = difflib.get_close_matches(name, waiting, n=1) or \
         difflib.get_close_matches(name, gates, n=1)
     hint = f" Did you mean {meant[0]!r}?" if meant else ""
@@ -78,7 +78,8 @@ def _what(loaded: Loaded, name: str) -> str:
     if "/" in name:
         return f"{node!r} waits for no child run now"
     if ns.approval is not None or ns.confirm:
-        return f"{node!r} is a gate the run has not reached: it has asked for no decision"
+        asked = f"for {name!r}" if name != node else "in this run"
+        return f"{node!r} is a gate that has asked for no decision {asked}"
     return f"{node!r} is not a gate (neither an approval: node nor a confirm: true node)"
 
 

@@ -136,3 +136,44 @@ def test_the_api_and_server_path_give_the_same_refusals(
     finally:
         served.stop()
     assert len(_decided(p, "msg-5")) == 1
+
+
+# -- the node table of run/resume: a decided gate's row says how it was decided ----------
+
+
+def _row(output: str, node: str) -> str:
+    """The status column of ``node``'s row in the node table ``output`` holds."""
+    for line in output.splitlines():
+        cells = line.split()
+        if cells and cells[0] == node and len(cells) >= 5 and cells[1].isdigit():
+            return " ".join(cells[4 if cells[2] == "-" else 5:])
+    raise AssertionError(f"no row for {node!r} in:\n{output}")
+
+
+def test_the_node_table_shows_a_gate_approved_or_rejected(
+        make_project: Callable[..., CliProject]) -> None:
+    p = make_project(NODES)
+    assert p.cli("run", p.workflow(PARALLEL), "--run-id", "tab-1").exit_code == 3
+    approved = p.cli("resume", "tab-1", "--approve", "--gate", "finance", "--by", "bob")
+    assert approved.exit_code == 3, approved.output
+    assert _row(approved.stdout, "finance") == "approved"
+    assert _row(approved.stdout, "legal") == "waiting"
+    rejected = p.cli("resume", "tab-1", "--reject", "--gate", "legal", "--by", "alice")
+    assert rejected.exit_code == 4, rejected.output
+    assert _row(rejected.stdout, "legal") == "rejected"
+    assert _row(rejected.stdout, "finance") == "approved"  # (replayed from the log)
+    assert _row(rejected.stdout, "start") == "completed"
+
+
+def test_the_node_table_counts_a_mapped_gates_decisions(
+        make_project: Callable[..., CliProject]) -> None:
+    from test_parallel_gates import MAPPED, MAPPED_NODES
+
+    p = make_project(MAPPED_NODES)
+    assert p.cli("run", p.workflow(MAPPED), "--run-id", "tab-2").exit_code == 3
+    for i in (3, 0, 4, 1, 2):
+        last = p.cli("resume", "tab-2", "--reject" if i in (1, 4) else "--approve",
+                     "--gate", f"deploy[{i}]", "--by", "carol")
+    assert last.exit_code == 0, last.output
+    assert _row(last.stdout, "deploy") == "3 approved, 2 rejected"
+    assert _row(last.stdout, "report") == "completed"
