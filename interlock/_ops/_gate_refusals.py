@@ -21,50 +21,52 @@ from .._engine._approvals import GateNotWaiting
 from .._engine._gates import entries, gate_name
 from .._engine._view import Gate
 from .._store import Store
-from ._children import head
 from ._load import Loaded
 
 
-async def check_named(st: Store, run_id: str, loaded: Loaded, name: str) -> None:
+async def check_named(st: Store, run_id: str, loaded: Loaded, name: str,
+                      above: str = "") -> None:
     """Refuse a decision for the gate ``name`` of run ``run_id`` (as ``loaded``) when no
     gate of the run waits under that name: `GateNotWaiting`, saying who decided it
     already, or which gates wait and which name was meant. A name that waits -- a gate
-    of the run's, or a path into a child run it waits through -- passes."""
+    of the run's, or a path into a child run it waits through -- passes. ``above``: for
+    a child run's gate decided through its parent, the path down to it (``remediate/``),
+    which the names in the refusal start with, as the parent's ``--gate`` takes them."""
     view = loaded.view
     pending = view.pending_gates()
     if _waits(pending, name):
         return
-    waiting = sorted({str(e.get("node")) for g in pending for e in entries(g)})
-    status = view.status
+    waiting = sorted({above + str(e.get("node")) for g in pending for e in entries(g)})
+    status, shown = view.status, above + name
+    which = "child run" if above else "run"
+    run = f"{which} {run_id!r}"
     still = (f"; still waiting: {', '.join(waiting)}" if waiting
-             else f"; nothing else waits for a decision (the run is {status})")
+             else f"; nothing else waits for a decision (the {which} is {status})")
     found = await last_decided(st, run_id, name)
     if found is not None:
-        raise GateNotWaiting(f"the decision is refused: gate {name!r} of run {run_id!r} was "
+        raise GateNotWaiting(f"the decision is refused: gate {shown!r} of {run} was "
                              f"decided already: {decided_text(found)}; exactly one decision "
                              f"per gate wins{still}")
-    what = _what(loaded, name)
-    gates = [n for n, ns in loaded.spec.nodes.items()
+    gates = [above + n for n, ns in loaded.spec.nodes.items()
              if (ns.approval is not None or ns.confirm) and n != name.split("[", 1)[0]]
-    meant = difflib.get_close_matches(name, waiting, n=1) or \
-        difflib.get_close_matches(name, gates, n=1)
+    meant = difflib.get_close_matches(shown, waiting, n=1) or \
+        difflib.get_close_matches(shown, gates, n=1)
     hint = f" Did you mean {meant[0]!r}?" if meant else ""
     listed = (f" Waiting: {', '.join(waiting)} (decide one with --gate NAME)." if waiting
-              else f" Nothing waits for a decision: the run is {status}.")
-    raise GateNotWaiting(f"the decision is refused: no gate of run {run_id!r} waits at "
-                         f"{name!r}: {what}.{hint}{listed}")
+              else f" Nothing waits for a decision: the {which} is {status}.")
+    raise GateNotWaiting(f"the decision is refused: no gate of {run} waits at {shown!r}: "
+                         f"{_what(loaded, name)}.{hint}{listed}")
 
 
 def _waits(pending: list[Gate], name: str) -> bool:
-    """Whether ``name`` names a waiting gate as `_approvals.decide` and
-    `_children._child_gate` look it up: its node, ``NODE[i]``, or a child run's path."""
+    """Whether ``name`` may name a waiting gate as `_approvals.decide` and
+    `_children._child_gate` look it up: its node, ``NODE[i]``, or a path into a child
+    run the run waits through (which the child checks in turn)."""
     for gate in pending:
         if name in (gate.node, gate_name(gate)):
             return True
-        if gate.kind == "workflow":
-            top = head(gate)
-            if name == top or name.startswith(top + "/"):
-                return True
+        if gate.kind == "workflow" and name.startswith((gate.node + "/", gate.node + "[")):
+            return True
     return False
 
 

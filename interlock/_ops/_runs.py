@@ -21,7 +21,15 @@ from .._engine._journal import Journal
 from .._engine._view import gate_key
 from .._errors import ClaimError, ClaimLost, ConflictError, LogError, RunNotFound, UsageError
 from .._store import RunRow, Store, Summary, release_store
-from ._children import _child_gate, _decide_child, _expired_children, _slots, _unblocked, continued
+from ._children import (
+    _child_gate,
+    _decide_child,
+    _expired_children,
+    _slots,
+    _unblocked,
+    continued,
+    head,
+)
 from ._claims import LEASE_SECONDS, _claim_of, make_owner, make_run_id
 from ._code import CodeChanged, check_code, strict_code
 from ._execute import Listener, _traced, drive
@@ -214,7 +222,7 @@ async def _offer_child(st: Store, run_id: str, decision: Decision, workflow: Fun
     if child is None or loaded.view.status in TERMINAL_STATUSES:
         return None
     gate, below = child
-    await _decide_child(st, str(gate.key), below)  # (raises: refused, recorded nothing)
+    await _decide_child(st, str(gate.key), below, f"{head(gate)}/")  # (raises: refused)
     # (a taken slot: another of the child's gates was offered first -- the node runs
     # again either way, and finds the child with both decisions)
     await st.offer_decision(run_id, gate_slot(gate), offer_of(gate, replace(
@@ -341,7 +349,7 @@ async def _decisions(st: Store, run_id: str, loaded: Loaded, decision: Decision 
             "decide what it waits for then")
     if child is not None:  # a gate inside a child run: it decides it
         gate, below = child
-        await _decide_child(st, str(gate.key), below)
+        await _decide_child(st, str(gate.key), below, f"{head(gate)}/")
         assert decision is not None
         first.append(continued(
             gate, _PAST[decision.kind], by=decision.by, comment=decision.comment,

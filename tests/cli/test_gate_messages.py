@@ -94,6 +94,28 @@ def test_a_gate_with_approvers_refuses_an_anonymous_decision(
     assert _decided(p, "msg-4") == []
 
 
+def test_a_child_runs_gate_is_refused_by_its_path_from_the_parent(
+        make_project: Callable[..., CliProject]) -> None:
+    from test_child_gates import CHILD, PARENT
+    from test_child_gates import NODES as KID_NODES
+
+    p = make_project(KID_NODES)
+    p.workflow(CHILD, "child.yaml")
+    assert p.cli("run", p.workflow(PARENT, "parent.yaml"), "--run-id", "kid-1").exit_code == 3
+    assert p.cli("resume", "kid-1", "--approve", "--gate", "remediate/b",
+                 "--by", "bea").exit_code == 3
+    again = p.cli("resume", "kid-1", "--approve", "--gate", "remediate/b", "--by", "bea")
+    assert again.exit_code == 2, again.output
+    assert re.search(r"gate 'remediate/b' of child run '[^']+' was decided already: approved "
+                     r"by bea at \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC via cli", again.output), \
+        again.output
+    assert "still waiting: remediate/a" in again.output
+    typo = p.cli("resume", "kid-1", "--approve", "--gate", "remediate/bb", "--by", "bea")
+    assert typo.exit_code == 2, typo.output
+    assert "workflow 'child' has no node 'bb'" in typo.output
+    assert "Did you mean 'remediate/a'?" in typo.output
+
+
 def _wait_for(what: Callable[[], bool], why: str, timeout: float = 60) -> None:
     until = time.monotonic() + timeout
     while not what():
