@@ -149,13 +149,14 @@ class Progress:
     def _on_decided(self, rec: Record) -> None:
         node, decision = rec["node"], rec["decision"]
         st = self.stats.setdefault(node, NodeStats())
-        st.status = decision
+        item = rec.get("item")
+        if item is None:  # (a map item's: the row waits for the others, then counts them)
+            st.status = decision
         if rec.get("kind") in ("approval", "confirm"):  # the node's own gate
             mark = "confirmed" if rec["kind"] == "confirm" and decision == "approved" \
                 else decision  # (a confirmed action runs: its completion says how it went)
             st.decided.setdefault(rec["visit"], Counter())[mark] += 1
-            st.mapped = st.mapped or rec.get("item") is not None
-        item = rec.get("item")
+            st.mapped = st.mapped or item is not None
         self._line(node if item is None else f"{node}[{item}]", decision,
                    _decision_detail(rec))
 
