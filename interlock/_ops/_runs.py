@@ -178,8 +178,9 @@ async def _offer(st: Store, run_id: str, decision: Decision, workflow: Functions
     loaded = await load_run(st, run_id, workflow=workflow, executable=strict_code())
     view = loaded.view
     pending = view.pending_gates()
-    if decision.node is not None and view.status != "WAITING_INPUT" and \
-            (pending or view.status in TERMINAL_STATUSES):  # a gate named: does it wait?
+    if decision.node is not None and view.status != "WAITING_INPUT" and (
+            pending or view.status in TERMINAL_STATUSES or view.status == "PENDING"):
+        # a gate named: does it wait? (a PENDING run: decided, for a worker to continue)
         await check_named(st, run_id, loaded, decision.node)
     if not pending or view.status in TERMINAL_STATUSES or view.status == "WAITING_INPUT":
         return None  # (a conversation: `_resume` refuses)

@@ -69,6 +69,22 @@ def test_a_gate_decided_already_says_who_how_when_and_where(
     assert len(_decided(p, "msg-2")) == 2
 
 
+def test_a_gate_decided_for_a_worker_says_so_too(
+        make_project: Callable[..., CliProject]) -> None:
+    """A decision recorded with --detach leaves the run PENDING for a worker: the same
+    decision again is refused as decided already, not as 'not waiting'."""
+    p = make_project(NODES)
+    assert p.cli("run", p.workflow(PARALLEL), "--run-id", "msg-6").exit_code == 3
+    for gate, by in (("finance", "bob"), ("legal", "alice")):
+        assert p.cli("resume", "msg-6", "--approve", "--gate", gate, "--by", by,
+                     "--detach").exit_code == 0
+    again = p.cli("resume", "msg-6", "--approve", "--gate", "legal", "--by", "alice")
+    assert again.exit_code == 2, again.output
+    assert "gate 'legal' of run 'msg-6' was decided already: approved by alice at " \
+        in again.output
+    assert "the run is PENDING" in again.output
+
+
 def test_a_gate_closed_by_a_rejection_says_so(
         make_project: Callable[..., CliProject]) -> None:
     p = make_project(NODES)
