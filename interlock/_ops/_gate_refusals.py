@@ -21,7 +21,8 @@ from .._engine._approvals import GateNotWaiting
 from .._engine._gates import entries, gate_name
 from .._engine._view import Gate
 from .._store import Store
-from ._load import Loaded
+from ._load import Loaded, load_run
+from ._verify import ChildLinks
 
 
 async def check_named(st: Store, run_id: str, loaded: Loaded, name: str,
@@ -42,6 +43,8 @@ async def check_named(st: Store, run_id: str, loaded: Loaded, name: str,
     run = f"{which} {run_id!r}"
     still = (f"; still waiting: {', '.join(waiting)}" if waiting
              else f"; nothing else waits for a decision (the {which} is {status})")
+    if "/" in name:  # a child run's gate: the child says, if this run still links to it
+        await _check_child(st, loaded, name, above)
     found = await last_decided(st, run_id, name)
     if found is not None:
         raise GateNotWaiting(f"the decision is refused: gate {shown!r} of {run} was "
@@ -58,14 +61,36 @@ async def check_named(st: Store, run_id: str, loaded: Loaded, name: str,
                          f"{_what(loaded, name)}.{hint}{listed}")
 
 
+async def _check_child(st: Store, loaded: Loaded, name: str, above: str) -> None:
+    """`check_named` in the last child run the node ``name`` starts with (``NODE/...``,
+    ``NODE[i]/...``) started -- its gate decided there, or never there."""
+    top, rest = name.split("/", 1)
+    node, _, item = top.partition("[")
+    links, child = ChildLinks(loaded.row), None
+    async for page in st.iter_entries(loaded.row.run_id):
+        for entry in page:
+            if entry.type == L.CHILD_STARTED:
+                rec = entry.record()
+                linked = await links.follow(st, rec)
+                if linked is not None and rec.get("node") == node and \
+                        str(rec.get("item")) == (item.rstrip("]") or "None"):
+                    child = linked
+    if child is not None:
+        await check_named(st, child, await load_run(st, child), rest, f"{above}{top}/")
+
+
 def _waits(pending: list[Gate], name: str) -> bool:
     """Whether ``name`` may name a waiting gate as `_approvals.decide` and
     `_children._child_gate` look it up: its node, ``NODE[i]``, or a path into a child
     run the run waits through (which the child checks in turn)."""
     for gate in pending:
-        if name in (gate.node, gate_name(gate)):
+        if name == gate_name(gate):
             return True
-        if gate.kind == "workflow" and name.startswith((gate.node + "/", gate.node + "[")):
+        if gate.kind == "workflow":  # (a map item's child: NODE[i]/..., never NODE alone)
+            top = gate.node if gate.item is None else f"{gate.node}[{gate.item}]"
+            if name == top or name.startswith(top + "/"):
+                return True
+        elif name == gate.node:
             return True
     return False
 
@@ -79,6 +104,9 @@ def _what(loaded: Loaded, name: str) -> str:
         return f"workflow {spec.workflow!r} has no node {node!r}"
     if "/" in name:
         return f"{node!r} waits for no child run now"
+    if ns.workflow is not None:
+        return (f"{node!r} is a sub-workflow node: name its child run's gate by its path "
+                f"from here ({node}/GATE; {node}[i]/GATE for a map item's child)")
     if ns.approval is not None or ns.confirm:
         asked = f"for {name!r}" if name != node else "in this run"
         return f"{node!r} is a gate that has asked for no decision {asked}"

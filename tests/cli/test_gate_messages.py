@@ -130,6 +130,32 @@ def test_a_child_runs_gate_is_refused_by_its_path_from_the_parent(
     assert typo.exit_code == 2, typo.output
     assert "workflow 'child' has no node 'bb'" in typo.output
     assert "Did you mean 'remediate/a'?" in typo.output
+    # the child done (its last gate decided): the child's record still answers
+    assert p.cli("resume", "kid-1", "--approve", "--gate", "remediate/a",
+                 "--by", "al").exit_code == 3
+    late = p.cli("resume", "kid-1", "--approve", "--gate", "remediate/b", "--by", "bea")
+    assert late.exit_code == 2, late.output
+    assert "gate 'remediate/b' of child run" in late.output
+    assert "decided already: approved by bea at " in late.output
+
+
+def test_a_mapped_sub_workflow_node_is_no_gate_name(
+        make_project: Callable[..., CliProject]) -> None:
+    """``--gate NODE`` of a mapped sub-workflow names no gate (each item's child has its
+    own, ``NODE[i]/GATE``): refused, nothing recorded -- it recorded an approval the
+    child never saw, and the child asked again."""
+    from test_mapped_gates import FLEET, GATED_CHILD
+    from test_mapped_gates import NODES as MAP_NODES
+
+    p = make_project(MAP_NODES)
+    p.workflow(GATED_CHILD, "gated.yaml")
+    assert p.cli("run", p.workflow(FLEET, "fleet.yaml"), "--run-id", "kid-2").exit_code == 3
+    whole = p.cli("resume", "kid-2", "--approve", "--gate", "remediate", "--by", "dan")
+    assert whole.exit_code == 2, whole.output
+    assert "'remediate' is a sub-workflow node" in whole.output
+    assert "Waiting: remediate[0]/approval, remediate[1]/approval, remediate[2]/approval" \
+        in whole.output
+    assert _decided(p, "kid-2") == []
 
 
 def _wait_for(what: Callable[[], bool], why: str, timeout: float = 60) -> None:
