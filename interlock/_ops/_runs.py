@@ -25,6 +25,7 @@ from ._children import _child_gate, _decide_child, _expired_children, _slots, _u
 from ._claims import LEASE_SECONDS, _claim_of, make_owner, make_run_id
 from ._code import CodeChanged, check_code, strict_code
 from ._execute import Listener, _traced, drive
+from ._gate_closed import closed_refusal
 from ._load import (
     _BROKEN_LOG_ADVICE,
     RESUMABLE,
@@ -132,9 +133,12 @@ async def resume_gate(run_id: str, decision: Decision | None = None, *,
                                        config=config, limits=limits, listener=listener,
                                        detach=detach)
         try:
-            return await _resume(st, run_id, decision, workflow=workflow, config=config,
-                                 limits=limits, force=force, listener=listener,
-                                 detach=detach), None
+            result = await _resume(st, run_id, decision, workflow=workflow, config=config,
+                                   limits=limits, force=force, listener=listener,
+                                   detach=detach)
+            if offered_gate is not None and result.status == "REJECTED":
+                await _refuse_closed(st, run_id, offered_gate, workflow)
+            return result, None
         except (ClaimError, ConflictError) as exc:
             # executed elsewhere, or changed since it was read (another decision recorded
             # first): the offer stands -- folded in there, or recorded here once free
@@ -169,6 +173,10 @@ async def _offer(st: Store, run_id: str, decision: Decision, workflow: Functions
     loaded = await load_run(st, run_id, workflow=workflow, executable=strict_code())
     view = loaded.view
     pending = view.pending_gates()
+    if view.status == "REJECTED" and decision.node is not None:
+        closed = closed_refusal(loaded, run_id, lambda g: gate_name(g) == decision.node)
+        if closed is not None:  # a rejection closed it a moment ago
+            raise closed
     if not pending or view.status in TERMINAL_STATUSES or view.status == "WAITING_INPUT":
         return None  # (a conversation: `_resume` refuses)
     if strict_code():  # refused before anything is offered (`CodeChanged`)
@@ -235,11 +243,28 @@ async def _folded(st: Store, run_id: str, gate: tuple[str, int, str | None, floa
     if g is not None and g.decision is None and g.key == gate[2] \
             and g.requested_at == gate[3]:
         return None  # still waiting: not folded in
+    _raise_closed(loaded, run_id, gate)
     offers = await st.decisions(run_id)
     mine = [d for d in offers.values() if gate_key(str(d.get("node")), int(d.get("visit") or 0),
                                                     d.get("item")) == gate[:2]
             and d.get("requested_at") == gate[3]]
     return result_of(run_id, loaded.row.workflow, loaded.view) if mine else None
+
+
+def _raise_closed(loaded: Loaded, run_id: str, gate: tuple[str, int, str | None, float]
+                  ) -> None:
+    """Raise `GateClosed` if a rejection closed ``gate`` before our decision on it was
+    folded in (the decision offered for it is then not recorded)."""
+    closed = closed_refusal(loaded, run_id, lambda g: g.slot == gate[:2] and g.key == gate[2]
+                            and g.requested_at == gate[3])
+    if closed is not None:
+        raise closed
+
+
+async def _refuse_closed(st: Store, run_id: str, gate: tuple[str, int, str | None, float],
+                         workflow: Functions | None) -> None:
+    """`_raise_closed` for a run this process executed to its rejection."""
+    _raise_closed(await load_run(st, run_id, workflow=workflow), run_id, gate)
 
 
 async def _handover(st: Store, run_id: str, gate: tuple[str, int, str | None, float],
@@ -258,17 +283,21 @@ async def _handover(st: Store, run_id: str, gate: tuple[str, int, str | None, fl
         g = loaded.view.gates.get(gate[:2])
         if g is None or g.decision is not None or g.key != gate[2] \
                 or g.requested_at != gate[3]:  # folded in (or asked again since)
+            _raise_closed(loaded, run_id, gate)  # (or closed by a rejection)
             return result_of(run_id, loaded.row.workflow, loaded.view), owner
         if loop.time() >= until:  # still offered: whoever executes the run next folds it
             return result_of(run_id, loaded.row.workflow, loaded.view), owner
         await asyncio.sleep(HANDOVER_POLL)
         try:
-            return await _resume(st, run_id, None, workflow=workflow, config=config,
-                                 limits=limits, listener=listener, detach=detach), None
+            result = await _resume(st, run_id, None, workflow=workflow, config=config,
+                                   limits=limits, listener=listener, detach=detach)
         except ClaimLost:
             raise
         except (ClaimError, ConflictError, UsageError):  # executed there, or moved on: again
             continue
+        if result.status == "REJECTED":  # (our gate closed by a rejection folded first?)
+            await _refuse_closed(st, run_id, gate, workflow)
+        return result, None
 
 
 async def _resume(st: Store, run_id: str, decision: Decision | None, *,
