@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from conftest import CliProject
 from test_decision_race import LAUNCH, store_urls
 
@@ -313,3 +314,39 @@ def test_a_decision_recorded_for_a_worker_while_another_gate_waits_verifies(
     assert [g["node"] for g in status["waiting"]["pending"]] == ["security"]
     assert p.cli("verify", "det").exit_code == 0
     assert p.cli("resume", "det", "--gate", "security", "--approve").exit_code == 0
+
+
+TIMED = """
+workflow: timed
+nodes:
+  prep: {mod}:prep
+  legal: {approval: {show: [], timeout: 30s}}
+  security: {approval: {show: [], timeout: 30s}}
+edges:
+  - {from: START, to: prep}
+  - {from: prep, to: [legal, security]}
+"""
+
+
+def test_two_gates_past_their_deadlines_end_the_run_once(
+        make_project: Callable[..., CliProject], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both deadlines passed when the run is resumed: the first gate's timeout rejects it
+    and closes the other (by the engine), once -- the old code decided the second one too,
+    after the run had ended, and the resume failed with an internal error."""
+    import time
+
+    import interlock
+
+    p = make_project(NODES)
+    wf = interlock.load(p.workflow(TIMED))
+    first = wf.run_sync(store=p.store, run_id="timed")
+    assert first.status == "WAITING_APPROVAL"
+    later = time.time() + 3600
+    monkeypatch.setattr(time, "time", lambda: later)
+    done = wf.resume_sync("timed", store=p.store)
+    assert done.status == "REJECTED"
+    decided = [(r["node"], r["decision"], r.get("by")) for r in p.records("timed")
+               if r["type"] == "approval.decided"]
+    assert decided == [("legal", "rejected", "interlock (deadline)"),
+                       ("security", "closed", "interlock (deadline)")]
+    assert p.cli("verify", "timed").exit_code == 0
