@@ -11,12 +11,12 @@ decision (exit 2, a server's 409), never as "recorded".
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import UTC, datetime
 
 from .. import _log as L
 from .._engine._approvals import GateNotWaiting
 from .._engine._gates import gate_name
 from .._engine._view import Gate
+from ._gate_refusals import utc
 from ._load import Loaded
 
 
@@ -66,6 +66,4 @@ def _rejection(loaded: Loaded, gate: Gate) -> L.Record | None:
 
 
 def _when(at: object) -> str:
-    if not isinstance(at, int | float):
-        return "an unknown time"
-    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return utc(at) if isinstance(at, int | float) else "an unknown time"
