@@ -15,6 +15,7 @@ from .._errors import RunNotFound, UsageError
 from .._store import Store
 from ._claims import _commit_claimed
 from ._load import load_run
+from ._orphans import close_children
 
 if TYPE_CHECKING:
     from .._engine._approvals import Decision
@@ -137,6 +138,8 @@ async def _decide_child(store: Store, run_id: str, decision: Decision) -> None:
         await _decide_child(store, str(below[0].key), below[1])
         return
     await _commit_claimed(store, loaded, decide(loaded.spec, view, decision))
+    # (a rejection that ended the child closes the children it waited through)
+    await close_children(store, run_id, loaded.view, loaded.plan)
 
 
 async def _expired_children(store: Store, view: RunView,

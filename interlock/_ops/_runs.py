@@ -35,6 +35,7 @@ from ._load import (
     load_run,
     open_store_arg,
 )
+from ._orphans import close_stranded
 from ._outcomes import unknown_outcomes
 from ._verify import ChildLinks
 
@@ -530,7 +531,11 @@ async def list_runs(*, store: str | Store | None = None, status: str | None = No
                     workflow: str | None = None, limit: int = 100) -> list[RunRow]:
     st, owned = open_store_arg(store)
     try:
-        return await st.list_runs(status=status, workflow=workflow, limit=limit)
+        rows = await st.list_runs(status=status, workflow=workflow, limit=limit)
+        if status in (None, "WAITING_APPROVAL") and await close_stranded(st, rows):
+            # waiting children of ended parents, closed by this look: listed as they are
+            rows = await st.list_runs(status=status, workflow=workflow, limit=limit)
+        return rows
     finally:
         if owned:
             await release_store(st)
