@@ -187,8 +187,12 @@ class Approvals:
     async def _approval(self, store: Store, row: RunRow, spec: Any, w: dict[str, Any]
                         ) -> dict[str, Any]:
         node = w["node"]
-        ns = spec.nodes.get(node)
-        approvers = list(ns.approval.approvers) if ns is not None and ns.approval else []
+        # a child run's gate says who may decide it (its definition's, not this run's); a
+        # gate of this run's own is its node's (``deploy[2]``: a map item's, ``deploy``)
+        ns = spec.nodes.get(str(node).split("[", 1)[0])
+        approvers = list(w["approvers"]) if isinstance(w.get("approvers"), list) \
+            else list(ns.approval.approvers) if ns is not None and ns.approval \
+            and "/" not in node else []
         decisions = w.get("decisions") or []
         return {"run_id": row.run_id, "workflow": row.workflow, "node": node,
                 "show": w.get("show") or {}, "decisions": decisions,
