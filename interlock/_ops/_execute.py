@@ -101,8 +101,10 @@ async def drive(plan: Plan, store: Store, run_id: str, view: RunView, writer: L.
         owner = make_owner()
         generation = await store.claim(run_id, owner, lease, force=force)
     claim = Claim(owner, generation) if generation is not None else None
-    closing = Closing(listener)  # (notes the child runs whose gates it closes)
-    journal = Journal(store, run_id, view, writer, closing, owner=owner, claim=claim)
+    # (notes the child runs whose gates it closes, if it can have any)
+    closing = Closing(listener) if Closing.needed(plan) else None
+    journal = Journal(store, run_id, view, writer, closing or listener, owner=owner,
+                      claim=claim)
     runner = Runner(plan, journal, run_id, view)
     runner.stop = stop
     runner.offers = lambda: store.decisions(run_id)
@@ -120,7 +122,8 @@ async def drive(plan: Plan, store: Store, run_id: str, view: RunView, writer: L.
         raise
     if not journal.released:
         await store.release(run_id, owner)
-    await close_children(store, run_id, view, plan, closed=closing.children)
+    await close_children(store, run_id, view, plan,
+                         closed=closing.children if closing is not None else None)
     return result_of(run_id, plan.spec.workflow, view)
 
 

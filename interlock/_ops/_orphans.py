@@ -34,7 +34,7 @@ from .._definition._plan import Plan
 from .._engine._approvals import close_others
 from .._engine._fold import RunView
 from .._engine._journal import Journal
-from .._errors import ClaimError, LogError, RunNotFound, UsageError
+from .._errors import ClaimError, InterlockError, RunNotFound
 from .._plugins._subflow import child_run_id
 from .._store import RunRow, Store
 from ._claims import LEASE_SECONDS, _claim_of, make_owner
@@ -63,6 +63,13 @@ class Closing:
     def __init__(self, inner: Callable[[L.Record, RunView], object] | None) -> None:
         self.inner = inner
         self.children: dict[str, tuple[str, int, str]] = {}
+
+    @staticmethod
+    def needed(plan: Plan) -> bool:
+        """Whether a run of ``plan`` can have child runs (a ``workflow:`` node, or an
+        agent, whose workflow tools start them)."""
+        return any(pn.spec.workflow is not None or pn.spec.agent is not None
+                   for pn in plan.nodes.values())
 
     def __call__(self, rec: L.Record, view: RunView) -> None:
         if rec["type"] == L.APPROVAL_DECIDED and rec.get("decision") == "closed" \
@@ -151,9 +158,9 @@ async def _guarded(store: Store, parent: str, child: str, outcome: str, why: str
                    by: str | None) -> bool:
     try:
         return await _close(store, parent, child, outcome, why, by)
-    except (UsageError, LogError) as exc:  # a broken or keyed log: left, and said
+    except InterlockError as exc:  # the store away, a broken or keyed log: left, said
         log.warning("child run %s of run %s is not needed any more but could not be "
-                    "closed: %s", child, parent, exc)
+                    "closed (the next look tries again): %s", child, parent, exc)
         return False
 
 
@@ -234,7 +241,7 @@ async def _parent(store: Store, run_id: str) -> Loaded | str | None:
         if row.summary.status == "FAILED":
             return None
         loaded = await load_run(store, run_id)
-    except (RunNotFound, UsageError, LogError):
+    except InterlockError:  # (gone, a broken log, the store away: not now)
         return None
     if loaded.view.status in ENDED:
         return ":".join(_why(run_id, loaded.view))
