@@ -204,3 +204,45 @@ def test_a_crash_between_the_parent_and_the_child_is_closed_by_the_next_look(
     for run in ("k1.remediate.1", "k3.remediate.1"):
         assert p.cli("verify", run).exit_code == 0
     json.dumps(p.records("k3.remediate.1"))
+
+
+TRIAGE = """
+workflow: triage
+input: [service]
+nodes:
+  approval: {approval: {show: [service]}}
+edges:
+  - {from: START, to: approval}
+"""
+
+TOOLCHAT = """
+workflow: toolchat
+chat: assistant
+nodes:
+  assistant:
+    agent:
+      provider: scripted
+      tools: [{workflow: triage.yaml, name: run_triage, description: Sweep a service}]
+      replies:
+        - {tool_calls: [{name: run_triage, arguments: {service: db}}]}
+        - triage approved
+"""
+
+
+def test_a_cancelled_conversation_cancels_the_child_of_its_workflow_tool(
+        make_project: Callable[..., CliProject]) -> None:
+    """An agent's workflow tool waits at its child's gate (``assistant/run_triage/
+    approval``); the conversation cancelled, the child is cancelled too (it stayed
+    waiting: only ``workflow:`` nodes' children were cancelled with their parent)."""
+    p = make_project(NODES)
+    p.workflow(TRIAGE, "triage.yaml")
+    assert p.cli("run", p.workflow(TOOLCHAT, "toolchat.yaml"), "--run-id", "tc").exit_code \
+        in (0, 3)
+    sent = p.cli("send", "tc", "sweep the db")
+    assert sent.exit_code == 3, sent.output
+    [(child, gate)] = [w for w in _waiting(p) if w[0] != "tc"]
+    assert gate == "approval" and ("tc", "assistant/run_triage/approval") in _waiting(p)
+    assert p.cli("cancel", "tc", "--by", "ops").exit_code == 0
+    assert _status(p, child) == "CANCELLED"
+    assert _closed(p, child) == [("approval", "not needed: the parent run 'tc' was cancelled")]
+    assert _waiting(p) == [] and p.cli("verify", child).exit_code == 0
