@@ -125,7 +125,7 @@ def _slots(items: list[tuple[str, dict[str, object]]]) -> set[tuple[str, int]]:
 async def _decide_child(store: Store, run_id: str, decision: Decision) -> None:
     """Record ``decision`` at the gate a child run (or its child...) waits at; the run
     that includes it continues it when it runs the node again."""
-    from .._engine._approvals import decide
+    from .._engine._approvals import NotAnApprover, decide
 
     loaded = await load_run(store, run_id)
     view = loaded.view
@@ -137,7 +137,12 @@ async def _decide_child(store: Store, run_id: str, decision: Decision) -> None:
     if below is not None:
         await _decide_child(store, str(below[0].key), below[1])
         return
-    await _commit_claimed(store, loaded, decide(loaded.spec, view, decision))
+    try:
+        items = decide(loaded.spec, view, decision)
+    except NotAnApprover as exc:  # (said of the child's gate: which run's it is)
+        raise NotAnApprover(f"{exc} (a gate of child run {run_id!r}, whose workflow "
+                            f"{loaded.row.workflow!r} declares them)") from None
+    await _commit_claimed(store, loaded, items)
     # (a rejection that ended the child closes the children it waited through)
     await close_children(store, run_id, loaded.view, loaded.plan)
 

@@ -94,7 +94,8 @@ def test_child_and_item_gates_show_and_enforce_their_approvers(served: Served) -
                          json={"decision": "approve", "node": "remediate/a"})
         assert refused.status_code == 403, refused.text
         detail = refused.json()["detail"]
-        assert "'bob' may not decide" in detail and "alice, role:admin" in detail
+        assert "'bob' may not decide 'a'; its approvers are: alice, role:admin" in detail
+        assert "a gate of child run 'fam.remediate.1', whose workflow 'kid'" in detail
         # a map item's gate: its node's approvers
         assert c.post("/api/runs/fam/decisions",
                       json={"decision": "approve", "node": "deploy[1]"}).status_code == 200
