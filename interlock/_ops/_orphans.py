@@ -56,22 +56,22 @@ def parent_of(row: RunRow) -> str | None:
 class Closing:
     """A journal's listener (wrapping the caller's) that notes the child runs whose gates
     the records it sees close: ``children``, child id -> (node, visit, the closing's
-    comment). (The fold forgets a mapped visit's item gates once the visit is over.)"""
+    comment). (The fold forgets a mapped visit's item gates once the visit is over.)
+    ``listener``: what the journal is given -- the caller's own for a run of ``plan``
+    that can have no children (no ``workflow:`` node, no agent: a workflow tool's)."""
 
-    __slots__ = ("children", "inner")
+    __slots__ = ("children", "inner", "listener")
 
-    def __init__(self, inner: Callable[[L.Record, RunView], object] | None) -> None:
+    def __init__(self, plan: Plan, inner: Callable[[L.Record, RunView], object] | None
+                 ) -> None:
         self.inner = inner
         self.children: dict[str, tuple[str, int, str]] = {}
-
-    @staticmethod
-    def needed(plan: Plan) -> bool:
-        """Whether a run of ``plan`` can have child runs (a ``workflow:`` node, or an
-        agent, whose workflow tools start them)."""
-        return any(pn.spec.workflow is not None or pn.spec.agent is not None
+        kids = any(pn.spec.workflow is not None or pn.spec.agent is not None
                    for pn in plan.nodes.values())
+        self.listener: Callable[[L.Record, RunView], object] | None = \
+            self._note if kids else inner
 
-    def __call__(self, rec: L.Record, view: RunView) -> None:
+    def _note(self, rec: L.Record, view: RunView) -> None:
         if rec["type"] == L.APPROVAL_DECIDED and rec.get("decision") == "closed" \
                 and rec.get("kind") == "workflow" and isinstance(rec.get("key"), str):
             self.children[rec["key"]] = (rec["node"], rec["visit"], str(rec.get("comment")))
