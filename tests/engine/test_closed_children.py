@@ -22,6 +22,7 @@ from conftest import CliProject
 from test_child_gates import CHILD, GRANDCHILD, MIDDLE, NODES, PARENT, TOP
 from test_mapped_gates import FLEET, GATED_CHILD
 from test_mapped_gates import NODES as FLEET_NODES
+from test_store_conformance import pg_schema_url  # noqa: F401 (a fixture)
 
 import interlock
 from interlock.server._reads import Approvals
@@ -246,3 +247,24 @@ def test_a_cancelled_conversation_cancels_the_child_of_its_workflow_tool(
     assert _status(p, child) == "CANCELLED"
     assert _closed(p, child) == [("approval", "not needed: the parent run 'tc' was cancelled")]
     assert _waiting(p) == [] and p.cli("verify", child).exit_code == 0
+
+
+def test_a_rejected_parent_closes_its_children_on_postgresql(
+        make_project: Callable[..., CliProject], pg_schema_url: str) -> None:  # noqa: F811
+    from click.testing import CliRunner
+
+    from interlock.cli import cli
+
+    def run(*args: str) -> Any:
+        return CliRunner().invoke(cli, [*args, "--store", pg_schema_url],
+                                  catch_exceptions=False)
+
+    p = make_project(NODES)
+    p.workflow(GRANDCHILD, "grandchild.yaml")
+    p.workflow(MIDDLE, "middle.yaml")
+    assert run("run", p.workflow(TOP, "top.yaml"), "--run-id", "pg").exit_code == 3
+    assert run("resume", "pg", "--reject", "--gate", "legal").exit_code == 4
+    for child in ("pg.remediate.1", "pg.remediate.1.fix.1"):
+        assert json.loads(run("status", child, "--json").stdout)["status"] == "REJECTED"
+        assert run("verify", child).exit_code == 0
+    assert json.loads(run("runs", "--waiting", "--json").stdout) == []
