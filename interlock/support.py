@@ -82,6 +82,7 @@ from types import FrameType
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from . import _gate_text as gate_text
 from ._definition import _limits as limits
 from ._definition._bounds import (
     RUN_ID_PATTERN,
@@ -203,6 +204,7 @@ __all__ = [
     "describe_trigger",
     "executing_node",
     "export_run",
+    "gate_text",
     "limits",
     "load_run",
     "load_spec",
