@@ -79,6 +79,18 @@ def unknown_lines(waiting: Mapping[str, Any], *, data: str = "") -> list[str]:
             f"{data}: records the outcome you checked by hand (it is not run again)"]
 
 
+def outcome_info(waiting: Mapping[str, Any]) -> dict[str, Any] | None:
+    """An ``unknown_outcome`` gate for the API and the dashboard (None for another
+    gate): what ran, with which arguments, when (UTC), the explanation, and the data
+    an approve takes to record the outcome checked by hand."""
+    if not is_unknown(waiting):
+        return None
+    show = _show(waiting)
+    return {"action": action(waiting), "arguments": show.get("arguments") or {},
+            "started_at": utc(show.get("started_at")), "explain": unknown_lines(waiting),
+            "data_example": json.loads(data_example(waiting))}
+
+
 def deadline_passed(waiting: Mapping[str, Any], now: float | None = None) -> bool:
     """The gate's deadline passed undecided: a decision is refused, and a plain resume
     applies its ``on_timeout``."""

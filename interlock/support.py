@@ -109,6 +109,7 @@ from ._observe._metrics import Metrics
 from ._ops._code import CodeChanged, set_strict_code
 from ._ops._export import export as export_run
 from ._ops._export import verify_export
+from ._ops._final import final_failure
 from ._ops._load import TRACE_PAGE, load_run
 from ._ops._migrate import Migration, MigrationRefused
 from ._ops._migrate import migrate as migrate_run
@@ -204,6 +205,7 @@ __all__ = [
     "describe_trigger",
     "executing_node",
     "export_run",
+    "final_failure",
     "gate_text",
     "limits",
     "load_run",

@@ -25,6 +25,7 @@ from ._children import _child_gate, _decide_child, _expired_children, _slots, _u
 from ._claims import LEASE_SECONDS, _claim_of, make_owner, make_run_id
 from ._code import CodeChanged, check_code, strict_code
 from ._execute import Listener, _traced, drive
+from ._final import final_failure, refusal
 from ._load import (
     _BROKEN_LOG_ADVICE,
     RESUMABLE,
@@ -298,6 +299,8 @@ async def _resume(st: Store, run_id: str, decision: Decision | None, *,
     elif decision is not None:
         raise UsageError(f"run {run_id!r} is {view.status}, not waiting for a decision; "
                          "the decision is refused")
+    elif view.status == "FAILED" and final_failure(view.error) is not None:
+        raise UsageError(refusal(run_id, str(final_failure(view.error))))  # nothing recorded
     elif view.status not in RESUMABLE:
         raise UsageError(f"run {run_id!r} is {view.status}; only a failed, interrupted or "
                          "waiting run can be resumed")

@@ -75,3 +75,10 @@ def chat_outcome_lines(run_id: str, w: dict[str, Any], where: str) -> list[str]:
     lines[2:4] = ["/approve: runs it AGAIN (check first that it did not happen)",
                   "/reject: records it as not done (it is not run again)"]
     return [json.dumps(shown(w), ensure_ascii=False), *lines]
+
+
+def code_drift(nodes: list[str]) -> str:
+    """The nodes still to run whose code changed since the run started (`status`)."""
+    return (f"code changed since the run started: {', '.join(nodes)} (a continuation, a "
+            "decision's included, runs them on the code as it is now and records "
+            "run.code_changed; --strict-code refuses)")

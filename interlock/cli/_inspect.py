@@ -33,7 +33,15 @@ from ._format import (
     state_line,
     where_options,
 )
-from ._gate_hints import beside, data_example, is_unknown, outcome_notes, past_deadline, shown
+from ._gate_hints import (
+    beside,
+    code_drift,
+    data_example,
+    is_unknown,
+    outcome_notes,
+    past_deadline,
+    shown,
+)
 from ._remote import Remote, server_options
 
 if TYPE_CHECKING:
@@ -166,6 +174,8 @@ def _print_status(result: RunResult, row: RunRow, store_url: str | None,
     live = bool(row.owner and row.lease_until and row.lease_until > time.time()
                 and not owner_gone(row.owner))  # the rule `resume` takes a run over by
     seen = None if remote else live  # (a server's client does not see the lease)
+    if result.code_changed:  # seen before a decision: the rest runs on the code as it is
+        lines.append(code_drift(result.code_changed))
     if result.waiting:
         lines += _waiting_lines(result.run_id, result.waiting, where or store, seen)
     elif result.status in ("RUNNING", "RETRYING", "PENDING"):
@@ -191,6 +201,14 @@ def _failed_hint(result: RunResult, store: str) -> str:
     kind = err.get("type")
     details = err.get("details") or {}
     rid = result.run_id
+    from ..support import final_failure
+
+    final = final_failure(err)
+    if final is not None:  # a resume is refused: it would fail the same way
+        return (f"this failure is final: {final}; `interlock resume` is refused. To try "
+                f"again from before it, start a new run from one of its records: "
+                f"`interlock fork {rid}{store} --at SEQ` (`interlock trace {rid}{store}` "
+                "lists them)")
     if kind == "budget_exceeded" and details.get("scope") == "node":
         return ("the node's own budget (tokens: in the workflow) is part of the definition "
                 "this run keeps: a resume would run it again under the same budget; raise it "

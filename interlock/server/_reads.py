@@ -23,7 +23,7 @@ import orjson
 
 import interlock
 from interlock import RunNotFound, Store, StoreError
-from interlock.support import RunRow, parse_definition, patch_schema, trace_pages
+from interlock.support import RunRow, gate_text, parse_definition, patch_schema, trace_pages
 
 from ._hub import Hub
 
@@ -155,7 +155,7 @@ class Approvals:
                 "since": w.get("requested_at"), "deadline": w.get("deadline"),
                 "approvers": approvers, "kind": w.get("kind"), "input": w.get("input"),
                 "modify": await _modify(store, spec, row, w)
-                if "modify" in decisions else None}
+                if "modify" in decisions else None, "outcome": gate_text.outcome_info(w)}
 
 
 async def _modify(store: Store, spec: Any, row: RunRow, waiting: dict[str, Any]
