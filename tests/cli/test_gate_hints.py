@@ -1,0 +1,234 @@
+"""What people are told at a gate, from the command line: an ``unknown_outcome`` gate (a
+process SIGKILLed while an approved action ran) is unmistakable in ``resume``'s hint,
+``status``, ``runs --waiting`` and ``interlock chat`` -- when it started as UTC time,
+the action and its arguments, that approving runs it AGAIN, that rejecting records it
+as not done, and ``--approve --data '{"result": ...}'`` for the outcome checked by hand;
+a failure that a resume can never fix is said to be final and a resume of it is refused
+without a record; a gate past its deadline points to ``interlock resume``; code drift is
+shown before a decision; a branch beside a gate whose executor was killed is said to be
+interrupted. The kills are real: the node SIGKILLs its own process."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from click.testing import CliRunner
+from conftest import CliProject
+from test_server import pythonpath
+
+from interlock.cli import cli
+
+NODES = '''
+import os, signal
+
+def _once_killed(name):
+    with open(name + ".log", "a") as f:
+        f.write(name + "\\n")
+    if os.path.exists("kill.me"):  # the process dies in the middle of the action
+        os.remove("kill.me")
+        os.kill(os.getpid(), signal.SIGKILL)
+
+def fix(state):
+    _once_killed("fix")
+    return {"fixed": True}
+
+def wipe(disk: str) -> str:
+    """Wipe a disk."""
+    _once_killed("wipe")
+    return f"wiped {disk}"
+
+def prep(state):
+    return {"ready": True}
+
+def beside(state):
+    """Killed once the gate beside it is recorded: the executor dies at work beside it."""
+    import sqlite3, time
+    if os.path.exists("kill.me"):
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with sqlite3.connect("runs.db") as db:
+                if db.execute("SELECT 1 FROM records WHERE type = 'approval.requested'"
+                              ).fetchall():
+                    break
+            time.sleep(0.01)
+        os.remove("kill.me")
+        os.kill(os.getpid(), signal.SIGKILL)
+    return {"slowed": True}
+'''
+
+ONE = """
+    workflow: one
+    nodes: {fix: {call: "{mod}:fix", confirm: true}}
+    edges: [{from: START, to: fix}, {from: fix, to: END}]
+"""
+
+CHAT = """
+    workflow: kchat
+    chat: a
+    nodes:
+      a:
+        agent:
+          provider: scripted
+          tools: [{call: "{mod}:wipe", confirm: true}]
+          replies:
+            - {tool_calls: [{name: wipe, arguments: {disk: sda}}]}
+            - wiped
+"""
+
+UTC = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC")
+
+
+def killed(p: CliProject, *args: str) -> None:
+    """``interlock ARGS`` in a process of its own, which the node SIGKILLs."""
+    (p.root / "kill.me").touch()
+    done = subprocess.run([sys.executable, "-m", "interlock", *args, "--store", p.store],
+                          cwd=p.root, env={**os.environ, "PYTHONPATH": pythonpath(p.root)},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == -9, (done.returncode, done.stderr)
+
+
+def lines(p: CliProject, name: str) -> int:
+    log = p.root / f"{name}.log"
+    return len(log.read_text().split()) if log.exists() else 0
+
+
+def unknown_outcome(p: CliProject, run_id: str) -> Any:
+    """``run_id`` of ONE, approved, its action killed mid-way, resumed: the run waits at
+    its unknown_outcome gate. The resume's output."""
+    assert p.start(ONE, run_id).exit_code == 3
+    killed(p, "resume", run_id, "--approve", "--by", "al")
+    resumed = p.cli("resume", run_id)
+    assert resumed.exit_code == 3, resumed.output
+    return resumed
+
+
+def said_plainly(text: str, node: str = "node 'fix'") -> None:
+    assert "OUTCOME UNKNOWN" in text
+    assert f"{node} was approved and started" in text
+    assert "the process running it died" in text
+    assert UTC.search(text), text  # when it started, readable (not an epoch float)
+    assert not re.search(r"\d{10}\.\d+", text), text
+    assert "runs it AGAIN" in text
+    assert "records it as not done" in text
+    assert "--data '{\"result\":" in text
+
+
+def test_an_unknown_outcome_is_unmistakable_in_the_hint_status_and_runs(
+        make_project: Any) -> None:
+    p = make_project(NODES)
+    resumed = unknown_outcome(p, "u1")
+    said_plainly(resumed.output)
+    assert "--approve --data '{\"result\": {\"FIELD\": \"VALUE\"}}'" in resumed.output
+
+    status = p.cli("status", "u1")
+    said_plainly(status.output)
+    assert "interlock resume u1 --gate fix --approve --data '{\"result\":" in status.output
+
+    runs = p.cli("runs", "--waiting")
+    assert "fix (OUTCOME UNKNOWN)" in runs.stdout
+    said_plainly(runs.stderr)
+    assert "interlock resume u1 --gate fix --approve | --reject | --approve --data" \
+        in runs.stderr
+
+    # the outcome checked by hand: recorded, the action not run again
+    done = p.cli("resume", "u1", "--gate", "fix", "--approve", "--by", "al", "--data",
+                 '{"result": {"fixed": "by hand"}}')
+    assert done.exit_code == 0, done.output
+    assert lines(p, "fix") == 1
+    _, state = p.cli_json("status", "u1")
+    assert state["state"]["fixed"] == "by hand"
+
+
+def test_a_rejected_unknown_outcome_is_final_and_resume_refuses_it_recording_nothing(
+        make_project: Any) -> None:
+    p = make_project(NODES)
+    unknown_outcome(p, "u2")
+    rejected = p.cli("resume", "u2", "--gate", "fix", "--reject", "--by", "al")
+    assert rejected.exit_code == 1, rejected.output
+    status = p.cli("status", "u2")
+    assert "this failure is final" in status.output
+    assert "interlock fork u2" in status.output and "--at SEQ" in status.output
+    assert "run the failed node again" not in status.output
+    before = p.seqs("u2")
+    for _ in range(2):
+        again = p.cli("resume", "u2")
+        assert again.exit_code == 2, again.output
+        assert "failed for good" in again.output and "interlock fork u2" in again.output
+    assert p.seqs("u2") == before  # no run.resumed / node.failed / run.failed appended
+    assert lines(p, "fix") == 1
+
+
+def test_interlock_chat_shows_a_guarded_tool_whose_outcome_is_unknown(
+        make_project: Any) -> None:
+    p = make_project(NODES)
+    chat = p.workflow(CHAT, "kchat.yaml")
+    assert p.cli("run", chat, "--run-id", "k1").exit_code == 3
+    asked = p.cli("send", "k1", "wipe sda")
+    assert asked.exit_code == 3, asked.output
+    killed(p, "resume", "k1", "--approve", "--by", "al")
+    assert p.cli("resume", "k1").exit_code == 3
+    opened = CliRunner().invoke(cli, ["chat", chat, "--session", "k1", "--store", p.store],
+                                input="", catch_exceptions=False)
+    text = opened.stderr
+    said_plainly(text.replace("/approve:", "approve:").replace("/reject:", "reject:"),
+                 node="tool 'wipe' (called by node 'a')")
+    assert '{"disk": "sda"}' in text
+    assert "/approve: runs it AGAIN" in text
+    assert "interlock resume k1 --gate a --approve --data '{\"result\": " in text
+    assert lines(p, "wipe") == 1
+
+
+def test_a_gate_past_its_deadline_offers_resume_not_a_decision(make_project: Any) -> None:
+    p = make_project(NODES)
+    started = p.start("""
+        workflow: to
+        nodes: {a: {approval: {show: [], timeout: 1ms, on_timeout: reject}},
+                b: {approval: {show: []}}}
+        edges: [{from: START, to: [a, b]}, {from: a, to: END}, {from: b, to: END}]
+    """, "to1")
+    assert started.exit_code == 3
+    status = p.cli("status", "to1")
+    assert "'a' passed its deadline" in status.output
+    assert f"`interlock resume to1 --store {p.store}` applies its on_timeout" in status.output
+    assert "--gate a --approve" not in status.output
+    assert "--gate a --reject" not in status.output
+    assert p.cli("resume", "to1").exit_code == 4  # the one command that works: rejected
+
+
+def test_status_shows_code_drift_before_a_decision(make_project: Any) -> None:
+    p = make_project(NODES)
+    assert p.start("""
+        workflow: drift
+        nodes: {g: {approval: {show: []}}, fix: "{mod}:fix"}
+        edges: [{from: START, to: g}, {from: g, to: fix}, {from: fix, to: END}]
+    """, "d1").exit_code == 3
+    assert "code changed" not in p.cli("status", "d1").output
+    module = p.root / f"{p.mod}.py"
+    module.write_text(module.read_text() + "\n# changed after the run started\n")
+    status = p.cli("status", "d1")
+    assert "code changed since the run started: fix" in status.output
+    assert json.loads(p.cli("status", "d1", "--json").stdout)["code_changed"] == ["fix"]
+
+
+def test_status_says_a_branch_beside_a_gate_is_interrupted_once_its_executor_is_killed(
+        make_project: Any) -> None:
+    p = make_project(NODES)
+    wf = p.workflow("""
+        workflow: beside
+        nodes: {a: "{mod}:prep", s: "{mod}:beside", g: {approval: {show: []}}}
+        edges: [{from: START, to: a}, {from: a, to: [s, g]}, {from: [s, g], to: END}]
+    """)
+    killed(p, "run", str(Path(p.root / wf)), "--run-id", "b1")
+    status = p.cli("status", "b1")
+    assert "interrupted beside the gate: s" in status.output, status.output
+    assert "still running" not in status.output
+    assert f"continue it with `interlock resume b1 --store {p.store}`" in status.output
+    resumed = p.cli("resume", "b1")  # what it says works: the branch runs, the gate waits
+    assert resumed.exit_code == 3, resumed.output
+    assert "still running" not in p.cli("status", "b1").output
