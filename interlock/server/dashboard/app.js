@@ -858,8 +858,8 @@ function outcomeField(info) {
   const check = (decision) => {
     if (decision !== "approve") return { value: undefined, problems: ["the outcome checked by hand goes with approve; reject records the action as not done: empty the field"] };
     const checked = checkJson(field.value, { type: "object", required: ["result"] }, "the outcome");
-    if (!checked.problems.length && Object.keys(checked.value).length !== 1) {
-      checked.problems.push(`the outcome is {"result": ...} alone, e.g. ${json(info.data_example)}`);
+    if (checked.problems.length || Object.keys(checked.value).length !== 1) {
+      checked.problems.push(`the outcome checked by hand is {"result": ...} alone, e.g. ${json(info.data_example)}`);
     }
     return checked;
   };
