@@ -46,6 +46,12 @@ def wipe(disk: str) -> str:
 def prep(state):
     return {"ready": True}
 
+def plan(state):
+    return {"targets": ["t0", "t1"]}
+
+def found(state):
+    return {"found": state["incident"]["id"]}
+
 def beside(state):
     """Killed once the gate beside it is recorded: the executor dies at work beside it."""
     import sqlite3, time
@@ -232,3 +238,43 @@ def test_status_says_a_branch_beside_a_gate_is_interrupted_once_its_executor_is_
     resumed = p.cli("resume", "b1")  # what it says works: the branch runs, the gate waits
     assert resumed.exit_code == 3, resumed.output
     assert "still running" not in p.cli("status", "b1").output
+
+
+GATED = """
+    workflow: gated
+    input: [incident]
+    nodes:
+      found: "{mod}:found"
+      approval: {approval: {show: [found]}}
+    edges: [{from: START, to: found}, {from: found, to: approval}, {from: approval, to: END}]
+"""
+
+FLEET = """
+    workflow: fleet
+    nodes:
+      plan: "{mod}:plan"
+      remediate: {workflow: gated.yaml, input: {incident: "{'id': target}"}, output: [found]}
+    edges:
+      - {from: START, to: plan}
+      - {from: plan, map: 'targets', to: remediate, as: target, collect: done}
+      - {from: remediate, to: END}
+"""
+
+
+def test_a_mapped_child_rejected_is_final_and_resume_refuses_it_recording_nothing(
+        make_project: Any) -> None:
+    p = make_project(NODES)
+    p.workflow(GATED, "gated.yaml")
+    assert p.start(FLEET, "f1").exit_code == 3
+    rejected = p.cli("resume", "f1", "--gate", "remediate[0]/approval", "--reject", "--by",
+                     "al")
+    assert rejected.exit_code == 1, rejected.output
+    _, out = p.cli_json("status", "f1")
+    assert out["error"]["type"] == "child_failed", out["error"]
+    status = p.cli("status", "f1")
+    assert "this failure is final" in status.output and "was rejected" in status.output
+    assert "interlock fork f1" in status.output
+    before = p.seqs("f1")
+    again = p.cli("resume", "f1")
+    assert again.exit_code == 2 and "failed for good" in again.output, again.output
+    assert p.seqs("f1") == before
