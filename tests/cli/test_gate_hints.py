@@ -20,7 +20,8 @@ from typing import Any
 
 from click.testing import CliRunner
 from conftest import CliProject
-from test_server import pythonpath
+from test_chat_live_server import Chat
+from test_server import Served, pythonpath
 
 from interlock.cli import cli
 
@@ -278,3 +279,30 @@ def test_a_mapped_child_rejected_is_final_and_resume_refuses_it_recording_nothin
     again = p.cli("resume", "f1")
     assert again.exit_code == 2 and "failed for good" in again.output, again.output
     assert p.seqs("f1") == before
+
+
+def test_interlock_chat_server_shows_a_guarded_tool_whose_outcome_is_unknown(
+        make_project: Any, monkeypatch: Any) -> None:
+    for name in ("INTERLOCK_SERVER", "INTERLOCK_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    p = make_project(NODES)
+    (p.root / "flows").mkdir()
+    chat = p.workflow(CHAT, "flows/kchat.yaml")
+    assert p.cli("run", chat, "--run-id", "k2").exit_code == 3
+    assert p.cli("send", "k2", "wipe sda").exit_code == 3
+    killed(p, "resume", "k2", "--approve", "--by", "al")
+    assert p.cli("resume", "k2").exit_code == 3
+    server = Served(p.root)
+    remote = Chat(p.root, chat, "--server", server.url, "--session", "k2")
+    try:
+        remote.stderr_has("OUTCOME UNKNOWN: tool 'wipe' (called by node 'a')")
+        remote.stderr_has("/approve: runs it AGAIN")
+        remote.stderr_has("/reject: records it as not done")
+        data = remote.stderr_has("--approve --data '{\"result\": ")
+        assert f"--server {server.url}" in data  # a command that reaches the same run
+        assert remote.finish() in (0, 3)
+        assert UTC.search("".join(remote.err))
+    finally:
+        remote.close()
+        server.stop()
+    assert lines(p, "wipe") == 1
