@@ -42,3 +42,12 @@ def refusal(run_id: str, why: str) -> str:
             "is refused and nothing is recorded. To try again from before the decision, "
             f"start a new run from one of its records: `interlock fork {run_id} --at SEQ` "
             f"(`interlock trace {run_id}` lists the records)")
+
+
+def unknown_note(kind: str | None) -> str:
+    """What a plain resume's refusal adds about an ``unknown_outcome`` gate."""
+    if kind != "unknown_outcome":
+        return ""
+    return (" (an action whose outcome is unknown: the process running it died; --approve "
+            "runs it AGAIN, --reject records it as not done, --approve --data "
+            "'{\"result\": ...}' records the outcome checked by hand)")

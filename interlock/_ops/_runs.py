@@ -25,7 +25,7 @@ from ._children import _child_gate, _decide_child, _expired_children, _slots, _u
 from ._claims import LEASE_SECONDS, _claim_of, make_owner, make_run_id
 from ._code import CodeChanged, check_code, strict_code
 from ._execute import Listener, _traced, drive
-from ._final import final_failure, refusal
+from ._final import final_failure, refusal, unknown_note
 from ._load import (
     _BROKEN_LOG_ADVICE,
     RESUMABLE,
@@ -366,7 +366,7 @@ async def _decisions(st: Store, run_id: str, loaded: Loaded, decision: Decision 
     if decision is None and not first and view.status == "WAITING_APPROVAL":
         gate = oldest(view.pending_gates())
         raise UsageError(f"run {run_id!r} is waiting for a decision at "
-                         f"{gate_name(gate)!r}; "
+                         f"{gate_name(gate)!r}{unknown_note(gate.kind)}; "
                          "resume it with --approve, --reject or --modify "
                          "(interlock.approve/reject/modify in Python)")
     return first

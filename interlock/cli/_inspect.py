@@ -266,6 +266,16 @@ def _waiting_lines(run_id: str, w: dict[str, Any], store: str, live: bool | None
         lines.append("also waiting (each decided on its own, with --gate):")
         lines += [f"  {g.get('node')!s} ({g.get('kind')}, "
                   f"{', '.join(g.get('decisions') or [])})" for g in others]
+        for g in others:  # each unknown outcome explained, not only the oldest gate's
+            passed = past_deadline(run_id, g, store)
+            if passed:
+                lines.append(f"  {passed}")
+            notes = outcome_notes(g)
+            lines += [f"  {g.get('node')!s}: {line}" for line in notes]
+            if notes:
+                lines.append(f"  {g.get('node')!s}: decide with: interlock resume {run_id} "
+                             f"--gate {g.get('node')} "
+                             f"{' | '.join(decision_flags(g, short=True))} --by NAME{store}")
     running = w.get("running")
     if isinstance(running, list):  # the run's other branches, still at work meanwhile
         lines.append(beside(running, run_id, store, live))

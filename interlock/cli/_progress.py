@@ -303,11 +303,16 @@ def _outcome_lines(result: RunResult, where: str = "") -> list[str]:
         lines.append(past_deadline(result.run_id, w, where) or
                      f"decide with: interlock resume {result.run_id} --gate {w.get('node')} "
                      f"{choices} [--by NAME] [--comment TEXT]{where}")
-        others = [str(g.get("node")) for g in w.get("pending") or ()
+        others = [str(g.get("node")) + (" (OUTCOME UNKNOWN: approving runs it AGAIN; "
+                                        "`interlock status` explains)" if is_unknown(g) else "")
+                  for g in w.get("pending") or ()
                   if isinstance(g, dict) and g.get("node") != w.get("node")]
         if others:
             lines.append(f"also waiting, each decided on its own with --gate: "
                          f"{', '.join(others)}")
+        lines += [line for g in w.get("pending") or () if isinstance(g, dict)
+                  and g.get("node") != w.get("node")
+                  for line in [past_deadline(result.run_id, g, where)] if line]
     return lines
 
 

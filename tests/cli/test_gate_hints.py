@@ -50,6 +50,10 @@ def prep(state):
 def plan(state):
     return {"targets": ["t0", "t1"]}
 
+def deploy(state):
+    _once_killed("deploy")
+    return {"deployed": state["target"]}
+
 def found(state):
     return {"found": state["incident"]["id"]}
 
@@ -136,6 +140,9 @@ def test_an_unknown_outcome_is_unmistakable_in_the_hint_status_and_runs(
     status = p.cli("status", "u1")
     said_plainly(status.output)
     assert "interlock resume u1 --gate fix --approve --data '{\"result\":" in status.output
+
+    plain = p.cli("resume", "u1")  # refused: a decision is needed, and it says which
+    assert plain.exit_code == 2 and "runs it AGAIN" in plain.output, plain.output
 
     runs = p.cli("runs", "--waiting")
     assert "fix (OUTCOME UNKNOWN)" in runs.stdout
@@ -306,3 +313,32 @@ def test_interlock_chat_server_shows_a_guarded_tool_whose_outcome_is_unknown(
         remote.close()
         server.stop()
     assert lines(p, "wipe") == 1
+
+
+ROLLOUT = """
+    workflow: rollout
+    nodes:
+      plan: "{mod}:plan"
+      deploy: {call: "{mod}:deploy", confirm: true}
+    edges:
+      - {from: START, to: plan}
+      - {from: plan, map: 'targets', to: deploy, as: target, collect: deployed}
+      - {from: deploy, to: END}
+"""
+
+
+def test_a_map_items_unknown_outcome_is_explained_beside_the_other_items_gates(
+        make_project: Any) -> None:
+    p = make_project(NODES)
+    assert p.start(ROLLOUT, "m1").exit_code == 3
+    killed(p, "resume", "m1", "--gate", "deploy[0]", "--approve", "--by", "al")
+    resumed = p.cli("resume", "m1")
+    assert resumed.exit_code == 3, resumed.output
+    status = p.cli("status", "m1")
+    said_plainly(status.output, node="item 'deploy[0]'")
+    assert '"target": "t0"' in status.output  # the item's arguments
+    runs = p.cli("runs", "--waiting")
+    assert "deploy[0] (OUTCOME UNKNOWN)" in runs.stdout
+    assert "item 'deploy[0]' was approved and started" in runs.stderr
+    rejected = p.cli("resume", "m1", "--gate", "deploy[0]", "--reject", "--by", "al")
+    assert lines(p, "deploy") == 1, rejected.output  # recorded as not done, not run again
