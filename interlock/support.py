@@ -83,6 +83,7 @@ from types import FrameType
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from . import _gate_text as gate_text
 from ._definition import _limits as limits
 from ._definition._bounds import (
     RUN_ID_PATTERN,
@@ -109,6 +110,7 @@ from ._observe._metrics import Metrics
 from ._ops._code import CodeChanged, set_strict_code
 from ._ops._export import export as export_run
 from ._ops._export import verify_export
+from ._ops._final import final_failure
 from ._ops._load import TRACE_PAGE, load_run
 from ._ops._migrate import Migration, MigrationRefused
 from ._ops._migrate import migrate as migrate_run
@@ -206,6 +208,8 @@ __all__ = [
     "describe_trigger",
     "executing_node",
     "export_run",
+    "final_failure",
+    "gate_text",
     "limits",
     "load_run",
     "load_spec",

@@ -26,6 +26,7 @@ from interlock import RunNotFound, Store, StoreError
 from interlock.support import (
     RunRow,
     close_stranded,
+    gate_text,
     parse_definition,
     patch_schema,
     trace_pages,
@@ -199,7 +200,7 @@ class Approvals:
                 "since": w.get("requested_at"), "deadline": w.get("deadline"),
                 "approvers": approvers, "kind": w.get("kind"), "input": w.get("input"),
                 "modify": await _modify(store, spec, row, w)
-                if "modify" in decisions else None}
+                if "modify" in decisions else None, "outcome": gate_text.outcome_info(w)}
 
 
 async def _modify(store: Store, spec: Any, row: RunRow, waiting: dict[str, Any]
