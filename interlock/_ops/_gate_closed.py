@@ -16,8 +16,9 @@ from .. import _log as L
 from .._engine._approvals import GateNotWaiting
 from .._engine._gates import gate_name
 from .._engine._view import Gate
+from .._store import Store
 from ._gate_refusals import utc
-from ._load import Loaded
+from ._load import Functions, Loaded, load_run
 
 
 class GateClosed(GateNotWaiting):
@@ -46,6 +47,22 @@ def closed_refusal(loaded: Loaded, run_id: str, match: Callable[[Gate], bool]
     return GateClosed(f"the decision is refused: gate {name!r} of run {run_id!r} was closed "
                       f"{how}; the run ended {loaded.view.status} and takes no more "
                       f"decisions -- see `interlock trace {run_id}`")
+
+
+def raise_closed(loaded: Loaded, run_id: str, gate: tuple[str, int, str | None, float]
+                  ) -> None:
+    """Raise `GateClosed` if a rejection closed ``gate`` before our decision on it was
+    folded in (the decision offered for it is then not recorded)."""
+    closed = closed_refusal(loaded, run_id, lambda g: g.slot == gate[:2] and g.key == gate[2]
+                            and g.requested_at == gate[3])
+    if closed is not None:
+        raise closed
+
+
+async def refuse_closed(st: Store, run_id: str, gate: tuple[str, int, str | None, float],
+                         workflow: Functions | None) -> None:
+    """`raise_closed` for a run this process executed to its rejection."""
+    raise_closed(await load_run(st, run_id, workflow=workflow), run_id, gate)
 
 
 def _rejection(loaded: Loaded, gate: Gate) -> L.Record | None:

@@ -34,7 +34,7 @@ from ._claims import LEASE_SECONDS, _claim_of, make_owner, make_run_id
 from ._code import CodeChanged, check_code, strict_code
 from ._execute import Listener, _traced, drive
 from ._final import final_failure, refusal, unknown_note
-from ._gate_closed import closed_refusal
+from ._gate_closed import closed_refusal, raise_closed, refuse_closed
 from ._gate_refusals import check_named, decided_text
 from ._load import (
     _BROKEN_LOG_ADVICE,
@@ -148,7 +148,7 @@ async def resume_gate(run_id: str, decision: Decision | None = None, *,
                                    limits=limits, force=force, listener=listener,
                                    detach=detach)
             if offered_gate is not None and result.status == "REJECTED":
-                await _refuse_closed(st, run_id, offered_gate, workflow)
+                await refuse_closed(st, run_id, offered_gate, workflow)
             return result, None
         except (ClaimError, ConflictError) as exc:
             # executed elsewhere, or changed since it was read (another decision recorded
@@ -255,28 +255,12 @@ async def _folded(st: Store, run_id: str, gate: tuple[str, int, str | None, floa
     if g is not None and g.decision is None and g.key == gate[2] \
             and g.requested_at == gate[3]:
         return None  # still waiting: not folded in
-    _raise_closed(loaded, run_id, gate)
+    raise_closed(loaded, run_id, gate)
     offers = await st.decisions(run_id)
     mine = [d for d in offers.values() if gate_key(str(d.get("node")), int(d.get("visit") or 0),
                                                     d.get("item")) == gate[:2]
             and d.get("requested_at") == gate[3]]
     return result_of(run_id, loaded.row.workflow, loaded.view) if mine else None
-
-
-def _raise_closed(loaded: Loaded, run_id: str, gate: tuple[str, int, str | None, float]
-                  ) -> None:
-    """Raise `GateClosed` if a rejection closed ``gate`` before our decision on it was
-    folded in (the decision offered for it is then not recorded)."""
-    closed = closed_refusal(loaded, run_id, lambda g: g.slot == gate[:2] and g.key == gate[2]
-                            and g.requested_at == gate[3])
-    if closed is not None:
-        raise closed
-
-
-async def _refuse_closed(st: Store, run_id: str, gate: tuple[str, int, str | None, float],
-                         workflow: Functions | None) -> None:
-    """`_raise_closed` for a run this process executed to its rejection."""
-    _raise_closed(await load_run(st, run_id, workflow=workflow), run_id, gate)
 
 
 async def _handover(st: Store, run_id: str, gate: tuple[str, int, str | None, float],
@@ -295,7 +279,7 @@ async def _handover(st: Store, run_id: str, gate: tuple[str, int, str | None, fl
         g = loaded.view.gates.get(gate[:2])
         if g is None or g.decision is not None or g.key != gate[2] \
                 or g.requested_at != gate[3]:  # folded in (or asked again since)
-            _raise_closed(loaded, run_id, gate)  # (or closed by a rejection)
+            raise_closed(loaded, run_id, gate)  # (or closed by a rejection)
             return result_of(run_id, loaded.row.workflow, loaded.view), owner
         if loop.time() >= until:  # still offered: whoever executes the run next folds it
             return result_of(run_id, loaded.row.workflow, loaded.view), owner
@@ -308,7 +292,7 @@ async def _handover(st: Store, run_id: str, gate: tuple[str, int, str | None, fl
         except (ClaimError, ConflictError, UsageError):  # executed there, or moved on: again
             continue
         if result.status == "REJECTED":  # (our gate closed by a rejection folded first?)
-            await _refuse_closed(st, run_id, gate, workflow)
+            await refuse_closed(st, run_id, gate, workflow)
         return result, None
 
 
