@@ -34,6 +34,8 @@ from ._children import (
 from ._claims import LEASE_SECONDS, _claim_of, make_owner, make_run_id
 from ._code import CodeChanged, check_code, strict_code
 from ._execute import Listener, _traced, drive
+from ._final import final_failure, refusal, unknown_note
+from ._gate_closed import closed_refusal, raise_closed, refuse_closed
 from ._gate_refusals import check_named, decided_text
 from ._load import (
     _BROKEN_LOG_ADVICE,
@@ -45,6 +47,7 @@ from ._load import (
     load_run,
     open_store_arg,
 )
+from ._orphans import close_stranded
 from ._outcomes import unknown_outcomes
 from ._verify import ChildLinks
 
@@ -142,9 +145,12 @@ async def resume_gate(run_id: str, decision: Decision | None = None, *,
                                        config=config, limits=limits, listener=listener,
                                        detach=detach)
         try:
-            return await _resume(st, run_id, decision, workflow=workflow, config=config,
-                                 limits=limits, force=force, listener=listener,
-                                 detach=detach), None
+            result = await _resume(st, run_id, decision, workflow=workflow, config=config,
+                                   limits=limits, force=force, listener=listener,
+                                   detach=detach)
+            if offered_gate is not None and result.status == "REJECTED":
+                await refuse_closed(st, run_id, offered_gate, workflow)
+            return result, None
         except (ClaimError, ConflictError) as exc:
             # executed elsewhere, or changed since it was read (another decision recorded
             # first): the offer stands -- folded in there, or recorded here once free
@@ -179,6 +185,10 @@ async def _offer(st: Store, run_id: str, decision: Decision, workflow: Functions
     loaded = await load_run(st, run_id, workflow=workflow, executable=strict_code())
     view = loaded.view
     pending = view.pending_gates()
+    if view.status == "REJECTED" and decision.node is not None:
+        closed = closed_refusal(loaded, run_id, lambda g: gate_name(g) == decision.node)
+        if closed is not None:  # a rejection closed it a moment ago
+            raise closed
     if decision.node is not None and view.status != "WAITING_INPUT" and (
             pending or view.status in TERMINAL_STATUSES or view.status == "PENDING"):
         # a gate named: does it wait? (a PENDING run: decided, for a worker to continue)
@@ -246,6 +256,7 @@ async def _folded(st: Store, run_id: str, gate: tuple[str, int, str | None, floa
     if g is not None and g.decision is None and g.key == gate[2] \
             and g.requested_at == gate[3]:
         return None  # still waiting: not folded in
+    raise_closed(loaded, run_id, gate)
     offers = await st.decisions(run_id)
     mine = [d for d in offers.values() if gate_key(str(d.get("node")), int(d.get("visit") or 0),
                                                     d.get("item")) == gate[:2]
@@ -269,17 +280,21 @@ async def _handover(st: Store, run_id: str, gate: tuple[str, int, str | None, fl
         g = loaded.view.gates.get(gate[:2])
         if g is None or g.decision is not None or g.key != gate[2] \
                 or g.requested_at != gate[3]:  # folded in (or asked again since)
+            raise_closed(loaded, run_id, gate)  # (or closed by a rejection)
             return result_of(run_id, loaded.row.workflow, loaded.view), owner
         if loop.time() >= until:  # still offered: whoever executes the run next folds it
             return result_of(run_id, loaded.row.workflow, loaded.view), owner
         await asyncio.sleep(HANDOVER_POLL)
         try:
-            return await _resume(st, run_id, None, workflow=workflow, config=config,
-                                 limits=limits, listener=listener, detach=detach), None
+            result = await _resume(st, run_id, None, workflow=workflow, config=config,
+                                   limits=limits, listener=listener, detach=detach)
         except ClaimLost:
             raise
         except (ClaimError, ConflictError, UsageError):  # executed there, or moved on: again
             continue
+        if result.status == "REJECTED":  # (our gate closed by a rejection folded first?)
+            await refuse_closed(st, run_id, gate, workflow)
+        return result, None
 
 
 async def _resume(st: Store, run_id: str, decision: Decision | None, *,
@@ -309,6 +324,8 @@ async def _resume(st: Store, run_id: str, decision: Decision | None, *,
     elif decision is not None:
         raise UsageError(f"run {run_id!r} is {view.status}, not waiting for a decision; "
                          "the decision is refused")
+    elif view.status == "FAILED" and final_failure(view.error) is not None:
+        raise UsageError(refusal(run_id, str(final_failure(view.error))))  # nothing recorded
     elif view.status not in RESUMABLE:
         raise UsageError(f"run {run_id!r} is {view.status}; only a failed, interrupted or "
                          "waiting run can be resumed")
@@ -376,7 +393,7 @@ async def _decisions(st: Store, run_id: str, loaded: Loaded, decision: Decision 
         hint = decide_hint(run_id, {"node": gate_name(gate), "kind": gate.kind,
                                     "decisions": gate.decisions})
         raise UsageError(f"run {run_id!r} is waiting for a decision at "
-                         f"{gate_name(gate)!r}; decide it: {hint} "
+                         f"{gate_name(gate)!r}{unknown_note(gate.kind)}; decide it: {hint} "
                          "(interlock.approve/reject/modify in Python)")
     return first
 
@@ -542,7 +559,11 @@ async def list_runs(*, store: str | Store | None = None, status: str | None = No
                     workflow: str | None = None, limit: int = 100) -> list[RunRow]:
     st, owned = open_store_arg(store)
     try:
-        return await st.list_runs(status=status, workflow=workflow, limit=limit)
+        rows = await st.list_runs(status=status, workflow=workflow, limit=limit)
+        if status in (None, "WAITING_APPROVAL") and await close_stranded(st, rows):
+            # waiting children of ended parents, closed by this look: listed as they are
+            rows = await st.list_runs(status=status, workflow=workflow, limit=limit)
+        return rows
     finally:
         if owned:
             await release_store(st)
