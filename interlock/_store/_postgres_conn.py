@@ -27,8 +27,10 @@ from ._base import StoreError
 from ._postgres_listen import Listener
 from ._postgres_sql import (
     _CURSORS,
+    _LISTENING,
     _SCHEMA,
     _SCHEMA_LOCK,
+    ANNOUNCE,
     RUNNABLE_CHANNEL,
     SCHEMA_VERSION,
 )
@@ -198,6 +200,7 @@ class PostgresConnections:
                         # the poll triggers' cursors: a table added to schema version 2
                         # (IF NOT EXISTS; an older interlock ignores it)
                         await conn.execute(_CURSORS)
+                        await conn.execute(_LISTENING)  # (added later, as cursors)
                         await self._upgrade(conn, int(version))
                         return
                 elif has_runs or has_records:
@@ -294,8 +297,16 @@ class PostgresConnections:
     def _listener(self) -> Listener:
         pool = self._here()
         if pool.listener is None:
-            pool.listener = Listener(self._listen_connection, redact(self.url))
+            pool.listener = Listener(self._listen_connection, redact(self.url),
+                                     self._announce_listening)
         return pool.listener
+
+    async def _announce_listening(self, seconds: float) -> None:
+        """Appends notify for ``seconds`` more (`_postgres_sql.ANNOUNCE`)."""
+        async def op(conn: Conn) -> None:
+            await conn.execute(ANNOUNCE, (round(seconds * 1000),))
+
+        await self._do(op)
 
     async def _listen_connection(self) -> Conn:
         return await psycopg.AsyncConnection.connect(self.url, autocommit=True,
