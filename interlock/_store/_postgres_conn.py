@@ -93,7 +93,9 @@ class _Pool:
         self.all: set[Conn] = set()
         self.slots = asyncio.Semaphore(size)
         self.writes: list[_Write] = []
-        self.committer: asyncio.Task[None] | None = None
+        self.committers: set[asyncio.Task[None]] = set()  # (at most `_postgres_writes.FLIGHTS`)
+        self.flying: set[str] = set()  # the runs whose write is in a turn being committed
+        self.turns = 0  # the turns being committed
         self.listener: Listener | None = None  # (made at the first wait)
 
     def abandon(self) -> None:
@@ -279,8 +281,8 @@ class PostgresConnections:
         """Close every connection (call it when no other task or loop uses the store)."""
         loop = asyncio.get_running_loop()
         here = self._pools.get(loop)
-        if here is not None and here.committer is not None:
-            await asyncio.wait([here.committer])  # the appends queued are committed first
+        while here is not None and here.committers:
+            await asyncio.wait(here.committers)  # the appends queued are committed first
         pools, self._pools = self._pools, {}
         for pool in pools.values():
             if pool.loop is loop:

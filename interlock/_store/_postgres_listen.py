@@ -86,7 +86,7 @@ class Listener:
         # announcing that records are listened for: while someone waited in the last
         # `PRESENCE` seconds (loop time); `present` is set once announced (for tests)
         self._wanted_until = 0.0
-        self.grace = GRACE
+        self.grace: tuple[float, ...] = GRACE
         self._presence: asyncio.Task[None] | None = None
         self.present = asyncio.Event()
         self._relistened = asyncio.Event()  # the connection listens again: announce now

@@ -24,7 +24,7 @@ SLOW_POLL = 60.0  # a waiter's timeout: far longer than the test's own `WOKEN`
 WOKEN = 20.0  # a waiter not woken by then fails the test
 
 
-async def _grow(store: PostgresStore, run_id: str, w: LogWriter) -> LogWriter:
+async def _grow(store: interlock.Store, run_id: str, w: LogWriter) -> LogWriter:
     w, batch = log(2, w)
     await store.append(run_id, batch, summary_of(w))
     return w
@@ -76,13 +76,14 @@ def test_an_append_wakes_the_waiters_of_its_run_only(pg_schema_url: str) -> None
 
 
 def test_a_turn_too_many_runs_to_name_wakes_every_waiter(pg_schema_url: str) -> None:  # noqa: F811
-    """70 appends of runs with 120-character ids in one group commit: their names do not
-    fit in a notification's payload (8,000 bytes), so it names none -- the appends are
-    stored, and a waiter on any run, even another one, is woken."""
+    """70 appends of runs with 250-character ids in group commits (at most two turns, of
+    35 or more): their names do not fit in a notification's payload (8,000 bytes), so it
+    names none -- the appends are stored, and a waiter on any run, even another one, is
+    woken."""
     async def main() -> None:
         ears, hands = await _stores(pg_schema_url)
         try:
-            rows = [new_row(f"long-{i:03d}-" + "x" * 111) for i in range(70)]
+            rows = [new_row(f"long-{i:03d}-" + "x" * 241) for i in range(70)]
             for row, _, entries in rows:
                 await hands.create_run(row, entries)
             seen = await ears.wait_changed(0.0)
