@@ -146,6 +146,7 @@ class Listener:
         assert self._announce is not None
         loop = asyncio.get_running_loop()
         announced_on = 0  # the connection the last announcement was made on
+        said = False  # a failure to announce was logged (once, until one succeeds)
         try:
             while loop.time() < self._wanted_until or self._events:
                 await self.listening.wait()
@@ -153,10 +154,13 @@ class Listener:
                 try:
                     await self._announce(PRESENCE)
                 except Exception as exc:  # the store away: the poll stands in meanwhile
-                    log.warning("announcing that %s is listened to: %s (trying again)",
-                                self.where, str(exc).strip() or type(exc).__name__)
-                    await asyncio.sleep(RETRY)
+                    if not said:
+                        said = True
+                        log.warning("announcing that %s is listened to: %s (trying again)",
+                                    self.where, str(exc).strip() or type(exc).__name__)
+                    await asyncio.sleep(RETRY_MAX)
                     continue
+                said = False
                 if on != announced_on:
                     announced_on = on
                     self.present.set()

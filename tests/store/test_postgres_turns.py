@@ -22,8 +22,8 @@ WOKEN = 20.0  # a write not done by then fails the test
 
 
 class _Held:
-    """A connection whose first turn of appends (of `_Hold`) stops between its statement
-    and its commit."""
+    """A connection whose turn of appends with `_Hold`'s run stops between its statement
+    and its commit (the first such turn)."""
 
     def __init__(self, conn: Conn, hold: _Hold) -> None:
         self._conn, self._hold = conn, hold
@@ -33,7 +33,8 @@ class _Held:
 
     async def execute(self, sql: Any, params: Any = None) -> Any:
         cur = await self._conn.execute(sql, params)
-        if sql is _APPEND_MANY and not self._hold.stored.is_set():
+        if (sql is _APPEND_MANY and not self._hold.stored.is_set()
+                and self._hold.run_id in params["b_run"]):
             self._hold.pid = self._conn.info.backend_pid
             self._hold.stored.set()
             await self._hold.commit.wait()
@@ -41,11 +42,12 @@ class _Held:
 
 
 class _Hold:
-    """Holds the first turn of appends of ``store`` before its commit (``stored`` set)
-    until ``commit`` is set."""
+    """Holds the first turn of appends of ``store`` with an append of ``run_id`` before
+    its commit (``stored`` set) until ``commit`` is set."""
 
     def __init__(self, store: PostgresStore, monkeypatch: pytest.MonkeyPatch) -> None:
         self.stored, self.commit = asyncio.Event(), asyncio.Event()
+        self.run_id = ""  # (set by the test)
         self.pid = 0
         inner = store._do
 
@@ -75,6 +77,7 @@ def test_a_turn_whose_commit_fails_fails_every_append_in_it_and_stores_nothing(
         try:
             made = await _made(store, 3)
             more = [log(2, w) for _, w, _ in made]
+            hold.run_id = made[0][0].run_id
             appending = asyncio.gather(
                 *(store.append(row.run_id, batch, summary_of(w))
                   for (row, _, _), (w, batch) in zip(made, more, strict=True)),
@@ -118,6 +121,7 @@ def test_a_turn_commits_while_another_is_held_before_its_commit(
         try:
             made = await _made(store, 4)
             more = [log(2, w) for _, w, _ in made]
+            hold.run_id = made[0][0].run_id  # (its turn: the first two runs')
             appends = [asyncio.ensure_future(store.append(row.run_id, batch, summary_of(w)))
                        for (row, _, _), (w, batch) in zip(made, more, strict=True)]
             await asyncio.wait_for(hold.stored.wait(), WOKEN)
