@@ -68,6 +68,12 @@ Limits
     `RUN_ID_PATTERN` (the run ids a person or a tool may choose), `NotAnApprover` (a
     decision refused by ``approvers:``).
 
+Hints
+    `decide_hint` (how to decide a waiting gate, one line: ``interlock resume RUN --gate
+    GATE --approve (or --reject)``), `decide_command` (one decision's command),
+    `decision_flags` (the ``resume`` options of each decision a gate accepts): the
+    commands every tool prints for a person to copy.
+
 Conversations
     `TOKEN_SINK` (a context variable: where a conversation's reply goes as the provider
     streams it, ``sink({"run_id", "node", "turn", "text"})``; ``interlock chat`` and a
@@ -101,6 +107,7 @@ from ._engine import _guards
 from ._engine._approvals import GateNotWaiting, NotAnApprover, approvers_refuse, patch_schema
 from ._engine._fold import RunView
 from ._errors import Draining
+from ._hints import decide_command, decide_hint, decision_flags
 from ._log import TERMINAL_TYPES, Entry, Record
 from ._observe._coverage import workflows_in
 from ._observe._metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -199,7 +206,10 @@ __all__ = [
     "abandoned_threads",
     "append_note",
     "approvers_refuse",
+    "decide_command",
     "decide_gate",
+    "decide_hint",
+    "decision_flags",
     "describe_trigger",
     "executing_node",
     "export_run",

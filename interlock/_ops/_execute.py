@@ -505,6 +505,9 @@ class _Children:
                 inherited.append(name)
         return out, inherited
 
+    def steps(self) -> tuple[int, int | None]:
+        return self.view.steps, self.view.limits.get("steps")
+
     async def search_messages(self, query: str, limit: int) -> list[Any]:
         return await self.store.search_messages(self.view.plan.spec.workflow, query,
                                                 limit=limit, exclude=self.run_id)

@@ -20,7 +20,9 @@ from .._engine import _records as R
 from .._engine._fold import RunResult, RunView
 from .._engine._view import Gate
 from .._errors import UsageError
+from .._hints import decide_hint
 from .._store import Store, release_store
+from ..agents._chat import END_COMMAND
 from ._execute import Listener, _traced, drive
 from ._load import Functions, load_run, open_store_arg
 
@@ -41,8 +43,8 @@ def message_gate(run_id: str, view: RunView) -> Gate:
         return gate
     if view.status == "WAITING_APPROVAL":
         waiting = view.waiting or {}
-        why = (f"it waits for a decision at {waiting.get('node')!r}; decide it first "
-               f"(interlock resume {run_id} --approve | --reject), then send the message")
+        why = (f"it waits for a decision at {waiting.get('node')!r}; decide it first, then "
+               f"send the message. Decide with: {decide_hint(run_id, waiting)}")
     elif view.status in ("COMPLETED", "FAILED", "REJECTED", "CANCELLED"):
         why = f"it is {view.status}" + ("" if view.status != "FAILED" else
                                         f"; resume it (interlock resume {run_id}) first")
@@ -68,13 +70,18 @@ def message_records(view: RunView, gate: Gate, text: str, by: str | None
     n = turn if isinstance(turn, int) else 0
     visit = view.running.get((gate.node, gate.visit))
     assert gate.key is not None
+    # each turn is a step of the conversation (``limits.steps`` covers it): the first is
+    # the node's visit, each later one is counted with its message -- once, in the batch
+    # that records it; `/end` is no turn
+    turn = 1 if n >= 1 and text.strip() != END_COMMAND else 0
     return [
         (CHAT_MESSAGE, {"node": gate.node, "visit": gate.visit, "message": n, "text": text,
                         "by": by}),
         (L.APPROVAL_DECIDED, {"node": gate.node, "visit": gate.visit, "kind": "message",
                               "decision": "message", "by": by, "key": gate.key}),
-        R.decision_journaled(gate.node, gate.visit, visit.attempt if visit else 1, gate.key,
-                             {"decision": "message", "by": by, "text": text}),
+        R.effect_recorded(gate.node, gate.visit, visit.attempt if visit else 1,
+                          R.decision_key(gate.key),
+                          {"decision": "message", "by": by, "text": text}, 0, steps=turn),
     ]
 
 

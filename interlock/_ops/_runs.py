@@ -20,6 +20,7 @@ from .._engine._fold import RunResult, RunView, result_of
 from .._engine._journal import Journal
 from .._engine._view import gate_key
 from .._errors import ClaimError, ClaimLost, ConflictError, LogError, RunNotFound, UsageError
+from .._hints import decide_hint
 from .._store import RunRow, Store, Summary, release_store
 from ._children import _child_gate, _decide_child, _expired_children, _slots, _unblocked, continued
 from ._claims import LEASE_SECONDS, _claim_of, make_owner, make_run_id
@@ -362,9 +363,10 @@ async def _decisions(st: Store, run_id: str, loaded: Loaded, decision: Decision 
                              expired=first)
     if decision is None and not first and view.status == "WAITING_APPROVAL":
         gate = oldest(view.pending_gates())
+        hint = decide_hint(run_id, {"node": gate_name(gate), "kind": gate.kind,
+                                    "decisions": gate.decisions})
         raise UsageError(f"run {run_id!r} is waiting for a decision at "
-                         f"{gate_name(gate)!r}; "
-                         "resume it with --approve, --reject or --modify "
+                         f"{gate_name(gate)!r}; decide it: {hint} "
                          "(interlock.approve/reject/modify in Python)")
     return first
 

@@ -30,6 +30,7 @@ from ._common import (
     store_option,
     with_store,
 )
+from ._format import where_options
 from ._remote import Remote, server_options
 
 if TYPE_CHECKING:
@@ -52,7 +53,11 @@ def last_reply(result: RunResult | Mapping[str, Any]) -> str | None:
     return None
 
 
-def _print_turn(data: Mapping[str, Any], run_id: str) -> None:
+def _print_turn(data: Mapping[str, Any], run_id: str, where: str = "",
+                remote: bool = False) -> None:
+    """The turn's reply on stdout, or (stderr) what the conversation waits for with the
+    command that goes on -- carrying ``where``, the options that reach the same store or
+    server (``remote``: a server's)."""
     status = data.get("status")
     waiting = data.get("waiting") or {}
     show = waiting.get("show") or {}
@@ -69,11 +74,17 @@ def _print_turn(data: Mapping[str, Any], run_id: str) -> None:
     if status == "WAITING_APPROVAL":
         click.echo(f"waiting for a decision at {waiting.get('node')!r}: "
                    f"{json.dumps(waiting.get('show'), ensure_ascii=False)}", err=True)
-        click.echo(f"decide it: interlock resume {run_id} --approve | --reject "
-                   f"--gate {waiting.get('node')}", err=True)
+        from ..support import decide_hint
+
+        click.echo(f"decide with: {decide_hint(run_id, waiting, where)}", err=True)
         return
     error = data.get("error") or {}
     click.echo(f"the turn {str(status).lower()}: {error.get('message', '')}", err=True)
+    if status == "FAILED":  # what can be done, as `status` says it
+        from .. import RunResult
+        from ._inspect import _failed_hint
+
+        click.echo(_failed_hint(RunResult(**dict(data)), where, remote), err=True)
 
 
 @click.command(short_help="Send a message to a conversation.")
@@ -101,7 +112,7 @@ def send(run_id: str, text: str, by: str | None, as_json: bool, store_url: str |
             data = remote.result(run_id).to_json()
         finally:
             remote.close()
-        _done(data, run_id, as_json)
+        _done(data, run_id, as_json, where_options(None, server_url, token), remote=True)
 
     async def go(st: Store) -> RunResult:
         from .. import send as send_message
@@ -109,14 +120,15 @@ def send(run_id: str, text: str, by: str | None, as_json: bool, store_url: str |
         return await send_message(run_id, text, by=by, store=st)
 
     result = call_engine(with_store(store_url, go))
-    _done(result.to_json(), run_id, as_json)
+    _done(result.to_json(), run_id, as_json, where_options(store_url))
 
 
-def _done(data: Mapping[str, Any], run_id: str, as_json: bool) -> NoReturn:
+def _done(data: Mapping[str, Any], run_id: str, as_json: bool, where: str,
+          remote: bool = False) -> NoReturn:
     if as_json:
         click.echo(json.dumps(dict(data), ensure_ascii=False))
     else:
-        _print_turn(data, run_id)
+        _print_turn(data, run_id, where, remote)
     note_abandoned_threads()
     sys.exit(EXIT_FAILED if turn_failed(data) else exit_code_for(str(data.get("status"))))
 
@@ -153,7 +165,10 @@ def chat(workflow: str, session: str | None, input_json: str | None, by: str | N
         from ._chat_remote import RemoteTerminal
 
         remote = Remote(server_url, token, store_url)
-        sys.exit(exit_code_for(RemoteTerminal(remote, by).run(workflow, session, input_json)))
+        terminal = RemoteTerminal(remote, by)
+        status = terminal.run(workflow, session, input_json)
+        terminal.left(status, terminal.waiting, workflow, where_options(None, server_url, token))
+        sys.exit(exit_code_for(status))
     wf = load_workflow(workflow)
     if wf.spec.chat is None:
         raise CliError(f"{workflow} is not a conversation: declare chat: NODE (the agent "
@@ -161,6 +176,6 @@ def chat(workflow: str, session: str | None, input_json: str | None, by: str | N
     data = read_input(input_json, None)
     from ._chat_live import Terminal
 
-    status = Terminal(wf, store_url, by).run(data, session)
+    status = Terminal(wf, store_url, by).run(data, session, workflow)
     note_abandoned_threads()
     sys.exit(exit_code_for(status))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shlex
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -33,7 +34,11 @@ class Printer:
     def __init__(self, run_id: str | None = None) -> None:
         self.run_id = run_id
         self.streaming = False  # a reply is being printed as it streams
-        self.shown = False  # the turn's reply was printed as it streamed
+        # the text of the turn's last model reply, when it was printed as it streamed:
+        # the turn's reply is not printed again (a reply that calls a tool too -- "let me
+        # look", or "Goodbye!" with end_conversation -- is the turn's reply when the tool
+        # ends the conversation)
+        self.shown: str | None = None
 
     def token(self, piece: dict[str, Any]) -> None:
         """A piece of the reply, printed as it arrives (the provider streams)."""
@@ -41,11 +46,11 @@ class Printer:
         click.echo(click.style(str(piece.get("text") or ""), bold=True), nl=False)
         sys.stdout.flush()
 
-    def _end_line(self) -> None:
+    def _end_line(self, text: str | None = None) -> None:
         if self.streaming:  # the text printed as it streamed: its line ends here
             click.echo("")
             self.streaming = False
-            self.shown = True
+            self.shown = text
 
     def record(self, rec: dict[str, Any]) -> None:
         """A committed record of the conversation (or of one of its child runs)."""
@@ -54,17 +59,16 @@ class Printer:
         child = owner is not None and owner != self.run_id and rtype != "child.started"
         indent = "    " if child else "  "
         if rtype == "agent.reply" and not child:
-            self._end_line()
+            self._end_line(rec.get("reply"))
         if rtype == "chat.reply" and not child:
             self._end_line()
-            if not self.shown and rec.get("reply") is not None:  # (not streamed: whole)
-                click.echo(click.style(str(rec.get("reply") or ""), bold=True))
-            self.shown = False
+            reply = rec.get("reply")
+            if reply is not None and reply != self.shown:  # (not streamed: whole)
+                click.echo(click.style(str(reply), bold=True))
+            self.shown = None
             if rec.get("turn_error"):
                 click.echo(click.style(f"the turn failed: {rec['turn_error']} (the conversation "
                                        "goes on: send the next message)", fg="red"), err=True)
-        elif rtype == "agent.reply" and not child and rec.get("tool_calls"):
-            self.shown = False  # the turn goes on: its final reply is still to come
         if rtype == "tool.called":
             out = rec.get("result", rec.get("error", rec.get("problem")))
             click.echo(click.style(f"{indent}> {rec.get('tool')}"
@@ -78,6 +82,22 @@ class Printer:
         elif rtype == "approval.requested" and rec.get("kind") != "message" and not child:
             self.gate(rec.get("path") or rec.get("node"), rec.get("show"))
 
+    def left(self, status: str, waiting: dict[str, Any] | None, file: str, where: str) -> None:
+        """Standard input ended while the conversation waits: how to go on (``where``: the
+        options that reach the same store or server)."""
+        from ..support import decide_hint
+
+        if status not in ("WAITING_INPUT", "WAITING_APPROVAL") or self.run_id is None:
+            return
+        self._end_line()
+        session = f"interlock chat {shlex.quote(file)} --session {shlex.quote(self.run_id)}{where}"
+        if status == "WAITING_APPROVAL" and waiting:
+            click.echo(f"the conversation waits for a decision at {waiting.get('node')!r}: "
+                       f"decide with: {decide_hint(self.run_id, waiting, where)}; or "
+                       f"continue here: {session}", err=True)
+        else:
+            click.echo(f"the conversation waits for the next message: {session}", err=True)
+
     def gate(self, where: Any, show: Any) -> None:
         self._end_line()
         click.echo(click.style(f"waiting for a decision at {where}: {_short(show)}",
@@ -89,12 +109,17 @@ class Terminal(Printer):
     def __init__(self, wf: Workflow, store_url: str | None, by: str | None) -> None:
         super().__init__()
         self.wf, self.store_url, self.by = wf, store_url, by
+        self.result: RunResult | None = None
 
-    def run(self, data: dict[str, Any], session: str | None) -> str:
+    def run(self, data: dict[str, Any], session: str | None, file: str = "FILE") -> str:
         """Hold the conversation until standard input ends or it does: its status then."""
         from ._common import call_engine
+        from ._format import where_options
 
-        return call_engine(self._main(data, session))
+        status = call_engine(self._main(data, session))
+        waiting = self.result.waiting if self.result is not None else None
+        self.left(status, dict(waiting or {}), file, where_options(self.store_url))
+        return status
 
     def listen(self, rec: dict[str, Any], view: Any) -> None:
         """Each committed record of the conversation (and of its child runs) that a
@@ -140,6 +165,7 @@ class Terminal(Printer):
                                err=True)
             if result.status == "COMPLETED":
                 click.echo(f"the conversation {session} has ended", err=True)
+            self.result = result
             return result.status
         finally:
             await st.close()

@@ -4,12 +4,14 @@ definition, after a static check, on the record (``run.migrated``)."""
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from typing import Any
 
 import click
 
 from ._common import EXIT_USAGE, call_engine, json_option, load_workflow, store_option
+from ._format import where_options
 from ._remote import server_options
 
 
@@ -57,7 +59,7 @@ def migrate(run_id: str, path: str, at_node: str | None, by: str | None, comment
             found = Migration(**remote.call("POST", f"/api/runs/{run_id}/migrate", json=body))
         finally:
             remote.close()
-        _show(found, path, as_json)
+        _show(found, path, as_json, where_options(None, server_url, token))
         return
     try:
         found = call_engine(_refusal_kept(migrate_run(
@@ -71,10 +73,10 @@ def migrate(run_id: str, path: str, at_node: str | None, by: str | None, comment
             _differences(refused.migration)
         click.echo(f"error: {refused}", err=True)
         sys.exit(EXIT_USAGE)
-    _show(found, path, as_json)
+    _show(found, path, as_json, where_options(store_url))
 
 
-def _show(found: Any, path: str, as_json: bool) -> None:
+def _show(found: Any, path: str, as_json: bool, where: str = "") -> None:
     """A migration done (or checked, with --dry-run): its differences, then what now."""
     run_id = found.run_id
     if as_json:
@@ -85,10 +87,11 @@ def _show(found: Any, path: str, as_json: bool) -> None:
         click.echo(f"dry run: run {run_id} can be migrated onto {path} "
                    f"({found.to_hash[:12]}); nothing was recorded", err=True)
     else:
-        then = {"WAITING_APPROVAL": f"it waits on the new definition: `interlock resume "
-                                    f"{run_id} --approve` (or --reject) decides it",
+        rid = shlex.quote(run_id)  # (`status` names the gate and its decide command)
+        then = {"WAITING_APPROVAL": f"it waits on the new definition: `interlock status "
+                                    f"{rid}{where}` shows its gate and how to decide it",
                 "PENDING": "a worker (`interlock worker`) continues it",
-                "FAILED": f"`interlock resume {run_id}` continues it"}.get(found.status, "")
+                "FAILED": f"`interlock resume {rid}{where}` continues it"}.get(found.status, "")
         click.echo(f"migrated: run {run_id} is on {path} ({found.from_hash[:12]} -> "
                    f"{found.to_hash[:12]}, record {found.recorded}); {then}", err=True)
 

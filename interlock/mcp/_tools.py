@@ -235,20 +235,22 @@ class _Call:
         waiting = run.get("waiting") or {}
         return {"run_id": run["run_id"], "workflow": run.get("workflow"),
                 "status": run["status"], "waiting": waiting,
-                "decide": decide_hints(run["run_id"],
-                                       waiting.get("node") if "pending" in waiting else None,
+                "decide": decide_hints(run["run_id"], waiting.get("node"),
                                        self.runs.public_url, self.runs.store_hint)}
 
 
 def decide_hints(run_id: str, gate: str | None, public_url: str | None,
                  store_hint: str = "") -> dict[str, str]:
-    """How a person decides the gate: the CLI's command (naming the gate when the
-    engine waits at several: ``waiting.pending``), and with a public URL, the API's
-    endpoint and the dashboard's inbox."""
-    cmd = ["interlock", "resume", run_id]
+    """How a person decides the gate: the CLI's command (naming the gate: the same
+    command run twice is then refused, not taken for the next gate's decision), and with
+    a public URL, the API's endpoint and the dashboard's inbox."""
+    from interlock.support import decide_command
+
     if gate:
-        cmd += ["--gate", gate]
-    out = {"cli": " ".join(map(shlex.quote, cmd)) + " --approve" + store_hint}
+        cli = decide_command(run_id, gate, "--approve", store_hint)
+    else:
+        cli = f"interlock resume {shlex.quote(run_id)} --approve{store_hint}"
+    out = {"cli": cli}
     if public_url:
         base = public_url.rstrip("/")
         out["api"] = f"POST {base}/api/runs/{quote(run_id)}/decisions"
