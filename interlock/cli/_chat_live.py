@@ -14,6 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from ._chat_lines import read_line
+from ._common import CliError
+
 if TYPE_CHECKING:
     from .. import RunResult, Store, Workflow
 
@@ -126,8 +129,34 @@ class Terminal(Printer):
         person wants to see, as it happens."""
         self.record(rec)
 
+    async def _session(self, st: Store, session: str) -> RunResult:
+        """The conversation ``session`` as this terminal takes it up: a run of this
+        file's workflow (else `CliError`), its interrupted turn -- the process that
+        executed it is gone -- continued first, as ``interlock resume`` would, its reply
+        shown (`CliError` when a live process still executes it)."""
+        from .. import ClaimError, status
+
+        row = await st.get_run(session)
+        if row.workflow != self.wf.name:
+            raise CliError(f"run {session} is a run of workflow {row.workflow!r}, not of "
+                           f"{self.wf.name!r} (this file's): nothing was sent; continue it "
+                           f"with its own file (interlock chat FILE --session {session}, "
+                           f"FILE declaring workflow: {row.workflow})")
+        result = await status(session, store=st)
+        if result.status not in ("RUNNING", "RETRYING", "PENDING"):
+            return result
+        click.echo(f"the conversation {session} was interrupted during a turn: continuing "
+                   "that turn first", err=True)
+        try:
+            return await self.wf.resume(session, store=st, listener=self.listen)
+        except ClaimError as exc:
+            raise CliError(f"the conversation {session} is in a turn another process is "
+                           f"executing ({exc.owner}); nothing was sent. Wait for the turn "
+                           f"to end (interlock status {session}), then continue with "
+                           f"interlock chat FILE --session {session}") from None
+
     async def _main(self, data: dict[str, Any], session: str | None) -> str:
-        from .. import approve, open_store, reject, status
+        from .. import approve, open_store, reject
         from ..support import TOKEN_SINK
 
         st: Store = open_store(self.store_url)
@@ -138,28 +167,26 @@ class Terminal(Printer):
                 result: RunResult = await self.wf.run(data, store=st, listener=self.listen)
                 session = self.run_id = result.run_id
             else:
-                result = await status(session, store=st)
+                result = await self._session(st, session)
             click.echo(f"conversation {session} ({HELP})", err=True)
             while result.status in ("WAITING_INPUT", "WAITING_APPROVAL"):
                 line = await asyncio.to_thread(sys.stdin.readline)
                 if not line:
                     break
-                text = line.rstrip("\n")
-                if not text.strip():
+                typed = read_line(line, result.status == "WAITING_APPROVAL")
+                if typed is None:
                     continue
-                word, _, rest = text.strip().partition(" ")
-                if result.status == "WAITING_APPROVAL":
-                    if word not in ("/approve", "/reject"):
-                        click.echo("a gate waits: /approve [COMMENT] or /reject [COMMENT]",
-                                   err=True)
-                        continue
-                    decide = approve if word == "/approve" else reject
+                if typed.action == "say":  # (not a message: nothing sent, nothing recorded)
+                    click.echo(typed.text, err=True)
+                    continue
+                if typed.action == "decide":
+                    decide = approve if typed.decision == "approve" else reject
                     result = await self.wf.resume(session, decide(by=self.by,
-                                                                  comment=rest or None),
+                                                                  comment=typed.text),
                                                   store=st, listener=self.listen)
                 else:
-                    result = await self.wf.send(session, text, by=self.by, store=st,
-                                                listener=self.listen)
+                    result = await self.wf.send(session, str(typed.text), by=self.by,
+                                                store=st, listener=self.listen)
                 if result.status == "FAILED":
                     click.echo(f"the turn failed: {(result.error or {}).get('message')}",
                                err=True)
