@@ -36,24 +36,36 @@ class Printer:
 
     def __init__(self, run_id: str | None = None) -> None:
         self.run_id = run_id
-        self.streaming = False  # a reply is being printed as it streams
-        # the text of the turn's last model reply, when it was printed as it streamed:
-        # the turn's reply is not printed again (a reply that calls a tool too -- "let me
-        # look", or "Goodbye!" with end_conversation -- is the turn's reply when the tool
-        # ends the conversation)
-        self.shown: str | None = None
+        self.streaming = False  # a model reply's text is being printed as it streams
+        # the model call (the pieces' and agent.reply's ``turn``) whose text streams, and
+        # the text so far: a piece of the next call ends its line even when that call's
+        # agent.reply comes later (a busy server's stream may send the next call's pieces
+        # before the record), and a late agent.reply does not end the next call's line
+        self.stream_turn: object = None
+        self.stream_text = ""
+        # the texts of this conversation turn's model replies printed as they streamed:
+        # the turn's reply is not printed again when it is one of them (a reply that
+        # calls a tool too -- "let me look", or "Goodbye!" with end_conversation -- is
+        # the turn's reply when the tool ends the conversation)
+        self.streamed: list[str] = []
 
     def token(self, piece: dict[str, Any]) -> None:
         """A piece of the reply, printed as it arrives (the provider streams)."""
-        self.streaming = True
-        click.echo(click.style(str(piece.get("text") or ""), bold=True), nl=False)
+        turn = piece.get("turn")
+        if self.streaming and turn != self.stream_turn:  # the next model call's text
+            self._end_line()
+        if not self.streaming:
+            self.streaming, self.stream_turn, self.stream_text = True, turn, ""
+        text = str(piece.get("text") or "")
+        self.stream_text += text
+        click.echo(click.style(text, bold=True), nl=False)
         sys.stdout.flush()
 
     def _end_line(self, text: str | None = None) -> None:
         if self.streaming:  # the text printed as it streamed: its line ends here
             click.echo("")
             self.streaming = False
-            self.shown = text
+            self.streamed.append(text if text is not None else self.stream_text)
 
     def record(self, rec: dict[str, Any]) -> None:
         """A committed record of the conversation (or of one of its child runs)."""
@@ -61,14 +73,14 @@ class Printer:
         owner = rec.get("run_id")
         child = owner is not None and owner != self.run_id and rtype != "child.started"
         indent = "    " if child else "  "
-        if rtype == "agent.reply" and not child:
+        if rtype == "agent.reply" and not child and rec.get("turn") == self.stream_turn:
             self._end_line(rec.get("reply"))
         if rtype == "chat.reply" and not child:
             self._end_line()
             reply = rec.get("reply")
-            if reply is not None and reply != self.shown:  # (not streamed: whole)
+            if reply is not None and reply not in self.streamed:  # (not streamed: whole)
                 click.echo(click.style(str(reply), bold=True))
-            self.shown = None
+            self.streamed = []
             if rec.get("turn_error"):
                 click.echo(click.style(f"the turn failed: {rec['turn_error']} (the conversation "
                                        "goes on: send the next message)", fg="red"), err=True)

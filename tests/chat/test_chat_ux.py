@@ -236,3 +236,54 @@ def _records(server: Served, run_id: str) -> list[dict[str, Any]]:
     with server.client() as c:
         found: list[dict[str, Any]] = c.get(f"/api/runs/{run_id}/records").json()
     return found
+
+
+def test_send_end_prints_no_reply(make_project: Any) -> None:
+    p = make_project(TOOLS)
+    wf = p.workflow(PLAIN)
+    assert p.cli("run", wf, "--run-id", "e1").exit_code == 3
+    assert p.cli("send", "e1", "hello").stdout == "hi there\n"
+    ended = p.cli("send", "e1", "/end")
+    assert ended.exit_code == 0, ended.output
+    assert ended.stdout == ""  # (was "hi there" again: the state's last reply)
+    assert "the conversation e1 has ended" in ended.stderr
+
+
+def test_chat_prints_each_reply_once_when_a_calls_pieces_come_before_the_last_record(
+        capsys: Any) -> None:
+    """A busy server's event stream may send the next model call's reply pieces before
+    the previous call's ``agent.reply`` (it drains the pieces it holds before each record
+    it sends): `interlock chat --server` printed "let me looklooked it up" and then the
+    reply again, and a turn whose first call only called a tool printed its reply twice."""
+    from interlock.cli._chat_live import Printer
+
+    shown = Printer("c1")
+
+    def pieces(turn: int, text: str) -> None:
+        for word in text.split(" "):
+            shown.token({"run_id": "c1", "node": "a", "turn": turn,
+                         "text": word if word == text.split(" ")[0] else " " + word})
+
+    def rec(rtype: str, **fields: Any) -> None:
+        shown.record({"type": rtype, "run_id": "c1", "node": "a", **fields})
+
+    # conversation turn 1: "let me look" with a tool call, then the answer -- the
+    # answer's pieces before the first call's records
+    pieces(0, "let me look")
+    pieces(1, "looked it up")
+    rec("agent.reply", turn=0, reply="let me look", tool_calls=[{"name": "lookup"}])
+    rec("tool.called", tool="lookup", arguments={}, result="found")
+    rec("agent.reply", turn=1, reply="looked it up")
+    rec("chat.reply", message=0, reply="looked it up")
+    # conversation turn 2: a call that only calls a tool, its record after the answer's
+    # pieces
+    pieces(3, "second answer")
+    rec("agent.reply", turn=2, reply=None, tool_calls=[{"name": "lookup"}])
+    rec("tool.called", tool="lookup", arguments={}, result="found")
+    rec("agent.reply", turn=3, reply="second answer")
+    rec("chat.reply", message=1, reply="second answer")
+    # conversation turn 3: not streamed -- printed whole, once
+    rec("agent.reply", turn=4, reply="third")
+    rec("chat.reply", message=2, reply="third")
+    assert capsys.readouterr().out.splitlines() == [
+        "let me look", "looked it up", "second answer", "third"]
