@@ -84,15 +84,21 @@ def test_chat_session_continues_a_turn_whose_process_was_killed_then_takes_the_m
             assert time.monotonic() < deadline, "the tool never started"
             time.sleep(0.05)
         proc.send_signal(signal.SIGKILL)
-        proc.wait(30)
+        # at once, as a person would: the killed process is not reaped yet (a zombie
+        # until its parent waits), and holds the run's lease
+        stat = Path(f"/proc/{proc.pid}/stat")
+        while stat.exists() and stat.read_text().rpartition(")")[2].split()[0] != "Z":
+            assert time.monotonic() < deadline, "the process did not die"
+            time.sleep(0.01)
+        (tmp_path / "block").unlink()
+        # (on the old code: exit 1, nothing printed, "hello" dropped)
+        out = _chat(p, wf, "hello\n", "--session", "k6")
     finally:
         if proc.poll() is None:
             proc.kill()
+        proc.wait(30)
         if proc.stdin is not None:
             proc.stdin.close()
-    (tmp_path / "block").unlink()
-    # (on the old code: exit 1, nothing printed, "hello" dropped)
-    out = _chat(p, wf, "hello\n", "--session", "k6")
     assert out.exit_code == 3, out.output
     assert "was interrupted during a turn: continuing that turn first" in out.stderr
     assert out.stdout.splitlines() == ["looked it up", "second answer"]
