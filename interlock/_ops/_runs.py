@@ -22,10 +22,19 @@ from .._engine._view import gate_key
 from .._errors import ClaimError, ClaimLost, ConflictError, LogError, RunNotFound, UsageError
 from .._hints import decide_hint
 from .._store import RunRow, Store, Summary, release_store
-from ._children import _child_gate, _decide_child, _expired_children, _slots, _unblocked, continued
+from ._children import (
+    _child_gate,
+    _decide_child,
+    _expired_children,
+    _slots,
+    _unblocked,
+    continued,
+    head,
+)
 from ._claims import LEASE_SECONDS, _claim_of, make_owner, make_run_id
 from ._code import CodeChanged, check_code, strict_code
 from ._execute import Listener, _traced, drive
+from ._gate_refusals import check_named, decided_text
 from ._load import (
     _BROKEN_LOG_ADVICE,
     RESUMABLE,
@@ -170,6 +179,10 @@ async def _offer(st: Store, run_id: str, decision: Decision, workflow: Functions
     loaded = await load_run(st, run_id, workflow=workflow, executable=strict_code())
     view = loaded.view
     pending = view.pending_gates()
+    if decision.node is not None and view.status != "WAITING_INPUT" and (
+            pending or view.status in TERMINAL_STATUSES or view.status == "PENDING"):
+        # a gate named: does it wait? (a PENDING run: decided, for a worker to continue)
+        await check_named(st, run_id, loaded, decision.node)
     if not pending or view.status in TERMINAL_STATUSES or view.status == "WAITING_INPUT":
         return None  # (a conversation: `_resume` refuses)
     if strict_code():  # refused before anything is offered (`CodeChanged`)
@@ -183,12 +196,9 @@ async def _offer(st: Store, run_id: str, decision: Decision, workflow: Functions
     gate = view.gates[gate_key(decided["node"], decided["visit"], decided.get("item"))]
     won = await st.offer_decision(run_id, gate_slot(gate), offer_of(gate, decision))
     if won is not None:
-        who = won.get("by") or "an anonymous decider"
-        via = f" via {won['via']}" if won.get("via") else ""
         raise GateTaken(f"the decision is refused: gate {gate_name(gate)!r} of run "
-                        f"{run_id!r} was decided already ({won.get('decision')} by {who}"
-                        f"{via}); exactly one decision per gate wins -- see "
-                        f"`interlock status {run_id}`")
+                        f"{run_id!r} was decided already: {decided_text(won)}; exactly one "
+                        f"decision per gate wins -- see `interlock status {run_id}`")
     return gate.slot[0], gate.visit, gate.key, gate.requested_at
 
 
@@ -214,7 +224,7 @@ async def _offer_child(st: Store, run_id: str, decision: Decision, workflow: Fun
     if child is None or loaded.view.status in TERMINAL_STATUSES:
         return None
     gate, below = child
-    await _decide_child(st, str(gate.key), below)  # (raises: refused, recorded nothing)
+    await _decide_child(st, str(gate.key), below, f"{head(gate)}/")  # (raises: refused)
     # (a taken slot: another of the child's gates was offered first -- the node runs
     # again either way, and finds the child with both decisions)
     await st.offer_decision(run_id, gate_slot(gate), offer_of(gate, replace(
@@ -341,7 +351,7 @@ async def _decisions(st: Store, run_id: str, loaded: Loaded, decision: Decision 
             "decide what it waits for then")
     if child is not None:  # a gate inside a child run: it decides it
         gate, below = child
-        await _decide_child(st, str(gate.key), below)
+        await _decide_child(st, str(gate.key), below, f"{head(gate)}/")
         assert decision is not None
         first.append(continued(
             gate, _PAST[decision.kind], by=decision.by, comment=decision.comment,

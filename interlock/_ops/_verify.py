@@ -120,6 +120,9 @@ class Verification:
     keyed: bool = False  # the chain is keyed, and was checked with the key
     notes: tuple[str, ...] = ()  # findings that do not break the log (a forged snapshot)
     children: tuple[str, ...] = ()  # the child runs verified with it (sub-workflows)
+    # False: ``seq`` is where the break shows, not the first bad record, which is not
+    # known (an export's records that do not end at its header's chain hash)
+    located: bool = True
 
 
 class LogCheck:

@@ -131,6 +131,10 @@ def _node_detail(rec: Record) -> str:
 
 def _decision_detail(rec: Record) -> str:
     """'by alice: looks fine; patch {...}; re-enter at a' for an approval.decided record."""
+    if not rec.get("by") and rec.get("decision") in ("closed", "continued"):
+        # the engine's, not a person's: a gate closed (the run ended), a child run's gate
+        # decided in the child
+        return f"({rec['comment']})" if rec.get("comment") else ""
     text = f"by {rec['by']}" if rec.get("by") else "by an anonymous decider"
     if rec.get("comment"):
         text += f": {_short(str(rec['comment']), 100)}"

@@ -464,9 +464,15 @@ def verify(run_id: str | None, path: str | None, store_url: str | None) -> None:
     if v.seq is None:  # it could not be checked at all (a keyed log, without its key)
         click.echo(f"not verified: {which}: {v.message}")
     else:
-        click.echo(f"broken: {which} at record {v.seq} of {v.records}: {v.message}")
-        click.echo("a broken log is never continued: restore the run from a backup or an "
-                   "export (`interlock verify --file` checks an export first)")
+        at = f"at record {v.seq} of {v.records}" if v.located else \
+            f"({_plural(v.records, 'record')})"
+        click.echo(f"broken: {which} {at}: {v.message}")
+        if path is not None:  # an export: the run itself may be intact in its store
+            click.echo("this export is not evidence of the run: export the run again from "
+                       f"its store once `interlock verify {v.run_id}` says ok there")
+        else:
+            click.echo("a broken log is never continued: restore the run from a backup or "
+                       "an export (`interlock verify --file` checks an export first)")
     sys.exit(EXIT_FAILED)
 
 

@@ -8,6 +8,7 @@ import os
 import shlex
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -44,6 +45,24 @@ class NodeStats:
     duration_ms: float = 0.0
     tokens: int = 0
     status: str = "not run"
+    # the decisions of the node's gate (an approval, a confirm: true node), per visit: a
+    # decided gate's row shows them, not "completed" -- "rejected", or for a mapped
+    # gate's items "3 approved, 2 rejected"
+    decided: dict[int, Counter[str]] = field(default_factory=dict)
+    mapped: bool = False
+
+    def decided_status(self, visit: int) -> str | None:
+        """What the row of a gate whose visit ``visit`` completed shows (None: completed
+        -- no gate, or a confirm: true node approved, whose action then ran)."""
+        counts = self.decided.get(visit)
+        if not counts or set(counts) == {"confirmed"}:
+            return None
+        words: Counter[str] = Counter()
+        for decision, n in counts.items():
+            words["approved" if decision == "confirmed" else decision] += n
+        if not self.mapped:
+            return list(words)[-1]  # (the visit's decision)
+        return ", ".join(f"{n} {d}" for d, n in sorted(words.items()))
 
 
 class Progress:
@@ -114,6 +133,8 @@ class Progress:
                         self._on_node(rec)
                     elif rec["type"] == "approval.requested":
                         self._on_waiting(rec)
+                    elif rec["type"] == "approval.decided":
+                        self._on_decided(rec)
                 except (KeyError, TypeError, AttributeError):
                     # not a record the engine writes: a changed log, which the engine
                     # refuses to continue right after this; it is not counted
@@ -134,8 +155,17 @@ class Progress:
 
     def _on_decided(self, rec: Record) -> None:
         node, decision = rec["node"], rec["decision"]
-        self.stats.setdefault(node, NodeStats()).status = decision
-        self._line(node, decision, _decision_detail(rec))
+        st = self.stats.setdefault(node, NodeStats())
+        item = rec.get("item")
+        if item is None:  # (a map item's: the row waits for the others, then counts them)
+            st.status = decision
+        if rec.get("kind") in ("approval", "confirm"):  # the node's own gate
+            mark = "confirmed" if rec["kind"] == "confirm" and decision == "approved" \
+                else decision  # (a confirmed action runs: its completion says how it went)
+            st.decided.setdefault(rec["visit"], Counter())[mark] += 1
+            st.mapped = st.mapped or item is not None
+        self._line(node if item is None else f"{node}[{item}]", decision,
+                   _decision_detail(rec))
 
     def _on_node(self, rec: Record) -> None:
         node = rec["node"]
@@ -152,8 +182,10 @@ class Progress:
         st.status = status
         if rec["type"] == "node.started":
             st.visits.add(rec["visit"])
+        elif rec["type"] == "node.completed":  # a decided gate's row: its decision
+            st.status = st.decided_status(rec["visit"]) or status
         st.duration_ms += rec.get("duration_ms") or 0.0
-        self._line(node, st.status, self._detail(rec))
+        self._line(node, status, self._detail(rec))
 
     def _detail(self, rec: Record) -> str:
         """A node record's detail, with the attempt of a retry (not the visit's attempt
@@ -185,7 +217,9 @@ class Progress:
                 self._turn[node] = turn + 1
             self._line(node, "waiting", "for the next message")
             return
-        self._line(node, "waiting", "for approval: " + _short(_json(rec.get("show")), 100))
+        item = rec.get("item")
+        self._line(node if item is None else f"{node}[{item}]", "waiting",
+                   "for approval: " + _short(_json(rec.get("show")), 100))
 
     def _on_edge(self, rec: Record, edge: EdgeSpec) -> None:
         expr, reason = rec.get("expr"), rec.get("reason")
