@@ -155,6 +155,8 @@ class Terminal(Printer):
                            f"with its own file (interlock chat FILE --session {session}, "
                            f"FILE declaring workflow: {row.workflow})")
         result = await status(session, store=st)
+        if result.status in ("FAILED", "REJECTED", "CANCELLED"):
+            self._stopped(result)
         if result.status not in ("RUNNING", "RETRYING", "PENDING"):
             return result
         click.echo(f"the conversation {session} was interrupted during a turn: continuing "
@@ -167,6 +169,19 @@ class Terminal(Printer):
                            f"to end (interlock status {session}), then continue with "
                            f"interlock chat FILE --session {session}") from None
 
+    def _stopped(self, result: RunResult) -> None:
+        """A conversation that takes no message (failed, rejected, cancelled): why, and
+        what can be done -- nothing typed is sent."""
+        from ._format import where_options
+        from ._inspect import _failed_hint
+
+        error = (result.error or {}).get("message")
+        click.echo(f"the conversation {result.run_id} is {result.status}"
+                   f"{': ' + str(error) if error else ''}; it takes no message (nothing "
+                   "typed is sent)", err=True)
+        if result.status == "FAILED":
+            click.echo(_failed_hint(result, where_options(self.store_url)), err=True)
+
     async def _main(self, data: dict[str, Any], session: str | None) -> str:
         from .. import approve, open_store, reject
         from ..support import TOKEN_SINK
@@ -174,13 +189,15 @@ class Terminal(Printer):
         st: Store = open_store(self.store_url)
         TOKEN_SINK.set(self.token)  # (this task's context: the runs it executes stream here)
         self.run_id = session
+        new = session is None
         try:
             if session is None:
                 result: RunResult = await self.wf.run(data, store=st, listener=self.listen)
                 session = self.run_id = result.run_id
             else:
                 result = await self._session(st, session)
-            click.echo(f"conversation {session} ({HELP})", err=True)
+            if new or result.status in ("WAITING_INPUT", "WAITING_APPROVAL"):
+                click.echo(f"conversation {session} ({HELP})", err=True)
             while result.status in ("WAITING_INPUT", "WAITING_APPROVAL"):
                 line = await asyncio.to_thread(sys.stdin.readline)
                 if not line:

@@ -293,3 +293,20 @@ def test_chat_prints_each_reply_once_when_a_calls_pieces_come_before_the_last_re
     rec("chat.reply", message=2, reply="third")
     assert capsys.readouterr().out.splitlines() == [
         "let me look", "looked it up", "second answer", "third"]
+
+
+def test_chat_session_of_a_failed_conversation_says_why_and_what_to_do(
+        make_project: Any) -> None:
+    p = make_project(TOOLS)
+    wf = p.workflow(PLAIN.replace("[hi there, bye now, more]", "[only]"))
+    assert p.cli("run", wf, "--run-id", "f1").exit_code == 3
+    assert p.cli("send", "f1", "hello").exit_code == 3
+    assert p.cli("send", "f1", "again").exit_code == 1  # no reply left: the run failed
+    out = _chat(p, wf, "more\n", "--session", "f1")
+    assert out.exit_code == 1, out.output
+    # (was the header line alone: the typed text dropped without a word)
+    assert "the conversation f1 is FAILED: node 'assistant' raised RepliesExhausted" \
+        in out.stderr
+    assert "it takes no message (nothing typed is sent)" in out.stderr
+    assert "interlock resume f1" in out.stderr
+    assert [r["text"] for r in records("f1", p.store, "chat.message")] == ["hello", "again"]
