@@ -72,7 +72,9 @@ Hints
     `decide_hint` (how to decide a waiting gate, one line: ``interlock resume RUN --gate
     GATE --approve (or --reject)``), `decide_command` (one decision's command),
     `decision_flags` (the ``resume`` options of each decision a gate accepts): the
-    commands every tool prints for a person to copy.
+    commands every tool prints for a person to copy. `MessageRefused` (a message to a
+    conversation that does not wait for one: its ``status`` and ``waiting``) and
+    `message_refusal` (why, with the command that goes on, carrying a tool's options).
 
 Conversations
     `TOKEN_SINK` (a context variable: where a conversation's reply goes as the provider
@@ -116,6 +118,8 @@ from ._ops._code import CodeChanged, set_strict_code
 from ._ops._export import export as export_run
 from ._ops._export import verify_export
 from ._ops._load import TRACE_PAGE, load_run
+from ._ops._messages import MessageRefused
+from ._ops._messages import refusal as message_refusal
 from ._ops._migrate import Migration, MigrationRefused
 from ._ops._migrate import migrate as migrate_run
 from ._ops._prune import Pruned
@@ -190,6 +194,7 @@ __all__ = [
     "GateTaken",
     "LeaseRenewer",
     "LogCheck",
+    "MessageRefused",
     "Metrics",
     "Migration",
     "MigrationRefused",
@@ -217,6 +222,7 @@ __all__ = [
     "load_run",
     "load_spec",
     "load_workflows",
+    "message_refusal",
     "migrate_run",
     "node_visits",
     "not_json_at",

@@ -12,6 +12,7 @@ waiting for one is refused before anything is recorded; of two sent at once, one
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from .. import _log as L
@@ -21,7 +22,7 @@ from .._engine import _records as R
 from .._engine._fold import RunResult, RunView
 from .._engine._view import Gate
 from .._errors import UsageError
-from .._hints import decide_hint
+from .._hints import decide_hint, shell_word
 from .._store import Store, release_store
 from ..agents._chat import END_COMMAND
 from ._execute import Listener, _traced, drive
@@ -33,7 +34,36 @@ MAX_MESSAGE_CHARS = 100_000
 
 
 class MessageRefused(UsageError):
-    """A message to a run that is not waiting for one (exit 2, HTTP 409)."""
+    """A message to a run that is not waiting for one (exit 2, HTTP 409). ``status`` and
+    ``waiting``: the run's, for a tool that says it again with its own options
+    (`refusal`)."""
+
+    def __init__(self, message: str, status: str | None = None,
+                 waiting: Mapping[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.waiting = status, waiting
+
+
+def refusal(run_id: str, status: str, waiting: Mapping[str, Any] | None,
+            where: str = "") -> str:
+    """Why a message to ``run_id`` (``status``, ``waiting``) is refused, with the command
+    that goes on -- carrying ``where``, the options that reach the run (``--store``,
+    ``--server``)."""
+    rid = shell_word(run_id)
+    if status == "WAITING_APPROVAL":
+        waiting = waiting or {}
+        why = (f"it waits for a decision at {waiting.get('node')!r}; decide it first, then "
+               f"send the message. Decide with: {decide_hint(run_id, waiting, where)}")
+    elif status in ("COMPLETED", "FAILED", "REJECTED", "CANCELLED"):
+        why = f"it is {status}" + ("" if status != "FAILED" else
+                                   f"; resume it (interlock resume {rid}{where}) first")
+    elif status in ("RUNNING", "RETRYING", "PENDING"):
+        why = (f"it is {status} (a turn is in progress, or was interrupted: "
+               f"`interlock resume {rid}{where}` continues it); send when it waits for a "
+               "message")
+    else:
+        why = f"it is {status}, not a conversation waiting for its next message"
+    return f"the message to run {run_id!r} is refused and nothing was recorded: {why}"
 
 
 def message_gate(run_id: str, view: RunView, spec: WorkflowSpec | None = None) -> Gate:
@@ -51,20 +81,8 @@ def message_gate(run_id: str, view: RunView, spec: WorkflowSpec | None = None) -
     gate = next((g for g in view.pending_gates() if g.kind == "message"), None)
     if view.status == "WAITING_INPUT" and gate is not None:
         return gate
-    if view.status == "WAITING_APPROVAL":
-        waiting = view.waiting or {}
-        why = (f"it waits for a decision at {waiting.get('node')!r}; decide it first, then "
-               f"send the message. Decide with: {decide_hint(run_id, waiting)}")
-    elif view.status in ("COMPLETED", "FAILED", "REJECTED", "CANCELLED"):
-        why = f"it is {view.status}" + ("" if view.status != "FAILED" else
-                                        f"; resume it (interlock resume {run_id}) first")
-    elif view.status in ("RUNNING", "RETRYING", "PENDING"):
-        why = (f"it is {view.status} (a turn is in progress, or was interrupted: "
-               f"`interlock resume {run_id}` continues it); send when it waits for a message")
-    else:
-        why = f"it is {view.status}, not a conversation waiting for its next message"
-    raise MessageRefused(f"the message to run {run_id!r} is refused and nothing was "
-                         f"recorded: {why}")
+    raise MessageRefused(refusal(run_id, view.status, view.waiting), view.status,
+                         view.waiting)
 
 
 def message_records(view: RunView, gate: Gate, text: str, by: str | None

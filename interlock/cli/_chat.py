@@ -82,10 +82,9 @@ def _print_turn(data: Mapping[str, Any], run_id: str, where: str = "",
     error = data.get("error") or {}
     click.echo(f"the turn {str(status).lower()}: {error.get('message', '')}", err=True)
     if status == "FAILED":  # what can be done, as `status` says it
-        from .. import RunResult
         from ._inspect import _failed_hint
 
-        click.echo(_failed_hint(RunResult(**dict(data)), where, remote), err=True)
+        click.echo(_failed_hint(run_id, data.get("error"), where, remote), err=True)
 
 
 @click.command(short_help="Send a message to a conversation.")
@@ -105,21 +104,34 @@ def send(run_id: str, text: str, by: str | None, as_json: bool, store_url: str |
     """
     if server_url:
         remote = Remote(server_url, token, store_url)
+        where = where_options(None, server_url, token)
         try:
             before = len(remote.records(run_id))
-            remote.call("POST", f"/api/runs/{run_id}/messages",
-                        json={"text": text, "by": by})
+            try:
+                remote.call("POST", f"/api/runs/{run_id}/messages",
+                            json={"text": text, "by": by})
+            except CliError as exc:  # refused: said again with --server in its command
+                if not str(exc.message).startswith("the message to run"):
+                    raise
+                run = remote.result(run_id)
+                raise _refused(run_id, run.status, run.waiting, where) from None
             remote.follow(run_id, before)
             data = remote.result(run_id).to_json()
         finally:
             remote.close()
-        _done(data, run_id, as_json, where_options(None, server_url, token), remote=True,
-              ended=_ends(text))
+        _done(data, run_id, as_json, where, remote=True, ended=_ends(text))
 
     async def go(st: Store) -> RunResult:
         from .. import send as send_message
+        from ..support import MessageRefused
 
-        return await send_message(run_id, text, by=by, store=st)
+        try:
+            return await send_message(run_id, text, by=by, store=st)
+        except MessageRefused as exc:  # said again with --store in its command
+            if exc.status is None:
+                raise
+            raise _refused(run_id, exc.status, exc.waiting, where_options(store_url)) \
+                from None
 
     result = call_engine(with_store(store_url, go))
     _done(result.to_json(), run_id, as_json, where_options(store_url), ended=_ends(text))
@@ -130,6 +142,14 @@ def _ends(text: str) -> bool:
     from ._chat_lines import END
 
     return text.strip() == END
+
+
+def _refused(run_id: str, status: str, waiting: Mapping[str, Any] | None,
+             where: str) -> CliError:
+    """The refusal of a message, its command carrying ``where``."""
+    from ..support import message_refusal
+
+    return CliError(message_refusal(run_id, status, waiting, where))
 
 
 def _done(data: Mapping[str, Any], run_id: str, as_json: bool, where: str,
@@ -176,7 +196,8 @@ def chat(workflow: str, session: str | None, input_json: str | None, by: str | N
         remote = Remote(server_url, token, store_url)
         terminal = RemoteTerminal(remote, by)
         status = terminal.run(workflow, session, input_json)
-        terminal.left(status, terminal.waiting, workflow, where_options(None, server_url, token))
+        terminal.left(status, terminal.waiting, workflow,
+                      where_options(None, server_url, token), terminal.error, remote=True)
         sys.exit(exit_code_for(status))
     wf = load_workflow(workflow)
     if wf.spec.chat is None:

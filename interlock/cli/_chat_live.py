@@ -97,11 +97,17 @@ class Printer:
         elif rtype == "approval.requested" and rec.get("kind") != "message" and not child:
             self.gate(rec.get("path") or rec.get("node"), rec.get("show"))
 
-    def left(self, status: str, waiting: dict[str, Any] | None, file: str, where: str) -> None:
-        """Standard input ended while the conversation waits: how to go on (``where``: the
-        options that reach the same store or server)."""
+    def left(self, status: str, waiting: dict[str, Any] | None, file: str, where: str,
+             error: dict[str, Any] | None = None, remote: bool = False) -> None:
+        """The session is over and the conversation did not end: how to go on (``where``:
+        the options that reach the same store or server, ``remote``: a server's) -- it
+        waits (standard input ended first), or it failed (``error``)."""
         from ..support import decide_hint
 
+        if status == "FAILED" and self.run_id is not None:
+            from ._inspect import _failed_hint
+
+            click.echo(_failed_hint(self.run_id, error, where, remote), err=True)
         if status not in ("WAITING_INPUT", "WAITING_APPROVAL") or self.run_id is None:
             return
         self._end_line()
@@ -133,7 +139,8 @@ class Terminal(Printer):
 
         status = call_engine(self._main(data, session))
         waiting = self.result.waiting if self.result is not None else None
-        self.left(status, dict(waiting or {}), file, where_options(self.store_url))
+        error = self.result.error if self.result is not None else None
+        self.left(status, dict(waiting or {}), file, where_options(self.store_url), error)
         return status
 
     def listen(self, rec: dict[str, Any], view: Any) -> None:
@@ -180,7 +187,8 @@ class Terminal(Printer):
                    f"{': ' + str(error) if error else ''}; it takes no message (nothing "
                    "typed is sent)", err=True)
         if result.status == "FAILED":
-            click.echo(_failed_hint(result, where_options(self.store_url)), err=True)
+            click.echo(_failed_hint(result.run_id, result.error,
+                                    where_options(self.store_url)), err=True)
 
     async def _main(self, data: dict[str, Any], session: str | None) -> str:
         from .. import approve, open_store, reject

@@ -121,6 +121,7 @@ class RemoteTerminal(Printer):
         self.asking = False  # the run waits for this person's next line
         self.lines: deque[str] = deque()
         self.eof = False
+        self.error: dict[str, Any] | None = None  # the conversation's, when it failed
 
     def run(self, workflow: str, session: str | None, input_json: str | None) -> str:
         """Hold the conversation until standard input ends or it does: its status then."""
@@ -242,6 +243,7 @@ class RemoteTerminal(Printer):
             click.echo(f"the conversation {self.run_id} has ended", err=True)
         elif self.status == "FAILED":
             error = rec.get("error") or {}
+            self.error = error if isinstance(error, dict) else None
             message = error.get("message") if isinstance(error, dict) else error
             click.echo(f"the conversation failed: {message}", err=True)
 

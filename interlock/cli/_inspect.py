@@ -177,20 +177,21 @@ def _print_status(result: RunResult, row: RunRow, store_url: str | None,
             lines.append(f"interrupted: no process is executing it; continue with "
                          f"`interlock resume {rid}{where}`")
     elif result.status == "FAILED":
-        lines.append(_failed_hint(result, where, remote))
+        lines.append(_failed_hint(result.run_id, result.error, where, remote))
     for line in lines:
         out.print(line, markup=False)
 
 
-def _failed_hint(result: RunResult, where: str, remote: bool = False) -> str:
+def _failed_hint(run_id: str, error: dict[str, Any] | None, where: str,
+                 remote: bool = False) -> str:
     """What can be done about a failed run: a resume re-runs the failed node and decides
     again, on the definition the run keeps -- which does not help every failure.
     ``where``: the options that reach the run (``remote``: a server's, through which
     resume takes no limits and fork is not offered: those go to the server's store)."""
-    err = result.error or {}
+    err = error or {}
     kind = err.get("type")
     details = err.get("details") or {}
-    rid = shlex.quote(result.run_id)
+    rid = shlex.quote(run_id)
     local, on_store = (" --store URL", " on the server's store (through --server, "
                        "resume takes no limits.* and fork is local)") if remote \
         else (where, "")

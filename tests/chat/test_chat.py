@@ -456,6 +456,18 @@ def test_limits_steps_cover_a_conversation_that_only_talks(make_project: Any) ->
     assert [r["text"] for r in records("s", p.store, "chat.message")] == \
         ["a", "b", "c", "d", "/end"]
     assert p.cli("verify", "s").exit_code == 0
+    # `interlock chat` over the limit: the run failed, and how to go on
+    from click.testing import CliRunner
+
+    from interlock.cli import cli
+
+    out = CliRunner().invoke(cli, ["chat", wf, "--store", p.store], input="a\nb\nc\nd\n",
+                             catch_exceptions=False)
+    assert out.exit_code == 1
+    assert out.stdout.splitlines() == ["one", "two", "three"]
+    session = out.stderr.split("conversation ", 1)[1].split()[0]
+    assert (f"continue with a higher limit: `interlock resume {session} --store {p.store} "
+            "--set limits.steps=N`") in out.stderr.splitlines()
 
 
 def test_run_and_resume_say_a_conversation_waits_for_a_message(make_project: Any) -> None:

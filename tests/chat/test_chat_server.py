@@ -281,6 +281,10 @@ def test_hints_after_a_server_command_carry_server(project: Path,
                 f"--approve --server {server.url} (or --reject)")
         assert hint in sent.stderr.splitlines()
         command = hint.removeprefix("decide with: ").removesuffix(" (or --reject)")
+        refused = runner.invoke(cli, ["send", "h1", "hello?", "--server", server.url],
+                                catch_exceptions=False)
+        assert refused.exit_code == 2
+        assert f"Decide with: {command} (or --reject)" in refused.output
         decided = runner.invoke(cli, shlex.split(command)[1:], catch_exceptions=False)
         assert decided.exit_code == 3, decided.output  # through the server: it waits again
         assert f"interlock send h1 TEXT --server {server.url}" in decided.output

@@ -82,8 +82,8 @@ def test_send_at_a_child_gate_prints_a_decide_command_that_works(make_project: A
     # the message refused while the gate waits says the same
     refused = p.cli("send", "c1", "hurry up")
     assert refused.exit_code == 2
-    assert f"Decide with: interlock resume c1 --gate {GATE} --approve (or --reject)" \
-        in refused.output
+    assert f"Decide with: interlock resume c1 --gate {GATE} --approve --store {p.store} " \
+        "(or --reject)" in refused.output
     # a resume without a decision, too
     plain = p.cli("resume", "c1")
     assert plain.exit_code == 2
