@@ -16,6 +16,7 @@ from .._store import Store
 from ._claims import _commit_claimed
 from ._gate_refusals import check_named
 from ._load import load_run
+from ._orphans import close_children
 
 if TYPE_CHECKING:
     from .._engine._approvals import Decision
@@ -127,7 +128,7 @@ async def _decide_child(store: Store, run_id: str, decision: Decision, above: st
     """Record ``decision`` at the gate a child run (or its child...) waits at; the run
     that includes it continues it when it runs the node again. ``above``: the path down
     to the child (``remediate/``), for the refusals' words."""
-    from .._engine._approvals import decide
+    from .._engine._approvals import NotAnApprover, decide
 
     loaded = await load_run(store, run_id)
     view = loaded.view
@@ -141,7 +142,14 @@ async def _decide_child(store: Store, run_id: str, decision: Decision, above: st
     if below is not None:
         await _decide_child(store, str(below[0].key), below[1], f"{above}{head(below[0])}/")
         return
-    await _commit_claimed(store, loaded, decide(loaded.spec, view, decision))
+    try:
+        items = decide(loaded.spec, view, decision)
+    except NotAnApprover as exc:  # (said of the child's gate: which run's it is)
+        raise NotAnApprover(f"{exc} (a gate of child run {run_id!r}, whose workflow "
+                            f"{loaded.row.workflow!r} declares them)") from None
+    await _commit_claimed(store, loaded, items)
+    # (a rejection that ended the child closes the children it waited through)
+    await close_children(store, run_id, loaded.view, loaded.plan)
 
 
 async def _expired_children(store: Store, view: RunView,

@@ -44,6 +44,7 @@ from ._children import _unblocked
 from ._claims import LEASE_SECONDS, make_owner
 from ._code import check_code
 from ._load import RESUMABLE, TERMINAL_STATUSES, Functions, chain_options, definition_hash, load_run
+from ._orphans import Closing, close_children
 
 log = logging.getLogger("interlock")
 
@@ -100,7 +101,8 @@ async def drive(plan: Plan, store: Store, run_id: str, view: RunView, writer: L.
         owner = make_owner()
         generation = await store.claim(run_id, owner, lease, force=force)
     claim = Claim(owner, generation) if generation is not None else None
-    journal = Journal(store, run_id, view, writer, listener, owner=owner, claim=claim)
+    closing = Closing(plan, listener)  # (the child runs whose gates it closes)
+    journal = Journal(store, run_id, view, writer, closing.listener, owner=owner, claim=claim)
     runner = Runner(plan, journal, run_id, view)
     runner.stop = stop
     runner.offers = lambda: store.decisions(run_id)
@@ -118,6 +120,7 @@ async def drive(plan: Plan, store: Store, run_id: str, view: RunView, writer: L.
         raise
     if not journal.released:
         await store.release(run_id, owner)
+    await close_children(store, run_id, view, plan, closed=closing.children)
     return result_of(run_id, plan.spec.workflow, view)
 
 
@@ -442,8 +445,7 @@ def start_defaults(spec: WorkflowSpec, data: Mapping[str, object]) -> dict[str, 
         given = data.get(name)
         if name not in data or (given is None and spec.state[name].reducer != "replace"):
             out[name] = value
-    # each value as the log holds it; the fields in declaration order (as a live run's
-    # state has them)
+    # each value as the log holds it, in declaration order (as a live run's state has)
     return {name: L.to_json_value(value) for name, value in out.items()}
 
 
@@ -458,8 +460,7 @@ class _Children:
 
     def __init__(self, store: Store, run_id: str, view: RunView,
                  listener: Listener | None = None) -> None:
-        self.store, self.run_id, self.view = store, run_id, view
-        self.listener = listener
+        self.store, self.run_id, self.view, self.listener = store, run_id, view, listener
 
     async def run(self, ctx: Any, request: ChildRequest) -> ChildOutcome:
         st, rid = self.store, request.run_id
@@ -472,11 +473,10 @@ class _Children:
             spec = request.plan.spec
             limits, inherited = self._limits(
                 {"steps": DEFAULT_STEPS, **spec.limits.model_dump(exclude_none=True)})
-            definition = request.definition
             # the parent's log names its child (the child's run.started names its parent)
             await ctx._engine_log(L.CHILD_STARTED, {"run_id": rid, "workflow": spec.workflow})
-            result = await start(request.plan, st, rid, definition=definition,
-                                 definition_hash=definition_hash(definition),
+            result = await start(request.plan, st, rid, definition=request.definition,
+                                 definition_hash=definition_hash(request.definition),
                                  input=L.to_json_value(request.input()),
                                  config=L.to_json_value(dict(spec.config)), limits=limits,
                                  options={"config": {}, "limits": {}, "parent": request.link,

@@ -34,6 +34,7 @@ from ._children import (
 from ._claims import LEASE_SECONDS, _claim_of, make_owner, make_run_id
 from ._code import CodeChanged, check_code, strict_code
 from ._execute import Listener, _traced, drive
+from ._final import final_failure, refusal, unknown_note
 from ._gate_refusals import check_named, decided_text
 from ._load import (
     _BROKEN_LOG_ADVICE,
@@ -45,6 +46,7 @@ from ._load import (
     load_run,
     open_store_arg,
 )
+from ._orphans import close_stranded
 from ._outcomes import unknown_outcomes
 from ._verify import ChildLinks
 
@@ -309,6 +311,8 @@ async def _resume(st: Store, run_id: str, decision: Decision | None, *,
     elif decision is not None:
         raise UsageError(f"run {run_id!r} is {view.status}, not waiting for a decision; "
                          "the decision is refused")
+    elif view.status == "FAILED" and final_failure(view.error) is not None:
+        raise UsageError(refusal(run_id, str(final_failure(view.error))))  # nothing recorded
     elif view.status not in RESUMABLE:
         raise UsageError(f"run {run_id!r} is {view.status}; only a failed, interrupted or "
                          "waiting run can be resumed")
@@ -376,7 +380,7 @@ async def _decisions(st: Store, run_id: str, loaded: Loaded, decision: Decision 
         hint = decide_hint(run_id, {"node": gate_name(gate), "kind": gate.kind,
                                     "decisions": gate.decisions})
         raise UsageError(f"run {run_id!r} is waiting for a decision at "
-                         f"{gate_name(gate)!r}; decide it: {hint} "
+                         f"{gate_name(gate)!r}{unknown_note(gate.kind)}; decide it: {hint} "
                          "(interlock.approve/reject/modify in Python)")
     return first
 
@@ -542,7 +546,11 @@ async def list_runs(*, store: str | Store | None = None, status: str | None = No
                     workflow: str | None = None, limit: int = 100) -> list[RunRow]:
     st, owned = open_store_arg(store)
     try:
-        return await st.list_runs(status=status, workflow=workflow, limit=limit)
+        rows = await st.list_runs(status=status, workflow=workflow, limit=limit)
+        if status in (None, "WAITING_APPROVAL") and await close_stranded(st, rows):
+            # waiting children of ended parents, closed by this look: listed as they are
+            rows = await st.list_runs(status=status, workflow=workflow, limit=limit)
+        return rows
     finally:
         if owned:
             await release_store(st)

@@ -24,8 +24,10 @@ from ._format import (
     _reads,
     _short,
     _sources,
+    decision_flags,
     state_line,
 )
+from ._gate_hints import is_unknown, outcome_notes, past_deadline, shown
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -218,8 +220,10 @@ class Progress:
             self._line(node, "waiting", "for the next message")
             return
         item = rec.get("item")
+        what = "OUTCOME UNKNOWN (approving runs it again): " if is_unknown(rec) \
+            else "for approval: "
         self._line(node if item is None else f"{node}[{item}]", "waiting",
-                   "for approval: " + _short(_json(rec.get("show")), 100))
+                   what + _short(_json(shown(rec)), 100))
 
     def _on_edge(self, rec: Record, edge: EdgeSpec) -> None:
         expr, reason = rec.get("expr"), rec.get("reason")
@@ -361,17 +365,26 @@ def _outcome_lines(result: RunResult, where: str = "") -> list[str]:
                      f"interlock chat FILE --session {rid}{where}")
     elif result.waiting:
         w = result.waiting
-        lines.append(f"waiting for a decision at {w.get('node')!r}; shows {_json(w.get('show'))}")
+        lines.append(f"waiting for a decision at {w.get('node')!r}; shows {_json(shown(w))}")
+        lines += outcome_notes(w)
         # the gate named: a repeated command (a retry, a double click) is then refused as
         # a second decision, instead of deciding whichever gate waits next
-        from ..support import decide_hint
+        from ..support import decide_command, decide_hint
 
-        lines.append(f"decide with: {decide_hint(result.run_id, w, where)}")
-        others = [str(g.get("node")) for g in w.get("pending") or ()
+        hint = decide_hint(result.run_id, w, where) if not is_unknown(w) else decide_command(
+            result.run_id, w.get("node"),
+            " | ".join(decision_flags(w, short=True)) + " [--by NAME] [--comment TEXT]", where)
+        lines.append(past_deadline(result.run_id, w, where) or f"decide with: {hint}")
+        others = [str(g.get("node")) + (" (OUTCOME UNKNOWN: approving runs it AGAIN; "
+                                        "`interlock status` explains)" if is_unknown(g) else "")
+                  for g in w.get("pending") or ()
                   if isinstance(g, dict) and g.get("node") != w.get("node")]
         if others:
             lines.append(f"also waiting, each decided on its own with --gate: "
                          f"{', '.join(others)}")
+        lines += [line for g in w.get("pending") or () if isinstance(g, dict)
+                  and g.get("node") != w.get("node")
+                  for line in [past_deadline(result.run_id, g, where)] if line]
     return lines
 
 
