@@ -35,6 +35,7 @@ from ._claims import LEASE_SECONDS, _claim_of, make_owner, make_run_id
 from ._code import CodeChanged, check_code, strict_code
 from ._execute import Listener, _traced, drive
 from ._final import final_failure, refusal, unknown_note
+from ._gate_closed import closed_refusal, raise_closed, refuse_closed
 from ._gate_refusals import check_named, decided_text
 from ._load import (
     _BROKEN_LOG_ADVICE,
@@ -144,9 +145,12 @@ async def resume_gate(run_id: str, decision: Decision | None = None, *,
                                        config=config, limits=limits, listener=listener,
                                        detach=detach)
         try:
-            return await _resume(st, run_id, decision, workflow=workflow, config=config,
-                                 limits=limits, force=force, listener=listener,
-                                 detach=detach), None
+            result = await _resume(st, run_id, decision, workflow=workflow, config=config,
+                                   limits=limits, force=force, listener=listener,
+                                   detach=detach)
+            if offered_gate is not None and result.status == "REJECTED":
+                await refuse_closed(st, run_id, offered_gate, workflow)
+            return result, None
         except (ClaimError, ConflictError) as exc:
             # executed elsewhere, or changed since it was read (another decision recorded
             # first): the offer stands -- folded in there, or recorded here once free
@@ -181,6 +185,10 @@ async def _offer(st: Store, run_id: str, decision: Decision, workflow: Functions
     loaded = await load_run(st, run_id, workflow=workflow, executable=strict_code())
     view = loaded.view
     pending = view.pending_gates()
+    if view.status == "REJECTED" and decision.node is not None:
+        closed = closed_refusal(loaded, run_id, lambda g: gate_name(g) == decision.node)
+        if closed is not None:  # a rejection closed it a moment ago
+            raise closed
     if decision.node is not None and view.status != "WAITING_INPUT" and (
             pending or view.status in TERMINAL_STATUSES or view.status == "PENDING"):
         # a gate named: does it wait? (a PENDING run: decided, for a worker to continue)
@@ -248,6 +256,7 @@ async def _folded(st: Store, run_id: str, gate: tuple[str, int, str | None, floa
     if g is not None and g.decision is None and g.key == gate[2] \
             and g.requested_at == gate[3]:
         return None  # still waiting: not folded in
+    raise_closed(loaded, run_id, gate)
     offers = await st.decisions(run_id)
     mine = [d for d in offers.values() if gate_key(str(d.get("node")), int(d.get("visit") or 0),
                                                     d.get("item")) == gate[:2]
@@ -271,17 +280,21 @@ async def _handover(st: Store, run_id: str, gate: tuple[str, int, str | None, fl
         g = loaded.view.gates.get(gate[:2])
         if g is None or g.decision is not None or g.key != gate[2] \
                 or g.requested_at != gate[3]:  # folded in (or asked again since)
+            raise_closed(loaded, run_id, gate)  # (or closed by a rejection)
             return result_of(run_id, loaded.row.workflow, loaded.view), owner
         if loop.time() >= until:  # still offered: whoever executes the run next folds it
             return result_of(run_id, loaded.row.workflow, loaded.view), owner
         await asyncio.sleep(HANDOVER_POLL)
         try:
-            return await _resume(st, run_id, None, workflow=workflow, config=config,
-                                 limits=limits, listener=listener, detach=detach), None
+            result = await _resume(st, run_id, None, workflow=workflow, config=config,
+                                   limits=limits, listener=listener, detach=detach)
         except ClaimLost:
             raise
         except (ClaimError, ConflictError, UsageError):  # executed there, or moved on: again
             continue
+        if result.status == "REJECTED":  # (our gate closed by a rejection folded first?)
+            await refuse_closed(st, run_id, gate, workflow)
+        return result, None
 
 
 async def _resume(st: Store, run_id: str, decision: Decision | None, *,

@@ -93,10 +93,11 @@ def test_a_gate_closed_by_a_rejection_says_so(
                  "--by", "bob").exit_code == 4
     late = p.cli("resume", "msg-3", "--approve", "--gate", "legal", "--by", "alice")
     assert late.exit_code == 2, late.output
-    assert re.search(r"decided already: closed at \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC "
-                     r"\(not needed: the run was rejected at 'finance'\)", late.output), \
+    # (the rejection that closed it, by whom and when: `_ops._gate_closed`)
+    assert re.search(r"gate 'legal' of run 'msg-3' was closed when 'finance' was rejected "
+                     r"by bob at \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", late.output), \
         late.output
-    assert "the run is REJECTED" in late.output
+    assert "the run ended REJECTED" in late.output
 
 
 def test_a_gate_with_approvers_refuses_an_anonymous_decision(
