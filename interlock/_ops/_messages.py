@@ -17,6 +17,7 @@ from typing import Any
 
 from .. import _log as L
 from .._definition._bounds import check_data
+from .._definition._model import WorkflowSpec
 from .._engine import _records as R
 from .._engine._fold import RunResult, RunView
 from .._engine._view import Gate
@@ -65,9 +66,18 @@ def refusal(run_id: str, status: str, waiting: Mapping[str, Any] | None,
     return f"the message to run {run_id!r} is refused and nothing was recorded: {why}"
 
 
-def message_gate(run_id: str, view: RunView) -> Gate:
+def message_gate(run_id: str, view: RunView, spec: WorkflowSpec | None = None) -> Gate:
     """The gate of the conversation's next message, or `MessageRefused` saying why the
-    run takes none."""
+    run takes none (``spec``: the run's definition -- a run of a workflow with no
+    ``chat:`` never takes one, whatever it waits for)."""
+    if spec is not None and spec.chat is None:
+        hint = ""
+        if view.status == "WAITING_APPROVAL":
+            hint = f"; decide with: {decide_hint(run_id, view.waiting or {})}"
+        raise MessageRefused(f"the message to run {run_id!r} is refused and nothing was "
+                             f"recorded: run {run_id} is not a conversation (workflow "
+                             f"{spec.workflow} has no `chat:`): it takes decisions, not "
+                             f"messages{hint}")
     gate = next((g for g in view.pending_gates() if g.kind == "message"), None)
     if view.status == "WAITING_INPUT" and gate is not None:
         return gate
@@ -113,7 +123,7 @@ async def send(run_id: str, text: str, *, by: str | None = None,
     try:
         loaded = await load_run(st, run_id, workflow=workflow, executable=True)
         view = loaded.view
-        gate = message_gate(run_id, view)
+        gate = message_gate(run_id, view, loaded.spec)
         items = message_records(view, gate, text, by)
         resumed: dict[str, Any] = {"by": by}
         if detach:

@@ -54,7 +54,7 @@ def last_reply(result: RunResult | Mapping[str, Any]) -> str | None:
 
 
 def _print_turn(data: Mapping[str, Any], run_id: str, where: str = "",
-                remote: bool = False) -> None:
+                remote: bool = False, ended: bool = False) -> None:
     """The turn's reply on stdout, or (stderr) what the conversation waits for with the
     command that goes on -- carrying ``where``, the options that reach the same store or
     server (``remote``: a server's)."""
@@ -66,7 +66,8 @@ def _print_turn(data: Mapping[str, Any], run_id: str, where: str = "",
         return
     if status == "WAITING_INPUT" or status == "COMPLETED":
         reply = last_reply(data)
-        if reply is not None:
+        # (`/end` gets no reply: the state holds the previous turn's)
+        if reply is not None and not (ended and status == "COMPLETED"):
             click.echo(reply)
         if status == "COMPLETED":
             click.echo(f"the conversation {run_id} has ended", err=True)
@@ -118,7 +119,7 @@ def send(run_id: str, text: str, by: str | None, as_json: bool, store_url: str |
             data = remote.result(run_id).to_json()
         finally:
             remote.close()
-        _done(data, run_id, as_json, where, remote=True)
+        _done(data, run_id, as_json, where, remote=True, ended=_ends(text))
 
     async def go(st: Store) -> RunResult:
         from .. import send as send_message
@@ -133,7 +134,14 @@ def send(run_id: str, text: str, by: str | None, as_json: bool, store_url: str |
                 from None
 
     result = call_engine(with_store(store_url, go))
-    _done(result.to_json(), run_id, as_json, where_options(store_url))
+    _done(result.to_json(), run_id, as_json, where_options(store_url), ended=_ends(text))
+
+
+def _ends(text: str) -> bool:
+    """Whether ``text`` is the message that ends the conversation (it gets no reply)."""
+    from ._chat_lines import END
+
+    return text.strip() == END
 
 
 def _refused(run_id: str, status: str, waiting: Mapping[str, Any] | None,
@@ -145,11 +153,11 @@ def _refused(run_id: str, status: str, waiting: Mapping[str, Any] | None,
 
 
 def _done(data: Mapping[str, Any], run_id: str, as_json: bool, where: str,
-          remote: bool = False) -> NoReturn:
+          remote: bool = False, ended: bool = False) -> NoReturn:
     if as_json:
         click.echo(json.dumps(dict(data), ensure_ascii=False))
     else:
-        _print_turn(data, run_id, where, remote)
+        _print_turn(data, run_id, where, remote, ended)
     note_abandoned_threads()
     sys.exit(EXIT_FAILED if turn_failed(data) else exit_code_for(str(data.get("status"))))
 

@@ -24,6 +24,19 @@ _STATUS_STYLE = {
 }
 
 
+def decision_flags(waiting: dict[str, Any], *, short: bool = False) -> list[str]:
+    """The ``interlock resume`` options for each decision a waiting gate accepts
+    (`interlock.support.decision_flags`), an unknown outcome's with the outcome checked
+    by hand too (approving it runs the action again)."""
+    if waiting.get("kind") == "unknown_outcome":  # approve runs it again; data records it
+        from ._gate_hints import data_example
+
+        return ["--approve", "--reject", f"--approve --data '{data_example(waiting)}'"]
+    from ..support import decision_flags as flags
+
+    return flags(waiting, short=short)
+
+
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 

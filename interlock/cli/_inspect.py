@@ -30,6 +30,7 @@ from ._format import (
     _plural,
     _short,
     _when,
+    decision_flags,
     state_line,
     where_options,
 )
@@ -260,7 +261,7 @@ def _waiting_lines(run_id: str, w: dict[str, Any], where: str, live: bool | None
     if w.get("input") is not None:
         what = "--modify's patch" if w.get("kind") == "tool" else "--data"
         lines.append(f"input ({what} must satisfy): {_json(w['input'])}")
-    from ..support import decide_command, decide_hint, decision_flags
+    from ..support import decide_command
 
     lines += outcome_notes(w)
     passed = past_deadline(run_id, w, where)
@@ -284,8 +285,9 @@ def _waiting_lines(run_id: str, w: dict[str, Any], where: str, live: bool | None
             notes = outcome_notes(g)
             lines += [f"  {g.get('node')!s}: {line}" for line in notes]
             if notes:
-                lines.append(f"  {g.get('node')!s}: decide with: "
-                             f"{decide_hint(run_id, g, where)}")
+                lines.append(f"  {g.get('node')!s}: decide with: interlock resume {run_id} "
+                             f"--gate {g.get('node')} "
+                             f"{' | '.join(decision_flags(g, short=True))} --by NAME{where}")
     running = w.get("running")
     if isinstance(running, list):  # the run's other branches, still at work meanwhile
         lines.append(beside(running, run_id, where, live))

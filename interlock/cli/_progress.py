@@ -24,6 +24,7 @@ from ._format import (
     _reads,
     _short,
     _sources,
+    decision_flags,
     state_line,
 )
 from ._gate_hints import is_unknown, outcome_notes, past_deadline, shown
@@ -368,10 +369,12 @@ def _outcome_lines(result: RunResult, where: str = "") -> list[str]:
         lines += outcome_notes(w)
         # the gate named: a repeated command (a retry, a double click) is then refused as
         # a second decision, instead of deciding whichever gate waits next
-        from ..support import decide_hint
+        from ..support import decide_command, decide_hint
 
-        lines.append(past_deadline(result.run_id, w, where) or
-                     f"decide with: {decide_hint(result.run_id, w, where)}")
+        hint = decide_hint(result.run_id, w, where) if not is_unknown(w) else decide_command(
+            result.run_id, w.get("node"),
+            " | ".join(decision_flags(w, short=True)) + " [--by NAME] [--comment TEXT]", where)
+        lines.append(past_deadline(result.run_id, w, where) or f"decide with: {hint}")
         others = [str(g.get("node")) + (" (OUTCOME UNKNOWN: approving runs it AGAIN; "
                                         "`interlock status` explains)" if is_unknown(g) else "")
                   for g in w.get("pending") or ()
