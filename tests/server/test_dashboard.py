@@ -282,7 +282,8 @@ def test_the_servers_refusal_is_shown(server: Served, context: Any) -> None:
     card.locator('button[data-decision="reject"]').click()
     refusal = card.locator('.problem[data-status="409"]')
     expect(refusal).to_contain_text("409 Conflict")
-    expect(refusal).to_contain_text("was decided already: approved by bob")  # the server's own detail
+    # the server's own detail:
+    expect(refusal).to_contain_text("was decided already: approved by bob")
     assert status_of(server, "race-1") == "COMPLETED"
 
 
