@@ -67,6 +67,11 @@ class Decider:
         self._scope = Scope(view)  # what conditions see (state, config, run), looked up lazily
         # the answers of async routers, awaited by the loop before their edge is decided
         self._routed: dict[tuple[int, str], object] = {}
+        # log format 2: the nodes whose ``otherwise`` edges the fold decides from their
+        # ``when`` edge's record (`Plan.implied_otherwise`): none of theirs is written
+        self._implied = frozenset(
+            plan.edges[i].sources[0] for i in plan.implied_otherwise) if view.format > 1 \
+            else frozenset()
 
     def due(self) -> Due | None:
         """Decide everything due, staging the edge records, until nothing is due.
@@ -107,7 +112,10 @@ class Decider:
                 for d in group:
                     if d.edge.router_async and (d.edge.index, d.source) not in self._routed:
                         return d
-            for rtype, fields in self._decide_group(source, group):
+            items = self._decide_group(source, group)
+            if source in self._implied:  # format 2: its otherwise edges' records are implied
+                items = [i for i in items if i[1].get("expr") != "otherwise"]
+            for rtype, fields in items:
                 put(rtype, fields)
         return None
 

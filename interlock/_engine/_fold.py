@@ -27,6 +27,7 @@ from typing import Any
 
 from .. import _log as L
 from .._definition._model import ERROR_FIELD
+from .._definition._plan import PlanEdge, PlanNode
 from .._definition._state import merge_update
 from .._errors import InternalError
 from ._flow import Due
@@ -71,6 +72,7 @@ class RunView(ViewData):
         self.limits = dict(rec.get("limits") or {})
         # a detached run (``run --detach``) is PENDING until a worker executes it
         self.status = "PENDING" if rec.get("detached") else "RUNNING"
+        self.format = rec.get("format", 1)  # (format 2 implies some records: `_implied`)
         for e in self.plan.start_edges:
             self.due[(e.index, "START")] = Due(e, "START")
 
@@ -195,6 +197,8 @@ class RunView(ViewData):
         # its edges' decisions are due (a join's: its barrier is arrived at); a modified
         # approval (``reenter``) sends the run back to that node instead
         self.flow.completed(pn, rec.get("goto"), rec.get("reenter"))
+        if self.format > 1 and node in self.plan.always_taken and "goto" not in rec:
+            _take_all(self, pn)  # format 2: its edges' records are implied
 
     def _on_node_failed(self, rec: L.Record) -> None:
         if "caught" in rec:
@@ -276,6 +280,8 @@ class RunView(ViewData):
         # last: delivering may make nodes ready and settle joins (new dues), which must
         # see the route bookkeeping above already done
         self.flow.decided(e, source, taken)
+        if self.format > 1 and index in self.plan.implied_otherwise and source != "*":
+            _otherwise(self, self.plan.implied_otherwise[index], source, not taken_here)
 
     def _on_run_forked(self, rec: L.Record) -> None:
         self.parent = (rec["parent_run"], rec["parent_seq"])
@@ -329,6 +335,54 @@ class RunView(ViewData):
         running = self._attempt_visit(rec)
         if running is not None and rec.get("tokens"):
             running.effect_tokens += rec["tokens"]
+
+
+# -- log format 2: records the fold implies (`_log.FORMAT`) -----------------------------
+#
+# Each function below does what the fold of the record(s) it stands for would do, at the
+# record that implies them, in the order the records would have come: a format-1 log and
+# its format-2 twin fold to the same view record for record (tests/engine/test_format.py).
+
+
+def _on_visited(view: RunView, rec: L.Record) -> None:
+    """``node.visited``: the visit's ``node.started`` and ``node.completed`` at once."""
+    view._on_node_started(rec)
+    view._on_node_completed(rec)
+
+
+def end_visit(view: RunView, rec: L.Record) -> None:
+    """Fold a ``node.visited`` whose start the view has folded already: the executor
+    folds a visit's start when it starts (`_journal.Journal.defer`) and seals it as
+    ``node.visited`` with its completion when nothing was recorded in between."""
+    if view.status in _ENDED:
+        raise InternalError(f"record {rec['seq']} ({rec['type']}) comes after the run "
+                            f"ended ({view.status})")
+    view.seq = rec["seq"]
+    view._on_node_completed(rec)
+    if not view.due and (view.flow.deferred or not (view.ready or view.running)):
+        view.flow.quiesce()
+
+
+def _take_all(view: RunView, pn: PlanNode) -> None:
+    """The ``edge.taken`` of each edge of a `Plan.always_taken` node that completed (no
+    goto): what `RunView._on_edge` does for each, in the order they were written."""
+    node = pn.name
+    for e in pn.out:
+        view.due.pop((e.index, node), None)
+        view.takes[e.index] += 1
+        view.routed[node] = True
+        view.flow.decided(e, node, e.targets)
+
+
+def _otherwise(view: RunView, edges: tuple[PlanEdge, ...], source: str, taken: bool) -> None:
+    """The records of ``source``'s ``otherwise`` edges after its one ``when`` edge's
+    (`Plan.implied_otherwise`): each ``taken`` (the ``when`` was not) or skipped."""
+    for e in edges:
+        view.due.pop((e.index, source), None)
+        if taken:
+            view.takes[e.index] += 1
+            view.routed[source] = True
+        view.flow.decided(e, source, e.targets if taken else ())
 
 
 class Scope:
@@ -422,6 +476,7 @@ _HANDLERS = {
     L.STATE_PATCHED: RunView._on_state_patched,
     L.NODE_STARTED: RunView._on_node_started,
     L.NODE_COMPLETED: RunView._on_node_completed,
+    L.NODE_VISITED: _on_visited,
     L.NODE_FAILED: RunView._on_node_failed,
     L.NODE_RETRYING: RunView._on_node_retrying,
     L.EDGE_TAKEN: RunView._on_edge,

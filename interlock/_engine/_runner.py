@@ -84,6 +84,9 @@ class Runner:
         self.inline = self.inline  # (the class's, read faster from the instance)
         self.calls = NodeCall(plan, view, sink, run_id)
         self.decide = Decider(plan, view, sink)
+        # nodes whose inline visits may be one node.visited (`_journal.Journal.defer`): an
+        # ``async def`` in the loop, which says when it first waits (`_guards.in_loop`)
+        self._deferrable = plan.in_loop if view.format > 1 else frozenset()
         # outcomes of visits run as tasks -- or what one raised, for the loop to raise
         self._done: asyncio.Queue[Outcome | BaseException] | None = None
         self._tasks: dict[tuple[str, int], asyncio.Task[None]] = {}
@@ -157,7 +160,7 @@ class Runner:
                                 "attempt": outcome.attempt, "duration_ms": outcome.duration_ms}
                             if outcome.update:
                                 fields["update"] = outcome.update
-                            sink.put(L.NODE_COMPLETED, fields)
+                            sink.visited(fields)  # (node.visited if it never waited)
                             decide.due()  # its edges, in the same batch
                         else:
                             complete(decide, outcome)
@@ -300,6 +303,9 @@ class Runner:
                 if limit is not None and view.steps >= limit:
                     raise Abort(_step_limit(limit, node))
                 visit = view.started.get(node, 0) + 1
+                if node in self._deferrable:  # node.visited, if it never waits (format 2)
+                    self.sink.defer(node, visit)
+                    return pn, visit
                 # R.node_started(node, visit, 1), inlined (see `_records`: the hot path)
                 self.sink.put(L.NODE_STARTED, {"node": node, "visit": visit, "attempt": 1})
                 return pn, visit

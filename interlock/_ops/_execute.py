@@ -413,6 +413,8 @@ async def create(plan: Plan, store: Store, run_id: str, *, definition: JSONObjec
     if detached:
         fields["detached"] = True
         claimed = False
+    if L.FORMAT > 1:  # fewer records per node (`_log.FORMAT`); no field: format 1
+        fields["format"] = L.FORMAT
     rec, entry = writer.make(L.RUN_STARTED, fields)
     view = RunView(plan)
     view.apply(rec)

@@ -16,10 +16,21 @@ from typing import TYPE_CHECKING, Any
 from .. import _log as L
 from .._definition._bounds import check_config, check_run_id
 from .._definition._model import WorkflowSpec, check_limits
+from .._definition._spec import parse
+from .._engine._expand import Expander
 from .._engine._fold import RunResult, RunView, result_of
 from .._engine._journal import Journal
 from .._engine._view import gate_key
-from .._errors import ClaimError, ClaimLost, ConflictError, LogError, RunNotFound, UsageError
+from .._errors import (
+    ClaimError,
+    ClaimLost,
+    ConflictError,
+    InterlockError,
+    LogError,
+    RunNotFound,
+    UsageError,
+)
+from .._plugins._compile import reading_plan
 from .._store import RunRow, Store, Summary, release_store
 from ._children import _child_gate, _decide_child, _expired_children, _unblocked
 from ._claims import LEASE_SECONDS, _claim_of, make_owner, make_run_id
@@ -34,6 +45,7 @@ from ._load import (
     Loaded,
     load_run,
     open_store_arg,
+    plan_maker,
 )
 from ._outcomes import unknown_outcomes
 from ._verify import ChildLinks
@@ -392,9 +404,13 @@ async def trace_pages(run_id: str, *, store: str | Store | None = None,
 
 async def _trace_pages(st: Store, run_id: str, page: int, after: int, above: tuple[str, ...]
                        ) -> AsyncIterator[list[dict[str, Any]]]:
-    links = ChildLinks(await st.get_run(run_id), above)
+    row = await st.get_run(run_id)
+    links = ChildLinks(row, above)
+    expand = await expander(st, row, after)
     async for entries in st.iter_entries(run_id, after=after, page=page):
         records = [trace_record(run_id, entry) for entry in entries]
+        if expand is not None:  # log format 2: what it implies, written out (`_expand`)
+            records = [_keys(r) for rec in records for r in expand(rec)]
         for rec in records:  # a child run's records, nested under its start (SPEC §7)
             child = await links.follow(st, rec)
             if child is not None:
@@ -403,6 +419,28 @@ async def _trace_pages(st: Store, run_id: str, page: int, after: int, above: tup
                                                                  links.path)]
                                   for r in pg]
         yield records
+
+
+async def expander(st: Store, row: RunRow, after: int = 0) -> Expander | None:
+    """What reads the run's records as format 1 writes them (`_engine._expand`), from
+    record ``after`` on; None when its definition no longer loads (read as stored)."""
+    try:
+        exp = Expander(reading_plan(parse(row.definition)), plans=plan_maker())
+    except (InterlockError, ValueError):
+        return None
+    if after:
+        first = await st.entries_page(row.run_id, 0, 1)
+        if first:
+            exp(first[0].record())
+    return exp
+
+
+def _keys(rec: dict[str, Any]) -> dict[str, Any]:
+    """A record `Expander` wrote out, with the trace keys (`trace_record`); no hash."""
+    if rec.get("implied"):
+        for key in TRACE_KEYS:
+            rec.setdefault(key, None)
+    return rec
 
 
 def trace_record(run_id: str, entry: L.Entry) -> dict[str, Any]:
