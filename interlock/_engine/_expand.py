@@ -18,7 +18,8 @@ format 1 would have written in its place, in that order:
 
 Each record made here has the seq of the stored record that implies it and
 ``implied: true``: it is not in the log, and nothing hashes it (the records without
-``implied`` are the stored ones). A format-1 log comes back as it is. tests/engine/test_format.py runs workflows in both formats and compares.
+``implied`` are the stored ones). A format-1 log comes back as it is.
+tests/engine/test_format.py runs workflows in both formats and compares.
 """
 
 from __future__ import annotations
