@@ -11,9 +11,8 @@ its own log; LangGraph: the workflow compiled as a graph the tool invokes -- the
 answers). A turn is ``Workflow.send`` (interlock) or ``graph.ainvoke`` of the user's
 message on the conversation's thread (LangGraph), timed end to end in one process. The
 added latency of a workflow-tool call is the median ``workflow_tool`` turn less the
-median ``plain`` turn. A conversation's turns get slower as it grows (interlock replays
-the visit's journal each turn; LangGraph loads a checkpoint of every message): the table
-shows the first ten turns and the last ten.
+median ``plain`` turn. The table shows turns 1-10, 91-100 and 191-200 (as far as
+``--turns`` goes) and the last ten: whether a turn's cost grows with the conversation.
 
 Not a test: it lives outside ``tests/`` and CI never runs it.
 """
@@ -130,12 +129,21 @@ def _langgraph(turns: int) -> list[dict[str, Any]]:
     return lines
 
 
+def _windows(turns: int) -> list[tuple[int, int]]:
+    """The turns a row of the table covers: 1-10, 91-100, 191-200 (as far as the
+    conversation goes), and its last ten."""
+    out = [(a, a + 9) for a in (1, 91, 191) if a + 9 <= turns]
+    if (turns - 9, turns) not in out:
+        out.append((max(turns - 9, 1), turns))
+    return out
+
+
 def _table(rows: list[dict[str, Any]], turns: int) -> str:
     engines = [e for e in ("interlock", "langgraph") if any(r["engine"] == e for r in rows)]
 
-    def med(engine: str, kind: str, first: bool | None = None) -> float | None:
+    def med(engine: str, kind: str, window: tuple[int, int] | None = None) -> float | None:
         ms = [r["ms"] for r in rows if r["engine"] == engine and r["kind"] == kind
-              and (first is None or (r["turn"] <= 10 if first else r["turn"] > turns - 10))]
+              and (window is None or window[0] <= r["turn"] <= window[1])]
         return statistics.median(ms) if ms else None
 
     def cell(v: float | None) -> str:
@@ -143,19 +151,15 @@ def _table(rows: list[dict[str, Any]], turns: int) -> str:
 
     lines = [f"| {turns} turns, SQLite file | " + " | ".join(engines) + " |",
              "|---|" + "---|" * len(engines)]
-    for label, kind, first in (("turn, one model call (turns 1-10)", "plain", True),
-                               (f"turn, one model call (turns {turns - 9}-{turns})", "plain",
-                                False),
-                               ("turn with a workflow-tool call (turns 1-10)", "workflow_tool",
-                                True),
-                               (f"turn with a workflow-tool call (turns {turns - 9}-{turns})",
-                                "workflow_tool", False)):
-        lines.append(f"| {label} | " + " | ".join(cell(med(e, kind, first)) for e in engines)
-                     + " |")
+    for label, kind in (("turn, one model call", "plain"),
+                        ("turn with a workflow-tool call", "workflow_tool")):
+        for a, b in _windows(turns):
+            lines.append(f"| {label} (turns {a}-{b}) | "
+                         + " | ".join(cell(med(e, kind, (a, b))) for e in engines) + " |")
     added = []
     for e in engines:
-        a, b = med(e, "workflow_tool"), med(e, "plain")
-        added.append(None if a is None or b is None else a - b)
+        x, y = med(e, "workflow_tool"), med(e, "plain")
+        added.append(None if x is None or y is None else x - y)
     lines.append("| added by a workflow-tool call (medians, all turns) | "
                  + " | ".join(cell(v) for v in added) + " |")
     return "\n".join(lines)

@@ -123,7 +123,7 @@ class Builder:
                  approvers: Iterable[str] = (), timeout: float | str | None = None,
                  on_timeout: str = "reject", input: Mapping[str, object] | None = None,
                  **options: object) -> Self:
-        """Add a human approval gate (SPEC §3). ``input``: a JSON Schema that a decision's
+        """Add a human approval gate. ``input``: a JSON Schema that a decision's
         ``data`` must satisfy (``approve(data=...)``); the gate's record carries it."""
         data = self._mutable()
         spec: dict[str, object] = {"show": list(show), "on_modify": list(on_modify),
@@ -143,7 +143,7 @@ class Builder:
               max_turns: int | None = None, redact: Iterable[str] = (),
               temperature: float | None = None, tool_errors: str | None = None,
               **options: object) -> Self:
-        """Add an LLM agent node (SPEC §6). ``output`` is a JSON Schema or a pydantic model
+        """Add an LLM agent node. ``output`` is a JSON Schema or a pydantic model
         class; ``tools`` are typed functions, or ``(fn, {"confirm": True})`` for a tool a
         human confirms before it runs; ``provider`` is ``"openai"`` (any OpenAI-compatible
         endpoint) or an ``interlock.testing.ScriptedProvider``; ``tool_errors``: ``"return"``

@@ -202,8 +202,8 @@ class NodeError(RunError):
 
 class UnknownOutcome(NodeError):
     """A destructive action (a ``confirm: true`` node) was approved and started, but the
-    process died before its outcome was recorded; a person said it was not done (SPEC
-    §3). Caught by ``on_error: true`` or ``on_error: [UnknownOutcome]``."""
+    process died before its outcome was recorded; a person said it was not done.
+    Caught by ``on_error: true`` or ``on_error: [UnknownOutcome]``."""
 
     type = "unknown_outcome"
 
@@ -225,7 +225,7 @@ class WriteConflictError(RunError):
 
 
 class ChildRunError(NodeError):
-    """A sub-workflow node's child run failed, was cancelled or was rejected (SPEC §7)."""
+    """A sub-workflow node's child run failed, was cancelled or was rejected."""
 
     type = "child_failed"
 

@@ -39,10 +39,10 @@ KEYED = "hmac-sha256"  # a keyed run's ``chain`` (in its run.started and its row
 
 Record = dict[str, Any]
 
-# Record types (SPEC §2). Kept as constants so a typo is a NameError, not a silent miss.
+# Record types. Kept as constants so a typo is a NameError, not a silent miss.
 RUN_STARTED = "run.started"
 RUN_RESUMED = "run.resumed"
-CHILD_STARTED = "child.started"  # a sub-workflow node started its child run (SPEC §7)
+CHILD_STARTED = "child.started"  # a sub-workflow node started its child run
 RUN_FORKED = "run.forked"
 STATE_PATCHED = "state.patched"
 RUN_WAITING = "run.waiting"
@@ -63,7 +63,7 @@ EFFECT_RECORDED = "effect.recorded"
 APPROVAL_REQUESTED = "approval.requested"
 APPROVAL_DECIDED = "approval.decided"
 SNAPSHOT_TAKEN = "snapshot.taken"  # binds a snapshot to the chain: its seq and digest
-# SPEC §14: a run continued by code that differs from what it started with (the nodes
+# a run continued by code that differs from what it started with (the nodes
 # still to run whose modules changed), and a run moved onto another definition
 RUN_CODE_CHANGED = "run.code_changed"
 RUN_MIGRATED = "run.migrated"

@@ -82,7 +82,7 @@ class Workflow(Builder):
                     output: str | Iterable[str] | None = None,
                     output_key: str | None = None, **options: object) -> Workflow:
         """Add a node that runs ``workflow`` (a `Workflow`, or the path of a file) as a
-        child run (SPEC §7). ``input`` maps the child's input fields to CEL expressions
+        child run. ``input`` maps the child's input fields to CEL expressions
         over this workflow's state (default: the fields of the same names); the child's
         final state -- or its field ``output``, or its fields ``[output, ...]`` -- is
         written under ``output_key`` (default: the node's name). The child's definition
@@ -289,7 +289,7 @@ class Workflow(Builder):
     async def send(self, run_id: str, text: str, *, by: str | None = None,
                    store: str | Store | None = None,
                    listener: Listener | None = None) -> RunResult:
-        """Send a message to a conversation (a run of a ``chat:`` workflow, SPEC §11) and
+        """Send a message to a conversation (a run of a ``chat:`` workflow) and
         run its turn: the result is the run as the turn left it (WAITING_INPUT with the
         reply in ``waiting.show``, WAITING_APPROVAL at a gate the turn reached, COMPLETED
         when the conversation ended). Refused (`UsageError`) when it waits for no message."""

@@ -33,6 +33,7 @@ LAYERS: dict[int, set[str]] = {
         "_store._sqlite_ops", "_store._postgres_sql", "_store._postgres_conn",
         "_store._postgres_writes", "_store._postgres_claims", "_store._sqlite_file",
         "_store._sqlite_wal", "_store._sqlite_writes", "_store._sqlite_watch",
+        "_store._postgres_listen",
         "_definition._yaml_fast", "_observe._otel"},
     # the file front end, state updates, rendering, the node-kind protocol
     2: {"_definition._spec", "_definition._state", "_definition._render", "_definition._kinds",
@@ -72,12 +73,13 @@ LAYERS: dict[int, set[str]] = {
     10: {"", "__main__", "testing", "support", "cli", "cli._common", "cli._format", "cli._inspect",
         "cli._progress", "cli._run", "cli._trace", "cli._coverage", "cli._prune", "cli._serve",
         "cli._remote", "cli._triggers", "cli._worker", "cli._migrate", "cli._mcp", "mcp",
-        "mcp._tools", "mcp._local", "server", "server._app", "server._auth",
+        "mcp._tools", "mcp._local", "mcp._conversation", "mcp._runs", "server", "server._app",
+        "server._auth",
         "server._hub", "server._main", "server._models", "server._notify", "server._pool",
         "server._dashboard", "server._loops", "server._reads", "server._guard",
         "server._service", "server._deps", "server._routes_runs", "server._routes_approvals",
         "server._routes_workflows", "server._routes_meta", "server._layout", "cli._chat",
-        "cli._chat_live",
+        "cli._chat_live", "cli._chat_remote",
         "server._routes_messages", "server._mcp",
         "server._chat", "server._slack", "server._google_chat", "server._routes_chat"},
 }

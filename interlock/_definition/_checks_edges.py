@@ -137,7 +137,7 @@ def _check_mapped_gate(checker: CheckContext, e: EdgeSpec, i: int, what: str, ta
 
 
 def check_maps(checker: CheckContext) -> None:
-    """Map edges (SPEC §7): what the mapped node may be, ``as`` and ``collect``."""
+    """Map edges: what the mapped node may be, ``as`` and ``collect``."""
     spec = checker.spec
     into: Counter[str] = Counter(t for e in spec.edges for t in e.targets)
     reducers: dict[str, str] = {k: v.reducer for k, v in spec.state.items()}
@@ -153,7 +153,7 @@ def check_maps(checker: CheckContext) -> None:
             continue
         what = f"edge {e.describe()}"
         _check_mapped_gate(checker, e, i, what, target, ns)
-        guarded = [t.get("call") for t in (ns.agent or {}).get("tools") or ()
+        guarded = [_guarded_label(t) for t in (ns.agent or {}).get("tools") or ()
                    if isinstance(t, dict) and t.get("confirm")]
         if guarded:
             checker.add("error", f"{what}: agent {target!r} has tools a human confirms "
@@ -274,3 +274,12 @@ def _misspelled_exception(name: str) -> str:
 
     close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.85)
     return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _guarded_label(tool: dict[str, object]) -> str:
+    """How an error names a tool entry a human confirms: its ``call``, its ``name``, or
+    for an MCP server's entry the tools it lists under ``confirm``."""
+    confirm = tool.get("confirm")
+    if "mcp" in tool and isinstance(confirm, list):
+        return "MCP tools " + ", ".join(map(str, confirm))
+    return str(tool.get("call") or tool.get("name") or tool.get("workflow") or "a tool")

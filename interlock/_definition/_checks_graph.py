@@ -20,8 +20,8 @@ def adjacency(checker: CheckContext) -> dict[str, list[str]]:
 
 
 def check_reachability(checker: CheckContext, adj: dict[str, list[str]]) -> None:
-    # a modify decision re-enters the graph at a node of the gate's on_modify (SPEC
-    # §3): such a node is reachable through the gate even with no edge into it
+    # a modify decision re-enters the graph at a node of the gate's on_modify:
+    # such a node is reachable through the gate even with no edge into it
     seen = reachable(_with_reentries(checker, adj), START)
     for name in checker.spec.nodes:
         if name not in seen:

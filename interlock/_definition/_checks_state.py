@@ -61,7 +61,7 @@ def check_reserved(checker: CheckContext) -> None:
 
 
 def check_fed(checker: CheckContext) -> None:
-    """SPEC §4: a condition reading a field that no node writes and neither ``input:``
+    """a condition reading a field that no node writes and neither ``input:``
     nor ``state:`` declares is an error; one declared but never fed, a warning."""
     written, all_known = _written(checker)
     for i, e in enumerate(checker.spec.edges):

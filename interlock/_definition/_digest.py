@@ -1,4 +1,4 @@
-"""The code a definition's nodes run, as digests (SPEC §14): what ``run.started`` records,
+"""The code a definition's nodes run, as digests: what ``run.started`` records,
 so that a run continued by code deployed after it started can say which node changed.
 
 A node's code is the source of the modules it names: a call node's callable's module,

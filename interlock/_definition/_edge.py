@@ -1,4 +1,4 @@
-"""An edge of the definition: one entry of ``edges:`` (SPEC §1, §7), in all its forms.
+"""An edge of the definition: one entry of ``edges:``, in all its forms.
 
 A plain edge (``to``, with ``when``/``otherwise``), a switch (``switch`` + ``cases``), a
 router, a choose, a map (``map`` + ``as``/``collect``) and an error edge (``on_error``).
@@ -20,7 +20,8 @@ MAP_MAX_ITEMS = 10_000  # and its max_items
 
 
 class EdgeSpec(Strict):
-    """One entry of ``edges:``. See SPEC §1 for the forms."""
+    """One entry of ``edges:``: ``from``/``to`` (a name or a list), with ``when``,
+    ``otherwise``, ``map``, ``on_error`` or a router."""
 
     source: NameList = Field(alias="from")
     to: NameList | None = None
@@ -32,7 +33,7 @@ class EdgeSpec(Strict):
     router: str | None = None
     choose: NameList | None = None
     max: Count | None = Field(default=None, ge=1)
-    # a map edge (SPEC §7): ``map`` is a CEL expression giving a list; ``to`` runs once
+    # a map edge: ``map`` is a CEL expression giving a list; ``to`` runs once
     # per item, the item under ``as`` in the state it receives
     map: str | None = None
     as_: str | None = Field(default=None, alias="as")

@@ -44,7 +44,7 @@ from ._values import (
 START = "START"
 END = "END"
 RESERVED_NAMES = frozenset({START, END, "config", "run"})
-# The state field an error edge's target reads the caught error from (SPEC §7): the
+# The state field an error edge's target reads the caught error from: the
 # engine writes it, a workflow may not declare it.
 ERROR_FIELD = "error"
 CALL_RE = re.compile(r"^[A-Za-z_][\w.]*:[\w.<>]+(#\d+)?$")
@@ -64,7 +64,7 @@ class RetrySpec(Strict):
 
 class ApprovalSpec(Strict):
     """``approval: {show, input, on_modify, approvers, timeout, on_timeout}`` -- a human
-    gate. ``input``: a JSON Schema the decision's ``data`` must satisfy (SPEC §7)."""
+    gate. ``input``: a JSON Schema the decision's ``data`` must satisfy."""
 
     show: NameList = Field(default_factory=list)
     input: dict[str, Any] | None = None
@@ -118,7 +118,7 @@ class NodeSpec(Extensible):
     retry: RetrySpec | None = None
     isolation: Literal["thread", "process"] | None = None
     memory: Size | None = None  # with isolation: process, an address-space limit
-    # where the body runs (SPEC §9): here (the default), or as a Ray task on a cluster
+    # where the body runs: here (the default), or as a Ray task on a cluster
     executor: Literal["local", "ray"] | None = None
     resources: RaySpec | None = None  # with executor: ray, what its task asks for
     tokens: Count | None = Field(default=None, ge=0)
@@ -127,7 +127,7 @@ class NodeSpec(Extensible):
     agent: dict[str, Any] | None = None
     # a call node's own parameters, passed as ``ctx.args`` (one function, several nodes)
     args: dict[str, Any] | None = None
-    # a sub-workflow (SPEC §7): the child, the child's input fields as CEL over this
+    # a sub-workflow: the child, the child's input fields as CEL over this
     # workflow's state (default: the fields of the same names), what of its final state
     # is written (all of it; ``[fields]``; or one field's value) under ``output_key``
     workflow: SubflowRef | None = None
@@ -228,7 +228,7 @@ class NodeSpec(Extensible):
         return frozenset(self.writes) if self.writes is not None else None
 
 
-# what a field with a reducer starts as when it declares no default (SPEC §7): so a
+# what a field with a reducer starts as when it declares no default: so a
 # condition or a template can read it before the first write, as LangGraph's channels
 _EMPTY: dict[str, Callable[[], object]] = {"append": list, "extend": list, "merge": dict,
                                         "add": int}
@@ -296,7 +296,7 @@ class LimitsSpec(Strict):
 
 
 class TriggerSpec(Strict):
-    """One of ``triggers:`` (SPEC §9): what starts runs of the workflow by itself --
+    """One of ``triggers:``: what starts runs of the workflow by itself --
     ``{schedule: CRON, input}`` (UTC; five fields, or six with seconds first),
     ``{every: 30s, input}`` (the multiples of the interval since the Unix epoch), or
     ``{poll: module:function, every: 30s}`` (one run per new key the function returns).
@@ -352,7 +352,7 @@ class WorkflowSpec(Extensible):
     nodes: dict[str, NodeSpec]
     edges: list[EdgeSpec] = Field(default_factory=list)
     triggers: list[TriggerSpec] = Field(default_factory=list)  # what starts runs by itself
-    # a conversation (SPEC §11): the agent node that converses; its file needs no edges
+    # a conversation: the agent node that converses; its file needs no edges
     chat: str | None = Field(default=None, min_length=1)
 
     # Where each part came from: path tuple -> (line, col), plus the file name.

@@ -111,7 +111,7 @@ class PlanNode:
     # write needs a reducer; `Plan.concurrency` says with which)
     branched: bool = False
     guards: int = 0  # the kind of its guard stack (`guard_kind`): which guards its call has
-    mapped: PlanEdge | None = None  # the map edge that runs it once per item (SPEC §7)
+    mapped: PlanEdge | None = None  # the map edge that runs it once per item
     errors: list[PlanEdge] = field(default_factory=list)  # its on_error edges, in order
     args: Mapping[str, object] = field(default_factory=lambda: _NO_ARGS)  # ``args:``, read-only
 

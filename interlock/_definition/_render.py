@@ -14,7 +14,7 @@ agree on what is drawn:
   arcs are dashed, plain ones solid; error edges (``on_error``) are dashed and red,
   labelled ``on error`` (and the class names they catch);
 - a node without outgoing edges gets an arc to END: that is what it means
-  (SPEC §1, "a node with no outgoing edges is terminal").
+  ("a node with no outgoing edges is terminal").
 
 Approval nodes are hexagons, agent nodes rounded, joins small circles.
 The functions are pure: text in the format, nothing printed, nothing imported.

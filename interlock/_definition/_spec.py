@@ -277,7 +277,7 @@ def resolve_children(data: dict[str, object], smap: SourceMap | None, base: str,
                      within: tuple[str, ...], children: dict[str, WorkflowSpec]
                      ) -> dict[str, object]:
     """``data`` with each ``workflow: PATH`` node's child read (relative to ``base``, the
-    including file's directory) and pinned as ``{file, definition}`` (SPEC §7); the
+    including file's directory) and pinned as ``{file, definition}``; the
     children, with their own source maps, go in ``children`` by node. A child that is
     one of ``within`` (itself, or a workflow including it) is an error at its node."""
     nodes = data.get("nodes") if isinstance(data, dict) else None
@@ -318,7 +318,7 @@ def resolve_children(data: dict[str, object], smap: SourceMap | None, base: str,
 def _pin_tools(name: str, node: dict[str, Any], smap: SourceMap | None, base: str,
                within: tuple[str, ...]) -> dict[str, Any]:
     """An agent node with each ``{workflow: FILE}`` tool's child read and pinned as
-    ``{file, definition}`` (SPEC §11: a workflow as a tool), as a sub-workflow node's."""
+    ``{file, definition}`` (a workflow as a tool), as a sub-workflow node's."""
     agent = node["agent"]
     tools = agent.get("tools")
     if not isinstance(tools, list) or not any(

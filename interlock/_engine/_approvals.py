@@ -1,7 +1,7 @@
 """Human decisions: what a decision is, who may make it, and the records it becomes.
 
 A gate is a visit waiting for a human -- an ``approval:`` node, or a node
-declared ``confirm: true`` whose body must not run unasked (SPEC §3). The
+declared ``confirm: true`` whose body must not run unasked. The
 executor logs ``approval.requested`` and the run stops in WAITING_APPROVAL;
 `decide` turns a `Decision` into the records that continue it:
 
@@ -15,7 +15,7 @@ executor logs ``approval.requested`` and the run stops in WAITING_APPROVAL;
              decision journaled for the node (`Context.decision`: its comment, and a
              modify's patch -- a tool call's edited arguments); the node runs again
 
-A gate may take input (SPEC §7): an approval's ``input:`` schema is what a decision's
+A gate may take input: an approval's ``input:`` schema is what a decision's
 ``data`` must satisfy (the gate's record carries it), and a confirmation asked with
 ``edit=`` (a guarded tool's arguments) checks a modify's patch against that schema. A
 decision that does not fit is refused before anything is recorded.
@@ -308,7 +308,7 @@ def _checked_outcome(gate: Gate, decision: Decision) -> Any:
 def unknown_outcome(plan_view: RunView, gate: Gate, started: L.Record) -> Items:
     """The gate a ``confirm: true`` node's visit stops at when the run resumes and its
     body had started (``started``: that attempt's ``node.started``) without an outcome
-    in the log (SPEC §3): it is not run again unasked."""
+    in the log: it is not run again unasked."""
     ns = plan_view.plan.nodes[gate.node].spec
     reads = ns.reads or []
     show = {"action": gate.node, "arguments": {f: plan_view.state.get(f) for f in reads},
@@ -376,7 +376,7 @@ def _pick(pending: list[Gate], node: str | None) -> Gate:
                      f"already, or is not a gate of this run); waiting: {names}")
 
 
-# -- several gates at once (SPEC §3) ----------------------------------------------------
+# -- several gates at once ----------------------------------------------------
 
 
 def gate_name(gate: Gate) -> str:
@@ -401,7 +401,7 @@ def oldest(pending: list[Gate]) -> Gate:
 
 
 def waiting_object(pending: list[Gate]) -> dict[str, Any]:
-    """The ``waiting`` object of a run waiting at ``pending`` (SPEC §3): the oldest
+    """The ``waiting`` object of a run waiting at ``pending``: the oldest
     gate's, with ``pending`` listing every waiting gate, oldest first."""
     gates = sorted(pending, key=lambda g: g.requested_at)
     out = gates[0].waiting()
@@ -456,7 +456,7 @@ def offered(spec: WorkflowSpec, view: RunView, offers: dict[str, dict[str, Any]]
 
 def close_others(view: RunView, gate: Gate | None, why: str) -> Items:
     """``approval.decided`` ``closed`` for every gate still waiting but ``gate``: the run
-    ends (rejected) and they are not needed (SPEC §3)."""
+    ends (rejected) and they are not needed."""
     return [(L.APPROVAL_DECIDED, {"node": g.node, "visit": g.visit, "kind": g.kind,
                                   "decision": "closed", "by": None, "comment": why,
                                   "key": g.key, **({"item": g.item} if g.item is not None
@@ -587,7 +587,7 @@ def _item_completed(gate: Gate, decision: str, by: str | None, comment: str | No
 
 
 def _rejection_ends_now(view: RunView, gate: Gate) -> bool:
-    """Whether rejecting ``gate`` ends the run at once (SPEC §3): none of its edges (its
+    """Whether rejecting ``gate`` ends the run at once: none of its edges (its
     joins included) reads ``<gate>.decision`` -- so none is followed -- while other gates
     wait or other visits run (alone, the edges' decision says so, as it always has)."""
     pn = view.plan.nodes[gate.node]

@@ -29,7 +29,7 @@ class Tally:
         self.tokens = 0
         self.unsaved = 0  # of those, not yet in a record (an effect's, or the attempt's end)
         self.over: RunError | None = None  # set when this visit crossed a budget
-        self.steps = 0  # a child run's steps, to count with the next effect (SPEC §7)
+        self.steps = 0  # a child run's steps, to count with the next effect
 
     def add(self, n: int) -> None:
         self.tokens += n

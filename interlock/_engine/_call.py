@@ -179,7 +179,7 @@ class NodeCall:
     def write_conflict(self, out: Outcome, *, overlap: bool) -> WriteConflictError | None:
         """A field without a reducer that another node wrote, which ran concurrently with
         this one (``overlap``: completed while this visit ran) or could have by the graph
-        (SPEC §1: two nodes that *can* run concurrently) -- so that whether a run fails
+        (two nodes that *can* run concurrently) -- so that whether a run fails
         does not depend on which branch happened to be faster."""
         running = self.view.running.get((out.node, out.visit))
         if running is None or not out.update:
@@ -223,7 +223,7 @@ class NodeCall:
         value: JSON = L.to_json_value(result)
         # spent on it (and, unrecorded, before it in this attempt): committed with it
         tokens = ctx.spent.take_unsaved()
-        steps, ctx.spent.steps = ctx.spent.steps, 0  # a child run's (SPEC §7), counted here
+        steps, ctx.spent.steps = ctx.spent.steps, 0  # a child run's, counted here
         self.sink.stage([R.effect_recorded(ctx.node, ctx.visit, ctx.attempt, key, value,
                                            tokens, ctx.item_index, steps)])
         await self._flush_for_body()

@@ -89,11 +89,11 @@ class PauseRequested(BaseException):
         self.edit = dict(edit) if edit is not None else None  # the schema of a modify patch
         self.decisions = decisions if decisions is not None else \
             ["approve", "reject"] + (["modify"] if edit is not None else [])
-        # a gate of a child run (a sub-workflow node, SPEC §7): the path of nodes down to
+        # a gate of a child run (a sub-workflow node): the path of nodes down to
         # it (``remediate/approval``), its decisions above; ``key`` is the child's run id
         self.path = path
         # what the gate is when not a tool's confirmation or a child's gate: "message", a
-        # conversation waiting for its next message (SPEC §11)
+        # conversation waiting for its next message
         self.kind = kind
 
 
@@ -137,7 +137,7 @@ class Context:
         self.node = node
         self.visit = visit
         self.attempt = attempt
-        # a mapped node's item (SPEC §7 map): its index in the list, from 0; None otherwise
+        # a mapped node's item (map): its index in the list, from 0; None otherwise
         self.item_index = item_index
         self.config: Mapping[str, object] = port.config
         self.idempotency_key = f"{port.run_id}:{node}:{visit}" if item_index is None \
@@ -244,7 +244,7 @@ class Context:
         do the work before this point through `once`, which replays it instead of
         repeating it. `decision` gives the whole decision (its comment, its patch).
         ``kind="unknown_outcome"``: the question is whether an action that started and
-        left no result in the log may run again (SPEC §3); its decision may carry the
+        left no result in the log may run again; its decision may carry the
         outcome checked by hand (``decision(key)["data"]["result"]``).
         """
         decision = self._port.confirmation(self, key)

@@ -140,7 +140,7 @@ class Decider:
         rejected = source in self.plan.approvals and self._rejected_gate(source)
         gate = source
         if source == "*" and dues:  # a settled join: a rejected gate among its arrivals
-            # (SPEC §3: a rejection is followed only by edges that read its decision)
+            # (a rejection is followed only by edges that read its decision)
             for arrived in dues[0].arrived:
                 if arrived in self.plan.approvals and self._rejected_gate(arrived) \
                         and not _reads_decision(dues[0].edge, arrived):
@@ -276,7 +276,7 @@ class Decider:
         return R.edge_decided(e.index, due.source, targets, expr, value, reads, reason,
                               due.arrived)
 
-    # -- error edges (SPEC §7) -----------------------------------------------------------
+    # -- error edges -----------------------------------------------------------
 
     def catch(self, pn: PlanNode, error: RunError) -> PlanEdge | None:
         """The error edge of ``pn`` that catches ``error`` (its visit failed after its
@@ -409,7 +409,7 @@ def _targets(e: PlanEdge, result: object) -> list[str]:
             f"[{', '.join(e.targets)}] -- return one of those names (or END), or a list "
             "of them", node=_edge_node(e), edge=e.index))
     chosen = [result] if isinstance(result, str) else list(result or [])
-    # SPEC §1: a router returns declared targets, or END (declared or not)
+    # a router returns declared targets, or END (declared or not)
     bad = [c for c in chosen if c not in e.targets and c != END]
     if bad or any(not isinstance(c, str) for c in chosen):
         raise Abort(RouteError(

@@ -1,6 +1,6 @@
 """A visit's outcome into records (the scheduler's, `_runner.Runner`): a completion with
 its edges decided in the same batch, a pause for a human (``approval.requested``), a
-failure an error edge catches (SPEC §7), or one that ends the run (`_decide.Abort`)."""
+failure an error edge catches, or one that ends the run (`_decide.Abort`)."""
 
 from __future__ import annotations
 
@@ -55,8 +55,8 @@ async def finish(calls: NodeCall, decide: Decider, out: Outcome, *,
     complete(decide, out)
 
 def _caught(decide: Decider, out: Outcome) -> bool:
-    """A visit that failed with an error one of its node's error edges catches (SPEC
-    §7): stage its ``node.failed`` (with what was caught and by which edge) and the
+    """A visit that failed with an error one of its node's error edges catches:
+    stage its ``node.failed`` (with what was caught and by which edge) and the
     edge's decision -- one batch, flushed by the caller like a completion."""
     assert out.error is not None
     pn = decide.plan.nodes[out.node]

@@ -65,7 +65,7 @@ class RunView(ViewData):
 
     def _on_run_started(self, rec: L.Record) -> None:
         self.state = dict(rec.get("input") or {})
-        defaults = rec.get("defaults")  # what declared fields start as (SPEC §7)
+        defaults = rec.get("defaults")  # what declared fields start as
         if defaults:
             self.state.update(defaults)
         self.config = dict(rec.get("config") or {})
@@ -210,7 +210,7 @@ class RunView(ViewData):
         self._attempt_ended(rec)
 
     def _on_caught(self, rec: L.Record) -> None:
-        """A visit failed with an error one of its error edges catches (SPEC §7): the
+        """A visit failed with an error one of its error edges catches: the
         visit is over (it does not run again on resume), the error is written to the
         reserved ``error`` field, its other edges are not taken, and the catching edge
         is due (the runner decides it in the same batch)."""
@@ -293,7 +293,7 @@ class RunView(ViewData):
                 gate.deadline = d["deadline"]
 
     def _on_state_patched(self, rec: L.Record) -> None:
-        # a patch replaces top-level fields, bypassing reducers (SPEC §3, modify)
+        # a patch replaces top-level fields, bypassing reducers (a modify decision)
         self.state.update(rec.get("patch") or {})
 
     def _on_approval_requested(self, rec: L.Record) -> None:
@@ -330,7 +330,7 @@ class RunView(ViewData):
         # what the effect spent (an LLM call's usage), committed with its result: a crash
         # after it, a retry or a cancellation does not lose it, a replay does not repeat it
         self._spend(rec["node"], rec["visit"], rec.get("tokens"))
-        if "steps" in rec:  # a child run's steps count in its parent too (SPEC §7)
+        if "steps" in rec:  # a child run's steps count in its parent too
             self.steps += rec["steps"]
         running = self._attempt_visit(rec)
         if running is not None and rec.get("tokens"):
@@ -421,7 +421,7 @@ class RunResult:
     tokens: int
     error: dict[str, Any] | None
     waiting: dict[str, Any] | None
-    # SPEC §14: the nodes still to run whose code changed since the run started (or was
+    # the nodes still to run whose code changed since the run started (or was
     # migrated); in the JSON object only when there are some
     code_changed: list[str] | None = field(default=None, kw_only=True)
 
@@ -472,7 +472,7 @@ _HANDLERS = {
     L.RUN_STARTED: RunView._on_run_started,
     L.RUN_RESUMED: RunView._on_run_resumed,
     L.RUN_FORKED: RunView._on_run_forked,
-    L.RUN_MIGRATED: migrate,  # onto another definition (SPEC §14): `_migration`
+    L.RUN_MIGRATED: migrate,  # onto another definition: `_migration`
     L.STATE_PATCHED: RunView._on_state_patched,
     L.NODE_STARTED: RunView._on_node_started,
     L.NODE_COMPLETED: RunView._on_node_completed,

@@ -83,7 +83,10 @@ class Journal(Staging):
         self._flushing = False
         self._waiting = 0
         self._idle = asyncio.Event()
-        self._snapshot_seq = writer.seq  # records since then are not in a snapshot
+        # records after this seq are not in a snapshot: the log's latest one, as the load
+        # found it -- not where this journal starts, or a run continued a few records at
+        # a time (a conversation, a turn per process) would never take one
+        self._snapshot_seq = min(view.snapshot_at, writer.seq)
         self._snapshot_every = snapshots.EVERY
         # set when a batch could not be stored (see `flush`): the run cannot go on here
         self.broken: StoreError | None = None

@@ -1,4 +1,4 @@
-"""A mapped node's visit (SPEC §7, map): its items, each an attempt through the node's
+"""A mapped node's visit (``map:``): its items, each an attempt through the node's
 guard stack, at most ``max_concurrency`` at a time.
 
 The map edge's decision recorded the list (``edge.taken`` with the items as its
@@ -31,8 +31,8 @@ from ._view import gate_key
 
 
 class ItemsWaiting(PauseRequested):
-    """The outcome's ``pause`` of a mapped gate's visit whose items wait for people (SPEC
-    §3: each item waits on its own): the visit stays running; each item's decision
+    """The outcome's ``pause`` of a mapped gate's visit whose items wait for people
+    (each item waits on its own): the visit stays running; each item's decision
     completes it, and the visit completes when every item has (`run_items` again)."""
 
     def __init__(self) -> None:

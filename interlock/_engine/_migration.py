@@ -1,4 +1,4 @@
-"""``run.migrated`` in the fold: a run moves onto another definition (SPEC §14).
+"""``run.migrated`` in the fold: a run moves onto another definition.
 
 The fold (`_fold.RunView`) hands the record here: it checks that the record is one a
 reader can follow (its definition is the one its hash names, it moves from the
@@ -20,7 +20,7 @@ from ._view import ViewData
 
 
 def migrate(view: ViewData, rec: L.Record) -> None:
-    """The run moves onto another definition (SPEC §14): from here on the fold reads
+    """The run moves onto another definition: from here on the fold reads
     the new plan. What was in flight stays where it was (the waiting gate, the failed
     visit, the start edges of a run not started), or, with ``at_node``, gives way to
     that node, ready. ``interlock migrate`` checked statically that this holds (no

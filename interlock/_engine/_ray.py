@@ -1,4 +1,4 @@
-"""Node bodies on Ray (``executor: ray``, SPEC §9): where the body runs, nothing else.
+"""Node bodies on Ray (``executor: ray``): where the body runs, nothing else.
 
 The log, the fold, every edge decision, retries and budgets stay in the process that
 executes the run; only the node's function goes to the cluster, with the state it

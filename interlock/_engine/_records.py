@@ -1,7 +1,7 @@
 """Typed builders of the records the engine writes, and the sink it writes them to.
 
 Each builder returns an `Item` -- ``(type, fields)`` -- with only the fields that have
-a value (the shape SPEC §2 gives; the log writer would drop a None anyway), so an item
+a value (the shape a record has; the log writer would drop a None anyway), so an item
 can be sealed as it is (`Sink.add`). The field names live here and only here:
 ``grep -n "def node_" interlock/_engine/_records.py`` lists every ``node.*`` record the
 executor writes. (`_log` holds the type names, the canonical bytes and the chain.)

@@ -227,7 +227,7 @@ class Runner:
                              "in interlock, please report it with the trace"))
 
     async def fold_offers(self, offers: dict[str, dict[str, Any]] | None = None) -> bool:
-        """Fold in the decisions offered for this run's waiting gates (SPEC §3: a decision
+        """Fold in the decisions offered for this run's waiting gates (a decision
         made while this process executes the run; ``offers``: those read already, else
         read here): their records committed, the bodies they let run started. Whether any
         was folded in. A rejection that ends the run while other visits run raises

@@ -45,7 +45,7 @@ class Visit:
 
 @dataclass(slots=True)
 class MapRun:
-    """A mapped node's visit (SPEC §7): its items, the update of each item completed so
+    """A mapped node's visit: its items, the update of each item completed so
     far (merged, or collected, when the last one completes), the item visits running."""
 
     items: list[JSON]
@@ -101,7 +101,7 @@ class Gate:
         return gate_key(self.node, self.visit, self.item)
 
     def waiting(self) -> JSONObject:
-        """The ``waiting`` object of SPEC §3 (a child run's gate: ``node`` is its path;
+        """The ``waiting`` object of a waiting run (a child run's gate: ``node`` is its path;
         a map item's, ``NODE[i]`` and ``item``)."""
         name = self.path or (self.node if self.item is None else f"{self.node}[{self.item}]")
         out: JSONObject = {"node": name, "kind": self.child_kind or self.kind,
@@ -148,7 +148,7 @@ class ViewData:
     writers: dict[str, Writer] = field(default_factory=dict)
     # a `ctx.once` result by (node, visit, key) -- key (item, key) for a mapped node's item
     effects: dict[tuple[str, int, str | tuple[int, str]], JSON] = field(default_factory=dict)
-    # mapped nodes' visits (SPEC §7 map) by (node, visit), and the item lists of map
+    # mapped nodes' visits (map) by (node, visit), and the item lists of map
     # edges taken, by target, until its visit starts
     maps: dict[tuple[str, int], MapRun] = field(default_factory=dict)
     map_items: dict[str, deque[list[JSON]]] = field(default_factory=dict)
@@ -162,12 +162,15 @@ class ViewData:
     route_wait: Counter[str] = field(default_factory=Counter)
     # joins, dead paths, loop exits, quiescence: the flow machine, on ready/running/due
     flow: Flow = field(init=False)
-    # SPEC §14: the latest ``run.migrated`` (its ``to_hash``, ``at_node`` and ``code``),
+    # the latest ``run.migrated`` (its ``to_hash``, ``at_node`` and ``code``),
     # and how a definition it moves to becomes a plan (the loader's: executable or for
     # reading); a view never migrated has neither
     migration: dict[str, Any] | None = None
     plans: Callable[[JSONObject], Plan] | None = None
     format: int = 1  # the log's format (`_log.FORMAT`), as its ``run.started`` says
+    # the seq the log's latest snapshot covers, as the load found it (not in a snapshot:
+    # the journal that continues the run takes its next one `_snapshot.EVERY` after it)
+    snapshot_at: int = 0
 
     def __post_init__(self) -> None:
         # every node is present in ``visits`` so that ``run.visits.x`` is 0, not missing

@@ -1,4 +1,4 @@
-"""Branch coverage of a workflow across its stored runs (SPEC §10): what was declared and
+"""Branch coverage of a workflow across its stored runs: what was declared and
 never executed.
 
 An *edge* here is one declared (source, target) pair: each target of a fan-out, each
@@ -7,7 +7,7 @@ map edge once, ``START`` edges included; a join is one source. For every stored 
 the workflow, each ``edge.taken``/``edge.skipped`` record is mapped through that run's
 own stored definition to those pairs -- so runs of an older version of the file count
 for the edges it still declares; a migrated run's records after its ``run.migrated``,
-through the definition it moved to (SPEC §14) -- and counted as taken or skipped. Conditions
+through the definition it moved to -- and counted as taken or skipped. Conditions
 (``when``) count the values they gave, gates the decisions made, nodes their visits.
 Nothing here evaluates anything: the counts are the log's.
 """
@@ -199,7 +199,7 @@ class _Counts:
 
 
 async def coverage(workflow: Any, *, store: str | Store | None = None) -> Coverage:
-    """The coverage of a workflow's declared edges by its stored runs (SPEC §10).
+    """The coverage of a workflow's declared edges by its stored runs.
 
     ``workflow``: a `Workflow` or `WorkflowSpec`, a workflow file's path, or the name of
     a workflow that has runs in the store (the definition of its newest run is used).
@@ -250,7 +250,7 @@ async def coverage_of(spec: WorkflowSpec, store: Store) -> Coverage:
         async for entries in store.iter_entries(row.run_id):
             for entry in entries:
                 rec = entry.record()
-                if rec["type"] == L.RUN_MIGRATED:  # (SPEC §14) the rest under its definition
+                if rec["type"] == L.RUN_MIGRATED:  # the rest under its definition
                     to_hash = str(rec.get("to_hash"))
                     run_spec = specs.get(to_hash) or specs.setdefault(
                         to_hash, parse(rec["definition"]))

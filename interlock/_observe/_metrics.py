@@ -1,4 +1,4 @@
-"""Prometheus metrics of a store and of the runs a process executes (SPEC §10), for a
+"""Prometheus metrics of a store and of the runs a process executes, for a
 server's ``GET /metrics`` (the `server` extra has ``prometheus-client``).
 
 Two sources, one registry:

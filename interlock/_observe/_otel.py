@@ -1,4 +1,4 @@
-"""OpenTelemetry spans of a run, made from its records (SPEC §10).
+"""OpenTelemetry spans of a run, made from its records.
 
 A run is its log, so its trace is too: `RunSpans` is a listener of the run's journal
 (it sees each record as it is sealed) and turns records into spans --

@@ -1,4 +1,4 @@
-"""The gates of child runs a parent waits at (SPEC §7): where a run waits through its
+"""The gates of child runs a parent waits at: where a run waits through its
 children, which children wait there no more, decisions and expired deadlines forwarded
 into them.
 """

@@ -1,4 +1,4 @@
-"""Code drift (SPEC §14): a stored run continued by code that is not what it started with.
+"""Code drift: a stored run continued by code that is not what it started with.
 
 ``run.started`` records the digests of the modules its nodes run (`_digest.code_digests`,
 one per module; a ``run.migrated`` records those of the definition it moves to). When a run is

@@ -407,7 +407,7 @@ async def create(plan: Plan, store: Store, run_id: str, *, definition: JSONObjec
     defaults = start_defaults(plan.spec, input)
     if defaults:
         fields["defaults"] = defaults
-    code = code_digests(plan.spec)  # the code each node runs, as evidence (SPEC §14)
+    code = code_digests(plan.spec)  # the code each node runs, as evidence
     if code:
         fields["code"] = code
     if detached:

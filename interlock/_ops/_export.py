@@ -1,4 +1,4 @@
-"""A run taken away from its store (SPEC §10): ``interlock export`` writes it as JSON
+"""A run taken away from its store: ``interlock export`` writes it as JSON
 lines, ``interlock verify --file`` proves it with no store.
 
 The first line is the run's header: what its row holds (id, workflow, definition and

@@ -181,12 +181,16 @@ async def load_run(store: Store, run_id: str, *, workflow: Functions | None = No
     if view is None:
         view = RunView(plan)
     view.plans = plans  # a run.migrated's definition, read as this one is
+    view.snapshot_at = start
     for entry in entries:
         if upto is not None and entry.seq > upto:
             break
-        view.apply(entry.record())
+        rec = entry.record()
+        if entry.type == L.SNAPSHOT_TAKEN:
+            view.snapshot_at = int(rec.get("covers") or 0)
+        view.apply(rec)
     last = (entries[-1].seq, entries[-1].hash) if entries else (start, start_hash)
-    if view.plan is not plan:  # migrated (SPEC §14): the run goes on under its new definition
+    if view.plan is not plan:  # migrated: the run goes on under its new definition
         plan, spec = view.plan, view.plan.spec
     for note in notes:
         log.warning("run %s: %s", run_id, note)

@@ -1,4 +1,4 @@
-"""A message to a conversation (SPEC §11): ``interlock send``, ``POST /api/runs/{id}/messages``.
+"""A message to a conversation: ``interlock send``, ``POST /api/runs/{id}/messages``.
 
 A conversation waits for its next message as a gate of kind ``message`` (the chat
 agent's visit paused at it, `agents._chat`). A message is recorded in one batch with the

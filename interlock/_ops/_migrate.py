@@ -1,4 +1,4 @@
-"""`interlock migrate` (SPEC §14): move a stored run onto another definition, on purpose
+"""`interlock migrate`: move a stored run onto another definition, on purpose
 and on the record.
 
 A run is pinned to the definition it started with. ``migrate`` moves a waiting, failed

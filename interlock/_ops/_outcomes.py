@@ -1,4 +1,4 @@
-"""Destructive actions are never repeated silently (SPEC §3): on resume, a ``confirm:
+"""Destructive actions are never repeated silently: on resume, a ``confirm:
 true`` node that was approved and had started, but whose outcome is not in the log,
 stops the run at an ``unknown_outcome`` gate instead of running again."""
 

@@ -1,4 +1,4 @@
-"""Retention (SPEC §10): ``interlock prune`` deletes finished runs older than a cut-off.
+"""Retention: ``interlock prune`` deletes finished runs older than a cut-off.
 
 What it may delete: runs that ended -- completed, failed, rejected, cancelled -- and
 were last updated before the cut-off, with their records and snapshots. Never a run

@@ -66,7 +66,7 @@ async def resume(run_id: str, decision: Decision | None = None, *,
     ``detach``: record the decision (and the resume) and return without executing: the
     run is PENDING until a worker (``interlock worker``) claims and continues it.
     A decision on a run another process is executing is recorded for that process,
-    which continues the gate's branch (SPEC §3): the run is returned as it stands.
+    which continues the gate's branch: the run is returned as it stands.
     """
     result, _ = await resume_gate(run_id, decision, store=store, workflow=workflow,
                                   config=config, limits=limits, force=force,
@@ -89,7 +89,7 @@ async def decide_gate(run_id: str, gate: str | None, decision: Decision, *,
                       store: str | Store | None = None, workflow: Functions | None = None,
                       listener: Listener | None = None, detach: bool = False
                       ) -> GateDecision:
-    """Decide one gate of a run (SPEC §3): ``gate`` is its name in ``waiting.pending``
+    """Decide one gate of a run: ``gate`` is its name in ``waiting.pending``
     (a node, ``NODE[i]`` for a map item's, ``parent_node/child_gate`` for a child run's;
     None: the oldest waiting), ``decision`` an `approve`/`reject`/`modify`, ``by`` who
     decides (default: the decision's), ``via`` where (``"cli"``, ``"api"``,
@@ -254,7 +254,7 @@ async def _resume(st: Store, run_id: str, decision: Decision | None, *,
     view = loaded.view
     fields = _overrides(config, limits)
     first: list[tuple[str, dict[str, Any]]] = []
-    if view.status == "WAITING_INPUT":  # a conversation (SPEC §11)
+    if view.status == "WAITING_INPUT":  # a conversation
         raise UsageError(f"run {run_id!r} is a conversation waiting for its next message, "
                          f"not for a decision: send one (interlock send {run_id} TEXT); "
                          "there is nothing to resume or decide")
@@ -296,7 +296,7 @@ async def _decisions(st: Store, run_id: str, loaded: Loaded, decision: Decision 
                      ) -> list[tuple[str, dict[str, Any]]]:
     """What the resume of a run with waiting gates records before it goes on: the gates
     whose deadline passed, the child runs that wait no more, ``decision`` -- on a gate of
-    the run's own, or forwarded to the child run it waits through (SPEC §7) -- and the
+    the run's own, or forwarded to the child run it waits through -- and the
     decisions offered for its gates (`Store.offer_decision`; this call's among them)."""
     from .._engine._approvals import decide, expire, gate_name, offered, oldest
 
@@ -311,7 +311,7 @@ async def _decisions(st: Store, run_id: str, loaded: Loaded, decision: Decision 
             "does not wait there any more (decided or continued on its own, or "
             "not this run's: a fork's); resume it without a decision first, then "
             "decide what it waits for then")
-    if child is not None:  # a gate inside a child run: it decides it (SPEC §7)
+    if child is not None:  # a gate inside a child run: it decides it
         gate, below = child
         await _decide_child(st, str(gate.key), below)
         assert decision is not None
@@ -384,7 +384,7 @@ TRACE_KEYS = ("seq", "type", "node", "at", "duration_ms", "attempt", "tokens", "
 
 
 async def trace(run_id: str, *, store: str | Store | None = None) -> list[dict[str, Any]]:
-    """The run's records, oldest first, each with at least the SPEC's trace keys."""
+    """The run's records, oldest first, each with at least the trace keys."""
     return [rec async for page in trace_pages(run_id, store=store) for rec in page]
 
 
@@ -411,7 +411,7 @@ async def _trace_pages(st: Store, run_id: str, page: int, after: int, above: tup
         records = [trace_record(run_id, entry) for entry in entries]
         if expand is not None:  # log format 2: what it implies, written out (`_expand`)
             records = [_keys(r) for rec in records for r in expand(rec)]
-        for rec in records:  # a child run's records, nested under its start (SPEC §7)
+        for rec in records:  # a child run's records, nested under its start
             child = await links.follow(st, rec)
             if child is not None:
                 rec["records"] = [{**r, "run_id": child} for pg in
@@ -444,7 +444,7 @@ def _keys(rec: dict[str, Any]) -> dict[str, Any]:
 
 
 def trace_record(run_id: str, entry: L.Entry) -> dict[str, Any]:
-    """The stored entry as a trace shows it: the record, the SPEC's trace keys, its hash."""
+    """The stored entry as a trace shows it: the record, the trace keys, its hash."""
     try:
         rec = entry.record()
     except ValueError:  # orjson.JSONDecodeError: the stored text was changed

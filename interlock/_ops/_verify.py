@@ -198,7 +198,7 @@ class LogCheck:
             self._fail(1, "the run's row and its run.started record disagree about how its "
                           "log is chained")
             return False
-        # each segment of a migrated run under its own definition (SPEC §14)
+        # each segment of a migrated run under its own definition
         self.view = RunView(reading_plan(parse(row.definition)), plans=plan_maker())
         return True
 
@@ -266,8 +266,8 @@ async def _lineage(st: Store, run_id: str) -> set[str]:
 
 
 async def _verify(st: Store, run_id: str, above: tuple[str, ...]) -> Verification:
-    """`verify` of one run and, when it holds, of every child run its log names (SPEC
-    §7: ``verify PARENT`` verifies every child chain): the first broken one is the
+    """`verify` of one run and, when it holds, of every child run its log names
+    (``verify PARENT`` verifies every child chain): the first broken one is the
     result, under its own id. ``above``: the runs it is nested under (its parent last)."""
     row = await st.get_run(run_id)
     check = LogCheck(row, await st.load_snapshot(run_id), above)

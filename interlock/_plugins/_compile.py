@@ -53,4 +53,4 @@ def reading_plan(spec: WorkflowSpec) -> Plan:
 # sub-workflows of its own)
 SUBFLOW_KIND.check_child = check_spec
 SUBFLOW_KIND.compile_child = compile_spec
-TOOL_COMPILE[:] = [compile_spec]  # a workflow tool's child, too (SPEC §11)
+TOOL_COMPILE[:] = [compile_spec]  # a workflow tool's child, too

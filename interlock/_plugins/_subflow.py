@@ -1,4 +1,4 @@
-"""Sub-workflows (SPEC §7): a node that runs another workflow as a child run.
+"""Sub-workflows: a node that runs another workflow as a child run.
 
     nodes:
       remediate: {workflow: remediation.yaml, input: {incident: 'incident'}, output: result}

@@ -281,7 +281,7 @@ class Store(ABC):
         id; None when there is none. Runnable: its status is one of `RUNNABLE` -- or it
         waits for a human at a gate whose deadline has passed (the engine decides it) --
         and nobody holds it (never claimed, released, or its lease ran out); of
-        ``workflows`` only, when given; never a child run (SPEC §7: its parent's
+        ``workflows`` only, when given; never a child run (its parent's
         execution continues it), nor one of ``exclude`` (runs a worker cannot execute).
 
         Of any number of processes calling this at once, each run goes to one. This
@@ -313,14 +313,16 @@ class Store(ABC):
         waits here between two `claim_next`; this default sleeps."""
         await asyncio.sleep(timeout)
 
-    async def wait_changed(self, timeout: float, seen: int | None = None) -> int:
+    async def wait_changed(self, timeout: float, seen: int | None = None,
+                           run_id: str | None = None) -> int:
         """Return after ``timeout`` seconds, or sooner where the store can tell that
-        something was committed to it by any process (SQLite: ``PRAGMA data_version``)
-        after ``seen`` -- a number this method returned before (None: from now on; where
-        the number moved since, at once). The server's event streams wait here between two
-        looks for records committed elsewhere. This default sleeps; either way the
-        caller looks again after ``timeout`` (a detector may miss nothing, but the caller
-        does not count on it)."""
+        something was committed to it by any process (SQLite: ``PRAGMA data_version``;
+        PostgreSQL: records of ``run_id``, or of any run when it is None, by
+        ``LISTEN``/``NOTIFY``) after ``seen`` -- a number this method returned before
+        (None: from now on; where it has changed since, at once). The server's event
+        streams wait here between two looks for records committed elsewhere. This
+        default sleeps; either way the caller looks again after ``timeout`` (a detector
+        may miss nothing, but the caller does not count on it)."""
         await asyncio.sleep(timeout)
         return 0
 
@@ -402,7 +404,7 @@ class Store(ABC):
                               exclude: str | None = None) -> list[Found]:
         """The messages of the conversations of ``workflow`` (their ``chat.message`` and
         ``chat.reply`` records) that best match ``query``'s words, best first, leaving
-        out run ``exclude`` (SPEC §11, ``recall``). This default scans the records;
+        out run ``exclude`` (``recall``). This default scans the records;
         SQLite searches an FTS5 index, PostgreSQL its full-text search."""
         from ._search import scan
 

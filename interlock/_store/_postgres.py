@@ -41,6 +41,7 @@ from typing import Any
 
 from .._json import JSONObject
 from .._log import Entry
+from . import _postgres_search
 from ._base import (
     FINISHED,
     RunNotFound,
@@ -233,7 +234,6 @@ class PostgresStore(PostgresWrites, PostgresClaims, Store):
 
     async def search_messages(self, workflow: str, query: str, *, limit: int = 5,
                               exclude: str | None = None) -> list[Found]:
-        from . import _postgres_search
         from ._search import words
 
         wanted = words(query)
@@ -259,6 +259,8 @@ class PostgresStore(PostgresWrites, PostgresClaims, Store):
                                          (deleted,))
                 records = cur.rowcount
                 await conn.execute("DELETE FROM snapshots WHERE run_id = ANY(%s)", (deleted,))
+                if deleted:
+                    await _postgres_search.forget(conn, deleted)
             return deleted, records
 
         return await self._do(op)

@@ -1,8 +1,9 @@
 """The PostgreSQL store's connections: a few per event loop (`_Pool`), opened lazily in
 autocommit mode, the first of them setting up the tables (or upgrading them) under an
 advisory lock; an operation run on one (`PostgresConnections._do`), its psycopg errors
-made `StoreError` for people (the password redacted); the LISTEN connection a worker
-waits on for runnable runs, and the NOTIFY that wakes it.
+made `StoreError` for people (the password redacted); the NOTIFY that wakes idle
+workers, and the waits on the loop's LISTEN connection (`interlock._store._postgres_listen`)
+of workers and of the server's event streams.
 
 A connection belongs to the event loop that opened it: a store used from another loop
 opens new ones there, and the pools of loops that have closed are dropped unawaited.
@@ -23,6 +24,7 @@ from psycopg.pq import TransactionStatus
 from psycopg.rows import TupleRow
 
 from ._base import StoreError
+from ._postgres_listen import Listener
 from ._postgres_sql import (
     _CURSORS,
     _SCHEMA,
@@ -90,14 +92,14 @@ class _Pool:
         self.slots = asyncio.Semaphore(size)
         self.writes: list[_Write] = []
         self.committer: asyncio.Task[None] | None = None
-        self.listener: Conn | None = None  # LISTENing for runnable runs (a worker's)
+        self.listener: Listener | None = None  # (made at the first wait)
 
     def abandon(self) -> None:
         """Close every connection without awaiting (for a loop that is gone)."""
         for conn in self.all:
             conn.pgconn.finish()
         if self.listener is not None:
-            self.listener.pgconn.finish()
+            self.listener.abandon()
             self.listener = None
         self.all.clear()
         self.idle.clear()
@@ -289,21 +291,23 @@ class PostgresConnections:
 
         await self._do(op)
 
+    def _listener(self) -> Listener:
+        pool = self._here()
+        if pool.listener is None:
+            pool.listener = Listener(self._listen_connection, redact(self.url))
+        return pool.listener
+
+    async def _listen_connection(self) -> Conn:
+        return await psycopg.AsyncConnection.connect(self.url, autocommit=True,
+                                                     **self._kwargs)
+
     async def wait_runnable(self, timeout: float) -> None:
         """Until a run may have become runnable (a ``NOTIFY`` on `RUNNABLE_CHANNEL`, from
-        any process), at most ``timeout`` seconds; on a connection of its own, LISTENing
-        for as long as the store is open. Without it (an error), a sleep."""
-        pool = self._here()
-        try:
-            if pool.listener is None or pool.listener.closed:
-                pool.listener = await psycopg.AsyncConnection.connect(
-                    self.url, autocommit=True, **self._kwargs)
-                await pool.listener.execute(f"LISTEN {RUNNABLE_CHANNEL}")
-            async for _ in pool.listener.notifies(timeout=timeout, stop_after=1):
-                pass
-        except psycopg.Error:
-            if pool.listener is not None:
-                await pool.listener.close()
-                pool.listener = None
-            await asyncio.sleep(timeout)
+        any process) since the last call returned, at most ``timeout`` seconds."""
+        await self._listener().wait_runnable(timeout)
 
+    async def wait_changed(self, timeout: float, seen: int | None = None,
+                           run_id: str | None = None) -> int:
+        """Until records of ``run_id`` (None: any run) are committed by any process after
+        ``seen`` (each append ``NOTIFY``s the runs it grew), at most ``timeout`` seconds."""
+        return await self._listener().wait_changed(timeout, seen, run_id)

@@ -107,6 +107,15 @@ WITH run AS (
 SELECT (SELECT count(*) FROM run), (SELECT count(*) FROM ins)
 """
 
+# Told at the commit of records appended (the server's event streams LISTEN:
+# `interlock._store._postgres_listen`): the payload names the runs that grew, separated by
+# spaces -- or is empty, meaning "any run", when the names would not fit in a payload
+# (8,000 bytes) or one holds a space. NOTIFY is transactional: the listeners hear it at
+# the commit, once per transaction and payload, and never for a write rolled back.
+RECORDS_CHANNEL = "interlock_records"
+_NOTIFY = (f"pg_notify('{RECORDS_CHANNEL}', CASE WHEN sum(octet_length(run) + 1) > 7900 "
+           "OR bool_or(strpos(run, ' ') > 0) THEN '' ELSE string_agg(run, ' ') END)")
+
 # One statement: the stored log's last seq (`last`), the records inserted only if
 # they continue it and the run exists (`ins`), the summary updated only then (`upd`).
 # Two writers of the same seq: the second blocks on the primary key until the first
@@ -134,10 +143,11 @@ WITH run AS (
         last_hash = %(last_hash)s, steps = %(steps)s, tokens = %(tokens)s, error = %(error)s,
         waiting = %(waiting)s, {_RELEASE}
     WHERE run_id = %(run)s AND (SELECT ok FROM ok)
-    RETURNING 1
+    RETURNING run_id AS run
 )
 SELECT EXISTS (SELECT 1 FROM run), (SELECT n FROM last), (SELECT count(*) FROM ins),
-       (SELECT count(*) FROM upd), (SELECT generation FROM run), (SELECT owner FROM run)
+       (SELECT count(*) FROM upd), (SELECT generation FROM run), (SELECT owner FROM run),
+       (SELECT {_NOTIFY} FROM upd HAVING count(*) > 0)
 """
 
 _UPDATE_SUMMARY = f"""
@@ -153,7 +163,7 @@ RETURNING 1
 # NULL when it has none, its summary), ``e`` the records, each with its append's ``i``.
 # An append whose run is missing or whose log does not end at ``prev`` is left out (and
 # reported); the others are stored. Two appends of one run never share a statement.
-_APPEND_MANY = """
+_APPEND_MANY = f"""
 WITH b AS (
     SELECT * FROM unnest(%(b_run)b::text[], %(b_prev)b::bigint[], %(b_status)b::text[],
         %(b_updated_at)b::float8[], %(b_last_seq)b::bigint[], %(b_last_hash)b::text[],
@@ -191,10 +201,10 @@ WITH b AS (
         owner = CASE WHEN runs.owner = ok.release THEN NULL ELSE runs.owner END,
         lease_until = CASE WHEN runs.owner = ok.release THEN NULL ELSE runs.lease_until END
     FROM ok WHERE runs.run_id = ok.run
-    RETURNING ok.i
+    RETURNING ok.i, ok.run
 )
 SELECT chk.i, chk.found, chk.n, chk.i IN (SELECT i FROM upd), (SELECT count(*) FROM ins),
-       chk.gen, chk.owner
+       chk.gen, chk.owner, (SELECT {_NOTIFY} FROM upd HAVING count(*) > 0)
 FROM chk ORDER BY chk.i
 """
 

@@ -28,6 +28,7 @@ from psycopg import errors as pg_errors
 from psycopg.rows import TupleRow
 
 from .._log import Entry
+from . import _postgres_search
 from ._base import (
     Claim,
     ClaimLost,
@@ -53,8 +54,10 @@ from ._rows import (
     run_params,
     summary_params,
 )
+from ._search import CHAT_TYPES
 
 # at most this many writes in one turn (more take several)
+_CHAT = frozenset(CHAT_TYPES)
 BATCH_MAX = 500
 
 
@@ -125,9 +128,20 @@ def _not_continued(run_id: str, last: int, entries: list[Entry]) -> ConflictErro
 class PostgresWrites(PostgresConnections):
     """`PostgresStore`'s new runs and appends, committed in turns (see the module)."""
 
+    _chat_ready = False  # the messages' index and its trigger are known to be there
+
+    async def _chat_index(self, entries: list[Entry]) -> None:
+        """Before the first write of a conversation's message by this store: the index
+        the database fills as messages are written (`_postgres_search.ready`)."""
+        if self._chat_ready or not any(e.type in _CHAT for e in entries):
+            return
+        await self._do(_postgres_search.ready)
+        self._chat_ready = True
+
     async def create_run(self, row: RunRow, entries: list[Entry]) -> None:
         """Queued for this loop's committer, as appends are (`append`)."""
         check_first_seqs(row.run_id, 0, entries)
+        await self._chat_index(entries)
         await self._queue(row.run_id, self._create_one, (row, list(entries)))
         if row.owner is None and row.summary.status == "PENDING":
             await self._notify_runnable()  # (a detached run: a worker's)
@@ -155,6 +169,7 @@ class PostgresWrites(PostgresConnections):
         takes its turn in one transaction (group commit); returns once committed."""
         if entries:
             check_first_seqs(run_id, entries[0].seq - 1, entries)
+            await self._chat_index(entries)
         await self._queue(run_id, self._append_one,
                           (run_id, list(entries), summary, release, claim))
 
@@ -249,7 +264,8 @@ class PostgresWrites(PostgresConnections):
         by_item: dict[int, Exception | None] = {}
         for item, (_, created, _) in zip(creates, made, strict=True):
             by_item[id(item)] = None if created else RunExists(item[0])
-        for item, (_, exists, last, updated, _, gen, owner) in zip(appends, done, strict=True):
+        for item, (_, exists, last, updated, _, gen, owner, _) in zip(appends, done,
+                                                                 strict=True):
             run_id, entries, claim = item[2][0], item[2][1], item[2][4]
             outcome: Exception | None = None
             if not updated:
@@ -294,7 +310,7 @@ class PostgresWrites(PostgresConnections):
                 ) from None
             found = await cur.fetchone()
             assert found is not None
-            exists, last, _inserted, updated, gen, owner = found
+            exists, last, _inserted, updated, gen, owner, _notified = found
             if not exists:
                 raise RunNotFound(run_id)
             if not updated and claim is not None and gen != claim.generation:

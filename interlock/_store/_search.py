@@ -1,4 +1,4 @@
-"""Full-text search over the messages of conversations (SPEC §11, ``recall: true``): what
+"""Full-text search over the messages of conversations (``recall: true``): what
 every store shares. SQLite answers with an FTS5 table (`_sqlite_search`), PostgreSQL with
 its full-text search (`_postgres_search`); both keep their index beside the log, filled
 from the ``chat.message`` and ``chat.reply`` records of a workflow's runs when it is

@@ -243,10 +243,12 @@ class SQLiteStore(SQLiteWrites, Store):
             watch = self._watches[loop] = Watch(self.path, self._busy_ms)
         return watch
 
-    async def wait_changed(self, timeout: float, seen: int | None = None) -> int:
+    async def wait_changed(self, timeout: float, seen: int | None = None,
+                           run_id: str | None = None) -> int:
         """Until a commit to the file by any connection (``PRAGMA data_version``, looked
         at every few milliseconds while someone waits: `interlock._store._sqlite_watch`)
-        after ``seen``, at most ``timeout`` seconds."""
+        after ``seen``, at most ``timeout`` seconds (whichever run it was for: the
+        version does not say)."""
         return await self._watch().wait(timeout, seen)
 
     async def wait_runnable(self, timeout: float) -> None:

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 from .._json import JSONObject
 from .._log import Entry
+from . import _sqlite_search
 from ._base import FINISHED, RUNNABLE, ClaimError, ClaimLost, RunNotFound, RunRow
 from ._rows import (
     _RUN_COLUMNS,
@@ -234,6 +235,7 @@ class SQLiteOps:
                     (key, key)).rowcount
                 conn.execute("DELETE FROM run_specs WHERE run_key = ?", (key,))
                 conn.execute("DELETE FROM snapshots WHERE run_id = ?", (run_id,))
+                _sqlite_search.forget(conn, key)
                 deleted.append(run_id)
             conn.execute("COMMIT")
         except BaseException:

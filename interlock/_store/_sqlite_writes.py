@@ -12,6 +12,7 @@ import sqlite3
 import time
 
 from .._log import Entry
+from . import _sqlite_search
 from ._base import (
     Claim,
     ClaimLost,
@@ -70,6 +71,7 @@ class SQLiteWrites(SQLiteWal, SQLiteOps):
                              "as many as one file holds; start a new store file")
         conn.execute(_INSERT_SPEC, (run_key, *(params[i] for i in _SPEC_AT)))
         conn.executemany(_INSERT_RECORD, self._rows(run_key, entries))
+        _sqlite_search.index(conn, run_key, entries)  # (a fork's, an import's messages)
 
     def _append_in(self, conn: sqlite3.Connection, run_id: str, entries: list[Entry],
                    summary: Summary, release: str | None, claim: Claim | None = None) -> None:
@@ -104,6 +106,7 @@ class SQLiteWrites(SQLiteWal, SQLiteOps):
             except sqlite3.IntegrityError as exc:
                 raise ConflictError(f"run {run_id!r}: {exc}; another writer got there "
                                     "first") from None
+            _sqlite_search.index(conn, done[0][0], entries)  # a conversation's messages
         if release is not None:
             self._release(conn, run_id, release)
 

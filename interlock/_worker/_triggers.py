@@ -1,4 +1,4 @@
-"""Triggers (SPEC §9): what starts runs of a workflow by itself, and the ids those runs get.
+"""Triggers: what starts runs of a workflow by itself, and the ids those runs get.
 
 A trigger's run id is derived from the workflow, the trigger and its slot (a schedule's
 or an interval's time) or the key a poll function returned, so any number of processes
@@ -20,7 +20,7 @@ cursors.
   latest; it moves on only once every item's run exists (the keys make starting one
   twice impossible). Without a store (`Firer`'s ``store`` None), in the firing process.
 
-*Decisions* (where the SPEC is silent): a slot is fired only while it is at most
+*Decisions* (where the contract is silent): a slot is fired only while it is at most
 `GRACE` seconds old, so a process started (or a worker back from an outage) fires the
 current slot if it is due, not every slot it missed -- as cron does, not as anacron
 does. A poll function that raises is logged and called again at its next slot; it never

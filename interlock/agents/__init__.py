@@ -1,4 +1,4 @@
-"""Agent nodes (SPEC §6): an LLM agent as a node, with a structured output that drives routing.
+"""Agent nodes: an LLM agent as a node, with a structured output that drives routing.
 
     nodes:
       risk:
@@ -61,7 +61,7 @@ class AgentKind:
         from ._chat import ChatAgent
         from ._delegates import DelegatingAgent
 
-        # a conversation's agent (SPEC §11), or an agent whose tools may be workflows and
+        # a conversation's agent, or an agent whose tools may be workflows and
         # specialist agents
         cls = ChatAgent if workflow.chat == name else DelegatingAgent
         return build_agent_node(name, node.agent, node, callables=callables, workflow=workflow,

@@ -106,7 +106,7 @@ class AgentSetup:
         self.validator = Draft202012Validator(self.schema) if self.schema is not None else None
         tools: dict[str, Tool] = {}
         # tools that are not Python functions: a workflow (a child run per call) or a
-        # specialist agent (SPEC §11), by name
+        # specialist agent, by name
         self.delegates: dict[str, Any] = {}
         for t in spec.tools:
             if t.mcp is not None:  # an MCP server's tools: listed when a visit starts (_mcp)

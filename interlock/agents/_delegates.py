@@ -1,4 +1,4 @@
-"""Tools that are not Python functions (SPEC §11): a workflow, or a specialist agent.
+"""Tools that are not Python functions: a workflow, or a specialist agent.
 
     tools:
       - {workflow: workflow.yaml, name: run_triage, description: Sweep every service}

@@ -1,4 +1,4 @@
-"""An agent's MCP tools (SPEC §12): ``tools: [{mcp: {url | command}, tools, confirm,
+"""An agent's MCP tools: ``tools: [{mcp: {url | command}, tools, confirm,
 prefix}]``.
 
 When the node first runs (each visit), every MCP server it names is asked for its tools
@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
-import json
 import os
 import re
 from collections.abc import AsyncIterator
@@ -41,7 +40,7 @@ from pydantic import BaseModel
 
 from ._errors import AgentConfigError, ToolUnavailable
 from ._spec import McpServerSpec, ToolSpec
-from ._tools import Tool, ToolArgumentsError
+from ._tools import Tool, json_object
 
 if TYPE_CHECKING:
     from mcp import Client
@@ -70,12 +69,7 @@ class McpTool(Tool):
     link: _Link | None = field(default=None, compare=False)
 
     def parse(self, arguments: str) -> tuple[dict[str, Any], Any]:
-        try:
-            raw = json.loads(arguments or "{}")
-        except ValueError as exc:
-            raise ToolArgumentsError(f"the arguments are not JSON: {exc}") from None
-        if not isinstance(raw, dict):
-            raise ToolArgumentsError(f"the arguments must be a JSON object, got {raw!r}")
+        raw = json_object(arguments)
         return raw, raw
 
     async def invoke(self, kwargs: dict[str, Any]) -> Any:
@@ -106,7 +100,7 @@ async def mcp_visit(agent: A, ctx: Context) -> AsyncIterator[A]:
     the journal), its sessions closed when the visit ends."""
     links: list[_Link] = []
     tools: dict[str, Tool] = dict(agent.tools)
-    delegates = getattr(agent, "delegates", {})  # workflow and agent tools (SPEC §11)
+    delegates = getattr(agent, "delegates", {})  # workflow and agent tools
     where = {name: "a workflow or agent tool" if name in delegates else "a Python tool"
              for name in tools}
     try:

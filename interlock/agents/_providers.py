@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Callable, Iterable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -80,7 +81,7 @@ class ChatRequest:
     on_delta: Callable[[str], None] | None = None
 
 
-#: where a model's reply goes as it streams (SPEC §11): ``sink({"run_id", "node", "turn",
+#: where a model's reply goes as it streams: ``sink({"run_id", "node", "turn",
 #: "text"})``, set by whoever shows it live (``interlock chat``, a server's event stream)
 #: in the context that executes the run; None: nothing streams
 TOKEN_SINK: ContextVar[Callable[[dict[str, Any]], None] | None] = ContextVar(
@@ -105,6 +106,8 @@ class ScriptedProvider:
     replays from its log (a retry, a resume) does not consume one. Pass it as
     ``Workflow.agent(..., provider=ScriptedProvider([...]))``; in a file, write
     ``provider: scripted`` and ``replies: [...]``. No network, no key, deterministic.
+    Asked to stream (a conversation's reply, ``on_delta``), it hands the content over a
+    word at a time, as a streaming model would.
     """
 
     def __init__(self, replies: Iterable[Mapping[str, Any] | str | list[Any]]) -> None:
@@ -146,6 +149,9 @@ class ScriptedProvider:
                           c.arguments if isinstance(c.arguments, str)
                           else json.dumps(c.arguments, ensure_ascii=False))
                  for i, c in enumerate(r.tool_calls)]
+        if request.on_delta is not None and content:  # streamed: a word at a time
+            for word in re.findall(r"\S+\s*|\s+", content):
+                request.on_delta(word)
         usage: dict[str, int] = {}
         if r.usage is not None:
             usage = {"prompt_tokens": r.usage.prompt_tokens,
@@ -207,7 +213,7 @@ class OpenAIProvider:
                 try:
                     resp = await client.chat.completions.create(**kwargs)
                 except openai.BadRequestError as exc:
-                    # SPEC §6: request response_format "where the server supports it". A
+                    # request response_format "where the server supports it". A
                     # server that refuses it gets the call again without it; the schema is
                     # in the system prompt too, and the reply is validated either way.
                     if "response_format" not in kwargs or not _about_format(exc):

@@ -1,4 +1,4 @@
-"""``recall: true`` (SPEC §11): a conversation's agent searches the messages of earlier
+"""``recall: true``: a conversation's agent searches the messages of earlier
 conversations of its workflow -- the store's full-text search (SQLite FTS5, PostgreSQL's
 text search; `Store.search_messages`) -- and gets the best matches with their run id and
 seq. A call is a tool step like any other: journaled, so a replay gives the same results.

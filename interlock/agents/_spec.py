@@ -1,4 +1,4 @@
-"""The ``agent:`` block of a node (SPEC §6), as a pydantic model.
+"""The ``agent:`` block of a node, as a pydantic model.
 
 `NodeSpec.agent` keeps the block as plain data (it is part of the stored
 definition); this model is what validation and the agent node read it with.
@@ -33,8 +33,8 @@ def _call_path(value: str) -> str:
 
 
 class McpServerSpec(_Strict):
-    """``mcp: {url: URL, headers: {...}}`` or ``mcp: {command: [prog, args...]}`` (SPEC
-    §12). A header's ``${VAR}`` is read from the environment when the node connects, so
+    """``mcp: {url: URL, headers: {...}}`` or ``mcp: {command: [prog, args...]}``.
+    A header's ``${VAR}`` is read from the environment when the node connects, so
     a token need not be in the workflow (nor in its stored definition)."""
 
     url: str | None = Field(default=None, pattern=r"^https?://")
@@ -58,11 +58,10 @@ class McpServerSpec(_Strict):
 
 class ToolSpec(_Strict):
     """A tool is exactly one of: ``module:fn`` / ``{call: module:fn, confirm: true}``; a
-    workflow as a tool ``{workflow: FILE, name, description}`` (SPEC §11: a child run per
+    workflow as a tool ``{workflow: FILE, name, description}`` (a child run per
     call; the file is pinned as ``{file, definition}`` when the workflow is loaded); a
     specialist agent as a tool ``{name, description, agent: {...}}``; or an MCP server's
-    tools ``{mcp: {url | command}, tools: [names], confirm: [names], prefix: NAME}`` (SPEC
-    §12)."""
+    tools ``{mcp: {url | command}, tools: [names], confirm: [names], prefix: NAME}``."""
 
     call: str | None = None
     confirm: bool | list[str] = False
@@ -190,7 +189,7 @@ class AgentSpec(_Strict):
     # a tool that raises: its error goes back to the model as the tool's answer (return),
     # or fails the node (raise)
     tool_errors: Literal["return", "raise"] = "return"
-    # a conversation's agent (SPEC §11): the messages sent to the model per turn, and a
+    # a conversation's agent: the messages sent to the model per turn, and a
     # recall(query) tool over earlier conversations of the workflow
     history: int = Field(default=50, ge=1, le=100_000)
     recall: bool = False

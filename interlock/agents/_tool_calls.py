@@ -94,7 +94,7 @@ class ToolCalls(ToolExecution):
 
     async def _started(self, ctx: Context, key: str, base: dict[str, Any],
                        show: dict[str, Any]) -> str | None:
-        """A guarded tool call about to run (SPEC §3: destructive actions are never
+        """A guarded tool call about to run (destructive actions are never
         repeated silently): its start is committed first; a call that had started in an
         earlier attempt and left no result in the log is not run again unasked -- the
         run waits at an ``unknown_outcome`` gate. The text the model gets when a person

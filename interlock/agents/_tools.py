@@ -26,6 +26,18 @@ class ToolArgumentsError(Exception):
     """The model's arguments do not fit the tool: answered to the model, not fatal."""
 
 
+
+def json_object(arguments: str) -> dict[str, Any]:
+    """A tool call's arguments as the model sent them: a JSON object, or a
+    `ToolArgumentsError` the model is told about."""
+    try:
+        raw = json.loads(arguments or "{}")
+    except ValueError as exc:
+        raise ToolArgumentsError(f"the arguments are not JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ToolArgumentsError(f"the arguments must be a JSON object, got {raw!r}")
+    return raw
+
 @dataclass(frozen=True, slots=True)
 class Tool:
     name: str
@@ -49,12 +61,7 @@ class Tool:
 
     def parse(self, arguments: str) -> tuple[dict[str, Any], Any]:
         """The model's JSON arguments -> (keyword arguments, the arguments as JSON data)."""
-        try:
-            raw = json.loads(arguments or "{}")
-        except ValueError as exc:
-            raise ToolArgumentsError(f"the arguments are not JSON: {exc}") from None
-        if not isinstance(raw, dict):
-            raise ToolArgumentsError(f"the arguments must be a JSON object, got {raw!r}")
+        raw = json_object(arguments)
         try:
             model = self.args_model.model_validate(raw)
         except ValidationError as exc:

@@ -1,4 +1,4 @@
-"""The ``interlock`` command line (SPEC §4).
+"""The ``interlock`` command line.
 
 Every command is a small Click function that parses its options, calls the
 Python API, and turns the outcome into output and an exit code. Conventions

@@ -1,4 +1,4 @@
-"""Conversations from the command line (SPEC §11): ``interlock send`` and ``interlock chat``.
+"""Conversations from the command line: ``interlock send`` and ``interlock chat``.
 
 ``send RUN_ID TEXT`` sends one message and returns when the turn stops, printing the
 reply (``--json``: the run object); it exits 3 when the conversation waits (for its next
@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import click
 
 from ._common import (
+    EXIT_FAILED,
     CliError,
     call_engine,
     exit_code_for,
@@ -54,6 +55,10 @@ def last_reply(result: RunResult | Mapping[str, Any]) -> str | None:
 def _print_turn(data: Mapping[str, Any], run_id: str) -> None:
     status = data.get("status")
     waiting = data.get("waiting") or {}
+    show = waiting.get("show") or {}
+    if status == "WAITING_INPUT" and show.get("turn_error"):
+        click.echo(f"the turn failed: {show['turn_error']}", err=True)
+        return
     if status == "WAITING_INPUT" or status == "COMPLETED":
         reply = last_reply(data)
         if reply is not None:
@@ -113,7 +118,15 @@ def _done(data: Mapping[str, Any], run_id: str, as_json: bool) -> NoReturn:
     else:
         _print_turn(data, run_id)
     note_abandoned_threads()
-    sys.exit(exit_code_for(str(data.get("status"))))
+    sys.exit(EXIT_FAILED if turn_failed(data) else exit_code_for(str(data.get("status"))))
+
+
+def turn_failed(data: Mapping[str, Any]) -> bool:
+    """Whether the turn just run failed on a limit of its own (the conversation waits
+    for the next message: ``waiting.show.turn_error``)."""
+    waiting = data.get("waiting") or {}
+    show = waiting.get("show") or {}
+    return waiting.get("kind") == "message" and bool(show.get("turn_error"))
 
 
 @click.command(short_help="Hold a conversation in the terminal.")
@@ -137,9 +150,10 @@ def chat(workflow: str, session: str | None, input_json: str | None, by: str | N
     on stderr: `--session ID` continues it later, from any process).
     """
     if server_url:
-        status = _remote_chat(Remote(server_url, token, store_url), workflow, session,
-                              input_json, by)
-        sys.exit(exit_code_for(status))
+        from ._chat_remote import RemoteTerminal
+
+        remote = Remote(server_url, token, store_url)
+        sys.exit(exit_code_for(RemoteTerminal(remote, by).run(workflow, session, input_json)))
     wf = load_workflow(workflow)
     if wf.spec.chat is None:
         raise CliError(f"{workflow} is not a conversation: declare chat: NODE (the agent "
@@ -150,36 +164,3 @@ def chat(workflow: str, session: str | None, input_json: str | None, by: str | N
     status = Terminal(wf, store_url, by).run(data, session)
     note_abandoned_threads()
     sys.exit(exit_code_for(status))
-
-
-def _remote_chat(remote: Remote, workflow: str, session: str | None, input_json: str | None,
-                 by: str | None) -> str:
-    try:
-        if session is None:
-            wf = load_workflow(workflow)
-            data = read_input(input_json, None)
-            started = remote.call("POST", f"/api/workflows/{wf.name}/runs",
-                                  json={"input": data})
-            session = str(started["run_id"])
-            remote.follow(session, 0)
-        click.echo(f"conversation {session} (type a message; /end ends the conversation; "
-                   "a gate is decided with `interlock resume --server`)", err=True)
-        status = remote.result(session).status
-        for line in sys.stdin:
-            text = line.rstrip("\n")
-            if not text.strip():
-                continue
-            before = len(remote.records(session))
-            remote.call("POST", f"/api/runs/{session}/messages", json={"text": text, "by": by})
-            remote.follow(session, before)
-            data = remote.result(session).to_json()
-            status = str(data.get("status"))
-            if text.strip() == "/end" and status == "COMPLETED":
-                click.echo(f"the conversation {session} has ended", err=True)
-                break
-            _print_turn(data, session)
-            if data.get("status") != "WAITING_INPUT":
-                break
-        return status
-    finally:
-        remote.close()

@@ -1,6 +1,8 @@
 """``interlock chat FILE`` on a store: the conversation's records printed as they are
 committed (a listener on the run), the user's lines sent as messages, a gate decided in
-place (``/approve``, ``/reject``)."""
+place (``/approve``, ``/reject``). `Printer` shows a conversation's records and reply
+pieces; it is shared with ``interlock chat --server`` (`interlock.cli._chat_remote`),
+which gets the same records and pieces from the server's event stream."""
 
 from __future__ import annotations
 
@@ -14,8 +16,8 @@ import click
 if TYPE_CHECKING:
     from .. import RunResult, Store, Workflow
 
-_HELP = ("type a message; /end ends the conversation; when a gate waits: /approve [COMMENT] "
-         "or /reject [COMMENT]")
+HELP = ("type a message; /end ends the conversation; when a gate waits: /approve [COMMENT] "
+        "or /reject [COMMENT]")
 
 
 def _short(value: Any, n: int = 200) -> str:
@@ -23,9 +25,13 @@ def _short(value: Any, n: int = 200) -> str:
     return text if len(text) <= n else text[:n] + "..."
 
 
-class Terminal:
-    def __init__(self, wf: Workflow, store_url: str | None, by: str | None) -> None:
-        self.wf, self.store_url, self.by = wf, store_url, by
+class Printer:
+    """What a person sees of a conversation: the reply growing as its pieces arrive (or
+    whole, when the provider does not stream), tool calls, child runs, a gate, a turn's
+    error. ``run_id``: the conversation (records of other runs are its child runs')."""
+
+    def __init__(self, run_id: str | None = None) -> None:
+        self.run_id = run_id
         self.streaming = False  # a reply is being printed as it streams
         self.shown = False  # the turn's reply was printed as it streamed
 
@@ -35,26 +41,28 @@ class Terminal:
         click.echo(click.style(str(piece.get("text") or ""), bold=True), nl=False)
         sys.stdout.flush()
 
-    def run(self, data: dict[str, Any], session: str | None) -> str:
-        """Hold the conversation until standard input ends or it does: its status then."""
-        from ._common import call_engine
-
-        return call_engine(self._main(data, session))
-
-    def listen(self, rec: dict[str, Any], view: Any) -> None:
-        """Each committed record of the conversation (and of its child runs) that a
-        person wants to see, as it happens."""
-        rtype = rec.get("type")
-        child = rec.get("run_id") if rtype != "child.started" else None
-        indent = "    " if child else "  "
-        if rtype == "agent.reply" and not child and self.streaming:
-            click.echo("")  # the text printed as it streamed: its line ends with the call
+    def _end_line(self) -> None:
+        if self.streaming:  # the text printed as it streamed: its line ends here
+            click.echo("")
             self.streaming = False
             self.shown = True
+
+    def record(self, rec: dict[str, Any]) -> None:
+        """A committed record of the conversation (or of one of its child runs)."""
+        rtype = rec.get("type")
+        owner = rec.get("run_id")
+        child = owner is not None and owner != self.run_id and rtype != "child.started"
+        indent = "    " if child else "  "
+        if rtype == "agent.reply" and not child:
+            self._end_line()
         if rtype == "chat.reply" and not child:
-            if not self.shown:  # (not streamed: printed now, whole)
+            self._end_line()
+            if not self.shown and rec.get("reply") is not None:  # (not streamed: whole)
                 click.echo(click.style(str(rec.get("reply") or ""), bold=True))
             self.shown = False
+            if rec.get("turn_error"):
+                click.echo(click.style(f"the turn failed: {rec['turn_error']} (the conversation "
+                                       "goes on: send the next message)", fg="red"), err=True)
         elif rtype == "agent.reply" and not child and rec.get("tool_calls"):
             self.shown = False  # the turn goes on: its final reply is still to come
         if rtype == "tool.called":
@@ -68,10 +76,30 @@ class Terminal:
             click.echo(click.style(f"{indent}> child run {rec.get('run_id')} "
                                    f"({rec.get('workflow')})", fg="cyan"), err=True)
         elif rtype == "approval.requested" and rec.get("kind") != "message" and not child:
-            where = rec.get("path") or rec.get("node")
-            click.echo(click.style(f"waiting for a decision at {where}: "
-                                   f"{_short(rec.get('show'))}", fg="magenta"), err=True)
-            click.echo("  /approve [COMMENT] or /reject [COMMENT]", err=True)
+            self.gate(rec.get("path") or rec.get("node"), rec.get("show"))
+
+    def gate(self, where: Any, show: Any) -> None:
+        self._end_line()
+        click.echo(click.style(f"waiting for a decision at {where}: {_short(show)}",
+                               fg="magenta"), err=True)
+        click.echo("  /approve [COMMENT] or /reject [COMMENT]", err=True)
+
+
+class Terminal(Printer):
+    def __init__(self, wf: Workflow, store_url: str | None, by: str | None) -> None:
+        super().__init__()
+        self.wf, self.store_url, self.by = wf, store_url, by
+
+    def run(self, data: dict[str, Any], session: str | None) -> str:
+        """Hold the conversation until standard input ends or it does: its status then."""
+        from ._common import call_engine
+
+        return call_engine(self._main(data, session))
+
+    def listen(self, rec: dict[str, Any], view: Any) -> None:
+        """Each committed record of the conversation (and of its child runs) that a
+        person wants to see, as it happens."""
+        self.record(rec)
 
     async def _main(self, data: dict[str, Any], session: str | None) -> str:
         from .. import approve, open_store, reject, status
@@ -79,13 +107,14 @@ class Terminal:
 
         st: Store = open_store(self.store_url)
         TOKEN_SINK.set(self.token)  # (this task's context: the runs it executes stream here)
+        self.run_id = session
         try:
             if session is None:
                 result: RunResult = await self.wf.run(data, store=st, listener=self.listen)
-                session = result.run_id
+                session = self.run_id = result.run_id
             else:
                 result = await status(session, store=st)
-            click.echo(f"conversation {session} ({_HELP})", err=True)
+            click.echo(f"conversation {session} ({HELP})", err=True)
             while result.status in ("WAITING_INPUT", "WAITING_APPROVAL"):
                 line = await asyncio.to_thread(sys.stdin.readline)
                 if not line:

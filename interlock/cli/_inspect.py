@@ -275,7 +275,7 @@ def runs(status_: str | None, workflow: str | None, waiting: bool, limit: int, a
         if status_ not in (None, "WAITING_APPROVAL", "WAITING_INPUT"):
             raise CliError(f"--waiting lists WAITING_APPROVAL and WAITING_INPUT runs; it "
                            f"cannot be combined with --status {status_}")
-        # a gate, or a conversation waiting for its next message (SPEC §11)
+        # a gate, or a conversation waiting for its next message
         statuses = [status_] if status_ else ["WAITING_APPROVAL", "WAITING_INPUT"]
     rows = []
     for one in statuses:
@@ -293,7 +293,7 @@ def runs(status_: str | None, workflow: str | None, waiting: bool, limit: int, a
     if as_json:
         from ..support import run_json
 
-        if waiting:  # one entry per gate (SPEC §3: several gates at once)
+        if waiting:  # one entry per gate (several gates at once)
             out = [{**run_json(r), "waiting": g} for r in rows for g in _gates(r)]
         else:
             out = [run_json(r) for r in rows]
@@ -459,13 +459,25 @@ def _verify_file(path: str) -> Verification:
 def export(run_id: str, store_url: str | None) -> None:
     """Write RUN_ID to stdout as JSON lines: a first line with the run's definition and
     summary (its last seq and chain hash), then every record exactly as stored. An
-    auditor checks it with no store: `interlock verify --file run.jsonl`."""
+    auditor checks it with no store: `interlock verify --file run.jsonl`.
+
+    A log that does not verify is written all the same (it is what the store holds, and
+    the evidence of what changed), with a warning on stderr, and the command exits 1."""
+    from .. import verify as run_verify
     from ..support import export_run
 
-    async def write() -> None:
+    async def write() -> Verification:
         out = sys.stdout.buffer
         async for line in export_run(run_id, store=store_url):
             out.write(line)
         out.flush()
+        return await run_verify(run_id, store=store_url)
 
-    call_engine(write())
+    v = call_engine(write())
+    if v.ok or v.seq is None:  # intact, or a keyed log this process has no key for
+        return
+    which = run_id if v.run_id == run_id else f"{v.run_id} (a child run of {run_id})"
+    click.echo(f"warning: the exported log of {which} does not verify at record {v.seq}: "
+               f"{v.message}. `interlock verify --file` on the export shows the same",
+               err=True)
+    sys.exit(EXIT_FAILED)

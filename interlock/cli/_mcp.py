@@ -1,4 +1,4 @@
-"""``interlock mcp``: the registered workflows as MCP tools over stdio (SPEC §12)."""
+"""``interlock mcp``: the registered workflows as MCP tools over stdio."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``interlock migrate RUN_ID --to FILE`` (SPEC §14): move a stored run onto another
+"""``interlock migrate RUN_ID --to FILE``: move a stored run onto another
 definition, after a static check, on the record (``run.migrated``)."""
 
 from __future__ import annotations

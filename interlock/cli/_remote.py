@@ -1,5 +1,5 @@
 """``--server URL [--token T]``: runs, status, trace, resume and cancel against an
-``interlock serve`` instead of a store (SPEC §8), with the same output and exit codes.
+``interlock serve`` instead of a store, with the same output and exit codes.
 
 The server's refusals (problem+json) become `CliError` with the server's message, which
 is the one the command gives against a store (exit 2). A resume or a decision returns

@@ -1,4 +1,4 @@
-"""``interlock serve``: the HTTP API (SPEC §8), from `interlock.server`."""
+"""``interlock serve``: the HTTP API, from `interlock.server`."""
 
 from __future__ import annotations
 

@@ -138,7 +138,7 @@ def _stored_spec(row: RunRow) -> WorkflowSpec | None:
 
 
 def _migrated_spec(rec: Record, spec: WorkflowSpec | None) -> WorkflowSpec | None:
-    """The definition a ``run.migrated`` moves the run onto (SPEC §14), if it parses."""
+    """The definition a ``run.migrated`` moves the run onto, if it parses."""
     from .. import InterlockError
     from ..support import parse_definition as parse
 

@@ -1,4 +1,4 @@
-"""``interlock worker``: execute the runnable runs of a store (SPEC §9), any number of
+"""``interlock worker``: execute the runnable runs of a store, any number of
 processes on one store (`interlock.support.Worker`)."""
 
 from __future__ import annotations

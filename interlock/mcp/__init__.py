@@ -1,4 +1,4 @@
-"""Workflows as MCP tools (SPEC §12): the MCP server that ``interlock mcp`` serves over
+"""Workflows as MCP tools: the MCP server that ``interlock mcp`` serves over
 stdio and ``interlock serve`` at ``/mcp``.
 
 `tools_server` builds an MCP SDK low-level ``Server`` over `Runs` -- where the runs it
@@ -9,7 +9,8 @@ starts execute: this process (`LocalRuns`, stdio), or a server's pool (the serve
 from __future__ import annotations
 
 from ._local import LocalRuns
-from ._tools import STATUS_TOOL, Caller, Progress, Refused, Runs, input_schema, tools_server
+from ._runs import Caller, Progress, Refused, Runs
+from ._tools import STATUS_TOOL, input_schema, tools_server
 
 __all__ = ["STATUS_TOOL", "Caller", "LocalRuns", "Progress", "Refused", "Runs", "input_schema",
            "tools_server"]

@@ -13,7 +13,7 @@ from mcp.server.context import ServerRequestContext
 
 import interlock
 
-from ._tools import Caller, Progress
+from ._runs import Caller, Progress
 
 if TYPE_CHECKING:
     from interlock import Decision, Store, Workflow
@@ -50,6 +50,15 @@ class LocalRuns:
             result = await interlock.resume(run_id, decision, store=self.store,
                                             workflow=self.workflows.get(row.workflow),
                                             listener=listen)
+        return result.to_json()
+
+    async def message(self, run_id: str, text: str, caller: Caller,
+                      progress: Progress) -> dict[str, Any]:
+        row = await self.store.get_run(run_id)
+        async with _forwarded(progress) as listen:
+            result = await interlock.send(run_id, text, by=caller.name, store=self.store,
+                                          workflow=self.workflows.get(row.workflow),
+                                          listener=listen)
         return result.to_json()
 
     async def status(self, run_id: str, caller: Caller) -> dict[str, Any]:

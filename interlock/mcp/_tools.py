@@ -20,9 +20,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import shlex
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import quote
 
 import mcp_types as types
@@ -32,73 +31,21 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from interlock import Decision, RunNotFound, StoreError, UsageError
 
+from ._conversation import conversation_tool, converse, is_conversation, turn_answer
+from ._runs import Caller, Refused, Runs
+
 if TYPE_CHECKING:
     from interlock import Workflow
 
 STATUS_TOOL = "interlock_run_status"
-STOPPED = frozenset({"COMPLETED", "FAILED", "REJECTED", "CANCELLED", "WAITING_APPROVAL"})
+STOPPED = frozenset({"COMPLETED", "FAILED", "REJECTED", "CANCELLED", "WAITING_APPROVAL",
+                     "WAITING_INPUT"})
 _ERRORED = frozenset({"FAILED", "CANCELLED"})
 _GATE_KEY = "gate"  # the key of the one input request a waiting call sends
 # a decision through elicitation is recorded ``via: mcp`` where `Decision` has the field
 # (the per-gate decision path); else the comment says so
 VIA: dict[str, Any] = {"via": "mcp"} if "via" in {
     f.name for f in dataclasses.fields(Decision)} else {}
-
-Progress = Callable[[Mapping[str, object]], Awaitable[None]]
-"""Told each log record of the run a call follows (`progress_of` turns them into
-notifications)."""
-
-
-class Refused(Exception):
-    """A call the caller may not make (its role), or a run it may not see: a tool error,
-    and nothing is started or recorded."""
-
-
-@dataclass(frozen=True, slots=True)
-class Caller:
-    """Who calls: recorded as a decision's ``by``. ``roles`` None: no auth, all allowed."""
-
-    name: str
-    roles: tuple[str, ...] | None = None
-
-    def may(self, what: str) -> bool:
-        if self.roles is None:
-            return True
-        needs = {"read": {"viewer", "operator", "approver", "admin"},
-                 "operate": {"operator", "admin"}, "decide": {"approver", "admin"}}[what]
-        return bool(needs & set(self.roles))
-
-    def refuse(self, what: str, verb: str) -> None:
-        if not self.may(what):
-            needs = {"read": "any role", "operate": "operator or admin",
-                     "decide": "approver or admin"}[what]
-            raise Refused(f"{self.name} (roles: {', '.join(self.roles or ())}) may not "
-                          f"{verb}: that needs the role {needs}")
-
-
-class Runs(Protocol):
-    """Where the tools' runs execute (this process, or a server's pool)."""
-
-    workflows: Mapping[str, Workflow]
-    public_url: str | None
-    store_hint: str  # what `decide`'s CLI command adds (``--store URL``), or ""
-
-    def caller(self, ctx: ServerRequestContext[Any, Any]) -> Caller:
-        """Who this request is from (raises `Refused` for none)."""
-        ...
-
-    async def call(self, workflow: str, data: dict[str, Any], caller: Caller,
-                   progress: Progress) -> dict[str, Any]:
-        """Start a run and follow it until it stops: its run object then."""
-        ...
-
-    async def decide(self, run_id: str, decision: Decision, caller: Caller,
-                     progress: Progress) -> dict[str, Any]:
-        """Record a decision and follow the run until it stops again."""
-        ...
-
-    async def status(self, run_id: str, caller: Caller) -> dict[str, Any]:
-        ...
 
 
 def input_schema(wf: Workflow) -> dict[str, object]:
@@ -112,6 +59,8 @@ def input_schema(wf: Workflow) -> dict[str, object]:
 
 
 def _tool(wf: Workflow) -> types.Tool:
+    if is_conversation(wf):
+        return conversation_tool(wf)
     spec = wf.spec
     what = spec.description or f"Run the interlock workflow {spec.workflow!r}."
     return types.Tool(
@@ -176,18 +125,27 @@ class _Call:
             known = ", ".join(sorted(runs.workflows)) or "(none)"
             raise UsageError(f"no workflow is named {params.name!r} here; the tools are: "
                              f"{known}, {STATUS_TOOL}")
-        caller.refuse("operate", "start runs")
+        talk = is_conversation(runs.workflows[params.name])
+        caller.refuse("operate", "talk in conversations" if talk else "start runs")
         if params.request_state is not None:  # the answer to a gate's question (2026-07-28)
             run = await self._answered(caller)
+        elif talk:
+            run = await converse(runs, params.name, args, caller, self.progress)
         else:
             run = await runs.call(params.name, args, caller, self.progress)
         return await self._stopped(run, caller)
 
     async def progress(self, rec: Mapping[str, object]) -> None:
-        if rec.get("type") == "node.completed":
-            self.done += 1
-            await self.ctx.session.report_progress(self.done, None,
-                                                   f"node {rec.get('node')} completed")
+        """A completed node, or (an agent's turn) a tool it called."""
+        kind = rec.get("type")
+        if kind == "node.completed":
+            what = f"node {rec.get('node')} completed"
+        elif kind == "tool.called":
+            what = f"tool {rec.get('tool')} called"
+        else:
+            return
+        self.done += 1
+        await self.ctx.session.report_progress(self.done, None, what)
 
     async def _stopped(self, run: dict[str, Any], caller: Caller
                        ) -> types.CallToolResult | types.InputRequiredResult:
@@ -212,8 +170,21 @@ class _Call:
             if decision is None:
                 break
             run = await self.runs.decide(run["run_id"], decision, caller, self.progress)
-        return _result(self._waiting(run) if run["status"] == "WAITING_APPROVAL" else run,
-                       error=run["status"] in _ERRORED)
+        return self._final(run)
+
+    def _final(self, run: dict[str, Any]) -> types.CallToolResult:
+        """A workflow's run object (or its waiting shape); a conversation's turn."""
+        error = run["status"] in _ERRORED
+        wf = self.runs.workflows[self.params.name]
+        if run["status"] == "WAITING_APPROVAL":
+            waiting = self._waiting(run)
+            if is_conversation(wf):
+                waiting["reply"] = None
+            return _result(waiting, error=error)
+        if is_conversation(wf) and wf.spec.chat is not None:
+            out, text = turn_answer(run, wf.spec.chat)
+            return _result(out, error=error, text=text)
+        return _result(run, error=error)
 
     async def _answered(self, caller: Caller) -> dict[str, Any]:
         """A retried call carrying a gate's answer: decided, then followed."""
@@ -240,7 +211,7 @@ class _Call:
         return caps is not None and caps.elicitation is not None
 
     def _waiting(self, run: dict[str, Any]) -> dict[str, object]:
-        """``{run_id, status, waiting, decide}`` (SPEC §12)."""
+        """``{run_id, status, waiting, decide}``."""
         waiting = run.get("waiting") or {}
         return {"run_id": run["run_id"], "workflow": run.get("workflow"),
                 "status": run["status"], "waiting": waiting,
@@ -308,8 +279,10 @@ def _decision(answer: types.ElicitResult | None, gate: str, caller: Caller) -> D
                     roles=caller.roles or ())
 
 
-def _result(obj: dict[str, object], *, error: bool) -> types.CallToolResult:
-    text = json.dumps(obj, default=str, ensure_ascii=False)
+def _result(obj: dict[str, object], *, error: bool, text: str | None = None
+            ) -> types.CallToolResult:
+    if text is None:
+        text = json.dumps(obj, default=str, ensure_ascii=False)
     return types.CallToolResult(content=[types.TextContent(type="text", text=text)],
                                 structured_content=obj, is_error=error)
 

@@ -1,5 +1,5 @@
 """``interlock serve``: the HTTP API, live events, auth and approval notifications
-(SPEC §8). Needs the ``server`` extra: ``pip install 'interlock[server]'``.
+Needs the ``server`` extra: ``pip install 'interlock[server]'``.
 
     from interlock.server import ServerOptions, create_app
 

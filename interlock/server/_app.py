@@ -1,4 +1,4 @@
-"""The FastAPI application: SPEC §8's endpoints over one store, assembled -- the edge
+"""The FastAPI application: the endpoints over one store, assembled -- the edge
 (`Guard`), the problem+json exception handlers, one router per resource, the dashboard."""
 
 from __future__ import annotations

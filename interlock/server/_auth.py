@@ -2,7 +2,7 @@
 
     tokens:
       - {name: alice, sha256: <hex digest of her token>, roles: [approver],
-         slack: U024BE7LH, google_chat: users/1234567890}   # (optional: SPEC §13)
+         slack: U024BE7LH, google_chat: users/1234567890}   # (optional: Slack / Google Chat)
 
 A request's token is hashed and compared with every stored digest in constant time
 (`hmac.compare_digest`, and every digest is compared whatever matched), so neither a
@@ -26,7 +26,7 @@ ROLES = ("viewer", "operator", "approver", "admin")
 # what each kind of request needs: any role reads; admin may do everything
 READ, OPERATE, DECIDE = "read", "operate", "decide"
 _NEEDS = {READ: set(ROLES), OPERATE: {"operator", "admin"}, DECIDE: {"approver", "admin"}}
-# a chat's users mapped to entries (SPEC §13): the key, and what its ids look like
+# a chat's users mapped to entries: the key, and what its ids look like
 CHATS = {"slack": "a Slack member ID, U…", "google_chat": "users/… as Google Chat names them"}
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 

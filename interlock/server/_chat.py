@@ -1,4 +1,4 @@
-"""Approvals where people talk (SPEC §13): each gate posted to the chats configured
+"""Approvals where people talk: each gate posted to the chats configured
 (`Slack`, `GoogleChat`), the message updated once the gate is decided -- from a click,
 the dashboard, the API or the CLI -- and clicks turned into decisions.
 

@@ -1,4 +1,4 @@
-"""The dashboard (SPEC §8): static HTML, CSS and ES modules in ``dashboard/``, served by
+"""The dashboard: static HTML, CSS and ES modules in ``dashboard/``, served by
 the API's own process. Nothing is loaded from elsewhere: the page's Content-Security-Policy
 allows its own origin only, and no inline script or style (run data is shown as text).
 """

@@ -1,4 +1,4 @@
-"""Google Chat (SPEC §13) as a Chat app: a card per gate posted (``POST
+"""Google Chat as a Chat app: a card per gate posted (``POST
 /v1/{space}/messages``) and updated (``PATCH`` of the message) through the Chat API with a
 service account's token (``google-auth``; the key's ``token_uri`` honoured), and the
 clicks Google Chat sends (``CARD_CLICKED`` events) verified as Google signs them: an RS256

@@ -107,7 +107,7 @@ class Guard:
         if scope.get("method", "GET") in SAFE:
             return edge.limit()
         if str(scope.get("path", "")).startswith(INTEGRATIONS):
-            # a chat's requests (SPEC §13): signed by the chat, verified by their route
+            # a chat's requests: signed by the chat, verified by their route
             # (a Slack signature, a Google-signed JWT), in the chat's own body format
             return edge.limit()
         site = headers.get("sec-fetch-site", "").lower()

@@ -3,14 +3,15 @@
 `NotifyingStore` wraps the server's store and tells the `Hub` after every commit of a
 run's records (the server's own executions), so a stream wakes at once; records that
 other processes commit to the same store are found by `interlock.server._reads.Polls`
-(woken by the store's change detector, `Store.wait_changed`, with `ServerOptions.poll`
-as the slow poll behind it).
+(woken by the store's change detector, `Store.wait_changed`: SQLite's ``data_version``,
+PostgreSQL's ``LISTEN``; with `ServerOptions.poll` as the slow poll behind it).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import weakref
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -27,30 +28,50 @@ class Hub:
         self._events: weakref.WeakValueDictionary[str, asyncio.Event] = \
             weakref.WeakValueDictionary()
         self.stopping = asyncio.Event()  # the server is shutting down: streams end
-        # a conversation's reply as it streams (SPEC §11): pieces not in the log, handed
-        # to each event stream of the run that is open when they arrive
+        # a conversation's reply as it streams: pieces not in the log, handed to each
+        # event stream of the run that is open when they arrive -- appended from the
+        # thread that executes the run, before the reply's record is committed, so a
+        # stream that drains them before each record it sends keeps them in order
         self._tokens: dict[str, list[list[dict[str, object]]]] = {}
+        self._token_lock = threading.Lock()
+        self._token_loop: asyncio.AbstractEventLoop | None = None
 
     @contextlib.contextmanager
     def tokens(self, run_id: str) -> Iterator[list[dict[str, object]]]:
         """A buffer that gets the run's reply pieces while the block runs."""
         buffer: list[dict[str, object]] = []
-        self._tokens.setdefault(run_id, []).append(buffer)
+        self._token_loop = asyncio.get_running_loop()
+        with self._token_lock:
+            self._tokens.setdefault(run_id, []).append(buffer)
         try:
             yield buffer
         finally:
-            subscribers = self._tokens.get(run_id, [])
-            subscribers.remove(buffer)
-            if not subscribers:
-                self._tokens.pop(run_id, None)
+            with self._token_lock:
+                subscribers = self._tokens.get(run_id, [])
+                subscribers.remove(buffer)
+                if not subscribers:
+                    self._tokens.pop(run_id, None)
 
     def token(self, run_id: str, piece: dict[str, object]) -> None:
-        """A piece of a reply (on the API's loop): to every open stream of the run."""
-        subscribers = self._tokens.get(run_id)
-        if subscribers:
+        """A piece of a reply (from any thread): to every open stream of the run, at once;
+        the streams are woken on the API's loop."""
+        with self._token_lock:
+            subscribers = self._tokens.get(run_id)
+            if not subscribers:
+                return
             for buffer in subscribers:
                 buffer.append(piece)
+        loop = self._token_loop
+        if loop is None:
+            return
+        try:
+            here = asyncio.get_running_loop() is loop
+        except RuntimeError:
+            here = False
+        if here:
             self.changed(run_id)
+        else:
+            loop.call_soon_threadsafe(self.changed, run_id)
 
     def waiter(self, run_id: str) -> asyncio.Event:
         """An event set at the run's next commit (take it *before* reading the log)."""
@@ -100,8 +121,9 @@ class NotifyingStore(Store):
             await self.inner.append(run_id, entries, summary, release, claim=claim)
         self.hub.changed(run_id)
 
-    async def wait_changed(self, timeout: float, seen: int | None = None) -> int:
-        return await self.inner.wait_changed(timeout, seen)
+    async def wait_changed(self, timeout: float, seen: int | None = None,
+                           run_id: str | None = None) -> int:
+        return await self.inner.wait_changed(timeout, seen, run_id)
 
     async def wait_runnable(self, timeout: float) -> None:
         await self.inner.wait_runnable(timeout)

@@ -1,4 +1,4 @@
-"""``/mcp``: the registered workflows as MCP tools over streamable HTTP (SPEC §12), in
+"""``/mcp``: the registered workflows as MCP tools over streamable HTTP, in
 the API's process and behind its tokens and roles.
 
 Every request to ``/mcp`` must carry a token the server knows when it has ``--auth``
@@ -26,6 +26,7 @@ from mcp.server.transport_security import TransportSecuritySettings
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+import interlock
 from interlock import Decision
 from interlock.mcp import Caller, Refused, tools_server
 from interlock.support import trace_pages
@@ -40,7 +41,8 @@ if TYPE_CHECKING:
     from interlock.mcp import Progress
 
 _IDENTITY = "interlock.identity"  # the ASGI scope's key for the caller's `Identity`
-STOPPED = frozenset({"COMPLETED", "FAILED", "REJECTED", "CANCELLED", "WAITING_APPROVAL"})
+STOPPED = frozenset({"COMPLETED", "FAILED", "REJECTED", "CANCELLED", "WAITING_APPROVAL",
+                     "WAITING_INPUT"})
 
 
 class ServerRuns:
@@ -79,6 +81,23 @@ class ServerRuns:
             await decide(run_id, body, server, who)
         except Problemed as exc:
             raise Refused(exc.detail) from None
+        return await self._follow(run_id, seq, progress)
+
+    async def message(self, run_id: str, text: str, caller: Caller,
+                      progress: Progress) -> dict[str, Any]:
+        """As ``POST /api/runs/{id}/messages`` does: the turn runs in the pool (recorded
+        for workers with ``--workers 0``), followed here until it stops."""
+        server = self.server
+        row = await server.st.get_run(run_id)
+        seq = row.summary.last_seq
+
+        async def turn(listen: Any, st: Any) -> Any:
+            return await interlock.send(run_id, text, by=caller.name, store=st,
+                                        workflow=server.workflows.get(row.workflow),
+                                        listener=listen, detach=server.records_only)
+
+        async with server.lock(run_id):
+            await server.launch(f"message to run {run_id}", run_id, row.workflow, turn)
         return await self._follow(run_id, seq, progress)
 
     async def status(self, run_id: str, caller: Caller) -> dict[str, Any]:

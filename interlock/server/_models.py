@@ -63,7 +63,7 @@ class WorkflowInfo(BaseModel):
     description: str
     hash: str
     kind: str = Field(default="graph", description="chat: a conversation (its file's "
-                      "chat:, SPEC §11), its runs are conversations; graph: a workflow")
+                      "chat:), its runs are conversations; graph: a workflow")
 
 
 class Graph(BaseModel):
@@ -73,8 +73,8 @@ class Graph(BaseModel):
     # the drawing (interlock/server/_layout.py): node boxes {name, x, y, w, h}, edge routes
     # {edge, source, target, kind, points, label, title, label_box}, width, height
     layout: dict[str, object] | None = None
-    # a run's graph only (``GET /api/runs/{id}/graph``), when the run was migrated (SPEC
-    # §14): the last ``run.migrated`` {seq, from_hash, to_hash, by, at_node}; the graph is
+    # a run's graph only (``GET /api/runs/{id}/graph``), when the run was migrated:
+    # the last ``run.migrated`` {seq, from_hash, to_hash, by, at_node}; the graph is
     # the definition it moved the run onto, and its edge indexes are those of the records
     # after that seq only (docs/versions.md)
     migrated: dict[str, object] | None = None
@@ -88,7 +88,7 @@ class WorkflowDetail(WorkflowInfo):
 class RunObject(BaseModel):
     """A run: exactly what ``interlock status RUN_ID --json`` prints (the engine's
     `RunResult.to_json`); ``code_changed`` only when a node still to run has code that
-    changed since the run started (SPEC §14)."""
+    changed since the run started."""
 
     run_id: str
     workflow: str
@@ -199,7 +199,7 @@ class ForkIn(_Body):
 
 
 class MigrateIn(_Body):
-    """``POST /api/runs/{id}/migrate`` (SPEC §14): the definition the run moves onto
+    """``POST /api/runs/{id}/migrate``: the definition the run moves onto
     (default: the one this server has registered under the run's workflow name)."""
 
     definition: dict[str, object] | None = Field(

@@ -85,7 +85,7 @@ Gates = list[dict[str, Any]]  # (``Approvals.list`` shadows the name in its clas
 @dataclass
 class _Kept:
     seq: int  # the run's last_seq when its approval was computed
-    approvals: Gates  # one per gate it waits at (SPEC §3: several at once)
+    approvals: Gates  # one per gate it waits at (several at once)
 
 
 @dataclass
@@ -186,9 +186,10 @@ class Polls:
 
     A stream on a run that this server does not execute learns of records committed
     elsewhere (the CLI, a worker, another server) from here: when the store's change
-    detector tells of a commit (`Store.wait_changed`: SQLite's ``data_version``, within
-    milliseconds) and at the latest every ``every`` seconds (the slow poll, behind a
-    detector that missed one or a store without one), one task per run asks the store
+    detector tells of a commit (`Store.wait_changed`, within milliseconds: SQLite's
+    ``data_version``, a commit to the file; PostgreSQL's ``LISTEN``, an append to this
+    run) and at the latest every ``every`` seconds (the slow poll, behind a detector
+    that missed one or a store without one), one task per run asks the store
     whether there is a record after the lowest seq any of its followers has sent (one
     indexed read of at most one record), and if there is, wakes them all through the
     `Hub` -- each then reads what it has not sent. A follower sets its ``seq`` before it
@@ -223,7 +224,7 @@ class Polls:
         seen: int | None = None
         while followers:
             try:  # the store's change detector, the poll every ``every`` behind it
-                seen = await self.store().wait_changed(self.every, seen)
+                seen = await self.store().wait_changed(self.every, seen, run_id)
             except StoreError:
                 await asyncio.sleep(self.every)
             if not followers or self.local(run_id):  # its own commits wake them

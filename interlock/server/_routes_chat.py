@@ -1,4 +1,4 @@
-"""The chats' endpoints (SPEC §13): Slack's interactivity requests, Google Chat's events.
+"""The chats' endpoints: Slack's interactivity requests, Google Chat's events.
 
 They take no bearer token (the edge lets them through without one, and in the chat's own
 body format): each request is verified here instead -- Slack's signature and timestamp,

@@ -1,4 +1,4 @@
-"""A message to a conversation (SPEC §11): ``POST /api/runs/{id}/messages {"text"}``.
+"""A message to a conversation: ``POST /api/runs/{id}/messages {"text"}``.
 
 202 once the message is recorded; the turn runs in the server's pool and its records
 (the reply, tool calls, child runs, a gate it reaches) arrive on the run's event stream --
@@ -10,7 +10,6 @@ A run that is not waiting for a message refuses it (409) and records nothing. Un
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from fastapi import APIRouter
@@ -18,7 +17,6 @@ from pydantic import Field
 
 import interlock
 from interlock import UsageError
-from interlock.support import TOKEN_SINK
 
 from ._deps import Operator, Srv
 from ._guard import Problemed
@@ -38,27 +36,11 @@ class MessageIn(_Body):
 async def message(run_id: str, body: MessageIn, server: Srv, who: Operator) -> dict[str, object]:
     row = await server.st.get_run(run_id)
     by = who.name if who.authenticated else (body.by or "local")
-    api = asyncio.get_running_loop()
-    hub = server.hub
 
-    def sink(piece: dict[str, object]) -> None:  # from the loop that executes the run
-        try:
-            here = asyncio.get_running_loop() is api
-        except RuntimeError:
-            here = False
-        if here:
-            hub.token(run_id, piece)
-        else:
-            api.call_soon_threadsafe(hub.token, run_id, piece)
-
-    async def turn(listen: Any, st: Any) -> Any:
-        token = TOKEN_SINK.set(sink)  # the reply streams to the run's event streams
-        try:
-            return await interlock.send(run_id, body.text, by=by, store=st,
-                                        workflow=server.workflows.get(row.workflow),
-                                        listener=listen, detach=server.records_only)
-        finally:
-            TOKEN_SINK.reset(token)
+    async def turn(listen: Any, st: Any) -> Any:  # (its reply streams: `Server.launch`)
+        return await interlock.send(run_id, body.text, by=by, store=st,
+                                    workflow=server.workflows.get(row.workflow),
+                                    listener=listen, detach=server.records_only)
 
     async with server.lock(run_id):
         try:

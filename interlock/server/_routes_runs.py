@@ -316,7 +316,7 @@ async def _exists(server: Server, run_id: str) -> bool:
 @router.post("/api/runs/{run_id}/migrate", response_model=MigrationOut)
 async def migrate(run_id: str, server: Srv, who: Operator,
                   body: MigrateIn) -> dict[str, object]:
-    """Move a waiting, failed or pending run onto another definition (SPEC §14), as
+    """Move a waiting, failed or pending run onto another definition, as
     ``interlock migrate`` does: nothing is executed; refused (409) with every reason,
     nothing recorded."""
     row = await server.st.get_run(run_id)
@@ -372,6 +372,8 @@ async def follow(server: Server, run_id: str, seq: int) -> AsyncIterator[ServerS
                 yield ServerSentEvent(event="chat.token", data=pieces.pop(0))
             async for page in trace_pages(run_id, store=server.st, after=seq):
                 for rec in page:
+                    while pieces:  # (those sent before this record was committed first)
+                        yield ServerSentEvent(event="chat.token", data=pieces.pop(0))
                     yield ServerSentEvent(event=rec["type"], id=str(rec["seq"]), data=rec)
                     seq, last_type = rec["seq"], rec["type"]
                     ended = ended or last_type in TERMINAL_TYPES

@@ -48,7 +48,7 @@ async def graph_off_loop(spec: WorkflowSpec) -> Graph:
 
 
 def _kind(wf: Workflow) -> str:
-    """chat for a conversation's workflow (SPEC §11), graph for the others."""
+    """chat for a conversation's workflow, graph for the others."""
     return "chat" if wf.spec.chat is not None else "graph"
 
 

@@ -14,6 +14,7 @@ import anyio
 
 import interlock
 from interlock.support import (
+    TOKEN_SINK,
     Firer,
     GateNotWaiting,
     GateTaken,
@@ -60,7 +61,7 @@ class ServerOptions:
     # more Host names answered (a reverse proxy's); with `auth`, Host is checked only
     # when some are given (a bearer token is no ambient credential for a page to reuse)
     allowed_hosts: Sequence[str] = ()
-    # SPEC §13: gates posted to Slack (SLACK_BOT_TOKEN, SLACK_SIGNING_SECRET from the
+    # gates posted to Slack (SLACK_BOT_TOKEN, SLACK_SIGNING_SECRET from the
     # environment) and Google Chat (GOOGLE_CHAT_CREDENTIALS), clicks decided
     slack_channel: str | None = None
     google_chat_space: str | None = None
@@ -247,6 +248,7 @@ class Server:
         is committed (a decision, a resume): its refusals are raised here."""
         first: list[int] = []
         base = self.listener(workflow, run_id)
+        call = self.streaming(run_id, call)
 
         def listen(rec: dict[str, Any], view: RunView) -> None:
             if not first:
@@ -259,6 +261,25 @@ class Server:
             return
         task = self.runs.submit_job(what, run_id, lambda st: call(listen, st))
         await self.runs.accepted(run_id, task, first)
+
+    def streaming(self, run_id: str, call: Callable[[Any, Any], Awaitable[Any]]
+                  ) -> Callable[[Any, Any], Awaitable[Any]]:
+        """``call`` with the replies of the conversation turns it runs streamed to the
+        run's event streams (``chat.token``): a message's turn, and the rest of a turn a
+        decision or a resume continues."""
+        hub = self.hub
+
+        def sink(piece: dict[str, object]) -> None:  # from the loop that executes the run
+            hub.token(run_id, piece)
+
+        async def streamed(listen: Any, st: Any) -> Any:
+            token = TOKEN_SINK.set(sink)
+            try:
+                return await call(listen, st)
+            finally:
+                TOKEN_SINK.reset(token)
+
+        return streamed
 
     async def decide_gate(self, run_id: str, gate: str | None, decision: interlock.Decision,
                           via: str) -> None:
@@ -295,9 +316,10 @@ class Server:
 
         async def go(st: Any) -> interlock.RunResult:
             row = await st.get_run(run_id)
-            return await interlock.resume(run_id, store=st,
-                                          workflow=self.workflows.get(row.workflow),
-                                          listener=self.listener(row.workflow, run_id))
+            resume = self.streaming(run_id, lambda listen, st: interlock.resume(
+                run_id, store=st, workflow=self.workflows.get(row.workflow), listener=listen))
+            result: interlock.RunResult = await resume(self.listener(row.workflow, run_id), st)
+            return result
         return self.runs.execution(run_id, go)
 
     def identify(self, authorization: str | None) -> Identity:

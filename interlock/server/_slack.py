@@ -1,4 +1,4 @@
-"""Slack (SPEC §13): a Block Kit message per gate with Approve / Reject, posted and updated
+"""Slack: a Block Kit message per gate with Approve / Reject, posted and updated
 with the official ``slack-sdk`` (`WebClient`'s ``chat.postMessage`` / ``chat.update``),
 its interactivity requests verified by its `SignatureVerifier` (the signature, and a
 timestamp at most 5 minutes away), refusals answered through the click's

@@ -161,6 +161,7 @@ class _SlowStore:
 
 class _View:
     status, steps, tokens, error, waiting = "running", 0, 0, None, None
+    snapshot_at = 0  # (the seq of the log's latest snapshot: none)
 
     def apply(self, rec: Any) -> None:
         pass

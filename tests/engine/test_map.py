@@ -535,3 +535,10 @@ def test_validate_counts_a_collect_field_as_written_and_refuses_confirmed_tools_
         "edges:\n- {from: START, to: a}\n- {from: a, map: xs, to: c}\n- {from: c, to: END}\n")
     found = problems(guarded, tmp_path, monkeypatch)
     assert any("has tools a human confirms (maps_nodes:f)" in p for p in found), found
+    # an MCP server's entry is named by the tools it confirms (it has no ``call``)
+    mcp_guarded = guarded.replace(
+        "{call: maps_nodes:f, confirm: true}",
+        "{mcp: {command: [python, srv.py]}, confirm: [restart, wipe]}")
+    found = problems(mcp_guarded, tmp_path, monkeypatch)
+    assert any("has tools a human confirms (MCP tools restart, wipe)" in p
+               for p in found), found

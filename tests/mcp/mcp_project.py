@@ -1,5 +1,6 @@
 """What the MCP tests share: a project folder of workflows (the server tests' nodes and
-gated flow, a plain flow, a flow with an open gate), and the SDK's client over stdio."""
+gated flow, a plain flow, a flow with an open gate, a conversation whose second turn
+runs a child workflow with a gate), and the SDK's client over stdio."""
 
 from __future__ import annotations
 
@@ -54,12 +55,52 @@ edges:
 '''
 
 
+TALK = '''
+workflow: talk
+description: The on-call assistant.
+chat: assistant
+nodes:
+  assistant:
+    agent:
+      provider: scripted
+      system: You are the on-call assistant.
+      tools:
+        - {workflow: ../children/triage.yaml, name: run_triage, description: Sweep a service}
+      replies:
+        - hi, how can I help?
+        - {tool_calls: [{name: run_triage, arguments: {service: db}}]}
+        - triage done
+        - you are welcome
+'''
+
+TRIAGE = '''
+workflow: triage
+input: [service]
+nodes:
+  check: cnodes:check
+  approval: {approval: {show: [checked]}}
+edges:
+  - {from: START, to: check}
+  - {from: check, to: approval}
+  - {from: approval, to: END, when: 'approval.decision == "approved"'}
+'''
+
+CHILD_NODES = '''
+def check(state):
+    return {"checked": state["service"]}
+'''
+
+
 def make_project(root: Path) -> Path:
     (root / "snodes.py").write_text(NODES)
     (root / "mnodes.py").write_text(LOUD)
     (root / "flows").mkdir()
-    for name, text in (("gated", GATED), ("plain", PLAIN), ("asked", OPEN_GATE)):
+    for name, text in (("gated", GATED), ("plain", PLAIN), ("asked", OPEN_GATE),
+                       ("talk", TALK)):
         (root / "flows" / f"{name}.yaml").write_text(textwrap.dedent(text))
+    (root / "children").mkdir()  # a conversation's child workflow, not served as a tool
+    (root / "children" / "triage.yaml").write_text(textwrap.dedent(TRIAGE))
+    (root / "cnodes.py").write_text(CHILD_NODES)
     auth = {"tokens": [{"name": n, "sha256": hashlib.sha256(t.encode()).hexdigest(),
                         "roles": r} for n, (t, r) in TOKENS.items()]}
     (root / "auth.yaml").write_text(json.dumps(auth))

@@ -62,7 +62,7 @@ def test_tools_and_a_call_to_completion_with_progress(served: Served) -> None:
 
     tools, res = anyio.run(go)
     by_name = {t.name: t for t in tools}
-    assert set(by_name) == {"gated", "plain", "asked", "interlock_run_status"}
+    assert set(by_name) == {"gated", "plain", "asked", "talk", "interlock_run_status"}
     assert by_name["gated"].input_schema["required"] == ["n"]
     assert not res.is_error
     run = res.structured_content

@@ -44,7 +44,7 @@ def test_tools_are_the_workflows_with_their_input_schemas(project: Path) -> None
             return (await c.list_tools()).tools
 
     tools = {t.name: t for t in anyio.run(go)}
-    assert set(tools) == {"gated", "plain", "asked", "interlock_run_status"}
+    assert set(tools) == {"gated", "plain", "asked", "talk", "interlock_run_status"}
     assert tools["plain"].input_schema["required"] == ["n"]
     assert "n" in tools["plain"].input_schema["properties"]
     assert tools["plain"].description is not None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +100,24 @@ def test_a_tampered_export_is_refused(tmp_path: Path, monkeypatch: pytest.Monkey
     assert checked.exit_code == 1, checked.output
     assert checked.output.startswith(f"broken: {run_id} at record ")
     assert expected in checked.output
+
+
+def test_exporting_a_run_whose_stored_log_was_changed_warns_and_exits_1(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The export still holds what the store holds (the evidence), but a script that
+    exports for an auditor learns the log is broken from the exit code."""
+    run_id, store = a_run(tmp_path, monkeypatch)
+    with sqlite3.connect(tmp_path / "runs.db") as conn:
+        [(key, data)] = [(k, d) for k, d in conn.execute("SELECT id, data FROM entries")
+                         if '"amount":120' in d]
+        conn.execute("UPDATE entries SET data = ? WHERE id = ?",
+                     (data.replace('"amount":120', '"amount":12'), key))
+    out = CliRunner().invoke(cli, ["export", run_id, "--store", store],
+                             catch_exceptions=False)
+    assert out.exit_code == 1, out.output
+    assert f"the exported log of {run_id} does not verify at record" in out.stderr
+    assert b'"amount":12}' in out.stdout_bytes or b'"amount":12,' in out.stdout_bytes
+    assert json.loads(out.stdout_bytes.splitlines()[0])["run_id"] == run_id
 
 
 def test_a_keyed_export_needs_its_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

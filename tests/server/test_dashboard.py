@@ -397,16 +397,40 @@ def test_with_auth_the_page_asks_for_a_token_and_a_viewer_cannot_approve(
     urls: list[str] = []
     page = context.new_page()
     page.on("request", lambda r: urls.append(r.url))
+    # The refused token's "who am I" request is held until a valid token has been entered,
+    # then answered: its late 401 must not clear the new token (it did, under load, before
+    # a 401 named the token it was sent with and only cleared that one).
+    held: list[Any] = []
+
+    def hold_late(route: Any) -> None:
+        if route.request.headers.get("authorization") == "Bearer not-a-token":
+            held.append(route)
+            return
+        route.continue_()
+
+    page.route("**/api/me", hold_late)
     page.goto(authed.url + "/")
     expect(page.locator("#token-form")).to_contain_text("needs a token")
     page.locator("#token-input").fill("not-a-token")
     page.get_by_role("button", name="Use token").click()
-    expect(page.locator("#token-form")).to_contain_text("was refused")
+    expect(page.locator("#token-form")).to_contain_text("was refused")  # (the runs page's)
+    assert len(held) == 1
 
     page.locator("#token-input").fill(TOKENS["vic"][0])
     page.get_by_role("button", name="Use token").click()
     expect(page.locator('tr[data-run="auth-1"]')).to_be_visible()
     expect(page.locator("#who")).to_have_text("vic (viewer)")
+    page.evaluate("() => { window.late401 = 0; "
+                  "addEventListener('interlock:unauthorized', () => { window.late401 += 1; }); }")
+    with page.expect_response(lambda r: r.request.headers.get("authorization")
+                              == "Bearer not-a-token"):
+        held[0].continue_()
+    page.wait_for_function("() => window.late401 >= 1")  # the page has read the late 401
+    page.unroute("**/api/me")
+    expect(page.locator("#token-form")).to_have_count(0)
+    assert page.evaluate("() => sessionStorage.getItem('interlock.token')") == TOKENS["vic"][0]
+    expect(page.locator("#who")).to_have_text("vic (viewer)")
+    expect(page.locator('tr[data-run="auth-1"]')).to_be_visible()
     page.locator('a[data-nav="approvals"]').click()
     card = page.locator('article.gate[data-run="auth-1"][data-node="approval"]')
     # a viewer is shown the gate, not buttons that would be refused (issue 33)

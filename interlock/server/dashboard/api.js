@@ -20,14 +20,18 @@ export class ApiError extends Error {
   }
 }
 
+/** The headers of a request, and the token they carry (null: none). */
 function headers(extra = {}) {
   const out = { Accept: "application/json", ...extra };
   const t = token.get();
   if (t) out.Authorization = `Bearer ${t}`;
-  return out;
+  return [out, t];
 }
 
-async function problemOf(res) {
+/** The ApiError of a refused answer. A 401 tells the page (``interlock:unauthorized``)
+ * with the token the request was SENT with: a late 401 for a token already replaced
+ * (a slow request from before the user typed a new one) must not clear the new one. */
+async function problemOf(res, sent) {
   let title = res.statusText || "Error";
   let detail = "";
   try {
@@ -38,19 +42,22 @@ async function problemOf(res) {
     detail = "(the answer was not problem+json)";
   }
   const error = new ApiError(res.status, title, detail);
-  if (res.status === 401) window.dispatchEvent(new CustomEvent("interlock:unauthorized"));
+  if (res.status === 401) {
+    window.dispatchEvent(new CustomEvent("interlock:unauthorized", { detail: { token: sent ?? null } }));
+  }
   return error;
 }
 
 /** GET (or ``method``) ``path``; the parsed JSON answer, or an ApiError. */
 export async function api(path, { method = "GET", body, signal } = {}) {
-  const init = { method, signal, cache: "no-store", headers: headers() };
+  const [sent, t] = headers();
+  const init = { method, signal, cache: "no-store", headers: sent };
   if (body !== undefined) {
     init.headers["Content-Type"] = "application/json";
     init.body = JSON.stringify(body);
   }
   const res = await fetch(path, init);
-  if (!res.ok) throw await problemOf(res);
+  if (!res.ok) throw await problemOf(res, t);
   return res.json();
 }
 
@@ -74,9 +81,10 @@ export function follow(path, onEvent, { signal, finished = () => true, onState =
       try {
         const extra = { Accept: "text/event-stream" };
         if (lastId !== null) extra["Last-Event-ID"] = lastId;
-        const res = await fetch(path, { headers: headers(extra), signal, cache: "no-store" });
+        const [sent, t] = headers(extra);
+        const res = await fetch(path, { headers: sent, signal, cache: "no-store" });
         if (!res.ok) {
-          const error = await problemOf(res);
+          const error = await problemOf(res, t);
           if ([401, 403, 404].includes(res.status)) { onState("refused", error); return; }
           throw error;
         }

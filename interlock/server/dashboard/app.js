@@ -153,7 +153,10 @@ function askForToken(reason) {
 }
 
 let asking = false;
-window.addEventListener("interlock:unauthorized", () => {
+window.addEventListener("interlock:unauthorized", (event) => {
+  // a 401 only clears the token it was sent with: one for a token the user has since
+  // replaced (or forgotten) is old news, whatever order the answers come back in
+  if ((event.detail?.token ?? null) !== (token.get() ?? null)) return;
   if (asking || (!token.get() && document.getElementById("token-form"))) return; // asked
   asking = true;
   queueMicrotask(() => { asking = false; });
@@ -191,13 +194,14 @@ function jsonObject(text, what) {
 async function showWho() {
   const who = document.getElementById("who");
   const forget = document.getElementById("forget-token");
-  forget.hidden = !token.get();
+  const asked = token.get();
+  forget.hidden = !asked;
+  let text = "";
   try {
     const me = await api("/api/me");
-    who.textContent = me.authenticated ? `${me.name} (${me.roles.join(", ")})` : "";
-  } catch {
-    who.textContent = "";
-  }
+    text = me.authenticated ? `${me.name} (${me.roles.join(", ")})` : "";
+  } catch { /* unknown: shown as nobody */ }
+  if (token.get() === asked) who.textContent = text; // a late answer for an old token: not shown
 }
 
 document.getElementById("forget-token").addEventListener("click", () => {
@@ -397,7 +401,7 @@ async function runPage(ctx, runId) {
   const svg = renderGraph(graph, (what) => { selected = what; inspect(); });
   const nodeEl = (name) => svg.querySelector(`[data-node="${CSS.escape(name)}"]`);
   const edgeEl = (i) => svg.querySelector(`[data-edge="${i}"]`);
-  // a migrated run (SPEC §14): the graph is the definition it is on now; the edge records
+  // a migrated run: the graph is the definition it is on now; the edge records
   // before the last run.migrated number the edges of the one it was on before
   const beforeMigration = (rec) => Boolean(graph.migrated) && rec.seq < graph.migrated.seq;
   const migratedNotice = graph.migrated ? h("p", { id: "migrated", class: "card notice" },
@@ -467,7 +471,7 @@ async function runPage(ctx, runId) {
     showError(r.error);
     if (stateShown === null) statePre.textContent = json(r.state);
     status.replaceChildren(badge(r.status));
-    // SPEC §14: nodes still to run whose code changed since the run started (or migrated)
+    // nodes still to run whose code changed since the run started (or migrated)
     codeNotice.replaceChildren(...(r.code_changed?.length ? [h("p", { class: "card notice" },
       "The code of ", r.code_changed.map((n) => h("code", {}, n)).flatMap((c, i) => (i ? [", ", c] : [c])),
       " changed since this run started: it will continue on the code deployed now (recorded as run.code_changed), or be refused where --strict-code is on. ",

@@ -1,4 +1,4 @@
-// Conversations (SPEC §11): the runs of chat: workflows, listed apart from workflow runs,
+// Conversations: the runs of chat: workflows, listed apart from workflow runs,
 // and a conversation's page -- its transcript from the run's event stream (messages,
 // replies, tool calls folded, child runs linked), the reply growing as chat.token events
 // arrive, a message box (POST /api/runs/{id}/messages) and a child run's gate decided in

@@ -1,0 +1,190 @@
+"""The PostgreSQL store's ears: one connection per event loop that ``LISTEN``s for what
+other processes (and this one) commit, and wakes whoever waits for it.
+
+Two channels (`interlock._store._postgres_sql`): `RECORDS_CHANNEL`, notified in the same
+statement as an append's records (its payload names the runs that grew; empty: any run),
+which the server's event streams wait on (`Store.wait_changed`); and `RUNNABLE_CHANNEL`,
+notified when a run may have become runnable, which idle workers wait on
+(`Store.wait_runnable`). ``NOTIFY`` is delivered at the writer's commit, so a waiter woken
+reads the records committed.
+
+A `Listener` opens its connection at its first wait and keeps it (and one task reading
+it) until the store is closed. What it has heard is counted (`Listener.count`); a waiter
+passes the count it saw last and returns at once if a notification for its run came
+since, so one that arrives while the waiter reads is not missed. A notification can
+still be lost -- the connection dropped, the server restarted -- so:
+
+- a connection lost is opened again (after `RETRY`, doubling up to `RETRY_MAX` while it
+  fails), and once it listens again *every* waiter is woken: what was committed in
+  between was told to no one;
+- every waiter has a timeout, the slow poll it replaced, and looks again after it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import weakref
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+
+import psycopg
+from psycopg.rows import TupleRow
+
+from ._postgres_sql import RECORDS_CHANNEL, RUNNABLE_CHANNEL
+
+log = logging.getLogger("interlock.store")
+
+Conn = psycopg.AsyncConnection[TupleRow]
+
+RETRY = 0.1  # seconds before the first attempt to listen again after a failure
+RETRY_MAX = 5.0  # and at most this long between two attempts
+RUNS_KEPT = 4096  # runs whose last notification is remembered (the most recent)
+
+
+class Listener:
+    """One event loop's ``LISTEN`` connection and what it heard (see the module)."""
+
+    def __init__(self, connect: Callable[[], Awaitable[Conn]], where: str) -> None:
+        self._connect, self.where = connect, where
+        self.count = 0  # notifications heard (and reconnections), in this process
+        self.listening = asyncio.Event()  # set while the connection listens (for tests)
+        self.connections = 0  # connections that listened (for tests: a reconnection)
+        # run id -> the count at its last notification, the most recent `RUNS_KEPT`; a run
+        # forgotten is taken as changed at `_forgotten` (a spurious wake costs one read)
+        self._last: OrderedDict[str, int] = OrderedDict()
+        self._forgotten = 0
+        self._everything = 0  # the count when any run may have changed (empty payload)
+        # the waiters' events, held by the waiters only: None keys those of any run
+        self._events: weakref.WeakValueDictionary[str | None, asyncio.Event] = \
+            weakref.WeakValueDictionary()
+        self._runnable = 0  # notifications that a run may be runnable
+        self._runnable_seen = 0  # ... when `wait_runnable` last returned
+        self._runnable_event = asyncio.Event()
+        self._conn: Conn | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._said = False  # a failure was logged (once, until it listens again)
+
+    # -- waiting -----------------------------------------------------------------------
+
+    def _changed_since(self, run_id: str | None, seen: int) -> bool:
+        if run_id is None:
+            return self.count != seen
+        last = self._last.get(run_id, self._forgotten)
+        return max(last, self._everything) > seen
+
+    async def wait_changed(self, timeout: float, seen: int | None = None,
+                           run_id: str | None = None) -> int:
+        """Until records of ``run_id`` (None: of any run) are committed after ``seen``
+        (a count returned before; None: from now on), at most ``timeout`` seconds; the
+        count then."""
+        self._start()
+        if seen is not None and self._changed_since(run_id, seen):
+            return self.count
+        event = self._events.get(run_id)
+        if event is None:
+            event = self._events[run_id] = asyncio.Event()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await event.wait()
+        return self.count
+
+    async def wait_runnable(self, timeout: float) -> None:
+        """Until a run may have become runnable since the last call returned, at most
+        ``timeout`` seconds."""
+        self._start()
+        if self._runnable == self._runnable_seen:
+            event = self._runnable_event
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):
+                    await event.wait()
+        self._runnable_seen = self._runnable
+
+    # -- hearing -----------------------------------------------------------------------
+
+    def _start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(
+                self._listen(), name="interlock-postgres-listen")
+
+    async def _listen(self) -> None:
+        """Listen, and listen again after the connection is lost, until cancelled."""
+        delay = RETRY
+        while True:
+            try:
+                self._conn = conn = await self._connect()
+                await conn.execute(f"LISTEN {RECORDS_CHANNEL}; LISTEN {RUNNABLE_CHANNEL}")
+                self.connections += 1
+                self.listening.set()
+                self._said, delay = False, RETRY
+                self._heard_everything()  # what was committed before is told to no one
+                async for note in conn.notifies():
+                    self._heard(note.channel, note.payload)
+            except Exception as exc:  # the connection lost or refused: said once
+                if not self._said:
+                    self._said = True
+                    log.warning("listening for the commits of other processes on %s: %s "
+                                "(polling until listening again)", self.where,
+                                str(exc).strip() or type(exc).__name__)
+            self.listening.clear()
+            await self._drop()
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RETRY_MAX)
+
+    def _heard(self, channel: str, payload: str) -> None:
+        if channel == RUNNABLE_CHANNEL:
+            self._runnable += 1
+            self._runnable_event.set()
+            self._runnable_event = asyncio.Event()
+            return
+        if not payload:
+            self._heard_everything()
+            return
+        self.count += 1
+        for run_id in payload.split(" "):
+            self._last[run_id] = self.count
+            self._last.move_to_end(run_id)
+            event = self._events.pop(run_id, None)
+            if event is not None:
+                event.set()
+        while len(self._last) > RUNS_KEPT:
+            self._forgotten = max(self._forgotten, self._last.popitem(last=False)[1])
+        event = self._events.pop(None, None)
+        if event is not None:
+            event.set()
+
+    def _heard_everything(self) -> None:
+        """Any run may have changed (and a run may be runnable): wake every waiter."""
+        self.count += 1
+        self._everything = self.count
+        events = list(self._events.values())
+        self._events.clear()
+        for event in events:
+            event.set()
+        self._heard(RUNNABLE_CHANNEL, "")
+
+    # -- closing -----------------------------------------------------------------------
+
+    async def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(psycopg.Error, OSError):
+                await conn.close()
+
+    async def close(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self._drop()
+
+    def abandon(self) -> None:
+        """Close the connection without awaiting (its loop is gone)."""
+        conn, self._conn, self._task = self._conn, None, None
+        if conn is not None:
+            conn.pgconn.finish()
+
+
+__all__ = ["RETRY", "RETRY_MAX", "RUNS_KEPT", "Listener"]

@@ -1,0 +1,170 @@
+"""``interlock chat FILE --server URL``: a conversation held through an ``interlock serve``.
+
+The server executes the turns; this side follows the run's event stream -- one stream
+for the whole session, opened before the first message is sent, so that the reply's
+pieces (``chat.token`` events, handed only to the streams open when they arrive) reach
+it -- and prints what a local ``interlock chat`` prints (`Printer`). Each line of
+standard input is a message (``POST /api/runs/{id}/messages``); when a turn reaches a
+gate (its own, or a child run's, by its path), ``/approve [COMMENT]`` or ``/reject
+[COMMENT]`` decides it (``POST /api/runs/{id}/decisions`` with the gate's path), and the
+turn goes on, streamed as before.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import sys
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import click
+
+from ._chat_live import HELP, Printer
+from ._common import CliError, load_workflow, read_input
+from ._remote import Remote
+
+_ENDED = {"run.completed": "COMPLETED", "run.failed": "FAILED", "run.rejected": "REJECTED",
+          "run.cancelled": "CANCELLED"}
+_STATUS = {"message": "WAITING_INPUT", "approval": "WAITING_APPROVAL"}
+
+
+def _parse(lines: Iterator[str]) -> Iterator[tuple[str, Any]]:
+    """An SSE stream's events as ``(event, data)`` (comments -- keepalives -- skipped)."""
+    event: str | None = None
+    data: list[str] = []
+    for line in lines:
+        if not line:
+            if event is not None:
+                yield event, json.loads("\n".join(data)) if data else None
+            event, data = None, []
+        elif line.startswith("event:"):
+            event = line[6:].strip()
+        elif line.startswith("data:"):
+            data.append(line[5:].lstrip())
+
+
+class Stream:
+    """The run's event stream read by a thread into a queue: ``(event, data)``, then
+    ``("", None)`` when the stream ends, or ``("!", error)``."""
+
+    def __init__(self, remote: Remote, run_id: str, after: int) -> None:
+        self.remote, self.run_id, self.after = remote, run_id, after
+        self.events: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self.client = remote._httpx.Client(base_url=remote.url, headers=remote.client.headers,
+                                           timeout=None)
+        self.thread = threading.Thread(target=self._read, daemon=True,
+                                       name=f"interlock chat: events of {run_id}")
+        self.thread.start()
+
+    def _read(self) -> None:
+        try:
+            with self.client.stream("GET", f"/api/runs/{self.run_id}/events",
+                                    params={"after": self.after}) as response:
+                if not response.is_success:
+                    response.read()
+                    detail = response.json().get("detail")
+                    raise CliError(str(detail or f"the server answered "
+                                                 f"{response.status_code}"))
+                for item in _parse(response.iter_lines()):
+                    self.events.put(item)
+            self.events.put(("", None))
+        except Exception as exc:  # (the stream closed under us at the end is no error)
+            self.events.put(("!", exc))
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class RemoteTerminal(Printer):
+    """One session of ``interlock chat --server``."""
+
+    def __init__(self, remote: Remote, by: str | None) -> None:
+        super().__init__()
+        self.remote, self.by = remote, by
+        self.status = "PENDING"
+        self.waiting: dict[str, Any] = {}
+
+    def run(self, workflow: str, session: str | None, input_json: str | None) -> str:
+        """Hold the conversation until standard input ends or it does: its status then."""
+        if session is None:
+            wf = load_workflow(workflow)
+            started = self.remote.call("POST", f"/api/workflows/{wf.name}/runs",
+                                       json={"input": read_input(input_json, None)})
+            session, seen = str(started["run_id"]), 0
+        else:  # follow from its last record (then only what the session adds is shown)
+            log = self.remote.records(session)
+            seen = log[-1]["seq"] if log else 0
+        self.run_id = session
+        click.echo(f"conversation {session} ({HELP})", err=True)
+        stream = Stream(self.remote, session, max(seen - 1, 0))
+        try:
+            return self._follow(stream, seen)
+        finally:
+            stream.close()
+            self.remote.close()
+
+    def _follow(self, stream: Stream, seen: int) -> str:
+        while True:
+            event, data = stream.events.get()
+            if event == "!":
+                raise CliError(f"the event stream of run {self.run_id} broke: {data}")
+            if event == "":
+                return self.status
+            if event == "chat.token":
+                if isinstance(data, dict) and data.get("run_id") == self.run_id:
+                    self.token(data)
+                continue
+            if not isinstance(data, dict):
+                continue
+            if int(data.get("seq") or 0) > seen:
+                self.record(data)
+            if event in _ENDED:
+                self.status = _ENDED[event]
+                self._ended(data)
+                return self.status
+            if event == "run.waiting":
+                self.waiting = data.get("waiting") or {}
+                self.status = _STATUS.get(str(self.waiting.get("kind")), "WAITING_APPROVAL")
+                if int(data.get("seq") or 0) <= seen and self.status == "WAITING_APPROVAL":
+                    self.gate(self.waiting.get("node"), self.waiting.get("show"))
+                if not self._answer():
+                    return self.status
+
+    def _ended(self, rec: dict[str, Any]) -> None:
+        if self.status == "COMPLETED":
+            click.echo(f"the conversation {self.run_id} has ended", err=True)
+        elif self.status == "FAILED":
+            error = rec.get("error") or {}
+            message = error.get("message") if isinstance(error, dict) else error
+            click.echo(f"the conversation failed: {message}", err=True)
+
+    def _answer(self) -> bool:
+        """Read lines until one is sent (a message, or the gate's decision); False when
+        standard input ended first."""
+        while True:
+            line = sys.stdin.readline()
+            if not line:
+                return False
+            text = line.strip()
+            if not text:
+                continue
+            word, _, rest = text.partition(" ")
+            try:
+                if self.status == "WAITING_APPROVAL":
+                    if word not in ("/approve", "/reject"):
+                        click.echo("a gate waits: /approve [COMMENT] or /reject [COMMENT]",
+                                   err=True)
+                        continue
+                    body = {"decision": word[1:], "by": self.by, "comment": rest or None,
+                            "node": self.waiting.get("node")}
+                    self.remote.call("POST", f"/api/runs/{self.run_id}/decisions",
+                                     json={k: v for k, v in body.items() if v is not None})
+                else:
+                    self.remote.call("POST", f"/api/runs/{self.run_id}/messages",
+                                     json={"text": line.rstrip("\n"), "by": self.by})
+            except CliError as exc:  # refused (decided elsewhere, ...): say so, go on
+                click.echo(f"refused: {exc}", err=True)
+                continue
+            return True

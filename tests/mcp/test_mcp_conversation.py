@@ -1,0 +1,238 @@
+"""A conversation file served as an MCP tool ``{text, run_id?}``, driven by the MCP
+SDK's own client: over stdio (``interlock mcp`` in a subprocess) and at ``/mcp`` of a
+real ``interlock serve``. A conversation started and continued, its reply as structured
+content and as text; a turn whose child run waits at a gate (decided elsewhere, or
+through elicitation on both protocol generations); the refusals (an unknown run_id, a
+run of another workflow, an ended conversation, a viewer's message), each recording
+nothing."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shlex
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from mcp_project import make_project, stdio_params
+from test_server import TOKENS, Served, pythonpath
+
+pytest.importorskip("mcp")
+
+import httpx2
+import mcp_types as types
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+
+GATE = "assistant/run_triage/approval"
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.delenv("INTERLOCK_STORE", raising=False)
+    monkeypatch.delenv("INTERLOCK_LOG_KEY", raising=False)
+    return make_project(tmp_path)
+
+
+def _cli(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "interlock", *args, "--store",
+                           f"sqlite:///{root / 'runs.db'}"], cwd=root, text=True,
+                          capture_output=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": pythonpath(root)})
+
+
+def _records(root: Path, run_id: str) -> list[dict[str, Any]]:
+    traced = _cli(root, "trace", run_id, "--json")
+    assert traced.returncode == 0, traced.stderr
+    return list(json.loads(traced.stdout))
+
+
+def _text(res: types.CallToolResult) -> str:
+    block = res.content[0]
+    assert isinstance(block, types.TextContent)
+    return block.text
+
+
+def test_the_conversation_tool_takes_text_and_run_id(project: Path) -> None:
+    async def go() -> list[types.Tool]:
+        async with Client(stdio_params(project)) as c:
+            return (await c.list_tools()).tools
+
+    tool = {t.name: t for t in anyio.run(go)}["talk"]
+    assert tool.input_schema["required"] == ["text"]
+    assert set(tool.input_schema["properties"]) == {"text", "run_id"}
+    assert tool.description is not None
+    assert tool.description.startswith("The on-call assistant.")
+
+
+def test_a_conversation_started_continued_and_ended_over_stdio(project: Path) -> None:
+    async def go() -> list[types.CallToolResult]:
+        async with Client(stdio_params(project)) as c:
+            first = await c.call_tool("talk", {"text": "hello"})
+            run_id = first.structured_content["run_id"]  # type: ignore[index]
+            answers = [first]
+            # (the scripted model's second reply calls run_triage, whose gate waits)
+            answers.append(await c.call_tool("talk", {"text": "triage db",
+                                                      "run_id": run_id}))
+            return answers
+
+    first, gated = anyio.run(go)
+    assert not first.is_error
+    out = first.structured_content
+    assert out is not None
+    run_id = out["run_id"]
+    assert out == {"run_id": run_id, "workflow": "talk", "status": "WAITING_INPUT",
+                   "reply": "hi, how can I help?"}
+    assert _text(first) == "hi, how can I help?"  # the reply as the result's text
+    messages = [r for r in _records(project, run_id) if r["type"] == "chat.message"]
+    assert [m["text"] for m in messages] == ["hello", "triage db"]
+    assert messages[0]["by"].startswith("mcp:")
+
+    # the turn reached the child's gate: answered at once, as a workflow's wait is
+    waiting = gated.structured_content
+    assert waiting is not None and not gated.is_error
+    assert waiting["status"] == "WAITING_APPROVAL" and waiting["reply"] is None
+    assert waiting["waiting"]["node"] == GATE
+    assert waiting["decide"]["cli"].startswith(f"interlock resume {run_id}")
+    decided = _cli(project, *shlex.split(waiting["decide"]["cli"])[1:], "--by", "alice")
+    assert decided.returncode == 3, decided.stderr  # the conversation waits again
+
+    async def more() -> list[types.CallToolResult]:
+        async with Client(stdio_params(project)) as c:
+            status = await c.call_tool("interlock_run_status", {"run_id": run_id})
+            thanks = await c.call_tool("talk", {"text": "thanks", "run_id": run_id})
+            end = await c.call_tool("talk", {"text": "/end", "run_id": run_id})
+            return [status, thanks, end]
+
+    status, thanks, end = anyio.run(more)
+    assert status.structured_content is not None
+    assert status.structured_content["waiting"]["show"]["last_reply"] == "triage done"
+    assert thanks.structured_content == {"run_id": run_id, "workflow": "talk",
+                                         "status": "WAITING_INPUT",
+                                         "reply": "you are welcome"}
+    assert end.structured_content is not None
+    assert end.structured_content["status"] == "COMPLETED"
+    assert end.structured_content["reply"] == "you are welcome"  # (the last one)
+    assert _cli(project, "verify", run_id).returncode == 0
+
+
+def test_refused_run_ids_record_nothing(project: Path) -> None:
+    async def go() -> dict[str, types.CallToolResult]:
+        async with Client(stdio_params(project)) as c:
+            plain = await c.call_tool("plain", {"n": 1})
+            talk = await c.call_tool("talk", {"text": "hello"})
+            ended = talk.structured_content["run_id"]  # type: ignore[index]
+            await c.call_tool("talk", {"text": "/end", "run_id": ended})
+            return {
+                "unknown": await c.call_tool("talk", {"text": "hi", "run_id": "nope-1"}),
+                "other": await c.call_tool(
+                    "talk", {"text": "hi",
+                             "run_id": plain.structured_content["run_id"]}),  # type: ignore[index]
+                "ended": await c.call_tool("talk", {"text": "hi", "run_id": ended}),
+                "empty": await c.call_tool("talk", {"text": " "}),
+                "ended_id": types.CallToolResult(content=[types.TextContent(
+                    type="text", text=ended)]),
+            }
+
+    answers = anyio.run(go)
+    for key in ("unknown", "other", "ended", "empty"):
+        assert answers[key].is_error, key
+    assert "there is no conversation 'nope-1' in this store" in _text(answers["unknown"])
+    assert "call talk without run_id to start a new conversation" in _text(answers["unknown"])
+    assert "is a run of 'plain', not a conversation of 'talk'" in _text(answers["other"])
+    ended = _text(answers["ended_id"])
+    assert f"the conversation {ended!r} has ended (COMPLETED)" in _text(answers["ended"])
+    assert "text is missing or empty" in _text(answers["empty"])
+    # nothing was recorded by the refusals: two runs, the ended one with its one message
+    runs = json.loads(_cli(project, "runs", "--json").stdout)
+    assert sorted(r["workflow"] for r in runs) == ["plain", "talk"]
+    assert [r["text"] for r in _records(project, ended) if r["type"] == "chat.message"] == [
+        "hello", "/end"]
+
+
+def _approve(asked: list[str]) -> Any:
+    async def elicit(ctx: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        asked.append(params.message)
+        return types.ElicitResult(action="accept", content={"decision": "approve"})
+    return elicit
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+def test_a_turns_gate_is_answered_through_elicitation(project: Path, mode: str) -> None:
+    """legacy: elicitation/create mid-call; auto (2026-07-28): input_required, and the
+    call again with the answer (which sends no second message)."""
+    asked: list[str] = []
+
+    async def go() -> types.CallToolResult:
+        async with Client(stdio_params(project), mode=mode,  # type: ignore[arg-type]
+                          elicitation_callback=_approve(asked)) as c:
+            first = await c.call_tool("talk", {"text": "hello"})
+            run_id = first.structured_content["run_id"]  # type: ignore[index]
+            return await c.call_tool("talk", {"text": "triage db", "run_id": run_id})
+
+    res = anyio.run(go)
+    assert len(asked) == 1 and repr(GATE) in asked[0]
+    out = res.structured_content
+    assert out is not None and not res.is_error
+    assert out["status"] == "WAITING_INPUT" and out["reply"] == "triage done"
+    assert _text(res) == "triage done"
+    records = _records(project, out["run_id"])
+    assert [r["text"] for r in records if r["type"] == "chat.message"] == ["hello",
+                                                                          "triage db"]
+    called = [r for r in records if r["type"] == "tool.called"]
+    assert called[0]["result"]["approval"]["decision"] == "approved"
+
+
+@pytest.fixture
+def served(project: Path) -> Iterator[Served]:
+    s = Served(project, "--auth", "auth.yaml")
+    yield s
+    s.stop()
+
+
+@contextlib.asynccontextmanager
+async def client(served: Served, who: str, **kwargs: Any) -> AsyncIterator[Client]:
+    headers = {"Authorization": f"Bearer {TOKENS[who][0]}"}
+    async with httpx2.AsyncClient(headers=headers,
+                                  timeout=httpx2.Timeout(30, read=120)) as http, \
+            Client(streamable_http_client(f"{served.url}/mcp", http_client=http),
+                   **kwargs) as c:
+        yield c
+
+
+def test_a_conversation_at_mcp_on_a_server(served: Served) -> None:
+    """An operator talks; a viewer's message is refused and records nothing; an admin's
+    client answers the turn's gate through elicitation."""
+    asked: list[str] = []
+
+    async def go() -> tuple[types.CallToolResult, types.CallToolResult,
+                            types.CallToolResult]:
+        async with client(served, "olga") as c:
+            first = await c.call_tool("talk", {"text": "hello"})
+        run_id = first.structured_content["run_id"]  # type: ignore[index]
+        async with client(served, "vic") as c:
+            refused = await c.call_tool("talk", {"text": "triage db", "run_id": run_id})
+        async with client(served, "ada", elicitation_callback=_approve(asked)) as c:
+            gated = await c.call_tool("talk", {"text": "triage db", "run_id": run_id})
+        return first, refused, gated
+
+    first, refused, gated = anyio.run(go)
+    assert first.structured_content is not None
+    run_id = first.structured_content["run_id"]
+    assert first.structured_content["reply"] == "hi, how can I help?"
+    assert refused.is_error
+    assert "vic (roles: viewer) may not talk in conversations" in _text(refused)
+    assert gated.structured_content == {"run_id": run_id, "workflow": "talk",
+                                        "status": "WAITING_INPUT", "reply": "triage done"}
+    assert len(asked) == 1
+    with served.client(TOKENS["ada"][0]) as http:
+        log = http.get(f"/api/runs/{run_id}/records").json()
+    messages = [r.get("data", r) for r in log if r["type"] == "chat.message"]
+    assert [(m["text"], m["by"]) for m in messages] == [("hello", "olga"),
+                                                        ("triage db", "ada")]
