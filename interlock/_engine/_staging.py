@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import _log as L
+from ._expand import Expander
 from ._fold import RunView, end_visit
 from ._records import Item
 
@@ -41,6 +42,19 @@ class Staging:
         self._staged: list[L.Entry] = []
         # the ``node.started`` of an inline visit, folded but not sealed yet (`defer`)
         self._deferred: dict[str, Any] | None = None
+        self._implied = Expander(view.plan, format=2)  # (what `_tell` tells, format 2)
+
+    def _tell(self, rec: L.Record) -> None:
+        """Hand a sealed record to the listener -- and, in log format 2, the records it
+        implies (`_expand`: the edges no record is written for, ``implied: true``), so
+        that a listener (progress lines, spans, metrics) sees what format 1 showed."""
+        assert self.listener is not None
+        self.listener(rec, self.view)
+        if self.view.format > 1:
+            implied = self._implied
+            implied.plan, implied.format = self.view.plan, 2  # (a migration changes it)
+            for more in implied(rec)[1:]:
+                self.listener(more, self.view)
 
     def stage(self, items: list[Item]) -> list[L.Record]:
         """Number and chain records and fold them into the view; `flush` stores them.
@@ -73,7 +87,7 @@ class Staging:
             raise
         self._staged.append(entry)
         if self.listener is not None:
-            self.listener(rec, self.view)
+            self._tell(rec)
         return rec
 
     # -- log format 2: one ``node.visited`` for a visit that started and completed in one
@@ -102,7 +116,7 @@ class Staging:
         sealed, entry = self.writer.seal(L.NODE_STARTED, fields, rec["at"])
         self._staged.append(entry)
         if self.listener is not None:
-            self.listener(sealed, self.view)
+            self._tell(sealed)
 
     def visited(self, fields: dict[str, Any]) -> L.Record:
         """Stage a visit's completion (``node.completed``'s fields): as ``node.visited``
@@ -122,7 +136,7 @@ class Staging:
             raise
         self._staged.append(entry)
         if self.listener is not None:
-            self.listener(rec, self.view)
+            self._tell(rec)
         return rec
 
     def _seal(self, rtype: str, fields: dict[str, Any]) -> L.Entry:
@@ -138,5 +152,5 @@ class Staging:
             writer.rewind(seq, prev)
             raise
         if self.listener is not None:
-            self.listener(rec, self.view)
+            self._tell(rec)
         return entry

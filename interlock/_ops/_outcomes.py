@@ -11,7 +11,8 @@ from .._engine._approvals import unknown_outcome
 from .._engine._fold import RunView
 from .._store import Store
 
-_ATTEMPT_TYPES = frozenset({L.NODE_STARTED, L.NODE_FAILED, L.NODE_RETRYING, L.NODE_COMPLETED})
+_ATTEMPT_TYPES = frozenset({L.NODE_STARTED, L.NODE_FAILED, L.NODE_RETRYING, L.NODE_COMPLETED,
+                            L.NODE_VISITED})
 
 
 async def unknown_outcomes(store: Store, run_id: str, view: RunView

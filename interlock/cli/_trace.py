@@ -217,6 +217,8 @@ def _record_style(rec: Record) -> str:
     rtype: str = rec["type"]
     if rtype in ("edge.taken", "edge.skipped"):
         return _STATUS_STYLE["taken" if rtype == "edge.taken" else "skipped"]
+    if rtype == "node.visited":  # (log format 2) started and completed
+        return _STATUS_STYLE["completed"]
     if rtype == "approval.decided":
         return _STATUS_STYLE.get(rec.get("decision", ""), "")
     if rtype == "run.waiting" or rtype == "approval.requested":
@@ -236,7 +238,7 @@ def _record_detail(rec: Record, spec: WorkflowSpec | None) -> str:
                  f"attempt {rec['attempt']}" if rec.get("attempt") is not None
                  and not detail.startswith("attempt") else "",
                  detail]
-        if rtype == "node.completed" and rec.get("update"):
+        if rtype in ("node.completed", "node.visited") and rec.get("update"):
             parts.append("update " + _short(_json(rec["update"]), 100))
         if rec.get("goto"):
             parts.append(f"goto {rec['goto']}")
@@ -339,4 +341,6 @@ def _edge_detail(rec: Record, spec: WorkflowSpec | None) -> str:
     parts.append(("taken" if taken else "skipped") + (f" ({reason})" if reason else ""))
     if rec.get("reads"):
         parts.append("read " + _short(_reads(rec["reads"]), 160))
+    if rec.get("implied"):  # (log format 2: the definition implies it; no record of its own)
+        parts.append("(implied)")
     return "  ".join(parts)

@@ -103,7 +103,8 @@ def records(wf: Workflow) -> list[list[tuple[str, Any]]]:
     plans = []
 
     def listen(rec: dict[str, Any], view: Any) -> None:
-        recs.append(dict(rec))
+        if not rec.get("implied"):  # (told to listeners too: expanded below, again)
+            recs.append(dict(rec))
         plans.append(view.plan)
 
     wf.run_sync({}, store="memory://", listener=listen)
