@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from .. import _log as L
 from .._definition._bounds import check_config, check_run_id
 from .._definition._model import WorkflowSpec, check_limits
+from .._definition._plan import Plan
 from .._definition._spec import parse
 from .._engine._expand import Expander
 from .._engine._fold import RunResult, RunView, result_of
@@ -249,7 +250,11 @@ async def _resume(st: Store, run_id: str, decision: Decision | None, *,
                   workflow: Functions | None, config: Mapping[str, Any] | None,
                   limits: Mapping[str, Any] | None, force: bool = False,
                   listener: Listener | None, detach: bool) -> RunResult:
-
+    status = (await st.get_run(run_id)).summary.status
+    if status in ("COMPLETED", "REJECTED", "CANCELLED"):  # (before its code is loaded:
+        # a run that ended long ago may name functions its code no longer has)
+        raise UsageError(f"run {run_id!r} is {status}; only a failed, interrupted or "
+                         "waiting run can be resumed")
     loaded = await load_run(st, run_id, workflow=workflow, executable=True)
     view = loaded.view
     fields = _overrides(config, limits)
@@ -423,16 +428,35 @@ async def _trace_pages(st: Store, run_id: str, page: int, after: int, above: tup
 
 async def expander(st: Store, row: RunRow, after: int = 0) -> Expander | None:
     """What reads the run's records as format 1 writes them (`_engine._expand`), from
-    record ``after`` on; None when its definition no longer loads (read as stored)."""
-    try:
-        exp = Expander(reading_plan(parse(row.definition)), plans=plan_maker())
-    except (InterlockError, ValueError):
-        return None
-    if after:
-        first = await st.entries_page(row.run_id, 0, 1)
-        if first:
-            exp(first[0].record())
+    record ``after`` on; None when its definition no longer loads (read as stored).
+    (A server's event stream asks at every commit: the plans and the runs' formats are
+    kept, `_EXPANDING`.)"""
+    plans, formats = _EXPANDING
+    plan = plans.get(row.definition_hash)
+    if plan is None:
+        try:
+            plan = reading_plan(parse(row.definition))
+        except (InterlockError, ValueError):
+            return None
+        if len(plans) >= _EXPANDING_KEPT:
+            plans.clear()
+        plans[row.definition_hash] = plan
+    exp = Expander(plan, plans=plan_maker())
+    if after:  # its format, as its run.started says
+        key = (row.run_id, row.created_at)
+        if key not in formats:
+            first = await st.entries_page(row.run_id, 0, 1)
+            if first:
+                exp(first[0].record())
+            if len(formats) >= _EXPANDING_KEPT:
+                formats.clear()
+            formats[key] = exp.format
+        exp.format = formats[key]
     return exp
+
+
+_EXPANDING: tuple[dict[str, Plan], dict[tuple[str, float], int]] = ({}, {})
+_EXPANDING_KEPT = 1024
 
 
 def _keys(rec: dict[str, Any]) -> dict[str, Any]:
