@@ -112,10 +112,17 @@ class Decider:
                 for d in group:
                     if d.edge.router_async and (d.edge.index, d.source) not in self._routed:
                         return d
-            items = self._decide_group(source, group)
-            if source in self._implied:  # format 2: its otherwise edges' records are implied
-                items = [i for i in items if i[1].get("expr") != "otherwise"]
-            for rtype, fields in items:
+            if source in self._implied:
+                # format 2: only its one ``when`` edge is decided and written; the fold
+                # decides its ``otherwise`` edges from that record (taken when it was not:
+                # so the group always takes something -- nothing to strand -- and, no gate
+                # among these nodes, no rejection to follow)
+                for d in group:
+                    if not d.edge.otherwise:
+                        rtype, fields = self._decide_edge(d.edge, d, self._scope)
+                        put(rtype, fields)
+                continue
+            for rtype, fields in self._decide_group(source, group):
                 put(rtype, fields)
         return None
 

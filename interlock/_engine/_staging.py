@@ -42,7 +42,7 @@ class Staging:
         self._staged: list[L.Entry] = []
         # the ``node.started`` of an inline visit, folded but not sealed yet (`defer`)
         self._deferred: dict[str, Any] | None = None
-        self._implied = Expander(view.plan, format=2)  # (what `_tell` tells, format 2)
+        self._implied: Expander | None = None  # (what `_tell` tells, format 2)
 
     def _tell(self, rec: L.Record) -> None:
         """Hand a sealed record to the listener -- and, in log format 2, the records it
@@ -52,6 +52,8 @@ class Staging:
         self.listener(rec, self.view)
         if self.view.format > 1:
             implied = self._implied
+            if implied is None:
+                implied = self._implied = Expander(self.view.plan)
             implied.plan, implied.format = self.view.plan, 2  # (a migration changes it)
             for more in implied(rec)[1:]:
                 self.listener(more, self.view)
