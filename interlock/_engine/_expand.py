@@ -35,7 +35,7 @@ from .._json import JSONObject
 class Expander:
     """Expands one run's records in log order (see the module's docstring). ``plan``: the
     run's definition's; ``plans``: how a ``run.migrated``'s definition becomes the plan
-    of the records after it (without: the records after one are not expanded);
+    of the records after it (without: the caller sets ``plan`` at a ``run.migrated``);
     ``format``: the log's, when its reader starts after ``run.started``."""
 
     def __init__(self, plan: Plan, plans: Callable[[JSONObject], Plan] | None = None,
@@ -51,10 +51,8 @@ class Expander:
             fmt = rec.get("format", 1)
             self.format = fmt if isinstance(fmt, int) else 1
             return [rec]
-        if rtype == L.RUN_MIGRATED:  # the records after it: the new definition's plan
-            try:
-                if self.plans is None:
-                    raise ValueError("no plans")
+        if rtype == L.RUN_MIGRATED and self.plans is not None:  # the records after it:
+            try:                                                 # the new definition's
                 self.plan = self.plans(rec["definition"])
             except (InterlockError, ValueError, KeyError, TypeError):
                 self.format = 1  # (a definition that does not load: read as stored)

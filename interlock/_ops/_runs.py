@@ -30,6 +30,7 @@ from .._errors import (
     LogError,
     RunNotFound,
     UsageError,
+    WorkflowError,
 )
 from .._plugins._compile import reading_plan
 from .._store import RunRow, Store, Summary, release_store
@@ -250,12 +251,14 @@ async def _resume(st: Store, run_id: str, decision: Decision | None, *,
                   workflow: Functions | None, config: Mapping[str, Any] | None,
                   limits: Mapping[str, Any] | None, force: bool = False,
                   listener: Listener | None, detach: bool) -> RunResult:
-    status = (await st.get_run(run_id)).summary.status
-    if status in ("COMPLETED", "REJECTED", "CANCELLED"):  # (before its code is loaded:
-        # a run that ended long ago may name functions its code no longer has)
-        raise UsageError(f"run {run_id!r} is {status}; only a failed, interrupted or "
-                         "waiting run can be resumed")
-    loaded = await load_run(st, run_id, workflow=workflow, executable=True)
+    try:
+        loaded = await load_run(st, run_id, workflow=workflow, executable=True)
+    except WorkflowError:  # its code does not load: a run that ended long ago may name
+        status = (await st.get_run(run_id)).summary.status  # functions renamed since
+        if status in ("COMPLETED", "REJECTED", "CANCELLED"):
+            raise UsageError(f"run {run_id!r} is {status}; only a failed, interrupted or "
+                             "waiting run can be resumed") from None
+        raise
     view = loaded.view
     fields = _overrides(config, limits)
     first: list[tuple[str, dict[str, Any]]] = []
