@@ -48,6 +48,17 @@ class Rejected(Exception):
         self.message = message
 
 
+def _implied_sources(plan: Plan, view: RunView) -> frozenset[str]:
+    """Log format 2: the nodes whose ``otherwise`` edges the fold decides from their one
+    ``when`` edge's record (`Plan.implied_otherwise`): the decider decides and writes
+    that edge only. Its ``otherwise`` edges are taken when it was not, so the group
+    always takes something (nothing to strand), and no gate is among these nodes (no
+    rejection to follow)."""
+    if view.format < 2:
+        return frozenset()
+    return frozenset(plan.edges[i].sources[0] for i in plan.implied_otherwise)
+
+
 class _Raised(NamedTuple):
     """A router's exception, kept until its edge is decided."""
 
@@ -67,11 +78,7 @@ class Decider:
         self._scope = Scope(view)  # what conditions see (state, config, run), looked up lazily
         # the answers of async routers, awaited by the loop before their edge is decided
         self._routed: dict[tuple[int, str], object] = {}
-        # log format 2: the nodes whose ``otherwise`` edges the fold decides from their
-        # ``when`` edge's record (`Plan.implied_otherwise`): none of theirs is written
-        self._implied = frozenset(
-            plan.edges[i].sources[0] for i in plan.implied_otherwise) if view.format > 1 \
-            else frozenset()
+        self._implied = _implied_sources(plan, view)
 
     def due(self) -> Due | None:
         """Decide everything due, staging the edge records, until nothing is due.
@@ -112,11 +119,7 @@ class Decider:
                 for d in group:
                     if d.edge.router_async and (d.edge.index, d.source) not in self._routed:
                         return d
-            if source in self._implied:
-                # format 2: only its one ``when`` edge is decided and written; the fold
-                # decides its ``otherwise`` edges from that record (taken when it was not:
-                # so the group always takes something -- nothing to strand -- and, no gate
-                # among these nodes, no rejection to follow)
+            if source in self._implied:  # only its ``when`` edge (see `_implied_sources`)
                 for d in group:
                     if not d.edge.otherwise:
                         rtype, fields = self._decide_edge(d.edge, d, self._scope)
