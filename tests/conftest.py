@@ -68,11 +68,10 @@ class CliProject:
         return log.read_text().split() if log.exists() else []
 
     def records(self, run_id: str) -> list[dict[str, Any]]:
-        """The run's stored records (``trace --json`` without those log format 2 implies)."""
         result, records = self.cli_json("trace", run_id)
         assert result.exit_code == 0, result.output
         assert isinstance(records, list)
-        return [r for r in records if not r.get("implied")]
+        return records
 
     def sql(self, query: str, *args: Any) -> list[Any]:
         """A statement on the store's file, as someone with write access to it would."""

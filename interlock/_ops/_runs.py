@@ -392,7 +392,9 @@ TRACE_KEYS = ("seq", "type", "node", "at", "duration_ms", "attempt", "tokens", "
 
 
 async def trace(run_id: str, *, store: str | Store | None = None) -> list[dict[str, Any]]:
-    """The run's records, oldest first, each with at least the trace keys."""
+    """The run's records, oldest first, each with at least the trace keys; in log format
+    2, a record the definition implies more of has them in ``implies`` (as format 1
+    wrote them, with its seq and ``implied: true``: `_engine._expand`)."""
     return [rec async for page in trace_pages(run_id, store=store) for rec in page]
 
 
@@ -417,8 +419,11 @@ async def _trace_pages(st: Store, run_id: str, page: int, after: int, above: tup
     expand = await expander(st, row, after)
     async for entries in st.iter_entries(run_id, after=after, page=page):
         records = [trace_record(run_id, entry) for entry in entries]
-        if expand is not None:  # log format 2: what it implies, written out (`_expand`)
-            records = [_keys(r) for rec in records for r in expand(rec)]
+        if expand is not None:  # log format 2: what each implies, in ``implies`` (`_expand`)
+            for rec in records:
+                implied = expand(rec)[1:]
+                if implied:
+                    rec["implies"] = implied
         for rec in records:  # a child run's records, nested under its start
             child = await links.follow(st, rec)
             if child is not None:
@@ -460,14 +465,6 @@ async def expander(st: Store, row: RunRow, after: int = 0) -> Expander | None:
 
 _EXPANDING: tuple[dict[str, Plan], dict[tuple[str, float], int]] = ({}, {})
 _EXPANDING_KEPT = 1024
-
-
-def _keys(rec: dict[str, Any]) -> dict[str, Any]:
-    """A record `Expander` wrote out, with the trace keys (`trace_record`); no hash."""
-    if rec.get("implied"):
-        for key in TRACE_KEYS:
-            rec.setdefault(key, None)
-    return rec
 
 
 def trace_record(run_id: str, entry: L.Entry) -> dict[str, Any]:

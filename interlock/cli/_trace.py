@@ -176,6 +176,8 @@ async def _print_trace(pages: AsyncIterator[list[Record]], spec: WorkflowSpec | 
                             + json.dumps(rec, ensure_ascii=False, default=str))
             lines.append(line)
             todo += [(sub, depth + 1) for sub in reversed(rec.get("records") or ())]
+            # what log format 2 implies (`interlock.trace`'s ``implies``): a line each
+            todo += [(sub, depth) for sub in reversed(rec.get("implies") or ())]
         # a page at a time: Console.print's cost is mostly per call, not per line
         if not lines:
             continue

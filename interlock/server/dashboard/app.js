@@ -665,7 +665,9 @@ async function runPage(ctx, runId) {
   };
   ctx.onStop(() => clearTimeout(inspectTimer));
 
-  follow(`/api/runs/${encodeURIComponent(runId)}/events`, (event) => { apply(event.data); changed(event.data); }, {
+  // each record, then those log format 2 implies (``implies``: the edges the definition takes)
+  const each = (rec) => { apply(rec); changed(rec); for (const r of rec.implies || []) { apply(r); changed(r); } };
+  follow(`/api/runs/${encodeURIComponent(runId)}/events`, (event) => each(event.data), {
     signal: ctx.signal,
     finished: () => finished,
     onState: (s, error) => {
