@@ -1,13 +1,16 @@
 """CPU of processes with nothing to do (issue 34: the change detector must cost near
 nothing): over ``--seconds``, the CPU time (user + system, from /proc) of
 
-- ``interlock worker`` idle on a SQLite store (waiting for runnable runs: the detector
-  looks at ``data_version`` all the while),
+- ``interlock worker`` idle (waiting for runnable runs: on SQLite the detector looks at
+  ``data_version`` all the while; on PostgreSQL it waits on its ``LISTEN`` connection),
 - ``interlock serve`` idle with no stream open (no detector running),
 - ``interlock serve`` with one event stream open on a run no one executes (a pending
-  detached run: the stream waits for records from elsewhere, the detector looks).
+  detached run: the stream waits for records from elsewhere, the detector looks, or the
+  ``LISTEN`` connection waits).
 
-    python bench/idle_cpu.py [--seconds 10]
+    python bench/idle_cpu.py [--seconds 10] [--store sqlite|postgres]
+
+PostgreSQL needs $INTERLOCK_TEST_POSTGRES (a fresh schema is made).
 
 Linux only. Not a test: numbers for bench/README.md.
 """
@@ -26,6 +29,7 @@ from pathlib import Path
 
 import httpx
 from _serve import served
+from workers import _store
 
 import interlock
 
@@ -60,12 +64,13 @@ def server_pid(port_url: str) -> int:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--store", choices=["sqlite", "postgres"], default="sqlite")
     args = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="idle-bench-"))
     (root / "inodes.py").write_text("def step(state):\n    return {}\n")
     (root / "idle.yaml").write_text(FLOW)
     sys.path.insert(0, str(root))
-    store = f"sqlite:///{root / 'runs.db'}"
+    store, _ = _store(args.store, root)
     wf = interlock.load(root / "idle.yaml")
     asyncio.run(wf.run({}, store=store))  # the file made, nothing runnable
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
@@ -74,7 +79,8 @@ def main() -> None:
                               cwd=root, env=env, stderr=subprocess.DEVNULL)
     try:
         time.sleep(2.0)  # started and idle
-        print(f"worker idle (SQLite):              {share(worker.pid, args.seconds)}")
+        print(f"worker idle ({args.store}):{' ' * (22 - len(args.store))}"
+              f"{share(worker.pid, args.seconds)}")
     finally:
         assert worker.poll() is None, "the worker ended"
         worker.terminate()

@@ -11,7 +11,9 @@ client's request to the run's final state in hand:
   longer RUNNING;
 - **mcp**: one ``tools/call`` of the workflow's tool on an open session of the MCP SDK's
   client (2026-07-28 protocol, the SDK's default), which answers with the final state;
-- **mcp+connect**: the same with a new client session per call (connect, call, close).
+- **mcp+connect**: the same with a new client session per call (connect, call, close);
+- **mcp-task**: the call from a client of MCP's tasks extension, answered with a task at
+  once, then ``tasks/get`` every 5 ms until the task is completed (its result inlined).
 
 Prints the medians (ms) and the difference mcp - rest.
 
@@ -28,6 +30,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any, Literal
 
 import httpx
 from _serve import served
@@ -84,22 +87,75 @@ async def mcp_connect(url: str) -> float:
     return (time.perf_counter() - t0) * 1000
 
 
+def tasks_extension() -> Any:
+    """The client side of the tasks extension, as small as the SDK's extension API
+    allows: it claims ``resultType: task`` (this bench polls the task itself)."""
+    import mcp_types as types
+    from mcp.client.extension import ClientExtension, ResultClaim
+
+    class Handle(types.Result):
+        result_type: Literal["task"] = "task"
+        task_id: str
+        status: str
+
+    async def unused(handle: Handle, ctx: Any) -> types.CallToolResult:
+        raise AssertionError("the bench polls the task itself")
+
+    class Tasks(ClientExtension):
+        identifier = "io.modelcontextprotocol/tasks"
+
+        def claims(self) -> list[ResultClaim[Any]]:
+            return [ResultClaim(result_type="task", model=Handle, resolve=unused)]
+
+    return Tasks()
+
+
+async def mcp_task(session: Any, every: float = 0.005) -> float:
+    import mcp_types as types
+
+    class Ref(types.RequestParams):
+        task_id: str
+
+    class Get(types.Request[Ref, Literal["tasks/get"]]):
+        method: Literal["tasks/get"] = "tasks/get"
+        params: Ref
+
+    class Got(types.Result):
+        status: str
+        result: dict[str, Any] | None = None
+
+    t0 = time.perf_counter()
+    handle = await session.session.call_tool("chain", {"n": 0}, allow_claimed=True)
+    task = Got(status=handle.status)
+    while task.status not in ("completed", "failed", "cancelled"):
+        await asyncio.sleep(every)
+        task = await session.session.send_request(Get(params=Ref(task_id=handle.task_id)),
+                                                  Got)
+    assert task.result and task.result["structuredContent"]["status"] == "COMPLETED", task
+    return (time.perf_counter() - t0) * 1000
+
+
 async def measure(url: str, trials: int) -> dict[str, list[float]]:
     from mcp import Client
 
-    out: dict[str, list[float]] = {"rest": [], "rest-poll": [], "mcp": [], "mcp+connect": []}
+    out: dict[str, list[float]] = {"rest": [], "rest-poll": [], "mcp": [], "mcp+connect": [],
+                                   "mcp-task": []}
     async with httpx.AsyncClient(base_url=url, timeout=60) as http, \
-            Client(f"{url}/mcp") as session:
+            Client(f"{url}/mcp") as session, \
+            Client(f"{url}/mcp", extensions=[tasks_extension()]) as tasked:
         for _ in range(3):  # warm-up: imports, first connections, the store's pages
             await rest(http)
             await rest_poll(http)
             await mcp_call(session)
             await mcp_connect(url)
+            await mcp_task(tasked)
         for i in range(trials):
             order = [("rest", lambda: rest(http)), ("rest-poll", lambda: rest_poll(http)),
                      ("mcp", lambda: mcp_call(session)),
-                     ("mcp+connect", lambda: mcp_connect(url))]
-            for name, fn in order[i % 4:] + order[:i % 4]:  # alternate who goes first
+                     ("mcp+connect", lambda: mcp_connect(url)),
+                     ("mcp-task", lambda: mcp_task(tasked))]
+            k = i % len(order)
+            for name, fn in order[k:] + order[:k]:  # alternate who goes first
                 out[name].append(await fn())
     return out
 
@@ -125,7 +181,8 @@ def main() -> None:
         print(f"{k:<14}{v:>10.2f}")
     best = min(med["rest"], med["rest-poll"])
     print(f"/mcp adds {med['mcp'] - best:+.2f} ms over the faster REST path (an open "
-          f"session), {med['mcp+connect'] - best:+.2f} ms with a session per call")
+          f"session), {med['mcp+connect'] - best:+.2f} ms with a session per call, "
+          f"{med['mcp-task'] - best:+.2f} ms as a task polled every 5 ms")
 
 
 if __name__ == "__main__":

@@ -2,19 +2,22 @@
 
     bash bench/setup_langgraph.sh && python bench/run.py             # everything, ~10 min
     bash bench/setup_pydantic_graph.sh                               # optional third engine
+    bash bench/setup_dbos.sh                                         # optional: DBOS (S5, S8)
     python bench/run.py --quick                                      # fewer trials, ~3 min
     python bench/run.py --only S1,S3 --engines interlock             # a subset
 
 Each (scenario, parameters) pair runs as a fresh subprocess per engine, with that
 engine's python: interlock with this python (the project venv), LangGraph with
 bench/.venv-langgraph/bin/python, pydantic-graph (S1 and S3 only, when its venv exists)
-with bench/.venv-pydantic-graph/bin/python, and the floor (S1 and S3 only: a bare loop
-producing the log records the SPEC requires, nothing else) with this python. Adapters
+with bench/.venv-pydantic-graph/bin/python, DBOS Transact (S5 and S8 only, when its venv
+exists) with bench/.venv-dbos/bin/python, and the floor (S1, S3 and S5 only: a bare loop
+producing the log records interlock writes, and in S5 committing them a step at a time,
+nothing else) with this python. Adapters
 print one JSON line per measurement; this driver streams them to stdout (unless
 --quiet), writes them all to bench/results/latest.jsonl, and prints a table of medians
-with the ratios interlock/LangGraph, interlock/pydantic-graph and interlock/floor, plus
-the same table as Markdown in bench/results/latest.md. See bench/README.md for the
-scenarios and how to read the ratios.
+with the ratios interlock/LangGraph, interlock/pydantic-graph, interlock/DBOS and
+interlock/floor, plus the same table as Markdown in bench/results/latest.md. See
+bench/README.md for the scenarios and how to read the ratios.
 """
 
 from __future__ import annotations
@@ -41,22 +44,30 @@ ADAPTERS = BENCH / "adapters"
 RESULTS = BENCH / "results"
 LANGGRAPH_PY = BENCH / ".venv-langgraph" / "bin" / "python"
 PYDANTIC_GRAPH_PY = BENCH / ".venv-pydantic-graph" / "bin" / "python"
+DBOS_PY = BENCH / ".venv-dbos" / "bin" / "python"
 
-ENGINES = ("interlock", "langgraph", "pydantic-graph", "floor")
+ENGINES = ("interlock", "langgraph", "pydantic-graph", "dbos", "floor")
+# the engines left out of a default run (no --engines) when their venv is missing
+OPTIONAL = ("pydantic-graph", "dbos")
 # the engines that run with this python (the project venv)
 PROJECT_ENGINES = {"interlock", "floor"}
 # engine -> (its python outside the project venv, the script that makes that venv)
 VENVS = {"langgraph": (LANGGRAPH_PY, "bench/setup_langgraph.sh"),
-         "pydantic-graph": (PYDANTIC_GRAPH_PY, "bench/setup_pydantic_graph.sh")}
+         "pydantic-graph": (PYDANTIC_GRAPH_PY, "bench/setup_pydantic_graph.sh"),
+         "dbos": (DBOS_PY, "bench/setup_dbos.sh")}
 # the engines that run only some scenarios: the rest get a `skipped` line, no process
-COVERS = {"pydantic-graph": {"S1", "S3"}, "floor": {"S1", "S3"}}
+COVERS = {"pydantic-graph": {"S1", "S3"}, "dbos": {"S5", "S8"}, "floor": {"S1", "S3", "S5"}}
 NOT_COVERED = {"pydantic-graph": "not measured for pydantic-graph: the issue's target against "
                                  "it is per-node overhead (S1, S3) with no persistence",
-               "floor": "the floor (the log records alone) is measured only where interlock's "
-                        "per-node target applies: S1 and S3, no persistence"}
+               "dbos": "not measured for DBOS: the issue's targets against it are the durable "
+                       "step (S5) and concurrent durable runs (S8)",
+               "floor": "the floor (the log records alone, committed a step at a time in S5) "
+                        "is measured only where interlock's per-node targets apply: S1, S3 "
+                        "and S5"}
 # engine -> (its column, its ratio column); interlock is the numerator of every ratio
 COLUMNS = {"langgraph": ("langgraph", "ratio il/lg"),
            "pydantic-graph": ("pydantic-graph", "ratio il/pg"),
+           "dbos": ("dbos", "ratio il/dbos"),
            "floor": ("floor", "ratio il/floor")}
 SCENARIOS = ("S1", "S2", "S3", "S4", "S5", "S6", "S7", "S8", "S9")
 
@@ -66,6 +77,12 @@ HIGHER_IS_BETTER = {"runs_per_s", "overlap"}
 COMPARE_WITH = {"per_step_us@sync=full": "per_step_us",
                 "per_step_cpu_us@sync=full": "per_step_cpu_us",
                 "runs_per_s@sync=full": "runs_per_s"}
+# ... and for DBOS, whose SQLite rows are WAL+NORMAL (as interlock's default): interlock's
+# synchronous=full against DBOS's default engine (rollback journal, synchronous=FULL),
+# as against LangGraph's saver's default
+COMPARE_WITH_ENGINE = {("dbos", "per_step_us@sync=full"): "per_step_us@default",
+                       ("dbos", "per_step_cpu_us@sync=full"): "per_step_cpu_us@default",
+                       ("dbos", "runs_per_s@sync=full"): "runs_per_s@default"}
 
 TIMEOUT_S = 900
 
@@ -157,6 +174,10 @@ def run_adapter(engine: str, scenario: str, params: dict[str, Any],
     cmd = [str(py), str(adapter), scenario, json.dumps(params)]
     env = {**os.environ, "PYTHONHASHSEED": "0"}
     env.pop("PYTHONPATH", None)
+    if engine in PROJECT_ENGINES:
+        # this checkout's interlock, not whichever one the venv has installed (an
+        # editable install of another worktree would be measured instead)
+        env["PYTHONPATH"] = str(BENCH.parent)
     lines: list[dict[str, Any]] = []
     with tempfile.TemporaryFile("w+") as errf:
         try:
@@ -359,8 +380,9 @@ def table(rows: list[Row], others: tuple[str, ...] = ("langgraph",)) -> list[lis
         cells = [r.notes.get("interlock", "-") if il is None else _fmt(il)]
         for engine in others:
             v = r.median(engine)
-            if v is None and r.metric in COMPARE_WITH:
-                other = by.get((r.scenario, r.param, COMPARE_WITH[r.metric]))
+            like = COMPARE_WITH_ENGINE.get((engine, r.metric)) or COMPARE_WITH.get(r.metric)
+            if v is None and like is not None:
+                other = by.get((r.scenario, r.param, like))
                 v = other.median(engine) if other else None
             cells.append(r.notes.get(engine, "-") if v is None else _fmt(v))
             cells.append(_fmt(il / v) if il is not None and v else "-")
@@ -436,7 +458,8 @@ def checks(rows: list[Row]) -> list[str]:
 def _durable_lines(by: dict[tuple[str, str, str], Row]) -> list[str]:
     """Issue 19's targets: S5 durable step <= 0.10 of LangGraph (including opening the
     store), S8 runs/s >= 10x LangGraph's, S8 sync=full within 2x of NORMAL, bytes per
-    loop step <= 0.5x."""
+    loop step <= 0.5x; issue 34's: S5 <= 0.10 of DBOS, S8 >= 10x DBOS's runs/s, a lone
+    durable step (the store open) within 3x of the floor."""
     out = []
 
     def med(sc: str, param: str, metric: str, engine: str) -> float | None:
@@ -465,6 +488,24 @@ def _durable_lines(by: dict[tuple[str, str, str], Row]) -> list[str]:
     if normal and full:
         out.append(f"S8 sqlite synchronous=full: {normal / full:.2f}x slower than NORMAL "
                    "(issue 19 target: within 2x)")
+    # issue 34: against DBOS, and a lone durable step against the floor
+    for param in ("chain N=100", "loop N=1000"):
+        il, db = med("S5", param, "per_step_us", "interlock"), med("S5", param, "per_step_us",
+                                                                    "dbos")
+        if il is not None and db:
+            out.append(f"S5 {param} durable step: interlock/DBOS (SQLite WAL+NORMAL both) "
+                       f"{il / db:.2f} (issue 34 target: at most 0.10)")
+        il, fl = (med("S5", param, "per_step_us@open", "interlock"),
+                  med("S5", param, "per_step_us@open", "floor"))
+        if il is not None and fl:
+            out.append(f"S5 {param} lone durable step, NORMAL, store open: {il / fl:.2f}x "
+                       "the floor (issue 34 target: within 3x)")
+    for param in ("sqlite 200x10", "postgres 200x10"):
+        il, db = med("S8", param, "runs_per_s", "interlock"), med("S8", param, "runs_per_s",
+                                                                   "dbos")
+        if il is not None and db:
+            out.append(f"S8 {param} runs/s: interlock/DBOS {il / db:.1f}x "
+                       "(issue 34 target: at least 10x)")
     return out
 
 
@@ -485,13 +526,28 @@ def _floor_lines(by: dict[tuple[str, str, str], Row]) -> list[str]:
 
 # -- main ------------------------------------------------------------------------------------
 
+def _without_missing(engines: list[str], default_engines: bool) -> bool:
+    """Drop from ``engines`` the optional ones whose venv is missing, saying so; False
+    (nothing dropped) when one was asked for by name."""
+    for optional in OPTIONAL:
+        if optional in engines and engine_python(optional) is None:
+            py, setup = VENVS[optional]
+            if not default_engines:
+                print(f"run.py: {py} is missing; run `bash {setup}` first", file=sys.stderr)
+                return False
+            print(f"run.py: {py} is missing; going on without {optional} (`bash {setup}` "
+                  "adds it)", file=sys.stderr)
+            engines.remove(optional)
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer trials (for development)")
     ap.add_argument("--only", default="", help="comma-separated scenarios, e.g. S1,S3")
     ap.add_argument("--engines", default=None,
-                    help="comma-separated engines (interlock,langgraph,pydantic-graph,floor; "
-                         "default: all, pydantic-graph only if bench/.venv-pydantic-graph "
+                    help="comma-separated engines (interlock,langgraph,pydantic-graph,dbos,"
+                         "floor; default: all, pydantic-graph and dbos only if their venv "
                          "exists)")
     ap.add_argument("--out", type=Path, default=None,
                     help="where to write every JSON line (default: bench/results/latest.jsonl "
@@ -517,14 +573,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"run.py: {LANGGRAPH_PY} is missing; run `bash bench/setup_langgraph.sh` "
               "first (or pass --engines interlock)", file=sys.stderr)
         return 2
-    if "pydantic-graph" in engines and engine_python("pydantic-graph") is None:
-        if not default_engines:
-            print(f"run.py: {PYDANTIC_GRAPH_PY} is missing; run "
-                  "`bash bench/setup_pydantic_graph.sh` first", file=sys.stderr)
-            return 2
-        print(f"run.py: {PYDANTIC_GRAPH_PY} is missing; going on without pydantic-graph "
-              "(`bash bench/setup_pydantic_graph.sh` adds it)", file=sys.stderr)
-        engines.remove("pydantic-graph")
+    if not _without_missing(engines, default_engines):
+        return 2
 
     jobs = [j for j in plan(args.quick) if not only or j.scenario in only]
     if args.out is None:
@@ -559,8 +609,8 @@ def main(argv: list[str] | None = None) -> int:
     lines[0].update(info)
 
     rows, notes = build_rows(lines, args.cpu)
-    # LangGraph's columns always (as before), pydantic-graph's and the floor's when they ran
-    others = ("langgraph", *(e for e in ("pydantic-graph", "floor") if e in engines))
+    # LangGraph's columns always (as before), the others' when they ran
+    others = ("langgraph", *(e for e in ("pydantic-graph", "dbos", "floor") if e in engines))
     body = table(rows, others)
     summary = [{"scenario": "summary", "row": dict(zip(body[0], row, strict=True))}
                for row in body[1:]]

@@ -82,6 +82,13 @@ ENGINE_NAMESPACES = frozenset({"run", "node", "edge", "effect", "approval", "sta
 # with, whatever the version that continues it. docs/design.md, "The log".
 FORMAT = 2
 
+# the one record that may follow a run's final record: a server's note that it told a
+# chat (posted, updated or answered) -- the update after the click that ended the run
+# comes after the end, and so do a failed delivery's retries; it changes nothing in the
+# run, and `verify` refuses any other record there
+NOTIFY_SENT = "notify.sent"
+AFTER_END = frozenset({NOTIFY_SENT})
+
 TERMINAL_TYPES = {
     RUN_COMPLETED: "COMPLETED",
     RUN_FAILED: "FAILED",

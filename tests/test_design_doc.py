@@ -214,9 +214,15 @@ CLAIMS: dict[str, Evidence] = {
     "function over 60": Value("test_house", "FUNCTION_LINES", 60),
     "under 30 per 1,000 lines": Value("test_house", "ANY_PER_KLOC", 30),
     "at least 8% of": Value("test_house", "ENGINE_COMMENT_SHARE", 0.08),
+    # the SQLite store's writes on the event loop's thread
+    "the loop yielded after 2 ms of them": Value("interlock._store._sqlite_inline",
+                                                 "YIELD_EVERY", 0.002),
     # the SQLite change detector
     "looked at every 10 ms": Value("interlock._store._sqlite_watch", "EVERY", 0.01),
     "and 2 s after": Value("interlock._store._sqlite_watch", "LINGER", 2.0),
+    "every 10 ms for 0.25 s": Value("interlock._store._sqlite_watch", "BURST", 0.25),
+    "retried from 0.1 s": Value("interlock._store._postgres_listen", "RETRY", 0.1),
+    "doubling up to 5 s": Value("interlock._store._postgres_listen", "RETRY_MAX", 5.0),
     # the module table
     "YAML 1.2": ByTest("tests/definition/test_validate.py::"
                        "test_yaml_1_2_keeps_yes_and_on_as_strings"),
@@ -328,6 +334,10 @@ CLAIMS: dict[str, Evidence] = {
     "the CLI's exit 2, the server's 409": ByTest(
         "tests/ops/test_versions.py::"
         "test_a_server_with_strict_code_refuses_a_decision_after_the_code_changed"),
+    # chat deliveries (issue 30)
+    "(no answer, 429, 5xx, Slack's transient errors)": ByTest(
+        "tests/server/test_chat_deliveries.py::"
+        "test_a_post_that_fails_twice_is_retried_and_each_attempt_is_on_record"),
     # known limits
     "1000-branch fan-out take ~6 s (a million pairs); it now takes ~0.2 s": Unkept(
         "timed when the pairs were made lazy; the property test "

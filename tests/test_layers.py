@@ -33,7 +33,7 @@ LAYERS: dict[int, set[str]] = {
         "_store._sqlite_ops", "_store._postgres_sql", "_store._postgres_conn",
         "_store._postgres_writes", "_store._postgres_claims", "_store._sqlite_file",
         "_store._sqlite_wal", "_store._sqlite_writes", "_store._sqlite_watch",
-        "_store._postgres_listen",
+        "_store._file_events", "_store._sqlite_inline", "_store._postgres_listen",
         "_definition._yaml_fast", "_observe._otel"},
     # the file front end, state updates, rendering, the node-kind protocol
     2: {"_definition._spec", "_definition._state", "_definition._render", "_definition._kinds",
@@ -45,7 +45,7 @@ LAYERS: dict[int, set[str]] = {
         "_definition._checks_graph", "_definition._plan"},
     # the flow machine, the fold, its snapshots, approvals, the journal (records sealed,
     # folded, stored), the lease keeper (leases renewed off the event loop)
-    4: {"_engine._flow", "_engine._view", "_engine._migration", "_engine._fold",
+    4: {"_engine._flow", "_engine._view", "_engine._gates", "_engine._migration", "_engine._fold",
         "_engine._snapshot", "_engine._approvals", "_engine._journal", "_engine._lease",
         "_engine._staging", "_engine._expand"},
     # the node call: its context, the guards, process isolation
@@ -73,7 +73,8 @@ LAYERS: dict[int, set[str]] = {
     10: {"", "__main__", "testing", "support", "cli", "cli._common", "cli._format", "cli._inspect",
         "cli._progress", "cli._run", "cli._trace", "cli._coverage", "cli._prune", "cli._serve",
         "cli._remote", "cli._triggers", "cli._worker", "cli._migrate", "cli._mcp", "mcp",
-        "mcp._tools", "mcp._local", "mcp._conversation", "mcp._runs", "server", "server._app",
+        "mcp._tools", "mcp._local", "mcp._conversation", "mcp._runs",
+        "mcp._tasks", "server", "server._app",
         "server._auth",
         "server._hub", "server._main", "server._models", "server._notify", "server._pool",
         "server._dashboard", "server._loops", "server._reads", "server._guard",
@@ -81,7 +82,8 @@ LAYERS: dict[int, set[str]] = {
         "server._routes_workflows", "server._routes_meta", "server._layout", "cli._chat",
         "cli._chat_live", "cli._chat_remote",
         "server._routes_messages", "server._mcp",
-        "server._chat", "server._slack", "server._google_chat", "server._routes_chat"},
+        "server._chat", "server._slack", "server._google_chat", "server._routes_chat",
+        "server._deliveries"},
 }
 LAYER_OF = {m: n for n, mods in LAYERS.items() for m in mods}
 

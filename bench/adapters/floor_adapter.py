@@ -31,23 +31,38 @@ and the same chain as interlock's.
 No scheduler, no fold into a view, no store interface, no run id, no update validation,
 no timeouts, no commit batching: whatever interlock spends beyond this is its own.
 Timing is as in the other adapters (``_common.trials``, the same metric names).
+
+S5 (durable): the same records, and after each node its records appended to a SQLite
+file in WAL mode with one commit (``BEGIN IMMEDIATE``, one ``INSERT`` per record into a
+table of ``(id, data, hash)`` as interlock's ``entries``, ``COMMIT``), on the event
+loop's thread, and no checkpoint -- what a durable step cannot do without. A run's
+``run.started`` and ``START`` edge are committed together first, its ``run.completed``
+last. Three ways, as
+interlock's S5 rows: a new file whose connection, WAL switch and table are made inside
+the clock (``per_step_us``), the same with ``synchronous=full`` (``@sync=full``), and a
+connection opened and its table made before the clock (``@open``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import shutil
+import sqlite3
+import tempfile
 import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import orjson
-from _common import Emitter, main, per_step_trials
+from _common import Emitter, db_size_kb, main, per_step_trials
 
 from interlock._definition._expr import compile_expression
 
 ENGINE = "floor"
-NOT_MEASURED = ("the floor (the log records alone) is measured only where interlock's "
-                "per-node target applies: S1 and S3, no persistence")
+NOT_MEASURED = ("the floor (the log records alone, committed one step at a time in S5) is "
+                "measured only where interlock's per-node targets apply: S1, S3 and S5")
 
 _OPTS = orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY
 _dumps = orjson.dumps
@@ -65,14 +80,24 @@ def _default(obj: Any) -> Any:
 
 
 class Log:
-    """A run's records: numbered, timestamped, serialised, hash-chained, kept in a list."""
+    """A run's records: numbered, timestamped, serialised, hash-chained, kept in a list;
+    with a ``commit`` (S5), each node's are appended to a database after it."""
 
-    __slots__ = ("entries", "prev", "seq")
+    __slots__ = ("commit", "committed", "entries", "prev", "seq")
 
-    def __init__(self) -> None:
+    def __init__(self, commit: Callable[[list[tuple[int, str, bytes, str]]], None] | None
+                 = None) -> None:
         self.seq = 0
         self.prev = b"0" * 64  # the genesis hash, as ASCII bytes
         self.entries: list[tuple[int, str, bytes, str]] = []
+        self.commit = commit
+        self.committed = 0  # entries[:committed] are in the database
+
+    def flush(self) -> None:
+        """S5: the records not yet committed, in one transaction."""
+        if self.commit is not None:
+            self.commit(self.entries[self.committed:])
+            self.committed = len(self.entries)
 
     def seal(self, rtype: str, rec: dict[str, Any]) -> None:
         self.seq = seq = self.seq + 1
@@ -111,11 +136,13 @@ def _check(state: dict[str, Any], log: Log, n: int, records: int) -> None:
 # -- scenarios -----------------------------------------------------------------------------
 
 async def run_chain(names: list[str], successors: list[str], definition_hash: str,
-                    data: dict[str, Any]) -> tuple[dict[str, Any], Log]:
+                    data: dict[str, Any], log: Log | None = None
+                    ) -> tuple[dict[str, Any], Log]:
     """START -> n0 -> ... -> n{N-1} -> END: three records per node, two per run."""
-    log = Log()
-    seal = log.seal
+    log = log or Log()
+    seal, flush = log.seal, log.flush
     _start(log, f"chain-{len(names)}", definition_hash, data, names[0])
+    flush()
     state = dict(data)
     for k, name in enumerate(names):
         seal("node.started", {"node": name, "visit": 1, "attempt": 1})
@@ -126,7 +153,9 @@ async def run_chain(names: list[str], successors: list[str], definition_hash: st
         seal("node.completed", {"node": name, "visit": 1, "attempt": 1,
                                 "duration_ms": duration, "update": update})
         seal("edge.taken", {"edge": k + 1, "from": name, "to": [successors[k]]})
+        flush()
     seal("run.completed", {})
+    flush()
     return state, log
 
 
@@ -144,11 +173,13 @@ async def s1(em: Emitter, p: dict[str, Any]) -> None:
 
 
 async def run_loop(cond: Any, definition_hash: str, workflow: str,
-                   data: dict[str, Any]) -> tuple[dict[str, Any], Log]:
+                   data: dict[str, Any], log: Log | None = None
+                   ) -> tuple[dict[str, Any], Log]:
     """step -> step when the condition holds, otherwise END: four records per iteration."""
-    log = Log()
-    seal = log.seal
+    log = log or Log()
+    seal, flush = log.seal, log.flush
     _start(log, workflow, definition_hash, data, "step")
+    flush()
     source = cond.source
     state = dict(data)
     visit = 0
@@ -169,6 +200,7 @@ async def run_loop(cond: Any, definition_hash: str, workflow: str,
                                 "value": value, "reads": reads})
             seal("edge.skipped", {"edge": 2, "from": "step", "expr": "otherwise",
                                   "value": False})
+            flush()
         else:
             seal("edge.skipped", {"edge": 1, "from": "step", "expr": source,
                                   "value": value, "reads": reads})
@@ -176,6 +208,7 @@ async def run_loop(cond: Any, definition_hash: str, workflow: str,
                                 "expr": "otherwise", "value": True})
             break
     seal("run.completed", {})
+    flush()
     return state, log
 
 
@@ -189,6 +222,85 @@ async def s3(em: Emitter, p: dict[str, Any]) -> None:
         _check(state, log, n, 4 * n + 3)
 
     await per_step_trials(em, p, once, n, "per_iter")
+
+
+# -- S5: the records committed a step at a time -----------------------------------------------
+
+_TABLE = "CREATE TABLE IF NOT EXISTS entries (id INTEGER PRIMARY KEY, data TEXT, hash BLOB)"
+_INSERT = "INSERT INTO entries (id, data, hash) VALUES (?, ?, ?)"
+
+
+def connect(path: Path, synchronous: str) -> sqlite3.Connection:
+    """A new database file in WAL mode with the entries table. As interlock's store: the
+    switch of the new, empty file to WAL without its fsyncs (``synchronous=OFF``), and no
+    checkpoint inside a commit (``wal_autocheckpoint=0``; interlock checkpoints on a
+    thread of its own, here the WAL is copied into the file by the close, after the
+    clock)."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA synchronous = OFF")
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute(f"PRAGMA synchronous = {synchronous}")
+    conn.execute("PRAGMA wal_autocheckpoint = 0")
+    conn.execute(_TABLE)
+    return conn
+
+
+def committer(conn: sqlite3.Connection) -> Callable[[list[tuple[int, str, bytes, str]]], None]:
+    execute, executemany = conn.execute, conn.executemany
+
+    def commit(entries: list[tuple[int, str, bytes, str]]) -> None:
+        execute("BEGIN IMMEDIATE")
+        executemany(_INSERT, [(seq, data.decode(), bytes.fromhex(h))
+                              for seq, _, data, h in entries])
+        execute("COMMIT")
+
+    return commit
+
+
+async def s5(em: Emitter, p: dict[str, Any]) -> None:
+    n, warm_n = p["n"], p.get("warmup_n", p["n"])
+    tmp = Path(tempfile.mkdtemp(prefix="floor-bench-"))
+    per_node = 3 if p["graph"] == "chain" else 4
+    cond = compile_expression(f"i < {n}")
+    k = 0
+
+    async def run(steps: int, log: Log) -> None:
+        if p["graph"] == "chain":
+            names = [f"n{j}" for j in range(steps)]
+            state, _ = await run_chain(names, [*names[1:], "END"],
+                                       _definition_hash(f"chain-{steps}"), {"i": 0}, log)
+        else:
+            c = cond if steps == n else compile_expression(f"i < {steps}")
+            state, _ = await run_loop(c, _definition_hash(f"loop-{steps}"), f"loop-{steps}",
+                                      {"i": 0}, log)
+        _check(state, log, steps, per_node * steps + 3)
+
+    async def once(steps: int, synchronous: str, opened: bool) -> tuple[float, float, float]:
+        nonlocal k
+        k += 1
+        path = tmp / f"run{k}.db"
+        conn = connect(path, synchronous) if opened else None
+        c0, t0 = time.process_time(), time.perf_counter()
+        if conn is None:
+            conn = connect(path, synchronous)
+        await run(steps, Log(committer(conn)))
+        dt, cpu = time.perf_counter() - t0, time.process_time() - c0
+        conn.close()
+        return dt, cpu, db_size_kb(path)
+
+    try:
+        for synchronous, opened, suffix in (("NORMAL", False, ""), ("FULL", False, "@sync=full"),
+                                            ("NORMAL", True, "@open")):
+            for _ in range(p["warmup"]):
+                await once(warm_n, synchronous, opened)
+            for t in range(p["trials"]):
+                dt, cpu, size = await once(n, synchronous, opened)
+                em.value("per_step_us" + suffix, dt / n * 1e6, "us", trial=t)
+                em.value("per_step_cpu_us" + suffix, cpu / n * 1e6, "us", trial=t)
+                if not suffix:
+                    em.value("db_kb", size, "KiB", trial=t)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def not_measured(em: Emitter, p: dict[str, Any]) -> None:
@@ -209,5 +321,6 @@ def _dist_version(name: str) -> str:
 
 
 if __name__ == "__main__":
-    main(ENGINE, {"S1": s1, "S3": s3, **{s: not_measured for s in ("S2", "S4", "S5", "S6", "S7")}},
+    main(ENGINE, {"S1": s1, "S3": s3, "S5": s5,
+                  **{s: not_measured for s in ("S2", "S4", "S6", "S7", "S8", "S9")}},
          _version)

@@ -40,6 +40,7 @@ from .._definition._state import check_whole_values
 from .._errors import UsageError
 from . import _records as R
 from ._fold import RunView
+from ._gates import gate_name, oldest
 from ._view import Gate, gate_key
 
 ENGINE = "interlock (deadline)"
@@ -377,36 +378,6 @@ def _pick(pending: list[Gate], node: str | None) -> Gate:
 
 
 # -- several gates at once ----------------------------------------------------
-
-
-def gate_name(gate: Gate) -> str:
-    """The gate's name in ``waiting.pending`` and for ``--gate``/the API's ``node``: its
-    node, ``NODE[i]`` for item ``i`` of a mapped gate, or for a child run's gate the path
-    of nodes down to it."""
-    return gate.path or (gate.node if gate.item is None else f"{gate.node}[{gate.item}]")
-
-
-def gate_slot(gate: Gate) -> str:
-    """The key a decision on ``gate`` is offered under (`Store.offer_decision`): one per
-    visit of the gate, and for a confirmation asked inside a node (a guarded tool call)
-    one per key it asks under; and per request (an unknown outcome asked after the
-    confirmation of the same visit), so that a gate asked again is decided afresh."""
-    return f"{gate_name(gate)}#{gate.visit}@{gate.requested_at!r}" + (
-        f"#{gate.key}" if gate.key is not None else "")
-
-
-def oldest(pending: list[Gate]) -> Gate:
-    """The gate waiting longest (by ``requested_at``; the first requested on a tie)."""
-    return min(pending, key=lambda g: g.requested_at)
-
-
-def waiting_object(pending: list[Gate]) -> dict[str, Any]:
-    """The ``waiting`` object of a run waiting at ``pending``: the oldest
-    gate's, with ``pending`` listing every waiting gate, oldest first."""
-    gates = sorted(pending, key=lambda g: g.requested_at)
-    out = gates[0].waiting()
-    out["pending"] = [g.waiting() for g in gates]
-    return out
 
 
 def offer_of(gate: Gate, decision: Decision) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from .._errors import UsageError
-from .._json import JSON
+from .._json import JSON, JSONObject
 from .._store import Claim
 from ._budget import Tally
 from ._records import decision_key
@@ -82,7 +82,8 @@ class PauseRequested(BaseException):
 
     def __init__(self, key: str, show: Mapping[str, object],
                  edit: Mapping[str, object] | None = None, *, path: str | None = None,
-                 decisions: list[str] | None = None, kind: str | None = None) -> None:
+                 decisions: list[str] | None = None, kind: str | None = None,
+                 pending: list[JSONObject] | None = None) -> None:
         super().__init__(key)
         self.key = key
         self.show = dict(show)
@@ -92,6 +93,9 @@ class PauseRequested(BaseException):
         # a gate of a child run (a sub-workflow node): the path of nodes down to
         # it (``remediate/approval``), its decisions above; ``key`` is the child's run id
         self.path = path
+        # and every gate the child waits at (its ``waiting.pending``), each named by its
+        # path from the parent (`_subflow.child_gates`)
+        self.pending = pending
         # what the gate is when not a tool's confirmation or a child's gate: "message", a
         # conversation waiting for its next message
         self.kind = kind

@@ -33,6 +33,7 @@ async def finish(calls: NodeCall, decide: Decider, out: Outcome, *,
             "key": pause.key, "show": L.to_json_value(pause.show), "path": pause.path,
             "decisions": pause.decisions, "tokens": out.tokens or None,
             "child_kind": pause.kind if pause.path is not None else None,
+            "pending": pause.pending,  # a child's gates, each by its path (`_gates.entries`)
             "approvers": approvers(decide.plan.nodes[out.node].spec)}
         if pause.edit is not None:  # what a modify patch must satisfy
             fields["input"] = pause.edit

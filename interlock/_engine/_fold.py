@@ -31,6 +31,7 @@ from .._definition._plan import PlanEdge, PlanNode
 from .._definition._state import merge_update
 from .._errors import InternalError
 from ._flow import Due
+from ._gates import shown
 from ._migration import migrate
 from ._view import Gate, MapRun, ViewData, Visit, Writer, gate_key
 
@@ -305,7 +306,8 @@ class RunView(ViewData):
                                rec.get("show") or {}, rec["decisions"], rec.get("deadline"),
                                key=rec.get("key"), input=rec.get("input"),
                                path=rec.get("path"), item=item,
-                               child_kind=rec.get("child_kind"))
+                               child_kind=rec.get("child_kind"),
+                               children=rec.get("pending"))
 
     def _on_approval_decided(self, rec: L.Record) -> None:
         gate = self.gates[gate_key(rec["node"], rec["visit"], rec.get("item"))]
@@ -439,9 +441,12 @@ class RunResult:
 
 
 def result_of(run_id: str, workflow: str, view: RunView) -> RunResult:
-    return RunResult(run_id=run_id, workflow=workflow, status=view.status,
+    """The run as its surfaces show it: WAITING_APPROVAL while a gate waits, also while
+    its executor runs other branches (`_gates.shown`)."""
+    status, waiting = shown(view)
+    return RunResult(run_id=run_id, workflow=workflow, status=status,
                      state=dict(view.state), steps=view.steps, tokens=view.tokens,
-                     error=view.error, waiting=view.waiting)
+                     error=view.error, waiting=waiting)
 
 
 _MID_BODY = frozenset({"tool", "workflow", "message"})  # gates asked for from inside a node's body

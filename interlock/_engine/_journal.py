@@ -32,6 +32,7 @@ from .._errors import ClaimError, ConflictError, RunNotFound, StoreError
 from .._store import Claim, Store, Summary
 from . import _snapshot as snapshots
 from ._fold import RunView
+from ._gates import shown
 from ._records import Item
 from ._staging import Staging
 
@@ -134,13 +135,13 @@ class Journal(Staging):
             # ``__init__`` (two calls less per step): a bare instance, every slot set here
             v = self.view
             summary = _new_summary(Summary)
-            summary.status = v.status
             summary.last_seq = self.writer.seq
             summary.last_hash = self.writer.hash
             summary.steps = v.steps
             summary.tokens = v.tokens
             summary.error = v.error
-            summary.waiting = v.waiting
+            # a gate waits: the row shows it in the very write that commits it (`shown`)
+            summary.status, summary.waiting = shown(v) if v.gates else (v.status, v.waiting)
             summary.updated_at = time.time()
             try:
                 await self._append(entries, summary, release)

@@ -51,11 +51,12 @@ from .._definition._plan import Plan, PlanNode
 from .._errors import InterlockError, InternalError, RunError, StepLimitError, UnknownOutcome
 from .._json import JSONObject
 from . import _records as R
-from ._approvals import close_others, offered, requested, waiting_object
+from ._approvals import close_others, offered, requested
 from ._call import NodeCall
 from ._decide import Abort, Decider, Rejected
 from ._finish import complete, finish
 from ._fold import RunView
+from ._gates import waiting_object
 from ._guards import Outcome
 from ._journal import StoreOutage
 from ._mapped import run_items
@@ -84,9 +85,7 @@ class Runner:
         self.inline = self.inline  # (the class's, read faster from the instance)
         self.calls = NodeCall(plan, view, sink, run_id)
         self.decide = Decider(plan, view, sink)
-        # nodes whose inline visits may be one node.visited (`_journal.Journal.defer`): an
-        # ``async def`` in the loop, which says when it first waits (`_guards.in_loop`)
-        self._deferrable = plan.in_loop if view.format > 1 else frozenset()
+        self._deferrable = plan.in_loop if view.format > 1 else frozenset()  # (`_staging`)
         # outcomes of visits run as tasks -- or what one raised, for the loop to raise
         self._done: asyncio.Queue[Outcome | BaseException] | None = None
         self._tasks: dict[tuple[str, int], asyncio.Task[None]] = {}
@@ -98,6 +97,7 @@ class Runner:
         # the decisions offered for this run's gates by other processes while it executes
         # (`Store.offer_decision`), read when it would otherwise wait: set by its driver
         self.offers: Callable[[], Awaitable[dict[str, dict[str, Any]]]] | None = None
+        self._asked = False  # a gate's request staged, not flushed yet
 
     async def execute(self) -> None:
         """Run the loop until the run ends or waits; its last record is committed."""
@@ -153,8 +153,7 @@ class Runner:
                     if outcome.error is None and outcome.pause is None and not pn.branched:
                         # the common case, without a coroutine
                         if outcome.goto is None and not outcome.tokens:
-                            # `complete(decide, outcome)` with R.node_completed(...) inlined (see
-                            # `_records`: the hot path)
+                            # `complete(decide, outcome)`, R.node_completed inlined (`_records`)
                             fields: JSONObject = {
                                 "node": outcome.node, "visit": outcome.visit,
                                 "attempt": outcome.attempt, "duration_ms": outcome.duration_ms}
@@ -270,6 +269,9 @@ class Runner:
         fan-out's branches often end together) and commit them in one batch."""
         done = self._done
         assert done is not None
+        if self._asked:  # a gate asked (`_start_ready`): committed before the wait, so
+            self._asked = False  # the run shows WAITING_APPROVAL now (`_gates.shown`)
+            await self.sink.flush()
         outcome = await done.get()
         while True:
             if isinstance(outcome, _Offers):  # decisions offered: fold them in
@@ -303,11 +305,10 @@ class Runner:
                 if limit is not None and view.steps >= limit:
                     raise Abort(_step_limit(limit, node))
                 visit = view.started.get(node, 0) + 1
-                if node in self._deferrable:  # node.visited, if it never waits (format 2)
+                if node in self._deferrable:  # node.visited if it never waits (format 2)
                     self.sink.defer(node, visit)
-                    return pn, visit
-                # R.node_started(node, visit, 1), inlined (see `_records`: the hot path)
-                self.sink.put(L.NODE_STARTED, {"node": node, "visit": visit, "attempt": 1})
+                else:  # R.node_started(node, visit, 1), inlined (`_records`: the hot path)
+                    self.sink.put(L.NODE_STARTED, {"node": node, "visit": visit, "attempt": 1})
                 return pn, visit
         recs = self.sink.stage([R.node_started(n, vis, 1) for n, vis in _next_visits(self.view)])
         gates = [rec for rec in recs if self._is_gate(rec["node"])]
@@ -315,6 +316,7 @@ class Runner:
             nodes, state = self.plan.nodes, self.view.state
             self.sink.stage([requested(rec["node"], nodes[rec["node"]].spec, rec["visit"], state)
                              for rec in gates])
+            self._asked = True
         # node.started is not flushed on its own: it goes with the next commit (a
         # completion, an effect, a retry). A crash before that loses only the fact
         # that the visit had started, so it starts again -- with the same visit

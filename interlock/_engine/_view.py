@@ -88,12 +88,15 @@ class Gate:
     path: str | None = None  # for kind "workflow": the nodes down to the child's gate
     item: int | None = None  # a mapped gate's item (its index, from 0): ``NODE[i]``
     child_kind: str | None = None  # for kind "workflow": the kind of the child's gate
+    # for kind "workflow": every gate the child waits at (its ``waiting.pending``), each
+    # named by its path from this run -- what this run's ``waiting.pending`` lists
+    children: list[JSONObject] | None = None
 
     def encode(self) -> list[object]:
         """Its snapshot encoding: its fields, in order (``Gate(*encoded)`` restores it)."""
         return [self.node, self.visit, self.kind, self.requested_at, self.show,
                 self.decisions, self.deadline, self.decision, self.body_started, self.key,
-                self.input, self.path, self.item, self.child_kind]
+                self.input, self.path, self.item, self.child_kind, self.children]
 
     @property
     def slot(self) -> tuple[str, int]:

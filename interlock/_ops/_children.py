@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from .. import _log as L
 from .._engine._fold import RunView
+from .._engine._gates import gate_name, running_beside
 from .._engine._view import Gate
 from .._errors import RunNotFound, UsageError
 from .._store import Store
@@ -19,9 +20,12 @@ if TYPE_CHECKING:
     from .._engine._approvals import Decision
 
 
-async def waiting_path(store: Store, run_id: str, parent: str | None = None) -> str | None:
-    """The path of nodes down to the gate a run waits at (through its child runs), or
-    None when nothing in it waits for a human -- or, with ``parent``, when it is not that
+async def waiting_paths(store: Store, run_id: str, parent: str | None = None
+                        ) -> list[str] | None:
+    """The names of every gate a run waits at (its own, and through its child runs each
+    gate's path of nodes down to it), sorted; None when the run does not only wait for
+    humans -- it is not WAITING_APPROVAL, or a gate was decided and its branch is to go
+    on, or a child it waits through moved on -- or, with ``parent``, when it is not that
     run's child (a fork's log names the children of the run it was forked from)."""
     try:
         loaded = await load_run(store, run_id)
@@ -30,15 +34,19 @@ async def waiting_path(store: Store, run_id: str, parent: str | None = None) -> 
     view = loaded.view
     if parent is not None and (loaded.row.options.get("parent") or {}).get("run") != parent:
         return None
-    if view.status != "WAITING_APPROVAL":
+    pending = view.pending_gates()
+    if view.status != "WAITING_APPROVAL" or running_beside(view, pending) is not None:
         return None
-    for gate in view.pending_gates():
+    names = []
+    for gate in pending:
         if gate.kind != "workflow" or gate.key is None:
-            return gate.node
-        below = await waiting_path(store, gate.key, run_id)
-        if below is not None:
-            return f"{head(gate)}/{below}"
-    return None
+            names.append(gate_name(gate))
+            continue
+        below = await waiting_paths(store, gate.key, run_id)
+        if below is None:
+            return None  # this run has the child's node to run again
+        names += [f"{head(gate)}/{b}" for b in below]
+    return sorted(names)
 
 
 def head(gate: Gate) -> str:
@@ -62,8 +70,12 @@ async def _unblocked(store: Store, run_id: str, view: RunView
     for gate in view.pending_gates():
         if gate.kind != "workflow" or gate.key is None:
             continue
-        below = await waiting_path(store, gate.key, run_id)
-        if below is None or f"{head(gate)}/{below}" != gate.path:
+        below = await waiting_paths(store, gate.key, run_id)
+        # what the node recorded it waits for: each of the child's gates (or, in a log
+        # from before they were listed, the oldest)
+        shown = sorted(str(c.get("node")) for c in gate.children) if gate.children \
+            else [gate.path]
+        if below is None or [f"{head(gate)}/{b}" for b in below] != shown:
             items.append((L.APPROVAL_DECIDED, {"node": gate.node, "visit": gate.visit,
                                                "kind": "workflow", "decision": "continued",
                                                "key": gate.key}))

@@ -21,6 +21,7 @@ from .._definition._model import DEFAULT_STEPS, WorkflowSpec
 from .._definition._plan import Plan
 from .._engine._context import CLAIM_GUARD
 from .._engine._fold import RunResult, RunView, result_of
+from .._engine._gates import running_beside
 from .._engine._journal import Journal
 from .._engine._lease import Held, keeper_for
 from .._engine._runner import Runner, Stop
@@ -529,9 +530,10 @@ async def continue_child(store: Store, run_id: str, workflow: Functions | None, 
     first: list[tuple[str, dict[str, object]]] = []
     if view.status == "WAITING_APPROVAL":
         first = await _unblocked(store, run_id, view)
-        moved = {(f["node"], f["visit"]) for _, f in first}
-        if any((g.node, g.visit) not in moved for g in view.pending_gates()):
-            return result_of(run_id, loaded.row.workflow, view)  # waits for a human
+        # it waits for a human -- unless a child it waits through moved on, or a gate of
+        # its own was decided (the parent forwarded the decision) while others still wait
+        if not first and running_beside(view, view.pending_gates()) is None:
+            return result_of(run_id, loaded.row.workflow, view)
     return await drive(loaded.plan, store, run_id, view, loaded.writer(),
                        first=[(L.RUN_RESUMED, {"by": None}), *first], listener=listener)
 

@@ -62,9 +62,16 @@ async def _export(st: Store, run_id: str, above: tuple[str, ...] = ()
     links = ChildLinks(row, above)
     children = [c async for c in _children(st, links)]
     yield orjson.dumps({**header(row), "children": children}) + b"\n"
+    # the records the header counts, no more: one appended while this reads (a running
+    # run's, or a notify.sent after an ended run's final record) is the next export's
+    end = row.summary.last_seq
     async for entries in st.iter_entries(run_id, page=TRACE_PAGE):
         for entry in entries:
+            if entry.seq > end:
+                break
             yield entry.data + b"\n"
+        if entries and entries[-1].seq >= end:
+            break
     for child in children:
         async for line in _export(st, child, links.path):
             yield line

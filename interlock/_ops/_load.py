@@ -17,8 +17,9 @@ from .._definition._model import WorkflowSpec
 from .._definition._plan import Plan
 from .._definition._spec import parse
 from .._engine import _snapshot as snapshots
+from .._engine._expand import Expander
 from .._engine._fold import RunResult, RunView, result_of
-from .._errors import LogError, UsageError
+from .._errors import InterlockError, LogError, UsageError
 from .._json import JSONObject
 from .._plugins._compile import compile_spec, reading_plan
 from .._store import RunRow, Store, acquire_store, release_store
@@ -269,3 +270,36 @@ async def status(run_id: str, *, store: str | Store | None = None) -> RunResult:
     finally:
         if owned:
             await release_store(st)
+
+
+async def expander(st: Store, row: RunRow, after: int = 0) -> Expander | None:
+    """What reads the run's records as format 1 writes them (`_engine._expand`), from
+    record ``after`` on; None when its definition no longer loads (read as stored).
+    (A server's event stream asks at every commit: the plans and the runs' formats are
+    kept, `_EXPANDING`.)"""
+    plans, formats = _EXPANDING
+    plan = plans.get(row.definition_hash)
+    if plan is None:
+        try:
+            plan = reading_plan(parse(row.definition))
+        except (InterlockError, ValueError):
+            return None
+        if len(plans) >= _EXPANDING_KEPT:
+            plans.clear()
+        plans[row.definition_hash] = plan
+    exp = Expander(plan, plans=plan_maker())
+    if after:  # its format, as its run.started says
+        key = (row.run_id, row.created_at)
+        if key not in formats:
+            first = await st.entries_page(row.run_id, 0, 1)
+            if first:
+                exp(first[0].record())
+            if len(formats) >= _EXPANDING_KEPT:
+                formats.clear()
+            formats[key] = exp.format
+        exp.format = formats[key]
+    return exp
+
+
+_EXPANDING: tuple[dict[str, Plan], dict[tuple[str, float], int]] = ({}, {})
+_EXPANDING_KEPT = 1024

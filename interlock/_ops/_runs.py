@@ -16,9 +16,6 @@ from typing import TYPE_CHECKING, Any
 from .. import _log as L
 from .._definition._bounds import check_config, check_run_id
 from .._definition._model import WorkflowSpec, check_limits
-from .._definition._plan import Plan
-from .._definition._spec import parse
-from .._engine._expand import Expander
 from .._engine._fold import RunResult, RunView, result_of
 from .._engine._journal import Journal
 from .._engine._view import gate_key
@@ -26,13 +23,11 @@ from .._errors import (
     ClaimError,
     ClaimLost,
     ConflictError,
-    InterlockError,
     LogError,
     RunNotFound,
     UsageError,
     WorkflowError,
 )
-from .._plugins._compile import reading_plan
 from .._store import RunRow, Store, Summary, release_store
 from ._children import _child_gate, _decide_child, _expired_children, _unblocked
 from ._claims import LEASE_SECONDS, _claim_of, make_owner, make_run_id
@@ -45,9 +40,9 @@ from ._load import (
     TRACE_PAGE,
     Functions,
     Loaded,
+    expander,
     load_run,
     open_store_arg,
-    plan_maker,
 )
 from ._outcomes import unknown_outcomes
 from ._verify import ChildLinks
@@ -139,6 +134,12 @@ async def resume_gate(run_id: str, decision: Decision | None = None, *,
             offered_gate = await _offer(st, run_id, decision, workflow)
         if offered_gate is not None:
             decision = None  # the offer is folded in with the others (`_resume`)
+        elif decision is not None:  # a child run's gate, while another process executes
+            handed = await _offer_child(st, run_id, decision, workflow)
+            if handed is not None:
+                return await _handover(st, run_id, handed[0], handed[1], workflow=workflow,
+                                       config=config, limits=limits, listener=listener,
+                                       detach=detach)
         try:
             return await _resume(st, run_id, decision, workflow=workflow, config=config,
                                  limits=limits, force=force, listener=listener,
@@ -171,7 +172,8 @@ async def _offer(st: Store, run_id: str, decision: Decision, workflow: Functions
     offered for, or None for a decision this run does not take by an offer (a gate of a
     child run, a run waiting for nothing: `_resume` decides or refuses it as before).
     Raises UsageError when refused (checked, or another decision won the gate)."""
-    from .._engine._approvals import decide, expire, gate_name, gate_slot, offer_of
+    from .._engine._approvals import decide, expire, offer_of
+    from .._engine._gates import gate_name, gate_slot
 
     loaded = await load_run(st, run_id, workflow=workflow, executable=strict_code())
     view = loaded.view
@@ -196,6 +198,37 @@ async def _offer(st: Store, run_id: str, decision: Decision, workflow: Functions
                         f"{via}); exactly one decision per gate wins -- see "
                         f"`interlock status {run_id}`")
     return gate.slot[0], gate.visit, gate.key, gate.requested_at
+
+
+async def _offer_child(st: Store, run_id: str, decision: Decision, workflow: Functions | None
+                       ) -> tuple[tuple[str, int, str | None, float], str] | None:
+    """A decision on a gate of a child run while another process executes this run (its
+    other branches running): decided in the child (parked, unclaimed: exactly one
+    decision per gate wins there, the child's log refusing the second), then offered to
+    the executor for this run's gate that waits through the child -- it runs the node
+    again, which continues the child. The gate offered for and the executor; None when
+    the run is not executed elsewhere or the decision is not for a child's gate."""
+    from dataclasses import replace
+
+    from .._engine._approvals import offer_of
+    from .._engine._gates import gate_name, gate_slot
+    from .._store import owner_gone
+
+    row = await st.get_run(run_id)
+    if row.owner is None or (row.lease_until or 0.0) <= time.time() or owner_gone(row.owner):
+        return None
+    loaded = await load_run(st, run_id, workflow=workflow)
+    child = _child_gate(loaded.view, decision, await _unblocked(st, run_id, loaded.view))
+    if child is None or loaded.view.status in TERMINAL_STATUSES:
+        return None
+    gate, below = child
+    await _decide_child(st, str(gate.key), below)  # (raises: refused, recorded nothing)
+    # (a taken slot: another of the child's gates was offered first -- the node runs
+    # again either way, and finds the child with both decisions)
+    await st.offer_decision(run_id, gate_slot(gate), offer_of(gate, replace(
+        decision, kind="reject" if decision.kind == "reject" else "approve",
+        node=gate_name(gate), data=None, patch={}, at=None)))
+    return (gate.slot[0], gate.visit, gate.key, gate.requested_at), str(row.owner)
 
 
 class GateTaken(UsageError):
@@ -306,7 +339,8 @@ async def _decisions(st: Store, run_id: str, loaded: Loaded, decision: Decision 
     whose deadline passed, the child runs that wait no more, ``decision`` -- on a gate of
     the run's own, or forwarded to the child run it waits through -- and the
     decisions offered for its gates (`Store.offer_decision`; this call's among them)."""
-    from .._engine._approvals import decide, expire, gate_name, offered, oldest
+    from .._engine._approvals import decide, expire, offered
+    from .._engine._gates import gate_name, oldest
 
     view = loaded.view
     expired = expire(loaded.spec, view)
@@ -326,7 +360,10 @@ async def _decisions(st: Store, run_id: str, loaded: Loaded, decision: Decision 
         first.append((L.APPROVAL_DECIDED, {
             "node": gate.node, "visit": gate.visit, "kind": "workflow",
             "decision": _PAST[decision.kind], "by": decision.by,
-            "comment": decision.comment, "key": gate.key, "path": gate.path}))
+            "comment": decision.comment, "key": gate.key,
+            # the child's gate decided: named, or (none named) the one it waits at longest
+            "path": decision.node if decision.node and "/" in decision.node
+            else gate.path}))
     elif decision is not None:
         first += decide(loaded.spec, view, decision, expired=expired)
     else:  # a gate in a child run whose deadline passed: decided there
@@ -434,39 +471,6 @@ async def _trace_pages(st: Store, run_id: str, page: int, after: int, above: tup
         yield records
 
 
-async def expander(st: Store, row: RunRow, after: int = 0) -> Expander | None:
-    """What reads the run's records as format 1 writes them (`_engine._expand`), from
-    record ``after`` on; None when its definition no longer loads (read as stored).
-    (A server's event stream asks at every commit: the plans and the runs' formats are
-    kept, `_EXPANDING`.)"""
-    plans, formats = _EXPANDING
-    plan = plans.get(row.definition_hash)
-    if plan is None:
-        try:
-            plan = reading_plan(parse(row.definition))
-        except (InterlockError, ValueError):
-            return None
-        if len(plans) >= _EXPANDING_KEPT:
-            plans.clear()
-        plans[row.definition_hash] = plan
-    exp = Expander(plan, plans=plan_maker())
-    if after:  # its format, as its run.started says
-        key = (row.run_id, row.created_at)
-        if key not in formats:
-            first = await st.entries_page(row.run_id, 0, 1)
-            if first:
-                exp(first[0].record())
-            if len(formats) >= _EXPANDING_KEPT:
-                formats.clear()
-            formats[key] = exp.format
-        exp.format = formats[key]
-    return exp
-
-
-_EXPANDING: tuple[dict[str, Plan], dict[tuple[str, float], int]] = ({}, {})
-_EXPANDING_KEPT = 1024
-
-
 def trace_record(run_id: str, entry: L.Entry) -> dict[str, Any]:
     """The stored entry as a trace shows it: the record, the trace keys, its hash."""
     try:
@@ -563,12 +567,13 @@ async def append_note(run_id: str, rtype: str, fields: Mapping[str, object], *,
     """Append one record that changes nothing in the run (a tool's note, such as a
     server's ``notify.sent``) to its log, under the run's claim: claimed, read, chained,
     committed, released. `ClaimError` while another owner executes the run;
-    `UsageError` once it has ended (a note never follows its final record)."""
+    `UsageError` once it has ended, unless ``rtype`` is one that may follow a run's
+    final record (``notify.sent``, `_log.AFTER_END`)."""
     owner = make_owner()
     generation = await store.claim(run_id, owner, LEASE_SECONDS)
     try:
         loaded = await load_run(store, run_id)
-        if loaded.view.status in TERMINAL_STATUSES:
+        if loaded.view.status in TERMINAL_STATUSES and rtype not in L.AFTER_END:
             raise UsageError(f"run {run_id!r} has ended ({loaded.view.status}): no "
                              f"{rtype} is appended after its final record")
         journal = Journal(store, run_id, loaded.view, loaded.writer(),

@@ -27,6 +27,12 @@ from ._load import (
     run_key,
 )
 
+# a run that completed, was rejected or was cancelled is over (a FAILED one may be
+# resumed): what may follow its final record -- a server's notes that it told a chat,
+# and a fork's first record (a fork's log is a copy of the run it was forked from)
+_OVER = frozenset({"COMPLETED", "REJECTED", "CANCELLED"})
+_AFTER_END = L.AFTER_END | {L.RUN_FORKED}
+
 
 class ChildLinks:
     """Which ``child.started`` records of a run are links to its child runs, as every
@@ -165,6 +171,10 @@ class LogCheck:
         self._check_snapshot(entries)
         assert self.view is not None
         for entry in entries:
+            if self.view.status in _OVER and entry.type not in _AFTER_END:
+                return self._fail(entry.seq, f"the {entry.type} record comes after the run "
+                                             f"ended ({self.view.status}): only notify.sent "
+                                             "may follow a run's final record")
             try:
                 rec = entry.record()
                 why = forged(self.view.plan.spec.nodes, self.path, rec) \
@@ -181,6 +191,21 @@ class LogCheck:
                                   f"the record does not follow from the ones before: {exc}")
         self.last = entries[-1]
         return None
+
+    async def settle(self, st: Store, rounds: int = 3) -> None:
+        """When the log read ends past the summary read before it (records appended
+        while it was read: a running run's, a ``notify.sent`` after an ended run's final
+        record), read the summary again and the records appended since, a few rounds at
+        most: a log that outgrows its summary for good is still reported."""
+        for _ in range(rounds):
+            if self.problem is not None or self.last is None or \
+                    self.last.seq <= self.row.summary.last_seq:
+                return
+            fresh = await st.get_run(self.row.run_id)
+            self.row = dataclasses.replace(self.row, summary=fresh.summary)
+            async for entries in st.iter_entries(self.row.run_id, after=self.last.seq,
+                                                 page=TRACE_PAGE):
+                self.feed(entries)
 
     def _first(self, entry: L.Entry) -> bool:
         row = self.row
@@ -278,6 +303,7 @@ async def _verify(st: Store, run_id: str, above: tuple[str, ...]) -> Verificatio
             # (LogCheck refused a child.started the engine did not write)
             children += [str(e.record().get("run_id")) for e in entries
                          if e.type == L.CHILD_STARTED]
+    await check.settle(st)  # (a child.started is never appended after the summary's end)
     result = check.result()
     parent = above[-1] if above else None
     if parent is not None and result.ok and \

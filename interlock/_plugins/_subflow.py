@@ -279,6 +279,18 @@ async def _account(ctx: Context, out: ChildOutcome) -> None:
     await ctx.once(f"{prefix}{out.last_seq}", charge)
 
 
+def child_gates(prefix: str, waiting: Mapping[str, Any]) -> list[JSONObject]:
+    """The gates a child run waits at (its ``waiting.pending``: its own children's
+    already named by their paths), as its parent lists them: each named by its path from
+    the parent -- ``prefix`` (the node, ``node[i]`` for a map item's child, the agent node
+    and tool) then the child's name for it, ``remediate/approval``,
+    ``remediate/deploy[2]``, ``remediate/fix/approval`` -- and decided through the parent
+    by that path."""
+    gates = waiting.get("pending") or [waiting]
+    return [{**{k: v for k, v in g.items() if k not in ("pending", "running")},
+             "node": f"{prefix}/{g.get('node')}"} for g in gates if isinstance(g, dict)]
+
+
 def _result(name: str, key: str, node: NodeSpec, child: WorkflowSpec,
             out: ChildOutcome) -> dict[str, object]:
     if out.status == "COMPLETED":
@@ -296,7 +308,8 @@ def _result(name: str, key: str, node: NodeSpec, child: WorkflowSpec,
         raise PauseRequested(out.run_id, waiting.get("show") or {}, waiting.get("input"),
                              path=f"{name}/{waiting.get('node')}",
                              decisions=list(waiting.get("decisions") or ["approve", "reject"]),
-                             kind=str(waiting.get("kind") or "approval"))
+                             kind=str(waiting.get("kind") or "approval"),
+                             pending=child_gates(name, waiting))
     error = out.error or {}
     etype = error.get("type")
     details = error.get("details") or {}
@@ -322,4 +335,4 @@ def _result(name: str, key: str, node: NodeSpec, child: WorkflowSpec,
 
 
 __all__ = ["CHILD_RUNS", "ChildOutcome", "ChildRequest", "ChildRuns",
-           "SubflowKind", "child_run_id"]
+           "SubflowKind", "child_gates", "child_run_id"]

@@ -22,6 +22,7 @@ from ._base import (
     StoreError,
     Summary,
     owner_gone,
+    runnable,
     this_owner,
 )
 from ._memory import MemoryStore
@@ -47,6 +48,7 @@ __all__ = [
     "open_store",
     "owner_gone",
     "release_store",
+    "runnable",
     "this_owner",
 ]
 

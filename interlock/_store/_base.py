@@ -56,6 +56,20 @@ FINISHED = ("COMPLETED", "FAILED", "REJECTED", "CANCELLED")
 RUNNABLE = ("PENDING", "RUNNING", "RETRYING")
 
 
+def runnable(summary: Summary, now: float) -> bool:
+    """Whether a run whose row says ``summary`` is for a worker to continue when nobody
+    holds it: its status is `RUNNABLE`, or it waits at a gate whose deadline has passed
+    (the engine decides it), or it waits at gates beside branches still to run (its
+    ``waiting.running``: the executor that ran them is gone)."""
+    if summary.status in RUNNABLE:
+        return True
+    if summary.status != "WAITING_APPROVAL":
+        return False
+    waiting = summary.waiting or {}
+    deadline = waiting.get("deadline")
+    return "running" in waiting or (deadline is not None and deadline <= now)
+
+
 @dataclass(frozen=True, slots=True)
 class Claim:
     """Who executes a run, and under which of its claims: the ``owner`` id and the run's
@@ -278,11 +292,12 @@ class Store(ABC):
                          workflows: Collection[str] | None = None,
                          exclude: Collection[str] = ()) -> str | None:
         """Claim the oldest runnable run for ``owner`` for ``lease`` seconds and return its
-        id; None when there is none. Runnable: its status is one of `RUNNABLE` -- or it
-        waits for a human at a gate whose deadline has passed (the engine decides it) --
-        and nobody holds it (never claimed, released, or its lease ran out); of
-        ``workflows`` only, when given; never a child run (its parent's
-        execution continues it), nor one of ``exclude`` (runs a worker cannot execute).
+        id; None when there is none. Runnable (`runnable`): its status is one of
+        `RUNNABLE` -- or it waits for a human at a gate whose deadline has passed (the
+        engine decides it), or beside branches still to run -- and nobody holds it (never
+        claimed, released, or its lease ran out); of ``workflows`` only, when given;
+        never a child run (its parent's execution continues it), nor one of
+        ``exclude`` (runs a worker cannot execute).
 
         Of any number of processes calling this at once, each run goes to one. This
         default lists and claims (a `ClaimError` skips the run); the stores here claim in
@@ -293,10 +308,8 @@ class Store(ABC):
         rows = [row for status in (*RUNNABLE, "WAITING_APPROVAL")
                 for row in await self.list_runs(status=status, limit=ALL_RUNS)]
         for row in sorted(rows, key=attrgetter("created_at")):
-            deadline = (row.summary.waiting or {}).get("deadline")
             if (row.owner is not None and (row.lease_until or 0.0) > now) \
-                    or (row.summary.status == "WAITING_APPROVAL"
-                        and (deadline is None or deadline > now)) \
+                    or not runnable(row.summary, now) \
                     or (workflows is not None and row.workflow not in workflows) \
                     or row.options.get("parent") is not None or row.run_id in exclude:
                 continue

@@ -138,10 +138,11 @@ class PostgresClaims(PostgresConnections):
         async def op(conn: Conn) -> None:
             cur = await conn.execute(
                 "UPDATE runs SET owner = NULL, lease_until = NULL WHERE run_id = %s "
-                "AND owner = %s RETURNING status", (run_id, owner))
+                "AND owner = %s RETURNING status, waiting", (run_id, owner))
             released = await cur.fetchone()
             if released is not None:
-                if released[0] in RUNNABLE:  # unfinished, or recorded for a worker
+                # unfinished, or recorded for a worker (also beside a waiting gate)
+                if released[0] in RUNNABLE or '"running"' in (released[1] or ""):
                     await conn.execute("SELECT pg_notify(%s, '')", (RUNNABLE_CHANNEL,))
                 return
             cur = await conn.execute("SELECT 1 FROM runs WHERE run_id = %s", (run_id,))

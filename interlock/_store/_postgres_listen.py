@@ -181,8 +181,11 @@ class Listener:
         await self._drop()
 
     def abandon(self) -> None:
-        """Close the connection without awaiting (its loop is gone)."""
-        conn, self._conn, self._task = self._conn, None, None
+        """Close the connection without awaiting (from another loop than its own, or its
+        loop gone); its task is cancelled if its loop still runs."""
+        conn, self._conn, task, self._task = self._conn, None, self._task, None
+        if task is not None and not task.get_loop().is_closed():
+            task.get_loop().call_soon_threadsafe(task.cancel)
         if conn is not None:
             conn.pgconn.finish()
 

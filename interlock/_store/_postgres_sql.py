@@ -254,7 +254,8 @@ WHERE run_id = %(run)s AND (%(force)s OR owner IS NULL OR owner = %(owner)s
 RETURNING generation
 """
 
-# the queue's claim: of the runnable runs (`RUNNABLE`, nobody's or their lease run out,
+# the queue's claim: of the runnable runs (`RUNNABLE`, or waiting at a gate whose deadline
+# passed or beside branches still to run -- ``waiting.running``; nobody's or their lease run out,
 # no child run) the oldest not locked by another claimer at this moment (SKIP LOCKED:
 # concurrent workers each get another run instead of waiting on one another)
 _CLAIM_NEXT = f"""
@@ -263,7 +264,8 @@ UPDATE runs SET owner = %(owner)s, lease_until = {_NOW} + %(lease)s,
 WHERE run_id = (
     SELECT run_id FROM runs
     WHERE (status = ANY(%(statuses)s) OR (status = 'WAITING_APPROVAL'
-           AND (waiting::jsonb ->> 'deadline')::float8 <= {_NOW}))
+           AND ((waiting::jsonb ->> 'deadline')::float8 <= {_NOW}
+                OR waiting::jsonb -> 'running' IS NOT NULL)))
       AND (owner IS NULL OR lease_until IS NULL OR lease_until <= {_NOW})
       AND (%(any)s OR workflow = ANY(%(workflows)s))
       AND run_id <> ALL(%(exclude)s)

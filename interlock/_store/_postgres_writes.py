@@ -12,6 +12,11 @@ transaction fails as a whole (another process inserted one of the seqs: the prim
 ``(run_id, seq)``), nothing of it was stored and each write is tried alone, so that the
 refused one fails and only it. A turn of one write is that write's own statement.
 
+Each append statement also ``NOTIFY``s the runs it grew (`_postgres_sql.RECORDS_CHANNEL`):
+no statement or commit more, and PostgreSQL delivers it at the commit, so a server
+streaming one of those runs from another process reads them within milliseconds
+(`interlock._store._postgres_listen`).
+
 Invariants: every queued future gets an outcome, even when the committer is cancelled
 with its loop (`_commit_writes`'s ``except``); a caller cancelled while waiting does not
 cancel its write, which goes on (its future is then skipped).

@@ -2,9 +2,13 @@
 
 Everything that touches the database runs on one dedicated thread per store (the
 ``sqlite3`` connection lives and dies there); the async methods hop to it and
-wait. Leases are renewed apart, by the lease keeper's thread on a connection of its own
-(`_Renewer`, `interlock._engine._lease`), so that a blocked event loop does not lose them. The
-store binds to no event loop, so it can be used from successive ``asyncio.run`` calls.
+wait -- except a write made while that thread is idle and nothing else is ready on the
+event loop, which the thread lets run on the loop's own thread, sparing the hop
+(`interlock._store._sqlite_inline`: never a wait for a lock or an fsync there).
+Leases are renewed apart, by the lease keeper's thread on a connection of its own
+(`_Renewer`, `interlock._engine._lease`), so that a blocked event loop does not lose them.
+The store binds to no event loop, so it can be used from successive ``asyncio.run``
+calls.
 
 Durability. The file is in WAL mode. Each ``create_run`` / ``append`` / claim is
 committed in a ``BEGIN IMMEDIATE`` ... ``COMMIT`` transaction before the coroutine
@@ -94,10 +98,10 @@ from ._base import (
 )
 from ._rows import check_first_seqs
 from ._search import Found
+from ._sqlite_inline import SQLiteInline, loop_idle
 from ._sqlite_sql import sqlite_error
 from ._sqlite_thread import _Checkpointer, _Writer
 from ._sqlite_watch import Watch
-from ._sqlite_writes import SQLiteWrites
 
 T = TypeVar("T")
 
@@ -171,10 +175,11 @@ LEASES_SQL = ("SELECT run_id, workflow, status, owner, lease_until FROM runs "
               "WHERE owner IS NOT NULL ORDER BY owner, run_id")
 
 
-class SQLiteStore(SQLiteWrites, Store):
+class SQLiteStore(SQLiteInline, Store):
     """The store in one SQLite file (see the module): its file
     (`interlock._store._sqlite_file`), its WAL (`interlock._store._sqlite_wal`), its writes
-    (`interlock._store._sqlite_writes`) and its operations on a connection
+    (`interlock._store._sqlite_writes`), those run on the event loop's thread when the
+    writer is idle (`interlock._store._sqlite_inline`) and its operations on a connection
     (`interlock._store._sqlite_ops`) in parts of their own; here its state, the hops to
     the writer thread, closing, and the `Store` interface."""
 
@@ -204,6 +209,8 @@ class SQLiteStore(SQLiteWrites, Store):
         self._watches: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Watch] = \
             weakref.WeakKeyDictionary()
         self._runnable_seen: int | None = None  # `wait_runnable`'s last count
+        self._yielded_at = 0.0  # an inline write last yielded the event loop (monotonic)
+        self._lent = False  # a write is running on the event loop's thread
 
     # -- plumbing ----------------------------------------------------------------------
 
@@ -230,10 +237,22 @@ class SQLiteStore(SQLiteWrites, Store):
 
     async def _write(self, op: Callable[..., T], *args: object) -> T:
         """Run ``op(conn, *args)`` in a transaction on the store's thread: its own, or the
-        one the writer's turn commits the writes queued with it in (group commit)."""
+        one the writer's turn commits the writes queued with it in (group commit) -- or,
+        when the writer is idle and nothing else is ready on the event loop, in its own
+        on this thread (`interlock._store._sqlite_inline`)."""
         loop = asyncio.get_running_loop()
+        writer = self._thread()
+        if loop_idle(loop):
+            done = self._write_here(writer, op, args)
+            if done is not None:
+                result, exc = done
+                if exc is not None:
+                    raise exc
+                if self._time_to_yield():
+                    await asyncio.sleep(0)
+                return result  # type: ignore[return-value]  # op's own result
         fut: asyncio.Future[T] = loop.create_future()
-        self._thread().submit(loop, fut, None, (op, args))
+        writer.submit(loop, fut, None, (op, args))
         return await fut
 
     def _watch(self) -> Watch:

@@ -3,8 +3,9 @@ without a write, an older one upgraded in place), what SQLite's errors mean to a
 the store, and closing it.
 
 Everything here runs on the store's writer thread (`interlock._store._sqlite_thread`),
-the one thread the connection is used on; the state it reads and sets is
-`SQLiteStore`'s (its ``__init__``).
+the one thread the connection is used on at a time (the writer lends it to the event
+loop's thread while idle: `interlock._store._sqlite_inline`); the state it reads and
+sets is `SQLiteStore`'s (its ``__init__``).
 """
 
 from __future__ import annotations
@@ -55,7 +56,8 @@ class SQLiteFile:
                     f"cannot create the directory of the store {path}: {exc}"
                 ) from None
         try:
-            conn = sqlite3.connect(path, isolation_level=None, timeout=self._busy_ms / 1000)
+            conn = sqlite3.connect(path, isolation_level=None, timeout=self._busy_ms / 1000,
+                                   check_same_thread=False)  # (lent: `_sqlite_inline`)
         except sqlite3.Error as exc:
             raise self._error(exc, "cannot open the SQLite store") from None
         try:

@@ -99,11 +99,14 @@ class SQLiteOps:
     @staticmethod
     def _runnable(conn: sqlite3.Connection, workflows: list[str] | None,
                   exclude: list[str]) -> str | None:
-        """The oldest run `claim_next` may claim (a read: no write lock is taken)."""
+        """The oldest run `claim_next` may claim (a read: no write lock is taken): a
+        `RUNNABLE` one, or one waiting at a gate whose deadline passed or beside branches
+        still to run (``waiting.running``: its executor is gone)."""
         now = time.time()
         sql = (f"SELECT run_id FROM {_RUN_FROM} WHERE (status IN "
                f"({', '.join('?' * len(RUNNABLE))}) OR (status = 'WAITING_APPROVAL' AND "
-               "json_extract(waiting, '$.deadline') <= ?)) "
+               "(json_extract(waiting, '$.deadline') <= ? "
+               "OR json_type(waiting, '$.running') IS NOT NULL))) "
                "AND (owner IS NULL OR lease_until IS NULL OR lease_until <= ?) "
                "AND json_extract(options, '$.parent') IS NULL")
         params: list[str | float] = [*RUNNABLE, now, now]

@@ -1,7 +1,11 @@
 """The SQLite store's threads: the writer, the one thread per store that runs every
 job on its connection in order and commits the writes queued together in one
 transaction (group commit), and the checkpointer, which copies the WAL into the file on
-a connection of its own (a full disk is not its failure)."""
+a connection of its own (a full disk is not its failure).
+
+The writer also lends its connection to the event loop's thread: a write made while
+nothing is queued or running may run there, inline (`_Writer.begin_inline`), in place of
+the hop to the thread and back (see `interlock._store._sqlite_inline`)."""
 
 from __future__ import annotations
 
@@ -56,7 +60,8 @@ class _Writer:
     the other (appends, claims, new runs -- from concurrent runs, as a rule) go to
     ``batch`` together, which commits them in one transaction. So N runs writing while a
     commit is in progress share the next commit instead of paying N. One run alone finds
-    one job per turn.
+    one job per turn -- or, when the writer is idle, runs its write on its own thread
+    (`begin_inline`).
 
     The thread is a daemon so that a store nobody closed does not keep the process
     alive; at exit `_stop_writers` lets the jobs queued finish (a transaction in
@@ -69,6 +74,11 @@ class _Writer:
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._guard = threading.Lock()
         self._stopped = False
+        # jobs queued and not yet run to their end, on this thread or inline (under
+        # ``_guard``): 0 means the writer is idle
+        self._pending = 0
+        # held while jobs run on the connection, here or inline on another thread
+        self._running = threading.Lock()
         self._batch = batch
         self._last: Callable[[], None] | None = None  # run before the thread ends
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
@@ -80,7 +90,25 @@ class _Writer:
         with self._guard:
             if self._stopped:
                 raise StoreError("the SQLite store was closed while this call was being made")
+            self._pending += 1
             self._jobs.put((loop, fut, fn, args))
+
+    def begin_inline(self) -> bool:
+        """Take the connection for a job on the caller's thread, if nothing is queued or
+        running (then True: the caller runs its job, then `end_inline`). Jobs queued
+        meanwhile wait for `end_inline`, so the order of jobs is kept: one that finds
+        others queued is queued behind them."""
+        with self._guard:
+            if self._stopped or self._pending:
+                return False
+            self._pending = 1
+        self._running.acquire()  # free: the thread releases it before `_pending` drops
+        return True
+
+    def end_inline(self) -> None:
+        self._running.release()
+        with self._guard:
+            self._pending -= 1
 
     def close_with(self, last: Callable[[], None]) -> None:
         """Run ``last`` after the queued jobs, then end the thread, without waiting; the
@@ -114,7 +142,11 @@ class _Writer:
         #   runs to its end whether or not its caller still waits (`_deliver` skips a
         #   cancelled future): a write the caller gave up on may have committed;
         # - the outcomes go back in one ``call_soon_threadsafe`` per event loop and turn
-        #   (`_hand_back`), never by touching a future from this thread.
+        #   (`_hand_back`), never by touching a future from this thread;
+        # - jobs run holding ``_running`` (an inline job holds it too, so one queued while
+        #   it runs waits for it), and a group's jobs leave ``_pending`` after it is
+        #   released and before their outcomes go back: a caller resumed by its outcome
+        #   finds the writer idle if nothing else was queued.
         jobs = self._jobs
         while True:
             turn: list[_Job | None] = [jobs.get()]
@@ -125,25 +157,29 @@ class _Writer:
             while i < n:
                 job = turn[i]
                 if job is None:
-                    self._end()
+                    with self._running:
+                        self._end()
                     return
                 outcomes: list[_Outcome]
-                if job[2] is not None:  # one job on its own
-                    i += 1
-                    group = [job]
-                    try:
-                        outcomes = [(job[1], job[2](*job[3]), None)]
-                    except BaseException as e:  # handed to the caller, as a thread pool does
-                        outcomes = [(job[1], None, e)]
-                else:  # the writes queued one after the other: one transaction
-                    j = i
-                    while j < n and (nxt := turn[j]) is not None and nxt[2] is None:
-                        j += 1
-                    group = turn[i:j]  # type: ignore[assignment]  # no None in it
-                    i = j
-                    done = self._batch([g[3] for g in group])
-                    outcomes = [(g[1], result, exc)
-                                for g, (result, exc) in zip(group, done, strict=True)]
+                with self._running:
+                    if job[2] is not None:  # one job on its own
+                        i += 1
+                        group = [job]
+                        try:
+                            outcomes = [(job[1], job[2](*job[3]), None)]
+                        except BaseException as e:  # to the caller, as a thread pool does
+                            outcomes = [(job[1], None, e)]
+                    else:  # the writes queued one after the other: one transaction
+                        j = i
+                        while j < n and (nxt := turn[j]) is not None and nxt[2] is None:
+                            j += 1
+                        group = turn[i:j]  # type: ignore[assignment]  # no None in it
+                        i = j
+                        done = self._batch([g[3] for g in group])
+                        outcomes = [(g[1], result, exc)
+                                    for g, (result, exc) in zip(group, done, strict=True)]
+                with self._guard:
+                    self._pending -= len(group)
                 self._hand_back(group, outcomes)
                 # drop this thread's references before it blocks on the queue: a result
                 # or an exception (with its traceback's frames) belongs to the caller now

@@ -9,7 +9,8 @@ SQLite would refill the space freed with the next writes' pages; so the first sp
 becomes free goes to the checkpoint, never to a write. After a disk was found full once,
 the WAL is also truncated before it takes half the space left (`_wal_too_big`).
 
-Everything here runs on the store's writer thread.
+Everything here runs on the store's writer thread (or on the event loop's, while the
+writer lends it the connection: `interlock._store._sqlite_inline`).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class SQLiteWal(SQLiteFile):
     _space_next: float
     _space_said: bool
     _space_freed: int
+    _lent: bool  # a job is running on the event loop's thread (`_sqlite_inline`)
 
     def _run(self, fn: Callable[..., T], *args: object) -> T:
         """Run ``fn(conn, *args)``, a job of the writer thread, on the connection (opened
@@ -68,8 +70,10 @@ class SQLiteWal(SQLiteFile):
         finally:
             # the disk was found full by this job (`_error`): the WAL's space is given
             # back now, after its transaction was rolled back and before the next job
-            # may take that space
-            if self._space_wanted and not full_before and not conn.in_transaction:
+            # may take that space -- on the writer thread: a job run on the event loop's
+            # (`_lent`) leaves it to the next write, which goes to the thread
+            if self._space_wanted and not full_before and not conn.in_transaction \
+                    and not self._lent:
                 self._give_space_back(conn)  # the disk was found full just now
 
     def _wal_too_big(self) -> bool:

@@ -4,9 +4,17 @@ another process (or another connection of its own) committed to the file.
 SQLite tells no one of a commit. ``PRAGMA data_version`` on a connection tells whether
 any *other* connection committed since that connection last asked: it reads the WAL
 index in shared memory (no disk read, no lock held), a few microseconds. A `Watch` asks
-it every `EVERY` seconds on a connection of its own that never writes, and only while
-someone waits (`Watch.wait`) or waited in the last `LINGER` seconds: an idle server or
-worker with nothing to follow does not tick at all.
+it on a connection of its own that never writes, and only while someone waits
+(`Watch.wait`) or waited in the last `LINGER` seconds: an idle server or worker with
+nothing to follow does not look at all.
+
+When to ask: on Linux the kernel tells of every write to the file or its WAL (inotify:
+`interlock._store._file_events`), and the detector asks at once, and also every `EVERY`
+seconds for `BURST` seconds after the last write told (a commit's frames are written
+just before they are published in the WAL index: the look at the write may be too
+early); while nothing is written it sleeps, so waiting costs nothing. Where the kernel
+cannot tell (another system, inotify's limits reached), it asks every `EVERY` seconds
+all the while.
 
 A change seen bumps a counter (`Watch.count`, local to the process); a waiter passes
 the count it saw last and returns at once if it moved, so a commit made while the
@@ -24,10 +32,13 @@ import sqlite3
 import time
 from pathlib import Path
 
+from ._file_events import FileEvents
+
 log = logging.getLogger("interlock.store")
 
 EVERY = 0.01  # seconds between two looks at data_version while someone waits
 LINGER = 2.0  # seconds the detector keeps looking after the last wait ended
+BURST = 0.25  # seconds of looks every EVERY after the last write the kernel told of
 
 
 class Watch:
@@ -45,6 +56,9 @@ class Watch:
         self._task: asyncio.Task[None] | None = None
         self._failed = False
         self._absent = False  # a look found no file (the store not created yet)
+        self._told = asyncio.Event()  # the kernel told of a write (`FileEvents`)
+        self._burst_until = 0.0  # (time.monotonic) looks every EVERY until then
+        self.told = False  # the kernel tells of writes here (for tests and the bench)
 
     async def wait(self, timeout: float, seen: int | None = None) -> int:
         """Until a change after ``seen`` (a `count` returned before; None: the next change
@@ -71,19 +85,53 @@ class Watch:
                 self._look(), name=f"interlock-sqlite-watch:{self.path.name}")
 
     async def _look(self) -> None:
-        while self._waiting or time.monotonic() < self._until:
+        loop = asyncio.get_running_loop()
+        events = FileEvents.open(self.path.parent, [self.path.name, f"{self.path.name}-wal"])
+        if events is not None:
+            loop.add_reader(events.fd, self._written, events)
+        self.told = events is not None
+        try:
+            self._check()  # the version to compare with (commits from here on)
+            while self._waiting or time.monotonic() < self._until:
+                await self._next_look()
+                self.ticks += 1
+                self._check()
+        finally:
+            if events is not None:
+                loop.remove_reader(events.fd)
+                events.close()
+
+    def _written(self, events: FileEvents) -> None:
+        if events.drain():
+            self._burst_until = time.monotonic() + BURST
+            self._told.set()
+
+    async def _next_look(self) -> None:
+        """Until the next look: `EVERY` seconds; told of writes, until the next write
+        told, at most `EVERY` seconds in a burst (a write told lately) and otherwise
+        until the end of the linger."""
+        if not self.told:
             await asyncio.sleep(EVERY)
-            self.ticks += 1
-            version = self._data_version()
-            if version is None:
-                continue
-            # a change: the version moved, or the file appeared since a look found none
-            # (its first commits were before this connection's first version)
-            if version != self._version and (self._version is not None or self._absent):
-                self.count += 1
-                event, self._changed = self._changed, asyncio.Event()
-                event.set()
-            self._version, self._absent = version, False
+            return
+        now = time.monotonic()
+        timeout = EVERY if now < self._burst_until else \
+            LINGER if self._waiting else self._until - now
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await self._told.wait()
+        self._told.clear()
+
+    def _check(self) -> None:
+        version = self._data_version()
+        if version is None:
+            return
+        # a change: the version moved, or the file appeared since a look found none
+        # (its first commits were before this connection's first version)
+        if version != self._version and (self._version is not None or self._absent):
+            self.count += 1
+            event, self._changed = self._changed, asyncio.Event()
+            event.set()
+        self._version, self._absent = version, False
 
     def _data_version(self) -> int | None:
         try:
@@ -118,4 +166,4 @@ class Watch:
         self.close_conn()
 
 
-__all__ = ["EVERY", "LINGER", "Watch"]
+__all__ = ["BURST", "EVERY", "LINGER", "Watch"]

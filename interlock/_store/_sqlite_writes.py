@@ -3,7 +3,9 @@ commit: a new run, an append (fenced by its claim's generation), and the writes 
 turn of the writer thread committed together (group commit), each under a savepoint so
 that a refused one fails alone.
 
-Everything here runs on the store's writer thread (`interlock._store._sqlite_thread`).
+Everything here runs on the store's writer thread (`interlock._store._sqlite_thread`), or
+on the event loop's while the writer is idle and lends it the connection
+(`interlock._store._sqlite_inline`).
 """
 
 from __future__ import annotations

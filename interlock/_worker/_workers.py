@@ -130,8 +130,12 @@ class Pool:
         and the runs created but never executed; the ids taken over."""
         now = time.time()
         taken = []
-        for status in RUNNABLE:  # what was executing when its process stopped
+        # what was executing when its process stopped (also beside a waiting gate)
+        for status in (*RUNNABLE, "WAITING_APPROVAL"):
             for row in await list_runs(store=store, status=status, limit=100_000):
+                if status == "WAITING_APPROVAL" and "running" not in (row.summary.waiting
+                                                                      or {}):
+                    continue  # stopped at its gates (a passed deadline is the queue's)
                 if row.owner is None or owner_gone(row.owner) or \
                         (row.lease_until or 0.0) < now:
                     self.submit(f"take over run {row.run_id}", row.run_id,

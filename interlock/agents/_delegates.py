@@ -112,7 +112,7 @@ class WorkflowTool:
         import asyncio
 
         from .._engine._journal import StoreOutage
-        from .._plugins._subflow import CHILD_RUNS, ChildRequest, _account
+        from .._plugins._subflow import CHILD_RUNS, ChildRequest, _account, child_gates
 
         host = CHILD_RUNS.get()
         if host is None:
@@ -148,7 +148,8 @@ class WorkflowTool:
             raise PauseRequested(out.run_id, waiting.get("show") or {}, waiting.get("input"),
                                  path=f"{real.node}/{self.name}/{waiting.get('node')}",
                                  decisions=list(waiting.get("decisions")
-                                                or ["approve", "reject"]))
+                                                or ["approve", "reject"]),
+                                 pending=child_gates(f"{real.node}/{self.name}", waiting))
         error = out.error or {}
         raise ToolWorkflowError(
             f"the workflow {plan.spec.workflow!r} (run {out.run_id}) "

@@ -102,28 +102,42 @@ class ToolCalls(ToolExecution):
         data); None: run it (now, or again)."""
         if ctx.recorded(key)[0]:
             return None  # its result is in the log: replayed, never called again
-        started, at = ctx.recorded(f"{key}-started")
-        if not started:
-            await ctx.once(f"{key}-started", _identity, round(time.time(), 6))
-            return None
-        ask = f"{key}-unknown"
-        answer = ctx.confirm(ask, {**show, "started_at": at}, kind="unknown_outcome")
-        said = ctx.decision(ask) or {}
-        if answer != "approved":
-            comment = said.get("comment") or ("its outcome was unknown (the process running "
-                                              "it stopped) and a person recorded it as not "
-                                              "done")
-            text: str = await ctx.once(key, self._rejected, ctx, base, comment)
-            return text
-        data = said.get("data")
-        if isinstance(data, dict) and "result" in data:  # the outcome checked by hand
-            value = data["result"]
-            await ctx.log("tool.called", self._hide({**base, "result": value,
-                                                     "checked_by": said.get("by")}))
-            text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-            recorded: str = await ctx.once(key, _identity, text)
-            return recorded
-        return None  # approved: it runs again
+        # Each run of the call has its start committed under a key of its own, and each
+        # unknown outcome is asked under one: the first ``KEY-started``/``KEY-unknown``,
+        # the run a person approved after it ``KEY-started-1``/``KEY-unknown-1``, and so
+        # on -- so a re-run that is interrupted too is asked about again, never repeated
+        # on the strength of the earlier approval.
+        n = 0
+        while True:
+            suffix = f"-{n}" if n else ""
+            started, at = ctx.recorded(f"{key}-started{suffix}")
+            if not started:
+                await ctx.once(f"{key}-started{suffix}", _identity, round(time.time(), 6))
+                return None  # run it: the first time, or again as a person approved
+            ask = f"{key}-unknown{suffix}"
+            answer = ctx.confirm(ask, {**show, "started_at": at}, kind="unknown_outcome")
+            said = ctx.decision(ask) or {}
+            if answer != "approved":
+                return await self._not_done(ctx, key, base, said)
+            data = said.get("data")
+            if isinstance(data, dict) and "result" in data:  # the outcome checked by hand
+                value = data["result"]
+                await ctx.log("tool.called", self._hide({**base, "result": value,
+                                                         "checked_by": said.get("by")}))
+                text = value if isinstance(value, str) else json.dumps(value,
+                                                                       ensure_ascii=False)
+                recorded: str = await ctx.once(key, _identity, text)
+                return recorded
+            n += 1  # approved: it runs again, under a start of its own
+
+    async def _not_done(self, ctx: Context, key: str, base: dict[str, Any],
+                        said: dict[str, Any]) -> str:
+        """A call with an unknown outcome a person recorded as not done: what the model
+        is told (journaled as the call's result)."""
+        comment = said.get("comment") or ("its outcome was unknown (the process running "
+                                          "it stopped) and a person recorded it as not done")
+        text: str = await ctx.once(key, self._rejected, ctx, base, comment)
+        return text
 
     async def _edited(self, ctx: Context, key: str, base: dict[str, Any], tool: Tool,
                       call: ToolCall) -> tuple[dict[str, Any], str | None]:

@@ -96,6 +96,8 @@ class RemoteTerminal(Printer):
         else:  # follow from its last record (then only what the session adds is shown)
             log = self.remote.records(session)
             seen = log[-1]["seq"] if log else 0
+            run = self.remote.result(session)
+            self.status, self.waiting = run.status, dict(run.waiting or {})
         self.run_id = session
         click.echo(f"conversation {session} ({HELP})", err=True)
         stream = Stream(self.remote, session, max(seen - 1, 0))
@@ -118,8 +120,15 @@ class RemoteTerminal(Printer):
                 continue
             if not isinstance(data, dict):
                 continue
-            if int(data.get("seq") or 0) > seen:
+            seq = int(data.get("seq") or 0)
+            if seq > seen:
                 self.record(data)
+            elif event != "run.waiting" and self.status in _STATUS.values():
+                # the session's last record is not its wait (a note after it): the run
+                # object said what it waits for; the stream is open, the next is ours
+                if not self._waits(seen):
+                    return self.status
+                continue
             if event in _ENDED:
                 self.status = _ENDED[event]
                 self._ended(data)
@@ -127,10 +136,15 @@ class RemoteTerminal(Printer):
             if event == "run.waiting":
                 self.waiting = data.get("waiting") or {}
                 self.status = _STATUS.get(str(self.waiting.get("kind")), "WAITING_APPROVAL")
-                if int(data.get("seq") or 0) <= seen and self.status == "WAITING_APPROVAL":
-                    self.gate(self.waiting.get("node"), self.waiting.get("show"))
-                if not self._answer():
+                if not self._waits(seen if seq <= seen else None):
                     return self.status
+
+    def _waits(self, replayed: int | None) -> bool:
+        """The run waits (``replayed``: as it did when the session was opened -- its gate
+        is shown again): the person's next line answers it. False: stdin ended."""
+        if replayed is not None and self.status == "WAITING_APPROVAL":
+            self.gate(self.waiting.get("node"), self.waiting.get("show"))
+        return self._answer()
 
     def _ended(self, rec: dict[str, Any]) -> None:
         if self.status == "COMPLETED":

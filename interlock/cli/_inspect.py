@@ -239,6 +239,10 @@ def _waiting_lines(run_id: str, w: dict[str, Any], store: str) -> list[str]:
         lines.append("also waiting (each decided on its own, with --gate):")
         lines += [f"  {g.get('node')!s} ({g.get('kind')}, "
                   f"{', '.join(g.get('decisions') or [])})" for g in others]
+    running = w.get("running")
+    if isinstance(running, list):  # the run's other branches, still at work meanwhile
+        lines.append(f"still running beside the gate: {', '.join(map(str, running)) or '-'} "
+                     "(its executor continues a decided gate's branch at once)")
     return lines
 
 

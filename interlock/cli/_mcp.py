@@ -17,9 +17,10 @@ from ._common import CliError, store_option
                    "run's answer then links its gate in the dashboard.")
 def mcp(store_url: str | None, workflows: tuple[str, ...], public_url: str | None) -> None:
     """Serve the workflows as MCP tools on stdin/stdout, for a chat client or an IDE
-    (Claude Desktop, an editor's agent): one tool per workflow, and
-    interlock_run_status. Runs execute in this process, on the store; stdout carries
-    only the protocol."""
+    (Claude Desktop, an editor's agent): one tool per workflow (a conversation file's
+    takes {text, run_id?}), and interlock_run_status. Runs execute in this process, on
+    the store -- a task's run (MCP's tasks extension) as long as the process lives;
+    stdout carries only the protocol."""
     try:
         from ..mcp import LocalRuns, tools_server
     except ImportError as exc:
@@ -36,13 +37,15 @@ def mcp(store_url: str | None, workflows: tuple[str, ...], public_url: str | Non
         store = open_store(store_url)
     except (UsageError, StoreError) as exc:
         raise CliError(str(exc)) from None
-    server = tools_server(LocalRuns(registered, store, public_url))
+    runs = LocalRuns(registered, store, public_url)
+    server = tools_server(runs)
 
     async def serve() -> None:
         try:
             async with stdio_server() as (read, write):
                 await server.run(read, write, server.create_initialization_options())
         finally:
+            await runs.close()  # tasks' runs still executing stop where they are
             await store.close()
 
     anyio.run(serve)

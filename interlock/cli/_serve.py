@@ -47,6 +47,13 @@ from ._common import CliError, store_option
 @click.option("--google-chat-keys", metavar="FILE",
               help="A JWKS file of the keys Google Chat's tokens are checked against "
                    "(default: Google's published keys).")
+@click.option("--chat-attempts", type=click.IntRange(min=1), default=6, show_default=True,
+              help="Attempts at most of one Slack / Google Chat post or update that "
+                   "fails (no answer, HTTP 429 or 5xx), each recorded.")
+@click.option("--chat-backoff", type=click.FloatRange(min=0), default=1.0,
+              show_default=True,
+              help="Seconds before a failed post or update is tried again, doubled for "
+                   "each next attempt (at most 300), unless the chat's Retry-After says.")
 @click.option("--workers", type=click.IntRange(min=0), default=4, show_default=True,
               help="Runs executing at a time; more wait for a free worker. 0: execute "
                    "nothing -- starts, decisions and resumes are only recorded (PENDING) "
@@ -80,7 +87,8 @@ def serve(store_url: str | None, host: str, port: int, workflows: tuple[str, ...
           poll: float, drain: float, take_over: bool, allowed_hosts: tuple[str, ...],
           max_connections: int, keep_alive: int, head_timeout: float,
           strict_code: bool, slack_channel: str | None, google_chat_space: str | None,
-          google_chat_audience: str | None, google_chat_keys: str | None) -> None:
+          google_chat_audience: str | None, google_chat_keys: str | None,
+          chat_attempts: int, chat_backoff: float) -> None:
     """Serve the API, the run event streams and approvals from one process. Runs started
     through it execute in it; runs another process left unfinished are taken over."""
     try:
@@ -101,7 +109,8 @@ def serve(store_url: str | None, host: str, port: int, workflows: tuple[str, ...
                             slack_channel=slack_channel,
                             google_chat_space=google_chat_space,
                             google_chat_audience=google_chat_audience,
-                            google_chat_keys=google_chat_keys)
+                            google_chat_keys=google_chat_keys,
+                            chat_attempts=chat_attempts, chat_backoff=chat_backoff)
     try:
         run_server(options, host=host, port=port, max_connections=max_connections,
                    keep_alive=keep_alive, head_timeout=head_timeout,

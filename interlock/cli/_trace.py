@@ -83,6 +83,7 @@ async def _trace(st: Store, run_id: str, as_json: bool) -> None:
     async for entries in st.iter_entries(run_id, page=TRACE_PAGE):
         check.feed(entries)
         widths.add(entries)
+    await check.settle(st)  # (records appended while it read: the summary read again)
     checked = check.result()
     if not checked.ok and checked.seq is None:  # it could not be checked (a keyed log)
         click.echo(f"warning: run {run_id}'s log was not checked: {checked.message}",

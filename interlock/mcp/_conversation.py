@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import mcp_types as types
 
-from interlock import RunNotFound, UsageError
+from interlock import ClaimError, ClaimLost, ConflictError, RunNotFound, UsageError
 
 if TYPE_CHECKING:
     from interlock import Workflow
@@ -88,7 +88,16 @@ async def converse(runs: Runs, name: str, args: dict[str, Any], caller: Caller,
             raise UsageError(f"input is for a new conversation; run {run_id!r} has started "
                              "already (send text and run_id only)")
         await _continuable(runs, name, run_id, caller)
-    return await runs.message(run_id, text, caller, progress)
+    try:
+        return await runs.message(run_id, text, caller, progress)
+    except ClaimLost:
+        raise  # (this turn's own claim, lost midway: not a refusal)
+    except (ClaimError, ConflictError):  # before the message's first record
+        raise UsageError(
+            f"the message to conversation {run_id!r} is refused and nothing was recorded: "
+            "another message or decision was being answered at the same moment; read the "
+            f"conversation with interlock_run_status, and send again once it waits for a "
+            "message") from None
 
 
 async def _continuable(runs: Runs, name: str, run_id: str, caller: Caller) -> None:
@@ -125,16 +134,24 @@ def reply_of(run: dict[str, Any], chat_node: str) -> str | None:
     return None
 
 
-def turn_answer(run: dict[str, Any], chat_node: str) -> tuple[dict[str, object], str]:
-    """``{run_id, workflow, status, reply}`` (and ``error`` for a failed turn), and the
-    result's text: the reply, or what happened."""
+def turn_answer(run: dict[str, Any], chat_node: str) -> tuple[dict[str, object], str, bool]:
+    """``{run_id, workflow, status, reply}`` (with ``error`` for a failed run,
+    ``turn_error`` for a turn that failed on its own limits while the conversation goes
+    on), the result's text -- the reply, or what happened --, and whether it failed."""
     reply = reply_of(run, chat_node)
     out: dict[str, object] = {"run_id": run["run_id"], "workflow": run.get("workflow"),
                               "status": run["status"], "reply": reply}
+    waiting = run.get("waiting") or {}
+    turn_error = (waiting.get("show") or {}).get("turn_error") \
+        if waiting.get("kind") == "message" else None
+    if turn_error:
+        out["turn_error"] = turn_error
+        return out, (f"the turn failed: {turn_error}; the conversation {run['run_id']} "
+                     "waits for the next message"), True
     if run.get("error"):
         out["error"] = run["error"]
     if reply is not None:
-        return out, reply
+        return out, reply, False
     error = run.get("error") or {}
     return out, (f"the turn of conversation {run['run_id']} ended {run['status']}"
-                 + (f": {error.get('message')}" if error.get("message") else ""))
+                 + (f": {error.get('message')}" if error.get("message") else "")), False

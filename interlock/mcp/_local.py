@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import shlex
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any
 
 from mcp.server.context import ServerRequestContext
@@ -19,6 +20,8 @@ if TYPE_CHECKING:
     from interlock import Decision, Store, Workflow
     from interlock.support import RunView
 
+log = logging.getLogger("interlock.mcp")
+
 
 class LocalRuns:
     """Runs executed here: a call drives its run to its next stop in this process."""
@@ -27,6 +30,9 @@ class LocalRuns:
                  public_url: str | None = None) -> None:
         self.workflows, self.store, self.public_url = workflows, store, public_url
         self.store_hint = f" --store {shlex.quote(store.url)}"
+        # the tasks' runs executing here: every one (to stop them), the latest per run
+        self._tasks: set[asyncio.Task[object]] = set()
+        self._running: dict[str, asyncio.Task[object]] = {}
 
     def caller(self, ctx: ServerRequestContext[Any, Any]) -> Caller:
         """Whoever started this process: the client's own name, as it gives it (stdio
@@ -63,6 +69,58 @@ class LocalRuns:
 
     async def status(self, run_id: str, caller: Caller) -> dict[str, Any]:
         return (await interlock.status(run_id, store=self.store)).to_json()
+
+    async def start(self, workflow: str, data: dict[str, Any], caller: Caller
+                    ) -> dict[str, Any]:
+        started = await self.workflows[workflow].start(data, store=self.store)
+        self._spawn(started.run_id, started.execute())
+        return started.result.to_json()
+
+    async def decide_soon(self, run_id: str, decision: Decision, caller: Caller) -> None:
+        wf = self.workflows.get((await self.store.get_run(run_id)).workflow)
+        await interlock.resume(run_id, decision, store=self.store, workflow=wf, detach=True)
+        self._spawn(run_id, self._continue(run_id, wf, self._running.get(run_id)))
+
+    async def _continue(self, run_id: str, wf: Workflow | None,
+                        executing: asyncio.Task[object] | None) -> None:
+        """Execute a decided run here -- after its execution here, if any, has stopped,
+        and unless that execution took the decision in (the run is then no longer the
+        PENDING the recorded decision left)."""
+        if executing is not None:
+            await asyncio.wait([executing])
+        if (await self.store.get_run(run_id)).summary.status == "PENDING":
+            await interlock.resume(run_id, store=self.store, workflow=wf)
+
+    async def cancel(self, run_id: str, caller: Caller) -> None:
+        await interlock.cancel(run_id, by=caller.name, store=self.store, wait=0)
+
+    async def times(self, run_id: str) -> tuple[float, float]:
+        row = await self.store.get_run(run_id)
+        return row.created_at, row.summary.updated_at or row.created_at
+
+    async def close(self) -> None:
+        """Stop the tasks' runs still executing here (each is left resumable, as an
+        interrupted ``interlock run`` is)."""
+        running = list(self._tasks)
+        for task in running:
+            task.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
+
+    def _spawn(self, run_id: str, work: Coroutine[Any, Any, object]) -> None:
+        """Execute a task's run in this process, beyond the call that started it (as
+        long as the process lives; a run it leaves unfinished is resumable)."""
+        task = asyncio.get_running_loop().create_task(work)
+        self._running[run_id] = task
+        self._tasks.add(task)
+
+        def done(task: asyncio.Task[object]) -> None:
+            self._tasks.discard(task)
+            if self._running.get(run_id) is task:
+                del self._running[run_id]
+            if not task.cancelled() and task.exception() is not None:
+                log.warning("run %s stopped: %s", run_id, task.exception())
+
+        task.add_done_callback(done)
 
 
 @contextlib.asynccontextmanager

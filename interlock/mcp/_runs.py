@@ -72,3 +72,22 @@ class Runs(Protocol):
 
     async def status(self, run_id: str, caller: Caller) -> dict[str, Any]:
         ...
+
+    # a run as an MCP task: started and decided without following it
+
+    async def start(self, workflow: str, data: dict[str, Any], caller: Caller
+                    ) -> dict[str, Any]:
+        """Start a run that executes on (here, or in the pool): its run object now."""
+        ...
+
+    async def decide_soon(self, run_id: str, decision: Decision, caller: Caller) -> None:
+        """Record a decision (refusals raised here); the run goes on without us."""
+        ...
+
+    async def cancel(self, run_id: str, caller: Caller) -> None:
+        """Cancel the run (asked through the store when it executes elsewhere)."""
+        ...
+
+    async def times(self, run_id: str) -> tuple[float, float]:
+        """When the run was created, and last changed (epoch seconds)."""
+        ...

@@ -33,6 +33,7 @@ from interlock import Decision, RunNotFound, StoreError, UsageError
 
 from ._conversation import conversation_tool, converse, is_conversation, turn_answer
 from ._runs import Caller, Refused, Runs
+from ._tasks import Tasks, wanted
 
 if TYPE_CHECKING:
     from interlock import Workflow
@@ -87,19 +88,38 @@ def tools_server(runs: Runs, name: str = "interlock") -> Server[Any]:
         tools = [_tool(wf) for _, wf in sorted(runs.workflows.items())]
         return types.ListToolsResult(tools=[*tools, _STATUS])
 
+    tasks = Tasks(runs, lambda run: _result(run, error=run["status"] in _ERRORED),
+                  _question, _decision)
+
     async def call_tool(ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
-                        ) -> types.CallToolResult | types.InputRequiredResult:
+                        ) -> types.CallToolResult | types.InputRequiredResult | dict[str, Any]:
         try:
+            if _as_task(runs, ctx, params):  # a run as an MCP task: answered at once
+                caller = runs.caller(ctx)
+                caller.refuse("operate", "start runs")
+                return await tasks.start(params.name, dict(params.arguments or {}), caller)
             return await _Call(runs, ctx, params).answer()
         except (Refused, UsageError, RunNotFound) as exc:
             return _error(str(exc))
         except StoreError as exc:
             return _error(f"the store refused: {exc}")
 
-    return Server(name, version=__version__,
-                  instructions="Each tool runs an interlock workflow; "
-                               f"{STATUS_TOOL} reads a run.",
-                  on_list_tools=list_tools, on_call_tool=call_tool)
+    server: Server[Any] = Server(
+        name, version=__version__, on_list_tools=list_tools,
+        instructions=f"Each tool runs an interlock workflow; {STATUS_TOOL} reads a run.")
+    # registered as a method (not on_call_tool), so that it may answer with a task
+    server.add_request_handler("tools/call", types.CallToolRequestParams, call_tool)
+    tasks.serve(server)
+    return server
+
+
+def _as_task(runs: Runs, ctx: ServerRequestContext[Any, Any],
+             params: types.CallToolRequestParams) -> bool:
+    """A workflow's call from a client of the tasks extension (not a conversation's
+    turn, not the status tool, not the answer to a question)."""
+    wf = runs.workflows.get(params.name)
+    return wf is not None and not is_conversation(wf) and params.request_state is None \
+        and wanted(ctx)
 
 
 class _Call:
@@ -182,8 +202,8 @@ class _Call:
                 waiting["reply"] = None
             return _result(waiting, error=error)
         if is_conversation(wf) and wf.spec.chat is not None:
-            out, text = turn_answer(run, wf.spec.chat)
-            return _result(out, error=error, text=text)
+            out, text, failed = turn_answer(run, wf.spec.chat)
+            return _result(out, error=error or failed, text=text)
         return _result(run, error=error)
 
     async def _answered(self, caller: Caller) -> dict[str, Any]:

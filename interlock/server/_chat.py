@@ -3,12 +3,16 @@
 the dashboard, the API or the CLI -- and clicks turned into decisions.
 
 What happened is in the run's log, so it survives a restart and another server sees it:
-each post, update and answer is a ``notify.sent`` record (``via``: the chat, ``action``:
-post / update / answer, ``request``: the seq of the ``approval.requested`` it is about,
-``where``: the message's id in the chat, and ``status`` or ``error``). `sync` compares a
-run's gates with those records and posts or updates what is missing; it runs when this
+each attempt of a post or an update, and each answer, is a ``notify.sent`` record
+(``via``: the chat, ``action``: post / update / answer, ``request``: the seq of the
+``approval.requested`` it is about, ``where``: the message's id in the chat, ``attempt``,
+and ``status`` or ``error``, with ``retry_at`` or ``gave_up`` when it failed). `sync`
+compares a run's gates with those records and works off what is owed (`_deliveries`:
+retried with backoff, resumed by the next server after a restart); it runs when this
 server sees a gate requested or decided, and `watch` runs it for the runs changed
-elsewhere (the CLI's decisions, runs executed by another process).
+elsewhere (the CLI's decisions, runs executed by another process) and, on start, for
+every waiting run and those changed in the last hour (the deliveries a stopped server
+left owed).
 
 A click is decided by the mapped approver (``slack: U…`` / ``google_chat: users/…`` on an
 ``--auth`` entry) through `Server.decide_gate` with ``via`` the chat's name; a click on a
@@ -29,14 +33,17 @@ from interlock import Decision, InterlockError, RunNotFound, Store, UsageError
 from interlock.support import trace_pages
 
 from ._auth import DECIDE, Tokens
+from ._deliveries import Ledger, Policy, deliver
 from ._guard import Problemed
 from ._hub import Hub
 from ._notify import CLOCK_SKEW, NOTIFY_SENT
 
 log = logging.getLogger("interlock.server")
 
-Record = Callable[[str, dict[str, object]], Awaitable[bool]]
+Record = Callable[[str, dict[str, object]], Awaitable[None]]
 Decide = Callable[[str, str, Decision, str], Awaitable[None]]
+Send = Callable[[], Awaitable[tuple[dict[str, object], dict[str, object]]]]
+ACTIONS = ("post", "update")  # a delivery's actions (an answer is no delivery: not retried)
 
 
 class Chat(Protocol):
@@ -69,8 +76,10 @@ def _key(rec: dict[str, Any]) -> tuple[object, object, object]:
 
 class ChatApprovals:
     def __init__(self, chats: list[Chat], public_url: str, store: Store, hub: Hub,
-                 tokens: Tokens | None, record: Record, decide: Decide) -> None:
+                 tokens: Tokens | None, record: Record, decide: Decide,
+                 policy: Policy | None = None) -> None:
         self.chats, self.public_url = chats, public_url
+        self.policy = policy or Policy()
         self.store, self.hub, self.tokens = store, hub, tokens
         self.record, self.decide = record, decide
         self._done: set[tuple[str, str, int, str]] = set()  # (chat, run, request, action)
@@ -103,13 +112,19 @@ class ChatApprovals:
             log.warning("run %s: chat messages not brought up to date: %s", run_id, exc)
 
     async def watch(self, every: float) -> None:
-        """Every ``every`` seconds, `sync` the runs changed since the previous pass (the
-        first pass: those changed in the last hour) whose log grew since `sync` read it."""
+        """Every ``every`` seconds, `sync` the runs changed since the previous pass whose
+        log grew since `sync` read it. The first pass: every waiting run, however long it
+        has waited (a gate requested while no server was up), and the runs changed in
+        the last hour (the updates a stopped server left owed)."""
         while self.chats:
             try:
                 began = time.time()
-                since = self._since if self._since is not None else began - 3600
-                for row in await self.store.list_page(limit=10_000, updated_after=since):
+                rows = await self.store.list_page(limit=10_000, updated_after=(
+                    self._since if self._since is not None else began - 3600))
+                if self._since is None:
+                    rows += await self.store.list_page(status="WAITING_APPROVAL",
+                                                       limit=10_000)
+                for row in rows:
                     if self._synced.get(row.run_id) != row.summary.last_seq:
                         await self.sync(row.run_id)
                 self._since = began - CLOCK_SKEW
@@ -134,7 +149,7 @@ class ChatApprovals:
         self._synced[run_id] = row.summary.last_seq
         requested: dict[int, dict[str, Any]] = {}
         decided: dict[tuple[object, object, object], dict[str, Any]] = {}
-        sent: dict[tuple[str, int, str], dict[str, Any]] = {}
+        books: dict[tuple[str, int, str], Ledger] = {}  # (chat, request, action): attempts
         async for page in trace_pages(run_id, store=self.store):
             for rec in page:
                 if rec["type"] == "approval.requested":
@@ -143,53 +158,77 @@ class ChatApprovals:
                 elif rec["type"] == "approval.decided":
                     decided[_key(rec)] = rec
                 elif rec["type"] == NOTIFY_SENT and rec.get("via") and \
-                        rec.get("request") is not None and rec.get("where"):
-                    sent[(rec["via"], rec["request"], rec.get("action", ""))] = rec
+                        rec.get("request") is not None and rec.get("action") in ACTIONS:
+                    books.setdefault((rec["via"], rec["request"], rec["action"]),
+                                     Ledger()).add(rec)
         open_ = row.summary.status == "WAITING_APPROVAL"
         for seq, rec in requested.items():
             done = decided.get(_key(rec))
             if done is not None and done["seq"] < seq:
                 done = None
             for chat in self.chats:
-                post = sent.get((chat.name, seq, "post"))
-                if done is None and post is None and open_:
-                    await self._post(chat, row.workflow, run_id, rec)
-                elif done is not None and post is not None and \
-                        (chat.name, seq, "update") not in sent:
-                    await self._update(chat, row.workflow, run_id, rec, post, done)
+                post = books.get((chat.name, seq, "post"), Ledger())
+                update = books.get((chat.name, seq, "update"), Ledger())
+                if done is None and open_ and not post.over:
+                    self._start(chat, row.workflow, run_id, rec, post, None)
+                elif done is not None and post.delivered and not update.over:
+                    self._start(chat, row.workflow, run_id, rec, update, (post.where, done))
 
-    async def _post(self, chat: Chat, workflow: str, run_id: str,
-                    rec: dict[str, Any]) -> None:
-        if not self._claim(chat, run_id, rec["seq"], "post"):
-            return
-        message = chat.message(workflow, run_id, gate_name(rec), rec, self.public_url)
-        outcome, where = await chat.post(message)
-        await self._record(run_id, {"via": chat.name, "action": "post", "request": rec["seq"],
-                                    "gate": gate_name(rec), "where": where or None,
-                                    **outcome})
-
-    async def _update(self, chat: Chat, workflow: str, run_id: str, rec: dict[str, Any],
-                      post: dict[str, Any], done: dict[str, Any]) -> None:
-        if not self._claim(chat, run_id, rec["seq"], "update"):
-            return
-        message = chat.message(workflow, run_id, gate_name(rec), rec, self.public_url)
-        outcome, where = await chat.update(post["where"], chat.decided(message, done))
-        await self._record(run_id, {"via": chat.name, "action": "update",
-                                    "request": rec["seq"], "gate": gate_name(rec),
-                                    "where": where or post["where"], **outcome})
-
-    def _claim(self, chat: Chat, run_id: str, seq: int, action: str) -> bool:
-        key = (chat.name, run_id, seq, action)
+    def _start(self, chat: Chat, workflow: str, run_id: str, rec: dict[str, Any],
+               books: Ledger, decided: tuple[dict[str, Any], dict[str, Any]] | None) -> None:
+        """Work off one delivery owed (`_deliveries.deliver`), unless this server already
+        is: the gate's post (``decided`` None), or its update (where the post is, and
+        the decision)."""
+        action = "post" if decided is None else "update"
+        key = (chat.name, run_id, rec["seq"], action)
         if key in self._done:
-            return False
+            return
         self._done.add(key)
+        gate = gate_name(rec)
+        message = chat.message(workflow, run_id, gate, rec, self.public_url)
+        fields: dict[str, object] = {"via": chat.name, "action": action,
+                                     "request": rec["seq"], "gate": gate}
+        if decided is None:
+            def send() -> Awaitable[tuple[dict[str, object], dict[str, object]]]:
+                return chat.post(message)
+        else:
+            where, done = decided
+            fields["where"] = where
+
+            def send() -> Awaitable[tuple[dict[str, object], dict[str, object]]]:
+                return chat.update(where, chat.decided(message, done))
+
+        async def record(outcome: dict[str, object]) -> None:
+            await self._record(run_id, {**fields, **outcome})
+
+        async def still_owed() -> bool:
+            return decided is not None or await self._waits(run_id, rec)
+
+        what = f"run {run_id}: the {chat.name} {action} of gate {gate}"
+        if books.attempts:
+            log.info("%s: resumed after %d failed attempt(s)", what, books.attempts)
+        self._spawn(self._deliver(key, what, send, record, still_owed, books))
+
+    async def _deliver(self, key: tuple[str, str, int, str], what: str, send: Send,
+                       record: Callable[[dict[str, object]], Awaitable[None]],
+                       still_owed: Callable[[], Awaitable[bool]], books: Ledger) -> None:
+        try:
+            await deliver(what, send, record, still_owed, self.policy, books)
+        except InterlockError as exc:  # the store is away: the next `sync` looks again
+            self._done.discard(key)
+            log.warning("%s: not done (%s); tried again at the next look", what, exc)
+
+    async def _waits(self, run_id: str, rec: dict[str, Any]) -> bool:
+        """Whether the gate ``rec`` asked is still waiting (its post still owed)."""
+        if (await self.store.get_run(run_id)).summary.status != "WAITING_APPROVAL":
+            return False
+        async for page in trace_pages(run_id, store=self.store, after=rec["seq"]):
+            if any(r["type"] == "approval.decided" and _key(r) == _key(rec) for r in page):
+                return False
         return True
 
     async def _record(self, run_id: str, fields: dict[str, object]) -> None:
-        if not await self.record(run_id, fields):
-            log.info("run %s has ended: %s %s to %s not recorded (no record follows a "
-                     "run's final one)", run_id, NOTIFY_SENT, fields.get("action"),
-                     fields.get("via"))
+        await self.record(run_id, fields)  # (after the run's final record too)
 
     # -- clicks --------------------------------------------------------------------------
 

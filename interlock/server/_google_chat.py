@@ -23,6 +23,7 @@ import httpx
 
 from interlock import UsageError
 
+from ._deliveries import retry_after
 from ._notify import payload
 
 CHAT_ISSUER = "chat@system.gserviceaccount.com"
@@ -175,7 +176,11 @@ class GoogleChat:
         except httpx.HTTPError as exc:
             return {"method": what, "error": f"{type(exc).__name__}: {exc}"}, {}
         if not response.is_success:
-            return {"method": what, "status": response.status_code}, {}
+            outcome: dict[str, object] = {"method": what, "status": response.status_code}
+            wait = retry_after(response.headers.get("retry-after"))
+            if wait is not None:
+                outcome["retry_after"] = wait
+            return outcome, {}
         try:
             name = response.json().get("name")
         except ValueError:

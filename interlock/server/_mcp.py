@@ -65,10 +65,15 @@ class ServerRuns:
 
     async def decide(self, run_id: str, decision: Decision, caller: Caller,
                      progress: Progress) -> dict[str, Any]:
+        seq = (await self.server.st.get_run(run_id)).summary.last_seq
+        await self.decide_soon(run_id, decision, caller)
+        return await self._follow(run_id, seq, progress)
+
+    async def decide_soon(self, run_id: str, decision: Decision, caller: Caller) -> None:
+        """As the API's decision: executed in the pool, refusals raised here."""
         from ._routes_approvals import decide
 
         server = self.server
-        seq = (await server.st.get_run(run_id)).summary.last_seq
         who = Identity(caller.name, caller.roles or ("admin",),
                        authenticated=caller.roles is not None)
         fields: dict[str, Any] = {"decision": decision.kind, "comment": decision.comment,
@@ -81,7 +86,18 @@ class ServerRuns:
             await decide(run_id, body, server, who)
         except Problemed as exc:
             raise Refused(exc.detail) from None
-        return await self._follow(run_id, seq, progress)
+
+    async def start(self, workflow: str, data: dict[str, Any], caller: Caller
+                    ) -> dict[str, Any]:
+        return (await self.server.begin(workflow, data)).to_json()
+
+    async def cancel(self, run_id: str, caller: Caller) -> None:
+        async with self.server.lock(run_id):
+            await interlock.cancel(run_id, by=caller.name, store=self.server.st, wait=0)
+
+    async def times(self, run_id: str) -> tuple[float, float]:
+        row = await self.server.st.get_run(run_id)
+        return row.created_at, row.summary.updated_at or row.created_at
 
     async def message(self, run_id: str, text: str, caller: Caller,
                       progress: Progress) -> dict[str, Any]:

@@ -9,8 +9,8 @@ credentials (for Slack, the URL *is* the credential) are never in it. A failed a
 
 An attempt is bounded: `ATTEMPT_SECONDS` in all (connecting, sending, the answer's
 head), and the answer's body is never read. A run that has ended gets no more
-attempts, and an attempt that ends after the run did is not recorded (the server's log
-says so): no record follows a run's final record.
+attempts; an attempt that ends after the run did is recorded all the same, after the
+run's final record (``notify.sent`` is the one record that may follow it).
 
 Everything taken from the run in the message is escaped for Slack's mrkdwn (``&``,
 ``<``, ``>``; backquotes in code spans), so node output cannot add links or mentions.
@@ -31,7 +31,7 @@ from urllib.parse import quote, urlsplit
 
 import httpx
 
-from interlock import ClaimError, ConflictError, InterlockError, Store, UsageError
+from interlock import ClaimError, ConflictError, InterlockError, Store
 from interlock.support import TERMINAL_TYPES, append_note, trace_pages
 
 from ._hub import Hub
@@ -180,13 +180,8 @@ class Notifier:
                 log.info("run %s has ended: no more notifications to %s", run_id, where)
                 return
             outcome, ok = await self._post(url, message)
-            if not await self._record(run_id, {"url": shown(url), "notify": index,
-                                               "attempt": attempt, "request": seq,
-                                               **outcome}):
-                log.warning("run %s: %s attempt %d (%s) ended after the run did; not "
-                            "recorded (no record follows a run's final one)", run_id, where,
-                            attempt, outcome)
-                return
+            await self._record(run_id, {"url": shown(url), "notify": index,
+                                        "attempt": attempt, "request": seq, **outcome})
             if ok:
                 return
             if attempt < self.attempts:
@@ -219,28 +214,23 @@ class Notifier:
                 return
             await self.hub.wait(waiter, 0.1)
 
-    async def record(self, run_id: str, fields: dict[str, object]) -> bool:
-        return await self._record(run_id, fields)
+    async def record(self, run_id: str, fields: dict[str, object]) -> None:
+        await self._record(run_id, fields)
 
-    async def _record(self, run_id: str, fields: dict[str, object]) -> bool:
-        """``notify.sent`` under the run's claim; while the run's executor still holds
-        it (it releases once the run waits), try again. False once the run has ended:
-        nothing is appended after a run's final record."""
+    async def _record(self, run_id: str, fields: dict[str, object]) -> None:
+        """``notify.sent`` under the run's claim (after the run's final record too);
+        while the run's executor still holds it (it releases once the run waits or
+        ends), try again."""
         for _ in range(50):
             async with self.locks(run_id):
                 try:
                     await append_note(run_id, NOTIFY_SENT, fields, store=self.store)
-                    return True
-                except UsageError:
-                    if await self._ended(run_id):
-                        return False
-                    raise
+                    return
                 except (ClaimError, ConflictError):
                     waiter = self.hub.waiter(run_id)
             await self.hub.wait(waiter, 0.2)
         log.warning("run %s: could not record %s %s (the run stayed claimed)", run_id,
                     NOTIFY_SENT, fields)
-        return True
 
     async def close(self) -> None:
         for task in list(self._tasks):

@@ -27,6 +27,7 @@ from interlock.support import (
 
 from ._auth import LOCAL, Identity, Tokens
 from ._chat import Chat, ChatApprovals
+from ._deliveries import Policy
 from ._google_chat import GoogleChat
 from ._guard import Problemed
 from ._hub import Hub, NotifyingStore
@@ -67,6 +68,8 @@ class ServerOptions:
     google_chat_space: str | None = None
     google_chat_audience: str | None = None
     google_chat_keys: str | None = None  # a JWKS file; None: Google's published keys
+    chat_attempts: int = 6  # a chat's post or update: attempts in all (`_deliveries`)
+    chat_backoff: float = 1.0  # seconds before its second attempt, doubled for each next
 
 
 
@@ -154,7 +157,8 @@ class Server:
                                  backoff=self.options.notify_backoff,
                                  timeout=self.options.notify_timeout)
         self.chat = ChatApprovals(self.chats, self.options.public_url, self.store, self.hub,
-                                  self.tokens, self.notifier.record, self.decide_gate)
+                                  self.tokens, self.notifier.record, self.decide_gate,
+                                  Policy(self.options.chat_attempts, self.options.chat_backoff))
         if self.options.take_over and self.records_only:
             log.info("--workers 0: this server executes no run; `interlock worker` "
                      "processes on its store do")

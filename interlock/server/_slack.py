@@ -20,6 +20,7 @@ from urllib.parse import parse_qs
 
 from interlock import UsageError
 
+from ._deliveries import retry_after
 from ._notify import mrkdwn, payload
 
 ACTION_IDS = {"approve": "interlock.approve", "reject": "interlock.reject"}
@@ -50,8 +51,10 @@ class Slack:
 
         self.channel = channel
         base = api_url or "https://slack.com/api/"
+        # no retry inside the SDK: each attempt is the server's, and on record
+        # (`_deliveries`: the backoff, Retry-After, the attempts counted in the log)
         self.client = WebClient(token=token, base_url=base.rstrip("/") + "/",
-                                timeout=TIMEOUT)
+                                timeout=TIMEOUT, retry_handlers=[])
         self.verifier = SignatureVerifier(secret)
 
     @classmethod
@@ -123,8 +126,14 @@ class Slack:
         try:
             response = await asyncio.to_thread(call, **kwargs)
         except SlackApiError as exc:
-            return {"method": method, "status": exc.response.status_code,
-                    "error": str(exc.response.get("error") or "not ok")}, {}
+            outcome: dict[str, object] = {
+                "method": method, "status": exc.response.status_code,
+                "error": str(exc.response.get("error") or "not ok")}
+            headers = {k.lower(): v for k, v in (exc.response.headers or {}).items()}
+            wait = retry_after(_first(headers.get("retry-after")))
+            if wait is not None:
+                outcome["retry_after"] = wait
+            return outcome, {}
         except (SlackClientError, OSError, ValueError) as exc:
             return {"method": method, "error": f"{type(exc).__name__}: {exc}"}, {}
         where = {"channel": response.get("channel") or kwargs.get("channel"),
@@ -182,3 +191,10 @@ def _decided_text(rec: Mapping[str, object]) -> str:
         when = dt.datetime.fromtimestamp(when, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     at = f" at {when}" if when else ""
     return f"{verb}{by}{via}{at}"
+
+
+def _first(value: object) -> str | None:
+    """A header's value (the SDK keeps some as lists)."""
+    if isinstance(value, list | tuple):
+        value = value[0] if value else None
+    return None if value is None else str(value)

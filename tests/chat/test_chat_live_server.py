@@ -313,3 +313,28 @@ def test_local_chat_streams_the_rest_of_a_turn_after_an_inline_approval(
         gate.set()
         chat.close()
         fake.close()
+
+
+def test_chat_through_a_server_continues_a_session_at_its_gate(project: Path) -> None:
+    server = Served(project)
+    try:
+        with server.client() as c:
+            assert c.post("/api/workflows/toolchat/runs",
+                          json={"input": {}, "run_id": "s1"}).status_code == 201
+            wait_status(c, "s1", "WAITING_INPUT")
+            assert c.post("/api/runs/s1/messages", json={"text": "triage db"}
+                          ).status_code == 202
+            wait_status(c, "s1", "WAITING_APPROVAL")
+        chat = Chat(project, "flows/toolchat.yaml", "--server", server.url, "--session", "s1")
+        try:
+            # the gate it waits at is shown again; the earlier records are not
+            chat.stderr_has("waiting for a decision at assistant/run_triage/approval")
+            chat.send("/approve")
+            chat.read_until("the triage of db is approved and done\n")
+            assert chat.finish() == 3, "".join(chat.err)  # stdin ended: it waits
+            assert chat.out.decode() == "the triage of db is approved and done\n"
+            assert not any("> child run" in line for line in chat.err)
+        finally:
+            chat.close()
+    finally:
+        server.stop()

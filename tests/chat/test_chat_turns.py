@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from conftest import CliProject, records
 from fake_openai import FakeOpenAI
 from test_chat import TOOLS, chat_file
@@ -89,3 +90,19 @@ def test_the_conversations_limits_still_end_it(make_project: Any, llm: FakeOpenA
     assert over.exit_code == 1
     _, status = p.cli_json("status", "l")
     assert status["status"] == "FAILED"
+
+
+def test_a_failed_turn_is_an_error_for_the_mcp_tool_and_the_conversation_goes_on(
+        make_project: Any, llm: FakeOpenAI, monkeypatch: Any) -> None:
+    pytest.importorskip("mcp_types")
+    from interlock.mcp._conversation import turn_answer
+
+    monkeypatch.setenv("OPENAI_BASE_URL", llm.url)
+    p, wf = _project(make_project, llm)
+    llm.reply(tool_calls=[("service_status", {"service": "db"})])
+    llm.reply(tool_calls=[("service_status", {"service": "db"})])
+    assert p.cli("run", wf, "--run-id", "t").exit_code == 3
+    _, run = p.cli_json("send", "t", "how is db?")
+    out, text, failed = turn_answer(run, "assistant")
+    assert out["status"] == "WAITING_INPUT" and out["reply"] is None and failed
+    assert "max_turns=2" in str(out["turn_error"]) and text.startswith("the turn failed: ")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -163,6 +163,7 @@ class _SlowStore:
 class _View:
     status, steps, tokens, error, waiting = "running", 0, 0, None, None
     snapshot_at = 0  # (the seq of the log's latest snapshot: none)
+    gates: ClassVar[dict[Any, Any]] = {}  # (no gate waits)
 
     def apply(self, rec: Any) -> None:
         pass

@@ -242,3 +242,54 @@ def test_a_guarded_tool_with_an_unknown_outcome(
     assert answer in told or (answer == "rejected" and any(
         r["type"] == "tool.rejected" for r in records))
     assert p.cli("verify", "teller-1").exit_code == 0
+
+
+# -- interrupted again after an approved re-run: asked again ----------------------------------
+
+
+def _approve_and_kill(p: CliProject, tmp_path: Path, run_id: str) -> None:
+    """Approve the unknown outcome in a real process and SIGKILL it inside the re-run."""
+    env = {**os.environ, "PAY_HANGS": "1", "PYTHONPATH": os.pathsep.join(
+        [str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "interlock", "resume", run_id, "--approve", "--by", "ann",
+         "--store", p.store], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL)
+    try:
+        until = time.monotonic() + 60
+        while not (tmp_path / "pay_started.marker").exists():
+            assert proc.poll() is None, "the resume ended before pay ran again"
+            assert time.monotonic() < until, "pay never ran again"
+            time.sleep(0.02)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    (tmp_path / "pay_started.marker").unlink()
+
+
+@pytest.mark.parametrize("what", ["node", "tool"])
+def test_an_approved_rerun_interrupted_again_is_asked_about_again(
+        make_project: Callable[..., CliProject], tmp_path: Path, what: str) -> None:
+    """Killed while paying, approved to pay again, killed again while paying: the run
+    waits at a second unknown_outcome gate (asked afresh, not run a third time on the
+    first approval); rejected, the action ran exactly twice."""
+    p = make_project(NODES if what == "node" else AGENT_NODES)
+    wf = p.workflow(FLOW if what == "node" else AGENT_FLOW)
+    run_id = f"again-{what}"
+    _kill_while_paying(p, tmp_path, wf, run_id)
+    first = (_stopped_at_unknown_outcome if what == "node" else _agent_stopped)(p, run_id)
+    _approve_and_kill(p, tmp_path, run_id)
+    assert _paid(tmp_path) == 2
+    second = (_stopped_at_unknown_outcome if what == "node" else _agent_stopped)(p, run_id)
+    assert _paid(tmp_path) == 2  # asked again, not run a third time
+    show1, show2 = first["show"], second["show"]
+    assert isinstance(show1, dict) and isinstance(show2, dict)
+    assert show2["started_at"] != show1["started_at"]  # the re-run's own start
+    result, out = p.cli_json("resume", run_id, "--reject", "--by", "ann")
+    assert result.exit_code == (1 if what == "node" else 0), result.output
+    assert out["status"] == ("FAILED" if what == "node" else "COMPLETED")
+    assert _paid(tmp_path) == 2
+    asked = [r for r in p.records(run_id) if r["type"] == "approval.requested"
+             and r["kind"] == "unknown_outcome"]
+    assert len(asked) == 2
+    assert p.cli("verify", run_id).exit_code == 0

@@ -236,3 +236,123 @@ def test_a_conversation_at_mcp_on_a_server(served: Served) -> None:
     messages = [r.get("data", r) for r in log if r["type"] == "chat.message"]
     assert [(m["text"], m["by"]) for m in messages] == [("hello", "olga"),
                                                         ("triage db", "ada")]
+
+
+TEAM_TALK = '''
+workflow: team-talk
+chat: assistant
+input: [team]
+nodes:
+  assistant:
+    agent:
+      provider: scripted
+      system: "You help the team {{ team }}."
+      replies: [hello team, bye]
+'''
+
+
+def test_a_new_conversation_takes_the_files_input(project: Path) -> None:
+    (project / "flows" / "team.yaml").write_text(TEAM_TALK)
+
+    async def go() -> tuple[types.Tool, types.CallToolResult, types.CallToolResult,
+                            types.CallToolResult]:
+        async with Client(stdio_params(project)) as c:
+            tool = {t.name: t for t in (await c.list_tools()).tools}["team-talk"]
+            missing = await c.call_tool("team-talk", {"text": "hi"})
+            first = await c.call_tool("team-talk", {"text": "hi", "input": {"team": "db"}})
+            again = await c.call_tool("team-talk", {
+                "text": "more", "input": {"team": "web"},
+                "run_id": first.structured_content["run_id"]})  # type: ignore[index]
+            return tool, missing, first, again
+
+    tool, missing, first, again = anyio.run(go)
+    assert set(tool.input_schema["properties"]) == {"text", "run_id", "input"}
+    assert missing.is_error and "lacks 'team'" in _text(missing)
+    assert first.structured_content is not None
+    assert first.structured_content["reply"] == "hello team"
+    run_id = first.structured_content["run_id"]
+    shown = json.loads(_cli(project, "status", run_id, "--json").stdout)
+    assert shown["state"]["team"] == "db"
+    assert again.is_error and "input is for a new conversation" in _text(again)
+    assert [r["text"] for r in _records(project, run_id) if r["type"] == "chat.message"] == [
+        "hi"]
+
+
+def test_two_messages_at_once_one_is_refused_for_people(project: Path) -> None:
+    """Two clients (two ``interlock mcp`` processes on one store) send the next message
+    of one conversation at once: one turn runs, the other message is refused with what
+    to do, and only one is recorded."""
+    async def start() -> str:
+        async with Client(stdio_params(project)) as c:
+            first = await c.call_tool("talk", {"text": "hello"})
+            return str(first.structured_content["run_id"])  # type: ignore[index]
+
+    run_id = anyio.run(start)
+
+    async def both() -> list[types.CallToolResult]:
+        answers: list[types.CallToolResult] = []
+
+        async def send(text: str) -> None:
+            async with Client(stdio_params(project)) as c:
+                answers.append(await c.call_tool("talk", {"text": text, "run_id": run_id}))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(send, "one")
+            tg.start_soon(send, "two")
+        return answers
+
+    answers = anyio.run(both)
+    refused = [a for a in answers if a.is_error]
+    assert len(refused) == 1, [_text(a) for a in answers]
+    why = _text(refused[0])
+    assert why.startswith(f"the message to run {run_id!r} is refused and nothing was "
+                          "recorded") or why.startswith(
+        f"the message to conversation {run_id!r} is refused and nothing was recorded"), why
+    assert "store refused" not in why
+    texts = [r["text"] for r in _records(project, run_id) if r["type"] == "chat.message"]
+    assert texts[0] == "hello" and len(texts) == 2
+
+
+SHORT_TALK = '''
+workflow: short-talk
+chat: assistant
+nodes:
+  assistant:
+    agent:
+      provider: scripted
+      system: You check services.
+      max_turns: 1
+      tools: ["ttools:service_status"]
+      replies:
+        - {tool_calls: [{name: service_status, arguments: {service: db}}]}
+        - db is fine
+'''
+
+TTOOLS = '''
+def service_status(service: str) -> str:
+    """The status of a service."""
+    return f"{service} is fine"
+'''
+
+
+def test_a_turn_over_its_own_limit_is_an_error_and_the_conversation_goes_on(
+        project: Path) -> None:
+    (project / "flows" / "short.yaml").write_text(SHORT_TALK)
+    (project / "ttools.py").write_text(TTOOLS)
+
+    async def go() -> tuple[types.CallToolResult, types.CallToolResult]:
+        async with Client(stdio_params(project)) as c:
+            failed = await c.call_tool("short-talk", {"text": "how is db?"})
+            run_id = failed.structured_content["run_id"]  # type: ignore[index]
+            return failed, await c.call_tool("short-talk", {"text": "and now?",
+                                                            "run_id": run_id})
+
+    failed, then = anyio.run(go)
+    assert failed.is_error
+    out = failed.structured_content
+    assert out is not None and out["status"] == "WAITING_INPUT" and out["reply"] is None
+    assert "max_turns=1" in out["turn_error"]
+    assert _text(failed).startswith("the turn failed:")
+    assert not then.is_error and then.structured_content is not None
+    assert then.structured_content["status"] == "WAITING_INPUT"
+    assert then.structured_content["reply"] == "db is fine"

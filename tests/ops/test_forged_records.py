@@ -23,7 +23,7 @@ import interlock
 from interlock import START, Workflow
 from interlock import _log as L
 from interlock._store import RunRow, Store, open_store
-from interlock.support import export_run, verify_export
+from interlock.support import append_note, export_run, verify_export
 
 
 def _store(tmp_path: Path) -> str:
@@ -250,3 +250,109 @@ def test_cancel_refuses_a_run_that_completed_between_its_read_and_its_claim(
     assert "run.cancelled" not in [r["type"] for r in records]
     assert asyncio.run(interlock.verify(run_id, store=url)).ok
     assert asyncio.run(interlock.status(run_id, store=url)).status == "COMPLETED"
+
+
+@pytest.mark.parametrize("rtype", ["notify.sent", "audit.note"])
+def test_only_notify_sent_may_follow_a_run_s_final_record(tmp_path: Path, rtype: str) -> None:
+    """A server's note that it told a chat may come after the end (the update after the
+    click that ended the run, a retried delivery); any other record there is reported by
+    `verify` and by `verify --file` of an export, and `append_note` refuses to write it."""
+    url = _store(tmp_path)
+    done = Workflow("w").node("a", lambda s: {"a": 1}).edge(START, "a").run_sync(
+        store=url, run_id="done")
+    assert done.status == "COMPLETED"
+    note = {"via": "slack", "action": "update", "request": 1, "attempt": 1, "status": 200}
+
+    def noted_after(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [*records, {"type": rtype, "at": records[-1]["at"], "node": None, **note}]
+
+    async def main() -> None:
+        st = open_store(url)
+        try:
+            await _forge(st, "done", "noted", noted_after)
+            result = await interlock.verify("noted", store=st)
+            exported = verify_export(await _collect(export_run("noted", store=st)))
+            records = await interlock.trace("noted", store=st)
+            assert records[-1]["type"] == rtype
+            if rtype == "notify.sent":
+                assert result.ok and exported.ok, (result, exported)
+                await append_note("done", rtype, note, store=st)
+                assert (await interlock.verify("done", store=st)).ok
+            else:
+                assert not result.ok and not exported.ok
+                assert result.seq == len(await st.entries("done")) + 1
+                assert f"the {rtype} record comes after the run ended (COMPLETED): only " \
+                       "notify.sent may follow" in result.message
+                with pytest.raises(interlock.UsageError, match="has ended"):
+                    await append_note("done", rtype, note, store=st)
+            assert (await interlock.status("noted", store=st)).status == "COMPLETED"
+        finally:
+            await st.close()
+
+    asyncio.run(main())
+
+
+def test_an_export_holds_the_records_its_header_counts(tmp_path: Path) -> None:
+    """A notify.sent appended after an ended run's final record while its export is read
+    (after the header, before the records) is left for the next export: the export
+    verifies, as it did when nothing could follow the end."""
+    url = _store(tmp_path)
+    done = Workflow("w").node("a", lambda s: {"a": 1}).edge(START, "a").run_sync(
+        store=url, run_id="done")
+    note = {"via": "slack", "action": "update", "request": 1, "attempt": 1, "status": 200}
+
+    async def main() -> None:
+        st = open_store(url)
+        iter_entries = st.iter_entries
+
+        def late(run_id: str, **kw: Any) -> Any:
+            async def pages() -> Any:
+                st.iter_entries = iter_entries  # type: ignore[method-assign]
+                await append_note(run_id, "notify.sent", note, store=st)  # lands now
+                async for page in iter_entries(run_id, **kw):
+                    yield page
+            return pages()
+
+        st.iter_entries = late  # type: ignore[method-assign]
+        try:
+            lines = await _collect(export_run("done", store=st))
+            assert verify_export(lines).ok
+            assert len(lines) == 1 + len(await st.entries("done")) - 1  # (not the note)
+            again = await _collect(export_run("done", store=st))
+            assert verify_export(again).ok and len(again) == len(lines) + 1
+        finally:
+            await st.close()
+
+    assert done.status == "COMPLETED"
+    asyncio.run(main())
+
+
+def test_verify_reads_a_note_appended_after_the_end_while_it_reads(tmp_path: Path) -> None:
+    """The summary is read before the records: a notify.sent appended in between (after
+    an ended run's final record) is not a log that outgrew its summary."""
+    url = _store(tmp_path)
+    Workflow("w").node("a", lambda s: {"a": 1}).edge(START, "a").run_sync(
+        store=url, run_id="done")
+    note = {"via": "slack", "action": "update", "request": 1, "attempt": 1, "status": 200}
+
+    async def main() -> None:
+        st = open_store(url)
+        iter_entries = st.iter_entries
+
+        def late(run_id: str, **kw: Any) -> Any:
+            async def pages() -> Any:
+                st.iter_entries = iter_entries  # type: ignore[method-assign]
+                await append_note(run_id, "notify.sent", note, store=st)  # lands now
+                async for page in iter_entries(run_id, **kw):
+                    yield page
+            return pages()
+
+        st.iter_entries = late  # type: ignore[method-assign]
+        try:
+            result = await interlock.verify("done", store=st)
+            assert result.ok, result
+            assert result.records == len(await st.entries("done"))  # the note too
+        finally:
+            await st.close()
+
+    asyncio.run(main())

@@ -50,6 +50,9 @@ class FakeGoogle:
     def __init__(self) -> None:
         self.calls: list[tuple[str, str, Any, dict[str, str]]] = []
         self.changed = threading.Condition()
+        # answers given before the next success of a method (POST, PATCH): (method,
+        # status, headers), the first that matches used once
+        self.failures: list[tuple[str, int, dict[str, str]]] = []
         fake = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -59,9 +62,22 @@ class FakeGoogle:
                 data: Any = parse_qs(body.decode()) if path == "/token" else \
                     json.loads(body or b"{}")
                 with fake.changed:
+                    failure = None if path == "/token" else next(
+                        (f for f in fake.failures if f[0] == self.command), None)
+                    if failure is not None:
+                        fake.failures.remove(failure)
                     fake.calls.append((self.command, self.path, data, dict(self.headers)))
                     n = len(fake.calls)
                     fake.changed.notify_all()
+                if failure is not None:
+                    raw = json.dumps({"error": {"code": failure[1]}}).encode()
+                    self.send_response(failure[1])
+                    for name, value in failure[2].items():
+                        self.send_header(name, value)
+                    self.send_header("Content-Length", str(len(raw)))
+                    self.end_headers()
+                    self.wfile.write(raw)
+                    return
                 if path == "/token":
                     answer: dict[str, Any] = {"access_token": "ya29.test-token",
                                               "expires_in": 3600, "token_type": "Bearer"}

@@ -82,23 +82,37 @@ class FakeSlack:
     def __init__(self) -> None:
         self.calls: list[tuple[str, dict[str, Any], dict[str, str]]] = []
         self.changed = threading.Condition()
+        # answers given before the next success of a method: (method, status, headers,
+        # body), the first that matches used once; and every answer given: (path,
+        # status, when)
+        self.failures: list[tuple[str, int, dict[str, str], dict[str, Any]]] = []
+        self.answers: list[tuple[str, int, float]] = []
         fake = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 data = json.loads(body or b"{}")
+                status, headers = 200, {}
+                answer: dict[str, Any] = {"ok": True}
                 with fake.changed:
+                    failure = next((f for f in fake.failures if self.path.endswith(f[0])),
+                                   None)
+                    if failure is not None:
+                        fake.failures.remove(failure)
+                        _, status, headers, answer = failure
                     fake.calls.append((self.path, data, dict(self.headers)))
+                    fake.answers.append((self.path, status, time.time()))
                     n = len(fake.calls)
                     fake.changed.notify_all()
-                answer: dict[str, Any] = {"ok": True}
-                if self.path.endswith("chat.postMessage"):
+                if failure is None and self.path.endswith("chat.postMessage"):
                     answer |= {"channel": data["channel"], "ts": f"1700000000.{n:06d}"}
-                elif self.path.endswith("chat.update"):
+                elif failure is None and self.path.endswith("chat.update"):
                     answer |= {"channel": data["channel"], "ts": data["ts"]}
                 raw = json.dumps(answer).encode()
-                self.send_response(200)
+                self.send_response(status)
+                for name, value in headers.items():
+                    self.send_header(name, value)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(raw)))
                 self.end_headers()
@@ -119,6 +133,11 @@ class FakeSlack:
             assert self.changed.wait_for(lambda: len(self.of(suffix)) >= count, 30), \
                 f"no {count} call(s) of {suffix}: {self.calls}"
             return self.of(suffix)
+
+    def taken(self, suffix: str) -> list[float]:
+        """When each call of ``suffix`` answered 200 came."""
+        with self.changed:
+            return [t for p, s, t in self.answers if p.endswith(suffix) and s == 200]
 
 
 @pytest.fixture

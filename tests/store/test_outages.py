@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -476,7 +477,24 @@ class _Said(logging.Handler):
         self.lines.append(record.getMessage())
 
 
-def test_a_full_sqlite_disk_recovers_once_1_mib_is_freed(small_disk: Path) -> None:
+def _threads_giving_space_back(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the threads the SQLite store gives its WAL's space back on, as it
+    does (a checkpoint, with fsyncs)."""
+    from interlock._store._sqlite import SQLiteStore
+
+    gave_back = SQLiteStore._give_space_back
+    where: list[str] = []
+
+    def spy(self: SQLiteStore, *args: Any, **kw: Any) -> None:
+        where.append(threading.current_thread().name)
+        gave_back(self, *args, **kw)
+
+    monkeypatch.setattr(SQLiteStore, "_give_space_back", spy)
+    return where
+
+
+def test_a_full_sqlite_disk_recovers_once_1_mib_is_freed(
+        small_disk: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A store whose WAL has grown to ~2.5 MB, on a disk filled up: runs fail ("the disk
     is full"). 1 MiB freed: the store checkpoints its WAL into the file and truncates it
     before any other write (the space freed goes to that, not to the WAL), which gives
@@ -484,6 +502,7 @@ def test_a_full_sqlite_disk_recovers_once_1_mib_is_freed(small_disk: Path) -> No
     disk stopped, resumed. On f074fc7 the WAL took the freed MiB at once and the writes
     failed again (9 runs of 40 completed)."""
     url = f"sqlite:///{small_disk}/runs.db"
+    where = _threads_giving_space_back(monkeypatch)
 
     async def blob(state: dict[str, Any]) -> dict[str, Any]:
         return {"blob": os.urandom(1000).hex(), "n": state["n"] + 1}
@@ -555,6 +574,9 @@ def test_a_full_sqlite_disk_recovers_once_1_mib_is_freed(small_disk: Path) -> No
                 assert (await interlock.verify(rid, store=st)).ok
             print(f"{resumed} of {len(stopped)} runs stopped by the full disk resumed")
         assert any("truncated, giving back" in line for line in said.lines), said.lines
+        # a checkpoint's fsyncs never on the event loop's thread, even when the write
+        # that found the disk full was made there (`_sqlite_inline`)
+        assert where and not [t for t in where if not t.startswith("interlock-sqlite")]
 
     try:
         asyncio.run(main())

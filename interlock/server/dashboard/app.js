@@ -92,7 +92,7 @@ const routes = [
   [/^\/conversations\/([^/]+)$/, (ctx, id) => conversationPage(ctx, id, kit()), "conversations"],
 ];
 // what chat.js (conversations) uses of this module
-const kit = () => ({ h, put, link, badge, when, short, problemBox, approvalCard, whoAmI, every, api, ApiError, follow });
+const kit = () => ({ h, put, link, badge, when, short, problemBox, approvalCard, runGates, whoAmI, every, api, ApiError, follow });
 
 function navigate(href) {
   history.pushState(null, "", href);
@@ -518,19 +518,8 @@ async function runPage(ctx, runId) {
   const setFactsAll = (r) => { setFactsOnly(r); showActions(r.status); };
   setFactsAll(run);
 
-  let gateShown = null;
-  const showGate = async (r) => {
-    const key = r.waiting ? `${r.waiting.node}@${r.waiting.requested_at}` : null;
-    if (key === gateShown) return;
-    gateShown = key;
-    gateBox.replaceChildren();
-    if (!r.waiting) return;
-    const list = await api("/api/approvals", { signal: ctx.signal });
-    const gate = list.find((g) => g.run_id === runId);
-    const me = await whoAmI();
-    if (gate && gateShown === key) gateBox.append(approvalCard(gate, me));
-  };
-  showGate(run);
+  const showGate = runGates(gateBox, runId, ctx.signal);
+  showGate(run).catch(() => {}); // (the next record looks again)
 
   let refreshing = null;
   const refreshRun = () => {
@@ -540,7 +529,7 @@ async function runPage(ctx, runId) {
       try {
         const r = await api(`/api/runs/${encodeURIComponent(runId)}`, { signal: ctx.signal });
         setFactsAll(r);
-        showGate(r);
+        await showGate(r);
       } catch { /* the next record retries */ }
     }, 150);
   };
@@ -846,6 +835,63 @@ function approvalCard(gate, me = null) {
   return card;
 }
 
+/** Keep ``box`` showing one decision card per gate of ``gates`` (objects of
+ * /api/approvals), each deciding its own ``node``: a new gate gets a card, a card stays
+ * as it is (what was typed in it too) while its gate waits, and one whose gate waits no
+ * more is marked and kept until dismissed (``mark``: the inbox) or dropped (a run's own
+ * page, whose graph and timeline show the decision). ``cards``: the caller's Map, kept
+ * between calls. */
+function placeGates(box, cards, gates, me, mark) {
+  const keys = new Set();
+  for (const gate of gates) {
+    const key = `${gate.run_id}\n${gate.node}\n${gate.since}`;
+    keys.add(key);
+    if (!cards.get(key)?.isConnected) {
+      const card = approvalCard(gate, me);
+      cards.set(key, card);
+      box.append(card);
+    }
+  }
+  for (const [key, card] of cards) {
+    if (keys.has(key) || card.classList.contains("gone")) continue;
+    if (!mark || !card.isConnected) {
+      card.remove();
+      cards.delete(key);
+      continue;
+    }
+    // decided (here or elsewhere) or the run moved on: kept, marked, until dismissed
+    card.classList.add("gone");
+    card.querySelectorAll("button.decide").forEach((b) => { b.disabled = true; });
+    card.append(h("p", { class: "muted gone-note" }, card.dataset.decided ? "decided" : "no longer waiting (decided elsewhere, or the run moved on) ",
+      h("button", { type: "button", onclick: () => { card.remove(); cards.delete(key); } }, "dismiss")));
+  }
+}
+
+/** A run's own gates in ``box`` (the run page's, a conversation's): the function returned
+ * is called with each new run object, and shows a card per gate its ``waiting.pending``
+ * lists (several gates wait at once in parallel branches, map items, child runs), each
+ * deciding its own gate, in any order. */
+function runGates(box, runId, signal) {
+  const cards = new Map();
+  let shown = null;
+  return async (r) => {
+    const w = r.waiting && r.waiting.kind !== "message" ? r.waiting : null;
+    const pending = w ? (w.pending?.length ? w.pending : [w]) : [];
+    const key = pending.map((g) => `${g.node}@${g.requested_at}`).join("\n");
+    if (key === shown) return;
+    shown = key;
+    let gates = [];
+    try {
+      if (pending.length) gates = (await api("/api/approvals", { signal })).filter((g) => g.run_id === runId);
+    } catch (error) {
+      shown = null; // looked at again with the next run object
+      throw error;
+    }
+    const me = await whoAmI();
+    if (shown === key) placeGates(box, cards, gates, me, false);
+  };
+}
+
 async function approvalsPage(ctx) {
   const only = new URLSearchParams(location.search).get("run_id");
   const list = h("div", { id: "inbox" });
@@ -866,24 +912,7 @@ async function approvalsPage(ctx) {
     }
     error.replaceChildren();
     const mine = only ? gates.filter((g) => g.run_id === only) : gates;
-    const keys = new Set();
-    for (const gate of mine) {
-      const key = `${gate.run_id}\n${gate.node}\n${gate.since}`;
-      keys.add(key);
-      if (!cards.has(key)) {
-        const card = approvalCard(gate, me);
-        cards.set(key, card);
-        list.append(card);
-      }
-    }
-    for (const [key, card] of cards) {
-      if (keys.has(key) || card.classList.contains("gone")) continue;
-      // decided (here or elsewhere) or the run moved on: kept, marked, until dismissed
-      card.classList.add("gone");
-      card.querySelectorAll("button.decide").forEach((b) => { b.disabled = true; });
-      card.append(h("p", { class: "muted gone-note" }, card.dataset.decided ? "decided" : "no longer waiting (decided elsewhere, or the run moved on) ",
-        h("button", { type: "button", onclick: () => { card.remove(); cards.delete(key); } }, "dismiss")));
-    }
+    placeGates(list, cards, mine, me, true);
     empty.hidden = mine.length > 0;
   });
 }

@@ -5,7 +5,7 @@
 // place, through the parent. Everything from a run is put in the page as text.
 //
 // app.js passes its helpers as ``kit``: h, put, link, badge, when, short, problemBox,
-// approvalCard, whoAmI, every, api, ApiError, follow.
+// approvalCard, runGates, whoAmI, every, api, ApiError, follow.
 
 const TERMINAL = { "run.completed": "COMPLETED", "run.failed": "FAILED", "run.rejected": "REJECTED",
   "run.cancelled": "CANCELLED" };
@@ -57,7 +57,7 @@ export async function conversationsPage(ctx, kit) {
 }
 
 export async function conversationPage(ctx, runId, kit) {
-  const { h, put, link, badge, short, problemBox, approvalCard, whoAmI, api, follow } = kit;
+  const { h, put, link, badge, short, problemBox, runGates, whoAmI, api, follow } = kit;
   const enc = encodeURIComponent(runId);
   const run = await api(`/api/runs/${enc}`, { signal: ctx.signal });
   const me = await whoAmI();
@@ -123,18 +123,11 @@ export async function conversationPage(ctx, runId, kit) {
     return tools;
   };
 
-  let gateShown = null;
+  const showGates = runGates(gateBox, runId, ctx.signal); // a card per waiting gate
   const showGate = async () => {
     const r = await api(`/api/runs/${enc}`, { signal: ctx.signal });
     setStatus(r.status);
-    const key = r.status === "WAITING_APPROVAL" && r.waiting ? `${r.waiting.node}@${r.waiting.requested_at}` : null;
-    if (key === gateShown) return;
-    gateShown = key;
-    gateBox.replaceChildren();
-    if (!key) return;
-    const gates = await api("/api/approvals", { signal: ctx.signal });
-    const gate = gates.find((g) => g.run_id === runId);
-    if (gate && gateShown === key) gateBox.append(approvalCard(gate, me));
+    await showGates(r);
   };
 
   const apply = (event) => {
@@ -160,7 +153,9 @@ export async function conversationPage(ctx, runId, kit) {
         const li = assistant();
         li.classList.remove("streaming");
         li.dataset.seq = String(rec.seq);
-        li.querySelector(".text").replaceChildren(String(rec.reply ?? ""));
+        // a turn that failed on a limit of its own: its error is its reply
+        li.querySelector(".text").replaceChildren(rec.turn_error
+          ? `the turn failed: ${rec.turn_error}` : String(rec.reply ?? ""));
         growing = null;
         tools = null;
         break;
