@@ -11,8 +11,10 @@ its own log; LangGraph: the workflow compiled as a graph the tool invokes -- the
 answers). A turn is ``Workflow.send`` (interlock) or ``graph.ainvoke`` of the user's
 message on the conversation's thread (LangGraph), timed end to end in one process. The
 added latency of a workflow-tool call is the median ``workflow_tool`` turn less the
-median ``plain`` turn. The table shows turns 1-10, 91-100 and 191-200 (as far as
-``--turns`` goes) and the last ten: whether a turn's cost grows with the conversation.
+median ``plain`` turn. The table shows turns 1-10, 91-100, 191-200, ... (as far as
+``--turns`` goes) and the last ten: whether a turn's cost grows with the conversation;
+wall time, then interlock's CPU time per turn (the process's, every thread: on a shared
+machine the wall time is mostly waiting).
 
 Not a test: it lives outside ``tests/`` and CI never runs it.
 """
@@ -97,12 +99,13 @@ async def _interlock(turns: int, tmp: Path) -> list[dict[str, Any]]:
         for i in range(turns):  # the two conversations' turns alternate
             for kind in ("plain", "workflow_tool") if i % 2 else ("workflow_tool", "plain"):
                 wf, rid = convs[kind]
-                t0 = time.perf_counter()
+                c0, t0 = time.process_time(), time.perf_counter()
                 r = await wf.send(rid, f"message {i}", store=store)
                 ms = (time.perf_counter() - t0) * 1000
+                cpu = (time.process_time() - c0) * 1000  # (every thread: the store's too)
                 assert r.status == "WAITING_INPUT", r.error
                 out.append({"engine": "interlock", "kind": kind, "turn": i + 1,
-                            "ms": round(ms, 3)})
+                            "ms": round(ms, 3), "cpu_ms": round(cpu, 3)})
                 print(json.dumps(out[-1]), flush=True)
         children = [r for r in await store.list_runs(limit=1_000_000)
                     if r.workflow == "triage"]
@@ -130,9 +133,9 @@ def _langgraph(turns: int) -> list[dict[str, Any]]:
 
 
 def _windows(turns: int) -> list[tuple[int, int]]:
-    """The turns a row of the table covers: 1-10, 91-100, 191-200 (as far as the
-    conversation goes), and its last ten."""
-    out = [(a, a + 9) for a in (1, 91, 191) if a + 9 <= turns]
+    """The turns a row of the table covers: 1-10, then ten every hundred (91-100,
+    191-200, ...) as far as the conversation goes, and its last ten."""
+    out = [(1, 10)] + [(k - 9, k) for k in range(100, turns + 1, 100)]
     if (turns - 9, turns) not in out:
         out.append((max(turns - 9, 1), turns))
     return out
@@ -141,9 +144,10 @@ def _windows(turns: int) -> list[tuple[int, int]]:
 def _table(rows: list[dict[str, Any]], turns: int) -> str:
     engines = [e for e in ("interlock", "langgraph") if any(r["engine"] == e for r in rows)]
 
-    def med(engine: str, kind: str, window: tuple[int, int] | None = None) -> float | None:
-        ms = [r["ms"] for r in rows if r["engine"] == engine and r["kind"] == kind
-              and (window is None or window[0] <= r["turn"] <= window[1])]
+    def med(engine: str, kind: str, window: tuple[int, int] | None = None,
+            key: str = "ms") -> float | None:
+        ms = [r[key] for r in rows if r["engine"] == engine and r["kind"] == kind
+              and key in r and (window is None or window[0] <= r["turn"] <= window[1])]
         return statistics.median(ms) if ms else None
 
     def cell(v: float | None) -> str:
@@ -151,11 +155,12 @@ def _table(rows: list[dict[str, Any]], turns: int) -> str:
 
     lines = [f"| {turns} turns, SQLite file | " + " | ".join(engines) + " |",
              "|---|" + "---|" * len(engines)]
-    for label, kind in (("turn, one model call", "plain"),
-                        ("turn with a workflow-tool call", "workflow_tool")):
-        for a, b in _windows(turns):
-            lines.append(f"| {label} (turns {a}-{b}) | "
-                         + " | ".join(cell(med(e, kind, (a, b))) for e in engines) + " |")
+    for key, what in (("ms", ""), ("cpu_ms", "CPU, ")):  # CPU: the process's, all threads
+        for label, kind in (("turn, one model call", "plain"),
+                            ("turn with a workflow-tool call", "workflow_tool")):
+            for a, b in _windows(turns):
+                lines.append(f"| {what}{label} (turns {a}-{b}) | " + " | ".join(
+                    cell(med(e, kind, (a, b), key)) for e in engines) + " |")
     added = []
     for e in engines:
         x, y = med(e, "workflow_tool"), med(e, "plain")

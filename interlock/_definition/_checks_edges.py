@@ -118,21 +118,32 @@ def check_edge_names(checker: CheckContext) -> bool:
 
 def _check_mapped_gate(checker: CheckContext, e: EdgeSpec, i: int, what: str, target: str,
                        ns: NodeSpec) -> None:
-    """A map edge to a human gate: an approval's items each wait (collected); a confirm:
-    true node is refused."""
-    if ns.approval is not None and e.collect is None:
-        checker.add("error", f"{what}: {target!r} is an approval: each item waits for "
-                    "its own decision, gathered in a list -- declare collect: FIELD on "
-                    "the map edge", ("edges", i, "to"), "map")
-    elif ns.approval is not None and ns.approval.on_modify:
+    """A map edge to a human gate: an approval's or a confirm: true node's items each
+    wait for their own decision, gathered with ``collect``; an approval's ``on_modify``
+    and an agent's guarded tools are refused."""
+    kind = "an approval" if ns.approval is not None else "a confirm: true node" \
+        if ns.confirm else None
+    if kind is not None and e.collect is None:
+        outcome = "its decision record" if ns.approval is not None else \
+            "its result, or the record of its rejection"
+        checker.add("error", f"{what}: {target!r} is {kind}: each item waits for its own "
+                    f"decision and its outcome ({outcome}) is gathered in a list -- declare "
+                    "collect: FIELD on the map edge", ("edges", i, "to"), "map")
+    if ns.approval is not None and ns.approval.on_modify:
         checker.add("error", f"{what}: {target!r} declares on_modify; a mapped "
                     "approval's items are approved or rejected (re-entering the graph "
-                    "from one item has no single answer): drop on_modify",
+                    "from one item has no single answer): drop on_modify, or map a "
+                    "sub-workflow whose child holds the approval with on_modify",
                     ("edges", i, "to"), "map")
-    elif ns.confirm:
-        checker.add("error", f"{what}: {target!r} is a confirm: true node; a map runs "
-                    "a call, an agent or an approval node per item (confirm before or "
-                    "after the mapped node, or map an approval node)",
+    guarded = [_guarded_label(t) for t in (ns.agent or {}).get("tools") or ()
+               if isinstance(t, dict) and t.get("confirm")]
+    if guarded:
+        checker.add("error", f"{what}: agent {target!r} has tools a human confirms "
+                    f"({', '.join(map(str, guarded))}); an agent's items cannot wait for a "
+                    "human in the middle of their turns. A mapped node's items can wait at "
+                    "an approval node, a confirm: true node or a sub-workflow's gates: put "
+                    "the agent in a sub-workflow and map that (workflow: FILE), or confirm "
+                    "before or after the map, or drop confirm: true from the tool",
                     ("edges", i, "to"), "map")
 
 
@@ -153,13 +164,6 @@ def check_maps(checker: CheckContext) -> None:
             continue
         what = f"edge {e.describe()}"
         _check_mapped_gate(checker, e, i, what, target, ns)
-        guarded = [_guarded_label(t) for t in (ns.agent or {}).get("tools") or ()
-                   if isinstance(t, dict) and t.get("confirm")]
-        if guarded:
-            checker.add("error", f"{what}: agent {target!r} has tools a human confirms "
-                        f"({', '.join(map(str, guarded))}); the items of a mapped node "
-                        "cannot wait for a human: confirm before or after the map, or "
-                        "drop confirm: true from the tool", ("edges", i, "to"), "map")
         if into[target] > 1:
             checker.add("error", f"{what}: {target!r} is also the target of another edge; a "
                         "mapped node is reached only through its map edge (map into a node "

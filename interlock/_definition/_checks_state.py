@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from .._errors import Severity
 from ._checking import CheckContext, _did_you_mean
+from ._edge import EdgeSpec
 from ._model import ERROR_FIELD
 
 
@@ -78,15 +79,37 @@ def check_fed(checker: CheckContext) -> None:
                     checker.add(level, f"edge {e.describe()}: {key} reads {field_name!r}"
                                 + _did_you_mean(field_name, known) + f", {why}",
                                 ("edges", i, key), "never-fed")
-        cfg = checker.spec.config
-        for src in (e.when, e.switch, e.map):
-            if src and "config." in src:
-                for key_name in _config_keys(src):
-                    if key_name not in cfg:
-                        checker.add("warning", f"edge {e.describe()}: reads config.{key_name}"
-                                    + _did_you_mean(key_name, cfg) + ", which 'config:' does "
-                                    "not declare (a run must --set it)", ("edges", i),
-                                    "config")
+        _check_config_reads(checker, i, e)
+    _check_shown(checker, written, all_known)
+
+
+def _check_shown(checker: CheckContext, written: set[str], all_known: bool) -> None:
+    """An approval's ``show:`` names fields as a condition does: a misspelt one would
+    show the approver ``null``."""
+    known = written | set(checker.spec.input) | set(checker.spec.state)
+    for name, ns in checker.spec.nodes.items():
+        if ns.approval is None:
+            continue
+        for k, field_name in enumerate(ns.approval.show):
+            problem = _unfed(checker, field_name, written, all_known)
+            if problem is not None:
+                level, why = problem
+                checker.add(level, f"node {name!r}: approval shows {field_name!r}"
+                            + _did_you_mean(field_name, known) + f", {why}",
+                            ("nodes", name, "approval", "show", k), "never-fed")
+
+
+def _check_config_reads(checker: CheckContext, i: int, e: EdgeSpec) -> None:
+    """An edge's ``config.KEY`` that ``config:`` does not declare: a run must --set it."""
+    cfg = checker.spec.config
+    for src in (e.when, e.switch, e.map):
+        if src and "config." in src:
+            for key_name in _config_keys(src):
+                if key_name not in cfg:
+                    checker.add("warning", f"edge {e.describe()}: reads config.{key_name}"
+                                + _did_you_mean(key_name, cfg) + ", which 'config:' does "
+                                "not declare (a run must --set it)", ("edges", i),
+                                "config")
 
 
 def _written(checker: CheckContext) -> tuple[set[str], bool]:

@@ -41,6 +41,7 @@ from .._errors import UsageError
 from . import _records as R
 from ._fold import RunView
 from ._gates import gate_name, oldest
+from ._item_gates import item_decided
 from ._view import Gate, gate_key
 
 ENGINE = "interlock (deadline)"
@@ -491,8 +492,8 @@ def _records(spec: WorkflowSpec, view: RunView, gate: Gate, decision: str, by: s
     optional = {"data": data, "via": via, "item": gate.item}
     base.update({k: v for k, v in optional.items() if v is not None})
     items: Items = [(L.APPROVAL_DECIDED, base)]
-    if gate.item is not None:
-        return items + _item_completed(gate, decision, by, comment, data)
+    if gate.item is not None:  # a mapped node's item: `_item_gates`
+        return items + item_decided(gate, decision, by, comment, data)
     if gate.kind == "workflow":
         # the node runs again and continues its child (`_runs.resume` has decided the
         # child's gate in the child)
@@ -544,17 +545,6 @@ def _journaled(view: RunView, gate: Gate, decision: str, by: str | None, comment
         said["data"] = data
     attempt = visit.attempt if visit is not None else 1
     return R.decision_journaled(gate.node, gate.visit, attempt, gate.key, said)
-
-
-def _item_completed(gate: Gate, decision: str, by: str | None, comment: str | None,
-                    data: Any) -> Items:
-    """A mapped gate's item decided: its decision record is the item's update (what
-    `collect` gathers); the node's edges are decided once every item has one."""
-    said: dict[str, Any] = {"decision": decision, "by": by, "comment": comment,
-                            "at": _now_iso(), "item": gate.item}
-    if gate.input is not None:
-        said["data"] = data
-    return [R.node_completed(gate.node, gate.visit, 1, 0.0, said, None, 0, gate.item)]
 
 
 def _rejection_ends_now(view: RunView, gate: Gate) -> bool:

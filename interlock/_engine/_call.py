@@ -10,6 +10,7 @@ Records go through the run's sink (`_records.Sink`).
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Mapping
 from time import perf_counter
@@ -55,6 +56,9 @@ class NodeCall:
         # visits (and mapped nodes' items) recorded as cancelled
         self.stopped: set[tuple[str, int, int | None]] = set()
         self._pool: ProcessPool | None = None  # started by the first isolation: process node
+        # mapped visits whose items wait for people, by (node, visit): set when a
+        # decision on one of them is folded in while the visit's task runs (`_mapped`)
+        self.wakers: dict[tuple[str, int], asyncio.Event] = {}
         # a guard stack for each kind of node the plan has, by `PlanNode.guards`
         self.stacks: list[Call | None] = [None] * GUARD_KINDS
         for kind in plan.guard_kinds:
@@ -120,6 +124,16 @@ class NodeCall:
         if rerun:
             await self.sink.commit([R.node_started(pn.name, visit, attempt)])
         return await self.stack(pn)(self.begin(pn, visit, attempt))
+
+    def waker(self, key: tuple[str, int]) -> asyncio.Event:
+        """The event a mapped visit's task waits on for decisions on its items."""
+        return self.wakers.setdefault(key, asyncio.Event())
+
+    def wake(self, key: tuple[str, int]) -> None:
+        """A decision on an item of visit ``key`` was folded in: its task looks again."""
+        event = self.wakers.get(key)
+        if event is not None:
+            event.set()
 
     async def close(self) -> None:
         if self._pool is not None:

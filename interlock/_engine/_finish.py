@@ -12,17 +12,19 @@ from ._approvals import approvers
 from ._call import NodeCall
 from ._decide import Abort, Decider, caught_error
 from ._guards import Outcome
-from ._mapped import ItemsWaiting
+from ._mapped import ItemsWaiting, items_to_go_on
 
 
 async def finish(calls: NodeCall, decide: Decider, out: Outcome, *,
-                 alone: bool = False) -> None:
+                 alone: bool = False) -> bool:
     """Stage a visit's outcome and decide its edges; the caller flushes them (one
     transaction, before any successor starts). A failure is committed at once and
     ends the run. ``alone``: nothing else ran while it did (so only a node that could
-    have, by the graph, can conflict with its writes)."""
-    if isinstance(out.pause, ItemsWaiting):  # a mapped gate's items wait for people
-        return
+    have, by the graph, can conflict with its writes). True for a mapped visit whose
+    items wait and one of which a decision folded in meanwhile lets go on: the caller
+    starts the visit's task again."""
+    if isinstance(out.pause, ItemsWaiting):  # a mapped visit's items wait for people
+        return items_to_go_on(decide.view, out.node, out.visit)
     if out.pause is not None:
         # the visit stays running; it is re-run once a human has decided (``path``: a
         # gate of a child run, which the decision is forwarded to -- `_runs.resume`)
@@ -38,10 +40,10 @@ async def finish(calls: NodeCall, decide: Decider, out: Outcome, *,
         if pause.edit is not None:  # what a modify patch must satisfy
             fields["input"] = pause.edit
         await decide.sink.commit([(L.APPROVAL_REQUESTED, fields)])
-        return
+        return False
     if out.error is not None and decide.plan.nodes[out.node].errors:
         if _caught(decide, out):  # an error edge takes the run on
-            return
+            return False
         out = out._replace(error=_uncaught(decide, out))
     if out.error is not None:
         await decide.sink.commit([R.node_failed(out.node, out.visit, out.attempt,
@@ -54,6 +56,7 @@ async def finish(calls: NodeCall, decide: Decider, out: Outcome, *,
                                               conflict.to_json(), out.duration_ms)])
         raise Abort(conflict)
     complete(decide, out)
+    return False
 
 def _caught(decide: Decider, out: Outcome) -> bool:
     """A visit that failed with an error one of its node's error edges catches:

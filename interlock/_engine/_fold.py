@@ -123,6 +123,10 @@ class RunView(ViewData):
         m = self.maps[(rec["node"], rec["visit"])]
         item = rec["item"]
         v = m.running.get(item)
+        if self.gates:  # an approved confirm: true item's body starting (`_item_gates`)
+            gate = self.gates.get(gate_key(rec["node"], rec["visit"], item))
+            if gate is not None and gate.decision == "approved":
+                gate.body_started = True
         if v is None:
             self.steps += 1  # each item is a step
             m.running[item] = Visit(rec["node"], rec["visit"], rec.get("attempt", 1),
@@ -221,8 +225,9 @@ class RunView(ViewData):
         self.running.pop(key, None)
         if self.maps:  # a mapped node's visit, one of whose items failed: it is over
             self.maps.pop(key, None)
-        if self.gates:
-            self.gates.pop(key, None)
+        if self.gates:  # its gate, or its items' gates (closed, or decided and not run)
+            for slot in [s for s, g in self.gates.items() if (g.node, g.visit) == key]:
+                del self.gates[slot]
         self.visits[node] += 1
         caught = rec["caught"]
         self.state[ERROR_FIELD] = caught["error"]

@@ -248,9 +248,10 @@ class Runner:
         await self.sink.commit(items)
         for rtype, fields in items:
             key = (str(fields.get("node")), int(fields.get("visit") or 0))
-            if rtype == L.APPROVAL_DECIDED and key in view.running and key not in self._tasks \
-                    and fields.get("decision") != "closed":
-                self._restart(key)  # an approved body, a node that asked, a rejected action
+            if rtype == L.APPROVAL_DECIDED and fields.get("decision") != "closed":
+                self.calls.wake(key)  # a mapped visit's task: its decided item goes on
+                if key in view.running and key not in self._tasks:
+                    self._restart(key)  # an approved body, a node that asked, a rejected action
         return True
 
     def offer(self, offers: dict[str, dict[str, Any]]) -> None:
@@ -283,7 +284,8 @@ class Runner:
             if not isinstance(outcome, Outcome):
                 raise outcome  # a visit raised (the store failed, a bug): the run's error
             self._tasks.pop((outcome.node, outcome.visit), None)
-            await finish(self.calls, self.decide, outcome)
+            if await finish(self.calls, self.decide, outcome):  # an item decided meanwhile
+                self._restart((outcome.node, outcome.visit))
             if done.empty():
                 break
             outcome = done.get_nowait()

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from .. import _log as L
 from .._engine._fold import RunView
 from .._engine._gates import gate_name, running_beside
-from .._engine._view import Gate
+from .._engine._view import Gate, gate_key
 from .._errors import RunNotFound, UsageError
 from .._store import Store
 from ._claims import _commit_claimed
@@ -56,8 +56,8 @@ def head(gate: Gate) -> str:
     key = str(gate.key)
     mark = f".{gate.node}.{gate.visit}.tool."
     at = key.rfind(mark)
-    if at < 0:
-        return gate.node
+    if at < 0:  # (a mapped sub-workflow's item: ``remediate[2]``)
+        return gate.node if gate.item is None else f"{gate.node}[{gate.item}]"
     return f"{gate.node}/{key[at + len(mark):].split('.', 1)[0]}"
 
 
@@ -76,10 +76,19 @@ async def _unblocked(store: Store, run_id: str, view: RunView
         shown = sorted(str(c.get("node")) for c in gate.children) if gate.children \
             else [gate.path]
         if below is None or [f"{head(gate)}/{b}" for b in below] != shown:
-            items.append((L.APPROVAL_DECIDED, {"node": gate.node, "visit": gate.visit,
-                                               "kind": "workflow", "decision": "continued",
-                                               "key": gate.key}))
+            items.append(continued(gate))
     return items
+
+
+def continued(gate: Gate, decision: str = "continued", **fields: object
+              ) -> tuple[str, dict[str, object]]:
+    """``approval.decided`` for the gate of a child run (decided there, or waiting there
+    no more): the node -- or the mapped node's item -- runs again and continues it."""
+    out: dict[str, object] = {"node": gate.node, "visit": gate.visit, "kind": "workflow",
+                              "decision": decision, **fields, "key": gate.key}
+    if gate.item is not None:
+        out["item"] = gate.item
+    return (L.APPROVAL_DECIDED, out)
 
 
 def _child_gate(view: RunView, decision: Decision, skip: list[tuple[str, dict[str, object]]]
@@ -89,8 +98,8 @@ def _child_gate(view: RunView, decision: Decision, skip: list[tuple[str, dict[st
     ``remediate``); None when it is for a gate of this run."""
     from dataclasses import replace
 
-    moved = {(f["node"], f["visit"]) for _, f in skip}
-    pending = [g for g in view.pending_gates() if (g.node, g.visit) not in moved]
+    moved = _slots(skip)
+    pending = [g for g in view.pending_gates() if g.slot not in moved]
     if decision.node is not None:
         for g in pending:
             if g.kind != "workflow":
@@ -103,6 +112,13 @@ def _child_gate(view: RunView, decision: Decision, skip: list[tuple[str, dict[st
     if pending and pending[0].kind == "workflow":
         return pending[0], decision
     return None
+
+
+def _slots(items: list[tuple[str, dict[str, object]]]) -> set[tuple[str, int]]:
+    """The gates (`Gate.slot`) the ``approval.decided`` records in ``items`` decide."""
+    return {gate_key(str(f["node"]), int(str(f["visit"])),
+                     f["item"] if isinstance(f.get("item"), int) else None)  # type: ignore[arg-type]
+            for _, f in items}
 
 
 async def _decide_child(store: Store, run_id: str, decision: Decision) -> None:
@@ -129,14 +145,12 @@ async def _expired_children(store: Store, view: RunView,
     """`_approvals.expire` in the child runs a run waits for (at any depth): the engine's
     decisions for their gates whose deadline has passed, recorded there; the records that
     make this run's node run again and continue each such child."""
-    moved = {(f["node"], f["visit"]) for _, f in skip}
+    moved = _slots(skip)
     items = []
     for gate in view.pending_gates():
         if gate.kind == "workflow" and gate.key is not None and \
-                (gate.node, gate.visit) not in moved and await _expire_child(store, gate.key):
-            items.append((L.APPROVAL_DECIDED, {"node": gate.node, "visit": gate.visit,
-                                               "kind": "workflow", "decision": "continued",
-                                               "key": gate.key}))
+                gate.slot not in moved and await _expire_child(store, gate.key):
+            items.append(continued(gate))
     return items
 
 

@@ -532,7 +532,8 @@ async def continue_child(store: Store, run_id: str, workflow: Functions | None, 
         first = await _unblocked(store, run_id, view)
         # it waits for a human -- unless a child it waits through moved on, or a gate of
         # its own was decided (the parent forwarded the decision) while others still wait
-        if not first and running_beside(view, view.pending_gates()) is None:
+        pending = view.pending_gates()
+        if not first and pending and running_beside(view, pending) is None:
             return result_of(run_id, loaded.row.workflow, view)
     return await drive(loaded.plan, store, run_id, view, loaded.writer(),
                        first=[(L.RUN_RESUMED, {"by": None}), *first], listener=listener)

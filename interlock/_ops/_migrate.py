@@ -34,6 +34,7 @@ from .._definition._edge import EdgeSpec
 from .._definition._model import END, ERROR_FIELD, START, WorkflowSpec
 from .._definition._plan import Plan
 from .._engine._fold import RunView
+from .._engine._gates import gate_name
 from .._engine._journal import Journal
 from .._errors import UsageError
 from .._plugins._compile import reading_plan
@@ -149,6 +150,8 @@ def refusals(view: RunView, old: WorkflowSpec, new: WorkflowSpec, plan: Plan,
                    f"{', '.join(new.nodes)})")
     if at is None:
         out += _in_flight(view, new)
+    else:
+        out += _several_places(view, at)
     flow = view.flow
     half = sorted({old.edges[i].describe() for i, q in flow.barriers.items() if q})
     if half or any(flow.acts.values()) or flow.deferred:
@@ -199,6 +202,23 @@ def _in_flight(view: RunView, new: WorkflowSpec) -> list[str]:
             out.append(f"the node {node!r} is ready to run, but the new definition does "
                        "not have it; name where the run continues with --at NODE")
     return out
+
+
+def _several_places(view: RunView, at: str) -> list[str]:
+    """``--at`` continues the run at one node: refused when the run is at more than one
+    place (several gates waiting, or a gate beside branches still to run), where it
+    would drop the others -- a gate would be passed without anyone's decision."""
+    places = [f"the gate {gate_name(g)!r}" for g in view.pending_gates()]
+    gated = {g.node for g in view.pending_gates()}
+    places += [f"the node {n!r}" for n, _ in view.running if n not in gated]
+    places += [f"the node {n!r} (ready)" for n in view.ready if n not in gated]
+    if len(places) < 2:
+        return []
+    return [f"--at {at!r} continues the run at one node, but it is at {len(places)} places "
+            f"({', '.join(places)}): the others would be dropped, and a gate passed with no "
+            "decision. Keep each of them in the new definition under its name and migrate "
+            "without --at, or let the run go on on this definition "
+            "(`interlock resume RUN_ID --gate NODE --approve|--reject`)"]
 
 
 def _still_to_run(view: RunView, plan: Plan, at: str | None) -> set[str]:

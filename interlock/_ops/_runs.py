@@ -29,7 +29,7 @@ from .._errors import (
     WorkflowError,
 )
 from .._store import RunRow, Store, Summary, release_store
-from ._children import _child_gate, _decide_child, _expired_children, _unblocked
+from ._children import _child_gate, _decide_child, _expired_children, _slots, _unblocked, continued
 from ._claims import LEASE_SECONDS, _claim_of, make_owner, make_run_id
 from ._code import CodeChanged, check_code, strict_code
 from ._execute import Listener, _traced, drive
@@ -357,25 +357,23 @@ async def _decisions(st: Store, run_id: str, loaded: Loaded, decision: Decision 
         gate, below = child
         await _decide_child(st, str(gate.key), below)
         assert decision is not None
-        first.append((L.APPROVAL_DECIDED, {
-            "node": gate.node, "visit": gate.visit, "kind": "workflow",
-            "decision": _PAST[decision.kind], "by": decision.by,
-            "comment": decision.comment, "key": gate.key,
+        first.append(continued(
+            gate, _PAST[decision.kind], by=decision.by, comment=decision.comment,
             # the child's gate decided: named, or (none named) the one it waits at longest
-            "path": decision.node if decision.node and "/" in decision.node
-            else gate.path}))
+            path=decision.node if decision.node and "/" in decision.node else gate.path))
     elif decision is not None:
         first += decide(loaded.spec, view, decision, expired=expired)
     else:  # a gate in a child run whose deadline passed: decided there
         first += await _expired_children(st, view, moved)
     # the decisions offered for gates still waiting
-    done = {(f["node"], f["visit"]) for t, f in first if t == L.APPROVAL_DECIDED}
+    done = _slots([(t, f) for t, f in first if t == L.APPROVAL_DECIDED])
     if not any(t == L.RUN_REJECTED for t, _ in first):
         offers = await st.decisions(run_id)
         if offers:
             first += offered(loaded.spec, view,
                              {k: d for k, d in offers.items()
-                              if (d.get("node"), d.get("visit")) not in done},
+                              if gate_key(str(d.get("node")), int(d.get("visit") or 0),
+                                          d.get("item")) not in done},
                              expired=first)
     if decision is None and not first and view.status == "WAITING_APPROVAL":
         gate = oldest(view.pending_gates())

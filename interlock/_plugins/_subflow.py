@@ -134,12 +134,6 @@ class SubflowKind:
                             f"{d}", where, "subflow")
         for path, fn in result.callables.items():  # what running the child needs
             checker.result.callables[prefix + path] = fn
-        gates = _gates(child)
-        if gates and any(e.kind == "map" and e.targets == [name] for e in spec.edges):
-            checker.add("error", f"node {name!r} is mapped (one child run per item), and its "
-                        f"sub-workflow {label!r} can wait for a human (at "
-                        f"{', '.join(gates)}); the items of a mapped node cannot wait: put "
-                        "the gate before or after the map", where, "map")
         known = spec.known_fields()
         mapped = node.input or {}
         for field_name, src in mapped.items():
@@ -186,19 +180,6 @@ class SubflowKind:
 def _child_spec(node: NodeSpec) -> WorkflowSpec:
     assert node.workflow is not None
     return parse(node.workflow.definition)
-
-
-def _gates(spec: WorkflowSpec) -> list[str]:
-    """The paths of the nodes of ``spec`` (and of its children) that can ask a human."""
-    out = []
-    for n, ns in spec.nodes.items():
-        tools = (ns.agent or {}).get("tools") or []
-        if ns.approval is not None or ns.confirm or any(
-                isinstance(t, dict) and t.get("confirm") for t in tools):
-            out.append(n)
-        elif ns.workflow is not None:
-            out += [f"{n}/{g}" for g in _gates(_child_spec(ns))]
-    return out
 
 
 def _body(kind: SubflowKind, name: str, node: NodeSpec,

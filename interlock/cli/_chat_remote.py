@@ -16,6 +16,7 @@ import json
 import queue
 import sys
 import threading
+from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
@@ -28,6 +29,7 @@ from ._remote import Remote
 _ENDED = {"run.completed": "COMPLETED", "run.failed": "FAILED", "run.rejected": "REJECTED",
           "run.cancelled": "CANCELLED"}
 _STATUS = {"message": "WAITING_INPUT", "approval": "WAITING_APPROVAL"}
+_MOVED = {"run.resumed", "approval.decided", "chat.message"}  # (not a note, a snapshot)
 
 
 def _parse(lines: Iterator[str]) -> Iterator[tuple[str, Any]]:
@@ -77,14 +79,28 @@ class Stream:
         self.client.close()
 
 
+def _lines(events: queue.Queue[tuple[str, Any]]) -> None:
+    """Standard input's lines into ``events`` (``(">", line)``), then ``("<", None)``."""
+    for line in sys.stdin:
+        events.put((">", line.rstrip("\n")))
+    events.put(("<", None))
+
+
 class RemoteTerminal(Printer):
-    """One session of ``interlock chat --server``."""
+    """One session of ``interlock chat --server``: the stream's events and standard
+    input's lines read by threads into one queue, handled in order here -- so what the
+    run does (a gate decided from the dashboard, a message sent by someone else) is
+    shown as it happens, not when the person types next. Lines typed while a turn runs
+    wait for the conversation to wait again."""
 
     def __init__(self, remote: Remote, by: str | None) -> None:
         super().__init__()
         self.remote, self.by = remote, by
         self.status = "PENDING"
         self.waiting: dict[str, Any] = {}
+        self.asking = False  # the run waits for this person's next line
+        self.lines: deque[str] = deque()
+        self.eof = False
 
     def run(self, workflow: str, session: str | None, input_json: str | None) -> str:
         """Hold the conversation until standard input ends or it does: its status then."""
@@ -101,6 +117,8 @@ class RemoteTerminal(Printer):
         self.run_id = session
         click.echo(f"conversation {session} ({HELP})", err=True)
         stream = Stream(self.remote, session, max(seen - 1, 0))
+        threading.Thread(target=_lines, args=(stream.events,), daemon=True,
+                         name="interlock chat: standard input").start()
         try:
             return self._follow(stream, seen)
         finally:
@@ -114,37 +132,48 @@ class RemoteTerminal(Printer):
                 raise CliError(f"the event stream of run {self.run_id} broke: {data}")
             if event == "":
                 return self.status
-            if event == "chat.token":
+            if event == ">":
+                self.lines.append(str(data))
+            elif event == "<":
+                self.eof = True
+            elif event == "chat.token":
                 if isinstance(data, dict) and data.get("run_id") == self.run_id:
                     self.token(data)
-                continue
-            if not isinstance(data, dict):
-                continue
-            seq = int(data.get("seq") or 0)
-            if seq > seen:
-                self.record(data)
-            elif event != "run.waiting" and self.status in _STATUS.values():
-                # the session's last record is not its wait (a note after it): the run
-                # object said what it waits for; the stream is open, the next is ours
-                if not self._waits(seen):
-                    return self.status
-                continue
-            if event in _ENDED:
-                self.status = _ENDED[event]
-                self._ended(data)
+            elif isinstance(data, dict) and self._record(event, data, seen):
                 return self.status
-            if event == "run.waiting":
-                self.waiting = data.get("waiting") or {}
-                self.status = _STATUS.get(str(self.waiting.get("kind")), "WAITING_APPROVAL")
-                if not self._waits(seen if seq <= seen else None):
+            if self.asking:
+                self._answer()
+                if self.asking and self.eof:
                     return self.status
 
-    def _waits(self, replayed: int | None) -> bool:
-        """The run waits (``replayed``: as it did when the session was opened -- its gate
-        is shown again): the person's next line answers it. False: stdin ended."""
-        if replayed is not None and self.status == "WAITING_APPROVAL":
+    def _record(self, event: str, rec: dict[str, Any], seen: int) -> bool:
+        """One record of the stream; True when the conversation ended."""
+        seq = int(rec.get("seq") or 0)
+        if seq > seen:
+            self.record(rec)
+            if event in _MOVED:  # the run goes on (whoever moved it): nothing to answer
+                self.asking = False
+        elif event != "run.waiting" and self.status in _STATUS.values():
+            # the session's last record is not its wait (a note after it): the run object
+            # said what it waits for
+            self._ask(replayed=True)
+            return False
+        if event in _ENDED:
+            self.status = _ENDED[event]
+            self._ended(rec)
+            return True
+        if event == "run.waiting":
+            self.waiting = rec.get("waiting") or {}
+            self.status = _STATUS.get(str(self.waiting.get("kind")), "WAITING_APPROVAL")
+            self._ask(replayed=seq <= seen)
+        return False
+
+    def _ask(self, replayed: bool) -> None:
+        """The run waits for the person (``replayed``: it did when the session was opened
+        -- its gate is shown again)."""
+        if replayed and self.status == "WAITING_APPROVAL":
             self.gate(self.waiting.get("node"), self.waiting.get("show"))
-        return self._answer()
+        self.asking = True
 
     def _ended(self, rec: dict[str, Any]) -> None:
         if self.status == "COMPLETED":
@@ -154,14 +183,11 @@ class RemoteTerminal(Printer):
             message = error.get("message") if isinstance(error, dict) else error
             click.echo(f"the conversation failed: {message}", err=True)
 
-    def _answer(self) -> bool:
-        """Read lines until one is sent (a message, or the gate's decision); False when
-        standard input ended first."""
-        while True:
-            line = sys.stdin.readline()
-            if not line:
-                return False
-            text = line.strip()
+    def _answer(self) -> None:
+        """Send the lines typed so far until one is taken (a message, or the gate's
+        decision: the run goes on, and ``asking`` ends)."""
+        while self.asking and self.lines:
+            text = self.lines.popleft().strip()
             if not text:
                 continue
             word, _, rest = text.partition(" ")
@@ -177,8 +203,8 @@ class RemoteTerminal(Printer):
                                      json={k: v for k, v in body.items() if v is not None})
                 else:
                     self.remote.call("POST", f"/api/runs/{self.run_id}/messages",
-                                     json={"text": line.rstrip("\n"), "by": self.by})
+                                     json={"text": text, "by": self.by})
             except CliError as exc:  # refused (decided elsewhere, ...): say so, go on
                 click.echo(f"refused: {exc}", err=True)
                 continue
-            return True
+            self.asking = False

@@ -230,9 +230,8 @@ def _waiting_lines(run_id: str, w: dict[str, Any], store: str) -> list[str]:
         lines.append(f"input ({what} must satisfy): {_json(w['input'])}")
     lines.append("decide with:")
     pending = [g for g in w.get("pending") or () if isinstance(g, dict)]
-    gate_flag = f" --gate {gate}" if len(pending) > 1 else ""
-    for flag in decision_flags(w):
-        lines.append(f"  interlock resume {run_id} {flag}{gate_flag} --by NAME "
+    for flag in decision_flags(w):  # the gate named: a repeated command is refused
+        lines.append(f"  interlock resume {run_id} --gate {gate} {flag} --by NAME "
                      f"[--comment TEXT]{store}")
     others = [g for g in pending if g.get("node") != gate]
     if others:

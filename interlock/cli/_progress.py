@@ -288,8 +288,15 @@ def _outcome_lines(result: RunResult, where: str = "") -> list[str]:
         w = result.waiting
         lines.append(f"waiting for a decision at {w.get('node')!r}; shows {_json(w.get('show'))}")
         choices = " | ".join(decision_flags(w, short=True))
-        lines.append(f"decide with: interlock resume {result.run_id} {choices}  "
-                     f"[--by NAME] [--comment TEXT]{where}")
+        # the gate named: a repeated command (a retry, a double click) is then refused as
+        # a second decision, instead of deciding whichever gate waits next
+        lines.append(f"decide with: interlock resume {result.run_id} --gate {w.get('node')} "
+                     f"{choices} [--by NAME] [--comment TEXT]{where}")
+        others = [str(g.get("node")) for g in w.get("pending") or ()
+                  if isinstance(g, dict) and g.get("node") != w.get("node")]
+        if others:
+            lines.append(f"also waiting, each decided on its own with --gate: "
+                         f"{', '.join(others)}")
     return lines
 
 

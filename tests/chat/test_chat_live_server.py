@@ -8,10 +8,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import select
 import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -110,11 +112,15 @@ class Chat:
         self.proc.stdin.write(line.encode() + b"\n")
         self.proc.stdin.flush()
 
-    def read_until(self, text: str) -> str:
+    def read_until(self, text: str, timeout: float = 60) -> str:
         """stdout as it comes, byte by byte, until it holds ``text`` (no newline needed:
         a streamed reply's first word is printed before its line ends)."""
         assert self.proc.stdout is not None
+        deadline = time.monotonic() + timeout
         while text.encode() not in self.out:
+            left = deadline - time.monotonic()
+            ready, _, _ = select.select([self.proc.stdout], [], [], max(left, 0))
+            assert ready, f"no {text!r} on stdout in {timeout} s: {self.out!r}"
             byte = os.read(self.proc.stdout.fileno(), 1)
             assert byte, f"stdout ended before {text!r}: {self.out!r}; {''.join(self.err)}"
             self.out += byte
@@ -337,4 +343,23 @@ def test_chat_through_a_server_continues_a_session_at_its_gate(project: Path) ->
         finally:
             chat.close()
     finally:
+        server.stop()
+
+
+def test_a_gate_decided_elsewhere_shows_the_reply_without_a_keystroke(project: Path) -> None:
+    server = Served(project)
+    chat = Chat(project, "flows/toolchat.yaml", "--server", server.url)
+    try:
+        session = chat.stderr_has("conversation ").split("conversation ", 1)[1].split()[0]
+        chat.send("triage db")
+        chat.stderr_has("waiting for a decision at assistant/run_triage/approval")
+        with server.client() as c:  # decided from the API (the dashboard's way)
+            d = c.post(f"/api/runs/{session}/decisions", json={
+                "decision": "approve", "by": "bob", "node": "assistant/run_triage/approval"})
+            assert d.status_code == 200, d.text
+        chat.read_until("the triage of db is approved and done\n")  # no line was typed
+        chat.send("/end")
+        assert chat.finish() == 0, "".join(chat.err)
+    finally:
+        chat.close()
         server.stop()

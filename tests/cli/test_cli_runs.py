@@ -246,7 +246,7 @@ def test_approval_waits_then_approve_then_a_second_decision_is_refused(
     assert "waiting for a decision at 'gate'" in status.stdout
     assert re.search(r"^\s+x = 1$", status.stdout, re.MULTILINE)
     assert "decisions: approve, reject, modify" in status.stdout
-    assert "interlock resume r-gate --approve --by NAME" in status.stdout
+    assert "interlock resume r-gate --gate gate --approve --by NAME" in status.stdout
     _, data = project.cli_json("status", "r-gate")
     assert data["waiting"]["node"] == "gate" and data["waiting"]["show"] == {"x": 1}
 

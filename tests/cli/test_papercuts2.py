@@ -114,7 +114,7 @@ def test_run_and_status_print_the_final_state_and_hints_keep_the_store(
     assert waiting.exit_code == 3
     # the hint to decide names the store the run is in (a resume without it would look
     # in the default store)
-    assert ("decide with: interlock resume s1 --approve | --reject  [--by NAME] "
+    assert ("decide with: interlock resume s1 --gate gate --approve | --reject [--by NAME] "
             f"[--comment TEXT] --store {project.store}") in waiting.output
     done = project.cli("resume", "s1", "--approve", "--by", "ann")
     assert done.exit_code == 0

@@ -333,6 +333,27 @@ def test_a_field_nothing_writes_or_declares_is_an_error_when_every_node_declares
     assert "reads 'sevrity' (did you mean 'severity'?)" in d
 
 
+
+def test_an_approval_showing_a_field_nothing_provides_is_caught_with_its_line(
+        wdir: Path) -> None:
+    """A new user's find: ``show: [docc]`` passed validate and the approver saw null."""
+    path = write(wdir, """
+        workflow: t
+        nodes:
+          a: {call: flows.nodes:a, writes: [doc]}
+          legal:
+            approval: {show: [doc, docc]}
+        edges:
+          - {from: START, to: a}
+          - {from: a, to: legal}
+    """)
+    ds = diagnostics(path)
+    assert any(d.startswith(f"{path}:5:") and ": error: " in d
+               and "node 'legal': approval shows 'docc' (did you mean 'doc'?)" in d
+               for d in ds), ds
+    assert not any("shows 'doc'," in d for d in ds), ds
+
+
 def _join_beside_a_loop(sources: list[str]) -> Workflow:
     """s -> [side, l]; l loops while n < 3, then -> fin; a join of ``sources`` -> j."""
     wf = Workflow("join-loop", state={"n": "add"})

@@ -668,10 +668,8 @@ def test_a_map_over_a_sub_workflow_runs_a_child_per_item(project: CliProject) ->
     project.workflow((project.root / "fleet.yaml").read_text().replace("child.yaml",
                                                                        "gated.yaml"),
                      "gfleet.yaml")
-    out = _cli("validate", "gfleet.yaml")
-    assert out.exit_code == 2
-    assert "node 'remediate' is mapped (one child run per item), and its sub-workflow " \
-        "'gated.yaml' can wait for a human (at approval)" in out.output
+    out = _cli("validate", "gfleet.yaml")  # each item's child may wait
+    assert out.exit_code == 0, out.output
 
 
 def test_a_fork_of_a_parent_waiting_for_its_child_runs_a_child_of_its_own(

@@ -300,6 +300,44 @@ def test_a_migrate_that_cannot_continue_the_run_lists_every_reason_and_records_n
     assert project.cli("status", "r-no").exit_code == 3
 
 
+TWO_GATES = """
+workflow: versioned
+nodes:
+  a: {mod}:first
+  legal: {approval: {show: [x]}}
+  finance: {approval: {show: [x]}}
+  b: {after}:double
+edges:
+  - {from: START, to: a}
+  - {from: a, to: [legal, finance]}
+  - {from: [legal, finance], to: b}
+  - {from: b, to: END}
+"""
+
+
+def test_migrate_at_one_node_of_a_run_waiting_at_two_gates_is_refused(
+        project: Project) -> None:
+    """A new user's find: ``finance`` renamed ``treasury``, ``--at treasury`` dropped the
+    ``legal`` gate and the join then ran with no one's decision on it."""
+    assert project.start(TWO_GATES, "r-two").exit_code == 3
+    seqs = [r["seq"] for r in project.records("r-two")]
+    renamed = project.workflow(TWO_GATES.replace("finance", "treasury"), "wf_renamed.yaml")
+    refused = project.cli("migrate", "r-two", "--to", renamed, "--at", "treasury")
+    assert refused.exit_code == 2, refused.output
+    assert "it is at 2 places (the gate 'legal', the gate 'finance')" in refused.stderr
+    assert "Keep each of them in the new definition under its name" in refused.stderr
+    assert [r["seq"] for r in project.records("r-two")] == seqs  # nothing recorded
+    # the way out it names: the gates kept, migrated without --at; both still decided
+    kept = project.workflow(TWO_GATES.replace("b: {after}:double", "b: {after}:double\n"
+                                              "  c: {mod}:first").replace(
+        "{from: b, to: END}", "{from: b, to: c}\n  - {from: c, to: END}"), "wf_kept.yaml")
+    moved = project.cli("migrate", "r-two", "--to", kept)
+    assert moved.exit_code == 0, moved.output
+    assert project.cli("resume", "r-two", "--gate", "finance", "--approve").exit_code == 3
+    decided = project.cli("resume", "r-two", "--gate", "legal", "--approve")
+    assert decided.exit_code == 0, decided.output
+
+
 def test_migrate_dry_run_records_nothing(project: Project) -> None:
     assert project.start(GATED, "r-dry").exit_code == 3
     seqs = [r["seq"] for r in project.records("r-dry")]
