@@ -10,6 +10,7 @@ its ``node.started`` sealed when it first waits, before its body goes on.
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -121,3 +122,72 @@ def test_a_visit_that_waits_has_its_start_sealed_when_it_first_waits() -> None:
                     "edge.taken None",  # (implied: told to listeners as format 1 wrote it)
                     "body before its wait", "node.started w", "body after its wait",
                     "node.completed w", "run.completed None"]
+
+
+NODES = '''
+def first(state):
+    return {"first": state.get("n", 0) + 1}
+
+def last(state):
+    return {"last": True}
+'''
+
+CHILD = '''
+workflow: child
+input: [n]
+nodes:
+  first: fmt2nodes:first
+  check: {approval: {show: [first]}}
+edges:
+  - {from: START, to: first}
+  - {from: first, to: check}
+'''
+
+PARENT = '''
+workflow: parent
+input: [n]
+nodes:
+  sub: {workflow: child.yaml}
+  last: fmt2nodes:last
+edges:
+  - {from: START, to: sub}
+  - {from: sub, to: last}
+'''
+
+
+@pytest.mark.parametrize("fmt", [1, 2])
+def test_a_child_gate_decided_through_its_parent_lets_the_child_finish(
+        fmt: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The child's gate (``check``, its last node) decided through the parent: the
+    decision and the gate's completion are recorded in the child, which the parent then
+    continues. In format 2 ``check``'s edges are implied (none: the child ends there), so
+    nothing is due in the child after that completion -- yet it does not wait for anyone
+    any more: it is to finish, as in format 1. (It was taken for a child still waiting
+    at no gate: the parent asked again, and a server's stream waited for ever.)"""
+    from interlock._ops._children import _decide_child, waiting_paths
+
+    monkeypatch.setattr(L, "FORMAT", fmt)
+    (tmp_path / "fmt2nodes.py").write_text(NODES)
+    (tmp_path / "child.yaml").write_text(CHILD)
+    (tmp_path / "parent.yaml").write_text(PARENT)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    wf = interlock.load(str(tmp_path / "parent.yaml"))
+
+    async def go() -> None:
+        st = open_store("memory://")
+        for rid in ("p", "q"):
+            assert (await wf.run({"n": 2}, store=st, run_id=rid)).status == \
+                "WAITING_APPROVAL"
+        # recorded in the child only (what deciding through the parent does first)
+        await _decide_child(st, "p.sub.1", interlock.Decision("approve", "x"))
+        assert await waiting_paths(st, "p.sub.1", "p") is None  # not waiting at a gate
+        assert (await interlock.resume("p", store=st, workflow=wf)).status == "COMPLETED"
+        # and in one call, as `interlock resume q --approve` and the server decide
+        done = await interlock.resume("q", interlock.Decision("approve", "x"), store=st,
+                                      workflow=wf)
+        assert done.status == "COMPLETED", done
+        assert done.state["last"] is True and done.state["sub"]["first"] == 3
+        for rid in ("p.sub.1", "q.sub.1"):
+            assert (await st.get_run(rid)).summary.status == "COMPLETED"
+
+    asyncio.run(go())
