@@ -8,6 +8,7 @@ Skipped, saying why, where Playwright or a Chromium is missing (CI installs Debi
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import shutil
@@ -377,8 +378,17 @@ def test_the_run_page_reconnects_to_a_restarted_server_with_no_gap_or_duplicate(
         expect(page.locator("#run-status [data-status]")).to_have_attribute("data-status",
                                                                            "COMPLETED")
         expect(page.locator(stream)).to_have_attribute("data-state", "closed")
-        seqs = page.eval_on_selector_all("#timeline tr", "rows => rows.map(r => +r.dataset.seq)")
+        # the stored records (a record log format 2 implies is shown after the record that
+        # implies it, with its seq, marked data-implied)
+        seqs = page.eval_on_selector_all("#timeline tr:not([data-implied])",
+                                         "rows => rows.map(r => +r.dataset.seq)")
         assert seqs == list(range(1, records + 1))  # Last-Event-ID: no gap, no duplicate
+        implied = page.eval_on_selector_all(
+            "#timeline tr", "rows => rows.map(r => [+r.dataset.seq, r.dataset.type, "
+            "'implied' in r.dataset])")
+        for before, row in itertools.pairwise(implied):
+            if row[2]:  # right after its record (or a record it also implies)
+                assert row[1] == "edge.taken" and row[0] == before[0], implied
     finally:
         second.stop()
 

@@ -620,7 +620,8 @@ async function runPage(ctx, runId) {
     if (TERMINAL[rec.type]) { finished = true; status.replaceChildren(badge(TERMINAL[rec.type])); showActions(TERMINAL[rec.type]); }
     if (rec.type === "run.completed") nodeEl("END")?.setAttribute("data-state", "reached");
     const full = h("pre", { class: "record", hidden: true }, json(rec));
-    const row = h("tr", { dataset: { seq: String(rec.seq), type: rec.type }, class: `rec rec-${rec.type.replace(".", "-")}` },
+    // (a record log format 2 implies has the seq of the record that implies it: marked)
+    const row = h("tr", { dataset: { seq: String(rec.seq), type: rec.type, ...(rec.implied ? { implied: "true" } : {}) }, class: `rec rec-${rec.type.replace(".", "-")}` },
       h("td", { class: "num" }, String(rec.seq)),
       h("td", { title: when(rec.at) }, clock(rec.at)),
       h("td", {}, rec.type),
