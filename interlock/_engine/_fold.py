@@ -27,7 +27,7 @@ from typing import Any
 
 from .. import _log as L
 from .._definition._model import ERROR_FIELD
-from .._definition._plan import PlanEdge, PlanNode
+from .._definition._plan import PlanNode
 from .._definition._state import merge_update
 from .._errors import InternalError
 from ._flow import Due
@@ -73,7 +73,6 @@ class RunView(ViewData):
         self.limits = dict(rec.get("limits") or {})
         # a detached run (``run --detach``) is PENDING until a worker executes it
         self.status = "PENDING" if rec.get("detached") else "RUNNING"
-        self.format = rec.get("format", 1)  # (format 2 implies some records: `_implied`)
         for e in self.plan.start_edges:
             self.due[(e.index, "START")] = Due(e, "START")
 
@@ -201,9 +200,7 @@ class RunView(ViewData):
         self.route_wait[node] = pn.joins_out
         # its edges' decisions are due (a join's: its barrier is arrived at); a modified
         # approval (``reenter``) sends the run back to that node instead
-        self.flow.completed(pn, rec.get("goto"), rec.get("reenter"))
-        if self.format > 1 and node in self.plan.always_taken and "goto" not in rec:
-            _take_all(self, pn)  # format 2: its edges' records are implied
+        _completed(self, pn, rec)  # (format 2: edges it implies taken)
 
     def _on_node_failed(self, rec: L.Record) -> None:
         if "caught" in rec:
@@ -286,8 +283,7 @@ class RunView(ViewData):
         # last: delivering may make nodes ready and settle joins (new dues), which must
         # see the route bookkeeping above already done
         self.flow.decided(e, source, taken)
-        if self.format > 1 and index in self.plan.implied_otherwise and source != "*":
-            _otherwise(self, self.plan.implied_otherwise[index], source, not taken_here)
+        _otherwise(self, index, source, not taken_here)  # (format 2: those it implies)
 
     def _on_run_forked(self, rec: L.Record) -> None:
         self.parent = (rec["parent_run"], rec["parent_seq"])
@@ -351,6 +347,12 @@ class RunView(ViewData):
 # its format-2 twin fold to the same view record for record (tests/engine/test_format.py).
 
 
+def _on_started(view: RunView, rec: L.Record) -> None:
+    """``run.started``, and the log's format (format 2 implies some records)."""
+    view._on_run_started(rec)
+    view.format = rec.get("format", 1)
+
+
 def _on_visited(view: RunView, rec: L.Record) -> None:
     """``node.visited``: the visit's ``node.started`` and ``node.completed`` at once."""
     view._on_node_started(rec)
@@ -370,10 +372,14 @@ def end_visit(view: RunView, rec: L.Record) -> None:
         view.flow.quiesce()
 
 
-def _take_all(view: RunView, pn: PlanNode) -> None:
-    """The ``edge.taken`` of each edge of a `Plan.always_taken` node that completed (no
-    goto): what `RunView._on_edge` does for each, in the order they were written."""
+def _completed(view: RunView, pn: PlanNode, rec: L.Record) -> None:
+    """The flow machine told of ``pn``'s completion; then, in format 2, the ``edge.taken``
+    of each edge of a `Plan.always_taken` node that completed (no goto): what
+    `RunView._on_edge` does for each, in the order they were written."""
+    view.flow.completed(pn, rec.get("goto"), rec.get("reenter"))
     node = pn.name
+    if view.format < 2 or node not in view.plan.always_taken or "goto" in rec:
+        return
     for e in pn.out:
         view.due.pop((e.index, node), None)
         view.takes[e.index] += 1
@@ -381,9 +387,13 @@ def _take_all(view: RunView, pn: PlanNode) -> None:
         view.flow.decided(e, node, e.targets)
 
 
-def _otherwise(view: RunView, edges: tuple[PlanEdge, ...], source: str, taken: bool) -> None:
-    """The records of ``source``'s ``otherwise`` edges after its one ``when`` edge's
-    (`Plan.implied_otherwise`): each ``taken`` (the ``when`` was not) or skipped."""
+def _otherwise(view: RunView, index: int, source: str, taken: bool) -> None:
+    """In format 2, after the record of edge ``index`` -- the one ``when`` edge of a
+    `Plan.implied_otherwise` node -- those of ``source``'s ``otherwise`` edges: each
+    ``taken`` (the ``when`` was not) or skipped."""
+    edges = view.plan.implied_otherwise.get(index) if view.format > 1 else None
+    if edges is None or source == "*":
+        return
     for e in edges:
         view.due.pop((e.index, source), None)
         if taken:
@@ -479,7 +489,7 @@ def _on_waiting(view: RunView, rec: L.Record) -> None:
 _ENDED = frozenset({"COMPLETED", "REJECTED", "CANCELLED"})  # (a FAILED run may go on)
 
 _HANDLERS = {
-    L.RUN_STARTED: RunView._on_run_started,
+    L.RUN_STARTED: _on_started,
     L.RUN_RESUMED: RunView._on_run_resumed,
     L.RUN_FORKED: RunView._on_run_forked,
     L.RUN_MIGRATED: migrate,  # onto another definition: `_migration`

@@ -54,8 +54,8 @@ class Sink(Protocol):
         """`stage` and `flush`."""
 
     def defer(self, node: str, visit: int) -> None:
-        """Start attempt 1 of an inline visit, its ``node.started`` folded now and sealed
-        only if something comes before its completion (log format 2: `_staging`)."""
+        """Start attempt 1 of a visit: ``node.started``; for an inline visit in log format
+        2, folded now and sealed only if something comes before its completion (`_staging`)."""
 
     def started(self) -> None:
         """Seal a deferred ``node.started`` now (the visit's body waits)."""

@@ -85,7 +85,6 @@ class Runner:
         self.inline = self.inline  # (the class's, read faster from the instance)
         self.calls = NodeCall(plan, view, sink, run_id)
         self.decide = Decider(plan, view, sink)
-        self._deferrable = plan.in_loop if view.format > 1 else frozenset()  # (`_staging`)
         # outcomes of visits run as tasks -- or what one raised, for the loop to raise
         self._done: asyncio.Queue[Outcome | BaseException] | None = None
         self._tasks: dict[tuple[str, int], asyncio.Task[None]] = {}
@@ -307,10 +306,8 @@ class Runner:
                 if limit is not None and view.steps >= limit:
                     raise Abort(_step_limit(limit, node))
                 visit = view.started.get(node, 0) + 1
-                if node in self._deferrable:  # node.visited if it never waits (format 2)
-                    self.sink.defer(node, visit)
-                else:  # R.node_started(node, visit, 1), inlined (`_records`: the hot path)
-                    self.sink.put(L.NODE_STARTED, {"node": node, "visit": visit, "attempt": 1})
+                # R.node_started(node, visit, 1) -- deferred in a format-2 run: one
+                self.sink.defer(node, visit)  # node.visited if it never waits (`_staging`)
                 return pn, visit
         recs = self.sink.stage([R.node_started(n, vis, 1) for n, vis in _next_visits(self.view)])
         gates = [rec for rec in recs if self._is_gate(rec["node"])]

@@ -96,15 +96,20 @@ class Staging:
     # batch (`_log.FORMAT`) --------------------------------------------------------------
 
     def defer(self, node: str, visit: int) -> None:
-        """Start attempt 1 of an inline visit: its ``node.started`` is folded now, with
-        the seq it will have, and sealed only if anything else is recorded (or flushed)
-        before the visit completes -- its body first waits, say (`started`). If nothing
+        """Start attempt 1 of a visit (``node.started``); of an inline one (`Plan.in_loop`)
+        in a format-2 run, deferred: its ``node.started`` is folded now, with the seq it
+        will have, and sealed only if anything else is recorded (or flushed) before the
+        visit completes -- its body first waits, say (`started`). If nothing
         is, `visited` seals the start and the completion as one ``node.visited`` at that
         seq. Either way the log says what it said with ``node.started`` staged here: it
         was never flushed before the next record either."""
+        view = self.view
+        if view.format < 2 or node not in view.plan.in_loop:
+            self.put(L.NODE_STARTED, {"node": node, "visit": visit, "attempt": 1})
+            return
         rec = {"node": node, "visit": visit, "attempt": 1, "seq": self.writer.seq + 1,
                "type": L.NODE_STARTED, "at": _now()}
-        self.view.apply(rec)  # (a start the fold refuses is not deferred)
+        view.apply(rec)  # (a start the fold refuses is not deferred)
         self._deferred = rec
 
     def started(self) -> None:
