@@ -282,6 +282,13 @@ def _outcome_lines(result: RunResult, where: str = "") -> list[str]:
         where = f" at node {node!r}" if node else ""
         lines.append(f"error ({result.error.get('type')}){where}: {result.error.get('message')}")
     if result.waiting and result.waiting.get("kind") == "message":  # a conversation
+        # the turn's reply (or why the turn failed): a decision that let the turn go on
+        # is answered here too, not only by `send`
+        show = result.waiting.get("show") or {}
+        if show.get("turn_error"):
+            lines.append(f"the turn failed: {show['turn_error']}")
+        elif isinstance(show.get("last_reply"), str):
+            lines.append(f"reply: {show['last_reply']}")
         lines.append(f"waiting for the next message: interlock send {result.run_id} TEXT, or "
                      f"interlock chat FILE --session {result.run_id}")
     elif result.waiting:

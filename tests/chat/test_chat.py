@@ -270,6 +270,7 @@ def test_a_workflow_tool_gate_pauses_the_conversation_approved_then_rejected(
     assert refused.exit_code == 2
     approved = p.cli("resume", "w", "--approve", "--by", "alice")
     assert approved.exit_code == 3, approved.output
+    assert "reply: triage done" in approved.output  # the turn's reply, where it is decided
     _, status = p.cli_json("status", "w")
     assert status["status"] == "WAITING_INPUT"
     assert status["waiting"]["show"]["last_reply"] == "triage done"
