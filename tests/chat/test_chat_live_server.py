@@ -19,30 +19,8 @@ from typing import Any
 
 import pytest
 from fake_openai import FakeOpenAI
+from test_chat_server import CHAT, TRIAGE  # the same conversation and child workflow
 from test_server import TOKENS, Served, events, pythonpath, wait_status
-
-CHAT = """
-workflow: chat
-chat: assistant
-nodes:
-  assistant:
-    agent:
-      provider: openai
-      model: gpt-test
-      system: You are the on-call assistant.
-"""
-
-TRIAGE = """
-workflow: triage
-input: [service]
-nodes:
-  check: {call: "chatnodes:record"}
-  approval: {approval: {show: [checked]}}
-edges:
-  - {from: START, to: check}
-  - {from: check, to: approval}
-  - {from: approval, to: END, when: 'approval.decision == "approved"'}
-"""
 
 TOOLCHAT = """
 workflow: toolchat

@@ -93,7 +93,9 @@ def test_sequential_event_loops_each_get_their_own_store(tmp_path: Path) -> None
 def test_a_store_is_not_shared_into_another_event_loop(tmp_path: Path) -> None:
     """Two threads, each with its own loop, running concurrently on one URL: each loop has
     its own store (and writer), both open at once; releasing one leaves the other open."""
-    db = tmp_path / "runs.db"
+    # a name no other test's store has: the writer threads are found by the file's name,
+    # and a store another test left open on a ``runs.db`` is not this test's to wait for
+    db = tmp_path / "two-loops.db"
     url = f"sqlite:///{db}"
     both_open = threading.Barrier(2, timeout=30)
     stores: dict[str, Any] = {}

@@ -94,10 +94,12 @@ export async function conversationPage(ctx, runId, kit) {
     sendButton.disabled = true;
     sent.replaceChildren(h("p", { class: "muted" }, "sending…"));
     try {
+      const before = looks;
       const r = await api(`/api/runs/${enc}/messages`, { method: "POST", body: { text: message } });
       text.value = "";
       sent.replaceChildren();
-      setStatus(r.status === "WAITING_INPUT" ? "RUNNING" : r.status);
+      // (the stream may have told of the turn's gate or reply first: that status stands)
+      if (looks === before && !finished) setStatus(r.status === "WAITING_INPUT" ? "RUNNING" : r.status);
     } catch (error) {
       sendButton.disabled = false;
       sent.replaceChildren(problemBox(error));
@@ -124,10 +126,24 @@ export async function conversationPage(ctx, runId, kit) {
   };
 
   const showGates = runGates(gateBox, runId, ctx.signal); // a card per waiting gate
+  // a look at the run after a record that may change its gates: the last look wins (an
+  // earlier one answered late does not undo it), and a look that fails is tried again --
+  // the run may wait with no record after it to look once more
+  let looks = 0;
   const showGate = async () => {
-    const r = await api(`/api/runs/${enc}`, { signal: ctx.signal });
-    setStatus(r.status);
-    await showGates(r);
+    const mine = ++looks;
+    for (let attempt = 0; ; attempt++) {
+      try {
+        const r = await api(`/api/runs/${enc}`, { signal: ctx.signal });
+        if (mine !== looks) return;
+        setStatus(r.status);
+        await showGates(r);
+        return;
+      } catch (error) {
+        if (ctx.signal.aborted || mine !== looks || attempt >= 5) throw error;
+        await new Promise((ok) => setTimeout(ok, 200 * 2 ** attempt));
+      }
+    }
   };
 
   const apply = (event) => {
