@@ -274,10 +274,12 @@ async def status(run_id: str, *, store: str | Store | None = None) -> RunResult:
 
 async def expander(st: Store, row: RunRow, after: int = 0) -> Expander | None:
     """What reads the run's records as format 1 writes them (`_engine._expand`), from
-    record ``after`` on; None when its definition no longer loads (read as stored).
-    (A server's event stream asks at every commit: the plans and the runs' formats are
-    kept, `_EXPANDING`.)"""
-    plans, formats = _EXPANDING
+    record ``after`` on, with the plan in force there (the definition of the last
+    ``run.migrated`` before it, else the run's); None when its definition no longer
+    loads (read as stored). A server's event stream asks at every commit: the plans, and
+    what each run's log says up to where it was last read (`read_to`), are kept
+    (`_EXPANDING`); the records between are read once, for a ``run.migrated``."""
+    plans, known = _EXPANDING
     plan = plans.get(row.definition_hash)
     if plan is None:
         try:
@@ -288,18 +290,57 @@ async def expander(st: Store, row: RunRow, after: int = 0) -> Expander | None:
             plans.clear()
         plans[row.definition_hash] = plan
     exp = Expander(plan, plans=plan_maker())
-    if after:  # its format, as its run.started says
-        key = (row.run_id, row.created_at)
-        if key not in formats:
-            first = await st.entries_page(row.run_id, 0, 1)
-            if first:
-                exp(first[0].record())
-            if len(formats) >= _EXPANDING_KEPT:
-                formats.clear()
-            formats[key] = exp.format
-        exp.format = formats[key]
+    if not after:
+        return exp
+    key = (row.run_id, row.created_at)
+    seen = known.get(key)
+    if seen is None or seen.upto < after:  # read what is not known yet, up to ``after``
+        upto = 0
+        if seen is not None:
+            exp.format, exp.plan, upto = seen.format, seen.plans[-1][1], seen.upto
+        while upto < after:
+            entries = await st.entries_page(row.run_id, upto, min(1000, after - upto))
+            if not entries:
+                break
+            for entry in entries:
+                if entry.seq == 1 or entry.type == L.RUN_MIGRATED:
+                    exp(entry.record())
+                    read_to(row, exp, entry.seq)
+            upto = entries[-1].seq
+            if exp.format < 2:  # (format 1 implies nothing: no plan needed)
+                break
+        read_to(row, exp, after)
+        return exp
+    exp.format = seen.format
+    exp.plan = next(p for at, p in reversed(seen.plans) if at <= after)
     return exp
 
 
-_EXPANDING: tuple[dict[str, Plan], dict[tuple[str, float], int]] = ({}, {})
+def read_to(row: RunRow, exp: Expander, seq: int) -> None:
+    """The run's log has been read through ``exp`` up to record ``seq``: its format and
+    plan there are known (`expander` starts there again without reading)."""
+    known = _EXPANDING[1]
+    key = (row.run_id, row.created_at)
+    seen = known.get(key)
+    if seen is None:
+        if len(known) >= _EXPANDING_KEPT:
+            known.clear()
+        known[key] = seen = _Read(exp.format, [(0, exp.plan)], seq)
+    if seq <= seen.upto:
+        return
+    seen.format, seen.upto = exp.format, seq
+    if seen.plans[-1][1] is not exp.plan:  # a run.migrated read meanwhile
+        seen.plans.append((seq, exp.plan))
+
+
+@dataclass(slots=True)
+class _Read:
+    """What a run's log says up to record ``upto``: its format, and the plan from each
+    seq on (the run's, then each ``run.migrated``'s)."""
+    format: int
+    plans: list[tuple[int, Plan]]
+    upto: int
+
+
+_EXPANDING: tuple[dict[str, Plan], dict[tuple[str, float], _Read]] = ({}, {})
 _EXPANDING_KEPT = 1024

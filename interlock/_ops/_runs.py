@@ -43,6 +43,7 @@ from ._load import (
     expander,
     load_run,
     open_store_arg,
+    read_to,
 )
 from ._outcomes import unknown_outcomes
 from ._verify import ChildLinks
@@ -459,6 +460,8 @@ async def _trace_pages(st: Store, run_id: str, page: int, after: int, above: tup
                 implied = expand(rec)[1:]
                 if implied:
                     rec["implies"] = implied
+            if records:
+                read_to(row, expand, records[-1]["seq"])  # (the next page's reader starts there)
         for rec in records:  # a child run's records, nested under its start
             child = await links.follow(st, rec)
             if child is not None:

@@ -191,3 +191,62 @@ def test_a_child_gate_decided_through_its_parent_lets_the_child_finish(
             assert (await st.get_run(rid)).summary.status == "COMPLETED"
 
     asyncio.run(go())
+
+
+DRIFT = '''
+workflow: drift
+nodes:
+  a: fmt2nodes:first
+  gate: {approval: {show: [first]}}
+  b: fmt2nodes:last
+edges:
+  - {from: START, to: a}
+  - {from: a, to: gate}
+  - {from: gate, to: b, when: 'gate.decision == "approved"'}
+  - {from: b, to: END}
+'''
+
+# c between the gate and b; its edge first, so the edges' indexes all move
+DRIFT_V2 = DRIFT.replace("  b: fmt2nodes:last", "  c: fmt2nodes:first\n  b: fmt2nodes:last") \
+    .replace("edges:\n", "edges:\n  - {from: c, to: b}\n").replace("{from: gate, to: b,",
+                                                                  "{from: gate, to: c,")
+
+
+def test_a_migrated_runs_records_read_from_after_the_migration_imply_the_new_edges(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a record implies is the definition's in force at that record: after a
+    ``run.migrated``, the new one's -- also for a reader that starts after it (a
+    server's event stream reads from the last record it sent). It read the run's first
+    definition there: c's edge to b was missing, and b's edge named by a wrong index."""
+    from interlock._ops import _load
+    from interlock.support import migrate_run
+
+    (tmp_path / "fmt2nodes.py").write_text(NODES)
+    (tmp_path / "v1.yaml").write_text(DRIFT)
+    (tmp_path / "v2.yaml").write_text(DRIFT_V2)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    v1, v2 = (interlock.load(str(tmp_path / f)) for f in ("v1.yaml", "v2.yaml"))
+
+    def shown(records: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+        return [(r["seq"], r["type"], r.get("edge"), r.get("from"), tuple(r.get("to") or ()),
+                 "implied" in r) for rec in records for r in (rec, *rec.get("implies", ()))]
+
+    async def go() -> None:
+        st = open_store("memory://")
+        assert (await v1.run({}, store=st, run_id="m")).status == "WAITING_APPROVAL"
+        at = (await migrate_run("m", v2.spec, store=st, by="ops")).recorded
+        done = await interlock.resume("m", interlock.Decision("approve", "x"), store=st,
+                                      workflow=v2)
+        assert done.status == "COMPLETED", done
+        whole = shown(await interlock.trace("m", store=st))
+        assert ("edge.taken", 0, "c", ("b",), True) in [r[1:] for r in whole]  # (implied)
+        for cache in ("kept", "cleared"):  # this process read it before / a new reader
+            if cache == "cleared":
+                for kept in _load._EXPANDING:
+                    kept.clear()
+            later = [r async for page in interlock.support.trace_pages("m", store=st,
+                                                                       after=at)
+                     for r in page]
+            assert shown(later) == [r for r in whole if r[0] > at], cache
+
+    asyncio.run(go())
