@@ -12,6 +12,7 @@ its definition.
 from __future__ import annotations
 
 import copy
+import difflib
 import re
 from collections.abc import Callable, Mapping
 from typing import Annotated, Any, Literal
@@ -22,6 +23,7 @@ from pydantic import (
     PrivateAttr,
     SerializerFunctionWrapHandler,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_serializer,
     model_validator,
@@ -372,16 +374,24 @@ class WorkflowSpec(Extensible):
             data = {**data, "edges": [{"from": START, "to": node}, {"from": node, "to": END}]}
         return data
 
-    @model_validator(mode="after")
-    def _chat_node(self) -> WorkflowSpec:
-        if self.chat is not None:
-            ns = self.nodes.get(self.chat)
-            if ns is None or ns.agent is None:
-                what = "it is not an agent node" if ns else "there is no such node"
-                raise ValueError(f"chat: {self.chat!r} names the agent node that converses, "
-                                 f"but {what} (nodes: {', '.join(self.nodes)}); declare nodes: "
-                                 f"{{{self.chat}: {{agent: {{...}}}}}}")
-        return self
+    @field_validator("chat")
+    @classmethod
+    def _chat_node(cls, value: str | None, info: ValidationInfo) -> str | None:
+        # (a field's check: its error is placed at the file's ``chat:`` line)
+        nodes = info.data.get("nodes")
+        if value is None or nodes is None:  # (nodes that did not validate: said already)
+            return value
+        ns = nodes.get(value)
+        if ns is None or ns.agent is None:
+            agents = [n for n, spec in nodes.items() if spec.agent is not None]
+            close = difflib.get_close_matches(value, agents, n=1)
+            what = "it is not an agent node" if ns else "there is no such node"
+            fix = (f"did you mean {close[0]!r}?" if close else
+                   f"name one of its agent nodes ({', '.join(agents)})" if agents else
+                   f"declare nodes: {{{value}: {{agent: {{...}}}}}}")
+            raise ValueError(f"{value!r} names the agent node that converses, but "
+                             f"{what} (nodes: {', '.join(nodes)}); {fix}")
+        return value
 
     @field_validator("state", mode="before")
     @classmethod

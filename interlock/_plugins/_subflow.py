@@ -135,6 +135,8 @@ class SubflowKind:
         for path, fn in result.callables.items():  # what running the child needs
             checker.result.callables[prefix + path] = fn
         known = spec.known_fields()
+        # a map edge's item (``as:``) is in the state of each visit it makes of this node
+        known |= {e.item_name for e in spec.edges if e.kind == "map" and e.to == [name]}
         mapped = node.input or {}
         for field_name, src in mapped.items():
             at = ("nodes", name, "input", field_name)

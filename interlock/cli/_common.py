@@ -56,6 +56,7 @@ class CliError(click.ClickException):
     """A mistake the user can fix: printed as ``error: <message>``, exit code 2."""
 
     exit_code = EXIT_USAGE
+    problem: dict[str, Any] | None = None  # the server's problem+json, when it answered one
 
     def show(self, file: IO[Any] | None = None) -> None:
         click.echo(f"error: {self.format_message()}", err=True)

@@ -9,7 +9,14 @@ from typing import Any
 
 import click
 
-from ._common import EXIT_USAGE, call_engine, json_option, load_workflow, store_option
+from ._common import (
+    EXIT_USAGE,
+    CliError,
+    call_engine,
+    json_option,
+    load_workflow,
+    store_option,
+)
 from ._remote import server_options
 
 
@@ -55,6 +62,14 @@ def migrate(run_id: str, path: str, at_node: str | None, by: str | None, comment
                 "comment": comment, "dry_run": dry_run}
         try:
             found = Migration(**remote.call("POST", f"/api/runs/{run_id}/migrate", json=body))
+        except CliError as exc:  # refused: its findings printed as here
+            refused = (exc.problem or {}).get("migration")
+            if isinstance(refused, dict):
+                if as_json:
+                    click.echo(json.dumps(refused, ensure_ascii=False))
+                else:
+                    _differences(Migration(**refused))
+            raise
         finally:
             remote.close()
         _show(found, path, as_json)

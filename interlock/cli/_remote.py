@@ -65,11 +65,15 @@ class Remote:
         if response.is_success:
             return response.json()
         try:
-            detail = response.json().get("detail")
+            body = response.json()
         except ValueError:
-            detail = None
-        raise CliError(str(detail or f"the server answered {response.status_code} "
-                                     f"{response.reason_phrase}"))
+            body = None
+        body = body if isinstance(body, dict) else {}
+        error = CliError(str(body.get("detail") or f"the server answered "
+                                                    f"{response.status_code} "
+                                                    f"{response.reason_phrase}"))
+        error.problem = body  # (its extension members: a refused migration's findings)
+        raise error
 
     def records(self, run_id: str, after: int = 0) -> list[dict[str, Any]]:
         """The whole log after ``after``, a page (`RECORDS_PAGE`) per request."""

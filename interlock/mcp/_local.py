@@ -8,6 +8,7 @@ import contextlib
 import logging
 import shlex
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mcp.server.context import ServerRequestContext
@@ -29,7 +30,7 @@ class LocalRuns:
     def __init__(self, workflows: Mapping[str, Workflow], store: Store,
                  public_url: str | None = None) -> None:
         self.workflows, self.store, self.public_url = workflows, store, public_url
-        self.store_hint = f" --store {shlex.quote(store.url)}"
+        self.store_hint = f" --store {shlex.quote(absolute(store.url))}"
         # the tasks' runs executing here: every one (to stop them), the latest per run
         self._tasks: set[asyncio.Task[object]] = set()
         self._running: dict[str, asyncio.Task[object]] = {}
@@ -145,3 +146,11 @@ async def _forwarded(progress: Progress
     finally:
         loop.call_soon_threadsafe(queue.put_nowait, None)
         await sender
+
+
+def absolute(url: str) -> str:
+    """``url`` with a relative SQLite path made absolute: the command it goes in runs
+    wherever its reader is, not in this process's directory."""
+    if url.startswith("sqlite:///") and not url.startswith("sqlite:////"):
+        return "sqlite:///" + str(Path(url[len("sqlite:///"):]).resolve())
+    return url

@@ -235,20 +235,24 @@ class _Call:
         waiting = run.get("waiting") or {}
         return {"run_id": run["run_id"], "workflow": run.get("workflow"),
                 "status": run["status"], "waiting": waiting,
-                "decide": decide_hints(run["run_id"],
-                                       waiting.get("node") if "pending" in waiting else None,
-                                       self.runs.public_url, self.runs.store_hint)}
+                "decide": decide_hints(run["run_id"], waiting, self.runs.public_url,
+                                       self.runs.store_hint)}
 
 
-def decide_hints(run_id: str, gate: str | None, public_url: str | None,
-                 store_hint: str = "") -> dict[str, str]:
-    """How a person decides the gate: the CLI's command (naming the gate when the
-    engine waits at several: ``waiting.pending``), and with a public URL, the API's
-    endpoint and the dashboard's inbox."""
-    cmd = ["interlock", "resume", run_id]
-    if gate:
-        cmd += ["--gate", gate]
-    out = {"cli": " ".join(map(shlex.quote, cmd)) + " --approve" + store_hint}
+def decide_hints(run_id: str, waiting: dict[str, Any], public_url: str | None,
+                 where: str = "") -> dict[str, object]:
+    """How a person decides: ``cli``, the CLI's command for the oldest gate (``where``
+    says which store or server it talks to), ``gates`` one per waiting gate when several
+    wait, and with a public URL, the API's endpoint and the dashboard's inbox."""
+    def cli(gate: str | None) -> str:
+        cmd = ["interlock", "resume", run_id] + (["--gate", gate] if gate else [])
+        return " ".join(map(shlex.quote, cmd)) + " --approve" + where
+
+    pending = [g["node"] for g in waiting.get("pending") or ()
+               if isinstance(g, dict) and g.get("node")]
+    out: dict[str, object] = {"cli": cli(waiting.get("node") if pending else None)}
+    if len(pending) > 1:
+        out["gates"] = {gate: cli(gate) for gate in pending}
     if public_url:
         base = public_url.rstrip("/")
         out["api"] = f"POST {base}/api/runs/{quote(run_id)}/decisions"

@@ -46,9 +46,9 @@ PROBLEM = "application/problem+json"
 BODY_SLACK = 64 * 1024  # a body's bytes beyond the input it carries (config, names)
 
 
-def problem(status: int, title: str, detail: str,
-            headers: dict[str, str] | None = None) -> JSONResponse:
-    body = Problem(title=title, status=status, detail=detail).model_dump()
+def problem(status: int, title: str, detail: str, headers: dict[str, str] | None = None,
+            extra: dict[str, object] | None = None) -> JSONResponse:
+    body = {**Problem(title=title, status=status, detail=detail).model_dump(), **(extra or {})}
     return JSONResponse(body, status_code=status, media_type=PROBLEM, headers=headers)
 
 
@@ -131,7 +131,7 @@ def _mcp_endpoint(server: Server) -> Any:
 def _handlers(app: FastAPI) -> None:
     @app.exception_handler(Problemed)
     async def _problemed(request: Request, exc: Problemed) -> JSONResponse:
-        return problem(exc.status, exc.title, exc.detail, exc.headers)
+        return problem(exc.status, exc.title, exc.detail, exc.headers, exc.extra)
 
     @app.exception_handler(RunNotFound)
     async def _not_found(request: Request, exc: RunNotFound) -> JSONResponse:

@@ -38,9 +38,11 @@ class Problemed(Exception):
     """A refusal the API answers with problem+json (RFC 9457)."""
 
     def __init__(self, status: int, title: str, detail: str,
-                 headers: dict[str, str] | None = None) -> None:
+                 headers: dict[str, str] | None = None,
+                 extra: dict[str, object] | None = None) -> None:
         super().__init__(detail)
         self.status, self.title, self.detail, self.headers = status, title, detail, headers
+        self.extra = extra  # RFC 9457 extension members (a refused migration's findings)
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ already applied the server's.
 from __future__ import annotations
 
 import contextlib
+import shlex
 from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -52,7 +53,9 @@ class ServerRuns:
         self.server = server
         self.workflows: Mapping[str, Workflow] = server.workflows
         self.public_url: str | None = server.options.public_url
-        self.store_hint = ""  # the server's store: decided there (the API, the dashboard)
+        # the CLI decides through this server (with $INTERLOCK_TOKEN under --auth)
+        self.store_hint = (f" --server {shlex.quote(self.public_url)}"
+                           if self.public_url else "")
 
     def caller(self, ctx: ServerRequestContext[Any, Any]) -> Caller:
         who = _identity(self.server, ctx)

@@ -337,8 +337,9 @@ async def migrate(run_id: str, server: Srv, who: Operator,
         try:
             found = await migrate_run(run_id, spec, store=server.st, at=body.at, by=by,
                                       comment=body.comment, dry_run=body.dry_run)
-        except MigrationRefused as exc:
-            raise Problemed(409, "Conflict", str(exc)) from None
+        except MigrationRefused as exc:  # (its findings too, as `interlock migrate` prints)
+            raise Problemed(409, "Conflict", str(exc),
+                            extra={"migration": exc.migration.to_json()}) from None
     if found.recorded is not None:
         server.hub.changed(run_id)
     return found.to_json()

@@ -50,3 +50,15 @@ def test_recall_is_a_conversations_and_an_agent_elsewhere_needs_a_prompt() -> No
     del plain["nodes"]["a"]["agent"]["prompt"]
     with pytest.raises(interlock.WorkflowError, match="missing required key 'prompt'"):
         interlock.load(plain)
+
+
+def test_a_misspelt_chat_node_is_placed_at_its_line_with_a_did_you_mean(tmp_path: Any) -> None:
+    path = tmp_path / "hd.yaml"
+    path.write_text("workflow: hd\nchat: asistant\nnodes:\n  assistant:\n"
+                    "    agent: {provider: scripted, replies: [hi]}\n")
+    with pytest.raises(interlock.WorkflowError) as caught:
+        interlock.load(path)
+    said = str(caught.value)
+    assert f"{path}:2:" in said, said
+    assert "did you mean 'assistant'?" in said, said
+    assert "declare nodes: {asistant" not in said, said  # (the old advice repeated the typo)

@@ -90,3 +90,21 @@ def test_a_mapped_agent_with_guarded_tools_says_what_is_supported(
     assert "can wait at an approval node, a confirm: true node or a sub-workflow's " \
         "gates" in guarded
     assert "put the agent in a sub-workflow and map that" in guarded
+
+
+def test_a_mapped_sub_workflow_gets_its_input_from_the_maps_item_name(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The map's ``as: x`` is in the state of each visit: a child needing input ``x`` has
+    it (neither error nor warning; the review saw "not mapped" for it)."""
+    child = """
+    workflow: c
+    input: [x]
+    nodes: {gate: {approval: {show: [x]}}}
+    edges: [{from: START, to: gate}, {from: gate, to: END}]
+    """
+    (tmp_path / "gv_nodes.py").write_text(NODES)
+    (tmp_path / "child.yaml").write_text(textwrap.dedent(child))
+    (tmp_path / "wf.yaml").write_text(textwrap.dedent(mapped("t: {workflow: child.yaml}")))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    said = [str(d) for d in interlock.load(tmp_path / "wf.yaml").check()]
+    assert not [d for d in said if "needs input" in d], said

@@ -767,3 +767,38 @@ def test_reading_a_runs_code_drift_imports_nothing(tmp_path: Path) -> None:
     status = cli("status", "imp", "--json")
     assert json.loads(status.stdout)["code_changed"] == ["b"]
     assert (tmp_path / "imports.log").read_text().split() == imported  # nothing imported
+
+
+def test_a_refused_migrate_through_a_server_prints_what_the_local_one_prints(
+        served: Any, tmp_path: Path) -> None:
+    """``migrate --server`` refused: the differences (and with --json the migration with
+    its refusals) as the local command prints them, not only the error."""
+    import subprocess
+    import sys
+
+    from test_server import wait_status
+
+    server = served()
+    with server.client() as c:
+        assert c.post("/api/workflows/gated/runs", json={"run_id": "m1"}).status_code == 201
+        wait_status(c, "m1", "WAITING_APPROVAL")
+    gone = tmp_path / "nogate.yaml"  # the gate the run waits at is gone
+    gone.write_text(SERVED_GATED.replace("  gate: {approval: {show: [x]}}\n", "").replace(
+        "  - {from: a, to: gate}\n", "  - {from: a, to: b}\n").replace(
+        "  - {from: gate, to: b, when: 'gate.decision == \"approved\"'}\n", "").replace(
+        "  - {from: gate, to: END, otherwise: true}\n", ""))
+
+    def migrate(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "interlock", "migrate", "m1", "--to",
+                               str(gone), "--dry-run", "--server", server.url, *extra],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=60)
+
+    shown = migrate()
+    assert shown.returncode == 2, shown
+    assert "node 'gate' removed" in shown.stdout, shown
+    assert "the gate 'gate'" in shown.stderr, shown
+    as_json = migrate("--json")
+    assert as_json.returncode == 2, as_json
+    found = json.loads(as_json.stdout)
+    assert found["run_id"] == "m1" and found["refusals"], found
+    assert "node 'gate' removed" in found["differences"]
