@@ -376,15 +376,17 @@ def _completed(view: RunView, pn: PlanNode, rec: L.Record) -> None:
     """The flow machine told of ``pn``'s completion; then, in format 2, the ``edge.taken``
     of each edge of a `Plan.always_taken` node that completed (no goto): what
     `RunView._on_edge` does for each, in the order they were written."""
-    view.flow.completed(pn, rec.get("goto"), rec.get("reenter"))
     node = pn.name
-    if view.format < 2 or node not in view.plan.always_taken or "goto" in rec:
+    if view.format < 2 or node not in view.plan.always_taken or "goto" in rec \
+            or "reenter" in rec:
+        view.flow.completed(pn, rec.get("goto"), rec.get("reenter"))
         return
+    takes = view.takes
     for e in pn.out:
-        view.due.pop((e.index, node), None)
-        view.takes[e.index] += 1
+        takes[e.index] += 1
+    if pn.out:
         view.routed[node] = True
-        view.flow.decided(e, node, e.targets)
+    view.flow.completed(pn, None, None, taken=True)
 
 
 def _otherwise(view: RunView, index: int, source: str, taken: bool) -> None:
