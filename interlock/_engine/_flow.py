@@ -181,20 +181,18 @@ class Flow:
 
     # -- delivery and dead paths -------------------------------------------------------
 
-    def completed(self, pn: PlanNode, goto: str | None, reenter: str | None,
-                  taken: bool = False) -> None:
+    def completed(self, pn: PlanNode, goto: str | None, reenter: str | None) -> None:
         """``pn``'s visit completed: each of its edges' decisions is due (``goto``: the
         target a ``choose`` node returned), or its entry into a join's barrier arrived;
         its error edges are dead. A modified approval sends the run back to ``reenter``
-        instead, and decides nothing. ``taken``: its edges are always taken
-        (`Plan.always_taken`, log format 2): each is decided taken here, none made due."""
+        instead, and decides nothing."""
         node = pn.name
         if pn.cyclic:
             self.active[pn.scc] -= 1  # (invariant 2)
         if reenter is not None:
             self.enqueue(reenter)
             return
-        for e in () if taken else pn.out:
+        for e in pn.out:
             if e.is_join and node in e.barrier:
                 self.barrier(e, node, True)
             else:
@@ -203,8 +201,6 @@ class Flow:
                 self.due[(e.index, node)] = Due(e, node, goto)
         if pn.errors:  # it did not fail: its error edges are not taken
             self._dead_edges(pn.errors)
-        for e in pn.out if taken else ():  # (the chain's hot path: no due made and popped)
-            self.decided(e, node, e.targets)
 
     def caught(self, pn: PlanNode, edge: int) -> None:
         """``pn``'s visit failed and its error edge ``edge`` catches the error: that edge's

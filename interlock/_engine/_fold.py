@@ -381,12 +381,15 @@ def _completed(view: RunView, pn: PlanNode, rec: L.Record) -> None:
             or "reenter" in rec:
         view.flow.completed(pn, rec.get("goto"), rec.get("reenter"))
         return
-    takes = view.takes
+    # what `Flow.completed` and each edge's `_on_edge` would do, with no decision made due
+    # only to be popped again (the hot path of a chain; no error edges, no joins here)
+    takes, flow = view.takes, view.flow
+    if pn.cyclic:
+        flow.active[pn.scc] -= 1  # (the flow machine's invariant 2)
+    view.routed[node] = True
     for e in pn.out:
         takes[e.index] += 1
-    if pn.out:
-        view.routed[node] = True
-    view.flow.completed(pn, None, None, taken=True)
+        flow.decided(e, node, e.targets)
 
 
 def _otherwise(view: RunView, index: int, source: str, taken: bool) -> None:
