@@ -294,6 +294,9 @@ async def expander(st: Store, row: RunRow, after: int = 0) -> Expander | None:
         return exp
     key = (row.run_id, row.created_at)
     seen = known.get(key)
+    if seen is not None and seen.format < 2:  # (format 1 implies nothing, and stays 1)
+        exp.format = seen.format
+        return exp
     if seen is None or seen.upto < after:  # read what is not known yet, up to ``after``
         upto = 0
         if seen is not None:
