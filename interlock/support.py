@@ -36,7 +36,8 @@ Executing (for a server, a worker)
     `POLL_SECONDS`, `DRAIN_SECONDS` its defaults), `load_workflows` (``--workflows``
     files and folders, by workflow name);
     `patch_schema` (a JSON Schema of the modify patches a run's gate accepts, for a
-    client to check one before sending it).
+    client to check one before sending it); `close_stranded` (a list of waiting runs' look:
+    closes the waiting children whose parent no longer waits through them).
 
 Threads
     `abandoned_threads` (how many threads of sync nodes that timed out are still
@@ -82,6 +83,7 @@ from types import FrameType
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from . import _gate_text as gate_text
 from ._definition import _limits as limits
 from ._definition._bounds import (
     RUN_ID_PATTERN,
@@ -108,9 +110,11 @@ from ._observe._metrics import Metrics
 from ._ops._code import CodeChanged, set_strict_code
 from ._ops._export import export as export_run
 from ._ops._export import verify_export
+from ._ops._final import final_failure
 from ._ops._load import TRACE_PAGE, load_run
 from ._ops._migrate import Migration, MigrationRefused
 from ._ops._migrate import migrate as migrate_run
+from ._ops._orphans import close_stranded
 from ._ops._prune import Pruned
 from ._ops._prune import prune as prune_runs
 from ._ops._runs import GateDecision, GateTaken, append_note, decide_gate, resume_gate, trace_pages
@@ -199,10 +203,13 @@ __all__ = [
     "abandoned_threads",
     "append_note",
     "approvers_refuse",
+    "close_stranded",
     "decide_gate",
     "describe_trigger",
     "executing_node",
     "export_run",
+    "final_failure",
+    "gate_text",
     "limits",
     "load_run",
     "load_spec",

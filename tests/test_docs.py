@@ -41,3 +41,16 @@ def test_every_limit_is_documented_with_its_variable_and_default() -> None:
         shown = {f"{default:,}", f"{default // _limits.MiB} MiB"} if default % _limits.MiB == 0 \
             else {f"{default:,}"}
         assert any(s in rows[0] for s in shown), (limit.env, shown, rows[0])
+
+
+def test_nothing_a_user_reads_cites_a_document_users_do_not_have() -> None:
+    """The docs, the README, docstrings and error messages say what they mean in place:
+    users have no 'SPEC §N' (the project's internal contract) to look it up in."""
+    root = DOCS.parent
+    files = [*DOCS.glob("*.md"), root / "README.md",
+             *(p for p in (root / "interlock").rglob("*")
+               if p.suffix in {".py", ".js", ".css", ".html"})]
+    cited = [f"{p.relative_to(root)}:{i}" for p in files
+             for i, line in enumerate(p.read_text().splitlines(), 1)
+             if "SPEC §" in line or "../shared" in line]
+    assert not cited, f"say it in place instead: {cited}"

@@ -20,7 +20,7 @@ ROOT = Path(interlock.__file__).resolve().parent
 LAYERS: dict[int, set[str]] = {
     # leaves: errors, records and the chain, limits, small helpers
     0: {"_definition", "_engine", "_observe", "_ops", "_plugins", "_worker", "_errors", "_log",
-        "_json",
+        "_json", "_gate_text",
         "_engine._records", "_definition._limits", "_definition._bounds", "_definition._callables",
         "_definition._signature", "_engine._steps", "_definition._cost", "_definition._values"},
     # the definition, expressions, the graph, the stores, isolation's wire format, the
@@ -66,12 +66,14 @@ LAYERS: dict[int, set[str]] = {
         "_ops._verify", "_ops._runs", "_observe._coverage", "_ops._export", "_ops._prune",
         "_observe._metrics", "_worker._workers", "_ops._visits", "_ops._code",
         "_ops._migrate", "_ops._messages",
-        "_ops._outcomes"},
+        "_ops._outcomes", "_ops._gate_refusals", "_ops._final", "_ops._orphans",
+        "_ops._gate_closed"},
     # the façade: builder and loaded file
     9: {"_workflow", "_builder"},
     # the public surface and the command line
     10: {"", "__main__", "testing", "support", "cli", "cli._common", "cli._format", "cli._inspect",
         "cli._progress", "cli._run", "cli._trace", "cli._coverage", "cli._prune", "cli._serve",
+        "cli._gate_hints",
         "cli._remote", "cli._triggers", "cli._worker", "cli._migrate", "cli._mcp", "mcp",
         "mcp._tools", "mcp._local", "mcp._conversation", "mcp._runs",
         "mcp._tasks", "server", "server._app",

@@ -104,14 +104,19 @@ def expire(spec: WorkflowSpec, view: RunView) -> Items:
     for gate in view.pending_gates():
         if gate.deadline is None or gate.deadline > now:
             continue
+        if any(t == L.RUN_REJECTED for t, _ in items):
+            break  # an expired gate's rejection ended the run, closing the others
+        staged = {gate_key(f["node"], f["visit"], f.get("item"))
+                  for t, f in items if t == L.APPROVAL_DECIDED}
         ns = spec.nodes[gate.node]
         on_timeout = ns.approval.on_timeout if ns.approval is not None else "reject"
         comment = f"no decision before the deadline ({_now_iso(gate.deadline)})"
         if gate.kind == "confirm" or on_timeout == "reject":
-            items += _records(spec, view, gate, "rejected", ENGINE, comment, timed_out=True)
+            items += _records(spec, view, gate, "rejected", ENGINE, comment, timed_out=True,
+                              staged=staged)
         else:
             items += _records(spec, view, gate, "timed_out", ENGINE, comment, reenter=on_timeout,
-                              timed_out=True)
+                              timed_out=True, staged=staged)
     return items
 
 
@@ -119,8 +124,10 @@ def decide(spec: WorkflowSpec, view: RunView, decision: Decision, *,
            expired: Items | None = None) -> Items:
     """Check ``decision`` against the waiting gate and return the records it becomes.
 
-    ``expired``: the records `expire` made for gates whose deadline has passed -- a
-    decision on one of those comes too late. Raises UsageError (a refused decision)
+    ``expired``: the records staged before this decision -- `expire`'s for gates whose
+    deadline has passed (a decision on one of those comes too late), and the decisions
+    folded in with it (`offered`): a rejection closes only the gates none of them
+    decided. Raises UsageError (a refused decision)
     naming what is wrong and what is allowed.
     """
     timed_out = {gate_key(f["node"], f["visit"], f.get("item"))
@@ -152,10 +159,10 @@ def decide(spec: WorkflowSpec, view: RunView, decision: Decision, *,
     data = _checked_data(gate, decision)
     if decision.kind == "approve":
         return _records(spec, view, gate, "approved", decision.by, decision.comment, data=data,
-                        via=decision.via)
+                        via=decision.via, staged=timed_out)
     if decision.kind == "reject":
         return _records(spec, view, gate, "rejected", decision.by, decision.comment, data=data,
-                        via=decision.via)
+                        via=decision.via, staged=timed_out)
     if gate.kind == "tool":
         return _records(spec, view, gate, "modified", decision.by, decision.comment,
                         patch=_checked_edit(gate, decision), via=decision.via)
@@ -414,7 +421,9 @@ def offered(spec: WorkflowSpec, view: RunView, offers: dict[str, dict[str, Any]]
                             dict(d.get("patch") or {}), d.get("at"), gate_name(gate),
                             d.get("data"), tuple(d.get("roles") or ()), d.get("via"))
         try:
-            recs = decide(spec, view, decision)  # (its node: that gate)
+            # (its node: that gate) -- decided after those before it in this batch: the
+            # view does not hold their records yet, so a rejection must not close them
+            recs = decide(spec, view, decision, expired=[*(expired or ()), *items])
         except UsageError as exc:
             log.warning("a decision offered on gate %r (by %s) no longer fits it and is "
                         "dropped: %s", gate_name(gate), decision.by, exc)
@@ -426,14 +435,18 @@ def offered(spec: WorkflowSpec, view: RunView, offers: dict[str, dict[str, Any]]
     return items
 
 
-def close_others(view: RunView, gate: Gate | None, why: str) -> Items:
+def close_others(view: RunView, gate: Gate | None, why: str, by: str | None = None,
+                 staged: Iterable[tuple[str, int]] = ()) -> Items:
     """``approval.decided`` ``closed`` for every gate still waiting but ``gate``: the run
-    ends (rejected) and they are not needed."""
+    ends (rejected) and they are not needed. ``by``: who rejected it (the closing is
+    theirs); ``staged``: the slots of gates decided by records staged before these (not
+    in the view yet), which are not closed again."""
+    skip = set(staged)
     return [(L.APPROVAL_DECIDED, {"node": g.node, "visit": g.visit, "kind": g.kind,
-                                  "decision": "closed", "by": None, "comment": why,
+                                  "decision": "closed", "by": by, "comment": why,
                                   "key": g.key, **({"item": g.item} if g.item is not None
                                                    else {})})
-            for g in view.pending_gates() if g is not gate]
+            for g in view.pending_gates() if g is not gate and g.slot not in skip]
 
 
 def known_fields(spec: WorkflowSpec, state: Iterable[str]) -> set[str]:
@@ -485,7 +498,8 @@ def patch_schema(spec: WorkflowSpec, state: Iterable[str] = ()) -> dict[str, Any
 def _records(spec: WorkflowSpec, view: RunView, gate: Gate, decision: str, by: str | None,
              comment: str | None, *, patch: dict[str, Any] | None = None,
              reenter: str | None = None, timed_out: bool = False,
-             data: Any = None, via: str | None = None) -> Items:
+             data: Any = None, via: str | None = None,
+             staged: Iterable[tuple[str, int]] = ()) -> Items:
     base = {"node": gate.node, "visit": gate.visit, "kind": gate.kind, "decision": decision,
             "by": by, "comment": comment, "patch": patch, "reenter": reenter,
             "timed_out": timed_out or None, "key": gate.key}
@@ -511,7 +525,8 @@ def _records(spec: WorkflowSpec, view: RunView, gate: Gate, decision: str, by: s
     if gate.kind == "confirm":
         if decision != "approved":
             msg = f"{gate.node!r} needed confirmation and was {decision} by {by}"
-            items += close_others(view, gate, f"not needed: the run was rejected at {gate.node!r}")
+            items += close_others(view, gate, f"not needed: the run was rejected at "
+                                  f"{gate.node!r}", by, staged)
             items.append(R.run_rejected(gate.node, msg + (f": {comment}" if comment else "")))
         return items
     record: dict[str, Any] = {"decision": decision, "by": by, "comment": comment,
@@ -529,7 +544,8 @@ def _records(spec: WorkflowSpec, view: RunView, gate: Gate, decision: str, by: s
                  or _rejection_ends_now(view, gate)):
         # a rejected gate with no edge of its own to follow: the run ends REJECTED, as
         # when its edges follow none (the decider says so for a gate that has edges)
-        items += close_others(view, gate, f"not needed: the run was rejected at {gate.node!r}")
+        items += close_others(view, gate, f"not needed: the run was rejected at "
+                              f"{gate.node!r}", by, staged)
         items.append(R.run_rejected(gate.node, f"approval {gate.node!r} was {decision} by "
                                     f"{by or 'an anonymous decider'}"
                                     + (f": {comment}" if comment else "")))

@@ -43,9 +43,19 @@ class Abort(Exception):
 class Rejected(Exception):
     """Raised inside the loop when a human rejection ends the run (status REJECTED)."""
 
-    def __init__(self, node: str, message: str) -> None:
+    def __init__(self, node: str, message: str, by: str | None = None) -> None:
         self.node = node
         self.message = message
+        self.by = by  # who rejected it: the other gates it closes are closed by them
+
+    @classmethod
+    def ending(cls, items: list[R.Item]) -> Rejected:
+        """The rejection ``items`` (decisions folded in, with a ``run.rejected``) end
+        the run with, once the visits still running are stopped."""
+        end = next(f for t, f in items if t == L.RUN_REJECTED)
+        by = next((f.get("by") for t, f in items if t == L.APPROVAL_DECIDED
+                   and f.get("node") == end["node"]), None)
+        return cls(end["node"], end["error"]["message"], by if isinstance(by, str) else None)
 
 
 def _implied_sources(plan: Plan, view: RunView) -> frozenset[str]:
@@ -190,9 +200,11 @@ class Decider:
         gate = self.view.state.get(source)
         if not isinstance(gate, dict):  # (a gate's field is its record: a dict)
             gate = {}
+        by = gate.get("by")
         return Rejected(source, f"approval {source!r} was rejected by "
-                        f"{gate.get('by') or 'an anonymous decider'}"
-                        + (f": {gate['comment']}" if gate.get("comment") else ""))
+                        f"{by or 'an anonymous decider'}"
+                        + (f": {gate['comment']}" if gate.get("comment") else ""),
+                        by if isinstance(by, str) else None)
 
     def _stranded(self, source: str, dues: list[Due]) -> list[str]:
         """Nodes this decision leaves with nowhere to go (no silent dead ends).

@@ -311,7 +311,8 @@ class RunView(ViewData):
                                children=rec.get("pending"))
 
     def _on_approval_decided(self, rec: L.Record) -> None:
-        gate = self.gates[gate_key(rec["node"], rec["visit"], rec.get("item"))]
+        if (gate := _decided_gate(self, rec)) is None:
+            return  # (closed after it was decided: see `_decided_gate`)
         gate.decision = rec["decision"]
         if gate.item is not None:  # a mapped item's gate: its item's completion follows
             return
@@ -476,6 +477,18 @@ def _mid_body(kind: Any, key: Any) -> bool:
     tool's, a child run's, a guarded tool's unknown outcome (which has a key; a ``confirm:
     true`` node's unknown outcome has none)."""
     return kind in _MID_BODY or (kind == "unknown_outcome" and key is not None)
+
+
+def _decided_gate(view: RunView, rec: L.Record) -> Gate | None:
+    """The gate an ``approval.decided`` decides; None for a ``closed`` one whose gate is
+    gone: decided earlier in the same batch (its node completed), then closed by a
+    rejection folded in after it -- which an older interlock could stage (it folded
+    two offered decisions against the same view); nothing is left to close."""
+    gate = view.gates.get(gate_key(rec["node"], rec["visit"], rec.get("item")))
+    if gate is None and rec["decision"] != "closed":
+        raise InternalError(f"record {rec['seq']}: a decision on gate {rec['node']!r} "
+                            f"(visit {rec['visit']}), which does not wait")
+    return gate
 
 
 def _on_terminal(view: RunView, rec: L.Record) -> None:

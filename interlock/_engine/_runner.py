@@ -110,7 +110,7 @@ class Runner:
             self.sink.add(R.run_failed(abort.error.to_json(), abort.error.node))
         except Rejected as rej:
             for item in close_others(self.view, None, f"not needed: the run was rejected at "
-                                     f"{rej.node!r}"):
+                                     f"{rej.node!r}", rej.by):
                 self.sink.add(item)
             self.sink.add(R.run_rejected(rej.node, rej.message))
         except StoreOutage as outage:  # the store failed under a node's ``ctx.once``
@@ -243,7 +243,7 @@ class Runner:
         ending = [fields for t, fields in items if t == L.RUN_REJECTED]
         if ending and self._tasks:
             await self.sink.commit([i for i in items if i[0] != L.RUN_REJECTED])
-            raise Rejected(ending[0]["node"], ending[0]["error"]["message"])
+            raise Rejected.ending(items)
         await self.sink.commit(items)
         for rtype, fields in items:
             key = (str(fields.get("node")), int(fields.get("visit") or 0))

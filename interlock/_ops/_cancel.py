@@ -1,22 +1,21 @@
-"""Cancelling a stored run: here and now when nobody executes it (with the children of
-its sub-workflow visits in flight), else asked of its executor through the store.
+"""Cancelling a stored run: here and now when nobody executes it (with its child runs
+in flight or waiting: `_orphans.close_children`), else asked of its executor through the
+store.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 
-from .._definition._plan import Plan
 from .._engine import _records as R
-from .._engine._fold import RunResult, RunView, result_of
+from .._engine._fold import RunResult, result_of
 from .._engine._journal import Journal
-from .._errors import LogError, RunNotFound, UsageError
-from .._plugins._subflow import child_run_id
+from .._errors import UsageError
 from .._store import Store, release_store
 from ._claims import LEASE_SECONDS, _claim_of, make_owner
 from ._load import load_run, open_store_arg, status
+from ._orphans import close_children
 
 # how often a run's cancellation request is looked for: by its executor's watcher, and
 # by `cancel` waiting for the executor to record it
@@ -62,30 +61,8 @@ async def cancel(run_id: str, *, by: str | None = None, store: str | Store | Non
             await journal.commit([R.run_cancelled(by)])
         finally:
             await st.release(run_id, owner)
-        await _cancel_children(st, loaded.plan, run_id, loaded.view, by)
+        await close_children(st, run_id, loaded.view, loaded.plan, by)
         return result_of(run_id, loaded.row.workflow, loaded.view)
     finally:
         if owned:
             await release_store(st)
-
-
-def _child_ids(plan: Plan, run_id: str, view: RunView) -> list[str]:
-    """The child runs of a run's sub-workflow visits in flight (running or waiting)."""
-    out = []
-    for (node, visit) in view.running:
-        if plan.nodes[node].spec.workflow is None:
-            continue
-        m = view.maps.get((node, visit))
-        if m is not None:
-            out += [child_run_id(run_id, node, visit, i) for i in range(len(m.items))
-                    if i not in m.done]
-        else:
-            out.append(child_run_id(run_id, node, visit))
-    return out
-
-
-async def _cancel_children(store: Store, plan: Plan, run_id: str, view: RunView,
-                           by: str | None) -> None:
-    for child in _child_ids(plan, run_id, view):
-        with contextlib.suppress(UsageError, LogError, RunNotFound):
-            await cancel(child, by=by, store=store, wait=0)

@@ -14,7 +14,9 @@ from .._engine._view import Gate, gate_key
 from .._errors import RunNotFound, UsageError
 from .._store import Store
 from ._claims import _commit_claimed
+from ._gate_refusals import check_named
 from ._load import load_run
+from ._orphans import close_children
 
 if TYPE_CHECKING:
     from .._engine._approvals import Decision
@@ -125,22 +127,33 @@ def _slots(items: list[tuple[str, dict[str, object]]]) -> set[tuple[str, int]]:
             for _, f in items}
 
 
-async def _decide_child(store: Store, run_id: str, decision: Decision) -> None:
+async def _decide_child(store: Store, run_id: str, decision: Decision, above: str = ""
+                        ) -> None:
     """Record ``decision`` at the gate a child run (or its child...) waits at; the run
-    that includes it continues it when it runs the node again."""
-    from .._engine._approvals import decide
+    that includes it continues it when it runs the node again. ``above``: the path down
+    to the child (``remediate/``), for the refusals' words."""
+    from .._engine._approvals import NotAnApprover, decide
 
     loaded = await load_run(store, run_id)
     view = loaded.view
+    if decision.node is not None:  # a gate named: does it wait (who decided it, if not)?
+        await check_named(store, run_id, loaded, decision.node, above)
     if view.status != "WAITING_APPROVAL":
         raise UsageError(f"child run {run_id!r} is {view.status}, not waiting for a decision; "
                          "the decision is refused")
     moved = await _unblocked(store, run_id, view)
     below = _child_gate(view, decision, moved)
     if below is not None:
-        await _decide_child(store, str(below[0].key), below[1])
+        await _decide_child(store, str(below[0].key), below[1], f"{above}{head(below[0])}/")
         return
-    await _commit_claimed(store, loaded, decide(loaded.spec, view, decision))
+    try:
+        items = decide(loaded.spec, view, decision)
+    except NotAnApprover as exc:  # (said of the child's gate: which run's it is)
+        raise NotAnApprover(f"{exc} (a gate of child run {run_id!r}, whose workflow "
+                            f"{loaded.row.workflow!r} declares them)") from None
+    await _commit_claimed(store, loaded, items)
+    # (a rejection that ended the child closes the children it waited through)
+    await close_children(store, run_id, loaded.view, loaded.plan)
 
 
 async def _expired_children(store: Store, view: RunView,

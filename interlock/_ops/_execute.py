@@ -44,6 +44,7 @@ from ._children import _unblocked
 from ._claims import LEASE_SECONDS, make_owner
 from ._code import check_code
 from ._load import RESUMABLE, TERMINAL_STATUSES, Functions, chain_options, definition_hash, load_run
+from ._orphans import Closing, close_children
 
 log = logging.getLogger("interlock")
 
@@ -100,7 +101,8 @@ async def drive(plan: Plan, store: Store, run_id: str, view: RunView, writer: L.
         owner = make_owner()
         generation = await store.claim(run_id, owner, lease, force=force)
     claim = Claim(owner, generation) if generation is not None else None
-    journal = Journal(store, run_id, view, writer, listener, owner=owner, claim=claim)
+    closing = Closing(plan, listener)  # (the child runs whose gates it closes)
+    journal = Journal(store, run_id, view, writer, closing.listener, owner=owner, claim=claim)
     runner = Runner(plan, journal, run_id, view)
     runner.stop = stop
     runner.offers = lambda: store.decisions(run_id)
@@ -118,6 +120,7 @@ async def drive(plan: Plan, store: Store, run_id: str, view: RunView, writer: L.
         raise
     if not journal.released:
         await store.release(run_id, owner)
+    await close_children(store, run_id, view, plan, closed=closing.children)
     return result_of(run_id, plan.spec.workflow, view)
 
 

@@ -185,9 +185,14 @@ def _verify_one(lines: Iterable[bytes], source: str) -> Verification:
                             f"the run's last record is {expected.last_seq} (records were "
                             f"{'cut off the end' if last.seq < expected.last_seq else 'added'})")
     if last.hash != expected.last_hash:
+        # an export holds the chain hash only at the end (the header's): which record
+        # changed is not known here -- the store's log, whose records each keep theirs, is
         return Verification(row.run_id, False, result.records, last.seq,
-                            "the records do not chain to the last hash the export's first "
-                            "line holds: a record up to this one was changed")
+                            f"the records do not hash to the chain hash the export's first "
+                            f"line ends with: at least one of records 1..{last.seq} was "
+                            "changed (an export keeps no hash per record to say which); "
+                            f"compare with the store's log: interlock verify {row.run_id}",
+                            located=False)
     return result
 
 

@@ -29,10 +29,21 @@ from .._errors import (
     WorkflowError,
 )
 from .._store import RunRow, Store, Summary, release_store
-from ._children import _child_gate, _decide_child, _expired_children, _slots, _unblocked, continued
+from ._children import (
+    _child_gate,
+    _decide_child,
+    _expired_children,
+    _slots,
+    _unblocked,
+    continued,
+    head,
+)
 from ._claims import LEASE_SECONDS, _claim_of, make_owner, make_run_id
 from ._code import CodeChanged, check_code, strict_code
 from ._execute import Listener, _traced, drive
+from ._final import final_failure, refusal, unknown_note
+from ._gate_closed import closed_refusal, raise_closed, refuse_closed
+from ._gate_refusals import check_named, decided_text
 from ._load import (
     _BROKEN_LOG_ADVICE,
     RESUMABLE,
@@ -45,6 +56,7 @@ from ._load import (
     open_store_arg,
     read_to,
 )
+from ._orphans import close_stranded
 from ._outcomes import unknown_outcomes
 from ._verify import ChildLinks
 
@@ -142,9 +154,12 @@ async def resume_gate(run_id: str, decision: Decision | None = None, *,
                                        config=config, limits=limits, listener=listener,
                                        detach=detach)
         try:
-            return await _resume(st, run_id, decision, workflow=workflow, config=config,
-                                 limits=limits, force=force, listener=listener,
-                                 detach=detach), None
+            result = await _resume(st, run_id, decision, workflow=workflow, config=config,
+                                   limits=limits, force=force, listener=listener,
+                                   detach=detach)
+            if offered_gate is not None and result.status == "REJECTED":
+                await refuse_closed(st, run_id, offered_gate, workflow)
+            return result, None
         except (ClaimError, ConflictError) as exc:
             # executed elsewhere, or changed since it was read (another decision recorded
             # first): the offer stands -- folded in there, or recorded here once free
@@ -179,6 +194,14 @@ async def _offer(st: Store, run_id: str, decision: Decision, workflow: Functions
     loaded = await load_run(st, run_id, workflow=workflow, executable=strict_code())
     view = loaded.view
     pending = view.pending_gates()
+    if view.status == "REJECTED" and decision.node is not None:
+        closed = closed_refusal(loaded, run_id, lambda g: gate_name(g) == decision.node)
+        if closed is not None:  # a rejection closed it a moment ago
+            raise closed
+    if decision.node is not None and view.status != "WAITING_INPUT" and (
+            pending or view.status in TERMINAL_STATUSES or view.status == "PENDING"):
+        # a gate named: does it wait? (a PENDING run: decided, for a worker to continue)
+        await check_named(st, run_id, loaded, decision.node)
     if not pending or view.status in TERMINAL_STATUSES or view.status == "WAITING_INPUT":
         return None  # (a conversation: `_resume` refuses)
     if strict_code():  # refused before anything is offered (`CodeChanged`)
@@ -192,12 +215,9 @@ async def _offer(st: Store, run_id: str, decision: Decision, workflow: Functions
     gate = view.gates[gate_key(decided["node"], decided["visit"], decided.get("item"))]
     won = await st.offer_decision(run_id, gate_slot(gate), offer_of(gate, decision))
     if won is not None:
-        who = won.get("by") or "an anonymous decider"
-        via = f" via {won['via']}" if won.get("via") else ""
         raise GateTaken(f"the decision is refused: gate {gate_name(gate)!r} of run "
-                        f"{run_id!r} was decided already ({won.get('decision')} by {who}"
-                        f"{via}); exactly one decision per gate wins -- see "
-                        f"`interlock status {run_id}`")
+                        f"{run_id!r} was decided already: {decided_text(won)}; exactly one "
+                        f"decision per gate wins -- see `interlock status {run_id}`")
     return gate.slot[0], gate.visit, gate.key, gate.requested_at
 
 
@@ -223,7 +243,7 @@ async def _offer_child(st: Store, run_id: str, decision: Decision, workflow: Fun
     if child is None or loaded.view.status in TERMINAL_STATUSES:
         return None
     gate, below = child
-    await _decide_child(st, str(gate.key), below)  # (raises: refused, recorded nothing)
+    await _decide_child(st, str(gate.key), below, f"{head(gate)}/")  # (raises: refused)
     # (a taken slot: another of the child's gates was offered first -- the node runs
     # again either way, and finds the child with both decisions)
     await st.offer_decision(run_id, gate_slot(gate), offer_of(gate, replace(
@@ -245,6 +265,7 @@ async def _folded(st: Store, run_id: str, gate: tuple[str, int, str | None, floa
     if g is not None and g.decision is None and g.key == gate[2] \
             and g.requested_at == gate[3]:
         return None  # still waiting: not folded in
+    raise_closed(loaded, run_id, gate)
     offers = await st.decisions(run_id)
     mine = [d for d in offers.values() if gate_key(str(d.get("node")), int(d.get("visit") or 0),
                                                     d.get("item")) == gate[:2]
@@ -268,17 +289,21 @@ async def _handover(st: Store, run_id: str, gate: tuple[str, int, str | None, fl
         g = loaded.view.gates.get(gate[:2])
         if g is None or g.decision is not None or g.key != gate[2] \
                 or g.requested_at != gate[3]:  # folded in (or asked again since)
+            raise_closed(loaded, run_id, gate)  # (or closed by a rejection)
             return result_of(run_id, loaded.row.workflow, loaded.view), owner
         if loop.time() >= until:  # still offered: whoever executes the run next folds it
             return result_of(run_id, loaded.row.workflow, loaded.view), owner
         await asyncio.sleep(HANDOVER_POLL)
         try:
-            return await _resume(st, run_id, None, workflow=workflow, config=config,
-                                 limits=limits, listener=listener, detach=detach), None
+            result = await _resume(st, run_id, None, workflow=workflow, config=config,
+                                   limits=limits, listener=listener, detach=detach)
         except ClaimLost:
             raise
         except (ClaimError, ConflictError, UsageError):  # executed there, or moved on: again
             continue
+        if result.status == "REJECTED":  # (our gate closed by a rejection folded first?)
+            await refuse_closed(st, run_id, gate, workflow)
+        return result, None
 
 
 async def _resume(st: Store, run_id: str, decision: Decision | None, *,
@@ -314,6 +339,8 @@ async def _resume(st: Store, run_id: str, decision: Decision | None, *,
     elif decision is not None:
         raise UsageError(f"run {run_id!r} is {view.status}, not waiting for a decision; "
                          "the decision is refused")
+    elif view.status == "FAILED" and final_failure(view.error) is not None:
+        raise UsageError(refusal(run_id, str(final_failure(view.error))))  # nothing recorded
     elif view.status not in RESUMABLE:
         raise UsageError(f"run {run_id!r} is {view.status}; only a failed, interrupted or "
                          "waiting run can be resumed")
@@ -356,7 +383,7 @@ async def _decisions(st: Store, run_id: str, loaded: Loaded, decision: Decision 
             "decide what it waits for then")
     if child is not None:  # a gate inside a child run: it decides it
         gate, below = child
-        await _decide_child(st, str(gate.key), below)
+        await _decide_child(st, str(gate.key), below, f"{head(gate)}/")
         assert decision is not None
         first.append(continued(
             gate, _PAST[decision.kind], by=decision.by, comment=decision.comment,
@@ -379,7 +406,7 @@ async def _decisions(st: Store, run_id: str, loaded: Loaded, decision: Decision 
     if decision is None and not first and view.status == "WAITING_APPROVAL":
         gate = oldest(view.pending_gates())
         raise UsageError(f"run {run_id!r} is waiting for a decision at "
-                         f"{gate_name(gate)!r}; "
+                         f"{gate_name(gate)!r}{unknown_note(gate.kind)}; "
                          "resume it with --approve, --reject or --modify "
                          "(interlock.approve/reject/modify in Python)")
     return first
@@ -557,7 +584,11 @@ async def list_runs(*, store: str | Store | None = None, status: str | None = No
                     workflow: str | None = None, limit: int = 100) -> list[RunRow]:
     st, owned = open_store_arg(store)
     try:
-        return await st.list_runs(status=status, workflow=workflow, limit=limit)
+        rows = await st.list_runs(status=status, workflow=workflow, limit=limit)
+        if status in (None, "WAITING_APPROVAL") and await close_stranded(st, rows):
+            # waiting children of ended parents, closed by this look: listed as they are
+            rows = await st.list_runs(status=status, workflow=workflow, limit=limit)
+        return rows
     finally:
         if owned:
             await release_store(st)

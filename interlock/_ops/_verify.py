@@ -14,6 +14,7 @@ from .._definition._model import NodeSpec
 from .._definition._spec import parse
 from .._engine import _snapshot as snapshots
 from .._engine._fold import RunView
+from .._engine._gates import shown
 from .._errors import InterlockError, RunNotFound, UsageError
 from .._plugins._compile import reading_plan
 from .._store import RunRow, Store, release_store
@@ -120,6 +121,9 @@ class Verification:
     keyed: bool = False  # the chain is keyed, and was checked with the key
     notes: tuple[str, ...] = ()  # findings that do not break the log (a forged snapshot)
     children: tuple[str, ...] = ()  # the child runs verified with it (sub-workflows)
+    # False: ``seq`` is where the break shows, not the first bad record, which is not
+    # known (an export's records that do not end at its header's chain hash)
+    located: bool = True
 
 
 class LogCheck:
@@ -251,7 +255,13 @@ class LogCheck:
             return Verification(run_id, False, 0, 1, "the log does not begin with run.started")
         self._check_snapshot([], end=True)  # a snapshot past the end of the log
         s, view, last = self.row.summary, self.view, self.last
-        facts = [("status", s.status, view.status), ("last seq", s.last_seq, last.seq),
+        # the status a run's row is written with (`_journal.Journal.flush`): WAITING_APPROVAL
+        # while a gate waits, also when its fold says the executor has work (a decision
+        # recorded for a worker -- ``--detach`` -- while other gates still wait)
+        status = shown(view)[0] if view.gates else view.status
+        if s.status == view.status:  # (a row written before gates were shown so)
+            status = view.status
+        facts = [("status", s.status, status), ("last seq", s.last_seq, last.seq),
                  ("last hash", s.last_hash, last.hash), ("steps", s.steps, view.steps),
                  ("tokens", s.tokens, view.tokens)]
         for what, stored, folded in facts:

@@ -262,16 +262,30 @@ async def _account(ctx: Context, out: ChildOutcome) -> None:
     await ctx.once(f"{prefix}{out.last_seq}", charge)
 
 
-def child_gates(prefix: str, waiting: Mapping[str, Any]) -> list[JSONObject]:
+def child_gates(prefix: str, waiting: Mapping[str, Any], child: WorkflowSpec | None = None
+                ) -> list[JSONObject]:
     """The gates a child run waits at (its ``waiting.pending``: its own children's
     already named by their paths), as its parent lists them: each named by its path from
     the parent -- ``prefix`` (the node, ``node[i]`` for a map item's child, the agent node
     and tool) then the child's name for it, ``remediate/approval``,
     ``remediate/deploy[2]``, ``remediate/fix/approval`` -- and decided through the parent
-    by that path."""
+    by that path. Each says who may decide it (``approvers``, from the gate's node in
+    ``child``, the child's definition; a grandchild's gate says it already): the parent's
+    definition does not know them."""
     gates = waiting.get("pending") or [waiting]
-    return [{**{k: v for k, v in g.items() if k not in ("pending", "running")},
-             "node": f"{prefix}/{g.get('node')}"} for g in gates if isinstance(g, dict)]
+    out: list[JSONObject] = []
+    for g in gates:
+        if not isinstance(g, dict):
+            continue
+        entry = {k: v for k, v in g.items() if k not in ("pending", "running")}
+        name = str(g.get("node"))
+        if child is not None and "approvers" not in entry and "/" not in name:
+            ns = child.nodes.get(name.split("[", 1)[0])
+            if ns is not None and ns.approval is not None and ns.approval.approvers:
+                entry["approvers"] = list(ns.approval.approvers)
+        entry["node"] = f"{prefix}/{name}"
+        out.append(entry)
+    return out
 
 
 def _result(name: str, key: str, node: NodeSpec, child: WorkflowSpec,
@@ -292,7 +306,7 @@ def _result(name: str, key: str, node: NodeSpec, child: WorkflowSpec,
                              path=f"{name}/{waiting.get('node')}",
                              decisions=list(waiting.get("decisions") or ["approve", "reject"]),
                              kind=str(waiting.get("kind") or "approval"),
-                             pending=child_gates(name, waiting))
+                             pending=child_gates(name, waiting, child))
     error = out.error or {}
     etype = error.get("type")
     details = error.get("details") or {}

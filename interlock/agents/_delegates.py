@@ -149,7 +149,8 @@ class WorkflowTool:
                                  path=f"{real.node}/{self.name}/{waiting.get('node')}",
                                  decisions=list(waiting.get("decisions")
                                                 or ["approve", "reject"]),
-                                 pending=child_gates(f"{real.node}/{self.name}", waiting))
+                                 pending=child_gates(f"{real.node}/{self.name}", waiting,
+                                                    plan.spec))
         error = out.error or {}
         raise ToolWorkflowError(
             f"the workflow {plan.spec.workflow!r} (run {out.run_id}) "

@@ -34,6 +34,7 @@ class Printer:
         self.run_id = run_id
         self.streaming = False  # a reply is being printed as it streams
         self.shown = False  # the turn's reply was printed as it streamed
+        self.where = ""  # the options a printed command needs to reach the run
 
     def token(self, piece: dict[str, Any]) -> None:
         """A piece of the reply, printed as it arrives (the provider streams)."""
@@ -76,19 +77,32 @@ class Printer:
             click.echo(click.style(f"{indent}> child run {rec.get('run_id')} "
                                    f"({rec.get('workflow')})", fg="cyan"), err=True)
         elif rtype == "approval.requested" and rec.get("kind") != "message" and not child:
-            self.gate(rec.get("path") or rec.get("node"), rec.get("show"))
+            self.gate(rec.get("path") or rec.get("node"), rec.get("show"), rec)
 
-    def gate(self, where: Any, show: Any) -> None:
+    def gate(self, where: Any, show: Any, waiting: dict[str, Any] | None = None) -> None:
+        """A gate the conversation waits at (``waiting``: its record or summary, whose
+        ``kind`` says whether it is an action with an unknown outcome)."""
+        from ._gate_hints import chat_outcome_lines
+
         self._end_line()
+        notes = chat_outcome_lines(str(self.run_id), {**(waiting or {}), "node": where,
+                                                      "show": show}, self.where)
+        if notes:
+            show = notes.pop(0)
         click.echo(click.style(f"waiting for a decision at {where}: {_short(show)}",
                                fg="magenta"), err=True)
+        for line in notes:
+            click.echo(f"  {line}", err=True)
         click.echo("  /approve [COMMENT] or /reject [COMMENT]", err=True)
 
 
 class Terminal(Printer):
     def __init__(self, wf: Workflow, store_url: str | None, by: str | None) -> None:
+        from ._format import where_options
+
         super().__init__()
         self.wf, self.store_url, self.by = wf, store_url, by
+        self.where = where_options(store_url)
 
     def run(self, data: dict[str, Any], session: str | None) -> str:
         """Hold the conversation until standard input ends or it does: its status then."""
@@ -115,6 +129,9 @@ class Terminal(Printer):
             else:
                 result = await status(session, store=st)
             click.echo(f"conversation {session} ({HELP})", err=True)
+            if session is not None and result.status == "WAITING_APPROVAL" and result.waiting:
+                w = result.waiting  # a session opened at a gate: what it asks, again
+                self.gate(w.get("node"), w.get("show"), w)
             while result.status in ("WAITING_INPUT", "WAITING_APPROVAL"):
                 line = await asyncio.to_thread(sys.stdin.readline)
                 if not line:

@@ -94,8 +94,11 @@ class RemoteTerminal(Printer):
     wait for the conversation to wait again."""
 
     def __init__(self, remote: Remote, by: str | None) -> None:
+        from ._format import where_options
+
         super().__init__()
         self.remote, self.by = remote, by
+        self.where = where_options(server_url=remote.url, token=remote.token)
         self.status = "PENDING"
         self.waiting: dict[str, Any] = {}
         self.asking = False  # the run waits for this person's next line
@@ -172,7 +175,7 @@ class RemoteTerminal(Printer):
         """The run waits for the person (``replayed``: it did when the session was opened
         -- its gate is shown again)."""
         if replayed and self.status == "WAITING_APPROVAL":
-            self.gate(self.waiting.get("node"), self.waiting.get("show"))
+            self.gate(self.waiting.get("node"), self.waiting.get("show"), self.waiting)
         self.asking = True
 
     def _ended(self, rec: dict[str, Any]) -> None:

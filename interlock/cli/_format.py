@@ -26,7 +26,12 @@ _STATUS_STYLE = {
 def decision_flags(waiting: dict[str, Any], *, short: bool = False) -> list[str]:
     """The ``interlock resume`` options for each decision a waiting gate accepts: an
     approval whose ``input:`` asks for data takes ``--data``, a guarded tool call's
-    modify edits its arguments."""
+    modify edits its arguments, an unknown outcome is also approved with the outcome
+    checked by hand."""
+    if waiting.get("kind") == "unknown_outcome":  # approve runs it again; data records it
+        from ._gate_hints import data_example
+
+        return ["--approve", "--reject", f"--approve --data '{data_example(waiting)}'"]
     data = waiting.get("input") is not None and waiting.get("kind") == "approval"
     tool = waiting.get("kind") == "tool"
     patch = "PATCH_JSON [--at NODE]" if short else "'{\"field\": value}' [--at NODE]"
@@ -141,6 +146,10 @@ def _node_detail(rec: Record) -> str:
 
 def _decision_detail(rec: Record) -> str:
     """'by alice: looks fine; patch {...}; re-enter at a' for an approval.decided record."""
+    if not rec.get("by") and rec.get("decision") in ("closed", "continued"):
+        # the engine's, not a person's: a gate closed (the run ended), a child run's gate
+        # decided in the child
+        return f"({rec['comment']})" if rec.get("comment") else ""
     text = f"by {rec['by']}" if rec.get("by") else "by an anonymous decider"
     if rec.get("comment"):
         text += f": {_short(str(rec['comment']), 100)}"

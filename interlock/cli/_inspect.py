@@ -33,6 +33,15 @@ from ._format import (
     state_line,
     where_options,
 )
+from ._gate_hints import (
+    beside,
+    code_drift,
+    data_example,
+    is_unknown,
+    outcome_notes,
+    past_deadline,
+    shown,
+)
 from ._remote import Remote, server_options
 
 if TYPE_CHECKING:
@@ -130,7 +139,8 @@ def status(run_id: str, as_json: bool, store_url: str | None, server_url: str | 
     if as_json:
         click.echo(json.dumps(result.to_json(), ensure_ascii=False))
     else:
-        _print_status(result, row, store_url, where_options(store_url, server_url, token))
+        _print_status(result, row, store_url, where_options(store_url, server_url, token),
+                      remote=bool(server_url))
     # a run not finished (recorded for a worker, or being executed) has not failed: the
     # status line says which; `run` and `resume` wait for the end instead
     sys.exit(0 if result.status in ("PENDING", "RUNNING", "RETRYING")
@@ -138,7 +148,7 @@ def status(run_id: str, as_json: bool, store_url: str | None, server_url: str | 
 
 
 def _print_status(result: RunResult, row: RunRow, store_url: str | None,
-                  where: str = "") -> None:
+                  where: str = "", *, remote: bool = False) -> None:
     from rich.console import Console
     from rich.text import Text
 
@@ -159,13 +169,17 @@ def _print_status(result: RunResult, row: RunRow, store_url: str | None,
     state = state_line(result)
     if state:
         lines.append(state)
-    if result.waiting:
-        lines += _waiting_lines(result.run_id, result.waiting, where or store)
-    elif result.status in ("RUNNING", "RETRYING", "PENDING"):
-        from ..support import owner_gone
+    from ..support import owner_gone
 
-        if row.owner and row.lease_until and row.lease_until > time.time() \
-                and not owner_gone(row.owner):  # the rule `resume` takes a run over by
+    live = bool(row.owner and row.lease_until and row.lease_until > time.time()
+                and not owner_gone(row.owner))  # the rule `resume` takes a run over by
+    seen = None if remote else live  # (a server's client does not see the lease)
+    if result.code_changed:  # seen before a decision: the rest runs on the code as it is
+        lines.append(code_drift(result.code_changed))
+    if result.waiting:
+        lines += _waiting_lines(result.run_id, result.waiting, where or store, seen)
+    elif result.status in ("RUNNING", "RETRYING", "PENDING"):
+        if live:
             lines.append(f"being executed by {row.owner}")
         elif result.status == "PENDING":
             lines.append(f"pending: waiting for a worker (`interlock worker{store}` executes "
@@ -187,6 +201,14 @@ def _failed_hint(result: RunResult, store: str) -> str:
     kind = err.get("type")
     details = err.get("details") or {}
     rid = result.run_id
+    from ..support import final_failure
+
+    final = final_failure(err)
+    if final is not None:  # a resume is refused: it would fail the same way
+        return (f"this failure is final: {final}; `interlock resume` is refused. To try "
+                f"again from before it, start a new run from one of its records: "
+                f"`interlock fork {rid}{store} --at SEQ` (`interlock trace {rid}{store}` "
+                "lists them)")
     if kind == "budget_exceeded" and details.get("scope") == "node":
         return ("the node's own budget (tokens: in the workflow) is part of the definition "
                 "this run keeps: a resume would run it again under the same budget; raise it "
@@ -209,7 +231,8 @@ def _failed_hint(result: RunResult, store: str) -> str:
     return f"run the failed node again with `interlock resume {rid}{store}`"
 
 
-def _waiting_lines(run_id: str, w: dict[str, Any], store: str) -> list[str]:
+def _waiting_lines(run_id: str, w: dict[str, Any], store: str, live: bool | None = None
+                   ) -> list[str]:
     gate = w.get("node")
     since = ""
     if w.get("requested_at"):
@@ -219,7 +242,7 @@ def _waiting_lines(run_id: str, w: dict[str, Any], store: str) -> list[str]:
         left = w["deadline"] - time.time()
         due = f"in {_age(left)}" if left > 0 else f"passed {_age(-left)} ago"
         lines.append(f"deadline: {_when(w['deadline'])} ({due})")
-    show = w.get("show") or {}
+    show = shown(w)
     if show:
         lines.append("shows:")
         lines += [f"  {field_} = {_json(value)}" for field_, value in show.items()]
@@ -228,20 +251,34 @@ def _waiting_lines(run_id: str, w: dict[str, Any], store: str) -> list[str]:
     if w.get("input") is not None:
         what = "--modify's patch" if w.get("kind") == "tool" else "--data"
         lines.append(f"input ({what} must satisfy): {_json(w['input'])}")
-    lines.append("decide with:")
-    pending = [g for g in w.get("pending") or () if isinstance(g, dict)]
-    for flag in decision_flags(w):  # the gate named: a repeated command is refused
+    lines += outcome_notes(w)
+    passed = past_deadline(run_id, w, store)
+    if passed:
+        lines.append(passed)
+    else:
+        lines.append("decide with:")
+    for flag in [] if passed else decision_flags(w):  # the gate named: a repeat is refused
         lines.append(f"  interlock resume {run_id} --gate {gate} {flag} --by NAME "
                      f"[--comment TEXT]{store}")
+    pending = [g for g in w.get("pending") or () if isinstance(g, dict)]
     others = [g for g in pending if g.get("node") != gate]
     if others:
         lines.append("also waiting (each decided on its own, with --gate):")
         lines += [f"  {g.get('node')!s} ({g.get('kind')}, "
                   f"{', '.join(g.get('decisions') or [])})" for g in others]
+        for g in others:  # each unknown outcome explained, not only the oldest gate's
+            passed = past_deadline(run_id, g, store)
+            if passed:
+                lines.append(f"  {passed}")
+            notes = outcome_notes(g)
+            lines += [f"  {g.get('node')!s}: {line}" for line in notes]
+            if notes:
+                lines.append(f"  {g.get('node')!s}: decide with: interlock resume {run_id} "
+                             f"--gate {g.get('node')} "
+                             f"{' | '.join(decision_flags(g, short=True))} --by NAME{store}")
     running = w.get("running")
     if isinstance(running, list):  # the run's other branches, still at work meanwhile
-        lines.append(f"still running beside the gate: {', '.join(map(str, running)) or '-'} "
-                     "(its executor continues a decided gate's branch at once)")
+        lines.append(beside(running, run_id, store, live))
     return lines
 
 
@@ -333,8 +370,9 @@ def _print_runs(rows: list[RunRow]) -> None:
 def _print_waiting(rows: list[RunRow]) -> None:
     header = ["run id", "workflow", "gate", "waiting", "deadline", "shows"]
     now = time.time()
-    body = []
+    body, notes = [], []
     for r, w in [(row, g) for row in rows for g in _gates(row)]:
+        notes += _row_notes(r.run_id, w)
         requested = w.get("requested_at")
         deadline = w.get("deadline")
         if deadline is None:
@@ -346,13 +384,29 @@ def _print_waiting(rows: list[RunRow]) -> None:
         gate = str(w.get("node", "?"))
         if w.get("kind") == "message":  # a conversation: it waits for a message
             gate = f"message to {gate}"
+        elif is_unknown(w):  # approving it runs a destructive action again
+            gate = f"{gate} (OUTCOME UNKNOWN)"
         body.append([r.run_id, r.workflow, gate,
                      _age(now - requested) if requested else "?", due,
-                     _short(_json(w.get("show") or {}), 60)])
+                     _short(_json(shown(w)), 60)])
     _print_columns(header, body, right={3})
     click.echo("decide with: interlock resume RUN_ID --approve | --reject | --modify "
                "PATCH_JSON [--gate GATE] --by NAME (a message: interlock send RUN_ID TEXT)",
                err=True)
+    for line in notes:
+        click.echo(line, err=True)
+
+
+def _row_notes(run_id: str, w: dict[str, Any]) -> list[str]:
+    """What `runs --waiting` says under its table about a gate: an unknown outcome
+    explained, a gate past its deadline resumed instead of decided."""
+    lines = [f"  {line}" for line in outcome_notes(w)]
+    if lines:
+        lines.insert(0, f"{run_id} --gate {w.get('node')}:")
+        lines.append(f"  (interlock resume {run_id} --gate {w.get('node')} --approve | "
+                     f"--reject | --approve --data '{data_example(w)}' --by NAME)")
+    passed = past_deadline(run_id, w, "")
+    return lines + ([f"{run_id}: {passed}"] if passed else [])
 
 
 def _gates(row: RunRow) -> list[dict[str, Any]]:
@@ -435,9 +489,15 @@ def verify(run_id: str | None, path: str | None, store_url: str | None) -> None:
     if v.seq is None:  # it could not be checked at all (a keyed log, without its key)
         click.echo(f"not verified: {which}: {v.message}")
     else:
-        click.echo(f"broken: {which} at record {v.seq} of {v.records}: {v.message}")
-        click.echo("a broken log is never continued: restore the run from a backup or an "
-                   "export (`interlock verify --file` checks an export first)")
+        at = f"at record {v.seq} of {v.records}" if v.located else \
+            f"({_plural(v.records, 'record')})"
+        click.echo(f"broken: {which} {at}: {v.message}")
+        if path is not None:  # an export: the run itself may be intact in its store
+            click.echo("this export is not evidence of the run: export the run again from "
+                       f"its store once `interlock verify {v.run_id}` says ok there")
+        else:
+            click.echo("a broken log is never continued: restore the run from a backup or "
+                       "an export (`interlock verify --file` checks an export first)")
     sys.exit(EXIT_FAILED)
 
 

@@ -20,7 +20,8 @@ from ._common import (
 from ._remote import server_options
 
 
-@click.command(short_help="Move a waiting, failed or pending run onto another definition.")
+@click.command(short_help="Move a waiting, failed or pending run onto another definition.",
+               options_metavar="--to FILE [OPTIONS]")
 @click.argument("run_id")
 @click.option("--to", "path", required=True, metavar="FILE", type=click.Path(dir_okay=False),
               help="The workflow file the run moves onto (validated as `validate` does).")
@@ -37,11 +38,11 @@ from ._remote import server_options
 def migrate(run_id: str, path: str, at_node: str | None, by: str | None, comment: str | None,
             dry_run: bool, as_json: bool, store_url: str | None, server_url: str | None,
             token: str | None) -> None:
-    """Move RUN_ID onto the definition in FILE. A run keeps the definition it started
-    with; this changes it on purpose: the run must be waiting at a gate, failed, or
-    pending, and the new graph must be able to continue it -- the gate it waits at (or
-    --at NODE) exists, every state field the rest of the new graph reads is present or
-    declared, and the reducers of its fields are unchanged.
+    """Move RUN_ID onto the definition in the workflow file --to FILE names. A run keeps
+    the definition it started with; this changes it on purpose: the run must be waiting
+    at a gate, failed, or pending, and the new graph must be able to continue it -- the
+    gate it waits at (or --at NODE) exists, every state field the rest of the new graph
+    reads is present or declared, and the reducers of its fields are unchanged.
 
     Prints every difference between the two definitions, then records run.migrated
     (from_hash, to_hash, by, comment, at_node) and exits 0 -- without executing: a

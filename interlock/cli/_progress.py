@@ -7,6 +7,7 @@ import functools
 import os
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -25,6 +26,7 @@ from ._format import (
     decision_flags,
     state_line,
 )
+from ._gate_hints import is_unknown, outcome_notes, past_deadline, shown
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -44,6 +46,24 @@ class NodeStats:
     duration_ms: float = 0.0
     tokens: int = 0
     status: str = "not run"
+    # the decisions of the node's gate (an approval, a confirm: true node), per visit: a
+    # decided gate's row shows them, not "completed" -- "rejected", or for a mapped
+    # gate's items "3 approved, 2 rejected"
+    decided: dict[int, Counter[str]] = field(default_factory=dict)
+    mapped: bool = False
+
+    def decided_status(self, visit: int) -> str | None:
+        """What the row of a gate whose visit ``visit`` completed shows (None: completed
+        -- no gate, or a confirm: true node approved, whose action then ran)."""
+        counts = self.decided.get(visit)
+        if not counts or set(counts) == {"confirmed"}:
+            return None
+        words: Counter[str] = Counter()
+        for decision, n in counts.items():
+            words["approved" if decision == "confirmed" else decision] += n
+        if not self.mapped:
+            return list(words)[-1]  # (the visit's decision)
+        return ", ".join(f"{n} {d}" for d, n in sorted(words.items()))
 
 
 class Progress:
@@ -108,6 +128,8 @@ class Progress:
                         self._on_node(rec)
                     elif rec["type"] == "approval.requested":
                         self._on_waiting(rec)
+                    elif rec["type"] == "approval.decided":
+                        self._on_decided(rec)
                 except (KeyError, TypeError, AttributeError):
                     # not a record the engine writes: a changed log, which the engine
                     # refuses to continue right after this; it is not counted
@@ -128,8 +150,17 @@ class Progress:
 
     def _on_decided(self, rec: Record) -> None:
         node, decision = rec["node"], rec["decision"]
-        self.stats.setdefault(node, NodeStats()).status = decision
-        self._line(node, decision, _decision_detail(rec))
+        st = self.stats.setdefault(node, NodeStats())
+        item = rec.get("item")
+        if item is None:  # (a map item's: the row waits for the others, then counts them)
+            st.status = decision
+        if rec.get("kind") in ("approval", "confirm"):  # the node's own gate
+            mark = "confirmed" if rec["kind"] == "confirm" and decision == "approved" \
+                else decision  # (a confirmed action runs: its completion says how it went)
+            st.decided.setdefault(rec["visit"], Counter())[mark] += 1
+            st.mapped = st.mapped or item is not None
+        self._line(node if item is None else f"{node}[{item}]", decision,
+                   _decision_detail(rec))
 
     def _on_node(self, rec: Record) -> None:
         node = rec["node"]
@@ -146,8 +177,10 @@ class Progress:
         st.status = status
         if rec["type"] in ("node.started", "node.visited"):  # (visited: started, completed)
             st.visits.add(rec["visit"])
+        elif rec["type"] == "node.completed":  # a decided gate's row: its decision
+            st.status = st.decided_status(rec["visit"]) or status
         st.duration_ms += rec.get("duration_ms") or 0.0
-        self._line(node, st.status, _node_detail(rec))
+        self._line(node, status, _node_detail(rec))
 
     def _on_waiting(self, rec: Record) -> None:
         node = rec["node"]
@@ -155,7 +188,11 @@ class Progress:
         if rec.get("kind") == "message":  # a conversation, between turns
             self._line(node, "waiting", "for the next message")
             return
-        self._line(node, "waiting", "for approval: " + _short(_json(rec.get("show")), 100))
+        item = rec.get("item")
+        what = "OUTCOME UNKNOWN (approving runs it again): " if is_unknown(rec) \
+            else "for approval: "
+        self._line(node if item is None else f"{node}[{item}]", "waiting",
+                   what + _short(_json(shown(rec)), 100))
 
     def _on_edge(self, rec: Record, edge: EdgeSpec) -> None:
         expr, reason = rec.get("expr"), rec.get("reason")
@@ -293,17 +330,24 @@ def _outcome_lines(result: RunResult, where: str = "") -> list[str]:
                      f"interlock chat FILE --session {result.run_id}")
     elif result.waiting:
         w = result.waiting
-        lines.append(f"waiting for a decision at {w.get('node')!r}; shows {_json(w.get('show'))}")
+        lines.append(f"waiting for a decision at {w.get('node')!r}; shows {_json(shown(w))}")
+        lines += outcome_notes(w)
         choices = " | ".join(decision_flags(w, short=True))
         # the gate named: a repeated command (a retry, a double click) is then refused as
         # a second decision, instead of deciding whichever gate waits next
-        lines.append(f"decide with: interlock resume {result.run_id} --gate {w.get('node')} "
+        lines.append(past_deadline(result.run_id, w, where) or
+                     f"decide with: interlock resume {result.run_id} --gate {w.get('node')} "
                      f"{choices} [--by NAME] [--comment TEXT]{where}")
-        others = [str(g.get("node")) for g in w.get("pending") or ()
+        others = [str(g.get("node")) + (" (OUTCOME UNKNOWN: approving runs it AGAIN; "
+                                        "`interlock status` explains)" if is_unknown(g) else "")
+                  for g in w.get("pending") or ()
                   if isinstance(g, dict) and g.get("node") != w.get("node")]
         if others:
             lines.append(f"also waiting, each decided on its own with --gate: "
                          f"{', '.join(others)}")
+        lines += [line for g in w.get("pending") or () if isinstance(g, dict)
+                  and g.get("node") != w.get("node")
+                  for line in [past_deadline(result.run_id, g, where)] if line]
     return lines
 
 

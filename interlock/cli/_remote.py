@@ -50,6 +50,7 @@ class Remote:
             raise CliError(f"--server needs httpx: pip install 'interlock[server]' ({exc})"
                            ) from None
         self.url = url.rstrip("/")
+        self.token = token  # (a printed follow-up command says --token TOKEN)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._httpx = httpx
         self.client = httpx.Client(base_url=self.url, headers=headers, timeout=60)

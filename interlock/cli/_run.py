@@ -120,7 +120,8 @@ def _execute(wf: Workflow, data: dict[str, Any], store_url: str | None, run_id: 
                    "schema asks for (JSON); the gate's record carries it as data.")
 @click.option("--by", metavar="NAME",
               help="Who decides; recorded in the log and checked against the gate's "
-                   "approvers:. Not taken from $USER: without it the decision is anonymous.")
+                   "approvers:. Not taken from $USER: without it the decision is anonymous, which "
+                   "a gate that lists approvers: refuses.")
 @click.option("--comment", metavar="TEXT", help="A note recorded with the decision.")
 @set_option
 @click.option("--force", is_flag=True,

@@ -236,6 +236,17 @@ class ModifyInfo(BaseModel):
                                          "accepts: its known fields, a reducer field's kind")
 
 
+class OutcomeInfo(BaseModel):
+    action: str = Field(description="what ran: a tool (and its node), a node or a map item")
+    arguments: dict[str, object]
+    started_at: str = Field(description="when it started, UTC")
+    explain: list[str] = Field(description="what happened and what each decision does: "
+                               "approve runs it AGAIN, reject records it as not done")
+    data_example: dict[str, object] = Field(description="an approve with data of this shape "
+                                            "({\"result\": ...}) records the outcome checked "
+                                            "by hand, without running it again")
+
+
 class Approval(BaseModel):
     run_id: str
     workflow: str
@@ -254,6 +265,9 @@ class Approval(BaseModel):
                                          "approve's data must satisfy (approval input:)")
     modify: ModifyInfo | None = Field(default=None, description="what a modify must be; "
                                       "null when the gate does not accept modify")
+    outcome: OutcomeInfo | None = Field(default=None, description="an unknown_outcome "
+                                        "gate's action, arguments, start and what each "
+                                        "decision does; null for another gate")
 
 
 class Visit(BaseModel):

@@ -5,7 +5,9 @@ and host only, ``notify``: which ``--notify`` it is, from 1, ``attempt``, ``requ
 seq of the ``approval.requested`` it is about, and ``status`` or ``error``), so who was
 told, and when, is part of the audit trail -- and the webhook's path, query and
 credentials (for Slack, the URL *is* the credential) are never in it. A failed attempt
-(no answer, or not 2xx) is retried with exponential backoff.
+(no answer, or not 2xx) is retried with exponential backoff -- or, when the webhook
+answered 429 or 503 with a ``Retry-After`` (seconds, or an HTTP date), after that delay,
+cut to `LONGEST_WAIT` (the attempt's record says ``retry_after``).
 
 An attempt is bounded: `ATTEMPT_SECONDS` in all (connecting, sending, the answer's
 head), and the answer's body is never read. A run that has ended gets no more
@@ -34,6 +36,7 @@ import httpx
 from interlock import ClaimError, ConflictError, InterlockError, Store
 from interlock.support import TERMINAL_TYPES, append_note, trace_pages
 
+from ._deliveries import LONGEST_WAIT, retry_after
 from ._hub import Hub
 
 log = logging.getLogger("interlock.server")
@@ -41,6 +44,7 @@ log = logging.getLogger("interlock.server")
 NOTIFY_SENT = "notify.sent"
 ATTEMPT_SECONDS = 10.0  # one attempt, whole: connect, send, the answer's status
 _ENDED = frozenset(TERMINAL_TYPES.values())
+_SAYS_WHEN = frozenset({429, 503})  # the answers whose Retry-After says when to try again
 
 
 def shown(url: str) -> str:
@@ -185,7 +189,10 @@ class Notifier:
             if ok:
                 return
             if attempt < self.attempts:
-                await asyncio.sleep(self.backoff * 2 ** (attempt - 1))
+                later = outcome.get("retry_after")
+                await self.pause(min(float(later), LONGEST_WAIT)
+                                 if isinstance(later, int | float)
+                                 else self.backoff * 2 ** (attempt - 1))
         log.warning("run %s: the notification to %s failed %d times; giving up", run_id,
                     where, self.attempts)
 
@@ -196,12 +203,21 @@ class Notifier:
         try:
             async with asyncio.timeout(self.timeout):
                 async with self._client.stream("POST", url, json=message) as response:
-                    return {"status": response.status_code}, response.is_success
+                    outcome: dict[str, object] = {"status": response.status_code}
+                    wait = retry_after(response.headers.get("retry-after")) \
+                        if response.status_code in _SAYS_WHEN else None
+                    if wait is not None:
+                        outcome["retry_after"] = round(wait, 3)
+                    return outcome, response.is_success
         except TimeoutError:
             return {"error": f"no answer within {self.timeout:g}s"}, False
         except httpx.HTTPError as exc:
             text = str(exc).replace(url, shown(url))
             return {"error": f"{type(exc).__name__}: {text}"}, False
+
+    async def pause(self, seconds: float) -> None:
+        """The wait between two attempts (a test's to watch)."""
+        await asyncio.sleep(seconds)
 
     async def _ended(self, run_id: str) -> bool:
         return (await self.store.get_run(run_id)).summary.status in _ENDED

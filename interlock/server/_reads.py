@@ -23,7 +23,14 @@ import orjson
 
 import interlock
 from interlock import RunNotFound, Store, StoreError
-from interlock.support import RunRow, parse_definition, patch_schema, trace_pages
+from interlock.support import (
+    RunRow,
+    close_stranded,
+    gate_text,
+    parse_definition,
+    patch_schema,
+    trace_pages,
+)
 
 from ._hub import Hub
 
@@ -78,6 +85,7 @@ async def records_body(run_id: str, store: Store, after: int, limit: int | None
 
 
 Gates = list[dict[str, Any]]  # (``Approvals.list`` shadows the name in its class)
+Rows = list[RunRow]
 
 
 # -- the inbox ------------------------------------------------------------------------
@@ -86,6 +94,8 @@ Gates = list[dict[str, Any]]  # (``Approvals.list`` shadows the name in its clas
 class _Kept:
     seq: int  # the run's last_seq when its approval was computed
     approvals: Gates  # one per gate it waits at (several at once)
+    child: RunRow | None = None  # a child run's whole row (its options name its parent)
+    looked: int | None = None  # its parent's last_seq when it was found still wanted
 
 
 @dataclass
@@ -105,57 +115,92 @@ class Approvals:
 
     async def list(self, store: Store) -> list[dict[str, Any]]:
         rows = await store.list_page(status="WAITING_APPROVAL", limit=MAX_WAITING)
+        if await self._orphans(store, rows):  # closed by this look: listed as they are
+            rows = await store.list_page(status="WAITING_APPROVAL", limit=MAX_WAITING)
         out = []
         for row in rows:
-            kept = self.kept.get(row.run_id)
-            if kept is None or kept.seq != row.summary.last_seq:
-                kept = self.kept[row.run_id] = _Kept(row.summary.last_seq,
-                                                     await self._compute(store, row))
-                self.computed += 1
-            out.extend(kept.approvals)
+            out.extend((await self._kept(store, row)).approvals)
         if len(rows) < MAX_WAITING:  # every waiting run was listed: forget the others
             waiting = {row.run_id for row in rows}
             for run_id in [r for r in self.kept if r not in waiting]:
                 del self.kept[run_id]
         return out
 
-    async def _spec(self, store: Store, row: RunRow) -> Any:
-        spec = self.specs.get(row.definition_hash)
+    async def _orphans(self, store: Store, rows: Rows) -> set[str]:
+        """Each waiting run's approvals computed (or kept), and each waiting child whose
+        parent no longer waits through it closed (`close_stranded`: a process died
+        between the parent's record and the child's) -- looked at again only when its
+        parent has moved since."""
+        seqs = {row.run_id: row.summary.last_seq for row in rows}
+        stranded = []
+        for row in rows:
+            kept = await self._kept(store, row)
+            if kept.child is None:
+                continue
+            parent = kept.child.options["parent"]["run"]
+            seq = seqs.get(parent)
+            if seq is None:  # (not waiting: it went on, or ended)
+                try:
+                    seq = (await store.get_run(parent)).summary.last_seq
+                except RunNotFound:
+                    continue
+            if kept.looked != seq:
+                kept.looked = seq
+                stranded.append(kept.child)
+        return await close_stranded(store, stranded) if stranded else set()
+
+    async def _kept(self, store: Store, row: RunRow) -> _Kept:
+        """``row``'s approvals, as kept at its last seq or computed now."""
+        kept = self.kept.get(row.run_id)
+        if kept is None or kept.seq != row.summary.last_seq:
+            kept = self.kept[row.run_id] = await self._compute(store, row)
+            self.computed += 1
+        return kept
+
+    async def _spec(self, full: RunRow) -> Any:
+        spec = self.specs.get(full.definition_hash)
         if spec is None:
-            full = await store.get_run(row.run_id)
             spec = parse_definition(full.definition)
             if len(self.specs) >= SPECS_KEPT:
                 self.specs.pop(next(iter(self.specs)))
-            self.specs[row.definition_hash] = spec
+            self.specs[full.definition_hash] = spec
         return spec
 
-    async def _compute(self, store: Store, row: RunRow) -> Gates:
+    async def _compute(self, store: Store, row: RunRow) -> _Kept:
+        kept = _Kept(row.summary.last_seq, [])
         waiting = row.summary.waiting or {}
         if not waiting.get("node"):
-            return []
+            return kept
         try:
-            spec = await self._spec(store, row)
+            full = await store.get_run(row.run_id)  # (its options name a child's parent)
+            spec = await self._spec(full)
         except RunNotFound:
-            return []  # deleted since it was listed
+            return kept  # deleted since it was listed
+        link = full.options.get("parent")
+        if isinstance(link, dict) and isinstance(link.get("run"), str):
+            kept.child = full
         gates = waiting.get("pending") or [waiting]  # (a log from before `pending`: one)
-        out: Gates = []
         for w in gates:
             if isinstance(w, dict) and w.get("node"):
-                out.append(await self._approval(store, row, spec, w))
-        return out
+                kept.approvals.append(await self._approval(store, row, spec, w))
+        return kept
 
     async def _approval(self, store: Store, row: RunRow, spec: Any, w: dict[str, Any]
                         ) -> dict[str, Any]:
         node = w["node"]
-        ns = spec.nodes.get(node)
-        approvers = list(ns.approval.approvers) if ns is not None and ns.approval else []
+        # a child run's gate says who may decide it (its definition's, not this run's); a
+        # gate of this run's own is its node's (``deploy[2]``: a map item's, ``deploy``)
+        ns = spec.nodes.get(str(node).split("[", 1)[0])
+        approvers = list(w["approvers"]) if isinstance(w.get("approvers"), list) \
+            else list(ns.approval.approvers) if ns is not None and ns.approval \
+            and "/" not in node else []
         decisions = w.get("decisions") or []
         return {"run_id": row.run_id, "workflow": row.workflow, "node": node,
                 "show": w.get("show") or {}, "decisions": decisions,
                 "since": w.get("requested_at"), "deadline": w.get("deadline"),
                 "approvers": approvers, "kind": w.get("kind"), "input": w.get("input"),
                 "modify": await _modify(store, spec, row, w)
-                if "modify" in decisions else None}
+                if "modify" in decisions else None, "outcome": gate_text.outcome_info(w)}
 
 
 async def _modify(store: Store, spec: Any, row: RunRow, waiting: dict[str, Any]

@@ -11,8 +11,8 @@ import pytest
 
 pytest.importorskip("mcp")
 
-from interlock.mcp._local import absolute  # noqa: E402
-from interlock.mcp._tools import decide_hints  # noqa: E402
+from interlock.mcp._local import absolute
+from interlock.mcp._tools import decide_hints
 
 GATES = {"node": "legal", "pending": [{"node": "legal"}, {"node": "finance"}]}
 

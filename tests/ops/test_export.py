@@ -83,7 +83,7 @@ def edit_amount(lines: list[bytes]) -> None:
 
 
 @pytest.mark.parametrize("change, expected", [
-    (edit_amount, "a record up to this one was changed"),
+    (edit_amount, "at least one of records 1.."),
     (lambda lines: lines.__delitem__(slice(-3, -1)), "records were cut off the end"),
     (lambda lines: lines.__delitem__(3), "a record is missing or out of order"),
     (lambda lines: lines.__setitem__(0, lines[0].replace(b'"amount"', b'"AMOUNT"')
@@ -98,8 +98,27 @@ def test_a_tampered_export_is_refused(tmp_path: Path, monkeypatch: pytest.Monkey
     bad = tampered(export_to(tmp_path, run_id, store), change)
     checked = cli_run("verify", "--file", str(bad))
     assert checked.exit_code == 1, checked.output
-    assert checked.output.startswith(f"broken: {run_id} at record ")
+    assert checked.output.startswith(f"broken: {run_id} ")
     assert expected in checked.output
+    assert "restore" not in checked.output  # (advice for a store's log, not an export's)
+
+
+def test_a_changed_record_in_an_export_is_reported_as_what_is_known(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An export holds the chain hash only at its end: it cannot say which record was
+    changed, and says so, pointing to the store's log -- not at its last record."""
+    run_id, store = a_run(tmp_path, monkeypatch)
+    bad = tampered(export_to(tmp_path, run_id, store), edit_amount)
+    n = len(bad.read_bytes().strip().split(b"\n")) - 1  # (its records: after the header)
+    checked = cli_run("verify", "--file", str(bad))
+    assert checked.exit_code == 1, checked.output
+    assert checked.output.splitlines() == [
+        f"broken: {run_id} ({n} records): the records do not hash to the chain hash the "
+        f"export's first line ends with: at least one of records 1..{n} was changed (an "
+        "export keeps no hash per record to say which); compare with the store's log: "
+        f"interlock verify {run_id}",
+        "this export is not evidence of the run: export the run again from its store "
+        f"once `interlock verify {run_id}` says ok there"]
 
 
 def test_exporting_a_run_whose_stored_log_was_changed_warns_and_exits_1(
@@ -170,7 +189,7 @@ def test_an_export_holds_the_runs_children_and_verifies_them(
     (tmp_path / "bad.jsonl").write_bytes(b"\n".join(bad))
     broken = cli_run("verify", "--file", str(tmp_path / "bad.jsonl"))
     assert broken.exit_code == 1
-    assert broken.output.startswith(f"broken: {heads[1]['run_id']} at record ")
+    assert broken.output.startswith(f"broken: {heads[1]['run_id']} (")
     # the child left out: refused, naming it
     (tmp_path / "cut.jsonl").write_bytes(b"\n".join(lines[:child_at]) + b"\n")
     cut = cli_run("verify", "--file", str(tmp_path / "cut.jsonl"))

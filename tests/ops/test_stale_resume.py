@@ -31,8 +31,8 @@ def test_a_decision_racing_another_between_read_and_claim(tmp_path: Path) -> Non
             # another process decides the same gate between our read and our claim: the
             # decision offered first (ours: a decision is offered before the claim) wins,
             # the other is refused and records nothing
-            with pytest.raises(interlock.UsageError, match=r"decided already \(reject by "
-                               r"bob\); exactly one decision per gate wins"):
+            with pytest.raises(interlock.UsageError, match=r"decided already: rejected by "
+                               r"bob at .* UTC; exactly one decision per gate wins"):
                 await wf.resume(run_id, interlock.approve(by="alice"), store=url)
             await claim(*args, **kw)
 

@@ -24,7 +24,7 @@ from test_server import Served, events, wait_status
 
 import interlock
 from interlock._store import MemoryStore
-from interlock.support import RunRow, node_visits, parse_definition, patch_schema
+from interlock.support import RunRow, gate_text, node_visits, parse_definition, patch_schema
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
@@ -150,7 +150,8 @@ async def approvals_by_folding(store: str) -> list[dict[str, Any]]:
                     "since": w.get("requested_at"), "deadline": w.get("deadline"),
                     "approvers": list(ns.approval.approvers)
                     if ns is not None and ns.approval else [],
-                    "kind": w.get("kind"), "input": w.get("input"), "modify": modify})
+                    "kind": w.get("kind"), "input": w.get("input"), "modify": modify,
+                    "outcome": gate_text.outcome_info(w)})
     return out
 
 

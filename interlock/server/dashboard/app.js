@@ -777,6 +777,8 @@ function approvalCard(gate, me = null) {
   const out = h("div", { class: "result", "aria-live": "polite" });
   const comment = h("textarea", { class: "comment", rows: 2, placeholder: "comment (optional)", "aria-label": "comment" });
   const data = gate.input ? h("textarea", { class: "data", rows: 3, placeholder: `data (JSON) for ${short(gate.input, 200)}`, "aria-label": "data" }) : null;
+  // an unknown outcome: approve runs the action AGAIN, or records the outcome checked by hand
+  const outcome = gate.outcome ? outcomeField(gate.outcome) : null;
   const patch = gate.modify ? h("textarea", { class: "patch", rows: 3, placeholder: '{"field": "new value"}', "aria-label": "patch" }) : null;
   const at = gate.modify && gate.modify.at.length > 1
     ? h("select", { class: "at", "aria-label": "re-enter at" }, gate.modify.at.map((n) => h("option", { value: n }, n))) : null;
@@ -793,6 +795,10 @@ function approvalCard(gate, me = null) {
       }
       body.patch = checked.value;
       if (at) body.at = at.value;
+    } else if (outcome && outcome.field.value.trim()) {
+      const checked = outcome.check(decision);
+      problems.push(...checked.problems);
+      body.data = checked.value;
     } else if (data && !data.value.trim() && decision === "approve") {
       problems.push(`this gate asks for data with an approval: JSON that satisfies ${short(gate.input, 300)}`);
     } else if (data && data.value.trim()) {
@@ -818,7 +824,7 @@ function approvalCard(gate, me = null) {
   };
   const allowed = mayDecide(me);
   for (const d of allowed ? gate.decisions : []) {
-    buttons.push(h("button", { type: "button", class: `decide decide-${d}`, "data-decision": d, onclick: () => send(d) }, d));
+    buttons.push(h("button", { type: "button", class: `decide decide-${d}`, "data-decision": d, onclick: () => send(d) }, outcome ? outcome.label(d) : d));
   }
   if (!allowed) {
     buttons.push(h("p", { class: "muted not-allowed" }, `${me.name} (${me.roles.join(", ")}) may not decide: an approver or an admin decides this gate`));
@@ -827,13 +833,45 @@ function approvalCard(gate, me = null) {
     h("h3", {}, link(runHref(gate.run_id), gate.run_id), ` · ${gate.workflow} · `, h("code", {}, gate.node), ` (${gate.kind || "approval"})`),
     h("p", { class: "muted" }, [`waiting since ${when(gate.since)}`, gate.deadline ? `deadline ${when(gate.deadline)}` : null,
       gate.approvers.length ? `approvers: ${gate.approvers.join(", ")}` : "any approver"].filter(Boolean).join(" · ")),
-    Object.keys(gate.show).length ? h("dl", { class: "show" }, Object.entries(gate.show).map(([k, v]) => [h("dt", {}, k), h("dd", {}, h("pre", {}, json(v)))])) : null,
+    Object.keys(gate.show).length ? h("dl", { class: "show" }, Object.entries(gate.outcome ? { ...gate.show, started_at: gate.outcome.started_at } : gate.show).map(([k, v]) => [h("dt", {}, k), h("dd", {}, h("pre", {}, json(v)))])) : null,
+    outcome ? outcome.note : null,
     allowed ? comment : null,
+    allowed && outcome ? h("label", {}, "the outcome checked by hand (approve records it, without running the action again) ", outcome.field) : null,
     allowed && data ? h("label", {}, "data for the gate's input schema ", data) : null,
     allowed && patch ? h("label", {}, "modify: the state fields to replace ", patch, at ? [" re-enter at ", at] : null) : null,
     h("div", { class: "buttons" }, buttons),
     out);
   return card;
+}
+
+/** An ``unknown_outcome`` gate's part of its card (``info``: the approval row's
+ * ``outcome``): a note saying the process died while the action ran, when it started,
+ * its arguments and what each decision does; a field for the outcome checked by hand
+ * (``{"result": ...}``), which an approve records instead of running the action again;
+ * the buttons' labels, which say so as the field is filled in. */
+function outcomeField(info) {
+  const field = h("textarea", { class: "data outcome-data", rows: 2, placeholder: json(info.data_example), "aria-label": "outcome checked by hand" });
+  const labels = [];
+  const label = (d) => {
+    const text = () => (d !== "approve" ? (d === "reject" ? "reject: it was not done" : d)
+      : field.value.trim() ? "approve: record this outcome" : "approve: run it AGAIN");
+    const span = h("span", {}, text());
+    labels.push(() => { span.textContent = text(); });
+    return span;
+  };
+  field.addEventListener("input", () => labels.forEach((f) => f()));
+  const check = (decision) => {
+    if (decision !== "approve") return { value: undefined, problems: ["the outcome checked by hand goes with approve; reject records the action as not done: empty the field"] };
+    const checked = checkJson(field.value, { type: "object", required: ["result"] }, "the outcome");
+    if (checked.problems.length || Object.keys(checked.value).length !== 1) {
+      checked.problems.push(`the outcome checked by hand is {"result": ...} alone, e.g. ${json(info.data_example)}`);
+    }
+    return checked;
+  };
+  const note = h("div", { class: "outcome-unknown", role: "note" },
+    h("strong", {}, `Outcome unknown: ${info.action}, started ${info.started_at}`),
+    h("ul", {}, info.explain.map((line) => h("li", {}, line))));
+  return { field, label, check, note };
 }
 
 /** Keep ``box`` showing one decision card per gate of ``gates`` (objects of

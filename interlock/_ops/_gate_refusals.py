@@ -1,0 +1,151 @@
+"""Why a decision that names its gate (``resume --gate NODE``, the API's ``node``) finds
+no gate waiting there, in words a person can act on:
+
+    a wrong name        the gates that wait, and a "did you mean" (the nearest name)
+    a gate decided      who decided it, how, when and where ("decided already: approved
+                        by bob at 2026-12-05 04:12:03 UTC via api"), from its record
+    a node, not a gate  what it is: not a gate, or a gate the run has not reached
+
+Either refusal is a `GateNotWaiting` (exit 2; a server answers 409), raised before
+anything is offered or recorded.
+"""
+
+from __future__ import annotations
+
+import difflib
+from datetime import UTC, datetime
+from typing import Any
+
+from .. import _log as L
+from .._engine._approvals import GateNotWaiting
+from .._engine._gates import entries, gate_name
+from .._engine._view import Gate
+from .._store import Store
+from ._load import Loaded, load_run
+from ._verify import ChildLinks
+
+
+async def check_named(st: Store, run_id: str, loaded: Loaded, name: str,
+                      above: str = "") -> None:
+    """Refuse a decision for the gate ``name`` of run ``run_id`` (as ``loaded``) when no
+    gate of the run waits under that name: `GateNotWaiting`, saying who decided it
+    already, or which gates wait and which name was meant. A name that waits -- a gate
+    of the run's, or a path into a child run it waits through -- passes. ``above``: for
+    a child run's gate decided through its parent, the path down to it (``remediate/``),
+    which the names in the refusal start with, as the parent's ``--gate`` takes them."""
+    view = loaded.view
+    pending = view.pending_gates()
+    if _waits(pending, name):
+        return
+    waiting = sorted({above + str(e.get("node")) for g in pending for e in entries(g)})
+    status, shown = view.status, above + name
+    which = "child run" if above else "run"
+    run = f"{which} {run_id!r}"
+    still = (f"; still waiting: {', '.join(waiting)}" if waiting
+             else f"; nothing else waits for a decision (the {which} is {status})")
+    if "/" in name:  # a child run's gate: the child says, if this run still links to it
+        await _check_child(st, loaded, name, above)
+    found = await last_decided(st, run_id, name)
+    if found is not None:
+        raise GateNotWaiting(f"the decision is refused: gate {shown!r} of {run} was "
+                             f"decided already: {decided_text(found)}; exactly one decision "
+                             f"per gate wins{still}")
+    gates = [above + n for n, ns in loaded.spec.nodes.items()
+             if (ns.approval is not None or ns.confirm) and n != name.split("[", 1)[0]]
+    meant = difflib.get_close_matches(shown, waiting, n=1) or \
+        difflib.get_close_matches(shown, gates, n=1)
+    hint = f" Did you mean {meant[0]!r}?" if meant else ""
+    listed = (f" Waiting: {', '.join(waiting)} (decide one with --gate NAME)." if waiting
+              else f" Nothing waits for a decision: the {which} is {status}.")
+    raise GateNotWaiting(f"the decision is refused: no gate of {run} waits at {shown!r}: "
+                         f"{_what(loaded, name)}.{hint}{listed}")
+
+
+async def _check_child(st: Store, loaded: Loaded, name: str, above: str) -> None:
+    """`check_named` in the last child run the node ``name`` starts with (``NODE/...``,
+    ``NODE[i]/...``) started -- its gate decided there, or never there."""
+    top, rest = name.split("/", 1)
+    node, _, item = top.partition("[")
+    links, child = ChildLinks(loaded.row), None
+    async for page in st.iter_entries(loaded.row.run_id):
+        for entry in page:
+            if entry.type == L.CHILD_STARTED:
+                rec = entry.record()
+                linked = await links.follow(st, rec)
+                if linked is not None and rec.get("node") == node and \
+                        str(rec.get("item")) == (item.rstrip("]") or "None"):
+                    child = linked
+    if child is not None:
+        await check_named(st, child, await load_run(st, child), rest, f"{above}{top}/")
+
+
+def _waits(pending: list[Gate], name: str) -> bool:
+    """Whether ``name`` may name a waiting gate as `_approvals.decide` and
+    `_children._child_gate` look it up: its node, ``NODE[i]``, or a path into a child
+    run the run waits through (which the child checks in turn)."""
+    for gate in pending:
+        if name == gate_name(gate):
+            return True
+        if gate.kind == "workflow":  # (a map item's child: NODE[i]/..., never NODE alone)
+            top = gate.node if gate.item is None else f"{gate.node}[{gate.item}]"
+            if name == top or name.startswith(top + "/"):
+                return True
+        elif name == gate.node:
+            return True
+    return False
+
+
+def _what(loaded: Loaded, name: str) -> str:
+    """What ``name`` is in the run's workflow, for a decision it cannot take."""
+    spec = loaded.spec
+    node = name.split("[", 1)[0].split("/", 1)[0]
+    ns = spec.nodes.get(node)
+    if ns is None:
+        return f"workflow {spec.workflow!r} has no node {node!r}"
+    if "/" in name:
+        return f"{node!r} waits for no child run now"
+    if ns.workflow is not None:
+        return (f"{node!r} is a sub-workflow node: name its child run's gate by its path "
+                f"from here ({node}/GATE; {node}[i]/GATE for a map item's child)")
+    if ns.approval is not None or ns.confirm:
+        asked = f"for {name!r}" if name != node else "in this run"
+        return f"{node!r} is a gate that has asked for no decision {asked}"
+    return f"{node!r} is not a gate (neither an approval: node nor a confirm: true node)"
+
+
+async def last_decided(st: Store, run_id: str, name: str) -> dict[str, Any] | None:
+    """The last ``approval.decided`` record of the gate ``name`` (a node, or ``NODE[i]``
+    for a map item's) in run ``run_id``'s log, or None if it was never decided."""
+    found = None
+    async for page in st.iter_entries(run_id):
+        for entry in page:
+            if entry.type != L.APPROVAL_DECIDED:
+                continue
+            rec = entry.record()
+            item = rec.get("item")
+            named = rec.get("node") if item is None else f"{rec.get('node')}[{item}]"
+            if named == name and rec.get("kind") != "workflow":
+                found = rec
+    return found
+
+
+def decided_text(rec: dict[str, Any]) -> str:
+    """'approved by bob at 2026-12-05 04:12:03 UTC via api' for a decision's record (an
+    ``approval.decided``, or a decision offered: ``offered_at`` its time)."""
+    decision = str(rec.get("decision"))
+    decision = {"approve": "approved", "reject": "rejected", "modify": "modified"}.get(
+        decision, decision)
+    at = rec.get("offered_at") if "offered_at" in rec else rec.get("at")  # (an offer's
+    # ``at`` is a modify's re-entry node)
+    when = f" at {utc(at)}" if isinstance(at, int | float) else ""
+    via = f" via {rec['via']}" if rec.get("via") else ""
+    if decision == "closed":  # the engine closed it: its comment says why
+        return f"closed{when} ({rec.get('comment') or 'the run ended'})"
+    who = rec.get("by") or "an anonymous decider (no --by)"
+    deadline = " (its deadline passed)" if rec.get("timed_out") else ""
+    return f"{decision} by {who}{when}{via}{deadline}"
+
+
+def utc(ts: float) -> str:
+    """A record's time as people read it: '2026-12-05 04:12:03 UTC'."""
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
