@@ -82,6 +82,13 @@ ENGINE_NAMESPACES = frozenset({"run", "node", "edge", "effect", "approval", "sta
 # with, whatever the version that continues it. docs/design.md, "The log".
 FORMAT = 2
 
+
+def format_field() -> dict[str, int]:
+    """What a new run's ``run.started`` says of its log's format: ``format`` from format 2
+    on (`FORMAT`); nothing for format 1 (a log without it is format 1)."""
+    return {"format": FORMAT} if FORMAT > 1 else {}
+
+
 # the one record that may follow a run's final record: a server's note that it told a
 # chat (posted, updated or answered) -- the update after the click that ended the run
 # comes after the end, and so do a failed delivery's retries; it changes nothing in the

@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import functools
 from collections import deque
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
 from .. import _log as L
 from .._definition._model import ERROR_FIELD
-from .._definition._plan import PlanNode
+from .._definition._plan import PlanEdge, PlanNode
 from .._definition._state import merge_update
 from .._errors import InternalError
 from ._flow import Due
@@ -282,8 +283,7 @@ class RunView(ViewData):
             self.map_items.setdefault(taken[0], deque()).append(rec.get("value") or [])
         # last: delivering may make nodes ready and settle joins (new dues), which must
         # see the route bookkeeping above already done
-        self.flow.decided(e, source, taken)
-        _otherwise(self, index, source, not taken_here)  # (format 2: those it implies)
+        _decided(self, e, source, taken, taken_here)  # (format 2: and what it implies)
 
     def _on_run_forked(self, rec: L.Record) -> None:
         self.parent = (rec["parent_run"], rec["parent_seq"])
@@ -391,6 +391,14 @@ def _completed(view: RunView, pn: PlanNode, rec: L.Record) -> None:
     for e in pn.out:
         takes[e.index] += 1
         flow.decided(e, node, e.targets)
+
+
+def _decided(view: RunView, e: PlanEdge, source: str, taken: Collection[str],
+             taken_here: bool) -> None:
+    """The flow machine told of edge ``e``'s decision (its targets ``taken``); then, in
+    format 2, what its record implies (`_otherwise`)."""
+    view.flow.decided(e, source, taken)
+    _otherwise(view, e.index, source, not taken_here)
 
 
 def _otherwise(view: RunView, index: int, source: str, taken: bool) -> None:

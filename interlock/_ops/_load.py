@@ -10,7 +10,7 @@ import hashlib
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from .. import _log as L
 from .._definition._model import WorkflowSpec
@@ -19,7 +19,7 @@ from .._definition._spec import parse
 from .._engine import _snapshot as snapshots
 from .._engine._expand import Expander
 from .._engine._fold import RunResult, RunView, result_of
-from .._errors import InterlockError, LogError, UsageError
+from .._errors import InterlockError, LogError, UsageError, WorkflowError
 from .._json import JSONObject
 from .._plugins._compile import compile_spec, reading_plan
 from .._store import RunRow, Store, acquire_store, release_store
@@ -256,6 +256,19 @@ def _check_log(row: RunRow, entries: list[L.Entry], start: int, start_hash: str,
                        run_id=run_id)
 
 
+async def load_resumable(st: Store, run_id: str, workflow: Functions | None) -> Loaded:
+    """`load_run` of a run to continue; one whose code no longer loads and that ended
+    long ago (it may name functions renamed since) is refused as an ended run."""
+    try:
+        return await load_run(st, run_id, workflow=workflow, executable=True)
+    except WorkflowError:
+        status = (await st.get_run(run_id)).summary.status
+        if status in ("COMPLETED", "REJECTED", "CANCELLED"):
+            raise UsageError(f"run {run_id!r} is {status}; only a failed, interrupted or "
+                             "waiting run can be resumed") from None
+        raise
+
+
 async def status(run_id: str, *, store: str | Store | None = None) -> RunResult:
     """The run as its log tells it (with the nodes still to run whose code changed)."""
     st, owned = open_store_arg(store)
@@ -317,6 +330,17 @@ async def expander(st: Store, row: RunRow, after: int = 0) -> Expander | None:
     exp.format = seen.format
     exp.plan = next(p for at, p in reversed(seen.plans) if at <= after)
     return exp
+
+
+def imply(row: RunRow, exp: Expander, records: list[dict[str, Any]]) -> None:
+    """Log format 2: what each of a page of the run's ``records`` (in log order) implies,
+    in its ``implies`` (`_engine._expand`); the next page's reader starts after them."""
+    for rec in records:
+        implied = exp(rec)[1:]
+        if implied:
+            rec["implies"] = implied
+    if records:
+        read_to(row, exp, records[-1]["seq"])
 
 
 def read_to(row: RunRow, exp: Expander, seq: int) -> None:

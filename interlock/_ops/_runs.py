@@ -19,15 +19,7 @@ from .._definition._model import WorkflowSpec, check_limits
 from .._engine._fold import RunResult, RunView, result_of
 from .._engine._journal import Journal
 from .._engine._view import gate_key
-from .._errors import (
-    ClaimError,
-    ClaimLost,
-    ConflictError,
-    LogError,
-    RunNotFound,
-    UsageError,
-    WorkflowError,
-)
+from .._errors import ClaimError, ClaimLost, ConflictError, LogError, RunNotFound, UsageError
 from .._store import RunRow, Store, Summary, release_store
 from ._children import (
     _child_gate,
@@ -52,9 +44,10 @@ from ._load import (
     Functions,
     Loaded,
     expander,
+    imply,
+    load_resumable,
     load_run,
     open_store_arg,
-    read_to,
 )
 from ._orphans import close_stranded
 from ._outcomes import unknown_outcomes
@@ -310,14 +303,7 @@ async def _resume(st: Store, run_id: str, decision: Decision | None, *,
                   workflow: Functions | None, config: Mapping[str, Any] | None,
                   limits: Mapping[str, Any] | None, force: bool = False,
                   listener: Listener | None, detach: bool) -> RunResult:
-    try:
-        loaded = await load_run(st, run_id, workflow=workflow, executable=True)
-    except WorkflowError:  # its code does not load: a run that ended long ago may name
-        status = (await st.get_run(run_id)).summary.status  # functions renamed since
-        if status in ("COMPLETED", "REJECTED", "CANCELLED"):
-            raise UsageError(f"run {run_id!r} is {status}; only a failed, interrupted or "
-                             "waiting run can be resumed") from None
-        raise
+    loaded = await load_resumable(st, run_id, workflow)
     view = loaded.view
     fields = _overrides(config, limits)
     first: list[tuple[str, dict[str, Any]]] = []
@@ -482,13 +468,8 @@ async def _trace_pages(st: Store, run_id: str, page: int, after: int, above: tup
     expand = await expander(st, row, after)
     async for entries in st.iter_entries(run_id, after=after, page=page):
         records = [trace_record(run_id, entry) for entry in entries]
-        if expand is not None:  # log format 2: what each implies, in ``implies`` (`_expand`)
-            for rec in records:
-                implied = expand(rec)[1:]
-                if implied:
-                    rec["implies"] = implied
-            if records:
-                read_to(row, expand, records[-1]["seq"])  # (the next page's reader starts there)
+        if expand is not None:  # log format 2: what each implies, in ``implies``
+            imply(row, expand, records)
         for rec in records:  # a child run's records, nested under its start
             child = await links.follow(st, rec)
             if child is not None:
