@@ -1,14 +1,16 @@
 """What the ``NOTIFY`` of an append costs on the PostgreSQL store (issue 34: the
-notification each append makes for the server's event streams must not make durable
-steps slower than noise).
+notification an append makes for the server's event streams must not make durable
+steps slower than noise), and what notifying only while a listener has announced itself
+saves (nobody listens here).
 
     python bench/pg_append.py [--rounds 20] [--appends 50] [--seconds 12]
 
 Needs $INTERLOCK_TEST_POSTGRES (a fresh schema is made; measure on a server with its
 durable defaults too: ``INTERLOCK_PG_DURABLE=1 source .ci/postgres.sh``). The store's
-append statements are used as they are (``notify``) and with their ``pg_notify`` taken
-out (``none``: what they were before), *interleaved* in one process -- round after
-round, A then B -- so that the machine's noise falls on both alike:
+append statements are used as they are (``gated``: they read whether a listener has
+announced itself, and nobody has, so they notify nothing) and notifying every append
+(``notify``: what they did before), *interleaved* in one process -- round after round,
+A then B -- so that the machine's noise falls on both alike:
 
 - ``lone append``: one run, appends of two records one after the other from one task
   (each its own transaction: a lone durable step's commit), ``--appends`` per round and
@@ -41,14 +43,13 @@ import interlock
 from interlock._log import LogWriter
 from interlock._store import RunRow, Summary, _postgres_sql, _postgres_writes
 
+_ALWAYS = _postgres_sql._NOTIFY.replace(_postgres_sql._LISTENED, "true")
 VARIANTS = {
-    "notify": (_postgres_sql._APPEND, _postgres_sql._APPEND_MANY),
-    "none": (_postgres_sql._APPEND.replace(f"(SELECT {_postgres_sql._NOTIFY} FROM upd", "(SELECT "
-                                           "NULL FROM upd"),
-             _postgres_sql._APPEND_MANY.replace(f"(SELECT {_postgres_sql._NOTIFY} FROM upd",
-                                                "(SELECT NULL FROM upd")),
+    "gated": (_postgres_sql._APPEND, _postgres_sql._APPEND_MANY),
+    "notify": (_postgres_sql._APPEND.replace(_postgres_sql._NOTIFY, _ALWAYS),
+               _postgres_sql._APPEND_MANY.replace(_postgres_sql._NOTIFY, _ALWAYS)),
 }
-assert all("pg_notify" not in sql for sql in VARIANTS["none"])
+assert all("interlock_listening" not in sql for sql in VARIANTS["notify"])
 SLOT = 0.5  # seconds of the clock per variant in the two-process case
 
 
@@ -86,14 +87,14 @@ class Appender:
 
 
 async def _lone(url: str, rounds: int, appends: int) -> dict[str, list[float]]:
-    out: dict[str, list[float]] = {"notify": [], "none": []}
+    out: dict[str, list[float]] = {"notify": [], "gated": []}
     async with interlock.open_store(url) as st:
         app = Appender(st)
         await app.start()
         for _ in range(20):
             await app.once()  # warm-up
         for _ in range(rounds):
-            for variant in ("none", "notify"):
+            for variant in ("gated", "notify"):
                 _use(variant)
                 out[variant].append(statistics.median(
                     [await app.once() for _ in range(appends)]) * 1e6)
@@ -110,11 +111,11 @@ async def _chain(url: str, root: Path, rounds: int) -> dict[str, list[float]]:
                                   f"  - {{from: n{n - 1}, to: END}}\n")
     sys.path.insert(0, str(root))
     wf = interlock.load(root / "pa.yaml")
-    out: dict[str, list[float]] = {"notify": [], "none": []}
+    out: dict[str, list[float]] = {"notify": [], "gated": []}
     async with interlock.open_store(url) as st:
         await wf.run({}, store=st)  # warm-up
         for _ in range(rounds):
-            for variant in ("none", "notify"):
+            for variant in ("gated", "notify"):
                 _use(variant)
                 t0 = time.perf_counter()
                 await wf.run({}, store=st)
@@ -123,13 +124,13 @@ async def _chain(url: str, root: Path, rounds: int) -> dict[str, list[float]]:
 
 
 async def _slots(url: str, seconds: float) -> dict[str, int]:
-    done = {"notify": 0, "none": 0}
+    done = {"notify": 0, "gated": 0}
     async with interlock.open_store(url) as st:
         app = Appender(st)
         await app.start()
         end = time.time() + seconds
         while (now := time.time()) < end:
-            variant = "none" if int(now / SLOT) % 2 else "notify"
+            variant = "gated" if int(now / SLOT) % 2 else "notify"
             _use(variant)
             await app.once()
             done[variant] += 1  # (counted where it began)
@@ -141,11 +142,11 @@ def _process(url: str, seconds: float, out: multiprocessing.Queue[dict[str, int]
 
 
 def _report(name: str, got: dict[str, list[float]], unit: str) -> None:
-    diffs = [b - a for a, b in zip(got["none"], got["notify"], strict=True)]
-    print(f"{name}: none median {statistics.median(got['none']):.0f} {unit}, "
+    diffs = [b - a for a, b in zip(got["gated"], got["notify"], strict=True)]
+    print(f"{name}: gated median {statistics.median(got['gated']):.0f} {unit}, "
           f"notify median {statistics.median(got['notify']):.0f} {unit}; per round, notify "
-          f"- none: median {statistics.median(diffs):+.0f} {unit} "
-          f"(rounds {len(diffs)}, min {min(got['none']):.0f} / {min(got['notify']):.0f})")
+          f"- gated: median {statistics.median(diffs):+.0f} {unit} "
+          f"(rounds {len(diffs)}, min {min(got['gated']):.0f} / {min(got['notify']):.0f})")
 
 
 def main() -> None:
@@ -166,8 +167,8 @@ def main() -> None:
     counts = [queue.get() for _ in procs]
     for p in procs:
         p.join()
-    rate = {v: sum(c[v] for c in counts) / (args.seconds / 2) for v in ("none", "notify")}
-    print(f"two processes: none {rate['none']:.0f} appends/s, notify {rate['notify']:.0f} "
+    rate = {v: sum(c[v] for c in counts) / (args.seconds / 2) for v in ("gated", "notify")}
+    print(f"two processes: gated {rate['gated']:.0f} appends/s, notify {rate['notify']:.0f} "
           f"appends/s ({args.seconds:.0f} s, variants alternating every {SLOT} s)")
 
 

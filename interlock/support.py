@@ -69,6 +69,14 @@ Limits
     `RUN_ID_PATTERN` (the run ids a person or a tool may choose), `NotAnApprover` (a
     decision refused by ``approvers:``).
 
+Hints
+    `decide_hint` (how to decide a waiting gate, one line: ``interlock resume RUN --gate
+    GATE --approve (or --reject)``), `decide_command` (one decision's command),
+    `decision_flags` (the ``resume`` options of each decision a gate accepts): the
+    commands every tool prints for a person to copy. `MessageRefused` (a message to a
+    conversation that does not wait for one: its ``status`` and ``waiting``) and
+    `message_refusal` (why, with the command that goes on, carrying a tool's options).
+
 Conversations
     `TOKEN_SINK` (a context variable: where a conversation's reply goes as the provider
     streams it, ``sink({"run_id", "node", "turn", "text"})``; ``interlock chat`` and a
@@ -103,6 +111,7 @@ from ._engine import _guards
 from ._engine._approvals import GateNotWaiting, NotAnApprover, approvers_refuse, patch_schema
 from ._engine._fold import RunView
 from ._errors import Draining
+from ._hints import decide_command, decide_hint, decision_flags
 from ._log import TERMINAL_TYPES, Entry, Record
 from ._observe._coverage import workflows_in
 from ._observe._metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -112,6 +121,8 @@ from ._ops._export import export as export_run
 from ._ops._export import verify_export
 from ._ops._final import final_failure
 from ._ops._load import TRACE_PAGE, load_run
+from ._ops._messages import MessageRefused
+from ._ops._messages import refusal as message_refusal
 from ._ops._migrate import Migration, MigrationRefused
 from ._ops._migrate import migrate as migrate_run
 from ._ops._orphans import close_stranded
@@ -187,6 +198,7 @@ __all__ = [
     "GateTaken",
     "LeaseRenewer",
     "LogCheck",
+    "MessageRefused",
     "Metrics",
     "Migration",
     "MigrationRefused",
@@ -204,7 +216,10 @@ __all__ = [
     "append_note",
     "approvers_refuse",
     "close_stranded",
+    "decide_command",
     "decide_gate",
+    "decide_hint",
+    "decision_flags",
     "describe_trigger",
     "executing_node",
     "export_run",
@@ -214,6 +229,7 @@ __all__ = [
     "load_run",
     "load_spec",
     "load_workflows",
+    "message_refusal",
     "migrate_run",
     "node_visits",
     "not_json_at",

@@ -223,6 +223,7 @@ CLAIMS: dict[str, Evidence] = {
     "every 10 ms for 0.25 s": Value("interlock._store._sqlite_watch", "BURST", 0.25),
     "retried from 0.1 s": Value("interlock._store._postgres_listen", "RETRY", 0.1),
     "doubling up to 5 s": Value("interlock._store._postgres_listen", "RETRY_MAX", 5.0),
+    "halves of at least 16 writes": Value("interlock._store._postgres_writes", "SPLIT", 16),
     # the module table
     "YAML 1.2": ByTest("tests/definition/test_validate.py::"
                        "test_yaml_1_2_keeps_yes_and_on_as_strings"),

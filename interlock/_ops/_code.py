@@ -126,7 +126,8 @@ async def check_code(store: Store, run_id: str, plan: Plan, view: RunView
             f"{'was migrated' if view.migration is not None else 'started'}; "
             "--strict-code refuses to continue it (nothing was recorded). Deploy the code "
             "it started with, move it onto the new code with `interlock migrate "
-            f"{run_id} --to FILE`, or continue without --strict-code to accept the change",
+            f"{run_id} --to FILE` (the run's own file, unchanged, records the new code), "
+            "or continue without --strict-code to accept the change",
             run_id, changed)
     log.warning("run %s: the code of %s changed since the run %s; it continues on the "
                 "code as it is now (run.code_changed recorded; --strict-code refuses)",

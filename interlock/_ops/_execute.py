@@ -445,8 +445,7 @@ def start_defaults(spec: WorkflowSpec, data: Mapping[str, object]) -> dict[str, 
         given = data.get(name)
         if name not in data or (given is None and spec.state[name].reducer != "replace"):
             out[name] = value
-    # each value as the log holds it; the fields in declaration order (as a live run's
-    # state has them)
+    # each value as the log holds it, in declaration order (as a live run's state has)
     return {name: L.to_json_value(value) for name, value in out.items()}
 
 
@@ -461,8 +460,7 @@ class _Children:
 
     def __init__(self, store: Store, run_id: str, view: RunView,
                  listener: Listener | None = None) -> None:
-        self.store, self.run_id, self.view = store, run_id, view
-        self.listener = listener
+        self.store, self.run_id, self.view, self.listener = store, run_id, view, listener
 
     async def run(self, ctx: Any, request: ChildRequest) -> ChildOutcome:
         st, rid = self.store, request.run_id
@@ -475,11 +473,10 @@ class _Children:
             spec = request.plan.spec
             limits, inherited = self._limits(
                 {"steps": DEFAULT_STEPS, **spec.limits.model_dump(exclude_none=True)})
-            definition = request.definition
             # the parent's log names its child (the child's run.started names its parent)
             await ctx._engine_log(L.CHILD_STARTED, {"run_id": rid, "workflow": spec.workflow})
-            result = await start(request.plan, st, rid, definition=definition,
-                                 definition_hash=definition_hash(definition),
+            result = await start(request.plan, st, rid, definition=request.definition,
+                                 definition_hash=definition_hash(request.definition),
                                  input=L.to_json_value(request.input()),
                                  config=L.to_json_value(dict(spec.config)), limits=limits,
                                  options={"config": {}, "limits": {}, "parent": request.link,
@@ -507,6 +504,9 @@ class _Children:
                 out[name] = left
                 inherited.append(name)
         return out, inherited
+
+    def steps(self) -> tuple[int, int | None]:
+        return self.view.steps, self.view.limits.get("steps")
 
     async def search_messages(self, query: str, limit: int) -> list[Any]:
         return await self.store.search_messages(self.view.plan.spec.workflow, query,

@@ -12,15 +12,19 @@ waiting for one is refused before anything is recorded; of two sent at once, one
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from .. import _log as L
 from .._definition._bounds import check_data
+from .._definition._model import WorkflowSpec
 from .._engine import _records as R
 from .._engine._fold import RunResult, RunView
 from .._engine._view import Gate
 from .._errors import UsageError
+from .._hints import decide_hint, shell_word
 from .._store import Store, release_store
+from ..agents._chat import END_COMMAND
 from ._execute import Listener, _traced, drive
 from ._load import Functions, load_run, open_store_arg
 
@@ -30,29 +34,55 @@ MAX_MESSAGE_CHARS = 100_000
 
 
 class MessageRefused(UsageError):
-    """A message to a run that is not waiting for one (exit 2, HTTP 409)."""
+    """A message to a run that is not waiting for one (exit 2, HTTP 409). ``status`` and
+    ``waiting``: the run's, for a tool that says it again with its own options
+    (`refusal`)."""
+
+    def __init__(self, message: str, status: str | None = None,
+                 waiting: Mapping[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.waiting = status, waiting
 
 
-def message_gate(run_id: str, view: RunView) -> Gate:
+def refusal(run_id: str, status: str, waiting: Mapping[str, Any] | None,
+            where: str = "") -> str:
+    """Why a message to ``run_id`` (``status``, ``waiting``) is refused, with the command
+    that goes on -- carrying ``where``, the options that reach the run (``--store``,
+    ``--server``)."""
+    rid = shell_word(run_id)
+    if status == "WAITING_APPROVAL":
+        waiting = waiting or {}
+        why = (f"it waits for a decision at {waiting.get('node')!r}; decide it first, then "
+               f"send the message. Decide with: {decide_hint(run_id, waiting, where)}")
+    elif status in ("COMPLETED", "FAILED", "REJECTED", "CANCELLED"):
+        why = f"it is {status}" + ("" if status != "FAILED" else
+                                   f"; resume it (interlock resume {rid}{where}) first")
+    elif status in ("RUNNING", "RETRYING", "PENDING"):
+        why = (f"it is {status} (a turn is in progress, or was interrupted: "
+               f"`interlock resume {rid}{where}` continues it); send when it waits for a "
+               "message")
+    else:
+        why = f"it is {status}, not a conversation waiting for its next message"
+    return f"the message to run {run_id!r} is refused and nothing was recorded: {why}"
+
+
+def message_gate(run_id: str, view: RunView, spec: WorkflowSpec | None = None) -> Gate:
     """The gate of the conversation's next message, or `MessageRefused` saying why the
-    run takes none."""
+    run takes none (``spec``: the run's definition -- a run of a workflow with no
+    ``chat:`` never takes one, whatever it waits for)."""
+    if spec is not None and spec.chat is None:
+        hint = ""
+        if view.status == "WAITING_APPROVAL":
+            hint = f"; decide with: {decide_hint(run_id, view.waiting or {})}"
+        raise MessageRefused(f"the message to run {run_id!r} is refused and nothing was "
+                             f"recorded: run {run_id} is not a conversation (workflow "
+                             f"{spec.workflow} has no `chat:`): it takes decisions, not "
+                             f"messages{hint}")
     gate = next((g for g in view.pending_gates() if g.kind == "message"), None)
     if view.status == "WAITING_INPUT" and gate is not None:
         return gate
-    if view.status == "WAITING_APPROVAL":
-        waiting = view.waiting or {}
-        why = (f"it waits for a decision at {waiting.get('node')!r}; decide it first "
-               f"(interlock resume {run_id} --approve | --reject), then send the message")
-    elif view.status in ("COMPLETED", "FAILED", "REJECTED", "CANCELLED"):
-        why = f"it is {view.status}" + ("" if view.status != "FAILED" else
-                                        f"; resume it (interlock resume {run_id}) first")
-    elif view.status in ("RUNNING", "RETRYING", "PENDING"):
-        why = (f"it is {view.status} (a turn is in progress, or was interrupted: "
-               f"`interlock resume {run_id}` continues it); send when it waits for a message")
-    else:
-        why = f"it is {view.status}, not a conversation waiting for its next message"
-    raise MessageRefused(f"the message to run {run_id!r} is refused and nothing was "
-                         f"recorded: {why}")
+    raise MessageRefused(refusal(run_id, view.status, view.waiting), view.status,
+                         view.waiting)
 
 
 def message_records(view: RunView, gate: Gate, text: str, by: str | None
@@ -68,13 +98,18 @@ def message_records(view: RunView, gate: Gate, text: str, by: str | None
     n = turn if isinstance(turn, int) else 0
     visit = view.running.get((gate.node, gate.visit))
     assert gate.key is not None
+    # each turn is a step of the conversation (``limits.steps`` covers it): the first is
+    # the node's visit, each later one is counted with its message -- once, in the batch
+    # that records it; `/end` is no turn
+    turn = 1 if n >= 1 and text.strip() != END_COMMAND else 0
     return [
         (CHAT_MESSAGE, {"node": gate.node, "visit": gate.visit, "message": n, "text": text,
                         "by": by}),
         (L.APPROVAL_DECIDED, {"node": gate.node, "visit": gate.visit, "kind": "message",
                               "decision": "message", "by": by, "key": gate.key}),
-        R.decision_journaled(gate.node, gate.visit, visit.attempt if visit else 1, gate.key,
-                             {"decision": "message", "by": by, "text": text}),
+        R.effect_recorded(gate.node, gate.visit, visit.attempt if visit else 1,
+                          R.decision_key(gate.key),
+                          {"decision": "message", "by": by, "text": text}, 0, steps=turn),
     ]
 
 
@@ -88,7 +123,7 @@ async def send(run_id: str, text: str, *, by: str | None = None,
     try:
         loaded = await load_run(st, run_id, workflow=workflow, executable=True)
         view = loaded.view
-        gate = message_gate(run_id, view)
+        gate = message_gate(run_id, view, loaded.spec)
         items = message_records(view, gate, text, by)
         resumed: dict[str, Any] = {"by": by}
         if detach:

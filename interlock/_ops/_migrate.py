@@ -4,7 +4,8 @@ and on the record.
 A run is pinned to the definition it started with. ``migrate`` moves a waiting, failed
 or pending run onto a new one after a static check that it can continue there:
 
-- the run is where a move is sound: waiting at a gate, failed, or pending; no join
+- the run is where a move is sound: waiting at a gate (or, a conversation, for its next
+  message), failed, or pending; no join
   half-arrived, no mapped visit in flight (the flow machine's bookkeeping is the old
   graph's);
 - the gate it waits at, the node that failed (or ``--at NODE``) exists in the new graph;
@@ -18,6 +19,8 @@ Every difference between the two definitions is listed (nodes added, removed or
 changed; edges; state fields and reducers; fields read that nothing provides), and
 every reason to refuse. Refused, nothing is recorded; otherwise ``run.migrated {from_hash,
 to_hash, by, comment, at_node, definition, code}`` is committed under the run's claim.
+A migration onto the definition the run is on records the code as it is now (its
+modules' digests changed: a deploy of code only); with the same code it is refused.
 Nothing runs: a waiting run now waits on the new definition, a pending run is continued
 by a worker, a failed one by ``resume``. The fold reads each segment of the log under
 its own definition (`_migration.migrate`, in the fold).
@@ -40,10 +43,10 @@ from .._errors import UsageError
 from .._plugins._compile import reading_plan
 from .._store import Store, release_store
 from ._claims import LEASE_SECONDS, _claim_of, make_owner
-from ._code import nodes_to_run
+from ._code import nodes_to_run, recorded_code
 from ._load import Loaded, load_run, open_store_arg
 
-MIGRATABLE = ("WAITING_APPROVAL", "FAILED", "PENDING")
+MIGRATABLE = ("WAITING_APPROVAL", "WAITING_INPUT", "FAILED", "PENDING")
 
 
 @dataclass
@@ -140,8 +143,9 @@ def refusals(view: RunView, old: WorkflowSpec, new: WorkflowSpec, plan: Plan,
     """Every reason the run cannot continue on ``new`` (its ``plan``) from where it is."""
     out: list[str] = []
     if view.status not in MIGRATABLE:
-        out.append(f"the run is {view.status}: only a waiting, failed or pending run is "
-                   "migrated (one that is running moves at its next stop)")
+        out.append(f"the run is {view.status}: only a waiting (for a decision or a "
+                   "conversation's next message), failed or pending run is migrated (one "
+                   "that is running moves at its next stop)")
     if new.workflow != old.workflow:
         out.append(f"the new definition is the workflow {new.workflow!r}, not "
                    f"{old.workflow!r}: a run stays a run of its workflow")
@@ -187,6 +191,10 @@ def _in_flight(view: RunView, new: WorkflowSpec) -> list[str]:
         if ns is None:
             out.append(f"the run waits at the gate {gate.node!r}, which the new definition "
                        "does not have; name where the run continues with --at NODE")
+        elif gate.kind == "message" and new.chat != gate.node:
+            out.append(f"the conversation waits for its next message to {gate.node!r}, but "
+                       f"the new definition's chat: is {new.chat!r}; keep chat: "
+                       f"{gate.node}")
         elif gate.kind == "approval" and ns.approval is None:
             out.append(f"the run waits at the gate {gate.node!r}, which is no longer an "
                        "approval in the new definition; name where the run continues "
@@ -315,11 +323,32 @@ async def _check(st: Store, run_id: str, spec: WorkflowSpec, at: str | None, *,
                       differences(loaded.spec, spec), dry_run=dry_run)
     found.refusals = refusals(view, loaded.spec, spec, plan, at)
     if to_hash == current:
-        found.refusals.insert(0, "the run is on this definition already (same hash): "
-                                 "nothing to migrate")
+        code = await _code_moved(st, run_id, view, spec)
+        found.differences += code
+        if not code:
+            found.refusals.insert(0, "the run is on this definition already (same hash), "
+                                     "and its code is the code it was recorded with: "
+                                     "nothing to migrate")
     if found.refusals:
         raise MigrationRefused(found)
     return found, loaded
+
+
+async def _code_moved(st: Store, run_id: str, view: RunView, spec: WorkflowSpec) -> list[str]:
+    """A migration onto the definition the run is on moves it onto the code as it is
+    now: each module whose digest differs from the one the run compares with (its last
+    migration's, else its start's) -- none: there is nothing to migrate."""
+    recorded = await recorded_code(st, run_id, view)
+    if not recorded:  # (a log written before digests: nothing is compared)
+        return []
+    now = code_digests(spec)
+    return [f"the code of module {m!r} changed ({_short(recorded.get(m))} -> "
+            f"{_short(now.get(m))}): the run is moved onto the code as it is now"
+            for m in sorted(recorded.keys() | now.keys()) if recorded.get(m) != now.get(m)]
+
+
+def _short(digest: object) -> str:
+    return str(digest).removeprefix("sha256:")[:12] if digest else "none"
 
 
 __all__ = ["Migration", "MigrationRefused", "differences", "migrate", "refusals"]

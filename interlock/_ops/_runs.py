@@ -20,6 +20,7 @@ from .._engine._fold import RunResult, RunView, result_of
 from .._engine._journal import Journal
 from .._engine._view import gate_key
 from .._errors import ClaimError, ClaimLost, ConflictError, LogError, RunNotFound, UsageError
+from .._hints import decide_hint
 from .._store import RunRow, Store, Summary, release_store
 from ._children import (
     _child_gate,
@@ -391,9 +392,10 @@ async def _decisions(st: Store, run_id: str, loaded: Loaded, decision: Decision 
                              expired=first)
     if decision is None and not first and view.status == "WAITING_APPROVAL":
         gate = oldest(view.pending_gates())
+        hint = decide_hint(run_id, {"node": gate_name(gate), "kind": gate.kind,
+                                    "decisions": gate.decisions})
         raise UsageError(f"run {run_id!r} is waiting for a decision at "
-                         f"{gate_name(gate)!r}{unknown_note(gate.kind)}; "
-                         "resume it with --approve, --reject or --modify "
+                         f"{gate_name(gate)!r}{unknown_note(gate.kind)}; decide it: {hint} "
                          "(interlock.approve/reject/modify in Python)")
     return first
 

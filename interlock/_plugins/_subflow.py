@@ -83,6 +83,10 @@ class ChildRuns(Protocol):
         """The messages of earlier conversations of this run's workflow that best match
         ``query`` (`Store.search_messages`, this run left out): a ``recall`` tool's."""
 
+    def steps(self) -> tuple[int, int | None]:
+        """The run's steps so far and its ``limits.steps`` (None: no limit): what a
+        conversation's turn checks (each turn is a step)."""
+
 
 #: the child runs of the run whose tasks see it (set by `_execute.drive`, per run)
 CHILD_RUNS: ContextVar[ChildRuns | None] = ContextVar("interlock_child_runs", default=None)

@@ -156,7 +156,8 @@ def this_owner() -> str:
 
 def owner_gone(owner: str) -> bool:
     """True when ``owner`` (``host:pid[:suffix]``) names a process on this host that no
-    longer exists."""
+    longer exists (or has exited and is not yet reaped: a zombie, on Linux -- a process
+    SIGKILLed a moment ago stays one until its parent waits for it)."""
     parts = owner.split(":")
     if len(parts) < 2:
         return False
@@ -169,7 +170,11 @@ def owner_gone(owner: str) -> bool:
         return True
     except PermissionError:
         return False
-    return False
+    try:  # "pid (comm) S ...": the state follows the last ")"
+        with open(f"/proc/{int(pid)}/stat", "rb") as f:
+            return f.read().rpartition(b")")[2].split()[:1] == [b"Z"]
+    except OSError:  # (no /proc: not Linux)
+        return False
 
 
 class LeaseRenewer(ABC):

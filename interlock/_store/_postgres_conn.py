@@ -27,8 +27,10 @@ from ._base import StoreError
 from ._postgres_listen import Listener
 from ._postgres_sql import (
     _CURSORS,
+    _LISTENING,
     _SCHEMA,
     _SCHEMA_LOCK,
+    ANNOUNCE,
     RUNNABLE_CHANNEL,
     SCHEMA_VERSION,
 )
@@ -91,7 +93,9 @@ class _Pool:
         self.all: set[Conn] = set()
         self.slots = asyncio.Semaphore(size)
         self.writes: list[_Write] = []
-        self.committer: asyncio.Task[None] | None = None
+        self.committers: set[asyncio.Task[None]] = set()  # (at most `_postgres_writes.FLIGHTS`)
+        self.flying: set[str] = set()  # the runs whose write is in a turn being committed
+        self.turns = 0  # the turns being committed
         self.listener: Listener | None = None  # (made at the first wait)
 
     def abandon(self) -> None:
@@ -198,6 +202,7 @@ class PostgresConnections:
                         # the poll triggers' cursors: a table added to schema version 2
                         # (IF NOT EXISTS; an older interlock ignores it)
                         await conn.execute(_CURSORS)
+                        await conn.execute(_LISTENING)  # (added later, as cursors)
                         await self._upgrade(conn, int(version))
                         return
                 elif has_runs or has_records:
@@ -276,8 +281,8 @@ class PostgresConnections:
         """Close every connection (call it when no other task or loop uses the store)."""
         loop = asyncio.get_running_loop()
         here = self._pools.get(loop)
-        if here is not None and here.committer is not None:
-            await asyncio.wait([here.committer])  # the appends queued are committed first
+        while here is not None and here.committers:
+            await asyncio.wait(here.committers)  # the appends queued are committed first
         pools, self._pools = self._pools, {}
         for pool in pools.values():
             if pool.loop is loop:
@@ -294,8 +299,16 @@ class PostgresConnections:
     def _listener(self) -> Listener:
         pool = self._here()
         if pool.listener is None:
-            pool.listener = Listener(self._listen_connection, redact(self.url))
+            pool.listener = Listener(self._listen_connection, redact(self.url),
+                                     self._announce_listening)
         return pool.listener
+
+    async def _announce_listening(self, seconds: float) -> None:
+        """Appends notify for ``seconds`` more (`_postgres_sql.ANNOUNCE`)."""
+        async def op(conn: Conn) -> None:
+            await conn.execute(ANNOUNCE, (round(seconds * 1000),))
+
+        await self._do(op)
 
     async def _listen_connection(self) -> Conn:
         return await psycopg.AsyncConnection.connect(self.url, autocommit=True,

@@ -8,6 +8,21 @@ notified when a run may have become runnable, which idle workers wait on
 (`Store.wait_runnable`). ``NOTIFY`` is delivered at the writer's commit, so a waiter woken
 reads the records committed.
 
+An append notifies only while some process listens for records: a listener whose
+streams wait announces itself (`Listener._keep_present`: the store's
+``interlock_listening`` sequence holds the time until which the latest announcement
+lasts, `PRESENCE` seconds, renewed every `PRESENCE` / 3 while anyone waits), and each
+append reads it (`_postgres_sql._LISTENED`) in its own statement once its records are
+written. With nobody listening, appends notify nothing: a notifying commit takes a lock
+that serialises the commits of every process that notifies. A sequence is read outside
+the statement's snapshot, so an append that reads "nobody" did so before the
+announcement was made, after its records were written, and commits a moment later.
+What the listener may miss is thus an append committed around its announcement, which it
+covers by waking every waiter when it has announced itself (whose reads see the appends
+committed by then) and again `GRACE` later (the appends that read "nobody" just before
+it and committed after those reads). Workers, which wait for runnable runs only, do not
+announce themselves.
+
 A `Listener` opens its connection at its first wait and keeps it (and one task reading
 it) until the store is closed. What it has heard is counted (`Listener.count`); a waiter
 passes the count it saw last and returns at once if a notification for its run came
@@ -41,13 +56,16 @@ Conn = psycopg.AsyncConnection[TupleRow]
 RETRY = 0.1  # seconds before the first attempt to listen again after a failure
 RETRY_MAX = 5.0  # and at most this long between two attempts
 RUNS_KEPT = 4096  # runs whose last notification is remembered (the most recent)
+PRESENCE = 10.0  # seconds an announcement that records are listened for lasts
+GRACE = (0.1, 1.0)  # after announcing: every waiter is woken at once, then these later
 
 
 class Listener:
     """One event loop's ``LISTEN`` connection and what it heard (see the module)."""
 
-    def __init__(self, connect: Callable[[], Awaitable[Conn]], where: str) -> None:
-        self._connect, self.where = connect, where
+    def __init__(self, connect: Callable[[], Awaitable[Conn]], where: str,
+                 announce: Callable[[float], Awaitable[None]] | None = None) -> None:
+        self._connect, self.where, self._announce = connect, where, announce
         self.count = 0  # notifications heard (and reconnections), in this process
         self.listening = asyncio.Event()  # set while the connection listens (for tests)
         self.connections = 0  # connections that listened (for tests: a reconnection)
@@ -65,6 +83,13 @@ class Listener:
         self._conn: Conn | None = None
         self._task: asyncio.Task[None] | None = None
         self._said = False  # a failure was logged (once, until it listens again)
+        # announcing that records are listened for: while someone waited in the last
+        # `PRESENCE` seconds (loop time); `present` is set once announced (for tests)
+        self._wanted_until = 0.0
+        self.grace: tuple[float, ...] = GRACE
+        self._presence: asyncio.Task[None] | None = None
+        self.present = asyncio.Event()
+        self._relistened = asyncio.Event()  # the connection listens again: announce now
 
     # -- waiting -----------------------------------------------------------------------
 
@@ -80,6 +105,7 @@ class Listener:
         (a count returned before; None: from now on), at most ``timeout`` seconds; the
         count then."""
         self._start()
+        self._want_records()
         if seen is not None and self._changed_since(run_id, seen):
             return self.count
         event = self._events.get(run_id)
@@ -101,6 +127,57 @@ class Listener:
                     await event.wait()
         self._runnable_seen = self._runnable
 
+    # -- announcing ----------------------------------------------------------------------
+
+    _pause = staticmethod(asyncio.sleep)  # (the `GRACE` waits: a test holds them)
+
+    def _want_records(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._wanted_until = loop.time() + PRESENCE
+        if self._presence is None and self._announce is not None:
+            self._presence = loop.create_task(self._keep_present(),
+                                              name="interlock-postgres-presence")
+
+    async def _keep_present(self) -> None:
+        """Announce that records are listened for, once listening, and again every
+        `PRESENCE` / 3 seconds and at once after listening again, while anyone waits or
+        waited in the last `PRESENCE` seconds; after a first announcement (or one after
+        listening again), wake every waiter at once and `GRACE` later (see the module)."""
+        assert self._announce is not None
+        loop = asyncio.get_running_loop()
+        announced_on = 0  # the connection the last announcement was made on
+        said = False  # a failure to announce was logged (once, until one succeeds)
+        try:
+            while loop.time() < self._wanted_until or self._events:
+                await self.listening.wait()
+                on, since = self.connections, loop.time()
+                try:
+                    await self._announce(PRESENCE)
+                except Exception as exc:  # the store away: the poll stands in meanwhile
+                    if not said:
+                        said = True
+                        log.warning("announcing that %s is listened to: %s (trying again)",
+                                    self.where, str(exc).strip() or type(exc).__name__)
+                    await asyncio.sleep(RETRY_MAX)
+                    continue
+                said = False
+                if on != announced_on:
+                    announced_on = on
+                    self.present.set()
+                    self._heard_everything(runnable=False)
+                    waited = 0.0
+                    for after in self.grace:
+                        await self._pause(after - waited)
+                        waited = after
+                        self._heard_everything(runnable=False)
+                self._relistened.clear()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout_at(since + PRESENCE / 3):
+                        await self._relistened.wait()
+        finally:
+            self._presence = None
+            self.present.clear()
+
     # -- hearing -----------------------------------------------------------------------
 
     def _start(self) -> None:
@@ -119,6 +196,7 @@ class Listener:
                 self.listening.set()
                 self._said, delay = False, RETRY
                 self._heard_everything()  # what was committed before is told to no one
+                self._relistened.set()
                 async for note in conn.notifies():
                     self._heard(note.channel, note.payload)
             except Exception as exc:  # the connection lost or refused: said once
@@ -154,7 +232,7 @@ class Listener:
         if event is not None:
             event.set()
 
-    def _heard_everything(self) -> None:
+    def _heard_everything(self, *, runnable: bool = True) -> None:
         """Any run may have changed (and a run may be runnable): wake every waiter."""
         self.count += 1
         self._everything = self.count
@@ -162,7 +240,8 @@ class Listener:
         self._events.clear()
         for event in events:
             event.set()
-        self._heard(RUNNABLE_CHANNEL, "")
+        if runnable:
+            self._heard(RUNNABLE_CHANNEL, "")
 
     # -- closing -----------------------------------------------------------------------
 
@@ -173,21 +252,23 @@ class Listener:
                 await conn.close()
 
     async def close(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        for task in (self._presence, self._task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._task = None
         await self._drop()
 
     def abandon(self) -> None:
         """Close the connection without awaiting (from another loop than its own, or its
         loop gone); its task is cancelled if its loop still runs."""
         conn, self._conn, task, self._task = self._conn, None, self._task, None
-        if task is not None and not task.get_loop().is_closed():
-            task.get_loop().call_soon_threadsafe(task.cancel)
+        for each in (task, self._presence):
+            if each is not None and not each.get_loop().is_closed():
+                each.get_loop().call_soon_threadsafe(each.cancel)
         if conn is not None:
             conn.pgconn.finish()
 
 
-__all__ = ["RETRY", "RETRY_MAX", "RUNS_KEPT", "Listener"]
+__all__ = ["GRACE", "PRESENCE", "RETRY", "RETRY_MAX", "RUNS_KEPT", "Listener"]

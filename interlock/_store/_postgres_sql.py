@@ -24,6 +24,20 @@ _CURSORS = """CREATE TABLE IF NOT EXISTS cursors (
         updated_at double precision NOT NULL
     )"""
 
+# Whether some process listens for appends (`RECORDS_CHANNEL`): a sequence whose value is
+# the time (the server's clock, in milliseconds) until which the last listener announced
+# itself. A sequence is read outside the statement's snapshot: an append reads its value as
+# it is when the append has stored its records, a moment before its commit (see
+# `interlock._store._postgres_listen` for why that matters). Created IF NOT EXISTS when a
+# store is opened, as ``cursors`` is (an interlock that does not know it ignores it).
+_LISTENING = "CREATE SEQUENCE IF NOT EXISTS interlock_listening"
+_NOW_MS = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
+# a listener's announcement: it listens for ``%s`` seconds more (the latest of all
+# listeners' announcements is kept)
+ANNOUNCE = (f"SELECT setval('interlock_listening', GREATEST({_NOW_MS} + %s::bigint, "
+            "(SELECT last_value FROM interlock_listening)))")
+_LISTENED = f"(SELECT last_value FROM interlock_listening) > {_NOW_MS}"
+
 _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS interlock_meta (
         key   text PRIMARY KEY,
@@ -70,6 +84,7 @@ _SCHEMA = (
         data   bytea NOT NULL
     )""",
     _CURSORS,
+    _LISTENING,
 )
 
 _NOW = "extract(epoch FROM clock_timestamp())::float8"
@@ -107,14 +122,20 @@ WITH run AS (
 SELECT (SELECT count(*) FROM run), (SELECT count(*) FROM ins)
 """
 
-# Told at the commit of records appended (the server's event streams LISTEN:
-# `interlock._store._postgres_listen`): the payload names the runs that grew, separated by
-# spaces -- or is empty, meaning "any run", when the names would not fit in a payload
-# (8,000 bytes) or one holds a space. NOTIFY is transactional: the listeners hear it at
-# the commit, once per transaction and payload, and never for a write rolled back.
+# Told at the commit of records appended while a listener has announced itself
+# (`_LISTENED`: the server's event streams LISTEN, `interlock._store._postgres_listen`;
+# with nobody listening an append notifies nothing -- a notifying commit takes a lock,
+# cluster-wide, that serialises the commits of every process that notifies): the payload
+# names the runs that grew, separated by spaces -- or is empty, meaning "any run", when
+# the names would not fit in a payload (8,000 bytes) or one holds a space. NOTIFY is
+# transactional: the listeners hear it at the commit, once per transaction and payload,
+# and never for a write rolled back.
 RECORDS_CHANNEL = "interlock_records"
-_NOTIFY = (f"pg_notify('{RECORDS_CHANNEL}', CASE WHEN sum(octet_length(run) + 1) > 7900 "
-           "OR bool_or(strpos(run, ' ') > 0) THEN '' ELSE string_agg(run, ' ') END)")
+# (``_LISTENED`` is read in the aggregate's projection: after ``upd`` has run, its rows
+# locked and written, so a moment before the commit -- not when the statement began)
+_NOTIFY = (f"CASE WHEN {_LISTENED} THEN pg_notify('{RECORDS_CHANNEL}', CASE WHEN "
+           "sum(octet_length(run) + 1) > 7900 OR bool_or(strpos(run, ' ') > 0) THEN '' "
+           "ELSE string_agg(run, ' ') END) END")
 
 # One statement: the stored log's last seq (`last`), the records inserted only if
 # they continue it and the run exists (`ins`), the summary updated only then (`upd`).
@@ -177,11 +198,11 @@ WITH b AS (
     SELECT run_id, generation, owner FROM runs WHERE run_id = ANY(%(b_run)b::text[])
     ORDER BY run_id FOR UPDATE
 ), chk AS (
-    SELECT b.i, EXISTS (SELECT 1 FROM lk WHERE lk.run_id = b.run) AS found,
+    -- (a join: a subquery on ``lk`` per append would scan it whole each time)
+    SELECT b.i, lk.run_id IS NOT NULL AS found,
            (SELECT COALESCE(MAX(seq), 0) FROM records WHERE run_id = b.run) AS n,
-           (SELECT generation FROM lk WHERE lk.run_id = b.run) AS gen,
-           (SELECT owner FROM lk WHERE lk.run_id = b.run) AS owner
-    FROM b
+           lk.generation AS gen, lk.owner AS owner
+    FROM b LEFT JOIN lk ON lk.run_id = b.run
 ), ok AS (
     SELECT b.* FROM b JOIN chk ON chk.i = b.i
     WHERE chk.found AND (b.prev IS NULL OR chk.n = b.prev)

@@ -1,10 +1,16 @@
 """The PostgreSQL store's writes: new runs and appends, through each event loop's
 committer (group commit).
 
-A write is queued (`_queue`) and its caller awaits its own future. The committer -- one
-task per event loop, started by the first write queued while none runs -- takes the
+A write is queued (`_queue`) and its caller awaits its own future. A committer -- a
+task of the event loop, started by the first write queued while none runs -- takes the
 writes queued by its turn, at most `BATCH_MAX` and one per run (a run's second write
-must see its first committed: it waits for the next turn), and stores them in one
+must see its first committed: it waits for a later turn), and stores them in one
+transaction. Up to `FLIGHTS` turns are committed at once, each by a committer of its
+own on a connection of its own: a write queued while fewer run starts one, and a
+committer that finds at least `2 * SPLIT` writes while another turn may start takes half
+of them (another committer takes the rest). The database server works on both turns at
+once, and the runs of the turn committed first go on while the other commits. A turn's
+writes are those of runs with no write in flight. A turn is stored in one
 transaction: the new runs in one statement, the appends in another, each append
 checking the stored log's last seq and its claim's generation inside the statement. An
 append that does not fit is left out by the statement and refused alone. When the
@@ -12,14 +18,15 @@ transaction fails as a whole (another process inserted one of the seqs: the prim
 ``(run_id, seq)``), nothing of it was stored and each write is tried alone, so that the
 refused one fails and only it. A turn of one write is that write's own statement.
 
-Each append statement also ``NOTIFY``s the runs it grew (`_postgres_sql.RECORDS_CHANNEL`):
-no statement or commit more, and PostgreSQL delivers it at the commit, so a server
-streaming one of those runs from another process reads them within milliseconds
-(`interlock._store._postgres_listen`).
+Each append statement also ``NOTIFY``s the runs it grew (`_postgres_sql.RECORDS_CHANNEL`)
+while a listener has announced itself (`_postgres_sql._LISTENED`): no statement or commit
+more, and PostgreSQL delivers it at the commit, so a server streaming one of those runs
+from another process reads them within milliseconds (`interlock._store._postgres_listen`).
 
-Invariants: every queued future gets an outcome, even when the committer is cancelled
-with its loop (`_commit_writes`'s ``except``); a caller cancelled while waiting does not
-cancel its write, which goes on (its future is then skipped).
+Invariants: every queued future gets an outcome, even when a committer is cancelled
+with its loop (`_commit_writes`'s ``except``: its turn's and the queued writes fail);
+a caller cancelled while waiting does not cancel its write, which goes on (its future is
+then skipped); a run has at most one write in flight.
 """
 
 from __future__ import annotations
@@ -64,6 +71,8 @@ from ._search import CHAT_TYPES
 # at most this many writes in one turn (more take several)
 _CHAT = frozenset(CHAT_TYPES)
 BATCH_MAX = 500
+FLIGHTS = 2  # turns committed at once, each on its own connection
+SPLIT = 16  # a turn is split in two only when both halves have at least this many writes
 
 
 def _entry_arrays(entries: list[Entry]) -> dict[str, list[object]]:
@@ -183,32 +192,54 @@ class PostgresWrites(PostgresConnections):
         pool = self._here()
         fut: asyncio.Future[None] = pool.loop.create_future()
         pool.writes.append((run_id, alone, args, fut))
-        if pool.committer is None:
-            pool.committer = pool.loop.create_task(self._commit_writes(pool))
+        if len(pool.committers) < FLIGHTS:
+            self._start_committer(pool)
         await fut
 
+    def _start_committer(self, pool: _Pool) -> None:
+        pool.committers.add(pool.loop.create_task(self._commit_writes(pool)))
+
+    @staticmethod
+    def _take(pool: _Pool, share: bool) -> list[_Write]:
+        """A turn's writes, taken from the queue: one per run with none in flight (every
+        part of a turn's statement reads one snapshot, so its check of the log's end would
+        not see a first write's records), at most `BATCH_MAX`; half of them when
+        ``share`` and there are `2 * SPLIT` at least."""
+        turn: list[_Write] = []
+        rest: list[_Write] = []
+        runs: set[str] = set()
+        for item in pool.writes:
+            if item[0] in runs or item[0] in pool.flying or len(turn) >= BATCH_MAX:
+                rest.append(item)  # a run's next write waits for a later turn
+            else:
+                runs.add(item[0])
+                turn.append(item)
+        if share and len(turn) >= 2 * SPLIT:
+            rest = turn[(len(turn) + 1) // 2:] + rest
+            turn = turn[:(len(turn) + 1) // 2]
+        pool.writes = rest
+        pool.flying |= runs.intersection(item[0] for item in turn)
+        return turn
+
     async def _commit_writes(self, pool: _Pool) -> None:
-        """This loop's committer: while writes wait, one transaction for a turn's worth
-        (at most `BATCH_MAX`, one write per run); each caller gets its own outcome."""
+        """A committer of this loop: while writes wait, one transaction for a turn's worth
+        (see `_take`); each caller gets its own outcome."""
+        turn: list[_Write] = []
         try:
-            while pool.writes:
-                turn: list[_Write] = []
-                rest: list[_Write] = []
-                runs: set[str] = set()
-                # a run's second write waits for the next turn: every part of the turn's
-                # statement reads one snapshot, so its check of the log's end would not
-                # see the first write's records
-                for item in pool.writes:
-                    if item[0] in runs or len(turn) >= BATCH_MAX:
-                        rest.append(item)  # a run's second write waits for the next turn
-                    else:
-                        runs.add(item[0])
-                        turn.append(item)
-                pool.writes = rest
+            while True:
+                share = pool.turns + 1 < FLIGHTS
+                turn = self._take(pool, share)
+                if not turn:
+                    break
+                pool.turns += 1
+                if share and pool.writes and len(pool.committers) < FLIGHTS:
+                    self._start_committer(pool)  # (it takes the other half)
                 if len(turn) == 1:
                     outcomes = [await self._outcome(turn[0][1](*turn[0][2]))]
                 else:
                     outcomes = await self._write_many(turn)
+                pool.turns -= 1
+                pool.flying.difference_update(item[0] for item in turn)
                 for (*_, fut), exc in zip(turn, outcomes, strict=True):
                     if fut.done():
                         continue  # its caller was cancelled (the write went on)
@@ -216,15 +247,21 @@ class PostgresWrites(PostgresConnections):
                         fut.set_result(None)
                     else:
                         fut.set_exception(exc)
+                turn = []
         except BaseException as exc:  # cancelled with the loop, say: nobody waits in vain
-            for *_, fut in pool.writes:
+            if turn:
+                pool.turns -= 1
+            pool.flying.difference_update(item[0] for item in turn)
+            for *_, fut in turn + pool.writes:
                 if not fut.done():
                     fut.set_exception(exc if isinstance(exc, Exception) else StoreError(
                         f"PostgreSQL store {redact(self.url)}: the write was interrupted"))
             pool.writes = []
             raise
-        finally:
-            pool.committer = None
+        finally:  # (at once: a write queued from now on starts another committer)
+            task = asyncio.current_task()
+            assert task is not None
+            pool.committers.discard(task)
 
     @staticmethod
     async def _outcome(op: Awaitable[None]) -> Exception | None:

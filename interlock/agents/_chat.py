@@ -92,6 +92,8 @@ class ChatAgent(DelegatingAgent):
             text = str(message.get("text") or "")
             if text.strip() == END_COMMAND:
                 return {self.output_key: last}
+            if not ctx.recorded(f"reply-{n}")[0]:  # the turn to answer (not one replayed)
+                _within_steps(ctx, n)
             base = len(transcript)
             transcript.append({"role": "user", "content": text})
             error = None
@@ -220,6 +222,27 @@ class ChatAgent(DelegatingAgent):
         await ctx.log("tool.called", {"turn": turn, "tool": END_TOOL, "call_id": call_id,
                                       "result": "ended"})
         return json.dumps("ended")
+
+
+def _within_steps(ctx: Context, n: int) -> None:
+    """Refuse message ``n``'s turn when its step crossed the run's ``limits.steps``: each
+    turn is a step (the first is the node's visit, each later one is counted with its
+    message, `_ops._messages`), so the limit covers a conversation that only talks as
+    it does one whose tools start child runs. The run fails as at any limit; a resume
+    with a higher limit answers the message."""
+    from .._errors import StepLimitError
+    from .._plugins._subflow import CHILD_RUNS
+
+    host = CHILD_RUNS.get()
+    if host is None:  # (no run executing the agent: nothing counts its steps)
+        return
+    steps, limit = host.steps()
+    if limit is not None and steps > limit:
+        raise StepLimitError(
+            f"run {ctx.run_id!r}: the conversation reached limits.steps={limit} before "
+            f"message {n + 1} could be answered (each turn is a step, and the child runs "
+            f"its tools start count theirs); continue it with `interlock resume "
+            f"{ctx.run_id} --set limits.steps=N`", node=ctx.node, limit=limit, used=steps)
 
 
 def _answered(transcript: list[dict[str, Any]]) -> None:

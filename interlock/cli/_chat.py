@@ -30,6 +30,7 @@ from ._common import (
     store_option,
     with_store,
 )
+from ._format import where_options
 from ._remote import Remote, server_options
 
 if TYPE_CHECKING:
@@ -52,7 +53,11 @@ def last_reply(result: RunResult | Mapping[str, Any]) -> str | None:
     return None
 
 
-def _print_turn(data: Mapping[str, Any], run_id: str) -> None:
+def _print_turn(data: Mapping[str, Any], run_id: str, where: str = "",
+                remote: bool = False, ended: bool = False) -> None:
+    """The turn's reply on stdout, or (stderr) what the conversation waits for with the
+    command that goes on -- carrying ``where``, the options that reach the same store or
+    server (``remote``: a server's)."""
     status = data.get("status")
     waiting = data.get("waiting") or {}
     show = waiting.get("show") or {}
@@ -61,7 +66,8 @@ def _print_turn(data: Mapping[str, Any], run_id: str) -> None:
         return
     if status == "WAITING_INPUT" or status == "COMPLETED":
         reply = last_reply(data)
-        if reply is not None:
+        # (`/end` gets no reply: the state holds the previous turn's)
+        if reply is not None and not (ended and status == "COMPLETED"):
             click.echo(reply)
         if status == "COMPLETED":
             click.echo(f"the conversation {run_id} has ended", err=True)
@@ -69,11 +75,16 @@ def _print_turn(data: Mapping[str, Any], run_id: str) -> None:
     if status == "WAITING_APPROVAL":
         click.echo(f"waiting for a decision at {waiting.get('node')!r}: "
                    f"{json.dumps(waiting.get('show'), ensure_ascii=False)}", err=True)
-        click.echo(f"decide it: interlock resume {run_id} --approve | --reject "
-                   f"--gate {waiting.get('node')}", err=True)
+        from ..support import decide_hint
+
+        click.echo(f"decide with: {decide_hint(run_id, waiting, where)}", err=True)
         return
     error = data.get("error") or {}
     click.echo(f"the turn {str(status).lower()}: {error.get('message', '')}", err=True)
+    if status == "FAILED":  # what can be done, as `status` says it
+        from ._inspect import _failed_hint
+
+        click.echo(_failed_hint(run_id, data.get("error"), where, remote), err=True)
 
 
 @click.command(short_help="Send a message to a conversation.")
@@ -93,30 +104,60 @@ def send(run_id: str, text: str, by: str | None, as_json: bool, store_url: str |
     """
     if server_url:
         remote = Remote(server_url, token, store_url)
+        where = where_options(None, server_url, token)
         try:
             before = len(remote.records(run_id))
-            remote.call("POST", f"/api/runs/{run_id}/messages",
-                        json={"text": text, "by": by})
+            try:
+                remote.call("POST", f"/api/runs/{run_id}/messages",
+                            json={"text": text, "by": by})
+            except CliError as exc:  # refused: said again with --server in its command
+                if not str(exc.message).startswith("the message to run"):
+                    raise
+                run = remote.result(run_id)
+                raise _refused(run_id, run.status, run.waiting, where) from None
             remote.follow(run_id, before)
             data = remote.result(run_id).to_json()
         finally:
             remote.close()
-        _done(data, run_id, as_json)
+        _done(data, run_id, as_json, where, remote=True, ended=_ends(text))
 
     async def go(st: Store) -> RunResult:
         from .. import send as send_message
+        from ..support import MessageRefused
 
-        return await send_message(run_id, text, by=by, store=st)
+        try:
+            return await send_message(run_id, text, by=by, store=st)
+        except MessageRefused as exc:  # said again with --store in its command
+            if exc.status is None:
+                raise
+            raise _refused(run_id, exc.status, exc.waiting, where_options(store_url)) \
+                from None
 
     result = call_engine(with_store(store_url, go))
-    _done(result.to_json(), run_id, as_json)
+    _done(result.to_json(), run_id, as_json, where_options(store_url), ended=_ends(text))
 
 
-def _done(data: Mapping[str, Any], run_id: str, as_json: bool) -> NoReturn:
+def _ends(text: str) -> bool:
+    """Whether ``text`` is the message that ends the conversation (it gets no reply)."""
+    from ._chat_lines import END
+
+    return text.strip() == END
+
+
+def _refused(run_id: str, status: str, waiting: Mapping[str, Any] | None,
+             where: str) -> CliError:
+    """The refusal of a message, its command carrying ``where``."""
+    from ..support import message_refusal
+
+    return CliError(message_refusal(run_id, status, waiting, where))
+
+
+def _done(data: Mapping[str, Any], run_id: str, as_json: bool, where: str,
+          remote: bool = False, ended: bool = False) -> NoReturn:
     if as_json:
         click.echo(json.dumps(dict(data), ensure_ascii=False))
     else:
-        _print_turn(data, run_id)
+        _print_turn(data, run_id, where, remote, ended)
     note_abandoned_threads()
     sys.exit(EXIT_FAILED if turn_failed(data) else exit_code_for(str(data.get("status"))))
 
@@ -153,7 +194,11 @@ def chat(workflow: str, session: str | None, input_json: str | None, by: str | N
         from ._chat_remote import RemoteTerminal
 
         remote = Remote(server_url, token, store_url)
-        sys.exit(exit_code_for(RemoteTerminal(remote, by).run(workflow, session, input_json)))
+        terminal = RemoteTerminal(remote, by)
+        status = terminal.run(workflow, session, input_json)
+        terminal.left(status, terminal.waiting, workflow,
+                      where_options(None, server_url, token), terminal.error, remote=True)
+        sys.exit(exit_code_for(status))
     wf = load_workflow(workflow)
     if wf.spec.chat is None:
         raise CliError(f"{workflow} is not a conversation: declare chat: NODE (the agent "
@@ -161,6 +206,6 @@ def chat(workflow: str, session: str | None, input_json: str | None, by: str | N
     data = read_input(input_json, None)
     from ._chat_live import Terminal
 
-    status = Terminal(wf, store_url, by).run(data, session)
+    status = Terminal(wf, store_url, by).run(data, session, workflow)
     note_abandoned_threads()
     sys.exit(exit_code_for(status))

@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shlex
 import sys
 from typing import TYPE_CHECKING, Any
 
 import click
+
+from ._chat_lines import read_line
+from ._common import CliError
 
 if TYPE_CHECKING:
     from .. import RunResult, Store, Workflow
@@ -32,21 +36,37 @@ class Printer:
 
     def __init__(self, run_id: str | None = None) -> None:
         self.run_id = run_id
-        self.streaming = False  # a reply is being printed as it streams
-        self.shown = False  # the turn's reply was printed as it streamed
+        self.streaming = False  # a model reply's text is being printed as it streams
+        # the model call (the pieces' and agent.reply's ``turn``) whose text streams, and
+        # the text so far: a piece of the next call ends its line even when that call's
+        # agent.reply comes later (a busy server's stream may send the next call's pieces
+        # before the record), and a late agent.reply does not end the next call's line
+        self.stream_turn: object = None
+        self.stream_text = ""
+        # the texts of this conversation turn's model replies printed as they streamed:
+        # the turn's reply is not printed again when it is one of them (a reply that
+        # calls a tool too -- "let me look", or "Goodbye!" with end_conversation -- is
+        # the turn's reply when the tool ends the conversation)
+        self.streamed: list[str] = []
         self.where = ""  # the options a printed command needs to reach the run
 
     def token(self, piece: dict[str, Any]) -> None:
         """A piece of the reply, printed as it arrives (the provider streams)."""
-        self.streaming = True
-        click.echo(click.style(str(piece.get("text") or ""), bold=True), nl=False)
+        turn = piece.get("turn")
+        if self.streaming and turn != self.stream_turn:  # the next model call's text
+            self._end_line()
+        if not self.streaming:
+            self.streaming, self.stream_turn, self.stream_text = True, turn, ""
+        text = str(piece.get("text") or "")
+        self.stream_text += text
+        click.echo(click.style(text, bold=True), nl=False)
         sys.stdout.flush()
 
-    def _end_line(self) -> None:
+    def _end_line(self, text: str | None = None) -> None:
         if self.streaming:  # the text printed as it streamed: its line ends here
             click.echo("")
             self.streaming = False
-            self.shown = True
+            self.streamed.append(text if text is not None else self.stream_text)
 
     def record(self, rec: dict[str, Any]) -> None:
         """A committed record of the conversation (or of one of its child runs)."""
@@ -54,18 +74,17 @@ class Printer:
         owner = rec.get("run_id")
         child = owner is not None and owner != self.run_id and rtype != "child.started"
         indent = "    " if child else "  "
-        if rtype == "agent.reply" and not child:
-            self._end_line()
+        if rtype == "agent.reply" and not child and rec.get("turn") == self.stream_turn:
+            self._end_line(rec.get("reply"))
         if rtype == "chat.reply" and not child:
             self._end_line()
-            if not self.shown and rec.get("reply") is not None:  # (not streamed: whole)
-                click.echo(click.style(str(rec.get("reply") or ""), bold=True))
-            self.shown = False
+            reply = rec.get("reply")
+            if reply is not None and reply not in self.streamed:  # (not streamed: whole)
+                click.echo(click.style(str(reply), bold=True))
+            self.streamed = []
             if rec.get("turn_error"):
                 click.echo(click.style(f"the turn failed: {rec['turn_error']} (the conversation "
                                        "goes on: send the next message)", fg="red"), err=True)
-        elif rtype == "agent.reply" and not child and rec.get("tool_calls"):
-            self.shown = False  # the turn goes on: its final reply is still to come
         if rtype == "tool.called":
             out = rec.get("result", rec.get("error", rec.get("problem")))
             click.echo(click.style(f"{indent}> {rec.get('tool')}"
@@ -78,6 +97,28 @@ class Printer:
                                    f"({rec.get('workflow')})", fg="cyan"), err=True)
         elif rtype == "approval.requested" and rec.get("kind") != "message" and not child:
             self.gate(rec.get("path") or rec.get("node"), rec.get("show"), rec)
+
+    def left(self, status: str, waiting: dict[str, Any] | None, file: str, where: str,
+             error: dict[str, Any] | None = None, remote: bool = False) -> None:
+        """The session is over and the conversation did not end: how to go on (``where``:
+        the options that reach the same store or server, ``remote``: a server's) -- it
+        waits (standard input ended first), or it failed (``error``)."""
+        from ..support import decide_hint
+
+        if status == "FAILED" and self.run_id is not None:
+            from ._inspect import _failed_hint
+
+            click.echo(_failed_hint(self.run_id, error, where, remote), err=True)
+        if status not in ("WAITING_INPUT", "WAITING_APPROVAL") or self.run_id is None:
+            return
+        self._end_line()
+        session = f"interlock chat {shlex.quote(file)} --session {shlex.quote(self.run_id)}{where}"
+        if status == "WAITING_APPROVAL" and waiting:
+            click.echo(f"the conversation waits for a decision at {waiting.get('node')!r}: "
+                       f"decide with: {decide_hint(self.run_id, waiting, where)}; or "
+                       f"continue here: {session}", err=True)
+        else:
+            click.echo(f"the conversation waits for the next message: {session}", err=True)
 
     def gate(self, where: Any, show: Any, waiting: dict[str, Any] | None = None) -> None:
         """A gate the conversation waits at (``waiting``: its record or summary, whose
@@ -102,61 +143,110 @@ class Terminal(Printer):
 
         super().__init__()
         self.wf, self.store_url, self.by = wf, store_url, by
+        self.result: RunResult | None = None
         self.where = where_options(store_url)
 
-    def run(self, data: dict[str, Any], session: str | None) -> str:
+    def run(self, data: dict[str, Any], session: str | None, file: str = "FILE") -> str:
         """Hold the conversation until standard input ends or it does: its status then."""
         from ._common import call_engine
+        from ._format import where_options
 
-        return call_engine(self._main(data, session))
+        status = call_engine(self._main(data, session))
+        waiting = self.result.waiting if self.result is not None else None
+        error = self.result.error if self.result is not None else None
+        self.left(status, dict(waiting or {}), file, where_options(self.store_url), error)
+        return status
 
     def listen(self, rec: dict[str, Any], view: Any) -> None:
         """Each committed record of the conversation (and of its child runs) that a
         person wants to see, as it happens."""
         self.record(rec)
 
+    async def _session(self, st: Store, session: str) -> RunResult:
+        """The conversation ``session`` as this terminal takes it up: a run of this
+        file's workflow (else `CliError`), its interrupted turn -- the process that
+        executed it is gone -- continued first, as ``interlock resume`` would, its reply
+        shown (`CliError` when a live process still executes it)."""
+        from .. import ClaimError, status
+
+        row = await st.get_run(session)
+        if row.workflow != self.wf.name:
+            raise CliError(f"run {session} is a run of workflow {row.workflow!r}, not of "
+                           f"{self.wf.name!r} (this file's): nothing was sent; continue it "
+                           f"with its own file (interlock chat FILE --session {session}, "
+                           f"FILE declaring workflow: {row.workflow})")
+        result = await status(session, store=st)
+        if result.status in ("FAILED", "REJECTED", "CANCELLED"):
+            self._stopped(result)
+        if result.status not in ("RUNNING", "RETRYING", "PENDING"):
+            return result
+        click.echo(f"the conversation {session} was interrupted during a turn: continuing "
+                   "that turn first", err=True)
+        try:
+            return await self.wf.resume(session, store=st, listener=self.listen)
+        except ClaimError as exc:
+            raise CliError(f"the conversation {session} is in a turn another process is "
+                           f"executing ({exc.owner}); nothing was sent. Wait for the turn "
+                           f"to end (interlock status {session}), then continue with "
+                           f"interlock chat FILE --session {session}") from None
+
+    def _stopped(self, result: RunResult) -> None:
+        """A conversation that takes no message (failed, rejected, cancelled): why, and
+        what can be done -- nothing typed is sent."""
+        from ._format import where_options
+        from ._inspect import _failed_hint
+
+        error = (result.error or {}).get("message")
+        click.echo(f"the conversation {result.run_id} is {result.status}"
+                   f"{': ' + str(error) if error else ''}; it takes no message (nothing "
+                   "typed is sent)", err=True)
+        if result.status == "FAILED":
+            click.echo(_failed_hint(result.run_id, result.error,
+                                    where_options(self.store_url)), err=True)
+
     async def _main(self, data: dict[str, Any], session: str | None) -> str:
-        from .. import approve, open_store, reject, status
+        from .. import approve, open_store, reject
         from ..support import TOKEN_SINK
 
         st: Store = open_store(self.store_url)
         TOKEN_SINK.set(self.token)  # (this task's context: the runs it executes stream here)
         self.run_id = session
+        new = session is None
         try:
             if session is None:
                 result: RunResult = await self.wf.run(data, store=st, listener=self.listen)
                 session = self.run_id = result.run_id
             else:
-                result = await status(session, store=st)
-            click.echo(f"conversation {session} ({HELP})", err=True)
-            if session is not None and result.status == "WAITING_APPROVAL" and result.waiting:
+                result = await self._session(st, session)
+            if new or result.status in ("WAITING_INPUT", "WAITING_APPROVAL"):
+                click.echo(f"conversation {session} ({HELP})", err=True)
+            if not new and result.status == "WAITING_APPROVAL" and result.waiting:
                 w = result.waiting  # a session opened at a gate: what it asks, again
                 self.gate(w.get("node"), w.get("show"), w)
             while result.status in ("WAITING_INPUT", "WAITING_APPROVAL"):
                 line = await asyncio.to_thread(sys.stdin.readline)
                 if not line:
                     break
-                text = line.rstrip("\n")
-                if not text.strip():
+                typed = read_line(line, result.status == "WAITING_APPROVAL")
+                if typed is None:
                     continue
-                word, _, rest = text.strip().partition(" ")
-                if result.status == "WAITING_APPROVAL":
-                    if word not in ("/approve", "/reject"):
-                        click.echo("a gate waits: /approve [COMMENT] or /reject [COMMENT]",
-                                   err=True)
-                        continue
-                    decide = approve if word == "/approve" else reject
+                if typed.action == "say":  # (not a message: nothing sent, nothing recorded)
+                    click.echo(typed.text, err=True)
+                    continue
+                if typed.action == "decide":
+                    decide = approve if typed.decision == "approve" else reject
                     result = await self.wf.resume(session, decide(by=self.by,
-                                                                  comment=rest or None),
+                                                                  comment=typed.text),
                                                   store=st, listener=self.listen)
                 else:
-                    result = await self.wf.send(session, text, by=self.by, store=st,
-                                                listener=self.listen)
+                    result = await self.wf.send(session, str(typed.text), by=self.by,
+                                                store=st, listener=self.listen)
                 if result.status == "FAILED":
                     click.echo(f"the turn failed: {(result.error or {}).get('message')}",
                                err=True)
             if result.status == "COMPLETED":
                 click.echo(f"the conversation {session} has ended", err=True)
+            self.result = result
             return result.status
         finally:
             await st.close()

@@ -18,13 +18,17 @@ import sys
 import threading
 from collections import deque
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
+from ._chat_lines import read_line
 from ._chat_live import HELP, Printer
 from ._common import CliError, load_workflow, read_input
 from ._remote import Remote
+
+if TYPE_CHECKING:
+    from .. import Workflow
 
 _ENDED = {"run.completed": "COMPLETED", "run.failed": "FAILED", "run.rejected": "REJECTED",
           "run.cancelled": "CANCELLED"}
@@ -79,6 +83,22 @@ class Stream:
         self.client.close()
 
 
+def _local(file: str, session: str | None) -> Workflow | None:
+    """The local ``file`` a session is checked against; None (said) when a session is
+    taken up and the file cannot be read here -- the server holds the definition."""
+    if session is None:
+        return load_workflow(file)
+    from .. import WorkflowError, load
+
+    try:
+        return load(file)
+    except WorkflowError as exc:
+        first = exc.diagnostics[0].message if exc.diagnostics else str(exc)
+        click.echo(f"warning: {file} is not checked against run {session}'s workflow "
+                   f"({first}): the server's definition is used", err=True)
+        return None
+
+
 def _lines(events: queue.Queue[tuple[str, Any]]) -> None:
     """Standard input's lines into ``events`` (``(">", line)``), then ``("<", None)``."""
     for line in sys.stdin:
@@ -104,19 +124,16 @@ class RemoteTerminal(Printer):
         self.asking = False  # the run waits for this person's next line
         self.lines: deque[str] = deque()
         self.eof = False
+        self.error: dict[str, Any] | None = None  # the conversation's, when it failed
 
     def run(self, workflow: str, session: str | None, input_json: str | None) -> str:
         """Hold the conversation until standard input ends or it does: its status then."""
-        if session is None:
-            wf = load_workflow(workflow)
-            started = self.remote.call("POST", f"/api/workflows/{wf.name}/runs",
-                                       json={"input": read_input(input_json, None)})
-            session, seen = str(started["run_id"]), 0
-        else:  # follow from its last record (then only what the session adds is shown)
-            log = self.remote.records(session)
-            seen = log[-1]["seq"] if log else 0
-            run = self.remote.result(session)
-            self.status, self.waiting = run.status, dict(run.waiting or {})
+        try:
+            session, seen = self._open(_local(workflow, session), workflow, session,
+                                       input_json)
+        except BaseException:  # (refused: the connection is not left open)
+            self.remote.close()
+            raise
         self.run_id = session
         click.echo(f"conversation {session} ({HELP})", err=True)
         stream = Stream(self.remote, session, max(seen - 1, 0))
@@ -127,6 +144,52 @@ class RemoteTerminal(Printer):
         finally:
             stream.close()
             self.remote.close()
+
+    def _open(self, wf: Workflow | None, workflow: str, session: str | None,
+              input_json: str | None) -> tuple[str, int]:
+        """Start the conversation, or take ``session`` up: its id and the last record's
+        seq already seen."""
+        if session is None:
+            assert wf is not None
+            served = self.remote.call("GET", f"/api/workflows/{wf.name}")
+            self._compare(wf, workflow, str(served.get("hash")),
+                          f"the server's workflow {wf.name!r}")
+            started = self.remote.call("POST", f"/api/workflows/{wf.name}/runs",
+                                       json={"input": read_input(input_json, None)})
+            return str(started["run_id"]), 0
+        # follow from its last record (then only what the session adds is shown)
+        log = self.remote.records(session)
+        if wf is not None:
+            self._check_session(wf, workflow, session, log)
+        run = self.remote.result(session)
+        self.status, self.waiting = run.status, dict(run.waiting or {})
+        return session, log[-1]["seq"] if log else 0
+
+    def _check_session(self, wf: Workflow, file: str, session: str,
+                       log: list[dict[str, Any]]) -> None:
+        """``session`` is a run of ``file``'s workflow (else `CliError`: nothing is sent);
+        a ``file`` edited since the run's definition was pinned is said to be unused."""
+        started = log[0] if log else {}
+        name = started.get("workflow")
+        if name is not None and name != wf.name:
+            raise CliError(f"run {session} is a run of workflow {name!r}, not of "
+                           f"{wf.name!r} ({file}'s): nothing was sent; continue it with its "
+                           f"own file (interlock chat FILE --session {session} --server URL, "
+                           f"FILE declaring workflow: {name})")
+        pinned = started.get("definition_hash")
+        for rec in log:  # (a migration moves the run onto another definition)
+            if rec.get("type") == "run.migrated" and rec.get("to_hash"):
+                pinned = rec["to_hash"]
+        self._compare(wf, file, str(pinned), f"the definition run {session} keeps")
+
+    def _compare(self, wf: Workflow, file: str, served: str, what: str) -> None:
+        """Warn when the local ``file`` is not the definition the server executes."""
+        if served in ("None", wf.definition_hash()):
+            return
+        click.echo(f"warning: {file} differs from {what} on the server (definition "
+                   f"{served[:12]}, the file's {wf.definition_hash()[:12]}): the server's "
+                   f"definition is used, not the file's edits (interlock migrate moves a "
+                   f"run onto a changed file)", err=True)
 
     def _follow(self, stream: Stream, seen: int) -> str:
         while True:
@@ -183,6 +246,7 @@ class RemoteTerminal(Printer):
             click.echo(f"the conversation {self.run_id} has ended", err=True)
         elif self.status == "FAILED":
             error = rec.get("error") or {}
+            self.error = error if isinstance(error, dict) else None
             message = error.get("message") if isinstance(error, dict) else error
             click.echo(f"the conversation failed: {message}", err=True)
 
@@ -190,23 +254,21 @@ class RemoteTerminal(Printer):
         """Send the lines typed so far until one is taken (a message, or the gate's
         decision: the run goes on, and ``asking`` ends)."""
         while self.asking and self.lines:
-            text = self.lines.popleft().strip()
-            if not text:
+            typed = read_line(self.lines.popleft(), self.status == "WAITING_APPROVAL")
+            if typed is None:
                 continue
-            word, _, rest = text.partition(" ")
+            if typed.action == "say":  # (not a message: nothing sent, nothing recorded)
+                click.echo(typed.text, err=True)
+                continue
             try:
-                if self.status == "WAITING_APPROVAL":
-                    if word not in ("/approve", "/reject"):
-                        click.echo("a gate waits: /approve [COMMENT] or /reject [COMMENT]",
-                                   err=True)
-                        continue
-                    body = {"decision": word[1:], "by": self.by, "comment": rest or None,
+                if typed.action == "decide":
+                    body = {"decision": typed.decision, "by": self.by, "comment": typed.text,
                             "node": self.waiting.get("node")}
                     self.remote.call("POST", f"/api/runs/{self.run_id}/decisions",
                                      json={k: v for k, v in body.items() if v is not None})
                 else:
                     self.remote.call("POST", f"/api/runs/{self.run_id}/messages",
-                                     json={"text": text, "by": self.by})
+                                     json={"text": typed.text, "by": self.by})
             except CliError as exc:  # refused (decided elsewhere, ...): say so, go on
                 click.echo(f"refused: {exc}", err=True)
                 continue

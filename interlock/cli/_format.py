@@ -5,6 +5,7 @@ each status, and the parts of a node or decision line that the live progress and
 from __future__ import annotations
 
 import json
+import shlex
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -24,21 +25,16 @@ _STATUS_STYLE = {
 
 
 def decision_flags(waiting: dict[str, Any], *, short: bool = False) -> list[str]:
-    """The ``interlock resume`` options for each decision a waiting gate accepts: an
-    approval whose ``input:`` asks for data takes ``--data``, a guarded tool call's
-    modify edits its arguments, an unknown outcome is also approved with the outcome
-    checked by hand."""
+    """The ``interlock resume`` options for each decision a waiting gate accepts
+    (`interlock.support.decision_flags`), an unknown outcome's with the outcome checked
+    by hand too (approving it runs the action again)."""
     if waiting.get("kind") == "unknown_outcome":  # approve runs it again; data records it
         from ._gate_hints import data_example
 
         return ["--approve", "--reject", f"--approve --data '{data_example(waiting)}'"]
-    data = waiting.get("input") is not None and waiting.get("kind") == "approval"
-    tool = waiting.get("kind") == "tool"
-    patch = "PATCH_JSON [--at NODE]" if short else "'{\"field\": value}' [--at NODE]"
-    flags = {"approve": "--approve" + (" --data JSON" if data else ""),
-             "reject": "--reject" + (" [--data JSON]" if data else ""),
-             "modify": "--modify " + ("'{\"arguments\": {...}}'" if tool else patch)}
-    return [flags[d] for d in waiting.get("decisions") or [] if d in flags]
+    from ..support import decision_flags as flags
+
+    return flags(waiting, short=short)
 
 
 def _plural(n: int, word: str) -> str:
@@ -91,14 +87,16 @@ def _short(text: str, limit: int = 80) -> str:
 STATE_SHOWN = 400  # characters of a finished run's state printed by run/resume/status
 
 
-def state_line(result: Any) -> str | None:
-    """A finished run's final state, on one line (shortened; ``--json`` has all of it)."""
+def state_line(result: Any, where: str = "") -> str | None:
+    """A finished run's final state, on one line (shortened; ``--json`` has all of it:
+    the command that prints it carries ``where``, the options that reach the same store
+    or server)."""
     if result.status not in ("COMPLETED", "FAILED", "REJECTED", "CANCELLED"):
         return None
     text = _json(result.state)
     if len(text) > STATE_SHOWN:
-        text = text[:STATE_SHOWN - 3] + "... (`interlock status " + result.run_id + \
-            " --json` prints all of it)"
+        text = (f"{text[:STATE_SHOWN - 3]}... (`interlock status {shlex.quote(result.run_id)} "
+                f"--json{where}` prints all of it)")
     return f"state: {text}"
 
 
@@ -111,10 +109,10 @@ def where_options(store_url: str | None = None, server_url: str | None = None,
 
     if server_url:
         where = "" if os.environ.get("INTERLOCK_SERVER") == server_url \
-            else f" --server {server_url}"
+            else f" --server {shlex.quote(server_url)}"
         given = token and os.environ.get("INTERLOCK_TOKEN") != token
         return where + (" --token TOKEN" if given else "")
-    return f" --store {store_url}" if store_url else ""
+    return f" --store {shlex.quote(store_url)}" if store_url else ""
 
 
 # -- node, edge and decision details ----------------------------------------------------------

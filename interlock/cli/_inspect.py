@@ -4,6 +4,7 @@ workflow file), ``status``, ``runs`` and ``verify`` (stored runs)."""
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 import time
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -163,10 +164,12 @@ def _print_status(result: RunResult, row: RunRow, store_url: str | None,
         lines.append(f"forked from {row.parent_run} at record {row.parent_seq}")
     if result.error:
         e = result.error
-        where = f" at node {e.get('node')!r}" if e.get("node") else ""
-        lines.append(f"error ({e.get('type')}){where}: {e.get('message')}")
-    store = f" --store {store_url}" if store_url else ""
-    state = state_line(result)
+        at = f" at node {e.get('node')!r}" if e.get("node") else ""
+        lines.append(f"error ({e.get('type')}){at}: {e.get('message')}")
+    store = f" --store {shlex.quote(store_url)}" if store_url else ""
+    where = where if remote else store  # (the options that reach the run again)
+    rid = shlex.quote(result.run_id)
+    state = state_line(result, where)
     if state:
         lines.append(state)
     from ..support import owner_gone
@@ -177,66 +180,73 @@ def _print_status(result: RunResult, row: RunRow, store_url: str | None,
     if result.code_changed:  # seen before a decision: the rest runs on the code as it is
         lines.append(code_drift(result.code_changed))
     if result.waiting:
-        lines += _waiting_lines(result.run_id, result.waiting, where or store, seen)
+        lines += _waiting_lines(result.run_id, result.waiting, where, seen)
     elif result.status in ("RUNNING", "RETRYING", "PENDING"):
         if live:
             lines.append(f"being executed by {row.owner}")
         elif result.status == "PENDING":
             lines.append(f"pending: waiting for a worker (`interlock worker{store}` executes "
-                         f"it), or execute it here with `interlock resume {result.run_id}"
-                         f"{store}`")
+                         f"it), or execute it here with `interlock resume {rid}{where}`")
         else:
             lines.append(f"interrupted: no process is executing it; continue with "
-                         f"`interlock resume {result.run_id}{store}`")
+                         f"`interlock resume {rid}{where}`")
     elif result.status == "FAILED":
-        lines.append(_failed_hint(result, store))
+        lines.append(_failed_hint(result.run_id, result.error, where, remote))
     for line in lines:
         out.print(line, markup=False)
 
 
-def _failed_hint(result: RunResult, store: str) -> str:
+def _failed_hint(run_id: str, error: dict[str, Any] | None, where: str,
+                 remote: bool = False) -> str:
     """What can be done about a failed run: a resume re-runs the failed node and decides
-    again, on the definition the run keeps -- which does not help every failure."""
-    err = result.error or {}
+    again, on the definition the run keeps -- which does not help every failure.
+    ``where``: the options that reach the run (``remote``: a server's, through which
+    resume takes no limits and fork is not offered: those go to the server's store)."""
+    err = error or {}
     kind = err.get("type")
     details = err.get("details") or {}
-    rid = result.run_id
+    rid = shlex.quote(run_id)
+    local, on_store = (" --store URL", " on the server's store (through --server, "
+                       "resume takes no limits.* and fork is local)") if remote \
+        else (where, "")
     from ..support import final_failure
 
     final = final_failure(err)
     if final is not None:  # a resume is refused: it would fail the same way
         return (f"this failure is final: {final}; `interlock resume` is refused. To try "
                 f"again from before it, start a new run from one of its records: "
-                f"`interlock fork {rid}{store} --at SEQ` (`interlock trace {rid}{store}` "
-                "lists them)")
+                f"`interlock fork {rid}{local} --at SEQ`{on_store} (`interlock trace "
+                f"{rid}{where}` lists them)")
     if kind == "budget_exceeded" and details.get("scope") == "node":
         return ("the node's own budget (tokens: in the workflow) is part of the definition "
                 "this run keeps: a resume would run it again under the same budget; raise it "
                 "in the file and start a new run")
     if kind == "budget_exceeded":
-        return f"continue with a higher budget: `interlock resume {rid}{store} --set " \
-               "limits.tokens=N`"
+        return f"continue with a higher budget: `interlock resume {rid}{local} --set " \
+               f"limits.tokens=N`{on_store}"
     if kind == "step_limit":
-        return f"continue with a higher limit: `interlock resume {rid}{store} --set " \
-               "limits.steps=N`"
+        return f"continue with a higher limit: `interlock resume {rid}{local} --set " \
+               f"limits.steps=N`{on_store}"
     if kind in ("no_route", "expression_error", "invalid_route"):
         return (f"a resume decides again on the same state (with `--set K=V`, on changed "
-                f"config): `interlock resume {rid}{store}`; to change the state, start a new "
-                f"run from an earlier record with `interlock fork {rid}{store} --at SEQ "
-                "--patch JSON` (see `interlock trace`); a fix to the workflow file applies to "
-                "new runs")
+                f"config): `interlock resume {rid}{where}`; to change the state, start a new "
+                f"run from an earlier record with `interlock fork {rid}{local} --at SEQ "
+                f"--patch JSON`{on_store} (see `interlock trace`); a fix to the workflow file "
+                "applies to new runs")
     if kind == "write_conflict":
         return ("declare a reducer for the field in the workflow file and start a new run "
                 "(this run keeps its definition: a resume would conflict again)")
-    return f"run the failed node again with `interlock resume {rid}{store}`"
+    return f"run the failed node again with `interlock resume {rid}{where}`"
 
 
-def _waiting_lines(run_id: str, w: dict[str, Any], store: str, live: bool | None = None
+def _waiting_lines(run_id: str, w: dict[str, Any], where: str, live: bool | None = None
                    ) -> list[str]:
     gate = w.get("node")
     since = ""
     if w.get("requested_at"):
         since = f" for {_age(time.time() - w['requested_at'])}"
+    if w.get("kind") == "message":  # a conversation, between turns
+        return _message_lines(run_id, w, since, where)
     lines = [f"waiting for a decision at {gate!r}{since}"]
     if w.get("deadline"):
         left = w["deadline"] - time.time()
@@ -251,15 +261,17 @@ def _waiting_lines(run_id: str, w: dict[str, Any], store: str, live: bool | None
     if w.get("input") is not None:
         what = "--modify's patch" if w.get("kind") == "tool" else "--data"
         lines.append(f"input ({what} must satisfy): {_json(w['input'])}")
+    from ..support import decide_command
+
     lines += outcome_notes(w)
-    passed = past_deadline(run_id, w, store)
+    passed = past_deadline(run_id, w, where)
     if passed:
         lines.append(passed)
     else:
         lines.append("decide with:")
     for flag in [] if passed else decision_flags(w):  # the gate named: a repeat is refused
-        lines.append(f"  interlock resume {run_id} --gate {gate} {flag} --by NAME "
-                     f"[--comment TEXT]{store}")
+        lines.append("  " + decide_command(run_id, gate, f"{flag} --by NAME [--comment TEXT]",
+                                           where))
     pending = [g for g in w.get("pending") or () if isinstance(g, dict)]
     others = [g for g in pending if g.get("node") != gate]
     if others:
@@ -267,7 +279,7 @@ def _waiting_lines(run_id: str, w: dict[str, Any], store: str, live: bool | None
         lines += [f"  {g.get('node')!s} ({g.get('kind')}, "
                   f"{', '.join(g.get('decisions') or [])})" for g in others]
         for g in others:  # each unknown outcome explained, not only the oldest gate's
-            passed = past_deadline(run_id, g, store)
+            passed = past_deadline(run_id, g, where)
             if passed:
                 lines.append(f"  {passed}")
             notes = outcome_notes(g)
@@ -275,10 +287,26 @@ def _waiting_lines(run_id: str, w: dict[str, Any], store: str, live: bool | None
             if notes:
                 lines.append(f"  {g.get('node')!s}: decide with: interlock resume {run_id} "
                              f"--gate {g.get('node')} "
-                             f"{' | '.join(decision_flags(g, short=True))} --by NAME{store}")
+                             f"{' | '.join(decision_flags(g, short=True))} --by NAME{where}")
     running = w.get("running")
     if isinstance(running, list):  # the run's other branches, still at work meanwhile
-        lines.append(beside(running, run_id, store, live))
+        lines.append(beside(running, run_id, where, live))
+    return lines
+
+
+def _message_lines(run_id: str, w: dict[str, Any], since: str, where: str) -> list[str]:
+    """A conversation waiting for its next message: the last reply (or why the turn
+    failed) and how to send the message."""
+    show = w.get("show") or {}
+    lines = [f"waiting for message {int(show.get('turn') or 0) + 1} of the conversation "
+             f"(to {w.get('node')!r}){since}"]
+    if show.get("turn_error"):
+        lines.append(f"the last turn failed: {show['turn_error']}")
+    elif isinstance(show.get("last_reply"), str):
+        lines.append(f"last reply: {_short(show['last_reply'], 400)}")
+    rid = shlex.quote(run_id)
+    lines.append(f"send it with: interlock send {rid} TEXT{where}, or interlock chat FILE "
+                 f"--session {rid}{where}")
     return lines
 
 
@@ -342,7 +370,7 @@ def runs(status_: str | None, workflow: str | None, waiting: bool, limit: int, a
     if not rows:
         click.echo("no runs waiting for a person" if waiting else "no runs")
     elif waiting:
-        _print_waiting(rows)
+        _print_waiting(rows, where_options(store_url, server_url, token))
     else:
         _print_runs(rows)
     if len(rows) == limit:
@@ -367,7 +395,7 @@ def _print_runs(rows: list[RunRow]) -> None:
     _print_columns(header, body, right={3, 4}, status_col=2)
 
 
-def _print_waiting(rows: list[RunRow]) -> None:
+def _print_waiting(rows: list[RunRow], where: str = "") -> None:
     header = ["run id", "workflow", "gate", "waiting", "deadline", "shows"]
     now = time.time()
     body, notes = [], []
@@ -390,9 +418,11 @@ def _print_waiting(rows: list[RunRow]) -> None:
                      _age(now - requested) if requested else "?", due,
                      _short(_json(shown(w)), 60)])
     _print_columns(header, body, right={3})
-    click.echo("decide with: interlock resume RUN_ID --approve | --reject | --modify "
-               "PATCH_JSON [--gate GATE] --by NAME (a message: interlock send RUN_ID TEXT)",
-               err=True)
+    from ..support import decide_hint
+
+    every = {"node": "GATE", "decisions": ["approve", "reject", "modify"]}
+    click.echo(f"decide with: {decide_hint('RUN_ID', every, where)}; a message: "
+               f"interlock send RUN_ID TEXT{where}", err=True)
     for line in notes:
         click.echo(line, err=True)
 

@@ -4,6 +4,7 @@ definition, after a static check, on the record (``run.migrated``)."""
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from typing import Any
 
@@ -17,6 +18,7 @@ from ._common import (
     load_workflow,
     store_option,
 )
+from ._format import where_options
 from ._remote import server_options
 
 
@@ -40,15 +42,20 @@ def migrate(run_id: str, path: str, at_node: str | None, by: str | None, comment
             token: str | None) -> None:
     """Move RUN_ID onto the definition in the workflow file --to FILE names. A run keeps
     the definition it started with; this changes it on purpose: the run must be waiting
-    at a gate, failed, or pending, and the new graph must be able to continue it -- the
-    gate it waits at (or --at NODE) exists, every state field the rest of the new graph
-    reads is present or declared, and the reducers of its fields are unchanged.
+    at a gate (or for a conversation's next message), failed, or pending, and the new
+    graph must be able to continue it -- the gate it waits at (or --at NODE) exists,
+    every state field the rest of the new graph reads is present or declared, and the
+    reducers of its fields are unchanged.
 
     Prints every difference between the two definitions, then records run.migrated
     (from_hash, to_hash, by, comment, at_node) and exits 0 -- without executing: a
     waiting run now waits on the new definition (decide it with `resume`), a pending
     run is continued by a worker, a failed run with `resume`. Refused: every reason is
     printed, nothing is recorded, exit 2. --dry-run records nothing.
+
+    --to the run's own file, unchanged, after its node modules changed (a deploy of
+    code only): records the new code digests, which --strict-code continuations then
+    compare against.
 
     With --server, the server checks and records it (POST /api/runs/RUN_ID/migrate, the
     operator role; with its --auth, `by` is the token's name)."""
@@ -73,7 +80,7 @@ def migrate(run_id: str, path: str, at_node: str | None, by: str | None, comment
             raise
         finally:
             remote.close()
-        _show(found, path, as_json)
+        _show(found, path, as_json, where_options(None, server_url, token))
         return
     try:
         found = call_engine(_refusal_kept(migrate_run(
@@ -87,10 +94,10 @@ def migrate(run_id: str, path: str, at_node: str | None, by: str | None, comment
             _differences(refused.migration)
         click.echo(f"error: {refused}", err=True)
         sys.exit(EXIT_USAGE)
-    _show(found, path, as_json)
+    _show(found, path, as_json, where_options(store_url))
 
 
-def _show(found: Any, path: str, as_json: bool) -> None:
+def _show(found: Any, path: str, as_json: bool, where: str = "") -> None:
     """A migration done (or checked, with --dry-run): its differences, then what now."""
     run_id = found.run_id
     if as_json:
@@ -101,12 +108,18 @@ def _show(found: Any, path: str, as_json: bool) -> None:
         click.echo(f"dry run: run {run_id} can be migrated onto {path} "
                    f"({found.to_hash[:12]}); nothing was recorded", err=True)
     else:
-        then = {"WAITING_APPROVAL": f"it waits on the new definition: `interlock resume "
-                                    f"{run_id} --approve` (or --reject) decides it",
+        rid = shlex.quote(run_id)  # (`status` names the gate and its decide command)
+        then = {"WAITING_APPROVAL": f"it waits on the new definition: `interlock status "
+                                    f"{rid}{where}` shows its gate and how to decide it",
+                "WAITING_INPUT": f"the conversation waits for its next message on the new "
+                                 f"definition: `interlock send {rid} TEXT{where}`",
                 "PENDING": "a worker (`interlock worker`) continues it",
-                "FAILED": f"`interlock resume {run_id}` continues it"}.get(found.status, "")
-        click.echo(f"migrated: run {run_id} is on {path} ({found.from_hash[:12]} -> "
-                   f"{found.to_hash[:12]}, record {found.recorded}); {then}", err=True)
+                "FAILED": f"`interlock resume {rid}{where}` continues it"}.get(found.status, "")
+        onto = (f"{found.from_hash[:12]} -> {found.to_hash[:12]}"
+                if found.from_hash != found.to_hash else
+                f"the same definition, {found.to_hash[:12]}, on the code as it is now")
+        click.echo(f"migrated: run {run_id} is on {path} ({onto}, record "
+                   f"{found.recorded}); {then}", err=True)
 
 
 def _differences(found: Any) -> None:

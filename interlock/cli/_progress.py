@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import os
+import shlex
 import sys
 import time
 from collections import Counter
@@ -80,6 +81,13 @@ class Progress:
         self.stats: dict[str, NodeStats] = {}
         self.width = 0
         self._console: Console | None = None
+        # A visit re-runs after a decision or a message (attempt N+1) as well as after a
+        # failure: only a retry is shown as one, counted from the attempt that began
+        # the series (``_first``: by node, visit, item); a conversation's node shows the
+        # turn it answers (``_turn``: from the message gate it waited at)
+        self._first: dict[tuple[str, int, int | None], int] = {}
+        self._failed: set[tuple[str, int, int | None]] = set()
+        self._turn: dict[str, int] = {}
 
     def __call__(self, rec: Record, view: RunView) -> None:
         try:
@@ -172,7 +180,7 @@ class Progress:
             status = "caught"
         item = rec.get("item")
         if item is not None:  # one item of a mapped node's visit: its line, not its row
-            self._line(f"{node}[{item}]", status, _node_detail(rec))
+            self._line(f"{node}[{item}]", status, self._detail(rec))
             return
         st.status = status
         if rec["type"] in ("node.started", "node.visited"):  # (visited: started, completed)
@@ -180,12 +188,36 @@ class Progress:
         elif rec["type"] == "node.completed":  # a decided gate's row: its decision
             st.status = st.decided_status(rec["visit"]) or status
         st.duration_ms += rec.get("duration_ms") or 0.0
-        self._line(node, status, _node_detail(rec))
+        self._line(node, status, self._detail(rec))
+
+    def _detail(self, rec: Record) -> str:
+        """A node record's detail, with the attempt of a retry (not the visit's attempt
+        count, which a decision or a conversation's message raises too)."""
+        kind, node = rec["type"], rec["node"]
+        key = (node, rec.get("visit", 1), rec.get("item"))
+        if kind in ("node.failed", "node.retrying"):
+            self._failed.add(key)
+        if kind != "node.started":
+            return _node_detail(rec)
+        attempt = rec.get("attempt", 1)
+        if key in self._failed:  # a retry, or a resume of a failed visit
+            self._failed.discard(key)
+            shown = attempt - self._first.get(key, 1) + 1
+        else:
+            self._first[key] = attempt
+            shown = 1
+        turn = self._turn.get(node)
+        detail = _node_detail({**rec, "attempt": shown}) if attempt != shown else \
+            _node_detail(rec)
+        return f"turn {turn}  {detail}".rstrip() if turn is not None else detail
 
     def _on_waiting(self, rec: Record) -> None:
         node = rec["node"]
         self.stats.setdefault(node, NodeStats()).status = "waiting"
         if rec.get("kind") == "message":  # a conversation, between turns
+            turn = (rec.get("show") or {}).get("turn")
+            if isinstance(turn, int):  # (the turns answered so far)
+                self._turn[node] = turn + 1
             self._line(node, "waiting", "for the next message")
             return
         item = rec.get("item")
@@ -310,14 +342,18 @@ class Progress:
 
 
 def _outcome_lines(result: RunResult, where: str = "") -> list[str]:
+    """What follows the summary table: the final state, the error, and what the run waits
+    for with the command that goes on -- each command with ``where`` (the options that
+    reach the same store or server)."""
     lines = []
-    state = state_line(result)
+    state = state_line(result, where)
     if state:
         lines.append(state)
     if result.error:
         node = result.error.get("node")
-        where = f" at node {node!r}" if node else ""
-        lines.append(f"error ({result.error.get('type')}){where}: {result.error.get('message')}")
+        at = f" at node {node!r}" if node else ""
+        lines.append(f"error ({result.error.get('type')}){at}: {result.error.get('message')}")
+    rid = shlex.quote(result.run_id)
     if result.waiting and result.waiting.get("kind") == "message":  # a conversation
         # the turn's reply (or why the turn failed): a decision that let the turn go on
         # is answered here too, not only by `send`
@@ -326,18 +362,20 @@ def _outcome_lines(result: RunResult, where: str = "") -> list[str]:
             lines.append(f"the turn failed: {show['turn_error']}")
         elif isinstance(show.get("last_reply"), str):
             lines.append(f"reply: {show['last_reply']}")
-        lines.append(f"waiting for the next message: interlock send {result.run_id} TEXT, or "
-                     f"interlock chat FILE --session {result.run_id}")
+        lines.append(f"waiting for the next message: interlock send {rid} TEXT{where}, or "
+                     f"interlock chat FILE --session {rid}{where}")
     elif result.waiting:
         w = result.waiting
         lines.append(f"waiting for a decision at {w.get('node')!r}; shows {_json(shown(w))}")
         lines += outcome_notes(w)
-        choices = " | ".join(decision_flags(w, short=True))
         # the gate named: a repeated command (a retry, a double click) is then refused as
         # a second decision, instead of deciding whichever gate waits next
-        lines.append(past_deadline(result.run_id, w, where) or
-                     f"decide with: interlock resume {result.run_id} --gate {w.get('node')} "
-                     f"{choices} [--by NAME] [--comment TEXT]{where}")
+        from ..support import decide_command, decide_hint
+
+        hint = decide_hint(result.run_id, w, where) if not is_unknown(w) else decide_command(
+            result.run_id, w.get("node"),
+            " | ".join(decision_flags(w, short=True)) + " [--by NAME] [--comment TEXT]", where)
+        lines.append(past_deadline(result.run_id, w, where) or f"decide with: {hint}")
         others = [str(g.get("node")) + (" (OUTCOME UNKNOWN: approving runs it AGAIN; "
                                         "`interlock status` explains)" if is_unknown(g) else "")
                   for g in w.get("pending") or ()

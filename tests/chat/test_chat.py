@@ -421,6 +421,55 @@ def test_limits_cover_the_whole_conversation_and_a_waiting_one_can_be_cancelled(
     assert refused.exit_code == 2 and "it is CANCELLED" in refused.output
 
 
+def test_limits_steps_cover_a_conversation_that_only_talks(make_project: Any) -> None:
+    """Each turn is a step (the first is the node's visit): ``limits: {steps: 3}`` allows
+    three turns of a conversation whose turns call no tool -- they added no step before,
+    so the limit never bit. The fourth message fails the run as any limit does; a resume
+    with a higher limit answers it; ``/end`` is no turn."""
+    p = make_project(TOOLS)
+    text = chat_file("scripted", replies="[one, two, three, four, five]").replace(
+        "chat: assistant\n", "chat: assistant\nlimits: {steps: 3}\n")
+    wf = p.workflow(text)
+    assert p.cli("run", wf, "--run-id", "s").exit_code == 3
+    for n, word in enumerate(("a", "b", "c"), 1):
+        sent, data = p.cli_json("send", "s", word)
+        assert sent.exit_code == 3, sent.output
+        assert data["steps"] == n
+    over = p.cli("send", "s", "d")
+    assert over.exit_code == 1
+    assert (f"continue with a higher limit: `interlock resume s --store {p.store} --set "
+            "limits.steps=N`") in over.stderr.splitlines()
+    _, data = p.cli_json("status", "s")
+    assert data["status"] == "FAILED"
+    assert data["error"]["type"] == "step_limit"
+    assert "limits.steps=3 before message 4 could be answered" in data["error"]["message"]
+    assert data["steps"] == 4
+    status = p.cli("status", "s")
+    assert "`interlock resume s --store" in status.stdout and "--set limits.steps=N`" \
+        in status.stdout
+    resumed, data = p.cli_json("resume", "s", "--set", "limits.steps=5")
+    assert resumed.exit_code == 3, resumed.output
+    assert data["waiting"]["show"]["last_reply"] == "four"  # message 4, answered
+    ended, data = p.cli_json("send", "s", "/end")
+    assert ended.exit_code == 0
+    assert data["steps"] == 4  # (/end is no turn)
+    assert [r["text"] for r in records("s", p.store, "chat.message")] == \
+        ["a", "b", "c", "d", "/end"]
+    assert p.cli("verify", "s").exit_code == 0
+    # `interlock chat` over the limit: the run failed, and how to go on
+    from click.testing import CliRunner
+
+    from interlock.cli import cli
+
+    out = CliRunner().invoke(cli, ["chat", wf, "--store", p.store], input="a\nb\nc\nd\n",
+                             catch_exceptions=False)
+    assert out.exit_code == 1
+    assert out.stdout.splitlines() == ["one", "two", "three"]
+    session = out.stderr.split("conversation ", 1)[1].split()[0]
+    assert (f"continue with a higher limit: `interlock resume {session} --store {p.store} "
+            "--set limits.steps=N`") in out.stderr.splitlines()
+
+
 def test_run_and_resume_say_a_conversation_waits_for_a_message(make_project: Any) -> None:
     p = make_project(TOOLS)
     wf = p.workflow(chat_file("scripted", replies="[hi]"))
@@ -497,3 +546,41 @@ def test_interlock_chat_exits_3_when_its_input_ends_before_the_conversation(
                                input="more\n/end\n", catch_exceptions=False)
     assert again.exit_code == 0
     assert again.stdout.splitlines() == ["second"]  # the conversation went on
+
+
+def test_interlock_chat_prints_a_goodbye_that_ends_the_conversation_once(
+        make_project: Any) -> None:
+    """A reply streamed beside a tool call (here ``end_conversation``: the reply is the
+    turn's, and the conversation's last) is printed once -- it was printed again whole
+    when the turn's ``chat.reply`` came."""
+    from click.testing import CliRunner
+
+    from interlock.cli import cli
+
+    p = make_project(TOOLS)
+    wf = p.workflow(chat_file("scripted", replies=(
+        "[hello there, {content: Goodbye!, tool_calls: [{name: end_conversation}]}]")))
+    out = CliRunner().invoke(cli, ["chat", wf, "--store", p.store], input="hi\nbye\n",
+                             catch_exceptions=False)
+    assert out.exit_code == 0, out.output
+    assert out.stdout == "hello there\nGoodbye!\n"
+    assert "> end_conversation({}) -> ended" in out.stderr
+
+
+def test_resume_of_a_conversation_shows_the_turn_not_an_attempt(make_project: Any) -> None:
+    """A conversation's node re-runs after each message and decision (the visit's attempt
+    count grows with them): the progress line says which turn it answers, not
+    ``attempt 4`` of a node that never retried."""
+    p, wf = _workflow_tool_project(make_project)
+    assert p.cli("run", wf, "--run-id", "t").exit_code == 3
+    assert p.cli("send", "t", "triage db").exit_code == 3
+    assert p.cli("resume", "t", "--approve").exit_code == 3
+    assert p.cli("send", "t", "now triage api").exit_code == 3
+    rejected = p.cli("resume", "t", "--reject")
+    assert rejected.exit_code == 3, rejected.output
+    lines = [line for line in rejected.stderr.splitlines() if line.startswith("  assistant")]
+    assert lines == ["  assistant  rejected   by an anonymous decider",
+                     "  assistant  running    turn 2",
+                     "  assistant  waiting    for the next message"]
+    started = [r["attempt"] for r in records("t", p.store, "node.started")]
+    assert started[-1] == 5  # (what the progress line said before)

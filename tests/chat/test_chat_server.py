@@ -5,6 +5,7 @@ OpenAI-compatible server that streams, a child gate decided through the API by i
 
 from __future__ import annotations
 
+import json
 import textwrap
 import threading
 from pathlib import Path
@@ -240,5 +241,72 @@ def test_interlock_chat_through_a_server(project: Path) -> None:
         session = out.stderr.split("conversation ", 1)[1].split()[0]
         with server.client() as c:
             assert c.get(f"/api/runs/{session}").json()["status"] == "COMPLETED"
+    finally:
+        server.stop()
+
+
+def test_hints_after_a_server_command_carry_server(project: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A follow-up command printed after ``--server`` reaches the same server (a user
+    copying it without ``--server`` would look in a local store): the decide-with hint of
+    ``send --server`` (pasted, it decides the gate through the server), and the truncated
+    state's ``status --json``."""
+    import shlex
+
+    monkeypatch.delenv("INTERLOCK_SERVER", raising=False)
+    monkeypatch.delenv("INTERLOCK_TOKEN", raising=False)
+    (project / "bignodes.py").write_text("def big(state):\n    return {'text': 'z' * 2000}\n")
+    (project / "flows" / "big.yaml").write_text(textwrap.dedent("""
+        workflow: big
+        nodes:
+          make: {call: "bignodes:big"}
+        edges:
+          - {from: START, to: make}
+          - {from: make, to: END}
+        """))
+    server = Served(project)
+    try:
+        with server.client() as c:
+            assert c.post("/api/workflows/toolchat/runs",
+                          json={"input": {}, "run_id": "h1"}).status_code == 201
+            wait_status(c, "h1", "WAITING_INPUT")
+            assert c.post("/api/workflows/big/runs",
+                          json={"input": {}, "run_id": "b1"}).status_code == 201
+            wait_status(c, "b1", "COMPLETED")
+        runner = CliRunner()
+        sent = runner.invoke(cli, ["send", "h1", "triage db", "--server", server.url],
+                             catch_exceptions=False)
+        assert sent.exit_code == 3, sent.output
+        hint = (f"decide with: interlock resume h1 --gate assistant/run_triage/approval "
+                f"--approve --server {server.url} (or --reject)")
+        assert hint in sent.stderr.splitlines()
+        command = hint.removeprefix("decide with: ").removesuffix(" (or --reject)")
+        refused = runner.invoke(cli, ["send", "h1", "hello?", "--server", server.url],
+                                catch_exceptions=False)
+        assert refused.exit_code == 2
+        assert f"Decide with: {command} (or --reject)" in refused.output
+        decided = runner.invoke(cli, shlex.split(command)[1:], catch_exceptions=False)
+        assert decided.exit_code == 3, decided.output  # through the server: it waits again
+        assert f"interlock send h1 TEXT --server {server.url}" in decided.output
+        status = runner.invoke(cli, ["status", "b1", "--server", server.url],
+                               catch_exceptions=False)
+        line = next(x for x in status.stdout.splitlines() if x.startswith("state: "))
+        shown = f"interlock status b1 --json --server {server.url}"
+        assert line.endswith(f"(`{shown}` prints all of it)"), line
+        whole = runner.invoke(cli, shlex.split(shown)[1:], catch_exceptions=False)
+        assert json.loads(whole.stdout)["state"] == {"text": "z" * 2000}
+        # `interlock chat --server` whose input ends at a gate: how to decide it, there
+        with server.client() as c:
+            assert c.post("/api/workflows/toolchat/runs",
+                          json={"input": {}, "run_id": "h2"}).status_code == 201
+            wait_status(c, "h2", "WAITING_INPUT")
+        talk = runner.invoke(cli, ["chat", "flows/toolchat.yaml", "--session", "h2",
+                                   "--server", server.url], input="triage db\n",
+                             catch_exceptions=False)
+        assert talk.exit_code == 3, talk.output
+        assert (f"decide with: interlock resume h2 --gate assistant/run_triage/approval "
+                f"--approve --server {server.url} (or --reject); or continue here: "
+                f"interlock chat flows/toolchat.yaml --session h2 --server {server.url}") \
+            in talk.stderr.splitlines()[-1]
     finally:
         server.stop()

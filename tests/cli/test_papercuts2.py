@@ -114,8 +114,8 @@ def test_run_and_status_print_the_final_state_and_hints_keep_the_store(
     assert waiting.exit_code == 3
     # the hint to decide names the store the run is in (a resume without it would look
     # in the default store)
-    assert ("decide with: interlock resume s1 --gate gate --approve | --reject [--by NAME] "
-            f"[--comment TEXT] --store {project.store}") in waiting.output
+    assert ("decide with: interlock resume s1 --gate gate --approve --store "
+            f"{project.store} (or --reject)") in waiting.output
     done = project.cli("resume", "s1", "--approve", "--by", "ann")
     assert done.exit_code == 0
     assert re.search(r'^state: \{"n": 1, "x": 2, "gate": \{.*"decision": "approved".*\}, '
@@ -132,7 +132,8 @@ def test_a_long_final_state_is_shortened(project: CliProject) -> None:
     project.cli("run", name, "--input", f'{{"n": 1, "big": "{big}"}}', "--run-id", "l1")
     done = project.cli("resume", "l1", "--approve", "--by", "ann")
     line = next(x for x in done.output.splitlines() if x.startswith("state: "))
-    assert len(line) < 500 and line.endswith("(`interlock status l1 --json` prints all of it)")
+    assert len(line) < 650 and line.endswith(
+        f"(`interlock status l1 --json --store {project.store}` prints all of it)")
 
 
 @pytest.fixture

@@ -595,7 +595,8 @@ def test_a_failed_run_migrated_onto_a_fix_continues_with_resume(project: Project
     migrated = project.cli("migrate", "r-fail", "--to", fixed)
     assert migrated.exit_code == 0, migrated.output
     assert "node 'f' changed (call)" in migrated.stdout
-    assert "`interlock resume r-fail` continues it" in migrated.stderr
+    assert f"`interlock resume r-fail --store {project.base.store}` continues it" \
+        in migrated.stderr
     assert project.cli("status", "r-fail").exit_code == 1  # migrate executes nothing
     resumed = project.cli("resume", "r-fail")
     assert resumed.exit_code == 0, resumed.output
