@@ -52,6 +52,9 @@ RUN_REJECTED = "run.rejected"
 RUN_CANCELLED = "run.cancelled"
 NODE_STARTED = "node.started"
 NODE_COMPLETED = "node.completed"
+# a visit that started and completed in one batch (log format 2): node.started and
+# node.completed in one record, the completion's fields, sealed where the start would be
+NODE_VISITED = "node.visited"
 NODE_FAILED = "node.failed"
 NODE_RETRYING = "node.retrying"
 EDGE_TAKEN = "edge.taken"
@@ -69,6 +72,22 @@ RUN_MIGRATED = "run.migrated"
 # them only where the engine would have written it (`_verify.forged`)
 ENGINE_NAMESPACES = frozenset({"run", "node", "edge", "effect", "approval", "state", "child",
                                "snapshot", "notify"})
+
+# The log's format, recorded in ``run.started`` (``format``; none: 1). Format 2 writes
+# fewer records per node, all implied by the pinned definition: ``node.visited`` for a
+# visit that started and completed in one batch, no ``edge.taken`` for the edges of a
+# node whose every edge is plain and unconditional (`_definition._plan.Plan.always_taken`),
+# no record for an ``otherwise`` edge whose node has exactly one other edge, a ``when``
+# (`Plan.implied_otherwise`): the fold derives them. A run keeps the format it started
+# with, whatever the version that continues it. docs/design.md, "The log".
+FORMAT = 2
+
+
+def format_field() -> dict[str, int]:
+    """What a new run's ``run.started`` says of its log's format: ``format`` from format 2
+    on (`FORMAT`); nothing for format 1 (a log without it is format 1)."""
+    return {"format": FORMAT} if FORMAT > 1 else {}
+
 
 # the one record that may follow a run's final record: a server's note that it told a
 # chat (posted, updated or answered) -- the update after the click that ended the run
@@ -216,16 +235,19 @@ class LogWriter:
         """
         return self.seal(rtype, {k: v for k, v in fields.items() if v is not None})
 
-    def seal(self, rtype: str, fields: dict[str, Any]) -> tuple[Record, Entry]:
+    def seal(self, rtype: str, fields: dict[str, Any], at: float | None = None
+             ) -> tuple[Record, Entry]:
         """`make` for ``fields`` without None values (the executor's own records).
 
         ``fields`` is handed over: it becomes the record (no copy on the hot path).
+        ``at``: the record's time when not now (a record made late: a deferred
+        ``node.started``, sealed when its visit first waits, at the time it started).
         """
         self.seq = seq = self.seq + 1
         rec: Record = fields
         rec["seq"] = seq
         rec["type"] = rtype
-        rec["at"] = _now()
+        rec["at"] = _now() if at is None else at
         # orjson's result keeps a 4 KiB buffer however short the JSON; a log keeps many
         # records, so keep an exact-size copy (joining with b"" is the cheapest copy)
         data = _join((_dumps(rec, json_default, _OPTS), b""))  # positional: ~0.3 us less

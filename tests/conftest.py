@@ -119,6 +119,13 @@ def trace(run_id: str, store: str) -> list[dict[str, Any]]:
     return asyncio.run(interlock.trace(run_id, store=store))
 
 
+# log format 2's ``node.visited`` is a visit's start and its completion in one record
+_VISITED_IS = ("node.started", "node.completed")
+
+
 def records(run_id: str, store: str, rtype: str) -> list[dict[str, Any]]:
-    """A stored run's records of type ``rtype``."""
-    return [r for r in trace(run_id, store) if r["type"] == rtype]
+    """A stored run's records of type ``rtype``, as log format 1 has them: with those
+    format 2 implies (trace's ``implies``), and a ``node.visited`` taken for a
+    ``node.started`` and a ``node.completed``."""
+    return [r for rec in trace(run_id, store) for r in (rec, *rec.get("implies", ()))
+            if r["type"] == rtype or (r["type"] == "node.visited" and rtype in _VISITED_IS)]

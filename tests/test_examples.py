@@ -90,7 +90,10 @@ def data(path: str) -> dict[str, Any]:
 
 
 def trace(run_id: str, store: str) -> list[dict[str, Any]]:
-    return asyncio.run(interlock.trace(run_id, store=store))
+    """The run's records as format 1 writes them: log format 2's ``implies`` written out
+    after the record implying them (with its seq), ``node.visited`` as it is."""
+    return [x for r in asyncio.run(interlock.trace(run_id, store=store))
+            for x in (r, *r.get("implies", ()))]
 
 
 def checked(records: list[dict[str, Any]]) -> set[str]:
@@ -103,7 +106,7 @@ def visits(records: list[dict[str, Any]]) -> list[str]:
     """Nodes in the order their visits started (a confirmed node's visit counts once)."""
     seen: list[tuple[str, int]] = []
     for r in records:
-        if r["type"] == "node.started" and (r["node"], r["visit"]) not in seen:
+        if r["type"] in ("node.started", "node.visited") and (r["node"], r["visit"]) not in seen:
             seen.append((r["node"], r["visit"]))
     return [node for node, _ in seen]
 
@@ -131,8 +134,9 @@ def test_triage_all_green_is_resolved_without_remediation(store: str) -> None:
     assert seq[0] == "check" and checked(records) == CHECKS  # the map: a check per service
     assert seq[1:] == ["summarizer", "journal", "final_report"]
     [after] = [r for r in records if r["type"] == "edge.taken" and r.get("to") == ["summarizer"]]
-    assert after["seq"] > max(r["seq"] for r in records
-                              if r["type"] == "node.completed" and r["node"] == "check")
+    # (log format 2: implied by the mapped visit's completion, at its seq)
+    assert after["seq"] >= max(r["seq"] for r in records
+                               if r["type"] == "node.completed" and r["node"] == "check")
     assert decisions(records, "journal") == [
         {"taken": True, "to": ["final_report"], "expr": 'severity == "healthy"', "value": True,
          "reads": {"severity": "healthy"}},

@@ -47,7 +47,7 @@ LAYERS: dict[int, set[str]] = {
     # folded, stored), the lease keeper (leases renewed off the event loop)
     4: {"_engine._flow", "_engine._view", "_engine._gates", "_engine._migration", "_engine._fold",
         "_engine._snapshot", "_engine._approvals", "_engine._journal", "_engine._lease",
-        "_engine._item_gates"},
+        "_engine._item_gates", "_engine._staging", "_engine._expand"},
     # the node call: its context, the guards, process isolation
     5: {"_engine._context", "_engine._budget", "_engine._guards", "_engine._call",
         "_engine._mapped", "_engine._ray",

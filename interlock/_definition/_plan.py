@@ -137,6 +137,13 @@ class Plan:
     approvals: frozenset[str] = frozenset()  # approval nodes (a rejection changes routing)
     async_routers: bool = False  # an edge has an ``async def`` router (awaited by the loop)
     guard_kinds: frozenset[int] = frozenset()  # its nodes' `PlanNode.guards`
+    # log format 2 (`_log.FORMAT`): the ``otherwise`` edges a ``when`` edge's record
+    # implies, by that edge's index -- a node (no gate) whose edges are one plain ``when``
+    # and its ``otherwise`` edges, none a join: taken exactly when the ``when`` was not
+    implied_otherwise: dict[int, tuple[PlanEdge, ...]] = field(default_factory=dict)
+    # nodes whose body is an ``async def`` run in the event loop (`_guards.in_loop`, which
+    # says when it first waits): an inline visit of one may be one ``node.visited``
+    in_loop: frozenset[str] = frozenset()
 
 
 def callable_params(fn: Callable[..., object]) -> int:
@@ -211,7 +218,26 @@ def build_plan(spec: WorkflowSpec, *, callables: dict[str, Callable[..., object]
             if pn.out and not pn.gate and not pn.errors and all(
                 e.kind == "plain" and e.cond is None and e.max is None and not e.otherwise
                 and not e.is_join for e in pn.out)),
+        implied_otherwise=_implied_otherwise(nodes),
+        in_loop=frozenset(n for n, pn in nodes.items()
+                          if pn.guards & (ASYNC | ISOLATED | ON_RAY) == ASYNC),
     )
+
+
+def _implied_otherwise(nodes: dict[str, PlanNode]) -> dict[int, tuple[PlanEdge, ...]]:
+    """`Plan.implied_otherwise`: for each node whose edges are exactly one plain ``when``
+    edge and ``otherwise`` edges (no join among them, no gate), the ``when`` edge's index
+    and the ``otherwise`` edges, in declaration order (the order they are decided in)."""
+    out: dict[int, tuple[PlanEdge, ...]] = {}
+    for pn in nodes.values():
+        whens = [e for e in pn.out if not e.otherwise]
+        others = tuple(e for e in pn.out if e.otherwise)
+        if pn.gate or len(whens) != 1 or not others or any(e.is_join for e in pn.out):
+            continue
+        when = whens[0]
+        if when.kind == "plain" and when.cond is not None:
+            out[when.index] = others
+    return out
 
 
 def _components(adj: dict[str, list[str]], spec: WorkflowSpec

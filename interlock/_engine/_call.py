@@ -48,6 +48,7 @@ class NodeCall:
         self.plan = plan
         self.view = view
         self.sink = sink
+        self._waits = getattr(sink, "started", None)  # (`Attempt.waits`)
         self.run_id = run_id
         self.budget = Budget(plan, view, run_id)
         # the port's ``charge_tokens`` (`_context.Port`) is the budget's own charge
@@ -106,6 +107,7 @@ class NodeCall:
         a.state = state
         a.ctx = ctx
         a.item = item
+        a.waits = self._waits
         if item is not None:
             assert pn.mapped is not None
             state[pn.mapped.spec.item_name] = self.view.maps[(pn.name, visit)].items[item]

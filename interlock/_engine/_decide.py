@@ -58,6 +58,17 @@ class Rejected(Exception):
         return cls(end["node"], end["error"]["message"], by if isinstance(by, str) else None)
 
 
+def _implied_sources(plan: Plan, view: RunView) -> frozenset[str]:
+    """Log format 2: the nodes whose ``otherwise`` edges the fold decides from their one
+    ``when`` edge's record (`Plan.implied_otherwise`): the decider decides and writes
+    that edge only. Its ``otherwise`` edges are taken when it was not, so the group
+    always takes something (nothing to strand), and no gate is among these nodes (no
+    rejection to follow)."""
+    if view.format < 2:
+        return frozenset()
+    return frozenset(plan.edges[i].sources[0] for i in plan.implied_otherwise)
+
+
 class _Raised(NamedTuple):
     """A router's exception, kept until its edge is decided."""
 
@@ -77,6 +88,7 @@ class Decider:
         self._scope = Scope(view)  # what conditions see (state, config, run), looked up lazily
         # the answers of async routers, awaited by the loop before their edge is decided
         self._routed: dict[tuple[int, str], object] = {}
+        self._implied = _implied_sources(plan, view)
 
     def due(self) -> Due | None:
         """Decide everything due, staging the edge records, until nothing is due.
@@ -117,6 +129,12 @@ class Decider:
                 for d in group:
                     if d.edge.router_async and (d.edge.index, d.source) not in self._routed:
                         return d
+            if source in self._implied:  # only its ``when`` edge (see `_implied_sources`)
+                for d in group:
+                    if not d.edge.otherwise:
+                        rtype, fields = self._decide_edge(d.edge, d, self._scope)
+                        put(rtype, fields)
+                continue
             for rtype, fields in self._decide_group(source, group):
                 put(rtype, fields)
         return None

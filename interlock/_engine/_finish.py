@@ -88,8 +88,10 @@ def complete(decide: Decider, out: Outcome) -> None:
         items = len(decide.view.maps[(out.node, out.visit)].items)
         decide.sink.add(R.map_completed(out.node, out.visit, items, out.duration_ms))
     else:
-        decide.sink.add(R.node_completed(out.node, out.visit, out.attempt, out.duration_ms,
-                                       out.update, out.goto, out.tokens))
+        # (node.visited when its start is still deferred: an inline visit, log format 2)
+        decide.sink.visited(R.node_completed(out.node, out.visit, out.attempt,
+                                             out.duration_ms, out.update, out.goto,
+                                             out.tokens)[1])
     # decide this node's edges in the same batch: its completion and where the run
     # goes next are committed together
     decide.due()

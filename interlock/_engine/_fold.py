@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import functools
 from collections import deque
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
 from .. import _log as L
 from .._definition._model import ERROR_FIELD
+from .._definition._plan import PlanEdge, PlanNode
 from .._definition._state import merge_update
 from .._errors import InternalError
 from ._flow import Due
@@ -199,7 +201,7 @@ class RunView(ViewData):
         self.route_wait[node] = pn.joins_out
         # its edges' decisions are due (a join's: its barrier is arrived at); a modified
         # approval (``reenter``) sends the run back to that node instead
-        self.flow.completed(pn, rec.get("goto"), rec.get("reenter"))
+        _completed(self, pn, rec)  # (format 2: edges it implies taken)
 
     def _on_node_failed(self, rec: L.Record) -> None:
         if "caught" in rec:
@@ -281,7 +283,7 @@ class RunView(ViewData):
             self.map_items.setdefault(taken[0], deque()).append(rec.get("value") or [])
         # last: delivering may make nodes ready and settle joins (new dues), which must
         # see the route bookkeeping above already done
-        self.flow.decided(e, source, taken)
+        _decided(self, e, source, taken, taken_here)  # (format 2: and what it implies)
 
     def _on_run_forked(self, rec: L.Record) -> None:
         self.parent = (rec["parent_run"], rec["parent_seq"])
@@ -337,6 +339,81 @@ class RunView(ViewData):
         running = self._attempt_visit(rec)
         if running is not None and rec.get("tokens"):
             running.effect_tokens += rec["tokens"]
+
+
+# -- log format 2: records the fold implies (`_log.FORMAT`) -----------------------------
+#
+# Each function below does what the fold of the record(s) it stands for would do, at the
+# record that implies them, in the order the records would have come: a format-1 log and
+# its format-2 twin fold to the same view record for record (tests/engine/test_format.py).
+
+
+def _on_started(view: RunView, rec: L.Record) -> None:
+    """``run.started``, and the log's format (format 2 implies some records)."""
+    view._on_run_started(rec)
+    view.format = rec.get("format", 1)
+
+
+def _on_visited(view: RunView, rec: L.Record) -> None:
+    """``node.visited``: the visit's ``node.started`` and ``node.completed`` at once."""
+    view._on_node_started(rec)
+    view._on_node_completed(rec)
+
+
+def end_visit(view: RunView, rec: L.Record) -> None:
+    """Fold a ``node.visited`` whose start the view has folded already: the executor
+    folds a visit's start when it starts (`_journal.Journal.defer`) and seals it as
+    ``node.visited`` with its completion when nothing was recorded in between."""
+    if view.status in _ENDED:
+        raise InternalError(f"record {rec['seq']} ({rec['type']}) comes after the run "
+                            f"ended ({view.status})")
+    view.seq = rec["seq"]
+    view._on_node_completed(rec)
+    if not view.due and (view.flow.deferred or not (view.ready or view.running)):
+        view.flow.quiesce()
+
+
+def _completed(view: RunView, pn: PlanNode, rec: L.Record) -> None:
+    """The flow machine told of ``pn``'s completion; then, in format 2, the ``edge.taken``
+    of each edge of a `Plan.always_taken` node that completed (no goto): what
+    `RunView._on_edge` does for each, in the order they were written."""
+    node = pn.name
+    if view.format < 2 or node not in view.plan.always_taken or "goto" in rec \
+            or "reenter" in rec:
+        view.flow.completed(pn, rec.get("goto"), rec.get("reenter"))
+        return
+    # what `Flow.completed` and each edge's `_on_edge` would do, with no decision made due
+    # only to be popped again (the hot path of a chain; no error edges, no joins here)
+    takes, flow = view.takes, view.flow
+    if pn.cyclic:
+        flow.active[pn.scc] -= 1  # (the flow machine's invariant 2)
+    view.routed[node] = True
+    for e in pn.out:
+        takes[e.index] += 1
+        flow.decided(e, node, e.targets)
+
+
+def _decided(view: RunView, e: PlanEdge, source: str, taken: Collection[str],
+             taken_here: bool) -> None:
+    """The flow machine told of edge ``e``'s decision (its targets ``taken``); then, in
+    format 2, what its record implies (`_otherwise`)."""
+    view.flow.decided(e, source, taken)
+    _otherwise(view, e.index, source, not taken_here)
+
+
+def _otherwise(view: RunView, index: int, source: str, taken: bool) -> None:
+    """In format 2, after the record of edge ``index`` -- the one ``when`` edge of a
+    `Plan.implied_otherwise` node -- those of ``source``'s ``otherwise`` edges: each
+    ``taken`` (the ``when`` was not) or skipped."""
+    edges = view.plan.implied_otherwise.get(index) if view.format > 1 else None
+    if edges is None or source == "*":
+        return
+    for e in edges:
+        view.due.pop((e.index, source), None)
+        if taken:
+            view.takes[e.index] += 1
+            view.routed[source] = True
+        view.flow.decided(e, source, e.targets if taken else ())
 
 
 class Scope:
@@ -438,13 +515,14 @@ def _on_waiting(view: RunView, rec: L.Record) -> None:
 _ENDED = frozenset({"COMPLETED", "REJECTED", "CANCELLED"})  # (a FAILED run may go on)
 
 _HANDLERS = {
-    L.RUN_STARTED: RunView._on_run_started,
+    L.RUN_STARTED: _on_started,
     L.RUN_RESUMED: RunView._on_run_resumed,
     L.RUN_FORKED: RunView._on_run_forked,
     L.RUN_MIGRATED: migrate,  # onto another definition: `_migration`
     L.STATE_PATCHED: RunView._on_state_patched,
     L.NODE_STARTED: RunView._on_node_started,
     L.NODE_COMPLETED: RunView._on_node_completed,
+    L.NODE_VISITED: _on_visited,
     L.NODE_FAILED: RunView._on_node_failed,
     L.NODE_RETRYING: RunView._on_node_retrying,
     L.EDGE_TAKEN: RunView._on_edge,

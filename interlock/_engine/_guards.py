@@ -72,7 +72,7 @@ class Attempt:
     slot is read faster than a named tuple's field.)
     """
 
-    __slots__ = ("ctx", "item", "number", "pn", "state", "t0", "visit")
+    __slots__ = ("ctx", "item", "number", "pn", "state", "t0", "visit", "waits")
 
     def __init__(self, pn: PlanNode, visit: int, number: int, state: JSONObject,
                  ctx: Context | None, t0: float, item: int | None = None) -> None:
@@ -83,6 +83,9 @@ class Attempt:
         self.ctx = ctx  # only for a body that can use one (tokens, effects, confirmations)
         self.t0 = t0  # the duration and the timeout count from here (time.perf_counter())
         self.item = item  # a mapped node's: the index of the item in its visit's list
+        # called when the body first waits (`in_loop`): the run's sink seals the visit's
+        # deferred node.started then (`_staging.Staging.started`); None: nothing to say
+        self.waits: Callable[[], object] | None = None
 
 
 _perf_counter = time.perf_counter
@@ -350,6 +353,8 @@ async def in_loop(a: Attempt) -> object:
         if _perf_counter() - a.t0 > pn.timeout:
             raise NodeTimeout(OVERRAN) from None  # it overran without ever suspending
         return done.value
+    if a.waits is not None:  # it waits: a deferred node.started is sealed (shown) now
+        a.waits()
     scope = asyncio.timeout(pn.timeout - (_perf_counter() - a.t0))
     try:
         async with scope:

@@ -26,7 +26,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
 
 from .. import _log as L
 from .._errors import ClaimError, ConflictError, RunNotFound, StoreError
@@ -35,6 +34,7 @@ from . import _snapshot as snapshots
 from ._fold import RunView
 from ._gates import shown
 from ._records import Item
+from ._staging import Staging
 
 log = logging.getLogger("interlock")
 
@@ -60,8 +60,9 @@ class StoreOutage(BaseException):
         self.error = error
 
 
-class Journal:
-    """Seals, folds, stages and stores one run's records (a `_records.Sink`)."""
+class Journal(Staging):
+    """Seals, folds, stages (`_staging.Staging`) and stores one run's records (a
+    `_records.Sink`)."""
 
     def __init__(self, store: Store, run_id: str, view: RunView, writer: L.LogWriter,
                  listener: Callable[[L.Record, RunView], object] | None = None,
@@ -77,15 +78,12 @@ class Journal:
         self.owner = owner if getattr(store, "leases_in_writes", False) else None
         self.released = False
         self.run_id = run_id
-        self.view = view
-        self.writer = writer
-        self.listener = listener
+        super().__init__(view, writer, listener)
         # a flush in flight (see `flush`); the others wait for ``_idle``, counted in
         # ``_waiting``
         self._flushing = False
         self._waiting = 0
         self._idle = asyncio.Event()
-        self._staged: list[L.Entry] = []
         # records after this seq are not in a snapshot: the log's latest one, as the load
         # found it -- not where this journal starts, or a run continued a few records at
         # a time (a conversation, a turn per process) would never take one
@@ -97,52 +95,11 @@ class Journal:
         # a batch put back after a cancelled append, which may have been stored anyway
         self._unsure = False
 
-    def stage(self, items: list[Item]) -> list[L.Record]:
-        """Number and chain records and fold them into the view; `flush` stores them.
-
-        Nothing that depends on a staged record may start before the flush returns:
-        the loop only starts nodes after flushing.
-        """
-        put = self.put
-        return [put(rtype, {k: v for k, v in fields.items() if v is not None})
-                for rtype, fields in items]
-
-    def add(self, item: Item) -> L.Record:
-        """`stage` for one record whose fields have no None values (the fields become
-        the record)."""
-        return self.put(item[0], item[1])
-
-    def put(self, rtype: str, fields: dict[str, Any]) -> L.Record:
-        """`add` for an item given as its two halves (the hot path's: no tuple made).
-
-        Staged only once folded: a record the fold refuses is not numbered either."""
-        writer = self.writer
-        seq, prev = writer.seq, writer.hash
-        rec, entry = writer.seal(rtype, fields)
-        try:
-            self.view.apply(rec)
-        except BaseException:
-            writer.rewind(seq, prev)
-            raise
-        self._staged.append(entry)
-        if self.listener is not None:
-            self.listener(rec, self.view)
-        return rec
-
-    def _seal(self, rtype: str, fields: dict[str, Any]) -> L.Entry:
-        """A record sealed and folded now, outside the staged batch (the caller stores it)."""
-        writer = self.writer
-        seq, prev = writer.seq, writer.hash
-        rec, entry = writer.seal(rtype, fields)
-        try:
-            self.view.apply(rec)
-        except BaseException:
-            writer.rewind(seq, prev)
-            raise
-        if self.listener is not None:
-            self.listener(rec, self.view)
-        return entry
-
+    # Flushes are serialised with a flag, not an `asyncio.Lock` (its acquire and release
+    # are three calls, once per step): the common flush finds none in flight and takes its
+    # turn with a test and a store. Safe because it runs on the event loop's thread and
+    # nothing awaits between the test and the store: two flushes cannot both see
+    # ``_flushing`` false (`_wait_turn` tests again after each wait).
     async def flush(self) -> None:
         """Commit every staged record (one transaction); now and then, a snapshot.
 
@@ -153,17 +110,14 @@ class Journal:
         for `retry_for` seconds, see `_append`); the journal is then broken, the batch
         stays staged, and every later flush raises that error again.
         """
-        # Serialised with a flag, not an `asyncio.Lock` (its acquire and release are three
-        # calls, once per step): the common flush finds none in flight and takes its turn
-        # with a test and a store. Safe because it runs on the event loop's thread and
-        # nothing awaits between the test and the store: two flushes cannot both see
-        # ``_flushing`` false (`_wait_turn` tests again after each wait).
         if self._flushing:
             await self._wait_turn()
         self._flushing = True
         try:
             if self.broken is not None:
                 raise self.broken
+            if self._deferred is not None:
+                self.started()  # a visit running while something flushes: it started
             if not self._staged:
                 return
             entries, self._staged = self._staged, []

@@ -53,6 +53,17 @@ class Sink(Protocol):
     async def commit(self, items: list[Item]) -> list[L.Record]:
         """`stage` and `flush`."""
 
+    def defer(self, node: str, visit: int) -> None:
+        """Start attempt 1 of a visit: ``node.started``; for an inline visit in log format
+        2, folded now and sealed only if something comes before its completion (`_staging`)."""
+
+    def started(self) -> None:
+        """Seal a deferred ``node.started`` now (the visit's body waits)."""
+
+    def visited(self, fields: JSONObject) -> L.Record:
+        """Stage a visit's completion: ``node.visited`` if its start is still deferred,
+        else ``node.completed``."""
+
 
 def node_started(node: str, visit: int, attempt: int, item: int | None = None) -> Item:
     """A visit's attempt starting (``item``: one item's of a mapped node's visit)."""

@@ -152,14 +152,13 @@ class Runner:
                     if outcome.error is None and outcome.pause is None and not pn.branched:
                         # the common case, without a coroutine
                         if outcome.goto is None and not outcome.tokens:
-                            # `complete(decide, outcome)` with R.node_completed(...) inlined (see
-                            # `_records`: the hot path)
+                            # `complete(decide, outcome)`, R.node_completed inlined (`_records`)
                             fields: JSONObject = {
                                 "node": outcome.node, "visit": outcome.visit,
                                 "attempt": outcome.attempt, "duration_ms": outcome.duration_ms}
                             if outcome.update:
                                 fields["update"] = outcome.update
-                            sink.put(L.NODE_COMPLETED, fields)
+                            sink.visited(fields)  # (node.visited if it never waited)
                             decide.due()  # its edges, in the same batch
                         else:
                             complete(decide, outcome)
@@ -307,8 +306,8 @@ class Runner:
                 if limit is not None and view.steps >= limit:
                     raise Abort(_step_limit(limit, node))
                 visit = view.started.get(node, 0) + 1
-                # R.node_started(node, visit, 1), inlined (see `_records`: the hot path)
-                self.sink.put(L.NODE_STARTED, {"node": node, "visit": visit, "attempt": 1})
+                # R.node_started(node, visit, 1) -- deferred in a format-2 run: one
+                self.sink.defer(node, visit)  # node.visited if it never waits (`_staging`)
                 return pn, visit
         recs = self.sink.stage([R.node_started(n, vis, 1) for n, vis in _next_visits(self.view)])
         gates = [rec for rec in recs if self._is_gate(rec["node"])]

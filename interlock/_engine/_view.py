@@ -170,6 +170,7 @@ class ViewData:
     # reading); a view never migrated has neither
     migration: dict[str, Any] | None = None
     plans: Callable[[JSONObject], Plan] | None = None
+    format: int = 1  # the log's format (`_log.FORMAT`), as its ``run.started`` says
     # the seq the log's latest snapshot covers, as the load found it (not in a snapshot:
     # the journal that continues the run takes its next one `_snapshot.EVERY` after it)
     snapshot_at: int = 0
@@ -219,6 +220,7 @@ class ViewData:
             "map_items": {t: list(q) for t, q in self.map_items.items() if q},
             # a migrated view is not restored (`_snapshot.load`): its plan is not the row's
             **({"migration": self.migration} if self.migration is not None else {}),
+            **({"format": self.format} if self.format != 1 else {}),
         }
 
     @classmethod
@@ -250,6 +252,7 @@ class ViewData:
                                    {int(i): Visit(*r) for i, r in zip(idx, running, strict=True)})
                   for n, vis, items, done, running, idx in d["maps"]}
         v.map_items = {t: deque(q) for t, q in d["map_items"].items()}
+        v.format = d.get("format", 1)
         v.flow = Flow(plan, v.ready, v.running, v.due)  # on the restored containers
         v.flow.restore(d)
         return v

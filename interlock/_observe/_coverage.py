@@ -22,8 +22,11 @@ from typing import Any
 from .. import _log as L
 from .._definition._edge import EdgeSpec, case_key
 from .._definition._model import WorkflowSpec
+from .._definition._plan import Plan
 from .._definition._spec import load_spec, parse
+from .._engine._expand import Expander
 from .._errors import UsageError
+from .._plugins._compile import reading_plan
 from .._store import ALL_RUNS, Store, open_store
 
 
@@ -143,6 +146,9 @@ def _label(e: EdgeSpec) -> str:
     return e.when or ("otherwise" if e.otherwise else "")
 
 
+_STARTS = frozenset({L.NODE_STARTED, L.NODE_VISITED})  # (node.visited: started, completed)
+
+
 class _Counts:
     """What the runs of one workflow did, keyed by what the current file declares."""
 
@@ -160,7 +166,7 @@ class _Counts:
 
     def record(self, run_spec: WorkflowSpec, rec: L.Record) -> None:
         rtype = rec["type"]
-        if rtype == L.NODE_STARTED and "item" not in rec and rec.get("attempt", 1) == 1:
+        if rtype in _STARTS and "item" not in rec and rec.get("attempt", 1) == 1:
             if rec["node"] in self.nodes:
                 self.nodes[rec["node"]] += 1
         elif rtype in (L.EDGE_TAKEN, L.EDGE_SKIPPED):
@@ -238,15 +244,24 @@ async def _spec_of(workflow: Any, store: Store) -> WorkflowSpec:
     return parse(rows[0].definition)
 
 
+def _plan(plans: dict[str, Plan], digest: str, spec: WorkflowSpec) -> Plan:
+    plan = plans.get(digest)
+    if plan is None:
+        plan = plans[digest] = reading_plan(spec)
+    return plan
+
+
 async def coverage_of(spec: WorkflowSpec, store: Store) -> Coverage:
     """The coverage of ``spec``'s declared edges by the stored runs of its workflow."""
     counts = _Counts(spec)
     rows = await store.list_runs(workflow=spec.workflow, limit=ALL_RUNS)
     specs: dict[str, WorkflowSpec] = {}
+    plans: dict[str, Plan] = {}  # (log format 2: what its records imply, `_expand`)
     for row in rows:
         run_spec = specs.get(row.definition_hash)
         if run_spec is None:
             run_spec = specs[row.definition_hash] = parse(row.definition)
+        expand = Expander(_plan(plans, row.definition_hash, run_spec))
         async for entries in store.iter_entries(row.run_id):
             for entry in entries:
                 rec = entry.record()
@@ -254,7 +269,9 @@ async def coverage_of(spec: WorkflowSpec, store: Store) -> Coverage:
                     to_hash = str(rec.get("to_hash"))
                     run_spec = specs.get(to_hash) or specs.setdefault(
                         to_hash, parse(rec["definition"]))
-                counts.record(run_spec, rec)
+                    expand.plan = _plan(plans, to_hash, run_spec)
+                for one in expand(rec):
+                    counts.record(run_spec, one)
     unmatched = [f"{e.source} switch case {e.case} -> {e.target}" for e in counts.edges
                  if e.case is not None and not e.taken]
     return Coverage(

@@ -55,13 +55,14 @@ class Metrics:
     def observe(self, rec: L.Record, view: RunView) -> None:
         """A journal listener: count a node attempt as its record is sealed."""
         rtype = rec["type"]
-        if rtype not in (L.NODE_COMPLETED, L.NODE_FAILED, L.NODE_RETRYING):
+        if rtype not in (L.NODE_COMPLETED, L.NODE_FAILED, L.NODE_RETRYING, L.NODE_VISITED):
             return
         if rtype == L.NODE_COMPLETED and rec.get("items") is not None:
             return  # a mapped node's visit: its items are the attempts
         workflow, node = view.plan.spec.workflow, str(rec.get("node"))
         error = rec.get("error") or {}
-        outcome = {L.NODE_COMPLETED: "completed", L.NODE_RETRYING: "retrying"}.get(
+        outcome = {L.NODE_COMPLETED: "completed", L.NODE_RETRYING: "retrying",
+                   L.NODE_VISITED: "completed"}.get(
             rtype, "cancelled" if error.get("type") == "cancelled" else "failed")
         if rec.get("caught"):
             outcome = "caught"

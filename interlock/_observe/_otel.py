@@ -7,7 +7,8 @@ A run is its log, so its trace is too: `RunSpans` is a listener of the run's jou
   (or ``run.resumed``, ``run.forked``) to the record that ends or pauses it; a resumed
   run's span links to the span that started the run (its ids are in ``run.started``);
 - one span per node attempt (``interlock.node <node>``), a child of the run's: from
-  ``node.started`` to ``node.completed``, ``node.failed`` or ``node.retrying``; a mapped
+  ``node.started`` to ``node.completed``, ``node.failed`` or ``node.retrying`` (a
+  ``node.visited``: its duration, up to its time); a mapped
   node's visit is a span and each item's attempt a child of it;
 - one span per model call of an agent node (``chat <model>``, a child of the node's),
   with the GenAI semantic-convention attributes (``gen_ai.system``,
@@ -182,6 +183,10 @@ class RunSpans:
             self._node_started(rec)
         elif rtype in (L.NODE_COMPLETED, L.NODE_FAILED, L.NODE_RETRYING):
             self._node_ended(rec)
+        elif rtype == L.NODE_VISITED:  # (log format 2) started and completed: one span
+            started = {**rec, "at": rec["at"] - (rec.get("duration_ms") or 0.0) / 1000}
+            self._node_started(started)
+            self._end_node((rec["node"], rec["visit"], None), rec, "completed")
         elif rtype in (L.EDGE_TAKEN, L.EDGE_SKIPPED):
             # a decision: what was evaluated (an unconditional edge decides nothing, and a
             # 10,000-node chain would otherwise put 10,000 events on one span)

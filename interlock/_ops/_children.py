@@ -37,7 +37,11 @@ async def waiting_paths(store: Store, run_id: str, parent: str | None = None
     if parent is not None and (loaded.row.options.get("parent") or {}).get("run") != parent:
         return None
     pending = view.pending_gates()
-    if view.status != "WAITING_APPROVAL" or running_beside(view, pending) is not None:
+    # (no gate left: its last one was decided in its log, through its parent, and the run
+    # is to go on to its end -- nothing is due when that node has no edges, or, in log
+    # format 2, edges its completion implies; as `continue_child` has it)
+    if view.status != "WAITING_APPROVAL" or not pending or \
+            running_beside(view, pending) is not None:
         return None
     names = []
     for gate in pending:

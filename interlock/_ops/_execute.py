@@ -406,8 +406,8 @@ async def create(plan: Plan, store: Store, run_id: str, *, definition: JSONObjec
     now = time.time()
     chain = chain_options(key)
     fields: dict[str, object] = {
-        "workflow": plan.spec.workflow, "definition_hash": definition_hash,
-        "input": input, "config": config, "limits": limits, **(started or {}), **chain}
+        "workflow": plan.spec.workflow, "definition_hash": definition_hash, "input": input,
+        "config": config, "limits": limits, **(started or {}), **chain, **L.format_field()}
     defaults = start_defaults(plan.spec, input)
     if defaults:
         fields["defaults"] = defaults

@@ -10,15 +10,16 @@ import hashlib
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from .. import _log as L
 from .._definition._model import WorkflowSpec
 from .._definition._plan import Plan
 from .._definition._spec import parse
 from .._engine import _snapshot as snapshots
+from .._engine._expand import Expander
 from .._engine._fold import RunResult, RunView, result_of
-from .._errors import LogError, UsageError
+from .._errors import InterlockError, LogError, UsageError, WorkflowError
 from .._json import JSONObject
 from .._plugins._compile import compile_spec, reading_plan
 from .._store import RunRow, Store, acquire_store, release_store
@@ -255,6 +256,19 @@ def _check_log(row: RunRow, entries: list[L.Entry], start: int, start_hash: str,
                        run_id=run_id)
 
 
+async def load_resumable(st: Store, run_id: str, workflow: Functions | None) -> Loaded:
+    """`load_run` of a run to continue; one whose code no longer loads and that ended
+    long ago (it may name functions renamed since) is refused as an ended run."""
+    try:
+        return await load_run(st, run_id, workflow=workflow, executable=True)
+    except WorkflowError:
+        status = (await st.get_run(run_id)).summary.status
+        if status in ("COMPLETED", "REJECTED", "CANCELLED"):
+            raise UsageError(f"run {run_id!r} is {status}; only a failed, interrupted or "
+                             "waiting run can be resumed") from None
+        raise
+
+
 async def status(run_id: str, *, store: str | Store | None = None) -> RunResult:
     """The run as its log tells it (with the nodes still to run whose code changed)."""
     st, owned = open_store_arg(store)
@@ -269,3 +283,91 @@ async def status(run_id: str, *, store: str | Store | None = None) -> RunResult:
     finally:
         if owned:
             await release_store(st)
+
+
+async def expander(st: Store, row: RunRow, after: int = 0) -> Expander | None:
+    """What reads the run's records as format 1 writes them (`_engine._expand`), from
+    record ``after`` on, with the plan in force there (the definition of the last
+    ``run.migrated`` before it, else the run's); None when its definition no longer
+    loads (read as stored). A server's event stream asks at every commit: the plans, and
+    what each run's log says up to where it was last read (`read_to`), are kept
+    (`_EXPANDING`); the records between are read once, for a ``run.migrated``."""
+    plans, known = _EXPANDING
+    plan = plans.get(row.definition_hash)
+    if plan is None:
+        try:
+            plan = reading_plan(parse(row.definition))
+        except (InterlockError, ValueError):
+            return None
+        if len(plans) >= _EXPANDING_KEPT:
+            plans.clear()
+        plans[row.definition_hash] = plan
+    exp = Expander(plan, plans=plan_maker())
+    if not after:
+        return exp
+    key = (row.run_id, row.created_at)
+    seen = known.get(key)
+    if seen is not None and seen.format < 2:  # (format 1 implies nothing, and stays 1)
+        exp.format = seen.format
+        return exp
+    if seen is None or seen.upto < after:  # read what is not known yet, up to ``after``
+        upto = 0
+        if seen is not None:
+            exp.format, exp.plan, upto = seen.format, seen.plans[-1][1], seen.upto
+        while upto < after:
+            entries = await st.entries_page(row.run_id, upto, min(1000, after - upto))
+            if not entries:
+                break
+            for entry in entries:
+                if entry.seq == 1 or entry.type == L.RUN_MIGRATED:
+                    exp(entry.record())
+                    read_to(row, exp, entry.seq)
+            upto = entries[-1].seq
+            if exp.format < 2:  # (format 1 implies nothing: no plan needed)
+                break
+        read_to(row, exp, after)
+        return exp
+    exp.format = seen.format
+    exp.plan = next(p for at, p in reversed(seen.plans) if at <= after)
+    return exp
+
+
+def imply(row: RunRow, exp: Expander, records: list[dict[str, Any]]) -> None:
+    """Log format 2: what each of a page of the run's ``records`` (in log order) implies,
+    in its ``implies`` (`_engine._expand`); the next page's reader starts after them."""
+    for rec in records:
+        implied = exp(rec)[1:]
+        if implied:
+            rec["implies"] = implied
+    if records:
+        read_to(row, exp, records[-1]["seq"])
+
+
+def read_to(row: RunRow, exp: Expander, seq: int) -> None:
+    """The run's log has been read through ``exp`` up to record ``seq``: its format and
+    plan there are known (`expander` starts there again without reading)."""
+    known = _EXPANDING[1]
+    key = (row.run_id, row.created_at)
+    seen = known.get(key)
+    if seen is None:
+        if len(known) >= _EXPANDING_KEPT:
+            known.clear()
+        known[key] = seen = _Read(exp.format, [(0, exp.plan)], seq)
+    if seq <= seen.upto:
+        return
+    seen.format, seen.upto = exp.format, seq
+    if seen.plans[-1][1] is not exp.plan:  # a run.migrated read meanwhile
+        seen.plans.append((seq, exp.plan))
+
+
+@dataclass(slots=True)
+class _Read:
+    """What a run's log says up to record ``upto``: its format, and the plan from each
+    seq on (the run's, then each ``run.migrated``'s)."""
+    format: int
+    plans: list[tuple[int, Plan]]
+    upto: int
+
+
+_EXPANDING: tuple[dict[str, Plan], dict[tuple[str, float], _Read]] = ({}, {})
+_EXPANDING_KEPT = 1024

@@ -14,7 +14,8 @@ from .._engine._item_gates import item_suspects, unknown_item
 from .._engine._view import Gate
 from .._store import Store
 
-_ATTEMPT_TYPES = frozenset({L.NODE_STARTED, L.NODE_FAILED, L.NODE_RETRYING, L.NODE_COMPLETED})
+_ATTEMPT_TYPES = frozenset({L.NODE_STARTED, L.NODE_FAILED, L.NODE_RETRYING, L.NODE_COMPLETED,
+                            L.NODE_VISITED})
 
 
 async def unknown_outcomes(store: Store, run_id: str, view: RunView

@@ -44,6 +44,9 @@ from ._load import (
     TRACE_PAGE,
     Functions,
     Loaded,
+    expander,
+    imply,
+    load_resumable,
     load_run,
     open_store_arg,
 )
@@ -301,8 +304,7 @@ async def _resume(st: Store, run_id: str, decision: Decision | None, *,
                   workflow: Functions | None, config: Mapping[str, Any] | None,
                   limits: Mapping[str, Any] | None, force: bool = False,
                   listener: Listener | None, detach: bool) -> RunResult:
-
-    loaded = await load_run(st, run_id, workflow=workflow, executable=True)
+    loaded = await load_resumable(st, run_id, workflow)
     view = loaded.view
     fields = _overrides(config, limits)
     first: list[tuple[str, dict[str, Any]]] = []
@@ -441,7 +443,9 @@ TRACE_KEYS = ("seq", "type", "node", "at", "duration_ms", "attempt", "tokens", "
 
 
 async def trace(run_id: str, *, store: str | Store | None = None) -> list[dict[str, Any]]:
-    """The run's records, oldest first, each with at least the trace keys."""
+    """The run's records, oldest first, each with at least the trace keys; in log format
+    2, a record the definition implies more of has them in ``implies`` (as format 1
+    wrote them, with its seq and ``implied: true``: `_engine._expand`)."""
     return [rec async for page in trace_pages(run_id, store=store) for rec in page]
 
 
@@ -461,9 +465,13 @@ async def trace_pages(run_id: str, *, store: str | Store | None = None,
 
 async def _trace_pages(st: Store, run_id: str, page: int, after: int, above: tuple[str, ...]
                        ) -> AsyncIterator[list[dict[str, Any]]]:
-    links = ChildLinks(await st.get_run(run_id), above)
+    row = await st.get_run(run_id)
+    links = ChildLinks(row, above)
+    expand = await expander(st, row, after)
     async for entries in st.iter_entries(run_id, after=after, page=page):
         records = [trace_record(run_id, entry) for entry in entries]
+        if expand is not None:  # log format 2: what each implies, in ``implies``
+            imply(row, expand, records)
         for rec in records:  # a child run's records, nested under its start
             child = await links.follow(st, rec)
             if child is not None:

@@ -5,7 +5,7 @@ tokens and error, but not what it was given: that is the state when it started, 
 only the fold knows. `node_visits` folds the run's records from the first, with the
 same `RunView.apply` as status, resume and trace, and takes each visit's input -- the
 fields it ``reads:`` (all of the state when it declares none; an approval's ``show:``
-fields) -- as the state stood at its first ``node.started``.
+fields) -- as the state stood at its first ``node.started`` (or its ``node.visited``: log format 2).
 """
 
 from __future__ import annotations
@@ -27,7 +27,9 @@ SHARE_EVERY = 200  # records folded between two yields to the event loop (`share
 
 _STATUS = {L.NODE_STARTED: "running", L.NODE_COMPLETED: "completed", L.NODE_FAILED: "failed",
            L.NODE_RETRYING: "retrying", L.APPROVAL_REQUESTED: "waiting",
-           L.APPROVAL_DECIDED: "decided"}
+           L.APPROVAL_DECIDED: "decided", L.NODE_VISITED: "completed"}
+_STARTS = frozenset({L.NODE_STARTED, L.NODE_VISITED})  # (node.visited: started, completed)
+_COMPLETIONS = frozenset({L.NODE_COMPLETED, L.NODE_VISITED})
 
 
 def _input(spec: WorkflowSpec, rec: L.Record, view: RunView) -> dict[str, object]:
@@ -95,13 +97,13 @@ def _visit(spec: WorkflowSpec, visits: dict[tuple[str, Any, Any], dict[str, Any]
             "decision": None, "seqs": []}
     v["seqs"].append(rec["seq"])
     v["status"] = status
-    if rec["type"] == L.NODE_STARTED:
+    if rec["type"] in _STARTS:
         v["attempts"] = max(v["attempts"], int(rec.get("attempt") or 1))
     if rec.get("duration_ms") is not None:
         v["duration_ms"] = (v["duration_ms"] or 0.0) + float(rec["duration_ms"])
     if rec.get("tokens"):
         v["tokens"] += int(rec["tokens"])
-    if rec["type"] == L.NODE_COMPLETED:
+    if rec["type"] in _COMPLETIONS:
         v["update"], v["error"] = rec.get("update"), None
     elif rec.get("error") is not None:
         v["error"] = rec["error"]

@@ -108,7 +108,8 @@ class Progress:
             case "run.forked":
                 self._on_started(view.plan.spec, f"forked from {rec['parent_run']} at "
                                                  f"record {rec['parent_seq']}")
-            case "node.started" | "node.completed" | "node.failed" | "node.retrying":
+            case "node.started" | "node.completed" | "node.failed" | "node.retrying" \
+                    | "node.visited":
                 self._on_node(rec)
             case "edge.taken" | "edge.skipped":
                 self._on_edge(rec, view.plan.spec.edges[rec["edge"]])
@@ -131,7 +132,7 @@ class Progress:
             for rec in records:
                 try:
                     if rec["type"] in ("node.started", "node.completed", "node.failed",
-                                       "node.retrying"):
+                                       "node.retrying", "node.visited"):
                         self._on_node(rec)
                     elif rec["type"] == "approval.requested":
                         self._on_waiting(rec)
@@ -174,7 +175,7 @@ class Progress:
         st = self.stats.setdefault(node, NodeStats())
         st.tokens += rec.get("tokens") or 0
         status = "caught" if rec.get("caught") else rec["type"].removeprefix("node.")
-        status = "running" if status == "started" else status
+        status = {"started": "running", "visited": "completed"}.get(status, status)
         if rec.get("caught"):  # failed, and an error edge took the run on
             status = "caught"
         item = rec.get("item")
@@ -182,7 +183,7 @@ class Progress:
             self._line(f"{node}[{item}]", status, self._detail(rec))
             return
         st.status = status
-        if rec["type"] == "node.started":
+        if rec["type"] in ("node.started", "node.visited"):  # (visited: started, completed)
             st.visits.add(rec["visit"])
         elif rec["type"] == "node.completed":  # a decided gate's row: its decision
             st.status = st.decided_status(rec["visit"]) or status

@@ -177,6 +177,8 @@ async def _print_trace(pages: AsyncIterator[list[Record]], spec: WorkflowSpec | 
                             + json.dumps(rec, ensure_ascii=False, default=str))
             lines.append(line)
             todo += [(sub, depth + 1) for sub in reversed(rec.get("records") or ())]
+            # what log format 2 implies (`interlock.trace`'s ``implies``): a line each
+            todo += [(sub, depth) for sub in reversed(rec.get("implies") or ())]
         # a page at a time: Console.print's cost is mostly per call, not per line
         if not lines:
             continue
@@ -218,6 +220,8 @@ def _record_style(rec: Record) -> str:
     rtype: str = rec["type"]
     if rtype in ("edge.taken", "edge.skipped"):
         return _STATUS_STYLE["taken" if rtype == "edge.taken" else "skipped"]
+    if rtype == "node.visited":  # (log format 2) started and completed
+        return _STATUS_STYLE["completed"]
     if rtype == "approval.decided":
         return _STATUS_STYLE.get(rec.get("decision", ""), "")
     if rtype == "run.waiting" or rtype == "approval.requested":
@@ -237,7 +241,7 @@ def _record_detail(rec: Record, spec: WorkflowSpec | None) -> str:
                  f"attempt {rec['attempt']}" if rec.get("attempt") is not None
                  and not detail.startswith("attempt") else "",
                  detail]
-        if rtype == "node.completed" and rec.get("update"):
+        if rtype in ("node.completed", "node.visited") and rec.get("update"):
             parts.append("update " + _short(_json(rec["update"]), 100))
         if rec.get("goto"):
             parts.append(f"goto {rec['goto']}")
@@ -340,4 +344,6 @@ def _edge_detail(rec: Record, spec: WorkflowSpec | None) -> str:
     parts.append(("taken" if taken else "skipped") + (f" ({reason})" if reason else ""))
     if rec.get("reads"):
         parts.append("read " + _short(_reads(rec["reads"]), 160))
+    if rec.get("implied"):  # (log format 2: the definition implies it; no record of its own)
+        parts.append("(implied)")
     return "  ".join(parts)

@@ -158,7 +158,7 @@ class _Call:
     async def progress(self, rec: Mapping[str, object]) -> None:
         """A completed node, or (an agent's turn) a tool it called."""
         kind = rec.get("type")
-        if kind == "node.completed":
+        if kind in ("node.completed", "node.visited"):
             what = f"node {rec.get('node')} completed"
         elif kind == "tool.called":
             what = f"tool {rec.get('tool')} called"

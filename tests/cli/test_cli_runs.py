@@ -345,6 +345,9 @@ def test_trace_json_is_one_array_with_the_spec_keys(project: Project) -> None:
     records = json.loads(result.stdout)
     assert isinstance(records, list)
     assert [r["seq"] for r in records] == list(range(1, len(records) + 1))
+    # what log format 2 implies rides on the record implying it, with its seq
+    assert all(i["seq"] == r["seq"] and i["implied"] for r in records
+               for i in r.get("implies", ()))
     for rec in records:
         assert set(TRACE_KEYS) <= set(rec)
     conditional = [r for r in records if r["type"].startswith("edge.")
@@ -369,7 +372,10 @@ def test_trace_human_explains_edges_failures_and_decisions(project: Project) -> 
     assert re.search(r"edge\.skipped\s+gate -> END  \[otherwise\]  skipped", out)
     assert re.search(r"approval\.decided\s+gate\s+approved by alice", out)
     assert re.search(r"node\.completed\s+a\s+attempt 1  [\d.]+ ms", out)
-    assert len(out.splitlines()) == len(project.records("r-th"))
+    # a line per record, and per record log format 2 implies (after the one implying it)
+    records = project.records("r-th")
+    assert len(out.splitlines()) == len(records) + sum(len(r.get("implies", ()))
+                                                       for r in records)
 
     assert project.start(FAILING, "r-tf").exit_code == 1
     failed = project.cli("trace", "r-tf").stdout

@@ -284,7 +284,7 @@ nodes:
   step: {{call: "{mod}:inc", writes: [n]}}
 edges:
   - {{from: START, to: step}}
-  - {{from: step, to: step, when: "n < 25"}}
+  - {{from: step, to: step, when: "n < 40"}}
   - {{from: step, to: END, otherwise: true}}
 """
 
@@ -330,11 +330,16 @@ def test_trace_reads_the_log_in_pages_and_prints_what_it_printed_whole(
     monkeypatch.setattr(runs, "TRACE_PAGE", 7)
     shown = invoke("trace", "r-loop", "--json", "--store", url)
     assert shown.exit_code == 0 and shown.stderr == ""
-    assert shown.stdout == json.dumps(records, ensure_ascii=False, default=str) + "\n"
+    # each stored record, and (log format 2) what it implies: the loop's otherwise edge
+    printed = json.loads(shown.stdout)
+    implied = sum(len(r.pop("implies", ())) for r in printed)
+    assert implied > 0
+    assert json.dumps(printed, ensure_ascii=False, default=str) == \
+        json.dumps(records, ensure_ascii=False, default=str)
     paged = invoke("trace", "r-loop", "--store", url)
     assert paged.exit_code == 0
     assert paged.stdout == one_page.stdout
-    assert len(paged.stdout.splitlines()) == len(records)
+    assert len(paged.stdout.splitlines()) == len(records) + implied  # a line each
 
     with sqlite3.connect(root / "runs.db") as conn:
         conn.execute("UPDATE entries SET data = replace(data, '\"attempt\":1', "
@@ -344,7 +349,7 @@ def test_trace_reads_the_log_in_pages_and_prints_what_it_printed_whole(
         assert broken.exit_code == 0
         assert "warning: run r-loop's log does not verify at record 40: hash does not " \
                "match" in broken.stderr
-        assert len(broken.stdout.splitlines()) == (1 if args else len(records))
+        assert len(broken.stdout.splitlines()) == (1 if args else len(records) + implied)
 
 
 # -- finding 4: reading a workflow file is linear and fast (libyaml, ruamel's results) ----

@@ -381,20 +381,27 @@ def build(g: GraphDef, trace: Trace) -> Workflow:
     return wf
 
 
+# log format 2: ``node.visited`` is a visit's start and its completion in one record
+STARTS = ("node.started", "node.visited")
+ENDS = ("node.completed", "node.visited")
+
+
 @dataclass
 class Run:
     result: RunResult
-    records: list[dict[str, Any]]  # as the listener saw them
+    # as the listener saw them: each record, then the records log format 2 implies (with
+    # its seq, ``implied: true``: `_engine._expand`)
+    records: list[dict[str, Any]]
     calls: list[str]
     folded: RunResult  # ``interlock.status``: the run rebuilt from its stored log
     stored: list[dict[str, Any]]  # ``interlock.trace``
     verified: bool  # ``interlock.verify``
 
-    def of(self, rtype: str) -> list[dict[str, Any]]:
-        return [r for r in self.records if r["type"] == rtype]
+    def of(self, *rtypes: str) -> list[dict[str, Any]]:
+        return [r for r in self.records if r["type"] in rtypes]
 
     def started(self) -> Counter[str]:
-        return Counter(r["node"] for r in self.of("node.started"))
+        return Counter(r["node"] for r in self.of(*STARTS))
 
     def decisions(self) -> dict[tuple[int, str], bool]:
         out: dict[tuple[int, str], bool] = {}
@@ -429,8 +436,11 @@ def execute(wf: Workflow, flags: dict[str, Any], trace: Trace | None = None,
 def check_stored(run: Run) -> None:
     """The log alone gives the same run (what resume relies on), and its chain verifies."""
     assert run.verified
-    assert [(r["seq"], r["type"]) for r in run.stored] == \
-        [(r["seq"], r["type"]) for r in run.records]
+    # trace gives the stored records, each with what it implies (`implies`): the listener
+    # saw the same, in the same order
+    assert [(r["seq"], r["type"], "implied" in r) for rec in run.stored
+            for r in (rec, *rec.get("implies", ()))] == \
+        [(r["seq"], r["type"], "implied" in r) for r in run.records]
     res, folded = run.result, run.folded
     assert (folded.status, folded.state, folded.steps, folded.error) == \
         (res.status, res.state, res.steps, res.error)
@@ -448,16 +458,18 @@ def random_delays(names: tuple[str, ...], seed: int) -> dict[str, float]:
 
 def check_causality(g: GraphDef, run: Run) -> None:
     """Oracle-free invariants of the log's order."""
-    seqs = {id(r): r["seq"] for r in run.records}
+    # (the order the records came in: a record format 2 implies has the seq of the one
+    # that implies it, and comes right after it)
+    seqs = {id(r): i for i, r in enumerate(run.records)}
     completed: dict[str, list[int]] = {}
-    for r in run.of("node.completed"):
-        completed.setdefault(r["node"], []).append(r["seq"])
+    for r in run.of(*ENDS):
+        completed.setdefault(r["node"], []).append(seqs[id(r)])
     # every node.started is preceded by an edge.taken delivering to it, one per start
     deliveries: Counter[str] = Counter()
     for r in run.records:
         if r["type"] == "edge.taken":
             deliveries.update(t for t in r["to"] if t != END)
-        elif r["type"] == "node.started":
+        elif r["type"] in STARTS:
             assert deliveries[r["node"]] > 0, f"{r['node']} started without an edge taken to it"
             deliveries[r["node"]] -= 1
     # a decision from a node comes after that node completed; a join's after all its
@@ -645,7 +657,7 @@ def test_join_whose_condition_is_false_is_not_a_silent_dead_end() -> None:
     records: list[dict[str, Any]] = []
     res = wf.run_sync({"go": False}, store="memory://",
                       listener=lambda rec, view: records.append(rec))
-    assert [r["node"] for r in records if r["type"] == "node.completed"] in (["a", "b"],
+    assert [r["node"] for r in records if r["type"] in ENDS] in (["a", "b"],
                                                                              ["b", "a"])
     assert res.status == "FAILED", f"completed with {sorted(res.state)}: a silent dead end"
     assert res.error is not None and res.error["type"] == "no_route"
@@ -798,8 +810,7 @@ def test_loop_back_edge_is_taken_exactly_k_times(d: LoopDef) -> None:
                       if r["type"] in ("edge.taken", "edge.skipped"))
     assert decided[(lp.back, "edge.taken")] == d.k
     assert decided[(lp.back, "edge.skipped")] == 1  # the last iteration: max reached/guard false
-    started = Counter(r["node"] for r in records if r["type"] == "node.started")
-    assert started == lp.runs
+    assert run.started() == lp.runs
     if lp.side_edge is not None:
         assert decided[(lp.side_edge, "edge.taken")] == lp.runs["side"]
     # every count_ field starts at 0 (an add reducer's start, SPEC §7), run or not

@@ -10,6 +10,7 @@ import pytest
 
 import interlock
 from interlock import END, START, Workflow
+from interlock._engine._expand import Expander
 
 
 def run(wf: Workflow, input: dict[str, Any] | None = None, **kw: Any) -> tuple[Any, list[dict]]:
@@ -20,7 +21,7 @@ def run(wf: Workflow, input: dict[str, Any] | None = None, **kw: Any) -> tuple[A
 
 
 def started(records: list[dict]) -> list[str]:
-    return [r["node"] for r in records if r["type"] == "node.started"]
+    return [r["node"] for r in records if r["type"] in ("node.started", "node.visited")]
 
 
 def node(update: dict[str, Any] | None = None):
@@ -323,7 +324,7 @@ def test_a_router_that_raises_or_misbehaves_fails_the_run_cleanly(
 def test_an_unexpected_error_inside_the_engine_fails_the_run_and_records_it(
         tmp_path: Any) -> None:
     def listener(rec: dict[str, Any], view: Any) -> None:
-        if rec["type"] == "node.completed":
+        if rec["type"] in ("node.completed", "node.visited"):
             raise RuntimeError("a bug in a listener")
 
     wf = Workflow("bug")
@@ -618,14 +619,22 @@ def test_the_log_is_a_complete_story() -> None:
     wf = Workflow("story", input=["go"])
     wf.node("a", node({"a": 1})).node("b", node())
     wf.edge(START, "a").edge("a", "b", when="go").edge("a", END, otherwise=True)
-    _, records = run(wf, {"go": False})
+    _, told = run(wf, {"go": False})
+    records = [r for r in told if not r.get("implied")]  # (listeners are told those too)
     types = [r["type"] for r in records]
-    assert types == ["run.started", "edge.taken", "node.started", "node.completed",
-                     "edge.skipped", "edge.taken", "run.completed"]
-    assert [r["seq"] for r in records] == list(range(1, 8))
-    skipped = records[4]
+    # log format 2: the visit in one record, the otherwise edge implied by the when's
+    assert types == ["run.started", "edge.taken", "node.visited", "edge.skipped",
+                     "run.completed"]
+    assert [r["seq"] for r in records] == list(range(1, 6))
+    skipped = records[3]
     assert skipped["expr"] == "go" and skipped["value"] is False and skipped["reads"] == {
         "go": False}
+    # ... and read as format 1 writes it, the whole story
+    expanded = Expander(wf.compile(), split=True).expand(records)
+    assert [r["type"] for r in expanded] == [
+        "run.started", "edge.taken", "node.started", "node.completed", "edge.skipped",
+        "edge.taken", "run.completed"]
+    assert expanded[5]["to"] == ["END"] and expanded[5]["implied"] is True
 
 
 def test_values_json_changes_reach_the_next_node_as_a_resume_would_rebuild_them(

@@ -591,7 +591,8 @@ def test_a_retry_that_finds_another_writers_records_says_the_run_was_taken_over(
 
         async def append(self, run_id: str, entries: list[Any], summary: Any,
                          *args: Any, **kwargs: Any) -> None:
-            if not self.taken and any(e.type == "node.completed" for e in entries):
+            if not self.taken and any(e.type in ("node.completed", "node.visited")
+                                      for e in entries):
                 self.taken = True
                 row = await self.inner.get_run(run_id)
                 w = LogWriter(row.summary.last_seq, row.summary.last_hash)

@@ -374,12 +374,24 @@ def test_the_run_page_reconnects_to_a_restarted_server_with_no_gap_or_duplicate(
             assert c.post("/api/runs/rs-1/decisions",
                           json={"decision": "approve"}).status_code == 200
             wait_status(c, "rs-1", "COMPLETED")
-            records = len(c.get("/api/runs/rs-1/records").json())
+            stored = c.get("/api/runs/rs-1/records").json()
         expect(page.locator("#run-status [data-status]")).to_have_attribute("data-status",
                                                                            "COMPLETED")
         expect(page.locator(stream)).to_have_attribute("data-state", "closed")
-        seqs = page.eval_on_selector_all("#timeline tr", "rows => rows.map(r => +r.dataset.seq)")
-        assert seqs == list(range(1, records + 1))  # Last-Event-ID: no gap, no duplicate
+        # the stored records, no gap, no duplicate (Last-Event-ID)
+        seqs = page.eval_on_selector_all("#timeline tr:not([data-implied])",
+                                         "rows => rows.map(r => +r.dataset.seq)")
+        assert seqs == list(range(1, len(stored) + 1))
+        # and, right after each, the records log format 2 implies in its place (where
+        # format 1 wrote records: `implies`, as `trace` shows them), marked data-implied
+        rows = page.eval_on_selector_all(
+            "#timeline tr", "rows => rows.map(r => [+r.dataset.seq, r.dataset.type, "
+            "'implied' in r.dataset])")
+        expected = [row for r in stored for row in
+                    [[r["seq"], r["type"], False],
+                     *([i["seq"], i["type"], True] for i in r.get("implies", ()))]]
+        assert rows == expected
+        assert any(implied for _, _, implied in rows)  # (the chain's edges are implied)
     finally:
         second.stop()
 

@@ -221,7 +221,7 @@ def test_the_run_page_shows_input_state_at_a_record_timings_and_times(
         seq = next(r["seq"] for r in recs if r["type"] == "node.completed"
                    and r["node"] == "flaky")
         assert c.get("/api/runs/panels-1/state?at=10000").status_code == 422
-    page.locator(f'#timeline tr[data-seq="{seq}"]').click()
+    page.locator(f'#timeline tr[data-seq="{seq}"]:not([data-implied])').click()
     page.locator("#show-state").click()
     expect(page.locator("#state-title")).to_have_text(f"State after record {seq}")
     expect(page.locator("#run-state")).to_contain_text('"done": 21')
@@ -240,7 +240,7 @@ def test_a_fork_from_a_record(server: Served, root: Path, context: Any) -> None:
     page = context.new_page()
     page.goto(server.url + "/runs/fork-src")
     expect(status(page)).to_have_attribute("data-status", "COMPLETED")
-    page.locator(f'#timeline tr[data-seq="{after_flaky}"]').click()
+    page.locator(f'#timeline tr[data-seq="{after_flaky}"]:not([data-implied])').click()
     expect(page.locator("#fork-at")).to_have_value(str(after_flaky))
     page.locator("#fork-patch").fill('{"done": 10}')
     page.locator("#fork-run").click()

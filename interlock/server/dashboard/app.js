@@ -340,6 +340,7 @@ function detail(rec) {
     case "run.started": return `workflow ${rec.workflow}  input ${short(rec.input)}`;
     case "node.started": return `visit ${rec.visit ?? 1}${rec.item !== undefined && rec.item !== null ? `, item ${rec.item}` : ""}, attempt ${rec.attempt ?? 1}`;
     case "node.completed": return rec.update ? `update ${short(rec.update)}` : "";
+    case "node.visited": return `visit ${rec.visit ?? 1}, started and completed${rec.update ? `  update ${short(rec.update)}` : ""}`;
     case "node.failed": case "node.retrying": return short(rec.error);
     case "edge.taken": case "edge.skipped": {
       const parts = [`edge ${rec.edge}: ${rec.from} → ${(rec.to || []).join(", ") || "—"}`];
@@ -347,6 +348,7 @@ function detail(rec) {
       if (rec.reads) parts.push(`reads ${Object.entries(rec.reads).map(([k, v]) => `${k}=${short(v, 40)}`).join(", ")}`);
       if (rec.arrived) parts.push(`joined ${rec.arrived.join(", ")}`);
       if (rec.reason) parts.push(`(${rec.reason})`);
+      if (rec.implied) parts.push("(implied by the definition: not a record of its own)");
       return parts.join("  ");
     }
     case "approval.requested": return `${rec.kind}: decisions ${(rec.decisions || []).join(", ")}`;
@@ -363,7 +365,7 @@ function detail(rec) {
   }
 }
 
-const NODE_STATE = { "node.started": "running", "node.completed": "completed", "node.failed": "failed",
+const NODE_STATE = { "node.started": "running", "node.completed": "completed", "node.visited": "completed", "node.failed": "failed",
   "node.retrying": "retrying", "approval.requested": "waiting", "approval.decided": "running" };
 
 async function runPage(ctx, runId) {
@@ -590,7 +592,7 @@ async function runPage(ctx, runId) {
       r?.setAttribute("data-state", "taken");
       for (const route of r ? r.querySelectorAll(".route") : []) route.setAttribute("data-state", "taken");
     }
-    if (rec.type === "node.started" && rec.node) {
+    if ((rec.type === "node.started" || rec.type === "node.visited") && rec.node) {
       const c = counts.get(rec.node) || { visits: new Set(), items: new Set() };
       counts.set(rec.node, c);
       c.visits.add(rec.visit ?? 1);
@@ -603,7 +605,7 @@ async function runPage(ctx, runId) {
       nodeEl("START")?.setAttribute("data-state", "reached");
       inputPre.textContent = json(rec.input ?? {});
     }
-    if ((rec.type === "node.completed" || rec.type === "node.failed") && rec.node && typeof rec.duration_ms === "number") {
+    if ((rec.type === "node.completed" || rec.type === "node.visited" || rec.type === "node.failed") && rec.node && typeof rec.duration_ms === "number") {
       const t = timing.get(rec.node) || { visits: 0, total: 0, longest: 0 };
       t.visits += 1;
       t.total += rec.duration_ms;
@@ -618,7 +620,8 @@ async function runPage(ctx, runId) {
     if (TERMINAL[rec.type]) { finished = true; status.replaceChildren(badge(TERMINAL[rec.type])); showActions(TERMINAL[rec.type]); }
     if (rec.type === "run.completed") nodeEl("END")?.setAttribute("data-state", "reached");
     const full = h("pre", { class: "record", hidden: true }, json(rec));
-    const row = h("tr", { dataset: { seq: String(rec.seq), type: rec.type }, class: `rec rec-${rec.type.replace(".", "-")}` },
+    // (a record log format 2 implies has the seq of the record that implies it: marked)
+    const row = h("tr", { dataset: { seq: String(rec.seq), type: rec.type, ...(rec.implied ? { implied: "true" } : {}) }, class: `rec rec-${rec.type.replace(".", "-")}` },
       h("td", { class: "num" }, String(rec.seq)),
       h("td", { title: when(rec.at) }, clock(rec.at)),
       h("td", {}, rec.type),
@@ -652,7 +655,9 @@ async function runPage(ctx, runId) {
   };
   ctx.onStop(() => clearTimeout(inspectTimer));
 
-  follow(`/api/runs/${encodeURIComponent(runId)}/events`, (event) => { apply(event.data); changed(event.data); }, {
+  // each record, then those log format 2 implies (``implies``: the edges the definition takes)
+  const each = (rec) => { apply(rec); changed(rec); for (const r of rec.implies || []) { apply(r); changed(r); } };
+  follow(`/api/runs/${encodeURIComponent(runId)}/events`, (event) => each(event.data), {
     signal: ctx.signal,
     finished: () => finished,
     onState: (s, error) => {

@@ -1,0 +1,163 @@
+"""Staging: a run's records sealed, folded into its view and staged, for the journal to
+store (`_journal.Journal` is a `Staging` that also stores them: a `_records.Sink`).
+
+`put` seals a record with the run's `LogWriter` (numbered, timestamped, chained) and
+folds it into the `RunView` at once; a record the fold refuses leaves the writer where
+it was (no gap in the numbering) and is not staged.
+
+Log format 2 (`_log.FORMAT`): one ``node.visited`` for a visit that starts and completes
+with nothing recorded in between. The scheduler starts an inline visit with `defer`: its
+``node.started`` is folded at once, with the seq it will have, but sealed only when
+something else comes first -- any other record, a flush (the run's watcher flushes what
+is staged every quarter of a second), or the body's first wait (`_guards.in_loop` calls
+`started`). When nothing does, `visited` seals start and completion as one record, at
+that seq. What a crash means is unchanged: a deferred start was never flushed before
+the next record in format 1 either (``node.started`` rides with the next flush), and a
+visit that waits on anything has its ``node.started`` sealed -- and shown live -- when
+it first waits, as before.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .. import _log as L
+from ._expand import Expander
+from ._fold import RunView, end_visit
+from ._records import Item
+
+_now = time.time
+
+
+class Staging:
+    """Seals, folds and stages one run's records (see the module's docstring)."""
+
+    def __init__(self, view: RunView, writer: L.LogWriter,
+                 listener: Callable[[L.Record, RunView], object] | None) -> None:
+        self.view = view
+        self.writer = writer
+        self.listener = listener
+        self._staged: list[L.Entry] = []
+        # the ``node.started`` of an inline visit, folded but not sealed yet (`defer`)
+        self._deferred: dict[str, Any] | None = None
+        self._implied: Expander | None = None  # (what `_tell` tells, format 2)
+
+    def _tell(self, rec: L.Record) -> None:
+        """Hand a sealed record to the listener -- and, in log format 2, the records it
+        implies (`_expand`: the edges no record is written for, ``implied: true``), so
+        that a listener (progress lines, spans, metrics) sees what format 1 showed."""
+        assert self.listener is not None
+        self.listener(rec, self.view)
+        if self.view.format > 1:
+            implied = self._implied
+            if implied is None:
+                implied = self._implied = Expander(self.view.plan)
+            implied.plan, implied.format = self.view.plan, 2  # (a migration changes it)
+            for more in implied(rec)[1:]:
+                self.listener(more, self.view)
+
+    def stage(self, items: list[Item]) -> list[L.Record]:
+        """Number and chain records and fold them into the view; `flush` stores them.
+
+        Nothing that depends on a staged record may start before the flush returns:
+        the loop only starts nodes after flushing.
+        """
+        put = self.put
+        return [put(rtype, {k: v for k, v in fields.items() if v is not None})
+                for rtype, fields in items]
+
+    def add(self, item: Item) -> L.Record:
+        """`stage` for one record whose fields have no None values (the fields become
+        the record)."""
+        return self.put(item[0], item[1])
+
+    def put(self, rtype: str, fields: dict[str, Any]) -> L.Record:
+        """`add` for an item given as its two halves (the hot path's: no tuple made).
+
+        Staged only once folded: a record the fold refuses is not numbered either."""
+        if self._deferred is not None:
+            self.started()
+        writer = self.writer
+        seq, prev = writer.seq, writer.hash
+        rec, entry = writer.seal(rtype, fields)
+        try:
+            self.view.apply(rec)
+        except BaseException:
+            writer.rewind(seq, prev)
+            raise
+        self._staged.append(entry)
+        if self.listener is not None:
+            self._tell(rec)
+        return rec
+
+    # -- log format 2: one ``node.visited`` for a visit that started and completed in one
+    # batch (`_log.FORMAT`) --------------------------------------------------------------
+
+    def defer(self, node: str, visit: int) -> None:
+        """Start attempt 1 of a visit (``node.started``); of an inline one (`Plan.in_loop`)
+        in a format-2 run, deferred: its ``node.started`` is folded now, with the seq it
+        will have, and sealed only if anything else is recorded (or flushed) before the
+        visit completes -- its body first waits, say (`started`). If nothing
+        is, `visited` seals the start and the completion as one ``node.visited`` at that
+        seq. Either way the log says what it said with ``node.started`` staged here: it
+        was never flushed before the next record either."""
+        view = self.view
+        if view.format < 2 or node not in view.plan.in_loop:
+            self.put(L.NODE_STARTED, {"node": node, "visit": visit, "attempt": 1})
+            return
+        rec = {"node": node, "visit": visit, "attempt": 1, "seq": self.writer.seq + 1,
+               "type": L.NODE_STARTED, "at": _now()}
+        view.apply(rec)  # (a start the fold refuses is not deferred)
+        self._deferred = rec
+
+    def started(self) -> None:
+        """Seal the deferred ``node.started`` (`defer`), at the time the visit started:
+        before any other record, a flush, or the visit's first wait (`_guards.in_loop`)."""
+        rec = self._deferred
+        if rec is None:
+            return
+        self._deferred = None
+        fields = {"node": rec["node"], "visit": rec["visit"], "attempt": 1}
+        sealed, entry = self.writer.seal(L.NODE_STARTED, fields, rec["at"])
+        self._staged.append(entry)
+        if self.listener is not None:
+            self._tell(sealed)
+
+    def visited(self, fields: dict[str, Any]) -> L.Record:
+        """Stage a visit's completion (``node.completed``'s fields): as ``node.visited``
+        when its start is still deferred (`defer`), else as ``node.completed``."""
+        d = self._deferred
+        if d is None or d["node"] != fields["node"] or d["visit"] != fields["visit"]:
+            return self.put(L.NODE_COMPLETED, fields)
+        self._deferred = None
+        writer = self.writer
+        seq, prev = writer.seq, writer.hash
+        rec, entry = writer.seal(L.NODE_VISITED, fields)
+        try:
+            end_visit(self.view, rec)
+        except BaseException:
+            writer.rewind(seq, prev)
+            self._deferred = d
+            raise
+        self._staged.append(entry)
+        if self.listener is not None:
+            self._tell(rec)
+        return rec
+
+    def _seal(self, rtype: str, fields: dict[str, Any]) -> L.Entry:
+        """A record sealed and folded now, outside the staged batch (the caller stores it)."""
+        if self._deferred is not None:
+            self.started()
+        writer = self.writer
+        seq, prev = writer.seq, writer.hash
+        rec, entry = writer.seal(rtype, fields)
+        try:
+            self.view.apply(rec)
+        except BaseException:
+            writer.rewind(seq, prev)
+            raise
+        if self.listener is not None:
+            self._tell(rec)
+        return entry
