@@ -37,11 +37,13 @@ def age(db: Path, run_id: str, days: float) -> None:
                      (time.time() - days * DAY, time.time() - days * DAY, run_id))
 
 
-def settled() -> None:
-    """Wait for the stores the runs above let go of to finish closing: the last user of
-    a shared store does not wait for SQLite's copy of its WAL into the file."""
+def settled(db: Path) -> None:
+    """Wait for the stores of ``db`` the runs above let go of to finish closing: the last
+    user of a shared store does not wait for SQLite's copy of its WAL into the file.
+    (Threads are named by the file's name, unique here: another test's threads on a
+    ``runs.db`` it leaves open are not waited for -- CI waited minutes on them.)"""
     for t in threading.enumerate():
-        if t.name.startswith("interlock-sqlite"):
+        if t.name.startswith("interlock-sqlite") and t.name.endswith(":" + db.name):
             t.join(timeout=30)
 
 
@@ -53,7 +55,7 @@ def prune(db: Path, *args: str) -> tuple[int, Any]:
 
 def test_prune_deletes_old_finished_runs_and_keeps_waiting_ones_and_kept_parents_children(
         tmp_path: Path) -> None:
-    db = tmp_path / "runs.db"
+    db = tmp_path / "prune-kept-parents.db"
     store = f"sqlite:///{db}"
     wf = workflow()
     old_done = [wf.run_sync(store=store) for _ in range(3)]
@@ -78,11 +80,11 @@ def test_prune_deletes_old_finished_runs_and_keeps_waiting_ones_and_kept_parents
     assert dry["kept_children"] == [fork.run_id]
     assert len(asyncio.run(interlock.list_runs(store=store))) == 6  # nothing deleted
 
-    settled()
+    settled(db)
     size = db.stat().st_size + (os.path.getsize(f"{db}-wal") if Path(f"{db}-wal").exists()
                                 else 0)
     code, done = prune(db, "--older-than", "30d")
-    settled()
+    settled(db)
     assert code == 0 and not done["dry_run"]
     assert sorted(done["runs"]) == sorted(r.run_id for r in old_done)
     assert done["records"] > 0
