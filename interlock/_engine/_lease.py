@@ -8,7 +8,10 @@ over and two processes execute it. So leases are renewed here instead: one daemo
 thread per store (started by the first lease it holds, ended after `IDLE_SECONDS`
 without one), with a connection of its own to the store (`Store.lease_renewer`: a
 second SQLite connection, a blocking psycopg connection), renewing each lease held
-every third of it.
+every third of it. Stores whose renewals never wait on I/O (`Store.renews_in_process`:
+``memory://``, a new store for every ``wf.run(store="memory://")``) share one thread:
+a thread per such store made 1,000 concurrent in-memory runs start 1,000 threads, each
+alive for `IDLE_SECONDS` after its run.
 
 When a renewal finds the claim gone (`ClaimLost`: another owner claimed the run since,
 after this *process* was paused -- SIGSTOP, a long GC, a suspended machine -- for longer
@@ -44,10 +47,11 @@ RETRY_SECONDS = 0.5  # a renewal that failed on a store error is tried again aft
 class Held:
     """One lease the keeper renews."""
 
-    __slots__ = ("claim", "due", "lease", "lost", "on_lost", "renewed", "run_id")
+    __slots__ = ("claim", "due", "lease", "lost", "on_lost", "renewed", "run_id", "store")
 
-    def __init__(self, run_id: str, claim: Claim, lease: float,
+    def __init__(self, store: Store, run_id: str, claim: Claim, lease: float,
                  on_lost: Callable[[ClaimLost], None]) -> None:
+        self.store = weakref.ref(store)  # (a store dropped meanwhile: nothing to renew)
         self.run_id, self.claim, self.lease, self.on_lost = run_id, claim, lease, on_lost
         now = time.monotonic()
         self.renewed = now  # (the claim was made just before: a lower bound would do too)
@@ -56,26 +60,28 @@ class Held:
 
 
 class Keeper:
-    """The thread that renews one store's leases."""
+    """The thread that renews one store's leases (or those of every store that
+    `renews_in_process`), with one `LeaseRenewer` per store."""
 
-    def __init__(self, store: Store) -> None:
-        self._store = weakref.ref(store)
+    def __init__(self) -> None:
         self._cond = threading.Condition()
         self._held: set[Held] = set()
         self._running = False
-        self._renewer: LeaseRenewer | None = None
+        self._wakes_at = 0.0  # when the thread wakes next (a hold due earlier wakes it)
+        self._renewers: weakref.WeakKeyDictionary[Store, LeaseRenewer] = \
+            weakref.WeakKeyDictionary()
 
-    def hold(self, run_id: str, claim: Claim, lease: float,
+    def hold(self, store: Store, run_id: str, claim: Claim, lease: float,
              on_lost: Callable[[ClaimLost], None]) -> Held:
         """Renew ``claim``'s lease every third of ``lease`` until `drop`."""
-        held = Held(run_id, claim, lease, on_lost)
+        held = Held(store, run_id, claim, lease, on_lost)
         with self._cond:
             self._held.add(held)
             if not self._running:
                 self._running = True
                 threading.Thread(target=self._main, name=f"interlock-lease:{run_id}",
                                  daemon=True).start()
-            elif held.due < min(h.due for h in self._held):
+            elif held.due < self._wakes_at:
                 self._cond.notify()
         return held
 
@@ -83,7 +89,7 @@ class Keeper:
         with self._cond:
             self._held.discard(held)
             if not self._held:
-                self._cond.notify()  # its connection is closed now, not at the next due
+                self._cond.notify()  # its connections are closed now, not at the next due
 
     def _main(self) -> None:
         ended = False
@@ -94,7 +100,7 @@ class Keeper:
                     while True:
                         now = time.monotonic()
                         if not self._held:
-                            self._close_renewer()
+                            self._close_renewers()
                             if now - idle_since >= IDLE_SECONDS:
                                 self._running, ended = False, True
                                 return
@@ -103,6 +109,7 @@ class Keeper:
                         first = min(h.due for h in self._held)
                         if first <= now:
                             break
+                        self._wakes_at = first
                         self._cond.wait(first - now)
                     due = [h for h in self._held if h.due <= now]
                 for held in due:
@@ -111,16 +118,17 @@ class Keeper:
             if not ended:  # (an error of the thread itself: the next `hold` starts one)
                 with self._cond:
                     self._running = False
-                    self._close_renewer()
+                    self._close_renewers()
 
-    def _close_renewer(self) -> None:
-        renewer, self._renewer = self._renewer, None
-        if renewer is not None:
+    def _close_renewers(self) -> None:
+        renewers = list(self._renewers.values())
+        self._renewers.clear()
+        for renewer in renewers:
             with contextlib.suppress(Exception):
                 renewer.close()
 
     def _renew(self, held: Held) -> None:
-        store = self._store()
+        store = held.store()
         if store is None:
             self.drop(held)
             return
@@ -128,12 +136,14 @@ class Keeper:
             return  # dropped meanwhile: its run ended
         sent = time.monotonic()
         try:
-            if self._renewer is None:
-                self._renewer = store.lease_renewer()
-            if self._renewer is None:  # (a store that has none: the loop renews)
-                self.drop(held)
-                return
-            self._renewer.renew(held.run_id, held.claim, held.lease)
+            renewer = self._renewers.get(store)
+            if renewer is None:
+                renewer = store.lease_renewer()
+                if renewer is None:  # (a store that has none: the loop renews)
+                    self.drop(held)
+                    return
+                self._renewers[store] = renewer
+            renewer.renew(held.run_id, held.claim, held.lease)
         except ClaimError as exc:
             lost = exc if isinstance(exc, ClaimLost) else ClaimLost(
                 held.run_id, exc.owner, None, held.claim.generation)
@@ -155,6 +165,7 @@ class Keeper:
 
 
 _KEEPERS: weakref.WeakKeyDictionary[Store, Keeper] = weakref.WeakKeyDictionary()
+_IN_PROCESS = Keeper()  # every `Store.renews_in_process` store's (its thread starts lazily)
 _KEEPERS_LOCK = threading.Lock()
 
 
@@ -164,10 +175,12 @@ def keeper_for(store: Store) -> Keeper | None:
     the loop, as before)."""
     if not getattr(store, "fences_appends", False):
         return None
+    if getattr(store, "renews_in_process", False):
+        return _IN_PROCESS
     with _KEEPERS_LOCK:
         keeper = _KEEPERS.get(store)
         if keeper is None:
-            keeper = _KEEPERS[store] = Keeper(store)
+            keeper = _KEEPERS[store] = Keeper()
         return keeper
 
 

@@ -252,7 +252,7 @@ class _Watcher:
         self._next_beat = loop.time() + lease / 3
         keeper = keeper_for(store) if claim is not None else None
         self.held: Held | None = None if keeper is None or claim is None else \
-            keeper.hold(run_id, claim, lease, self._lost_elsewhere)
+            keeper.hold(store, run_id, claim, lease, self._lost_elsewhere)
         self._task: asyncio.Task[None] | None = None
         self._timer: asyncio.TimerHandle | None = loop.call_later(
             CANCEL_POLL_SECONDS, self._start)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -193,3 +195,61 @@ def test_interlock_run_is_told_its_run_moved_to_another_owner(tmp_path: Path) ->
     assert proc.returncode == 2, err
     assert f"run {run_id!r} moved to owner other-host:1:x (claim generation 2)" in err
     assert not (tmp_path / "effect").exists()
+
+
+def test_in_memory_runs_share_one_lease_thread() -> None:
+    """Runs on stores of their own (``wf.run(store="memory://")`` makes a new store per
+    run) are renewed by one keeper thread: with a thread per store, 200 concurrent runs
+    left 200 threads alive for `_lease.IDLE_SECONDS` after them, and a server's memory
+    and throughput went down with every batch."""
+    wf = interlock.Workflow("short", input=["n"])
+    wf.node("one", lambda state: {"n": state["n"] + 1})
+    wf.edge("START", "one")
+    wf.edge("one", "END")
+
+    async def batch() -> list[interlock.RunResult]:
+        return await asyncio.gather(*(wf.run({"n": 0}, store="memory://")
+                                      for _ in range(200)))
+
+    def keepers() -> set[threading.Thread]:
+        return {t for t in threading.enumerate() if t.name.startswith("interlock-lease:")}
+
+    before = keepers()  # (other tests' stores' threads, idle for a while yet)
+    results = asyncio.run(batch())
+    assert [r.state["n"] for r in results] == [1] * 200
+    started = keepers() - before
+    assert len(started) <= 1, sorted(t.name for t in started)
+
+
+def test_one_keeper_renews_the_leases_of_several_memory_stores() -> None:
+    """The shared thread keeps a renewer per store: each store's lease is renewed on
+    that store, and a claim lost on one is told to that run only."""
+    stores = [MemoryStore(), MemoryStore()]
+    keeper = _lease.keeper_for(stores[0])
+    assert keeper is not None and keeper is _lease.keeper_for(stores[1])
+    wf = _workflow({}, asyncio.Event(), asyncio.Event())
+    lost = threading.Event()
+    told: list[str] = []
+
+    def on_lost(exc: ClaimLost) -> None:
+        told.append(exc.run_id)
+        lost.set()
+
+    held = []
+    for k, s in enumerate(stores):
+        asyncio.run(wf.submit({"n": 0}, store=s, run_id=f"r{k}"))
+        generation = asyncio.run(s.claim(f"r{k}", "me", 0.6))
+        held.append(keeper.hold(s, f"r{k}", Claim("me", generation), 0.6, on_lost))
+    first = held[0].renewed
+    asyncio.run(stores[1].claim("r1", "other", 30.0, force=True))  # r1 taken over
+    try:
+        assert lost.wait(10), "the keeper never found r1's claim gone"
+        deadline = time.monotonic() + 10
+        while held[0].renewed == first and time.monotonic() < deadline:
+            time.sleep(0.02)  # (r0's next renewal: a third of its lease after the claim)
+    finally:
+        for h in held:
+            keeper.drop(h)
+    assert told == ["r1"] and held[1].lost is not None
+    assert held[0].lost is None and held[0].renewed > first, "r0's lease was not renewed"
+    assert asyncio.run(stores[0].get_run("r0")).owner == "me"
