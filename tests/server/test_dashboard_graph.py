@@ -298,3 +298,26 @@ def test_a_join_settled_without_a_source_lights_the_arrow_that_arrived_only(
     expect(route(page, "joined", "END")).to_have_attribute("data-state", "taken")
     live = page.evaluate(PICTURE)
     assert replayed(page, server, "part-1") == live
+
+
+def test_an_edge_log_format_2_implies_is_lit_live(server: Served, page: Any) -> None:
+    """``last → END`` has no record of its own (log format 2: last's completion implies
+    it): lit as the completion arrives on the open page, and the same on a reload."""
+    with server.client() as c:
+        r = c.post("/api/workflows/regate/runs", json={"input": {"n": 1}, "run_id": "re-2"})
+        assert r.status_code == 201, r.text
+    page.goto(f"{server.url}/runs/re-2")
+    expect(page.locator('svg.graph [data-node="gate"]')).to_have_attribute("data-state",
+                                                                          "waiting")
+    expect(route(page, "last", "END")).to_have_attribute("data-state", "idle")
+    decide(server, "re-2", "gate")
+    expect(page.locator("#stream-state")).to_have_attribute("data-state", "closed")
+    expect(route(page, "gate", "last")).to_have_attribute("data-state", "taken")
+    expect(route(page, "last", "END")).to_have_attribute("data-state", "taken")
+    with server.client() as c:
+        records = c.get("/api/runs/re-2/records").json()
+    assert not [r for r in records if r["type"] == "edge.taken" and r.get("from") == "last"]
+    assert [i["to"] for r in records for i in r.get("implies") or []
+            if i.get("from") == "last"] == [["END"]]
+    live = page.evaluate(PICTURE)
+    assert replayed(page, server, "re-2") == live
