@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_server import GATED, NODES, Served
+import yaml
+from test_server import GATED, NODES, Served, wait_status
 
 pytest.importorskip("fastapi")
 pytest.importorskip("grandalf", reason="the graph's layout needs the server extra")
@@ -72,6 +73,24 @@ edges:
   - {from: [never, side], to: joined}
 '''
 
+# a join into a gate; v2 (migrated onto while the gate waits) puts an edge first, so that
+# every edge index of v1 names another edge in v2
+JOINED = '''
+workflow: joined
+input: [n]
+nodes:
+  split: snodes:first
+  p: snodes:last
+  q: {call: snodes:counted, writes: [counted]}
+  gate: {approval: {show: [first]}}
+edges:
+  - {from: START, to: split}
+  - {from: split, to: [p, q]}
+  - {from: [p, q], to: gate}
+'''
+JOINED_V2 = JOINED.replace("  gate:", "  after: snodes:first\n  gate:").replace(
+    "edges:\n", "edges:\n  - {from: gate, to: after}\n")
+
 # what the run page's graph shows: each arrow's state and each node's, in a stable order
 PICTURE = """() => ({
   routes: [...document.querySelectorAll("svg.graph .route")].map((r) =>
@@ -120,6 +139,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     (flows / "regate.yaml").write_text(textwrap.dedent(OPEN_GATE))
     (flows / "looped.yaml").write_text(textwrap.dedent(LOOPED))
     (flows / "partial.yaml").write_text(textwrap.dedent(PARTIAL))
+    (flows / "joined.yaml").write_text(textwrap.dedent(JOINED))
     for name in ("INTERLOCK_STORE", "INTERLOCK_LOG_KEY"):
         os.environ.pop(name, None)
     served = Served(root)
@@ -147,7 +167,7 @@ def workflow_names(server: Served) -> list[str]:
 
 def test_no_edge_passes_through_a_node_in_any_example(server: Served, page: Any) -> None:
     names = workflow_names(server)
-    assert len(names) == len(EXAMPLES) + 3, names
+    assert len(names) == len(EXAMPLES) + 4, names
     for name in names:
         page.goto(f"{server.url}/workflows/{name}")
         expect(page.locator("svg.graph [data-node]").first).to_be_visible()
@@ -321,3 +341,27 @@ def test_an_edge_log_format_2_implies_is_lit_live(server: Served, page: Any) -> 
             if i.get("from") == "last"] == [["END"]]
     live = page.evaluate(PICTURE)
     assert replayed(page, server, "re-2") == live
+
+
+def test_a_join_before_a_migration_is_lit_by_the_names_of_the_sources_that_arrived(
+        server: Served, page: Any) -> None:
+    """The join's record (edge 2 of v1: ``*`` → gate, arrived p and q) names another edge
+    in v2: its arrows are lit by name, from the sources that arrived."""
+    with server.client() as c:
+        r = c.post("/api/workflows/joined/runs", json={"input": {"n": 1}, "run_id": "mj-1"})
+        assert r.status_code == 201, r.text
+        wait_status(c, "mj-1", "WAITING_APPROVAL")
+        moved = c.post("/api/runs/mj-1/migrate", json={
+            "definition": yaml.safe_load(JOINED_V2), "by": "ops"})
+        assert moved.status_code == 200, moved.text
+    page.goto(f"{server.url}/runs/mj-1")
+    expect(page.locator("#migrated")).to_be_visible()
+    expect(page.locator('svg.graph [data-node="gate"]')).to_have_attribute("data-state",
+                                                                          "waiting")
+    for source in ("p", "q"):
+        expect(route(page, source, "gate")).to_have_attribute("data-state", "taken")
+    expect(page.locator('svg.graph [data-edge="2"]')).to_have_attribute("data-state", "idle")
+    decide(server, "mj-1", "gate")
+    expect(page.locator("#stream-state")).to_have_attribute("data-state", "closed")
+    expect(route(page, "gate", "after")).to_have_attribute("data-state", "taken")
+    expect(route(page, "after", "END")).to_have_attribute("data-state", "taken")
