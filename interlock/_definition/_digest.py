@@ -19,6 +19,7 @@ import hashlib
 import os
 import stat
 import sys
+import weakref
 from collections.abc import Iterable
 from importlib.machinery import PathFinder
 
@@ -36,28 +37,39 @@ _CACHE_LIMIT = 4096
 
 
 # per (frozen) definition, its nodes' modules: a definition run many times walks its nodes
-# once, so a run's start costs O(modules), not O(nodes) (the spec is held: its id stays its)
-_MODULES: dict[int, tuple[WorkflowSpec, dict[str, list[str]], list[str]]] = {}
+# once, so a run's start costs O(modules), not O(nodes). The spec is not held: each resume
+# reads its definition from the log into a new spec, and holding them kept the last 256
+# definitions alive (a 1000-node one is megabytes); its entry goes when it does (the
+# weakref's callback runs before its id can be reused)
+_Modules = tuple[dict[str, list[str]], list[str]]
+_MODULES: dict[int, tuple[weakref.ref[WorkflowSpec], _Modules]] = {}
 _MODULES_LIMIT = 256
 
 
 def node_modules(spec: WorkflowSpec) -> dict[str, list[str]]:
     """Per node, the modules its code lives in (sorted, none repeated); nodes that name no
     code are left out. The answer is shared: read it, do not change it."""
-    return _modules(spec)[1]
+    return _modules(spec)[0]
 
 
-def _modules(spec: WorkflowSpec) -> tuple[WorkflowSpec, dict[str, list[str]], list[str]]:
-    """``spec``, its `node_modules` and all their modules (sorted), from the cache."""
-    hit = _MODULES.get(id(spec))
-    if hit is not None and hit[0] is spec:
-        return hit
+def _modules(spec: WorkflowSpec) -> _Modules:
+    """``spec``'s `node_modules` and all their modules (sorted), from the cache."""
+    key = id(spec)
+    hit = _MODULES.get(key)
+    if hit is not None and hit[0]() is spec:
+        return hit[1]
     per_node = _node_modules(spec)
-    every = sorted({m for mods in per_node.values() for m in mods})
+    found = (per_node, sorted({m for mods in per_node.values() for m in mods}))
     if len(_MODULES) >= _MODULES_LIMIT:
         _MODULES.clear()
-    hit = _MODULES[id(spec)] = (spec, per_node, every)
-    return hit
+
+    def gone(ref: weakref.ref[WorkflowSpec]) -> None:
+        entry = _MODULES.get(key)
+        if entry is not None and entry[0] is ref:
+            del _MODULES[key]
+
+    _MODULES[key] = (weakref.ref(spec, gone), found)
+    return found
 
 
 def _node_modules(spec: WorkflowSpec) -> dict[str, list[str]]:
@@ -143,7 +155,7 @@ def module_digest(name: str) -> str | None:
 def code_digests(spec: WorkflowSpec, nodes: Iterable[str] | None = None) -> CodeDigests:
     """The digests of the modules ``spec``'s nodes (or only ``nodes``) run, as they are now.
     A module with no source file is left out."""
-    _, per_node, modules = _modules(spec)
+    per_node, modules = _modules(spec)
     if nodes is not None:
         modules = sorted({m for node in set(nodes) for m in per_node.get(node, ())})
     out: CodeDigests = {}
