@@ -21,11 +21,11 @@ the barrier settles when each has completed (arrived) or been ruled out.
 from __future__ import annotations
 
 import asyncio
-import functools
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeVar
 
 from ._edge import EdgeSpec
 from ._expr import Expression
@@ -148,30 +148,40 @@ class Plan:
 
 def callable_params(fn: Callable[..., object]) -> int:
     """How many positional parameters ``fn`` takes (2 = it wants ``ctx``)."""
-    try:
-        return _callable_params(fn)
-    except TypeError:  # an unhashable callable object
-        return _callable_params.__wrapped__(fn)
-
-
-@functools.cache
-def _callable_params(fn: Callable[..., object]) -> int:
-    return param_count(fn)
+    return _remembered(_PARAMS, fn, param_count)
 
 
 def is_async_callable(fn: Callable[..., object]) -> bool:
-    try:
-        return _is_async_callable(fn)
-    except TypeError:  # an unhashable callable object
-        return _is_async_callable.__wrapped__(fn)
+    return _remembered(_ASYNC, fn, _is_async_callable)
 
 
-@functools.cache
 def _is_async_callable(fn: Callable[..., object]) -> bool:
     if asyncio.iscoroutinefunction(fn):
         return True
     call = getattr(fn, "__call__", None)  # noqa: B004 - async __call__ on instances
     return call is not None and asyncio.iscoroutinefunction(call)
+
+
+# what a function's signature says, while the function lives: a plan is built for each
+# run a process loads, and a process may make its functions as it goes (a lambda per
+# workflow it builds); a plain cache kept every one of them, and whatever they close
+# over, for good
+_PARAMS: weakref.WeakKeyDictionary[Callable[..., object], int] = weakref.WeakKeyDictionary()
+_ASYNC: weakref.WeakKeyDictionary[Callable[..., object], bool] = weakref.WeakKeyDictionary()
+_T = TypeVar("_T")
+
+
+def _remembered(known: weakref.WeakKeyDictionary[Callable[..., object], _T],
+                fn: Callable[..., object], compute: Callable[[Callable[..., object]], _T]
+                ) -> _T:
+    try:
+        return known[fn]
+    except KeyError:
+        pass
+    except TypeError:  # an unhashable callable, or one no weak reference can point to
+        return compute(fn)
+    value = known[fn] = compute(fn)
+    return value
 
 
 def _adjacency(spec: WorkflowSpec) -> dict[str, list[str]]:
