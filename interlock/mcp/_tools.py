@@ -44,6 +44,9 @@ STOPPED = frozenset({"COMPLETED", "FAILED", "REJECTED", "CANCELLED", "WAITING_AP
                      "WAITING_INPUT"})
 _ERRORED = frozenset({"FAILED", "CANCELLED"})
 _GATE_KEY = "gate"  # the key of the one input request a waiting call sends
+# an unknown outcome's form field: the outcome a person checked by hand (approve records
+# it as the action's result instead of running the action again)
+CHECKED = "checked_outcome"
 # a decision through elicitation is recorded ``via: mcp`` where `Decision` has the field
 # (the per-gate decision path); else the comment says so
 VIA: dict[str, Any] = {"via": "mcp"} if "via" in {
@@ -294,9 +297,11 @@ def _question(run: dict[str, Any], gate: dict[str, Any]) -> types.ElicitRequestF
     message = (f"Run {run['run_id']} of workflow {run.get('workflow')!r} waits at the gate "
                f"{gate['node']!r} ({gate.get('kind', 'approval')}). It shows: {shown}. ")
     if gate_text.is_unknown(gate):  # approving runs the action again: said first
-        lines = gate_text.unknown_lines(gate, data="approve with data "
-                                        f"{gate_text.data_example(gate)} (not this form: "
-                                        "the `decide` hint's command, or the inbox)")
+        example = gate_text.data_example(gate)
+        props[CHECKED] = {"type": "string", "description": (
+            "only if you checked by hand what happened: the outcome, as JSON (the "
+            f"`result` of {example}); approve then records it and does NOT run it again")}
+        lines = gate_text.unknown_lines(gate, data=f"approve with {CHECKED!r} filled in")
         message = f"{lines[0]}. {message}" + "; ".join(lines[1:]) + ". "
     message += "Approve or reject?"
     return types.ElicitRequestFormParams(
@@ -313,6 +318,12 @@ def _decision(answer: types.ElicitResult | None, gate: str, caller: Caller) -> D
     if chosen not in ("approve", "reject"):
         return None
     kind: Literal["approve", "reject"] = "approve" if chosen == "approve" else "reject"
+    checked = content.pop(CHECKED, None)  # an unknown outcome's, checked by hand
+    if isinstance(checked, str) and checked.strip():
+        try:
+            content["result"] = json.loads(checked)
+        except ValueError:  # (a tool's plain-text answer)
+            content["result"] = checked
     given = content.pop("comment", None)
     comment = str(given) if given not in (None, "") else None
     if VIA:  # the engine records where a decision came from

@@ -162,7 +162,7 @@ def test_the_mcp_answers_explain_it_and_offer_no_bare_approve(
         "--data", '{"result": {"FIELD": "VALUE"}}', "--store", "sqlite:////srv/runs.db"]
     question = _question(run, waiting)
     assert question.message.startswith("OUTCOME UNKNOWN")
-    said_plainly(question.message)
+    said_plainly(question.message + json.dumps(question.requested_schema).replace("\\", ""))
     task = task_of(run, (0.0, 0.0))
     assert task["status"] == "input_required"
     assert "OUTCOME UNKNOWN" in task["statusMessage"]
@@ -179,3 +179,53 @@ def test_a_cli_run_s_unknown_outcome_is_posted_to_slack_explained(
     [post] = [p for p in posts if "OUTCOME UNKNOWN" in json.dumps(p)]
     said_plainly(json.dumps(post["blocks"], ensure_ascii=False).replace("\\", ""))
     assert "confirm" in post["blocks"][-1]["elements"][0]
+
+
+def test_an_mcp_form_records_the_outcome_checked_by_hand_instead_of_running_it_again(
+        tmp_path: Path) -> None:
+    """The elicitation form of an unknown outcome has a field for the outcome checked by
+    hand: approved with it, the run completes with that result, the action not run."""
+    pytest.importorskip("mcp")
+    import asyncio
+
+    import mcp_types as types
+
+    from interlock import load, open_store
+    from interlock.mcp._local import LocalRuns
+    from interlock.mcp._runs import Caller
+    from interlock.mcp._tools import CHECKED, _decision, _question
+
+    store = f"sqlite:///{tmp_path / 'runs.db'}"
+    stranded(tmp_path, store, "m1")
+    run = json.loads(interlock(tmp_path, store, "status", "m1", "--json").stdout)
+    form = _question(run, run["waiting"])
+    assert CHECKED in form.requested_schema["properties"]
+    assert f"approve with {CHECKED!r} filled in: records the outcome" in form.message
+    answer = types.ElicitResult(action="accept", content={
+        "decision": "approve", CHECKED: '{"fixed": "by hand"}'})
+    decision = _decision(answer, "fix", Caller("al"))
+    assert decision is not None and decision.data == {"result": {"fixed": "by hand"}}
+
+    async def decide() -> dict[str, Any]:
+        st = open_store(store)
+        try:
+            runs = LocalRuns({"one": load(str(tmp_path / "one.yaml"))}, st)
+
+            async def progress(rec: object) -> None:
+                pass
+
+            return await runs.decide("m1", decision, Caller("al"), progress)
+        finally:
+            await st.close()
+
+    cwd = os.getcwd()
+    os.chdir(tmp_path)  # (the node module resolves from the project)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        done = asyncio.run(decide())
+    finally:
+        os.chdir(cwd)
+        sys.path.remove(str(tmp_path))
+    assert done["status"] == "COMPLETED", done
+    assert done["state"]["fixed"] == "by hand"
+    assert (tmp_path / "fix.log").read_text().split() == ["fix"]  # not run again
