@@ -358,7 +358,7 @@ def _print_waiting(rows: list[RunRow], where: str = "") -> None:
     now = time.time()
     body, notes = [], []
     for r, w in [(row, g) for row in rows for g in _gates(row)]:
-        notes += _row_notes(r.run_id, w)
+        notes += _row_notes(r.run_id, w, where)
         requested = w.get("requested_at")
         deadline = w.get("deadline")
         if deadline is None:
@@ -385,15 +385,19 @@ def _print_waiting(rows: list[RunRow], where: str = "") -> None:
         click.echo(line, err=True)
 
 
-def _row_notes(run_id: str, w: dict[str, Any]) -> list[str]:
+def _row_notes(run_id: str, w: dict[str, Any], where: str = "") -> list[str]:
     """What `runs --waiting` says under its table about a gate: an unknown outcome
-    explained, a gate past its deadline resumed instead of decided."""
+    explained, a gate past its deadline resumed instead of decided -- each command with
+    ``where`` (the options that reach the same store or server)."""
     lines = [f"  {line}" for line in outcome_notes(w)]
     if lines:
+        from ..support import decide_command
+
         lines.insert(0, f"{run_id} --gate {w.get('node')}:")
-        lines.append(f"  (interlock resume {run_id} --gate {w.get('node')} --approve | "
-                     f"--reject | --approve --data '{data_example(w)}' --by NAME)")
-    passed = past_deadline(run_id, w, "")
+        lines.append("  (" + decide_command(run_id, w.get("node"), (
+            f"--approve | --reject | --approve --data '{data_example(w)}' --by NAME"),
+            where) + ")")
+    passed = past_deadline(run_id, w, where)
     return lines + ([f"{run_id}: {passed}"] if passed else [])
 
 
