@@ -13,12 +13,15 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
+from click.testing import CliRunner
 from test_server import pythonpath
 from test_store_conformance import pg_schema_url  # noqa: F401 (a fixture)
 
 from interlock._hints import without_password
+from interlock.cli import cli
 from interlock.cli._format import where_options
 from interlock.support import store_word
 
@@ -100,3 +103,23 @@ def test_hints_after_a_run_on_postgresql_never_print_its_password(
     assert decided.returncode == 0, decided.stderr
     assert SECRET not in decided.stdout + decided.stderr
     assert "--store 'postgresql://postgres@" in status.stdout  # (each of its commands)
+
+
+def test_a_pasted_command_without_the_password_says_where_it_is_read_from(
+        make_project: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server answers a login without a password (PGPASSWORD unset) as libpq says
+    it; the error says where the password is read from, not that the server is down."""
+    psycopg = pytest.importorskip("psycopg")
+
+    async def refused(*args: Any, **kwargs: Any) -> Any:
+        raise psycopg.OperationalError(
+            'connection failed: connection to server at "10.0.0.5", port 5432 failed: '
+            "fe_sendauth: no password supplied")
+
+    monkeypatch.setattr(psycopg.AsyncConnection, "connect", refused)
+    make_project("")  # (no store or log key from the environment)
+    out = CliRunner().invoke(cli, ["status", "r1", "--store", "postgresql://app@10.0.0.5/runs"])
+    assert out.exit_code == 2, out.output
+    assert "the server refused the login (" in out.output
+    assert "PGPASSWORD or ~/.pgpass" in out.output
+    assert "unreachable" not in out.output
