@@ -319,7 +319,7 @@ def _decision(answer: types.ElicitResult | None, gate: str, caller: Caller) -> D
         return None
     kind: Literal["approve", "reject"] = "approve" if chosen == "approve" else "reject"
     checked = content.pop(CHECKED, None)  # an unknown outcome's, checked by hand
-    if isinstance(checked, str) and checked.strip():
+    if kind == "approve" and isinstance(checked, str) and checked.strip():
         try:
             content["result"] = json.loads(checked)
         except ValueError:  # (a tool's plain-text answer)
