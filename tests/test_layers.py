@@ -22,7 +22,8 @@ LAYERS: dict[int, set[str]] = {
     0: {"_definition", "_engine", "_observe", "_ops", "_plugins", "_worker", "_errors", "_log",
         "_json", "_hints", "_gate_text",
         "_engine._records", "_definition._limits", "_definition._bounds", "_definition._callables",
-        "_definition._signature", "_engine._steps", "_definition._cost", "_definition._values"},
+        "_definition._signature", "_engine._steps", "_definition._cost", "_definition._values",
+        "_engine._origin"},
     # the definition, expressions, the graph, the stores, isolation's wire format, the
     # fast YAML reader
     1: {"_definition._model", "_definition._edge", "_definition._expr", "_definition._graph",

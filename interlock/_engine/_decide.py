@@ -31,6 +31,7 @@ from .._json import JSON, JSONObject
 from . import _records as R
 from ._flow import Due
 from ._fold import RunView, Scope
+from ._origin import unlocated
 
 
 class Abort(Exception):
@@ -406,7 +407,7 @@ def caught_error(pn: PlanNode, error: RunError, attempt: int) -> JSONObject:
     message = error.message
     prefix = f"node {pn.name!r} raised {etype}: "
     if message.startswith(prefix):
-        message = message[len(prefix):]
+        message = unlocated(message[len(prefix):], error.details.get("at"))
     return {"node": pn.name, "type": etype, "message": message, "attempt": attempt}
 
 

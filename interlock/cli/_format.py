@@ -100,6 +100,21 @@ def state_line(result: Any, where: str = "") -> str | None:
     return f"state: {text}"
 
 
+def error_lines(result: Any, where: str = "") -> list[str]:
+    """A run's error, on one line -- and, for an exception a node raised, where its whole
+    traceback is (the line names only the innermost frame of the user's code)."""
+    e = result.error
+    if not e:
+        return []
+    at = f" at node {e.get('node')!r}" if e.get("node") else ""
+    lines = [f"error ({e.get('type')}){at}: {e.get('message')}"]
+    details = e.get("details")
+    if isinstance(details, dict) and details.get("traceback"):
+        lines.append(f"the full traceback: `interlock status {shlex.quote(result.run_id)} "
+                     f"--json{where}` (error.details.traceback)")
+    return lines
+
+
 def where_options(store_url: str | None = None, server_url: str | None = None,
                   token: str | None = None) -> str:
     """The options a printed follow-up command needs to reach the same run: ``--store``,
