@@ -11,22 +11,24 @@ standard library.
 
 from __future__ import annotations
 
+import functools
 import os
-import sysconfig
 import traceback
 
 # interlock's own package folder, with the separator: its frames are never the user's
 _OWN = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
-def _library_folders() -> tuple[str, ...]:
+@functools.cache
+def _not_users() -> tuple[str, ...]:
+    """interlock's folder and the standard library's and installed packages' (found on
+    the first error, not at import: the engine's start-up does not pay for it)."""
+    import sysconfig
+
     paths = sysconfig.get_paths()
     found = {os.path.abspath(paths[k]) + os.sep
              for k in ("stdlib", "platstdlib", "purelib", "platlib") if paths.get(k)}
     return (_OWN, *sorted(found))
-
-
-_NOT_USERS = _library_folders()
 
 
 def user_frame(exc: BaseException) -> str | None:
@@ -34,9 +36,10 @@ def user_frame(exc: BaseException) -> str | None:
     traceback (FILE relative to the working directory when it is below it), or None
     when every frame is interlock's or a library's (an error interlock raised itself)."""
     found = None
+    not_users = _not_users()
     for frame, line in traceback.walk_tb(exc.__traceback__):
         path = frame.f_code.co_filename
-        if path.startswith("<") or os.path.abspath(path).startswith(_NOT_USERS):
+        if path.startswith("<") or os.path.abspath(path).startswith(not_users):
             continue
         found = (path, line, frame.f_code.co_name)
     if found is None:
