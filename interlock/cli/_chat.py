@@ -12,6 +12,7 @@ happen, a gate reached during a turn is shown with how to decide it (or decided 
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -207,7 +208,8 @@ def chat(workflow: str, session: str | None, input_json: str | None, by: str | N
     keys = [w for w in wf.warnings if w.code == "api-key"]  # each turn would fail here
     if keys:
         raise CliError(missing_keys(keys, "talk to it through a server whose environment "
-                                    f"has the key: interlock chat {workflow} --server URL"))
+                                    "has the key: interlock chat "
+                                    f"{shlex.quote(workflow)} --server URL"))
     data = read_input(input_json, None)
     from ._chat_live import Terminal
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -71,8 +72,8 @@ def run(workflow: str, input_json: str | None, input_file: str | None, sets: tup
             click.echo(str(warning), err=True)
     if keys:
         raise CliError(missing_keys(keys, "record the run for a worker or server whose "
-                                    f"environment has the key: interlock run {workflow} ... "
-                                    "--detach"))
+                                    "environment has the key: interlock run "
+                                    f"{shlex.quote(workflow)} ... --detach"))
     warn_undeclared(config_sets, wf.spec.config, workflow)
     config = config_overrides(wf.spec.config, config_sets)
     from .. import make_run_id
