@@ -100,19 +100,14 @@ def state_line(result: Any, where: str = "") -> str | None:
     return f"state: {text}"
 
 
-def error_lines(result: Any, where: str = "") -> list[str]:
-    """A run's error, on one line -- and, for an exception a node raised, where its whole
-    traceback is (the line names only the innermost frame of the user's code)."""
-    e = result.error
-    if not e:
+def traceback_hint(result: Any, where: str = "") -> list[str]:
+    """For an exception a node raised, where its whole traceback is (the error's line
+    names only the innermost frame of the user's code); printed after the error."""
+    details = (result.error or {}).get("details")
+    if not isinstance(details, dict) or not details.get("traceback"):
         return []
-    at = f" at node {e.get('node')!r}" if e.get("node") else ""
-    lines = [f"error ({e.get('type')}){at}: {e.get('message')}"]
-    details = e.get("details")
-    if isinstance(details, dict) and details.get("traceback"):
-        lines.append(f"the full traceback: `interlock status {shlex.quote(result.run_id)} "
-                     f"--json{where}` (error.details.traceback)")
-    return lines
+    return [f"the full traceback: `interlock status {shlex.quote(result.run_id)} --json"
+            f"{where}` (error.details.traceback)"]
 
 
 def where_options(store_url: str | None = None, server_url: str | None = None,

@@ -31,8 +31,8 @@ from ._format import (
     _short,
     _when,
     decision_flags,
-    error_lines,
     state_line,
+    traceback_hint,
     where_options,
 )
 from ._gate_hints import (
@@ -163,10 +163,14 @@ def _print_status(result: RunResult, row: RunRow, store_url: str | None,
     lines = [f"created {_when(row.created_at)}, updated {_when(row.summary.updated_at)}"]
     if row.parent_run:
         lines.append(f"forked from {row.parent_run} at record {row.parent_seq}")
+    if result.error:
+        e = result.error
+        at = f" at node {e.get('node')!r}" if e.get("node") else ""
+        lines.append(f"error ({e.get('type')}){at}: {e.get('message')}")
     store = f" --store {shlex.quote(store_url)}" if store_url else ""
     where = where if remote else store  # (the options that reach the run again)
-    lines += error_lines(result, where)
     rid = shlex.quote(result.run_id)
+    lines += traceback_hint(result, where)  # (after the error line)
     state = state_line(result, where)
     if state:
         lines.append(state)

@@ -25,8 +25,8 @@ from ._format import (
     _short,
     _sources,
     decision_flags,
-    error_lines,
     state_line,
+    traceback_hint,
 )
 from ._gate_hints import is_unknown, outcome_notes, past_deadline, shown
 
@@ -350,8 +350,12 @@ def _outcome_lines(result: RunResult, where: str = "") -> list[str]:
     state = state_line(result, where)
     if state:
         lines.append(state)
-    lines += error_lines(result, where)
+    if result.error:
+        node = result.error.get("node")
+        at = f" at node {node!r}" if node else ""
+        lines.append(f"error ({result.error.get('type')}){at}: {result.error.get('message')}")
     rid = shlex.quote(result.run_id)
+    lines += traceback_hint(result, where)  # (after the error's lines)
     if result.waiting and result.waiting.get("kind") == "message":  # a conversation
         # the turn's reply (or why the turn failed): a decision that let the turn go on
         # is answered here too, not only by `send`
