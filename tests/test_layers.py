@@ -22,8 +22,7 @@ LAYERS: dict[int, set[str]] = {
     0: {"_definition", "_engine", "_observe", "_ops", "_plugins", "_worker", "_errors", "_log",
         "_json", "_hints", "_gate_text",
         "_engine._records", "_definition._limits", "_definition._bounds", "_definition._callables",
-        "_definition._signature", "_engine._steps", "_definition._cost", "_definition._values",
-        "_engine._origin"},
+        "_definition._signature", "_engine._steps", "_definition._cost", "_definition._values"},
     # the definition, expressions, the graph, the stores, isolation's wire format, the
     # fast YAML reader
     1: {"_definition._model", "_definition._edge", "_definition._expr", "_definition._graph",
@@ -53,7 +52,7 @@ LAYERS: dict[int, set[str]] = {
     5: {"_engine._context", "_engine._budget", "_engine._guards", "_engine._call",
         "_engine._mapped", "_engine._ray",
         "_engine._isolation", "_engine._isolation._pool", "_engine._isolation._worker",
-        "_engine._isolation.__main__"},
+        "_engine._isolation.__main__", "_engine._origin"},
     # the agent node kind, a plug-in on the node call
     6: {"_plugins._subflow", "agents", "agents._check", "agents._errors", "agents._node",
         "agents._prompt", "agents._providers", "agents._spec", "agents._tools",
