@@ -26,11 +26,11 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any, Protocol
 
 from interlock import Decision, InterlockError, RunNotFound, Store, UsageError
-from interlock.support import trace_pages
+from interlock.support import TERMINAL_TYPES, trace_pages
 
 from ._auth import DECIDE, Tokens
 from ._deliveries import Ledger, Policy, deliver
@@ -44,6 +44,7 @@ Record = Callable[[str, dict[str, object]], Awaitable[None]]
 Decide = Callable[[str, str, Decision, str], Awaitable[None]]
 Send = Callable[[], Awaitable[tuple[dict[str, object], dict[str, object]]]]
 ACTIONS = ("post", "update")  # a delivery's actions (an answer is no delivery: not retried)
+_ENDED = frozenset(TERMINAL_TYPES.values())  # a run's statuses once it has ended
 
 
 class Chat(Protocol):
@@ -134,11 +135,17 @@ class ChatApprovals:
 
     async def sync(self, run_id: str) -> None:
         """Post each undecided gate not posted yet; update each decided gate's message."""
+        async with self._lock(run_id):
+            await self._sync(run_id)
+
+    @contextlib.asynccontextmanager
+    async def _lock(self, run_id: str) -> AsyncIterator[None]:
+        """The run's sync lock (its entry dropped with its last user)."""
         lock, users = self._locks.setdefault(run_id, (asyncio.Lock(), [0]))
         users[0] += 1
         try:
             async with lock:
-                await self._sync(run_id)
+                yield
         finally:
             users[0] -= 1
             if not users[0]:
@@ -146,7 +153,11 @@ class ChatApprovals:
 
     async def _sync(self, run_id: str) -> None:
         row = await self.store.get_run(run_id)
-        self._synced[run_id] = row.summary.last_seq
+        # (an ended run is forgotten: `watch` lists it again only if its log grows)
+        if row.summary.status in _ENDED:
+            self._synced.pop(run_id, None)
+        else:
+            self._synced[run_id] = row.summary.last_seq
         requested: dict[int, dict[str, Any]] = {}
         decided: dict[tuple[object, object, object], dict[str, Any]] = {}
         books: dict[tuple[str, int, str], Ledger] = {}  # (chat, request, action): attempts
@@ -217,6 +228,12 @@ class ChatApprovals:
         except InterlockError as exc:  # the store is away: the next `sync` looks again
             self._done.discard(key)
             log.warning("%s: not done (%s); tried again at the next look", what, exc)
+            return
+        # its attempts are in the log now, which a `sync` reads (under the run's lock)
+        # before it starts a delivery: the key is needed no more (kept, one per gate of
+        # every run ever posted, it grew with the runs for the server's life)
+        async with self._lock(key[1]):
+            self._done.discard(key)
 
     async def _waits(self, run_id: str, rec: dict[str, Any]) -> bool:
         """Whether the gate ``rec`` asked is still waiting (its post still owed)."""

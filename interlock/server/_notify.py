@@ -28,6 +28,8 @@ import asyncio
 import json
 import logging
 import time
+from collections import OrderedDict
+from collections.abc import Coroutine
 from typing import Any
 from urllib.parse import quote, urlsplit
 
@@ -44,6 +46,7 @@ log = logging.getLogger("interlock.server")
 NOTIFY_SENT = "notify.sent"
 ATTEMPT_SECONDS = 10.0  # one attempt, whole: connect, send, the answer's status
 _ENDED = frozenset(TERMINAL_TYPES.values())
+LOOKED_KEPT = 10_000  # waiting runs whose log a scan remembers having read
 _SAYS_WHEN = frozenset({429, 503})  # the answers whose Retry-After says when to try again
 
 
@@ -132,8 +135,15 @@ class Notifier:
         self.attempts, self.backoff, self.timeout = attempts, backoff, timeout
         self._tasks: set[asyncio.Task[None]] = set()
         self._client: httpx.AsyncClient | None = None
-        self._announced: set[tuple[str, int]] = set()  # (run, approval.requested seq)
-        self._looked_at: set[tuple[str, object]] = set()  # (run, its gate's requested_at)
+        # (run, approval.requested seq): how many of its deliveries are under way. The
+        # entry goes with the last, its attempts recorded: a scan reads them in the log
+        # from then on (kept for good, the entries grew by one per gate ever announced)
+        self._announced: dict[tuple[str, int], int] = {}
+        self._reading = asyncio.Lock()  # a scan's look at a run's log, or an entry's end
+        # (run, its gate's requested_at): the waiting runs whose log was read, the
+        # LOOKED_KEPT last (one forgotten is read again if its row changes: nothing in it
+        # is announced twice, its log says what was)
+        self._looked_at: OrderedDict[tuple[str, object], None] = OrderedDict()
         self._since: float | None = None  # the runs changed after this, at the next pass
         self.looked = 0  # runs whose log `watch` read (for tests)
 
@@ -160,36 +170,55 @@ class Notifier:
             requested = waiting.get("requested_at")
             if (row.run_id, requested) in self._looked_at:
                 continue
-            self.looked += 1
-            gates: dict[int, dict[str, Any]] = {}
-            told: set[int] = set()
-            async for page in trace_pages(row.run_id, store=self.store):
-                for rec in page:
-                    if rec["type"] == "approval.requested":
-                        gates[rec["seq"]] = rec
-                    elif rec["type"] == "approval.decided":
-                        gates = {s: g for s, g in gates.items()  # (one gate: an item's,
-                                 if (g["node"], g.get("visit"), g.get("item")) !=  # too)
-                                 (rec["node"], rec.get("visit"), rec.get("item"))}
-                    elif rec["type"] == NOTIFY_SENT and rec.get("request") is not None \
-                            and not rec.get("via"):  # (a chat's post is not a --notify)
-                        told.add(rec["request"])
-            self._looked_at.add((row.run_id, requested))  # read: not again
-            for seq, rec in gates.items():
-                if seq not in told:
-                    self.requested(row.workflow, row.run_id, rec)
+            async with self._reading:
+                await self._look(row.workflow, row.run_id, requested)
+
+    async def _look(self, workflow: str, run_id: str, requested: object) -> None:
+        """Announce the gates of the run's log that no ``notify.sent`` is about."""
+        self.looked += 1
+        gates: dict[int, dict[str, Any]] = {}
+        told: set[int] = set()
+        async for page in trace_pages(run_id, store=self.store):
+            for rec in page:
+                if rec["type"] == "approval.requested":
+                    gates[rec["seq"]] = rec
+                elif rec["type"] == "approval.decided":
+                    gates = {s: g for s, g in gates.items()  # (one gate: an item's,
+                             if (g["node"], g.get("visit"), g.get("item")) !=  # too)
+                             (rec["node"], rec.get("visit"), rec.get("item"))}
+                elif rec["type"] == NOTIFY_SENT and rec.get("request") is not None \
+                        and not rec.get("via"):  # (a chat's post is not a --notify)
+                    told.add(rec["request"])
+        self._looked_at[(run_id, requested)] = None  # read: not again
+        while len(self._looked_at) > LOOKED_KEPT:
+            self._looked_at.popitem(last=False)
+        for seq, rec in gates.items():
+            if seq not in told:
+                self.requested(workflow, run_id, rec)
 
     def requested(self, workflow: str, run_id: str, rec: dict[str, Any]) -> None:
         """Called with each ``approval.requested`` (as it is staged)."""
-        if not self.urls or (run_id, rec["seq"]) in self._announced:
+        key = (run_id, int(rec["seq"]))
+        if not self.urls or key in self._announced:
             return
-        self._announced.add((run_id, rec["seq"]))
+        self._announced[key] = len(self.urls)
         message = payload(workflow, run_id, rec, self.public_url)
         for index, url in enumerate(self.urls, 1):
             task = asyncio.get_running_loop().create_task(
-                self._deliver(index, url, run_id, int(rec["seq"]), message))
+                self._delivered(key, self._deliver(index, url, run_id, key[1], message)))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+
+    async def _delivered(self, key: tuple[str, int],
+                         delivery: Coroutine[object, object, None]) -> None:
+        """``delivery``, then the gate's entry gone with its last delivery."""
+        try:
+            await delivery
+        finally:
+            self._announced[key] -= 1
+            if not self._announced[key]:
+                async with self._reading:  # (not while a scan reads the log: it may
+                    del self._announced[key]  # have read it before the records)
 
     async def _deliver(self, index: int, url: str, run_id: str, seq: int,
                        message: dict[str, Any]) -> None:
