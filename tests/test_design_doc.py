@@ -174,7 +174,7 @@ def _pool_default() -> bool:
 
 
 def _heartbeat_is_a_third_of_the_lease() -> bool:
-    """The lease is renewed every third of it (`_execute._Watcher`, `_runs._Watcher` at
+    """The lease is renewed every third of it (`_watcher._Watcher`, `_runs._Watcher` at
     f074fc7; a lease keeper's thread, ``_lease``, on fencing's branch)."""
     from interlock._ops import _claims, _execute
 
