@@ -147,17 +147,8 @@ class Staging:
         return rec
 
     def _seal(self, rtype: str, fields: dict[str, Any]) -> L.Entry:
-        """A record sealed and folded now, outside the staged batch (the caller stores it)."""
-        if self._deferred is not None:
-            self.started()
-        writer = self.writer
-        seq, prev = writer.seq, writer.hash
-        rec, entry = writer.seal(rtype, fields)
-        try:
-            self.view.apply(rec)
-        except BaseException:
-            writer.rewind(seq, prev)
-            raise
-        if self.listener is not None:
-            self._tell(rec)
-        return entry
+        """A record sealed and folded now, outside the staged batch (the caller stores it):
+        `put`, its entry taken back out (a flush's, whose batch was taken: it is the only
+        one staged; `put` stays the hot path, one call)."""
+        self.put(rtype, fields)
+        return self._staged.pop()
