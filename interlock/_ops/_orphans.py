@@ -165,8 +165,11 @@ async def _guarded(store: Store, parent: str, child: str, outcome: str, why: str
     try:
         return await _close(store, parent, child, outcome, why, by)
     except InterlockError as exc:  # the store away, a broken or keyed log: left, said
+        # (what the store said: not the journal's advice to resume, which is a run's)
+        said = exc.__cause__ if isinstance(exc.__cause__, InterlockError) else exc
         log.warning("child run %s of run %s is not needed any more but could not be "
-                    "closed (the next look tries again): %s", child, parent, exc)
+                    "closed, left as it was (the next look at the waiting runs tries "
+                    "again: runs --waiting, /api/approvals): %s", child, parent, said)
         return "failed"
 
 

@@ -123,7 +123,8 @@ def test_a_child_whose_records_are_refused_is_left_whole_and_the_next_look_close
     asyncio.run(main())
     [said] = _said(caplog)
     assert f"child run {CHILD} of run {PARENT}" in said and "next look" in said
-    assert "FaultyStore: append failed" in said  # what the store said
+    assert "FaultyStore: append failed" in said  # what the store said ...
+    assert "interlock resume" not in said  # ... not the journal's advice for a run
     _closed_whole(url)
 
 
