@@ -13,6 +13,7 @@ role streams another process's records to its subscriber by the poll.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import uuid
 from collections.abc import Iterator
@@ -189,13 +190,9 @@ def test_the_announcement_is_made_anew_after_failures_outlast_it(
     asyncio.run(main())
 
 
-GATED = """
-workflow: gated
-nodes:
-  check: {approval: {show: []}}
-edges:
-  - {from: START, to: check}
-"""
+# one gate (YAML takes JSON)
+GATED = json.dumps({"workflow": "gated", "nodes": {"check": {"approval": {"show": []}}},
+                    "edges": [{"from": "START", "to": "check"}]})
 
 
 def test_a_server_whose_announcement_is_refused_streams_by_the_poll(
