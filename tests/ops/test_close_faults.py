@@ -177,3 +177,30 @@ def test_the_servers_inbox_closes_a_child_it_failed_to_close_at_its_next_look(
 
     asyncio.run(main())
     _closed_whole(url)
+
+
+def test_the_servers_inbox_looks_again_when_the_parent_could_not_be_read(
+        make_project: Callable[..., CliProject], url: str,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A stranded child whose parent's log the store fails to give: not closed at that
+    look (said), and closed at the next -- not forgotten until the parent moves."""
+    _waiting(make_project, url)
+    inbox = Approvals()
+
+    async def main() -> None:
+        store = FaultyStore(interlock.open_store(url))
+        try:
+            await _reject_while_the_child_fails(store, "append")  # stranded
+            store.fail("entries", "entries_page", "load_snapshot", when=_of(PARENT),
+                       times=None)
+            assert CHILD in {a["run_id"] for a in await asyncio.wait_for(
+                inbox.list(store), HANG)}
+            store.heal()
+            assert await asyncio.wait_for(inbox.list(store), HANG) == []
+        finally:
+            await store.close()
+
+    asyncio.run(main())
+    assert any(f"the parent run {PARENT} of waiting run {CHILD} could not be read" in m
+               for m in (r.getMessage() for r in caplog.records))
+    _closed_whole(url)
