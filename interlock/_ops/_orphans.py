@@ -16,7 +16,10 @@ can have moved so: at the end of each execution of a run (`_execute.drive`), aft
 parent's record and the child's leaves the child waiting until the next look: the lists
 of waiting runs (`list_runs`, the server's inbox) call `close_stranded`, which closes a
 waiting child whose parent ended, or whose visit in its parent is over, before it is
-listed.
+listed. So does a store that fails mid-close: the child's closing records are one
+append, so it is closed whole or left as it was (its claim given back when the store
+lets it), a warning names it, and the next look tries again -- the inbox, which looks
+at a child only when its parent moves, looks again at those it could not settle.
 
 A FAILED parent is not an end: its resume runs the failed visit again, which continues
 the children of its items (their gates are asked again), so those are left waiting; a
