@@ -374,13 +374,18 @@ def end_visit(view: RunView, rec: L.Record) -> None:
 
 
 def _completed(view: RunView, pn: PlanNode, rec: L.Record) -> None:
-    """The flow machine told of ``pn``'s completion; then, in format 2, the ``edge.taken``
-    of each edge of a `Plan.always_taken` node that completed (no goto): what
-    `RunView._on_edge` does for each, in the order they were written."""
+    """The flow machine told of ``pn``'s completion; in format 2 (no goto, no
+    ``reenter``): of an implied-otherwise node, only its ``when`` edge's decision made
+    due (its record implies the ``otherwise`` edges': `_otherwise`); of a
+    `Plan.always_taken` node, the ``edge.taken`` of each edge: what `RunView._on_edge`
+    does for each, in the order they were written."""
     node = pn.name
-    if view.format < 2 or node not in view.plan.always_taken or "goto" in rec \
-            or "reenter" in rec:
+    if view.format < 2 or "goto" in rec or "reenter" in rec:
         view.flow.completed(pn, rec.get("goto"), rec.get("reenter"))
+        return
+    when = view.plan.implied_when.get(node)
+    if when is not None or node not in view.plan.always_taken:
+        view.flow.completed(pn, None, None, None if when is None else (when,))
         return
     # what `Flow.completed` and each edge's `_on_edge` would do, with no decision made due
     # only to be popped again (the hot path of a chain; no error edges, no joins here)
