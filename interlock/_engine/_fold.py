@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import functools
 from collections import deque
-from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -283,7 +282,11 @@ class RunView(ViewData):
             self.map_items.setdefault(taken[0], deque()).append(rec.get("value") or [])
         # last: delivering may make nodes ready and settle joins (new dues), which must
         # see the route bookkeeping above already done
-        _decided(self, e, source, taken, taken_here)  # (format 2: and what it implies)
+        self.flow.decided(e, source, taken)
+        if self.format > 1:  # and what its record implies
+            others = self.plan.implied_otherwise.get(index)
+            if others is not None and source != "*":
+                _otherwise(self, others, source, not taken_here)
 
     def _on_run_forked(self, rec: L.Record) -> None:
         self.parent = (rec["parent_run"], rec["parent_seq"])
@@ -398,21 +401,11 @@ def _completed(view: RunView, pn: PlanNode, rec: L.Record) -> None:
         flow.decided(e, node, e.targets)
 
 
-def _decided(view: RunView, e: PlanEdge, source: str, taken: Collection[str],
-             taken_here: bool) -> None:
-    """The flow machine told of edge ``e``'s decision (its targets ``taken``); then, in
-    format 2, what its record implies (`_otherwise`)."""
-    view.flow.decided(e, source, taken)
-    _otherwise(view, e.index, source, not taken_here)
-
-
-def _otherwise(view: RunView, index: int, source: str, taken: bool) -> None:
-    """In format 2, after the record of edge ``index`` -- the one ``when`` edge of a
-    `Plan.implied_otherwise` node -- those of ``source``'s ``otherwise`` edges: each
+def _otherwise(view: RunView, edges: tuple[PlanEdge, ...], source: str, taken: bool
+               ) -> None:
+    """In format 2, after the record of the one ``when`` edge of a
+    `Plan.implied_otherwise` node ``source``, those of its ``otherwise`` ``edges``: each
     ``taken`` (the ``when`` was not) or skipped."""
-    edges = view.plan.implied_otherwise.get(index) if view.format > 1 else None
-    if edges is None or source == "*":
-        return
     for e in edges:
         view.due.pop((e.index, source), None)
         if taken:
