@@ -76,28 +76,23 @@ run and never hangs. All of this happens at the same records on replay.
 
 from __future__ import annotations
 
-import functools
 from collections import Counter, deque
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 from .._definition._model import END
 from .._definition._plan import Plan, PlanEdge, PlanNode, Port
 
 
-class Due(NamedTuple):
-    """An edge decision owed. ``source`` is the completed node (``*`` for a settled join).
-    (A named tuple: one is made per completed node's edge, on the hot path.)"""
+@dataclass(slots=True)
+class Due:
+    """An edge decision owed. ``source`` is the completed node (``*`` for a settled join)."""
 
     edge: PlanEdge
     source: str
     goto: str | None = None  # the target a ``choose`` node returned
     arrived: tuple[str, ...] = ()  # a settled join: the sources that completed
-
-
-# ``Due(...)`` goes through a generated Python ``__new__``; `Flow.completed` makes one per edge
-_new_due = functools.partial(tuple.__new__, Due)
 
 
 # -- deferred loop exits ---------------------------------------------------------------
@@ -205,7 +200,7 @@ class Flow:
             else:
                 # (a goto is the node's whole routing: its other edges see it too, and
                 # are not taken -- `_decide`)
-                self.due[(e.index, node)] = _new_due((e, node, goto, ()))
+                self.due[(e.index, node)] = Due(e, node, goto)
         if pn.errors:  # it did not fail: its error edges are not taken
             self._dead_edges(pn.errors)
 
