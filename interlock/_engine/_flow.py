@@ -224,7 +224,6 @@ class Flow:
         # the run goes instead. A forward edge resolves its target's port.
         back = source in e.back_sources
         ports = e.ports
-        single_port = self.plan.single_port
         for t in e.targets:
             if t == END:
                 continue
@@ -232,7 +231,7 @@ class Flow:
             if t in taken:
                 if port is None or back:
                     self.enqueue(t)  # a back edge: a new iteration, no port to resolve
-                elif port.exit_scc is None and t in single_port:
+                elif port.exit_scc is None and t in self.plan.single_port:
                     self.enqueue(t)  # its only way in, taken: nothing else to settle
                 else:
                     self.taken_port(port)

@@ -363,6 +363,17 @@ def _on_visited(view: RunView, rec: L.Record) -> None:
     view._on_node_completed(rec)
 
 
+def start_visit(view: RunView, rec: L.Record) -> None:
+    """Fold the ``node.started`` of an inline visit, which the executor defers
+    (`_staging.Staging.defer`): what `RunView.apply` does with it, less the look at
+    quiescence -- a visit that starts leaves nothing to settle (something runs)."""
+    if view.status in _ENDED:
+        raise InternalError(f"record {rec['seq']} ({rec['type']}) comes after the run "
+                            f"ended ({view.status})")
+    view.seq = rec["seq"]
+    view._on_node_started(rec)
+
+
 def end_visit(view: RunView, rec: L.Record) -> None:
     """Fold a ``node.visited`` whose start the view has folded already: the executor
     folds a visit's start when it starts (`_journal.Journal.defer`) and seals it as
