@@ -399,7 +399,7 @@ def _completed(view: RunView, pn: PlanNode, rec: L.Record) -> None:
         return
     when = view.plan.implied_when.get(node)
     if when is not None or node not in view.plan.always_taken:
-        view.flow.completed(pn, None, None, None if when is None else (when,))
+        view.flow.completed(pn, None, None, when)
         return
     # what `Flow.completed` and each edge's `_on_edge` would do, with no decision made due
     # only to be popped again (the hot path of a chain; no error edges, no joins here)
