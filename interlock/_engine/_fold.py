@@ -268,9 +268,9 @@ class RunView(ViewData):
         # relies on each decision it stages removing its own due here
         self.due.pop((index, source), None)
         taken_here = rec["type"] == L.EDGE_TAKEN
-        taken = (rec.get("to") or ()) if taken_here else ()
+        taken = rec.get("to", ()) if taken_here else ()
         if taken_here:
-            self.takes[index] = self.takes.get(index, 0) + 1
+            self.takes[index] += 1
             self.routed[source] = True
         arrived_from = rec.get("arrived")
         if arrived_from:  # a settled join: its sources' route
