@@ -397,9 +397,8 @@ def _completed(view: RunView, pn: PlanNode, rec: L.Record) -> None:
     if view.format < 2 or "goto" in rec or "reenter" in rec:
         view.flow.completed(pn, rec.get("goto"), rec.get("reenter"))
         return
-    when = view.plan.implied_when.get(node)
-    if when is not None or node not in view.plan.always_taken:
-        view.flow.completed(pn, None, None, when)
+    if node not in view.plan.always_taken:  # (an implied-otherwise node: its `when` alone)
+        view.flow.completed(pn, None, None, view.plan.implied_when.get(node))
         return
     # what `Flow.completed` and each edge's `_on_edge` would do, with no decision made due
     # only to be popped again (the hot path of a chain; no error edges, no joins here)
