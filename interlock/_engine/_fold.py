@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 from collections import deque
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -282,11 +283,7 @@ class RunView(ViewData):
             self.map_items.setdefault(taken[0], deque()).append(rec.get("value") or [])
         # last: delivering may make nodes ready and settle joins (new dues), which must
         # see the route bookkeeping above already done
-        self.flow.decided(e, source, taken)
-        if self.format > 1:  # and what its record implies
-            others = self.plan.implied_otherwise.get(index)
-            if others is not None and source != "*":
-                _otherwise(self, others, source, not taken_here)
+        _decided(self, e, source, taken, taken_here)  # (format 2: and what it implies)
 
     def _on_run_forked(self, rec: L.Record) -> None:
         self.parent = (rec["parent_run"], rec["parent_seq"])
@@ -409,6 +406,17 @@ def _completed(view: RunView, pn: PlanNode, rec: L.Record) -> None:
     for e in pn.out:
         takes[e.index] += 1
         flow.decided(e, node, e.targets)
+
+
+def _decided(view: RunView, e: PlanEdge, source: str, taken: Collection[str],
+             taken_here: bool) -> None:
+    """The flow machine told of edge ``e``'s decision (its targets ``taken``); then, in
+    format 2, what its record implies (`_otherwise`)."""
+    view.flow.decided(e, source, taken)
+    if view.format > 1:
+        edges = view.plan.implied_otherwise.get(e.index)
+        if edges is not None and source != "*":
+            _otherwise(view, edges, source, not taken_here)
 
 
 def _otherwise(view: RunView, edges: tuple[PlanEdge, ...], source: str, taken: bool
