@@ -363,7 +363,10 @@ def _on_visited(view: RunView, rec: L.Record) -> None:
 def start_visit(view: RunView, rec: L.Record) -> None:
     """Fold the ``node.started`` of an inline visit, which the executor defers
     (`_staging.Staging.defer`): what `RunView.apply` does with it, less the look at
-    quiescence -- a visit that starts leaves nothing to settle (something runs)."""
+    quiescence, which finds nothing to settle after a start: the run is not quiescent
+    (the visit runs), and no loop went idle since the last record's look (the
+    scheduler starts a visit only once nothing is due, so that look was made; a start
+    only makes its loop busier). A replay's look at this record finds the same."""
     if view.status in _ENDED:
         raise InternalError(f"record {rec['seq']} ({rec['type']}) comes after the run "
                             f"ended ({view.status})")
