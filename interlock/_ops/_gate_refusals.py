@@ -18,7 +18,7 @@ from typing import Any
 
 from .. import _log as L
 from .._engine._approvals import GateNotWaiting
-from .._engine._gates import entries, gate_name
+from .._engine._gates import entries, gate_name, naming
 from .._engine._view import Gate
 from .._store import Store
 from ._load import Loaded, load_run
@@ -26,7 +26,7 @@ from ._verify import ChildLinks
 
 
 async def check_named(st: Store, run_id: str, loaded: Loaded, name: str,
-                      above: str = "") -> None:
+                      above: str = "", *, via: str | None = None) -> None:
     """Refuse a decision for the gate ``name`` of run ``run_id`` (as ``loaded``) when no
     gate of the run waits under that name: `GateNotWaiting`, saying who decided it
     already, or which gates wait and which name was meant. A name that waits -- a gate
@@ -44,7 +44,7 @@ async def check_named(st: Store, run_id: str, loaded: Loaded, name: str,
     still = (f"; still waiting: {', '.join(waiting)}" if waiting
              else f"; nothing else waits for a decision (the {which} is {status})")
     if "/" in name:  # a child run's gate: the child says, if this run still links to it
-        await _check_child(st, loaded, name, above)
+        await _check_child(st, loaded, name, above, via)
     found = await last_decided(st, run_id, name)
     if found is not None:
         raise GateNotWaiting(f"the decision is refused: gate {shown!r} of {run} was "
@@ -55,13 +55,15 @@ async def check_named(st: Store, run_id: str, loaded: Loaded, name: str,
     meant = difflib.get_close_matches(shown, waiting, n=1) or \
         difflib.get_close_matches(shown, gates, n=1)
     hint = f" Did you mean {meant[0]!r}?" if meant else ""
-    listed = (f" Waiting: {', '.join(waiting)} (decide one with --gate NAME)." if waiting
+    listed = (f" Waiting: {', '.join(waiting)} (decide one with {naming(via, 'NAME')})."
+              if waiting
               else f" Nothing waits for a decision: the {which} is {status}.")
     raise GateNotWaiting(f"the decision is refused: no gate of {run} waits at {shown!r}: "
                          f"{_what(loaded, name)}.{hint}{listed}")
 
 
-async def _check_child(st: Store, loaded: Loaded, name: str, above: str) -> None:
+async def _check_child(st: Store, loaded: Loaded, name: str, above: str,
+                       via: str | None) -> None:
     """`check_named` in the last child run the node ``name`` starts with (``NODE/...``,
     ``NODE[i]/...``) started -- its gate decided there, or never there."""
     top, rest = name.split("/", 1)
@@ -76,7 +78,8 @@ async def _check_child(st: Store, loaded: Loaded, name: str, above: str) -> None
                         str(rec.get("item")) == (item.rstrip("]") or "None"):
                     child = linked
     if child is not None:
-        await check_named(st, child, await load_run(st, child), rest, f"{above}{top}/")
+        await check_named(st, child, await load_run(st, child), rest, f"{above}{top}/",
+                          via=via)
 
 
 def _waits(pending: list[Gate], name: str) -> bool:
