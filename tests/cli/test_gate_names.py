@@ -12,6 +12,7 @@ Real CLI commands on a SQLite store; a real server on loopback for the API.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -162,3 +163,30 @@ def test_the_api_names_its_field_and_the_cli_through_a_server_its_flag(
         served.stop()
     assert [(r["node"], r.get("item"), r.get("via")) for r in _decided(p, "gn-4")] == [
         ("deploy", 0, "cli")]
+
+
+def test_the_same_decision_run_twice_on_the_incident_example_is_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """README: "run twice, the same command is refused as a second decision instead of
+    deciding the next gate" -- the guarded fix (code_fix) is not approved unseen."""
+    root = Path(__file__).resolve().parents[2]
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("INTERLOCK_LOG_KEY", raising=False)
+    store = ["--store", f"sqlite:///{tmp_path / 'runs.db'}"]
+
+    def interlock(*args: str) -> Any:
+        return CliRunner().invoke(cli, [*args, *store], catch_exceptions=False)
+
+    assert interlock("run", str(root / "examples/incident/workflow.yaml"), "--input-file",
+                     str(root / "examples/incident/events/checkout-500.json"),
+                     "--run-id", "twice").exit_code == 3
+    decide = ("resume", "twice", "--gate", "approval", "--approve", "--by", "you")
+    assert interlock(*decide).exit_code == 3  # now code_fix asks to confirm
+    again = interlock(*decide)
+    assert again.exit_code == 2, again.output
+    assert "gate 'approval' of run 'twice' was decided already: approved by you" \
+        in again.output
+    assert "still waiting: code_fix" in again.output
+    status = interlock("status", "twice", "--json")
+    assert [g["node"] for g in json.loads(status.stdout)["waiting"]["pending"]] == ["code_fix"]
+    assert not (tmp_path / ".interlock" / "fixes").exists()  # the fix did not run
