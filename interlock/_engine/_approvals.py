@@ -190,7 +190,8 @@ def _too_late(spec: WorkflowSpec, gate: Gate) -> UsageError:
 
 class GateNotWaiting(UsageError):
     """A decision on a gate that does not wait (decided already, closed, or no gate of
-    the run's): refused as a double decision is (exit 2; a server answers 409)."""
+    the run's), or on a mapped gate's bare name while several of its items wait (which
+    one was meant?): refused as a double decision is (exit 2; a server answers 409)."""
 
 
 def requested(node: str, ns: NodeSpec, visit: int, state: Mapping[str, Any], *,
