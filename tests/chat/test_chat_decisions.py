@@ -1,0 +1,67 @@
+"""A gate decided in ``interlock chat``: a typo of ``/approve`` while the gate waits is
+said to be one (not "a gate waits"), the decision says whom it was recorded as
+(``--by``, else anonymous, as ``interlock resume``), and ``trace`` shows a conversation's
+messages as messages, not as approvals. Real CLI commands on a SQLite store."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from click.testing import CliRunner
+from conftest import records
+from test_chat import TOOLS, chat_file
+
+from interlock.cli import cli
+
+GUARDED = dict(replies="[{tool_calls: [{name: restart_service, arguments: {service: db}}]}, "
+                       "done, bye]",
+               tools="[{call: {mod}:restart_service, confirm: true}]")
+
+
+def _chat(p: Any, wf: str, text: str, *args: str) -> Any:
+    """``interlock chat`` with ``text`` typed, in a conversation started for it (a
+    ``--session`` given: that run id)."""
+    if "--session" in args:
+        run_id = args[args.index("--session") + 1]
+        assert p.cli("run", wf, "--run-id", run_id).exit_code == 3
+    return CliRunner().invoke(cli, ["chat", wf, "--store", p.store, *args], input=text,
+                              catch_exceptions=False)
+
+
+def test_a_typo_while_a_gate_waits_is_named_and_the_decider_is_said(
+        make_project: Any) -> None:
+    p = make_project(TOOLS)
+    wf = p.workflow(chat_file("scripted", **GUARDED))
+    out = _chat(p, wf, "restart db\n/aprove\n/approve go ahead\n/end\n", "--session", "d1")
+    assert out.exit_code == 0, out.output
+    assert "unknown command /aprove (did you mean /approve?): nothing was sent" in out.stderr
+    assert "a gate waits: /approve [COMMENT] or /reject [COMMENT]" in out.stderr
+    assert "approved 'assistant' by an anonymous decider (chat with --by NAME to record " \
+        "who decides)" in out.stderr
+    [decided] = [r for r in records("d1", p.store, "approval.decided")
+                 if r["kind"] != "message"]
+    assert (decided["decision"], decided.get("by"), decided["via"]) == ("approved", None, "cli")
+    assert p.executions() == ["restart_service:start", "restart_service:done"]
+    # with --by, the decider is recorded and said
+    out = _chat(p, wf, "restart db\n/reject not now\n/end\n", "--session", "d2",
+                "--by", "ann")
+    assert out.exit_code == 0, out.output
+    assert "rejected 'assistant' by ann" in out.stderr
+    [decided] = [r for r in records("d2", p.store, "approval.decided")
+                 if r["kind"] != "message"]
+    assert (decided["decision"], decided["by"]) == ("rejected", "ann")
+
+
+def test_trace_shows_a_conversations_messages_as_messages(make_project: Any) -> None:
+    p = make_project(TOOLS)
+    wf = p.workflow(chat_file("scripted", **GUARDED))
+    assert _chat(p, wf, "restart db\n/approve\n/end\n", "--session", "d3").exit_code == 0
+    trace = p.cli("trace", "d3")
+    assert trace.exit_code == 0, trace.output
+    decided = [line for line in trace.stdout.splitlines() if "approval.decided" in line]
+    assert len(decided) == 3, trace.stdout  # two messages and the guarded call
+    assert sum(bool(re.search(r"assistant +message accepted$", line))
+               for line in decided) == 2, decided
+    assert sum("approved by an anonymous decider" in line for line in decided) == 1
+    assert not any("message by" in line for line in decided)
