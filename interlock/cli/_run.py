@@ -277,8 +277,14 @@ def _detached_resume(run_id: str, decision: Any, store_url: str | None,
     """`resume --detach`: the decision (or the resume) recorded, the run left PENDING."""
     from .. import resume as resume_run
 
-    result = call_engine(resume_run(run_id, decision, store=store_url, config=config or None,
-                                    limits=limits or None, force=force, detach=True))
+    async def go(st: Store) -> RunResult:
+        after = (await st.get_run(run_id)).summary.last_seq
+        result = await resume_run(run_id, decision, store=st, config=config or None,
+                                  limits=limits or None, force=force, detach=True)
+        await _say_decided(st, run_id, decision, after)
+        return result
+
+    result = call_engine(with_store(store_url, go))
     if as_json:
         click.echo(json.dumps(result.to_json(), ensure_ascii=False))
     else:

@@ -82,6 +82,19 @@ def test_a_decision_without_gate_says_which_gate_it_decided(
     assert [r["node"] for r in _decided(p, "gn-3")] == [oldest, other]
 
 
+def test_a_decision_recorded_for_a_worker_says_which_gate_too(
+        make_project: Callable[..., CliProject]) -> None:
+    p = make_project(MAPPED_NODES)
+    assert p.cli("run", p.workflow(MAPPED), "--run-id", "gn-6").exit_code == 3
+    detached = p.cli("resume", "gn-6", "--approve", "--by", "ann", "--detach")
+    assert detached.exit_code == 0, detached.output
+    assert "approved 'deploy[0]' (the oldest waiting gate; name it with --gate to be sure)" \
+        in detached.stderr
+    named = p.cli("resume", "gn-6", "--approve", "--gate", "deploy[3]", "--detach")
+    assert named.exit_code == 0 and "oldest" not in named.stderr, named.output
+    assert [r["item"] for r in _decided(p, "gn-6")] == [0, 3]
+
+
 def _wait_for(what: Callable[[], bool], why: str, timeout: float = 60) -> None:
     until = time.monotonic() + timeout
     while not what():
