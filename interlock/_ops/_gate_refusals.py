@@ -58,8 +58,9 @@ async def check_named(st: Store, run_id: str, loaded: Loaded, name: str,
     listed = (f" Waiting: {', '.join(waiting)} (decide one with {naming(via, 'NAME')})."
               if waiting
               else f" Nothing waits for a decision: the {which} is {status}.")
+    items = await _items_asked(st, run_id, name)
     raise GateNotWaiting(f"the decision is refused: no gate of {run} waits at {shown!r}: "
-                         f"{_what(loaded, name)}.{hint}{listed}")
+                         f"{_what(loaded, name, items)}.{hint}{listed}")
 
 
 async def _check_child(st: Store, loaded: Loaded, name: str, above: str,
@@ -98,8 +99,9 @@ def _waits(pending: list[Gate], name: str) -> bool:
     return False
 
 
-def _what(loaded: Loaded, name: str) -> str:
-    """What ``name`` is in the run's workflow, for a decision it cannot take."""
+def _what(loaded: Loaded, name: str, items: list[int]) -> str:
+    """What ``name`` is in the run's workflow, for a decision it cannot take (``items``:
+    the items of a mapped gate ``name`` the run asked about)."""
     spec = loaded.spec
     node = name.split("[", 1)[0].split("/", 1)[0]
     ns = spec.nodes.get(node)
@@ -111,9 +113,24 @@ def _what(loaded: Loaded, name: str) -> str:
         return (f"{node!r} is a sub-workflow node: name its child run's gate by its path "
                 f"from here ({node}/GATE; {node}[i]/GATE for a map item's child)")
     if ns.approval is not None or ns.confirm:
+        if name == node and items:  # (its items were asked, and none waits)
+            return (f"{node!r} is a mapped gate, each of its items a gate of its own "
+                    f"({node}[{items[0]}]..{node}[{items[-1]}]), and none waits")
         asked = f"for {name!r}" if name != node else "in this run"
         return f"{node!r} is a gate that has asked for no decision {asked}"
     return f"{node!r} is not a gate (neither an approval: node nor a confirm: true node)"
+
+
+async def _items_asked(st: Store, run_id: str, node: str) -> list[int]:
+    """The items of the mapped gate ``node`` that run ``run_id`` asked a decision for."""
+    items: set[int] = set()
+    async for page in st.iter_entries(run_id):
+        for entry in page:
+            if entry.type == L.APPROVAL_REQUESTED:
+                rec = entry.record()
+                if rec.get("node") == node and isinstance(rec.get("item"), int):
+                    items.add(rec["item"])
+    return sorted(items)
 
 
 async def last_decided(st: Store, run_id: str, name: str) -> dict[str, Any] | None:

@@ -50,6 +50,11 @@ def test_a_mapped_gates_bare_name_is_refused_while_several_items_wait(
     assert last.exit_code == 0, last.output
     assert "rejected 'deploy[2]' (the one item of 'deploy' waiting)" in last.stderr
     assert [(r["item"], r["decision"]) for r in _decided(p, "gn-1")][-1] == (2, "rejected")
+    # none waiting: what the name is, not "a gate that has asked for no decision"
+    late = p.cli("resume", "gn-1", "--gate", "deploy", "--approve", "--by", "ann")
+    assert late.exit_code == 2, late.output
+    assert "'deploy' is a mapped gate, each of its items a gate of its own " \
+        "(deploy[0]..deploy[4]), and none waits" in late.output
 
 
 def test_python_is_told_how_python_names_an_item(
