@@ -65,3 +65,29 @@ def test_trace_shows_a_conversations_messages_as_messages(make_project: Any) -> 
                for line in decided) == 2, decided
     assert sum("approved by an anonymous decider" in line for line in decided) == 1
     assert not any("message by" in line for line in decided)
+
+
+def test_through_a_server_the_chat_says_the_decider_the_server_recorded(
+        make_project: Any, tmp_path: Any) -> None:
+    from test_server import Served
+
+    p = make_project(TOOLS)
+    flows = tmp_path / "flows"
+    flows.mkdir()
+    (flows / "chat.yaml").write_text((tmp_path / p.workflow(chat_file("scripted", **GUARDED)))
+                                     .read_text())
+    served = Served(tmp_path, store=p.store)
+    try:
+        out = CliRunner().invoke(cli, ["chat", str(flows / "chat.yaml"), "--server",
+                                       served.url],
+                                 input="restart db\n/aprove\n/approve go\n/end\n",
+                                 catch_exceptions=False)
+    finally:
+        served.stop()
+    assert out.exit_code == 0, out.output
+    assert "unknown command /aprove (did you mean /approve?)" in out.stderr
+    assert "approved 'assistant' by local" in out.stderr  # (the server's name, no --auth)
+    session = out.stderr.split("conversation ", 1)[1].split()[0]
+    [decided] = [r for r in records(session, p.store, "approval.decided")
+                 if r["kind"] != "message"]
+    assert (decided["by"], decided["via"]) == ("local", "cli")
