@@ -223,8 +223,10 @@ async def _say_decided(st: Store, run_id: str, decision: Any, after: int) -> Non
 
     if decision is None:
         return
-    note = _decided_note(decision, [
-        r async for page in trace_pages(run_id, store=st, after=after) for r in page])
+    pages = trace_pages(run_id, store=st, after=after)
+    first: list[dict[str, object]] = await anext(pages, [])  # (first: the rest unread)
+    await pages.aclose()  # type: ignore[attr-defined]  # (an async generator)
+    note = _decided_note(decision, first)
     if note:
         click.echo(note, err=True)
 
