@@ -12,6 +12,7 @@ happen, a gate reached during a turn is shown with how to decide it (or decided 
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -25,6 +26,7 @@ from ._common import (
     exit_code_for,
     json_option,
     load_workflow,
+    missing_keys,
     note_abandoned_threads,
     read_input,
     store_option,
@@ -82,9 +84,9 @@ def _print_turn(data: Mapping[str, Any], run_id: str, where: str = "",
     error = data.get("error") or {}
     click.echo(f"the turn {str(status).lower()}: {error.get('message', '')}", err=True)
     if status == "FAILED":  # what can be done, as `status` says it
-        from ._inspect import _failed_hint
+        from ._gate_hints import failed_hint
 
-        click.echo(_failed_hint(run_id, data.get("error"), where, remote), err=True)
+        click.echo(failed_hint(run_id, data.get("error"), where, remote), err=True)
 
 
 @click.command(short_help="Send a message to a conversation.")
@@ -206,6 +208,11 @@ def chat(workflow: str, session: str | None, input_json: str | None, by: str | N
     if wf.spec.chat is None:
         raise CliError(f"{workflow} is not a conversation: declare chat: NODE (the agent "
                        "node that converses) in it")
+    keys = [w for w in wf.warnings if w.code == "api-key"]  # each turn would fail here
+    if keys:
+        raise CliError(missing_keys(keys, "talk to it through a server whose environment "
+                                    "has the key: interlock chat "
+                                    f"{shlex.quote(workflow)} --server URL"))
     data = read_input(input_json, None)
     from ._chat_live import Terminal
 
