@@ -140,7 +140,7 @@ class Remote:
     def decide(self, run_id: str, decision: Any) -> None:
         body = {"decision": decision.kind, "comment": decision.comment, "by": decision.by,
                 "patch": decision.patch or None, "at": decision.at, "node": decision.node,
-                "data": decision.data}
+                "data": decision.data, "via": decision.via}
         self.call("POST", f"/api/runs/{run_id}/decisions",
                   json={k: v for k, v in body.items() if v is not None})
 

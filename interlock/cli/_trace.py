@@ -309,7 +309,10 @@ _RECORD_DETAIL: dict[str, Callable[[Record], str]] = {
     "run.code_changed": lambda rec: "code changed: " + "; ".join(
         f"{n} ({', '.join(m)})" for n, m in (rec.get("modules") or {}).items()),
     "approval.requested": _requested_detail,
-    "approval.decided": lambda rec: f"{rec.get('decision')} {_decision_detail(rec)}",
+    "approval.decided": lambda rec: (
+        # a conversation's message taken (its text: the chat.message before), no approval
+        "message accepted" + (f" from {rec['by']}" if rec.get("by") else "")
+        if rec.get("kind") == "message" else f"{rec.get('decision')} {_decision_detail(rec)}"),
     "run.started": _started_detail,
     "run.resumed": _continued_detail,
     "run.forked": _continued_detail,

@@ -265,13 +265,22 @@ async def resume(run_id: str, server: Srv, who: Operator,
     row = await server.st.get_run(run_id)
     config = body.config or None
     async with server.lock(run_id):
-        await server.launch(
-            f"resume of run {run_id}", run_id, row.workflow,
-            lambda listen, st: interlock.resume(
-                run_id, store=st, config=config,
-                workflow=server.workflows.get(row.workflow), listener=listen,
-                detach=server.records_only))
+        try:
+            await server.launch(
+                f"resume of run {run_id}", run_id, row.workflow,
+                lambda listen, st: interlock.resume(
+                    run_id, store=st, config=config,
+                    workflow=server.workflows.get(row.workflow), listener=listen,
+                    detach=server.records_only))
+        except interlock.UsageError as exc:
+            # a run that ended is no request's mistake: the run's state conflicts (as
+            # a decision on it does)
+            if (await server.st.get_run(run_id)).summary.status in _ENDED:
+                raise Problemed(409, "Conflict", str(exc)) from None
+            raise
     return await server.run_object(run_id)
+
+_ENDED = frozenset({"COMPLETED", "REJECTED", "CANCELLED"})
 
 @router.post("/api/runs/{run_id}/fork", response_model=RunObject, status_code=201)
 async def fork(run_id: str, server: Srv, who: Operator, body: ForkIn) -> dict[str, object]:
