@@ -54,6 +54,7 @@ class _Uvicorn(uvicorn.Server):  # type: ignore[misc]
         self.ready = threading.Event()
 
     async def startup(self, sockets: Any = None) -> None:
+        self.loop = asyncio.get_running_loop()
         try:
             await super().startup(sockets=sockets)
         finally:
@@ -81,31 +82,36 @@ class InProcess:
         return httpx.Client(base_url=self.url, timeout=30)
 
     def stop(self) -> None:
+        if self.server.started:  # the event streams end now, as under `interlock serve`
+            self.server.loop.call_soon_threadsafe(self.app.state.interlock.hub.stopping.set)
         self.server.should_exit = True
         self.thread.join(30)
         self.sock.close()
 
 
 class LateReads:
-    """Holds the event streams' reads of the log after seq ``armed`` (not the earlier
-    ones: a test's own waits read from the start) until ``release`` is set: a stream
-    that reads late, as on a busy server."""
+    """Holds each event stream (but the test's own, which start after record 1: see
+    `waiting_after`) once it has sent the record ``armed``, until ``release`` is set:
+    the stream does not read the log meanwhile (its generator is not asked for more),
+    while the reply pieces keep arriving in its buffer -- a stream that reads late, as on
+    a busy server."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.armed: int | None = None
-        self.held = threading.Event()  # a read is being held
+        self.held = threading.Event()  # a stream is being held
         self.release = threading.Event()
-        real = _routes_runs.trace_pages
+        real = _routes_runs.follow
 
-        async def pages(run_id: str, *, store: Any, after: int = 0
-                        ) -> AsyncIterator[list[dict[str, Any]]]:
-            if self.armed is not None and after >= self.armed and not self.release.is_set():
-                self.held.set()
-                await asyncio.to_thread(self.release.wait, 60)
-            async for page in real(run_id, store=store, after=after):
-                yield page
+        async def follow(server: Any, run_id: str, seq: int
+                         ) -> AsyncIterator[Any]:
+            async for event in real(server, run_id, seq):
+                yield event
+                if seq != 1 and self.armed is not None and event.id is not None \
+                        and int(event.id) >= self.armed and not self.release.is_set():
+                    self.held.set()
+                    await asyncio.to_thread(self.release.wait, 60)
 
-        monkeypatch.setattr(_routes_runs, "trace_pages", pages)
+        monkeypatch.setattr(_routes_runs, "follow", follow)
 
 
 @pytest.fixture
@@ -127,9 +133,9 @@ def served(project: Path) -> Iterator[InProcess]:
 
 
 def waiting_after(c: httpx.Client, run_id: str, seq: int) -> int:
-    """Follow the run from its start (a read `LateReads` does not hold) to its first
-    ``run.waiting`` after ``seq``: its seq."""
-    for ev in events(c, run_id, params={"after": 0}):
+    """Follow the run from its first record (a read `LateReads` neither holds nor counts
+    as a whole log's) to its first ``run.waiting`` after ``seq``: its seq."""
+    for ev in events(c, run_id, params={"after": 1}):
         if ev["event"] == "run.waiting" and int(ev["id"]) > seq:
             return int(ev["id"])
     raise AssertionError(f"run {run_id} ended without waiting after record {seq}")
@@ -176,7 +182,7 @@ def test_a_stream_that_reads_late_sends_each_calls_pieces_before_its_reply(
 
         def subscribe() -> None:
             with served.client() as s:
-                for ev in events(s, "t1", params={"after": start}):
+                for ev in events(s, "t1", params={"after": start - 1}):
                     seen.append(ev)
                     if ev["event"] == "run.waiting" \
                             and sum(e["event"] == "chat.reply" for e in seen) == 2:
@@ -185,7 +191,7 @@ def test_a_stream_that_reads_late_sends_each_calls_pieces_before_its_reply(
 
         reader = threading.Thread(target=subscribe)
         reader.start()
-        assert late.held.wait(30)  # the stream is open (its pieces' buffer too), not read
+        assert late.held.wait(30)  # the stream has sent run.waiting, and reads no more
         # two turns while the stream does not read: a tool call (its text streamed), the
         # reply, then the next message's reply -- three model calls' pieces held
         for text in ("is db-7 up?", "and the api?"):
@@ -195,7 +201,8 @@ def test_a_stream_that_reads_late_sends_each_calls_pieces_before_its_reply(
         late.release.set()
         assert done.wait(60)
         reader.join(10)
-    assert_in_order(seen)
+    assert seen[0]["event"] == "run.waiting"
+    assert_in_order(seen[1:])
     messages = [e["data"]["text"] for e in seen if e["event"] == "chat.message"]
     assert messages == ["is db-7 up?", "and the api?"]
 
