@@ -5,13 +5,15 @@ A node body that blocks its event loop (a synchronous HTTP or LLM client called 
 ``async def``, a long computation) stops every coroutine of that loop -- a heartbeat
 scheduled there too. If the block outlasts the lease, another worker takes the run
 over and two processes execute it. So leases are renewed here instead: one daemon
-thread per store (started by the first lease it holds, ended after `IDLE_SECONDS`
-without one), with a connection of its own to the store (`Store.lease_renewer`: a
-second SQLite connection, a blocking psycopg connection), renewing each lease held
-every third of it. Stores whose renewals never wait on I/O (`Store.renews_in_process`:
-``memory://``, a new store for every ``wf.run(store="memory://")``) share one thread:
-a thread per such store made 1,000 concurrent in-memory runs start 1,000 threads, each
-alive for `IDLE_SECONDS` after its run.
+thread per kind of store (`SQLiteStore`, `PostgresStore`, `MemoryStore`: started by the
+first lease it holds, ended after `IDLE_SECONDS` without one), with a connection of its
+own to each store whose leases it holds (`Store.lease_renewer`: a second SQLite
+connection, a blocking psycopg connection), renewing each lease held every third of it.
+Per kind, not per store: a store is often opened for one run (``wf.run_sync(store=...)``
+in a loop, ``wf.run(store="memory://")``), and a thread per store left a thread per run
+alive for `IDLE_SECONDS` after it -- 1,000 concurrent in-memory runs, 1,000 threads.
+(One thread for every kind would let a store that does not answer -- a PostgreSQL
+server gone, a SQLite file locked -- hold up the renewals of another.)
 
 When a renewal finds the claim gone (`ClaimLost`: another owner claimed the run since,
 after this *process* was paused -- SIGSTOP, a long GC, a suspended machine -- for longer
@@ -60,8 +62,8 @@ class Held:
 
 
 class Keeper:
-    """The thread that renews one store's leases (or those of every store that
-    `renews_in_process`), with one `LeaseRenewer` per store."""
+    """The thread that renews the leases of one kind of store, with one `LeaseRenewer`
+    per store."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
@@ -112,6 +114,10 @@ class Keeper:
                         self._wakes_at = first
                         self._cond.wait(first - now)
                     due = [h for h in self._held if h.due <= now]
+                    unused = self._unused_renewers()
+                for renewer in unused:  # (a store none of whose runs holds a lease now)
+                    with contextlib.suppress(Exception):
+                        renewer.close()
                 for held in due:
                     self._renew(held)
         finally:
@@ -119,6 +125,15 @@ class Keeper:
                 with self._cond:
                     self._running = False
                     self._close_renewers()
+
+    def _unused_renewers(self) -> list[LeaseRenewer]:
+        """The renewers of stores that hold no lease now, taken out (the caller closes
+        them): a store opened for one run, beside others of its kind that go on."""
+        if len(self._renewers) < 2:
+            return []  # (the one store's renewer is closed when nothing is held)
+        used = {id(h.store()) for h in self._held}
+        return [self._renewers.pop(store) for store in list(self._renewers)
+                if id(store) not in used]
 
     def _close_renewers(self) -> None:
         renewers = list(self._renewers.values())
@@ -164,8 +179,7 @@ class Keeper:
         held.due = sent + held.lease / 3
 
 
-_KEEPERS: weakref.WeakKeyDictionary[Store, Keeper] = weakref.WeakKeyDictionary()
-_IN_PROCESS = Keeper()  # every `Store.renews_in_process` store's (its thread starts lazily)
+_KEEPERS: dict[type[Store], Keeper] = {}  # one per kind of store (see the module's doc)
 _KEEPERS_LOCK = threading.Lock()
 
 
@@ -175,12 +189,11 @@ def keeper_for(store: Store) -> Keeper | None:
     the loop, as before)."""
     if not getattr(store, "fences_appends", False):
         return None
-    if getattr(store, "renews_in_process", False):
-        return _IN_PROCESS
+    kind = type(store)
     with _KEEPERS_LOCK:
-        keeper = _KEEPERS.get(store)
+        keeper = _KEEPERS.get(kind)
         if keeper is None:
-            keeper = _KEEPERS[store] = Keeper()
+            keeper = _KEEPERS[kind] = Keeper()
         return keeper
 
 

@@ -203,9 +203,6 @@ class Store(ABC):
     # returns the new generation, `heartbeat` takes ``generation``, and
     # `lease_renewer` renews leases from a thread of its own (the stores here)
     fences_appends = False
-    # True when `lease_renewer`'s renewals never wait on I/O (``memory://``): the lease
-    # keeper renews them on one thread shared by every such store of the process
-    renews_in_process = False
 
     @abstractmethod
     async def create_run(self, row: RunRow, entries: list[Entry]) -> None:

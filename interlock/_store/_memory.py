@@ -28,7 +28,6 @@ from ._base import (
 class MemoryStore(Store):
     leases_in_writes = True
     fences_appends = True
-    renews_in_process = True  # (one keeper thread for every memory store: `_engine._lease`)
 
     def __init__(self, url: str = "memory://") -> None:
         self.url = url

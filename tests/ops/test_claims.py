@@ -197,36 +197,58 @@ def test_interlock_run_is_told_its_run_moved_to_another_owner(tmp_path: Path) ->
     assert not (tmp_path / "effect").exists()
 
 
-def test_in_memory_runs_share_one_lease_thread() -> None:
-    """Runs on stores of their own (``wf.run(store="memory://")`` makes a new store per
-    run) are renewed by one keeper thread: with a thread per store, 200 concurrent runs
-    left 200 threads alive for `_lease.IDLE_SECONDS` after them, and a server's memory
-    and throughput went down with every batch."""
+def _lease_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name.startswith("interlock-lease:")}
+
+
+def _one_node() -> interlock.Workflow:
     wf = interlock.Workflow("short", input=["n"])
     wf.node("one", lambda state: {"n": state["n"] + 1})
     wf.edge("START", "one")
     wf.edge("one", "END")
+    return wf
+
+
+def test_in_memory_runs_share_one_lease_thread() -> None:
+    """Runs on stores of their own (``wf.run(store="memory://")`` makes a new store per
+    run) are renewed by one keeper thread: with a thread per store, 200 concurrent runs
+    left 200 threads alive for `_lease.IDLE_SECONDS` after them, and a process's memory
+    and throughput went down with every batch."""
+    wf = _one_node()
 
     async def batch() -> list[interlock.RunResult]:
         return await asyncio.gather(*(wf.run({"n": 0}, store="memory://")
                                       for _ in range(200)))
 
-    def keepers() -> set[threading.Thread]:
-        return {t for t in threading.enumerate() if t.name.startswith("interlock-lease:")}
-
-    before = keepers()  # (other tests' stores' threads, idle for a while yet)
+    before = _lease_threads()  # (other tests' stores' threads, idle for a while yet)
     results = asyncio.run(batch())
     assert [r.state["n"] for r in results] == [1] * 200
-    started = keepers() - before
+    started = _lease_threads() - before
     assert len(started) <= 1, sorted(t.name for t in started)
 
 
-def test_one_keeper_renews_the_leases_of_several_memory_stores() -> None:
-    """The shared thread keeps a renewer per store: each store's lease is renewed on
-    that store, and a claim lost on one is told to that run only."""
-    stores = [MemoryStore(), MemoryStore()]
+def test_a_loop_of_run_sync_on_sqlite_leaves_one_lease_thread(tmp_path: Path) -> None:
+    """``wf.run_sync(store="sqlite:///...")`` opens the store for each run (each call is
+    an event loop of its own): a script doing that in a loop started a keeper thread per
+    run, each alive for `_lease.IDLE_SECONDS` after it."""
+    wf = _one_node()
+    before = _lease_threads()
+    for _ in range(30):
+        assert wf.run_sync({"n": 0}, store=f"sqlite:///{tmp_path / 'runs.db'}").state["n"] == 1
+    started = _lease_threads() - before
+    assert len(started) <= 1, sorted(t.name for t in started)
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+def test_one_keeper_renews_the_leases_of_several_stores(kind: str, tmp_path: Path) -> None:
+    """The thread of a kind of store keeps a renewer per store: each store's lease is
+    renewed on that store, a claim lost on one is told to that run only, and the renewer
+    of a store whose runs are done is closed while another store's run goes on."""
+    stores = [MemoryStore() if kind == "memory" else
+              open_store(f"sqlite:///{tmp_path / f'runs{k}.db'}") for k in range(3)]
     keeper = _lease.keeper_for(stores[0])
-    assert keeper is not None and keeper is _lease.keeper_for(stores[1])
+    assert keeper is not None
+    assert all(_lease.keeper_for(s) is keeper for s in stores)
     wf = _workflow({}, asyncio.Event(), asyncio.Event())
     lost = threading.Event()
     told: list[str] = []
@@ -235,21 +257,27 @@ def test_one_keeper_renews_the_leases_of_several_memory_stores() -> None:
         told.append(exc.run_id)
         lost.set()
 
-    held = []
-    for k, s in enumerate(stores):
-        asyncio.run(wf.submit({"n": 0}, store=s, run_id=f"r{k}"))
-        generation = asyncio.run(s.claim(f"r{k}", "me", 0.6))
-        held.append(keeper.hold(s, f"r{k}", Claim("me", generation), 0.6, on_lost))
+    async def claim(s: Store, run_id: str) -> int:
+        await wf.submit({"n": 0}, store=s, run_id=run_id)
+        return await s.claim(run_id, "me", 0.6)
+
+    held = [keeper.hold(s, f"r{k}", Claim("me", asyncio.run(claim(s, f"r{k}"))), 0.6,
+                        on_lost) for k, s in enumerate(stores)]
     first = held[0].renewed
     asyncio.run(stores[1].claim("r1", "other", 30.0, force=True))  # r1 taken over
     try:
         assert lost.wait(10), "the keeper never found r1's claim gone"
+        assert asyncio.run(stores[0].get_run("r0")).owner == "me"
+        keeper.drop(held[2])  # r2's run is done: its store's renewer goes
         deadline = time.monotonic() + 10
-        while held[0].renewed == first and time.monotonic() < deadline:
-            time.sleep(0.02)  # (r0's next renewal: a third of its lease after the claim)
+        while (held[0].renewed == first or stores[2] in keeper._renewers) \
+                and time.monotonic() < deadline:
+            time.sleep(0.02)  # (r0's next renewals: every third of its lease)
     finally:
         for h in held:
             keeper.drop(h)
+        for s in stores:
+            asyncio.run(s.close())
     assert told == ["r1"] and held[1].lost is not None
     assert held[0].lost is None and held[0].renewed > first, "r0's lease was not renewed"
-    assert asyncio.run(stores[0].get_run("r0")).owner == "me"
+    assert stores[2] not in keeper._renewers, "the done store's renewer was kept open"
