@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 from test_server import events
+from test_store_conformance import pg_schema_url  # noqa: F401 (a fixture)
 
 pytest.importorskip("fastapi")
 uvicorn = pytest.importorskip("uvicorn")
@@ -64,8 +65,8 @@ class _Uvicorn(uvicorn.Server):  # type: ignore[misc]
 class InProcess:
     """``create_app`` served by uvicorn on a thread, on a loopback port of its own."""
 
-    def __init__(self, root: Path, **options: Any) -> None:
-        self.app = create_app(ServerOptions(store=f"sqlite:///{root / 'runs.db'}",
+    def __init__(self, root: Path, store: str | None = None, **options: Any) -> None:
+        self.app = create_app(ServerOptions(store=store or f"sqlite:///{root / 'runs.db'}",
                                             workflows=[str(root / "flows")], **options))
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
@@ -125,9 +126,13 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
-@pytest.fixture
-def served(project: Path) -> Iterator[InProcess]:
-    server = InProcess(project)
+@pytest.fixture(params=["sqlite", "memory", "postgres"])
+def served(project: Path, request: pytest.FixtureRequest) -> Iterator[InProcess]:
+    """The server on each kind of store: SQLite's and PostgreSQL's runs execute on run
+    loops (their commits told from those threads), the memory store's on the API's."""
+    url = {"sqlite": None, "memory": "memory://"}.get(request.param) \
+        or request.getfixturevalue("pg_schema_url")
+    server = InProcess(project, url)
     yield server
     server.stop()
 
