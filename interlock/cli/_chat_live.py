@@ -40,7 +40,7 @@ class Printer:
         self.streaming = False  # a model reply's text is being printed as it streams
         # the model call (the pieces' and agent.reply's ``turn``) whose text streams, and
         # the text so far: a piece of the next call ends its line even when that call's
-        # agent.reply comes later (a busy server's stream may send the next call's pieces
+        # agent.reply comes later (an older server's stream may send the next call's pieces
         # before the record), and a late agent.reply does not end the next call's line
         self.stream_turn: object = None
         self.stream_text = ""

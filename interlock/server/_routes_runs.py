@@ -378,15 +378,19 @@ async def follow(server: Server, run_id: str, seq: int) -> AsyncIterator[ServerS
         while True:
             waiter = server.hub.waiter(run_id)  # before reading: a commit after it wakes us
             last_type = None
-            while pieces:  # a reply as it streams: an event of its own, not a record
-                yield ServerSentEvent(event="chat.token", data=pieces.pop(0))
+            # a reply as it streams: an event of its own, not a record, sent once the
+            # records committed before it are (each piece carries the seq of the last)
+            while pieces and pieces[0][0] <= seq:
+                yield ServerSentEvent(event="chat.token", data=pieces.popleft()[1])
             async for page in trace_pages(run_id, store=server.st, after=seq):
                 for rec in page:
-                    while pieces:  # (those sent before this record was committed first)
-                        yield ServerSentEvent(event="chat.token", data=pieces.pop(0))
+                    while pieces and pieces[0][0] < rec["seq"]:  # (streamed before it)
+                        yield ServerSentEvent(event="chat.token", data=pieces.popleft()[1])
                     yield ServerSentEvent(event=rec["type"], id=str(rec["seq"]), data=rec)
                     seq, last_type = rec["seq"], rec["type"]
                     ended = ended or last_type in TERMINAL_TYPES
+            while pieces and pieces[0][0] <= seq:
+                yield ServerSentEvent(event="chat.token", data=pieces.popleft()[1])
             if last_type in TERMINAL_TYPES:
                 return
             if last_type is None and (first or ended):  # nothing after seq: has it ended?
