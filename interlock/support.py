@@ -24,7 +24,8 @@ Stored runs
     process is gone), `TERMINAL_TYPES` (the record types that end a run, with the
     status each gives), `append_note` (a record that changes nothing -- a server's
     ``notify.sent`` -- appended under the run's claim), `node_visits` (each node visit's
-    input, update, tokens, duration and error, from the fold).
+    input, update, tokens, duration and error, from the fold), `default_store_url`
+    (the store a command uses when none is named).
 
 Executing (for a server, a worker)
     `Started` (`interlock.Workflow.start`: a run created, executed later by
@@ -131,7 +132,7 @@ from ._ops._prune import prune as prune_runs
 from ._ops._runs import GateDecision, GateTaken, append_note, decide_gate, resume_gate, trace_pages
 from ._ops._verify import LogCheck
 from ._ops._visits import node_visits
-from ._store import Claim, LeaseRenewer, RunRow, Summary, owner_gone
+from ._store import Claim, LeaseRenewer, RunRow, Summary, default_store_url, owner_gone
 from ._worker._triggers import Firer
 from ._worker._triggers import describe as describe_trigger
 from ._worker._workers import DRAIN_SECONDS, POLL_SECONDS, Factory, Pool, Worker
@@ -220,6 +221,7 @@ __all__ = [
     "decide_gate",
     "decide_hint",
     "decision_flags",
+    "default_store_url",
     "describe_trigger",
     "executing_node",
     "export_run",

@@ -82,7 +82,7 @@ LAYERS: dict[int, set[str]] = {
         "server._dashboard", "server._loops", "server._reads", "server._guard",
         "server._service", "server._deps", "server._routes_runs", "server._routes_approvals",
         "server._routes_workflows", "server._routes_meta", "server._layout", "cli._chat",
-        "cli._chat_lines", "cli._chat_live", "cli._chat_remote",
+        "cli._chat_lines", "cli._chat_live", "cli._chat_remote", "cli._verify",
         "server._routes_messages", "server._mcp",
         "server._chat", "server._slack", "server._google_chat", "server._routes_chat",
         "server._deliveries"},

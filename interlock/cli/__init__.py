@@ -16,9 +16,11 @@ shared by all commands (keep them when adding one):
 
 The package: this module holds the command group and `main`; `_run` the commands that
 execute or change a run (run, resume, fork, cancel), `_progress` their live output and
-summary, `_inspect` the ones that only look (validate, graph, status, runs, verify),
-                 coverage, export, prune, serve, triggers, worker, migrate, mcp):
-`CliError`, options, --input / --set parsing), `_format` the wording of values and records.
+summary, `_inspect` the ones that only look (validate, graph, status, runs), `_verify`
+verify and export, `_trace` trace, and a module for each other command (chat, send,
+coverage, prune, serve, triggers, worker, migrate, mcp); `_common` what they share (exit
+codes, `CliError`, options, --input / --set parsing), `_format` the wording of values and
+records, `_remote` the client of a server (--server).
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ from ._common import (
     with_store,
 )
 from ._coverage import coverage
-from ._inspect import export, graph, runs, status, validate, verify
+from ._inspect import graph, runs, status, validate
 from ._mcp import mcp
 from ._migrate import migrate
 from ._progress import Progress
@@ -58,6 +60,7 @@ from ._run import cancel, fork, resume, run
 from ._serve import serve
 from ._trace import trace
 from ._triggers import triggers
+from ._verify import export, verify
 from ._worker import worker
 
 __all__ = [
