@@ -595,6 +595,42 @@ def test_runs_lists_filters_and_prints_json(project: Project) -> None:
     assert clash.exit_code == 2
 
 
+KILLED = """
+import os, signal
+
+def die(state):
+    os.kill(os.getpid(), signal.SIGKILL)  # the run's process is killed mid-node
+"""
+
+
+def test_runs_marks_a_run_whose_process_was_killed_as_interrupted(
+        make_project: Callable[..., Project], project: Project) -> None:
+    """`runs` is where a user looks first: a run left RUNNING by a killed process is
+    marked as `status` says it (it was listed as plain RUNNING)."""
+    assert project.start(LINEAR, "r-done").exit_code == 0
+    killer = make_project(KILLED, "killed_nodes")
+    flow = killer.workflow("""
+        workflow: dies
+        nodes: {d: "{mod}:die"}
+        edges: [{from: START, to: d}, {from: d, to: END}]
+    """, "dies.yaml")
+    done = subprocess.run([sys.executable, "-m", "interlock", "run", flow, "--run-id", "r-dead",
+                           "--store", project.store], cwd=project.root, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == -9, done.stderr
+    listed = project.cli("runs")
+    assert listed.exit_code == 0
+    rows = {line.split()[0]: line for line in listed.stdout.splitlines()[1:]}
+    assert "RUNNING (interrupted)" in rows["r-dead"]
+    assert "interrupted" not in rows["r-done"]
+    assert ("(interrupted): no process executes the run any more (its process stopped or was "
+            "killed); continue it with `interlock resume RUN_ID --store "
+            f"{project.store}`") in listed.stderr
+    _, rows_json = project.cli_json("runs")  # the JSON keeps the stored status
+    assert [r["status"] for r in rows_json] == ["RUNNING", "COMPLETED"]
+    assert "interrupted: no process is executing it" in project.cli("status", "r-dead").stdout
+
+
 # -- unknown runs ----------------------------------------------------------------------------
 
 
