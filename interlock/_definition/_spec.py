@@ -381,7 +381,8 @@ def _diagnostics(exc: ValidationError, data: object,
         elif err["type"] == "missing":
             msg = f"missing required key {path[-1]!r}"
         pos = source.locate(path) if source else None
-        location = Location(source.file if source else None, *(pos or (None, None)),
+        line, col = pos or (None, None)
+        location = Location(source.file if source else None, line, col,
                             workflow=None if source else _name(data))
         out.append(Diagnostic("error", f"{where}: {msg}", location, code="schema"))
     return out
