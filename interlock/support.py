@@ -25,7 +25,8 @@ Stored runs
     status each gives), `append_note` (a record that changes nothing -- a server's
     ``notify.sent`` -- appended under the run's claim), `node_visits` (each node visit's
     input, update, tokens, duration and error, from the fold), `default_store_url`
-    (the store a command uses when none is named).
+    (the store a command uses when none is named), `install_hint` (the command that
+    installs an optional extra, for a checkout or a package install).
 
 Executing (for a server, a worker)
     `Started` (`interlock.Workflow.start`: a run created, executed later by
@@ -112,6 +113,7 @@ from ._engine import _guards
 from ._engine._approvals import GateNotWaiting, NotAnApprover, approvers_refuse, patch_schema
 from ._engine._fold import RunView
 from ._errors import Draining
+from ._extras import install_hint
 from ._hints import decide_command, decide_hint, decision_flags
 from ._log import TERMINAL_TYPES, Entry, Record
 from ._observe._coverage import workflows_in
@@ -227,6 +229,7 @@ __all__ = [
     "export_run",
     "final_failure",
     "gate_text",
+    "install_hint",
     "limits",
     "load_run",
     "load_spec",

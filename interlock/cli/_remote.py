@@ -47,7 +47,9 @@ class Remote:
         try:
             import httpx
         except ImportError as exc:
-            raise CliError(f"--server needs httpx: pip install 'interlock[server]' ({exc})"
+            from ..support import install_hint
+
+            raise CliError(f"--server needs httpx: {install_hint('server')} ({exc})"
                            ) from None
         self.url = base_url(url)
         self.token = token  # (a printed follow-up command says --token TOKEN)

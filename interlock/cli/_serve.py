@@ -95,8 +95,10 @@ def serve(store_url: str | None, host: str, port: int, workflows: tuple[str, ...
         from ..server import ServerOptions
         from ..server import serve as run_server
     except ImportError as exc:
-        raise CliError(f"interlock serve needs the server extra: pip install "
-                       f"'interlock[server]' ({exc})") from None
+        from ..support import install_hint
+
+        raise CliError(f"interlock serve needs the server extra: {install_hint('server')} "
+                       f"({exc})") from None
     from .. import StoreError, UsageError
     from ..support import set_strict_code
 
