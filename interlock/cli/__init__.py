@@ -6,8 +6,8 @@ shared by all commands (keep them when adding one):
 
 - results go to stdout; progress, run ids, warnings and errors go to stderr;
   ``--json`` prints exactly one JSON object on stdout and nothing else there;
-- exit codes: 0 completed, 1 failed (or a run whose stored log is broken), 2 invalid
-  usage / invalid workflow / refused, 3 waiting for approval, 4 rejected
+- exit codes: 0 completed, 1 failed or cancelled (or a run whose stored log is broken),
+  2 invalid usage / invalid workflow / refused, 3 waiting for approval, 4 rejected
   (`exit_code_for`);
 - a mistake the user can fix raises `CliError` (exit 2, ``error: ...``); a broken log
   (`interlock.LogError`) is `BrokenLog` (exit 1, ``error: ...`` saying what to do);
@@ -78,7 +78,7 @@ __all__ = [
 def cli() -> None:
     """interlock: graph workflows that execute exactly what they declare.
 
-    Exit codes: 0 completed, 1 failed, 2 invalid usage or workflow,
+    Exit codes: 0 completed, 1 failed or cancelled, 2 invalid usage or workflow,
     3 waiting for approval (or a conversation's next message), 4 rejected.
     """
     log = logging.getLogger("interlock")
