@@ -9,6 +9,7 @@ the run stops (or waits again), as a local resume runs until then.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -122,10 +123,14 @@ class Remote:
             page: list[dict[str, Any]] = self.call(
                 "GET", f"/api/runs/{run_id}/records",
                 params={"after": after, "limit": RECORDS_PAGE})
-            out += page
-            if len(page) < RECORDS_PAGE:  # (a server without limit= sent all of it)
-                return out
-            after = page[-1]["seq"]
+            with self._ours(f"/api/runs/{run_id}/records"):
+                if not all(isinstance(r, dict) and {"seq", "type", "at"} <= r.keys()
+                           for r in page):
+                    raise TypeError("not records")
+                out += page
+                if len(page) < RECORDS_PAGE:  # (a server without limit= sent all of it)
+                    return out
+                after = page[-1]["seq"]
 
     def follow(self, run_id: str, after: int) -> None:
         """Until the run stops or waits (a record in `STOPS` after ``after``)."""
@@ -144,7 +149,9 @@ class Remote:
     def result(self, run_id: str) -> RunResult:
         from .. import RunResult
 
-        return RunResult(**self.call("GET", f"/api/runs/{run_id}"))
+        body = self.call("GET", f"/api/runs/{run_id}")
+        with self._ours(f"/api/runs/{run_id}"):
+            return RunResult(**body)
 
     def row(self, run_id: str, result: RunResult, records: list[dict[str, Any]]) -> RunRow:
         """A run's row as far as a client can tell it (`interlock status` shows it):
@@ -163,11 +170,16 @@ class Remote:
                       parent_run=forked.get("parent_run"), parent_seq=forked.get("parent_seq"))
 
     def rows(self, *, status: str | None, workflow: str | None, limit: int) -> list[RunRow]:
-        from ..support import RunRow, Summary
-
         params = {k: v for k, v in {"status": status, "workflow": workflow,
                                     "limit": min(limit, 1000)}.items() if v is not None}
         page = self.call("GET", "/api/runs", params=params)
+        with self._ours("/api/runs"):
+            return self._rows(page)
+
+    @staticmethod
+    def _rows(page: Any) -> list[RunRow]:
+        from ..support import RunRow, Summary
+
         return [RunRow(run_id=r["run_id"], workflow=r["workflow"], definition={},
                        definition_hash="", input={}, options={}, created_at=r["created_at"],
                        summary=Summary(status=r["status"], last_seq=0, last_hash="",
@@ -188,12 +200,18 @@ class Remote:
         from .. import Verification
 
         body = self.call("GET", f"/api/runs/{run_id}/verify")
-        try:
+        with self._ours(f"/api/runs/{run_id}/verify"):
             return Verification(**{**body, "notes": tuple(body.get("notes") or ()),
                                    "children": tuple(body.get("children") or ())})
-        except (TypeError, AttributeError):
-            raise CliError(f"{self.url} answered GET /api/runs/{run_id}/verify with JSON "
-                           f"that is not a verification: {self._base_hint()}") from None
+
+    @contextlib.contextmanager
+    def _ours(self, path: str) -> Iterator[None]:
+        """An answer of the JSON's shape interlock sends, else `CliError` naming it."""
+        try:
+            yield
+        except (KeyError, TypeError, AttributeError, IndexError):
+            raise CliError(f"{self.url}{path} answered JSON that is not what interlock "
+                           f"sends there: {self._base_hint()}") from None
 
     def close(self) -> None:
         self.client.close()

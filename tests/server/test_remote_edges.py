@@ -154,8 +154,11 @@ def test_a_server_url_that_is_not_interlocks_is_named_with_the_fix(page: str) ->
     assert down.exit_code == 2
     assert f"{page}/down/api/runs/r1 answered 502 with text/html (Bad Gateway), not " \
            "interlock's JSON" in down.stderr
-    other = run("verify", "r1", "--server", page + "/other")
-    assert other.exit_code == 2 and "not a verification" in other.stderr
+    for args in (["status", "r1"], ["runs"], ["trace", "r1"], ["verify", "r1"]):
+        other = run(*args, "--server", page + "/other")  # JSON, not interlock's
+        assert other.exit_code == 2, (args, other.output)
+        assert other.stderr.startswith(f"error: {page}/other/api/runs"), other.stderr
+        assert "answered JSON that is not what interlock sends there" in other.stderr
     root = run("status", "r1", "--server", page)
     assert root.exit_code == 2
     assert root.stderr == (f"error: {page}/api/runs/r1 answered 200 with text/html, not "
