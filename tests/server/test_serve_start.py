@@ -119,6 +119,20 @@ def test_a_bad_store_is_one_line_and_exit_2(root: Path) -> None:
         assert "Started server process" not in done.stderr, done.stderr
 
 
+def test_a_webhook_that_is_not_a_url_is_refused_before_anything_starts(root: Path) -> None:
+    """It was accepted, and failed only at the first gate, in the log."""
+    (root / "flows").mkdir()
+    shutil.copy(EXAMPLES / "jokes" / "workflow.yaml", root / "flows" / "jokes.yaml")
+    for flag, url in [("--notify", "hooks.example.com/x"), ("--public-url", "example.com")]:
+        done = serve(root, "--workflows", "flows", "--store", f"sqlite:///{root / 'runs.db'}",
+                     flag, url)
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.startswith(f"error: {flag} '{url}' is not an http:// or https:// "
+                                      "URL"), done.stderr
+        assert "Started server process" not in done.stderr
+    assert not (root / "runs.db").exists()
+
+
 def test_a_server_that_starts_says_so_once(root: Path) -> None:
     (root / "flows").mkdir()
     shutil.copy(EXAMPLES / "jokes" / "workflow.yaml", root / "flows" / "jokes.yaml")
