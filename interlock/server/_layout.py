@@ -9,8 +9,9 @@ band an edge is vertical (at its own vertex's x); it turns only in the gaps betw
 where there are no boxes. A labelled edge passes through a vertex of its label's size (so
 labels never overlap a node either), a loop's closing edge (the one the engine's own
 depth-first search from START sets aside, interlock/_definition/_graph.py) and an
-approval's ``on_modify`` re-entry are laid out reversed and drawn upwards, and an edge from
-a node to itself is drawn in a place reserved beside its box.
+approval's ``on_modify`` re-entry are laid out reversed and drawn upwards, an edge from a
+node to itself is drawn in a place reserved beside its box, and a node no edge leaves gets
+an arrow to END (``kind: implicit``), as ``interlock graph`` draws it.
 """
 
 from __future__ import annotations
@@ -43,12 +44,13 @@ class _Box:
 
 @dataclass(eq=False)
 class _Pair:
-    """One arrow: an edge's (source, target), or a gate's re-entry (edge None)."""
+    """One arrow: an edge's (source, target), or (edge None) a gate's re-entry or a node's
+    implicit arrow to END."""
 
     source: str
     target: str
     edge: int | None
-    kind: str  # "forward", "back", "reentry"
+    kind: str  # "forward", "back", "reentry", "implicit"
     label: str
     title: str
     parts: list[Edge] = field(default_factory=list)  # grandalf edges, source to target
@@ -130,6 +132,14 @@ def _pairs(nodes: list[dict[str, Any]], edges: list[dict[str, Any]]) -> list[_Pa
         for source in edge["from"]:
             for target in targets(edge):
                 out.append(_Pair(source, target, index, "forward", label(edge, target), title))
+    # a node no edge leaves (its error edges aside) ends its path at END when it completes:
+    # drawn as `interlock graph` draws it (interlock/_definition/_render.py)
+    exits = {s for edge in edges if not edge.get("on_error") for s in edge["from"]}
+    for node in nodes:
+        if node["name"] not in exits:
+            out.append(_Pair(node["name"], "END", None, "implicit", "",
+                             f"{node['name']} → END: no edge leaves {node['name']}, so its "
+                             "path ends when it completes"))
     for node in nodes:
         for target in (node.get("approval") or {}).get("on_modify") or []:
             out.append(_Pair(node["name"], target, None, "reentry", "on modify",
@@ -172,8 +182,8 @@ def _text_w(text: str, char: float) -> float:
 def layout(nodes: list[dict[str, Any]], edges: list[dict[str, Any]]) -> dict[str, Any]:
     """The drawing of a graph (the API's ``layout``): ``nodes`` [{name, x, y, w, h}] (the
     box's top left), ``edges`` [{edge, source, target, kind, points, label, title,
-    label_box}] (``edge`` None for a re-entry; ``points`` from the source's box to the
-    target's, the last one on the target), ``width``, ``height``."""
+    label_box}] (``edge`` None for a re-entry and an implicit arrow to END; ``points`` from
+    the source's box to the target's, the last one on the target), ``width``, ``height``."""
     key = json.dumps([nodes, edges], sort_keys=True)
     with _LOCK:
         hit = _CACHE.get(key)

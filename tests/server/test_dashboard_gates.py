@@ -25,6 +25,14 @@ GNODES = '''
 def start(state):
     return {"amount": 1200}
 
+PATCH = ("--- a/app.py\\n+++ b/app.py\\n-    total = price * qty\\n"
+         "+    total = price * (qty or 0)\\n")
+
+def proposed(state):
+    return {"action": {"title": "guard <b>qty</b>", "steps": ["apply", "test"],
+                       "patch": PATCH},
+            "note": "first line\\n<b>not bold</b>\\n  indented", "amount": 3}
+
 def done(state):
     with open("done.log", "a") as f:
         f.write("done\\n")
@@ -44,6 +52,17 @@ AUDIT = """
       - {from: [legal, finance], to: done}
 """
 
+# a gate that shows a diff inside a structure, a multi-line string and a number
+PROPOSED = """
+    workflow: proposed
+    nodes:
+      propose: gnodes:proposed
+      review: {approval: {show: [action, note, amount]}}
+    edges:
+      - {from: START, to: propose}
+      - {from: propose, to: review}
+"""
+
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -51,6 +70,7 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (root / "gnodes.py").write_text(GNODES)
     (root / "flows").mkdir()
     (root / "flows" / "audit.yaml").write_text(textwrap.dedent(AUDIT))
+    (root / "flows" / "proposed.yaml").write_text(textwrap.dedent(PROPOSED))
     return root
 
 
@@ -112,3 +132,30 @@ def test_two_parallel_gates_are_two_rows_decided_out_of_order_on_the_run_page_an
     assert decisions(server, "par-1") == [("finance", "approved", "dashboard"),
                                           ("legal", "approved", "dashboard")]
     assert (root / "done.log").read_text() == "done\n"  # the join fired once
+
+
+def test_a_gate_shows_text_of_several_lines_as_text(server: Served, context: Any) -> None:
+    """Review 39: the incident's recommended_action.patch, a diff, was one JSON line with
+    ``\\n``s on the approval card. A string of several lines is shown as its text,
+    preformatted, and as text (``<b>`` stays literal); structures around it keep their
+    fields, the rest stays JSON."""
+    start(server, "proposed", {}, "prop-1")
+    patch = ("--- a/app.py\n+++ b/app.py\n-    total = price * qty\n"
+             "+    total = price * (qty or 0)\n")
+    for where in ("/runs/prop-1", "/approvals?run_id=prop-1"):
+        page = context.new_page()
+        page.goto(server.url + where)
+        show = page.locator('article.gate[data-node="review"] dl.show')
+        expect(show).to_be_visible()
+        action = show.locator("dd").first
+        # (the state's fields in the log's order: sorted)
+        expect(action.locator("dl.fields > dt")).to_have_text(["patch", "steps", "title"])
+        diff = action.locator("pre.text")
+        expect(diff).to_have_count(1)
+        assert diff.evaluate("(e) => e.textContent") == patch
+        expect(action.locator("dl.fields > dd > pre").last).to_have_text('"guard <b>qty</b>"')
+        note = show.locator("pre.text").nth(1)
+        assert note.evaluate("(e) => e.textContent") == "first line\n<b>not bold</b>\n  indented"
+        expect(note.locator("b")).to_have_count(0)  # text, never HTML
+        expect(show.locator("dd > pre:not(.text)").last).to_have_text("3")
+        page.close()

@@ -7,6 +7,7 @@ so. The layout's own checks over the tricky shapes: test_graph_layout.py.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import textwrap
@@ -15,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_server import GATED, NODES, Served
+import yaml
+from test_server import GATED, NODES, Served, wait_status
 
 pytest.importorskip("fastapi")
 pytest.importorskip("grandalf", reason="the graph's layout needs the server extra")
@@ -54,6 +56,48 @@ edges:
   - {from: last, to: first, when: 'last > 0', max: 2}
   - {from: last, to: END, otherwise: true}
 '''
+
+# a join one of whose sources never ran (its `when` was false): settled with the other
+PARTIAL = '''
+workflow: partial
+input: [n]
+nodes:
+  split: snodes:first
+  never: snodes:last
+  side: {call: snodes:counted, writes: [counted]}
+  joined: {call: snodes:counted, writes: [counted]}
+edges:
+  - {from: START, to: split}
+  - {from: split, to: never, when: 'first > 100'}
+  - {from: split, to: side}
+  - {from: [never, side], to: joined}
+'''
+
+# a join into a gate; v2 (migrated onto while the gate waits) puts an edge first, so that
+# every edge index of v1 names another edge in v2
+JOINED = '''
+workflow: joined
+input: [n]
+nodes:
+  split: snodes:first
+  p: snodes:last
+  q: {call: snodes:counted, writes: [counted]}
+  gate: {approval: {show: [first]}}
+edges:
+  - {from: START, to: split}
+  - {from: split, to: [p, q]}
+  - {from: [p, q], to: gate}
+'''
+JOINED_V2 = JOINED.replace("  gate:", "  after: snodes:first\n  gate:").replace(
+    "edges:\n", "edges:\n  - {from: gate, to: after}\n")
+
+# what the run page's graph shows: each arrow's state and each node's, in a stable order
+PICTURE = """() => ({
+  routes: [...document.querySelectorAll("svg.graph .route")].map((r) =>
+    `${r.dataset.source}→${r.dataset.target} ${r.dataset.state}`).sort(),
+  nodes: [...document.querySelectorAll("svg.graph [data-node]")].map((n) =>
+    `${n.dataset.node} ${n.dataset.state}`).sort(),
+})"""
 
 # every drawn path sampled every 2 px against every node's box (shrunk by 1 px): the
 # (path, node) pairs that meet
@@ -94,6 +138,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         shutil.copy(REPO / "examples" / name / "workflow.yaml", flows / f"{name}.yaml")
     (flows / "regate.yaml").write_text(textwrap.dedent(OPEN_GATE))
     (flows / "looped.yaml").write_text(textwrap.dedent(LOOPED))
+    (flows / "partial.yaml").write_text(textwrap.dedent(PARTIAL))
+    (flows / "joined.yaml").write_text(textwrap.dedent(JOINED))
     for name in ("INTERLOCK_STORE", "INTERLOCK_LOG_KEY"):
         os.environ.pop(name, None)
     served = Served(root)
@@ -121,7 +167,7 @@ def workflow_names(server: Served) -> list[str]:
 
 def test_no_edge_passes_through_a_node_in_any_example(server: Served, page: Any) -> None:
     names = workflow_names(server)
-    assert len(names) == len(EXAMPLES) + 2, names
+    assert len(names) == len(EXAMPLES) + 4, names
     for name in names:
         page.goto(f"{server.url}/workflows/{name}")
         expect(page.locator("svg.graph [data-node]").first).to_be_visible()
@@ -174,6 +220,8 @@ def test_max_reached_is_said_in_the_decisions(server: Served, page: Any) -> None
     expect(page.locator('svg.graph [data-node="first"]')).to_have_attribute("data-visits", "3")
     back = page.locator('svg.graph .route.kind-back[data-source="last"]')
     expect(back).to_have_attribute("data-state", "taken")
+    # the otherwise edge, implied by the `when` edge's record (log format 2): lit too
+    expect(route(page, "last", "END")).to_have_attribute("data-state", "taken")
     page.locator('svg.graph [data-edge="2"] .edge-hit').first.dispatch_event("click")
     decisions = page.locator("#inspector ol.decisions > li")
     expect(decisions).to_have_count(3)
@@ -194,3 +242,126 @@ def test_a_map_nodes_items_are_counted_on_its_box(server: Served, page: Any) -> 
     expect(page.locator('svg.graph [data-node="best"] .tally text')).to_have_text("1×")
     label = page.locator('svg.graph .edge-label-box[data-source="plan"] text')
     expect(label).to_have_text("map subjects")
+
+
+def route(page: Any, source: str, target: str) -> Any:
+    return page.locator(f'svg.graph .route[data-source="{source}"][data-target="{target}"]')
+
+
+def replayed(page: Any, server: Served, run_id: str) -> dict[str, list[str]]:
+    """The page reloaded, once it has read the run's log up to its last record: what its
+    graph shows."""
+    with server.client() as c:
+        last = c.get(f"/api/runs/{run_id}/records").json()[-1]["seq"]
+    page.reload()
+    expect(page.locator(f'#timeline tr[data-seq="{last}"]').first).to_be_attached()
+    picture: dict[str, list[str]] = page.evaluate(PICTURE)
+    return picture
+
+
+def decide(server: Served, run_id: str, gate: str) -> None:
+    with server.client() as c:
+        r = c.post(f"/api/runs/{run_id}/decisions",
+                   json={"decision": "approve", "node": gate, "by": "bo"})
+        assert r.status_code == 200, r.text
+
+
+def test_the_incident_run_lights_every_arrow_it_took_live_and_replayed(
+        server: Served, page: Any) -> None:
+    """Review 39: the join's arrows retrieval → rca and rag → rca (an ``edge.taken`` from
+    ``*`` with ``arrived``) stayed grey; code_fix, which no edge leaves, had no arrow to
+    END. Every arrow the run took is lit, those log format 2 implies too (intake's fan-out,
+    rca → recommend: no record of their own), as the records arrive and the same on a
+    reload mid-run and after the run."""
+    event = (REPO / "examples" / "incident" / "events" / "checkout-500.json").read_text()
+    with server.client() as c:
+        r = c.post("/api/workflows/incident-response/runs",
+                   json={"input": json.loads(event), "run_id": "inc-1"})
+        assert r.status_code == 201, r.text
+    page.goto(f"{server.url}/runs/inc-1")
+    expect(page.locator('svg.graph [data-node="approval"]')).to_have_attribute(
+        "data-state", "waiting")
+    for source, target in (("START", "intake"), ("intake", "retrieval"), ("intake", "rag"),
+                           ("retrieval", "rca"), ("rag", "rca"), ("rca", "recommend"),
+                           ("recommend", "approval")):
+        expect(route(page, source, target)).to_have_attribute("data-state", "taken")
+    end = page.locator('svg.graph [data-implicit="code_fix"] .route.kind-implicit')
+    expect(end).to_have_attribute("data-state", "idle")
+    live = page.evaluate(PICTURE)
+    assert replayed(page, server, "inc-1") == live
+
+    decide(server, "inc-1", "approval")
+    expect(page.locator('svg.graph [data-node="code_fix"]')).to_have_attribute(
+        "data-state", "waiting")  # confirm: true asks again
+    expect(route(page, "approval", "code_fix")).to_have_attribute("data-state", "taken")
+    expect(route(page, "approval", "END")).to_have_attribute("data-state", "skipped")
+    decide(server, "inc-1", "code_fix")
+    expect(page.locator("#stream-state")).to_have_attribute("data-state", "closed")
+    expect(end).to_have_attribute("data-state", "taken")
+    expect(page.locator('svg.graph [data-node="END"]')).to_have_attribute(
+        "data-state", "reached")
+    live = page.evaluate(PICTURE)
+    assert [r for r in live["routes"] if not r.endswith(" taken")] == ["approval→END skipped"]
+    assert replayed(page, server, "inc-1") == live
+
+
+def test_a_join_settled_without_a_source_lights_the_arrow_that_arrived_only(
+        server: Served, page: Any) -> None:
+    with server.client() as c:
+        r = c.post("/api/workflows/partial/runs", json={"input": {"n": 1}, "run_id": "part-1"})
+        assert r.status_code == 201, r.text
+    page.goto(f"{server.url}/runs/part-1")
+    expect(page.locator("#stream-state")).to_have_attribute("data-state", "closed")
+    expect(route(page, "side", "joined")).to_have_attribute("data-state", "taken")
+    expect(route(page, "never", "joined")).to_have_attribute("data-state", "skipped")
+    expect(route(page, "split", "never")).to_have_attribute("data-state", "skipped")
+    expect(route(page, "joined", "END")).to_have_attribute("data-state", "taken")
+    live = page.evaluate(PICTURE)
+    assert replayed(page, server, "part-1") == live
+
+
+def test_an_edge_log_format_2_implies_is_lit_live(server: Served, page: Any) -> None:
+    """``last → END`` has no record of its own (log format 2: last's completion implies
+    it): lit as the completion arrives on the open page, and the same on a reload."""
+    with server.client() as c:
+        r = c.post("/api/workflows/regate/runs", json={"input": {"n": 1}, "run_id": "re-2"})
+        assert r.status_code == 201, r.text
+    page.goto(f"{server.url}/runs/re-2")
+    expect(page.locator('svg.graph [data-node="gate"]')).to_have_attribute("data-state",
+                                                                          "waiting")
+    expect(route(page, "last", "END")).to_have_attribute("data-state", "idle")
+    decide(server, "re-2", "gate")
+    expect(page.locator("#stream-state")).to_have_attribute("data-state", "closed")
+    expect(route(page, "gate", "last")).to_have_attribute("data-state", "taken")
+    expect(route(page, "last", "END")).to_have_attribute("data-state", "taken")
+    with server.client() as c:
+        records = c.get("/api/runs/re-2/records").json()
+    assert not [r for r in records if r["type"] == "edge.taken" and r.get("from") == "last"]
+    assert [i["to"] for r in records for i in r.get("implies") or []
+            if i.get("from") == "last"] == [["END"]]
+    live = page.evaluate(PICTURE)
+    assert replayed(page, server, "re-2") == live
+
+
+def test_a_join_before_a_migration_is_lit_by_the_names_of_the_sources_that_arrived(
+        server: Served, page: Any) -> None:
+    """The join's record (edge 2 of v1: ``*`` → gate, arrived p and q) names another edge
+    in v2: its arrows are lit by name, from the sources that arrived."""
+    with server.client() as c:
+        r = c.post("/api/workflows/joined/runs", json={"input": {"n": 1}, "run_id": "mj-1"})
+        assert r.status_code == 201, r.text
+        wait_status(c, "mj-1", "WAITING_APPROVAL")
+        moved = c.post("/api/runs/mj-1/migrate", json={
+            "definition": yaml.safe_load(JOINED_V2), "by": "ops"})
+        assert moved.status_code == 200, moved.text
+    page.goto(f"{server.url}/runs/mj-1")
+    expect(page.locator("#migrated")).to_be_visible()
+    expect(page.locator('svg.graph [data-node="gate"]')).to_have_attribute("data-state",
+                                                                          "waiting")
+    for source in ("p", "q"):
+        expect(route(page, source, "gate")).to_have_attribute("data-state", "taken")
+    expect(page.locator('svg.graph [data-edge="2"]')).to_have_attribute("data-state", "idle")
+    decide(server, "mj-1", "gate")
+    expect(page.locator("#stream-state")).to_have_attribute("data-state", "closed")
+    expect(route(page, "gate", "after")).to_have_attribute("data-state", "taken")
+    expect(route(page, "after", "END")).to_have_attribute("data-state", "taken")

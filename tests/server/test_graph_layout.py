@@ -16,6 +16,7 @@ import interlock
 
 pytest.importorskip("grandalf", reason="the graph's layout needs the server extra")
 
+from interlock._definition._render import layout as cli_layout
 from interlock.server._layout import layout
 from interlock.server._routes_workflows import graph_of
 
@@ -87,6 +88,45 @@ def test_no_example_edge_passes_through_a_node(path: Path) -> None:
     spec = interlock.load(path).spec
     drawn = {e["edge"] for e in drawing["edges"]}
     assert drawn >= set(range(len(spec.edges)))
+
+
+def cli_arrows(spec: interlock.WorkflowSpec) -> set[tuple[str, str]]:
+    """The (source, target) pairs ``interlock graph`` draws, a join point's arcs read as
+    an arrow from each of its sources to each of its targets."""
+    lay = cli_layout(spec)
+    names = {v.id: v.label for v in lay.vertices.values()}
+    joins = {v.id for v in lay.vertices.values() if v.kind == "join"}
+    into = {j: [names[a.source] for a in lay.arcs if a.target == j] for j in joins}
+    return {(s, names[a.target]) for a in lay.arcs if a.target not in joins
+            for s in (into[a.source] if a.source in joins else [names[a.source]])}
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_the_dashboard_draws_the_arrows_interlock_graph_draws(path: Path) -> None:
+    """Review 39: a node no edge leaves (incident's code_fix) had no arrow to END on the
+    dashboard, while ``interlock graph`` draws one. The same arrows in both (the
+    dashboard's ``on_modify`` re-entries aside: the CLI does not draw them)."""
+    spec = interlock.load(path).spec
+    drawing = draw(path)
+    drawn = {(e["source"], e["target"]) for e in drawing["edges"] if e["kind"] != "reentry"}
+    assert drawn == cli_arrows(spec)
+
+
+def test_a_node_no_edge_leaves_has_an_implicit_arrow_to_end() -> None:
+    drawing = draw(REPO / "examples" / "incident" / "workflow.yaml")
+    end = [e for e in drawing["edges"] if e["source"] == "code_fix"]
+    assert [(e["target"], e["kind"], e["edge"], e["label"]) for e in end] == \
+        [("END", "implicit", None, "")]
+    assert "no edge leaves code_fix" in end[0]["title"]
+    assert end[0]["points"][0][1] < end[0]["points"][-1][1]  # downwards, into END's top
+    # an error edge is no exit: a node that succeeds ends there too (map's merge and work)
+    drawing = layout(*_graph(SHAPES["map"]))
+    implicit = {e["source"] for e in drawing["edges"] if e["kind"] == "implicit"}
+    assert implicit == {"merge"}
+    nodes, edges = _graph([{"from": "START", "to": "a"},
+                           {"from": "a", "on_error": True, "to": "b"}])
+    implicit = {e["source"] for e in layout(nodes, edges)["edges"] if e["kind"] == "implicit"}
+    assert implicit == {"a", "b"}
 
 
 def test_audit_default_and_reentry_and_loop() -> None:

@@ -571,21 +571,34 @@ async function runPage(ctx, runId) {
       // numbered by the definition the run was on before (docs/versions.md): only the
       // arrows between the same nodes in this graph are lit, by name, never by index
       if (rec.type === "edge.taken") {
-        for (const r of svg.querySelectorAll(`.route[data-source="${CSS.escape(rec.from)}"]`)) {
-          if ((rec.to || []).includes(r.dataset.target)) r.setAttribute("data-state", "taken");
+        for (const source of rec.from === "*" ? rec.arrived || [] : [rec.from]) {
+          for (const r of svg.querySelectorAll(`.route[data-source="${CSS.escape(source)}"]`)) {
+            if ((rec.to || []).includes(r.dataset.target)) r.setAttribute("data-state", "taken");
+          }
         }
       }
     } else if (rec.type === "edge.taken" || rec.type === "edge.skipped") {
       const e = edgeEl(rec.edge);
       if (rec.type === "edge.taken") e?.setAttribute("data-state", "taken");
       else if (e && e.dataset.state !== "taken") e.setAttribute("data-state", "skipped");
-      // each arrow of the edge from this source: taken to the targets it went to only
+      // each arrow of the edge from this source (a join's, from "*": from each of its
+      // sources, taken from those that arrived): taken to the targets it went to only
+      const join = rec.from === "*";
       for (const r of e ? e.querySelectorAll(".route") : []) {
-        if (r.dataset.source !== rec.from) continue;
-        if ((rec.to || []).includes(r.dataset.target)) r.setAttribute("data-state", "taken");
+        if (!join && r.dataset.source !== rec.from) continue;
+        const came = !join || !rec.arrived || rec.arrived.includes(r.dataset.source);
+        if (came && (rec.to || []).includes(r.dataset.target)) r.setAttribute("data-state", "taken");
         else if (r.dataset.state !== "taken") r.setAttribute("data-state", "skipped");
       }
       if (rec.type === "edge.taken" && (rec.to || []).includes("END")) nodeEl("END")?.setAttribute("data-state", "reached");
+    }
+    // a node no edge leaves, completed (not a map item's, not a rejected gate, not a
+    // re-entry): its path went on to END
+    if ((rec.type === "node.completed" || rec.type === "node.visited") && rec.node
+        && (rec.item === undefined || rec.item === null) && !rec.reenter && !rejected.has(rec.node)) {
+      const end = svg.querySelector(`[data-implicit="${CSS.escape(rec.node)}"]`);
+      for (const r of end ? end.querySelectorAll(".route") : []) r.setAttribute("data-state", "taken");
+      if (end) { end.setAttribute("data-state", "taken"); nodeEl("END")?.setAttribute("data-state", "reached"); }
     }
     if (rec.type === "approval.decided" && rec.reenter) {
       const r = svg.querySelector(`[data-reentry="${CSS.escape(`${rec.node}→${rec.reenter}`)}"]`);
@@ -833,7 +846,7 @@ function approvalCard(gate, me = null) {
     h("h3", {}, link(runHref(gate.run_id), gate.run_id), ` · ${gate.workflow} · `, h("code", {}, gate.node), ` (${gate.kind || "approval"})`),
     h("p", { class: "muted" }, [`waiting since ${when(gate.since)}`, gate.deadline ? `deadline ${when(gate.deadline)}` : null,
       gate.approvers.length ? `approvers: ${gate.approvers.join(", ")}` : "any approver"].filter(Boolean).join(" · ")),
-    Object.keys(gate.show).length ? h("dl", { class: "show" }, Object.entries(gate.outcome ? { ...gate.show, started_at: gate.outcome.started_at } : gate.show).map(([k, v]) => [h("dt", {}, k), h("dd", {}, h("pre", {}, json(v)))])) : null,
+    Object.keys(gate.show).length ? h("dl", { class: "show" }, Object.entries(gate.outcome ? { ...gate.show, started_at: gate.outcome.started_at } : gate.show).map(([k, v]) => [h("dt", {}, k), h("dd", {}, shown(v))])) : null,
     outcome ? outcome.note : null,
     allowed ? comment : null,
     allowed && outcome ? h("label", {}, "the outcome checked by hand (approve records it, without running the action again) ", outcome.field) : null,
@@ -842,6 +855,20 @@ function approvalCard(gate, me = null) {
     h("div", { class: "buttons" }, buttons),
     out);
   return card;
+}
+
+/** Whether ``v`` is, or holds, a string of several lines. */
+const hasLines = (v) => (typeof v === "string" ? v.includes("\n")
+  : v !== null && typeof v === "object" && Object.values(v).some(hasLines));
+
+/** A value a gate shows, for a person to read: JSON, but a string of several lines (a
+ * diff, a report) as its text, preformatted (as text, never HTML), and a structure that
+ * holds one as its fields (or items), each shown so. */
+function shown(v) {
+  if (typeof v === "string" && v.includes("\n")) return h("pre", { class: "text" }, v);
+  if (!hasLines(v)) return h("pre", {}, json(v));
+  if (Array.isArray(v)) return h("ol", { class: "fields", start: 0 }, v.map((item) => h("li", {}, shown(item))));
+  return h("dl", { class: "fields" }, Object.entries(v).map(([k, item]) => [h("dt", {}, k), h("dd", {}, shown(item))]));
 }
 
 /** An ``unknown_outcome`` gate's part of its card (``info``: the approval row's

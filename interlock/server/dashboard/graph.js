@@ -1,8 +1,9 @@
 // A workflow's graph as SVG, drawn from the layout the server computed
 // (interlock/server/_layout.py: a layered layout by grandalf): node boxes and edge routes
 // are drawn where the API puts them, so an edge never crosses a node's box. A loop's
-// closing edge and an approval's on_modify re-entry come drawn upwards (dashed), each
-// label carries the condition, the case and `max N` (the whole condition on hover).
+// closing edge and an approval's on_modify re-entry come drawn upwards (dashed), a node no
+// edge leaves has its arrow to END, each label carries the condition, the case and `max N`
+// (the whole condition on hover).
 
 const SVG = "http://www.w3.org/2000/svg";
 const CORNER = 8;
@@ -72,7 +73,8 @@ function pathOf(points) {
  * The graph as an <svg>: each node a <g data-node=NAME data-state=...>; each declared
  * edge a <g data-edge=INDEX data-state=...> holding one <g class="route" data-source
  * data-target data-state> per arrow (a switch's cases, a fan-out's targets); each
- * re-entry a <g class="edge reentry" data-reentry="GATE→NODE">. ``onSelect({node} |
+ * re-entry a <g class="edge reentry" data-reentry="GATE→NODE">; each node no edge leaves
+ * a <g class="edge implicit" data-implicit=NODE> (its arrow to END). ``onSelect({node} |
  * {edge})`` on a click.
  */
 export function renderGraph(graph, onSelect = () => {}) {
@@ -92,7 +94,12 @@ export function renderGraph(graph, onSelect = () => {}) {
   const groups = new Map();
   for (const route of lay.edges) {
     let group;
-    if (route.edge === null) {
+    if (route.kind === "implicit") {
+      // a node no edge leaves: its path ends at END (taken when the node completes)
+      group = el("g", { class: "edge implicit", "data-implicit": route.source, "data-state": "idle" });
+      group.append(el("title", {}, route.title));
+      edgesLayer.append(group);
+    } else if (route.edge === null) {
       group = el("g", { class: "edge reentry", "data-reentry": `${route.source}→${route.target}`, "data-state": "idle" });
       group.append(el("title", {}, route.title));
       edgesLayer.append(group);
