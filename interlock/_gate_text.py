@@ -1,6 +1,7 @@
 """What people are told about a waiting gate, in the same words wherever they look: the
 CLI's ``status``, ``runs --waiting`` and decide-with hints, ``interlock chat``, the API's
-approval rows and the dashboard's gate cards.
+approval rows and the dashboard's gate cards, the MCP tools' answers and questions, the
+Slack and Google Chat messages and ``--notify``'s webhook messages.
 
 An ``unknown_outcome`` gate is a destructive action (a ``confirm: true`` node, a map item
 of one, a guarded tool call) that was approved and started, whose process died before its
@@ -77,6 +78,14 @@ def unknown_lines(waiting: Mapping[str, Any], *, data: str = "") -> list[str]:
             "approve: runs it AGAIN (check first that it did not happen)",
             "reject: records it as not done (it is not run again)",
             f"{data}: records the outcome you checked by hand (it is not run again)"]
+
+
+def headline(waiting: Mapping[str, Any]) -> str:
+    """An ``unknown_outcome`` gate in one line, where there is room for one (a message's
+    first line, a task's status): what may or may not have happened, and that approving
+    runs it again."""
+    return (f"OUTCOME UNKNOWN: {action(waiting)} may or may not have happened (its process "
+            "died while it ran); approving runs it AGAIN")
 
 
 def outcome_info(waiting: Mapping[str, Any]) -> dict[str, Any] | None:

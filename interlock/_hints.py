@@ -12,6 +12,13 @@ next. The options that reach the same store or server (``where``: ``--store URL`
 ``--server URL`` and a ``--token TOKEN`` placeholder, never the token) go after the
 decision flag. Words a shell would change (a map item's ``deploy[2]``, a store path with
 spaces) are quoted.
+
+A store URL is printed without its password (`store_word`): a hint is copied into chats,
+tickets and shell history, and a ``postgresql://user:secret@host/db`` in it would hand
+the password on. The printed ``postgresql://user@host/db`` works where the password is
+found the way PostgreSQL's own tools find it -- ``PGPASSWORD``, or ``~/.pgpass`` -- and
+a store named by ``$INTERLOCK_STORE`` is not printed at all (the next command reads the
+variable again).
 """
 
 from __future__ import annotations
@@ -19,11 +26,41 @@ from __future__ import annotations
 import shlex
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 
 def shell_word(text: object) -> str:
     """``text`` as one shell word (quoted only when a shell would change it)."""
     return shlex.quote(str(text))
+
+
+def without_password(url: str, placeholder: str = "") -> str:
+    """``url`` with its password (in ``user:password@``, or a ``password=`` query
+    parameter) left out -- or, with ``placeholder``, replaced by it (``***`` for a
+    message that shows there is one)."""
+    try:
+        parts = urlsplit(url)
+        netloc, query = parts.netloc, parts.query
+        if parts.password is not None:
+            user, host = parts.username or "", netloc.rpartition("@")[2]
+            secret = f":{placeholder}" if placeholder else ""
+            netloc = f"{user}{secret}@{host}" if user or secret else host
+        pairs = parse_qsl(query, keep_blank_values=True)
+        if any(k == "password" for k, _ in pairs):
+            kept = [(k, v) for k, v in pairs if k != "password" or placeholder]
+            query = urlencode([(k, placeholder if k == "password" else v) for k, v in kept],
+                              safe="*")
+    except ValueError:  # not a URL a store would take: printed as given
+        return url
+    if (netloc, query) == (parts.netloc, parts.query):
+        return url  # (as given: urlunsplit would change sqlite:////abs.db)
+    return urlunsplit(parts._replace(netloc=netloc, query=query))
+
+
+def store_word(url: str) -> str:
+    """A store URL as printed commands carry it: one shell word, without its password
+    (the module's docstring says why and where the password is found instead)."""
+    return shell_word(without_password(url))
 
 
 def decision_flags(waiting: Mapping[str, Any], *, short: bool = False) -> list[str]:
@@ -62,4 +99,5 @@ def decide_hint(run_id: str, waiting: Mapping[str, Any], where: str = "") -> str
     return f"{command} (or {', or '.join(flags[1:])})"
 
 
-__all__ = ["decide_command", "decide_hint", "decision_flags", "shell_word"]
+__all__ = ["decide_command", "decide_hint", "decision_flags", "shell_word", "store_word",
+           "without_password"]

@@ -74,7 +74,8 @@ Limits
 Hints
     `decide_hint` (how to decide a waiting gate, one line: ``interlock resume RUN --gate
     GATE --approve (or --reject)``), `decide_command` (one decision's command),
-    `decision_flags` (the ``resume`` options of each decision a gate accepts): the
+    `decision_flags` (the ``resume`` options of each decision a gate accepts),
+    `store_word` (a store URL for a printed ``--store``: its password left out): the
     commands every tool prints for a person to copy. `MessageRefused` (a message to a
     conversation that does not wait for one: its ``status`` and ``waiting``) and
     `message_refusal` (why, with the command that goes on, carrying a tool's options).
@@ -114,7 +115,7 @@ from ._engine._approvals import GateNotWaiting, NotAnApprover, approvers_refuse,
 from ._engine._fold import RunView
 from ._errors import Draining
 from ._extras import install_hint
-from ._hints import decide_command, decide_hint, decision_flags
+from ._hints import decide_command, decide_hint, decision_flags, store_word
 from ._log import TERMINAL_TYPES, Entry, Record
 from ._observe._coverage import workflows_in
 from ._observe._metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -248,6 +249,7 @@ __all__ = [
     "resume_gate",
     "run_json",
     "set_strict_code",
+    "store_word",
     "to_dot",
     "to_mermaid",
     "too_big",

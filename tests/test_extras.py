@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import importlib.util
 import shutil
+import subprocess
 import sys
 from pathlib import Path
-
-import pytest
 
 import interlock
 from interlock.support import install_hint
@@ -33,13 +32,17 @@ def test_from_a_package_install_the_hint_installs_the_package(tmp_path: Path) ->
     assert module.install_hint("postgres") == "pip install 'interlock[postgres]'"
 
 
-def test_a_postgresql_store_without_psycopg_says_how_to_install_it(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in [m for m in sys.modules if m == "psycopg" or m.startswith("psycopg.")
-                 or m == "interlock._store._postgres"]:
-        monkeypatch.delitem(sys.modules, name)
-    monkeypatch.setitem(sys.modules, "psycopg", None)  # (import psycopg: ImportError)
-    with pytest.raises(interlock.StoreError) as caught:
-        interlock.open_store("postgresql://u@127.0.0.1:1/x")
-    assert str(caught.value).startswith(
-        f"the PostgreSQL store needs psycopg: pip install -e '{CHECKOUT}[postgres]' (")
+def test_a_postgresql_store_without_psycopg_says_how_to_install_it() -> None:
+    """In a process of its own, where ``import psycopg`` fails."""
+    code = ("import sys; sys.modules['psycopg'] = None\n"
+            "import interlock\n"
+            "try:\n"
+            "    interlock.open_store('postgresql://u@127.0.0.1:1/x')\n"
+            "except interlock.StoreError as exc:\n"
+            "    print(exc)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, cwd=CHECKOUT)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(
+        f"the PostgreSQL store needs psycopg: pip install -e '{CHECKOUT}[postgres]' ("), \
+        done.stdout

@@ -118,8 +118,8 @@ class Budget:
         if total > limit:
             return BudgetExceededError(
                 f"the run used {total} tokens, over its budget of {limit} (limits.tokens), "
-                f"when node {ctx.node!r} recorded its usage; continue it with "
-                f"`interlock resume {self._run_id} --set limits.tokens=N`", node=ctx.node,
+                f"when node {ctx.node!r} recorded its usage; a resume that raises the limit "
+                "(--set limits.tokens=N) continues it", node=ctx.node,
                 used=total, limit=limit, scope="run")
         return None
 

@@ -268,7 +268,7 @@ class Journal(Staging):
             f"run {self.run_id!r}: records {entries[0].seq}-{entries[-1].seq} could not be "
             f"stored ({tries} tries over {spent:.1f}s; the store said {what}); the run "
             f"stops here unfinished, its log intact up to record {entries[0].seq - 1}: once "
-            f"the store is back, `interlock resume {self.run_id}` (or a worker) continues it")
+            "the store is back, a resume of the run on this store (or a worker) continues it")
 
     async def commit(self, items: list[Item]) -> list[L.Record]:
         recs = self.stage(items)

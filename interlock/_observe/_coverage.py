@@ -26,6 +26,7 @@ from .._definition._plan import Plan
 from .._definition._spec import load_spec, parse
 from .._engine._expand import Expander
 from .._errors import UsageError
+from .._hints import without_password
 from .._plugins._compile import reading_plan
 from .._store import ALL_RUNS, Store, open_store
 
@@ -240,7 +241,8 @@ async def _spec_of(workflow: Any, store: Store) -> WorkflowSpec:
     if not rows:
         known = ", ".join(s.workflow for s in await workflows_in(store)) or "none"
         raise UsageError(f"no workflow file {text!r}, and no runs of a workflow named "
-                         f"{text!r} in {store.url} (workflows with runs: {known})")
+                         f"{text!r} in {without_password(store.url, '***')} (workflows "
+                         f"with runs: {known})")
     return parse(rows[0].definition)
 
 

@@ -152,10 +152,15 @@ class PostgresConnections:
             conn = await psycopg.AsyncConnection.connect(self.url, autocommit=True,
                                                          **self._kwargs)
         except psycopg.Error as exc:
+            where = f"cannot connect to the PostgreSQL store {redact(self.url)}"
+            if "password" in _first_line(exc).lower():  # reached, and the login refused
+                raise StoreError(
+                    f"{where}: the server refused the login ({_first_line(exc)}) -- a URL "
+                    "without a password takes it from PGPASSWORD or ~/.pgpass (the commands "
+                    "interlock prints leave it out of --store)") from None
             raise StoreError(
-                f"cannot connect to the PostgreSQL store {redact(self.url)}: the server is "
-                f"unreachable ({_first_line(exc)}) -- it is down, restarting, or the network "
-                "or the URL is wrong"
+                f"{where}: the server is unreachable ({_first_line(exc)}) -- it is down, "
+                "restarting, or the network or the URL is wrong"
             ) from None
         if not self._schema_ready:
             try:

@@ -241,8 +241,8 @@ def _within_steps(ctx: Context, n: int) -> None:
         raise StepLimitError(
             f"run {ctx.run_id!r}: the conversation reached limits.steps={limit} before "
             f"message {n + 1} could be answered (each turn is a step, and the child runs "
-            f"its tools start count theirs); continue it with `interlock resume "
-            f"{ctx.run_id} --set limits.steps=N`", node=ctx.node, limit=limit, used=steps)
+            f"its tools start count theirs); a resume that raises the limit (--set "
+            "limits.steps=N) answers it", node=ctx.node, limit=limit, used=steps)
 
 
 def _answered(transcript: list[dict[str, Any]]) -> None:

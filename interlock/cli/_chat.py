@@ -82,9 +82,9 @@ def _print_turn(data: Mapping[str, Any], run_id: str, where: str = "",
     error = data.get("error") or {}
     click.echo(f"the turn {str(status).lower()}: {error.get('message', '')}", err=True)
     if status == "FAILED":  # what can be done, as `status` says it
-        from ._inspect import _failed_hint
+        from ._gate_hints import failed_hint
 
-        click.echo(_failed_hint(run_id, data.get("error"), where, remote), err=True)
+        click.echo(failed_hint(run_id, data.get("error"), where, remote), err=True)
 
 
 @click.command(short_help="Send a message to a conversation.")

@@ -106,9 +106,9 @@ class Printer:
         from ..support import decide_hint
 
         if status == "FAILED" and self.run_id is not None:
-            from ._inspect import _failed_hint
+            from ._gate_hints import failed_hint
 
-            click.echo(_failed_hint(self.run_id, error, where, remote), err=True)
+            click.echo(failed_hint(self.run_id, error, where, remote), err=True)
         if status not in ("WAITING_INPUT", "WAITING_APPROVAL") or self.run_id is None:
             return
         self._end_line()
@@ -194,14 +194,14 @@ class Terminal(Printer):
         """A conversation that takes no message (failed, rejected, cancelled): why, and
         what can be done -- nothing typed is sent."""
         from ._format import where_options
-        from ._inspect import _failed_hint
+        from ._gate_hints import failed_hint
 
         error = (result.error or {}).get("message")
         click.echo(f"the conversation {result.run_id} is {result.status}"
                    f"{': ' + str(error) if error else ''}; it takes no message (nothing "
                    "typed is sent)", err=True)
         if result.status == "FAILED":
-            click.echo(_failed_hint(result.run_id, result.error,
+            click.echo(failed_hint(result.run_id, result.error,
                                     where_options(self.store_url)), err=True)
 
     async def _main(self, data: dict[str, Any], session: str | None) -> str:

@@ -136,21 +136,30 @@ def call_engine(coro: Coroutine[Any, Any, T], progress: Progress | None = None) 
     except _Terminated:
         if progress is not None and progress.started:
             click.echo(f"terminated: run {progress.run_id} stopped; its completed nodes are "
-                       "kept in the store (continue with `interlock resume "
-                       f"{progress.run_id}`)", err=True)
+                       f"kept in the store (continue with `{_resume(progress)}`)", err=True)
         raise SystemExit(128 + signal.SIGTERM) from None
     except LogError as exc:  # the stored log was changed: not a mistake of the caller
         raise BrokenLog(str(exc)) from None
-    except (UsageError, StoreError) as exc:
+    except StoreError as exc:  # a run stopped by its store: the command that continues it
+        after = f"; continue with `{_resume(progress)}`" if progress is not None \
+            and progress.started else ""
+        raise CliError(f"{exc}{after}") from None
+    except UsageError as exc:
         raise CliError(str(exc)) from None
     except ValidationError as exc:  # a --set limits.X value of the wrong type or range
         raise CliError(_limit_problems(exc)) from None
     except KeyboardInterrupt:
         if progress is not None and progress.started:
             click.echo(f"interrupted: run {progress.run_id} stopped; its completed nodes are "
-                       "kept in the store (continue with `interlock resume "
-                       f"{progress.run_id}`)", err=True)
+                       f"kept in the store (continue with `{_resume(progress)}`)", err=True)
         raise SystemExit(130) from None
+
+
+def _resume(progress: Progress) -> str:
+    """``interlock resume RUN`` with the options that reach the same store or server."""
+    import shlex
+
+    return f"interlock resume {shlex.quote(progress.run_id)}{progress.where}"
 
 
 class _Terminated(Exception):

@@ -60,7 +60,9 @@ async def _reports(workflow: str | None, st: Store) -> list[Coverage]:
             raise CliError(f"{workflow}: {exc}") from None
     reports = [await coverage_of(spec, store=st) for spec in await workflows_in(st)]
     if not reports:
-        raise CliError(f"no runs in {st.url}: run a workflow first, or name the store "
+        from ..support import redact
+
+        raise CliError(f"no runs in {redact(st.url)}: run a workflow first, or name the store "
                        "with --store")
     return reports
 

@@ -113,7 +113,11 @@ def where_options(store_url: str | None = None, server_url: str | None = None,
             else f" --server {shlex.quote(server_url)}"
         given = token and os.environ.get("INTERLOCK_TOKEN") != token
         return where + (" --token TOKEN" if given else "")
-    return f" --store {shlex.quote(store_url)}" if store_url else ""
+    from ..support import store_word  # (its password left out)
+
+    if not store_url or os.environ.get("INTERLOCK_STORE") == store_url:
+        return ""
+    return f" --store {store_word(store_url)}"
 
 
 # -- node, edge and decision details ----------------------------------------------------------

@@ -1,11 +1,14 @@
 """The lines the CLI adds about a waiting gate where it says how to decide it (``status``,
 ``run``/``resume``, ``runs --waiting``, ``interlock chat``): an unknown outcome explained,
-a gate past its deadline resumed instead of decided, a branch whose executor is gone.
+a gate past its deadline resumed instead of decided, a branch whose executor is gone --
+and what can be done about a failed run (``status``, ``run``/``resume``, ``send``,
+``chat``: the engine's error names no command, as it cannot know the store).
 The words are `interlock.support.gate_text`'s, which the server's approval rows use too."""
 
 from __future__ import annotations
 
 import json
+import shlex
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -82,3 +85,46 @@ def code_drift(nodes: list[str]) -> str:
     return (f"code changed since the run started: {', '.join(nodes)} (a continuation, a "
             "decision's included, runs them on the code as it is now and records "
             "run.code_changed; --strict-code refuses)")
+
+
+def failed_hint(run_id: str, error: dict[str, Any] | None, where: str,
+                 remote: bool = False) -> str:
+    """What can be done about a failed run: a resume re-runs the failed node and decides
+    again, on the definition the run keeps -- which does not help every failure.
+    ``where``: the options that reach the run (``remote``: a server's, through which
+    resume takes no limits and fork is not offered: those go to the server's store)."""
+    err = error or {}
+    kind = err.get("type")
+    details = err.get("details") or {}
+    rid = shlex.quote(run_id)
+    local, on_store = (" --store URL", " on the server's store (through --server, "
+                       "resume takes no limits.* and fork is local)") if remote \
+        else (where, "")
+    from ..support import final_failure
+
+    final = final_failure(err)
+    if final is not None:  # a resume is refused: it would fail the same way
+        return (f"this failure is final: {final}; `interlock resume` is refused. To try "
+                f"again from before it, start a new run from one of its records: "
+                f"`interlock fork {rid}{local} --at SEQ`{on_store} (`interlock trace "
+                f"{rid}{where}` lists them)")
+    if kind == "budget_exceeded" and details.get("scope") == "node":
+        return ("the node's own budget (tokens: in the workflow) is part of the definition "
+                "this run keeps: a resume would run it again under the same budget; raise it "
+                "in the file and start a new run")
+    if kind == "budget_exceeded":
+        return f"continue with a higher budget: `interlock resume {rid}{local} --set " \
+               f"limits.tokens=N`{on_store}"
+    if kind == "step_limit":
+        return f"continue with a higher limit: `interlock resume {rid}{local} --set " \
+               f"limits.steps=N`{on_store}"
+    if kind in ("no_route", "expression_error", "invalid_route"):
+        return (f"a resume decides again on the same state (with `--set K=V`, on changed "
+                f"config): `interlock resume {rid}{where}`; to change the state, start a new "
+                f"run from an earlier record with `interlock fork {rid}{local} --at SEQ "
+                f"--patch JSON`{on_store} (see `interlock trace`); a fix to the workflow file "
+                "applies to new runs")
+    if kind == "write_conflict":
+        return ("declare a reducer for the field in the workflow file and start a new run "
+                "(this run keeps its definition: a resume would conflict again)")
+    return f"run the failed node again with `interlock resume {rid}{where}`"

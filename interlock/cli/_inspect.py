@@ -38,6 +38,7 @@ from ._gate_hints import (
     beside,
     code_drift,
     data_example,
+    failed_hint,
     is_unknown,
     outcome_notes,
     past_deadline,
@@ -167,7 +168,7 @@ def _print_status(result: RunResult, row: RunRow, store_url: str | None,
         e = result.error
         at = f" at node {e.get('node')!r}" if e.get("node") else ""
         lines.append(f"error ({e.get('type')}){at}: {e.get('message')}")
-    store = f" --store {shlex.quote(store_url)}" if store_url else ""
+    store = where_options(store_url)
     where = where if remote else store  # (the options that reach the run again)
     rid = shlex.quote(result.run_id)
     state = state_line(result, where)
@@ -189,7 +190,7 @@ def _print_status(result: RunResult, row: RunRow, store_url: str | None,
             lines.append(f"interrupted: no process is executing it; continue with "
                          f"`interlock resume {rid}{where}`")
     elif result.status == "FAILED":
-        lines.append(_failed_hint(result.run_id, result.error, where, remote))
+        lines.append(failed_hint(result.run_id, result.error, where, remote))
     for line in lines:
         out.print(line, markup=False)
 
@@ -206,49 +207,6 @@ def _executing(row: RunRow) -> bool:
 def _interrupted(row: RunRow) -> bool:
     """A run left RUNNING (or RETRYING) by a process that is gone: `resume` continues it."""
     return row.summary.status in ("RUNNING", "RETRYING") and not _executing(row)
-
-
-def _failed_hint(run_id: str, error: dict[str, Any] | None, where: str,
-                 remote: bool = False) -> str:
-    """What can be done about a failed run: a resume re-runs the failed node and decides
-    again, on the definition the run keeps -- which does not help every failure.
-    ``where``: the options that reach the run (``remote``: a server's, through which
-    resume takes no limits and fork is not offered: those go to the server's store)."""
-    err = error or {}
-    kind = err.get("type")
-    details = err.get("details") or {}
-    rid = shlex.quote(run_id)
-    local, on_store = (" --store URL", " on the server's store (through --server, "
-                       "resume takes no limits.* and fork is local)") if remote \
-        else (where, "")
-    from ..support import final_failure
-
-    final = final_failure(err)
-    if final is not None:  # a resume is refused: it would fail the same way
-        return (f"this failure is final: {final}; `interlock resume` is refused. To try "
-                f"again from before it, start a new run from one of its records: "
-                f"`interlock fork {rid}{local} --at SEQ`{on_store} (`interlock trace "
-                f"{rid}{where}` lists them)")
-    if kind == "budget_exceeded" and details.get("scope") == "node":
-        return ("the node's own budget (tokens: in the workflow) is part of the definition "
-                "this run keeps: a resume would run it again under the same budget; raise it "
-                "in the file and start a new run")
-    if kind == "budget_exceeded":
-        return f"continue with a higher budget: `interlock resume {rid}{local} --set " \
-               f"limits.tokens=N`{on_store}"
-    if kind == "step_limit":
-        return f"continue with a higher limit: `interlock resume {rid}{local} --set " \
-               f"limits.steps=N`{on_store}"
-    if kind in ("no_route", "expression_error", "invalid_route"):
-        return (f"a resume decides again on the same state (with `--set K=V`, on changed "
-                f"config): `interlock resume {rid}{where}`; to change the state, start a new "
-                f"run from an earlier record with `interlock fork {rid}{local} --at SEQ "
-                f"--patch JSON`{on_store} (see `interlock trace`); a fix to the workflow file "
-                "applies to new runs")
-    if kind == "write_conflict":
-        return ("declare a reducer for the field in the workflow file and start a new run "
-                "(this run keeps its definition: a resume would conflict again)")
-    return f"run the failed node again with `interlock resume {rid}{where}`"
 
 
 def _waiting_lines(run_id: str, w: dict[str, Any], where: str, live: bool | None = None
@@ -423,7 +381,7 @@ def _print_waiting(rows: list[RunRow], where: str = "") -> None:
     now = time.time()
     body, notes = [], []
     for r, w in [(row, g) for row in rows for g in _gates(row)]:
-        notes += _row_notes(r.run_id, w)
+        notes += _row_notes(r.run_id, w, where)
         requested = w.get("requested_at")
         deadline = w.get("deadline")
         if deadline is None:
@@ -450,15 +408,19 @@ def _print_waiting(rows: list[RunRow], where: str = "") -> None:
         click.echo(line, err=True)
 
 
-def _row_notes(run_id: str, w: dict[str, Any]) -> list[str]:
+def _row_notes(run_id: str, w: dict[str, Any], where: str = "") -> list[str]:
     """What `runs --waiting` says under its table about a gate: an unknown outcome
-    explained, a gate past its deadline resumed instead of decided."""
+    explained, a gate past its deadline resumed instead of decided -- each command with
+    ``where`` (the options that reach the same store or server)."""
     lines = [f"  {line}" for line in outcome_notes(w)]
     if lines:
+        from ..support import decide_command
+
         lines.insert(0, f"{run_id} --gate {w.get('node')}:")
-        lines.append(f"  (interlock resume {run_id} --gate {w.get('node')} --approve | "
-                     f"--reject | --approve --data '{data_example(w)}' --by NAME)")
-    passed = past_deadline(run_id, w, "")
+        lines.append("  (" + decide_command(run_id, w.get("node"), (
+            f"--approve | --reject | --approve --data '{data_example(w)}' --by NAME"),
+            where) + ")")
+    passed = past_deadline(run_id, w, where)
     return lines + ([f"{run_id}: {passed}"] if passed else [])
 
 

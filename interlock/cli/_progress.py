@@ -27,7 +27,7 @@ from ._format import (
     decision_flags,
     state_line,
 )
-from ._gate_hints import is_unknown, outcome_notes, past_deadline, shown
+from ._gate_hints import failed_hint, is_unknown, outcome_notes, past_deadline, shown
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -74,6 +74,7 @@ class Progress:
     def __init__(self, run_id: str, *, live: bool, indent: str = "") -> None:
         self.run_id = run_id
         self.where = ""  # the options a printed follow-up command needs (--store, --server)
+        self.remote = False  # a server's run (its follow-up commands go through it)
         self.live = live
         self.indent = indent  # a child run's lines: under its parent's node, marked "│"
         self.started = False
@@ -305,7 +306,7 @@ class Progress:
         head.append(f"  run {result.run_id}, {_plural(result.steps, 'step')}, "
                     f"{_plural(result.tokens, 'token')}, {_duration(elapsed)}")
         out.print(head, soft_wrap=True)
-        for line in _outcome_lines(result, self.where):
+        for line in _outcome_lines(result, self.where, self.remote):
             out.print(line, soft_wrap=True, markup=False)
 
     def _table(self) -> tuple[Table, str]:
@@ -341,10 +342,11 @@ class Progress:
         return table, left_out
 
 
-def _outcome_lines(result: RunResult, where: str = "") -> list[str]:
-    """What follows the summary table: the final state, the error, and what the run waits
-    for with the command that goes on -- each command with ``where`` (the options that
-    reach the same store or server)."""
+def _outcome_lines(result: RunResult, where: str = "", remote: bool = False) -> list[str]:
+    """What follows the summary table: the final state, the error (and what can be done
+    about it, as `status` says it: the engine's message names no command, which would
+    not know the store), and what the run waits for with the command that goes on --
+    each command with ``where`` (the options that reach the same store or server)."""
     lines = []
     state = state_line(result, where)
     if state:
@@ -353,6 +355,8 @@ def _outcome_lines(result: RunResult, where: str = "") -> list[str]:
         node = result.error.get("node")
         at = f" at node {node!r}" if node else ""
         lines.append(f"error ({result.error.get('type')}){at}: {result.error.get('message')}")
+        if result.status == "FAILED":
+            lines.append(failed_hint(result.run_id, result.error, where, remote))
     rid = shlex.quote(result.run_id)
     if result.waiting and result.waiting.get("kind") == "message":  # a conversation
         # the turn's reply (or why the turn failed): a decision that let the turn go on

@@ -271,7 +271,7 @@ def _remote_resume(remote: Any, run_id: str, decision: Any, config_sets: list[Co
     finally:
         remote.close()
     progress = Progress(run_id, live=False)
-    progress.where = where
+    progress.where, progress.remote = where, True
     progress.replay(records)
     _finish(result, progress, as_json)
 

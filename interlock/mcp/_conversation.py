@@ -14,6 +14,7 @@ conversation that has ended is refused before anything is recorded.
 
 from __future__ import annotations
 
+import shlex
 from typing import TYPE_CHECKING, Any
 
 import mcp_types as types
@@ -115,8 +116,8 @@ async def _continuable(runs: Runs, name: str, run_id: str, caller: Caller) -> No
                          f"{name!r}; {again}, or call {workflow} to talk with it")
     status = run.get("status")
     if status in ENDED:
-        how = (f"; `interlock resume {run_id}` retries its failed turn"
-               if status == "FAILED" else "")
+        how = (f"; `interlock resume {shlex.quote(run_id)}{runs.store_hint}` retries its "
+               "failed turn" if status == "FAILED" else "")
         raise UsageError(f"the conversation {run_id!r} has ended ({status}): it takes no "
                          f"more messages{how}; {again}")
 

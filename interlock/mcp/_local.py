@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import shlex
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -14,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from mcp.server.context import ServerRequestContext
 
 import interlock
+from interlock.support import store_word
 
 from ._runs import Caller, Progress
 
@@ -30,7 +30,7 @@ class LocalRuns:
     def __init__(self, workflows: Mapping[str, Workflow], store: Store,
                  public_url: str | None = None) -> None:
         self.workflows, self.store, self.public_url = workflows, store, public_url
-        self.store_hint = f" --store {shlex.quote(absolute(store.url))}"
+        self.store_hint = f" --store {store_word(absolute(store.url))}"
         # the tasks' runs executing here: every one (to stop them), the latest per run
         self._tasks: set[asyncio.Task[object]] = set()
         self._running: dict[str, asyncio.Task[object]] = {}

@@ -30,6 +30,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import Field, ValidationError
 
 from interlock import RunNotFound, UsageError
+from interlock.support import gate_text
 
 from ._runs import Caller, Refused, Runs
 
@@ -86,9 +87,10 @@ def task_of(run: dict[str, Any], times: tuple[float, float]) -> dict[str, Any]:
     if status in _WORKING:
         task.update(status="working", statusMessage=f"run {run['run_id']} is {status}")
     elif status == "WAITING_APPROVAL":
-        node = (run.get("waiting") or {}).get("node")
-        task.update(status="input_required",
-                    statusMessage=f"run {run['run_id']} waits for a decision at {node!r}")
+        waiting = run.get("waiting") or {}
+        unknown = f": {gate_text.headline(waiting)}" if gate_text.is_unknown(waiting) else ""
+        task.update(status="input_required", statusMessage=(
+            f"run {run['run_id']} waits for a decision at {waiting.get('node')!r}{unknown}"))
     elif status == "CANCELLED":
         task.update(status="cancelled", statusMessage=f"run {run['run_id']} was cancelled")
     else:

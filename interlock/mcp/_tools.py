@@ -30,6 +30,7 @@ from mcp.server.lowlevel import Server
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from interlock import Decision, RunNotFound, StoreError, UsageError
+from interlock.support import decide_command, decision_flags, gate_text
 
 from ._conversation import conversation_tool, converse, is_conversation, turn_answer
 from ._runs import Caller, Refused, Runs
@@ -43,6 +44,9 @@ STOPPED = frozenset({"COMPLETED", "FAILED", "REJECTED", "CANCELLED", "WAITING_AP
                      "WAITING_INPUT"})
 _ERRORED = frozenset({"FAILED", "CANCELLED"})
 _GATE_KEY = "gate"  # the key of the one input request a waiting call sends
+# an unknown outcome's form field: the outcome a person checked by hand (approve records
+# it as the action's result instead of running the action again)
+CHECKED = "checked_outcome"
 # a decision through elicitation is recorded ``via: mcp`` where `Decision` has the field
 # (the per-gate decision path); else the comment says so
 VIA: dict[str, Any] = {"via": "mcp"} if "via" in {
@@ -243,16 +247,30 @@ def decide_hints(run_id: str, waiting: dict[str, Any], public_url: str | None,
                  where: str = "") -> dict[str, object]:
     """How a person decides: ``cli``, the CLI's command for the oldest gate (``where``
     says which store or server it talks to), ``gates`` one per waiting gate when several
-    wait, and with a public URL, the API's endpoint and the dashboard's inbox."""
+    wait, and with a public URL, the API's endpoint and the dashboard's inbox. A gate
+    whose outcome is unknown (an approved action whose process died while it ran) gets
+    its explanation in ``outcomes`` and, for its command, each decision it takes spelled
+    out (``--approve`` alone runs the action AGAIN)."""
+    gates = [g for g in waiting.get("pending") or () if isinstance(g, dict) and g.get("node")]
+    kinds = {str(g["node"]): g for g in gates} | (
+        {str(waiting["node"]): waiting} if waiting.get("node") else {})
+
     def cli(gate: str | None) -> str:
+        w = kinds.get(str(gate)) or {}
+        if gate is not None and gate_text.is_unknown(w):  # every choice, none by default
+            return decide_command(run_id, gate, " | ".join(decision_flags(w)), where)
         cmd = ["interlock", "resume", run_id] + (["--gate", gate] if gate else [])
         return " ".join(map(shlex.quote, cmd)) + " --approve" + where
 
-    pending = [g["node"] for g in waiting.get("pending") or ()
-               if isinstance(g, dict) and g.get("node")]
+    pending = [str(g["node"]) for g in gates]
     out: dict[str, object] = {"cli": cli(waiting.get("node") if pending else None)}
     if len(pending) > 1:
         out["gates"] = {gate: cli(gate) for gate in pending}
+    unknown = {gate: gate_text.unknown_lines(w, data="`" + decide_command(
+        run_id, gate, f"--approve --data '{gate_text.data_example(w)}'", where) + "`")
+        for gate, w in kinds.items() if gate_text.is_unknown(w)}
+    if unknown:
+        out["outcomes"] = unknown
     if public_url:
         base = public_url.rstrip("/")
         out["api"] = f"POST {base}/api/runs/{quote(run_id)}/decisions"
@@ -275,10 +293,17 @@ def _question(run: dict[str, Any], gate: dict[str, Any]) -> types.ElicitRequestF
                     schema.get("type") in ("string", "number", "integer", "boolean"):
                 props[key] = schema
         required += [k for k in extra.get("required", []) if k in props and k not in required]
-    shown = json.dumps(gate.get("show") or {}, default=str)[:2000]
+    shown = json.dumps(gate_text.shown(gate), default=str)[:2000]
     message = (f"Run {run['run_id']} of workflow {run.get('workflow')!r} waits at the gate "
-               f"{gate['node']!r} ({gate.get('kind', 'approval')}). It shows: {shown}. "
-               "Approve or reject?")
+               f"{gate['node']!r} ({gate.get('kind', 'approval')}). It shows: {shown}. ")
+    if gate_text.is_unknown(gate):  # approving runs the action again: said first
+        example = gate_text.data_example(gate)
+        props[CHECKED] = {"type": "string", "description": (
+            "only if you checked by hand what happened: the outcome, as JSON (the "
+            f"`result` of {example}); approve then records it and does NOT run it again")}
+        lines = gate_text.unknown_lines(gate, data=f"approve with {CHECKED!r} filled in")
+        message = f"{lines[0]}. {message}" + "; ".join(lines[1:]) + ". "
+    message += "Approve or reject?"
     return types.ElicitRequestFormParams(
         message=message,
         requested_schema={"type": "object", "properties": props, "required": required})
@@ -293,6 +318,12 @@ def _decision(answer: types.ElicitResult | None, gate: str, caller: Caller) -> D
     if chosen not in ("approve", "reject"):
         return None
     kind: Literal["approve", "reject"] = "approve" if chosen == "approve" else "reject"
+    checked = content.pop(CHECKED, None)  # an unknown outcome's, checked by hand
+    if kind == "approve" and isinstance(checked, str) and checked.strip():
+        try:
+            content["result"] = json.loads(checked)
+        except ValueError:  # (a tool's plain-text answer)
+            content["result"] = checked
     given = content.pop("comment", None)
     comment = str(given) if given not in (None, "") else None
     if VIA:  # the engine records where a decision came from

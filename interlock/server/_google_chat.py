@@ -22,10 +22,11 @@ from typing import Any
 import httpx
 
 from interlock import UsageError
-from interlock.support import install_hint
+from interlock.support import gate_text, install_hint
 
 from ._deliveries import retry_after
-from ._notify import payload
+from ._notify import outcome_lines, payload
+from ._slack import UNKNOWN_LABELS
 
 CHAT_ISSUER = "chat@system.gserviceaccount.com"
 SCOPES = ["https://www.googleapis.com/auth/chat.bot"]
@@ -115,22 +116,33 @@ class GoogleChat:
         widgets: list[dict[str, Any]] = [{"textParagraph": {
             "text": f"Run <b>{_html(run_id)}</b> is waiting for a decision at "
                     f"<b>{_html(gate)}</b>"}}]
-        for key, value in list((rec.get("show") or {}).items())[:10]:
+        unknown = outcome_lines(rec)
+        if unknown:  # approving runs the action again: said before anything else
+            head, *rest = (_html(line) for line in unknown)
+            widgets.append({"textParagraph": {"text": _short(
+                f"<b>{head.replace(': ', ':</b> ', 1)}<br>" + "<br>".join(
+                    f"• {line}" for line in rest), 4000)}})
+        for key, value in list(gate_text.shown(rec).items())[:10]:
             widgets.append({"decoratedText": {"topLabel": _html(str(key)),
                                               "text": _html(_short(json.dumps(
                                                   value, default=str)))}})
+        labels = UNKNOWN_LABELS if unknown else {"approve": "Approve", "reject": "Reject"}
         buttons = []
-        for kind, label in (("approve", "Approve"), ("reject", "Reject")):
-            buttons.append({"text": label, "onClick": {"action": {
+        for kind in ("approve", "reject"):
+            buttons.append({"text": labels[kind], "onClick": {"action": {
                 "function": FUNCTION, "parameters": [
                     {"key": "run_id", "value": run_id}, {"key": "gate", "value": gate},
                     {"key": "decision", "value": kind}]}}})
         buttons.append({"text": "Open in the dashboard",
                         "onClick": {"openLink": {"url": link}}})
         widgets.append({"buttonList": {"buttons": buttons}})
-        return {"text": f"{workflow}: run {run_id} is waiting for a decision at {gate}",
+        text = f"{workflow}: run {run_id} is waiting for a decision at {gate}"
+        subtitle = "waiting for a decision"
+        if unknown:
+            text, subtitle = f"{text}: {gate_text.headline(rec)}", "OUTCOME UNKNOWN"
+        return {"text": text,
                 "cardsV2": [{"cardId": "interlock-gate", "card": {
-                    "header": {"title": workflow, "subtitle": "waiting for a decision"},
+                    "header": {"title": workflow, "subtitle": subtitle},
                     "sections": [{"widgets": widgets}]}}]}
 
     @staticmethod

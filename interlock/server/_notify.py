@@ -34,7 +34,7 @@ from urllib.parse import quote, urlsplit
 import httpx
 
 from interlock import ClaimError, ConflictError, InterlockError, Store
-from interlock.support import TERMINAL_TYPES, append_note, trace_pages
+from interlock.support import TERMINAL_TYPES, append_note, gate_text, trace_pages
 
 from ._deliveries import LONGEST_WAIT, retry_after
 from ._hub import Hub
@@ -78,18 +78,26 @@ CLOCK_SKEW = 60.0
 
 def payload(workflow: str, run_id: str, rec: dict[str, Any], public_url: str
             ) -> dict[str, Any]:
-    """The message: ``text`` for any webhook, ``blocks`` for Slack."""
+    """The message: ``text`` for any webhook, ``blocks`` for Slack. An ``unknown_outcome``
+    gate (an approved action whose process died while it ran) is explained in both:
+    approving runs it AGAIN (`interlock.support.gate_text`'s words)."""
     node = rec.get("path") or (rec.get("node") if rec.get("item") is None
                                else f"{rec.get('node')}[{rec.get('item')}]")
     link = f"{public_url.rstrip('/')}/approvals?run_id={quote(run_id)}"
-    show = rec.get("show") or {}
+    show = gate_text.shown(rec)
+    unknown = outcome_lines(rec)
     text = (f"{mrkdwn(workflow)}: run {mrkdwn(run_id)} is waiting for a decision at "
-            f"{mrkdwn(str(node))} ({mrkdwn(', '.join(rec.get('decisions') or []))}) -- "
-            f"<{link}>")
+            f"{mrkdwn(str(node))} ({mrkdwn(', '.join(rec.get('decisions') or []))})")
+    text += "".join(f"\n{mrkdwn(line)}" for line in unknown) + f" -- <{link}>"
     blocks: list[dict[str, Any]] = [
         {"type": "section", "text": {"type": "mrkdwn", "text":
             f"*{mrkdwn(workflow)}*: run {_code(run_id)} is waiting for a decision at "
             f"*{mrkdwn(str(node))}*"}}]
+    if unknown:
+        head, *rest = (mrkdwn(line) for line in unknown)
+        blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": _short(
+            f":warning: *{head.replace(': ', ':* ', 1)}\n" + "\n".join(
+                f"• {line}" for line in rest), 2900)}})
     if show:
         blocks.append({"type": "section", "fields": [
             {"type": "mrkdwn", "text": f"*{mrkdwn(str(k))}*\n"
@@ -99,6 +107,16 @@ def payload(workflow: str, run_id: str, rec: dict[str, Any], public_url: str
         {"type": "button", "text": {"type": "plain_text", "text": "Open the inbox"},
          "url": link}]})
     return {"text": text, "blocks": blocks}
+
+
+def outcome_lines(rec: dict[str, Any]) -> list[str]:
+    """An ``unknown_outcome`` gate explained for a chat or a webhook, where a button
+    cannot carry data: the outcome checked by hand is recorded from the inbox (none for
+    another gate)."""
+    if not gate_text.is_unknown(rec):
+        return []
+    example = gate_text.data_example(rec)
+    return gate_text.unknown_lines(rec, data=f"approve in the inbox with data {example}")
 
 
 def _short(text: str, limit: int = 200) -> str:

@@ -19,12 +19,14 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from interlock import UsageError
-from interlock.support import install_hint
+from interlock.support import gate_text, install_hint
 
 from ._deliveries import retry_after
 from ._notify import mrkdwn, payload
 
 ACTION_IDS = {"approve": "interlock.approve", "reject": "interlock.reject"}
+# an unknown outcome's buttons say what each does (approving runs the action again)
+UNKNOWN_LABELS = {"approve": "Approve: run it AGAIN", "reject": "Reject: not done"}
 TIMEOUT = 10  # seconds for one call of the Web API or a response_url
 
 
@@ -86,14 +88,25 @@ class Slack:
         blocks = base["blocks"]
         link = blocks[-1]["elements"][0]["url"]
         decisions = rec.get("decisions") or []
+        unknown = gate_text.is_unknown(rec)
+        labels = UNKNOWN_LABELS if unknown else {"approve": "Approve", "reject": "Reject"}
         buttons: list[dict[str, Any]] = []
-        for kind, label, style in (("approve", "Approve", "primary"),
-                                   ("reject", "Reject", "danger")):
+        for kind, style in (("approve", "primary"), ("reject", "danger")):
             if kind in decisions or not decisions or kind == "reject":
                 buttons.append({
                     "type": "button", "action_id": ACTION_IDS[kind], "style": style,
-                    "text": {"type": "plain_text", "text": label},
+                    "text": {"type": "plain_text", "text": labels[kind]},
                     "value": json.dumps({"run_id": run_id, "gate": gate, "decision": kind})})
+        if unknown:  # Slack asks the clicker before the action is run again
+            buttons[0]["style"] = "danger"
+            buttons[0]["confirm"] = {
+                "title": {"type": "plain_text", "text": "Run it again?"},
+                "text": {"type": "plain_text", "text": _cut(
+                    f"{gate_text.headline(rec)}. Check first that it did not happen; "
+                    "to record the outcome you checked, approve in the inbox with data "
+                    "instead.", 300)},
+                "confirm": {"type": "plain_text", "text": "Run it again"},
+                "deny": {"type": "plain_text", "text": "Cancel"}, "style": "danger"}
         buttons.append({"type": "button", "action_id": "interlock.open",
                         "text": {"type": "plain_text", "text": "Open in the dashboard"},
                         "url": link})
@@ -192,6 +205,10 @@ def _decided_text(rec: Mapping[str, object]) -> str:
         when = dt.datetime.fromtimestamp(when, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     at = f" at {when}" if when else ""
     return f"{verb}{by}{via}{at}"
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 def _first(value: object) -> str | None:

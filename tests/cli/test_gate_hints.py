@@ -149,6 +149,7 @@ def test_an_unknown_outcome_is_unmistakable_in_the_hint_status_and_runs(
     said_plainly(runs.stderr)
     assert "interlock resume u1 --gate fix --approve | --reject | --approve --data" \
         in runs.stderr
+    assert f"--by NAME --store {p.store})" in runs.stderr  # the store it was listed from
 
     # the outcome checked by hand: recorded, the action not run again
     done = p.cli("resume", "u1", "--gate", "fix", "--approve", "--by", "al", "--data",
@@ -212,6 +213,8 @@ def test_a_gate_past_its_deadline_offers_resume_not_a_decision(make_project: Any
     assert f"`interlock resume to1 --store {p.store}` applies its on_timeout" in status.output
     assert "--gate a --approve" not in status.output
     assert "--gate a --reject" not in status.output
+    runs = p.cli("runs", "--waiting")
+    assert f"`interlock resume to1 --store {p.store}` applies its on_timeout" in runs.output
     assert p.cli("resume", "to1").exit_code == 4  # the one command that works: rejected
 
 
