@@ -52,7 +52,7 @@ LAYERS: dict[int, set[str]] = {
     5: {"_engine._context", "_engine._budget", "_engine._guards", "_engine._call",
         "_engine._mapped", "_engine._ray",
         "_engine._isolation", "_engine._isolation._pool", "_engine._isolation._worker",
-        "_engine._isolation.__main__"},
+        "_engine._isolation.__main__", "_engine._origin"},
     # the agent node kind, a plug-in on the node call
     6: {"_plugins._subflow", "agents", "agents._check", "agents._errors", "agents._node",
         "agents._prompt", "agents._providers", "agents._spec", "agents._tools",

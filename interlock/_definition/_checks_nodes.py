@@ -9,12 +9,14 @@ from collections.abc import Mapping
 
 from .._extras import install_hint
 from ._checking import CheckContext, _did_you_mean
+from ._signature import defined_at, signature_problem
 
 
 def check_nodes(checker: CheckContext) -> None:
     for name, ns in checker.spec.nodes.items():
         if ns.call is not None:
             checker.resolve(ns.call, ("nodes", name, "call"), f"node {name!r}")
+            check_signature(checker, name, ns.call)
         if ns.executor == "ray" and importlib.util.find_spec("ray") is None:
             checker.add("error", f"node {name!r}: executor: ray runs its body on Ray, which "
                         f"is not installed here: {install_hint('ray')} (or run the "
@@ -40,6 +42,16 @@ def check_nodes(checker: CheckContext) -> None:
                                 "unknown-node")
             if ns.approval.input is not None:
                 check_input_schema(checker, name, ns.approval.input)
+
+
+def check_signature(checker: CheckContext, name: str, call: str) -> None:
+    """A node function is called as ``fn(state)`` or ``fn(state, ctx)``: one that cannot
+    be is refused here, not with a TypeError when the run reaches it."""
+    fn = checker.result.callables.get(call)
+    problem = signature_problem(fn) if fn is not None else None
+    if problem is not None and fn is not None:
+        checker.add("error", f"node {name!r}: {call} {problem}; a node takes (state) or "
+                    f"(state, ctx){defined_at(fn)}", ("nodes", name, "call"), "signature")
 
 
 def check_input_schema(checker: CheckContext, name: str, schema: Mapping[str, object]

@@ -20,6 +20,7 @@ import importlib.util
 import os
 import re
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Protocol
@@ -154,7 +155,8 @@ class Expression:
             raise EvaluationError(f"no such key: {exc.args[0]!r} "
                                   "(use has(x.y) to test for presence)") from None
         except (RuntimeError, TypeError, ValueError) as exc:
-            raise EvaluationError(str(exc).split(". ")[0]) from None
+            raise EvaluationError(str(exc).split(". ")[0] + _what_it_read(self.paths, context)
+                                  ) from None
         if self.plain_paths:  # it reads whole fields: what it read is its context
             return value, context
         # the context holds every top-level name read: a plain name is a lookup
@@ -205,6 +207,47 @@ def _describe(value: object, size: Size) -> str:
         kind = "a map" if isinstance(value, dict) else "a list"
         return f"{kind} of {len(value):_} entries, largest length inside {size.length:_}"
     return type(value).__name__
+
+
+def _what_it_read(paths: tuple[str, ...], context: dict[str, Any]) -> str:
+    """`` -- x is an int (1), which has no field 'foo'``: the type and value of each path
+    an expression read, for an evaluation that failed on a type ("No such overload")."""
+    said = []
+    for path in paths:
+        head, *rest = path.split(".")
+        if head not in context:
+            continue
+        cur, at, lacks = context[head], head, None
+        for part in rest:
+            if not isinstance(cur, Mapping):
+                lacks = f", which has no field {part!r}"
+                break
+            if part not in cur:
+                lacks = f", which has no key {part!r}"
+                break
+            cur, at = cur[part], f"{at}.{part}"
+        said.append(f"{at} is {_kind(cur)}{lacks or ''}")
+    return f" -- {'; '.join(dict.fromkeys(said))}" if said else ""
+
+
+def _kind(value: object) -> str:
+    """``an int (1)``, ``a string ("abc")``, ``a map with keys a, b``: for an error."""
+    if isinstance(value, Mapping):
+        keys = ", ".join(map(str, list(value)[:6])) + (", ..." if len(value) > 6 else "")
+        return f"a map with keys {keys}" if keys else "an empty map"
+    if isinstance(value, list | tuple):
+        return f"a list of {len(value)} item{'' if len(value) == 1 else 's'}"
+    if value is None:
+        return "null"
+    name = {bool: "a bool", int: "an int", float: "a float (CEL double)", str: "a string",
+            bytes: "bytes"}.get(type(value), f"a {type(value).__name__}")
+    import json
+
+    try:
+        shown = json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):
+        shown = repr(value)
+    return f"{name} ({shown if len(shown) <= 40 else shown[:37] + '...'})"
 
 
 _MISSING = "<missing>"

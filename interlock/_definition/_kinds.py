@@ -11,12 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
-from .._errors import Severity
+from .._errors import Diagnostic, Severity
 from ._model import NodeSpec, WorkflowSpec
 
 
 class CheckResults(Protocol):
     callables: dict[str, Callable[..., object]]
+    diagnostics: list[Diagnostic]
 
 
 class Checker(Protocol):

@@ -41,3 +41,50 @@ def param_count(fn: Callable[..., object]) -> int:
                 p.default is p.empty or p.name == "ctx"):
             count += 1
     return count
+
+
+def signature_problem(fn: Callable[..., object]) -> str | None:
+    """Why ``fn`` cannot be called as a node -- as ``fn(state)`` or ``fn(state, ctx)`` --
+    or None (also when its signature cannot be read: the call then tells).
+
+    For validation: a node function with three required parameters, none at all, or a
+    required keyword-only one would otherwise fail with a TypeError only when it runs.
+    """
+    import inspect
+
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        positional_ok = True
+    else:
+        positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        required = [p.name for p in positional if p.default is p.empty]
+        if len(required) > 2:
+            return f"takes {len(required)} required parameters ({', '.join(required)})"
+        positional_ok = bool(positional)
+    if not positional_ok:
+        return "takes no parameters"
+    keyword = [p.name for p in params if p.kind is p.KEYWORD_ONLY and p.default is p.empty]
+    if keyword:
+        return (f"has the required keyword-only parameter{'s' if len(keyword) > 1 else ''} "
+                f"{', '.join(keyword)}")
+    return None
+
+
+def defined_at(fn: Callable[..., object]) -> str:
+    """`` (def NAME at FILE:LINE)`` for a plain function, else ``""``."""
+    import os
+
+    target: Any = getattr(fn, "__func__", fn)
+    code = getattr(target, "__code__", None)
+    if code is None:
+        return ""
+    path = code.co_filename
+    try:
+        rel = os.path.relpath(path)
+        path = rel if not rel.startswith("..") else path
+    except ValueError:  # another drive (Windows)
+        pass
+    return f" (def {target.__name__} at {path}:{code.co_firstlineno})"

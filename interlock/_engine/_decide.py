@@ -31,6 +31,7 @@ from .._json import JSON, JSONObject
 from . import _records as R
 from ._flow import Due
 from ._fold import RunView, Scope
+from ._origin import unlocated
 
 
 class Abort(Exception):
@@ -406,7 +407,7 @@ def caught_error(pn: PlanNode, error: RunError, attempt: int) -> JSONObject:
     message = error.message
     prefix = f"node {pn.name!r} raised {etype}: "
     if message.startswith(prefix):
-        message = message[len(prefix):]
+        message = unlocated(message[len(prefix):], error.details.get("at"))
     return {"node": pn.name, "type": etype, "message": message, "attempt": attempt}
 
 
@@ -448,7 +449,7 @@ def _map_items(plan: Plan, e: PlanEdge, value: object) -> list[JSON]:
     """A map edge's list (what its ``value`` records, each item as JSON data), or the run
     fails before any item starts."""
     expr = e.spec.map
-    where = f"{_edge_location(plan, e)}edge {e.name()}"
+    where = f"{_edge_location(plan, e, 'map')}edge {e.name()}"
     if isinstance(value, dict) or not isinstance(value, list | tuple):
         raise Abort(ExpressionError(
             f"{where}: map {expr!r} gave {value!r} ({type(value).__name__}), not a list; "
@@ -489,7 +490,7 @@ def _condition(plan: Plan, state: JSONObject, e: PlanEdge, scope: Scope
         raise Abort(_cannot_evaluate(plan, e, expr, exc)) from None
     if not isinstance(value, bool):
         raise Abort(ExpressionError(
-            f"{_edge_location(plan, e)}edge {e.name()}: condition {expr!r} "
+            f"{_edge_location(plan, e, 'when')}edge {e.name()}: condition {expr!r} "
             f"gave {value!r} "
             f"({type(value).__name__}), not a boolean", node=_edge_node(e),
             edge=e.index, expr=expr))
@@ -497,7 +498,8 @@ def _condition(plan: Plan, state: JSONObject, e: PlanEdge, scope: Scope
 
 
 def _cannot_evaluate(plan: Plan, e: PlanEdge, expr: str, exc: Exception) -> ExpressionError:
-    return ExpressionError(f"{_edge_location(plan, e)}edge {e.name()}: cannot evaluate "
+    key = {"plain": "when", "switch": "switch", "map": "map"}.get(e.kind)  # as validate's
+    return ExpressionError(f"{_edge_location(plan, e, key)}edge {e.name()}: cannot evaluate "
                            f"{expr!r}: {exc}", node=_edge_node(e), edge=e.index, expr=expr)
 
 
@@ -527,10 +529,10 @@ def _explain(e: PlanEdge, fields: Mapping[str, object]) -> str:
     return s
 
 
-def _edge_location(plan: Plan, e: PlanEdge) -> str:
+def _edge_location(plan: Plan, e: PlanEdge, key: str | None = None) -> str:
     from .._definition._spec import locate
 
-    loc = locate(plan.spec, ("edges", e.index))
+    loc = locate(plan.spec, ("edges", e.index, key) if key else ("edges", e.index))
     return f"{loc}: " if loc.line is not None else ""
 
 

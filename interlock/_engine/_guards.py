@@ -56,6 +56,7 @@ from .._json import JSONObject
 from . import _records as R
 from ._context import PauseRequested
 from ._isolation import ChildContext
+from ._origin import located, user_frame
 from ._steps import Steps
 
 if TYPE_CHECKING:
@@ -310,9 +311,12 @@ def node_error(pn: PlanNode, exc: BaseException) -> NodeError:
     own = f"node {pn.name!r}: "
     if text.startswith(own):  # an error of interlock's own (an agent's) names the node too
         text = text[len(own):]
-    return NodeError(f"node {pn.name!r} raised {type(exc).__name__}: {text}", node=pn.name,
-                     exception=type(exc).__name__, mro=[c.__name__ for c in type(exc).__mro__],
-                     traceback=_short_tb(exc))
+    at = user_frame(exc)  # the line of the user's code it came from, on the error's line
+    details = {"at": at} if at else {}
+    return NodeError(located(f"node {pn.name!r} raised {type(exc).__name__}: {text}", at),
+                     node=pn.name, exception=type(exc).__name__,
+                     mro=[c.__name__ for c in type(exc).__mro__], traceback=_short_tb(exc),
+                     **details)
 
 
 def _short_tb(exc: BaseException) -> str:

@@ -136,6 +136,9 @@ class SubflowKind:
             if d.severity == "error":
                 checker.add("error", f"node {name!r}: its sub-workflow {label!r} is invalid: "
                             f"{d}", where, "subflow")
+            elif d.code == "api-key":  # the child runs in this process too
+                checker.add("warning", f"node {name!r}: its sub-workflow {label!r}: {d}",
+                            where, "api-key")
         for path, fn in result.callables.items():  # what running the child needs
             checker.result.callables[prefix + path] = fn
         known = spec.known_fields()

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -52,12 +53,32 @@ def check_agent(checker: Checker, name: str, ns: NodeSpec) -> None:
     if checker.spec.chat == name and spec.structured:
         error("a conversation's agent replies in text: remove output/output_model (a "
               "specialist agent used as a tool may declare one)", "output")
+    check_key(checker, name, spec, where)
     _check_templates(spec, ns, error)
     schema = _check_output(checker, name, spec, where, error)
     _check_tools(checker, name, spec, where, error)
     _check_choose(checker.spec, name, spec, schema, error)
     if schema is not None and output_key is not None:
         _check_paths(checker, name, output_key, schema)
+
+
+def check_key(checker: Checker, name: str, spec: AgentSpec, where: tuple[Any, ...],
+              tool: str = "") -> None:
+    """The variable an ``openai`` agent reads its key from, unset in this process: a
+    warning (code ``api-key``) -- the process that executes the run may have it (a worker,
+    a server), but ``interlock run`` here would fail at this node, so it refuses to start."""
+    var = spec.api_key_env or "OPENAI_API_KEY"
+    if spec.provider != "openai" or os.environ.get(var):
+        return
+    if tool and any(d.code == "api-key" and d.message.startswith(f"node {name!r}: ")
+                    and f"${var} " in d.message for d in checker.result.diagnostics):
+        return  # said for the node already
+    other = "" if spec.api_key_env else " (or name another variable with api_key_env)"
+    checker.add("warning", f"node {name!r}: {tool}no API key: ${var} is not set in this "
+                f"environment, and this agent reads its key from it; a run executed here "
+                f"fails when it reaches {name!r}: export {var}=...{other} -- a local "
+                "OpenAI-compatible server accepts any non-empty value",
+                (*where, "api_key_env") if spec.api_key_env else where, "api-key")
 
 
 def _parse(checker: Checker, name: str, data: Any, where: tuple[Any, ...]) -> AgentSpec | None:
@@ -166,6 +187,8 @@ def _check_tools(checker: Checker, name: str, spec: AgentSpec, where: tuple[Any,
                     if sub.prompt is not None:
                         error(f"tool {tool.name!r}: a specialist agent gets the caller's "
                               "request as its message; remove its prompt", "tools", i)
+                    check_key(checker, name.partition("/")[0], sub, (*loc, "agent"),
+                              f"its tool {tool.name!r} (an agent) has ")
                     _check_tools(checker, f"{name}/{tool.name}", sub, (*loc, "agent"),
                                  error)
             elif not isinstance(tool.workflow, dict):

@@ -12,6 +12,7 @@ happen, a gate reached during a turn is shown with how to decide it (or decided 
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -25,6 +26,7 @@ from ._common import (
     exit_code_for,
     json_option,
     load_workflow,
+    missing_keys,
     note_abandoned_threads,
     read_input,
     store_option,
@@ -203,6 +205,11 @@ def chat(workflow: str, session: str | None, input_json: str | None, by: str | N
     if wf.spec.chat is None:
         raise CliError(f"{workflow} is not a conversation: declare chat: NODE (the agent "
                        "node that converses) in it")
+    keys = [w for w in wf.warnings if w.code == "api-key"]  # each turn would fail here
+    if keys:
+        raise CliError(missing_keys(keys, "talk to it through a server whose environment "
+                                    "has the key: interlock chat "
+                                    f"{shlex.quote(workflow)} --server URL"))
     data = read_input(input_json, None)
     from ._chat_live import Terminal
 

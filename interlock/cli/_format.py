@@ -101,6 +101,16 @@ def state_line(result: Any, where: str = "") -> str | None:
     return f"state: {text}"
 
 
+def traceback_hint(result: Any, where: str = "") -> list[str]:
+    """For an exception a node raised, where its whole traceback is (the error's line
+    names only the innermost frame of the user's code); printed after the error."""
+    details = (result.error or {}).get("details")
+    if not isinstance(details, dict) or not details.get("traceback"):
+        return []
+    return [f"the full traceback: `interlock status {shlex.quote(result.run_id)} --json"
+            f"{where}` (error.details.traceback)"]
+
+
 def where_options(store_url: str | None = None, server_url: str | None = None,
                   token: str | None = None) -> str:
     """The options a printed follow-up command needs to reach the same run: ``--store``,

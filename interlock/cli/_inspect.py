@@ -32,6 +32,7 @@ from ._format import (
     _when,
     decision_flags,
     state_line,
+    traceback_hint,
     where_options,
 )
 from ._gate_hints import (
@@ -171,6 +172,7 @@ def _print_status(result: RunResult, row: RunRow, store_url: str | None,
     store = where_options(store_url)
     where = where if remote else store  # (the options that reach the run again)
     rid = shlex.quote(result.run_id)
+    lines += traceback_hint(result, where)  # (after the error line)
     state = state_line(result, where)
     if state:
         lines.append(state)

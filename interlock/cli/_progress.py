@@ -26,6 +26,7 @@ from ._format import (
     _sources,
     decision_flags,
     state_line,
+    traceback_hint,
 )
 from ._gate_hints import failed_hint, is_unknown, outcome_notes, past_deadline, shown
 
@@ -358,6 +359,7 @@ def _outcome_lines(result: RunResult, where: str = "", remote: bool = False) -> 
         if result.status == "FAILED":
             lines.append(failed_hint(result.run_id, result.error, where, remote))
     rid = shlex.quote(result.run_id)
+    lines += traceback_hint(result, where)  # (after the error's lines)
     if result.waiting and result.waiting.get("kind") == "message":  # a conversation
         # the turn's reply (or why the turn failed): a decision that let the turn go on
         # is answered here too, not only by `send`

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -20,6 +21,7 @@ from ._common import (
     exit_code_for,
     json_option,
     load_workflow,
+    missing_keys,
     note_abandoned_threads,
     parse_sets,
     read_input,
@@ -62,8 +64,16 @@ def run(workflow: str, input_json: str | None, input_file: str | None, sets: tup
     data = read_input(input_json, input_file)
     config_sets, limits = parse_sets(sets)
     wf = load_workflow(workflow)
+    # an agent's key missing here: this process would fail at that node, after the run
+    # is recorded and the nodes before it ran -- refused now (a worker may have the key)
+    keys = [] if detach else [w for w in wf.warnings if w.code == "api-key"]
     for warning in wf.warnings:
-        click.echo(str(warning), err=True)
+        if warning not in keys:
+            click.echo(str(warning), err=True)
+    if keys:
+        raise CliError(missing_keys(keys, "record the run for a worker or server whose "
+                                    "environment has the key: interlock run "
+                                    f"{shlex.quote(workflow)} ... --detach"))
     warn_undeclared(config_sets, wf.spec.config, workflow)
     config = config_overrides(wf.spec.config, config_sets)
     from .. import make_run_id

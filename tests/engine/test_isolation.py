@@ -479,7 +479,10 @@ def test_node_failures_and_bad_values_are_errors(nodes: Any) -> None:
     assert boom["mro"][:2] == ["KeyError", "LookupError"]
     err = out["boom"].node_error("n")
     assert err is not None and err.details["exception"] == "KeyError"
-    assert str(err) == "node 'n' raised KeyError: 'missing thing'"
+    # the line of the node's code it came from, found in the worker process
+    assert boom["at"].endswith(" in boom") and f"{nodes.__name__}.py:" in boom["at"]
+    assert err.details["at"] == boom["at"]
+    assert str(err) == f"node 'n' raised KeyError: 'missing thing' (at {boom['at']})"
     with pytest.raises(type(err), match="raised KeyError"):
         out["boom"].value("n")
     assert "is not JSON data" in str(out["not_json"].node_error("n"))

@@ -19,6 +19,7 @@ from typing import IO, TYPE_CHECKING, Any
 import orjson
 
 from ..._errors import NodeError, NodeTimeout
+from .._origin import located
 from ._protocol import _TB_LIMIT, _encode, _size, _text
 
 if TYPE_CHECKING:
@@ -109,7 +110,7 @@ class ChildResult:
             return None
         exc, message, kind = e.get("exception") or "Exception", e.get("message", ""), e.get("kind")
         if kind == "raised":
-            text = f"node {node!r} raised {exc}: {message}"
+            text = located(f"node {node!r} raised {exc}: {message}", e.get("at"))
         elif kind == "result":
             text = f"node {node!r} returned a value that is not JSON data: {message}"
         elif kind == "shape":
@@ -121,7 +122,7 @@ class ChildResult:
         else:  # state, start
             text = f"node {node!r} could not run in a worker process: {message}"
         details: dict[str, Any] = {"exception": exc, "isolation": "process"}
-        for key in ("mro", "traceback", "exit_code"):
+        for key in ("mro", "traceback", "exit_code", "at"):
             if e.get(key) is not None and e.get(key) != "":
                 details[key] = e[key]
         return NodeError(text, node=node, **details)

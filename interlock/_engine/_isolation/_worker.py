@@ -275,6 +275,14 @@ def _error_reply(exc: BaseException, kind: str, t0: float) -> bytes:
         tb = ""
     error = {"exception": type(exc).__name__, "message": _text(exc), "traceback": tb,
              "mro": [c.__name__ for c in type(exc).__mro__], "kind": kind}
+    try:
+        from .._origin import user_frame
+
+        at = user_frame(exc)  # where in the user's code (the engine adds it to the line)
+    except Exception:
+        at = None
+    if at:
+        error["at"] = at
     return _encode({"t": "error", "error": error, "ms": (time.perf_counter() - t0) * 1000})
 
 
