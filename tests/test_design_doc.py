@@ -332,6 +332,8 @@ CLAIMS: dict[str, Evidence] = {
         "tests/store/test_log_errors.py::test_the_server_answers_409_to_a_broken_log_never_400"),
     "the CLI exits 1 (as `verify` does": ByTest(
         "tests/store/test_log_errors.py::test_the_cli_exits_1_on_a_broken_log_saying_what_to_do"),
+    "`verify` exits 1 for both": ByTest(
+        "tests/ops/test_tamper.py::test_a_keyed_log_verifies_with_its_key_only"),
     # versions (issue 32)
     "the CLI's exit 2, the server's 409": ByTest(
         "tests/ops/test_versions.py::"

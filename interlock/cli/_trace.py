@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from ._common import call_engine, store_option, with_store
+from ._common import call_engine, need_store, store_option, with_store
 from ._format import (
     _STATUS_STYLE,
     _decision_detail,
@@ -45,6 +45,7 @@ def trace(run_id: str, as_json: bool, store_url: str | None, server_url: str | N
     if server_url:
         _remote_trace(Remote(server_url, token, store_url), run_id, as_json)
         return
+    need_store(store_url)
     call_engine(with_store(store_url, lambda st: _trace(st, run_id, as_json)))
 
 

@@ -3,6 +3,7 @@ resume and cancel."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import weakref
 from collections import OrderedDict
@@ -39,6 +40,7 @@ from ._models import (
     ResumeIn,
     RunObject,
     RunPage,
+    VerificationOut,
     Visit,
 )
 from ._reads import CURSOR, BadCursor, cursor_key, page_cursor, records_body
@@ -209,6 +211,12 @@ async def run_visits(run_id: str, server: Srv, who: Reader) -> Response:
     return Response(orjson.dumps(await node_visits(run_id, store=server.st,
                                                    share_loop=True)),
                     media_type="application/json")
+
+@router.get("/api/runs/{run_id}/verify", response_model=VerificationOut)
+async def verify(run_id: str, server: Srv, row: Existing) -> dict[str, object]:
+    """`interlock verify` of the run (and its child runs) in the server's store, with
+    the server's INTERLOCK_LOG_KEY: ``interlock verify RUN_ID --server URL``."""
+    return dataclasses.asdict(await interlock.verify(run_id, store=server.st))
 
 @router.get("/api/runs/{run_id}/state",
             responses={200: {"description": "`{run_id, seq, status, state, input}`: the "
