@@ -96,7 +96,8 @@ def journal_assessment(state: dict[str, Any]) -> dict[str, Any]:
     An ``agent:`` node writes its whole structured reply to ONE state field (its
     ``output_key``), so the summarizer agent writes ``assessment: {severity,
     findings}``; this node lifts the two fields to the top level, where the rule-based
-    ``summarize`` puts them, so the edges (``severity == "healthy"``) and every later node are the same as in workflow.yaml.
+    ``summarize`` puts them, so the edges (``severity == "healthy"``) and every later
+    node are the same as in workflow.yaml.
     """
     assessment = state["assessment"]
     lifted = {"severity": assessment["severity"], "findings": assessment["findings"]}
