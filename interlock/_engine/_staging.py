@@ -25,7 +25,7 @@ from typing import Any
 
 from .. import _log as L
 from ._expand import Expander
-from ._fold import RunView, end_visit
+from ._fold import RunView, end_visit, start_visit
 from ._records import Item
 
 _now = time.time
@@ -109,7 +109,7 @@ class Staging:
             return
         rec = {"node": node, "visit": visit, "attempt": 1, "seq": self.writer.seq + 1,
                "type": L.NODE_STARTED, "at": _now()}
-        view.apply(rec)  # (a start the fold refuses is not deferred)
+        start_visit(view, rec)  # (a start the fold refuses is not deferred)
         self._deferred = rec
 
     def started(self) -> None:
