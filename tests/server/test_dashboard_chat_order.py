@@ -8,27 +8,13 @@ condition in the page."""
 
 from __future__ import annotations
 
-import os
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from test_dashboard import CHROMIUM, WAIT, expect, sync_api  # (the browser's skip too)
 from test_token_order import InProcess, LateReads, project, waiting_after  # noqa: F401
-
-sync_api = pytest.importorskip("playwright.sync_api",
-                               reason="the browser tests need Playwright (the dev extra)")
-expect = sync_api.expect
-
-CHROMIUM = os.environ.get("INTERLOCK_TEST_CHROMIUM") or shutil.which("chromium") \
-    or shutil.which("chromium-browser")
-if not CHROMIUM:
-    pytest.skip("no Chromium found (apt-get install chromium, or set INTERLOCK_TEST_CHROMIUM "
-                "to a Chromium binary): the dashboard's browser tests are skipped",
-                allow_module_level=True)
-
-WAIT = 15_000  # ms: a page condition's upper bound (a loaded 2-core machine)
 
 
 @pytest.fixture
