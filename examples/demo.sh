@@ -53,10 +53,10 @@ expect 3 interlock status "$RUN"
 step "5. A human approves the RCA"
 say "The policy edge decides: approved, confidence >= config.code_fix_min_confidence (0.5),"
 say "severity not low -> code_fix. code_fix is guarded (confirm: true), so it asks first."
-expect 3 interlock resume "$RUN" --approve --by you --comment "the missing tax rate explains it"
+expect 3 interlock resume "$RUN" --gate approval --approve --by you --comment "the missing tax rate explains it"
 
 step "6. ... and confirms the automated fix"
-expect 0 interlock resume "$RUN" --approve --by you
+expect 0 interlock resume "$RUN" --gate code_fix --approve --by you
 
 step "7. The trace: every node, every edge decision and the values it read"
 expect 0 interlock trace "$RUN"

@@ -44,14 +44,17 @@ Severity = Literal["error", "warning"]
 
 @dataclass(frozen=True, slots=True)
 class Location:
-    """Where something is in a workflow file (1-based line and column)."""
+    """Where something is in a workflow file (1-based line and column). ``workflow``:
+    the workflow's name, shown when there is no file (one built in Python)."""
 
     file: str | None
     line: int | None = None
     col: int | None = None
+    workflow: str | None = None
 
     def __str__(self) -> str:
-        parts = [self.file or "<workflow>"]
+        parts = [self.file or (f"workflow {self.workflow!r}" if self.workflow
+                               else "<workflow>")]
         if self.line is not None:
             parts.append(str(self.line))
             parts.append(str(self.col if self.col is not None else 1))

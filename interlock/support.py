@@ -24,7 +24,9 @@ Stored runs
     process is gone), `TERMINAL_TYPES` (the record types that end a run, with the
     status each gives), `append_note` (a record that changes nothing -- a server's
     ``notify.sent`` -- appended under the run's claim), `node_visits` (each node visit's
-    input, update, tokens, duration and error, from the fold).
+    input, update, tokens, duration and error, from the fold), `default_store_url`
+    (the store a command uses when none is named), `install_hint` (the command that
+    installs an optional extra, for a checkout or a package install).
 
 Executing (for a server, a worker)
     `Started` (`interlock.Workflow.start`: a run created, executed later by
@@ -112,6 +114,7 @@ from ._engine import _guards
 from ._engine._approvals import GateNotWaiting, NotAnApprover, approvers_refuse, patch_schema
 from ._engine._fold import RunView
 from ._errors import Draining
+from ._extras import install_hint
 from ._hints import decide_command, decide_hint, decision_flags, store_word
 from ._log import TERMINAL_TYPES, Entry, Record
 from ._observe._coverage import workflows_in
@@ -132,7 +135,7 @@ from ._ops._prune import prune as prune_runs
 from ._ops._runs import GateDecision, GateTaken, append_note, decide_gate, resume_gate, trace_pages
 from ._ops._verify import LogCheck
 from ._ops._visits import node_visits
-from ._store import Claim, LeaseRenewer, RunRow, Summary, owner_gone
+from ._store import Claim, LeaseRenewer, RunRow, Summary, default_store_url, owner_gone
 from ._worker._triggers import Firer
 from ._worker._triggers import describe as describe_trigger
 from ._worker._workers import DRAIN_SECONDS, POLL_SECONDS, Factory, Pool, Worker
@@ -221,11 +224,13 @@ __all__ = [
     "decide_gate",
     "decide_hint",
     "decision_flags",
+    "default_store_url",
     "describe_trigger",
     "executing_node",
     "export_run",
     "final_failure",
     "gate_text",
+    "install_hint",
     "limits",
     "load_run",
     "load_spec",

@@ -44,12 +44,15 @@ def test_every_limit_is_documented_with_its_variable_and_default() -> None:
 
 
 def test_nothing_a_user_reads_cites_a_document_users_do_not_have() -> None:
-    """The docs, the README, docstrings and error messages say what they mean in place:
-    users have no 'SPEC §N' (the project's internal contract) to look it up in."""
+    """The docs, the README, docstrings, error messages, the examples, the benchmarks
+    and pyproject.toml say what they mean in place: users have no 'SPEC §N' (the project's internal
+    contract) to look it up in."""
     root = DOCS.parent
-    files = [*DOCS.glob("*.md"), root / "README.md",
-             *(p for p in (root / "interlock").rglob("*")
-               if p.suffix in {".py", ".js", ".css", ".html"})]
+    files = [*DOCS.glob("*.md"), root / "README.md", root / "pyproject.toml",
+             *(p for folder in ("interlock", "examples", "bench") for p in
+               (root / folder).rglob("*")
+               if not any(part.startswith(".venv") for part in p.parts)
+               if p.suffix in {".py", ".js", ".css", ".html", ".yaml", ".yml", ".md", ".sh"})]
     cited = [f"{p.relative_to(root)}:{i}" for p in files
              for i, line in enumerate(p.read_text().splitlines(), 1)
              if "SPEC §" in line or "../shared" in line]

@@ -20,7 +20,7 @@ ROOT = Path(interlock.__file__).resolve().parent
 LAYERS: dict[int, set[str]] = {
     # leaves: errors, records and the chain, limits, small helpers
     0: {"_definition", "_engine", "_observe", "_ops", "_plugins", "_worker", "_errors", "_log",
-        "_json", "_hints", "_gate_text",
+        "_json", "_hints", "_gate_text", "_extras",
         "_engine._records", "_definition._limits", "_definition._bounds", "_definition._callables",
         "_definition._signature", "_engine._steps", "_definition._cost", "_definition._values"},
     # the definition, expressions, the graph, the stores, isolation's wire format, the
@@ -67,7 +67,7 @@ LAYERS: dict[int, set[str]] = {
         "_observe._metrics", "_worker._workers", "_ops._visits", "_ops._code",
         "_ops._migrate", "_ops._messages",
         "_ops._outcomes", "_ops._gate_refusals", "_ops._final", "_ops._orphans",
-        "_ops._gate_closed"},
+        "_ops._gate_closed", "_ops._watcher"},
     # the façade: builder and loaded file
     9: {"_workflow", "_builder"},
     # the public surface and the command line
@@ -82,7 +82,7 @@ LAYERS: dict[int, set[str]] = {
         "server._dashboard", "server._loops", "server._reads", "server._guard",
         "server._service", "server._deps", "server._routes_runs", "server._routes_approvals",
         "server._routes_workflows", "server._routes_meta", "server._layout", "cli._chat",
-        "cli._chat_lines", "cli._chat_live", "cli._chat_remote",
+        "cli._chat_lines", "cli._chat_live", "cli._chat_remote", "cli._verify",
         "server._routes_messages", "server._mcp",
         "server._chat", "server._slack", "server._google_chat", "server._routes_chat",
         "server._deliveries"},

@@ -104,7 +104,7 @@ async def map_hit(state: dict[str, Any]) -> dict[str, Any]:
 
 def mapped(n: int) -> interlock.Workflow:
     """START -> plan -> map(xs) hit -> done -> END: one visit of ``hit`` per item, each
-    appending to ``hits`` (SPEC §7 map; LangGraph's side is ``Send``)."""
+    appending to ``hits`` (a map; LangGraph's side is ``Send``)."""
     wf = interlock.Workflow("map", state={"hits": "append"})
     wf.node("plan", plan_items).node("hit", map_hit).node("done", done)
     wf.edge("START", "plan").map("plan", "xs", "hit", as_="x", max_items=max(n, 1))

@@ -93,10 +93,11 @@ def final_report(state: dict[str, Any]) -> dict[str, Any]:
 def journal_assessment(state: dict[str, Any]) -> dict[str, Any]:
     """``journal`` in the agent variants (workflow.agents.yaml, workflow.openai.yaml).
 
-    An ``agent:`` node writes its whole structured reply to ONE state field (SPEC §6), so
-    the summarizer agent writes ``assessment: {severity, findings}``; this node lifts the
-    two fields to the top level, where the rule-based ``summarize`` puts them, so the
-    edges (``severity == "healthy"``) and every later node are the same as in workflow.yaml.
+    An ``agent:`` node writes its whole structured reply to ONE state field (its
+    ``output_key``), so the summarizer agent writes ``assessment: {severity,
+    findings}``; this node lifts the two fields to the top level, where the rule-based
+    ``summarize`` puts them, so the edges (``severity == "healthy"``) and every later
+    node are the same as in workflow.yaml.
     """
     assessment = state["assessment"]
     lifted = {"severity": assessment["severity"], "findings": assessment["findings"]}

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Mapping
 
+from .._extras import install_hint
 from ._checking import CheckContext, _did_you_mean
 from ._signature import defined_at, signature_problem
 
@@ -18,7 +19,7 @@ def check_nodes(checker: CheckContext) -> None:
             check_signature(checker, name, ns.call)
         if ns.executor == "ray" and importlib.util.find_spec("ray") is None:
             checker.add("error", f"node {name!r}: executor: ray runs its body on Ray, which "
-                        "is not installed here: pip install 'interlock[ray]' (or run the "
+                        f"is not installed here: {install_hint('ray')} (or run the "
                         "workflow where Ray is)", ("nodes", name, "executor"), "import")
         for kind in checker.kinds:
             if kind.owns(ns):

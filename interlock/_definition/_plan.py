@@ -141,6 +141,9 @@ class Plan:
     # implies, by that edge's index -- a node (no gate) whose edges are one plain ``when``
     # and its ``otherwise`` edges, none a join: taken exactly when the ``when`` was not
     implied_otherwise: dict[int, tuple[PlanEdge, ...]] = field(default_factory=dict)
+    # the same nodes' ``when`` edge (a 1-tuple), by node: in format 2 the only decision
+    # their completion owes (the fold makes no due of the ``otherwise`` edges it implies)
+    implied_when: dict[str, tuple[PlanEdge]] = field(default_factory=dict)
     # nodes whose body is an ``async def`` run in the event loop (`_guards.in_loop`, which
     # says when it first waits): an inline visit of one may be one ``node.visited``
     in_loop: frozenset[str] = frozenset()
@@ -210,6 +213,7 @@ def build_plan(spec: WorkflowSpec, *, callables: dict[str, Callable[..., object]
         nodes[name].branched = True
     edges, start_edges, ports = _wire_edges(spec, nodes, callables, expressions, back, comp,
                                             cyclic)
+    implied = _implied_otherwise(nodes)
     return Plan(
         spec=spec, nodes=nodes, edges=edges, start_edges=start_edges, ports=ports,
         reducers={k: v.reducer for k, v in spec.state.items()},
@@ -228,7 +232,8 @@ def build_plan(spec: WorkflowSpec, *, callables: dict[str, Callable[..., object]
             if pn.out and not pn.gate and not pn.errors and all(
                 e.kind == "plain" and e.cond is None and e.max is None and not e.otherwise
                 and not e.is_join for e in pn.out)),
-        implied_otherwise=_implied_otherwise(nodes),
+        implied_otherwise=implied,
+        implied_when={edges[i].sources[0]: (edges[i],) for i in implied},
         in_loop=frozenset(n for n, pn in nodes.items()
                           if pn.guards & (ASYNC | ISOLATED | ON_RAY) == ASYNC),
     )

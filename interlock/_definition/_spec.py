@@ -354,10 +354,16 @@ def _pin_tools(name: str, node: dict[str, Any], smap: SourceMap | None, base: st
 def locate(spec: WorkflowSpec, path: tuple[object, ...]) -> Location:
     """The file position of a part of ``spec`` (or just the file when unknown)."""
     smap = spec._source
-    if smap is None:
-        return Location(None)
+    if smap is None:  # built in Python: named by its name
+        return Location(None, workflow=spec.workflow)
     pos = smap.locate(path)
     return Location(smap.file, *(pos or (None, None)))
+
+
+def _name(data: object) -> str | None:
+    """The name of a workflow given as data (one built in Python), if it has one."""
+    name = data.get("workflow") if isinstance(data, dict) else None
+    return name if isinstance(name, str) and name else None
 
 
 def _diagnostics(exc: ValidationError, data: object,
@@ -375,7 +381,9 @@ def _diagnostics(exc: ValidationError, data: object,
         elif err["type"] == "missing":
             msg = f"missing required key {path[-1]!r}"
         pos = source.locate(path) if source else None
-        location = Location(source.file if source else None, *(pos or (None, None)))
+        line, col = pos or (None, None)
+        location = Location(source.file if source else None, line, col,
+                            workflow=None if source else _name(data))
         out.append(Diagnostic("error", f"{where}: {msg}", location, code="schema"))
     return out
 

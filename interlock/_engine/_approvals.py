@@ -40,7 +40,7 @@ from .._definition._state import check_whole_values
 from .._errors import UsageError
 from . import _records as R
 from ._fold import RunView
-from ._gates import gate_name, oldest
+from ._gates import ambiguous, gate_name, oldest
 from ._item_gates import item_decided
 from ._view import Gate, gate_key
 
@@ -141,7 +141,7 @@ def decide(spec: WorkflowSpec, view: RunView, decision: Decision, *,
         raise _too_late(spec, too_late[0])
     if not pending:
         raise UsageError("the decision is refused: nothing is waiting")
-    gate = _pick(pending, decision.node)
+    gate = _pick(pending, decision.node, decision.via)
     ns = spec.nodes[gate.node]
     verb = {"approve": "approve", "reject": "reject", "modify": "modify"}[decision.kind]
     if verb not in gate.decisions:
@@ -190,7 +190,8 @@ def _too_late(spec: WorkflowSpec, gate: Gate) -> UsageError:
 
 class GateNotWaiting(UsageError):
     """A decision on a gate that does not wait (decided already, closed, or no gate of
-    the run's): refused as a double decision is (exit 2; a server answers 409)."""
+    the run's), or on a mapped gate's bare name while several of its items wait (which
+    one was meant?): refused as a double decision is (exit 2; a server answers 409)."""
 
 
 def requested(node: str, ns: NodeSpec, visit: int, state: Mapping[str, Any], *,
@@ -374,9 +375,12 @@ def _schema_text(schema: Any, limit: int = 400) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-def _pick(pending: list[Gate], node: str | None) -> Gate:
+def _pick(pending: list[Gate], node: str | None, via: str | None) -> Gate:
     if node is None:
         return oldest(pending)
+    vague = ambiguous(node, pending, via)  # a mapped gate's name, several items waiting
+    if vague is not None:
+        raise GateNotWaiting(vague)
     for gate in pending:
         if gate.node == node or gate_name(gate) == node:
             return gate

@@ -22,7 +22,7 @@ from ._records import decision_key
 
 
 class ClaimGuard(Protocol):
-    """The claim of the run whose nodes run in this context (`_execute._Watcher`)."""
+    """The claim of the run whose nodes run in this context (`_watcher._Watcher`)."""
 
     @property
     def claim(self) -> Claim | None: ...

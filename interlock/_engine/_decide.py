@@ -90,6 +90,8 @@ class Decider:
         # the answers of async routers, awaited by the loop before their edge is decided
         self._routed: dict[tuple[int, str], object] = {}
         self._implied = _implied_sources(plan, view)
+        # `Plan.always_taken` nodes' edges skip the decision (unless ``fast`` is off)
+        self._always_taken = plan.always_taken if self.fast else frozenset()
 
     def due(self) -> Due | None:
         """Decide everything due, staging the edge records, until nothing is due.
@@ -108,7 +110,7 @@ class Decider:
         # (When ``due`` empties, the fold's quiescence may settle partial joins and make
         # more due: the ``while`` sees those too.)
         due = self.view.due
-        always_taken = self.plan.always_taken if self.fast else frozenset()
+        always_taken = self._always_taken
         put = self.sink.put
         while due:
             first = next(iter(due.values()))

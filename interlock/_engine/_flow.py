@@ -77,7 +77,7 @@ run and never hangs. All of this happens at the same records on replay.
 from __future__ import annotations
 
 from collections import Counter, deque
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -181,18 +181,20 @@ class Flow:
 
     # -- delivery and dead paths -------------------------------------------------------
 
-    def completed(self, pn: PlanNode, goto: str | None, reenter: str | None) -> None:
+    def completed(self, pn: PlanNode, goto: str | None, reenter: str | None,
+                  owed: Sequence[PlanEdge] | None = None) -> None:
         """``pn``'s visit completed: each of its edges' decisions is due (``goto``: the
         target a ``choose`` node returned), or its entry into a join's barrier arrived;
         its error edges are dead. A modified approval sends the run back to ``reenter``
-        instead, and decides nothing."""
+        instead, and decides nothing. ``owed``: the edges whose decisions are due, when
+        not all of ``pn.out`` (format 2: the others' are implied by theirs)."""
         node = pn.name
         if pn.cyclic:
             self.active[pn.scc] -= 1  # (invariant 2)
         if reenter is not None:
             self.enqueue(reenter)
             return
-        for e in pn.out:
+        for e in pn.out if owed is None else owed:
             if e.is_join and node in e.barrier:
                 self.barrier(e, node, True)
             else:
@@ -222,7 +224,6 @@ class Flow:
         # the run goes instead. A forward edge resolves its target's port.
         back = source in e.back_sources
         ports = e.ports
-        single_port = self.plan.single_port
         for t in e.targets:
             if t == END:
                 continue
@@ -230,7 +231,7 @@ class Flow:
             if t in taken:
                 if port is None or back:
                     self.enqueue(t)  # a back edge: a new iteration, no port to resolve
-                elif port.exit_scc is None and t in single_port:
+                elif port.exit_scc is None and t in self.plan.single_port:
                     self.enqueue(t)  # its only way in, taken: nothing else to settle
                 else:
                     self.taken_port(port)

@@ -269,9 +269,9 @@ class RunView(ViewData):
         # relies on each decision it stages removing its own due here
         self.due.pop((index, source), None)
         taken_here = rec["type"] == L.EDGE_TAKEN
-        taken = (rec.get("to") or ()) if taken_here else ()
+        taken = rec.get("to", ()) if taken_here else ()
         if taken_here:
-            self.takes[index] = self.takes.get(index, 0) + 1
+            self.takes[index] += 1
             self.routed[source] = True
         arrived_from = rec.get("arrived")
         if arrived_from:  # a settled join: its sources' route
@@ -360,6 +360,20 @@ def _on_visited(view: RunView, rec: L.Record) -> None:
     view._on_node_completed(rec)
 
 
+def start_visit(view: RunView, rec: L.Record) -> None:
+    """Fold the ``node.started`` of an inline visit, which the executor defers
+    (`_staging.Staging.defer`): what `RunView.apply` does with it, less the look at
+    quiescence, which finds nothing to settle after a start: the run is not quiescent
+    (the visit runs), and no loop went idle since the last record's look (the
+    scheduler starts a visit only once nothing is due, so that look was made; a start
+    only makes its loop busier). A replay's look at this record finds the same."""
+    if view.status in _ENDED:
+        raise InternalError(f"record {rec['seq']} ({rec['type']}) comes after the run "
+                            f"ended ({view.status})")
+    view.seq = rec["seq"]
+    view._on_node_started(rec)
+
+
 def end_visit(view: RunView, rec: L.Record) -> None:
     """Fold a ``node.visited`` whose start the view has folded already: the executor
     folds a visit's start when it starts (`_journal.Journal.defer`) and seals it as
@@ -374,13 +388,17 @@ def end_visit(view: RunView, rec: L.Record) -> None:
 
 
 def _completed(view: RunView, pn: PlanNode, rec: L.Record) -> None:
-    """The flow machine told of ``pn``'s completion; then, in format 2, the ``edge.taken``
-    of each edge of a `Plan.always_taken` node that completed (no goto): what
-    `RunView._on_edge` does for each, in the order they were written."""
+    """The flow machine told of ``pn``'s completion; in format 2 (no goto, no
+    ``reenter``): of an implied-otherwise node, only its ``when`` edge's decision made
+    due (its record implies the ``otherwise`` edges': `_otherwise`); of a
+    `Plan.always_taken` node, the ``edge.taken`` of each edge: what `RunView._on_edge`
+    does for each, in the order they were written."""
     node = pn.name
-    if view.format < 2 or node not in view.plan.always_taken or "goto" in rec \
-            or "reenter" in rec:
+    if view.format < 2 or "goto" in rec or "reenter" in rec:
         view.flow.completed(pn, rec.get("goto"), rec.get("reenter"))
+        return
+    if node not in view.plan.always_taken:  # (an implied-otherwise node: its `when` alone)
+        view.flow.completed(pn, None, None, view.plan.implied_when.get(node))
         return
     # what `Flow.completed` and each edge's `_on_edge` would do, with no decision made due
     # only to be popped again (the hot path of a chain; no error edges, no joins here)
@@ -398,16 +416,17 @@ def _decided(view: RunView, e: PlanEdge, source: str, taken: Collection[str],
     """The flow machine told of edge ``e``'s decision (its targets ``taken``); then, in
     format 2, what its record implies (`_otherwise`)."""
     view.flow.decided(e, source, taken)
-    _otherwise(view, e.index, source, not taken_here)
+    if view.format > 1:
+        edges = view.plan.implied_otherwise.get(e.index)
+        if edges is not None and source != "*":
+            _otherwise(view, edges, source, not taken_here)
 
 
-def _otherwise(view: RunView, index: int, source: str, taken: bool) -> None:
-    """In format 2, after the record of edge ``index`` -- the one ``when`` edge of a
-    `Plan.implied_otherwise` node -- those of ``source``'s ``otherwise`` edges: each
+def _otherwise(view: RunView, edges: tuple[PlanEdge, ...], source: str, taken: bool
+               ) -> None:
+    """In format 2, after the record of the one ``when`` edge of a
+    `Plan.implied_otherwise` node ``source``, those of its ``otherwise`` ``edges``: each
     ``taken`` (the ``when`` was not) or skipped."""
-    edges = view.plan.implied_otherwise.get(index) if view.format > 1 else None
-    if edges is None or source == "*":
-        return
     for e in edges:
         view.due.pop((e.index, source), None)
         if taken:

@@ -122,3 +122,38 @@ def running_beside(view: ViewData, pending: list[Gate]) -> list[str] | None:
     if not out and not view.due:
         return None
     return [n for n in out if n in view.plan.nodes]
+
+
+# -- naming a gate in a decision, as each surface does ---------------------------------
+
+
+def naming(via: str | None, name: str) -> str:
+    """How a decision made ``via`` a surface names the gate ``name``: the CLI's
+    ``--gate 'deploy[1]'``, the API's field (``"node": "deploy[1]"``), Python's
+    ``node='deploy[1]'`` (``via`` None: `approve(node=...)`, `decide_gate`'s gate)."""
+    if via == "cli":
+        import shlex
+
+        return f"--gate {shlex.quote(name)}"
+    if via is None:
+        return f"node={name!r}"
+    import json
+
+    return f'"node": {json.dumps(name)} in the request body'
+
+
+def ambiguous(node: str, pending: list[Gate], via: str | None, above: str = "") -> str | None:
+    """Why a decision naming ``node`` alone is refused when ``node`` is a mapped gate
+    with more than one item waiting in ``pending`` -- it would decide one the decider
+    did not pick -- or None (one item waiting, or ``node`` no mapped gate). ``above``:
+    for a child run's gate, the path down to it (``remediate/``)."""
+    items = sorted((g for g in pending if g.node == node and g.item is not None
+                    and g.path is None), key=lambda g: g.item or 0)
+    if len(items) < 2:
+        return None
+    names = [above + gate_name(g) for g in items]
+    listed = ", ".join(names[:6]) + (f", ... ({len(names) - 6} more)" if len(names) > 6
+                                     else "")
+    field = "" if via in ("cli", None) else " (the field node)"
+    return (f"the decision is refused: {above + node!r} is a mapped gate with {len(items)} items "
+            f"waiting ({listed}): name one{field}, e.g. {naming(via, names[0])}")

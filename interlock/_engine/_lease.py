@@ -18,14 +18,14 @@ server gone, a SQLite file locked -- hold up the renewals of another.)
 When a renewal finds the claim gone (`ClaimLost`: another owner claimed the run since,
 after this *process* was paused -- SIGSTOP, a long GC, a suspended machine -- for longer
 than the lease, or with ``--force``) the lease's ``on_lost`` is called on this thread;
-the executor hands it to its event loop (`_execute._Watcher`), which stops the run. An
+the executor hands it to its event loop (`_watcher._Watcher`), which stops the run. An
 error of the store (a restart, a locked file) is retried every `RETRY_SECONDS` while
 the lease lasts; after that the next renewal tells whether the claim survived.
 
 `Held.renewed` is the monotonic time of the last renewal known to have succeeded
 (taken *before* it was sent): a lease is valid until at least ``renewed + lease``.
 (``ctx.once`` does not rely on it: it checks the claim with the store before each
-effect, `_execute._Watcher.confirm`.)
+effect, `_watcher._Watcher.confirm`.)
 """
 
 from __future__ import annotations

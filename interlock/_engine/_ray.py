@@ -44,13 +44,14 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from .._errors import NodeTimeout
+from .._extras import install_hint
 from .._json import JSONObject
 from ._isolation import ChildContext, IsolatedContext
 
 if TYPE_CHECKING:
     from ._guards import Attempt
 
-RAY_EXTRA = "pip install 'interlock[ray]'"
+RAY_EXTRA = install_hint("ray")
 
 _init_lock = threading.Lock()
 _actors: dict[tuple[tuple[str, Any], ...], Any] = {}

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from .. import _log as L
 from .._engine._fold import RunView
-from .._engine._gates import gate_name, running_beside
+from .._engine._gates import ambiguous, gate_name, running_beside
 from .._engine._view import Gate, gate_key
 from .._errors import RunNotFound, UsageError
 from .._store import Store
@@ -132,12 +132,15 @@ async def _decide_child(store: Store, run_id: str, decision: Decision, above: st
     """Record ``decision`` at the gate a child run (or its child...) waits at; the run
     that includes it continues it when it runs the node again. ``above``: the path down
     to the child (``remediate/``), for the refusals' words."""
-    from .._engine._approvals import NotAnApprover, decide
+    from .._engine._approvals import GateNotWaiting, NotAnApprover, decide
 
     loaded = await load_run(store, run_id)
     view = loaded.view
     if decision.node is not None:  # a gate named: does it wait (who decided it, if not)?
-        await check_named(store, run_id, loaded, decision.node, above)
+        await check_named(store, run_id, loaded, decision.node, above, via=decision.via)
+        vague = ambiguous(decision.node, view.pending_gates(), decision.via, above)
+        if vague is not None:  # (a mapped gate's name, several items waiting)
+            raise GateNotWaiting(vague)
     if view.status != "WAITING_APPROVAL":
         raise UsageError(f"child run {run_id!r} is {view.status}, not waiting for a decision; "
                          "the decision is refused")

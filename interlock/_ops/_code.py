@@ -69,6 +69,8 @@ def nodes_to_run(plan: Plan, view: RunView) -> set[str]:
     todo.extend(g.node for g in view.gates.values())
     for due in view.due.values():
         todo.extend(due.edge.targets)
+        for e in plan.implied_otherwise.get(due.edge.index, ()):  # (owed with it: format 2)
+            todo.extend(e.targets)
     seen: set[str] = set()
     while todo:
         node = todo.popleft()

@@ -18,7 +18,7 @@ from typing import Any
 
 from .. import _log as L
 from .._engine._approvals import GateNotWaiting
-from .._engine._gates import entries, gate_name
+from .._engine._gates import entries, gate_name, naming
 from .._engine._view import Gate
 from .._store import Store
 from ._load import Loaded, load_run
@@ -26,7 +26,7 @@ from ._verify import ChildLinks
 
 
 async def check_named(st: Store, run_id: str, loaded: Loaded, name: str,
-                      above: str = "") -> None:
+                      above: str = "", *, via: str | None = None) -> None:
     """Refuse a decision for the gate ``name`` of run ``run_id`` (as ``loaded``) when no
     gate of the run waits under that name: `GateNotWaiting`, saying who decided it
     already, or which gates wait and which name was meant. A name that waits -- a gate
@@ -44,7 +44,7 @@ async def check_named(st: Store, run_id: str, loaded: Loaded, name: str,
     still = (f"; still waiting: {', '.join(waiting)}" if waiting
              else f"; nothing else waits for a decision (the {which} is {status})")
     if "/" in name:  # a child run's gate: the child says, if this run still links to it
-        await _check_child(st, loaded, name, above)
+        await _check_child(st, loaded, name, above, via)
     found = await last_decided(st, run_id, name)
     if found is not None:
         raise GateNotWaiting(f"the decision is refused: gate {shown!r} of {run} was "
@@ -55,13 +55,16 @@ async def check_named(st: Store, run_id: str, loaded: Loaded, name: str,
     meant = difflib.get_close_matches(shown, waiting, n=1) or \
         difflib.get_close_matches(shown, gates, n=1)
     hint = f" Did you mean {meant[0]!r}?" if meant else ""
-    listed = (f" Waiting: {', '.join(waiting)} (decide one with --gate NAME)." if waiting
+    listed = (f" Waiting: {', '.join(waiting)} (decide one with {naming(via, 'NAME')})."
+              if waiting
               else f" Nothing waits for a decision: the {which} is {status}.")
+    items = await _items_asked(st, run_id, name)
     raise GateNotWaiting(f"the decision is refused: no gate of {run} waits at {shown!r}: "
-                         f"{_what(loaded, name)}.{hint}{listed}")
+                         f"{_what(loaded, name, items)}.{hint}{listed}")
 
 
-async def _check_child(st: Store, loaded: Loaded, name: str, above: str) -> None:
+async def _check_child(st: Store, loaded: Loaded, name: str, above: str,
+                       via: str | None) -> None:
     """`check_named` in the last child run the node ``name`` starts with (``NODE/...``,
     ``NODE[i]/...``) started -- its gate decided there, or never there."""
     top, rest = name.split("/", 1)
@@ -76,7 +79,8 @@ async def _check_child(st: Store, loaded: Loaded, name: str, above: str) -> None
                         str(rec.get("item")) == (item.rstrip("]") or "None"):
                     child = linked
     if child is not None:
-        await check_named(st, child, await load_run(st, child), rest, f"{above}{top}/")
+        await check_named(st, child, await load_run(st, child), rest, f"{above}{top}/",
+                          via=via)
 
 
 def _waits(pending: list[Gate], name: str) -> bool:
@@ -95,8 +99,9 @@ def _waits(pending: list[Gate], name: str) -> bool:
     return False
 
 
-def _what(loaded: Loaded, name: str) -> str:
-    """What ``name`` is in the run's workflow, for a decision it cannot take."""
+def _what(loaded: Loaded, name: str, items: list[int]) -> str:
+    """What ``name`` is in the run's workflow, for a decision it cannot take (``items``:
+    the items of a mapped gate ``name`` the run asked about)."""
     spec = loaded.spec
     node = name.split("[", 1)[0].split("/", 1)[0]
     ns = spec.nodes.get(node)
@@ -108,9 +113,24 @@ def _what(loaded: Loaded, name: str) -> str:
         return (f"{node!r} is a sub-workflow node: name its child run's gate by its path "
                 f"from here ({node}/GATE; {node}[i]/GATE for a map item's child)")
     if ns.approval is not None or ns.confirm:
+        if name == node and items:  # (its items were asked, and none waits)
+            return (f"{node!r} is a mapped gate, each of its items a gate of its own "
+                    f"({node}[{items[0]}]..{node}[{items[-1]}]), and none waits")
         asked = f"for {name!r}" if name != node else "in this run"
         return f"{node!r} is a gate that has asked for no decision {asked}"
     return f"{node!r} is not a gate (neither an approval: node nor a confirm: true node)"
+
+
+async def _items_asked(st: Store, run_id: str, node: str) -> list[int]:
+    """The items of the mapped gate ``node`` that run ``run_id`` asked a decision for."""
+    items: set[int] = set()
+    async for page in st.iter_entries(run_id):
+        for entry in page:
+            if entry.type == L.APPROVAL_REQUESTED:
+                rec = entry.record()
+                if rec.get("node") == node and isinstance(rec.get("item"), int):
+                    items.add(rec["item"])
+    return sorted(items)
 
 
 async def last_decided(st: Store, run_id: str, name: str) -> dict[str, Any] | None:

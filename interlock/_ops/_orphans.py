@@ -16,7 +16,10 @@ can have moved so: at the end of each execution of a run (`_execute.drive`), aft
 parent's record and the child's leaves the child waiting until the next look: the lists
 of waiting runs (`list_runs`, the server's inbox) call `close_stranded`, which closes a
 waiting child whose parent ended, or whose visit in its parent is over, before it is
-listed.
+listed. So does a store that fails mid-close: the child's closing records are one
+append, so it is closed whole or left as it was (its claim given back when the store
+lets it), a warning names it, and the next look tries again -- the inbox, which looks
+at a child only when its parent moves, looks again at those it could not settle.
 
 A FAILED parent is not an end: its resume runs the failed visit again, which continues
 the children of its items (their gates are asked again), so those are left waiting; a
@@ -25,16 +28,16 @@ the children of its items (their gates are asked again), so those are left waiti
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Callable, Iterable, Mapping
+from typing import Literal
 
 from .. import _log as L
 from .._definition._plan import Plan
 from .._engine._approvals import close_others
 from .._engine._fold import RunView
 from .._engine._journal import Journal
-from .._errors import ClaimError, InterlockError, RunNotFound
+from .._errors import ClaimError, InterlockError, LogError, RunNotFound, StoreError
 from .._plugins._subflow import child_run_id
 from .._store import RunRow, Store
 from ._claims import LEASE_SECONDS, _claim_of, make_owner
@@ -149,40 +152,49 @@ async def close_children(store: Store, run_id: str, view: RunView | None = None,
     done = []
     for child, comment in children.items():
         outcome, why = _why(run_id, view, comment)
-        if await _guarded(store, run_id, child, outcome, why, by):
+        if await _guarded(store, run_id, child, outcome, why, by) in ("closed", "asked"):
             done.append(child)
     return done
 
 
+# what became of a child `_guarded` set out to close: closed here; asked of the executor
+# that holds its claim (which closes it, if it executes it); nothing to close (it ended,
+# or is not this parent's); or not closed now (the store failed: the next look tries again)
+Closed = Literal["closed", "asked", "left", "failed"]
+
+
 async def _guarded(store: Store, parent: str, child: str, outcome: str, why: str,
-                   by: str | None) -> bool:
+                   by: str | None) -> Closed:
     try:
         return await _close(store, parent, child, outcome, why, by)
     except InterlockError as exc:  # the store away, a broken or keyed log: left, said
+        # (what the store said: not the journal's advice to resume, which is a run's)
+        said = exc.__cause__ if isinstance(exc.__cause__, InterlockError) else exc
         log.warning("child run %s of run %s is not needed any more but could not be "
-                    "closed (the next look tries again): %s", child, parent, exc)
-        return False
+                    "closed, left as it was (the next look at the waiting runs tries "
+                    "again: runs --waiting, /api/approvals): %s", child, parent, said)
+        return "failed"
 
 
 async def _close(store: Store, parent: str, child: str, outcome: str, why: str,
-                 by: str | None) -> bool:
+                 by: str | None) -> Closed:
     try:
         row = await store.get_run(child)
     except RunNotFound:
-        return False
+        return "left"
     if parent_of(row) != parent or row.summary.status in ENDED:
-        return False
+        return "left"
     owner = make_owner()
     try:
         generation = await store.claim(child, owner, LEASE_SECONDS)
     except ClaimError:  # executed elsewhere: its executor stops it (and closes its own)
         await store.request_cancel(child, by)
-        return True
+        return "asked"
     try:
         loaded = await load_run(store, child)  # under the claim: as it is now
         view = loaded.view
         if view.status in ENDED:
-            return False
+            return "left"
         pending = [g for g in view.pending_gates() if g.kind != "message"]
         items = close_others(view, None, why)
         if outcome == "rejected" and pending:
@@ -198,17 +210,34 @@ async def _close(store: Store, parent: str, child: str, outcome: str, why: str,
         await Journal(store, child, view, loaded.writer(),
                       claim=_claim_of(owner, generation)).commit(items)
     finally:
-        with contextlib.suppress(ClaimError):
-            await store.release(child, owner)
+        await _give_back(store, child, owner)
     await close_children(store, child, view, loaded.plan, by)
-    return True
+    return "closed"
 
 
-async def close_stranded(store: Store, rows: Iterable[RunRow]) -> set[str]:
+async def _give_back(store: Store, child: str, owner: str) -> None:
+    """The claim taken to close ``child`` given back. A release the store refuses is
+    said, not raised: the error that counts is the close's, if it failed; the claim's
+    lease runs out, and a look after that closes the child (or finds it closed)."""
+    try:
+        await store.release(child, owner)
+    except ClaimError:
+        pass
+    except InterlockError as exc:
+        log.warning("child run %s: the claim taken to close it was not given back (%s); "
+                    "it can be claimed again once its lease runs out (%.0f s)", child,
+                    exc, LEASE_SECONDS)
+
+
+async def close_stranded(store: Store, rows: Iterable[RunRow], *,
+                         again: set[str] | None = None) -> set[str]:
     """The look of a list of waiting runs (whole rows: their ``options`` link a child to
     its parent): each waiting child whose parent no longer waits through it -- the parent
     ended, or the visit the child belonged to is over -- is closed (a process died
-    between the parent's record and the child's). The ids of the runs closed."""
+    between the parent's record and the child's). The ids of the runs closed. ``again``:
+    given, it gets the ids of the children this look could not settle (the store failed,
+    or another holds the child's claim), for a caller that looks at a child only when
+    its parent moves (the server's inbox) to look at again."""
     closed: set[str] = set()
     parents: dict[str, Loaded | str | None] = {}
     for row in rows:
@@ -218,7 +247,14 @@ async def close_stranded(store: Store, rows: Iterable[RunRow]) -> set[str]:
             continue
         parent = link["run"]
         if parent not in parents:
-            parents[parent] = await _parent(store, parent)
+            try:
+                parents[parent] = await _parent(store, parent)
+            except StoreError as exc:  # the store away: not now
+                log.warning("the parent run %s of waiting run %s could not be read (the "
+                            "next look tries again): %s", parent, row.run_id, exc)
+                if again is not None:
+                    again.add(row.run_id)
+                continue
         found = parents[parent]
         if found is None:
             continue
@@ -228,20 +264,28 @@ async def close_stranded(store: Store, rows: Iterable[RunRow]) -> set[str]:
             if (link.get("node"), link.get("visit")) in found.view.running:
                 continue
             outcome, why = _why(parent, found.view)
-        if await _guarded(store, parent, row.run_id, outcome, why, None):
+        done = await _guarded(store, parent, row.run_id, outcome, why, None)
+        if done == "closed":
             closed.add(row.run_id)
+        elif done != "left" and again is not None:
+            again.add(row.run_id)
     return closed
 
 
 async def _parent(store: Store, run_id: str) -> Loaded | str | None:
     """A waiting child's parent: ``"OUTCOME:WHY"`` when it ended, None when it may yet
-    continue the child (FAILED: a resume runs its visit again; gone), else it folded."""
+    continue the child (FAILED: a resume runs its visit again; gone; a broken log), else
+    it folded. `StoreError` when the store fails."""
     try:
         row = await store.get_run(run_id)
         if row.summary.status == "FAILED":
             return None
         loaded = await load_run(store, run_id)
-    except InterlockError:  # (gone, a broken log, the store away: not now)
+    except (RunNotFound, LogError):  # (gone, a broken log: not now)
+        return None
+    except StoreError:
+        raise
+    except InterlockError:  # (a keyed log, an unreadable definition: not now)
         return None
     if loaded.view.status in ENDED:
         return ":".join(_why(run_id, loaded.view))

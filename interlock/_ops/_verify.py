@@ -145,18 +145,23 @@ class LogCheck:
         self.snapshot = snapshot
         self.notes: list[str] = []
         self.keyed, self.key = False, None
+        # the log cannot be checked with the key at hand (none, another, or one for a
+        # plain log): "not verified" (``seq`` None), not a broken log -- no record was read
         try:
             self.keyed, self.key = run_key(row)
         except UsageError as exc:
-            self._fail(1, str(exc))
+            self._unchecked(str(exc))
             return
         if self.keyed and self.key is None:
-            self.problem = Verification(row.run_id, False, 0, None, _key_missing(row))
+            self._unchecked(_key_missing(row))
         elif not self.keyed and L.env_key() is not None:
-            self._fail(1, f"{L.LOG_KEY_ENV} is set, but this run's log is not keyed: it "
-                          "cannot prove that a holder of the key wrote it (a run started "
-                          "without the key, or a log rewritten without it); unset the "
-                          "variable to check its plain chain")
+            self._unchecked(f"{L.LOG_KEY_ENV} is set, but the log of run {row.run_id!r} is "
+                            "not keyed, so the key proves nothing about it: a run started "
+                            "without the key, or a log rewritten without it, look the same; "
+                            f"unset {L.LOG_KEY_ENV} to check its plain chain")
+
+    def _unchecked(self, message: str) -> None:
+        self.problem = Verification(self.row.run_id, False, 0, None, message)
 
     def _fail(self, seq: int, message: str) -> None:
         self.problem = Verification(self.row.run_id, False, self.records, seq, message)

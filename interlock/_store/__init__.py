@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 
+from .._extras import install_hint
 from ._base import (
     ALL_RUNS,
     FINISHED,
@@ -77,7 +78,7 @@ def open_store(url: str | None = None) -> Store:
             from ._postgres import PostgresStore
         except ImportError as exc:
             raise StoreError(
-                f"the PostgreSQL store needs psycopg: pip install 'interlock[postgres]' ({exc})"
+                f"the PostgreSQL store needs psycopg: {install_hint('postgres')} ({exc})"
             ) from None
         return PostgresStore(url)
     raise StoreError(

@@ -32,6 +32,10 @@ still be lost -- the connection dropped, the server restarted -- so:
 - a connection lost is opened again (after `RETRY`, doubling up to `RETRY_MAX` while it
   fails), and once it listens again *every* waiter is woken: what was committed in
   between was told to no one;
+- an announcement the store refuses is tried again every `RETRY_MAX` (said once in the
+  log): meanwhile it may run out, so appends notify nobody and the waiters' timeouts
+  stand in; the first announcement that succeeds after a failure wakes every waiter, as
+  a first one does;
 - every waiter has a timeout, the slow poll it replaced, and looks again after it.
 """
 
@@ -146,7 +150,7 @@ class Listener:
         assert self._announce is not None
         loop = asyncio.get_running_loop()
         announced_on = 0  # the connection the last announcement was made on
-        said = False  # a failure to announce was logged (once, until one succeeds)
+        failed = False  # the last try failed (and was logged: once, until one succeeds)
         try:
             while loop.time() < self._wanted_until or self._events:
                 await self.listening.wait()
@@ -154,14 +158,20 @@ class Listener:
                 try:
                     await self._announce(PRESENCE)
                 except Exception as exc:  # the store away: the poll stands in meanwhile
-                    if not said:
-                        said = True
-                        log.warning("announcing that %s is listened to: %s (trying again)",
-                                    self.where, str(exc).strip() or type(exc).__name__)
+                    self.present.clear()
+                    if not failed:
+                        failed = True
+                        log.warning("announcing that %s is listened to failed: %s; other "
+                                    "processes' commits reach the event streams by their "
+                                    "poll until it succeeds (trying again every %g s)",
+                                    self.where, str(exc).strip() or type(exc).__name__,
+                                    RETRY_MAX)
                     await asyncio.sleep(RETRY_MAX)
                     continue
-                said = False
-                if on != announced_on:
+                # after failures the last announcement may have run out: appends made
+                # since notified nobody, as before a first one
+                if on != announced_on or failed:
+                    failed = False
                     announced_on = on
                     self.present.set()
                     self._heard_everything(runnable=False)

@@ -135,6 +135,9 @@ class SQLiteFile:
         process's other connections to the same database -- and another process closing
         its connection would then think it is the last one and delete the WAL they use.
         """
+        if path.is_dir():  # (SQLite says only "disk I/O error")
+            raise StoreError(f"cannot open the SQLite store {path}: it is a directory; a "
+                             f"store is a file, such as sqlite:///{path / 'runs.db'}")
         try:
             ro = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True,
                                  isolation_level=None, timeout=self._busy_ms / 1000)

@@ -315,15 +315,16 @@ class Worker:
             self.executed += 1
         self._failures.pop(run_id, None)
         if result.status in ("RUNNING", "RETRYING", "PENDING"):
-            log.info("run %s (workflow %s): released at a node boundary after %d steps (the "
+            log.info("run %s (workflow %s): released at a node boundary after %s (the "
                      "worker is stopping); continued by the next worker", run_id,
-                     row.workflow, result.steps)
+                     row.workflow, _steps(result.steps))
         elif result.status.startswith("WAITING"):
-            log.info("run %s (workflow %s): %s after %d steps (released; a decision makes "
-                     "it runnable again)", run_id, row.workflow, result.status, result.steps)
+            log.info("run %s (workflow %s): %s after %s (released; a decision makes "
+                     "it runnable again)", run_id, row.workflow, result.status,
+                     _steps(result.steps))
         else:
-            log.info("finished run %s (workflow %s): %s, %d steps", run_id, row.workflow,
-                     result.status, result.steps)
+            log.info("finished run %s (workflow %s): %s, %s", run_id, row.workflow,
+                     result.status, _steps(result.steps))
         return result
 
     async def _released(self, run_id: str, owner: str) -> None:
@@ -383,3 +384,7 @@ class _Refusals:
 
     def __len__(self) -> int:
         return len(self.current())
+
+
+def _steps(n: int) -> str:
+    return f"{n} step" if n == 1 else f"{n} steps"

@@ -215,8 +215,10 @@ class _Link:
         try:
             from mcp import Client  # noqa: F401 (the extra is installed)
         except ImportError as exc:
-            raise AgentConfigError(f"node {self.node!r}: MCP tools need the mcp extra: pip "
-                                   f"install 'interlock[mcp]' ({exc})") from None
+            from .._extras import install_hint
+
+            raise AgentConfigError(f"node {self.node!r}: MCP tools need the mcp extra: "
+                                   f"{install_hint('mcp')} ({exc})") from None
         session = _Session()
         transport = self._transport()  # (a header's unset ${VAR}: AgentConfigError)
         try:

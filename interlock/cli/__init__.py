@@ -6,8 +6,8 @@ shared by all commands (keep them when adding one):
 
 - results go to stdout; progress, run ids, warnings and errors go to stderr;
   ``--json`` prints exactly one JSON object on stdout and nothing else there;
-- exit codes: 0 completed, 1 failed (or a run whose stored log is broken), 2 invalid
-  usage / invalid workflow / refused, 3 waiting for approval, 4 rejected
+- exit codes: 0 completed, 1 failed or cancelled (or a run whose stored log is broken),
+  2 invalid usage / invalid workflow / refused, 3 waiting for approval, 4 rejected
   (`exit_code_for`);
 - a mistake the user can fix raises `CliError` (exit 2, ``error: ...``); a broken log
   (`interlock.LogError`) is `BrokenLog` (exit 1, ``error: ...`` saying what to do);
@@ -16,9 +16,11 @@ shared by all commands (keep them when adding one):
 
 The package: this module holds the command group and `main`; `_run` the commands that
 execute or change a run (run, resume, fork, cancel), `_progress` their live output and
-summary, `_inspect` the ones that only look (validate, graph, status, runs, verify),
-                 coverage, export, prune, serve, triggers, worker, migrate, mcp):
-`CliError`, options, --input / --set parsing), `_format` the wording of values and records.
+summary, `_inspect` the ones that only look (validate, graph, status, runs), `_verify`
+verify and export, `_trace` trace, and a module for each other command (chat, send,
+coverage, prune, serve, triggers, worker, migrate, mcp); `_common` what they share (exit
+codes, `CliError`, options, --input / --set parsing), `_format` the wording of values and
+records, `_remote` the client of a server (--server).
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ from ._common import (
     with_store,
 )
 from ._coverage import coverage
-from ._inspect import export, graph, runs, status, validate, verify
+from ._inspect import graph, runs, status, validate
 from ._mcp import mcp
 from ._migrate import migrate
 from ._progress import Progress
@@ -58,6 +60,7 @@ from ._run import cancel, fork, resume, run
 from ._serve import serve
 from ._trace import trace
 from ._triggers import triggers
+from ._verify import export, verify
 from ._worker import worker
 
 __all__ = [
@@ -75,7 +78,7 @@ __all__ = [
 def cli() -> None:
     """interlock: graph workflows that execute exactly what they declare.
 
-    Exit codes: 0 completed, 1 failed, 2 invalid usage or workflow,
+    Exit codes: 0 completed, 1 failed or cancelled, 2 invalid usage or workflow,
     3 waiting for approval (or a conversation's next message), 4 rejected.
     """
     log = logging.getLogger("interlock")

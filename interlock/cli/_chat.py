@@ -177,7 +177,10 @@ def turn_failed(data: Mapping[str, Any]) -> bool:
 @click.option("--session", "session", metavar="RUN_ID",
               help="Continue this conversation instead of starting a new one.")
 @click.option("--input", "input_json", metavar="JSON", help="The conversation's input.")
-@click.option("--by", metavar="NAME", help="Who talks (recorded with each message).")
+@click.option("--by", metavar="NAME",
+              help="Who talks and decides (recorded with each message and each /approve or "
+                   "/reject). Not taken from $USER: without it both are anonymous, as with "
+                   "`interlock resume`, and a gate that lists approvers: refuses.")
 @store_option
 @server_options
 def chat(workflow: str, session: str | None, input_json: str | None, by: str | None,

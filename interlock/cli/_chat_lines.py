@@ -47,14 +47,15 @@ def read_line(line: str, gate_waits: bool) -> Line | None:
             return Line("say", f"no gate waits: {word} decides a gate the turn reached; "
                                "nothing was sent (to send the text itself, start it with //)")
         return Line("decide", rest.strip() or None, word[1:])
-    if gate_waits:
-        return Line("say", _gate_waits())
-    if word.startswith("/") and word != END:
+    if word.startswith("/") and word != END:  # (a typo while a gate waits too: said so)
         close = difflib.get_close_matches(word.lower(), COMMANDS, n=1, cutoff=0.6)
         guess = f" (did you mean {close[0]}?)" if close else ""
+        then = (f"; {_gate_waits()}" if gate_waits else
+                f"; to send a message that starts with /, type //{word[1:]}")
         return Line("say", f"unknown command {word}{guess}: nothing was sent; the commands "
-                           f"are {', '.join(COMMANDS)}; to send a message that starts with /, "
-                           f"type //{word[1:]}")
+                           f"are {', '.join(COMMANDS)}{then}")
+    if gate_waits:
+        return Line("say", _gate_waits())
     return Line("send", text)
 
 

@@ -10,6 +10,7 @@ import asyncio
 import json
 import shlex
 import sys
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -39,7 +40,7 @@ class Printer:
         self.streaming = False  # a model reply's text is being printed as it streams
         # the model call (the pieces' and agent.reply's ``turn``) whose text streams, and
         # the text so far: a piece of the next call ends its line even when that call's
-        # agent.reply comes later (a busy server's stream may send the next call's pieces
+        # agent.reply comes later (an older server's stream may send the next call's pieces
         # before the record), and a late agent.reply does not end the next call's line
         self.stream_turn: object = None
         self.stream_text = ""
@@ -97,6 +98,20 @@ class Printer:
                                    f"({rec.get('workflow')})", fg="cyan"), err=True)
         elif rtype == "approval.requested" and rec.get("kind") != "message" and not child:
             self.gate(rec.get("path") or rec.get("node"), rec.get("show"), rec)
+        elif rtype == "approval.decided" and not child and \
+                rec.get("decision") in ("approved", "rejected", "modified"):
+            self.decided(rec)
+
+    def decided(self, rec: dict[str, Any]) -> None:
+        """A gate of the conversation decided (here or elsewhere): how, and by whom as
+        recorded -- without ``--by``, anonymously, as ``interlock resume`` does."""
+        item = rec.get("item")
+        name = rec.get("path") or (rec.get("node") if item is None
+                                   else f"{rec.get('node')}[{item}]")
+        who = f"by {rec['by']}" if rec.get("by") else \
+            "by an anonymous decider (chat with --by NAME to record who decides)"
+        self._end_line()
+        click.echo(f"{rec.get('decision')} {name!r} {who}", err=True)
 
     def left(self, status: str, waiting: dict[str, Any] | None, file: str, where: str,
              error: dict[str, Any] | None = None, remote: bool = False) -> None:
@@ -235,9 +250,9 @@ class Terminal(Printer):
                     continue
                 if typed.action == "decide":
                     decide = approve if typed.decision == "approve" else reject
-                    result = await self.wf.resume(session, decide(by=self.by,
-                                                                  comment=typed.text),
-                                                  store=st, listener=self.listen)
+                    made = replace(decide(by=self.by, comment=typed.text), via="cli")
+                    result = await self.wf.resume(session, made, store=st,
+                                                  listener=self.listen)
                 else:
                     result = await self.wf.send(session, str(typed.text), by=self.by,
                                                 store=st, listener=self.listen)

@@ -263,7 +263,7 @@ class RemoteTerminal(Printer):
             try:
                 if typed.action == "decide":
                     body = {"decision": typed.decision, "by": self.by, "comment": typed.text,
-                            "node": self.waiting.get("node")}
+                            "node": self.waiting.get("node"), "via": "cli"}
                     self.remote.call("POST", f"/api/runs/{self.run_id}/decisions",
                                      json={k: v for k, v in body.items() if v is not None})
                 else:

@@ -219,6 +219,43 @@ async def with_store(store_url: str | None, fn: Callable[[Store], Awaitable[T]])
         await st.close()
 
 
+def missing_store(store_url: str | None) -> str | None:
+    """Why a command that only reads has nothing to read: the SQLite store it names is
+    not there (a mistyped --store, or a directory other than the project's). None when
+    there is one, or the store is not a file. Nothing is created either way."""
+    import os
+
+    from ..support import default_store_url
+
+    url = store_url or default_store_url()
+    if not url.startswith("sqlite:///"):
+        return None
+    path = url.removeprefix("sqlite:///").partition("?")[0]
+    if not path or os.path.exists(path):
+        return None
+    shown = path if path.startswith(("/", ".")) else f"./{path}"
+    given = "--store" if store_url else "$INTERLOCK_STORE" if \
+        os.environ.get("INTERLOCK_STORE") else None
+    if given is None:  # the default, relative to the working directory
+        return (f"no store at {shown} (in {os.getcwd()}): no run was stored from this "
+                "directory; run the command where `interlock run` ran, or name the store "
+                "with --store or $INTERLOCK_STORE")
+    return (f"no store at {shown}: there is no such file, so no run is stored there; check "
+            f"{given} (nothing was created)")
+
+
+def need_store(store_url: str | None, *, listing: bool = False) -> str | None:
+    """`missing_store` as `CliError` (exit 2) -- but for a ``listing`` of the default
+    store, which a new project has not made yet, returned as a note: no runs yet."""
+    import os
+
+    why = missing_store(store_url)
+    if why is not None and not (listing and not store_url
+                                and not os.environ.get("INTERLOCK_STORE")):
+        raise CliError(why)
+    return why
+
+
 def _limit_problems(exc: Any) -> str:
     problems = [f"limits.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]
     return "invalid --set " + "; ".join(problems)

@@ -21,6 +21,7 @@ _STATUS_STYLE = {
     "WAITING_APPROVAL": "bold magenta", "WAITING_INPUT": "bold cyan", "REJECTED": "bold yellow",
     "approved": "green", "rejected": "yellow", "modified": "cyan", "timed_out": "yellow",
     "PENDING": "dim", "RUNNING": "cyan", "RETRYING": "yellow",
+    "RUNNING (interrupted)": "bold yellow", "RETRYING (interrupted)": "bold yellow",
 }
 
 

@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import click
 
 from ._common import (
-    EXIT_FAILED,
     EXIT_USAGE,
     CliError,
     call_engine,
     echo_diagnostics,
     exit_code_for,
     json_option,
+    need_store,
     store_option,
     with_store,
 )
@@ -48,7 +48,7 @@ from ._gate_hints import (
 from ._remote import Remote, server_options
 
 if TYPE_CHECKING:
-    from .. import Diagnostic, RunResult, Store, Verification
+    from .. import Diagnostic, RunResult, Store
     from ..support import RunRow
 
 
@@ -138,6 +138,7 @@ def status(run_id: str, as_json: bool, store_url: str | None, server_url: str | 
         finally:
             remote.close()
     else:
+        need_store(store_url)
         result, row = call_engine(with_store(store_url, go))
     if as_json:
         click.echo(json.dumps(result.to_json(), ensure_ascii=False))
@@ -175,10 +176,7 @@ def _print_status(result: RunResult, row: RunRow, store_url: str | None,
     state = state_line(result, where)
     if state:
         lines.append(state)
-    from ..support import owner_gone
-
-    live = bool(row.owner and row.lease_until and row.lease_until > time.time()
-                and not owner_gone(row.owner))  # the rule `resume` takes a run over by
+    live = _executing(row)
     seen = None if remote else live  # (a server's client does not see the lease)
     if result.code_changed:  # seen before a decision: the rest runs on the code as it is
         lines.append(code_drift(result.code_changed))
@@ -197,6 +195,20 @@ def _print_status(result: RunResult, row: RunRow, store_url: str | None,
         lines.append(failed_hint(result.run_id, result.error, where, remote))
     for line in lines:
         out.print(line, markup=False)
+
+
+def _executing(row: RunRow) -> bool:
+    """Whether a process executes the run: it holds a lease not expired, and is not
+    gone (the rule `resume` takes a run over by)."""
+    from ..support import owner_gone
+
+    return bool(row.owner and row.lease_until and row.lease_until > time.time()
+                and not owner_gone(row.owner))
+
+
+def _interrupted(row: RunRow) -> bool:
+    """A run left RUNNING (or RETRYING) by a process that is gone: `resume` continues it."""
+    return row.summary.status in ("RUNNING", "RETRYING") and not _executing(row)
 
 
 def _waiting_lines(run_id: str, w: dict[str, Any], where: str, live: bool | None = None
@@ -314,6 +326,8 @@ def runs(status_: str | None, workflow: str | None, waiting: bool, limit: int, a
             finally:
                 remote.close()
         else:
+            if need_store(store_url, listing=True) is not None:
+                break  # (the default store, not made yet: no runs)
             rows += call_engine(list_runs(store=store_url, status=one, workflow=workflow,
                                           limit=limit))
     if len(statuses) > 1:
@@ -332,7 +346,8 @@ def runs(status_: str | None, workflow: str | None, waiting: bool, limit: int, a
     elif waiting:
         _print_waiting(rows, where_options(store_url, server_url, token))
     else:
-        _print_runs(rows)
+        _print_runs(rows, where_options(store_url, server_url, token),
+                    remote=bool(server_url))
     if len(rows) == limit:
         click.echo(f"(the newest {limit}; see more with --limit)", err=True)
 
@@ -347,12 +362,20 @@ def _parent(row: RunRow) -> str:
     return "-"
 
 
-def _print_runs(rows: list[RunRow]) -> None:
+def _print_runs(rows: list[RunRow], where: str = "", *, remote: bool = False) -> None:
+    """The runs' table; a run no process executes any more marked ``(interrupted)`` as
+    `status` says it (a server's client does not see the leases: never marked)."""
     header = ["run id", "workflow", "status", "steps", "tokens", "created", "updated", "parent"]
-    body = [[r.run_id, r.workflow, r.summary.status, str(r.summary.steps),
+    stopped = [] if remote else [r.run_id for r in rows if _interrupted(r)]
+    body = [[r.run_id, r.workflow, r.summary.status
+             + (" (interrupted)" if r.run_id in stopped else ""), str(r.summary.steps),
              str(r.summary.tokens), _when(r.created_at), _ago(r.summary.updated_at),
              _parent(r)] for r in rows]
     _print_columns(header, body, right={3, 4}, status_col=2)
+    if stopped:
+        click.echo(f"(interrupted): no process executes the run any more (its process "
+                   f"stopped or was killed); continue it with `interlock resume RUN_ID{where}`",
+                   err=True)
 
 
 def _print_waiting(rows: list[RunRow], where: str = "") -> None:
@@ -435,106 +458,3 @@ def _print_columns(header: list[str], body: list[list[str]], *, right: set[int],
     out.print(line(header, "bold"))
     for row in body:
         out.print(line(row))
-
-
-# -- verify -----------------------------------------------------------------------------------
-
-
-@click.command(short_help="Check a run's log has not been tampered with.")
-@click.argument("run_id", metavar="[RUN_ID]", required=False)
-@click.option("--file", "path", metavar="PATH", type=click.Path(dir_okay=False),
-              help="Verify a run exported with `interlock export` from this file ('-' for "
-                   "stdin), with no store.")
-@store_option
-def verify(run_id: str | None, path: str | None, store_url: str | None) -> None:
-    """Check RUN_ID's hash chain, its stored definition, that every record follows
-    from the ones before it, and that the log ends where the run's summary says.
-    Exits 0 when intact, 1 naming the first bad record.
-
-    With --file, the same checks for an exported run (`interlock export RUN_ID >
-    run.jsonl`) with no store: a record changed, added, removed or cut off the end
-    breaks it.
-
-    A keyed log (a run started with INTERLOCK_LOG_KEY set) is checked with the key:
-    then "ok" also proves the log was written by a holder of the key."""
-    from .. import verify as run_verify
-
-    if path is not None:
-        if run_id is not None:
-            raise CliError("give RUN_ID (a stored run) or --file PATH (an exported one), "
-                           "not both")
-        v = _verify_file(path)
-        run_id = v.run_id
-    elif run_id is None:
-        raise CliError("missing RUN_ID: `interlock verify RUN_ID`, or `interlock verify "
-                       "--file run.jsonl` for an exported run")
-    else:
-        v = call_engine(run_verify(run_id, store=store_url))
-    for note in v.notes:
-        click.echo(f"warning: {note}", err=True)
-    if v.ok:
-        how = ("keyed chain (HMAC-SHA-256) and fold verified: written by a holder of "
-               "INTERLOCK_LOG_KEY" if v.keyed else "chain and fold verified")
-        children = (f"; child runs verified too: {', '.join(v.children)}" if v.children
-                    else "")
-        click.echo(f"ok: {run_id} ({_plural(v.records, 'record')}, {how}{children})")
-        return
-    which = run_id if v.run_id == run_id else f"{v.run_id} (a child run of {run_id})"
-    if v.seq is None:  # it could not be checked at all (a keyed log, without its key)
-        click.echo(f"not verified: {which}: {v.message}")
-    else:
-        at = f"at record {v.seq} of {v.records}" if v.located else \
-            f"({_plural(v.records, 'record')})"
-        click.echo(f"broken: {which} {at}: {v.message}")
-        if path is not None:  # an export: the run itself may be intact in its store
-            click.echo("this export is not evidence of the run: export the run again from "
-                       f"its store once `interlock verify {v.run_id}` says ok there")
-        else:
-            click.echo("a broken log is never continued: restore the run from a backup or "
-                       "an export (`interlock verify --file` checks an export first)")
-    sys.exit(EXIT_FAILED)
-
-
-def _verify_file(path: str) -> Verification:
-    from .. import UsageError
-    from ..support import verify_export
-
-    try:
-        if path == "-":
-            return verify_export(sys.stdin.buffer, source="stdin")
-        with open(path, "rb") as f:
-            return verify_export(f, source=path)
-    except OSError as exc:
-        raise CliError(f"cannot read {path}: {exc.strerror or exc}") from None
-    except UsageError as exc:
-        raise CliError(str(exc)) from None
-
-
-@click.command(short_help="Write a run's log as JSON lines (for `verify --file`).")
-@click.argument("run_id", metavar="RUN_ID")
-@store_option
-def export(run_id: str, store_url: str | None) -> None:
-    """Write RUN_ID to stdout as JSON lines: a first line with the run's definition and
-    summary (its last seq and chain hash), then every record exactly as stored. An
-    auditor checks it with no store: `interlock verify --file run.jsonl`.
-
-    A log that does not verify is written all the same (it is what the store holds, and
-    the evidence of what changed), with a warning on stderr, and the command exits 1."""
-    from .. import verify as run_verify
-    from ..support import export_run
-
-    async def write() -> Verification:
-        out = sys.stdout.buffer
-        async for line in export_run(run_id, store=store_url):
-            out.write(line)
-        out.flush()
-        return await run_verify(run_id, store=store_url)
-
-    v = call_engine(write())
-    if v.ok or v.seq is None:  # intact, or a keyed log this process has no key for
-        return
-    which = run_id if v.run_id == run_id else f"{v.run_id} (a child run of {run_id})"
-    click.echo(f"warning: the exported log of {which} does not verify at record {v.seq}: "
-               f"{v.message}. `interlock verify --file` on the export shows the same",
-               err=True)
-    sys.exit(EXIT_FAILED)

@@ -24,7 +24,9 @@ def mcp(store_url: str | None, workflows: tuple[str, ...], public_url: str | Non
     try:
         from ..mcp import LocalRuns, tools_server
     except ImportError as exc:
-        raise CliError(f"interlock mcp needs the mcp extra: pip install 'interlock[mcp]' "
+        from ..support import install_hint
+
+        raise CliError(f"interlock mcp needs the mcp extra: {install_hint('mcp')} "
                        f"({exc})") from None
     import anyio
     from mcp.server.stdio import stdio_server

@@ -9,6 +9,7 @@ the run stops (or waits again), as a local resume runs until then.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -18,7 +19,7 @@ import click
 from ._common import CliError
 
 if TYPE_CHECKING:
-    from .. import RunResult
+    from .. import RunResult, Verification
     from ..support import RunRow
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -47,9 +48,11 @@ class Remote:
         try:
             import httpx
         except ImportError as exc:
-            raise CliError(f"--server needs httpx: pip install 'interlock[server]' ({exc})"
+            from ..support import install_hint
+
+            raise CliError(f"--server needs httpx: {install_hint('server')} ({exc})"
                            ) from None
-        self.url = url.rstrip("/")
+        self.url = base_url(url)
         self.token = token  # (a printed follow-up command says --token TOKEN)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._httpx = httpx
@@ -64,17 +67,54 @@ class Remote:
         except self._httpx.HTTPError as exc:
             raise self._fail(exc) from None
         if response.is_success:
-            return response.json()
+            return self._json(response)
+        raise self._refused(response)
+
+    def _json(self, response: Any) -> Any:
+        """A successful answer's JSON; one that is not JSON came from something else
+        than `interlock serve` (a proxy's or a sign-in page, another server)."""
+        if _media(response) in _JSON:
+            try:
+                return response.json()
+            except ValueError:
+                pass
+        raise self._not_interlock(response)
+
+    def _not_interlock(self, response: Any, what: str = "") -> CliError:
+        media = _media(response) or "no content type"
+        return CliError(f"{response.request.url} answered {response.status_code} with "
+                        f"{media}{what}, not interlock's JSON: {self._base_hint()}")
+
+    def _base_hint(self) -> str:
+        url = self._httpx.URL(self.url)
+        path = url.path.rstrip("/")
+        if path:
+            root = str(url.copy_with(path="/", query=None, fragment=None)).rstrip("/")
+            return (f"--server ends in a path, {path!r}: give the server's base URL, "
+                    f"{root} (its routes start at /api/...), unless a reverse proxy "
+                    "forwards that path to the server's root")
+        return ("is --server the base URL of `interlock serve` (the address it prints, "
+                "such as http://127.0.0.1:8765)?")
+
+    def _refused(self, response: Any) -> CliError:
+        """The server's refusal (problem+json) as a `CliError` with its detail; an answer
+        that is not one of interlock's names the URL and what --server should be."""
         try:
-            body = response.json()
+            body = response.json() if _media(response) in _JSON else None
         except ValueError:
             body = None
-        body = body if isinstance(body, dict) else {}
-        error = CliError(str(body.get("detail") or f"the server answered "
-                                                    f"{response.status_code} "
-                                                    f"{response.reason_phrase}"))
+        if not isinstance(body, dict):
+            return self._not_interlock(response, f" ({response.reason_phrase})")
+        detail = str(body.get("detail") or "")
+        if detail in ("", response.reason_phrase):  # no route there: not interlock's own
+            error = CliError(f"{response.request.url} answered {response.status_code} "
+                             f"{response.reason_phrase}, with no word of interlock's: "
+                             f"{self._base_hint()} (A server of an older interlock lacks "
+                             "some of the routes this CLI asks for.)")
+        else:
+            error = CliError(detail)
         error.problem = body  # (its extension members: a refused migration's findings)
-        raise error
+        return error
 
     def records(self, run_id: str, after: int = 0) -> list[dict[str, Any]]:
         """The whole log after ``after``, a page (`RECORDS_PAGE`) per request."""
@@ -83,10 +123,14 @@ class Remote:
             page: list[dict[str, Any]] = self.call(
                 "GET", f"/api/runs/{run_id}/records",
                 params={"after": after, "limit": RECORDS_PAGE})
-            out += page
-            if len(page) < RECORDS_PAGE:  # (a server without limit= sent all of it)
-                return out
-            after = page[-1]["seq"]
+            with self._ours(f"/api/runs/{run_id}/records"):
+                if not all(isinstance(r, dict) and {"seq", "type", "at"} <= r.keys()
+                           for r in page):
+                    raise TypeError("not records")
+                out += page
+                if len(page) < RECORDS_PAGE:  # (a server without limit= sent all of it)
+                    return out
+                after = page[-1]["seq"]
 
     def follow(self, run_id: str, after: int) -> None:
         """Until the run stops or waits (a record in `STOPS` after ``after``)."""
@@ -95,7 +139,7 @@ class Remote:
                                     params={"after": after}, timeout=None) as response:
                 if not response.is_success:
                     response.read()
-                    raise CliError(str(response.json().get("detail")))
+                    raise self._refused(response)
                 for line in _events(response.iter_lines()):
                     if line in STOPS:
                         return
@@ -105,7 +149,9 @@ class Remote:
     def result(self, run_id: str) -> RunResult:
         from .. import RunResult
 
-        return RunResult(**self.call("GET", f"/api/runs/{run_id}"))
+        body = self.call("GET", f"/api/runs/{run_id}")
+        with self._ours(f"/api/runs/{run_id}"):
+            return RunResult(**body)
 
     def row(self, run_id: str, result: RunResult, records: list[dict[str, Any]]) -> RunRow:
         """A run's row as far as a client can tell it (`interlock status` shows it):
@@ -124,11 +170,16 @@ class Remote:
                       parent_run=forked.get("parent_run"), parent_seq=forked.get("parent_seq"))
 
     def rows(self, *, status: str | None, workflow: str | None, limit: int) -> list[RunRow]:
-        from ..support import RunRow, Summary
-
         params = {k: v for k, v in {"status": status, "workflow": workflow,
                                     "limit": min(limit, 1000)}.items() if v is not None}
         page = self.call("GET", "/api/runs", params=params)
+        with self._ours("/api/runs"):
+            return self._rows(page)
+
+    @staticmethod
+    def _rows(page: Any) -> list[RunRow]:
+        from ..support import RunRow, Summary
+
         return [RunRow(run_id=r["run_id"], workflow=r["workflow"], definition={},
                        definition_hash="", input={}, options={}, created_at=r["created_at"],
                        summary=Summary(status=r["status"], last_seq=0, last_hash="",
@@ -140,12 +191,54 @@ class Remote:
     def decide(self, run_id: str, decision: Any) -> None:
         body = {"decision": decision.kind, "comment": decision.comment, "by": decision.by,
                 "patch": decision.patch or None, "at": decision.at, "node": decision.node,
-                "data": decision.data}
+                "data": decision.data, "via": decision.via}
         self.call("POST", f"/api/runs/{run_id}/decisions",
                   json={k: v for k, v in body.items() if v is not None})
 
+    def verification(self, run_id: str) -> Verification:
+        """The server's `interlock.verify` of the run, in its own store with its key."""
+        from .. import Verification
+
+        body = self.call("GET", f"/api/runs/{run_id}/verify")
+        with self._ours(f"/api/runs/{run_id}/verify"):
+            return Verification(**{**body, "notes": tuple(body.get("notes") or ()),
+                                   "children": tuple(body.get("children") or ())})
+
+    @contextlib.contextmanager
+    def _ours(self, path: str) -> Iterator[None]:
+        """An answer of the JSON's shape interlock sends, else `CliError` naming it."""
+        try:
+            yield
+        except (KeyError, TypeError, AttributeError, IndexError):
+            raise CliError(f"{self.url}{path} answered JSON that is not what interlock "
+                           f"sends there: {self._base_hint()}") from None
+
     def close(self) -> None:
         self.client.close()
+
+
+_JSON = ("application/json", "application/problem+json")
+_LOOPBACK = ("localhost", "127.0.0.1", "[::1]")
+
+
+def _media(response: Any) -> str:
+    return str(response.headers.get("content-type", "")).split(";")[0].strip().lower()
+
+
+def base_url(url: str) -> str:
+    """--server's URL without a trailing slash. One without a scheme (``127.0.0.1:8765``)
+    is taken as ``http://`` on a loopback host, as `interlock serve` prints it; for any
+    other host the scheme is asked for (plain http would send the token in clear)."""
+    url = url.strip().rstrip("/")
+    if "://" in url:
+        return url
+    host = url.split("/", 1)[0].rsplit(":", 1)[0] if not url.startswith("[") \
+        else url.split("]", 1)[0] + "]"
+    if host in _LOOPBACK or host.startswith("127."):
+        return f"http://{url}"
+    raise CliError(f"--server {url!r} has no scheme: give the base URL `interlock serve` "
+                   f"answers at, https://{url} (or http://{url} on a network you trust: a "
+                   "token is sent in clear over http)")
 
 
 def _events(lines: Iterator[str]) -> Iterator[str]:

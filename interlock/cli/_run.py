@@ -124,7 +124,9 @@ def _execute(wf: Workflow, data: dict[str, Any], store_url: str | None, run_id: 
 @click.option("--gate", "gate", metavar="NODE",
               help="With a decision: the gate it decides, as waiting.pending names it (a "
                    "node; NODE[i] for item i of a map; parent_node/child_gate for a child "
-                   "run's gate). Default: the gate waiting longest.")
+                   "run's gate). Default: the gate waiting longest (the output says "
+                   "which). A mapped gate's bare NODE is refused while more than one of its "
+                   "items waits.")
 @click.option("--data", "data_json", metavar="JSON",
               help="With --approve or --reject: the input the gate's approval.input "
                    "schema asks for (JSON); the gate's record carries it as data.")
@@ -190,12 +192,14 @@ def resume(run_id: str, approve: bool, reject: bool, patch_json: str | None, at_
         from ..support import resume_gate
 
         await _warn_undeclared(st, run_id, config_sets)
-        progress.replay(await trace(run_id, store=st))
+        before = await trace(run_id, store=st)
+        progress.replay(before)
         result, owner = await resume_gate(run_id, decision, store=st, config=config or None,
                                           limits=limits or None, force=force,
                                           listener=progress)
         if owner is not None:
             handed.append(owner)
+        await _say_decided(st, run_id, decision, before[-1]["seq"] if before else 0)
         return result
 
     result = call_engine(with_store(store_url, go), progress)
@@ -220,6 +224,42 @@ def _resume_decision(approve: bool, reject: bool, patch_json: str | None, at_nod
     if decision is not None:
         decision = replace(decision, via="cli")
     return decision
+
+
+async def _say_decided(st: Store, run_id: str, decision: Any, after: int) -> None:
+    """Say which gate ``decision`` decided when it did not name it exactly (`_decided_note`,
+    from the records after seq ``after``)."""
+    from ..support import trace_pages
+
+    if decision is None:
+        return
+    pages = trace_pages(run_id, store=st, after=after)
+    first: list[dict[str, object]] = await anext(pages, [])  # (first: the rest unread)
+    await pages.aclose()  # type: ignore[attr-defined]  # (an async generator)
+    note = _decided_note(decision, first)
+    if note:
+        click.echo(note, err=True)
+
+
+def _decided_note(decision: Any, records: list[dict[str, Any]]) -> str | None:
+    """Which gate a decision that did not name it exactly decided, from the ``records``
+    its resume appended: the oldest waiting one (no ``--gate``), or the one item of a
+    mapped gate waiting (``--gate NODE``); None when ``--gate`` named it (or it is not
+    among ``records``: recorded later by the process executing the run)."""
+    verb = {"approve": "approved", "reject": "rejected", "modify": "modified"}[decision.kind]
+    for rec in records:
+        if rec.get("type") != "approval.decided" or rec.get("decision") != verb \
+                or decision.by not in (None, rec.get("by")) or rec.get("timed_out"):
+            continue
+        item = rec.get("item")
+        name = str(rec.get("path") or (rec["node"] if item is None
+                                        else f"{rec['node']}[{item}]"))
+        if decision.node is None:
+            return f"{verb} {name!r} (the oldest waiting gate; name it with --gate to be sure)"
+        if name.startswith(f"{decision.node}[") and "/" not in name:
+            return f"{verb} {name!r} (the one item of {decision.node!r} waiting)"
+        return None
+    return None
 
 
 def _check_remote_options(server_url: str | None, strict_code: bool, detach: bool) -> None:
@@ -249,8 +289,14 @@ def _detached_resume(run_id: str, decision: Any, store_url: str | None,
     """`resume --detach`: the decision (or the resume) recorded, the run left PENDING."""
     from .. import resume as resume_run
 
-    result = call_engine(resume_run(run_id, decision, store=store_url, config=config or None,
-                                    limits=limits or None, force=force, detach=True))
+    async def go(st: Store) -> RunResult:
+        after = (await st.get_run(run_id)).summary.last_seq
+        result = await resume_run(run_id, decision, store=st, config=config or None,
+                                  limits=limits or None, force=force, detach=True)
+        await _say_decided(st, run_id, decision, after)
+        return result
+
+    result = call_engine(with_store(store_url, go))
     if as_json:
         click.echo(json.dumps(result.to_json(), ensure_ascii=False))
     else:
@@ -283,6 +329,10 @@ def _remote_resume(remote: Any, run_id: str, decision: Any, config_sets: list[Co
     progress = Progress(run_id, live=False)
     progress.where, progress.remote = where, True
     progress.replay(records)
+    note = _decided_note(decision, [r for r in records if r.get("seq", 0) > before]) \
+        if decision is not None else None
+    if note:
+        click.echo(note, err=True)
     _finish(result, progress, as_json)
 
 

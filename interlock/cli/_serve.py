@@ -95,11 +95,15 @@ def serve(store_url: str | None, host: str, port: int, workflows: tuple[str, ...
         from ..server import ServerOptions
         from ..server import serve as run_server
     except ImportError as exc:
-        raise CliError(f"interlock serve needs the server extra: pip install "
-                       f"'interlock[server]' ({exc})") from None
+        from ..support import install_hint
+
+        raise CliError(f"interlock serve needs the server extra: {install_hint('server')} "
+                       f"({exc})") from None
     from .. import StoreError, UsageError
     from ..support import set_strict_code
 
+    for flag, url in [*(("--notify", u) for u in notify), ("--public-url", public_url)]:
+        _check_url(flag, url)
     set_strict_code(True if strict_code else None)  # (None: as $INTERLOCK_STRICT_CODE says)
     options = ServerOptions(store=store_url, workflows=workflows, auth=auth, notify=notify,
                             notify_timeout=notify_timeout,
@@ -117,3 +121,17 @@ def serve(store_url: str | None, host: str, port: int, workflows: tuple[str, ...
                    allow_empty=allow_empty)
     except (UsageError, StoreError) as exc:
         raise CliError(str(exc)) from None
+
+
+def _check_url(flag: str, url: str | None) -> None:
+    """A URL option checked before anything starts (a webhook that can never be posted
+    to would otherwise show only at the first gate, in the log)."""
+    from urllib.parse import urlsplit
+
+    if url is None:
+        return
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise CliError(f"{flag} {url!r} is not an http:// or https:// URL: give the whole "
+                       "address, such as https://hooks.example.com/T0/B0/X (--notify) or "
+                       "https://interlock.example.com (--public-url)")

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from ._common import call_engine, store_option, with_store
+from ._common import call_engine, need_store, store_option, with_store
 from ._format import (
     _STATUS_STYLE,
     _decision_detail,
@@ -45,6 +45,7 @@ def trace(run_id: str, as_json: bool, store_url: str | None, server_url: str | N
     if server_url:
         _remote_trace(Remote(server_url, token, store_url), run_id, as_json)
         return
+    need_store(store_url)
     call_engine(with_store(store_url, lambda st: _trace(st, run_id, as_json)))
 
 
@@ -309,7 +310,10 @@ _RECORD_DETAIL: dict[str, Callable[[Record], str]] = {
     "run.code_changed": lambda rec: "code changed: " + "; ".join(
         f"{n} ({', '.join(m)})" for n, m in (rec.get("modules") or {}).items()),
     "approval.requested": _requested_detail,
-    "approval.decided": lambda rec: f"{rec.get('decision')} {_decision_detail(rec)}",
+    "approval.decided": lambda rec: (
+        # a conversation's message taken (its text: the chat.message before), no approval
+        "message accepted" + (f" from {rec['by']}" if rec.get("by") else "")
+        if rec.get("kind") == "message" else f"{rec.get('decision')} {_decision_detail(rec)}"),
     "run.started": _started_detail,
     "run.resumed": _continued_detail,
     "run.forked": _continued_detail,

@@ -67,8 +67,10 @@ def worker(store_url: str | None, concurrency: int, workflows: tuple[str, ...], 
         import importlib.util
 
         if importlib.util.find_spec("ray") is None:
+            from ..support import install_hint
+
             raise CliError("--executor ray runs node bodies on Ray, which is not installed "
-                           "here: pip install 'interlock[ray]'")
+                           f"here: {install_hint('ray')}")
     _log_lines()
     try:
         asyncio.run(_work(store_url, concurrency, known, poll, lease, drain,

@@ -162,6 +162,8 @@ def _handlers(app: FastAPI) -> None:
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         parts = []
         for e in exc.errors():
+            if e.get("type") == "json_invalid":  # the body is not JSON at all
+                return problem(422, "Unprocessable Content", _not_json(exc.body, e))
             where = ".".join(str(p) for p in e.get("loc", ()))
             parts.append(f"{where}: {e.get('msg')}")
         return problem(422, "Unprocessable Content",
@@ -177,6 +179,20 @@ def _handlers(app: FastAPI) -> None:
         log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
         return problem(500, "Internal Server Error",
                        f"the server failed: {type(exc).__name__}: {exc} (see its log)")
+
+
+def _not_json(body: Any, error: Any) -> str:
+    """What is wrong with a request body that is not JSON, and where (line, column)."""
+    loc = error.get("loc", ())
+    pos = loc[1] if len(loc) > 1 and isinstance(loc[1], int) else None
+    why = (error.get("ctx") or {}).get("error") or "it does not parse"
+    where = ""
+    if pos is not None and isinstance(body, str | bytes):
+        text = body if isinstance(body, str) else body.decode("utf-8", "replace")
+        line = text.count("\n", 0, pos) + 1
+        where = f" at line {line} column {pos - (text.rfind(chr(10), 0, pos) + 1) + 1}"
+    return (f"the request body is not valid JSON: {why}{where}; send a JSON object "
+            "(Content-Type: application/json)")
 
 
 def _title(status: int) -> str:

@@ -69,7 +69,8 @@ DOCS_PAGE = """<!doctype html>
 NO_DOCS_PAGE = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>interlock API</title></head><body>
 <p>The interactive API page needs Swagger UI's files, which the server extra installs
-(<code>pip install 'interlock[server]'</code>: the fastapi-offline package). The API is
+(<code>pip install 'interlock[server]'</code>, or <code>pip install -e '.[server]'</code> in a
+checkout: the fastapi-offline package). The API is
 described at <a href="/openapi.json">/openapi.json</a>; docs/server.md explains it.</p>
 </body></html>"""
 

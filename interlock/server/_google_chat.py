@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 
 from interlock import UsageError
-from interlock.support import gate_text
+from interlock.support import gate_text, install_hint
 
 from ._deliveries import retry_after
 from ._notify import outcome_lines, payload
@@ -101,8 +101,8 @@ class GoogleChat:
         try:
             return cls(space, info, audience, keys, os.environ.get("GOOGLE_CHAT_API_URL"))
         except ImportError:
-            raise UsageError("--google-chat-space needs google-auth and PyJWT: pip install "
-                             "'interlock[chat]'") from None
+            raise UsageError("--google-chat-space needs google-auth and PyJWT: "
+                             f"{install_hint('chat')}") from None
         except (ValueError, KeyError) as exc:
             raise UsageError(f"GOOGLE_CHAT_CREDENTIALS is not a service account key: "
                              f"{exc}") from None

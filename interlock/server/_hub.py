@@ -10,6 +10,7 @@ PostgreSQL's ``LISTEN``; with `ServerOptions.poll` as the slow poll behind it).
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import threading
 import weakref
@@ -18,6 +19,10 @@ from typing import Any
 
 from interlock import Store
 from interlock.support import Claim, Entry, LeaseRenewer, RunRow, Summary
+
+# a stream's buffer of reply pieces: ``(seq, piece)``, ``seq`` the run's last committed
+# record when the piece arrived
+Pieces = collections.deque[tuple[int, dict[str, object]]]
 
 
 class Hub:
@@ -29,17 +34,25 @@ class Hub:
             weakref.WeakValueDictionary()
         self.stopping = asyncio.Event()  # the server is shutting down: streams end
         # a conversation's reply as it streams: pieces not in the log, handed to each
-        # event stream of the run that is open when they arrive -- appended from the
-        # thread that executes the run, before the reply's record is committed, so a
-        # stream that drains them before each record it sends keeps them in order
-        self._tokens: dict[str, list[list[dict[str, object]]]] = {}
+        # event stream of the run that is open when they arrive, from the thread that
+        # executes the run -- each tagged with the run's last seq this server committed
+        # then, so a stream sends it only once it has sent the records up to that seq
+        # (the records that came before it): a stream that reads the log late holds
+        # the next model call's pieces too, and sends them after the previous call's
+        # reply record, not before
+        self._tokens: dict[str, list[Pieces]] = {}
         self._token_lock = threading.Lock()
         self._token_loop: asyncio.AbstractEventLoop | None = None
+        # the runs this server executes with their replies streamed (`streaming`): their
+        # last committed seq, and how many executions of each stream
+        self._seqs: dict[str, int] = {}
+        self._streamed: dict[str, int] = {}
 
     @contextlib.contextmanager
-    def tokens(self, run_id: str) -> Iterator[list[dict[str, object]]]:
-        """A buffer that gets the run's reply pieces while the block runs."""
-        buffer: list[dict[str, object]] = []
+    def tokens(self, run_id: str) -> Iterator[Pieces]:
+        """A buffer that gets the run's reply pieces while the block runs, each as
+        ``(seq, piece)``: ``seq`` the run's last record committed before the piece."""
+        buffer: Pieces = collections.deque()
         self._token_loop = asyncio.get_running_loop()
         with self._token_lock:
             self._tokens.setdefault(run_id, []).append(buffer)
@@ -47,20 +60,54 @@ class Hub:
             yield buffer
         finally:
             with self._token_lock:
-                subscribers = self._tokens.get(run_id, [])
-                subscribers.remove(buffer)
+                # (by identity: two streams' buffers holding the same pieces are equal)
+                subscribers = [b for b in self._tokens.get(run_id, []) if b is not buffer]
+                self._tokens[run_id] = subscribers
                 if not subscribers:
                     self._tokens.pop(run_id, None)
 
+    @contextlib.contextmanager
+    def streaming(self, run_id: str) -> Iterator[None]:
+        """While the block runs (an execution of the run whose replies stream, on any
+        thread), the run's commits are counted (`committed`) to tag its pieces."""
+        with self._token_lock:
+            self._streamed[run_id] = self._streamed.get(run_id, 0) + 1
+            self._seqs.setdefault(run_id, 0)
+        try:
+            yield
+        finally:
+            with self._token_lock:
+                left = self._streamed.pop(run_id, 1) - 1
+                if left:
+                    self._streamed[run_id] = left
+                else:
+                    self._seqs.pop(run_id, None)
+
+    def committed(self, run_id: str, seq: int) -> None:
+        """The run's records up to ``seq`` are committed (by this process): streams wake."""
+        self.mark(run_id, seq)
+        self.changed(run_id)
+
+    def mark(self, run_id: str, seq: int) -> None:
+        """Remember ``seq`` as the run's last committed one, if its replies stream (from
+        any thread, before the commit's next piece: the thread that made the commit)."""
+        if run_id not in self._seqs:  # (the common case, without the lock)
+            return
+        with self._token_lock:
+            if seq > self._seqs.get(run_id, seq):
+                self._seqs[run_id] = seq
+
     def token(self, run_id: str, piece: dict[str, object]) -> None:
-        """A piece of a reply (from any thread): to every open stream of the run, at once;
-        the streams are woken on the API's loop."""
+        """A piece of a reply (from any thread): to every open stream of the run, at once,
+        tagged with the run's last committed seq; the streams are woken on the API's
+        loop."""
         with self._token_lock:
             subscribers = self._tokens.get(run_id)
             if not subscribers:
                 return
+            tagged = (self._seqs.get(run_id, 0), piece)
             for buffer in subscribers:
-                buffer.append(piece)
+                buffer.append(tagged)
         loop = self._token_loop
         if loop is None:
             return
@@ -111,7 +158,7 @@ class NotifyingStore(Store):
 
     async def create_run(self, row: RunRow, entries: list[Entry]) -> None:
         await self.inner.create_run(row, entries)
-        self.hub.changed(row.run_id)
+        self.hub.committed(row.run_id, entries[-1].seq if entries else 0)
 
     async def append(self, run_id: str, entries: list[Entry], summary: Summary,
                      release: str | None = None, *, claim: Claim | None = None) -> None:
@@ -119,7 +166,7 @@ class NotifyingStore(Store):
             await self.inner.append(run_id, entries, summary, release)
         else:
             await self.inner.append(run_id, entries, summary, release, claim=claim)
-        self.hub.changed(run_id)
+        self.hub.committed(run_id, summary.last_seq)
 
     async def wait_changed(self, timeout: float, seen: int | None = None,
                            run_id: str | None = None) -> int:

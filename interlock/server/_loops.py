@@ -53,12 +53,15 @@ class Relay(Hub):
     """The API loop's hub, told of commits made on another thread's loop."""
 
     def __init__(self, hub: Hub, loop: asyncio.AbstractEventLoop) -> None:
-        # (not Hub.__init__: this holds no waiters; `changed` is all a store calls)
+        # (not Hub.__init__: this holds no waiters; `committed` is all a store calls)
         self._hub, self._loop = hub, loop
 
     def changed(self, run_id: str) -> None:
         with contextlib.suppress(RuntimeError):  # the API loop closed: nobody listens
             self._loop.call_soon_threadsafe(self._hub.changed, run_id)
+
+    def mark(self, run_id: str, seq: int) -> None:
+        self._hub.mark(run_id, seq)  # (at once, from this thread: before its next piece)
 
 
 class RunLoop:

@@ -8,6 +8,7 @@ import dataclasses
 import errno
 import ipaddress
 import logging
+import os
 import resource
 import socket
 import sqlite3
@@ -132,6 +133,9 @@ class _Uvicorn(uvicorn.Server):
             with contextlib.suppress(Exception):
                 await self.interlock.stop()
             return
+        # uvicorn's own line, held back until the store answered (`_HeldBack`)
+        logging.getLogger("uvicorn.error").info(_STARTED, os.getpid(),
+                                                extra={"interlock": True})
         await super().startup(sockets)
         if sockets:
             self._log_started_message(sockets)  # (uvicorn logs it only for its own)
@@ -149,6 +153,19 @@ class _Uvicorn(uvicorn.Server):
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         self.interlock.hub.stopping.set()
         super().handle_exit(sig, frame)
+
+
+_STARTED = "Started server process [%d]"
+
+
+class _HeldBack(logging.Filter):
+    """Drops uvicorn's "Started server process" line, which it logs before our start-up
+    (`_Uvicorn.startup`): a store that cannot be opened would follow it with an error
+    and exit 2, a server that never started. Our start-up logs it once it succeeded."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.msg == _STARTED and record.name == "uvicorn.error"
+                    and not getattr(record, "interlock", False))
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -227,9 +244,13 @@ def serve(options: ServerOptions, *, host: str = "127.0.0.1", port: int = 8765,
                             backlog=BACKLOG)
     server = _Uvicorn(config)
     server.interlock = app.state.interlock
+    held = _HeldBack()
+    uvicorn_log = logging.getLogger("uvicorn.error")
+    uvicorn_log.addFilter(held)
     try:
         server.run(sockets=[sock])
     finally:
+        uvicorn_log.removeFilter(held)
         sock.close()
     failure = server.failure
     if isinstance(failure, (StoreError, UsageError)):

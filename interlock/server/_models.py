@@ -229,6 +229,22 @@ class MigrationOut(BaseModel):
     recorded: int | None
 
 
+class VerificationOut(BaseModel):
+    """`interlock verify` of a run, made by the server in its store with its log key."""
+
+    run_id: str = Field(description="the run verified, or its first child run that is not ok")
+    ok: bool
+    records: int = Field(description="the records checked")
+    seq: int | None = Field(description="the first bad record; null when not ok and not "
+                            "checked at all (a keyed log without the server's key for it)")
+    message: str = Field(description="what is wrong, and what to do")
+    keyed: bool = Field(description="the chain is keyed and was checked with the key")
+    notes: list[str] = Field(description="findings that do not break the log")
+    children: list[str] = Field(description="the child runs verified with it")
+    located: bool = Field(description="false: seq is where the break shows, not the first "
+                          "bad record")
+
+
 class ModifyInfo(BaseModel):
     at: list[str] = Field(description="the nodes a modify may re-enter at (approval "
                           "on_modify); the first is the default")

@@ -130,7 +130,7 @@ class Approvals:
         """Each waiting run's approvals computed (or kept), and each waiting child whose
         parent no longer waits through it closed (`close_stranded`: a process died
         between the parent's record and the child's) -- looked at again only when its
-        parent has moved since."""
+        parent has moved since, or when this look could not settle it."""
         seqs = {row.run_id: row.summary.last_seq for row in rows}
         stranded = []
         for row in rows:
@@ -147,7 +147,14 @@ class Approvals:
             if kept.looked != seq:
                 kept.looked = seq
                 stranded.append(kept.child)
-        return await close_stranded(store, stranded) if stranded else set()
+        if not stranded:
+            return set()
+        again: set[str] = set()  # not settled (the store failed): looked at next time
+        closed = await close_stranded(store, stranded, again=again)
+        for run_id in again:
+            if (unsettled := self.kept.get(run_id)) is not None:
+                unsettled.looked = None
+        return closed
 
     async def _kept(self, store: Store, row: RunRow) -> _Kept:
         """``row``'s approvals, as kept at its last seq or computed now."""

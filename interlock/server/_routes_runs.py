@@ -3,6 +3,7 @@ resume and cancel."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import weakref
 from collections import OrderedDict
@@ -39,6 +40,7 @@ from ._models import (
     ResumeIn,
     RunObject,
     RunPage,
+    VerificationOut,
     Visit,
 )
 from ._reads import CURSOR, BadCursor, cursor_key, page_cursor, records_body
@@ -210,6 +212,12 @@ async def run_visits(run_id: str, server: Srv, who: Reader) -> Response:
                                                    share_loop=True)),
                     media_type="application/json")
 
+@router.get("/api/runs/{run_id}/verify", response_model=VerificationOut)
+async def verify(run_id: str, server: Srv, row: Existing) -> dict[str, object]:
+    """`interlock verify` of the run (and its child runs) in the server's store, with
+    the server's INTERLOCK_LOG_KEY: ``interlock verify RUN_ID --server URL``."""
+    return dataclasses.asdict(await interlock.verify(run_id, store=server.st))
+
 @router.get("/api/runs/{run_id}/state",
             responses={200: {"description": "`{run_id, seq, status, state, input}`: the "
                                             "fold of the records 1..seq (the state as it "
@@ -265,13 +273,22 @@ async def resume(run_id: str, server: Srv, who: Operator,
     row = await server.st.get_run(run_id)
     config = body.config or None
     async with server.lock(run_id):
-        await server.launch(
-            f"resume of run {run_id}", run_id, row.workflow,
-            lambda listen, st: interlock.resume(
-                run_id, store=st, config=config,
-                workflow=server.workflows.get(row.workflow), listener=listen,
-                detach=server.records_only))
+        try:
+            await server.launch(
+                f"resume of run {run_id}", run_id, row.workflow,
+                lambda listen, st: interlock.resume(
+                    run_id, store=st, config=config,
+                    workflow=server.workflows.get(row.workflow), listener=listen,
+                    detach=server.records_only))
+        except interlock.UsageError as exc:
+            # a run that ended is no request's mistake: the run's state conflicts (as
+            # a decision on it does)
+            if (await server.st.get_run(run_id)).summary.status in _ENDED:
+                raise Problemed(409, "Conflict", str(exc)) from None
+            raise
     return await server.run_object(run_id)
+
+_ENDED = frozenset({"COMPLETED", "REJECTED", "CANCELLED"})
 
 @router.post("/api/runs/{run_id}/fork", response_model=RunObject, status_code=201)
 async def fork(run_id: str, server: Srv, who: Operator, body: ForkIn) -> dict[str, object]:
@@ -369,15 +386,19 @@ async def follow(server: Server, run_id: str, seq: int) -> AsyncIterator[ServerS
         while True:
             waiter = server.hub.waiter(run_id)  # before reading: a commit after it wakes us
             last_type = None
-            while pieces:  # a reply as it streams: an event of its own, not a record
-                yield ServerSentEvent(event="chat.token", data=pieces.pop(0))
+            # a reply as it streams: an event of its own, not a record, sent once the
+            # records committed before it are (each piece carries the seq of the last)
+            while pieces and pieces[0][0] <= seq:
+                yield ServerSentEvent(event="chat.token", data=pieces.popleft()[1])
             async for page in trace_pages(run_id, store=server.st, after=seq):
                 for rec in page:
-                    while pieces:  # (those sent before this record was committed first)
-                        yield ServerSentEvent(event="chat.token", data=pieces.pop(0))
+                    while pieces and pieces[0][0] < rec["seq"]:  # (streamed before it)
+                        yield ServerSentEvent(event="chat.token", data=pieces.popleft()[1])
                     yield ServerSentEvent(event=rec["type"], id=str(rec["seq"]), data=rec)
                     seq, last_type = rec["seq"], rec["type"]
                     ended = ended or last_type in TERMINAL_TYPES
+            while pieces and pieces[0][0] <= seq:
+                yield ServerSentEvent(event="chat.token", data=pieces.popleft()[1])
             if last_type in TERMINAL_TYPES:
                 return
             if last_type is None and (first or ended):  # nothing after seq: has it ended?

@@ -279,7 +279,8 @@ class Server:
         async def streamed(listen: Any, st: Any) -> Any:
             token = TOKEN_SINK.set(sink)
             try:
-                return await call(listen, st)
+                with hub.streaming(run_id):  # (its pieces tagged with its last commit)
+                    return await call(listen, st)
             finally:
                 TOKEN_SINK.reset(token)
 

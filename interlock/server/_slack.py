@@ -19,7 +19,7 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from interlock import UsageError
-from interlock.support import gate_text
+from interlock.support import gate_text, install_hint
 
 from ._deliveries import retry_after
 from ._notify import mrkdwn, payload
@@ -74,8 +74,8 @@ class Slack:
         try:
             import slack_sdk  # noqa: F401
         except ImportError:
-            raise UsageError("--slack-channel needs slack-sdk: pip install "
-                             "'interlock[chat]'") from None
+            raise UsageError(f"--slack-channel needs slack-sdk: "
+                             f"{install_hint('chat')}") from None
         assert token is not None and secret is not None
         return cls(channel, token, secret, os.environ.get("SLACK_API_URL"))
 

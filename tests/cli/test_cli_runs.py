@@ -189,16 +189,45 @@ def test_status_of_a_failed_run_says_what_can_be_done_about_that_failure(
         project.cli("status", "r-node").stdout
 
 
-def test_reading_commands_do_not_create_a_store_that_is_not_there(project: Project) -> None:
+def test_reading_commands_do_not_create_a_store_that_is_not_there(
+        project: Project, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A mistyped --store on a command that only reads is said to be one (exit 2, the
+    path named), not "no runs" or "no run" -- and nothing is created (it used to say
+    "no runs", exit 0)."""
     missing = project.root / "typo" / "nowhere.db"
     url = f"sqlite:///{missing}"
-    runs = CliRunner().invoke(cli, ["runs", "--store", url], catch_exceptions=False)
-    assert runs.exit_code == 0 and runs.stdout.strip() == "no runs"
-    for args in (["status", "r-x"], ["trace", "r-x"], ["verify", "r-x"]):
+    for args in (["runs"], ["runs", "--waiting"], ["status", "r-x"], ["trace", "r-x"],
+                 ["verify", "r-x"], ["export", "r-x"]):
         result = CliRunner().invoke(cli, [*args, "--store", url], catch_exceptions=False)
         assert result.exit_code == 2, (args, result.output)
-        assert "no run 'r-x'" in result.stderr
+        assert result.stdout == ""
+        assert f"error: no store at {missing}: there is no such file" in result.stderr
+        assert "check --store" in result.stderr
+    monkeypatch.setenv("INTERLOCK_STORE", "sqlite:///typo.db")  # relative: the cwd's
+    monkeypatch.chdir(tmp_path)
+    status = CliRunner().invoke(cli, ["status", "r-x"], catch_exceptions=False)
+    assert status.exit_code == 2
+    assert "no store at ./typo.db" in status.stderr and "$INTERLOCK_STORE" in status.stderr
+    monkeypatch.delenv("INTERLOCK_STORE")  # the default store, not made yet: no runs
+    fresh = CliRunner().invoke(cli, ["runs"], catch_exceptions=False)
+    assert fresh.exit_code == 0 and fresh.stdout.strip() == "no runs"
+    status = CliRunner().invoke(cli, ["status", "r-x"], catch_exceptions=False)
+    assert status.exit_code == 2
+    assert f"no store at ./.interlock/runs.db (in {tmp_path})" in status.stderr
     assert not missing.exists() and not missing.parent.exists()
+    assert not (tmp_path / "typo.db").exists() and not (tmp_path / ".interlock").exists()
+
+
+def test_a_store_url_naming_a_directory_says_so(project: Project) -> None:
+    """`--store sqlite:///adir` with adir a directory (it said "disk I/O error")."""
+    (project.root / "adir").mkdir()
+    for args in (["runs"], ["run", project.workflow(LINEAR), "--run-id", "r-d"]):
+        result = CliRunner().invoke(cli, [*args, "--store", f"sqlite:///{project.root}/adir"],
+                                    catch_exceptions=False)
+        assert result.exit_code == 2, result.output
+        assert (f"cannot open the SQLite store {project.root}/adir: it is a directory; a "
+                f"store is a file, such as sqlite:///{project.root}/adir/runs.db"
+                ) in result.stderr
 
 
 def test_resume_json_and_bad_limits(project: Project) -> None:
@@ -566,6 +595,42 @@ def test_runs_lists_filters_and_prints_json(project: Project) -> None:
     assert clash.exit_code == 2
 
 
+KILLED = """
+import os, signal
+
+def die(state):
+    os.kill(os.getpid(), signal.SIGKILL)  # the run's process is killed mid-node
+"""
+
+
+def test_runs_marks_a_run_whose_process_was_killed_as_interrupted(
+        make_project: Callable[..., Project], project: Project) -> None:
+    """`runs` is where a user looks first: a run left RUNNING by a killed process is
+    marked as `status` says it (it was listed as plain RUNNING)."""
+    assert project.start(LINEAR, "r-done").exit_code == 0
+    killer = make_project(KILLED, "killed_nodes")
+    flow = killer.workflow("""
+        workflow: dies
+        nodes: {d: "{mod}:die"}
+        edges: [{from: START, to: d}, {from: d, to: END}]
+    """, "dies.yaml")
+    done = subprocess.run([sys.executable, "-m", "interlock", "run", flow, "--run-id", "r-dead",
+                           "--store", project.store], cwd=project.root, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == -9, done.stderr
+    listed = project.cli("runs")
+    assert listed.exit_code == 0
+    rows = {line.split()[0]: line for line in listed.stdout.splitlines()[1:]}
+    assert "RUNNING (interrupted)" in rows["r-dead"]
+    assert "interrupted" not in rows["r-done"]
+    assert ("(interrupted): no process executes the run any more (its process stopped or was "
+            "killed); continue it with `interlock resume RUN_ID --store "
+            f"{project.store}`") in listed.stderr
+    _, rows_json = project.cli_json("runs")  # the JSON keeps the stored status
+    assert [r["status"] for r in rows_json] == ["RUNNING", "COMPLETED"]
+    assert "interrupted: no process is executing it" in project.cli("status", "r-dead").stdout
+
+
 # -- unknown runs ----------------------------------------------------------------------------
 
 
@@ -575,6 +640,7 @@ def test_runs_lists_filters_and_prints_json(project: Project) -> None:
     ["fork", "nope", "--at", "1"],
 ])
 def test_unknown_run_exits_2(project: Project, args: list[str]) -> None:
+    assert project.start(LINEAR, "r-there").exit_code == 0  # a store, without that run
     result = project.cli(*args)
     assert result.exit_code == 2, result.output
     assert result.stdout == ""

@@ -77,8 +77,8 @@ def test_run_refuses_before_recording_anything(project: CliProject) -> None:
     assert "node 'rca': no API key: $OPENAI_API_KEY is not set" in out.output
     assert "interlock run wf.yaml ... --detach" in out.output
     assert project.executions() == []  # intake did not run
-    status = project.cli("status", "r1")
-    assert status.exit_code == 2 and "no run 'r1'" in status.output
+    status = project.cli("status", "r1")  # (not even a store was made)
+    assert status.exit_code == 2 and f"no store at {project.db}" in status.output
 
 
 def test_run_detach_records_it_for_a_worker_that_has_the_key(project: CliProject) -> None:

@@ -77,6 +77,20 @@ def test_unknown_node_in_an_edge_has_its_line(wdir: Path) -> None:
     assert "unknown node 'bb'" in d
 
 
+def test_a_workflow_built_in_python_is_named_in_its_errors() -> None:
+    """No file to point at: the workflow's name (it said ``<workflow>``)."""
+    wf = Workflow("p3").node("b", lambda s: {}).edge(START, "b").edge("b", "nonexistent")
+    with pytest.raises(WorkflowError) as caught:
+        wf.compile()
+    assert str(caught.value) == ("invalid workflow:\n  workflow 'p3': error: edge b -> "
+                                 "nonexistent: unknown node 'nonexistent'")
+    bad = Workflow("p4").node("b", lambda s: {}, retry="x")
+    with pytest.raises(WorkflowError) as caught:
+        bad.compile()
+    assert str(caught.value).startswith("invalid workflow:\n  workflow 'p4': error: "
+                                        "nodes.b.retry: ")
+
+
 def test_a_name_twice_in_one_edge_is_an_error_and_a_repeated_edge_a_warning(
         wdir: Path) -> None:
     head = "workflow: t\nnodes: {a: flows.nodes:a, b: flows.nodes:b}\nedges:\n" \

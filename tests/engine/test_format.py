@@ -250,3 +250,73 @@ def test_a_migrated_runs_records_read_from_after_the_migration_imply_the_new_edg
             assert shown(later) == [r for r in whole if r[0] > at], cache
 
     asyncio.run(go())
+
+
+def loop_to_done(when: str) -> Workflow:
+    wf = Workflow("loop-done")
+    wf.node("step", inc).node("done", lambda s: {"done": True})
+    wf.edge(START, "step").edge("step", "step", when=when)
+    wf.edge("step", "done", otherwise=True)
+    return wf
+
+
+def test_a_loops_completion_owes_only_its_when_decision() -> None:
+    """Format 2: a node with one ``when`` edge and an ``otherwise`` edge owes, once
+    completed, only the ``when`` edge's decision -- the fold makes no due of the
+    ``otherwise`` edge, which that decision's record implies (the loop's hot path:
+    before, a due was made and popped again every iteration). A stored log folds to
+    what the run holds, and only ``when`` decisions are recorded."""
+    from interlock._engine._fold import RunView
+
+    wf = loop_to_done("i < 5")
+    plan = wf.compile()
+    step_edges = [e.index for e in plan.nodes["step"].out]
+
+    async def go() -> tuple[interlock.RunResult, list[dict[str, Any]]]:
+        st = open_store("memory://")
+        result = await wf.run({"i": 0}, store=st)
+        assert (await interlock.verify(result.run_id, store=st)).ok
+        return result, [e.record() for e in await st.entries(result.run_id)]
+
+    result, records = asyncio.run(go())
+    assert result.ok and result.state == {"i": 5, "done": True}
+    when = next(e.index for e in plan.nodes["step"].out if e.cond is not None)
+    decided = [r["edge"] for r in records if r["type"].startswith("edge.") and
+               r.get("from") == "step"]
+    assert decided == [when] * 5  # the otherwise edge: implied, never written
+    view = RunView(plan)
+    owed = []
+    for rec in records:
+        view.apply(dict(rec))
+        if rec["type"] == "node.visited" and rec["node"] == "step":
+            owed.append(sorted(view.due))
+    assert owed == [[(when, "step")]] * 5
+    assert view.state == result.state and view.status == "COMPLETED"
+    assert [view.takes[i] for i in step_edges] == [4, 1]  # (when 4 times, otherwise once)
+
+
+def test_a_condition_that_could_not_be_evaluated_is_decided_on_resume() -> None:
+    """A ``when`` that fails (it reads a config key the run was not given) fails the
+    run with its decision still owed; a resume with the key decides it -- and the
+    ``otherwise`` edge its record implies is taken when it is false."""
+    wf = loop_to_done("i < config.limit")
+
+    async def go() -> list[dict[str, Any]]:
+        st = open_store("memory://")
+        failed = await wf.run({"i": 0}, store=st)
+        assert failed.status == "FAILED" and failed.error is not None
+        assert failed.error["type"] == "expression_error", failed.error
+        assert "config.limit" in failed.error["message"]
+        done = await wf.resume(failed.run_id, store=st, config={"limit": 3})
+        assert done.status == "COMPLETED" and done.state == {"i": 3, "done": True}
+        assert (await interlock.verify(failed.run_id, store=st)).ok
+        return [r for rec in await interlock.trace(failed.run_id, store=st)
+                for r in (rec, *rec.get("implies", ()))]
+
+    shown = [(r["type"], r.get("expr"), r.get("value"), tuple(r.get("to") or ()))
+             for r in asyncio.run(go()) if r["type"].startswith("edge.")
+             and r.get("from") == "step"]
+    again = [("edge.taken", "i < config.limit", True, ("step",)),
+             ("edge.skipped", "otherwise", False, ())]
+    assert shown == again * 2 + [("edge.skipped", "i < config.limit", False, ()),
+                                 ("edge.taken", "otherwise", True, ("done",))]

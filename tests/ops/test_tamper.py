@@ -186,6 +186,13 @@ def test_a_keyed_log_verifies_with_its_key_only(project: Project) -> None:
     assert without.exit_code == 1 and "keyed log" in without.stdout
     wrong = project.cli("verify", "r-key", env=OTHER_KEY)
     assert wrong.exit_code == 1 and first["key_id"] in wrong.stdout
+    # another key is not tampering: "not verified" with the fix, never "broken ... at
+    # record 1 of 0" and restore-from-backup advice (it said that before)
+    assert wrong.stdout.startswith("not verified: r-key: run 'r-key' was written with the "
+                                   f"log key {first['key_id']}")
+    assert "set it to the run's key" in wrong.stdout
+    assert "broken" not in wrong.stdout and "backup" not in wrong.stdout
+    assert "its records were not checked" in wrong.stdout
 
     # reading without the key works, and says the chain was not checked
     shown = project.cli("status", "r-key")
@@ -224,7 +231,9 @@ def test_a_rechained_plain_log_verifies_but_a_rechained_keyed_one_does_not(
     assert project.start(FAILING, "r-keyed", env=KEY).exit_code == 1
     _rechain_plain(project, "r-keyed")
     broken = project.cli("verify", "r-keyed", env=KEY)
-    assert broken.exit_code == 1 and "record 1" in broken.stdout and "HMAC" in broken.stdout
+    assert broken.exit_code == 1 and "HMAC" in broken.stdout
+    assert broken.stdout.startswith("broken: r-keyed at record 1 of ")
+    assert "record 1 of 0" not in broken.stdout
     refused = project.cli("resume", "r-keyed", env=KEY)
     assert refused.exit_code == 1 and "broken at record 1" in refused.stderr
 
@@ -233,6 +242,11 @@ def test_with_the_key_set_a_plain_log_does_not_prove_who_wrote_it(project: Proje
     assert project.start(FAILING, "r-old").exit_code == 1
     refused = project.cli("verify", "r-old", env=KEY)
     assert refused.exit_code == 1 and "not keyed" in refused.stdout
+    # not evidence of tampering either: "not verified", and how to check its plain chain
+    assert refused.stdout.startswith("not verified: r-old: INTERLOCK_LOG_KEY is set, but "
+                                     "the log of run 'r-old' is not keyed")
+    assert "unset INTERLOCK_LOG_KEY" in refused.stdout and "broken" not in refused.stdout
+    assert "record 1 of 0" not in refused.stdout
     assert project.cli("verify", "r-old").exit_code == 0
     # an old plain run still reads and resumes with a key set: it stays plain
     (project.root / "marker").touch()

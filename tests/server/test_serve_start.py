@@ -106,13 +106,42 @@ def test_a_bad_store_is_one_line_and_exit_2(root: Path) -> None:
     (root / "flows").mkdir()
     shutil.copy(EXAMPLES / "jokes" / "workflow.yaml", root / "flows" / "jokes.yaml")
     (root / "junk.db").write_bytes(b"not a database at all" * 200)
+    (root / "adir").mkdir()
     for store, said in [("bogus://x", "unknown store URL 'bogus://x'"),
-                        (f"sqlite:///{root / 'junk.db'}", "is not a SQLite database")]:
+                        (f"sqlite:///{root / 'junk.db'}", "is not a SQLite database"),
+                        (f"sqlite:///{root / 'adir'}", "adir: it is a directory")]:
         done = serve(root, "--workflows", "flows", "--store", store)
         assert done.returncode == 2, done.stderr  # not uvicorn's 3 ("waiting for approval")
         errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
         assert len(errors) == 1 and said in errors[0], done.stderr
         assert "Traceback" not in done.stderr
+        # no "INFO: Started server process" before the error: it did not start (it said so)
+        assert "Started server process" not in done.stderr, done.stderr
+
+
+def test_a_webhook_that_is_not_a_url_is_refused_before_anything_starts(root: Path) -> None:
+    """It was accepted, and failed only at the first gate, in the log."""
+    (root / "flows").mkdir()
+    shutil.copy(EXAMPLES / "jokes" / "workflow.yaml", root / "flows" / "jokes.yaml")
+    for flag, url in [("--notify", "hooks.example.com/x"), ("--public-url", "example.com")]:
+        done = serve(root, "--workflows", "flows", "--store", f"sqlite:///{root / 'runs.db'}",
+                     flag, url)
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.startswith(f"error: {flag} '{url}' is not an http:// or https:// "
+                                      "URL"), done.stderr
+        assert "Started server process" not in done.stderr
+    assert not (root / "runs.db").exists()
+
+
+def test_a_server_that_starts_says_so_once(root: Path) -> None:
+    (root / "flows").mkdir()
+    shutil.copy(EXAMPLES / "jokes" / "workflow.yaml", root / "flows" / "jokes.yaml")
+    served = Served(root)
+    try:
+        started = [line for line in served.lines if "Started server process" in line]
+        assert started == [f"INFO:     Started server process [{served.proc.pid}]\n"]
+    finally:
+        served.stop()
 
 
 def test_a_port_in_use_is_one_line_and_exit_2_before_anything_starts(root: Path) -> None:

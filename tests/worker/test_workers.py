@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import re
 import signal
@@ -310,6 +311,40 @@ def test_the_python_api_submits_and_a_worker_in_process_executes(project: Path) 
     assert (done.status, done.state) == ("COMPLETED", {"n": 8})
     with pytest.raises(interlock.UsageError, match="declares input"):
         wf.submit_sync({}, store=store_url)
+
+
+def test_a_workers_log_counts_one_step_in_the_singular(project: Path,
+                                                        caplog: pytest.LogCaptureFixture
+                                                        ) -> None:
+    """It said "COMPLETED, 1 steps"."""
+    from interlock.support import Worker as EngineWorker
+
+    (project / "flows" / "solo.yaml").write_text(textwrap.dedent("""
+        workflow: solo
+        input: [n]
+        nodes: {first: wknodes:first}
+        edges: [{from: START, to: first}, {from: first, to: END}]
+    """))
+    store_url = f"sqlite:///{project / 'one.db'}"
+    wf = interlock.load(project / "flows" / "solo.yaml")
+    wf.submit_sync({"n": 1}, store=store_url, run_id="one1")
+
+    async def main() -> None:
+        st = interlock.open_store(store_url)
+        try:
+            w = EngineWorker(st, poll=0.01)
+            task = asyncio.create_task(w.run())
+            while (await interlock.status("one1", store=st)).status != "COMPLETED":
+                await asyncio.sleep(0.01)
+            w.stop()
+            await task
+        finally:
+            await st.close()
+
+    with caplog.at_level(logging.INFO, logger="interlock"):
+        asyncio.run(main())
+    said = [r.getMessage() for r in caplog.records if "one1" in r.getMessage()]
+    assert "finished run one1 (workflow solo): COMPLETED, 1 step" in said, said
 
 
 # -- many workers, one store ------------------------------------------------------------------

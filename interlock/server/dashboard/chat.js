@@ -1,7 +1,7 @@
 // Conversations: the runs of chat: workflows, listed apart from workflow runs,
 // and a conversation's page -- its transcript from the run's event stream (messages,
-// replies, tool calls folded, child runs linked), the reply growing as chat.token events
-// arrive, a message box (POST /api/runs/{id}/messages) and a child run's gate decided in
+// replies, tool calls folded, child runs linked), each model reply growing as its
+// chat.token events arrive, a message box (POST /api/runs/{id}/messages) and a child run's gate decided in
 // place, through the parent. Everything from a run is put in the page as text.
 //
 // app.js passes its helpers as ``kit``: h, put, link, badge, when, short, problemBox,
@@ -106,16 +106,27 @@ export async function conversationPage(ctx, runId, kit) {
     }
   });
 
-  // the transcript: one <li> per message and reply; a turn's tool calls folded under it
-  let growing = null;   // the assistant's reply being streamed (chat.token)
-  let tools = null;     // the current turn's folded tool calls
-  const assistant = () => {
-    if (!growing) {
-      const body = h("div", { class: "text" });
-      growing = h("li", { class: "msg assistant streaming", dataset: { role: "assistant" } }, h("div", { class: "who" }, "assistant"), body);
-      transcript.append(growing);
-    }
-    return growing;
+  // the transcript: one <li> per message and model reply, in the stream's order (the
+  // server sends a model call's chat.token pieces after its agent.request and before its
+  // agent.reply); a reply that also calls tools ("let me look") is shown, its tool
+  // calls folded below it
+  let chatNode = null;  // the conversation's agent node (its chat.message records')
+  let growing = null;   // the model call's reply being streamed (chat.token)
+  let growingTurn = null; // that model call (the pieces' and agent.reply's `turn`)
+  let said = null;      // the turn's last model reply shown: the chat.reply it is takes it
+  let tools = null;     // the tool calls since that reply, folded
+  const reply = (streaming) => {
+    const li = h("li", { class: streaming ? "msg assistant streaming" : "msg assistant", dataset: { role: "assistant" } },
+      h("div", { class: "who" }, "assistant"), h("div", { class: "text" }));
+    transcript.append(li);
+    tools = null;  // this reply's tool calls go below it
+    return li;
+  };
+  const settle = (text) => {  // the streamed model call ended: its text as recorded
+    growing.classList.remove("streaming");
+    if (typeof text === "string" && text) growing.querySelector(".text").replaceChildren(text);
+    said = growing;
+    growing = growingTurn = null;
   };
   const toolsOf = () => {
     if (!tools) {
@@ -150,30 +161,44 @@ export async function conversationPage(ctx, runId, kit) {
     const rec = event.data;
     if (event.type === "chat.token") {
       if (rec.run_id && rec.run_id !== runId) return;  // a child run's agent
-      const li = assistant();
-      li.querySelector(".text").append(String(rec.text ?? ""));
+      if (growing && growingTurn !== rec.turn) settle(null);  // the next model call's
+      if (!growing) {
+        growing = reply(true);
+        growingTurn = rec.turn;
+      }
+      growing.querySelector(".text").append(String(rec.text ?? ""));
       return;
     }
     switch (rec.type) {
       case "chat.message": {
-        tools = null;
+        tools = said = null;
+        chatNode = rec.node ?? chatNode;
         const li = h("li", { class: "msg user", dataset: { role: "user", seq: String(rec.seq) } },
           h("div", { class: "who" }, rec.by ? `user · ${rec.by}` : "user"), h("div", { class: "text" }, String(rec.text ?? "")));
-        // the stream may deliver this turn's first tokens before the message's record
-        // (they wait in the same wake-up): the growing reply goes on below the message
-        if (growing) growing.before(li);
+        if (growing) growing.before(li);  // (pieces before their message: kept below it)
         else transcript.append(li);
         break;
       }
+      case "agent.reply": {
+        if (rec.agent_tool || (rec.run_id && rec.run_id !== runId)) break;  // another agent's
+        if (growing && growingTurn === rec.turn) settle(rec.reply);
+        else if (!growing && rec.node === chatNode && rec.reply && rec.tool_calls?.length) {  // not streamed
+          said = reply(false);
+          said.querySelector(".text").append(String(rec.reply));
+        }
+        break;
+      }
       case "chat.reply": {
-        const li = assistant();
-        li.classList.remove("streaming");
-        li.dataset.seq = String(rec.seq);
         // a turn that failed on a limit of its own: its error is its reply
-        li.querySelector(".text").replaceChildren(rec.turn_error
-          ? `the turn failed: ${rec.turn_error}` : String(rec.reply ?? ""));
-        growing = null;
-        tools = null;
+        const text = rec.turn_error ? `the turn failed: ${rec.turn_error}` : String(rec.reply ?? "");
+        let li = growing;  // (streamed, its agent.reply not seen)
+        if (li) li.classList.remove("streaming");
+        else if (said && said.querySelector(".text").textContent === text) li = said;
+        else li = reply(false);
+        li.dataset.seq = String(rec.seq);
+        li.querySelector(".text").replaceChildren(text);
+        growing = growingTurn = said = tools = null;
+        chatNode = rec.node ?? chatNode;
         break;
       }
       case "tool.called": case "tool.rejected": {
