@@ -256,7 +256,7 @@ CLAIMS: dict[str, Evidence] = {
     "Format 2": Prose("the log format's version (`_log.FORMAT`)"),
     "`format: 2`": Prose("the log format's version (`_log.FORMAT`)"),
     "S1 166.9 k → 108.7 k instructions per node, S3 220.6 k → 167.9 k per iteration":
-        Bench("bench/README.md", "108.7 k"),
+        Bench("bench/HISTORY.md", "108.7 k"),
     "S3 169.2 k → 162.1 k": Bench("bench/README.md", "162,097"),
     "orjson's 4 KiB buffer": Prose("orjson's own buffer size"),
     "(~3× cheaper than": Unkept("a timeit of the two copies, not kept"),
@@ -283,7 +283,7 @@ CLAIMS: dict[str, Evidence] = {
     "a renewal is one statement every 5 s": Check("the lease is renewed every third of it",
                                                   _heartbeat_is_a_third_of_the_lease),
     "0.05-0.24 ms on SQLite and 0.11 ms on PostgreSQL on loopback": Bench(
-        "bench/README.md", "SQLite 0.05-0.24 ms, PostgreSQL 0.11 ms"),
+        "bench/HISTORY.md", "SQLite 0.05-0.24 ms, PostgreSQL 0.11 ms"),
     # a full SQLite disk
     "checkpoints come every 250 jobs": Value("interlock._store._sqlite_wal", "CHECKPOINT_EVERY",
                                              250),
@@ -310,12 +310,12 @@ CLAIMS: dict[str, Evidence] = {
     "3 MB definition in it an append took 5.6 ms, without 0.16 ms": Unkept(
         "a 300-append micro-benchmark in /tmp (the doc says so)"),
     "(a 300-append micro-benchmark": Unkept("the doc says: a /tmp script, not kept"),
-    "64 hex characters: 262 bytes a record": Bench("bench/README.md", "1,094 B"),
-    "1,094 bytes a step (four records) against LangGraph's 1,511": Bench("bench/README.md",
+    "64 hex characters: 262 bytes a record": Bench("bench/HISTORY.md", "1,094 B"),
+    "1,094 bytes a step (four records) against LangGraph's 1,511": Bench("bench/HISTORY.md",
                                                                          "1,094 B"),
-    "Version 2 takes 725 bytes a step (0.48×)": Bench("bench/README.md",
+    "Version 2 takes 725 bytes a step (0.48×)": Bench("bench/HISTORY.md",
                                                       "725 B against 1,511 B"),
-    "(468 of them)": Bench("bench/README.md", "725 B"),
+    "(468 of them)": Bench("bench/HISTORY.md", "725 B"),
     "64 lowercase hex digits": ByTest("tests/store/test_store_upgrade.py::"
                                     "test_a_changed_version_1_file_is_upgraded_with_its_"
                                     "evidence_kept"),
@@ -325,7 +325,7 @@ CLAIMS: dict[str, Evidence] = {
     "savepoint, best of 100 turns), against ~100 µs": Unkept(
         "a micro-benchmark of SQLite savepoints, not kept"),
     "S1 159.3 k → 160.1 k instructions per node, S3 210.8 k → 211.6 k per iteration":
-        Bench("bench/README.md", "159.3 k"),
+        Bench("bench/HISTORY.md", "159.3 k"),
     "PYTHONHASHSEED=0": Prose("a setting of the measurement"),
     # tamper evidence (issue 26)
     "the server answers 409, not 400,": ByTest(
