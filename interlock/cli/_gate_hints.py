@@ -50,7 +50,7 @@ def past_deadline(run_id: str, w: dict[str, Any], where: str) -> str | None:
     """The one command that works for a gate past its deadline (a decision is refused)."""
     if w.get("deadline") is None or not _text().deadline_passed(w):
         return None
-    line: str = _text().passed_line(w, f"interlock resume {run_id}{where}")
+    line: str = _text().passed_line(w, f"interlock resume {shlex.quote(run_id)}{where}")
     return line
 
 
@@ -62,8 +62,8 @@ def beside(running: list[Any], run_id: str, where: str, live: bool | None) -> st
         return (f"still running beside the gate: {names} (its executor continues a decided "
                 "gate's branch at once)")
     return (f"interrupted beside the gate: {names} (no process is executing the run: its "
-            f"executor stopped); continue it with `interlock resume {run_id}{where}` (the "
-            "gates keep waiting)")
+            f"executor stopped); continue it with `interlock resume {shlex.quote(run_id)}{where}` "
+            "(the gates keep waiting)")
 
 
 def chat_outcome_lines(run_id: str, w: dict[str, Any], where: str) -> list[str]:
@@ -72,7 +72,8 @@ def chat_outcome_lines(run_id: str, w: dict[str, Any], where: str) -> list[str]:
     the command that records the outcome checked by hand (none for another gate)."""
     if not is_unknown(w):
         return []
-    data = (f"`interlock resume {run_id} --gate {w.get('node')} --approve --data "
+    data = (f"`interlock resume {shlex.quote(run_id)} --gate "
+            f"{shlex.quote(str(w.get('node')))} --approve --data "
             f"'{data_example(w)}'{where}`")
     lines: list[str] = _text().unknown_lines(w, data=data)
     lines[2:4] = ["/approve: runs it AGAIN (check first that it did not happen)",
