@@ -144,6 +144,10 @@ class _Uvicorn(uvicorn.Server):
             base = f"http://{f'[{host}]' if ':' in host else host}:{port}"
             names = sorted(self.interlock.workflows)
             log.info("workflows (%d): %s", len(names), ", ".join(names) or "none")
+            for name in names:  # what `interlock run` refuses: this server executes them
+                for w in self.interlock.workflows[name].warnings:
+                    if w.code == "api-key":
+                        log.warning("workflow %r: %s", name, w.message)
             log.info("dashboard: %s/  API: %s/openapi.json, %s/docs", base, base, base)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:

@@ -63,6 +63,27 @@ def test_an_example_folder_with_json_array_data_files_is_served(root: Path,
     assert "Traceback" not in said
 
 
+def test_an_agent_without_its_key_is_said_at_start(root: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """``interlock run`` refuses a workflow whose agent has no key; the server executes
+    its runs itself, so it says so when it starts -- once per agent node -- and serves."""
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    (root / "flows").mkdir()
+    shutil.copy(EXAMPLES / "incident" / "workflow.openai.yaml", root / "flows" / "ai.yaml")
+    shutil.copy(EXAMPLES / "jokes" / "workflow.yaml", root / "flows" / "jokes.yaml")
+    served = Served(root)
+    try:
+        with served.client() as c:
+            assert c.get("/api/workflows").status_code == 200
+    finally:
+        served.stop()
+    warned = [line for line in served.lines if "no API key" in line]
+    assert [w.split(": node ")[1].split(":")[0] for w in warned] == ["'rca'", "'recommend'"]
+    assert all("workflow 'incident-response-openai'" in w and "OPENAI_API_KEY" in w
+               for w in warned)
+    assert "Traceback" not in "".join(served.lines)
+
+
 def test_the_examples_folder_is_walked_with_its_subfolders(root: Path) -> None:
     """docs/server.md's own line: `--workflows examples/` serves every example."""
     (root / "flows").symlink_to(EXAMPLES)
