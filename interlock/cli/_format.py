@@ -107,6 +107,11 @@ def traceback_hint(result: Any, where: str = "") -> list[str]:
     details = (result.error or {}).get("details")
     if not isinstance(details, dict) or not details.get("traceback"):
         return []
+    from ._gate_hints import in_memory
+
+    if in_memory(where):  # (no later command reads a memory:// run)
+        return ["the full traceback: in the error's details, which --json prints "
+                "(error.details.traceback)"]
     return [f"the full traceback: `interlock status {shlex.quote(result.run_id)} --json"
             f"{where}` (error.details.traceback)"]
 

@@ -88,6 +88,15 @@ def code_drift(nodes: list[str]) -> str:
             "run.code_changed; --strict-code refuses)")
 
 
+def in_memory(where: str) -> bool:
+    """Whether the options that reach a run (``where``) name a ``memory://`` store,
+    which is gone with the process that ran it (also when $INTERLOCK_STORE names it)."""
+    import os
+
+    store = where if where else os.environ.get("INTERLOCK_STORE", "")
+    return "memory://" in store and "--server" not in store
+
+
 def failed_hint(run_id: str, error: dict[str, Any] | None, where: str,
                  remote: bool = False) -> str:
     """What can be done about a failed run: a resume re-runs the failed node and decides
@@ -98,6 +107,22 @@ def failed_hint(run_id: str, error: dict[str, Any] | None, where: str,
     kind = err.get("type")
     details = err.get("details") or {}
     rid = shlex.quote(run_id)
+    mro = details.get("mro") or () if isinstance(details, dict) else ()
+    pinned = "AgentConfigError" in mro and "AgentEnvironmentError" not in mro
+    if not remote and in_memory(where):  # nothing can resume or fork it
+        return ("this run was in memory:// and is gone with this process: nothing can "
+                f"resume it. {'Fix the workflow file, then run' if pinned else 'Run'} the "
+                "workflow again with a lasting store (--store sqlite:///runs.db) to be "
+                "able to continue a run after a failure")
+    if pinned:  # raised by the definition the run keeps: a resume fails the same way
+        return (f"the workflow's definition causes this error, and the run keeps the "
+                f"definition it started with: `interlock resume {rid}` would fail the "
+                f"same way. Fix the workflow file, move the run onto it with `interlock "
+                f"migrate {rid} --to FILE{where}`, then `interlock resume {rid}{where}`")
+    if "AgentEnvironmentError" in mro:
+        return (f"set what the error names in the environment of the process that "
+                f"continues the run, then run the failed node again with `interlock resume "
+                f"{rid}{where}`")
     local, on_store = (" --store URL", " on the server's store (through --server, "
                        "resume takes no limits.* and fork is local)") if remote \
         else (where, "")
