@@ -96,8 +96,11 @@ def state_line(result: Any, where: str = "") -> str | None:
         return None
     text = _json(result.state)
     if len(text) > STATE_SHOWN:
-        text = (f"{text[:STATE_SHOWN - 3]}... (`interlock status {shlex.quote(result.run_id)} "
-                f"--json{where}` prints all of it)")
+        from ._gate_hints import in_memory
+
+        text = f"{text[:STATE_SHOWN - 3]}... " + (
+            "(--json prints all of it)" if in_memory(where) else
+            f"(`interlock status {shlex.quote(result.run_id)} --json{where}` prints all of it)")
     return f"state: {text}"
 
 

@@ -97,6 +97,13 @@ def in_memory(where: str) -> bool:
     return "memory://" in store and "--server" not in store
 
 
+def memory_gone(cannot: str, run: str = "Run", to: str = "decide its gates later") -> str:
+    """What a ``memory://`` run's hint says instead of a command that would read it."""
+    return (f"this run was in memory:// and is gone with this process: nothing can "
+            f"{cannot}. {run} the workflow again with a lasting store (--store "
+            f"sqlite:///runs.db) to be able to {to}")
+
+
 def failed_hint(run_id: str, error: dict[str, Any] | None, where: str,
                  remote: bool = False) -> str:
     """What can be done about a failed run: a resume re-runs the failed node and decides
@@ -110,10 +117,8 @@ def failed_hint(run_id: str, error: dict[str, Any] | None, where: str,
     mro = details.get("mro") or () if isinstance(details, dict) else ()
     pinned = "AgentConfigError" in mro and "AgentEnvironmentError" not in mro
     if not remote and in_memory(where):  # nothing can resume or fork it
-        return ("this run was in memory:// and is gone with this process: nothing can "
-                f"resume it. {'Fix the workflow file, then run' if pinned else 'Run'} the "
-                "workflow again with a lasting store (--store sqlite:///runs.db) to be "
-                "able to continue a run after a failure")
+        return memory_gone("resume it", "Fix the workflow file, then run" if pinned
+                           else "Run", "continue a run after a failure")
     if pinned:  # raised by the definition the run keeps: a resume fails the same way
         return (f"the workflow's definition causes this error, and the run keeps the "
                 f"definition it started with: `interlock resume {rid}` would fail the "

@@ -63,3 +63,17 @@ def test_an_environment_error_says_set_it_then_resume() -> None:
     hint = failed_hint("r1", error, " --store sqlite:///x.db")
     assert hint.startswith("set what the error names in the environment")
     assert "`interlock resume r1 --store sqlite:///x.db`" in hint
+
+
+def test_a_memory_run_at_a_gate_names_no_command_that_cannot_reach_it(
+        make_project: Callable[..., CliProject]) -> None:
+    p = make_project("")
+    wf = p.workflow("""
+workflow: gated
+nodes: {gate: {approval: {}}}
+edges: [{from: START, to: gate}, {from: gate, to: END}]
+""")
+    waiting = CliRunner().invoke(cli, ["run", wf, "--store", "memory://"])
+    assert waiting.exit_code == 3, waiting.output
+    assert "--store memory://" not in waiting.output
+    assert "nothing can decide it" in waiting.output
