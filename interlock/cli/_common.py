@@ -124,11 +124,13 @@ def load_workflow(path: str) -> Workflow:
 
 def missing_keys(keys: list[Diagnostic], instead: str) -> str:
     """Why a command that executes a run here refuses to start it: each agent whose API
-    key variable is unset in this process (validate's ``api-key`` warnings), and
-    ``instead``, how to have another process execute it."""
+    key variable, or MCP server header's ``${VAR}``, is unset in this process (validate's
+    ``api-key`` warnings), and ``instead``, how to have another process execute it."""
     lines = [str(w).replace(": warning: ", ": ", 1) for w in keys]
-    return ("the run was not started (nothing is recorded): an agent node it may reach has "
-            "no API key here\n  " + "\n  ".join(lines) + "\n  set the variable and try "
+    what = "no API key" if all("no API key" in w.message for w in keys) else \
+        "a variable unset (an API key, an MCP server header's)"
+    return (f"the run was not started (nothing is recorded): an agent node it may reach has "
+            f"{what} here\n  " + "\n  ".join(lines) + "\n  set the variable and try "
             f"again, or {instead}")
 
 
