@@ -124,6 +124,20 @@ class Verification:
     # False: ``seq`` is where the break shows, not the first bad record, which is not
     # known (an export's records that do not end at its header's chain hash)
     located: bool = True
+    # each run.migrated of an intact log, whose segments were checked under their own
+    # definitions: {seq, by, from_hash, to_hash}
+    migrations: tuple[dict[str, object], ...] = ()
+
+
+def migrated(entries: list[L.Entry]) -> list[dict[str, object]]:
+    """The ``run.migrated`` records among ``entries``, as `Verification` reports them."""
+    out: list[dict[str, object]] = []
+    for e in entries:
+        if e.type == L.RUN_MIGRATED:
+            rec = e.record()
+            out.append({"seq": e.seq, "by": rec.get("by"), "from_hash": rec.get("from_hash"),
+                        "to_hash": rec.get("to_hash")})
+    return out
 
 
 class LogCheck:
@@ -312,14 +326,18 @@ async def _verify(st: Store, run_id: str, above: tuple[str, ...]) -> Verificatio
     row = await st.get_run(run_id)
     check = LogCheck(row, await st.load_snapshot(run_id), above)
     children: list[str] = []
+    moves: list[dict[str, object]] = []
     async for entries in st.iter_entries(run_id, page=TRACE_PAGE):
         check.feed(entries)
         if check.problem is None and check.view is not None:
             # (LogCheck refused a child.started the engine did not write)
             children += [str(e.record().get("run_id")) for e in entries
                          if e.type == L.CHILD_STARTED]
+            moves += migrated(entries)
     await check.settle(st)  # (a child.started is never appended after the summary's end)
     result = check.result()
+    if result.ok and moves:
+        result = dataclasses.replace(result, migrations=tuple(moves))
     parent = above[-1] if above else None
     if parent is not None and result.ok and \
             (row.options.get("parent") or {}).get("run") not in await _lineage(st, parent):

@@ -56,7 +56,16 @@ def test_a_migration_onto_a_new_definition_says_the_code_changed_and_keeps_it_dr
     recs = project.records("d1")
     assert [r["type"] for r in recs].count("run.migrated") == 2
     assert "run.code_changed" not in [r["type"] for r in recs]
-    assert project.cli("verify", "d1").exit_code == 0
+    [first, second] = [r["seq"] for r in recs if r["type"] == "run.migrated"]
+    verified = project.cli("verify", "d1")  # the migrations it checked are said
+    assert verified.exit_code == 0, verified.output
+    assert (f"chain and fold verified; 2 definitions, each segment under its own: migrated "
+            f"at record {first} by ops, moved onto new code at record {second} by ops)"
+            ) in verified.output
+    exported = project.cli("export", "d1")
+    (project.base.root / "d1.jsonl").write_text(exported.stdout)
+    from_file = project.base.cli("verify", "--file", "d1.jsonl")
+    assert f"migrated at record {first} by ops" in from_file.output, from_file.output
 
 
 def test_without_strict_code_the_continuation_says_so_and_records_it(

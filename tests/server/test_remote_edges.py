@@ -78,7 +78,7 @@ def test_verify_through_a_server_is_the_servers_verify(
             body = c.get("/api/runs/keyed/verify").json()
         assert body == {"run_id": "keyed", "ok": True, "records": 5, "seq": None,
                         "message": "", "keyed": True, "notes": [], "children": [],
-                        "located": True}
+                        "located": True, "migrations": []}
 
         # the server holds a key, the run's log is plain: not verified, the server's key said
         plain = run("verify", "plain", "--server", served.url)
