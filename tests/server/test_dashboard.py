@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -521,3 +522,16 @@ def test_the_runs_list_pages_older_and_back_to_the_newest(server: Served, root: 
     page.get_by_role("link", name="← newest").click()
     expect(rows).to_have_count(100)
     expect(rows.first).to_have_attribute("data-run", "pg-102")
+
+
+def test_a_waiting_run_page_says_what_it_waits_for_not_running(server: Served,
+                                                              context: Any) -> None:
+    """A run at a gate is not running: its page says what it waits for, and since when
+    (review 41: "running for 5.4 s" on a WAITING_APPROVAL run)."""
+    start(server, "editable", {"n": 1}, "waits-1")
+    waiting(server, "waits-1")
+    page = context.new_page()
+    page.goto(server.url + "/runs/waits-1")
+    times = page.locator("#run-times")
+    expect(times).to_contain_text(re.compile(r"waiting for a decision at gate for \d"))
+    expect(times).not_to_contain_text("running for")
