@@ -69,6 +69,19 @@ def records(root: Path, run_id: str) -> int:
     return len(json.loads(interlock(root, "trace", run_id, "--json").stdout))
 
 
+def test_runs_waiting_offers_what_an_unknown_outcome_takes(root: Path) -> None:
+    """`runs --waiting` listing only unknown outcomes: its footer offers what they take
+    (approve, reject, approve with the outcome checked by hand), not --modify."""
+    listed = interlock(root, "runs", "--waiting")
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.count("wipe (OUTCOME UNKNOWN)") == 2, listed.stdout
+    [footer] = [line for line in listed.stderr.splitlines() if line.startswith("decide with")]
+    assert "--modify" not in footer and "a message" not in footer, footer
+    assert "--gate GATE --approve --store" in footer, footer
+    assert "(or --reject, or --approve --data '{\"result\": {\"FIELD\": \"VALUE\"}}')" \
+        in footer, footer
+
+
 def test_an_outcome_with_an_undeclared_field_is_refused_on_the_cli(root: Path) -> None:
     before = records(root, "cli")
     typo = interlock(root, "resume", "cli", "--gate", "wipe", "--approve", "--by", "al",
