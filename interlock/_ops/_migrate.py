@@ -357,7 +357,7 @@ async def _code_moved(st: Store, run_id: str, view: RunView, spec: WorkflowSpec,
                 for m in sorted(recorded.keys() | now.keys())
                 if recorded.get(m) != now.get(m)], {}
     kept = {m: d for m, d in sorted(recorded.items()) if m in now and now[m] != d}
-    since = "was migrated" if view.migration is not None else "started"
+    since = "recorded it" if view.migration is not None else "started"
     return [f"the code of module {m!r} changed since the run {since} ({_short(d)} -> "
             f"{_short(now[m])}): not accepted with the new definition -- continuing the run "
             "says so (run.code_changed) and --strict-code refuses it, until `interlock "
