@@ -30,7 +30,7 @@ async def slack_actions(request: Request, server: Srv) -> Response:
     click = slack.click(body)
     if click is not None:
         refusal = await chat.clicked(slack, click.user, click.run_id, click.gate,
-                                     click.decision)
+                                     click.decision, click.request)
         if refusal is not None:
             chat.answered(slack, click.run_id, click.gate, click.user,
                           slack.answer(click, f"No decision recorded: {refusal}"))
@@ -54,7 +54,7 @@ async def google_chat_events(request: Request, server: Srv) -> dict[str, object]
     if event is None:
         return {}
     refusal = await chat.clicked(google, event.user, event.run_id, event.gate,
-                                 event.decision)
+                                 event.decision, event.request)
     if refusal is None:
         return {}
     chat.answered(google, event.run_id, event.gate, event.user,

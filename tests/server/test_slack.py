@@ -235,12 +235,14 @@ def test_a_gate_is_posted_approved_by_a_click_updated_and_the_run_continues(
                    for e in b["elements"]}
         assert set(buttons) == {"Approve", "Reject", "Open in the dashboard"}
         assert "/approvals?run_id=s1" in buttons["Open in the dashboard"]["url"]
-        assert json.loads(buttons["Approve"]["value"]) == {
-            "run_id": "s1", "gate": "gate", "decision": "approve"}
         calls = [h for p, _, h in slack.calls if p.endswith("chat.postMessage")]
         assert calls[0]["Authorization"] == "Bearer xoxb-test-token"
         # the post is on record, with where the message is
         record = posted(c, "s1")
+        # a button decides the asking it was posted for (its approval.requested's seq)
+        assert json.loads(buttons["Approve"]["value"]) == {
+            "run_id": "s1", "gate": "gate", "decision": "approve",
+            "request": record["request"]}
         assert record["via"] == "slack" and record["where"]["channel"] == "CGATES"
 
         # a click, verified (no bearer token: Slack's signature is the credential)
