@@ -1,0 +1,105 @@
+"""docs/server.md's "Try it without a workspace" holds: examples/chatops/slack_click.py's
+fake Slack Web API receives a real ``interlock serve``'s gate message and prints the
+``click`` command of each button; that command, run as printed, signs a click as Slack
+does and the server decides the gate (and answers a refused click through the fake)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from test_server import Served, wait_status
+from test_slack import USERS, project, start  # noqa: F401 (the project fixture)
+
+pytest.importorskip("slack_sdk")
+
+SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "chatops" / "slack_click.py"
+SECRET = "try-secret"
+
+
+class Printed:
+    """A subprocess's stdout, line by line, as it comes."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self.proc, self.lines, self.changed = proc, [], threading.Condition()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            with self.changed:
+                self.lines.append(line.rstrip("\n"))
+                self.changed.notify_all()
+
+    def wait(self, text: str) -> str:
+        with self.changed:
+            assert self.changed.wait_for(lambda: any(text in x for x in self.lines), 30), \
+                (text, self.lines)
+            return next(x for x in self.lines if text in x)
+
+
+@pytest.fixture
+def fake(project: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Printed]:  # noqa: F811
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), "fake-api", "--port", "0"],
+                            stdout=subprocess.PIPE, text=True)
+    printed = Printed(proc)
+    base = printed.wait("fake Slack Web API on ").split(" on ", 1)[1].split()[0]
+    monkeypatch.setenv("SLACK_API_URL", base)
+    monkeypatch.setenv("SLACK_BOT_TOKEN", "xoxb-fake")
+    monkeypatch.setenv("SLACK_SIGNING_SECRET", SECRET)
+    auth = {"tokens": [{"name": n, "sha256": hashlib.sha256(t.encode()).hexdigest(),
+                        "roles": r, **({"slack": u} if u else {})}
+                       for n, (t, r, u) in USERS.items()]}
+    (project / "chat-auth.yaml").write_text(json.dumps(auth))
+    yield printed
+    proc.terminate()
+    proc.wait(30)
+    printed.reader.join(30)
+    assert proc.stdout is not None
+    proc.stdout.close()
+
+
+def press(printed: str, server: str, user: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    """Run a ``click`` command as fake-api printed it, for ``user`` on ``server``."""
+    args = shlex.split(printed.split("] ", 1)[1])
+    assert args[:3] == ["python", str(SCRIPT), "click"], args
+    args[args.index("--server") + 1] = server
+    args[args.index("USER")] = user
+    return subprocess.run([sys.executable, *args[1:], *extra], capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_the_fake_api_and_a_signed_click_decide_a_gate(project: Path, fake: Printed) -> None:  # noqa: F811
+    served = Served(project, "--auth", "chat-auth.yaml", "--slack-channel", "C0TRY")
+    try:
+        with served.client("tok-alice") as c:
+            start(c, "t1")
+            fake.wait("posted message")
+            approve = fake.wait("[Approve] python ")
+            assert '"request": ' in approve and '"gate": "gate"' in approve
+            # a user the server does not map: 200, answered through the response_url
+            refused = press(approve, served.url, "UNOBODY")
+            assert refused.stdout.startswith("200"), refused
+            assert "not mapped to an approver" in fake.wait("answered (ephemeral")
+            # the wrong secret: 401, and the caller is told no more than that
+            wrong = press(approve, served.url, "UALICE", "--secret", "not-it")
+            assert wrong.returncode == 1 and wrong.stdout.startswith("401"), wrong
+            assert "does not verify" in wrong.stdout
+            assert c.get("/api/runs/t1").json()["status"] == "WAITING_APPROVAL"
+            # the mapped approver: decided, the run goes on, the message is updated
+            done = press(approve, served.url, "UALICE")
+            assert done.returncode == 0 and done.stdout.startswith("200"), done
+            wait_status(c, "t1", "COMPLETED")
+            fake.wait("updated message")
+            assert fake.wait("  Approved by ").strip().startswith(
+                "Approved by alice (via slack) at ")
+    finally:
+        served.stop()
