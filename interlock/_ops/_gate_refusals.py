@@ -108,12 +108,14 @@ def _waiting(pending: list[Gate], name: str) -> Gate | None:
 def _asked_again(run_id: str, name: str, gate: Gate, asked: float) -> str:
     """Why a decision made for the asking of ``name`` at ``asked`` is refused: the gate
     waiting under that name now is another asking (``gate``)."""
+    kind = {"approval": "an approval", "confirm": "a confirmation", "workflow":
+            "a child run's gate", "tool": "a guarded tool call"}.get(gate.kind, gate.kind)
     what = ("its outcome is unknown: approving runs it AGAIN"
-            if gate.kind == "unknown_outcome" else f"visit {gate.visit}, a {gate.kind}")
+            if gate.kind == "unknown_outcome" else f"visit {gate.visit}, {kind}")
     return (f"the decision is refused: the request it was made for (gate {name!r} of run "
             f"{run_id!r}, asked at {utc(asked)}) is no longer waiting: it was decided, and "
             f"the gate was asked again at {utc(gate.requested_at)} ({what}); decide the "
-            "request waiting now (a chat posted it as a new message)")
+            "request waiting now (in a chat: its newer message)")
 
 
 def _what(loaded: Loaded, name: str, items: list[int]) -> str:
