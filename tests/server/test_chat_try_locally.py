@@ -15,8 +15,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from test_google_chat import AUDIENCE, FakeGoogle, google, send, token  # noqa: F401
 from test_server import Served, wait_status
-from test_slack import USERS, project, start  # noqa: F401 (the project fixture)
+from test_slack import USERS, decided, posted, project, start  # noqa: F401 (fixtures)
 
 pytest.importorskip("slack_sdk")
 
@@ -101,5 +102,39 @@ def test_the_fake_api_and_a_signed_click_decide_a_gate(project: Path, fake: Prin
             fake.wait("updated message")
             assert fake.wait("  Approved by ").strip().startswith(
                 "Approved by alice (via slack) at ")
+    finally:
+        served.stop()
+
+
+def documented_event(run_id: str, gate: str, request: int) -> dict[str, object]:
+    """The CARD_CLICKED event docs/server.md shows, for ``run_id``'s ``gate``."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "server.md").read_text()
+    part = text.split("### Try it without a workspace", 1)[1]
+    start = part.index('    {"type": "CARD_CLICKED"')
+    block = part[start:part.index("\n\n", start)]
+    shown = json.dumps(json.loads(block))
+    for was, now in (('"demo"', json.dumps(run_id)), ('"approval"', json.dumps(gate)),
+                     ('"9"', json.dumps(str(request)))):
+        assert was in shown, was
+        shown = shown.replace(was, now)
+    event: dict[str, object] = json.loads(shown)
+    return event
+
+
+def test_the_documented_google_chat_event_decides_a_gate(
+        project: Path, google: FakeGoogle) -> None:  # noqa: F811
+    served = Served(project, "--auth", "chat-auth.yaml", "--google-chat-space", "spaces/AAA",
+                    "--google-chat-audience", AUDIENCE, "--google-chat-keys",
+                    "chat-keys.json")
+    try:
+        with served.client("tok-alice") as c, served.client() as anonymous:
+            start(c, "t2")
+            google.wait("POST")
+            request = posted(c, "t2")["request"]
+            r = send(anonymous, documented_event("t2", "gate", request), token())
+            assert r.status_code == 200 and r.json() == {}, r.text
+            wait_status(c, "t2", "COMPLETED")
+            [d] = decided(c, "t2")
+            assert (d["by"], d["via"]) == ("alice", "google-chat")
     finally:
         served.stop()
