@@ -15,9 +15,11 @@ every waiting run and those changed in the last hour (the deliveries a stopped s
 left owed).
 
 A click is decided by the mapped approver (``slack: U…`` / ``google_chat: users/…`` on an
-``--auth`` entry) through `Server.decide_gate` with ``via`` the chat's name; a click on a
-gate decided already, by an unmapped user or one the gate's ``approvers:`` refuse records
-no decision and is answered (ephemerally) with why.
+``--auth`` entry) through `Server.decide_gate` with ``via`` the chat's name, for the
+asking its message was posted for only (the button carries its ``approval.requested``'s
+seq; the decision is pinned to that asking's ``requested_at``); a click on a gate decided
+already or asked again since, by an unmapped user or one the gate's ``approvers:``
+refuse records no decision and is answered (ephemerally) with why.
 """
 
 from __future__ import annotations
