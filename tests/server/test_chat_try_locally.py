@@ -1,7 +1,10 @@
 """docs/server.md's "Try it without a workspace" holds: examples/chatops/slack_click.py's
 fake Slack Web API receives a real ``interlock serve``'s gate message and prints the
 ``click`` command of each button; that command, run as printed, signs a click as Slack
-does and the server decides the gate (and answers a refused click through the fake)."""
+does and the server decides the gate (and answers a refused click through the fake).
+The same for examples/chatops/google_chat_click.py (its fake Chat API and token
+endpoint, its own key for --google-chat-keys), and the CARD_CLICKED event the doc
+shows."""
 
 from __future__ import annotations
 
@@ -71,7 +74,7 @@ def fake(project: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Printed]:  
 def press(printed: str, server: str, user: str, *extra: str) -> subprocess.CompletedProcess[str]:
     """Run a ``click`` command as fake-api printed it, for ``user`` on ``server``."""
     args = shlex.split(printed.split("] ", 1)[1])
-    assert args[:3] == ["python", str(SCRIPT), "click"], args
+    assert args[0] == "python" and args[2] == "click", args
     args[args.index("--server") + 1] = server
     args[args.index("USER")] = user
     return subprocess.run([sys.executable, *args[1:], *extra], capture_output=True,
@@ -138,3 +141,46 @@ def test_the_documented_google_chat_event_decides_a_gate(
             assert (d["by"], d["via"]) == ("alice", "google-chat")
     finally:
         served.stop()
+
+
+GSCRIPT = SCRIPT.with_name("google_chat_click.py")
+
+
+def test_the_google_chat_fake_api_and_a_signed_click_decide_a_gate(
+        project: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    pytest.importorskip("jwt")
+    keys = project / "gchat"
+    proc = subprocess.Popen([sys.executable, str(GSCRIPT), "fake-api", "--port", "0",
+                             "--dir", str(keys)], stdout=subprocess.PIPE, text=True)
+    printed = Printed(proc)
+    try:
+        for name, value in (x.split("=", 1) for x in
+                            printed.wait("export ").removeprefix("export ").split()):
+            monkeypatch.setenv(name, value)
+        options = shlex.split(printed.wait("serve with: ").removeprefix("serve with: "))
+        auth = {"tokens": [{"name": "alice", "roles": ["approver"], "google_chat": "users/111",
+                            "sha256": hashlib.sha256(b"tok-alice").hexdigest()},
+                           {"name": "olga", "roles": ["operator"],
+                            "sha256": hashlib.sha256(b"tok-olga").hexdigest()}]}
+        (project / "chat-auth.yaml").write_text(json.dumps(auth))
+        served = Served(project, "--auth", "chat-auth.yaml", *options)
+        try:
+            with served.client("tok-alice") as c:
+                start(c, "t3")
+                approve = printed.wait("[Approve] python ")
+                refused = press(approve, served.url, "users/999")
+                assert refused.stdout.startswith("200") and \
+                    "not mapped to an approver" in refused.stdout, refused
+                done = press(approve, served.url, "users/111")
+                assert done.returncode == 0 and done.stdout.startswith("200 {}"), done
+                wait_status(c, "t3", "COMPLETED")
+                assert printed.wait("  Approved by ").strip().startswith(
+                    "Approved by alice (via google-chat) at ")
+        finally:
+            served.stop()
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        printed.reader.join(30)
+        assert proc.stdout is not None
+        proc.stdout.close()
