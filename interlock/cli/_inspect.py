@@ -414,9 +414,8 @@ def _footer(gates: list[dict[str, Any]], where: str) -> str:
 
     decided = [g for g in gates if g.get("kind") != "message"]
     said = f"a message: interlock send RUN_ID TEXT{where}"
-    if not decided:
-        return said if gates else f"decide with: interlock resume RUN_ID --gate GATE " \
-            f"--approve{where} (or --reject); {said}"
+    if not decided:  # conversations only
+        return said
     if all(is_unknown(g) for g in decided):  # its own options: approving runs it again
         every: dict[str, Any] = {**decided[0], "node": "GATE"}
     else:
