@@ -20,7 +20,7 @@ ROOT = Path(interlock.__file__).resolve().parent
 LAYERS: dict[int, set[str]] = {
     # leaves: errors, records and the chain, limits, small helpers
     0: {"_definition", "_engine", "_observe", "_ops", "_plugins", "_worker", "_errors", "_log",
-        "_json", "_hints", "_gate_text", "_extras",
+        "_json", "_hints", "_gate_text", "_extras", "_keys",
         "_engine._records", "_definition._limits", "_definition._bounds", "_definition._callables",
         "_definition._signature", "_engine._steps", "_definition._cost", "_definition._values"},
     # the definition, expressions, the graph, the stores, isolation's wire format, the

@@ -23,7 +23,7 @@ from interlock import (
     StoreError,
     UsageError,
 )
-from interlock.support import limits
+from interlock.support import NoKey, limits
 
 from . import _dashboard as dashboard
 from . import (
@@ -136,6 +136,12 @@ def _handlers(app: FastAPI) -> None:
     @app.exception_handler(RunNotFound)
     async def _not_found(request: Request, exc: RunNotFound) -> JSONResponse:
         return problem(404, "Not Found", str(exc))
+
+    @app.exception_handler(NoKey)
+    async def _no_key(request: Request, exc: NoKey) -> JSONResponse:
+        # the run this server would execute would fail at an agent: refused, as
+        # `interlock run` refuses it, with nothing recorded
+        return problem(409, "Conflict", str(exc))
 
     @app.exception_handler(UsageError)
     async def _usage(request: Request, exc: UsageError) -> JSONResponse:

@@ -144,10 +144,14 @@ class _Uvicorn(uvicorn.Server):
             base = f"http://{f'[{host}]' if ':' in host else host}:{port}"
             names = sorted(self.interlock.workflows)
             log.info("workflows (%d): %s", len(names), ", ".join(names) or "none")
+            then = ("this server records its runs for `interlock worker` processes, which "
+                    "need the key" if self.interlock.records_only else "this server "
+                    "refuses its runs (409, nothing recorded) until the variable is set "
+                    "where it runs")
             for name in names:  # what `interlock run` refuses: this server executes them
                 for w in self.interlock.workflows[name].warnings:
                     if w.code == "api-key":
-                        log.warning("workflow %r: %s", name, w.message)
+                        log.warning("workflow %r: %s; %s", name, w.message, then)
             log.info("dashboard: %s/  API: %s/openapi.json, %s/docs", base, base, base)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
