@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import click
 
 from ._common import EXIT_FAILED, CliError, call_engine, need_store, store_option
-from ._format import _plural
+from ._format import _plural, where_options
 from ._remote import Remote, server_options
 
 if TYPE_CHECKING:
@@ -46,6 +46,7 @@ def verify(run_id: str | None, path: str | None, store_url: str | None,
     then "ok" also proves the log was written by a holder of the key."""
     from .. import verify as run_verify
 
+    where = ""  # the options that reach the server, for a printed command
     if path is not None:
         if run_id is not None or server_url:
             raise CliError("give RUN_ID (a stored run, or with --server a server's) or "
@@ -61,15 +62,16 @@ def verify(run_id: str | None, path: str | None, store_url: str | None,
             v = remote.verification(run_id)
         finally:
             remote.close()
+        where = where_options(None, server_url, token)
         server_url = remote.url
     else:
         need_store(store_url)
         v = call_engine(run_verify(run_id, store=store_url))
-    _print_verification(run_id, v, path, server_url)
+    _print_verification(run_id, v, path, server_url, where)
 
 
 def _print_verification(run_id: str, v: Verification, path: str | None,
-                        server_url: str | None) -> None:
+                        server_url: str | None, where: str = "") -> None:
     for note in v.notes:
         click.echo(f"warning: {note}", err=True)
     by = f"; checked by the server at {server_url}" if server_url else ""
@@ -93,9 +95,9 @@ def _print_verification(run_id: str, v: Verification, path: str | None,
         if unused:
             click.echo(unused)
         rid, out = shlex.quote(v.run_id), shlex.quote(f"{v.run_id}.jsonl")
-        click.echo(f"for evidence that does not rest on the server: `interlock export {rid} "
-                   f"--store URL > {out}` where its store is reached, then `interlock "
-                   f"verify --file {out}`")
+        click.echo(f"to check it here, with no key (the log is not keyed): `interlock export "
+                   f"{rid}{where} > {out} && interlock verify --file {out}`"
+                   + (" with INTERLOCK_LOG_KEY unset" if unused else ""))
     elif v.seq is None:  # it could not be checked at all (a keyed log, without its key)
         click.echo(f"not verified: {which}: {v.message}")
         if server_url:
@@ -137,10 +139,14 @@ def _verify_file(path: str) -> Verification:
 @click.command(short_help="Write a run's log as JSON lines (for `verify --file`).")
 @click.argument("run_id", metavar="RUN_ID")
 @store_option
-def export(run_id: str, store_url: str | None) -> None:
+@server_options
+def export(run_id: str, store_url: str | None, server_url: str | None,
+           token: str | None) -> None:
     """Write RUN_ID to stdout as JSON lines: a first line with the run's definition and
     summary (its last seq and chain hash), then every record exactly as stored. An
     auditor checks it with no store: `interlock verify --file run.jsonl`.
+
+    With --server, the server's export of a run in its store: the same lines.
 
     A log that does not verify is written all the same (it is what the store holds, and
     the evidence of what changed), with a warning on stderr, and the command exits 1."""
@@ -154,8 +160,17 @@ def export(run_id: str, store_url: str | None) -> None:
         out.flush()
         return await run_verify(run_id, store=store_url)
 
-    need_store(store_url)
-    v = call_engine(write())
+    if server_url:
+        remote = Remote(server_url, token, store_url)
+        try:
+            remote.export(run_id, sys.stdout.buffer)
+            sys.stdout.buffer.flush()
+            v = remote.verification(run_id)  # (the server's word, with its key)
+        finally:
+            remote.close()
+    else:
+        need_store(store_url)
+        v = call_engine(write())
     if v.ok or v.seq is None:  # intact, or a keyed log this process has no key for
         return
     which = run_id if v.run_id == run_id else f"{v.run_id} (a child run of {run_id})"

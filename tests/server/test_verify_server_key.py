@@ -75,9 +75,9 @@ def test_a_keyed_server_checks_a_plain_log_and_says_what_it_checked(
         first, *rest = out.stdout.splitlines()
         assert first.startswith("not verified as keyed: before (")
         assert "unset INTERLOCK_LOG_KEY" not in out.stdout  # (a server cannot)
-        assert rest[-1] == ("for evidence that does not rest on the server: `interlock "
-                            "export before --store URL > before.jsonl` where its store is "
-                            "reached, then `interlock verify --file before.jsonl`")
+        assert rest[-1] == ("to check it here, with no key (the log is not keyed): "
+                            f"`interlock export before --server {served.url} > before.jsonl "
+                            "&& interlock verify --file before.jsonl`")
         assert "was not used" not in out.stdout  # this client has no key
         # a client with a key of its own -- a wrong one -- is told it was not used,
         # on the plain outcome and on an "ok"
@@ -86,6 +86,18 @@ def test_a_keyed_server_checks_a_plain_log_and_says_what_it_checked(
         assert out.returncode == 1
         assert "your INTERLOCK_LOG_KEY was not used: the server checked with its own" \
             in out.stdout
+        assert out.stdout.rstrip().endswith("verify --file before.jsonl` with "
+                                            "INTERLOCK_LOG_KEY unset")
+        # ... and the hint works: the export, checked here with no store and no key
+        export = subprocess.run(
+            [sys.executable, "-m", "interlock", "export", "before", "--server", served.url],
+            cwd=root, capture_output=True, timeout=60,
+            env={**{k: v for k, v in os.environ.items() if k != "INTERLOCK_LOG_KEY"},
+                 "PYTHONPATH": pythonpath(root)})
+        assert export.returncode == 0, export.stderr
+        (root / "before.jsonl").write_bytes(export.stdout)
+        out = verify(root, "--file", "before.jsonl")
+        assert out.returncode == 0 and out.stdout.startswith("ok: before ("), out.stdout
         out = verify(root, "after", "--server", served.url, key=wrong)
         assert out.returncode == 0, out.stdout + out.stderr
         assert out.stdout.startswith("ok: after (")
