@@ -291,6 +291,7 @@ async def events(run_id: str, server: Srv, row: Existing,
 async def resume(run_id: str, server: Srv, who: Operator,
                  body: ResumeIn) -> dict[str, object]:
     row = await server.st.get_run(run_id)
+    server.refuse_unkeyed(row.workflow, "the resume was not started")  # (409)
     config = body.config or None
     async with server.lock(run_id):
         try:
@@ -324,6 +325,7 @@ async def fork(run_id: str, server: Srv, who: Operator, body: ForkIn) -> dict[st
     if body.at > row.summary.last_seq:
         raise Problemed(422, "Unprocessable Content", f"run {run_id} has records "
                         f"1..{row.summary.last_seq}; cannot fork at {body.at}")
+    server.refuse_unkeyed(row.workflow, "the fork was not started")  # (409)
     new_id = body.run_id or interlock.make_run_id()
     if await _exists(server, new_id):
         raise Problemed(409, "Conflict", f"a run with id {new_id!r} already exists; "

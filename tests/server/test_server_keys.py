@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
-from test_server import Served
+from test_server import Served, pythonpath
 
 import interlock
 from interlock.support import Firer, NotFired
@@ -116,6 +119,39 @@ def test_a_message_to_a_conversation_is_refused_and_not_recorded(
             assert c.get("/api/runs/c1").json() == before
     finally:
         served.stop()
+
+
+def test_a_failed_run_is_not_resumed_or_forked_here_and_its_hint_says_why(
+        root: Path) -> None:
+    """A run that failed at the agent for its key (executed elsewhere, or before this
+    check): a resume or a fork through this server would fail the same way -- 409 --
+    and ``status --server`` says to set the variable where the run executes."""
+    store = f"sqlite:///{root / 'runs.db'}"
+    failed = interlock.load(str(root / "flows" / "ai.yaml")).run_sync(
+        {}, store=store, run_id="f1")
+    assert failed.status == "FAILED"
+    served = Served(root)
+    try:
+        with served.client() as c:
+            before = c.get("/api/runs/f1").json()
+            r = c.post("/api/runs/f1/resume", json={})
+            assert r.status_code == 409, r.text
+            assert r.json()["detail"].startswith("the resume was not started (nothing is "
+                                                 "recorded)")
+            r = c.post("/api/runs/f1/fork", json={"at": 2, "run_id": "f2"})
+            assert r.status_code == 409 and "the fork was not started" in r.text
+            assert c.get("/api/runs/f1").json() == before
+            assert c.get("/api/runs/f2").status_code == 404
+        status = subprocess.run(
+            [sys.executable, "-m", "interlock", "status", "f1", "--server", served.url],
+            cwd=root, capture_output=True, text=True, timeout=60,
+            env={**os.environ, "PYTHONPATH": pythonpath(root)})
+    finally:
+        served.stop()
+    assert "the agent had no API key where the run executed: set $OPENAI_API_KEY" \
+        in status.stdout + status.stderr
+    assert "run the failed node again" not in status.stdout + status.stderr
+    assert (root / "executions.log").read_text() == "intake\n"  # the first run's only
 
 
 def test_a_trigger_of_such_a_workflow_logs_each_refused_firing(root: Path) -> None:
