@@ -180,7 +180,10 @@ def _listen(host: str, port: int) -> socket.socket:
     """The listening socket, bound before the server starts anything (a run taken over
     by a server that then cannot listen would be taken for nothing)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # (IPPROTO_TCP named: asyncio sets TCP_NODELAY only on a socket that says it is TCP --
+    # with proto 0, each small answer on a kept-alive connection waited ~40 ms for the
+    # client's delayed ACK before its body was sent: Nagle)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host.strip("[]"), port))
