@@ -7,6 +7,10 @@ loop of ``--records / 3`` steps), starts ``interlock serve --workers 0`` on it, 
 times ``GET /api/health`` sent every ``--every`` seconds (default 0.005): alone, then
 while ``GET /api/runs/long/verify`` runs, ``--repeat`` times (default 5). Prints the
 verify's median time and the health requests' median and slowest latency in each case.
+Then, in this process on the same store, the event loop's longest stall while
+``interlock.verify`` checks the run, giving the loop back (``share_loop``, as the
+server does) and not (as it did): the request latencies above include the machine's
+noise, the stall is the verify's own.
 
     PYTHONPATH=/work/main python bench/verify_latency.py            # before
     PYTHONPATH=. python bench/verify_latency.py --root DIR          # after, same store
@@ -94,6 +98,49 @@ async def measure(url: str, every: float, repeat: int) -> None:
           f"max {max(during) * ms:.2f} ms ({len(during)} requests)")
 
 
+async def stalls(store: str, repeat: int) -> None:
+    """The event loop's longest gap between two ticks of a task while verify runs."""
+    import inspect
+
+    import interlock
+
+    shares = "share_loop" in inspect.signature(interlock.verify).parameters
+    st = interlock.open_store(store)
+    try:
+        for share in ((False, True) if shares else (False,)):
+            worst: list[tuple[float, float]] = []
+            for _ in range(repeat):
+                stop = asyncio.Event()
+
+                async def ticker(stop: asyncio.Event = stop) -> tuple[float, float]:
+                    # wall time, and this thread's CPU time (the machine's preemption
+                    # left out) between two ticks
+                    gap = cpu = 0.0
+                    last, last_cpu = time.perf_counter(), time.thread_time()
+                    while not stop.is_set():
+                        await asyncio.sleep(0)
+                        now, now_cpu = time.perf_counter(), time.thread_time()
+                        gap, cpu = max(gap, now - last), max(cpu, now_cpu - last_cpu)
+                        last, last_cpu = now, now_cpu
+                    return gap, cpu
+
+                task = asyncio.create_task(ticker())
+                await asyncio.sleep(0)
+                kw = {"share_loop": True} if share else {}
+                v = await interlock.verify("long", store=st, **kw)
+                stop.set()
+                worst.append(await task)
+                assert v.ok, v
+            wall = [w for w, _ in worst]
+            cpu = [c for _, c in worst]
+            print(f"loop's longest stall during verify, share_loop={share}: wall median "
+                  f"{statistics.median(wall) * 1000:.1f} ms (max {max(wall) * 1000:.1f}), "
+                  f"CPU median {statistics.median(cpu) * 1000:.1f} ms "
+                  f"(max {max(cpu) * 1000:.1f})")
+    finally:
+        await st.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--root")
@@ -109,6 +156,7 @@ def main() -> None:
     with served(root, "--store", store, "--workflows", str(root / "loop.yaml"),
                 "--workers", "0", "--no-take-over") as url:
         asyncio.run(measure(url, args.every, args.repeat))
+    asyncio.run(stalls(store, args.repeat))
 
 
 if __name__ == "__main__":

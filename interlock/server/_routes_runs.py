@@ -219,8 +219,9 @@ async def verify(run_id: str, server: Srv, row: Existing) -> dict[str, object]:
     the server's INTERLOCK_LOG_KEY: ``interlock verify RUN_ID --server URL``. A log
     that is not keyed, on a server with a key, is checked as a plain chain (the server
     cannot unset its key): intact, it is not ok, with ``seq`` null and the records
-    counted. (The check gives the event loop back every few hundred records: a long
-    log does not stall the other requests and streams.)"""
+    counted. (The check reads and checks a few hundred records at a time, giving the
+    event loop back between them: a long log does not stall the other requests and
+    streams.)"""
     return dataclasses.asdict(await interlock.verify(run_id, store=server.st, plain=True,
                                                      share_loop=True))
 
