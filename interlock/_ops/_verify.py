@@ -347,14 +347,14 @@ async def _verify(st: Store, run_id: str, above: tuple[str, ...],
     row = await st.get_run(run_id)
     check = LogCheck(row, await st.load_snapshot(run_id), above, plain)
     children: list[str] = []
-    # sharing the loop, the pages are read that small too: the store's thread builds a
-    # page's entries holding the GIL, which the loop's thread then waits for
-    every = SHARE_EVERY if share_loop else TRACE_PAGE
-    async for entries in st.iter_entries(run_id, page=every):
-        for start in range(0, len(entries), every):
-            if share_loop:
-                await _share()
-            check.feed(entries[start:start + every])
+    # sharing the loop, smaller pages: each is checked between two yields, and read
+    # that small too (the store's thread builds a page's entries holding the GIL, which
+    # the loop's thread waits for)
+    async for entries in st.iter_entries(run_id,
+                                         page=SHARE_EVERY if share_loop else TRACE_PAGE):
+        if share_loop:
+            await _share()
+        check.feed(entries)
         if check.problem is None and check.view is not None:
             # (LogCheck refused a child.started the engine did not write)
             children += [str(e.record().get("run_id")) for e in entries
