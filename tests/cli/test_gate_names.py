@@ -148,7 +148,7 @@ def test_the_api_names_its_field_and_the_cli_through_a_server_its_flag(
                 in detail
             assert "--gate" not in detail
             typo = _problem(http.post("/api/runs/gn-4/decisions", json={
-                "decision": "approve", "node": "deplyo", "by": "bob"}), 409)
+                "decision": "approve", "node": "deplyo", "by": "bob"}), 422)
             assert "Did you mean 'deploy" in typo
             assert '(decide one with "node": "NAME" in the request body)' in typo
             assert "--gate" not in typo
