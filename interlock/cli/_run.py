@@ -125,9 +125,9 @@ def _execute(wf: Workflow, data: dict[str, Any], store_url: str | None, run_id: 
 @click.option("--gate", "gate", metavar="NODE",
               help="With a decision: the gate it decides, as waiting.pending names it (a "
                    "node; NODE[i] for item i of a map; parent_node/child_gate for a child "
-                   "run's gate). Default: the gate waiting longest (the output says "
-                   "which). A mapped gate's bare NODE is refused while more than one of its "
-                   "items waits.")
+                   "run's gate). Default: the gate waiting longest (the first line says "
+                   "which, and which gates still wait). A mapped gate's bare NODE is "
+                   "refused while more than one of its items waits.")
 @click.option("--data", "data_json", metavar="JSON",
               help="With --approve or --reject: the input the gate's approval.input "
                    "schema asks for (JSON); the gate's record carries it as data.")
