@@ -295,16 +295,14 @@ def _remote_resume(remote: Any, run_id: str, decision: Any, config_sets: list[Co
         raise CliError("with --server, resume takes --set KEY=VALUE for top-level config "
                        "keys only (no limits.*, no nested keys) and no --force: the server "
                        "executes the run")
+    said = decision is None
     try:
         earlier = remote.records(run_id)  # (a 404 for an unknown run)
         before = len(earlier)
         if decision is not None:
             remote.decide(run_id, decision)
             # which gate it decided, said now (the server goes on executing the run)
-            recorded = earlier + remote.records(run_id, before)
-            rec = decided_record(decision, recorded[before:])
-            if rec is not None:
-                say(note(decision, rec, waiting_before(recorded, rec["seq"])))
+            said = _say_remote(decision, earlier + remote.records(run_id, before), before)
         else:
             config = config_overrides({}, config_sets) if config_sets else {}
             remote.call("POST", f"/api/runs/{run_id}/resume", json={"config": config})
@@ -313,10 +311,21 @@ def _remote_resume(remote: Any, run_id: str, decision: Any, config_sets: list[Co
         records = remote.records(run_id)
     finally:
         remote.close()
+    if not said:  # (recorded later: by the process that executes the run)
+        _say_remote(decision, records, before)
     progress = Progress(run_id, live=False)
     progress.where, progress.remote = where, True
     progress.replay(records)
     _finish(result, progress, as_json)
+
+
+def _say_remote(decision: Any, records: list[dict[str, Any]], before: int) -> bool:
+    """`note` for ``decision`` from a server's ``records`` (its ``approval.decided``
+    after the first ``before``); whether it was found."""
+    rec = decided_record(decision, records[before:])
+    if rec is not None:
+        say(note(decision, rec, waiting_before(records, rec["seq"])))
+    return rec is not None
 
 
 def _decision(kind: str | None, patch_json: str | None, at_node: str | None,
