@@ -111,7 +111,13 @@ from ._definition._spec import load_spec
 from ._definition._spec import parse as parse_definition
 from ._definition._values import parse_duration
 from ._engine import _guards
-from ._engine._approvals import GateNotWaiting, NotAnApprover, approvers_refuse, patch_schema
+from ._engine._approvals import (
+    GateNotWaiting,
+    NoSuchGate,
+    NotAnApprover,
+    approvers_refuse,
+    patch_schema,
+)
 from ._engine._fold import RunView
 from ._errors import Draining
 from ._extras import install_hint
@@ -208,6 +214,7 @@ __all__ = [
     "Migration",
     "MigrationRefused",
     "NoKey",
+    "NoSuchGate",
     "NodeSpec",
     "NotAnApprover",
     "NotFired",

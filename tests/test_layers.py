@@ -73,7 +73,7 @@ LAYERS: dict[int, set[str]] = {
     # the public surface and the command line
     10: {"", "__main__", "testing", "support", "cli", "cli._common", "cli._format", "cli._inspect",
         "cli._progress", "cli._run", "cli._trace", "cli._coverage", "cli._prune", "cli._serve",
-        "cli._gate_hints",
+        "cli._gate_hints", "cli._decided",
         "cli._remote", "cli._triggers", "cli._worker", "cli._migrate", "cli._mcp", "mcp",
         "mcp._tools", "mcp._local", "mcp._conversation", "mcp._runs",
         "mcp._tasks", "server", "server._app",

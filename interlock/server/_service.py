@@ -20,6 +20,7 @@ from interlock.support import (
     GateTaken,
     Metrics,
     NoKey,
+    NoSuchGate,
     NotAnApprover,
     NotFired,
     RunView,
@@ -319,7 +320,8 @@ class Server:
         the API's decision, the dashboard's, a chat's click: executed here (or recorded
         for workers with ``--workers 0``, or for the process executing the run). Raises
         `Problemed` 403 for a decider the gate's ``approvers:`` refuse, 409 when the
-        gate was decided already or the run waits no more; UsageError (400) for a
+        gate was decided already or the run waits no more, 422 for a gate the workflow
+        has not; UsageError (400) for a
         decision the gate does not take."""
         row = await self.st.get_run(run_id)
         async with self.lock(run_id):
@@ -332,6 +334,8 @@ class Server:
                         detach=self.records_only))
             except NotAnApprover as exc:
                 raise Problemed(403, "Forbidden", str(exc)) from None
+            except NoSuchGate as exc:  # the request's mistake, whatever the run's state
+                raise Problemed(422, "Unprocessable Content", str(exc)) from None
             except (GateTaken, GateNotWaiting) as exc:
                 raise Problemed(409, "Conflict", str(exc)) from None
             except interlock.UsageError as exc:
