@@ -114,8 +114,14 @@ def failed_hint(run_id: str, error: dict[str, Any] | None, where: str,
     kind = err.get("type")
     details = err.get("details") or {}
     rid = shlex.quote(run_id)
+    from ..support import final_failure, missing_key
+
+    var = missing_key(err)
     mro = details.get("mro") or () if isinstance(details, dict) else ()
-    pinned = "AgentConfigError" in mro and "AgentEnvironmentError" not in mro
+    # (an environment's error recorded before AgentEnvironmentError: by its words)
+    env = "AgentEnvironmentError" in mro or var is not None \
+        or "is not set in the environment" in str(err.get("message"))
+    pinned = "AgentConfigError" in mro and not env
     if not remote and in_memory(where):  # nothing can resume or fork it
         return memory_gone("resume it", "Fix the workflow file, then run" if pinned
                            else "Run", "continue a run after a failure")
@@ -124,15 +130,19 @@ def failed_hint(run_id: str, error: dict[str, Any] | None, where: str,
                 f"definition it started with: `interlock resume {rid}` would fail the "
                 f"same way. Fix the workflow file, move the run onto it with `interlock "
                 f"migrate {rid} --to FILE{where}`, then `interlock resume {rid}{where}`")
-    if "AgentEnvironmentError" in mro:
-        return (f"set what the error names in the environment of the process that "
-                f"continues the run, then run the failed node again with `interlock resume "
-                f"{rid}{where}`")
     local, on_store = (" --store URL", " on the server's store (through --server, "
                        "resume takes no limits.* and fork is local)") if remote \
         else (where, "")
-    from ..support import final_failure
-
+    if env and var is None:
+        return (f"set what the error names in the environment of the process that "
+                f"continues the run, then run the failed node again with `interlock resume "
+                f"{rid}{where}`")
+    if var is not None:  # a resume before the variable is set would fail the same way
+        return (f"the agent had no API key where the run executed: set ${var} in the "
+                "environment of the process that executes it -- " + (
+                    "`interlock serve` (or its `interlock worker` processes), restarted"
+                    if remote else "this shell, or the worker or server that executed it")
+                + f" -- then `interlock resume {rid}{where}`")
     final = final_failure(err)
     if final is not None:  # a resume is refused: it would fail the same way
         return (f"this failure is final: {final}; `interlock resume` is refused. To try "
