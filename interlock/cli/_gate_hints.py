@@ -104,19 +104,13 @@ def memory_gone(cannot: str, run: str = "Run", to: str = "decide its gates later
             f"sqlite:///runs.db) to be able to {to}")
 
 
-def failed_hint(run_id: str, error: dict[str, Any] | None, where: str,
-                 remote: bool = False) -> str:
-    """What can be done about a failed run: a resume re-runs the failed node and decides
-    again, on the definition the run keeps -- which does not help every failure.
-    ``where``: the options that reach the run (``remote``: a server's, through which
-    resume takes no limits and fork is not offered: those go to the server's store)."""
-    err = error or {}
-    kind = err.get("type")
-    details = err.get("details") or {}
-    rid = shlex.quote(run_id)
-    from ..support import final_failure, missing_key
-
-    var = missing_key(err)
+def _unfit(rid: str, err: dict[str, Any], where: str, remote: bool,
+           var: str | None) -> str | None:
+    """The hint of a failed run that `interlock resume` cannot continue as it is: a
+    ``memory://`` run (gone with its process), an error of the pinned definition (an
+    agent's `AgentConfigError`: fix the file, migrate), or of this environment (an
+    `AgentEnvironmentError` other than an API key's, ``var``: set it, resume)."""
+    details = err.get("details")
     mro = details.get("mro") or () if isinstance(details, dict) else ()
     # (an environment's error recorded before AgentEnvironmentError: by its words)
     env = "AgentEnvironmentError" in mro or var is not None \
@@ -130,13 +124,32 @@ def failed_hint(run_id: str, error: dict[str, Any] | None, where: str,
                 f"definition it started with: `interlock resume {rid}` would fail the "
                 f"same way. Fix the workflow file, move the run onto it with `interlock "
                 f"migrate {rid} --to FILE{where}`, then `interlock resume {rid}{where}`")
-    local, on_store = (" --store URL", " on the server's store (through --server, "
-                       "resume takes no limits.* and fork is local)") if remote \
-        else (where, "")
     if env and var is None:
         return (f"set what the error names in the environment of the process that "
                 f"continues the run, then run the failed node again with `interlock resume "
                 f"{rid}{where}`")
+    return None
+
+
+def failed_hint(run_id: str, error: dict[str, Any] | None, where: str,
+                 remote: bool = False) -> str:
+    """What can be done about a failed run: a resume re-runs the failed node and decides
+    again, on the definition the run keeps -- which does not help every failure.
+    ``where``: the options that reach the run (``remote``: a server's, through which
+    resume takes no limits and fork is not offered: those go to the server's store)."""
+    err = error or {}
+    kind = err.get("type")
+    details = err.get("details") or {}
+    rid = shlex.quote(run_id)
+    from ..support import final_failure, missing_key
+
+    var = missing_key(err)
+    unfit = _unfit(rid, err, where, remote, var)
+    if unfit is not None:  # gone with its process, or a resume would fail the same way
+        return unfit
+    local, on_store = (" --store URL", " on the server's store (through --server, "
+                       "resume takes no limits.* and fork is local)") if remote \
+        else (where, "")
     if var is not None:  # a resume before the variable is set would fail the same way
         return (f"the agent had no API key where the run executed: set ${var} in the "
                 "environment of the process that executes it -- " + (
