@@ -3,7 +3,8 @@ is recorded, and the failed run's remedy.
 
 An ``openai`` agent reads its key from a variable of the process that executes the
 run (``$OPENAI_API_KEY``, or its ``api_key_env``). Validate warns of one unset in this
-process (code ``api-key``). A process that would execute the run itself -- ``interlock
+process (code ``api-key``; an MCP server header's ``${VAR}`` counts the same:
+`agents._check.check_headers`). A process that would execute the run itself -- ``interlock
 run`` and ``chat``, a server with its own workers -- refuses to start it: otherwise the
 nodes before the agent would run, with their effects, and the run would fail at it. A
 process that only records the run for another (``run --detach``, ``serve --workers 0``)
