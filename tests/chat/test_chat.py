@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _workflows import triage
 from conftest import CliProject, records
 from fake_openai import FakeOpenAI
 from test_store_conformance import pg_schema_url  # noqa: F401 (a fixture)
@@ -233,17 +234,7 @@ def test_sigkill_during_a_tool_call_of_turn_two_then_resume(make_project: Any,
     assert p.cli("verify", "k").exit_code == 0
 
 
-CHILD = """
-workflow: triage
-input: [service]
-nodes:
-  check: {call: "{mod}:record"}
-  approval: {approval: {show: [checked]}}
-edges:
-  - {from: START, to: check}
-  - {from: check, to: approval}
-  - {from: approval, to: END, when: 'approval.decision == "approved"'}
-"""
+CHILD = triage("{mod}:record")
 
 
 def _workflow_tool_project(make_project: Any) -> tuple[CliProject, str]:

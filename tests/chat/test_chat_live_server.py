@@ -18,29 +18,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _workflows import RECORD_NODES, run_triage, toolchat
 from fake_openai import FakeOpenAI
 from test_chat_server import CHAT, TRIAGE  # the same conversation and child workflow
 from test_server import TOKENS, Served, events, pythonpath, wait_status
 
-TOOLCHAT = """
-workflow: toolchat
-chat: assistant
-nodes:
-  assistant:
-    agent:
-      provider: scripted
-      tools: [{workflow: triage.yaml, name: run_triage, description: Sweep a service}]
-      replies:
-        - {tool_calls: [{name: run_triage, arguments: {service: db}}]}
-        - the triage of db is approved and done
-        - {tool_calls: [{name: run_triage, arguments: {service: api}}]}
-        - the triage of api was refused
-"""
-
-NODES = """
-def record(state):
-    return {"checked": state.get("service")}
-"""
+TOOLCHAT = toolchat("the triage of db is approved and done", run_triage("api"),
+                    "the triage of api was refused")
+NODES = RECORD_NODES
 
 
 @pytest.fixture

@@ -12,52 +12,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _workflows import OPENAI_CHAT, RECORD_NODES, toolchat, triage
 from click.testing import CliRunner
 from fake_openai import FakeOpenAI
 from test_server import Served, events, wait_status
 
 from interlock.cli import cli
 
-CHAT = """
-workflow: chat
-chat: assistant
-nodes:
-  assistant:
-    agent:
-      provider: openai
-      model: gpt-test
-      system: You are the on-call assistant.
-"""
-
-TRIAGE = """
-workflow: triage
-input: [service]
-nodes:
-  check: {call: "chatnodes:record"}
-  approval: {approval: {show: [checked]}}
-edges:
-  - {from: START, to: check}
-  - {from: check, to: approval}
-  - {from: approval, to: END, when: 'approval.decision == "approved"'}
-"""
-
-TOOLCHAT = """
-workflow: toolchat
-chat: assistant
-nodes:
-  assistant:
-    agent:
-      provider: scripted
-      tools: [{workflow: triage.yaml, name: run_triage, description: Sweep a service}]
-      replies:
-        - {tool_calls: [{name: run_triage, arguments: {service: db}}]}
-        - triage approved
-"""
-
-NODES = """
-def record(state):
-    return {"checked": state.get("service")}
-"""
+CHAT = OPENAI_CHAT
+TRIAGE = triage("chatnodes:record")
+TOOLCHAT = toolchat("triage approved")
+NODES = RECORD_NODES
 
 
 @pytest.fixture

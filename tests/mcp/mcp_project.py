@@ -12,6 +12,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from _workflows import triage
 from test_server import GATED, NODES, TOKENS, pythonpath
 
 pytest.importorskip("mcp")
@@ -73,17 +74,7 @@ nodes:
         - you are welcome
 '''
 
-TRIAGE = '''
-workflow: triage
-input: [service]
-nodes:
-  check: cnodes:check
-  approval: {approval: {show: [checked]}}
-edges:
-  - {from: START, to: check}
-  - {from: check, to: approval}
-  - {from: approval, to: END, when: 'approval.decision == "approved"'}
-'''
+TRIAGE = triage("cnodes:check")
 
 CHILD_NODES = '''
 def check(state):

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _workflows import OPENAI_CHAT, RECORD_NODES, toolchat, triage
 from fake_openai import FakeOpenAI
 from test_server import TOKENS, Served
 
@@ -37,47 +38,10 @@ REPO = Path(__file__).resolve().parents[2]
 WAIT = 15_000  # ms: a page condition's upper bound (a loaded 2-core machine)
 expect.set_options(timeout=WAIT)
 
-CHAT = """
-workflow: chat
-chat: assistant
-nodes:
-  assistant:
-    agent:
-      provider: openai
-      model: gpt-test
-      system: You are the on-call assistant.
-"""
-
-TRIAGE = """
-workflow: triage
-input: [service]
-nodes:
-  check: {call: "chatdashnodes:record"}
-  approval: {approval: {show: [checked]}}
-edges:
-  - {from: START, to: check}
-  - {from: check, to: approval}
-  - {from: approval, to: END, when: 'approval.decision == "approved"'}
-"""
-
-TOOLCHAT = """
-workflow: toolchat
-chat: assistant
-nodes:
-  assistant:
-    agent:
-      provider: scripted
-      tools: [{workflow: triage.yaml, name: run_triage, description: Sweep a service}]
-      replies:
-        - {tool_calls: [{name: run_triage, arguments: {service: db}}]}
-        - triage approved, db is swept
-        - glad to help
-"""
-
-NODES = """
-def record(state):
-    return {"checked": state.get("service")}
-"""
+CHAT = OPENAI_CHAT
+TRIAGE = triage("chatdashnodes:record")
+TOOLCHAT = toolchat("triage approved, db is swept", "glad to help")
+NODES = RECORD_NODES
 
 
 def _answer(body: dict[str, Any]) -> str:
