@@ -65,3 +65,27 @@ nodes:
       model: gpt-test
       system: You are the on-call assistant.
 """
+
+
+# -- two gates in parallel branches, one of them followed by a node ----------------------
+
+_DETACHED = """
+workflow: detached
+nodes:
+  prep: %(mod)s:prep
+  legal: {approval: {show: []}}
+  security: {approval: {show: []}}
+  after_legal: %(mod)s:after_legal
+edges:
+  - {from: START, to: prep}
+  - {from: prep, to: [legal, security]}
+  - {from: legal, to: after_legal}
+  - {from: after_legal, to: END}
+  - {from: security, to: END}
+"""
+
+
+def detached(mod: str) -> str:
+    """The workflow ``detached``: ``prep`` (of node module ``mod``), then the gates
+    ``legal`` and ``security`` in parallel; ``legal``'s branch goes on to ``after_legal``."""
+    return _DETACHED % {"mod": mod}

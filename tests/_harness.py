@@ -1,0 +1,75 @@
+"""Harness pieces several test files share: waiting for another process's progress, a
+`CliProject`'s workflows served by a real ``interlock serve``, a run started through the
+API up to its gates, and CLI processes released at the same moment (a race)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from conftest import CliProject
+from test_decision_race import LAUNCH
+
+if TYPE_CHECKING:
+    from test_server import Served
+
+
+def wait_for(what: Callable[[], bool], why: str, timeout: float = 60,
+             every: float = 0.02) -> None:
+    """Poll another process's progress (a file it writes, its log, a server's answer)
+    until ``what``; fail naming ``why`` after ``timeout`` seconds."""
+    until = time.monotonic() + timeout
+    while not what():
+        if time.monotonic() > until:
+            raise AssertionError(f"timed out waiting for {why}")
+        time.sleep(every)
+
+
+def write_flows(p: CliProject, **flows: str) -> None:
+    """Each text of ``flows`` as ``flows/NAME.yaml`` under ``p``'s root (``{mod}`` naming
+    its node module, as `CliProject.workflow` writes it): the folder a server serves."""
+    (p.root / "flows").mkdir()
+    for name, text in flows.items():
+        (p.root / "flows" / f"{name}.yaml").write_text(
+            textwrap.dedent(text).replace("{mod}", p.mod))
+
+
+def serve(p: CliProject, **flows: str) -> Served:
+    """A real ``interlock serve`` on ``p``'s store serving ``flows`` (`write_flows`); the
+    caller stops it."""
+    from test_server import Served  # (the server tests' harness skips without httpx)
+
+    write_flows(p, **flows)
+    return Served(p.root, store=p.store)
+
+
+def started_waiting(http: Any, workflow: str, run_id: str) -> None:
+    """Start ``run_id`` of ``workflow`` through the API; wait until it waits at a gate."""
+    made = http.post(f"/api/workflows/{workflow}/runs", json={"run_id": run_id})
+    assert made.status_code == 201, made.text
+    wait_for(lambda: http.get(f"/api/runs/{run_id}").json()["status"]
+             == "WAITING_APPROVAL", f"run {run_id} to wait")
+
+
+def released_together(cwd: Path, commands: list[list[str]], timeout: float = 120
+                      ) -> list[subprocess.CompletedProcess[str]]:
+    """Each command (``interlock`` arguments) in a process of its own, all released at
+    the same moment: each waits for one byte on its stdin before it runs (`LAUNCH`).
+    Their outcomes, in the order given."""
+    procs = [subprocess.Popen(
+        [sys.executable, "-c", LAUNCH, *args],
+        cwd=cwd, env=dict(os.environ), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True) for args in commands]
+    for proc in procs:  # each waits for one byte on stdin: released together
+        assert proc.stdin is not None
+        proc.stdin.write("x")
+        proc.stdin.flush()
+    outs = [proc.communicate(timeout=timeout) for proc in procs]
+    return [subprocess.CompletedProcess(proc.args, proc.returncode, o, e)
+            for proc, (o, e) in zip(procs, outs, strict=True)]
