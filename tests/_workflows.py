@@ -34,25 +34,46 @@ def triage(call: str) -> str:
     return _TRIAGE % call
 
 
+def tool_call(name: str, **arguments: str) -> str:
+    """A scripted reply that calls the tool ``name`` with ``arguments``."""
+    args = ", ".join(f"{k}: {v}" for k, v in arguments.items())
+    return "{tool_calls: [{name: " + name + ", arguments: {" + args + "}}]}"
+
+
 def run_triage(service: str) -> str:
     """A scripted reply that calls the workflow tool ``run_triage`` for ``service``."""
-    return "{tool_calls: [{name: run_triage, arguments: {service: " + service + "}}]}"
+    return tool_call("run_triage", service=service)
+
+
+def scripted_chat(workflow: str, agent: str, tools: str, *replies: str) -> str:
+    """The conversation ``workflow``: a scripted agent ``agent`` with ``tools`` (a YAML
+    flow list) giving ``replies`` in turn (YAML flow items: text, or `tool_call`)."""
+    return f"""
+workflow: {workflow}
+chat: {agent}
+nodes:
+  {agent}:
+    agent:
+      provider: scripted
+      tools: {tools}
+      replies:
+""" + "".join(f"        - {r}\n" for r in replies)
 
 
 def toolchat(*replies: str) -> str:
     """The conversation ``toolchat``: a scripted agent ``assistant`` whose tool
     ``run_triage`` runs ``triage.yaml`` (beside it) as a child; its first reply calls the
-    tool for ``db``, then it gives ``replies`` (YAML flow items: text, or `run_triage`)."""
-    return """
-workflow: toolchat
-chat: assistant
-nodes:
-  assistant:
-    agent:
-      provider: scripted
-      tools: [{workflow: triage.yaml, name: run_triage, description: Sweep a service}]
-      replies:
-""" + "".join(f"        - {r}\n" for r in (run_triage("db"), *replies))
+    tool for ``db``, then it gives ``replies``."""
+    return scripted_chat(
+        "toolchat", "assistant",
+        "[{workflow: triage.yaml, name: run_triage, description: Sweep a service}]",
+        run_triage("db"), *replies)
+
+
+def kchat(tools: str, *replies: str) -> str:
+    """The conversation ``kchat``: a scripted agent ``a`` with ``tools``, giving
+    ``replies`` in turn (`scripted_chat`)."""
+    return scripted_chat("kchat", "a", tools, *replies)
 
 
 OPENAI_CHAT = """
@@ -89,3 +110,42 @@ def detached(mod: str) -> str:
     """The workflow ``detached``: ``prep`` (of node module ``mod``), then the gates
     ``legal`` and ``security`` in parallel; ``legal``'s branch goes on to ``after_legal``."""
     return _DETACHED % {"mod": mod}
+
+
+# -- an action whose process dies in the middle of it: an unknown outcome ----------------
+
+ONODES = '''
+import os, signal
+
+def fix(state):
+    with open("fix.log", "a") as f:
+        f.write("fix\\n")
+    if os.path.exists("kill.me"):  # the process dies in the middle of the action
+        os.remove("kill.me")
+        os.kill(os.getpid(), signal.SIGKILL)
+    return {"fixed": True}
+'''
+"""The node module ``onodes``: ``fix`` appends a line to ``fix.log``; while a file
+``kill.me`` exists it removes it and SIGKILLs its own process (a real killed process)."""
+
+ONE = """
+workflow: one
+input: [disk]
+nodes: {fix: {call: "onodes:fix", confirm: true, reads: [disk]}}
+edges: [{from: START, to: fix}, {from: fix, to: END}]
+"""
+"""The workflow ``one``: ``fix`` of `ONODES`, an action that asks first (``confirm``)."""
+
+
+_ONE_GATE = """
+workflow: %s
+nodes:
+  gate: {approval: {show: []}}
+edges:
+  - {from: START, to: gate}
+"""
+
+
+def one_gate(workflow: str) -> str:
+    """The workflow ``workflow``: the gate ``gate`` (it shows nothing), and nothing else."""
+    return _ONE_GATE % workflow

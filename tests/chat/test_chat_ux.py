@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _workflows import kchat, tool_call
 from click.testing import CliRunner
 from conftest import records
 from test_server import Served, wait_status
@@ -32,20 +33,8 @@ def lookup(q: str) -> str:
     return f"found {q}"
 '''
 
-CHAT = """
-workflow: kchat
-chat: a
-nodes:
-  a:
-    agent:
-      provider: scripted
-      tools: [{mod}:lookup]
-      replies:
-        - {tool_calls: [{name: lookup, arguments: {q: one}}]}
-        - looked it up
-        - second answer
-        - third answer
-"""
+CHAT = kchat("[{mod}:lookup]", tool_call("lookup", q="one"), "looked it up", "second answer",
+             "third answer")
 
 GATES = """
 workflow: gates
