@@ -20,15 +20,30 @@ if TYPE_CHECKING:
     from test_server import Served
 
 
+REPO = Path(__file__).resolve().parents[1]
+
+
 def wait_for(what: Callable[[], bool], why: str, timeout: float = 60,
-             every: float = 0.02) -> None:
+             every: float = 0.02, alive: subprocess.Popen[bytes] | None = None) -> None:
     """Poll another process's progress (a file it writes, its log, a server's answer)
-    until ``what``; fail naming ``why`` after ``timeout`` seconds."""
+    until ``what``; fail naming ``why`` after ``timeout`` seconds, or as soon as the
+    process ``alive`` (the one that should get there) has ended."""
     until = time.monotonic() + timeout
     while not what():
+        if alive is not None:
+            assert alive.poll() is None, f"the process ended before {why}"
         if time.monotonic() > until:
             raise AssertionError(f"timed out waiting for {why}")
         time.sleep(every)
+
+
+def interlock_process(root: Path, *args: str, **popen: Any) -> subprocess.Popen[bytes]:
+    """``interlock ARGS`` in a process of its own in ``root``, importing ``root``'s node
+    modules and this checkout's interlock; its output is discarded (``popen``: more of
+    `subprocess.Popen`'s arguments, e.g. ``stdin``)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), str(REPO)])}
+    return subprocess.Popen([sys.executable, "-m", "interlock", *args], cwd=root, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **popen)
 
 
 def write_flows(p: CliProject, **flows: str) -> None:

@@ -9,11 +9,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from _harness import interlock_process, wait_for
 from _workflows import triage
 from conftest import CliProject, records
 from fake_openai import FakeOpenAI
@@ -200,17 +200,10 @@ def test_sigkill_during_a_tool_call_of_turn_two_then_resume(make_project: Any,
     assert p.cli("run", wf, "--run-id", "k").exit_code == 3
     assert p.cli("send", "k", "hello").exit_code == 3
     (tmp_path / "block").write_text("")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(tmp_path), str(Path(__file__).resolve().parents[2])])}
-    proc = subprocess.Popen([sys.executable, "-m", "interlock", "send", "k", "restart db",
-                             "--store", p.store], cwd=tmp_path, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = interlock_process(tmp_path, "send", "k", "restart db", "--store", p.store)
     try:
-        deadline = time.monotonic() + 60
-        while "restart_service:start" not in p.executions():
-            assert proc.poll() is None, "the send ended before its tool call"
-            assert time.monotonic() < deadline, "the tool never started"
-            time.sleep(0.05)
+        wait_for(lambda: "restart_service:start" in p.executions(), "its tool call",
+                 every=0.05, alive=proc)
         proc.send_signal(signal.SIGKILL)
         proc.wait(30)
     finally:
