@@ -18,14 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _workflows import RECORD_NODES, run_triage, toolchat
+from _workflows import run_triage, toolchat
 from fake_openai import FakeOpenAI
-from test_chat_server import CHAT, TRIAGE  # the same conversation and child workflow
+from test_chat_server import chat_project, started  # the same conversations
 from test_server import TOKENS, Served, events, pythonpath, wait_status
 
 TOOLCHAT = toolchat("the triage of db is approved and done", run_triage("api"),
                     "the triage of api was refused")
-NODES = RECORD_NODES
 
 
 @pytest.fixture
@@ -34,12 +33,7 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.delenv("INTERLOCK_LOG_KEY", raising=False)
     monkeypatch.delenv("INTERLOCK_SERVER", raising=False)
     monkeypatch.delenv("INTERLOCK_TOKEN", raising=False)
-    (tmp_path / "chatnodes.py").write_text(NODES)
-    flows = tmp_path / "flows"
-    flows.mkdir()
-    for name, text in (("chat", CHAT), ("triage", TRIAGE), ("toolchat", TOOLCHAT)):
-        (flows / f"{name}.yaml").write_text(textwrap.dedent(text))
-    return tmp_path
+    return chat_project(tmp_path, TOOLCHAT)
 
 
 class Chat:
@@ -178,9 +172,7 @@ def test_the_rest_of_a_turn_after_a_decision_streams_on_the_event_stream(
     server = Served(project)
     try:
         with server.client() as c:
-            assert c.post("/api/workflows/toolchat/runs",
-                          json={"input": {}, "run_id": "d1"}).status_code == 201
-            wait_status(c, "d1", "WAITING_INPUT")
+            started(c, "d1")
             assert c.post("/api/runs/d1/messages", json={"text": "triage db"}
                           ).status_code == 202
             wait_status(c, "d1", "WAITING_APPROVAL")
@@ -288,9 +280,7 @@ def test_chat_through_a_server_continues_a_session_at_its_gate(project: Path) ->
     server = Served(project)
     try:
         with server.client() as c:
-            assert c.post("/api/workflows/toolchat/runs",
-                          json={"input": {}, "run_id": "s1"}).status_code == 201
-            wait_status(c, "s1", "WAITING_INPUT")
+            started(c, "s1")
             assert c.post("/api/runs/s1/messages", json={"text": "triage db"}
                           ).status_code == 202
             wait_status(c, "s1", "WAITING_APPROVAL")

@@ -25,16 +25,29 @@ TOOLCHAT = toolchat("triage approved")
 NODES = RECORD_NODES
 
 
+def chat_project(root: Path, toolchat: str = TOOLCHAT) -> Path:
+    """``root`` as a served folder: the conversations ``chat`` and ``toolchat`` (the
+    latter's child ``triage``) in ``flows/``, their node module ``chatnodes``."""
+    (root / "chatnodes.py").write_text(NODES)
+    flows = root / "flows"
+    flows.mkdir()
+    for name, text in (("chat", CHAT), ("triage", TRIAGE), ("toolchat", toolchat)):
+        (flows / f"{name}.yaml").write_text(textwrap.dedent(text))
+    return root
+
+
+def started(c: Any, run_id: str) -> None:
+    """``run_id`` of ``toolchat`` started through the API, waiting for its first message."""
+    assert c.post("/api/workflows/toolchat/runs",
+                  json={"input": {}, "run_id": run_id}).status_code == 201
+    wait_status(c, run_id, "WAITING_INPUT")
+
+
 @pytest.fixture
 def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.delenv("INTERLOCK_STORE", raising=False)
     monkeypatch.delenv("INTERLOCK_LOG_KEY", raising=False)
-    (tmp_path / "chatnodes.py").write_text(NODES)
-    flows = tmp_path / "flows"
-    flows.mkdir()
-    for name, text in (("chat", CHAT), ("triage", TRIAGE), ("toolchat", TOOLCHAT)):
-        (flows / f"{name}.yaml").write_text(textwrap.dedent(text))
-    return tmp_path
+    return chat_project(tmp_path)
 
 
 def _answer(body: dict[str, Any]) -> str:
@@ -232,9 +245,7 @@ def test_hints_after_a_server_command_carry_server(project: Path,
     server = Served(project)
     try:
         with server.client() as c:
-            assert c.post("/api/workflows/toolchat/runs",
-                          json={"input": {}, "run_id": "h1"}).status_code == 201
-            wait_status(c, "h1", "WAITING_INPUT")
+            started(c, "h1")
             assert c.post("/api/workflows/big/runs",
                           json={"input": {}, "run_id": "b1"}).status_code == 201
             wait_status(c, "b1", "COMPLETED")
@@ -262,9 +273,7 @@ def test_hints_after_a_server_command_carry_server(project: Path,
         assert json.loads(whole.stdout)["state"] == {"text": "z" * 2000}
         # `interlock chat --server` whose input ends at a gate: how to decide it, there
         with server.client() as c:
-            assert c.post("/api/workflows/toolchat/runs",
-                          json={"input": {}, "run_id": "h2"}).status_code == 201
-            wait_status(c, "h2", "WAITING_INPUT")
+            started(c, "h2")
         talk = runner.invoke(cli, ["chat", "flows/toolchat.yaml", "--session", "h2",
                                    "--server", server.url], input="triage db\n",
                              catch_exceptions=False)
