@@ -76,16 +76,23 @@ def kchat(tools: str, *replies: str) -> str:
     return scripted_chat("kchat", "a", tools, *replies)
 
 
-OPENAI_CHAT = """
-workflow: chat
+def openai_chat(workflow: str, line: str) -> str:
+    """The conversation ``workflow``: an agent ``assistant`` of the model ``gpt-test``
+    (provider ``openai``: the local fake of tests/fake_openai.py), with one more line of
+    its settings (its ``system:`` or its ``tools:``)."""
+    return f"""
+workflow: {workflow}
 chat: assistant
 nodes:
   assistant:
     agent:
       provider: openai
       model: gpt-test
-      system: You are the on-call assistant.
+      {line}
 """
+
+
+OPENAI_CHAT = openai_chat("chat", "system: You are the on-call assistant.")
 
 
 # -- two gates in parallel branches, one of them followed by a node ----------------------

@@ -11,14 +11,13 @@ import os
 import select
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from _workflows import run_triage, toolchat
+from _workflows import openai_chat, run_triage, toolchat
 from fake_openai import FakeOpenAI
 from test_chat_server import chat_project, started  # the same conversations
 from test_server import TOKENS, Served, events, pythonpath, wait_status
@@ -244,16 +243,8 @@ def test_local_chat_streams_the_rest_of_a_turn_after_an_inline_approval(
     fake.reply(tool_calls=[("run_triage", {"service": "db"})])
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
     monkeypatch.setenv("OPENAI_BASE_URL", fake.url)
-    (project / "flows" / "ochat.yaml").write_text(textwrap.dedent("""
-        workflow: ochat
-        chat: assistant
-        nodes:
-          assistant:
-            agent:
-              provider: openai
-              model: gpt-test
-              tools: [{workflow: triage.yaml, name: run_triage, description: Sweep one}]
-        """))
+    (project / "flows" / "ochat.yaml").write_text(openai_chat(
+        "ochat", "tools: [{workflow: triage.yaml, name: run_triage, description: Sweep one}]"))
     gate = threading.Event()
     chat = Chat(project, "flows/ochat.yaml", "--store", f"sqlite:///{project / 'runs.db'}")
     try:
