@@ -4,6 +4,8 @@ API up to its gates, and CLI processes released at the same moment (a race)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -44,6 +46,30 @@ def interlock_process(root: Path, *args: str, **popen: Any) -> subprocess.Popen[
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), str(REPO)])}
     return subprocess.Popen([sys.executable, "-m", "interlock", *args], cwd=root, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **popen)
+
+
+def write_auth(root: Path, tokens: dict[str, tuple[str, list[str]]],
+               name: str = "auth.yaml") -> None:
+    """``root/NAME``, the server's ``--auth`` file: each of ``tokens`` (name: (token,
+    roles)) by the SHA-256 of its token."""
+    auth = {"tokens": [{"name": n, "sha256": hashlib.sha256(t.encode()).hexdigest(),
+                        "roles": r} for n, (t, r) in tokens.items()]}
+    (root / name).write_text(json.dumps(auth))
+
+
+def write_folder(root: Path, modules: dict[str, str], flows: dict[str, str],
+                 tokens: dict[str, tuple[str, list[str]]] | None = None) -> Path:
+    """``root`` as ``interlock serve`` (or a worker) finds it: each node module of
+    ``modules`` as ``NAME.py``, each workflow text of ``flows`` as ``flows/NAME.yaml``
+    (both dedented) and, with ``tokens``, its `write_auth` ``auth.yaml``."""
+    for name, text in modules.items():
+        (root / f"{name}.py").write_text(textwrap.dedent(text))
+    (root / "flows").mkdir()
+    for name, text in flows.items():
+        (root / "flows" / f"{name}.yaml").write_text(textwrap.dedent(text))
+    if tokens is not None:
+        write_auth(root, tokens)
+    return root
 
 
 def write_flows(p: CliProject, **flows: str) -> None:

@@ -5,7 +5,6 @@ and the rest of the turn after a decision streamed to the run's event stream."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import select
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _harness import write_auth
 from _workflows import openai_chat, run_triage, toolchat
 from fake_openai import FakeOpenAI
 from test_chat_server import chat_project, started  # the same conversations
@@ -205,9 +205,7 @@ def test_the_rest_of_a_turn_after_a_decision_streams_on_the_event_stream(
 
 
 def test_chat_through_a_server_with_a_token(project: Path) -> None:
-    auth = {"tokens": [{"name": n, "sha256": hashlib.sha256(t.encode()).hexdigest(),
-                        "roles": r} for n, (t, r) in TOKENS.items()]}
-    (project / "auth.yaml").write_text(json.dumps(auth))
+    write_auth(project, TOKENS)
     server = Served(project, "--auth", "auth.yaml")
     try:
         refused = Chat(project, "flows/toolchat.yaml", "--server", server.url)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _harness import write_auth, write_folder
 from _workflows import OPENAI_CHAT, RECORD_NODES, toolchat, triage
 from click.testing import CliRunner
 from fake_openai import FakeOpenAI
@@ -28,12 +29,8 @@ NODES = RECORD_NODES
 def chat_project(root: Path, toolchat: str = TOOLCHAT) -> Path:
     """``root`` as a served folder: the conversations ``chat`` and ``toolchat`` (the
     latter's child ``triage``) in ``flows/``, their node module ``chatnodes``."""
-    (root / "chatnodes.py").write_text(NODES)
-    flows = root / "flows"
-    flows.mkdir()
-    for name, text in (("chat", CHAT), ("triage", TRIAGE), ("toolchat", toolchat)):
-        (flows / f"{name}.yaml").write_text(textwrap.dedent(text))
-    return root
+    return write_folder(root, {"chatnodes": NODES},
+                        {"chat": CHAT, "triage": TRIAGE, "toolchat": toolchat})
 
 
 def started(c: Any, run_id: str) -> None:
@@ -166,14 +163,9 @@ def test_a_workflow_tool_gate_decided_through_the_api_and_send_through_the_serve
 
 def test_under_auth_a_message_is_the_operators_and_by_is_the_tokens_name(
         project: Path) -> None:
-    import hashlib
-    import json
-
     from test_server import TOKENS
 
-    auth = {"tokens": [{"name": n, "sha256": hashlib.sha256(t.encode()).hexdigest(),
-                        "roles": r} for n, (t, r) in TOKENS.items()]}
-    (project / "auth.yaml").write_text(json.dumps(auth))
+    write_auth(project, TOKENS)
     (project / "flows" / "plain.yaml").write_text(textwrap.dedent("""
         workflow: plain
         chat: assistant

@@ -4,14 +4,13 @@ runs a child workflow with a gate), and the SDK's client over stdio."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from _harness import write_auth
 from _workflows import triage
 from test_server import GATED, NODES, TOKENS, pythonpath
 
@@ -92,9 +91,7 @@ def make_project(root: Path) -> Path:
     (root / "children").mkdir()  # a conversation's child workflow, not served as a tool
     (root / "children" / "triage.yaml").write_text(textwrap.dedent(TRIAGE))
     (root / "cnodes.py").write_text(CHILD_NODES)
-    auth = {"tokens": [{"name": n, "sha256": hashlib.sha256(t.encode()).hexdigest(),
-                        "roles": r} for n, (t, r) in TOKENS.items()]}
-    (root / "auth.yaml").write_text(json.dumps(auth))
+    write_auth(root, TOKENS)
     return root
 
 

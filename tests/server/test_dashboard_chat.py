@@ -7,7 +7,6 @@ a Chromium is missing. Every wait is on a condition in the page."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _harness import write_auth
 from _workflows import OPENAI_CHAT, RECORD_NODES, toolchat, triage
 from fake_openai import FakeOpenAI
 from test_server import TOKENS, Served
@@ -63,9 +63,7 @@ def _serve(root: Path, fake: FakeOpenAI, *args: str) -> Served:
     flows.mkdir()
     for name, text in (("chat", CHAT), ("triage", TRIAGE), ("toolchat", TOOLCHAT)):
         (flows / f"{name}.yaml").write_text(textwrap.dedent(text))
-    auth = {"tokens": [{"name": n, "sha256": hashlib.sha256(t.encode()).hexdigest(),
-                        "roles": r} for n, (t, r) in TOKENS.items()]}
-    (root / "auth.yaml").write_text(json.dumps(auth))
+    write_auth(root, TOKENS)
     saved = {k: os.environ.get(k) for k in ("INTERLOCK_STORE", "INTERLOCK_LOG_KEY",
                                             "OPENAI_API_KEY", "OPENAI_BASE_URL")}
     for name in ("INTERLOCK_STORE", "INTERLOCK_LOG_KEY"):

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _harness import write_folder
 from test_server import Served, wait_status
 
 NODES = '''
@@ -46,9 +47,7 @@ GATED_V2 = GATED.replace("  b: mnodes:double", "  c: mnodes:check\n  b: mnodes:d
 def served(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.delenv("INTERLOCK_STORE", raising=False)
     monkeypatch.delenv("INTERLOCK_LOG_KEY", raising=False)
-    (tmp_path / "mnodes.py").write_text(NODES)
-    (tmp_path / "flows").mkdir()
-    (tmp_path / "flows" / "gated.yaml").write_text(GATED)
+    write_folder(tmp_path, {"mnodes": NODES}, {"gated": GATED})
     server = Served(tmp_path)
     yield server
     server.stop()

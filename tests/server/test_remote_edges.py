@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _harness import write_folder
 from click.testing import CliRunner, Result
 from conftest import record_row
 from test_server import Served
@@ -48,10 +49,7 @@ def root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.delenv("INTERLOCK_LOG_KEY", raising=False)
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "renodes_edges.py").write_text(NODES)
-    (tmp_path / "flows").mkdir()
-    (tmp_path / "flows" / "tiny.yaml").write_text(FLOW)
-    return tmp_path
+    return write_folder(tmp_path, {"renodes_edges": NODES}, {"tiny": FLOW})
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> Result:

@@ -10,7 +10,6 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 from collections.abc import Iterator
@@ -20,6 +19,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 import pytest
+from _harness import write_folder
 from test_server import GATED, NODES, Served, events, pythonpath, wait_status
 
 httpx = pytest.importorskip("httpx")
@@ -144,13 +144,8 @@ class FakeSlack:
 def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.delenv("INTERLOCK_STORE", raising=False)
     monkeypatch.delenv("INTERLOCK_LOG_KEY", raising=False)
-    (tmp_path / "snodes.py").write_text(NODES)
-    (tmp_path / "flows").mkdir()
-    (tmp_path / "flows" / "gated.yaml").write_text(textwrap.dedent(GATED))
-    (tmp_path / "cnodes.py").write_text(textwrap.dedent(CNODES))
-    (tmp_path / "flows" / "audit.yaml").write_text(textwrap.dedent(AUDIT))
-    (tmp_path / "flows" / "deploys.yaml").write_text(textwrap.dedent(DEPLOYS))
-    return tmp_path
+    return write_folder(tmp_path, {"snodes": NODES, "cnodes": CNODES},
+                        {"gated": GATED, "audit": AUDIT, "deploys": DEPLOYS})
 
 
 @pytest.fixture
