@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import textwrap
 import threading
 from collections.abc import Callable, Iterator
@@ -20,23 +19,12 @@ import pytest
 from _harness import write_auth
 from _workflows import OPENAI_CHAT, RECORD_NODES, toolchat, triage
 from fake_openai import FakeOpenAI
+from test_dashboard import WAIT, browser, expect  # (the browser's skip too)
 from test_server import TOKENS, Served
 
 pytest.importorskip("fastapi")
-sync_api = pytest.importorskip("playwright.sync_api",
-                               reason="the browser tests need Playwright (the dev extra)")
-expect = sync_api.expect
 
-CHROMIUM = os.environ.get("INTERLOCK_TEST_CHROMIUM") or shutil.which("chromium") \
-    or shutil.which("chromium-browser")
-if not CHROMIUM:
-    pytest.skip("no Chromium found (apt-get install chromium, or set INTERLOCK_TEST_CHROMIUM "
-                "to a Chromium binary): the dashboard's browser tests are skipped",
-                allow_module_level=True)
-
-REPO = Path(__file__).resolve().parents[2]
-WAIT = 15_000  # ms: a page condition's upper bound (a loaded 2-core machine)
-expect.set_options(timeout=WAIT)
+__all__ = ["browser"]  # the fixture, used by name
 
 CHAT = OPENAI_CHAT
 TRIAGE = triage("chatdashnodes:record")
@@ -92,14 +80,6 @@ def authed(tmp_path_factory: pytest.TempPathFactory, fake: FakeOpenAI) -> Iterat
     served = _serve(tmp_path_factory.mktemp("chatdashauth"), fake, "--auth", "auth.yaml")
     yield served
     served.stop()
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    with sync_api.sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        yield b
-        b.close()
 
 
 @pytest.fixture
