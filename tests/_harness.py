@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import pytest
 from conftest import CliProject
 from test_decision_race import LAUNCH
 
@@ -70,6 +71,19 @@ def write_folder(root: Path, modules: dict[str, str], flows: dict[str, str],
     if tokens is not None:
         write_auth(root, tokens)
     return root
+
+
+def cli_root(root: Path, monkeypatch: pytest.MonkeyPatch, modules: dict[str, str],
+             flows: dict[str, str]) -> Path:
+    """``root`` holding `write_folder`'s files, as the working directory of CLI commands
+    run in this process (its node modules importable), with no store, server, token or
+    log key from the outside."""
+    for name in ("INTERLOCK_STORE", "INTERLOCK_SERVER", "INTERLOCK_TOKEN",
+                 "INTERLOCK_LOG_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.syspath_prepend(str(root))
+    monkeypatch.chdir(root)
+    return write_folder(root, modules, flows)
 
 
 def write_flows(p: CliProject, **flows: str) -> None:

@@ -156,3 +156,25 @@ edges:
 def one_gate(workflow: str) -> str:
     """The workflow ``workflow``: the gate ``gate`` (it shows nothing), and nothing else."""
     return _ONE_GATE % workflow
+
+
+# -- the smallest run: one node ----------------------------------------------------------
+
+TINY_NODES = """
+def a(state):
+    return {"x": state.get("x", 0) + 1}
+"""
+
+_TINY = """\
+workflow: tiny
+nodes:
+  a: %s:a
+edges:
+  - {from: START, to: a}
+  - {from: a, to: END}
+"""
+
+
+def tiny(mod: str) -> str:
+    """The workflow ``tiny``: the node ``a`` of the module ``mod`` (`TINY_NODES`)."""
+    return _TINY % mod
