@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,23 @@ nodes:
       system: You are the on-call assistant.{extra}
       tools: {tools}
 """
+
+
+def killed_in_its_tool_call(p: CliProject, run_id: str, text: str,
+                            started: Callable[[], bool]) -> None:
+    """``interlock send RUN_ID TEXT`` in a process of its own, SIGKILLed once ``started()``
+    (its tool call began: `TOOLS`' ``restart_service`` blocks while a file ``block``
+    exists); then the tool is unblocked for what comes next."""
+    (p.root / "block").write_text("")
+    proc = interlock_process(p.root, "send", run_id, text, "--store", p.store)
+    try:
+        wait_for(started, "its tool call", every=0.05, alive=proc)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    (p.root / "block").unlink()
 
 
 def _user_texts(request: dict[str, Any]) -> list[str]:
@@ -188,8 +206,7 @@ def test_end_conversation_tool_completes_the_run_with_the_last_reply(
     assert data["state"] == {"assistant": "Goodbye"}
 
 
-def test_sigkill_during_a_tool_call_of_turn_two_then_resume(make_project: Any,
-                                                            tmp_path: Path) -> None:
+def test_sigkill_during_a_tool_call_of_turn_two_then_resume(make_project: Any) -> None:
     p = make_project(TOOLS)
     replies = ("[first answer, "
                "{tool_calls: [{name: service_status, arguments: {service: db}},"
@@ -199,17 +216,8 @@ def test_sigkill_during_a_tool_call_of_turn_two_then_resume(make_project: Any,
                               tools="[{mod}:service_status, {mod}:restart_service]"))
     assert p.cli("run", wf, "--run-id", "k").exit_code == 3
     assert p.cli("send", "k", "hello").exit_code == 3
-    (tmp_path / "block").write_text("")
-    proc = interlock_process(tmp_path, "send", "k", "restart db", "--store", p.store)
-    try:
-        wait_for(lambda: "restart_service:start" in p.executions(), "its tool call",
-                 every=0.05, alive=proc)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    (tmp_path / "block").unlink()
+    killed_in_its_tool_call(p, "k", "restart db",
+                            lambda: "restart_service:start" in p.executions())
     resumed = p.cli("resume", "k")
     assert resumed.exit_code == 3, resumed.output
     _, status = p.cli_json("status", "k")
