@@ -11,7 +11,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -49,13 +49,18 @@ def interlock_process(root: Path, *args: str, **popen: Any) -> subprocess.Popen[
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **popen)
 
 
-def write_auth(root: Path, tokens: dict[str, tuple[str, list[str]]],
-               name: str = "auth.yaml") -> None:
+def write_auth(root: Path, tokens: Mapping[str, tuple[Any, ...]], name: str = "auth.yaml",
+               chat: str | None = None) -> None:
     """``root/NAME``, the server's ``--auth`` file: each of ``tokens`` (name: (token,
-    roles)) by the SHA-256 of its token."""
-    auth = {"tokens": [{"name": n, "sha256": hashlib.sha256(t.encode()).hexdigest(),
-                        "roles": r} for n, (t, r) in tokens.items()]}
-    (root / name).write_text(json.dumps(auth))
+    roles)) by the SHA-256 of its token; with ``chat`` (``slack``, ``google_chat``), each
+    is (token, roles, its user in that chat or None)."""
+    rows = []
+    for n, (t, r, *user) in tokens.items():
+        row = {"name": n, "sha256": hashlib.sha256(t.encode()).hexdigest(), "roles": r}
+        if chat and user[0]:
+            row[chat] = user[0]
+        rows.append(row)
+    (root / name).write_text(json.dumps({"tokens": rows}))
 
 
 def write_folder(root: Path, modules: dict[str, str], flows: dict[str, str],

@@ -4,7 +4,6 @@ as Slack signs them (slack-sdk's `SignatureVerifier`, with the app's signing sec
 
 from __future__ import annotations
 
-import hashlib
 import http.server
 import json
 import os
@@ -19,7 +18,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 import pytest
-from _harness import write_folder
+from _harness import write_auth, write_folder
 from test_server import GATED, NODES, Served, events, pythonpath, wait_status
 
 httpx = pytest.importorskip("httpx")
@@ -154,10 +153,7 @@ def slack(project: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeSlack]
     monkeypatch.setenv("SLACK_BOT_TOKEN", "xoxb-test-token")
     monkeypatch.setenv("SLACK_SIGNING_SECRET", SECRET)
     monkeypatch.setenv("SLACK_API_URL", f"{fake.url}/api/")
-    auth = {"tokens": [{"name": n, "sha256": hashlib.sha256(t.encode()).hexdigest(),
-                        "roles": r, **({"slack": u} if u else {})}
-                       for n, (t, r, u) in USERS.items()]}
-    (project / "chat-auth.yaml").write_text(json.dumps(auth))
+    write_auth(project, USERS, "chat-auth.yaml", chat="slack")
     yield fake
     fake.http.shutdown()
     fake.http.server_close()
