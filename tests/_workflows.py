@@ -178,3 +178,34 @@ edges:
 def tiny(mod: str) -> str:
     """The workflow ``tiny``: the node ``a`` of the module ``mod`` (`TINY_NODES`)."""
     return _TINY % mod
+
+
+# -- a gate between two nodes, and the version deployed after it -------------------------
+
+_GATED_DOUBLE = """
+workflow: gated
+nodes:
+  a: %(mod)s:first
+  gate: {approval: {show: [x]}}
+  b: %(mod)s:double
+edges:
+  - {from: START, to: a}
+  - {from: a, to: gate}
+  - {from: gate, to: b, when: 'gate.decision == "approved"'}
+  - {from: gate, to: END, otherwise: true}
+  - {from: b, to: END}
+"""
+
+
+def gated_double(mod: str) -> str:
+    """The workflow ``gated``: ``a`` (``first`` of the node module ``mod``), the gate
+    ``gate``, then -- approved -- ``b`` (``double``); rejected, the end."""
+    return _GATED_DOUBLE % {"mod": mod}
+
+
+def with_check(gated: str, mod: str) -> str:
+    """`gated_double` deployed again: a node ``c`` (``check`` of ``mod``) between the gate
+    and ``b`` (so the edges after the gate renumber)."""
+    return gated.replace(f"  b: {mod}:double", f"  c: {mod}:check\n  b: {mod}:double") \
+        .replace("{from: gate, to: b,", "{from: gate, to: c,") \
+        .replace("  - {from: b, to: END}", "  - {from: c, to: b}\n  - {from: b, to: END}")

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _workflows import gated_double, with_check
 from conftest import CliProject
 
 from interlock.support import set_strict_code
@@ -400,25 +401,11 @@ def slow(state):
     return {"x": 5}
 '''
 
-SERVED_GATED = '''
-workflow: gated
-nodes:
-  a: vnodes:first
-  gate: {approval: {show: [x]}}
-  b: vnodes:double
-edges:
-  - {from: START, to: a}
-  - {from: a, to: gate}
-  - {from: gate, to: b, when: 'gate.decision == "approved"'}
-  - {from: gate, to: END, otherwise: true}
-  - {from: b, to: END}
-'''
+SERVED_GATED = gated_double("vnodes")
 
 # the deploy: a node ``c`` before ``b`` in both workflows
 ADD_C = ("  b: vnodes:double", "  c: vnodes:check\n  b: vnodes:double")
-SERVED_GATED_V2 = SERVED_GATED.replace(*ADD_C) \
-    .replace("{from: gate, to: b,", "{from: gate, to: c,").replace(
-        "  - {from: b, to: END}", "  - {from: c, to: b}\n  - {from: b, to: END}")
+SERVED_GATED_V2 = with_check(SERVED_GATED, "vnodes")
 
 SERVED_SLOW = '''
 workflow: slow

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from _harness import write_folder
+from _workflows import gated_double, with_check
 from test_server import Served, wait_status
 
 NODES = '''
@@ -23,24 +24,9 @@ def double(state):
     return {"y": state["x"] * 2}
 '''
 
-GATED = '''
-workflow: gated
-nodes:
-  a: mnodes:first
-  gate: {approval: {show: [x]}}
-  b: mnodes:double
-edges:
-  - {from: START, to: a}
-  - {from: a, to: gate}
-  - {from: gate, to: b, when: 'gate.decision == "approved"'}
-  - {from: gate, to: END, otherwise: true}
-  - {from: b, to: END}
-'''
-
+GATED = gated_double("mnodes")
 # v2: a node ``c`` between the gate and ``b`` (so the edges after the gate renumber)
-GATED_V2 = GATED.replace("  b: mnodes:double", "  c: mnodes:check\n  b: mnodes:double") \
-    .replace("{from: gate, to: b,", "{from: gate, to: c,") \
-    .replace("  - {from: b, to: END}", "  - {from: c, to: b}\n  - {from: b, to: END}")
+GATED_V2 = with_check(GATED, "mnodes")
 
 
 @pytest.fixture
