@@ -183,11 +183,11 @@ def tiny(mod: str) -> str:
 # -- a gate between two nodes, and the version deployed after it -------------------------
 
 _GATED_DOUBLE = """
-workflow: gated
+workflow: %(workflow)s
 nodes:
   a: %(mod)s:first
   gate: {approval: {show: [x]}}
-  b: %(mod)s:double
+  b: %(after)s:double
 edges:
   - {from: START, to: a}
   - {from: a, to: gate}
@@ -197,15 +197,18 @@ edges:
 """
 
 
-def gated_double(mod: str) -> str:
-    """The workflow ``gated``: ``a`` (``first`` of the node module ``mod``), the gate
-    ``gate``, then -- approved -- ``b`` (``double``); rejected, the end."""
-    return _GATED_DOUBLE % {"mod": mod}
+def gated_double(mod: str, after: str | None = None, workflow: str = "gated") -> str:
+    """The workflow ``gated`` (or ``workflow``): ``a`` (``first`` of the node module
+    ``mod``), the gate ``gate``, then -- approved -- ``b`` (``double`` of ``after``,
+    or of ``mod``); rejected, the end."""
+    return _GATED_DOUBLE % {"mod": mod, "after": after or mod, "workflow": workflow}
 
 
-def with_check(gated: str, mod: str) -> str:
-    """`gated_double` deployed again: a node ``c`` (``check`` of ``mod``) between the gate
-    and ``b`` (so the edges after the gate renumber)."""
-    return gated.replace(f"  b: {mod}:double", f"  c: {mod}:check\n  b: {mod}:double") \
+def with_check(gated: str, mod: str, check: str | None = None) -> str:
+    """`gated_double` (its ``b`` of the module ``mod``) deployed again: a node ``c``
+    (``check`` of the module ``check``, or of ``mod``) between the gate and ``b`` (so the
+    edges after the gate renumber)."""
+    return gated.replace(f"  b: {mod}:double",
+                         f"  c: {check or mod}:check\n  b: {mod}:double") \
         .replace("{from: gate, to: b,", "{from: gate, to: c,") \
         .replace("  - {from: b, to: END}", "  - {from: c, to: b}\n  - {from: b, to: END}")

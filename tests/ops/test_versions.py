@@ -39,19 +39,7 @@ def double(state):
     return {"y": state["x"] * 2}
 """
 
-GATED = """
-workflow: versioned
-nodes:
-  a: {mod}:first
-  gate: {approval: {show: [x]}}
-  b: {after}:double
-edges:
-  - {from: START, to: a}
-  - {from: a, to: gate}
-  - {from: gate, to: b, when: 'gate.decision == "approved"'}
-  - {from: gate, to: END, otherwise: true}
-  - {from: b, to: END}
-"""
+GATED = gated_double("{mod}", "{after}", "versioned")
 
 
 class Project:
@@ -185,21 +173,7 @@ def check(state):
 '''
 
 # v2: a node ``c`` after the gate, before ``b``
-GATED_V2 = """
-workflow: versioned
-nodes:
-  a: {mod}:first
-  gate: {approval: {show: [x]}}
-  c: {v2}:check
-  b: {after}:double
-edges:
-  - {from: START, to: a}
-  - {from: a, to: gate}
-  - {from: gate, to: c, when: 'gate.decision == "approved"'}
-  - {from: gate, to: END, otherwise: true}
-  - {from: c, to: b}
-  - {from: b, to: END}
-"""
+GATED_V2 = with_check(GATED, "{after}", "{v2}")
 
 # what cannot continue the run: the gate is gone, a condition reads a field nothing
 # provides, and a field the run holds changes its reducer
