@@ -65,6 +65,10 @@ class Decision:
     roles: tuple[str, ...] = ()
     # where it was made (the surface: "cli", "api", "dashboard", "slack", ...): recorded
     via: str | None = None
+    # with ``node``: the asking it answers (the gate's ``requested_at``, as
+    # ``waiting.pending`` shows it), refused once the gate was asked again (a later visit,
+    # an unknown outcome): a chat's button decides only the request it was posted for
+    requested_at: float | None = None
 
 
 def approve(by: str | None = None, comment: str | None = None, *,
@@ -192,6 +196,12 @@ class GateNotWaiting(UsageError):
     """A decision on a gate that does not wait (decided already, closed, or no gate of
     the run's), or on a mapped gate's bare name while several of its items wait (which
     one was meant?): refused as a double decision is (exit 2; a server answers 409)."""
+
+
+class NoSuchGate(GateNotWaiting):
+    """A decision naming a gate the run's workflow cannot have: no node of that name, or
+    a node that is no gate -- a mistake in the request, whatever the run's state (exit 2;
+    a server answers 422)."""
 
 
 def requested(node: str, ns: NodeSpec, visit: int, state: Mapping[str, Any], *,

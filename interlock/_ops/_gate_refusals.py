@@ -6,8 +6,9 @@ no gate waiting there, in words a person can act on:
                         by bob at 2026-12-05 04:12:03 UTC via api"), from its record
     a node, not a gate  what it is: not a gate, or a gate the run has not reached
 
-Either refusal is a `GateNotWaiting` (exit 2; a server answers 409), raised before
-anything is offered or recorded.
+Either refusal is a `GateNotWaiting` (exit 2; a server answers 409) -- a `NoSuchGate`
+(a server answers 422) for a name the workflow has no gate of -- raised before anything
+is offered or recorded.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from .. import _log as L
-from .._engine._approvals import GateNotWaiting
+from .._engine._approvals import GateNotWaiting, NoSuchGate
 from .._engine._gates import entries, gate_name, naming
 from .._engine._view import Gate
 from .._store import Store
@@ -26,16 +27,22 @@ from ._verify import ChildLinks
 
 
 async def check_named(st: Store, run_id: str, loaded: Loaded, name: str,
-                      above: str = "", *, via: str | None = None) -> None:
+                      above: str = "", *, via: str | None = None,
+                      asked: float | None = None) -> None:
     """Refuse a decision for the gate ``name`` of run ``run_id`` (as ``loaded``) when no
     gate of the run waits under that name: `GateNotWaiting`, saying who decided it
     already, or which gates wait and which name was meant. A name that waits -- a gate
-    of the run's, or a path into a child run it waits through -- passes. ``above``: for
-    a child run's gate decided through its parent, the path down to it (``remediate/``),
-    which the names in the refusal start with, as the parent's ``--gate`` takes them."""
+    of the run's, or a path into a child run it waits through -- passes, unless
+    ``asked`` (the decision's ``requested_at``) is not when it was asked: a decision
+    made for an earlier asking of the gate. ``above``: for a child run's gate decided
+    through its parent, the path down to it (``remediate/``), which the names in the
+    refusal start with, as the parent's ``--gate`` takes them."""
     view = loaded.view
     pending = view.pending_gates()
-    if _waits(pending, name):
+    gate = _waiting(pending, name)
+    if gate is not None:
+        if asked is not None and gate.requested_at != asked:
+            raise GateNotWaiting(_asked_again(run_id, above + name, gate, asked))
         return
     waiting = sorted({above + str(e.get("node")) for g in pending for e in entries(g)})
     status, shown = view.status, above + name
@@ -52,15 +59,36 @@ async def check_named(st: Store, run_id: str, loaded: Loaded, name: str,
                              f"per gate wins{still}")
     gates = [above + n for n, ns in loaded.spec.nodes.items()
              if (ns.approval is not None or ns.confirm) and n != name.split("[", 1)[0]]
-    meant = difflib.get_close_matches(shown, waiting, n=1) or \
-        difflib.get_close_matches(shown, gates, n=1)
-    hint = f" Did you mean {meant[0]!r}?" if meant else ""
+    node = name.split("[", 1)[0]
+    items = await _items_asked(st, run_id, node)
+    at_items = _items_waiting(pending, node) if "[" in name and "/" not in name else []
+    if at_items:  # another index of a mapped gate: its items that wait, not a "did you mean"
+        hint = f" Items {_span(at_items)} of {above + node!r} wait."
+    else:
+        meant = difflib.get_close_matches(shown, waiting, n=1) or \
+            difflib.get_close_matches(shown, gates, n=1)
+        hint = f" Did you mean {meant[0]!r}?" if meant else ""
     listed = (f" Waiting: {', '.join(waiting)} (decide one with {naming(via, 'NAME')})."
               if waiting
               else f" Nothing waits for a decision: the {which} is {status}.")
-    items = await _items_asked(st, run_id, name)
-    raise GateNotWaiting(f"the decision is refused: no gate of {run} waits at {shown!r}: "
-                         f"{_what(loaded, name, items)}.{hint}{listed}")
+    ns = loaded.spec.nodes.get(node.split("/", 1)[0])
+    refused = NoSuchGate if ns is None or (ns.approval is None and not ns.confirm
+                                           and ns.workflow is None) else GateNotWaiting
+    raise refused(f"the decision is refused: no gate of {run} waits at {shown!r}: "
+                  f"{_what(loaded, name, items)}.{hint}{listed}")
+
+
+def _items_waiting(pending: list[Gate], node: str) -> list[int]:
+    """The items of the mapped gate ``node`` that wait in ``pending``."""
+    return sorted(g.item for g in pending if g.node == node and g.item is not None
+                  and g.path is None)
+
+
+def _span(items: list[int]) -> str:
+    """'0-3' for a run of items, else '0, 2, 5' (a few, then '...')."""
+    if items == list(range(items[0], items[-1] + 1)) and len(items) > 2:
+        return f"{items[0]}\u2013{items[-1]}"
+    return ", ".join(map(str, items[:6])) + (", ..." if len(items) > 6 else "")
 
 
 async def _check_child(st: Store, loaded: Loaded, name: str, above: str,
@@ -83,20 +111,33 @@ async def _check_child(st: Store, loaded: Loaded, name: str, above: str,
                           via=via)
 
 
-def _waits(pending: list[Gate], name: str) -> bool:
-    """Whether ``name`` may name a waiting gate as `_approvals.decide` and
+def _waiting(pending: list[Gate], name: str) -> Gate | None:
+    """The waiting gate ``name`` may name as `_approvals.decide` and
     `_children._child_gate` look it up: its node, ``NODE[i]``, or a path into a child
-    run the run waits through (which the child checks in turn)."""
+    run the run waits through (which the child checks in turn); None if none."""
     for gate in pending:
         if name == gate_name(gate):
-            return True
+            return gate
         if gate.kind == "workflow":  # (a map item's child: NODE[i]/..., never NODE alone)
             top = gate.node if gate.item is None else f"{gate.node}[{gate.item}]"
             if name == top or name.startswith(top + "/"):
-                return True
+                return gate
         elif name == gate.node:
-            return True
-    return False
+            return gate
+    return None
+
+
+def _asked_again(run_id: str, name: str, gate: Gate, asked: float) -> str:
+    """Why a decision made for the asking of ``name`` at ``asked`` is refused: the gate
+    waiting under that name now is another asking (``gate``)."""
+    kind = {"approval": "an approval", "confirm": "a confirmation", "workflow":
+            "a child run's gate", "tool": "a guarded tool call"}.get(gate.kind, gate.kind)
+    what = ("its outcome is unknown: approving runs it AGAIN"
+            if gate.kind == "unknown_outcome" else f"visit {gate.visit}, {kind}")
+    return (f"the decision is refused: the request it was made for (gate {name!r} of run "
+            f"{run_id!r}, asked at {utc(asked)}) is no longer waiting: it was decided, and "
+            f"the gate was asked again at {utc(gate.requested_at)} ({what}); decide the "
+            "request waiting now (in a chat: its newer message)")
 
 
 def _what(loaded: Loaded, name: str, items: list[int]) -> str:
@@ -116,6 +157,9 @@ def _what(loaded: Loaded, name: str, items: list[int]) -> str:
         if name == node and items:  # (its items were asked, and none waits)
             return (f"{node!r} is a mapped gate, each of its items a gate of its own "
                     f"({node}[{items[0]}]..{node}[{items[-1]}]), and none waits")
+        if name != node and items:  # an item it has not (an index out of its range)
+            return (f"{node!r} is a mapped gate whose items asked are "
+                    f"{node}[{items[0]}]..{node}[{items[-1]}]; {name!r} is none of them")
         asked = f"for {name!r}" if name != node else "in this run"
         return f"{node!r} is a gate that has asked for no decision {asked}"
     return f"{node!r} is not a gate (neither an approval: node nor a confirm: true node)"
