@@ -26,6 +26,7 @@ from interlock.server._google_chat import GoogleChat
 from interlock.server._notify import payload
 from interlock.server._slack import Slack
 
+NODES = ONODES  # (the name test_chat_stale_clicks imports)
 UTC = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC")
 EPOCH = re.compile(r"\d{10}\.\d+")
 URL = "http://ops.example:8765"
