@@ -117,6 +117,15 @@ def started_waiting(http: Any, workflow: str, run_id: str) -> None:
              == "WAITING_APPROVAL", f"run {run_id} to wait")
 
 
+def problem(answer: Any, status: int) -> str:
+    """The ``detail`` of an API's problem+json answer, which must have ``status``."""
+    assert answer.status_code == status, answer.text
+    assert answer.headers["content-type"].startswith("application/problem+json")
+    detail = answer.json()["detail"]
+    assert isinstance(detail, str)
+    return detail
+
+
 def released_together(cwd: Path, commands: list[list[str]], timeout: float = 120
                       ) -> list[subprocess.CompletedProcess[str]]:
     """Each command (``interlock`` arguments) in a process of its own, all released at

@@ -17,8 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
+from _harness import problem as _problem
 from _harness import serve, started_waiting, wait_for
 from click.testing import CliRunner
 from conftest import CliProject
@@ -102,14 +102,6 @@ def test_a_decision_recorded_for_a_worker_says_which_gate_too(
     named = p.cli("resume", "gn-6", "--approve", "--gate", "deploy[3]", "--detach")
     assert named.exit_code == 0 and "oldest" not in named.stderr, named.output
     assert [r["item"] for r in _decided(p, "gn-6")] == [0, 3]
-
-
-def _problem(answer: httpx.Response, status: int) -> str:
-    assert answer.status_code == status, answer.text
-    assert answer.headers["content-type"].startswith("application/problem+json")
-    detail = answer.json()["detail"]
-    assert isinstance(detail, str)
-    return detail
 
 
 def test_the_api_names_its_field_and_the_cli_through_a_server_its_flag(
