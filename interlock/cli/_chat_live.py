@@ -10,16 +10,21 @@ import asyncio
 import json
 import shlex
 import sys
+import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import click
 
-from ._chat_lines import read_line
+from ._chat_lines import Lines, read_line
 from ._common import CliError
 
 if TYPE_CHECKING:
     from .. import RunResult, Store, Workflow
+
+WAITS = ("WAITING_INPUT", "WAITING_APPROVAL")
+BUSY = ("RUNNING", "RETRYING", "PENDING")  # a turn executes (here or elsewhere)
+IDLE_POLL = 1.0  # seconds between two looks at the conversation when nothing tells of one
 
 HELP = ("type a message; /end ends the conversation; when a gate waits: /approve [COMMENT] "
         "or /reject [COMMENT]")
@@ -50,6 +55,7 @@ class Printer:
         # the turn's reply when the tool ends the conversation)
         self.streamed: list[str] = []
         self.where = ""  # the options a printed command needs to reach the run
+        self.gates = 0  # the gates shown so far
 
     def token(self, piece: dict[str, Any]) -> None:
         """A piece of the reply, printed as it arrives (the provider streams)."""
@@ -140,6 +146,7 @@ class Printer:
         ``kind`` says whether it is an action with an unknown outcome)."""
         from ._gate_hints import chat_outcome_lines
 
+        self.gates += 1
         self._end_line()
         notes = chat_outcome_lines(str(self.run_id), {**(waiting or {}), "node": where,
                                                       "show": show}, self.where)
@@ -153,6 +160,14 @@ class Printer:
 
 
 class Terminal(Printer):
+    """One session of ``interlock chat FILE`` on a store: this process executes the
+    turns of the messages typed here; what other processes commit to the conversation
+    meanwhile (a gate decided with ``interlock resume`` or from the dashboard, the turn
+    that follows, a message sent with ``interlock send``) is shown as it is committed --
+    the store's change detector (`Store.wait_changed`) wakes the session while the
+    person has not typed anything, and the run is read again before each line is
+    handled (`_next_line`)."""
+
     def __init__(self, wf: Workflow, store_url: str | None, by: str | None) -> None:
         from ._format import where_options
 
@@ -160,6 +175,7 @@ class Terminal(Printer):
         self.wf, self.store_url, self.by = wf, store_url, by
         self.result: RunResult | None = None
         self.where = where_options(store_url)
+        self.seen = 0  # the last record of the conversation shown (or read) here
 
     def run(self, data: dict[str, Any], session: str | None, file: str = "FILE") -> str:
         """Hold the conversation until standard input ends or it does: its status then."""
@@ -175,6 +191,9 @@ class Terminal(Printer):
     def listen(self, rec: dict[str, Any], view: Any) -> None:
         """Each committed record of the conversation (and of its child runs) that a
         person wants to see, as it happens."""
+        seq = rec.get("seq")
+        if isinstance(seq, int) and seq > self.seen:
+            self.seen = seq
         self.record(rec)
 
     async def _session(self, st: Store, session: str) -> RunResult:
@@ -190,10 +209,11 @@ class Terminal(Printer):
                            f"{self.wf.name!r} (this file's): nothing was sent; continue it "
                            f"with its own file (interlock chat FILE --session {session}, "
                            f"FILE declaring workflow: {row.workflow})")
+        self.seen = max(self.seen, row.summary.last_seq)
         result = await status(session, store=st)
         if result.status in ("FAILED", "REJECTED", "CANCELLED"):
             self._stopped(result)
-        if result.status not in ("RUNNING", "RETRYING", "PENDING"):
+        if result.status not in BUSY:
             return result
         click.echo(f"the conversation {session} was interrupted during a turn: continuing "
                    "that turn first", err=True)
@@ -220,7 +240,7 @@ class Terminal(Printer):
                                     where_options(self.store_url)), err=True)
 
     async def _main(self, data: dict[str, Any], session: str | None) -> str:
-        from .. import approve, open_store, reject
+        from .. import open_store
         from ..support import TOKEN_SINK
 
         st: Store = open_store(self.store_url)
@@ -229,39 +249,124 @@ class Terminal(Printer):
         new = session is None
         try:
             if session is None:
-                result: RunResult = await self.wf.run(data, store=st, listener=self.listen)
-                session = self.run_id = result.run_id
+                self.result = await self.wf.run(data, store=st, listener=self.listen)
+                session = self.run_id = self.result.run_id
             else:
-                result = await self._session(st, session)
-            if new or result.status in ("WAITING_INPUT", "WAITING_APPROVAL"):
+                self.result = await self._session(st, session)
+            if new or self.result.status in WAITS:
                 click.echo(f"conversation {session} ({HELP})", err=True)
-            if not new and result.status == "WAITING_APPROVAL" and result.waiting:
-                w = result.waiting  # a session opened at a gate: what it asks, again
-                self.gate(w.get("node"), w.get("show"), w)
-            while result.status in ("WAITING_INPUT", "WAITING_APPROVAL"):
-                line = await asyncio.to_thread(sys.stdin.readline)
-                if not line:
+            w = self.result.waiting
+            if not new and self.result.status == "WAITING_APPROVAL" and w and not self.gates:
+                self.gate(w.get("node"), w.get("show"), w)  # (opened at a gate: it again)
+            lines = Lines()
+            while self.result.status in WAITS:
+                line = await self._next_line(st, lines)
+                if line is None:
                     break
-                typed = read_line(line, result.status == "WAITING_APPROVAL")
-                if typed is None:
-                    continue
-                if typed.action == "say":  # (not a message: nothing sent, nothing recorded)
-                    click.echo(typed.text, err=True)
-                    continue
-                if typed.action == "decide":
-                    decide = approve if typed.decision == "approve" else reject
-                    made = replace(decide(by=self.by, comment=typed.text), via="cli")
-                    result = await self.wf.resume(session, made, store=st,
-                                                  listener=self.listen)
-                else:
-                    result = await self.wf.send(session, str(typed.text), by=self.by,
-                                                store=st, listener=self.listen)
-                if result.status == "FAILED":
-                    click.echo(f"the turn failed: {(result.error or {}).get('message')}",
-                               err=True)
-            if result.status == "COMPLETED":
+                if self.result.status not in WAITS:  # it ended elsewhere meanwhile
+                    if line.strip():
+                        click.echo(f"not sent: the conversation {session} is "
+                                   f"{self.result.status}", err=True)
+                    break
+                await self._handle(st, line)
+            if self.result.status == "COMPLETED":
                 click.echo(f"the conversation {session} has ended", err=True)
-            self.result = result
-            return result.status
+            return self.result.status
         finally:
             await st.close()
+
+    async def _handle(self, st: Store, line: str) -> None:
+        """A line typed while the conversation waits: a message sent (its turn executed
+        here), a gate decided, or what to tell the person instead."""
+        from .. import ClaimError, ClaimLost, ConflictError, UsageError, approve, reject
+
+        assert self.result is not None and self.run_id is not None
+        typed = read_line(line, self.result.status == "WAITING_APPROVAL")
+        if typed is None:
+            return
+        if typed.action == "say":  # (not a message: nothing sent, nothing recorded)
+            click.echo(typed.text, err=True)
+            return
+        try:
+            if typed.action == "decide":
+                decide = approve if typed.decision == "approve" else reject
+                made = replace(decide(by=self.by, comment=typed.text), via="cli")
+                self.result = await self.wf.resume(self.run_id, made, store=st,
+                                                   listener=self.listen)
+            else:
+                self.result = await self.wf.send(self.run_id, str(typed.text), by=self.by,
+                                                 store=st, listener=self.listen)
+        except ClaimLost:
+            raise
+        except (UsageError, ConflictError, ClaimError) as exc:  # another process was first
+            click.echo(f"refused: {exc}", err=True)
+            await self._catch_up(st, force=True)
+            return
+        if self.result.status == "FAILED":
+            click.echo(f"the turn failed: {(self.result.error or {}).get('message')}",
+                       err=True)
+
+    async def _next_line(self, st: Store, lines: Lines) -> str | None:
+        """The next line typed (None: standard input ended), once the conversation waits
+        or has ended: what other processes commit to it is shown meanwhile (`_catch_up`,
+        woken by the store's change detector, and every `IDLE_POLL` seconds behind it),
+        and it is read again before the line is handled -- a line typed while another
+        process executes a turn waits for that turn."""
+        assert self.result is not None
+        typed = asyncio.ensure_future(lines.get())
+        seen: int | None = None
+        try:
+            while True:
+                watch = asyncio.ensure_future(st.wait_changed(IDLE_POLL, seen, self.run_id))
+                try:
+                    await asyncio.wait({watch} if typed.done() else {typed, watch},
+                                       return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    if not watch.done():
+                        watch.cancel()
+                        await asyncio.wait({watch})
+                if not watch.cancelled() and watch.exception() is None:
+                    seen = watch.result()
+                await self._catch_up(st)
+                if typed.done() and self.result.status not in BUSY:
+                    return typed.result()
+        finally:
+            typed.cancel()
+
+    async def _catch_up(self, st: Store, force: bool = False) -> None:
+        """Show the records committed to the conversation after the last one shown, by
+        other processes, and read the run again when there are any (``force``: anyway).
+        A turn that another process was executing, and that process is gone, is
+        continued here."""
+        from .. import status
+        from ..support import trace_pages
+
+        assert self.run_id is not None and self.result is not None
+        new = bool(await st.entries_page(self.run_id, self.seen, 1))
+        if new:
+            async for page in trace_pages(self.run_id, store=st, after=self.seen):
+                for rec in page:
+                    self.seen = max(self.seen, int(rec["seq"]))
+                    self._elsewhere(rec)
+        if new or force:
+            self.result = await status(self.run_id, store=st)
+        elif self.result.status in BUSY and await self._executor_gone(st):
+            self.result = await self._session(st, self.run_id)
+
+    def _elsewhere(self, rec: dict[str, Any]) -> None:
+        """A record another process committed: shown as this session's are, and a
+        message sent from elsewhere (``interlock send``) with who sent it."""
+        if rec.get("type") == "chat.message":
+            self._end_line()
+            who = rec.get("by") or "someone"
+            click.echo(f"{who} (elsewhere): {rec.get('text')}", err=True)
+        self.record(rec)
+
+    async def _executor_gone(self, st: Store) -> bool:
+        from ..support import owner_gone
+
+        assert self.run_id is not None
+        row = await st.get_run(self.run_id)
+        if row.summary.status not in BUSY:
+            return False
+        return not row.owner or owner_gone(row.owner) or (row.lease_until or 0) < time.time()

@@ -1,0 +1,142 @@
+"""A local ``interlock chat`` sees what other processes do to its conversation: a gate
+decided with ``interlock resume`` by a colleague (the decision, the turn that follows and
+its reply shown while the person has typed nothing; their next message then answered,
+not dropped with "a gate waits"), a message sent with ``interlock send``, and the closing
+hint saying what the conversation waits for now. Real processes on a SQLite store."""
+
+from __future__ import annotations
+
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from conftest import records
+from test_chat import TOOLS
+
+ROOT = Path(__file__).resolve().parents[2]
+
+CHAT = """
+workflow: elsewhere-chat
+chat: assistant
+nodes:
+  assistant:
+    agent:
+      provider: scripted
+      replies:
+        - {tool_calls: [{name: restart_service, arguments: {service: db}}]}
+        - restarted it
+        - kafka is fine
+        - all green
+      tools: [{call: {mod}:restart_service, confirm: true}]
+"""
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+
+
+class Chat:
+    """``interlock chat`` in a process of its own: lines written to its standard input,
+    its output lines read by threads (`expect` waits for one, the deadline a failure)."""
+
+    def __init__(self, tmp_path: Path, *args: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "interlock", "chat", *args], cwd=tmp_path,
+            env=_env(tmp_path), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True)
+        self.lines: queue.Queue[tuple[str, str | None]] = queue.Queue()
+        self.seen: list[tuple[str, str]] = []
+        for name in ("out", "err"):
+            threading.Thread(target=self._read, args=(name,), daemon=True).start()
+
+    def _read(self, name: str) -> None:
+        stream = self.proc.stdout if name == "out" else self.proc.stderr
+        assert stream is not None
+        for line in stream:
+            self.lines.put((name, line.rstrip("\n")))
+        self.lines.put((name, None))  # (the stream ended)
+
+    def type(self, text: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(text + "\n")
+        self.proc.stdin.flush()
+
+    def expect(self, stream: str, text: str, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while not any(s == stream and text in line for s, line in self.seen):
+            left = deadline - time.monotonic()
+            assert left > 0, f"never printed on std{stream}: {text!r}; got {self.seen}"
+            try:
+                name, line = self.lines.get(timeout=left)
+            except queue.Empty:
+                continue
+            if line is not None:
+                self.seen.append((name, line))
+
+    def end(self) -> int:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        code = self.proc.wait(60)
+        ended = 0
+        while ended < 2:  # what is left to read, until both streams end
+            name, line = self.lines.get(timeout=30)
+            if line is None:
+                ended += 1
+            else:
+                self.seen.append((name, line))
+        return code
+
+    def err(self) -> str:
+        return "\n".join(line for s, line in self.seen if s == "err")
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(30)
+        for pipe in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            if pipe is not None:
+                pipe.close()
+
+
+def _cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "interlock", *args], cwd=tmp_path,
+                          env=_env(tmp_path), capture_output=True, text=True, timeout=120)
+
+
+def test_a_gate_decided_elsewhere_and_a_message_sent_elsewhere_are_shown(
+        make_project: Any, tmp_path: Path) -> None:
+    p = make_project(TOOLS)
+    wf = p.workflow(CHAT)
+    assert p.cli("run", wf, "--run-id", "e1").exit_code == 3
+    chat = Chat(tmp_path, wf, "--session", "e1", "--store", p.store, "--by", "sam")
+    try:
+        chat.type("restart db")
+        chat.expect("err", "waiting for a decision at assistant")
+        # a colleague decides the gate from another terminal
+        decided = _cli(tmp_path, "resume", "e1", "--gate", "assistant", "--approve",
+                       "--by", "bob", "--store", p.store)
+        assert decided.returncode == 3, decided.stderr
+        # shown while sam has typed nothing (on the old code: never)
+        chat.expect("err", "approved 'assistant' by bob")
+        chat.expect("out", "restarted it")
+        chat.type("why is kafka lagging?")  # (the old code: "a gate waits", dropped)
+        chat.expect("out", "kafka is fine")
+        sent = _cli(tmp_path, "send", "e1", "and now?", "--by", "bob", "--store", p.store)
+        assert sent.returncode == 3, sent.stderr
+        chat.expect("err", "bob (elsewhere): and now?")
+        chat.expect("out", "all green")
+        assert chat.end() == 3
+    finally:
+        chat.kill()
+    err = chat.err()
+    assert not any(line.startswith("a gate waits") for line in err.splitlines()), err
+    # the closing hint says what it waits for now (the old code: "waits for a decision")
+    assert "the conversation waits for the next message: interlock chat" in err, err
+    assert [(r["text"], r["by"]) for r in records("e1", p.store, "chat.message")] == [
+        ("restart db", "sam"), ("why is kafka lagging?", "sam"), ("and now?", "bob")]
+    assert p.executions() == ["restart_service:start", "restart_service:done"]
