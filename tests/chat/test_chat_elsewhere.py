@@ -140,3 +140,35 @@ def test_a_gate_decided_elsewhere_and_a_message_sent_elsewhere_are_shown(
     assert [(r["text"], r["by"]) for r in records("e1", p.store, "chat.message")] == [
         ("restart db", "sam"), ("why is kafka lagging?", "sam"), ("and now?", "bob")]
     assert p.executions() == ["restart_service:start", "restart_service:done"]
+
+
+def test_a_session_of_a_turn_killed_in_a_guarded_call_shows_its_unknown_outcome_once(
+        make_project: Any, tmp_path: Path) -> None:
+    p = make_project(TOOLS)
+    wf = p.workflow(CHAT)
+    assert p.cli("run", wf, "--run-id", "e2").exit_code == 3
+    assert p.cli("send", "e2", "restart db").exit_code == 3  # the guarded call's gate
+    (tmp_path / "block").write_text("")
+    proc = subprocess.Popen([sys.executable, "-m", "interlock", "resume", "e2", "--gate",
+                             "assistant", "--approve", "--store", p.store], cwd=tmp_path,
+                            env=_env(tmp_path), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while p.executions() != ["restart_service:start"]:
+            assert proc.poll() is None and time.monotonic() < deadline, "never started"
+            time.sleep(0.05)
+    finally:
+        proc.kill()
+        proc.wait(30)
+    (tmp_path / "block").unlink()
+    chat = Chat(tmp_path, wf, "--session", "e2", "--store", p.store)
+    try:
+        assert chat.end() == 3
+    finally:
+        chat.kill()
+    err = chat.err()
+    assert "was interrupted during a turn: continuing that turn first" in err, err
+    # (the old code printed the gate's block twice: from the continuation, then again)
+    assert err.count("waiting for a decision at assistant") == 1, err
+    assert err.count("OUTCOME UNKNOWN") == 1, err
