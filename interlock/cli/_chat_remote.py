@@ -24,7 +24,7 @@ import click
 
 from ._chat_lines import read_line
 from ._chat_live import HELP, Printer
-from ._common import CliError, load_workflow, read_input
+from ._common import EXIT_USAGE, CliError, echo_diagnostics, read_input
 from ._remote import Remote
 
 if TYPE_CHECKING:
@@ -84,15 +84,20 @@ class Stream:
 
 
 def _local(file: str, session: str | None) -> Workflow | None:
-    """The local ``file`` a session is checked against; None (said) when a session is
-    taken up and the file cannot be read here -- the server holds the definition."""
-    if session is None:
-        return load_workflow(file)
-    from .. import WorkflowError, load
+    """The local ``file``, read for its ``workflow:`` name and its definition (which the
+    server's is compared with) only: the server executes the turns, so the modules its
+    nodes and tools call are not imported here -- a client without them, or without
+    their dependencies, chats. None (said) when a session is taken up and the file
+    cannot be read here -- the server holds the definition."""
+    from .. import Workflow, WorkflowError
+    from ..support import load_spec
 
     try:
-        return load(file)
+        return Workflow.from_spec(load_spec(file))
     except WorkflowError as exc:
+        if session is None:
+            echo_diagnostics(exc.diagnostics, err=True)
+            raise SystemExit(EXIT_USAGE) from None
         first = exc.diagnostics[0].message if exc.diagnostics else str(exc)
         click.echo(f"warning: {file} is not checked against run {session}'s workflow "
                    f"({first}): the server's definition is used", err=True)

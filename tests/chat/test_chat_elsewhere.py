@@ -172,3 +172,52 @@ def test_a_session_of_a_turn_killed_in_a_guarded_call_shows_its_unknown_outcome_
     # (the old code printed the gate's block twice: from the continuation, then again)
     assert err.count("waiting for a decision at assistant") == 1, err
     assert err.count("OUTCOME UNKNOWN") == 1, err
+
+
+SERVED_TOOLS = '''
+def service_status(service: str) -> dict:
+    """The status of a service."""
+    return {"service": service, "status": "degraded"}
+'''
+
+SERVED_CHAT = """
+workflow: served-chat
+chat: assistant
+nodes:
+  assistant:
+    agent:
+      provider: scripted
+      replies:
+        - {tool_calls: [{name: service_status, arguments: {service: db}}]}
+        - db is degraded
+      tools: [servedtools_r41:service_status]
+"""
+
+
+def test_chat_through_a_server_needs_no_local_copy_of_the_tools_modules(
+        tmp_path: Path, monkeypatch: Any) -> None:
+    from test_server import Served
+
+    monkeypatch.delenv("INTERLOCK_STORE", raising=False)
+    monkeypatch.delenv("INTERLOCK_LOG_KEY", raising=False)
+    (tmp_path / "flows").mkdir()
+    (tmp_path / "flows" / "chat.yaml").write_text(SERVED_CHAT)
+    (tmp_path / "servedtools_r41.py").write_text(SERVED_TOOLS)  # the server's only
+    laptop = tmp_path / "laptop"
+    laptop.mkdir()
+    (laptop / "chat.yaml").write_text(SERVED_CHAT)
+    server = Served(tmp_path)
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "interlock", "chat", "chat.yaml", "--server", server.url],
+            cwd=laptop, env={**os.environ, "PYTHONPATH": str(ROOT)}, input="status?\n",
+            capture_output=True, text=True, timeout=120)
+    finally:
+        server.stop()
+    # (the old code: exit 2, "call target 'servedtools_r41:service_status' does not
+    # import", nothing sent)
+    assert out.returncode == 3, out.stderr
+    assert "does not import" not in out.stderr
+    assert "warning" not in out.stderr, out.stderr  # the file is the server's definition
+    assert "service_status" in out.stderr and "degraded" in out.stderr
+    assert out.stdout.splitlines() == ["db is degraded"]
