@@ -221,3 +221,30 @@ def test_chat_through_a_server_needs_no_local_copy_of_the_tools_modules(
     assert "warning" not in out.stderr, out.stderr  # the file is the server's definition
     assert "service_status" in out.stderr and "degraded" in out.stderr
     assert out.stdout.splitlines() == ["db is degraded"]
+
+
+def test_of_two_messages_sent_at_once_the_loser_is_told_its_message_was_not_sent(
+        make_project: Any, monkeypatch: Any) -> None:
+    import interlock
+    from interlock._ops import _messages
+
+    p = make_project(TOOLS)
+    wf = p.workflow(CHAT.replace("{tool_calls: [{name: restart_service, arguments: "
+                                 "{service: db}}]}", "first reply"))
+    assert p.cli("run", wf, "--run-id", "e3").exit_code == 3
+    real = _messages.drive
+
+    async def late(*args: Any, **kwargs: Any) -> Any:
+        """The other sender's message taken between this one's read and its commit."""
+        monkeypatch.setattr(_messages, "drive", real)
+        await interlock.send("e3", "the other one", by="bob", store=p.store)
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(_messages, "drive", late)
+    out = p.cli("send", "e3", "mine", "--by", "sam")
+    assert out.exit_code == 2, out.output
+    # (the old code: "... this resume is refused": the sender sent no resume)
+    assert "another message to run 'e3' was taken first" in out.stderr, out.stderr
+    assert "yours was not sent and nothing was recorded: send it again" in out.stderr
+    assert "resume" not in out.stderr
+    assert [r["text"] for r in records("e3", p.store, "chat.message")] == ["the other one"]
