@@ -141,6 +141,26 @@ class Printer:
         else:
             click.echo(f"the conversation waits for the next message: {session}", err=True)
 
+    def continued(self, log: list[dict[str, Any]]) -> None:
+        """The reply of the conversation's last turn, when that turn was interrupted and
+        continued by another execution after its message (a server's take-over, a
+        worker, ``interlock resume``): whoever sent the message may not have seen it. A
+        continuation is a ``run.resumed`` that neither a decision nor a message follows."""
+        sent = [i for i, r in enumerate(log) if r.get("type") == "chat.message"]
+        if not sent:
+            return
+        turn = log[sent[-1] + 1:]
+        moved = ("approval.decided", "chat.message")
+        resumed = any(r.get("type") == "run.resumed" and
+                      (i + 1 == len(turn) or turn[i + 1].get("type") not in moved)
+                      for i, r in enumerate(turn))
+        replies = [r.get("reply") for r in turn if r.get("type") == "chat.reply"]
+        if resumed and replies and replies[-1] is not None:
+            number = int(log[sent[-1]].get("message") or 0) + 1  # (as `status` counts)
+            click.echo(f"the turn of message {number} was interrupted and continued by "
+                       "another process; its reply:", err=True)
+            click.echo(click.style(str(replies[-1]), bold=True))
+
     def gate(self, where: Any, show: Any, waiting: dict[str, Any] | None = None) -> None:
         """A gate the conversation waits at (``waiting``: its record or summary, whose
         ``kind`` says whether it is an action with an unknown outcome)."""

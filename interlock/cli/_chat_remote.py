@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import queue
+import shlex
 import sys
 import threading
 from collections import deque
@@ -130,6 +131,7 @@ class RemoteTerminal(Printer):
         self.lines: deque[str] = deque()
         self.eof = False
         self.error: dict[str, Any] | None = None  # the conversation's, when it failed
+        self.file = "FILE"  # the conversation's file, as the person named it
 
     def run(self, workflow: str, session: str | None, input_json: str | None) -> str:
         """Hold the conversation until standard input ends or it does: its status then."""
@@ -139,7 +141,7 @@ class RemoteTerminal(Printer):
         except BaseException:  # (refused: the connection is not left open)
             self.remote.close()
             raise
-        self.run_id = session
+        self.run_id, self.file = session, workflow
         click.echo(f"conversation {session} ({HELP})", err=True)
         stream = Stream(self.remote, session, max(seen - 1, 0))
         threading.Thread(target=_lines, args=(stream.events,), daemon=True,
@@ -168,6 +170,7 @@ class RemoteTerminal(Printer):
             self._check_session(wf, workflow, session, log)
         run = self.remote.result(session)
         self.status, self.waiting = run.status, dict(run.waiting or {})
+        self.continued(log)  # (a turn the server finished while no one followed it)
         return session, log[-1]["seq"] if log else 0
 
     def _check_session(self, wf: Workflow, file: str, session: str,
@@ -200,7 +203,7 @@ class RemoteTerminal(Printer):
         while True:
             event, data = stream.events.get()
             if event == "!":
-                raise CliError(f"the event stream of run {self.run_id} broke: {data}")
+                raise CliError(self._broke(data))
             if event == "":
                 return self.status
             if event == ">":
@@ -216,6 +219,19 @@ class RemoteTerminal(Printer):
                 self._answer()
                 if self.asking and self.eof:
                     return self.status
+
+    def _broke(self, error: object) -> str:
+        """Why the session stopped when the event stream broke, and how to go on: a lost
+        connection (the server stopped, the network) is no refusal -- the conversation
+        is in the server's store."""
+        if isinstance(error, CliError):  # the server refused the stream
+            return f"the event stream of run {self.run_id} broke: {error}"
+        again = (f"interlock chat {shlex.quote(self.file)} --session {self.run_id}"
+                 f"{self.where}")
+        return (f"the connection to the server was lost while following conversation "
+                f"{self.run_id} ({error}); the conversation is kept in the server's store: "
+                f"once the server is back, continue with `{again}` (a turn it was "
+                "executing is continued by the server, and its reply shown then)")
 
     def _record(self, event: str, rec: dict[str, Any], seen: int) -> bool:
         """One record of the stream; True when the conversation ended."""

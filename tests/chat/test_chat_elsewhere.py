@@ -248,3 +248,79 @@ def test_of_two_messages_sent_at_once_the_loser_is_told_its_message_was_not_sent
     assert "yours was not sent and nothing was recorded: send it again" in out.stderr
     assert "resume" not in out.stderr
     assert [r["text"] for r in records("e3", p.store, "chat.message")] == ["the other one"]
+
+
+BLOCKING_TOOLS = '''
+import pathlib, time
+
+def lookup(q: str) -> str:
+    """Look something up."""
+    with open("calls.log", "a") as f:
+        f.write(f"lookup {q}\\n")
+    while pathlib.Path("block").exists():   # the test kills the server here
+        time.sleep(0.05)
+    return f"found {q}"
+'''
+
+BLOCKING_CHAT = """
+workflow: lost-chat
+chat: a
+nodes:
+  a:
+    agent:
+      provider: scripted
+      tools: [losttools_r41:lookup]
+      replies:
+        - {tool_calls: [{name: lookup, arguments: {q: one}}]}
+        - looked it up
+"""
+
+
+def test_chat_through_a_server_that_dies_says_how_to_go_on_and_shows_the_reply_later(
+        tmp_path: Path, monkeypatch: Any) -> None:
+    from test_server import Served, events
+
+    monkeypatch.delenv("INTERLOCK_STORE", raising=False)
+    monkeypatch.delenv("INTERLOCK_LOG_KEY", raising=False)
+    (tmp_path / "flows").mkdir()
+    (tmp_path / "flows" / "lost.yaml").write_text(BLOCKING_CHAT)
+    (tmp_path / "losttools_r41.py").write_text(BLOCKING_TOOLS)
+    (tmp_path / "block").write_text("")
+    server = Served(tmp_path)
+    chat = Chat(tmp_path, "flows/lost.yaml", "--server", server.url)
+    try:
+        chat.type("look it up")
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "calls.log").exists():
+            assert time.monotonic() < deadline, "the tool never started"
+            time.sleep(0.05)
+        server.proc.kill()  # the server dies mid-turn
+        server.stop()
+        # (the old code: "the event stream of run R broke: peer closed connection ...")
+        chat.expect("err", "the connection to the server was lost while following "
+                           "conversation")
+        assert chat.end() == 2
+    finally:
+        chat.kill()
+    err = chat.err()
+    session = err.split("conversation ", 1)[1].split()[0]
+    assert f"once the server is back, continue with `interlock chat flows/lost.yaml " \
+           f"--session {session} --server {server.url}`" in err, err
+    (tmp_path / "block").unlink()
+    server = Served(tmp_path)  # takes the turn over and finishes it
+    try:
+        with server.client() as c:
+            if c.get(f"/api/runs/{session}").json()["status"] != "WAITING_INPUT":
+                for _ in events(c, session, params={"after": 1}, until="chat.reply"):
+                    pass
+        again = subprocess.run(
+            [sys.executable, "-m", "interlock", "chat", "flows/lost.yaml", "--session",
+             session, "--server", server.url], cwd=tmp_path, env=_env(tmp_path),
+            input="", capture_output=True, text=True, timeout=120)
+    finally:
+        server.stop()
+    assert again.returncode == 3, again.stderr
+    # the reply the restarted server gave while no one followed (the old code: none)
+    assert "the turn of message 1 was interrupted and continued by another process" in \
+        again.stderr, again.stderr
+    assert again.stdout.splitlines() == ["looked it up"]
