@@ -196,12 +196,14 @@ class Terminal(Printer):
         self.result: RunResult | None = None
         self.where = where_options(store_url)
         self.seen = 0  # the last record of the conversation shown (or read) here
+        self.file = "FILE"  # the conversation's file, as the person named it
 
     def run(self, data: dict[str, Any], session: str | None, file: str = "FILE") -> str:
         """Hold the conversation until standard input ends or it does: its status then."""
         from ._common import call_engine
         from ._format import where_options
 
+        self.file = file
         status = call_engine(self._main(data, session))
         waiting = self.result.waiting if self.result is not None else None
         error = self.result.error if self.result is not None else None
@@ -230,6 +232,7 @@ class Terminal(Printer):
                            f"with its own file (interlock chat FILE --session {session}, "
                            f"FILE declaring workflow: {row.workflow})")
         self.seen = max(self.seen, row.summary.last_seq)
+        await self._compare(st, session, row.definition_hash)
         result = await status(session, store=st)
         if result.status in ("FAILED", "REJECTED", "CANCELLED"):
             self._stopped(result)
@@ -244,6 +247,23 @@ class Terminal(Printer):
                            f"executing ({exc.owner}); nothing was sent. Wait for the turn "
                            f"to end (interlock status {session}), then continue with "
                            f"interlock chat FILE --session {session}") from None
+
+    async def _compare(self, st: Store, session: str, started: str) -> None:
+        """Warn when this file is not the definition the conversation runs on -- it was
+        migrated onto another one, or the file was edited since it started: the run's
+        definition is used (as ``chat --server`` says of the server's)."""
+        from ..support import load_run
+
+        migration = (await load_run(st, session)).view.migration
+        pinned = str(migration["to_hash"]) if migration else started
+        mine = self.wf.definition_hash()
+        if pinned == mine:
+            return
+        why = " (it was migrated onto another definition)" if migration else ""
+        click.echo(f"warning: {self.file} differs from the definition run {session} "
+                   f"keeps{why} (definition {pinned[:12]}, the file's {mine[:12]}): the "
+                   "run's definition is used, not the file's (interlock migrate moves a "
+                   "run onto a changed file)", err=True)
 
     def _stopped(self, result: RunResult) -> None:
         """A conversation that takes no message (failed, rejected, cancelled): why, and

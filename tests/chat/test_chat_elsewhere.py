@@ -15,8 +15,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from click.testing import CliRunner
 from conftest import records
 from test_chat import TOOLS
+
+from interlock.cli import cli
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -324,3 +327,38 @@ def test_chat_through_a_server_that_dies_says_how_to_go_on_and_shows_the_reply_l
     assert "the turn of message 1 was interrupted and continued by another process" in \
         again.stderr, again.stderr
     assert again.stdout.splitlines() == ["looked it up"]
+
+
+PLAIN = """
+workflow: plain-chat
+chat: a
+nodes:
+  a:
+    agent:
+      provider: scripted
+      replies: [{replies}]
+"""
+
+
+def test_chat_session_of_a_migrated_conversation_says_the_file_is_not_the_one_in_use(
+        make_project: Any) -> None:
+    p = make_project(TOOLS)
+    v1 = p.workflow(PLAIN.replace("{replies}", "one, two"), "v1.yaml")
+    v2 = p.workflow(PLAIN.replace("{replies}", "uno, dos"), "v2.yaml")
+    assert p.cli("run", v1, "--run-id", "e4").exit_code == 3
+    same = CliRunner().invoke(cli, ["chat", v1, "--session", "e4", "--store", p.store],
+                              input="", catch_exceptions=False)
+    assert same.exit_code == 3 and "warning" not in same.stderr, same.stderr
+    moved = p.cli("migrate", "e4", "--to", v2, "--by", "ops")
+    assert moved.exit_code == 0, moved.output
+    out = CliRunner().invoke(cli, ["chat", v1, "--session", "e4", "--store", p.store],
+                             input="hi\n", catch_exceptions=False)
+    assert out.exit_code == 3, out.output
+    # (the old code: nothing said, though v2's definition answered)
+    assert "warning: v1.yaml differs from the definition run e4 keeps (it was migrated " \
+           "onto another definition)" in out.stderr, out.stderr
+    assert "the run's definition is used" in out.stderr
+    assert out.stdout.splitlines() == ["uno"]
+    ok = CliRunner().invoke(cli, ["chat", v2, "--session", "e4", "--store", p.store],
+                            input="", catch_exceptions=False)
+    assert ok.exit_code == 3 and "warning" not in ok.stderr, ok.stderr
