@@ -15,9 +15,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from click.testing import CliRunner
 from conftest import records
 from test_chat import TOOLS
+from test_store_conformance import pg_schema_url  # noqa: F401 (a fixture)
 
 from interlock.cli import cli
 
@@ -111,25 +113,28 @@ def _cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
                           env=_env(tmp_path), capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])  # (data_version; LISTEN)
 def test_a_gate_decided_elsewhere_and_a_message_sent_elsewhere_are_shown(
-        make_project: Any, tmp_path: Path) -> None:
+        kind: str, make_project: Any, tmp_path: Path, request: Any) -> None:
     p = make_project(TOOLS)
+    store = p.store if kind == "sqlite" else request.getfixturevalue("pg_schema_url")
     wf = p.workflow(CHAT)
-    assert p.cli("run", wf, "--run-id", "e1").exit_code == 3
-    chat = Chat(tmp_path, wf, "--session", "e1", "--store", p.store, "--by", "sam")
+    assert CliRunner().invoke(cli, ["run", wf, "--run-id", "e1", "--store", store]
+                              ).exit_code == 3
+    chat = Chat(tmp_path, wf, "--session", "e1", "--store", store, "--by", "sam")
     try:
         chat.type("restart db")
         chat.expect("err", "waiting for a decision at assistant")
         # a colleague decides the gate from another terminal
         decided = _cli(tmp_path, "resume", "e1", "--gate", "assistant", "--approve",
-                       "--by", "bob", "--store", p.store)
+                       "--by", "bob", "--store", store)
         assert decided.returncode == 3, decided.stderr
         # shown while sam has typed nothing (on the old code: never)
         chat.expect("err", "approved 'assistant' by bob")
         chat.expect("out", "restarted it")
         chat.type("why is kafka lagging?")  # (the old code: "a gate waits", dropped)
         chat.expect("out", "kafka is fine")
-        sent = _cli(tmp_path, "send", "e1", "and now?", "--by", "bob", "--store", p.store)
+        sent = _cli(tmp_path, "send", "e1", "and now?", "--by", "bob", "--store", store)
         assert sent.returncode == 3, sent.stderr
         chat.expect("err", "bob (elsewhere): and now?")
         chat.expect("out", "all green")
@@ -140,7 +145,7 @@ def test_a_gate_decided_elsewhere_and_a_message_sent_elsewhere_are_shown(
     assert not any(line.startswith("a gate waits") for line in err.splitlines()), err
     # the closing hint says what it waits for now (the old code: "waits for a decision")
     assert "the conversation waits for the next message: interlock chat" in err, err
-    assert [(r["text"], r["by"]) for r in records("e1", p.store, "chat.message")] == [
+    assert [(r["text"], r["by"]) for r in records("e1", store, "chat.message")] == [
         ("restart db", "sam"), ("why is kafka lagging?", "sam"), ("and now?", "bob")]
     assert p.executions() == ["restart_service:start", "restart_service:done"]
 
