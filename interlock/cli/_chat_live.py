@@ -7,6 +7,7 @@ which gets the same records and pieces from the server's event stream."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import shlex
 import sys
@@ -218,11 +219,12 @@ class Terminal(Printer):
             self.seen = seq
         self.record(rec)
 
-    async def _session(self, st: Store, session: str) -> RunResult:
-        """The conversation ``session`` as this terminal takes it up: a run of this
-        file's workflow (else `CliError`), its interrupted turn -- the process that
-        executed it is gone -- continued first, as ``interlock resume`` would, its reply
-        shown (`CliError` when a live process still executes it)."""
+    async def _session(self, st: Store, session: str, opening: bool = True) -> RunResult:
+        """The conversation ``session`` as this terminal takes it up (``opening``; else
+        again, its turn's executor gone): a run of this file's workflow (else
+        `CliError`), its interrupted turn -- the process that executed it is gone --
+        continued first, as ``interlock resume`` would, its reply shown (`CliError` when
+        a live process still executes it)."""
         from .. import ClaimError, status
 
         row = await st.get_run(session)
@@ -232,7 +234,8 @@ class Terminal(Printer):
                            f"with its own file (interlock chat FILE --session {session}, "
                            f"FILE declaring workflow: {row.workflow})")
         self.seen = max(self.seen, row.summary.last_seq)
-        await self._compare(st, session, row.definition_hash)
+        if opening:
+            await self._compare(st, session, row.definition_hash)
         result = await status(session, store=st)
         if result.status in ("FAILED", "REJECTED", "CANCELLED"):
             self._stopped(result)
@@ -391,7 +394,8 @@ class Terminal(Printer):
         if new or force:
             self.result = await status(self.run_id, store=st)
         elif self.result.status in BUSY and await self._executor_gone(st):
-            self.result = await self._session(st, self.run_id)
+            with contextlib.suppress(CliError):  # (another process took it over first)
+                self.result = await self._session(st, self.run_id, opening=False)
 
     def _elsewhere(self, rec: dict[str, Any]) -> None:
         """A record another process committed: shown as this session's are, and a
@@ -403,6 +407,8 @@ class Terminal(Printer):
         self.record(rec)
 
     async def _executor_gone(self, st: Store) -> bool:
+        """Whether the turn another process was executing has no executor any more (it
+        died: its lease ran out, or it was a process of this host that is gone)."""
         from ..support import owner_gone
 
         assert self.run_id is not None

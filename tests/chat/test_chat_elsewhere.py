@@ -367,3 +367,35 @@ def test_chat_session_of_a_migrated_conversation_says_the_file_is_not_the_one_in
     ok = CliRunner().invoke(cli, ["chat", v2, "--session", "e4", "--store", p.store],
                             input="", catch_exceptions=False)
     assert ok.exit_code == 3 and "warning" not in ok.stderr, ok.stderr
+
+
+def test_a_turn_whose_executor_dies_while_the_chat_idles_is_continued_by_the_chat(
+        make_project: Any, tmp_path: Path) -> None:
+    p = make_project(BLOCKING_TOOLS)
+    wf = p.workflow(BLOCKING_CHAT.replace("losttools_r41", "{mod}"))
+    assert p.cli("run", wf, "--run-id", "e5").exit_code == 3
+    chat = Chat(tmp_path, wf, "--session", "e5", "--store", p.store)
+    try:
+        chat.expect("err", "conversation e5 (")
+        (tmp_path / "block").write_text("")
+        sender = subprocess.Popen([sys.executable, "-m", "interlock", "send", "e5",
+                                   "look it up", "--store", p.store], cwd=tmp_path,
+                                  env=_env(tmp_path), stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL)
+        try:
+            chat.expect("err", "someone (elsewhere): look it up")
+            deadline = time.monotonic() + 60
+            while not (tmp_path / "calls.log").exists():
+                assert time.monotonic() < deadline, "the tool never started"
+                time.sleep(0.05)
+            sender.kill()  # the process executing the turn dies mid-call
+        finally:
+            sender.kill()
+            sender.wait(30)
+        (tmp_path / "block").unlink()
+        chat.expect("err", "was interrupted during a turn: continuing that turn first")
+        chat.expect("out", "looked it up")
+        assert chat.end() == 3
+    finally:
+        chat.kill()
+    assert [r["reply"] for r in records("e5", p.store, "chat.reply")] == ["looked it up"]
