@@ -142,6 +142,11 @@ class Printer:
         else:
             click.echo(f"the conversation waits for the next message: {session}", err=True)
 
+    def sent_elsewhere(self, rec: dict[str, Any]) -> None:
+        """A message (``chat.message``) another process sent: who, and its text."""
+        self._end_line()
+        click.echo(f"{rec.get('by') or 'someone'} (elsewhere): {rec.get('text')}", err=True)
+
     def continued(self, log: list[dict[str, Any]]) -> None:
         """The reply of the conversation's last turn, when that turn was interrupted and
         continued by another execution after its message (a server's take-over, a
@@ -401,9 +406,7 @@ class Terminal(Printer):
         """A record another process committed: shown as this session's are, and a
         message sent from elsewhere (``interlock send``) with who sent it."""
         if rec.get("type") == "chat.message":
-            self._end_line()
-            who = rec.get("by") or "someone"
-            click.echo(f"{who} (elsewhere): {rec.get('text')}", err=True)
+            self.sent_elsewhere(rec)
         self.record(rec)
 
     async def _executor_gone(self, st: Store) -> bool:

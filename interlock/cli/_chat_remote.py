@@ -132,6 +132,7 @@ class RemoteTerminal(Printer):
         self.eof = False
         self.error: dict[str, Any] | None = None  # the conversation's, when it failed
         self.file = "FILE"  # the conversation's file, as the person named it
+        self.mine = 0  # messages sent by this session whose chat.message is still to come
 
     def run(self, workflow: str, session: str | None, input_json: str | None) -> str:
         """Hold the conversation until standard input ends or it does: its status then."""
@@ -237,6 +238,10 @@ class RemoteTerminal(Printer):
         """One record of the stream; True when the conversation ended."""
         seq = int(rec.get("seq") or 0)
         if seq > seen:
+            if event == "chat.message" and not self.mine:
+                self.sent_elsewhere(rec)  # (not one of this session's: sent elsewhere)
+            elif event == "chat.message":
+                self.mine -= 1
             self.record(rec)
             if event in _MOVED:  # the run goes on (whoever moved it): nothing to answer
                 self.asking = False
@@ -290,6 +295,7 @@ class RemoteTerminal(Printer):
                 else:
                     self.remote.call("POST", f"/api/runs/{self.run_id}/messages",
                                      json={"text": typed.text, "by": self.by})
+                    self.mine += 1  # (its chat.message is the next one the stream brings)
             except CliError as exc:  # refused (decided elsewhere, ...): say so, go on
                 click.echo(f"refused: {exc}", err=True)
                 continue

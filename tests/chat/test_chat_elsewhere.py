@@ -399,3 +399,29 @@ def test_a_turn_whose_executor_dies_while_the_chat_idles_is_continued_by_the_cha
     finally:
         chat.kill()
     assert [r["reply"] for r in records("e5", p.store, "chat.reply")] == ["looked it up"]
+
+
+def test_chat_through_a_server_shows_a_message_sent_elsewhere_with_its_sender(
+        tmp_path: Path, monkeypatch: Any) -> None:
+    from test_server import Served
+
+    monkeypatch.delenv("INTERLOCK_STORE", raising=False)
+    monkeypatch.delenv("INTERLOCK_LOG_KEY", raising=False)
+    (tmp_path / "flows").mkdir()
+    (tmp_path / "flows" / "plain.yaml").write_text(PLAIN.replace("{replies}", "one, two"))
+    server = Served(tmp_path)
+    chat = Chat(tmp_path, "flows/plain.yaml", "--server", server.url, "--by", "sam")
+    try:
+        chat.type("hi")
+        chat.expect("out", "one")
+        session = chat.err().split("conversation ", 1)[1].split()[0]
+        sent = _cli(tmp_path, "send", session, "from bob", "--by", "bob", "--server",
+                    server.url)
+        assert sent.returncode == 3, sent.stderr
+        chat.expect("err", "bob (elsewhere): from bob")
+        chat.expect("out", "two")
+        assert chat.end() == 3
+    finally:
+        chat.kill()
+        server.stop()
+    assert "(elsewhere): hi" not in chat.err()  # its own message is not said again
