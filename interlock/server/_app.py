@@ -23,7 +23,7 @@ from interlock import (
     StoreError,
     UsageError,
 )
-from interlock.support import limits
+from interlock.support import NoKey, limits
 
 from . import _dashboard as dashboard
 from . import (
@@ -63,7 +63,8 @@ _PROBLEMS = {400: {"model": Problem, "description": "a malformed request, or ref
                                                     "application/json"},
              421: {"model": Problem, "description": "a Host the server does not answer "
                                                     "to (--allowed-host)"},
-             422: {"model": Problem, "description": "the body does not fit its schema"}}
+             422: {"model": Problem, "description": "the body does not fit its schema "
+                                                    "(or names a gate the workflow has not)"}}
 for _status, _doc in _PROBLEMS.items():
     _doc["content"] = {PROBLEM: {"schema": {"$ref": "#/components/schemas/Problem"}}}
 
@@ -135,7 +136,17 @@ def _handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RunNotFound)
     async def _not_found(request: Request, exc: RunNotFound) -> JSONResponse:
-        return problem(404, "Not Found", str(exc))
+        # the runs to list are this server's (`run_id`: a client words it for its surface)
+        base = str(request.base_url).rstrip("/")
+        return problem(404, "Not Found", f"no run {exc.run_id!r} in this server's store "
+                       f"(list its runs with `interlock runs --server {base}`, or GET "
+                       f"{base}/api/runs)", extra={"run_id": exc.run_id})
+
+    @app.exception_handler(NoKey)
+    async def _no_key(request: Request, exc: NoKey) -> JSONResponse:
+        # the run this server would execute would fail at an agent: refused, as
+        # `interlock run` refuses it, with nothing recorded
+        return problem(409, "Conflict", str(exc))
 
     @app.exception_handler(UsageError)
     async def _usage(request: Request, exc: UsageError) -> JSONResponse:
