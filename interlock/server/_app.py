@@ -106,6 +106,7 @@ def create_app(options: ServerOptions | None = None, **kwargs: Any) -> FastAPI:
                          limit=lambda: limits.INPUT_BYTES.get() + BODY_SLACK))
 
     _handlers(app)
+    _store_handlers(app)
     _routes(app, mcp)
     return app
 
@@ -152,23 +153,6 @@ def _handlers(app: FastAPI) -> None:
     async def _usage(request: Request, exc: UsageError) -> JSONResponse:
         return problem(400, "Bad Request", str(exc))
 
-    @app.exception_handler(LogError)
-    async def _broken(request: Request, exc: LogError) -> JSONResponse:
-        # the store's data was changed (a broken chain, a definition that no longer
-        # matches its hash): not the caller's mistake (never 400), not a race to retry
-        log.error("%s %s refused: %s", request.method, request.url.path, exc)
-        return problem(409, "Conflict", str(exc))
-
-    @app.exception_handler(StoreError)
-    async def _store(request: Request, exc: StoreError) -> JSONResponse:
-        if isinstance(exc, ClaimError | ConflictError | RunExists):
-            return problem(409, "Conflict", str(exc))
-        return problem(503, "Service Unavailable", str(exc))
-
-    @app.exception_handler(Draining)
-    async def _draining(request: Request, exc: Draining) -> JSONResponse:
-        return problem(503, "Service Unavailable", str(exc))
-
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         parts = []
@@ -190,6 +174,26 @@ def _handlers(app: FastAPI) -> None:
         log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
         return problem(500, "Internal Server Error",
                        f"the server failed: {type(exc).__name__}: {exc} (see its log)")
+
+
+def _store_handlers(app: FastAPI) -> None:
+    """The store's refusals and failures, and a draining server's."""
+    @app.exception_handler(LogError)
+    async def _broken(request: Request, exc: LogError) -> JSONResponse:
+        # the store's data was changed (a broken chain, a definition that no longer
+        # matches its hash): not the caller's mistake (never 400), not a race to retry
+        log.error("%s %s refused: %s", request.method, request.url.path, exc)
+        return problem(409, "Conflict", str(exc))
+
+    @app.exception_handler(StoreError)
+    async def _store(request: Request, exc: StoreError) -> JSONResponse:
+        if isinstance(exc, ClaimError | ConflictError | RunExists):
+            return problem(409, "Conflict", str(exc))
+        return problem(503, "Service Unavailable", str(exc))
+
+    @app.exception_handler(Draining)
+    async def _draining(request: Request, exc: Draining) -> JSONResponse:
+        return problem(503, "Service Unavailable", str(exc))
 
 
 def _not_json(body: Any, error: Any) -> str:
