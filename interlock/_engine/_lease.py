@@ -49,7 +49,8 @@ RETRY_SECONDS = 0.5  # a renewal that failed on a store error is tried again aft
 class Held:
     """One lease the keeper renews."""
 
-    __slots__ = ("claim", "due", "lease", "lost", "on_lost", "renewed", "run_id", "store")
+    __slots__ = ("claim", "due", "lease", "lost", "on_lost", "renewed", "run_id", "store",
+                 "unkept")
 
     def __init__(self, store: Store, run_id: str, claim: Claim, lease: float,
                  on_lost: Callable[[ClaimLost], None]) -> None:
@@ -59,6 +60,9 @@ class Held:
         self.renewed = now  # (the claim was made just before: a lower bound would do too)
         self.due = now + lease / 3
         self.lost: ClaimLost | None = None
+        # set when the store has no `LeaseRenewer` (a store of another package, a
+        # wrapper): the keeper drops it, and the executor's loop renews it by heartbeats
+        self.unkept = False
 
 
 class Keeper:
@@ -155,6 +159,7 @@ class Keeper:
             if renewer is None:
                 renewer = store.lease_renewer()
                 if renewer is None:  # (a store that has none: the loop renews)
+                    held.unkept = True
                     self.drop(held)
                     return
                 self._renewers[store] = renewer
