@@ -26,7 +26,9 @@ Stored runs
     ``notify.sent`` -- appended under the run's claim), `node_visits` (each node visit's
     input, update, tokens, duration and error, from the fold), `default_store_url`
     (the store a command uses when none is named), `install_hint` (the command that
-    installs an optional extra, for a checkout or a package install).
+    installs an optional extra, for a checkout or a package install),
+    `resume_keys_missing` (the agent nodes a resume may reach whose API key variable
+    is unset here: ``interlock resume`` refuses such a resume, as ``run`` refuses a run).
 
 Executing (for a server, a worker)
     `Started` (`interlock.Workflow.start`: a run created, executed later by
@@ -124,6 +126,7 @@ from ._ops._code import CodeChanged, set_strict_code
 from ._ops._export import export as export_run
 from ._ops._export import verify_export
 from ._ops._final import final_failure
+from ._ops._keys import keys_missing as resume_keys_missing
 from ._ops._load import TRACE_PAGE, load_run
 from ._ops._messages import MessageRefused
 from ._ops._messages import refusal as message_refusal
@@ -247,6 +250,7 @@ __all__ = [
     "read_at_most",
     "redact",
     "resume_gate",
+    "resume_keys_missing",
     "run_json",
     "set_strict_code",
     "store_word",

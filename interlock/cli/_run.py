@@ -189,8 +189,11 @@ def resume(run_id: str, approve: bool, reject: bool, patch_json: str | None, at_
 
     async def go(st: Store) -> RunResult:
         from .. import trace
-        from ..support import resume_gate
+        from ..support import resume_gate, resume_keys_missing
 
+        keys = await resume_keys_missing(st, run_id, decision)  # (as `run`; not --detach)
+        if keys:
+            raise CliError(_keys_refusal(run_id, keys, decision is not None))
         await _warn_undeclared(st, run_id, config_sets)
         before = await trace(run_id, store=st)
         progress.replay(before)
@@ -206,6 +209,17 @@ def resume(run_id: str, approve: bool, reject: bool, patch_json: str | None, at_
     if handed:  # recorded; the process executing the run continues that branch
         _handed_off(run_id, result, handed[0], as_json)
     _finish(result, progress, as_json)
+
+
+def _keys_refusal(run_id: str, keys: list[Any], decided: bool) -> str:
+    """Why a foreground ``resume`` refuses: the agents it may reach without their API key
+    here (``support.resume_keys_missing``), and what to do instead."""
+    lines = "\n  ".join(k.message for k in keys)
+    return (f"run {run_id} was not continued (nothing is recorded): an agent node it may "
+            f"reach from where it stopped has no API key here\n  {lines}\n  set the "
+            "variable and try again, or record the "
+            f"{'decision' if decided else 'resume'} for a worker or server whose "
+            f"environment has the key: interlock resume {shlex.quote(run_id)} ... --detach")
 
 
 def _resume_decision(approve: bool, reject: bool, patch_json: str | None, at_node: str | None,
