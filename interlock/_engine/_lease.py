@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import threading
 import time
 import weakref
@@ -110,6 +111,8 @@ class Keeper:
                             if now - idle_since >= IDLE_SECONDS:
                                 self._running, ended = False, True
                                 return
+                            # (any lease held now is due before this wakes: `hold` wakes it)
+                            self._wakes_at = math.inf
                             self._cond.wait(IDLE_SECONDS - (now - idle_since))
                             continue
                         first = min(h.due for h in self._held)

@@ -80,22 +80,30 @@ def test_a_faulty_store_refuses_an_append_after_a_takeover(url: str, how: str) -
     asyncio.run(go())
 
 
-async def _until(cond: Any, what: str) -> None:
-    deadline = time.monotonic() + HANG
+async def _until(cond: Any, what: str, within: float = HANG) -> None:
+    deadline = time.monotonic() + within
     while not cond():
-        assert time.monotonic() < deadline, f"waited {HANG}s for {what}"
+        assert time.monotonic() < deadline, f"waited {within}s for {what}"
         await asyncio.sleep(0.02)
 
 
-def _held_while(store: Store, renewals: Any) -> Workflow:
-    """``work`` waits until ``renewals()`` is true, then checks that nobody else can
-    claim the run (its lease, 0.9 s, was kept past its first end)."""
+def _held_while(store: Store, renewals: Any, seen: dict[str, Any]) -> Workflow:
+    """``work`` waits until ``renewals()`` is true (or 10 s: none came), then tries to
+    claim the run for another owner: refused while its lease (0.9 s, past its first
+    end) is kept."""
     async def work(state: dict[str, Any], ctx: Any) -> dict[str, Any]:
         started = time.monotonic()
-        await _until(lambda: renewals() and time.monotonic() - started > 1.0,
-                     "the lease's renewals")
-        with pytest.raises(ClaimError):
+        seen["renewed"] = True
+        try:
+            await _until(lambda: renewals() and time.monotonic() - started > 1.0,
+                         "the lease's renewals", within=10.0)
+        except AssertionError:
+            seen["renewed"] = False
+        try:
             await store.claim(ctx.run_id, "another-host:1:x", 60)
+            seen["taken"] = True
+        except ClaimError:
+            seen["taken"] = False
         return {"n": 1}
 
     wf = Workflow("held", input=["n"])
@@ -103,8 +111,8 @@ def _held_while(store: Store, renewals: Any) -> Workflow:
     return wf
 
 
-async def _work_one(store: Store, wf: Workflow) -> None:
-    """A worker (lease 0.9 s) executes one run of ``wf`` to its end."""
+async def _work_one(store: Store, wf: Workflow) -> str:
+    """A worker (lease 0.9 s) executes one run of ``wf`` to its end; its status."""
     await wf.submit({"n": 0}, store=store, run_id="r1")
     worker = Worker(store, workflows={"held": wf}, poll=0.05, lease=0.9)
     task = asyncio.create_task(worker.run())
@@ -113,8 +121,7 @@ async def _work_one(store: Store, wf: Workflow) -> None:
     finally:
         worker.stop()
         await asyncio.wait_for(task, HANG)
-    row = await store.get_run("r1")
-    assert row.summary.status == "COMPLETED", row.summary.error
+    return (await store.get_run("r1")).summary.status
 
 
 def test_the_keeper_renews_through_a_faulty_store_and_its_heartbeat_faults(
@@ -125,10 +132,12 @@ def test_the_keeper_renews_through_a_faulty_store_and_its_heartbeat_faults(
         store = FaultyStore(open_store(f"sqlite:///{tmp_path / 'runs.db'}"))
         try:
             fault = store.fail_heartbeat()
+            seen: dict[str, Any] = {}
             wf = _held_while(store, lambda: fault.hit.is_set()
-                             and store.calls["heartbeat"] >= 3)
-            await _work_one(store, wf)
-            assert fault.hits == 1
+                             and store.calls["heartbeat"] >= 3, seen)
+            status = await _work_one(store, wf)
+            assert seen == {"renewed": True, "taken": False}
+            assert fault.hits == 1 and status == "COMPLETED"
         finally:
             await store.close()
 
@@ -150,8 +159,11 @@ def test_a_fencing_store_without_a_renewer_is_renewed_by_heartbeats(tmp_path: Pa
         store = _NoRenewer(open_store(f"sqlite:///{tmp_path / 'runs.db'}"))
         store.fences_appends = True
         try:
-            wf = _held_while(store, lambda: store.calls["heartbeat"] >= 2)
-            await _work_one(store, wf)
+            seen: dict[str, Any] = {}
+            wf = _held_while(store, lambda: store.calls["heartbeat"] >= 2, seen)
+            status = await _work_one(store, wf)
+            assert seen == {"renewed": True, "taken": False}  # before: no renewal, taken
+            assert status == "COMPLETED"
         finally:
             await store.close()
 
