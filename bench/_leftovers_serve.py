@@ -4,6 +4,7 @@ memory after many runs started through its HTTP API (see bench/leftovers.py's te
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import signal
@@ -155,13 +156,15 @@ def serve_main(args: list[str]) -> None:
                             "--workflows", "chain.yaml", "--workflows", "gated.yaml",
                             python=python, stdout=subprocess.DEVNULL) as (url, server):
             taken = asyncio.run(drive(url, server.pid, points, trace))
-        if len(taken) >= 2:
-            (a, old), (b, new) = sorted(taken.items())[0], sorted(taken.items())[-1]
+        ordered = sorted(taken.items())
+        for (a, old), (b, new) in itertools.pairwise(ordered):
             stats = new.compare_to(old, "traceback")
             total = sum(s.size_diff for s in stats)
-            print(f"\ntraced growth between {a} and {b} runs: {total / (b - a):+.0f} B/run "
-                  "in all; by where it was allocated (the 12 largest):")
-            for stat in stats[:12]:
+            print(f"traced growth between {a} and {b} runs: {total / (b - a):+.0f} B/run")
+        if len(ordered) >= 2:
+            (a, old), (b, new) = ordered[-2:]
+            print(f"\nbetween {a} and {b} runs, by where it was allocated (the 12 largest):")
+            for stat in new.compare_to(old, "traceback")[:12]:
                 print(f"{stat.size_diff / (b - a):+9.0f} B/run {stat.count_diff:+7} blocks")
                 for line in stat.traceback.format(limit=6):
                     print("    " + line)

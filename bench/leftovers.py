@@ -20,8 +20,9 @@ quarter of them wait at a gate and are approved through the API, a third are fol
 on their event stream (SSE) to their end, the others polled to COMPLETED. After 100,
 500 and RUNS runs (every run ended), the server process's RSS, peak RSS, threads and
 open fds from /proc. ``--trace`` runs the server under tracemalloc (10 frames) and, at
-each of those points, has it dump a snapshot (SIGUSR1); the growth between the first
-and the last is printed by traceback (about 10x slower: for finding what holds memory).
+each of those points, has it dump a snapshot (SIGUSR1); the traced growth between
+each two is printed, and between the last two by traceback (about 10x slower: for
+finding what holds memory).
 
 See bench/README.md, "What a run leaves behind".
 """
