@@ -235,8 +235,11 @@ class VerificationOut(BaseModel):
     run_id: str = Field(description="the run verified, or its first child run that is not ok")
     ok: bool
     records: int = Field(description="the records checked")
-    seq: int | None = Field(description="the first bad record; null when not ok and not "
-                            "checked at all (a keyed log without the server's key for it)")
+    seq: int | None = Field(description="the first bad record; null when not ok and no "
+                            "record is bad: not checked at all when `records` is 0 (a keyed "
+                            "log without the server's key for it), or checked as a plain "
+                            "chain and intact when it is more (a log that is not keyed, on "
+                            "a server with a key: the key proves nothing about it)")
     message: str = Field(description="what is wrong, and what to do")
     keyed: bool = Field(description="the chain is keyed and was checked with the key")
     notes: list[str] = Field(description="findings that do not break the log")
