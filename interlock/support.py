@@ -133,7 +133,6 @@ from ._ops._code import CodeChanged, set_strict_code
 from ._ops._export import export as export_run
 from ._ops._export import verify_export
 from ._ops._final import final_failure
-from ._ops._keys import keys_missing as resume_keys_missing
 from ._ops._load import TRACE_PAGE, load_run
 from ._ops._messages import MessageRefused
 from ._ops._messages import refusal as message_refusal
@@ -142,6 +141,7 @@ from ._ops._migrate import migrate as migrate_run
 from ._ops._orphans import close_stranded
 from ._ops._prune import Pruned
 from ._ops._prune import prune as prune_runs
+from ._ops._resume_keys import keys_missing as resume_keys_missing
 from ._ops._runs import GateDecision, GateTaken, append_note, decide_gate, resume_gate, trace_pages
 from ._ops._verify import LogCheck
 from ._ops._visits import node_visits

@@ -192,11 +192,9 @@ def resume(run_id: str, approve: bool, reject: bool, patch_json: str | None, at_
 
     async def go(st: Store) -> RunResult:
         from .. import trace
-        from ..support import resume_gate, resume_keys_missing
+        from ..support import resume_gate
 
-        keys = await resume_keys_missing(st, run_id, decision)  # (as `run`; not --detach)
-        if keys:
-            raise CliError(_keys_refusal(run_id, keys, decision is not None))
+        await _refuse_unkeyed(st, run_id, decision)  # (as `run` refuses; not --detach)
         await _warn_undeclared(st, run_id, config_sets)
         before = await trace(run_id, store=st)
         progress.replay(before)
@@ -215,15 +213,21 @@ def resume(run_id: str, approve: bool, reject: bool, patch_json: str | None, at_
     _finish(result, progress, as_json)
 
 
-def _keys_refusal(run_id: str, keys: list[Any], decided: bool) -> str:
-    """Why a foreground ``resume`` refuses: the agents it may reach without their API key
-    here (``support.resume_keys_missing``), and what to do instead."""
+async def _refuse_unkeyed(st: Store, run_id: str, decision: Any) -> None:
+    """Refuse a foreground ``resume`` that may reach an agent without its API key here
+    (``support.resume_keys_missing``), saying what to do instead."""
+    from ..support import resume_keys_missing
+
+    keys = await resume_keys_missing(st, run_id, decision)
+    if not keys:
+        return
     lines = "\n  ".join(k.message for k in keys)
-    return (f"run {run_id} was not continued (nothing is recorded): an agent node it may "
-            f"reach from where it stopped has no API key here\n  {lines}\n  set the "
-            "variable and try again, or record the "
-            f"{'decision' if decided else 'resume'} for a worker or server whose "
-            f"environment has the key: interlock resume {shlex.quote(run_id)} ... --detach")
+    what = "resume" if decision is None else "decision"
+    raise CliError(f"run {run_id} was not continued (nothing is recorded): an agent node "
+                   f"it may reach from where it stopped has no API key here\n  {lines}\n  "
+                   f"set the variable and try again, or record the {what} for a worker or "
+                   "server whose environment has the key: interlock resume "
+                   f"{shlex.quote(run_id)} ... --detach")
 
 
 def _resume_decision(approve: bool, reject: bool, patch_json: str | None, at_node: str | None,

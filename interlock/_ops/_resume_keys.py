@@ -27,13 +27,14 @@ def _key_warnings(spec: WorkflowSpec) -> list[Diagnostic]:
     """The ``api-key`` warnings of ``spec`` in this process's environment (none when it
     does not check: the resume then reports what is wrong its own way)."""
     from .._errors import InterlockError
+    from .._keys import unkeyed
     from .._plugins._compile import check_spec
 
     try:
         result = check_spec(spec, {})
     except (InterlockError, ImportError):
         return []
-    return [d for d in result.warnings if d.code == "api-key"]
+    return unkeyed(result.warnings)
 
 
 def _warned_node(warning: Diagnostic, plan: Plan) -> str | None:
