@@ -178,6 +178,11 @@ class DecisionIn(_Body):
     via: str | None = Field(default=None, max_length=40, pattern=r"^[a-z][a-z0-9_-]*$",
                             description="where the decision was made (dashboard, api, ...): "
                                         "recorded with it; default api")
+    requested_at: float | None = Field(
+        default=None, description="with `node`: the asking this decision answers (the "
+        "gate's `requested_at` in `waiting.pending`, `since` in /api/approvals); refused "
+        "(409, nothing recorded) once the gate was asked again -- a later visit, an "
+        "unknown outcome -- so a decision made on what a person saw decides only that")
 
 
 class CancelIn(_Body):

@@ -7,7 +7,6 @@ Skipped, saying why, where Playwright or a Chromium is missing (CI installs Debi
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _harness import write_auth
 from test_server import GATED, NODES, SLOW, TOKENS, Served, wait_status
 
 pytest.importorskip("fastapi")
@@ -63,9 +63,7 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (flows / "editable.yaml").write_text(textwrap.dedent(EDITABLE))
     (flows / "slow.yaml").write_text(textwrap.dedent(SLOW))
     (flows / "asks.yaml").write_text(textwrap.dedent(ASKS))
-    auth = {"tokens": [{"name": n, "sha256": hashlib.sha256(t.encode()).hexdigest(),
-                        "roles": r} for n, (t, r) in TOKENS.items()]}
-    (root / "auth.yaml").write_text(json.dumps(auth))
+    write_auth(root, TOKENS)
     return root
 
 
