@@ -77,3 +77,13 @@ def test_a_local_chat_refuses(project: CliProject) -> None:
     assert out.exit_code == 2, out.output
     assert SAID in out.output
     assert "interlock chat talk.yaml --server URL" in out.output
+
+
+def test_a_foreground_resume_refuses_too(project: CliProject) -> None:
+    wf = project.workflow(FLOW)
+    detached = project.cli("run", wf, "--run-id", "h2", "--detach")  # for a worker
+    assert detached.exit_code == 0, detached.output
+    out = project.cli("resume", "h2")
+    assert out.exit_code == 2, out.output
+    assert SAID in out.output and "nothing is recorded" in out.output
+    assert project.executions() == []  # intake did not run
