@@ -60,6 +60,8 @@ class Expander:
         if self.format < 2:
             return [rec]
         if rtype == L.NODE_VISITED:
+            if type(rec.get("when")) is dict:  # (format 3: its ``when`` edge's decision)
+                return self._carried(rec)
             return [*(_split(rec) if self.split else [rec]), *self._edges_of(rec)]
         if rtype == L.NODE_COMPLETED and "item" not in rec:
             return [rec, *self._edges_of(rec)]
@@ -79,10 +81,21 @@ class Expander:
                                              "to": list(e.targets)})
                 for e in self.plan.nodes[str(node)].out]
 
-    def _otherwise(self, rec: L.Record) -> list[L.Record]:
+    def _carried(self, rec: L.Record) -> list[L.Record]:
+        """A format-3 ``node.visited`` with a ``when``: the visit as format 2 stores it
+        (no ``when``), the edge record that ``when`` stands for, what that implies."""
+        visited = {k: v for k, v in rec.items() if k != "when"}
+        when = rec["when"]
+        fields: L.Record = {"edge": when.get("edge"), "from": rec.get("node")}
+        fields.update(when)  # (in the order the edge record's fields would have)
+        edge = _implied(rec, L.EDGE_TAKEN if when.get("to") else L.EDGE_SKIPPED, fields)
+        return [*(_split(visited) if self.split else [visited]), edge,
+                *self._otherwise(edge, carried=True)]
+
+    def _otherwise(self, rec: L.Record, carried: bool = False) -> list[L.Record]:
         source = rec.get("from", "*")
         others = self.plan.implied_otherwise.get(rec.get("edge"))  # type: ignore[arg-type]
-        if not others or source == "*" or rec.get("implied"):
+        if not others or source == "*" or (rec.get("implied") and not carried):
             return []
         taken = rec["type"] == L.EDGE_SKIPPED  # the ``when`` was not taken
         out = []

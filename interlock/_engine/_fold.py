@@ -355,9 +355,50 @@ def _on_started(view: RunView, rec: L.Record) -> None:
 
 
 def _on_visited(view: RunView, rec: L.Record) -> None:
-    """``node.visited``: the visit's ``node.started`` and ``node.completed`` at once."""
+    """``node.visited``: the visit's ``node.started`` and ``node.completed`` at once; in
+    format 3, with a ``when``, then its ``when`` edge's record (`_when_record`)."""
     view._on_node_started(rec)
     view._on_node_completed(rec)
+    when = rec.get("when")
+    if when is not None:
+        view._on_edge(_when_record(view, rec, when))
+
+
+def _when_record(view: RunView, rec: L.Record, when: object) -> L.Record:
+    """Log format 3: the ``edge.taken``/``edge.skipped`` a ``node.visited``'s ``when``
+    stands for -- refused (as a forged record) where the engine would not have written
+    it: before format 3, or for a node that is not a `Plan.implied_when` one, or an edge
+    that is not its ``when`` edge or whose decision its completion did not make due (a
+    goto, a modified approval)."""
+    node = rec["node"]
+    owed = view.plan.implied_when.get(node) if view.format > 2 else None
+    if not isinstance(when, dict) or owed is None or when.get("edge") != owed[0].index \
+            or (owed[0].index, node) not in view.due:
+        if view.format < 3:
+            why = f"a log of format {view.format} never holds one"
+        elif owed is None:
+            why = (f"{node!r} is not a node whose edges are one `when` edge and its "
+                   "`otherwise` edges (the only nodes whose visit carries one)")
+        else:
+            why = (f"its completion owed no decision of that edge (its `when` edge is "
+                   f"edge {owed[0].index}, decided only after a completion without a goto)")
+        raise InternalError(f"record {rec['seq']}: the node.visited of {node!r} carries an "
+                            f"edge decision (`when`: {when!r}), but {why}: the engine did "
+                            "not write it")
+    edge: L.Record = {**when, "from": node, "seq": rec["seq"], "at": rec.get("at"),
+                      "type": L.EDGE_TAKEN if when.get("to") else L.EDGE_SKIPPED}
+    return edge
+
+
+def when_decided(view: RunView, rec: L.Record) -> None:
+    """Fold the decision of an implied-otherwise node's ``when`` edge (``rec``, as its
+    ``edge.taken``/``edge.skipped`` would be, ``from`` included), made by the executor
+    just after the node's completion (`end_visit`) for its ``node.visited`` to carry
+    (log format 3, `_staging.Staging.visited`): what `RunView.apply` does with the edge's
+    record, the view's seq already the visit's."""
+    view._on_edge(rec)
+    if not view.due and (view.flow.deferred or not (view.ready or view.running)):
+        view.flow.quiesce()
 
 
 def start_visit(view: RunView, rec: L.Record) -> None:

@@ -132,6 +132,7 @@ class Runner:
 
     async def _loop(self) -> None:
         view, sink, calls, decide = self.view, self.sink, self.calls, self.decide
+        when = decide.when  # (a bound method made once)
         self._restart_running()
         inline_steps = 0
         heavy_seen = _expr.heavy
@@ -158,7 +159,7 @@ class Runner:
                                 "attempt": outcome.attempt, "duration_ms": outcome.duration_ms}
                             if outcome.update:
                                 fields["update"] = outcome.update
-                            sink.visited(fields)  # (node.visited if it never waited)
+                            sink.visited(fields, when)  # (node.visited: `_staging`)
                             decide.due()  # its edges, in the same batch
                         else:
                             complete(decide, outcome)
