@@ -1,9 +1,11 @@
-"""A log as format 1 writes it: the records format 2 implies, written out for readers.
+"""A log as format 1 writes it: the records formats 2 and 3 imply, written out for readers.
 
 Log format 2 (`_log.FORMAT`, docs/design.md "The log") writes fewer records per node:
 ``node.visited`` for a visit that started and completed in one batch, and no record for
 an edge whose decision the pinned definition implies (the edges of a
 `Plan.always_taken` node; the ``otherwise`` edges of a `Plan.implied_otherwise` node).
+Format 3 also writes the ``when`` edge's decision of such a node into its
+``node.visited`` (its ``when`` field) rather than as a record of its own.
 The fold derives them (`_fold`); a reader that shows records one by one -- ``trace``,
 ``visits``, coverage, the dashboard, OpenTelemetry spans, metrics, progress lines --
 reads them through `Expander`, which gives back, for each stored record, the records
@@ -11,7 +13,9 @@ format 1 would have written in its place, in that order:
 
 - ``node.visited``: kept as it is -- a reader takes it for a start and a completion --
   or, with ``split``, its ``node.started`` (``at`` the completion's less its duration)
-  and its ``node.completed``;
+  and its ``node.completed``; one with a ``when`` (format 3): without it, then the
+  ``edge.taken``/``edge.skipped`` it stands for (``from`` the node), then what that
+  implies (below) -- the format-2 log's records, and what they imply;
 - a completion of an always-taken node (no goto): it, then an ``edge.taken`` per edge;
 - a ``when`` edge's record of an implied-otherwise node: it, then each ``otherwise``
   edge's ``edge.taken`` (the ``when`` was not taken) or ``edge.skipped``.

@@ -341,11 +341,12 @@ class RunView(ViewData):
             running.effect_tokens += rec["tokens"]
 
 
-# -- log format 2: records the fold implies (`_log.FORMAT`) -----------------------------
+# -- log formats 2 and 3: records the fold implies (`_log.FORMAT`) ---------------------
 #
 # Each function below does what the fold of the record(s) it stands for would do, at the
 # record that implies them, in the order the records would have come: a format-1 log and
-# its format-2 twin fold to the same view record for record (tests/engine/test_format.py).
+# its format-2 twin fold to the same view record for record, and a format-3 log to its
+# format-2 twin's views (tests/engine/test_format.py).
 
 
 def _on_started(view: RunView, rec: L.Record) -> None:

@@ -15,6 +15,13 @@ that seq. What a crash means is unchanged: a deferred start was never flushed be
 the next record in format 1 either (``node.started`` rides with the next flush), and a
 visit that waits on anything has its ``node.started`` sealed -- and shown live -- when
 it first waits, as before.
+
+Log format 3: a ``node.visited`` of a `Plan.implied_when` node (one ``when`` edge and
+its ``otherwise`` edges) also carries that edge's decision, as its ``when``, instead of
+an ``edge.taken``/``edge.skipped`` of its own (`_carry`): the completion is folded
+first, the decider decides the edge on the state with the visit's update in it, the
+decision is folded, and then the one record is sealed. A decision that is not a plain
+taken or skipped -- the condition raises -- leaves the visit as format 2 writes it.
 """
 
 from __future__ import annotations
@@ -42,20 +49,20 @@ class Staging:
         self._staged: list[L.Entry] = []
         # the ``node.started`` of an inline visit, folded but not sealed yet (`defer`)
         self._deferred: dict[str, Any] | None = None
-        self._implied: Expander | None = None  # (what `_tell` tells, format 2)
+        self._implied: Expander | None = None  # (what `_tell` tells, format 2 on)
 
     def _tell(self, rec: L.Record) -> None:
-        """Hand a sealed record to the listener -- and, in log format 2, the records it
-        implies (`_expand`: the edges no record is written for, ``implied: true``), so
-        that a listener (progress lines, spans, metrics) sees what format 1 showed."""
+        """Hand a sealed record to the listener -- and, from log format 2 on, the records
+        it implies (`_expand`: the edges no record is written for, ``implied: true``),
+        so that a listener (progress lines, spans, metrics) sees what format 1 showed."""
         assert self.listener is not None
         self.listener(rec, self.view)
         if self.view.format > 1:
             implied = self._implied
             if implied is None:
                 implied = self._implied = Expander(self.view.plan)
-            implied.plan, implied.format = self.view.plan, self.view.format  # (a migration
-            # changes the plan)
+            # (a migration changes the plan)
+            implied.plan, implied.format = self.view.plan, self.view.format
             for more in implied(rec)[1:]:
                 self.listener(more, self.view)
 
@@ -137,7 +144,8 @@ class Staging:
             return self.put(L.NODE_COMPLETED, fields)
         self._deferred = None
         view = self.view
-        if decide is not None and view.format > 2 and fields["node"] in view.plan.implied_when:
+        if decide is not None and fields["node"] in view.plan.implied_when \
+                and view.format > 2:
             return self._carry(d, fields, decide)
         writer = self.writer
         seq, prev = writer.seq, writer.hash
@@ -148,7 +156,10 @@ class Staging:
             writer.rewind(seq, prev)
             self._deferred = d
             raise
-        return self._stage(rec, entry)
+        self._staged.append(entry)  # (`_stage`, inlined: a chain's hot path)
+        if self.listener is not None:
+            self._tell(rec)
+        return rec
 
     # -- log format 3: a ``node.visited`` carries its node's ``when`` edge's decision ----
 
