@@ -86,6 +86,7 @@ ENGINE_NAMESPACES = frozenset({"run", "node", "edge", "effect", "approval", "sta
 # (`_engine._staging.Staging.visited`). A run keeps the format it started with, whatever
 # the version that continues it. docs/design.md, "The log".
 FORMAT = 3
+READS = 3  # the newest format this version reads (a newer one's log is refused, not misread)
 
 
 def format_field() -> dict[str, int]:

@@ -30,7 +30,7 @@ from .. import _log as L
 from .._definition._model import ERROR_FIELD
 from .._definition._plan import PlanEdge, PlanNode
 from .._definition._state import merge_update
-from .._errors import InternalError
+from .._errors import InternalError, UsageError
 from ._flow import Due
 from ._gates import shown
 from ._migration import migrate
@@ -351,8 +351,13 @@ class RunView(ViewData):
 
 def _on_started(view: RunView, rec: L.Record) -> None:
     """``run.started``, and the log's format (format 2 implies some records)."""
+    fmt = rec.get("format", 1)
+    if type(fmt) is not int or not 1 <= fmt <= L.READS:
+        raise UsageError(f"record {rec['seq']}: the run's log is in format {fmt!r}, and "
+                         f"this version of interlock reads formats 1 to {L.READS}: a newer "
+                         "version wrote it -- read or continue the run with that version")
     view._on_run_started(rec)
-    view.format = rec.get("format", 1)
+    view.format = fmt
 
 
 def _on_visited(view: RunView, rec: L.Record) -> None:
@@ -366,11 +371,9 @@ def _on_visited(view: RunView, rec: L.Record) -> None:
 
 
 def _when_record(view: RunView, rec: L.Record, when: object) -> L.Record:
-    """Log format 3: the ``edge.taken``/``edge.skipped`` a ``node.visited``'s ``when``
-    stands for -- refused (as a forged record) where the engine would not have written
-    it: before format 3, or for a node that is not a `Plan.implied_when` one, or an edge
-    that is not its ``when`` edge or whose decision its completion did not make due (a
-    goto, a modified approval)."""
+    """Log format 3: the edge record a ``node.visited``'s ``when`` stands for; refused
+    where the engine would not write one (before format 3, not a `Plan.implied_when`
+    node, not its ``when`` edge, a decision its completion did not make due: a goto)."""
     node = rec["node"]
     owed = view.plan.implied_when.get(node) if view.format > 2 else None
     if not isinstance(when, dict) or owed is None or when.get("edge") != owed[0].index \
@@ -386,17 +389,14 @@ def _when_record(view: RunView, rec: L.Record, when: object) -> L.Record:
         raise InternalError(f"record {rec['seq']}: the node.visited of {node!r} carries an "
                             f"edge decision (`when`: {when!r}), but {why}: the engine did "
                             "not write it")
-    edge: L.Record = {**when, "from": node, "seq": rec["seq"], "at": rec.get("at"),
-                      "type": L.EDGE_TAKEN if when.get("to") else L.EDGE_SKIPPED}
-    return edge
+    return {**when, "from": node, "seq": rec["seq"], "at": rec.get("at"),
+            "type": L.EDGE_TAKEN if when.get("to") else L.EDGE_SKIPPED}
 
 
 def when_decided(view: RunView, rec: L.Record) -> None:
-    """Fold the decision of an implied-otherwise node's ``when`` edge (``rec``, as its
-    ``edge.taken``/``edge.skipped`` would be, ``from`` included), made by the executor
-    just after the node's completion (`end_visit`) for its ``node.visited`` to carry
-    (log format 3, `_staging.Staging.visited`): what `RunView.apply` does with the edge's
-    record, the view's seq already the visit's."""
+    """Fold the ``when`` decision (``rec``: its edge record) a format-3 ``node.visited``
+    will carry, made just after its completion's fold (`end_visit`, `_staging`): what
+    `RunView.apply` does with the edge's record, the view's seq already the visit's."""
     view._on_edge(rec)
     if not view.due and (view.flow.deferred or not (view.ready or view.running)):
         view.flow.quiesce()

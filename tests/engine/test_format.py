@@ -528,10 +528,17 @@ def _in_format_2(records: dict[int, dict[str, Any]]) -> None:
     records[1]["format"] = 2
 
 
+def _in_format_4(records: dict[int, dict[str, Any]]) -> None:
+    """A log a newer version wrote: refused at its first record, not misread."""
+    records[1]["format"] = 4
+
+
 @pytest.mark.parametrize(("change", "says"), [
     (_move_when, "'a' is not a node whose edges are one `when` edge"),
     (_wrong_edge, "its completion owed no decision of that edge"),
     (_in_format_2, "a log of format 2 never holds one"),
+    (_in_format_4, "record 1: the run's log is in format 4, and this version of interlock "
+                   "reads formats 1 to 3"),
 ])
 def test_verify_refuses_a_when_where_the_engine_would_not_write_one(
         change: Any, says: str, monkeypatch: pytest.MonkeyPatch) -> None:
