@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
 
 import click
 
@@ -203,6 +203,30 @@ class Remote:
         with self._ours(f"/api/runs/{run_id}/verify"):
             return Verification(**{**body, "notes": tuple(body.get("notes") or ()),
                                    "children": tuple(body.get("children") or ())})
+
+    def export(self, run_id: str, out: BinaryIO) -> None:
+        """Write the server's export of the run (`interlock export`'s bytes) to ``out``
+        as they arrive."""
+        path = f"/api/runs/{run_id}/export"
+        written = 0
+        try:
+            with self.client.stream("GET", path, timeout=None) as response:
+                if not response.is_success:
+                    response.read()
+                    raise self._refused(response)
+                if _media(response) != "application/jsonl":
+                    response.read()
+                    raise self._not_interlock(response)
+                for chunk in response.iter_bytes():
+                    out.write(chunk)
+                    written += len(chunk)
+        except self._httpx.HTTPError as exc:
+            if not written:
+                raise self._fail(exc) from None
+            raise CliError(f"the export of {run_id} from {self.url} was cut off after "
+                           f"{written} bytes ({exc}): what was written is not the whole "
+                           "run (`interlock verify --file` refuses it); export it again"
+                           ) from None
 
     @contextlib.contextmanager
     def _ours(self, path: str) -> Iterator[None]:

@@ -115,10 +115,14 @@ def _verify_file(path: str) -> Verification:
 @click.command(short_help="Write a run's log as JSON lines (for `verify --file`).")
 @click.argument("run_id", metavar="RUN_ID")
 @store_option
-def export(run_id: str, store_url: str | None) -> None:
+@server_options
+def export(run_id: str, store_url: str | None, server_url: str | None,
+           token: str | None) -> None:
     """Write RUN_ID to stdout as JSON lines: a first line with the run's definition and
     summary (its last seq and chain hash), then every record exactly as stored. An
     auditor checks it with no store: `interlock verify --file run.jsonl`.
+
+    With --server, the server's export of a run in its store: the same lines.
 
     A log that does not verify is written all the same (it is what the store holds, and
     the evidence of what changed), with a warning on stderr, and the command exits 1."""
@@ -132,8 +136,17 @@ def export(run_id: str, store_url: str | None) -> None:
         out.flush()
         return await run_verify(run_id, store=store_url)
 
-    need_store(store_url)
-    v = call_engine(write())
+    if server_url:
+        remote = Remote(server_url, token, store_url)
+        try:
+            remote.export(run_id, sys.stdout.buffer)
+            sys.stdout.buffer.flush()
+            v = remote.verification(run_id)  # (the server's word, with its key)
+        finally:
+            remote.close()
+    else:
+        need_store(store_url)
+        v = call_engine(write())
     if v.ok or v.seq is None:  # intact, or a keyed log this process has no key for
         return
     which = run_id if v.run_id == run_id else f"{v.run_id} (a child run of {run_id})"

@@ -20,6 +20,7 @@ from interlock.support import (
     TERMINAL_TYPES,
     MigrationRefused,
     RunRow,
+    export_run,
     load_run,
     migrate_run,
     node_visits,
@@ -217,6 +218,20 @@ async def verify(run_id: str, server: Srv, row: Existing) -> dict[str, object]:
     """`interlock verify` of the run (and its child runs) in the server's store, with
     the server's INTERLOCK_LOG_KEY: ``interlock verify RUN_ID --server URL``."""
     return dataclasses.asdict(await interlock.verify(run_id, store=server.st))
+
+@router.get("/api/runs/{run_id}/export", response_class=StreamingResponse,
+            responses={200: {"content": {"application/jsonl": {}},
+                             "description": "the run as `interlock export` writes it: a "
+                                            "header line (its definition and summary, "
+                                            "with the last chain hash), then every "
+                                            "record as stored, then each child run the "
+                                            "same way -- for `interlock verify --file`"}})
+async def export(run_id: str, server: Srv, row: Existing) -> StreamingResponse:
+    """``interlock export RUN_ID --server URL``: evidence an auditor checks with no store
+    and no server (`interlock verify --file`, with the key where the log is keyed).
+    Streamed a page of records at a time: a long log is never held whole."""
+    return StreamingResponse(export_run(run_id, store=server.st),
+                             media_type="application/jsonl")
 
 @router.get("/api/runs/{run_id}/state",
             responses={200: {"description": "`{run_id, seq, status, state, input}`: the "
