@@ -13,6 +13,7 @@ its ``node.started`` sealed when it first waits, before its body goes on.
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
@@ -557,3 +558,28 @@ def test_verify_refuses_a_when_where_the_engine_would_not_write_one(
     assert _verified(row, _forged(log, lambda r: None)).ok  # (re-chained, unchanged: fine)
     found = _verified(row, _forged(log, change))
     assert not found.ok and says in found.message, found.message
+
+
+def test_a_format_3_run_exported_verifies_from_the_file_alone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`export` writes a format-3 run's records as stored (its visits' ``when`` in them),
+    and `verify --file` folds them, with no store, to the same end."""
+    from click.testing import CliRunner
+
+    from interlock.cli import cli
+
+    monkeypatch.setattr(L, "FORMAT", 3)
+    store = f"sqlite:///{tmp_path / 'runs.db'}"
+    run_id = loop_to_done("i < 4").run_sync({"i": 0}, store=store).run_id
+    out = CliRunner().invoke(cli, ["export", run_id, "--store", store],
+                             catch_exceptions=False)
+    assert out.exit_code == 0, out.output
+    lines = out.stdout_bytes.splitlines()
+    records = [json.loads(line) for line in lines[1:]]
+    assert sum("when" in r for r in records) == 4
+    (tmp_path / "runs.db").unlink()
+    (tmp_path / "run.jsonl").write_bytes(out.stdout_bytes)
+    checked = CliRunner().invoke(cli, ["verify", "--file", str(tmp_path / "run.jsonl")],
+                                 catch_exceptions=False)
+    assert checked.exit_code == 0, checked.output
+    assert checked.output.startswith(f"ok: {run_id} ({len(records)} records")
