@@ -65,6 +65,10 @@ class Decision:
     roles: tuple[str, ...] = ()
     # where it was made (the surface: "cli", "api", "dashboard", "slack", ...): recorded
     via: str | None = None
+    # with ``node``: the asking it answers (the gate's ``requested_at``, as
+    # ``waiting.pending`` shows it), refused once the gate was asked again (a later visit,
+    # an unknown outcome): a chat's button decides only the request it was posted for
+    requested_at: float | None = None
 
 
 def approve(by: str | None = None, comment: str | None = None, *,

@@ -26,16 +26,22 @@ from ._verify import ChildLinks
 
 
 async def check_named(st: Store, run_id: str, loaded: Loaded, name: str,
-                      above: str = "", *, via: str | None = None) -> None:
+                      above: str = "", *, via: str | None = None,
+                      asked: float | None = None) -> None:
     """Refuse a decision for the gate ``name`` of run ``run_id`` (as ``loaded``) when no
     gate of the run waits under that name: `GateNotWaiting`, saying who decided it
     already, or which gates wait and which name was meant. A name that waits -- a gate
-    of the run's, or a path into a child run it waits through -- passes. ``above``: for
-    a child run's gate decided through its parent, the path down to it (``remediate/``),
-    which the names in the refusal start with, as the parent's ``--gate`` takes them."""
+    of the run's, or a path into a child run it waits through -- passes, unless
+    ``asked`` (the decision's ``requested_at``) is not when it was asked: a decision
+    made for an earlier asking of the gate. ``above``: for a child run's gate decided
+    through its parent, the path down to it (``remediate/``), which the names in the
+    refusal start with, as the parent's ``--gate`` takes them."""
     view = loaded.view
     pending = view.pending_gates()
-    if _waits(pending, name):
+    gate = _waiting(pending, name)
+    if gate is not None:
+        if asked is not None and gate.requested_at != asked:
+            raise GateNotWaiting(_asked_again(run_id, above + name, gate, asked))
         return
     waiting = sorted({above + str(e.get("node")) for g in pending for e in entries(g)})
     status, shown = view.status, above + name
@@ -83,20 +89,33 @@ async def _check_child(st: Store, loaded: Loaded, name: str, above: str,
                           via=via)
 
 
-def _waits(pending: list[Gate], name: str) -> bool:
-    """Whether ``name`` may name a waiting gate as `_approvals.decide` and
+def _waiting(pending: list[Gate], name: str) -> Gate | None:
+    """The waiting gate ``name`` may name as `_approvals.decide` and
     `_children._child_gate` look it up: its node, ``NODE[i]``, or a path into a child
-    run the run waits through (which the child checks in turn)."""
+    run the run waits through (which the child checks in turn); None if none."""
     for gate in pending:
         if name == gate_name(gate):
-            return True
+            return gate
         if gate.kind == "workflow":  # (a map item's child: NODE[i]/..., never NODE alone)
             top = gate.node if gate.item is None else f"{gate.node}[{gate.item}]"
             if name == top or name.startswith(top + "/"):
-                return True
+                return gate
         elif name == gate.node:
-            return True
-    return False
+            return gate
+    return None
+
+
+def _asked_again(run_id: str, name: str, gate: Gate, asked: float) -> str:
+    """Why a decision made for the asking of ``name`` at ``asked`` is refused: the gate
+    waiting under that name now is another asking (``gate``)."""
+    kind = {"approval": "an approval", "confirm": "a confirmation", "workflow":
+            "a child run's gate", "tool": "a guarded tool call"}.get(gate.kind, gate.kind)
+    what = ("its outcome is unknown: approving runs it AGAIN"
+            if gate.kind == "unknown_outcome" else f"visit {gate.visit}, {kind}")
+    return (f"the decision is refused: the request it was made for (gate {name!r} of run "
+            f"{run_id!r}, asked at {utc(asked)}) is no longer waiting: it was decided, and "
+            f"the gate was asked again at {utc(gate.requested_at)} ({what}); decide the "
+            "request waiting now (in a chat: its newer message)")
 
 
 def _what(loaded: Loaded, name: str, items: list[int]) -> str:

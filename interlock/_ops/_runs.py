@@ -195,7 +195,8 @@ async def _offer(st: Store, run_id: str, decision: Decision, workflow: Functions
     if decision.node is not None and view.status != "WAITING_INPUT" and (
             pending or view.status in TERMINAL_STATUSES or view.status == "PENDING"):
         # a gate named: does it wait? (a PENDING run: decided, for a worker to continue)
-        await check_named(st, run_id, loaded, decision.node, via=decision.via)
+        await check_named(st, run_id, loaded, decision.node, via=decision.via,
+                          asked=decision.requested_at)
     if not pending or view.status in TERMINAL_STATUSES or view.status == "WAITING_INPUT":
         return None  # (a conversation: `_resume` refuses)
     if strict_code():  # refused before anything is offered (`CodeChanged`)

@@ -15,9 +15,11 @@ every waiting run and those changed in the last hour (the deliveries a stopped s
 left owed).
 
 A click is decided by the mapped approver (``slack: U…`` / ``google_chat: users/…`` on an
-``--auth`` entry) through `Server.decide_gate` with ``via`` the chat's name; a click on a
-gate decided already, by an unmapped user or one the gate's ``approvers:`` refuse records
-no decision and is answered (ephemerally) with why.
+``--auth`` entry) through `Server.decide_gate` with ``via`` the chat's name, for the
+asking its message was posted for only (the button carries its ``approval.requested``'s
+seq; the decision is pinned to that asking's ``requested_at``); a click on a gate decided
+already or asked again since, by an unmapped user or one the gate's ``approvers:``
+refuse records no decision and is answered (ephemerally) with why.
 """
 
 from __future__ import annotations
@@ -159,24 +161,23 @@ class ChatApprovals:
         else:
             self._synced[run_id] = row.summary.last_seq
         requested: dict[int, dict[str, Any]] = {}
-        decided: dict[tuple[object, object, object], dict[str, Any]] = {}
+        latest: dict[tuple[object, object, object], int] = {}  # a gate: its last asking
+        decided: dict[int, dict[str, Any]] = {}  # an asking: the decision that answered it
         books: dict[tuple[str, int, str], Ledger] = {}  # (chat, request, action): attempts
         async for page in trace_pages(run_id, store=self.store):
             for rec in page:
                 if rec["type"] == "approval.requested":
                     requested[rec["seq"]] = rec
-                    decided.pop(_key(rec), None)  # a later visit's gate
-                elif rec["type"] == "approval.decided":
-                    decided[_key(rec)] = rec
+                    latest[_key(rec)] = rec["seq"]  # (asked again: a later visit, ...)
+                elif rec["type"] == "approval.decided" and _key(rec) in latest:
+                    decided.setdefault(latest[_key(rec)], rec)
                 elif rec["type"] == NOTIFY_SENT and rec.get("via") and \
                         rec.get("request") is not None and rec.get("action") in ACTIONS:
                     books.setdefault((rec["via"], rec["request"], rec["action"]),
                                      Ledger()).add(rec)
         open_ = row.summary.status == "WAITING_APPROVAL"
         for seq, rec in requested.items():
-            done = decided.get(_key(rec))
-            if done is not None and done["seq"] < seq:
-                done = None
+            done = decided.get(seq)
             for chat in self.chats:
                 post = books.get((chat.name, seq, "post"), Ledger())
                 update = books.get((chat.name, seq, "update"), Ledger())
@@ -250,9 +251,11 @@ class ChatApprovals:
     # -- clicks --------------------------------------------------------------------------
 
     async def clicked(self, chat: Chat, user: str, run_id: str, gate: str,
-                      decision: str) -> str | None:
-        """Decide ``gate`` as the approver ``user`` maps to; or why not (nothing recorded:
-        the caller answers the user with it, see `answered`)."""
+                      decision: str, request: int | None = None) -> str | None:
+        """Decide ``gate`` as the approver ``user`` maps to -- only the asking the message
+        was posted for (``request``: its ``approval.requested``'s seq), refused once the
+        gate was asked again; or why not (nothing recorded: the caller answers the user
+        with it, see `answered`)."""
         who = self.tokens.chat_user(chat.name, user) if self.tokens is not None else None
         if decision not in ("approve", "reject"):
             return f"{decision!r} is not a decision a chat may make (approve, reject)"
@@ -264,14 +267,44 @@ class ChatApprovals:
             return (f"{who.name} may not decide gates (roles: {', '.join(who.roles)}; "
                     "approver or admin needed)")
         try:
+            asked = await self._asked(run_id, gate, request)
+            if isinstance(asked, str):
+                return asked
             await self.decide(run_id, gate, Decision(
-                decision, who.name, node=gate, roles=who.roles), chat.name)  # type: ignore[arg-type]
+                decision, who.name, node=gate, roles=who.roles,  # type: ignore[arg-type]
+                requested_at=asked), chat.name)
         except Problemed as exc:
             return exc.detail
         except (UsageError, RunNotFound) as exc:
             return str(exc)
         self.changed(run_id)
         return None
+
+    async def _asked(self, run_id: str, gate: str, request: int | None) -> float | str | None:
+        """When the asking a click is for was asked (the decision's ``requested_at``, which
+        the engine checks against the gate waiting), or why the click decides nothing.
+
+        A button of an older version carries no ``request``: it is taken for whichever
+        asking waits -- except an unknown outcome's, which it can only be an earlier
+        message's button for (approving would run the action again unseen)."""
+        if request is None:
+            waiting = (await self.store.get_run(run_id)).summary.waiting or {}
+            if any(g.get("node") == gate and g.get("kind") == "unknown_outcome"
+                   for g in waiting.get("pending") or [waiting]):
+                return (f"this button is on an earlier message of gate {gate!r} (of run "
+                        f"{run_id}), posted before its outcome was unknown; the gate now "
+                        "asks whether to run the action AGAIN: decide that on its newer "
+                        "message, or in the dashboard's inbox")
+            return None
+        async for page in trace_pages(run_id, store=self.store, page=1,
+                                      after=max(request - 1, 0)):
+            rec = page[0] if page else None
+            if rec is not None and rec["seq"] == request and \
+                    rec["type"] == "approval.requested" and gate_name(rec) == gate:
+                return float(rec["at"])
+            break
+        return (f"this button is for no request of gate {gate!r} of run {run_id} (record "
+                f"{request} of the run is not its asking)")
 
     def answered(self, chat: Chat, run_id: str, gate: str, user: str,
                  outcome: Coroutine[object, object, dict[str, object]] | dict[str, object]) -> None:

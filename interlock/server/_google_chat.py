@@ -51,6 +51,7 @@ class Event:
     run_id: str
     gate: str
     decision: str
+    request: int | None = None  # the seq of the asking it was posted for (None: an old card)
 
 
 class GoogleChat:
@@ -128,11 +129,15 @@ class GoogleChat:
                                                   value, default=str)))}})
         labels = UNKNOWN_LABELS if unknown else {"approve": "Approve", "reject": "Reject"}
         buttons = []
+        # which asking of the gate the card is for (its approval.requested's seq): a
+        # click decides only that one (`_chat.ChatApprovals.clicked`)
+        asked = [{"key": "request", "value": str(rec["seq"])}] \
+            if rec.get("seq") is not None else []
         for kind in ("approve", "reject"):
             buttons.append({"text": labels[kind], "onClick": {"action": {
                 "function": FUNCTION, "parameters": [
                     {"key": "run_id", "value": run_id}, {"key": "gate", "value": gate},
-                    {"key": "decision", "value": kind}]}}})
+                    {"key": "decision", "value": kind}, *asked]}}})
         buttons.append({"text": "Open in the dashboard",
                         "onClick": {"openLink": {"url": link}}})
         widgets.append({"buttonList": {"buttons": buttons}})
@@ -264,8 +269,10 @@ class GoogleChat:
             if action.get("actionMethodName", FUNCTION) != FUNCTION and \
                     (data.get("common") or {}).get("invokedFunction") != FUNCTION:
                 return None
+            request = params.get("request")
             return Event(str(data["user"]["name"]), str(params["run_id"]),
-                         str(params["gate"]), str(params["decision"]))
+                         str(params["gate"]), str(params["decision"]),
+                         None if request is None else int(request))
         except (KeyError, TypeError, ValueError, AttributeError):
             return None
 

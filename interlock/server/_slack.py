@@ -39,6 +39,7 @@ class Click:
     gate: str
     decision: str  # approve | reject
     response_url: str | None
+    request: int | None = None  # the seq of the asking it was posted for (None: an old button)
 
 
 class Slack:
@@ -91,12 +92,16 @@ class Slack:
         unknown = gate_text.is_unknown(rec)
         labels = UNKNOWN_LABELS if unknown else {"approve": "Approve", "reject": "Reject"}
         buttons: list[dict[str, Any]] = []
+        # which asking of the gate the message is for (its approval.requested's seq): a
+        # click decides only that one (`_chat.ChatApprovals.clicked`)
+        asked = {"request": rec["seq"]} if rec.get("seq") is not None else {}
         for kind, style in (("approve", "primary"), ("reject", "danger")):
             if kind in decisions or not decisions or kind == "reject":
                 buttons.append({
                     "type": "button", "action_id": ACTION_IDS[kind], "style": style,
                     "text": {"type": "plain_text", "text": labels[kind]},
-                    "value": json.dumps({"run_id": run_id, "gate": gate, "decision": kind})})
+                    "value": json.dumps({"run_id": run_id, "gate": gate, "decision": kind,
+                                         **asked})})
         if unknown:  # Slack asks the clicker before the action is run again
             buttons[0]["style"] = "danger"
             buttons[0]["confirm"] = {
@@ -187,9 +192,11 @@ class Slack:
             action = next(a for a in data.get("actions") or []
                           if a.get("action_id") in ACTION_IDS.values())
             value = json.loads(action["value"])
+            request = value.get("request")
             return Click(str(data["user"]["id"]), str(value["run_id"]), str(value["gate"]),
-                         str(value["decision"]), data.get("response_url"))
-        except (KeyError, IndexError, StopIteration, TypeError, ValueError):
+                         str(value["decision"]), data.get("response_url"),
+                         None if request is None else int(request))
+        except (KeyError, IndexError, StopIteration, TypeError, ValueError, AttributeError):
             return None
 
 

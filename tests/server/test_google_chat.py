@@ -225,7 +225,15 @@ def test_an_event_whose_token_does_not_verify_is_401_and_records_nothing(
         before = c.get("/api/runs/g2/records").json()
         r = send(anonymous, event(card, "users/111"), bearer)
         assert r.status_code == 401, (case, r.text)
-        assert why in r.json()["detail"], r.json()
+        # the caller is told it does not verify; why is in the server's log
+        assert r.json()["detail"] == "the request's token does not verify", r.json()
+        assert why not in r.text and "--google-chat" not in r.text
+        deadline = time.monotonic() + 10
+        while not [line for line in served.lines if why in line] and \
+                time.monotonic() < deadline:
+            time.sleep(0.05)  # (the server's stderr is read by a thread)
+        assert [line for line in served.lines if "401" in line and why in line and
+                "--google-chat-audience" in line], served.lines[-5:]
         assert c.get("/api/runs/g2/records").json() == before
         assert c.get("/api/runs/g2").json()["status"] == "WAITING_APPROVAL"
         assert not google.of("PATCH")

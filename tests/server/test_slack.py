@@ -235,12 +235,14 @@ def test_a_gate_is_posted_approved_by_a_click_updated_and_the_run_continues(
                    for e in b["elements"]}
         assert set(buttons) == {"Approve", "Reject", "Open in the dashboard"}
         assert "/approvals?run_id=s1" in buttons["Open in the dashboard"]["url"]
-        assert json.loads(buttons["Approve"]["value"]) == {
-            "run_id": "s1", "gate": "gate", "decision": "approve"}
         calls = [h for p, _, h in slack.calls if p.endswith("chat.postMessage")]
         assert calls[0]["Authorization"] == "Bearer xoxb-test-token"
         # the post is on record, with where the message is
         record = posted(c, "s1")
+        # a button decides the asking it was posted for (its approval.requested's seq)
+        assert json.loads(buttons["Approve"]["value"]) == {
+            "run_id": "s1", "gate": "gate", "decision": "approve",
+            "request": record["request"]}
         assert record["via"] == "slack" and record["where"]["channel"] == "CGATES"
 
         # a click, verified (no bearer token: Slack's signature is the credential)
@@ -273,7 +275,15 @@ def test_a_click_that_does_not_verify_is_401_and_records_nothing(
             del headers["X-Slack-Signature"]
         r = anonymous.post("/api/integrations/slack/actions", content=body, headers=headers)
         assert r.status_code == 401, r.text
-        assert "signature" in r.json()["detail"]
+        # the caller is told it does not verify; why is in the server's log
+        assert r.json()["detail"] == "the request's signature does not verify"
+        assert "SLACK_SIGNING_SECRET" not in r.text
+        deadline = time.monotonic() + 10
+        while not [line for line in served.lines if "SLACK_SIGNING_SECRET" in line] and \
+                time.monotonic() < deadline:
+            time.sleep(0.05)  # (the server's stderr is read by a thread)
+        assert [line for line in served.lines if "401" in line and
+                "SLACK_SIGNING_SECRET" in line], served.lines[-5:]
         assert c.get("/api/runs/s2/records").json() == before  # nothing at all
         assert c.get("/api/runs/s2").json()["status"] == "WAITING_APPROVAL"
         assert not slack.of("/respond/1")
