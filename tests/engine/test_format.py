@@ -261,10 +261,10 @@ def test_a_migrated_runs_records_read_from_after_the_migration_imply_the_new_edg
     asyncio.run(go())
 
 
-def loop_to_done(when: str) -> Workflow:
+def loop_to_done(when: str, max: int | None = None) -> Workflow:
     wf = Workflow("loop-done")
     wf.node("step", inc).node("done", lambda s: {"done": True})
-    wf.edge(START, "step").edge("step", "step", when=when)
+    wf.edge(START, "step").edge("step", "step", when=when, max=max)
     wf.edge("step", "done", otherwise=True)
     return wf
 
@@ -364,31 +364,36 @@ def _seen(view: Any) -> tuple[Any, ...]:
             {k: sorted(map(repr, v)) for k, v in view.flow.deferred.items()})
 
 
+@pytest.mark.parametrize("max", [None, 2])
 def test_a_format_3_visit_carries_its_when_decision_and_folds_as_its_format_2_twin(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        max: int | None, monkeypatch: pytest.MonkeyPatch) -> None:
     """Format 3: each visit of the loop's node is one ``node.visited`` with its ``when``
     edge's decision in it (every field its ``edge.taken``/``edge.skipped`` had but
-    ``from``); no edge record of the node is written. Folded, the log goes through the
-    same views as its format-2 twin's -- the twin's view after a visit's edge record is
-    the format-3 view after that visit -- and the listener is told what format 2 told it."""
+    ``from``: a ``reason`` when its ``max`` stopped it); no edge record of the node is
+    written. Folded, the log goes through the same views as its format-2 twin's -- the
+    twin's view after a visit's edge record is the format-3 view after that visit -- and
+    the listener is told what format 2 told it."""
     from interlock._engine._fold import RunView
 
-    wf = loop_to_done("i < 5")
+    wf = loop_to_done("i < 5", max)
     plan = wf.compile()
     when = plan.implied_when["step"][0].index
-    old, old_log, old_told = _stored_log(loop_to_done("i < 5"), 2, monkeypatch,
+    old, old_log, old_told = _stored_log(loop_to_done("i < 5", max), 2, monkeypatch,
                                          input={"i": 0})
     new, new_log, new_told = _stored_log(wf, 3, monkeypatch, input={"i": 0})
     assert (new.status, new.state, new.steps) == (old.status, old.state, old.steps)
-    assert len(new_log) == len(old_log) - 5
+    n = 5 if max is None else max + 1
+    assert len(new_log) == len(old_log) - n
     assert not any(r["type"].startswith("edge.") and r.get("from") == "step"
                    for r in new_log)
     visits = [r for r in new_log if r.get("node") == "step"]
-    assert [r["type"] for r in visits] == ["node.visited"] * 5
+    assert [r["type"] for r in visits] == ["node.visited"] * n
+    last = {"edge": when, "expr": "i < 5", "reads": {"i": n}, "value": max is not None}
+    if max is not None:
+        last["reason"] = f"max {max} reached"
     assert [r["when"] for r in visits] == [
         {"edge": when, "expr": "i < 5", "reads": {"i": i}, "to": ["step"], "value": True}
-        for i in range(1, 5)] + [{"edge": when, "expr": "i < 5", "reads": {"i": 5},
-                                  "value": False}]
+        for i in range(1, n)] + [last]
     twins = [r for r in old_log if r["type"].startswith("edge.") and r["from"] == "step"]
     assert [dict(r["when"], **{"from": "step"}) for r in visits] == \
         [{k: v for k, v in r.items() if k not in ("seq", "type", "at")} for r in twins]
