@@ -151,8 +151,7 @@ class Runner:
                     assert stack is not None
                     outcome = await stack(calls.begin(pn, visit, 1))
                     if outcome.error is None and outcome.pause is None and not pn.branched:
-                        # the common case, without a coroutine
-                        if outcome.goto is None and not outcome.tokens:
+                        if outcome.goto is None and not outcome.tokens:  # (no coroutine)
                             # `complete(decide, outcome)`, R.node_completed inlined (`_records`)
                             fields: JSONObject = {
                                 "node": outcome.node, "visit": outcome.visit,
@@ -160,7 +159,8 @@ class Runner:
                             if outcome.update:
                                 fields["update"] = outcome.update
                             sink.visited(fields, when)  # (node.visited: `_staging`)
-                            decide.due()  # its edges, in the same batch
+                            if view.due:  # its edges, in the same batch (none left when
+                                decide.due()  # the fold took them, or its record carries one)
                         else:
                             complete(decide, outcome)
                     else:
