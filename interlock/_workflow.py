@@ -402,12 +402,14 @@ def load_workflows(paths: Sequence[str]) -> dict[str, Workflow]:
     """Each file (or each ``*.yaml``/``*.yml``/``*.json`` in a folder and its subfolders,
     hidden ones and caches aside, that is a workflow: a mapping with a ``workflow:`` key --
     a folder's data files beside them, such as an example's ``scenarios.json`` or a JSON
-    array, are skipped, with a log line), by workflow name."""
+    array, are skipped, said in one log line), by workflow name."""
     found: dict[str, tuple[Workflow, Path]] = {}
     for given in paths:
         p = Path(given)
         if p.is_dir():
-            files = [f for f in _walk(p) if _is_workflow_file(f)]
+            walked = _walk(p)
+            files = [f for f in walked if _is_workflow_file(f)]
+            _say_skipped(given, [f for f in walked if f not in files])
         elif p.exists():
             files = [p]
         else:
@@ -425,6 +427,19 @@ def load_workflows(paths: Sequence[str]) -> dict[str, Workflow]:
     return {name: wf for name, (wf, _) in found.items()}
 
 
+def _say_skipped(given: str, skipped: list[Path]) -> None:
+    """One line for the files of the folder ``given`` that are not workflows (each one's
+    reason: at DEBUG)."""
+    if not skipped:
+        return
+    names = ", ".join(str(f) for f in skipped[:3]) + (
+        f", ... ({len(skipped) - 3} more)" if len(skipped) > 3 else "")
+    logging.getLogger("interlock").info(
+        "--workflows %s: skipped %d file%s that %s not a workflow (no top-level workflow: "
+        "key; data beside the workflows, say): %s", given, len(skipped),
+        "" if len(skipped) == 1 else "s", "is" if len(skipped) == 1 else "are", names)
+
+
 def _walk(folder: Path) -> list[Path]:
     """The ``*.yaml``/``*.yml``/``*.json`` files under ``folder``, in path order."""
     out = []
@@ -438,7 +453,7 @@ def _walk(folder: Path) -> list[Path]:
 def _is_workflow_file(path: Path) -> bool:
     """Whether a file in a ``--workflows`` folder is a workflow: its top level is a mapping
     with a ``workflow:`` key. Anything else that parses -- a JSON array, a list, a scalar,
-    a mapping of data -- is skipped with a log line; a file that does not parse is taken
+    a mapping of data -- is skipped (why: a DEBUG log line); a file that does not parse is taken
     as a workflow, so that its error is shown."""
     import yaml
 
@@ -459,6 +474,6 @@ def _is_workflow_file(path: Path) -> bool:
              else "a mapping without a top-level workflow: key" if isinstance(data, Mapping)
              else f"its top level is {'a list' if isinstance(data, list) else 'a value'}, "
                   "not a mapping with a workflow: key")
-    logging.getLogger("interlock").info("--workflows: skipped %s: not a workflow file (%s)",
-                                        path, shape)
+    logging.getLogger("interlock").debug("--workflows: skipped %s: not a workflow file (%s)",
+                                         path, shape)
     return False

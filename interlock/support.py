@@ -111,11 +111,18 @@ from ._definition._spec import load_spec
 from ._definition._spec import parse as parse_definition
 from ._definition._values import parse_duration
 from ._engine import _guards
-from ._engine._approvals import GateNotWaiting, NotAnApprover, approvers_refuse, patch_schema
+from ._engine._approvals import (
+    GateNotWaiting,
+    NoSuchGate,
+    NotAnApprover,
+    approvers_refuse,
+    patch_schema,
+)
 from ._engine._fold import RunView
 from ._errors import Draining
 from ._extras import install_hint
 from ._hints import decide_command, decide_hint, decision_flags, store_word
+from ._keys import NoKey, key_refusal, missing_key, unkeyed
 from ._log import TERMINAL_TYPES, Entry, Record
 from ._observe._coverage import workflows_in
 from ._observe._metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -136,7 +143,7 @@ from ._ops._runs import GateDecision, GateTaken, append_note, decide_gate, resum
 from ._ops._verify import LogCheck
 from ._ops._visits import node_visits
 from ._store import Claim, LeaseRenewer, RunRow, Summary, default_store_url, owner_gone
-from ._worker._triggers import Firer
+from ._worker._triggers import Firer, NotFired
 from ._worker._triggers import describe as describe_trigger
 from ._worker._workers import DRAIN_SECONDS, POLL_SECONDS, Factory, Pool, Worker
 from ._workflow import Started, load_workflows
@@ -206,8 +213,11 @@ __all__ = [
     "Metrics",
     "Migration",
     "MigrationRefused",
+    "NoKey",
+    "NoSuchGate",
     "NodeSpec",
     "NotAnApprover",
+    "NotFired",
     "Pool",
     "Pruned",
     "Record",
@@ -231,12 +241,14 @@ __all__ = [
     "final_failure",
     "gate_text",
     "install_hint",
+    "key_refusal",
     "limits",
     "load_run",
     "load_spec",
     "load_workflows",
     "message_refusal",
     "migrate_run",
+    "missing_key",
     "node_visits",
     "not_json_at",
     "owner_gone",
@@ -256,6 +268,7 @@ __all__ = [
     "too_deep",
     "too_deep_at",
     "trace_pages",
+    "unkeyed",
     "verify_export",
     "workflows_in",
 ]

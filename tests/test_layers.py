@@ -20,7 +20,7 @@ ROOT = Path(interlock.__file__).resolve().parent
 LAYERS: dict[int, set[str]] = {
     # leaves: errors, records and the chain, limits, small helpers
     0: {"_definition", "_engine", "_observe", "_ops", "_plugins", "_worker", "_errors", "_log",
-        "_json", "_hints", "_gate_text", "_extras",
+        "_json", "_hints", "_gate_text", "_extras", "_keys",
         "_engine._records", "_definition._limits", "_definition._bounds", "_definition._callables",
         "_definition._signature", "_engine._steps", "_definition._cost", "_definition._values"},
     # the definition, expressions, the graph, the stores, isolation's wire format, the
@@ -73,7 +73,7 @@ LAYERS: dict[int, set[str]] = {
     # the public surface and the command line
     10: {"", "__main__", "testing", "support", "cli", "cli._common", "cli._format", "cli._inspect",
         "cli._progress", "cli._run", "cli._trace", "cli._coverage", "cli._prune", "cli._serve",
-        "cli._gate_hints",
+        "cli._gate_hints", "cli._decided",
         "cli._remote", "cli._triggers", "cli._worker", "cli._migrate", "cli._mcp", "mcp",
         "mcp._tools", "mcp._local", "mcp._conversation", "mcp._runs",
         "mcp._tasks", "server", "server._app",

@@ -85,12 +85,15 @@ def check_fed(checker: CheckContext) -> None:
 
 def _check_shown(checker: CheckContext, written: set[str], all_known: bool) -> None:
     """An approval's ``show:`` names fields as a condition does: a misspelt one would
-    show the approver ``null``."""
+    show the approver ``null``. A mapped approval's item is the map edge's ``as:``."""
     known = written | set(checker.spec.input) | set(checker.spec.state)
     for name, ns in checker.spec.nodes.items():
         if ns.approval is None:
             continue
+        items = {e.item_name for e in checker.spec.edges if e.map and name in (e.to or ())}
         for k, field_name in enumerate(ns.approval.show):
+            if field_name in items:
+                continue
             problem = _unfed(checker, field_name, written, all_known)
             if problem is not None:
                 level, why = problem
@@ -146,9 +149,13 @@ def _unfed(checker: CheckContext, name: str, written: set[str], all_known: bool
         return ("error", "which no node writes (every node declares 'writes') and "
                 "neither 'input' nor 'state' declares; fix the name, or declare where "
                 "it comes from")
+    if not any(ns.writes is not None for ns in checker.spec.nodes.values()):
+        # no call node says what it writes: any of them may write any field, so a read
+        # cannot be checked -- warning about each would be noise, not a finding
+        return None
     return ("warning", "which no node declares in 'writes' and neither 'input' nor "
-            "'state' declares; declare where it comes from (a node without 'writes' "
-            "may write it)")
+            "'state' declares: a misspelt name, or a field that a node without 'writes' "
+            "returns -- list it in that node's 'writes'")
 
 
 def _config_keys(src: str) -> list[str]:

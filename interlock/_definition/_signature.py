@@ -79,7 +79,7 @@ def defined_at(fn: Callable[..., object]) -> str:
 
     target: Any = getattr(fn, "__func__", fn)
     code = getattr(target, "__code__", None)
-    if code is None:
+    if not isinstance(code, types.CodeType):
         return ""
     path = code.co_filename
     try:
@@ -87,4 +87,20 @@ def defined_at(fn: Callable[..., object]) -> str:
         path = rel if not rel.startswith("..") else path
     except ValueError:  # another drive (Windows)
         pass
-    return f" (def {target.__name__} at {path}:{code.co_firstlineno})"
+    return f" (def {target.__name__} at {path}:{_def_line(code)})"
+
+
+def _def_line(code: types.CodeType) -> int:
+    """The line of the ``def`` of ``code``'s function: its first line is its first
+    decorator's (``@wf.node(...)``) when it has any; the source tells the ``def`` line
+    (a function without source: the first line)."""
+    import linecache
+
+    first = code.co_firstlineno
+    for n in range(first, first + 200):
+        text = linecache.getline(code.co_filename, n)
+        if not text:  # (no source, or past its end)
+            break
+        if text.lstrip().startswith(("def ", "async def ")):
+            return n
+    return first

@@ -198,6 +198,12 @@ class GateNotWaiting(UsageError):
     one was meant?): refused as a double decision is (exit 2; a server answers 409)."""
 
 
+class NoSuchGate(GateNotWaiting):
+    """A decision naming a gate the run's workflow cannot have: no node of that name, or
+    a node that is no gate -- a mistake in the request, whatever the run's state (exit 2;
+    a server answers 422)."""
+
+
 def requested(node: str, ns: NodeSpec, visit: int, state: Mapping[str, Any], *,
               item: int | None = None, value: Any = None, as_name: str = "item") -> R.Item:
     """``approval.requested`` for visit ``visit`` of an approval node or a node declared

@@ -6,8 +6,9 @@ no gate waiting there, in words a person can act on:
                         by bob at 2026-12-05 04:12:03 UTC via api"), from its record
     a node, not a gate  what it is: not a gate, or a gate the run has not reached
 
-Either refusal is a `GateNotWaiting` (exit 2; a server answers 409), raised before
-anything is offered or recorded.
+Either refusal is a `GateNotWaiting` (exit 2; a server answers 409) -- a `NoSuchGate`
+(a server answers 422) for a name the workflow has no gate of -- raised before anything
+is offered or recorded.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from .. import _log as L
-from .._engine._approvals import GateNotWaiting
+from .._engine._approvals import GateNotWaiting, NoSuchGate
 from .._engine._gates import entries, gate_name, naming
 from .._engine._view import Gate
 from .._store import Store
@@ -58,15 +59,36 @@ async def check_named(st: Store, run_id: str, loaded: Loaded, name: str,
                              f"per gate wins{still}")
     gates = [above + n for n, ns in loaded.spec.nodes.items()
              if (ns.approval is not None or ns.confirm) and n != name.split("[", 1)[0]]
-    meant = difflib.get_close_matches(shown, waiting, n=1) or \
-        difflib.get_close_matches(shown, gates, n=1)
-    hint = f" Did you mean {meant[0]!r}?" if meant else ""
+    node = name.split("[", 1)[0]
+    items = await _items_asked(st, run_id, node)
+    at_items = _items_waiting(pending, node) if "[" in name and "/" not in name else []
+    if at_items:  # another index of a mapped gate: its items that wait, not a "did you mean"
+        hint = f" Items {_span(at_items)} of {above + node!r} wait."
+    else:
+        meant = difflib.get_close_matches(shown, waiting, n=1) or \
+            difflib.get_close_matches(shown, gates, n=1)
+        hint = f" Did you mean {meant[0]!r}?" if meant else ""
     listed = (f" Waiting: {', '.join(waiting)} (decide one with {naming(via, 'NAME')})."
               if waiting
               else f" Nothing waits for a decision: the {which} is {status}.")
-    items = await _items_asked(st, run_id, name)
-    raise GateNotWaiting(f"the decision is refused: no gate of {run} waits at {shown!r}: "
-                         f"{_what(loaded, name, items)}.{hint}{listed}")
+    ns = loaded.spec.nodes.get(node.split("/", 1)[0])
+    refused = NoSuchGate if ns is None or (ns.approval is None and not ns.confirm
+                                           and ns.workflow is None) else GateNotWaiting
+    raise refused(f"the decision is refused: no gate of {run} waits at {shown!r}: "
+                  f"{_what(loaded, name, items)}.{hint}{listed}")
+
+
+def _items_waiting(pending: list[Gate], node: str) -> list[int]:
+    """The items of the mapped gate ``node`` that wait in ``pending``."""
+    return sorted(g.item for g in pending if g.node == node and g.item is not None
+                  and g.path is None)
+
+
+def _span(items: list[int]) -> str:
+    """'0-3' for a run of items, else '0, 2, 5' (a few, then '...')."""
+    if items == list(range(items[0], items[-1] + 1)) and len(items) > 2:
+        return f"{items[0]}\u2013{items[-1]}"
+    return ", ".join(map(str, items[:6])) + (", ..." if len(items) > 6 else "")
 
 
 async def _check_child(st: Store, loaded: Loaded, name: str, above: str,
@@ -135,6 +157,9 @@ def _what(loaded: Loaded, name: str, items: list[int]) -> str:
         if name == node and items:  # (its items were asked, and none waits)
             return (f"{node!r} is a mapped gate, each of its items a gate of its own "
                     f"({node}[{items[0]}]..{node}[{items[-1]}]), and none waits")
+        if name != node and items:  # an item it has not (an index out of its range)
+            return (f"{node!r} is a mapped gate whose items asked are "
+                    f"{node}[{items[0]}]..{node}[{items[-1]}]; {name!r} is none of them")
         asked = f"for {name!r}" if name != node else "in this run"
         return f"{node!r} is a gate that has asked for no decision {asked}"
     return f"{node!r} is not a gate (neither an approval: node nor a confirm: true node)"

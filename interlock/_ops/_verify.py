@@ -5,6 +5,7 @@ are links to child runs (`ChildLinks`, `forged`), as every reader follows them.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -125,6 +126,13 @@ class Verification:
     # known (an export's records that do not end at its header's chain hash)
     located: bool = True
 
+    @property
+    def plain(self) -> bool:
+        """Not verified as keyed, but checked as a plain chain and intact (`verify`'s
+        ``plain``: a log that is not keyed, while a key is set): not ok, no bad record,
+        the records counted -- where "not verified" at all counts none."""
+        return not self.ok and self.seq is None and self.records > 0
+
 
 class LogCheck:
     """`verify`'s checks made one page of entries at a time (`feed`, then `result`), so
@@ -135,7 +143,7 @@ class LogCheck:
     """
 
     def __init__(self, row: RunRow, snapshot: tuple[int, bytes] | None = None,
-                 above: tuple[str, ...] = ()) -> None:
+                 above: tuple[str, ...] = (), plain: list[str] | None = None) -> None:
         self.row = row
         self.path = (*above, row.run_id)  # the runs it is nested under, then its own
         self.records = 0
@@ -154,6 +162,8 @@ class LogCheck:
             return
         if self.keyed and self.key is None:
             self._unchecked(_key_missing(row))
+        elif not self.keyed and L.env_key() is not None and plain is not None:
+            plain.append(row.run_id)  # its plain chain checked: `verify`'s ``plain``
         elif not self.keyed and L.env_key() is not None:
             self._unchecked(f"{L.LOG_KEY_ENV} is set, but the log of run {row.run_id!r} is "
                             "not keyed, so the key proves nothing about it: a run started "
@@ -279,20 +289,43 @@ class LogCheck:
                             notes=tuple(self.notes))
 
 
-async def verify(run_id: str, *, store: str | Store | None = None) -> Verification:
+async def verify(run_id: str, *, store: str | Store | None = None, plain: bool = False,
+                 share_loop: bool = False) -> Verification:
     """Check the hash chain, the definition and the fold against the run's summary, a
     page of records at a time.
 
     A keyed log is checked with ``$INTERLOCK_LOG_KEY`` (without it, it cannot be
     checked: not ok). With the key set, a log that is not keyed is not ok either: it
-    cannot prove that a holder of the key wrote it.
+    cannot prove that a holder of the key wrote it -- and is not checked at all (unset
+    the key to check its plain chain), unless ``plain``: then its plain chain and the
+    rest are checked, and an intact one is still not ok, with no bad record
+    (`Verification.plain`; a server's verify, which cannot unset its key).
+
+    ``share_loop``: give the event loop back every `SHARE_EVERY` records checked, so a
+    long log does not stall the loop's other tasks (a server's requests and streams).
     """
     st, owned = open_store_arg(store)
     try:
-        return await _verify(st, run_id, ())
+        unkeyed: list[str] = []
+        result = await _verify(st, run_id, (), unkeyed if plain else None, share_loop)
+        if result.ok and unkeyed:
+            return dataclasses.replace(result, ok=False, message=_plain_only(unkeyed))
+        return result
     finally:
         if owned:
             await release_store(st)
+
+
+SHARE_EVERY = 200  # records checked between two yields to the event loop (`share_loop`)
+
+
+def _plain_only(runs: list[str]) -> str:
+    logs = (f"run {runs[0]!r} was" if len(runs) == 1 else
+            f"runs {', '.join(map(repr, runs))} were")
+    return (f"plain chain intact, not keyed: {logs} written without {L.LOG_KEY_ENV} (a run "
+            "started before the key was set, and a log rewritten without it, look the "
+            "same), so the key proves nothing about it: anyone with write access to the "
+            "store could have rewritten it")
 
 
 async def _lineage(st: Store, run_id: str) -> set[str]:
@@ -305,14 +338,22 @@ async def _lineage(st: Store, run_id: str) -> set[str]:
     return out
 
 
-async def _verify(st: Store, run_id: str, above: tuple[str, ...]) -> Verification:
+async def _verify(st: Store, run_id: str, above: tuple[str, ...],
+                  plain: list[str] | None = None, share_loop: bool = False) -> Verification:
     """`verify` of one run and, when it holds, of every child run its log names
     (``verify PARENT`` verifies every child chain): the first broken one is the
-    result, under its own id. ``above``: the runs it is nested under (its parent last)."""
+    result, under its own id. ``above``: the runs it is nested under (its parent last);
+    ``plain``: where the runs checked as plain chains under a key are listed."""
     row = await st.get_run(run_id)
-    check = LogCheck(row, await st.load_snapshot(run_id), above)
+    check = LogCheck(row, await st.load_snapshot(run_id), above, plain)
     children: list[str] = []
-    async for entries in st.iter_entries(run_id, page=TRACE_PAGE):
+    # sharing the loop, smaller pages: each is checked between two yields, and read
+    # that small too (the store's thread builds a page's entries holding the GIL, which
+    # the loop's thread waits for)
+    async for entries in st.iter_entries(run_id,
+                                         page=SHARE_EVERY if share_loop else TRACE_PAGE):
+        if share_loop:
+            await _share()
         check.feed(entries)
         if check.problem is None and check.view is not None:
             # (LogCheck refused a child.started the engine did not write)
@@ -331,7 +372,7 @@ async def _verify(st: Store, run_id: str, above: tuple[str, ...]) -> Verificatio
     verified: list[str] = []
     for child in dict.fromkeys(children):
         try:
-            found = await _verify(st, child, (*above, run_id))
+            found = await _verify(st, child, (*above, run_id), plain, share_loop)
         except RunNotFound:
             return Verification(child, False, 0, None, f"the child run {child!r} that run "
                                 f"{run_id!r} names is not in the store")
@@ -339,3 +380,8 @@ async def _verify(st: Store, run_id: str, above: tuple[str, ...]) -> Verificatio
             return found
         verified += [child, *found.children]
     return dataclasses.replace(result, children=tuple(verified))
+
+
+async def _share() -> None:
+    """Give the event loop back (`verify`'s ``share_loop``); a test holds a verify here."""
+    await asyncio.sleep(0)

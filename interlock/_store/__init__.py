@@ -81,6 +81,13 @@ def open_store(url: str | None = None) -> Store:
                 f"the PostgreSQL store needs psycopg: {install_hint('postgres')} ({exc})"
             ) from None
         return PostgresStore(url)
+    if "://" not in url and url.strip():  # a file's path: the SQLite URL of that file
+        path = os.path.expanduser(url)
+        sqlite = f"sqlite:///{path}" if os.path.isabs(path) \
+            else f"sqlite:///{path.removeprefix('./')}"
+        raise StoreError(f"unknown store URL {url!r}: a store URL starts with its kind; for "
+                         f"the SQLite file {url}, use {sqlite} (the others: memory://, "
+                         "postgresql://...)")
     raise StoreError(
         f"unknown store URL {url!r}: use memory://, sqlite:///path.db or postgresql://..."
     )

@@ -65,6 +65,13 @@ _PLAIN_KEY = re.compile(r"^[A-Za-z0-9_.:-]{1,80}$")
 Start = Callable[[str, str, JSONObject], Awaitable[object]]
 
 
+class NotFired(InterlockError):
+    """What `Start` raises when it refuses a slot for good -- the run would fail for a
+    reason no retry changes (an agent without its API key where the run would execute):
+    logged once and the slot counted as fired; a poll's cursor stays, so its items are
+    offered again at its next slot."""
+
+
 def trigger_id(trigger: TriggerSpec) -> str:
     """The trigger's ``id:``, or a digest of its definition (stable when triggers are
     reordered; a changed trigger is a new one)."""
@@ -168,7 +175,8 @@ class Firer:
         A slot is marked fired once its run exists (started here, or found started); a
         slot whose start fails (the store is down) is tried again at the next tick, for
         as long as it is within `GRACE`. A poll's cursor moves on once every item's run
-        exists. An error is logged per trigger; the others are fired all the same."""
+        exists. An error is logged per trigger; the others are fired all the same. A
+        start refused for good (`NotFired`) is logged and its slot counted as fired."""
         started: list[str] = []
         for name, trigger in self.triggers:
             st = self._state.setdefault((name, trigger_id(trigger)), _State())
@@ -182,6 +190,9 @@ class Firer:
                         started.append(rid)
                 else:
                     started += await self._poll(name, trigger, st)
+            except NotFired as exc:  # refused: said once, not tried again every tick
+                log.error("trigger %s of workflow %s: its slot %s was not fired: %s",
+                          trigger_id(trigger), name, _utc(slot), exc)
             except Exception as exc:  # (a store error, mostly: the slot is tried again)
                 left = int(GRACE - (now - slot))
                 log.error("trigger %s of workflow %s: firing its slot %s failed (%s); "

@@ -96,11 +96,47 @@ class _Warnings(logging.Handler):
 
 def main(argv: list[str] | None = None) -> None:
     """The console script (``interlock``) and ``python -m interlock``."""
+    sys.stdout = _PipeSafe(sys.stdout)
+    sys.stderr = _PipeSafe(sys.stderr)
     try:
         cli.main(args=argv, prog_name="interlock", standalone_mode=True)
     except SystemExit as exc:
         _exit_now_if_threads_were_abandoned(exc.code)
         raise
+
+
+class _PipeSafe:
+    """A standard stream whose reader may go away (``interlock status RUN | head -1``):
+    once a write finds the pipe closed, the stream's file is pointed at os.devnull (as
+    Python's documentation of SIGPIPE advises), so that the command ends as it would
+    have, with its own exit code, instead of a BrokenPipeError (Click's exit 1)."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return int(self._stream.write(text))
+        except BrokenPipeError:
+            self._closed()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._closed()
+
+    def _closed(self) -> None:
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self._stream.fileno())
+            os.close(devnull)
+        except (OSError, ValueError, AttributeError):  # (no file descriptor: a test's)
+            pass
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
 
 
 def _exit_now_if_threads_were_abandoned(code: Any) -> None:

@@ -126,10 +126,9 @@ def missing_keys(keys: list[Diagnostic], instead: str) -> str:
     """Why a command that executes a run here refuses to start it: each agent whose API
     key variable is unset in this process (validate's ``api-key`` warnings), and
     ``instead``, how to have another process execute it."""
-    lines = [str(w).replace(": warning: ", ": ", 1) for w in keys]
-    return ("the run was not started (nothing is recorded): an agent node it may reach has "
-            "no API key here\n  " + "\n  ".join(lines) + "\n  set the variable and try "
-            f"again, or {instead}")
+    from ..support import key_refusal
+
+    return key_refusal(keys, f"set the variable and try again, or {instead}")
 
 
 def call_engine(coro: Coroutine[Any, Any, T], progress: Progress | None = None) -> T:

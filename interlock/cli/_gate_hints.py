@@ -101,8 +101,15 @@ def failed_hint(run_id: str, error: dict[str, Any] | None, where: str,
     local, on_store = (" --store URL", " on the server's store (through --server, "
                        "resume takes no limits.* and fork is local)") if remote \
         else (where, "")
-    from ..support import final_failure
+    from ..support import final_failure, missing_key
 
+    var = missing_key(err)
+    if var is not None:  # a resume before the variable is set would fail the same way
+        return (f"the agent had no API key where the run executed: set ${var} in the "
+                "environment of the process that executes it -- " + (
+                    "`interlock serve` (or its `interlock worker` processes), restarted"
+                    if remote else "this shell, or the worker or server that executed it")
+                + f" -- then `interlock resume {rid}{where}`")
     final = final_failure(err)
     if final is not None:  # a resume is refused: it would fail the same way
         return (f"this failure is final: {final}; `interlock resume` is refused. To try "

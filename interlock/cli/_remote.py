@@ -53,12 +53,18 @@ class Remote:
             raise CliError(f"--server needs httpx: {install_hint('server')} ({exc})"
                            ) from None
         self.url = base_url(url)
+        self.given = url  # (as given: a printed command repeats it, `where_options`)
         self.token = token  # (a printed follow-up command says --token TOKEN)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._httpx = httpx
         self.client = httpx.Client(base_url=self.url, headers=headers, timeout=60)
 
     def _fail(self, exc: Exception) -> CliError:
+        if self.url.startswith("https://") and _plain_http(exc):
+            plain = "http://" + self.url.removeprefix("https://")
+            return CliError(f"the server at {self.url} answers plain HTTP, not HTTPS: use "
+                            f"--server {plain} (`interlock serve` speaks plain HTTP; put a "
+                            "TLS proxy in front of it for https)")
         return CliError(f"cannot reach the interlock server at {self.url}: {exc}")
 
     def call(self, method: str, path: str, **kwargs: Any) -> Any:
@@ -107,10 +113,18 @@ class Remote:
             return self._not_interlock(response, f" ({response.reason_phrase})")
         detail = str(body.get("detail") or "")
         if detail in ("", response.reason_phrase):  # no route there: not interlock's own
+            older = "" if self._httpx.URL(self.url).path.rstrip("/") else (
+                " (A server of an older interlock lacks some of the routes this CLI "
+                "asks for.)")
             error = CliError(f"{response.request.url} answered {response.status_code} "
                              f"{response.reason_phrase}, with no word of interlock's: "
-                             f"{self._base_hint()} (A server of an older interlock lacks "
-                             "some of the routes this CLI asks for.)")
+                             f"{self._base_hint()}{older}")
+        elif response.status_code == 404 and isinstance(body.get("run_id"), str):
+            from ._format import where_options  # (the runs to list: the server's, here)
+
+            error = CliError(f"no run {body['run_id']!r} in the store of the server at "
+                             f"{self.url} (list its runs with `interlock runs"
+                             f"{where_options(None, self.given, self.token)}`)")
         else:
             error = CliError(detail)
         error.problem = body  # (its extension members: a refused migration's findings)
@@ -243,6 +257,21 @@ class Remote:
 
 _JSON = ("application/json", "application/problem+json")
 _LOOPBACK = ("localhost", "127.0.0.1", "[::1]")
+
+
+def _plain_http(exc: BaseException) -> bool:
+    """Whether ``exc`` is a TLS handshake that got a plain HTTP answer (an ``https://``
+    URL of a server that speaks http)."""
+    import ssl
+
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ssl.SSLError) and (
+                seen.reason in ("WRONG_VERSION_NUMBER", "HTTP_REQUEST")
+                or "WRONG_VERSION_NUMBER" in str(seen)):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return "WRONG_VERSION_NUMBER" in str(exc)
 
 
 def _media(response: Any) -> str:

@@ -30,6 +30,7 @@ from ._common import (
     warn_undeclared,
     with_store,
 )
+from ._decided import NoteOnDecided, decided_record, note, say, waiting_before
 from ._format import where_options
 from ._progress import Progress
 from ._remote import Remote, server_options
@@ -124,9 +125,9 @@ def _execute(wf: Workflow, data: dict[str, Any], store_url: str | None, run_id: 
 @click.option("--gate", "gate", metavar="NODE",
               help="With a decision: the gate it decides, as waiting.pending names it (a "
                    "node; NODE[i] for item i of a map; parent_node/child_gate for a child "
-                   "run's gate). Default: the gate waiting longest (the output says "
-                   "which). A mapped gate's bare NODE is refused while more than one of its "
-                   "items waits.")
+                   "run's gate). Default: the gate waiting longest (the first line says "
+                   "which, and which gates still wait). A mapped gate's bare NODE is "
+                   "refused while more than one of its items waits.")
 @click.option("--data", "data_json", metavar="JSON",
               help="With --approve or --reject: the input the gate's approval.input "
                    "schema asks for (JSON); the gate's record carries it as data.")
@@ -186,6 +187,8 @@ def resume(run_id: str, approve: bool, reject: bool, patch_json: str | None, at_
     progress.where = where_options(store_url)
 
     handed: list[str] = []
+    # which gate the decision decided, said as it is recorded (before the run goes on)
+    listener = NoteOnDecided(progress, decision)
 
     async def go(st: Store) -> RunResult:
         from .. import trace
@@ -196,10 +199,11 @@ def resume(run_id: str, approve: bool, reject: bool, patch_json: str | None, at_
         progress.replay(before)
         result, owner = await resume_gate(run_id, decision, store=st, config=config or None,
                                           limits=limits or None, force=force,
-                                          listener=progress)
+                                          listener=listener)
         if owner is not None:
             handed.append(owner)
-        await _say_decided(st, run_id, decision, before[-1]["seq"] if before else 0)
+        if not listener.said:  # recorded, not executed here (another process has the run)
+            await _say_decided(st, run_id, decision, before[-1]["seq"] if before else 0)
         return result
 
     result = call_engine(with_store(store_url, go), progress)
@@ -227,39 +231,16 @@ def _resume_decision(approve: bool, reject: bool, patch_json: str | None, at_nod
 
 
 async def _say_decided(st: Store, run_id: str, decision: Any, after: int) -> None:
-    """Say which gate ``decision`` decided when it did not name it exactly (`_decided_note`,
-    from the records after seq ``after``)."""
-    from ..support import trace_pages
+    """Say which gate ``decision`` decided when it did not name it exactly (`note`), from
+    the run's records: its ``approval.decided`` after seq ``after``."""
+    from .. import trace
 
     if decision is None:
         return
-    pages = trace_pages(run_id, store=st, after=after)
-    first: list[dict[str, object]] = await anext(pages, [])  # (first: the rest unread)
-    await pages.aclose()  # type: ignore[attr-defined]  # (an async generator)
-    note = _decided_note(decision, first)
-    if note:
-        click.echo(note, err=True)
-
-
-def _decided_note(decision: Any, records: list[dict[str, Any]]) -> str | None:
-    """Which gate a decision that did not name it exactly decided, from the ``records``
-    its resume appended: the oldest waiting one (no ``--gate``), or the one item of a
-    mapped gate waiting (``--gate NODE``); None when ``--gate`` named it (or it is not
-    among ``records``: recorded later by the process executing the run)."""
-    verb = {"approve": "approved", "reject": "rejected", "modify": "modified"}[decision.kind]
-    for rec in records:
-        if rec.get("type") != "approval.decided" or rec.get("decision") != verb \
-                or decision.by not in (None, rec.get("by")) or rec.get("timed_out"):
-            continue
-        item = rec.get("item")
-        name = str(rec.get("path") or (rec["node"] if item is None
-                                        else f"{rec['node']}[{item}]"))
-        if decision.node is None:
-            return f"{verb} {name!r} (the oldest waiting gate; name it with --gate to be sure)"
-        if name.startswith(f"{decision.node}[") and "/" not in name:
-            return f"{verb} {name!r} (the one item of {decision.node!r} waiting)"
-        return None
-    return None
+    records = await trace(run_id, store=st)
+    rec = decided_record(decision, (r for r in records if r["seq"] > after))
+    if rec is not None:
+        say(note(decision, rec, waiting_before(records, rec["seq"])))
 
 
 def _check_remote_options(server_url: str | None, strict_code: bool, detach: bool) -> None:
@@ -314,10 +295,14 @@ def _remote_resume(remote: Any, run_id: str, decision: Any, config_sets: list[Co
         raise CliError("with --server, resume takes --set KEY=VALUE for top-level config "
                        "keys only (no limits.*, no nested keys) and no --force: the server "
                        "executes the run")
+    said = decision is None
     try:
-        before = len(remote.records(run_id))  # (a 404 for an unknown run)
+        earlier = remote.records(run_id)  # (a 404 for an unknown run)
+        before = len(earlier)
         if decision is not None:
             remote.decide(run_id, decision)
+            # which gate it decided, said now (the server goes on executing the run)
+            said = _say_remote(decision, earlier + remote.records(run_id, before), before)
         else:
             config = config_overrides({}, config_sets) if config_sets else {}
             remote.call("POST", f"/api/runs/{run_id}/resume", json={"config": config})
@@ -326,14 +311,21 @@ def _remote_resume(remote: Any, run_id: str, decision: Any, config_sets: list[Co
         records = remote.records(run_id)
     finally:
         remote.close()
+    if not said:  # (recorded later: by the process that executes the run)
+        _say_remote(decision, records, before)
     progress = Progress(run_id, live=False)
     progress.where, progress.remote = where, True
     progress.replay(records)
-    note = _decided_note(decision, [r for r in records if r.get("seq", 0) > before]) \
-        if decision is not None else None
-    if note:
-        click.echo(note, err=True)
     _finish(result, progress, as_json)
+
+
+def _say_remote(decision: Any, records: list[dict[str, Any]], before: int) -> bool:
+    """`note` for ``decision`` from a server's ``records`` (its ``approval.decided``
+    after the first ``before``); whether it was found."""
+    rec = decided_record(decision, records[before:])
+    if rec is not None:
+        say(note(decision, rec, waiting_before(records, rec["seq"])))
+    return rec is not None
 
 
 def _decision(kind: str | None, patch_json: str | None, at_node: str | None,

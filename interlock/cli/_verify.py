@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import shlex
 import sys
 from typing import TYPE_CHECKING
 
 import click
 
 from ._common import EXIT_FAILED, CliError, call_engine, need_store, store_option
-from ._format import _plural
+from ._format import _plural, where_options
 from ._remote import Remote, server_options
 
 if TYPE_CHECKING:
@@ -35,13 +37,16 @@ def verify(run_id: str | None, path: str | None, store_url: str | None,
     breaks it.
 
     With --server, the server checks the run in its own store, with its own
-    INTERLOCK_LOG_KEY: "ok" is the server's word. For evidence that does not rest on
-    the server, verify an export with --file where the key is at hand.
+    INTERLOCK_LOG_KEY (yours is not used): "ok" is the server's word. A server with a
+    key checks a log that is not keyed as a plain chain: "not verified as keyed" (exit
+    1) when intact. For evidence that does not rest on the server, verify an export
+    with --file where the key is at hand.
 
     A keyed log (a run started with INTERLOCK_LOG_KEY set) is checked with the key:
     then "ok" also proves the log was written by a holder of the key."""
     from .. import verify as run_verify
 
+    where = ""  # the options that reach the server, for a printed command
     if path is not None:
         if run_id is not None or server_url:
             raise CliError("give RUN_ID (a stored run, or with --server a server's) or "
@@ -57,37 +62,56 @@ def verify(run_id: str | None, path: str | None, store_url: str | None,
             v = remote.verification(run_id)
         finally:
             remote.close()
+        where = where_options(None, server_url, token)
         server_url = remote.url
     else:
         need_store(store_url)
         v = call_engine(run_verify(run_id, store=store_url))
-    _print_verification(run_id, v, path, server_url)
+    _print_verification(run_id, v, path, server_url, where)
 
 
 def _print_verification(run_id: str, v: Verification, path: str | None,
-                        server_url: str | None) -> None:
+                        server_url: str | None, where: str = "") -> None:
     for note in v.notes:
         click.echo(f"warning: {note}", err=True)
     by = f"; checked by the server at {server_url}" if server_url else ""
+    # the client's own key plays no part in a server's check: said, lest "ok" read as
+    # "your key matches"
+    unused = ("your INTERLOCK_LOG_KEY was not used: the server checked with its own"
+              if server_url and os.environ.get("INTERLOCK_LOG_KEY") else None)
     if v.ok:
         how = ("keyed chain (HMAC-SHA-256) and fold verified: written by a holder of "
                "INTERLOCK_LOG_KEY" if v.keyed else "chain and fold verified")
         children = (f"; child runs verified too: {', '.join(v.children)}" if v.children
                     else "")
         click.echo(f"ok: {run_id} ({_plural(v.records, 'record')}, {how}{children}{by})")
+        if unused:
+            click.echo(unused)
         return
     which = run_id if v.run_id == run_id else f"{v.run_id} (a child run of {run_id})"
-    if v.seq is None:  # it could not be checked at all (a keyed log, without its key)
+    if v.plain:  # a server's check of a log that is not keyed, with its key set
+        click.echo(f"not verified as keyed: {which} ({_plural(v.records, 'record')}): "
+                   f"{v.message}{by}")
+        if unused:
+            click.echo(unused)
+        rid, out = shlex.quote(v.run_id), shlex.quote(f"{v.run_id}.jsonl")
+        click.echo(f"to check it here, with no key (the log is not keyed): `interlock export "
+                   f"{rid}{where} > {out} && interlock verify --file {out}`"
+                   + (" with INTERLOCK_LOG_KEY unset" if unused else ""))
+    elif v.seq is None:  # it could not be checked at all (a keyed log, without its key)
         click.echo(f"not verified: {which}: {v.message}")
         if server_url:
             click.echo(f"the server at {server_url} checks with its own key: "
-                       "INTERLOCK_LOG_KEY where `interlock serve` runs")
+                       "INTERLOCK_LOG_KEY where `interlock serve` runs"
+                       + ("; your INTERLOCK_LOG_KEY was not used" if unused else ""))
         click.echo("its records were not checked: this says nothing of whether they were "
                    "changed")
     else:
         at = f"at record {v.seq} of {v.records}" if v.located else \
             f"({_plural(v.records, 'record')})"
         click.echo(f"broken: {which} {at}: {v.message}{by}")
+        if unused:
+            click.echo(unused)
         if path is not None:  # an export: the run itself may be intact in its store
             click.echo("this export is not evidence of the run: export the run again from "
                        f"its store once `interlock verify {v.run_id}` says ok there")

@@ -86,7 +86,7 @@ async def _work(store_url: str | None, concurrency: int, known: dict[str, Any] |
     import asyncio
 
     from .. import open_store
-    from ..support import Worker, redact
+    from ..support import Worker, redact, unkeyed
 
     st = open_store(store_url)
     try:
@@ -101,6 +101,11 @@ async def _work(store_url: str | None, concurrency: int, known: dict[str, Any] |
         where = "; node bodies on Ray" if executor == "ray" else ""
         log.info("worker started: store %s, %d at a time, %s; looking for work every "
                  "%gs%s", redact(st.url), concurrency, took, poll, where)
+        for name, wf in sorted((known or {}).items()):  # what `run` refuses: said, as serve does
+            for warning in unkeyed(wf.warnings):
+                log.warning("workflow %r: %s; a run of it this worker takes fails at that "
+                            "node: set the variable where the worker runs", name,
+                            warning.message)
         try:
             await w.run()
         finally:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from mcp.server.context import ServerRequestContext
 
 import interlock
-from interlock.support import store_word
+from interlock.support import NoKey, key_refusal, store_word, unkeyed
 
 from ._runs import Caller, Progress
 
@@ -43,8 +43,20 @@ class LocalRuns:
         name = getattr(info, "name", None) or "mcp"
         return Caller(f"mcp:{name}")
 
+    def refuse_unkeyed(self, workflow: str, what: str = "the run was not started") -> None:
+        """`NoKey` when an agent node a run of ``workflow`` may reach has no API key in
+        this process, which would execute it (as ``interlock run`` refuses it)."""
+        wf = self.workflows.get(workflow)
+        keys = unkeyed(wf.warnings) if wf is not None else []
+        if keys:
+            raise NoKey(key_refusal(
+                keys, "set the variable in the environment the MCP client starts "
+                "`interlock mcp` with (the env of its server entry), and restart it",
+                what=what, here="in the environment of `interlock mcp`"))
+
     async def call(self, workflow: str, data: dict[str, Any], caller: Caller,
                    progress: Progress) -> dict[str, Any]:
+        self.refuse_unkeyed(workflow)
         wf = self.workflows[workflow]
         async with _forwarded(progress) as listen:
             result = await wf.run(data, store=self.store, listener=listen)
@@ -62,6 +74,7 @@ class LocalRuns:
     async def message(self, run_id: str, text: str, caller: Caller,
                       progress: Progress) -> dict[str, Any]:
         row = await self.store.get_run(run_id)
+        self.refuse_unkeyed(row.workflow, "the message was not taken")
         async with _forwarded(progress) as listen:
             result = await interlock.send(run_id, text, by=caller.name, store=self.store,
                                           workflow=self.workflows.get(row.workflow),
@@ -73,6 +86,7 @@ class LocalRuns:
 
     async def start(self, workflow: str, data: dict[str, Any], caller: Caller
                     ) -> dict[str, Any]:
+        self.refuse_unkeyed(workflow)
         started = await self.workflows[workflow].start(data, store=self.store)
         self._spawn(started.run_id, started.execute())
         return started.result.to_json()

@@ -23,7 +23,7 @@ from interlock import (
     StoreError,
     UsageError,
 )
-from interlock.support import limits
+from interlock.support import NoKey, limits
 
 from . import _dashboard as dashboard
 from . import (
@@ -63,7 +63,8 @@ _PROBLEMS = {400: {"model": Problem, "description": "a malformed request, or ref
                                                     "application/json"},
              421: {"model": Problem, "description": "a Host the server does not answer "
                                                     "to (--allowed-host)"},
-             422: {"model": Problem, "description": "the body does not fit its schema"}}
+             422: {"model": Problem, "description": "the body does not fit its schema "
+                                                    "(or names a gate the workflow has not)"}}
 for _status, _doc in _PROBLEMS.items():
     _doc["content"] = {PROBLEM: {"schema": {"$ref": "#/components/schemas/Problem"}}}
 
@@ -105,6 +106,7 @@ def create_app(options: ServerOptions | None = None, **kwargs: Any) -> FastAPI:
                          limit=lambda: limits.INPUT_BYTES.get() + BODY_SLACK))
 
     _handlers(app)
+    _store_handlers(app)
     _routes(app, mcp)
     return app
 
@@ -135,28 +137,21 @@ def _handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RunNotFound)
     async def _not_found(request: Request, exc: RunNotFound) -> JSONResponse:
-        return problem(404, "Not Found", str(exc))
+        # the runs to list are this server's (`run_id`: a client words it for its surface)
+        base = str(request.base_url).rstrip("/")
+        return problem(404, "Not Found", f"no run {exc.run_id!r} in this server's store "
+                       f"(list its runs with `interlock runs --server {base}`, or GET "
+                       f"{base}/api/runs)", extra={"run_id": exc.run_id})
+
+    @app.exception_handler(NoKey)
+    async def _no_key(request: Request, exc: NoKey) -> JSONResponse:
+        # the run this server would execute would fail at an agent: refused, as
+        # `interlock run` refuses it, with nothing recorded
+        return problem(409, "Conflict", str(exc))
 
     @app.exception_handler(UsageError)
     async def _usage(request: Request, exc: UsageError) -> JSONResponse:
         return problem(400, "Bad Request", str(exc))
-
-    @app.exception_handler(LogError)
-    async def _broken(request: Request, exc: LogError) -> JSONResponse:
-        # the store's data was changed (a broken chain, a definition that no longer
-        # matches its hash): not the caller's mistake (never 400), not a race to retry
-        log.error("%s %s refused: %s", request.method, request.url.path, exc)
-        return problem(409, "Conflict", str(exc))
-
-    @app.exception_handler(StoreError)
-    async def _store(request: Request, exc: StoreError) -> JSONResponse:
-        if isinstance(exc, ClaimError | ConflictError | RunExists):
-            return problem(409, "Conflict", str(exc))
-        return problem(503, "Service Unavailable", str(exc))
-
-    @app.exception_handler(Draining)
-    async def _draining(request: Request, exc: Draining) -> JSONResponse:
-        return problem(503, "Service Unavailable", str(exc))
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -179,6 +174,26 @@ def _handlers(app: FastAPI) -> None:
         log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
         return problem(500, "Internal Server Error",
                        f"the server failed: {type(exc).__name__}: {exc} (see its log)")
+
+
+def _store_handlers(app: FastAPI) -> None:
+    """The store's refusals and failures, and a draining server's."""
+    @app.exception_handler(LogError)
+    async def _broken(request: Request, exc: LogError) -> JSONResponse:
+        # the store's data was changed (a broken chain, a definition that no longer
+        # matches its hash): not the caller's mistake (never 400), not a race to retry
+        log.error("%s %s refused: %s", request.method, request.url.path, exc)
+        return problem(409, "Conflict", str(exc))
+
+    @app.exception_handler(StoreError)
+    async def _store(request: Request, exc: StoreError) -> JSONResponse:
+        if isinstance(exc, ClaimError | ConflictError | RunExists):
+            return problem(409, "Conflict", str(exc))
+        return problem(503, "Service Unavailable", str(exc))
+
+    @app.exception_handler(Draining)
+    async def _draining(request: Request, exc: Draining) -> JSONResponse:
+        return problem(503, "Service Unavailable", str(exc))
 
 
 def _not_json(body: Any, error: Any) -> str:

@@ -144,10 +144,14 @@ class _Uvicorn(uvicorn.Server):
             base = f"http://{f'[{host}]' if ':' in host else host}:{port}"
             names = sorted(self.interlock.workflows)
             log.info("workflows (%d): %s", len(names), ", ".join(names) or "none")
+            then = ("this server records its runs for `interlock worker` processes, which "
+                    "need the key" if self.interlock.records_only else "this server "
+                    "refuses its runs (409, nothing recorded) until the variable is set "
+                    "where it runs")
             for name in names:  # what `interlock run` refuses: this server executes them
                 for w in self.interlock.workflows[name].warnings:
                     if w.code == "api-key":
-                        log.warning("workflow %r: %s", name, w.message)
+                        log.warning("workflow %r: %s; %s", name, w.message, then)
             log.info("dashboard: %s/  API: %s/openapi.json, %s/docs", base, base, base)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
@@ -176,7 +180,10 @@ def _listen(host: str, port: int) -> socket.socket:
     """The listening socket, bound before the server starts anything (a run taken over
     by a server that then cannot listen would be taken for nothing)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # (IPPROTO_TCP named: asyncio sets TCP_NODELAY only on a socket that says it is TCP --
+    # with proto 0, each small answer on a kept-alive connection waited ~40 ms for the
+    # client's delayed ACK before its body was sent: Nagle)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host.strip("[]"), port))

@@ -108,6 +108,7 @@ class ServerRuns:
         for workers with ``--workers 0``), followed here until it stops."""
         server = self.server
         row = await server.st.get_run(run_id)
+        server.refuse_unkeyed(row.workflow, "the message was not taken")
         seq = row.summary.last_seq
 
         async def turn(listen: Any, st: Any) -> Any:

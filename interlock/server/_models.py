@@ -178,6 +178,11 @@ class DecisionIn(_Body):
     via: str | None = Field(default=None, max_length=40, pattern=r"^[a-z][a-z0-9_-]*$",
                             description="where the decision was made (dashboard, api, ...): "
                                         "recorded with it; default api")
+    requested_at: float | None = Field(
+        default=None, description="with `node`: the asking this decision answers (the "
+        "gate's `requested_at` in `waiting.pending`, `since` in /api/approvals); refused "
+        "(409, nothing recorded) once the gate was asked again -- a later visit, an "
+        "unknown outcome -- so a decision made on what a person saw decides only that")
 
 
 class CancelIn(_Body):
@@ -235,8 +240,11 @@ class VerificationOut(BaseModel):
     run_id: str = Field(description="the run verified, or its first child run that is not ok")
     ok: bool
     records: int = Field(description="the records checked")
-    seq: int | None = Field(description="the first bad record; null when not ok and not "
-                            "checked at all (a keyed log without the server's key for it)")
+    seq: int | None = Field(description="the first bad record; null when not ok and no "
+                            "record is bad: not checked at all when `records` is 0 (a keyed "
+                            "log without the server's key for it), or checked as a plain "
+                            "chain and intact when it is more (a log that is not keyed, on "
+                            "a server with a key: the key proves nothing about it)")
     message: str = Field(description="what is wrong, and what to do")
     keyed: bool = Field(description="the chain is keyed and was checked with the key")
     notes: list[str] = Field(description="findings that do not break the log")

@@ -36,7 +36,8 @@ async def decide(run_id: str, body: DecisionIn, server: Srv,
             if refused is not None:
                 raise Problemed(403, "Forbidden", refused)
     decision = Decision(body.decision, by, body.comment, dict(body.patch or {}), body.at,
-                        body.node, data=body.data, roles=tuple(roles))
+                        body.node, data=body.data, roles=tuple(roles),
+                        requested_at=body.requested_at)
     await server.decide_gate(run_id, body.node, decision, via=body.via or "api")
     return await server.run_object(run_id)
 

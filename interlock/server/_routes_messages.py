@@ -42,6 +42,7 @@ async def message(run_id: str, body: MessageIn, server: Srv, who: Operator) -> d
                                     workflow=server.workflows.get(row.workflow),
                                     listener=listen, detach=server.records_only)
 
+    server.refuse_unkeyed(row.workflow, "the message was not taken")  # (409)
     async with server.lock(run_id):
         try:
             await server.launch(f"message to run {run_id}", run_id, row.workflow, turn)

@@ -19,10 +19,15 @@ from interlock.support import (
     GateNotWaiting,
     GateTaken,
     Metrics,
+    NoKey,
+    NoSuchGate,
     NotAnApprover,
+    NotFired,
     RunView,
     decide_gate,
+    key_refusal,
     load_workflows,
+    unkeyed,
 )
 
 from ._auth import LOCAL, Identity, Tokens
@@ -38,6 +43,11 @@ from ._reads import Approvals, Polls
 from ._slack import Slack
 
 log = logging.getLogger("interlock.server")
+
+# how to have a run of an agent whose key this server lacks executed (`refuse_unkeyed`)
+KEY_FIX = ("set the variable in the environment of `interlock serve` and restart it, or "
+           "serve with --workers 0 and have `interlock worker` processes whose environment "
+           "has the key execute the runs")
 
 
 @dataclass
@@ -181,8 +191,10 @@ class Server:
                     config: dict[str, Any] | None = None) -> interlock.RunResult:
         """Start a run of a registered workflow, as an API start or a trigger does:
         executed here (in the pool), or recorded PENDING with ``--workers 0``; the run
-        as it stands now. `RunExists` when a run has that id."""
+        as it stands now. `RunExists` when a run has that id; `NoKey` (nothing
+        recorded) when this server would execute it and an agent lacks its key."""
         wf = self.workflows[workflow]
+        self.refuse_unkeyed(workflow)
         if self.records_only:
             pending = await wf.submit(data, store=self.st, run_id=run_id, config=config)
             self.hub.changed(pending.run_id)
@@ -194,8 +206,24 @@ class Server:
         return started.result
 
     async def fire(self, workflow: str, run_id: str, data: dict[str, Any]) -> None:
-        """A trigger's run (`Firer`'s start): `begin` under the slot's id."""
-        await self.begin(workflow, data, run_id)
+        """A trigger's run (`Firer`'s start): `begin` under the slot's id. A run
+        refused for a missing key is each firing's logged error (`NotFired`)."""
+        try:
+            await self.begin(workflow, data, run_id)
+        except NoKey as exc:
+            raise NotFired(str(exc)) from None
+
+    def refuse_unkeyed(self, workflow: str, what: str = "the run was not started") -> None:
+        """`NoKey` when this server would execute a run (or a conversation's turn) of
+        ``workflow`` and an agent node it may reach has no API key in this process --
+        as ``interlock run`` refuses it: the nodes before the agent would run, with
+        their effects, and the run would fail at it. With ``--workers 0`` the run is
+        only recorded: the workers executing it may have the key."""
+        wf = self.workflows.get(workflow)
+        keys = unkeyed(wf.warnings) if wf is not None and not self.records_only else []
+        if keys:
+            raise NoKey(key_refusal(keys, KEY_FIX, what=what,
+                                    here="in this server's environment"))
 
     async def stop(self) -> None:
         self.hub.stopping.set()
@@ -292,7 +320,8 @@ class Server:
         the API's decision, the dashboard's, a chat's click: executed here (or recorded
         for workers with ``--workers 0``, or for the process executing the run). Raises
         `Problemed` 403 for a decider the gate's ``approvers:`` refuse, 409 when the
-        gate was decided already or the run waits no more; UsageError (400) for a
+        gate was decided already or the run waits no more, 422 for a gate the workflow
+        has not; UsageError (400) for a
         decision the gate does not take."""
         row = await self.st.get_run(run_id)
         async with self.lock(run_id):
@@ -305,6 +334,8 @@ class Server:
                         detach=self.records_only))
             except NotAnApprover as exc:
                 raise Problemed(403, "Forbidden", str(exc)) from None
+            except NoSuchGate as exc:  # the request's mistake, whatever the run's state
+                raise Problemed(422, "Unprocessable Content", str(exc)) from None
             except (GateTaken, GateNotWaiting) as exc:
                 raise Problemed(409, "Conflict", str(exc)) from None
             except interlock.UsageError as exc:

@@ -79,11 +79,14 @@ def test_a_decision_without_gate_says_which_gate_it_decided(
     who = {"legal": "alice", "finance": "bob"}  # (their approvers:)
     first = p.cli("resume", "gn-3", "--approve", "--by", who[oldest])
     assert first.exit_code == 3, first.output
-    assert (f"approved '{oldest}' (the oldest waiting gate; name it with --gate to be "
-            "sure)") in first.stderr
+    said = (f"approved '{oldest}', the oldest of 2 waiting gates (no --gate); still "
+            f"waiting: '{other}': name it with --gate {other}")
+    lines = first.stderr.splitlines()
+    # said at the top, as it is recorded: before what the run then does
+    assert lines[1:3] == [f"  {oldest:<8} approved   by {who[oldest]}", said], lines
     named = p.cli("resume", "gn-3", "--approve", "--gate", other, "--by", who[other])
     assert named.exit_code == 0, named.output
-    assert "the oldest waiting gate" not in named.stderr  # it named its gate
+    assert "no --gate" not in named.stderr  # it named its gate
     assert [r["node"] for r in _decided(p, "gn-3")] == [oldest, other]
 
 
@@ -93,8 +96,9 @@ def test_a_decision_recorded_for_a_worker_says_which_gate_too(
     assert p.cli("run", p.workflow(MAPPED), "--run-id", "gn-6").exit_code == 3
     detached = p.cli("resume", "gn-6", "--approve", "--by", "ann", "--detach")
     assert detached.exit_code == 0, detached.output
-    assert "approved 'deploy[0]' (the oldest waiting gate; name it with --gate to be sure)" \
-        in detached.stderr
+    assert ("approved 'deploy[0]', the oldest of 5 waiting items of 'deploy' (no --gate); "
+            "still waiting: 'deploy[1]', 'deploy[2]', 'deploy[3]', 'deploy[4]': name one "
+            "with --gate 'deploy[1]'") in detached.stderr
     named = p.cli("resume", "gn-6", "--approve", "--gate", "deploy[3]", "--detach")
     assert named.exit_code == 0 and "oldest" not in named.stderr, named.output
     assert [r["item"] for r in _decided(p, "gn-6")] == [0, 3]
@@ -144,7 +148,7 @@ def test_the_api_names_its_field_and_the_cli_through_a_server_its_flag(
                 in detail
             assert "--gate" not in detail
             typo = _problem(http.post("/api/runs/gn-4/decisions", json={
-                "decision": "approve", "node": "deplyo", "by": "bob"}), 409)
+                "decision": "approve", "node": "deplyo", "by": "bob"}), 422)
             assert "Did you mean 'deploy" in typo
             assert '(decide one with "node": "NAME" in the request body)' in typo
             assert "--gate" not in typo
@@ -157,8 +161,10 @@ def test_the_api_names_its_field_and_the_cli_through_a_server_its_flag(
             oldest = CliRunner().invoke(cli, ["resume", "gn-4", "--approve", "--by", "bob",
                                               "--server", served.url])
             assert oldest.exit_code == 3, oldest.output
-            assert "approved 'deploy[0]' (the oldest waiting gate; name it with --gate to " \
-                "be sure)" in oldest.stderr
+            said = ("approved 'deploy[0]', the oldest of 5 waiting items of 'deploy' (no "
+                    "--gate); still waiting: 'deploy[1]', 'deploy[2]', 'deploy[3]', "
+                    "'deploy[4]': name one with --gate 'deploy[1]'")
+            assert oldest.stderr.splitlines()[0] == said, oldest.stderr  # before the trace
 
             # a resume of a finished run: 409, as a decision on it is
             _started(http, "audit", "gn-5")

@@ -107,3 +107,27 @@ def test_a_builder_node_is_checked_too() -> None:
     with pytest.raises(WorkflowError, match=r"takes 3 required parameters \(a, b, c\); a "
                        r"node takes \(state\) or \(state, ctx\) \(def body at "):
         wf.compile()
+
+
+def test_a_decorated_node_names_the_line_of_its_def(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review 40: the error named the decorator's line (a decorated function's
+    ``co_firstlineno``), not the ``def``'s."""
+    (tmp_path / "decorated40.py").write_text(textwrap.dedent('''\
+        import interlock
+        wf = interlock.Workflow("api3")
+        @wf.node(
+            "n",
+        )
+        async def n(a, b, c):
+            return {}
+        '''))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    try:
+        import decorated40
+
+        with pytest.raises(WorkflowError, match=r"\(def n at decorated40\.py:6\)"):
+            decorated40.wf.edge(START, "n").compile()
+    finally:
+        sys.modules.pop("decorated40", None)

@@ -80,12 +80,12 @@ def test_verify_through_a_server_is_the_servers_verify(
                         "message": "", "keyed": True, "notes": [], "children": [],
                         "located": True}
 
-        # the server holds a key, the run's log is plain: not verified, the server's key said
+        # the server holds a key, the run's log is plain: checked as a plain chain, and
+        # not verified as keyed (test_verify_server_key.py)
         plain = run("verify", "plain", "--server", served.url)
         assert plain.exit_code == 1
-        assert plain.stdout.startswith("not verified: plain: INTERLOCK_LOG_KEY is set")
-        assert (f"the server at {served.url} checks with its own key: INTERLOCK_LOG_KEY "
-                "where `interlock serve` runs") in plain.stdout
+        assert plain.stdout.startswith("not verified as keyed: plain (")
+        assert "plain chain intact, not keyed" in plain.stdout
 
         with sqlite3.connect(root / "runs.db") as conn:  # someone edits a record
             (data,) = conn.execute(f"SELECT data FROM entries WHERE id = "

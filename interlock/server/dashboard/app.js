@@ -830,7 +830,7 @@ function approvalCard(gate, me = null) {
     buttons.forEach((b) => { b.disabled = true; });
     out.replaceChildren(h("p", { class: "muted" }, "sending…"));
     try {
-      const run = await api(`/api/runs/${encodeURIComponent(gate.run_id)}/decisions`, { method: "POST", body: { ...body, node: gate.node, via: "dashboard" } });
+      const run = await api(`/api/runs/${encodeURIComponent(gate.run_id)}/decisions`, { method: "POST", body: { ...body, node: gate.node, via: "dashboard", requested_at: gate.since } });
       card.dataset.decided = decision;
       out.replaceChildren(h("p", { class: "ok" }, `${decision} recorded; the run is ${run.status}`));
     } catch (error) {
