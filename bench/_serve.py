@@ -17,8 +17,19 @@ from pathlib import Path
 def served(root: Path, *args: str) -> Iterator[str]:
     """``interlock serve --port 0 ARGS`` in ``root`` (its node modules importable, before
     the tree ``$PYTHONPATH`` names); its URL, until SIGTERM at the end."""
-    server = subprocess.Popen([sys.executable, "-m", "interlock", "serve", "--port", "0",
-                               *args], cwd=root, text=True, stderr=subprocess.PIPE,
+    with served_process(root, *args) as (url, _):
+        yield url
+
+
+@contextlib.contextmanager
+def served_process(root: Path, *args: str, python: tuple[str, ...] = ("-m", "interlock"),
+                   stdout: int | None = None
+                   ) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    """`served`, with the server's process (its pid for /proc); ``python``: what the
+    interpreter runs instead of ``-m interlock`` (``serve --port 0 ARGS`` follow);
+    ``stdout``: where its standard output goes (the access log; default: ours)."""
+    server = subprocess.Popen([sys.executable, *python, "serve", "--port", "0",
+                               *args], cwd=root, text=True, stderr=subprocess.PIPE, stdout=stdout,
                               env={**os.environ, "PYTHONPATH": os.pathsep.join(
                                   p for p in (str(root), os.environ.get("PYTHONPATH"))
                                   if p)})
@@ -31,7 +42,7 @@ def served(root: Path, *args: str) -> Iterator[str]:
             break
     threading.Thread(target=server.stderr.read, daemon=True).start()
     try:
-        yield url
+        yield url, server
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait()

@@ -1,4 +1,5 @@
-"""`interlock serve` while a node blocks its event loop (bench/README.md, docs/server.md).
+"""`interlock serve` while a node blocks its event loop (docs/server.md;
+figures in bench/HISTORY.md, "Node bodies off the API's loop").
 
 Starts ``interlock serve`` over a SQLite store with a workflow whose one node is an
 ``async def`` that computes for ``--busy`` seconds without awaiting (``timeout: 1s``),

@@ -1,4 +1,5 @@
-"""The dashboard with a large run and a full store, in Chromium (docs: bench/README.md).
+"""The dashboard with a large run and a full store, in Chromium (figures in
+bench/HISTORY.md, "The dashboard with a large run").
 
 Creates, in a scratch SQLite store, ``--runs`` finished runs and one run of about
 ``--records`` records (a loop node visited ``records / 4`` times: node.started,

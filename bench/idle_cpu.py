@@ -12,7 +12,8 @@ nothing): over ``--seconds``, the CPU time (user + system, from /proc) of
 
 PostgreSQL needs $INTERLOCK_TEST_POSTGRES (a fresh schema is made).
 
-Linux only. Not a test: numbers for bench/README.md.
+Linux only. Not a test: figures in bench/HISTORY.md, "PostgreSQL
+`LISTEN/NOTIFY` for the streams, and SQLite told by the kernel".
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """What a run leaves behind in its process: N runs, then N more, and what grew between.
 
     python bench/leftovers.py [N]          # N = 200 by default
+    python bench/leftovers.py --serve [RUNS] [--trace]   # RUNS = 1000 by default
 
 For each surface (``wf.run`` on memory://, one SQLite file, a file per run, PostgreSQL
 when ``INTERLOCK_TEST_POSTGRES`` is set; runs that wait at a gate and are resumed, runs
@@ -8,8 +9,22 @@ that fail, cancelled runs; a worker picking runs; a conversation's turns) it run
 warm-up, N runs, takes the process's counts (threads, asyncio tasks, open file
 descriptors, live objects by type after ``gc.collect()``, tracemalloc's total), runs N
 more and prints what grew. A leak shows as a type whose count grows by about N (or a
-multiple); a bounded cache as growth that stops when N is doubled again. See
-bench/README.md, "What a run leaves behind".
+multiple); a bounded cache as growth that stops when N is doubled again. Weak
+references are counted apart: alive, dead, and dead ones held in a ``sqlite3``
+connection's list of its cursors (CPython prunes that list every 200 cursors a
+connection makes: bounded, not ours).
+
+``--serve``: a real ``interlock serve`` (SQLite store in a temporary directory, a
+loopback port, 4 workers), RUNS runs started through its HTTP API, 8 at a time: a
+quarter of them wait at a gate and are approved through the API, a third are followed
+on their event stream (SSE) to their end, the others polled to COMPLETED. After 100,
+500 and RUNS runs (every run ended), the server process's RSS, peak RSS, threads and
+open fds from /proc. ``--trace`` runs the server under tracemalloc (10 frames) and, at
+each of those points, has it dump a snapshot (SIGUSR1); the traced growth between
+each two is printed, and between the last two by traceback (about 10x slower: for
+finding what holds memory).
+
+See bench/README.md, "What a run leaves behind".
 """
 
 from __future__ import annotations
@@ -18,10 +33,12 @@ import asyncio
 import collections
 import gc
 import os
+import sqlite3
 import sys
 import tempfile
 import threading
 import tracemalloc
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -136,11 +153,25 @@ def _long_lived(tmp: str, one: str) -> dict[str, Surface]:
 
 def counts() -> dict[str, int]:
     gc.collect()
-    kinds = collections.Counter(type(o).__name__ for o in gc.get_objects())
+    objects = gc.get_objects()
+    kinds = collections.Counter(type(o).__name__ for o in objects)
     kinds["(threads)"] = threading.active_count()
     kinds["(tasks)"] = len(asyncio.all_tasks())
     kinds["(fds)"] = len(os.listdir("/proc/self/fd"))
+    kinds.update(weakrefs(objects))
     return dict(kinds)
+
+
+def weakrefs(objects: list[Any]) -> dict[str, int]:
+    """Weak references alive and dead, and the dead ones a ``sqlite3.Connection`` holds
+    (its list of the cursors it made, which CPython prunes every 200 cursors)."""
+    refs = [o for o in objects if type(o) is weakref.ReferenceType]
+    dead = {id(r) for r in refs if r() is None}
+    in_sqlite = {id(x) for conn in objects if isinstance(conn, sqlite3.Connection)
+                 for held in gc.get_referents(conn) if isinstance(held, list)
+                 for x in held if id(x) in dead}
+    return {"(weakrefs alive)": len(refs) - len(dead), "(weakrefs dead)": len(dead),
+            "(weakrefs dead, sqlite3 cursor lists)": len(in_sqlite)}
 
 
 async def main(n: int) -> None:
@@ -160,8 +191,22 @@ async def main(n: int) -> None:
                   f"tasks {before['(tasks)']}->{after['(tasks)']}, "
                   f"fds {before['(fds)']}->{after['(fds)']}; "
                   f"grew by >= N/10: {more[:6] or 'nothing'}")
+            print(" " * 31 + "weakrefs alive " + _then(before, after, "(weakrefs alive)")
+                  + ", dead " + _then(before, after, "(weakrefs dead)") + " (of which in "
+                  "sqlite3 cursor lists " + _then(before, after,
+                                                  "(weakrefs dead, sqlite3 cursor lists)")
+                  + ")")
     os._exit(0)  # (the worker's task and the slow runs' threads: nothing to wait for)
 
 
+def _then(before: dict[str, int], after: dict[str, int], key: str) -> str:
+    return f"{before.get(key, 0)}->{after.get(key, 0)}"
+
+
 if __name__ == "__main__":
-    asyncio.run(main(int(sys.argv[1]) if len(sys.argv) > 1 else 200))
+    if "--serve" in sys.argv:
+        from _leftovers_serve import serve_main
+
+        serve_main([a for a in sys.argv[1:] if a != "--serve"])
+    else:
+        asyncio.run(main(int(sys.argv[1]) if len(sys.argv) > 1 else 200))

@@ -7,8 +7,8 @@ the backstop.
 
     python bench/pickup.py [--store sqlite|postgres] [--runs 15]
 
-PostgreSQL needs $INTERLOCK_TEST_POSTGRES (a fresh schema). Not a test: numbers for
-bench/README.md.
+PostgreSQL needs $INTERLOCK_TEST_POSTGRES (a fresh schema). Not a test: figures in
+bench/README.md, "Latest figures" ("Cross-process events and pickup").
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""A load test of `interlock serve` on loopback (docs/server.md, bench/README.md).
+"""A load test of `interlock serve` on loopback (docs/server.md; figures
+in bench/HISTORY.md, "The server" and the sections after it).
 
 Starts ``interlock serve`` over a fresh store, starts ``--runs`` runs of a 5-node chain
 through the API (``--concurrency`` requests at a time), and follows ``--subscribers`` of

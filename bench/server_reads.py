@@ -1,4 +1,5 @@
-"""Reads of `interlock serve` at scale (issue 27, "reads that scale"; bench/README.md).
+"""Reads of `interlock serve` at scale (issue 27, "reads that scale"; figures in
+bench/HISTORY.md, "Reads at scale").
 
 Fills a SQLite store with the engine in this process, then starts a real ``interlock
 serve --workers 0`` on it (nothing executes: the reads alone are measured) and times:

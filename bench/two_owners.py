@@ -13,7 +13,7 @@ each node completed once, and (block) the second worker never claimed the run, o
 (stop) the first said the run moved to another owner. Also: what a claim check costs
 (`Store.heartbeat`, the call ``ctx.once`` makes when the lease may be near its end).
 PostgreSQL needs $INTERLOCK_TEST_POSTGRES (a fresh schema per run of this script). Not
-a test: numbers for bench/README.md.
+a test: figures in bench/HISTORY.md, "Two owners of one run".
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ run completed (read from the store every 20 ms). Then, with the workers idle, on
 run, ``--pickups`` times: the time from its submission to its completion (the pickup
 latency: before issue 34 up to one poll interval on SQLite, ~0.25 s on average; now the
 store's change detector, a few ms). PostgreSQL needs $INTERLOCK_TEST_POSTGRES (a fresh schema
-per measurement). Not a test: numbers for bench/README.md.
+per measurement). Not a test: figures in bench/HISTORY.md, "Workers" and "Live records
+from other processes".
 """
 
 from __future__ import annotations

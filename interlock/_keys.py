@@ -3,7 +3,8 @@ is recorded, and the failed run's remedy.
 
 An ``openai`` agent reads its key from a variable of the process that executes the
 run (``$OPENAI_API_KEY``, or its ``api_key_env``). Validate warns of one unset in this
-process (code ``api-key``). A process that would execute the run itself -- ``interlock
+process (code ``api-key``; an MCP server header's ``${VAR}`` counts the same:
+`agents._check.check_headers`). A process that would execute the run itself -- ``interlock
 run`` and ``chat``, a server with its own workers -- refuses to start it: otherwise the
 nodes before the agent would run, with their effects, and the run would fail at it. A
 process that only records the run for another (``run --detach``, ``serve --workers 0``)
@@ -38,7 +39,9 @@ def key_refusal(keys: list[Diagnostic], fix: str, *, what: str = "the run was no
     """Why ``what`` was refused: each agent whose key variable is unset (``keys``, with
     their ``file:line:col``), and ``fix``."""
     lines = [str(w).replace(": warning: ", ": ", 1) for w in keys]
-    return (f"{what} (nothing is recorded): an agent node it may reach has no API key "
+    lacks = "no API key" if all("no API key" in w.message for w in keys) else \
+        "a variable unset (an API key, an MCP server header's)"
+    return (f"{what} (nothing is recorded): an agent node it may reach has {lacks} "
             f"{here}\n  " + "\n  ".join(lines) + f"\n  {fix}")
 
 
@@ -50,7 +53,7 @@ def missing_key(error: Mapping[str, Any] | None) -> str | None:
     when it failed otherwise."""
     err = error or {}
     details = err.get("details") or {}
-    if details.get("exception") != "AgentConfigError":
+    if details.get("exception") not in ("AgentConfigError", "AgentEnvironmentError"):
         return None
     found = _NO_KEY.search(str(err.get("message") or ""))
     return found.group(1) if found else None

@@ -26,7 +26,9 @@ Stored runs
     ``notify.sent`` -- appended under the run's claim), `node_visits` (each node visit's
     input, update, tokens, duration and error, from the fold), `default_store_url`
     (the store a command uses when none is named), `install_hint` (the command that
-    installs an optional extra, for a checkout or a package install).
+    installs an optional extra, for a checkout or a package install),
+    `resume_keys_missing` (the agent nodes a resume may reach whose API key variable
+    is unset here: ``interlock resume`` refuses such a resume, as ``run`` refuses a run).
 
 Executing (for a server, a worker)
     `Started` (`interlock.Workflow.start`: a run created, executed later by
@@ -139,6 +141,7 @@ from ._ops._migrate import migrate as migrate_run
 from ._ops._orphans import close_stranded
 from ._ops._prune import Pruned
 from ._ops._prune import prune as prune_runs
+from ._ops._resume_keys import keys_missing as resume_keys_missing
 from ._ops._runs import GateDecision, GateTaken, append_note, decide_gate, resume_gate, trace_pages
 from ._ops._verify import LogCheck
 from ._ops._visits import node_visits
@@ -259,6 +262,7 @@ __all__ = [
     "read_at_most",
     "redact",
     "resume_gate",
+    "resume_keys_missing",
     "run_json",
     "set_strict_code",
     "store_word",

@@ -32,7 +32,9 @@ fails::
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -41,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 from ._errors import StoreError, UsageError
 from ._json import JSONObject
 from ._log import Entry
-from ._store import RunRow, Store, Summary
+from ._store import Claim, LeaseRenewer, RunRow, Store, Summary
 from .agents._providers import ScriptedProvider
 
 if TYPE_CHECKING:
@@ -87,7 +89,9 @@ class Fault:
     from the ``nth`` matching one on (1: the next), ``times`` of them (None: every one),
     while it is in force (``seconds`` from its making, if given). ``after``: the call
     is made first, then fails -- its answer lost, what a dropped connection after a
-    commit looks like. ``hits`` counts the calls it failed; ``hit`` is set at the first.
+    commit looks like. ``hits`` counts the calls it failed; ``hit`` is set at the first
+    (a ``heartbeat`` fault also fails the lease keeper's renewals, on its thread: ``hit``
+    is then set on the event loop the fault was made on).
     """
 
     def __init__(self, methods: tuple[str, ...], *, nth: int = 1,
@@ -104,6 +108,11 @@ class Fault:
         self.matched = 0
         self.hits = 0
         self.hit = asyncio.Event()
+        self._thread = threading.get_ident()
+        try:
+            self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            self._loop = None
 
     @property
     def spent(self) -> bool:
@@ -122,7 +131,11 @@ class Fault:
 
     def raise_for(self, method: str) -> None:
         self.hits += 1
-        self.hit.set()
+        if threading.get_ident() == self._thread or self._loop is None:
+            self.hit.set()
+        else:  # (the lease keeper's thread: asyncio.Event is not thread-safe)
+            with contextlib.suppress(RuntimeError):  # (its loop closed: nobody waits)
+                self._loop.call_soon_threadsafe(self.hit.set)
         if self.error is not None:
             raise self.error
         raise StoreError(f"FaultyStore: {method} failed (an injected fault, hit "
@@ -134,13 +147,18 @@ class FaultyStore(Store):
 
     Every call goes through with its arguments as given (``*args, **kwargs``), so a
     store method or keyword argument added later still works. ``calls`` counts the
-    calls of each method.
+    calls of each method. It fences appends when ``inner`` does (`Store.fences_appends`):
+    a claim returns its generation, appends are refused once another owner claimed the
+    run (`lose_lease`), and leases are renewed by the lease keeper's thread through
+    ``inner``'s renewer -- each renewal counted, and failed, as a ``heartbeat``.
     """
 
     def __init__(self, inner: Store) -> None:
         self.inner = inner
         self.url = inner.url
         self.leases_in_writes = bool(getattr(inner, "leases_in_writes", False))
+        self.fences_appends = bool(getattr(inner, "fences_appends", False))
+        self._calls_lock = threading.Lock()  # (renewals count from the keeper's thread)
         self.faults: list[Fault] = []
         self.calls: Counter[str] = Counter()
 
@@ -196,10 +214,17 @@ class FaultyStore(Store):
         """No more faults."""
         self.faults.clear()
 
+    def _fault(self, method: str, args: tuple[object, ...], kwargs: dict[str, object]
+               ) -> Fault | None:
+        """The fault that fails this call, if any (the call counted)."""
+        with self._calls_lock:
+            self.calls[method] += 1
+            return next((f for f in list(self.faults) if f.applies(method, args, kwargs)),
+                        None)
+
     async def _call(self, method: str, *args: object, **kwargs: object) -> Any:
         # Any: what the inner store's method returns, typed by the forwarding method
-        self.calls[method] += 1
-        fault = next((f for f in self.faults if f.applies(method, args, kwargs)), None)
+        fault = self._fault(method, args, kwargs)
         if fault is not None and not fault.after:
             fault.raise_for(method)
         result = await getattr(self.inner, method)(*args, **kwargs)
@@ -234,8 +259,9 @@ class FaultyStore(Store):
         return got
 
     async def claim(self, run_id: str, owner: str, lease: float, *args: object,
-                    **kwargs: object) -> None:
-        await self._call("claim", run_id, owner, lease, *args, **kwargs)
+                    **kwargs: object) -> int | None:
+        got: int | None = await self._call("claim", run_id, owner, lease, *args, **kwargs)
+        return got
 
     async def claim_next(self, owner: str, lease: float, *args: object, **kwargs: object
                          ) -> str | None:
@@ -248,6 +274,10 @@ class FaultyStore(Store):
     async def heartbeat(self, run_id: str, owner: str, lease: float, *args: object,
                         **kwargs: object) -> None:
         await self._call("heartbeat", run_id, owner, lease, *args, **kwargs)
+
+    def lease_renewer(self) -> LeaseRenewer | None:
+        inner = self.inner.lease_renewer()
+        return None if inner is None else _FaultyRenewer(self, inner)
 
     async def release(self, run_id: str, owner: str, *args: object, **kwargs: object) -> None:
         await self._call("release", run_id, owner, *args, **kwargs)
@@ -301,6 +331,26 @@ class FaultyStore(Store):
 
     async def close_soon(self) -> None:
         await self.inner.close_soon()
+
+
+class _FaultyRenewer(LeaseRenewer):
+    """The inner store's renewer, each renewal a ``heartbeat`` call of the `FaultyStore`
+    (counted, and failed by its heartbeat faults) -- on the lease keeper's thread."""
+
+    def __init__(self, store: FaultyStore, inner: LeaseRenewer) -> None:
+        self.store, self.inner = store, inner
+
+    def renew(self, run_id: str, claim: Claim, lease: float) -> None:
+        args = (run_id, claim.owner, lease, claim.generation)
+        fault = self.store._fault("heartbeat", args, {})
+        if fault is not None and not fault.after:
+            fault.raise_for("heartbeat")
+        self.inner.renew(run_id, claim, lease)
+        if fault is not None:
+            fault.raise_for("heartbeat")
+
+    def close(self) -> None:
+        self.inner.close()
 
 
 _WRITES = ("create_run", "append", "claim", "claim_next", "heartbeat", "release",

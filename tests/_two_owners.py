@@ -1,6 +1,6 @@
 """Two would-be owners of one run, with real ``interlock worker`` processes: the harness
 of tests/ops/test_two_owners.py (one or two trials) and bench/two_owners.py (26 timed
-trials each, figures in bench/README.md).
+trials each, figures in bench/HISTORY.md, "Two owners of one run").
 
 A run of ``owners``: ``work`` (``async def``) records the effect ``before`` with
 ``ctx.once``, waits (``await asyncio.sleep``) for a go file, then -- in mode ``block`` --

@@ -67,7 +67,7 @@ LAYERS: dict[int, set[str]] = {
         "_observe._metrics", "_worker._workers", "_ops._visits", "_ops._code",
         "_ops._migrate", "_ops._messages",
         "_ops._outcomes", "_ops._gate_refusals", "_ops._final", "_ops._orphans",
-        "_ops._gate_closed", "_ops._watcher"},
+        "_ops._gate_closed", "_ops._watcher", "_ops._resume_keys"},
     # the façade: builder and loaded file
     9: {"_workflow", "_builder"},
     # the public surface and the command line

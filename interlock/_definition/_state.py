@@ -145,3 +145,26 @@ def scoped(state: dict[str, Any], reads: tuple[str, ...] | None) -> dict[str, An
     if reads is None:
         return dict(state)
     return {k: state[k] for k in reads if k in state}
+
+
+def check_outcome(node: str, update: dict[str, Any], writes: frozenset[str] | None,
+                  reducers: Mapping[str, str]) -> None:
+    """The outcome of ``node``'s action a person checked by hand (an unknown outcome's
+    ``--data '{"result": ...}'``): recorded as the node's update, so checked as the update
+    its body would have returned (`check_update`). Raises UsageError -- nothing recorded."""
+    try:
+        check_update(node, update, writes, reducers)
+    except NodeError as exc:
+        extra = sorted(k for k in update if writes is not None and k not in writes)
+        why = str(exc)
+        if extra and writes is not None:
+            import difflib
+
+            close = difflib.get_close_matches(extra[0], sorted(writes), n=1)
+            guess = f" (did you mean {close[0]!r}?)" if close else ""
+            why = (f"it sets {', '.join(map(repr, extra))}{guess}, which {node!r} does not "
+                   f"declare: its writes: are [{', '.join(sorted(writes))}]")
+        raise UsageError(f"the decision is refused: the outcome of {node!r} checked by hand "
+                         f"is recorded as its update, and checked as one: {why}; send "
+                         "--data '{\"result\": {...}}' with the fields the node writes "
+                         "(nothing was recorded)") from None

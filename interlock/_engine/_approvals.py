@@ -36,7 +36,7 @@ from typing import Any, Literal
 from .. import _log as L
 from .._definition._bounds import check_data
 from .._definition._model import NodeSpec, WorkflowSpec
-from .._definition._state import check_whole_values
+from .._definition._state import check_outcome, check_whole_values
 from .._errors import UsageError
 from . import _records as R
 from ._fold import RunView
@@ -160,7 +160,7 @@ def decide(spec: WorkflowSpec, view: RunView, decision: Decision, *,
     refused = approvers_refuse(spec, gate.node, decision.by, decision.roles)
     if refused is not None:
         raise NotAnApprover(refused)
-    data = _checked_data(gate, decision)
+    data = _checked_data(spec, gate, decision)
     if decision.kind == "approve":
         return _records(spec, view, gate, "approved", decision.by, decision.comment, data=data,
                         via=decision.via, staged=timed_out)
@@ -259,11 +259,11 @@ def approvers_refuse(spec: WorkflowSpec, node: str, by: str | None,
 _DATA_HINT = "--data JSON on the command line, approve(data=...) or reject(data=...) in Python"
 
 
-def _checked_data(gate: Gate, decision: Decision) -> Any:
+def _checked_data(spec: WorkflowSpec, gate: Gate, decision: Decision) -> Any:
     """The decision's ``data``, checked against the gate's ``input:`` schema (JSON data;
     None when the gate declares none). Raises UsageError -- nothing is recorded."""
     if gate.kind == "unknown_outcome":
-        return _checked_outcome(gate, decision)
+        return _checked_outcome(spec, gate, decision)
     schema = gate.input if gate.kind == "approval" else None
     if decision.data is None:
         if schema is not None and decision.kind == "approve":
@@ -299,7 +299,7 @@ def _checked_data(gate: Gate, decision: Decision) -> Any:
     return value
 
 
-def _checked_outcome(gate: Gate, decision: Decision) -> Any:
+def _checked_outcome(spec: WorkflowSpec, gate: Gate, decision: Decision) -> Any:
     """An ``unknown_outcome`` gate's data: ``{"result": {...}}``, the outcome a person
     checked by hand (a node's update mapping), with an approve; None without."""
     if decision.data is None:
@@ -322,6 +322,10 @@ def _checked_outcome(gate: Gate, decision: Decision) -> Any:
     except TypeError as exc:
         raise UsageError(f"the decision is refused: its data is not JSON data: {exc}") from None
     check_data(None, "the decision's data", len(L.dumps(value)))
+    if not tool:  # a node's update: its writes: and reducers, as its body's would be
+        ns = spec.nodes[gate.node]
+        check_outcome(gate.node, value["result"], None if ns.writes is None
+                      else frozenset(ns.writes), {k: f.reducer for k, f in spec.state.items()})
     return value
 
 

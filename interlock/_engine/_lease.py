@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import threading
 import time
 import weakref
@@ -49,7 +50,8 @@ RETRY_SECONDS = 0.5  # a renewal that failed on a store error is tried again aft
 class Held:
     """One lease the keeper renews."""
 
-    __slots__ = ("claim", "due", "lease", "lost", "on_lost", "renewed", "run_id", "store")
+    __slots__ = ("claim", "due", "lease", "lost", "on_lost", "renewed", "run_id", "store",
+                 "unkept")
 
     def __init__(self, store: Store, run_id: str, claim: Claim, lease: float,
                  on_lost: Callable[[ClaimLost], None]) -> None:
@@ -59,6 +61,9 @@ class Held:
         self.renewed = now  # (the claim was made just before: a lower bound would do too)
         self.due = now + lease / 3
         self.lost: ClaimLost | None = None
+        # set when the store has no `LeaseRenewer` (a store of another package, a
+        # wrapper): the keeper drops it, and the executor's loop renews it by heartbeats
+        self.unkept = False
 
 
 class Keeper:
@@ -106,6 +111,8 @@ class Keeper:
                             if now - idle_since >= IDLE_SECONDS:
                                 self._running, ended = False, True
                                 return
+                            # (any lease held now is due before this wakes: `hold` wakes it)
+                            self._wakes_at = math.inf
                             self._cond.wait(IDLE_SECONDS - (now - idle_since))
                             continue
                         first = min(h.due for h in self._held)
@@ -155,6 +162,7 @@ class Keeper:
             if renewer is None:
                 renewer = store.lease_renewer()
                 if renewer is None:  # (a store that has none: the loop renews)
+                    held.unkept = True
                     self.drop(held)
                     return
                 self._renewers[store] = renewer

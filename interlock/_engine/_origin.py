@@ -4,9 +4,10 @@ package's (``site-packages``) -- ``nodes.py:8 in boom``.
 
 A node's error message carries it (``node 'a' raised ValueError: kaboom (at nodes.py:8
 in boom)``) so that the line a person reads first points at their code; the full
-traceback stays in the error's details. Used in the engine's process (`_guards`) and in
-an isolated node's worker process (`_isolation._worker`), so it imports only the
-standard library.
+traceback stays in the error's details. Used in the engine's process (`_guards`), in
+an isolated node's worker process (`_isolation._worker`) and on a Ray worker (`_ray`:
+`carry` notes the frame on the exception, which travels pickled without its
+traceback), so it imports only the standard library.
 """
 
 from __future__ import annotations
@@ -14,6 +15,9 @@ from __future__ import annotations
 import functools
 import os
 import traceback
+
+# the attribute `carry` sets: where an exception raised in another process came from
+_CARRIED = "_interlock_at"
 
 # interlock's own package folder, with the separator: its frames are never the user's
 _OWN = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
@@ -34,7 +38,11 @@ def _not_users() -> tuple[str, ...]:
 def user_frame(exc: BaseException) -> str | None:
     """``FILE:LINE in FUNCTION`` of the innermost frame of the user's code in ``exc``'s
     traceback (FILE relative to the working directory when it is below it), or None
-    when every frame is interlock's or a library's (an error interlock raised itself)."""
+    when every frame is interlock's or a library's (an error interlock raised itself).
+    An exception raised in another process says where with what `carry` noted there."""
+    carried = getattr(exc, "__dict__", {}).get(_CARRIED)
+    if isinstance(carried, str):
+        return carried
     found = None
     not_users = _not_users()
     for frame, line in traceback.walk_tb(exc.__traceback__):
@@ -52,6 +60,18 @@ def user_frame(exc: BaseException) -> str | None:
     except ValueError:  # another drive (Windows)
         shown = path
     return f"{shown}:{line} in {name}"
+
+
+def carry(exc: BaseException) -> None:
+    """Note ``exc``'s `user_frame` on it, in the process that raised it, when it goes to
+    another one pickled (a Ray task's exception): its traceback is not pickled, but its
+    attributes are, and `user_frame` reads them there."""
+    try:
+        at = user_frame(exc)
+        if at is not None:
+            setattr(exc, _CARRIED, at)
+    except Exception:  # (an exception that takes no attribute: it goes without)
+        pass
 
 
 def located(message: str, at: str | None) -> str:

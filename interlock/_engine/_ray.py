@@ -22,7 +22,9 @@ node (`_call.NodeCall` composes it in place of `in_thread`/`in_loop`):
   ``CancelledError``, as an ``async def`` node in-process does).
 - **Errors** keep their type: the exception the function raised (Ray's
   ``RayTaskError.cause``) is the node's error, its remote traceback added as a note, so
-  ``retry.errors`` and ``on_error`` match it by class as they would in-process. A worker
+  ``retry.errors`` and ``on_error`` match it by class as they would in-process; the line
+  of the user's code it came from is found on the worker (`_origin.carry`) and named in
+  the node's error as for a node in-process (``(at nodes.py:8 in helper)``). A worker
   or actor that died (``WorkerCrashedError``, ``ActorDiedError``...) is the node's error,
   retried like any other.
 - **ctx** on Ray: `RayContext` -- ``run_id``, ``node``, ``visit``, ``attempt``,
@@ -47,6 +49,7 @@ from .._errors import NodeTimeout
 from .._extras import install_hint
 from .._json import JSONObject
 from ._isolation import ChildContext, IsolatedContext
+from ._origin import carry
 
 if TYPE_CHECKING:
     from ._guards import Attempt
@@ -130,7 +133,11 @@ def call_sync(fn_bytes: bytes, state: JSONObject, ctx_data: Mapping[str, object]
               cwd: str, path: list[str]) -> tuple[Any, int]:
     """On a Ray worker: the node's sync function; its result and the tokens it recorded."""
     fn, ctx = _prepare(fn_bytes, ctx_data, cwd, path)
-    value = fn(state, ctx) if ctx is not None else fn(state)
+    try:
+        value = fn(state, ctx) if ctx is not None else fn(state)
+    except Exception as exc:
+        carry(exc)  # (its traceback stays here: the line it came from goes with it)
+        raise
     return value, ctx.tokens if ctx is not None else 0
 
 
@@ -141,7 +148,11 @@ class AsyncBodies:
                    ctx_data: Mapping[str, object] | None, cwd: str, path: list[str]
                    ) -> tuple[Any, int]:
         fn, ctx = _prepare(fn_bytes, ctx_data, cwd, path)
-        value = await (fn(state, ctx) if ctx is not None else fn(state))
+        try:
+            value = await (fn(state, ctx) if ctx is not None else fn(state))
+        except Exception as exc:
+            carry(exc)
+            raise
         return value, ctx.tokens if ctx is not None else 0
 
 

@@ -109,6 +109,12 @@ async def drift(store: Store, run_id: str, plan: Plan, view: RunView
     return changed, {m: now[m] for m in sorted(modules)}
 
 
+def _since(view: RunView) -> str:
+    # (a migration onto a new definition keeps the digests of the code that had changed
+    # already: `_migrate._code_moved`)
+    return "started" if view.migration is None else "recorded it (at its start or migration)"
+
+
 def describe(changed: dict[str, list[str]]) -> str:
     return "; ".join(f"node {node!r} (module{'s' if len(mods) > 1 else ''} "
                      f"{', '.join(mods)})" for node, mods in sorted(changed.items()))
@@ -124,8 +130,7 @@ async def check_code(store: Store, run_id: str, plan: Plan, view: RunView
     what = describe(changed)
     if strict_code():
         raise CodeChanged(
-            f"run {run_id!r}: the code of {what} changed since the run "
-            f"{'was migrated' if view.migration is not None else 'started'}; "
+            f"run {run_id!r}: the code of {what} changed since the run {_since(view)}; "
             "--strict-code refuses to continue it (nothing was recorded). Deploy the code "
             "it started with, move it onto the new code with `interlock migrate "
             f"{run_id} --to FILE` (the run's own file, unchanged, records the new code), "
@@ -133,7 +138,7 @@ async def check_code(store: Store, run_id: str, plan: Plan, view: RunView
             run_id, changed)
     log.warning("run %s: the code of %s changed since the run %s; it continues on the "
                 "code as it is now (run.code_changed recorded; --strict-code refuses)",
-                run_id, what, "was migrated" if view.migration is not None else "started")
+                run_id, what, _since(view))
     return [(L.RUN_CODE_CHANGED, {"nodes": sorted(changed), "modules": changed,
                                   "code": now})]
 

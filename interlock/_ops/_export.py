@@ -24,7 +24,7 @@ from .. import _log as L
 from .._errors import UsageError
 from .._store import RunRow, Store, Summary, release_store
 from ._load import TRACE_PAGE, open_store_arg, run_key
-from ._verify import ChildLinks, LogCheck, Verification
+from ._verify import ChildLinks, LogCheck, Verification, migrated
 
 FORMAT = "interlock-run"
 VERSION = 1
@@ -160,7 +160,7 @@ def _verify_one(lines: Iterable[bytes], source: str) -> Verification:
                          f"export RUN_ID`): {exc}") from None
     check = LogCheck(row)
     _, key = run_key(row) if check.problem is None else (False, None)
-    prev, page = L.GENESIS, []
+    prev, page, moves = L.GENESIS, [], []
     for seq, raw in enumerate(it, start=1):
         data = raw.rstrip(b"\r\n")
         if seq == 1:
@@ -172,9 +172,13 @@ def _verify_one(lines: Iterable[bytes], source: str) -> Verification:
         page.append(entry)
         if len(page) >= TRACE_PAGE:
             check.feed(page)
+            moves += migrated(page)
             page = []
     check.feed(page)
+    moves += migrated(page)
     result = check.result()
+    if result.ok and moves:
+        return dataclasses.replace(result, migrations=tuple(moves))
     if result.ok or result.seq is None or check.last is None or check.problem is not None:
         return result
     # the records chain and fold: what is wrong is where they end

@@ -21,7 +21,7 @@ from .._definition._model import WorkflowSpec
 from .._engine import _records as R
 from .._engine._fold import RunResult, RunView
 from .._engine._view import Gate
-from .._errors import UsageError
+from .._errors import ConflictError, UsageError
 from .._hints import decide_hint, shell_word
 from .._store import Store, release_store
 from ..agents._chat import END_COMMAND
@@ -133,6 +133,18 @@ async def send(run_id: str, text: str, *, by: str | None = None,
             return await drive(loaded.plan, st, run_id, view, loaded.writer(),
                                first=[(L.RUN_RESUMED, resumed), *items], listener=listener,
                                execute=not detach)
+        except ConflictError as exc:
+            # another process moved the run between our read and our first commit (as
+            # `_execute._commit_first` says it): said as what the sender did -- a message,
+            # not a resume. (A refusal of the code check, `CodeChanged`, stays as it is.)
+            if type(exc) is not ConflictError or \
+                    not str(exc).startswith(f"run {run_id!r} changed after this process"):
+                raise
+            raise ConflictError(
+                f"another message to run {run_id!r} was taken first (or another process "
+                "moved the conversation on); yours was not sent and nothing was recorded: "
+                f"send it again once the conversation waits for a message -- see "
+                f"`interlock status {run_id}`") from None
         finally:
             if spans is not None:
                 spans.end()

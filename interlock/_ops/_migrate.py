@@ -20,7 +20,9 @@ changed; edges; state fields and reducers; fields read that nothing provides), a
 every reason to refuse. Refused, nothing is recorded; otherwise ``run.migrated {from_hash,
 to_hash, by, comment, at_node, definition, code}`` is committed under the run's claim.
 A migration onto the definition the run is on records the code as it is now (its
-modules' digests changed: a deploy of code only); with the same code it is refused.
+modules' digests changed: a deploy of code only); with the same code it is refused. One
+onto a new definition lists the modules whose code changed and keeps their recorded
+digests: a continuation treats them as code drift (`_code`) until the former accepts.
 Nothing runs: a waiting run now waits on the new definition, a pending run is continued
 by a worker, a failed one by ``resume``. The fold reads each segment of the log under
 its own definition (`_migration.migrate`, in the fold).
@@ -32,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import _log as L
-from .._definition._digest import code_digests
+from .._definition._digest import CodeDigests, code_digests
 from .._definition._edge import EdgeSpec
 from .._definition._model import END, ERROR_FIELD, START, WorkflowSpec
 from .._definition._plan import Plan
@@ -291,11 +293,11 @@ async def migrate(run_id: str, spec: WorkflowSpec, *, store: str | Store | None 
         owner = make_owner()
         generation = await st.claim(run_id, owner, LEASE_SECONDS)
         try:
-            found, loaded = await _check(st, run_id, spec, at, dry_run=False)
+            found, loaded, kept = await _check(st, run_id, spec, at, dry_run=False)
             fields: dict[str, object] = {
                 "from_hash": found.from_hash, "to_hash": found.to_hash, "by": by,
                 "comment": comment, "at_node": at, "definition": spec.definition()}
-            code = code_digests(spec)
+            code = {**code_digests(spec), **kept}
             if code:
                 fields["code"] = code  # what the run's code is compared with from now on
             journal = Journal(st, run_id, loaded.view, loaded.writer(),
@@ -312,7 +314,10 @@ async def migrate(run_id: str, spec: WorkflowSpec, *, store: str | Store | None 
 
 
 async def _check(st: Store, run_id: str, spec: WorkflowSpec, at: str | None, *,
-                 dry_run: bool) -> tuple[Migration, Loaded]:
+                 dry_run: bool) -> tuple[Migration, Loaded, CodeDigests]:
+    """The migration found (refused: `MigrationRefused`), the run, and the recorded
+    digests of its modules whose code changed that ``run.migrated`` keeps (a new
+    definition does not accept changed code: `_code_moved`)."""
     loaded = await load_run(st, run_id)
     view = loaded.view
     current = view.migration["to_hash"] if view.migration else loaded.row.definition_hash
@@ -322,29 +327,42 @@ async def _check(st: Store, run_id: str, spec: WorkflowSpec, at: str | None, *,
     found = Migration(run_id, loaded.row.workflow, view.status, current, to_hash, at,
                       differences(loaded.spec, spec), dry_run=dry_run)
     found.refusals = refusals(view, loaded.spec, spec, plan, at)
-    if to_hash == current:
-        code = await _code_moved(st, run_id, view, spec)
-        found.differences += code
-        if not code:
-            found.refusals.insert(0, "the run is on this definition already (same hash), "
-                                     "and its code is the code it was recorded with: "
-                                     "nothing to migrate")
+    code, kept = await _code_moved(st, run_id, view, spec, same=to_hash == current)
+    found.differences += code
+    if to_hash == current and not code:
+        found.refusals.insert(0, "the run is on this definition already (same hash), "
+                                 "and its code is the code it was recorded with: "
+                                 "nothing to migrate")
     if found.refusals:
         raise MigrationRefused(found)
-    return found, loaded
+    return found, loaded, kept
 
 
-async def _code_moved(st: Store, run_id: str, view: RunView, spec: WorkflowSpec) -> list[str]:
-    """A migration onto the definition the run is on moves it onto the code as it is
-    now: each module whose digest differs from the one the run compares with (its last
-    migration's, else its start's) -- none: there is nothing to migrate."""
+async def _code_moved(st: Store, run_id: str, view: RunView, spec: WorkflowSpec, *,
+                      same: bool) -> tuple[list[str], CodeDigests]:
+    """Each module whose digest differs from the one the run compares with (its last
+    migration's, else its start's), one line each. A migration onto the definition the
+    run is on (``same``) moves it onto the code as it is now -- none: there is nothing
+    to migrate. One onto a new definition does not accept the changed code of a module
+    the run ran: it keeps the recorded digest (returned), so that a continuation treats
+    it as any code drift (said and recorded, or refused under --strict-code) until a
+    migration onto the run's own file accepts it."""
     recorded = await recorded_code(st, run_id, view)
     if not recorded:  # (a log written before digests: nothing is compared)
-        return []
+        return [], {}
     now = code_digests(spec)
-    return [f"the code of module {m!r} changed ({_short(recorded.get(m))} -> "
-            f"{_short(now.get(m))}): the run is moved onto the code as it is now"
-            for m in sorted(recorded.keys() | now.keys()) if recorded.get(m) != now.get(m)]
+    if same:
+        return [f"the code of module {m!r} changed ({_short(recorded.get(m))} -> "
+                f"{_short(now.get(m))}): the run is moved onto the code as it is now"
+                for m in sorted(recorded.keys() | now.keys())
+                if recorded.get(m) != now.get(m)], {}
+    kept = {m: d for m, d in sorted(recorded.items()) if m in now and now[m] != d}
+    since = "recorded it" if view.migration is not None else "started"
+    return [f"the code of module {m!r} changed since the run {since} ({_short(d)} -> "
+            f"{_short(now[m])}): not accepted with the new definition -- continuing the run "
+            "says so (run.code_changed) and --strict-code refuses it, until `interlock "
+            f"migrate {run_id} --to FILE` (this file again, once migrated) accepts the code"
+            for m, d in kept.items()], kept
 
 
 def _short(digest: object) -> str:

@@ -125,6 +125,9 @@ class Verification:
     # False: ``seq`` is where the break shows, not the first bad record, which is not
     # known (an export's records that do not end at its header's chain hash)
     located: bool = True
+    # each run.migrated of an intact log, whose segments were checked under their own
+    # definitions: {seq, by, from_hash, to_hash}
+    migrations: tuple[dict[str, object], ...] = ()
 
     @property
     def plain(self) -> bool:
@@ -132,6 +135,17 @@ class Verification:
         ``plain``: a log that is not keyed, while a key is set): not ok, no bad record,
         the records counted -- where "not verified" at all counts none."""
         return not self.ok and self.seq is None and self.records > 0
+
+
+def migrated(entries: list[L.Entry]) -> list[dict[str, object]]:
+    """The ``run.migrated`` records among ``entries``, as `Verification` reports them."""
+    out: list[dict[str, object]] = []
+    for e in entries:
+        if e.type == L.RUN_MIGRATED:
+            rec = e.record()
+            out.append({"seq": e.seq, "by": rec.get("by"), "from_hash": rec.get("from_hash"),
+                        "to_hash": rec.get("to_hash")})
+    return out
 
 
 class LogCheck:
@@ -347,6 +361,7 @@ async def _verify(st: Store, run_id: str, above: tuple[str, ...],
     row = await st.get_run(run_id)
     check = LogCheck(row, await st.load_snapshot(run_id), above, plain)
     children: list[str] = []
+    moves: list[dict[str, object]] = []
     # sharing the loop, smaller pages: each is checked between two yields, and read
     # that small too (the store's thread builds a page's entries holding the GIL, which
     # the loop's thread waits for)
@@ -359,8 +374,11 @@ async def _verify(st: Store, run_id: str, above: tuple[str, ...],
             # (LogCheck refused a child.started the engine did not write)
             children += [str(e.record().get("run_id")) for e in entries
                          if e.type == L.CHILD_STARTED]
+            moves += migrated(entries)
     await check.settle(st)  # (a child.started is never appended after the summary's end)
     result = check.result()
+    if result.ok and moves:
+        result = dataclasses.replace(result, migrations=tuple(moves))
     parent = above[-1] if above else None
     if parent is not None and result.ok and \
             (row.options.get("parent") or {}).get("run") not in await _lineage(st, parent):

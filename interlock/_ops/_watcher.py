@@ -98,7 +98,7 @@ class _Watcher:
                     offers = {}
                 if offers:
                     self.runner.offer(offers)
-            if self.held is None and loop.time() >= self._next_beat and \
+            if (self.held is None or self.held.unkept) and loop.time() >= self._next_beat and \
                     self.runner.view.status not in TERMINAL_STATUSES:  # not released yet
                 if not await self._heartbeat():
                     return

@@ -26,6 +26,7 @@ from .._definition._model import NodeSpec, WorkflowSpec
 from ._check import check_agent
 from ._errors import (
     AgentConfigError,
+    AgentEnvironmentError,
     AgentError,
     AgentOutputError,
     AgentTurnsError,
@@ -73,6 +74,7 @@ KIND = AgentKind()
 __all__ = [
     "KIND",
     "AgentConfigError",
+    "AgentEnvironmentError",
     "AgentError",
     "AgentKind",
     "AgentOutputError",

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ValidationError
 from .._definition._kinds import Checker
 from .._definition._model import NodeSpec, WorkflowSpec
 from ._errors import ToolDefinitionError
-from ._spec import AgentSpec
+from ._spec import AgentSpec, McpServerSpec
 from ._tools import make_tool
 
 
@@ -79,6 +79,23 @@ def check_key(checker: Checker, name: str, spec: AgentSpec, where: tuple[Any, ..
                 f"fails when it reaches {name!r}: export {var}=...{other} -- a local "
                 "OpenAI-compatible server accepts any non-empty value",
                 (*where, "api_key_env") if spec.api_key_env else where, "api-key")
+
+
+def check_headers(checker: Checker, name: str, server: McpServerSpec,
+                  where: tuple[Any, ...]) -> None:
+    """An MCP server's header that reads a ``${VAR}`` unset in this process: `check_key`'s
+    rule and code (``api-key``: `validate` warns, a command that would execute the run
+    here refuses before recording anything), since the node would fail at it."""
+    from ._mcp import _ENV
+
+    for header, value in server.headers.items():
+        for var in dict.fromkeys(_ENV.findall(value)):
+            if var in os.environ:
+                continue
+            checker.add("warning", f"node {name!r}: the header {header!r} of the MCP server "
+                        f"{server.url} reads ${{{var}}}, which is not set in this "
+                        f"environment; a run executed here fails when it reaches {name!r}: "
+                        f"export {var}=...", (*where, "headers", header), "api-key")
 
 
 def _parse(checker: Checker, name: str, data: Any, where: tuple[Any, ...]) -> AgentSpec | None:
@@ -178,6 +195,7 @@ def _check_tools(checker: Checker, name: str, spec: AgentSpec, where: tuple[Any,
     for i, tool in enumerate(spec.tools):
         loc = (*where, "tools", i)
         if tool.mcp is not None:  # an MCP server's: its names are known when the node runs
+            check_headers(checker, name.partition("/")[0], tool.mcp, (*loc, "mcp"))
             continue
         if tool.call is None:
             assert tool.name is not None

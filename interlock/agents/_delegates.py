@@ -152,10 +152,12 @@ class WorkflowTool:
                                  pending=child_gates(f"{real.node}/{self.name}", waiting,
                                                     plan.spec))
         error = out.error or {}
-        raise ToolWorkflowError(
-            f"the workflow {plan.spec.workflow!r} (run {out.run_id}) "
-            + (f"failed at node {error.get('node')!r}: {error.get('message')}"
-               if out.status == "FAILED" else f"was {out.status.lower()}"))
+        if out.status == "FAILED":
+            how = f"failed at node {error.get('node')!r}: {error.get('message')}"
+        else:  # rejected or cancelled: by whom, and their comment (the model can say why)
+            how = f"was {out.status.lower()}" + (f": {error['message']}"
+                                                 if error.get("message") else "")
+        raise ToolWorkflowError(f"the workflow {plan.spec.workflow!r} (run {out.run_id}) {how}")
 
 
 class ToolWorkflowError(AgentError):

@@ -4,7 +4,10 @@ class (and its bases), so a node's ``retry: {errors: [...]}`` can list these nam
     AgentError
     ├── AgentOutputError      the reply never satisfied the output schema (after one repair)
     ├── AgentTurnsError       max_turns model calls without a final answer
-    ├── AgentConfigError      no API key, a scripted provider out of replies, a bad template
+    ├── AgentConfigError      a scripted provider out of replies, a bad template, an MCP
+    │   │                     server without a tool named: the definition (fix, migrate)
+    │   └── AgentEnvironmentError  no API key, an MCP header's ${VAR} unset, no extra:
+    │                         this process's environment (set it, resume)
     ├── ToolDefinitionError   a tool's signature cannot be offered to a model
     ├── ToolUnavailable       an MCP server cannot be reached (after one reconnection)
     └── ProviderError         the provider call failed
@@ -33,6 +36,13 @@ class AgentTurnsError(AgentError):
 
 class AgentConfigError(AgentError):
     """The agent cannot run as configured (missing key, no scripted reply left, ...)."""
+
+
+class AgentEnvironmentError(AgentConfigError):
+    """The agent cannot run in this process's environment -- an API key or an MCP
+    header's variable not set, an extra not installed -- while its definition is sound:
+    set what it names and resume (a plain `AgentConfigError` comes from the definition
+    the run keeps: a resume fails the same way until the run is migrated)."""
 
 
 class ToolDefinitionError(AgentError):

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from pydantic import BaseModel
 
-from ._errors import AgentConfigError, ToolUnavailable
+from ._errors import AgentConfigError, AgentEnvironmentError, ToolUnavailable
 from ._spec import McpServerSpec, ToolSpec
 from ._tools import Tool, json_object
 
@@ -217,10 +217,10 @@ class _Link:
         except ImportError as exc:
             from .._extras import install_hint
 
-            raise AgentConfigError(f"node {self.node!r}: MCP tools need the mcp extra: "
-                                   f"{install_hint('mcp')} ({exc})") from None
+            raise AgentEnvironmentError(f"node {self.node!r}: MCP tools need the mcp extra: "
+                                        f"{install_hint('mcp')} ({exc})") from None
         session = _Session()
-        transport = self._transport()  # (a header's unset ${VAR}: AgentConfigError)
+        transport = self._transport()  # (a header's unset ${VAR}: AgentEnvironmentError)
         try:
             await session.open(transport)
         except Exception as exc:
@@ -346,8 +346,9 @@ def _expand(value: str, header: str, address: str) -> str:
     def var(m: re.Match[str]) -> str:
         found = os.environ.get(m.group(1))
         if found is None:
-            raise AgentConfigError(f"the header {header!r} of the MCP server {address} reads "
-                                   f"${{{m.group(1)}}}, which is not set in the environment")
+            raise AgentEnvironmentError(f"the header {header!r} of the MCP server {address} "
+                                        f"reads ${{{m.group(1)}}}, which is not set in the "
+                                        "environment")
         return found
     return _ENV.sub(var, value)
 

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from ._errors import (
     AgentConfigError,
+    AgentEnvironmentError,
     ProviderConnectionError,
     ProviderError,
     ProviderServerError,
@@ -185,7 +186,7 @@ class OpenAIProvider:
         var = self.api_key_env or "OPENAI_API_KEY"
         key = os.environ.get(var)
         if not key:
-            raise AgentConfigError(
+            raise AgentEnvironmentError(
                 f"agent node {node!r}: no API key: set ${var}"
                 + ("" if self.api_key_env else " (or name another variable with api_key_env)")
                 + " -- a local OpenAI-compatible server accepts any non-empty value")

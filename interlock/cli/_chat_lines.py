@@ -11,7 +11,10 @@ of the conversation (and of what ``recall`` finds later). ``//text`` sends the l
 
 from __future__ import annotations
 
+import asyncio
 import difflib
+import sys
+import threading
 from dataclasses import dataclass
 
 END = "/end"
@@ -63,4 +66,32 @@ def _gate_waits() -> str:
     return "a gate waits: /approve [COMMENT] or /reject [COMMENT]"
 
 
-__all__ = ["COMMANDS", "Line", "read_line"]
+class Lines:
+    """Standard input's lines as they are typed, read by a daemon thread into a queue on
+    the event loop -- so that the loop can show what happens meanwhile, and a session that
+    ends while the person has typed nothing does not wait for them (a thread blocked in
+    ``readline`` would keep `asyncio.run` from returning). None: standard input ended."""
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[str | None] = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+        stdin = sys.stdin  # (the one of this session: a test's runner swaps it)
+
+        def read() -> None:
+            try:
+                while True:
+                    line = stdin.readline()
+                    loop.call_soon_threadsafe(self.queue.put_nowait, line or None)
+                    if not line:
+                        return
+            except (RuntimeError, ValueError, OSError):  # the loop or the file closed
+                return
+
+        threading.Thread(target=read, daemon=True,
+                         name="interlock chat: standard input").start()
+
+    async def get(self) -> str | None:
+        return await self.queue.get()
+
+
+__all__ = ["COMMANDS", "Line", "Lines", "read_line"]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import queue
+import shlex
 import sys
 import threading
 from collections import deque
@@ -24,7 +25,7 @@ import click
 
 from ._chat_lines import read_line
 from ._chat_live import HELP, Printer
-from ._common import CliError, load_workflow, read_input
+from ._common import EXIT_USAGE, CliError, echo_diagnostics, read_input
 from ._remote import Remote
 
 if TYPE_CHECKING:
@@ -84,15 +85,20 @@ class Stream:
 
 
 def _local(file: str, session: str | None) -> Workflow | None:
-    """The local ``file`` a session is checked against; None (said) when a session is
-    taken up and the file cannot be read here -- the server holds the definition."""
-    if session is None:
-        return load_workflow(file)
-    from .. import WorkflowError, load
+    """The local ``file``, read for its ``workflow:`` name and its definition (which the
+    server's is compared with) only: the server executes the turns, so the modules its
+    nodes and tools call are not imported here -- a client without them, or without
+    their dependencies, chats. None (said) when a session is taken up and the file
+    cannot be read here -- the server holds the definition."""
+    from .. import Workflow, WorkflowError
+    from ..support import load_spec
 
     try:
-        return load(file)
+        return Workflow.from_spec(load_spec(file))
     except WorkflowError as exc:
+        if session is None:
+            echo_diagnostics(exc.diagnostics, err=True)
+            raise SystemExit(EXIT_USAGE) from None
         first = exc.diagnostics[0].message if exc.diagnostics else str(exc)
         click.echo(f"warning: {file} is not checked against run {session}'s workflow "
                    f"({first}): the server's definition is used", err=True)
@@ -125,6 +131,8 @@ class RemoteTerminal(Printer):
         self.lines: deque[str] = deque()
         self.eof = False
         self.error: dict[str, Any] | None = None  # the conversation's, when it failed
+        self.file = "FILE"  # the conversation's file, as the person named it
+        self.mine = 0  # messages sent by this session whose chat.message is still to come
 
     def run(self, workflow: str, session: str | None, input_json: str | None) -> str:
         """Hold the conversation until standard input ends or it does: its status then."""
@@ -134,7 +142,7 @@ class RemoteTerminal(Printer):
         except BaseException:  # (refused: the connection is not left open)
             self.remote.close()
             raise
-        self.run_id = session
+        self.run_id, self.file = session, workflow
         click.echo(f"conversation {session} ({HELP})", err=True)
         stream = Stream(self.remote, session, max(seen - 1, 0))
         threading.Thread(target=_lines, args=(stream.events,), daemon=True,
@@ -163,6 +171,7 @@ class RemoteTerminal(Printer):
             self._check_session(wf, workflow, session, log)
         run = self.remote.result(session)
         self.status, self.waiting = run.status, dict(run.waiting or {})
+        self.continued(log)  # (a turn the server finished while no one followed it)
         return session, log[-1]["seq"] if log else 0
 
     def _check_session(self, wf: Workflow, file: str, session: str,
@@ -195,7 +204,7 @@ class RemoteTerminal(Printer):
         while True:
             event, data = stream.events.get()
             if event == "!":
-                raise CliError(f"the event stream of run {self.run_id} broke: {data}")
+                raise CliError(self._broke(data))
             if event == "":
                 return self.status
             if event == ">":
@@ -212,10 +221,27 @@ class RemoteTerminal(Printer):
                 if self.asking and self.eof:
                     return self.status
 
+    def _broke(self, error: object) -> str:
+        """Why the session stopped when the event stream broke, and how to go on: a lost
+        connection (the server stopped, the network) is no refusal -- the conversation
+        is in the server's store."""
+        if isinstance(error, CliError):  # the server refused the stream
+            return f"the event stream of run {self.run_id} broke: {error}"
+        again = (f"interlock chat {shlex.quote(self.file)} --session {self.run_id}"
+                 f"{self.where}")
+        return (f"the connection to the server was lost while following conversation "
+                f"{self.run_id} ({error}); the conversation is kept in the server's store: "
+                f"once the server is back, continue with `{again}` (a turn it was "
+                "executing is continued by the server, and its reply shown then)")
+
     def _record(self, event: str, rec: dict[str, Any], seen: int) -> bool:
         """One record of the stream; True when the conversation ended."""
         seq = int(rec.get("seq") or 0)
         if seq > seen:
+            if event == "chat.message" and not self.mine:
+                self.sent_elsewhere(rec)  # (not one of this session's: sent elsewhere)
+            elif event == "chat.message":
+                self.mine -= 1
             self.record(rec)
             if event in _MOVED:  # the run goes on (whoever moved it): nothing to answer
                 self.asking = False
@@ -269,6 +295,7 @@ class RemoteTerminal(Printer):
                 else:
                     self.remote.call("POST", f"/api/runs/{self.run_id}/messages",
                                      json={"text": typed.text, "by": self.by})
+                    self.mine += 1  # (its chat.message is the next one the stream brings)
             except CliError as exc:  # refused (decided elsewhere, ...): say so, go on
                 click.echo(f"refused: {exc}", err=True)
                 continue

@@ -124,8 +124,8 @@ def load_workflow(path: str) -> Workflow:
 
 def missing_keys(keys: list[Diagnostic], instead: str) -> str:
     """Why a command that executes a run here refuses to start it: each agent whose API
-    key variable is unset in this process (validate's ``api-key`` warnings), and
-    ``instead``, how to have another process execute it."""
+    key variable, or MCP server header's ``${VAR}``, is unset in this process (validate's
+    ``api-key`` warnings), and ``instead``, how to have another process execute it."""
     from ..support import key_refusal
 
     return key_refusal(keys, f"set the variable and try again, or {instead}")

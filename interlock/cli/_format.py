@@ -96,8 +96,11 @@ def state_line(result: Any, where: str = "") -> str | None:
         return None
     text = _json(result.state)
     if len(text) > STATE_SHOWN:
-        text = (f"{text[:STATE_SHOWN - 3]}... (`interlock status {shlex.quote(result.run_id)} "
-                f"--json{where}` prints all of it)")
+        from ._gate_hints import in_memory
+
+        text = f"{text[:STATE_SHOWN - 3]}... " + (
+            "(--json prints all of it)" if in_memory(where) else
+            f"(`interlock status {shlex.quote(result.run_id)} --json{where}` prints all of it)")
     return f"state: {text}"
 
 
@@ -107,6 +110,11 @@ def traceback_hint(result: Any, where: str = "") -> list[str]:
     details = (result.error or {}).get("details")
     if not isinstance(details, dict) or not details.get("traceback"):
         return []
+    from ._gate_hints import in_memory
+
+    if in_memory(where):  # (no later command reads a memory:// run)
+        return ["the full traceback: in the error's details, which --json prints "
+                "(error.details.traceback)"]
     return [f"the full traceback: `interlock status {shlex.quote(result.run_id)} --json"
             f"{where}` (error.details.traceback)"]
 

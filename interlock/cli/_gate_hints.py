@@ -88,6 +88,49 @@ def code_drift(nodes: list[str]) -> str:
             "run.code_changed; --strict-code refuses)")
 
 
+def in_memory(where: str) -> bool:
+    """Whether the options that reach a run (``where``) name a ``memory://`` store,
+    which is gone with the process that ran it (also when $INTERLOCK_STORE names it)."""
+    import os
+
+    store = where if where else os.environ.get("INTERLOCK_STORE", "")
+    return "memory://" in store and "--server" not in store
+
+
+def memory_gone(cannot: str, run: str = "Run", to: str = "decide its gates later") -> str:
+    """What a ``memory://`` run's hint says instead of a command that would read it."""
+    return (f"this run was in memory:// and is gone with this process: nothing can "
+            f"{cannot}. {run} the workflow again with a lasting store (--store "
+            f"sqlite:///runs.db) to be able to {to}")
+
+
+def _unfit(rid: str, err: dict[str, Any], where: str, remote: bool,
+           var: str | None) -> str | None:
+    """The hint of a failed run that `interlock resume` cannot continue as it is: a
+    ``memory://`` run (gone with its process), an error of the pinned definition (an
+    agent's `AgentConfigError`: fix the file, migrate), or of this environment (an
+    `AgentEnvironmentError` other than an API key's, ``var``: set it, resume)."""
+    details = err.get("details")
+    mro = details.get("mro") or () if isinstance(details, dict) else ()
+    # (an environment's error recorded before AgentEnvironmentError: by its words)
+    env = "AgentEnvironmentError" in mro or var is not None \
+        or "is not set in the environment" in str(err.get("message"))
+    pinned = "AgentConfigError" in mro and not env
+    if not remote and in_memory(where):  # nothing can resume or fork it
+        return memory_gone("resume it", "Fix the workflow file, then run" if pinned
+                           else "Run", "continue a run after a failure")
+    if pinned:  # raised by the definition the run keeps: a resume fails the same way
+        return (f"the workflow's definition causes this error, and the run keeps the "
+                f"definition it started with: `interlock resume {rid}` would fail the "
+                f"same way. Fix the workflow file, move the run onto it with `interlock "
+                f"migrate {rid} --to FILE{where}`, then `interlock resume {rid}{where}`")
+    if env and var is None:
+        return (f"set what the error names in the environment of the process that "
+                f"continues the run, then run the failed node again with `interlock resume "
+                f"{rid}{where}`")
+    return None
+
+
 def failed_hint(run_id: str, error: dict[str, Any] | None, where: str,
                  remote: bool = False) -> str:
     """What can be done about a failed run: a resume re-runs the failed node and decides
@@ -98,12 +141,15 @@ def failed_hint(run_id: str, error: dict[str, Any] | None, where: str,
     kind = err.get("type")
     details = err.get("details") or {}
     rid = shlex.quote(run_id)
-    local, on_store = (" --store URL", " on the server's store (through --server, "
-                       "resume takes no limits.* and fork is local)") if remote \
-        else (where, "")
     from ..support import final_failure, missing_key
 
     var = missing_key(err)
+    unfit = _unfit(rid, err, where, remote, var)
+    if unfit is not None:  # gone with its process, or a resume would fail the same way
+        return unfit
+    local, on_store = (" --store URL", " on the server's store (through --server, "
+                       "resume takes no limits.* and fork is local)") if remote \
+        else (where, "")
     if var is not None:  # a resume before the variable is set would fail the same way
         return (f"the agent had no API key where the run executed: set ${var} in the "
                 "environment of the process that executes it -- " + (

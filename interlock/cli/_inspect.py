@@ -401,13 +401,29 @@ def _print_waiting(rows: list[RunRow], where: str = "") -> None:
                      _age(now - requested) if requested else "?", due,
                      _short(_json(shown(w)), 60)])
     _print_columns(header, body, right={3})
-    from ..support import decide_hint
-
-    every = {"node": "GATE", "decisions": ["approve", "reject", "modify"]}
-    click.echo(f"decide with: {decide_hint('RUN_ID', every, where)}; a message: "
-               f"interlock send RUN_ID TEXT{where}", err=True)
+    click.echo(_footer([g for row in rows for g in _gates(row)], where), err=True)
     for line in notes:
         click.echo(line, err=True)
+
+
+def _footer(gates: list[dict[str, Any]], where: str) -> str:
+    """How to decide what `runs --waiting` lists: only the decisions its gates take (an
+    unknown outcome's --data, no --modify where none takes it), and a message when a
+    conversation is listed."""
+    from ..support import decide_hint
+
+    decided = [g for g in gates if g.get("kind") != "message"]
+    said = f"a message: interlock send RUN_ID TEXT{where}"
+    if not decided:  # conversations only
+        return said
+    if all(is_unknown(g) for g in decided):  # its own options: approving runs it again
+        every: dict[str, Any] = {**decided[0], "node": "GATE"}
+    else:
+        every = {"node": "GATE", "decisions": [d for d in ("approve", "reject", "modify") if
+                                               any(d in (g.get("decisions") or ())
+                                                   for g in decided)]}
+    hint = f"decide with: {decide_hint('RUN_ID', every, where)}"
+    return f"{hint}; {said}" if len(decided) < len(gates) else hint
 
 
 def _row_notes(run_id: str, w: dict[str, Any], where: str = "") -> list[str]:

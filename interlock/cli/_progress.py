@@ -28,7 +28,15 @@ from ._format import (
     state_line,
     traceback_hint,
 )
-from ._gate_hints import failed_hint, is_unknown, outcome_notes, past_deadline, shown
+from ._gate_hints import (
+    failed_hint,
+    in_memory,
+    is_unknown,
+    memory_gone,
+    outcome_notes,
+    past_deadline,
+    shown,
+)
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -373,6 +381,8 @@ def _outcome_lines(result: RunResult, where: str = "", remote: bool = False) -> 
     elif result.waiting:
         w = result.waiting
         lines.append(f"waiting for a decision at {w.get('node')!r}; shows {_json(shown(w))}")
+        if not remote and in_memory(where):  # (no later command can decide it)
+            return [*lines, memory_gone("decide it")]
         lines += outcome_notes(w)
         # the gate named: a repeated command (a retry, a double click) is then refused as
         # a second decision, instead of deciding whichever gate waits next

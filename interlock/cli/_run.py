@@ -194,6 +194,7 @@ def resume(run_id: str, approve: bool, reject: bool, patch_json: str | None, at_
         from .. import trace
         from ..support import resume_gate
 
+        await _refuse_unkeyed(st, run_id, decision)  # (as `run` refuses; not --detach)
         await _warn_undeclared(st, run_id, config_sets)
         before = await trace(run_id, store=st)
         progress.replay(before)
@@ -210,6 +211,23 @@ def resume(run_id: str, approve: bool, reject: bool, patch_json: str | None, at_
     if handed:  # recorded; the process executing the run continues that branch
         _handed_off(run_id, result, handed[0], as_json)
     _finish(result, progress, as_json)
+
+
+async def _refuse_unkeyed(st: Store, run_id: str, decision: Any) -> None:
+    """Refuse a foreground ``resume`` that may reach an agent without its API key here
+    (``support.resume_keys_missing``), saying what to do instead."""
+    from ..support import resume_keys_missing
+
+    keys = await resume_keys_missing(st, run_id, decision)
+    if not keys:
+        return
+    lines = "\n  ".join(k.message for k in keys)
+    what = "resume" if decision is None else "decision"
+    raise CliError(f"run {run_id} was not continued (nothing is recorded): an agent node "
+                   f"it may reach from where it stopped has no API key here\n  {lines}\n  "
+                   f"set the variable and try again, or record the {what} for a worker or "
+                   "server whose environment has the key: interlock resume "
+                   f"{shlex.quote(run_id)} ... --detach")
 
 
 def _resume_decision(approve: bool, reject: bool, patch_json: str | None, at_node: str | None,

@@ -267,7 +267,34 @@ def _other_detail(rec: Record) -> str:
     return _short(_json(fields), 160) if fields else ""
 
 
+def _numbered(n: object) -> str:
+    """A conversation's message as people count them: from 1 (its records' ``message``
+    and a request's ``show.turn`` count from 0), as ``status`` and the chat say it."""
+    return f"message {n + 1}" if isinstance(n, int) and not isinstance(n, bool) else "message"
+
+
+def _chat_detail(rec: Record) -> str:
+    """A conversation's message (``chat.message``) or the reply its turn ended with."""
+    label = _numbered(rec.get("message"))
+    if rec["type"] == "chat.message":
+        by = f" by {rec['by']}" if rec.get("by") else ""
+        return f"{label}{by}: {_short(_json(rec.get('text')), 140)}"
+    text = f"reply to {label}: {_short(_json(rec.get('reply')), 140)}"
+    if rec.get("turn_error"):
+        text += f"  (the turn failed: {_short(str(rec['turn_error']), 120)})"
+    return text
+
+
+def _waiting_detail(rec: Record) -> str:
+    waiting = rec.get("waiting") or {}
+    if waiting.get("kind") == "message":
+        return f"for {_numbered((waiting.get('show') or {}).get('turn'))} of the conversation"
+    return f"for a decision at {waiting.get('node')!r}"
+
+
 def _requested_detail(rec: Record) -> str:
+    if rec.get("kind") == "message":  # (its show: the last reply, the chat.reply before)
+        return f"asks for {_numbered((rec.get('show') or {}).get('turn'))} of the conversation"
     parts = [f"{rec.get('kind', 'approval')}: shows {_short(_json(rec.get('show')), 100)}",
              "decisions " + ", ".join(rec.get("decisions") or [])]
     if rec.get("deadline"):
@@ -321,7 +348,9 @@ _RECORD_DETAIL: dict[str, Callable[[Record], str]] = {
     "effect.recorded": lambda rec: f"effect {rec.get('key')!r}",
     "child.started": lambda rec: f"child run {rec.get('run_id')} (workflow "
                                  f"{rec.get('workflow')}):",
-    "run.waiting": lambda rec: f"for a decision at {(rec.get('waiting') or {}).get('node')!r}",
+    "run.waiting": _waiting_detail,
+    "chat.message": _chat_detail,
+    "chat.reply": _chat_detail,
 }
 
 

@@ -84,7 +84,8 @@ def _print_verification(run_id: str, v: Verification, path: str | None,
                "INTERLOCK_LOG_KEY" if v.keyed else "chain and fold verified")
         children = (f"; child runs verified too: {', '.join(v.children)}" if v.children
                     else "")
-        click.echo(f"ok: {run_id} ({_plural(v.records, 'record')}, {how}{children}{by})")
+        click.echo(f"ok: {run_id} ({_plural(v.records, 'record')}, {how}"
+                   f"{_migrations(v)}{children}{by})")
         if unused:
             click.echo(unused)
         return
@@ -119,6 +120,18 @@ def _print_verification(run_id: str, v: Verification, path: str | None,
             click.echo("a broken log is never continued: restore the run from a backup or "
                        "an export (`interlock verify --file` checks an export first)")
     sys.exit(EXIT_FAILED)
+
+
+def _migrations(v: Verification) -> str:
+    """``; 2 definitions: migrated at record 8 by ops`` for a migrated run."""
+    moves = list(v.migrations)
+    if not moves:
+        return ""
+    defs = 1 + sum(1 for m in moves if m.get("from_hash") != m.get("to_hash"))
+    said = [("migrated" if m.get("from_hash") != m.get("to_hash") else "moved onto new code")
+            + f" at record {m.get('seq')}" + (f" by {m['by']}" if m.get("by") else "")
+            for m in moves]
+    return f"; {_plural(defs, 'definition')}, each segment under its own: {', '.join(said)}"
 
 
 def _verify_file(path: str) -> Verification:

@@ -251,6 +251,9 @@ class VerificationOut(BaseModel):
     children: list[str] = Field(description="the child runs verified with it")
     located: bool = Field(description="false: seq is where the break shows, not the first "
                           "bad record")
+    migrations: list[dict[str, object]] = Field(
+        default_factory=list, description="each run.migrated of an intact log, whose "
+        "segments were checked under their own definitions: {seq, by, from_hash, to_hash}")
 
 
 class ModifyInfo(BaseModel):

@@ -292,7 +292,7 @@ async def events(run_id: str, server: Srv, row: Existing,
 async def resume(run_id: str, server: Srv, who: Operator,
                  body: ResumeIn) -> dict[str, object]:
     row = await server.st.get_run(run_id)
-    server.refuse_unkeyed(row.workflow, "the resume was not started")  # (409)
+    await server.refuse_unkeyed_resume(run_id)  # (409)
     config = body.config or None
     async with server.lock(run_id):
         try:

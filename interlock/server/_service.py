@@ -27,6 +27,7 @@ from interlock.support import (
     decide_gate,
     key_refusal,
     load_workflows,
+    resume_keys_missing,
     unkeyed,
 )
 
@@ -223,6 +224,17 @@ class Server:
         keys = unkeyed(wf.warnings) if wf is not None and not self.records_only else []
         if keys:
             raise NoKey(key_refusal(keys, KEY_FIX, what=what,
+                                    here="in this server's environment"))
+
+    async def refuse_unkeyed_resume(self, run_id: str) -> None:
+        """`refuse_unkeyed` for a resume of a stored run: only the agent nodes the run
+        may still reach count (`resume_keys_missing`, the rule a foreground ``interlock
+        resume`` follows), so a run past its agent resumes here without the key."""
+        if self.records_only:
+            return
+        keys = await resume_keys_missing(self.st, run_id, None)
+        if keys:
+            raise NoKey(key_refusal(keys, KEY_FIX, what="the resume was not started",
                                     here="in this server's environment"))
 
     async def stop(self) -> None:

@@ -110,6 +110,8 @@ def test_the_scripted_assistant_with_the_gates_rejected(tmp_path: Path) -> None:
     # the rejected sweep is a tool error the model is told about; the conversation goes on
     triage = dict(tools)["run_triage"]
     assert triage["type"] == "ToolWorkflowError" and "rejected" in triage["message"]
+    # who rejected it and why reach the model (review 41: "was rejected", nothing more)
+    assert "was rejected by alice: not in business hours" in triage["message"], triage
     children = [r["run_id"] for r in _trace(rid, store) if r["type"] == "child.started"]
     assert len(children) == 1
     child = asyncio.run(interlock.status(children[0], store=store))

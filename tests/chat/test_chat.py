@@ -9,11 +9,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from _harness import interlock_process, wait_for
+from _workflows import triage
 from conftest import CliProject, records
 from fake_openai import FakeOpenAI
 from test_store_conformance import pg_schema_url  # noqa: F401 (a fixture)
@@ -59,6 +61,23 @@ nodes:
       system: You are the on-call assistant.{extra}
       tools: {tools}
 """
+
+
+def killed_in_its_tool_call(p: CliProject, run_id: str, text: str,
+                            started: Callable[[], bool]) -> None:
+    """``interlock send RUN_ID TEXT`` in a process of its own, SIGKILLed once ``started()``
+    (its tool call began: `TOOLS`' ``restart_service`` blocks while a file ``block``
+    exists); then the tool is unblocked for what comes next."""
+    (p.root / "block").write_text("")
+    proc = interlock_process(p.root, "send", run_id, text, "--store", p.store)
+    try:
+        wait_for(started, "its tool call", every=0.05, alive=proc)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    (p.root / "block").unlink()
 
 
 def _user_texts(request: dict[str, Any]) -> list[str]:
@@ -187,8 +206,7 @@ def test_end_conversation_tool_completes_the_run_with_the_last_reply(
     assert data["state"] == {"assistant": "Goodbye"}
 
 
-def test_sigkill_during_a_tool_call_of_turn_two_then_resume(make_project: Any,
-                                                            tmp_path: Path) -> None:
+def test_sigkill_during_a_tool_call_of_turn_two_then_resume(make_project: Any) -> None:
     p = make_project(TOOLS)
     replies = ("[first answer, "
                "{tool_calls: [{name: service_status, arguments: {service: db}},"
@@ -198,24 +216,8 @@ def test_sigkill_during_a_tool_call_of_turn_two_then_resume(make_project: Any,
                               tools="[{mod}:service_status, {mod}:restart_service]"))
     assert p.cli("run", wf, "--run-id", "k").exit_code == 3
     assert p.cli("send", "k", "hello").exit_code == 3
-    (tmp_path / "block").write_text("")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(tmp_path), str(Path(__file__).resolve().parents[2])])}
-    proc = subprocess.Popen([sys.executable, "-m", "interlock", "send", "k", "restart db",
-                             "--store", p.store], cwd=tmp_path, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 60
-        while "restart_service:start" not in p.executions():
-            assert proc.poll() is None, "the send ended before its tool call"
-            assert time.monotonic() < deadline, "the tool never started"
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    (tmp_path / "block").unlink()
+    killed_in_its_tool_call(p, "k", "restart db",
+                            lambda: "restart_service:start" in p.executions())
     resumed = p.cli("resume", "k")
     assert resumed.exit_code == 3, resumed.output
     _, status = p.cli_json("status", "k")
@@ -233,17 +235,7 @@ def test_sigkill_during_a_tool_call_of_turn_two_then_resume(make_project: Any,
     assert p.cli("verify", "k").exit_code == 0
 
 
-CHILD = """
-workflow: triage
-input: [service]
-nodes:
-  check: {call: "{mod}:record"}
-  approval: {approval: {show: [checked]}}
-edges:
-  - {from: START, to: check}
-  - {from: check, to: approval}
-  - {from: approval, to: END, when: 'approval.decision == "approved"'}
-"""
+CHILD = triage("{mod}:record")
 
 
 def _workflow_tool_project(make_project: Any) -> tuple[CliProject, str]:

@@ -5,42 +5,25 @@ and the rest of the turn after a decision streamed to the run's event stream."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import select
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from _harness import write_auth
+from _workflows import openai_chat, run_triage, toolchat
 from fake_openai import FakeOpenAI
-from test_chat_server import CHAT, TRIAGE  # the same conversation and child workflow
+from test_chat_server import chat_project, started  # the same conversations
 from test_server import TOKENS, Served, events, pythonpath, wait_status
 
-TOOLCHAT = """
-workflow: toolchat
-chat: assistant
-nodes:
-  assistant:
-    agent:
-      provider: scripted
-      tools: [{workflow: triage.yaml, name: run_triage, description: Sweep a service}]
-      replies:
-        - {tool_calls: [{name: run_triage, arguments: {service: db}}]}
-        - the triage of db is approved and done
-        - {tool_calls: [{name: run_triage, arguments: {service: api}}]}
-        - the triage of api was refused
-"""
-
-NODES = """
-def record(state):
-    return {"checked": state.get("service")}
-"""
+TOOLCHAT = toolchat("the triage of db is approved and done", run_triage("api"),
+                    "the triage of api was refused")
 
 
 @pytest.fixture
@@ -49,12 +32,7 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.delenv("INTERLOCK_LOG_KEY", raising=False)
     monkeypatch.delenv("INTERLOCK_SERVER", raising=False)
     monkeypatch.delenv("INTERLOCK_TOKEN", raising=False)
-    (tmp_path / "chatnodes.py").write_text(NODES)
-    flows = tmp_path / "flows"
-    flows.mkdir()
-    for name, text in (("chat", CHAT), ("triage", TRIAGE), ("toolchat", TOOLCHAT)):
-        (flows / f"{name}.yaml").write_text(textwrap.dedent(text))
-    return tmp_path
+    return chat_project(tmp_path, TOOLCHAT)
 
 
 class Chat:
@@ -193,9 +171,7 @@ def test_the_rest_of_a_turn_after_a_decision_streams_on_the_event_stream(
     server = Served(project)
     try:
         with server.client() as c:
-            assert c.post("/api/workflows/toolchat/runs",
-                          json={"input": {}, "run_id": "d1"}).status_code == 201
-            wait_status(c, "d1", "WAITING_INPUT")
+            started(c, "d1")
             assert c.post("/api/runs/d1/messages", json={"text": "triage db"}
                           ).status_code == 202
             wait_status(c, "d1", "WAITING_APPROVAL")
@@ -229,9 +205,7 @@ def test_the_rest_of_a_turn_after_a_decision_streams_on_the_event_stream(
 
 
 def test_chat_through_a_server_with_a_token(project: Path) -> None:
-    auth = {"tokens": [{"name": n, "sha256": hashlib.sha256(t.encode()).hexdigest(),
-                        "roles": r} for n, (t, r) in TOKENS.items()]}
-    (project / "auth.yaml").write_text(json.dumps(auth))
+    write_auth(project, TOKENS)
     server = Served(project, "--auth", "auth.yaml")
     try:
         refused = Chat(project, "flows/toolchat.yaml", "--server", server.url)
@@ -267,16 +241,8 @@ def test_local_chat_streams_the_rest_of_a_turn_after_an_inline_approval(
     fake.reply(tool_calls=[("run_triage", {"service": "db"})])
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
     monkeypatch.setenv("OPENAI_BASE_URL", fake.url)
-    (project / "flows" / "ochat.yaml").write_text(textwrap.dedent("""
-        workflow: ochat
-        chat: assistant
-        nodes:
-          assistant:
-            agent:
-              provider: openai
-              model: gpt-test
-              tools: [{workflow: triage.yaml, name: run_triage, description: Sweep one}]
-        """))
+    (project / "flows" / "ochat.yaml").write_text(openai_chat(
+        "ochat", "tools: [{workflow: triage.yaml, name: run_triage, description: Sweep one}]"))
     gate = threading.Event()
     chat = Chat(project, "flows/ochat.yaml", "--store", f"sqlite:///{project / 'runs.db'}")
     try:
@@ -303,9 +269,7 @@ def test_chat_through_a_server_continues_a_session_at_its_gate(project: Path) ->
     server = Served(project)
     try:
         with server.client() as c:
-            assert c.post("/api/workflows/toolchat/runs",
-                          json={"input": {}, "run_id": "s1"}).status_code == 201
-            wait_status(c, "s1", "WAITING_INPUT")
+            started(c, "s1")
             assert c.post("/api/runs/s1/messages", json={"text": "triage db"}
                           ).status_code == 202
             wait_status(c, "s1", "WAITING_APPROVAL")

@@ -12,64 +12,39 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _harness import write_auth, write_folder
+from _workflows import OPENAI_CHAT, RECORD_NODES, toolchat, triage
 from click.testing import CliRunner
 from fake_openai import FakeOpenAI
 from test_server import Served, events, wait_status
 
 from interlock.cli import cli
 
-CHAT = """
-workflow: chat
-chat: assistant
-nodes:
-  assistant:
-    agent:
-      provider: openai
-      model: gpt-test
-      system: You are the on-call assistant.
-"""
+CHAT = OPENAI_CHAT
+TRIAGE = triage("chatnodes:record")
+TOOLCHAT = toolchat("triage approved")
+NODES = RECORD_NODES
 
-TRIAGE = """
-workflow: triage
-input: [service]
-nodes:
-  check: {call: "chatnodes:record"}
-  approval: {approval: {show: [checked]}}
-edges:
-  - {from: START, to: check}
-  - {from: check, to: approval}
-  - {from: approval, to: END, when: 'approval.decision == "approved"'}
-"""
 
-TOOLCHAT = """
-workflow: toolchat
-chat: assistant
-nodes:
-  assistant:
-    agent:
-      provider: scripted
-      tools: [{workflow: triage.yaml, name: run_triage, description: Sweep a service}]
-      replies:
-        - {tool_calls: [{name: run_triage, arguments: {service: db}}]}
-        - triage approved
-"""
+def chat_project(root: Path, toolchat: str = TOOLCHAT) -> Path:
+    """``root`` as a served folder: the conversations ``chat`` and ``toolchat`` (the
+    latter's child ``triage``) in ``flows/``, their node module ``chatnodes``."""
+    return write_folder(root, {"chatnodes": NODES},
+                        {"chat": CHAT, "triage": TRIAGE, "toolchat": toolchat})
 
-NODES = """
-def record(state):
-    return {"checked": state.get("service")}
-"""
+
+def started(c: Any, run_id: str) -> None:
+    """``run_id`` of ``toolchat`` started through the API, waiting for its first message."""
+    assert c.post("/api/workflows/toolchat/runs",
+                  json={"input": {}, "run_id": run_id}).status_code == 201
+    wait_status(c, run_id, "WAITING_INPUT")
 
 
 @pytest.fixture
 def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.delenv("INTERLOCK_STORE", raising=False)
     monkeypatch.delenv("INTERLOCK_LOG_KEY", raising=False)
-    (tmp_path / "chatnodes.py").write_text(NODES)
-    flows = tmp_path / "flows"
-    flows.mkdir()
-    for name, text in (("chat", CHAT), ("triage", TRIAGE), ("toolchat", TOOLCHAT)):
-        (flows / f"{name}.yaml").write_text(textwrap.dedent(text))
-    return tmp_path
+    return chat_project(tmp_path)
 
 
 def _answer(body: dict[str, Any]) -> str:
@@ -188,14 +163,9 @@ def test_a_workflow_tool_gate_decided_through_the_api_and_send_through_the_serve
 
 def test_under_auth_a_message_is_the_operators_and_by_is_the_tokens_name(
         project: Path) -> None:
-    import hashlib
-    import json
-
     from test_server import TOKENS
 
-    auth = {"tokens": [{"name": n, "sha256": hashlib.sha256(t.encode()).hexdigest(),
-                        "roles": r} for n, (t, r) in TOKENS.items()]}
-    (project / "auth.yaml").write_text(json.dumps(auth))
+    write_auth(project, TOKENS)
     (project / "flows" / "plain.yaml").write_text(textwrap.dedent("""
         workflow: plain
         chat: assistant
@@ -267,9 +237,7 @@ def test_hints_after_a_server_command_carry_server(project: Path,
     server = Served(project)
     try:
         with server.client() as c:
-            assert c.post("/api/workflows/toolchat/runs",
-                          json={"input": {}, "run_id": "h1"}).status_code == 201
-            wait_status(c, "h1", "WAITING_INPUT")
+            started(c, "h1")
             assert c.post("/api/workflows/big/runs",
                           json={"input": {}, "run_id": "b1"}).status_code == 201
             wait_status(c, "b1", "COMPLETED")
@@ -297,9 +265,7 @@ def test_hints_after_a_server_command_carry_server(project: Path,
         assert json.loads(whole.stdout)["state"] == {"text": "z" * 2000}
         # `interlock chat --server` whose input ends at a gate: how to decide it, there
         with server.client() as c:
-            assert c.post("/api/workflows/toolchat/runs",
-                          json={"input": {}, "run_id": "h2"}).status_code == 201
-            wait_status(c, "h2", "WAITING_INPUT")
+            started(c, "h2")
         talk = runner.invoke(cli, ["chat", "flows/toolchat.yaml", "--session", "h2",
                                    "--server", server.url], input="triage db\n",
                              catch_exceptions=False)

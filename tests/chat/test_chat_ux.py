@@ -5,15 +5,15 @@ real ``interlock serve``."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 import textwrap
 import time
 from pathlib import Path
 from typing import Any
 
+from _harness import interlock_process, wait_for
+from _workflows import kchat, tool_call
 from click.testing import CliRunner
 from conftest import records
 from test_server import Served, wait_status
@@ -32,20 +32,8 @@ def lookup(q: str) -> str:
     return f"found {q}"
 '''
 
-CHAT = """
-workflow: kchat
-chat: a
-nodes:
-  a:
-    agent:
-      provider: scripted
-      tools: [{mod}:lookup]
-      replies:
-        - {tool_calls: [{name: lookup, arguments: {q: one}}]}
-        - looked it up
-        - second answer
-        - third answer
-"""
+CHAT = kchat("[{mod}:lookup]", tool_call("lookup", q="one"), "looked it up", "second answer",
+             "third answer")
 
 GATES = """
 workflow: gates
@@ -68,21 +56,15 @@ def test_chat_session_continues_a_turn_whose_process_was_killed_then_takes_the_m
     wf = p.workflow(CHAT)
     assert p.cli("run", wf, "--run-id", "k6").exit_code == 3
     (tmp_path / "block").write_text("")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(tmp_path), str(Path(__file__).resolve().parents[2])])}
-    proc = subprocess.Popen([sys.executable, "-m", "interlock", "chat", wf, "--session", "k6",
-                             "--store", p.store], cwd=tmp_path, env=env,
-                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = interlock_process(tmp_path, "chat", wf, "--session", "k6", "--store", p.store,
+                             stdin=subprocess.PIPE)
     try:
         assert proc.stdin is not None
         proc.stdin.write(b"look it up\n")
         proc.stdin.flush()
         deadline = time.monotonic() + 60
-        while not (tmp_path / "calls.log").exists():
-            assert proc.poll() is None, "the chat ended before its tool call"
-            assert time.monotonic() < deadline, "the tool never started"
-            time.sleep(0.05)
+        wait_for(lambda: (tmp_path / "calls.log").exists(), "its tool call", every=0.05,
+                 alive=proc)
         proc.send_signal(signal.SIGKILL)
         # at once, as a person would: the killed process is not reaped yet (a zombie
         # until its parent waits), and holds the run's lease
@@ -115,17 +97,10 @@ def test_chat_session_is_refused_while_a_live_process_executes_its_turn(
     wf = p.workflow(CHAT)
     assert p.cli("run", wf, "--run-id", "k7").exit_code == 3
     (tmp_path / "block").write_text("")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(tmp_path), str(Path(__file__).resolve().parents[2])])}
-    proc = subprocess.Popen([sys.executable, "-m", "interlock", "send", "k7", "look it up",
-                             "--store", p.store], cwd=tmp_path, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = interlock_process(tmp_path, "send", "k7", "look it up", "--store", p.store)
     try:
-        deadline = time.monotonic() + 60
-        while not (tmp_path / "calls.log").exists():
-            assert proc.poll() is None, "the send ended before its tool call"
-            assert time.monotonic() < deadline, "the tool never started"
-            time.sleep(0.05)
+        wait_for(lambda: (tmp_path / "calls.log").exists(), "its tool call", every=0.05,
+                 alive=proc)
         out = _chat(p, wf, "hello\n", "--session", "k7")
         assert out.exit_code == 2, out.output
         assert "is in a turn another process is executing" in out.stderr

@@ -7,18 +7,12 @@ every few records, and after a SIGKILL in the middle of a late turn."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import CliProject, records
 from fake_openai import FakeOpenAI
-from test_chat import TOOLS, chat_file
+from test_chat import TOOLS, chat_file, killed_in_its_tool_call
 
 from interlock._engine import _snapshot
 from interlock.agents._chat import ChatAgent
@@ -101,7 +95,7 @@ def test_the_window_from_the_marks_is_the_whole_replays_with_snapshots(
 
 
 def test_after_a_sigkill_in_a_late_turn_the_context_is_the_same(
-        make_project: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+        make_project: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
     p, wf = _project(make_project)
     plain, crashed = _script(FakeOpenAI()), _script(FakeOpenAI())
@@ -111,24 +105,8 @@ def test_after_a_sigkill_in_a_late_turn_the_context_is_the_same(
         assert p.cli("run", wf, "--run-id", "k").exit_code == 3
         for text in MESSAGES[:6]:
             assert p.cli("send", "k", text).exit_code == 3
-        (tmp_path / "block").write_text("")
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-            [str(tmp_path), str(Path(__file__).resolve().parents[2])])}
-        proc = subprocess.Popen([sys.executable, "-m", "interlock", "send", "k", MESSAGES[6],
-                                 "--store", p.store], cwd=tmp_path, env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            deadline = time.monotonic() + 60
-            while p.executions().count("restart_service:start") < 2:  # (plain's, k's)
-                assert proc.poll() is None, "the send ended before its tool call"
-                assert time.monotonic() < deadline, "the tool never started"
-                time.sleep(0.05)
-            proc.send_signal(signal.SIGKILL)
-            proc.wait(30)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-        (tmp_path / "block").unlink()
+        killed_in_its_tool_call(  # (plain's tool call, then k's)
+            p, "k", MESSAGES[6], lambda: p.executions().count("restart_service:start") >= 2)
         resumed = p.cli("resume", "k")
         assert resumed.exit_code == 3, resumed.output
         assert p.cli("send", "k", MESSAGES[7]).exit_code == 3

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from _workflows import kchat, tool_call
 from click.testing import CliRunner
 from conftest import CliProject
 from test_chat_live_server import Chat
@@ -79,18 +80,7 @@ ONE = """
     edges: [{from: START, to: fix}, {from: fix, to: END}]
 """
 
-CHAT = """
-    workflow: kchat
-    chat: a
-    nodes:
-      a:
-        agent:
-          provider: scripted
-          tools: [{call: "{mod}:wipe", confirm: true}]
-          replies:
-            - {tool_calls: [{name: wipe, arguments: {disk: sda}}]}
-            - wiped
-"""
+CHAT = kchat('[{call: "{mod}:wipe", confirm: true}]', tool_call("wipe", disk="sda"), "wiped")
 
 UTC = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC")
 

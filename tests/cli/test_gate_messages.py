@@ -9,12 +9,11 @@ Real CLI commands on a SQLite store; a real server on loopback for the API.
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Callable
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
+from _harness import serve, started_waiting
 from click.testing import CliRunner
 from conftest import CliProject
 from test_parallel_gates import NODES, PARALLEL
@@ -159,28 +158,13 @@ def test_a_mapped_sub_workflow_node_is_no_gate_name(
     assert _decided(p, "kid-2") == []
 
 
-def _wait_for(what: Callable[[], bool], why: str, timeout: float = 60) -> None:
-    until = time.monotonic() + timeout
-    while not what():
-        if time.monotonic() > until:
-            raise AssertionError(f"timed out waiting for {why}")
-        time.sleep(0.02)
-
-
 def test_the_api_and_server_path_give_the_same_refusals(
-        make_project: Callable[..., CliProject], tmp_path: Path) -> None:
-    from test_server import Served
-
+        make_project: Callable[..., CliProject]) -> None:
     p = make_project(NODES)
-    (tmp_path / "flows").mkdir()
-    (tmp_path / "flows" / "audit.yaml").write_text((tmp_path / p.workflow(PARALLEL)).read_text())
-    served = Served(tmp_path, store=p.store)
+    served = serve(p, audit=PARALLEL)
     try:
         with served.client() as http:
-            made = http.post("/api/workflows/audit/runs", json={"run_id": "msg-5"})
-            assert made.status_code == 201, made.text
-            _wait_for(lambda: http.get("/api/runs/msg-5").json()["status"]
-                      == "WAITING_APPROVAL", "the run to wait")
+            started_waiting(http, "audit", "msg-5")
             http.post("/api/runs/msg-5/decisions", json={
                 "decision": "approve", "node": "finance", "by": "bob"}).raise_for_status()
             [first] = _decided(p, "msg-5")

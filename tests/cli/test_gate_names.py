@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
+from _harness import problem as _problem
+from _harness import serve, started_waiting, wait_for
 from click.testing import CliRunner
 from conftest import CliProject
 from test_parallel_gates import MAPPED, MAPPED_NODES, NODES, PARALLEL
@@ -104,43 +104,13 @@ def test_a_decision_recorded_for_a_worker_says_which_gate_too(
     assert [r["item"] for r in _decided(p, "gn-6")] == [0, 3]
 
 
-def _wait_for(what: Callable[[], bool], why: str, timeout: float = 60) -> None:
-    until = time.monotonic() + timeout
-    while not what():
-        if time.monotonic() > until:
-            raise AssertionError(f"timed out waiting for {why}")
-        time.sleep(0.02)
-
-
-def _started(http: httpx.Client, workflow: str, run_id: str) -> None:
-    made = http.post(f"/api/workflows/{workflow}/runs", json={"run_id": run_id})
-    assert made.status_code == 201, made.text
-    _wait_for(lambda: http.get(f"/api/runs/{run_id}").json()["status"]
-              == "WAITING_APPROVAL", f"run {run_id} to wait")
-
-
-def _problem(answer: httpx.Response, status: int) -> str:
-    assert answer.status_code == status, answer.text
-    assert answer.headers["content-type"].startswith("application/problem+json")
-    detail = answer.json()["detail"]
-    assert isinstance(detail, str)
-    return detail
-
-
 def test_the_api_names_its_field_and_the_cli_through_a_server_its_flag(
-        make_project: Callable[..., CliProject], tmp_path: Path) -> None:
-    from test_server import Served
-
+        make_project: Callable[..., CliProject]) -> None:
     p = make_project(MAPPED_NODES)
-    flows = tmp_path / "flows"
-    flows.mkdir()
-    (flows / "deploys.yaml").write_text((tmp_path / p.workflow(MAPPED)).read_text())
-    (flows / "audit.yaml").write_text((tmp_path / p.workflow(PARALLEL, "audit.yaml"))
-                                      .read_text())
-    served = Served(tmp_path, store=p.store)
+    served = serve(p, deploys=MAPPED, audit=PARALLEL)
     try:
         with served.client() as http:
-            _started(http, "deploys", "gn-4")
+            started_waiting(http, "deploys", "gn-4")
             detail = _problem(http.post("/api/runs/gn-4/decisions", json={
                 "decision": "approve", "node": "deploy", "by": "bob"}), 409)
             assert (f"'deploy' is a mapped gate with 5 items waiting ({ITEMS}): name one "
@@ -167,12 +137,12 @@ def test_the_api_names_its_field_and_the_cli_through_a_server_its_flag(
             assert oldest.stderr.splitlines()[0] == said, oldest.stderr  # before the trace
 
             # a resume of a finished run: 409, as a decision on it is
-            _started(http, "audit", "gn-5")
+            started_waiting(http, "audit", "gn-5")
             for gate, by in (("finance", "bob"), ("legal", "alice")):
                 http.post("/api/runs/gn-5/decisions", json={
                     "decision": "approve", "node": gate, "by": by}).raise_for_status()
-            _wait_for(lambda: http.get("/api/runs/gn-5").json()["status"] == "COMPLETED",
-                      "run gn-5 to complete")
+            wait_for(lambda: http.get("/api/runs/gn-5").json()["status"] == "COMPLETED",
+                     "run gn-5 to complete")
             ended = _problem(http.post("/api/runs/gn-5/resume", json={}), 409)
             assert "run 'gn-5' is COMPLETED" in ended
             _problem(http.post("/api/runs/gn-5/decisions", json={"decision": "approve"}), 409)

@@ -8,41 +8,16 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
+from _workflows import RECORD_NODES, toolchat, triage
 from click.testing import CliRunner
 from conftest import CliProject
 
 from interlock.cli import cli
 from interlock.support import decide_command, decide_hint
 
-TRIAGE = """
-workflow: triage
-input: [service]
-nodes:
-  check: {call: "{mod}:record"}
-  approval: {approval: {show: [checked]}}
-edges:
-  - {from: START, to: check}
-  - {from: check, to: approval}
-  - {from: approval, to: END, when: 'approval.decision == "approved"'}
-"""
-
-TOOLCHAT = """
-workflow: toolchat
-chat: assistant
-nodes:
-  assistant:
-    agent:
-      provider: scripted
-      tools: [{workflow: triage.yaml, name: run_triage, description: Sweep a service}]
-      replies:
-        - {tool_calls: [{name: run_triage, arguments: {service: db}}]}
-        - triage approved, db is swept
-"""
-
-NODES = """
-def record(state):
-    return {"checked": state.get("service")}
-"""
+TRIAGE = triage("{mod}:record")
+TOOLCHAT = toolchat("triage approved, db is swept")
+NODES = RECORD_NODES
 
 GATE = "assistant/run_triage/approval"
 

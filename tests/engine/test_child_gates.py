@@ -8,11 +8,11 @@ grandchild's as ``parent_node/child_node/gate``, a child's map item's as
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from _harness import wait_for, write_flows
 from conftest import CliProject
 
 NODES = """
@@ -68,11 +68,7 @@ edges:
 
 
 def _wait_for(what: Callable[[], bool], why: str, timeout: float = 30) -> None:
-    until = time.monotonic() + timeout
-    while not what():
-        if time.monotonic() > until:
-            raise AssertionError(f"timed out waiting for {why}")
-        time.sleep(0.05)
+    wait_for(what, why, timeout, every=0.05)
 
 
 def _pending(out: dict[str, Any]) -> list[str]:
@@ -210,11 +206,7 @@ def test_the_server_lists_and_decides_each_child_gate(
     from test_server import Served
 
     p = make_project(NODES)
-    (tmp_path / "flows").mkdir()
-    (tmp_path / "flows" / "parent.yaml").write_text(
-        (tmp_path / p.workflow(PARENT, "parent.yaml")).read_text())
-    (tmp_path / "flows" / "child.yaml").write_text(
-        (tmp_path / p.workflow(CHILD, "child.yaml")).read_text())
+    write_flows(p, parent=PARENT, child=CHILD)
     assert p.cli("run", "flows/parent.yaml", "--run-id", "kids-4").exit_code == 3
     served = Served(tmp_path, store=p.store)
     try:

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from _workflows import toolchat
 from conftest import CliProject
 from test_child_gates import CHILD, GRANDCHILD, MIDDLE, NODES, PARENT, TOP
 from test_mapped_gates import FLEET, GATED_CHILD
@@ -216,18 +217,7 @@ edges:
   - {from: START, to: approval}
 """
 
-TOOLCHAT = """
-workflow: toolchat
-chat: assistant
-nodes:
-  assistant:
-    agent:
-      provider: scripted
-      tools: [{workflow: triage.yaml, name: run_triage, description: Sweep a service}]
-      replies:
-        - {tool_calls: [{name: run_triage, arguments: {service: db}}]}
-        - triage approved
-"""
+TOOLCHAT = toolchat("triage approved")
 
 
 def test_a_cancelled_conversation_cancels_the_child_of_its_workflow_tool(

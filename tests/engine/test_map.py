@@ -10,11 +10,11 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from _harness import wait_for
 
 import interlock
 from interlock import END, START, Workflow
@@ -374,11 +374,7 @@ def test_sigkill_in_the_middle_of_a_map_then_resume_runs_only_unfinished_items(
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     try:
-        deadline = time.monotonic() + 60
-        while not (tmp_path / "ready").exists():
-            assert proc.poll() is None, "the run ended before item 30"
-            assert time.monotonic() < deadline, "the run never reached item 30"
-            time.sleep(0.02)
+        wait_for(lambda: (tmp_path / "ready").exists(), "item 30", alive=proc)
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()

@@ -18,12 +18,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from _harness import serve, started_waiting, wait_for
 from conftest import CliProject
 from test_decision_race import store_urls
 
@@ -110,15 +110,6 @@ def _spawn(tmp_path: Path, *args: str, env: dict[str, str] | None = None
     return subprocess.Popen([sys.executable, "-m", "interlock", *args], cwd=tmp_path,
                             env=env or _env(tmp_path), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
-
-
-def _wait_for(what: Callable[[], bool], why: str, timeout: float = 60) -> None:
-    """Poll another process's progress (a file it writes, its log) until ``what``."""
-    until = time.monotonic() + timeout
-    while not what():
-        if time.monotonic() > until:
-            raise AssertionError(f"timed out waiting for {why}")
-        time.sleep(0.02)
 
 
 def _json(proc: subprocess.CompletedProcess[str]) -> Any:
@@ -211,7 +202,7 @@ def test_an_item_decided_while_another_runs_goes_on_at_once(
                       "--by", "al", "--store", store, "--json", env=_env(tmp_path, HOLD="t0"))
     served = None
     try:
-        _wait_for(lambda: (tmp_path / "started-t0.marker").exists(), "t0 to start")
+        wait_for(lambda: (tmp_path / "started-t0.marker").exists(), "t0 to start")
         if through == "server":
             from test_server import Served
 
@@ -224,7 +215,7 @@ def test_an_item_decided_while_another_runs_goes_on_at_once(
         decider = _spawn(tmp_path, "resume", "busy-1", "--approve", "--gate", "deploy[2]",
                          "--by", "bo", *where)
         # the executing process runs t2 while t0 is still held
-        _wait_for(lambda: _count(tmp_path, "deploy:t2") == 1, "t2 to run")
+        wait_for(lambda: _count(tmp_path, "deploy:t2") == 1, "t2 to run")
         assert executor.poll() is None and _count(tmp_path, "deploy:t0") == 1
         if through == "store":  # it said so and exited 0 without waiting for t0
             _, said = decider.communicate(timeout=60)
@@ -266,7 +257,7 @@ def _kill_while_t0_runs(tmp_path: Path, store: str, run_id: str) -> None:
     executor = _spawn(tmp_path, "resume", run_id, "--approve", "--gate", "deploy[0]",
                       "--by", "al", "--store", store, env=_env(tmp_path, HOLD="t0"))
     try:
-        _wait_for(lambda: (tmp_path / "started-t0.marker").exists(), "t0 to start")
+        wait_for(lambda: (tmp_path / "started-t0.marker").exists(), "t0 to start")
     finally:
         os.kill(executor.pid, signal.SIGKILL)
         executor.communicate()
@@ -466,7 +457,7 @@ def test_a_crash_while_a_decided_child_item_runs_continues_exactly_the_undecided
                       "remediate[0]/approval", "--by", "al", "--store", store,
                       env=_env(tmp_path, HOLD="t0"))
     try:
-        _wait_for(lambda: (tmp_path / "started-check-t0.marker").exists(), "t0's check")
+        wait_for(lambda: (tmp_path / "started-check-t0.marker").exists(), "t0's check")
     finally:
         os.kill(executor.pid, signal.SIGKILL)
         executor.communicate()
@@ -492,22 +483,12 @@ def test_the_server_lists_each_item_gate_and_decides_each_through_the_api(
     """A real server: `/api/approvals` has a row per item gate -- a confirm item's
     ``deploy[i]`` and a child run's ``remediate[i]/approval`` -- and the API's ``node``
     decides each (``via`` recorded); an item gate decided twice is 409."""
-    from test_server import Served
-
     p = make_project(NODES)
-    flows = tmp_path / "flows"
-    flows.mkdir()
-    (flows / "rollout.yaml").write_text((tmp_path / p.workflow(ROLLOUT)).read_text())
-    (flows / "gated.yaml").write_text((tmp_path / p.workflow(GATED_CHILD, "g.yaml")).read_text())
-    (flows / "fleet.yaml").write_text((tmp_path / p.workflow(FLEET, "f.yaml")).read_text())
-    served = Served(tmp_path, store=p.store)
+    served = serve(p, rollout=ROLLOUT, gated=GATED_CHILD, fleet=FLEET)
     try:
         with served.client() as http:
             for wf, run_id in (("rollout", "api-roll"), ("fleet", "api-fleet")):
-                made = http.post(f"/api/workflows/{wf}/runs", json={"run_id": run_id})
-                assert made.status_code == 201, made.text
-                _wait_for(lambda r=run_id: http.get(f"/api/runs/{r}").json()["status"]
-                          == "WAITING_APPROVAL", f"{run_id} to wait")
+                started_waiting(http, wf, run_id)
 
             def rows(run_id: str) -> list[str]:
                 return sorted(r["node"] for r in http.get("/api/approvals").json()
@@ -519,12 +500,12 @@ def test_the_server_lists_each_item_gate_and_decides_each_through_the_api(
                 decided = http.post(f"/api/runs/{run_id}/decisions", json={
                     "decision": "approve", "node": gate, "by": "bob", "via": "dashboard"})
                 assert decided.status_code == 200, decided.text
-                _wait_for(lambda r=run_id, g=gate: g not in rows(r), f"{gate} decided")
+                wait_for(lambda r=run_id, g=gate: g not in rows(r), f"{gate} decided")
                 again = http.post(f"/api/runs/{run_id}/decisions", json={
                     "decision": "reject", "node": gate, "by": "bob"})
                 assert again.status_code == 409, again.text
-            _wait_for(lambda: _count(tmp_path, "deploy:t1") == 1, "t1 to run")
-            _wait_for(lambda: _count(tmp_path, "check:t1") == 1, "t1's child to go on")
+            wait_for(lambda: _count(tmp_path, "deploy:t1") == 1, "t1 to run")
+            wait_for(lambda: _count(tmp_path, "check:t1") == 1, "t1's child to go on")
             assert rows("api-roll") == ["deploy[0]", "deploy[2]"]
             assert rows("api-fleet") == ["remediate[0]/approval", "remediate[2]/approval"]
             for run_id, gates in (("api-roll", ["deploy[0]", "deploy[2]"]),
@@ -533,9 +514,9 @@ def test_the_server_lists_each_item_gate_and_decides_each_through_the_api(
                 for gate in gates:
                     http.post(f"/api/runs/{run_id}/decisions", json={
                         "decision": "approve", "node": gate, "by": "al"}).raise_for_status()
-                    _wait_for(lambda r=run_id, g=gate: g not in rows(r), f"{gate} decided")
-                _wait_for(lambda r=run_id: http.get(f"/api/runs/{r}").json()["status"]
-                          == "COMPLETED", f"{run_id} to complete")
+                    wait_for(lambda r=run_id, g=gate: g not in rows(r), f"{gate} decided")
+                wait_for(lambda r=run_id: http.get(f"/api/runs/{r}").json()["status"]
+                         == "COMPLETED", f"{run_id} to complete")
     finally:
         served.stop()
     assert [_count(tmp_path, f"deploy:t{i}") for i in range(3)] == [1, 1, 1]
@@ -571,12 +552,12 @@ def test_a_child_gate_decided_while_the_parent_runs_another_item_goes_on_at_once
                       "remediate[0]/approval", "--by", "al", "--store", store, "--json",
                       env=_env(tmp_path, HOLD="t0"))
     try:
-        _wait_for(lambda: (tmp_path / "started-check-t0.marker").exists(), "t0's check")
+        wait_for(lambda: (tmp_path / "started-check-t0.marker").exists(), "t0's check")
         decider = _interlock(tmp_path, "resume", "fbusy", "--approve", "--gate",
                              "remediate[2]/approval", "--by", "bo", "--store", store)
         assert decider.returncode == 0, decider.stderr
         assert "being executed by" in decider.stderr, decider.stderr
-        _wait_for(lambda: _count(tmp_path, "check:t2") == 1, "item 2's child to go on")
+        wait_for(lambda: _count(tmp_path, "check:t2") == 1, "item 2's child to go on")
         assert executor.poll() is None and _count(tmp_path, "check:t0") == 0
         (tmp_path / "go.marker").write_text("go")
         out, err = executor.communicate(timeout=120)

@@ -14,14 +14,14 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from _harness import released_together, serve, started_waiting, wait_for
 from conftest import CliProject
-from test_decision_race import LAUNCH, store_urls
+from test_decision_race import store_urls
 
 NODES = """
 import os
@@ -166,15 +166,6 @@ edges:
 """
 
 
-def _wait_for(what: Callable[[], bool], why: str, timeout: float = 60) -> None:
-    """Poll another process's progress (a file it writes, its log) until ``what``."""
-    until = time.monotonic() + timeout
-    while not what():
-        if time.monotonic() > until:
-            raise AssertionError(f"timed out waiting for {why}")
-        time.sleep(0.02)
-
-
 @pytest.mark.parametrize("through", ["store", "server"])
 def test_a_decision_while_another_process_executes_is_continued_by_it(
         make_project: Callable[..., CliProject], tmp_path: Path, through: str) -> None:
@@ -190,9 +181,9 @@ def test_a_decision_while_another_process_executes_is_continued_by_it(
          "--store", p.store, "--json"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True)
     try:
-        _wait_for(lambda: (tmp_path / "slow_started.marker").exists(), "slow to start")
-        _wait_for(lambda: any(r["type"] == "approval.requested"
-                              for r in p.records("busy-1")), "the gate's request")
+        wait_for(lambda: (tmp_path / "slow_started.marker").exists(), "slow to start")
+        wait_for(lambda: any(r["type"] == "approval.requested"
+                             for r in p.records("busy-1")), "the gate's request")
         served = None
         if through == "server":  # the decision through a server that executes nothing
             from test_server import Served
@@ -209,7 +200,7 @@ def test_a_decision_while_another_process_executes_is_continued_by_it(
                  "--gate", "gate", "--by", "al", *where], cwd=tmp_path, env=env,
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             # the executor continues the gate's branch while slow still runs
-            _wait_for(lambda: (tmp_path / "after_gate.marker").exists(), "after_gate")
+            wait_for(lambda: (tmp_path / "after_gate.marker").exists(), "after_gate")
             assert "slow" not in p.executions()
             if through == "store":  # it said so and exited 0 without waiting for slow
                 _, err = decider.communicate(timeout=60)
@@ -255,18 +246,8 @@ def start(state):
 
 def _race(tmp_path: Path, store: str, run_id: str, deciders: list[list[str]]
           ) -> list[subprocess.CompletedProcess[str]]:
-    env = dict(os.environ)
-    procs = [subprocess.Popen(
-        [sys.executable, "-c", LAUNCH, "resume", run_id, *args, "--store", store, "--json"],
-        cwd=tmp_path, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True) for args in deciders]
-    for proc in procs:  # each waits for one byte on stdin: released together
-        assert proc.stdin is not None
-        proc.stdin.write("x")
-        proc.stdin.flush()
-    outs = [proc.communicate(timeout=120) for proc in procs]
-    return [subprocess.CompletedProcess(proc.args, proc.returncode, o, e)
-            for proc, (o, e) in zip(procs, outs, strict=True)]
+    return released_together(tmp_path, [["resume", run_id, *args, "--store", store, "--json"]
+                                        for args in deciders])
 
 
 def _decided(tmp_path: Path, store: str, run_id: str) -> list[dict[str, Any]]:
@@ -445,18 +426,11 @@ def test_the_server_lists_one_row_per_gate_and_decides_each(
         make_project: Callable[..., CliProject], tmp_path: Path) -> None:
     """A real server: `/api/approvals` has a row per waiting gate; each is decided through
     the API's ``node`` (``via`` recorded); a gate decided twice is 409."""
-    from test_server import Served
-
     p = make_project(NODES)
-    (tmp_path / "flows").mkdir()
-    (tmp_path / "flows" / "audit.yaml").write_text((tmp_path / p.workflow(PARALLEL)).read_text())
-    served = Served(tmp_path, store=p.store)
+    served = serve(p, audit=PARALLEL)
     try:
         with served.client() as http:
-            made = http.post("/api/workflows/audit/runs", json={"run_id": "srv-1"})
-            assert made.status_code == 201, made.text
-            _wait_for(lambda: http.get("/api/runs/srv-1").json()["status"]
-                      == "WAITING_APPROVAL", "the run to wait")
+            started_waiting(http, "audit", "srv-1")
             rows = [r for r in http.get("/api/approvals").json() if r["run_id"] == "srv-1"]
             assert sorted(r["node"] for r in rows) == ["finance", "legal"]
             decided = http.post("/api/runs/srv-1/decisions", json={
@@ -469,8 +443,8 @@ def test_the_server_lists_one_row_per_gate_and_decides_each(
             assert again.status_code == 409, again.text
             http.post("/api/runs/srv-1/decisions", json={
                 "decision": "approve", "node": "legal", "by": "alice"}).raise_for_status()
-            _wait_for(lambda: http.get("/api/runs/srv-1").json()["status"] == "COMPLETED",
-                      "the run to complete")
+            wait_for(lambda: http.get("/api/runs/srv-1").json()["status"] == "COMPLETED",
+                     "the run to complete")
     finally:
         served.stop()
     decided_recs = _records(p, "srv-1", "approval.decided")

@@ -322,3 +322,61 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
     except OSError:
         return False
+
+
+# -- where a node's exception on Ray came from ------------------------------------------
+
+ORIGIN_NODES = '''
+def lookup(s):
+    return s["customers"]["missing"]
+
+
+def fails(s):
+    return lookup(s)
+
+
+async def afails(s):
+    return lookup(s)
+'''
+
+
+def test_an_exception_on_ray_names_the_line_of_the_users_code(
+        ray_cluster: None, make_project: Callable[..., CliProject]) -> None:
+    """As in-process: ``raised KeyError: 'missing' (at MODULE.py:3 in lookup)``, also as
+    ``details.at``, for a Ray task and an async actor's call. Before, the traceback did
+    not travel with the exception and the error named no line."""
+    p = make_project(ORIGIN_NODES, prefix="rayorigin")
+    for node in ("fails", "afails"):
+        result = run(p, f"""
+        workflow: on_ray_origin
+        input: [customers]
+        nodes:
+          x: {{call: '{{mod}}:{node}', executor: ray}}
+        edges:
+          - {{from: START, to: x}}
+        """, {"customers": {}})
+        assert result.status == "FAILED"
+        at = f"{p.mod}.py:3 in lookup"
+        assert result.error is not None
+        assert result.error["message"] == f"node 'x' raised KeyError: 'missing' (at {at})"
+        assert result.error["details"]["at"] == at
+
+
+def test_a_carried_origin_survives_pickling() -> None:
+    """`_origin.carry` on the raising side; the unpickled exception (no traceback)
+    names the same frame."""
+    import pickle
+
+    from interlock._engine._origin import carry, user_frame
+
+    def helper() -> None:
+        raise KeyError("missing")
+
+    try:
+        helper()
+    except KeyError as exc:
+        carry(exc)
+        here = user_frame(exc)
+        back = pickle.loads(pickle.dumps(exc))
+    assert here is not None and here.endswith(" in helper")
+    assert back.__traceback__ is None and user_frame(back) == here

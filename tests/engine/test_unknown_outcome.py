@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from _harness import wait_for
 from conftest import CliProject
 
 NODES = """
@@ -75,11 +76,8 @@ def _kill_while_paying(p: CliProject, tmp_path: Path, wf: str, run_id: str) -> N
          "--store", p.store], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL)
     try:
-        until = time.monotonic() + 60
-        while not (tmp_path / "pay_started.marker").exists():
-            assert proc.poll() is None, "the resume ended before pay started"
-            assert time.monotonic() < until, "pay never started"
-            time.sleep(0.02)
+        wait_for(lambda: (tmp_path / "pay_started.marker").exists(), "pay started",
+                 alive=proc)
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(30)

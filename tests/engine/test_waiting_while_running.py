@@ -18,13 +18,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from _harness import wait_for
 from test_decision_race import store_urls
 
 from interlock._store import open_store
@@ -101,11 +101,7 @@ def _cli(root: Path, *args: str, timeout: float = 60) -> subprocess.CompletedPro
 
 
 def _wait_for(what: Callable[[], bool], why: str, timeout: float = 30) -> None:
-    until = time.monotonic() + timeout
-    while not what():
-        if time.monotonic() > until:
-            raise AssertionError(f"timed out waiting for {why}")
-        time.sleep(0.05)
+    wait_for(what, why, timeout, every=0.05)
 
 
 def _status(root: Path, store: str, run_id: str) -> dict[str, Any]:

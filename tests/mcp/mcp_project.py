@@ -1,18 +1,23 @@
 """What the MCP tests share: a project folder of workflows (the server tests' nodes and
 gated flow, a plain flow, a flow with an open gate, a conversation whose second turn
-runs a child workflow with a gate), and the SDK's client over stdio."""
+runs a child workflow with a gate), the SDK's client over stdio and over HTTP to a
+server, the project's fixtures and its CLI in a process of its own."""
 
 from __future__ import annotations
 
-import hashlib
-import json
+import contextlib
 import os
+import subprocess
 import sys
 import textwrap
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-from test_server import GATED, NODES, TOKENS, pythonpath
+from _harness import write_auth
+from _workflows import triage
+from test_server import GATED, NODES, TOKENS, Served, pythonpath
 
 pytest.importorskip("mcp")
 
@@ -73,17 +78,7 @@ nodes:
         - you are welcome
 '''
 
-TRIAGE = '''
-workflow: triage
-input: [service]
-nodes:
-  check: cnodes:check
-  approval: {approval: {show: [checked]}}
-edges:
-  - {from: START, to: check}
-  - {from: check, to: approval}
-  - {from: approval, to: END, when: 'approval.decision == "approved"'}
-'''
+TRIAGE = triage("cnodes:check")
 
 CHILD_NODES = '''
 def check(state):
@@ -101,9 +96,7 @@ def make_project(root: Path) -> Path:
     (root / "children").mkdir()  # a conversation's child workflow, not served as a tool
     (root / "children" / "triage.yaml").write_text(textwrap.dedent(TRIAGE))
     (root / "cnodes.py").write_text(CHILD_NODES)
-    auth = {"tokens": [{"name": n, "sha256": hashlib.sha256(t.encode()).hexdigest(),
-                        "roles": r} for n, (t, r) in TOKENS.items()]}
-    (root / "auth.yaml").write_text(json.dumps(auth))
+    write_auth(root, TOKENS)
     return root
 
 
@@ -116,3 +109,41 @@ def stdio_params(root: Path, *args: str) -> object:
         args=["-m", "interlock", "mcp", "--workflows", "flows", "--store",
               f"sqlite:///{root / 'runs.db'}", *args],
         cwd=root, env={**os.environ, "PYTHONPATH": pythonpath(root)})
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """`make_project` in ``tmp_path``, with no store or log key from the outside."""
+    monkeypatch.delenv("INTERLOCK_STORE", raising=False)
+    monkeypatch.delenv("INTERLOCK_LOG_KEY", raising=False)
+    return make_project(tmp_path)
+
+
+def cli(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``interlock ARGS`` on the project's store, in a process of its own."""
+    return subprocess.run([sys.executable, "-m", "interlock", *args, "--store",
+                           f"sqlite:///{root / 'runs.db'}"], cwd=root, text=True,
+                          capture_output=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": pythonpath(root)})
+
+
+@pytest.fixture
+def served(project: Path) -> Iterator[Served]:
+    """``interlock serve`` over the project, under its tokens (``--auth``)."""
+    s = Served(project, "--auth", "auth.yaml")
+    yield s
+    s.stop()
+
+
+@contextlib.asynccontextmanager
+async def client(served: Served, who: str | None, **kwargs: Any) -> AsyncIterator[Any]:
+    """The SDK's client on ``/mcp`` with ``who``'s token (none without ``who``)."""
+    import httpx2
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+
+    headers = {"Authorization": f"Bearer {TOKENS[who][0]}"} if who else {}
+    async with httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30, read=120)) as http, \
+            Client(streamable_http_client(f"{served.url}/mcp", http_client=http),
+                   **kwargs) as c:
+        yield c

@@ -8,43 +8,25 @@ nothing."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import shlex
-import subprocess
-import sys
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
-from mcp_project import make_project, stdio_params
-from test_server import TOKENS, Served, pythonpath
+from mcp_project import cli as _cli
+from mcp_project import client, project, served, stdio_params
+from test_server import TOKENS, Served
 
 pytest.importorskip("mcp")
 
-import httpx2
+__all__ = ["project", "served"]  # the fixtures, used by name
+
 import mcp_types as types
 from mcp import Client
-from mcp.client.streamable_http import streamable_http_client
 
 GATE = "assistant/run_triage/approval"
-
-
-@pytest.fixture
-def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.delenv("INTERLOCK_STORE", raising=False)
-    monkeypatch.delenv("INTERLOCK_LOG_KEY", raising=False)
-    return make_project(tmp_path)
-
-
-def _cli(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "interlock", *args, "--store",
-                           f"sqlite:///{root / 'runs.db'}"], cwd=root, text=True,
-                          capture_output=True, timeout=60,
-                          env={**os.environ, "PYTHONPATH": pythonpath(root)})
 
 
 def _records(root: Path, run_id: str) -> list[dict[str, Any]]:
@@ -187,23 +169,6 @@ def test_a_turns_gate_is_answered_through_elicitation(project: Path, mode: str) 
                                                                           "triage db"]
     called = [r for r in records if r["type"] == "tool.called"]
     assert called[0]["result"]["approval"]["decision"] == "approved"
-
-
-@pytest.fixture
-def served(project: Path) -> Iterator[Served]:
-    s = Served(project, "--auth", "auth.yaml")
-    yield s
-    s.stop()
-
-
-@contextlib.asynccontextmanager
-async def client(served: Served, who: str, **kwargs: Any) -> AsyncIterator[Client]:
-    headers = {"Authorization": f"Bearer {TOKENS[who][0]}"}
-    async with httpx2.AsyncClient(headers=headers,
-                                  timeout=httpx2.Timeout(30, read=120)) as http, \
-            Client(streamable_http_client(f"{served.url}/mcp", http_client=http),
-                   **kwargs) as c:
-        yield c
 
 
 def test_a_conversation_at_mcp_on_a_server(served: Served) -> None:

@@ -6,47 +6,19 @@ answered through elicitation by an approver."""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
-from mcp_project import make_project
+from mcp_project import client, project, served
 from test_server import TOKENS, Served
 
 pytest.importorskip("mcp")
 pytest.importorskip("fastapi")
 
-import httpx2
+__all__ = ["project", "served"]  # the fixtures, used by name
+
 import mcp_types as types
-from mcp import Client
-from mcp.client.streamable_http import streamable_http_client
-
-
-@pytest.fixture
-def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.delenv("INTERLOCK_STORE", raising=False)
-    monkeypatch.delenv("INTERLOCK_LOG_KEY", raising=False)
-    return make_project(tmp_path)
-
-
-@pytest.fixture
-def served(project: Path) -> Iterator[Served]:
-    s = Served(project, "--auth", "auth.yaml")
-    yield s
-    s.stop()
-
-
-@contextlib.asynccontextmanager
-async def client(served: Served, who: str | None, **kwargs: Any) -> AsyncIterator[Client]:
-    """The SDK's client on ``/mcp`` with ``who``'s token."""
-    headers = {"Authorization": f"Bearer {TOKENS[who][0]}"} if who else {}
-    async with httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30, read=120)) as http, \
-            Client(streamable_http_client(f"{served.url}/mcp", http_client=http),
-                   **kwargs) as c:
-        yield c
 
 
 def test_tools_and_a_call_to_completion_with_progress(served: Served) -> None:

@@ -15,27 +15,16 @@ from typing import Any
 
 import anyio
 import pytest
-from mcp_project import make_project, stdio_params
+from mcp_project import cli as _cli
+from mcp_project import project, stdio_params
 from test_server import pythonpath
 
 pytest.importorskip("mcp")
 
+__all__ = ["project"]  # the fixtures, used by name
+
 import mcp_types as types
 from mcp import Client
-
-
-@pytest.fixture
-def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.delenv("INTERLOCK_STORE", raising=False)
-    monkeypatch.delenv("INTERLOCK_LOG_KEY", raising=False)
-    return make_project(tmp_path)
-
-
-def _cli(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "interlock", *args, "--store",
-                           f"sqlite:///{root / 'runs.db'}"], cwd=root, text=True,
-                          capture_output=True, timeout=60,
-                          env={**os.environ, "PYTHONPATH": pythonpath(root)})
 
 
 def test_tools_are_the_workflows_with_their_input_schemas(project: Path) -> None:

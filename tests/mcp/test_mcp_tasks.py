@@ -8,28 +8,26 @@ the run; a legacy client (no extension on its handshake) answered as before."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import subprocess
-import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import anyio
 import pytest
-from mcp_project import make_project, stdio_params
-from test_server import TOKENS, Served, pythonpath
+from mcp_project import cli as _cli
+from mcp_project import client as mcp_client
+from mcp_project import project, served, stdio_params
+from test_server import TOKENS, Served
 
 pytest.importorskip("mcp")
 
-import httpx2
+__all__ = ["project", "served"]  # the fixtures, used by name
+
 import mcp_types as types
 from mcp import Client
 from mcp.client.extension import ClaimContext, ClientExtension, ResultClaim
 from mcp.client.session import ClientSession
-from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
 TASKS = "io.modelcontextprotocol/tasks"
@@ -137,20 +135,6 @@ class Tasks(ClientExtension):
 async def approve(request: dict[str, Any]) -> dict[str, Any]:
     assert request["method"] == "elicitation/create"
     return {"action": "accept", "content": {"decision": "approve", "comment": "ok"}}
-
-
-@pytest.fixture
-def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.delenv("INTERLOCK_STORE", raising=False)
-    monkeypatch.delenv("INTERLOCK_LOG_KEY", raising=False)
-    return make_project(tmp_path)
-
-
-def _cli(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "interlock", *args, "--store",
-                           f"sqlite:///{root / 'runs.db'}"], cwd=root, text=True,
-                          capture_output=True, timeout=60,
-                          env={**os.environ, "PYTHONPATH": pythonpath(root)})
 
 
 def _status(root: Path, run_id: str) -> dict[str, Any]:
@@ -294,21 +278,9 @@ def test_unknown_tasks_and_legacy_clients(project: Path) -> None:
     assert "tasks extension of the 2026-07-28 protocol" in legacy
 
 
-@pytest.fixture
-def served(project: Path) -> Iterator[Served]:
-    s = Served(project, "--auth", "auth.yaml")
-    yield s
-    s.stop()
-
-
-@contextlib.asynccontextmanager
-async def client(served: Served, who: str, **kwargs: Any) -> AsyncIterator[Client]:
-    headers = {"Authorization": f"Bearer {TOKENS[who][0]}"}
-    async with httpx2.AsyncClient(headers=headers,
-                                  timeout=httpx2.Timeout(30, read=120)) as http, \
-            Client(streamable_http_client(f"{served.url}/mcp", http_client=http),
-                   mode="auto", **kwargs) as c:
-        yield c
+def client(served: Served, who: str, **kwargs: Any) -> Any:
+    """`mcp_project.client` in the SDK's ``auto`` mode (tasks where the server offers)."""
+    return mcp_client(served, who, mode="auto", **kwargs)
 
 
 def test_tasks_at_mcp_on_a_server_follow_roles(served: Served) -> None:

@@ -22,8 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _harness import released_together
+from _workflows import detached
 from conftest import CliProject
-from test_decision_race import LAUNCH, store_urls
+from test_decision_race import store_urls
 
 NODES = """
 def prep(state):
@@ -75,17 +77,8 @@ def _cli(store: str, *args: str) -> Any:
 
 def _race(cwd: Path, store: str, run_id: str, deciders: list[list[str]]
           ) -> list[subprocess.CompletedProcess[str]]:
-    procs = [subprocess.Popen(
-        [sys.executable, "-c", LAUNCH, "resume", run_id, *args, "--store", store],
-        cwd=cwd, env=dict(os.environ), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True) for args in deciders]
-    for proc in procs:  # each waits for one byte on stdin: released together
-        assert proc.stdin is not None
-        proc.stdin.write("x")
-        proc.stdin.flush()
-    outs = [proc.communicate(timeout=120) for proc in procs]
-    return [subprocess.CompletedProcess(proc.args, proc.returncode, o, e)
-            for proc, (o, e) in zip(procs, outs, strict=True)]
+    return released_together(cwd, [["resume", run_id, *args, "--store", store]
+                                   for args in deciders])
 
 
 def _decided(store: str, run_id: str) -> dict[str, list[tuple[str, str]]]:
@@ -257,20 +250,7 @@ def test_the_records_the_old_code_staged_fold(
     assert {k[0]: g.decision for k, g in view.gates.items()} == {"finance": "closed"}
 
 
-DETACHED = """
-workflow: detached
-nodes:
-  prep: {mod}:prep
-  legal: {approval: {show: []}}
-  security: {approval: {show: []}}
-  after_legal: {mod}:after_legal
-edges:
-  - {from: START, to: prep}
-  - {from: prep, to: [legal, security]}
-  - {from: legal, to: after_legal}
-  - {from: after_legal, to: END}
-  - {from: security, to: END}
-"""
+DETACHED = detached("{mod}")
 
 
 def test_a_decision_recorded_for_a_worker_while_another_gate_waits_verifies(

@@ -10,25 +10,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from _workflows import kchat, tool_call
 from conftest import records
 from test_versions import GATED, NODES, Project
 
 from interlock.support import set_strict_code
 
-CHAT = """
-workflow: kchat
-chat: a
-nodes:
-  a:
-    agent:
-      provider: scripted
-      tools: [{after}:lookup]
-      replies:
-        - first answer
-        - {tool_calls: [{name: lookup, arguments: {q: one}}]}
-        - looked it up
-        - third answer
-"""
+CHAT = kchat("[{after}:lookup]", "first answer", tool_call("lookup", q="one"), "looked it up",
+             "third answer")
 
 TOOL = '''
 def double(state):

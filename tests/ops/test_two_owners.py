@@ -5,7 +5,7 @@ the lease (its lease-keeper thread renews it) or stops when it wakes (the claim 
 gone); exactly one owner's records land; no ``ctx.once`` effect runs twice.
 
 One trial each here (the harness is tests/_two_owners.py); bench/two_owners.py runs 26
-timed trials each, with its figures in bench/README.md.
+timed trials each, with its figures in bench/HISTORY.md, "Two owners of one run".
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def test_a_worker_stopped_past_its_lease_stops_when_continued(tmp_path: Path,
         if not found.no_takeover:
             break
         # SQLite: A was stopped inside a write and held the file's lock, so B could not
-        # take over (bench/README.md: 1 trial in 26); the run completed once, by A
+        # take over (bench/HISTORY.md: 1 trial in 26); the run completed once, by A
         assert found.effects == Counter({"before": 1, "after": 1, "post": 1}), found.why()
     assert found.ok, found.why()
     # told the run moved on: to B, or -- when B finished it and released the claim

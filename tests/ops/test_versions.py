@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _workflows import gated_double, with_check
 from conftest import CliProject
 
 from interlock.support import set_strict_code
@@ -38,19 +39,7 @@ def double(state):
     return {"y": state["x"] * 2}
 """
 
-GATED = """
-workflow: versioned
-nodes:
-  a: {mod}:first
-  gate: {approval: {show: [x]}}
-  b: {after}:double
-edges:
-  - {from: START, to: a}
-  - {from: a, to: gate}
-  - {from: gate, to: b, when: 'gate.decision == "approved"'}
-  - {from: gate, to: END, otherwise: true}
-  - {from: b, to: END}
-"""
+GATED = gated_double("{mod}", "{after}", "versioned")
 
 
 class Project:
@@ -184,21 +173,7 @@ def check(state):
 '''
 
 # v2: a node ``c`` after the gate, before ``b``
-GATED_V2 = """
-workflow: versioned
-nodes:
-  a: {mod}:first
-  gate: {approval: {show: [x]}}
-  c: {v2}:check
-  b: {after}:double
-edges:
-  - {from: START, to: a}
-  - {from: a, to: gate}
-  - {from: gate, to: c, when: 'gate.decision == "approved"'}
-  - {from: gate, to: END, otherwise: true}
-  - {from: c, to: b}
-  - {from: b, to: END}
-"""
+GATED_V2 = with_check(GATED, "{after}", "{v2}")
 
 # what cannot continue the run: the gate is gone, a condition reads a field nothing
 # provides, and a field the run holds changes its reducer
@@ -400,25 +375,11 @@ def slow(state):
     return {"x": 5}
 '''
 
-SERVED_GATED = '''
-workflow: gated
-nodes:
-  a: vnodes:first
-  gate: {approval: {show: [x]}}
-  b: vnodes:double
-edges:
-  - {from: START, to: a}
-  - {from: a, to: gate}
-  - {from: gate, to: b, when: 'gate.decision == "approved"'}
-  - {from: gate, to: END, otherwise: true}
-  - {from: b, to: END}
-'''
+SERVED_GATED = gated_double("vnodes")
 
 # the deploy: a node ``c`` before ``b`` in both workflows
 ADD_C = ("  b: vnodes:double", "  c: vnodes:check\n  b: vnodes:double")
-SERVED_GATED_V2 = SERVED_GATED.replace(*ADD_C) \
-    .replace("{from: gate, to: b,", "{from: gate, to: c,").replace(
-        "  - {from: b, to: END}", "  - {from: c, to: b}\n  - {from: b, to: END}")
+SERVED_GATED_V2 = with_check(SERVED_GATED, "vnodes")
 
 SERVED_SLOW = '''
 workflow: slow

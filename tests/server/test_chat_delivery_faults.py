@@ -15,19 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _workflows import one_gate
 
 import interlock
 from interlock.testing import FaultyStore
 
 pytest.importorskip("httpx")
 
-GATED = """
-workflow: chatted
-nodes:
-  gate: {approval: {show: []}}
-edges:
-  - {from: START, to: gate}
-"""
+GATED = one_gate("chatted")
 
 
 class _Chat:
@@ -67,6 +62,23 @@ async def _look(approvals: Any, run_id: str) -> None:
         await asyncio.gather(*list(approvals._tasks))
 
 
+def _chat_approvals(store: Any, chat: Any) -> tuple[Any, Any]:
+    """A server's deliveries to the chats (`ChatApprovals`) over ``store``, posting with
+    ``chat`` (three attempts, no backoff), and the notifier whose ``record`` they use
+    (the caller closes it)."""
+    from interlock.server._chat import ChatApprovals
+    from interlock.server._deliveries import Policy
+    from interlock.server._hub import Hub
+    from interlock.server._notify import Notifier
+
+    hub = Hub()
+    notes = Notifier([], "http://inbox", store, hub, _no_lock)
+    approvals = ChatApprovals([chat], "http://inbox", store, hub, None,
+                              notes.record, None,  # type: ignore[arg-type]
+                              Policy(attempts=3, backoff=0.0))
+    return approvals, notes
+
+
 async def _sent(store: Any, run_id: str) -> list[dict[str, Any]]:
     return [r for r in await interlock.trace(run_id, store=store)
             if r["type"] == "notify.sent"]
@@ -75,11 +87,6 @@ async def _sent(store: Any, run_id: str) -> list[dict[str, Any]]:
 @pytest.mark.parametrize("lost", ["refused", "answer_lost"])
 def test_a_delivery_whose_record_fails(tmp_path: Path, lost: str,
                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    from interlock.server._chat import ChatApprovals
-    from interlock.server._deliveries import Policy
-    from interlock.server._hub import Hub
-    from interlock.server._notify import Notifier
-
     flow = tmp_path / "chatted.yaml"
     flow.write_text(GATED)
     # a refused record: the journal's retries (for RETRY_SECONDS) all fail, then it gives up
@@ -90,12 +97,8 @@ def test_a_delivery_whose_record_fails(tmp_path: Path, lost: str,
         try:
             assert (await interlock.load(str(flow)).run({}, store=store, run_id="c1")
                     ).status == "WAITING_APPROVAL"
-            hub = Hub()
-            notes = Notifier([], "http://inbox", store, hub, _no_lock)
             chat = _Chat()
-            approvals = ChatApprovals([chat], "http://inbox", store, hub, None,
-                                      notes.record, None,  # type: ignore[arg-type]
-                                      Policy(attempts=3, backoff=0.0))
+            approvals, notes = _chat_approvals(store, chat)
             before = await interlock.trace("c1", store=store)
             fault = store.fail_append(holding="notify.sent", after=lost == "answer_lost",
                                       times=None if lost == "refused" else 1)

@@ -10,7 +10,7 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from test_chat_delivery_faults import GATED, _Chat, _look, _no_lock
+from test_chat_delivery_faults import GATED, _Chat, _chat_approvals, _look
 
 import interlock
 
@@ -29,11 +29,6 @@ class _CountingChat(_Chat):
 
 
 def test_ended_runs_are_forgotten_and_not_posted_again(tmp_path: Path) -> None:
-    from interlock.server._chat import ChatApprovals
-    from interlock.server._deliveries import Policy
-    from interlock.server._hub import Hub
-    from interlock.server._notify import Notifier
-
     flow = tmp_path / "chatted.yaml"
     flow.write_text(GATED)
     wf = interlock.load(str(flow))
@@ -42,12 +37,8 @@ def test_ended_runs_are_forgotten_and_not_posted_again(tmp_path: Path) -> None:
     async def main() -> None:
         store = interlock.open_store(f"sqlite:///{tmp_path / 'runs.db'}")
         try:
-            hub = Hub()
-            notes = Notifier([], "http://inbox", store, hub, _no_lock)
             chat = _CountingChat()
-            approvals = ChatApprovals([chat], "http://inbox", store, hub, None,
-                                      notes.record, None,  # type: ignore[arg-type]
-                                      Policy(attempts=3, backoff=0.0))
+            approvals, notes = _chat_approvals(store, chat)
             for k in range(runs):
                 run_id = f"c{k}"
                 assert (await wf.run({}, store=store, run_id=run_id)).status == \
@@ -72,11 +63,6 @@ def test_ended_runs_are_forgotten_and_not_posted_again(tmp_path: Path) -> None:
 
 
 def test_a_waiting_run_is_posted_once_however_often_it_is_looked_at(tmp_path: Path) -> None:
-    from interlock.server._chat import ChatApprovals
-    from interlock.server._deliveries import Policy
-    from interlock.server._hub import Hub
-    from interlock.server._notify import Notifier
-
     flow = tmp_path / "chatted.yaml"
     flow.write_text(GATED)
 
@@ -85,12 +71,8 @@ def test_a_waiting_run_is_posted_once_however_often_it_is_looked_at(tmp_path: Pa
         try:
             assert (await interlock.load(str(flow)).run({}, store=store, run_id="w1")
                     ).status == "WAITING_APPROVAL"
-            hub = Hub()
-            notes = Notifier([], "http://inbox", store, hub, _no_lock)
             chat = _Chat()
-            approvals = ChatApprovals([chat], "http://inbox", store, hub, None,
-                                      notes.record, None,  # type: ignore[arg-type]
-                                      Policy(attempts=3, backoff=0.0))
+            approvals, notes = _chat_approvals(store, chat)
             # looks that overlap the delivery, and looks after it
             await asyncio.gather(*(approvals.sync("w1") for _ in range(5)))
             await _look(approvals, "w1")

@@ -6,14 +6,12 @@ held to the child gate's approvers: a refused decider gets 403 naming them.
 
 from __future__ import annotations
 
-import hashlib
-import json
-import textwrap
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from _harness import write_folder
 from test_server import Served
 
 pytest.importorskip("fastapi")
@@ -53,13 +51,7 @@ TOKENS = {"alice": ("tok-alice", ["approver"]), "bob": ("tok-bob", ["approver"])
 def served(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.delenv("INTERLOCK_STORE", raising=False)
     monkeypatch.delenv("INTERLOCK_LOG_KEY", raising=False)
-    (tmp_path / "fnodes.py").write_text(NODES)
-    (tmp_path / "flows").mkdir()
-    (tmp_path / "flows" / "kid.yaml").write_text(textwrap.dedent(KID))
-    (tmp_path / "flows" / "family.yaml").write_text(textwrap.dedent(FAMILY))
-    auth = {"tokens": [{"name": n, "sha256": hashlib.sha256(t.encode()).hexdigest(),
-                        "roles": r} for n, (t, r) in TOKENS.items()]}
-    (tmp_path / "auth.yaml").write_text(json.dumps(auth))
+    write_folder(tmp_path, {"fnodes": NODES}, {"kid": KID, "family": FAMILY}, TOKENS)
     server = Served(tmp_path, "--auth", "auth.yaml")
     yield server
     server.stop()

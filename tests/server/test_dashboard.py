@@ -7,9 +7,9 @@ Skipped, saying why, where Playwright or a Chromium is missing (CI installs Debi
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _harness import write_auth
 from test_server import GATED, NODES, SLOW, TOKENS, Served, wait_status
 
 pytest.importorskip("fastapi")
@@ -62,9 +63,7 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (flows / "editable.yaml").write_text(textwrap.dedent(EDITABLE))
     (flows / "slow.yaml").write_text(textwrap.dedent(SLOW))
     (flows / "asks.yaml").write_text(textwrap.dedent(ASKS))
-    auth = {"tokens": [{"name": n, "sha256": hashlib.sha256(t.encode()).hexdigest(),
-                        "roles": r} for n, (t, r) in TOKENS.items()]}
-    (root / "auth.yaml").write_text(json.dumps(auth))
+    write_auth(root, TOKENS)
     return root
 
 
@@ -521,3 +520,16 @@ def test_the_runs_list_pages_older_and_back_to_the_newest(server: Served, root: 
     page.get_by_role("link", name="← newest").click()
     expect(rows).to_have_count(100)
     expect(rows.first).to_have_attribute("data-run", "pg-102")
+
+
+def test_a_waiting_run_page_says_what_it_waits_for_not_running(server: Served,
+                                                              context: Any) -> None:
+    """A run at a gate is not running: its page says what it waits for, and since when
+    (review 41: "running for 5.4 s" on a WAITING_APPROVAL run)."""
+    start(server, "editable", {"n": 1}, "waits-1")
+    waiting(server, "waits-1")
+    page = context.new_page()
+    page.goto(server.url + "/runs/waits-1")
+    times = page.locator("#run-times")
+    expect(times).to_contain_text(re.compile(r"waiting for a decision at gate for \d"))
+    expect(times).not_to_contain_text("running for")

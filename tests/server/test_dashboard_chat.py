@@ -7,10 +7,8 @@ a Chromium is missing. Every wait is on a condition in the page."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import shutil
 import textwrap
 import threading
 from collections.abc import Callable, Iterator
@@ -18,66 +16,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _harness import write_auth
+from _workflows import OPENAI_CHAT, RECORD_NODES, toolchat, triage
 from fake_openai import FakeOpenAI
+from test_dashboard import WAIT, browser, expect  # (the browser's skip too)
 from test_server import TOKENS, Served
 
 pytest.importorskip("fastapi")
-sync_api = pytest.importorskip("playwright.sync_api",
-                               reason="the browser tests need Playwright (the dev extra)")
-expect = sync_api.expect
 
-CHROMIUM = os.environ.get("INTERLOCK_TEST_CHROMIUM") or shutil.which("chromium") \
-    or shutil.which("chromium-browser")
-if not CHROMIUM:
-    pytest.skip("no Chromium found (apt-get install chromium, or set INTERLOCK_TEST_CHROMIUM "
-                "to a Chromium binary): the dashboard's browser tests are skipped",
-                allow_module_level=True)
+__all__ = ["browser"]  # the fixture, used by name
 
-REPO = Path(__file__).resolve().parents[2]
-WAIT = 15_000  # ms: a page condition's upper bound (a loaded 2-core machine)
-expect.set_options(timeout=WAIT)
-
-CHAT = """
-workflow: chat
-chat: assistant
-nodes:
-  assistant:
-    agent:
-      provider: openai
-      model: gpt-test
-      system: You are the on-call assistant.
-"""
-
-TRIAGE = """
-workflow: triage
-input: [service]
-nodes:
-  check: {call: "chatdashnodes:record"}
-  approval: {approval: {show: [checked]}}
-edges:
-  - {from: START, to: check}
-  - {from: check, to: approval}
-  - {from: approval, to: END, when: 'approval.decision == "approved"'}
-"""
-
-TOOLCHAT = """
-workflow: toolchat
-chat: assistant
-nodes:
-  assistant:
-    agent:
-      provider: scripted
-      tools: [{workflow: triage.yaml, name: run_triage, description: Sweep a service}]
-      replies:
-        - {tool_calls: [{name: run_triage, arguments: {service: db}}]}
-        - triage approved, db is swept
-        - glad to help
-"""
-
-NODES = """
-def record(state):
-    return {"checked": state.get("service")}
-"""
+CHAT = OPENAI_CHAT
+TRIAGE = triage("chatdashnodes:record")
+TOOLCHAT = toolchat("triage approved, db is swept", "glad to help")
+NODES = RECORD_NODES
 
 
 def _answer(body: dict[str, Any]) -> str:
@@ -99,9 +51,7 @@ def _serve(root: Path, fake: FakeOpenAI, *args: str) -> Served:
     flows.mkdir()
     for name, text in (("chat", CHAT), ("triage", TRIAGE), ("toolchat", TOOLCHAT)):
         (flows / f"{name}.yaml").write_text(textwrap.dedent(text))
-    auth = {"tokens": [{"name": n, "sha256": hashlib.sha256(t.encode()).hexdigest(),
-                        "roles": r} for n, (t, r) in TOKENS.items()]}
-    (root / "auth.yaml").write_text(json.dumps(auth))
+    write_auth(root, TOKENS)
     saved = {k: os.environ.get(k) for k in ("INTERLOCK_STORE", "INTERLOCK_LOG_KEY",
                                             "OPENAI_API_KEY", "OPENAI_BASE_URL")}
     for name in ("INTERLOCK_STORE", "INTERLOCK_LOG_KEY"):
@@ -130,14 +80,6 @@ def authed(tmp_path_factory: pytest.TempPathFactory, fake: FakeOpenAI) -> Iterat
     served = _serve(tmp_path_factory.mktemp("chatdashauth"), fake, "--auth", "auth.yaml")
     yield served
     served.stop()
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    with sync_api.sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        yield b
-        b.close()
 
 
 @pytest.fixture

@@ -17,24 +17,13 @@ from typing import Any
 
 import pytest
 import yaml
+from test_dashboard import CHROMIUM, WAIT, expect, sync_api  # (the browser's skip too)
 from test_server import GATED, NODES, Served, wait_status
 
 pytest.importorskip("fastapi")
 pytest.importorskip("grandalf", reason="the graph's layout needs the server extra")
-sync_api = pytest.importorskip("playwright.sync_api",
-                               reason="the browser tests need Playwright (the dev extra)")
-expect = sync_api.expect
-
-CHROMIUM = os.environ.get("INTERLOCK_TEST_CHROMIUM") or shutil.which("chromium") \
-    or shutil.which("chromium-browser")
-if not CHROMIUM:
-    pytest.skip("no Chromium found (apt-get install chromium, or set INTERLOCK_TEST_CHROMIUM "
-                "to a Chromium binary): the dashboard's browser tests are skipped",
-                allow_module_level=True)
 
 REPO = Path(__file__).resolve().parents[2]
-WAIT = 15_000
-expect.set_options(timeout=WAIT)
 
 # examples served (their nodes import from the repository root); the openai variants are
 # the agents' graphs again

@@ -6,8 +6,6 @@ operator does). Chromium driven by Playwright against a real ``interlock serve``
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import re
 import textwrap
@@ -16,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _harness import write_auth
 from test_dashboard import EDITABLE, WAIT, browser, context, node_state, start, status_of
 from test_server import NODES, SLOW, TOKENS, Served
 
@@ -109,9 +108,7 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (flows / "slow.yaml").write_text(textwrap.dedent(SLOW))
     (flows / "yearly.yaml").write_text(textwrap.dedent(YEARLY))
     (root / "prices.yaml").write_text(PRICES)
-    auth = {"tokens": [{"name": n, "sha256": hashlib.sha256(t.encode()).hexdigest(),
-                        "roles": r} for n, (t, r) in TOKENS.items()]}
-    (root / "auth.yaml").write_text(json.dumps(auth))
+    write_auth(root, TOKENS)
     return root
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _workflows import ONE, ONODES
 from test_dashboard import browser, context, status_of
 from test_server import Served, pythonpath
 
@@ -27,24 +28,6 @@ __all__ = ["browser", "context"]  # the fixtures, used by name
 
 expect = pytest.importorskip("playwright.sync_api").expect
 
-ONODES = '''
-import os, signal
-
-def fix(state):
-    with open("fix.log", "a") as f:
-        f.write("fix\\n")
-    if os.path.exists("kill.me"):  # the process dies in the middle of the action
-        os.remove("kill.me")
-        os.kill(os.getpid(), signal.SIGKILL)
-    return {"fixed": True}
-'''
-
-ONE = """
-    workflow: one
-    input: [disk]
-    nodes: {fix: {call: onodes:fix, confirm: true, reads: [disk]}}
-    edges: [{from: START, to: fix}, {from: fix, to: END}]
-"""
 
 UTC = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC")
 

@@ -9,12 +9,11 @@ A real server on loopback, a real SQLite store.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
-from pathlib import Path
 
-import httpx
 import pytest
+from _harness import problem as _problem
+from _harness import serve, started_waiting
 from click.testing import CliRunner
 from conftest import CliProject
 from test_parallel_gates import MAPPED, MAPPED_NODES
@@ -22,31 +21,13 @@ from test_parallel_gates import MAPPED, MAPPED_NODES
 from interlock.cli import cli
 
 
-def _problem(answer: httpx.Response, status: int) -> str:
-    assert answer.status_code == status, answer.text
-    assert answer.headers["content-type"].startswith("application/problem+json")
-    detail = answer.json()["detail"]
-    assert isinstance(detail, str)
-    return detail
-
-
 @pytest.fixture
-def served(make_project: Callable[..., CliProject], tmp_path: Path) -> object:
-    from test_server import Served
-
+def served(make_project: Callable[..., CliProject]) -> object:
     p = make_project(MAPPED_NODES)
-    flows = tmp_path / "flows"
-    flows.mkdir()
-    (flows / "deploys.yaml").write_text((tmp_path / p.workflow(MAPPED)).read_text())
-    server = Served(tmp_path, store=p.store)
+    server = serve(p, deploys=MAPPED)
     try:
         with server.client() as http:
-            made = http.post("/api/workflows/deploys/runs", json={"run_id": "da-1"})
-            assert made.status_code == 201, made.text
-            until = time.monotonic() + 60
-            while http.get("/api/runs/da-1").json()["status"] != "WAITING_APPROVAL":
-                assert time.monotonic() < until, "run da-1 did not wait"
-                time.sleep(0.02)
+            started_waiting(http, "deploys", "da-1")
             # items 0..4 asked; 0 decided: 1..4 wait
             http.post("/api/runs/da-1/decisions", json={
                 "decision": "approve", "node": "deploy[0]"}).raise_for_status()

@@ -9,24 +9,12 @@ import asyncio
 from pathlib import Path
 
 import pytest
+from _workflows import detached
 from test_server import Served
 
 import interlock
 
-FLOW = """
-workflow: detached
-nodes:
-  prep: detached_nodes:prep
-  legal: {approval: {show: []}}
-  security: {approval: {show: []}}
-  after_legal: detached_nodes:after_legal
-edges:
-  - {from: START, to: prep}
-  - {from: prep, to: [legal, security]}
-  - {from: legal, to: after_legal}
-  - {from: after_legal, to: END}
-  - {from: security, to: END}
-"""
+FLOW = detached("detached_nodes")
 
 NODES = """
 def prep(state):

@@ -5,7 +5,6 @@ signed by a test key (its public half in ``--google-chat-keys``)."""
 
 from __future__ import annotations
 
-import hashlib
 import http.server
 import json
 import threading
@@ -17,6 +16,7 @@ from urllib.parse import parse_qs
 
 import pytest
 import test_slack
+from _harness import write_auth
 from test_server import Served, wait_status
 from test_slack import decided, posted, start
 
@@ -129,10 +129,7 @@ def google(project: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeGoogl
     jwk = json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(GOOGLE_KEY.public_key()))
     (project / "chat-keys.json").write_text(json.dumps(
         {"keys": [{**jwk, "kid": "k1", "alg": "RS256", "use": "sig"}]}))
-    auth = {"tokens": [{"name": n, "sha256": hashlib.sha256(t.encode()).hexdigest(),
-                        "roles": r, **({"google_chat": u} if u else {})}
-                       for n, (t, r, u) in USERS.items()]}
-    (project / "chat-auth.yaml").write_text(json.dumps(auth))
+    write_auth(project, USERS, "chat-auth.yaml", chat="google_chat")
     yield fake
     fake.http.shutdown()
     fake.http.server_close()

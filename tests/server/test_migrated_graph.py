@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _harness import write_folder
+from _workflows import gated_double, with_check
 from test_server import Served, wait_status
 
 NODES = '''
@@ -22,33 +24,16 @@ def double(state):
     return {"y": state["x"] * 2}
 '''
 
-GATED = '''
-workflow: gated
-nodes:
-  a: mnodes:first
-  gate: {approval: {show: [x]}}
-  b: mnodes:double
-edges:
-  - {from: START, to: a}
-  - {from: a, to: gate}
-  - {from: gate, to: b, when: 'gate.decision == "approved"'}
-  - {from: gate, to: END, otherwise: true}
-  - {from: b, to: END}
-'''
-
+GATED = gated_double("mnodes")
 # v2: a node ``c`` between the gate and ``b`` (so the edges after the gate renumber)
-GATED_V2 = GATED.replace("  b: mnodes:double", "  c: mnodes:check\n  b: mnodes:double") \
-    .replace("{from: gate, to: b,", "{from: gate, to: c,") \
-    .replace("  - {from: b, to: END}", "  - {from: c, to: b}\n  - {from: b, to: END}")
+GATED_V2 = with_check(GATED, "mnodes")
 
 
 @pytest.fixture
 def served(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.delenv("INTERLOCK_STORE", raising=False)
     monkeypatch.delenv("INTERLOCK_LOG_KEY", raising=False)
-    (tmp_path / "mnodes.py").write_text(NODES)
-    (tmp_path / "flows").mkdir()
-    (tmp_path / "flows" / "gated.yaml").write_text(GATED)
+    write_folder(tmp_path, {"mnodes": NODES}, {"gated": GATED})
     server = Served(tmp_path)
     yield server
     server.stop()

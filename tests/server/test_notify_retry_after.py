@@ -15,18 +15,13 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
+from _workflows import one_gate
 
 import interlock
 
 pytest.importorskip("httpx")
 
-GATED = """
-workflow: hooked
-nodes:
-  gate: {approval: {show: []}}
-edges:
-  - {from: START, to: gate}
-"""
+GATED = one_gate("hooked")
 
 
 class _Hook(http.server.BaseHTTPRequestHandler):

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _workflows import ONE, ONODES
 from test_server import Served, pythonpath
 from test_slack import FakeSlack, project, served, slack  # noqa: F401 (fixtures)
 
@@ -25,25 +26,7 @@ from interlock.server._google_chat import GoogleChat
 from interlock.server._notify import payload
 from interlock.server._slack import Slack
 
-NODES = '''
-import os, signal
-
-def fix(state):
-    with open("fix.log", "a") as f:
-        f.write("fix\\n")
-    if os.path.exists("kill.me"):  # the process dies in the middle of the action
-        os.remove("kill.me")
-        os.kill(os.getpid(), signal.SIGKILL)
-    return {"fixed": True}
-'''
-
-ONE = """
-workflow: one
-input: [disk]
-nodes: {fix: {call: "onodes:fix", confirm: true, reads: [disk]}}
-edges: [{from: START, to: fix}, {from: fix, to: END}]
-"""
-
+NODES = ONODES  # (the name test_chat_stale_clicks imports)
 UTC = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC")
 EPOCH = re.compile(r"\d{10}\.\d+")
 URL = "http://ops.example:8765"
@@ -58,7 +41,7 @@ def interlock(root: Path, store: str, *args: str) -> subprocess.CompletedProcess
 def stranded(root: Path, store: str, run_id: str) -> None:
     """``run_id`` of ONE approved, its action killed mid-way, resumed: the run waits at
     its unknown_outcome gate."""
-    (root / "onodes.py").write_text(NODES)
+    (root / "onodes.py").write_text(ONODES)
     (root / "one.yaml").write_text(ONE)
     started = interlock(root, store, "run", "one.yaml", "--run-id", run_id,
                         "--input", '{"disk": "sda"}')

@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _harness import cli_root
+from _workflows import TINY_NODES, tiny
 from click.testing import CliRunner, Result
 from conftest import record_row
 from test_server import Served
@@ -23,35 +25,13 @@ pytest.importorskip("fastapi")
 
 from interlock.cli import cli
 
-NODES = """
-def a(state):
-    return {"x": state.get("x", 0) + 1}
-"""
-
-FLOW = """\
-workflow: tiny
-nodes:
-  a: renodes_edges:a
-edges:
-  - {from: START, to: a}
-  - {from: a, to: END}
-"""
-
 KEY = "the server's own key"
 
 
 @pytest.fixture
 def root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.delenv("INTERLOCK_STORE", raising=False)
-    monkeypatch.delenv("INTERLOCK_SERVER", raising=False)
-    monkeypatch.delenv("INTERLOCK_TOKEN", raising=False)
-    monkeypatch.delenv("INTERLOCK_LOG_KEY", raising=False)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "renodes_edges.py").write_text(NODES)
-    (tmp_path / "flows").mkdir()
-    (tmp_path / "flows" / "tiny.yaml").write_text(FLOW)
-    return tmp_path
+    return cli_root(tmp_path, monkeypatch, {"renodes_edges": TINY_NODES},
+                    {"tiny": tiny("renodes_edges")})
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> Result:
@@ -78,7 +58,7 @@ def test_verify_through_a_server_is_the_servers_verify(
             body = c.get("/api/runs/keyed/verify").json()
         assert body == {"run_id": "keyed", "ok": True, "records": 5, "seq": None,
                         "message": "", "keyed": True, "notes": [], "children": [],
-                        "located": True}
+                        "located": True, "migrations": []}
 
         # the server holds a key, the run's log is plain: checked as a plain chain, and
         # not verified as keyed (test_verify_server_key.py)

@@ -10,6 +10,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _harness import cli_root
+from _workflows import TINY_NODES, tiny
 from click.testing import CliRunner, Result
 from conftest import record_row
 from test_server import Served
@@ -18,34 +20,12 @@ pytest.importorskip("fastapi")
 
 from interlock.cli import cli
 
-NODES = """
-def a(state):
-    return {"x": state.get("x", 0) + 1}
-"""
-
-FLOW = """\
-workflow: tiny
-nodes:
-  a: exnodes:a
-edges:
-  - {from: START, to: a}
-  - {from: a, to: END}
-"""
-
 KEY = "the auditors' key"
 
 
 @pytest.fixture
 def root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    for name in ("INTERLOCK_STORE", "INTERLOCK_SERVER", "INTERLOCK_TOKEN",
-                 "INTERLOCK_LOG_KEY"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "exnodes.py").write_text(NODES)
-    (tmp_path / "flows").mkdir()
-    (tmp_path / "flows" / "tiny.yaml").write_text(FLOW)
-    return tmp_path
+    return cli_root(tmp_path, monkeypatch, {"exnodes": TINY_NODES}, {"tiny": tiny("exnodes")})
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ HTTP to it (httpx) -- runs, the event stream, decisions, auth, notifications, SI
 
 from __future__ import annotations
 
-import hashlib
 import http.server
 import json
 import os
@@ -16,7 +15,6 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import textwrap
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -24,6 +22,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
+from _harness import write_folder
 from test_decision_race import store_urls
 
 httpx = pytest.importorskip("httpx")
@@ -142,14 +141,7 @@ class Served:
 def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.delenv("INTERLOCK_STORE", raising=False)
     monkeypatch.delenv("INTERLOCK_LOG_KEY", raising=False)
-    (tmp_path / "snodes.py").write_text(NODES)
-    (tmp_path / "flows").mkdir()
-    (tmp_path / "flows" / "gated.yaml").write_text(textwrap.dedent(GATED))
-    (tmp_path / "flows" / "slow.yaml").write_text(textwrap.dedent(SLOW))
-    auth = {"tokens": [{"name": n, "sha256": hashlib.sha256(t.encode()).hexdigest(),
-                        "roles": r} for n, (t, r) in TOKENS.items()]}
-    (tmp_path / "auth.yaml").write_text(json.dumps(auth))
-    return tmp_path
+    return write_folder(tmp_path, {"snodes": NODES}, {"gated": GATED, "slow": SLOW}, TOKENS)
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_server import Served, pythonpath
+from test_server import Served, pythonpath, wait_status
 
 import interlock
 from interlock.support import Firer, NotFired
@@ -225,3 +225,54 @@ def test_a_run_failed_for_its_key_is_not_told_to_resume_as_it_is(root: Path) -> 
                              "executes it -- `interlock serve`")
     assert remote.endswith("then `interlock resume k3 --server http://h:1`")
     assert "run the failed node again" not in failed_hint("k3", result.error, "")
+
+
+PASSED_NODES = '''
+import os
+
+def finish(state):
+    if not os.path.exists("finish.ok"):
+        raise RuntimeError("not yet")
+    return {"done": True}
+'''
+
+# the agent on a branch the run did not take; `finish` fails until finish.ok exists
+PASSED = """\
+workflow: passed
+nodes:
+  intake: sknodes:intake
+  rca:
+    agent: {provider: openai, model: gpt-test, prompt: "{{ ticket }}"}
+  finish: pknodes:finish
+edges:
+  - {from: START, to: intake}
+  - {from: intake, to: rca, when: 'ticket == "never"'}
+  - {from: intake, to: finish, otherwise: true}
+  - {from: rca, to: END}
+  - {from: finish, to: END}
+"""
+
+
+def test_a_resume_that_no_longer_reaches_the_agent_is_taken(
+        root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server's resume counts only the agents the run may still reach, as a
+    foreground ``interlock resume`` does: a run that failed past its agent's branch is
+    resumed here without the key."""
+    (root / "pknodes.py").write_text(PASSED_NODES)
+    (root / "flows" / "passed.yaml").write_text(PASSED)
+    store = f"sqlite:///{root / 'runs.db'}"
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-here-only")
+    failed = interlock.load(str(root / "flows" / "passed.yaml")).run_sync(
+        {}, store=store, run_id="p1")
+    monkeypatch.delenv("OPENAI_API_KEY")
+    assert failed.status == "FAILED"
+    (root / "finish.ok").write_text("")
+    served = Served(root)
+    try:
+        with served.client() as c:
+            r = c.post("/api/runs/p1/resume", json={})
+            assert r.status_code == 200, r.text
+            run = wait_status(c, "p1", "COMPLETED")
+            assert run["state"]["done"] is True
+    finally:
+        served.stop()

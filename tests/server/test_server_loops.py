@@ -5,11 +5,11 @@ server on a loopback port, as in test_server.py)."""
 from __future__ import annotations
 
 import os
-import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
+from _harness import write_folder
 from test_decision_race import store_urls
 from test_server import GATED, NODES, Served, events
 
@@ -42,11 +42,7 @@ edges:
 def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.delenv("INTERLOCK_STORE", raising=False)
     monkeypatch.delenv("INTERLOCK_LOG_KEY", raising=False)
-    (tmp_path / "snodes.py").write_text(HOG_NODES)
-    (tmp_path / "flows").mkdir()
-    (tmp_path / "flows" / "hog.yaml").write_text(textwrap.dedent(HOG))
-    (tmp_path / "flows" / "gated.yaml").write_text(textwrap.dedent(GATED))
-    return tmp_path
+    return write_folder(tmp_path, {"snodes": HOG_NODES}, {"hog": HOG, "gated": GATED})
 
 
 def wait_for(what: Any, why: str) -> Any:

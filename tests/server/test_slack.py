@@ -4,13 +4,11 @@ as Slack signs them (slack-sdk's `SignatureVerifier`, with the app's signing sec
 
 from __future__ import annotations
 
-import hashlib
 import http.server
 import json
 import os
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 from collections.abc import Iterator
@@ -20,6 +18,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 import pytest
+from _harness import write_auth, write_folder
 from test_server import GATED, NODES, Served, events, pythonpath, wait_status
 
 httpx = pytest.importorskip("httpx")
@@ -144,13 +143,8 @@ class FakeSlack:
 def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.delenv("INTERLOCK_STORE", raising=False)
     monkeypatch.delenv("INTERLOCK_LOG_KEY", raising=False)
-    (tmp_path / "snodes.py").write_text(NODES)
-    (tmp_path / "flows").mkdir()
-    (tmp_path / "flows" / "gated.yaml").write_text(textwrap.dedent(GATED))
-    (tmp_path / "cnodes.py").write_text(textwrap.dedent(CNODES))
-    (tmp_path / "flows" / "audit.yaml").write_text(textwrap.dedent(AUDIT))
-    (tmp_path / "flows" / "deploys.yaml").write_text(textwrap.dedent(DEPLOYS))
-    return tmp_path
+    return write_folder(tmp_path, {"snodes": NODES, "cnodes": CNODES},
+                        {"gated": GATED, "audit": AUDIT, "deploys": DEPLOYS})
 
 
 @pytest.fixture
@@ -159,10 +153,7 @@ def slack(project: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeSlack]
     monkeypatch.setenv("SLACK_BOT_TOKEN", "xoxb-test-token")
     monkeypatch.setenv("SLACK_SIGNING_SECRET", SECRET)
     monkeypatch.setenv("SLACK_API_URL", f"{fake.url}/api/")
-    auth = {"tokens": [{"name": n, "sha256": hashlib.sha256(t.encode()).hexdigest(),
-                        "roles": r, **({"slack": u} if u else {})}
-                       for n, (t, r, u) in USERS.items()]}
-    (project / "chat-auth.yaml").write_text(json.dumps(auth))
+    write_auth(project, USERS, "chat-auth.yaml", chat="slack")
     yield fake
     fake.http.shutdown()
     fake.http.server_close()

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _harness import write_folder
 from test_store_conformance import pg_schema_url  # noqa: F401 - a fixture used below
 
 import interlock
@@ -105,11 +106,8 @@ RUN_KEYS = {"run_id", "workflow", "status", "state", "steps", "tokens", "error",
 def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.delenv("INTERLOCK_STORE", raising=False)
     monkeypatch.delenv("INTERLOCK_LOG_KEY", raising=False)
-    (tmp_path / "wknodes.py").write_text(NODES)
-    (tmp_path / "flows").mkdir()
-    for name, text in (("chain", CHAIN), ("blocking", BLOCKING), ("gated", GATED),
-                       ("timed", TIMED)):
-        (tmp_path / "flows" / f"{name}.yaml").write_text(textwrap.dedent(text))
+    write_folder(tmp_path, {"wknodes": NODES},
+                 {"chain": CHAIN, "blocking": BLOCKING, "gated": GATED, "timed": TIMED})
     (tmp_path / "executions.log").write_text("")
     monkeypatch.setenv("WK_DIR", str(tmp_path))
     # (the tree under test first after the nodes, as the test process imports it)

@@ -400,6 +400,7 @@ async function runPage(ctx, runId) {
   const records = [];
   let selected = null;
   let finished = false;
+  let current = run; // the run object last read: what it waits for, if anything
   // inspect()'s ticket, declared before anything can call inspect() (a click on the graph
   // while the page is still loading): a `let` used before its line is a TDZ error
   let inspecting = 0;
@@ -470,8 +471,17 @@ async function runPage(ctx, runId) {
     const end = endRec ? seconds(endRec.at) : Date.now() / 1000;
     times.textContent = `started ${when(records[0].at)}` + (endRec ? ` · ended ${when(endRec.at)}` : "") + ` · ${endRec ? "took" : "running for"} ${span(end - first)}`;
     times.dataset.seconds = String(end - first);
+    const w = current.waiting;
+    if (!endRec && w && (current.status === "WAITING_APPROVAL" || current.status === "WAITING_INPUT")) {
+      // a waiting run is not running: what it waits for, and since when
+      const what = w.kind === "message" ? "waiting for the next message" : `waiting for a decision at ${w.node}`;
+      const since = typeof w.requested_at === "number" ? ` for ${span(Date.now() / 1000 - w.requested_at)}` : "";
+      times.textContent = `started ${when(records[0].at)} · ${what}${since}`;
+    }
   };
   const setFacts = (r) => {
+    current = r;
+    setTimes();
     facts.textContent = `${r.steps} step(s), ${r.tokens} token(s)` + (r.error ? ` · error: ${short(r.error.message ?? r.error)}` : "");
     showError(r.error);
     if (stateShown === null) statePre.textContent = json(r.state);
@@ -480,7 +490,7 @@ async function runPage(ctx, runId) {
     codeNotice.replaceChildren(...(r.code_changed?.length ? [h("p", { class: "card notice" },
       "The code of ", r.code_changed.map((n) => h("code", {}, n)).flatMap((c, i) => (i ? [", ", c] : [c])),
       " changed since this run started: it will continue on the code deployed now (recorded as run.code_changed), or be refused where --strict-code is on. ",
-      "Move it onto a new definition on purpose with ", h("code", {}, `interlock migrate ${runId} --to FILE`), ".")] : []));
+      "Accept that code on the record with ", h("code", {}, `interlock migrate ${runId} --to FILE`), " (FILE: the definition the run is on).")] : []));
   };
   const me = await whoAmI();
   const operate = mayOperate(me);
