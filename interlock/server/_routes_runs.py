@@ -46,7 +46,7 @@ from ._models import (
 )
 from ._reads import CURSOR, BadCursor, cursor_key, page_cursor, records_body
 from ._routes_workflows import graph_off_loop
-from ._service import Server
+from ._service import Server, refuse_unkeyed_resume
 
 TERMINAL_STATUSES = frozenset(TERMINAL_TYPES.values())
 
@@ -292,7 +292,7 @@ async def events(run_id: str, server: Srv, row: Existing,
 async def resume(run_id: str, server: Srv, who: Operator,
                  body: ResumeIn) -> dict[str, object]:
     row = await server.st.get_run(run_id)
-    await server.refuse_unkeyed_resume(run_id)  # (409)
+    await refuse_unkeyed_resume(server, run_id)  # (409)
     config = body.config or None
     async with server.lock(run_id):
         try:

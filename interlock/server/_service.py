@@ -226,17 +226,6 @@ class Server:
             raise NoKey(key_refusal(keys, KEY_FIX, what=what,
                                     here="in this server's environment"))
 
-    async def refuse_unkeyed_resume(self, run_id: str) -> None:
-        """`refuse_unkeyed` for a resume of a stored run: only the agent nodes the run
-        may still reach count (`resume_keys_missing`, the rule a foreground ``interlock
-        resume`` follows), so a run past its agent resumes here without the key."""
-        if self.records_only:
-            return
-        keys = await resume_keys_missing(self.st, run_id, None)
-        if keys:
-            raise NoKey(key_refusal(keys, KEY_FIX, what="the resume was not started",
-                                    here="in this server's environment"))
-
     async def stop(self) -> None:
         self.hub.stopping.set()
         await self._alongside.aclose()
@@ -397,3 +386,14 @@ def _on(loop: asyncio.AbstractEventLoop) -> bool:
     except RuntimeError:
         return False
 
+
+async def refuse_unkeyed_resume(server: Server, run_id: str) -> None:
+    """`Server.refuse_unkeyed` for a resume of a stored run: only the agent nodes the run
+    may still reach count (`resume_keys_missing`, the rule a foreground ``interlock
+    resume`` follows), so a run past its agent resumes here without the key."""
+    if server.records_only:
+        return
+    keys = await resume_keys_missing(server.st, run_id, None)
+    if keys:
+        raise NoKey(key_refusal(keys, KEY_FIX, what="the resume was not started",
+                                here="in this server's environment"))
