@@ -53,7 +53,8 @@ RUN_CANCELLED = "run.cancelled"
 NODE_STARTED = "node.started"
 NODE_COMPLETED = "node.completed"
 # a visit that started and completed in one batch (log format 2): node.started and
-# node.completed in one record, the completion's fields, sealed where the start would be
+# node.completed in one record, the completion's fields, sealed where the start would be;
+# from format 3, with its ``when`` edge's decision in it (``when``: see `FORMAT`)
 NODE_VISITED = "node.visited"
 NODE_FAILED = "node.failed"
 NODE_RETRYING = "node.retrying"
@@ -78,9 +79,14 @@ ENGINE_NAMESPACES = frozenset({"run", "node", "edge", "effect", "approval", "sta
 # visit that started and completed in one batch, no ``edge.taken`` for the edges of a
 # node whose every edge is plain and unconditional (`_definition._plan.Plan.always_taken`),
 # no record for an ``otherwise`` edge whose node has exactly one other edge, a ``when``
-# (`Plan.implied_otherwise`): the fold derives them. A run keeps the format it started
-# with, whatever the version that continues it. docs/design.md, "The log".
-FORMAT = 2
+# (`Plan.implied_otherwise`): the fold derives them. Format 3 also folds that ``when``
+# edge's decision into the ``node.visited`` of its node, as its ``when`` field (the edge
+# record's fields but ``from``; ``to`` only when taken) when it was a plain taken or
+# skipped made in the same batch -- no ``edge.taken``/``edge.skipped`` record of its own
+# (`_engine._staging.Staging.visited`). A run keeps the format it started with, whatever
+# the version that continues it. docs/design.md, "The log".
+FORMAT = 3
+READS = 3  # the newest format this version reads (a newer one's log is refused, not misread)
 
 
 def format_field() -> dict[str, int]:

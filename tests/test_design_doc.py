@@ -258,6 +258,15 @@ CLAIMS: dict[str, Evidence] = {
     "S1 166.9 k → 108.7 k instructions per node, S3 220.6 k → 167.9 k per iteration":
         Bench("bench/HISTORY.md", "108.7 k"),
     "S3 169.2 k → 162.1 k": Bench("bench/README.md", "162,097"),
+    # log format 3
+    "format 3": Prose("the log format's version (`_log.FORMAT`)"),
+    "Format 3": Prose("the log format's version (`_log.FORMAT`)"),
+    "`format: 3`": Prose("the log format's version (`_log.FORMAT`)"),
+    '{"type": "node.visited", "node": "step", "visit": 2, "update": {"i": 3}, ..., "when": '
+    '{"edge": 1, "expr": "i < 6", "reads": {"i": 3}, "to": ["step"], "value": true}}': ByTest(
+        "tests/engine/test_format.py::test_a_format_3_visit_carries_its_when_decision_and_"
+        "folds_as_its_format_2_twin"),
+    "S3 161.7 k → 142.7 k": Bench("bench/README.md", "142,748"),
     "orjson's 4 KiB buffer": Prose("orjson's own buffer size"),
     "(~3× cheaper than": Unkept("a timeit of the two copies, not kept"),
     "9–15 µs per chain node and 14–24 µs per loop iteration": FLOOR,

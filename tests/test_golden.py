@@ -1,9 +1,11 @@
 """Golden logs: runs recorded by an earlier version must still verify and fold the same.
 
-Logs of both formats are here (``_log.FORMAT``): ``*-format1`` were recorded by main
+Logs of every format are here (``_log.FORMAT``): ``*-format1`` were recorded by main
 before log format 2 (3316f75; the older ones by stop 9's), ``*-format2`` by the version
-that introduced it. Each goes through ``trace``, ``verify`` and ``resume``: a waiting run
-of format 1 is continued in format 1 (a run keeps the format it started with).
+that introduced it, ``*-format3`` by the one that introduced format 3 (a loop's visit
+carries its ``when`` decision; ``gated-loop-format3`` waits at a gate, with a loop
+after it). Each goes through ``trace``, ``verify`` and ``resume``: a waiting run is
+continued in its own format (a run keeps the format it started with).
 
 A change to the record format, the hash chain, or the fold's semantics that would
 make old runs unreadable -- or resume differently -- fails here. To record a new
@@ -141,8 +143,10 @@ def test_each_golden_log_goes_through_trace_verify_and_resume(name: str,
     after = [e.record() for e in asyncio.run(_entries(url, run_id))]
     assert len(after) > len(entries)
     assert asyncio.run(interlock.verify(run_id, store=url)).ok
-    # the run keeps its format: a format-1 log is continued in format 1
+    # the run keeps its format: a format-1 log is continued in format 1, a format-3 one
+    # in format 3 (the loop after the gate: its visits carry their decisions)
     assert all(r["type"] != "node.visited" for r in after) == (fmt == 1)
+    assert any("when" in r for r in after[len(entries):]) == (fmt == 3)
 
 
 async def _entries(url: str, run_id: str) -> list[Entry]:
@@ -153,12 +157,16 @@ async def _entries(url: str, run_id: str) -> list[Entry]:
         await st.close()
 
 
-def test_a_format_1_log_and_its_format_2_twin_fold_to_the_same_run() -> None:
-    """The same workflow recorded in both formats (the ``loop`` goldens): the same state,
-    steps and visits; format 2 in fewer records, and read as format 1 writes them
-    (`Expander`, start and completion split) the same records but for seqs and times."""
+@pytest.mark.parametrize("names", [("loop-format1", "loop-format2"),
+                                   ("loop-format2", "loop-format3")])
+def test_a_log_and_its_twin_of_the_next_format_fold_to_the_same_run(
+        names: tuple[str, str]) -> None:
+    """The same workflow recorded in each format (the ``loop`` goldens): the same state,
+    steps and visits; the newer format in fewer records, and read as format 1 writes
+    them (`Expander`, start and completion split) the same records but for seqs and
+    times."""
     views, logs = [], []
-    for name in ("loop-format1", "loop-format2"):
+    for name in names:
         head, entries, _ = read(name)
         plan = Workflow.from_spec(parse(head["definition"])).reading_plan()
         view = RunView(plan)
@@ -169,7 +177,7 @@ def test_a_format_1_log_and_its_format_2_twin_fold_to_the_same_run() -> None:
     old, new = views
     assert (new.status, new.state, new.steps, dict(new.visits), dict(new.takes)) == (
         old.status, old.state, old.steps, dict(old.visits), dict(old.takes))
-    assert len(read("loop-format2")[1]) < len(read("loop-format1")[1])
+    assert len(read(names[1])[1]) < len(read(names[0])[1])
     drop = {"seq", "at", "duration_ms", "implied", "format", "code", "definition_hash"}
     assert [{k: v for k, v in r.items() if k not in drop} for r in logs[1]] == \
         [{k: v for k, v in r.items() if k not in drop} for r in logs[0]]

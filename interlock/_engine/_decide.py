@@ -142,6 +142,18 @@ class Decider:
                 put(rtype, fields)
         return None
 
+    def when(self, node: str) -> R.Item | None:
+        """Log format 3: the decision of an implied-otherwise ``node``'s one ``when``
+        edge, due since its completion was folded, for its ``node.visited`` to carry
+        (`_staging.Staging.visited`): the record `due` would stage for it (not staged
+        here). None when that decision is not due (a goto). Raises `Abort` as `due` does
+        (a condition that cannot be evaluated)."""
+        e = self.plan.implied_when[node][0]  # (a plain ``when``: no router, no gate)
+        d = self.view.due.get((e.index, node))
+        if d is None or d.goto is not None:
+            return None
+        return self._decide_edge(e, d, self._scope)
+
     def _decide_group(self, source: str, dues: list[Due]) -> list[R.Item]:
         """Decide the edges of one completed node (or one settled join), in declaration order:
         ``when`` edges and the rest first, then ``otherwise`` edges."""
@@ -160,12 +172,13 @@ class Decider:
         items: list[R.Item] = []
         taken_any = False
         when_taken = False
-        rejected = source in self.plan.approvals and self._rejected_gate(source)
+        rejected = source in self.plan.approvals and _rejected_gate(self.plan, self.view, source)
         gate = source
         if source == "*" and dues:  # a settled join: a rejected gate among its arrivals
             # (a rejection is followed only by edges that read its decision)
             for arrived in dues[0].arrived:
-                if arrived in self.plan.approvals and self._rejected_gate(arrived) \
+                if arrived in self.plan.approvals \
+                        and _rejected_gate(self.plan, self.view, arrived) \
                         and not _reads_decision(dues[0].edge, arrived):
                     rejected, gate = True, arrived
                     break
@@ -191,23 +204,13 @@ class Decider:
             items.append(item)
         if rejected and not taken_any:
             self.sink.stage(items)  # the skipped edges are the rejection's trace
-            raise self._rejection(gate)
+            raise _rejection(self.view, gate)
         # a group that takes something strands nobody; one that takes nothing may leave
         # its node (or a join's sources) with no route left -- see `_stranded`
         stranded = [] if taken_any else self._stranded(source, dues)
         if stranded:
             raise Abort(_no_route(source, stranded, dues, items))
         return items
-
-    def _rejection(self, source: str) -> Rejected:
-        gate = self.view.state.get(source)
-        if not isinstance(gate, dict):  # (a gate's field is its record: a dict)
-            gate = {}
-        by = gate.get("by")
-        return Rejected(source, f"approval {source!r} was rejected by "
-                        f"{by or 'an anonymous decider'}"
-                        + (f": {gate['comment']}" if gate.get("comment") else ""),
-                        by if isinstance(by, str) else None)
 
     def _stranded(self, source: str, dues: list[Due]) -> list[str]:
         """Nodes this decision leaves with nowhere to go (no silent dead ends).
@@ -235,14 +238,6 @@ class Decider:
         return [s for s in dues[0].arrived
                 if view.route_wait[s] == 1 and not view.routed.get(s, False)
                 and not any(k[1] == s for k in view.due)]
-
-    def _rejected_gate(self, source: str) -> bool:
-        pn = self.plan.nodes.get(source)
-        if pn is None or not pn.gate or pn.spec.approval is None:
-            return False
-        record = self.view.state.get(source)
-        return isinstance(record, dict) and record.get("decision") in ("rejected", "timed_out") \
-            and record.get("reenter") is None
 
     def _decide_edge(self, e: PlanEdge, due: Due, scope: Scope) -> R.Item:
         targets: list[str]
@@ -376,6 +371,28 @@ class Decider:
             except Exception as exc:
                 result = _Raised(exc)
         return _targets(e, result)
+
+
+def _rejection(view: RunView, source: str) -> Rejected:
+    """How the rejection at gate ``source`` ends the run (`Decider._decide_group`)."""
+    gate = view.state.get(source)
+    if not isinstance(gate, dict):  # (a gate's field is its record: a dict)
+        gate = {}
+    by = gate.get("by")
+    return Rejected(source, f"approval {source!r} was rejected by "
+                    f"{by or 'an anonymous decider'}"
+                    + (f": {gate['comment']}" if gate.get("comment") else ""),
+                    by if isinstance(by, str) else None)
+
+
+def _rejected_gate(plan: Plan, view: RunView, source: str) -> bool:
+    """Whether ``source`` is a gate whose decision was a rejection (or timed out)."""
+    pn = plan.nodes.get(source)
+    if pn is None or not pn.gate or pn.spec.approval is None:
+        return False
+    record = view.state.get(source)
+    return isinstance(record, dict) and record.get("decision") in ("rejected", "timed_out") \
+        and record.get("reenter") is None
 
 
 def catchable(error: RunError) -> bool:

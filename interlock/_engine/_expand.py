@@ -1,9 +1,11 @@
-"""A log as format 1 writes it: the records format 2 implies, written out for readers.
+"""A log as format 1 writes it: the records formats 2 and 3 imply, written out for readers.
 
 Log format 2 (`_log.FORMAT`, docs/design.md "The log") writes fewer records per node:
 ``node.visited`` for a visit that started and completed in one batch, and no record for
 an edge whose decision the pinned definition implies (the edges of a
 `Plan.always_taken` node; the ``otherwise`` edges of a `Plan.implied_otherwise` node).
+Format 3 also writes the ``when`` edge's decision of such a node into its
+``node.visited`` (its ``when`` field) rather than as a record of its own.
 The fold derives them (`_fold`); a reader that shows records one by one -- ``trace``,
 ``visits``, coverage, the dashboard, OpenTelemetry spans, metrics, progress lines --
 reads them through `Expander`, which gives back, for each stored record, the records
@@ -11,7 +13,9 @@ format 1 would have written in its place, in that order:
 
 - ``node.visited``: kept as it is -- a reader takes it for a start and a completion --
   or, with ``split``, its ``node.started`` (``at`` the completion's less its duration)
-  and its ``node.completed``;
+  and its ``node.completed``; one with a ``when`` (format 3): without it, then the
+  ``edge.taken``/``edge.skipped`` it stands for (``from`` the node), then what that
+  implies (below) -- the format-2 log's records, and what they imply;
 - a completion of an always-taken node (no goto): it, then an ``edge.taken`` per edge;
 - a ``when`` edge's record of an implied-otherwise node: it, then each ``otherwise``
   edge's ``edge.taken`` (the ``when`` was not taken) or ``edge.skipped``.
@@ -60,6 +64,8 @@ class Expander:
         if self.format < 2:
             return [rec]
         if rtype == L.NODE_VISITED:
+            if type(rec.get("when")) is dict:  # (format 3: its ``when`` edge's decision)
+                return self._carried(rec)
             return [*(_split(rec) if self.split else [rec]), *self._edges_of(rec)]
         if rtype == L.NODE_COMPLETED and "item" not in rec:
             return [rec, *self._edges_of(rec)]
@@ -79,10 +85,21 @@ class Expander:
                                              "to": list(e.targets)})
                 for e in self.plan.nodes[str(node)].out]
 
-    def _otherwise(self, rec: L.Record) -> list[L.Record]:
+    def _carried(self, rec: L.Record) -> list[L.Record]:
+        """A format-3 ``node.visited`` with a ``when``: the visit as format 2 stores it
+        (no ``when``), the edge record that ``when`` stands for, what that implies."""
+        visited = {k: v for k, v in rec.items() if k != "when"}
+        when = rec["when"]
+        fields: L.Record = {"edge": when.get("edge"), "from": rec.get("node")}
+        fields.update(when)  # (in the order the edge record's fields would have)
+        edge = _implied(rec, L.EDGE_TAKEN if when.get("to") else L.EDGE_SKIPPED, fields)
+        return [*(_split(visited) if self.split else [visited]), edge,
+                *self._otherwise(edge, carried=True)]
+
+    def _otherwise(self, rec: L.Record, carried: bool = False) -> list[L.Record]:
         source = rec.get("from", "*")
         others = self.plan.implied_otherwise.get(rec.get("edge"))  # type: ignore[arg-type]
-        if not others or source == "*" or rec.get("implied"):
+        if not others or source == "*" or (rec.get("implied") and not carried):
             return []
         taken = rec["type"] == L.EDGE_SKIPPED  # the ``when`` was not taken
         out = []

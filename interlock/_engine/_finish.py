@@ -91,7 +91,7 @@ def complete(decide: Decider, out: Outcome) -> None:
         # (node.visited when its start is still deferred: an inline visit, log format 2)
         decide.sink.visited(R.node_completed(out.node, out.visit, out.attempt,
                                              out.duration_ms, out.update, out.goto,
-                                             out.tokens)[1])
+                                             out.tokens)[1], decide.when)
     # decide this node's edges in the same batch: its completion and where the run
     # goes next are committed together
     decide.due()

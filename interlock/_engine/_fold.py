@@ -30,7 +30,7 @@ from .. import _log as L
 from .._definition._model import ERROR_FIELD
 from .._definition._plan import PlanEdge, PlanNode
 from .._definition._state import merge_update
-from .._errors import InternalError
+from .._errors import InternalError, UsageError
 from ._flow import Due
 from ._gates import shown
 from ._migration import migrate
@@ -341,23 +341,65 @@ class RunView(ViewData):
             running.effect_tokens += rec["tokens"]
 
 
-# -- log format 2: records the fold implies (`_log.FORMAT`) -----------------------------
+# -- log formats 2 and 3: records the fold implies (`_log.FORMAT`) ---------------------
 #
 # Each function below does what the fold of the record(s) it stands for would do, at the
 # record that implies them, in the order the records would have come: a format-1 log and
-# its format-2 twin fold to the same view record for record (tests/engine/test_format.py).
+# its format-2 twin fold to the same view record for record, and a format-3 log to its
+# format-2 twin's views (tests/engine/test_format.py).
 
 
 def _on_started(view: RunView, rec: L.Record) -> None:
     """``run.started``, and the log's format (format 2 implies some records)."""
+    fmt = rec.get("format", 1)
+    if type(fmt) is not int or not 1 <= fmt <= L.READS:
+        raise UsageError(f"record {rec['seq']}: the run's log is in format {fmt!r}, and "
+                         f"this version of interlock reads formats 1 to {L.READS}: a newer "
+                         "version wrote it -- read or continue the run with that version")
     view._on_run_started(rec)
-    view.format = rec.get("format", 1)
+    view.format = fmt
 
 
 def _on_visited(view: RunView, rec: L.Record) -> None:
-    """``node.visited``: the visit's ``node.started`` and ``node.completed`` at once."""
+    """``node.visited``: the visit's ``node.started`` and ``node.completed`` at once; in
+    format 3, with a ``when``, then its ``when`` edge's record (`_when_record`)."""
     view._on_node_started(rec)
     view._on_node_completed(rec)
+    when = rec.get("when")
+    if when is not None:
+        view._on_edge(_when_record(view, rec, when))
+
+
+def _when_record(view: RunView, rec: L.Record, when: object) -> L.Record:
+    """Log format 3: the edge record a ``node.visited``'s ``when`` stands for; refused
+    where the engine would not write one (before format 3, not a `Plan.implied_when`
+    node, not its ``when`` edge, a decision its completion did not make due: a goto)."""
+    node = rec["node"]
+    owed = view.plan.implied_when.get(node) if view.format > 2 else None
+    if not isinstance(when, dict) or owed is None or when.get("edge") != owed[0].index \
+            or (owed[0].index, node) not in view.due:
+        if view.format < 3:
+            why = f"a log of format {view.format} never holds one"
+        elif owed is None:
+            why = (f"{node!r} is not a node whose edges are one `when` edge and its "
+                   "`otherwise` edges (the only nodes whose visit carries one)")
+        else:
+            why = (f"its completion owed no decision of that edge (its `when` edge is "
+                   f"edge {owed[0].index}, decided only after a completion without a goto)")
+        raise InternalError(f"record {rec['seq']}: the node.visited of {node!r} carries an "
+                            f"edge decision (`when`: {when!r}), but {why}: the engine did "
+                            "not write it")
+    return {**when, "from": node, "seq": rec["seq"], "at": rec.get("at"),
+            "type": L.EDGE_TAKEN if when.get("to") else L.EDGE_SKIPPED}
+
+
+def when_decided(view: RunView, rec: L.Record) -> None:
+    """Fold the ``when`` decision (``rec``: its edge record) a format-3 ``node.visited``
+    will carry, made just after its completion's fold (`end_visit`, `_staging`): what
+    `RunView.apply` does with the edge's record, the view's seq already the visit's."""
+    view._on_edge(rec)
+    if not view.due and (view.flow.deferred or not (view.ready or view.running)):
+        view.flow.quiesce()
 
 
 def start_visit(view: RunView, rec: L.Record) -> None:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from .. import _log as L
 from .._errors import ClaimError, ConflictError, RunNotFound, StoreError
@@ -106,9 +106,9 @@ class Journal(Staging):
         Flushes are serialised: one that finds another in flight waits for it, so when
         this returns, what was staged before it is stored.
 
-        Raises the store's error when the batch could not be stored (after trying again
-        for `retry_for` seconds, see `_append`); the journal is then broken, the batch
-        stays staged, and every later flush raises that error again.
+        Raises the store's error when the batch could not be stored (tried again for
+        `retry_for` seconds, `_append`): the journal is then broken, the batch stays
+        staged, and every later flush raises that error again.
         """
         if self._flushing:
             await self._wait_turn()
@@ -135,16 +135,19 @@ class Journal(Staging):
             # ``__init__`` (two calls less per step): a bare instance, every slot set here
             v = self.view
             summary = _new_summary(Summary)
-            summary.last_seq = self.writer.seq
-            summary.last_hash = self.writer.hash
-            summary.steps = v.steps
-            summary.tokens = v.tokens
-            summary.error = v.error
+            summary.last_seq, summary.last_hash = self.writer.seq, self.writer.hash
+            summary.steps, summary.tokens, summary.error = v.steps, v.tokens, v.error
             # a gate waits: the row shows it in the very write that commits it (`shown`)
             summary.status, summary.waiting = shown(v) if v.gates else (v.status, v.waiting)
             summary.updated_at = time.time()
             try:
-                await self._append(entries, summary, release)
+                try:  # the first try, with no coroutine of ours (`_try`); then `_append`
+                    await self._try(entries, summary, release)
+                except Exception as failed:  # (a conflict on a sure first try: another's)
+                    if isinstance(failed, ClaimError | RunNotFound) or (
+                            isinstance(failed, ConflictError) and not self._unsure):
+                        raise
+                    await self._append(entries, summary, release, failed)
             except BaseException as exc:
                 self._put_back(entries, exc)  # (raises, for any other error)
                 raise  # the store's error, or a cancellation (the batch may be flushed again)
@@ -195,52 +198,52 @@ class Journal(Staging):
             self._snapshot_seq = at
             self._snapshot_every = snapshots.interval(len(snap))
 
+    def _try(self, entries: list[L.Entry], summary: Summary, release: str | None
+             ) -> Awaitable[None]:
+        """One try of the append: the store's own coroutine (no frame of ours around it)."""
+        store, run_id = self.store, self.run_id
+        if self.claim is not None:
+            return store.append(run_id, entries, summary, release, claim=self.claim)
+        if release is None:
+            return store.append(run_id, entries, summary)
+        return store.append(run_id, entries, summary, release=release)
+
     async def _append(self, entries: list[L.Entry], summary: Summary,
-                      release: str | None) -> None:
-        """Append one batch; an error of the store is retried for `retry_for` seconds.
+                      release: str | None, failed: Exception) -> None:
+        """Append one batch whose first try (`flush`'s) failed with ``failed``: an error
+        of the store is retried for `retry_for` seconds.
 
         A refusal that no retry can change is raised at once: the claim is another's
         (`ClaimError`), the run is gone (`RunNotFound`), a record's seq is taken by
         another writer (`ConflictError`) -- unless a try before found the store
-        failing: the seqs taken may then be this batch's own, stored by a try whose
-        answer was lost, which counts as done when the stored records have this batch's
-        hashes. Anything else (an outage, a full disk, a lost connection) is tried again,
-        with a growing pause; at the end, a `StoreError` saying what failed.
+        failing (or was cancelled): the seqs taken may then be this batch's own, stored
+        by a try whose answer was lost, which counts as done when the stored records
+        have this batch's hashes. Anything else (an outage, a full disk, a lost
+        connection) is tried again, with a growing pause; at the end, a `StoreError`
+        saying what failed.
         """
-        store, run_id = self.store, self.run_id
+        run_id = self.run_id
         tries = 0
         deadline = 0.0
         delay = RETRY_FIRST_DELAY
+        exc = failed
         while True:
-            try:
-                if self.claim is not None:
-                    await store.append(run_id, entries, summary, release, claim=self.claim)
-                elif release is None:
-                    await store.append(run_id, entries, summary)
-                else:
-                    await store.append(run_id, entries, summary, release=release)
-                return
-            except (ClaimError, RunNotFound):
-                raise
-            except ConflictError as exc:
+            cause = exc
+            if isinstance(exc, ConflictError):
                 # after a failed or cancelled try the seq may be ours, stored by the try
-                # whose answer was lost (compare hashes); on a first try it is another's
-                if not tries and not self._unsure:
-                    raise
+                # whose answer was lost (compare hashes)
                 try:
                     if await self._stored(entries):
                         log.info("run %s: records %d-%d were stored by an earlier try",
                                  run_id, entries[0].seq, entries[-1].seq)
                         return
                 except Exception as read_error:  # the store is still failing: try again
-                    cause: Exception = read_error
+                    cause = read_error
                 else:
                     raise ConflictError(
                         f"{exc} (records {entries[0].seq}-{entries[-1].seq} were not stored "
                         "by an earlier try of this executor, whose answer was lost: another "
                         "writer's are stored there -- the run was taken over)") from None
-            except Exception as exc:
-                cause = exc
             # the retry window opens at the first failure, not at the flush: a batch
             # that waited for another flush in flight still gets its whole window
             tries += 1
@@ -255,6 +258,13 @@ class Journal(Staging):
                         type(cause).__name__, cause, delay)
             await asyncio.sleep(delay)
             delay = min(delay * 2, RETRY_MAX_DELAY)
+            try:
+                await self._try(entries, summary, release)
+                return
+            except (ClaimError, RunNotFound):
+                raise
+            except Exception as again:
+                exc = again
 
     async def _stored(self, entries: list[L.Entry]) -> bool:
         """Whether the store holds ``entries`` already (the same seqs, the same hashes)."""

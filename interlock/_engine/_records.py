@@ -25,6 +25,7 @@ stores them on `flush`. Nothing but the journal touches the store.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from .. import _log as L
@@ -60,9 +61,11 @@ class Sink(Protocol):
     def started(self) -> None:
         """Seal a deferred ``node.started`` now (the visit's body waits)."""
 
-    def visited(self, fields: JSONObject) -> L.Record:
+    def visited(self, fields: JSONObject,
+                decide: Callable[[str], Item | None] | None = None) -> L.Record:
         """Stage a visit's completion: ``node.visited`` if its start is still deferred,
-        else ``node.completed``."""
+        else ``node.completed``; in log format 3, with its ``when`` edge's decision
+        (``decide``) in it, for a node whose other edges that decision implies."""
 
 
 def node_started(node: str, visit: int, attempt: int, item: int | None = None) -> Item:

@@ -132,6 +132,7 @@ class Runner:
 
     async def _loop(self) -> None:
         view, sink, calls, decide = self.view, self.sink, self.calls, self.decide
+        when = decide.when  # (a bound method made once)
         self._restart_running()
         inline_steps = 0
         heavy_seen = _expr.heavy
@@ -150,16 +151,16 @@ class Runner:
                     assert stack is not None
                     outcome = await stack(calls.begin(pn, visit, 1))
                     if outcome.error is None and outcome.pause is None and not pn.branched:
-                        # the common case, without a coroutine
-                        if outcome.goto is None and not outcome.tokens:
+                        if outcome.goto is None and not outcome.tokens:  # (no coroutine)
                             # `complete(decide, outcome)`, R.node_completed inlined (`_records`)
                             fields: JSONObject = {
                                 "node": outcome.node, "visit": outcome.visit,
                                 "attempt": outcome.attempt, "duration_ms": outcome.duration_ms}
                             if outcome.update:
                                 fields["update"] = outcome.update
-                            sink.visited(fields)  # (node.visited if it never waited)
-                            decide.due()  # its edges, in the same batch
+                            sink.visited(fields, when)  # (node.visited: `_staging`)
+                            if view.due:  # its edges, in the same batch (none left when
+                                decide.due()  # the fold took them, or its record carries one)
                         else:
                             complete(decide, outcome)
                     else:

@@ -15,6 +15,13 @@ that seq. What a crash means is unchanged: a deferred start was never flushed be
 the next record in format 1 either (``node.started`` rides with the next flush), and a
 visit that waits on anything has its ``node.started`` sealed -- and shown live -- when
 it first waits, as before.
+
+Log format 3: a ``node.visited`` of a `Plan.implied_when` node (one ``when`` edge and
+its ``otherwise`` edges) also carries that edge's decision, as its ``when``, instead of
+an ``edge.taken``/``edge.skipped`` of its own (`_carry`): the completion is folded
+first, the decider decides the edge on the state with the visit's update in it, the
+decision is folded, and then the one record is sealed. A decision that is not a plain
+taken or skipped -- the condition raises -- leaves the visit as format 2 writes it.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from typing import Any
 
 from .. import _log as L
 from ._expand import Expander
-from ._fold import RunView, end_visit, start_visit
+from ._fold import RunView, end_visit, start_visit, when_decided
 from ._records import Item
 
 _now = time.time
@@ -42,19 +49,20 @@ class Staging:
         self._staged: list[L.Entry] = []
         # the ``node.started`` of an inline visit, folded but not sealed yet (`defer`)
         self._deferred: dict[str, Any] | None = None
-        self._implied: Expander | None = None  # (what `_tell` tells, format 2)
+        self._implied: Expander | None = None  # (what `_tell` tells, format 2 on)
 
     def _tell(self, rec: L.Record) -> None:
-        """Hand a sealed record to the listener -- and, in log format 2, the records it
-        implies (`_expand`: the edges no record is written for, ``implied: true``), so
-        that a listener (progress lines, spans, metrics) sees what format 1 showed."""
+        """Hand a sealed record to the listener -- and, from log format 2 on, the records
+        it implies (`_expand`: the edges no record is written for, ``implied: true``),
+        so that a listener (progress lines, spans, metrics) sees what format 1 showed."""
         assert self.listener is not None
         self.listener(rec, self.view)
         if self.view.format > 1:
             implied = self._implied
             if implied is None:
                 implied = self._implied = Expander(self.view.plan)
-            implied.plan, implied.format = self.view.plan, 2  # (a migration changes it)
+            # (a migration changes the plan)
+            implied.plan, implied.format = self.view.plan, self.view.format
             for more in implied(rec)[1:]:
                 self.listener(more, self.view)
 
@@ -125,22 +133,71 @@ class Staging:
         if self.listener is not None:
             self._tell(sealed)
 
-    def visited(self, fields: dict[str, Any]) -> L.Record:
+    def visited(self, fields: dict[str, Any],
+                decide: Callable[[str], Item | None] | None = None) -> L.Record:
         """Stage a visit's completion (``node.completed``'s fields): as ``node.visited``
-        when its start is still deferred (`defer`), else as ``node.completed``."""
+        when its start is still deferred (`defer`), else as ``node.completed``.
+        ``decide``: how the node's ``when`` edge is decided once the completion is folded
+        (`_decide.Decider.when`), for a format-3 ``node.visited`` to carry (`_carry`)."""
         d = self._deferred
         if d is None or d["node"] != fields["node"] or d["visit"] != fields["visit"]:
             return self.put(L.NODE_COMPLETED, fields)
         self._deferred = None
+        view = self.view
+        if decide is not None and fields["node"] in view.plan.implied_when \
+                and view.format > 2:
+            return self._carry(d, fields, decide)
         writer = self.writer
         seq, prev = writer.seq, writer.hash
         rec, entry = writer.seal(L.NODE_VISITED, fields)
         try:
-            end_visit(self.view, rec)
+            end_visit(view, rec)
         except BaseException:
             writer.rewind(seq, prev)
             self._deferred = d
             raise
+        self._staged.append(entry)  # (`_stage`, inlined: a chain's hot path)
+        if self.listener is not None:
+            self._tell(rec)
+        return rec
+
+    # -- log format 3: a ``node.visited`` carries its node's ``when`` edge's decision ----
+
+    def _carry(self, deferred: dict[str, Any], fields: dict[str, Any],
+               decide: Callable[[str], Item | None]) -> L.Record:
+        """`visited` in a format-3 run, of a `Plan.implied_when` node: the completion is
+        folded first, with the seq and time its record will have (the condition reads the
+        state with the visit's update in it), then its ``when`` edge decided (``decide``,
+        the decider's own code) and folded as its record would be -- and only then one
+        ``node.visited`` sealed, with that decision as its ``when`` (the edge record's
+        fields but ``from``, `_log.FORMAT`). A decision that is not a plain taken or
+        skipped (``decide`` gives None, or raises: a condition that cannot be evaluated),
+        or that the fold refuses, leaves the ``node.visited`` as format 2 seals it, and
+        the decision to be recorded (or the run to fail) after it, as in format 2."""
+        view, writer = self.view, self.writer
+        at = fields["at"] = _now()
+        fields["seq"], fields["type"] = writer.seq + 1, L.NODE_VISITED
+        try:
+            end_visit(view, fields)
+        except BaseException:
+            self._deferred = deferred  # (nothing sealed)
+            raise
+        try:
+            item = decide(fields["node"])
+            if item is not None:
+                rtype, edge = item
+                edge["type"] = rtype
+                when_decided(view, edge)
+        except BaseException:
+            self._stage(*writer.seal(L.NODE_VISITED, fields, at))  # folded: as format 2
+            raise
+        if item is not None:
+            del edge["type"], edge["from"]
+            fields["when"] = edge
+        return self._stage(*writer.seal(L.NODE_VISITED, fields, at))
+
+    def _stage(self, rec: L.Record, entry: L.Entry) -> L.Record:
+        """A sealed and folded record staged, and told to the listener."""
         self._staged.append(entry)
         if self.listener is not None:
             self._tell(rec)

@@ -622,19 +622,20 @@ def test_the_log_is_a_complete_story() -> None:
     _, told = run(wf, {"go": False})
     records = [r for r in told if not r.get("implied")]  # (listeners are told those too)
     types = [r["type"] for r in records]
-    # log format 2: the visit in one record, the otherwise edge implied by the when's
-    assert types == ["run.started", "edge.taken", "node.visited", "edge.skipped",
-                     "run.completed"]
-    assert [r["seq"] for r in records] == list(range(1, 6))
-    skipped = records[3]
+    # log format 3: the visit in one record, with its when edge's decision in it (the
+    # otherwise edge implied by that decision)
+    assert types == ["run.started", "edge.taken", "node.visited", "run.completed"]
+    assert [r["seq"] for r in records] == list(range(1, 5))
+    skipped = records[2]["when"]
     assert skipped["expr"] == "go" and skipped["value"] is False and skipped["reads"] == {
-        "go": False}
+        "go": False} and "to" not in skipped
     # ... and read as format 1 writes it, the whole story
     expanded = Expander(wf.compile(), split=True).expand(records)
     assert [r["type"] for r in expanded] == [
         "run.started", "edge.taken", "node.started", "node.completed", "edge.skipped",
         "edge.taken", "run.completed"]
     assert expanded[5]["to"] == ["END"] and expanded[5]["implied"] is True
+    assert expanded[4]["implied"] is True and expanded[4]["seq"] == 3
 
 
 def test_values_json_changes_reach_the_next_node_as_a_resume_would_rebuild_them(

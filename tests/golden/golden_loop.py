@@ -1,4 +1,5 @@
-"""The nodes of the ``loop-format*`` golden logs (a chain, a loop, a fan-out and a join)."""
+"""The nodes of the ``loop-format*`` golden logs (a chain, a loop, a fan-out and a join),
+and of ``gated-loop-format3`` (a loop, a gate, a loop after it)."""
 
 from typing import Any
 
@@ -17,3 +18,6 @@ async def right(state: dict[str, Any]) -> dict[str, Any]:
 
 async def done(state: dict[str, Any]) -> dict[str, Any]:
     return {"done": True}
+
+async def inc_j(state: dict[str, Any]) -> dict[str, Any]:
+    return {"j": state.get("j", 0) + 1}

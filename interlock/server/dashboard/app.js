@@ -348,7 +348,10 @@ function detail(rec) {
       if (rec.reads) parts.push(`reads ${Object.entries(rec.reads).map(([k, v]) => `${k}=${short(v, 40)}`).join(", ")}`);
       if (rec.arrived) parts.push(`joined ${rec.arrived.join(", ")}`);
       if (rec.reason) parts.push(`(${rec.reason})`);
-      if (rec.implied) parts.push("(implied by the definition: not a record of its own)");
+      // (log format 3: a `when` decision carried by its node's node.visited has its expr)
+      if (rec.implied) parts.push(rec.expr && rec.expr !== "otherwise"
+        ? "(carried by the visit's record: not a record of its own)"
+        : "(implied by the definition: not a record of its own)");
       return parts.join("  ");
     }
     case "approval.requested": return `${rec.kind}: decisions ${(rec.decisions || []).join(", ")}`;
