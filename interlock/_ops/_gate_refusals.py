@@ -41,7 +41,7 @@ async def check_named(st: Store, run_id: str, loaded: Loaded, name: str,
     pending = view.pending_gates()
     gate = _waiting(pending, name)
     if gate is not None:
-        if asked is not None and gate.requested_at != asked:
+        if asked is not None and _asked_at(gate, name) not in (None, asked):
             raise GateNotWaiting(_asked_again(run_id, above + name, gate, asked))
         return
     waiting = sorted({above + str(e.get("node")) for g in pending for e in entries(g)})
@@ -109,6 +109,16 @@ async def _check_child(st: Store, loaded: Loaded, name: str, above: str,
     if child is not None:
         await check_named(st, child, await load_run(st, child), rest, f"{above}{top}/",
                           via=via)
+
+
+def _asked_at(gate: Gate, name: str) -> float | None:
+    """When the asking ``name`` names (a gate of the run's, or a gate a child run waits
+    at, as ``waiting.pending`` lists it) was asked; None for a deeper path the listing
+    does not show (its own run checks it)."""
+    at = next((e.get("requested_at") for e in entries(gate) if e.get("node") == name), None)
+    if isinstance(at, float | int):  # (a child's gate: its own asking, not the wait's)
+        return at
+    return gate.requested_at if name in (gate_name(gate), gate.node) else None
 
 
 def _waiting(pending: list[Gate], name: str) -> Gate | None:
