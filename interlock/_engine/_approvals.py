@@ -65,10 +65,15 @@ class Decision:
     roles: tuple[str, ...] = ()
     # where it was made (the surface: "cli", "api", "dashboard", "slack", ...): recorded
     via: str | None = None
-    # with ``node``: the asking it answers (the gate's ``requested_at``, as
-    # ``waiting.pending`` shows it), refused once the gate was asked again (a later visit,
-    # an unknown outcome): a chat's button decides only the request it was posted for
+    # with ``node`` (required): the asking it answers (the gate's ``requested_at``, as
+    # ``waiting.pending`` shows it), refused once the gate was asked again: a chat's
+    # button, an inbox card decides only the request it was shown for
     requested_at: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.requested_at is not None and self.node is None:
+            raise UsageError("a decision pinned to an asking (requested_at) names its gate "
+                             "too (node): without it, it would decide the oldest gate")
 
 
 def approve(by: str | None = None, comment: str | None = None, *,

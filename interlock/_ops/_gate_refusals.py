@@ -144,10 +144,15 @@ def _asked_again(run_id: str, name: str, gate: Gate, asked: float) -> str:
             "a child run's gate", "tool": "a guarded tool call"}.get(gate.kind, gate.kind)
     what = ("its outcome is unknown: approving runs it AGAIN"
             if gate.kind == "unknown_outcome" else f"visit {gate.visit}, {kind}")
-    return (f"the decision is refused: the request it was made for (gate {name!r} of run "
-            f"{run_id!r}, asked at {utc(asked)}) is no longer waiting: it was decided, and "
-            f"the gate was asked again at {utc(gate.requested_at)} ({what}); decide the "
-            "request waiting now (in a chat: its newer message)")
+    made = f"the request it was made for (gate {name!r} of run {run_id!r}, asked at {utc(asked)})"
+    if asked < gate.requested_at:  # an earlier asking: answered (or closed) since
+        why = (f"is no longer waiting: the gate was asked again at {utc(gate.requested_at)} "
+               f"({what})")
+    else:  # a time this gate was not asked at (a later one, or none of its askings)
+        why = (f"is not the one waiting: the gate's waiting request was asked at "
+               f"{utc(gate.requested_at)} ({what})")
+    return (f"the decision is refused: {made} {why}; decide the request waiting now (in a "
+            "chat: its newer message)")
 
 
 def _what(loaded: Loaded, name: str, items: list[int]) -> str:

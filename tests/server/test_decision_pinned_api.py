@@ -48,6 +48,19 @@ def test_a_decision_made_on_an_earlier_card_is_refused(served: Served) -> None:
         assert "asked again" in stale.json()["detail"]
         assert len(c.get("/api/runs/p1/records").json()) == seq
 
+        # a pin without its gate is refused (it would decide the oldest gate, unchecked),
+        # and a time this gate was never asked at is not called "asked again"
+        bare = c.post("/api/runs/p1/decisions", json={
+            "decision": "approve", "by": "alice", "requested_at": first})
+        assert bare.status_code == 400 and "names its gate too" in bare.json()["detail"]
+        later = c.post("/api/runs/p1/decisions", json={
+            "decision": "approve", "node": "gate", "by": "alice",
+            "requested_at": run["waiting"]["requested_at"] + 3600})
+        assert later.status_code == 409
+        assert "is not the one waiting" in later.json()["detail"]
+        assert "asked again" not in later.json()["detail"]
+        assert len(c.get("/api/runs/p1/records").json()) == seq
+
         # the card waiting now decides
         (card,) = [g for g in c.get("/api/approvals").json() if g["run_id"] == "p1"]
         now = c.post("/api/runs/p1/decisions", json={
