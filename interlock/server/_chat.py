@@ -38,7 +38,7 @@ from ._auth import DECIDE, Tokens
 from ._deliveries import Ledger, Policy, deliver
 from ._guard import Problemed
 from ._hub import Hub
-from ._notify import CLOCK_SKEW, NOTIFY_SENT
+from ._notify import CLOCK_SKEW, NOTIFY_SENT, decided_headline
 
 log = logging.getLogger("interlock.server")
 
@@ -55,7 +55,8 @@ class Chat(Protocol):
     def message(self, workflow: str, run_id: str, gate: str, rec: dict[str, Any],
                 public_url: str) -> dict[str, Any]: ...
 
-    def decided(self, message: dict[str, Any], decided: dict[str, Any]) -> dict[str, Any]: ...
+    def decided(self, message: dict[str, Any], decided: dict[str, Any], headline: str
+                ) -> dict[str, Any]: ...
 
     async def post(self, message: dict[str, Any]
                    ) -> tuple[dict[str, object], dict[str, object]]: ...
@@ -208,7 +209,8 @@ class ChatApprovals:
             fields["where"] = where
 
             def send() -> Awaitable[tuple[dict[str, object], dict[str, object]]]:
-                return chat.update(where, chat.decided(message, done))
+                return chat.update(where, chat.decided(
+                    message, done, decided_headline(workflow, run_id, gate, done)))
 
         async def record(outcome: dict[str, object]) -> None:
             await self._record(run_id, {**fields, **outcome})

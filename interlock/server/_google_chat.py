@@ -25,7 +25,7 @@ from interlock import UsageError
 from interlock.support import gate_text, install_hint
 
 from ._deliveries import retry_after
-from ._notify import outcome_lines, payload
+from ._notify import decided_text, outcome_lines, payload
 from ._slack import UNKNOWN_LABELS
 
 CHAT_ISSUER = "chat@system.gserviceaccount.com"
@@ -151,14 +151,18 @@ class GoogleChat:
                     "sections": [{"widgets": widgets}]}}]}
 
     @staticmethod
-    def decided(message: dict[str, Any], decided: dict[str, Any]) -> dict[str, Any]:
-        from ._slack import _decided_text
-
+    def decided(message: dict[str, Any], decided: dict[str, Any], headline: str
+                ) -> dict[str, Any]:
+        """The card once the gate is decided: its first line and subtitle say so
+        (``headline``, `_notify.decided_headline`), the buttons are replaced by who and
+        when."""
         card = json.loads(json.dumps(message["cardsV2"][0]))
         widgets = [w for w in card["card"]["sections"][0]["widgets"] if "buttonList" not in w]
-        widgets.append({"textParagraph": {"text": f"<i>{_html(_decided_text(decided))}</i>"}})
+        widgets[0] = {"textParagraph": {"text": _html(headline)}}
+        widgets.append({"textParagraph": {"text": f"<i>{_html(decided_text(decided))}</i>"}})
         card["card"]["sections"][0]["widgets"] = widgets
-        return {"text": message["text"], "cardsV2": [card]}
+        card["card"]["header"]["subtitle"] = f"decided: {decided.get('decision')}"
+        return {"text": headline, "cardsV2": [card]}
 
     # -- the Chat API --------------------------------------------------------------------
 

@@ -112,6 +112,25 @@ def payload(workflow: str, run_id: str, rec: dict[str, Any], public_url: str
     return {"text": text, "blocks": blocks}
 
 
+def decided_text(rec: dict[str, Any], verb_first: bool = True) -> str:
+    """Who decided an asking, how and when: "Approved by alice (via slack) at ..."."""
+    decision = str(rec.get("decision"))
+    verb = {"approved": "Approved", "rejected": "Rejected", "modified": "Modified",
+            "closed": "Closed"}.get(decision, decision)
+    by = f" by {rec['by']}" if rec.get("by") else ""
+    via = f" (via {rec['via']})" if rec.get("via") else ""
+    when = rec.get("ts") or rec.get("at")
+    if isinstance(when, int | float):
+        when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(when))
+    at = f" at {when}" if when else ""
+    return f"{verb if verb_first else verb.lower()}{by}{via}{at}"
+
+
+def decided_headline(workflow: str, run_id: str, gate: str, decided: dict[str, Any]) -> str:
+    """A gate message's first line once the gate is decided (it said "is waiting")."""
+    return f"{workflow}: run {run_id}: {gate} {decided_text(decided, verb_first=False)}"
+
+
 def outcome_lines(rec: dict[str, Any]) -> list[str]:
     """An ``unknown_outcome`` gate explained for a chat or a webhook, where a button
     cannot carry data: the outcome checked by hand is recorded from the inbox (none for

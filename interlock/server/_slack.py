@@ -22,7 +22,7 @@ from interlock import UsageError
 from interlock.support import gate_text, install_hint
 
 from ._deliveries import retry_after
-from ._notify import mrkdwn, payload
+from ._notify import decided_text, mrkdwn, payload
 
 ACTION_IDS = {"approve": "interlock.approve", "reject": "interlock.reject"}
 # an unknown outcome's buttons say what each does (approving runs the action again)
@@ -119,12 +119,15 @@ class Slack:
         return {"text": base["text"], "blocks": blocks}
 
     @staticmethod
-    def decided(message: dict[str, Any], decided: dict[str, Any]) -> dict[str, Any]:
-        """The message once the gate is decided: the buttons replaced by who and when."""
+    def decided(message: dict[str, Any], decided: dict[str, Any], headline: str
+                ) -> dict[str, Any]:
+        """The message once the gate is decided: its first line says so (``headline``,
+        `_notify.decided_headline`), the buttons are replaced by who and when."""
         blocks = [b for b in message["blocks"] if b.get("type") != "actions"]
+        blocks[0] = {"type": "section", "text": {"type": "mrkdwn", "text": mrkdwn(headline)}}
         blocks.append({"type": "context", "elements": [
-            {"type": "mrkdwn", "text": mrkdwn(_decided_text(decided))}]})
-        return {"text": message["text"], "blocks": blocks}
+            {"type": "mrkdwn", "text": mrkdwn(decided_text(decided))}]})
+        return {"text": mrkdwn(headline), "blocks": blocks}
 
     # -- the Web API -----------------------------------------------------------------
 
@@ -198,20 +201,6 @@ class Slack:
                          None if request is None else int(request))
         except (KeyError, IndexError, StopIteration, TypeError, ValueError, AttributeError):
             return None
-
-
-def _decided_text(rec: Mapping[str, object]) -> str:
-    verb = {"approved": "Approved", "rejected": "Rejected", "modified": "Modified",
-            "closed": "Closed"}.get(str(rec.get("decision")), str(rec.get("decision")))
-    by = f" by {rec['by']}" if rec.get("by") else ""
-    via = f" (via {rec['via']})" if rec.get("via") else ""
-    when = rec.get("ts") or rec.get("at")
-    if isinstance(when, int | float):
-        import datetime as dt
-
-        when = dt.datetime.fromtimestamp(when, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-    at = f" at {when}" if when else ""
-    return f"{verb}{by}{via}{at}"
 
 
 def _cut(text: str, limit: int) -> str:

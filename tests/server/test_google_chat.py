@@ -197,6 +197,13 @@ def test_a_gate_is_posted_as_a_card_approved_by_a_click_updated_and_the_run_cont
         assert patched.startswith(f"/v1/{record['where']['name']}?")
         assert "updateMask=" in patched
         assert "Approved by alice (via google-chat)" in json.dumps(update)
+        # the card's first line, subtitle and text say the gate was decided, not waiting
+        widgets = update["cardsV2"][0]["card"]["sections"][0]["widgets"]
+        assert widgets[0]["textParagraph"]["text"].startswith(
+            "gated: run g1: gate approved by alice (via google-chat) at ")
+        assert update["cardsV2"][0]["card"]["header"]["subtitle"] == "decided: approved"
+        assert update["text"].startswith("gated: run g1: gate approved by alice")
+        assert "waiting" not in json.dumps(update)
         assert "buttonList" not in json.dumps(update)
         assert wait_status(c, "g1", "COMPLETED")["state"]["last"] == 4
         [d] = decided(c, "g1")

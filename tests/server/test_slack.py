@@ -244,6 +244,12 @@ def test_a_gate_is_posted_approved_by_a_click_updated_and_the_run_continues(
         assert update["ts"] == record["where"]["ts"] and update["channel"] == "CGATES"
         assert not [b for b in update["blocks"] if b["type"] == "actions"]  # no buttons
         assert "Approved by alice (via slack)" in json.dumps(update["blocks"])
+        # its first line (and the notification text) says the gate was decided: someone
+        # scanning the channel does not read "is waiting" on a decided request
+        first = update["blocks"][0]["text"]["text"]
+        assert first.startswith("gated: run s1: gate approved by alice (via slack) at "), first
+        assert "waiting" not in json.dumps(update)
+        assert update["text"].startswith("gated: run s1: gate approved by alice")
         run = wait_status(c, "s1", "COMPLETED")
         assert run["state"]["last"] == 4
         [d] = decided(c, "s1")
