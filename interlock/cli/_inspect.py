@@ -332,6 +332,8 @@ def runs(status_: str | None, workflow: str | None, waiting: bool, limit: int, a
                                           limit=limit))
     if len(statuses) > 1:
         rows = sorted(rows, key=lambda r: r.created_at, reverse=True)[:limit]
+    if waiting:
+        rows = through_parents(rows)
     if as_json:
         from ..support import run_json
 
@@ -440,6 +442,19 @@ def _row_notes(run_id: str, w: dict[str, Any], where: str = "") -> list[str]:
             where) + ")")
     passed = past_deadline(run_id, w, where)
     return lines + ([f"{run_id}: {passed}"] if passed else [])
+
+
+def through_parents(rows: list[RunRow]) -> list[RunRow]:
+    """``rows`` less each child run whose parent is listed waiting at the child's gates
+    (``parent_node/gate``): one row per gate, the parent's, where it is decided."""
+    gates = {r.run_id: [str(g.get("node", "")) for g in _gates(r)] for r in rows}
+
+    def shown_by_parent(row: RunRow) -> bool:
+        link = row.options.get("parent")
+        parent = link.get("run") if isinstance(link, dict) else None
+        return any("/" in node for node in gates.get(str(parent), ()))
+
+    return [r for r in rows if not shown_by_parent(r)]
 
 
 def _gates(row: RunRow) -> list[dict[str, Any]]:

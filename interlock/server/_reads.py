@@ -113,13 +113,21 @@ class Approvals:
     specs: dict[str, Any] = field(default_factory=dict)
     computed: int = 0  # approval objects computed (not answered from `kept`): for tests
 
-    async def list(self, store: Store) -> list[dict[str, Any]]:
+    async def list(self, store: Store, run_id: str | None = None) -> list[dict[str, Any]]:
+        """One row per waiting gate: a child run's gates are its parent's rows
+        (``parent_node/gate``), not its own as well -- unless ``run_id`` asks for the
+        child's (the gates of that run only)."""
         rows = await store.list_page(status="WAITING_APPROVAL", limit=MAX_WAITING)
         if await self._orphans(store, rows):  # closed by this look: listed as they are
             rows = await store.list_page(status="WAITING_APPROVAL", limit=MAX_WAITING)
+        kept = {row.run_id: await self._kept(store, row) for row in rows}
         out = []
-        for row in rows:
-            out.extend((await self._kept(store, row)).approvals)
+        for listed, one in kept.items():
+            if run_id is not None:
+                if listed == run_id:
+                    out.extend(one.approvals)
+            elif one.child is None or not _through_parent(one.child, kept):
+                out.extend(one.approvals)
         if len(rows) < MAX_WAITING:  # every waiting run was listed: forget the others
             waiting = {row.run_id for row in rows}
             for run_id in [r for r in self.kept if r not in waiting]:
@@ -208,6 +216,13 @@ class Approvals:
                 "approvers": approvers, "kind": w.get("kind"), "input": w.get("input"),
                 "modify": await _modify(store, spec, row, w)
                 if "modify" in decisions else None, "outcome": gate_text.outcome_info(w)}
+
+
+def _through_parent(child: RunRow, listed: dict[str, _Kept]) -> bool:
+    """Whether a child run's gates are listed as its waiting parent's rows
+    (``parent_node/gate``, decided through the parent): one row per gate."""
+    parent = listed.get(child.options["parent"]["run"])
+    return parent is not None and any("/" in str(a["node"]) for a in parent.approvals)
 
 
 async def _modify(store: Store, spec: Any, row: RunRow, waiting: dict[str, Any]

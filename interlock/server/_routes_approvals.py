@@ -43,9 +43,10 @@ async def decide(run_id: str, body: DecisionIn, server: Srv,
 
 
 @router.get("/api/approvals", response_model=list[Approval])
-async def approvals(server: Srv, who: Reader) -> Response:
+async def approvals(server: Srv, who: Reader, run_id: str | None = None) -> Response:
     """The gates waiting for a decision, from the waiting runs' summaries (each
     approval object kept per run at its last seq: no fold per request; sent as it
-    is kept, not validated again)."""
-    return Response(orjson.dumps(await server.approvals.list(server.st)),
+    is kept, not validated again); ``run_id``: that run's only (a child run's too,
+    which the whole list has as its parent's rows)."""
+    return Response(orjson.dumps(await server.approvals.list(server.st, run_id)),
                     media_type="application/json")

@@ -91,6 +91,11 @@ def test_every_gate_of_a_child_is_shown_and_decided_through_the_parent(
     listed, rows = p.cli_json("runs", "--waiting")
     assert sorted(r["waiting"]["node"] for r in rows if r["run_id"] == "kids-1") == [
         "legal", "remediate/a", "remediate/b"], listed.output
+    # the child run waits at the same gates: not listed again (its gates are the
+    # parent's rows, where they are decided)
+    assert {r["run_id"] for r in rows} == {"kids-1"}, listed.output
+    table = p.cli("runs", "--waiting")
+    assert table.exit_code == 0 and table.stdout.count("remediate") == 2, table.output
 
     # the child's second gate first, through the parent: its branch goes on in the child
     result, out = p.cli_json("resume", "kids-1", "--approve", "--gate", "remediate/b",
@@ -211,7 +216,16 @@ def test_the_server_lists_and_decides_each_child_gate(
     served = Served(tmp_path, store=p.store)
     try:
         with served.client() as http:
-            rows = [r for r in http.get("/api/approvals").json() if r["run_id"] == "kids-4"]
+            inbox = http.get("/api/approvals").json()
+            # one row per gate: the child run's own are the parent's `remediate/...`
+            assert {r["run_id"] for r in inbox} == {"kids-4"}, inbox
+            rows = [r for r in inbox if r["run_id"] == "kids-4"]
+            # asked for by its id (the child's run page), the child's own gates
+            own = http.get("/api/approvals", params={"run_id": "kids-4.remediate.1"})
+            assert sorted(r["node"] for r in own.json()) == ["a", "b"], own.text
+            assert [r["node"] for r in http.get(
+                "/api/approvals", params={"run_id": "kids-4"}).json()] == [
+                r["node"] for r in rows]
             assert sorted((r["node"], r["kind"]) for r in rows) == [
                 ("legal", "approval"), ("remediate/a", "approval"),
                 ("remediate/b", "approval")]

@@ -55,7 +55,9 @@ def test_a_rejected_parent_closes_its_child_and_grandchild_gates(
     p.workflow(MIDDLE, "middle.yaml")
     assert p.cli("run", p.workflow(TOP, "top.yaml"), "--run-id", "rj").exit_code == 3
     child, grandchild = "rj.remediate.1", "rj.remediate.1.fix.1"
-    assert [r for r, _ in _waiting(p)] == ["rj", "rj", "rj", child, child, grandchild]
+    # (the child's and grandchild's gates are listed once: as the parent's rows)
+    assert [r for r, _ in _waiting(p)] == ["rj", "rj", "rj"]
+    assert _status(p, child) == _status(p, grandchild) == "WAITING_APPROVAL"
     result, out = p.cli_json("resume", "rj", "--reject", "--gate", "legal", "--by", "lu")
     assert result.exit_code == 4, result.output
     assert out["status"] == "REJECTED"
@@ -110,7 +112,9 @@ def test_a_rejected_parent_closes_the_children_of_its_map_items(
     p = make_project(FLEET_NODES)
     p.workflow(GATED_CHILD, "gated.yaml")
     assert p.cli("run", p.workflow(FLEET_LEGAL, "fl.yaml"), "--run-id", "fr").exit_code == 3
-    assert len(_waiting(p)) == 7  # the parent's 4 gates, and its 3 children's
+    assert len(_waiting(p)) == 4  # the parent's 4 gates (3 of them its children's)
+    assert {r for r, _ in _waiting(p)} == {"fr"}
+    assert {_status(p, f"fr.remediate.1.{i}") for i in range(3)} == {"WAITING_APPROVAL"}
     result = p.cli("resume", "fr", "--reject", "--gate", "legal", "--by", "lu")
     assert result.exit_code == 4, result.output
     for i in range(3):
@@ -199,7 +203,9 @@ def test_a_crash_between_the_parent_and_the_child_is_closed_by_the_next_look(
         finally:
             await store.close()
 
-    assert {a["run_id"] for a in asyncio.run(listed())} == {"k3", "k3.remediate.1"}
+    # (the child's gates are the parent's rows while the parent waits through it)
+    assert {a["run_id"] for a in asyncio.run(listed())} == {"k3"}
+    assert _status(p, "k3.remediate.1") == "WAITING_APPROVAL"
     _killed_reject(tmp_path, p, "k3")
     assert asyncio.run(listed()) == []
     assert _status(p, "k3.remediate.1") == "REJECTED"
@@ -231,8 +237,10 @@ def test_a_cancelled_conversation_cancels_the_child_of_its_workflow_tool(
         in (0, 3)
     sent = p.cli("send", "tc", "sweep the db")
     assert sent.exit_code == 3, sent.output
-    [(child, gate)] = [w for w in _waiting(p) if w[0] != "tc"]
-    assert gate == "approval" and ("tc", "assistant/run_triage/approval") in _waiting(p)
+    # the child's gate is listed once, as the conversation's row
+    assert _waiting(p) == [("tc", "assistant/run_triage/approval")]
+    _, rows = p.cli_json("runs", "--status", "WAITING_APPROVAL")
+    [child] = [r["run_id"] for r in rows if r["run_id"] != "tc"]
     assert p.cli("cancel", "tc", "--by", "ops").exit_code == 0
     assert _status(p, child) == "CANCELLED"
     assert _closed(p, child) == [("approval", "not needed: the parent run 'tc' was cancelled")]

@@ -152,7 +152,11 @@ async def approvals_by_folding(store: str) -> list[dict[str, Any]]:
                     if ns is not None and ns.approval else [],
                     "kind": w.get("kind"), "input": w.get("input"), "modify": modify,
                     "outcome": gate_text.outcome_info(w)})
-    return out
+        out[-1]["parent"] = (row.options.get("parent") or {}).get("run")
+    # one row per gate: a child's gate is its waiting parent's ``node/gate`` row
+    through = {a["run_id"] for a in out if "/" in a["node"]}
+    return [{k: v for k, v in a.items() if k != "parent"} for a in out
+            if a["parent"] not in through]
 
 
 def inbox(c: Any) -> dict[str, dict[str, Any]]:

@@ -961,7 +961,7 @@ function runGates(box, runId, signal) {
     shown = key;
     let gates = [];
     try {
-      if (pending.length) gates = (await api("/api/approvals", { signal })).filter((g) => g.run_id === runId);
+      if (pending.length) gates = await api(`/api/approvals?run_id=${encodeURIComponent(runId)}`, { signal });
     } catch (error) {
       shown = null; // looked at again with the next run object
       throw error;
@@ -984,7 +984,9 @@ async function approvalsPage(ctx) {
     const me = await whoAmI();
     let gates;
     try {
-      gates = await api("/api/approvals", { signal: ctx.signal });
+      // (a run's own: a child run's gates are its parent's rows in the whole list)
+      gates = await api(only ? `/api/approvals?run_id=${encodeURIComponent(only)}` : "/api/approvals",
+        { signal: ctx.signal });
     } catch (e) {
       if (!(e instanceof ApiError && e.status === 401)) error.replaceChildren(problemBox(e));
       throw e;
