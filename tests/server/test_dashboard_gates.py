@@ -63,6 +63,26 @@ PROPOSED = """
       - {from: propose, to: review}
 """
 
+# a gate of a child run: decided through the parent, as its ``check/review``
+KID = """
+    workflow: kid
+    input: [amount]
+    nodes:
+      review: {approval: {show: [amount]}}
+    edges:
+      - {from: START, to: review}
+"""
+
+FAMILY = """
+    workflow: family
+    nodes:
+      start: gnodes:start
+      check: {workflow: kid.yaml, input: {amount: amount}}
+    edges:
+      - {from: START, to: start}
+      - {from: start, to: check}
+"""
+
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -71,6 +91,8 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (root / "flows").mkdir()
     (root / "flows" / "audit.yaml").write_text(textwrap.dedent(AUDIT))
     (root / "flows" / "proposed.yaml").write_text(textwrap.dedent(PROPOSED))
+    (root / "flows" / "kid.yaml").write_text(textwrap.dedent(KID))
+    (root / "flows" / "family.yaml").write_text(textwrap.dedent(FAMILY))
     return root
 
 
@@ -132,6 +154,22 @@ def test_two_parallel_gates_are_two_rows_decided_out_of_order_on_the_run_page_an
     assert decisions(server, "par-1") == [("finance", "approved", "dashboard"),
                                           ("legal", "approved", "dashboard")]
     assert (root / "done.log").read_text() == "done\n"  # the join fired once
+
+
+def test_a_child_runs_gate_is_one_inbox_row_and_a_card_on_the_childs_page(
+        server: Served, context: Any) -> None:
+    """Review 42: the inbox listed a child run's gate twice (the parent's
+    ``check/review`` and the child's own ``review``). Once now, the parent's row; the
+    child's run page still has its card."""
+    start(server, "family", {}, "fam-1")
+    inbox = context.new_page()
+    inbox.goto(server.url + "/approvals")
+    expect(inbox.locator('article.gate[data-run="fam-1"][data-node="check/review"]')
+           ).to_have_count(1)
+    expect(inbox.locator('article.gate[data-run="fam-1.check.1"]')).to_have_count(0)
+    page = context.new_page()
+    page.goto(server.url + "/runs/fam-1.check.1")
+    expect(page.locator('#run-gate article.gate[data-node="review"]')).to_have_count(1)
 
 
 def test_a_gate_shows_text_of_several_lines_as_text(server: Served, context: Any) -> None:
