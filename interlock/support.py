@@ -25,7 +25,9 @@ Stored runs
     status each gives), `append_note` (a record that changes nothing -- a server's
     ``notify.sent`` -- appended under the run's claim), `node_visits` (each node visit's
     input, update, tokens, duration and error, from the fold), `default_store_url`
-    (the store a command uses when none is named), `install_hint` (the command that
+    (the store a command uses when none is named), `sqlite_file` (a SQLite store URL's
+    absolute file), `store_file_note` and `store_absolute_hint` (what a start line says
+    of that file: new, or meant as ``sqlite:////...``), `install_hint` (the command that
     installs an optional extra, for a checkout or a package install),
     `resume_keys_missing` (the agent nodes a resume may reach whose API key variable
     is unset here: ``interlock resume`` refuses such a resume, as ``run`` refuses a run).
@@ -145,7 +147,17 @@ from ._ops._resume_keys import keys_missing as resume_keys_missing
 from ._ops._runs import GateDecision, GateTaken, append_note, decide_gate, resume_gate, trace_pages
 from ._ops._verify import LogCheck
 from ._ops._visits import node_visits
-from ._store import Claim, LeaseRenewer, RunRow, Summary, default_store_url, owner_gone
+from ._store import (
+    Claim,
+    LeaseRenewer,
+    RunRow,
+    Summary,
+    default_store_url,
+    owner_gone,
+    sqlite_file,
+    store_file_note,
+)
+from ._store import absolute_hint as store_absolute_hint
 from ._worker._triggers import Firer, NotFired
 from ._worker._triggers import describe as describe_trigger
 from ._worker._workers import DRAIN_SECONDS, POLL_SECONDS, Factory, Pool, Worker
@@ -265,6 +277,9 @@ __all__ = [
     "resume_keys_missing",
     "run_json",
     "set_strict_code",
+    "sqlite_file",
+    "store_absolute_hint",
+    "store_file_note",
     "store_word",
     "to_dot",
     "to_mermaid",

@@ -146,6 +146,10 @@ def _verify_one(lines: Iterable[bytes], source: str) -> Verification:
     """`verify_export` of one run: its header line, then its records."""
     it = iter(lines)
     first = next(it, b"").strip()
+    if not first:
+        raise UsageError(f"{source} is empty (no header line), not an interlock run "
+                         "export: did the command that wrote it fail? (`interlock export RUN_ID > "
+                         "FILE` leaves an empty file when the export fails)")
     try:
         head = orjson.loads(first)
         if head.get("format") != FORMAT:

@@ -44,12 +44,15 @@ __all__ = [
     "Store",
     "StoreError",
     "Summary",
+    "absolute_hint",
     "acquire_store",
     "default_store_url",
     "open_store",
     "owner_gone",
     "release_store",
     "runnable",
+    "sqlite_file",
+    "store_file_note",
     "this_owner",
 ]
 
@@ -131,6 +134,40 @@ def acquire_store(url: str | None = None) -> Store:
         _BY_STORE[id(entry.store)] = entry
     entry.users += 1
     return entry.store
+
+
+def sqlite_file(url: str | None) -> str | None:
+    """The absolute file a ``sqlite:`` store URL names (``sqlite:///x.db`` is ``x.db``
+    under the current folder), else ``None``."""
+    url = url or default_store_url()
+    if not url.startswith("sqlite:///"):
+        return None
+    return os.path.abspath(url[len("sqlite:///"):].partition("?")[0] or ".")
+
+
+def store_file_note(url: str | None, existed: bool) -> str:
+    """What a start line says after a SQLite store's URL: `` (file /abs/runs.db)``, and
+    when no file is there, that the store is new -- naming the four-slash URL when the
+    URL's relative path, read as absolute, is a file (``sqlite:///tmp/x.db`` is
+    ``./tmp/x.db``); ``""`` for other stores."""
+    path = sqlite_file(url)
+    if path is None:
+        return ""
+    if existed:
+        return f" (file {path})"
+    also = absolute_hint(url)
+    return (f" (file {path}; new: no store is there yet, the first run recorded makes "
+            f"it{also and '; ' + also})")
+
+
+def absolute_hint(url: str | None) -> str:
+    """``sqlite:////tmp/x.db is the absolute path`` when a three-slash URL's relative
+    path (``sqlite:///tmp/x.db``: ``./tmp/x.db``), read as absolute, is a file; else
+    ``""``."""
+    rel = (url or default_store_url()).removeprefix("sqlite:///").partition("?")[0]
+    if not (url or "").startswith("sqlite:///") or rel.startswith("/"):
+        return ""
+    return f"sqlite:////{rel} is the absolute path" if os.path.isfile("/" + rel) else ""
 
 
 async def release_store(store: Store) -> None:

@@ -186,8 +186,12 @@ def _print_status(result: RunResult, row: RunRow, store_url: str | None,
         if live:
             lines.append(f"being executed by {row.owner}")
         elif result.status == "PENDING":
+            here = ("have the server execute it with `interlock resume "
+                    f"{rid}{where}` (it refuses, 409, when an agent's API key the run "
+                    "needs is not set where it runs)"
+                    if remote else f"execute it here with `interlock resume {rid}{where}`")
             lines.append(f"pending: waiting for a worker (`interlock worker{store}` executes "
-                         f"it), or execute it here with `interlock resume {rid}{where}`")
+                         f"it), or {here}")
         else:
             lines.append(f"interrupted: no process is executing it; continue with "
                          f"`interlock resume {rid}{where}`")

@@ -86,7 +86,7 @@ async def _work(store_url: str | None, concurrency: int, known: dict[str, Any] |
     import asyncio
 
     from .. import open_store
-    from ..support import Worker, redact, unkeyed
+    from ..support import Worker, redact, store_file_note, unkeyed
 
     st = open_store(store_url)
     try:
@@ -99,8 +99,9 @@ async def _work(store_url: str | None, concurrency: int, known: dict[str, Any] |
         took = "any workflow" if known is None else "workflows " + ", ".join(sorted(known))
         log = logging.getLogger("interlock.worker")
         where = "; node bodies on Ray" if executor == "ray" else ""
-        log.info("worker started: store %s, %d at a time, %s; looking for work every "
-                 "%gs%s", redact(st.url), concurrency, took, poll, where)
+        log.info("worker started: store %s%s, %d at a time, %s; looking for work every "
+                 "%gs%s", redact(st.url), store_file_note(st.url, True), concurrency, took,
+                 poll, where)
         for name, wf in sorted((known or {}).items()):  # what `run` refuses: said, as serve does
             for warning in unkeyed(wf.warnings):
                 log.warning("workflow %r: %s; a run of it this worker takes fails at that "
@@ -139,8 +140,12 @@ async def _check_store(st: Store) -> None:
                              "give the store the runs were recorded in (`interlock run "
                              "--detach --store URL`)")
         if not path.exists():
+            from ..support import store_absolute_hint
+
+            also = store_absolute_hint(st.url)
             logging.getLogger("interlock.worker").warning(
-                "%s does not exist yet: waiting for the first run recorded there", path)
+                "%s does not exist yet: waiting for the first run recorded there%s",
+                path.absolute(), also and f" ({also})")
             return
     await st.list_runs(limit=1)  # opens it: refuses a file that is not a store, a bad URL
 

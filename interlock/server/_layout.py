@@ -10,8 +10,10 @@ where there are no boxes. A labelled edge passes through a vertex of its label's
 labels never overlap a node either), a loop's closing edge (the one the engine's own
 depth-first search from START sets aside, interlock/_definition/_graph.py) and an
 approval's ``on_modify`` re-entry are laid out reversed and drawn upwards, an edge from a
-node to itself is drawn in a place reserved beside its box, and a node no edge leaves gets
-an arrow to END (``kind: implicit``), as ``interlock graph`` draws it.
+node to itself is drawn in a place reserved beside its box (its label's box right of the
+loop, as much room kept left of the box so that the node's other edges still meet it), and
+a node no edge leaves gets an arrow to END (``kind: implicit``), as ``interlock graph``
+draws it.
 """
 
 from __future__ import annotations
@@ -209,24 +211,42 @@ def _layout(nodes: list[dict[str, Any]], edges: list[dict[str, Any]]) -> dict[st
     known = set(names)
     pairs = [p for p in pairs if p.source in known and p.target in known]
     _back(names, pairs)
-    looped = {p.source for p in pairs if p.source == p.target}
+    looped = _looped(pairs)
     graph, vertex, labels = _graph(names, pairs, looped)
     boxes, routes, height = _place(graph)
 
     out_nodes = []
     for n in names:
         box = boxes[vertex[n]]
-        w = box.w - (LOOP_W if n in looped else 0.0)
-        out_nodes.append({"name": n, "x": round(box.xy[0] - box.w / 2 + MARGIN, 1),
+        side = looped.get(n, 0.0)  # its loop's label's room, each side of the box
+        w = round(box.w - (LOOP_W + 2 * side if n in looped else 0.0), 1)
+        out_nodes.append({"name": n, "x": round(box.xy[0] - box.w / 2 + side + MARGIN, 1),
                           "y": round(box.xy[1] - box.h / 2 + MARGIN, 1), "w": w, "h": box.h})
     place = {n["name"]: n for n in out_nodes}
     out_edges = [_drawn(p, place, boxes, routes, labels) for p in pairs]
     width = max((n["x"] + n["w"] + LOOP_W for n in out_nodes), default=0) + MARGIN
+    for e in out_edges:  # a self-loop's label is right of its loop
+        if isinstance(lb := e["label_box"], dict):
+            width = max(width, lb["x"] + lb["w"] + MARGIN)
     return {"nodes": out_nodes, "edges": out_edges, "width": round(width, 1),
             "height": round(height + 2 * MARGIN, 1)}
 
 
-def _graph(names: list[str], pairs: list[_Pair], looped: set[str]
+def _label_w(text: str) -> float:
+    return _text_w(text, LABEL_CHAR) + 12
+
+
+def _looped(pairs: list[_Pair]) -> dict[str, float]:
+    """Each node with an edge to itself: the room its loop's labels take (0 if none)."""
+    out: dict[str, float] = {}
+    for p in pairs:
+        if p.source == p.target:
+            room = _label_w(p.label) + 2 if p.label else 0.0
+            out[p.source] = max(out.get(p.source, 0.0), room)
+    return out
+
+
+def _graph(names: list[str], pairs: list[_Pair], looped: dict[str, float]
            ) -> tuple[Graph, dict[str, Vertex], dict[int, Vertex]]:
     """grandalf's graph: a vertex per node (wide enough for its name, and its self-loop),
     a vertex per label (so a label is laid out as a box of its own), an edge per hop."""
@@ -234,7 +254,9 @@ def _graph(names: list[str], pairs: list[_Pair], looped: set[str]
 
     vertex: dict[str, Vertex] = {}
     for n in names:
-        w = max(70.0, _text_w(n, CHAR) + 26) + (LOOP_W if n in looped else 0.0)
+        w = max(70.0, _text_w(n, CHAR) + 26)
+        if n in looped:  # the loop right of the box, its label's room on both sides
+            w += LOOP_W + 2 * looped[n]
         vertex[n] = Vertex(n)
         vertex[n].view = _Box(w, BOX_H)
     labels: dict[int, Vertex] = {}  # id(pair) -> its label's vertex
@@ -245,7 +267,7 @@ def _graph(names: list[str], pairs: list[_Pair], looped: set[str]
         chain = [vertex[p.source], vertex[p.target]]
         if p.label:
             mid = labels[id(p)] = Vertex(("label", id(p)))
-            mid.view = _Box(_text_w(p.label, LABEL_CHAR) + 12, LABEL_H)
+            mid.view = _Box(_label_w(p.label), LABEL_H)
             chain.insert(1, mid)
         for x, y in itertools.pairwise(chain):
             # laid out from the upper to the lower end: a loop's closing arrow reversed
@@ -264,7 +286,11 @@ def _drawn(p: _Pair, place: dict[str, dict[str, Any]], boxes: dict[Vertex, _Box]
         x, y, h = n["x"] + n["w"], n["y"], n["h"]
         pts = [(x, y + 8), (x + LOOP_W - 8, y + 8), (x + LOOP_W - 8, y + h - 8),
                (x, y + h - 8)]
-        return _edge(p, pts, None)
+        label_box = None
+        if p.label:  # right of the loop, level with the box's middle
+            label_box = {"x": round(x + LOOP_W + 2, 1), "y": round(y + (h - LABEL_H) / 2, 1),
+                         "w": _label_w(p.label), "h": LABEL_H}
+        return _edge(p, pts, label_box)
     pts = []
     up = p.kind in ("back", "reentry-back")
     for e in p.parts:  # each laid out downwards: an upward arrow's reversed

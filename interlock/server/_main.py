@@ -19,6 +19,7 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from interlock import StoreError, UsageError
+from interlock.support import redact, sqlite_file, store_file_note
 
 from ._app import create_app
 from ._service import Server, ServerOptions
@@ -124,6 +125,9 @@ class _Uvicorn(uvicorn.Server):
     failure: Exception | None = None
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        url = self.interlock.options.store
+        file = sqlite_file(url)
+        existed = file is not None and os.path.exists(file)
         try:
             await self.interlock.start()
             await self.interlock.st.get_cursor("serve")  # the store answers (a lazy one too)
@@ -143,7 +147,10 @@ class _Uvicorn(uvicorn.Server):
             host = self.config.host
             base = f"http://{f'[{host}]' if ':' in host else host}:{port}"
             names = sorted(self.interlock.workflows)
+            log.info("store: %s%s", redact(self.interlock.st.url),
+                     store_file_note(url, existed))
             log.info("workflows (%d): %s", len(names), ", ".join(names) or "none")
+            records = self.interlock.records_only
             then = ("this server records its runs for `interlock worker` processes, which "
                     "need the key" if self.interlock.records_only else "this server "
                     "refuses its runs (409, nothing recorded) until the variable is set "
@@ -151,7 +158,8 @@ class _Uvicorn(uvicorn.Server):
             for name in names:  # what `interlock run` refuses: this server executes them
                 for w in self.interlock.workflows[name].warnings:
                     if w.code == "api-key":
-                        log.warning("workflow %r: %s; %s", name, w.message, then)
+                        said = w.message.replace(_HERE, _ELSEWHERE) if records else w.message
+                        log.warning("workflow %r: %s; %s", name, said, then)
             log.info("dashboard: %s/  API: %s/openapi.json, %s/docs", base, base, base)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
@@ -164,6 +172,8 @@ class _Uvicorn(uvicorn.Server):
 
 
 _STARTED = "Started server process [%d]"
+# (`check_key`'s words: under --workers 0 nothing is executed here)
+_HERE, _ELSEWHERE = "a run executed here fails", "a worker without it fails on a run"
 
 
 class _HeldBack(logging.Filter):

@@ -46,6 +46,8 @@ class Problem(BaseModel):
 class Health(BaseModel):
     status: Literal["ok"]
     store: str = Field(description="the store's URL, any password removed")
+    store_file: str | None = Field(None, description="a SQLite store's file, absolute "
+                                   "(sqlite:///x.db is x.db in the server's folder)")
     version: str
     workflows: int
     workers: int

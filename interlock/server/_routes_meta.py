@@ -12,7 +12,7 @@ import yaml
 from fastapi import APIRouter, Response
 
 import interlock
-from interlock.support import METRICS_CONTENT_TYPE, owner_gone, redact
+from interlock.support import METRICS_CONTENT_TYPE, owner_gone, redact, sqlite_file
 
 from ._deps import Reader, Srv
 from ._guard import Problemed
@@ -24,6 +24,7 @@ router = APIRouter()
 @router.get("/api/health", response_model=Health)
 async def health(server: Srv) -> dict[str, object]:
     return {"status": "ok", "store": redact(server.st.url),
+            "store_file": sqlite_file(server.st.url),
             "version": interlock.__version__, "workflows": len(server.workflows),
             "workers": server.options.workers, "running": server.runs.running}
 

@@ -162,6 +162,12 @@ def test_a_file_that_is_not_an_export_is_a_usage_error(tmp_path: Path) -> None:
     assert missing.exit_code == 2 and "cannot read" in missing.output
     both = cli_run("verify", "some-run", "--file", str(path))
     assert both.exit_code == 2 and "not both" in both.output
+    empty = tmp_path / "empty.jsonl"  # what `export RUN > FILE` leaves when it fails
+    empty.write_bytes(b"")
+    out = cli_run("verify", "--file", str(empty))
+    assert out.exit_code == 2
+    assert "empty.jsonl is empty (no header line), not an interlock run export: did the " \
+        "command that wrote it fail?" in " ".join(out.output.split())
 
 
 def test_an_export_holds_the_runs_children_and_verifies_them(

@@ -46,6 +46,18 @@ edges:
   - {from: last, to: END, otherwise: true}
 '''
 
+# a node that sends itself back (review 42: its label was clipped at the canvas's edge)
+SELF_LOOP = '''
+workflow: selfloop
+input: [n]
+nodes:
+  step: {call: snodes:first, writes: [first]}
+edges:
+  - {from: START, to: step}
+  - {from: step, to: step, when: 'n < 3', max: 5}
+  - {from: step, to: END, otherwise: true}
+'''
+
 # a join one of whose sources never ran (its `when` was false): settled with the other
 PARTIAL = '''
 workflow: partial
@@ -128,6 +140,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     (flows / "regate.yaml").write_text(textwrap.dedent(OPEN_GATE))
     (flows / "looped.yaml").write_text(textwrap.dedent(LOOPED))
     (flows / "partial.yaml").write_text(textwrap.dedent(PARTIAL))
+    (flows / "selfloop.yaml").write_text(textwrap.dedent(SELF_LOOP))
     (flows / "joined.yaml").write_text(textwrap.dedent(JOINED))
     for name in ("INTERLOCK_STORE", "INTERLOCK_LOG_KEY"):
         os.environ.pop(name, None)
@@ -156,7 +169,7 @@ def workflow_names(server: Served) -> list[str]:
 
 def test_no_edge_passes_through_a_node_in_any_example(server: Served, page: Any) -> None:
     names = workflow_names(server)
-    assert len(names) == len(EXAMPLES) + 4, names
+    assert len(names) == len(EXAMPLES) + 5, names
     for name in names:
         page.goto(f"{server.url}/workflows/{name}")
         expect(page.locator("svg.graph [data-node]").first).to_be_visible()
@@ -179,6 +192,22 @@ def test_audit_labels_and_reentry(server: Served, page: Any) -> None:
     expect(svg.locator('.edge-label-box[data-source="risk"][data-target="evidence"] text')
            ).to_have_text("risk.level: default")
     expect(svg.locator('.route.kind-back[data-source="reviewer"]')).to_have_count(1)
+
+
+def test_a_self_loops_label_is_whole_inside_the_graph(server: Served, page: Any) -> None:
+    """Review 42: a self-loop's label was cut at the graph's right edge (`n < 3 · ı`)."""
+    page.goto(f"{server.url}/workflows/selfloop")
+    label = page.locator('svg.graph .edge-label-box.kind-self[data-source="step"]')
+    expect(label.locator("text")).to_have_text("n < 3 · max 5")
+    inside = page.evaluate("""() => {
+      const svg = document.querySelector("svg.graph");
+      const t = svg.querySelector(".edge-label-box.kind-self text").getBBox();
+      const n = svg.querySelector('[data-node="step"] > rect').getBBox();
+      const view = svg.viewBox.baseVal;
+      return { inside: t.x >= 0 && t.x + t.width <= view.width,
+               clear: t.x >= n.x + n.width };
+    }""")
+    assert inside == {"inside": True, "clear": True}
 
 
 def test_a_modify_reentry_is_drawn_taken(server: Served, page: Any) -> None:

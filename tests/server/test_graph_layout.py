@@ -228,6 +228,27 @@ def test_self_loop_is_drawn_beside_its_box() -> None:
     assert all(x >= box["x"] + box["w"] for x, _ in loop["points"])
 
 
+@pytest.mark.parametrize("edges", [
+    [{"from": "START", "to": "step"}, {"from": "step", "to": "step", "when": "n < 3", "max": 5},
+     {"from": "step", "to": "END", "otherwise": True}],
+    SHAPES["self-and-join"]], ids=["one-node-loop", "self-and-join"])
+def test_a_self_loops_label_has_a_box_inside_the_canvas(edges: list[dict[str, Any]]) -> None:
+    """Review 42: the label of an edge from a node to itself had no box, and the canvas
+    ended right of the loop (the dashboard clipped `n < 3 · max 5` to `n < 3 · ı`). Its box
+    is right of its loop, inside the canvas, over no node and no other label."""
+    drawing = layout(*_graph(edges))
+    loop = next(e for e in drawing["edges"] if e["kind"] == "self")
+    box = next(n for n in drawing["nodes"] if n["name"] == loop["source"])
+    lb = loop["label_box"]
+    assert lb is not None, loop
+    assert lb["x"] >= max(x for x, _ in loop["points"])  # right of the loop
+    assert lb["w"] >= len(loop["label"]) * 6.2  # room for the whole label
+    assert lb["x"] + lb["w"] <= drawing["width"] and lb["y"] >= 0
+    assert lb["y"] + lb["h"] <= drawing["height"]
+    assert box["y"] <= lb["y"] and lb["y"] + lb["h"] <= box["y"] + box["h"]  # beside it
+    assert through(drawing) == []
+
+
 def test_reentry_to_a_fixer_reached_only_that_way() -> None:
     nodes, edges = _graph([{"from": "START", "to": "work"}, {"from": "work", "to": "gate"},
                            {"from": "fixer", "to": "gate"}, {"from": "gate", "to": "END"}])

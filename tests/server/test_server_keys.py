@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sqlite3
 import subprocess
 import sys
 import time
@@ -85,18 +86,32 @@ def test_a_start_is_refused_with_the_clis_text_and_nothing_recorded(root: Path) 
     assert not (root / "executions.log").exists()  # intake did not run
     said = "".join(served.lines)
     assert "this server refuses its runs (409, nothing recorded)" in said
+    assert "a run executed here fails when it reaches 'rca'" in said
 
 
 def test_a_server_recording_runs_for_workers_accepts_them(root: Path) -> None:
+    """It executes nothing, so its start-up warning does not say a run executed here
+    fails (review 42, finding 4: it did); the pending run's ``status --server`` says
+    when the server's resume would be refused."""
     served = Served(root, "--workers", "0")
     try:
         with served.client() as c:
             r = c.post("/api/workflows/ai/runs", json={"input": {}, "run_id": "k2"})
             assert r.status_code == 201, r.text
             assert r.json()["status"] == "PENDING"
+        status = subprocess.run(
+            [sys.executable, "-m", "interlock", "status", "k2", "--server", served.url],
+            cwd=root, capture_output=True, text=True, timeout=60,
+            env={**os.environ, "PYTHONPATH": pythonpath(root)})
     finally:
         served.stop()
-    assert "records its runs for `interlock worker` processes" in "".join(served.lines)
+    said = "".join(served.lines)
+    assert "records its runs for `interlock worker` processes" in said
+    assert "a worker without it fails on a run when it reaches 'rca'" in said
+    assert "executed here" not in said
+    assert (f"have the server execute it with `interlock resume k2 --server {served.url}` "
+            "(it refuses, 409, when an agent's API key the run needs is not set where it "
+            "runs)") in status.stdout
 
 
 def test_a_message_to_a_conversation_is_refused_and_not_recorded(
@@ -276,3 +291,27 @@ def test_a_resume_that_no_longer_reaches_the_agent_is_taken(
             assert run["state"]["done"] is True
     finally:
         served.stop()
+
+
+def test_the_start_line_names_the_stores_file_and_a_new_one(root: Path) -> None:
+    """``--store sqlite:///tmp/...`` (three slashes) is a path under the current folder:
+    the start line and ``/api/health`` name the absolute file, the line says the store
+    is new and names the four-slash URL of the file the path names read as absolute
+    (review 42, finding 5: the server said nothing and served an empty store)."""
+    (root / "flows" / "ai.yaml").unlink()
+    real = root / "real.db"
+    sqlite3.connect(real).close()  # a store at the absolute path
+    rel = str(real).lstrip("/")
+    made = root / rel
+    served = Served(root, "--allow-empty", store=f"sqlite:///{rel}")
+    try:
+        with served.client() as c:
+            assert c.get("/api/health").json()["store_file"] == str(made)
+    finally:
+        served.stop()
+    assert (f"store: sqlite:///{rel} (file {made}; new: no store is there yet, the first "
+            f"run recorded makes it; sqlite:///{real} is the absolute path)"
+            ) in "".join(served.lines)
+    again = Served(root, "--allow-empty", store=f"sqlite:///{real}")
+    again.stop()
+    assert f"store: sqlite:///{real} (file {real})\n" in "".join(again.lines)

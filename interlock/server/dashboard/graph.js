@@ -126,13 +126,6 @@ export function renderGraph(graph, onSelect = () => {}) {
       lab.append(el("text", { x: b.x + b.w / 2, y: b.y + b.h / 2 + 4, "text-anchor": "middle", class: "edge-label" }, route.label));
       if (route.edge !== null) lab.addEventListener("click", () => onSelect({ edge: route.edge }));
       labelsLayer.append(lab);
-    } else if (route.label) {
-      // an edge from a node to itself: its label right of its loop
-      const [x, y] = route.points[1];
-      const lab = el("g", { class: "edge-label-box kind-self", "data-label-of": route.edge ?? "" });
-      lab.append(el("title", {}, route.title));
-      lab.append(el("text", { x: x + 4, y: y - 2, class: "edge-label" }, route.label));
-      labelsLayer.append(lab);
     }
   }
   svg.append(edgesLayer);
