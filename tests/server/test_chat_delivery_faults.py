@@ -37,8 +37,9 @@ class _Chat:
                 public_url: str) -> dict[str, Any]:
         return {"text": f"{run_id} waits at {gate}"}
 
-    def decided(self, message: dict[str, Any], decided: dict[str, Any]) -> dict[str, Any]:
-        return {**message, "decided": decided["decision"]}
+    def decided(self, message: dict[str, Any], decided: dict[str, Any],
+                headline: str) -> dict[str, Any]:
+        return {**message, "text": headline, "decided": decided["decision"]}
 
     async def post(self, message: dict[str, Any]
                    ) -> tuple[dict[str, object], dict[str, object]]:
